@@ -1,0 +1,74 @@
+#pragma once
+// Cluster cards and GPU profiles (topologies/*.json). Every default constant
+// in a shipped card carries its source ({"value": X, "source": "..."}); the
+// loader keeps those sources so reports can cite them.
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace cuboid {
+
+struct GpuProfile {
+  std::string name;                     // "A100-SXM4-80GB"
+  double peak_bf16_flops = 0;           // dense tensor-core FLOP/s (datasheet)
+  double hbm_bandwidth_Bps = 0;         // bytes/s (datasheet)
+  std::int64_t memory_bytes = 0;        // HBM capacity
+  int sm_count = 0;                     // streaming multiprocessors (wave quantisation)
+  double gemm_max_efficiency = 0;       // best achievable fraction of peak on large GEMMs (MAMF / peak)
+  double memory_bound_efficiency = 0;   // achievable fraction of HBM bandwidth for element-wise kernels
+  double kernel_launch_ns = 0;          // fixed cost per kernel
+  std::int64_t memory_reserve_bytes = 0;  // CUDA context, NCCL buffers, cuBLAS workspace, fragmentation
+  std::map<std::string, std::string> sources;  // field -> source text
+};
+
+struct IntraNodeFabric {
+  std::string kind;                     // "nvswitch" | "nvlink" | "pcie" | "shared-memory"
+  double link_bandwidth_GBps = 0;       // per GPU, per direction, line rate
+  double allreduce_busbw_GBps = 0;      // nccl-tests all_reduce busbw across the whole node
+  double busbw_GBps = 0;                // nccl-tests busbw of the other collectives and of p2p
+  double latency_ns = 0;                // per message (alpha)
+  std::map<std::string, std::string> sources;
+};
+
+struct InterNodeFabric {
+  std::string kind;                     // "infiniband-hdr" | "infiniband-ndr" | "roce" | "none"
+  int nics_per_node = 0;
+  double nic_bandwidth_Gbps = 0;        // line rate per NIC
+  double nic_busbw_GBps = 0;            // achieved nccl-tests bandwidth per NIC
+  double latency_ns = 0;                // per message (alpha), NIC-to-NIC through one switch
+  double switch_latency_ns = 0;         // added per extra switch hop
+  int levels = 2;                       // fat-tree levels: 1 = one switch, 2 = leaf/spine, 3 = leaf/spine/core
+  int nodes_per_leaf = 1;               // nodes under one leaf switch (per rail when rail-optimised)
+  int leaves_per_pod = 0;               // leaves under one spine group (3-level trees); 0 = all
+  double oversubscription = 1.0;        // leaf downlink : uplink bandwidth (1 = full bisection)
+  bool rail_optimized = true;           // NIC i of every node goes to the leaf of rail i
+  std::map<std::string, std::string> sources;
+};
+
+struct Cluster {
+  std::string name;
+  std::string source_file;
+  int nodes = 0;
+  int gpus_per_node = 0;
+  GpuProfile gpu;
+  IntraNodeFabric intra;
+  InterNodeFabric inter;
+
+  int total_gpus() const { return nodes * gpus_per_node; }
+};
+
+// Parses a GPU profile object (inline in a card or a file under topologies/gpus/).
+GpuProfile gpu_profile_from_json(const nlohmann::json& j, const std::string& source);
+
+// Loads a cluster card. "gpu" may be an inline object or a path relative to the
+// card's folder (e.g. "gpus/a100-sxm4-80gb.json"). `nodes`, when given,
+// overrides the card's node count (--nodes N): one card serves every size.
+Cluster load_cluster(const std::filesystem::path& path, std::optional<int> nodes = std::nullopt);
+Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
+                          const std::filesystem::path& base_dir, std::optional<int> nodes = std::nullopt);
+
+}  // namespace cuboid

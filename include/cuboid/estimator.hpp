@@ -1,0 +1,41 @@
+#pragma once
+// The analytical estimator: one iteration of a plan priced from the workload's
+// op list and the cost models, with the pipeline bubble, exposed TP / PP / DP
+// communication and the optimizer step. Fast enough to score every candidate;
+// the discrete-event simulator re-ranks the best.
+#include "cuboid/cluster.hpp"
+#include "cuboid/memory.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/plan.hpp"
+#include "cuboid/topology.hpp"
+
+namespace cuboid {
+
+// Seconds on the critical path; the parts sum to iteration_time_s.
+struct Breakdown {
+  double compute_s = 0;    // GEMMs, attention, memory-bound ops (incl. recompute) of the slowest stage, all micro-batches
+  double tp_comm_s = 0;    // TP all-reduce / reduce-scatter + all-gather, not overlapped
+  double pp_comm_s = 0;    // activation / gradient send-recv between stages on the critical path
+  double dp_comm_s = 0;    // gradient reduction (and ZeRO gathers) not hidden behind backward
+  double bubble_s = 0;     // pipeline fill and drain
+  double optimizer_s = 0;  // Adam step on this GPU's shard
+  double total() const { return compute_s + tp_comm_s + pp_comm_s + dp_comm_s + bubble_s + optimizer_s; }
+};
+
+struct Estimate {
+  ParallelPlan plan;
+  double iteration_time_s = 0;
+  double tokens_per_s = 0;
+  double model_flops = 0;              // per iteration, whole job
+  double hardware_flops = 0;           // with recompute
+  double model_tflops_per_gpu = 0;     // model_flops / time / GPUs / 1e12
+  double hardware_tflops_per_gpu = 0;
+  double mfu = 0;                      // model TFLOP/s per GPU / peak
+  double hfu = 0;
+  MemoryReport memory;
+  Breakdown breakdown;
+};
+
+Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan);
+
+}  // namespace cuboid

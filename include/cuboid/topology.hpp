@@ -1,0 +1,70 @@
+#pragma once
+// The cluster as a Boost.Graph graph: GPUs, the NVSwitch of each node, NICs,
+// leaf / spine / core switches as vertices; links (capacity per direction and
+// latency) as edges. Routes are found structurally (fat-tree up/down routing)
+// and are deterministic.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <boost/graph/adjacency_list.hpp>
+
+#include "cuboid/cluster.hpp"
+
+namespace cuboid {
+
+enum class VertexKind { gpu, nvswitch, nic, leaf, spine, core };
+std::string_view to_string(VertexKind k);
+
+struct VertexInfo {
+  VertexKind kind = VertexKind::gpu;
+  int node = -1;    // owning node for gpu / nvswitch / nic; -1 for switches
+  int index = -1;   // gpu or nic index inside the node; switch number otherwise
+  std::string name; // "n3.gpu5", "n3.nic5", "leaf.r5.g0", "spine.0"
+};
+
+struct LinkInfo {
+  double bandwidth_Bps = 0;   // per direction
+  std::int64_t latency_ns = 0;
+  std::string kind;           // "nvlink", "pcie", "ib", "ib-up"
+};
+
+// How far apart two GPUs are: the highest level a message between them crosses.
+enum class Tier { same_gpu = 0, nvlink = 1, leaf = 2, spine = 3, core = 4 };
+std::string_view to_string(Tier t);
+
+class Topology {
+ public:
+  using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::undirectedS, VertexInfo, LinkInfo>;
+  using Vertex = Graph::vertex_descriptor;
+  using Edge = Graph::edge_descriptor;
+
+  explicit Topology(const Cluster& cluster);
+
+  const Graph& graph() const { return graph_; }
+  const Cluster& cluster() const { return cluster_; }
+  int num_gpus() const { return cluster_.total_gpus(); }
+  Vertex gpu_vertex(int global_gpu) const;
+
+  // The links a message from gpu_a to gpu_b crosses, in order.
+  std::vector<Edge> route(int gpu_a, int gpu_b) const;
+  double bottleneck_bandwidth_Bps(const std::vector<Edge>& path) const;
+  std::int64_t latency_ns(const std::vector<Edge>& path) const;
+  Tier tier(int gpu_a, int gpu_b) const;
+  // The highest tier any pair of the group crosses.
+  Tier group_tier(const std::vector<int>& gpus) const;
+
+ private:
+  Cluster cluster_;
+  Graph graph_;
+  std::vector<Vertex> gpu_vertices_;
+  std::vector<Vertex> nvswitch_vertices_;
+  std::vector<Vertex> nic_vertices_;     // node * nics_per_node + nic
+  std::vector<Vertex> leaf_vertices_;
+  std::vector<Vertex> spine_vertices_;
+  std::vector<Vertex> core_vertices_;
+  // Helpers for structural routing are private to topology.cpp.
+  friend struct TopologyBuilder;
+};
+
+}  // namespace cuboid
