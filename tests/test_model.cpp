@@ -1,1 +1,626 @@
 #include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "cuboid/error.hpp"
+#include "cuboid/model.hpp"
+
+using cuboid::Activation;
+using cuboid::InputError;
+using cuboid::ModelSpec;
+using cuboid::Normalization;
+using nlohmann::json;
+
+namespace {
+
+const std::filesystem::path kRoot = CUBOID_SOURCE_ROOT_DIR;
+
+ModelSpec card(const std::string& file) { return cuboid::load_model(kRoot / "models" / file); }
+
+std::string hf_path(const std::string& file) { return (kRoot / "tests" / "data" / "hf" / file).string(); }
+
+// A valid own-schema card; tests break one field at a time.
+json base_card() {
+  return json{{"name", "t"},           {"num_layers", 2},   {"hidden_size", 64},
+              {"num_attention_heads", 4}, {"vocab_size", 100}, {"seq_length", 32}};
+}
+
+// Runs model_from_json and returns the InputError it must throw.
+InputError error_of(const json& j, const std::string& source = "test.json") {
+  try {
+    cuboid::model_from_json(j, source);
+  } catch (const InputError& e) {
+    return e;
+  }
+  FAIL("expected an InputError");
+  return InputError("", "", "", "");
+}
+
+InputError load_error(const std::filesystem::path& path) {
+  try {
+    cuboid::load_model(path);
+  } catch (const InputError& e) {
+    return e;
+  }
+  FAIL("expected an InputError");
+  return InputError("", "", "", "");
+}
+
+}  // namespace
+
+TEST_CASE("padded_vocab_size rounds up to a multiple of 128 * tp") {
+  CHECK(cuboid::padded_vocab_size(50257, 1) == 50304);
+  CHECK(cuboid::padded_vocab_size(50257, 8) == 51200);
+  CHECK(cuboid::padded_vocab_size(128256, 1) == 128256);  // 1002 * 128: already aligned
+  CHECK(cuboid::padded_vocab_size(128256, 8) == 129024);  // 126 * 1024
+  CHECK(cuboid::padded_vocab_size(51200, 8) == 51200);
+  CHECK(cuboid::padded_vocab_size(1024, 4) == 1024);
+  CHECK(cuboid::padded_vocab_size(32000, 1, 64) == 32000);
+  CHECK(cuboid::padded_vocab_size(32001, 2, 64) == 32128);
+}
+
+TEST_CASE("default_ffn_hidden_size follows Megatron-LM") {
+  CHECK(cuboid::default_ffn_hidden_size(4096, Activation::gelu) == 16384);
+  // int(4 * 4096 * 2/3 / 64) * 64 = int(170.67) * 64
+  CHECK(cuboid::default_ffn_hidden_size(4096, Activation::swiglu) == 10880);
+  // int(4 * 768 * 2/3 / 64) * 64 = 32 * 64 (exact)
+  CHECK(cuboid::default_ffn_hidden_size(768, Activation::swiglu) == 2048);
+  CHECK(cuboid::default_ffn_hidden_size(8192, Activation::swiglu) == 21824);  // int(341.33) * 64
+
+  json j = base_card();
+  j["activation"] = "swiglu";
+  j["hidden_size"] = 4096;
+  j["num_attention_heads"] = 32;
+  CHECK(cuboid::model_from_json(j, "t.json").ffn_hidden_size == 10880);
+}
+
+TEST_CASE("own card defaults") {
+  const ModelSpec m = cuboid::model_from_json(base_card(), "t.json");
+  CHECK(m.name == "t");
+  CHECK(m.num_kv_heads == 4);
+  CHECK(m.head_dim == 16);
+  CHECK(m.ffn_hidden_size == 256);
+  CHECK(m.activation == Activation::gelu);
+  CHECK(m.normalization == Normalization::layernorm);
+  CHECK(m.max_position_embeddings == 32);
+  CHECK_FALSE(m.tied_embeddings);
+  CHECK_FALSE(m.learned_position_embeddings);
+  CHECK_FALSE(m.linear_bias);
+
+  // An explicit head_dim lifts the hidden % heads requirement.
+  json j = base_card();
+  j["hidden_size"] = 60;
+  j["head_dim"] = 16;
+  const ModelSpec e = cuboid::model_from_json(j, "t.json");
+  CHECK(e.head_dim == 16);
+  CHECK(e.query_projection_size() == 64);
+
+  // Ignored documentation keys.
+  j = base_card();
+  j["description"] = "d";
+  j["source"] = "s";
+  j["_comment"] = "c";
+  CHECK_NOTHROW(cuboid::model_from_json(j, "t.json"));
+}
+
+TEST_CASE("parameters_per_layer by hand") {
+  // h = 64, 4 heads, f = 256, gelu, layernorm, no bias:
+  // QKV 64 * 192 + proj 64 * 64 + MLP 2 * 64 * 256 + norms 4 * 64 = 12288 + 4096 + 32768 + 256
+  ModelSpec m = cuboid::model_from_json(base_card(), "t.json");
+  CHECK(m.parameters_per_layer() == 49408);
+  // Biases: QKV 192 + proj 64 + FC1 256 + FC2 64 = 576.
+  m.linear_bias = true;
+  CHECK(m.parameters_per_layer() == 49408 + 576);
+  // GQA with 1 KV head, SwiGLU with f = 128, RMSNorm, no bias:
+  // QKV 64 * (64 + 2 * 16) + proj 4096 + MLP 3 * 64 * 128 + norms 2 * 64
+  json j = base_card();
+  j["num_kv_heads"] = 1;
+  j["activation"] = "swiglu";
+  j["ffn_hidden_size"] = 128;
+  j["normalization"] = "rmsnorm";
+  m = cuboid::model_from_json(j, "t.json");
+  CHECK(m.parameters_per_layer() == 6144 + 4096 + 24576 + 128);
+  // With biases: QKV 96 + proj 64 + gate/up 2 * 128 + down 64 = 480.
+  m.linear_bias = true;
+  CHECK(m.parameters_per_layer() == 6144 + 4096 + 24576 + 128 + 480);
+}
+
+TEST_CASE("Llama-3-8B parameter count") {
+  const ModelSpec m = card("llama3-8b.json");
+  CHECK(m.num_layers == 32);
+  CHECK(m.hidden_size == 4096);
+  CHECK(m.num_attention_heads == 32);
+  CHECK(m.num_kv_heads == 8);
+  CHECK(m.head_dim == 128);
+  CHECK(m.ffn_hidden_size == 14336);
+  CHECK(m.activation == Activation::swiglu);
+  CHECK(m.normalization == Normalization::rmsnorm);
+  CHECK(m.vocab_size == 128256);
+  CHECK(m.seq_length == 8192);
+  CHECK(m.max_position_embeddings == 8192);
+  CHECK_FALSE(m.tied_embeddings);
+  CHECK_FALSE(m.learned_position_embeddings);
+  CHECK_FALSE(m.linear_bias);
+  // Per layer: QKV 4096 * (4096 + 2 * 1024) = 25,165,824; proj 4096^2 = 16,777,216;
+  // MLP 3 * 4096 * 14336 = 176,160,768; two RMSNorms 8,192 -> 218,112,000.
+  CHECK(m.parameters_per_layer() == 218'112'000);
+  // 32 layers = 6,979,584,000; embedding and untied LM head 2 * 128256 * 4096 =
+  // 1,050,673,152; final norm 4,096 -> 8,030,261,248, the published count.
+  // 128256 = 1002 * 128, so tp = 1 needs no vocabulary padding...
+  CHECK(m.parameter_count(1) == 8'030'261'248);
+  // ...but tp = 8 pads to a multiple of 1024: 129024, adding 2 * 768 * 4096 = 6,291,456.
+  CHECK(m.parameter_count(8) == 8'036'552'704);
+}
+
+TEST_CASE("Llama-3-70B and Llama-3.1-405B parameter counts") {
+  const ModelSpec m70 = card("llama3-70b.json");
+  CHECK(m70.num_layers == 80);
+  CHECK(m70.hidden_size == 8192);
+  CHECK(m70.num_attention_heads == 64);
+  CHECK(m70.num_kv_heads == 8);
+  CHECK(m70.ffn_hidden_size == 28672);
+  CHECK(m70.vocab_size == 128256);
+  // Per layer: QKV 8192 * 10240 = 83,886,080; proj 67,108,864; MLP 3 * 8192 * 28672 =
+  // 704,643,072; norms 16,384 -> 855,654,400. x80 = 68,452,352,000; embedding + head
+  // 2 * 128256 * 8192 = 2,101,346,304; final norm 8,192 -> 70,553,706,496 (~70.55B).
+  CHECK(m70.parameters_per_layer() == 855'654'400);
+  CHECK(m70.parameter_count() == 70'553'706'496);
+  // tp = 8: vocabulary 129024 -> 2 * 129024 * 8192 = 2,113,929,216.
+  CHECK(m70.parameter_count(8) == 70'566'289'408);
+
+  const ModelSpec m405 = card("llama3.1-405b.json");
+  CHECK(m405.num_layers == 126);
+  CHECK(m405.hidden_size == 16384);
+  CHECK(m405.num_attention_heads == 128);
+  CHECK(m405.num_kv_heads == 8);
+  CHECK(m405.ffn_hidden_size == 53248);
+  CHECK(m405.seq_length == 8192);
+  CHECK(m405.max_position_embeddings == 131072);
+  // Per layer: QKV 16384 * 18432 = 301,989,888; proj 268,435,456; MLP 3 * 16384 * 53248
+  // = 2,617,245,696; norms 32,768 -> 3,187,703,808. x126 = 401,650,679,808; embedding +
+  // head 2 * 128256 * 16384 = 4,202,692,608; final norm 16,384 -> 405,853,388,800.
+  CHECK(m405.parameters_per_layer() == 3'187'703'808);
+  CHECK(m405.parameter_count() == 405'853'388'800);
+}
+
+TEST_CASE("GPT-style cards") {
+  // GPT layers with biases and LayerNorm: 12h^2 + 13h per layer.
+  const ModelSpec g3 = card("gpt3-175b.json");
+  CHECK(g3.num_layers == 96);
+  CHECK(g3.hidden_size == 12288);
+  CHECK(g3.num_attention_heads == 96);
+  CHECK(g3.ffn_hidden_size == 49152);
+  CHECK(g3.vocab_size == 50257);
+  CHECK(g3.seq_length == 2048);
+  CHECK(g3.tied_embeddings);
+  CHECK(g3.learned_position_embeddings);
+  CHECK(g3.linear_bias);
+  // 12 * 12288^2 + 13 * 12288 = 1,812,099,072; x96 = 173,961,510,912; embedding
+  // 50304 * 12288 = 618,135,552; positions 2048 * 12288 = 25,165,824; final norm 24,576.
+  CHECK(g3.parameters_per_layer() == 1'812'099'072);
+  CHECK(g3.parameter_count() == 174'604'836'864);
+
+  const ModelSpec small = card("gpt-small.json");
+  CHECK(small.num_layers == 12);
+  CHECK(small.hidden_size == 768);
+  CHECK(small.num_attention_heads == 12);
+  CHECK(small.ffn_hidden_size == 3072);
+  CHECK(small.seq_length == 1024);
+  // 12 * 7,087,872 = 85,054,464; embedding 50304 * 768 = 38,633,472; positions
+  // 786,432; final norm 1,536 -> 124,475,904. Unpadded (50257) it is GPT-2's
+  // 124,439,808: 47 padding rows * 768 = 36,096 fewer.
+  CHECK(small.parameter_count() == 124'475'904);
+  CHECK(small.parameter_count() - 47 * 768 == 124'439'808);
+
+  const ModelSpec g512 = card("gpt-512b.json");
+  CHECK(g512.num_layers == 128);
+  CHECK(g512.hidden_size == 18432);
+  CHECK(g512.num_attention_heads == 144);
+  CHECK(g512.head_dim == 128);
+  CHECK(g512.ffn_hidden_size == 4 * 18432);
+  // 128 * 4,077,103,104 = 521,869,197,312; embedding 51200 * 18432 = 943,718,400;
+  // positions 37,748,736; final norm 36,864 -> 522,850,701,312 (~523B).
+  CHECK(g512.parameters_per_layer() == 4'077'103'104);
+  CHECK(g512.parameter_count() == 522'850'701'312);
+}
+
+TEST_CASE("Korthikanti et al. 2022 Table 3 cards") {
+  struct Row {
+    const char* file;
+    std::int64_t heads, hidden, layers, params;
+  };
+  // Shapes from Table 3 (also in korthikanti2022.csv); vocab 51200 and seq 2048 for all.
+  // 22B: 48 * 453,064,704 + 314,572,800 + 12,582,912 + 12,288
+  // 530B: 105 * 5,033,431,040 + 1,048,576,000 + 41,943,040 + 40,960 (Narayanan et al.: 529.6B)
+  // 1T: 128 * 7,864,652,800 + 1,310,720,000 + 52,428,800 + 51,200 (Narayanan et al.: 1008.0B)
+  const Row rows[] = {{"gpt-22b.json", 64, 6144, 48, 22'074'273'792},
+                      {"mt-nlg-530b.json", 128, 20480, 105, 529'600'819'200},
+                      {"gpt-1t.json", 160, 25600, 128, 1'008'038'758'400}};
+  for (const Row& r : rows) {
+    CAPTURE(r.file);
+    const ModelSpec m = card(r.file);
+    CHECK(m.num_attention_heads == r.heads);
+    CHECK(m.hidden_size == r.hidden);
+    CHECK(m.num_layers == r.layers);
+    CHECK(m.ffn_hidden_size == 4 * r.hidden);
+    CHECK(m.vocab_size == 51200);
+    CHECK(m.seq_length == 2048);
+    CHECK(m.activation == Activation::gelu);
+    CHECK(m.parameter_count() == r.params);
+    // 51200 is a multiple of 1024, so tp = 8 adds no padding.
+    CHECK(m.parameter_count(8) == r.params);
+  }
+}
+
+TEST_CASE("tiny card") {
+  const ModelSpec m = card("tiny.json");
+  CHECK(m.num_layers == 4);
+  CHECK(m.hidden_size == 256);
+  CHECK(m.num_attention_heads == 8);
+  CHECK(m.head_dim == 32);
+  CHECK(m.ffn_hidden_size == 1024);
+  CHECK(m.vocab_size == 1024);
+  CHECK(m.seq_length == 128);
+  CHECK_FALSE(m.tied_embeddings);
+  // 4 * (4 * 256^2 + 2 * 256 * 1024 + 4 * 256) + 2 * 1024 * 256 + 512
+  CHECK(m.parameter_count() == 3'674'624);
+}
+
+TEST_CASE("every shipped card loads, validates, documents its source and round-trips") {
+  std::set<std::string> seen;
+  for (const auto& entry : std::filesystem::directory_iterator(kRoot / "models")) {
+    if (entry.path().extension() != ".json") continue;
+    CAPTURE(entry.path().string());
+    seen.insert(entry.path().filename().string());
+    const ModelSpec m = cuboid::load_model(entry.path());
+    CHECK(m.name == entry.path().stem().string());
+    CHECK_NOTHROW(cuboid::validate_model(m, entry.path().string()));
+    const json raw = json::parse(std::ifstream(entry.path()));
+    CHECK(raw.contains("description"));
+    CHECK(raw.contains("source"));
+
+    const ModelSpec back = cuboid::model_from_json(cuboid::model_to_json(m), "round-trip");
+    CHECK(cuboid::model_to_json(back) == cuboid::model_to_json(m));
+    CHECK(back.parameter_count(8) == m.parameter_count(8));
+  }
+  for (const char* expected : {"gpt3-175b.json", "llama3-8b.json", "llama3-70b.json", "llama3.1-405b.json",
+                               "gpt-512b.json", "gpt-small.json", "tiny.json", "gpt-22b.json",
+                               "mt-nlg-530b.json", "gpt-1t.json"}) {
+    CHECK(seen.count(expected) == 1);
+  }
+}
+
+TEST_CASE("model_to_json writes every field") {
+  json j = base_card();
+  j["hidden_size"] = 60;
+  j["head_dim"] = 16;
+  j["num_kv_heads"] = 2;
+  j["activation"] = "swiglu";
+  j["normalization"] = "rmsnorm";
+  j["max_position_embeddings"] = 64;
+  j["tied_embeddings"] = true;
+  j["learned_position_embeddings"] = true;
+  j["linear_bias"] = true;
+  const ModelSpec m = cuboid::model_from_json(j, "t.json");
+  const json out = cuboid::model_to_json(m);
+  CHECK(out.size() == 15);
+  CHECK(out["head_dim"] == 16);
+  CHECK(out["ffn_hidden_size"] == cuboid::default_ffn_hidden_size(60, Activation::swiglu));
+  CHECK(out["activation"] == "swiglu");
+  CHECK(out["normalization"] == "rmsnorm");
+  CHECK(out["max_position_embeddings"] == 64);
+  const ModelSpec back = cuboid::model_from_json(out, "round-trip");
+  CHECK(back.head_dim == 16);
+  CHECK(back.num_kv_heads == 2);
+  CHECK(back.tied_embeddings);
+  CHECK(back.learned_position_embeddings);
+  CHECK(back.linear_bias);
+  CHECK(back.parameter_count() == m.parameter_count());
+}
+
+TEST_CASE("HuggingFace LLaMA config import") {
+  const std::string path = hf_path("llama3-70b-config.json");
+  const ModelSpec m = cuboid::load_model(path);
+  CHECK(m.name == "Meta-Llama-3-70B");
+  CHECK(m.num_layers == 80);
+  CHECK(m.hidden_size == 8192);
+  CHECK(m.num_attention_heads == 64);
+  CHECK(m.num_kv_heads == 8);
+  CHECK(m.head_dim == 128);
+  CHECK(m.ffn_hidden_size == 28672);
+  CHECK(m.activation == Activation::swiglu);
+  CHECK(m.normalization == Normalization::rmsnorm);
+  CHECK(m.vocab_size == 128256);
+  CHECK(m.seq_length == 8192);
+  CHECK(m.max_position_embeddings == 8192);
+  CHECK_FALSE(m.tied_embeddings);
+  CHECK_FALSE(m.learned_position_embeddings);
+  CHECK_FALSE(m.linear_bias);
+  // Same shape as the shipped card.
+  json a = cuboid::model_to_json(m);
+  json b = cuboid::model_to_json(card("llama3-70b.json"));
+  a.erase("name");
+  b.erase("name");
+  CHECK(a == b);
+}
+
+TEST_CASE("HuggingFace GPT-2 config import") {
+  const ModelSpec m = cuboid::load_model(hf_path("gpt2-config.json"));
+  CHECK(m.name == "gpt2");  // model_type; no _name_or_path in this config
+  CHECK(m.num_layers == 12);
+  CHECK(m.hidden_size == 768);
+  CHECK(m.num_attention_heads == 12);
+  CHECK(m.num_kv_heads == 12);
+  CHECK(m.head_dim == 64);
+  CHECK(m.ffn_hidden_size == 3072);  // n_inner null -> 4h
+  CHECK(m.activation == Activation::gelu);
+  CHECK(m.normalization == Normalization::layernorm);
+  CHECK(m.vocab_size == 50257);
+  CHECK(m.seq_length == 1024);
+  CHECK(m.max_position_embeddings == 1024);
+  CHECK(m.tied_embeddings);
+  CHECK(m.learned_position_embeddings);
+  CHECK(m.linear_bias);
+  CHECK(m.parameter_count() == card("gpt-small.json").parameter_count());
+}
+
+TEST_CASE("HuggingFace config variants") {
+  const json llama = json::parse(std::ifstream(hf_path("llama3-70b-config.json")));
+
+  SUBCASE("name falls back to the file name") {
+    json j = llama;
+    j.erase("_name_or_path");
+    j.erase("model_type");
+    CHECK(cuboid::model_from_hf_config(j, "x/config.json").name == "LlamaForCausalLM");
+    j.erase("architectures");
+    CHECK(cuboid::model_from_hf_config(j, "ckpt/my-llama/config.json").name == "my-llama");
+    CHECK(cuboid::model_from_hf_config(j, "my-llama.json").name == "my-llama");
+  }
+  SUBCASE("defaults and activations") {
+    json j = llama;
+    j.erase("num_key_value_heads");
+    j.erase("tie_word_embeddings");
+    j["hidden_act"] = "gelu_pytorch_tanh";
+    j.erase("rms_norm_eps");
+    j["layer_norm_eps"] = 1e-5;
+    j["head_dim"] = 64;
+    const ModelSpec m = cuboid::model_from_json(j, "x.json");
+    CHECK(m.num_kv_heads == 64);
+    CHECK_FALSE(m.tied_embeddings);
+    CHECK(m.activation == Activation::gelu);
+    CHECK(m.ffn_hidden_size == 28672);
+    CHECK(m.normalization == Normalization::layernorm);
+    CHECK(m.head_dim == 64);
+    j["hidden_act"] = "relu";
+    CHECK(cuboid::model_from_json(j, "x.json").activation == Activation::gelu);
+  }
+  SUBCASE("GPT-2 with n_ctx only and an explicit n_inner") {
+    json j = json::parse(std::ifstream(hf_path("gpt2-config.json")));
+    j.erase("n_positions");
+    j["n_ctx"] = 2048;
+    j["n_inner"] = 1000;
+    const ModelSpec m = cuboid::model_from_json(j, "x.json");
+    CHECK(m.max_position_embeddings == 2048);
+    CHECK(m.ffn_hidden_size == 1000);
+  }
+  SUBCASE("a dense config with num_experts 1 is dense") {
+    json j = llama;
+    j["num_experts"] = 1;
+    CHECK_NOTHROW(cuboid::model_from_json(j, "x.json"));
+  }
+}
+
+TEST_CASE("HuggingFace errors name the HF key") {
+  const json llama = json::parse(std::ifstream(hf_path("llama3-70b-config.json")));
+  SUBCASE("missing required key") {
+    json j = llama;
+    j.erase("intermediate_size");
+    const InputError e = error_of(j, "cfg.json");
+    CHECK(e.field() == "intermediate_size");
+    CHECK(std::string(e.what()) == "cfg.json: intermediate_size: missing required field (fix: add \"intermediate_size\")");
+  }
+  SUBCASE("kv heads reported under num_key_value_heads") {
+    json j = llama;
+    j["num_key_value_heads"] = 6;
+    const InputError e = error_of(j, "cfg.json");
+    CHECK(e.field() == "num_key_value_heads");
+    CHECK(e.problem() == "6 key/value heads do not divide the 64 attention heads");
+  }
+  SUBCASE("GPT-2 missing n_positions and n_ctx") {
+    json j = json::parse(std::ifstream(hf_path("gpt2-config.json")));
+    j.erase("n_positions");
+    j.erase("n_ctx");
+    const InputError e = error_of(j, "g.json");
+    CHECK(std::string(e.what()) ==
+          "g.json: n_positions: missing required field (fix: add \"n_positions\" (or \"n_ctx\"), the context length)");
+  }
+  SUBCASE("GPT-2 hidden not divisible by heads") {
+    json j = json::parse(std::ifstream(hf_path("gpt2-config.json")));
+    j["n_head"] = 7;
+    const InputError e = error_of(j, "g.json");
+    CHECK(e.field() == "n_embd");
+    CHECK(e.problem() == "768 is not divisible by the 7 attention heads");
+  }
+  SUBCASE("unsupported activation") {
+    json j = llama;
+    j["hidden_act"] = "tanh";
+    const InputError e = error_of(j, "cfg.json");
+    CHECK(e.field() == "hidden_act");
+    CHECK(e.problem() == "unsupported activation \"tanh\"");
+  }
+}
+
+TEST_CASE("mixture-of-experts configs are rejected") {
+  const std::string path = hf_path("moe-config.json");
+  const InputError e = load_error(path);
+  CHECK(e.source() == path);
+  CHECK(e.field() == "num_local_experts");
+  CHECK(std::string(e.what()) == path +
+                                     ": num_local_experts: mixture-of-experts is not supported yet (8 experts) "
+                                     "(fix: plan a dense model; cuboid does not model expert parallelism)");
+  const json moe = json::parse(std::ifstream(path));
+  for (const char* key : {"num_experts", "n_routed_experts"}) {
+    CAPTURE(key);
+    json j = moe;
+    j.erase("num_local_experts");
+    j[key] = 64;
+    const InputError k = error_of(j, "m.json");
+    CHECK(k.field() == key);
+    CHECK(k.problem() == "mixture-of-experts is not supported yet (64 experts)");
+  }
+}
+
+TEST_CASE("card errors carry file, field and fix") {
+  SUBCASE("missing field") {
+    json j = base_card();
+    j.erase("vocab_size");
+    const InputError e = error_of(j);
+    CHECK(e.source() == "test.json");
+    CHECK(e.field() == "vocab_size");
+    CHECK(e.problem() == "missing required field");
+    CHECK(std::string(e.what()) == "test.json: vocab_size: missing required field (fix: add \"vocab_size\")");
+  }
+  SUBCASE("wrong type: string for an integer") {
+    json j = base_card();
+    j["hidden_size"] = "4096";
+    const InputError e = error_of(j);
+    CHECK(e.field() == "hidden_size");
+    CHECK(std::string(e.what()) ==
+          "test.json: hidden_size: expected an integer, got a string \"4096\" (fix: give a whole number)");
+  }
+  SUBCASE("fractional integer") {
+    json j = base_card();
+    j["num_layers"] = 1.5;
+    const InputError e = error_of(j);
+    CHECK(e.field() == "num_layers");
+    CHECK(std::string(e.what()) == "test.json: num_layers: expected an integer, got 1.5 (fix: give a whole number)");
+  }
+  SUBCASE("non-positive size") {
+    json j = base_card();
+    j["hidden_size"] = 0;
+    const InputError e = error_of(j);
+    CHECK(e.field() == "hidden_size");
+    CHECK(std::string(e.what()) == "test.json: hidden_size: must be positive, got 0 (fix: give a value >= 1)");
+    j = base_card();
+    j["ffn_hidden_size"] = -4;
+    CHECK(error_of(j).problem() == "must be positive, got -4");
+  }
+  SUBCASE("heads not divisible by kv heads") {
+    json j = base_card();
+    j["num_kv_heads"] = 3;
+    const InputError e = error_of(j);
+    CHECK(e.field() == "num_kv_heads");
+    CHECK(std::string(e.what()) ==
+          "test.json: num_kv_heads: 3 key/value heads do not divide the 4 attention heads "
+          "(fix: use a key/value head count that divides the attention-head count)");
+  }
+  SUBCASE("hidden not divisible by heads") {
+    json j = base_card();
+    j["hidden_size"] = 66;
+    const InputError e = error_of(j);
+    CHECK(e.field() == "hidden_size");
+    CHECK(std::string(e.what()) ==
+          "test.json: hidden_size: 66 is not divisible by the 4 attention heads "
+          "(fix: use a hidden size that is a multiple of the head count, or give head_dim explicitly)");
+  }
+  SUBCASE("seq_length above max_position_embeddings") {
+    json j = base_card();
+    j["max_position_embeddings"] = 16;
+    const InputError e = error_of(j);
+    CHECK(std::string(e.what()) ==
+          "test.json: seq_length: 32 exceeds max_position_embeddings 16 "
+          "(fix: lower seq_length or raise max_position_embeddings)");
+  }
+  SUBCASE("misspelled field") {
+    json j = base_card();
+    j.erase("num_layers");
+    j["num_layer"] = 2;
+    const InputError e = error_of(j);
+    CHECK(e.field() == "num_layer");
+    CHECK(e.problem() == "unknown field");
+    CHECK(std::string(e.what()) == "test.json: num_layer: unknown field (fix: did you mean \"num_layers\"?)");
+  }
+  SUBCASE("unknown field") {
+    json j = base_card();
+    j["dropout"] = 0.1;
+    const InputError e = error_of(j);
+    CHECK(e.field() == "dropout");
+    CHECK(std::string(e.what()) ==
+          "test.json: dropout: unknown field (fix: remove it or check its spelling (see the README's card schema))");
+  }
+  SUBCASE("unknown activation value") {
+    json j = base_card();
+    j["activation"] = "relu";
+    const InputError e = error_of(j);
+    CHECK(e.field() == "activation");
+    CHECK(std::string(e.what()) == "test.json: activation: unknown value \"relu\" (fix: use one of gelu|swiglu)");
+  }
+  SUBCASE("wrong boolean type") {
+    json j = base_card();
+    j["tied_embeddings"] = "yes";
+    CHECK(error_of(j).problem() == "expected true or false, got a string \"yes\"");
+  }
+  SUBCASE("top level not an object") {
+    const InputError e = error_of(json::array({1, 2}));
+    CHECK(std::string(e.what()) == "test.json: top level is not a JSON object (fix: wrap the fields in { ... })");
+  }
+}
+
+TEST_CASE("file errors") {
+  SUBCASE("missing file") {
+    const std::filesystem::path path = kRoot / "models" / "no-such-model.json";
+    const InputError e = load_error(path);
+    CHECK(e.source() == path.string());
+    CHECK(e.field().empty());
+    CHECK(std::string(e.what()) ==
+          path.string() + ": file not found (fix: check the path; shipped cards are in models/ and topologies/)");
+  }
+  SUBCASE("malformed JSON") {
+    const std::filesystem::path path =
+        std::filesystem::temp_directory_path() / "cuboid-test-model-malformed.json";
+    {
+      std::ofstream out(path);
+      out << "{\"name\": \"x\", \"num_layers\": 2,,}\n";
+    }
+    const InputError e = load_error(path);
+    std::filesystem::remove(path);
+    CHECK(e.source() == path.string());
+    CHECK(e.field().empty());
+    // The parser's own wording follows the prefix; it names line and column.
+    CHECK(e.problem().rfind("malformed JSON: ", 0) == 0);
+    CHECK(e.problem().find("line 1") != std::string::npos);
+    CHECK(e.fix() == "fix the JSON syntax at that position");
+    CHECK(std::string(e.what()).rfind(path.string() + ": malformed JSON: ", 0) == 0);
+  }
+}
+
+TEST_CASE("validate_model on a hand-built spec") {
+  ModelSpec m = cuboid::model_from_json(base_card(), "t.json");
+  CHECK_NOTHROW(cuboid::validate_model(m, "spec"));
+  m.head_dim = 0;
+  m.hidden_size = 66;
+  try {
+    cuboid::validate_model(m, "spec");
+    FAIL("expected an InputError");
+  } catch (const InputError& e) {
+    CHECK(e.field() == "hidden_size");
+  }
+  m.hidden_size = 64;
+  m.num_layers = 0;
+  try {
+    cuboid::validate_model(m, "spec");
+    FAIL("expected an InputError");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()) == "spec: num_layers: must be positive, got 0 (fix: give a value >= 1)");
+  }
+}
+
+TEST_CASE("to_string") {
+  CHECK(cuboid::to_string(Activation::gelu) == "gelu");
+  CHECK(cuboid::to_string(Activation::swiglu) == "swiglu");
+  CHECK(cuboid::to_string(Normalization::layernorm) == "layernorm");
+  CHECK(cuboid::to_string(Normalization::rmsnorm) == "rmsnorm");
+}
