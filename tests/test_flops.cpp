@@ -1,1 +1,242 @@
+// Model and hardware FLOPs against hand arithmetic, Megatron-LM's closed form
+// and the MFU numbers of Korthikanti et al. 2022 (shared/data/korthikanti2022.csv).
 #include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuboid/flops.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/plan.hpp"
+
+using namespace cuboid;
+
+namespace {
+
+constexpr double tight = 1e-12;
+
+ModelSpec gpt(std::string name, std::int64_t layers, std::int64_t hidden, std::int64_t heads,
+              std::int64_t vocab, std::int64_t seq) {
+  ModelSpec m;
+  m.name = std::move(name);
+  m.num_layers = layers;
+  m.hidden_size = hidden;
+  m.num_attention_heads = heads;
+  m.num_kv_heads = heads;
+  m.head_dim = hidden / heads;
+  m.ffn_hidden_size = 4 * hidden;
+  m.activation = Activation::gelu;
+  m.normalization = Normalization::layernorm;
+  m.vocab_size = vocab;
+  m.seq_length = seq;
+  m.max_position_embeddings = seq;
+  m.tied_embeddings = true;
+  m.learned_position_embeddings = true;
+  m.linear_bias = true;
+  return m;
+}
+
+ModelSpec gpt3_175b() { return gpt("gpt3-175b", 96, 12288, 96, 50257, 2048); }
+ModelSpec gpt_22b() { return gpt("gpt-22b", 48, 6144, 64, 51200, 2048); }
+
+ModelSpec llama(std::string name, std::int64_t layers, std::int64_t hidden, std::int64_t heads,
+                std::int64_t kv_heads, std::int64_t ffn) {
+  ModelSpec m;
+  m.name = std::move(name);
+  m.num_layers = layers;
+  m.hidden_size = hidden;
+  m.num_attention_heads = heads;
+  m.num_kv_heads = kv_heads;
+  m.head_dim = hidden / heads;
+  m.ffn_hidden_size = ffn;
+  m.activation = Activation::swiglu;
+  m.normalization = Normalization::rmsnorm;
+  m.vocab_size = 128256;
+  m.seq_length = 8192;
+  m.max_position_embeddings = 8192;
+  m.tied_embeddings = false;
+  return m;
+}
+
+ModelSpec llama3_70b() { return llama("llama3-70b", 80, 8192, 64, 8, 28672); }
+ModelSpec llama3_8b() { return llama("llama3-8b", 32, 4096, 32, 8, 14336); }
+
+ParallelPlan plan_for(int tp, std::int64_t global_batch, std::int64_t seq, Recompute r) {
+  ParallelPlan p;
+  p.tp = tp;
+  p.global_batch = global_batch;
+  p.seq_length = seq;
+  p.recompute = r;
+  return p;
+}
+
+// Megatron-LM's transformer_flops closed form, written out independently:
+// 12 * B * s * L * h^2 * [ (1 + g/a + s/(2h)) * q/h + f*gate/h + V/(2*L*h) ], gate = 3/2 for SwiGLU.
+double megatron_closed_form(const ModelSpec& m, double batch, double seq, double vocab) {
+  const double h = static_cast<double>(m.hidden_size);
+  const double L = static_cast<double>(m.num_layers);
+  const double a = static_cast<double>(m.num_attention_heads);
+  const double g = static_cast<double>(m.num_kv_heads);
+  const double q_ratio = static_cast<double>(m.query_projection_size()) / h;
+  const double gate = m.gated_mlp() ? 1.5 : 1.0;
+  const double f = static_cast<double>(m.ffn_hidden_size);
+  return 12 * batch * seq * L * h * h *
+         ((1 + g / a + seq / h / 2) * q_ratio + f * gate / h + vocab / (2 * L * h));
+}
+
+// The paper's (Narayanan et al. 2021, Korthikanti et al. 2022) model FLOPs for
+// GPT: the attention core counted in full (no causal halving).
+double paper_flops(double batch, double seq, double layers, double hidden, double vocab) {
+  return 72 * batch * seq * layers * hidden * hidden *
+         (1 + seq / (6 * hidden) + vocab / (12 * hidden * layers));
+}
+
+}  // namespace
+
+TEST_CASE("GPT-3 175B model FLOPs by hand") {
+  const ModelSpec m = gpt3_175b();
+  // 50257 padded to a multiple of 128 * 8 = 1024: 50 * 1024 = 51200.
+  CHECK(padded_vocab_size(m.vocab_size, 8) == 51200);
+  // Forward per token per layer (q = kv = h = 12288, f = 4h, s = 2048):
+  //   QKV 2*h*3h + proj 2*h*h + MLP 2*h*4h*2 = 24 h^2 = 3,623,878,656
+  //   core 2*q*s = 2 * 12288 * 2048         =    50,331,648
+  //   total                                   3,674,210,304
+  CHECK(layer_forward_flops(m, 1, 2048) == doctest::Approx(3674210304.0 * 2048).epsilon(tight));
+  CHECK(attention_core_forward_flops(m, 1, 2048) == doctest::Approx(50331648.0 * 2048).epsilon(tight));
+  // Logit forward per token: 2 * h * V = 2 * 12288 * 51200 = 1,258,291,200.
+  CHECK(logit_forward_flops(m, 1, 2048, 51200) == doctest::Approx(1258291200.0 * 2048).epsilon(tight));
+  // Per token, three passes: 3 * 3,674,210,304 * 96 = 1,058,172,567,552
+  //                        + 3 * 1,258,291,200      =     3,774,873,600
+  //                                                 = 1,061,947,441,152
+  // x B*s = 1536 * 2048 = 3,145,728 tokens = 3,340,597,800,160,198,656.
+  const double expected = 3340597800160198656.0;
+  CHECK(model_flops_per_iteration(m, 1536, 2048, 51200) == doctest::Approx(expected).epsilon(tight));
+  const ParallelPlan plan = plan_for(8, 1536, 2048, Recompute::none);
+  CHECK(model_flops_per_iteration(m, plan) == doctest::Approx(expected).epsilon(tight));
+  CHECK(hardware_flops_per_iteration(m, plan) == doctest::Approx(expected).epsilon(tight));
+  CHECK(model_flops_per_iteration(m, plan) ==
+        doctest::Approx(megatron_closed_form(m, 1536, 2048, 51200)).epsilon(tight));
+}
+
+TEST_CASE("GPT-3 175B: the paper's 72BsLh^2(1 + s/6h + V/12hL) minus ours is the halved core") {
+  const ModelSpec m = gpt3_175b();
+  const double B = 1536, s = 2048;
+  const double theirs = paper_flops(B, s, 96, 12288, 51200);
+  const double ours = model_flops_per_iteration(m, 1536, 2048, 51200);
+  // The paper counts the core at 3 passes x 4*q*s per token; Megatron now
+  // counts the causal half, 3 x 2*q*s. The difference is exactly the half left
+  // out: 3 * L * (2*q*s) * B*s = 3 * L * attention_core_forward_flops, i.e.
+  // 6 * B * s^2 * L * h = 6 * 1536 * 2048^2 * 96 * 12288 = 4.5598e16 (1.35 %).
+  const double halved_core = 3.0 * 96 * attention_core_forward_flops(m, 1536, 2048);
+  CHECK(halved_core == doctest::Approx(6 * B * s * s * 96 * 12288).epsilon(tight));
+  CHECK(theirs - ours == doctest::Approx(halved_core).epsilon(1e-9));
+  // Per token: theirs 72h^2*L + 12hs*L + 6hV = 1,076,442,955,776.
+  CHECK(theirs / (B * s) == doctest::Approx(1076442955776.0).epsilon(tight));
+}
+
+TEST_CASE("Llama-3-70B model FLOPs (GQA 64/8, SwiGLU, vocab padded for tp 8)") {
+  const ModelSpec m = llama3_70b();
+  // 128256 padded to a multiple of 1024: 126 * 1024 = 129024.
+  CHECK(padded_vocab_size(m.vocab_size, 8) == 129024);
+  // Forward per token per layer (h = q = 8192, kv = 1024, f = 28672, s = 8192):
+  //   QKV 2*8192*(8192 + 2048)  =   167,772,160
+  //   proj 2*8192*8192          =   134,217,728
+  //   core 2*8192*8192          =   134,217,728
+  //   MLP 2*8192*28672*3        = 1,409,286,144
+  //   total                       1,845,493,760
+  CHECK(layer_forward_flops(m, 1, 8192) == doctest::Approx(1845493760.0 * 8192).epsilon(tight));
+  // Per token x3: 3 * (80 * 1,845,493,760 + 2 * 8192 * 129024) = 3 * (147,639,500,800
+  //   + 2,113,929,216) = 449,260,290,048; x 1024 * 8192 tokens = 3,768,668,463,178,973,184.
+  const ParallelPlan full = plan_for(8, 1024, 8192, Recompute::full);
+  const double model = 3768668463178973184.0;
+  CHECK(model_flops_per_iteration(m, full) == doctest::Approx(model).epsilon(tight));
+  CHECK(model == doctest::Approx(megatron_closed_form(m, 1024, 8192, 129024)).epsilon(tight));
+  // Full recompute adds one forward of every layer: per token 80 * 1,845,493,760
+  // = 147,639,500,800; HFU/MFU = (449,260,290,048 + 147,639,500,800) /
+  // 449,260,290,048 = 17789/13389.
+  CHECK(hardware_flops_per_iteration(m, full) / model == doctest::Approx(17789.0 / 13389.0).epsilon(tight));
+  // Selective adds the core: 80 * 134,217,728 = 10,737,418,240 per token;
+  // ratio 1 + 10,737,418,240 / 449,260,290,048 = 1.023900216595713.
+  const ParallelPlan selective = plan_for(8, 1024, 8192, Recompute::selective);
+  CHECK(hardware_flops_per_iteration(m, selective) / model ==
+        doctest::Approx(1.0 + 10737418240.0 / 449260290048.0).epsilon(tight));
+}
+
+TEST_CASE("Llama-3-8B model FLOPs (tp 1: vocab 128256 already a multiple of 128)") {
+  const ModelSpec m = llama3_8b();
+  CHECK(padded_vocab_size(m.vocab_size, 1) == 128256);
+  // Forward per token per layer (h = q = 4096, kv = 1024, f = 14336, s = 8192):
+  //   QKV 2*4096*6144 = 50,331,648; proj 2*4096^2 = 33,554,432;
+  //   core 2*4096*8192 = 67,108,864; MLP 2*4096*14336*3 = 352,321,536
+  //   total 503,316,480
+  CHECK(layer_forward_flops(m, 2, 8192) == doctest::Approx(503316480.0 * 2 * 8192).epsilon(tight));
+  // x3 per token: 3 * (32 * 503,316,480 + 2 * 4096 * 128256) = 3 * (16,106,127,360
+  //   + 1,050,673,152) = 51,470,401,536; x 512 * 8192 = 215,882,511,044,050,944.
+  const ParallelPlan none = plan_for(1, 512, 8192, Recompute::none);
+  const double model = 215882511044050944.0;
+  CHECK(model_flops_per_iteration(m, none) == doctest::Approx(model).epsilon(tight));
+  // Full: + 16,106,127,360 per token -> 67,576,528,896 / 51,470,401,536 = 10741/8181.
+  const ParallelPlan full = plan_for(1, 512, 8192, Recompute::full);
+  CHECK(hardware_flops_per_iteration(m, full) / model == doctest::Approx(10741.0 / 8181.0).epsilon(tight));
+  // Selective: + 32 * 67,108,864 = 2,147,483,648 per token.
+  const ParallelPlan selective = plan_for(1, 512, 8192, Recompute::selective);
+  CHECK(hardware_flops_per_iteration(m, selective) / model ==
+        doctest::Approx(1.0 + 2147483648.0 / 51470401536.0).epsilon(tight));
+}
+
+TEST_CASE("Korthikanti 22B model: FLOPs and recompute ratios") {
+  const ModelSpec m = gpt_22b();  // h 6144, 64 heads of 96, vocab 51200 (no padding at tp 8)
+  CHECK(padded_vocab_size(m.vocab_size, 8) == 51200);
+  // Per token x3: 48 * (72 * 6144^2 + 6 * 6144 * 2048) + 6 * 6144 * 51200
+  //   = 48 * (2,717,908,992 + 75,497,472) + 1,887,436,800 = 135,970,947,072;
+  // x B*s = 4 * 2048 = 8192 tokens = 1,113,873,998,413,824.
+  const ParallelPlan none = plan_for(8, 4, 2048, Recompute::none);
+  const double model = 1113873998413824.0;
+  CHECK(model_flops_per_iteration(m, none) == doctest::Approx(model).epsilon(tight));
+  // Full: + 48 * (24 * 6144^2 + 2 * 6144 * 2048) = 48 * 931,135,488 = 44,694,503,424
+  // per token -> ratio 180,665,450,496 / 135,970,947,072 = 2393/1801.
+  const ParallelPlan full = plan_for(8, 4, 2048, Recompute::full);
+  CHECK(hardware_flops_per_iteration(m, full) / model == doctest::Approx(2393.0 / 1801.0).epsilon(tight));
+  // Selective: + 48 * 2 * 6144 * 2048 = 1,207,959,552 per token.
+  const ParallelPlan selective = plan_for(8, 4, 2048, Recompute::selective);
+  CHECK(hardware_flops_per_iteration(m, selective) / model ==
+        doctest::Approx(1.0 + 1207959552.0 / 135970947072.0).epsilon(tight));
+  // Recompute never lowers the count, and full >= selective >= none.
+  CHECK(hardware_flops_per_iteration(m, full) > hardware_flops_per_iteration(m, selective));
+  CHECK(hardware_flops_per_iteration(m, selective) > hardware_flops_per_iteration(m, none));
+}
+
+TEST_CASE("Korthikanti et al. 2022 Table 5 MFU reproduced with the paper's convention") {
+  struct Row {
+    const char* model;
+    std::int64_t heads, hidden, layers, gpus, global_batch;
+    double iteration_s;  // sequence parallel + selective recompute
+    double mfu_pct;
+  };
+  // shared/data/korthikanti2022.csv (s = 2048, V = 51200 for every row).
+  const std::vector<Row> rows = {
+      {"22B", 64, 6144, 48, 8, 4, 1.10, 41.5},
+      {"175B", 96, 12288, 96, 64, 64, 13.75, 51.4},
+      {"530B", 128, 20480, 105, 280, 280, 37.83, 56.0},
+      {"1T", 160, 25600, 128, 512, 512, 71.49, 56.3},
+      {"530B DP=8", 128, 20480, 105, 2240, 2240, 39.15, 54.2},
+  };
+  constexpr double a100_peak = 312e12;
+  for (const Row& r : rows) {
+    CAPTURE(r.model);
+    const double denom = r.iteration_s * static_cast<double>(r.gpus) * a100_peak;
+    const double paper_mfu = 100 * paper_flops(static_cast<double>(r.global_batch), 2048,
+                                               static_cast<double>(r.layers),
+                                               static_cast<double>(r.hidden), 51200) / denom;
+    CHECK(std::abs(paper_mfu - r.mfu_pct) <= 0.5);  // percentage points
+    // Megatron's causal-halved count is lower by 6*B*s^2*L*h (the half of the
+    // core it leaves out), relative to the paper's count: 22B -2.6 %, 175B -1.35 %, 530B -0.82 %, 1T -0.66 % (relative), i.e. MFU
+    // 40.6, 50.7, 55.6, 55.9 % instead of the paper's 41.5 .. 56.3 %.
+    const ModelSpec m = gpt(r.model, r.layers, r.hidden, r.heads, 51200, 2048);
+    const double ours_mfu = 100 * model_flops_per_iteration(m, r.global_batch, 2048, 51200) / denom;
+    CHECK(ours_mfu < paper_mfu);
+    CHECK(paper_mfu - ours_mfu < 1.1);
+  }
+}

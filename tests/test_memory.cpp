@@ -1,1 +1,367 @@
+// Per-GPU memory against hand arithmetic, Korthikanti et al. 2022 Table 2 and
+// Megatron-LM's theoretical memory report (theoretical_memory_usage.py).
 #include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "cuboid/memory.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/plan.hpp"
+
+using namespace cuboid;
+
+namespace {
+
+constexpr double tight = 1e-12;
+constexpr double MiB = 1024.0 * 1024.0;
+constexpr double GiB = 1024.0 * MiB;
+
+ModelSpec gpt(std::int64_t layers, std::int64_t hidden, std::int64_t heads, std::int64_t vocab,
+              std::int64_t seq) {
+  ModelSpec m;
+  m.name = "gpt";
+  m.num_layers = layers;
+  m.hidden_size = hidden;
+  m.num_attention_heads = heads;
+  m.num_kv_heads = heads;
+  m.head_dim = hidden / heads;
+  m.ffn_hidden_size = 4 * hidden;
+  m.activation = Activation::gelu;
+  m.normalization = Normalization::layernorm;
+  m.vocab_size = vocab;
+  m.seq_length = seq;
+  m.max_position_embeddings = seq;
+  m.tied_embeddings = true;
+  m.learned_position_embeddings = false;
+  m.linear_bias = false;  // as Megatron's parameter formula assumes
+  return m;
+}
+
+// Korthikanti et al.'s 22B GPT: 48 layers, h 6144, 64 heads, vocab 51200.
+ModelSpec gpt_22b() { return gpt(48, 6144, 64, 51200, 2048); }
+
+ModelSpec llama3_70b() {
+  ModelSpec m;
+  m.name = "llama3-70b";
+  m.num_layers = 80;
+  m.hidden_size = 8192;
+  m.num_attention_heads = 64;
+  m.num_kv_heads = 8;
+  m.head_dim = 128;
+  m.ffn_hidden_size = 28672;
+  m.activation = Activation::swiglu;
+  m.normalization = Normalization::rmsnorm;
+  m.vocab_size = 128256;
+  m.seq_length = 8192;
+  m.max_position_embeddings = 8192;
+  m.tied_embeddings = false;
+  return m;
+}
+
+GpuProfile a100_80gb() {
+  GpuProfile g;
+  g.name = "A100-like";
+  g.memory_bytes = 81920LL * 1024 * 1024;
+  g.memory_reserve_bytes = 2LL * 1024 * 1024 * 1024;
+  return g;
+}
+
+ParallelPlan plan(int tp, int pp, int dp, int micro_batch, std::int64_t global_batch,
+                  std::int64_t seq, Recompute r, bool sp, bool flash) {
+  ParallelPlan p;
+  p.tp = tp;
+  p.pp = pp;
+  p.dp = dp;
+  p.micro_batch = micro_batch;
+  p.global_batch = global_batch;
+  p.seq_length = seq;
+  p.recompute = r;
+  p.sequence_parallel = sp;
+  p.flash_attention = flash;
+  p.schedule = Schedule::one_f_one_b;
+  return p;
+}
+
+// Megatron-LM's compute_activation_memory (first stage), written out: every
+// layer of the model at s*b*h*(18 + 4f/h), pp micro-batches of embedding input
+// and dropout, the interleaving penalty or the m/pp discount, the output layer
+// when pp == 1, all divided by t.
+double megatron_activation_bytes(const ModelSpec& m, const ParallelPlan& p) {
+  const double s = static_cast<double>(p.seq_length), b = p.micro_batch;
+  const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.ffn_hidden_size);
+  const double L = static_cast<double>(m.num_layers), pp = p.pp;
+  const double V = static_cast<double>(padded_vocab_size(m.vocab_size, p.tp));
+  double act = s * b * h * (18 + 4 * f / h) * L;
+  act += 8 * s * b * pp;
+  act += s * b * h * pp;
+  if (p.virtual_stages > 1) {
+    act *= 1 + (pp - 1) / (pp * p.virtual_stages);
+  } else if (p.pp > 1) {
+    act *= std::min(1.0, static_cast<double>(p.num_micro_batches()) / pp);
+  }
+  if (p.pp == 1) act += s * b * h * 4 * (1 + V / h);
+  return act / p.tp;
+}
+
+// Megatron-LM's compute_weight_and_optimizer_memory "most loaded shard", in
+// parameters: (transformer / pp + embedding) / t (+ embedding / t untied, pp 1).
+// Its transformer count (no linear biases, LayerNorm with bias, final norm):
+// 10*L*h^2*((1 + f/h)/5 + g/(5a) + 2/(5h) + 1/(5Lh)).
+double megatron_most_loaded_parameters(const ModelSpec& m, const ParallelPlan& p) {
+  const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.ffn_hidden_size);
+  const double L = static_cast<double>(m.num_layers);
+  const double ratio = static_cast<double>(m.num_kv_heads) / static_cast<double>(m.num_attention_heads);
+  const double transformer =
+      10 * L * h * h * ((1 + f / h) / 5 + ratio / 5 + 2 / (5 * h) + 1 / (5 * L * h));
+  const double embedding = h * static_cast<double>(padded_vocab_size(m.vocab_size, p.tp));
+  double shard = (transformer / p.pp + embedding) / p.tp;
+  if (!m.tied_embeddings && p.pp == 1) shard += embedding / p.tp;
+  return shard;
+}
+
+}  // namespace
+
+TEST_CASE("bytes per parameter for each ZeRO stage at dp 8") {
+  CHECK(bytes_per_parameter(0, 8) == 18.0);
+  CHECK(bytes_per_parameter(1, 8) == 7.5);   // 6 + 12/8
+  CHECK(bytes_per_parameter(2, 8) == 4.0);   // 2 + 16/8
+  CHECK(bytes_per_parameter(3, 8) == 2.25);  // 18/8
+  // dp 1: sharding saves nothing.
+  for (int zero = 0; zero <= 3; ++zero) CHECK(bytes_per_parameter(zero, 1) == 18.0);
+}
+
+TEST_CASE("Korthikanti Table 2: one layer of the 22B GPT (s 2048, b 4, h 6144, a 64, t 8)") {
+  const ModelSpec m = gpt_22b();
+  // s*b*h = 2048 * 4 * 6144 = 50,331,648; 5*a*s^2*b/t = 5*64*2048^2*4/8 = 671,088,640
+  // (= s*b*h * 5as/(ht) = s*b*h * 13.33).
+  const double sbh = 50331648.0;
+  const double scores_over_t = 671088640.0;
+  SUBCASE("no recompute, no SP: sbh(10 + 24/t + 5as/(ht))") {
+    const auto p = plan(8, 1, 1, 4, 4, 2048, Recompute::none, false, false);
+    // 10 sbh + 3 sbh + 671,088,640 = 1,325,400,064
+    CHECK(activation_bytes_per_layer(m, p) == 1325400064.0);
+    CHECK(activation_bytes_per_layer(m, p) == 13 * sbh + scores_over_t);
+  }
+  SUBCASE("no recompute, SP: sbh/t(34 + 5as/h)") {
+    const auto p = plan(8, 1, 1, 4, 4, 2048, Recompute::none, true, false);
+    CHECK(activation_bytes_per_layer(m, p) == 884998144.0);  // 34 sbh / 8 + 671,088,640
+    CHECK(activation_bytes_per_layer(m, p) == 34 * sbh / 8 + scores_over_t);
+  }
+  SUBCASE("selective + SP: 34 sbh / t") {
+    const auto p = plan(8, 1, 1, 4, 4, 2048, Recompute::selective, true, false);
+    CHECK(activation_bytes_per_layer(m, p) == 213909504.0);
+  }
+  SUBCASE("selective, no SP: sbh(10 + 24/t)") {
+    const auto p = plan(8, 1, 1, 4, 4, 2048, Recompute::selective, false, false);
+    CHECK(activation_bytes_per_layer(m, p) == 13 * sbh);
+  }
+  SUBCASE("full recompute: 2 sbh, / t with SP") {
+    CHECK(activation_bytes_per_layer(m, plan(8, 1, 1, 4, 4, 2048, Recompute::full, false, false)) ==
+          100663296.0);
+    CHECK(activation_bytes_per_layer(m, plan(8, 1, 1, 4, 4, 2048, Recompute::full, true, false)) ==
+          12582912.0);
+  }
+  SUBCASE("flash attention removes the 5as/h term") {
+    CHECK(activation_bytes_per_layer(m, plan(8, 1, 1, 4, 4, 2048, Recompute::none, false, true)) ==
+          13 * sbh);
+    CHECK(activation_bytes_per_layer(m, plan(8, 1, 1, 4, 4, 2048, Recompute::none, true, true)) ==
+          34 * sbh / 8);
+  }
+}
+
+TEST_CASE("Llama-3-70B layer activations: GQA and SwiGLU generalisation") {
+  const ModelSpec m = llama3_70b();
+  const auto p = plan(4, 4, 2, 1, 64, 8192, Recompute::selective, true, true);
+  // s*b = 8192. Replicated 10 sbh = 10 * 8192 * 8192 = 671,088,640.
+  // Split: Q 2sbq + K, V 2 * 2sb*kv + proj input 2sbq = 2 * 8192 * (8192 + 2048 + 8192)
+  //        = 301,989,888; SwiGLU 6 s b f = 6 * 8192 * 28672 = 1,409,286,144.
+  // With SP everything / 4: (671,088,640 + 1,711,276,032) / 4 = 595,591,168.
+  CHECK(activation_bytes_per_layer(m, p) == 595591168.0);
+}
+
+TEST_CASE("Megatron theoretical report: first-stage activations coincide (selective + SP)") {
+  const ModelSpec m = gpt_22b();  // f = 4h: Megatron's 18 + 4f/h = 34
+  SUBCASE("1F1B, pp 4, m = 8 >= pp") {
+    const auto p = plan(8, 4, 1, 1, 8, 2048, Recompute::selective, true, true);
+    REQUIRE(p.num_micro_batches() == 8);
+    const MemoryReport r = memory_per_gpu(m, p, a100_80gb());
+    // First stage: 34sbh/t * (48/4 layers) * 4 in flight + (8sb + sbh)/t * 4.
+    const double s = 2048, h = 6144;
+    const double by_hand = 34 * s * h / 8 * 12 * 4 + (8 * s + s * h) / 8 * 4;
+    CHECK(megatron_activation_bytes(m, p) == doctest::Approx(by_hand).epsilon(tight));
+    CHECK(r.peak_stage == 0);
+    CHECK(r.activation_bytes == doctest::Approx(megatron_activation_bytes(m, p)).epsilon(tight));
+  }
+  SUBCASE("1F1B, pp 4, m = 2 < pp: Megatron's m/pp discount") {
+    const auto p = plan(8, 4, 1, 1, 2, 2048, Recompute::selective, true, true);
+    const MemoryReport r = memory_per_gpu(m, p, a100_80gb());
+    CHECK(r.peak_stage == 0);
+    CHECK(r.activation_bytes == doctest::Approx(megatron_activation_bytes(m, p)).epsilon(tight));
+  }
+  SUBCASE("interleaved, pp 4, v 2: Megatron's penalty 1 + (pp-1)/(pp v)") {
+    auto p = plan(8, 4, 1, 1, 8, 2048, Recompute::selective, true, true);
+    p.schedule = Schedule::interleaved;
+    p.virtual_stages = 2;
+    const MemoryReport r = memory_per_gpu(m, p, a100_80gb());
+    CHECK(r.activation_bytes == doctest::Approx(megatron_activation_bytes(m, p)).epsilon(tight));
+  }
+  SUBCASE("pp 1: the output layer term s*b*h*4*(1 + V/h)/t is included") {
+    const auto p = plan(8, 1, 1, 1, 4, 2048, Recompute::selective, true, true);
+    const MemoryReport r = memory_per_gpu(m, p, a100_80gb());
+    CHECK(r.activation_bytes == doctest::Approx(megatron_activation_bytes(m, p)).epsilon(tight));
+  }
+}
+
+TEST_CASE("Megatron most loaded shard: parameters coincide where the models agree") {
+  ModelSpec m = gpt_22b();
+  SUBCASE("pp 1, untied: embedding and LM head on the one stage") {
+    m.tied_embeddings = false;
+    const auto p = plan(8, 1, 1, 1, 4, 2048, Recompute::selective, true, true);
+    CHECK(parameters_on_stage(m, p, 0) ==
+          doctest::Approx(megatron_most_loaded_parameters(m, p)).epsilon(tight));
+    // And it is the whole model / t.
+    CHECK(parameters_on_stage(m, p, 0) ==
+          doctest::Approx(static_cast<double>(m.parameter_count(8)) / 8).epsilon(tight));
+  }
+  SUBCASE("pp 4, tied: Megatron spreads the final norm over stages, we keep it on the last") {
+    const auto p = plan(8, 4, 1, 1, 8, 2048, Recompute::selective, true, true);
+    const double h = 6144;
+    const double megatron = megatron_most_loaded_parameters(m, p);
+    CHECK(parameters_on_stage(m, p, 0) == doctest::Approx(megatron - 2 * h / (4 * 8)).epsilon(tight));
+    CHECK(parameters_on_stage(m, p, 3) ==
+          doctest::Approx(parameters_on_stage(m, p, 0) + 2 * h / 8).epsilon(tight));
+    // Middle stages: transformer layers only.
+    CHECK(parameters_on_stage(m, p, 1) ==
+          doctest::Approx(static_cast<double>(m.parameters_per_layer()) * 12 / 8).epsilon(tight));
+    // The tied LM head is a second copy: the stages sum to the model plus one embedding.
+    const double V = 51200;
+    double sum = 0;
+    for (int stage = 0; stage < 4; ++stage) sum += parameters_on_stage(m, p, stage) * 8;
+    CHECK(sum == doctest::Approx(static_cast<double>(m.parameter_count(8)) + V * h).epsilon(tight));
+  }
+}
+
+TEST_CASE("Llama-3-70B weights + optimizer on tp 4, pp 4, dp 2 by hand") {
+  const ModelSpec m = llama3_70b();
+  // Per layer: QKV 8192 * (8192 + 2 * 1024) = 83,886,080; proj 8192^2 = 67,108,864;
+  // MLP 3 * 8192 * 28672 = 704,643,072; two RMSNorms 16,384 -> 855,654,400.
+  // 20 layers per stage: 17,113,088,000.
+  // Vocabulary padded to 512 (128 * tp 4): 251 * 512 = 128,512; embedding
+  // 128,512 * 8192 = 1,052,770,304.
+  // Stage 0: (17,113,088,000 + 1,052,770,304) / 4 = 4,541,464,576.
+  // Stage 3: + final norm 8192 + LM head 1,052,770,304 -> 18,165,866,496 / 4 = 4,541,466,624.
+  auto p = plan(4, 4, 2, 1, 64, 8192, Recompute::selective, true, true);
+  CHECK(m.parameters_per_layer() == 855654400);
+  CHECK(parameters_on_stage(m, p, 0) == 4541464576.0);
+  CHECK(parameters_on_stage(m, p, 1) == 4278272000.0);  // 17,113,088,000 / 4
+  CHECK(parameters_on_stage(m, p, 3) == 4541466624.0);
+  SUBCASE("ZeRO 0: 18 bytes per parameter") {
+    p.zero_stage = 0;
+    const MemoryReport r = memory_per_gpu(m, p, a100_80gb());
+    // The first stage's activations make it the peak; its 4,541,464,576 * 18.
+    CHECK(r.peak_stage == 0);
+    CHECK(r.weight_and_optimizer_bytes == 81746362368.0);
+  }
+  SUBCASE("ZeRO 1 (distributed optimizer): 6 + 12/2 = 12 bytes per parameter") {
+    p.zero_stage = 1;
+    const MemoryReport r = memory_per_gpu(m, p, a100_80gb());
+    CHECK(r.weight_and_optimizer_bytes == 54497574912.0);  // 4,541,464,576 * 12
+    CHECK(r.parameters == 4541464576.0);
+  }
+}
+
+TEST_CASE("Llama-3-70B memory_per_gpu pieces (tp 4, pp 4, dp 2, mb 1, gbs 64, seq 8192, "
+          "selective, SP, 1F1B, ZeRO 1, A100 80 GB)") {
+  const ModelSpec m = llama3_70b();
+  auto p = plan(4, 4, 2, 1, 64, 8192, Recompute::selective, true, true);
+  p.zero_stage = 1;
+  const MemoryReport r = memory_per_gpu(m, p, a100_80gb());
+  // m = 64 / (1 * 2) = 32 micro-batches; the first stage holds pp = 4.
+  // Activations: 595,591,168 per layer * 20 layers * 4 = 47,647,293,440
+  //   + embedding (8 * 8192 + 8192 * 8192) / 4 * 4 = 67,174,400 -> 47,714,467,840.
+  // (The last stage: 595,591,168 * 20 * 1 + 4sbh/t 67,108,864 + fp32 logits
+  //  4 * 8192 * 128,512 / 4 = 1,052,770,304 -> 13,031,702,528.)
+  CHECK(r.peak_stage == 0);
+  CHECK(r.parameters == 4541464576.0);
+  CHECK(r.weight_and_optimizer_bytes == 54497574912.0);  // 50.75 GiB
+  CHECK(r.activation_bytes == 47714467840.0);            // 44.44 GiB
+  CHECK(r.reserve_bytes == 2 * GiB);
+  CHECK(r.total_bytes == 104359526400.0);                // 97.19 GiB
+  CHECK(r.capacity_bytes == 81920 * MiB);
+  CHECK_FALSE(r.fits());
+  CHECK(r.headroom_bytes() == 81920 * MiB - 104359526400.0);
+}
+
+TEST_CASE("full recompute keeps one layer's full activations once") {
+  const ModelSpec m = gpt_22b();
+  const auto full = plan(8, 4, 1, 1, 8, 2048, Recompute::full, true, true);
+  auto none = full;
+  none.recompute = Recompute::none;
+  const double s = 2048, h = 6144;
+  // Stage 0: 2sbh/t * 12 layers * 4 in flight + one layer stored (34sbh/t, flash)
+  //   + embedding (8sb + sbh)/t * 4.
+  const double by_hand = 2 * s * h / 8 * 12 * 4 + 34 * s * h / 8 + (8 * s + s * h) / 8 * 4;
+  const MemoryReport r = memory_per_gpu(m, full, a100_80gb());
+  CHECK(r.peak_stage == 0);
+  CHECK(r.activation_bytes == doctest::Approx(by_hand).epsilon(tight));
+  CHECK(activation_bytes_per_layer(m, none) == 34 * s * h / 8);
+  CHECK(r.activation_bytes < memory_per_gpu(m, none, a100_80gb()).activation_bytes);
+}
+
+TEST_CASE("in-flight micro-batches: GPipe, 1F1B, interleaved") {
+  auto p = plan(1, 4, 1, 1, 8, 2048, Recompute::selective, false, true);  // m = 8
+  SUBCASE("GPipe holds all m on every stage") {
+    p.schedule = Schedule::gpipe;
+    for (int stage = 0; stage < 4; ++stage) CHECK(in_flight_micro_batches(p, stage) == 8.0);
+  }
+  SUBCASE("1F1B holds pp - stage") {
+    CHECK(in_flight_micro_batches(p, 0) == 4.0);
+    CHECK(in_flight_micro_batches(p, 1) == 3.0);
+    CHECK(in_flight_micro_batches(p, 2) == 2.0);
+    CHECK(in_flight_micro_batches(p, 3) == 1.0);
+    p.global_batch = 2;  // m = 2 < pp
+    CHECK(in_flight_micro_batches(p, 0) == 2.0);
+    CHECK(in_flight_micro_batches(p, 2) == 2.0);
+    CHECK(in_flight_micro_batches(p, 3) == 1.0);
+  }
+  SUBCASE("interleaved v 2: (2(pp - r - 1) + (v - 1)pp + 1)/v chunk forwards") {
+    p.schedule = Schedule::interleaved;
+    p.virtual_stages = 2;
+    // Stage 0: (6 + 4 + 1)/2 = 5.5 = 4 * (1 + 3/8), Megatron's penalty.
+    CHECK(in_flight_micro_batches(p, 0) == 5.5);
+    CHECK(in_flight_micro_batches(p, 1) == 4.5);  // (4 + 4 + 1)/2
+    CHECK(in_flight_micro_batches(p, 2) == 3.5);  // (2 + 4 + 1)/2
+    CHECK(in_flight_micro_batches(p, 3) == 2.5);  // (0 + 4 + 1)/2
+    p.global_batch = 4;  // m = 4: capped at all micro-batches
+    CHECK(in_flight_micro_batches(p, 0) == 4.0);
+    CHECK(in_flight_micro_batches(p, 1) == 4.0);
+    CHECK(in_flight_micro_batches(p, 2) == 3.5);
+  }
+  SUBCASE("pp 1: one micro-batch at a time") {
+    p.pp = 1;
+    CHECK(in_flight_micro_batches(p, 0) == 1.0);
+    p.schedule = Schedule::gpipe;
+    CHECK(in_flight_micro_batches(p, 0) == 1.0);
+  }
+}
+
+TEST_CASE("GPipe needs more memory than 1F1B; the reserve and capacity come from the profile") {
+  const ModelSpec m = gpt_22b();
+  auto p = plan(8, 4, 1, 1, 16, 2048, Recompute::selective, true, true);
+  const MemoryReport one_f_one_b = memory_per_gpu(m, p, a100_80gb());
+  p.schedule = Schedule::gpipe;
+  const MemoryReport gpipe = memory_per_gpu(m, p, a100_80gb());
+  CHECK(gpipe.activation_bytes > one_f_one_b.activation_bytes);
+  // 1F1B peaks on the first stage (pp micro-batches in flight); GPipe holds all
+  // m on every stage, so the last stage (LM head copy, logits) is the peak.
+  CHECK(one_f_one_b.peak_stage == 0);
+  CHECK(gpipe.peak_stage == 3);
+  // GPipe, last stage: 34sbh/t * 12 layers * 16 + 4sbh/t + 4sbV/t.
+  const double s = 2048, h = 6144, V = 51200;
+  CHECK(gpipe.activation_bytes ==
+        doctest::Approx(34 * s * h / 8 * 12 * 16 + 4 * s * h / 8 + 4 * s * V / 8).epsilon(tight));
+  CHECK(gpipe.total_bytes == doctest::Approx(gpipe.weight_and_optimizer_bytes + gpipe.activation_bytes +
+                                             gpipe.reserve_bytes).epsilon(tight));
+}
