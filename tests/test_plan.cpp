@@ -1,1 +1,201 @@
+// ParallelPlan validation and the rank <-> (node, gpu) <-> (tp, pp, dp) mapping.
 #include <doctest/doctest.h>
+
+#include <set>
+
+#include "cuboid/error.hpp"
+#include "cuboid/plan.hpp"
+
+using namespace cuboid;
+
+namespace {
+
+ModelSpec llama70b_shape() {
+  ModelSpec m;
+  m.name = "llama3-70b";
+  m.num_layers = 80;
+  m.hidden_size = 8192;
+  m.num_attention_heads = 64;
+  m.num_kv_heads = 8;
+  m.head_dim = 128;
+  m.ffn_hidden_size = 28672;
+  m.activation = Activation::swiglu;
+  m.normalization = Normalization::rmsnorm;
+  m.vocab_size = 128256;
+  m.seq_length = 8192;
+  m.max_position_embeddings = 8192;
+  return m;
+}
+
+Cluster four_dgx() {
+  Cluster c;
+  c.name = "dgx-a100-4node";
+  c.nodes = 4;
+  c.gpus_per_node = 8;
+  return c;
+}
+
+ParallelPlan seed_plan() {
+  ParallelPlan p;
+  p.tp = 4;
+  p.pp = 4;
+  p.dp = 2;
+  p.micro_batch = 1;
+  p.global_batch = 64;
+  p.seq_length = 8192;
+  p.sequence_parallel = true;
+  return p;
+}
+
+std::string error_of(const ParallelPlan& p, const ModelSpec& m = llama70b_shape(), const Cluster& c = four_dgx()) {
+  try {
+    validate_plan(p, m, c);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("the seed's TP 4 x PP 4 x DP 2 on 4 x 8 GPUs, Megatron order tp-dp-pp") {
+  ParallelPlan p = seed_plan();
+  CHECK(error_of(p).empty());
+  RankMapping map(p, 8);
+  CHECK(map.world_size() == 32);
+  // TP innermost: ranks 0-3 are one TP group; the second DP replica is ranks 4-7 of the same node.
+  CHECK(map.tp_group(0, 0) == std::vector<int>{0, 1, 2, 3});
+  CHECK(map.dp_group(0, 0) == std::vector<int>{0, 4});
+  // PP outermost: stage s lives on node s.
+  CHECK(map.pp_group(0, 0) == std::vector<int>{0, 8, 16, 24});
+  CHECK(map.pp_group(3, 1) == std::vector<int>{7, 15, 23, 31});
+  for (int r = 0; r < 32; ++r) {
+    RankCoord c = map.coord(r);
+    CHECK(c.node == r / 8);
+    CHECK(c.gpu == r % 8);
+    CHECK(c.pp == c.node);
+    CHECK(map.rank_of(c.tp, c.pp, c.dp) == r);
+  }
+  CHECK_FALSE(map.tp_crosses_nodes());
+  CHECK(map.nodes_spanned(map.pp_group(0, 0)) == 4);
+  CHECK(map.nodes_spanned(map.dp_group(0, 0)) == 1);
+}
+
+TEST_CASE("groups partition the ranks for every order") {
+  for (const char* order : {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "pp-dp-tp"}) {
+    ParallelPlan p = seed_plan();
+    p.order = RankOrder::parse(order, "test", "order");
+    CHECK(p.order.str() == order);
+    RankMapping map(p, 8);
+    for (const auto& groups : {map.tp_groups(), map.pp_groups(), map.dp_groups()}) {
+      std::set<int> seen;
+      for (const auto& g : groups)
+        for (int r : g) CHECK(seen.insert(r).second);
+      CHECK(seen.size() == 32);
+    }
+    CHECK(map.tp_groups().size() == 8);
+    CHECK(map.pp_groups().size() == 8);
+    CHECK(map.dp_groups().size() == 16);
+  }
+}
+
+TEST_CASE("TP 16 across two nodes is flagged") {
+  ParallelPlan p = seed_plan();
+  p.tp = 8;
+  p.pp = 2;
+  p.dp = 2;
+  p.order = RankOrder::parse("dp-tp-pp", "test", "order");
+  RankMapping map(p, 8);
+  // DP innermost puts TP ranks 2 apart: a TP group of 8 spans two nodes.
+  CHECK(map.tp_group(0, 0) == std::vector<int>{0, 2, 4, 6, 8, 10, 12, 14});
+  CHECK(map.tp_crosses_nodes());
+}
+
+TEST_CASE("rank order parsing errors") {
+  CHECK_THROWS_WITH_AS(RankOrder::parse("tp-dp", "command line", "--rank-order"),
+                       "command line: --rank-order: rank order \"tp-dp\" must name tp, dp and pp once each "
+                       "(fix: give the three dimensions innermost first, e.g. tp-dp-pp (Megatron's default) or tp-pp-dp)",
+                       InputError);
+  CHECK_THROWS_AS(RankOrder::parse("tp-tp-pp", "c", "f"), InputError);
+  CHECK_THROWS_AS(RankOrder::parse("tp-ep-pp", "c", "f"), InputError);
+  CHECK_THROWS_AS(parse_recompute("some", "c", "f"), InputError);
+  CHECK(parse_schedule("1f1b", "c", "f") == Schedule::one_f_one_b);
+}
+
+TEST_CASE("validate_plan names the flag and the fix") {
+  ParallelPlan p = seed_plan();
+  SUBCASE("heads not divisible by TP") {
+    p.tp = 3;
+    CHECK(error_of(p) ==
+          "command line: --tp: TP 3 does not divide the 64 attention heads of llama3-70b "
+          "(fix: choose a TP that divides the number of heads)");
+  }
+  SUBCASE("KV heads not divisible by TP") {
+    p.tp = 16;
+    p.pp = 2;
+    p.dp = 1;
+    CHECK(error_of(p) ==
+          "command line: --tp: TP 16 does not divide the 8 key/value heads of llama3-70b (Megatron-LM requires "
+          "num_query_groups % TP == 0) (fix: choose a TP that divides the number of key/value heads)");
+  }
+  SUBCASE("layers not divisible by PP x virtual stages") {
+    p.pp = 4;
+    p.virtual_stages = 3;
+    p.schedule = Schedule::interleaved;
+    CHECK(error_of(p) ==
+          "command line: --vpp: PP 4 x virtual stages 3 = 12 does not divide the 80 layers of llama3-70b "
+          "(Megatron-LM once trained a silently smaller model here) "
+          "(fix: choose PP x virtual stages that divides the number of layers)");
+    p.virtual_stages = 1;
+    p.schedule = Schedule::one_f_one_b;
+    p.pp = 3;
+    CHECK(error_of(p).find("--pp: PP 3 x virtual stages 1 = 3 does not divide the 80 layers") != std::string::npos);
+  }
+  SUBCASE("GPUs not divisible by TP x PP") {
+    p.dp = 1;
+    CHECK(error_of(p) ==
+          "command line: --tp/--pp/--dp: TP x PP x DP = 16 does not use all 32 GPUs of dgx-a100-4node "
+          "(fix: make TP x PP x DP equal the GPU count, or set --nodes so the cluster has exactly that many GPUs)");
+    p.dp = 4;
+    CHECK(error_of(p) ==
+          "command line: --tp/--pp/--dp: TP x PP x DP = 64 GPUs but cluster dgx-a100-4node has 32 "
+          "(fix: use fewer GPUs or more nodes (--nodes N))");
+  }
+  SUBCASE("global batch not divisible by micro-batch x DP") {
+    p.global_batch = 63;
+    CHECK(error_of(p) ==
+          "command line: --global-batch: global batch 63 is not divisible by micro-batch x DP = 2 "
+          "(fix: choose a global batch that is a multiple of 2)");
+  }
+  SUBCASE("interleaving needs micro-batches divisible by PP") {
+    p.virtual_stages = 2;
+    p.schedule = Schedule::interleaved;
+    p.global_batch = 12;  // 6 micro-batches, PP 4
+    CHECK(error_of(p) ==
+          "command line: --global-batch: the interleaved schedule needs the number of micro-batches (6) to be a "
+          "multiple of PP 4 (fix: choose a global batch that is a multiple of micro-batch x DP x PP = 8)");
+  }
+  SUBCASE("non-positive sizes and bad ZeRO stage") {
+    p.micro_batch = 0;
+    CHECK(error_of(p) == "command line: --micro-batch: must be positive, got 0 (fix: give a value >= 1)");
+    p.micro_batch = 1;
+    p.zero_stage = 4;
+    CHECK(error_of(p) == "command line: --zero: ZeRO stage must be 0, 1, 2 or 3, got 4 (fix: use 0, 1, 2 or 3)");
+  }
+  SUBCASE("sequence longer than the model supports") {
+    p.seq_length = 16384;
+    CHECK(error_of(p).find("--seq-length: sequence length 16384 exceeds the model's max_position_embeddings 8192") !=
+          std::string::npos);
+  }
+  SUBCASE("sequence parallel needs TP") {
+    p.tp = 1;
+    p.dp = 8;
+    CHECK(error_of(p) == "command line: --sequence-parallel: sequence parallelism needs TP > 1 "
+                         "(fix: use --sequence-parallel off with TP 1)");
+  }
+  SUBCASE("derived quantities") {
+    CHECK(p.world_size() == 32);
+    CHECK(p.num_micro_batches() == 32);
+    CHECK(p.tokens_per_iteration() == 64 * 8192);
+  }
+}

@@ -79,8 +79,9 @@ class RankMapping {
  public:
   RankMapping(const ParallelPlan& plan, int gpus_per_node);
 
-  int world_size() const { return static_cast<int>(coords_.size()); }
-  const RankCoord& coord(int rank) const { return coords_.at(static_cast<std::size_t>(rank)); }
+  // O(1) and allocation-free: the estimator builds one per candidate.
+  int world_size() const { return tp_ * pp_ * dp_; }
+  RankCoord coord(int rank) const;
   int rank_of(int tp, int pp, int dp) const;
 
   // Process groups, each as ranks in increasing coordinate order.
@@ -98,7 +99,6 @@ class RankMapping {
  private:
   int tp_, pp_, dp_, gpus_per_node_;
   std::array<int, 3> stride_{};  // stride of tp, dp, pp in rank space
-  std::vector<RankCoord> coords_;
 };
 
 }  // namespace cuboid
