@@ -1,1 +1,284 @@
-// implemented in a following commit
+#include "cuboid/topology.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace cuboid {
+
+std::string_view to_string(VertexKind k) {
+  switch (k) {
+    case VertexKind::gpu: return "gpu";
+    case VertexKind::nvswitch: return "nvswitch";
+    case VertexKind::nic: return "nic";
+    case VertexKind::leaf: return "leaf";
+    case VertexKind::spine: return "spine";
+    case VertexKind::core: return "core";
+  }
+  return "?";
+}
+
+std::string_view to_string(Tier t) {
+  switch (t) {
+    case Tier::same_gpu: return "same_gpu";
+    case Tier::nvlink: return "nvlink";
+    case Tier::leaf: return "leaf";
+    case Tier::spine: return "spine";
+    case Tier::core: return "core";
+  }
+  return "?";
+}
+
+namespace {
+
+// The fat tree's shape, derived once from the card. Everything route() needs is
+// arithmetic on these numbers, so a route costs O(path length), never a search.
+struct Shape {
+  int nodes = 0;
+  int gpus_per_node = 0;
+  int nics = 0;             // per node; 0 = no inter-node network
+  int levels = 0;           // 0 (no network), 1, 2 or 3
+  int nodes_per_leaf = 1;
+  bool rail = false;        // rail-optimised leaves (one leaf per group and rail)
+  int groups = 0;           // leaf groups (scalable units) = ceil(nodes / nodes_per_leaf)
+  int leaves = 0;
+  int leaves_per_pod = 0;   // 3 levels: leaves under one spine
+  int pods = 0;
+  int spines = 0;
+  int cores = 0;
+
+  explicit Shape(const Cluster& c)
+      : nodes(c.nodes), gpus_per_node(c.gpus_per_node), nics(c.inter.kind == "none" ? 0 : c.inter.nics_per_node) {
+    if (nics == 0) return;
+    levels = c.inter.levels;
+    nodes_per_leaf = std::max(1, c.inter.nodes_per_leaf);
+    if (levels == 1) {
+      // One switch for the whole cluster: rails have nowhere else to meet.
+      rail = false;
+      groups = 1;
+      leaves = 1;
+      return;
+    }
+    rail = c.inter.rail_optimized;
+    groups = (nodes + nodes_per_leaf - 1) / nodes_per_leaf;
+    leaves = rail ? groups * nics : groups;
+    if (levels == 2) {
+      spines = 1;
+      return;
+    }
+    leaves_per_pod = c.inter.leaves_per_pod > 0 ? c.inter.leaves_per_pod : leaves;
+    pods = (leaves + leaves_per_pod - 1) / leaves_per_pod;
+    spines = pods;
+    cores = 1;
+  }
+
+  int node_of(int gpu) const { return gpu / gpus_per_node; }
+  int local_of(int gpu) const { return gpu % gpus_per_node; }
+  // GPU i of a node uses NIC (i * nics / gpus): with fewer NICs than GPUs,
+  // neighbouring GPUs share one (as on HGX boards with 4 HCAs for 8 GPUs).
+  int nic_local_of(int gpu) const { return local_of(gpu) * nics / gpus_per_node; }
+  int nic_of(int gpu) const { return node_of(gpu) * nics + nic_local_of(gpu); }
+  int leaf_of(int node, int nic_local) const {
+    if (levels == 1) return 0;
+    const int group = node / nodes_per_leaf;
+    return rail ? group * nics + nic_local : group;
+  }
+  int leaf_of_gpu(int gpu) const { return leaf_of(node_of(gpu), nic_local_of(gpu)); }
+  int pod_of_leaf(int leaf) const { return levels == 3 ? leaf / leaves_per_pod : 0; }
+  Tier top_tier() const {
+    if (nics == 0) return Tier::nvlink;
+    if (levels == 1) return Tier::leaf;
+    return levels == 2 ? Tier::spine : Tier::core;
+  }
+};
+
+// "<prefix><number><suffix>", built by appending (GCC 12 -O3 raises a false
+// -Wrestrict on "literal" + std::to_string(...)).
+std::string label(std::string_view prefix, int number, std::string_view suffix = {}) {
+  std::string out(prefix);
+  out += std::to_string(number);
+  out += suffix;
+  return out;
+}
+
+std::string link_kind_intra(const std::string& kind) {
+  if (kind == "pcie") return "pcie";
+  if (kind == "shared-memory") return "shm";
+  return "nvlink";  // nvswitch, nvlink
+}
+
+// Edges are added top-down (core, spines, leaves, then each node's NICs and
+// GPUs), so each vertex's *upward* edge is the first in its out-edge list and
+// boost::edge(lower, upper) finds it in O(1) even for a leaf with many ports.
+Topology::Edge find_edge(const Topology::Graph& g, Topology::Vertex lower, Topology::Vertex upper) {
+  auto [e, ok] = boost::edge(lower, upper, g);
+  if (!ok) throw std::logic_error("topology: missing edge " + g[lower].name + " - " + g[upper].name);
+  return e;
+}
+
+}  // namespace
+
+struct TopologyBuilder {
+  static void build(Topology& t) {
+    const Cluster& c = t.cluster_;
+    const Shape s(c);
+    auto& g = t.graph_;
+    auto add_vertex = [&g](VertexKind kind, int node, int index, std::string name) {
+      return boost::add_vertex(VertexInfo{kind, node, index, std::move(name)}, g);
+    };
+    auto add_edge = [&g](Topology::Vertex a, Topology::Vertex b, double Bps, std::int64_t ns, std::string kind) {
+      boost::add_edge(a, b, LinkInfo{Bps, ns, std::move(kind)}, g);
+    };
+
+    // Physical line rates: NVLink per GPU per direction, the NIC's line rate.
+    // Achieved (nccl-tests busbw) figures stay in the card for the cost model.
+    const double nvlink_Bps = c.intra.link_bandwidth_GBps * 1e9;
+    const double nic_Bps = c.inter.nic_bandwidth_Gbps * 1e9 / 8.0;
+    // Latencies: the card's intra-node alpha split over GPU->switch->GPU; the
+    // NIC-to-NIC alpha split over NIC->leaf->NIC; every further switch hop adds
+    // switch_latency on the edge that reaches it.
+    const auto nvlink_ns = static_cast<std::int64_t>(std::llround(c.intra.latency_ns / 2.0));
+    const auto nic_leaf_ns = static_cast<std::int64_t>(std::llround(c.inter.latency_ns / 2.0));
+    const auto hop_ns = static_cast<std::int64_t>(std::llround(c.inter.switch_latency_ns));
+    // A leaf's uplinks carry its designed downlink capacity over the oversubscription.
+    const double leaf_down_Bps = s.nics == 0 ? 0.0 : s.nodes_per_leaf * (s.rail ? 1 : s.nics) * nic_Bps;
+    const double leaf_up_Bps = leaf_down_Bps / c.inter.oversubscription;
+
+    for (int i = 0; i < s.cores; ++i) t.core_vertices_.push_back(add_vertex(VertexKind::core, -1, i, label("core.", i)));
+    for (int p = 0; p < s.spines; ++p) {
+      const auto v = add_vertex(VertexKind::spine, -1, p, label("spine.", p));
+      t.spine_vertices_.push_back(v);
+      if (s.levels == 3) add_edge(v, t.core_vertices_[0], s.leaves_per_pod * leaf_up_Bps, hop_ns, "ib-up");
+    }
+    for (int l = 0; l < s.leaves; ++l) {
+      std::string name = s.rail ? label("leaf.r", l % s.nics) + label(".g", l / s.nics) : label("leaf.g", l);
+      const auto v = add_vertex(VertexKind::leaf, -1, l, std::move(name));
+      t.leaf_vertices_.push_back(v);
+      if (s.levels >= 2) add_edge(v, t.spine_vertices_[static_cast<std::size_t>(s.pod_of_leaf(l))], leaf_up_Bps, hop_ns, "ib-up");
+    }
+    const std::string intra_kind = link_kind_intra(c.intra.kind);
+    for (int n = 0; n < s.nodes; ++n) {
+      const std::string prefix = label("n", n, ".");
+      const auto nvs = add_vertex(VertexKind::nvswitch, n, 0, prefix + "nvswitch");
+      t.nvswitch_vertices_.push_back(nvs);
+      for (int k = 0; k < s.nics; ++k) {
+        const auto v = add_vertex(VertexKind::nic, n, k, prefix + label("nic", k));
+        t.nic_vertices_.push_back(v);
+        add_edge(v, t.leaf_vertices_[static_cast<std::size_t>(s.leaf_of(n, k))], nic_Bps, nic_leaf_ns, "ib");
+      }
+      for (int i = 0; i < s.gpus_per_node; ++i) {
+        const int gpu = n * s.gpus_per_node + i;
+        const auto v = add_vertex(VertexKind::gpu, n, i, prefix + label("gpu", i));
+        t.gpu_vertices_.push_back(v);
+        add_edge(v, nvs, nvlink_Bps, nvlink_ns, intra_kind);
+        // The GPU-NIC path (PCIe switch, GPUDirect RDMA) is given the NIC's line
+        // rate: PCIe Gen4 x16 (A100) and Gen5 x16 (H100) exceed HDR and NDR
+        // respectively, so the NIC, not PCIe, is the bottleneck. Its latency is
+        // part of the card's NIC-to-NIC latency.
+        if (s.nics > 0) add_edge(v, t.nic_vertices_[static_cast<std::size_t>(s.nic_of(gpu))], nic_Bps, 0, "pcie");
+      }
+    }
+  }
+};
+
+Topology::Topology(const Cluster& cluster) : cluster_(cluster) {
+  if (cluster_.nodes <= 0 || cluster_.gpus_per_node <= 0) {
+    throw std::invalid_argument("Topology: cluster has no GPUs (load it with load_cluster)");
+  }
+  if (Shape(cluster_).nics == 0 && cluster_.nodes > 1) {
+    throw std::invalid_argument("Topology: several nodes but no inter-node network (load it with load_cluster)");
+  }
+  TopologyBuilder::build(*this);
+}
+
+Topology::Vertex Topology::gpu_vertex(int global_gpu) const {
+  if (global_gpu < 0 || global_gpu >= num_gpus()) {
+    throw std::out_of_range("Topology: GPU " + std::to_string(global_gpu) + " outside 0.." +
+                            std::to_string(num_gpus() - 1));
+  }
+  return gpu_vertices_[static_cast<std::size_t>(global_gpu)];
+}
+
+std::vector<Topology::Edge> Topology::route(int gpu_a, int gpu_b) const {
+  const Vertex a = gpu_vertex(gpu_a);
+  const Vertex b = gpu_vertex(gpu_b);
+  std::vector<Edge> path;
+  if (gpu_a == gpu_b) return path;
+  const Shape s(cluster_);
+  const int node_a = s.node_of(gpu_a);
+  const int node_b = s.node_of(gpu_b);
+  if (node_a == node_b) {
+    const Vertex nvs = nvswitch_vertices_[static_cast<std::size_t>(node_a)];
+    path.reserve(2);
+    path.push_back(find_edge(graph_, a, nvs));
+    path.push_back(find_edge(graph_, b, nvs));
+    return path;
+  }
+  // Up from the source GPU only as far as the lowest switch both sides share, then down.
+  const Vertex nic_a = nic_vertices_[static_cast<std::size_t>(s.nic_of(gpu_a))];
+  const Vertex nic_b = nic_vertices_[static_cast<std::size_t>(s.nic_of(gpu_b))];
+  const int leaf_a = s.leaf_of_gpu(gpu_a);
+  const int leaf_b = s.leaf_of_gpu(gpu_b);
+  const Vertex lv_a = leaf_vertices_[static_cast<std::size_t>(leaf_a)];
+  const Vertex lv_b = leaf_vertices_[static_cast<std::size_t>(leaf_b)];
+  path.reserve(8);
+  path.push_back(find_edge(graph_, a, nic_a));
+  path.push_back(find_edge(graph_, nic_a, lv_a));
+  if (leaf_a != leaf_b) {
+    const int pod_a = s.pod_of_leaf(leaf_a);
+    const int pod_b = s.pod_of_leaf(leaf_b);
+    const Vertex sp_a = spine_vertices_[static_cast<std::size_t>(pod_a)];
+    const Vertex sp_b = spine_vertices_[static_cast<std::size_t>(pod_b)];
+    path.push_back(find_edge(graph_, lv_a, sp_a));
+    if (pod_a != pod_b) {
+      path.push_back(find_edge(graph_, sp_a, core_vertices_[0]));
+      path.push_back(find_edge(graph_, sp_b, core_vertices_[0]));
+    }
+    path.push_back(find_edge(graph_, lv_b, sp_b));
+  }
+  path.push_back(find_edge(graph_, nic_b, lv_b));
+  path.push_back(find_edge(graph_, b, nic_b));
+  return path;
+}
+
+double Topology::bottleneck_bandwidth_Bps(const std::vector<Edge>& path) const {
+  double bw = std::numeric_limits<double>::infinity();
+  for (const Edge& e : path) bw = std::min(bw, graph_[e].bandwidth_Bps);
+  return bw;
+}
+
+std::int64_t Topology::latency_ns(const std::vector<Edge>& path) const {
+  std::int64_t ns = 0;
+  for (const Edge& e : path) ns += graph_[e].latency_ns;
+  return ns;
+}
+
+Tier Topology::tier(int gpu_a, int gpu_b) const {
+  (void)gpu_vertex(gpu_a);
+  (void)gpu_vertex(gpu_b);
+  if (gpu_a == gpu_b) return Tier::same_gpu;
+  const Shape s(cluster_);
+  if (s.node_of(gpu_a) == s.node_of(gpu_b)) return Tier::nvlink;
+  const int leaf_a = s.leaf_of_gpu(gpu_a);
+  const int leaf_b = s.leaf_of_gpu(gpu_b);
+  if (leaf_a == leaf_b) return Tier::leaf;
+  return s.pod_of_leaf(leaf_a) == s.pod_of_leaf(leaf_b) ? Tier::spine : Tier::core;
+}
+
+Tier Topology::group_tier(const std::vector<int>& gpus) const {
+  // Rail-optimised trees are not ultrametric (two GPUs of one node can sit on
+  // different leaves), so every pair is checked; the loop stops at the tree's top.
+  const Tier top = Shape(cluster_).top_tier();
+  Tier worst = Tier::same_gpu;
+  for (std::size_t i = 0; i < gpus.size(); ++i) {
+    for (std::size_t j = i + 1; j < gpus.size(); ++j) {
+      worst = std::max(worst, tier(gpus[i], gpus[j]));
+      if (worst == top) return worst;
+    }
+  }
+  if (gpus.size() == 1) (void)gpu_vertex(gpus[0]);
+  return worst;
+}
+
+}  // namespace cuboid

@@ -1,1 +1,439 @@
+// Cluster cards, GPU profiles, the topology graph and its routing.
 #include <doctest/doctest.h>
+
+#include <filesystem>
+#include <queue>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <boost/graph/breadth_first_search.hpp>
+
+#include "cuboid/cluster.hpp"
+#include "cuboid/error.hpp"
+#include "cuboid/json_reader.hpp"
+#include "cuboid/topology.hpp"
+
+using cuboid::Cluster;
+using cuboid::InputError;
+using cuboid::Tier;
+using cuboid::Topology;
+using nlohmann::json;
+
+namespace {
+
+const std::filesystem::path kRoot = CUBOID_SOURCE_ROOT_DIR;
+const std::filesystem::path kTopologies = kRoot / "topologies";
+const std::filesystem::path kBad = kRoot / "tests" / "data" / "clusters";
+
+std::string message_of(auto&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "<no InputError>";
+}
+
+// A small inline card: 4 GPUs and 2 NICs per node, 2 nodes per leaf, 2 levels.
+json small_card() {
+  return json::parse(R"({
+    "name": "small",
+    "nodes": 4,
+    "gpus_per_node": 4,
+    "gpu": {
+      "name": "G", "peak_bf16_tflops": 100, "hbm_bandwidth_GBps": 1000, "memory_GB": 16,
+      "sm_count": 10, "gemm_max_efficiency": 0.8, "memory_bound_efficiency": 0.9,
+      "kernel_launch_us": 5, "memory_reserve_GiB": 1
+    },
+    "intra_node": {"kind": "nvswitch", "link_bandwidth_GBps": 100, "allreduce_busbw_GBps": 80,
+                   "busbw_GBps": 70, "latency_us": 2},
+    "inter_node": {"kind": "infiniband-hdr", "nics_per_node": 2, "nic_bandwidth_Gbps": 200,
+                   "nic_busbw_GBps": 24, "latency_us": 4, "switch_latency_us": 0.5, "levels": 2,
+                   "nodes_per_leaf": 2, "oversubscription": 2, "rail_optimized": true}
+  })");
+}
+
+Cluster small(const json& j, std::optional<int> nodes = std::nullopt) {
+  return cuboid::cluster_from_json(j, "small.json", kTopologies, nodes);
+}
+
+// Hop count of a shortest path between two GPUs by breadth-first search.
+int bfs_hops(const Topology& t, int a, int b) {
+  const auto& g = t.graph();
+  std::vector<int> dist(boost::num_vertices(g), -1);
+  const auto src = t.gpu_vertex(a);
+  dist[src] = 0;
+  struct Recorder : boost::default_bfs_visitor {
+    std::vector<int>* d;
+    void tree_edge(Topology::Edge e, const Topology::Graph& gr) const {
+      (*d)[boost::target(e, gr)] = (*d)[boost::source(e, gr)] + 1;
+    }
+  };
+  Recorder vis;
+  vis.d = &dist;
+  boost::breadth_first_search(g, src, boost::visitor(vis));
+  return dist[t.gpu_vertex(b)];
+}
+
+// The route's edges form a walk from gpu a to gpu b.
+bool route_connects(const Topology& t, int a, int b, const std::vector<Topology::Edge>& path) {
+  const auto& g = t.graph();
+  auto at = t.gpu_vertex(a);
+  for (const auto& e : path) {
+    const auto s = boost::source(e, g);
+    const auto d = boost::target(e, g);
+    if (s == at) at = d;
+    else if (d == at) at = s;
+    else return false;
+  }
+  return at == t.gpu_vertex(b);
+}
+
+void check_routes_against_bfs(const Topology& t) {
+  for (int a = 0; a < t.num_gpus(); ++a) {
+    for (int b = 0; b < t.num_gpus(); ++b) {
+      const auto path = t.route(a, b);
+      CAPTURE(a);
+      CAPTURE(b);
+      CHECK(route_connects(t, a, b, path));
+      CHECK(static_cast<int>(path.size()) == (a == b ? 0 : bfs_hops(t, a, b)));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("every shipped card loads") {
+  const char* cards[] = {"dgx-a100.json", "dgx-h100.json", "hgx-h200.json", "dgx-a100-4node.json",
+                         "dgx-a100-superpod.json", "localhost-cpu.json"};
+  for (const char* name : cards) {
+    CAPTURE(name);
+    const Cluster c = cuboid::load_cluster(kTopologies / name);
+    CHECK(c.total_gpus() > 0);
+    CHECK(c.gpu.peak_bf16_flops > 0);
+    CHECK(c.gpu.memory_bytes > c.gpu.memory_reserve_bytes);
+    // Every constant of a shipped card names its source.
+    for (const char* f : {"peak_bf16_flops", "hbm_bandwidth_Bps", "memory_bytes", "sm_count", "gemm_max_efficiency",
+                          "memory_bound_efficiency", "kernel_launch_ns", "memory_reserve_bytes"}) {
+      CAPTURE(f);
+      CHECK(!c.gpu.sources.at(f).empty());
+    }
+    CHECK(c.intra.sources.size() == 4);
+    const Topology t(c);
+    CHECK(t.num_gpus() == c.total_gpus());
+  }
+  for (const char* name : {"a100-sxm4-80gb.json", "h100-sxm5-80gb.json", "h200-sxm-141gb.json"}) {
+    const auto p = kTopologies / "gpus" / name;
+    CHECK(cuboid::gpu_profile_from_json(cuboid::read_json_file(p), p.string()).sm_count >= 108);
+  }
+}
+
+TEST_CASE("DGX A100 constants") {
+  const Cluster c = cuboid::load_cluster(kTopologies / "dgx-a100.json");
+  CHECK(c.name == "DGX A100");
+  CHECK(c.source_file == (kTopologies / "dgx-a100.json").string());
+  CHECK(c.nodes == 1);
+  CHECK(c.gpus_per_node == 8);
+  CHECK(c.gpu.name == "A100-SXM4-80GB");
+  CHECK(c.gpu.peak_bf16_flops == doctest::Approx(312e12));
+  CHECK(c.gpu.hbm_bandwidth_Bps == doctest::Approx(2.039e12));
+  CHECK(c.gpu.memory_bytes == 81920LL * 1024 * 1024);
+  CHECK(c.gpu.memory_reserve_bytes == 2LL * 1024 * 1024 * 1024);
+  CHECK(c.gpu.sm_count == 108);
+  CHECK(c.gpu.gemm_max_efficiency == doctest::Approx(271.2 / 312).epsilon(0.001));
+  CHECK(c.gpu.kernel_launch_ns == doctest::Approx(4900));
+  CHECK(c.intra.kind == "nvswitch");
+  CHECK(c.intra.link_bandwidth_GBps == 300);
+  CHECK(c.intra.allreduce_busbw_GBps == 230);
+  CHECK(c.intra.latency_ns == doctest::Approx(1900));
+  CHECK(c.inter.kind == "infiniband-hdr");
+  CHECK(c.inter.nics_per_node == 8);
+  CHECK(c.inter.nic_bandwidth_Gbps == 200);
+  CHECK(c.inter.nic_busbw_GBps == 24);
+  CHECK(c.inter.levels == 2);
+  CHECK(c.inter.nodes_per_leaf == 20);
+  CHECK(c.inter.oversubscription == 1.0);
+  CHECK(c.inter.rail_optimized);
+  CHECK(c.gpu.sources.at("peak_bf16_flops").find("Narayanan") != std::string::npos);
+
+  const Cluster h = cuboid::load_cluster(kTopologies / "dgx-h100.json");
+  CHECK(h.gpu.peak_bf16_flops == doctest::Approx(989e12));
+  CHECK(h.gpu.memory_bytes == 81559LL * 1024 * 1024);
+  CHECK(h.intra.busbw_GBps == 370);
+  CHECK(h.inter.nic_bandwidth_Gbps == 400);
+  CHECK(h.inter.nodes_per_leaf == 32);
+
+  const Cluster cpu = cuboid::load_cluster(kTopologies / "localhost-cpu.json");
+  CHECK(cpu.inter.kind == "none");
+  CHECK(cpu.inter.nics_per_node == 0);
+  CHECK(cpu.total_gpus() == 2);
+  CHECK(cpu.intra.kind == "shared-memory");
+}
+
+TEST_CASE("--nodes overrides the card's node count") {
+  const auto card = kTopologies / "dgx-a100.json";
+  CHECK(cuboid::load_cluster(card, 16).nodes == 16);
+  CHECK(cuboid::load_cluster(card, 16).total_gpus() == 128);
+  CHECK(cuboid::load_cluster(kTopologies / "dgx-a100-4node.json").nodes == 4);
+  CHECK(cuboid::load_cluster(kTopologies / "dgx-a100-superpod.json").total_gpus() == 3360);
+  CHECK(message_of([&] { cuboid::load_cluster(card, -2); }) ==
+        "command line: --nodes: must be positive, got -2 (fix: give a node count >= 1)");
+  CHECK(message_of([&] { cuboid::load_cluster(card, 0); }) ==
+        "command line: --nodes: must be positive, got 0 (fix: give a node count >= 1)");
+  CHECK(message_of([&] { cuboid::load_cluster(card, 141); }) ==
+        "command line: --nodes: 141 nodes exceed max_nodes 140 of " + card.string() +
+            " (fix: use at most 140 nodes, or a card for a larger cluster)");
+  const auto cpu = kTopologies / "localhost-cpu.json";
+  CHECK(message_of([&] { cuboid::load_cluster(cpu, 2); }) ==
+        "command line: --nodes: 2 nodes exceed max_nodes 1 of " + cpu.string() +
+            " (fix: use at most 1 nodes, or a card for a larger cluster)");
+  json j = small_card();
+  j["inter_node"]["levels"] = 1;
+  CHECK(message_of([&] { small(j); }) ==
+        "small.json: nodes: 4 nodes exceed the single switch of small.json (2 nodes per leaf, levels 1) "
+        "(fix: use at most 2 nodes, or a card with levels 2 or 3)");
+  CHECK(small(j, 2).nodes == 2);
+}
+
+TEST_CASE("graph of 4 DGX A100 nodes, counted by hand") {
+  const Topology t(cuboid::load_cluster(kTopologies / "dgx-a100.json", 4));
+  const auto& g = t.graph();
+  // Per node 8 GPUs + 1 NVSwitch + 8 NICs = 17 (x4 = 68); one leaf group
+  // (4 <= 20 nodes) x 8 rails = 8 leaves; one spine vertex: 77.
+  CHECK(boost::num_vertices(g) == 77);
+  // Per node 8 GPU-NVSwitch + 8 GPU-NIC + 8 NIC-leaf = 24 (x4 = 96); 8 leaf-spine: 104.
+  CHECK(boost::num_edges(g) == 104);
+  CHECK(g[t.gpu_vertex(13)].name == "n1.gpu5");
+  CHECK(g[t.gpu_vertex(13)].kind == cuboid::VertexKind::gpu);
+
+  const auto same_node = t.route(0, 7);
+  REQUIRE(same_node.size() == 2);
+  CHECK(g[same_node[0]].kind == "nvlink");
+  CHECK(t.bottleneck_bandwidth_Bps(same_node) == doctest::Approx(300e9));
+  CHECK(t.latency_ns(same_node) == 1900);
+
+  // GPU 3 of node 0 to GPU 3 of node 2: same rail, same leaf.
+  const auto rail = t.route(3, 19);
+  REQUIRE(rail.size() == 4);
+  CHECK(g[rail[1]].kind == "ib");
+  CHECK(t.bottleneck_bandwidth_Bps(rail) == doctest::Approx(25e9));
+  CHECK(t.latency_ns(rail) == 4000);
+  CHECK(t.tier(3, 19) == Tier::leaf);
+
+  // Different rails go up to the spine: two extra switch hops.
+  const auto cross = t.route(3, 20);
+  REQUIRE(cross.size() == 6);
+  CHECK(g[cross[2]].kind == "ib-up");
+  CHECK(t.latency_ns(cross) == 4000 + 2 * 130);
+  // Leaf uplink: 20 nodes x 25 GB/s / oversubscription 1.
+  CHECK(g[cross[2]].bandwidth_Bps == doctest::Approx(500e9));
+  CHECK(t.tier(3, 20) == Tier::spine);
+
+  CHECK(t.route(5, 5).empty());
+  CHECK(t.tier(5, 5) == Tier::same_gpu);
+  CHECK(t.tier(0, 7) == Tier::nvlink);
+  CHECK(t.group_tier({0, 1, 2, 3}) == Tier::nvlink);
+  CHECK(t.group_tier({0, 8, 16, 24}) == Tier::leaf);
+  CHECK(t.group_tier({0, 8, 17}) == Tier::spine);
+  CHECK(t.group_tier({4}) == Tier::same_gpu);
+}
+
+TEST_CASE("tiers across scalable units and pods") {
+  // 40 nodes of DGX A100: two scalable units of 20.
+  const Topology two_su(cuboid::load_cluster(kTopologies / "dgx-a100.json", 40));
+  CHECK(two_su.tier(0, 19 * 8) == Tier::leaf);         // node 0 and node 19, rail 0
+  CHECK(two_su.tier(0, 20 * 8) == Tier::spine);        // node 20 is in the next SU
+  CHECK(two_su.route(0, 20 * 8).size() == 6);
+
+  const Topology pod(cuboid::load_cluster(kTopologies / "dgx-a100-superpod.json"));
+  const auto& g = pod.graph();
+  // 420 nodes x 17 + 168 leaves + 3 spines + 1 core.
+  CHECK(boost::num_vertices(g) == 420 * 17 + 168 + 3 + 1);
+  CHECK(boost::num_edges(g) == 420 * 24 + 168 + 3);
+  CHECK(pod.tier(0, 139 * 8) == Tier::spine);          // same pod of 7 SUs (140 nodes)
+  CHECK(pod.tier(0, 140 * 8) == Tier::core);           // next pod
+  const auto across = pod.route(0, 419 * 8 + 7);
+  REQUIRE(across.size() == 8);
+  CHECK(g[across[3]].kind == "ib-up");
+  CHECK(pod.latency_ns(across) == 4000 + 4 * 130);
+  // A 16-way PP x 8-way TP x DP plan's DP group spans pods.
+  std::vector<int> dp_group;
+  for (int r = 0; r < 26; ++r) dp_group.push_back(r * 128);
+  CHECK(pod.group_tier(dp_group) == Tier::core);
+}
+
+TEST_CASE("routes equal BFS shortest paths and connect") {
+  SUBCASE("rail-optimised, 2 levels") {
+    const Topology t(small(small_card()));
+    CHECK(boost::num_vertices(t.graph()) == 4 * (4 + 1 + 2) + 2 * 2 + 1);
+    check_routes_against_bfs(t);
+  }
+  SUBCASE("not rail-optimised, 2 levels") {
+    json j = small_card();
+    j["inter_node"]["rail_optimized"] = false;
+    const Topology t(small(j));
+    CHECK(boost::num_vertices(t.graph()) == 4 * (4 + 1 + 2) + 2 + 1);
+    check_routes_against_bfs(t);
+  }
+  SUBCASE("3 levels, rail-optimised, 2 pods") {
+    json j = small_card();
+    j["nodes"] = 8;
+    j["inter_node"]["levels"] = 3;
+    j["inter_node"]["leaves_per_pod"] = 4;
+    const Topology t(small(j));
+    CHECK(t.tier(0, 7 * 4) == Tier::core);
+    CHECK(t.tier(0, 3 * 4 + 2) == Tier::spine);
+    check_routes_against_bfs(t);
+  }
+  SUBCASE("3 levels, non-rail, fewer NICs than GPUs") {
+    json j = small_card();
+    j["nodes"] = 6;
+    j["inter_node"]["nics_per_node"] = 1;
+    j["inter_node"]["levels"] = 3;
+    j["inter_node"]["leaves_per_pod"] = 2;
+    j["inter_node"]["rail_optimized"] = false;
+    check_routes_against_bfs(Topology(small(j)));
+  }
+  SUBCASE("1 level: one switch") {
+    json j = small_card();
+    j["nodes"] = 2;
+    j["inter_node"]["levels"] = 1;
+    const Topology t(small(j));
+    CHECK(boost::num_vertices(t.graph()) == 2 * 7 + 1);
+    CHECK(t.tier(0, 7) == Tier::leaf);
+    check_routes_against_bfs(t);
+  }
+  SUBCASE("single machine without network") {
+    const Topology t(cuboid::load_cluster(kTopologies / "localhost-cpu.json"));
+    CHECK(boost::num_vertices(t.graph()) == 3);
+    CHECK(t.graph()[t.route(0, 1)[0]].kind == "shm");
+    check_routes_against_bfs(t);
+  }
+}
+
+TEST_CASE("rail-optimised and non-rail fabrics differ") {
+  json j = small_card();
+  const Topology rail(small(j));
+  j["inter_node"]["rail_optimized"] = false;
+  const Topology flat(small(j));
+  // GPU 0 (NIC 0) of node 0 to GPU 2 (NIC 1) of node 1: same leaf group.
+  CHECK(rail.tier(0, 6) == Tier::spine);
+  CHECK(flat.tier(0, 6) == Tier::leaf);
+  CHECK(rail.route(0, 6).size() == 6);
+  CHECK(flat.route(0, 6).size() == 4);
+  // Leaf uplink capacity: rail leaf has 2 nodes x 1 NIC, flat leaf 2 x 2 NICs, over 2:1.
+  CHECK(rail.graph()[rail.route(0, 6)[2]].bandwidth_Bps == doctest::Approx(2 * 25e9 / 2));
+  const auto far = flat.route(0, 3 * 4);
+  REQUIRE(far.size() == 6);
+  CHECK(flat.graph()[far[2]].bandwidth_Bps == doctest::Approx(4 * 25e9 / 2));
+}
+
+TEST_CASE("bad cards are InputErrors naming file, field and fix") {
+  SUBCASE("missing gpu") {
+    const auto p = kBad / "missing-gpu.json";
+    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+          p.string() + ": gpu: missing required field (fix: give an inline GPU profile object or a path such as "
+                       "\"gpus/a100-sxm4-80gb.json\")");
+  }
+  SUBCASE("unknown field (typo)") {
+    const auto p = kBad / "typo-field.json";
+    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+          p.string() + ": inter_node.nic_bandwith_Gbps: unknown field (fix: remove it or check its spelling "
+                       "(did you mean \"nic_bandwidth_Gbps\"?))");
+    json j = small_card();
+    j["gpu"]["flux_capacitor"] = 1;
+    CHECK(message_of([&] { small(j); }) ==
+          "small.json: gpu.flux_capacitor: unknown field (fix: remove it or check its spelling (see the README's "
+          "card schema))");
+  }
+  SUBCASE("zero bandwidth") {
+    const auto p = kBad / "zero-bandwidth.json";
+    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+          p.string() + ": intra_node.link_bandwidth_GBps.value: must be positive, got 0 (fix: give a value > 0)");
+    json j = small_card();
+    j["inter_node"]["nic_bandwidth_Gbps"] = -100;
+    CHECK(message_of([&] { small(j); }) ==
+          "small.json: inter_node.nic_bandwidth_Gbps: must be positive, got -100 (fix: give a value > 0)");
+  }
+  SUBCASE("gpu file not found") {
+    const auto p = kBad / "gpu-not-found.json";
+    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+          p.string() + ": gpu: GPU profile file \"gpus/no-such-gpu.json\" not found (looked for " +
+              (kBad / "gpus/no-such-gpu.json").string() +
+              ") (fix: give a path relative to the card's folder, e.g. \"gpus/a100-sxm4-80gb.json\")");
+  }
+  SUBCASE("errors inside a GPU file name that file") {
+    const auto p = kBad / "gpu-file-bad.json";
+    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+          (kBad / "gpus/bad-efficiency.json").string() +
+              ": gemm_max_efficiency: must be at most 1, got 1.5 (fix: give a fraction in (0, 1])");
+  }
+  SUBCASE("oversubscription below 1") {
+    const auto p = kBad / "oversubscription-below-1.json";
+    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+          p.string() + ": inter_node.oversubscription: must be at least 1, got 0.5 (fix: give downlink:uplink "
+                       "bandwidth as a ratio >= 1 (1 = full bisection))");
+  }
+  SUBCASE("no NICs on a real network") {
+    const auto p = kBad / "nics-zero.json";
+    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+          p.string() + ": inter_node.nics_per_node: must be at least 1 for inter_node kind \"infiniband-hdr\" "
+                       "(fix: give the NICs per node, or set kind to \"none\" for a single machine)");
+  }
+  SUBCASE("levels 4") {
+    const auto p = kBad / "levels-4.json";
+    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+          p.string() + ": inter_node.levels: must be 1, 2 or 3, got 4 (fix: give 1 (one switch), 2 (leaf/spine) "
+                       "or 3 (leaf/spine/core))");
+  }
+  SUBCASE("memory given twice, or not at all") {
+    json j = small_card();
+    j["gpu"]["memory_MiB"] = 16384;
+    CHECK(message_of([&] { small(j); }) ==
+          "small.json: gpu.memory_GB: given together with memory_MiB (fix: give exactly one of memory_MiB, "
+          "memory_GiB, memory_GB)");
+    j["gpu"].erase("memory_MiB");
+    j["gpu"].erase("memory_GB");
+    CHECK(message_of([&] { small(j); }) ==
+          "small.json: gpu.memory_MiB: missing required field (the GPU's memory capacity) (fix: give exactly one "
+          "of memory_MiB, memory_GiB, memory_GB)");
+  }
+  SUBCASE("other checks") {
+    json j = small_card();
+    j["inter_node"] = json::parse(R"({"kind": "none", "nics_per_node": 2})");
+    CHECK(message_of([&] { small(j); }) ==
+          "small.json: inter_node.nics_per_node: must be 0 when kind is \"none\", got 2 (fix: set nics_per_node to "
+          "0 or give the network's kind)");
+    j["inter_node"] = json::parse(R"({"kind": "none"})");
+    CHECK(message_of([&] { small(j); }) ==
+          "small.json: nodes: 4 nodes, but small.json has no inter-node network (inter_node.kind \"none\") "
+          "(fix: use 1 node, or a card with an inter-node network)");
+    CHECK(small(j, 1).total_gpus() == 4);
+    j = small_card();
+    j["intra_node"]["kind"] = "nvlnk";
+    CHECK(message_of([&] { small(j); }) ==
+          "small.json: intra_node.kind: unknown value \"nvlnk\" (fix: use one of nvswitch|nvlink|pcie|shared-memory)");
+    j = small_card();
+    j["gpus_per_node"] = 2.5;
+    CHECK(message_of([&] { small(j); }) == "small.json: gpus_per_node: expected an integer, got 2.5 (fix: give a whole number)");
+    j = small_card();
+    j["nodes"] = 8;
+    j["inter_node"]["levels"] = 3;
+    j["inter_node"]["leaves_per_pod"] = 3;
+    CHECK(message_of([&] { small(j); }) ==
+          "small.json: inter_node.leaves_per_pod: must be a multiple of nics_per_node (2) in a rail-optimised tree, "
+          "got 3 (fix: count whole scalable units: (leaf groups per pod) x nics_per_node)");
+  }
+}
+
+TEST_CASE("bare numbers and sourced constants both load") {
+  json j = small_card();
+  j["gpu"]["peak_bf16_tflops"] = json::parse(R"({"value": 100, "unit": "TFLOP/s", "source": "spec sheet"})");
+  const Cluster c = small(j);
+  CHECK(c.gpu.peak_bf16_flops == doctest::Approx(100e12));
+  CHECK(c.gpu.sources.at("peak_bf16_flops") == "spec sheet");
+  CHECK(c.gpu.sources.count("hbm_bandwidth_Bps") == 0);
+  CHECK(c.gpu.memory_bytes == 16'000'000'000LL);
+  CHECK(c.inter.oversubscription == 2.0);
+}
