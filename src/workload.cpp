@@ -1,1 +1,370 @@
-// implemented in a following commit
+// The ops of one transformer layer, of the embedding and of the LM head for
+// one micro-batch on one GPU, after Megatron-LM's tensor-parallel sharding.
+//
+// Conventions (all per GPU, one micro-batch; T = s * b tokens, t = TP size):
+// * Op::flops counts useful FLOPs in Megatron's convention (2 per MAC, the
+//   causal attention core at half), so the forward GEMM + attention FLOPs of a
+//   layer times t equal layer_forward_flops(). Op::m, n, k, batch give the
+//   shape the kernel really runs; the unfused attention GEMMs run the full
+//   s x s product (masking happens after), so their time follows the shape.
+// * Memory-bound bytes are HBM reads + writes of bf16 tensors (2 bytes) unless
+//   noted; masks are 1 byte per element. Backward of a memory-bound op is
+//   taken as twice its forward bytes (it reads the saved input and the
+//   incoming gradient and writes the outgoing one, plus parameter-gradient
+//   reductions for norms).
+// * Without sequence parallelism the norms, dropouts and residual adds run on
+//   the full [s, b, h] tensor on every TP rank (Megatron duplicates them);
+//   with SP each rank works on s/t of the sequence.
+// * Collective comm_bytes is the NCCL (nccl-tests) "size": the full buffer
+//   (all-reduce: the tensor; reduce-scatter: its input; all-gather: its
+//   output), so RS + AG of a tensor moves what one all-reduce moves.
+#include "cuboid/workload.hpp"
+
+#include <utility>
+
+namespace cuboid {
+
+std::string_view to_string(OpKind k) {
+  switch (k) {
+    case OpKind::gemm: return "gemm";
+    case OpKind::attention_core: return "attention_core";
+    case OpKind::memory_bound: return "memory_bound";
+    case OpKind::collective: return "collective";
+    case OpKind::p2p: return "p2p";
+  }
+  return "?";
+}
+
+std::string_view to_string(Collective c) {
+  switch (c) {
+    case Collective::all_reduce: return "all_reduce";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::all_gather: return "all_gather";
+    case Collective::broadcast: return "broadcast";
+    case Collective::send_recv: return "send_recv";
+  }
+  return "?";
+}
+
+std::string_view to_string(Group g) {
+  switch (g) {
+    case Group::none: return "none";
+    case Group::tp: return "tp";
+    case Group::pp: return "pp";
+    case Group::dp: return "dp";
+  }
+  return "?";
+}
+
+namespace {
+
+// Bytes per element of the element-wise kernels (reads + writes).
+constexpr double kNormBytesPerElement = 2 + 2;             // read x, write y
+constexpr double kDropoutAddBytesPerElement = 2 + 2 + 2 + 1;  // read x and residual, write y and mask
+constexpr double kEmbeddingDropoutBytesPerElement = 2 + 2 + 1;
+// Megatron's fused scale-mask-softmax (read + write scores) then attention
+// dropout (read probabilities, write output and a 1-byte mask).
+constexpr double kSoftmaxDropoutBytesPerElement = (2 + 2) + (2 + 2 + 1);
+// Vocab-parallel cross-entropy over fp32 logits: the bf16 -> fp32 cast (read
+// 2, write 4), then the max, exp-sum and in-place softmax passes (three
+// read + write passes of 4 + 4 bytes) that keep the softmax for backward.
+constexpr double kCrossEntropyBytesPerElement = (2 + 4) + 3 * (4 + 4);
+// Its backward: softmax - one_hot in place (4 + 4), cast to bf16 (4 + 2).
+constexpr double kCrossEntropyBackwardBytesPerElement = (4 + 4) + (4 + 2);
+// Embedding backward: read the bf16 gradient, read-modify-write the fp32 main_grad rows.
+constexpr double kEmbeddingGradBytesPerElement = 2 + 4 + 4;
+constexpr double kBackwardBytesFactor = 2.0;
+constexpr double kBf16 = 2.0;
+constexpr double kFp32 = 4.0;
+
+struct Dims {
+  std::int64_t b, s, h, a, d, q, kv, f, t, tokens;
+  bool sp, flash;
+};
+
+Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
+  Dims x{};
+  x.b = plan.micro_batch;
+  x.s = plan.seq_length > 0 ? plan.seq_length : m.seq_length;
+  x.h = m.hidden_size;
+  x.a = m.num_attention_heads;
+  x.d = m.head_dim;
+  x.q = m.query_projection_size();
+  x.kv = m.kv_projection_size();
+  x.f = m.ffn_hidden_size;
+  x.t = plan.tp > 0 ? plan.tp : 1;
+  x.tokens = x.s * x.b;
+  x.sp = plan.sequence_parallel && x.t > 1;
+  x.flash = plan.flash_attention;
+  return x;
+}
+
+Op gemm(std::string name, Pass pass, std::int64_t m, std::int64_t n, std::int64_t k,
+        std::int64_t batch = 1) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::gemm;
+  op.pass = pass;
+  op.m = m;
+  op.n = n;
+  op.k = k;
+  op.batch = batch;
+  op.flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
+             static_cast<double>(batch);
+  return op;
+}
+
+Op memory_bound(std::string name, Pass pass, double bytes) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::memory_bound;
+  op.pass = pass;
+  op.bytes = bytes;
+  return op;
+}
+
+Op collective(std::string name, Pass pass, Collective c, Group g, double bytes) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::collective;
+  op.pass = pass;
+  op.collective = c;
+  op.group = g;
+  op.comm_bytes = bytes;
+  return op;
+}
+
+// A GEMM's backward: dgrad (dX = dY W^T) and wgrad (dW = X^T dY), each with
+// the forward's FLOPs. Forward C[m x n] = A[m x k] B[k x n].
+void add_gemm_backward(std::vector<Op>& out, const Op& fwd) {
+  Op dgrad = gemm(fwd.name + "_dgrad", Pass::backward, fwd.m, fwd.k, fwd.n, fwd.batch);
+  Op wgrad = gemm(fwd.name + "_wgrad", Pass::backward, fwd.k, fwd.n, fwd.m, fwd.batch);
+  dgrad.flops = fwd.flops;  // keeps the causal-half convention of the attention GEMMs
+  wgrad.flops = fwd.flops;
+  out.push_back(std::move(dgrad));
+  out.push_back(std::move(wgrad));
+}
+
+// The TP collective after a row-parallel GEMM (forward) or after the dgrad of
+// a column-parallel GEMM (backward): an all-reduce, or a reduce-scatter with SP.
+void add_tp_reduce(std::vector<Op>& out, const Dims& x, std::string name, Pass pass) {
+  if (x.t <= 1) return;
+  const double bytes = static_cast<double>(x.tokens * x.h) * kBf16;
+  out.push_back(collective(std::move(name), pass,
+                           x.sp ? Collective::reduce_scatter : Collective::all_reduce, Group::tp, bytes));
+}
+
+// The SP all-gather before a column-parallel GEMM (forward) or before the
+// dgrad of a row-parallel GEMM (backward, mirroring the forward reduce-scatter).
+void add_sp_gather(std::vector<Op>& out, const Dims& x, std::string name, Pass pass) {
+  if (!x.sp) return;
+  const double bytes = static_cast<double>(x.tokens * x.h) * kBf16;
+  out.push_back(collective(std::move(name), pass, Collective::all_gather, Group::tp, bytes));
+}
+
+// Elements of an [s, b, h] tensor each rank touches in element-wise ops.
+double hidden_elements(const Dims& x) {
+  const double e = static_cast<double>(x.tokens * x.h);
+  return x.sp ? e / static_cast<double>(x.t) : e;
+}
+
+// The attention core, forward. Flash: one fused kernel, shape of O = P V per
+// (batch, head) so wave quantisation follows its grid of query blocks; HBM
+// traffic is Q, K, V read and O written. Unfused: QK^T, softmax + dropout, AV.
+void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
+  const std::int64_t heads = x.a / x.t;
+  const std::int64_t batch = x.b * heads;
+  const double causal = 0.5;
+  if (x.flash) {
+    Op op;
+    op.name = "attn_flash";
+    op.kind = OpKind::attention_core;
+    op.pass = pass;
+    op.m = x.s;
+    op.n = x.d;
+    op.k = x.s;
+    op.batch = batch;
+    op.flops = 2.0 * 2.0 * static_cast<double>(x.s) * static_cast<double>(x.s) *
+               static_cast<double>(x.d) * static_cast<double>(batch) * causal;
+    op.bytes = static_cast<double>(x.tokens) * static_cast<double>(2 * x.q + 2 * x.kv) /
+               static_cast<double>(x.t) * kBf16;
+    out.push_back(std::move(op));
+    return;
+  }
+  Op qk = gemm("attn_qk", pass, x.s, x.s, x.d, batch);
+  qk.flops *= causal;
+  out.push_back(std::move(qk));
+  const double elements = static_cast<double>(batch) * static_cast<double>(x.s) * static_cast<double>(x.s);
+  out.push_back(memory_bound("attn_softmax", pass, elements * kSoftmaxDropoutBytesPerElement));
+  Op av = gemm("attn_av", pass, x.s, x.d, x.s, batch);
+  av.flops *= causal;
+  out.push_back(std::move(av));
+}
+
+// The attention core, backward. Flash: 2x the forward FLOPs (dgrad-like and
+// wgrad-like products of QK^T and AV) plus the recomputed QK^T (half the
+// forward), i.e. 2.5x; HBM: Q, K, V, O, dO read and dQ, dK, dV written.
+// Unfused: the backward of AV, of softmax + dropout and of QK^T.
+void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vector<Op>& fwd) {
+  if (x.flash) {
+    for (const Op& f : fwd) {
+      if (f.kind != OpKind::attention_core) continue;
+      Op op = f;
+      op.name = "attn_flash_bwd";
+      op.pass = Pass::backward;
+      op.flops = 2.5 * f.flops;
+      op.bytes = static_cast<double>(x.tokens) * static_cast<double>(4 * x.q + 4 * x.kv) /
+                 static_cast<double>(x.t) * kBf16;
+      out.push_back(std::move(op));
+    }
+    return;
+  }
+  for (auto it = fwd.rbegin(); it != fwd.rend(); ++it) {
+    if (it->name == "attn_av" || it->name == "attn_qk") {
+      add_gemm_backward(out, *it);
+    } else if (it->name == "attn_softmax") {
+      out.push_back(memory_bound("attn_softmax_bwd", Pass::backward, kBackwardBytesFactor * it->bytes));
+    }
+  }
+}
+
+void layer_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass pass) {
+  const double hid = hidden_elements(x);
+  const std::int64_t fc1_n = (m.gated_mlp() ? 2 * x.f : x.f) / x.t;
+  out.push_back(memory_bound("norm_in", pass, hid * kNormBytesPerElement));
+  add_sp_gather(out, x, "tp_ag_attn", pass);
+  out.push_back(gemm("qkv", pass, x.tokens, (x.q + 2 * x.kv) / x.t, x.h));
+  add_attention_forward(out, x, pass);
+  out.push_back(gemm("proj", pass, x.tokens, x.h, x.q / x.t));
+  add_tp_reduce(out, x, x.sp ? "tp_rs_attn" : "tp_ar_attn", pass);
+  out.push_back(memory_bound("drop_add_attn", pass, hid * kDropoutAddBytesPerElement));
+  out.push_back(memory_bound("norm_mlp", pass, hid * kNormBytesPerElement));
+  add_sp_gather(out, x, "tp_ag_mlp", pass);
+  out.push_back(gemm("fc1", pass, x.tokens, fc1_n, x.h));
+  // GeLU reads and writes the f/t-wide tensor; SwiGLU reads both halves.
+  const double act_elems = static_cast<double>(x.tokens * (x.f / x.t));
+  const double act_bytes = act_elems * (m.gated_mlp() ? (2 + 2 + 2) : (2 + 2));
+  out.push_back(memory_bound("act", pass, act_bytes));
+  out.push_back(gemm("fc2", pass, x.tokens, x.h, x.f / x.t));
+  add_tp_reduce(out, x, x.sp ? "tp_rs_mlp" : "tp_ar_mlp", pass);
+  out.push_back(memory_bound("drop_add_mlp", pass, hid * kDropoutAddBytesPerElement));
+}
+
+const Op& find_op(const std::vector<Op>& ops, std::string_view name) {
+  for (const Op& op : ops) {
+    if (op.name == name) return op;
+  }
+  return ops.front();  // unreachable: every name asked for is emitted by layer_forward
+}
+
+// Backward in reverse order. TP collectives mirror Megatron's f / g operators:
+// the forward all-reduce after a row-parallel GEMM is the identity backward;
+// the identity before a column-parallel GEMM becomes an all-reduce of the
+// input gradient; with SP, all-gather <-> reduce-scatter swap.
+// Not modelled: Megatron overlaps that input-gradient all-reduce with the
+// wgrad GEMM (async TP all-reduce) and, with SP, re-gathers the sequence-split
+// input for wgrad behind the dgrad GEMM; the estimator treats TP comm as
+// exposed, which is pessimistic for backward.
+void layer_backward(std::vector<Op>& out, const Dims& x, const std::vector<Op>& fwd) {
+  auto mem_bwd = [&](std::string_view name) {
+    const Op& f = find_op(fwd, name);
+    out.push_back(memory_bound(f.name + "_bwd", Pass::backward, kBackwardBytesFactor * f.bytes));
+  };
+  mem_bwd("drop_add_mlp");
+  add_sp_gather(out, x, "tp_ag_mlp_bwd", Pass::backward);
+  add_gemm_backward(out, find_op(fwd, "fc2"));
+  mem_bwd("act");
+  add_gemm_backward(out, find_op(fwd, "fc1"));
+  add_tp_reduce(out, x, x.sp ? "tp_rs_mlp_bwd" : "tp_ar_mlp_bwd", Pass::backward);
+  mem_bwd("norm_mlp");
+  mem_bwd("drop_add_attn");
+  add_sp_gather(out, x, "tp_ag_attn_bwd", Pass::backward);
+  add_gemm_backward(out, find_op(fwd, "proj"));
+  add_attention_backward(out, x, fwd);
+  add_gemm_backward(out, find_op(fwd, "qkv"));
+  add_tp_reduce(out, x, x.sp ? "tp_rs_attn_bwd" : "tp_ar_attn_bwd", Pass::backward);
+  mem_bwd("norm_in");
+}
+
+}  // namespace
+
+LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan) {
+  const Dims x = dims_of(m, plan);
+  LayerOps ops;
+  ops.forward.reserve(16);
+  layer_forward(ops.forward, m, x, Pass::forward);
+  ops.backward.reserve(28);
+  layer_backward(ops.backward, x, ops.forward);
+  switch (plan.recompute) {
+    case Recompute::none:
+      break;
+    case Recompute::full:
+      // Megatron's full (uniform) recompute re-runs the layer's forward,
+      // TP all-reduces included, before its backward.
+      ops.recompute = ops.forward;
+      break;
+    case Recompute::selective:
+      // Only the unfused attention core (QK^T, softmax, dropout, AV) is
+      // recomputed; flash attention already recomputes inside its backward.
+      if (!x.flash) add_attention_forward(ops.recompute, x, Pass::backward);
+      break;
+  }
+  return ops;
+}
+
+LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan) {
+  const Dims x = dims_of(m, plan);
+  LayerOps ops;
+  // Vocab-parallel lookup: each rank writes the full [s, b, h] output (zeros
+  // outside its vocabulary shard), then the TP reduce sums the shards.
+  const double full = static_cast<double>(x.tokens * x.h);
+  const double lookup = full * (kBf16 + kBf16) + (m.learned_position_embeddings ? full * 3 * kBf16 : 0.0);
+  ops.forward.push_back(memory_bound("embed_lookup", Pass::forward, lookup));
+  add_tp_reduce(ops.forward, x, x.sp ? "tp_rs_embed" : "tp_ar_embed", Pass::forward);
+  const double hid = hidden_elements(x);
+  ops.forward.push_back(memory_bound("embed_dropout", Pass::forward, hid * kEmbeddingDropoutBytesPerElement));
+
+  ops.backward.push_back(memory_bound("embed_dropout_bwd", Pass::backward,
+                                      kBackwardBytesFactor * hid * kEmbeddingDropoutBytesPerElement));
+  add_sp_gather(ops.backward, x, "tp_ag_embed_bwd", Pass::backward);
+  ops.backward.push_back(memory_bound("embed_grad", Pass::backward, full * kEmbeddingGradBytesPerElement));
+  return ops;
+}
+
+LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan) {
+  const Dims x = dims_of(m, plan);
+  const std::int64_t vocab_shard = padded_vocab_size(m.vocab_size, x.t) / x.t;
+  LayerOps ops;
+  const double hid = hidden_elements(x);
+  const double logits = static_cast<double>(x.tokens) * static_cast<double>(vocab_shard);
+  ops.forward.push_back(memory_bound("norm_final", Pass::forward, hid * kNormBytesPerElement));
+  add_sp_gather(ops.forward, x, "tp_ag_head", Pass::forward);
+  const Op logit = gemm("logits", Pass::forward, x.tokens, vocab_shard, x.h);
+  ops.forward.push_back(logit);
+  ops.forward.push_back(memory_bound("xent", Pass::forward, logits * kCrossEntropyBytesPerElement));
+  if (x.t > 1) {
+    // Vocab-parallel cross-entropy: all-reduces of the per-token max, of the
+    // sum of exponentials and of the target logit (fp32 per token).
+    const double per_token = static_cast<double>(x.tokens) * kFp32;
+    ops.forward.push_back(collective("tp_ar_xent_max", Pass::forward, Collective::all_reduce, Group::tp, per_token));
+    ops.forward.push_back(collective("tp_ar_xent_sum", Pass::forward, Collective::all_reduce, Group::tp, per_token));
+    ops.forward.push_back(collective("tp_ar_xent_tgt", Pass::forward, Collective::all_reduce, Group::tp, per_token));
+  }
+  ops.backward.push_back(memory_bound("xent_bwd", Pass::backward, logits * kCrossEntropyBackwardBytesPerElement));
+  add_gemm_backward(ops.backward, logit);
+  add_tp_reduce(ops.backward, x, x.sp ? "tp_rs_head_bwd" : "tp_ar_head_bwd", Pass::backward);
+  ops.backward.push_back(memory_bound("norm_final_bwd", Pass::backward,
+                                      kBackwardBytesFactor * hid * kNormBytesPerElement));
+  return ops;
+}
+
+// Megatron's scatter-gather optimisation: each TP rank sends 1/t of the
+// [s, b, h] activation. With SP the activation is already split along the
+// sequence, so the 1/t shard is all there is; without SP the receiving stage
+// all-gathers the shards over NVLink (the estimator prices that all-gather).
+double pipeline_message_bytes(const ModelSpec& m, const ParallelPlan& plan) {
+  const Dims x = dims_of(m, plan);
+  return static_cast<double>(x.tokens * x.h) * kBf16 / static_cast<double>(x.t);
+}
+
+}  // namespace cuboid

@@ -176,7 +176,7 @@ TEST_CASE("--nodes overrides the card's node count") {
   CHECK(cuboid::load_cluster(card, 16).nodes == 16);
   CHECK(cuboid::load_cluster(card, 16).total_gpus() == 128);
   CHECK(cuboid::load_cluster(kTopologies / "dgx-a100-4node.json").nodes == 4);
-  CHECK(cuboid::load_cluster(kTopologies / "dgx-a100-superpod.json").total_gpus() == 3360);
+  CHECK(cuboid::load_cluster(kTopologies / "dgx-a100-superpod.json").total_gpus() == 4480);
   CHECK(message_of([&] { cuboid::load_cluster(card, -2); }) ==
         "command line: --nodes: must be positive, got -2 (fix: give a node count >= 1)");
   CHECK(message_of([&] { cuboid::load_cluster(card, 0); }) ==
@@ -248,9 +248,9 @@ TEST_CASE("tiers across scalable units and pods") {
 
   const Topology pod(cuboid::load_cluster(kTopologies / "dgx-a100-superpod.json"));
   const auto& g = pod.graph();
-  // 420 nodes x 17 + 168 leaves + 3 spines + 1 core.
-  CHECK(boost::num_vertices(g) == 420 * 17 + 168 + 3 + 1);
-  CHECK(boost::num_edges(g) == 420 * 24 + 168 + 3);
+  // 560 nodes x 17 + 224 leaves + 4 spines + 1 core.
+  CHECK(boost::num_vertices(g) == 560 * 17 + 224 + 4 + 1);
+  CHECK(boost::num_edges(g) == 560 * 24 + 224 + 4);
   CHECK(pod.tier(0, 139 * 8) == Tier::spine);          // same pod of 7 SUs (140 nodes)
   CHECK(pod.tier(0, 140 * 8) == Tier::core);           // next pod
   const auto across = pod.route(0, 419 * 8 + 7);

@@ -1,1 +1,295 @@
+// Cost models (GEMM, memory-bound, collectives, group link parameters) and the
+// workload they price (ops of a layer, FLOPs against flops.hpp).
 #include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuboid/cost.hpp"
+#include "cuboid/flops.hpp"
+#include "cuboid/topology.hpp"
+#include "cuboid/workload.hpp"
+
+using namespace cuboid;
+
+namespace {
+
+// A100 SXM4 80GB (hardware.md: 312 TFLOP/s, 2039 GB/s, 108 SMs, MAMF 271.2 /
+// 312 = 0.869). Memory-bound efficiency and launch cost are test values.
+GpuProfile a100() {
+  GpuProfile g;
+  g.name = "A100-SXM4-80GB";
+  g.peak_bf16_flops = 312e12;
+  g.hbm_bandwidth_Bps = 2039e9;
+  g.memory_bytes = 80LL << 30;
+  g.sm_count = 108;
+  g.gemm_max_efficiency = 0.869;
+  g.memory_bound_efficiency = 0.8;
+  g.kernel_launch_ns = 0;
+  g.memory_reserve_bytes = 2LL << 30;
+  return g;
+}
+
+// DGX A100 nodes, 8 x HDR NICs at 24 GB/s busbw each (hardware.md), a
+// leaf/spine fat tree with `nodes_per_leaf` nodes under each leaf.
+Cluster dgx_a100(int nodes, int nodes_per_leaf = 32, double oversubscription = 1.0) {
+  Cluster c;
+  c.name = "test-dgx-a100";
+  c.nodes = nodes;
+  c.gpus_per_node = 8;
+  c.gpu = a100();
+  c.intra.kind = "nvswitch";
+  c.intra.link_bandwidth_GBps = 300;
+  c.intra.allreduce_busbw_GBps = 230;
+  c.intra.busbw_GBps = 220;
+  c.intra.latency_ns = 1000;
+  c.inter.kind = "infiniband-hdr";
+  c.inter.nics_per_node = 8;
+  c.inter.nic_bandwidth_Gbps = 200;
+  c.inter.nic_busbw_GBps = 24;
+  c.inter.latency_ns = 3000;
+  c.inter.switch_latency_ns = 500;
+  c.inter.levels = 2;
+  c.inter.nodes_per_leaf = nodes_per_leaf;
+  c.inter.oversubscription = oversubscription;
+  c.inter.rail_optimized = true;
+  return c;
+}
+
+ModelSpec gpt(std::int64_t layers, std::int64_t hidden, std::int64_t heads) {
+  ModelSpec m;
+  m.name = "gpt-test";
+  m.num_layers = layers;
+  m.hidden_size = hidden;
+  m.num_attention_heads = heads;
+  m.num_kv_heads = heads;
+  m.head_dim = hidden / heads;
+  m.ffn_hidden_size = 4 * hidden;
+  m.vocab_size = 51200;
+  m.seq_length = 2048;
+  m.max_position_embeddings = 2048;
+  m.tied_embeddings = true;
+  m.learned_position_embeddings = true;
+  m.linear_bias = true;
+  return m;
+}
+
+ModelSpec llama_gqa() {
+  ModelSpec m;
+  m.name = "llama-gqa-test";
+  m.num_layers = 32;
+  m.hidden_size = 4096;
+  m.num_attention_heads = 32;
+  m.num_kv_heads = 8;
+  m.head_dim = 128;
+  m.ffn_hidden_size = 14336;
+  m.activation = Activation::swiglu;
+  m.normalization = Normalization::rmsnorm;
+  m.vocab_size = 128256;
+  m.seq_length = 8192;
+  m.max_position_embeddings = 8192;
+  return m;
+}
+
+ParallelPlan plan_of(int tp, int micro_batch, std::int64_t seq, bool sp, bool flash, Recompute r) {
+  ParallelPlan p;
+  p.tp = tp;
+  p.micro_batch = micro_batch;
+  p.global_batch = micro_batch;
+  p.seq_length = seq;
+  p.sequence_parallel = sp;
+  p.flash_attention = flash;
+  p.recompute = r;
+  return p;
+}
+
+double sum_flops(const std::vector<Op>& ops) {
+  double total = 0;
+  for (const Op& op : ops) {
+    if (op.kind == OpKind::gemm || op.kind == OpKind::attention_core) total += op.flops;
+  }
+  return total;
+}
+
+int count(const std::vector<Op>& ops, Collective c) {
+  int n = 0;
+  for (const Op& op : ops) n += op.kind == OpKind::collective && op.collective == c ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("collective times follow the NCCL bus-bandwidth formulas") {
+  const LinkParams link{230e9, 1000.0};
+  const double gib = 1073741824.0;
+  // all-reduce of 1 GiB over 8 GPUs: 2 * 7/8 * 2^30 / 230e9 s + 14 alpha.
+  const double ar_ns = 2.0 * 7.0 / 8.0 * gib / 230e9 * 1e9 + 14 * 1000.0;
+  CHECK(std::abs(static_cast<double>(collective_time_ns(Collective::all_reduce, gib, 8, link)) - ar_ns) <= 1.0);
+  CHECK(std::abs(ar_ns - 8183774.7) < 1.0);  // 1879048192 B / 230 GB/s = 8169774.7 ns, + 14 us
+  const double rs_ns = 7.0 / 8.0 * gib / 230e9 * 1e9 + 7 * 1000.0;
+  CHECK(std::abs(static_cast<double>(collective_time_ns(Collective::reduce_scatter, gib, 8, link)) - rs_ns) <= 1.0);
+  CHECK(std::abs(static_cast<double>(collective_time_ns(Collective::all_gather, gib, 8, link)) - rs_ns) <= 1.0);
+  const double bc_ns = gib / 230e9 * 1e9 + 7 * 1000.0;
+  CHECK(std::abs(static_cast<double>(collective_time_ns(Collective::broadcast, gib, 8, link)) - bc_ns) <= 1.0);
+  // send/recv of 100 MB at 24 GB/s: 4.1667 ms + one alpha.
+  CHECK(collective_time_ns(Collective::send_recv, 100e6, 2, LinkParams{24e9, 3000.0}) == 4166667 + 3000);
+  // Degenerate groups and sizes cost nothing.
+  CHECK(collective_time_ns(Collective::all_reduce, gib, 1, link) == 0);
+  CHECK(collective_time_ns(Collective::all_reduce, 0, 8, link) == 0);
+}
+
+TEST_CASE("GEMM efficiency: wave and tile quantisation over 108 SMs, roofline for shallow k") {
+  const GpuProfile g = a100();
+  // 12 x 9 = 108 tiles of 128 x 128: exactly one wave -> the profile's best.
+  CHECK(gemm_efficiency(g, 128 * 12, 128 * 9, 8192) == doctest::Approx(0.869));
+  // 109 tiles: two waves, 109 of 216 SM slots busy. One tile column has an
+  // arithmetic intensity below A100's ridge point, so give this profile a
+  // fast memory to look at quantisation alone.
+  GpuProfile fast_hbm = g;
+  fast_hbm.hbm_bandwidth_Bps *= 100;
+  CHECK(gemm_efficiency(fast_hbm, 128 * 109, 128, 8192) == doctest::Approx(0.869 * 109.0 / 216.0));
+  CHECK(gemm_efficiency(fast_hbm, 128, 128, 8192, 109) == doctest::Approx(0.869 * 109.0 / 216.0));
+  // 109 x 8 = 872 tiles: 9 waves of 108 -> 872 / 972 (compute-bound: k = 8192).
+  CHECK(gemm_efficiency(g, 128 * 109, 128 * 8, 8192) == doctest::Approx(0.869 * 872.0 / 972.0));
+  // A partial tile: m = 129 needs two tile rows, 129/256 of them useful (one wave).
+  CHECK(gemm_efficiency(g, 129, 128 * 9, 1 << 16) == doctest::Approx(0.869 * 129.0 * 9 / (108.0 * 128.0)));
+  // Shallow k is memory-bound: time = (mk + kn + mn) * 2 bytes / (hbm * eff).
+  const double m = 8192, n = 8192, k = 16;
+  const double mem_s = (m * k + k * n + m * n) * 2 / (2039e9 * 0.8);
+  CHECK(gemm_efficiency(g, 8192, 8192, 16) == doctest::Approx(2 * m * n * k / (312e12 * mem_s)));
+  CHECK(static_cast<double>(gemm_time_ns(g, 8192, 8192, 16)) == doctest::Approx(mem_s * 1e9).epsilon(1e-6));
+  // Compute-bound time of the one-wave GEMM.
+  const double flops = 2.0 * 1536 * 1152 * 8192;
+  CHECK(std::abs(static_cast<double>(gemm_time_ns(g, 1536, 1152, 8192)) - flops / (312e12 * 0.869) * 1e9) <= 1.0);
+}
+
+TEST_CASE("memory-bound time is bytes over the achievable HBM bandwidth plus launch") {
+  GpuProfile g = a100();
+  g.kernel_launch_ns = 2000;
+  CHECK(memory_bound_time_ns(g, 1.6312e9) == 1000000 + 2000);  // 1.6312 GB at 1631.2 GB/s
+  CHECK(memory_bound_time_ns(g, 0) == 0);
+  Op op;
+  op.kind = OpKind::collective;
+  op.comm_bytes = 1e9;
+  CHECK(op_time_ns(g, op) == 0);  // comm ops are priced with their group's link
+}
+
+TEST_CASE("group link parameters by tier") {
+  const Topology topo(dgx_a100(4, /*nodes_per_leaf=*/2, /*oversubscription=*/2.0));
+  // Inside a node: NVSwitch busbw, all-reduce figure for all-reduce.
+  LinkParams l = group_link_params(topo, Collective::all_reduce, {0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK(l.busbw_Bps == doctest::Approx(230e9));
+  CHECK(l.latency_ns == doctest::Approx(1000));
+  l = group_link_params(topo, Collective::all_gather, {0, 1});
+  CHECK(l.busbw_Bps == doctest::Approx(220e9));
+  // A single GPU: free.
+  CHECK(collective_time_ns(Collective::all_reduce, 1e9, 1, group_link_params(topo, Collective::all_reduce, {3})) == 0);
+  // One GPU per node on two nodes under one leaf: one GPU's NIC share, 8 * 24 / 8.
+  l = group_link_params(topo, Collective::all_reduce, {0, 8});
+  CHECK(l.busbw_Bps == doctest::Approx(24e9));
+  CHECK(l.latency_ns == doctest::Approx(3000));
+  // Eight GPUs per node on two nodes: 8 rails = 192 GB/s (below NVLink's 230).
+  std::vector<int> two_nodes;
+  for (int r = 0; r < 16; ++r) two_nodes.push_back(r);
+  l = group_link_params(topo, Collective::all_reduce, two_nodes);
+  CHECK(l.busbw_Bps == doctest::Approx(192e9));
+  // Rail-optimised: GPU 0 of node 0 and GPU 1 of node 1 sit on different
+  // leaves, but NCCL keeps the traffic on one rail (PXN): still one leaf.
+  l = group_link_params(topo, Collective::all_reduce, {0, 9});
+  CHECK(l.busbw_Bps == doctest::Approx(24e9));
+  // Across leaf groups (nodes 0 and 2): oversubscription 2 and two more switches.
+  l = group_link_params(topo, Collective::all_reduce, {0, 16});
+  CHECK(l.busbw_Bps == doctest::Approx(12e9));
+  CHECK(l.latency_ns == doctest::Approx(3000 + 2 * 500));
+}
+
+TEST_CASE("layer forward FLOPs x tp equal flops.hpp's layer_forward_flops") {
+  struct Case {
+    ModelSpec model;
+    int tp;
+    int b;
+    std::int64_t s;
+    bool sp;
+    bool flash;
+  };
+  const std::vector<Case> cases{
+      {gpt(48, 6144, 64), 8, 4, 2048, false, false},
+      {gpt(48, 6144, 64), 8, 4, 2048, true, true},
+      {gpt(96, 12288, 96), 8, 1, 2048, true, false},
+      {gpt(24, 1024, 16), 1, 8, 1024, false, true},
+      {llama_gqa(), 4, 1, 8192, true, true},
+      {llama_gqa(), 8, 2, 4096, false, false},
+  };
+  for (const Case& c : cases) {
+    const ParallelPlan p = plan_of(c.tp, c.b, c.s, c.sp, c.flash, Recompute::none);
+    const LayerOps ops = transformer_layer_ops(c.model, p);
+    CAPTURE(c.tp);
+    CAPTURE(c.flash);
+    const double ref = layer_forward_flops(c.model, c.b, c.s);
+    CHECK(sum_flops(ops.forward) * c.tp == doctest::Approx(ref).epsilon(1e-12));
+    // Attention core alone matches too.
+    double attn = 0;
+    for (const Op& op : ops.forward) {
+      if (op.kind == OpKind::attention_core || op.name.rfind("attn_", 0) == 0) attn += op.flops;
+    }
+    CHECK(attn * c.tp == doctest::Approx(attention_core_forward_flops(c.model, c.b, c.s)).epsilon(1e-12));
+    // Backward GEMMs are 2x forward; flash's backward adds the recomputed QK^T.
+    const double attn_extra = c.flash ? 0.5 * attn : 0.0;
+    CHECK(sum_flops(ops.backward) == doctest::Approx(2 * sum_flops(ops.forward) + attn_extra).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("TP collectives: none at tp 1, all-reduce without SP, RS + AG with SP") {
+  const ModelSpec m = gpt(48, 6144, 64);
+  const double bytes = 2048.0 * 4 * 6144 * 2;
+  {
+    const LayerOps ops = transformer_layer_ops(m, plan_of(1, 4, 2048, false, true, Recompute::none));
+    CHECK(count(ops.forward, Collective::all_reduce) + count(ops.backward, Collective::all_reduce) == 0);
+  }
+  {
+    const LayerOps ops = transformer_layer_ops(m, plan_of(8, 4, 2048, false, false, Recompute::none));
+    CHECK(count(ops.forward, Collective::all_reduce) == 2);
+    CHECK(count(ops.backward, Collective::all_reduce) == 2);
+    CHECK(count(ops.forward, Collective::all_gather) == 0);
+    for (const Op& op : ops.forward) {
+      if (op.kind == OpKind::collective) CHECK(op.comm_bytes == doctest::Approx(bytes));
+    }
+  }
+  {
+    const LayerOps ops = transformer_layer_ops(m, plan_of(8, 4, 2048, true, false, Recompute::none));
+    CHECK(count(ops.forward, Collective::all_reduce) == 0);
+    CHECK(count(ops.forward, Collective::reduce_scatter) == 2);
+    CHECK(count(ops.forward, Collective::all_gather) == 2);
+    CHECK(count(ops.backward, Collective::reduce_scatter) == 2);
+    CHECK(count(ops.backward, Collective::all_gather) == 2);
+  }
+}
+
+TEST_CASE("recomputation: full repeats the forward, selective the unfused attention core") {
+  const ModelSpec m = gpt(48, 6144, 64);
+  const LayerOps full = transformer_layer_ops(m, plan_of(8, 4, 2048, false, false, Recompute::full));
+  CHECK(full.recompute.size() == full.forward.size());
+  CHECK(count(full.recompute, Collective::all_reduce) == 2);
+  const LayerOps sel = transformer_layer_ops(m, plan_of(8, 4, 2048, false, false, Recompute::selective));
+  CHECK(sel.recompute.size() == 3);  // QK^T, softmax + dropout, AV
+  CHECK(sum_flops(sel.recompute) * 8 == doctest::Approx(attention_core_forward_flops(m, 4, 2048)));
+  const LayerOps sel_flash = transformer_layer_ops(m, plan_of(8, 4, 2048, false, true, Recompute::selective));
+  CHECK(sel_flash.recompute.empty());
+  const LayerOps none = transformer_layer_ops(m, plan_of(8, 4, 2048, false, true, Recompute::none));
+  CHECK(none.recompute.empty());
+}
+
+TEST_CASE("embedding, LM head and pipeline message") {
+  const ModelSpec m = gpt(48, 6144, 64);
+  const ParallelPlan p = plan_of(8, 4, 2048, false, false, Recompute::none);
+  const LayerOps head = lm_head_ops(m, p);
+  const std::int64_t vocab = padded_vocab_size(m.vocab_size, 8);
+  CHECK(sum_flops(head.forward) * 8 == doctest::Approx(logit_forward_flops(m, 4, 2048, vocab)));
+  CHECK(sum_flops(head.backward) == doctest::Approx(2 * sum_flops(head.forward)));
+  CHECK(count(head.forward, Collective::all_reduce) == 3);  // vocab-parallel cross-entropy
+  const LayerOps embed = embedding_ops(m, p);
+  CHECK(count(embed.forward, Collective::all_reduce) == 1);
+  CHECK(!embed.backward.empty());
+  CHECK(pipeline_message_bytes(m, p) == doctest::Approx(2048.0 * 4 * 6144 * 2 / 8));
+}

@@ -1,1 +1,260 @@
+// The analytical estimator: consistency of the breakdown, the direction of
+// each effect, and an informative comparison with Korthikanti et al. 2022
+// (/work/shared/data/korthikanti2022*.csv).
 #include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuboid/cost.hpp"
+#include "cuboid/estimator.hpp"
+#include "cuboid/topology.hpp"
+#include "cuboid/workload.hpp"
+
+using namespace cuboid;
+
+namespace {
+
+// A100 SXM4 80GB (hardware.md: 312 TFLOP/s, 2039 GB/s, 108 SMs, MAMF
+// 271.2 / 312 = 0.869). Memory-bound efficiency, launch cost and latencies
+// are test assumptions, not fitted to the paper.
+GpuProfile a100() {
+  GpuProfile g;
+  g.name = "A100-SXM4-80GB";
+  g.peak_bf16_flops = 312e12;
+  g.hbm_bandwidth_Bps = 2039e9;
+  g.memory_bytes = 80LL << 30;
+  g.sm_count = 108;
+  g.gemm_max_efficiency = 0.869;
+  g.memory_bound_efficiency = 0.8;
+  g.kernel_launch_ns = 2000;
+  g.memory_reserve_bytes = 2LL << 30;
+  return g;
+}
+
+// Selene-like DGX A100 nodes (hardware.md): NVSwitch all-reduce busbw
+// 230 GB/s, 8 HDR NICs of ~24 GB/s, 3-level fat tree, rail-optimised.
+Cluster selene(int nodes) {
+  Cluster c;
+  c.name = "test-selene";
+  c.nodes = nodes;
+  c.gpus_per_node = 8;
+  c.gpu = a100();
+  c.intra.kind = "nvswitch";
+  c.intra.link_bandwidth_GBps = 300;
+  c.intra.allreduce_busbw_GBps = 230;
+  c.intra.busbw_GBps = 230;
+  c.intra.latency_ns = 1000;
+  c.inter.kind = "infiniband-hdr";
+  c.inter.nics_per_node = 8;
+  c.inter.nic_bandwidth_Gbps = 200;
+  c.inter.nic_busbw_GBps = 24;
+  c.inter.latency_ns = 3000;
+  c.inter.switch_latency_ns = 500;
+  c.inter.levels = 3;
+  c.inter.nodes_per_leaf = 20;
+  c.inter.oversubscription = 1.0;
+  c.inter.rail_optimized = true;
+  return c;
+}
+
+// GPT models of Korthikanti et al. Table 3 (vocab 51200, s 2048).
+ModelSpec gpt(std::int64_t layers, std::int64_t hidden, std::int64_t heads) {
+  ModelSpec m;
+  m.name = "gpt-test";
+  m.num_layers = layers;
+  m.hidden_size = hidden;
+  m.num_attention_heads = heads;
+  m.num_kv_heads = heads;
+  m.head_dim = hidden / heads;
+  m.ffn_hidden_size = 4 * hidden;
+  m.vocab_size = 51200;
+  m.seq_length = 2048;
+  m.max_position_embeddings = 2048;
+  m.tied_embeddings = true;
+  m.learned_position_embeddings = true;
+  m.linear_bias = true;
+  return m;
+}
+
+ParallelPlan make_plan(int tp, int pp, int dp, int micro_batch, std::int64_t global_batch) {
+  ParallelPlan p;
+  p.tp = tp;
+  p.pp = pp;
+  p.dp = dp;
+  p.micro_batch = micro_batch;
+  p.global_batch = global_batch;
+  p.seq_length = 2048;
+  p.recompute = Recompute::selective;
+  p.sequence_parallel = tp > 1;
+  p.flash_attention = true;
+  return p;
+}
+
+// Forward and backward (with recompute) milliseconds of one layer on the TP
+// group of GPUs 0..tp-1: compute ops plus TP collectives.
+struct LayerMs {
+  double forward = 0;
+  double backward = 0;
+};
+
+LayerMs layer_ms(const ModelSpec& m, const Topology& topo, const ParallelPlan& p) {
+  std::vector<int> group;
+  for (int r = 0; r < p.tp; ++r) group.push_back(r);
+  const LayerOps ops = transformer_layer_ops(m, p);
+  auto time_ms = [&](const std::vector<Op>& list) {
+    double ns = 0;
+    for (const Op& op : list) {
+      if (op.kind == OpKind::collective) {
+        ns += static_cast<double>(collective_time_ns(op.collective, op.comm_bytes, p.tp,
+                                                     group_link_params(topo, op.collective, group)));
+      } else {
+        ns += static_cast<double>(op_time_ns(topo.cluster().gpu, op));
+      }
+    }
+    return ns * 1e-6;
+  };
+  return LayerMs{time_ms(ops.forward), time_ms(ops.backward) + time_ms(ops.recompute)};
+}
+
+}  // namespace
+
+TEST_CASE("the breakdown sums to the iteration time and the derived figures agree") {
+  const Topology topo(selene(4));
+  const ModelSpec m = gpt(24, 2048, 16);
+  for (int zero : {0, 1, 2, 3}) {
+    ParallelPlan p = make_plan(8, 2, 2, 1, 32);
+    p.zero_stage = zero;
+    const Estimate e = estimate(m, topo, p);
+    CAPTURE(zero);
+    CHECK(e.iteration_time_s > 0);
+    CHECK(e.iteration_time_s == doctest::Approx(e.breakdown.total()));
+    CHECK(e.tokens_per_s == doctest::Approx(32.0 * 2048 / e.iteration_time_s));
+    CHECK(e.model_tflops_per_gpu == doctest::Approx(e.model_flops / e.iteration_time_s / 32 / 1e12));
+    CHECK(e.mfu > 0);
+    CHECK(e.mfu < 1);
+    CHECK(e.hfu >= e.mfu);
+    CHECK(e.breakdown.compute_s > 0);
+    CHECK(e.breakdown.tp_comm_s > 0);
+    CHECK(e.breakdown.pp_comm_s > 0);
+    CHECK(e.breakdown.bubble_s > 0);
+    CHECK(e.breakdown.optimizer_s > 0);
+    CHECK(e.memory.total_bytes > 0);
+  }
+}
+
+TEST_CASE("more micro-batches shrink the bubble's share; interleaving shrinks the bubble") {
+  const Topology topo(selene(4));
+  const ModelSpec m = gpt(48, 6144, 64);
+  const Estimate few = estimate(m, topo, make_plan(8, 4, 1, 1, 8));
+  const Estimate many = estimate(m, topo, make_plan(8, 4, 1, 1, 16));
+  CHECK(few.breakdown.bubble_s == doctest::Approx(many.breakdown.bubble_s));
+  CHECK(many.breakdown.bubble_s / many.iteration_time_s < few.breakdown.bubble_s / few.iteration_time_s);
+
+  ParallelPlan inter = make_plan(8, 4, 1, 1, 16);
+  inter.schedule = Schedule::interleaved;
+  inter.virtual_stages = 3;
+  const Estimate il = estimate(m, topo, inter);
+  CHECK(il.breakdown.bubble_s == doctest::Approx(many.breakdown.bubble_s / 3));
+  CHECK(il.breakdown.pp_comm_s > many.breakdown.pp_comm_s);
+  // No pipeline, no bubble and no p2p.
+  const Estimate flat = estimate(m, topo, make_plan(8, 1, 1, 1, 16));
+  CHECK(flat.breakdown.bubble_s == 0);
+  CHECK(flat.breakdown.pp_comm_s == 0);
+}
+
+TEST_CASE("TP 8 inside a node communicates less than TP 16 across two nodes") {
+  const ModelSpec m = gpt(48, 6144, 64);
+  const Estimate in_node = estimate(m, Topology(selene(1)), make_plan(8, 1, 1, 1, 8));
+  const Estimate across = estimate(m, Topology(selene(2)), make_plan(16, 1, 1, 1, 8));
+  CHECK(in_node.breakdown.tp_comm_s > 0);
+  CHECK(across.breakdown.tp_comm_s > in_node.breakdown.tp_comm_s);
+  // TP 1 has no TP traffic at all.
+  ParallelPlan single = make_plan(1, 1, 8, 1, 8);
+  const Estimate dp_only = estimate(gpt(24, 2048, 16), Topology(selene(1)), single);
+  CHECK(dp_only.breakdown.tp_comm_s == 0);
+}
+
+TEST_CASE("ZeRO-3 adds data-parallel traffic") {
+  const Topology topo(selene(4));
+  const ModelSpec m = gpt(24, 2048, 16);
+  auto dp_time = [&](int zero) {
+    ParallelPlan p = make_plan(8, 1, 4, 1, 16);
+    p.zero_stage = zero;
+    return estimate(m, topo, p).breakdown.dp_comm_s;
+  };
+  const double z0 = dp_time(0);
+  const double z3 = dp_time(3);
+  CHECK(z0 > 0);  // 4 nodes, one GPU of each DP group per node: 24 GB/s per GPU
+  CHECK(z3 > z0);
+  // DP 1: nothing to reduce.
+  CHECK(estimate(m, topo, make_plan(8, 4, 1, 1, 16)).breakdown.dp_comm_s == 0);
+}
+
+TEST_CASE("Korthikanti et al. 2022 Table 4: one 22B layer on 8 A100s (informative)") {
+  const Topology topo(selene(1));
+  const ModelSpec m = gpt(48, 6144, 64);
+  struct Row {
+    std::string name;
+    Recompute recompute;
+    bool sp;
+    double paper_fwd_ms;
+    double paper_bwd_ms;
+  };
+  const Row rows[] = {
+      {"baseline no recompute", Recompute::none, false, 7.7, 11.9},
+      {"sequence parallelism", Recompute::none, true, 7.2, 11.8},
+      {"baseline full recompute", Recompute::full, false, 7.7, 19.5},
+      {"selective recompute", Recompute::selective, false, 7.7, 13.2},
+      {"selective + sequence", Recompute::selective, true, 7.2, 13.1},
+  };
+  for (const Row& row : rows) {
+    ParallelPlan p = make_plan(8, 1, 1, 4, 4);
+    p.flash_attention = false;  // the paper's Megatron used the unfused softmax kernels
+    p.recompute = row.recompute;
+    p.sequence_parallel = row.sp;
+    const LayerMs t = layer_ms(m, topo, p);
+    MESSAGE(row.name << ": forward " << t.forward << " ms (paper " << row.paper_fwd_ms << "), backward "
+                     << t.backward << " ms (paper " << row.paper_bwd_ms << ")");
+    if (row.recompute == Recompute::none && !row.sp) {
+      CHECK(t.forward > 0.65 * row.paper_fwd_ms);
+      CHECK(t.forward < 1.35 * row.paper_fwd_ms);
+    }
+  }
+}
+
+TEST_CASE("Korthikanti et al. 2022 Table 5: 175B iteration on 64 A100s (informative)") {
+  const Topology topo(selene(8));
+  const ModelSpec m = gpt(96, 12288, 96);
+  ParallelPlan p = make_plan(8, 8, 1, 1, 64);
+  p.schedule = Schedule::interleaved;
+  p.virtual_stages = 3;
+  p.flash_attention = false;
+  p.recompute = Recompute::selective;
+  p.sequence_parallel = true;
+  const Estimate e = estimate(m, topo, p);
+  const Breakdown& b = e.breakdown;
+  MESSAGE("175B tp8 pp8 v3 SP+selective: " << e.iteration_time_s << " s (paper 13.75 s), MFU " << e.mfu
+                                           << " (paper 0.514), HFU " << e.hfu << " (paper 0.528); compute "
+                                           << b.compute_s << " tp " << b.tp_comm_s << " pp " << b.pp_comm_s
+                                           << " dp " << b.dp_comm_s << " bubble " << b.bubble_s << " optimizer "
+                                           << b.optimizer_s);
+  CHECK(e.iteration_time_s > 13.75 / 2);
+  CHECK(e.iteration_time_s < 13.75 * 2);
+}
+
+TEST_CASE("estimate is cheap enough for the planner's inner loop") {
+  const Topology topo(selene(8));
+  const ModelSpec m = gpt(96, 12288, 96);
+  ParallelPlan p = make_plan(8, 8, 1, 1, 64);
+  const int reps = 2000;
+  double sink = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) sink += estimate(m, topo, p).iteration_time_s;
+  const double us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / reps;
+  MESSAGE("estimate(): " << us << " us per call (64 GPUs, pp 8)");
+  CHECK(sink > 0);
+}

@@ -1,1 +1,111 @@
+// The planner's search: every candidate valid, ranked, fixed dimensions
+// respected, memory pruning honest, and the default batch divisible.
 #include <doctest/doctest.h>
+
+#include <set>
+
+#include "cuboid/cluster.hpp"
+#include "cuboid/error.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/planner.hpp"
+#include "cuboid/topology.hpp"
+
+using namespace cuboid;
+
+TEST_CASE("default global batch: ~4M tokens, divisible by the DP sizes of the cluster") {
+  CHECK(default_global_batch(8192, 32) == 512);     // 4Mi / 8192 = 512, 32 is a power of two
+  CHECK(default_global_batch(2048, 64) == 2048);    // GPT-3-like: 2048 x 2048 tokens
+  CHECK(default_global_batch(2048, 3072) == 1536);  // 3072 = 3 x 2^10: 3 x 2^round(log2(682.7)) = 3 x 512
+  CHECK(default_global_batch(2048, 3360) == 1680);  // odd part 105: 105 x 2^round(log2(19.5)) = 105 x 16
+  CHECK(default_global_batch(128, 2) == 32768);
+  CHECK(default_global_batch(1 << 24, 8) == 1);     // never below one sequence
+  for (int dp : {1, 2, 3, 4, 6, 8, 12, 24})         // every DP of 3072 GPUs with up to 2^9 divides 1536
+    CHECK(default_global_batch(2048, 3072) % dp == 0);
+}
+
+TEST_CASE("Llama-3-70B on 4 x 8 A100: every candidate is a valid factorisation, best first") {
+  const ModelSpec m = load_model("models/llama3-70b.json");
+  const Cluster c = load_cluster("topologies/dgx-a100-4node.json");
+  const Topology topo(c);
+  PlannerOptions o;
+  o.global_batch = 64;
+  const SearchResult r = search_plans(m, topo, o);
+  REQUIRE(!r.fitting.empty());
+  CHECK(r.candidates >= static_cast<std::int64_t>(r.fitting.size() + r.not_fitting.size()));
+  CHECK(r.not_fitting.size() <= 16);
+  std::set<std::pair<int, int>> shapes;
+  for (std::size_t i = 0; i < r.fitting.size(); ++i) {
+    const Estimate& e = r.fitting[i];
+    CHECK(e.plan.world_size() == 32);
+    CHECK(e.plan.tp <= 8);  // TP stays inside a node unless asked
+    CHECK(m.num_attention_heads % e.plan.tp == 0);
+    CHECK(m.num_kv_heads % e.plan.tp == 0);
+    CHECK(m.num_layers % (e.plan.pp * e.plan.virtual_stages) == 0);
+    CHECK(e.plan.global_batch % (e.plan.micro_batch * e.plan.dp) == 0);
+    CHECK(e.memory.fits());
+    CHECK(e.iteration_time_s > 0);
+    if (i > 0) CHECK(r.fitting[i - 1].iteration_time_s <= e.iteration_time_s);
+    shapes.insert({e.plan.tp, e.plan.pp});
+  }
+  CHECK(shapes.count({4, 4}) == 1);  // the seed's TP 4 x PP 4 x DP 2 fits
+  for (const Estimate& e : r.not_fitting) CHECK_FALSE(e.memory.fits());
+}
+
+TEST_CASE("fixed dimensions are respected and invalid ones are rejected with the validator's message") {
+  const ModelSpec m = load_model("models/llama3-70b.json");
+  const Cluster c = load_cluster("topologies/dgx-a100-4node.json");
+  const Topology topo(c);
+  PlannerOptions o;
+  o.global_batch = 64;
+  o.tp = 4;
+  o.pp = 4;
+  o.zero_stage = 1;
+  o.recompute = Recompute::full;
+  const SearchResult r = search_plans(m, topo, o);
+  REQUIRE(!r.fitting.empty());
+  for (const Estimate& e : r.fitting) {
+    CHECK(e.plan.tp == 4);
+    CHECK(e.plan.pp == 4);
+    CHECK(e.plan.dp == 2);
+    CHECK(e.plan.zero_stage == 1);
+    CHECK(e.plan.recompute == Recompute::full);
+  }
+  o.tp = 3;
+  CHECK_THROWS_AS(search_plans(m, topo, o), InputError);
+  o.tp = 4;
+  o.pp = 3;
+  CHECK_THROWS_WITH(search_plans(m, topo, o),
+                    doctest::Contains("PP 3 x virtual stages 1 = 3 does not divide the 80 layers"));
+}
+
+TEST_CASE("a model that cannot fit reports the smallest plans instead of nothing") {
+  const ModelSpec m = load_model("models/llama3.1-405b.json");
+  const Cluster c = load_cluster("topologies/dgx-a100.json", 1);
+  const Topology topo(c);
+  const SearchResult r = search_plans(m, topo, PlannerOptions{});
+  CHECK(r.fitting.empty());
+  REQUIRE(!r.not_fitting.empty());
+  for (std::size_t i = 1; i < r.not_fitting.size(); ++i)
+    CHECK(r.not_fitting[i - 1].memory.total_bytes <= r.not_fitting[i].memory.total_bytes);
+  // 405B parameters at >= 2 bytes each cannot fit 8 x 80 GB even fully sharded.
+  CHECK(r.not_fitting.front().memory.total_bytes > r.not_fitting.front().memory.capacity_bytes);
+}
+
+TEST_CASE("plan_from_options fills Megatron-like defaults and validates") {
+  const ModelSpec m = load_model("models/llama3-70b.json");
+  const Cluster c = load_cluster("topologies/dgx-a100-4node.json");
+  PlannerOptions o;
+  o.tp = 4;
+  o.pp = 4;
+  const ParallelPlan p = plan_from_options(m, c, o);
+  CHECK(p.dp == 2);
+  CHECK(p.micro_batch == 1);
+  CHECK(p.sequence_parallel);
+  CHECK(p.recompute == Recompute::selective);
+  CHECK(p.schedule == Schedule::one_f_one_b);
+  CHECK(p.global_batch == 512);
+  o.virtual_stages = 5;
+  CHECK(plan_from_options(m, c, o).schedule == Schedule::interleaved);
+  o.virtual_stages = 3;
+  CHECK_THROWS_AS(plan_from_options(m, c, o), InputError);
+}

@@ -1,0 +1,305 @@
+#include "commands.hpp"
+
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "cuboid/cluster.hpp"
+#include "cuboid/error.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/planner.hpp"
+#include "cuboid/report.hpp"
+#include "cuboid/topology.hpp"
+
+namespace cuboid::cli {
+
+namespace {
+
+// Everything the plan-describing flags can say; strings are parsed after CLI11
+// so that errors name the flag and list the choices.
+struct PlanFlags {
+  std::string model_path;
+  std::string cluster_path;
+  std::optional<int> nodes;
+  std::optional<std::int64_t> global_batch, seq_length;
+  std::optional<int> tp, pp, dp, micro_batch, vpp, zero;
+  std::optional<std::string> recompute, sequence_parallel, schedule, flash_attention, rank_order;
+  int top = 10;
+  bool json = false;
+  bool verbose = false;
+};
+
+void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search) {
+  cmd->add_option("--model", f.model_path, "model card (models/*.json) or a HuggingFace config.json")->required();
+  cmd->add_option("--cluster", f.cluster_path, "cluster card (topologies/*.json)")->required();
+  cmd->add_option("--nodes", f.nodes, "use N nodes of the cluster card (default: the card's node count)");
+  cmd->add_option("--global-batch", f.global_batch, "sequences per iteration (default: ~4M tokens, divisible by every DP size)");
+  cmd->add_option("--seq-length", f.seq_length, "tokens per sequence (default: the model card's seq_length)");
+  const char* fix = search ? "fix it (default: searched)" : "set it";
+  cmd->add_option("--tp", f.tp, fmt::format("tensor-parallel size; {}", fix));
+  cmd->add_option("--pp", f.pp, fmt::format("pipeline-parallel size; {}", fix));
+  cmd->add_option("--dp", f.dp, fmt::format("data-parallel size; {} (default: GPUs / (TP x PP))", fix));
+  cmd->add_option("--micro-batch", f.micro_batch, fmt::format("sequences per micro-batch; {}", fix));
+  cmd->add_option("--vpp", f.vpp, fmt::format("virtual pipeline stages per GPU (interleaved 1F1B); {}", fix));
+  cmd->add_option("--zero", f.zero, fmt::format("ZeRO stage 0-3 (1 = Megatron's distributed optimizer); {}", fix));
+  cmd->add_option("--recompute", f.recompute, "activation recomputation: none|selective|full");
+  cmd->add_option("--sequence-parallel", f.sequence_parallel, "sequence parallelism with TP: on|off");
+  cmd->add_option("--schedule", f.schedule, "pipeline schedule: gpipe|1f1b|interleaved");
+  cmd->add_option("--flash-attention", f.flash_attention, "fused attention core: on|off (default on)");
+  cmd->add_option("--rank-order", f.rank_order, "rank order, innermost first (default tp-dp-pp, Megatron's)");
+  cmd->add_flag("--json", f.json, "print one JSON document on stdout");
+  cmd->add_flag("-v,--verbose", f.verbose, "log what is loaded and searched on stderr");
+}
+
+bool parse_on_off(const std::string& v, const std::string& flag) {
+  if (v == "on" || v == "true" || v == "1") return true;
+  if (v == "off" || v == "false" || v == "0") return false;
+  throw InputError("command line", flag, "expected on or off, got \"" + v + "\"", "use " + flag + " on or " + flag + " off");
+}
+
+PlannerOptions planner_options(const PlanFlags& f) {
+  const std::string cl = "command line";
+  auto positive = [&](const auto& v, const char* flag) {
+    if (v && *v <= 0) throw InputError(cl, flag, "must be positive, got " + std::to_string(*v), "give a value >= 1");
+  };
+  positive(f.nodes, "--nodes");
+  positive(f.global_batch, "--global-batch");
+  positive(f.seq_length, "--seq-length");
+  positive(f.tp, "--tp");
+  positive(f.pp, "--pp");
+  positive(f.dp, "--dp");
+  positive(f.micro_batch, "--micro-batch");
+  positive(f.vpp, "--vpp");
+  if (f.zero && (*f.zero < 0 || *f.zero > 3))
+    throw InputError(cl, "--zero", "ZeRO stage must be 0, 1, 2 or 3, got " + std::to_string(*f.zero), "use 0, 1, 2 or 3");
+  PlannerOptions o;
+  o.tp = f.tp;
+  o.pp = f.pp;
+  o.dp = f.dp;
+  o.micro_batch = f.micro_batch;
+  o.virtual_stages = f.vpp;
+  o.zero_stage = f.zero;
+  o.global_batch = f.global_batch;
+  o.seq_length = f.seq_length;
+  if (f.recompute) o.recompute = parse_recompute(*f.recompute, cl, "--recompute");
+  if (f.schedule) o.schedule = parse_schedule(*f.schedule, cl, "--schedule");
+  if (f.sequence_parallel) o.sequence_parallel = parse_on_off(*f.sequence_parallel, "--sequence-parallel");
+  if (f.flash_attention) o.flash_attention = parse_on_off(*f.flash_attention, "--flash-attention");
+  if (f.rank_order) o.order = RankOrder::parse(*f.rank_order, cl, "--rank-order");
+  if (o.schedule && *o.schedule != Schedule::interleaved && o.virtual_stages && *o.virtual_stages > 1)
+    throw InputError(cl, "--vpp", "virtual stages need the interleaved schedule", "add --schedule interleaved, or drop --vpp");
+  return o;
+}
+
+struct Loaded {
+  ModelSpec model;
+  Cluster cluster;
+  std::unique_ptr<Topology> topology;
+};
+
+Loaded load(const PlanFlags& f) {
+  if (f.verbose) spdlog::set_level(spdlog::level::info);
+  Loaded l;
+  l.model = load_model(f.model_path);
+  l.cluster = load_cluster(f.cluster_path, f.nodes);
+  spdlog::info("model {}: {} layers, hidden {}, {} heads ({} KV), {:.2f} B parameters", l.model.name, l.model.num_layers,
+               l.model.hidden_size, l.model.num_attention_heads, l.model.num_kv_heads, l.model.parameter_count() / 1e9);
+  spdlog::info("cluster {}: {} nodes x {} {}", l.cluster.name, l.cluster.nodes, l.cluster.gpus_per_node, l.cluster.gpu.name);
+  l.topology = std::make_unique<Topology>(l.cluster);
+  return l;
+}
+
+std::string header(const Loaded& l, const SearchResult& r, const PlanFlags& f) {
+  const ModelSpec& m = l.model;
+  const Cluster& c = l.cluster;
+  std::string out = fmt::format("model   {}: {:.1f} B parameters, {} layers, hidden {}, {} heads ({} KV), FFN {}, vocab {}\n",
+                                m.name, m.parameter_count() / 1e9, m.num_layers, m.hidden_size, m.num_attention_heads,
+                                m.num_kv_heads, m.ffn_hidden_size, m.vocab_size);
+  out += fmt::format("cluster {}: {} node{} x {} {} = {} GPUs ({} each), {} inside a node, {} x {:.0f} Gb/s {} per node\n",
+                     c.name, c.nodes, c.nodes == 1 ? "" : "s", c.gpus_per_node, c.gpu.name, c.total_gpus(),
+                     format_bytes_GiB(static_cast<double>(c.gpu.memory_bytes)), c.intra.kind,
+                     c.inter.nics_per_node, c.inter.nic_bandwidth_Gbps, c.inter.kind);
+  out += fmt::format("batch   {} sequences x {} tokens = {:.2f} M tokens per iteration{}\n", r.global_batch, r.seq_length,
+                     static_cast<double>(r.global_batch * r.seq_length) / 1e6,
+                     f.global_batch ? "" : " (default; set --global-batch)");
+  return out;
+}
+
+// When nothing fits, find out what would: more GPUs, ZeRO, full recompute, a
+// shorter sequence. Each is a real search with one thing changed.
+std::string what_would_fit(const Loaded& l, const PlannerOptions& o, const PlanFlags& f) {
+  std::string out = "\nWhat would make a plan fit (each searched with one change):\n";
+  auto report = [&](const std::string& what, const ModelSpec& m, const Topology& t, const PlannerOptions& opts) {
+    SearchResult r = search_plans(m, t, opts);
+    if (r.fitting.empty()) {
+      out += fmt::format("  {:<44} still does not fit", what);
+      if (!r.not_fitting.empty())
+        out += fmt::format(" (best needs {} per GPU)", format_bytes_GiB(r.not_fitting.front().memory.total_bytes));
+      out += "\n";
+      return;
+    }
+    const Estimate& b = r.fitting.front();
+    out += fmt::format("  {:<44} fits: TP {} PP {} DP {} mb {} ZeRO {} recompute {}, {} per GPU, {:.0f} tokens/s\n", what,
+                       b.plan.tp, b.plan.pp, b.plan.dp, b.plan.micro_batch, b.plan.zero_stage, to_string(b.plan.recompute),
+                       format_bytes_GiB(b.memory.total_bytes), b.tokens_per_s);
+  };
+  // More GPUs: double the nodes until something fits (or the card's limit).
+  for (int factor = 2; factor <= 1024; factor *= 2) {
+    const int nodes = l.cluster.nodes * factor;
+    Cluster bigger;
+    try {
+      bigger = load_cluster(f.cluster_path, nodes);
+    } catch (const InputError& e) {
+      out += fmt::format("  {:<44} not possible: {}\n", fmt::format("--nodes {}", nodes), e.problem());
+      break;
+    }
+    Topology t(bigger);
+    PlannerOptions opts = o;
+    opts.dp.reset();
+    opts.global_batch.reset();
+    if (o.global_batch) opts.global_batch = *o.global_batch * factor;
+    SearchResult r = search_plans(l.model, t, opts);
+    if (!r.fitting.empty() || factor == 1024) {
+      report(fmt::format("--nodes {} ({}x the GPUs)", nodes, factor), l.model, t, opts);
+      break;
+    }
+  }
+  if (!o.zero_stage || *o.zero_stage < 3) {
+    PlannerOptions opts = o;
+    opts.zero_stage = 3;
+    report("--zero 3 (shard weights, grads, optimizer)", l.model, *l.topology, opts);
+  }
+  if (!o.recompute || *o.recompute != Recompute::full) {
+    PlannerOptions opts = o;
+    opts.recompute = Recompute::full;
+    report("--recompute full", l.model, *l.topology, opts);
+  }
+  {
+    PlannerOptions opts = o;
+    const std::int64_t seq = o.seq_length.value_or(l.model.seq_length);
+    if (seq >= 256) {
+      opts.seq_length = seq / 2;
+      if (o.global_batch) opts.global_batch = *o.global_batch * 2;  // same tokens per iteration
+      report(fmt::format("--seq-length {}", seq / 2), l.model, *l.topology, opts);
+    }
+  }
+  return out;
+}
+
+std::string why_best(const Estimate& e) {
+  const Breakdown& b = e.breakdown;
+  const double t = e.iteration_time_s;
+  std::string limit = "compute-bound";
+  double worst = b.compute_s;
+  auto consider = [&](double v, const char* name) {
+    if (v > 0.25 * t && v > 0.5 * worst) {
+      limit = name;
+      worst = v;
+    }
+  };
+  consider(b.bubble_s, "bubble-bound");
+  consider(b.tp_comm_s, "TP-communication-bound");
+  consider(b.dp_comm_s, "DP-communication-bound");
+  consider(b.pp_comm_s, "PP-communication-bound");
+  return fmt::format(
+      "Best: TP {} x PP {} x DP {}, micro-batch {}{}, ZeRO {}, recompute {}, SP {}: {:.3f} s per iteration, "
+      "MFU {:.1f}%.\n  compute {:.0f}%, bubble {:.0f}%, exposed TP comm {:.0f}%, PP comm {:.0f}%, DP comm {:.0f}%, "
+      "optimizer {:.0f}%; memory {} of {} ({} headroom); {}.\n",
+      e.plan.tp, e.plan.pp, e.plan.dp, e.plan.micro_batch,
+      e.plan.virtual_stages > 1 ? fmt::format(", {} virtual stages", e.plan.virtual_stages) : std::string(),
+      e.plan.zero_stage, to_string(e.plan.recompute), e.plan.sequence_parallel ? "on" : "off", t, 100 * e.mfu,
+      100 * b.compute_s / t, 100 * b.bubble_s / t, 100 * b.tp_comm_s / t, 100 * b.pp_comm_s / t, 100 * b.dp_comm_s / t,
+      100 * b.optimizer_s / t, format_bytes_GiB(e.memory.total_bytes), format_bytes_GiB(e.memory.capacity_bytes),
+      format_bytes_GiB(e.memory.headroom_bytes()), limit);
+}
+
+void run_plan(const PlanFlags& f) {
+  PlannerOptions o = planner_options(f);
+  Loaded l = load(f);
+  SearchResult r = search_plans(l.model, *l.topology, o);
+  spdlog::info("scored {} candidates ({} fit in memory), skipped {}", r.candidates, r.fitting.size(), r.skipped);
+  for (const auto& [reason, count] : r.skip_reasons) spdlog::info("  skipped {} x: {}", count, reason);
+  if (f.json) {
+    std::cout << search_to_json(l.model, l.cluster, r, f.top).dump(2) << "\n";
+    return;
+  }
+  std::cout << header(l, r, f);
+  std::cout << fmt::format("search  {} valid plans scored analytically, {} fit in memory\n\n", r.candidates,
+                           r.fitting.size());
+  if (r.candidates == 0) {
+    std::cout << "No valid plan: no factorisation of the cluster satisfies the constraints.\n";
+    for (const auto& [reason, count] : r.skip_reasons) std::cout << fmt::format("  {} x {}\n", count, reason);
+    std::cout << what_would_fit(l, o, f);
+    return;
+  }
+  if (r.fitting.empty()) {
+    const Estimate& b = r.not_fitting.front();
+    std::cout << fmt::format("Nothing fits in {} per GPU. Smallest-memory plans:\n",
+                             format_bytes_GiB(b.memory.capacity_bytes));
+    std::cout << format_plan_table(r.not_fitting, 5);
+    std::cout << what_would_fit(l, o, f);
+    return;
+  }
+  std::cout << fmt::format("Top {} plans (analytical estimate, fastest first):\n", std::min<std::size_t>(f.top, r.fitting.size()));
+  std::cout << format_plan_table(r.fitting, static_cast<std::size_t>(f.top));
+  // The best plan of every TP x PP x DP factorisation, so the layouts can be
+  // compared with each other and not only the variants of the winner.
+  std::vector<Estimate> per_shape;
+  for (const auto& e : r.fitting) {
+    bool seen = false;
+    for (const auto& s : per_shape) seen = seen || (s.plan.tp == e.plan.tp && s.plan.pp == e.plan.pp);
+    if (!seen) per_shape.push_back(e);
+  }
+  std::cout << fmt::format("\nBest plan of each TP x PP x DP layout that fits ({} layouts):\n", per_shape.size());
+  std::cout << format_plan_table(per_shape, 30);
+  std::cout << "\n" << why_best(r.fitting.front());
+}
+
+void run_simulate(const PlanFlags& f) {
+  PlannerOptions o = planner_options(f);
+  Loaded l = load(f);
+  ParallelPlan plan = plan_from_options(l.model, l.cluster, o);
+  Estimate e = estimate(l.model, *l.topology, plan);
+  if (f.json) {
+    nlohmann::json j = estimate_to_json(e);
+    j["model"] = l.model.name;
+    j["cluster"] = l.cluster.name;
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  std::cout << format_estimate(l.model, l.cluster, e);
+}
+
+void run_mesh(const PlanFlags& f) {
+  PlannerOptions o = planner_options(f);
+  Loaded l = load(f);
+  ParallelPlan plan = plan_from_options(l.model, l.cluster, o);
+  std::cout << format_mesh(plan, l.cluster);
+}
+
+}  // namespace
+
+void register_commands(CLI::App& app) {
+  static PlanFlags plan_flags, sim_flags, mesh_flags;
+
+  CLI::App* plan = app.add_subcommand("plan", "search TP x PP x DP (and micro-batch, virtual stages, ZeRO, recompute, SP) "
+                                              "and rank the plans that fit");
+  add_plan_flags(plan, plan_flags, true);
+  plan->add_option("--top", plan_flags.top, "rows in the ranked table (default 10)")->check(CLI::PositiveNumber);
+  plan->callback([] { run_plan(plan_flags); });
+
+  CLI::App* sim = app.add_subcommand("simulate", "estimate one plan with a per-component breakdown "
+                                                  "(unset dimensions: TP 1, PP 1, DP = the rest, mb 1, selective recompute)");
+  add_plan_flags(sim, sim_flags, false);
+  sim->callback([] { run_simulate(sim_flags); });
+
+  CLI::App* mesh = app.add_subcommand("mesh", "show which GPU (node, gpu) holds which TP group, pipeline stage and DP replica");
+  add_plan_flags(mesh, mesh_flags, false);
+  mesh->callback([] { run_mesh(mesh_flags); });
+}
+
+}  // namespace cuboid::cli

@@ -1,0 +1,56 @@
+#pragma once
+// The planner: enumerate every TP x PP x DP factorisation of the cluster with
+// micro-batch, virtual stages, ZeRO stage, recomputation and sequence
+// parallelism; drop what does not divide or does not fit in memory; score the
+// rest with the analytical estimator; rank by throughput.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cuboid/estimator.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/plan.hpp"
+#include "cuboid/topology.hpp"
+
+namespace cuboid {
+
+// Every dimension left empty is searched; a set one is fixed.
+struct PlannerOptions {
+  std::optional<int> tp, pp, dp, micro_batch, virtual_stages, zero_stage;
+  std::optional<Recompute> recompute;
+  std::optional<bool> sequence_parallel;
+  std::optional<Schedule> schedule;
+  bool flash_attention = true;
+  std::optional<std::int64_t> global_batch;  // default: default_global_batch()
+  std::optional<std::int64_t> seq_length;    // default: the model's
+  RankOrder order;
+  int max_micro_batch = 16;
+};
+
+// The default global batch: about 4M tokens, chosen as (odd part of the GPU
+// count) x a power of two so that every DP size that divides the GPU count
+// with a power-of-two factor up to that power also divides the batch.
+std::int64_t default_global_batch(std::int64_t seq_length, int total_gpus);
+
+struct SearchResult {
+  std::int64_t global_batch = 0;
+  std::int64_t seq_length = 0;
+  std::vector<Estimate> fitting;       // fit in memory, best (highest tokens/s) first
+  std::vector<Estimate> not_fitting;   // valid but over memory, smallest memory first (at most 16)
+  std::int64_t candidates = 0;         // valid plans scored (fitting + not fitting)
+  std::int64_t skipped = 0;            // factorisations rejected before scoring
+  std::map<std::string, std::int64_t> skip_reasons;  // reason -> count
+};
+
+// Throws InputError when a fixed dimension is itself invalid (e.g. --tp 3 for
+// 64 heads), with the same messages as validate_plan.
+SearchResult search_plans(const ModelSpec& model, const Topology& topo, const PlannerOptions& options);
+
+// The plan that the options describe when every dimension is fixed (cuboid
+// simulate); unset dimensions take Megatron-like defaults (mb 1, v 1, ZeRO 0,
+// selective recompute, SP on when TP > 1, 1F1B). Validated.
+ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, const PlannerOptions& options);
+
+}  // namespace cuboid

@@ -1,0 +1,168 @@
+// The cuboid binary as a user runs it: exit codes, one-line errors naming the
+// file/flag and the fix, JSON on stdout and logs on stderr.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Result run(const std::string& args) {
+  const char* bin = std::getenv("CUBOID_BIN");
+  REQUIRE_MESSAGE(bin != nullptr, "CUBOID_BIN must name the cuboid binary (meson test sets it)");
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto out_file = dir / ("cuboid_cli_out_" + std::to_string(::getpid()));
+  const auto err_file = dir / ("cuboid_cli_err_" + std::to_string(::getpid()));
+  const std::string cmd = std::string(bin) + " " + args + " >" + out_file.string() + " 2>" + err_file.string();
+  const int status = std::system(cmd.c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  r.out = slurp(out_file);
+  r.err = slurp(err_file);
+  std::filesystem::remove(out_file);
+  std::filesystem::remove(err_file);
+  return r;
+}
+
+std::filesystem::path write_temp(const std::string& name, const std::string& text) {
+  auto p = std::filesystem::temp_directory_path() / ("cuboid_cli_" + std::to_string(::getpid()) + "_" + name);
+  std::ofstream(p) << text;
+  return p;
+}
+
+const std::string kLlama = "--model models/llama3-70b.json --cluster topologies/dgx-a100-4node.json";
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("plan ranks layouts for Llama-3-70B on 4 x 8 A100 and lists the seed's TP4 x PP4 x DP2") {
+  Result r = run("plan " + kLlama);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.out.find("Top 10 plans") != std::string::npos);
+  CHECK(r.out.find("Best plan of each TP x PP x DP layout") != std::string::npos);
+
+  Result j = run("plan " + kLlama + " --json --top 1000");
+  REQUIRE_MESSAGE(j.code == 0, j.err);
+  auto doc = nlohmann::json::parse(j.out);
+  REQUIRE(doc["candidates"].is_array());
+  REQUIRE(!doc["candidates"].empty());
+  bool seed = false;
+  double previous = 0;
+  for (const auto& c : doc["candidates"]) {
+    for (const char* key : {"tp", "pp", "dp", "micro_batch", "virtual_stages", "zero_stage", "recompute",
+                            "sequence_parallel", "schedule", "iteration_time_s", "tokens_per_s", "model_tflops_per_gpu",
+                            "hardware_tflops_per_gpu", "mfu", "hfu", "memory_per_gpu_bytes", "breakdown"})
+      CHECK_MESSAGE(c.contains(key), key);
+    CHECK(c["tp"].get<int>() * c["pp"].get<int>() * c["dp"].get<int>() == 32);
+    CHECK(c["iteration_time_s"].get<double>() >= previous);  // best first
+    previous = c["iteration_time_s"].get<double>();
+    CHECK(c["memory_per_gpu_bytes"].get<double>() <= c["memory"]["capacity_bytes"].get<double>());
+    if (c["tp"] == 4 && c["pp"] == 4 && c["dp"] == 2) seed = true;
+  }
+  CHECK_MESSAGE(seed, "the seed layout TP 4 x PP 4 x DP 2 must be among the candidates that fit");
+}
+
+TEST_CASE("plan with fixed dimensions and simulate agree") {
+  Result p = run("plan " + kLlama + " --tp 4 --pp 4 --micro-batch 1 --zero 1 --recompute full "
+                 "--sequence-parallel on --schedule 1f1b --global-batch 64 --json");
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  auto best = nlohmann::json::parse(p.out)["candidates"].at(0);
+  Result s = run("simulate " + kLlama + " --tp 4 --pp 4 --dp 2 --micro-batch 1 --zero 1 --recompute full "
+                 "--sequence-parallel on --global-batch 64 --json");
+  REQUIRE_MESSAGE(s.code == 0, s.err);
+  auto sim = nlohmann::json::parse(s.out);
+  CHECK(sim["iteration_time_s"].get<double>() == doctest::Approx(best["iteration_time_s"].get<double>()));
+  const auto& b = sim["breakdown"];
+  double sum = 0;
+  for (const char* k : {"compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"}) sum += b[k].get<double>();
+  CHECK(sum == doctest::Approx(sim["iteration_time_s"].get<double>()).epsilon(1e-9));
+  Result text = run("simulate " + kLlama + " --tp 4 --pp 4 --global-batch 64");
+  REQUIRE_MESSAGE(text.code == 0, text.err);
+  CHECK(text.out.find("breakdown of the iteration") != std::string::npos);
+  CHECK(text.out.find("memory per GPU") != std::string::npos);
+}
+
+TEST_CASE("mesh prints the seed's picture") {
+  Result r = run("mesh " + kLlama + " --tp 4 --pp 4 --dp 2");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.out.find("p0 d0 t0") != std::string::npos);
+  CHECK(r.out.find("p3 d1 t3") != std::string::npos);
+  CHECK(r.out.find("every TP group stays inside one node") != std::string::npos);
+  Result cross = run("mesh " + kLlama + " --tp 8 --pp 2 --dp 2 --rank-order dp-tp-pp");
+  REQUIRE_MESSAGE(cross.code == 0, cross.err);
+  CHECK(cross.out.find("WARNING: 4 of 4 TP groups cross nodes") != std::string::npos);
+}
+
+TEST_CASE("the 512B model on 16-way PP x 8-way TP: the answer says whether it fits and what it needs") {
+  Result r = run("plan --model models/gpt-512b.json --cluster topologies/dgx-a100-superpod.json --tp 8 "
+                 "--pp 16");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const bool fits = r.out.find("Top ") != std::string::npos;
+  const bool explains = r.out.find("What would make a plan fit") != std::string::npos;
+  CHECK((fits || explains));
+  CHECK(r.out.find("  8  16   35") != std::string::npos);
+}
+
+TEST_CASE("bad input: exit code 2 and one line naming the file or flag and the fix") {
+  const auto bad_json = write_temp("bad.json", "{\"name\": \"x\", \"num_layers\": 4,");
+  const auto typo = write_temp("typo.json",
+                               R"({"name":"t","num_layer":4,"hidden_size":64,"num_attention_heads":4,"vocab_size":100,"seq_length":32})");
+  struct Case {
+    std::string args;
+    std::string expect;
+  };
+  const Case cases[] = {
+      {"plan --model /nonexistent.json --cluster topologies/dgx-a100-4node.json", "/nonexistent.json: file not found"},
+      {"plan --model " + bad_json.string() + " --cluster topologies/dgx-a100-4node.json", "malformed JSON"},
+      {"plan --model " + typo.string() + " --cluster topologies/dgx-a100-4node.json", "num_layer: unknown field"},
+      {"plan " + kLlama + " --tp 3", "--tp: TP 3 does not divide the 64 attention heads"},
+      {"plan " + kLlama + " --pp 3", "does not divide the 80 layers"},
+      {"simulate " + kLlama + " --tp 4 --pp 4 --dp 1", "does not use all 32 GPUs"},
+      {"simulate " + kLlama + " --tp 4 --pp 4 --global-batch 63", "--global-batch: global batch 63 is not divisible"},
+      {"plan " + kLlama + " --zero 5", "--zero: ZeRO stage must be 0, 1, 2 or 3"},
+      {"plan " + kLlama + " --recompute sometimes", "--recompute: unknown recompute mode \"sometimes\""},
+      {"plan " + kLlama + " --schedule zigzag", "--schedule: unknown pipeline schedule"},
+      {"plan " + kLlama + " --sequence-parallel maybe", "--sequence-parallel: expected on or off"},
+      {"plan " + kLlama + " --nodes 0", "--nodes: must be positive"},
+      {"plan " + kLlama + " --tp abc", "command line"},
+      {"plan " + kLlama + " --global-batch -4", "--global-batch: must be positive"},
+      {"plan --model models/llama3-70b.json", "--cluster is required"},
+      {"simulate " + kLlama + " --tp 4 --pp 4 --vpp 3 --schedule interleaved", "does not divide the 80 layers"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.args);
+    Result r = run(c.args);
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(r.err.find(c.expect) != std::string::npos, r.err);
+    CHECK(lines(r.err) == 1);
+    CHECK(r.out.empty());
+  }
+  std::filesystem::remove(bad_json);
+  std::filesystem::remove(typo);
+}
