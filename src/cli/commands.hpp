@@ -1,10 +1,11 @@
 #pragma once
-// The cuboid command line: CLI11 subcommands over the library.
+// The cuboid command line: one file per subcommand (cmd_*.cpp), each with a
+// register function called from main.cpp.
 #include <CLI/CLI.hpp>
 
 namespace cuboid::cli {
 
-// Registers every subcommand on `app`; the returned callbacks run the chosen one.
-void register_commands(CLI::App& app);
+void register_plan_command(CLI::App& app);       // cmd_plan.cpp
+void register_simulate_commands(CLI::App& app);  // cmd_simulate.cpp: simulate, mesh
 
 }  // namespace cuboid::cli

@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("cuboid ") + CUBOID_VERSION);
   app.require_subcommand(1);
   app.fallthrough();
-  cuboid::cli::register_commands(app);
+  cuboid::cli::register_plan_command(app);
+  cuboid::cli::register_simulate_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

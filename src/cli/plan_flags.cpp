@@ -1,0 +1,94 @@
+#include "plan_flags.hpp"
+
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "cuboid/cluster.hpp"
+#include "cuboid/error.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/planner.hpp"
+#include "cuboid/report.hpp"
+#include "cuboid/topology.hpp"
+
+namespace cuboid::cli {
+
+void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search) {
+  cmd->add_option("--model", f.model_path, "model card (models/*.json) or a HuggingFace config.json")->required();
+  cmd->add_option("--cluster", f.cluster_path, "cluster card (topologies/*.json)")->required();
+  cmd->add_option("--nodes", f.nodes, "use N nodes of the cluster card (default: the card's node count)");
+  cmd->add_option("--global-batch", f.global_batch, "sequences per iteration (default: ~4M tokens, divisible by every DP size)");
+  cmd->add_option("--seq-length", f.seq_length, "tokens per sequence (default: the model card's seq_length)");
+  const char* fix = search ? "fix it (default: searched)" : "set it";
+  cmd->add_option("--tp", f.tp, fmt::format("tensor-parallel size; {}", fix));
+  cmd->add_option("--pp", f.pp, fmt::format("pipeline-parallel size; {}", fix));
+  cmd->add_option("--dp", f.dp, fmt::format("data-parallel size; {} (default: GPUs / (TP x PP))", fix));
+  cmd->add_option("--micro-batch", f.micro_batch, fmt::format("sequences per micro-batch; {}", fix));
+  cmd->add_option("--vpp", f.vpp, fmt::format("virtual pipeline stages per GPU (interleaved 1F1B); {}", fix));
+  cmd->add_option("--zero", f.zero, fmt::format("ZeRO stage 0-3 (1 = Megatron's distributed optimizer); {}", fix));
+  cmd->add_option("--recompute", f.recompute, "activation recomputation: none|selective|full");
+  cmd->add_option("--sequence-parallel", f.sequence_parallel, "sequence parallelism with TP: on|off");
+  cmd->add_option("--schedule", f.schedule, "pipeline schedule: gpipe|1f1b|interleaved");
+  cmd->add_option("--flash-attention", f.flash_attention, "fused attention core: on|off (default on)");
+  cmd->add_option("--rank-order", f.rank_order, "rank order, innermost first (default tp-dp-pp, Megatron's)");
+  cmd->add_flag("--json", f.json, "print one JSON document on stdout");
+  cmd->add_flag("-v,--verbose", f.verbose, "log what is loaded and searched on stderr");
+}
+
+bool parse_on_off(const std::string& v, const std::string& flag) {
+  if (v == "on" || v == "true" || v == "1") return true;
+  if (v == "off" || v == "false" || v == "0") return false;
+  throw InputError("command line", flag, "expected on or off, got \"" + v + "\"", "use " + flag + " on or " + flag + " off");
+}
+
+PlannerOptions planner_options(const PlanFlags& f) {
+  const std::string cl = "command line";
+  auto positive = [&](const auto& v, const char* flag) {
+    if (v && *v <= 0) throw InputError(cl, flag, "must be positive, got " + std::to_string(*v), "give a value >= 1");
+  };
+  positive(f.nodes, "--nodes");
+  positive(f.global_batch, "--global-batch");
+  positive(f.seq_length, "--seq-length");
+  positive(f.tp, "--tp");
+  positive(f.pp, "--pp");
+  positive(f.dp, "--dp");
+  positive(f.micro_batch, "--micro-batch");
+  positive(f.vpp, "--vpp");
+  if (f.zero && (*f.zero < 0 || *f.zero > 3))
+    throw InputError(cl, "--zero", "ZeRO stage must be 0, 1, 2 or 3, got " + std::to_string(*f.zero), "use 0, 1, 2 or 3");
+  PlannerOptions o;
+  o.tp = f.tp;
+  o.pp = f.pp;
+  o.dp = f.dp;
+  o.micro_batch = f.micro_batch;
+  o.virtual_stages = f.vpp;
+  o.zero_stage = f.zero;
+  o.global_batch = f.global_batch;
+  o.seq_length = f.seq_length;
+  if (f.recompute) o.recompute = parse_recompute(*f.recompute, cl, "--recompute");
+  if (f.schedule) o.schedule = parse_schedule(*f.schedule, cl, "--schedule");
+  if (f.sequence_parallel) o.sequence_parallel = parse_on_off(*f.sequence_parallel, "--sequence-parallel");
+  if (f.flash_attention) o.flash_attention = parse_on_off(*f.flash_attention, "--flash-attention");
+  if (f.rank_order) o.order = RankOrder::parse(*f.rank_order, cl, "--rank-order");
+  if (o.schedule && *o.schedule != Schedule::interleaved && o.virtual_stages && *o.virtual_stages > 1)
+    throw InputError(cl, "--vpp", "virtual stages need the interleaved schedule", "add --schedule interleaved, or drop --vpp");
+  return o;
+}
+
+Loaded load(const PlanFlags& f) {
+  if (f.verbose) spdlog::set_level(spdlog::level::info);
+  Loaded l;
+  l.model = load_model(f.model_path);
+  l.cluster = load_cluster(f.cluster_path, f.nodes);
+  spdlog::info("model {}: {} layers, hidden {}, {} heads ({} KV), {:.2f} B parameters", l.model.name, l.model.num_layers,
+               l.model.hidden_size, l.model.num_attention_heads, l.model.num_kv_heads, l.model.parameter_count() / 1e9);
+  spdlog::info("cluster {}: {} nodes x {} {}", l.cluster.name, l.cluster.nodes, l.cluster.gpus_per_node, l.cluster.gpu.name);
+  l.topology = std::make_unique<Topology>(l.cluster);
+  return l;
+}
+
+}  // namespace cuboid::cli

@@ -1,0 +1,45 @@
+#pragma once
+// The flags that describe a plan (shared by plan, simulate, mesh and later
+// commands) and the loading of the model and cluster they name.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "cuboid/cluster.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/planner.hpp"
+#include "cuboid/topology.hpp"
+
+namespace cuboid::cli {
+
+// Everything the plan-describing flags can say; strings are parsed after CLI11
+// so that errors name the flag and list the choices.
+struct PlanFlags {
+  std::string model_path;
+  std::string cluster_path;
+  std::optional<int> nodes;
+  std::optional<std::int64_t> global_batch, seq_length;
+  std::optional<int> tp, pp, dp, micro_batch, vpp, zero;
+  std::optional<std::string> recompute, sequence_parallel, schedule, flash_attention, rank_order;
+  int top = 10;
+  bool json = false;
+  bool verbose = false;
+};
+
+// search: the flags fix dimensions of a search (plan) rather than set them.
+void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search);
+bool parse_on_off(const std::string& v, const std::string& flag);
+// Validates the flags' values (positive sizes, known enum spellings).
+PlannerOptions planner_options(const PlanFlags& f);
+
+struct Loaded {
+  ModelSpec model;
+  Cluster cluster;
+  std::unique_ptr<Topology> topology;
+};
+Loaded load(const PlanFlags& f);
+
+}  // namespace cuboid::cli
