@@ -57,7 +57,7 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   j["schedule"] = std::string(to_string(p.schedule));
   j["flash_attention"] = p.flash_attention;
   j["rank_order"] = p.order.str();
-  j["score"] = "analytical";
+  j["score"] = e.simulated ? "simulated" : "analytical";
   j["iteration_time_s"] = e.iteration_time_s;
   j["tokens_per_s"] = e.tokens_per_s;
   j["model_tflops_per_gpu"] = e.model_tflops_per_gpu;
@@ -132,7 +132,8 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                      to_string(p.recompute), p.sequence_parallel ? "on" : "off", p.flash_attention ? "on" : "off",
                      p.order.str());
   out += "\n";
-  out += fmt::format("iteration time      {:10.3f} s   (analytical estimate)\n", e.iteration_time_s);
+  out += fmt::format("iteration time      {:10.3f} s   ({})\n", e.iteration_time_s,
+                     e.simulated ? "discrete-event simulation" : "analytical estimate");
   out += fmt::format("throughput          {:10.0f} tokens/s\n", e.tokens_per_s);
   out += fmt::format("model TFLOP/s/GPU   {:10.1f}     MFU {:5.1f}%\n", e.model_tflops_per_gpu, 100 * e.mfu);
   out += fmt::format("hardware TFLOP/s/GPU{:10.1f}     HFU {:5.1f}%\n", e.hardware_tflops_per_gpu, 100 * e.hfu);

@@ -34,6 +34,7 @@ struct Estimate {
   double hfu = 0;
   MemoryReport memory;
   Breakdown breakdown;
+  bool simulated = false;              // false: analytical estimate; true: discrete-event simulation
 };
 
 Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan);
