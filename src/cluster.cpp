@@ -179,7 +179,7 @@ IntraNodeFabric intra_from_reader(const nlohmann::json& j, JsonReader r) {
 InterNodeFabric inter_from_reader(const nlohmann::json& j, JsonReader r) {
   check_keys(j, r, {"kind", "nics_per_node", "nic_bandwidth_Gbps", "nic_busbw_GBps", "latency_us",
                     "switch_latency_us", "levels", "nodes_per_leaf", "leaves_per_pod", "oversubscription",
-                    "rail_optimized"});
+                    "core_oversubscription", "rail_optimized"});
   InterNodeFabric f;
   f.kind = r.choice("kind", {"infiniband-hdr", "infiniband-ndr", "roce", "none"});
   if (f.kind == "none") {
@@ -219,6 +219,15 @@ InterNodeFabric inter_from_reader(const nlohmann::json& j, JsonReader r) {
     }
   } else {
     (void)r.optional_number("oversubscription");  // marks an explicit null as read
+  }
+  if (r.has("core_oversubscription")) {
+    f.core_oversubscription = sourced(r, "core_oversubscription", f.sources, "core_oversubscription");
+    if (f.core_oversubscription < 1.0) {
+      r.fail("core_oversubscription", "must be at least 1, got " + show_number(f.core_oversubscription),
+             "give the pods' downlink:uplink bandwidth to the core as a ratio >= 1 (1 = full bisection)");
+    }
+  } else {
+    (void)r.optional_number("core_oversubscription");
   }
   f.rail_optimized = r.optional_boolean("rail_optimized").value_or(true);
   if (f.levels == 3 && f.rail_optimized && f.leaves_per_pod % f.nics_per_node != 0) {

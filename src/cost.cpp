@@ -176,6 +176,7 @@ LinkParams group_link_params(const Topology& topo, Collective c, const std::vect
   if (tier == Tier::spine) extra_switches = 2;
   if (tier == Tier::core) extra_switches = 4;
   if (extra_switches > 0 && cl.inter.oversubscription > 0) busbw_GBps /= cl.inter.oversubscription;
+  if (tier == Tier::core && cl.inter.core_oversubscription > 0) busbw_GBps /= cl.inter.core_oversubscription;
   return LinkParams{busbw_GBps * 1e9, cl.inter.latency_ns + extra_switches * cl.inter.switch_latency_ns};
 }
 

@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "cuboid/cost.hpp"
@@ -111,44 +112,119 @@ void add_tp_times(PassTimes& into, const LayerOps& ops, double scale, int tp, co
   into.bwd_tp += scale * (tp_comm_ns(ops.backward, tp, links) + tp_comm_ns(ops.recompute, tp, links));
 }
 
-}  // namespace
 
-Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan) {
-  const Cluster& cluster = topo.cluster();
-  const GpuProfile& gpu = cluster.gpu;
-  const RankMapping mapping(plan, cluster.gpus_per_node);
+// What every plan with the same TP, micro-batch, sequence, SP, recompute and
+// flash setting shares: the layer's ops and their compute times.
+struct LayerCost {
+  LayerOps layer, embed, head;
+  PassTimes layer_compute, embed_compute, head_compute;
+  double pipeline_message = 0;
+};
+
+LayerCost make_layer_cost(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan) {
+  LayerCost c;
+  c.layer = transformer_layer_ops(m, plan);
+  c.embed = embedding_ops(m, plan);
+  c.head = lm_head_ops(m, plan);
+  c.layer_compute = compute_times(gpu, c.layer);
+  c.embed_compute = compute_times(gpu, c.embed);
+  c.head_compute = compute_times(gpu, c.head);
+  c.pipeline_message = pipeline_message_bytes(m, plan);
+  return c;
+}
+
+// What every plan with the same TP, PP, DP and rank order shares: where its
+// groups sit, as link parameters. Stages whose groups see the same links
+// share one entry.
+struct Placement {
+  std::vector<GroupLinks> tp_links;       // distinct TP group links
+  std::vector<std::size_t> stage_tp;      // stage -> index into tp_links
+  std::vector<LinkParams> p2p_links;      // distinct send/recv links between consecutive stages
+  std::vector<GroupLinks> dp_links;       // per stage (DP group of TP rank 0)
+  // Stages that can differ: the first, the last, and the first middle stage
+  // of each distinct TP placement (middle stages hold equal layer counts).
+  std::vector<int> representatives;
+};
+
+std::size_t intern(std::vector<GroupLinks>& pool, const GroupLinks& links) {
+  for (std::size_t i = 0; i < pool.size(); ++i) {
+    bool same = true;
+    for (std::size_t c = 0; c < kCollectives && same; ++c)
+      same = pool[i][c].busbw_Bps == links[c].busbw_Bps && pool[i][c].latency_ns == links[c].latency_ns;
+    if (same) return i;
+  }
+  pool.push_back(links);
+  return pool.size() - 1;
+}
+
+Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
+  const RankMapping mapping(plan, topo.cluster().gpus_per_node);
+  Placement pl;
+  const int pp = std::max(1, plan.pp);
+  for (int stage = 0; stage < pp; ++stage) {
+    GroupLinks links{};
+    if (plan.tp > 1) links = group_links(topo, mapping.tp_group(stage, 0));
+    pl.stage_tp.push_back(intern(pl.tp_links, links));
+    GroupLinks dp{};
+    if (plan.dp > 1) dp = group_links(topo, mapping.dp_group(0, stage));
+    pl.dp_links.push_back(dp);
+    if (stage + 1 < pp) {
+      const std::vector<int> pair{mapping.rank_of(0, stage, 0), mapping.rank_of(0, stage + 1, 0)};
+      const LinkParams link = group_link_params(topo, Collective::send_recv, pair);
+      bool seen = false;
+      for (const LinkParams& l : pl.p2p_links) seen = seen || (l.busbw_Bps == link.busbw_Bps && l.latency_ns == link.latency_ns);
+      if (!seen) pl.p2p_links.push_back(link);
+    }
+  }
+  std::vector<bool> seen_links(pl.tp_links.size(), false);
+  for (int stage = 0; stage < pp; ++stage) {
+    const std::size_t idx = pl.stage_tp[static_cast<std::size_t>(stage)];
+    if (stage == 0 || stage == pp - 1 || !seen_links[idx]) pl.representatives.push_back(stage);
+    if (stage != 0) seen_links[idx] = true;
+  }
+  return pl;
+}
+
+Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
+                       const Placement& pl) {
   const int tp = plan.tp;
   const int pp = std::max(1, plan.pp);
   const int dp = std::max(1, plan.dp);
   const double v = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
   const double micro_batches = static_cast<double>(plan.num_micro_batches());
 
-  const LayerOps layer = transformer_layer_ops(m, plan);
-  const LayerOps embed = embedding_ops(m, plan);
-  const LayerOps head = lm_head_ops(m, plan);
-  const double layers_per_stage = static_cast<double>(m.num_layers) / pp;
+  // TP time per layer / embedding / head for each distinct TP placement.
+  struct TpTimes {
+    PassTimes layer, embed, head;
+  };
+  std::array<TpTimes, 4> tp_small{};
+  std::vector<TpTimes> tp_large;
+  TpTimes* tp_times = tp_small.data();
+  if (pl.tp_links.size() > tp_small.size()) {
+    tp_large.resize(pl.tp_links.size());
+    tp_times = tp_large.data();
+  }
+  for (std::size_t i = 0; i < pl.tp_links.size(); ++i) {
+    add_tp_times(tp_times[i].layer, lc.layer, 1.0, tp, pl.tp_links[i]);
+    add_tp_times(tp_times[i].embed, lc.embed, 1.0, tp, pl.tp_links[i]);
+    add_tp_times(tp_times[i].head, lc.head, 1.0, tp, pl.tp_links[i]);
+  }
 
-  // Compute time does not depend on the stage; TP comm depends on where the
-  // stage's TP group sits.
-  const PassTimes layer_compute = compute_times(gpu, layer);
-  const PassTimes embed_compute = compute_times(gpu, embed);
-  const PassTimes head_compute = compute_times(gpu, head);
   int critical = 0;
   PassTimes crit{};
-  std::vector<GroupLinks> tp_links(static_cast<std::size_t>(pp));
-  for (int stage = 0; stage < pp; ++stage) {
-    GroupLinks& links = tp_links[static_cast<std::size_t>(stage)];
-    if (tp > 1) links = group_links(topo, mapping.tp_group(stage, 0));
+  for (int stage : pl.representatives) {
+    const TpTimes& t = tp_times[pl.stage_tp[static_cast<std::size_t>(stage)]];
     PassTimes st;
-    add_scaled(st, layer_compute, layers_per_stage);
-    add_tp_times(st, layer, layers_per_stage, tp, links);
+    const double layers_per_stage = layers_on_stage(plan, m.num_layers, stage);
+    add_scaled(st, lc.layer_compute, layers_per_stage);
+    add_scaled(st, t.layer, layers_per_stage);
     if (stage == 0) {
-      add_scaled(st, embed_compute, 1.0);
-      add_tp_times(st, embed, 1.0, tp, links);
+      add_scaled(st, lc.embed_compute, 1.0);
+      add_scaled(st, t.embed, 1.0);
     }
     if (stage == pp - 1) {
-      add_scaled(st, head_compute, 1.0);
-      add_tp_times(st, head, 1.0, tp, links);
+      add_scaled(st, lc.head_compute, 1.0);
+      add_scaled(st, t.head, 1.0);
     }
     if (stage == 0 || st.total() > crit.total()) {
       crit = st;
@@ -163,17 +239,14 @@ Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& 
 
   // Pipeline p2p on the critical path.
   if (pp > 1) {
-    const double msg = pipeline_message_bytes(m, plan);
+    const double msg = lc.pipeline_message;
     double hop_ns = 0;
-    for (int stage = 0; stage + 1 < pp; ++stage) {
-      const std::vector<int> pair{mapping.rank_of(0, stage, 0), mapping.rank_of(0, stage + 1, 0)};
-      const LinkParams link = group_link_params(topo, Collective::send_recv, pair);
+    for (const LinkParams& link : pl.p2p_links)
       hop_ns = std::max(hop_ns, static_cast<double>(collective_time_ns(Collective::send_recv, msg, 2, link)));
-    }
     if (tp > 1 && !plan.sequence_parallel) {
       // Scatter-gather: the receiver all-gathers the t shards over its TP group.
       double gather_ns = 0;
-      for (const GroupLinks& links : tp_links) {
+      for (const GroupLinks& links : pl.tp_links) {
         gather_ns = std::max(gather_ns, comm_ns(Collective::all_gather, msg * tp, tp, links));
       }
       hop_ns += gather_ns;
@@ -184,7 +257,7 @@ Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& 
   // Data-parallel gradient reduction and ZeRO gathers of the critical stage.
   const double params = parameters_on_stage(m, plan, critical);
   if (dp > 1) {
-    const GroupLinks links = group_links(topo, mapping.dp_group(0, critical));
+    const GroupLinks& links = pl.dp_links[static_cast<std::size_t>(critical)];
     const double grad_bytes = params * kGradBytesPerParam;
     const double param_bytes = params * kParamBytesPerParam;
     const double rs = comm_ns(Collective::reduce_scatter, grad_bytes, dp, links);
@@ -227,6 +300,65 @@ Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& 
   }
   e.memory = memory_per_gpu(m, plan, gpu);
   return e;
+}
+
+struct LayerKey {
+  int tp, micro_batch;
+  std::int64_t seq_length;
+  bool sp, flash;
+  Recompute recompute;
+  bool operator==(const LayerKey&) const = default;
+};
+
+struct PlacementKey {
+  int tp, pp, dp;
+  RankOrder order;
+  bool operator==(const PlacementKey&) const = default;
+};
+
+struct KeyHash {
+  std::size_t operator()(const LayerKey& k) const noexcept {
+    std::size_t h = static_cast<std::size_t>(k.seq_length);
+    h = h * 1000003u ^ static_cast<std::size_t>(k.tp);
+    h = h * 1000003u ^ static_cast<std::size_t>(k.micro_batch);
+    h = h * 1000003u ^ (static_cast<std::size_t>(k.recompute) << 2 | (k.sp ? 2u : 0u) | (k.flash ? 1u : 0u));
+    return h;
+  }
+  std::size_t operator()(const PlacementKey& k) const noexcept {
+    std::size_t h = static_cast<std::size_t>(k.tp);
+    h = h * 1000003u ^ static_cast<std::size_t>(k.pp);
+    h = h * 1000003u ^ static_cast<std::size_t>(k.dp);
+    for (Dim d : k.order.inner_to_outer) h = h * 31u + static_cast<std::size_t>(d);
+    return h;
+  }
+};
+
+}  // namespace
+
+Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan) {
+  const GpuProfile& gpu = topo.cluster().gpu;
+  return estimate_with(m, gpu, plan, make_layer_cost(m, gpu, plan), make_placement(topo, plan));
+}
+
+struct Estimator::Caches {
+  std::unordered_map<LayerKey, LayerCost, KeyHash> layers;
+  std::unordered_map<PlacementKey, Placement, KeyHash> placements;
+};
+
+Estimator::Estimator(const ModelSpec& m, const Topology& topo)
+    : model_(m), topo_(topo), caches_(std::make_unique<Caches>()) {}
+Estimator::~Estimator() = default;
+Estimator::Estimator(Estimator&&) noexcept = default;
+
+Estimate Estimator::operator()(const ParallelPlan& plan) {
+  const GpuProfile& gpu = topo_.cluster().gpu;
+  const LayerKey lk{plan.tp, plan.micro_batch, plan.seq_length, plan.sequence_parallel, plan.flash_attention, plan.recompute};
+  auto li = caches_->layers.find(lk);
+  if (li == caches_->layers.end()) li = caches_->layers.emplace(lk, make_layer_cost(model_, gpu, plan)).first;
+  const PlacementKey pk{plan.tp, plan.pp, plan.dp, plan.order};
+  auto pi = caches_->placements.find(pk);
+  if (pi == caches_->placements.end()) pi = caches_->placements.emplace(pk, make_placement(topo_, plan)).first;
+  return estimate_with(model_, gpu, plan, li->second, pi->second);
 }
 
 }  // namespace cuboid

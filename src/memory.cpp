@@ -18,10 +18,9 @@
 namespace cuboid {
 namespace {
 
-double layers_per_stage(const ModelSpec& m, const ParallelPlan& plan) {
-  // Even split (uneven stages are not modelled yet); PP x virtual stages
-  // dividing the layers is checked by validate_plan.
-  return static_cast<double>(m.num_layers) / plan.pp;
+double layers_per_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
+  // Even or uneven split (first/last stage layers); validate_plan checks it.
+  return layers_on_stage(plan, m.num_layers, stage);
 }
 
 double final_norm_parameters(const ModelSpec& m) {
@@ -77,7 +76,7 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   mem.weight_and_optimizer_bytes = mem.parameters * bytes_per_parameter(plan.zero_stage, plan.dp);
 
   const double in_flight = in_flight_micro_batches(plan, stage);
-  double act = activation_bytes_per_layer(m, plan) * layers_per_stage(m, plan) * in_flight;
+  double act = activation_bytes_per_layer(m, plan) * layers_per_stage(m, plan, stage) * in_flight;
   if (plan.recompute == Recompute::full) {
     // The layer being recomputed in backward holds its full activations once.
     ParallelPlan stored = plan;
@@ -107,7 +106,7 @@ double bytes_per_parameter(int zero_stage, int dp) {
 double parameters_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
   const double h = static_cast<double>(m.hidden_size);
   const double embedding = static_cast<double>(padded_vocab_size(m.vocab_size, plan.tp)) * h;
-  double params = static_cast<double>(m.parameters_per_layer()) * layers_per_stage(m, plan);
+  double params = static_cast<double>(m.parameters_per_layer()) * layers_per_stage(m, plan, stage);
   if (stage == 0) {
     params += embedding;
     if (m.learned_position_embeddings) {
@@ -183,7 +182,15 @@ MemoryReport memory_per_gpu(const ModelSpec& m, const ParallelPlan& plan, const 
   report.reserve_bytes = static_cast<double>(gpu.memory_reserve_bytes);
   report.capacity_bytes = static_cast<double>(gpu.memory_bytes);
   double peak_total = -1;
-  for (int stage = 0; stage < plan.pp; ++stage) {
+  // The middle stages hold the same layers and parameters, and the
+  // micro-batches in flight never grow with the stage index (GPipe: m; 1F1B:
+  // min(m, pp - s); interleaved: decreasing in s), so the peak is on the first
+  // stage, the first middle stage or the last stage: only those are computed.
+  const int candidates[] = {0, 1, plan.pp - 1};
+  int previous = -1;
+  for (int stage : candidates) {
+    if (stage <= previous || stage >= plan.pp) continue;
+    previous = stage;
     const StageMemory mem = stage_memory(m, plan, stage);
     const double total = mem.weight_and_optimizer_bytes + mem.activation_bytes + report.reserve_bytes;
     if (total > peak_total) {  // first stage wins ties

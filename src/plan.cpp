@@ -84,6 +84,32 @@ RankOrder RankOrder::parse(std::string_view s, const std::string& source, const 
   return order;
 }
 
+bool has_uneven_stages(const ParallelPlan& plan) { return plan.first_stage_layers > 0 || plan.last_stage_layers > 0; }
+
+int layers_on_stage(const ParallelPlan& plan, std::int64_t num_layers, int stage) {
+  if (!has_uneven_stages(plan)) return static_cast<int>(num_layers / plan.pp);
+  if (stage == 0 && plan.first_stage_layers > 0) return plan.first_stage_layers;
+  if (stage == plan.pp - 1 && plan.last_stage_layers > 0) return plan.last_stage_layers;
+  const int fixed_stages = (plan.first_stage_layers > 0 ? 1 : 0) + (plan.last_stage_layers > 0 ? 1 : 0);
+  const int middle = plan.pp - fixed_stages;
+  return middle > 0 ? static_cast<int>((num_layers - plan.first_stage_layers - plan.last_stage_layers) / middle) : 0;
+}
+
+bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& last) {
+  if (pp < 2 || num_layers % pp == 0) return false;
+  if (pp == 2) {
+    last = static_cast<int>(num_layers / 2);  // the LM head's stage gets the smaller half
+    first = static_cast<int>(num_layers - last);
+    return last >= 1;
+  }
+  const std::int64_t per_middle = (num_layers + pp - 1) / pp;
+  const std::int64_t rest = num_layers - per_middle * (pp - 2);
+  if (rest < 2) return false;
+  first = static_cast<int>((rest + 1) / 2);
+  last = static_cast<int>(rest - first);
+  return first < per_middle + 1;
+}
+
 void validate_plan(const ParallelPlan& p, const ModelSpec& m, const Cluster& c, const std::string& source) {
   auto fail = [&](const std::string& field, const std::string& problem, const std::string& fix) {
     throw InputError(source, field, problem, fix);
@@ -116,13 +142,33 @@ void validate_plan(const ParallelPlan& p, const ModelSpec& m, const Cluster& c, 
   if (m.ffn_hidden_size % p.tp != 0)
     fail("--tp", "TP " + tp + " does not divide ffn_hidden_size " + std::to_string(m.ffn_hidden_size),
          "choose a TP that divides the FFN size");
-  const long long chunks = static_cast<long long>(p.pp) * p.virtual_stages;
-  if (m.num_layers % chunks != 0)
-    fail(p.virtual_stages > 1 ? "--vpp" : "--pp",
-         "PP " + std::to_string(p.pp) + " x virtual stages " + std::to_string(p.virtual_stages) + " = " + std::to_string(chunks) +
-             " does not divide the " + std::to_string(m.num_layers) + " layers of " + m.name +
-             " (Megatron-LM once trained a silently smaller model here)",
-         "choose PP x virtual stages that divides the number of layers");
+  if (p.first_stage_layers < 0 || p.last_stage_layers < 0)
+    fail("--uneven-stages", "stage layer counts must not be negative", "give positive layer counts");
+  if (has_uneven_stages(p)) {
+    const std::string layers = std::to_string(m.num_layers);
+    if (p.pp < 2) fail("--uneven-stages", "uneven stages need PP >= 2", "use --pp >= 2 or an even split");
+    if (p.virtual_stages > 1)
+      fail("--uneven-stages", "uneven stages cannot be combined with virtual stages (interleaving)",
+           "drop --vpp or use an even split");
+    const int fixed_stages = (p.first_stage_layers > 0 ? 1 : 0) + (p.last_stage_layers > 0 ? 1 : 0);
+    const long long rest = m.num_layers - p.first_stage_layers - p.last_stage_layers;
+    const int middle = p.pp - fixed_stages;
+    if (rest < middle || (middle == 0 && rest != 0) || (middle > 0 && rest % middle != 0))
+      fail("--uneven-stages", "first stage " + std::to_string(p.first_stage_layers) + " + last stage " +
+                                  std::to_string(p.last_stage_layers) + " layers leave " + std::to_string(rest) + " of the " +
+                                  layers + " layers of " + m.name + ", which do not split evenly over the other " +
+                                  std::to_string(middle) + " stages",
+           "choose first/last stage layers so that the remaining layers divide by the middle stages");
+  } else {
+    const long long chunks = static_cast<long long>(p.pp) * p.virtual_stages;
+    if (m.num_layers % chunks != 0)
+      fail(p.virtual_stages > 1 ? "--vpp" : "--pp",
+           "PP " + std::to_string(p.pp) + " x virtual stages " + std::to_string(p.virtual_stages) + " = " + std::to_string(chunks) +
+               " does not divide the " + std::to_string(m.num_layers) + " layers of " + m.name +
+               " (Megatron-LM once trained a silently smaller model here)",
+           p.virtual_stages > 1 ? "choose PP x virtual stages that divides the number of layers"
+                                : "choose PP x virtual stages that divides the number of layers, or add --uneven-stages");
+  }
   if (p.schedule == Schedule::interleaved && p.virtual_stages < 2)
     fail("--schedule", "the interleaved schedule needs virtual stages >= 2", "add --vpp 2 (or more), or use --schedule 1f1b");
   if (p.schedule != Schedule::interleaved && p.virtual_stages > 1)

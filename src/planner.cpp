@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "cuboid/error.hpp"
 
@@ -52,12 +56,24 @@ ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, c
   p.global_batch = o.global_batch.value_or(default_global_batch(p.seq_length, cluster.total_gpus()));
   p.micro_batch = o.micro_batch.value_or(1);
   p.virtual_stages = o.virtual_stages.value_or(1);
+  p.first_stage_layers = o.first_stage_layers.value_or(0);
+  p.last_stage_layers = o.last_stage_layers.value_or(0);
+  if (!o.first_stage_layers && !o.last_stage_layers && o.uneven_stages && p.pp > 0 && model.num_layers % p.pp != 0) {
+    int first = 0, last = 0;
+    if (!propose_uneven_stages(model.num_layers, p.pp, first, last))
+      throw InputError("command line", "--uneven-stages",
+                       "no first/last-stage split of the " + std::to_string(model.num_layers) + " layers over PP " +
+                           std::to_string(p.pp) + " leaves the middle stages an equal share",
+                       "give --first-stage-layers and --last-stage-layers, or choose another PP");
+    p.first_stage_layers = first;
+    p.last_stage_layers = last;
+  }
   p.schedule = o.schedule.value_or(p.virtual_stages > 1 ? Schedule::interleaved : Schedule::one_f_one_b);
   p.zero_stage = o.zero_stage.value_or(0);
   p.recompute = o.recompute.value_or(Recompute::selective);
   p.sequence_parallel = o.sequence_parallel.value_or(p.tp > 1);
   p.flash_attention = o.flash_attention;
-  p.order = o.order;
+  p.order = o.order.value_or(RankOrder{});
   validate_plan(p, model, cluster);
   return p;
 }
@@ -77,6 +93,13 @@ SearchResult search_plans(const ModelSpec& model, const Topology& topo, const Pl
     probe.global_batch = result.global_batch;
     probe.tp = o.tp.value_or(1);
     probe.pp = o.pp.value_or(1);
+    if (o.uneven_stages && o.pp && model.num_layers % *o.pp != 0) {
+      int first = 0, last = 0;
+      if (propose_uneven_stages(model.num_layers, *o.pp, first, last)) {
+        probe.first_stage_layers = first;
+        probe.last_stage_layers = last;
+      }
+    }
     // Virtual stages are only checkable here together with a fixed PP.
     probe.virtual_stages = o.pp ? o.virtual_stages.value_or(1) : 1;
     probe.schedule = probe.virtual_stages > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
@@ -105,17 +128,60 @@ SearchResult search_plans(const ModelSpec& model, const Topology& topo, const Pl
   const std::vector<Recompute> recomputes =
       fixed_or(o.recompute, o.flash_attention ? std::vector<Recompute>{Recompute::none, Recompute::full}
                                               : std::vector<Recompute>{Recompute::none, Recompute::selective, Recompute::full});
+  // PP sizes: divisors of the layers, plus (with uneven stages) every PP that
+  // has a first/last-stage split.
+  std::vector<int> pps = divisors(model.num_layers);
+  if (o.uneven_stages) {
+    pps.clear();
+    for (int p = 1; p <= model.num_layers; ++p) {
+      int first = 0, last = 0;
+      if (model.num_layers % p == 0 || propose_uneven_stages(model.num_layers, p, first, last)) pps.push_back(p);
+    }
+  }
 
   auto skip = [&](const std::string& reason) {
     ++result.skipped;
     ++result.skip_reasons[reason];
   };
 
+  // 1. Enumerate (cheap, sequential, deterministic order).
+  std::vector<ParallelPlan> plans;
   for (int tp : fixed_or(o.tp, tps)) {
-    for (int pp : fixed_or(o.pp, divisors(model.num_layers))) {
+    for (int pp : fixed_or(o.pp, pps)) {
       if (gpus % (tp * pp) != 0) continue;  // not a factorisation of this cluster
       const int dp = gpus / (tp * pp);
       if (o.dp && *o.dp != dp) continue;
+      int first_layers = 0, last_layers = 0;
+      const bool uneven = model.num_layers % pp != 0;
+      if (uneven && !(o.uneven_stages && propose_uneven_stages(model.num_layers, pp, first_layers, last_layers))) {
+        skip("PP does not divide the layers (allow --uneven-stages)");
+        continue;
+      }
+      // Rank orders: only those that place the groups differently.
+      std::vector<RankOrder> orders;
+      if (o.order) {
+        orders = {*o.order};
+      } else if (!o.search_rank_order) {
+        orders = {RankOrder{}};
+      } else {
+        for (const char* name : {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "pp-tp-dp", "dp-pp-tp", "pp-dp-tp"}) {
+          RankOrder ord = RankOrder::parse(name, "planner", "order");
+          // Dimensions of size 1 do not move ranks: keep the first order of each class.
+          std::array<Dim, 3> key{};
+          std::size_t k = 0;
+          for (Dim d : ord.inner_to_outer)
+            if ((d == Dim::tp ? tp : d == Dim::pp ? pp : dp) > 1) key[k++] = d;
+          bool seen = false;
+          for (const RankOrder& e : orders) {
+            std::array<Dim, 3> ekey{};
+            std::size_t ek = 0;
+            for (Dim d : e.inner_to_outer)
+              if ((d == Dim::tp ? tp : d == Dim::pp ? pp : dp) > 1) ekey[ek++] = d;
+            seen = seen || (ek == k && std::equal(key.begin(), key.begin() + static_cast<long>(k), ekey.begin()));
+          }
+          if (!seen) orders.push_back(ord);
+        }
+      }
       for (int mb : fixed_or(o.micro_batch, micro_batches)) {
         if (result.global_batch % (static_cast<std::int64_t>(mb) * dp) != 0) {
           skip("global batch not divisible by micro-batch x DP");
@@ -128,7 +194,7 @@ SearchResult search_plans(const ModelSpec& model, const Topology& topo, const Pl
           vs = {*o.virtual_stages};
         } else {
           vs = {1};
-          if (pp > 1 && (!o.schedule || *o.schedule == Schedule::interleaved))
+          if (pp > 1 && !uneven && (!o.schedule || *o.schedule == Schedule::interleaved))
             for (int v : divisors(model.num_layers / pp))
               if (v > 1) vs.push_back(v);
         }
@@ -143,41 +209,84 @@ SearchResult search_plans(const ModelSpec& model, const Topology& topo, const Pl
           if (o.zero_stage) zeros = {*o.zero_stage};
           std::vector<bool> sps = tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false};
           if (o.sequence_parallel) sps = {*o.sequence_parallel};
-          for (int zero : zeros) {
-            for (Recompute rc : recomputes) {
-              for (bool sp : sps) {
-                ParallelPlan p;
-                p.tp = tp;
-                p.pp = pp;
-                p.dp = dp;
-                p.micro_batch = mb;
-                p.global_batch = result.global_batch;
-                p.seq_length = result.seq_length;
-                p.virtual_stages = v;
-                p.schedule = schedule;
-                p.zero_stage = zero;
-                p.recompute = rc;
-                p.sequence_parallel = sp;
-                p.flash_attention = o.flash_attention;
-                p.order = o.order;
-                try {
-                  validate_plan(p, model, cluster);
-                } catch (const InputError& e) {
-                  skip("invalid for " + e.field() + ": " + e.problem());
-                  continue;
+          for (const RankOrder& order : orders) {
+            for (int zero : zeros) {
+              for (Recompute rc : recomputes) {
+                for (bool sp : sps) {
+                  ParallelPlan p;
+                  p.tp = tp;
+                  p.pp = pp;
+                  p.dp = dp;
+                  p.micro_batch = mb;
+                  p.global_batch = result.global_batch;
+                  p.seq_length = result.seq_length;
+                  p.virtual_stages = v;
+                  p.first_stage_layers = first_layers;
+                  p.last_stage_layers = last_layers;
+                  p.schedule = schedule;
+                  p.zero_stage = zero;
+                  p.recompute = rc;
+                  p.sequence_parallel = sp;
+                  p.flash_attention = o.flash_attention;
+                  p.order = order;
+                  try {
+                    validate_plan(p, model, cluster);
+                  } catch (const InputError& e) {
+                    skip("invalid for " + e.field() + ": " + e.problem());
+                    continue;
+                  }
+                  plans.push_back(p);
                 }
-                Estimate est = estimate(model, topo, p);
-                ++result.candidates;
-                if (est.memory.fits())
-                  result.fitting.push_back(std::move(est));
-                else
-                  result.not_fitting.push_back(std::move(est));
               }
             }
           }
         }
       }
     }
+  }
+
+  // 2. Score every plan on all cores. Each worker writes only its own slots,
+  //    so the result does not depend on the thread count.
+  std::vector<Estimate> scored(plans.size());
+  const unsigned threads = std::max(1u, std::min<unsigned>(o.threads > 0 ? static_cast<unsigned>(o.threads)
+                                                                        : std::thread::hardware_concurrency(),
+                                                           static_cast<unsigned>((plans.size() + 255) / 256)));
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::size_t> done{0};
+  constexpr std::size_t kChunk = 256;
+  auto worker = [&] {
+    Estimator score(model, topo);  // per-thread caches
+    for (;;) {
+      const std::size_t begin = next.fetch_add(kChunk);
+      if (begin >= plans.size()) return;
+      const std::size_t end = std::min(plans.size(), begin + kChunk);
+      for (std::size_t i = begin; i < end; ++i) scored[i] = score(plans[i]);
+      done.fetch_add(end - begin);
+    }
+  };
+  {
+    std::vector<std::jthread> pool;
+    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+    if (o.progress) {
+      // The calling thread reports progress and then helps.
+      std::jthread reporter([&] {
+        while (done.load() < plans.size()) {
+          o.progress(done.load(), plans.size());
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+      });
+      worker();
+    } else {
+      worker();
+    }
+  }
+  if (o.progress) o.progress(plans.size(), plans.size());
+  result.candidates = static_cast<std::int64_t>(scored.size());
+  for (Estimate& e : scored) {
+    if (e.memory.fits())
+      result.fitting.push_back(std::move(e));
+    else
+      result.not_fitting.push_back(std::move(e));
   }
 
   // Best first; ties broken by less memory, then by the plan's order of

@@ -51,6 +51,8 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   j["seq_length"] = p.seq_length;
   j["num_micro_batches"] = p.num_micro_batches();
   j["virtual_stages"] = p.virtual_stages;
+  j["first_stage_layers"] = p.first_stage_layers;
+  j["last_stage_layers"] = p.last_stage_layers;
   j["zero_stage"] = p.zero_stage;
   j["recompute"] = std::string(to_string(p.recompute));
   j["sequence_parallel"] = p.sequence_parallel;
@@ -131,6 +133,11 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                      p.virtual_stages > 1 ? fmt::format(" (v = {})", p.virtual_stages) : std::string(), p.zero_stage,
                      to_string(p.recompute), p.sequence_parallel ? "on" : "off", p.flash_attention ? "on" : "off",
                      p.order.str());
+  if (has_uneven_stages(p)) {
+    out += fmt::format("      uneven stages: first {} layers, {} middle stages of {}, last {}\n",
+                       layers_on_stage(p, m.num_layers, 0), p.pp - 2, layers_on_stage(p, m.num_layers, 1),
+                       layers_on_stage(p, m.num_layers, p.pp - 1));
+  }
   out += "\n";
   out += fmt::format("iteration time      {:10.3f} s   ({})\n", e.iteration_time_s,
                      e.simulated ? "discrete-event simulation" : "analytical estimate");

@@ -149,7 +149,8 @@ struct TopologyBuilder {
     for (int p = 0; p < s.spines; ++p) {
       const auto v = add_vertex(VertexKind::spine, -1, p, label("spine.", p));
       t.spine_vertices_.push_back(v);
-      if (s.levels == 3) add_edge(v, t.core_vertices_[0], s.leaves_per_pod * leaf_up_Bps, hop_ns, "ib-up");
+      if (s.levels == 3)
+        add_edge(v, t.core_vertices_[0], s.leaves_per_pod * leaf_up_Bps / c.inter.core_oversubscription, hop_ns, "ib-up");
     }
     for (int l = 0; l < s.leaves; ++l) {
       std::string name = s.rail ? label("leaf.r", l % s.nics) + label(".g", l / s.nics) : label("leaf.g", l);

@@ -109,3 +109,73 @@ TEST_CASE("plan_from_options fills Megatron-like defaults and validates") {
   o.virtual_stages = 3;
   CHECK_THROWS_AS(plan_from_options(m, c, o), InputError);
 }
+
+TEST_CASE("the planner's cached Estimator gives exactly the uncached estimate") {
+  const ModelSpec m = load_model("models/gpt-512b.json");
+  const Cluster c = load_cluster("topologies/dgx-a100-superpod.json", 64);
+  const Topology topo(c);
+  PlannerOptions o;
+  o.global_batch = 512;
+  const SearchResult r = search_plans(m, topo, o);
+  REQUIRE(r.fitting.size() > 10);
+  Estimator cached(m, topo);
+  std::size_t checked = 0;
+  for (std::size_t i = 0; i < r.fitting.size(); i += 7) {
+    const ParallelPlan& p = r.fitting[i].plan;
+    const Estimate a = estimate(m, topo, p);
+    const Estimate b = cached(p);
+    CHECK(a.iteration_time_s == b.iteration_time_s);
+    CHECK(a.breakdown.dp_comm_s == b.breakdown.dp_comm_s);
+    CHECK(a.memory.total_bytes == b.memory.total_bytes);
+    CHECK(r.fitting[i].iteration_time_s == a.iteration_time_s);
+    ++checked;
+  }
+  CHECK(checked > 1);
+}
+
+TEST_CASE("the search gives the same ranking with one thread and with several") {
+  const ModelSpec m = load_model("models/llama3-70b.json");
+  const Cluster c = load_cluster("topologies/dgx-a100-4node.json");
+  const Topology topo(c);
+  PlannerOptions o;
+  o.global_batch = 64;
+  o.threads = 1;
+  const SearchResult one = search_plans(m, topo, o);
+  o.threads = 3;
+  const SearchResult three = search_plans(m, topo, o);
+  REQUIRE(one.fitting.size() == three.fitting.size());
+  for (std::size_t i = 0; i < one.fitting.size(); ++i) {
+    CHECK(one.fitting[i].iteration_time_s == three.fitting[i].iteration_time_s);
+    CHECK(one.fitting[i].plan.order == three.fitting[i].plan.order);
+    CHECK(one.fitting[i].plan.tp == three.fitting[i].plan.tp);
+  }
+}
+
+TEST_CASE("uneven stages: Llama 3.1 405B's 126 layers on PP 16 as 7 + 14 x 8 + 7") {
+  int first = 0, last = 0;
+  REQUIRE(propose_uneven_stages(126, 16, first, last));
+  CHECK(first == 7);
+  CHECK(last == 7);
+  CHECK_FALSE(propose_uneven_stages(128, 16, first, last));  // divides: no uneven split needed
+  ParallelPlan p;
+  p.pp = 16;
+  p.first_stage_layers = 7;
+  p.last_stage_layers = 7;
+  int total = 0;
+  for (int s = 0; s < 16; ++s) total += layers_on_stage(p, 126, s);
+  CHECK(total == 126);
+  CHECK(layers_on_stage(p, 126, 5) == 8);
+  const ModelSpec m = load_model("models/llama3.1-405b.json");
+  const Cluster c = load_cluster("topologies/h100-roce-24k.json", 2048);
+  const Topology topo(c);
+  PlannerOptions o;
+  o.tp = 8;
+  o.pp = 16;
+  o.global_batch = 2048;
+  CHECK_THROWS_WITH(search_plans(m, topo, o), doctest::Contains("or add --uneven-stages"));
+  o.uneven_stages = true;
+  const SearchResult r = search_plans(m, topo, o);
+  REQUIRE(!r.fitting.empty());
+  CHECK(r.fitting.front().plan.first_stage_layers == 7);
+  CHECK(r.fitting.front().plan.dp == 128);
+}

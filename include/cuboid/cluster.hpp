@@ -45,6 +45,7 @@ struct InterNodeFabric {
   int nodes_per_leaf = 1;               // nodes under one leaf switch (per rail when rail-optimised)
   int leaves_per_pod = 0;               // leaves under one spine group (3-level trees); 0 = all
   double oversubscription = 1.0;        // leaf downlink : uplink bandwidth (1 = full bisection)
+  double core_oversubscription = 1.0;   // spine (pod) downlink : uplink to the core, 3-level trees
   bool rail_optimized = true;           // NIC i of every node goes to the leaf of rail i
   std::map<std::string, std::string> sources;
 };

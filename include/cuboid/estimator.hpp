@@ -3,6 +3,8 @@
 // op list and the cost models, with the pipeline bubble, exposed TP / PP / DP
 // communication and the optimizer step. Fast enough to score every candidate;
 // the discrete-event simulator re-ranks the best.
+#include <memory>
+
 #include "cuboid/cluster.hpp"
 #include "cuboid/memory.hpp"
 #include "cuboid/model.hpp"
@@ -37,6 +39,30 @@ struct Estimate {
   bool simulated = false;              // false: analytical estimate; true: discrete-event simulation
 };
 
+// One plan, nothing cached (convenient; the planner uses Estimator).
 Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan);
+
+// The same estimate with what candidates share cached: the op list and
+// compute times of a layer (per TP, micro-batch, sequence, SP, recompute,
+// flash) and the link parameters of the groups (per TP, PP, DP and rank
+// order). Results are identical to estimate(). Not thread-safe: use one
+// Estimator per thread. model and topo must outlive it.
+class Estimator {
+ public:
+  Estimator(const ModelSpec& m, const Topology& topo);
+  ~Estimator();
+  Estimator(Estimator&&) noexcept;
+  Estimator& operator=(Estimator&&) = delete;
+  Estimator(const Estimator&) = delete;
+  Estimator& operator=(const Estimator&) = delete;
+
+  Estimate operator()(const ParallelPlan& plan);
+
+ private:
+  struct Caches;
+  const ModelSpec& model_;
+  const Topology& topo_;
+  std::unique_ptr<Caches> caches_;
+};
 
 }  // namespace cuboid

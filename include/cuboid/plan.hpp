@@ -42,6 +42,11 @@ struct ParallelPlan {
   std::int64_t global_batch = 1; // sequences per iteration
   std::int64_t seq_length = 0;
   int virtual_stages = 1;        // interleaved 1F1B model chunks per GPU
+  // Uneven pipeline stages (Megatron's --decoder-first/last-pipeline-num-layers):
+  // layers on the first / last stage; 0 = an even split. The middle stages
+  // share the rest evenly.
+  int first_stage_layers = 0;
+  int last_stage_layers = 0;
   int zero_stage = 0;            // 0: none, 1: optimizer states (= Megatron distributed optimizer), 2: + grads, 3: + params
   Recompute recompute = Recompute::selective;
   bool sequence_parallel = false;
@@ -54,6 +59,16 @@ struct ParallelPlan {
   std::int64_t num_micro_batches() const { return global_batch / (static_cast<std::int64_t>(micro_batch) * dp); }
   std::int64_t tokens_per_iteration() const { return global_batch * seq_length; }
 };
+
+// Layers of pipeline stage `stage` (0-based) with the plan's even or uneven split.
+int layers_on_stage(const ParallelPlan& plan, std::int64_t num_layers, int stage);
+bool has_uneven_stages(const ParallelPlan& plan);
+// The uneven split cuboid proposes when PP does not divide the layers: the
+// middle stages get ceil(L / PP) layers and the first and last stages share
+// the rest (fewer, since they also hold the embedding and the LM head), like
+// Llama 3 405B's 126 layers on PP 16 as 7 + 14 x 8 + 7. Returns false when no
+// such split exists (e.g. the rest would be < 2 layers).
+bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& last);
 
 // Checks the plan against the model and the cluster; throws InputError naming
 // the flag (source "command line") and the fix. Checks, in order: positive

@@ -4,6 +4,7 @@
 // parallelism; drop what does not divide or does not fit in memory; score the
 // rest with the analytical estimator; rank by throughput.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -25,8 +26,14 @@ struct PlannerOptions {
   bool flash_attention = true;
   std::optional<std::int64_t> global_batch;  // default: default_global_batch()
   std::optional<std::int64_t> seq_length;    // default: the model's
-  RankOrder order;
+  std::optional<RankOrder> order;   // default: Megatron's tp-dp-pp (or searched with search_rank_order)
+  bool search_rank_order = true;   // try every rank order that places the groups differently
+  bool uneven_stages = false;       // allow PP that does not divide the layers (first/last stage shorter)
+  std::optional<int> first_stage_layers, last_stage_layers;  // explicit uneven split (simulate, mesh)
   int max_micro_batch = 16;
+  int threads = 0;                  // 0: all cores
+  // Called from a helper thread about every 100 ms while scoring, and once at the end.
+  std::function<void(std::size_t done, std::size_t total)> progress;
 };
 
 // The default global batch: about 4M tokens, chosen as (odd part of the GPU

@@ -2,7 +2,12 @@
 #include "commands.hpp"
 #include "plan_flags.hpp"
 
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <functional>
 #include <iostream>
+#include <unistd.h>
 #include <memory>
 #include <optional>
 #include <string>
@@ -125,10 +130,106 @@ std::string why_best(const Estimate& e) {
       format_bytes_GiB(e.memory.headroom_bytes()), limit);
 }
 
+// A progress bar on stderr, only on a terminal and only after the first second.
+std::function<void(std::size_t, std::size_t)> progress_bar() {
+  if (isatty(fileno(stderr)) == 0) return {};
+  auto start = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+  auto shown = std::make_shared<bool>(false);
+  return [start, shown](std::size_t done, std::size_t total) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - *start).count();
+    if (done >= total) {
+      if (*shown) std::fprintf(stderr, "\r%70s\r", "");
+      return;
+    }
+    if (elapsed < 1.0 || total == 0) return;
+    *shown = true;
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(kWidth * done / total);
+    std::fprintf(stderr, "\rscoring [%s%s] %3d%% %zu/%zu plans", std::string(static_cast<std::size_t>(filled), '=').c_str(),
+                 std::string(static_cast<std::size_t>(kWidth - filled), ' ').c_str(), static_cast<int>(100 * done / total), done,
+                 total);
+    std::fflush(stderr);
+  };
+}
+
+// --explain: for every dimension, the best plan with that dimension forced to
+// each value, so rules of thumb can be checked on the user's own case.
+std::string explain(const Loaded& l, const PlannerOptions& o, const SearchResult& r) {
+  if (r.fitting.empty()) return "";
+  const Estimate& best = r.fitting.front();
+  struct Dimension {
+    const char* name;
+    std::function<std::string(const ParallelPlan&)> value;
+  };
+  const Dimension dims[] = {
+      {"TP", [](const ParallelPlan& p) { return std::to_string(p.tp); }},
+      {"PP", [](const ParallelPlan& p) { return std::to_string(p.pp); }},
+      {"DP", [](const ParallelPlan& p) { return std::to_string(p.dp); }},
+      {"micro-batch", [](const ParallelPlan& p) { return std::to_string(p.micro_batch); }},
+      {"virtual stages", [](const ParallelPlan& p) { return std::to_string(p.virtual_stages); }},
+      {"ZeRO", [](const ParallelPlan& p) { return std::to_string(p.zero_stage); }},
+      {"recompute", [](const ParallelPlan& p) { return std::string(to_string(p.recompute)); }},
+      {"sequence parallel", [](const ParallelPlan& p) { return std::string(p.sequence_parallel ? "on" : "off"); }},
+      {"rank order", [](const ParallelPlan& p) { return p.order.str(); }},
+  };
+  std::string out = "\nWhat each choice costs (best plan with one dimension forced; vs the winner):\n";
+  auto line = [&](const std::string& dim, const std::string& value, const Estimate* e, const std::string& note) {
+    if (e == nullptr) {
+      out += fmt::format("  {:<18} {:<9} {}\n", dim, value, note);
+      return;
+    }
+    const double slower = 100.0 * (e->iteration_time_s / best.iteration_time_s - 1.0);
+    out += fmt::format("  {:<18} {:<9} {:>9.3f} s {:>+7.1f}%   TP {} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}, {}\n", dim,
+                       value, e->iteration_time_s, slower, e->plan.tp, e->plan.pp, e->plan.dp, e->plan.micro_batch,
+                       e->plan.virtual_stages, e->plan.zero_stage, to_string(e->plan.recompute),
+                       e->plan.sequence_parallel ? "on" : "off", e->plan.order.str(), format_bytes_GiB(e->memory.total_bytes));
+  };
+  for (const Dimension& d : dims) {
+    std::vector<std::pair<std::string, const Estimate*>> seen;
+    for (const Estimate& e : r.fitting) {
+      const std::string v = d.value(e.plan);
+      bool known = false;
+      for (const auto& s : seen) known = known || s.first == v;
+      if (!known) seen.emplace_back(v, &e);
+    }
+    std::sort(seen.begin(), seen.end(), [](const auto& a, const auto& b) {
+      const bool an = !a.first.empty() && std::isdigit(static_cast<unsigned char>(a.first[0]));
+      const bool bn = !b.first.empty() && std::isdigit(static_cast<unsigned char>(b.first[0]));
+      if (an && bn) return std::stoi(a.first) < std::stoi(b.first);
+      return a.first < b.first;
+    });
+    for (const auto& [v, e] : seen) line(d.name, v, e, "");
+    if (std::string(d.name) == "TP" && !o.tp) {
+      // TP beyond a node is not searched by default: price it here so the
+      // "TP inside a node" rule is checked, not assumed.
+      for (int tp = l.cluster.gpus_per_node * 2; tp <= l.cluster.total_gpus() && tp <= 64; tp *= 2) {
+        if (l.model.num_attention_heads % tp != 0 || l.model.num_kv_heads % tp != 0) continue;
+        PlannerOptions forced = o;
+        forced.tp = tp;
+        forced.progress = {};
+        try {
+          SearchResult rt = search_plans(l.model, *l.topology, forced);
+          if (rt.fitting.empty())
+            line(d.name, std::to_string(tp), nullptr, "no plan fits");
+          else
+            line(d.name, std::to_string(tp), &rt.fitting.front(), "");
+          // rt is destroyed at the end of this iteration; the line is already written.
+        } catch (const InputError& e) {
+          line(d.name, std::to_string(tp), nullptr, e.problem());
+        }
+      }
+    }
+  }
+  out += "  (values not listed have no plan that fits)\n";
+  return out;
+}
+
 void run_plan(const PlanFlags& f) {
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
+  if (!f.json) o.progress = progress_bar();
   SearchResult r = search_plans(l.model, *l.topology, o);
+  o.progress = {};
   spdlog::info("scored {} candidates ({} fit in memory), skipped {}", r.candidates, r.fitting.size(), r.skipped);
   for (const auto& [reason, count] : r.skip_reasons) spdlog::info("  skipped {} x: {}", count, reason);
   if (f.json) {
@@ -165,6 +266,7 @@ void run_plan(const PlanFlags& f) {
   std::cout << fmt::format("\nBest plan of each TP x PP x DP layout that fits ({} layouts):\n", per_shape.size());
   std::cout << format_plan_table(per_shape, 30);
   std::cout << "\n" << why_best(r.fitting.front());
+  if (f.explain) std::cout << explain(l, o, r);
 }
 
 }  // namespace
@@ -175,6 +277,8 @@ void register_plan_command(CLI::App& app) {
                                               "and rank the plans that fit");
   add_plan_flags(plan, plan_flags, true);
   plan->add_option("--top", plan_flags.top, "rows in the ranked table (default 10)")->check(CLI::PositiveNumber);
+  plan->add_flag("--explain", plan_flags.explain, "for each dimension, the best plan with that dimension forced to each value");
+  plan->add_option("--threads", plan_flags.threads, "scoring threads (default: all cores)")->check(CLI::NonNegativeNumber);
   plan->callback([] { run_plan(plan_flags); });
 }
 

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   app.fallthrough();
   cuboid::cli::register_plan_command(app);
   cuboid::cli::register_simulate_commands(app);
+  cuboid::cli::register_export_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

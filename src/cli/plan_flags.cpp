@@ -34,7 +34,13 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search) {
   cmd->add_option("--sequence-parallel", f.sequence_parallel, "sequence parallelism with TP: on|off");
   cmd->add_option("--schedule", f.schedule, "pipeline schedule: gpipe|1f1b|interleaved");
   cmd->add_option("--flash-attention", f.flash_attention, "fused attention core: on|off (default on)");
-  cmd->add_option("--rank-order", f.rank_order, "rank order, innermost first (default tp-dp-pp, Megatron's)");
+  cmd->add_option("--rank-order", f.rank_order,
+                  search ? "rank order, innermost first, e.g. tp-dp-pp (Megatron's); default: searched"
+                         : "rank order, innermost first (default tp-dp-pp, Megatron's)");
+  cmd->add_flag("--uneven-stages", f.uneven_stages,
+                "allow a PP that does not divide the layers: first and last stages get fewer layers");
+  cmd->add_option("--first-stage-layers", f.first_stage_layers, "layers on the first pipeline stage (uneven split)");
+  cmd->add_option("--last-stage-layers", f.last_stage_layers, "layers on the last pipeline stage (uneven split)");
   cmd->add_flag("--json", f.json, "print one JSON document on stdout");
   cmd->add_flag("-v,--verbose", f.verbose, "log what is loaded and searched on stderr");
 }
@@ -74,6 +80,12 @@ PlannerOptions planner_options(const PlanFlags& f) {
   if (f.sequence_parallel) o.sequence_parallel = parse_on_off(*f.sequence_parallel, "--sequence-parallel");
   if (f.flash_attention) o.flash_attention = parse_on_off(*f.flash_attention, "--flash-attention");
   if (f.rank_order) o.order = RankOrder::parse(*f.rank_order, cl, "--rank-order");
+  positive(f.first_stage_layers, "--first-stage-layers");
+  positive(f.last_stage_layers, "--last-stage-layers");
+  o.first_stage_layers = f.first_stage_layers;
+  o.last_stage_layers = f.last_stage_layers;
+  o.uneven_stages = f.uneven_stages || f.first_stage_layers || f.last_stage_layers;
+  o.threads = f.threads;
   if (o.schedule && *o.schedule != Schedule::interleaved && o.virtual_stages && *o.virtual_stages > 1)
     throw InputError(cl, "--vpp", "virtual stages need the interleaved schedule", "add --schedule interleaved, or drop --vpp");
   return o;

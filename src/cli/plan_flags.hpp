@@ -24,6 +24,10 @@ struct PlanFlags {
   std::optional<std::int64_t> global_batch, seq_length;
   std::optional<int> tp, pp, dp, micro_batch, vpp, zero;
   std::optional<std::string> recompute, sequence_parallel, schedule, flash_attention, rank_order;
+  std::optional<int> first_stage_layers, last_stage_layers;
+  bool uneven_stages = false;
+  bool explain = false;
+  int threads = 0;
   int top = 10;
   bool json = false;
   bool verbose = false;

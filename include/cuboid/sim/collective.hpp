@@ -1,0 +1,85 @@
+#pragma once
+// Collective algorithms: how an NCCL collective over a group of GPUs becomes
+// phases of flows on the network (network.hpp). Each algorithm is registered
+// by name with a one-line description (`cuboid list collectives`).
+//
+// Conventions (NCCL / nccl-tests): `size_bytes` is the nccl-tests "size", the
+// buffer per rank. Uncontended, a ring moves the bus-bandwidth volume
+// (all_reduce 2(n-1)/n S, reduce_scatter / all_gather (n-1)/n S, broadcast S,
+// send_recv S) over each ring edge at the link's achievable rate, plus one
+// alpha per step, so it reproduces cost.hpp's collective_time_ns and hence
+// the nccl-tests busbw of the card.
+//
+// Symmetry: a CommGroup may carry mirrors, the groups of identical replicas
+// (other DP replicas, other TP ranks) that run the same collective at the same
+// time but are not simulated. Their routes are added, with their weights, to
+// the representative's flow of each phase: they load the real links (and show
+// in link bytes and utilisation), and since they share the representative's
+// rate variable the representative proceeds at the pace of the slowest mirror,
+// as lockstep replicas do. Their completions are not tracked.
+// Mirror only where the mirrored traffic can meet simulated traffic: DP and PP
+// flows that cross NICs, leaves and spines. A TP collective inside a node
+// loads only that node's NVSwitch links, so mirroring it onto the nodes of
+// unsimulated replicas changes no simulated time and only costs work.
+// Send/recv mirrors: Engine::add_send_recv takes them as (src, dst) routes.
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "cuboid/sim/network.hpp"
+#include "cuboid/workload.hpp"
+
+namespace cuboid::sim {
+
+enum class Algorithm : std::uint8_t {
+  automatic,     // NCCL-like choice, see choose_algorithm
+  ring,          // ring (chain for broadcast), one channel per GPU of a node across nodes
+  tree,          // double binary tree (all_reduce only; others fall back to ring)
+  hierarchical,  // intra-node reduce-scatter, inter-node all-reduce per rail, intra-node all-gather
+};
+
+struct AlgorithmInfo {
+  std::string_view name;
+  std::string_view description;
+};
+
+// The registry, in a stable order (automatic first).
+std::span<const AlgorithmInfo> collective_algorithms();
+std::string_view to_string(Algorithm a);
+// Throws std::invalid_argument naming the known algorithms.
+Algorithm parse_algorithm(std::string_view name);
+
+// A communicator: the ranks (global GPU ids, in ring order; ranks[0] is the
+// broadcast root and the sender of a send_recv) and the groups it mirrors.
+// Every mirror has the same size as `ranks`; mirror[i] plays ranks[i]'s role.
+struct CommGroup {
+  std::vector<int> ranks;
+  std::vector<std::vector<int>> mirrors;
+};
+
+// One phase: a single flow (shared rate) over `uses` carrying
+// bytes_per_size * size_bytes per route, followed by latency_ns of alpha terms.
+struct CommPhase {
+  std::vector<LinkUse> uses;  // merged, representative + mirrors
+  double bytes_per_size = 0;
+  TimeNs latency_ns = 0;
+};
+
+// Phases run one after the other. Independent of the size: the engine caches
+// plans per (group, collective, algorithm) and scales bytes.
+struct CollectivePlan {
+  Algorithm algorithm = Algorithm::ring;
+  std::vector<CommPhase> phases;
+};
+
+// NCCL-like default (documented in collective.cpp): ring inside a node and for
+// every collective but all_reduce; for an all_reduce across nodes the faster
+// of ring and tree by their alpha-beta estimate, as NCCL's tuning model does.
+Algorithm choose_algorithm(Network& net, Collective op, const CommGroup& group, double size_bytes);
+
+// Decomposes the collective into phases on `net` (which must have a topology).
+// `algo` must not be automatic. A group of one rank gives no phase.
+CollectivePlan plan_collective(Network& net, Collective op, const CommGroup& group, Algorithm algo);
+
+}  // namespace cuboid::sim

@@ -1,0 +1,202 @@
+#pragma once
+// Discrete-event engine: integer-nanosecond time, a binary heap keyed by
+// (time, sequence number) so ties run in the order they were scheduled and
+// every run is deterministic; no globals (engines are plain objects).
+//
+// Resources are streams: FIFO queues, like CUDA streams (per GPU a compute
+// stream and comm streams for TP, PP and DP). Tasks are queued on streams in
+// the order they are added and carry dependencies on earlier tasks. A task
+// *arrives* on a stream when every earlier task of that stream has finished;
+// it *starts* when it has arrived on all its streams and all its dependencies
+// have finished (NCCL's implicit synchronisation: a collective starts when the
+// last member arrives; early members' streams are blocked meanwhile, counted
+// as wait). Kinds:
+//   compute    - occupies one stream for a duration known up front;
+//   collective - NCCL collective over a CommGroup (collective.hpp), its phases
+//                played as flows on the Network;
+//   send_recv  - p2p between two GPUs, on the sender's and receiver's streams;
+//   flow       - a raw flow over given links (tests, custom traffic).
+// A task may sit on no stream (kNoStream / empty list): it then starts as soon
+// as its dependencies are done (a timer or a join point).
+// Dependencies point to earlier tasks and streams queue in the order tasks are
+// added, so the earliest unfinished task can always start: no deadlock is
+// possible (a real NCCL program that orders collectives differently on two
+// ranks cannot be expressed, by design).
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <span>
+#include <tuple>
+#include <vector>
+
+#include "cuboid/sim/collective.hpp"
+#include "cuboid/sim/network.hpp"
+#include "cuboid/workload.hpp"
+
+namespace cuboid::sim {
+
+using TaskId = std::uint32_t;
+using StreamId = std::uint32_t;
+using GroupId = std::uint32_t;
+inline constexpr StreamId kNoStream = std::numeric_limits<StreamId>::max();
+
+enum class StreamKind : std::uint8_t { compute, tp, pp, dp, other };
+std::string_view to_string(StreamKind k);
+
+enum class TaskKind : std::uint8_t { compute, collective, send_recv, flow };
+
+struct StreamInfo {
+  int gpu = -1;
+  StreamKind kind = StreamKind::compute;
+  TimeNs busy_ns = 0;  // sum of (end - start) of its tasks
+  TimeNs wait_ns = 0;  // sum of (start - arrival): blocked waiting for peers / deps
+  std::uint32_t tasks = 0;
+};
+
+struct RunStats {
+  TimeNs end_ns = 0;                // time of the last event
+  std::uint64_t events = 0;         // heap events + flow completions processed
+  std::uint64_t tasks_done = 0;
+  std::uint64_t tasks_unfinished = 0;  // > 0 only if run(until) stopped early or a flow has no bandwidth
+  std::uint64_t flows = 0;          // flows started on the network
+  std::uint64_t solves = 0;         // max-min component re-solves
+};
+
+class Engine {
+ public:
+  // Compute-only engine (communication tasks throw std::logic_error).
+  Engine() = default;
+  // Communication goes through `net` (not owned; must outlive the engine).
+  explicit Engine(Network& net) : net_(&net) {}
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  Engine(Engine&&) noexcept = default;
+  Engine& operator=(Engine&&) noexcept = default;
+
+  Network* network() const { return net_; }
+
+  StreamId add_stream(int gpu, StreamKind kind);
+  // Optional: pre-sizes the task tables (avoids regrowth for large graphs).
+  void reserve(std::size_t tasks, std::size_t dependencies = 0);
+  // Registers a communicator once; collectives reference it by id so that its
+  // decomposition is computed once per (collective, algorithm) and reused.
+  GroupId add_group(CommGroup group);
+
+  // All add_* take dependencies on already added tasks (so the graph is a
+  // DAG) and an opaque `user` value for the caller (e.g. an index into its op
+  // table). Tasks may be added before run() or from the completion callback.
+  TaskId add_compute(StreamId stream, TimeNs duration_ns, std::span<const TaskId> deps = {},
+                     std::uint64_t user = 0);
+  // `streams`: the streams it occupies, one per *simulated* member (a subset of
+  // the group when symmetry leaves members out; the group's full geometry, and
+  // its mirrors, still load the links). Algorithm::automatic resolves per call.
+  TaskId add_collective(Collective op, GroupId group, double size_bytes, std::span<const StreamId> streams,
+                        std::span<const TaskId> deps = {}, Algorithm algo = Algorithm::automatic,
+                        std::uint64_t user = 0);
+  // p2p send of `bytes` from src_gpu to dst_gpu; `streams` usually {sender's
+  // pp stream, receiver's pp stream} (or just one when only one side is
+  // simulated). `mirrors`: other (src, dst) pairs sending the same at the same time.
+  TaskId add_send_recv(int src_gpu, int dst_gpu, double bytes, std::span<const StreamId> streams,
+                       std::span<const TaskId> deps = {}, std::span<const Route> mirrors = {},
+                       std::uint64_t user = 0);
+  // A raw flow: `bytes` per route over `uses` (merged or not), then latency_ns.
+  TaskId add_flow(std::span<const LinkUse> uses, double bytes, TimeNs latency_ns,
+                  std::span<const StreamId> streams = {}, std::span<const TaskId> deps = {},
+                  std::uint64_t user = 0);
+
+  // Called when a task finishes (after its stream successors were released).
+  void set_on_complete(std::function<void(TaskId, TimeNs)> fn) { on_complete_ = std::move(fn); }
+
+  // Processes events until none is left or the next is after `until_ns`.
+  RunStats run(TimeNs until_ns = kNever);
+  TimeNs now() const { return now_; }
+
+  // Queries. start/end are kNever until known.
+  std::size_t num_tasks() const { return tasks_.size(); }
+  std::size_t num_streams() const { return streams_.size(); }
+  TaskKind kind(TaskId t) const { return tasks_[t].kind; }
+  TimeNs start_ns(TaskId t) const { return tasks_[t].start_ns; }
+  TimeNs end_ns(TaskId t) const { return tasks_[t].end_ns; }
+  bool done(TaskId t) const { return tasks_[t].end_ns != kNever && tasks_[t].state == State::done; }
+  std::uint64_t user(TaskId t) const { return tasks_[t].user; }
+  // The algorithm a collective task resolved to (ring for send_recv / flow).
+  Algorithm algorithm(TaskId t) const { return tasks_[t].algo; }
+  const StreamInfo& stream(StreamId s) const { return streams_[s].info; }
+  std::uint64_t events() const { return events_; }
+
+ private:
+  enum class State : std::uint8_t { waiting, running, done };
+  enum class EventType : std::uint8_t { task_end, phase_end };
+  struct Event {
+    TimeNs time = 0;
+    std::uint64_t seq = 0;
+    TaskId task = 0;
+    EventType type = EventType::task_end;
+  };
+  struct Task {
+    TimeNs duration_ns = 0;       // compute: the duration; flow: latency
+    TimeNs start_ns = kNever;
+    TimeNs end_ns = kNever;
+    double bytes = 0;             // comm: size_bytes (flow: bytes per route)
+    std::uint64_t user = 0;
+    std::uint32_t plan = 0;       // index into plans_ (comm) or flow_uses_ range start (flow)
+    std::uint32_t plan_len = 0;   // flow: number of uses
+    std::uint32_t streams_off = 0;  // range in task_streams_
+    std::uint32_t streams_len = 0;
+    std::uint32_t arrived = 0;    // streams at whose head it is
+    std::uint32_t deps_left = 0;
+    std::uint32_t succ_head = kNone;  // FIFO linked list in succ_
+    std::uint32_t succ_tail = kNone;
+    std::uint16_t phase = 0;
+    TaskKind kind = TaskKind::compute;
+    Algorithm algo = Algorithm::ring;
+    State state = State::waiting;
+  };
+  struct Stream {
+    StreamInfo info;
+    std::vector<TaskId> queue;    // FIFO; head = queue[head]
+    std::size_t head = 0;
+    TimeNs arrival_ns = 0;        // when the current head arrived
+  };
+  struct Succ {
+    TaskId task = 0;
+    std::uint32_t next = kNone;
+  };
+  struct Group {
+    CommGroup group;
+    // (collective, algorithm) -> index into plans_
+    std::vector<std::tuple<Collective, Algorithm, std::uint32_t>> plans;
+  };
+  static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
+
+  TaskId new_task(TaskKind kind, std::span<const StreamId> streams, std::span<const TaskId> deps, std::uint64_t user);
+  std::uint32_t plan_for(GroupId g, Collective op, Algorithm algo);
+  void push_event(TimeNs t, TaskId task, EventType type);
+  void maybe_start(TaskId t);
+  void start(TaskId t);
+  void start_phase(TaskId t);
+  void finish(TaskId t);
+  void drain_ready();
+
+  Network* net_ = nullptr;
+  TimeNs now_ = 0;
+  std::uint64_t seq_ = 0;
+  std::uint64_t events_ = 0;
+  std::uint64_t tasks_done_ = 0;
+  std::vector<Event> heap_;
+  std::vector<Task> tasks_;
+  std::vector<Stream> streams_;
+  std::vector<StreamId> task_streams_;
+  std::vector<Succ> succ_;
+  std::vector<Group> groups_;
+  std::vector<CollectivePlan> plans_;
+  std::vector<LinkUse> flow_uses_;
+  std::map<std::vector<int>, GroupId> p2p_groups_;  // (src, dst, mirror pairs...) -> group
+  std::vector<TaskId> ready_;
+  std::vector<std::uint64_t> completed_;
+  std::function<void(TaskId, TimeNs)> on_complete_;
+};
+
+}  // namespace cuboid::sim

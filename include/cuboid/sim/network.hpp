@@ -1,0 +1,200 @@
+#pragma once
+// Flow-level network model: directed links with a capacity each, flows that
+// cross a weighted set of links, bandwidth shared max-min fairly (progressive
+// filling) and re-solved, per connected component, whenever a flow starts or
+// ends. The engine asks it SimGrid's two questions: "when does your next flow
+// drain?" (next_completion) and "advance to t" (advance_to).
+//
+// Flow = one rate variable r (bytes/s per route) loading each of its links
+// with weight w: the link carries w * r. A plain point-to-point flow has
+// weight 1 on every link of its route. A collective phase is one flow whose
+// links are the union of its ring / tree edges (weight = how many of its
+// edges cross that link): the edges of a ring advance in lockstep in NCCL, so
+// one shared rate is both faithful and cheap (n edges, one variable). Mirrored
+// groups (symmetry, see collective.hpp) add their routes' weights to the same
+// variable: their links are loaded for real, but only the representative
+// completion is tracked.
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuboid/topology.hpp"
+
+namespace cuboid::sim {
+
+using TimeNs = std::int64_t;
+inline constexpr TimeNs kNever = std::numeric_limits<TimeNs>::max();
+
+using LinkId = std::uint32_t;
+using FlowId = std::uint32_t;
+
+// One link of a flow and how many of the flow's routes cross it.
+struct LinkUse {
+  LinkId link = 0;
+  double weight = 1.0;
+};
+
+// A GPU-to-GPU route of a flow (over Topology::route), counted `weight` times.
+struct Route {
+  int src_gpu = 0;
+  int dst_gpu = 0;
+  double weight = 1.0;
+};
+
+struct NetworkOptions {
+  // Scale each link to what NCCL achieves on it, so that an uncontended ring
+  // reproduces nccl-tests bus bandwidth: GPU<->NVSwitch links get the card's
+  // intra.busbw_GBps (instead of the NVLink line rate), every InfiniBand /
+  // RoCE link (GPU-NIC, NIC-leaf, leaf-spine, spine-core) is multiplied by
+  // nic_busbw / NIC line rate (e.g. 24 GB/s / 25 GB/s for HDR). Off: line rates.
+  bool achievable_bandwidth = true;
+};
+
+// Per-link totals after (or during) a run.
+struct LinkStats {
+  double capacity_Bps = 0;      // as modelled (achievable, see NetworkOptions)
+  double bytes = 0;             // carried so far, mirrors included
+  double peak_utilisation = 0;  // max over time of load / capacity, in [0, 1] (finished flows
+                                // and solves so far)
+};
+
+class Network {
+ public:
+  // Abstract links with the given capacities (bytes/s): for hand-built graphs
+  // in tests and for custom fabrics. route_links() is unavailable.
+  explicit Network(std::vector<double> link_capacity_Bps);
+  // The cluster's fat tree: every undirected edge of the topology becomes two
+  // directed links (lower->higher vertex id and back), each with the edge's
+  // per-direction capacity (scaled by `opts`) and latency. `topo` must outlive this.
+  explicit Network(const Topology& topo, NetworkOptions opts = {});
+
+  Network(const Network&) = delete;
+  Network& operator=(const Network&) = delete;
+  Network(Network&&) noexcept = default;
+  Network& operator=(Network&&) noexcept = default;
+  ~Network() = default;
+
+  const Topology* topology() const { return topo_; }
+  const NetworkOptions& options() const { return opts_; }
+  std::size_t num_links() const { return links_.size(); }
+  // "n0.gpu3->n0.nvswitch" for topology links, "link7" for abstract ones.
+  std::string link_name(LinkId l) const;
+  LinkStats link_stats(LinkId l) const;
+  // Directed links of Topology::route(src, dst), in order (cached per pair;
+  // the span stays valid as long as the Network).
+  std::span<const LinkId> route_links(int src_gpu, int dst_gpu);
+  // Sum of the hop latencies of that route (one alpha for one message).
+  TimeNs route_latency_ns(int src_gpu, int dst_gpu);
+  // Appends the links of `routes` to `out` and merges duplicates (sorted by
+  // link, weights summed). The result is what start_flow wants.
+  void compile_routes(std::span<const Route> routes, std::vector<LinkUse>& out);
+  static void merge_uses(std::vector<LinkUse>& uses);
+
+  // Starts a flow of `bytes` per route at time `now` (>= every earlier call's
+  // time; no completion may be pending before `now`, see next_completion).
+  // `uses` must be merged (no duplicate link). `tag` comes back on completion.
+  // A flow with no link, or no bytes, drains at `now`. Rates are re-solved
+  // lazily (flush), so flows started at the same instant share one solve.
+  FlowId start_flow(std::span<const LinkUse> uses, double bytes, TimeNs now, std::uint64_t tag);
+  // Re-solves the components touched since the last solve (at the latest time seen).
+  void flush();
+  // The earliest time an active flow drains (kNever if none). Flushes first.
+  TimeNs next_completion();
+  // Drains every flow whose finish time is <= now, appends their tags to
+  // `completed` (in (finish time, flow start order) order), and re-solves the
+  // rates of the components they leave.
+  void advance_to(TimeNs now, std::vector<std::uint64_t>& completed);
+
+  double rate_Bps(FlowId f);                // current rate per route of an active flow (flushes)
+  std::size_t active_flows() const { return active_; }
+  std::uint64_t flows_started() const { return flows_started_; }
+  std::uint64_t solves() const { return solves_; }  // component re-solves
+
+ private:
+  struct FlowRef {           // entry of a link's flow list
+    FlowId flow = 0;
+    std::uint32_t use = 0;    // index into the flow's uses
+  };
+  struct Link {
+    double capacity_Bps = 0;
+    double bytes = 0;         // carried by finished flows
+    double peak_utilisation = 0;
+    std::uint32_t epoch = 0;  // component search mark
+    std::uint32_t comp = 0;   // index in the component being solved
+    std::vector<FlowRef> flows;
+  };
+  static constexpr std::uint32_t kNotShared = std::numeric_limits<std::uint32_t>::max();
+  struct Use {
+    LinkId link = 0;
+    double weight = 1.0;
+    std::uint32_t pos = 0;    // index in links_[link].flows
+    std::uint32_t spos = kNotShared;  // index in the flow's `shared`, if the link has other flows
+  };
+  struct Flow {
+    std::vector<Use> uses;    // capacity kept when the slot is reused
+    // Indices of uses whose link other flows cross too. Only those take part
+    // in a solve; the private ones are summarised by `cap`.
+    std::vector<std::uint32_t> shared;
+    double cap = 0;           // min over its links of capacity / weight
+    double remaining = 0;     // bytes per route at `updated_ns`
+    double total = 0;
+    double rate = 0;          // bytes/s per route
+    double max_rate = 0;      // for link peak utilisation
+    TimeNs updated_ns = 0;
+    TimeNs finish_ns = kNever;
+    std::uint64_t tag = 0;
+    std::uint64_t seq = 0;    // start order, breaks finish-time ties
+    std::uint32_t version = 0;
+    std::uint32_t epoch = 0;
+    std::uint32_t comp = 0;   // index in the component being solved
+    bool active = false;
+    bool frozen = false;
+  };
+  struct Pending {
+    TimeNs finish_ns = 0;
+    std::uint64_t seq = 0;
+    FlowId flow = 0;
+    std::uint32_t version = 0;
+  };
+  void add_flow_to_links(FlowId f);
+  void remove_flow_from_links(FlowId f);
+  void add_shared(FlowId f, std::uint32_t use);
+  void remove_shared(FlowId f, std::uint32_t use);
+  void solve_from(std::span<const LinkId> seeds, TimeNs now);
+  void set_rate(FlowId f, double rate, TimeNs now);
+  void push_pending(FlowId f);
+
+  const Topology* topo_ = nullptr;
+  NetworkOptions opts_;
+  std::vector<LinkId> seeds_;
+  std::vector<LinkId> dirty_;  // seeds of the deferred solve
+  std::vector<Link> links_;
+  std::vector<std::string> link_names_;
+  std::vector<TimeNs> link_latency_ns_;
+  std::vector<Flow> flows_;
+  std::vector<FlowId> free_flows_;
+  std::vector<Pending> pending_;  // min-heap of predicted finish times (lazy deletion)
+  std::unordered_map<std::uint64_t, std::vector<LinkId>> route_cache_;  // (a,b) -> links; node-stable
+  std::unordered_map<const LinkInfo*, std::uint32_t> edge_index_;  // topology edge -> index
+  std::unordered_map<std::uint64_t, TimeNs> route_latency_cache_;
+  // Scratch for solve_from (kept to avoid allocating per event).
+  std::vector<LinkId> comp_links_;
+  std::vector<FlowId> comp_flows_;
+  std::vector<double> rem_, wsum_;
+  struct LevelEntry {
+    double level = 0;
+    std::uint32_t comp = 0;   // < links in the component: a link; else nl + flow index
+  };
+  std::vector<LevelEntry> lheap_;
+  std::uint32_t epoch_ = 0;
+  TimeNs now_ = 0;            // latest time seen (for link_stats of active flows)
+  std::size_t active_ = 0;
+  std::uint64_t flows_started_ = 0;
+  std::uint64_t solves_ = 0;
+  std::uint64_t start_seq_ = 0;
+};
+
+}  // namespace cuboid::sim

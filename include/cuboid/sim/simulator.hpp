@@ -1,0 +1,106 @@
+#pragma once
+// The discrete-event simulator of one training iteration: the plan's pipeline
+// schedule played on per-GPU streams (compute, TP, PP forward / backward, DP)
+// of the engine (engine.hpp), with every TP collective, PP send/recv, DP
+// gradient reduction and ZeRO gather as flows over the cluster's links
+// (network.hpp, collective.hpp). Returns the same Estimate as the analytical
+// estimator (simulated = true), plus what only a simulation knows.
+//
+// Symmetry: one GPU per pipeline stage is simulated (TP rank 0 of DP replica
+// 0, or of the straggler's replica). Its TP ranks and the other DP replicas
+// run the same work at the same time; their collectives and p2p messages are
+// added as mirrors, so they load the links they would really use.
+//
+// Breakdown (seconds on the critical path; sums to iteration_time_s): on the
+// GPU that finishes the iteration last, every instant of [0, T] is given to
+// one class, the first of optimizer, compute, TP, PP, DP that is busy on one
+// of its streams then; an instant with none busy is bubble. Communication is
+// thus counted only where it is exposed (no compute runs under it), and
+// waiting for another stage is bubble.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cuboid/estimator.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/plan.hpp"
+#include "cuboid/topology.hpp"
+
+namespace cuboid::sim {
+
+// One slow GPU (thermal throttling, a bad HBM stack): its compute kernels
+// take `slowdown` times longer. Its TP group, stage and DP replica wait for it.
+struct Straggler {
+  int rank = 0;
+  double slowdown = 1.0;
+};
+
+struct SimOptions {
+  // DP gradient reduction launched per bucket as the last micro-batch's
+  // backward produces it (Megatron-core --overlap-grad-reduce; buckets of
+  // max(40M, 1M x DP) parameters on the first stage, one per model chunk
+  // elsewhere). Off: reduced after each stage's last backward (Megatron-LM
+  // before 2023, as in Korthikanti et al. 2022).
+  bool dp_overlap = true;
+  // Megatron's overlap of TP communication in the backward of column-
+  // parallel layers (QKV, FC1, LM head): the input-gradient all-reduce (or,
+  // with SP, the re-gather of the input and the reduce-scatter) runs under
+  // the dgrad / wgrad GEMMs. Megatron's default (async_tensor_model_parallel_
+  // allreduce / sequence parallelism); every other TP collective blocks.
+  bool tp_backward_overlap = true;
+  // Chrome trace (empty: none). Ranks to write (empty: one simulated GPU per
+  // stage); a rank that is not simulated shows its stage's simulated GPU,
+  // which it is identical to by symmetry.
+  std::filesystem::path trace_path;
+  std::vector<int> trace_ranks;
+  bool trace_per_rank = false;  // one file per rank ("out.rank0.json"), with distributedInfo
+  bool trace_ops = true;        // nest each kernel inside its compute segment
+  std::optional<Straggler> straggler;
+};
+
+struct LinkUtilisation {
+  std::string name;
+  std::string kind;             // "nvlink", "pcie", "ib"
+  double capacity_Bps = 0;
+  double bytes = 0;
+  double peak_utilisation = 0;  // max over time of load / capacity
+};
+
+struct StageStats {
+  int stage = 0;
+  int rank = 0;                 // the simulated GPU
+  double compute_busy_s = 0;    // compute stream busy (optimizer included)
+  double tp_busy_s = 0, pp_busy_s = 0, dp_busy_s = 0;
+  double end_s = 0;             // when its last task ended
+};
+
+struct SimResult {
+  Estimate estimate;
+  std::vector<StageStats> stages;
+  int critical_rank = 0;        // the GPU the breakdown walks
+  // Peak utilisation per link kind ("nvlink", "pcie", "ib") and the busiest
+  // links (highest peak first, at most 8).
+  double peak_nvlink_utilisation = 0, peak_pcie_utilisation = 0, peak_ib_utilisation = 0;
+  std::vector<LinkUtilisation> busiest_links;
+  std::uint64_t tasks = 0, events = 0, flows = 0, solves = 0;
+  double wall_s = 0;            // host seconds the simulation took
+  std::vector<std::filesystem::path> trace_files;
+};
+
+// Throws std::invalid_argument for plans the simulator cannot play (e.g. an
+// interleaved schedule whose micro-batches do not divide by PP).
+SimResult run_simulation(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan,
+                         const SimOptions& opts = {});
+inline Estimate simulate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan,
+                         const SimOptions& opts = {}) {
+  return run_simulation(m, topo, plan, opts).estimate;
+}
+
+}  // namespace cuboid::sim
+
+namespace cuboid {
+using sim::simulate;
+using sim::SimOptions;
+}  // namespace cuboid

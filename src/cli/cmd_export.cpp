@@ -1,0 +1,45 @@
+// cuboid export: a plan file as the configuration of another trainer.
+#include "commands.hpp"
+
+#include <iostream>
+#include <string>
+
+#include "cuboid/export.hpp"
+#include "cuboid/planfile.hpp"
+
+namespace cuboid::cli {
+
+namespace {
+
+struct ExportFlags {
+  std::string plan_path;
+  std::string target;
+  std::string out_path;
+};
+
+void run_export(const ExportFlags& f) {
+  const PlanFile pf = read_plan_file(f.plan_path);
+  const std::string text = export_plan(pf, f.target);
+  if (f.out_path.empty()) {
+    std::cout << text;
+    return;
+  }
+  write_file_atomically(f.out_path, text);
+}
+
+}  // namespace
+
+void register_export_command(CLI::App& app) {
+  static ExportFlags flags;
+  CLI::App* cmd = app.add_subcommand("export", "write a plan file as Megatron-LM arguments, a DeepSpeed config, "
+                                               "torchtitan overrides or a NeMo config");
+  cmd->add_option("--plan", flags.plan_path, "plan file written by cuboid plan --out (schema cuboid.plan/1)")
+      ->required();
+  // Not CLI11's check(IsMember): the target is validated by export_plan so
+  // that the message (and exit code 2) is the same as every other bad input.
+  cmd->add_option("--to", flags.target, "megatron | deepspeed | torchtitan | nemo")->required();
+  cmd->add_option("--out", flags.out_path, "write to FILE (atomically) instead of stdout");
+  cmd->callback([] { run_export(flags); });
+}
+
+}  // namespace cuboid::cli

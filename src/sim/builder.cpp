@@ -1,0 +1,524 @@
+// The task graph of one iteration (see simulator.cpp for the model it plays).
+#include "builder.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "cuboid/cost.hpp"
+#include "cuboid/memory.hpp"
+#include "cuboid/workload.hpp"
+
+namespace cuboid::sim::detail {
+
+namespace {
+
+constexpr TaskId kNoTask = std::numeric_limits<TaskId>::max();
+constexpr double kGradBytesPerParam = 4.0;   // fp32 main_grad, reduced in fp32 (as estimator.cpp)
+constexpr double kParamBytesPerParam = 2.0;  // bf16 weights
+// Adam over the shard: read bf16 weight, fp32 grad, master, m, v; write bf16 weight, master, m, v.
+constexpr double kAdamBytesPerParam = (2 + 4 + 4 + 4 + 4) + (2 + 4 + 4 + 4);
+// Megatron-core's default DDP bucket: max(40M, 1M x DP) parameters
+// (DistributedDataParallelConfig.bucket_size), first pipeline stage only.
+constexpr double kBucketParams = 40e6;
+constexpr double kBucketParamsPerDpRank = 1e6;
+
+std::string step_name(Direction d, int mb, int chunk, int v) {
+  std::string s = d == Direction::forward ? "F" : "B";
+  s += std::to_string(mb);
+  if (v > 1) s += "." + std::to_string(chunk);
+  return s;
+}
+
+}  // namespace
+
+Builder::Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan, const SimOptions& opts)
+    : m_(m), topo_(topo), plan_(plan), opts_(opts), map_(plan, topo.cluster().gpus_per_node) {
+  pp_ = std::max(1, plan.pp);
+  v_ = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
+  vs_count_ = pp_ * v_;
+  mbs_ = static_cast<int>(std::max<std::int64_t>(1, plan.num_micro_batches()));
+  tp_ = std::max(1, plan.tp);
+  dp_ = std::max(1, plan.dp);
+  if (plan.world_size() > topo.num_gpus()) {
+    throw std::invalid_argument("simulate: the plan needs " + std::to_string(plan.world_size()) +
+                                " GPUs but the cluster has " + std::to_string(topo.num_gpus()));
+  }
+  if (opts.straggler) {
+    if (opts.straggler->rank < 0 || opts.straggler->rank >= plan.world_size()) {
+      throw std::invalid_argument("simulate: straggler rank " + std::to_string(opts.straggler->rank) +
+                                  " is outside the plan's ranks");
+    }
+    const RankCoord c = map_.coord(opts.straggler->rank);
+    straggler_stage_ = c.pp;
+    straggler_slowdown_ = opts.straggler->slowdown;
+    rep_dp_ = c.dp;  // the slowest replica sets the pace of every DP collective
+  }
+  order_ = pipeline_order(plan.schedule, pp_, mbs_, v_);
+  net_ = std::make_unique<Network>(topo);
+  eng_ = std::make_unique<Engine>(*net_);
+}
+
+TaskId Builder::tag(TaskId t, Cls cls, std::uint8_t tid, int stage, int stage2) {
+  if (meta_.size() <= t) meta_.resize(static_cast<std::size_t>(t) + 1);
+  meta_[t] = TaskMeta{cls, tid, static_cast<std::uint16_t>(stage),
+                      static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};
+  return t;
+}
+
+void Builder::label(TaskId t, int stage, std::string name, std::string category) {
+  if (!traced(stage)) return;
+  TraceLabel& l = labels_[t];
+  l.name = std::move(name);
+  l.category = std::move(category);
+}
+
+void Builder::make_reps() {
+  traced_stages_.assign(static_cast<std::size_t>(pp_), opts_.trace_path.empty() ? false : opts_.trace_ranks.empty());
+  for (int r : opts_.trace_ranks) {
+    if (r >= 0 && r < plan_.world_size()) traced_stages_[static_cast<std::size_t>(map_.coord(r).pp)] = true;
+  }
+  if (opts_.trace_path.empty()) traced_stages_.clear();
+  for (int s = 0; s < pp_; ++s) {
+    Rep r;
+    r.stage = s;
+    r.rank = map_.rank_of(0, s, rep_dp_);
+    r.compute = eng_->add_stream(r.rank, StreamKind::compute);
+    r.tp = eng_->add_stream(r.rank, StreamKind::tp);
+    r.pp_fwd = eng_->add_stream(r.rank, StreamKind::pp);
+    r.pp_bwd = eng_->add_stream(r.rank, StreamKind::pp);
+    r.dp = eng_->add_stream(r.rank, StreamKind::dp);
+    if (tp_ > 1 && !tp_fast_) {
+      CommGroup g;
+      g.ranks = map_.tp_group(s, rep_dp_);
+      for (int d = 0; d < dp_; ++d) {
+        if (d != rep_dp_) g.mirrors.push_back(map_.tp_group(s, d));
+      }
+      r.tp_group = eng_->add_group(std::move(g));
+    }
+    if (dp_ > 1) {
+      CommGroup g;
+      g.ranks = map_.dp_group(0, s);
+      for (int t = 1; t < tp_; ++t) g.mirrors.push_back(map_.dp_group(t, s));
+      r.dp_group = eng_->add_group(std::move(g));
+    }
+    reps_.push_back(r);
+  }
+  if (pp_ > 1) {
+    auto p2p_group = [&](int from, int to) {
+      CommGroup g;
+      g.ranks = {map_.rank_of(0, from, rep_dp_), map_.rank_of(0, to, rep_dp_)};
+      for (int d = 0; d < dp_; ++d) {
+        for (int t = 0; t < tp_; ++t) {
+          if (t == 0 && d == rep_dp_) continue;
+          g.mirrors.push_back({map_.rank_of(t, from, d), map_.rank_of(t, to, d)});
+        }
+      }
+      return eng_->add_group(std::move(g));
+    };
+    for (int s = 0; s < pp_; ++s) {
+      // Forward s -> s+1 and backward s -> s-1; the wrap-around only with interleaving.
+      const bool fwd = s + 1 < pp_ || v_ > 1;
+      const bool bwd = s > 0 || v_ > 1;
+      p2p_fwd_group_.push_back(fwd ? p2p_group(s, (s + 1) % pp_) : 0);
+      p2p_bwd_group_.push_back(bwd ? p2p_group(s, (s - 1 + pp_) % pp_) : 0);
+    }
+  }
+}
+
+// TP collectives can be priced off the shared network when no other traffic
+// can touch their links: the TP group sits in one node (NVSwitch links only)
+// and every DP group and pipeline has one member per node (their traffic
+// leaves the GPU through its NIC, never over NVLink). The engine would then
+// give each TP collective exactly its uncontended time, so it is measured
+// once per (collective, size) on an otherwise empty network and played as a
+// fixed-duration task: the same result at a fraction of the cost.
+bool Builder::tp_isolated() const {
+  if (tp_ <= 1) return true;
+  if (map_.nodes_spanned(map_.tp_group(0, rep_dp_)) != 1) return false;
+  if (dp_ > 1 && map_.nodes_spanned(map_.dp_group(0, 0)) != dp_) return false;
+  if (pp_ > 1 && map_.nodes_spanned(map_.pp_group(0, 0)) != pp_) return false;
+  return true;
+}
+
+TimeNs Builder::tp_probe_ns(Collective c, double bytes) {
+  const auto key = std::make_pair(static_cast<int>(c), bytes);
+  auto it = tp_probe_cache_.find(key);
+  if (it != tp_probe_cache_.end()) return it->second;
+  Network net(topo_);
+  Engine eng(net);
+  CommGroup g;
+  g.ranks = map_.tp_group(0, rep_dp_);
+  const GroupId gid = eng.add_group(std::move(g));
+  const StreamId s = eng.add_stream(map_.rank_of(0, 0, rep_dp_), StreamKind::tp);
+  const StreamId streams[1] = {s};
+  const TaskId t = eng.add_collective(c, gid, bytes, streams);
+  eng.run();
+  const TimeNs ns = eng.end_ns(t) - eng.start_ns(t);
+  for (LinkId l = 0; l < net.num_links(); ++l) tp_probe_peak_ = std::max(tp_probe_peak_, net.link_stats(l).peak_utilisation);
+  tp_probe_cache_.emplace(key, ns);
+  return ns;
+}
+
+void Builder::make_programs() {
+  const GpuProfile& gpu = topo_.cluster().gpu;
+  const bool sp = plan_.sequence_parallel && tp_ > 1;
+  const bool ov = opts_.tp_backward_overlap;
+  const LayerOps layer = transformer_layer_ops(m_, plan_);
+  const LayerOps embed = embedding_ops(m_, plan_);
+  const LayerOps head = lm_head_ops(m_, plan_);
+  auto fill = [&](Programs& p, double slow) {
+    p.layer_fwd = compile(gpu, layer.forward, sp, ov, slow);
+    // Recomputation runs right before the layer's backward (Megatron's
+    // checkpointing recomputes a layer's forward when its backward starts).
+    p.layer_bwd = compile(gpu, layer.recompute, sp, ov, slow);
+    append(p.layer_bwd, compile(gpu, layer.backward, sp, ov, slow));
+    p.embed_fwd = compile(gpu, embed.forward, sp, ov, slow);
+    p.embed_bwd = compile(gpu, embed.backward, sp, ov, slow);
+    p.head_fwd = compile(gpu, head.forward, sp, ov, slow);
+    p.head_bwd = compile(gpu, head.backward, sp, ov, slow);
+  };
+  fill(normal_, 1.0);
+  if (straggler_stage_ >= 0) fill(slow_, straggler_slowdown_);
+}
+
+void Builder::make_units() {
+  const double per_layer = static_cast<double>(m_.parameters_per_layer()) / tp_;
+  units_.assign(static_cast<std::size_t>(pp_), {});
+  for (int s = 0; s < pp_; ++s) {
+    const Programs& p = s == straggler_stage_ ? slow_ : normal_;
+    const int layers_stage = v_ > 1 ? static_cast<int>(m_.num_layers / vs_count_) * v_
+                                    : layers_on_stage(plan_, m_.num_layers, s);
+    const int per_chunk = layers_stage / v_;
+    // Parameters beyond the layers: embedding (first stage) and LM head (last).
+    double extra = parameters_on_stage(m_, plan_, s) - per_layer * layers_stage;
+    const double embed_params =
+        static_cast<double>(padded_vocab_size(m_.vocab_size, tp_)) / tp_ * static_cast<double>(m_.hidden_size);
+    auto& chunks = units_[static_cast<std::size_t>(s)];
+    chunks.resize(static_cast<std::size_t>(v_));
+    for (int c = 0; c < v_; ++c) {
+      const int vs = c * pp_ + s;
+      auto& units = chunks[static_cast<std::size_t>(c)];
+      if (vs == 0) {
+        const double e = vs_count_ == 1 ? std::min(extra, embed_params) : extra;
+        units.push_back(Unit{&p.embed_fwd, &p.embed_bwd, std::max(0.0, e), "embedding"});
+        extra -= e;
+      }
+      for (int l = 0; l < per_chunk; ++l) {
+        units.push_back(Unit{&p.layer_fwd, &p.layer_bwd, per_layer, "layer " + std::to_string(vs * per_chunk + l)});
+      }
+      if (vs == vs_count_ - 1) units.push_back(Unit{&p.head_fwd, &p.head_bwd, std::max(0.0, extra), "lm_head"});
+    }
+  }
+}
+
+void Builder::build() {
+  tp_fast_ = tp_isolated();
+  make_reps();
+  make_programs();
+  make_units();
+  slots_.assign(static_cast<std::size_t>(2 * mbs_ * vs_count_), Slot{});
+  cursor_.assign(static_cast<std::size_t>(pp_), 0);
+  stage_end_.assign(static_cast<std::size_t>(pp_), {});
+  stage_block_slot_.assign(static_cast<std::size_t>(pp_), -1);
+  dp_tasks_.assign(static_cast<std::size_t>(pp_), {});
+  // Add passes in an order consistent with their dependencies: round-robin
+  // over the stages, each as far as its next pass's inputs already exist.
+  bool progress = true;
+  std::size_t remaining = 0;
+  for (const StageOrder& o : order_) remaining += o.size();
+  while (remaining > 0 && progress) {
+    progress = false;
+    for (int s = 0; s < pp_; ++s) {
+      const auto us = static_cast<std::size_t>(s);
+      try_message(s);
+      while (cursor_[us] < order_[us].size() && can_add(s, cursor_[us])) {
+        add_step(s, cursor_[us]);
+        ++cursor_[us];
+        --remaining;
+        progress = true;
+        try_message(s);
+        // The neighbours' next passes may have been waiting for this one.
+        try_message((s + 1) % pp_);
+        try_message((s + pp_ - 1) % pp_);
+      }
+    }
+  }
+  if (remaining > 0) throw std::logic_error("simulate: the pipeline schedule deadlocks (a bug in the schedule)");
+  finish_iteration();
+}
+
+Builder::Slot& Builder::slot(Direction d, int mb, int vs) {
+  const int dir = d == Direction::forward ? 0 : 1;
+  return slots_[static_cast<std::size_t>((dir * mbs_ + mb) * vs_count_ + vs)];
+}
+
+bool Builder::can_add(int stage, std::size_t idx) {
+  const int blocked = stage_block_slot_[static_cast<std::size_t>(stage)];
+  if (blocked >= 0 && slots_[static_cast<std::size_t>(blocked)].p2p == kNoTask) return false;
+  const ScheduleStep& st = order_[static_cast<std::size_t>(stage)][idx];
+  const int vs = st.chunk * pp_ + stage;
+  const int from_vs = st.dir == Direction::forward ? vs - 1 : vs + 1;
+  if (from_vs < 0 || from_vs >= vs_count_) return true;
+  const Slot& src = slot(st.dir, st.micro_batch, from_vs);
+  return stage_of(from_vs) == stage ? src.added : src.ready != kNoTask;
+}
+
+// Creates the message that feeds `stage`'s next pass once its producer ran
+// and `stage` finished the pass before (when Megatron posts the recv): the
+// send/recv on both GPUs' PP streams and, without SP, the TP all-gather that
+// rebuilds the activation from the shards (scatter-gather).
+void Builder::try_message(int stage) {
+  const auto us = static_cast<std::size_t>(stage);
+  if (cursor_[us] >= order_[us].size()) return;
+  const ScheduleStep& st = order_[us][cursor_[us]];
+  const bool fwd = st.dir == Direction::forward;
+  const int vs = st.chunk * pp_ + stage;
+  const int from_vs = fwd ? vs - 1 : vs + 1;
+  if (from_vs < 0 || from_vs >= vs_count_) return;
+  const int from = stage_of(from_vs);
+  Slot& src = slot(st.dir, st.micro_batch, from_vs);
+  if (from == stage || !src.added || src.ready != kNoTask) return;
+  const Rep& me = reps_[us];
+  const Rep& peer = reps_[static_cast<std::size_t>(from)];
+  std::vector<TaskId> deps = src.end;
+  deps.insert(deps.end(), stage_end_[us].begin(), stage_end_[us].end());
+  const StreamId streams[2] = {fwd ? peer.pp_fwd : peer.pp_bwd, fwd ? me.pp_fwd : me.pp_bwd};
+  const GroupId g = fwd ? p2p_fwd_group_[static_cast<std::size_t>(from)] : p2p_bwd_group_[static_cast<std::size_t>(from)];
+  const double bytes = pipeline_message_bytes(m_, plan_);
+  TaskId t = eng_->add_collective(Collective::send_recv, g, bytes, streams, deps, Algorithm::ring);
+  const std::string name = (fwd ? "act " : "grad ") + step_name(st.dir, st.micro_batch, st.chunk, v_);
+  tag(t, Cls::pp, fwd ? kTidPpFwd : kTidPpBwd, from, stage);
+  label(t, stage, name, "pp");
+  label(t, from, name, "pp");
+  src.p2p = t;
+  if (tp_ > 1 && !plan_.sequence_parallel) {
+    const std::vector<TaskId> d{t};
+    TaskId gt;
+    if (tp_fast_) {
+      gt = eng_->add_compute(me.tp, tp_probe_ns(Collective::all_gather, bytes * tp_), d);
+    } else {
+      const StreamId s1[1] = {me.tp};
+      gt = eng_->add_collective(Collective::all_gather, me.tp_group, bytes * tp_, s1, d);
+    }
+    tag(gt, Cls::pp, kTidTp, stage);
+    label(gt, stage, "pp_gather " + name, "pp");
+    t = gt;
+  }
+  src.ready = t;
+}
+
+void Builder::flush(Chain& ch) {
+  if (!ch.pending) return;
+  const Rep& r = reps_[static_cast<std::size_t>(ch.stage)];
+  const TaskId t = eng_->add_compute(r.compute, ch.pending_ns, ch.deps);
+  tag(t, Cls::compute, kTidCompute, ch.stage);
+  if (traced(ch.stage)) {
+    TraceLabel& l = labels_[t];
+    l.category = "compute";
+    l.parts = std::move(ch.parts);
+    const auto& [p0, f0, n0] = l.parts.front();
+    const auto& [p1, f1, n1] = l.parts.back();
+    const std::string& first = p0->ops[f0].name;
+    const std::string& last = p1->ops[f1 + n1 - 1].name;
+    l.name = first == last ? first : first + ".." + last;
+  }
+  ch.parts.clear();
+  if (ch.first == kNoTask) ch.first = t;
+  ch.last_compute = t;
+  ch.deps.assign(1, t);
+  ch.pending = false;
+  ch.pending_ns = 0;
+}
+
+TaskId Builder::add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps) {
+  const Rep& r = reps_[static_cast<std::size_t>(ch.stage)];
+  TaskId t;
+  if (tp_fast_) {
+    t = eng_->add_compute(r.tp, tp_probe_ns(it.collective, it.bytes), deps);
+  } else {
+    const StreamId streams[1] = {r.tp};
+    t = eng_->add_collective(it.collective, r.tp_group, it.bytes, streams, deps);
+  }
+  tag(t, Cls::tp, kTidTp, ch.stage);
+  label(t, ch.stage, prog.ops[it.name_op].name, "tp");
+  return t;
+}
+
+void Builder::play(Chain& ch, const Program& prog) {
+  for (const Item& it : prog.items) {
+    switch (it.kind) {
+      case ItemKind::compute:
+        ch.pending = true;
+        ch.pending_ns += it.duration_ns;
+        if (traced(ch.stage)) ch.parts.emplace_back(&prog, it.first_op, it.num_ops);
+        break;
+      case ItemKind::collective: {
+        flush(ch);
+        const TaskId t = add_tp(ch, it, prog, ch.deps);
+        ch.deps.assign(1, t);
+        break;
+      }
+      case ItemKind::async: {
+        flush(ch);
+        ch.async.push_back(add_tp(ch, it, prog, ch.deps));
+        break;
+      }
+      case ItemKind::join:
+        flush(ch);
+        ch.deps.insert(ch.deps.end(), ch.async.begin(), ch.async.end());
+        ch.async.clear();
+        break;
+    }
+  }
+}
+
+void Builder::dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name) {
+  if (dp_ <= 1 || params <= 0) return;
+  const Rep& r = reps_[static_cast<std::size_t>(stage)];
+  const Collective c = plan_.zero_stage == 0 ? Collective::all_reduce : Collective::reduce_scatter;
+  const StreamId streams[1] = {r.dp};
+  const TaskId t = eng_->add_collective(c, r.dp_group, params * kGradBytesPerParam, streams, deps);
+  tag(t, Cls::dp, kTidDp, stage);
+  label(t, stage, name, "dp");
+  dp_tasks_[static_cast<std::size_t>(stage)].push_back(t);
+}
+
+void Builder::add_step(int stage, std::size_t idx) {
+  const auto us = static_cast<std::size_t>(stage);
+  const ScheduleStep& st = order_[us][idx];
+  const bool fwd = st.dir == Direction::forward;
+  const int vs = st.chunk * pp_ + stage;
+  const Rep& me = reps_[us];
+  Chain ch;
+  ch.stage = stage;
+  ch.deps = stage_end_[us];
+  // Megatron's p2p is synchronous: the previous pass's send must be done.
+  if (stage_block_slot_[us] >= 0) ch.deps.push_back(slots_[static_cast<std::size_t>(stage_block_slot_[us])].p2p);
+
+  // The input from the neighbouring virtual stage.
+  const int from_vs = fwd ? vs - 1 : vs + 1;
+  if (from_vs >= 0 && from_vs < vs_count_) {
+    const Slot& src = slot(st.dir, st.micro_batch, from_vs);
+    if (stage_of(from_vs) == stage) {
+      ch.deps.insert(ch.deps.end(), src.end.begin(), src.end.end());
+    } else {
+      ch.deps.push_back(src.ready);
+    }
+  }
+
+  const auto& units = units_[us][static_cast<std::size_t>(st.chunk)];
+  const int zero = dp_ > 1 ? plan_.zero_stage : 0;
+  const bool last_mb = st.micro_batch == mbs_ - 1;
+  const bool reduce_now = dp_ > 1 && (zero >= 2 || (opts_.dp_overlap && last_mb));
+  const double bucket = (stage == 0 && st.chunk == 0 && zero < 3)
+                            ? std::max(kBucketParams, kBucketParamsPerDpRank * dp_)
+                            : std::numeric_limits<double>::infinity();
+  // ZeRO-3 gathers a unit's parameters before each pass over it, one unit ahead.
+  std::vector<TaskId> gathers(units.size(), kNoTask);
+  auto gather = [&](std::size_t u, const std::vector<TaskId>& deps) {
+    if (zero < 3 || u >= units.size() || gathers[u] != kNoTask) return;
+    const StreamId s1[1] = {me.dp};
+    const TaskId t = eng_->add_collective(Collective::all_gather, me.dp_group,
+                                          units[u].params * kParamBytesPerParam, s1, deps);
+    tag(t, Cls::dp, kTidDp, stage);
+    label(t, stage, "zero3_gather " + units[u].name, "dp");
+    gathers[u] = t;
+  };
+  double acc = 0;
+  for (std::size_t k = 0; k < units.size(); ++k) {
+    const std::size_t u = fwd ? k : units.size() - 1 - k;
+    const std::size_t next = fwd ? u + 1 : u - 1;  // wraps to a huge index when u == 0: ignored
+    if (zero >= 3) {
+      gather(u, ch.deps);
+      gather(next, ch.deps);
+      flush(ch);
+      ch.deps.push_back(gathers[u]);
+    }
+    play(ch, fwd ? *units[u].fwd : *units[u].bwd);
+    if (!fwd && reduce_now) {
+      acc += units[u].params;
+      const bool last_unit = k + 1 == units.size();
+      if (acc >= bucket || last_unit || zero >= 3) {
+        flush(ch);
+        std::vector<TaskId> deps = ch.deps;
+        deps.insert(deps.end(), ch.async.begin(), ch.async.end());
+        dp_bucket(stage, acc, deps, "grad bucket " + step_name(st.dir, st.micro_batch, st.chunk, v_));
+        acc = 0;
+      }
+    }
+  }
+  flush(ch);
+  ch.deps.insert(ch.deps.end(), ch.async.begin(), ch.async.end());
+  if (traced(stage) && ch.first != kNoTask) {
+    spans_.push_back(StepSpan{stage, ch.first, ch.last_compute, step_name(st.dir, st.micro_batch, st.chunk, v_), fwd});
+  }
+  Slot& out = slot(st.dir, st.micro_batch, vs);
+  out.end = ch.deps;
+  out.added = true;
+  stage_end_[us] = ch.deps;
+  const int to_vs = fwd ? vs + 1 : vs - 1;
+  const bool sends = to_vs >= 0 && to_vs < vs_count_ && stage_of(to_vs) != stage;
+  stage_block_slot_[us] = sends ? static_cast<int>(&out - slots_.data()) : -1;
+}
+
+void Builder::finish_iteration() {
+  const GpuProfile& gpu = topo_.cluster().gpu;
+  const int zero = dp_ > 1 ? plan_.zero_stage : 0;
+  std::vector<TaskId> all;
+  for (int s = 0; s < pp_; ++s) {
+    const auto us = static_cast<std::size_t>(s);
+    // The last pass's outgoing message must be done too.
+    if (stage_block_slot_[us] >= 0) stage_end_[us].push_back(slots_[static_cast<std::size_t>(stage_block_slot_[us])].p2p);
+    if (dp_ > 1 && zero <= 1 && !opts_.dp_overlap) {
+      dp_bucket(s, parameters_on_stage(m_, plan_, s), stage_end_[us], "grad reduce");
+    }
+    all.insert(all.end(), stage_end_[us].begin(), stage_end_[us].end());
+    all.insert(all.end(), dp_tasks_[us].begin(), dp_tasks_[us].end());
+  }
+  // Tied embeddings across stages: Megatron all-reduces the word-embedding
+  // gradient between the first and the last stage (fp32) after backward.
+  if (pp_ > 1 && m_.tied_embeddings) {
+    CommGroup g;
+    g.ranks = {reps_.front().rank, reps_.back().rank};
+    for (int d = 0; d < dp_; ++d) {
+      for (int t = 0; t < tp_; ++t) {
+        if (t == 0 && d == rep_dp_) continue;
+        g.mirrors.push_back({map_.rank_of(t, 0, d), map_.rank_of(t, pp_ - 1, d)});
+      }
+    }
+    const GroupId gid = eng_->add_group(std::move(g));
+    const double bytes =
+        static_cast<double>(padded_vocab_size(m_.vocab_size, tp_)) / tp_ * static_cast<double>(m_.hidden_size) * kGradBytesPerParam;
+    const StreamId streams[2] = {reps_.front().dp, reps_.back().dp};
+    const TaskId t = eng_->add_collective(Collective::all_reduce, gid, bytes, streams, all);
+    tag(t, Cls::dp, kTidDp, 0, pp_ - 1);
+    label(t, 0, "embedding grad all-reduce", "dp");
+    label(t, pp_ - 1, "embedding grad all-reduce", "dp");
+    all.push_back(t);
+  }
+  // The optimizer step starts everywhere after the global gradient-norm
+  // reduction, i.e. after every stage's gradients are reduced.
+  const std::vector<TaskId> join{eng_->add_compute(kNoStream, 0, all)};
+  tag(join.back(), Cls::none, 0, -1);
+  for (int s = 0; s < pp_; ++s) {
+    const Rep& r = reps_[static_cast<std::size_t>(s)];
+    const double params = parameters_on_stage(m_, plan_, s);
+    const double shard = zero >= 1 ? params / dp_ : params;
+    TimeNs ns = memory_bound_time_ns(gpu, shard * kAdamBytesPerParam);
+    if (s == straggler_stage_) ns = static_cast<TimeNs>(std::llround(static_cast<double>(ns) * straggler_slowdown_));
+    const TaskId opt = eng_->add_compute(r.compute, ns, join);
+    tag(opt, Cls::optimizer, kTidCompute, s);
+    label(opt, s, "optimizer step", "optimizer");
+    if (zero == 1 || zero == 2) {
+      // Distributed optimizer: gather the updated bf16 parameters (not overlapped).
+      const StreamId s1[1] = {r.dp};
+      const std::vector<TaskId> d{opt};
+      const TaskId g = eng_->add_collective(Collective::all_gather, r.dp_group, params * kParamBytesPerParam, s1, d);
+      tag(g, Cls::dp, kTidDp, s);
+      label(g, s, "param all-gather", "dp");
+    }
+  }
+}
+
+}  // namespace cuboid::sim::detail

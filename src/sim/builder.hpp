@@ -1,0 +1,159 @@
+#pragma once
+// Private to the simulator: builds the task graph of one iteration on an
+// Engine (see simulator.cpp for the model) and keeps, per task, what the
+// breakdown and the trace need.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuboid/model.hpp"
+#include "cuboid/plan.hpp"
+#include "cuboid/sim/engine.hpp"
+#include "cuboid/sim/schedule.hpp"
+#include "cuboid/sim/simulator.hpp"
+#include "cuboid/topology.hpp"
+#include "program.hpp"
+
+namespace cuboid::sim::detail {
+
+// What a task counts as in the breakdown, in priority order.
+enum class Cls : std::uint8_t { optimizer, compute, tp, pp, dp, none };
+enum Tid : std::uint8_t { kTidCompute = 0, kTidTp = 1, kTidPpFwd = 2, kTidPpBwd = 3, kTidDp = 4 };
+inline constexpr std::uint16_t kNoStage = 0xFFFF;
+
+struct TaskMeta {
+  Cls cls = Cls::none;
+  std::uint8_t tid = 0;
+  std::uint16_t stage = kNoStage;
+  std::uint16_t stage2 = kNoStage;  // the other side of a p2p / embedding all-reduce
+};
+
+// A compute segment or a collective as the trace shows it.
+struct TraceLabel {
+  std::string name;
+  std::string category;
+  const Program* program = nullptr;  // compute: nested ops [first_op, first_op + num_ops)
+  std::uint32_t first_op = 0;
+  std::uint32_t num_ops = 0;
+  // Compute segments merged across programs: (program, first_op, num_ops) parts.
+  std::vector<std::tuple<const Program*, std::uint32_t, std::uint32_t>> parts;
+};
+
+struct StepSpan {
+  int stage = 0;
+  TaskId first = 0, last = 0;
+  std::string name;
+  bool forward = true;
+};
+
+struct Rep {
+  int rank = 0;
+  int stage = 0;
+  StreamId compute = 0, tp = 0, pp_fwd = 0, pp_bwd = 0, dp = 0;
+  GroupId tp_group = 0, dp_group = 0;
+};
+
+// One unit of a model chunk: the embedding, a transformer layer or the LM head.
+struct Unit {
+  const Program* fwd = nullptr;
+  const Program* bwd = nullptr;  // recompute + backward
+  double params = 0;             // per GPU, for DP buckets and ZeRO-3 gathers
+  std::string name;
+};
+
+class Builder {
+ public:
+  Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan, const SimOptions& opts);
+  void build();
+
+  Network& network() { return *net_; }
+  Engine& engine() { return *eng_; }
+  const std::vector<Rep>& reps() const { return reps_; }
+  const std::vector<TaskMeta>& meta() const { return meta_; }
+  const std::map<TaskId, TraceLabel>& labels() const { return labels_; }
+  const std::vector<StepSpan>& spans() const { return spans_; }
+  bool traced(int stage) const { return !traced_stages_.empty() && traced_stages_[static_cast<std::size_t>(stage)]; }
+  // Peak NVLink utilisation of TP collectives priced off the shared network.
+  double tp_probe_peak() const { return tp_probe_peak_; }
+
+ private:
+  struct Slot {  // one (direction, micro-batch, virtual stage) pass
+    bool added = false;
+    std::vector<TaskId> end;
+    TaskId p2p = std::numeric_limits<TaskId>::max();    // its outgoing message, once created
+    TaskId ready = std::numeric_limits<TaskId>::max();  // that message received (and gathered)
+  };
+  struct Chain {  // the task chain of one pass on one GPU
+    int stage = 0;
+    std::vector<TaskId> deps;
+    std::vector<TaskId> async;
+    TimeNs pending_ns = 0;
+    bool pending = false;
+    std::vector<std::tuple<const Program*, std::uint32_t, std::uint32_t>> parts;
+    TaskId first = std::numeric_limits<TaskId>::max();
+    TaskId last_compute = std::numeric_limits<TaskId>::max();
+  };
+
+  void make_reps();
+  void make_programs();
+  void make_units();
+  bool tp_isolated() const;
+  TimeNs tp_probe_ns(Collective c, double bytes);
+
+  Slot& slot(Direction d, int mb, int vs);
+  int stage_of(int vs) const { return vs % pp_; }
+  int chunk_of(int vs) const { return vs / pp_; }
+  bool can_add(int stage, std::size_t idx);
+  void try_message(int stage);
+  void add_step(int stage, std::size_t idx);
+  void play(Chain& ch, const Program& prog);
+  void flush(Chain& ch);
+  TaskId add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps);
+  void dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name);
+  void finish_iteration();
+
+  TaskId tag(TaskId t, Cls cls, std::uint8_t tid, int stage, int stage2 = -1);
+  void label(TaskId t, int stage, std::string name, std::string category);
+
+  const ModelSpec& m_;
+  const Topology& topo_;
+  const ParallelPlan& plan_;
+  const SimOptions& opts_;
+  RankMapping map_;
+  std::unique_ptr<Network> net_;
+  std::unique_ptr<Engine> eng_;
+  int pp_ = 1, v_ = 1, vs_count_ = 1, mbs_ = 1, tp_ = 1, dp_ = 1, rep_dp_ = 0;
+  int straggler_stage_ = -1;
+  double straggler_slowdown_ = 1.0;
+  bool tp_fast_ = false;
+  double tp_probe_peak_ = 0;
+  std::map<std::pair<int, double>, TimeNs> tp_probe_cache_;
+
+  std::vector<Rep> reps_;
+  std::vector<StageOrder> order_;
+  std::vector<std::size_t> cursor_;
+  std::vector<std::vector<TaskId>> stage_end_;      // end of each stage's previous pass
+  std::vector<TaskId> stage_block_;                 // the previous pass's outgoing message (blocking p2p)
+  std::vector<int> stage_block_slot_;               // slot index whose p2p must exist first (-1: none)
+  std::vector<Slot> slots_;
+  std::vector<std::vector<TaskId>> dp_tasks_;       // per stage: gradient reductions
+  std::vector<GroupId> p2p_fwd_group_, p2p_bwd_group_;  // per stage boundary s -> s+1 (index s)
+
+  // Programs, normal and (for the straggler's stage) slowed.
+  struct Programs {
+    Program layer_fwd, layer_bwd, embed_fwd, embed_bwd, head_fwd, head_bwd;
+  };
+  Programs normal_, slow_;
+  std::vector<std::vector<std::vector<Unit>>> units_;  // [stage][chunk] -> units in forward order
+
+  std::vector<TaskMeta> meta_;
+  std::map<TaskId, TraceLabel> labels_;
+  std::vector<StepSpan> spans_;
+  std::vector<bool> traced_stages_;
+};
+
+}  // namespace cuboid::sim::detail

@@ -1,0 +1,299 @@
+// Collective algorithms as phases of flows. Each phase is one flow (one rate
+// variable) whose routes are the algorithm's edges, with per-route weights
+// that encode channels: k channels each carrying 1/k of the data are routes of
+// weight 1/k, so a link used by one channel gets 1/k of the load and a link
+// used by all of them (a GPU's NVLink) the full load.
+#include "cuboid/sim/collective.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace cuboid::sim {
+
+namespace {
+
+constexpr std::array<AlgorithmInfo, 4> kAlgorithms{{
+    {"auto", "NCCL-like choice: ring inside a node; ring or tree by alpha-beta estimate for all_reduce across nodes"},
+    {"ring", "ring (chain for broadcast); across nodes one channel per local GPU, each on its own rail (PXN)"},
+    {"tree", "double binary tree across nodes with an intra-node chain, one channel per local GPU (all_reduce)"},
+    {"hierarchical", "intra-node reduce-scatter, inter-node all-reduce of S/k per rail, intra-node all-gather"},
+}};
+
+// An edge of the algorithm between two members (indices into ranks), weight w.
+struct IdxEdge {
+  int from = 0;
+  int to = 0;
+  double weight = 1.0;
+};
+
+// Members grouped by node, nodes in order of first appearance.
+struct NodeLayout {
+  std::vector<std::vector<int>> members;  // per node: indices into ranks
+  int max_per_node = 0;
+  int min_per_node = 0;
+};
+
+NodeLayout layout_of(const Topology& topo, const std::vector<int>& ranks) {
+  const int gpn = std::max(1, topo.cluster().gpus_per_node);
+  NodeLayout out;
+  std::vector<int> node_ids;
+  for (int i = 0; i < static_cast<int>(ranks.size()); ++i) {
+    const int node = ranks[static_cast<std::size_t>(i)] / gpn;
+    auto it = std::find(node_ids.begin(), node_ids.end(), node);
+    if (it == node_ids.end()) {
+      node_ids.push_back(node);
+      out.members.emplace_back();
+      out.members.back().push_back(i);
+    } else {
+      out.members[static_cast<std::size_t>(it - node_ids.begin())].push_back(i);
+    }
+  }
+  out.min_per_node = std::numeric_limits<int>::max();
+  for (const auto& m : out.members) {
+    out.max_per_node = std::max(out.max_per_node, static_cast<int>(m.size()));
+    out.min_per_node = std::min(out.min_per_node, static_cast<int>(m.size()));
+  }
+  return out;
+}
+
+int at(const std::vector<int>& v, int i) {
+  const int n = static_cast<int>(v.size());
+  return v[static_cast<std::size_t>(((i % n) + n) % n)];
+}
+
+// Ring edges. One node: a single ring in rank order. Several nodes: k channels
+// (k = most members on a node); channel c enters each node at its member c,
+// visits the node's members, returns to member c over NVLink (PXN: the data
+// reaches the GPU on the rail) and leaves through member c's NIC to member c
+// of the next node, so inter-node traffic stays on rail c.
+void ring_edges(const NodeLayout& lay, std::vector<IdxEdge>& out) {
+  if (lay.members.size() == 1) {
+    const auto& m = lay.members[0];
+    const int n = static_cast<int>(m.size());
+    for (int i = 0; i < n; ++i) out.push_back({m[static_cast<std::size_t>(i)], at(m, i + 1), 1.0});
+    return;
+  }
+  const int k = lay.max_per_node;
+  const double w = 1.0 / k;
+  const int nodes = static_cast<int>(lay.members.size());
+  for (int c = 0; c < k; ++c) {
+    for (int j = 0; j < nodes; ++j) {
+      const auto& m = lay.members[static_cast<std::size_t>(j)];
+      const int kn = static_cast<int>(m.size());
+      if (kn > 1) {
+        for (int i = 0; i < kn; ++i) out.push_back({at(m, c + i), at(m, c + i + 1), w});
+      }
+      out.push_back({at(m, c), at(lay.members[static_cast<std::size_t>((j + 1) % nodes)], c), w});
+    }
+  }
+}
+
+// Double binary tree among `count` items: tree 0 is heap-shaped over
+// positions 0..count-1, tree 1 the same over the reversed order, so most
+// inner nodes of one tree are leaves of the other (NCCL's construction differs
+// in detail, not in load). Calls edge(parent, child) for both trees.
+template <typename F>
+void double_binary_tree(int count, F&& edge) {
+  for (int t = 0; t < 2; ++t) {
+    for (int p = 1; p < count; ++p) {
+      const int parent = (p - 1) / 2;
+      if (t == 0) edge(parent, p);
+      else edge(count - 1 - parent, count - 1 - p);
+    }
+  }
+}
+
+int tree_depth(int count) {
+  int d = 0;
+  while ((1 << (d + 1)) <= count) ++d;
+  return d;  // floor(log2(count))
+}
+
+CommPhase make_phase(Network& net, const CommGroup& g, const std::vector<IdxEdge>& edges, double bytes_per_size,
+                     double steps) {
+  CommPhase ph;
+  ph.bytes_per_size = bytes_per_size;
+  std::vector<Route> routes;
+  routes.reserve(edges.size() * (1 + g.mirrors.size()));
+  TimeNs alpha = 0;
+  for (const IdxEdge& e : edges) {
+    const int a = g.ranks[static_cast<std::size_t>(e.from)];
+    const int b = g.ranks[static_cast<std::size_t>(e.to)];
+    routes.push_back({a, b, e.weight});
+    alpha = std::max(alpha, net.route_latency_ns(a, b));
+  }
+  for (const auto& m : g.mirrors) {
+    for (const IdxEdge& e : edges) {
+      routes.push_back({m[static_cast<std::size_t>(e.from)], m[static_cast<std::size_t>(e.to)], e.weight});
+    }
+  }
+  net.compile_routes(routes, ph.uses);
+  ph.latency_ns = static_cast<TimeNs>(std::llround(steps * static_cast<double>(alpha)));
+  return ph;
+}
+
+// Ring volume (bus bytes per size) and steps of each collective.
+std::pair<double, double> ring_volume_steps(Collective op, int n) {
+  const double d = n;
+  switch (op) {
+    case Collective::all_reduce: return {2.0 * (d - 1.0) / d, 2.0 * (d - 1.0)};
+    case Collective::reduce_scatter:
+    case Collective::all_gather: return {(d - 1.0) / d, d - 1.0};
+    case Collective::broadcast: return {1.0, d - 1.0};
+    case Collective::send_recv: return {1.0, 1.0};
+  }
+  return {0.0, 0.0};
+}
+
+void plan_ring(Network& net, Collective op, const CommGroup& g, const NodeLayout& lay, CollectivePlan& plan) {
+  const int n = static_cast<int>(g.ranks.size());
+  auto [volume, steps] = ring_volume_steps(op, n);
+  std::vector<IdxEdge> edges;
+  if (op == Collective::send_recv) {
+    edges.push_back({0, 1, 1.0});
+  } else {
+    // Broadcast is a pipelined chain; it is modelled on the full ring (one
+    // extra edge loaded back into the root, same uncontended time).
+    ring_edges(lay, edges);
+  }
+  // NVLink SHARP (H100/H200) reduces in the switch: an intra-node all-reduce
+  // reaches allreduce_busbw, above the other collectives' busbw that the
+  // links are scaled to. Fewer bytes cross the links, so scale the bytes.
+  const Cluster& c = net.topology()->cluster();
+  if (op == Collective::all_reduce && lay.members.size() == 1 && net.options().achievable_bandwidth &&
+      c.intra.allreduce_busbw_GBps > 0 && c.intra.busbw_GBps > 0) {
+    volume *= c.intra.busbw_GBps / c.intra.allreduce_busbw_GBps;
+  }
+  plan.phases.push_back(make_phase(net, g, edges, volume, steps));
+}
+
+// Tree all-reduce: per channel c, a chain through each node's members from
+// member c (reduce up, broadcast down: both directions) and a double binary
+// tree among the nodes' members c. Each tree carries half of the data.
+void plan_tree(Network& net, const CommGroup& g, const NodeLayout& lay, CollectivePlan& plan) {
+  const int nodes = static_cast<int>(lay.members.size());
+  const int k = lay.max_per_node;
+  const double w = 1.0 / k;
+  std::vector<IdxEdge> edges;
+  for (int c = 0; c < k; ++c) {
+    for (const auto& m : lay.members) {
+      const int kn = static_cast<int>(m.size());
+      for (int i = 0; i + 1 < kn; ++i) {
+        edges.push_back({at(m, c + i), at(m, c + i + 1), w});
+        edges.push_back({at(m, c + i + 1), at(m, c + i), w});
+      }
+    }
+    double_binary_tree(nodes, [&](int parent, int child) {
+      const int a = at(lay.members[static_cast<std::size_t>(parent)], c);
+      const int b = at(lay.members[static_cast<std::size_t>(child)], c);
+      edges.push_back({b, a, 0.5 * w});  // reduce
+      edges.push_back({a, b, 0.5 * w});  // broadcast
+    });
+  }
+  // Latency: up and down the inter-node tree and the intra-node chain. The
+  // phase's alpha is its slowest edge, so count chain hops at that alpha too
+  // (NCCL's tree latency model is similarly coarse).
+  const double steps = 2.0 * (tree_depth(nodes) + (lay.max_per_node - 1));
+  plan.phases.push_back(make_phase(net, g, edges, 1.0, std::max(1.0, steps)));
+}
+
+void plan_hierarchical(Network& net, const CommGroup& g, const NodeLayout& lay, CollectivePlan& plan) {
+  const int k = lay.max_per_node;
+  const int nodes = static_cast<int>(lay.members.size());
+  std::vector<IdxEdge> intra;
+  for (const auto& m : lay.members) {
+    for (int i = 0; i < k; ++i) intra.push_back({at(m, i), at(m, i + 1), 1.0});
+  }
+  std::vector<IdxEdge> inter;
+  for (int r = 0; r < k; ++r) {
+    for (int j = 0; j < nodes; ++j) {
+      inter.push_back({at(lay.members[static_cast<std::size_t>(j)], r),
+                       at(lay.members[static_cast<std::size_t>((j + 1) % nodes)], r), 1.0});
+    }
+  }
+  const double dk = k;
+  const double dm = nodes;
+  plan.phases.push_back(make_phase(net, g, intra, (dk - 1.0) / dk, dk - 1.0));
+  plan.phases.push_back(make_phase(net, g, inter, 2.0 * (dm - 1.0) / dm / dk, 2.0 * (dm - 1.0)));
+  plan.phases.push_back(make_phase(net, g, intra, (dk - 1.0) / dk, dk - 1.0));
+}
+
+void check_group(const Network& net, const CommGroup& g) {
+  if (net.topology() == nullptr) throw std::logic_error("collective: the network has no topology");
+  const int total = net.topology()->num_gpus();
+  auto check_ranks = [total](const std::vector<int>& r) {
+    for (int x : r) {
+      if (x < 0 || x >= total) throw std::out_of_range("collective: GPU " + std::to_string(x) + " outside the cluster");
+    }
+  };
+  check_ranks(g.ranks);
+  for (const auto& m : g.mirrors) {
+    if (m.size() != g.ranks.size()) throw std::invalid_argument("collective: a mirror group differs in size");
+    check_ranks(m);
+  }
+}
+
+}  // namespace
+
+std::span<const AlgorithmInfo> collective_algorithms() { return kAlgorithms; }
+
+std::string_view to_string(Algorithm a) { return kAlgorithms[static_cast<std::size_t>(a)].name; }
+
+Algorithm parse_algorithm(std::string_view name) {
+  for (std::size_t i = 0; i < kAlgorithms.size(); ++i) {
+    if (kAlgorithms[i].name == name) return static_cast<Algorithm>(i);
+  }
+  std::string known;
+  for (const auto& a : kAlgorithms) known += (known.empty() ? "" : ", ") + std::string(a.name);
+  throw std::invalid_argument("unknown collective algorithm '" + std::string(name) + "' (known: " + known + ")");
+}
+
+// NCCL picks the algorithm with the lowest predicted time from its tuning
+// model (src/graph/tuning.cc). Here: ring inside a node (NCCL's intra-node
+// default without NVLS); for an all_reduce across nodes the lower of the two
+// alpha-beta estimates, with the same per-node bandwidth B (k rails):
+//   ring: 2(n-1)/n * S / B + 2(n-1) alpha
+//   tree: 2 * S / B + 2(log2(nodes) + k - 1) alpha   (busiest tree link carries 2S)
+// so the tree wins for small messages over many ranks, the ring for large ones.
+Algorithm choose_algorithm(Network& net, Collective op, const CommGroup& group, double size_bytes) {
+  if (op != Collective::all_reduce || group.ranks.size() <= 2 || net.topology() == nullptr) return Algorithm::ring;
+  const Topology& topo = *net.topology();
+  const NodeLayout lay = layout_of(topo, group.ranks);
+  if (lay.members.size() <= 1) return Algorithm::ring;
+  const Cluster& c = topo.cluster();
+  const double B = lay.max_per_node * std::max(1e-9, c.inter.nic_busbw_GBps) * 1e9;
+  const double alpha = c.inter.latency_ns * 1e-9;
+  const double n = static_cast<double>(group.ranks.size());
+  const double ring = 2.0 * (n - 1.0) / n * size_bytes / B + 2.0 * (n - 1.0) * alpha;
+  const double tree = 2.0 * size_bytes / B +
+                      2.0 * (tree_depth(static_cast<int>(lay.members.size())) + lay.max_per_node - 1) * alpha;
+  return tree < ring ? Algorithm::tree : Algorithm::ring;
+}
+
+CollectivePlan plan_collective(Network& net, Collective op, const CommGroup& group, Algorithm algo) {
+  if (algo == Algorithm::automatic) throw std::invalid_argument("plan_collective: resolve 'auto' first");
+  check_group(net, group);
+  CollectivePlan plan;
+  plan.algorithm = algo;
+  const int n = static_cast<int>(group.ranks.size());
+  if (n <= 1) return plan;
+  if (op == Collective::send_recv && n != 2) throw std::invalid_argument("collective: send_recv needs 2 ranks");
+  const NodeLayout lay = layout_of(*net.topology(), group.ranks);
+  const bool multi_node = lay.members.size() > 1;
+  if (op != Collective::all_reduce || !multi_node || op == Collective::send_recv) algo = Algorithm::ring;
+  if (algo == Algorithm::hierarchical && (lay.min_per_node != lay.max_per_node || lay.max_per_node == 1)) {
+    algo = Algorithm::ring;  // uneven or one GPU per node: the flat ring is the hierarchy
+  }
+  plan.algorithm = algo;
+  switch (algo) {
+    case Algorithm::tree: plan_tree(net, group, lay, plan); break;
+    case Algorithm::hierarchical: plan_hierarchical(net, group, lay, plan); break;
+    default: plan_ring(net, op, group, lay, plan); break;
+  }
+  return plan;
+}
+
+}  // namespace cuboid::sim

@@ -1,0 +1,291 @@
+// The event loop: a binary heap of (time, seq) events plus the network model,
+// asked for its next flow completion (SimGrid's model boundary). Tasks that
+// become ready are collected and started after each event, in the order they
+// became ready, so a run is a pure function of the inputs.
+#include "cuboid/sim/engine.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace cuboid::sim {
+
+std::string_view to_string(StreamKind k) {
+  switch (k) {
+    case StreamKind::compute: return "compute";
+    case StreamKind::tp: return "tp";
+    case StreamKind::pp: return "pp";
+    case StreamKind::dp: return "dp";
+    case StreamKind::other: return "other";
+  }
+  return "?";
+}
+
+namespace {
+
+struct EventLater {
+  template <typename E>
+  bool operator()(const E& a, const E& b) const {
+    return a.time != b.time ? a.time > b.time : a.seq > b.seq;
+  }
+};
+
+}  // namespace
+
+StreamId Engine::add_stream(int gpu, StreamKind kind) {
+  Stream s;
+  s.info.gpu = gpu;
+  s.info.kind = kind;
+  streams_.push_back(std::move(s));
+  return static_cast<StreamId>(streams_.size() - 1);
+}
+
+void Engine::reserve(std::size_t tasks, std::size_t dependencies) {
+  tasks_.reserve(tasks);
+  task_streams_.reserve(tasks);
+  succ_.reserve(dependencies);
+  heap_.reserve(std::min<std::size_t>(tasks, 1 << 16));
+}
+
+GroupId Engine::add_group(CommGroup group) {
+  for (const auto& m : group.mirrors) {
+    if (m.size() != group.ranks.size()) throw std::invalid_argument("Engine::add_group: a mirror group differs in size");
+  }
+  groups_.push_back(Group{std::move(group), {}});
+  return static_cast<GroupId>(groups_.size() - 1);
+}
+
+TaskId Engine::new_task(TaskKind kind, std::span<const StreamId> streams, std::span<const TaskId> deps,
+                        std::uint64_t user) {
+  const auto id = static_cast<TaskId>(tasks_.size());
+  Task t;
+  t.kind = kind;
+  t.user = user;
+  t.streams_off = static_cast<std::uint32_t>(task_streams_.size());
+  for (StreamId s : streams) {
+    if (s == kNoStream) continue;
+    if (s >= streams_.size()) throw std::out_of_range("Engine: stream " + std::to_string(s) + " does not exist");
+    for (std::uint32_t i = t.streams_off; i < task_streams_.size(); ++i) {
+      if (task_streams_[i] == s) throw std::invalid_argument("Engine: a task lists stream " + std::to_string(s) + " twice");
+    }
+    task_streams_.push_back(s);
+  }
+  t.streams_len = static_cast<std::uint32_t>(task_streams_.size()) - t.streams_off;
+  tasks_.push_back(t);
+  for (TaskId d : deps) {
+    if (d >= id) throw std::out_of_range("Engine: dependency on task " + std::to_string(d) + " not yet added");
+    Task& dep = tasks_[d];
+    if (dep.state == State::done) continue;
+    ++tasks_[id].deps_left;
+    const auto e = static_cast<std::uint32_t>(succ_.size());
+    succ_.push_back(Succ{id, kNone});
+    if (dep.succ_tail == kNone) dep.succ_head = e;
+    else succ_[dep.succ_tail].next = e;
+    dep.succ_tail = e;
+  }
+  for (std::uint32_t i = 0; i < tasks_[id].streams_len; ++i) {
+    Stream& s = streams_[task_streams_[tasks_[id].streams_off + i]];
+    s.queue.push_back(id);
+    if (s.queue.size() - 1 == s.head) {
+      s.arrival_ns = now_;
+      ++tasks_[id].arrived;
+    }
+  }
+  maybe_start(id);
+  return id;
+}
+
+TaskId Engine::add_compute(StreamId stream, TimeNs duration_ns, std::span<const TaskId> deps, std::uint64_t user) {
+  if (duration_ns < 0) throw std::invalid_argument("Engine::add_compute: negative duration");
+  const StreamId one[1] = {stream};
+  const TaskId id = new_task(TaskKind::compute, one, deps, user);
+  tasks_[id].duration_ns = duration_ns;
+  return id;
+}
+
+std::uint32_t Engine::plan_for(GroupId g, Collective op, Algorithm algo) {
+  Group& grp = groups_[g];
+  for (const auto& [c, a, idx] : grp.plans) {
+    if (c == op && a == algo) return idx;
+  }
+  plans_.push_back(plan_collective(*net_, op, grp.group, algo));
+  const auto idx = static_cast<std::uint32_t>(plans_.size() - 1);
+  grp.plans.emplace_back(op, algo, idx);
+  return idx;
+}
+
+TaskId Engine::add_collective(Collective op, GroupId group, double size_bytes, std::span<const StreamId> streams,
+                              std::span<const TaskId> deps, Algorithm algo, std::uint64_t user) {
+  if (net_ == nullptr) throw std::logic_error("Engine: communication tasks need a Network");
+  if (group >= groups_.size()) throw std::out_of_range("Engine: group " + std::to_string(group) + " does not exist");
+  if (algo == Algorithm::automatic) algo = choose_algorithm(*net_, op, groups_[group].group, size_bytes);
+  const std::uint32_t plan = plan_for(group, op, algo);
+  // Validate before queuing anything, so a throw leaves the engine unchanged.
+  const TaskId id = new_task(op == Collective::send_recv ? TaskKind::send_recv : TaskKind::collective, streams, deps, user);
+  Task& t = tasks_[id];
+  t.bytes = size_bytes;
+  t.plan = plan;
+  t.algo = plans_[plan].algorithm;
+  return id;
+}
+
+TaskId Engine::add_send_recv(int src_gpu, int dst_gpu, double bytes, std::span<const StreamId> streams,
+                             std::span<const TaskId> deps, std::span<const Route> mirrors, std::uint64_t user) {
+  if (net_ == nullptr) throw std::logic_error("Engine: communication tasks need a Network");
+  std::vector<int> key{src_gpu, dst_gpu};
+  for (const Route& m : mirrors) {
+    // A mirror of weight w stands for round(w) identical pairs.
+    for (long i = 0; i < std::lround(m.weight); ++i) {
+      key.push_back(m.src_gpu);
+      key.push_back(m.dst_gpu);
+    }
+  }
+  auto it = p2p_groups_.find(key);
+  if (it == p2p_groups_.end()) {
+    CommGroup g;
+    g.ranks = {src_gpu, dst_gpu};
+    for (std::size_t i = 2; i < key.size(); i += 2) g.mirrors.push_back({key[i], key[i + 1]});
+    it = p2p_groups_.emplace(std::move(key), add_group(std::move(g))).first;
+  }
+  return add_collective(Collective::send_recv, it->second, bytes, streams, deps, Algorithm::ring, user);
+}
+
+TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs latency_ns, std::span<const StreamId> streams,
+                        std::span<const TaskId> deps, std::uint64_t user) {
+  if (net_ == nullptr) throw std::logic_error("Engine: communication tasks need a Network");
+  std::vector<LinkUse> merged(uses.begin(), uses.end());
+  Network::merge_uses(merged);
+  const TaskId id = new_task(TaskKind::flow, streams, deps, user);
+  Task& t = tasks_[id];
+  t.bytes = bytes;
+  t.duration_ns = latency_ns;
+  t.plan = static_cast<std::uint32_t>(flow_uses_.size());
+  t.plan_len = static_cast<std::uint32_t>(merged.size());
+  flow_uses_.insert(flow_uses_.end(), merged.begin(), merged.end());
+  return id;
+}
+
+void Engine::push_event(TimeNs t, TaskId task, EventType type) {
+  heap_.push_back(Event{t, seq_++, task, type});
+  std::push_heap(heap_.begin(), heap_.end(), EventLater{});
+}
+
+void Engine::maybe_start(TaskId t) {
+  const Task& task = tasks_[t];
+  if (task.state == State::waiting && task.deps_left == 0 && task.arrived == task.streams_len) {
+    tasks_[t].state = State::running;  // claimed; started in drain_ready
+    ready_.push_back(t);
+  }
+}
+
+void Engine::drain_ready() {
+  // Index loop: starting a task never makes another ready, but keep it robust.
+  for (std::size_t i = 0; i < ready_.size(); ++i) start(ready_[i]);
+  ready_.clear();
+}
+
+void Engine::start(TaskId id) {
+  Task& t = tasks_[id];
+  t.start_ns = now_;
+  for (std::uint32_t i = 0; i < t.streams_len; ++i) {
+    Stream& s = streams_[task_streams_[t.streams_off + i]];
+    s.info.wait_ns += now_ - s.arrival_ns;
+  }
+  switch (t.kind) {
+    case TaskKind::compute: push_event(now_ + t.duration_ns, id, EventType::task_end); return;
+    case TaskKind::flow:
+      net_->start_flow(std::span<const LinkUse>(flow_uses_.data() + t.plan, t.plan_len), t.bytes, now_, id);
+      return;
+    case TaskKind::collective:
+    case TaskKind::send_recv:
+      t.phase = 0;
+      if (t.bytes <= 0 || plans_[t.plan].phases.empty()) {
+        push_event(now_, id, EventType::task_end);
+        return;
+      }
+      start_phase(id);
+      return;
+  }
+}
+
+void Engine::start_phase(TaskId id) {
+  const Task& t = tasks_[id];
+  const CommPhase& ph = plans_[t.plan].phases[t.phase];
+  net_->start_flow(ph.uses, ph.bytes_per_size * t.bytes, now_, id);
+}
+
+void Engine::finish(TaskId id) {
+  Task& t = tasks_[id];
+  t.state = State::done;
+  t.end_ns = now_;
+  ++tasks_done_;
+  for (std::uint32_t i = 0; i < t.streams_len; ++i) {
+    Stream& s = streams_[task_streams_[t.streams_off + i]];
+    s.info.busy_ns += t.end_ns - t.start_ns;
+    ++s.info.tasks;
+    ++s.head;
+    if (s.head < s.queue.size()) {
+      s.arrival_ns = now_;
+      const TaskId next = s.queue[s.head];
+      ++tasks_[next].arrived;
+      maybe_start(next);
+    }
+  }
+  for (std::uint32_t e = t.succ_head; e != kNone; e = succ_[e].next) {
+    const TaskId s = succ_[e].task;
+    --tasks_[s].deps_left;
+    maybe_start(s);
+  }
+  if (on_complete_) on_complete_(id, now_);
+}
+
+RunStats Engine::run(TimeNs until_ns) {
+  drain_ready();
+  while (true) {
+    const TimeNs th = heap_.empty() ? kNever : heap_.front().time;
+    // Events at the current instant run before the network is asked (and
+    // re-solved), so flows started together share one max-min solve.
+    const TimeNs tn = net_ != nullptr && th != now_ ? net_->next_completion() : kNever;
+    const TimeNs t = std::min(th, tn);
+    if (t == kNever || t > until_ns) break;
+    now_ = t;
+    if (tn <= th) {
+      // Flows drain first at equal times; their latency follows as an event.
+      completed_.clear();
+      net_->advance_to(t, completed_);
+      for (std::uint64_t tag : completed_) {
+        ++events_;
+        const auto id = static_cast<TaskId>(tag);
+        const Task& task = tasks_[id];
+        const TimeNs lat = task.kind == TaskKind::flow ? task.duration_ns : plans_[task.plan].phases[task.phase].latency_ns;
+        push_event(t + lat, id, EventType::phase_end);
+      }
+      continue;
+    }
+    std::pop_heap(heap_.begin(), heap_.end(), EventLater{});
+    const Event ev = heap_.back();
+    heap_.pop_back();
+    ++events_;
+    Task& task = tasks_[ev.task];
+    if (ev.type == EventType::phase_end && task.kind != TaskKind::flow &&
+        static_cast<std::size_t>(task.phase) + 1 < plans_[task.plan].phases.size()) {
+      ++task.phase;
+      start_phase(ev.task);
+    } else {
+      finish(ev.task);
+    }
+    drain_ready();
+  }
+  RunStats st;
+  st.end_ns = now_;
+  st.events = events_;
+  st.tasks_done = tasks_done_;
+  st.tasks_unfinished = tasks_.size() - tasks_done_;
+  if (net_ != nullptr) {
+    st.flows = net_->flows_started();
+    st.solves = net_->solves();
+  }
+  return st;
+}
+
+}  // namespace cuboid::sim

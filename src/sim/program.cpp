@@ -1,0 +1,127 @@
+// Op list -> items (see program.hpp).
+#include "program.hpp"
+
+#include <cmath>
+#include <string_view>
+
+#include "cuboid/cost.hpp"
+
+namespace cuboid::sim::detail {
+
+namespace {
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+bool is_tp_collective(const Op& op) { return op.kind == OpKind::collective && op.group == Group::tp; }
+
+// ops[i] is the input-gradient reduce of a column-parallel GEMM X when it
+// follows X_dgrad, X_wgrad.
+bool column_parallel_reduce(const std::vector<Op>& ops, std::size_t i) {
+  if (i < 2 || !is_tp_collective(ops[i]) || ops[i].pass != Pass::backward) return false;
+  if (ops[i].collective != Collective::all_reduce && ops[i].collective != Collective::reduce_scatter) return false;
+  const std::string& d = ops[i - 2].name;
+  const std::string& w = ops[i - 1].name;
+  if (!ends_with(d, "_dgrad") || !ends_with(w, "_wgrad")) return false;
+  return d.substr(0, d.size() - 6) == w.substr(0, w.size() - 6);
+}
+
+class Builder {
+ public:
+  Builder(const GpuProfile& gpu, double slowdown) : gpu_(gpu), slowdown_(slowdown) {}
+
+  void compute(const Op& op) {
+    TimeNs t = op_time_ns(gpu_, op);
+    if (slowdown_ != 1.0) t = static_cast<TimeNs>(std::llround(static_cast<double>(t) * slowdown_));
+    if (open_ < 0) {
+      Item it;
+      it.kind = ItemKind::compute;
+      it.first_op = static_cast<std::uint32_t>(p_.ops.size());
+      p_.items.push_back(it);
+      open_ = static_cast<int>(p_.items.size()) - 1;
+    }
+    Item& it = p_.items[static_cast<std::size_t>(open_)];
+    it.duration_ns += t;
+    ++it.num_ops;
+    p_.ops.push_back(OpSpan{op.name, t});
+    p_.compute_ns += t;
+    p_.flops += op.flops;
+  }
+
+  void collective(ItemKind kind, Collective c, double bytes, std::string name) {
+    close();
+    Item it;
+    it.kind = kind;
+    it.collective = c;
+    it.bytes = bytes;
+    it.name_op = static_cast<std::uint32_t>(p_.ops.size());
+    p_.ops.push_back(OpSpan{std::move(name), 0});
+    p_.items.push_back(it);
+  }
+
+  void join() {
+    close();
+    Item it;
+    it.kind = ItemKind::join;
+    p_.items.push_back(it);
+  }
+
+  void close() { open_ = -1; }
+  Program take() { return std::move(p_); }
+
+ private:
+  const GpuProfile& gpu_;
+  double slowdown_;
+  Program p_;
+  int open_ = -1;  // index of the compute item being extended, -1 when none
+};
+
+}  // namespace
+
+Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence_parallel, bool backward_overlap,
+                double slowdown) {
+  Builder b(gpu, slowdown);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    // Look ahead: is this the dgrad of a column-parallel GEMM whose reduce overlaps?
+    if (backward_overlap && i + 2 < ops.size() && column_parallel_reduce(ops, i + 2) && ends_with(op.name, "_dgrad")) {
+      const Op& wgrad = ops[i + 1];
+      const Op& reduce = ops[i + 2];
+      if (sequence_parallel) {
+        // SP does not keep the gathered input: it is all-gathered again under dgrad.
+        b.collective(ItemKind::async, Collective::all_gather, reduce.comm_bytes, reduce.name + "_regather");
+        b.compute(op);
+        b.join();
+      } else {
+        b.compute(op);
+      }
+      b.collective(ItemKind::async, reduce.collective, reduce.comm_bytes, reduce.name);
+      b.compute(wgrad);
+      b.join();
+      i += 2;
+      continue;
+    }
+    if (op.kind == OpKind::collective || op.kind == OpKind::p2p) {
+      if (op.group == Group::tp) b.collective(ItemKind::collective, op.collective, op.comm_bytes, op.name);
+      continue;  // other groups' traffic is placed by the simulator, not per op
+    }
+    b.compute(op);
+  }
+  b.close();
+  return b.take();
+}
+
+void append(Program& a, const Program& b) {
+  const auto offset = static_cast<std::uint32_t>(a.ops.size());
+  a.ops.insert(a.ops.end(), b.ops.begin(), b.ops.end());
+  for (Item it : b.items) {
+    it.first_op += offset;
+    it.name_op += offset;
+    a.items.push_back(it);
+  }
+  a.compute_ns += b.compute_ns;
+  a.flops += b.flops;
+}
+
+}  // namespace cuboid::sim::detail

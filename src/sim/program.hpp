@@ -1,0 +1,58 @@
+#pragma once
+// Private to the simulator: an op list of the workload (workload.hpp) turned
+// into the items the simulator plays on a GPU's streams. Consecutive compute
+// ops between two TP collectives become one compute segment (one engine task;
+// the trace still shows each kernel inside it), which keeps a 3072-GPU
+// iteration at a few hundred thousand tasks.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuboid/cluster.hpp"
+#include "cuboid/sim/network.hpp"
+#include "cuboid/workload.hpp"
+
+namespace cuboid::sim::detail {
+
+struct OpSpan {
+  std::string name;
+  TimeNs duration_ns = 0;
+};
+
+enum class ItemKind : std::uint8_t {
+  compute,     // a segment of compute ops on the compute stream, after the chain
+  collective,  // a blocking TP collective on the TP stream, after the chain
+  async,       // a TP collective after the chain that the following compute runs under
+  join,        // the next item also waits for every async collective issued so far
+};
+
+struct Item {
+  ItemKind kind = ItemKind::compute;
+  TimeNs duration_ns = 0;          // compute
+  std::uint32_t first_op = 0;      // compute: ops [first_op, first_op + num_ops) of Program::ops
+  std::uint32_t num_ops = 0;
+  Collective collective = Collective::all_reduce;
+  double bytes = 0;                // collective / async: NCCL size
+  std::uint32_t name_op = 0;       // collective / async: its name in Program::ops
+};
+
+struct Program {
+  std::vector<Item> items;
+  std::vector<OpSpan> ops;         // every op of the list, by name, in order
+  TimeNs compute_ns = 0;           // sum of compute segments
+  double flops = 0;
+};
+
+// Compiles `ops` (one pass of a layer, embedding or LM head). With
+// `backward_overlap`, a column-parallel layer's backward (dgrad, wgrad, then
+// the input-gradient reduce) becomes: [SP: async all-gather of the layer's
+// input] dgrad, [join], async reduce, wgrad, join, as Megatron's
+// LinearWithGradAccumulationAndAsyncCommunication does. `slowdown` scales
+// every compute op (a straggler).
+Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence_parallel, bool backward_overlap,
+                double slowdown = 1.0);
+
+// Appends b's items and ops to a (a's op indices stay valid).
+void append(Program& a, const Program& b);
+
+}  // namespace cuboid::sim::detail

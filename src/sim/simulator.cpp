@@ -1,0 +1,260 @@
+// The discrete-event simulator of one training iteration.
+//
+// What is played (builder.cpp), per simulated GPU (one per pipeline stage):
+// * the schedule's passes in its order (schedule.hpp); a pass is the op list
+//   of its units (embedding on the first virtual stage, transformer layers,
+//   LM head on the last; workload.hpp) compiled into compute segments and TP
+//   collectives (program.cpp). Compute times are cost.hpp's op_time_ns.
+// * TP collectives block the compute that follows them (Megatron runs them
+//   on the compute stream), except in the backward of column-parallel layers
+//   where Megatron overlaps them with the dgrad / wgrad GEMMs.
+// * Recomputation: the layer's recompute ops (full: the whole forward with its
+//   TP collectives; selective: the attention core) right before its backward.
+// * Pipeline p2p: one send/recv per pass boundary on the PP streams of both
+//   GPUs, from the producer's pass end and the receiver's previous pass end
+//   (when Megatron posts the recv); the receiver's pass waits for it and the
+//   sender's next pass too (Megatron's p2p is synchronous). Without sequence
+//   parallelism the receiver all-gathers the TP shards (scatter-gather).
+// * DP: gradient buckets (Megatron-core: max(40M, 1M x DP) parameters on the
+//   first stage, one bucket per model chunk elsewhere) reduced in fp32 as the
+//   last micro-batch's backward produces them (SimOptions::dp_overlap), or
+//   after the stage's last backward; all-reduce without ZeRO, reduce-scatter
+//   with ZeRO >= 1 (ZeRO-2/3: every micro-batch). ZeRO-3 all-gathers each
+//   unit's bf16 parameters before its forward and backward, one unit ahead.
+//   Tied embeddings across stages: the embedding gradient all-reduce between
+//   the first and last stage.
+// * Then every stage's optimizer step (after a global join: the grad-norm
+//   reduction synchronises all stages), memory-bound at 32 B per parameter of
+//   its shard; ZeRO-1/2 then all-gather the updated bf16 parameters.
+// The iteration time is when the last task ends. The breakdown: simulator.hpp.
+#include "cuboid/sim/simulator.hpp"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+
+#include "builder.hpp"
+#include "cuboid/flops.hpp"
+#include "cuboid/memory.hpp"
+#include "cuboid/trace.hpp"
+
+namespace cuboid::sim {
+
+namespace {
+
+using detail::Builder;
+using detail::Cls;
+using detail::TaskMeta;
+
+std::string link_kind(const std::string& name) {
+  if (name.find("nvswitch") != std::string::npos) return "nvlink";
+  const bool gpu = name.find("gpu") != std::string::npos;
+  const bool nic = name.find("nic") != std::string::npos;
+  if (gpu && nic) return "pcie";
+  return "ib";
+}
+
+bool on_stage(const TaskMeta& t, int stage) {
+  return t.stage == static_cast<std::uint16_t>(stage) || t.stage2 == static_cast<std::uint16_t>(stage);
+}
+
+// Walks [0, end] of one stage's GPU: each instant goes to the busy class of
+// highest priority (optimizer, compute, TP, PP, DP), idle instants to bubble.
+Breakdown critical_breakdown(const Engine& eng, const std::vector<TaskMeta>& meta, int stage, TimeNs end) {
+  struct Edge {
+    TimeNs t;
+    int delta;
+    Cls cls;
+  };
+  std::vector<Edge> edges;
+  for (TaskId t = 0; t < meta.size(); ++t) {
+    const TaskMeta& mt = meta[t];
+    if (mt.cls == Cls::none || !on_stage(mt, stage) || !eng.done(t)) continue;
+    if (eng.end_ns(t) <= eng.start_ns(t)) continue;
+    edges.push_back({eng.start_ns(t), +1, mt.cls});
+    edges.push_back({eng.end_ns(t), -1, mt.cls});
+  }
+  std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.t < b.t; });
+  std::array<int, 5> active{};
+  std::array<double, 6> ns{};  // per Cls, [5] = bubble
+  TimeNs at = 0;
+  auto account = [&](TimeNs until) {
+    if (until <= at) return;
+    std::size_t cls = 5;
+    for (std::size_t c = 0; c < active.size(); ++c) {
+      if (active[c] > 0) {
+        cls = c;
+        break;
+      }
+    }
+    ns[cls] += static_cast<double>(until - at);
+    at = until;
+  };
+  for (const Edge& e : edges) {
+    account(std::min(e.t, end));
+    active[static_cast<std::size_t>(e.cls)] += e.delta;
+  }
+  account(end);
+  Breakdown b;
+  b.optimizer_s = ns[0] * 1e-9;
+  b.compute_s = ns[1] * 1e-9;
+  b.tp_comm_s = ns[2] * 1e-9;
+  b.pp_comm_s = ns[3] * 1e-9;
+  b.dp_comm_s = ns[4] * 1e-9;
+  b.bubble_s = ns[5] * 1e-9;
+  return b;
+}
+
+void fill_rates(Estimate& e, const ModelSpec& m, const ParallelPlan& plan, const GpuProfile& gpu) {
+  const double world = static_cast<double>(plan.world_size());
+  const double seq = static_cast<double>(plan.seq_length > 0 ? plan.seq_length : m.seq_length);
+  e.model_flops = model_flops_per_iteration(m, plan);
+  e.hardware_flops = hardware_flops_per_iteration(m, plan);
+  if (e.iteration_time_s > 0) {
+    e.tokens_per_s = static_cast<double>(plan.global_batch) * seq / e.iteration_time_s;
+    e.model_tflops_per_gpu = e.model_flops / e.iteration_time_s / world / 1e12;
+    e.hardware_tflops_per_gpu = e.hardware_flops / e.iteration_time_s / world / 1e12;
+    e.mfu = e.model_tflops_per_gpu * 1e12 / gpu.peak_bf16_flops;
+    e.hfu = e.hardware_tflops_per_gpu * 1e12 / gpu.peak_bf16_flops;
+  }
+}
+
+void collect_links(SimResult& r, Network& net, double tp_probe_peak) {
+  std::vector<LinkUtilisation> all;
+  for (LinkId l = 0; l < net.num_links(); ++l) {
+    const LinkStats st = net.link_stats(l);
+    if (st.bytes <= 0) continue;
+    LinkUtilisation u;
+    u.name = net.link_name(l);
+    u.kind = link_kind(u.name);
+    u.capacity_Bps = st.capacity_Bps;
+    u.bytes = st.bytes;
+    u.peak_utilisation = st.peak_utilisation;
+    double& peak = u.kind == "nvlink" ? r.peak_nvlink_utilisation
+                   : u.kind == "pcie" ? r.peak_pcie_utilisation
+                                      : r.peak_ib_utilisation;
+    peak = std::max(peak, u.peak_utilisation);
+    all.push_back(std::move(u));
+  }
+  r.peak_nvlink_utilisation = std::max(r.peak_nvlink_utilisation, tp_probe_peak);
+  std::stable_sort(all.begin(), all.end(), [](const LinkUtilisation& a, const LinkUtilisation& b) {
+    return a.peak_utilisation > b.peak_utilisation;
+  });
+  if (all.size() > 8) all.resize(8);
+  r.busiest_links = std::move(all);
+}
+
+constexpr std::array<const char*, 5> kTidNames{"compute", "tp comm", "pp send/recv (activations)",
+                                               "pp send/recv (gradients)", "dp comm"};
+
+std::vector<std::filesystem::path> write_trace(Builder& b, const ParallelPlan& plan, const SimOptions& opts) {
+  const Engine& eng = b.engine();
+  const auto& meta = b.meta();
+  const RankMapping map(plan, 1 << 30);  // only the (tp, pp, dp) coordinates are used
+  std::vector<int> ranks = opts.trace_ranks;
+  if (ranks.empty()) {
+    for (const auto& r : b.reps()) ranks.push_back(r.rank);
+  }
+  TraceWriter w;
+  w.set_world_size(plan.world_size());
+  // Tasks per stage, for the ranks that show it.
+  std::vector<std::vector<TaskId>> by_stage(b.reps().size());
+  for (const auto& [t, lbl] : b.labels()) {
+    const TaskMeta& mt = meta[t];
+    if (mt.stage != detail::kNoStage) by_stage[mt.stage].push_back(t);
+    if (mt.stage2 != detail::kNoStage) by_stage[mt.stage2].push_back(t);
+  }
+  for (int rank : ranks) {
+    if (rank < 0 || rank >= plan.world_size()) continue;
+    const RankCoord c = map.coord(rank);
+    const auto stage = static_cast<std::size_t>(c.pp);
+    const int shown = b.reps()[stage].rank;
+    w.set_process_name(rank, "rank " + std::to_string(rank) + " (stage " + std::to_string(c.pp) + ", tp " +
+                                 std::to_string(c.tp) + ", dp " + std::to_string(c.dp) + ")" +
+                                 (shown == rank ? "" : " = simulated rank " + std::to_string(shown)));
+    for (int tid = 0; tid < static_cast<int>(kTidNames.size()); ++tid) w.set_thread_name(rank, tid, kTidNames[static_cast<std::size_t>(tid)], tid);
+    for (TaskId t : by_stage[stage]) {
+      if (!eng.done(t)) continue;
+      const detail::TraceLabel& lbl = b.labels().at(t);
+      const TimeNs start = eng.start_ns(t);
+      w.add_complete(rank, meta[t].tid, lbl.name, lbl.category, start, eng.end_ns(t) - start);
+      if (!opts.trace_ops || lbl.parts.empty()) continue;
+      if (lbl.parts.size() == 1 && std::get<2>(lbl.parts.front()) <= 1) continue;  // a single kernel: already shown
+      TimeNs at = start;
+      for (const auto& [prog, first, n] : lbl.parts) {
+        for (std::uint32_t i = first; i < first + n; ++i) {
+          const detail::OpSpan& op = prog->ops[i];
+          w.add_complete(rank, meta[t].tid, op.name, "kernel", at, op.duration_ns);
+          at += op.duration_ns;
+        }
+      }
+    }
+    for (const detail::StepSpan& s : b.spans()) {
+      if (static_cast<std::size_t>(s.stage) != stage) continue;
+      const TimeNs start = eng.start_ns(s.first);
+      w.add_complete(rank, 0, s.name, s.forward ? "forward" : "backward", start, eng.end_ns(s.last) - start);
+    }
+  }
+  if (opts.trace_per_rank) return w.write_per_rank(opts.trace_path);
+  w.write(opts.trace_path);
+  return {opts.trace_path};
+}
+
+}  // namespace
+
+SimResult run_simulation(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan, const SimOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Builder b(m, topo, plan, opts);
+  b.build();
+  Engine& eng = b.engine();
+  const RunStats st = eng.run();
+  if (st.tasks_unfinished > 0) {
+    throw std::logic_error("simulate: " + std::to_string(st.tasks_unfinished) +
+                           " tasks never ran (a dependency cycle in the task graph)");
+  }
+
+  SimResult r;
+  r.tasks = eng.num_tasks();
+  r.events = st.events;
+  r.flows = st.flows;
+  r.solves = st.solves;
+  const TimeNs end = st.end_ns;
+  const auto& meta = b.meta();
+  // Per stage: busy time per stream and when its last task ended.
+  std::vector<TimeNs> stage_end(b.reps().size(), 0);
+  for (const auto& rep : b.reps()) {
+    StageStats s;
+    s.stage = rep.stage;
+    s.rank = rep.rank;
+    s.compute_busy_s = static_cast<double>(eng.stream(rep.compute).busy_ns) * 1e-9;
+    s.tp_busy_s = static_cast<double>(eng.stream(rep.tp).busy_ns) * 1e-9;
+    s.pp_busy_s = static_cast<double>(eng.stream(rep.pp_fwd).busy_ns + eng.stream(rep.pp_bwd).busy_ns) * 1e-9;
+    s.dp_busy_s = static_cast<double>(eng.stream(rep.dp).busy_ns) * 1e-9;
+    r.stages.push_back(s);
+  }
+  for (TaskId t = 0; t < meta.size(); ++t) {
+    const TaskMeta& mt = meta[t];
+    if (mt.stage != detail::kNoStage) stage_end[mt.stage] = std::max(stage_end[mt.stage], eng.end_ns(t));
+    if (mt.stage2 != detail::kNoStage) stage_end[mt.stage2] = std::max(stage_end[mt.stage2], eng.end_ns(t));
+  }
+  int critical = 0;
+  for (std::size_t s = 0; s < stage_end.size(); ++s) {
+    r.stages[s].end_s = static_cast<double>(stage_end[s]) * 1e-9;
+    if (stage_end[s] > stage_end[static_cast<std::size_t>(critical)]) critical = static_cast<int>(s);
+  }
+  r.critical_rank = b.reps()[static_cast<std::size_t>(critical)].rank;
+
+  Estimate& e = r.estimate;
+  e.plan = plan;
+  e.simulated = true;
+  e.iteration_time_s = static_cast<double>(end) * 1e-9;
+  e.breakdown = critical_breakdown(eng, meta, critical, end);
+  fill_rates(e, m, plan, topo.cluster().gpu);
+  e.memory = memory_per_gpu(m, plan, topo.cluster().gpu);
+  collect_links(r, b.network(), b.tp_probe_peak());
+  if (!opts.trace_path.empty()) r.trace_files = write_trace(b, plan, opts);
+  r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace cuboid::sim

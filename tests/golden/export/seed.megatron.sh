@@ -1,0 +1,48 @@
+#!/bin/bash
+# Megatron-LM configuration for the cuboid plan in seed.plan.json (schema cuboid.plan/1):
+#   llama3-70b on DGX A100 x4: 4 nodes x 8 A100-SXM4-80GB; TP 4 x PP 4 x DP 2, micro-batch 1, global batch 64 x 8192 tokens
+# Flags: NVIDIA/Megatron-LM megatron/training/arguments.py. Add data, tokenizer, optimizer,
+# learning-rate and checkpoint flags before running.
+MEGATRON_ARGS=(
+    # parallelism
+    --tensor-model-parallel-size 4
+    --pipeline-model-parallel-size 4
+    --sequence-parallel
+    --use-distributed-optimizer
+    --overlap-grad-reduce
+    --overlap-param-gather
+    # batch
+    --micro-batch-size 1
+    --global-batch-size 64
+    # activation recomputation
+    --recompute-granularity full
+    --recompute-method uniform
+    --recompute-num-layers 1
+    # model shape (llama3-70b; vocabulary 128256 from the tokenizer, padded by Megatron)
+    --num-layers 80
+    --hidden-size 8192
+    --ffn-hidden-size 28672
+    --num-attention-heads 64
+    --group-query-attention
+    --num-query-groups 8
+    --seq-length 8192
+    --max-position-embeddings 8192
+    --position-embedding-type rope
+    --normalization RMSNorm
+    --swiglu
+    --disable-bias-linear
+    --untie-embeddings-and-output-weights
+    --make-vocab-size-divisible-by 128
+    # precision and kernels
+    --bf16
+    --attention-backend flash
+)
+
+# TP > 1: Megatron-LM wants CUDA_DEVICE_MAX_CONNECTIONS=1 (TP communication ordered before GEMMs).
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+
+# torchrun on each of the 4 nodes (NODE_RANK 0..3, MASTER_ADDR = node 0):
+#   torchrun --nnodes 4 --nproc_per_node 8 --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port 6000 pretrain_gpt.py "${MEGATRON_ARGS[@]}"
+# Slurm: one torchrun per node, rendezvous on the first node.
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun --nodes 4 --ntasks-per-node 1 torchrun --nnodes 4 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:6000" --rdzv_id "$SLURM_JOB_ID" pretrain_gpt.py "${MEGATRON_ARGS[@]}"

@@ -1,0 +1,77 @@
+#pragma once
+// The plans the plan-file and export tests share: the seed plan (Llama-3-70B,
+// TP4 PP4 DP2 on topologies/dgx-a100-4node.json, mb 1, global batch 64,
+// ZeRO 1, full recompute, SP on, 1F1B), an interleaved GPT-3 175B plan, the
+// seed with ZeRO-3, and a Llama-3-8B pipeline without TP that DeepSpeed can run.
+// Each is turned into a plan file with plan_to_json and read back with
+// plan_file_from_json, so the tests go through the real file format.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cuboid/cluster.hpp"
+#include "cuboid/estimator.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/plan.hpp"
+#include "cuboid/planfile.hpp"
+#include "cuboid/topology.hpp"
+
+namespace cuboid::testing {
+
+struct Fixture {
+  std::string name;  // also the golden file stem
+  std::string model_card;
+  ParallelPlan plan;
+};
+
+inline ParallelPlan make_plan(int tp, int pp, int dp, int vpp, int zero, Recompute rc, bool sp, Schedule s,
+                              std::int64_t seq_length) {
+  ParallelPlan p;
+  p.tp = tp;
+  p.pp = pp;
+  p.dp = dp;
+  p.micro_batch = 1;
+  p.global_batch = 64;
+  p.seq_length = seq_length;
+  p.virtual_stages = vpp;
+  p.zero_stage = zero;
+  p.recompute = rc;
+  p.sequence_parallel = sp;
+  p.schedule = s;
+  return p;
+}
+
+inline std::vector<Fixture> fixtures() {
+  return {
+      {"seed", "models/llama3-70b.json",
+       make_plan(4, 4, 2, 1, 1, Recompute::full, true, Schedule::one_f_one_b, 8192)},
+      {"gpt3-interleaved", "models/gpt3-175b.json",
+       make_plan(8, 4, 1, 3, 0, Recompute::selective, true, Schedule::interleaved, 2048)},
+      {"seed-zero3", "models/llama3-70b.json",
+       make_plan(4, 4, 2, 1, 3, Recompute::full, true, Schedule::one_f_one_b, 8192)},
+      {"llama8b-pp4", "models/llama3-8b.json",
+       make_plan(1, 4, 8, 1, 1, Recompute::full, false, Schedule::one_f_one_b, 8192)},
+  };
+}
+
+inline std::filesystem::path source_root() { return CUBOID_SOURCE_ROOT_DIR; }
+
+inline Cluster four_dgx_a100() { return load_cluster(source_root() / "topologies/dgx-a100-4node.json"); }
+
+// The plan file cuboid writes for a fixture.
+inline nlohmann::json fixture_json(const Fixture& f) {
+  const ModelSpec model = load_model(source_root() / f.model_card);
+  const Cluster cluster = four_dgx_a100();
+  validate_plan(f.plan, model, cluster);
+  const Topology topo(cluster);
+  return plan_to_json(model, cluster, estimate(model, topo, f.plan));
+}
+
+// Read back; `source` stands in for the file name in messages.
+inline PlanFile fixture_plan_file(const Fixture& f) {
+  return plan_file_from_json(fixture_json(f), f.name + ".plan.json");
+}
+
+}  // namespace cuboid::testing

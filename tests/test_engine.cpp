@@ -1,0 +1,152 @@
+// Event engine: (time, seq) ordering, stream FIFO semantics, dependencies,
+// collective rendezvous, independence of engines, determinism.
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "cuboid/sim/engine.hpp"
+
+using namespace cuboid;
+using namespace cuboid::sim;
+
+TEST_CASE("tasks on one stream run FIFO, back to back") {
+  Engine e;
+  const StreamId s = e.add_stream(0, StreamKind::compute);
+  const TaskId a = e.add_compute(s, 100);
+  const TaskId b = e.add_compute(s, 50);
+  const TaskId c = e.add_compute(s, 0);
+  const RunStats st = e.run();
+  CHECK(e.start_ns(a) == 0);
+  CHECK(e.end_ns(a) == 100);
+  CHECK(e.start_ns(b) == 100);
+  CHECK(e.end_ns(b) == 150);
+  CHECK(e.start_ns(c) == 150);
+  CHECK(e.end_ns(c) == 150);
+  CHECK(st.end_ns == 150);
+  CHECK(st.tasks_done == 3);
+  CHECK(st.tasks_unfinished == 0);
+  CHECK(e.stream(s).busy_ns == 150);
+  CHECK(e.stream(s).tasks == 3);
+}
+
+TEST_CASE("streams run in parallel; dependencies across streams wait") {
+  Engine e;
+  const StreamId comp = e.add_stream(0, StreamKind::compute);
+  const StreamId comm = e.add_stream(0, StreamKind::tp);
+  const TaskId a = e.add_compute(comp, 100);
+  const TaskId b = e.add_compute(comm, 30);
+  const TaskId dep[] = {a, b};
+  const TaskId c = e.add_compute(comm, 10, dep);  // waits for a although its stream is free at 30
+  const TaskId d = e.add_compute(comp, 5);        // not blocked by c
+  e.run();
+  CHECK(e.end_ns(b) == 30);
+  CHECK(e.start_ns(c) == 100);
+  CHECK(e.end_ns(c) == 110);
+  CHECK(e.start_ns(d) == 100);
+  CHECK(e.stream(comm).busy_ns == 40);
+  CHECK(e.stream(comm).wait_ns == 70);  // c arrived at 30, started at 100
+}
+
+TEST_CASE("equal-time events complete in FIFO (scheduling) order") {
+  Engine e;
+  std::vector<StreamId> streams;
+  for (int i = 0; i < 5; ++i) streams.push_back(e.add_stream(i, StreamKind::compute));
+  std::vector<TaskId> order;
+  e.set_on_complete([&](TaskId t, TimeNs) { order.push_back(t); });
+  for (int i = 0; i < 5; ++i) e.add_compute(streams[static_cast<std::size_t>(i)], 42);
+  e.run();
+  CHECK(order == std::vector<TaskId>{0, 1, 2, 3, 4});
+}
+
+TEST_CASE("a task on no stream is a timer / join point") {
+  Engine e;
+  const StreamId s = e.add_stream(0, StreamKind::compute);
+  const TaskId a = e.add_compute(s, 10);
+  const TaskId deps[] = {a};
+  const TaskId j = e.add_compute(kNoStream, 5, deps);
+  e.run();
+  CHECK(e.start_ns(j) == 10);
+  CHECK(e.end_ns(j) == 15);
+}
+
+TEST_CASE("tasks added from the completion callback run in the same run") {
+  Engine e;
+  const StreamId s = e.add_stream(0, StreamKind::compute);
+  int added = 0;
+  e.set_on_complete([&](TaskId t, TimeNs) {
+    if (added < 3) {
+      ++added;
+      const TaskId d[] = {t};
+      e.add_compute(s, 7, d);
+    }
+  });
+  e.add_compute(s, 7);
+  const RunStats st = e.run();
+  CHECK(st.tasks_done == 4);
+  CHECK(st.end_ns == 28);
+}
+
+TEST_CASE("run(until) stops early and resumes") {
+  Engine e;
+  const StreamId s = e.add_stream(0, StreamKind::compute);
+  e.add_compute(s, 10);
+  const TaskId b = e.add_compute(s, 10);
+  e.run(15);
+  CHECK_FALSE(e.done(b));
+  e.run();
+  CHECK(e.end_ns(b) == 20);
+}
+
+TEST_CASE("two engines are independent") {
+  Engine e1;
+  Engine e2;
+  const StreamId s1 = e1.add_stream(0, StreamKind::compute);
+  const StreamId s2 = e2.add_stream(0, StreamKind::compute);
+  e1.add_compute(s1, 100);
+  e2.add_compute(s2, 7);
+  e2.add_compute(s2, 7);
+  CHECK(e2.run().end_ns == 14);
+  CHECK(e1.run().end_ns == 100);
+  CHECK(e1.num_tasks() == 1);
+  CHECK(e2.events() == 2);
+}
+
+TEST_CASE("bad inputs are rejected") {
+  Engine e;
+  const StreamId s = e.add_stream(0, StreamKind::compute);
+  const TaskId later[] = {5};
+  CHECK_THROWS_AS(e.add_compute(s, 1, later), std::out_of_range);
+  CHECK_THROWS_AS(e.add_compute(s + 1, 1), std::out_of_range);
+  CHECK_THROWS_AS(e.add_compute(s, -1), std::invalid_argument);
+  CHECK_THROWS_AS(e.add_group(CommGroup{{0, 1}, {{2}}}), std::invalid_argument);
+  CHECK(to_string(StreamKind::dp) == "dp");
+}
+
+namespace {
+
+// A pseudo-random DAG over several streams; returns every task's (start, end).
+std::vector<std::pair<TimeNs, TimeNs>> random_run(unsigned seed) {
+  Engine e;
+  std::vector<StreamId> streams;
+  for (int i = 0; i < 6; ++i) streams.push_back(e.add_stream(i / 2, StreamKind::compute));
+  unsigned x = seed;
+  auto next = [&x] { x = x * 1664525u + 1013904223u; return x >> 8; };
+  for (int i = 0; i < 500; ++i) {
+    std::vector<TaskId> deps;
+    if (i > 0) deps.push_back(static_cast<TaskId>(next() % static_cast<unsigned>(i)));
+    if (i > 1) deps.push_back(static_cast<TaskId>(next() % static_cast<unsigned>(i)));
+    e.add_compute(streams[next() % streams.size()], static_cast<TimeNs>(next() % 5), deps);  // many ties
+  }
+  const RunStats st = e.run();
+  REQUIRE(st.tasks_unfinished == 0);
+  std::vector<std::pair<TimeNs, TimeNs>> out;
+  for (TaskId t = 0; t < e.num_tasks(); ++t) out.emplace_back(e.start_ns(t), e.end_ns(t));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("runs are deterministic") {
+  CHECK(random_run(7) == random_run(7));
+  CHECK(random_run(7) != random_run(8));
+}

@@ -1,0 +1,369 @@
+// Flow-level network: max-min sharing with hand-computed rates, re-solving at
+// flow end, latency; collectives against the alpha-beta closed forms of
+// cost.hpp; contention (shared NICs, oversubscribed spine, rail vs non-rail);
+// symmetry (mirrors load links).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "cuboid/cost.hpp"
+#include "cuboid/sim/engine.hpp"
+#include "cuboid/topology.hpp"
+
+using namespace cuboid;
+using namespace cuboid::sim;
+
+namespace {
+
+// DGX A100-like nodes (see tests/test_cost.cpp): NVSwitch busbw 220 GB/s
+// (all_reduce 230), HDR NICs at 25 GB/s line rate, 24 GB/s achieved.
+Cluster dgx(int nodes, int nodes_per_leaf = 32, double oversubscription = 1.0, bool rail = true, int nics = 8) {
+  Cluster c;
+  c.name = "test-dgx-a100";
+  c.nodes = nodes;
+  c.gpus_per_node = 8;
+  c.gpu.name = "A100";
+  c.gpu.peak_bf16_flops = 312e12;
+  c.gpu.hbm_bandwidth_Bps = 2039e9;
+  c.gpu.sm_count = 108;
+  c.gpu.gemm_max_efficiency = 0.869;
+  c.gpu.memory_bound_efficiency = 0.8;
+  c.intra.kind = "nvswitch";
+  c.intra.link_bandwidth_GBps = 300;
+  c.intra.allreduce_busbw_GBps = 230;
+  c.intra.busbw_GBps = 220;
+  c.intra.latency_ns = 1000;
+  c.inter.kind = "infiniband-hdr";
+  c.inter.nics_per_node = nics;
+  c.inter.nic_bandwidth_Gbps = 200;
+  c.inter.nic_busbw_GBps = 24;
+  c.inter.latency_ns = 3000;
+  c.inter.switch_latency_ns = 500;
+  c.inter.levels = 2;
+  c.inter.nodes_per_leaf = nodes_per_leaf;
+  c.inter.oversubscription = oversubscription;
+  c.inter.rail_optimized = rail;
+  return c;
+}
+
+std::vector<int> iota(int first, int count, int stride = 1) {
+  std::vector<int> v;
+  for (int i = 0; i < count; ++i) v.push_back(first + i * stride);
+  return v;
+}
+
+// Simulated time of one collective alone on the network.
+TimeNs sim_collective(const Topology& topo, Collective op, const CommGroup& g, double bytes,
+                      Algorithm algo = Algorithm::ring) {
+  Network net(topo);
+  Engine e(net);
+  const GroupId gid = e.add_group(g);
+  e.add_collective(op, gid, bytes, {}, {}, algo);
+  const RunStats st = e.run();
+  REQUIRE(st.tasks_unfinished == 0);
+  return st.end_ns;
+}
+
+TimeNs closed_form(const Topology& topo, Collective op, const std::vector<int>& ranks, double bytes) {
+  return collective_time_ns(op, bytes, static_cast<int>(ranks.size()), group_link_params(topo, op, ranks));
+}
+
+double rel(TimeNs a, TimeNs b) { return std::abs(static_cast<double>(a - b)) / static_cast<double>(b); }
+
+constexpr double kGB = 1e9;
+
+}  // namespace
+
+TEST_CASE("max-min: two flows on one link get half each; the survivor speeds up") {
+  Network net({1 * kGB});
+  Engine e(net);
+  const LinkUse l0[] = {{0, 1.0}};
+  const TaskId a = e.add_flow(l0, 0.5 * kGB, 0);
+  const TaskId b = e.add_flow(l0, 1.0 * kGB, 0);
+  e.run();
+  CHECK(e.end_ns(a) == 1'000'000'000);  // 0.5 GB at 0.5 GB/s
+  CHECK(e.end_ns(b) == 1'500'000'000);  // 0.5 GB left at 1 GB/s after a ends
+  CHECK(net.link_stats(0).bytes == doctest::Approx(1.5 * kGB));
+  CHECK(net.link_stats(0).peak_utilisation == doctest::Approx(1.0));
+}
+
+TEST_CASE("max-min: the classic three-flow examples") {
+  SUBCASE("parking lot: one long flow, two short ones, equal links") {
+    Network net({1 * kGB, 1 * kGB});
+    const LinkUse ab[] = {{0, 1}, {1, 1}};
+    const LinkUse a[] = {{0, 1}};
+    const LinkUse b[] = {{1, 1}};
+    const FlowId f0 = net.start_flow(ab, kGB, 0, 0);
+    const FlowId f1 = net.start_flow(a, kGB, 0, 1);
+    const FlowId f2 = net.start_flow(b, kGB, 0, 2);
+    CHECK(net.rate_Bps(f0) == doctest::Approx(0.5 * kGB));
+    CHECK(net.rate_Bps(f1) == doctest::Approx(0.5 * kGB));
+    CHECK(net.rate_Bps(f2) == doctest::Approx(0.5 * kGB));
+  }
+  SUBCASE("a flow bottlenecked elsewhere leaves the rest to the other") {
+    // L0 = 10, L1 = 2: the long flow and C split L1 (1 each); B takes 10 - 1.
+    Network net({10 * kGB, 2 * kGB});
+    const LinkUse ab[] = {{0, 1}, {1, 1}};
+    const LinkUse a[] = {{0, 1}};
+    const LinkUse b[] = {{1, 1}};
+    const FlowId f0 = net.start_flow(ab, kGB, 0, 0);
+    const FlowId f1 = net.start_flow(a, kGB, 0, 1);
+    const FlowId f2 = net.start_flow(b, kGB, 0, 2);
+    CHECK(net.rate_Bps(f0) == doctest::Approx(1 * kGB));
+    CHECK(net.rate_Bps(f1) == doctest::Approx(9 * kGB));
+    CHECK(net.rate_Bps(f2) == doctest::Approx(1 * kGB));
+    CHECK(net.solves() == 1);  // started at one instant: one batched solve
+  }
+  SUBCASE("weights: a flow crossing a link three times loads it three times") {
+    Network net({3 * kGB});
+    const LinkUse w3[] = {{0, 3}};
+    const FlowId f = net.start_flow(w3, kGB, 0, 0);
+    CHECK(net.rate_Bps(f) == doctest::Approx(1 * kGB));
+  }
+  SUBCASE("disjoint components are solved separately") {
+    Network net({1 * kGB, 1 * kGB});
+    const LinkUse a[] = {{0, 1}};
+    const LinkUse b[] = {{1, 1}};
+    net.start_flow(a, kGB, 0, 0);
+    net.start_flow(b, kGB, 0, 1);
+    std::vector<std::uint64_t> done;
+    net.advance_to(1'000'000'000, done);
+    CHECK(done == std::vector<std::uint64_t>{0, 1});  // equal finish: start order
+    CHECK(net.active_flows() == 0);
+  }
+}
+
+TEST_CASE("a flow's latency is added once, after its bytes") {
+  Network net({2 * kGB});
+  Engine e(net);
+  const LinkUse l0[] = {{0, 1.0}};
+  const TaskId a = e.add_flow(l0, 1 * kGB, 1234);
+  e.run();
+  CHECK(e.end_ns(a) == 500'000'000 + 1234);
+}
+
+TEST_CASE("algorithm registry") {
+  CHECK(collective_algorithms().size() == 4);
+  CHECK(parse_algorithm("hierarchical") == Algorithm::hierarchical);
+  CHECK(to_string(Algorithm::automatic) == "auto");
+  CHECK_THROWS_WITH_AS(parse_algorithm("bogus"),
+                       "unknown collective algorithm 'bogus' (known: auto, ring, tree, hierarchical)",
+                       std::invalid_argument);
+}
+
+TEST_CASE("topology routes become directed links") {
+  const Topology topo(dgx(2));
+  Network net(topo);
+  const auto fwd = net.route_links(0, 8);
+  const auto back = net.route_links(8, 0);
+  REQUIRE(fwd.size() == 4);
+  CHECK(net.link_name(fwd[0]) == "n0.gpu0->n0.nic0");
+  CHECK(net.link_name(fwd[3]) == "n1.nic0->n1.gpu0");
+  CHECK(fwd[0] != back[3]);  // the two directions are separate resources
+  CHECK(net.route_latency_ns(0, 8) == 3000);
+  CHECK(net.route_latency_ns(0, 1) == 1000);
+  CHECK(net.link_stats(fwd[0]).capacity_Bps == doctest::Approx(24e9));
+  CHECK(net.link_stats(net.route_links(0, 1)[0]).capacity_Bps == doctest::Approx(220e9));
+}
+
+TEST_CASE("uncontended collectives reproduce the alpha-beta closed forms") {
+  const double S = 256.0 * (1 << 20);
+  SUBCASE("one DGX node, 8 GPUs") {
+    const Topology topo(dgx(1));
+    const CommGroup g{iota(0, 8), {}};
+    for (Collective op : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
+                          Collective::broadcast}) {
+      CAPTURE(to_string(op));
+      CHECK(rel(sim_collective(topo, op, g, S), closed_form(topo, op, g.ranks, S)) < 0.01);
+    }
+    const CommGroup p2p{{2, 5}, {}};
+    CHECK(rel(sim_collective(topo, Collective::send_recv, p2p, S), closed_form(topo, Collective::send_recv, p2p.ranks, S)) <
+          0.01);
+  }
+  SUBCASE("2 and 4 nodes: full-node groups and one-GPU-per-node (DP-like) groups") {
+    for (int nodes : {2, 4}) {
+      const Topology topo(dgx(nodes));
+      for (const auto& ranks : {iota(0, nodes * 8), iota(3, nodes, 8)}) {
+        const CommGroup g{ranks, {}};
+        for (Collective op : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather}) {
+          CAPTURE(nodes);
+          CAPTURE(ranks.size());
+          CAPTURE(to_string(op));
+          CHECK(rel(sim_collective(topo, op, g, S), closed_form(topo, op, ranks, S)) < 0.01);
+        }
+      }
+      const CommGroup p2p{{0, 8}, {}};
+      CHECK(rel(sim_collective(topo, Collective::send_recv, p2p, S),
+                closed_form(topo, Collective::send_recv, p2p.ranks, S)) < 0.01);
+    }
+  }
+}
+
+TEST_CASE("hierarchical all-reduce: its three phases, against the flat ring") {
+  const Topology topo(dgx(2));
+  const CommGroup g{iota(0, 16), {}};
+  const double S = 1e9;
+  const TimeNs ring = sim_collective(topo, Collective::all_reduce, g, S, Algorithm::ring);
+  const TimeNs hier = sim_collective(topo, Collective::all_reduce, g, S, Algorithm::hierarchical);
+  // Intra reduce-scatter and all-gather at 220 GB/s, then S/8 per rail over 2 nodes at 24 GB/s.
+  const double expect_s = 2 * (7.0 / 8.0 * S / 220e9) + 2 * (1.0 / 2.0) * (S / 8) / 24e9;
+  const double expect_ns = expect_s * 1e9 + 2 * 7 * 1000 + 2 * 3000;
+  CHECK(static_cast<double>(hier) == doctest::Approx(expect_ns).epsilon(0.001));
+  // Unpipelined phases: slower than NCCL's flat ring (which is NIC-bound at 192 GB/s).
+  CHECK(hier > ring);
+  // One GPU per node: the hierarchy is the flat ring.
+  const CommGroup dp{iota(0, 2, 8), {}};
+  CHECK(sim_collective(topo, Collective::all_reduce, dp, S, Algorithm::hierarchical) ==
+        sim_collective(topo, Collective::all_reduce, dp, S, Algorithm::ring));
+}
+
+TEST_CASE("tree all-reduce: lower latency for small messages, chosen automatically") {
+  const Topology topo(dgx(16));
+  const CommGroup dp{iota(0, 16, 8), {}};  // GPU 0 of 16 nodes
+  const double small = 64 * 1024;
+  const double large = 1e9;
+  CHECK(sim_collective(topo, Collective::all_reduce, dp, small, Algorithm::tree) <
+        sim_collective(topo, Collective::all_reduce, dp, small, Algorithm::ring));
+  CHECK(sim_collective(topo, Collective::all_reduce, dp, large, Algorithm::ring) <
+        sim_collective(topo, Collective::all_reduce, dp, large, Algorithm::tree));
+  Network net(topo);
+  CHECK(choose_algorithm(net, Collective::all_reduce, dp, small) == Algorithm::tree);
+  CHECK(choose_algorithm(net, Collective::all_reduce, dp, large) == Algorithm::ring);
+  CHECK(choose_algorithm(net, Collective::all_gather, dp, small) == Algorithm::ring);
+  const CommGroup node{iota(0, 8), {}};
+  CHECK(choose_algorithm(net, Collective::all_reduce, node, small) == Algorithm::ring);
+}
+
+TEST_CASE("contention: two DP groups whose rings share NICs take twice as long") {
+  // 4 NICs for 8 GPUs: GPUs 0 and 1 of a node share NIC 0.
+  const Topology topo(dgx(4, 32, 1.0, true, 4));
+  const double S = 1e9;
+  const CommGroup a{iota(0, 4, 8), {}};
+  const CommGroup b{iota(1, 4, 8), {}};
+  Network net(topo);
+  Engine e(net);
+  const TaskId ta = e.add_collective(Collective::all_reduce, e.add_group(a), S, {}, {}, Algorithm::ring);
+  const TaskId tb = e.add_collective(Collective::all_reduce, e.add_group(b), S, {}, {}, Algorithm::ring);
+  e.run();
+  const TimeNs alone = sim_collective(topo, Collective::all_reduce, a, S);
+  CHECK(static_cast<double>(e.end_ns(ta)) / static_cast<double>(alone) == doctest::Approx(2.0).epsilon(0.01));
+  CHECK(e.end_ns(tb) == e.end_ns(ta));
+  // Groups on different NICs do not interfere.
+  const CommGroup c{iota(2, 4, 8), {}};
+  Network net2(topo);
+  Engine e2(net2);
+  const TaskId tc = e2.add_collective(Collective::all_reduce, e2.add_group(a), S, {}, {}, Algorithm::ring);
+  e2.add_collective(Collective::all_reduce, e2.add_group(c), S, {}, {}, Algorithm::ring);
+  e2.run();
+  CHECK(e2.end_ns(tc) == alone);
+}
+
+TEST_CASE("contention: an oversubscribed spine slows cross-leaf DP rings") {
+  // 4 nodes, 2 per leaf: every rank-i ring pairs node 0 with node 2 and node 1
+  // with node 3, so all traffic crosses the spine. Simulated once (GPU 0 of
+  // nodes 0 and 2), the other 15 rings as mirrors.
+  auto run = [](double oversub) {
+    const Topology topo(dgx(4, 2, oversub));
+    CommGroup g{{0, 16}, {}};
+    for (int i = 0; i < 8; ++i) {
+      if (i > 0) g.mirrors.push_back({i, 16 + i});
+      g.mirrors.push_back({8 + i, 24 + i});
+    }
+    return sim_collective(topo, Collective::all_reduce, g, 1e9);
+  };
+  const TimeNs full = run(1.0);
+  const TimeNs over = run(4.0);
+  // Leaf uplink per rail: 2 nodes x 24 GB/s / 4 = 12 GB/s for two rings: 6 GB/s each.
+  CHECK(static_cast<double>(over) / static_cast<double>(full) == doctest::Approx(4.0).epsilon(0.01));
+}
+
+TEST_CASE("rail-optimised vs non-rail fat tree on a cross-rail pattern") {
+  // GPU i of node 0 sends to GPU (i+1) % 8 of node 1 under one leaf group.
+  // Rail-optimised: NIC i and NIC i+1 sit on different leaves, so the message
+  // crosses the (4:1 oversubscribed) spine; non-rail: one leaf for the node pair.
+  auto run = [](bool rail) {
+    const Topology topo(dgx(2, 2, 4.0, rail));
+    Network net(topo);
+    Engine e(net);
+    std::vector<Route> mirrors;
+    for (int i = 1; i < 8; ++i) mirrors.push_back({i, 8 + (i + 1) % 8, 1.0});
+    e.add_send_recv(0, 9, 1e9, {}, {}, mirrors);
+    return e.run().end_ns;
+  };
+  const TimeNs rail = run(true);
+  const TimeNs flat = run(false);
+  CHECK(rail > flat);
+  // Leaf uplink: 2 nodes x 25 GB/s / 4 x 0.96 = 12 GB/s against the NIC's 24 GB/s.
+  CHECK(static_cast<double>(rail - 4000) / static_cast<double>(flat - 3000) == doctest::Approx(2.0).epsilon(0.01));
+  // Same-rail traffic is indifferent to the tree's wiring.
+  auto same_rail = [](bool rail_opt) {
+    const Topology topo(dgx(2, 2, 4.0, rail_opt));
+    Network net(topo);
+    Engine e(net);
+    e.add_send_recv(0, 8, 1e9, {});
+    return e.run().end_ns;
+  };
+  CHECK(same_rail(true) == same_rail(false));
+}
+
+TEST_CASE("symmetry: mirrors load the real links, the representative pays for it") {
+  // 4 NICs per node: GPUs 0 and 1 share NIC 0.
+  const Topology topo(dgx(2, 32, 1.0, true, 4));
+  auto run = [&topo](std::vector<Route> mirrors) {
+    Network net(topo);
+    Engine e(net);
+    e.add_send_recv(0, 8, 1e9, {}, {}, mirrors);
+    const TimeNs t = e.run().end_ns;
+    // The mirror GPU 1's own link to the NIC carried the mirrored bytes.
+    const double mirrored = net.link_stats(net.route_links(1, 9)[0]).bytes;
+    return std::make_pair(t - 3000, mirrored);
+  };
+  const auto [alone, b0] = run({});
+  const auto [with_mirror, b1] = run({{1, 9, 1.0}});
+  const auto [with_three, b3] = run({{1, 9, 3.0}});
+  CHECK(b0 == 0.0);
+  CHECK(b1 == doctest::Approx(1e9));
+  CHECK(b3 == doctest::Approx(3e9));
+  CHECK(static_cast<double>(with_mirror) / static_cast<double>(alone) == doctest::Approx(2.0).epsilon(1e-6));
+  CHECK(static_cast<double>(with_three) / static_cast<double>(alone) == doctest::Approx(4.0).epsilon(1e-6));
+  // A mirror on disjoint links costs nothing.
+  const auto [disjoint, b2] = run({{2, 10, 1.0}});
+  CHECK(disjoint == alone);
+  CHECK(b2 == 0.0);  // GPU 1's link is not on the 2 -> 10 route
+}
+
+TEST_CASE("a collective starts when its last member arrives") {
+  const Topology topo(dgx(1));
+  Network net(topo);
+  Engine e(net);
+  std::vector<StreamId> comp, tp;
+  for (int i = 0; i < 8; ++i) {
+    comp.push_back(e.add_stream(i, StreamKind::compute));
+    tp.push_back(e.add_stream(i, StreamKind::tp));
+  }
+  std::vector<TaskId> gemms;
+  for (int i = 0; i < 8; ++i) gemms.push_back(e.add_compute(comp[static_cast<std::size_t>(i)], 1000 * (i + 1)));
+  const GroupId g = e.add_group(CommGroup{iota(0, 8), {}});
+  const TaskId ar = e.add_collective(Collective::all_reduce, g, 1e6, tp, gemms);
+  // A later op on rank 0's compute stream overlaps with the collective.
+  const TaskId next = e.add_compute(comp[0], 10);
+  e.run();
+  CHECK(e.start_ns(ar) == 8000);
+  CHECK(e.start_ns(next) == 1000);
+  CHECK(e.stream(tp[0]).busy_ns == e.end_ns(ar) - 8000);
+  CHECK(e.algorithm(ar) == Algorithm::ring);
+}
+
+TEST_CASE("a simulated subset of members: the group's links are still loaded") {
+  // Only TP rank 0 is simulated; the all-reduce still runs over all 8 GPUs.
+  const Topology topo(dgx(1));
+  Network net(topo);
+  Engine e(net);
+  const StreamId tp0 = e.add_stream(0, StreamKind::tp);
+  const StreamId only[] = {tp0};
+  const TaskId ar = e.add_collective(Collective::all_reduce, e.add_group(CommGroup{iota(0, 8), {}}), 1e9, only);
+  e.run();
+  CHECK(rel(e.end_ns(ar), closed_form(topo, Collective::all_reduce, iota(0, 8), 1e9)) < 0.01);
+  CHECK(net.link_stats(net.route_links(5, 6)[0]).bytes > 0);
+}

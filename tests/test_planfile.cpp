@@ -1,0 +1,210 @@
+// The plan file (schema cuboid.plan/1): what cuboid writes reads back to the
+// same plan; other versions, hand edits and mismatched clusters are refused
+// with the file, the field and the fix; writes are atomic.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "cuboid/error.hpp"
+#include "cuboid/planfile.hpp"
+#include "plan_fixtures.hpp"
+
+using namespace cuboid;
+namespace fs = std::filesystem;
+
+namespace {
+
+const cuboid::testing::Fixture& seed() {
+  static const auto all = cuboid::testing::fixtures();
+  return all.front();
+}
+
+nlohmann::json seed_json() {
+  static const nlohmann::json j = cuboid::testing::fixture_json(seed());
+  return j;
+}
+
+std::string read_error(const nlohmann::json& j) {
+  try {
+    plan_file_from_json(j, "plan.json");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+fs::path temp_dir() {
+  const fs::path d = fs::temp_directory_path() / ("cuboid_planfile_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("a plan file holds the model, cluster, every parallel setting, the rank mapping and the prediction") {
+  const nlohmann::json j = seed_json();
+  CHECK(j["schema"] == "cuboid.plan/1");
+  CHECK(j["model"]["name"] == "llama3-70b");
+  CHECK(j["cluster"]["name"] == "DGX A100 x4");
+  CHECK(j["cluster"]["nodes"] == 4);
+  CHECK(j["cluster"]["gpus_per_node"] == 8);
+  CHECK(j["cluster"]["gpu"] == "A100-SXM4-80GB");
+  const auto& par = j["parallel"];
+  CHECK(par["tp"] == 4);
+  CHECK(par["pp"] == 4);
+  CHECK(par["dp"] == 2);
+  CHECK(par["num_micro_batches"] == 32);
+  CHECK(par["zero_stage"] == 1);
+  CHECK(par["recompute"] == "full");
+  CHECK(par["schedule"] == "1f1b");
+  CHECK(par["rank_order"] == "tp-dp-pp");
+  REQUIRE(j["rank_mapping"].size() == 32);
+  // tp-dp-pp: rank 13 = tp 1, dp 1, pp 1 on node 1, GPU 5.
+  CHECK(j["rank_mapping"][13] == nlohmann::json{{"rank", 13}, {"node", 1}, {"gpu", 5}, {"tp", 1}, {"pp", 1}, {"dp", 1}});
+  const auto& pred = j["prediction"];
+  CHECK(pred["iteration_time_s"].get<double>() > 0);
+  CHECK(pred["tokens_per_s"].get<double>() > 0);
+  CHECK(pred["memory"]["total_bytes"].get<std::int64_t>() > 0);
+  CHECK(pred["breakdown"].size() == 6);
+}
+
+TEST_CASE("every fixture plan reads back to the same plan and model") {
+  for (const auto& f : cuboid::testing::fixtures()) {
+    CAPTURE(f.name);
+    const PlanFile pf = cuboid::testing::fixture_plan_file(f);
+    CHECK(pf.plan.tp == f.plan.tp);
+    CHECK(pf.plan.pp == f.plan.pp);
+    CHECK(pf.plan.dp == f.plan.dp);
+    CHECK(pf.plan.virtual_stages == f.plan.virtual_stages);
+    CHECK(pf.plan.zero_stage == f.plan.zero_stage);
+    CHECK(pf.plan.recompute == f.plan.recompute);
+    CHECK(pf.plan.sequence_parallel == f.plan.sequence_parallel);
+    CHECK(pf.plan.schedule == f.plan.schedule);
+    CHECK(pf.plan.global_batch == f.plan.global_batch);
+    CHECK(pf.plan.order == f.plan.order);
+    CHECK(model_to_json(pf.model) == model_to_json(load_model(cuboid::testing::source_root() / f.model_card)));
+    CHECK(pf.nodes == 4);
+    CHECK(pf.gpus_per_node == 8);
+    CHECK(pf.prediction.is_object());
+  }
+}
+
+TEST_CASE("read_plan_file reads a written file; write_file_atomically leaves no temporary behind") {
+  const fs::path dir = temp_dir();
+  const fs::path file = dir / "plan.json";
+  write_file_atomically(file, "old");
+  write_file_atomically(file, seed_json().dump(2));
+  const PlanFile pf = read_plan_file(file);
+  CHECK(pf.source == file.string());
+  CHECK(pf.plan.tp == 4);
+  int entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++entries;
+  CHECK(entries == 1);
+  CHECK((fs::status(file).permissions() & fs::perms::others_read) != fs::perms::none);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("another schema version is refused with the fix") {
+  nlohmann::json j = seed_json();
+  j["schema"] = "cuboid.plan/2";
+  CHECK(read_error(j) ==
+        "plan.json: schema: plan file schema \"cuboid.plan/2\" is not supported (fix: regenerate it with this cuboid, "
+        "which writes cuboid.plan/1)");
+  j.erase("schema");
+  CHECK(read_error(j) ==
+        "plan.json: schema: missing (this is not a cuboid plan file) (fix: pass a file written by cuboid plan --out, "
+        "which starts with \"schema\": \"cuboid.plan/1\")");
+}
+
+TEST_CASE("unknown fields, wrong types and hand edits name the field") {
+  nlohmann::json j = seed_json();
+  j["parallel"]["tensor_parallel"] = 4;
+  CHECK(read_error(j).rfind("plan.json: parallel.tensor_parallel: ", 0) == 0);
+
+  j = seed_json();
+  j["extra"] = 1;
+  CHECK(read_error(j).rfind("plan.json: extra: ", 0) == 0);
+
+  j = seed_json();
+  j["model"]["hidden_size"] = "big";
+  CHECK(read_error(j).rfind("plan.json: model.hidden_size: expected an integer", 0) == 0);
+
+  j = seed_json();
+  j["parallel"]["zero_stage"] = "1";
+  CHECK(read_error(j).rfind("plan.json: parallel.zero_stage: expected an integer", 0) == 0);
+
+  j = seed_json();
+  j["parallel"]["recompute"] = "partial";
+  CHECK(read_error(j) ==
+        "plan.json: parallel.recompute: unknown value \"partial\" (fix: use one of none|selective|full)");
+
+  j = seed_json();
+  j["rank_mapping"][13]["node"] = 0;
+  CHECK(read_error(j) ==
+        "plan.json: rank_mapping[13].node: is 0 but rank order tp-dp-pp with 8 GPUs per node puts rank 13 at node 1 "
+        "(fix: the file was edited by hand; regenerate it with this cuboid (cuboid plan ... --out FILE))");
+
+  j = seed_json();
+  j["parallel"]["world_size"] = 16;
+  CHECK(read_error(j) ==
+        "plan.json: parallel.world_size: is 16 but TP x PP x DP x CP = 32 (fix: regenerate it with this cuboid "
+        "(cuboid plan ... --out FILE))");
+
+  j = seed_json();
+  j["prediction"].erase("iteration_time_s");
+  CHECK(read_error(j).rfind("plan.json: prediction.iteration_time_s: missing required field", 0) == 0);
+}
+
+TEST_CASE("the plan is validated against its own inline model") {
+  nlohmann::json j = seed_json();
+  j["model"]["num_attention_heads"] = 48;  // TP 4 still divides; KV heads 8 still divide 48
+  j["model"]["head_dim"] = 128;
+  CHECK(read_error(j) == "(accepted)");
+  j["parallel"]["tp"] = 3;
+  j["parallel"]["dp"] = 2;
+  j["parallel"]["world_size"] = 24;
+  const std::string e = read_error(j);
+  CHECK(e.rfind("plan.json: parallel.", 0) == 0);
+  CHECK(e.find("(fix: regenerate it with this cuboid") != std::string::npos);
+}
+
+TEST_CASE("a plan for another cluster shape is refused") {
+  const PlanFile pf = cuboid::testing::fixture_plan_file(seed());
+  const fs::path card = cuboid::testing::source_root() / "topologies/dgx-a100-4node.json";
+  CHECK_NOTHROW(check_plan_matches_cluster(pf, load_cluster(card)));
+  const Cluster two = load_cluster(card, 2);
+  CHECK_THROWS_WITH_AS(check_plan_matches_cluster(pf, two),
+                       (card.string() +
+                        ": nodes: plan file seed.plan.json was made for 4 nodes x 8 A100-SXM4-80GB (cluster \"DGX A100 "
+                        "x4\") (32 GPUs) but this cluster has 2 nodes x 8 A100-SXM4-80GB (16 GPUs) (fix: pass --nodes "
+                        "4, or regenerate the plan for this cluster)")
+                           .c_str(),
+                       InputError);
+  Cluster other_gpu = load_cluster(card);
+  other_gpu.gpu.name = "H100-SXM5-80GB";
+  CHECK_THROWS_WITH_AS(check_plan_matches_cluster(pf, other_gpu),
+                       (card.string() +
+                        ": gpu: plan file seed.plan.json was made for 4 nodes x 8 A100-SXM4-80GB (cluster \"DGX A100 "
+                        "x4\") but this cluster has 4 nodes x 8 H100-SXM5-80GB (fix: use the cluster card the plan was "
+                        "made for (" + card.string() + "), or regenerate the plan for this cluster)")
+                           .c_str(),
+                       InputError);
+}
+
+TEST_CASE("write_file_atomically names the path when the directory is missing or unwritable") {
+  CHECK_THROWS_WITH_AS(write_file_atomically("/nonexistent-cuboid-dir/plan.json", "{}"),
+                       "/nonexistent-cuboid-dir/plan.json: directory /nonexistent-cuboid-dir does not exist (fix: "
+                       "create the directory first, or write to an existing one)",
+                       InputError);
+  // /proc refuses new files even for root, so this holds in containers too.
+  try {
+    write_file_atomically("/proc/cuboid-plan.json", "{}");
+    FAIL("expected an InputError");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).rfind("/proc/cuboid-plan.json: cannot create a file in /proc: ", 0) == 0);
+    CHECK(e.fix() == "check that the directory is writable, or write elsewhere");
+  }
+  CHECK_FALSE(fs::exists("/proc/cuboid-plan.json"));
+}
