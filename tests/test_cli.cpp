@@ -166,3 +166,59 @@ TEST_CASE("bad input: exit code 2 and one line naming the file or flag and the f
   std::filesystem::remove(bad_json);
   std::filesystem::remove(typo);
 }
+
+TEST_CASE("plan --out writes a plan file that simulate, mesh and export read back") {
+  const auto dir = std::filesystem::temp_directory_path() / ("cuboid_cli_plan_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto plan = dir / "plan.json";
+  const auto pareto = dir / "pareto.svg";
+  const auto mesh = dir / "mesh.svg";
+  Result p = run("plan " + kLlama + " --tp 4 --pp 4 --global-batch 64 --json --out " + plan.string() + " --svg " +
+                 pareto.string());
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  REQUIRE(std::filesystem::exists(plan));
+  CHECK(slurp(pareto).find("<svg") != std::string::npos);
+  auto best = nlohmann::json::parse(p.out)["candidates"].at(0);
+  auto file = nlohmann::json::parse(slurp(plan));
+  CHECK(file["schema"] == "cuboid.plan/1");
+  CHECK(file["parallel"]["tp"] == 4);
+  CHECK(file["rank_mapping"].size() == 32);
+
+  Result s = run("simulate --plan " + plan.string() + " --json");
+  REQUIRE_MESSAGE(s.code == 0, s.err);
+  auto sim = nlohmann::json::parse(s.out);
+  CHECK(sim["tp"] == best["tp"]);
+  CHECK(sim["micro_batch"] == best["micro_batch"]);
+  CHECK(sim["zero_stage"] == best["zero_stage"]);
+
+  Result m = run("mesh --plan " + plan.string() + " --svg " + mesh.string());
+  REQUIRE_MESSAGE(m.code == 0, m.err);
+  CHECK(slurp(mesh).find("class=\"gpu\"") != std::string::npos);
+
+  Result e = run("export --plan " + plan.string() + " --to megatron");
+  REQUIRE_MESSAGE(e.code == 0, e.err);
+  CHECK(e.out.find("--tensor-model-parallel-size 4") != std::string::npos);
+
+  struct Case {
+    std::string args;
+    std::string expect;
+  };
+  const Case bad[] = {
+      {"simulate --plan " + plan.string() + " --cluster topologies/dgx-h100.json", plan.string()},
+      {"simulate --plan " + plan.string() + " --tp 2", "--plan: a plan file fixes the model and every dimension"},
+      {"export --plan " + plan.string() + " --to jax", "--to: unknown export target \"jax\""},
+      {"plan " + kLlama + " --tp 4 --pp 4 --out /nonexistent-dir/plan.json", "/nonexistent-dir"},
+      {"plan --model models/llama3.1-405b.json --cluster topologies/dgx-a100.json --out " + (dir / "none.json").string(),
+       "--out: no plan fits in memory, so nothing was written"},
+  };
+  for (const auto& c : bad) {
+    CAPTURE(c.args);
+    Result r = run(c.args);
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(r.err.find(c.expect) != std::string::npos, r.err);
+    CHECK(lines(r.err) == 1);
+  }
+  CHECK_FALSE(std::filesystem::exists("/nonexistent-dir/plan.json"));
+  CHECK_FALSE(std::filesystem::exists(dir / "none.json"));
+  std::filesystem::remove_all(dir);
+}

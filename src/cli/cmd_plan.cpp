@@ -18,7 +18,9 @@
 #include "cuboid/cluster.hpp"
 #include "cuboid/error.hpp"
 #include "cuboid/model.hpp"
+#include "cuboid/planfile.hpp"
 #include "cuboid/planner.hpp"
+#include "cuboid/svg.hpp"
 #include "cuboid/report.hpp"
 #include "cuboid/topology.hpp"
 
@@ -224,6 +226,24 @@ std::string explain(const Loaded& l, const PlannerOptions& o, const SearchResult
   return out;
 }
 
+// --out plan.json and --svg pareto.svg, each written atomically.
+void write_outputs(const Loaded& l, const SearchResult& r, const PlanFlags& f) {
+  if (!f.out_path && !f.svg_path) return;
+  if (r.fitting.empty())
+    throw InputError("command line", f.out_path ? "--out" : "--svg", "no plan fits in memory, so nothing was written",
+                     "see what would make a plan fit above");
+  if (f.out_path) {
+    write_file_atomically(*f.out_path, plan_to_json(l.model, l.cluster, r.fitting.front()).dump(2) + "\n");
+    spdlog::info("wrote {}", *f.out_path);
+  }
+  if (f.svg_path) {
+    const std::string title = fmt::format("{} on {} ({} GPUs): step time vs memory of {} plans that fit", l.model.name,
+                                          l.cluster.name, l.cluster.total_gpus(), r.fitting.size());
+    write_file_atomically(*f.svg_path, pareto_svg(r.fitting, r.fitting.front(), title));
+    spdlog::info("wrote {}", *f.svg_path);
+  }
+}
+
 void run_plan(const PlanFlags& f) {
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
@@ -234,6 +254,7 @@ void run_plan(const PlanFlags& f) {
   for (const auto& [reason, count] : r.skip_reasons) spdlog::info("  skipped {} x: {}", count, reason);
   if (f.json) {
     std::cout << search_to_json(l.model, l.cluster, r, f.top).dump(2) << "\n";
+    write_outputs(l, r, f);
     return;
   }
   std::cout << header(l, r, f);
@@ -243,6 +264,8 @@ void run_plan(const PlanFlags& f) {
     std::cout << "No valid plan: no factorisation of the cluster satisfies the constraints.\n";
     for (const auto& [reason, count] : r.skip_reasons) std::cout << fmt::format("  {} x {}\n", count, reason);
     std::cout << what_would_fit(l, o, f);
+    std::cout.flush();
+    write_outputs(l, r, f);
     return;
   }
   if (r.fitting.empty()) {
@@ -251,6 +274,8 @@ void run_plan(const PlanFlags& f) {
                              format_bytes_GiB(b.memory.capacity_bytes));
     std::cout << format_plan_table(r.not_fitting, 5);
     std::cout << what_would_fit(l, o, f);
+    std::cout.flush();
+    write_outputs(l, r, f);
     return;
   }
   std::cout << fmt::format("Top {} plans (analytical estimate, fastest first):\n", std::min<std::size_t>(f.top, r.fitting.size()));
@@ -267,6 +292,7 @@ void run_plan(const PlanFlags& f) {
   std::cout << format_plan_table(per_shape, 30);
   std::cout << "\n" << why_best(r.fitting.front());
   if (f.explain) std::cout << explain(l, o, r);
+  write_outputs(l, r, f);
 }
 
 }  // namespace
@@ -277,6 +303,8 @@ void register_plan_command(CLI::App& app) {
                                               "and rank the plans that fit");
   add_plan_flags(plan, plan_flags, true);
   plan->add_option("--top", plan_flags.top, "rows in the ranked table (default 10)")->check(CLI::PositiveNumber);
+  plan->add_option("--out", plan_flags.out_path, "write the best plan as a plan file (schema cuboid.plan/1)");
+  plan->add_option("--svg", plan_flags.svg_path, "draw step time vs memory of every plan that fits as an SVG picture");
   plan->add_flag("--explain", plan_flags.explain, "for each dimension, the best plan with that dimension forced to each value");
   plan->add_option("--threads", plan_flags.threads, "scoring threads (default: all cores)")->check(CLI::NonNegativeNumber);
   plan->callback([] { run_plan(plan_flags); });

@@ -1,5 +1,7 @@
 #include "plan_flags.hpp"
 
+#include <filesystem>
+
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -11,15 +13,20 @@
 #include "cuboid/cluster.hpp"
 #include "cuboid/error.hpp"
 #include "cuboid/model.hpp"
+#include "cuboid/planfile.hpp"
 #include "cuboid/planner.hpp"
 #include "cuboid/report.hpp"
 #include "cuboid/topology.hpp"
 
 namespace cuboid::cli {
 
-void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search) {
-  cmd->add_option("--model", f.model_path, "model card (models/*.json) or a HuggingFace config.json")->required();
-  cmd->add_option("--cluster", f.cluster_path, "cluster card (topologies/*.json)")->required();
+void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_file) {
+  cmd->add_option("--model", f.model_path, "model card (models/*.json) or a HuggingFace config.json");
+  cmd->add_option("--cluster", f.cluster_path,
+                  with_plan_file ? "cluster card (topologies/*.json); with --plan: default the card the plan names"
+                                 : "cluster card (topologies/*.json)");
+  if (with_plan_file)
+    cmd->add_option("--plan", f.plan_path, "a plan file written by `cuboid plan --out` (instead of --model and the dimensions)");
   cmd->add_option("--nodes", f.nodes, "use N nodes of the cluster card (default: the card's node count)");
   cmd->add_option("--global-batch", f.global_batch, "sequences per iteration (default: ~4M tokens, divisible by every DP size)");
   cmd->add_option("--seq-length", f.seq_length, "tokens per sequence (default: the model card's seq_length)");
@@ -93,9 +100,38 @@ PlannerOptions planner_options(const PlanFlags& f) {
 
 Loaded load(const PlanFlags& f) {
   if (f.verbose) spdlog::set_level(spdlog::level::info);
+  const std::string cl = "command line";
   Loaded l;
-  l.model = load_model(f.model_path);
-  l.cluster = load_cluster(f.cluster_path, f.nodes);
+  if (f.plan_path) {
+    // The plan file carries the model and every dimension; flags that would
+    // change them are refused rather than silently ignored.
+    const bool dims = f.tp || f.pp || f.dp || f.micro_batch || f.vpp || f.zero || f.recompute || f.sequence_parallel ||
+                      f.schedule || f.flash_attention || f.rank_order || f.global_batch || f.seq_length ||
+                      f.first_stage_layers || f.last_stage_layers || f.uneven_stages;
+    if (!f.model_path.empty() || dims)
+      throw InputError(cl, "--plan", "a plan file fixes the model and every dimension; --model and dimension flags cannot be combined with it",
+                       "drop those flags, or drop --plan and give --model, --cluster and the dimensions");
+    PlanFile pf = read_plan_file(*f.plan_path);
+    l.model = pf.model;
+    std::string cluster_path = f.cluster_path;
+    if (cluster_path.empty()) {
+      cluster_path = pf.cluster_source_file;
+      if (!std::filesystem::exists(cluster_path))
+        throw InputError(*f.plan_path, "cluster.source_file",
+                         "the cluster card \"" + cluster_path + "\" named by the plan file is not found from here",
+                         "pass --cluster with the card of the cluster this plan was made for");
+    }
+    l.cluster = load_cluster(cluster_path, f.nodes.value_or(pf.nodes));
+    check_plan_matches_cluster(pf, l.cluster);
+    validate_plan(pf.plan, l.model, l.cluster, *f.plan_path);
+    l.plan = pf.plan;
+  } else {
+    if (f.model_path.empty()) throw InputError(cl, "--model", "--model is required", "give a model card, e.g. --model models/llama3-70b.json");
+    if (f.cluster_path.empty())
+      throw InputError(cl, "--cluster", "--cluster is required", "give a cluster card, e.g. --cluster topologies/dgx-a100-4node.json");
+    l.model = load_model(f.model_path);
+    l.cluster = load_cluster(f.cluster_path, f.nodes);
+  }
   spdlog::info("model {}: {} layers, hidden {}, {} heads ({} KV), {:.2f} B parameters", l.model.name, l.model.num_layers,
                l.model.hidden_size, l.model.num_attention_heads, l.model.num_kv_heads, l.model.parameter_count() / 1e9);
   spdlog::info("cluster {}: {} nodes x {} {}", l.cluster.name, l.cluster.nodes, l.cluster.gpus_per_node, l.cluster.gpu.name);

@@ -28,13 +28,17 @@ struct PlanFlags {
   bool uneven_stages = false;
   bool explain = false;
   int threads = 0;
+  std::optional<std::string> plan_path;  // --plan plan.json (simulate, mesh)
+  std::optional<std::string> out_path;   // --out (plan)
+  std::optional<std::string> svg_path;   // --svg (plan, mesh)
   int top = 10;
   bool json = false;
   bool verbose = false;
 };
 
 // search: the flags fix dimensions of a search (plan) rather than set them.
-void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search);
+// with_plan_file: also accept --plan FILE instead of --model/--cluster and the dimensions.
+void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_file = false);
 bool parse_on_off(const std::string& v, const std::string& flag);
 // Validates the flags' values (positive sizes, known enum spellings).
 PlannerOptions planner_options(const PlanFlags& f);
@@ -43,6 +47,7 @@ struct Loaded {
   ModelSpec model;
   Cluster cluster;
   std::unique_ptr<Topology> topology;
+  std::optional<ParallelPlan> plan;  // from --plan
 };
 Loaded load(const PlanFlags& f);
 

@@ -145,12 +145,21 @@ TimeNs Builder::tp_probe_ns(Collective c, double bytes) {
   const auto key = std::make_pair(static_cast<int>(c), bytes);
   auto it = tp_probe_cache_.find(key);
   if (it != tp_probe_cache_.end()) return it->second;
-  Network net(topo_);
+  // One node of the same card is enough (the group never leaves its node),
+  // and far cheaper to build than the whole fabric.
+  if (!probe_topo_) {
+    Cluster one = topo_.cluster();
+    one.nodes = 1;
+    probe_topo_ = std::make_unique<Topology>(one);
+  }
+  Network net(*probe_topo_);
   Engine eng(net);
   CommGroup g;
-  g.ranks = map_.tp_group(0, rep_dp_);
+  const int gpn = std::max(1, topo_.cluster().gpus_per_node);
+  for (int r : map_.tp_group(0, rep_dp_)) g.ranks.push_back(r % gpn);
+  const int first = g.ranks.front();
   const GroupId gid = eng.add_group(std::move(g));
-  const StreamId s = eng.add_stream(map_.rank_of(0, 0, rep_dp_), StreamKind::tp);
+  const StreamId s = eng.add_stream(first, StreamKind::tp);
   const StreamId streams[1] = {s};
   const TaskId t = eng.add_collective(c, gid, bytes, streams);
   eng.run();
@@ -220,8 +229,11 @@ void Builder::build() {
   slots_.assign(static_cast<std::size_t>(2 * mbs_ * vs_count_), Slot{});
   cursor_.assign(static_cast<std::size_t>(pp_), 0);
   stage_end_.assign(static_cast<std::size_t>(pp_), {});
-  stage_block_slot_.assign(static_cast<std::size_t>(pp_), -1);
   dp_tasks_.assign(static_cast<std::size_t>(pp_), {});
+  plan_messages();
+  for (std::uint32_t i = 0; i < messages_.size(); ++i) {
+    if (messages_[i].recv_pos < 0 && messages_[i].send_pos < 0) try_message(i);
+  }
   // Add passes in an order consistent with their dependencies: round-robin
   // over the stages, each as far as its next pass's inputs already exist.
   bool progress = true;
@@ -231,16 +243,13 @@ void Builder::build() {
     progress = false;
     for (int s = 0; s < pp_; ++s) {
       const auto us = static_cast<std::size_t>(s);
-      try_message(s);
       while (cursor_[us] < order_[us].size() && can_add(s, cursor_[us])) {
-        add_step(s, cursor_[us]);
+        const std::size_t pos = cursor_[us];
+        add_step(s, pos);
         ++cursor_[us];
         --remaining;
         progress = true;
-        try_message(s);
-        // The neighbours' next passes may have been waiting for this one.
-        try_message((s + 1) % pp_);
-        try_message((s + pp_ - 1) % pp_);
+        for (std::uint32_t msg : messages_at_[us][pos + 1]) try_message(msg);
       }
     }
   }
@@ -254,9 +263,9 @@ Builder::Slot& Builder::slot(Direction d, int mb, int vs) {
 }
 
 bool Builder::can_add(int stage, std::size_t idx) {
-  const int blocked = stage_block_slot_[static_cast<std::size_t>(stage)];
-  if (blocked >= 0 && slots_[static_cast<std::size_t>(blocked)].p2p == kNoTask) return false;
-  const ScheduleStep& st = order_[static_cast<std::size_t>(stage)][idx];
+  const auto us = static_cast<std::size_t>(stage);
+  if (block_[us][idx].size() != need_[us][idx]) return false;  // the previous point's messages
+  const ScheduleStep& st = order_[us][idx];
   const int vs = st.chunk * pp_ + stage;
   const int from_vs = st.dir == Direction::forward ? vs - 1 : vs + 1;
   if (from_vs < 0 || from_vs >= vs_count_) return true;
@@ -264,34 +273,111 @@ bool Builder::can_add(int stage, std::size_t idx) {
   return stage_of(from_vs) == stage ? src.added : src.ready != kNoTask;
 }
 
-// Creates the message that feeds `stage`'s next pass once its producer ran
-// and `stage` finished the pass before (when Megatron posts the recv): the
-// send/recv on both GPUs' PP streams and, without SP, the TP all-gather that
-// rebuilds the activation from the shards (scatter-gather).
-void Builder::try_message(int stage) {
-  const auto us = static_cast<std::size_t>(stage);
-  if (cursor_[us] >= order_[us].size()) return;
-  const ScheduleStep& st = order_[us][cursor_[us]];
-  const bool fwd = st.dir == Direction::forward;
-  const int vs = st.chunk * pp_ + stage;
-  const int from_vs = fwd ? vs - 1 : vs + 1;
-  if (from_vs < 0 || from_vs >= vs_count_) return;
-  const int from = stage_of(from_vs);
-  Slot& src = slot(st.dir, st.micro_batch, from_vs);
-  if (from == stage || !src.added || src.ready != kNoTask) return;
-  const Rep& me = reps_[us];
-  const Rep& peer = reps_[static_cast<std::size_t>(from)];
-  std::vector<TaskId> deps = src.end;
-  deps.insert(deps.end(), stage_end_[us].begin(), stage_end_[us].end());
+// Where Megatron-LM communicates (schedules.py): 1F1B after every pass
+// (send_forward_recv_backward after a forward, send_backward_recv_forward
+// after a backward); the interleaved schedule after every warm-up forward and
+// cool-down backward but, in the steady state, once per forward/backward pair
+// (send_forward_backward_recv_forward_backward after the backward). A pass's
+// output is sent at the first point at or after it; its input is received at
+// the last point before it (or before the first pass).
+void Builder::plan_messages() {
+  messages_at_.assign(static_cast<std::size_t>(pp_), {});
+  need_.assign(static_cast<std::size_t>(pp_), {});
+  block_.assign(static_cast<std::size_t>(pp_), {});
+  std::vector<std::vector<int>> send_pos(static_cast<std::size_t>(pp_)), recv_pos(static_cast<std::size_t>(pp_));
+  std::vector<std::vector<int>> pos_of(static_cast<std::size_t>(pp_));  // (dir, mb, chunk) -> position
+  for (int s = 0; s < pp_; ++s) {
+    const auto us = static_cast<std::size_t>(s);
+    const StageOrder& o = order_[us];
+    const int n = static_cast<int>(o.size());
+    const int w = warmup_steps(plan_.schedule, pp_, s, mbs_, v_);
+    std::vector<bool> point(static_cast<std::size_t>(n), true);
+    if (plan_.schedule == Schedule::interleaved) {
+      const int steady = n / 2 - w;  // forward/backward pairs
+      for (int k = 0; k < steady; ++k) point[static_cast<std::size_t>(w + 2 * k)] = false;
+    }
+    send_pos[us].assign(static_cast<std::size_t>(n), n - 1);
+    recv_pos[us].assign(static_cast<std::size_t>(n), -1);
+    int next = n - 1;
+    for (int i = n - 1; i >= 0; --i) {
+      if (point[static_cast<std::size_t>(i)]) next = i;
+      send_pos[us][static_cast<std::size_t>(i)] = next;
+    }
+    int last = -1;
+    for (int i = 0; i < n; ++i) {
+      recv_pos[us][static_cast<std::size_t>(i)] = last;
+      if (point[static_cast<std::size_t>(i)]) last = i;
+    }
+    pos_of[us].assign(static_cast<std::size_t>(2 * mbs_ * v_), 0);
+    for (int i = 0; i < n; ++i) {
+      const ScheduleStep& st = o[static_cast<std::size_t>(i)];
+      pos_of[us][static_cast<std::size_t>(((st.dir == Direction::forward ? 0 : 1) * mbs_ + st.micro_batch) * v_ + st.chunk)] = i;
+    }
+    messages_at_[us].assign(static_cast<std::size_t>(n + 1), {});
+    need_[us].assign(static_cast<std::size_t>(n + 1), 0);
+    block_[us].assign(static_cast<std::size_t>(n + 1), {});
+  }
+  for (int r = 0; r < pp_; ++r) {
+    const auto ur = static_cast<std::size_t>(r);
+    for (int i = 0; i < static_cast<int>(order_[ur].size()); ++i) {
+      const ScheduleStep& st = order_[ur][static_cast<std::size_t>(i)];
+      const bool fwd = st.dir == Direction::forward;
+      const int vs = st.chunk * pp_ + r;
+      const int from_vs = fwd ? vs - 1 : vs + 1;
+      if (from_vs < 0 || from_vs >= vs_count_ || stage_of(from_vs) == r) continue;
+      Message msg;
+      msg.from = stage_of(from_vs);
+      msg.to = r;
+      const auto uf = static_cast<std::size_t>(msg.from);
+      const int producer = pos_of[uf][static_cast<std::size_t>(((fwd ? 0 : 1) * mbs_ + st.micro_batch) * v_ + chunk_of(from_vs))];
+      msg.send_pos = send_pos[uf][static_cast<std::size_t>(producer)];
+      msg.recv_pos = recv_pos[ur][static_cast<std::size_t>(i)];
+      msg.slot = &slot(st.dir, st.micro_batch, from_vs);
+      msg.consumer = st;
+      const auto id = static_cast<std::uint32_t>(messages_.size());
+      messages_.push_back(msg);
+      messages_at_[uf][static_cast<std::size_t>(msg.send_pos + 1)].push_back(id);
+      ++need_[uf][static_cast<std::size_t>(msg.send_pos + 1)];
+      messages_at_[ur][static_cast<std::size_t>(msg.recv_pos + 1)].push_back(id);
+      ++need_[ur][static_cast<std::size_t>(msg.recv_pos + 1)];
+    }
+  }
+}
+
+// Creates a message once the sender and the receiver have both reached its
+// point: the send/recv on both GPUs' PP streams and, without SP, the TP
+// all-gather that rebuilds the activation from the shards (scatter-gather).
+void Builder::try_message(std::uint32_t id) {
+  Message& msg = messages_[id];
+  if (msg.created) return;
+  const auto uf = static_cast<std::size_t>(msg.from);
+  const auto ur = static_cast<std::size_t>(msg.to);
+  if (cursor_[uf] <= static_cast<std::size_t>(msg.send_pos)) return;
+  if (msg.recv_pos >= 0 && cursor_[ur] <= static_cast<std::size_t>(msg.recv_pos)) return;
+  msg.created = true;
+  const bool fwd = msg.consumer.dir == Direction::forward;
+  const Rep& me = reps_[ur];
+  const Rep& peer = reps_[uf];
+  auto pass_end = [&](int stage, int pos) -> const std::vector<TaskId>& {
+    const ScheduleStep& st = order_[static_cast<std::size_t>(stage)][static_cast<std::size_t>(pos)];
+    return slot(st.dir, st.micro_batch, st.chunk * pp_ + stage).end;
+  };
+  std::vector<TaskId> deps = pass_end(msg.from, msg.send_pos);
+  if (msg.recv_pos >= 0) {
+    const auto& e = pass_end(msg.to, msg.recv_pos);
+    deps.insert(deps.end(), e.begin(), e.end());
+  }
   const StreamId streams[2] = {fwd ? peer.pp_fwd : peer.pp_bwd, fwd ? me.pp_fwd : me.pp_bwd};
-  const GroupId g = fwd ? p2p_fwd_group_[static_cast<std::size_t>(from)] : p2p_bwd_group_[static_cast<std::size_t>(from)];
+  const GroupId g = fwd ? p2p_fwd_group_[uf] : p2p_bwd_group_[uf];
   const double bytes = pipeline_message_bytes(m_, plan_);
   TaskId t = eng_->add_collective(Collective::send_recv, g, bytes, streams, deps, Algorithm::ring);
-  const std::string name = (fwd ? "act " : "grad ") + step_name(st.dir, st.micro_batch, st.chunk, v_);
-  tag(t, Cls::pp, fwd ? kTidPpFwd : kTidPpBwd, from, stage);
-  label(t, stage, name, "pp");
-  label(t, from, name, "pp");
-  src.p2p = t;
+  const std::string name = (fwd ? "act " : "grad ") + step_name(msg.consumer.dir, msg.consumer.micro_batch,
+                                                                 msg.consumer.chunk, v_);
+  tag(t, Cls::pp, fwd ? kTidPpFwd : kTidPpBwd, msg.from, msg.to);
+  label(t, msg.to, name, "pp");
+  label(t, msg.from, name, "pp");
+  msg.slot->p2p = t;
+  block_[uf][static_cast<std::size_t>(msg.send_pos + 1)].push_back(t);
   if (tp_ > 1 && !plan_.sequence_parallel) {
     const std::vector<TaskId> d{t};
     TaskId gt;
@@ -301,11 +387,12 @@ void Builder::try_message(int stage) {
       const StreamId s1[1] = {me.tp};
       gt = eng_->add_collective(Collective::all_gather, me.tp_group, bytes * tp_, s1, d);
     }
-    tag(gt, Cls::pp, kTidTp, stage);
-    label(gt, stage, "pp_gather " + name, "pp");
+    tag(gt, Cls::pp, kTidTp, msg.to);
+    label(gt, msg.to, "pp_gather " + name, "pp");
     t = gt;
   }
-  src.ready = t;
+  msg.slot->ready = t;
+  block_[ur][static_cast<std::size_t>(msg.recv_pos + 1)].push_back(t);
 }
 
 void Builder::flush(Chain& ch) {
@@ -393,8 +480,9 @@ void Builder::add_step(int stage, std::size_t idx) {
   Chain ch;
   ch.stage = stage;
   ch.deps = stage_end_[us];
-  // Megatron's p2p is synchronous: the previous pass's send must be done.
-  if (stage_block_slot_[us] >= 0) ch.deps.push_back(slots_[static_cast<std::size_t>(stage_block_slot_[us])].p2p);
+  // Megatron's p2p is synchronous: the messages of the point before this pass must be done.
+  const auto& blocking = block_[us][idx];
+  ch.deps.insert(ch.deps.end(), blocking.begin(), blocking.end());
 
   // The input from the neighbouring virtual stage.
   const int from_vs = fwd ? vs - 1 : vs + 1;
@@ -457,9 +545,6 @@ void Builder::add_step(int stage, std::size_t idx) {
   out.end = ch.deps;
   out.added = true;
   stage_end_[us] = ch.deps;
-  const int to_vs = fwd ? vs + 1 : vs - 1;
-  const bool sends = to_vs >= 0 && to_vs < vs_count_ && stage_of(to_vs) != stage;
-  stage_block_slot_[us] = sends ? static_cast<int>(&out - slots_.data()) : -1;
 }
 
 void Builder::finish_iteration() {
@@ -469,7 +554,8 @@ void Builder::finish_iteration() {
   for (int s = 0; s < pp_; ++s) {
     const auto us = static_cast<std::size_t>(s);
     // The last pass's outgoing message must be done too.
-    if (stage_block_slot_[us] >= 0) stage_end_[us].push_back(slots_[static_cast<std::size_t>(stage_block_slot_[us])].p2p);
+    const auto& tail = block_[us].back();
+    stage_end_[us].insert(stage_end_[us].end(), tail.begin(), tail.end());
     if (dp_ > 1 && zero <= 1 && !opts_.dp_overlap) {
       dp_bucket(s, parameters_on_stage(m_, plan_, s), stage_end_[us], "grad reduce");
     }

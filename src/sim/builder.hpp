@@ -108,7 +108,8 @@ class Builder {
   int stage_of(int vs) const { return vs % pp_; }
   int chunk_of(int vs) const { return vs / pp_; }
   bool can_add(int stage, std::size_t idx);
-  void try_message(int stage);
+  void plan_messages();
+  void try_message(std::uint32_t msg);
   void add_step(int stage, std::size_t idx);
   void play(Chain& ch, const Program& prog);
   void flush(Chain& ch);
@@ -132,13 +133,26 @@ class Builder {
   bool tp_fast_ = false;
   double tp_probe_peak_ = 0;
   std::map<std::pair<int, double>, TimeNs> tp_probe_cache_;
+  std::unique_ptr<Topology> probe_topo_;
 
   std::vector<Rep> reps_;
   std::vector<StageOrder> order_;
   std::vector<std::size_t> cursor_;
   std::vector<std::vector<TaskId>> stage_end_;      // end of each stage's previous pass
-  std::vector<TaskId> stage_block_;                 // the previous pass's outgoing message (blocking p2p)
-  std::vector<int> stage_block_slot_;               // slot index whose p2p must exist first (-1: none)
+  // Megatron's p2p happens at communication points, after some passes of a
+  // stage's order (schedule-dependent); each point's batched sends and recvs
+  // must finish before the stage's next pass (synchronous p2p).
+  struct Message {
+    int from = 0, to = 0;            // stages
+    int send_pos = 0, recv_pos = 0;  // passes after which sender / receiver reach the point (recv -1: start)
+    Slot* slot = nullptr;            // the producer's pass
+    ScheduleStep consumer;
+    bool created = false;
+  };
+  std::vector<Message> messages_;
+  std::vector<std::vector<std::vector<std::uint32_t>>> messages_at_;  // [stage][pos + 1] -> messages touching that point
+  std::vector<std::vector<std::uint32_t>> need_;                      // [stage][pos + 1] -> messages at that point
+  std::vector<std::vector<std::vector<TaskId>>> block_;               // [stage][pos + 1] -> created ones
   std::vector<Slot> slots_;
   std::vector<std::vector<TaskId>> dp_tasks_;       // per stage: gradient reductions
   std::vector<GroupId> p2p_fwd_group_, p2p_bwd_group_;  // per stage boundary s -> s+1 (index s)
