@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cuboid/error.hpp"
+#include "cuboid/sim/simulator.hpp"
 
 namespace cuboid {
 
@@ -295,6 +296,33 @@ SearchResult search_plans(const ModelSpec& model, const Topology& topo, const Pl
     if (a.iteration_time_s != b.iteration_time_s) return a.iteration_time_s < b.iteration_time_s;
     return a.memory.total_bytes < b.memory.total_bytes;
   });
+  // 3. Re-rank the best K with the discrete-event simulator (in parallel; each
+  //    worker writes its own slots, so the order does not depend on threads).
+  const std::size_t k = std::min<std::size_t>(result.fitting.size(), static_cast<std::size_t>(std::max(0, o.simulate_top)));
+  if (k > 0) {
+    std::atomic<std::size_t> next_sim{0};
+    auto sim_worker = [&] {
+      for (std::size_t i = next_sim.fetch_add(1); i < k; i = next_sim.fetch_add(1)) {
+        try {
+          result.fitting[i] = sim::simulate(model, topo, result.fitting[i].plan);
+        } catch (const std::invalid_argument&) {
+          // A plan the simulator cannot play keeps its analytical score.
+        }
+      }
+    };
+    const unsigned sim_threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(k)));
+    std::vector<std::jthread> pool;
+    for (unsigned t = 1; t < sim_threads; ++t) pool.emplace_back(sim_worker);
+    sim_worker();
+    pool.clear();
+    std::stable_sort(result.fitting.begin(), result.fitting.begin() + static_cast<std::ptrdiff_t>(k),
+                     [](const Estimate& a, const Estimate& b) {
+                       if (a.simulated != b.simulated) return a.simulated;
+                       if (a.iteration_time_s != b.iteration_time_s) return a.iteration_time_s < b.iteration_time_s;
+                       return a.memory.total_bytes < b.memory.total_bytes;
+                     });
+    for (std::size_t i = 0; i < k; ++i) result.simulated += result.fitting[i].simulated ? 1 : 0;
+  }
   std::stable_sort(result.not_fitting.begin(), result.not_fitting.end(), [](const Estimate& a, const Estimate& b) {
     return a.memory.total_bytes < b.memory.total_bytes;
   });

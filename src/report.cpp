@@ -105,15 +105,16 @@ nlohmann::json search_to_json(const ModelSpec& m, const Cluster& c, const Search
 }
 
 std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top_k) {
-  std::string out = fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>10} {:>9} {:>5} {:>10} {:>9}\n",
-                                "#", "TP", "PP", "DP", "mb", "v", "ZeRO", "recompute", "SP", "step(s)",
+  std::string out = fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>8} {:>9} {:>5} {:>10} {:>9} {:>5} {:>10} {:>9}\n",
+                                "#", "TP", "PP", "DP", "mb", "v", "ZeRO", "recompute", "SP", "order", "step(s)", "score",
                                 "tokens/s", "TFLOP/s", "MFU", "mem/GPU", "headroom");
   for (std::size_t i = 0; i < rows.size() && i < top_k; ++i) {
     const Estimate& e = rows[i];
     const ParallelPlan& p = e.plan;
-    out += fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9.3f} {:>10.0f} {:>9.1f} {:>4.1f}% {:>10} {:>9}\n",
+    out += fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>8} {:>9.3f} {:>5} {:>10.0f} {:>9.1f} {:>4.1f}% {:>10} {:>9}\n",
                        i + 1, p.tp, p.pp, p.dp, p.micro_batch, p.virtual_stages, p.zero_stage,
-                       to_string(p.recompute), p.sequence_parallel ? "on" : "off", e.iteration_time_s,
+                       to_string(p.recompute), p.sequence_parallel ? "on" : "off", p.order.str(), e.iteration_time_s,
+                       e.simulated ? "sim" : "est",
                        e.tokens_per_s, e.model_tflops_per_gpu, 100.0 * e.mfu,
                        format_bytes_GiB(e.memory.total_bytes), format_bytes_GiB(e.memory.headroom_bytes()));
   }

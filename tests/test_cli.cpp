@@ -62,19 +62,32 @@ int lines(const std::string& s) {
 }  // namespace
 
 TEST_CASE("plan ranks layouts for Llama-3-70B on 4 x 8 A100 and lists the seed's TP4 x PP4 x DP2") {
-  Result r = run("plan " + kLlama);
+  Result r = run("plan " + kLlama + " --simulate-top 2");
   REQUIRE_MESSAGE(r.code == 0, r.err);
   CHECK(r.out.find("Top 10 plans") != std::string::npos);
+  CHECK(r.out.find(" sim ") != std::string::npos);
+  CHECK(r.out.find(" est ") != std::string::npos);
   CHECK(r.out.find("Best plan of each TP x PP x DP layout") != std::string::npos);
 
-  Result j = run("plan " + kLlama + " --json --top 1000");
+  Result j = run("plan " + kLlama + " --json --top 1000 --simulate-top 3");
   REQUIRE_MESSAGE(j.code == 0, j.err);
   auto doc = nlohmann::json::parse(j.out);
   REQUIRE(doc["candidates"].is_array());
   REQUIRE(!doc["candidates"].empty());
   bool seed = false;
   double previous = 0;
+  std::string previous_score = "simulated";
+  int simulated = 0;
   for (const auto& c : doc["candidates"]) {
+    // The simulated rows come first, each group fastest first.
+    const std::string score = c["score"].get<std::string>();
+    if (score != previous_score) {
+      CHECK(previous_score == "simulated");
+      CHECK(score == "analytical");
+      previous = 0;
+      previous_score = score;
+    }
+    simulated += score == "simulated" ? 1 : 0;
     for (const char* key : {"tp", "pp", "dp", "micro_batch", "virtual_stages", "zero_stage", "recompute",
                             "sequence_parallel", "schedule", "iteration_time_s", "tokens_per_s", "model_tflops_per_gpu",
                             "hardware_tflops_per_gpu", "mfu", "hfu", "memory_per_gpu_bytes", "breakdown"})
@@ -86,11 +99,12 @@ TEST_CASE("plan ranks layouts for Llama-3-70B on 4 x 8 A100 and lists the seed's
     if (c["tp"] == 4 && c["pp"] == 4 && c["dp"] == 2) seed = true;
   }
   CHECK_MESSAGE(seed, "the seed layout TP 4 x PP 4 x DP 2 must be among the candidates that fit");
+  CHECK(simulated == 3);
 }
 
 TEST_CASE("plan with fixed dimensions and simulate agree") {
   Result p = run("plan " + kLlama + " --tp 4 --pp 4 --micro-batch 1 --zero 1 --recompute full "
-                 "--sequence-parallel on --schedule 1f1b --global-batch 64 --json");
+                 "--sequence-parallel on --schedule 1f1b --global-batch 64 --json --simulate-top 1");
   REQUIRE_MESSAGE(p.code == 0, p.err);
   auto best = nlohmann::json::parse(p.out)["candidates"].at(0);
   Result s = run("simulate " + kLlama + " --tp 4 --pp 4 --dp 2 --micro-batch 1 --zero 1 --recompute full "
@@ -121,7 +135,7 @@ TEST_CASE("mesh prints the seed's picture") {
 
 TEST_CASE("the 512B model on 16-way PP x 8-way TP: the answer says whether it fits and what it needs") {
   Result r = run("plan --model models/gpt-512b.json --cluster topologies/dgx-a100-superpod.json --tp 8 "
-                 "--pp 16");
+                 "--pp 16 --simulate-top 1");
   REQUIRE_MESSAGE(r.code == 0, r.err);
   const bool fits = r.out.find("Top ") != std::string::npos;
   const bool explains = r.out.find("What would make a plan fit") != std::string::npos;
@@ -173,7 +187,7 @@ TEST_CASE("plan --out writes a plan file that simulate, mesh and export read bac
   const auto plan = dir / "plan.json";
   const auto pareto = dir / "pareto.svg";
   const auto mesh = dir / "mesh.svg";
-  Result p = run("plan " + kLlama + " --tp 4 --pp 4 --global-batch 64 --json --out " + plan.string() + " --svg " +
+  Result p = run("plan " + kLlama + " --tp 4 --pp 4 --global-batch 64 --simulate-top 1 --json --out " + plan.string() + " --svg " +
                  pareto.string());
   REQUIRE_MESSAGE(p.code == 0, p.err);
   REQUIRE(std::filesystem::exists(plan));
@@ -207,7 +221,7 @@ TEST_CASE("plan --out writes a plan file that simulate, mesh and export read bac
       {"simulate --plan " + plan.string() + " --cluster topologies/dgx-h100.json", plan.string()},
       {"simulate --plan " + plan.string() + " --tp 2", "--plan: a plan file fixes the model and every dimension"},
       {"export --plan " + plan.string() + " --to jax", "--to: unknown export target \"jax\""},
-      {"plan " + kLlama + " --tp 4 --pp 4 --out /nonexistent-dir/plan.json", "/nonexistent-dir"},
+      {"plan " + kLlama + " --tp 4 --pp 4 --simulate-top 0 --out /nonexistent-dir/plan.json", "/nonexistent-dir"},
       {"plan --model models/llama3.1-405b.json --cluster topologies/dgx-a100.json --out " + (dir / "none.json").string(),
        "--out: no plan fits in memory, so nothing was written"},
   };

@@ -28,6 +28,7 @@ TEST_CASE("Llama-3-70B on 4 x 8 A100: every candidate is a valid factorisation, 
   const Cluster c = load_cluster("topologies/dgx-a100-4node.json");
   const Topology topo(c);
   PlannerOptions o;
+  o.simulate_top = 0;  // analytical ranking only: the simulator re-rank is tested below
   o.global_batch = 64;
   const SearchResult r = search_plans(m, topo, o);
   REQUIRE(!r.fitting.empty());
@@ -56,6 +57,7 @@ TEST_CASE("fixed dimensions are respected and invalid ones are rejected with the
   const Cluster c = load_cluster("topologies/dgx-a100-4node.json");
   const Topology topo(c);
   PlannerOptions o;
+  o.simulate_top = 0;  // analytical ranking only: the simulator re-rank is tested below
   o.global_batch = 64;
   o.tp = 4;
   o.pp = 4;
@@ -82,7 +84,9 @@ TEST_CASE("a model that cannot fit reports the smallest plans instead of nothing
   const ModelSpec m = load_model("models/llama3.1-405b.json");
   const Cluster c = load_cluster("topologies/dgx-a100.json", 1);
   const Topology topo(c);
-  const SearchResult r = search_plans(m, topo, PlannerOptions{});
+  PlannerOptions o;
+  o.simulate_top = 0;
+  const SearchResult r = search_plans(m, topo, o);
   CHECK(r.fitting.empty());
   REQUIRE(!r.not_fitting.empty());
   for (std::size_t i = 1; i < r.not_fitting.size(); ++i)
@@ -95,6 +99,7 @@ TEST_CASE("plan_from_options fills Megatron-like defaults and validates") {
   const ModelSpec m = load_model("models/llama3-70b.json");
   const Cluster c = load_cluster("topologies/dgx-a100-4node.json");
   PlannerOptions o;
+  o.simulate_top = 0;  // analytical ranking only: the simulator re-rank is tested below
   o.tp = 4;
   o.pp = 4;
   const ParallelPlan p = plan_from_options(m, c, o);
@@ -115,6 +120,7 @@ TEST_CASE("the planner's cached Estimator gives exactly the uncached estimate") 
   const Cluster c = load_cluster("topologies/dgx-a100-superpod.json", 64);
   const Topology topo(c);
   PlannerOptions o;
+  o.simulate_top = 0;  // analytical ranking only: the simulator re-rank is tested below
   o.global_batch = 512;
   const SearchResult r = search_plans(m, topo, o);
   REQUIRE(r.fitting.size() > 10);
@@ -138,6 +144,7 @@ TEST_CASE("the search gives the same ranking with one thread and with several") 
   const Cluster c = load_cluster("topologies/dgx-a100-4node.json");
   const Topology topo(c);
   PlannerOptions o;
+  o.simulate_top = 0;  // analytical ranking only: the simulator re-rank is tested below
   o.global_batch = 64;
   o.threads = 1;
   const SearchResult one = search_plans(m, topo, o);
@@ -169,6 +176,7 @@ TEST_CASE("uneven stages: Llama 3.1 405B's 126 layers on PP 16 as 7 + 14 x 8 + 7
   const Cluster c = load_cluster("topologies/h100-roce-24k.json", 2048);
   const Topology topo(c);
   PlannerOptions o;
+  o.simulate_top = 0;  // analytical ranking only: the simulator re-rank is tested below
   o.tp = 8;
   o.pp = 16;
   o.global_batch = 2048;
@@ -178,4 +186,20 @@ TEST_CASE("uneven stages: Llama 3.1 405B's 126 layers on PP 16 as 7 + 14 x 8 + 7
   REQUIRE(!r.fitting.empty());
   CHECK(r.fitting.front().plan.first_stage_layers == 7);
   CHECK(r.fitting.front().plan.dp == 128);
+}
+
+TEST_CASE("the best K plans are re-ranked by the discrete-event simulator and say so") {
+  const ModelSpec m = load_model("models/llama3-70b.json");
+  const Cluster c = load_cluster("topologies/dgx-a100-4node.json");
+  const Topology topo(c);
+  PlannerOptions o;
+  o.global_batch = 64;
+  o.simulate_top = 4;
+  const SearchResult r = search_plans(m, topo, o);
+  REQUIRE(r.fitting.size() > 4);
+  CHECK(r.simulated == 4);
+  for (std::size_t i = 0; i < r.fitting.size(); ++i) {
+    CHECK(r.fitting[i].simulated == (i < 4));
+    if (i > 0 && i != 4) CHECK(r.fitting[i - 1].iteration_time_s <= r.fitting[i].iteration_time_s);
+  }
 }

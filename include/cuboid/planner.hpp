@@ -32,6 +32,7 @@ struct PlannerOptions {
   std::optional<int> first_stage_layers, last_stage_layers;  // explicit uneven split (simulate, mesh)
   int max_micro_batch = 16;
   int threads = 0;                  // 0: all cores
+  int simulate_top = 32;            // re-rank the best K (analytical) plans with the discrete-event simulator
   // Called from a helper thread about every 100 ms while scoring, and once at the end.
   std::function<void(std::size_t done, std::size_t total)> progress;
 };
@@ -44,7 +45,10 @@ std::int64_t default_global_batch(std::int64_t seq_length, int total_gpus);
 struct SearchResult {
   std::int64_t global_batch = 0;
   std::int64_t seq_length = 0;
-  std::vector<Estimate> fitting;       // fit in memory, best (highest tokens/s) first
+  // Fit in memory, best first: the first `simulated` rows are ranked by the
+  // discrete-event simulator, the rest by the analytical estimate.
+  std::vector<Estimate> fitting;
+  std::size_t simulated = 0;
   std::vector<Estimate> not_fitting;   // valid but over memory, smallest memory first (at most 16)
   std::int64_t candidates = 0;         // valid plans scored (fitting + not fitting)
   std::int64_t skipped = 0;            // factorisations rejected before scoring

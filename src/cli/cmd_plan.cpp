@@ -5,6 +5,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <unistd.h>
@@ -244,7 +245,17 @@ void write_outputs(const Loaded& l, const SearchResult& r, const PlanFlags& f) {
   }
 }
 
+void check_writable_dir(const std::optional<std::string>& path, const char* flag) {
+  if (!path) return;
+  const std::filesystem::path dir = std::filesystem::absolute(*path).parent_path();
+  if (!std::filesystem::is_directory(dir))
+    throw InputError("command line", flag, "folder " + dir.string() + " of " + *path + " does not exist",
+                     "create the folder or write elsewhere");
+}
+
 void run_plan(const PlanFlags& f) {
+  check_writable_dir(f.out_path, "--out");  // fail before a long search, not after
+  check_writable_dir(f.svg_path, "--svg");
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
   if (!f.json) o.progress = progress_bar();
@@ -258,8 +269,9 @@ void run_plan(const PlanFlags& f) {
     return;
   }
   std::cout << header(l, r, f);
-  std::cout << fmt::format("search  {} valid plans scored analytically, {} fit in memory\n\n", r.candidates,
-                           r.fitting.size());
+  std::cout << fmt::format("search  {} valid plans scored analytically (est), {} fit in memory, the best {} re-ranked by "
+                           "discrete-event simulation (sim)\n\n",
+                           r.candidates, r.fitting.size(), r.simulated);
   if (r.candidates == 0) {
     std::cout << "No valid plan: no factorisation of the cluster satisfies the constraints.\n";
     for (const auto& [reason, count] : r.skip_reasons) std::cout << fmt::format("  {} x {}\n", count, reason);
@@ -278,7 +290,7 @@ void run_plan(const PlanFlags& f) {
     write_outputs(l, r, f);
     return;
   }
-  std::cout << fmt::format("Top {} plans (analytical estimate, fastest first):\n", std::min<std::size_t>(f.top, r.fitting.size()));
+  std::cout << fmt::format("Top {} plans (fastest first):\n", std::min<std::size_t>(f.top, r.fitting.size()));
   std::cout << format_plan_table(r.fitting, static_cast<std::size_t>(f.top));
   // The best plan of every TP x PP x DP factorisation, so the layouts can be
   // compared with each other and not only the variants of the winner.
@@ -305,6 +317,9 @@ void register_plan_command(CLI::App& app) {
   plan->add_option("--top", plan_flags.top, "rows in the ranked table (default 10)")->check(CLI::PositiveNumber);
   plan->add_option("--out", plan_flags.out_path, "write the best plan as a plan file (schema cuboid.plan/1)");
   plan->add_option("--svg", plan_flags.svg_path, "draw step time vs memory of every plan that fits as an SVG picture");
+  plan->add_option("--simulate-top", plan_flags.simulate_top,
+                   "re-rank the best K plans with the discrete-event simulator (default 32; 0: analytical only)")
+      ->check(CLI::NonNegativeNumber);
   plan->add_flag("--explain", plan_flags.explain, "for each dimension, the best plan with that dimension forced to each value");
   plan->add_option("--threads", plan_flags.threads, "scoring threads (default: all cores)")->check(CLI::NonNegativeNumber);
   plan->callback([] { run_plan(plan_flags); });

@@ -15,7 +15,9 @@
 #include "cuboid/model.hpp"
 #include "cuboid/planfile.hpp"
 #include "cuboid/planner.hpp"
+#include "cuboid/sim/simulator.hpp"
 #include "cuboid/svg.hpp"
+#include "cuboid/trace.hpp"
 #include "cuboid/report.hpp"
 #include "cuboid/topology.hpp"
 
@@ -27,15 +29,59 @@ void run_simulate(const PlanFlags& f) {
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
   ParallelPlan plan = l.plan ? *l.plan : plan_from_options(l.model, l.cluster, o);
-  Estimate e = estimate(l.model, *l.topology, plan);
+  const std::string cl = "command line";
+  if (f.analytical && (f.trace_path || f.dp_overlap))
+    throw InputError(cl, "--analytical", "--trace and --dp-overlap need the simulator", "drop --analytical");
+  Estimate e;
+  std::string extra;
+  nlohmann::json sim_json;
+  if (f.analytical) {
+    e = estimate(l.model, *l.topology, plan);
+  } else {
+    sim::SimOptions so;
+    if (f.dp_overlap) so.dp_overlap = parse_on_off(*f.dp_overlap, "--dp-overlap");
+    if (f.trace_path) so.trace_path = *f.trace_path;
+    if (f.trace_ranks) {
+      if (!f.trace_path) throw InputError(cl, "--trace-ranks", "needs --trace FILE", "add --trace out.json");
+      try {
+        so.trace_ranks = parse_rank_list(*f.trace_ranks);
+      } catch (const std::exception& ex) {
+        throw InputError(cl, "--trace-ranks", ex.what(), "give ranks as a comma-separated list, e.g. 0,8");
+      }
+      for (int r : so.trace_ranks)
+        if (r < 0 || r >= plan.world_size())
+          throw InputError(cl, "--trace-ranks", "rank " + std::to_string(r) + " is not in 0.." + std::to_string(plan.world_size() - 1),
+                           "give ranks of this plan");
+    }
+    so.trace_per_rank = f.trace_per_rank;
+    if (so.trace_per_rank && !f.trace_path) throw InputError(cl, "--trace-per-rank", "needs --trace FILE", "add --trace out.json");
+    sim::SimResult r = sim::run_simulation(l.model, *l.topology, plan, so);
+    e = r.estimate;
+    extra += fmt::format("\nsimulation: {} tasks, {} events, {} flows, {:.3f} s of host time; critical GPU rank {}\n", r.tasks,
+                         r.events, r.flows, r.wall_s, r.critical_rank);
+    extra += fmt::format("peak link utilisation: NVLink {:.0f}%, PCIe {:.0f}%, InfiniBand {:.0f}%\n",
+                         100 * r.peak_nvlink_utilisation, 100 * r.peak_pcie_utilisation, 100 * r.peak_ib_utilisation);
+    for (const auto& link : r.busiest_links)
+      extra += fmt::format("  {:<28} {:<6} {:5.0f}% peak, {:10.3f} GB moved\n", link.name, link.kind,
+                           100 * link.peak_utilisation, link.bytes / 1e9);
+    for (const auto& file : r.trace_files) extra += fmt::format("trace written to {}\n", file.string());
+    sim_json = {{"tasks", r.tasks},
+                {"events", r.events},
+                {"flows", r.flows},
+                {"host_seconds", r.wall_s},
+                {"critical_rank", r.critical_rank},
+                {"peak_link_utilisation",
+                 {{"nvlink", r.peak_nvlink_utilisation}, {"pcie", r.peak_pcie_utilisation}, {"ib", r.peak_ib_utilisation}}}};
+  }
   if (f.json) {
     nlohmann::json j = estimate_to_json(e);
     j["model"] = l.model.name;
     j["cluster"] = l.cluster.name;
+    if (!sim_json.is_null()) j["simulation"] = sim_json;
     std::cout << j.dump(2) << "\n";
     return;
   }
-  std::cout << format_estimate(l.model, l.cluster, e);
+  std::cout << format_estimate(l.model, l.cluster, e) << extra;
 }
 
 void run_mesh(const PlanFlags& f) {
@@ -54,9 +100,15 @@ void run_mesh(const PlanFlags& f) {
 
 void register_simulate_commands(CLI::App& app) {
   static PlanFlags sim_flags, mesh_flags;
-  CLI::App* sim = app.add_subcommand("simulate", "estimate one plan with a per-component breakdown "
+  CLI::App* sim = app.add_subcommand("simulate", "simulate one iteration of one plan (discrete-event) with a per-component breakdown "
                                                   "(unset dimensions: TP 1, PP 1, DP = the rest, mb 1, selective recompute)");
   add_plan_flags(sim, sim_flags, false, true);
+  sim->add_flag("--analytical", sim_flags.analytical, "the closed-form estimate instead of the discrete-event simulation");
+  sim->add_option("--dp-overlap", sim_flags.dp_overlap,
+                  "overlap DP gradient reduction with the backward pass (Megatron --overlap-grad-reduce): on|off (default on)");
+  sim->add_option("--trace", sim_flags.trace_path, "write a Chrome/Perfetto trace of the iteration to FILE");
+  sim->add_option("--trace-ranks", sim_flags.trace_ranks, "ranks to trace, e.g. 0,8 (default: one GPU per stage)");
+  sim->add_flag("--trace-per-rank", sim_flags.trace_per_rank, "one trace file per rank (FILE.rankN.json)");
   sim->callback([] { run_simulate(sim_flags); });
 
   CLI::App* mesh = app.add_subcommand("mesh", "show which GPU (node, gpu) holds which TP group, pipeline stage and DP replica");

@@ -93,6 +93,7 @@ PlannerOptions planner_options(const PlanFlags& f) {
   o.last_stage_layers = f.last_stage_layers;
   o.uneven_stages = f.uneven_stages || f.first_stage_layers || f.last_stage_layers;
   o.threads = f.threads;
+  o.simulate_top = f.simulate_top;
   if (o.schedule && *o.schedule != Schedule::interleaved && o.virtual_stages && *o.virtual_stages > 1)
     throw InputError(cl, "--vpp", "virtual stages need the interleaved schedule", "add --schedule interleaved, or drop --vpp");
   return o;

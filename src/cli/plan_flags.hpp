@@ -31,6 +31,12 @@ struct PlanFlags {
   std::optional<std::string> plan_path;  // --plan plan.json (simulate, mesh)
   std::optional<std::string> out_path;   // --out (plan)
   std::optional<std::string> svg_path;   // --svg (plan, mesh)
+  bool analytical = false;               // simulate: the analytical estimate instead of the DES
+  std::optional<std::string> dp_overlap; // on|off
+  std::optional<std::string> trace_path;
+  std::optional<std::string> trace_ranks;
+  bool trace_per_rank = false;
+  int simulate_top = 32;                 // plan: re-rank the best K with the DES (0: none)
   int top = 10;
   bool json = false;
   bool verbose = false;

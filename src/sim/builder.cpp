@@ -231,9 +231,6 @@ void Builder::build() {
   stage_end_.assign(static_cast<std::size_t>(pp_), {});
   dp_tasks_.assign(static_cast<std::size_t>(pp_), {});
   plan_messages();
-  for (std::uint32_t i = 0; i < messages_.size(); ++i) {
-    if (messages_[i].recv_pos < 0 && messages_[i].send_pos < 0) try_message(i);
-  }
   // Add passes in an order consistent with their dependencies: round-robin
   // over the stages, each as far as its next pass's inputs already exist.
   bool progress = true;
