@@ -116,6 +116,26 @@ def main():
             r = run([args.emit, tmp])
             check(r.returncode == 0, "emit_plans wrote the fixture plans" + ("" if r.returncode == 0 else ": " + r.stderr))
             plans += r.stdout.split()
+        if args.cuboid:
+            # Plans written by `cuboid plan --out` itself: the seeds' examples,
+            # one of them re-ranked by the simulator, one with uneven stages.
+            runs = [
+                ("llama3-70b.plan.json", ["--model", "models/llama3-70b.json", "--cluster",
+                                          "topologies/dgx-a100-4node.json", "--simulate-top", "1"]),
+                ("gpt-512b.plan.json", ["--model", "models/gpt-512b.json", "--cluster",
+                                        "topologies/dgx-a100-superpod.json", "--tp", "8", "--pp", "16",
+                                        "--simulate-top", "0"]),
+                ("llama3.1-405b.plan.json", ["--model", "models/llama3.1-405b.json", "--cluster",
+                                             "topologies/h100-roce-24k.json", "--nodes", "2048", "--tp", "8",
+                                             "--pp", "16", "--uneven-stages", "--global-batch", "2048",
+                                             "--simulate-top", "0"]),
+            ]
+            for name, flags in runs:
+                out = os.path.join(tmp, name)
+                r = run([args.cuboid, "plan", *flags, "--out", out])
+                check(r.returncode == 0 and os.path.exists(out), "cuboid plan --out wrote " + name +
+                      ("" if r.returncode == 0 else ": " + r.stderr))
+                plans.append(out)
         check(len(plans) > 0, "there are plan files to validate")
         validate_files(validator, plans)
         schema_is_strict(validator, plans[0])
