@@ -287,17 +287,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   e.plan = plan;
   e.breakdown = bd;
   e.iteration_time_s = bd.total();
-  const double world = static_cast<double>(plan.world_size());
-  const double seq = static_cast<double>(plan.seq_length > 0 ? plan.seq_length : m.seq_length);
-  e.model_flops = model_flops_per_iteration(m, plan);
-  e.hardware_flops = hardware_flops_per_iteration(m, plan);
-  if (e.iteration_time_s > 0) {
-    e.tokens_per_s = static_cast<double>(plan.global_batch) * seq / e.iteration_time_s;
-    e.model_tflops_per_gpu = e.model_flops / e.iteration_time_s / world / 1e12;
-    e.hardware_tflops_per_gpu = e.hardware_flops / e.iteration_time_s / world / 1e12;
-    e.mfu = e.model_tflops_per_gpu * 1e12 / gpu.peak_bf16_flops;
-    e.hfu = e.hardware_tflops_per_gpu * 1e12 / gpu.peak_bf16_flops;
-  }
+  fill_throughput(e, m, plan, gpu);
   e.memory = memory_per_gpu(m, plan, gpu);
   return e;
 }
@@ -334,6 +324,20 @@ struct KeyHash {
 };
 
 }  // namespace
+
+void fill_throughput(Estimate& e, const ModelSpec& m, const ParallelPlan& plan, const GpuProfile& gpu) {
+  const double world = static_cast<double>(plan.world_size());
+  const double seq = static_cast<double>(plan.seq_length > 0 ? plan.seq_length : m.seq_length);
+  e.model_flops = model_flops_per_iteration(m, plan);
+  e.hardware_flops = hardware_flops_per_iteration(m, plan);
+  if (e.iteration_time_s > 0) {
+    e.tokens_per_s = static_cast<double>(plan.global_batch) * seq / e.iteration_time_s;
+    e.model_tflops_per_gpu = e.model_flops / e.iteration_time_s / world / 1e12;
+    e.hardware_tflops_per_gpu = e.hardware_flops / e.iteration_time_s / world / 1e12;
+    e.mfu = e.model_tflops_per_gpu * 1e12 / gpu.peak_bf16_flops;
+    e.hfu = e.hardware_tflops_per_gpu * 1e12 / gpu.peak_bf16_flops;
+  }
+}
 
 Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan) {
   const GpuProfile& gpu = topo.cluster().gpu;

@@ -79,10 +79,10 @@ ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, c
   return p;
 }
 
-SearchResult search_plans(const ModelSpec& model, const Topology& topo, const PlannerOptions& o) {
+std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology& topo, const PlannerOptions& o,
+                                          SearchResult& result) {
   const Cluster& cluster = topo.cluster();
   const int gpus = cluster.total_gpus();
-  SearchResult result;
   result.seq_length = o.seq_length.value_or(model.seq_length);
   result.global_batch = o.global_batch.value_or(default_global_batch(result.seq_length, gpus));
 
@@ -245,6 +245,13 @@ SearchResult search_plans(const ModelSpec& model, const Topology& topo, const Pl
       }
     }
   }
+
+  return plans;
+}
+
+SearchResult search_plans(const ModelSpec& model, const Topology& topo, const PlannerOptions& o) {
+  SearchResult result;
+  const std::vector<ParallelPlan> plans = enumerate_plans(model, topo, o, result);
 
   // 2. Score every plan on all cores. Each worker writes only its own slots,
   //    so the result does not depend on the thread count.

@@ -10,85 +10,17 @@
 #include "cuboid/flops.hpp"
 #include "cuboid/topology.hpp"
 #include "cuboid/workload.hpp"
+#include "fixtures.hpp"
 
 using namespace cuboid;
+using namespace cuboid::test;
 
 namespace {
 
-// A100 SXM4 80GB (hardware.md: 312 TFLOP/s, 2039 GB/s, 108 SMs, MAMF 271.2 /
-// 312 = 0.869). Memory-bound efficiency and launch cost are test values.
-GpuProfile a100() {
-  GpuProfile g;
-  g.name = "A100-SXM4-80GB";
-  g.peak_bf16_flops = 312e12;
-  g.hbm_bandwidth_Bps = 2039e9;
-  g.memory_bytes = 80LL << 30;
-  g.sm_count = 108;
-  g.gemm_max_efficiency = 0.869;
-  g.memory_bound_efficiency = 0.8;
-  g.kernel_launch_ns = 0;
-  g.memory_reserve_bytes = 2LL << 30;
-  return g;
-}
-
-// DGX A100 nodes, 8 x HDR NICs at 24 GB/s busbw each (hardware.md), a
-// leaf/spine fat tree with `nodes_per_leaf` nodes under each leaf.
-Cluster dgx_a100(int nodes, int nodes_per_leaf = 32, double oversubscription = 1.0) {
-  Cluster c;
-  c.name = "test-dgx-a100";
-  c.nodes = nodes;
-  c.gpus_per_node = 8;
-  c.gpu = a100();
-  c.intra.kind = "nvswitch";
-  c.intra.link_bandwidth_GBps = 300;
-  c.intra.allreduce_busbw_GBps = 230;
-  c.intra.busbw_GBps = 220;
-  c.intra.latency_ns = 1000;
-  c.inter.kind = "infiniband-hdr";
-  c.inter.nics_per_node = 8;
-  c.inter.nic_bandwidth_Gbps = 200;
-  c.inter.nic_busbw_GBps = 24;
-  c.inter.latency_ns = 3000;
-  c.inter.switch_latency_ns = 500;
-  c.inter.levels = 2;
-  c.inter.nodes_per_leaf = nodes_per_leaf;
-  c.inter.oversubscription = oversubscription;
-  c.inter.rail_optimized = true;
-  return c;
-}
-
-ModelSpec gpt(std::int64_t layers, std::int64_t hidden, std::int64_t heads) {
-  ModelSpec m;
-  m.name = "gpt-test";
-  m.num_layers = layers;
-  m.hidden_size = hidden;
-  m.num_attention_heads = heads;
-  m.num_kv_heads = heads;
-  m.head_dim = hidden / heads;
-  m.ffn_hidden_size = 4 * hidden;
-  m.vocab_size = 51200;
-  m.seq_length = 2048;
-  m.max_position_embeddings = 2048;
-  m.tied_embeddings = true;
-  m.learned_position_embeddings = true;
-  m.linear_bias = true;
-  return m;
-}
-
+// The Llama-3-8B shape (GQA: 32 heads, 8 KV heads).
 ModelSpec llama_gqa() {
-  ModelSpec m;
+  ModelSpec m = test::llama3_8b();
   m.name = "llama-gqa-test";
-  m.num_layers = 32;
-  m.hidden_size = 4096;
-  m.num_attention_heads = 32;
-  m.num_kv_heads = 8;
-  m.head_dim = 128;
-  m.ffn_hidden_size = 14336;
-  m.activation = Activation::swiglu;
-  m.normalization = Normalization::rmsnorm;
-  m.vocab_size = 128256;
-  m.seq_length = 8192;
-  m.max_position_embeddings = 8192;
   return m;
 }
 

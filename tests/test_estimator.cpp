@@ -12,72 +12,27 @@
 #include "cuboid/estimator.hpp"
 #include "cuboid/topology.hpp"
 #include "cuboid/workload.hpp"
+#include "fixtures.hpp"
 
 using namespace cuboid;
+using namespace cuboid::test;
 
 namespace {
 
-// A100 SXM4 80GB (hardware.md: 312 TFLOP/s, 2039 GB/s, 108 SMs, MAMF
-// 271.2 / 312 = 0.869). Memory-bound efficiency, launch cost and latencies
-// are test assumptions, not fitted to the paper.
-GpuProfile a100() {
-  GpuProfile g;
-  g.name = "A100-SXM4-80GB";
-  g.peak_bf16_flops = 312e12;
-  g.hbm_bandwidth_Bps = 2039e9;
-  g.memory_bytes = 80LL << 30;
-  g.sm_count = 108;
-  g.gemm_max_efficiency = 0.869;
-  g.memory_bound_efficiency = 0.8;
-  g.kernel_launch_ns = 2000;
-  g.memory_reserve_bytes = 2LL << 30;
-  return g;
-}
-
 // Selene-like DGX A100 nodes (hardware.md): NVSwitch all-reduce busbw
-// 230 GB/s, 8 HDR NICs of ~24 GB/s, 3-level fat tree, rail-optimised.
+// 230 GB/s, 8 HDR NICs of ~24 GB/s, 3-level fat tree, rail-optimised. The
+// A100 launch cost (2 us) and the latencies are test assumptions, not fitted
+// to the paper.
 Cluster selene(int nodes) {
-  Cluster c;
+  Cluster c = dgx_a100(nodes, /*nodes_per_leaf=*/20);
   c.name = "test-selene";
-  c.nodes = nodes;
-  c.gpus_per_node = 8;
-  c.gpu = a100();
-  c.intra.kind = "nvswitch";
-  c.intra.link_bandwidth_GBps = 300;
-  c.intra.allreduce_busbw_GBps = 230;
+  c.gpu.kernel_launch_ns = 2000;
   c.intra.busbw_GBps = 230;
-  c.intra.latency_ns = 1000;
-  c.inter.kind = "infiniband-hdr";
-  c.inter.nics_per_node = 8;
-  c.inter.nic_bandwidth_Gbps = 200;
-  c.inter.nic_busbw_GBps = 24;
-  c.inter.latency_ns = 3000;
-  c.inter.switch_latency_ns = 500;
   c.inter.levels = 3;
-  c.inter.nodes_per_leaf = 20;
-  c.inter.oversubscription = 1.0;
-  c.inter.rail_optimized = true;
   return c;
 }
 
-// GPT models of Korthikanti et al. Table 3 (vocab 51200, s 2048).
-ModelSpec gpt(std::int64_t layers, std::int64_t hidden, std::int64_t heads) {
-  ModelSpec m;
-  m.name = "gpt-test";
-  m.num_layers = layers;
-  m.hidden_size = hidden;
-  m.num_attention_heads = heads;
-  m.num_kv_heads = heads;
-  m.head_dim = hidden / heads;
-  m.ffn_hidden_size = 4 * hidden;
-  m.vocab_size = 51200;
-  m.seq_length = 2048;
-  m.max_position_embeddings = 2048;
-  m.tied_embeddings = true;
-  m.learned_position_embeddings = true;
-  m.linear_bias = true;
-  return m;
-}
+// GPT models of Korthikanti et al. Table 3 (vocab 51200, s 2048): gpt() of fixtures.hpp.
 
 ParallelPlan make_plan(int tp, int pp, int dp, int micro_batch, std::int64_t global_batch) {
   ParallelPlan p;

@@ -9,8 +9,10 @@
 #include "cuboid/memory.hpp"
 #include "cuboid/model.hpp"
 #include "cuboid/plan.hpp"
+#include "fixtures.hpp"
 
 using namespace cuboid;
+using test::llama3_70b;
 
 namespace {
 
@@ -18,48 +20,18 @@ constexpr double tight = 1e-12;
 constexpr double MiB = 1024.0 * 1024.0;
 constexpr double GiB = 1024.0 * MiB;
 
-ModelSpec gpt(std::int64_t layers, std::int64_t hidden, std::int64_t heads, std::int64_t vocab,
-              std::int64_t seq) {
-  ModelSpec m;
+// Korthikanti et al.'s 22B GPT: 48 layers, h 6144, 64 heads, vocab 51200,
+// without learned positions or linear biases, as Megatron's parameter formula
+// assumes.
+ModelSpec gpt_22b() {
+  ModelSpec m = test::gpt_22b();
   m.name = "gpt";
-  m.num_layers = layers;
-  m.hidden_size = hidden;
-  m.num_attention_heads = heads;
-  m.num_kv_heads = heads;
-  m.head_dim = hidden / heads;
-  m.ffn_hidden_size = 4 * hidden;
-  m.activation = Activation::gelu;
-  m.normalization = Normalization::layernorm;
-  m.vocab_size = vocab;
-  m.seq_length = seq;
-  m.max_position_embeddings = seq;
-  m.tied_embeddings = true;
   m.learned_position_embeddings = false;
-  m.linear_bias = false;  // as Megatron's parameter formula assumes
+  m.linear_bias = false;
   return m;
 }
 
-// Korthikanti et al.'s 22B GPT: 48 layers, h 6144, 64 heads, vocab 51200.
-ModelSpec gpt_22b() { return gpt(48, 6144, 64, 51200, 2048); }
-
-ModelSpec llama3_70b() {
-  ModelSpec m;
-  m.name = "llama3-70b";
-  m.num_layers = 80;
-  m.hidden_size = 8192;
-  m.num_attention_heads = 64;
-  m.num_kv_heads = 8;
-  m.head_dim = 128;
-  m.ffn_hidden_size = 28672;
-  m.activation = Activation::swiglu;
-  m.normalization = Normalization::rmsnorm;
-  m.vocab_size = 128256;
-  m.seq_length = 8192;
-  m.max_position_embeddings = 8192;
-  m.tied_embeddings = false;
-  return m;
-}
-
+// Only the memory fields: capacity 80 GiB, 2 GiB reserved.
 GpuProfile a100_80gb() {
   GpuProfile g;
   g.name = "A100-like";

@@ -10,40 +10,20 @@
 #include "cuboid/cost.hpp"
 #include "cuboid/sim/engine.hpp"
 #include "cuboid/topology.hpp"
+#include "fixtures.hpp"
 
 using namespace cuboid;
 using namespace cuboid::sim;
 
 namespace {
 
-// DGX A100-like nodes (see tests/test_cost.cpp): NVSwitch busbw 220 GB/s
-// (all_reduce 230), HDR NICs at 25 GB/s line rate, 24 GB/s achieved.
+// DGX A100-like nodes (dgx_a100 of fixtures.hpp): NVSwitch busbw 220 GB/s
+// (all_reduce 230), HDR NICs at 25 GB/s line rate, 24 GB/s achieved; here with
+// a choice of rail optimisation and NICs per node. The network reads no GPU field.
 Cluster dgx(int nodes, int nodes_per_leaf = 32, double oversubscription = 1.0, bool rail = true, int nics = 8) {
-  Cluster c;
-  c.name = "test-dgx-a100";
-  c.nodes = nodes;
-  c.gpus_per_node = 8;
-  c.gpu.name = "A100";
-  c.gpu.peak_bf16_flops = 312e12;
-  c.gpu.hbm_bandwidth_Bps = 2039e9;
-  c.gpu.sm_count = 108;
-  c.gpu.gemm_max_efficiency = 0.869;
-  c.gpu.memory_bound_efficiency = 0.8;
-  c.intra.kind = "nvswitch";
-  c.intra.link_bandwidth_GBps = 300;
-  c.intra.allreduce_busbw_GBps = 230;
-  c.intra.busbw_GBps = 220;
-  c.intra.latency_ns = 1000;
-  c.inter.kind = "infiniband-hdr";
-  c.inter.nics_per_node = nics;
-  c.inter.nic_bandwidth_Gbps = 200;
-  c.inter.nic_busbw_GBps = 24;
-  c.inter.latency_ns = 3000;
-  c.inter.switch_latency_ns = 500;
-  c.inter.levels = 2;
-  c.inter.nodes_per_leaf = nodes_per_leaf;
-  c.inter.oversubscription = oversubscription;
+  Cluster c = test::dgx_a100(nodes, nodes_per_leaf, oversubscription);
   c.inter.rail_optimized = rail;
+  c.inter.nics_per_node = nics;
   return c;
 }
 

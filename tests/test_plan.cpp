@@ -5,27 +5,12 @@
 
 #include "cuboid/error.hpp"
 #include "cuboid/plan.hpp"
+#include "fixtures.hpp"
 
 using namespace cuboid;
+using namespace cuboid::test;
 
 namespace {
-
-ModelSpec llama70b_shape() {
-  ModelSpec m;
-  m.name = "llama3-70b";
-  m.num_layers = 80;
-  m.hidden_size = 8192;
-  m.num_attention_heads = 64;
-  m.num_kv_heads = 8;
-  m.head_dim = 128;
-  m.ffn_hidden_size = 28672;
-  m.activation = Activation::swiglu;
-  m.normalization = Normalization::rmsnorm;
-  m.vocab_size = 128256;
-  m.seq_length = 8192;
-  m.max_position_embeddings = 8192;
-  return m;
-}
 
 Cluster four_dgx() {
   Cluster c;
@@ -47,7 +32,7 @@ ParallelPlan seed_plan() {
   return p;
 }
 
-std::string error_of(const ParallelPlan& p, const ModelSpec& m = llama70b_shape(), const Cluster& c = four_dgx()) {
+std::string error_of(const ParallelPlan& p, const ModelSpec& m = llama3_70b(), const Cluster& c = four_dgx()) {
   try {
     validate_plan(p, m, c);
   } catch (const InputError& e) {

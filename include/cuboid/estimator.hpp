@@ -39,6 +39,10 @@ struct Estimate {
   bool simulated = false;              // false: analytical estimate; true: discrete-event simulation
 };
 
+// Fills e's FLOPs, tokens/s, TFLOP/s per GPU, MFU and HFU from
+// e.iteration_time_s (shared by the estimator and the simulator).
+void fill_throughput(Estimate& e, const ModelSpec& m, const ParallelPlan& plan, const GpuProfile& gpu);
+
 // One plan, nothing cached (convenient; the planner uses Estimator).
 Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan);
 

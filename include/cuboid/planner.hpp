@@ -55,6 +55,11 @@ struct SearchResult {
   std::map<std::string, std::int64_t> skip_reasons;  // reason -> count
 };
 
+// Every valid candidate of the search space, in a deterministic order; fills
+// result's global_batch, seq_length and skip counts. search_plans scores them.
+std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology& topo, const PlannerOptions& options,
+                                          SearchResult& result);
+
 // Throws InputError when a fixed dimension is itself invalid (e.g. --tp 3 for
 // 64 heads), with the same messages as validate_plan.
 SearchResult search_plans(const ModelSpec& model, const Topology& topo, const PlannerOptions& options);

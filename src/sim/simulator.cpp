@@ -105,20 +105,6 @@ Breakdown critical_breakdown(const Engine& eng, const std::vector<TaskMeta>& met
   return b;
 }
 
-void fill_rates(Estimate& e, const ModelSpec& m, const ParallelPlan& plan, const GpuProfile& gpu) {
-  const double world = static_cast<double>(plan.world_size());
-  const double seq = static_cast<double>(plan.seq_length > 0 ? plan.seq_length : m.seq_length);
-  e.model_flops = model_flops_per_iteration(m, plan);
-  e.hardware_flops = hardware_flops_per_iteration(m, plan);
-  if (e.iteration_time_s > 0) {
-    e.tokens_per_s = static_cast<double>(plan.global_batch) * seq / e.iteration_time_s;
-    e.model_tflops_per_gpu = e.model_flops / e.iteration_time_s / world / 1e12;
-    e.hardware_tflops_per_gpu = e.hardware_flops / e.iteration_time_s / world / 1e12;
-    e.mfu = e.model_tflops_per_gpu * 1e12 / gpu.peak_bf16_flops;
-    e.hfu = e.hardware_tflops_per_gpu * 1e12 / gpu.peak_bf16_flops;
-  }
-}
-
 void collect_links(SimResult& r, Network& net, double tp_probe_peak) {
   std::vector<LinkUtilisation> all;
   for (LinkId l = 0; l < net.num_links(); ++l) {
@@ -249,7 +235,7 @@ SimResult run_simulation(const ModelSpec& m, const Topology& topo, const Paralle
   e.simulated = true;
   e.iteration_time_s = static_cast<double>(end) * 1e-9;
   e.breakdown = critical_breakdown(eng, meta, critical, end);
-  fill_rates(e, m, plan, topo.cluster().gpu);
+  fill_throughput(e, m, plan, topo.cluster().gpu);
   e.memory = memory_per_gpu(m, plan, topo.cluster().gpu);
   collect_links(r, b.network(), b.tp_probe_peak());
   if (!opts.trace_path.empty()) r.trace_files = write_trace(b, plan, opts);
