@@ -11,6 +11,7 @@
 #include "cuboid/estimator.hpp"
 #include "cuboid/model.hpp"
 #include "cuboid/planner.hpp"
+#include "cuboid/sim/simulator.hpp"
 #include "cuboid/topology.hpp"
 
 using namespace cuboid;
@@ -68,6 +69,22 @@ void bench_case(const Case& c) {
               o.simulate_top, search_s, r.fitting.empty() ? 0.0 : r.fitting.front().iteration_time_s, checksum + (a.fitting.empty() ? 0 : 1));
 }
 
+// One iteration of one plan in the discrete-event simulator.
+void bench_simulation(const char* name, const char* model, const char* cluster, int nodes, ParallelPlan plan) {
+  const ModelSpec m = load_model(model);
+  const Cluster cl = load_cluster(cluster, nodes);
+  const Topology topo(cl);
+  plan.seq_length = plan.seq_length > 0 ? plan.seq_length : m.seq_length;
+  validate_plan(plan, m, cl);
+  const auto t0 = Clock::now();
+  const sim::SimResult r = sim::run_simulation(m, topo, plan);
+  const double wall = seconds_since(t0);
+  std::printf("%-40s %6d GPUs  %9llu tasks %9llu events %7llu flows  %.3f s host (%.2f M events/s)  -> %.2f s per iteration\n",
+              name, cl.total_gpus(), static_cast<unsigned long long>(r.tasks), static_cast<unsigned long long>(r.events),
+              static_cast<unsigned long long>(r.flows), wall, static_cast<double>(r.events) / wall / 1e6,
+              r.estimate.iteration_time_s);
+}
+
 }  // namespace
 
 int main() {
@@ -77,5 +94,29 @@ int main() {
       {"llama3-70b on 32 A100", "models/llama3-70b.json", "topologies/dgx-a100-4node.json", 4, false},
   };
   for (const Case& c : cases) bench_case(c);
+
+  std::printf("\n== simulator: one iteration, one core\n");
+  ParallelPlan gpt1t;
+  gpt1t.tp = 8;
+  gpt1t.pp = 64;
+  gpt1t.dp = 6;
+  gpt1t.global_batch = 3072;
+  gpt1t.micro_batch = 1;
+  gpt1t.sequence_parallel = true;
+  gpt1t.recompute = Recompute::selective;
+  bench_simulation("gpt-1t TP8 PP64 DP6, batch 3072", "models/gpt-1t.json", "topologies/dgx-a100-superpod.json", 384, gpt1t);
+  ParallelPlan l405;
+  l405.tp = 8;
+  l405.pp = 16;
+  l405.dp = 128;
+  l405.global_batch = 2048;
+  l405.seq_length = 8192;
+  l405.first_stage_layers = 7;
+  l405.last_stage_layers = 7;
+  l405.sequence_parallel = true;
+  l405.zero_stage = 1;
+  l405.recompute = Recompute::full;
+  bench_simulation("llama3.1-405b TP8 PP16 DP128, seq 8192", "models/llama3.1-405b.json", "topologies/h100-roce-24k.json",
+                   2048, l405);
   return 0;
 }

@@ -225,3 +225,19 @@ TEST_CASE("embedding, LM head and pipeline message") {
   CHECK(!embed.backward.empty());
   CHECK(pipeline_message_bytes(m, p) == doctest::Approx(2048.0 * 4 * 6144 * 2 / 8));
 }
+
+TEST_CASE("traffic between pods pays the core's oversubscription (Llama 3-style 1:7)") {
+  const cuboid::Cluster c = cuboid::load_cluster("topologies/h100-roce-24k.json", 768);  // two pods of 384 nodes
+  const cuboid::Topology topo(c);
+  const int gpn = c.gpus_per_node;
+  // Two nodes under one ToR, two nodes in one pod, two nodes in different pods.
+  const auto same_leaf = cuboid::group_link_params(topo, cuboid::Collective::all_reduce, {0, gpn});
+  const auto same_pod = cuboid::group_link_params(topo, cuboid::Collective::all_reduce, {0, 100 * gpn});
+  const auto cross_pod = cuboid::group_link_params(topo, cuboid::Collective::all_reduce, {0, 500 * gpn});
+  CHECK(topo.tier(0, 500 * gpn) == cuboid::Tier::core);
+  // One GPU per node: its share of the node's NICs, 8 x 46 GB/s / 8 GPUs.
+  CHECK(same_leaf.busbw_Bps == doctest::Approx(46e9));
+  CHECK(same_pod.busbw_Bps == doctest::Approx(46e9));  // full bisection inside a pod
+  CHECK(cross_pod.busbw_Bps == doctest::Approx(46e9 / 7.0));
+  CHECK(cross_pod.latency_ns > same_pod.latency_ns);
+}

@@ -175,15 +175,16 @@ std::string explain(const Loaded& l, const PlannerOptions& o, const SearchResult
       {"sequence parallel", [](const ParallelPlan& p) { return std::string(p.sequence_parallel ? "on" : "off"); }},
       {"rank order", [](const ParallelPlan& p) { return p.order.str(); }},
   };
-  std::string out = "\nWhat each choice costs (best plan with one dimension forced; vs the winner):\n";
+  std::string out =
+      "\nWhat each choice costs (best plan with one dimension forced; vs the winner; sim = simulated, est = analytical):\n";
   auto line = [&](const std::string& dim, const std::string& value, const Estimate* e, const std::string& note) {
     if (e == nullptr) {
       out += fmt::format("  {:<18} {:<9} {}\n", dim, value, note);
       return;
     }
     const double slower = 100.0 * (e->iteration_time_s / best.iteration_time_s - 1.0);
-    out += fmt::format("  {:<18} {:<9} {:>9.3f} s {:>+7.1f}%   TP {} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}, {}\n", dim,
-                       value, e->iteration_time_s, slower, e->plan.tp, e->plan.pp, e->plan.dp, e->plan.micro_batch,
+    out += fmt::format("  {:<18} {:<9} {:>9.3f} s {} {:>+7.1f}%   TP {} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}, {}\n", dim,
+                       value, e->iteration_time_s, e->simulated ? "sim" : "est", slower, e->plan.tp, e->plan.pp, e->plan.dp, e->plan.micro_batch,
                        e->plan.virtual_stages, e->plan.zero_stage, to_string(e->plan.recompute),
                        e->plan.sequence_parallel ? "on" : "off", e->plan.order.str(), format_bytes_GiB(e->memory.total_bytes));
   };
