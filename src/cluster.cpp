@@ -75,43 +75,16 @@ int optional_count(JsonReader& r, std::string_view key, std::map<std::string, st
   return static_cast<int>(v);
 }
 
-// Levenshtein distance, to suggest the field a typo meant.
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      const bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
-                        std::tolower(static_cast<unsigned char>(b[j - 1]));
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (same ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// Unknown keys are reported before any required field is read, so a misspelt
+// Unknown keys are checked before any field is read, so that a misspelt
 // required field reads "unknown field ... did you mean", not "missing".
 void check_keys(const nlohmann::json& j, const JsonReader& r, std::initializer_list<std::string_view> known) {
   for (const auto& item : j.items()) {
     const std::string& key = item.key();
     if (key.rfind('_', 0) == 0 || key == "source" || key == "description" || key == "notes") continue;
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    std::string_view best;
-    std::size_t best_d = 4;  // suggest only close matches
-    for (std::string_view k : known) {
-      const std::size_t d = edit_distance(key, k);
-      if (d < best_d) {
-        best_d = d;
-        best = k;
-      }
-    }
-    const std::string fix = best.empty()
-        ? "remove it or check its spelling (see the README's card schema)"
-        : "remove it or check its spelling (did you mean \"" + std::string(best) + "\"?)";
+    const auto best = closest_field(key, std::span<const std::string_view>(known.begin(), known.size()), 3);
+    const std::string fix = !best ? "remove it or check its spelling (see the README's card schema)"
+                                  : "remove it or check its spelling (did you mean \"" + std::string(*best) + "\"?)";
     r.fail(key, "unknown field", fix);
   }
 }

@@ -1,5 +1,7 @@
 #include "cuboid/json_reader.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -27,6 +29,36 @@ std::string show(const nlohmann::json& v) {
 }
 
 }  // namespace
+
+std::optional<std::string_view> closest_field(std::string_view key, std::span<const std::string_view> known,
+                                              std::size_t max_distance) {
+  // Levenshtein distance with one row, ignoring case.
+  auto distance = [](std::string_view a, std::string_view b) {
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+      std::size_t diagonal = row[0];
+      row[0] = i;
+      for (std::size_t j = 1; j <= b.size(); ++j) {
+        const std::size_t above = row[j];
+        const bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) == std::tolower(static_cast<unsigned char>(b[j - 1]));
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (same ? 0 : 1)});
+        diagonal = above;
+      }
+    }
+    return row[b.size()];
+  };
+  std::optional<std::string_view> best;
+  std::size_t best_distance = max_distance + 1;
+  for (std::string_view k : known) {
+    const std::size_t d = distance(key, k);
+    if (d < best_distance) {
+      best_distance = d;
+      best = k;
+    }
+  }
+  return best;
+}
 
 nlohmann::json read_json_file(const std::filesystem::path& path) {
   const std::string source = path.string();

@@ -131,32 +131,12 @@ constexpr std::array<std::string_view, 15> kCardFields = {
     "normalization", "vocab_size",         "seq_length",  "max_position_embeddings",
     "tied_embeddings", "learned_position_embeddings", "linear_bias"};
 
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-// A misspelled required field would otherwise surface as "missing required
-// field" for the right name; name the misspelled key and its likely meaning.
 void reject_near_miss_keys(const nlohmann::json& j, const std::string& source) {
   for (const auto& [key, value] : j.items()) {
     if (key.rfind('_', 0) == 0) continue;
     if (std::find(kCardFields.begin(), kCardFields.end(), key) != kCardFields.end()) continue;
-    for (std::string_view known : kCardFields) {
-      if (edit_distance(key, known) <= 2) {
-        throw InputError(source, key, "unknown field", "did you mean \"" + std::string(known) + "\"?");
-      }
-    }
+    if (const auto known = closest_field(key, kCardFields, 2))
+      throw InputError(source, key, "unknown field", "did you mean \"" + std::string(*known) + "\"?");
   }
 }
 

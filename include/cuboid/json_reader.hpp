@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,11 @@
 #include <nlohmann/json.hpp>
 
 namespace cuboid {
+
+// The entry of `known` closest to `key` by case-insensitive edit distance,
+// when at most max_distance away: the field a typo most likely meant.
+std::optional<std::string_view> closest_field(std::string_view key, std::span<const std::string_view> known,
+                                              std::size_t max_distance);
 
 // Reads and parses a JSON file; unreadable or malformed files throw InputError
 // (with the parser's line/column for syntax errors).
