@@ -111,7 +111,9 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     relaxed.nodes = 1;
     relaxed.gpus_per_node = probe.world_size();
     ParallelPlan checked = probe;
-    checked.global_batch = probe.micro_batch * probe.dp;  // batch divisibility is checked per candidate
+    // Batch divisibility (and interleaving's micro-batches % PP) is checked
+    // per candidate: here give PP micro-batches so only the fixed flags count.
+    checked.global_batch = static_cast<std::int64_t>(probe.micro_batch) * probe.dp * probe.pp;
     validate_plan(checked, model, relaxed);
     if (o.tp && gpus % *o.tp != 0)
       throw InputError("command line", "--tp", "TP " + std::to_string(*o.tp) + " does not divide the " + std::to_string(gpus) + " GPUs of " + cluster.name,

@@ -203,3 +203,24 @@ TEST_CASE("the best K plans are re-ranked by the discrete-event simulator and sa
     if (i > 0 && i != 4) CHECK(r.fitting[i - 1].iteration_time_s <= r.fitting[i].iteration_time_s);
   }
 }
+
+TEST_CASE("fixing an interleaved schedule does not trip the up-front check of fixed flags") {
+  const ModelSpec m = load_model("models/tiny.json");
+  const Cluster c = load_cluster("topologies/localhost-cpu.json");
+  Cluster four = c;
+  four.gpus_per_node = 4;
+  const Topology topo(four);
+  PlannerOptions o;
+  o.simulate_top = 0;
+  o.tp = 2;
+  o.pp = 2;
+  o.dp = 1;
+  o.schedule = Schedule::interleaved;
+  o.virtual_stages = 2;
+  o.micro_batch = 1;
+  o.global_batch = 4;
+  const SearchResult r = search_plans(m, topo, o);
+  REQUIRE(!r.fitting.empty());
+  CHECK(r.fitting.front().plan.virtual_stages == 2);
+  CHECK(r.fitting.front().plan.num_micro_batches() == 4);
+}
