@@ -8,5 +8,6 @@ namespace cuboid::cli {
 void register_plan_command(CLI::App& app);       // cmd_plan.cpp
 void register_simulate_commands(CLI::App& app);  // cmd_simulate.cpp: simulate, mesh
 void register_export_command(CLI::App& app);      // cmd_export.cpp
+void register_run_command(CLI::App& app);         // cmd_run.cpp (built with MPI)
 
 }  // namespace cuboid::cli

@@ -25,6 +25,9 @@ int main(int argc, char** argv) {
   cuboid::cli::register_plan_command(app);
   cuboid::cli::register_simulate_commands(app);
   cuboid::cli::register_export_command(app);
+#if CUBOID_HAVE_MPI && defined(CUBOID_HAVE_RUN_COMMAND)
+  cuboid::cli::register_run_command(app);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

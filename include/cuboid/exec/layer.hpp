@@ -1,0 +1,127 @@
+#pragma once
+// One transformer layer on one tensor-parallel rank, forward and backward,
+// as the executor runs it: Megatron-LM's sharding (column-parallel QKV and
+// FC1, head-parallel attention core, row-parallel projection and FC2, a TP
+// all-reduce after each row-parallel GEMM, or reduce-scatter / all-gather
+// with sequence parallelism). Tokens are laid out [s, b] (sequence-major, as
+// Megatron's [s, b, h]) so that a sequence-parallel shard is a block of rows.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "cuboid/exec/backend.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/plan.hpp"
+#include "cuboid/workload.hpp"
+
+namespace cuboid::exec {
+
+class OpTimer;
+
+struct LayerDims {
+  std::int64_t seq = 0;            // s
+  std::int64_t micro_batch = 0;    // b
+  std::int64_t tokens = 0;         // T = s b
+  std::int64_t local_tokens = 0;   // T / tp with sequence parallelism, else T
+  std::int64_t hidden = 0;         // h
+  std::int64_t heads = 0;          // attention heads on this rank
+  std::int64_t kv_heads = 0;       // KV heads on this rank
+  std::int64_t head_dim = 0;
+  std::int64_t ffn = 0;            // FFN width on this rank
+  std::int64_t vocab = 0;          // padded vocabulary rows on this rank
+  int tp = 1;
+  bool sequence_parallel = false;
+  bool gated = false;              // SwiGLU
+  bool rmsnorm = false;
+  float norm_eps = 1e-5f;
+  float dropout = 0.0f;
+
+  std::int64_t q_cols() const { return heads * head_dim; }
+  std::int64_t kv_cols() const { return kv_heads * head_dim; }
+  std::int64_t qkv_cols() const { return q_cols() + 2 * kv_cols(); }
+  std::int64_t fc1_cols() const { return gated ? 2 * ffn : ffn; }
+};
+
+// The dims of one TP rank of `plan` (tp = 1: the unsharded layer).
+LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan, float dropout);
+
+// A layer's parameters (or their gradients) as views into one flat buffer.
+// Stored row-major as [in, out]: y = x W.
+struct LayerParams {
+  DeviceSpan norm1_gamma, norm1_beta;  // beta empty for RMSNorm
+  DeviceSpan w_qkv;                    // [h, q + 2 kv] (this rank's heads: [Q | K | V])
+  DeviceSpan w_proj;                   // [q, h]
+  DeviceSpan norm2_gamma, norm2_beta;
+  DeviceSpan w_fc1;                    // [h, ffn] or [h, 2 ffn] as [gate | up]
+  DeviceSpan w_fc2;                    // [ffn, h]
+};
+std::size_t layer_param_count(const LayerDims& d);
+LayerParams layer_params_at(DeviceSpan flat, std::size_t offset, const LayerDims& d);
+// Random weights (uniform, +-0.02), norm gains 1 and biases 0; deterministic in `seed`.
+void init_layer_params(Backend& backend, const LayerParams& p, std::uint64_t seed);
+
+// What the backward pass of one layer needs from its forward.
+struct LayerActs {
+  DeviceBuffer norm1, norm1_mean, norm1_rstd, norm1_full;  // *_full: gathered (sequence parallel)
+  DeviceBuffer qkv, probs, ctx, mid;
+  DeviceBuffer norm2, norm2_mean, norm2_rstd, norm2_full;
+  DeviceBuffer fc1, act;
+};
+
+enum class AttentionMemory { keep_probs, recompute_probs };
+
+// Runs layers of one shape on one rank. Holds the scratch buffers shared by
+// every layer (gathered tensors, gradients in flight), so a step allocates
+// nothing once warm.
+class LayerRunner {
+ public:
+  LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer);
+
+  const LayerDims& dims() const { return d_; }
+  LayerActs make_acts(AttentionMemory mem);
+
+  // y = layer(x); x, y: [local_tokens, h]. Keeps in `acts` what backward
+  // needs (without the attention probabilities for recompute_probs). `pass`
+  // is backward when this forward is a recomputation.
+  void forward(const LayerParams& w, ConstDeviceSpan x, LayerActs& acts, DeviceSpan y, std::uint64_t seed,
+               AttentionMemory mem, Pass pass = Pass::forward);
+  // dx = dL/dx from dy = dL/dy; parameter gradients accumulate into g.
+  void backward(const LayerParams& w, const LayerParams& g, ConstDeviceSpan x, LayerActs& acts, ConstDeviceSpan dy,
+                DeviceSpan dx, std::uint64_t seed, AttentionMemory mem);
+  // Full recomputation: the forward again (TP collectives included) from the
+  // kept input x into scratch activations, then the backward.
+  void recompute_backward(const LayerParams& w, const LayerParams& g, ConstDeviceSpan x, ConstDeviceSpan dy,
+                          DeviceSpan dx, std::uint64_t seed);
+
+  // The TP collectives around a tensor-parallel region ([T, h] <-> [local_tokens, h]).
+  // reduce: all-reduce in place (full -> full, `local` unused) or reduce-scatter (full -> local).
+  // Returns the span holding the result.
+  DeviceSpan tp_reduce(const char* name, Pass pass, DeviceSpan full, DeviceSpan local);
+  // gather: all-gather (local -> full) with SP; without SP returns `local` (already full).
+  ConstDeviceSpan tp_gather(const char* name, Pass pass, ConstDeviceSpan local, DeviceSpan full);
+
+  // Norm forward/backward on [local_tokens, h] with the model's norm kind.
+  void norm_forward(const char* name, Pass pass, ConstDeviceSpan x, ConstDeviceSpan gamma, ConstDeviceSpan beta,
+                    DeviceSpan y, DeviceSpan mean, DeviceSpan rstd);
+  void norm_backward(const char* name, ConstDeviceSpan dy, ConstDeviceSpan x, ConstDeviceSpan gamma,
+                     ConstDeviceSpan mean, ConstDeviceSpan rstd, DeviceSpan dx, DeviceSpan dgamma, DeviceSpan dbeta);
+
+  Backend& backend() { return be_; }
+  OpTimer& timer() { return timer_; }
+
+ private:
+  void attention_scores(const LayerActs& a, DeviceSpan probs, Pass pass);
+
+  Backend& be_;
+  Communicator* tp_;
+  LayerDims d_;
+  OpTimer& timer_;
+  // Scratch, [T, *] unless noted.
+  DeviceBuffer full_a_, full_b_;     // [T, h]
+  DeviceBuffer local_a_, local_b_;   // [local_tokens, h]
+  DeviceBuffer dqkv_, dctx_, dprobs_, probs_tmp_, dfc1_, dact_;
+  LayerActs scratch_;                // full recompute: the recomputed forward
+  DeviceBuffer scratch_out_;         // [local_tokens, h]
+};
+
+}  // namespace cuboid::exec

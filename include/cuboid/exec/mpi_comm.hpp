@@ -1,0 +1,95 @@
+#pragma once
+// MPI process groups for the executor: the environment (MPI_Init_thread /
+// MPI_Finalize) and a Communicator over an owned MPI_Comm. Every MPI call goes
+// through CUBOID_MPI_CHECK; communicators use MPI_ERRORS_RETURN so failures
+// become ExecError with rank, call, file and line.
+//
+// MPI moves host memory, so MpiCommunicator serves the cpu backend (f32, i32
+// buffers). The CUDA backend uses it only to bootstrap NCCL (broadcast_bytes
+// of the ncclUniqueId) and for host-side agreement (gathering timings).
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+// The C API only: MPI's deprecated C++ bindings are not used (and warn).
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include "cuboid/exec/backend.hpp"
+
+namespace cuboid::exec {
+
+// Initialises MPI for the lifetime of the object (MPI_THREAD_FUNNELED: only the
+// main thread calls MPI). Finalises unless MPI was already initialised by
+// someone else. One per process; non-copyable, non-movable.
+class MpiEnvironment {
+ public:
+  MpiEnvironment(int* argc, char*** argv);
+  ~MpiEnvironment();
+  MpiEnvironment(const MpiEnvironment&) = delete;
+  MpiEnvironment& operator=(const MpiEnvironment&) = delete;
+
+  int thread_level() const noexcept { return provided_; }
+  static bool initialized();
+
+ private:
+  bool owns_ = false;
+  int provided_ = 0;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // A duplicate of MPI_COMM_WORLD (MPI_Comm_dup), so the executor's traffic
+  // never matches anyone else's. Needs an MpiEnvironment alive.
+  static MpiCommunicator world();
+  // Takes ownership of `comm` (freed with MPI_Comm_free; never pass a
+  // predefined communicator such as MPI_COMM_WORLD).
+  explicit MpiCommunicator(MPI_Comm comm);
+  ~MpiCommunicator() override;
+  MpiCommunicator(MpiCommunicator&& other) noexcept;
+  MpiCommunicator& operator=(MpiCommunicator&& other) noexcept;
+
+  std::string_view kind() const noexcept override { return "mpi"; }
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return size_; }
+  void barrier() override;
+  [[noreturn]] void abort(std::string_view message) override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
+  // The same as split(), typed (for bootstrapping NCCL groups alongside).
+  MpiCommunicator split_mpi(int color, int key);
+
+  // Host-memory helpers (no backend involved).
+  void broadcast_bytes(std::span<std::byte> bytes, int root);
+  std::vector<double> all_gather_doubles(double value);
+  double all_reduce_max(double value);
+
+  MPI_Comm native() const noexcept { return comm_; }
+
+ protected:
+  void all_reduce_sum_impl(DeviceSpan buffer, std::size_t count) override;
+  void reduce_scatter_sum_impl(ConstDeviceSpan send, DeviceSpan recv,
+                               std::size_t recv_count) override;
+  void all_gather_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t send_count) override;
+  void broadcast_impl(DeviceSpan buffer, std::size_t count, int root) override;
+  void send_impl(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) override;
+  void recv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) override;
+  void send_recv_impl(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer,
+                      DeviceSpan recv_buffer, std::size_t recv_count, int recv_peer,
+                      int tag) override;
+
+ private:
+  void release() noexcept;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 0;
+};
+
+}  // namespace cuboid::exec

@@ -1,0 +1,95 @@
+#pragma once
+// The step runner: one training iteration of the plan on one rank. It holds
+// this rank's shard of the weights (its pipeline stage's model chunks, its TP
+// shard of every matrix), runs the forward and backward passes of every
+// micro-batch in the order sim::pipeline_order gives for the plan's schedule
+// (GPipe, 1F1B, interleaved), moves activations and gradients between stages
+// with point-to-point messages, reduces gradients over DP in buckets
+// (all-reduce, or reduce-scatter + all-gather with ZeRO / the distributed
+// optimizer) and takes an Adam step on its shard. Every op is timed.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "cuboid/exec/backend.hpp"
+#include "cuboid/exec/launch.hpp"
+#include "cuboid/exec/layer.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/plan.hpp"
+#include "cuboid/sim/schedule.hpp"
+
+namespace cuboid::exec {
+
+class OpTimer;
+class PipeChannel;
+
+struct StepOptions {
+  float dropout = 0.1f;
+  std::int64_t dp_bucket_elements = 40'000'000;  // Megatron's default DDP bucket (parameters)
+  std::uint64_t seed = 1234;
+};
+
+class StepRunner {
+ public:
+  StepRunner(Backend& backend, ProcessGroups& groups, const ModelSpec& model, const ParallelPlan& plan,
+             OpTimer& timer, const StepOptions& options = {});
+  ~StepRunner();
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
+
+  // One iteration (every micro-batch forward and backward, DP reduction,
+  // Adam). Returns the mean loss over the micro-batches on ranks of the last
+  // pipeline stage, NaN elsewhere.
+  double step(std::int64_t index, bool measured);
+
+  std::size_t parameter_count() const { return param_count_; }  // on this rank
+  int layers_on_rank() const;
+  const LayerDims& dims() const { return runner_->dims(); }
+
+ private:
+  struct Chunk {
+    int virtual_stage = 0;
+    int first_layer = 0;  // global index of its first layer
+    int num_layers = 0;
+    bool has_embedding = false, has_head = false;
+    DeviceSpan embedding, embedding_grad;  // [vocab shard, h]
+    std::vector<LayerParams> layers, layer_grads;
+    DeviceSpan final_gamma, final_beta, w_out;  // [h], [h], [h, vocab shard]
+    DeviceSpan final_gamma_grad, final_beta_grad, w_out_grad;
+  };
+  struct InFlight;  // activations of one (micro-batch, chunk)
+
+  void layout_params();
+  void forward(int micro_batch, int chunk, std::int64_t step);
+  void backward(int micro_batch, int chunk, std::int64_t step);
+  void reduce_gradients_and_update(std::int64_t step);
+  std::unique_ptr<InFlight> acquire(int chunk);
+  std::uint64_t layer_seed(std::int64_t step, int micro_batch, int layer) const;
+
+  Backend& be_;
+  ProcessGroups& groups_;
+  ModelSpec model_;
+  ParallelPlan plan_;
+  OpTimer& timer_;
+  StepOptions options_;
+  std::unique_ptr<LayerRunner> runner_;
+  std::unique_ptr<PipeChannel> pipe_;
+  AttentionMemory attention_memory_ = AttentionMemory::keep_probs;
+  int stage_ = 0, virtual_stages_ = 1, micro_batches_ = 1;
+  std::vector<Chunk> chunks_;
+  sim::StageOrder order_;
+
+  std::size_t param_count_ = 0, padded_count_ = 0;
+  DeviceBuffer params_, grads_, master_buf_, adam_m_, adam_v_, grad_shard_, param_shard_;
+  DeviceSpan master_;
+  std::vector<DeviceBuffer> ids_, labels_;  // per micro-batch, [T] i32
+  DeviceBuffer losses_;                     // [micro_batches] f32
+  DeviceBuffer vocab_stats_;                // [T] f32: the vocab-parallel cross-entropy's all-reduces
+  DeviceBuffer emb_full_, head_full_, grad_a_, grad_b_;
+  LayerActs fwd_scratch_;  // forward activations dropped at once (full recompute)
+  std::map<std::pair<int, int>, std::unique_ptr<InFlight>> in_flight_;
+  std::vector<std::vector<std::unique_ptr<InFlight>>> free_;
+};
+
+}  // namespace cuboid::exec

@@ -1,0 +1,183 @@
+// The sharded-vs-unsharded forward check. Full weights are drawn on the host
+// (the same on every rank), each rank uploads its TP slices the way
+// Megatron-LM shards them, and both layers run through the same LayerRunner.
+#include "cuboid/exec/check.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cuboid/exec/layer.hpp"
+#include "cuboid/exec/mpi_comm.hpp"
+#include "op_timer.hpp"
+
+namespace cuboid::exec {
+
+double check_tolerance(DType compute) { return compute == DType::bf16 ? 3e-2 : 1e-4; }
+
+namespace {
+
+using Matrix = std::vector<float>;  // row-major
+
+Matrix random_matrix(std::size_t n, std::uint64_t seed, float scale, float offset = 0.0f) {
+  Matrix m(n);
+  for (std::size_t i = 0; i < n; ++i) m[i] = offset + (2.0f * uniform01(seed, i) - 1.0f) * scale;
+  return m;
+}
+
+// Columns [first, first + count) of a rows x cols matrix.
+Matrix columns(const Matrix& m, std::int64_t rows, std::int64_t cols, std::int64_t first, std::int64_t count) {
+  Matrix out;
+  out.reserve(static_cast<std::size_t>(rows * count));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < count; ++c) out.push_back(m[static_cast<std::size_t>(r * cols + first + c)]);
+  return out;
+}
+
+Matrix rows_of(const Matrix& m, std::int64_t cols, std::int64_t first, std::int64_t count) {
+  return Matrix(m.begin() + first * cols, m.begin() + (first + count) * cols);
+}
+
+Matrix hcat(std::initializer_list<Matrix> parts, std::int64_t rows) {
+  // Concatenates column blocks of equal row count.
+  std::vector<std::int64_t> widths;
+  for (const Matrix& p : parts) widths.push_back(static_cast<std::int64_t>(p.size()) / rows);
+  Matrix out;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::size_t i = 0;
+    for (const Matrix& p : parts) {
+      const std::int64_t w = widths[i++];
+      out.insert(out.end(), p.begin() + r * w, p.begin() + (r + 1) * w);
+    }
+  }
+  return out;
+}
+
+struct HostLayer {
+  Matrix g1, b1, qkv, proj, g2, b2, fc1, fc2;
+};
+
+HostLayer full_weights(const LayerDims& f) {
+  const std::uint64_t seed = 0xC0FFEE;
+  const auto h = static_cast<std::size_t>(f.hidden);
+  HostLayer w;
+  // Gains near 1 and non-zero biases, so a norm applied to the wrong shard shows.
+  w.g1 = random_matrix(h, mix64(seed + 1), 0.1f, 1.0f);
+  w.b1 = random_matrix(h, mix64(seed + 2), 0.1f);
+  w.qkv = random_matrix(h * static_cast<std::size_t>(f.qkv_cols()), mix64(seed + 3), 0.05f);
+  w.proj = random_matrix(static_cast<std::size_t>(f.q_cols()) * h, mix64(seed + 4), 0.05f);
+  w.g2 = random_matrix(h, mix64(seed + 5), 0.1f, 1.0f);
+  w.b2 = random_matrix(h, mix64(seed + 6), 0.1f);
+  w.fc1 = random_matrix(h * static_cast<std::size_t>(f.fc1_cols()), mix64(seed + 7), 0.05f);
+  w.fc2 = random_matrix(static_cast<std::size_t>(f.ffn) * h, mix64(seed + 8), 0.05f);
+  return w;
+}
+
+// Megatron's shard of rank r of t: QKV columns of this rank's heads (Q, K
+// and V blocks each), FC1 columns (gate and up halves each), projection
+// and FC2 rows.
+HostLayer shard(const HostLayer& w, const LayerDims& f, const LayerDims& s, int r) {
+  const std::int64_t h = f.hidden;
+  HostLayer out = w;
+  const std::int64_t q = s.q_cols(), kv = s.kv_cols();
+  out.qkv = hcat({columns(w.qkv, h, f.qkv_cols(), r * q, q), columns(w.qkv, h, f.qkv_cols(), f.q_cols() + r * kv, kv),
+                  columns(w.qkv, h, f.qkv_cols(), f.q_cols() + f.kv_cols() + r * kv, kv)},
+                 h);
+  out.proj = rows_of(w.proj, h, r * q, q);
+  if (f.gated)
+    out.fc1 = hcat({columns(w.fc1, h, f.fc1_cols(), r * s.ffn, s.ffn), columns(w.fc1, h, f.fc1_cols(), f.ffn + r * s.ffn, s.ffn)},
+                   h);
+  else
+    out.fc1 = columns(w.fc1, h, f.fc1_cols(), r * s.ffn, s.ffn);
+  out.fc2 = rows_of(w.fc2, h, r * s.ffn, s.ffn);
+  return out;
+}
+
+void upload(Backend& be, const HostLayer& w, const LayerParams& p) {
+  be.upload(w.g1, p.norm1_gamma);
+  be.upload(w.qkv, p.w_qkv);
+  be.upload(w.proj, p.w_proj);
+  be.upload(w.g2, p.norm2_gamma);
+  be.upload(w.fc1, p.w_fc1);
+  be.upload(w.fc2, p.w_fc2);
+  if (!p.norm1_beta.empty()) be.upload(w.b1, p.norm1_beta);
+  if (!p.norm2_beta.empty()) be.upload(w.b2, p.norm2_beta);
+}
+
+double relative_error(const std::vector<float>& got, const std::vector<float>& ref) {
+  double max_diff = 0, max_ref = 1e-12;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double diff = std::fabs(static_cast<double>(got[i]) - static_cast<double>(ref[i]));
+    max_diff = std::isnan(diff) ? INFINITY : std::max(max_diff, diff);
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
+  }
+  return max_diff / max_ref;
+}
+
+double world_max(Communicator& world, double v) {
+  if (auto* mpi = dynamic_cast<MpiCommunicator*>(&world)) return mpi->all_reduce_max(v);
+  return v;
+}
+
+}  // namespace
+
+CheckResult check_sharded_forward(Backend& be, ProcessGroups& groups, const ModelSpec& model, const ParallelPlan& plan,
+                                  OpTimer& timer, bool flip_shard) {
+  ParallelPlan single = plan;
+  single.tp = 1;
+  single.sequence_parallel = false;
+  const LayerDims sd = layer_dims(model, plan, 0.0f);
+  const LayerDims fd = layer_dims(model, single, 0.0f);
+  const int r = groups.coord.tp;
+
+  const HostLayer full = full_weights(fd);
+  HostLayer mine = shard(full, fd, sd, r);
+  if (flip_shard && r == plan.tp - 1)
+    for (float& v : mine.fc2) v = -v;
+
+  DeviceBuffer sharded_flat = be.alloc(layer_param_count(sd));
+  DeviceBuffer full_flat = be.alloc(layer_param_count(fd));
+  const LayerParams sp = layer_params_at(sharded_flat, 0, sd);
+  const LayerParams fp = layer_params_at(full_flat, 0, fd);
+  upload(be, mine, sp);
+  upload(be, full, fp);
+
+  // A small residual stream, so that the blocks' outputs are not rounded away in it.
+  const Matrix x = random_matrix(static_cast<std::size_t>(fd.tokens * fd.hidden), 0xBADC0DE, 0.05f);
+  const std::int64_t first_row = sd.sequence_parallel ? r * sd.local_tokens : 0;
+  DeviceBuffer x_full = be.alloc(x.size());
+  DeviceBuffer x_local = be.alloc(static_cast<std::size_t>(sd.local_tokens * sd.hidden));
+  be.upload(x, x_full);
+  be.upload(rows_of(x, sd.hidden, first_row, sd.local_tokens), x_local);
+  DeviceBuffer y_full = be.alloc(x_full.size());
+  DeviceBuffer y_local = be.alloc(x_local.size());
+
+  timer.begin_step(false);
+  LayerRunner sharded(be, groups.tp.get(), sd, timer);
+  LayerActs sharded_acts = sharded.make_acts(AttentionMemory::keep_probs);
+  sharded.forward(sp, x_local, sharded_acts, y_local, 1, AttentionMemory::keep_probs);
+  LayerRunner reference(be, nullptr, fd, timer);
+  LayerActs reference_acts = reference.make_acts(AttentionMemory::keep_probs);
+  reference.forward(fp, x_full, reference_acts, y_full, 1, AttentionMemory::keep_probs);
+  timer.end_step();
+
+  auto part = [&](const DeviceBuffer& b) {
+    return rows_of(be.download(b), sd.hidden, first_row, sd.local_tokens);
+  };
+  CheckResult out;
+  out.tolerance = check_tolerance(be.compute_dtype());
+  // The attention block's own contribution (mid - x): the residual would
+  // otherwise hide an error in it below the tolerance.
+  const Matrix x_mine = rows_of(x, sd.hidden, first_row, sd.local_tokens);
+  auto minus_x = [&](Matrix m) {
+    for (std::size_t i = 0; i < m.size(); ++i) m[i] -= x_mine[i];
+    return m;
+  };
+  out.attention_error = relative_error(minus_x(be.download(sharded_acts.mid)), minus_x(part(reference_acts.mid)));
+  out.layer_error = relative_error(be.download(y_local), part(y_full));
+  out.attention_error = world_max(*groups.world, out.attention_error);
+  out.layer_error = world_max(*groups.world, out.layer_error);
+  return out;
+}
+
+}  // namespace cuboid::exec

@@ -1,0 +1,689 @@
+// The CUDA backend and the NCCL communicator (see cuda_backend.hpp).
+#include "cuboid/exec/cuda_backend.hpp"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+
+#include "kernels/kernels.hpp"
+
+namespace cuboid::exec {
+
+namespace {
+
+using kernels::bf16;
+
+// "cudaMemcpyAsync(dst, ...)" -> "cudaMemcpyAsync": the op names the call,
+// the full expression stays in the detail.
+std::string call_name(const char* call) {
+  const std::string_view text(call);
+  return std::string(text.substr(0, std::min(text.find('('), text.size())));
+}
+
+}  // namespace
+
+void throw_cuda_error(cudaError_t code, const char* call, const char* file, int line) {
+  throw ExecError(file, line, launcher_rank(), call_name(call),
+                  std::string(cudaGetErrorName(code)) + ": " + cudaGetErrorString(code) + " in `" + call + "`");
+}
+
+void throw_cublas_error(cublasStatus_t code, const char* call, const char* file, int line) {
+  throw ExecError(file, line, launcher_rank(), call_name(call),
+                  std::string(cublasGetStatusName(code)) + ": " + cublasGetStatusString(code) + " in `" + call +
+                      "`");
+}
+
+void throw_nccl_error(ncclResult_t code, const char* call, const char* file, int line) {
+  std::string detail = std::string(ncclGetErrorString(code)) + " in `" + call + "`";
+  // NCCL keeps a more specific message (which peer, which transport) aside.
+  if (const char* last = ncclGetLastError(nullptr); last != nullptr && *last != '\0')
+    detail += " (" + std::string(last) + ")";
+  throw ExecError(file, line, launcher_rank(), call_name(call), detail);
+}
+
+CudaStream make_stream() {
+  cudaStream_t s = nullptr;
+  CUBOID_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return CudaStream(s);
+}
+
+CudaEvent make_sync_event() {
+  cudaEvent_t e = nullptr;
+  CUBOID_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return CudaEvent(e);
+}
+
+int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device / no driver" error
+    return 0;
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------------------
+namespace {
+
+// The element type behind a float span: calls f(float{}) or f(bf16{}).
+template <typename F>
+void dispatch_float(DType d, const char* op, F&& f) {
+  switch (d) {
+    case DType::f32: f(float{}); return;
+    case DType::bf16: f(bf16{}); return;
+    case DType::i32: break;
+  }
+  throw_exec_error(op, "expected an f32 or bf16 span, got " + std::string(to_string(d)), __FILE__, __LINE__);
+}
+
+template <typename T>
+T* ptr(DeviceSpan s) noexcept {
+  return static_cast<T*>(s.native());
+}
+template <typename T>
+const T* ptr(ConstDeviceSpan s) noexcept {
+  return static_cast<const T*>(s.native());
+}
+
+// The kernels take one storage type for a layer's activations and parameters
+// (the runner keeps them all in compute_dtype); only gradient accumulators
+// may differ. Mixed spans are refused rather than converted behind the back.
+void require_same_dtype(const char* op, std::initializer_list<ConstDeviceSpan> spans) {
+  const DType d = spans.begin()->dtype();
+  for (const ConstDeviceSpan& s : spans)
+    CUBOID_EXEC_REQUIRE(s.dtype() == d, op,
+                        "the cuda backend needs activations and parameters of one dtype, got " +
+                            std::string(to_string(d)) + " and " + std::string(to_string(s.dtype())));
+}
+
+cudaDataType_t cuda_type(DType d) { return d == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+cublasOperation_t cublas_op(Trans t) { return t == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+int checked_int(std::int64_t v, const char* op, const char* what) {
+  CUBOID_EXEC_REQUIRE(v <= std::numeric_limits<int>::max(), op,
+                      std::string(what) + " " + std::to_string(v) + " exceeds cuBLAS's 32-bit int");
+  return static_cast<int>(v);
+}
+
+// cuBLAS's recommended workspace on Hopper (32 MiB; 4 MiB suffices before).
+constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device) {
+  const int count = cuda_device_count();
+  CUBOID_EXEC_REQUIRE(count > 0, "cuda", "no NVIDIA GPU is visible (cudaGetDeviceCount reports 0 devices)");
+  CUBOID_EXEC_REQUIRE(device >= 0 && device < count, "cuda",
+                      "device " + std::to_string(device) + " requested but only " + std::to_string(count) +
+                          " visible (check CUDA_VISIBLE_DEVICES and LOCAL_RANK)");
+  CUBOID_CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  CUBOID_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  info_ = {device, prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem};
+
+  // Keep freed memory in the stream-ordered pool instead of returning it to
+  // the driver at every sync: the runner allocates per step.
+  cudaMemPool_t pool = nullptr;
+  CUBOID_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  std::uint64_t keep_all = std::numeric_limits<std::uint64_t>::max();
+  CUBOID_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+
+  stream_ = make_stream();
+  cublasHandle_t handle = nullptr;
+  CUBOID_CUBLAS_CHECK(cublasCreate(&handle));
+  cublas_ = CublasHandle(handle);
+  CUBOID_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream_.get()));
+  CUBOID_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
+  CUBOID_CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_, kCublasWorkspaceBytes));
+}
+
+CudaBackend::~CudaBackend() {
+  scratch_ = DeviceBuffer();
+  (void)cudaStreamSynchronize(stream_.get());
+  cublas_.reset();
+  (void)cudaFree(cublas_workspace_);
+}
+
+void CudaBackend::synchronize() { CUBOID_CUDA_CHECK(cudaStreamSynchronize(stream_.get())); }
+
+// --- timing -----------------------------------------------------------------
+namespace {
+void destroy_event(void* event, void* /*context*/) noexcept { (void)cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+}  // namespace
+
+TimerEvent CudaBackend::create_event() {
+  cudaEvent_t e = nullptr;
+  CUBOID_CUDA_CHECK(cudaEventCreate(&e));  // timing enabled
+  return TimerEvent(OwnedHandle(e, &destroy_event, nullptr));
+}
+
+void CudaBackend::record(TimerEvent& event) {
+  CUBOID_EXEC_REQUIRE(event.native() != nullptr, "record", "the event was not made by create_event()");
+  CUBOID_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event.native()), stream_.get()));
+}
+
+std::int64_t CudaBackend::elapsed_ns(const TimerEvent& start, const TimerEvent& stop) {
+  CUBOID_EXEC_REQUIRE(start.native() != nullptr && stop.native() != nullptr, "elapsed_ns",
+                      "the events were not made by create_event()");
+  CUBOID_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop.native())));
+  float ms = 0.0f;
+  CUBOID_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.native()),
+                                         static_cast<cudaEvent_t>(stop.native())));
+  return std::llround(static_cast<double>(ms) * 1e6);
+}
+
+// --- memory -----------------------------------------------------------------
+void CudaBackend::free_memory(void* ptr, void* backend) noexcept {
+  // Stream-ordered: the memory is reused only after the work already enqueued
+  // on the compute stream (which NCCL's stream joins at every call) is done.
+  (void)cudaFreeAsync(ptr, static_cast<CudaBackend*>(backend)->stream_.get());
+}
+
+DeviceBuffer CudaBackend::alloc_impl(std::size_t elements, DType dtype) {
+  if (elements == 0) return DeviceBuffer(OwnedHandle(), 0, dtype);
+  void* p = nullptr;
+  CUBOID_CUDA_CHECK(cudaMallocAsync(&p, elements * dtype_bytes(dtype), stream_.get()));
+  return DeviceBuffer(OwnedHandle(p, &CudaBackend::free_memory, this), elements, dtype);
+}
+
+float* CudaBackend::scratch_floats(std::size_t elements) {
+  if (scratch_.size() < elements) scratch_ = alloc_impl(elements, DType::f32);
+  return static_cast<float*>(scratch_.native());
+}
+
+// Pageable host memory: cudaMemcpyAsync returns once the host data is staged,
+// so the temporaries below may go out of scope right after.
+void CudaBackend::upload_impl(const std::vector<float>& host, DeviceSpan dst) {
+  if (host.empty()) return;
+  if (dst.dtype() == DType::f32) {
+    CUBOID_CUDA_CHECK(cudaMemcpyAsync(dst.native(), host.data(), dst.bytes(), cudaMemcpyHostToDevice, stream_.get()));
+    return;
+  }
+  std::vector<bf16> staged(host.size());
+  std::transform(host.begin(), host.end(), staged.begin(), [](float v) { return __float2bfloat16_rn(v); });
+  CUBOID_CUDA_CHECK(cudaMemcpyAsync(dst.native(), staged.data(), dst.bytes(), cudaMemcpyHostToDevice, stream_.get()));
+}
+
+void CudaBackend::upload_indices_impl(const std::vector<std::int32_t>& host, DeviceSpan dst) {
+  if (host.empty()) return;
+  CUBOID_CUDA_CHECK(cudaMemcpyAsync(dst.native(), host.data(), dst.bytes(), cudaMemcpyHostToDevice, stream_.get()));
+}
+
+std::vector<float> CudaBackend::download_impl(ConstDeviceSpan src) {
+  std::vector<float> out(src.size());
+  if (src.empty()) return out;
+  switch (src.dtype()) {
+    case DType::f32:
+      CUBOID_CUDA_CHECK(cudaMemcpyAsync(out.data(), src.native(), src.bytes(), cudaMemcpyDeviceToHost, stream_.get()));
+      synchronize();
+      break;
+    case DType::bf16: {
+      std::vector<bf16> staged(src.size());
+      CUBOID_CUDA_CHECK(
+          cudaMemcpyAsync(staged.data(), src.native(), src.bytes(), cudaMemcpyDeviceToHost, stream_.get()));
+      synchronize();
+      std::transform(staged.begin(), staged.end(), out.begin(), [](bf16 v) { return __bfloat162float(v); });
+      break;
+    }
+    case DType::i32: {
+      std::vector<std::int32_t> staged(src.size());
+      CUBOID_CUDA_CHECK(
+          cudaMemcpyAsync(staged.data(), src.native(), src.bytes(), cudaMemcpyDeviceToHost, stream_.get()));
+      synchronize();
+      std::transform(staged.begin(), staged.end(), out.begin(), [](std::int32_t v) { return static_cast<float>(v); });
+      break;
+    }
+  }
+  return out;
+}
+
+void CudaBackend::fill_random_impl(DeviceSpan dst, std::uint64_t seed, float scale) {
+  dispatch_float(dst.dtype(), "fill_random", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::fill_random(ptr<T>(dst), static_cast<std::int64_t>(dst.size()), seed, scale,
+                                           stream_.get()));
+  });
+}
+
+void CudaBackend::fill_impl(DeviceSpan dst, float value) {
+  const auto n = static_cast<std::int64_t>(dst.size());
+  if (dst.dtype() == DType::i32) {
+    CUBOID_CUDA_CHECK(kernels::fill(ptr<std::int32_t>(dst), value, n, stream_.get()));
+    return;
+  }
+  dispatch_float(dst.dtype(), "fill", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::fill(ptr<T>(dst), value, n, stream_.get()));
+  });
+}
+
+void CudaBackend::copy_impl(ConstDeviceSpan src, DeviceSpan dst) {
+  if (src.empty()) return;
+  if (src.dtype() == dst.dtype()) {
+    CUBOID_CUDA_CHECK(
+        cudaMemcpyAsync(dst.native(), src.native(), src.bytes(), cudaMemcpyDeviceToDevice, stream_.get()));
+    return;
+  }
+  dispatch_float(dst.dtype(), "copy", [&](auto d) {
+    dispatch_float(src.dtype(), "copy", [&](auto s) {
+      using D = decltype(d);
+      using S = decltype(s);
+      CUBOID_CUDA_CHECK(
+          kernels::convert(ptr<D>(dst), ptr<S>(src), static_cast<std::int64_t>(src.size()), stream_.get()));
+    });
+  });
+}
+
+void CudaBackend::scale_impl(DeviceSpan x, float alpha) {
+  dispatch_float(x.dtype(), "scale", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::scale(ptr<T>(x), alpha, static_cast<std::int64_t>(x.size()), stream_.get()));
+  });
+}
+
+void CudaBackend::add_impl(DeviceSpan dst, ConstDeviceSpan src) {
+  dispatch_float(dst.dtype(), "add", [&](auto d) {
+    dispatch_float(src.dtype(), "add", [&](auto s) {
+      using D = decltype(d);
+      using S = decltype(s);
+      CUBOID_CUDA_CHECK(
+          kernels::add(ptr<D>(dst), ptr<S>(src), static_cast<std::int64_t>(dst.size()), stream_.get()));
+    });
+  });
+}
+
+// --- GEMM -----------------------------------------------------------------------
+// cuBLAS is column-major. A row-major m x n matrix with row stride ld is, to
+// cuBLAS, its n x m transpose with the same ld, so row-major C = op(A) op(B)
+// is column-major C^T = op(B)^T op(A)^T: swap the operands (and m with n)
+// and keep each operand's own transpose flag.
+void CudaBackend::gemm_impl(const GemmShape& s, float alpha, ConstDeviceSpan a, ConstDeviceSpan b, float beta,
+                            DeviceSpan c) {
+  CUBOID_EXEC_REQUIRE(a.dtype() == b.dtype(), "gemm",
+                      "A and B must share a dtype, got " + std::string(to_string(a.dtype())) + " and " +
+                          std::string(to_string(b.dtype())));
+  CUBOID_EXEC_REQUIRE(c.dtype() == a.dtype() || c.dtype() == DType::f32, "gemm",
+                      "C must be f32 or A's dtype, got " + std::string(to_string(c.dtype())));
+  const int m = checked_int(s.m, "gemm", "m");
+  const int n = checked_int(s.n, "gemm", "n");
+  const int k = checked_int(s.k, "gemm", "k");
+  const int lda = checked_int(s.lda, "gemm", "lda");
+  const int ldb = checked_int(s.ldb, "gemm", "ldb");
+  const int ldc = checked_int(s.ldc, "gemm", "ldc");
+  // bf16 inputs, fp32 accumulate and fp32 scalars; plain fp32 for f32 inputs
+  // (no TF32), so the CPU backend's results are the reference at fp32 tolerance.
+  const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  if (s.batch == 1) {
+    CUBOID_CUBLAS_CHECK(cublasGemmEx(cublas_.get(), cublas_op(s.trans_b), cublas_op(s.trans_a), n, m, k, &alpha,
+                                     b.native(), cuda_type(b.dtype()), ldb, a.native(), cuda_type(a.dtype()), lda,
+                                     &beta, c.native(), cuda_type(c.dtype()), ldc, compute, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  const int batch = checked_int(s.batch, "gemm", "batch");
+  CUBOID_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cublas_.get(), cublas_op(s.trans_b), cublas_op(s.trans_a), n, m, k, &alpha, b.native(), cuda_type(b.dtype()),
+      ldb, s.stride_b, a.native(), cuda_type(a.dtype()), lda, s.stride_a, &beta, c.native(), cuda_type(c.dtype()),
+      ldc, s.stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+// --- normalisation --------------------------------------------------------------
+void CudaBackend::layernorm_forward_impl(ConstDeviceSpan x, ConstDeviceSpan gamma, ConstDeviceSpan beta,
+                                         DeviceSpan y, DeviceSpan mean, DeviceSpan rstd, std::int64_t rows,
+                                         std::int64_t cols, float eps) {
+  require_same_dtype("layernorm_forward", {x, gamma, beta, y});
+  dispatch_float(x.dtype(), "layernorm_forward", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::layernorm_fwd(ptr<T>(x), ptr<T>(gamma), ptr<T>(beta), ptr<T>(y), ptr<float>(mean),
+                                             ptr<float>(rstd), rows, cols, eps, stream_.get()));
+  });
+}
+
+void CudaBackend::layernorm_backward_impl(ConstDeviceSpan dy, ConstDeviceSpan x, ConstDeviceSpan gamma,
+                                          ConstDeviceSpan mean, ConstDeviceSpan rstd, DeviceSpan dx,
+                                          DeviceSpan dgamma, DeviceSpan dbeta, std::int64_t rows,
+                                          std::int64_t cols) {
+  require_same_dtype("layernorm_backward", {dy, x, gamma, dx});
+  require_same_dtype("layernorm_backward", {dgamma, dbeta});
+  dispatch_float(x.dtype(), "layernorm_backward", [&](auto t) {
+    dispatch_float(dgamma.dtype(), "layernorm_backward", [&](auto g) {
+      using T = decltype(t);
+      using G = decltype(g);
+      CUBOID_CUDA_CHECK(kernels::layernorm_bwd(ptr<T>(dy), ptr<T>(x), ptr<T>(gamma), ptr<float>(mean),
+                                               ptr<float>(rstd), ptr<T>(dx), ptr<G>(dgamma), ptr<G>(dbeta), rows,
+                                               cols, stream_.get()));
+    });
+  });
+}
+
+void CudaBackend::rmsnorm_forward_impl(ConstDeviceSpan x, ConstDeviceSpan gamma, DeviceSpan y, DeviceSpan rstd,
+                                       std::int64_t rows, std::int64_t cols, float eps) {
+  require_same_dtype("rmsnorm_forward", {x, gamma, y});
+  dispatch_float(x.dtype(), "rmsnorm_forward", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::rmsnorm_fwd(ptr<T>(x), ptr<T>(gamma), ptr<T>(y), ptr<float>(rstd), rows, cols, eps,
+                                           stream_.get()));
+  });
+}
+
+void CudaBackend::rmsnorm_backward_impl(ConstDeviceSpan dy, ConstDeviceSpan x, ConstDeviceSpan gamma,
+                                        ConstDeviceSpan rstd, DeviceSpan dx, DeviceSpan dgamma, std::int64_t rows,
+                                        std::int64_t cols) {
+  require_same_dtype("rmsnorm_backward", {dy, x, gamma, dx});
+  dispatch_float(x.dtype(), "rmsnorm_backward", [&](auto t) {
+    dispatch_float(dgamma.dtype(), "rmsnorm_backward", [&](auto g) {
+      using T = decltype(t);
+      using G = decltype(g);
+      CUBOID_CUDA_CHECK(kernels::rmsnorm_bwd(ptr<T>(dy), ptr<T>(x), ptr<T>(gamma), ptr<float>(rstd), ptr<T>(dx),
+                                             ptr<G>(dgamma), rows, cols, stream_.get()));
+    });
+  });
+}
+
+// --- attention softmax ------------------------------------------------------------
+void CudaBackend::causal_softmax_forward_impl(ConstDeviceSpan x, DeviceSpan y, std::int64_t batch, std::int64_t s,
+                                              float scale) {
+  require_same_dtype("causal_softmax_forward", {x, y});
+  dispatch_float(x.dtype(), "causal_softmax_forward", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::causal_softmax_fwd(ptr<T>(x), ptr<T>(y), batch * s, s, s, scale, stream_.get()));
+  });
+}
+
+void CudaBackend::causal_softmax_backward_impl(ConstDeviceSpan dy, ConstDeviceSpan y, DeviceSpan dx,
+                                               std::int64_t batch, std::int64_t s, float scale) {
+  require_same_dtype("causal_softmax_backward", {dy, y, dx});
+  dispatch_float(y.dtype(), "causal_softmax_backward", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(
+        kernels::causal_softmax_bwd(ptr<T>(dy), ptr<T>(y), ptr<T>(dx), batch * s, s, s, scale, stream_.get()));
+  });
+}
+
+// --- activations ------------------------------------------------------------------
+void CudaBackend::gelu_forward_impl(ConstDeviceSpan x, DeviceSpan y) {
+  require_same_dtype("gelu_forward", {x, y});
+  dispatch_float(x.dtype(), "gelu_forward", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(
+        kernels::gelu_fwd(ptr<T>(x), ptr<T>(y), static_cast<std::int64_t>(x.size()), stream_.get()));
+  });
+}
+
+void CudaBackend::gelu_backward_impl(ConstDeviceSpan dy, ConstDeviceSpan x, DeviceSpan dx) {
+  require_same_dtype("gelu_backward", {dy, x, dx});
+  dispatch_float(x.dtype(), "gelu_backward", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::gelu_bwd(ptr<T>(dy), ptr<T>(x), ptr<T>(dx), static_cast<std::int64_t>(x.size()),
+                                        stream_.get()));
+  });
+}
+
+void CudaBackend::swiglu_forward_impl(ConstDeviceSpan x, DeviceSpan y, std::int64_t rows, std::int64_t ffn) {
+  require_same_dtype("swiglu_forward", {x, y});
+  dispatch_float(x.dtype(), "swiglu_forward", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::swiglu_fwd(ptr<T>(x), ptr<T>(y), rows, ffn, stream_.get()));
+  });
+}
+
+void CudaBackend::swiglu_backward_impl(ConstDeviceSpan dy, ConstDeviceSpan x, DeviceSpan dx, std::int64_t rows,
+                                       std::int64_t ffn) {
+  require_same_dtype("swiglu_backward", {dy, x, dx});
+  dispatch_float(x.dtype(), "swiglu_backward", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::swiglu_bwd(ptr<T>(dy), ptr<T>(x), ptr<T>(dx), rows, ffn, stream_.get()));
+  });
+}
+
+// --- bias, dropout, residual --------------------------------------------------------
+void CudaBackend::bias_add_impl(DeviceSpan y, ConstDeviceSpan bias, std::int64_t rows, std::int64_t cols) {
+  require_same_dtype("bias_add", {y, bias});
+  dispatch_float(y.dtype(), "bias_add", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::bias_add(ptr<T>(y), ptr<T>(bias), rows, cols, stream_.get()));
+  });
+}
+
+void CudaBackend::bias_backward_impl(ConstDeviceSpan dy, DeviceSpan dbias, std::int64_t rows, std::int64_t cols) {
+  dispatch_float(dy.dtype(), "bias_backward", [&](auto t) {
+    dispatch_float(dbias.dtype(), "bias_backward", [&](auto g) {
+      using T = decltype(t);
+      using G = decltype(g);
+      CUBOID_CUDA_CHECK(kernels::bias_bwd(ptr<T>(dy), ptr<G>(dbias), rows, cols, stream_.get()));
+    });
+  });
+}
+
+void CudaBackend::dropout_residual_forward_impl(ConstDeviceSpan x, ConstDeviceSpan residual, DeviceSpan out,
+                                                float p, std::uint64_t seed) {
+  require_same_dtype("dropout_residual_forward", {x, residual, out});
+  dispatch_float(x.dtype(), "dropout_residual_forward", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::dropout_add_fwd(ptr<T>(x), ptr<T>(residual), ptr<T>(out),
+                                               static_cast<std::int64_t>(x.size()), p, seed, stream_.get()));
+  });
+}
+
+void CudaBackend::dropout_backward_impl(ConstDeviceSpan dout, DeviceSpan dx, float p, std::uint64_t seed) {
+  require_same_dtype("dropout_backward", {dout, dx});
+  dispatch_float(dx.dtype(), "dropout_backward", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::dropout_bwd(ptr<T>(dout), ptr<T>(dx), static_cast<std::int64_t>(dx.size()), p, seed,
+                                           stream_.get()));
+  });
+}
+
+// --- embedding and loss ---------------------------------------------------------------
+void CudaBackend::embedding_forward_impl(ConstDeviceSpan ids, ConstDeviceSpan table, DeviceSpan out,
+                                         std::int64_t rows, std::int64_t hidden) {
+  require_same_dtype("embedding_forward", {table, out});
+  const auto vocab = static_cast<std::int64_t>(table.size()) / hidden;
+  dispatch_float(table.dtype(), "embedding_forward", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::embedding_fwd(ptr<std::int32_t>(ids), ptr<T>(table), ptr<T>(out), rows, hidden, vocab,
+                                             stream_.get()));
+  });
+}
+
+void CudaBackend::embedding_backward_impl(ConstDeviceSpan dout, ConstDeviceSpan ids, DeviceSpan dtable,
+                                          std::int64_t rows, std::int64_t hidden) {
+  const auto vocab = static_cast<std::int64_t>(dtable.size()) / hidden;
+  dispatch_float(dout.dtype(), "embedding_backward", [&](auto t) {
+    dispatch_float(dtable.dtype(), "embedding_backward", [&](auto g) {
+      using T = decltype(t);
+      using G = decltype(g);
+      CUBOID_CUDA_CHECK(kernels::embedding_bwd(ptr<T>(dout), ptr<std::int32_t>(ids), ptr<G>(dtable), rows, hidden,
+                                               vocab, stream_.get()));
+    });
+  });
+}
+
+void CudaBackend::cross_entropy_impl(ConstDeviceSpan logits, ConstDeviceSpan labels, DeviceSpan dlogits,
+                                     DeviceSpan loss, std::int64_t rows, std::int64_t vocab) {
+  require_same_dtype("cross_entropy", {logits, dlogits});
+  CUBOID_EXEC_REQUIRE(loss.dtype() == DType::f32, "cross_entropy", "loss must be f32");
+  float* row_loss = scratch_floats(static_cast<std::size_t>(rows));
+  dispatch_float(logits.dtype(), "cross_entropy", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::cross_entropy(ptr<T>(logits), ptr<std::int32_t>(labels), ptr<T>(dlogits), row_loss,
+                                             ptr<float>(loss), rows, vocab, stream_.get()));
+  });
+}
+
+// --- optimiser ------------------------------------------------------------------------
+void CudaBackend::adam_step_impl(DeviceSpan params, ConstDeviceSpan grads, DeviceSpan m, DeviceSpan v,
+                                 const AdamConfig& config, std::int64_t step) {
+  CUBOID_EXEC_REQUIRE(params.dtype() == DType::f32 && m.dtype() == DType::f32 && v.dtype() == DType::f32,
+                      "adam_step", "params, m and v must be f32 (master weights)");
+  const kernels::AdamHyper hp{config.lr, config.beta1, config.beta2, config.eps, config.weight_decay, step};
+  dispatch_float(grads.dtype(), "adam_step", [&](auto g) {
+    using G = decltype(g);
+    CUBOID_CUDA_CHECK(kernels::adam_step(ptr<float>(params), ptr<G>(grads), ptr<float>(m), ptr<float>(v),
+                                         static_cast<std::int64_t>(params.size()), hp, stream_.get()));
+  });
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  return std::make_unique<CudaBackend>(options.device);
+}
+
+// ---------------------------------------------------------------------------
+// NCCL
+namespace {
+
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+  }
+  return ncclFloat32;
+}
+
+ncclUniqueId to_nccl(const NcclUniqueId& id) {
+  static_assert(sizeof(ncclUniqueId) == sizeof(NcclUniqueId::bytes), "NCCL_UNIQUE_ID_BYTES changed");
+  ncclUniqueId out;
+  std::memcpy(&out, id.bytes.data(), sizeof(out));
+  return out;
+}
+
+}  // namespace
+
+NcclUniqueId nccl_unique_id() {
+  ncclUniqueId raw;
+  CUBOID_NCCL_CHECK(ncclGetUniqueId(&raw));
+  NcclUniqueId id;
+  std::memcpy(id.bytes.data(), &raw, sizeof(raw));
+  return id;
+}
+
+namespace {
+NcclComm init_comm(const NcclUniqueId& id, int rank, int size, const CudaBackend& backend) {
+  CUBOID_EXEC_REQUIRE(size > 0 && rank >= 0 && rank < size, "ncclCommInitRank",
+                      "rank " + std::to_string(rank) + " of " + std::to_string(size));
+  CUBOID_CUDA_CHECK(cudaSetDevice(backend.device_info().ordinal));
+  ncclComm_t comm = nullptr;
+  CUBOID_NCCL_CHECK(ncclCommInitRank(&comm, size, to_nccl(id), rank));
+  return NcclComm(comm);
+}
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(const NcclUniqueId& id, int rank, int size, CudaBackend& backend)
+    : NcclCommunicator(init_comm(id, rank, size, backend), backend) {}
+
+NcclCommunicator::NcclCommunicator(NcclComm comm, CudaBackend& backend)
+    : backend_(&backend),
+      comm_(std::move(comm)),
+      comm_stream_(make_stream()),
+      compute_ready_(make_sync_event()),
+      comm_done_(make_sync_event()),
+      barrier_word_(backend.alloc(1, DType::f32)) {
+  CUBOID_NCCL_CHECK(ncclCommUserRank(comm_.get(), &rank_));
+  CUBOID_NCCL_CHECK(ncclCommCount(comm_.get(), &size_));
+  backend.fill(barrier_word_, 0.0f);
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  // Let in-flight collectives finish before ncclCommDestroy frees their resources.
+  (void)cudaStreamSynchronize(comm_stream_.get());
+}
+
+template <typename Enqueue>
+void NcclCommunicator::on_comm_stream(Enqueue&& enqueue) {
+  const cudaStream_t compute = backend_->stream();
+  const cudaStream_t comm = comm_stream_.get();
+  CUBOID_CUDA_CHECK(cudaEventRecord(compute_ready_.get(), compute));
+  CUBOID_CUDA_CHECK(cudaStreamWaitEvent(comm, compute_ready_.get(), 0));
+  enqueue(comm);
+  CUBOID_CUDA_CHECK(cudaEventRecord(comm_done_.get(), comm));
+  CUBOID_CUDA_CHECK(cudaStreamWaitEvent(compute, comm_done_.get(), 0));
+}
+
+void NcclCommunicator::all_reduce_sum_impl(DeviceSpan buffer, std::size_t count) {
+  on_comm_stream([&](cudaStream_t s) {
+    CUBOID_NCCL_CHECK(ncclAllReduce(buffer.native(), buffer.native(), count, nccl_type(buffer.dtype()), ncclSum,
+                                    comm_.get(), s));
+  });
+}
+
+void NcclCommunicator::reduce_scatter_sum_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t recv_count) {
+  on_comm_stream([&](cudaStream_t s) {
+    CUBOID_NCCL_CHECK(ncclReduceScatter(send.native(), recv.native(), recv_count, nccl_type(recv.dtype()), ncclSum,
+                                        comm_.get(), s));
+  });
+}
+
+void NcclCommunicator::all_gather_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t send_count) {
+  on_comm_stream([&](cudaStream_t s) {
+    CUBOID_NCCL_CHECK(
+        ncclAllGather(send.native(), recv.native(), send_count, nccl_type(recv.dtype()), comm_.get(), s));
+  });
+}
+
+void NcclCommunicator::broadcast_impl(DeviceSpan buffer, std::size_t count, int root) {
+  on_comm_stream([&](cudaStream_t s) {
+    CUBOID_NCCL_CHECK(ncclBroadcast(buffer.native(), buffer.native(), count, nccl_type(buffer.dtype()), root,
+                                    comm_.get(), s));
+  });
+}
+
+// NCCL has no tags: p2p between a pair is matched in issue order.
+void NcclCommunicator::send_impl(ConstDeviceSpan buffer, std::size_t count, int peer, int /*tag*/) {
+  on_comm_stream([&](cudaStream_t s) {
+    CUBOID_NCCL_CHECK(ncclSend(buffer.native(), count, nccl_type(buffer.dtype()), peer, comm_.get(), s));
+  });
+}
+
+void NcclCommunicator::recv_impl(DeviceSpan buffer, std::size_t count, int peer, int /*tag*/) {
+  on_comm_stream([&](cudaStream_t s) {
+    CUBOID_NCCL_CHECK(ncclRecv(buffer.native(), count, nccl_type(buffer.dtype()), peer, comm_.get(), s));
+  });
+}
+
+void NcclCommunicator::send_recv_impl(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer,
+                                      DeviceSpan recv_buffer, std::size_t recv_count, int recv_peer, int /*tag*/) {
+  on_comm_stream([&](cudaStream_t s) {
+    // One group: both directions progress together, so two stages exchanging
+    // activations and gradients (1F1B) cannot deadlock.
+    CUBOID_NCCL_CHECK(ncclGroupStart());
+    const ncclResult_t sent =
+        ncclSend(send_buffer.native(), send_count, nccl_type(send_buffer.dtype()), send_peer, comm_.get(), s);
+    const ncclResult_t received =
+        ncclRecv(recv_buffer.native(), recv_count, nccl_type(recv_buffer.dtype()), recv_peer, comm_.get(), s);
+    CUBOID_NCCL_CHECK(ncclGroupEnd());
+    CUBOID_NCCL_CHECK(sent);
+    CUBOID_NCCL_CHECK(received);
+  });
+}
+
+void NcclCommunicator::barrier() {
+  all_reduce_sum_impl(barrier_word_, 1);
+  CUBOID_CUDA_CHECK(cudaStreamSynchronize(comm_stream_.get()));
+}
+
+void NcclCommunicator::abort(std::string_view message) {
+  std::fprintf(stderr, "rank %d: aborting: %.*s\n", launcher_rank(), static_cast<int>(message.size()),
+               message.data());
+  (void)ncclCommAbort(comm_.release());
+  std::abort();
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
+  ncclComm_t child = nullptr;
+  CUBOID_NCCL_CHECK(ncclCommSplit(comm_.get(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr));
+  if (child == nullptr) return nullptr;
+  return std::unique_ptr<Communicator>(new NcclCommunicator(NcclComm(child), *backend_));
+}
+
+std::unique_ptr<Communicator> make_nccl_world(const NcclUniqueId& id, int rank, int size, CudaBackend& backend) {
+  return std::make_unique<NcclCommunicator>(id, rank, size, backend);
+}
+
+}  // namespace cuboid::exec

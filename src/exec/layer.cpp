@@ -1,0 +1,352 @@
+// One transformer layer on one TP rank: forward, backward, recomputation.
+// GEMMs are y = x W with W stored [in, out]; dgrad dx = dy W^T, wgrad
+// dW += x^T dy (accumulated over micro-batches).
+#include "cuboid/exec/layer.hpp"
+
+#include <cmath>
+
+#include "op_timer.hpp"
+
+namespace cuboid::exec {
+
+LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan, float dropout) {
+  LayerDims d;
+  d.tp = plan.tp;
+  d.seq = plan.seq_length > 0 ? plan.seq_length : model.seq_length;
+  d.micro_batch = plan.micro_batch;
+  d.tokens = d.seq * d.micro_batch;
+  d.sequence_parallel = plan.sequence_parallel && plan.tp > 1;
+  d.local_tokens = d.sequence_parallel ? d.tokens / plan.tp : d.tokens;
+  d.hidden = model.hidden_size;
+  d.heads = model.num_attention_heads / plan.tp;
+  d.kv_heads = model.num_kv_heads / plan.tp;
+  d.head_dim = model.head_dim;
+  d.ffn = model.ffn_hidden_size / plan.tp;
+  d.vocab = padded_vocab_size(model.vocab_size, plan.tp) / plan.tp;
+  d.gated = model.gated_mlp();
+  d.rmsnorm = model.normalization == Normalization::rmsnorm;
+  d.dropout = dropout;
+  return d;
+}
+
+std::size_t layer_param_count(const LayerDims& d) {
+  const auto h = static_cast<std::size_t>(d.hidden);
+  const std::size_t norms = d.rmsnorm ? 2 * h : 4 * h;
+  return norms + h * static_cast<std::size_t>(d.qkv_cols()) + static_cast<std::size_t>(d.q_cols()) * h +
+         h * static_cast<std::size_t>(d.fc1_cols()) + static_cast<std::size_t>(d.ffn) * h;
+}
+
+LayerParams layer_params_at(DeviceSpan flat, std::size_t offset, const LayerDims& d) {
+  const auto h = static_cast<std::size_t>(d.hidden);
+  LayerParams p;
+  auto take = [&](std::size_t n) {
+    DeviceSpan s = flat.subspan(offset, n);
+    offset += n;
+    return s;
+  };
+  p.norm1_gamma = take(h);
+  if (!d.rmsnorm) p.norm1_beta = take(h);
+  p.w_qkv = take(h * static_cast<std::size_t>(d.qkv_cols()));
+  p.w_proj = take(static_cast<std::size_t>(d.q_cols()) * h);
+  p.norm2_gamma = take(h);
+  if (!d.rmsnorm) p.norm2_beta = take(h);
+  p.w_fc1 = take(h * static_cast<std::size_t>(d.fc1_cols()));
+  p.w_fc2 = take(static_cast<std::size_t>(d.ffn) * h);
+  return p;
+}
+
+void init_layer_params(Backend& be, const LayerParams& p, std::uint64_t seed) {
+  constexpr float kInitScale = 0.02f;
+  be.fill(p.norm1_gamma, 1.0f);
+  be.fill(p.norm2_gamma, 1.0f);
+  if (!p.norm1_beta.empty()) be.fill(p.norm1_beta, 0.0f);
+  if (!p.norm2_beta.empty()) be.fill(p.norm2_beta, 0.0f);
+  be.fill_random(p.w_qkv, mix64(seed + 1), kInitScale);
+  be.fill_random(p.w_proj, mix64(seed + 2), kInitScale);
+  be.fill_random(p.w_fc1, mix64(seed + 3), kInitScale);
+  be.fill_random(p.w_fc2, mix64(seed + 4), kInitScale);
+}
+
+namespace {
+
+std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
+
+// The rest of a buffer from `offset` (strided GEMMs address beyond one matrix).
+ConstDeviceSpan from(ConstDeviceSpan s, std::int64_t offset) { return s.subspan(sz(offset), s.size() - sz(offset)); }
+DeviceSpan from(DeviceSpan s, std::int64_t offset) { return s.subspan(sz(offset), s.size() - sz(offset)); }
+
+}  // namespace
+
+LayerRunner::LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer)
+    : be_(backend), tp_(tp), d_(dims), timer_(timer) {
+  const std::int64_t T = d_.tokens, h = d_.hidden;
+  full_a_ = be_.alloc(sz(T * h));
+  full_b_ = be_.alloc(sz(T * h));
+  local_a_ = be_.alloc(sz(d_.local_tokens * h));
+  local_b_ = be_.alloc(sz(d_.local_tokens * h));
+  dqkv_ = be_.alloc(sz(T * d_.qkv_cols()));
+  dctx_ = be_.alloc(sz(T * d_.q_cols()));
+  const std::int64_t scores = d_.micro_batch * d_.heads * d_.seq * d_.seq;
+  dprobs_ = be_.alloc(sz(scores));
+  probs_tmp_ = be_.alloc(sz(scores));
+  dfc1_ = be_.alloc(sz(T * d_.fc1_cols()));
+  dact_ = be_.alloc(sz(T * d_.ffn));
+  scratch_out_ = be_.alloc(sz(d_.local_tokens * h));
+}
+
+LayerActs LayerRunner::make_acts(AttentionMemory mem) {
+  const std::int64_t T = d_.tokens, Tl = d_.local_tokens, h = d_.hidden;
+  LayerActs a;
+  a.norm1 = be_.alloc(sz(Tl * h));
+  a.norm1_mean = be_.alloc(sz(Tl), DType::f32);
+  a.norm1_rstd = be_.alloc(sz(Tl), DType::f32);
+  if (d_.sequence_parallel) a.norm1_full = be_.alloc(sz(T * h));
+  a.qkv = be_.alloc(sz(T * d_.qkv_cols()));
+  if (mem == AttentionMemory::keep_probs) a.probs = be_.alloc(sz(d_.micro_batch * d_.heads * d_.seq * d_.seq));
+  a.ctx = be_.alloc(sz(T * d_.q_cols()));
+  a.mid = be_.alloc(sz(Tl * h));
+  a.norm2 = be_.alloc(sz(Tl * h));
+  a.norm2_mean = be_.alloc(sz(Tl), DType::f32);
+  a.norm2_rstd = be_.alloc(sz(Tl), DType::f32);
+  if (d_.sequence_parallel) a.norm2_full = be_.alloc(sz(T * h));
+  a.fc1 = be_.alloc(sz(T * d_.fc1_cols()));
+  a.act = be_.alloc(sz(T * d_.ffn));
+  return a;
+}
+
+DeviceSpan LayerRunner::tp_reduce(const char* name, Pass pass, DeviceSpan full, DeviceSpan local) {
+  if (d_.tp <= 1) return full;
+  const double bytes = static_cast<double>(full.bytes());
+  if (d_.sequence_parallel) {
+    timer_.run(comm_desc(name, pass, Collective::reduce_scatter, Group::tp, bytes, d_.tp),
+               [&] { tp_->reduce_scatter_sum(full, local, local.size()); });
+    return local;
+  }
+  timer_.run(comm_desc(name, pass, Collective::all_reduce, Group::tp, bytes, d_.tp),
+             [&] { tp_->all_reduce_sum(full, full.size()); });
+  return full;
+}
+
+ConstDeviceSpan LayerRunner::tp_gather(const char* name, Pass pass, ConstDeviceSpan local, DeviceSpan full) {
+  if (!d_.sequence_parallel) return local;
+  timer_.run(comm_desc(name, pass, Collective::all_gather, Group::tp, static_cast<double>(full.bytes()), d_.tp),
+             [&] { tp_->all_gather(local, full, local.size()); });
+  return full;
+}
+
+void LayerRunner::norm_forward(const char* name, Pass pass, ConstDeviceSpan x, ConstDeviceSpan gamma,
+                               ConstDeviceSpan beta, DeviceSpan y, DeviceSpan mean, DeviceSpan rstd) {
+  const std::int64_t rows = static_cast<std::int64_t>(x.size()) / d_.hidden;
+  timer_.run(mem_desc(name, pass, 2.0 * static_cast<double>(x.bytes())), [&] {
+    if (d_.rmsnorm)
+      be_.rmsnorm_forward(x, gamma, y, rstd, rows, d_.hidden, d_.norm_eps);
+    else
+      be_.layernorm_forward(x, gamma, beta, y, mean, rstd, rows, d_.hidden, d_.norm_eps);
+  });
+}
+
+void LayerRunner::norm_backward(const char* name, ConstDeviceSpan dy, ConstDeviceSpan x, ConstDeviceSpan gamma,
+                                ConstDeviceSpan mean, ConstDeviceSpan rstd, DeviceSpan dx, DeviceSpan dgamma,
+                                DeviceSpan dbeta) {
+  const std::int64_t rows = static_cast<std::int64_t>(x.size()) / d_.hidden;
+  timer_.run(mem_desc(name, Pass::backward, 3.0 * static_cast<double>(x.bytes())), [&] {
+    if (d_.rmsnorm)
+      be_.rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, rows, d_.hidden);
+    else
+      be_.layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, d_.hidden);
+  });
+}
+
+// probs[b][head] = causal_softmax(Q K^T / sqrt(d)). Head j reads KV head
+// j / (heads / kv_heads) (GQA); each GEMM call batches the heads that share
+// their position u inside a KV group.
+void LayerRunner::attention_scores(const LayerActs& a, DeviceSpan probs, Pass pass) {
+  const std::int64_t s = d_.seq, b = d_.micro_batch, dh = d_.head_dim, n = d_.qkv_cols(), q = d_.q_cols();
+  const std::int64_t gq = d_.heads / d_.kv_heads, ss = s * s;
+  timer_.run(gemm_desc("attn_qk", pass, s, s, dh, b * d_.heads), [&] {
+    for (std::int64_t bi = 0; bi < b; ++bi)
+      for (std::int64_t u = 0; u < gq; ++u) {
+        GemmShape g;
+        g.trans_b = Trans::yes;
+        g.m = s, g.n = s, g.k = dh;
+        g.lda = b * n, g.ldb = b * n, g.ldc = s;
+        g.batch = d_.kv_heads;
+        g.stride_a = gq * dh, g.stride_b = dh, g.stride_c = gq * ss;
+        be_.gemm(g, 1.0f, from(ConstDeviceSpan(a.qkv), bi * n + u * dh), from(ConstDeviceSpan(a.qkv), bi * n + q + 0), 0.0f,
+                 from(probs, (bi * d_.heads + u) * ss));
+      }
+  });
+  const double elements = static_cast<double>(b * d_.heads * ss);
+  timer_.run(mem_desc("attn_softmax", pass, 2.0 * elements * static_cast<double>(dtype_bytes(probs.dtype()))), [&] {
+    be_.causal_softmax_forward(probs, probs, b * d_.heads, s, 1.0f / std::sqrt(static_cast<float>(dh)));
+  });
+}
+
+void LayerRunner::forward(const LayerParams& w, ConstDeviceSpan x, LayerActs& a, DeviceSpan y, std::uint64_t seed,
+                          AttentionMemory mem, Pass pass) {
+  const std::int64_t T = d_.tokens, h = d_.hidden, s = d_.seq, b = d_.micro_batch, dh = d_.head_dim;
+  const std::int64_t n = d_.qkv_cols(), q = d_.q_cols(), kv = d_.kv_cols(), gq = d_.heads / d_.kv_heads;
+  const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
+  const double local_elems = static_cast<double>(d_.local_tokens * h);
+
+  // Attention block.
+  norm_forward("norm_in", pass, x, w.norm1_gamma, w.norm1_beta, a.norm1, a.norm1_mean, a.norm1_rstd);
+  const ConstDeviceSpan in1 = tp_gather("tp_ag_attn", pass, a.norm1, a.norm1_full);
+  timer_.run(gemm_desc("qkv", pass, T, n, h), [&] { be_.gemm(Trans::no, Trans::no, T, n, h, 1.0f, in1, w.w_qkv, 0.0f, a.qkv); });
+  DeviceSpan probs = mem == AttentionMemory::keep_probs ? DeviceSpan(a.probs) : DeviceSpan(probs_tmp_);
+  attention_scores(a, probs, pass);
+  const std::int64_t ss = s * s;
+  timer_.run(gemm_desc("attn_av", pass, s, dh, s, b * d_.heads), [&] {
+    for (std::int64_t bi = 0; bi < b; ++bi)
+      for (std::int64_t u = 0; u < gq; ++u) {
+        GemmShape g;
+        g.m = s, g.n = dh, g.k = s;
+        g.lda = s, g.ldb = b * n, g.ldc = b * q;
+        g.batch = d_.kv_heads;
+        g.stride_a = gq * ss, g.stride_b = dh, g.stride_c = gq * dh;
+        be_.gemm(g, 1.0f, from(probs, (bi * d_.heads + u) * ss), from(ConstDeviceSpan(a.qkv), bi * n + q + kv), 0.0f,
+                 from(DeviceSpan(a.ctx), bi * q + u * dh));
+      }
+  });
+  timer_.run(gemm_desc("proj", pass, T, h, q), [&] { be_.gemm(Trans::no, Trans::no, T, h, q, 1.0f, a.ctx, w.w_proj, 0.0f, full_a_); });
+  const DeviceSpan attn_out = tp_reduce(d_.sequence_parallel ? "tp_rs_attn" : "tp_ar_attn", pass, full_a_, local_a_);
+  timer_.run(mem_desc("drop_add_attn", pass, 3.0 * local_elems * esz),
+             [&] { be_.dropout_residual_forward(attn_out, x, a.mid, d_.dropout, mix64(seed + 11)); });
+
+  // MLP block.
+  norm_forward("norm_mlp", pass, a.mid, w.norm2_gamma, w.norm2_beta, a.norm2, a.norm2_mean, a.norm2_rstd);
+  const ConstDeviceSpan in2 = tp_gather("tp_ag_mlp", pass, a.norm2, a.norm2_full);
+  timer_.run(gemm_desc("fc1", pass, T, d_.fc1_cols(), h),
+             [&] { be_.gemm(Trans::no, Trans::no, T, d_.fc1_cols(), h, 1.0f, in2, w.w_fc1, 0.0f, a.fc1); });
+  timer_.run(mem_desc("act", pass, static_cast<double>(T * d_.ffn) * (d_.gated ? 3.0 : 2.0) * esz), [&] {
+    if (d_.gated)
+      be_.swiglu_forward(a.fc1, a.act, T, d_.ffn);
+    else
+      be_.gelu_forward(a.fc1, a.act);
+  });
+  timer_.run(gemm_desc("fc2", pass, T, h, d_.ffn),
+             [&] { be_.gemm(Trans::no, Trans::no, T, h, d_.ffn, 1.0f, a.act, w.w_fc2, 0.0f, full_a_); });
+  const DeviceSpan mlp_out = tp_reduce(d_.sequence_parallel ? "tp_rs_mlp" : "tp_ar_mlp", pass, full_a_, local_a_);
+  timer_.run(mem_desc("drop_add_mlp", pass, 3.0 * local_elems * esz),
+             [&] { be_.dropout_residual_forward(mlp_out, a.mid, y, d_.dropout, mix64(seed + 12)); });
+}
+
+void LayerRunner::backward(const LayerParams& w, const LayerParams& g, ConstDeviceSpan x, LayerActs& a,
+                           ConstDeviceSpan dy, DeviceSpan dx, std::uint64_t seed, AttentionMemory mem) {
+  const Pass bw = Pass::backward;
+  const std::int64_t T = d_.tokens, h = d_.hidden, s = d_.seq, b = d_.micro_batch, dh = d_.head_dim;
+  const std::int64_t n = d_.qkv_cols(), q = d_.q_cols(), kv = d_.kv_cols(), gq = d_.heads / d_.kv_heads;
+  const std::int64_t ss = s * s;
+  const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
+  const double local_elems = static_cast<double>(d_.local_tokens * h);
+
+  // MLP block: y = mid + dropout(reduce(act(norm2(mid) W1) W2)).
+  timer_.run(mem_desc("drop_add_mlp_bwd", bw, 2.0 * local_elems * esz),
+             [&] { be_.dropout_backward(dy, local_b_, d_.dropout, mix64(seed + 12)); });
+  const ConstDeviceSpan d_fc2 = tp_gather("tp_ag_mlp_bwd", bw, local_b_, full_b_);
+  timer_.run(gemm_desc("fc2_dgrad", bw, T, d_.ffn, h),
+             [&] { be_.gemm(Trans::no, Trans::yes, T, d_.ffn, h, 1.0f, d_fc2, w.w_fc2, 0.0f, dact_); });
+  timer_.run(gemm_desc("fc2_wgrad", bw, d_.ffn, h, T),
+             [&] { be_.gemm(Trans::yes, Trans::no, d_.ffn, h, T, 1.0f, a.act, d_fc2, 1.0f, g.w_fc2); });
+  timer_.run(mem_desc("act_bwd", bw, static_cast<double>(T * d_.ffn) * (d_.gated ? 5.0 : 3.0) * esz), [&] {
+    if (d_.gated)
+      be_.swiglu_backward(dact_, a.fc1, dfc1_, T, d_.ffn);
+    else
+      be_.gelu_backward(dact_, a.fc1, dfc1_);
+  });
+  const ConstDeviceSpan in2 = d_.sequence_parallel ? ConstDeviceSpan(a.norm2_full) : ConstDeviceSpan(a.norm2);
+  timer_.run(gemm_desc("fc1_dgrad", bw, T, h, d_.fc1_cols()),
+             [&] { be_.gemm(Trans::no, Trans::yes, T, h, d_.fc1_cols(), 1.0f, dfc1_, w.w_fc1, 0.0f, full_a_); });
+  timer_.run(gemm_desc("fc1_wgrad", bw, h, d_.fc1_cols(), T),
+             [&] { be_.gemm(Trans::yes, Trans::no, h, d_.fc1_cols(), T, 1.0f, in2, dfc1_, 1.0f, g.w_fc1); });
+  const DeviceSpan d_norm2 = tp_reduce(d_.sequence_parallel ? "tp_rs_mlp_bwd" : "tp_ar_mlp_bwd", bw, full_a_, local_a_);
+  norm_backward("norm_mlp_bwd", d_norm2, a.mid, w.norm2_gamma, a.norm2_mean, a.norm2_rstd, local_b_, g.norm2_gamma,
+                g.norm2_beta);
+  timer_.run(mem_desc("residual_add_bwd", bw, 3.0 * local_elems * esz), [&] { be_.add(local_b_, dy); });
+  // local_b_ now holds d mid.
+
+  // Attention block: mid = x + dropout(reduce(attn(norm1(x)) Wproj)).
+  timer_.run(mem_desc("drop_add_attn_bwd", bw, 2.0 * local_elems * esz),
+             [&] { be_.dropout_backward(local_b_, local_a_, d_.dropout, mix64(seed + 11)); });
+  const ConstDeviceSpan d_proj = tp_gather("tp_ag_attn_bwd", bw, local_a_, full_b_);
+  timer_.run(gemm_desc("proj_dgrad", bw, T, q, h),
+             [&] { be_.gemm(Trans::no, Trans::yes, T, q, h, 1.0f, d_proj, w.w_proj, 0.0f, dctx_); });
+  timer_.run(gemm_desc("proj_wgrad", bw, q, h, T),
+             [&] { be_.gemm(Trans::yes, Trans::no, q, h, T, 1.0f, a.ctx, d_proj, 1.0f, g.w_proj); });
+
+  DeviceSpan probs = a.probs.empty() || mem == AttentionMemory::recompute_probs ? DeviceSpan(probs_tmp_) : DeviceSpan(a.probs);
+  if (mem == AttentionMemory::recompute_probs) attention_scores(a, probs, bw);
+  timer_.run(mem_desc("dqkv_zero", bw, static_cast<double>(dqkv_.bytes())), [&] { be_.fill(dqkv_, 0.0f); });
+  timer_.run(gemm_desc("attn_av_dgrad", bw, s, s, dh, b * d_.heads), [&] {
+    for (std::int64_t bi = 0; bi < b; ++bi)
+      for (std::int64_t u = 0; u < gq; ++u) {
+        GemmShape g1;  // dP = dctx V^T
+        g1.trans_b = Trans::yes;
+        g1.m = s, g1.n = s, g1.k = dh;
+        g1.lda = b * q, g1.ldb = b * n, g1.ldc = s;
+        g1.batch = d_.kv_heads;
+        g1.stride_a = gq * dh, g1.stride_b = dh, g1.stride_c = gq * ss;
+        be_.gemm(g1, 1.0f, from(ConstDeviceSpan(dctx_), bi * q + u * dh), from(ConstDeviceSpan(a.qkv), bi * n + q + kv), 0.0f,
+                 from(DeviceSpan(dprobs_), (bi * d_.heads + u) * ss));
+      }
+  });
+  timer_.run(gemm_desc("attn_av_wgrad", bw, s, dh, s, b * d_.heads), [&] {
+    for (std::int64_t bi = 0; bi < b; ++bi)
+      for (std::int64_t u = 0; u < gq; ++u) {
+        GemmShape g2;  // dV += P^T dctx
+        g2.trans_a = Trans::yes;
+        g2.m = s, g2.n = dh, g2.k = s;
+        g2.lda = s, g2.ldb = b * q, g2.ldc = b * n;
+        g2.batch = d_.kv_heads;
+        g2.stride_a = gq * ss, g2.stride_b = gq * dh, g2.stride_c = dh;
+        be_.gemm(g2, 1.0f, from(ConstDeviceSpan(probs), (bi * d_.heads + u) * ss), from(ConstDeviceSpan(dctx_), bi * q + u * dh),
+                 1.0f, from(DeviceSpan(dqkv_), bi * n + q + kv));
+      }
+  });
+  timer_.run(mem_desc("attn_softmax_bwd", bw, 3.0 * static_cast<double>(b * d_.heads * ss) * esz), [&] {
+    be_.causal_softmax_backward(dprobs_, probs, dprobs_, b * d_.heads, s, 1.0f / std::sqrt(static_cast<float>(dh)));
+  });
+  timer_.run(gemm_desc("attn_qk_dgrad", bw, s, dh, s, b * d_.heads), [&] {
+    for (std::int64_t bi = 0; bi < b; ++bi)
+      for (std::int64_t u = 0; u < gq; ++u) {
+        GemmShape g3;  // dQ = dS K
+        g3.m = s, g3.n = dh, g3.k = s;
+        g3.lda = s, g3.ldb = b * n, g3.ldc = b * n;
+        g3.batch = d_.kv_heads;
+        g3.stride_a = gq * ss, g3.stride_b = dh, g3.stride_c = gq * dh;
+        be_.gemm(g3, 1.0f, from(ConstDeviceSpan(dprobs_), (bi * d_.heads + u) * ss), from(ConstDeviceSpan(a.qkv), bi * n + q), 0.0f,
+                 from(DeviceSpan(dqkv_), bi * n + u * dh));
+      }
+  });
+  timer_.run(gemm_desc("attn_qk_wgrad", bw, s, dh, s, b * d_.heads), [&] {
+    for (std::int64_t bi = 0; bi < b; ++bi)
+      for (std::int64_t u = 0; u < gq; ++u) {
+        GemmShape g4;  // dK += dS^T Q
+        g4.trans_a = Trans::yes;
+        g4.m = s, g4.n = dh, g4.k = s;
+        g4.lda = s, g4.ldb = b * n, g4.ldc = b * n;
+        g4.batch = d_.kv_heads;
+        g4.stride_a = gq * ss, g4.stride_b = gq * dh, g4.stride_c = dh;
+        be_.gemm(g4, 1.0f, from(ConstDeviceSpan(dprobs_), (bi * d_.heads + u) * ss), from(ConstDeviceSpan(a.qkv), bi * n + u * dh), 1.0f,
+                 from(DeviceSpan(dqkv_), bi * n + q));
+      }
+  });
+  const ConstDeviceSpan in1 = d_.sequence_parallel ? ConstDeviceSpan(a.norm1_full) : ConstDeviceSpan(a.norm1);
+  timer_.run(gemm_desc("qkv_dgrad", bw, T, h, n),
+             [&] { be_.gemm(Trans::no, Trans::yes, T, h, n, 1.0f, dqkv_, w.w_qkv, 0.0f, full_a_); });
+  timer_.run(gemm_desc("qkv_wgrad", bw, h, n, T),
+             [&] { be_.gemm(Trans::yes, Trans::no, h, n, T, 1.0f, in1, dqkv_, 1.0f, g.w_qkv); });
+  const DeviceSpan d_norm1 = tp_reduce(d_.sequence_parallel ? "tp_rs_attn_bwd" : "tp_ar_attn_bwd", bw, full_a_, local_a_);
+  norm_backward("norm_in_bwd", d_norm1, x, w.norm1_gamma, a.norm1_mean, a.norm1_rstd, dx, g.norm1_gamma,
+                g.norm1_beta);
+  timer_.run(mem_desc("residual_add_bwd", bw, 3.0 * local_elems * esz), [&] { be_.add(dx, local_b_); });
+}
+
+void LayerRunner::recompute_backward(const LayerParams& w, const LayerParams& g, ConstDeviceSpan x,
+                                     ConstDeviceSpan dy, DeviceSpan dx, std::uint64_t seed) {
+  if (scratch_.qkv.empty()) scratch_ = make_acts(AttentionMemory::keep_probs);
+  forward(w, x, scratch_, scratch_out_, seed, AttentionMemory::keep_probs, Pass::backward);
+  backward(w, g, x, scratch_, dy, dx, seed, AttentionMemory::keep_probs);
+}
+
+}  // namespace cuboid::exec

@@ -1,0 +1,213 @@
+#include "cuboid/exec/mpi_comm.hpp"
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "cuboid/exec/exec_error.hpp"
+
+namespace cuboid::exec {
+
+namespace {
+
+bool mpi_alive() {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized != 0 && finalized == 0;
+}
+
+int world_rank_or_launcher() {
+  if (mpi_alive()) {
+    int rank = -1;
+    if (MPI_Comm_rank(MPI_COMM_WORLD, &rank) == MPI_SUCCESS) return rank;
+  }
+  return launcher_rank();
+}
+
+// MPI datatype for a span. Sums need a numeric type; moving bf16 bits is fine.
+MPI_Datatype mpi_type(DType d, bool reduction, const char* op) {
+  switch (d) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::i32: return MPI_INT;
+    case DType::bf16:
+      CUBOID_EXEC_REQUIRE(!reduction, op, "MPI cannot sum bf16; reduce in f32");
+      return MPI_UINT16_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+int mpi_count(std::size_t count, const char* op) {
+  CUBOID_EXEC_REQUIRE(count <= static_cast<std::size_t>(INT_MAX), op,
+                      "count " + std::to_string(count) + " exceeds MPI's int");
+  return static_cast<int>(count);
+}
+
+}  // namespace
+
+[[noreturn]] void throw_mpi_error(int code, const char* op, const char* file, int line) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  std::string detail = "MPI error " + std::to_string(code);
+  if (MPI_Error_string(code, text, &length) == MPI_SUCCESS && length > 0) {
+    detail += ": " + std::string(text, static_cast<std::size_t>(length));
+  }
+  // "MPI_Send(buf, n, ...)" -> "MPI_Send": the call's name; file and line say which one.
+  const std::string call(op);
+  throw ExecError(file, line, world_rank_or_launcher(), call.substr(0, call.find('(')), detail);
+}
+
+// --- environment ----------------------------------------------------------------
+MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
+  int initialized = 0;
+  CUBOID_MPI_CHECK(MPI_Initialized(&initialized));
+  if (initialized != 0) {
+    CUBOID_MPI_CHECK(MPI_Query_thread(&provided_));
+    return;
+  }
+  CUBOID_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided_));
+  owns_ = true;
+  // Errors on the world communicator come back as codes (then ExecError)
+  // instead of killing the job without saying where.
+  CUBOID_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+}
+
+MpiEnvironment::~MpiEnvironment() {
+  if (owns_ && mpi_alive()) MPI_Finalize();
+}
+
+bool MpiEnvironment::initialized() { return mpi_alive(); }
+
+// --- communicator -----------------------------------------------------------------
+MpiCommunicator MpiCommunicator::world() {
+  CUBOID_EXEC_REQUIRE(mpi_alive(), "MpiCommunicator::world",
+                      "MPI is not initialised (create an MpiEnvironment first)");
+  MPI_Comm dup = MPI_COMM_NULL;
+  CUBOID_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
+  return MpiCommunicator(dup);
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  CUBOID_EXEC_REQUIRE(comm != MPI_COMM_NULL, "MpiCommunicator", "MPI_COMM_NULL given");
+  CUBOID_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  CUBOID_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  CUBOID_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+MpiCommunicator::~MpiCommunicator() { release(); }
+
+MpiCommunicator::MpiCommunicator(MpiCommunicator&& other) noexcept
+    : comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
+      rank_(std::exchange(other.rank_, 0)),
+      size_(std::exchange(other.size_, 0)) {}
+
+MpiCommunicator& MpiCommunicator::operator=(MpiCommunicator&& other) noexcept {
+  if (this != &other) {
+    release();
+    comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
+    rank_ = std::exchange(other.rank_, 0);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+void MpiCommunicator::release() noexcept {
+  // After MPI_Finalize a handle cannot be freed (and need not be).
+  if (comm_ != MPI_COMM_NULL && mpi_alive()) MPI_Comm_free(&comm_);
+  comm_ = MPI_COMM_NULL;
+}
+
+void MpiCommunicator::barrier() { CUBOID_MPI_CHECK(MPI_Barrier(comm_)); }
+
+void MpiCommunicator::abort(std::string_view message) {
+  std::fprintf(stderr, "cuboid: rank %d of %d: aborting: %.*s\n", rank_, size_,
+               static_cast<int>(message.size()), message.data());
+  std::fflush(stderr);
+  MPI_Abort(comm_ != MPI_COMM_NULL ? comm_ : MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return; this is for the compiler
+}
+
+MpiCommunicator MpiCommunicator::split_mpi(int color, int key) {
+  MPI_Comm out = MPI_COMM_NULL;
+  CUBOID_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out));
+  CUBOID_EXEC_REQUIRE(out != MPI_COMM_NULL, "split_mpi",
+                      "negative color: this rank joins no group (use split())");
+  return MpiCommunicator(out);
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  MPI_Comm out = MPI_COMM_NULL;
+  CUBOID_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out));
+  if (out == MPI_COMM_NULL) return nullptr;
+  return std::make_unique<MpiCommunicator>(out);
+}
+
+void MpiCommunicator::broadcast_bytes(std::span<std::byte> bytes, int root) {
+  CUBOID_MPI_CHECK(
+      MPI_Bcast(bytes.data(), mpi_count(bytes.size(), "broadcast_bytes"), MPI_BYTE, root, comm_));
+}
+
+std::vector<double> MpiCommunicator::all_gather_doubles(double value) {
+  std::vector<double> all(static_cast<std::size_t>(size_));
+  CUBOID_MPI_CHECK(MPI_Allgather(&value, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, comm_));
+  return all;
+}
+
+double MpiCommunicator::all_reduce_max(double value) {
+  double out = 0.0;
+  CUBOID_MPI_CHECK(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, MPI_MAX, comm_));
+  return out;
+}
+
+// --- collectives and p2p ---------------------------------------------------------------
+void MpiCommunicator::all_reduce_sum_impl(DeviceSpan buffer, std::size_t count) {
+  CUBOID_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buffer.native(),
+                                 mpi_count(count, "all_reduce_sum"),
+                                 mpi_type(buffer.dtype(), true, "all_reduce_sum"), MPI_SUM,
+                                 comm_));
+}
+
+void MpiCommunicator::reduce_scatter_sum_impl(ConstDeviceSpan send, DeviceSpan recv,
+                                              std::size_t recv_count) {
+  CUBOID_MPI_CHECK(MPI_Reduce_scatter_block(
+      send.native(), recv.native(), mpi_count(recv_count, "reduce_scatter_sum"),
+      mpi_type(recv.dtype(), true, "reduce_scatter_sum"), MPI_SUM, comm_));
+}
+
+void MpiCommunicator::all_gather_impl(ConstDeviceSpan send, DeviceSpan recv,
+                                      std::size_t send_count) {
+  const MPI_Datatype type = mpi_type(send.dtype(), false, "all_gather");
+  const int n = mpi_count(send_count, "all_gather");
+  CUBOID_MPI_CHECK(MPI_Allgather(send.native(), n, type, recv.native(), n, type, comm_));
+}
+
+void MpiCommunicator::broadcast_impl(DeviceSpan buffer, std::size_t count, int root) {
+  CUBOID_MPI_CHECK(MPI_Bcast(buffer.native(), mpi_count(count, "broadcast"),
+                             mpi_type(buffer.dtype(), false, "broadcast"), root, comm_));
+}
+
+void MpiCommunicator::send_impl(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) {
+  CUBOID_MPI_CHECK(MPI_Send(buffer.native(), mpi_count(count, "send"),
+                            mpi_type(buffer.dtype(), false, "send"), peer, tag, comm_));
+}
+
+void MpiCommunicator::recv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) {
+  CUBOID_MPI_CHECK(MPI_Recv(buffer.native(), mpi_count(count, "recv"),
+                            mpi_type(buffer.dtype(), false, "recv"), peer, tag, comm_,
+                            MPI_STATUS_IGNORE));
+}
+
+void MpiCommunicator::send_recv_impl(ConstDeviceSpan send_buffer, std::size_t send_count,
+                                     int send_peer, DeviceSpan recv_buffer,
+                                     std::size_t recv_count, int recv_peer, int tag) {
+  CUBOID_MPI_CHECK(MPI_Sendrecv(send_buffer.native(), mpi_count(send_count, "send_recv"),
+                                mpi_type(send_buffer.dtype(), false, "send_recv"), send_peer, tag,
+                                recv_buffer.native(), mpi_count(recv_count, "send_recv"),
+                                mpi_type(recv_buffer.dtype(), false, "send_recv"), recv_peer, tag,
+                                comm_, MPI_STATUS_IGNORE));
+}
+
+}  // namespace cuboid::exec

@@ -1,0 +1,302 @@
+// cuboid run: the executor's driver on every rank.
+#include "cuboid/exec/run.hpp"
+
+#include <mpi.h>
+
+#include <csignal>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <numeric>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cuboid/error.hpp"
+#include "cuboid/exec/check.hpp"
+#include "cuboid/exec/exec_error.hpp"
+#include "cuboid/exec/launch.hpp"
+#include "cuboid/exec/mpi_comm.hpp"
+#include "cuboid/exec/step.hpp"
+#include "cuboid_config.hpp"
+#include "op_timer.hpp"
+
+namespace cuboid::exec {
+
+namespace {
+
+const std::string kCl = "command line";
+
+// Applies --layers / --seq-length to the plan's model and plan.
+void scale_down(ModelSpec& model, ParallelPlan& plan, const RunOptions& o) {
+  if (o.layers) {
+    const int v = plan.schedule == Schedule::interleaved ? plan.virtual_stages : 1;
+    if (*o.layers <= 0 || *o.layers % (plan.pp * v) != 0)
+      throw InputError(kCl, "--layers",
+                       fmt::format("{} layers do not split into PP {} x {} virtual stages", *o.layers, plan.pp, v),
+                       fmt::format("give a positive multiple of {}", plan.pp * v));
+    model.num_layers = *o.layers;
+    plan.first_stage_layers = 0;
+    plan.last_stage_layers = 0;
+  }
+  if (o.seq_length) {
+    const std::int64_t s = *o.seq_length;
+    if (s <= 0 || (plan.sequence_parallel && plan.tp > 1 && s * plan.micro_batch % plan.tp != 0))
+      throw InputError(kCl, "--seq-length", fmt::format("{} is not a positive sequence length that TP {} splits", s, plan.tp),
+                       fmt::format("give a positive multiple of {}", plan.tp));
+    plan.seq_length = s;
+  }
+}
+
+struct Fault {
+  enum Kind { none, flip_shard, hang, kill } kind = none;
+  int rank = -1;
+};
+
+Fault parse_fault(const std::string& s) {
+  Fault f;
+  if (s.empty()) return f;
+  if (s == "flip-shard") {
+    f.kind = Fault::flip_shard;
+    return f;
+  }
+  const auto colon = s.find(':');
+  const std::string what = s.substr(0, colon);
+  if (colon != std::string::npos && (what == "hang" || what == "kill")) {
+    f.kind = what == "hang" ? Fault::hang : Fault::kill;
+    try {
+      f.rank = std::stoi(s.substr(colon + 1));
+      return f;
+    } catch (const std::exception&) {
+    }
+  }
+  throw InputError(kCl, "--inject-fault", "'" + s + "' is not a fault", "use flip-shard, hang:RANK or kill:RANK");
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+nlohmann::json stats_json(const std::vector<double>& v) {
+  if (v.empty()) return {{"median_s", 0}, {"min_s", 0}, {"max_s", 0}, {"mean_s", 0}, {"stddev_s", 0}};
+  const double mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  double var = 0;
+  for (double x : v) var += (x - mean) * (x - mean);
+  return {{"median_s", median(v)},
+          {"min_s", *std::min_element(v.begin(), v.end())},
+          {"max_s", *std::max_element(v.begin(), v.end())},
+          {"mean_s", mean},
+          {"stddev_s", std::sqrt(var / static_cast<double>(v.size()))}};
+}
+
+nlohmann::json rank_json(const World& world, const ProcessGroups& g, const StepRunner& runner, const OpTimer& timer,
+                         const std::vector<double>& losses) {
+  nlohmann::json ops = nlohmann::json::array();
+  double compute = 0, comm = 0, flops = 0;
+  for (const auto& [name, st] : timer.stats()) {
+    const OpDesc& d = st.desc;
+    const double med = median(st.step_seconds);
+    nlohmann::json j = {{"name", name},
+                        {"kind", std::string(to_string(d.kind))},
+                        {"pass", d.pass == Pass::forward ? "forward" : "backward"},
+                        {"calls_per_step", st.calls_per_step},
+                        {"time_per_step", stats_json(st.step_seconds)},
+                        {"step_seconds", st.step_seconds}};
+    if (d.kind == OpKind::gemm) {
+      j["shape"] = {{"m", d.m}, {"n", d.n}, {"k", d.k}, {"batch", d.batch}};
+      j["flops_per_call"] = d.flops;
+      flops += d.flops * static_cast<double>(st.calls_per_step);
+    } else if (d.kind == OpKind::memory_bound) {
+      j["bytes_per_call"] = d.bytes;
+    } else {
+      j["collective"] = std::string(to_string(d.collective));
+      j["group"] = std::string(to_string(d.group));
+      j["group_size"] = d.group_size;
+      j["bytes_per_call"] = d.comm_bytes;
+    }
+    (d.kind == OpKind::collective || d.kind == OpKind::p2p ? comm : compute) += med;
+    ops.push_back(std::move(j));
+  }
+  const double iter = median(timer.step_seconds());
+  nlohmann::json loss = nlohmann::json::array();
+  for (double l : losses) loss.push_back(std::isnan(l) ? nlohmann::json() : nlohmann::json(l));
+  return {{"rank", g.world->rank()},
+          {"hostname", world.hostname},
+          {"coord", {{"tp", g.coord.tp}, {"pp", g.coord.pp}, {"dp", g.coord.dp}, {"node", g.coord.node}, {"gpu", g.coord.gpu}}},
+          {"groups", {{"tp_size", g.tp->size()}, {"pp_size", g.pp->size()}, {"dp_size", g.dp->size()}}},
+          {"parameters", runner.parameter_count()},
+          {"layers", runner.layers_on_rank()},
+          {"step_seconds", timer.step_seconds()},
+          {"iteration", stats_json(timer.step_seconds())},
+          {"compute_s", compute},
+          {"communication_s", comm},
+          {"gemm_flops_per_step", flops},
+          {"achieved_tflops", iter > 0 ? flops / iter / 1e12 : 0.0},
+          {"loss", loss},
+          {"ops", ops}};
+}
+
+// Rank 0 receives every rank's JSON text (MPI_Gatherv over the world).
+std::vector<std::string> gather_to_root(Communicator& world, const std::string& mine) {
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&world);
+  if (mpi == nullptr) return {mine};
+  const int n = world.size();
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(static_cast<std::size_t>(n));
+  CUBOID_MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, mpi->native()));
+  std::vector<int> displs(static_cast<std::size_t>(n), 0);
+  for (std::size_t i = 1; i < displs.size(); ++i) displs[i] = displs[i - 1] + lens[i - 1];
+  std::string all(world.rank() == 0 ? static_cast<std::size_t>(displs.back() + lens.back()) : 0, '\0');
+  CUBOID_MPI_CHECK(MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0,
+                               mpi->native()));
+  std::vector<std::string> out;
+  if (world.rank() == 0)
+    for (int i = 0; i < n; ++i)
+      out.push_back(all.substr(static_cast<std::size_t>(displs[static_cast<std::size_t>(i)]), static_cast<std::size_t>(lens[static_cast<std::size_t>(i)])));
+  return out;
+}
+
+void print_summary(const nlohmann::json& doc) {
+  const auto& ranks = doc["ranks"];
+  std::cout << fmt::format("cuboid run: {} ranks (TP {} x PP {} x DP {}), backend {}, {} measured steps after {} warm-up\n",
+                           ranks.size(), doc["plan"]["tp"].get<int>(), doc["plan"]["pp"].get<int>(),
+                           doc["plan"]["dp"].get<int>(), doc["environment"]["backend"].get<std::string>(),
+                           doc["steps"].get<int>(), doc["warmup"].get<int>());
+  std::cout << "rank  tp pp dp   iter(s)  spread(s)  compute(s)   comm(s)  TFLOP/s  loss\n";
+  for (const auto& r : ranks) {
+    const auto& it = r["iteration"];
+    const auto& loss = r["loss"];
+    std::string l = "-";
+    if (!loss.empty() && !loss.back().is_null()) l = fmt::format("{:.4f}", loss.back().get<double>());
+    std::cout << fmt::format("{:>4} {:>3} {:>2} {:>2} {:>9.4f} {:>10.4f} {:>11.4f} {:>9.4f} {:>8.3f}  {}\n",
+                             r["rank"].get<int>(), r["coord"]["tp"].get<int>(), r["coord"]["pp"].get<int>(),
+                             r["coord"]["dp"].get<int>(), it["median_s"].get<double>(),
+                             it["max_s"].get<double>() - it["min_s"].get<double>(), r["compute_s"].get<double>(),
+                             r["communication_s"].get<double>(), r["achieved_tflops"].get<double>(), l);
+  }
+  std::cout << fmt::format("iteration time (slowest rank, median): {:.4f} s\n", doc["iteration_time_s"].get<double>());
+}
+
+}  // namespace
+
+int run_plan(const PlanFile& pf, const RunOptions& o) {
+  ModelSpec model = pf.model;
+  ParallelPlan plan = pf.plan;
+  scale_down(model, plan, o);
+  if (o.steps <= 0) throw InputError(kCl, "--steps", "must be at least 1", "give --steps 1 or more");
+  if (o.warmup < 0) throw InputError(kCl, "--warmup", "must not be negative", "give --warmup 0 or more");
+  if (o.timeout_s <= 0) throw InputError(kCl, "--timeout-s", "must be positive", "give a timeout in seconds, e.g. 300");
+  const Fault fault = parse_fault(o.inject_fault);
+
+  const LaunchInfo launch = detect_launch(process_environment());
+  // Refuse a wrong world before starting anything.
+  check_world_size(launch.world_size, plan, pf.source);
+  World world = start_world(launch, o.backend);
+  check_world_size(world.comm->size(), plan, pf.source);
+
+  BackendOptions bo;
+  bo.device = launch.local_rank;
+  std::unique_ptr<Backend> backend = make_backend(o.backend, bo);
+  const RankMapping mapping(plan, pf.gpus_per_node);
+  Communicator& world_comm = *world.comm;
+  ProcessGroups groups = make_process_groups(std::move(world.comm), mapping);
+  const int rank = groups.world->rank();
+  Watchdog watchdog(*groups.world, o.timeout_s);
+  OpTimer timer(*backend, &watchdog);
+  (void)world_comm;
+
+  int exit_code = 0;
+  nlohmann::json check_json;
+  if (o.check) {
+    const CheckResult c = check_sharded_forward(*backend, groups, model, plan, timer, fault.kind == Fault::flip_shard);
+    check_json = {{"passed", c.passed()},
+                  {"attention_relative_error", c.attention_error},
+                  {"layer_relative_error", c.layer_error},
+                  {"tolerance", c.tolerance}};
+    if (rank == 0) {
+      std::cout << fmt::format("check: sharded forward (TP {}{}) vs unsharded reference: attention block error {:.3g}, "
+                               "layer output error {:.3g}, tolerance {:.3g} ({}): {}\n",
+                               plan.tp, plan.sequence_parallel && plan.tp > 1 ? ", sequence parallel" : "",
+                               c.attention_error, c.layer_error, c.tolerance, to_string(backend->compute_dtype()),
+                               c.passed() ? "PASSED" : "FAILED");
+      std::cout.flush();
+    }
+    if (!c.passed()) {
+      if (rank == 0)
+        std::cerr << "cuboid: run --check FAILED: the sharded forward pass differs from the unsharded one "
+                     "(a sharding bug in the executor or backend)\n";
+      return 1;
+    }
+  }
+
+  StepRunner runner(*backend, groups, model, plan, timer);
+  std::vector<double> losses;
+  for (int i = 0; i < o.warmup + o.steps; ++i) {
+    const bool measured = i >= o.warmup;
+    if (measured && i == o.warmup && rank == fault.rank) {
+      if (fault.kind == Fault::kill) std::raise(SIGKILL);
+      if (fault.kind == Fault::hang)
+        timer.run(mem_desc("injected_hang", Pass::forward, 0), [] {
+          for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+        });
+    }
+    losses.push_back(runner.step(i, measured));
+  }
+
+  const nlohmann::json mine = rank_json(world, groups, runner, timer, losses);
+  const std::vector<std::string> all = gather_to_root(*groups.world, mine.dump());
+  if (rank == 0) {
+    nlohmann::json doc;
+    doc["schema"] = kMeasurementsSchema;
+    doc["generator"] = std::string("cuboid ") + CUBOID_VERSION;
+    doc["plan_file"] = pf.source;
+    doc["model"] = {{"name", model.name}, {"num_layers", model.num_layers}, {"hidden_size", model.hidden_size},
+                    {"num_attention_heads", model.num_attention_heads}, {"ffn_hidden_size", model.ffn_hidden_size},
+                    {"vocab_size", model.vocab_size}};
+    doc["plan"] = {{"tp", plan.tp}, {"pp", plan.pp}, {"dp", plan.dp}, {"micro_batch", plan.micro_batch},
+                   {"global_batch", plan.global_batch}, {"num_micro_batches", plan.num_micro_batches()},
+                   {"seq_length", runner.dims().seq}, {"virtual_stages", plan.virtual_stages},
+                   {"zero_stage", plan.zero_stage}, {"recompute", std::string(to_string(plan.recompute))},
+                   {"sequence_parallel", plan.sequence_parallel}, {"schedule", std::string(to_string(plan.schedule))},
+                   {"rank_order", plan.order.str()}, {"world_size", plan.world_size()}};
+    int mpi_major = 0, mpi_minor = 0;
+    MPI_Get_version(&mpi_major, &mpi_minor);
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+    int lib_len = 0;
+    MPI_Get_library_version(lib, &lib_len);
+    std::string lib_version(lib, static_cast<std::size_t>(lib_len));
+    if (const auto nl = lib_version.find_first_of("\r\n,"); nl != std::string::npos) lib_version.resize(nl);
+    nlohmann::json hosts = nlohmann::json::array();
+    doc["ranks"] = nlohmann::json::array();
+    double iteration = 0;
+    for (const std::string& text : all) {
+      nlohmann::json r = nlohmann::json::parse(text);
+      iteration = std::max(iteration, r["iteration"]["median_s"].get<double>());
+      if (std::find(hosts.begin(), hosts.end(), r["hostname"]) == hosts.end()) hosts.push_back(r["hostname"]);
+      doc["ranks"].push_back(std::move(r));
+    }
+    doc["environment"] = {{"backend", backend->name()},
+                          {"compute_dtype", std::string(to_string(backend->compute_dtype()))},
+                          {"device", o.backend == "cpu" ? "cpu (one core per rank)" : "cuda device (LOCAL_RANK)"},
+                          {"launcher", std::string(to_string(launch.launcher))},
+                          {"mpi_version", fmt::format("{}.{}", mpi_major, mpi_minor)},
+                          {"mpi_library", lib_version},
+                          {"cuboid_version", CUBOID_VERSION},
+                          {"hostnames", hosts}};
+    doc["steps"] = o.steps;
+    doc["warmup"] = o.warmup;
+    doc["timeout_s"] = o.timeout_s;
+    doc["iteration_time_s"] = iteration;
+    if (!check_json.is_null()) doc["check"] = check_json;
+    if (!o.out_path.empty()) write_file_atomically(o.out_path, doc.dump(2) + "\n");
+    print_summary(doc);
+    if (!o.out_path.empty()) std::cout << "measurements written to " << o.out_path << "\n";
+  }
+  return exit_code;
+}
+
+}  // namespace cuboid::exec

@@ -1,0 +1,446 @@
+// The step runner: the plan's pipeline schedule on one rank, with TP, PP and
+// DP communication and the optimizer step.
+#include "cuboid/exec/step.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <deque>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "cuboid/error.hpp"
+#include "cuboid/exec/exec_error.hpp"
+#include "cuboid/exec/mpi_comm.hpp"
+#include "op_timer.hpp"
+
+namespace cuboid::exec {
+
+namespace {
+std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
+}  // namespace
+
+// Pipeline point-to-point. Sends are non-blocking (MPI_Isend on the PP
+// group's communicator, buffers kept until they complete) so that any order
+// pipeline_order produces runs without a send/send deadlock between
+// neighbouring stages; receives block. The Communicator interface has only
+// blocking send, hence the MPI handle here.
+class PipeChannel {
+ public:
+  PipeChannel(Backend& be, Communicator& pp) : be_(be), pp_(pp) {
+    if (auto* mpi = dynamic_cast<MpiCommunicator*>(&pp)) comm_ = mpi->native();
+  }
+  ~PipeChannel() { wait_all(); }
+
+  void send(ConstDeviceSpan data, int peer, int tag) {
+    CUBOID_EXEC_REQUIRE(comm_ != MPI_COMM_NULL, "pipeline send", "the PP group is not an MPI communicator");
+    Slot* slot = nullptr;
+    for (Slot& s : slots_) {
+      if (s.request == MPI_REQUEST_NULL && s.buffer.size() == data.size()) {
+        slot = &s;
+        break;
+      }
+    }
+    if (slot == nullptr) {
+      reap();
+      for (Slot& s : slots_)
+        if (s.request == MPI_REQUEST_NULL && s.buffer.size() == data.size()) slot = &s;
+    }
+    if (slot == nullptr) {
+      slots_.push_back(Slot{be_.alloc(data.size(), data.dtype()), MPI_REQUEST_NULL});
+      slot = &slots_.back();
+    }
+    be_.copy(data, slot->buffer);
+    be_.synchronize();
+    const MPI_Datatype type = data.dtype() == DType::bf16 ? MPI_UINT16_T : MPI_FLOAT;
+    CUBOID_MPI_CHECK(MPI_Isend(slot->buffer.native(), static_cast<int>(data.size()), type, peer, tag, comm_,
+                               &slot->request));
+  }
+  void recv(DeviceSpan data, int peer, int tag) { pp_.recv(data, data.size(), peer, tag); }
+  void wait_all() {
+    for (Slot& s : slots_)
+      if (s.request != MPI_REQUEST_NULL) MPI_Wait(&s.request, MPI_STATUS_IGNORE);
+  }
+
+ private:
+  struct Slot {
+    DeviceBuffer buffer;
+    MPI_Request request;
+  };
+  void reap() {
+    for (Slot& s : slots_) {
+      if (s.request == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      CUBOID_MPI_CHECK(MPI_Test(&s.request, &done, MPI_STATUS_IGNORE));
+    }
+  }
+  Backend& be_;
+  Communicator& pp_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::deque<Slot> slots_;  // stable addresses
+};
+
+struct StepRunner::InFlight {
+  std::vector<DeviceBuffer> xs;    // layer inputs, then the chunk's output: [local_tokens, h]
+  std::vector<LayerActs> acts;     // per layer (empty with full recompute)
+  DeviceBuffer norm_out, norm_mean, norm_rstd, norm_full, logits;  // LM head
+};
+
+StepRunner::StepRunner(Backend& backend, ProcessGroups& groups, const ModelSpec& model, const ParallelPlan& plan,
+                       OpTimer& timer, const StepOptions& options)
+    : be_(backend), groups_(groups), model_(model), plan_(plan), timer_(timer), options_(options) {
+  stage_ = groups_.coord.pp;
+  virtual_stages_ = plan_.schedule == Schedule::interleaved ? plan_.virtual_stages : 1;
+  micro_batches_ = static_cast<int>(plan_.num_micro_batches());
+  try {
+    order_ = sim::pipeline_order(plan_.schedule, plan_.pp, micro_batches_, virtual_stages_)[sz(stage_)];
+  } catch (const std::invalid_argument& e) {
+    throw InputError("plan", "parallel.schedule", e.what(), "choose sizes the schedule supports");
+  }
+  attention_memory_ = plan_.recompute == Recompute::selective ? AttentionMemory::recompute_probs
+                                                              : AttentionMemory::keep_probs;
+  runner_ = std::make_unique<LayerRunner>(be_, groups_.tp.get(), layer_dims(model_, plan_, options_.dropout), timer_);
+  pipe_ = std::make_unique<PipeChannel>(be_, *groups_.pp);
+  layout_params();
+
+  const LayerDims& d = runner_->dims();
+  const std::int64_t T = d.tokens, Tl = d.local_tokens, h = d.hidden;
+  // Synthetic data: token ids of the DP replica's micro-batches (the same on
+  // every TP rank and stage), shifted into this rank's vocabulary shard.
+  const std::int64_t vocab_first = d.vocab * groups_.coord.tp;
+  for (int mb = 0; mb < micro_batches_; ++mb) {
+    std::vector<std::int32_t> ids(sz(T)), labels(sz(T));
+    for (std::int64_t i = 0; i < T; ++i) {
+      const std::uint64_t key = (static_cast<std::uint64_t>(groups_.coord.dp) << 40) ^
+                                (static_cast<std::uint64_t>(mb) << 24) ^ static_cast<std::uint64_t>(i);
+      const auto id = static_cast<std::int64_t>(uniform01(options_.seed, key) * static_cast<float>(model_.vocab_size));
+      ids[sz(i)] = static_cast<std::int32_t>(id - vocab_first);
+      labels[sz(i)] = static_cast<std::int32_t>(uniform01(options_.seed + 1, key) * static_cast<float>(d.vocab));
+    }
+    ids_.push_back(be_.alloc(sz(T), DType::i32));
+    be_.upload_indices(ids, ids_.back());
+    labels_.push_back(be_.alloc(sz(T), DType::i32));
+    be_.upload_indices(labels, labels_.back());
+  }
+  losses_ = be_.alloc(sz(micro_batches_), DType::f32);
+  vocab_stats_ = be_.alloc(sz(T), DType::f32);
+  be_.fill(vocab_stats_, 0.0f);
+  emb_full_ = be_.alloc(sz(T * h));
+  head_full_ = be_.alloc(sz(T * h));
+  grad_a_ = be_.alloc(sz(Tl * h));
+  grad_b_ = be_.alloc(sz(Tl * h));
+  if (plan_.recompute == Recompute::full) fwd_scratch_ = runner_->make_acts(AttentionMemory::recompute_probs);
+  free_.resize(chunks_.size());
+}
+
+StepRunner::~StepRunner() = default;
+
+int StepRunner::layers_on_rank() const {
+  int n = 0;
+  for (const Chunk& c : chunks_) n += c.num_layers;
+  return n;
+}
+
+void StepRunner::layout_params() {
+  const LayerDims& d = runner_->dims();
+  const auto h = sz(d.hidden), vocab = sz(d.vocab);
+  const int pp = plan_.pp, v = virtual_stages_;
+  const auto L = static_cast<int>(model_.num_layers);
+  const std::size_t per_layer = layer_param_count(d);
+  const std::size_t norm = d.rmsnorm ? h : 2 * h;
+  // Sizes first, then views into one flat buffer (one DP bucket list, one Adam).
+  std::size_t total = 0;
+  for (int c = 0; c < v; ++c) {
+    Chunk ch;
+    ch.virtual_stage = c * pp + stage_;
+    if (v == 1) {
+      ch.num_layers = layers_on_stage(plan_, L, stage_);
+      for (int s = 0; s < stage_; ++s) ch.first_layer += layers_on_stage(plan_, L, s);
+    } else {
+      ch.num_layers = L / (pp * v);
+      ch.first_layer = ch.virtual_stage * ch.num_layers;
+    }
+    ch.has_embedding = ch.virtual_stage == 0;
+    ch.has_head = ch.virtual_stage == pp * v - 1;
+    total += (ch.has_embedding ? vocab * h : 0) + sz(ch.num_layers) * per_layer + (ch.has_head ? norm + h * vocab : 0);
+    chunks_.push_back(std::move(ch));
+  }
+  param_count_ = total;
+  const auto dp = sz(plan_.dp);
+  padded_count_ = (total + dp - 1) / dp * dp;
+  params_ = be_.alloc(padded_count_);
+  grads_ = be_.alloc(padded_count_);
+  be_.fill(params_, 0.0f);
+  be_.fill(grads_, 0.0f);
+
+  auto seed_of = [&](std::uint64_t what) {
+    // TP ranks hold different shards; DP replicas the same weights.
+    return mix64(options_.seed ^ (what << 16) ^ static_cast<std::uint64_t>(groups_.coord.tp));
+  };
+  std::size_t off = 0;
+  auto take = [&](DeviceSpan flat, std::size_t at, std::size_t n) { return flat.subspan(at, n); };
+  for (Chunk& ch : chunks_) {
+    if (ch.has_embedding) {
+      ch.embedding = take(params_, off, vocab * h);
+      ch.embedding_grad = take(grads_, off, vocab * h);
+      be_.fill_random(ch.embedding, seed_of(1), 0.02f);
+      off += vocab * h;
+    }
+    for (int i = 0; i < ch.num_layers; ++i) {
+      ch.layers.push_back(layer_params_at(params_, off, d));
+      ch.layer_grads.push_back(layer_params_at(grads_, off, d));
+      init_layer_params(be_, ch.layers.back(), seed_of(100 + static_cast<std::uint64_t>(ch.first_layer + i)));
+      off += per_layer;
+    }
+    if (ch.has_head) {
+      ch.final_gamma = take(params_, off, h);
+      ch.final_gamma_grad = take(grads_, off, h);
+      be_.fill(ch.final_gamma, 1.0f);
+      off += h;
+      if (!d.rmsnorm) {
+        ch.final_beta = take(params_, off, h);
+        ch.final_beta_grad = take(grads_, off, h);
+        off += h;
+      }
+      ch.w_out = take(params_, off, h * vocab);
+      ch.w_out_grad = take(grads_, off, h * vocab);
+      be_.fill_random(ch.w_out, seed_of(2), 0.02f);
+      off += h * vocab;
+    }
+  }
+
+  // Optimizer state: the whole flat buffer, or this rank's 1/DP of every
+  // bucket with ZeRO >= 1 (Megatron's distributed optimizer).
+  const std::size_t owned = plan_.zero_stage >= 1 ? padded_count_ / dp : padded_count_;
+  if (be_.compute_dtype() == DType::f32 && plan_.zero_stage == 0) {
+    master_ = params_;
+  } else {
+    master_buf_ = be_.alloc(owned, DType::f32);
+    master_ = master_buf_;
+    if (plan_.zero_stage == 0) be_.copy(params_, master_);
+  }
+  adam_m_ = be_.alloc(owned, DType::f32);
+  adam_v_ = be_.alloc(owned, DType::f32);
+  be_.fill(adam_m_, 0.0f);
+  be_.fill(adam_v_, 0.0f);
+  if (plan_.zero_stage >= 1) {
+    grad_shard_ = be_.alloc(owned);
+    param_shard_ = be_.alloc(owned);
+    // Master shard = this rank's blocks of the (identical) initial weights.
+    const std::size_t bucket = sz(options_.dp_bucket_elements) / dp * dp;
+    const auto r = sz(groups_.coord.dp);
+    for (std::size_t start = 0; start < padded_count_; start += bucket) {
+      const std::size_t len = std::min(bucket, padded_count_ - start), block = len / dp;
+      be_.copy(params_.subspan(start + r * block, block), master_.subspan(start / dp, block));
+    }
+  }
+}
+
+std::uint64_t StepRunner::layer_seed(std::int64_t step, int micro_batch, int layer) const {
+  return mix64(options_.seed ^ (static_cast<std::uint64_t>(step) << 40) ^ (static_cast<std::uint64_t>(micro_batch) << 20) ^
+               static_cast<std::uint64_t>(layer) ^ (static_cast<std::uint64_t>(groups_.coord.dp) << 56));
+}
+
+std::unique_ptr<StepRunner::InFlight> StepRunner::acquire(int c) {
+  auto& pool = free_[sz(c)];
+  if (!pool.empty()) {
+    auto f = std::move(pool.back());
+    pool.pop_back();
+    return f;
+  }
+  const Chunk& ch = chunks_[sz(c)];
+  const LayerDims& d = runner_->dims();
+  auto f = std::make_unique<InFlight>();
+  for (int i = 0; i <= ch.num_layers; ++i) f->xs.push_back(be_.alloc(sz(d.local_tokens * d.hidden)));
+  if (plan_.recompute != Recompute::full)
+    for (int i = 0; i < ch.num_layers; ++i) f->acts.push_back(runner_->make_acts(attention_memory_));
+  if (ch.has_head) {
+    f->norm_out = be_.alloc(sz(d.local_tokens * d.hidden));
+    f->norm_mean = be_.alloc(sz(d.local_tokens), DType::f32);
+    f->norm_rstd = be_.alloc(sz(d.local_tokens), DType::f32);
+    if (d.sequence_parallel) f->norm_full = be_.alloc(sz(d.tokens * d.hidden));
+    f->logits = be_.alloc(sz(d.tokens * d.vocab));
+  }
+  return f;
+}
+
+namespace {
+int pp_tag(int micro_batch, int virtual_stage, int num_virtual, bool backward) {
+  return ((micro_batch * num_virtual + virtual_stage) * 2 + (backward ? 1 : 0)) % 32768;
+}
+}  // namespace
+
+void StepRunner::forward(int mb, int c, std::int64_t step) {
+  const Chunk& ch = chunks_[sz(c)];
+  const LayerDims& d = runner_->dims();
+  const int pp = plan_.pp, nv = pp * virtual_stages_;
+  const std::int64_t T = d.tokens, h = d.hidden;
+  const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
+  std::unique_ptr<InFlight> f = acquire(c);
+  DeviceSpan x0 = f->xs[0];
+  if (ch.has_embedding) {
+    // Vocab-parallel lookup (zero rows outside this rank's shard), then the TP reduce.
+    DeviceSpan full = d.sequence_parallel ? DeviceSpan(emb_full_) : x0;
+    timer_.run(mem_desc("embed_lookup", Pass::forward, 2.0 * static_cast<double>(T * h) * esz),
+               [&] { be_.embedding_forward(ids_[sz(mb)], ch.embedding, full, T, h); });
+    runner_->tp_reduce(d.sequence_parallel ? "tp_rs_embed" : "tp_ar_embed", Pass::forward, full, x0);
+  } else {
+    const int prev = (stage_ + pp - 1) % pp;
+    timer_.run(comm_desc("pp_recv_fwd", Pass::forward, Collective::send_recv, Group::pp,
+                         static_cast<double>(x0.bytes()), pp),
+               [&] { pipe_->recv(x0, prev, pp_tag(mb, ch.virtual_stage, nv, false)); });
+  }
+  for (int i = 0; i < ch.num_layers; ++i) {
+    const std::uint64_t seed = layer_seed(step, mb, ch.first_layer + i);
+    LayerActs& acts = plan_.recompute == Recompute::full ? fwd_scratch_ : f->acts[sz(i)];
+    const AttentionMemory mem = plan_.recompute == Recompute::full ? AttentionMemory::recompute_probs : attention_memory_;
+    runner_->forward(ch.layers[sz(i)], f->xs[sz(i)], acts, f->xs[sz(i + 1)], seed, mem);
+  }
+  DeviceSpan out = f->xs[sz(ch.num_layers)];
+  if (ch.has_head) {
+    runner_->norm_forward("norm_final", Pass::forward, out, ch.final_gamma, ch.final_beta, f->norm_out, f->norm_mean,
+                          f->norm_rstd);
+    const ConstDeviceSpan in = runner_->tp_gather("tp_ag_head", Pass::forward, f->norm_out, f->norm_full);
+    timer_.run(gemm_desc("logits", Pass::forward, T, d.vocab, h),
+               [&] { be_.gemm(Trans::no, Trans::no, T, d.vocab, h, 1.0f, in, ch.w_out, 0.0f, f->logits); });
+    // Cross-entropy over this rank's vocabulary shard; Megatron's
+    // vocab-parallel version adds three fp32 all-reduces per token (max,
+    // sum of exponentials, target logit), run here on real buffers.
+    timer_.run(mem_desc("xent", Pass::forward, 4.0 * static_cast<double>(T * d.vocab) * esz), [&] {
+      be_.cross_entropy(f->logits, labels_[sz(mb)], f->logits, losses_.subspan(sz(mb), 1), T, d.vocab);
+    });
+    if (d.tp > 1)
+      for (const char* name : {"tp_ar_xent_max", "tp_ar_xent_sum", "tp_ar_xent_tgt"})
+        timer_.run(comm_desc(name, Pass::forward, Collective::all_reduce, Group::tp,
+                             static_cast<double>(vocab_stats_.bytes()), d.tp),
+                   [&] { groups_.tp->all_reduce_sum(vocab_stats_, vocab_stats_.size()); });
+  } else {
+    const int next = (stage_ + 1) % pp;
+    timer_.run(comm_desc("pp_send_fwd", Pass::forward, Collective::send_recv, Group::pp,
+                         static_cast<double>(out.bytes()), pp),
+               [&] { pipe_->send(out, next, pp_tag(mb, ch.virtual_stage + 1, nv, false)); });
+  }
+  in_flight_[{mb, c}] = std::move(f);
+}
+
+void StepRunner::backward(int mb, int c, std::int64_t step) {
+  const Chunk& ch = chunks_[sz(c)];
+  const LayerDims& d = runner_->dims();
+  const int pp = plan_.pp, nv = pp * virtual_stages_;
+  const std::int64_t T = d.tokens, h = d.hidden;
+  const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
+  auto it = in_flight_.find({mb, c});
+  CUBOID_EXEC_REQUIRE(it != in_flight_.end(), "pipeline schedule", "backward before forward");
+  std::unique_ptr<InFlight> f = std::move(it->second);
+  in_flight_.erase(it);
+
+  DeviceSpan dy = grad_a_, dx = grad_b_;
+  if (ch.has_head) {
+    // dlogits (kept by the forward's cross-entropy) -> d norm_final output.
+    const ConstDeviceSpan in = d.sequence_parallel ? ConstDeviceSpan(f->norm_full) : ConstDeviceSpan(f->norm_out);
+    timer_.run(gemm_desc("logits_dgrad", Pass::backward, T, h, d.vocab),
+               [&] { be_.gemm(Trans::no, Trans::yes, T, h, d.vocab, 1.0f, f->logits, ch.w_out, 0.0f, head_full_); });
+    timer_.run(gemm_desc("logits_wgrad", Pass::backward, h, d.vocab, T),
+               [&] { be_.gemm(Trans::yes, Trans::no, h, d.vocab, T, 1.0f, in, f->logits, 1.0f, ch.w_out_grad); });
+    DeviceSpan local = d.sequence_parallel ? dx : DeviceSpan(head_full_);
+    const DeviceSpan dn =
+        runner_->tp_reduce(d.sequence_parallel ? "tp_rs_head_bwd" : "tp_ar_head_bwd", Pass::backward, head_full_, local);
+    runner_->norm_backward("norm_final_bwd", dn, f->xs[sz(ch.num_layers)], ch.final_gamma, f->norm_mean, f->norm_rstd,
+                           dy, ch.final_gamma_grad, ch.final_beta_grad);
+  } else {
+    const int next = (stage_ + 1) % pp;
+    timer_.run(comm_desc("pp_recv_bwd", Pass::backward, Collective::send_recv, Group::pp,
+                         static_cast<double>(dy.bytes()), pp),
+               [&] { pipe_->recv(dy, next, pp_tag(mb, ch.virtual_stage, nv, true)); });
+  }
+  for (int i = ch.num_layers - 1; i >= 0; --i) {
+    const std::uint64_t seed = layer_seed(step, mb, ch.first_layer + i);
+    if (plan_.recompute == Recompute::full)
+      runner_->recompute_backward(ch.layers[sz(i)], ch.layer_grads[sz(i)], f->xs[sz(i)], dy, dx, seed);
+    else
+      runner_->backward(ch.layers[sz(i)], ch.layer_grads[sz(i)], f->xs[sz(i)], f->acts[sz(i)], dy, dx, seed,
+                        attention_memory_);
+    std::swap(dy, dx);
+  }
+  // dy now holds the gradient of the chunk's input.
+  if (ch.has_embedding) {
+    const ConstDeviceSpan full = runner_->tp_gather("tp_ag_embed_bwd", Pass::backward, dy, emb_full_);
+    timer_.run(mem_desc("embed_grad", Pass::backward, 3.0 * static_cast<double>(T * h) * esz),
+               [&] { be_.embedding_backward(full, ids_[sz(mb)], ch.embedding_grad, T, h); });
+  } else {
+    const int prev = (stage_ + pp - 1) % pp;
+    timer_.run(comm_desc("pp_send_bwd", Pass::backward, Collective::send_recv, Group::pp,
+                         static_cast<double>(dy.bytes()), pp),
+               [&] { pipe_->send(dy, prev, pp_tag(mb, ch.virtual_stage - 1, nv, true)); });
+  }
+  free_[sz(c)].push_back(std::move(f));
+}
+
+void StepRunner::reduce_gradients_and_update(std::int64_t step) {
+  const Pass bw = Pass::backward;
+  const auto dp = sz(plan_.dp);
+  const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
+  // Mean over micro-batches (each loss is already a mean over its tokens) and DP replicas.
+  timer_.run(mem_desc("grad_scale", bw, 2.0 * static_cast<double>(padded_count_) * esz),
+             [&] { be_.scale(grads_, 1.0f / static_cast<float>(micro_batches_ * plan_.dp)); });
+  AdamConfig adam;
+  const std::size_t bucket = std::max<std::size_t>(dp, sz(options_.dp_bucket_elements) / dp * dp);
+  if (plan_.zero_stage == 0) {
+    if (dp > 1)
+      for (std::size_t start = 0; start < padded_count_; start += bucket) {
+        const std::size_t len = std::min(bucket, padded_count_ - start);
+        DeviceSpan part = grads_.subspan(start, len);
+        timer_.run(comm_desc("dp_ar_grads", bw, Collective::all_reduce, Group::dp, static_cast<double>(part.bytes()),
+                             plan_.dp),
+                   [&] { groups_.dp->all_reduce_sum(part, len); });
+      }
+    timer_.run(mem_desc("adam", bw, static_cast<double>(padded_count_) * (4.0 * 4 * 2 + esz)),
+               [&] { be_.adam_step(master_, grads_, adam_m_, adam_v_, adam, step + 1); });
+    if (master_.native() != params_.native())
+      timer_.run(mem_desc("param_copy", bw, static_cast<double>(padded_count_) * (4.0 + esz)),
+                 [&] { be_.copy(master_, params_); });
+    return;
+  }
+  // ZeRO >= 1: reduce-scatter each bucket, Adam on the owned block, all-gather the updated weights.
+  const auto r = sz(groups_.coord.dp);
+  for (std::size_t start = 0; start < padded_count_; start += bucket) {
+    const std::size_t len = std::min(bucket, padded_count_ - start), block = len / dp;
+    timer_.run(comm_desc("dp_rs_grads", bw, Collective::reduce_scatter, Group::dp,
+                         static_cast<double>(len) * esz, plan_.dp),
+               [&] { groups_.dp->reduce_scatter_sum(grads_.subspan(start, len), grad_shard_.subspan(start / dp, block), block); });
+  }
+  timer_.run(mem_desc("adam", bw, static_cast<double>(padded_count_ / dp) * (4.0 * 4 * 2 + esz)),
+             [&] { be_.adam_step(master_, grad_shard_, adam_m_, adam_v_, adam, step + 1); });
+  timer_.run(mem_desc("param_copy", bw, static_cast<double>(padded_count_ / dp) * (4.0 + esz)),
+             [&] { be_.copy(master_, param_shard_); });
+  for (std::size_t start = 0; start < padded_count_; start += bucket) {
+    const std::size_t len = std::min(bucket, padded_count_ - start), block = len / dp;
+    timer_.run(comm_desc("dp_ag_params", bw, Collective::all_gather, Group::dp, static_cast<double>(len) * esz,
+                         plan_.dp),
+               [&] { groups_.dp->all_gather(param_shard_.subspan(start / dp, block), params_.subspan(start, len), block); });
+  }
+  (void)r;
+}
+
+double StepRunner::step(std::int64_t index, bool measured) {
+  timer_.begin_step(measured);
+  timer_.run(mem_desc("grad_zero", Pass::forward, static_cast<double>(grads_.bytes())), [&] { be_.fill(grads_, 0.0f); });
+  for (const sim::ScheduleStep& st : order_) {
+    if (st.dir == sim::Direction::forward)
+      forward(st.micro_batch, st.chunk, index);
+    else
+      backward(st.micro_batch, st.chunk, index);
+  }
+  timer_.run(comm_desc("pp_send_wait", Pass::backward, Collective::send_recv, Group::pp, 0.0, plan_.pp),
+             [&] { pipe_->wait_all(); });
+  reduce_gradients_and_update(index);
+  timer_.end_step();
+  if (!chunks_.back().has_head) return std::numeric_limits<double>::quiet_NaN();
+  const std::vector<float> losses = be_.download(losses_);
+  double sum = 0;
+  for (float l : losses) sum += l;
+  return sum / static_cast<double>(losses.size());
+}
+
+}  // namespace cuboid::exec

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# cuboid run under mpirun on the tiny model with the CPU backend: TP, PP, DP
+# and 2 x 2 x 1 plans run, pass --check and write well-formed measurements;
+# an injected sharding bug fails the check; a wrong world size is refused;
+# a killed or hung rank ends the whole job within the timeout.
+# Usage: test_run_mpi.sh CUBOID_BINARY (run from the source root).
+set -u
+CUBOID=${1:?usage: test_run_mpi.sh path/to/cuboid}
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x OPENBLAS_NUM_THREADS=1)
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+pass() { echo "ok: $*"; }
+
+plan() {  # plan NAME CLUSTER FLAGS...
+  local name=$1 cluster=$2
+  shift 2
+  "$CUBOID" plan --model models/tiny.json --cluster "$cluster" --nodes 1 --global-batch 4 --micro-batch 1 \
+    --out "$TMP/$name.json" "$@" >"$TMP/$name.plan.log" 2>&1 || { fail "plan $name: $(tail -3 "$TMP/$name.plan.log")"; }
+}
+
+# check_measurements FILE RANKS STEPS: schema, one entry per rank, timings per op and step.
+check_measurements() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+path, ranks, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+d = json.load(open(path))
+assert d["schema"] == "cuboid.measurements/1", d["schema"]
+assert len(d["ranks"]) == ranks, len(d["ranks"])
+assert d["iteration_time_s"] > 0
+for k in ("backend", "compute_dtype", "mpi_library", "hostnames"):
+    assert k in d["environment"], k
+assert sorted(r["rank"] for r in d["ranks"]) == list(range(ranks))
+for r in d["ranks"]:
+    assert len(r["step_seconds"]) == steps, r["step_seconds"]
+    assert r["iteration"]["median_s"] > 0 and r["iteration"]["min_s"] <= r["iteration"]["max_s"]
+    names = {o["name"] for o in r["ops"]}
+    for op in ("qkv", "fc1", "fc2_wgrad", "adam"):
+        assert op in names, (op, sorted(names))
+    for o in r["ops"]:
+        assert len(o["step_seconds"]) == steps and o["calls_per_step"] >= 1
+        if o["kind"] == "gemm":
+            assert o["shape"]["m"] > 0 and o["flops_per_call"] > 0
+        if o["kind"] in ("collective", "p2p"):
+            assert o["group"] in ("tp", "pp", "dp") and o["bytes_per_call"] >= 0
+    assert r["achieved_tflops"] > 0
+PY
+}
+
+run_ok() {  # run_ok NAME NP RANKS [extra flags]
+  local name=$1 np=$2
+  shift 2
+  if timeout 90 "${MPIRUN[@]}" -np "$np" "$CUBOID" run --plan "$TMP/$name.json" --backend cpu --steps 2 --warmup 1 \
+      --check --timeout-s 60 --out "$TMP/$name.m.json" "$@" >"$TMP/$name.log" 2>&1; then
+    if ! grep -q "PASSED" "$TMP/$name.log"; then fail "$name: no PASSED check line"; cat "$TMP/$name.log"; return; fi
+    if check_measurements "$TMP/$name.m.json" "$np" 2 >"$TMP/$name.py.log" 2>&1; then pass "$name"; else
+      fail "$name: measurements: $(tail -2 "$TMP/$name.py.log")"; fi
+  else
+    fail "$name: exit $?"; tail -20 "$TMP/$name.log"
+  fi
+}
+
+CPU2=topologies/localhost-cpu.json
+CPU4=tests/data/clusters/localhost-cpu-4.json
+plan tp2 "$CPU2" --tp 2 --pp 1 --dp 1 --sequence-parallel on
+plan tp2nosp "$CPU2" --tp 2 --pp 1 --dp 1 --sequence-parallel off --recompute full
+plan pp2 "$CPU2" --tp 1 --pp 2 --dp 1 --schedule 1f1b
+plan pp2gpipe "$CPU2" --tp 1 --pp 2 --dp 1 --schedule gpipe --recompute selective --flash-attention off
+plan dp2 "$CPU2" --tp 1 --pp 1 --dp 2 --zero 0
+plan dp2zero1 "$CPU2" --tp 1 --pp 1 --dp 2 --zero 1
+plan t2p2 "$CPU4" --tp 2 --pp 2 --dp 1 --schedule 1f1b
+# The same plan with the interleaved schedule (2 model chunks per stage).
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["parallel"].update(schedule="interleaved", virtual_stages=2); json.dump(d, open(sys.argv[2], "w"))' \
+  "$TMP/t2p2.json" "$TMP/t2p2i.json" || fail "interleaved plan"
+
+run_ok tp2 2
+run_ok tp2nosp 2
+run_ok pp2 2
+run_ok pp2gpipe 2
+run_ok dp2 2
+run_ok dp2zero1 2
+run_ok t2p2 4 --layers 2 --seq-length 64
+run_ok t2p2i 4
+
+# The check catches a sharding bug: one TP rank's FC2 shard negated.
+if timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/tp2.json" --backend cpu --steps 1 --check \
+    --inject-fault flip-shard >"$TMP/flip.log" 2>&1; then
+  fail "flip-shard: the check passed a flipped weight shard"
+elif grep -q "FAILED" "$TMP/flip.log"; then pass "flip-shard fails the check"; else
+  fail "flip-shard: no FAILED message"; tail -5 "$TMP/flip.log"; fi
+
+# A wrong world size is refused before any work, naming the sizes.
+timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/t2p2.json" --backend cpu >"$TMP/ws.log" 2>&1
+if grep -q "the plan needs TP 2 x PP 2 x DP 1 = 4 ranks but 2 were launched" "$TMP/ws.log"; then
+  pass "world size 2 for a 4-rank plan is refused"; else fail "bad world size: $(tail -3 "$TMP/ws.log")"; fi
+# Without a launcher: one rank, refused for a 2-rank plan; WORLD_SIZE=2 asks for MPI.
+"$CUBOID" run --plan "$TMP/tp2.json" --backend cpu >"$TMP/ws1.log" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -q "but 1 were launched" "$TMP/ws1.log"; then pass "standalone run of a 2-rank plan exits 2"; else
+  fail "standalone: rc $rc $(cat "$TMP/ws1.log")"; fi
+WORLD_SIZE=2 RANK=0 "$CUBOID" run --plan "$TMP/tp2.json" --backend cpu >"$TMP/ws2.log" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -q "mpirun -np 2" "$TMP/ws2.log"; then pass "torchrun-style WORLD_SIZE=2 without MPI exits 2"; else
+  fail "WORLD_SIZE=2: rc $rc $(cat "$TMP/ws2.log")"; fi
+
+# Faults end the whole job within the timeout: a killed rank, and a hung one
+# (the peers' watchdogs abort the job naming the rank and the op).
+for fault in kill:1 hang:1; do
+  start=$(date +%s)
+  timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/pp2.json" --backend cpu --steps 2 --timeout-s 3 \
+    --inject-fault "$fault" >"$TMP/fault.log" 2>&1
+  rc=$?
+  took=$(( $(date +%s) - start ))
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $took -gt 30 ]; then
+    fail "$fault: rc $rc after ${took}s"; tail -5 "$TMP/fault.log"
+  elif [ "$fault" = hang:1 ] && ! grep -q "rank [01]: op '.*' did not finish within --timeout-s" "$TMP/fault.log"; then
+    fail "$fault: no watchdog message"; tail -8 "$TMP/fault.log"
+  else
+    pass "$fault ends the job (rc $rc, ${took}s)"
+  fi
+done
+
+if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "all passed"
