@@ -32,6 +32,35 @@ std::vector<T> fixed_or(const std::optional<T>& fixed, std::vector<T> all) {
   return all;
 }
 
+// Two plans that differ only in rank order often score within noise of each
+// other; then the default order (Megatron's tp-dp-pp, which every trainer can
+// express) goes first. Only the best `top` rows are looked at.
+void prefer_default_order_in_near_ties(std::vector<Estimate>& rows, std::size_t top) {
+  constexpr double kNearTie = 1e-3;  // 0.1 % of the iteration time
+  const RankOrder def{};
+  auto same_but_order = [](const ParallelPlan& a, const ParallelPlan& b) {
+    ParallelPlan x = a;
+    x.order = b.order;
+    return x.tp == b.tp && x.pp == b.pp && x.dp == b.dp && x.micro_batch == b.micro_batch &&
+           x.virtual_stages == b.virtual_stages && x.zero_stage == b.zero_stage && x.recompute == b.recompute &&
+           x.sequence_parallel == b.sequence_parallel && x.schedule == b.schedule &&
+           x.first_stage_layers == b.first_stage_layers && x.last_stage_layers == b.last_stage_layers;
+  };
+  const std::size_t n = std::min(top, rows.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    if (rows[i].plan.order == def) continue;
+    for (std::size_t j = i + 1; j < n; ++j) {
+      if (rows[j].plan.order == def && rows[j].simulated == rows[i].simulated &&
+          same_but_order(rows[i].plan, rows[j].plan) &&
+          rows[j].iteration_time_s <= rows[i].iteration_time_s * (1 + kNearTie)) {
+        std::rotate(rows.begin() + static_cast<std::ptrdiff_t>(i), rows.begin() + static_cast<std::ptrdiff_t>(j),
+                    rows.begin() + static_cast<std::ptrdiff_t>(j) + 1);
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::int64_t default_global_batch(std::int64_t seq_length, int total_gpus) {
@@ -332,6 +361,7 @@ SearchResult search_plans(const ModelSpec& model, const Topology& topo, const Pl
                      });
     for (std::size_t i = 0; i < k; ++i) result.simulated += result.fitting[i].simulated ? 1 : 0;
   }
+  prefer_default_order_in_near_ties(result.fitting, std::max<std::size_t>(k, 32));
   std::stable_sort(result.not_fitting.begin(), result.not_fitting.end(), [](const Estimate& a, const Estimate& b) {
     return a.memory.total_bytes < b.memory.total_bytes;
   });

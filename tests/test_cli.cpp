@@ -93,7 +93,7 @@ TEST_CASE("plan ranks layouts for Llama-3-70B on 4 x 8 A100 and lists the seed's
                             "hardware_tflops_per_gpu", "mfu", "hfu", "memory_per_gpu_bytes", "breakdown"})
       CHECK_MESSAGE(c.contains(key), key);
     CHECK(c["tp"].get<int>() * c["pp"].get<int>() * c["dp"].get<int>() == 32);
-    CHECK(c["iteration_time_s"].get<double>() >= previous);  // best first
+    CHECK(c["iteration_time_s"].get<double>() * 1.001 >= previous);  // best first (near-ties: default order first)
     previous = c["iteration_time_s"].get<double>();
     CHECK(c["memory_per_gpu_bytes"].get<double>() <= c["memory"]["capacity_bytes"].get<double>());
     if (c["tp"] == 4 && c["pp"] == 4 && c["dp"] == 2) seed = true;
