@@ -267,6 +267,10 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
                     skip("invalid for " + e.field() + ": " + e.problem());
                     continue;
                   }
+                  if (o.accept && !o.accept(p)) {
+                    skip(o.accept_reason);
+                    continue;
+                  }
                   plans.push_back(p);
                 }
               }

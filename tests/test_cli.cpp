@@ -236,3 +236,21 @@ TEST_CASE("plan --out writes a plan file that simulate, mesh and export read bac
   CHECK_FALSE(std::filesystem::exists(dir / "none.json"));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("plan --for TARGET chooses a plan that the target can express, and export accepts it") {
+  const auto dir = std::filesystem::temp_directory_path() / ("cuboid_cli_for_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (const char* target : {"megatron", "deepspeed", "torchtitan", "nemo"}) {
+    CAPTURE(target);
+    const auto plan = dir / (std::string(target) + ".plan.json");
+    Result p = run("plan " + kLlama + " --simulate-top 1 --for " + target + " --out " + plan.string());
+    REQUIRE_MESSAGE(p.code == 0, p.err);
+    Result e = run("export --plan " + plan.string() + " --to " + target);
+    CHECK_MESSAGE(e.code == 0, e.err);
+    CHECK(!e.out.empty());
+  }
+  Result bad = run("plan " + kLlama + " --for jax");
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("--for: unknown export target \"jax\"") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <string>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +34,10 @@ struct PlannerOptions {
   int max_micro_batch = 16;
   int threads = 0;                  // 0: all cores
   int simulate_top = 32;            // re-rank the best K (analytical) plans with the discrete-event simulator
+  // Only plans this accepts are scored (e.g. what an export target can express);
+  // the rejected count under `reason` in skip_reasons.
+  std::function<bool(const ParallelPlan&)> accept;
+  std::string accept_reason;
   // Called from a helper thread about every 100 ms while scoring, and once at the end.
   std::function<void(std::size_t done, std::size_t total)> progress;
 };

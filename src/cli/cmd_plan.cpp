@@ -2,6 +2,7 @@
 #include "commands.hpp"
 #include "plan_flags.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include "cuboid/cluster.hpp"
 #include "cuboid/error.hpp"
 #include "cuboid/model.hpp"
+#include "cuboid/export.hpp"
 #include "cuboid/planfile.hpp"
 #include "cuboid/planner.hpp"
 #include "cuboid/svg.hpp"
@@ -254,11 +256,40 @@ void check_writable_dir(const std::optional<std::string>& path, const char* flag
                      "create the folder or write elsewhere");
 }
 
+// --for TARGET: search only plans that the trainer can express, asking the
+// exporter itself (one definition of what each target supports).
+void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& target) {
+  const auto& targets = export_targets();
+  if (std::find(targets.begin(), targets.end(), target) == targets.end())
+    throw InputError("command line", "--for", "unknown export target \"" + target + "\"",
+                     "use megatron, deepspeed, torchtitan or nemo");
+  auto pf = std::make_shared<PlanFile>();
+  pf->source = "candidate";
+  pf->model = l.model;
+  pf->cluster_name = l.cluster.name;
+  pf->cluster_source_file = l.cluster.source_file;
+  pf->gpu_name = l.cluster.gpu.name;
+  pf->nodes = l.cluster.nodes;
+  pf->gpus_per_node = l.cluster.gpus_per_node;
+  o.accept = [pf, target](const ParallelPlan& p) {
+    PlanFile candidate = *pf;
+    candidate.plan = p;
+    try {
+      (void)export_plan(candidate, target);
+      return true;
+    } catch (const InputError&) {
+      return false;
+    }
+  };
+  o.accept_reason = target + " cannot express it (--for " + target + ")";
+}
+
 void run_plan(const PlanFlags& f) {
   check_writable_dir(f.out_path, "--out");  // fail before a long search, not after
   check_writable_dir(f.svg_path, "--svg");
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
+  if (f.for_target) restrict_to_target(o, l, *f.for_target);
   if (!f.json) o.progress = progress_bar();
   SearchResult r = search_plans(l.model, *l.topology, o);
   o.progress = {};
@@ -321,6 +352,8 @@ void register_plan_command(CLI::App& app) {
   plan->add_option("--simulate-top", plan_flags.simulate_top,
                    "re-rank the best K plans with the discrete-event simulator (default 32; 0: analytical only)")
       ->check(CLI::NonNegativeNumber);
+  plan->add_option("--for", plan_flags.for_target,
+                   "search only plans this trainer can express: megatron|deepspeed|torchtitan|nemo (see cuboid export)");
   plan->add_flag("--explain", plan_flags.explain, "for each dimension, the best plan with that dimension forced to each value");
   plan->add_option("--threads", plan_flags.threads, "scoring threads (default: all cores)")->check(CLI::NonNegativeNumber);
   plan->callback([] { run_plan(plan_flags); });
