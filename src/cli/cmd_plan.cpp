@@ -51,8 +51,7 @@ std::string header(const Loaded& l, const SearchResult& r, const PlanFlags& f) {
 // shorter sequence. Each is a real search with one thing changed.
 std::string what_would_fit(const Loaded& l, const PlannerOptions& o, const PlanFlags& f) {
   std::string out = "\nWhat would make a plan fit (each searched with one change):\n";
-  auto report = [&](const std::string& what, const ModelSpec& m, const Topology& t, const PlannerOptions& opts) {
-    SearchResult r = search_plans(m, t, opts);
+  auto report = [&](const std::string& what, const SearchResult& r) {
     if (r.fitting.empty()) {
       out += fmt::format("  {:<44} still does not fit", what);
       if (!r.not_fitting.empty())
@@ -82,19 +81,19 @@ std::string what_would_fit(const Loaded& l, const PlannerOptions& o, const PlanF
     if (o.global_batch) opts.global_batch = *o.global_batch * factor;
     SearchResult r = search_plans(l.model, t, opts);
     if (!r.fitting.empty() || factor == 1024) {
-      report(fmt::format("--nodes {} ({}x the GPUs)", nodes, factor), l.model, t, opts);
+      report(fmt::format("--nodes {} ({}x the GPUs)", nodes, factor), r);
       break;
     }
   }
   if (!o.zero_stage || *o.zero_stage < 3) {
     PlannerOptions opts = o;
     opts.zero_stage = 3;
-    report("--zero 3 (shard weights, grads, optimizer)", l.model, *l.topology, opts);
+    report("--zero 3 (shard weights, grads, optimizer)", search_plans(l.model, *l.topology, opts));
   }
   if (!o.recompute || *o.recompute != Recompute::full) {
     PlannerOptions opts = o;
     opts.recompute = Recompute::full;
-    report("--recompute full", l.model, *l.topology, opts);
+    report("--recompute full", search_plans(l.model, *l.topology, opts));
   }
   {
     PlannerOptions opts = o;
@@ -102,7 +101,7 @@ std::string what_would_fit(const Loaded& l, const PlannerOptions& o, const PlanF
     if (seq >= 256) {
       opts.seq_length = seq / 2;
       if (o.global_batch) opts.global_batch = *o.global_batch * 2;  // same tokens per iteration
-      report(fmt::format("--seq-length {}", seq / 2), l.model, *l.topology, opts);
+      report(fmt::format("--seq-length {}", seq / 2), search_plans(l.model, *l.topology, opts));
     }
   }
   return out;
