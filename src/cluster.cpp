@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "cuboid/calibration.hpp"
 #include "cuboid/error.hpp"
 #include "cuboid/json_reader.hpp"
 
@@ -116,7 +117,7 @@ std::int64_t memory_bytes(JsonReader& r, GpuProfile& gpu) {
 GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   check_keys(j, r, {"name", "peak_bf16_tflops", "hbm_bandwidth_GBps", "memory_MiB", "memory_GiB", "memory_GB",
                     "sm_count", "gemm_max_efficiency", "memory_bound_efficiency", "kernel_launch_us",
-                    "memory_reserve_GiB"});
+                    "memory_reserve_GiB", "flash_attention"});
   GpuProfile gpu;
   gpu.name = r.string("name");
   gpu.peak_bf16_flops = sourced(r, "peak_bf16_tflops", gpu.sources, "peak_bf16_flops") * kTera;
@@ -129,6 +130,15 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   gpu.kernel_launch_ns = sourced(r, "kernel_launch_us", gpu.sources, "kernel_launch_ns") * kNsPerUs;
   gpu.memory_reserve_bytes = static_cast<std::int64_t>(
       std::llround(sourced(r, "memory_reserve_GiB", gpu.sources, "memory_reserve_bytes") * kGiB));
+  // Optional capability, bare or sourced ({"value": false, "source": "..."}).
+  if (r.is_object("flash_attention")) {
+    JsonReader f = r.object("flash_attention");
+    gpu.flash_attention = f.boolean("value");
+    if (const auto src = f.optional_string("source")) gpu.sources["flash_attention"] = *src;
+    f.reject_unknown({"unit", "note"});
+  } else {
+    gpu.flash_attention = r.optional_boolean("flash_attention").value_or(true);
+  }
   if (gpu.memory_reserve_bytes >= gpu.memory_bytes) {
     r.fail("memory_reserve_GiB", "reserve is not smaller than the GPU's memory",
            "give a reserve below the memory capacity");
@@ -217,6 +227,17 @@ InterNodeFabric inter_from_reader(const nlohmann::json& j, JsonReader r) {
 void check_node_count(const Cluster& c, const std::string& source, bool overridden) {
   const std::string where = overridden ? "command line" : source;
   const std::string field = overridden ? "--nodes" : "nodes";
+  // A bound on the GPU count keeps the topology graph and the planner within
+  // memory and time (and GPU indices within int); 262,144 is 2.6x the 100,000
+  // GPUs tests/test_scale.cpp plans.
+  constexpr std::int64_t kMaxGpus = std::int64_t{1} << 18;
+  const std::int64_t gpus = static_cast<std::int64_t>(c.nodes) * c.gpus_per_node;
+  if (gpus > kMaxGpus) {
+    throw InputError(where, field,
+                     std::to_string(c.nodes) + " nodes x " + std::to_string(c.gpus_per_node) + " GPUs = " +
+                         std::to_string(gpus) + " GPUs, above cuboid's limit of " + std::to_string(kMaxGpus),
+                     "plan at most " + std::to_string(kMaxGpus / c.gpus_per_node) + " nodes (--nodes N)");
+  }
   if (c.inter.kind == "none" && c.nodes > 1) {
     throw InputError(where, field,
                      std::to_string(c.nodes) + " nodes, but " + source +
@@ -248,7 +269,7 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
                      "give a node count >= 1");
   }
   JsonReader r(j, source);
-  check_keys(j, r, {"name", "nodes", "max_nodes", "gpus_per_node", "gpu", "intra_node", "inter_node"});
+  check_keys(j, r, {"name", "nodes", "max_nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "calibration"});
   Cluster c;
   c.name = r.string("name");
   c.source_file = source;
@@ -280,6 +301,14 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
   c.intra = intra_from_reader(j.at("intra_node"), intra);
   JsonReader inter = r.object("inter_node");
   c.inter = inter_from_reader(j.at("inter_node"), inter);
+  // Optional measurements (`cuboid calibrate`); the fields above stay the
+  // fall-back for whatever the calibration did not measure.
+  if (r.has("calibration")) {
+    c.calibration = std::make_shared<const Calibration>(calibration_from_json(r.raw("calibration"), source));
+    c.gpu.calibration = c.calibration;
+  } else {
+    (void)r.optional_number("calibration");  // marks an explicit null as read
+  }
   r.reject_unknown();
 
   if (max_nodes > 0 && c.nodes > max_nodes) {

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "cuboid/calibration.hpp"
+
 namespace cuboid {
 
 namespace {
@@ -47,10 +49,19 @@ double gemm_flops(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t b
          static_cast<double>(batch);
 }
 
+// The best FLOP/s a large GEMM reaches: measured on a calibrated profile
+// (the best of its GEMM samples: the datasheet peak and the assumed
+// efficiency are what calibration replaces), else peak x gemm_max_efficiency.
+double gemm_best_flops(const GpuProfile& gpu) {
+  if (gpu.calibration) {
+    if (const auto best = best_gemm_flops_per_s(*gpu.calibration)) return *best;
+  }
+  return gpu.peak_bf16_flops * gpu.gemm_max_efficiency;
+}
+
 // Compute-only and HBM-only seconds of a GEMM; its time is the larger (roofline).
 double gemm_compute_s(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) {
-  return gemm_flops(m, n, k, batch) /
-         (gpu.peak_bf16_flops * gpu.gemm_max_efficiency * quantisation_efficiency(gpu, m, n, batch));
+  return gemm_flops(m, n, k, batch) / (gemm_best_flops(gpu) * quantisation_efficiency(gpu, m, n, batch));
 }
 
 double gemm_memory_s(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) {
@@ -68,12 +79,21 @@ double gemm_memory_s(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std:
 // count the same effect twice.
 double gemm_efficiency(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0.0;
+  if (gpu.calibration) {
+    if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch)) {
+      return gemm_flops(m, n, k, batch) / (gpu.peak_bf16_flops * *ns * 1e-9);
+    }
+  }
   const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch), gemm_memory_s(gpu, m, n, k, batch));
   return gemm_flops(m, n, k, batch) / (gpu.peak_bf16_flops * seconds);
 }
 
+// A measured (or interpolated) time is per call, launch included.
 std::int64_t gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
+  if (gpu.calibration) {
+    if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch)) return std::llround(*ns);
+  }
   const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch), gemm_memory_s(gpu, m, n, k, batch));
   return to_ns(seconds) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
 }
@@ -83,8 +103,18 @@ std::int64_t memory_bound_time_ns(const GpuProfile& gpu, double bytes) {
   return to_ns(bytes / hbm_Bps(gpu)) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
 }
 
+// A fit's time is per call, launch included.
+std::int64_t kernel_time_ns(const GpuProfile& gpu, const std::string& name, double bytes) {
+  if (bytes <= 0) return 0;
+  if (gpu.calibration) {
+    if (const auto ns = calibrated_kernel_ns(*gpu.calibration, name, bytes)) return std::llround(*ns);
+  }
+  return memory_bound_time_ns(gpu, bytes);
+}
+
 std::int64_t collective_time_ns(Collective c, double size_bytes, int group_size, const LinkParams& link) {
   if (group_size <= 1 || size_bytes <= 0) return 0;
+  if (link.calibrated != nullptr) return to_ns(collective_curve_ns(*link.calibrated, c, group_size, size_bytes) * 1e-9);
   if (link.busbw_Bps <= 0) return kUnreachableNs;
   const double n = group_size;
   double volume = 0;  // bytes through the bus, in units of size_bytes
@@ -108,6 +138,7 @@ std::int64_t collective_time_ns(Collective c, double size_bytes, int group_size,
       steps = 1.0;
       break;
   }
+  if (link.fitted) steps = 1.0;
   const double seconds = volume * size_bytes / link.busbw_Bps + steps * link.latency_ns * 1e-9;
   return to_ns(seconds);
 }
@@ -145,6 +176,11 @@ LinkParams group_link_params(const Topology& topo, Collective c, const std::vect
     }
   }
   if (one_gpu) return free_link;
+  if (cl.calibration) {
+    const CollectiveCalibration* fit =
+        find_collective(*cl.calibration, c, one_node ? "intra_node" : "inter_node", static_cast<int>(ranks.size()));
+    if (fit != nullptr) return LinkParams{fit->busbw_GBps * 1e9, fit->alpha_ns, true, fit};
+  }
   if (one_node) return LinkParams{intra_busbw_GBps * 1e9, cl.intra.latency_ns};
 
   // k: the most GPUs of the group on one node.
@@ -193,15 +229,15 @@ std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
       // its grid (query blocks x heads), causal half only, against the HBM
       // traffic of Q, K, V, O. Flash kernels reach somewhat less than the best
       // GEMM (FlashAttention-2 paper: 50-73% of peak on A100); the profile
-      // has no separate figure, so a calibrated profile corrects this.
+      // has no separate figure; a calibrated profile puts its best measured
+      // GEMM FLOP/s here (the calibration sweeps no fused attention kernel).
       if (op.flops <= 0 && op.bytes <= 0) return 0;
-      const double compute_s =
-          op.flops / (gpu.peak_bf16_flops * gpu.gemm_max_efficiency * quantisation_efficiency(gpu, op.m, op.n, op.batch));
+      const double compute_s = op.flops / (gemm_best_flops(gpu) * quantisation_efficiency(gpu, op.m, op.n, op.batch));
       const double memory_s = op.bytes / hbm_Bps(gpu);
       return to_ns(std::max(compute_s, memory_s)) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
     }
     case OpKind::memory_bound:
-      return memory_bound_time_ns(gpu, op.bytes);
+      return kernel_time_ns(gpu, op.name, op.bytes);
     case OpKind::collective:
     case OpKind::p2p:
       return 0;

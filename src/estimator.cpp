@@ -32,7 +32,10 @@
 //   (--overlap-param-gather is off by default).
 // * optimizer: Adam over this GPU's shard (params / dp with ZeRO >= 1),
 //   memory-bound at 32 bytes per parameter: read bf16 weight, fp32 grad,
-//   fp32 master, m, v (2+4+4+4+4) and write bf16 weight, master, m, v (2+4+4+4).
+//   fp32 master, m, v (2+4+4+4+4) and write bf16 weight, master, m, v (2+4+4+4);
+//   a calibrated profile's "adam" kernel fit prices those bytes instead.
+// * A calibrated card's collective fits replace the link model of the groups
+//   they measured (group_link_params), its GEMM and kernel fits the compute.
 #include "cuboid/estimator.hpp"
 
 #include <algorithm>
@@ -41,6 +44,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuboid/calibration.hpp"
 #include "cuboid/cost.hpp"
 #include "cuboid/flops.hpp"
 #include "cuboid/workload.hpp"
@@ -129,7 +133,15 @@ LayerCost make_layer_cost(const ModelSpec& m, const GpuProfile& gpu, const Paral
   c.layer_compute = compute_times(gpu, c.layer);
   c.embed_compute = compute_times(gpu, c.embed);
   c.head_compute = compute_times(gpu, c.head);
-  c.pipeline_message = pipeline_message_bytes(m, plan);
+  // A calibrated backend may move activations in another dtype than the
+  // workload's bf16 (the CPU executor's f32): price the bytes it moves.
+  const Calibration* cal = gpu.calibration.get();
+  for (LayerOps* ops : {&c.layer, &c.embed, &c.head}) {
+    for (std::vector<Op>* list : {&ops->forward, &ops->backward, &ops->recompute}) {
+      for (Op& op : *list) op.comm_bytes = comm_size_bytes(op, cal);
+    }
+  }
+  c.pipeline_message = pipeline_message_bytes(m, plan) * activation_bytes_scale(cal);
   return c;
 }
 
@@ -146,11 +158,15 @@ struct Placement {
   std::vector<int> representatives;
 };
 
+bool same_link(const LinkParams& a, const LinkParams& b) {
+  return a.busbw_Bps == b.busbw_Bps && a.latency_ns == b.latency_ns && a.fitted == b.fitted;
+}
+
 std::size_t intern(std::vector<GroupLinks>& pool, const GroupLinks& links) {
   for (std::size_t i = 0; i < pool.size(); ++i) {
     bool same = true;
     for (std::size_t c = 0; c < kCollectives && same; ++c)
-      same = pool[i][c].busbw_Bps == links[c].busbw_Bps && pool[i][c].latency_ns == links[c].latency_ns;
+      same = same_link(pool[i][c], links[c]);
     if (same) return i;
   }
   pool.push_back(links);
@@ -172,7 +188,7 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
       const std::vector<int> pair{mapping.rank_of(0, stage, 0), mapping.rank_of(0, stage + 1, 0)};
       const LinkParams link = group_link_params(topo, Collective::send_recv, pair);
       bool seen = false;
-      for (const LinkParams& l : pl.p2p_links) seen = seen || (l.busbw_Bps == link.busbw_Bps && l.latency_ns == link.latency_ns);
+      for (const LinkParams& l : pl.p2p_links) seen = seen || same_link(l, link);
       if (!seen) pl.p2p_links.push_back(link);
     }
   }
@@ -259,7 +275,8 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   if (dp > 1) {
     const GroupLinks& links = pl.dp_links[static_cast<std::size_t>(critical)];
     const double grad_bytes = params * kGradBytesPerParam;
-    const double param_bytes = params * kParamBytesPerParam;
+    // The gathered parameters are in the compute dtype (bf16; f32 on the CPU executor).
+    const double param_bytes = params * kParamBytesPerParam * activation_bytes_scale(gpu.calibration.get());
     const double rs = comm_ns(Collective::reduce_scatter, grad_bytes, dp, links);
     const double ag = comm_ns(Collective::all_gather, param_bytes, dp, links);
     double exposed_ns = 0;
@@ -281,7 +298,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   }
 
   const double shard = plan.zero_stage >= 1 ? params / dp : params;
-  bd.optimizer_s = static_cast<double>(memory_bound_time_ns(gpu, shard * kAdamBytesPerParam)) * 1e-9;
+  bd.optimizer_s = static_cast<double>(kernel_time_ns(gpu, "adam", shard * kAdamBytesPerParam)) * 1e-9;
 
   Estimate e;
   e.plan = plan;

@@ -21,6 +21,27 @@
 //   time = alpha + size * bus_factor(collective, n) / busbw, with NCCL's bus
 //   factors (all_reduce 2(n-1)/n; reduce_scatter, all_gather (n-1)/n;
 //   broadcast, send_recv 1).
+// * activation_bytes_per_element: the element size of the backend's compute
+//   dtype (cpu: f32, 4; cuda: bf16, 2). The collective samples are the real
+//   bytes moved, but the workload's comm_bytes of activation collectives and
+//   p2p assume bf16 (Op::compute_dtype); comm_size_bytes scales them so that a
+//   card measured on an f32 backend prices the bytes that backend moves.
+//
+// Lookups: inside the measured size range a kernel or collective is priced by
+// interpolating its samples (piecewise linear in log(size)-log(time): a power
+// law between neighbouring sizes), not by the alpha-beta fit. One straight
+// line across 1 KiB-256 MiB cannot follow cache effects (on a CPU an
+// all-reduce jumps 10x between 2 and 8 MiB when the buffers leave the L2/L3),
+// so the fit's error reached 95 % there while the samples are the
+// measurement. The fit, with its residuals, stays: it summarises the sweep
+// (alpha, busbw) and extrapolates outside the measured sizes.
+//
+// Monotonicity: `cuboid calibrate` makes each series monotone before fitting
+// (isotonic regression of the medians, make_monotone): on an oversubscribed
+// machine a small collective can take longer than a larger one because a
+// partner rank was not scheduled, which is noise, not the curve. The loader
+// keeps rejecting a stored series whose times fall (a hand edit or a broken
+// profile).
 #include <compare>
 #include <cstdint>
 #include <map>
@@ -83,6 +104,7 @@ struct Calibration {
   std::string device;   // "cpu (one core per rank)", "NVIDIA H200", ...
   std::string created_by;  // the command line / tool version that measured it
   int ranks = 0;           // ranks that ran the sweep at once
+  int activation_bytes_per_element = 2;  // see above: 4 for cpu (f32), 2 for cuda (bf16)
   std::vector<GemmSample> gemms;                          // measured shapes
   std::map<std::string, KernelCalibration> kernels;       // by workload op name
   std::map<CollectiveKey, CollectiveCalibration> collectives;
@@ -102,14 +124,31 @@ CollectiveCalibration fit_collective(Collective c, int group_size, std::vector<S
 KernelCalibration fit_kernel(std::vector<SizeSample> samples, const std::string& source,
                              const std::string& field);
 
+// Pool-adjacent-violators: replaces `sorted` (by size) times with the closest
+// (least squares) non-decreasing sequence; returns how many samples changed.
+int make_monotone(std::vector<SizeSample>& sorted);
+
+// Piecewise power-law interpolation of samples sorted by size (strictly
+// increasing sizes after merging equal ones by their mean time); nullopt
+// outside [first, last] size.
+std::optional<double> interpolate_samples(const std::vector<SizeSample>& sorted, double bytes);
+
+// activation_bytes_per_element / 2 (1 without a calibration).
+double activation_bytes_scale(const Calibration* cal);
+// The bytes an op's collective / p2p really moves on the calibrated backend:
+// comm_bytes, scaled by activation_bytes_scale for Op::compute_dtype ops.
+double comm_size_bytes(const Op& op, const Calibration* cal);
+
 // Lookups for the cost model. Each returns nullopt when the calibration has
 // nothing to say (the caller falls back to the datasheet model):
 // * GEMM: an exact measured shape gives its time; otherwise interpolation of
 //   achieved FLOP/s in log(m), log(n), log(k), log(batch) among measured
 //   shapes that bracket the query; outside the measured range nullopt (the
 //   roofline fall-back prices it).
-// * Kernel: the op name's fit (bytes in the workload convention).
-// * Collective: the (collective, tier, group size) fit.
+// * Kernel: the op name's samples interpolated inside their size range,
+//   else its fit (bytes in the workload convention).
+// * Collective: the (collective, tier, group size) samples interpolated
+//   inside their size range, else the fit.
 std::optional<double> calibrated_gemm_ns(const Calibration& cal, std::int64_t m, std::int64_t n,
                                          std::int64_t k, std::int64_t batch);
 std::optional<double> calibrated_kernel_ns(const Calibration& cal, const std::string& op_name,
@@ -117,6 +156,15 @@ std::optional<double> calibrated_kernel_ns(const Calibration& cal, const std::st
 std::optional<double> calibrated_collective_ns(const Calibration& cal, Collective c,
                                                const std::string& tier, int group_size,
                                                double size_bytes);
+// The (collective, tier, group size) fit, or null.
+// One collective's time at size_bytes: interpolated in range, else its fit.
+double collective_curve_ns(const CollectiveCalibration& cc, Collective c, int group_size, double size_bytes);
+const CollectiveCalibration* find_collective(const Calibration& cal, Collective c,
+                                             const std::string& tier, int group_size);
+// The best FLOP/s any measured GEMM achieved (nullopt without GEMM samples):
+// the cost model's roofline fall-back, outside the measured shapes, uses it
+// in place of the profile's peak x gemm_max_efficiency.
+std::optional<double> best_gemm_flops_per_s(const Calibration& cal);
 
 // JSON: the "calibration" section of a cluster card (schema kCalibrationSchema).
 // The reader checks everything and throws InputError naming the field:

@@ -5,12 +5,15 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 namespace cuboid {
+
+struct Calibration;  // calibration.hpp
 
 struct GpuProfile {
   std::string name;                     // "A100-SXM4-80GB"
@@ -22,7 +25,15 @@ struct GpuProfile {
   double memory_bound_efficiency = 0;   // achievable fraction of HBM bandwidth for element-wise kernels
   double kernel_launch_ns = 0;          // fixed cost per kernel
   std::int64_t memory_reserve_bytes = 0;  // CUDA context, NCCL buffers, cuBLAS workspace, fragmentation
+  // Whether a fused (flash) attention kernel exists on this device: the CPU
+  // executor runs attention unfused (QK^T, softmax, AV), so its cards say
+  // false and the planner / simulator price the unfused ops there.
+  bool flash_attention = true;
   std::map<std::string, std::string> sources;  // field -> source text
+  // Measured GEMM / kernel timings of a calibrated card (its "calibration"
+  // section), consulted by gemm_time_ns / op_time_ns before the datasheet
+  // model above; null for an uncalibrated card. Shared, so copies stay cheap.
+  std::shared_ptr<const Calibration> calibration;
 };
 
 struct IntraNodeFabric {
@@ -58,6 +69,10 @@ struct Cluster {
   GpuProfile gpu;
   IntraNodeFabric intra;
   InterNodeFabric inter;
+  // The card's "calibration" section (the same object as gpu.calibration):
+  // measured collectives per (collective, tier, group size) for the estimator
+  // and the simulator; null for an uncalibrated card.
+  std::shared_ptr<const Calibration> calibration;
 
   int total_gpus() const { return nodes * gpus_per_node; }
 };

@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuboid/calibration.hpp"
+
 namespace cuboid::sim {
 
 namespace {
@@ -221,6 +223,56 @@ void plan_hierarchical(Network& net, const CommGroup& g, const NodeLayout& lay, 
   plan.phases.push_back(make_phase(net, g, intra, (dk - 1.0) / dk, dk - 1.0));
 }
 
+// The calibrated fit of this collective over this group (tier: one node or
+// several), or null when the card has none.
+const CollectiveCalibration* calibrated_fit(const Network& net, Collective op, const CommGroup& g,
+                                            const NodeLayout& lay) {
+  const Topology* topo = net.topology();
+  if (topo == nullptr || !topo->cluster().calibration) return nullptr;
+  return find_collective(*topo->cluster().calibration, op, lay.members.size() == 1 ? "intra_node" : "inter_node",
+                         static_cast<int>(g.ranks.size()));
+}
+
+// A calibrated collective: the measured curve replaces the algorithm's
+// alpha-beta model, whatever algorithm the library ran when it was measured.
+// Its traffic still crosses the ring's links, so other flows and the group's
+// mirrors contend with it as before: one ring phase whose bytes are scaled so
+// that, alone on the network, the representative's ring (rate: min over its
+// links of capacity / weight) drains and then waits its latency in exactly
+// the curve's time T(S) (phase_flow_bytes / phase_latency_ns: the samples
+// interpolated inside their sizes; outside, the fit: S x bus factor / busbw
+// of flow, then alpha). bytes_per_size / latency_ns keep the fit's line.
+void plan_calibrated(Network& net, Collective op, const CommGroup& g, const NodeLayout& lay,
+                     const CollectiveCalibration& fit, CollectivePlan& plan) {
+  std::vector<IdxEdge> edges;
+  if (op == Collective::send_recv) {
+    edges.push_back({0, 1, 1.0});
+  } else {
+    ring_edges(lay, edges);
+  }
+  std::vector<Route> own;
+  for (const IdxEdge& e : edges) {
+    own.push_back({g.ranks[static_cast<std::size_t>(e.from)], g.ranks[static_cast<std::size_t>(e.to)], e.weight});
+  }
+  std::vector<LinkUse> uses;
+  net.compile_routes(own, uses);
+  double rate_Bps = std::numeric_limits<double>::infinity();
+  for (const LinkUse& u : uses) rate_Bps = std::min(rate_Bps, net.link_stats(u.link).capacity_Bps / u.weight);
+  CommPhase ph = make_phase(net, g, edges, 0.0, 0.0);
+  if (std::isfinite(rate_Bps) && fit.busbw_GBps > 0) {
+    ph.bytes_per_size = bus_factor(op, static_cast<int>(g.ranks.size())) * rate_Bps / (fit.busbw_GBps * 1e9);
+  }
+  ph.latency_ns = static_cast<TimeNs>(std::llround(fit.alpha_ns));
+  if (std::isfinite(rate_Bps) && rate_Bps > 0) {
+    ph.calibrated = &fit;
+    ph.collective = op;
+    ph.group_size = static_cast<int>(g.ranks.size());
+    ph.rate_Bps = rate_Bps;
+  }
+  plan.algorithm = Algorithm::ring;
+  plan.phases.push_back(std::move(ph));
+}
+
 void check_group(const Network& net, const CommGroup& g) {
   if (net.topology() == nullptr) throw std::logic_error("collective: the network has no topology");
   const int total = net.topology()->num_gpus();
@@ -237,6 +289,18 @@ void check_group(const Network& net, const CommGroup& g) {
 }
 
 }  // namespace
+
+double phase_flow_bytes(const CommPhase& ph, double size_bytes) {
+  if (ph.calibrated == nullptr) return ph.bytes_per_size * size_bytes;
+  const double t_ns = collective_curve_ns(*ph.calibrated, ph.collective, ph.group_size, size_bytes);
+  return std::max(0.0, t_ns - std::min(ph.calibrated->alpha_ns, t_ns)) * 1e-9 * ph.rate_Bps;
+}
+
+TimeNs phase_latency_ns(const CommPhase& ph, double size_bytes) {
+  if (ph.calibrated == nullptr) return ph.latency_ns;
+  const double t_ns = collective_curve_ns(*ph.calibrated, ph.collective, ph.group_size, size_bytes);
+  return static_cast<TimeNs>(std::llround(std::min(ph.calibrated->alpha_ns, t_ns)));
+}
 
 std::span<const AlgorithmInfo> collective_algorithms() { return kAlgorithms; }
 
@@ -263,6 +327,7 @@ Algorithm choose_algorithm(Network& net, Collective op, const CommGroup& group, 
   const Topology& topo = *net.topology();
   const NodeLayout lay = layout_of(topo, group.ranks);
   if (lay.members.size() <= 1) return Algorithm::ring;
+  if (calibrated_fit(net, op, group, lay) != nullptr) return Algorithm::ring;  // the fit is played as a ring
   const Cluster& c = topo.cluster();
   const double B = lay.max_per_node * std::max(1e-9, c.inter.nic_busbw_GBps) * 1e9;
   const double alpha = c.inter.latency_ns * 1e-9;
@@ -282,6 +347,10 @@ CollectivePlan plan_collective(Network& net, Collective op, const CommGroup& gro
   if (n <= 1) return plan;
   if (op == Collective::send_recv && n != 2) throw std::invalid_argument("collective: send_recv needs 2 ranks");
   const NodeLayout lay = layout_of(*net.topology(), group.ranks);
+  if (const CollectiveCalibration* fit = calibrated_fit(net, op, group, lay)) {
+    plan_calibrated(net, op, group, lay, *fit, plan);
+    return plan;
+  }
   const bool multi_node = lay.members.size() > 1;
   if (op != Collective::all_reduce || !multi_node || op == Collective::send_recv) algo = Algorithm::ring;
   if (algo == Algorithm::hierarchical && (lay.min_per_node != lay.max_per_node || lay.max_per_node == 1)) {

@@ -8,7 +8,11 @@
 // (all_reduce 2(n-1)/n S, reduce_scatter / all_gather (n-1)/n S, broadcast S,
 // send_recv S) over each ring edge at the link's achievable rate, plus one
 // alpha per step, so it reproduces cost.hpp's collective_time_ns and hence
-// the nccl-tests busbw of the card.
+// the nccl-tests busbw of the card. A calibrated card's fit for the group's
+// (collective, tier, size) replaces the algorithm: one ring phase scaled so
+// that, uncontended, it takes exactly the calibrated time (the measured
+// samples interpolated inside their sizes, the fitted alpha + S x bus factor
+// / busbw outside), while its flows still share the links with other traffic.
 //
 // Symmetry: a CommGroup may carry mirrors, the groups of identical replicas
 // (other DP replicas, other TP ranks) that run the same collective at the same
@@ -29,6 +33,10 @@
 
 #include "cuboid/sim/network.hpp"
 #include "cuboid/workload.hpp"
+
+namespace cuboid {
+struct CollectiveCalibration;  // calibration.hpp
+}
 
 namespace cuboid::sim {
 
@@ -64,7 +72,21 @@ struct CommPhase {
   std::vector<LinkUse> uses;  // merged, representative + mirrors
   double bytes_per_size = 0;
   TimeNs latency_ns = 0;
+  // A calibrated collective (else null): inside the measured sizes its time
+  // follows the interpolated samples, not the line bytes_per_size and
+  // latency_ns encode, so the flow's bytes and the latency depend on the size:
+  // use phase_flow_bytes / phase_latency_ns.
+  const CollectiveCalibration* calibrated = nullptr;
+  Collective collective = Collective::all_reduce;
+  int group_size = 0;
+  double rate_Bps = 0;  // the representative's uncontended rate
 };
+
+// Bytes of the phase's flow and its latency for a collective of size_bytes.
+// Calibrated: uncontended, latency + flow take the curve's time T(S), with
+// latency min(alpha, T(S)); outside the samples that is the fit itself.
+double phase_flow_bytes(const CommPhase& ph, double size_bytes);
+TimeNs phase_latency_ns(const CommPhase& ph, double size_bytes);
 
 // Phases run one after the other. Independent of the size: the engine caches
 // plans per (group, collective, algorithm) and scales bytes.
