@@ -1,0 +1,31 @@
+#pragma once
+// `cuboid calibrate`: microbenchmarks on the user's machines, launched like
+// `cuboid run` (one process per rank under mpirun/srun). Every rank runs the
+// GEMM sweep, the memory-bound kernel sweep and the collective sweep of the
+// given plans at the same time; rank 0 gathers the medians, fits them
+// (calibration.hpp), prints nccl-tests tables and the fits, and writes the
+// input cluster card plus a "calibration" section (atomically).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cuboid::calibrate {
+
+struct CalibrateOptions {
+  std::string backend = "cpu";
+  std::vector<std::string> plan_paths;
+  std::string model_path;    // optional: a model calibrated as TP 1 x PP 1 x DP world
+  std::string cluster_path;
+  std::string out_path;      // the calibrated card
+  std::string raw_path;      // optional: every sample, per rank
+  bool quick = false;        // a smoke test: few sizes, few calls
+  std::int64_t max_size_bytes = std::int64_t{256} << 20;  // largest collective size
+  double timeout_s = 300;
+  std::string command_line;  // recorded in the card
+};
+
+// Returns the exit code (0; 1 when a collective returned wrong results).
+// Throws InputError for bad flags, files or launches.
+int run_calibrate(const CalibrateOptions& options);
+
+}  // namespace cuboid::calibrate

@@ -1,0 +1,39 @@
+#pragma once
+// The GEMM microbenchmark of `cuboid calibrate`: each shape timed per call in
+// the backend's precision (Backend::gemm), after warm-up, on operands taken
+// from a rotating pool larger than the last-level cache (so no call finds its
+// operands cached by the previous one), median of several calls. Every rank
+// runs the same shapes at the same time (a barrier per shape), so on a shared
+// machine the rates include the sharing, as in a real step.
+#include <cstddef>
+#include <vector>
+
+#include "cuboid/calibrate/sweep_plan.hpp"
+#include "cuboid/calibration.hpp"
+#include "cuboid/exec/backend.hpp"
+
+namespace cuboid::exec {
+class Watchdog;
+}
+
+namespace cuboid::calibrate {
+
+struct GemmSweepOptions {
+  // Rotating operand pool; 512 MiB exceeds the LLC of current CPUs and the L2
+  // of every NVIDIA GPU (H100: 50 MB, B200: 126 MB).
+  std::size_t pool_bytes = std::size_t{512} << 20;
+  int warmup_calls = 2;
+  int min_calls = 5;    // timed calls per shape, at least
+  int max_calls = 31;
+  double target_ms = 20;  // timed calls per shape: about this long in total
+};
+
+// This rank's median per-call time of every shape (in `shapes` order).
+std::vector<GemmSample> run_gemm_sweep(exec::Backend& backend, exec::Communicator& world,
+                                       const std::vector<GemmProblem>& shapes, const GemmSweepOptions& options,
+                                       exec::Watchdog* watchdog);
+
+// The median of `v` (0 for an empty vector); the calibration's statistic.
+double median_of(std::vector<double> v);
+
+}  // namespace cuboid::calibrate

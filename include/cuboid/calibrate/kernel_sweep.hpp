@@ -1,0 +1,54 @@
+#pragma once
+// The memory-bound kernel microbenchmark of `cuboid calibrate`. It runs the
+// executor's own transformer layer (exec::LayerRunner, forward then backward)
+// at the plan's size and at scaled token counts, and keeps the per-call times
+// of its memory-bound ops (norms, activation, dropout-add, softmax and their
+// backward) — so each op name is timed on exactly the kernel the executor runs
+// for it, with the operands a step gives it, and no second op-name -> kernel
+// table exists. `bytes` is the workload's Op::bytes for the scaled plan (the
+// calibration's convention); executor-only ops the workload does not know
+// (e.g. residual_add_bwd) are dropped.
+#include <string>
+#include <vector>
+
+#include "cuboid/exec/backend.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/plan.hpp"
+
+namespace cuboid::exec {
+class Watchdog;
+}
+
+namespace cuboid::calibrate {
+
+struct KernelMeasurement {
+  std::string name;    // workload op name ("norm_in", "act_bwd", ...)
+  double bytes = 0;    // workload Op::bytes at this size
+  double time_ns = 0;  // this rank's median per call
+};
+
+struct KernelSweepOptions {
+  bool quick = false;
+  int warmup_steps = 1;
+  int measured_steps = 7;  // layer forward + backward passes per size
+};
+
+// `tp` is the rank's TP group (null or size 1 for TP 1); every member of the
+// world calls this with the same plan (the layer's TP collectives run).
+std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& backend, exec::Communicator* tp,
+                                                exec::Communicator& world, const ModelSpec& model,
+                                                const ParallelPlan& plan, const KernelSweepOptions& options,
+                                                exec::Watchdog* watchdog);
+
+// The optimizer step ("adam": Backend::adam_step on f32 master weights and
+// moments with compute-dtype gradients, as the step runner calls it) on this
+// rank's parameter shard of the plan and x1/4 .. x4 of it (quick: x1/2 .. x2).
+// bytes = parameters x 32, the estimator's and simulator's Adam traffic per
+// parameter (kAdamBytesPerParam: bf16 grad + fp32 master, m, v read and
+// written), so the cost model prices "adam" in its own convention.
+inline constexpr double kAdamBytesPerParam = (2 + 4 + 4 + 4 + 4) + (2 + 4 + 4 + 4);
+std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& backend, exec::Communicator& world,
+                                                   const ModelSpec& model, const ParallelPlan& plan,
+                                                   const KernelSweepOptions& options, exec::Watchdog* watchdog);
+
+}  // namespace cuboid::calibrate

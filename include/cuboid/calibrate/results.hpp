@@ -1,0 +1,53 @@
+#pragma once
+// Per-rank sweep results, their JSON form (gathered to rank 0 as text), and
+// how rank 0 combines them into a Calibration: GEMM and kernel times are the
+// median over ranks of the per-rank medians (every rank runs its own copy);
+// a collective's time is the slowest member's (it ends when the last rank
+// has its data), and #wrong sums over ranks.
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cuboid/calibrate/collective_sweep.hpp"
+#include "cuboid/calibrate/kernel_sweep.hpp"
+#include "cuboid/calibration.hpp"
+
+namespace cuboid::calibrate {
+
+struct CollectiveRecord {
+  CollectiveKey key;       // collective, tier, group size
+  std::string group;       // "tp", "pp", "dp": the plan group it ran on
+  CollectiveMeasurement m;
+};
+
+struct RankResults {
+  int rank = 0;
+  std::vector<GemmSample> gemms;
+  std::vector<KernelMeasurement> kernels;
+  std::vector<CollectiveRecord> collectives;
+};
+
+nlohmann::json to_json(const RankResults& r);
+RankResults rank_results_from_json(const nlohmann::json& j);
+
+// One row of a combined collective table.
+struct CollectiveRow {
+  std::int64_t size_bytes = 0, count = 0, wrong = 0;
+  double time_ns = 0;
+};
+struct CollectiveTable {
+  std::string group;  // the plan group kind it ran on
+  std::vector<CollectiveRow> rows;  // by size
+};
+
+struct Combined {
+  std::vector<GemmSample> gemms;
+  std::map<std::string, std::vector<SizeSample>> kernels;  // sorted by bytes
+  std::map<CollectiveKey, CollectiveTable> collectives;
+  std::int64_t wrong = 0;
+};
+Combined combine(const std::vector<RankResults>& ranks);
+
+}  // namespace cuboid::calibrate

@@ -1,0 +1,334 @@
+// cuboid calibrate: the sweeps on every rank, the fits and the card on rank 0.
+#include "cuboid/calibrate/calibrate.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <set>
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cuboid/calibrate/gemm_sweep.hpp"
+#include "cuboid/calibrate/nccl_table.hpp"
+#include "cuboid/calibrate/results.hpp"
+#include "cuboid/calibrate/sweep_plan.hpp"
+#include "cuboid/cluster.hpp"
+#include "cuboid/error.hpp"
+#include "cuboid/exec/exec_error.hpp"
+#include "cuboid/exec/launch.hpp"
+#include "cuboid/exec/mpi_comm.hpp"
+#include "cuboid/planfile.hpp"
+#include "cuboid_config.hpp"
+#include "exec/op_timer.hpp"
+#if defined(CUBOID_EXEC_HAVE_CUDA)
+#include "cuboid/exec/cuda_backend.hpp"
+#endif
+
+namespace cuboid::calibrate {
+
+namespace {
+
+const std::string kCl = "command line";
+constexpr std::int64_t kMinCollectiveBytes = 1024;  // nccl-tests' usual -b 1K
+
+struct Job {
+  ModelSpec model;
+  ParallelPlan plan;
+  std::string source;
+};
+
+std::vector<Job> load_jobs(const CalibrateOptions& o, const Cluster& cluster, int world_size) {
+  std::vector<Job> jobs;
+  for (const std::string& path : o.plan_paths) {
+    const PlanFile pf = read_plan_file(path);
+    check_plan_matches_cluster(pf, cluster);
+    exec::check_world_size(world_size, pf.plan, pf.source);
+    jobs.push_back(Job{pf.model, pf.plan, pf.source});
+  }
+  if (!o.model_path.empty()) {
+    Job j{load_model(o.model_path), ParallelPlan{}, o.model_path};
+    j.plan.dp = world_size;
+    j.plan.global_batch = world_size;
+    j.plan.seq_length = j.model.seq_length;
+    jobs.push_back(std::move(j));
+  }
+  if (jobs.empty())
+    throw InputError(kCl, "--plan", "no plan or model to calibrate for",
+                     "give --plan plan.json (from cuboid plan --out) or --model FILE");
+  return jobs;
+}
+
+// Rank 0 receives every rank's text (MPI_Gatherv over the world).
+std::vector<std::string> gather_to_root(exec::Communicator& world, const std::string& mine) {
+  auto* mpi = dynamic_cast<exec::MpiCommunicator*>(&world);
+  if (mpi == nullptr) return {mine};
+  const auto n = static_cast<std::size_t>(world.size());
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(n), displs(n, 0);
+  CUBOID_MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, mpi->native()));
+  for (std::size_t i = 1; i < n; ++i) displs[i] = displs[i - 1] + lens[i - 1];
+  std::string all(world.rank() == 0 ? static_cast<std::size_t>(displs.back() + lens.back()) : 0, '\0');
+  CUBOID_MPI_CHECK(MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0,
+                               mpi->native()));
+  std::vector<std::string> out;
+  if (world.rank() == 0)
+    for (std::size_t i = 0; i < n; ++i)
+      out.push_back(all.substr(static_cast<std::size_t>(displs[i]), static_cast<std::size_t>(lens[i])));
+  return out;
+}
+
+exec::Communicator* group_comm(exec::ProcessGroups& g, Group kind) {
+  switch (kind) {
+    case Group::tp: return g.tp.get();
+    case Group::pp: return g.pp.get();
+    case Group::dp: return g.dp.get();
+    case Group::none: break;
+  }
+  return g.world.get();
+}
+
+std::string device_name(exec::Backend& be) {
+#if defined(CUBOID_EXEC_HAVE_CUDA)
+  if (auto* cuda = dynamic_cast<exec::CudaBackend*>(&be)) return cuda->device_info().name;
+#endif
+  return be.name() == "cpu" ? "cpu (one core per rank)" : std::string(be.name());
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path, "", "cannot be read", "check the path");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InputError(path, "", std::string("is not JSON: ") + e.what(), "fix the file");
+  }
+}
+
+// The input card's JSON with the calibration added; a "gpu" given as a path
+// relative to the input card is inlined so the new card works from anywhere.
+nlohmann::json calibrated_card(const CalibrateOptions& o, const Calibration& cal, const std::string& when) {
+  nlohmann::json card = read_json_file(o.cluster_path);
+  if (card.contains("gpu") && card["gpu"].is_string()) {
+    const std::filesystem::path base = std::filesystem::path(o.cluster_path).parent_path();
+    card["gpu"] = read_json_file((base / card["gpu"].get<std::string>()).string());
+  }
+  const std::string before = card.value("description", "");
+  card["description"] = fmt::format(
+      "Calibrated by cuboid calibrate on {} (backend {}, {}, {} ranks measuring at once; command: {}) from {}{}{}", when,
+      cal.backend, cal.device, cal.ranks, cal.created_by, o.cluster_path, before.empty() ? "" : ": ", before);
+  card["calibration"] = calibration_to_json(cal);
+  return card;
+}
+
+void print_collective_tables(const Combined& c, const std::string& type) {
+  for (const auto& [key, table] : c.collectives) {
+    const bool reduces = key.collective == Collective::all_reduce || key.collective == Collective::reduce_scatter;
+    std::cout << fmt::format("#\n# {}: {} groups of {} ranks ({}), {}\n#\n", to_string(key.collective), table.group,
+                             key.group_size, key.tier, type);
+    std::cout << nccl_table_header();
+    double busbw_sum = 0;
+    for (const CollectiveRow& r : table.rows) {
+      NcclRow row{r.size_bytes, r.count, type, reduces ? "sum" : "none",
+                  key.collective == Collective::broadcast ? 0 : -1, r.time_ns * 1e-3,
+                  bus_factor(key.collective, key.group_size), r.wrong};
+      std::cout << format_nccl_row(row);
+      busbw_sum += algbw_GBps(static_cast<double>(r.size_bytes), row.time_us) * row.bus_factor;
+    }
+    std::cout << fmt::format("# Avg bus bandwidth    : {:.3f} GB/s\n",
+                             table.rows.empty() ? 0.0 : busbw_sum / static_cast<double>(table.rows.size()));
+  }
+}
+
+// Sorted by size and made monotone (isotonic regression of the medians): on
+// an oversubscribed machine a small message can wait for a descheduled
+// partner rank and take longer than a larger one. That is noise, not the
+// curve; the loader still rejects a stored series whose times fall.
+std::vector<SizeSample> monotone(std::vector<SizeSample> samples, const std::string& what,
+                                 std::vector<std::string>& adjusted) {
+  std::stable_sort(samples.begin(), samples.end(),
+                   [](const SizeSample& a, const SizeSample& b) { return a.bytes < b.bytes; });
+  const int changed = make_monotone(samples);
+  if (changed > 0)
+    adjusted.push_back(fmt::format("{}: {} of {} medians pooled (time fell as the size grew)", what, changed,
+                                   samples.size()));
+  return samples;
+}
+
+// Fits every kernel and collective; a fit the reader would reject (e.g. a
+// slope that is not positive) is reported and left out, never written.
+Calibration fit_all(const Combined& c, Calibration cal, std::vector<std::string>& rejected,
+                    std::vector<std::string>& adjusted) {
+  cal.gemms = c.gemms;
+  for (const auto& [name, raw] : c.kernels) {
+    try {
+      const std::vector<SizeSample> samples = monotone(raw, "kernel " + name, adjusted);
+      cal.kernels[name] = fit_kernel(samples, "cuboid calibrate", "kernels." + name);
+    } catch (const InputError& e) {
+      rejected.push_back(fmt::format("kernel {}: {}", name, e.what()));
+    }
+  }
+  for (const auto& [key, table] : c.collectives) {
+    std::vector<SizeSample> samples;
+    for (const CollectiveRow& r : table.rows) samples.push_back(SizeSample{static_cast<double>(r.size_bytes), r.time_ns});
+    const std::string field = fmt::format("collectives.{}.{}.{}", to_string(key.collective), key.tier, key.group_size);
+    samples = monotone(std::move(samples), field, adjusted);
+    try {
+      cal.collectives[key] = fit_collective(key.collective, key.group_size, samples, "cuboid calibrate", field);
+    } catch (const InputError& e) {
+      rejected.push_back(fmt::format("{}: {}", field, e.what()));
+    }
+  }
+  return cal;
+}
+
+void print_fits(const Calibration& cal, const std::vector<std::string>& rejected,
+                const std::vector<std::string>& adjusted) {
+  std::cout << "\nfits: collectives, time = alpha + size * bus_factor / busbw\n";
+  std::cout << fmt::format("{:<16} {:<11} {:>5} {:>10} {:>11} {:>10} {:>8}\n", "collective", "tier", "ranks",
+                           "alpha(us)", "busbw(GB/s)", "max|res|", "samples");
+  for (const auto& [key, f] : cal.collectives)
+    std::cout << fmt::format("{:<16} {:<11} {:>5} {:>10.2f} {:>11.3f} {:>9.1f}% {:>8}\n", to_string(key.collective),
+                             key.tier, key.group_size, f.alpha_ns * 1e-3, f.busbw_GBps,
+                             100 * f.fit.max_abs_residual, f.samples.size());
+  std::cout << "\nfits: memory-bound kernels, time = alpha + bytes / bandwidth (workload bytes)\n";
+  std::cout << fmt::format("{:<20} {:>10} {:>10} {:>10} {:>8}\n", "kernel", "alpha(us)", "GB/s", "max|res|", "samples");
+  for (const auto& [name, k] : cal.kernels)
+    std::cout << fmt::format("{:<20} {:>10.2f} {:>10.3f} {:>9.1f}% {:>8}\n", name, k.fit.alpha_ns * 1e-3,
+                             k.fit.ns_per_byte > 0 ? 1.0 / k.fit.ns_per_byte : 0.0, 100 * k.fit.max_abs_residual,
+                             k.samples.size());
+  if (!cal.gemms.empty()) {
+    auto tflops = [](const GemmSample& s) {
+      return 2.0 * static_cast<double>(s.m * s.n) * static_cast<double>(s.k * s.batch) / s.time_ns * 1e-3;
+    };
+    const auto [lo, hi] = std::minmax_element(cal.gemms.begin(), cal.gemms.end(),
+                                              [&](const GemmSample& a, const GemmSample& b) { return tflops(a) < tflops(b); });
+    std::cout << fmt::format("\nGEMM: {} shapes; achieved TFLOP/s per rank: best {:.4f} ({}x{}x{} batch {}), "
+                             "worst {:.4f} ({}x{}x{} batch {})\n",
+                             cal.gemms.size(), tflops(*hi), hi->m, hi->n, hi->k, hi->batch, tflops(*lo), lo->m, lo->n,
+                             lo->k, lo->batch);
+  }
+  for (const std::string& a : adjusted) std::cout << "made monotone (isotonic regression): " << a << "\n";
+  for (const std::string& r : rejected) std::cout << "not calibrated (fit rejected, the datasheet model stays): " << r << "\n";
+}
+
+}  // namespace
+
+int run_calibrate(const CalibrateOptions& o) {
+  if (o.timeout_s <= 0) throw InputError(kCl, "--timeout-s", "must be positive", "give a timeout in seconds, e.g. 300");
+  if (o.out_path.empty()) throw InputError(kCl, "--out", "is required", "give --out calibrated.json");
+  const std::vector<std::int64_t> sizes =
+      size_ladder(kMinCollectiveBytes, o.quick ? std::min<std::int64_t>(o.max_size_bytes, 1 << 20) : o.max_size_bytes,
+                  o.quick ? 16 : 2, "--max-size");
+  const Cluster cluster = load_cluster(o.cluster_path);
+  const exec::LaunchInfo launch = exec::detect_launch(exec::process_environment());
+  const std::vector<Job> jobs = load_jobs(o, cluster, launch.world_size);
+  exec::World world = exec::start_world(launch, o.backend);
+  for (const Job& j : jobs) exec::check_world_size(world.comm->size(), j.plan, j.source);
+
+  exec::BackendOptions bo;
+  bo.device = launch.local_rank;
+  std::unique_ptr<exec::Backend> backend = exec::make_backend(o.backend, bo);
+  std::unique_ptr<exec::Communicator> comm = std::move(world.comm);
+  exec::Watchdog watchdog(*comm, o.timeout_s);
+  const int rank = comm->rank();
+  const auto t0 = std::chrono::steady_clock::now();
+
+  RankResults mine;
+  mine.rank = rank;
+  // GEMMs: every shape of every plan, and the grid around them.
+  std::set<GemmProblem> base;
+  for (const Job& j : jobs)
+    for (const GemmProblem& p : plan_gemm_problems(j.model, j.plan)) base.insert(p);
+  GemmSweepOptions go;
+  if (o.quick) go = GemmSweepOptions{std::size_t{64} << 20, 1, 3, 5, 2};
+  mine.gemms = run_gemm_sweep(*backend, *comm, gemm_grid({base.begin(), base.end()}, o.quick), go, &watchdog);
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  const double gemm_s = since(t0);
+  double kernel_s = 0, collective_s = 0;
+
+  // Kernels and collectives, on each plan's own process groups.
+  std::set<std::pair<int, std::string>> swept;  // (group size, tier) already measured
+  KernelSweepOptions ko;
+  ko.quick = o.quick;
+  if (o.quick) ko.measured_steps = 3;
+  CollectiveSweepOptions co;
+  if (o.quick) co = CollectiveSweepOptions{2, 5, 9, std::int64_t{1} << 20};
+  for (const Job& j : jobs) {
+    exec::ProcessGroups groups = exec::make_process_groups(std::move(comm), RankMapping(j.plan, cluster.gpus_per_node));
+    const auto tk = std::chrono::steady_clock::now();
+    const std::vector<KernelMeasurement> k =
+        run_kernel_sweep(*backend, groups.tp.get(), *groups.world, j.model, j.plan, ko, &watchdog);
+    mine.kernels.insert(mine.kernels.end(), k.begin(), k.end());
+    const std::vector<KernelMeasurement> a = run_optimizer_sweep(*backend, *groups.world, j.model, j.plan, ko, &watchdog);
+    mine.kernels.insert(mine.kernels.end(), a.begin(), a.end());
+    kernel_s += since(tk);
+    const auto tc = std::chrono::steady_clock::now();
+    for (const GroupShape& shape : plan_group_shapes(j.plan, cluster.gpus_per_node)) {
+      if (!swept.insert({shape.size, shape.tier}).second) continue;
+      groups.world->barrier();
+      for (const CollectiveMeasurement& m :
+           run_collective_sweep(*backend, *group_comm(groups, shape.group), sizes, co, &watchdog))
+        mine.collectives.push_back(
+            CollectiveRecord{CollectiveKey{m.collective, shape.tier, shape.size}, std::string(to_string(shape.group)), m});
+    }
+    collective_s += since(tc);
+    comm = std::move(groups.world);
+  }
+
+  const std::vector<std::string> all = gather_to_root(*comm, to_json(mine).dump());
+  if (rank != 0) return 0;
+  std::vector<RankResults> ranks;
+  nlohmann::json raw = nlohmann::json::array();
+  for (const std::string& text : all) {
+    raw.push_back(nlohmann::json::parse(text));
+    ranks.push_back(rank_results_from_json(raw.back()));
+  }
+  const Combined combined = combine(ranks);
+  std::cout << fmt::format("cuboid calibrate: {} ranks, backend {}, {} plan(s); {} GEMM shapes, {} kernels, {} "
+                           "collective tables in {:.1f} s (GEMMs {:.1f} s, kernels {:.1f} s, collectives {:.1f} s)\n",
+                           comm->size(), backend->name(), jobs.size(), combined.gemms.size(), combined.kernels.size(),
+                           combined.collectives.size(), since(t0), gemm_s, kernel_s, collective_s);
+  const std::string type = backend->compute_dtype() == exec::DType::bf16 ? "bfloat16" : "float";
+  print_collective_tables(combined, type);
+
+  Calibration cal;
+  cal.backend = std::string(backend->name());
+  cal.device = device_name(*backend);
+  cal.created_by = o.command_line.empty() ? std::string("cuboid ") + CUBOID_VERSION : o.command_line;
+  cal.ranks = comm->size();
+  cal.activation_bytes_per_element = static_cast<int>(exec::dtype_bytes(backend->compute_dtype()));
+  std::vector<std::string> rejected, adjusted;
+  cal = fit_all(combined, std::move(cal), rejected, adjusted);
+  print_fits(cal, rejected, adjusted);
+
+  const std::string when = fmt::format("{:%Y-%m-%d %H:%M:%S} UTC", fmt::gmtime(std::chrono::system_clock::now()));
+  if (!o.raw_path.empty())
+    write_file_atomically(o.raw_path, nlohmann::json{{"schema", "cuboid.calibration-raw/1"},
+                                                     {"created", when},
+                                                     {"backend", cal.backend},
+                                                     {"ranks", raw}}
+                                              .dump(1) +
+                                          "\n");
+  if (combined.wrong > 0) {
+    std::cerr << fmt::format("cuboid: calibrate FAILED: {} elements of the collectives' results were wrong (see "
+                             "#wrong); the card was not written\n",
+                             combined.wrong);
+    return 1;
+  }
+  const nlohmann::json card = calibrated_card(o, cal, when);
+  // The card must load before it is written (the reader refits and checks everything).
+  (void)cluster_from_json(card, o.out_path, std::filesystem::path(o.out_path).parent_path());
+  write_file_atomically(o.out_path, card.dump(2) + "\n");
+  std::cout << "calibrated cluster card written to " << o.out_path << "\n";
+  return 0;
+}
+
+}  // namespace cuboid::calibrate

@@ -1,0 +1,112 @@
+// Memory-bound kernels timed inside the executor's layer at scaled sizes.
+#include "cuboid/calibrate/kernel_sweep.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "cuboid/calibrate/gemm_sweep.hpp"
+#include "cuboid/calibrate/sweep_plan.hpp"
+#include "cuboid/exec/layer.hpp"
+#include "exec/op_timer.hpp"
+
+namespace cuboid::calibrate {
+
+namespace {
+
+constexpr float kDropout = 0.1f;  // the step runner's default (StepOptions)
+
+std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
+
+// Per-call median of every memory-bound op of one layer forward + backward.
+std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* tp, const exec::LayerDims& d,
+                                         const KernelSweepOptions& o, exec::Watchdog* watchdog) {
+  exec::OpTimer timer(be, watchdog);
+  exec::LayerRunner runner(be, tp, d, timer);
+  const std::size_t n_params = exec::layer_param_count(d);
+  exec::DeviceBuffer params = be.alloc(n_params), grads = be.alloc(n_params);
+  const exec::LayerParams w = exec::layer_params_at(params, 0, d);
+  const exec::LayerParams g = exec::layer_params_at(grads, 0, d);
+  exec::init_layer_params(be, w, 99);
+  be.fill(grads, 0.0f);
+  const std::size_t act = sz(d.local_tokens * d.hidden);
+  exec::DeviceBuffer x = be.alloc(act), y = be.alloc(act), dy = be.alloc(act), dx = be.alloc(act);
+  be.fill_random(x, 5, 1.0f);
+  be.fill_random(dy, 6, 1e-2f);
+  exec::LayerActs acts = runner.make_acts(exec::AttentionMemory::keep_probs);
+  for (int i = 0; i < o.warmup_steps + o.measured_steps; ++i) {
+    timer.begin_step(i >= o.warmup_steps);
+    const auto seed = static_cast<std::uint64_t>(i);
+    runner.forward(w, x, acts, y, seed, exec::AttentionMemory::keep_probs);
+    runner.backward(w, g, x, acts, dy, dx, seed, exec::AttentionMemory::keep_probs);
+    timer.end_step();
+  }
+  std::map<std::string, double> per_call;
+  for (const auto& [name, st] : timer.stats()) {
+    if (st.desc.kind != OpKind::memory_bound || st.calls_per_step <= 0) continue;
+    per_call[name] = median_of(st.step_seconds) * 1e9 / static_cast<double>(st.calls_per_step);
+  }
+  return per_call;
+}
+
+}  // namespace
+
+std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communicator* tp, exec::Communicator& world,
+                                                const ModelSpec& model, const ParallelPlan& plan,
+                                                const KernelSweepOptions& o, exec::Watchdog* watchdog) {
+  const std::int64_t seq = plan.seq_length > 0 ? plan.seq_length : model.seq_length;
+  std::vector<KernelMeasurement> out;
+  for (const KernelScale& k : kernel_scales(plan, seq, o.quick)) {
+    ParallelPlan scaled = plan;
+    scaled.micro_batch = k.micro_batch;
+    scaled.seq_length = k.seq_length;
+    std::map<std::string, double> bytes;  // workload name -> Op::bytes (first occurrence)
+    for (const Op& op : executor_workload_ops(model, scaled))
+      if (op.kind == OpKind::memory_bound) bytes.try_emplace(op.name, op.bytes);
+    world.barrier();
+    const std::map<std::string, double> times = time_layer(be, tp, exec::layer_dims(model, scaled, kDropout), o, watchdog);
+    for (const auto& [name, t] : times) {
+      const auto it = bytes.find(name);
+      if (it != bytes.end() && it->second > 0) out.push_back(KernelMeasurement{name, it->second, t});
+    }
+  }
+  return out;
+}
+
+std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Communicator& world,
+                                                   const ModelSpec& model, const ParallelPlan& plan,
+                                                   const KernelSweepOptions& o, exec::Watchdog* watchdog) {
+  // This rank's shard: its stage's layers (embedding and head left out: the
+  // layers dominate), divided over DP by the distributed optimizer.
+  const exec::LayerDims d = exec::layer_dims(model, plan, kDropout);
+  std::size_t shard = exec::layer_param_count(d) * static_cast<std::size_t>(std::max<std::int64_t>(1, model.num_layers / plan.pp));
+  if (plan.zero_stage >= 1) shard /= static_cast<std::size_t>(plan.dp);
+  const std::vector<double> scales = o.quick ? std::vector<double>{0.5, 1, 2} : std::vector<double>{0.25, 0.5, 1, 2, 4};
+  const auto largest = static_cast<std::size_t>(static_cast<double>(shard) * scales.back());
+  exec::DeviceBuffer params = be.alloc(largest, exec::DType::f32), m = be.alloc(largest, exec::DType::f32),
+                     v = be.alloc(largest, exec::DType::f32), grads = be.alloc(largest);
+  be.fill_random(params, 1, 0.02f);
+  be.fill_random(grads, 2, 1e-3f);
+  be.fill(m, 0.0f);
+  be.fill(v, 0.0f);
+  exec::TimerEvent start = be.create_event(), stop = be.create_event();
+  const exec::AdamConfig adam;
+  std::vector<KernelMeasurement> out;
+  std::int64_t step = 1;
+  for (double s : scales) {
+    const auto n = std::max<std::size_t>(1, static_cast<std::size_t>(static_cast<double>(shard) * s));
+    world.barrier();
+    if (watchdog != nullptr) watchdog->enter("adam");
+    std::vector<double> times;
+    for (int i = 0; i < o.warmup_steps + o.measured_steps; ++i) {
+      be.record(start);
+      be.adam_step(params.subspan(0, n), grads.subspan(0, n), m.subspan(0, n), v.subspan(0, n), adam, step++);
+      be.record(stop);
+      if (i >= o.warmup_steps) times.push_back(static_cast<double>(be.elapsed_ns(start, stop)));
+    }
+    if (watchdog != nullptr) watchdog->leave();
+    out.push_back(KernelMeasurement{"adam", static_cast<double>(n) * kAdamBytesPerParam, median_of(std::move(times))});
+  }
+  return out;
+}
+
+}  // namespace cuboid::calibrate

@@ -1,0 +1,156 @@
+// cuboid calibrate's pure parts: what it measures for a plan (GEMM shapes,
+// grid, kernel scales, size ladder, group shapes), the nccl-tests row format,
+// and the cross-rank combination of results.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "cuboid/calibrate/collective_sweep.hpp"
+#include "cuboid/calibrate/nccl_table.hpp"
+#include "cuboid/calibrate/results.hpp"
+#include "cuboid/calibrate/sweep_plan.hpp"
+#include "cuboid/error.hpp"
+
+using namespace cuboid;
+using namespace cuboid::calibrate;
+
+namespace {
+
+ModelSpec tiny() {
+  ModelSpec m;
+  m.name = "tiny";
+  m.num_layers = 4;
+  m.hidden_size = 256;
+  m.num_attention_heads = 8;
+  m.num_kv_heads = 8;
+  m.head_dim = 32;
+  m.ffn_hidden_size = 1024;
+  m.vocab_size = 1024;
+  m.seq_length = 128;
+  return m;
+}
+
+ParallelPlan tp2() {
+  ParallelPlan p;
+  p.tp = 2;
+  p.micro_batch = 1;
+  p.global_batch = 4;
+  p.seq_length = 128;
+  p.sequence_parallel = true;
+  return p;
+}
+
+bool has(const std::vector<GemmProblem>& v, GemmProblem p) { return std::find(v.begin(), v.end(), p) != v.end(); }
+
+}  // namespace
+
+TEST_CASE("the GEMM shapes of a TP 2 plan are the executor's, forward and backward, deduplicated") {
+  const std::vector<GemmProblem> s = plan_gemm_problems(tiny(), tp2());
+  // T = 128 tokens, h = 256, QKV columns 3 * 256 / 2, FFN 1024 / 2, heads 8 / 2.
+  CHECK(has(s, {128, 384, 256, 1}));   // qkv
+  CHECK(has(s, {128, 256, 384, 1}));   // qkv_dgrad
+  CHECK(has(s, {256, 384, 128, 1}));   // qkv_wgrad
+  CHECK(has(s, {128, 512, 256, 1}));   // fc1
+  CHECK(has(s, {512, 256, 128, 1}));   // fc2_wgrad
+  CHECK(has(s, {128, 128, 32, 4}));    // attn_qk (unfused, as the executor runs it)
+  CHECK(has(s, {128, 512, 256, 1}));   // logits: vocab 1024 / 2 (same shape as fc1)
+  CHECK(std::is_sorted(s.begin(), s.end()));
+  CHECK(std::adjacent_find(s.begin(), s.end()) == s.end());
+}
+
+TEST_CASE("the GEMM grid brackets every shape by x1/2 and x2 in each dimension") {
+  const std::vector<GemmProblem> g = gemm_grid({{128, 384, 256, 1}, {128, 128, 32, 4}}, false);
+  CHECK(has(g, {64, 192, 128, 1}));
+  CHECK(has(g, {256, 768, 512, 1}));
+  CHECK(has(g, {128, 768, 256, 1}));
+  CHECK(has(g, {64, 128, 32, 2}));
+  CHECK(has(g, {128, 128, 32, 8}));
+  CHECK_FALSE(has(g, {128, 384, 256, 2}));  // batch 1 stays 1
+  CHECK(g.size() == 27 + 81);
+  const std::vector<GemmProblem> q = gemm_grid({{1, 4, 4, 1}}, false);
+  CHECK(std::all_of(q.begin(), q.end(), [](const GemmProblem& p) { return p.m >= 1; }));
+  CHECK(gemm_grid({{128, 384, 256, 1}}, true).size() == 2);
+}
+
+TEST_CASE("the collective size ladder runs from 1 KiB to the cap and ends on it") {
+  const auto l = size_ladder(1024, std::int64_t{256} << 20, 2, "--max-size");
+  CHECK(l.size() == 19);
+  CHECK(l.front() == 1024);
+  CHECK(l.back() == std::int64_t{256} << 20);
+  CHECK(size_ladder(1024, 5000, 4, "--max-size") == std::vector<std::int64_t>{1024, 4096, 5000});
+  CHECK_THROWS_WITH_AS(size_ladder(1024, 512, 2, "--max-size"),
+                       "command line: --max-size: 512 bytes is below the smallest size measured (1024 bytes) "
+                       "(fix: give at least 1024)",
+                       InputError);
+}
+
+TEST_CASE("kernel sizes scale the tokens x1/4 .. x4, keeping SP's sequence a multiple of TP") {
+  const auto k = kernel_scales(tp2(), 128, false);
+  REQUIRE(k.size() == 5);
+  CHECK(k[0].seq_length == 32);
+  CHECK(k[2].seq_length == 128);
+  CHECK(k[4].micro_batch == 4);
+  ParallelPlan odd = tp2();
+  odd.tp = 4;
+  const auto q = kernel_scales(odd, 6, true);  // 6/2 = 3 -> 0 -> clamped to 4
+  CHECK(q.front().seq_length == 4);
+  CHECK(std::all_of(q.begin(), q.end(), [](const KernelScale& s) { return s.seq_length % 4 == 0; }));
+}
+
+TEST_CASE("group shapes come from the rank mapping: TP inside a node, PP across nodes") {
+  ParallelPlan p = tp2();
+  p.pp = 2;
+  const auto g = plan_group_shapes(p, 2);  // 2 ranks per node: TP fills a node, the stages are on two nodes
+  REQUIRE(g.size() == 2);
+  CHECK(g[0] == GroupShape{Group::tp, 2, "intra_node"});
+  CHECK(g[1] == GroupShape{Group::pp, 2, "inter_node"});
+  CHECK(plan_group_shapes(p, 4)[1].tier == "intra_node");
+}
+
+TEST_CASE("nccl-tests rows: algbw = size / time, busbw = algbw x bus factor") {
+  NcclRow r{1048576, 262144, "float", "sum", -1, 500.0, 1.0, 0};  // 1 MiB in 500 us
+  CHECK(format_nccl_row(r) == "     1048576        262144     float     sum      -1    500.0    2.10    2.10       0\n");
+  r.bus_factor = 1.5;
+  r.time_us = 12.5;
+  r.wrong = 3;
+  CHECK(format_nccl_row(r) == "     1048576        262144     float     sum      -1    12.50   83.89  125.83       3\n");
+  r.time_us = 123456;
+  CHECK(format_nccl_row(r).find("  123456  ") != std::string::npos);
+  CHECK(nccl_table_header().rfind("#       size         count      type   redop    root     time   algbw   busbw", 0) == 0);
+}
+
+TEST_CASE("collective counts round to the group like nccl-tests") {
+  CHECK(collective_count(Collective::all_reduce, 1024, 4, 3).total == 256);
+  const CollectiveCount rs = collective_count(Collective::reduce_scatter, 1024, 4, 3);
+  CHECK(rs.total == 255);
+  CHECK(rs.column == 85);
+  CHECK(collective_count(Collective::all_gather, 4, 4, 8).total == 8);  // at least one element per rank
+}
+
+TEST_CASE("ranks combine: GEMM and kernel medians, the slowest rank for a collective, wrong counts add up") {
+  RankResults a, b, c;
+  a.rank = 0, b.rank = 1, c.rank = 2;
+  a.gemms = {{8, 8, 8, 1, 100}};
+  b.gemms = {{8, 8, 8, 1, 300}};
+  c.gemms = {{8, 8, 8, 1, 200}};
+  a.kernels = {{"act", 1000, 10}, {"act", 2000, 20}};
+  b.kernels = {{"act", 1000, 30}};
+  const CollectiveKey key{Collective::all_reduce, "intra_node", 3};
+  a.collectives = {{key, "tp", {Collective::all_reduce, 1024, 256, 5000, 0}}};
+  b.collectives = {{key, "tp", {Collective::all_reduce, 1024, 256, 7000, 2}}};
+  c.collectives = {{key, "tp", {Collective::all_reduce, 1024, 256, 6000, 1}}};
+  std::vector<RankResults> all;
+  for (const RankResults& r : {a, b, c}) all.push_back(rank_results_from_json(to_json(r)));  // JSON round trip
+  const Combined m = combine(all);
+  REQUIRE(m.gemms.size() == 1);
+  CHECK(m.gemms[0].time_ns == 200);
+  REQUIRE(m.kernels.at("act").size() == 2);
+  CHECK(m.kernels.at("act")[0].time_ns == 20);  // median of 10 and 30
+  CHECK(m.kernels.at("act")[1].bytes == 2000);
+  const CollectiveTable& t = m.collectives.at(key);
+  REQUIRE(t.rows.size() == 1);
+  CHECK(t.rows[0].time_ns == 7000);
+  CHECK(t.rows[0].wrong == 3);
+  CHECK(m.wrong == 3);
+  CHECK(t.group == "tp");
+}

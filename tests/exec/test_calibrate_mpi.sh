@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# cuboid calibrate under mpirun -np 2 on the tiny model's TP 2 plan (--quick):
+# the nccl-tests tables and the fits are printed, no collective result is
+# wrong, the calibrated card loads in cuboid simulate, the raw samples are
+# well-formed; a plan for another world size is refused (exit 2).
+# Usage: test_calibrate_mpi.sh CUBOID_BINARY (run from the source root).
+set -u
+CUBOID=${1:?usage: test_calibrate_mpi.sh path/to/cuboid}
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x OPENBLAS_NUM_THREADS=1)
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+pass() { echo "ok: $*"; }
+
+CPU2=topologies/localhost-cpu.json
+"$CUBOID" plan --model models/tiny.json --cluster "$CPU2" --nodes 1 --global-batch 4 --micro-batch 1 \
+  --tp 2 --pp 1 --dp 1 --sequence-parallel on --out "$TMP/tp2.json" >"$TMP/plan.log" 2>&1 || fail "plan tp2"
+CPU4=tests/data/clusters/localhost-cpu-4.json
+"$CUBOID" plan --model models/tiny.json --cluster "$CPU4" --nodes 1 --global-batch 4 --micro-batch 1 \
+  --tp 2 --pp 2 --dp 1 --schedule 1f1b --out "$TMP/four.json" >"$TMP/plan4.log" 2>&1 || fail "plan 4 ranks"
+
+start=$(date +%s)
+if timeout 120 "${MPIRUN[@]}" -np 2 "$CUBOID" calibrate --backend cpu --plan "$TMP/tp2.json" --cluster "$CPU2" \
+    --quick --timeout-s 60 --out "$TMP/cal.json" --raw "$TMP/raw.json" >"$TMP/cal.log" 2>&1; then
+  pass "calibrate --quick, 2 ranks ($(( $(date +%s) - start )) s)"
+else
+  fail "calibrate exit $?"; tail -30 "$TMP/cal.log"
+fi
+
+# The nccl-tests table: header, one row per size with 9 columns, and no wrong element.
+grep -q "#       size         count      type   redop    root     time   algbw   busbw" "$TMP/cal.log" \
+  && pass "nccl-tests header" || fail "no nccl-tests header"
+for c in all_reduce reduce_scatter all_gather broadcast send_recv; do
+  grep -q "^# $c: tp groups of 2 ranks (intra_node), float" "$TMP/cal.log" && pass "table $c" || fail "no $c table"
+done
+awk '/^ +[0-9]+ +[0-9]+ +float/ { rows++; if (NF != 9 || $9 != 0) bad++ } END { exit !(rows >= 20 && bad == 0) }' \
+  "$TMP/cal.log" && pass "table rows well-formed, #wrong 0" || fail "table rows: $(grep -c float "$TMP/cal.log") rows"
+# Every collective is fitted or reported as rejected (a noisy machine may give a
+# time that falls as the size grows; the reader refuses such a fit).
+grep -q "^collective *tier *ranks *alpha(us) busbw(GB/s)" "$TMP/cal.log" || fail "no collective fit table"
+for c in all_reduce reduce_scatter all_gather broadcast send_recv; do
+  grep -Eq "^$c +intra_node +2 |not calibrated .*collectives\.$c\.intra_node\.2:" "$TMP/cal.log" \
+    && pass "fit $c" || fail "collective $c neither fitted nor rejected"
+done
+grep -Eq "^norm_in +[0-9.]+ +[0-9.]+ |not calibrated .*kernel norm_in:" "$TMP/cal.log" && pass "kernel fit" \
+  || fail "kernel norm_in neither fitted nor rejected"
+grep -q "^GEMM: [0-9]* shapes; achieved TFLOP/s" "$TMP/cal.log" && pass "GEMM summary" || fail "no GEMM summary"
+# Pooled (isotonic) series are reported as such, e.g. "made monotone (isotonic regression): kernel act_bwd: 2 of 3 medians pooled ...".
+if grep -q "^made monotone" "$TMP/cal.log"; then
+  grep -Eq "^made monotone \(isotonic regression\): .+: [0-9]+ of [0-9]+ medians pooled \(time fell as the size grew\)$" \
+    "$TMP/cal.log" && pass "isotonic adjustments reported" || fail "made-monotone line malformed"
+fi
+
+python3 - "$TMP/cal.json" "$TMP/raw.json" <<'PY' && pass "card and raw samples well-formed" || fail "card / raw"
+import json, sys
+card, raw = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+cal = card["calibration"]
+assert cal["schema"] == "cuboid.calibration/1", cal["schema"]
+assert "calibrated by cuboid calibrate" in card["description"].lower(), card["description"]
+assert card["gpus_per_node"]["value"] == 2  # the input card is kept
+assert cal["activation_bytes_per_element"] == 4, cal.get("activation_bytes_per_element")  # cpu: f32
+# Stored series are monotone (calibrate pools noisy medians; the loader checks).
+for series in list(cal["kernels"].values()) + cal["collectives"]:
+    t = [x["time_us"] for x in series["samples"]]
+    assert all(a <= b for a, b in zip(t, t[1:])), t
+assert len(raw["ranks"]) == 2
+for r in raw["ranks"]:
+    assert len(r["gemms"]) > 0 and all(g[4] > 0 for g in r["gemms"])
+    names = {k[0] for k in r["kernels"]}
+    for op in ("norm_in", "act", "attn_softmax_bwd", "drop_add_mlp"):
+        assert op in names, (op, names)
+    assert all(c["wrong"] == 0 and c["time_ns"] > 0 for c in r["collectives"])
+PY
+
+if "$CUBOID" simulate --plan "$TMP/tp2.json" --cluster "$TMP/cal.json" >"$TMP/sim.log" 2>&1; then
+  pass "simulate with the calibrated card"
+else
+  fail "simulate with the calibrated card: $(tail -3 "$TMP/sim.log")"
+fi
+
+# A plan for 4 ranks under 2 ranks: refused (exit 2) before any measurement.
+timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" calibrate --backend cpu --plan "$TMP/four.json" --cluster "$CPU4" --quick \
+  --out "$TMP/bad.json" >"$TMP/bad.log" 2>&1
+rc=$?
+if [ "$rc" -eq 2 ] && grep -q "the plan needs TP 2 x PP 2 x DP 1 = 4 ranks but 2 were launched" "$TMP/bad.log" \
+    && [ ! -e "$TMP/bad.json" ]; then
+  pass "wrong world size refused"
+else
+  fail "wrong world size: exit $rc: $(tail -3 "$TMP/bad.log")"
+fi
+
+[ "$failures" -eq 0 ] && echo "all calibrate MPI tests passed" || echo "$failures calibrate MPI test(s) failed"
+exit $((failures > 0))
