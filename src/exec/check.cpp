@@ -114,9 +114,19 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& r
   return max_diff / max_ref;
 }
 
-double world_max(Communicator& world, double v) {
+// Every rank must reach the same verdict (or some would run on while others stop).
+double world_max(Backend& be, Communicator& world, double v) {
   if (auto* mpi = dynamic_cast<MpiCommunicator*>(&world)) return mpi->all_reduce_max(v);
-  return v;
+  if (world.size() == 1) return v;
+  // NCCL has no host max: gather every rank's value (as f32) on the device.
+  DeviceBuffer mine = be.alloc(1, DType::f32);
+  DeviceBuffer all = be.alloc(static_cast<std::size_t>(world.size()), DType::f32);
+  be.upload({static_cast<float>(v)}, mine);
+  world.all_gather(mine, all, 1);
+  const std::vector<float> values = be.download(all);
+  double out = v;
+  for (float x : values) out = std::isnan(x) ? INFINITY : std::max(out, static_cast<double>(x));
+  return out;
 }
 
 }  // namespace
@@ -175,8 +185,8 @@ CheckResult check_sharded_forward(Backend& be, ProcessGroups& groups, const Mode
   };
   out.attention_error = relative_error(minus_x(be.download(sharded_acts.mid)), minus_x(part(reference_acts.mid)));
   out.layer_error = relative_error(be.download(y_local), part(y_full));
-  out.attention_error = world_max(*groups.world, out.attention_error);
-  out.layer_error = world_max(*groups.world, out.layer_error);
+  out.attention_error = world_max(be, *groups.world, out.attention_error);
+  out.layer_error = world_max(be, *groups.world, out.layer_error);
   return out;
 }
 

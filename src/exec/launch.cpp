@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -13,7 +14,12 @@
 
 #include "cuboid/error.hpp"
 #include "cuboid/exec/exec_error.hpp"
+#include "cuboid/exec/host_exchange.hpp"
 #include "cuboid/exec/mpi_comm.hpp"
+#include "cuboid/exec/tcp_store.hpp"
+#if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
+#include "cuboid/exec/cuda_backend.hpp"
+#endif
 
 namespace cuboid::exec {
 
@@ -79,6 +85,8 @@ LaunchInfo detect_launch(const EnvLookup& env) {
       info.world_size = std::max(1, env_int(env, "SLURM_NTASKS", 1));
       info.rank = std::max(0, env_int(env, "PMIX_RANK", 0));
     }
+    // srun's PMI / PMIx say nothing of the node-local rank; Slurm does.
+    if (!env("OMPI_COMM_WORLD_LOCAL_RANK")) info.local_rank = std::max(0, env_int(env, "SLURM_LOCALID", 0));
     return info;
   }
   if (env("WORLD_SIZE") || env("RANK")) {
@@ -96,6 +104,9 @@ LaunchInfo detect_launch(const EnvLookup& env) {
     info.world_size = std::max(1, env_int(env, "SLURM_NTASKS", 1));
     info.rank = std::max(0, env_int(env, "SLURM_PROCID", 0));
     info.local_rank = std::max(0, env_int(env, "SLURM_LOCALID", 0));
+    // Slurm has no rendezvous address of its own: the job script exports rank 0's host.
+    info.master_addr = env("MASTER_ADDR").value_or("");
+    info.master_port = std::max(0, env_int(env, "MASTER_PORT", 1));
     check_rank(info, "SLURM_PROCID", "SLURM_NTASKS");
     return info;
   }
@@ -164,6 +175,8 @@ class SelfCommunicator final : public Communicator {
   void send_recv_impl(ConstDeviceSpan, std::size_t, int, DeviceSpan, std::size_t, int, int) override {
     no_peer("send_recv");
   }
+  std::unique_ptr<CommRequest> isend_impl(ConstDeviceSpan, std::size_t, int, int) override { no_peer("isend"); }
+  std::unique_ptr<CommRequest> irecv_impl(DeviceSpan, std::size_t, int, int) override { no_peer("irecv"); }
 
  private:
   // Standalone runs use the CPU backend, whose memory is host memory.
@@ -184,7 +197,9 @@ World::World() = default;
 World::World(World&&) noexcept = default;
 World& World::operator=(World&&) noexcept = default;
 World::~World() {
-  comm.reset();  // communicators are freed before MPI_Finalize
+  // Communicators and the exchange are freed before MPI_Finalize (mpi goes last).
+  comm.reset();
+  exchange.reset();
 }
 
 std::string host_name() {
@@ -193,31 +208,125 @@ std::string host_name() {
   return name;
 }
 
-World start_world(const LaunchInfo& launch, std::string_view backend) {
+namespace {
+
+[[noreturn]] void refuse_without_mpi(const LaunchInfo& launch, const std::string& why) {
+  const std::string var = launch.launcher == Launcher::slurm ? "SLURM_NTASKS" : "WORLD_SIZE";
+  throw InputError("environment", var,
+                   var + "=" + std::to_string(launch.world_size) + " asks for " + std::to_string(launch.world_size) +
+                       " ranks but " + why + ", and this process was not started by an MPI launcher",
+                   "launch with mpirun -np " + std::to_string(launch.world_size) +
+                       " (or srun --mpi=pmix), or run one rank without " + var);
+}
+
+}  // namespace
+
+World start_world(const LaunchInfo& launch, std::string_view backend, double timeout_s) {
   World w;
   w.launch = launch;
   w.hostname = host_name();
   if (launch.launcher == Launcher::mpi) {
     w.mpi = std::make_shared<MpiEnvironment>(nullptr, nullptr);
-    w.comm = std::make_unique<MpiCommunicator>(MpiCommunicator::world());
-    w.launch.rank = w.comm->rank();
-    w.launch.world_size = w.comm->size();
+    w.exchange = make_mpi_exchange();
+    w.launch.rank = w.exchange->rank();
+    w.launch.world_size = w.exchange->size();
     return w;
   }
-  if (launch.world_size > 1) {
-    const std::string var = launch.launcher == Launcher::slurm ? "SLURM_NTASKS" : "WORLD_SIZE";
-    const std::string why = backend == "cpu"
-                                ? "the cpu backend's collectives are MPI, and this process was not started by an MPI launcher"
-                                : "a multi-rank world is bootstrapped with MPI (the NCCL unique id is broadcast over it), "
-                                  "and this process was not started by an MPI launcher";
-    throw InputError("environment", var,
-                     var + "=" + std::to_string(launch.world_size) + " asks for " + std::to_string(launch.world_size) +
-                         " ranks but " + why,
-                     "launch with mpirun -np " + std::to_string(launch.world_size) + " (or srun --mpi=pmix), "
-                     "or run one rank without " + var);
+  if (launch.world_size == 1) {
+    w.exchange = make_self_exchange();
+    return w;
   }
-  w.comm = make_self_communicator();
+  const bool slurm = launch.launcher == Launcher::slurm;
+  const std::string size_var = slurm ? "SLURM_NTASKS" : "WORLD_SIZE";
+  const std::string rank_var = slurm ? "SLURM_PROCID" : "RANK";
+  if (backend == "cpu") refuse_without_mpi(launch, "the cpu backend's collectives are MPI");
+  if (launch.master_addr.empty() || launch.master_port == 0) {
+    const std::string var = launch.master_addr.empty() ? "MASTER_ADDR" : "MASTER_PORT";
+    throw InputError("environment", var,
+                     "is not set, and " + size_var + "=" + std::to_string(launch.world_size) +
+                         " ranks started without MPI meet at rank 0's MASTER_ADDR:MASTER_PORT",
+                     slurm ? "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1) and "
+                             "MASTER_PORT=29500 in the job script, or launch with srun --mpi=pmix"
+                           : "launch with torchrun (it sets both), or set MASTER_ADDR and MASTER_PORT");
+  }
+  TcpStoreOptions o;
+  o.master_addr = launch.master_addr;
+  o.master_port = launch.master_port;
+  o.rank = launch.rank;
+  o.world_size = launch.world_size;
+  o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000.0));
+  o.rank_var = rank_var;
+  o.size_var = size_var;
+  w.exchange = std::make_unique<TcpStore>(o);
   return w;
+}
+
+World start_world(const LaunchInfo& launch, std::string_view backend) {
+  if (launch.launcher != Launcher::mpi && launch.world_size > 1)
+    refuse_without_mpi(launch, "this caller's collectives are MPI");
+  World w = start_world(launch, backend, 300.0);
+  if (w.mpi)
+    w.comm = std::make_unique<MpiCommunicator>(MpiCommunicator::world());
+  else
+    w.comm = make_self_communicator();
+  return w;
+}
+
+void attach_device_world(World& w, Backend& backend) {
+#if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&backend)) {
+    // As nccl-tests does: rank 0 makes the id, every rank gets it, all init together.
+    std::string id(sizeof(NcclUniqueId::bytes), '\0');
+    if (w.exchange->rank() == 0) {
+      const NcclUniqueId made = nccl_unique_id();
+      id.assign(made.bytes.data(), made.bytes.size());
+    }
+    w.exchange->broadcast(id, 0);
+    NcclUniqueId shared;
+    CUBOID_EXEC_REQUIRE(id.size() == shared.bytes.size(), "ncclUniqueId broadcast",
+                        "received " + std::to_string(id.size()) + " bytes");
+    std::copy(id.begin(), id.end(), shared.bytes.begin());
+    w.comm = make_nccl_world(shared, w.exchange->rank(), w.exchange->size(), *cuda);
+    return;
+  }
+#endif
+  CUBOID_EXEC_REQUIRE(backend.name() == "cpu", "attach_device_world",
+                      "no communicator for backend " + std::string(backend.name()));
+  if (w.mpi) {
+    w.comm = std::make_unique<MpiCommunicator>(MpiCommunicator::world());
+  } else {
+    CUBOID_EXEC_REQUIRE(w.exchange->size() == 1, "attach_device_world",
+                        "the cpu backend needs MPI for more than one rank");
+    w.comm = make_self_communicator();
+  }
+}
+
+void require_same_plan(HostExchange& exchange, const std::string& fingerprint, const std::string& plan_source) {
+  // One line per rank: "<fingerprint> <plan file>"; usually all equal.
+  const std::vector<std::string> all = exchange.all_gather(fingerprint + " " + plan_source);
+  auto fingerprint_of = [](const std::string& line) { return line.substr(0, line.find(' ')); };
+  std::vector<std::pair<std::string, std::vector<int>>> variants;  // line -> ranks, in first-seen order
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    auto it = std::find_if(variants.begin(), variants.end(),
+                           [&](const auto& v) { return fingerprint_of(v.first) == fingerprint_of(all[r]); });
+    if (it == variants.end()) it = variants.emplace(variants.end(), all[r], std::vector<int>{});
+    it->second.push_back(static_cast<int>(r));
+  }
+  if (variants.size() == 1) return;
+  std::string problem = "the ranks were not given the same plan and sizes: ";
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    const auto& [line, ranks] = variants[i];
+    std::string who;
+    for (std::size_t k = 0; k < ranks.size() && k < 8; ++k) who += (k ? "," : "") + std::to_string(ranks[k]);
+    if (ranks.size() > 8) who += ",...";
+    const auto space = line.find(' ');
+    problem += (i ? "; " : "") + std::string(ranks.size() == 1 ? "rank " : "ranks ") + who +
+               (ranks.size() == 1 ? " runs " : " run ") + line.substr(space + 1) + " (fingerprint " +
+               line.substr(0, space) + ")";
+  }
+  throw InputError(plan_source, "parallel", problem,
+                   "give every rank the same --plan file and the same --layers, --seq-length, --steps, "
+                   "--warmup, --check and --backend");
 }
 
 }  // namespace cuboid::exec

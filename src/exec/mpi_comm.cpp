@@ -210,4 +210,51 @@ void MpiCommunicator::send_recv_impl(ConstDeviceSpan send_buffer, std::size_t se
                                 comm_, MPI_STATUS_IGNORE));
 }
 
+namespace {
+
+// MPI_Isend / MPI_Irecv in flight. The host waits in wait() (the cpu backend
+// has no streams to order against).
+class MpiRequest final : public CommRequest {
+ public:
+  MpiRequest(MPI_Request request, bool is_recv) : request_(request), is_recv_(is_recv) {}
+  ~MpiRequest() override {
+    if (request_ == MPI_REQUEST_NULL || !mpi_alive()) return;
+    // Given up on (an exception unwinds past it): a receive is cancelled so
+    // its buffer can go; a send finishes on its own.
+    if (is_recv_) {
+      MPI_Cancel(&request_);
+      MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    } else {
+      MPI_Request_free(&request_);
+    }
+  }
+  void wait() override { CUBOID_MPI_CHECK(MPI_Wait(&request_, MPI_STATUS_IGNORE)); }
+  bool test() override {
+    int done = 0;
+    CUBOID_MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
+    return done != 0;
+  }
+
+ private:
+  MPI_Request request_;
+  bool is_recv_;
+};
+
+}  // namespace
+
+std::unique_ptr<CommRequest> MpiCommunicator::isend_impl(ConstDeviceSpan buffer, std::size_t count, int peer,
+                                                         int tag) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  CUBOID_MPI_CHECK(MPI_Isend(buffer.native(), mpi_count(count, "isend"), mpi_type(buffer.dtype(), false, "isend"),
+                             peer, tag, comm_, &request));
+  return std::make_unique<MpiRequest>(request, false);
+}
+
+std::unique_ptr<CommRequest> MpiCommunicator::irecv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  CUBOID_MPI_CHECK(MPI_Irecv(buffer.native(), mpi_count(count, "irecv"), mpi_type(buffer.dtype(), false, "irecv"),
+                             peer, tag, comm_, &request));
+  return std::make_unique<MpiRequest>(request, true);
+}
+
 }  // namespace cuboid::exec

@@ -1,5 +1,8 @@
 #include "op_timer.hpp"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 namespace cuboid::exec {
@@ -45,12 +48,59 @@ std::int64_t now_ns() {
 }
 }  // namespace
 
+// --- SIGTERM: say where this rank was -------------------------------------------
+// Only async-signal-safe work in the handler: atomics, a stack buffer, write(2).
+namespace {
+
+std::atomic<const std::atomic<const char*>*> g_current_op{nullptr};
+std::atomic<int> g_rank{-1};
+struct sigaction g_previous_sigterm {};
+
+void append(char* buf, std::size_t& n, std::size_t cap, const char* text) {
+  while (*text != '\0' && n + 1 < cap) buf[n++] = *text++;
+}
+
+extern "C" void on_sigterm(int sig) {
+  char buf[512];
+  std::size_t n = 0;
+  append(buf, n, sizeof(buf), "cuboid: rank ");
+  char digits[16];
+  int len = 0;
+  for (int r = g_rank.load(); len == 0 || r > 0; r /= 10) digits[len++] = static_cast<char>('0' + r % 10);
+  while (len > 0 && n + 1 < sizeof(buf)) buf[n++] = digits[--len];
+  append(buf, n, sizeof(buf), ": stopped by SIGTERM (the launcher is ending the job; did another rank fail?)");
+  const std::atomic<const char*>* current = g_current_op.load();
+  const char* op = current != nullptr ? current->load() : nullptr;
+  if (op != nullptr) {
+    append(buf, n, sizeof(buf), " while in op '");
+    append(buf, n, sizeof(buf), op);
+    append(buf, n, sizeof(buf), "'");
+  } else {
+    append(buf, n, sizeof(buf), " between ops");
+  }
+  append(buf, n, sizeof(buf), "\n");
+  (void)!::write(STDERR_FILENO, buf, n);
+  // Then end as SIGTERM would have ended us.
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+}  // namespace
+
 Watchdog::Watchdog(Communicator& world, double timeout_s)
     : world_(world), timeout_(static_cast<std::int64_t>(timeout_s * 1e9)) {
+  g_rank.store(world.rank());
+  g_current_op.store(&op_);
+  struct sigaction action {};
+  action.sa_handler = on_sigterm;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGTERM, &action, &g_previous_sigterm);
   thread_ = std::thread([this] { loop(); });
 }
 
 Watchdog::~Watchdog() {
+  ::sigaction(SIGTERM, &g_previous_sigterm, nullptr);
+  g_current_op.store(nullptr);
   {
     std::lock_guard lock(mutex_);
     stop_ = true;

@@ -38,7 +38,10 @@ OpDesc gemm_desc(const char* name, Pass pass, std::int64_t m, std::int64_t n, st
 OpDesc mem_desc(const char* name, Pass pass, double bytes);
 OpDesc comm_desc(const char* name, Pass pass, Collective c, Group g, double bytes, int group_size);
 
-// Aborts the whole job when an op has not finished after `timeout_s`.
+// Aborts the whole job when an op has not finished after `timeout_s`. While
+// one is alive, SIGTERM (how mpirun and torchrun stop the other ranks when
+// one has died) prints which op this rank was in before the process ends, so
+// a killed job still says where each survivor was.
 class Watchdog {
  public:
   Watchdog(Communicator& world, double timeout_s);

@@ -16,6 +16,7 @@
 #include "cuboid/error.hpp"
 #include "cuboid/exec/check.hpp"
 #include "cuboid/exec/exec_error.hpp"
+#include "cuboid/exec/host_exchange.hpp"
 #include "cuboid/exec/launch.hpp"
 #include "cuboid/exec/mpi_comm.hpp"
 #include "cuboid/exec/step.hpp"
@@ -140,24 +141,23 @@ nlohmann::json rank_json(const World& world, const ProcessGroups& g, const StepR
           {"ops", ops}};
 }
 
-// Rank 0 receives every rank's JSON text (MPI_Gatherv over the world).
-std::vector<std::string> gather_to_root(Communicator& world, const std::string& mine) {
-  auto* mpi = dynamic_cast<MpiCommunicator*>(&world);
-  if (mpi == nullptr) return {mine};
-  const int n = world.size();
-  int len = static_cast<int>(mine.size());
-  std::vector<int> lens(static_cast<std::size_t>(n));
-  CUBOID_MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, mpi->native()));
-  std::vector<int> displs(static_cast<std::size_t>(n), 0);
-  for (std::size_t i = 1; i < displs.size(); ++i) displs[i] = displs[i - 1] + lens[i - 1];
-  std::string all(world.rank() == 0 ? static_cast<std::size_t>(displs.back() + lens.back()) : 0, '\0');
-  CUBOID_MPI_CHECK(MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0,
-                               mpi->native()));
-  std::vector<std::string> out;
-  if (world.rank() == 0)
-    for (int i = 0; i < n; ++i)
-      out.push_back(all.substr(static_cast<std::size_t>(displs[static_cast<std::size_t>(i)]), static_cast<std::size_t>(lens[static_cast<std::size_t>(i)])));
-  return out;
+// What every rank must agree on before it runs (require_same_plan): the model
+// and plan as this rank will run them and the flags that change which
+// collectives it calls. FNV-1a over the canonical JSON (sorted keys).
+std::string run_fingerprint(const ModelSpec& model, const ParallelPlan& plan, int gpus_per_node, const RunOptions& o) {
+  const nlohmann::json j = {
+      {"model", model_to_json(model)},
+      {"plan", {{"tp", plan.tp}, {"pp", plan.pp}, {"dp", plan.dp}, {"cp", plan.cp}, {"micro_batch", plan.micro_batch},
+                {"global_batch", plan.global_batch}, {"seq_length", plan.seq_length},
+                {"virtual_stages", plan.virtual_stages}, {"first_stage_layers", plan.first_stage_layers},
+                {"last_stage_layers", plan.last_stage_layers}, {"zero_stage", plan.zero_stage},
+                {"recompute", std::string(to_string(plan.recompute))}, {"sequence_parallel", plan.sequence_parallel},
+                {"schedule", std::string(to_string(plan.schedule))}, {"flash_attention", plan.flash_attention},
+                {"rank_order", plan.order.str()}, {"gpus_per_node", gpus_per_node}}},
+      {"run", {{"backend", o.backend}, {"steps", o.steps}, {"warmup", o.warmup}, {"check", o.check}}}};
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const char c : j.dump()) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return fmt::format("{:016x}", h);
 }
 
 void print_summary(const nlohmann::json& doc) {
@@ -195,19 +195,22 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
   const LaunchInfo launch = detect_launch(process_environment());
   // Refuse a wrong world before starting anything.
   check_world_size(launch.world_size, plan, pf.source);
-  World world = start_world(launch, o.backend);
-  check_world_size(world.comm->size(), plan, pf.source);
+  World world = start_world(launch, o.backend, o.timeout_s);
+  check_world_size(world.exchange->size(), plan, pf.source);
+  // A rank with another plan file (or other sizes) would call other
+  // collectives and hang the job: refuse before any work.
+  const std::string fingerprint = run_fingerprint(model, plan, pf.gpus_per_node, o);
+  require_same_plan(*world.exchange, fingerprint, pf.source);
 
   BackendOptions bo;
   bo.device = launch.local_rank;
   std::unique_ptr<Backend> backend = make_backend(o.backend, bo);
+  attach_device_world(world, *backend);
   const RankMapping mapping(plan, pf.gpus_per_node);
-  Communicator& world_comm = *world.comm;
   ProcessGroups groups = make_process_groups(std::move(world.comm), mapping);
   const int rank = groups.world->rank();
   Watchdog watchdog(*groups.world, o.timeout_s);
   OpTimer timer(*backend, &watchdog);
-  (void)world_comm;
 
   int exit_code = 0;
   nlohmann::json check_json;
@@ -248,12 +251,17 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
   }
 
   const nlohmann::json mine = rank_json(world, groups, runner, timer, losses);
-  const std::vector<std::string> all = gather_to_root(*groups.world, mine.dump());
+  const std::vector<std::string> all = world.exchange->gather(mine.dump(), 0);
   if (rank == 0) {
     nlohmann::json doc;
     doc["schema"] = kMeasurementsSchema;
     doc["generator"] = std::string("cuboid ") + CUBOID_VERSION;
     doc["plan_file"] = pf.source;
+    // The cluster the plan was made for, so that cuboid validate can refuse
+    // measurements compared against another cluster's card.
+    doc["cluster"] = {{"name", pf.cluster_name}, {"source_file", pf.cluster_source_file}, {"nodes", pf.nodes},
+                      {"gpus_per_node", pf.gpus_per_node}, {"gpu", pf.gpu_name}};
+    doc["plan_fingerprint"] = fingerprint;
     doc["model"] = {{"name", model.name}, {"num_layers", model.num_layers}, {"hidden_size", model.hidden_size},
                     {"num_attention_heads", model.num_attention_heads}, {"ffn_hidden_size", model.ffn_hidden_size},
                     {"vocab_size", model.vocab_size}};

@@ -2,8 +2,6 @@
 // DP communication and the optimizer step.
 #include "cuboid/exec/step.hpp"
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <deque>
 #include <cmath>
@@ -12,7 +10,6 @@
 
 #include "cuboid/error.hpp"
 #include "cuboid/exec/exec_error.hpp"
-#include "cuboid/exec/mpi_comm.hpp"
 #include "op_timer.hpp"
 
 namespace cuboid::exec {
@@ -21,63 +18,58 @@ namespace {
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 }  // namespace
 
-// Pipeline point-to-point. Sends are non-blocking (MPI_Isend on the PP
-// group's communicator, buffers kept until they complete) so that any order
-// pipeline_order produces runs without a send/send deadlock between
-// neighbouring stages; receives block. The Communicator interface has only
-// blocking send, hence the MPI handle here.
+// Pipeline point-to-point through the PP group's non-blocking isend / irecv,
+// so that any order pipeline_order produces runs without two neighbouring
+// stages waiting on each other's sends. A send's data is first copied into a
+// slot the channel owns (the step reuses its gradient buffers at once) and the
+// slot is reused when its send has finished; a receive is waited for at once
+// (MPI: the host waits; NCCL: the compute stream does).
 class PipeChannel {
  public:
-  PipeChannel(Backend& be, Communicator& pp) : be_(be), pp_(pp) {
-    if (auto* mpi = dynamic_cast<MpiCommunicator*>(&pp)) comm_ = mpi->native();
+  PipeChannel(Backend& be, Communicator& pp) : be_(be), pp_(pp) {}
+  ~PipeChannel() {
+    try {
+      wait_all();
+    } catch (...) {
+      // Already unwinding from a failure, or the job is ending: the requests give up.
+    }
   }
-  ~PipeChannel() { wait_all(); }
 
   void send(ConstDeviceSpan data, int peer, int tag) {
-    CUBOID_EXEC_REQUIRE(comm_ != MPI_COMM_NULL, "pipeline send", "the PP group is not an MPI communicator");
     Slot* slot = nullptr;
-    for (Slot& s : slots_) {
-      if (s.request == MPI_REQUEST_NULL && s.buffer.size() == data.size()) {
-        slot = &s;
-        break;
+    for (int pass = 0; pass < 2 && slot == nullptr; ++pass) {
+      for (Slot& s : slots_) {
+        if (s.buffer.size() != data.size() || s.buffer.dtype() != data.dtype()) continue;
+        if (s.request && s.request->test()) s.request.reset();
+        if (!s.request) {
+          slot = &s;
+          break;
+        }
       }
     }
     if (slot == nullptr) {
-      reap();
-      for (Slot& s : slots_)
-        if (s.request == MPI_REQUEST_NULL && s.buffer.size() == data.size()) slot = &s;
-    }
-    if (slot == nullptr) {
-      slots_.push_back(Slot{be_.alloc(data.size(), data.dtype()), MPI_REQUEST_NULL});
+      slots_.push_back(Slot{be_.alloc(data.size(), data.dtype()), nullptr});
       slot = &slots_.back();
     }
     be_.copy(data, slot->buffer);
-    be_.synchronize();
-    const MPI_Datatype type = data.dtype() == DType::bf16 ? MPI_UINT16_T : MPI_FLOAT;
-    CUBOID_MPI_CHECK(MPI_Isend(slot->buffer.native(), static_cast<int>(data.size()), type, peer, tag, comm_,
-                               &slot->request));
+    slot->request = pp_.isend(slot->buffer, data.size(), peer, tag);
   }
-  void recv(DeviceSpan data, int peer, int tag) { pp_.recv(data, data.size(), peer, tag); }
+  void recv(DeviceSpan data, int peer, int tag) { pp_.irecv(data, data.size(), peer, tag)->wait(); }
   void wait_all() {
     for (Slot& s : slots_)
-      if (s.request != MPI_REQUEST_NULL) MPI_Wait(&s.request, MPI_STATUS_IGNORE);
+      if (s.request) {
+        s.request->wait();
+        s.request.reset();
+      }
   }
 
  private:
   struct Slot {
     DeviceBuffer buffer;
-    MPI_Request request;
+    std::unique_ptr<CommRequest> request;  // null when the slot is free
   };
-  void reap() {
-    for (Slot& s : slots_) {
-      if (s.request == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      CUBOID_MPI_CHECK(MPI_Test(&s.request, &done, MPI_STATUS_IGNORE));
-    }
-  }
   Backend& be_;
   Communicator& pp_;
-  MPI_Comm comm_ = MPI_COMM_NULL;
   std::deque<Slot> slots_;  // stable addresses
 };
 

@@ -2,7 +2,8 @@
 # cuboid run under mpirun on the tiny model with the CPU backend: TP, PP, DP
 # and 2 x 2 x 1 plans run, pass --check and write well-formed measurements;
 # an injected sharding bug fails the check; a wrong world size is refused;
-# a killed or hung rank ends the whole job within the timeout.
+# a killed or hung rank ends the whole job within the timeout; ranks given
+# different plans are refused at start-up.
 # Usage: test_run_mpi.sh CUBOID_BINARY (run from the source root).
 set -u
 CUBOID=${1:?usage: test_run_mpi.sh path/to/cuboid}
@@ -104,22 +105,57 @@ rc=$?
 if [ $rc -eq 2 ] && grep -q "mpirun -np 2" "$TMP/ws2.log"; then pass "torchrun-style WORLD_SIZE=2 without MPI exits 2"; else
   fail "WORLD_SIZE=2: rc $rc $(cat "$TMP/ws2.log")"; fi
 
-# Faults end the whole job within the timeout: a killed rank, and a hung one
-# (the peers' watchdogs abort the job naming the rank and the op).
-for fault in kill:1 hang:1; do
+# Faults end the whole job within the timeout, exit non-zero, name the rank
+# and the op, and leave no measurements file (not even a partial one): a
+# killed rank (the launcher stops the others; they say which op they were in),
+# a hung one (a watchdog, the hung rank's own or a peer's, aborts the job).
+for case in "kill:1 2 pp2" "hang:1 2 pp2" "kill:2 4 t2p2"; do
+  read -r fault np name <<<"$case"
+  rm -f "$TMP/fault.m.json"
   start=$(date +%s)
-  timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/pp2.json" --backend cpu --steps 2 --timeout-s 3 \
-    --inject-fault "$fault" >"$TMP/fault.log" 2>&1
+  timeout 60 "${MPIRUN[@]}" -np "$np" "$CUBOID" run --plan "$TMP/$name.json" --backend cpu --steps 2 --timeout-s 3 \
+    --layers 2 --seq-length 64 --inject-fault "$fault" --out "$TMP/fault.m.json" >"$TMP/fault.log" 2>&1
   rc=$?
   took=$(( $(date +%s) - start ))
   if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $took -gt 30 ]; then
     fail "$fault: rc $rc after ${took}s"; tail -5 "$TMP/fault.log"
-  elif [ "$fault" = hang:1 ] && ! grep -q "rank [01]: op '.*' did not finish within --timeout-s" "$TMP/fault.log"; then
-    fail "$fault: no watchdog message"; tail -8 "$TMP/fault.log"
+  elif [ -e "$TMP/fault.m.json" ] || ls "$TMP"/.fault.m.json.tmp.* >/dev/null 2>&1; then
+    fail "$fault: a measurements file was written"
+  elif [ "$fault" = hang:1 ] && ! grep -q "rank [01]: op '[a-z_]*' did not finish within --timeout-s 3 s" "$TMP/fault.log"; then
+    fail "$fault: no watchdog message naming the rank and the op"; tail -8 "$TMP/fault.log"
+  elif [ "${fault%%:*}" = kill ] && ! { grep -q "process rank ${fault#kill:} .*signal 9" "$TMP/fault.log" &&
+      grep -q "rank [0-9]: stopped by SIGTERM .* while in op '[a-z_]*'" "$TMP/fault.log"; }; then
+    fail "$fault: the messages do not name the dead rank and the survivor's op"; tail -12 "$TMP/fault.log"
   else
-    pass "$fault ends the job (rc $rc, ${took}s)"
+    pass "$fault of $np ranks ends the job (rc $rc, ${took}s), names the rank and the op, no measurements"
   fi
 done
+
+# Every rank must run the same plan: a rank given another plan file (or other
+# sizes) would call other collectives and hang the job, so start-up refuses,
+# naming the ranks and their files; nothing is written.
+rm -f "$TMP/mpmd.m.json"
+timeout 60 "${MPIRUN[@]}" -np 1 "$CUBOID" run --plan "$TMP/tp2.json" --backend cpu --out "$TMP/mpmd.m.json" : \
+  -np 1 "$CUBOID" run --plan "$TMP/pp2.json" --backend cpu --out "$TMP/mpmd.m.json" >"$TMP/mpmd.log" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ ! -e "$TMP/mpmd.m.json" ] &&
+    grep -q "the ranks were not given the same plan and sizes: rank 0 runs $TMP/tp2.json (fingerprint [0-9a-f]*); rank 1 runs $TMP/pp2.json" "$TMP/mpmd.log"; then
+  pass "a rank with another plan file is refused at start-up (rc $rc)"
+else fail "different plan files: rc $rc $(tail -4 "$TMP/mpmd.log")"; fi
+timeout 60 "${MPIRUN[@]}" -np 1 "$CUBOID" run --plan "$TMP/tp2.json" --backend cpu --steps 2 : \
+  -np 1 "$CUBOID" run --plan "$TMP/tp2.json" --backend cpu --steps 3 >"$TMP/mpmd2.log" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 0 runs $TMP/tp2.json (fingerprint [0-9a-f]*); rank 1 runs $TMP/tp2.json" "$TMP/mpmd2.log"; then
+  pass "ranks with different --steps are refused at start-up"
+else fail "different --steps: rc $rc $(tail -4 "$TMP/mpmd2.log")"; fi
+
+# torchrun-style variables: the world size is checked against the plan before
+# anything starts (no rendezvous is attempted: MASTER_PORT 1 is never dialled).
+WORLD_SIZE=4 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$CUBOID" run --plan "$TMP/tp2.json" --backend cpu >"$TMP/ws4.log" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -q "the plan needs TP 2 x PP 1 x DP 1 = 2 ranks but 4 were launched" "$TMP/ws4.log"; then
+  pass "torchrun-style WORLD_SIZE=4 for a 2-rank plan exits 2 before any work"; else
+  fail "WORLD_SIZE=4: rc $rc $(cat "$TMP/ws4.log")"; fi
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "all passed"

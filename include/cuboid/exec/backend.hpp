@@ -386,6 +386,26 @@ class Backend {
 };
 
 // ---------------------------------------------------------------------------
+// A non-blocking send or receive in flight (Communicator::isend / irecv).
+// Move-only through its owner (std::unique_ptr); destroying one that has not
+// been waited for gives up on it (MPI: cancels a receive).
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  CommRequest() = default;
+  CommRequest(const CommRequest&) = delete;
+  CommRequest& operator=(const CommRequest&) = delete;
+
+  // Completes the transfer for what the caller does next: afterwards a sent
+  // buffer may be overwritten and a received one read by work enqueued on the
+  // backend. MPI: the host waits (MPI_Wait). NCCL: the compute stream waits
+  // for the transfer; the host does not.
+  virtual void wait() = 0;
+  // True when the transfer has finished (wait() has nothing left to wait for).
+  virtual bool test() = 0;
+};
+
+// ---------------------------------------------------------------------------
 // A process group: collectives and point-to-point inside it. Ranks and peers
 // are ranks *in this communicator*. Counts are elements of the spans' dtype.
 // Implementations are move-only owners of the library handle (MPI_Comm,
@@ -415,6 +435,16 @@ class Communicator {
   // Send and receive at once (no deadlock when two stages exchange, as in 1F1B).
   void send_recv(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer,
                  DeviceSpan recv_buffer, std::size_t recv_count, int recv_peer, int tag);
+  // Non-blocking point-to-point: starts the transfer after the work already
+  // enqueued on the backend and returns at once; the buffer must stay valid
+  // and untouched until the request's wait(). A pipeline stage posts its sends
+  // and receives with these so that no order of a schedule deadlocks two
+  // stages that send to each other. NCCL runs p2p on one stream in issue
+  // order, so it holds a send back until the next irecv (or wait) on this
+  // communicator and issues them as one ncclGroupStart/End, Megatron's
+  // batched send/recv pairs.
+  std::unique_ptr<CommRequest> isend(ConstDeviceSpan buffer, std::size_t count, int peer, int tag);
+  std::unique_ptr<CommRequest> irecv(DeviceSpan buffer, std::size_t count, int peer, int tag);
   virtual void barrier() = 0;
   // Ends every process of the job (MPI_Abort / ncclCommAbort then abort).
   [[noreturn]] virtual void abort(std::string_view message) = 0;
@@ -434,6 +464,9 @@ class Communicator {
   virtual void send_recv_impl(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer,
                               DeviceSpan recv_buffer, std::size_t recv_count, int recv_peer,
                               int tag) = 0;
+  virtual std::unique_ptr<CommRequest> isend_impl(ConstDeviceSpan buffer, std::size_t count, int peer,
+                                                  int tag) = 0;
+  virtual std::unique_ptr<CommRequest> irecv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) = 0;
 };
 
 // ---------------------------------------------------------------------------

@@ -5,7 +5,8 @@
 // torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or Slurm
 // (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) variables say who we are.
 // The plan's process groups (TP, PP, DP) come from RankMapping, the same
-// mapping the planner prices, split out of the world with MPI_Comm_split.
+// mapping the planner prices, split out of the world communicator
+// (MPI_Comm_split for the cpu backend, ncclCommSplit for cuda).
 #include <functional>
 #include <memory>
 #include <optional>
@@ -25,8 +26,8 @@ struct LaunchInfo {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
-  std::string master_addr;  // torchrun only
-  int master_port = 0;      // torchrun only
+  std::string master_addr;  // MASTER_ADDR (torchrun sets it; Slurm jobs export it)
+  int master_port = 0;      // MASTER_PORT
 };
 
 // Looks up one environment variable; std::nullopt when unset.
@@ -60,14 +61,17 @@ ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const Ran
 std::unique_ptr<Communicator> make_self_communicator();
 
 class MpiEnvironment;
+class HostExchange;
 
-// The started world of this process: MPI when a launcher started us,
-// otherwise a one-rank world. The CPU backend's collectives are MPI, so
-// `torchrun`/Slurm variables asking for more than one rank without an MPI
-// launcher are an InputError naming the variable and the fix.
+// The started world of this process. `exchange` moves host bytes between the
+// ranks (start-up agreement, NCCL id, measurements): MPI under mpirun / srun,
+// the TCP store (MASTER_ADDR:MASTER_PORT) under torchrun / Slurm variables,
+// nothing for one rank. `comm` is the device communicator of the whole world,
+// made by attach_device_world once the backend exists.
 struct World {
   LaunchInfo launch;
-  std::shared_ptr<MpiEnvironment> mpi;  // null when standalone
+  std::shared_ptr<MpiEnvironment> mpi;  // null unless an MPI launcher started us
+  std::unique_ptr<HostExchange> exchange;
   std::unique_ptr<Communicator> comm;
   std::string hostname;
 
@@ -76,7 +80,30 @@ struct World {
   World& operator=(World&&) noexcept;
   ~World();
 };
+
+// Bootstraps the host exchange. The cpu backend's collectives are MPI, so
+// torchrun / Slurm variables asking for more than one rank without an MPI
+// launcher are an InputError naming the variable and the fix (use mpirun or
+// srun); the cuda backend rendezvous over the TCP store instead, waiting at
+// most `timeout_s` for every rank.
+World start_world(const LaunchInfo& launch, std::string_view backend, double timeout_s);
+
+// The earlier form, kept for callers written against it (cuboid calibrate):
+// start_world with a 300 s timeout, and world.comm set at once to MPI's world
+// (under an MPI launcher) or a one-rank world, whatever the backend. Host
+// memory only: a cuda run needs attach_device_world for NCCL.
 World start_world(const LaunchInfo& launch, std::string_view backend);
+
+// Creates world.comm for `backend`: MPI_COMM_WORLD's duplicate (cpu under
+// MPI), a one-rank world (cpu standalone), or NCCL (cuda: rank 0 makes the
+// ncclUniqueId, world.exchange hands it to every rank, ncclCommInitRank).
+void attach_device_world(World& world, Backend& backend);
+
+// Every rank must run the same plan with the same sizes, or the collectives
+// would not match and the job would hang. Compares `fingerprint` (a hash of
+// what this rank will run) across world.exchange; on a mismatch every rank
+// throws InputError naming the ranks of each variant and their plan files.
+void require_same_plan(HostExchange& exchange, const std::string& fingerprint, const std::string& plan_source);
 
 std::string host_name();
 

@@ -1,0 +1,231 @@
+// Launching without MPI: the torchrun / Slurm variables, the TCP store the
+// ranks meet in (threads on 127.0.0.1 stand in for processes), and the
+// start-up check that every rank runs the same plan.
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuboid/error.hpp"
+#include "cuboid/exec/exec_error.hpp"
+#include "cuboid/exec/launch.hpp"
+#include "cuboid/exec/tcp_store.hpp"
+
+using namespace cuboid;
+using namespace cuboid::exec;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A port nobody listens on right now (the kernel's choice for port 0).
+int free_port() {
+  Socket s(::socket(AF_INET, SOCK_STREAM, 0));
+  REQUIRE(s);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  REQUIRE(::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  REQUIRE(::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  return ntohs(a.sin_port);
+}
+
+TcpStoreOptions options(int port, int rank, int size, std::chrono::milliseconds timeout = 20s) {
+  TcpStoreOptions o;
+  o.master_addr = "127.0.0.1";
+  o.master_port = port;
+  o.rank = rank;
+  o.world_size = size;
+  o.timeout = timeout;
+  return o;
+}
+
+// Runs body(rank) on `n` threads at once; returns each thread's error text ("" when none).
+std::vector<std::string> on_ranks(int n, const std::function<void(int)>& body) {
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+EnvLookup fake_env(std::map<std::string, std::string> vars) {
+  return [vars](std::string_view name) -> std::optional<std::string> {
+    const auto it = vars.find(std::string(name));
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+}  // namespace
+
+TEST_CASE("four ranks meet in the TCP store and exchange bytes") {
+  const int port = free_port();
+  constexpr int n = 4;
+  std::vector<std::vector<std::string>> gathered(n), all(n);
+  std::vector<std::string> broadcast(n);
+  const auto errors = on_ranks(n, [&](int r) {
+    // Rank 0 comes last: the others retry until it listens.
+    if (r == 0) std::this_thread::sleep_for(300ms);
+    TcpStore store(options(port, r, n));
+    if (store.rank() != r || store.size() != n) throw std::runtime_error("wrong rank or size");
+    all[static_cast<std::size_t>(r)] = store.all_gather("rank " + std::to_string(r));
+    std::string b = r == 2 ? std::string("from two\0with a zero", 19) : std::string("junk");
+    store.broadcast(b, 2);
+    broadcast[static_cast<std::size_t>(r)] = b;
+    gathered[static_cast<std::size_t>(r)] = store.gather(std::string(static_cast<std::size_t>(r) * 1000, 'x'), 1);
+    store.barrier();
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(errors[static_cast<std::size_t>(r)] == "");
+    CHECK(all[static_cast<std::size_t>(r)] == std::vector<std::string>{"rank 0", "rank 1", "rank 2", "rank 3"});
+    CHECK(broadcast[static_cast<std::size_t>(r)] == std::string("from two\0with a zero", 19));
+    if (r == 1) {
+      REQUIRE(gathered[1].size() == n);
+      for (int k = 0; k < n; ++k) CHECK(gathered[1][static_cast<std::size_t>(k)].size() == static_cast<std::size_t>(k) * 1000);
+    } else {
+      CHECK(gathered[static_cast<std::size_t>(r)].empty());
+    }
+  }
+}
+
+TEST_CASE("a rank launched with another WORLD_SIZE is refused on both sides") {
+  const int port = free_port();
+  const auto errors = on_ranks(2, [&](int r) { TcpStore store(options(port, r, r == 0 ? 2 : 3)); });
+  const std::string expected =
+      "environment: WORLD_SIZE: rank 1 was launched with WORLD_SIZE=3 but rank 0 with WORLD_SIZE=2 "
+      "(fix: launch every rank with the same WORLD_SIZE and distinct RANK values)";
+  CHECK(errors[0] == expected);
+  CHECK(errors[1] == expected);
+}
+
+TEST_CASE("without rank 0 the others stop at the timeout, naming MASTER_ADDR:MASTER_PORT") {
+  const int port = free_port();
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = on_ranks(1, [&](int) { TcpStore store(options(port, 1, 2, 400ms)); });
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  CHECK(errors[0].find("rank 1: TCP store rendezvous: could not connect to rank 0 at MASTER_ADDR:MASTER_PORT = "
+                       "127.0.0.1:" + std::to_string(port) + " within 0.4 s (last error: Connection refused)") == 0);
+}
+
+TEST_CASE("rank 0 names the ranks that never came") {
+  const int port = free_port();
+  const auto errors = on_ranks(2, [&](int r) { TcpStore store(options(port, r, 3, 600ms)); });
+  CHECK(errors[0].find("rank 0: TCP store rendezvous: 1 rank(s) (2) did not connect to 127.0.0.1:" +
+                       std::to_string(port) + " within 0.6 s") == 0);
+  // Rank 1 was connected and hears nothing back: it fails too instead of waiting forever.
+  CHECK(errors[1].find("rank 1: TCP store rendezvous: rank 0 at 127.0.0.1:" + std::to_string(port)) == 0);
+}
+
+TEST_CASE("a rank that dies after the rendezvous ends the others' exchange with its rank") {
+  const int port = free_port();
+  const auto errors = on_ranks(2, [&](int r) {
+    TcpStore store(options(port, r, 2));
+    if (r == 1) return;  // the store closes its socket: as if the process died
+    (void)store.all_gather("still here");
+  });
+  CHECK(errors[1] == "");
+  CHECK(errors[0].find("rank 0: TCP store gather: no message from rank 1: it closed the connection") == 0);
+}
+
+TEST_CASE("bad store settings are input errors naming the variable") {
+  CHECK_THROWS_WITH_AS(TcpStore(options(0, 0, 2)),
+                       "environment: MASTER_PORT: 0 is not a TCP port (fix: set MASTER_PORT to a free port between "
+                       "1024 and 65535 on rank 0's host)",
+                       InputError);
+  TcpStoreOptions o = options(29500, 0, 2);
+  o.master_addr.clear();
+  CHECK_THROWS_WITH_AS(TcpStore{o},
+                       "environment: MASTER_ADDR: is not set (fix: set MASTER_ADDR to rank 0's host name or IP "
+                       "address (torchrun sets it))",
+                       InputError);
+  CHECK_THROWS_AS(TcpStore(options(29500, 2, 2)), InputError);
+}
+
+TEST_CASE("torchrun and Slurm variables say who we are") {
+  const LaunchInfo t = detect_launch(fake_env(
+      {{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "29500"}}));
+  CHECK(t.launcher == Launcher::torchrun);
+  CHECK(t.rank == 3);
+  CHECK(t.world_size == 8);
+  CHECK(t.local_rank == 1);
+  CHECK(t.master_addr == "node7");
+  CHECK(t.master_port == 29500);
+
+  const LaunchInfo s = detect_launch(fake_env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"},
+                                               {"MASTER_ADDR", "gpu001"}, {"MASTER_PORT", "12345"}}));
+  CHECK(s.launcher == Launcher::slurm);
+  CHECK(s.rank == 5);
+  CHECK(s.world_size == 16);
+  CHECK(s.local_rank == 1);
+  CHECK(s.master_addr == "gpu001");
+
+  // srun with PMIx is an MPI launch; the node-local rank comes from Slurm.
+  const LaunchInfo p = detect_launch(fake_env({{"PMIX_RANK", "2"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "2"}}));
+  CHECK(p.launcher == Launcher::mpi);
+  CHECK(p.local_rank == 2);
+
+  CHECK_THROWS_WITH_AS(detect_launch(fake_env({{"RANK", "4"}, {"WORLD_SIZE", "4"}})),
+                       "environment: RANK: rank 4 is not below WORLD_SIZE=4 (fix: launch with a consistent rank and "
+                       "world size)",
+                       InputError);
+  CHECK_THROWS_AS(detect_launch(fake_env({{"RANK", "0"}, {"WORLD_SIZE", "two"}})), InputError);
+}
+
+TEST_CASE("torchrun variables without MPI: the cpu backend asks for mpirun, the others for MASTER_ADDR") {
+  LaunchInfo l;
+  l.launcher = Launcher::torchrun;
+  l.world_size = 2;
+  CHECK_THROWS_WITH_AS(start_world(l, "cpu", 1.0),
+                       "environment: WORLD_SIZE: WORLD_SIZE=2 asks for 2 ranks but the cpu backend's collectives are "
+                       "MPI, and this process was not started by an MPI launcher (fix: launch with mpirun -np 2 (or "
+                       "srun --mpi=pmix), or run one rank without WORLD_SIZE)",
+                       InputError);
+  CHECK_THROWS_WITH_AS(start_world(l, "cuda", 1.0),
+                       "environment: MASTER_ADDR: is not set, and WORLD_SIZE=2 ranks started without MPI meet at "
+                       "rank 0's MASTER_ADDR:MASTER_PORT (fix: launch with torchrun (it sets both), or set "
+                       "MASTER_ADDR and MASTER_PORT)",
+                       InputError);
+}
+
+TEST_CASE("every rank must run the same plan: a different one is named with its ranks") {
+  const int port = free_port();
+  constexpr int n = 3;
+  const auto errors = on_ranks(n, [&](int r) {
+    TcpStore store(options(port, r, n));
+    require_same_plan(store, r == 1 ? "00000000000000bb" : "00000000000000aa", r == 1 ? "b.json" : "a.json");
+  });
+  const std::string expected =
+      "a.json: parallel: the ranks were not given the same plan and sizes: ranks 0,2 run a.json (fingerprint "
+      "00000000000000aa); rank 1 runs b.json (fingerprint 00000000000000bb) (fix: give every rank the same --plan "
+      "file and the same --layers, --seq-length, --steps, --warmup, --check and --backend)";
+  CHECK(errors[0] == expected);
+  CHECK(errors[2] == expected);
+  CHECK(errors[1].find("b.json: parallel: the ranks were not given the same plan and sizes: ranks 0,2") == 0);
+
+  const int port2 = free_port();
+  const auto same = on_ranks(2, [&](int r) {
+    TcpStore store(options(port2, r, 2));
+    require_same_plan(store, "00000000000000aa", "a.json");
+  });
+  CHECK(same[0] == "");
+  CHECK(same[1] == "");
+}
