@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+#include <time.h>
+
 #include "cuboid/cluster.hpp"
 #include "cuboid/estimator.hpp"
 #include "cuboid/model.hpp"
@@ -69,6 +72,12 @@ void bench_case(const Case& c) {
               o.simulate_top, search_s, r.fitting.empty() ? 0.0 : r.fitting.front().iteration_time_s, checksum + (a.fitting.empty() ? 0 : 1));
 }
 
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 // One iteration of one plan in the discrete-event simulator.
 void bench_simulation(const char* name, const char* model, const char* cluster, int nodes, ParallelPlan plan) {
   const ModelSpec m = load_model(model);
@@ -77,25 +86,44 @@ void bench_simulation(const char* name, const char* model, const char* cluster, 
   plan.seq_length = plan.seq_length > 0 ? plan.seq_length : m.seq_length;
   validate_plan(plan, m, cl);
   const auto t0 = Clock::now();
+  const double cpu0 = cpu_seconds();
   const sim::SimResult r = sim::run_simulation(m, topo, plan);
+  const double cpu = cpu_seconds() - cpu0;
   const double wall = seconds_since(t0);
-  std::printf("%-40s %6d GPUs  %9llu tasks %9llu events %7llu flows  %.3f s host (%.2f M events/s)  -> %.2f s per iteration\n",
+  // CPU time as well as wall time: on a shared machine the wall clock also
+  // counts other processes' turns. Peak RSS is the whole process's so far
+  // (run one case per process, `bench_planner sim CASE`, for the simulator's own).
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("%-40s %6d GPUs  %9llu tasks %9llu events %7llu flows  %.3f s host, %.3f s cpu (%.2f M events/s per cpu s)  "
+              "%4.0f MiB peak RSS  -> %.2f s per iteration\n",
               name, cl.total_gpus(), static_cast<unsigned long long>(r.tasks), static_cast<unsigned long long>(r.events),
-              static_cast<unsigned long long>(r.flows), wall, static_cast<double>(r.events) / wall / 1e6,
-              r.estimate.iteration_time_s);
+              static_cast<unsigned long long>(r.flows), wall, cpu, static_cast<double>(r.events) / cpu / 1e6,
+              static_cast<double>(ru.ru_maxrss) / 1024.0, r.estimate.iteration_time_s);
 }
 
 }  // namespace
 
-int main() {
+// `bench_planner`: everything; `bench_planner planner`: the planner only;
+// `bench_planner sim [gpt-1t|llama3.1-405b]`: only the simulator (one case),
+// e.g. to measure its peak memory alone.
+int main(int argc, char** argv) {
+  const std::string only = argc > 1 ? argv[1] : "";
+  const std::string sim_case = argc > 2 ? argv[2] : "";
+  if (!only.empty() && only != "sim" && only != "planner") {
+    std::fprintf(stderr, "usage: bench_planner [planner | sim [gpt-1t|llama3.1-405b]]\n");
+    return 2;
+  }
   const Case cases[] = {
       {"gpt-512b on 1024 A100", "models/gpt-512b.json", "topologies/dgx-a100-superpod.json", 128, false},
       {"llama3.1-405b on 16384 H100 (RoCE)", "models/llama3.1-405b.json", "topologies/h100-roce-24k.json", 2048, true},
       {"llama3-70b on 32 A100", "models/llama3-70b.json", "topologies/dgx-a100-4node.json", 4, false},
   };
-  for (const Case& c : cases) bench_case(c);
-
-  std::printf("\n== simulator: one iteration, one core\n");
+  if (only != "sim") {
+    for (const Case& c : cases) bench_case(c);
+    if (only == "planner") return 0;
+    std::printf("\n== simulator: one iteration, one core\n");
+  }
   ParallelPlan gpt1t;
   gpt1t.tp = 8;
   gpt1t.pp = 64;
@@ -104,7 +132,10 @@ int main() {
   gpt1t.micro_batch = 1;
   gpt1t.sequence_parallel = true;
   gpt1t.recompute = Recompute::selective;
-  bench_simulation("gpt-1t TP8 PP64 DP6, batch 3072", "models/gpt-1t.json", "topologies/dgx-a100-superpod.json", 384, gpt1t);
+  if (sim_case.empty() || sim_case == "gpt-1t") {
+    bench_simulation("gpt-1t TP8 PP64 DP6, batch 3072", "models/gpt-1t.json", "topologies/dgx-a100-superpod.json", 384,
+                     gpt1t);
+  }
   ParallelPlan l405;
   l405.tp = 8;
   l405.pp = 16;
@@ -116,7 +147,9 @@ int main() {
   l405.sequence_parallel = true;
   l405.zero_stage = 1;
   l405.recompute = Recompute::full;
-  bench_simulation("llama3.1-405b TP8 PP16 DP128, seq 8192", "models/llama3.1-405b.json", "topologies/h100-roce-24k.json",
-                   2048, l405);
+  if (sim_case.empty() || sim_case == "llama3.1-405b") {
+    bench_simulation("llama3.1-405b TP8 PP16 DP128, seq 8192", "models/llama3.1-405b.json",
+                     "topologies/h100-roce-24k.json", 2048, l405);
+  }
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "cuboid/calibration.hpp"
 #include "cuboid/cost.hpp"
 #include "cuboid/memory.hpp"
 #include "cuboid/workload.hpp"
@@ -60,17 +61,23 @@ Builder::Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& p
 }
 
 TaskId Builder::tag(TaskId t, Cls cls, std::uint8_t tid, int stage, int stage2) {
-  if (meta_.size() <= t) meta_.resize(static_cast<std::size_t>(t) + 1);
-  meta_[t] = TaskMeta{cls, tid, static_cast<std::uint16_t>(stage),
-                      static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};
+  const TaskMeta mt{cls, tid, static_cast<std::uint16_t>(stage), static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};
+  if (meta_.size() == t) {
+    meta_.push_back(mt);  // the usual case: tasks are tagged as they are added
+    return t;
+  }
+  if (meta_.size() < t) meta_.resize(static_cast<std::size_t>(t) + 1);
+  meta_[t] = mt;
   return t;
 }
 
-void Builder::label(TaskId t, int stage, std::string name, std::string category) {
+// Names are copied only for traced stages (a million untraced tasks otherwise
+// pay for two strings each).
+void Builder::label(TaskId t, int stage, std::string_view name, std::string_view category) {
   if (!traced(stage)) return;
   TraceLabel& l = labels_[t];
-  l.name = std::move(name);
-  l.category = std::move(category);
+  l.name = name;
+  l.category = category;
 }
 
 void Builder::make_reps() {
@@ -231,6 +238,7 @@ void Builder::build() {
   stage_end_.assign(static_cast<std::size_t>(pp_), {});
   dp_tasks_.assign(static_cast<std::size_t>(pp_), {});
   plan_messages();
+  reserve_tasks();
   // Add passes in an order consistent with their dependencies: round-robin
   // over the stages, each as far as its next pass's inputs already exist.
   bool progress = true;
@@ -252,6 +260,25 @@ void Builder::build() {
   }
   if (remaining > 0) throw std::logic_error("simulate: the pipeline schedule deadlocks (a bug in the schedule)");
   finish_iteration();
+}
+
+// An upper bound on the tasks build() adds (each program item is at most one
+// task; each message a send/recv and a gather; a few per stage at the end),
+// reserved up front: regrowing the task tables of a million-task iteration
+// would copy them and touch twice the memory.
+void Builder::reserve_tasks() {
+  std::size_t n = 2 * messages_.size() + 8 * static_cast<std::size_t>(pp_) + 16;
+  for (int s = 0; s < pp_; ++s) {
+    const auto us = static_cast<std::size_t>(s);
+    for (const ScheduleStep& st : order_[us]) {
+      const bool fwd = st.dir == Direction::forward;
+      const auto& units = units_[us][static_cast<std::size_t>(st.chunk)];
+      n += 4 * units.size() + 2;  // ZeRO gathers, DP buckets, joins
+      for (const Unit& u : units) n += (fwd ? u.fwd : u.bwd)->items.size();
+    }
+  }
+  eng_->reserve(n, 3 * n);
+  meta_.reserve(n);
 }
 
 Builder::Slot& Builder::slot(Direction d, int mb, int vs) {
@@ -366,7 +393,7 @@ void Builder::try_message(std::uint32_t id) {
   }
   const StreamId streams[2] = {fwd ? peer.pp_fwd : peer.pp_bwd, fwd ? me.pp_fwd : me.pp_bwd};
   const GroupId g = fwd ? p2p_fwd_group_[uf] : p2p_bwd_group_[uf];
-  const double bytes = pipeline_message_bytes(m_, plan_);
+  const double bytes = pipeline_message_bytes(m_, plan_) * activation_bytes_scale(topo_.cluster().calibration.get());
   TaskId t = eng_->add_collective(Collective::send_recv, g, bytes, streams, deps, Algorithm::ring);
   const std::string name = (fwd ? "act " : "grad ") + step_name(msg.consumer.dir, msg.consumer.micro_batch,
                                                                  msg.consumer.chunk, v_);
@@ -410,7 +437,8 @@ void Builder::flush(Chain& ch) {
   ch.parts.clear();
   if (ch.first == kNoTask) ch.first = t;
   ch.last_compute = t;
-  ch.deps.assign(1, t);
+  ch.deps.clear();
+  ch.deps.push_back(t);
   ch.pending = false;
   ch.pending_ns = 0;
 }
@@ -440,7 +468,8 @@ void Builder::play(Chain& ch, const Program& prog) {
       case ItemKind::collective: {
         flush(ch);
         const TaskId t = add_tp(ch, it, prog, ch.deps);
-        ch.deps.assign(1, t);
+        ch.deps.clear();
+        ch.deps.push_back(t);
         break;
       }
       case ItemKind::async: {
@@ -499,13 +528,15 @@ void Builder::add_step(int stage, std::size_t idx) {
   const double bucket = (stage == 0 && st.chunk == 0 && zero < 3)
                             ? std::max(kBucketParams, kBucketParamsPerDpRank * dp_)
                             : std::numeric_limits<double>::infinity();
+  // Gathered parameters are in the compute dtype (bf16; f32 on the CPU executor).
+  const double act_scale = activation_bytes_scale(topo_.cluster().calibration.get());
   // ZeRO-3 gathers a unit's parameters before each pass over it, one unit ahead.
   std::vector<TaskId> gathers(units.size(), kNoTask);
   auto gather = [&](std::size_t u, const std::vector<TaskId>& deps) {
     if (zero < 3 || u >= units.size() || gathers[u] != kNoTask) return;
     const StreamId s1[1] = {me.dp};
     const TaskId t = eng_->add_collective(Collective::all_gather, me.dp_group,
-                                          units[u].params * kParamBytesPerParam, s1, deps);
+                                          units[u].params * kParamBytesPerParam * act_scale, s1, deps);
     tag(t, Cls::dp, kTidDp, stage);
     label(t, stage, "zero3_gather " + units[u].name, "dp");
     gathers[u] = t;
@@ -545,6 +576,7 @@ void Builder::add_step(int stage, std::size_t idx) {
 }
 
 void Builder::finish_iteration() {
+  const double act_scale = activation_bytes_scale(topo_.cluster().calibration.get());
   const GpuProfile& gpu = topo_.cluster().gpu;
   const int zero = dp_ > 1 ? plan_.zero_stage : 0;
   std::vector<TaskId> all;
@@ -588,7 +620,7 @@ void Builder::finish_iteration() {
     const Rep& r = reps_[static_cast<std::size_t>(s)];
     const double params = parameters_on_stage(m_, plan_, s);
     const double shard = zero >= 1 ? params / dp_ : params;
-    TimeNs ns = memory_bound_time_ns(gpu, shard * kAdamBytesPerParam);
+    TimeNs ns = kernel_time_ns(gpu, "adam", shard * kAdamBytesPerParam);
     if (s == straggler_stage_) ns = static_cast<TimeNs>(std::llround(static_cast<double>(ns) * straggler_slowdown_));
     const TaskId opt = eng_->add_compute(r.compute, ns, join);
     tag(opt, Cls::optimizer, kTidCompute, s);
@@ -597,7 +629,8 @@ void Builder::finish_iteration() {
       // Distributed optimizer: gather the updated bf16 parameters (not overlapped).
       const StreamId s1[1] = {r.dp};
       const std::vector<TaskId> d{opt};
-      const TaskId g = eng_->add_collective(Collective::all_gather, r.dp_group, params * kParamBytesPerParam, s1, d);
+      const TaskId g = eng_->add_collective(Collective::all_gather, r.dp_group,
+                                            params * kParamBytesPerParam * act_scale, s1, d);
       tag(g, Cls::dp, kTidDp, s);
       label(g, s, "param all-gather", "dp");
     }

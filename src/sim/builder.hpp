@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -109,6 +110,7 @@ class Builder {
   int chunk_of(int vs) const { return vs / pp_; }
   bool can_add(int stage, std::size_t idx);
   void plan_messages();
+  void reserve_tasks();
   void try_message(std::uint32_t msg);
   void add_step(int stage, std::size_t idx);
   void play(Chain& ch, const Program& prog);
@@ -118,7 +120,7 @@ class Builder {
   void finish_iteration();
 
   TaskId tag(TaskId t, Cls cls, std::uint8_t tid, int stage, int stage2 = -1);
-  void label(TaskId t, int stage, std::string name, std::string category);
+  void label(TaskId t, int stage, std::string_view name, std::string_view category);
 
   const ModelSpec& m_;
   const Topology& topo_;

@@ -1,4 +1,4 @@
-// The event loop: a binary heap of (time, seq) events plus the network model,
+// The event loop: a 4-ary heap of (time, seq) events plus the network model,
 // asked for its next flow completion (SimGrid's model boundary). Tasks that
 // become ready are collected and started after each event, in the order they
 // became ready, so a run is a pure function of the inputs.
@@ -30,6 +30,48 @@ struct EventLater {
   }
 };
 
+// A 4-ary min-heap: half the depth of a binary heap, and a node's children
+// share a cache line or two. (time, seq) is a total order, so the pop order,
+// and thus the run, is the same as with any other heap.
+constexpr std::size_t kHeapArity = 4;
+
+template <typename E>
+void heap_push(std::vector<E>& h, const E& e) {
+  std::size_t i = h.size();
+  h.push_back(e);
+  while (i > 0) {
+    const std::size_t parent = (i - 1) / kHeapArity;
+    if (!EventLater{}(h[parent], e)) break;
+    h[i] = h[parent];
+    i = parent;
+  }
+  h[i] = e;
+}
+
+template <typename E>
+E heap_pop(std::vector<E>& h) {
+  const E top = h.front();
+  const E last = h.back();
+  h.pop_back();
+  const std::size_t n = h.size();
+  if (n == 0) return top;
+  std::size_t i = 0;
+  while (true) {
+    const std::size_t first = kHeapArity * i + 1;
+    if (first >= n) break;
+    std::size_t best = first;
+    const std::size_t end = std::min(first + kHeapArity, n);
+    for (std::size_t c = first + 1; c < end; ++c) {
+      if (EventLater{}(h[best], h[c])) best = c;
+    }
+    if (!EventLater{}(last, h[best])) break;
+    h[i] = h[best];
+    i = best;
+  }
+  h[i] = last;
+  return top;
+}
+
 }  // namespace
 
 StreamId Engine::add_stream(int gpu, StreamKind kind) {
@@ -42,6 +84,8 @@ StreamId Engine::add_stream(int gpu, StreamKind kind) {
 
 void Engine::reserve(std::size_t tasks, std::size_t dependencies) {
   tasks_.reserve(tasks);
+  users_.reserve(tasks);
+  succ_tail_.reserve(tasks);
   task_streams_.reserve(tasks);
   succ_.reserve(dependencies);
   heap_.reserve(std::min<std::size_t>(tasks, 1 << 16));
@@ -58,9 +102,11 @@ GroupId Engine::add_group(CommGroup group) {
 TaskId Engine::new_task(TaskKind kind, std::span<const StreamId> streams, std::span<const TaskId> deps,
                         std::uint64_t user) {
   const auto id = static_cast<TaskId>(tasks_.size());
+  if (streams.size() > kMaxStreamsPerTask) {
+    throw std::invalid_argument("Engine: a task may occupy at most " + std::to_string(kMaxStreamsPerTask) + " streams");
+  }
   Task t;
   t.kind = kind;
-  t.user = user;
   t.streams_off = static_cast<std::uint32_t>(task_streams_.size());
   for (StreamId s : streams) {
     if (s == kNoStream) continue;
@@ -70,8 +116,10 @@ TaskId Engine::new_task(TaskKind kind, std::span<const StreamId> streams, std::s
     }
     task_streams_.push_back(s);
   }
-  t.streams_len = static_cast<std::uint32_t>(task_streams_.size()) - t.streams_off;
+  t.streams_len = static_cast<std::uint16_t>(task_streams_.size() - t.streams_off);
   tasks_.push_back(t);
+  users_.push_back(user);
+  succ_tail_.push_back(kNone);
   for (TaskId d : deps) {
     if (d >= id) throw std::out_of_range("Engine: dependency on task " + std::to_string(d) + " not yet added");
     Task& dep = tasks_[d];
@@ -79,9 +127,9 @@ TaskId Engine::new_task(TaskKind kind, std::span<const StreamId> streams, std::s
     ++tasks_[id].deps_left;
     const auto e = static_cast<std::uint32_t>(succ_.size());
     succ_.push_back(Succ{id, kNone});
-    if (dep.succ_tail == kNone) dep.succ_head = e;
-    else succ_[dep.succ_tail].next = e;
-    dep.succ_tail = e;
+    if (succ_tail_[d] == kNone) dep.succ_head = e;
+    else succ_[succ_tail_[d]].next = e;
+    succ_tail_[d] = e;
   }
   for (std::uint32_t i = 0; i < tasks_[id].streams_len; ++i) {
     Stream& s = streams_[task_streams_[tasks_[id].streams_off + i]];
@@ -166,8 +214,7 @@ TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs late
 }
 
 void Engine::push_event(TimeNs t, TaskId task, EventType type) {
-  heap_.push_back(Event{t, seq_++, task, type});
-  std::push_heap(heap_.begin(), heap_.end(), EventLater{});
+  heap_push(heap_, Event{t, seq_++, task, type});
 }
 
 void Engine::maybe_start(TaskId t) {
@@ -211,7 +258,7 @@ void Engine::start(TaskId id) {
 void Engine::start_phase(TaskId id) {
   const Task& t = tasks_[id];
   const CommPhase& ph = plans_[t.plan].phases[t.phase];
-  net_->start_flow(ph.uses, ph.bytes_per_size * t.bytes, now_, id);
+  net_->start_flow(ph.uses, phase_flow_bytes(ph, t.bytes), now_, id);
 }
 
 void Engine::finish(TaskId id) {
@@ -257,14 +304,13 @@ RunStats Engine::run(TimeNs until_ns) {
         ++events_;
         const auto id = static_cast<TaskId>(tag);
         const Task& task = tasks_[id];
-        const TimeNs lat = task.kind == TaskKind::flow ? task.duration_ns : plans_[task.plan].phases[task.phase].latency_ns;
+        const TimeNs lat = task.kind == TaskKind::flow ? task.duration_ns
+                                                       : phase_latency_ns(plans_[task.plan].phases[task.phase], task.bytes);
         push_event(t + lat, id, EventType::phase_end);
       }
       continue;
     }
-    std::pop_heap(heap_.begin(), heap_.end(), EventLater{});
-    const Event ev = heap_.back();
-    heap_.pop_back();
+    const Event ev = heap_pop(heap_);
     ++events_;
     Task& task = tasks_[ev.task];
     if (ev.type == EventType::phase_end && task.kind != TaskKind::flow &&

@@ -156,11 +156,25 @@ FlowId Network::start_flow(std::span<const LinkUse> uses, double bytes, TimeNs n
   fl.active = true;
   ++active_;
   ++flows_started_;
+  // Validate every link first, so a throw leaves no half-registered flow.
   for (const LinkUse& u : uses) {
     if (u.link >= links_.size()) throw std::out_of_range("Network: link id out of range");
-    if (u.weight > 0 && fl.remaining > 0) {
-      fl.uses.push_back(Use{u.link, u.weight, 0, kNotShared});
-      fl.cap = std::min(fl.cap, links_[u.link].capacity_Bps / u.weight);
+  }
+  // One pass: take each link's capacity into the flow's cap and register the
+  // flow on the link (the hot path of a mirrored collective: hundreds of links).
+  if (fl.remaining > 0) {
+    fl.uses.reserve(uses.size());
+    for (const LinkUse& u : uses) {
+      if (!(u.weight > 0)) continue;
+      Link& link = links_[u.link];
+      fl.cap = std::min(fl.cap, link.capacity_Bps / u.weight);
+      const auto i = static_cast<std::uint32_t>(fl.uses.size());
+      fl.uses.push_back(Use{u.link, u.weight, static_cast<std::uint32_t>(link.flows.size()), kNotShared});
+      link.flows.push_back(FlowRef{f, i});
+      if (link.flows.size() >= 2) {
+        if (link.flows.size() == 2) add_shared(link.flows[0].flow, link.flows[0].use);
+        add_shared(f, i);
+      }
     }
   }
   if (fl.uses.empty()) {
@@ -168,12 +182,11 @@ FlowId Network::start_flow(std::span<const LinkUse> uses, double bytes, TimeNs n
     push_pending(f);
     return f;
   }
-  add_flow_to_links(f);
-  if (flows_[f].shared.empty()) {
-    set_rate(f, flows_[f].cap, now);  // alone on all its links
+  if (fl.shared.empty()) {
+    set_rate(f, fl.cap, now);  // alone on all its links
     return f;
   }
-  for (std::uint32_t i : flows_[f].shared) dirty_.push_back(flows_[f].uses[i].link);
+  for (std::uint32_t i : fl.shared) dirty_.push_back(fl.uses[i].link);
   return f;
 }
 
@@ -201,26 +214,28 @@ void Network::remove_shared(FlowId f, std::uint32_t use) {
   fl.uses[use].spos = kNotShared;
 }
 
-void Network::add_flow_to_links(FlowId f) {
-  for (std::uint32_t i = 0; i < flows_[f].uses.size(); ++i) {
-    auto& list = links_[flows_[f].uses[i].link].flows;
-    flows_[f].uses[i].pos = static_cast<std::uint32_t>(list.size());
-    list.push_back(FlowRef{f, i});
-    if (list.size() == 2) add_shared(list[0].flow, list[0].use);
-    if (list.size() >= 2) add_shared(f, i);
-  }
-}
-
-void Network::remove_flow_from_links(FlowId f) {
-  for (const Use& u : flows_[f].uses) {
-    auto& list = links_[u.link].flows;
+// A finished flow leaves its links: each link's totals take what it carried,
+// shared links become seeds of the re-solve, and the flow is unregistered.
+void Network::retire_flow(FlowId f) {
+  Flow& fl = flows_[f];
+  const double max_rate = fl.max_rate;
+  const double total = fl.total;
+  for (const Use& u : fl.uses) {
+    Link& link = links_[u.link];
+    link.bytes += u.weight * total;
+    // Whenever the flow ran, its link carried at least weight * rate.
+    link.peak_utilisation = std::max(link.peak_utilisation, std::min(1.0, u.weight * max_rate / link.capacity_Bps));
+    auto& list = link.flows;
+    if (list.size() > 1) seeds_.push_back(u.link);
     const FlowRef moved = list.back();
-    list[u.pos] = moved;
-    flows_[moved.flow].uses[moved.use].pos = u.pos;
+    if (moved.flow != f) {
+      list[u.pos] = moved;
+      flows_[moved.flow].uses[moved.use].pos = u.pos;
+    }
     list.pop_back();
     if (list.size() == 1) remove_shared(list[0].flow, list[0].use);
   }
-  flows_[f].shared.clear();
+  fl.shared.clear();
 }
 
 TimeNs Network::next_completion() {
@@ -258,15 +273,8 @@ void Network::advance_to(TimeNs now, std::vector<std::uint64_t>& completed) {
         return pending_after(a.finish_ns, a.seq, b.finish_ns, b.seq);
       });
       pending_.pop_back();
+      retire_flow(p.flow);
       Flow& fl = flows_[p.flow];
-      for (const Use& u : fl.uses) {
-        Link& link = links_[u.link];
-        link.bytes += u.weight * fl.total;
-        // Whenever the flow ran, its link carried at least weight * rate.
-        link.peak_utilisation = std::max(link.peak_utilisation, std::min(1.0, u.weight * fl.max_rate / link.capacity_Bps));
-        if (link.flows.size() > 1) seeds_.push_back(u.link);
-      }
-      remove_flow_from_links(p.flow);
       fl.remaining = 0;
       fl.active = false;
       ++fl.version;

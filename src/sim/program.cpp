@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string_view>
 
+#include "cuboid/calibration.hpp"
 #include "cuboid/cost.hpp"
 
 namespace cuboid::sim::detail {
@@ -90,20 +91,22 @@ Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence
       const Op& reduce = ops[i + 2];
       if (sequence_parallel) {
         // SP does not keep the gathered input: it is all-gathered again under dgrad.
-        b.collective(ItemKind::async, Collective::all_gather, reduce.comm_bytes, reduce.name + "_regather");
+        b.collective(ItemKind::async, Collective::all_gather, comm_size_bytes(reduce, gpu.calibration.get()),
+                     reduce.name + "_regather");
         b.compute(op);
         b.join();
       } else {
         b.compute(op);
       }
-      b.collective(ItemKind::async, reduce.collective, reduce.comm_bytes, reduce.name);
+      b.collective(ItemKind::async, reduce.collective, comm_size_bytes(reduce, gpu.calibration.get()), reduce.name);
       b.compute(wgrad);
       b.join();
       i += 2;
       continue;
     }
     if (op.kind == OpKind::collective || op.kind == OpKind::p2p) {
-      if (op.group == Group::tp) b.collective(ItemKind::collective, op.collective, op.comm_bytes, op.name);
+      if (op.group == Group::tp)
+        b.collective(ItemKind::collective, op.collective, comm_size_bytes(op, gpu.calibration.get()), op.name);
       continue;  // other groups' traffic is placed by the simulator, not per op
     }
     b.compute(op);

@@ -1,5 +1,5 @@
 #pragma once
-// Discrete-event engine: integer-nanosecond time, a binary heap keyed by
+// Discrete-event engine: integer-nanosecond time, a heap keyed by
 // (time, sequence number) so ties run in the order they were scheduled and
 // every run is deterministic; no globals (engines are plain objects).
 //
@@ -40,6 +40,7 @@ using TaskId = std::uint32_t;
 using StreamId = std::uint32_t;
 using GroupId = std::uint32_t;
 inline constexpr StreamId kNoStream = std::numeric_limits<StreamId>::max();
+inline constexpr std::size_t kMaxStreamsPerTask = std::numeric_limits<std::uint16_t>::max();
 
 enum class StreamKind : std::uint8_t { compute, tp, pp, dp, other };
 std::string_view to_string(StreamKind k);
@@ -120,7 +121,7 @@ class Engine {
   TimeNs start_ns(TaskId t) const { return tasks_[t].start_ns; }
   TimeNs end_ns(TaskId t) const { return tasks_[t].end_ns; }
   bool done(TaskId t) const { return tasks_[t].end_ns != kNever && tasks_[t].state == State::done; }
-  std::uint64_t user(TaskId t) const { return tasks_[t].user; }
+  std::uint64_t user(TaskId t) const { return users_[t]; }
   // The algorithm a collective task resolved to (ring for send_recv / flow).
   Algorithm algorithm(TaskId t) const { return tasks_[t].algo; }
   const StreamInfo& stream(StreamId s) const { return streams_[s].info; }
@@ -135,25 +136,27 @@ class Engine {
     TaskId task = 0;
     EventType type = EventType::task_end;
   };
-  struct Task {
+  // One cache line: the run touches tasks in time order, not in the order
+  // they were added, so each access is a likely cache miss; what only the
+  // build or the caller needs (user value, successor-list tail) lives apart.
+  struct alignas(64) Task {
     TimeNs duration_ns = 0;       // compute: the duration; flow: latency
     TimeNs start_ns = kNever;
     TimeNs end_ns = kNever;
     double bytes = 0;             // comm: size_bytes (flow: bytes per route)
-    std::uint64_t user = 0;
     std::uint32_t plan = 0;       // index into plans_ (comm) or flow_uses_ range start (flow)
     std::uint32_t plan_len = 0;   // flow: number of uses
     std::uint32_t streams_off = 0;  // range in task_streams_
-    std::uint32_t streams_len = 0;
-    std::uint32_t arrived = 0;    // streams at whose head it is
     std::uint32_t deps_left = 0;
-    std::uint32_t succ_head = kNone;  // FIFO linked list in succ_
-    std::uint32_t succ_tail = kNone;
+    std::uint32_t succ_head = kNone;  // FIFO linked list in succ_ (tail: succ_tail_)
+    std::uint16_t streams_len = 0;  // at most kMaxStreamsPerTask
+    std::uint16_t arrived = 0;    // streams at whose head it is
     std::uint16_t phase = 0;
     TaskKind kind = TaskKind::compute;
     Algorithm algo = Algorithm::ring;
     State state = State::waiting;
   };
+  static_assert(sizeof(Task) == 64);
   struct Stream {
     StreamInfo info;
     std::vector<TaskId> queue;    // FIFO; head = queue[head]
@@ -187,6 +190,8 @@ class Engine {
   std::uint64_t tasks_done_ = 0;
   std::vector<Event> heap_;
   std::vector<Task> tasks_;
+  std::vector<std::uint64_t> users_;     // per task
+  std::vector<std::uint32_t> succ_tail_;  // per task: last entry of its successor list
   std::vector<Stream> streams_;
   std::vector<StreamId> task_streams_;
   std::vector<Succ> succ_;
