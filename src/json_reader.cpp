@@ -73,7 +73,10 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
   if (!in) throw InputError(source, "", "cannot be opened for reading", "check the file's permissions");
   std::stringstream buffer;
   buffer << in.rdbuf();
-  const std::string text = buffer.str();
+  return parse_json_text(buffer.str(), source);
+}
+
+nlohmann::json parse_json_text(const std::string& text, const std::string& source) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
     throw InputError(source, "", "file is empty", "give a JSON object");
   }
@@ -89,6 +92,11 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
     // nlohmann's message starts with "[json.exception.parse_error.101] ".
     if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
     throw InputError(source, "", "malformed JSON: " + what, "fix the JSON syntax at that position");
+  } catch (const nlohmann::json::out_of_range& e) {
+    // A number beyond double's range (1e400) is a parse-time error too.
+    std::string what = e.what();
+    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+    throw InputError(source, "", "malformed JSON: " + what, "give numbers within the range of a double");
   }
 }
 

@@ -25,6 +25,9 @@ std::optional<std::string_view> closest_field(std::string_view key, std::span<co
 // Reads and parses a JSON file; unreadable or malformed files throw InputError
 // (with the parser's line/column for syntax errors).
 nlohmann::json read_json_file(const std::filesystem::path& path);
+// The parsing half of read_json_file: `text` must be one JSON object; `source`
+// names it in errors. (The fuzz harnesses feed loaders through it.)
+nlohmann::json parse_json_text(const std::string& text, const std::string& source);
 
 class JsonReader {
  public:
