@@ -112,6 +112,33 @@ void validate_model(const ModelSpec& m, const std::string& source) {
   check_positive(m.vocab_size, "vocab_size", source);
   check_positive(m.seq_length, "seq_length", source);
   check_positive(m.max_position_embeddings, "max_position_embeddings", source);
+  // Upper bounds keep every size product of the FLOPs and memory formulas
+  // inside 64 bits (a typo of a few digits is caught here, not as an overflow).
+  constexpr std::int64_t kMaxSize = std::int64_t{1} << 24;
+  const std::pair<const char*, std::int64_t> sizes[] = {
+      {"num_layers", m.num_layers}, {"hidden_size", m.hidden_size}, {"num_attention_heads", m.num_attention_heads},
+      {"num_kv_heads", m.num_kv_heads}, {"head_dim", m.head_dim}, {"ffn_hidden_size", m.ffn_hidden_size},
+      {"vocab_size", m.vocab_size}, {"seq_length", m.seq_length}, {"max_position_embeddings", m.max_position_embeddings}};
+  for (const auto& [field, value] : sizes)
+    if (value > kMaxSize)
+      throw InputError(source, field, std::to_string(value) + " is above cuboid's limit of " + std::to_string(kMaxSize),
+                       "check the value (a typo?); sizes up to 2^24 are supported");
+  if (m.num_attention_heads * m.head_dim > kMaxSize)
+    throw InputError(source, "head_dim",
+                     "attention heads x head_dim = " + std::to_string(m.num_attention_heads * m.head_dim) +
+                         " is above cuboid's limit of " + std::to_string(kMaxSize),
+                     "check num_attention_heads and head_dim");
+  // 1e15 parameters (100x a 10T model) keeps parameter and byte counts exact in int64.
+  const double h = static_cast<double>(m.hidden_size);
+  const double per_layer = h * static_cast<double>(m.num_attention_heads * m.head_dim) * 4.0 +
+                           3.0 * h * static_cast<double>(m.ffn_hidden_size);
+  const double params = static_cast<double>(m.num_layers) * per_layer + 2.0 * h * static_cast<double>(m.vocab_size) +
+                        h * static_cast<double>(m.max_position_embeddings);
+  if (params > 1e15)
+    throw InputError(source, "num_layers",
+                     "the model would have about " + std::to_string(static_cast<long long>(params / 1e12)) +
+                         " T parameters, above cuboid's limit of 1000 T",
+                     "check num_layers, hidden_size and ffn_hidden_size (a typo?)");
   if (m.seq_length > m.max_position_embeddings) {
     throw InputError(source, "seq_length",
                      std::to_string(m.seq_length) + " exceeds max_position_embeddings " +

@@ -4,6 +4,8 @@
 #include <set>
 #include <stdexcept>
 
+#include <fmt/format.h>
+
 #include "cuboid/error.hpp"
 
 namespace cuboid {
@@ -125,6 +127,11 @@ void validate_plan(const ParallelPlan& p, const ModelSpec& m, const Cluster& c, 
   positive(p.seq_length, "--seq-length");
   positive(p.virtual_stages, "--vpp");
   if (p.cp != 1) fail("--cp", "context parallelism is not modelled yet", "use cp = 1");
+  if (p.flash_attention && !c.gpu.flash_attention)
+    fail("--flash-attention",
+         "flash attention is on, but " + c.gpu.name + " (" + c.name +
+             ") has no fused attention kernel (its GPU profile says \"flash_attention\": false)",
+         "use --flash-attention off (the default on this cluster)");
   if (p.zero_stage < 0 || p.zero_stage > 3)
     fail("--zero", "ZeRO stage must be 0, 1, 2 or 3, got " + std::to_string(p.zero_stage), "use 0, 1, 2 or 3");
   if (p.seq_length > m.max_position_embeddings)
@@ -179,8 +186,12 @@ void validate_plan(const ParallelPlan& p, const ModelSpec& m, const Cluster& c, 
   if (p.sequence_parallel && p.tp == 1)
     fail("--sequence-parallel", "sequence parallelism needs TP > 1", "use --sequence-parallel off with TP 1");
   const long long gpus = c.total_gpus();
-  if (p.world_size() > gpus)
-    fail("--tp/--pp/--dp", "TP x PP x DP = " + std::to_string(p.world_size()) + " GPUs but cluster " + c.name + " has " +
+  // In floating point: the factors are positive ints, so the product cannot
+  // overflow (world_size() can, for --dp 2147483647), and it is exact whenever
+  // it is at most the GPU count.
+  const double world = static_cast<double>(p.tp) * p.pp * p.dp * p.cp;
+  if (world > static_cast<double>(gpus))
+    fail("--tp/--pp/--dp", "TP x PP x DP = " + fmt::format("{:.0f}", world) + " GPUs but cluster " + c.name + " has " +
                                std::to_string(gpus),
          "use fewer GPUs or more nodes (--nodes N)");
   if (p.world_size() != gpus)

@@ -147,6 +147,13 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   p.order = RankOrder::parse(r.string("rank_order"), source, "parallel.rank_order");
   const std::int64_t world = r.positive_integer("world_size");
   r.reject_unknown();
+  // Multiplied step by step in 64 bits, so a hand-edited size cannot overflow world_size().
+  std::int64_t product = 1;
+  for (const int v : {p.tp, p.pp, p.dp, p.cp}) {
+    product *= v;
+    if (product > (std::int64_t{1} << 18))
+      r.fail("world_size", "TP x PP x DP x CP is above cuboid's limit of 262144 GPUs", kRegenerate);
+  }
   if (world != p.world_size())
     r.fail("world_size", "is " + std::to_string(world) + " but TP x PP x DP x CP = " + std::to_string(p.world_size()),
            kRegenerate);

@@ -79,8 +79,9 @@ ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, c
   if (o.dp) {
     p.dp = *o.dp;
   } else {
-    const int tp_pp = p.tp * p.pp;
-    p.dp = (tp_pp > 0 && cluster.total_gpus() % tp_pp == 0) ? cluster.total_gpus() / tp_pp : 1;
+    // 64-bit: a huge --tp x --pp (checked later by validate_plan) must not overflow here.
+    const std::int64_t tp_pp = static_cast<std::int64_t>(p.tp) * p.pp;
+    p.dp = (tp_pp > 0 && cluster.total_gpus() % tp_pp == 0) ? static_cast<int>(cluster.total_gpus() / tp_pp) : 1;
   }
   p.seq_length = o.seq_length.value_or(model.seq_length);
   p.global_batch = o.global_batch.value_or(default_global_batch(p.seq_length, cluster.total_gpus()));
@@ -102,7 +103,7 @@ ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, c
   p.zero_stage = o.zero_stage.value_or(0);
   p.recompute = o.recompute.value_or(Recompute::selective);
   p.sequence_parallel = o.sequence_parallel.value_or(p.tp > 1);
-  p.flash_attention = o.flash_attention;
+  p.flash_attention = o.flash_attention.value_or(cluster.gpu.flash_attention);
   p.order = o.order.value_or(RankOrder{});
   validate_plan(p, model, cluster);
   return p;
@@ -136,6 +137,7 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     probe.micro_batch = o.micro_batch.value_or(1);
     probe.dp = o.dp.value_or(1);
     probe.zero_stage = o.zero_stage.value_or(0);
+    probe.flash_attention = o.flash_attention.value_or(cluster.gpu.flash_attention);
     Cluster relaxed = cluster;  // the GPU-count check is the search's job
     relaxed.nodes = 1;
     relaxed.gpus_per_node = probe.world_size();
@@ -147,6 +149,14 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     if (o.tp && gpus % *o.tp != 0)
       throw InputError("command line", "--tp", "TP " + std::to_string(*o.tp) + " does not divide the " + std::to_string(gpus) + " GPUs of " + cluster.name,
                        "choose a TP that divides the GPU count");
+    // A fixed PP or DP that cannot divide the GPUs leaves no candidate: say
+    // which flag, rather than print an empty ranking and exit 0.
+    if (o.pp && gpus % *o.pp != 0)
+      throw InputError("command line", "--pp", "PP " + std::to_string(*o.pp) + " does not divide the " + std::to_string(gpus) + " GPUs of " + cluster.name,
+                       "choose a PP that divides the GPU count");
+    if (o.dp && gpus % *o.dp != 0)
+      throw InputError("command line", "--dp", "DP " + std::to_string(*o.dp) + " does not divide the " + std::to_string(gpus) + " GPUs of " + cluster.name,
+                       "choose a DP that divides the GPU count");
   }
 
   const std::int64_t heads_gcd = std::gcd(std::gcd(model.num_attention_heads, model.num_kv_heads), model.ffn_hidden_size);
@@ -155,10 +165,11 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     if (heads_gcd % t == 0 && (o.tp || t <= cluster.gpus_per_node)) tps.push_back(t);
   std::vector<int> micro_batches;
   for (int b = 1; b <= o.max_micro_batch; b *= 2) micro_batches.push_back(b);
+  const bool flash = o.flash_attention.value_or(cluster.gpu.flash_attention);
   // With flash attention the attention scores are never stored, so selective
   // recomputation is the same plan as none: search it only when asked for.
   const std::vector<Recompute> recomputes =
-      fixed_or(o.recompute, o.flash_attention ? std::vector<Recompute>{Recompute::none, Recompute::full}
+      fixed_or(o.recompute, flash ? std::vector<Recompute>{Recompute::none, Recompute::full}
                                               : std::vector<Recompute>{Recompute::none, Recompute::selective, Recompute::full});
   // PP sizes: divisors of the layers, plus (with uneven stages) every PP that
   // has a first/last-stage split.
@@ -259,7 +270,7 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
                   p.zero_stage = zero;
                   p.recompute = rc;
                   p.sequence_parallel = sp;
-                  p.flash_attention = o.flash_attention;
+                  p.flash_attention = flash;
                   p.order = order;
                   try {
                     validate_plan(p, model, cluster);

@@ -3,6 +3,8 @@
 // thousands of events, and names are escaped once when interned.
 #include "cuboid/trace.hpp"
 
+#include "cuboid/error.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -64,20 +66,21 @@ void write_atomically(const std::filesystem::path& path, const std::string& text
   tmp += ".tmp." + std::to_string(::getpid());
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw std::runtime_error("cannot write trace file " + tmp.string());
+    // A path the user gave: failing to write it is bad input (exit 2), not an internal error.
+    if (!f) throw InputError(path.string(), "", "cannot create the trace file", "check that the folder exists and is writable, or write elsewhere");
     f.write(text.data(), static_cast<std::streamsize>(text.size()));
     f.flush();
     if (!f) {
       std::error_code ec;
       std::filesystem::remove(tmp, ec);
-      throw std::runtime_error("cannot write trace file " + tmp.string());
+      throw InputError(path.string(), "", "cannot write the trace file", "check free space and permissions, or write elsewhere");
     }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
     std::filesystem::remove(tmp, ec);
-    throw std::runtime_error("cannot rename trace file to " + path.string());
+    throw InputError(path.string(), "", "cannot write the trace file: " + ec.message(), "give a file path that is not a folder, or write elsewhere");
   }
 }
 

@@ -254,3 +254,41 @@ TEST_CASE("plan --for TARGET chooses a plan that the target can express, and exp
   CHECK(bad.err.find("--for: unknown export target \"jax\"") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("validate: measurements of another plan exit 2 with one line naming the field") {
+  const auto dir = std::filesystem::temp_directory_path() / ("cuboid_cli_validate_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto plan = dir / "tp2.json";
+  Result p = run("plan --model models/tiny.json --cluster topologies/localhost-cpu.json --tp 2 --global-batch 4 "
+                 "--micro-batch 1 --flash-attention off --simulate-top 1 --out " + plan.string());
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  // A well-formed run of a DP 2 plan of the same model.
+  nlohmann::json m = {{"schema", "cuboid.measurements/1"},
+                      {"model", {{"name", "tiny"}, {"num_layers", 4}, {"hidden_size", 256}, {"num_attention_heads", 8},
+                                 {"ffn_hidden_size", 1024}, {"vocab_size", 1024}}},
+                      {"plan", {{"tp", 1}, {"pp", 1}, {"dp", 2}, {"micro_batch", 1}, {"global_batch", 4},
+                                {"num_micro_batches", 2}, {"seq_length", 128}, {"virtual_stages", 1}, {"zero_stage", 0},
+                                {"recompute", "none"}, {"sequence_parallel", false}, {"schedule", "1f1b"},
+                                {"rank_order", "tp-dp-pp"}, {"world_size", 2}}},
+                      {"environment", {{"backend", "cpu"}, {"hostnames", {"vm"}}}},
+                      {"steps", 3}, {"warmup", 1}, {"iteration_time_s", 0.5}, {"ranks", nlohmann::json::array()}};
+  for (int r = 0; r < 2; ++r) {
+    const nlohmann::json t = {{"median_s", 0.5}, {"min_s", 0.5}, {"max_s", 0.5}};
+    m["ranks"].push_back({{"rank", r}, {"hostname", "vm"},
+                          {"coord", {{"tp", 0}, {"pp", 0}, {"dp", r}, {"node", 0}, {"gpu", r}}},
+                          {"iteration", t}, {"compute_s", 0.5}, {"communication_s", 0.0},
+                          {"ops", {{{"name", "qkv"}, {"kind", "gemm"}, {"pass", "forward"}, {"calls_per_step", 2},
+                                    {"time_per_step", t}, {"shape", {{"m", 128}, {"n", 768}, {"k", 256}, {"batch", 1}}}}}}});
+  }
+  const auto measurements = dir / "dp2.measurements.json";
+  std::ofstream(measurements) << m.dump(2);
+  Result v = run("validate --plan " + plan.string() + " --measurements " + measurements.string() +
+                 " --cluster topologies/localhost-cpu.json");
+  CHECK(v.code == 2);
+  CHECK(v.out.empty());
+  CHECK_MESSAGE(v.err.find(measurements.string() + ": plan.tp: the run had TP 1 but plan file " + plan.string() +
+                           " has 2: these measurements are from another plan") != std::string::npos,
+                v.err);
+  CHECK(lines(v.err) == 1);
+  std::filesystem::remove_all(dir);
+}

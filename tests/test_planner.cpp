@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <set>
+#include <string>
 
 #include "cuboid/cluster.hpp"
 #include "cuboid/error.hpp"
@@ -239,4 +240,34 @@ TEST_CASE("near-ties between rank orders go to Megatron's default order") {
   REQUIRE(r.fitting.size() > 2);
   // tp-pp-dp and tp-dp-pp place this plan's groups on equal links: the winner is the portable one.
   CHECK(r.fitting.front().plan.order == RankOrder{});
+}
+
+TEST_CASE("a device without fused attention: flash off by default, a forced --flash-attention on is refused") {
+  const ModelSpec m = load_model("models/tiny.json");
+  const Cluster c = load_cluster("topologies/localhost-cpu.json");
+  CHECK(!c.gpu.flash_attention);
+  CHECK(c.gpu.sources.count("flash_attention") == 1);
+  CHECK(load_cluster("topologies/dgx-a100-4node.json").gpu.flash_attention);  // GPUs: on unless the card says
+  const Topology topo(c);
+  PlannerOptions o;
+  o.simulate_top = 0;
+  o.tp = 2;
+  o.micro_batch = 1;
+  o.global_batch = 4;
+  const SearchResult r = search_plans(m, topo, o);
+  REQUIRE(!r.fitting.empty());
+  for (const auto& e : r.fitting) CHECK(!e.plan.flash_attention);
+  CHECK(!plan_from_options(m, c, o).flash_attention);
+  o.flash_attention = true;
+  std::string what;
+  try {
+    (void)search_plans(m, topo, o);
+  } catch (const InputError& e) {
+    what = e.what();
+  }
+  CHECK(what ==
+        "command line: --flash-attention: flash attention is on, but cpu (localhost (2 CPU ranks)) has no fused "
+        "attention kernel (its GPU profile says \"flash_attention\": false) (fix: use --flash-attention off (the "
+        "default on this cluster))");
+  CHECK_THROWS_AS(plan_from_options(m, c, o), InputError);
 }

@@ -24,7 +24,7 @@ struct PlannerOptions {
   std::optional<Recompute> recompute;
   std::optional<bool> sequence_parallel;
   std::optional<Schedule> schedule;
-  bool flash_attention = true;
+  std::optional<bool> flash_attention;       // default: the device's (GpuProfile::flash_attention)
   std::optional<std::int64_t> global_batch;  // default: default_global_batch()
   std::optional<std::int64_t> seq_length;    // default: the model's
   std::optional<RankOrder> order;   // default: Megatron's tp-dp-pp (or searched with search_rank_order)

@@ -34,6 +34,11 @@ struct Op {
   Collective collective = Collective::all_reduce;
   Group group = Group::none;
   double comm_bytes = 0;      // collective: the NCCL "size" (buffer bytes per rank); p2p: bytes sent
+  // comm_bytes count bf16 (2-byte) elements of the compute dtype (activations,
+  // their gradients): a backend whose activations are another size (the CPU
+  // executor's f32) moves comm_bytes x element size / 2, see comm_size_bytes
+  // in calibration.hpp. False for fp32 data (cross-entropy statistics).
+  bool compute_dtype = false;
 };
 
 struct LayerOps {

@@ -1,5 +1,6 @@
 // cuboid export: a plan file as the configuration of another trainer.
 #include "commands.hpp"
+#include "plan_flags.hpp"
 
 #include <iostream>
 #include <string>
@@ -18,6 +19,7 @@ struct ExportFlags {
 };
 
 void run_export(const ExportFlags& f) {
+  if (!f.out_path.empty()) check_output_path(f.out_path, "--out");
   const PlanFile pf = read_plan_file(f.plan_path);
   const std::string text = export_plan(pf, f.target);
   if (f.out_path.empty()) {

@@ -247,14 +247,6 @@ void write_outputs(const Loaded& l, const SearchResult& r, const PlanFlags& f) {
   }
 }
 
-void check_writable_dir(const std::optional<std::string>& path, const char* flag) {
-  if (!path) return;
-  const std::filesystem::path dir = std::filesystem::absolute(*path).parent_path();
-  if (!std::filesystem::is_directory(dir))
-    throw InputError("command line", flag, "folder " + dir.string() + " of " + *path + " does not exist",
-                     "create the folder or write elsewhere");
-}
-
 // --for TARGET: search only plans that the trainer can express, asking the
 // exporter itself (one definition of what each target supports).
 void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& target) {
@@ -283,12 +275,29 @@ void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& t
   o.accept_reason = target + " cannot express it (--for " + target + ")";
 }
 
+// The discrete-event re-rank costs grow with the DP replicas it mirrors: at
+// 16,384 GPUs (Llama 3.1 405B on 2048 nodes) it takes ~3 s, at 100,000 GPUs
+// minutes per plan. Above this size plan ranks analytically unless
+// --simulate-top is given explicitly, so a big cluster never looks like a hang.
+constexpr int kMaxAutoSimulatedGpus = 16384;
+CLI::Option* g_simulate_top_option = nullptr;
+
 void run_plan(const PlanFlags& f) {
-  check_writable_dir(f.out_path, "--out");  // fail before a long search, not after
-  check_writable_dir(f.svg_path, "--svg");
+  if (f.top <= 0) throw InputError("command line", "--top", "must be positive, got " + std::to_string(f.top), "give a value >= 1");
+  if (f.simulate_top < 0)
+    throw InputError("command line", "--simulate-top", "must not be negative, got " + std::to_string(f.simulate_top),
+                     "give 0 (analytical only) or more");
+  if (f.threads < 0)
+    throw InputError("command line", "--threads", "must not be negative, got " + std::to_string(f.threads),
+                     "give 0 (all cores) or more");
+  check_output_path(f.out_path, "--out");  // fail before a long search, not after
+  check_output_path(f.svg_path, "--svg");
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
   if (f.for_target) restrict_to_target(o, l, *f.for_target);
+  const bool simulation_skipped = l.cluster.total_gpus() > kMaxAutoSimulatedGpus &&
+                                  (g_simulate_top_option == nullptr || g_simulate_top_option->count() == 0);
+  if (simulation_skipped) o.simulate_top = 0;
   if (!f.json) o.progress = progress_bar();
   SearchResult r = search_plans(l.model, *l.topology, o);
   o.progress = {};
@@ -303,6 +312,9 @@ void run_plan(const PlanFlags& f) {
   std::cout << fmt::format("search  {} valid plans scored analytically (est), {} fit in memory, the best {} re-ranked by "
                            "discrete-event simulation (sim)\n\n",
                            r.candidates, r.fitting.size(), r.simulated);
+  if (simulation_skipped)
+    std::cout << fmt::format("        (no simulation above {} GPUs by default: it would take minutes; --simulate-top K forces it)\n\n",
+                             kMaxAutoSimulatedGpus);
   if (r.candidates == 0) {
     std::cout << "No valid plan: no factorisation of the cluster satisfies the constraints.\n";
     for (const auto& [reason, count] : r.skip_reasons) std::cout << fmt::format("  {} x {}\n", count, reason);
@@ -345,16 +357,17 @@ void register_plan_command(CLI::App& app) {
   CLI::App* plan = app.add_subcommand("plan", "search TP x PP x DP (and micro-batch, virtual stages, ZeRO, recompute, SP) "
                                               "and rank the plans that fit");
   add_plan_flags(plan, plan_flags, true);
-  plan->add_option("--top", plan_flags.top, "rows in the ranked table (default 10)")->check(CLI::PositiveNumber);
+  // Ranges are checked in run_plan, not with CLI11's check(): its message
+  // prints the range as 0 to 1.8e308 and names no fix.
+  plan->add_option("--top", plan_flags.top, "rows in the ranked table (default 10)");
   plan->add_option("--out", plan_flags.out_path, "write the best plan as a plan file (schema cuboid.plan/1)");
   plan->add_option("--svg", plan_flags.svg_path, "draw step time vs memory of every plan that fits as an SVG picture");
-  plan->add_option("--simulate-top", plan_flags.simulate_top,
-                   "re-rank the best K plans with the discrete-event simulator (default 32; 0: analytical only)")
-      ->check(CLI::NonNegativeNumber);
+  g_simulate_top_option = plan->add_option("--simulate-top", plan_flags.simulate_top,
+                   "re-rank the best K plans with the discrete-event simulator (default 32; 0: analytical only)");
   plan->add_option("--for", plan_flags.for_target,
                    "search only plans this trainer can express: megatron|deepspeed|torchtitan|nemo (see cuboid export)");
   plan->add_flag("--explain", plan_flags.explain, "for each dimension, the best plan with that dimension forced to each value");
-  plan->add_option("--threads", plan_flags.threads, "scoring threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  plan->add_option("--threads", plan_flags.threads, "scoring threads (default: all cores)");
   plan->callback([] { run_plan(plan_flags); });
 }
 

@@ -1,9 +1,12 @@
-// cuboid run: the embedded executor (one process per rank, under mpirun/srun).
+// cuboid run: the embedded executor (one process per rank, under mpirun/srun,
+// or torchrun / Slurm variables with the cuda backend).
 #include "commands.hpp"
 
 #include <cstdlib>
+#include <iostream>
 #include <string>
 
+#include "cuboid/exec/launch.hpp"
 #include "cuboid/exec/run.hpp"
 #include "cuboid/planfile.hpp"
 
@@ -20,6 +23,11 @@ struct RunFlags {
 
 void run_run(RunFlags& f) {
   const PlanFile pf = read_plan_file(f.plan_path);
+  // Neither backend has a fused attention kernel: say so rather than let a
+  // flash plan's per-op comparison silently miss (attn_flash vs attn_qk ...).
+  if (pf.plan.flash_attention && exec::detect_launch(exec::process_environment()).rank == 0)
+    std::cerr << "cuboid run: note: the plan has flash attention on, but the executor runs attention unfused "
+                 "(attn_qk, attn_softmax, attn_av); plan with --flash-attention off to compare with the simulator\n";
   if (f.layers != 0) f.options.layers = f.layers;
   if (f.seq_length != 0) f.options.seq_length = f.seq_length;
   const int code = exec::run_plan(pf, f.options);
@@ -44,7 +52,8 @@ void register_run_command(CLI::App& app) {
   cmd->add_option("--layers", flags.layers, "scale the model down to N layers (a multiple of PP x virtual stages)");
   cmd->add_option("--seq-length", flags.seq_length, "scale the sequence length down to S tokens");
   cmd->add_option("--timeout-s", flags.options.timeout_s,
-                  "abort the whole job when one op takes longer than this (default 300 s)");
+                  "abort the whole job when one op, or the start-up rendezvous of a torchrun launch, takes "
+                  "longer than this (default 300 s)");
   // Test hook, hidden from --help: flip-shard | hang:RANK | kill:RANK.
   cmd->add_option("--inject-fault", flags.options.inject_fault)->group("");
   cmd->callback([] { run_run(flags); });

@@ -25,8 +25,12 @@ int main(int argc, char** argv) {
   cuboid::cli::register_plan_command(app);
   cuboid::cli::register_simulate_commands(app);
   cuboid::cli::register_export_command(app);
+  cuboid::cli::register_validate_command(app);
 #if CUBOID_HAVE_MPI && defined(CUBOID_HAVE_RUN_COMMAND)
   cuboid::cli::register_run_command(app);
+#endif
+#if CUBOID_HAVE_MPI && defined(CUBOID_HAVE_CALIBRATE_COMMAND)
+  cuboid::cli::register_calibrate_command(app, argc, argv);
 #endif
   try {
     app.parse(argc, argv);

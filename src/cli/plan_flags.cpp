@@ -40,7 +40,7 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   cmd->add_option("--recompute", f.recompute, "activation recomputation: none|selective|full");
   cmd->add_option("--sequence-parallel", f.sequence_parallel, "sequence parallelism with TP: on|off");
   cmd->add_option("--schedule", f.schedule, "pipeline schedule: gpipe|1f1b|interleaved");
-  cmd->add_option("--flash-attention", f.flash_attention, "fused attention core: on|off (default on)");
+  cmd->add_option("--flash-attention", f.flash_attention, "fused attention core: on|off (default: on where the device has it, see the GPU profile's flash_attention)");
   cmd->add_option("--rank-order", f.rank_order,
                   search ? "rank order, innermost first, e.g. tp-dp-pp (Megatron's); default: searched"
                          : "rank order, innermost first (default tp-dp-pp, Megatron's)");
@@ -58,6 +58,18 @@ bool parse_on_off(const std::string& v, const std::string& flag) {
   throw InputError("command line", flag, "expected on or off, got \"" + v + "\"", "use " + flag + " on or " + flag + " off");
 }
 
+void check_output_path(const std::optional<std::string>& path, const char* flag) {
+  if (!path) return;
+  const std::string cl = "command line";
+  if (path->empty()) throw InputError(cl, flag, "empty file name", "give a file name, e.g. " + std::string(flag) + " out.json");
+  std::error_code ec;
+  if (std::filesystem::is_directory(*path, ec))
+    throw InputError(cl, flag, *path + " is a folder, not a file", "give a file name inside it, e.g. " + (std::filesystem::path(*path) / "out.json").string());
+  const std::filesystem::path dir = std::filesystem::absolute(*path, ec).parent_path();
+  if (!std::filesystem::is_directory(dir, ec))
+    throw InputError(cl, flag, "folder " + dir.string() + " of " + *path + " does not exist", "create the folder or write elsewhere");
+}
+
 PlannerOptions planner_options(const PlanFlags& f) {
   const std::string cl = "command line";
   auto positive = [&](const auto& v, const char* flag) {
@@ -71,6 +83,16 @@ PlannerOptions planner_options(const PlanFlags& f) {
   positive(f.dp, "--dp");
   positive(f.micro_batch, "--micro-batch");
   positive(f.vpp, "--vpp");
+  // CLI11 saturates an out-of-range integer at INT64_MAX; a bound here keeps
+  // tokens per iteration (batch x sequence) far from overflowing.
+  constexpr std::int64_t kMaxGlobalBatch = std::int64_t{1} << 30;
+  if (f.global_batch && *f.global_batch > kMaxGlobalBatch)
+    throw InputError(cl, "--global-batch", "global batch " + std::to_string(*f.global_batch) + " is above cuboid's limit of " + std::to_string(kMaxGlobalBatch) + " sequences",
+                     "give a global batch of at most " + std::to_string(kMaxGlobalBatch));
+  constexpr std::int64_t kMaxSeqLength = std::int64_t{1} << 24;
+  if (f.seq_length && *f.seq_length > kMaxSeqLength)
+    throw InputError(cl, "--seq-length", "sequence length " + std::to_string(*f.seq_length) + " is above cuboid's limit of " + std::to_string(kMaxSeqLength) + " tokens",
+                     "give a sequence length of at most " + std::to_string(kMaxSeqLength));
   if (f.zero && (*f.zero < 0 || *f.zero > 3))
     throw InputError(cl, "--zero", "ZeRO stage must be 0, 1, 2 or 3, got " + std::to_string(*f.zero), "use 0, 1, 2 or 3");
   PlannerOptions o;

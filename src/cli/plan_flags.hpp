@@ -47,6 +47,10 @@ struct PlanFlags {
 // with_plan_file: also accept --plan FILE instead of --model/--cluster and the dimensions.
 void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_file = false);
 bool parse_on_off(const std::string& v, const std::string& flag);
+// An output path given by `flag` (--out, --svg, --trace) must name a file in an
+// existing folder: checked before any work, so a bad path never costs a search
+// or a simulation and never leaves a partial file.
+void check_output_path(const std::optional<std::string>& path, const char* flag);
 // Validates the flags' values (positive sizes, known enum spellings).
 PlannerOptions planner_options(const PlanFlags& f);
 

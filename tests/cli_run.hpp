@@ -1,0 +1,89 @@
+#pragma once
+// Running the real cuboid binary (CUBOID_BIN, set by meson test) from a test:
+// exit code, stdout and stderr, each test case in its own fresh folder.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+namespace cuboid::test {
+
+struct CliResult {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+inline void write_text(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+// A fresh, empty folder under the temp dir, removed when the object goes.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag) {
+    static int counter = 0;
+    path_ = std::filesystem::temp_directory_path() /
+            ("cuboid_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+  // Names of the files in the folder (recursively), to see that nothing new appeared.
+  std::set<std::string> listing() const {
+    std::set<std::string> names;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(path_)) names.insert(e.path().string());
+    return names;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Runs `cuboid <args>` with stdout and stderr captured in files of `capture_dir`
+// (which should not be the folder a test watches).
+inline CliResult run_cuboid(const std::string& args, const std::filesystem::path& capture_dir) {
+  const char* bin = std::getenv("CUBOID_BIN");
+  REQUIRE_MESSAGE(bin != nullptr, "CUBOID_BIN must name the cuboid binary (meson test sets it)");
+  const auto out_file = capture_dir / "stdout.txt";
+  const auto err_file = capture_dir / "stderr.txt";
+  const std::string cmd = std::string(bin) + " " + args + " >" + out_file.string() + " 2>" + err_file.string();
+  const int status = std::system(cmd.c_str());
+  CliResult r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  r.out = slurp(out_file);
+  r.err = slurp(err_file);
+  std::filesystem::remove(out_file);
+  std::filesystem::remove(err_file);
+  return r;
+}
+
+inline int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n' ? 1 : 0;
+  return n;
+}
+
+}  // namespace cuboid::test
