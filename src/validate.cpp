@@ -268,7 +268,7 @@ std::vector<OpRow> op_rows(const PlanFile& pf, const Topology& topo, const Measu
       const Op& w = it->second;
       if (w.kind == OpKind::collective && w.group == Group::tp) {
         const std::vector<int> ranks = map.tp_group(stage, r.coord.dp);
-        row.predicted_s = calls * ns_to_s(collective_time_ns(w.collective, w.comm_bytes, pf.plan.tp,
+        row.predicted_s = calls * ns_to_s(collective_time_ns(w.collective, comm_size_bytes(w, topo.cluster().calibration.get()), pf.plan.tp,
                                                              group_link_params(topo, w.collective, ranks)));
       } else {
         row.predicted_s = calls * ns_to_s(op_time_ns(gpu, w));

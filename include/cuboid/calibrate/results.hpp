@@ -1,7 +1,9 @@
 #pragma once
 // Per-rank sweep results, their JSON form (gathered to rank 0 as text), and
 // how rank 0 combines them into a Calibration: GEMM and kernel times are the
-// median over ranks of the per-rank medians (every rank runs its own copy);
+// slowest rank's median (every rank runs its own copy; in a step the ranks of
+// a TP / PP / DP group meet at every collective, so a group moves at the pace
+// of its slowest member, and the simulator plays one representative rank);
 // a collective's time is the slowest member's (it ends when the last rank
 // has its data), and #wrong sums over ranks.
 #include <map>
