@@ -5,6 +5,7 @@
 // Korthikanti et al. 2022, GPT-3 175B, Llama-3-70B and 8B). A test that needs a
 // different value copies a fixture and sets the field where it is used.
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -12,6 +13,16 @@
 #include "cuboid/model.hpp"
 
 namespace cuboid::test {
+
+// The source tree (the build passes CUBOID_SOURCE_ROOT_DIR; meson runs the
+// tests from the source root otherwise).
+inline std::filesystem::path source_root() {
+#ifdef CUBOID_SOURCE_ROOT_DIR
+  return CUBOID_SOURCE_ROOT_DIR;
+#else
+  return ".";
+#endif
+}
 
 // A100 SXM4 80GB (hardware.md: 312 TFLOP/s, 2039 GB/s, 108 SMs, MAMF 271.2 /
 // 312 = 0.869). Memory-bound efficiency and launch cost (none) are test values.

@@ -25,18 +25,13 @@
 #include "cuboid/sim/simulator.hpp"
 #include "cuboid/topology.hpp"
 #include "cuboid/workload.hpp"
+#include "fixtures.hpp"
 
 using namespace cuboid;
 
 namespace {
 
-std::filesystem::path root() {
-#ifdef CUBOID_SOURCE_ROOT_DIR
-  return CUBOID_SOURCE_ROOT_DIR;
-#else
-  return ".";
-#endif
-}
+std::filesystem::path root() { return test::source_root(); }
 
 const std::filesystem::path kCalibratedCard = root() / "tests" / "data" / "clusters" / "localhost-cpu-calibrated.json";
 

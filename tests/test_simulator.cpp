@@ -25,19 +25,14 @@
 #include "cuboid/sim/schedule.hpp"
 #include "cuboid/sim/simulator.hpp"
 #include "cuboid/topology.hpp"
+#include "fixtures.hpp"
 
 using namespace cuboid;
 using namespace cuboid::sim;
 
 namespace {
 
-std::filesystem::path root() {
-#ifdef CUBOID_SOURCE_ROOT_DIR
-  return CUBOID_SOURCE_ROOT_DIR;
-#else
-  return ".";
-#endif
-}
+std::filesystem::path root() { return test::source_root(); }
 
 ModelSpec model(const std::string& name) { return load_model(root() / "models" / (name + ".json")); }
 Topology cluster(const std::string& card, int nodes) { return Topology(load_cluster(root() / "topologies" / card, nodes)); }

@@ -6,12 +6,8 @@
 # Usage: test_calibrate_mpi.sh CUBOID_BINARY (run from the source root).
 set -u
 CUBOID=${1:?usage: test_calibrate_mpi.sh path/to/cuboid}
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x OPENBLAS_NUM_THREADS=1)
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-pass() { echo "ok: $*"; }
+# shellcheck source=common.sh
+. "$(dirname "$0")/common.sh"
 
 CPU2=topologies/localhost-cpu.json
 "$CUBOID" plan --model models/tiny.json --cluster "$CPU2" --nodes 1 --global-batch 4 --micro-batch 1 \

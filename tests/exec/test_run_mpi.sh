@@ -7,12 +7,8 @@
 # Usage: test_run_mpi.sh CUBOID_BINARY (run from the source root).
 set -u
 CUBOID=${1:?usage: test_run_mpi.sh path/to/cuboid}
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x OPENBLAS_NUM_THREADS=1)
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-pass() { echo "ok: $*"; }
+# shellcheck source=common.sh
+. "$(dirname "$0")/common.sh"
 
 plan() {  # plan NAME CLUSTER FLAGS...
   local name=$1 cluster=$2

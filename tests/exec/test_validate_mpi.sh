@@ -8,12 +8,8 @@
 # Usage: test_validate_mpi.sh CUBOID_BINARY (run from the source root).
 set -u
 CUBOID=${1:?usage: test_validate_mpi.sh path/to/cuboid}
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x OPENBLAS_NUM_THREADS=1)
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-pass() { echo "ok: $*"; }
+# shellcheck source=common.sh
+. "$(dirname "$0")/common.sh"
 
 check() {  # check NAME NP CLUSTER PLAN-FLAGS...
   local name=$1 np=$2 cluster=$3
