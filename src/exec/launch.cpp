@@ -66,6 +66,27 @@ void check_rank(const LaunchInfo& info, std::string_view rank_var, std::string_v
                      "launch with a consistent rank and world size");
 }
 
+// The variables a launcher without MPI sets: rank, world size, node-local rank.
+struct RankVariables {
+  const char* rank;
+  const char* world_size;
+  const char* local_rank;
+};
+
+// torchrun and Slurm: rank / size / local rank from the launcher's variables,
+// the rendezvous from MASTER_ADDR / MASTER_PORT.
+LaunchInfo from_variables(const EnvLookup& env, Launcher launcher, const RankVariables& vars) {
+  LaunchInfo info;
+  info.launcher = launcher;
+  info.world_size = std::max(1, env_int(env, vars.world_size, 1));
+  info.rank = std::max(0, env_int(env, vars.rank, 0));
+  info.local_rank = std::max(0, env_int(env, vars.local_rank, 0));
+  info.master_addr = env("MASTER_ADDR").value_or("");
+  info.master_port = std::max(0, env_int(env, "MASTER_PORT", 1));
+  check_rank(info, vars.rank, vars.world_size);
+  return info;
+}
+
 }  // namespace
 
 LaunchInfo detect_launch(const EnvLookup& env) {
@@ -89,27 +110,12 @@ LaunchInfo detect_launch(const EnvLookup& env) {
     if (!env("OMPI_COMM_WORLD_LOCAL_RANK")) info.local_rank = std::max(0, env_int(env, "SLURM_LOCALID", 0));
     return info;
   }
-  if (env("WORLD_SIZE") || env("RANK")) {
-    info.launcher = Launcher::torchrun;
-    info.world_size = std::max(1, env_int(env, "WORLD_SIZE", 1));
-    info.rank = std::max(0, env_int(env, "RANK", 0));
-    info.local_rank = std::max(0, env_int(env, "LOCAL_RANK", 0));
-    info.master_addr = env("MASTER_ADDR").value_or("");
-    info.master_port = std::max(0, env_int(env, "MASTER_PORT", 1));
-    check_rank(info, "RANK", "WORLD_SIZE");
-    return info;
-  }
-  if (env("SLURM_PROCID") || env("SLURM_NTASKS")) {
-    info.launcher = Launcher::slurm;
-    info.world_size = std::max(1, env_int(env, "SLURM_NTASKS", 1));
-    info.rank = std::max(0, env_int(env, "SLURM_PROCID", 0));
-    info.local_rank = std::max(0, env_int(env, "SLURM_LOCALID", 0));
-    // Slurm has no rendezvous address of its own: the job script exports rank 0's host.
-    info.master_addr = env("MASTER_ADDR").value_or("");
-    info.master_port = std::max(0, env_int(env, "MASTER_PORT", 1));
-    check_rank(info, "SLURM_PROCID", "SLURM_NTASKS");
-    return info;
-  }
+  if (env("WORLD_SIZE") || env("RANK"))
+    return from_variables(env, Launcher::torchrun, {"RANK", "WORLD_SIZE", "LOCAL_RANK"});
+  // Slurm has no rendezvous address of its own: the job script exports rank 0's
+  // host as MASTER_ADDR / MASTER_PORT, read as for torchrun.
+  if (env("SLURM_PROCID") || env("SLURM_NTASKS"))
+    return from_variables(env, Launcher::slurm, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"});
   return info;
 }
 
