@@ -215,8 +215,8 @@ std::array<double, kGemmDims> log_shape(std::int64_t m, std::int64_t n, std::int
 // is ever extrapolated. The nearest shape of each orthant then contributes
 // log(achieved FLOP/s) with weight 1 / distance; between two shapes that
 // differ in one dimension this is exactly linear interpolation in log space.
-std::optional<double> calibrated_gemm_ns(const Calibration& cal, std::int64_t m, std::int64_t n, std::int64_t k,
-                                         std::int64_t batch) {
+std::optional<double> measured_gemm_ns(const Calibration& cal, std::int64_t m, std::int64_t n, std::int64_t k,
+                                       std::int64_t batch) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0 || cal.gemms.empty()) return std::nullopt;
   for (const GemmSample& g : cal.gemms) {
     if (g.m == m && g.n == n && g.k == k && g.batch == batch) return g.time_ns;
@@ -270,11 +270,18 @@ std::optional<double> calibrated_gemm_ns(const Calibration& cal, std::int64_t m,
   return gemm_flops(query) / std::exp(sum_wv / sum_w);
 }
 
+std::optional<double> calibrated_gemm_ns(const Calibration& cal, std::int64_t m, std::int64_t n, std::int64_t k,
+                                         std::int64_t batch) {
+  const auto ns = measured_gemm_ns(cal, m, n, k, batch);
+  if (!ns) return std::nullopt;
+  return *ns * cal.ranks_per_core;
+}
+
 std::optional<double> best_gemm_flops_per_s(const Calibration& cal) {
   double best = 0;
   for (const GemmSample& g : cal.gemms) best = std::max(best, gemm_flops(g) / g.time_ns * 1e9);
   if (!(best > 0)) return std::nullopt;
-  return best;
+  return best / cal.ranks_per_core;
 }
 
 // Pool adjacent violators with equal weights: each block holds the mean of
@@ -341,11 +348,17 @@ double comm_size_bytes(const Op& op, const Calibration* cal) {
   return op.compute_dtype ? op.comm_bytes * activation_bytes_scale(cal) : op.comm_bytes;
 }
 
-std::optional<double> calibrated_kernel_ns(const Calibration& cal, const std::string& op_name, double bytes) {
+std::optional<double> measured_kernel_ns(const Calibration& cal, const std::string& op_name, double bytes) {
   const auto it = cal.kernels.find(op_name);
   if (it == cal.kernels.end()) return std::nullopt;
   if (const auto t = interpolate_samples(it->second.samples, bytes)) return t;
   return it->second.fit.time_ns(bytes);
+}
+
+std::optional<double> calibrated_kernel_ns(const Calibration& cal, const std::string& op_name, double bytes) {
+  const auto ns = measured_kernel_ns(cal, op_name, bytes);
+  if (!ns) return std::nullopt;
+  return *ns * cal.ranks_per_core;
 }
 
 double collective_curve_ns(const CollectiveCalibration& cc, Collective c, int group_size, double size_bytes) {

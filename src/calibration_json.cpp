@@ -202,6 +202,7 @@ nlohmann::json calibration_to_json(const Calibration& cal) {
   j["created_by"] = cal.created_by;
   j["ranks"] = cal.ranks;
   j["activation_bytes_per_element"] = cal.activation_bytes_per_element;
+  j["ranks_per_core"] = cal.ranks_per_core;
   nlohmann::json gemms = nlohmann::json::array();
   for (const GemmSample& g : cal.gemms) {
     gemms.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}, {"time_us", g.time_ns / kNsPerUs}});
@@ -257,6 +258,17 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& so
            "give the element size of the backend's compute dtype");
   }
   cal.activation_bytes_per_element = static_cast<int>(act);
+  // Cards written before the field: one rank per core.
+  const double share = r.optional_number("ranks_per_core").value_or(1.0);
+  if (!(share >= 1.0 && share <= 256.0)) {
+    r.fail("ranks_per_core", "must be between 1 and 256, got " + fmt::format("{}", share),
+           "give the ranks on the node divided by its CPUs (1 for one rank per core or per GPU)");
+  }
+  if (share != 1.0 && cal.backend != "cpu") {
+    r.fail("ranks_per_core", "is " + fmt::format("{}", share) + " for backend " + cal.backend,
+           "only cpu ranks share cores; give 1");
+  }
+  cal.ranks_per_core = share;
   read_gemms(r, source, cal);
   read_kernels(r, source, cal);
   read_collectives(r, source, cal);

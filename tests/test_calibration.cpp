@@ -588,3 +588,39 @@ TEST_CASE("the simulator plays a calibrated collective inside the samples for th
   const LinkParams ar = group_link_params(topo, Collective::all_reduce, {0, 1});
   CHECK(collective_time_ns(Collective::all_reduce, 262144, 2, ar) == std::llround(std::sqrt(42768.0 * 534288.0)));
 }
+
+TEST_CASE("ranks per core: compute ops cost the share x their sample, collectives as measured; JSON checks") {
+  Calibration cal;
+  cal.backend = "cpu";
+  cal.device = "cpu";
+  cal.ranks = 4;
+  const double f = 2.0 * 256 * 256 * 256;
+  cal.gemms.push_back({256, 256, 256, 1, f / 20.0});  // 20 GFLOP/s on a core of its own
+  cal.gemms.push_back({1024, 256, 256, 1, 4 * f / 80.0});
+  cal.kernels["act"] = fit_kernel(line(1000, 0.5, {1e4, 1e5, 1e6}), "cal", "act");
+  cal.collectives[CollectiveKey{Collective::all_reduce, "intra_node", 2}] =
+      fit_collective(Collective::all_reduce, 2, line(5000, 0.25, kSizes), "cal", "ar");
+  const double ar = *calibrated_collective_ns(cal, Collective::all_reduce, "intra_node", 2, 1 << 20);
+  cal.ranks_per_core = 2;  // two ranks take turns on each core
+  CHECK(*calibrated_gemm_ns(cal, 256, 256, 256, 1) == doctest::Approx(2 * f / 20.0));
+  CHECK(*measured_gemm_ns(cal, 256, 256, 256, 1) == doctest::Approx(f / 20.0));
+  CHECK(*calibrated_gemm_ns(cal, 512, 256, 256, 1) == doctest::Approx(2 * *measured_gemm_ns(cal, 512, 256, 256, 1)));
+  CHECK(*best_gemm_flops_per_s(cal) == doctest::Approx(40e9));  // 80 GFLOP/s shared by two
+  CHECK(*calibrated_kernel_ns(cal, "act", 1e5) == doctest::Approx(2 * (1000 + 0.5 * 1e5)));
+  CHECK(*measured_kernel_ns(cal, "act", 1e5) == doctest::Approx(1000 + 0.5 * 1e5));
+  CHECK(*calibrated_collective_ns(cal, Collective::all_reduce, "intra_node", 2, 1 << 20) == doctest::Approx(ar));
+
+  nlohmann::json j = calibration_to_json(cal);
+  CHECK(j["ranks_per_core"] == 2.0);
+  CHECK(calibration_from_json(j, "c.json").ranks_per_core == 2.0);
+  j.erase("ranks_per_core");
+  CHECK(calibration_from_json(j, "c.json").ranks_per_core == 1.0);  // cards written before the field
+  j["ranks_per_core"] = 0.5;
+  CHECK(error_of([&] { (void)calibration_from_json(j, "c.json"); }) ==
+        "c.json: calibration.ranks_per_core: must be between 1 and 256, got 0.5 (fix: give the ranks on the node "
+        "divided by its CPUs (1 for one rank per core or per GPU))");
+  j["ranks_per_core"] = 2;
+  j["backend"] = "cuda";
+  CHECK(error_of([&] { (void)calibration_from_json(j, "c.json"); }) ==
+        "c.json: calibration.ranks_per_core: is 2 for backend cuda (fix: only cpu ranks share cores; give 1)");
+}

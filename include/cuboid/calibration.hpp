@@ -105,6 +105,17 @@ struct Calibration {
   std::string created_by;  // the command line / tool version that measured it
   int ranks = 0;           // ranks that ran the sweep at once
   int activation_bytes_per_element = 2;  // see above: 4 for cpu (f32), 2 for cuda (bf16)
+  // CPU ranks sharing one core (ranks on the node / online CPUs, at least 1).
+  // The sweep times GEMMs and the optimizer one rank per core at a time, so
+  // its samples are a whole core's speed; the runs it predicts share cores
+  // the same way, and with the executor's waits (`--mpi-wait yield`: a rank
+  // waiting on MPI hands its core to the one computing) the ranks of a core
+  // take turns: each compute op then costs ranks_per_core times its sample
+  // (calibrated_gemm_ns, calibrated_kernel_ns and best_gemm_flops_per_s
+  // apply it). Exact when a core's ranks are busy together (a TP group on
+  // one core, as tools/calibrate-local binds them); collectives are measured
+  // with the sharing in place and used as measured. 1 on GPUs.
+  double ranks_per_core = 1;
   std::vector<GemmSample> gemms;                          // measured shapes
   std::map<std::string, KernelCalibration> kernels;       // by workload op name
   std::map<CollectiveKey, CollectiveCalibration> collectives;
@@ -153,6 +164,11 @@ std::optional<double> calibrated_gemm_ns(const Calibration& cal, std::int64_t m,
                                          std::int64_t k, std::int64_t batch);
 std::optional<double> calibrated_kernel_ns(const Calibration& cal, const std::string& op_name,
                                            double bytes);
+// The same lookups before the ranks_per_core share (what was measured).
+std::optional<double> measured_gemm_ns(const Calibration& cal, std::int64_t m, std::int64_t n,
+                                       std::int64_t k, std::int64_t batch);
+std::optional<double> measured_kernel_ns(const Calibration& cal, const std::string& op_name,
+                                         double bytes);
 std::optional<double> calibrated_collective_ns(const Calibration& cal, Collective c,
                                                const std::string& tier, int group_size,
                                                double size_bytes);

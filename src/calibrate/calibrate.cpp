@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cuboid/calibrate/core_share.hpp"
 #include "cuboid/calibrate/gemm_sweep.hpp"
 #include "cuboid/calibrate/nccl_table.hpp"
 #include "cuboid/calibrate/results.hpp"
@@ -22,6 +23,7 @@
 #include "cuboid/error.hpp"
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/launch.hpp"
+#include "cuboid/exec/host_exchange.hpp"
 #include "cuboid/exec/mpi_comm.hpp"
 #include "cuboid/planfile.hpp"
 #include "cuboid_config.hpp"
@@ -220,8 +222,11 @@ void print_fits(const Calibration& cal, const std::vector<std::string>& rejected
 }  // namespace
 
 int run_calibrate(const CalibrateOptions& o) {
+  if (o.repeat < 1 || o.repeat > 100)
+    throw InputError(kCl, "--repeat", "is " + std::to_string(o.repeat), "give 1 to 100 (3 on a noisy machine)");
   if (o.timeout_s <= 0) throw InputError(kCl, "--timeout-s", "must be positive", "give a timeout in seconds, e.g. 300");
   if (o.out_path.empty()) throw InputError(kCl, "--out", "is required", "give --out calibrated.json");
+  exec::check_mpi_wait_word(o.mpi_wait);
   const std::vector<std::int64_t> sizes =
       size_ladder(kMinCollectiveBytes, o.quick ? std::min<std::int64_t>(o.max_size_bytes, 1 << 20) : o.max_size_bytes,
                   o.quick ? 16 : 2, "--max-size");
@@ -229,6 +234,10 @@ int run_calibrate(const CalibrateOptions& o) {
   const exec::LaunchInfo launch = exec::detect_launch(exec::process_environment());
   const std::vector<Job> jobs = load_jobs(o, cluster, launch.world_size);
   exec::World world = exec::start_world(launch, o.backend);
+  const std::string mpi_wait = exec::apply_mpi_wait(world, o.mpi_wait);
+  const CoreShare share =
+      core_share(world.exchange->all_gather(cpu_place(world.hostname)), world.exchange->rank(),
+                 world.mpi ? exec::mpi_ranks_on_node() : 1, exec::cpus_online(), o.backend == "cpu");
   for (const Job& j : jobs) exec::check_world_size(world.comm->size(), j.plan, j.source);
 
   exec::BackendOptions bo;
@@ -247,7 +256,12 @@ int run_calibrate(const CalibrateOptions& o) {
     for (const GemmProblem& p : plan_gemm_problems(j.model, j.plan)) base.insert(p);
   GemmSweepOptions go;
   if (o.quick) go = GemmSweepOptions{std::size_t{64} << 20, 1, 3, 5, 2};
-  mine.gemms = run_gemm_sweep(*backend, *comm, gemm_grid({base.begin(), base.end()}, o.quick), go, &watchdog);
+  go.turns = share.turns;
+  go.turn = share.turn;
+  const std::vector<GemmProblem> grid = gemm_grid({base.begin(), base.end()}, o.quick);
+  std::vector<std::vector<GemmSample>> gemm_repeats;
+  for (int r = 0; r < o.repeat; ++r) gemm_repeats.push_back(run_gemm_sweep(*backend, *comm, grid, go, &watchdog));
+  mine.gemms = median_over_repeats(gemm_repeats);
   auto since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
@@ -259,16 +273,24 @@ int run_calibrate(const CalibrateOptions& o) {
   KernelSweepOptions ko;
   ko.quick = o.quick;
   if (o.quick) ko.measured_steps = 3;
+  ko.turns = share.turns;
+  ko.turn = share.turn;
   CollectiveSweepOptions co;
   if (o.quick) co = CollectiveSweepOptions{2, 5, 9, std::int64_t{1} << 20};
   for (const Job& j : jobs) {
     exec::ProcessGroups groups = exec::make_process_groups(std::move(comm), RankMapping(j.plan, cluster.gpus_per_node));
     const auto tk = std::chrono::steady_clock::now();
-    const std::vector<KernelMeasurement> k =
-        run_kernel_sweep(*backend, groups.tp.get(), *groups.world, j.model, j.plan, ko, &watchdog);
+    std::vector<std::vector<KernelMeasurement>> kernel_repeats;
+    for (int r = 0; r < o.repeat; ++r) {
+      std::vector<KernelMeasurement> k =
+          run_kernel_sweep(*backend, groups.tp.get(), *groups.world, j.model, j.plan, ko, &watchdog);
+      const std::vector<KernelMeasurement> a =
+          run_optimizer_sweep(*backend, *groups.world, j.model, j.plan, ko, &watchdog);
+      k.insert(k.end(), a.begin(), a.end());
+      kernel_repeats.push_back(std::move(k));
+    }
+    const std::vector<KernelMeasurement> k = median_over_repeats(kernel_repeats);
     mine.kernels.insert(mine.kernels.end(), k.begin(), k.end());
-    const std::vector<KernelMeasurement> a = run_optimizer_sweep(*backend, *groups.world, j.model, j.plan, ko, &watchdog);
-    mine.kernels.insert(mine.kernels.end(), a.begin(), a.end());
     kernel_s += since(tk);
     const auto tc = std::chrono::steady_clock::now();
     for (const GroupShape& shape : plan_group_shapes(j.plan, cluster.gpus_per_node)) {
@@ -292,6 +314,11 @@ int run_calibrate(const CalibrateOptions& o) {
     ranks.push_back(rank_results_from_json(raw.back()));
   }
   const Combined combined = combine(ranks);
+  if (share.ranks_per_core > 1)
+    std::cout << fmt::format("cuboid calibrate: {:g} ranks per core (MPI waits: {}): GEMMs and the optimizer timed "
+                             "in {} turns, one rank per core; the calibration charges each compute op {:g} x its "
+                             "sample (launch the runs with the same binding)\n",
+                             share.ranks_per_core, mpi_wait, share.turns, share.ranks_per_core);
   std::cout << fmt::format("cuboid calibrate: {} ranks, backend {}, {} plan(s); {} GEMM shapes, {} kernels, {} "
                            "collective tables in {:.1f} s (GEMMs {:.1f} s, kernels {:.1f} s, collectives {:.1f} s)\n",
                            comm->size(), backend->name(), jobs.size(), combined.gemms.size(), combined.kernels.size(),
@@ -302,9 +329,11 @@ int run_calibrate(const CalibrateOptions& o) {
   Calibration cal;
   cal.backend = std::string(backend->name());
   cal.device = device_name(*backend);
-  cal.created_by = o.command_line.empty() ? std::string("cuboid ") + CUBOID_VERSION : o.command_line;
+  cal.created_by = (o.command_line.empty() ? std::string("cuboid ") + CUBOID_VERSION : o.command_line) +
+                   " (MPI waits: " + mpi_wait + ")";
   cal.ranks = comm->size();
   cal.activation_bytes_per_element = static_cast<int>(exec::dtype_bytes(backend->compute_dtype()));
+  cal.ranks_per_core = share.ranks_per_core;
   std::vector<std::string> rejected, adjusted;
   cal = fit_all(combined, std::move(cal), rejected, adjusted);
   print_fits(cal, rejected, adjusted);

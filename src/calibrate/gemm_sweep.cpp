@@ -78,24 +78,32 @@ std::vector<GemmSample> run_gemm_sweep(exec::Backend& be, exec::Communicator& wo
       return {ring.take(na), ring.take(nb), ring.take(nc)};
     };
     const std::string label = fmt::format("gemm {}x{}x{} batch {}", p.m, p.n, p.k, p.batch);
-    world.barrier();  // every rank runs this shape at the same time
-    if (watchdog != nullptr) watchdog->enter(label.c_str());
-    auto timed = [&]() {
-      const Operands ops = next();
-      be.record(start);
-      call_gemm(be, p, ops);
-      be.record(stop);
-      return static_cast<double>(be.elapsed_ns(start, stop));
+    auto measure = [&]() {
+      if (watchdog != nullptr) watchdog->enter(label.c_str());
+      auto timed = [&]() {
+        const Operands ops = next();
+        be.record(start);
+        call_gemm(be, p, ops);
+        be.record(stop);
+        return static_cast<double>(be.elapsed_ns(start, stop));
+      };
+      double last = 0;
+      for (int i = 0; i < o.warmup_calls; ++i) last = timed();
+      const double per_call_ms = std::max(last, 1.0) * 1e-6;
+      const int calls =
+          std::clamp(static_cast<int>(std::lround(o.target_ms / per_call_ms)), o.min_calls, o.max_calls);
+      std::vector<double> times;
+      times.reserve(static_cast<std::size_t>(calls));
+      for (int i = 0; i < calls; ++i) times.push_back(timed());
+      if (watchdog != nullptr) watchdog->leave();
+      out.push_back(GemmSample{p.m, p.n, p.k, p.batch, median_of(std::move(times))});
     };
-    double last = 0;
-    for (int i = 0; i < o.warmup_calls; ++i) last = timed();
-    const double per_call_ms = std::max(last, 1.0) * 1e-6;
-    const int calls = std::clamp(static_cast<int>(std::lround(o.target_ms / per_call_ms)), o.min_calls, o.max_calls);
-    std::vector<double> times;
-    times.reserve(static_cast<std::size_t>(calls));
-    for (int i = 0; i < calls; ++i) times.push_back(timed());
-    if (watchdog != nullptr) watchdog->leave();
-    out.push_back(GemmSample{p.m, p.n, p.k, p.batch, median_of(std::move(times))});
+    // Every rank of a turn runs this shape at the same time; ranks sharing a
+    // core wait for their turn, so a sample is a whole core's speed.
+    for (int t = 0; t < o.turns; ++t) {
+      world.barrier();
+      if (t == o.turn) measure();
+    }
   }
   return out;
 }

@@ -94,17 +94,21 @@ std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Comm
   std::int64_t step = 1;
   for (double s : scales) {
     const auto n = std::max<std::size_t>(1, static_cast<std::size_t>(static_cast<double>(shard) * s));
-    world.barrier();
-    if (watchdog != nullptr) watchdog->enter("adam");
-    std::vector<double> times;
-    for (int i = 0; i < o.warmup_steps + o.measured_steps; ++i) {
-      be.record(start);
-      be.adam_step(params.subspan(0, n), grads.subspan(0, n), m.subspan(0, n), v.subspan(0, n), adam, step++);
-      be.record(stop);
-      if (i >= o.warmup_steps) times.push_back(static_cast<double>(be.elapsed_ns(start, stop)));
+    for (int t = 0; t < o.turns; ++t) {
+      world.barrier();
+      if (t != o.turn) continue;
+      if (watchdog != nullptr) watchdog->enter("adam");
+      std::vector<double> times;
+      for (int i = 0; i < o.warmup_steps + o.measured_steps; ++i) {
+        be.record(start);
+        be.adam_step(params.subspan(0, n), grads.subspan(0, n), m.subspan(0, n), v.subspan(0, n), adam, step++);
+        be.record(stop);
+        if (i >= o.warmup_steps) times.push_back(static_cast<double>(be.elapsed_ns(start, stop)));
+      }
+      if (watchdog != nullptr) watchdog->leave();
+      out.push_back(
+          KernelMeasurement{"adam", static_cast<double>(n) * kAdamBytesPerParam, median_of(std::move(times))});
     }
-    if (watchdog != nullptr) watchdog->leave();
-    out.push_back(KernelMeasurement{"adam", static_cast<double>(n) * kAdamBytesPerParam, median_of(std::move(times))});
   }
   return out;
 }

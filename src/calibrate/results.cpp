@@ -2,6 +2,7 @@
 #include "cuboid/calibrate/results.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 #include <tuple>
 
 #include "cuboid/calibrate/gemm_sweep.hpp"
@@ -22,6 +23,38 @@ double slowest(const std::vector<double>& per_rank_medians) {
 }
 
 }  // namespace
+
+namespace {
+
+template <class Sample, class Same>
+std::vector<Sample> median_of_repeats(const std::vector<std::vector<Sample>>& repeats, Same same) {
+  if (repeats.empty()) return {};
+  std::vector<Sample> out = repeats.front();
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::vector<double> times;
+    for (const std::vector<Sample>& r : repeats) {
+      if (r.size() != out.size() || !same(r[i], out[i]))
+        throw std::logic_error("calibrate: repeated sweeps measured different samples");
+      times.push_back(r[i].time_ns);
+    }
+    out[i].time_ns = median_of(std::move(times));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<GemmSample> median_over_repeats(const std::vector<std::vector<GemmSample>>& repeats) {
+  return median_of_repeats(repeats, [](const GemmSample& a, const GemmSample& b) {
+    return a.m == b.m && a.n == b.n && a.k == b.k && a.batch == b.batch;
+  });
+}
+
+std::vector<KernelMeasurement> median_over_repeats(const std::vector<std::vector<KernelMeasurement>>& repeats) {
+  return median_of_repeats(repeats, [](const KernelMeasurement& a, const KernelMeasurement& b) {
+    return a.name == b.name && a.bytes == b.bytes;
+  });
+}
 
 nlohmann::json to_json(const RankResults& r) {
   nlohmann::json j = {{"rank", r.rank}};

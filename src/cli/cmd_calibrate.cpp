@@ -37,9 +37,16 @@ void register_calibrate_command(CLI::App& app, int argc, char** argv) {
   cmd->add_option("--cluster", flags.options.cluster_path, "the cluster card to calibrate")->required();
   cmd->add_option("--out", flags.options.out_path, "write the calibrated card here (atomically)")->required();
   cmd->add_option("--raw", flags.options.raw_path, "also write every rank's samples here (JSON)");
+  cmd->add_option("--repeat", flags.options.repeat,
+                  "run the GEMM and kernel sweeps N times over and keep each sample's median (default 1; "
+                  "3 on a noisy machine)");
   cmd->add_flag("--quick", flags.options.quick, "a smoke test: few sizes and calls (not for planning)");
   cmd->add_option("--max-size", flags.options.max_size_bytes,
                   "largest collective size in bytes (default 268435456 = 256 MiB)");
+  cmd->add_option("--mpi-wait", flags.options.mpi_wait,
+                  "how MPI ranks wait for a collective or message: spin (MPI's blocking calls), yield "
+                  "(test and sched_yield, handing the core to ranks that share it), sleep (test and short "
+                  "sleeps), auto (default: yield when the node runs more ranks than it has CPUs, else spin)");
   cmd->add_option("--timeout-s", flags.options.timeout_s,
                   "abort the whole job when one measurement takes longer than this (default 300 s)");
   cmd->callback([argc, argv] { run_calibrate_command(flags, argc, argv); });

@@ -51,6 +51,10 @@ void register_run_command(CLI::App& app) {
   cmd->add_option("--out", flags.options.out_path, "write per-rank per-op timings to FILE (JSON, atomically)");
   cmd->add_option("--layers", flags.layers, "scale the model down to N layers (a multiple of PP x virtual stages)");
   cmd->add_option("--seq-length", flags.seq_length, "scale the sequence length down to S tokens");
+  cmd->add_option("--mpi-wait", flags.options.mpi_wait,
+                  "how MPI ranks wait for a collective or message: spin (MPI's blocking calls), yield "
+                  "(test and sched_yield, handing the core to ranks that share it), sleep (test and short "
+                  "sleeps), auto (default: yield when the node runs more ranks than it has CPUs, else spin)");
   cmd->add_option("--timeout-s", flags.options.timeout_s,
                   "abort the whole job when one op, or the start-up rendezvous of a torchrun launch, takes "
                   "longer than this (default 300 s)");

@@ -307,6 +307,15 @@ void attach_device_world(World& w, Backend& backend) {
   }
 }
 
+void check_mpi_wait_word(std::string_view word) { (void)parse_mpi_wait(word, 1, 1); }
+
+std::string apply_mpi_wait(const World& world, std::string_view word) {
+  if (!world.mpi) return "none";
+  const MpiWait wait = parse_mpi_wait(word, mpi_ranks_on_node(), cpus_online());
+  set_mpi_wait(wait);
+  return std::string(mpi_wait_name(wait));
+}
+
 void require_same_plan(HostExchange& exchange, const std::string& fingerprint, const std::string& plan_source) {
   // One line per rank: "<fingerprint> <plan file>"; usually all equal.
   const std::vector<std::string> all = exchange.all_gather(fingerprint + " " + plan_source);

@@ -1,10 +1,20 @@
 #include "cuboid/exec/mpi_comm.hpp"
 
+#include <sched.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <utility>
+
+#include "cuboid/error.hpp"
 
 #include "cuboid/exec/exec_error.hpp"
 
@@ -46,7 +56,82 @@ int mpi_count(std::size_t count, const char* op) {
   return static_cast<int>(count);
 }
 
+std::atomic<MpiWait> g_wait{MpiWait::spin};
+
+// Completes `request` under the process's policy. Sleeping starts at 2 us so a
+// partner that is nearly there costs little, and backs off to 200 us so a long
+// wait (a pipeline bubble) wakes this rank at most 5,000 times a second.
+void complete(MPI_Request& request) {
+  if (g_wait.load(std::memory_order_relaxed) == MpiWait::spin) {
+    CUBOID_MPI_CHECK(MPI_Wait(&request, MPI_STATUS_IGNORE));
+    return;
+  }
+  if (g_wait.load(std::memory_order_relaxed) == MpiWait::yield) {
+    int done = 0;
+    CUBOID_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    while (done == 0) {
+      sched_yield();
+      CUBOID_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    }
+    return;
+  }
+  constexpr auto kFirstSleep = std::chrono::microseconds(2);
+  constexpr auto kLongestSleep = std::chrono::microseconds(200);
+  auto sleep = kFirstSleep;
+  int done = 0;
+  CUBOID_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+  while (done == 0) {
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, kLongestSleep);
+    CUBOID_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+  }
+}
+
+bool sleeping() { return g_wait.load(std::memory_order_relaxed) != MpiWait::spin; }
+
 }  // namespace
+
+MpiWait parse_mpi_wait(std::string_view word, int ranks_on_node, int cpus_online) {
+  if (word == "spin") return MpiWait::spin;
+  if (word == "sleep") return MpiWait::sleep;
+  if (word == "yield") return MpiWait::yield;
+  if (word == "auto") return ranks_on_node > cpus_online ? MpiWait::yield : MpiWait::spin;
+  throw InputError("command line", "--mpi-wait", "is '" + std::string(word) + "'",
+                   "use auto, spin, yield or sleep");
+}
+
+std::string_view mpi_wait_name(MpiWait wait) noexcept {
+  switch (wait) {
+    case MpiWait::spin: return "spin";
+    case MpiWait::yield: return "yield";
+    case MpiWait::sleep: return "sleep";
+  }
+  return "spin";
+}
+
+void set_mpi_wait(MpiWait wait) {
+  g_wait.store(wait, std::memory_order_relaxed);
+  // The default 50 us slack would stretch every 2 us sleep to ~55 us.
+  if (wait == MpiWait::sleep) prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+}
+
+MpiWait mpi_wait() noexcept { return g_wait.load(std::memory_order_relaxed); }
+
+int mpi_ranks_on_node() {
+  CUBOID_EXEC_REQUIRE(mpi_alive(), "mpi_ranks_on_node", "MPI is not initialised");
+  MPI_Comm node = MPI_COMM_NULL;
+  CUBOID_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int size = 0;
+  const int rc = MPI_Comm_size(node, &size);
+  MPI_Comm_free(&node);
+  CUBOID_MPI_CHECK(rc);
+  return size;
+}
+
+int cpus_online() {
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(std::min<long>(n, INT_MAX)) : 1;
+}
 
 [[noreturn]] void throw_mpi_error(int code, const char* op, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING] = {};
@@ -120,7 +205,15 @@ void MpiCommunicator::release() noexcept {
   comm_ = MPI_COMM_NULL;
 }
 
-void MpiCommunicator::barrier() { CUBOID_MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::barrier() {
+  if (!sleeping()) {
+    CUBOID_MPI_CHECK(MPI_Barrier(comm_));
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  CUBOID_MPI_CHECK(MPI_Ibarrier(comm_, &request));
+  complete(request);
+}
 
 void MpiCommunicator::abort(std::string_view message) {
   std::fprintf(stderr, "cuboid: rank %d of %d: aborting: %.*s\n", rank_, size_,
@@ -164,50 +257,97 @@ double MpiCommunicator::all_reduce_max(double value) {
 
 // --- collectives and p2p ---------------------------------------------------------------
 void MpiCommunicator::all_reduce_sum_impl(DeviceSpan buffer, std::size_t count) {
-  CUBOID_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buffer.native(),
-                                 mpi_count(count, "all_reduce_sum"),
-                                 mpi_type(buffer.dtype(), true, "all_reduce_sum"), MPI_SUM,
-                                 comm_));
+  const int n = mpi_count(count, "all_reduce_sum");
+  const MPI_Datatype type = mpi_type(buffer.dtype(), true, "all_reduce_sum");
+  if (!sleeping()) {
+    CUBOID_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buffer.native(), n, type, MPI_SUM, comm_));
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  CUBOID_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer.native(), n, type, MPI_SUM, comm_, &request));
+  complete(request);
 }
 
 void MpiCommunicator::reduce_scatter_sum_impl(ConstDeviceSpan send, DeviceSpan recv,
                                               std::size_t recv_count) {
-  CUBOID_MPI_CHECK(MPI_Reduce_scatter_block(
-      send.native(), recv.native(), mpi_count(recv_count, "reduce_scatter_sum"),
-      mpi_type(recv.dtype(), true, "reduce_scatter_sum"), MPI_SUM, comm_));
+  const int n = mpi_count(recv_count, "reduce_scatter_sum");
+  const MPI_Datatype type = mpi_type(recv.dtype(), true, "reduce_scatter_sum");
+  if (!sleeping()) {
+    CUBOID_MPI_CHECK(MPI_Reduce_scatter_block(send.native(), recv.native(), n, type, MPI_SUM, comm_));
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  CUBOID_MPI_CHECK(
+      MPI_Ireduce_scatter_block(send.native(), recv.native(), n, type, MPI_SUM, comm_, &request));
+  complete(request);
 }
 
 void MpiCommunicator::all_gather_impl(ConstDeviceSpan send, DeviceSpan recv,
                                       std::size_t send_count) {
   const MPI_Datatype type = mpi_type(send.dtype(), false, "all_gather");
   const int n = mpi_count(send_count, "all_gather");
-  CUBOID_MPI_CHECK(MPI_Allgather(send.native(), n, type, recv.native(), n, type, comm_));
+  if (!sleeping()) {
+    CUBOID_MPI_CHECK(MPI_Allgather(send.native(), n, type, recv.native(), n, type, comm_));
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  CUBOID_MPI_CHECK(MPI_Iallgather(send.native(), n, type, recv.native(), n, type, comm_, &request));
+  complete(request);
 }
 
 void MpiCommunicator::broadcast_impl(DeviceSpan buffer, std::size_t count, int root) {
-  CUBOID_MPI_CHECK(MPI_Bcast(buffer.native(), mpi_count(count, "broadcast"),
-                             mpi_type(buffer.dtype(), false, "broadcast"), root, comm_));
+  const int n = mpi_count(count, "broadcast");
+  const MPI_Datatype type = mpi_type(buffer.dtype(), false, "broadcast");
+  if (!sleeping()) {
+    CUBOID_MPI_CHECK(MPI_Bcast(buffer.native(), n, type, root, comm_));
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  CUBOID_MPI_CHECK(MPI_Ibcast(buffer.native(), n, type, root, comm_, &request));
+  complete(request);
 }
 
 void MpiCommunicator::send_impl(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) {
-  CUBOID_MPI_CHECK(MPI_Send(buffer.native(), mpi_count(count, "send"),
-                            mpi_type(buffer.dtype(), false, "send"), peer, tag, comm_));
+  const int n = mpi_count(count, "send");
+  const MPI_Datatype type = mpi_type(buffer.dtype(), false, "send");
+  if (!sleeping()) {
+    CUBOID_MPI_CHECK(MPI_Send(buffer.native(), n, type, peer, tag, comm_));
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  CUBOID_MPI_CHECK(MPI_Isend(buffer.native(), n, type, peer, tag, comm_, &request));
+  complete(request);
 }
 
 void MpiCommunicator::recv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) {
-  CUBOID_MPI_CHECK(MPI_Recv(buffer.native(), mpi_count(count, "recv"),
-                            mpi_type(buffer.dtype(), false, "recv"), peer, tag, comm_,
-                            MPI_STATUS_IGNORE));
+  const int n = mpi_count(count, "recv");
+  const MPI_Datatype type = mpi_type(buffer.dtype(), false, "recv");
+  if (!sleeping()) {
+    CUBOID_MPI_CHECK(MPI_Recv(buffer.native(), n, type, peer, tag, comm_, MPI_STATUS_IGNORE));
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  CUBOID_MPI_CHECK(MPI_Irecv(buffer.native(), n, type, peer, tag, comm_, &request));
+  complete(request);
 }
 
 void MpiCommunicator::send_recv_impl(ConstDeviceSpan send_buffer, std::size_t send_count,
                                      int send_peer, DeviceSpan recv_buffer,
                                      std::size_t recv_count, int recv_peer, int tag) {
-  CUBOID_MPI_CHECK(MPI_Sendrecv(send_buffer.native(), mpi_count(send_count, "send_recv"),
-                                mpi_type(send_buffer.dtype(), false, "send_recv"), send_peer, tag,
-                                recv_buffer.native(), mpi_count(recv_count, "send_recv"),
-                                mpi_type(recv_buffer.dtype(), false, "send_recv"), recv_peer, tag,
-                                comm_, MPI_STATUS_IGNORE));
+  const int n_send = mpi_count(send_count, "send_recv");
+  const int n_recv = mpi_count(recv_count, "send_recv");
+  const MPI_Datatype send_type = mpi_type(send_buffer.dtype(), false, "send_recv");
+  const MPI_Datatype recv_type = mpi_type(recv_buffer.dtype(), false, "send_recv");
+  if (!sleeping()) {
+    CUBOID_MPI_CHECK(MPI_Sendrecv(send_buffer.native(), n_send, send_type, send_peer, tag, recv_buffer.native(),
+                                  n_recv, recv_type, recv_peer, tag, comm_, MPI_STATUS_IGNORE));
+    return;
+  }
+  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  CUBOID_MPI_CHECK(MPI_Irecv(recv_buffer.native(), n_recv, recv_type, recv_peer, tag, comm_, &requests[0]));
+  CUBOID_MPI_CHECK(MPI_Isend(send_buffer.native(), n_send, send_type, send_peer, tag, comm_, &requests[1]));
+  complete(requests[0]);
+  complete(requests[1]);
 }
 
 namespace {
@@ -228,7 +368,7 @@ class MpiRequest final : public CommRequest {
       MPI_Request_free(&request_);
     }
   }
-  void wait() override { CUBOID_MPI_CHECK(MPI_Wait(&request_, MPI_STATUS_IGNORE)); }
+  void wait() override { complete(request_); }
   bool test() override {
     int done = 0;
     CUBOID_MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));

@@ -191,12 +191,14 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
   if (o.warmup < 0) throw InputError(kCl, "--warmup", "must not be negative", "give --warmup 0 or more");
   if (o.timeout_s <= 0) throw InputError(kCl, "--timeout-s", "must be positive", "give a timeout in seconds, e.g. 300");
   const Fault fault = parse_fault(o.inject_fault);
+  check_mpi_wait_word(o.mpi_wait);
 
   const LaunchInfo launch = detect_launch(process_environment());
   // Refuse a wrong world before starting anything.
   check_world_size(launch.world_size, plan, pf.source);
   World world = start_world(launch, o.backend, o.timeout_s);
   check_world_size(world.exchange->size(), plan, pf.source);
+  const std::string mpi_wait = apply_mpi_wait(world, o.mpi_wait);
   // A rank with another plan file (or other sizes) would call other
   // collectives and hang the job: refuse before any work.
   const std::string fingerprint = run_fingerprint(model, plan, pf.gpus_per_node, o);
@@ -291,6 +293,7 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
                           {"compute_dtype", std::string(to_string(backend->compute_dtype()))},
                           {"device", o.backend == "cpu" ? "cpu (one core per rank)" : "cuda device (LOCAL_RANK)"},
                           {"launcher", std::string(to_string(launch.launcher))},
+                          {"mpi_wait", mpi_wait},
                           {"mpi_version", fmt::format("{}.{}", mpi_major, mpi_minor)},
                           {"mpi_library", lib_version},
                           {"cuboid_version", CUBOID_VERSION},

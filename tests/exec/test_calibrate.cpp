@@ -4,12 +4,16 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "cuboid/calibrate/collective_sweep.hpp"
+#include "cuboid/calibrate/core_share.hpp"
 #include "cuboid/calibrate/nccl_table.hpp"
 #include "cuboid/calibrate/results.hpp"
 #include "cuboid/calibrate/sweep_plan.hpp"
 #include "cuboid/error.hpp"
+#include "cuboid/exec/mpi_comm.hpp"
 
 using namespace cuboid;
 using namespace cuboid::calibrate;
@@ -153,4 +157,68 @@ TEST_CASE("ranks combine: the slowest rank for GEMMs, kernels and collectives, w
   CHECK(t.rows[0].wrong == 3);
   CHECK(m.wrong == 3);
   CHECK(t.group == "tp");
+}
+
+TEST_CASE("repeated sweeps keep each sample's median; different samples are a logic error") {
+  const std::vector<std::vector<GemmSample>> gemms = {
+      {{8, 8, 8, 1, 100}, {16, 8, 8, 1, 900}}, {{8, 8, 8, 1, 300}, {16, 8, 8, 1, 200}}, {{8, 8, 8, 1, 200}, {16, 8, 8, 1, 250}}};
+  const std::vector<GemmSample> g = median_over_repeats(gemms);
+  REQUIRE(g.size() == 2);
+  CHECK(g[0].time_ns == 200);
+  CHECK(g[1].time_ns == 250);  // the 900 of a slow spell is dropped
+  CHECK(g[1].m == 16);
+  const std::vector<std::vector<KernelMeasurement>> kernels = {{{"act", 1000, 10}}, {{"act", 1000, 14}}};
+  CHECK(median_over_repeats(kernels)[0].time_ns == 12);  // two repeats: the mean of the middle pair
+  CHECK_THROWS_AS(median_over_repeats(std::vector<std::vector<KernelMeasurement>>{{{"act", 1000, 10}}, {{"norm_in", 1000, 10}}}),
+                  std::logic_error);
+  CHECK_THROWS_AS(median_over_repeats(std::vector<std::vector<GemmSample>>{{{8, 8, 8, 1, 1}}, {}}), std::logic_error);
+  CHECK(median_over_repeats(std::vector<std::vector<GemmSample>>{}).empty());
+}
+
+TEST_CASE("ranks on the same CPUs take turns; ranks_per_core is ranks on the node over its CPUs") {
+  // Four ranks, two cores, consecutive ranks on one core (tools/calibrate-local).
+  const std::vector<std::string> pairs = {"vm cpus 0", "vm cpus 0", "vm cpus 1", "vm cpus 1"};
+  CoreShare s = core_share(pairs, 1, 4, 2, true);
+  CHECK(s.turns == 2);
+  CHECK(s.turn == 1);
+  CHECK(s.ranks_per_core == 2.0);
+  CHECK(core_share(pairs, 2, 4, 2, true).turn == 0);
+  // Round-robin binding: ranks 0 and 2 share core 0.
+  const std::vector<std::string> rr = {"vm cpus 0", "vm cpus 1", "vm cpus 0", "vm cpus 1"};
+  CHECK(core_share(rr, 2, 4, 2, true).turn == 1);
+  CHECK(core_share(rr, 1, 4, 2, true).turn == 0);
+  // One rank per core: no turns, no share.
+  s = core_share({"vm cpus 0", "vm cpus 1"}, 1, 2, 2, true);
+  CHECK(s.turns == 1);
+  CHECK(s.turn == 0);
+  CHECK(s.ranks_per_core == 1.0);
+  // Unbound ranks (every rank may use every CPU) take turns one by one.
+  s = core_share({"vm cpus 0-1", "vm cpus 0-1", "vm cpus 0-1"}, 2, 3, 2, true);
+  CHECK(s.turns == 3);
+  CHECK(s.turn == 2);
+  CHECK(s.ranks_per_core == doctest::Approx(1.5));
+  // Two hosts with the same CPU numbers do not share anything.
+  CHECK(core_share({"a cpus 0", "b cpus 0"}, 1, 1, 2, true).turns == 1);
+  // GPUs: nothing shared.
+  s = core_share(pairs, 1, 4, 2, false);
+  CHECK(s.turns == 1);
+  CHECK(s.ranks_per_core == 1.0);
+  CHECK(cpu_place("vm").rfind("vm cpus ", 0) == 0);
+}
+
+TEST_CASE("--mpi-wait: auto yields when ranks outnumber CPUs, spins otherwise; other words are refused") {
+  using exec::MpiWait;
+  CHECK(exec::parse_mpi_wait("auto", 4, 2) == MpiWait::yield);
+  CHECK(exec::parse_mpi_wait("auto", 2, 2) == MpiWait::spin);
+  CHECK(exec::parse_mpi_wait("auto", 1, 64) == MpiWait::spin);
+  CHECK(exec::parse_mpi_wait("spin", 4, 2) == MpiWait::spin);
+  CHECK(exec::parse_mpi_wait("yield", 1, 2) == MpiWait::yield);
+  CHECK(exec::parse_mpi_wait("sleep", 1, 2) == MpiWait::sleep);
+  CHECK(exec::mpi_wait_name(MpiWait::yield) == "yield");
+  try {
+    exec::parse_mpi_wait("poll", 1, 1);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()) == "command line: --mpi-wait: is 'poll' (fix: use auto, spin, yield or sleep)");
+  }
 }

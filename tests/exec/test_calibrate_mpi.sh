@@ -86,5 +86,35 @@ else
   fail "wrong world size: exit $rc: $(tail -3 "$TMP/bad.log")"
 fi
 
+# Four ranks on this machine's cores, consecutive ranks on one core (as
+# tools/calibrate-local binds them): the ranks wait with yield, the GEMMs are
+# timed in turns, and the card records the share when ranks outnumber cores.
+cores=$(nproc)
+for r in 0 1 2 3; do echo "rank $r=localhost slot=$((r * cores / 4 % cores))"; done >"$TMP/rankfile"
+start=$(date +%s)
+if timeout 180 "${MPIRUN[@]}" --rankfile "$TMP/rankfile" -np 4 "$CUBOID" calibrate --backend cpu --plan "$TMP/four.json" \
+    --cluster "$CPU4" --quick --repeat 2 --timeout-s 120 --out "$TMP/cal4.json" >"$TMP/cal4.log" 2>&1; then
+  pass "calibrate --quick --repeat 2, 4 ranks ($(( $(date +%s) - start )) s)"
+else
+  fail "calibrate 4 ranks: exit $?"; tail -30 "$TMP/cal4.log"
+fi
+python3 - "$TMP/cal4.json" "$TMP/cal.json" "$cores" <<'PY' && pass "ranks_per_core recorded" || fail "ranks_per_core"
+import json, sys
+four, two, cores = json.load(open(sys.argv[1]))["calibration"], json.load(open(sys.argv[2]))["calibration"], int(sys.argv[3])
+assert four["ranks"] == 4
+assert abs(four["ranks_per_core"] - max(1.0, 4 / cores)) < 1e-12, (four["ranks_per_core"], cores)
+assert two["ranks_per_core"] == max(1.0, 2 / cores), two["ranks_per_core"]
+assert ("MPI waits: yield" in four["created_by"]) == (cores < 4), four["created_by"]
+PY
+if [ "$cores" -lt 4 ]; then
+  grep -Eq "^cuboid calibrate: [0-9.]+ ranks per core \(MPI waits: yield\): GEMMs and the optimizer timed in 2 turns" \
+    "$TMP/cal4.log" && pass "shared cores reported" || fail "no ranks-per-core line: $(head -3 "$TMP/cal4.log")"
+fi
+timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" calibrate --backend cpu --plan "$TMP/tp2.json" --cluster "$CPU2" --quick \
+  --repeat 0 --out "$TMP/bad0.json" >"$TMP/bad0.log" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "command line: --repeat: is 0 (fix: give 1 to 100 (3 on a noisy machine))" "$TMP/bad0.log" \
+  && pass "--repeat 0 refused" || fail "--repeat 0: exit $rc: $(tail -2 "$TMP/bad0.log")"
+
 [ "$failures" -eq 0 ] && echo "all calibrate MPI tests passed" || echo "$failures calibrate MPI test(s) failed"
 exit $((failures > 0))

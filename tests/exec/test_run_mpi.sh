@@ -78,6 +78,26 @@ run_ok pp2gpipe 2
 run_ok dp2 2
 run_ok dp2zero1 2
 run_ok t2p2 4 --layers 2 --seq-length 64
+# Every way of waiting computes the same thing; the policy is recorded.
+cp "$TMP/tp2.json" "$TMP/tp2yield.json"
+cp "$TMP/tp2.json" "$TMP/tp2sleep.json"
+cp "$TMP/t2p2.json" "$TMP/t2p2sleep.json"
+run_ok tp2yield 2 --mpi-wait yield
+run_ok tp2sleep 2 --mpi-wait sleep
+run_ok t2p2sleep 4 --layers 2 --seq-length 64 --mpi-wait sleep
+python3 - "$TMP" "$(nproc)" <<'PY' && pass "the wait policy is recorded (auto: yield when ranks outnumber cores)" \
+  || fail "environment.mpi_wait"
+import json, sys
+tmp, cores = sys.argv[1], int(sys.argv[2])
+wait = lambda name: json.load(open(f"{tmp}/{name}.m.json"))["environment"]["mpi_wait"]
+assert wait("tp2yield") == "yield" and wait("tp2sleep") == "sleep" and wait("t2p2sleep") == "sleep"
+assert wait("tp2") == ("spin" if cores >= 2 else "yield"), wait("tp2")
+assert wait("t2p2") == ("spin" if cores >= 4 else "yield"), wait("t2p2")
+PY
+timeout 30 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/tp2.json" --backend cpu --mpi-wait poll >"$TMP/poll.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "command line: --mpi-wait: is 'poll' (fix: use auto, spin, yield or sleep)" "$TMP/poll.log" \
+  && pass "--mpi-wait poll exits 2" || fail "--mpi-wait poll: rc $rc: $(tail -2 "$TMP/poll.log")"
 run_ok t2p2i 4
 
 # The check catches a sharding bug: one TP rank's FC2 shard negated.

@@ -21,6 +21,12 @@ struct CalibrateOptions {
   bool quick = false;        // a smoke test: few sizes, few calls
   std::int64_t max_size_bytes = std::int64_t{256} << 20;  // largest collective size
   double timeout_s = 300;
+  // Run the GEMM and kernel sweeps this many times over (whole sweeps, one
+  // after the other) and keep each sample's median: a slow spell of a noisy
+  // machine (another tenant, a few seconds long) spoils one sweep's samples
+  // of a few shapes, not the median of three.
+  int repeat = 1;
+  std::string mpi_wait = "auto";  // --mpi-wait: auto | spin | yield | sleep (exec/mpi_comm.hpp)
   std::string command_line;  // recorded in the card
 };
 

@@ -26,6 +26,10 @@ struct GemmSweepOptions {
   int min_calls = 5;    // timed calls per shape, at least
   int max_calls = 31;
   double target_ms = 20;  // timed calls per shape: about this long in total
+  // Ranks that share cores time each shape in turns (core_share.hpp): with
+  // `turns` > 1 this rank times in turn `turn` and waits in the others.
+  int turns = 1;
+  int turn = 0;
 };
 
 // This rank's median per-call time of every shape (in `shapes` order).

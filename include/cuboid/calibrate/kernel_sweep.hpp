@@ -31,6 +31,11 @@ struct KernelSweepOptions {
   bool quick = false;
   int warmup_steps = 1;
   int measured_steps = 7;  // layer forward + backward passes per size
+  // The optimizer sweep runs in turns like the GEMM sweep (core_share.hpp).
+  // The layer sweep does not need them: its TP collectives make the ranks of
+  // a core take turns already (the executor's waits yield the core).
+  int turns = 1;
+  int turn = 0;
 };
 
 // `tp` is the rank's TP group (null or size 1 for TP 1); every member of the

@@ -31,6 +31,12 @@ struct RankResults {
   std::vector<CollectiveRecord> collectives;
 };
 
+// Each sample's median over repeated sweeps (calibrate --repeat). Every
+// repeat lists the same samples in the same order (the sweeps are
+// deterministic); anything else is a logic error (std::logic_error).
+std::vector<GemmSample> median_over_repeats(const std::vector<std::vector<GemmSample>>& repeats);
+std::vector<KernelMeasurement> median_over_repeats(const std::vector<std::vector<KernelMeasurement>>& repeats);
+
 nlohmann::json to_json(const RankResults& r);
 RankResults rank_results_from_json(const nlohmann::json& j);
 

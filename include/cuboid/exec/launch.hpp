@@ -99,6 +99,15 @@ World start_world(const LaunchInfo& launch, std::string_view backend);
 // ncclUniqueId, world.exchange hands it to every rank, ncclCommInitRank).
 void attach_device_world(World& world, Backend& backend);
 
+// Sets how this process's MPI ranks wait (mpi_comm.hpp, MpiWait) from the
+// --mpi-wait word (auto | spin | yield | sleep; auto: yield when this node
+// runs more ranks than it has online CPUs, else spin). Collective over the world under MPI; without
+// MPI nothing waits on MPI and the result is "none". Returns the policy's name
+// for the measurements / calibration record. Call check_mpi_wait_word first
+// to refuse a bad word before any work.
+std::string apply_mpi_wait(const World& world, std::string_view word);
+void check_mpi_wait_word(std::string_view word);
+
 // Every rank must run the same plan with the same sizes, or the collectives
 // would not match and the job would hang. Compares `fingerprint` (a hash of
 // what this rank will run) across world.exchange; on a mismatch every rank

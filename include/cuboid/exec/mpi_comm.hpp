@@ -44,6 +44,37 @@ class MpiEnvironment {
   int provided_ = 0;
 };
 
+// How a rank waits for a collective or a message to complete.
+//  - spin: MPI's blocking calls (Open MPI polls shared memory on the core; the
+//    fastest when every rank has a core of its own);
+//  - yield: the non-blocking call, then MPI_Test and sched_yield() until done:
+//    a waiting rank hands its core to a rank that shares it and has work, and
+//    takes it back at once when there is none. With more ranks than cores,
+//    spinning ranks burn the time slices of the partner they wait for and a
+//    step's time depends on the scheduler; yielding makes the ranks of a core
+//    take turns at their waits, so a TP group on one core runs its ranks' work
+//    one after the other, which the calibration models (ranks_per_core);
+//  - sleep: MPI_Test with short sleeps (2 us doubling to 200 us): leaves the
+//    core idle when nobody else wants it, at the cost of wake-up latency.
+enum class MpiWait { spin, yield, sleep };
+
+// "auto" | "spin" | "yield" | "sleep" -> the policy; auto is yield when this
+// node runs more MPI ranks than it has online CPUs, else spin.
+// InputError (flag --mpi-wait) for any other word.
+MpiWait parse_mpi_wait(std::string_view word, int ranks_on_node, int cpus_online);
+std::string_view mpi_wait_name(MpiWait wait) noexcept;
+
+// The process-wide policy every MpiCommunicator uses (default spin); set once
+// after MpiEnvironment is up, before any collective. Setting sleep also lowers
+// this thread's timer slack to 1 us so short sleeps stay short.
+void set_mpi_wait(MpiWait wait);
+MpiWait mpi_wait() noexcept;
+
+// Ranks of MPI_COMM_WORLD on this node (MPI_Comm_split_type SHARED) and the
+// node's online CPUs (sysconf). Needs MPI initialised.
+int mpi_ranks_on_node();
+int cpus_online();
+
 class MpiCommunicator final : public Communicator {
  public:
   // A duplicate of MPI_COMM_WORLD (MPI_Comm_dup), so the executor's traffic

@@ -21,6 +21,7 @@ struct RunOptions {
   std::optional<std::int64_t> seq_length;
   double timeout_s = 300;
   std::string out_path;
+  std::string mpi_wait = "auto";  // --mpi-wait: auto | spin | yield | sleep (mpi_comm.hpp)
   // Test hooks: "flip-shard" (the check must fail), "hang:R" / "kill:R"
   // (rank R hangs / dies in the first measured step).
   std::string inject_fault;
