@@ -31,6 +31,12 @@ std::string format_validation(const ValidationReport& r, bool with_ops) {
   out += fmt::format("cluster card  {} (simulated with the executor's semantics: DP reduction after the last "
                      "backward, no TP overlap; critical GPU rank {})\n\n",
                      r.cluster_name, r.critical_rank);
+  if (r.ranks_per_core > 1)
+    out += fmt::format("shared cores  {:g} ranks per core: the prediction charges each compute op {:g} x its "
+                       "one-rank time; in the run the ranks of a core take turns at their waits, so a rank's ops "
+                       "run at full speed and its partner's turn shows up as TP / PP wait. Compare stage times and "
+                       "the iteration, not compute against tp_comm.\n\n",
+                       r.ranks_per_core, r.ranks_per_core);
   out += fmt::format("{:<22} {:>13} {:>12} {:>9}\n", "component", "predicted(s)", "measured(s)", "error");
   for (const ComponentRow& c : r.components) out += component_line(c.component, c);
   if (r.stages.size() > 1) {
@@ -69,6 +75,7 @@ nlohmann::json validation_to_json(const ValidationReport& r) {
   j["backend"] = r.backend;
   j["measured_rank"] = r.measured_rank;
   j["critical_rank"] = r.critical_rank;
+  j["ranks_per_core"] = r.ranks_per_core;
   j["predicted_iteration_s"] = r.predicted_iteration_s;
   j["measured_iteration_s"] = r.measured_iteration_s;
   j["error"] = r.error();

@@ -93,6 +93,7 @@ struct ValidationReport {
   std::string plan_source, measurements_source, cluster_name, backend;
   int measured_rank = 0;                 // the slowest rank
   int critical_rank = 0;                 // the simulator's critical GPU
+  double ranks_per_core = 1;             // the calibration's core share (Calibration::ranks_per_core)
   std::vector<ComponentRow> components;  // the last row is "iteration"
   std::vector<StageRow> stages;
   std::vector<OpRow> ops;                // per stage, per op priced one by one
