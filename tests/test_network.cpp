@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "cuboid/cost.hpp"
@@ -112,6 +113,69 @@ TEST_CASE("max-min: the classic three-flow examples") {
     CHECK(done == std::vector<std::uint64_t>{0, 1});  // equal finish: start order
     CHECK(net.active_flows() == 0);
   }
+}
+
+TEST_CASE("link sets: flows over one registered set share its links like separate flows") {
+  // Link 0: 10 GB/s crossed once; link 1: 5 GB/s crossed twice. Alone, a flow
+  // is held by link 1 (5 / 2 = 2.5 GB/s); two flows of the set split it.
+  Network net({10 * kGB, 5 * kGB});
+  const LinkUse uses[] = {{0, 1.0}, {1, 2.0}, {1, 0.0}};
+  const LinkSetId set = net.add_link_set(std::span<const LinkUse>(uses, 2));
+  CHECK(net.num_link_sets() == 1);
+  const FlowId f0 = net.start_flow(set, 1 * kGB, 0, 0);
+  CHECK(net.rate_Bps(f0) == doctest::Approx(2.5 * kGB));
+  const FlowId f1 = net.start_flow(set, 2 * kGB, 0, 1);
+  CHECK(net.rate_Bps(f0) == doctest::Approx(1.25 * kGB));
+  CHECK(net.rate_Bps(f1) == doctest::Approx(1.25 * kGB));
+  std::vector<std::uint64_t> done;
+  net.advance_to(900'000'000, done);  // f0: 1 GB at 1.25 GB/s, done at 0.8 s
+  CHECK(done == std::vector<std::uint64_t>{0});
+  CHECK(net.rate_Bps(f1) == doctest::Approx(2.5 * kGB));  // alone again
+  // Finished flows count in the link totals, the running one pro rata:
+  // f1 moved 1 GB by 0.8 s and 0.25 GB since.
+  CHECK(net.link_stats(0).bytes == doctest::Approx(2.25 * kGB));
+  CHECK(net.link_stats(1).bytes == doctest::Approx(4.5 * kGB));
+  net.advance_to(1'300'000'000, done);  // f1: 1 GB left at 0.8 s, at 2.5 GB/s
+  CHECK(done == std::vector<std::uint64_t>{0, 1});
+  CHECK(net.link_stats(0).bytes == doctest::Approx(3 * kGB));
+  CHECK(net.link_stats(1).bytes == doctest::Approx(6 * kGB));
+  CHECK(net.link_stats(1).peak_utilisation == doctest::Approx(1.0));
+  CHECK(net.link_stats(0).peak_utilisation == doctest::Approx(0.25));  // 2.5 of 10 GB/s
+  // A weight <= 0 is no use: the set built from all three uses is the same.
+  CHECK(net.start_flow(uses, 1 * kGB, 2'000'000'000, 2) == f1);  // reuses the free slot
+  CHECK(net.rate_Bps(f1) == doctest::Approx(2.5 * kGB));
+}
+
+TEST_CASE("link sets: bad ids are rejected before anything is registered") {
+  Network net({1 * kGB});
+  const LinkUse bad[] = {{0, 1.0}, {7, 1.0}};
+  CHECK_THROWS_WITH_AS(net.add_link_set(bad), "Network: link id out of range", std::out_of_range);
+  CHECK_THROWS_WITH_AS(net.start_flow(LinkSetId{3}, kGB, 0, 0), "Network: link set out of range", std::out_of_range);
+  CHECK(net.num_link_sets() == 0);
+  CHECK(net.active_flows() == 0);
+}
+
+TEST_CASE("many flows on one link: processor sharing, finishing smallest first") {
+  // n flows of 1..n GB on a 1 GB/s link: between two completions the k flows
+  // left share it, so flow i ends at sum_{j<=i} (n - j + 1) x 1 GB / 1 GB/s.
+  // Six flows spill a link's flow list out of its inline slot and back.
+  Network net({1 * kGB});
+  Engine e(net);
+  const LinkUse l0[] = {{0, 1.0}};
+  const int n = 6;
+  std::vector<TaskId> t;
+  for (int i = 1; i <= n; ++i) t.push_back(e.add_flow(l0, i * kGB, 0));
+  const RunStats st = e.run();
+  CHECK(st.tasks_unfinished == 0);
+  TimeNs expected = 0;
+  for (int i = 1; i <= n; ++i) {
+    expected += static_cast<TimeNs>(n - i + 1) * 1'000'000'000;
+    CHECK(std::llabs(e.end_ns(t[static_cast<std::size_t>(i - 1)]) - expected) <= 10);  // ns rounding
+  }
+  CHECK(net.link_stats(0).bytes == doctest::Approx(21 * kGB));
+  // The list is usable again after draining: a lone flow gets the whole link.
+  const FlowId f = net.start_flow(l0, kGB, st.end_ns, 99);
+  CHECK(net.rate_Bps(f) == doctest::Approx(1 * kGB));
 }
 
 TEST_CASE("a flow's latency is added once, after its bytes") {

@@ -26,7 +26,7 @@ namespace {
 struct EventLater {
   template <typename E>
   bool operator()(const E& a, const E& b) const {
-    return a.time != b.time ? a.time > b.time : a.seq > b.seq;
+    return a.time != b.time ? a.time > b.time : a.key > b.key;
   }
 };
 
@@ -158,6 +158,9 @@ std::uint32_t Engine::plan_for(GroupId g, Collective op, Algorithm algo) {
   }
   plans_.push_back(plan_collective(*net_, op, grp.group, algo));
   const auto idx = static_cast<std::uint32_t>(plans_.size() - 1);
+  // Each phase's links registered once; every task of the plan reuses them.
+  plan_sets_.push_back(static_cast<std::uint32_t>(phase_sets_.size()));
+  for (const CommPhase& ph : plans_.back().phases) phase_sets_.push_back(net_->add_link_set(ph.uses));
   grp.plans.emplace_back(op, algo, idx);
   return idx;
 }
@@ -203,18 +206,26 @@ TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs late
   if (net_ == nullptr) throw std::logic_error("Engine: communication tasks need a Network");
   std::vector<LinkUse> merged(uses.begin(), uses.end());
   Network::merge_uses(merged);
+  // Validate the streams and dependencies before registering the links.
+  for (StreamId s : streams) {
+    if (s != kNoStream && s >= streams_.size()) throw std::out_of_range("Engine: stream " + std::to_string(s) + " does not exist");
+  }
+  for (TaskId d : deps) {
+    if (d >= tasks_.size()) throw std::out_of_range("Engine: dependency on task " + std::to_string(d) + " not yet added");
+  }
+  const LinkSetId set = net_->add_link_set(merged);
   const TaskId id = new_task(TaskKind::flow, streams, deps, user);
   Task& t = tasks_[id];
   t.bytes = bytes;
   t.duration_ns = latency_ns;
-  t.plan = static_cast<std::uint32_t>(flow_uses_.size());
-  t.plan_len = static_cast<std::uint32_t>(merged.size());
-  flow_uses_.insert(flow_uses_.end(), merged.begin(), merged.end());
+  t.plan = set;
   return id;
 }
 
 void Engine::push_event(TimeNs t, TaskId task, EventType type) {
-  heap_push(heap_, Event{t, seq_++, task, type});
+  // The key's order is the sequence number's only while it fits its 31 bits.
+  if (seq_ >= kMaxEvents) throw std::length_error("Engine: more than 2^31 events scheduled in one run");
+  heap_push(heap_, Event{t, (seq_++ << 33) | (std::uint64_t{task} << 1) | static_cast<std::uint64_t>(type)});
 }
 
 void Engine::maybe_start(TaskId t) {
@@ -237,11 +248,15 @@ void Engine::start(TaskId id) {
   for (std::uint32_t i = 0; i < t.streams_len; ++i) {
     Stream& s = streams_[task_streams_[t.streams_off + i]];
     s.info.wait_ns += now_ - s.arrival_ns;
+    // finish() will touch the stream's next task and the successor list:
+    // tasks built long ago, likely out of cache. Fetch them while this one runs.
+    if (s.head + 1 < s.queue.size()) __builtin_prefetch(&tasks_[s.queue[s.head + 1]], 1);
   }
+  if (t.succ_head != kNone) __builtin_prefetch(&succ_[t.succ_head]);
   switch (t.kind) {
     case TaskKind::compute: push_event(now_ + t.duration_ns, id, EventType::task_end); return;
     case TaskKind::flow:
-      net_->start_flow(std::span<const LinkUse>(flow_uses_.data() + t.plan, t.plan_len), t.bytes, now_, id);
+      net_->start_flow(LinkSetId{t.plan}, t.bytes, now_, id);
       return;
     case TaskKind::collective:
     case TaskKind::send_recv:
@@ -258,7 +273,7 @@ void Engine::start(TaskId id) {
 void Engine::start_phase(TaskId id) {
   const Task& t = tasks_[id];
   const CommPhase& ph = plans_[t.plan].phases[t.phase];
-  net_->start_flow(ph.uses, phase_flow_bytes(ph, t.bytes), now_, id);
+  net_->start_flow(phase_sets_[plan_sets_[t.plan] + t.phase], phase_flow_bytes(ph, t.bytes), now_, id);
 }
 
 void Engine::finish(TaskId id) {
@@ -312,13 +327,14 @@ RunStats Engine::run(TimeNs until_ns) {
     }
     const Event ev = heap_pop(heap_);
     ++events_;
-    Task& task = tasks_[ev.task];
-    if (ev.type == EventType::phase_end && task.kind != TaskKind::flow &&
+    const TaskId id = ev.task();
+    Task& task = tasks_[id];
+    if (ev.type() == EventType::phase_end && task.kind != TaskKind::flow &&
         static_cast<std::size_t>(task.phase) + 1 < plans_[task.plan].phases.size()) {
       ++task.phase;
-      start_phase(ev.task);
+      start_phase(id);
     } else {
-      finish(ev.task);
+      finish(id);
     }
     drain_ready();
   }

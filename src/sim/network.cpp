@@ -25,11 +25,16 @@ double nic_efficiency(const Cluster& c) {
 }  // namespace
 
 Network::Network(std::vector<double> link_capacity_Bps) {
-  links_.resize(link_capacity_Bps.size());
-  link_latency_ns_.assign(link_capacity_Bps.size(), 0);
-  for (std::size_t i = 0; i < links_.size(); ++i) {
+  const std::size_t n = link_capacity_Bps.size();
+  link_flows_.resize(n);
+  link_sets_.resize(n);
+  link_solve_.resize(n);
+  link_bytes_.assign(n, 0.0);
+  link_peak_.assign(n, 0.0);
+  link_latency_ns_.assign(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
     if (!(link_capacity_Bps[i] > 0)) throw std::invalid_argument("Network: link capacity must be > 0");
-    links_[i].capacity_Bps = link_capacity_Bps[i];
+    link_solve_[i].capacity_Bps = link_capacity_Bps[i];
   }
 }
 
@@ -38,9 +43,13 @@ Network::Network(const Topology& topo, NetworkOptions opts) : topo_(&topo), opts
   const Cluster& c = topo.cluster();
   const double nic_eff = nic_efficiency(c);
   const auto n_edges = boost::num_edges(g);
-  links_.resize(2 * n_edges);
+  link_flows_.resize(2 * n_edges);
+  link_sets_.resize(2 * n_edges);
+  link_solve_.resize(2 * n_edges);
+  link_bytes_.assign(2 * n_edges, 0.0);
+  link_peak_.assign(2 * n_edges, 0.0);
   link_latency_ns_.resize(2 * n_edges);
-  link_names_.resize(2 * n_edges);
+  link_ends_.resize(2 * n_edges);
   std::size_t i = 0;
   for (auto [it, end] = boost::edges(g); it != end; ++it, ++i) {
     const auto lo = std::min(boost::source(*it, g), boost::target(*it, g));
@@ -55,27 +64,67 @@ Network::Network(const Topology& topo, NetworkOptions opts) : topo_(&topo), opts
     }
     for (int dir = 0; dir < 2; ++dir) {
       const std::size_t l = 2 * i + static_cast<std::size_t>(dir);
-      links_[l].capacity_Bps = cap;
+      link_solve_[l].capacity_Bps = cap;
       link_latency_ns_[l] = info.latency_ns;
-      link_names_[l] = dir == 0 ? g[lo].name + "->" + g[hi].name : g[hi].name + "->" + g[lo].name;
+      // Names are built when asked (a 16k-GPU fabric has ~100k links).
+      link_ends_[l] = dir == 0 ? std::pair{static_cast<std::uint32_t>(lo), static_cast<std::uint32_t>(hi)}
+                               : std::pair{static_cast<std::uint32_t>(hi), static_cast<std::uint32_t>(lo)};
     }
   }
 }
 
 std::string Network::link_name(LinkId l) const {
-  if (l < link_names_.size()) return link_names_[l];
+  if (topo_ != nullptr && l < link_ends_.size()) {
+    const auto& g = topo_->graph();
+    return g[link_ends_[l].first].name + "->" + g[link_ends_[l].second].name;
+  }
   return "link" + std::to_string(l);
 }
 
 LinkStats Network::link_stats(LinkId l) const {
-  const Link& k = links_.at(l);
-  double bytes = k.bytes;
-  for (const FlowRef& r : k.flows) {
+  if (l >= link_solve_.size()) throw std::out_of_range("Network: link id out of range");
+  settle();
+  double bytes = link_bytes_[l];
+  for (const FlowRef& r : link_flows_[l]) {
     const Flow& fl = flows_[r.flow];
     const double left = std::max(0.0, fl.remaining - fl.rate * static_cast<double>(now_ - fl.updated_ns) * 1e-9);
-    bytes += fl.uses[r.use].weight * (fl.total - left);
+    bytes += set_weight(fl, r.use) * (fl.total - left);
   }
-  return LinkStats{k.capacity_Bps, bytes, k.peak_utilisation};
+  // A running flow off the lists is alone on its links (tests ask mid-run).
+  for (const Flow& fl : flows_) {
+    if (!fl.active || fl.registered || fl.nuses == 0) continue;
+    const LinkSet& s = sets_[fl.set];
+    for (std::uint32_t i = 0; i < s.len; ++i) {
+      if (set_links_[s.off + i] != l) continue;
+      const double left = std::max(0.0, fl.remaining - fl.rate * static_cast<double>(now_ - fl.updated_ns) * 1e-9);
+      bytes += set_weights_[s.off + i] * (fl.total - left);
+    }
+  }
+  return LinkStats{link_solve_[l].capacity_Bps, bytes, link_peak_[l]};
+}
+
+// Replays the finished flows' bytes in finish order (each link's total is
+// the same sum, in the same order, as when retire_flow added them) and takes
+// each set's largest finished rate into its links' peaks (a max: order-free;
+// and min(1, w * r / c) rises with r, so the largest rate gives the peak).
+void Network::settle() const {
+  for (const Retired& r : retired_) {
+    const LinkSet& s = sets_[r.set];
+    const LinkId* links = set_links_.data() + s.off;
+    const double* weights = set_weights_.data() + s.off;
+    for (std::uint32_t i = 0; i < s.len; ++i) link_bytes_[links[i]] += weights[i] * r.total;
+  }
+  retired_.clear();
+  for (LinkSetId id : peak_dirty_sets_) {
+    LinkSet& s = sets_[id];
+    s.peak_dirty = false;
+    for (std::uint32_t i = 0; i < s.len; ++i) {
+      const LinkId l = set_links_[s.off + i];
+      const double util = std::min(1.0, set_weights_[s.off + i] * s.retired_max_rate / link_solve_[l].capacity_Bps);
+      link_peak_[l] = std::max(link_peak_[l], util);
+    }
+  }
+  peak_dirty_sets_.clear();
 }
 
 std::span<const LinkId> Network::route_links(int src_gpu, int dst_gpu) {
@@ -131,7 +180,46 @@ void Network::merge_uses(std::vector<LinkUse>& uses) {
   uses.resize(w);
 }
 
+LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
+  for (const LinkUse& u : uses) {
+    if (u.link >= link_solve_.size()) throw std::out_of_range("Network: link id out of range");
+  }
+  LinkSet s;
+  s.off = static_cast<std::uint32_t>(set_links_.size());
+  s.cap = std::numeric_limits<double>::infinity();
+  for (const LinkUse& u : uses) {
+    if (!(u.weight > 0)) continue;
+    s.cap = std::min(s.cap, link_solve_[u.link].capacity_Bps / u.weight);
+    set_links_.push_back(u.link);
+    set_weights_.push_back(u.weight);
+  }
+  s.len = static_cast<std::uint32_t>(set_links_.size() - s.off);
+  // Its conflicts: every set that crosses one of its links (found once here,
+  // through the per-link index), and itself.
+  const auto id = static_cast<LinkSetId>(sets_.size());
+  set_mark_.push_back(0);
+  const std::uint32_t stamp = id + 1;
+  for (std::uint32_t i = 0; i < s.len; ++i) {
+    auto& crossing = link_sets_[set_links_[s.off + i]];
+    for (LinkSetId other : crossing) {
+      if (set_mark_[other] == stamp) continue;
+      set_mark_[other] = stamp;
+      s.conflicts.push_back(other);
+      sets_[other].conflicts.push_back(id);
+    }
+    crossing.push_back(id);
+  }
+  if (s.len > 0) s.conflicts.push_back(id);
+  sets_.push_back(std::move(s));
+  return id;
+}
+
 FlowId Network::start_flow(std::span<const LinkUse> uses, double bytes, TimeNs now, std::uint64_t tag) {
+  return start_flow(add_link_set(uses), bytes, now, tag);
+}
+
+FlowId Network::start_flow(LinkSetId set, double bytes, TimeNs now, std::uint64_t tag) {
+  if (set >= sets_.size()) throw std::out_of_range("Network: link set out of range");
   FlowId f = 0;
   if (!free_flows_.empty()) {
     f = free_flows_.back();
@@ -142,9 +230,11 @@ FlowId Network::start_flow(std::span<const LinkUse> uses, double bytes, TimeNs n
   }
   now_ = std::max(now_, now);
   Flow& fl = flows_[f];
-  fl.uses.clear();
+  fl.set = set;
+  fl.nuses = 0;
+  fl.registered = false;
+  fl.slots.clear();
   fl.shared.clear();
-  fl.cap = std::numeric_limits<double>::infinity();
   fl.remaining = std::max(0.0, bytes);
   fl.total = fl.remaining;
   fl.rate = 0;
@@ -156,38 +246,56 @@ FlowId Network::start_flow(std::span<const LinkUse> uses, double bytes, TimeNs n
   fl.active = true;
   ++active_;
   ++flows_started_;
-  // Validate every link first, so a throw leaves no half-registered flow.
-  for (const LinkUse& u : uses) {
-    if (u.link >= links_.size()) throw std::out_of_range("Network: link id out of range");
-  }
-  // One pass: take each link's capacity into the flow's cap and register the
-  // flow on the link (the hot path of a mirrored collective: hundreds of links).
-  if (fl.remaining > 0) {
-    fl.uses.reserve(uses.size());
-    for (const LinkUse& u : uses) {
-      if (!(u.weight > 0)) continue;
-      Link& link = links_[u.link];
-      fl.cap = std::min(fl.cap, link.capacity_Bps / u.weight);
-      const auto i = static_cast<std::uint32_t>(fl.uses.size());
-      fl.uses.push_back(Use{u.link, u.weight, static_cast<std::uint32_t>(link.flows.size()), kNotShared});
-      link.flows.push_back(FlowRef{f, i});
-      if (link.flows.size() >= 2) {
-        if (link.flows.size() == 2) add_shared(link.flows[0].flow, link.flows[0].use);
-        add_shared(f, i);
-      }
-    }
-  }
-  if (fl.uses.empty()) {
+  const LinkSet& s = sets_[set];
+  if (fl.remaining == 0 || s.len == 0) {
     fl.finish_ns = now;
     push_pending(f);
     return f;
   }
-  if (fl.shared.empty()) {
-    set_rate(f, fl.cap, now);  // alone on all its links
+  fl.nuses = s.len;
+  // Only flows of conflicting sets can meet this one on a link: if none runs,
+  // it is alone on all its links and skips them (the hot path of a mirrored
+  // p2p or collective: hundreds of links). Else the ones off the lists join
+  // them first, then this one, as if every flow had joined when it started.
+  bool alone = true;
+  for (LinkSetId c : s.conflicts) {
+    for (FlowId g : sets_[c].active) {
+      alone = false;
+      if (!flows_[g].registered) register_flow(g);
+    }
+  }
+  fl.apos = static_cast<std::uint32_t>(sets_[set].active.size());
+  sets_[set].active.push_back(f);
+  if (alone) {
+    set_rate(f, s.cap, now);
     return f;
   }
-  for (std::uint32_t i : fl.shared) dirty_.push_back(fl.uses[i].link);
+  register_flow(f);
+  if (fl.shared.empty()) {
+    set_rate(f, s.cap, now);  // alone on all its links
+    return f;
+  }
+  for (std::uint32_t i : fl.shared) dirty_.push_back(set_link(fl, i));
   return f;
+}
+
+// Puts a flow on its links' lists; a link that already has a flow becomes
+// shared by both (they take part in the solves of its component).
+void Network::register_flow(FlowId f) {
+  Flow& fl = flows_[f];
+  const LinkSet& s = sets_[fl.set];
+  fl.registered = true;
+  fl.slots.resize(s.len);
+  const LinkId* links = set_links_.data() + s.off;
+  for (std::uint32_t i = 0; i < s.len; ++i) {
+    FlowList& list = link_flows_[links[i]];
+    fl.slots[i] = Slot{list.size(), kNotShared};
+    list.push_back(FlowRef{f, i});
+    if (list.size() >= 2) {
+      if (list.size() == 2) add_shared(list[0].flow, list[0].use);
+      add_shared(f, i);
+    }
+  }
 }
 
 void Network::flush() {
@@ -200,42 +308,58 @@ void Network::flush() {
 
 void Network::add_shared(FlowId f, std::uint32_t use) {
   Flow& fl = flows_[f];
-  fl.uses[use].spos = static_cast<std::uint32_t>(fl.shared.size());
+  fl.slots[use].spos = static_cast<std::uint32_t>(fl.shared.size());
   fl.shared.push_back(use);
 }
 
 void Network::remove_shared(FlowId f, std::uint32_t use) {
   Flow& fl = flows_[f];
-  const std::uint32_t p = fl.uses[use].spos;
+  const std::uint32_t p = fl.slots[use].spos;
   const std::uint32_t last = fl.shared.back();
   fl.shared[p] = last;
-  fl.uses[last].spos = p;
+  fl.slots[last].spos = p;
   fl.shared.pop_back();
-  fl.uses[use].spos = kNotShared;
+  fl.slots[use].spos = kNotShared;
 }
 
-// A finished flow leaves its links: each link's totals take what it carried,
-// shared links become seeds of the re-solve, and the flow is unregistered.
+// A finished flow leaves its links: shared links become seeds of the
+// re-solve and the flow is unregistered; what it carried goes to the links'
+// totals at the next settle() (whenever the flow ran, each of its links
+// carried at least weight * rate: the peak).
 void Network::retire_flow(FlowId f) {
   Flow& fl = flows_[f];
-  const double max_rate = fl.max_rate;
-  const double total = fl.total;
-  for (const Use& u : fl.uses) {
-    Link& link = links_[u.link];
-    link.bytes += u.weight * total;
-    // Whenever the flow ran, its link carried at least weight * rate.
-    link.peak_utilisation = std::max(link.peak_utilisation, std::min(1.0, u.weight * max_rate / link.capacity_Bps));
-    auto& list = link.flows;
-    if (list.size() > 1) seeds_.push_back(u.link);
+  if (fl.nuses == 0) return;
+  LinkSet& s = sets_[fl.set];
+  const FlowId moved_active = s.active.back();
+  s.active[fl.apos] = moved_active;
+  flows_[moved_active].apos = fl.apos;
+  s.active.pop_back();
+  retired_.push_back(Retired{fl.set, fl.total});
+  s.retired_max_rate = std::max(s.retired_max_rate, fl.max_rate);
+  if (!s.peak_dirty) {
+    s.peak_dirty = true;
+    peak_dirty_sets_.push_back(fl.set);
+  }
+  const LinkId* links = set_links_.data() + s.off;
+  const std::uint32_t on_lists = fl.registered ? fl.nuses : 0;
+  for (std::uint32_t i = 0; i < on_lists; ++i) {
+    const LinkId l = links[i];
+    const std::uint32_t pos = fl.slots[i].pos;
+    FlowList& list = link_flows_[l];
+    if (list.size() > 1) seeds_.push_back(l);
     const FlowRef moved = list.back();
     if (moved.flow != f) {
-      list[u.pos] = moved;
-      flows_[moved.flow].uses[moved.use].pos = u.pos;
+      list[pos] = moved;
+      flows_[moved.flow].slots[moved.use].pos = pos;
     }
     list.pop_back();
     if (list.size() == 1) remove_shared(list[0].flow, list[0].use);
   }
   fl.shared.clear();
+  fl.nuses = 0;
+  fl.registered = false;
+  // Bounded memory: replay the finished flows' bytes now and then.
+  if (retired_.size() >= 4096) settle();
 }
 
 TimeNs Network::next_completion() {
@@ -318,22 +442,21 @@ void Network::solve_from(std::span<const LinkId> seeds, TimeNs now) {
   comp_links_.clear();
   comp_flows_.clear();
   for (LinkId l : seeds) {
-    if (links_[l].epoch == epoch_) continue;
-    links_[l].epoch = epoch_;
+    if (link_solve_[l].epoch == epoch_) continue;
+    link_solve_[l].epoch = epoch_;
     comp_links_.push_back(l);
   }
   for (std::size_t i = 0; i < comp_links_.size(); ++i) {
-    Link& link = links_[comp_links_[i]];
-    link.comp = static_cast<std::uint32_t>(i);
-    for (const FlowRef& r : link.flows) {
+    link_solve_[comp_links_[i]].comp = static_cast<std::uint32_t>(i);
+    for (const FlowRef& r : link_flows_[comp_links_[i]]) {
       Flow& fl = flows_[r.flow];
       if (fl.epoch == epoch_) continue;
       fl.epoch = epoch_;
       comp_flows_.push_back(r.flow);
       for (std::uint32_t s : fl.shared) {
-        const LinkId l = fl.uses[s].link;
-        if (links_[l].epoch == epoch_) continue;
-        links_[l].epoch = epoch_;
+        const LinkId l = set_link(fl, s);
+        if (link_solve_[l].epoch == epoch_) continue;
+        link_solve_[l].epoch = epoch_;
         comp_links_.push_back(l);
       }
     }
@@ -353,11 +476,11 @@ void Network::solve_from(std::span<const LinkId> seeds, TimeNs now) {
   rem_.assign(nl, 0.0);
   wsum_.assign(nl, 0.0);
   for (std::size_t i = 0; i < nl; ++i) {
-    const Link& link = links_[comp_links_[i]];
-    rem_[i] = link.capacity_Bps;
-    if (link.flows.size() < 2) continue;  // a seed that became private: its flow's cap covers it
+    const FlowList& list = link_flows_[comp_links_[i]];
+    rem_[i] = link_solve_[comp_links_[i]].capacity_Bps;
+    if (list.size() < 2) continue;  // a seed that became private: its flow's cap covers it
     double w = 0;
-    for (const FlowRef& r : link.flows) w += flows_[r.flow].uses[r.use].weight;
+    for (const FlowRef& r : list) w += set_weight(flows_[r.flow], r.use);
     wsum_[i] = w;
   }
   // Each shared link saturates at level rem / wsum (rem: capacity minus what
@@ -374,18 +497,18 @@ void Network::solve_from(std::span<const LinkId> seeds, TimeNs now) {
     if (wsum_[i] > 0) lheap_.push_back(LevelEntry{rem_[i] / wsum_[i], i});
   }
   for (std::size_t i = 0; i < nf; ++i) {
-    lheap_.push_back(LevelEntry{flows_[comp_flows_[i]].cap, static_cast<std::uint32_t>(nl + i)});
+    lheap_.push_back(LevelEntry{sets_[flows_[comp_flows_[i]].set].cap, static_cast<std::uint32_t>(nl + i)});
   }
   std::make_heap(lheap_.begin(), lheap_.end(), later);
   const auto freeze = [&](FlowId f, double level) {
     Flow& fl = flows_[f];
     fl.frozen = true;
     for (std::uint32_t s : fl.shared) {
-      const Use& u = fl.uses[s];
-      const std::uint32_t c = links_[u.link].comp;
-      rem_[c] -= u.weight * level;
-      wsum_[c] -= u.weight;
-      if (wsum_[c] <= 1e-12 * u.weight) wsum_[c] = 0;
+      const double w = set_weight(fl, s);
+      const std::uint32_t c = link_solve_[set_link(fl, s)].comp;
+      rem_[c] -= w * level;
+      wsum_[c] -= w;
+      if (wsum_[c] <= 1e-12 * w) wsum_[c] = 0;
     }
     set_rate(f, level, now);
   };
@@ -406,15 +529,16 @@ void Network::solve_from(std::span<const LinkId> seeds, TimeNs now) {
       std::push_heap(lheap_.begin(), lheap_.end(), later);
       continue;
     }
-    for (const FlowRef& r : links_[comp_links_[top.comp]].flows) {
+    for (const FlowRef& r : link_flows_[comp_links_[top.comp]]) {
       if (!flows_[r.flow].frozen) freeze(r.flow, level);
     }
   }
   for (std::size_t i = 0; i < nl; ++i) {
-    Link& link = links_[comp_links_[i]];
-    if (link.flows.size() < 2) continue;
-    const double load = std::max(0.0, link.capacity_Bps - rem_[i]);
-    link.peak_utilisation = std::max(link.peak_utilisation, std::min(1.0, load / link.capacity_Bps));
+    const LinkId l = comp_links_[i];
+    if (link_flows_[l].size() < 2) continue;
+    const double cap = link_solve_[l].capacity_Bps;
+    const double load = std::max(0.0, cap - rem_[i]);
+    link_peak_[l] = std::max(link_peak_[l], std::min(1.0, load / cap));
   }
 }
 

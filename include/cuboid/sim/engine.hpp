@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cuboid/sim/collective.hpp"
+#include "cuboid/sim/huge_pages.hpp"
 #include "cuboid/sim/network.hpp"
 #include "cuboid/workload.hpp"
 
@@ -103,6 +104,7 @@ class Engine {
                        std::span<const TaskId> deps = {}, std::span<const Route> mirrors = {},
                        std::uint64_t user = 0);
   // A raw flow: `bytes` per route over `uses` (merged or not), then latency_ns.
+  // Its links become a link set of the network now (an unknown link throws here).
   TaskId add_flow(std::span<const LinkUse> uses, double bytes, TimeNs latency_ns,
                   std::span<const StreamId> streams = {}, std::span<const TaskId> deps = {},
                   std::uint64_t user = 0);
@@ -130,12 +132,16 @@ class Engine {
  private:
   enum class State : std::uint8_t { waiting, running, done };
   enum class EventType : std::uint8_t { task_end, phase_end };
+  // 16 bytes, so a 4-ary heap node's children share a cache line: the
+  // sequence number, task and type packed in one word whose order is the
+  // sequence number's (unique), so (time, key) orders like (time, seq).
   struct Event {
     TimeNs time = 0;
-    std::uint64_t seq = 0;
-    TaskId task = 0;
-    EventType type = EventType::task_end;
+    std::uint64_t key = 0;  // seq << 33 | task << 1 | type
+    TaskId task() const { return static_cast<TaskId>(key >> 1); }
+    EventType type() const { return static_cast<EventType>(key & 1); }
   };
+  static constexpr std::uint64_t kMaxEvents = std::uint64_t{1} << 31;
   // One cache line: the run touches tasks in time order, not in the order
   // they were added, so each access is a likely cache miss; what only the
   // build or the caller needs (user value, successor-list tail) lives apart.
@@ -144,8 +150,7 @@ class Engine {
     TimeNs start_ns = kNever;
     TimeNs end_ns = kNever;
     double bytes = 0;             // comm: size_bytes (flow: bytes per route)
-    std::uint32_t plan = 0;       // index into plans_ (comm) or flow_uses_ range start (flow)
-    std::uint32_t plan_len = 0;   // flow: number of uses
+    std::uint32_t plan = 0;       // index into plans_ (comm) or the network's link set (flow)
     std::uint32_t streams_off = 0;  // range in task_streams_
     std::uint32_t deps_left = 0;
     std::uint32_t succ_head = kNone;  // FIFO linked list in succ_ (tail: succ_tail_)
@@ -189,15 +194,19 @@ class Engine {
   std::uint64_t events_ = 0;
   std::uint64_t tasks_done_ = 0;
   std::vector<Event> heap_;
-  std::vector<Task> tasks_;
-  std::vector<std::uint64_t> users_;     // per task
-  std::vector<std::uint32_t> succ_tail_;  // per task: last entry of its successor list
+  // The per-task tables, on huge pages where the OS gives them (huge_pages.hpp).
+  template <typename T>
+  using Table = std::vector<T, HugePageAllocator<T>>;
+  Table<Task> tasks_;
+  Table<std::uint64_t> users_;     // per task
+  Table<std::uint32_t> succ_tail_;  // per task: last entry of its successor list
   std::vector<Stream> streams_;
-  std::vector<StreamId> task_streams_;
-  std::vector<Succ> succ_;
+  Table<StreamId> task_streams_;
+  Table<Succ> succ_;
   std::vector<Group> groups_;
   std::vector<CollectivePlan> plans_;
-  std::vector<LinkUse> flow_uses_;
+  std::vector<std::uint32_t> plan_sets_;  // per plan: its first phase's entry in phase_sets_
+  std::vector<LinkSetId> phase_sets_;     // per phase of each plan: its links on the network
   std::map<std::vector<int>, GroupId> p2p_groups_;  // (src, dst, mirror pairs...) -> group
   std::vector<TaskId> ready_;
   std::vector<std::uint64_t> completed_;

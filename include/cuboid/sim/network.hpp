@@ -19,9 +19,8 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
-
-#include <boost/container/small_vector.hpp>
 
 #include "cuboid/topology.hpp"
 
@@ -32,6 +31,7 @@ inline constexpr TimeNs kNever = std::numeric_limits<TimeNs>::max();
 
 using LinkId = std::uint32_t;
 using FlowId = std::uint32_t;
+using LinkSetId = std::uint32_t;
 
 // One link of a flow and how many of the flow's routes cross it.
 struct LinkUse {
@@ -81,7 +81,7 @@ class Network {
 
   const Topology* topology() const { return topo_; }
   const NetworkOptions& options() const { return opts_; }
-  std::size_t num_links() const { return links_.size(); }
+  std::size_t num_links() const { return link_solve_.size(); }
   // "n0.gpu3->n0.nvswitch" for topology links, "link7" for abstract ones.
   std::string link_name(LinkId l) const;
   LinkStats link_stats(LinkId l) const;
@@ -95,11 +95,21 @@ class Network {
   void compile_routes(std::span<const Route> routes, std::vector<LinkUse>& out);
   static void merge_uses(std::vector<LinkUse>& uses);
 
-  // Starts a flow of `bytes` per route at time `now` (>= every earlier call's
-  // time; no completion may be pending before `now`, see next_completion).
-  // `uses` must be merged (no duplicate link). `tag` comes back on completion.
-  // A flow with no link, or no bytes, drains at `now`. Rates are re-solved
-  // lazily (flush), so flows started at the same instant share one solve.
+  // Registers a set of link uses once (a collective phase, a raw flow); flows
+  // over it then share its links, weights and bottleneck (min over its links
+  // of capacity / weight), computed here once instead of at every start: a
+  // mirrored p2p phase is ~50 routes and hundreds of links, started tens of
+  // thousands of times. `uses` must be merged (no duplicate link); uses of
+  // weight <= 0 are dropped. Throws std::out_of_range for an unknown link.
+  LinkSetId add_link_set(std::span<const LinkUse> uses);
+  std::size_t num_link_sets() const { return sets_.size(); }
+  // Starts a flow of `bytes` per route over `set` at time `now` (>= every
+  // earlier call's time; no completion may be pending before `now`, see
+  // next_completion). `tag` comes back on completion. A flow with no link, or
+  // no bytes, drains at `now`. Rates are re-solved lazily (flush), so flows
+  // started at the same instant share one solve.
+  FlowId start_flow(LinkSetId set, double bytes, TimeNs now, std::uint64_t tag);
+  // The same over `uses` (merged), registered as a new set (tests, one-offs).
   FlowId start_flow(std::span<const LinkUse> uses, double bytes, TimeNs now, std::uint64_t tag);
   // Re-solves the components touched since the last solve (at the latest time seen).
   void flush();
@@ -118,33 +128,90 @@ class Network {
  private:
   struct FlowRef {           // entry of a link's flow list
     FlowId flow = 0;
-    std::uint32_t use = 0;    // index into the flow's uses
+    std::uint32_t use = 0;    // index into the flow's link set
   };
-  // One cache line, and the flow list of a link that one flow crosses (the
-  // usual case: a mirrored collective's hundreds of private links) inline:
-  // starting or ending a flow then costs one cache miss per link, not two.
-  struct alignas(64) Link {
+  // A link's flows, 16 bytes, one inline (the usual case: a mirrored
+  // collective's hundreds of private links), kept apart from the link's other
+  // fields: starting or ending a flow touches 16 bytes per link, and the
+  // one-flow case is a store and a count, no capacity checks. Once a list has
+  // spilled to the heap it stays there (links shared once are shared again).
+  class FlowList {
+   public:
+    FlowList() = default;
+    FlowList(const FlowList&) = delete;
+    FlowList& operator=(const FlowList&) = delete;
+    FlowList(FlowList&& o) noexcept : u_(o.u_), n_(o.n_), cap_(o.cap_) { o.n_ = o.cap_ = 0; }
+    FlowList& operator=(FlowList&&) = delete;
+    ~FlowList() {
+      if (cap_ > 0) delete[] u_.heap;
+    }
+    std::uint32_t size() const { return n_; }
+    FlowRef* begin() { return cap_ > 0 ? u_.heap : &u_.one; }
+    FlowRef* end() { return begin() + n_; }
+    const FlowRef* begin() const { return cap_ > 0 ? u_.heap : &u_.one; }
+    const FlowRef* end() const { return begin() + n_; }
+    FlowRef& operator[](std::uint32_t i) { return begin()[i]; }
+    FlowRef& back() { return begin()[n_ - 1]; }
+    void pop_back() { --n_; }
+    void push_back(FlowRef r) {
+      if (cap_ == 0 && n_ == 0) {
+        u_.one = r;
+        n_ = 1;
+        return;
+      }
+      if (cap_ == 0 || n_ == cap_) grow();
+      u_.heap[n_++] = r;
+    }
+
+   private:
+    void grow() {
+      const std::uint32_t cap = cap_ == 0 ? 4 : 2 * cap_;
+      auto* heap = new FlowRef[cap];
+      for (std::uint32_t i = 0; i < n_; ++i) heap[i] = begin()[i];
+      if (cap_ > 0) delete[] u_.heap;
+      u_.heap = heap;
+      cap_ = cap;
+    }
+    union Storage {
+      FlowRef one;
+      FlowRef* heap;
+    };
+    Storage u_{FlowRef{}};
+    std::uint32_t n_ = 0;
+    std::uint32_t cap_ = 0;  // 0: inline
+  };
+  struct LinkSolve {          // what a re-solve reads and marks
     double capacity_Bps = 0;
-    double bytes = 0;         // carried by finished flows
-    double peak_utilisation = 0;
     std::uint32_t epoch = 0;  // component search mark
     std::uint32_t comp = 0;   // index in the component being solved
-    boost::container::small_vector<FlowRef, 1> flows;
   };
-  static_assert(sizeof(Link) == 64);
+  struct LinkSet {
+    std::uint32_t off = 0;    // range in set_links_ / set_weights_
+    std::uint32_t len = 0;
+    double cap = 0;           // min over its links of capacity / weight
+    double retired_max_rate = 0;  // max rate of its finished flows (link peaks)
+    bool peak_dirty = false;  // finished flows not yet in link_peak_
+    std::vector<LinkSetId> conflicts;  // the sets sharing a link with it, itself included
+    std::vector<FlowId> active;        // its running flows (with bytes)
+  };
   static constexpr std::uint32_t kNotShared = std::numeric_limits<std::uint32_t>::max();
-  struct Use {
-    LinkId link = 0;
-    double weight = 1.0;
-    std::uint32_t pos = 0;    // index in links_[link].flows
+  struct Slot {               // per use of a flow
+    std::uint32_t pos = 0;    // index in link_flows_[link]
     std::uint32_t spos = kNotShared;  // index in the flow's `shared`, if the link has other flows
   };
   struct Flow {
-    std::vector<Use> uses;    // capacity kept when the slot is reused
+    LinkSetId set = 0;
+    std::uint32_t nuses = 0;  // the set's length, or 0 (no bytes: never on a link)
+    std::uint32_t apos = 0;   // index in its set's `active`
+    // On its links' flow lists. A flow whose set shares no link with any
+    // running flow's set is alone on every link: it skips the lists (its rate
+    // is the set's cap) until a flow that may meet it starts (register_flow),
+    // which leaves the lists exactly as if it had been on them all along.
+    bool registered = false;
+    std::vector<Slot> slots;  // capacity kept when the slot is reused
     // Indices of uses whose link other flows cross too. Only those take part
-    // in a solve; the private ones are summarised by `cap`.
+    // in a solve; the private ones are summarised by the set's `cap`.
     std::vector<std::uint32_t> shared;
-    double cap = 0;           // min over its links of capacity / weight
     double remaining = 0;     // bytes per route at `updated_ns`
     double total = 0;
     double rate = 0;          // bytes/s per route
@@ -165,7 +232,18 @@ class Network {
     FlowId flow = 0;
     std::uint32_t version = 0;
   };
+  // A finished flow's bytes, added to its links' totals later (settle), in
+  // finish order: the same sums as adding them at once, without touching
+  // every link of the set again when the flow ends.
+  struct Retired {
+    LinkSetId set = 0;
+    double total = 0;
+  };
+  LinkId set_link(const Flow& fl, std::uint32_t use) const { return set_links_[sets_[fl.set].off + use]; }
+  double set_weight(const Flow& fl, std::uint32_t use) const { return set_weights_[sets_[fl.set].off + use]; }
+  void register_flow(FlowId f);
   void retire_flow(FlowId f);
+  void settle() const;
   void add_shared(FlowId f, std::uint32_t use);
   void remove_shared(FlowId f, std::uint32_t use);
   void solve_from(std::span<const LinkId> seeds, TimeNs now);
@@ -176,8 +254,19 @@ class Network {
   NetworkOptions opts_;
   std::vector<LinkId> seeds_;
   std::vector<LinkId> dirty_;  // seeds of the deferred solve
-  std::vector<Link> links_;
-  std::vector<std::string> link_names_;
+  std::vector<FlowList> link_flows_;
+  std::vector<LinkSolve> link_solve_;
+  // Per-link totals; settle() brings them up to date (link_stats is const).
+  mutable std::vector<double> link_bytes_;
+  mutable std::vector<double> link_peak_;
+  mutable std::vector<Retired> retired_;
+  mutable std::vector<LinkSetId> peak_dirty_sets_;
+  mutable std::vector<LinkSet> sets_;
+  std::vector<std::vector<LinkSetId>> link_sets_;  // per link: the sets crossing it
+  std::vector<std::uint32_t> set_mark_;            // scratch for add_link_set
+  std::vector<LinkId> set_links_;
+  std::vector<double> set_weights_;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> link_ends_;  // (from, to) vertex per topology link
   std::vector<TimeNs> link_latency_ns_;
   std::vector<Flow> flows_;
   std::vector<FlowId> free_flows_;
