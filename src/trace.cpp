@@ -20,7 +20,15 @@ namespace cuboid {
 
 namespace {
 
-// Microseconds with nanosecond precision: 1234567 ns -> "1234.567".
+// Microseconds with nanosecond precision plus 0.01 ns: 1234567 ns ->
+// "1234.56701". Perfetto's importer turns ts and dur into nanoseconds each on
+// its own, in all but its newest parser as int64(double(x) * 1000), which
+// truncates: "1.001" becomes 1000 ns, and a kernel ending where its span ends
+// then sticks out by 1 ns and is dropped or mis-parented (json_utils.cc
+// CoerceToTs; about 1 value in 130, 150 overlaps in one rank of the seed
+// trace). The extra 0.01 ns lifts every value above the double's rounding
+// error, so truncating, rounding (newer Perfetto) and exact decimal readers
+// all get the same ns.
 void append_us(std::string& out, std::int64_t ns) {
   if (ns < 0) {
     out += '-';
@@ -34,6 +42,7 @@ void append_us(std::string& out, std::int64_t ns) {
   out += static_cast<char>('0' + frac / 100);
   out += static_cast<char>('0' + frac / 10 % 10);
   out += static_cast<char>('0' + frac % 10);
+  out += "01";
 }
 
 void append_int(std::string& out, std::int64_t v) {
@@ -53,7 +62,7 @@ void append_metadata(std::string& out, bool& first, std::string_view what, int p
   out += R"(","pid":)";
   append_int(out, pid);
   out += R"(,"tid":)";
-  append_int(out, tid);
+  append_int(out, TraceWriter::json_tid(tid));
   out += R"(,"args":{")";
   out += arg_key;
   out += "\":";
@@ -136,7 +145,7 @@ std::vector<int> TraceWriter::ranks_with_events() const {
   return r;
 }
 
-void TraceWriter::check_nesting() const {
+std::vector<std::uint32_t> TraceWriter::nesting_order() const {
   std::vector<std::uint32_t> idx(events_.size());
   std::iota(idx.begin(), idx.end(), 0U);
   // Per (pid, tid): by start, the longer (enclosing) first.
@@ -149,6 +158,12 @@ void TraceWriter::check_nesting() const {
     if (x.duration_ns != y.duration_ns) return x.duration_ns > y.duration_ns;
     return a < b;
   });
+  return idx;
+}
+
+void TraceWriter::check_nesting() const { check_nesting(nesting_order()); }
+
+void TraceWriter::check_nesting(const std::vector<std::uint32_t>& idx) const {
   std::vector<std::uint32_t> stack;
   for (std::size_t i = 0; i < idx.size(); ++i) {
     const Event& e = events_[idx[i]];
@@ -176,7 +191,8 @@ void TraceWriter::check_nesting() const {
   }
 }
 
-void TraceWriter::append_events(std::string& out, std::optional<int> only_rank) const {
+void TraceWriter::append_events(std::string& out, std::optional<int> only_rank,
+                                const std::vector<std::uint32_t>& order) const {
   bool first = true;
   for (const auto& [rank, name] : process_names_) {
     if (only_rank && *only_rank != rank) continue;
@@ -189,8 +205,18 @@ void TraceWriter::append_events(std::string& out, std::optional<int> only_rank) 
     append_metadata(out, first, "thread_sort_index", key.first, key.second, "sort_index",
                     std::to_string(thread.sort_index));
   }
-  for (const Event& e : events_) {
-    if (only_rank && *only_rank != e.rank) continue;
+  // Enclosing events before the ones they contain: Perfetto sorted equal
+  // timestamps by file order until it sorted them longest first
+  // (trace_sorter.h SlowOperatorLess), and nests what comes later inside.
+  // `order` is by rank first, so one rank's events are one run of it.
+  auto begin = order.begin();
+  auto end = order.end();
+  if (only_rank) {
+    begin = std::partition_point(begin, end, [&](std::uint32_t i) { return events_[i].rank < *only_rank; });
+    end = std::partition_point(begin, end, [&](std::uint32_t i) { return events_[i].rank == *only_rank; });
+  }
+  for (auto it = begin; it != end; ++it) {
+    const Event& e = events_[*it];
     out += first ? "\n" : ",\n";
     first = false;
     out += R"({"ph":"X","name":)";
@@ -200,7 +226,7 @@ void TraceWriter::append_events(std::string& out, std::optional<int> only_rank) 
     out += R"(,"pid":)";
     append_int(out, e.rank);
     out += R"(,"tid":)";
-    append_int(out, e.tid);
+    append_int(out, json_tid(e.tid));
     out += R"(,"ts":)";
     append_us(out, e.start_ns);
     out += R"(,"dur":)";
@@ -213,10 +239,14 @@ void TraceWriter::append_events(std::string& out, std::optional<int> only_rank) 
   }
 }
 
-std::string TraceWriter::to_string(std::optional<int> only_rank) const {
+std::string TraceWriter::to_string(std::optional<int> only_rank) const { return render(only_rank, nesting_order()); }
+
+std::string TraceWriter::render(std::optional<int> only_rank, const std::vector<std::uint32_t>& order) const {
   std::string out;
   out.reserve(64 + events_.size() * 120);
-  out += R"({"displayTimeUnit":"ns",)";
+  // No "displayTimeUnit": older Perfetto read every ts and dur as
+  // nanoseconds when it said "ns" (json_trace_tokenizer.cc, json_tracker.h).
+  out += "{";
   if (only_rank) {
     out += R"("distributedInfo":{"rank":)";
     append_int(out, *only_rank);
@@ -227,14 +257,15 @@ std::string TraceWriter::to_string(std::optional<int> only_rank) const {
     out += "},";
   }
   out += R"("traceEvents":[)";
-  append_events(out, only_rank);
+  append_events(out, only_rank, order);
   out += "\n]}\n";
   return out;
 }
 
 void TraceWriter::write(const std::filesystem::path& path) const {
-  check_nesting();
-  write_atomically(path, to_string());
+  const std::vector<std::uint32_t> order = nesting_order();
+  check_nesting(order);
+  write_atomically(path, render(std::nullopt, order));
 }
 
 std::filesystem::path TraceWriter::rank_path(const std::filesystem::path& path, int rank) {
@@ -245,11 +276,12 @@ std::filesystem::path TraceWriter::rank_path(const std::filesystem::path& path, 
 }
 
 std::vector<std::filesystem::path> TraceWriter::write_per_rank(const std::filesystem::path& path) const {
-  check_nesting();
+  const std::vector<std::uint32_t> order = nesting_order();
+  check_nesting(order);
   std::vector<std::filesystem::path> written;
   for (int rank : ranks_with_events()) {
     const std::filesystem::path p = rank_path(path, rank);
-    write_atomically(p, to_string(rank));
+    write_atomically(p, render(rank, order));
     written.push_back(p);
   }
   return written;

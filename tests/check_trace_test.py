@@ -5,10 +5,15 @@
    TP4 x PP4 x DP2 plan (one file per stage's simulated rank) passes every
    structural check and shows 1F1B on every stage.
 2. The checker is not vacuous: the same real trace with two steps swapped
-   fails the 1F1B check, and small hand-made files, each breaking one rule,
-   fail with the exact message expected.
+   fails the 1F1B check, and small hand-made files, each breaking one rule
+   (one per rule of Perfetto's importer that tools/check-trace lists), fail
+   with the exact message expected.
+3. A single-file trace of ranks 1 and 8 passes too (rank 1 is where a tid 0
+   would collide with stream 1 in Perfetto).
+4. tools/trace-svg draws the per-rank traces: one row per stage, one box per
+   forward / backward step.
 
-  check_trace_test.py --checker tools/check-trace --cuboid build/cuboid
+  check_trace_test.py --checker tools/check-trace --cuboid build/cuboid [--svg tools/trace-svg]
 """
 import argparse
 import json
@@ -51,6 +56,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--checker", required=True)
     ap.add_argument("--cuboid", required=True)
+    ap.add_argument("--svg", help="tools/trace-svg, to check its drawing of the real trace")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = os.path.join(tmp, "llama70b.json")
@@ -81,6 +87,29 @@ def main():
                "got ... F0 F1 F2 B0 F3 F4 B1 ..., expected ... F0 F1 F2 F3 B0 F4 B1 ..." in out,
                "swapped steps in a real trace break 1F1B\n" + out)
 
+        single = os.path.join(tmp, "ranks1and8.json")
+        sim = subprocess.run([a.cuboid, "simulate", "--model", "models/llama3-70b.json",
+                              "--cluster", "topologies/dgx-a100-4node.json", "--tp", "4", "--pp", "4",
+                              "--recompute", "full", "--zero", "1", "--global-batch", "64",
+                              "--trace", single, "--trace-ranks", "1,8"], capture_output=True, text=True)
+        rc, out = run_checker(a.checker, [single], "--expect-1f1b", "4")
+        expect(sim.returncode == 0 and rc == 0 and "1F1B on 2 ranks" in out,
+               "a single-file trace of ranks 1 and 8 passes every check\n" + out + sim.stderr[:200])
+
+        if a.svg:
+            svg = os.path.join(tmp, "pipeline.svg")
+            p = subprocess.run([sys.executable, a.svg, "-o", svg, *files], capture_output=True, text=True)
+            ok = p.returncode == 0
+            if ok:
+                import xml.dom.minidom
+                dom = xml.dom.minidom.parse(svg)
+                boxes = [r for r in dom.getElementsByTagName("rect") if r.getElementsByTagName("title")]
+                rows = sorted({r.getAttribute("y") for r in boxes})
+                titles = [r.getElementsByTagName("title")[0].firstChild.data.split()[0] for r in boxes]
+                ok = (len(rows) == 4 and len(boxes) == 4 * 64
+                      and all(titles.count(f"{d}{m}") == 4 for d in "FB" for m in range(32)))
+            expect(ok, f"trace-svg draws 4 rows of 32 forwards and 32 backwards\n{p.stderr}")
+
         cases = [
             ("partial overlap", {"traceEvents": meta(0) + [x("a", 0, 2), x("b", 1, 2)]}, [],
              "pid 0 tid 0: event 2 'a' [0, 2000) ns and event 3 'b' [1000, 3000) ns overlap without nesting"),
@@ -99,7 +128,42 @@ def main():
             ("NaN timestamp", '{"traceEvents": [{"ph": "X", "name": "a", "pid": 0, "tid": 0, "ts": NaN, "dur": 1}]}',
              [], "not valid trace JSON: non-finite number NaN (JSON has no NaN / Infinity)"),
             ("bad thread_name args", {"traceEvents": [{"ph": "M", "name": "thread_name", "pid": 0, "tid": 0, "args": {}}]},
-             [], "event 0 (M 'thread_name'): args.name missing or not a string"),
+             [], "event 0 (M 'thread_name'): args.name missing or not a non-empty string"),
+            ("empty process name", {"traceEvents": [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0,
+                                                     "args": {"name": ""}}]},
+             [], "event 0 (M 'process_name'): args.name missing or not a non-empty string"),
+            ("ph not a string", {"traceEvents": [{"ph": 5, "pid": 0, "tid": 0, "ts": 0}]}, [],
+             "event 0 (5 None): \"ph\" must be a one-letter string"),
+            ("displayTimeUnit", {"displayTimeUnit": "ns", "traceEvents": meta(0) + [x("a", 0, 1)]}, [],
+             "\"displayTimeUnit\" is 'ns': older Perfetto versions then read ts and dur in that unit instead of "
+             "microseconds (leave it out)"),
+            ("tid 0 under a non-zero pid", {"traceEvents": meta(5) + [x("a", 0, 1, pid=5)]}, [],
+             "pid 5 uses tid 0 (first in event 0): Perfetto reads tid 0 as unset and puts those events on tid 5 "
+             "instead (use tids >= 1)"),
+            ("negative pid", {"traceEvents": meta(0) + [x("a", 0, 1, pid=-1)]}, [],
+             "event 2 (X 'a'): \"pid\" -1 is outside 0..4294967295 (Perfetto reads it as no pid)"),
+            ("cat not a string", {"traceEvents": meta(0) + [dict(x("a", 0, 1), cat=7)]}, [],
+             "event 2 (X 'a'): \"cat\" is not a string"),
+            ("args not an object", {"traceEvents": meta(0) + [dict(x("a", 0, 1), args="x")]}, [],
+             "event 2 (X 'a'): \"args\" is not an object"),
+            ("array field", {"traceEvents": meta(0) + [dict(x("a", 0, 1), stack=[1, 2])]}, [],
+             "event 2 (X 'a'): field \"stack\" is an array (Perfetto's tokenizer rejects the whole file)"),
+            ("missing dur", {"traceEvents": meta(0) + [{"ph": "X", "name": "a", "pid": 0, "tid": 0, "ts": 0}]}, [],
+             "event 2 (X 'a'): \"dur\" missing or not a finite number"),
+            # 1.001 us is 1000.9999999999999 ns as a double: truncated to 1000, so the kernel that ends
+            # where the span ends (1001 ns) sticks out by 1 ns.
+            ("nesting broken by truncation", '{"traceEvents": [' + ", ".join(json.dumps(e) for e in meta(0)) +
+             ', {"ph": "X", "name": "span", "pid": 0, "tid": 0, "ts": 0, "dur": 1.001}'
+             ', {"ph": "X", "name": "kernel", "pid": 0, "tid": 0, "ts": 0.001, "dur": 1}]}', [],
+             "pid 0 tid 0: event 2 'span' [0, 1000) ns and event 3 'kernel' [1, 1001) ns overlap without nesting "
+             "once ts and dur are truncated to whole ns, as Perfetto's json_utils.cc CoerceToTs does"),
+            ("enclosing event listed second", {"traceEvents": meta(0) + [x("k", 0, 1), x("span", 0, 2)]}, [],
+             "pid 0 tid 0: event 3 'span' encloses event 2 'k' that starts at the same ts but comes first in the "
+             "file (older Perfetto keeps file order at equal ts and would nest it the other way round)"),
+            ("too deep", {"traceEvents": meta(0) + [x(f"d{k}", 0, 1000 - k) for k in range(256)]}, [],
+             "pid 0 tid 0: events nest 256 levels deep; Perfetto keeps 255 and drops the events below"),
+            ("255 levels are fine", {"traceEvents": meta(0) + [x(f"d{k}", 0, 1000 - k) for k in range(255)]}, [],
+             None),
             ("array, not object", [], [], 'not a JSON object (expected {"traceEvents": [...]})'),
             ("per-rank without distributedInfo", {"traceEvents": meta(0) + [x("a", 0, 1)]}, ["--per-rank"],
              'per-rank file without an integer "distributedInfo": {"rank": ...}'),

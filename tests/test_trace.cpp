@@ -2,12 +2,15 @@
 // Perfetto needs, nests strictly per thread, filters ranks and splits files.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -81,10 +84,57 @@ TEST_CASE("metadata names every process and thread") {
   for (const json& e : doc["traceEvents"]) {
     if (e["ph"] != "M") continue;
     if (e["name"] == "process_name" && e["pid"] == 8) rank8 = e["args"]["name"] == "rank 8";
-    if (e["name"] == "thread_name" && e["pid"] == 0 && e["tid"] == 1) tp_thread = e["args"]["name"] == "tp";
+    if (e["name"] == "thread_name" && e["pid"] == 0 && e["tid"] == TraceWriter::json_tid(1))
+      tp_thread = e["args"]["name"] == "tp";
   }
   CHECK(rank8);
   CHECK(tp_thread);
+}
+
+// The rules below are Perfetto importer behaviours (tools/check-trace names
+// the source of each); each test fails if the writer goes back to the old form.
+TEST_CASE("no displayTimeUnit and no tid 0, which older or current Perfetto misread") {
+  const json doc = json::parse(two_rank_trace().to_string());
+  CHECK_FALSE(doc.contains("displayTimeUnit"));
+  for (const json& e : doc["traceEvents"]) CHECK(e["tid"].get<int>() >= 1);
+}
+
+TEST_CASE("timestamps read back as the same nanoseconds when truncated or rounded") {
+  // Perfetto converts "ts" and "dur" separately with int64(double * 1000)
+  // (truncating) or llround; both must give the written nanoseconds.
+  TraceWriter t;
+  t.set_thread_name(0, 0, "compute");
+  std::vector<std::int64_t> values;
+  for (std::int64_t ns = 0; ns < 200000; ns += 7) values.push_back(ns);
+  for (std::int64_t ns : {33262719LL, 1056379214LL, 528318907LL, 46176000001LL}) values.push_back(ns);
+  for (std::size_t i = 0; i < values.size(); ++i) t.add_complete(0, 0, "e", "x", values[i], values[i] % 9973);
+  const json doc = json::parse(t.to_string());
+  std::size_t bad_trunc = 0, bad_round = 0, n = 0;
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    for (const char* key : {"ts", "dur"}) {
+      const double us = e[key].get<double>();
+      const std::int64_t want = std::llround(us * 1000.0 - 0.01);  // the value written, without the 0.01 ns lift
+      bad_trunc += static_cast<std::int64_t>(us * 1000.0) != want;
+      bad_round += std::llround(us * 1000.0) != want;
+      ++n;
+    }
+  }
+  CHECK(n == 2 * values.size());
+  CHECK(bad_trunc == 0);
+  CHECK(bad_round == 0);
+}
+
+TEST_CASE("each thread's events are written enclosing-first, as old Perfetto sorted equal timestamps by file order") {
+  TraceWriter t;
+  t.add_complete(0, 0, "kernel", "kernel", 100, 10);
+  t.add_complete(0, 0, "span", "forward", 100, 50);
+  t.add_complete(0, 0, "earlier", "kernel", 20, 10);
+  const json doc = json::parse(t.to_string());
+  std::vector<std::string> names;
+  for (const json& e : doc["traceEvents"])
+    if (e["ph"] == "X") names.push_back(e["name"]);
+  CHECK(names == std::vector<std::string>{"earlier", "span", "kernel"});
 }
 
 TEST_CASE("events on one thread must nest strictly") {

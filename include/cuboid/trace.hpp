@@ -2,9 +2,12 @@
 // Chrome trace-event writer (the JSON object format that chrome://tracing,
 // Perfetto and TensorBoard open): pid = rank, one tid per stream, "M" events
 // naming processes and threads, "X" complete events in microseconds with
-// nanosecond precision (three decimals). Events of one (pid, tid) must nest
-// strictly (each pair either disjoint or one inside the other); write()
-// verifies that and throws otherwise. Large runs stay openable by recording
+// nanosecond precision (three decimals, plus 0.01 ns so that importers that
+// truncate get the same nanoseconds, see trace.cpp). Events of one (pid, tid)
+// must nest strictly (each pair either disjoint or one inside the other);
+// write() verifies that and throws otherwise, and writes each thread's events
+// enclosing-first. The rules come from Perfetto's JSON importer; tools/check-trace
+// lists them with the source that enforces each. Large runs stay openable by recording
 // only selected ranks (set_ranks / wants) and by writing one file per rank,
 // each with PyTorch-profiler-style top-level "distributedInfo": {"rank": r}.
 // Files are written atomically (temporary file, then rename).
@@ -27,6 +30,11 @@ class TraceWriter {
   void set_ranks(std::vector<int> ranks);
   bool wants(int rank) const;
   void set_world_size(int world_size) { world_size_ = world_size; }
+
+  // Thread ids in the file are `tid + 1`: Perfetto reads tid 0 as "no tid"
+  // and substitutes the pid (json_trace_tokenizer.cc), which would put rank
+  // 1's stream 0 on its stream 1.
+  static constexpr int json_tid(int tid) { return tid + 1; }
 
   void set_process_name(int rank, std::string name);
   // `sort_index` orders the threads of a process in the viewer.
@@ -68,7 +76,11 @@ class TraceWriter {
     int sort_index = 0;
   };
   std::uint32_t intern(std::string_view s);
-  void append_events(std::string& out, std::optional<int> only_rank) const;
+  // Event indices by (rank, tid, start, longest first, insertion).
+  std::vector<std::uint32_t> nesting_order() const;
+  void check_nesting(const std::vector<std::uint32_t>& order) const;
+  std::string render(std::optional<int> only_rank, const std::vector<std::uint32_t>& order) const;
+  void append_events(std::string& out, std::optional<int> only_rank, const std::vector<std::uint32_t>& order) const;
 
   std::vector<int> ranks_;  // sorted; empty = all
   int world_size_ = 0;
@@ -78,6 +90,11 @@ class TraceWriter {
   std::map<int, std::string> process_names_;
   std::map<std::pair<int, int>, Thread> thread_names_;
 };
+
+// Above this size a JSON trace does not open in chrome://tracing (256 MB,
+// google/perfetto#99) and strains the Perfetto UI, whose in-browser engine has
+// about 2 GB for the whole parsed trace (perfetto.dev/docs/visualization/large-traces).
+inline constexpr std::uintmax_t kTraceViewerLimitBytes = std::uintmax_t{256} << 20;
 
 // Parses "0,8,16" (the --trace-ranks flag) into ranks; throws
 // std::invalid_argument on anything but non-negative integers and commas.

@@ -2,6 +2,7 @@
 #include "commands.hpp"
 #include "plan_flags.hpp"
 
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -65,7 +66,14 @@ void run_simulate(const PlanFlags& f) {
     for (const auto& link : r.busiest_links)
       extra += fmt::format("  {:<28} {:<6} {:5.0f}% peak, {:10.3f} GB moved\n", link.name, link.kind,
                            100 * link.peak_utilisation, link.bytes / 1e9);
-    for (const auto& file : r.trace_files) extra += fmt::format("trace written to {}\n", file.string());
+    for (const auto& file : r.trace_files) {
+      extra += fmt::format("trace written to {}\n", file.string());
+      if (const auto bytes = std::filesystem::file_size(file); bytes > kTraceViewerLimitBytes)
+        spdlog::warn("trace {} is {} MiB: chrome://tracing cannot open JSON over {} MiB and the Perfetto UI may run out "
+                     "of browser memory; trace fewer ranks (--trace-ranks 0), split it (--trace-per-rank) or open it "
+                     "through trace_processor --httpd",
+                     file.string(), bytes >> 20, kTraceViewerLimitBytes >> 20);
+    }
     // No host time here (it is in the text output): the JSON of the same
     // inputs is byte-identical from run to run (tests/test_determinism.cpp).
     sim_json = {{"tasks", r.tasks},
