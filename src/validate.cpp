@@ -36,6 +36,10 @@ const std::vector<NamedReason>& simulator_only_ops() {
       {"embed_dropout", "the executor applies no dropout after the embedding"},
       {"embed_dropout_bwd", "the executor applies no dropout after the embedding"},
       {"xent_bwd", "the executor's cross-entropy writes the logits' gradient in its forward kernel (xent)"},
+      {"attn_ctx_copy", "the executor's per-head GEMMs write the context in [tokens, heads x head_dim] order (no permute copy)"},
+      {"attn_qkv_grad_cat", "the executor's per-head GEMMs write the Q, K, V gradients into one buffer (no concatenation)"},
+      {"qkv_bias", "the executor runs no linear biases"},
+      {"qkv_bias_grad", "the executor runs no linear biases"},
   };
   return ops;
 }
@@ -305,6 +309,7 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
   rep.plan_source = pf.source;
   rep.measurements_source = m.source;
   rep.cluster_name = cluster.source_file.empty() ? cluster.name : cluster.source_file;
+  if (cluster.calibration) rep.ranks_per_core = cluster.calibration->ranks_per_core;
   rep.backend = m.backend;
   rep.tolerance = tolerance;
   rep.critical_rank = sim.critical_rank;

@@ -33,6 +33,20 @@
 //   computes the cross-entropy gradient inside "xent" (Megatron runs
 //   embed_dropout and a separate xent_bwd, modelled here): about 0.9 ms per
 //   step (8 micro-batches) at the CPU card's bandwidth, 0.2 % of the step.
+// * Kernels Megatron-LM runs beyond the GEMMs, norms and fused element-wise
+//   ops (megatron/mpu/layers.py and megatron/model/transformer.py at commit
+//   02bb1f5c, the sequence-parallel code of Korthikanti et al. 2022):
+//   - the QKV bias (models with linear_bias): ColumnParallelLinear's
+//     autograd function does `output = torch.matmul(...)` then
+//     `output = output + bias`, a separate add over the [T, (q + 2kv)/t]
+//     output (read + write), and in backward `grad_output.sum(dim=0)`
+//     (one read). The other three biases are fused into bias-GeLU and
+//     bias-dropout-add (skip_bias_add), already priced with those kernels.
+//   - the unfused attention core returns its context as
+//     `context_layer.permute(2, 0, 1, 3).contiguous()`, a copy of the
+//     [T, q/t] context (read + write); in backward, torch.split's autograd
+//     (SplitBackward) concatenates the Q, K and V gradients into the
+//     [T, (q + 2kv)/t] gradient of the QKV output (read + write).
 #include "cuboid/workload.hpp"
 
 #include <utility>
@@ -216,7 +230,12 @@ void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
   Op av = gemm("attn_av", pass, x.s, x.d, x.s, batch);
   av.flops *= causal;
   out.push_back(std::move(av));
+  // [b, heads, s, d] -> [s, b, heads * d]: the permute + contiguous copy.
+  out.push_back(memory_bound("attn_ctx_copy", pass, static_cast<double>(x.tokens * (x.q / x.t)) * (kBf16 + kBf16)));
 }
+
+// Elements of the QKV GEMM's output on one rank ([T, (q + 2kv)/t]).
+double qkv_elements(const Dims& x) { return static_cast<double>(x.tokens * ((x.q + 2 * x.kv) / x.t)); }
 
 // The attention core, backward. Flash: 2x the forward FLOPs (dgrad-like and
 // wgrad-like products of QK^T and AV) plus the recomputed QK^T (half the
@@ -243,6 +262,8 @@ void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vect
       out.push_back(memory_bound("attn_softmax_bwd", Pass::backward, kBackwardBytesFactor * it->bytes));
     }
   }
+  // SplitBackward: cat of the Q, K, V gradients (read + write).
+  out.push_back(memory_bound("attn_qkv_grad_cat", Pass::backward, qkv_elements(x) * (kBf16 + kBf16)));
 }
 
 void layer_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass pass) {
@@ -251,6 +272,8 @@ void layer_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass
   out.push_back(memory_bound("norm_in", pass, hid * kNormBytesPerElement));
   add_sp_gather(out, x, "tp_ag_attn", pass);
   out.push_back(gemm("qkv", pass, x.tokens, (x.q + 2 * x.kv) / x.t, x.h));
+  // `output + bias` after the GEMM (read + write of the output).
+  if (m.linear_bias) out.push_back(memory_bound("qkv_bias", pass, qkv_elements(x) * (kBf16 + kBf16)));
   add_attention_forward(out, x, pass);
   out.push_back(gemm("proj", pass, x.tokens, x.h, x.q / x.t));
   add_tp_reduce(out, x, x.sp ? "tp_rs_attn" : "tp_ar_attn", pass);
@@ -282,7 +305,7 @@ const Op& find_op(const std::vector<Op>& ops, std::string_view name) {
 // wgrad GEMM (async TP all-reduce) and, with SP, re-gathers the sequence-split
 // input for wgrad behind the dgrad GEMM; the estimator treats TP comm as
 // exposed, which is pessimistic for backward.
-void layer_backward(std::vector<Op>& out, const Dims& x, const std::vector<Op>& fwd) {
+void layer_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, const std::vector<Op>& fwd) {
   auto mem_bwd = [&](std::string_view name) {
     const Op& f = find_op(fwd, name);
     out.push_back(memory_bound(f.name + "_bwd", Pass::backward, kBackwardBytesFactor * f.bytes));
@@ -300,6 +323,11 @@ void layer_backward(std::vector<Op>& out, const Dims& x, const std::vector<Op>& 
   add_attention_backward(out, x, fwd);
   add_gemm_backward(out, find_op(fwd, "qkv"));
   add_tp_reduce(out, x, x.sp ? "tp_rs_attn_bwd" : "tp_ar_attn_bwd", Pass::backward);
+  // grad_output.sum(dim=0): one read of the QKV output's gradient. Megatron
+  // runs it after the wgrad, under the async reduce; it is listed after the
+  // reduce because the simulator's overlap window (sim/program.cpp) is
+  // dgrad, wgrad, reduce. Pessimistic by at most this small kernel.
+  if (m.linear_bias) out.push_back(memory_bound("qkv_bias_grad", Pass::backward, qkv_elements(x) * kBf16));
   mem_bwd("norm_in");
 }
 
@@ -311,7 +339,7 @@ LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan) {
   ops.forward.reserve(16);
   layer_forward(ops.forward, m, x, Pass::forward);
   ops.backward.reserve(28);
-  layer_backward(ops.backward, x, ops.forward);
+  layer_backward(ops.backward, m, x, ops.forward);
   switch (plan.recompute) {
     case Recompute::none:
       break;

@@ -204,7 +204,7 @@ TEST_CASE("recomputation: full repeats the forward, selective the unfused attent
   CHECK(full.recompute.size() == full.forward.size());
   CHECK(count(full.recompute, Collective::all_reduce) == 2);
   const LayerOps sel = transformer_layer_ops(m, plan_of(8, 4, 2048, false, false, Recompute::selective));
-  CHECK(sel.recompute.size() == 3);  // QK^T, softmax + dropout, AV
+  CHECK(sel.recompute.size() == 4);  // QK^T, softmax + dropout, AV, the context's permute copy
   CHECK(sum_flops(sel.recompute) * 8 == doctest::Approx(attention_core_forward_flops(m, 4, 2048)));
   const LayerOps sel_flash = transformer_layer_ops(m, plan_of(8, 4, 2048, false, true, Recompute::selective));
   CHECK(sel_flash.recompute.empty());
@@ -240,4 +240,61 @@ TEST_CASE("traffic between pods pays the core's oversubscription (Llama 3-style 
   CHECK(same_pod.busbw_Bps == doctest::Approx(46e9));  // full bisection inside a pod
   CHECK(cross_pod.busbw_Bps == doctest::Approx(46e9 / 7.0));
   CHECK(cross_pod.latency_ns > same_pod.latency_ns);
+}
+
+namespace {
+
+const Op* find_named(const std::vector<Op>& ops, const std::string& name) {
+  for (const Op& op : ops) {
+    if (op.name == name) return &op;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("Megatron's separate kernels: QKV bias add and its gradient, attention context copy, QKV gradient cat") {
+  // Korthikanti's 22B layer (Table 4): TP 8, b 4, s 2048, h 6144, 64 heads
+  // (96 per head, 8 heads per GPU), unfused attention. T = 8192 tokens; the
+  // QKV output per GPU is 8192 x 2304 bf16, the context 8192 x 768.
+  const ModelSpec m = gpt_22b();
+  const LayerOps ops = transformer_layer_ops(m, plan_of(8, 4, 2048, false, false, Recompute::selective));
+  const Op* bias = find_named(ops.forward, "qkv_bias");
+  const Op* bias_grad = find_named(ops.backward, "qkv_bias_grad");
+  const Op* ctx = find_named(ops.forward, "attn_ctx_copy");
+  const Op* cat = find_named(ops.backward, "attn_qkv_grad_cat");
+  REQUIRE(bias != nullptr);
+  REQUIRE(bias_grad != nullptr);
+  REQUIRE(ctx != nullptr);
+  REQUIRE(cat != nullptr);
+  CHECK(bias->bytes == 8192.0 * 2304 * 4);       // read + write bf16: 75,497,472 B
+  CHECK(bias_grad->bytes == 8192.0 * 2304 * 2);  // grad_output.sum(dim=0) reads it once
+  CHECK(ctx->bytes == 8192.0 * 768 * 4);         // permute(2, 0, 1, 3).contiguous(): 25,165,824 B
+  CHECK(cat->bytes == 8192.0 * 2304 * 4);
+  // The bias add runs right after the QKV GEMM; its gradient after the
+  // input-gradient all-reduce, so QKV dgrad, wgrad, all-reduce stay the
+  // overlapped triple the simulator looks for.
+  for (std::size_t i = 0; i + 1 < ops.forward.size(); ++i) {
+    if (ops.forward[i].name == "qkv") CHECK(ops.forward[i + 1].name == "qkv_bias");
+  }
+  for (std::size_t i = 0; i + 2 < ops.backward.size(); ++i) {
+    if (ops.backward[i].name == "qkv_wgrad") {
+      CHECK(ops.backward[i + 1].name == "tp_ar_attn_bwd");
+      CHECK(ops.backward[i + 2].name == "qkv_bias_grad");
+    }
+  }
+  // Selective recomputation re-runs the whole core attention, copy included.
+  CHECK(find_named(ops.recompute, "attn_ctx_copy") != nullptr);
+  // Priced as memory-bound kernels: 75,497,472 B at 2039 GB/s x 0.8 = 46,283.4 ns.
+  CHECK(op_time_ns(a100(), *bias) == 46283);
+
+  // No linear biases (Llama): no bias kernels. Flash attention: no copy, no cat.
+  const LayerOps llama = transformer_layer_ops(llama_gqa(), plan_of(8, 1, 8192, true, false, Recompute::none));
+  CHECK(find_named(llama.forward, "qkv_bias") == nullptr);
+  CHECK(find_named(llama.backward, "qkv_bias_grad") == nullptr);
+  CHECK(find_named(llama.forward, "attn_ctx_copy") != nullptr);
+  const LayerOps flash = transformer_layer_ops(m, plan_of(8, 4, 2048, false, true, Recompute::none));
+  CHECK(find_named(flash.forward, "attn_ctx_copy") == nullptr);
+  CHECK(find_named(flash.backward, "attn_qkv_grad_cat") == nullptr);
+  CHECK(find_named(flash.forward, "qkv_bias") != nullptr);
 }

@@ -3,6 +3,7 @@
 // hand-made measurements with known times.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -81,7 +82,9 @@ nlohmann::json rank_ops(const PlanFile& pf, int stage) {
     for (const auto* list : {&l.forward, &l.backward, &l.recompute})
       for (const Op& op : *list) {
         if (!seen.insert(op.name).second) continue;
-        if (op.name == "embed_dropout" || op.name == "embed_dropout_bwd" || op.name == "xent_bwd") continue;
+        if (std::any_of(simulator_only_ops().begin(), simulator_only_ops().end(),
+                        [&](const NamedReason& r) { return r.name == op.name; }))
+          continue;
         const std::string pass = op.pass == Pass::forward ? "forward" : "backward";
         if (op.kind == OpKind::collective)
           ops.push_back(comm_json(op.name, "collective", std::string(to_string(op.collective)), "tp", pf.plan.tp));
@@ -416,3 +419,15 @@ TEST_CASE("load_measurements reads a file and names it in errors") {
 
 }  // namespace
 }  // namespace cuboid
+
+TEST_CASE("a calibration with ranks sharing cores says how to read the components") {
+  cuboid::ValidationReport r;
+  r.measured_iteration_s = 1;
+  r.predicted_iteration_s = 1;
+  CHECK(cuboid::format_validation(r, false).find("shared cores") == std::string::npos);
+  r.ranks_per_core = 2;
+  const std::string text = cuboid::format_validation(r, false);
+  CHECK(text.find("shared cores  2 ranks per core: the prediction charges each compute op 2 x its one-rank time") !=
+        std::string::npos);
+  CHECK(cuboid::validation_to_json(r)["ranks_per_core"] == 2.0);
+}
