@@ -161,11 +161,21 @@ const MeasuredOp* MeasuredRank::find(const std::string& name) const {
   return nullptr;
 }
 
-const MeasuredRank& Measurements::slowest_rank() const {
-  return *std::max_element(ranks.begin(), ranks.end(), [](const MeasuredRank& a, const MeasuredRank& b) {
-    return a.iteration.median_s < b.iteration.median_s;
+const MeasuredRank& Measurements::slowest_rank() const { return slowest_rank(Statistic::median); }
+
+const MeasuredRank& Measurements::slowest_rank(Statistic s) const {
+  return *std::max_element(ranks.begin(), ranks.end(), [s](const MeasuredRank& a, const MeasuredRank& b) {
+    return pick(a.iteration, s) < pick(b.iteration, s);
   });
 }
+
+Statistic parse_statistic(const std::string& word, const std::string& flag) {
+  if (word == "median") return Statistic::median;
+  if (word == "min") return Statistic::min;
+  throw InputError("command line", flag, "is '" + word + "'", "use median or min");
+}
+
+std::string_view to_string(Statistic s) noexcept { return s == Statistic::min ? "min" : "median"; }
 
 Measurements measurements_from_json(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) throw InputError(source, "(top level)", "expected a JSON object", kRemeasure);

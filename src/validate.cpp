@@ -224,10 +224,10 @@ struct Measured {
   double compute = 0, tp = 0, pp = 0, dp = 0, optimizer = 0, not_simulated = 0, ops_sum = 0, iteration = 0;
 };
 
-Measured measured_components(const MeasuredRank& r) {
+Measured measured_components(const MeasuredRank& r, Statistic stat) {
   Measured c;
   for (const MeasuredOp& op : r.ops) {
-    const double t = op.time_per_step.median_s;
+    const double t = pick(op.time_per_step, stat);
     c.ops_sum += t;
     if (op.name == "adam" || op.name == "param_copy")
       c.optimizer += t;
@@ -238,14 +238,14 @@ Measured measured_components(const MeasuredRank& r) {
     else
       c.compute += t;
   }
-  c.iteration = r.iteration.median_s;
+  c.iteration = pick(r.iteration, stat);
   return c;
 }
 
-const MeasuredRank& slowest_of_stage(const Measurements& m, int stage) {
+const MeasuredRank& slowest_of_stage(const Measurements& m, int stage, Statistic stat) {
   const MeasuredRank* best = nullptr;
   for (const MeasuredRank& r : m.ranks)
-    if (r.coord.pp == stage && (best == nullptr || r.iteration.median_s > best->iteration.median_s)) best = &r;
+    if (r.coord.pp == stage && (best == nullptr || pick(r.iteration, stat) > pick(best->iteration, stat))) best = &r;
   return *best;  // every stage has ranks: check_plan compared the mapping
 }
 
@@ -254,8 +254,9 @@ double ns_to_s(std::int64_t ns) { return static_cast<double>(ns) * 1e-9; }
 // Per-op prediction on a stage's simulated GPU: the cost model's time per
 // call times the calls the run made. TP collectives are priced uncontended
 // over the stage's TP group; PP and DP tasks are left to the component table.
-std::vector<OpRow> op_rows(const PlanFile& pf, const Topology& topo, const Measurements& m, int stage) {
-  const MeasuredRank& r = slowest_of_stage(m, stage);
+std::vector<OpRow> op_rows(const PlanFile& pf, const Topology& topo, const Measurements& m, int stage,
+                           Statistic stat) {
+  const MeasuredRank& r = slowest_of_stage(m, stage, stat);
   const std::map<std::string, Op> work = stage_workload(pf.model, pf.plan, stage);
   const GpuProfile& gpu = topo.cluster().gpu;
   const RankMapping map(pf.plan, pf.gpus_per_node);
@@ -266,7 +267,7 @@ std::vector<OpRow> op_rows(const PlanFile& pf, const Topology& topo, const Measu
     row.name = op.name;
     row.kind = std::string(to_string(op.kind));
     row.calls_per_step = op.calls_per_step;
-    row.measured_s = op.time_per_step.median_s;
+    row.measured_s = pick(op.time_per_step, stat);
     const auto calls = static_cast<double>(op.calls_per_step);
     if (const auto it = work.find(op.name); it != work.end()) {
       const Op& w = it->second;
@@ -293,7 +294,7 @@ std::vector<OpRow> op_rows(const PlanFile& pf, const Topology& topo, const Measu
 }  // namespace
 
 ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluster, const Measurements& m,
-                                       double tolerance) {
+                                       double tolerance, Statistic stat) {
   check_measurements(pf, cluster, m);
   const Topology topo(cluster);
   sim::SimOptions so;
@@ -312,13 +313,14 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
   if (cluster.calibration) rep.ranks_per_core = cluster.calibration->ranks_per_core;
   rep.backend = m.backend;
   rep.tolerance = tolerance;
+  rep.statistic = stat;
   rep.critical_rank = sim.critical_rank;
-  const MeasuredRank& slow = m.slowest_rank();
+  const MeasuredRank& slow = m.slowest_rank(stat);
   rep.measured_rank = slow.rank;
-  const Measured mc = measured_components(slow);
+  const Measured mc = measured_components(slow, stat);
   const Breakdown& b = sim.estimate.breakdown;
   rep.predicted_iteration_s = sim.estimate.iteration_time_s;
-  rep.measured_iteration_s = slow.iteration.median_s;
+  rep.measured_iteration_s = pick(slow.iteration, stat);
   rep.components = {
       {"compute", b.compute_s, mc.compute},
       {"tp_comm", b.tp_comm_s, mc.tp},
@@ -332,8 +334,8 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
   // Below a microsecond a relative error says nothing (an empty pp_send_wait).
   for (ComponentRow& row : rep.components) row.predicted_only = row.measured_s < 1e-6;
   for (const sim::StageStats& st : sim.stages) {
-    const MeasuredRank& r = slowest_of_stage(m, st.stage);
-    const Measured c = measured_components(r);
+    const MeasuredRank& r = slowest_of_stage(m, st.stage, stat);
+    const Measured c = measured_components(r, stat);
     StageRow row;
     row.stage = st.stage;
     row.measured_rank = r.rank;
@@ -346,7 +348,7 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
     };
     for (ComponentRow& x : row.rows) x.predicted_only = x.measured_s < 1e-6;
     rep.stages.push_back(std::move(row));
-    for (OpRow& o : op_rows(pf, topo, m, st.stage)) rep.ops.push_back(std::move(o));
+    for (OpRow& o : op_rows(pf, topo, m, st.stage, stat)) rep.ops.push_back(std::move(o));
   }
   return rep;
 }

@@ -26,8 +26,9 @@ nlohmann::json row_json(const ComponentRow& r) {
 std::string format_validation(const ValidationReport& r, bool with_ops) {
   std::string out;
   out += fmt::format("plan          {}\n", r.plan_source);
-  out += fmt::format("measurements  {} (backend {}; slowest rank {})\n", r.measurements_source, r.backend,
-                     r.measured_rank);
+  out += fmt::format("measurements  {} (backend {}; slowest rank {}; {} of the measured steps)\n",
+                     r.measurements_source, r.backend, r.measured_rank,
+                     r.statistic == Statistic::min ? "fastest" : "median");
   out += fmt::format("cluster card  {} (simulated with the executor's semantics: DP reduction after the last "
                      "backward, no TP overlap; critical GPU rank {})\n\n",
                      r.cluster_name, r.critical_rank);
@@ -76,6 +77,7 @@ nlohmann::json validation_to_json(const ValidationReport& r) {
   j["measured_rank"] = r.measured_rank;
   j["critical_rank"] = r.critical_rank;
   j["ranks_per_core"] = r.ranks_per_core;
+  j["statistic"] = std::string(to_string(r.statistic));
   j["predicted_iteration_s"] = r.predicted_iteration_s;
   j["measured_iteration_s"] = r.measured_iteration_s;
   j["error"] = r.error();

@@ -417,17 +417,43 @@ TEST_CASE("load_measurements reads a file and names it in errors") {
                        doctest::Contains("/nonexistent/measurements.json"), InputError);
 }
 
-}  // namespace
-}  // namespace cuboid
 
 TEST_CASE("a calibration with ranks sharing cores says how to read the components") {
-  cuboid::ValidationReport r;
+  ValidationReport r;
   r.measured_iteration_s = 1;
   r.predicted_iteration_s = 1;
-  CHECK(cuboid::format_validation(r, false).find("shared cores") == std::string::npos);
+  CHECK(format_validation(r, false).find("shared cores") == std::string::npos);
   r.ranks_per_core = 2;
-  const std::string text = cuboid::format_validation(r, false);
+  const std::string text = format_validation(r, false);
   CHECK(text.find("shared cores  2 ranks per core: the prediction charges each compute op 2 x its one-rank time") !=
         std::string::npos);
-  CHECK(cuboid::validation_to_json(r)["ranks_per_core"] == 2.0);
+  CHECK(validation_to_json(r)["ranks_per_core"] == 2.0);
 }
+
+TEST_CASE("--statistic min compares the fastest steps: the slowest rank by its fastest step, each op's fastest") {
+  const PlanFile pf = make_plan(1, 2, 1);
+  const Cluster cluster = cpu_card();
+  nlohmann::json doc = make_measurements(pf, 0.5);
+  // Rank 0: median 0.5, fastest 0.45. Rank 1: median 0.7 (slowest by median), fastest 0.40.
+  doc["ranks"][0]["iteration"] = {{"median_s", 0.5}, {"min_s", 0.45}, {"max_s", 0.9}};
+  doc["ranks"][1]["iteration"] = {{"median_s", 0.7}, {"min_s", 0.40}, {"max_s", 0.9}};
+  doc["iteration_time_s"] = 0.7;
+  // One op of rank 0 at 1 ms median, 0.5 ms fastest.
+  doc["ranks"][0]["ops"][0]["time_per_step"] = {{"median_s", kOpS}, {"min_s", kOpS / 2}, {"max_s", kOpS}};
+  const Measurements m = measurements_from_json(doc, "m.json");
+  const ValidationReport med = validate_measurements(pf, cluster, m, 0.10);
+  CHECK(med.statistic == Statistic::median);
+  CHECK(med.measured_rank == 1);
+  CHECK(med.measured_iteration_s == doctest::Approx(0.7));
+  const ValidationReport fastest = validate_measurements(pf, cluster, m, 0.10, Statistic::min);
+  CHECK(fastest.measured_rank == 0);
+  CHECK(fastest.measured_iteration_s == doctest::Approx(0.45));
+  CHECK(fastest.predicted_iteration_s == doctest::Approx(med.predicted_iteration_s));
+  const std::string name = doc["ranks"][0]["ops"][0]["name"];
+  for (const OpRow& o : fastest.ops)
+    if (o.stage == 0 && o.name == name) CHECK(o.measured_s == doctest::Approx(kOpS / 2));
+  CHECK(format_validation(fastest, false).find("slowest rank 0; fastest of the measured steps)") != std::string::npos);
+  CHECK(validation_to_json(fastest)["statistic"] == "min");
+}
+}  // namespace
+}  // namespace cuboid

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -31,6 +32,15 @@ struct TimeStats {
   double min_s = 0;
   double max_s = 0;
 };
+
+// Which summary of the measured steps a comparison uses: the median (the
+// default), or the minimum, the step least disturbed by other processes on a
+// shared machine (interference only ever adds time; see cuboid validate
+// --statistic). "median" | "min"; InputError (flag) for anything else.
+enum class Statistic { median, min };
+Statistic parse_statistic(const std::string& word, const std::string& flag);
+std::string_view to_string(Statistic s) noexcept;
+inline double pick(const TimeStats& t, Statistic s) noexcept { return s == Statistic::min ? t.min_s : t.median_s; }
 
 struct MeasuredOp {
   std::string name;            // the workload's op name ("qkv", "tp_rs_attn", ...) or an executor-only op
@@ -92,6 +102,8 @@ struct Measurements {
 
   // The rank with the largest median iteration time (the end-to-end figure).
   const MeasuredRank& slowest_rank() const;
+  // The same by another statistic of the iteration time.
+  const MeasuredRank& slowest_rank(Statistic s) const;
 };
 
 Measurements measurements_from_json(const nlohmann::json& j, const std::string& source);

@@ -100,6 +100,7 @@ struct ValidationReport {
   double predicted_iteration_s = 0;
   double measured_iteration_s = 0;
   double tolerance = 0.10;
+  Statistic statistic = Statistic::median;  // of the measured steps (validate --statistic)
   double error() const {
     return measured_iteration_s > 0 ? (predicted_iteration_s - measured_iteration_s) / measured_iteration_s : 0.0;
   }
@@ -107,9 +108,11 @@ struct ValidationReport {
 };
 
 // Checks (check_measurements), simulates and compares. tolerance: the largest
-// accepted |end-to-end error| (a fraction, e.g. 0.10).
+// accepted |end-to-end error| (a fraction, e.g. 0.10); stat: which summary of
+// the measured steps stands for each op and the iteration (the slowest rank
+// by that summary).
 ValidationReport validate_measurements(const PlanFile& plan, const Cluster& cluster, const Measurements& m,
-                                       double tolerance);
+                                       double tolerance, Statistic stat = Statistic::median);
 
 // The text report; with_ops adds the per-op table.
 std::string format_validation(const ValidationReport& r, bool with_ops);

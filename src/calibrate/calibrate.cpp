@@ -227,6 +227,7 @@ int run_calibrate(const CalibrateOptions& o) {
   if (o.timeout_s <= 0) throw InputError(kCl, "--timeout-s", "must be positive", "give a timeout in seconds, e.g. 300");
   if (o.out_path.empty()) throw InputError(kCl, "--out", "is required", "give --out calibrated.json");
   exec::check_mpi_wait_word(o.mpi_wait);
+  const Statistic stat = parse_statistic(o.statistic, "--statistic");
   const std::vector<std::int64_t> sizes =
       size_ladder(kMinCollectiveBytes, o.quick ? std::min<std::int64_t>(o.max_size_bytes, 1 << 20) : o.max_size_bytes,
                   o.quick ? 16 : 2, "--max-size");
@@ -261,7 +262,7 @@ int run_calibrate(const CalibrateOptions& o) {
   const std::vector<GemmProblem> grid = gemm_grid({base.begin(), base.end()}, o.quick);
   std::vector<std::vector<GemmSample>> gemm_repeats;
   for (int r = 0; r < o.repeat; ++r) gemm_repeats.push_back(run_gemm_sweep(*backend, *comm, grid, go, &watchdog));
-  mine.gemms = median_over_repeats(gemm_repeats);
+  mine.gemms = combine_repeats(gemm_repeats, stat);
   auto since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
@@ -289,7 +290,7 @@ int run_calibrate(const CalibrateOptions& o) {
       k.insert(k.end(), a.begin(), a.end());
       kernel_repeats.push_back(std::move(k));
     }
-    const std::vector<KernelMeasurement> k = median_over_repeats(kernel_repeats);
+    const std::vector<KernelMeasurement> k = combine_repeats(kernel_repeats, stat);
     mine.kernels.insert(mine.kernels.end(), k.begin(), k.end());
     kernel_s += since(tk);
     const auto tc = std::chrono::steady_clock::now();

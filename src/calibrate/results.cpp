@@ -27,7 +27,7 @@ double slowest(const std::vector<double>& per_rank_medians) {
 namespace {
 
 template <class Sample, class Same>
-std::vector<Sample> median_of_repeats(const std::vector<std::vector<Sample>>& repeats, Same same) {
+std::vector<Sample> combine(const std::vector<std::vector<Sample>>& repeats, Statistic stat, Same same) {
   if (repeats.empty()) return {};
   std::vector<Sample> out = repeats.front();
   for (std::size_t i = 0; i < out.size(); ++i) {
@@ -37,21 +37,22 @@ std::vector<Sample> median_of_repeats(const std::vector<std::vector<Sample>>& re
         throw std::logic_error("calibrate: repeated sweeps measured different samples");
       times.push_back(r[i].time_ns);
     }
-    out[i].time_ns = median_of(std::move(times));
+    out[i].time_ns = stat == Statistic::min ? *std::min_element(times.begin(), times.end()) : median_of(std::move(times));
   }
   return out;
 }
 
 }  // namespace
 
-std::vector<GemmSample> median_over_repeats(const std::vector<std::vector<GemmSample>>& repeats) {
-  return median_of_repeats(repeats, [](const GemmSample& a, const GemmSample& b) {
+std::vector<GemmSample> combine_repeats(const std::vector<std::vector<GemmSample>>& repeats, Statistic stat) {
+  return combine(repeats, stat, [](const GemmSample& a, const GemmSample& b) {
     return a.m == b.m && a.n == b.n && a.k == b.k && a.batch == b.batch;
   });
 }
 
-std::vector<KernelMeasurement> median_over_repeats(const std::vector<std::vector<KernelMeasurement>>& repeats) {
-  return median_of_repeats(repeats, [](const KernelMeasurement& a, const KernelMeasurement& b) {
+std::vector<KernelMeasurement> combine_repeats(const std::vector<std::vector<KernelMeasurement>>& repeats,
+                                               Statistic stat) {
+  return combine(repeats, stat, [](const KernelMeasurement& a, const KernelMeasurement& b) {
     return a.name == b.name && a.bytes == b.bytes;
   });
 }

@@ -25,16 +25,18 @@ struct ValidateFlags {
   double tolerance = 0.10;
   bool json = false;
   bool ops = false;
+  std::string statistic = "median";
 };
 
 void run_validate(const ValidateFlags& f) {
   if (!(std::isfinite(f.tolerance) && f.tolerance > 0))
     throw InputError("command line", "--tolerance", fmt::format("must be a positive fraction, got {}", f.tolerance),
                      "give e.g. --tolerance 0.10 for 10 %");
+  const Statistic stat = parse_statistic(f.statistic, "--statistic");
   const PlanFile pf = read_plan_file(f.plan_path);
   const Cluster cluster = load_cluster(f.cluster_path, pf.nodes);
   const Measurements m = load_measurements(f.measurements_path);
-  const ValidationReport r = validate_measurements(pf, cluster, m, f.tolerance);
+  const ValidationReport r = validate_measurements(pf, cluster, m, f.tolerance, stat);
   if (f.json)
     std::cout << validation_to_json(r).dump(2) << "\n";
   else
@@ -56,6 +58,9 @@ void register_validate_command(CLI::App& app) {
       ->required();
   cmd->add_option("--tolerance", flags.tolerance, "largest accepted end-to-end error, as a fraction (default 0.10)");
   cmd->add_flag("--ops", flags.ops, "add a per-op table (cost model vs measured)");
+  cmd->add_option("--statistic", flags.statistic,
+                  "median (default) or min: the measured steps' median, or their minimum (the step least disturbed "
+                  "by other processes on a shared machine; pair it with cuboid calibrate --statistic min)");
   cmd->add_flag("--json", flags.json, "print one JSON document on stdout");
   cmd->callback([] { run_validate(flags); });
 }

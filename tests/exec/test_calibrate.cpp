@@ -159,20 +159,34 @@ TEST_CASE("ranks combine: the slowest rank for GEMMs, kernels and collectives, w
   CHECK(t.group == "tp");
 }
 
-TEST_CASE("repeated sweeps keep each sample's median; different samples are a logic error") {
+TEST_CASE("repeated sweeps keep each sample's median or minimum; different samples are a logic error") {
   const std::vector<std::vector<GemmSample>> gemms = {
       {{8, 8, 8, 1, 100}, {16, 8, 8, 1, 900}}, {{8, 8, 8, 1, 300}, {16, 8, 8, 1, 200}}, {{8, 8, 8, 1, 200}, {16, 8, 8, 1, 250}}};
-  const std::vector<GemmSample> g = median_over_repeats(gemms);
+  const std::vector<GemmSample> g = combine_repeats(gemms, Statistic::median);
   REQUIRE(g.size() == 2);
   CHECK(g[0].time_ns == 200);
   CHECK(g[1].time_ns == 250);  // the 900 of a slow spell is dropped
   CHECK(g[1].m == 16);
+  const std::vector<GemmSample> fastest = combine_repeats(gemms, Statistic::min);
+  CHECK(fastest[0].time_ns == 100);
+  CHECK(fastest[1].time_ns == 200);
   const std::vector<std::vector<KernelMeasurement>> kernels = {{{"act", 1000, 10}}, {{"act", 1000, 14}}};
-  CHECK(median_over_repeats(kernels)[0].time_ns == 12);  // two repeats: the mean of the middle pair
-  CHECK_THROWS_AS(median_over_repeats(std::vector<std::vector<KernelMeasurement>>{{{"act", 1000, 10}}, {{"norm_in", 1000, 10}}}),
+  CHECK(combine_repeats(kernels, Statistic::median)[0].time_ns == 12);  // two repeats: the mean of the middle pair
+  CHECK(combine_repeats(kernels, Statistic::min)[0].time_ns == 10);
+  CHECK_THROWS_AS(combine_repeats(std::vector<std::vector<KernelMeasurement>>{{{"act", 1000, 10}}, {{"norm_in", 1000, 10}}},
+                                  Statistic::median),
                   std::logic_error);
-  CHECK_THROWS_AS(median_over_repeats(std::vector<std::vector<GemmSample>>{{{8, 8, 8, 1, 1}}, {}}), std::logic_error);
-  CHECK(median_over_repeats(std::vector<std::vector<GemmSample>>{}).empty());
+  CHECK_THROWS_AS(combine_repeats(std::vector<std::vector<GemmSample>>{{{8, 8, 8, 1, 1}}, {}}, Statistic::min),
+                  std::logic_error);
+  CHECK(combine_repeats(std::vector<std::vector<GemmSample>>{}, Statistic::median).empty());
+  CHECK(parse_statistic("min", "--statistic") == Statistic::min);
+  CHECK(parse_statistic("median", "--statistic") == Statistic::median);
+  try {
+    parse_statistic("mean", "--statistic");
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()) == "command line: --statistic: is 'mean' (fix: use median or min)");
+  }
 }
 
 TEST_CASE("ranks on the same CPUs take turns; ranks_per_core is ranks on the node over its CPUs") {

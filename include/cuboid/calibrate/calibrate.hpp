@@ -26,6 +26,9 @@ struct CalibrateOptions {
   // machine (another tenant, a few seconds long) spoils one sweep's samples
   // of a few shapes, not the median of three.
   int repeat = 1;
+  // How the repeats combine: "median", or "min" (the least disturbed sweep:
+  // on a shared machine interference only adds time).
+  std::string statistic = "median";
   std::string mpi_wait = "auto";  // --mpi-wait: auto | spin | yield | sleep (exec/mpi_comm.hpp)
   std::string command_line;  // recorded in the card
 };

@@ -15,6 +15,7 @@
 #include "cuboid/calibrate/collective_sweep.hpp"
 #include "cuboid/calibrate/kernel_sweep.hpp"
 #include "cuboid/calibration.hpp"
+#include "cuboid/measurements.hpp"
 
 namespace cuboid::calibrate {
 
@@ -31,11 +32,13 @@ struct RankResults {
   std::vector<CollectiveRecord> collectives;
 };
 
-// Each sample's median over repeated sweeps (calibrate --repeat). Every
-// repeat lists the same samples in the same order (the sweeps are
-// deterministic); anything else is a logic error (std::logic_error).
-std::vector<GemmSample> median_over_repeats(const std::vector<std::vector<GemmSample>>& repeats);
-std::vector<KernelMeasurement> median_over_repeats(const std::vector<std::vector<KernelMeasurement>>& repeats);
+// Each sample over repeated sweeps (calibrate --repeat): the median of the
+// repeats, or their minimum (calibrate --statistic min). Every repeat lists
+// the same samples in the same order (the sweeps are deterministic);
+// anything else is a logic error (std::logic_error).
+std::vector<GemmSample> combine_repeats(const std::vector<std::vector<GemmSample>>& repeats, Statistic stat);
+std::vector<KernelMeasurement> combine_repeats(const std::vector<std::vector<KernelMeasurement>>& repeats,
+                                               Statistic stat);
 
 nlohmann::json to_json(const RankResults& r);
 RankResults rank_results_from_json(const nlohmann::json& j);
