@@ -62,17 +62,9 @@ std::atomic<MpiWait> g_wait{MpiWait::spin};
 // partner that is nearly there costs little, and backs off to 200 us so a long
 // wait (a pipeline bubble) wakes this rank at most 5,000 times a second.
 void complete(MPI_Request& request) {
-  if (g_wait.load(std::memory_order_relaxed) == MpiWait::spin) {
+  const MpiWait wait = g_wait.load(std::memory_order_relaxed);
+  if (wait == MpiWait::spin) {
     CUBOID_MPI_CHECK(MPI_Wait(&request, MPI_STATUS_IGNORE));
-    return;
-  }
-  if (g_wait.load(std::memory_order_relaxed) == MpiWait::yield) {
-    int done = 0;
-    CUBOID_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    while (done == 0) {
-      sched_yield();
-      CUBOID_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    }
     return;
   }
   constexpr auto kFirstSleep = std::chrono::microseconds(2);
@@ -81,13 +73,18 @@ void complete(MPI_Request& request) {
   int done = 0;
   CUBOID_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
   while (done == 0) {
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, kLongestSleep);
+    if (wait == MpiWait::yield) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(sleep * 2, kLongestSleep);
+    }
     CUBOID_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
   }
 }
 
-bool sleeping() { return g_wait.load(std::memory_order_relaxed) != MpiWait::spin; }
+// Yield and sleep need the non-blocking form of each call (then complete()).
+bool nonblocking() { return g_wait.load(std::memory_order_relaxed) != MpiWait::spin; }
 
 }  // namespace
 
@@ -206,7 +203,7 @@ void MpiCommunicator::release() noexcept {
 }
 
 void MpiCommunicator::barrier() {
-  if (!sleeping()) {
+  if (!nonblocking()) {
     CUBOID_MPI_CHECK(MPI_Barrier(comm_));
     return;
   }
@@ -259,7 +256,7 @@ double MpiCommunicator::all_reduce_max(double value) {
 void MpiCommunicator::all_reduce_sum_impl(DeviceSpan buffer, std::size_t count) {
   const int n = mpi_count(count, "all_reduce_sum");
   const MPI_Datatype type = mpi_type(buffer.dtype(), true, "all_reduce_sum");
-  if (!sleeping()) {
+  if (!nonblocking()) {
     CUBOID_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buffer.native(), n, type, MPI_SUM, comm_));
     return;
   }
@@ -272,7 +269,7 @@ void MpiCommunicator::reduce_scatter_sum_impl(ConstDeviceSpan send, DeviceSpan r
                                               std::size_t recv_count) {
   const int n = mpi_count(recv_count, "reduce_scatter_sum");
   const MPI_Datatype type = mpi_type(recv.dtype(), true, "reduce_scatter_sum");
-  if (!sleeping()) {
+  if (!nonblocking()) {
     CUBOID_MPI_CHECK(MPI_Reduce_scatter_block(send.native(), recv.native(), n, type, MPI_SUM, comm_));
     return;
   }
@@ -286,7 +283,7 @@ void MpiCommunicator::all_gather_impl(ConstDeviceSpan send, DeviceSpan recv,
                                       std::size_t send_count) {
   const MPI_Datatype type = mpi_type(send.dtype(), false, "all_gather");
   const int n = mpi_count(send_count, "all_gather");
-  if (!sleeping()) {
+  if (!nonblocking()) {
     CUBOID_MPI_CHECK(MPI_Allgather(send.native(), n, type, recv.native(), n, type, comm_));
     return;
   }
@@ -298,7 +295,7 @@ void MpiCommunicator::all_gather_impl(ConstDeviceSpan send, DeviceSpan recv,
 void MpiCommunicator::broadcast_impl(DeviceSpan buffer, std::size_t count, int root) {
   const int n = mpi_count(count, "broadcast");
   const MPI_Datatype type = mpi_type(buffer.dtype(), false, "broadcast");
-  if (!sleeping()) {
+  if (!nonblocking()) {
     CUBOID_MPI_CHECK(MPI_Bcast(buffer.native(), n, type, root, comm_));
     return;
   }
@@ -310,7 +307,7 @@ void MpiCommunicator::broadcast_impl(DeviceSpan buffer, std::size_t count, int r
 void MpiCommunicator::send_impl(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) {
   const int n = mpi_count(count, "send");
   const MPI_Datatype type = mpi_type(buffer.dtype(), false, "send");
-  if (!sleeping()) {
+  if (!nonblocking()) {
     CUBOID_MPI_CHECK(MPI_Send(buffer.native(), n, type, peer, tag, comm_));
     return;
   }
@@ -322,7 +319,7 @@ void MpiCommunicator::send_impl(ConstDeviceSpan buffer, std::size_t count, int p
 void MpiCommunicator::recv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) {
   const int n = mpi_count(count, "recv");
   const MPI_Datatype type = mpi_type(buffer.dtype(), false, "recv");
-  if (!sleeping()) {
+  if (!nonblocking()) {
     CUBOID_MPI_CHECK(MPI_Recv(buffer.native(), n, type, peer, tag, comm_, MPI_STATUS_IGNORE));
     return;
   }
@@ -338,7 +335,7 @@ void MpiCommunicator::send_recv_impl(ConstDeviceSpan send_buffer, std::size_t se
   const int n_recv = mpi_count(recv_count, "send_recv");
   const MPI_Datatype send_type = mpi_type(send_buffer.dtype(), false, "send_recv");
   const MPI_Datatype recv_type = mpi_type(recv_buffer.dtype(), false, "send_recv");
-  if (!sleeping()) {
+  if (!nonblocking()) {
     CUBOID_MPI_CHECK(MPI_Sendrecv(send_buffer.native(), n_send, send_type, send_peer, tag, recv_buffer.native(),
                                   n_recv, recv_type, recv_peer, tag, comm_, MPI_STATUS_IGNORE));
     return;
