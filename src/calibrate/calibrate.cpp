@@ -258,6 +258,7 @@ int run_calibrate(const CalibrateOptions& o) {
   GemmSweepOptions go;
   if (o.quick) go = GemmSweepOptions{std::size_t{64} << 20, 1, 3, 5, 2};
   go.turns = share.turns;
+  go.lead_call = o.backend != "cpu";
   go.turn = share.turn;
   const std::vector<GemmProblem> grid = gemm_grid({base.begin(), base.end()}, o.quick);
   std::vector<std::vector<GemmSample>> gemm_repeats;
