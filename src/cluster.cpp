@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "cuboid/busbw_curve.hpp"
 #include "cuboid/calibration.hpp"
 #include "cuboid/error.hpp"
 #include "cuboid/json_reader.hpp"
@@ -148,13 +149,22 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
 }
 
 IntraNodeFabric intra_from_reader(const nlohmann::json& j, JsonReader r) {
-  check_keys(j, r, {"kind", "link_bandwidth_GBps", "allreduce_busbw_GBps", "busbw_GBps", "latency_us"});
+  check_keys(j, r, {"kind", "link_bandwidth_GBps", "allreduce_busbw_GBps", "busbw_GBps", "latency_us",
+                    "allreduce_busbw_curve", "nccl_channels"});
   IntraNodeFabric f;
   f.kind = r.choice("kind", {"nvswitch", "nvlink", "pcie", "shared-memory"});
   f.link_bandwidth_GBps = sourced(r, "link_bandwidth_GBps", f.sources, "link_bandwidth_GBps");
   f.allreduce_busbw_GBps = sourced(r, "allreduce_busbw_GBps", f.sources, "allreduce_busbw_GBps");
   f.busbw_GBps = sourced(r, "busbw_GBps", f.sources, "busbw_GBps");
   f.latency_ns = sourced(r, "latency_us", f.sources, "latency_ns") * kNsPerUs;
+  f.nccl_channels = optional_count(r, "nccl_channels", f.sources, "nccl_channels", 0);
+  if (r.has("allreduce_busbw_curve")) {
+    f.allreduce_busbw_curve = std::make_shared<const BusbwCurve>(busbw_curve_from_json(
+        r.raw("allreduce_busbw_curve"), r.source(), r.field_path("allreduce_busbw_curve")));
+    f.sources["allreduce_busbw_curve"] = f.allreduce_busbw_curve->source;
+  } else {
+    (void)r.optional_number("allreduce_busbw_curve");  // marks an explicit null as read
+  }
   r.reject_unknown();
   return f;
 }
@@ -299,6 +309,13 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
   }
   JsonReader intra = r.object("intra_node");  // checks presence and type first
   c.intra = intra_from_reader(j.at("intra_node"), intra);
+  // A collective holding every SM would leave an overlapped GEMM none.
+  if (c.intra.nccl_channels > 0 && c.intra.nccl_channels >= c.gpu.sm_count) {
+    intra.fail("nccl_channels",
+               std::to_string(c.intra.nccl_channels) + " channels (one SM each) leave none of the GPU's " +
+                   std::to_string(c.gpu.sm_count) + " SMs for compute",
+               "give fewer channels than sm_count (NCCL_DEBUG=INFO prints \"N coll channels\")");
+  }
   JsonReader inter = r.object("inter_node");
   c.inter = inter_from_reader(j.at("inter_node"), inter);
   // Optional measurements (`cuboid calibrate`); the fields above stay the

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cuboid/busbw_curve.hpp"
 #include "cuboid/calibration.hpp"
 
 namespace cuboid {
@@ -139,7 +140,12 @@ std::int64_t collective_time_ns(Collective c, double size_bytes, int group_size,
       break;
   }
   if (link.fitted) steps = 1.0;
-  const double seconds = volume * size_bytes / link.busbw_Bps + steps * link.latency_ns * 1e-9;
+  double seconds = volume * size_bytes / link.busbw_Bps + steps * link.latency_ns * 1e-9;
+  if (link.curve != nullptr) {
+    if (const auto curve_ns = curve_time_ns(*link.curve, c, group_size, size_bytes)) {
+      seconds = std::max(seconds, *curve_ns * 1e-9);
+    }
+  }
   return to_ns(seconds);
 }
 
@@ -181,7 +187,9 @@ LinkParams group_link_params(const Topology& topo, Collective c, const std::vect
         find_collective(*cl.calibration, c, one_node ? "intra_node" : "inter_node", static_cast<int>(ranks.size()));
     if (fit != nullptr) return LinkParams{fit->busbw_GBps * 1e9, fit->alpha_ns, true, fit};
   }
-  if (one_node) return LinkParams{intra_busbw_GBps * 1e9, cl.intra.latency_ns};
+  if (one_node) {
+    return LinkParams{intra_busbw_GBps * 1e9, cl.intra.latency_ns, false, nullptr, cl.intra.allreduce_busbw_curve.get()};
+  }
 
   // k: the most GPUs of the group on one node.
   std::vector<int> nodes;
@@ -243,6 +251,35 @@ std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
       return 0;
   }
   return 0;
+}
+
+GpuProfile with_sms_taken(const GpuProfile& gpu, int sms_taken) {
+  GpuProfile g = gpu;
+  if (sms_taken <= 0 || gpu.sm_count <= sms_taken) return g;
+  const int left = gpu.sm_count - sms_taken;
+  g.peak_bf16_flops = gpu.peak_bf16_flops * static_cast<double>(left) / static_cast<double>(gpu.sm_count);
+  g.sm_count = left;
+  return g;
+}
+
+std::int64_t op_time_sms_taken_ns(const GpuProfile& gpu, const Op& op, int sms_taken) {
+  if (sms_taken <= 0 || op.kind != OpKind::gemm) return op_time_ns(gpu, op);
+  GpuProfile model_full = gpu;
+  model_full.calibration = nullptr;
+  const GpuProfile model_reduced = with_sms_taken(model_full, sms_taken);
+  const std::int64_t reduced = op_time_ns(model_reduced, op);
+  if (!gpu.calibration) return reduced;
+  const std::int64_t full = op_time_ns(model_full, op);
+  const std::int64_t measured = op_time_ns(gpu, op);
+  if (full <= 0) return measured;
+  return std::llround(static_cast<double>(measured) * static_cast<double>(reduced) / static_cast<double>(full));
+}
+
+std::int64_t overlapped_time_ns(std::int64_t collective_ns, std::int64_t reduced_ns, std::int64_t full_ns) {
+  if (collective_ns <= 0 || reduced_ns <= 0) return full_ns;
+  if (collective_ns >= reduced_ns) return reduced_ns;
+  const double left = 1.0 - static_cast<double>(collective_ns) / static_cast<double>(reduced_ns);
+  return collective_ns + std::llround(left * static_cast<double>(full_ns));
 }
 
 }  // namespace cuboid

@@ -30,10 +30,11 @@
 //   ZeRO-3 gather behind the pass it feeds; only the excess is exposed. The
 //   parameter all-gather after the optimizer step is exposed
 //   (--overlap-param-gather is off by default).
-// * optimizer: Adam over this GPU's shard (params / dp with ZeRO >= 1),
-//   memory-bound at 32 bytes per parameter: read bf16 weight, fp32 grad,
-//   fp32 master, m, v (2+4+4+4+4) and write bf16 weight, master, m, v (2+4+4+4);
-//   a calibrated profile's "adam" kernel fit prices those bytes instead.
+// * optimizer: Megatron's step kernels (optimizer_step.hpp): the fp32 grad
+//   buffer scaled and zeroed (8 + 4 B per parameter), and on this GPU's
+//   shard (params / dp with ZeRO >= 1) the grad norm (4), Adam (28) and the
+//   master -> bf16 copy (6), memory-bound; a calibrated profile's kernel fits
+//   (by op name) price those bytes instead.
 // * A calibrated card's collective fits replace the link model of the groups
 //   they measured (group_link_params), its GEMM and kernel fits the compute.
 #include "cuboid/estimator.hpp"
@@ -47,6 +48,7 @@
 #include "cuboid/calibration.hpp"
 #include "cuboid/cost.hpp"
 #include "cuboid/flops.hpp"
+#include "cuboid/optimizer_step.hpp"
 #include "cuboid/workload.hpp"
 
 namespace cuboid {
@@ -55,7 +57,6 @@ namespace {
 
 constexpr double kGradBytesPerParam = 4.0;   // fp32 main_grad
 constexpr double kParamBytesPerParam = 2.0;  // bf16 weights
-constexpr double kAdamBytesPerParam = (2 + 4 + 4 + 4 + 4) + (2 + 4 + 4 + 4);
 constexpr std::size_t kCollectives = 5;
 
 // Link parameters of one group, one entry per Collective.
@@ -297,8 +298,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     bd.dp_comm_s = exposed_ns * 1e-9;
   }
 
-  const double shard = plan.zero_stage >= 1 ? params / dp : params;
-  bd.optimizer_s = static_cast<double>(kernel_time_ns(gpu, "adam", shard * kAdamBytesPerParam)) * 1e-9;
+  bd.optimizer_s = static_cast<double>(optimizer_step_time_ns(gpu, params, dp, plan.zero_stage)) * 1e-9;
 
   Estimate e;
   e.plan = plan;

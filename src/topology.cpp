@@ -127,8 +127,11 @@ struct TopologyBuilder {
     auto add_vertex = [&g](VertexKind kind, int node, int index, std::string name) {
       return boost::add_vertex(VertexInfo{kind, node, index, std::move(name)}, g);
     };
+    // Edge ids count the edges in the order they are added (boost::edges' order).
     auto add_edge = [&g](Topology::Vertex a, Topology::Vertex b, double Bps, std::int64_t ns, std::string kind) {
-      boost::add_edge(a, b, LinkInfo{Bps, ns, std::move(kind)}, g);
+      const auto id = static_cast<std::uint32_t>(boost::num_edges(g));
+      boost::add_edge(a, b, LinkInfo{Bps, ns, std::move(kind), id}, g);
+      return id;
     };
 
     // Physical line rates: NVLink per GPU per direction, the NIC's line rate.
@@ -149,14 +152,20 @@ struct TopologyBuilder {
     for (int p = 0; p < s.spines; ++p) {
       const auto v = add_vertex(VertexKind::spine, -1, p, label("spine.", p));
       t.spine_vertices_.push_back(v);
-      if (s.levels == 3)
-        add_edge(v, t.core_vertices_[0], s.leaves_per_pod * leaf_up_Bps / c.inter.core_oversubscription, hop_ns, "ib-up");
+      if (s.levels == 3) {
+        t.spine_up_edge_.push_back(
+            add_edge(v, t.core_vertices_[0], s.leaves_per_pod * leaf_up_Bps / c.inter.core_oversubscription, hop_ns, "ib-up"));
+      }
     }
     for (int l = 0; l < s.leaves; ++l) {
       std::string name = s.rail ? label("leaf.r", l % s.nics) + label(".g", l / s.nics) : label("leaf.g", l);
       const auto v = add_vertex(VertexKind::leaf, -1, l, std::move(name));
       t.leaf_vertices_.push_back(v);
-      if (s.levels >= 2) add_edge(v, t.spine_vertices_[static_cast<std::size_t>(s.pod_of_leaf(l))], leaf_up_Bps, hop_ns, "ib-up");
+      t.leaf_pod_.push_back(s.pod_of_leaf(l));
+      if (s.levels >= 2) {
+        t.leaf_up_edge_.push_back(
+            add_edge(v, t.spine_vertices_[static_cast<std::size_t>(s.pod_of_leaf(l))], leaf_up_Bps, hop_ns, "ib-up"));
+      }
     }
     const std::string intra_kind = link_kind_intra(c.intra.kind);
     for (int n = 0; n < s.nodes; ++n) {
@@ -166,18 +175,22 @@ struct TopologyBuilder {
       for (int k = 0; k < s.nics; ++k) {
         const auto v = add_vertex(VertexKind::nic, n, k, prefix + label("nic", k));
         t.nic_vertices_.push_back(v);
-        add_edge(v, t.leaf_vertices_[static_cast<std::size_t>(s.leaf_of(n, k))], nic_Bps, nic_leaf_ns, "ib");
+        t.nic_up_edge_.push_back(add_edge(v, t.leaf_vertices_[static_cast<std::size_t>(s.leaf_of(n, k))], nic_Bps, nic_leaf_ns, "ib"));
       }
       for (int i = 0; i < s.gpus_per_node; ++i) {
         const int gpu = n * s.gpus_per_node + i;
         const auto v = add_vertex(VertexKind::gpu, n, i, prefix + label("gpu", i));
         t.gpu_vertices_.push_back(v);
-        add_edge(v, nvs, nvlink_Bps, nvlink_ns, intra_kind);
+        t.gpu_nvswitch_edge_.push_back(add_edge(v, nvs, nvlink_Bps, nvlink_ns, intra_kind));
         // The GPU-NIC path (PCIe switch, GPUDirect RDMA) is given the NIC's line
         // rate: PCIe Gen4 x16 (A100) and Gen5 x16 (H100) exceed HDR and NDR
         // respectively, so the NIC, not PCIe, is the bottleneck. Its latency is
         // part of the card's NIC-to-NIC latency.
-        if (s.nics > 0) add_edge(v, t.nic_vertices_[static_cast<std::size_t>(s.nic_of(gpu))], nic_Bps, 0, "pcie");
+        if (s.nics > 0) {
+          t.gpu_nic_.push_back(s.nic_of(gpu));
+          t.gpu_leaf_.push_back(s.leaf_of_gpu(gpu));
+          t.gpu_nic_edge_.push_back(add_edge(v, t.nic_vertices_[static_cast<std::size_t>(s.nic_of(gpu))], nic_Bps, 0, "pcie"));
+        }
       }
     }
   }
@@ -241,6 +254,43 @@ std::vector<Topology::Edge> Topology::route(int gpu_a, int gpu_b) const {
   path.push_back(find_edge(graph_, nic_b, lv_b));
   path.push_back(find_edge(graph_, b, nic_b));
   return path;
+}
+
+// route() without Boost: the same hops, from the edge ids recorded while
+// building (a 16k-GPU fabric asks for ~50k routes while planning its collectives).
+void Topology::route_ids(int gpu_a, int gpu_b, std::vector<std::uint32_t>& out) const {
+  const Vertex a = gpu_vertex(gpu_a);
+  const Vertex b = gpu_vertex(gpu_b);
+  if (gpu_a == gpu_b) return;
+  const auto ua = static_cast<std::size_t>(gpu_a);
+  const auto ub = static_cast<std::size_t>(gpu_b);
+  auto hop = [&out](std::uint32_t edge, Vertex from, Vertex to) { out.push_back(2 * edge + (from < to ? 0u : 1u)); };
+  const int node_a = gpu_a / cluster_.gpus_per_node;
+  const int node_b = gpu_b / cluster_.gpus_per_node;
+  if (node_a == node_b) {
+    const Vertex nvs = nvswitch_vertices_[static_cast<std::size_t>(node_a)];
+    hop(gpu_nvswitch_edge_[ua], a, nvs);
+    hop(gpu_nvswitch_edge_[ub], nvs, b);
+    return;
+  }
+  const auto nic_a = static_cast<std::size_t>(gpu_nic_[ua]);
+  const auto nic_b = static_cast<std::size_t>(gpu_nic_[ub]);
+  const auto leaf_a = static_cast<std::size_t>(gpu_leaf_[ua]);
+  const auto leaf_b = static_cast<std::size_t>(gpu_leaf_[ub]);
+  hop(gpu_nic_edge_[ua], a, nic_vertices_[nic_a]);
+  hop(nic_up_edge_[nic_a], nic_vertices_[nic_a], leaf_vertices_[leaf_a]);
+  if (leaf_a != leaf_b) {
+    const auto pod_a = static_cast<std::size_t>(leaf_pod_[leaf_a]);
+    const auto pod_b = static_cast<std::size_t>(leaf_pod_[leaf_b]);
+    hop(leaf_up_edge_[leaf_a], leaf_vertices_[leaf_a], spine_vertices_[pod_a]);
+    if (pod_a != pod_b) {
+      hop(spine_up_edge_[pod_a], spine_vertices_[pod_a], core_vertices_[0]);
+      hop(spine_up_edge_[pod_b], core_vertices_[0], spine_vertices_[pod_b]);
+    }
+    hop(leaf_up_edge_[leaf_b], spine_vertices_[pod_b], leaf_vertices_[leaf_b]);
+  }
+  hop(nic_up_edge_[nic_b], leaf_vertices_[leaf_b], nic_vertices_[nic_b]);
+  hop(gpu_nic_edge_[ub], nic_vertices_[nic_b], b);
 }
 
 double Topology::bottleneck_bandwidth_Bps(const std::vector<Edge>& path) const {

@@ -13,6 +13,7 @@
 #include "cuboid/cost.hpp"
 #include "cuboid/error.hpp"
 #include "cuboid/memory.hpp"
+#include "cuboid/optimizer_step.hpp"
 #include "cuboid/sim/simulator.hpp"
 #include "cuboid/topology.hpp"
 #include "cuboid/workload.hpp"
@@ -21,12 +22,11 @@ namespace cuboid {
 
 const std::vector<NamedReason>& executor_only_ops() {
   static const std::vector<NamedReason> ops = {
-      {"grad_zero", "zeroes the gradient buffer at the start of the step (Megatron does too; the simulator does not price it)"},
-      {"grad_scale", "divides the gradients by micro-batches x DP before the reduction"},
       {"dqkv_zero", "clears the QKV gradient buffer before the attention backward accumulates into it"},
       {"residual_add_bwd", "adds the residual branch's gradient (the simulator folds it into drop_add_*_bwd)"},
       {"pp_send_wait", "waits for the step's outstanding non-blocking pipeline sends (counted as pp_comm + bubble)"},
-      {"param_copy", "writes the updated master weights back (counted as optimizer)"},
+      {"param_copy", "writes the updated master weights back (counted as optimizer; the simulator prices Megatron's "
+                     "fp32 -> bf16 copy, which an f32 run without ZeRO skips: its master weights are the weights)"},
   };
   return ops;
 }
@@ -40,6 +40,8 @@ const std::vector<NamedReason>& simulator_only_ops() {
       {"attn_qkv_grad_cat", "the executor's per-head GEMMs write the Q, K, V gradients into one buffer (no concatenation)"},
       {"qkv_bias", "the executor runs no linear biases"},
       {"qkv_bias_grad", "the executor runs no linear biases"},
+      {"grad_norm", "the executor clips no gradients (Megatron reads them once for the global norm)"},
+      {"attn_qk_scale_bwd", "the executor applies 1 / sqrt(head_dim) inside its softmax, not as torch.baddbmm's alpha"},
   };
   return ops;
 }
@@ -48,6 +50,12 @@ namespace {
 
 bool listed(const std::vector<NamedReason>& list, const std::string& name) {
   return std::any_of(list.begin(), list.end(), [&](const NamedReason& r) { return name == r.name; });
+}
+
+// The executor's optimizer-step kernels, which the simulator prices as the
+// optimizer step (optimizer_step.hpp).
+bool is_optimizer_op(const std::string& name) {
+  return name == "grad_scale" || name == "adam" || name == "param_copy" || name == "grad_zero";
 }
 
 const std::string kRerun = "validate the measurements of a run of this very plan file "
@@ -89,7 +97,10 @@ std::set<std::string> priced_ops(const ModelSpec& model, const ParallelPlan& pla
     else
       names.insert({"dp_rs_grads", "dp_ag_params"});
   }
-  names.insert("adam");
+  // The optimizer step's kernels the executor always runs too
+  // (optimizer_step.hpp; not grad_norm, a simulator-only op, nor param_copy,
+  // which an f32 run without ZeRO skips).
+  names.insert({"grad_scale", "adam", "grad_zero"});
   return names;
 }
 
@@ -229,7 +240,7 @@ Measured measured_components(const MeasuredRank& r, Statistic stat) {
   for (const MeasuredOp& op : r.ops) {
     const double t = pick(op.time_per_step, stat);
     c.ops_sum += t;
-    if (op.name == "adam" || op.name == "param_copy")
+    if (is_optimizer_op(op.name))
       c.optimizer += t;
     else if (op.kind == OpKind::collective || op.kind == OpKind::p2p)
       (op.group == Group::tp ? c.tp : op.group == Group::dp ? c.dp : c.pp) += t;
@@ -278,11 +289,12 @@ std::vector<OpRow> op_rows(const PlanFile& pf, const Topology& topo, const Measu
       } else {
         row.predicted_s = calls * ns_to_s(op_time_ns(gpu, w));
       }
-    } else if (op.name == "adam") {
-      // As the simulator: the stage's (ZeRO: DP-sharded) parameters x 32 bytes.
-      const double params = parameters_on_stage(pf.model, pf.plan, stage);
-      const double shard = pf.plan.zero_stage >= 1 && pf.plan.dp > 1 ? params / pf.plan.dp : params;
-      row.predicted_s = ns_to_s(kernel_time_ns(gpu, "adam", shard * 32.0));
+    } else if (is_optimizer_op(op.name)) {
+      // As the simulator: the step's kernel of that name over the stage's
+      // parameters (ZeRO: the DP shard), once per step.
+      const int zero = pf.plan.dp > 1 ? pf.plan.zero_stage : 0;
+      for (const Op& k : optimizer_step_ops(parameters_on_stage(pf.model, pf.plan, stage), pf.plan.dp, zero))
+        if (k.name == op.name) row.predicted_s = ns_to_s(kernel_time_ns(gpu, k.name, k.bytes));
     } else {
       continue;  // PP / DP tasks and executor-only ops: no per-op prediction
     }

@@ -11,7 +11,8 @@
 //   noted; masks are 1 byte per element. Backward of a memory-bound op is
 //   taken as twice its forward bytes (it reads the saved input and the
 //   incoming gradient and writes the outgoing one, plus parameter-gradient
-//   reductions for norms).
+//   reductions for norms), except the attention core's softmax + dropout,
+//   whose kernels are counted one by one (kSoftmax*, kAttnDropout*).
 // * Without sequence parallelism the norms, dropouts and residual adds run on
 //   the full [s, b, h] tensor on every TP rank (Megatron duplicates them);
 //   with SP each rank works on s/t of the sequence.
@@ -24,12 +25,12 @@
 //   TP 2 (`cuboid run --out`, medians of 5 steps, load ~5 on 2 cores): the
 //   executor also runs dqkv_zero (zeroes the QKV gradient before the
 //   per-head backward GEMMs accumulate into it), residual_add_bwd (the
-//   gradient sum at each residual fork, which Megatron's autograd also does),
-//   grad_zero, grad_scale and param_copy (step-level: zero the gradient
-//   buffer, scale by 1 / (micro-batches x DP), copy master weights): 3.4 ms
+//   gradient sum at each residual fork, which Megatron's autograd also does):
+//   together with the step-level grad_zero, grad_scale and param_copy, 3.4 ms
 //   per step on one rank, 11.8 ms on the other (a descheduled grad_zero),
-//   0.06-0.2 % of the measured step and under 1 % of a 0.5 s quiet step, so
-//   they are not modelled. The executor has no embedding dropout and
+//   under 1 % of a 0.5 s quiet step, so the two are not modelled; the three
+//   step-level kernels are Megatron's too and are now priced with the
+//   optimizer step (optimizer_step.cpp). The executor has no embedding dropout and
 //   computes the cross-entropy gradient inside "xent" (Megatron runs
 //   embed_dropout and a separate xent_bwd, modelled here): about 0.9 ms per
 //   step (8 micro-batches) at the CPU card's bandwidth, 0.2 % of the step.
@@ -91,14 +92,32 @@ namespace {
 constexpr double kNormBytesPerElement = 2 + 2;             // read x, write y
 constexpr double kDropoutAddBytesPerElement = 2 + 2 + 2 + 1;  // read x and residual, write y and mask
 constexpr double kEmbeddingDropoutBytesPerElement = 2 + 2 + 1;
-// Megatron's fused scale-mask-softmax (read + write scores) then attention
-// dropout (read probabilities, write output and a 1-byte mask).
-constexpr double kSoftmaxDropoutBytesPerElement = (2 + 2) + (2 + 2 + 1);
-// Vocab-parallel cross-entropy over fp32 logits: the bf16 -> fp32 cast (read
-// 2, write 4), then the max, exp-sum and in-place softmax passes (three
-// read + write passes of 4 + 4 bytes) that keep the softmax for backward.
-constexpr double kCrossEntropyBytesPerElement = (2 + 4) + 3 * (4 + 4);
-// Its backward: softmax - one_hot in place (4 + 4), cast to bf16 (4 + 2).
+// The unfused causal attention core's s x s kernels (Megatron-LM 2022,
+// megatron/fused_kernels/scaled_upper_triang_masked_softmax.h and
+// megatron/model/transformer.py CoreAttention). The softmax kernel loads a
+// row only up to the diagonal (`element_index < local_seq`, local_seq = row
+// + 1) and writes the whole row (zeros above the diagonal); its backward
+// loads the gradient and the saved output up to the diagonal and writes the
+// whole row (in place). The attention dropout is torch's native_dropout
+// over the whole [b, np, s, s] tensor: reads the probabilities, writes the
+// output and a bool (1-byte) mask; its backward (native_dropout_backward)
+// reads the gradient and the mask and writes the gradient.
+constexpr double kSoftmaxReadBytesPerTriangleElement = 2;          // bf16 scores, lower triangle
+constexpr double kSoftmaxWriteBytesPerElement = 2;                 // bf16 probabilities, whole row
+constexpr double kSoftmaxBackwardReadBytesPerTriangleElement = 2 + 2;  // gradient + saved output
+constexpr double kSoftmaxBackwardWriteBytesPerElement = 2;
+constexpr double kAttnDropoutBytesPerElement = 2 + 2 + 1;          // read x; write y, mask
+constexpr double kAttnDropoutBackwardBytesPerElement = 2 + 1 + 2;  // read dy, mask; write dx
+// Vocab-parallel cross-entropy over fp32 logits (megatron/model/gpt_model.py
+// post_language_model_processing: `output.float()`, then
+// megatron/mpu/cross_entropy.py _VocabParallelCrossEntropy.forward): the
+// bf16 -> fp32 cast (read 2, write 4); torch.max over the vocabulary (read
+// 4); `logits.sub_(max)` (4 + 4); torch.exp(out=) (4 + 4); exp.sum (read 4);
+// `exp_logits.div_(sum)` (4 + 4), which keeps the softmax for backward.
+constexpr double kCrossEntropyBytesPerElement = (2 + 4) + 4 + (4 + 4) + (4 + 4) + 4 + (4 + 4);
+// Its backward: softmax - one_hot then `grad_input.mul_(grad_output)` in
+// place (4 + 4; the one-hot subtraction touches one element per token), and
+// the cast's backward to bf16 (4 + 2).
 constexpr double kCrossEntropyBackwardBytesPerElement = (4 + 4) + (4 + 2);
 // Embedding backward: read the bf16 gradient, read-modify-write the fp32 main_grad rows.
 constexpr double kEmbeddingGradBytesPerElement = 2 + 4 + 4;
@@ -193,6 +212,15 @@ void add_sp_gather(std::vector<Op>& out, const Dims& x, std::string name, Pass p
   out.back().compute_dtype = true;
 }
 
+// Elements of the attention scores on one rank ([b * heads / t, s, s]) and
+// those on or below the diagonal, which the causal softmax kernels read.
+double score_elements(const Dims& x) {
+  return static_cast<double>(x.b * (x.a / x.t)) * static_cast<double>(x.s) * static_cast<double>(x.s);
+}
+double score_triangle_elements(const Dims& x) {
+  return static_cast<double>(x.b * (x.a / x.t)) * static_cast<double>(x.s) * static_cast<double>(x.s + 1) / 2.0;
+}
+
 // Elements of an [s, b, h] tensor each rank touches in element-wise ops.
 double hidden_elements(const Dims& x) {
   const double e = static_cast<double>(x.tokens * x.h);
@@ -225,8 +253,9 @@ void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
   Op qk = gemm("attn_qk", pass, x.s, x.s, x.d, batch);
   qk.flops *= causal;
   out.push_back(std::move(qk));
-  const double elements = static_cast<double>(batch) * static_cast<double>(x.s) * static_cast<double>(x.s);
-  out.push_back(memory_bound("attn_softmax", pass, elements * kSoftmaxDropoutBytesPerElement));
+  out.push_back(memory_bound("attn_softmax", pass,
+                             score_triangle_elements(x) * kSoftmaxReadBytesPerTriangleElement +
+                                 score_elements(x) * (kSoftmaxWriteBytesPerElement + kAttnDropoutBytesPerElement)));
   Op av = gemm("attn_av", pass, x.s, x.d, x.s, batch);
   av.flops *= causal;
   out.push_back(std::move(av));
@@ -259,7 +288,19 @@ void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vect
     if (it->name == "attn_av" || it->name == "attn_qk") {
       add_gemm_backward(out, *it);
     } else if (it->name == "attn_softmax") {
-      out.push_back(memory_bound("attn_softmax_bwd", Pass::backward, kBackwardBytesFactor * it->bytes));
+      // Dropout backward, then the softmax backward, kernel by kernel (not
+      // 2x the forward: 9 B per score element against the forward's 8).
+      out.push_back(memory_bound("attn_softmax_bwd", Pass::backward,
+                                 score_elements(x) * (kAttnDropoutBackwardBytesPerElement + kSoftmaxBackwardWriteBytesPerElement) +
+                                     score_triangle_elements(x) * kSoftmaxBackwardReadBytesPerTriangleElement));
+    }
+    if (it->name == "attn_qk") {
+      // torch.baddbmm's autograd (tools/autograd/derivatives.yaml) scales
+      // both input gradients by alpha = 1 / norm_factor in separate
+      // element-wise kernels (maybe_multiply): dQ and dK, [b * np, s, d]
+      // each, read + write.
+      out.push_back(memory_bound("attn_qk_scale_bwd", Pass::backward,
+                                 2.0 * static_cast<double>(x.b * (x.a / x.t) * x.s * x.d) * (kBf16 + kBf16)));
     }
   }
   // SplitBackward: cat of the Q, K, V gradients (read + write).
@@ -362,8 +403,17 @@ LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan) {
   LayerOps ops;
   // Vocab-parallel lookup: each rank writes the full [s, b, h] output (zeros
   // outside its vocabulary shard), then the TP reduce sums the shards.
+  // Megatron-LM 2022 (megatron/mpu/layers.py VocabParallelEmbedding,
+  // megatron/model/language_model.py Embedding.forward): F.embedding (read
+  // the rows, write the output: 2 + 2); with TP, `output_parallel[input_mask,
+  // :] = 0.0` writes zeros over the (t - 1) / t of the rows outside the
+  // shard; then (after the reduce, priced here with the lookup) the learned
+  // position embedding's lookup (2 + 2) and add (2 + 2 + 2), and the
+  // [b, s, h] -> [s, b, h] `transpose(0, 1).contiguous()` copy (2 + 2).
   const double full = static_cast<double>(x.tokens * x.h);
-  const double lookup = full * (kBf16 + kBf16) + (m.learned_position_embeddings ? full * 3 * kBf16 : 0.0);
+  const double mask_zero = x.t > 1 ? full * kBf16 * static_cast<double>(x.t - 1) / static_cast<double>(x.t) : 0.0;
+  const double positions = m.learned_position_embeddings ? full * ((kBf16 + kBf16) + (kBf16 + kBf16 + kBf16)) : 0.0;
+  const double lookup = full * (kBf16 + kBf16) + mask_zero + positions + full * (kBf16 + kBf16);
   ops.forward.push_back(memory_bound("embed_lookup", Pass::forward, lookup));
   add_tp_reduce(ops.forward, x, x.sp ? "tp_rs_embed" : "tp_ar_embed", Pass::forward);
   const double hid = hidden_elements(x);

@@ -119,7 +119,15 @@ TEST_CASE("every shipped card loads") {
       CAPTURE(f);
       CHECK(!c.gpu.sources.at(f).empty());
     }
-    CHECK(c.intra.sources.size() == 4);
+    // The four constants, and the busbw curve where a card has one (DGX A100).
+    for (const char* f : {"link_bandwidth_GBps", "allreduce_busbw_GBps", "busbw_GBps", "latency_ns"}) {
+      CAPTURE(f);
+      CHECK(!c.intra.sources.at(f).empty());
+    }
+    // ... and NCCL's channel count where a card gives it (DGX A100).
+    CHECK(c.intra.sources.size() == 4U + (c.intra.allreduce_busbw_curve ? 1U : 0U) + (c.intra.nccl_channels > 0 ? 1U : 0U));
+    if (c.intra.allreduce_busbw_curve) CHECK(!c.intra.sources.at("allreduce_busbw_curve").empty());
+    if (c.intra.nccl_channels > 0) CHECK(!c.intra.sources.at("nccl_channels").empty());
     const Topology t(c);
     CHECK(t.num_gpus() == c.total_gpus());
   }
@@ -425,6 +433,29 @@ TEST_CASE("bad cards are InputErrors naming file, field and fix") {
           "small.json: inter_node.leaves_per_pod: must be a multiple of nics_per_node (2) in a rail-optimised tree, "
           "got 3 (fix: count whole scalable units: (leaf groups per pod) x nics_per_node)");
   }
+}
+
+TEST_CASE("intra_node.nccl_channels: optional, sourced, fewer than the GPU's SMs") {
+  const Cluster dgx = cuboid::load_cluster(kTopologies / "dgx-a100.json");
+  CHECK(dgx.intra.nccl_channels == 24);
+  CHECK(dgx.intra.sources.at("nccl_channels").find("NVIDIA/nccl-tests#100") != std::string::npos);
+  CHECK(small(small_card()).intra.nccl_channels == 0);  // absent: not modelled
+  json j = small_card();
+  j["intra_node"]["nccl_channels"] = 4;
+  CHECK(small(j).intra.nccl_channels == 4);
+  j["intra_node"]["nccl_channels"] = 10;  // the small card's GPU has 10 SMs
+  CHECK(message_of([&] { small(j); }) ==
+        "small.json: intra_node.nccl_channels: 10 channels (one SM each) leave none of the GPU's 10 SMs for "
+        "compute (fix: give fewer channels than sm_count (NCCL_DEBUG=INFO prints \"N coll channels\"))");
+  j["intra_node"]["nccl_channels"] = -2;
+  CHECK(message_of([&] { small(j); }) ==
+        "small.json: intra_node.nccl_channels: must not be negative, got -2 (fix: give a value >= 0)");
+  j["intra_node"]["nccl_channels"] = 2.5;
+  CHECK(message_of([&] { small(j); }) ==
+        "small.json: intra_node.nccl_channels: expected an integer, got 2.5 (fix: give a whole number)");
+  j["intra_node"]["nccl_channels"] = json{{"value", 3}, {"source", "a test"}};
+  CHECK(small(j).intra.nccl_channels == 3);
+  CHECK(small(j).intra.sources.at("nccl_channels") == "a test");
 }
 
 TEST_CASE("bare numbers and sourced constants both load") {

@@ -8,6 +8,7 @@
 
 #include "cuboid/cost.hpp"
 #include "cuboid/flops.hpp"
+#include "cuboid/optimizer_step.hpp"
 #include "cuboid/topology.hpp"
 #include "cuboid/workload.hpp"
 #include "fixtures.hpp"
@@ -297,4 +298,146 @@ TEST_CASE("Megatron's separate kernels: QKV bias add and its gradient, attention
   CHECK(find_named(flash.forward, "attn_ctx_copy") == nullptr);
   CHECK(find_named(flash.backward, "attn_qkv_grad_cat") == nullptr);
   CHECK(find_named(flash.forward, "qkv_bias") != nullptr);
+}
+
+TEST_CASE("the causal attention core moves what Megatron-LM's 2022 kernels move") {
+  // Korthikanti's 22B layer: TP 8, b 4, s 2048, 8 heads per GPU of 96:
+  // 32 score matrices of 2048 x 2048 = 134,217,728 elements, of which
+  // 32 x 2048 x 2049 / 2 = 67,141,632 on or below the diagonal.
+  const ModelSpec m = gpt_22b();
+  const LayerOps ops = transformer_layer_ops(m, plan_of(8, 4, 2048, false, false, Recompute::selective));
+  const Op* fwd = find_named(ops.forward, "attn_softmax");
+  const Op* bwd = find_named(ops.backward, "attn_softmax_bwd");
+  const Op* scale = find_named(ops.backward, "attn_qk_scale_bwd");
+  REQUIRE(fwd != nullptr);
+  REQUIRE(bwd != nullptr);
+  REQUIRE(scale != nullptr);
+  // Softmax reads the lower triangle (2 B) and writes every element (2 B);
+  // dropout reads 2, writes 2 + a 1-byte mask:
+  // 2 x 67,141,632 + (2 + 5) x 134,217,728 = 1,073,807,360 B.
+  CHECK(fwd->bytes == 1073807360.0);
+  // Dropout backward reads the gradient and the mask, writes the gradient
+  // (5 B); the softmax backward reads gradient + output on the triangle
+  // (4 B) and writes every element (2 B), in place:
+  // (5 + 2) x 134,217,728 + 4 x 67,141,632 = 1,208,090,624 B (was 2x forward).
+  CHECK(bwd->bytes == 1208090624.0);
+  // baddbmm's alpha on dQ and dK: 2 x 32 x 2048 x 96 elements, read + write.
+  CHECK(scale->bytes == 2.0 * 32 * 2048 * 96 * 4);
+  // It follows the QK^T backward GEMMs.
+  for (std::size_t i = 0; i + 1 < ops.backward.size(); ++i) {
+    if (ops.backward[i].name == "attn_qk_wgrad") CHECK(ops.backward[i + 1].name == "attn_qk_scale_bwd");
+  }
+  // Selective recomputation repeats the forward kernels, same bytes.
+  const Op* again = find_named(ops.recompute, "attn_softmax");
+  REQUIRE(again != nullptr);
+  CHECK(again->bytes == fwd->bytes);
+  // 1,073,807,360 B at 2039 GB/s x 0.8 = 658,293.3 ns.
+  CHECK(op_time_ns(a100(), *fwd) == 658293);
+}
+
+TEST_CASE("cross-entropy over fp32 logits and the embedding lookup, per Megatron-LM 2022") {
+  const ModelSpec m = gpt_22b();
+  const ParallelPlan p = plan_of(8, 4, 2048, false, false, Recompute::none);
+  // 8192 tokens x 6400 vocabulary entries per GPU = 52,428,800 logits.
+  const LayerOps head = lm_head_ops(m, p);
+  const Op* xent = find_named(head.forward, "xent");
+  const Op* xent_bwd = find_named(head.backward, "xent_bwd");
+  REQUIRE(xent != nullptr);
+  REQUIRE(xent_bwd != nullptr);
+  // .float() 2 + 4, max 4, sub_ 4 + 4, exp 4 + 4, sum 4, div_ 4 + 4 = 38 B.
+  CHECK(xent->bytes == 38.0 * 52428800);
+  // mul_ by the loss gradient 4 + 4, cast back to bf16 4 + 2 = 14 B.
+  CHECK(xent_bwd->bytes == 14.0 * 52428800);
+  // Embedding: 8192 x 6144 = 50,331,648 elements; lookup 2 + 2, zeroing the
+  // 7/8 of rows outside the shard 1.75, learned positions 2 + 2 and their
+  // add 2 + 2 + 2, the [b, s, h] -> [s, b, h] copy 2 + 2: 19.75 B each.
+  const LayerOps embed = embedding_ops(m, p);
+  const Op* lookup = find_named(embed.forward, "embed_lookup");
+  REQUIRE(lookup != nullptr);
+  CHECK(lookup->bytes == 19.75 * 50331648);
+  // TP 1: no shard mask to zero.
+  const Op* lookup1 = find_named(embedding_ops(m, plan_of(1, 4, 2048, false, false, Recompute::none)).forward,
+                                 "embed_lookup");
+  REQUIRE(lookup1 != nullptr);
+  CHECK(lookup1->bytes == 18.0 * 50331648);
+}
+
+TEST_CASE("the optimizer step: Megatron-LM's kernels over the fp32 gradient buffer and the shard") {
+  // 1e9 parameters on the GPU, no DP: grad_scale 8 B, grad_norm 4, Adam 28,
+  // master -> bf16 copy 6, buffer zeroing 4: 50 B per parameter.
+  const std::vector<Op> ops = optimizer_step_ops(1e9, 1, 0);
+  REQUIRE(ops.size() == 5);
+  const std::vector<std::string> names{"grad_scale", "grad_norm", "adam", "param_copy", "grad_zero"};
+  const std::vector<double> bytes{8e9, 4e9, 28e9, 6e9, 4e9};
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    CHECK(ops[i].name == names[i]);
+    CHECK(ops[i].kind == OpKind::memory_bound);
+    CHECK(ops[i].bytes == bytes[i]);
+  }
+  CHECK(kAdamBytesPerParam == 28.0);
+  // At 2039 GB/s x 0.8 = 1631.2 GB/s, no launch cost: 4,904,365 + 2,452,182 +
+  // 17,165,277 + 3,678,274 + 2,452,182 ns (each rounded) = 30,652,280 ns.
+  CHECK(optimizer_step_time_ns(a100(), 1e9, 1, 0) == 30652280);
+  // ZeRO 1 (the distributed optimizer), DP 8: the buffer stays whole (scale
+  // 8e9 B, zero 4e9 B), the norm, Adam and copy run on 1.25e8 parameters:
+  // 4,904,365 + 306,523 + 2,145,660 + 459,784 + 2,452,182 = 10,268,514 ns.
+  CHECK(optimizer_step_time_ns(a100(), 1e9, 8, 1) == 10268514);
+  // ZeRO 2 shards the buffer too: every kernel on 1.25e8 parameters.
+  const std::vector<Op> zero2 = optimizer_step_ops(1e9, 8, 2);
+  REQUIRE(zero2.size() == 5);
+  for (std::size_t i = 0; i < zero2.size(); ++i) CHECK(zero2[i].bytes == doctest::Approx(bytes[i] / 8));
+  // One launch per kernel on a profile that charges launches.
+  GpuProfile g = a100();
+  g.kernel_launch_ns = 5000;
+  CHECK(optimizer_step_time_ns(g, 1e9, 1, 0) == 30652280 + 5 * 5000);
+}
+
+TEST_CASE("a GEMM beside an NCCL collective: fewer SMs, by hand") {
+  const GpuProfile g = a100();
+  // 24 channels (DGX A100 NCCL, one CTA per channel) leave 84 of 108 SMs and
+  // 84/108 of the peak.
+  const GpuProfile r = with_sms_taken(g, 24);
+  CHECK(r.sm_count == 84);
+  CHECK(r.peak_bf16_flops == doctest::Approx(312e12 * 84.0 / 108.0));
+  CHECK(r.hbm_bandwidth_Bps == g.hbm_bandwidth_Bps);
+  CHECK(with_sms_taken(g, 0).sm_count == 108);
+  CHECK(with_sms_taken(g, 108).sm_count == 108);  // nothing left: unchanged (the loader refuses it)
+  // The 22B QKV wgrad at TP 8, b 4, s 2048: 6144 x 2304 x 8192, 48 x 18 =
+  // 864 tiles of 128 x 128. All SMs: 864 / 108 = 8 full waves, quantisation
+  // 1. On 84 SMs: ceil(864 / 84) = 11 waves, 864 / (11 x 84) = 864 / 924 of
+  // the SM slots busy. Efficiency is relative to the full GPU's peak, so the
+  // reduced GPU reaches 0.869 x 864/924 of its own (84/108 smaller) peak.
+  CHECK(gemm_efficiency(g, 6144, 2304, 8192) == doctest::Approx(0.869));
+  CHECK(gemm_efficiency(r, 6144, 2304, 8192) == doctest::Approx(0.869 * 864.0 / 924.0));
+  const double flops = 2.0 * 6144 * 2304 * 8192;
+  const double full_ns = flops / (312e12 * 0.869) * 1e9;                                  // 855.4 us
+  const double reduced_ns = flops / (312e12 * 84.0 / 108.0 * 0.869 * 864.0 / 924.0) * 1e9;  // 1176.2 us
+  CHECK(std::abs(static_cast<double>(gemm_time_ns(g, 6144, 2304, 8192)) - full_ns) <= 1.0);
+  Op op;
+  op.name = "qkv_wgrad";
+  op.kind = OpKind::gemm;
+  op.m = 6144;
+  op.n = 2304;
+  op.k = 8192;
+  op.flops = flops;
+  CHECK(std::abs(static_cast<double>(op_time_sms_taken_ns(g, op, 24)) - reduced_ns) <= 1.0);
+  CHECK(op_time_sms_taken_ns(g, op, 0) == op_time_ns(g, op));
+  // Memory-bound ops keep their time (HBM is not divided by SMs here).
+  Op mb;
+  mb.name = "act";
+  mb.kind = OpKind::memory_bound;
+  mb.bytes = 1e8;
+  CHECK(op_time_sms_taken_ns(g, mb, 24) == op_time_ns(g, mb));
+}
+
+TEST_CASE("overlapped time: reduced pace while the collective runs, full pace after") {
+  // The collective outlasts the GEMM at the reduced pace: the reduced time.
+  CHECK(overlapped_time_ns(1000, 800, 600) == 800);
+  CHECK(overlapped_time_ns(800, 800, 600) == 800);
+  // It ends first: 400 ns at the reduced pace do 400/1000 of the work; the
+  // other 600/1000 take 0.6 x 700 = 420 ns at full pace: 820 ns.
+  CHECK(overlapped_time_ns(400, 1000, 700) == 820);
+  // No collective (or none measured): the full-SM time.
+  CHECK(overlapped_time_ns(0, 1000, 700) == 700);
+  CHECK(overlapped_time_ns(-1, 1000, 700) == 700);
 }

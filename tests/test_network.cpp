@@ -211,6 +211,78 @@ TEST_CASE("topology routes become directed links") {
   CHECK(net.link_stats(net.route_links(0, 1)[0]).capacity_Bps == doctest::Approx(220e9));
 }
 
+// Network::route_links comes from Topology::route_ids (edge ids recorded
+// while building, no graph search): every pair's links must be the hops of
+// Topology::route, in order and in the direction travelled, on every shape.
+TEST_CASE("route ids: the links of Topology::route, in order and direction, on every fabric shape") {
+  auto check_all_pairs = [](const Cluster& c) {
+    const Topology topo(c);
+    Network net(topo);
+    const auto& g = topo.graph();
+    std::size_t pos = 0;
+    for (auto [it, end] = boost::edges(g); it != end; ++it, ++pos) CHECK(g[*it].id == pos);
+    for (int a = 0; a < topo.num_gpus(); ++a) {
+      for (int b = 0; b < topo.num_gpus(); ++b) {
+        const auto path = topo.route(a, b);
+        const auto links = net.route_links(a, b);
+        REQUIRE(links.size() == path.size());
+        auto cur = topo.gpu_vertex(a);
+        for (std::size_t i = 0; i < path.size(); ++i) {
+          const auto next = boost::source(path[i], g) == cur ? boost::target(path[i], g) : boost::source(path[i], g);
+          CHECK(net.link_name(links[i]) == g[cur].name + "->" + g[next].name);
+          cur = next;
+        }
+      }
+    }
+  };
+  SUBCASE("one node") { check_all_pairs(dgx(1)); }
+  SUBCASE("rail-optimised, two leaf groups") { check_all_pairs(dgx(4, 2)); }
+  SUBCASE("non-rail, two leaf groups") { check_all_pairs(dgx(4, 2, 1.0, false)); }
+  SUBCASE("four NICs for eight GPUs") { check_all_pairs(dgx(4, 2, 1.0, true, 4)); }
+  SUBCASE("one switch") {
+    Cluster c = dgx(3);
+    c.inter.levels = 1;
+    check_all_pairs(c);
+  }
+  SUBCASE("three levels, rail-optimised and not") {
+    Cluster c = dgx(6, 2);
+    c.inter.levels = 3;
+    c.inter.leaves_per_pod = 4;
+    check_all_pairs(c);
+    c.inter.rail_optimized = false;
+    c.inter.leaves_per_pod = 2;
+    check_all_pairs(c);
+  }
+}
+
+// Finished flows' bytes reach the link totals in batches (Network::settle):
+// links private to one set get its flows folded once per distinct weight,
+// shared links entry by entry. The totals must be exactly (==) the sums of
+// adding every finished flow to every link in finish order.
+TEST_CASE("link byte totals: exactly the finish-order sums, private and shared links alike") {
+  Network net({kGB, kGB, kGB, kGB, kGB});
+  // Set a: links 0 and 3 with one weight (folded once), 4 with another; link 1 shared with b.
+  const LinkUse a_uses[] = {{0, 0.1}, {1, 0.1}, {3, 0.1}, {4, 0.3}};
+  const LinkUse b_uses[] = {{1, 0.7}, {2, 0.1}};
+  const LinkSetId sets[2] = {net.add_link_set(a_uses), net.add_link_set(b_uses)};
+  const std::span<const LinkUse> uses[2] = {a_uses, b_uses};
+  std::vector<double> expected(5, 0.0);
+  std::vector<std::uint64_t> done;
+  TimeNs t = 0;
+  for (int k = 0; k < 60; ++k) {
+    const int which = (k * 7) % 3 == 0 ? 1 : 0;
+    const double bytes = (k + 1) * 0.37e9 / 3.0;
+    net.start_flow(sets[which], bytes, t, static_cast<std::uint64_t>(k));
+    t = net.next_completion();
+    net.advance_to(t, done);
+    for (const LinkUse& u : uses[which]) expected[u.link] += u.weight * bytes;
+    if (k == 29 || k == 59) {  // two batches: the second starts from unequal totals
+      for (LinkId l = 0; l < 5; ++l) CHECK(net.link_stats(l).bytes == expected[l]);
+    }
+  }
+  CHECK(done.size() == 60);
+}
+
 TEST_CASE("uncontended collectives reproduce the alpha-beta closed forms") {
   const double S = 256.0 * (1 << 20);
   SUBCASE("one DGX node, 8 GPUs") {

@@ -73,8 +73,9 @@ nlohmann::json comm_json(const std::string& name, const std::string& kind, const
 }
 
 // What the executor would time on a rank of this plan: the workload's ops of
-// its stage (less the simulator-only ones), PP / DP / optimizer tasks, and
-// one executor-only op (grad_zero). Every op 1 ms.
+// its stage (less the simulator-only ones), PP / DP / optimizer tasks (the
+// step's kernels the executor runs: grad_scale, adam, param_copy, grad_zero),
+// and one executor-only op (dqkv_zero). Every op 1 ms.
 nlohmann::json rank_ops(const PlanFile& pf, int stage) {
   std::set<std::string> seen;
   nlohmann::json ops = nlohmann::json::array();
@@ -108,8 +109,11 @@ nlohmann::json rank_ops(const PlanFile& pf, int stage) {
       ops.push_back(comm_json("dp_ag_params", "collective", "all_gather", "dp", pf.plan.dp));
     }
   }
+  ops.push_back(op_json("grad_scale", "memory_bound", "backward"));
   ops.push_back(op_json("adam", "memory_bound", "backward"));
+  ops.push_back(op_json("param_copy", "memory_bound", "backward"));
   ops.push_back(op_json("grad_zero", "memory_bound", "forward"));
+  ops.push_back(op_json("dqkv_zero", "memory_bound", "backward"));
   return ops;
 }
 
@@ -185,8 +189,8 @@ TEST_CASE("the report adds the measured ops up by component and compares them wi
   for (const auto& op : doc["ranks"][0]["ops"]) {
     const std::string name = op["name"], kind = op["kind"];
     ++all;
-    if (name == "adam") ++optimizer;
-    else if (name == "grad_zero") ++not_simulated;
+    if (name == "adam" || name == "grad_scale" || name == "param_copy" || name == "grad_zero") ++optimizer;
+    else if (name == "dqkv_zero") ++not_simulated;
     else if (kind == "collective") ++tp;
     else ++compute;
   }

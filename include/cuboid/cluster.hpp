@@ -14,6 +14,7 @@
 namespace cuboid {
 
 struct Calibration;  // calibration.hpp
+struct BusbwCurve;   // busbw_curve.hpp
 
 struct GpuProfile {
   std::string name;                     // "A100-SXM4-80GB"
@@ -42,6 +43,17 @@ struct IntraNodeFabric {
   double allreduce_busbw_GBps = 0;      // nccl-tests all_reduce busbw across the whole node
   double busbw_GBps = 0;                // nccl-tests busbw of the other collectives and of p2p
   double latency_ns = 0;                // per message (alpha)
+  // SMs a ring collective's kernel holds on each GPU of this tier while it
+  // runs (NCCL launches one CTA per channel, each resident on its own SM for
+  // the whole collective), so a GEMM overlapping it runs on sm_count minus
+  // these. A property of NCCL's topology search on this fabric, not of the
+  // GPU alone. 0 (absent): not modelled, overlapped GEMMs keep every SM.
+  int nccl_channels = 0;
+  // Optional nccl-tests all_reduce busbw by message size (busbw_curve.hpp):
+  // all-reduce, reduce-scatter and all-gather inside a node are priced at
+  // max(alpha-beta at the constants above, the curve's time); null: the
+  // constants alone, as before.
+  std::shared_ptr<const BusbwCurve> allreduce_busbw_curve;
   std::map<std::string, std::string> sources;
 };
 

@@ -27,6 +27,7 @@ struct LinkInfo {
   double bandwidth_Bps = 0;   // per direction
   std::int64_t latency_ns = 0;
   std::string kind;           // "nvlink", "pcie", "ib", "ib-up"
+  std::uint32_t id = 0;       // edges numbered in the order they were added (boost::edges' order)
 };
 
 // How far apart two GPUs are: the highest level a message between them crosses.
@@ -48,6 +49,9 @@ class Topology {
 
   // The links a message from gpu_a to gpu_b crosses, in order.
   std::vector<Edge> route(int gpu_a, int gpu_b) const;
+  // The same hops as directed link ids, appended to `out`: 2 x LinkInfo::id,
+  // + 1 when the hop goes from the higher vertex id to the lower (sim::Network's links).
+  void route_ids(int gpu_a, int gpu_b, std::vector<std::uint32_t>& out) const;
   double bottleneck_bandwidth_Bps(const std::vector<Edge>& path) const;
   std::int64_t latency_ns(const std::vector<Edge>& path) const;
   Tier tier(int gpu_a, int gpu_b) const;
@@ -63,6 +67,9 @@ class Topology {
   std::vector<Vertex> leaf_vertices_;
   std::vector<Vertex> spine_vertices_;
   std::vector<Vertex> core_vertices_;
+  // For route_ids: edge ids of each vertex's uplink, and where each GPU attaches.
+  std::vector<std::uint32_t> gpu_nvswitch_edge_, gpu_nic_edge_, nic_up_edge_, leaf_up_edge_, spine_up_edge_;
+  std::vector<int> gpu_nic_, gpu_leaf_, leaf_pod_;
   // Helpers for structural routing are private to topology.cpp.
   friend struct TopologyBuilder;
 };

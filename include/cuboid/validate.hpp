@@ -26,7 +26,8 @@
 //               wait for the neighbouring stage, so the measured figure is PP
 //               transfer plus bubble; predicted: pp_comm + bubble of the critical path
 //   dp_comm     collectives of the DP group (gradient reduce, ZeRO gathers)
-//   optimizer   adam and param_copy (the write-back of the updated weights)
+//   optimizer   grad_scale, adam, param_copy (the write-back of the updated
+//               weights) and grad_zero: the step's kernels (optimizer_step.hpp)
 //   not simulated  the executor-only ops (predicted 0)
 //   untimed     iteration minus the sum of the op medians (host work between
 //               ops; can be slightly negative: a median of sums is not the sum

@@ -8,6 +8,7 @@
 #include "cuboid/calibration.hpp"
 #include "cuboid/cost.hpp"
 #include "cuboid/memory.hpp"
+#include "cuboid/optimizer_step.hpp"
 #include "cuboid/workload.hpp"
 
 namespace cuboid::sim::detail {
@@ -17,8 +18,6 @@ namespace {
 constexpr TaskId kNoTask = std::numeric_limits<TaskId>::max();
 constexpr double kGradBytesPerParam = 4.0;   // fp32 main_grad, reduced in fp32 (as estimator.cpp)
 constexpr double kParamBytesPerParam = 2.0;  // bf16 weights
-// Adam over the shard: read bf16 weight, fp32 grad, master, m, v; write bf16 weight, master, m, v.
-constexpr double kAdamBytesPerParam = (2 + 4 + 4 + 4 + 4) + (2 + 4 + 4 + 4);
 // Megatron-core's default DDP bucket: max(40M, 1M x DP) parameters
 // (DistributedDataParallelConfig.bucket_size), first pipeline stage only.
 constexpr double kBucketParams = 40e6;
@@ -183,16 +182,24 @@ void Builder::make_programs() {
   const LayerOps layer = transformer_layer_ops(m_, plan_);
   const LayerOps embed = embedding_ops(m_, plan_);
   const LayerOps head = lm_head_ops(m_, plan_);
+  // A GEMM under an async TP collective gets the SMs NCCL's kernel leaves
+  // (the intra-node tier's nccl_channels; a TP group across nodes has no
+  // such figure and keeps every SM).
+  const int gpn = std::max(1, topo_.cluster().gpus_per_node);
+  overlap_sms_ = tp_ > 1 && ov && map_.nodes_spanned(map_.tp_group(0, rep_dp_)) == 1 && tp_ <= gpn
+                     ? topo_.cluster().intra.nccl_channels
+                     : 0;
+  const int sms = overlap_sms_;
   auto fill = [&](Programs& p, double slow) {
-    p.layer_fwd = compile(gpu, layer.forward, sp, ov, slow);
+    p.layer_fwd = compile(gpu, layer.forward, sp, ov, slow, sms);
     // Recomputation runs right before the layer's backward (Megatron's
     // checkpointing recomputes a layer's forward when its backward starts).
-    p.layer_bwd = compile(gpu, layer.recompute, sp, ov, slow);
-    append(p.layer_bwd, compile(gpu, layer.backward, sp, ov, slow));
-    p.embed_fwd = compile(gpu, embed.forward, sp, ov, slow);
-    p.embed_bwd = compile(gpu, embed.backward, sp, ov, slow);
-    p.head_fwd = compile(gpu, head.forward, sp, ov, slow);
-    p.head_bwd = compile(gpu, head.backward, sp, ov, slow);
+    p.layer_bwd = compile(gpu, layer.recompute, sp, ov, slow, sms);
+    append(p.layer_bwd, compile(gpu, layer.backward, sp, ov, slow, sms));
+    p.embed_fwd = compile(gpu, embed.forward, sp, ov, slow, sms);
+    p.embed_bwd = compile(gpu, embed.backward, sp, ov, slow, sms);
+    p.head_fwd = compile(gpu, head.forward, sp, ov, slow, sms);
+    p.head_bwd = compile(gpu, head.backward, sp, ov, slow, sms);
   };
   fill(normal_, 1.0);
   if (straggler_stage_ >= 0) fill(slow_, straggler_slowdown_);
@@ -450,7 +457,9 @@ TaskId Builder::add_tp(Chain& ch, const Item& it, const Program& prog, const std
   const Rep& r = reps_[static_cast<std::size_t>(ch.stage)];
   TaskId t;
   if (tp_fast_) {
-    t = eng_->add_compute(r.tp, tp_probe_ns(it.collective, it.bytes), deps);
+    // Priced once per item (the probe cache is a map; 660k TP tasks in GPT-1T).
+    if (it.probe_ns < 0) it.probe_ns = tp_probe_ns(it.collective, it.bytes);
+    t = eng_->add_compute(r.tp, it.probe_ns, deps);
   } else {
     const StreamId streams[1] = {r.tp};
     t = eng_->add_collective(it.collective, r.tp_group, it.bytes, streams, deps);
@@ -465,7 +474,12 @@ void Builder::play(Chain& ch, const Program& prog) {
     switch (it.kind) {
       case ItemKind::compute:
         ch.pending = true;
-        ch.pending_ns += it.duration_ns;
+        // Under an async collective: the collective's uncontended time
+        // (static, so the task keeps one fixed duration and the run stays
+        // deterministic; a contended collective would hold the SMs longer).
+        ch.pending_ns += it.reduced_ns >= 0 && ch.overlap_ns >= 0
+                             ? overlapped_time_ns(ch.overlap_ns, it.reduced_ns, it.duration_ns)
+                             : it.duration_ns;
         if (traced(ch.stage)) ch.parts.emplace_back(&prog, it.first_op, it.num_ops);
         break;
       case ItemKind::collective: {
@@ -478,9 +492,12 @@ void Builder::play(Chain& ch, const Program& prog) {
       case ItemKind::async: {
         flush(ch);
         ch.async.push_back(add_tp(ch, it, prog, ch.deps));
+        if (it.probe_ns < 0 && overlap_sms_ > 0) it.probe_ns = tp_probe_ns(it.collective, it.bytes);
+        ch.overlap_ns = it.probe_ns;
         break;
       }
       case ItemKind::join:
+        ch.overlap_ns = -1;
         flush(ch);
         ch.deps.insert(ch.deps.end(), ch.async.begin(), ch.async.end());
         ch.async.clear();
@@ -506,9 +523,18 @@ void Builder::add_step(int stage, std::size_t idx) {
   const bool fwd = st.dir == Direction::forward;
   const int vs = st.chunk * pp_ + stage;
   const Rep& me = reps_[us];
-  Chain ch;
+  // One chain object reused by every pass: its vectors keep their capacity
+  // (65k passes in GPT-1T would otherwise allocate and free them each time).
+  Chain& ch = chain_;
   ch.stage = stage;
-  ch.deps = stage_end_[us];
+  ch.deps.assign(stage_end_[us].begin(), stage_end_[us].end());
+  ch.async.clear();
+  ch.overlap_ns = -1;
+  ch.pending_ns = 0;
+  ch.pending = false;
+  ch.parts.clear();
+  ch.first = kNoTask;
+  ch.last_compute = kNoTask;
   // Megatron's p2p is synchronous: the messages of the point before this pass must be done.
   const auto& blocking = block_[us][idx];
   ch.deps.insert(ch.deps.end(), blocking.begin(), blocking.end());
@@ -534,7 +560,8 @@ void Builder::add_step(int stage, std::size_t idx) {
   // Gathered parameters are in the compute dtype (bf16; f32 on the CPU executor).
   const double act_scale = activation_bytes_scale(topo_.cluster().calibration.get());
   // ZeRO-3 gathers a unit's parameters before each pass over it, one unit ahead.
-  std::vector<TaskId> gathers(units.size(), kNoTask);
+  std::vector<TaskId>& gathers = gathers_;
+  if (zero >= 3) gathers.assign(units.size(), kNoTask);
   auto gather = [&](std::size_t u, const std::vector<TaskId>& deps) {
     if (zero < 3 || u >= units.size() || gathers[u] != kNoTask) return;
     const StreamId s1[1] = {me.dp};
@@ -573,9 +600,9 @@ void Builder::add_step(int stage, std::size_t idx) {
     spans_.push_back(StepSpan{stage, ch.first, ch.last_compute, step_name(st.dir, st.micro_batch, st.chunk, v_), fwd});
   }
   Slot& out = slot(st.dir, st.micro_batch, vs);
-  out.end = ch.deps;
+  out.end.assign(ch.deps.begin(), ch.deps.end());
   out.added = true;
-  stage_end_[us] = ch.deps;
+  stage_end_[us].assign(ch.deps.begin(), ch.deps.end());
 }
 
 void Builder::finish_iteration() {
@@ -622,8 +649,9 @@ void Builder::finish_iteration() {
   for (int s = 0; s < pp_; ++s) {
     const Rep& r = reps_[static_cast<std::size_t>(s)];
     const double params = parameters_on_stage(m_, plan_, s);
-    const double shard = zero >= 1 ? params / dp_ : params;
-    TimeNs ns = kernel_time_ns(gpu, "adam", shard * kAdamBytesPerParam);
+    // Megatron's step kernels: grad scale, grad norm, Adam, master -> bf16
+    // copy, buffer zeroing (optimizer_step.cpp).
+    TimeNs ns = optimizer_step_time_ns(gpu, params, dp_, zero);
     if (s == straggler_stage_) ns = static_cast<TimeNs>(std::llround(static_cast<double>(ns) * straggler_slowdown_));
     const TaskId opt = eng_->add_compute(r.compute, ns, join);
     tag(opt, Cls::optimizer, kTidCompute, s);

@@ -94,6 +94,9 @@ class Builder {
     std::vector<TaskId> async;
     TimeNs pending_ns = 0;
     bool pending = false;
+    // The uncontended time of the async TP collective the next compute runs
+    // under (Item::reduced_ns), -1 when none is in flight.
+    TimeNs overlap_ns = -1;
     std::vector<std::tuple<const Program*, std::uint32_t, std::uint32_t>> parts;
     TaskId first = std::numeric_limits<TaskId>::max();
     TaskId last_compute = std::numeric_limits<TaskId>::max();
@@ -133,6 +136,7 @@ class Builder {
   int straggler_stage_ = -1;
   double straggler_slowdown_ = 1.0;
   bool tp_fast_ = false;
+  int overlap_sms_ = 0;  // SMs an async TP collective takes from the GEMM under it (make_programs)
   double tp_probe_peak_ = 0;
   std::map<std::pair<int, double>, TimeNs> tp_probe_cache_;
   std::unique_ptr<Topology> probe_topo_;
@@ -156,6 +160,8 @@ class Builder {
   std::vector<std::vector<std::uint32_t>> need_;                      // [stage][pos + 1] -> messages at that point
   std::vector<std::vector<std::vector<TaskId>>> block_;               // [stage][pos + 1] -> created ones
   std::vector<Slot> slots_;
+  Chain chain_;                   // add_step's scratch
+  std::vector<TaskId> gathers_;   // add_step's ZeRO-3 gathers
   std::vector<std::vector<TaskId>> dp_tasks_;       // per stage: gradient reductions
   std::vector<GroupId> p2p_fwd_group_, p2p_bwd_group_;  // per stage boundary s -> s+1 (index s)
 

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuboid/busbw_curve.hpp"
 #include "cuboid/calibration.hpp"
 
 namespace cuboid::sim {
@@ -137,6 +138,21 @@ CommPhase make_phase(Network& net, const CommGroup& g, const std::vector<IdxEdge
   return ph;
 }
 
+// The representative's uncontended rate over its own edges (mirrors aside):
+// min over its links of capacity / weight.
+double representative_rate_Bps(Network& net, const CommGroup& g, const std::vector<IdxEdge>& edges) {
+  std::vector<Route> own;
+  own.reserve(edges.size());
+  for (const IdxEdge& e : edges) {
+    own.push_back({g.ranks[static_cast<std::size_t>(e.from)], g.ranks[static_cast<std::size_t>(e.to)], e.weight});
+  }
+  std::vector<LinkUse> uses;
+  net.compile_routes(own, uses);
+  double rate_Bps = std::numeric_limits<double>::infinity();
+  for (const LinkUse& u : uses) rate_Bps = std::min(rate_Bps, net.link_stats(u.link).capacity_Bps / u.weight);
+  return rate_Bps;
+}
+
 // Ring volume (bus bytes per size) and steps of each collective.
 std::pair<double, double> ring_volume_steps(Collective op, int n) {
   const double d = n;
@@ -169,7 +185,21 @@ void plan_ring(Network& net, Collective op, const CommGroup& g, const NodeLayout
       c.intra.allreduce_busbw_GBps > 0 && c.intra.busbw_GBps > 0) {
     volume *= c.intra.busbw_GBps / c.intra.allreduce_busbw_GBps;
   }
-  plan.phases.push_back(make_phase(net, g, edges, volume, steps));
+  CommPhase ph = make_phase(net, g, edges, volume, steps);
+  // The size-dependent busbw of the node's fabric (achievable rates only:
+  // the curve is an nccl-tests measurement, like the busbw the links carry).
+  const bool curved_op = op == Collective::all_reduce || op == Collective::reduce_scatter ||
+                         op == Collective::all_gather;
+  if (curved_op && lay.members.size() == 1 && net.options().achievable_bandwidth && c.intra.allreduce_busbw_curve) {
+    const double rate_Bps = representative_rate_Bps(net, g, edges);
+    if (std::isfinite(rate_Bps) && rate_Bps > 0) {
+      ph.curve = c.intra.allreduce_busbw_curve.get();
+      ph.collective = op;
+      ph.group_size = n;
+      ph.rate_Bps = rate_Bps;
+    }
+  }
+  plan.phases.push_back(std::move(ph));
 }
 
 // Tree all-reduce: per channel c, a chain through each node's members from
@@ -250,14 +280,7 @@ void plan_calibrated(Network& net, Collective op, const CommGroup& g, const Node
   } else {
     ring_edges(lay, edges);
   }
-  std::vector<Route> own;
-  for (const IdxEdge& e : edges) {
-    own.push_back({g.ranks[static_cast<std::size_t>(e.from)], g.ranks[static_cast<std::size_t>(e.to)], e.weight});
-  }
-  std::vector<LinkUse> uses;
-  net.compile_routes(own, uses);
-  double rate_Bps = std::numeric_limits<double>::infinity();
-  for (const LinkUse& u : uses) rate_Bps = std::min(rate_Bps, net.link_stats(u.link).capacity_Bps / u.weight);
+  const double rate_Bps = representative_rate_Bps(net, g, edges);
   CommPhase ph = make_phase(net, g, edges, 0.0, 0.0);
   if (std::isfinite(rate_Bps) && fit.busbw_GBps > 0) {
     ph.bytes_per_size = bus_factor(op, static_cast<int>(g.ranks.size())) * rate_Bps / (fit.busbw_GBps * 1e9);
@@ -291,6 +314,12 @@ void check_group(const Network& net, const CommGroup& g) {
 }  // namespace
 
 double phase_flow_bytes(const CommPhase& ph, double size_bytes) {
+  if (ph.curve != nullptr) {
+    const double line_bytes = ph.bytes_per_size * size_bytes;
+    const auto t_ns = curve_time_ns(*ph.curve, ph.collective, ph.group_size, size_bytes);
+    if (!t_ns) return line_bytes;
+    return std::max(line_bytes, (*t_ns - static_cast<double>(ph.latency_ns)) * 1e-9 * ph.rate_Bps);
+  }
   if (ph.calibrated == nullptr) return ph.bytes_per_size * size_bytes;
   const double t_ns = collective_curve_ns(*ph.calibrated, ph.collective, ph.group_size, size_bytes);
   return std::max(0.0, t_ns - std::min(ph.calibrated->alpha_ns, t_ns)) * 1e-9 * ph.rate_Bps;

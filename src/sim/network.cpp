@@ -4,6 +4,7 @@
 #include "cuboid/sim/network.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <stdexcept>
 
@@ -27,7 +28,8 @@ double nic_efficiency(const Cluster& c) {
 Network::Network(std::vector<double> link_capacity_Bps) {
   const std::size_t n = link_capacity_Bps.size();
   link_flows_.resize(n);
-  link_sets_.resize(n);
+  link_sets_head_.assign(n, kNoEntry);
+  link_sets_tail_.assign(n, kNoEntry);
   link_solve_.resize(n);
   link_bytes_.assign(n, 0.0);
   link_peak_.assign(n, 0.0);
@@ -44,18 +46,22 @@ Network::Network(const Topology& topo, NetworkOptions opts) : topo_(&topo), opts
   const double nic_eff = nic_efficiency(c);
   const auto n_edges = boost::num_edges(g);
   link_flows_.resize(2 * n_edges);
-  link_sets_.resize(2 * n_edges);
+  link_sets_head_.assign(2 * n_edges, kNoEntry);
+  link_sets_tail_.assign(2 * n_edges, kNoEntry);
   link_solve_.resize(2 * n_edges);
   link_bytes_.assign(2 * n_edges, 0.0);
   link_peak_.assign(2 * n_edges, 0.0);
   link_latency_ns_.resize(2 * n_edges);
   link_ends_.resize(2 * n_edges);
-  std::size_t i = 0;
-  for (auto [it, end] = boost::edges(g); it != end; ++it, ++i) {
+  for (auto [it, end] = boost::edges(g); it != end; ++it) {
     const auto lo = std::min(boost::source(*it, g), boost::target(*it, g));
     const auto hi = std::max(boost::source(*it, g), boost::target(*it, g));
     const LinkInfo& info = g[*it];
-    edge_index_.emplace(&info, static_cast<std::uint32_t>(i));
+    // Links 2 id (lower -> higher vertex) and 2 id + 1, as Topology::route_ids numbers them.
+    const std::size_t i = info.id;
+    if (i >= n_edges || link_ends_[2 * i] != std::pair<std::uint32_t, std::uint32_t>{}) {
+      throw std::logic_error("Network: topology edge ids are not 0..edges-1");
+    }
     double cap = info.bandwidth_Bps;
     if (opts_.achievable_bandwidth) {
       const bool intra = g[lo].kind == VertexKind::nvswitch || g[hi].kind == VertexKind::nvswitch;
@@ -91,7 +97,7 @@ LinkStats Network::link_stats(LinkId l) const {
     bytes += set_weight(fl, r.use) * (fl.total - left);
   }
   // A running flow off the lists is alone on its links (tests ask mid-run).
-  for (const Flow& fl : flows_) {
+  for (const Flow& fl : active_ > 0 ? std::span<const Flow>(flows_) : std::span<const Flow>()) {
     if (!fl.active || fl.registered || fl.nuses == 0) continue;
     const LinkSet& s = sets_[fl.set];
     for (std::uint32_t i = 0; i < s.len; ++i) {
@@ -108,13 +114,7 @@ LinkStats Network::link_stats(LinkId l) const {
 // each set's largest finished rate into its links' peaks (a max: order-free;
 // and min(1, w * r / c) rises with r, so the largest rate gives the peak).
 void Network::settle() const {
-  for (const Retired& r : retired_) {
-    const LinkSet& s = sets_[r.set];
-    const LinkId* links = set_links_.data() + s.off;
-    const double* weights = set_weights_.data() + s.off;
-    for (std::uint32_t i = 0; i < s.len; ++i) link_bytes_[links[i]] += weights[i] * r.total;
-  }
-  retired_.clear();
+  if (!retired_.empty()) settle_bytes();
   for (LinkSetId id : peak_dirty_sets_) {
     LinkSet& s = sets_[id];
     s.peak_dirty = false;
@@ -127,44 +127,186 @@ void Network::settle() const {
   peak_dirty_sets_.clear();
 }
 
+// A link's total after a batch is a pure function of its total before, and
+// of its signature: which sets of the batch cross it, with which weight. Its
+// finished flows arrive in finish order: x += w1 * t1, x += w2 * t2, ...
+// Links with the same signature and the same total before (a mirrored p2p
+// set's ~400 links have a handful of distinct signatures) end with the same
+// total, so each (signature, total) group is replayed once, merging its sets'
+// flows by finish position, and copied to its links: bit for bit the sums of
+// adding every flow to every link, at a fraction of the cost (it was a
+// twentieth of a GPT-1T iteration).
+void Network::settle_bytes() const {
+  // The batch grouped by set (first-finish order), each set's flows in finish order.
+  if (set_batch_.size() < sets_.size()) set_batch_.resize(sets_.size(), kNoEntry);
+  batch_sets_.clear();
+  batch_off_.clear();
+  for (const Retired& r : retired_) {
+    std::uint32_t& b = set_batch_[r.set];
+    if (b == kNoEntry) {
+      b = static_cast<std::uint32_t>(batch_sets_.size());
+      batch_sets_.push_back(r.set);
+      batch_off_.push_back(0);
+    }
+    ++batch_off_[b];
+  }
+  const std::size_t nb = batch_sets_.size();
+  std::uint32_t sum = 0;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::uint32_t n = batch_off_[b];
+    batch_off_[b] = sum;
+    sum += n;
+  }
+  batch_off_.push_back(sum);
+  batch_totals_.resize(retired_.size());
+  batch_pos_.resize(retired_.size());
+  batch_fill_.assign(batch_off_.begin(), batch_off_.end() - 1);
+  for (std::uint32_t k = 0; k < retired_.size(); ++k) {
+    const std::uint32_t at = batch_fill_[set_batch_[retired_[k].set]]++;
+    batch_totals_[at] = retired_[k].total;
+    batch_pos_[at] = k;
+  }
+  // Each touched link's signature: (batch set, weight) entries, latest set first.
+  if (sig_head_.size() < link_solve_.size()) sig_head_.assign(link_solve_.size(), kNoEntry);
+  sig_entries_.clear();
+  touched_.clear();
+  for (std::uint32_t b = 0; b < nb; ++b) {
+    const LinkSet& s = sets_[batch_sets_[b]];
+    for (std::uint32_t i = 0; i < s.len; ++i) {
+      const LinkId l = set_links_[s.off + i];
+      if (sig_head_[l] == kNoEntry) touched_.push_back(l);
+      sig_entries_.push_back(SigEntry{b, set_weights_[s.off + i], sig_head_[l]});
+      sig_head_[l] = static_cast<std::uint32_t>(sig_entries_.size() - 1);
+    }
+  }
+  const auto same_signature = [this](LinkId a, LinkId b) {
+    std::uint32_t ea = sig_head_[a];
+    std::uint32_t eb = sig_head_[b];
+    while (ea != kNoEntry && eb != kNoEntry) {
+      const SigEntry& x = sig_entries_[ea];
+      const SigEntry& y = sig_entries_[eb];
+      if (x.batch != y.batch || std::bit_cast<std::uint64_t>(x.weight) != std::bit_cast<std::uint64_t>(y.weight)) return false;
+      ea = x.next;
+      eb = y.next;
+    }
+    return ea == eb;
+  };
+  // Replays a link's flows from `start`: its sets' flows merged by finish position.
+  const auto replay = [this](LinkId l, double start) {
+    double x = start;
+    const std::uint32_t first = sig_head_[l];
+    if (sig_entries_[first].next == kNoEntry) {  // one set: its flows in order
+      const SigEntry& e = sig_entries_[first];
+      for (std::uint32_t k = batch_off_[e.batch]; k < batch_off_[e.batch + 1]; ++k) x += e.weight * batch_totals_[k];
+      return x;
+    }
+    merge_cursor_.clear();
+    for (std::uint32_t e = first; e != kNoEntry; e = sig_entries_[e].next) {
+      merge_cursor_.push_back(MergeCursor{batch_off_[sig_entries_[e].batch], batch_off_[sig_entries_[e].batch + 1],
+                                          sig_entries_[e].weight});
+    }
+    while (true) {
+      MergeCursor* next = nullptr;
+      for (MergeCursor& c : merge_cursor_) {
+        if (c.at < c.end && (next == nullptr || batch_pos_[c.at] < batch_pos_[next->at])) next = &c;
+      }
+      if (next == nullptr) return x;
+      x += next->weight * batch_totals_[next->at];
+      ++next->at;
+    }
+  };
+  groups_.clear();
+  group_index_.clear();
+  for (LinkId l : touched_) {
+    const double start = link_bytes_[l];
+    std::uint64_t h = std::bit_cast<std::uint64_t>(start) * 0x9E3779B97F4A7C15ull;
+    for (std::uint32_t e = sig_head_[l]; e != kNoEntry; e = sig_entries_[e].next) {
+      h = (h ^ sig_entries_[e].batch) * 0xFF51AFD7ED558CCDull;
+      h = (h ^ std::bit_cast<std::uint64_t>(sig_entries_[e].weight)) * 0xC4CEB9FE1A85EC53ull;
+      h ^= h >> 29;
+    }
+    auto [it, fresh] = group_index_.try_emplace(h, kNoEntry);
+    std::uint32_t g = it->second;
+    while (g != kNoEntry && !(std::bit_cast<std::uint64_t>(groups_[g].start) == std::bit_cast<std::uint64_t>(start) &&
+                              same_signature(groups_[g].link, l))) {
+      g = groups_[g].next;
+    }
+    if (g == kNoEntry) {
+      groups_.push_back(Group{l, start, replay(l, start), it->second});
+      g = static_cast<std::uint32_t>(groups_.size() - 1);
+      it->second = g;
+    }
+    link_bytes_[l] = groups_[g].result;
+  }
+  for (LinkId l : touched_) sig_head_[l] = kNoEntry;
+  for (LinkSetId id : batch_sets_) set_batch_[id] = kNoEntry;
+  retired_.clear();
+}
+
 std::span<const LinkId> Network::route_links(int src_gpu, int dst_gpu) {
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
   const std::uint64_t key = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(src_gpu)) << 32) |
                             static_cast<std::uint32_t>(dst_gpu);
   auto it = route_cache_.find(key);
   if (it == route_cache_.end()) {
-    const auto& g = topo_->graph();
-    const auto path = topo_->route(src_gpu, dst_gpu);
-    std::vector<LinkId> links;
-    links.reserve(path.size());
-    auto cur = topo_->gpu_vertex(src_gpu);
-    for (const auto& e : path) {
-      const auto s = boost::source(e, g);
-      const auto t = boost::target(e, g);
-      const auto next = s == cur ? t : s;
-      // Edge index through the property's address (stable: an undirected
-      // adjacency_list keeps its edges in a list); direction 0 = lower->higher vertex.
-      const auto pit = edge_index_.find(&g[e]);
-      if (pit == edge_index_.end()) throw std::logic_error("Network: route edge not in graph");
-      links.push_back(static_cast<LinkId>(2 * pit->second + (cur < next ? 0u : 1u)));
-      cur = next;
+    route_scratch_.clear();
+    topo_->route_ids(src_gpu, dst_gpu, route_scratch_);
+    // Kept in fixed blocks, so the spans handed out stay valid.
+    const std::size_t n = route_scratch_.size();
+    if (route_blocks_.empty() || route_block_used_ + n > kRouteBlock) {
+      route_blocks_.push_back(std::make_unique<LinkId[]>(std::max(kRouteBlock, n)));
+      route_block_used_ = 0;
     }
-    it = route_cache_.emplace(key, std::move(links)).first;
+    LinkId* links = route_blocks_.back().get() + route_block_used_;
+    std::copy(route_scratch_.begin(), route_scratch_.end(), links);
+    route_block_used_ += n;
+    it = route_cache_.emplace(key, std::span<const LinkId>(links, n)).first;
   }
   return it->second;
 }
 
 TimeNs Network::route_latency_ns(int src_gpu, int dst_gpu) {
+  if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
+  route_scratch_.clear();
+  topo_->route_ids(src_gpu, dst_gpu, route_scratch_);
   TimeNs ns = 0;
-  for (LinkId l : route_links(src_gpu, dst_gpu)) ns += link_latency_ns_[l];
+  for (LinkId l : route_scratch_) ns += link_latency_ns_[l];
   return ns;
 }
 
+// The same result as appending every route's links and merge_uses: each
+// link's weights are summed in route order (merge_uses sums them in its sort's
+// order; the collectives give all uses of one link the same weight, so the
+// sums agree bit for bit), without sorting the ~10k uses of a mirrored phase.
 void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>& out) {
-  for (const Route& r : routes) {
-    for (LinkId l : route_links(r.src_gpu, r.dst_gpu)) out.push_back(LinkUse{l, r.weight});
+  if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
+  if (merge_weight_.size() != link_solve_.size()) {
+    merge_weight_.assign(link_solve_.size(), 0.0);
+    merge_seen_.assign(link_solve_.size(), 0);
   }
-  merge_uses(out);
+  merge_links_.clear();
+  auto add = [this](LinkId l, double w) {
+    if (!merge_seen_[l]) {
+      merge_seen_[l] = 1;
+      merge_links_.push_back(l);
+      merge_weight_[l] = w;
+    } else {
+      merge_weight_[l] += w;
+    }
+  };
+  for (const LinkUse& u : out) add(u.link, u.weight);
+  for (const Route& r : routes) {
+    route_scratch_.clear();
+    topo_->route_ids(r.src_gpu, r.dst_gpu, route_scratch_);
+    for (LinkId l : route_scratch_) add(l, r.weight);
+  }
+  std::sort(merge_links_.begin(), merge_links_.end());
+  out.clear();
+  out.reserve(merge_links_.size());
+  for (LinkId l : merge_links_) {
+    out.push_back(LinkUse{l, merge_weight_[l]});
+    merge_seen_[l] = 0;
+  }
 }
 
 void Network::merge_uses(std::vector<LinkUse>& uses) {
@@ -200,14 +342,19 @@ LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
   set_mark_.push_back(0);
   const std::uint32_t stamp = id + 1;
   for (std::uint32_t i = 0; i < s.len; ++i) {
-    auto& crossing = link_sets_[set_links_[s.off + i]];
-    for (LinkSetId other : crossing) {
+    const LinkId l = set_links_[s.off + i];
+    for (std::uint32_t e = link_sets_head_[l]; e != kNoEntry; e = link_set_entries_[e].next) {
+      const LinkSetId other = link_set_entries_[e].set;
       if (set_mark_[other] == stamp) continue;
       set_mark_[other] = stamp;
       s.conflicts.push_back(other);
       sets_[other].conflicts.push_back(id);
     }
-    crossing.push_back(id);
+    const auto e = static_cast<std::uint32_t>(link_set_entries_.size());
+    link_set_entries_.push_back(LinkSetEntry{id, kNoEntry});
+    if (link_sets_tail_[l] == kNoEntry) link_sets_head_[l] = e;
+    else link_set_entries_[link_sets_tail_[l]].next = e;
+    link_sets_tail_[l] = e;
   }
   if (s.len > 0) s.conflicts.push_back(id);
   sets_.push_back(std::move(s));
@@ -359,7 +506,7 @@ void Network::retire_flow(FlowId f) {
   fl.nuses = 0;
   fl.registered = false;
   // Bounded memory: replay the finished flows' bytes now and then.
-  if (retired_.size() >= 4096) settle();
+  if (retired_.size() >= (std::size_t{1} << 16)) settle();
 }
 
 TimeNs Network::next_completion() {

@@ -32,6 +32,18 @@ class Builder {
  public:
   Builder(const GpuProfile& gpu, double slowdown) : gpu_(gpu), slowdown_(slowdown) {}
 
+  // A compute op that runs under the async collective just issued: its own
+  // item, with its time on the SMs the collective leaves.
+  void overlapped(const Op& op, int sms_taken) {
+    close();
+    compute(op);
+    if (sms_taken <= 0) return;
+    TimeNs t = op_time_sms_taken_ns(gpu_, op, sms_taken);
+    if (slowdown_ != 1.0) t = static_cast<TimeNs>(std::llround(static_cast<double>(t) * slowdown_));
+    p_.items.back().reduced_ns = t;
+    close();
+  }
+
   void compute(const Op& op) {
     TimeNs t = op_time_ns(gpu_, op);
     if (slowdown_ != 1.0) t = static_cast<TimeNs>(std::llround(static_cast<double>(t) * slowdown_));
@@ -81,7 +93,7 @@ class Builder {
 }  // namespace
 
 Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence_parallel, bool backward_overlap,
-                double slowdown) {
+                double slowdown, int overlap_sms_taken) {
   Builder b(gpu, slowdown);
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
@@ -93,13 +105,13 @@ Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence
         // SP does not keep the gathered input: it is all-gathered again under dgrad.
         b.collective(ItemKind::async, Collective::all_gather, comm_size_bytes(reduce, gpu.calibration.get()),
                      reduce.name + "_regather");
-        b.compute(op);
+        b.overlapped(op, overlap_sms_taken);
         b.join();
       } else {
         b.compute(op);
       }
       b.collective(ItemKind::async, reduce.collective, comm_size_bytes(reduce, gpu.calibration.get()), reduce.name);
-      b.compute(wgrad);
+      b.overlapped(wgrad, overlap_sms_taken);
       b.join();
       i += 2;
       continue;

@@ -34,6 +34,14 @@ struct Item {
   Collective collective = Collective::all_reduce;
   double bytes = 0;                // collective / async: NCCL size
   std::uint32_t name_op = 0;       // collective / async: its name in Program::ops
+  // compute right after an async collective (its only op overlaps it): the
+  // op's time while the collective holds NCCL's SMs (op_time_sms_taken_ns);
+  // -1 otherwise. The builder charges overlapped_time_ns(collective, this,
+  // duration_ns).
+  TimeNs reduced_ns = -1;
+  // collective / async: its time alone on the node when the builder prices TP
+  // collectives off the network (Builder::tp_probe_ns); -1 until first asked.
+  mutable TimeNs probe_ns = -1;
 };
 
 struct Program {
@@ -48,9 +56,11 @@ struct Program {
 // the input-gradient reduce) becomes: [SP: async all-gather of the layer's
 // input] dgrad, [join], async reduce, wgrad, join, as Megatron's
 // LinearWithGradAccumulationAndAsyncCommunication does. `slowdown` scales
-// every compute op (a straggler).
+// every compute op (a straggler). `overlap_sms_taken` > 0 (the TP tier's
+// nccl_channels) also prices each GEMM that runs under an async collective
+// with that many SMs fewer (Item::reduced_ns).
 Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence_parallel, bool backward_overlap,
-                double slowdown = 1.0);
+                double slowdown = 1.0, int overlap_sms_taken = 0);
 
 // Appends b's items and ops to a (a's op indices stay valid).
 void append(Program& a, const Program& b);

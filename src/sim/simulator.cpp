@@ -46,11 +46,16 @@ using detail::Builder;
 using detail::Cls;
 using detail::TaskMeta;
 
-std::string link_kind(const std::string& name) {
-  if (name.find("nvswitch") != std::string::npos) return "nvlink";
-  const bool gpu = name.find("gpu") != std::string::npos;
-  const bool nic = name.find("nic") != std::string::npos;
-  if (gpu && nic) return "pcie";
+// What a link is, from the vertices it joins (its name is "<from>-><to>"):
+// nvlink when it touches an NVSwitch, pcie between a GPU and a NIC, ib else.
+std::string_view link_kind(const Network& net, LinkId l) {
+  const Topology* topo = net.topology();
+  if (topo == nullptr) return "ib";
+  const auto [from, to] = net.link_ends(l);
+  const VertexKind a = topo->graph()[from].kind;
+  const VertexKind b = topo->graph()[to].kind;
+  if (a == VertexKind::nvswitch || b == VertexKind::nvswitch) return "nvlink";
+  if ((a == VertexKind::gpu && b == VertexKind::nic) || (a == VertexKind::nic && b == VertexKind::gpu)) return "pcie";
   return "ib";
 }
 
@@ -105,29 +110,41 @@ Breakdown critical_breakdown(const Engine& eng, const std::vector<TaskMeta>& met
   return b;
 }
 
+// Per-kind peaks over every link that carried bytes, and the 8 busiest links
+// (highest peak first, ties in link order, as a stable sort would give).
+// Only those 8 get names: a 16k-GPU fabric has ~100k links, and naming and
+// sorting them all was a tenth of a Llama-3.1-405B iteration's simulation.
 void collect_links(SimResult& r, Network& net, double tp_probe_peak) {
-  std::vector<LinkUtilisation> all;
+  struct Busy {
+    double peak;
+    LinkId link;
+    LinkStats stats;
+  };
+  std::vector<Busy> all;
   for (LinkId l = 0; l < net.num_links(); ++l) {
     const LinkStats st = net.link_stats(l);
     if (st.bytes <= 0) continue;
-    LinkUtilisation u;
-    u.name = net.link_name(l);
-    u.kind = link_kind(u.name);
-    u.capacity_Bps = st.capacity_Bps;
-    u.bytes = st.bytes;
-    u.peak_utilisation = st.peak_utilisation;
-    double& peak = u.kind == "nvlink" ? r.peak_nvlink_utilisation
-                   : u.kind == "pcie" ? r.peak_pcie_utilisation
-                                      : r.peak_ib_utilisation;
-    peak = std::max(peak, u.peak_utilisation);
-    all.push_back(std::move(u));
+    const std::string_view kind = link_kind(net, l);
+    double& peak = kind == "nvlink" ? r.peak_nvlink_utilisation
+                   : kind == "pcie" ? r.peak_pcie_utilisation
+                                    : r.peak_ib_utilisation;
+    peak = std::max(peak, st.peak_utilisation);
+    all.push_back(Busy{st.peak_utilisation, l, st});
   }
   r.peak_nvlink_utilisation = std::max(r.peak_nvlink_utilisation, tp_probe_peak);
-  std::stable_sort(all.begin(), all.end(), [](const LinkUtilisation& a, const LinkUtilisation& b) {
-    return a.peak_utilisation > b.peak_utilisation;
-  });
-  if (all.size() > 8) all.resize(8);
-  r.busiest_links = std::move(all);
+  const auto shown = std::min<std::size_t>(all.size(), 8);
+  std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(shown), all.end(),
+                    [](const Busy& a, const Busy& b) { return a.peak != b.peak ? a.peak > b.peak : a.link < b.link; });
+  r.busiest_links.clear();
+  for (std::size_t i = 0; i < shown; ++i) {
+    LinkUtilisation u;
+    u.name = net.link_name(all[i].link);
+    u.kind = std::string(link_kind(net, all[i].link));
+    u.capacity_Bps = all[i].stats.capacity_Bps;
+    u.bytes = all[i].stats.bytes;
+    u.peak_utilisation = all[i].stats.peak_utilisation;
+    r.busiest_links.push_back(std::move(u));
+  }
 }
 
 constexpr std::array<const char*, 5> kTidNames{"compute", "tp comm", "pp send/recv (activations)",

@@ -13,6 +13,7 @@
 
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/model.hpp"
+#include "cuboid/optimizer_step.hpp"
 #include "cuboid/plan.hpp"
 
 namespace cuboid::exec {
@@ -48,10 +49,10 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& backend, exec::Co
 // The optimizer step ("adam": Backend::adam_step on f32 master weights and
 // moments with compute-dtype gradients, as the step runner calls it) on this
 // rank's parameter shard of the plan and x1/4 .. x4 of it (quick: x1/2 .. x2).
-// bytes = parameters x 32, the estimator's and simulator's Adam traffic per
-// parameter (kAdamBytesPerParam: bf16 grad + fp32 master, m, v read and
-// written), so the cost model prices "adam" in its own convention.
-inline constexpr double kAdamBytesPerParam = (2 + 4 + 4 + 4 + 4) + (2 + 4 + 4 + 4);
+// bytes = parameters x cuboid::kAdamBytesPerParam (28: the estimator's and
+// simulator's Adam traffic per parameter, optimizer_step.hpp), so the cost
+// model prices "adam" in its own convention.
+inline constexpr double kAdamBytesPerParam = cuboid::kAdamBytesPerParam;
 std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& backend, exec::Communicator& world,
                                                    const ModelSpec& model, const ParallelPlan& plan,
                                                    const KernelSweepOptions& options, exec::Watchdog* watchdog);

@@ -36,6 +36,7 @@
 
 namespace cuboid {
 struct CollectiveCalibration;  // calibration.hpp
+struct BusbwCurve;             // busbw_curve.hpp
 }
 
 namespace cuboid::sim {
@@ -77,6 +78,13 @@ struct CommPhase {
   // latency_ns encode, so the flow's bytes and the latency depend on the size:
   // use phase_flow_bytes / phase_latency_ns.
   const CollectiveCalibration* calibrated = nullptr;
+  // The tier's busbw curve (an intra-node ring of all-reduce, reduce-scatter
+  // or all-gather on a card with intra_node.allreduce_busbw_curve), else
+  // null: the flow carries max(bytes_per_size x S, (curve time - latency) x
+  // rate_Bps), so uncontended the phase takes max(alpha-beta, curve time)
+  // like cost.hpp's collective_time_ns, and under contention the stretched
+  // flow still shares its links max-min.
+  const BusbwCurve* curve = nullptr;
   Collective collective = Collective::all_reduce;
   int group_size = 0;
   double rate_Bps = 0;  // the representative's uncontended rate
@@ -85,6 +93,7 @@ struct CommPhase {
 // Bytes of the phase's flow and its latency for a collective of size_bytes.
 // Calibrated: uncontended, latency + flow take the curve's time T(S), with
 // latency min(alpha, T(S)); outside the samples that is the fit itself.
+// With a busbw curve: see CommPhase::curve.
 double phase_flow_bytes(const CommPhase& ph, double size_bytes);
 TimeNs phase_latency_ns(const CommPhase& ph, double size_bytes);
 

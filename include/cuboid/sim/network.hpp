@@ -16,6 +16,7 @@
 // completion is tracked.
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -84,6 +85,8 @@ class Network {
   std::size_t num_links() const { return link_solve_.size(); }
   // "n0.gpu3->n0.nvswitch" for topology links, "link7" for abstract ones.
   std::string link_name(LinkId l) const;
+  // The topology vertices a link goes from and to (networks built from a topology).
+  std::pair<std::uint32_t, std::uint32_t> link_ends(LinkId l) const { return link_ends_.at(l); }
   LinkStats link_stats(LinkId l) const;
   // Directed links of Topology::route(src, dst), in order (cached per pair;
   // the span stays valid as long as the Network).
@@ -244,6 +247,7 @@ class Network {
   void register_flow(FlowId f);
   void retire_flow(FlowId f);
   void settle() const;
+  void settle_bytes() const;
   void add_shared(FlowId f, std::uint32_t use);
   void remove_shared(FlowId f, std::uint32_t use);
   void solve_from(std::span<const LinkId> seeds, TimeNs now);
@@ -261,8 +265,42 @@ class Network {
   mutable std::vector<double> link_peak_;
   mutable std::vector<Retired> retired_;
   mutable std::vector<LinkSetId> peak_dirty_sets_;
+  // Scratch for settle_bytes.
+  struct SigEntry {           // one set of the batch crossing a link
+    std::uint32_t batch = 0;  // index in batch_sets_
+    double weight = 0;
+    std::uint32_t next = 0;
+  };
+  struct MergeCursor {
+    std::uint32_t at = 0, end = 0;
+    double weight = 0;
+  };
+  struct Group {              // links of one signature and one total before the batch
+    LinkId link = 0;          // the first of them
+    double start = 0;
+    double result = 0;
+    std::uint32_t next = 0;   // another group with the same hash
+  };
+  mutable std::vector<std::uint32_t> set_batch_;  // per set: its index in batch_sets_, or kNoEntry
+  mutable std::vector<LinkSetId> batch_sets_;
+  mutable std::vector<std::uint32_t> batch_off_, batch_fill_, batch_pos_;
+  mutable std::vector<double> batch_totals_;
+  mutable std::vector<std::uint32_t> sig_head_;  // per link: its first SigEntry, or kNoEntry
+  mutable std::vector<SigEntry> sig_entries_;
+  mutable std::vector<LinkId> touched_;
+  mutable std::vector<MergeCursor> merge_cursor_;
+  mutable std::vector<Group> groups_;
+  mutable std::unordered_map<std::uint64_t, std::uint32_t> group_index_;  // signature hash -> latest group
   mutable std::vector<LinkSet> sets_;
-  std::vector<std::vector<LinkSetId>> link_sets_;  // per link: the sets crossing it
+  // Per link: the sets crossing it, in the order they were added (a list
+  // threaded through one vector: ~100k links, no allocation per link).
+  static constexpr std::uint32_t kNoEntry = std::numeric_limits<std::uint32_t>::max();
+  struct LinkSetEntry {
+    LinkSetId set = 0;
+    std::uint32_t next = kNoEntry;
+  };
+  std::vector<std::uint32_t> link_sets_head_, link_sets_tail_;
+  std::vector<LinkSetEntry> link_set_entries_;
   std::vector<std::uint32_t> set_mark_;            // scratch for add_link_set
   std::vector<LinkId> set_links_;
   std::vector<double> set_weights_;
@@ -271,9 +309,15 @@ class Network {
   std::vector<Flow> flows_;
   std::vector<FlowId> free_flows_;
   std::vector<Pending> pending_;  // min-heap of predicted finish times (lazy deletion)
-  std::unordered_map<std::uint64_t, std::vector<LinkId>> route_cache_;  // (a,b) -> links; node-stable
-  std::unordered_map<const LinkInfo*, std::uint32_t> edge_index_;  // topology edge -> index
-  std::unordered_map<std::uint64_t, TimeNs> route_latency_cache_;
+  std::unordered_map<std::uint64_t, std::span<const LinkId>> route_cache_;  // (a,b) -> links in route_blocks_
+  static constexpr std::size_t kRouteBlock = 4096;
+  std::vector<std::unique_ptr<LinkId[]>> route_blocks_;
+  std::size_t route_block_used_ = 0;
+  std::vector<LinkId> route_scratch_;
+  // Scratch for compile_routes: per link its summed weight and whether it is listed.
+  std::vector<double> merge_weight_;
+  std::vector<std::uint8_t> merge_seen_;
+  std::vector<LinkId> merge_links_;
   // Scratch for solve_from (kept to avoid allocating per event).
   std::vector<LinkId> comp_links_;
   std::vector<FlowId> comp_flows_;
