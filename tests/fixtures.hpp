@@ -10,9 +10,22 @@
 #include <utility>
 
 #include "cuboid/cluster.hpp"
+#include "cuboid/error.hpp"
 #include "cuboid/model.hpp"
 
 namespace cuboid::test {
+
+// The message of the InputError that f() throws, or "<no InputError>", so a
+// test compares the whole one-line message a user would read.
+template <typename F>
+std::string input_error_message(F&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "<no InputError>";
+}
 
 // The source tree (the build passes CUBOID_SOURCE_ROOT_DIR; meson runs the
 // tests from the source root otherwise).

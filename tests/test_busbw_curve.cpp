@@ -33,15 +33,6 @@ BusbwCurve two_points() {
   return busbw_curve_from_json(j, "test.json", "curve");
 }
 
-std::string message_of(auto&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "<no InputError>";
-}
-
 std::vector<int> iota(int first, int count) {
   std::vector<int> v;
   for (int i = 0; i < count; ++i) v.push_back(first + i);
@@ -166,40 +157,40 @@ TEST_CASE("simulator: curved collectives still share their links max-min") {
 
 TEST_CASE("bad curves are InputErrors naming the field") {
   auto load = [](const std::string& text) { busbw_curve_from_json(json::parse(text), "card.json", "curve"); };
-  CHECK(message_of([&] {
+  CHECK(test::input_error_message([&] {
           load(R"({"ranks": 8, "points": [{"size_bytes": 1, "busbw_GBps": 1}, {"size_bytes": 2, "busbw_GBps": 1}]})");
         }) ==
         "card.json: curve.source: missing: a curve is a measurement and must say where it was read (fix: give the "
         "nccl-tests run it comes from (URL, NCCL version, command))");
-  CHECK(message_of([&] {
+  CHECK(test::input_error_message([&] {
           load(R"({"ranks": 8, "source": "s", "points": [{"size_bytes": 2e6, "busbw_GBps": 10},
                  {"size_bytes": 2e6, "busbw_GBps": 20}]})");
         }) ==
         "card.json: curve.points[1].size_bytes: sizes must increase, but 2000000 follows 2000000 (fix: list the "
         "points in increasing size, one per size)");
-  CHECK(message_of([&] {
+  CHECK(test::input_error_message([&] {
           load(R"({"ranks": 8, "source": "s", "points": [{"size_bytes": 4e6, "busbw_GBps": 10},
                  {"size_bytes": 1e6, "busbw_GBps": 20}]})");
         }) ==
         "card.json: curve.points[1].size_bytes: sizes must increase, but 1000000 follows 4000000 (fix: list the "
         "points in increasing size, one per size)");
-  CHECK(message_of([&] {
+  CHECK(test::input_error_message([&] {
           load(R"({"ranks": 8, "source": "s", "points": [{"size_bytes": 1e6, "busbw_GBps": 10},
                  {"size_bytes": 2e6, "busbw_GBps": 0}]})");
         }) == "card.json: curve.points[1].busbw_GBps: must be positive, got 0 (fix: give a value > 0)");
-  CHECK(message_of([&] {
+  CHECK(test::input_error_message([&] {
           load(R"({"ranks": 8, "source": "s", "points": [{"size_bytes": 1e6, "busbw_GBps": -5},
                  {"size_bytes": 2e6, "busbw_GBps": 10}]})");
         }) == "card.json: curve.points[0].busbw_GBps: must be positive, got -5 (fix: give a value > 0)");
-  CHECK(message_of([&] { load(R"({"ranks": 8, "source": "s", "points": [{"size_bytes": 1e6, "busbw_GBps": 10}]})"); }) ==
+  CHECK(test::input_error_message([&] { load(R"({"ranks": 8, "source": "s", "points": [{"size_bytes": 1e6, "busbw_GBps": 10}]})"); }) ==
         "card.json: curve.points: needs an array of at least 2 points (fix: give the out-of-place rows of the run as "
         "{\"size_bytes\": ..., \"busbw_GBps\": ...})");
-  CHECK(message_of([&] {
+  CHECK(test::input_error_message([&] {
           load(R"({"ranks": 1, "source": "s", "points": [{"size_bytes": 1, "busbw_GBps": 1}, {"size_bytes": 2, "busbw_GBps": 1}]})");
         }) ==
         "card.json: curve.ranks: must be between 2 and 1000000, got 1 (fix: give the number of GPUs of the measured "
         "all_reduce_perf run)");
-  CHECK(message_of([&] {
+  CHECK(test::input_error_message([&] {
           load(R"({"ranks": 8, "source": "s", "points": [{"size": 1, "busbw_GBps": 1}, {"size_bytes": 2, "busbw_GBps": 1}]})");
         }) == "card.json: curve.points[0].size_bytes: missing required field (fix: add \"size_bytes\")");
 }
@@ -216,7 +207,7 @@ TEST_CASE("a bad curve in a card names the card and the tier's field") {
                      "points": [{"size_bytes": 1e6, "busbw_GBps": 40}, {"size_bytes": 1e6, "busbw_GBps": 60}]}},
     "inter_node": {"kind": "none"}
   })");
-  CHECK(message_of([&] { cluster_from_json(j, "small.json", kTopologies); }) ==
+  CHECK(test::input_error_message([&] { cluster_from_json(j, "small.json", kTopologies); }) ==
         "small.json: intra_node.allreduce_busbw_curve.points[1].size_bytes: sizes must increase, but 1000000 "
         "follows 1000000 (fix: list the points in increasing size, one per size)");
   j["intra_node"]["allreduce_busbw_curve"]["points"][1]["size_bytes"] = 4e6;

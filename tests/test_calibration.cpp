@@ -36,16 +36,6 @@ std::filesystem::path root() { return test::source_root(); }
 
 const std::filesystem::path kCalibratedCard = root() / "tests" / "data" / "clusters" / "localhost-cpu-calibrated.json";
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "<no InputError>";
-}
-
 // time = alpha + bytes * ns_per_byte at each size, exactly.
 std::vector<SizeSample> line(double alpha_ns, double ns_per_byte, const std::vector<double>& sizes) {
   std::vector<SizeSample> out;
@@ -189,36 +179,36 @@ TEST_CASE("fits sort their samples by size") {
 
 TEST_CASE("bad samples are InputErrors naming the sample") {
   const std::string f = "calibration.kernels.act";
-  CHECK(error_of([&] { fit_linear({{1000, 2000}}, "bench", f); }) ==
+  CHECK(test::input_error_message([&] { fit_linear({{1000, 2000}}, "bench", f); }) ==
         "bench: calibration.kernels.act.samples: needs at least 2 samples to fit latency and bandwidth, got 1 "
         "(fix: measure at least 2 different sizes)");
-  CHECK(error_of([&] { fit_kernel({{1000, 2000}, {2000, std::numeric_limits<double>::quiet_NaN()}}, "bench", f); }) ==
+  CHECK(test::input_error_message([&] { fit_kernel({{1000, 2000}, {2000, std::numeric_limits<double>::quiet_NaN()}}, "bench", f); }) ==
         "bench: calibration.kernels.act.samples[1].time_us: is not finite "
         "(fix: re-run the measurement: a timer or the benchmark failed)");
-  CHECK(error_of([&] { fit_kernel({{1000, std::numeric_limits<double>::infinity()}, {2000, 3000}}, "bench", f); }) ==
+  CHECK(test::input_error_message([&] { fit_kernel({{1000, std::numeric_limits<double>::infinity()}, {2000, 3000}}, "bench", f); }) ==
         "bench: calibration.kernels.act.samples[0].time_us: is not finite "
         "(fix: re-run the measurement: a timer or the benchmark failed)");
-  CHECK(error_of([&] { fit_kernel({{1000, -3000}, {2000, 3000}}, "bench", f); }) ==
+  CHECK(test::input_error_message([&] { fit_kernel({{1000, -3000}, {2000, 3000}}, "bench", f); }) ==
         "bench: calibration.kernels.act.samples[0].time_us: must be positive, got -3 us "
         "(fix: re-run the measurement: a timer or the benchmark failed)");
-  CHECK(error_of([&] { fit_kernel({{1000, 2000}, {-5, 3000}}, "bench", f); }) ==
+  CHECK(test::input_error_message([&] { fit_kernel({{1000, 2000}, {-5, 3000}}, "bench", f); }) ==
         "bench: calibration.kernels.act.samples[1].bytes: must be a positive finite byte count, got -5 "
         "(fix: record the size the benchmark ran with)");
-  CHECK(error_of([&] { fit_linear({{1000, 2000}, {1000, 2100}}, "bench", f); }) ==
+  CHECK(test::input_error_message([&] { fit_linear({{1000, 2000}, {1000, 2100}}, "bench", f); }) ==
         "bench: calibration.kernels.act.samples: all 2 samples have the same size (1000 bytes) "
         "(fix: measure at least 2 different sizes)");
   // Within the noise allowance (not a monotonicity error) but falling overall.
-  CHECK(error_of([&] { fit_linear({{1000, 2000}, {2000, 1900}}, "bench", f); }) ==
+  CHECK(test::input_error_message([&] { fit_linear({{1000, 2000}, {2000, 1900}}, "bench", f); }) ==
         "bench: calibration.kernels.act: the fitted time does not grow with the size (slope -0.1 ns per byte) "
         "(fix: check the samples: times must grow with the size; re-run the measurement over a wider size range)");
-  CHECK(error_of([&] {
+  CHECK(test::input_error_message([&] {
           fit_collective(Collective::all_reduce, 2, {{4096, 12000}, {65536, 40000}, {1048576, 20000}}, "bench",
                          "calibration.collectives[0]");
         }) ==
         "bench: calibration.collectives[0].samples[2].time_us: 20 us at 1048576 bytes is more than 25 % below 40 us "
         "at a smaller size (65536 bytes): times must not fall as the size grows "
         "(fix: re-run the measurement with more repetitions (medians), or check the sizes recorded)");
-  CHECK(error_of([&] {
+  CHECK(test::input_error_message([&] {
           fit_collective(Collective::all_reduce, 1, line(1000, 1, {1, 2}), "bench", "calibration.collectives[0]");
         }) ==
         "bench: calibration.collectives[0].group_size: must be at least 2, got 1 (fix: a collective needs 2 or more ranks)");
@@ -311,7 +301,7 @@ TEST_CASE("the JSON reader rejects bad calibrations, naming the field") {
   auto bad = [&](auto&& edit) {
     nlohmann::json j = good;
     edit(j);
-    return error_of([&] { calibration_from_json(j, "card.json"); });
+    return test::input_error_message([&] { calibration_from_json(j, "card.json"); });
   };
   CHECK_NOTHROW(calibration_from_json(good, "card.json"));
   CHECK(bad([](nlohmann::json& j) { j["schema"] = "cuboid.calibration/0"; }) ==
@@ -543,7 +533,7 @@ TEST_CASE("activation element size: JSON, defaults by backend, and the bytes col
   j["backend"] = "cpu";
   CHECK(calibration_from_json(j, "c.json").activation_bytes_per_element == 4);  // cpu: f32
   j["activation_bytes_per_element"] = 3;
-  CHECK(error_of([&] { (void)calibration_from_json(j, "c.json"); }) ==
+  CHECK(test::input_error_message([&] { (void)calibration_from_json(j, "c.json"); }) ==
         "c.json: calibration.activation_bytes_per_element: must be 2 (bf16) or 4 (f32), got 3 (fix: give the "
         "element size of the backend's compute dtype)");
 
@@ -618,11 +608,11 @@ TEST_CASE("ranks per core: compute ops cost the share x their sample, collective
   j.erase("ranks_per_core");
   CHECK(calibration_from_json(j, "c.json").ranks_per_core == 1.0);  // cards written before the field
   j["ranks_per_core"] = 0.5;
-  CHECK(error_of([&] { (void)calibration_from_json(j, "c.json"); }) ==
+  CHECK(test::input_error_message([&] { (void)calibration_from_json(j, "c.json"); }) ==
         "c.json: calibration.ranks_per_core: must be between 1 and 256, got 0.5 (fix: give the ranks on the node "
         "divided by its CPUs (1 for one rank per core or per GPU))");
   j["ranks_per_core"] = 2;
   j["backend"] = "cuda";
-  CHECK(error_of([&] { (void)calibration_from_json(j, "c.json"); }) ==
+  CHECK(test::input_error_message([&] { (void)calibration_from_json(j, "c.json"); }) ==
         "c.json: calibration.ranks_per_core: is 2 for backend cuda (fix: only cpu ranks share cores; give 1)");
 }

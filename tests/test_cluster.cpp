@@ -13,11 +13,13 @@
 #include "cuboid/error.hpp"
 #include "cuboid/json_reader.hpp"
 #include "cuboid/topology.hpp"
+#include "fixtures.hpp"
 
 using cuboid::Cluster;
 using cuboid::InputError;
 using cuboid::Tier;
 using cuboid::Topology;
+using cuboid::test::input_error_message;
 using nlohmann::json;
 
 namespace {
@@ -25,15 +27,6 @@ namespace {
 const std::filesystem::path kRoot = CUBOID_SOURCE_ROOT_DIR;
 const std::filesystem::path kTopologies = kRoot / "topologies";
 const std::filesystem::path kBad = kRoot / "tests" / "data" / "clusters";
-
-std::string message_of(auto&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "<no InputError>";
-}
 
 // A small inline card: 4 GPUs and 2 NICs per node, 2 nodes per leaf, 2 levels.
 json small_card() {
@@ -185,20 +178,20 @@ TEST_CASE("--nodes overrides the card's node count") {
   CHECK(cuboid::load_cluster(card, 16).total_gpus() == 128);
   CHECK(cuboid::load_cluster(kTopologies / "dgx-a100-4node.json").nodes == 4);
   CHECK(cuboid::load_cluster(kTopologies / "dgx-a100-superpod.json").total_gpus() == 4480);
-  CHECK(message_of([&] { cuboid::load_cluster(card, -2); }) ==
+  CHECK(input_error_message([&] { cuboid::load_cluster(card, -2); }) ==
         "command line: --nodes: must be positive, got -2 (fix: give a node count >= 1)");
-  CHECK(message_of([&] { cuboid::load_cluster(card, 0); }) ==
+  CHECK(input_error_message([&] { cuboid::load_cluster(card, 0); }) ==
         "command line: --nodes: must be positive, got 0 (fix: give a node count >= 1)");
-  CHECK(message_of([&] { cuboid::load_cluster(card, 141); }) ==
+  CHECK(input_error_message([&] { cuboid::load_cluster(card, 141); }) ==
         "command line: --nodes: 141 nodes exceed max_nodes 140 of " + card.string() +
             " (fix: use at most 140 nodes, or a card for a larger cluster)");
   const auto cpu = kTopologies / "localhost-cpu.json";
-  CHECK(message_of([&] { cuboid::load_cluster(cpu, 2); }) ==
+  CHECK(input_error_message([&] { cuboid::load_cluster(cpu, 2); }) ==
         "command line: --nodes: 2 nodes exceed max_nodes 1 of " + cpu.string() +
             " (fix: use at most 1 nodes, or a card for a larger cluster)");
   json j = small_card();
   j["inter_node"]["levels"] = 1;
-  CHECK(message_of([&] { small(j); }) ==
+  CHECK(input_error_message([&] { small(j); }) ==
         "small.json: nodes: 4 nodes exceed the single switch of small.json (2 nodes per leaf, levels 1) "
         "(fix: use at most 2 nodes, or a card with levels 2 or 3)");
   CHECK(small(j, 2).nodes == 2);
@@ -340,96 +333,96 @@ TEST_CASE("rail-optimised and non-rail fabrics differ") {
 TEST_CASE("bad cards are InputErrors naming file, field and fix") {
   SUBCASE("missing gpu") {
     const auto p = kBad / "missing-gpu.json";
-    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+    CHECK(input_error_message([&] { cuboid::load_cluster(p); }) ==
           p.string() + ": gpu: missing required field (fix: give an inline GPU profile object or a path such as "
                        "\"gpus/a100-sxm4-80gb.json\")");
   }
   SUBCASE("unknown field (typo)") {
     const auto p = kBad / "typo-field.json";
-    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+    CHECK(input_error_message([&] { cuboid::load_cluster(p); }) ==
           p.string() + ": inter_node.nic_bandwith_Gbps: unknown field (fix: remove it or check its spelling "
                        "(did you mean \"nic_bandwidth_Gbps\"?))");
     json j = small_card();
     j["gpu"]["flux_capacitor"] = 1;
-    CHECK(message_of([&] { small(j); }) ==
+    CHECK(input_error_message([&] { small(j); }) ==
           "small.json: gpu.flux_capacitor: unknown field (fix: remove it or check its spelling (see the README's "
           "card schema))");
   }
   SUBCASE("zero bandwidth") {
     const auto p = kBad / "zero-bandwidth.json";
-    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+    CHECK(input_error_message([&] { cuboid::load_cluster(p); }) ==
           p.string() + ": intra_node.link_bandwidth_GBps.value: must be positive, got 0 (fix: give a value > 0)");
     json j = small_card();
     j["inter_node"]["nic_bandwidth_Gbps"] = -100;
-    CHECK(message_of([&] { small(j); }) ==
+    CHECK(input_error_message([&] { small(j); }) ==
           "small.json: inter_node.nic_bandwidth_Gbps: must be positive, got -100 (fix: give a value > 0)");
   }
   SUBCASE("gpu file not found") {
     const auto p = kBad / "gpu-not-found.json";
-    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+    CHECK(input_error_message([&] { cuboid::load_cluster(p); }) ==
           p.string() + ": gpu: GPU profile file \"gpus/no-such-gpu.json\" not found (looked for " +
               (kBad / "gpus/no-such-gpu.json").string() +
               ") (fix: give a path relative to the card's folder, e.g. \"gpus/a100-sxm4-80gb.json\")");
   }
   SUBCASE("errors inside a GPU file name that file") {
     const auto p = kBad / "gpu-file-bad.json";
-    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+    CHECK(input_error_message([&] { cuboid::load_cluster(p); }) ==
           (kBad / "gpus/bad-efficiency.json").string() +
               ": gemm_max_efficiency: must be at most 1, got 1.5 (fix: give a fraction in (0, 1])");
   }
   SUBCASE("oversubscription below 1") {
     const auto p = kBad / "oversubscription-below-1.json";
-    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+    CHECK(input_error_message([&] { cuboid::load_cluster(p); }) ==
           p.string() + ": inter_node.oversubscription: must be at least 1, got 0.5 (fix: give downlink:uplink "
                        "bandwidth as a ratio >= 1 (1 = full bisection))");
   }
   SUBCASE("no NICs on a real network") {
     const auto p = kBad / "nics-zero.json";
-    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+    CHECK(input_error_message([&] { cuboid::load_cluster(p); }) ==
           p.string() + ": inter_node.nics_per_node: must be at least 1 for inter_node kind \"infiniband-hdr\" "
                        "(fix: give the NICs per node, or set kind to \"none\" for a single machine)");
   }
   SUBCASE("levels 4") {
     const auto p = kBad / "levels-4.json";
-    CHECK(message_of([&] { cuboid::load_cluster(p); }) ==
+    CHECK(input_error_message([&] { cuboid::load_cluster(p); }) ==
           p.string() + ": inter_node.levels: must be 1, 2 or 3, got 4 (fix: give 1 (one switch), 2 (leaf/spine) "
                        "or 3 (leaf/spine/core))");
   }
   SUBCASE("memory given twice, or not at all") {
     json j = small_card();
     j["gpu"]["memory_MiB"] = 16384;
-    CHECK(message_of([&] { small(j); }) ==
+    CHECK(input_error_message([&] { small(j); }) ==
           "small.json: gpu.memory_GB: given together with memory_MiB (fix: give exactly one of memory_MiB, "
           "memory_GiB, memory_GB)");
     j["gpu"].erase("memory_MiB");
     j["gpu"].erase("memory_GB");
-    CHECK(message_of([&] { small(j); }) ==
+    CHECK(input_error_message([&] { small(j); }) ==
           "small.json: gpu.memory_MiB: missing required field (the GPU's memory capacity) (fix: give exactly one "
           "of memory_MiB, memory_GiB, memory_GB)");
   }
   SUBCASE("other checks") {
     json j = small_card();
     j["inter_node"] = json::parse(R"({"kind": "none", "nics_per_node": 2})");
-    CHECK(message_of([&] { small(j); }) ==
+    CHECK(input_error_message([&] { small(j); }) ==
           "small.json: inter_node.nics_per_node: must be 0 when kind is \"none\", got 2 (fix: set nics_per_node to "
           "0 or give the network's kind)");
     j["inter_node"] = json::parse(R"({"kind": "none"})");
-    CHECK(message_of([&] { small(j); }) ==
+    CHECK(input_error_message([&] { small(j); }) ==
           "small.json: nodes: 4 nodes, but small.json has no inter-node network (inter_node.kind \"none\") "
           "(fix: use 1 node, or a card with an inter-node network)");
     CHECK(small(j, 1).total_gpus() == 4);
     j = small_card();
     j["intra_node"]["kind"] = "nvlnk";
-    CHECK(message_of([&] { small(j); }) ==
+    CHECK(input_error_message([&] { small(j); }) ==
           "small.json: intra_node.kind: unknown value \"nvlnk\" (fix: use one of nvswitch|nvlink|pcie|shared-memory)");
     j = small_card();
     j["gpus_per_node"] = 2.5;
-    CHECK(message_of([&] { small(j); }) == "small.json: gpus_per_node: expected an integer, got 2.5 (fix: give a whole number)");
+    CHECK(input_error_message([&] { small(j); }) == "small.json: gpus_per_node: expected an integer, got 2.5 (fix: give a whole number)");
     j = small_card();
     j["nodes"] = 8;
     j["inter_node"]["levels"] = 3;
     j["inter_node"]["leaves_per_pod"] = 3;
-    CHECK(message_of([&] { small(j); }) ==
+    CHECK(input_error_message([&] { small(j); }) ==
           "small.json: inter_node.leaves_per_pod: must be a multiple of nics_per_node (2) in a rail-optimised tree, "
           "got 3 (fix: count whole scalable units: (leaf groups per pod) x nics_per_node)");
   }
@@ -444,14 +437,14 @@ TEST_CASE("intra_node.nccl_channels: optional, sourced, fewer than the GPU's SMs
   j["intra_node"]["nccl_channels"] = 4;
   CHECK(small(j).intra.nccl_channels == 4);
   j["intra_node"]["nccl_channels"] = 10;  // the small card's GPU has 10 SMs
-  CHECK(message_of([&] { small(j); }) ==
+  CHECK(input_error_message([&] { small(j); }) ==
         "small.json: intra_node.nccl_channels: 10 channels (one SM each) leave none of the GPU's 10 SMs for "
         "compute (fix: give fewer channels than sm_count (NCCL_DEBUG=INFO prints \"N coll channels\"))");
   j["intra_node"]["nccl_channels"] = -2;
-  CHECK(message_of([&] { small(j); }) ==
+  CHECK(input_error_message([&] { small(j); }) ==
         "small.json: intra_node.nccl_channels: must not be negative, got -2 (fix: give a value >= 0)");
   j["intra_node"]["nccl_channels"] = 2.5;
-  CHECK(message_of([&] { small(j); }) ==
+  CHECK(input_error_message([&] { small(j); }) ==
         "small.json: intra_node.nccl_channels: expected an integer, got 2.5 (fix: give a whole number)");
   j["intra_node"]["nccl_channels"] = json{{"value", 3}, {"source", "a test"}};
   CHECK(small(j).intra.nccl_channels == 3);
