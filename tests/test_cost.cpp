@@ -356,8 +356,8 @@ TEST_CASE("cross-entropy over fp32 logits and the embedding lookup, per Megatron
   REQUIRE(lookup != nullptr);
   CHECK(lookup->bytes == 19.75 * 50331648);
   // TP 1: no shard mask to zero.
-  const Op* lookup1 = find_named(embedding_ops(m, plan_of(1, 4, 2048, false, false, Recompute::none)).forward,
-                                 "embed_lookup");
+  const LayerOps embed1 = embedding_ops(m, plan_of(1, 4, 2048, false, false, Recompute::none));
+  const Op* lookup1 = find_named(embed1.forward, "embed_lookup");
   REQUIRE(lookup1 != nullptr);
   CHECK(lookup1->bytes == 18.0 * 50331648);
 }
