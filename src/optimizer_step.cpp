@@ -29,7 +29,9 @@
 #include "cuboid/optimizer_step.hpp"
 
 #include <algorithm>
+#include <array>
 #include <string>
+#include <utility>
 
 #include "cuboid/cost.hpp"
 
@@ -40,36 +42,46 @@ namespace {
 constexpr double kFp32 = 4.0;
 constexpr double kBf16 = 2.0;
 
-Op step_kernel(const char* name, double bytes) {
-  Op op;
-  op.name = name;
-  op.kind = OpKind::memory_bound;
-  op.pass = Pass::backward;
-  op.bytes = bytes;
-  return op;
-}
+// One kernel of the step: its op name and HBM bytes.
+struct StepKernel {
+  const char* name;
+  double bytes;
+};
 
-}  // namespace
-
-std::vector<Op> optimizer_step_ops(double stage_params, int dp, int zero_stage) {
+// The five kernels in Megatron's order. A fixed array, not Ops: the
+// estimator prices a step for every candidate plan it scores.
+std::array<StepKernel, 5> step_kernels(double stage_params, int dp, int zero_stage) {
   const double groups = static_cast<double>(std::max(1, dp));
   // The parameters whose master weights and moments this GPU updates, and
   // the elements of its fp32 gradient buffer (whole up to ZeRO 1).
   const double shard = zero_stage >= 1 ? stage_params / groups : stage_params;
   const double buffer = zero_stage >= 2 ? shard : stage_params;
+  return {{{"grad_scale", buffer * (kFp32 + kFp32)},
+           {"grad_norm", shard * kFp32},
+           {"adam", shard * kAdamBytesPerParam},
+           {"param_copy", shard * (kFp32 + kBf16)},
+           {"grad_zero", buffer * kFp32}}};
+}
+
+}  // namespace
+
+std::vector<Op> optimizer_step_ops(double stage_params, int dp, int zero_stage) {
   std::vector<Op> ops;
   ops.reserve(5);
-  ops.push_back(step_kernel("grad_scale", buffer * (kFp32 + kFp32)));
-  ops.push_back(step_kernel("grad_norm", shard * kFp32));
-  ops.push_back(step_kernel("adam", shard * kAdamBytesPerParam));
-  ops.push_back(step_kernel("param_copy", shard * (kFp32 + kBf16)));
-  ops.push_back(step_kernel("grad_zero", buffer * kFp32));
+  for (const StepKernel& k : step_kernels(stage_params, dp, zero_stage)) {
+    Op op;
+    op.name = k.name;
+    op.kind = OpKind::memory_bound;
+    op.pass = Pass::backward;
+    op.bytes = k.bytes;
+    ops.push_back(std::move(op));
+  }
   return ops;
 }
 
 std::int64_t optimizer_step_time_ns(const GpuProfile& gpu, double stage_params, int dp, int zero_stage) {
   std::int64_t ns = 0;
-  for (const Op& op : optimizer_step_ops(stage_params, dp, zero_stage)) ns += kernel_time_ns(gpu, op.name, op.bytes);
+  for (const StepKernel& k : step_kernels(stage_params, dp, zero_stage)) ns += kernel_time_ns(gpu, k.name, k.bytes);
   return ns;
 }
 
