@@ -23,7 +23,6 @@ namespace cuboid {
 const std::vector<NamedReason>& executor_only_ops() {
   static const std::vector<NamedReason> ops = {
       {"dqkv_zero", "clears the QKV gradient buffer before the attention backward accumulates into it"},
-      {"residual_add_bwd", "adds the residual branch's gradient (the simulator folds it into drop_add_*_bwd)"},
       {"pp_send_wait", "waits for the step's outstanding non-blocking pipeline sends (counted as pp_comm + bubble)"},
       {"param_copy", "writes the updated master weights back (counted as optimizer; the simulator prices Megatron's "
                      "fp32 -> bf16 copy, which an f32 run without ZeRO skips: its master weights are the weights)"},
@@ -41,6 +40,12 @@ const std::vector<NamedReason>& simulator_only_ops() {
       {"qkv_bias", "the executor runs no linear biases"},
       {"qkv_bias_grad", "the executor runs no linear biases"},
       {"grad_norm", "the executor clips no gradients (Megatron reads them once for the global norm)"},
+      {"qkv_grad_accum", "the executor's wgrad GEMMs accumulate into the gradient buffer (beta = 1); Megatron 2022 adds "
+                         "each bf16 weight gradient into its fp32 main_grad in a DDP hook"},
+      {"proj_grad_accum", "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
+      {"fc1_grad_accum", "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
+      {"fc2_grad_accum", "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
+      {"logits_grad_accum", "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
       {"attn_qk_scale_bwd", "the executor applies 1 / sqrt(head_dim) inside its softmax, not as torch.baddbmm's alpha"},
   };
   return ops;

@@ -24,13 +24,13 @@
 // * Differences from the CPU executor (src/exec), measured on the tiny model,
 //   TP 2 (`cuboid run --out`, medians of 5 steps, load ~5 on 2 cores): the
 //   executor also runs dqkv_zero (zeroes the QKV gradient before the
-//   per-head backward GEMMs accumulate into it), residual_add_bwd (the
-//   gradient sum at each residual fork, which Megatron's autograd also does):
-//   together with the step-level grad_zero, grad_scale and param_copy, 3.4 ms
-//   per step on one rank, 11.8 ms on the other (a descheduled grad_zero),
-//   under 1 % of a 0.5 s quiet step, so the two are not modelled; the three
-//   step-level kernels are Megatron's too and are now priced with the
-//   optimizer step (optimizer_step.cpp). The executor has no embedding dropout and
+//   per-head backward GEMMs accumulate into it; not modelled: Megatron's
+//   cat of the three gradients is attn_qkv_grad_cat), and its wgrad GEMMs
+//   accumulate into the gradient buffer (beta = 1), so it has no
+//   *_grad_accum kernels. residual_add_bwd, the gradient sum at each
+//   residual fork, both run (Megatron's autograd does it too); grad_zero,
+//   grad_scale and param_copy are priced with the optimizer step
+//   (optimizer_step.cpp). The executor has no embedding dropout and
 //   computes the cross-entropy gradient inside "xent" (Megatron runs
 //   embed_dropout and a separate xent_bwd, modelled here): about 0.9 ms per
 //   step (8 micro-batches) at the CPU card's bandwidth, 0.2 % of the step.
@@ -48,6 +48,23 @@
 //     [T, q/t] context (read + write); in backward, torch.split's autograd
 //     (SplitBackward) concatenates the Q, K and V gradients into the
 //     [T, (q + 2kv)/t] gradient of the QKV output (read + write).
+//   - the backward of each element-wise kernel, kernel by kernel (not twice
+//     its forward): see kNormBackward*, kDropoutAddBackward*, act_backward.
+//   - the two gradient sums at the residual forks of a layer (its input
+//     feeds the first norm and the first residual add; the attention
+//     block's output feeds the second norm and the second residual add):
+//     autograd's InputBuffer adds the two incoming gradients (read 2 x 2,
+//     write 2), named residual_add_bwd as in the executor.
+//   - the fp32 gradient accumulation: Megatron's DistributedDataParallel
+//     (megatron/model/distributed.py, use_contiguous_buffers with
+//     accumulate_allreduce_grads_in_fp32, which bf16 training forces)
+//     registers a hook on every parameter's AccumulateGrad that runs
+//     `param.main_grad.add_(param.grad.data)`: read the bf16 weight
+//     gradient the wgrad GEMM wrote, read-modify-write the fp32 main_grad
+//     (2 + 4 + 4 B per parameter, every micro-batch). layers.py at 02bb1f5c
+//     computes grad_weight with a plain matmul (no gradient-accumulation
+//     fusion into main_grad yet), so the hook is a separate kernel after
+//     each linear layer's backward (`*_grad_accum`).
 #include "cuboid/workload.hpp"
 
 #include <utility>
@@ -119,9 +136,19 @@ constexpr double kCrossEntropyBytesPerElement = (2 + 4) + 4 + (4 + 4) + (4 + 4) 
 // place (4 + 4; the one-hot subtraction touches one element per token), and
 // the cast's backward to bf16 (4 + 2).
 constexpr double kCrossEntropyBackwardBytesPerElement = (4 + 4) + (4 + 2);
-// Embedding backward: read the bf16 gradient, read-modify-write the fp32 main_grad rows.
-constexpr double kEmbeddingGradBytesPerElement = 2 + 4 + 4;
-constexpr double kBackwardBytesFactor = 2.0;
+// Backward of Apex's fused LayerNorm (and RMSNorm): cuComputePartGradGammaBeta
+// reads dy and x for the parameter gradients, cuComputeGradInput reads dy
+// and x again and writes dx.
+constexpr double kNormBackwardBytesPerElement = (2 + 2) + (2 + 2 + 2);
+// Backward of the JIT-fused bias-dropout-add (nvfuser, which Megatron 2022
+// enables for torch >= 1.10): dx = dy * mask * scale (read dy and the bool
+// mask, write dx), the bias gradient reduced in the same fused kernel; the
+// residual's gradient is dy itself (no kernel).
+constexpr double kDropoutAddBackwardBytesPerElement = 2 + 1 + 2;
+// A gradient sum at a residual fork: read both gradients, write the sum.
+constexpr double kResidualGradSumBytesPerElement = 2 + 2 + 2;
+// DDP's main_grad hook per parameter: read bf16 grad, read + write fp32 main_grad.
+constexpr double kGradAccumBytesPerParam = 2 + 4 + 4;
 constexpr double kBf16 = 2.0;
 constexpr double kFp32 = 4.0;
 
@@ -338,29 +365,60 @@ const Op& find_op(const std::vector<Op>& ops, std::string_view name) {
   return ops.front();  // unreachable: every name asked for is emitted by layer_forward
 }
 
+// Parameters of one layer's linear layers on one TP rank (weights and
+// biases): column-parallel QKV and FC1 are split by output, row-parallel
+// proj and FC2 by input, with their biases whole on every rank.
+struct LinearParams {
+  double qkv, proj, fc1, fc2;
+};
+
+LinearParams linear_params(const ModelSpec& m, const Dims& x) {
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  const std::int64_t qkv_n = (x.q + 2 * x.kv) / x.t;
+  const std::int64_t fc1_n = (m.gated_mlp() ? 2 * x.f : x.f) / x.t;
+  const double bias = m.linear_bias ? 1.0 : 0.0;
+  return {d(x.h * qkv_n) + bias * d(qkv_n), d((x.q / x.t) * x.h) + bias * d(x.h), d(x.h * fc1_n) + bias * d(fc1_n),
+          d((x.f / x.t) * x.h) + bias * d(x.h)};
+}
+
+void add_grad_accum(std::vector<Op>& out, std::string name, double params) {
+  out.push_back(memory_bound(std::move(name), Pass::backward, params * kGradAccumBytesPerParam));
+}
+
 // Backward in reverse order. TP collectives mirror Megatron's f / g operators:
 // the forward all-reduce after a row-parallel GEMM is the identity backward;
 // the identity before a column-parallel GEMM becomes an all-reduce of the
-// input gradient; with SP, all-gather <-> reduce-scatter swap.
-// Not modelled: Megatron overlaps that input-gradient all-reduce with the
-// wgrad GEMM (async TP all-reduce) and, with SP, re-gathers the sequence-split
-// input for wgrad behind the dgrad GEMM; the estimator treats TP comm as
-// exposed, which is pessimistic for backward.
+// input gradient; with SP, all-gather <-> reduce-scatter swap. The simulator
+// overlaps that collective with the wgrad GEMM (dgrad, wgrad, reduce are
+// consecutive here; sim/program.cpp), as Megatron's async TP all-reduce does;
+// the parameter's main_grad hook runs after the autograd function returns,
+// i.e. after the collective.
 void layer_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, const std::vector<Op>& fwd) {
-  auto mem_bwd = [&](std::string_view name) {
-    const Op& f = find_op(fwd, name);
-    out.push_back(memory_bound(f.name + "_bwd", Pass::backward, kBackwardBytesFactor * f.bytes));
+  const double hid = hidden_elements(x);
+  const LinearParams params = linear_params(m, x);
+  const double act_elems = static_cast<double>(x.tokens * (x.f / x.t));
+  // GeLU (Megatron's bias_gelu_back): read dy and the saved input, write dx;
+  // the bias gradient is autograd's sum_to over the tokens (one more read).
+  // SwiGLU: read dy and both halves, write both halves' gradients.
+  const double act_bytes = m.gated_mlp() ? act_elems * (2 + 4 + 4)
+                                         : act_elems * (2 + 2 + 2 + (m.linear_bias ? kBf16 : 0.0));
+  auto elementwise = [&](std::string name, double bytes_per_element) {
+    out.push_back(memory_bound(std::move(name), Pass::backward, hid * bytes_per_element));
   };
-  mem_bwd("drop_add_mlp");
+  elementwise("drop_add_mlp_bwd", kDropoutAddBackwardBytesPerElement);
   add_sp_gather(out, x, "tp_ag_mlp_bwd", Pass::backward);
   add_gemm_backward(out, find_op(fwd, "fc2"));
-  mem_bwd("act");
+  add_grad_accum(out, "fc2_grad_accum", params.fc2);
+  out.push_back(memory_bound("act_bwd", Pass::backward, act_bytes));
   add_gemm_backward(out, find_op(fwd, "fc1"));
   add_tp_reduce(out, x, x.sp ? "tp_rs_mlp_bwd" : "tp_ar_mlp_bwd", Pass::backward);
-  mem_bwd("norm_mlp");
-  mem_bwd("drop_add_attn");
+  add_grad_accum(out, "fc1_grad_accum", params.fc1);
+  elementwise("norm_mlp_bwd", kNormBackwardBytesPerElement);
+  elementwise("residual_add_bwd", kResidualGradSumBytesPerElement);
+  elementwise("drop_add_attn_bwd", kDropoutAddBackwardBytesPerElement);
   add_sp_gather(out, x, "tp_ag_attn_bwd", Pass::backward);
   add_gemm_backward(out, find_op(fwd, "proj"));
+  add_grad_accum(out, "proj_grad_accum", params.proj);
   add_attention_backward(out, x, fwd);
   add_gemm_backward(out, find_op(fwd, "qkv"));
   add_tp_reduce(out, x, x.sp ? "tp_rs_attn_bwd" : "tp_ar_attn_bwd", Pass::backward);
@@ -369,7 +427,9 @@ void layer_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, con
   // reduce because the simulator's overlap window (sim/program.cpp) is
   // dgrad, wgrad, reduce. Pessimistic by at most this small kernel.
   if (m.linear_bias) out.push_back(memory_bound("qkv_bias_grad", Pass::backward, qkv_elements(x) * kBf16));
-  mem_bwd("norm_in");
+  add_grad_accum(out, "qkv_grad_accum", params.qkv);
+  elementwise("norm_in_bwd", kNormBackwardBytesPerElement);
+  elementwise("residual_add_bwd", kResidualGradSumBytesPerElement);
 }
 
 }  // namespace
@@ -419,10 +479,26 @@ LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan) {
   const double hid = hidden_elements(x);
   ops.forward.push_back(memory_bound("embed_dropout", Pass::forward, hid * kEmbeddingDropoutBytesPerElement));
 
-  ops.backward.push_back(memory_bound("embed_dropout_bwd", Pass::backward,
-                                      kBackwardBytesFactor * hid * kEmbeddingDropoutBytesPerElement));
+  // Dropout backward: read dy and the mask, write dx.
+  ops.backward.push_back(memory_bound("embed_dropout_bwd", Pass::backward, hid * (kBf16 + 1 + kBf16)));
   add_sp_gather(ops.backward, x, "tp_ag_embed_bwd", Pass::backward);
-  ops.backward.push_back(memory_bound("embed_grad", Pass::backward, full * kEmbeddingGradBytesPerElement));
+  // The lookups' backward, kernel by kernel: the transpose copy's backward
+  // (read + write); for each table, torch's embedding_dense_backward zeroes
+  // a bf16 gradient of the table's size and scatter-adds the [T, h]
+  // gradient into its rows (read the gradient, read + write the rows); with
+  // TP the in-place masking's backward (index_put) first copies the gradient
+  // and zeroes the rows outside the shard. Then DDP's main_grad hook on each
+  // table (kGradAccumBytesPerParam).
+  const double word_params = static_cast<double>(padded_vocab_size(m.vocab_size, x.t) / x.t) * static_cast<double>(x.h);
+  const double position_params =
+      m.learned_position_embeddings
+          ? static_cast<double>(m.max_position_embeddings > 0 ? m.max_position_embeddings : x.s) * static_cast<double>(x.h)
+          : 0.0;
+  const double scatter_add = full * (kBf16 + kBf16 + kBf16);
+  const double mask_backward = x.t > 1 ? full * (kBf16 + kBf16) + mask_zero : 0.0;
+  const double tables = (word_params + position_params) * (kBf16 + kGradAccumBytesPerParam);
+  const double grad = full * (kBf16 + kBf16) + scatter_add * (position_params > 0 ? 2.0 : 1.0) + mask_backward + tables;
+  ops.backward.push_back(memory_bound("embed_grad", Pass::backward, grad));
   return ops;
 }
 
@@ -448,8 +524,15 @@ LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan) {
   ops.backward.push_back(memory_bound("xent_bwd", Pass::backward, logits * kCrossEntropyBackwardBytesPerElement));
   add_gemm_backward(ops.backward, logit);
   add_tp_reduce(ops.backward, x, x.sp ? "tp_rs_head_bwd" : "tp_ar_head_bwd", Pass::backward);
-  ops.backward.push_back(memory_bound("norm_final_bwd", Pass::backward,
-                                      kBackwardBytesFactor * hid * kNormBytesPerElement));
+  // The output layer's weight gradient into main_grad: DDP's hook (10 B per
+  // parameter) on an untied head or on the last stage's copy of a tied one
+  // (PP > 1). With PP 1 a tied table's two gradients are summed by autograd
+  // (6 B per parameter) and hooked once; charging the hook here as well
+  // (4 B per parameter more) keeps the op list independent of PP, which the
+  // estimator's per-layer cache relies on.
+  const double head_params = static_cast<double>(vocab_shard) * static_cast<double>(x.h);
+  ops.backward.push_back(memory_bound("logits_grad_accum", Pass::backward, head_params * kGradAccumBytesPerParam));
+  ops.backward.push_back(memory_bound("norm_final_bwd", Pass::backward, hid * kNormBackwardBytesPerElement));
   return ops;
 }
 

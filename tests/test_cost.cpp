@@ -362,6 +362,102 @@ TEST_CASE("cross-entropy over fp32 logits and the embedding lookup, per Megatron
   CHECK(lookup1->bytes == 18.0 * 50331648);
 }
 
+TEST_CASE("the layer's backward element-wise kernels and main_grad hooks, per Megatron-LM 2022") {
+  // Korthikanti's 22B layer: TP 8, b 4, s 2048: T = 8192 tokens, h 6144,
+  // f 24576 (3072 per GPU); [T, h] = 50,331,648 elements per GPU without SP.
+  const ModelSpec m = gpt_22b();
+  const LayerOps ops = transformer_layer_ops(m, plan_of(8, 4, 2048, false, false, Recompute::none));
+  auto bytes = [&](const std::string& name) {
+    const Op* op = find_named(ops.backward, name);
+    REQUIRE(op != nullptr);
+    return op->bytes;
+  };
+  // Apex LayerNorm backward: dy + x for the gamma/beta partials, dy + x + dx
+  // for the input gradient: 10 B per element.
+  CHECK(bytes("norm_in_bwd") == 10.0 * 50331648);
+  CHECK(bytes("norm_mlp_bwd") == 10.0 * 50331648);
+  // Fused bias-dropout-add backward: dy 2 + mask 1 + dx 2 (was 2 x the
+  // forward's 7 = 14 B).
+  CHECK(bytes("drop_add_attn_bwd") == 5.0 * 50331648);
+  CHECK(bytes("drop_add_mlp_bwd") == 5.0 * 50331648);
+  // bias_gelu_back reads dy and the input and writes dx (6 B), and the bias
+  // gradient reads dx once more: 8 B per [T, f/t] element.
+  CHECK(bytes("act_bwd") == 8.0 * 8192 * 3072);
+  // Two gradient sums at the residual forks, 2 + 2 + 2 B per element each.
+  int sums = 0;
+  for (const Op& op : ops.backward) {
+    if (op.name != "residual_add_bwd") continue;
+    ++sums;
+    CHECK(op.bytes == 6.0 * 50331648);
+  }
+  CHECK(sums == 2);
+  // main_grad.add_(grad) per parameter: bf16 read 2, fp32 read 4 + write 4.
+  // QKV 6144 x 2304 + bias 2304; proj 768 x 6144 + the whole bias 6144;
+  // FC1 6144 x 3072 + 3072; FC2 3072 x 6144 + 6144.
+  CHECK(bytes("qkv_grad_accum") == 10.0 * (6144 * 2304 + 2304));   // 141,580,800 B
+  CHECK(bytes("proj_grad_accum") == 10.0 * (768 * 6144 + 6144));   //  47,247,360 B
+  CHECK(bytes("fc1_grad_accum") == 10.0 * (6144 * 3072 + 3072));   // 188,774,400 B
+  CHECK(bytes("fc2_grad_accum") == 10.0 * (3072 * 6144 + 6144));   // 188,805,120 B
+  // Each hook runs after its layer's backward returns: after the async
+  // input-gradient all-reduce for the column-parallel QKV and FC1, so that
+  // dgrad, wgrad, all-reduce stay the simulator's overlapped triple.
+  auto next_of = [&](const std::string& name) {
+    for (std::size_t i = 0; i + 1 < ops.backward.size(); ++i)
+      if (ops.backward[i].name == name) return ops.backward[i + 1].name;
+    return std::string("(none)");
+  };
+  CHECK(next_of("fc2_wgrad") == "fc2_grad_accum");
+  CHECK(next_of("fc1_wgrad") == "tp_ar_mlp_bwd");
+  CHECK(next_of("tp_ar_mlp_bwd") == "fc1_grad_accum");
+  CHECK(next_of("proj_wgrad") == "proj_grad_accum");
+  CHECK(next_of("qkv_bias_grad") == "qkv_grad_accum");
+  CHECK(next_of("norm_in_bwd") == "residual_add_bwd");
+  CHECK(next_of("norm_mlp_bwd") == "residual_add_bwd");
+  // 141,580,800 B at 2039 GB/s x 0.8 = 86,795.0 ns.
+  CHECK(op_time_ns(a100(), *find_named(ops.backward, "qkv_grad_accum")) == 86795);
+
+  // Sequence parallelism splits the element-wise kernels by 8, not the hooks.
+  const LayerOps sp = transformer_layer_ops(m, plan_of(8, 4, 2048, true, false, Recompute::none));
+  const Op* norm_sp = find_named(sp.backward, "norm_in_bwd");
+  const Op* hook_sp = find_named(sp.backward, "qkv_grad_accum");
+  REQUIRE(norm_sp != nullptr);
+  REQUIRE(hook_sp != nullptr);
+  CHECK(norm_sp->bytes == 10.0 * 6291456);
+  CHECK(hook_sp->bytes == bytes("qkv_grad_accum"));
+  // Llama (no biases, SwiGLU): weights only; SwiGLU backward reads dy and
+  // both halves and writes both gradients, 10 B per [T, f/t] element.
+  // TP 8, b 1, s 8192: QKV 4096 x (4096 + 2 x 1024) / 8 = 4096 x 768.
+  const LayerOps llama = transformer_layer_ops(llama_gqa(), plan_of(8, 1, 8192, true, false, Recompute::none));
+  const Op* llama_qkv = find_named(llama.backward, "qkv_grad_accum");
+  const Op* llama_act = find_named(llama.backward, "act_bwd");
+  REQUIRE(llama_qkv != nullptr);
+  REQUIRE(llama_act != nullptr);
+  CHECK(llama_qkv->bytes == 10.0 * 4096 * 768);
+  CHECK(llama_act->bytes == 10.0 * 8192 * (14336 / 8));
+}
+
+TEST_CASE("the embedding's and the LM head's weight gradients, per Megatron-LM 2022") {
+  const ModelSpec m = gpt_22b();
+  const ParallelPlan p = plan_of(8, 4, 2048, false, false, Recompute::none);
+  // 6400 vocabulary rows per GPU x 6144 = 39,321,600 parameters; 2048
+  // learned positions x 6144 = 12,582,912; [T, h] = 50,331,648 elements.
+  const LayerOps embed = embedding_ops(m, p);
+  const Op* grad = find_named(embed.backward, "embed_grad");
+  const Op* drop = find_named(embed.backward, "embed_dropout_bwd");
+  REQUIRE(grad != nullptr);
+  REQUIRE(drop != nullptr);
+  CHECK(drop->bytes == 5.0 * 50331648);
+  // transpose copy 4 B + two scatter-adds 6 B each + the shard mask's
+  // index_put backward 4 B + zeros over 7/8 of the rows 1.75 B, per [T, h]
+  // element: 21.75 x 50,331,648 = 1,094,713,344; both tables zeroed (2 B)
+  // and hooked (10 B): 12 x 51,904,512 = 622,854,144.
+  CHECK(grad->bytes == 1094713344.0 + 622854144.0);
+  const LayerOps head = lm_head_ops(m, p);
+  const Op* head_hook = find_named(head.backward, "logits_grad_accum");
+  REQUIRE(head_hook != nullptr);
+  CHECK(head_hook->bytes == 10.0 * 39321600);
+}
+
 TEST_CASE("the optimizer step: Megatron-LM's kernels over the fp32 gradient buffer and the shard") {
   // 1e9 parameters on the GPU, no DP: grad_scale 8 B, grad_norm 4, Adam 28,
   // master -> bf16 copy 6, buffer zeroing 4: 50 B per parameter.
