@@ -90,12 +90,14 @@ double gemm_efficiency(const GpuProfile& gpu, std::int64_t m, std::int64_t n, st
 }
 
 // A measured (or interpolated) time is per call, launch included.
-std::int64_t gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) {
+std::int64_t gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
+                          double extra_bytes) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
   if (gpu.calibration) {
     if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch)) return std::llround(*ns);
   }
-  const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch), gemm_memory_s(gpu, m, n, k, batch));
+  const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch),
+                                  gemm_memory_s(gpu, m, n, k, batch) + extra_bytes / hbm_Bps(gpu));
   return to_ns(seconds) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
 }
 
@@ -231,7 +233,7 @@ std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
     case OpKind::gemm:
       // The shape is what the kernel runs (the unfused attention GEMMs
       // compute the full s x s even though only half is useful).
-      return gemm_time_ns(gpu, op.m, op.n, op.k, op.batch);
+      return gemm_time_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes);
     case OpKind::attention_core: {
       // Fused (flash) attention: tensor-core work at the GEMM efficiency of
       // its grid (query blocks x heads), causal half only, against the HBM

@@ -312,7 +312,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
 struct LayerKey {
   int tp, micro_batch;
   std::int64_t seq_length;
-  bool sp, flash;
+  bool sp, flash, fused_wgrad;
   Recompute recompute;
   bool operator==(const LayerKey&) const = default;
 };
@@ -328,7 +328,8 @@ struct KeyHash {
     std::size_t h = static_cast<std::size_t>(k.seq_length);
     h = h * 1000003u ^ static_cast<std::size_t>(k.tp);
     h = h * 1000003u ^ static_cast<std::size_t>(k.micro_batch);
-    h = h * 1000003u ^ (static_cast<std::size_t>(k.recompute) << 2 | (k.sp ? 2u : 0u) | (k.flash ? 1u : 0u));
+    h = h * 1000003u ^ (static_cast<std::size_t>(k.recompute) << 3 | (k.fused_wgrad ? 4u : 0u) | (k.sp ? 2u : 0u) |
+                        (k.flash ? 1u : 0u));
     return h;
   }
   std::size_t operator()(const PlacementKey& k) const noexcept {
@@ -373,7 +374,8 @@ Estimator::Estimator(Estimator&&) noexcept = default;
 
 Estimate Estimator::operator()(const ParallelPlan& plan) {
   const GpuProfile& gpu = topo_.cluster().gpu;
-  const LayerKey lk{plan.tp, plan.micro_batch, plan.seq_length, plan.sequence_parallel, plan.flash_attention, plan.recompute};
+  const LayerKey lk{plan.tp,          plan.micro_batch,     plan.seq_length, plan.sequence_parallel,
+                    plan.flash_attention, plan.grad_accum_fusion, plan.recompute};
   auto li = caches_->layers.find(lk);
   if (li == caches_->layers.end()) li = caches_->layers.emplace(lk, make_layer_cost(model_, gpu, plan)).first;
   const PlacementKey pk{plan.tp, plan.pp, plan.dp, plan.order};

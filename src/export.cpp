@@ -111,6 +111,8 @@ std::string export_megatron(const PlanFile& pf) {
   arg("# precision and kernels");
   arg("--bf16");
   arg(fmt::format("--attention-backend {}", p.flash_attention ? "flash" : "unfused"));
+  // Fusion is Megatron-LM's default; a plan priced without it says so.
+  if (!p.grad_accum_fusion) arg("--no-gradient-accumulation-fusion");
   out += ")\n\n";
 
   if (fsdp)
@@ -375,6 +377,7 @@ std::string export_nemo(const PlanFile& pf) {
   out += fmt::format("  share_embeddings_and_output_weights: {}\n", yes_no(m.tied_embeddings));
   out += "  make_vocab_size_divisible_by: 128\n";
   out += fmt::format("  use_flash_attention: {}\n", yes_no(p.flash_attention));
+  out += fmt::format("  gradient_accumulation_fusion: {}\n", yes_no(p.grad_accum_fusion));
   out += "  optim:\n";
   out += fmt::format("    name: {}\n", p.zero_stage >= 1 ? "distributed_fused_adam" : "fused_adam");
   return out;

@@ -37,6 +37,7 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
       {"sequence_parallel", p.sequence_parallel},
       {"schedule", std::string(to_string(p.schedule))},
       {"flash_attention", p.flash_attention},
+      {"grad_accum_fusion", p.grad_accum_fusion},
       {"rank_order", p.order.str()},
       {"world_size", p.world_size()},
   };
@@ -144,6 +145,9 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   p.sequence_parallel = r.boolean("sequence_parallel");
   p.schedule = parse_schedule(r.choice("schedule", {"gpipe", "1f1b", "interleaved"}), source, "parallel.schedule");
   p.flash_attention = r.boolean("flash_attention");
+  // Optional: plan files written before the field existed were priced with
+  // the fused accumulation, the default.
+  p.grad_accum_fusion = r.optional_boolean("grad_accum_fusion").value_or(true);
   p.order = RankOrder::parse(r.string("rank_order"), source, "parallel.rank_order");
   const std::int64_t world = r.positive_integer("world_size");
   r.reject_unknown();

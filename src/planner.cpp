@@ -104,6 +104,7 @@ ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, c
   p.recompute = o.recompute.value_or(Recompute::selective);
   p.sequence_parallel = o.sequence_parallel.value_or(p.tp > 1);
   p.flash_attention = o.flash_attention.value_or(cluster.gpu.flash_attention);
+  p.grad_accum_fusion = o.grad_accum_fusion.value_or(true);
   p.order = o.order.value_or(RankOrder{});
   validate_plan(p, model, cluster);
   return p;
@@ -271,6 +272,7 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
                   p.recompute = rc;
                   p.sequence_parallel = sp;
                   p.flash_attention = flash;
+                  p.grad_accum_fusion = o.grad_accum_fusion.value_or(true);
                   p.order = order;
                   try {
                     validate_plan(p, model, cluster);

@@ -58,6 +58,7 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   j["sequence_parallel"] = p.sequence_parallel;
   j["schedule"] = std::string(to_string(p.schedule));
   j["flash_attention"] = p.flash_attention;
+  j["grad_accum_fusion"] = p.grad_accum_fusion;
   j["rank_order"] = p.order.str();
   j["score"] = e.simulated ? "simulated" : "analytical";
   j["iteration_time_s"] = e.iteration_time_s;
@@ -129,11 +130,12 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                      c.total_gpus());
   out += fmt::format("plan: TP {} x PP {} x DP {}, micro-batch {}, {} micro-batches, global batch {} x {} tokens\n", p.tp,
                      p.pp, p.dp, p.micro_batch, p.num_micro_batches(), p.global_batch, p.seq_length);
-  out += fmt::format("      schedule {}{}, ZeRO {}, recompute {}, sequence parallel {}, flash attention {}, rank order {}\n",
+  out += fmt::format("      schedule {}{}, ZeRO {}, recompute {}, sequence parallel {}, flash attention {}, "
+                     "grad-accum fusion {}, rank order {}\n",
                      to_string(p.schedule),
                      p.virtual_stages > 1 ? fmt::format(" (v = {})", p.virtual_stages) : std::string(), p.zero_stage,
                      to_string(p.recompute), p.sequence_parallel ? "on" : "off", p.flash_attention ? "on" : "off",
-                     p.order.str());
+                     p.grad_accum_fusion ? "on" : "off", p.order.str());
   if (has_uneven_stages(p)) {
     out += fmt::format("      uneven stages: first {} layers, {} middle stages of {}, last {}\n",
                        layers_on_stage(p, m.num_layers, 0), p.pp - 2, layers_on_stage(p, m.num_layers, 1),

@@ -64,7 +64,12 @@
 //     (2 + 4 + 4 B per parameter, every micro-batch). layers.py at 02bb1f5c
 //     computes grad_weight with a plain matmul (no gradient-accumulation
 //     fusion into main_grad yet), so the hook is a separate kernel after
-//     each linear layer's backward (`*_grad_accum`).
+//     each linear layer's backward (`*_grad_accum`). Later Megatron-LM
+//     (LinearWithGradAccumulationAndAsyncCommunication, March 2022 on, the
+//     default since) fuses the accumulation into the wgrad GEMM
+//     (ParallelPlan::grad_accum_fusion, the default here): no hook for the
+//     linear layers, an fp32 read-modify-write of C in the GEMM instead.
+//     The embedding table's gradient is hooked either way.
 #include "cuboid/workload.hpp"
 
 #include <utility>
@@ -154,7 +159,7 @@ constexpr double kFp32 = 4.0;
 
 struct Dims {
   std::int64_t b, s, h, a, d, q, kv, f, t, tokens;
-  bool sp, flash;
+  bool sp, flash, fused_wgrad;
 };
 
 Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
@@ -171,6 +176,7 @@ Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
   x.tokens = x.s * x.b;
   x.sp = plan.sequence_parallel && x.t > 1;
   x.flash = plan.flash_attention;
+  x.fused_wgrad = plan.grad_accum_fusion;
   return x;
 }
 
@@ -210,12 +216,18 @@ Op collective(std::string name, Pass pass, Collective c, Group g, double bytes) 
 }
 
 // A GEMM's backward: dgrad (dX = dY W^T) and wgrad (dW = X^T dY), each with
-// the forward's FLOPs. Forward C[m x n] = A[m x k] B[k x n].
-void add_gemm_backward(std::vector<Op>& out, const Op& fwd) {
+// the forward's FLOPs. Forward C[m x n] = A[m x k] B[k x n]. A linear layer's
+// wgrad with gradient-accumulation fusion (fused_into_main_grad) accumulates
+// into the fp32 main_grad (beta = 1): its epilogue reads and writes 4 + 4 B
+// per weight instead of writing 2, the extra bytes in Op::bytes.
+void add_gemm_backward(std::vector<Op>& out, const Op& fwd, bool fused_into_main_grad = false) {
   Op dgrad = gemm(fwd.name + "_dgrad", Pass::backward, fwd.m, fwd.k, fwd.n, fwd.batch);
   Op wgrad = gemm(fwd.name + "_wgrad", Pass::backward, fwd.k, fwd.n, fwd.m, fwd.batch);
   dgrad.flops = fwd.flops;  // keeps the causal-half convention of the attention GEMMs
   wgrad.flops = fwd.flops;
+  if (fused_into_main_grad)
+    wgrad.bytes = static_cast<double>(fwd.k) * static_cast<double>(fwd.n) * static_cast<double>(fwd.batch) *
+                  (kFp32 + kFp32 - kBf16);
   out.push_back(std::move(dgrad));
   out.push_back(std::move(wgrad));
 }
@@ -381,7 +393,11 @@ LinearParams linear_params(const ModelSpec& m, const Dims& x) {
           d((x.f / x.t) * x.h) + bias * d(x.h)};
 }
 
-void add_grad_accum(std::vector<Op>& out, std::string name, double params) {
+// The main_grad hook of a linear layer's weight (and bias), when the wgrad
+// GEMM does not accumulate into main_grad itself. With fusion the bias
+// gradients are still hooked: a few thousand parameters, not charged.
+void add_grad_accum(std::vector<Op>& out, const Dims& x, std::string name, double params) {
+  if (x.fused_wgrad) return;
   out.push_back(memory_bound(std::move(name), Pass::backward, params * kGradAccumBytesPerParam));
 }
 
@@ -407,27 +423,27 @@ void layer_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, con
   };
   elementwise("drop_add_mlp_bwd", kDropoutAddBackwardBytesPerElement);
   add_sp_gather(out, x, "tp_ag_mlp_bwd", Pass::backward);
-  add_gemm_backward(out, find_op(fwd, "fc2"));
-  add_grad_accum(out, "fc2_grad_accum", params.fc2);
+  add_gemm_backward(out, find_op(fwd, "fc2"), x.fused_wgrad);
+  add_grad_accum(out, x, "fc2_grad_accum", params.fc2);
   out.push_back(memory_bound("act_bwd", Pass::backward, act_bytes));
-  add_gemm_backward(out, find_op(fwd, "fc1"));
+  add_gemm_backward(out, find_op(fwd, "fc1"), x.fused_wgrad);
   add_tp_reduce(out, x, x.sp ? "tp_rs_mlp_bwd" : "tp_ar_mlp_bwd", Pass::backward);
-  add_grad_accum(out, "fc1_grad_accum", params.fc1);
+  add_grad_accum(out, x, "fc1_grad_accum", params.fc1);
   elementwise("norm_mlp_bwd", kNormBackwardBytesPerElement);
   elementwise("residual_add_bwd", kResidualGradSumBytesPerElement);
   elementwise("drop_add_attn_bwd", kDropoutAddBackwardBytesPerElement);
   add_sp_gather(out, x, "tp_ag_attn_bwd", Pass::backward);
-  add_gemm_backward(out, find_op(fwd, "proj"));
-  add_grad_accum(out, "proj_grad_accum", params.proj);
+  add_gemm_backward(out, find_op(fwd, "proj"), x.fused_wgrad);
+  add_grad_accum(out, x, "proj_grad_accum", params.proj);
   add_attention_backward(out, x, fwd);
-  add_gemm_backward(out, find_op(fwd, "qkv"));
+  add_gemm_backward(out, find_op(fwd, "qkv"), x.fused_wgrad);
   add_tp_reduce(out, x, x.sp ? "tp_rs_attn_bwd" : "tp_ar_attn_bwd", Pass::backward);
   // grad_output.sum(dim=0): one read of the QKV output's gradient. Megatron
   // runs it after the wgrad, under the async reduce; it is listed after the
   // reduce because the simulator's overlap window (sim/program.cpp) is
   // dgrad, wgrad, reduce. Pessimistic by at most this small kernel.
   if (m.linear_bias) out.push_back(memory_bound("qkv_bias_grad", Pass::backward, qkv_elements(x) * kBf16));
-  add_grad_accum(out, "qkv_grad_accum", params.qkv);
+  add_grad_accum(out, x, "qkv_grad_accum", params.qkv);
   elementwise("norm_in_bwd", kNormBackwardBytesPerElement);
   elementwise("residual_add_bwd", kResidualGradSumBytesPerElement);
 }
@@ -522,7 +538,7 @@ LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan) {
     ops.forward.push_back(collective("tp_ar_xent_tgt", Pass::forward, Collective::all_reduce, Group::tp, per_token));
   }
   ops.backward.push_back(memory_bound("xent_bwd", Pass::backward, logits * kCrossEntropyBackwardBytesPerElement));
-  add_gemm_backward(ops.backward, logit);
+  add_gemm_backward(ops.backward, logit, x.fused_wgrad);
   add_tp_reduce(ops.backward, x, x.sp ? "tp_rs_head_bwd" : "tp_ar_head_bwd", Pass::backward);
   // The output layer's weight gradient into main_grad: DDP's hook (10 B per
   // parameter) on an untied head or on the last stage's copy of a tied one
@@ -530,8 +546,11 @@ LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan) {
   // (6 B per parameter) and hooked once; charging the hook here as well
   // (4 B per parameter more) keeps the op list independent of PP, which the
   // estimator's per-layer cache relies on.
+  // Megatron's output layer runs the same linear autograd function as the
+  // column-parallel layers, so fusion covers it too.
   const double head_params = static_cast<double>(vocab_shard) * static_cast<double>(x.h);
-  ops.backward.push_back(memory_bound("logits_grad_accum", Pass::backward, head_params * kGradAccumBytesPerParam));
+  if (!x.fused_wgrad)
+    ops.backward.push_back(memory_bound("logits_grad_accum", Pass::backward, head_params * kGradAccumBytesPerParam));
   ops.backward.push_back(memory_bound("norm_final_bwd", Pass::backward, hid * kNormBackwardBytesPerElement));
   return ops;
 }

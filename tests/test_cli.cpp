@@ -120,6 +120,15 @@ TEST_CASE("plan with fixed dimensions and simulate agree") {
   REQUIRE_MESSAGE(text.code == 0, text.err);
   CHECK(text.out.find("breakdown of the iteration") != std::string::npos);
   CHECK(text.out.find("memory per GPU") != std::string::npos);
+  // Without gradient-accumulation fusion every micro-batch adds the main_grad
+  // hooks: slower, and the plan says so.
+  Result unfused = run("simulate " + kLlama + " --tp 4 --pp 4 --dp 2 --micro-batch 1 --zero 1 --recompute full "
+                       "--sequence-parallel on --global-batch 64 --grad-accum-fusion off --json");
+  REQUIRE_MESSAGE(unfused.code == 0, unfused.err);
+  const auto slow = nlohmann::json::parse(unfused.out);
+  CHECK(slow["iteration_time_s"].get<double>() > sim["iteration_time_s"].get<double>());
+  CHECK(slow["grad_accum_fusion"] == false);
+  CHECK(sim["grad_accum_fusion"] == true);
 }
 
 TEST_CASE("mesh prints the seed's picture") {
@@ -163,6 +172,7 @@ TEST_CASE("bad input: exit code 2 and one line naming the file or flag and the f
       {"plan " + kLlama + " --recompute sometimes", "--recompute: unknown recompute mode \"sometimes\""},
       {"plan " + kLlama + " --schedule zigzag", "--schedule: unknown pipeline schedule"},
       {"plan " + kLlama + " --sequence-parallel maybe", "--sequence-parallel: expected on or off"},
+      {"simulate " + kLlama + " --tp 4 --pp 4 --grad-accum-fusion fused", "--grad-accum-fusion: expected on or off"},
       {"plan " + kLlama + " --nodes 0", "--nodes: must be positive"},
       {"plan " + kLlama + " --tp abc", "command line"},
       {"plan " + kLlama + " --global-batch -4", "--global-batch: must be positive"},

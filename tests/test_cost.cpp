@@ -37,6 +37,11 @@ ParallelPlan plan_of(int tp, int micro_batch, std::int64_t seq, bool sp, bool fl
   return p;
 }
 
+ParallelPlan unfused(ParallelPlan p) {
+  p.grad_accum_fusion = false;
+  return p;
+}
+
 double sum_flops(const std::vector<Op>& ops) {
   double total = 0;
   for (const Op& op : ops) {
@@ -92,6 +97,11 @@ TEST_CASE("GEMM efficiency: wave and tile quantisation over 108 SMs, roofline fo
   const double mem_s = (m * k + k * n + m * n) * 2 / (2039e9 * 0.8);
   CHECK(gemm_efficiency(g, 8192, 8192, 16) == doctest::Approx(2 * m * n * k / (312e12 * mem_s)));
   CHECK(static_cast<double>(gemm_time_ns(g, 8192, 8192, 16)) == doctest::Approx(mem_s * 1e9).epsilon(1e-6));
+  // An fp32 read-modify-write of C (fused main_grad accumulation: 6 B more
+  // per element of C) lengthens the memory side by its bytes.
+  const double extra = 6 * m * n;
+  CHECK(static_cast<double>(gemm_time_ns(g, 8192, 8192, 16, 1, extra)) ==
+        doctest::Approx((mem_s + extra / (2039e9 * 0.8)) * 1e9).epsilon(1e-6));
   // Compute-bound time of the one-wave GEMM.
   const double flops = 2.0 * 1536 * 1152 * 8192;
   CHECK(std::abs(static_cast<double>(gemm_time_ns(g, 1536, 1152, 8192)) - flops / (312e12 * 0.869) * 1e9) <= 1.0);
@@ -365,8 +375,9 @@ TEST_CASE("cross-entropy over fp32 logits and the embedding lookup, per Megatron
 TEST_CASE("the layer's backward element-wise kernels and main_grad hooks, per Megatron-LM 2022") {
   // Korthikanti's 22B layer: TP 8, b 4, s 2048: T = 8192 tokens, h 6144,
   // f 24576 (3072 per GPU); [T, h] = 50,331,648 elements per GPU without SP.
+  // Megatron-LM 2022 at 02bb1f5c: no gradient-accumulation fusion.
   const ModelSpec m = gpt_22b();
-  const LayerOps ops = transformer_layer_ops(m, plan_of(8, 4, 2048, false, false, Recompute::none));
+  const LayerOps ops = transformer_layer_ops(m, unfused(plan_of(8, 4, 2048, false, false, Recompute::none)));
   auto bytes = [&](const std::string& name) {
     const Op* op = find_named(ops.backward, name);
     REQUIRE(op != nullptr);
@@ -417,7 +428,7 @@ TEST_CASE("the layer's backward element-wise kernels and main_grad hooks, per Me
   CHECK(op_time_ns(a100(), *find_named(ops.backward, "qkv_grad_accum")) == 86795);
 
   // Sequence parallelism splits the element-wise kernels by 8, not the hooks.
-  const LayerOps sp = transformer_layer_ops(m, plan_of(8, 4, 2048, true, false, Recompute::none));
+  const LayerOps sp = transformer_layer_ops(m, unfused(plan_of(8, 4, 2048, true, false, Recompute::none)));
   const Op* norm_sp = find_named(sp.backward, "norm_in_bwd");
   const Op* hook_sp = find_named(sp.backward, "qkv_grad_accum");
   REQUIRE(norm_sp != nullptr);
@@ -427,18 +438,36 @@ TEST_CASE("the layer's backward element-wise kernels and main_grad hooks, per Me
   // Llama (no biases, SwiGLU): weights only; SwiGLU backward reads dy and
   // both halves and writes both gradients, 10 B per [T, f/t] element.
   // TP 8, b 1, s 8192: QKV 4096 x (4096 + 2 x 1024) / 8 = 4096 x 768.
-  const LayerOps llama = transformer_layer_ops(llama_gqa(), plan_of(8, 1, 8192, true, false, Recompute::none));
+  const LayerOps llama = transformer_layer_ops(llama_gqa(), unfused(plan_of(8, 1, 8192, true, false, Recompute::none)));
   const Op* llama_qkv = find_named(llama.backward, "qkv_grad_accum");
   const Op* llama_act = find_named(llama.backward, "act_bwd");
   REQUIRE(llama_qkv != nullptr);
   REQUIRE(llama_act != nullptr);
   CHECK(llama_qkv->bytes == 10.0 * 4096 * 768);
   CHECK(llama_act->bytes == 10.0 * 8192 * (14336 / 8));
+
+  // With gradient-accumulation fusion (the default) there are no hooks for
+  // the linear layers; each wgrad GEMM reads and writes the fp32 main_grad
+  // in its epilogue instead of writing bf16: 4 + 4 - 2 = 6 B per weight.
+  const LayerOps fused = transformer_layer_ops(m, plan_of(8, 4, 2048, false, false, Recompute::none));
+  for (const char* hook : {"qkv_grad_accum", "proj_grad_accum", "fc1_grad_accum", "fc2_grad_accum"})
+    CHECK(find_named(fused.backward, hook) == nullptr);
+  const Op* qkv_wgrad = find_named(fused.backward, "qkv_wgrad");
+  const Op* av_wgrad = find_named(fused.backward, "attn_av_wgrad");
+  REQUIRE(qkv_wgrad != nullptr);
+  REQUIRE(av_wgrad != nullptr);
+  CHECK(qkv_wgrad->bytes == 6.0 * 6144 * 2304);
+  CHECK(av_wgrad->bytes == 0.0);  // not a weight
+  // The QKV wgrad (6144 x 2304, k = 8192) stays compute-bound: 2.32e11 FLOP
+  // at 312 x 0.869 TFLOP/s over 48 x 18 = 864 tiles on 108 SMs (8 full
+  // waves) = 855.4 us, against (6144 x 8192 + 8192 x 2304 + 6144 x 2304) x
+  // 2 B + 84.9 MB = 251.6 MB at 1631 GB/s = 154.3 us.
+  CHECK(op_time_ns(a100(), *qkv_wgrad) == op_time_ns(a100(), *find_named(ops.backward, "qkv_wgrad")));
 }
 
 TEST_CASE("the embedding's and the LM head's weight gradients, per Megatron-LM 2022") {
   const ModelSpec m = gpt_22b();
-  const ParallelPlan p = plan_of(8, 4, 2048, false, false, Recompute::none);
+  const ParallelPlan p = unfused(plan_of(8, 4, 2048, false, false, Recompute::none));
   // 6400 vocabulary rows per GPU x 6144 = 39,321,600 parameters; 2048
   // learned positions x 6144 = 12,582,912; [T, h] = 50,331,648 elements.
   const LayerOps embed = embedding_ops(m, p);
@@ -456,6 +485,11 @@ TEST_CASE("the embedding's and the LM head's weight gradients, per Megatron-LM 2
   const Op* head_hook = find_named(head.backward, "logits_grad_accum");
   REQUIRE(head_hook != nullptr);
   CHECK(head_hook->bytes == 10.0 * 39321600);
+  // Fused: the output layer's wgrad accumulates into main_grad itself (the
+  // embedding table's F.embedding gradient is still hooked).
+  const ParallelPlan fused = plan_of(8, 4, 2048, false, false, Recompute::none);
+  CHECK(find_named(lm_head_ops(m, fused).backward, "logits_grad_accum") == nullptr);
+  CHECK(find_named(embedding_ops(m, fused).backward, "embed_grad")->bytes == grad->bytes);
 }
 
 TEST_CASE("the optimizer step: Megatron-LM's kernels over the fp32 gradient buffer and the shard") {

@@ -104,6 +104,13 @@ TEST_CASE("the Megatron export carries the flags that make the plan") {
   CHECK(gpt3.find("--num-layers-per-virtual-pipeline-stage 8\n") != std::string::npos);
   CHECK(gpt3.find("--recompute-granularity selective\n") != std::string::npos);
   CHECK(gpt3.find("--untie-embeddings-and-output-weights") == std::string::npos);
+  // Gradient-accumulation fusion is Megatron's default: only a plan priced
+  // without it turns it off.
+  CHECK(seed.find("gradient-accumulation-fusion") == std::string::npos);
+  PlanFile unfused = plan_file("seed");
+  unfused.plan.grad_accum_fusion = false;
+  CHECK(export_plan(unfused, "megatron").find("--no-gradient-accumulation-fusion\n") != std::string::npos);
+  CHECK(export_plan(unfused, "nemo").find("  gradient_accumulation_fusion: false\n") != std::string::npos);
 }
 
 TEST_CASE("DeepSpeed batch sizes are consistent with DP") {

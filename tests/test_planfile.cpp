@@ -118,6 +118,17 @@ TEST_CASE("another schema version is refused with the fix") {
         "which starts with \"schema\": \"cuboid.plan/1\")");
 }
 
+TEST_CASE("gradient-accumulation fusion round-trips; older plan files without it read as fused") {
+  nlohmann::json j = seed_json();
+  CHECK(j["parallel"]["grad_accum_fusion"] == true);
+  j["parallel"]["grad_accum_fusion"] = false;
+  CHECK_FALSE(plan_file_from_json(j, "plan.json").plan.grad_accum_fusion);
+  j["parallel"].erase("grad_accum_fusion");
+  CHECK(plan_file_from_json(j, "plan.json").plan.grad_accum_fusion);
+  j["parallel"]["grad_accum_fusion"] = "off";
+  CHECK(read_error(j).rfind("plan.json: parallel.grad_accum_fusion: ", 0) == 0);
+}
+
 TEST_CASE("unknown fields, wrong types and hand edits name the field") {
   nlohmann::json j = seed_json();
   j["parallel"]["tensor_parallel"] = 4;

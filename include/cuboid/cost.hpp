@@ -27,8 +27,12 @@ struct BusbwCurve;             // busbw_curve.hpp
 // limited by the roofline (HBM bytes of A, B and C at the achievable bandwidth).
 double gemm_efficiency(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k,
                        std::int64_t batch = 1);
+// extra_bytes: HBM traffic beyond A, B and a bf16 C (a wgrad GEMM that
+// accumulates into an fp32 main_grad), added to the roofline's memory side;
+// a calibrated GEMM time (measured with a bf16 C) is used as it is.
 std::int64_t gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k,
-                          std::int64_t batch = 1);
+                          std::int64_t batch = 1,
+                          double extra_bytes = 0);
 std::int64_t memory_bound_time_ns(const GpuProfile& gpu, double bytes);
 // A memory-bound kernel by the workload's op name ("act", "norm_in_bwd", and
 // the optimizer step's "adam" with bytes = shard parameters x 28, see

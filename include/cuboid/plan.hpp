@@ -52,6 +52,12 @@ struct ParallelPlan {
   bool sequence_parallel = false;
   Schedule schedule = Schedule::one_f_one_b;
   bool flash_attention = true;
+  // Megatron's gradient-accumulation fusion (--no-gradient-accumulation-fusion
+  // turns it off): each linear layer's wgrad GEMM accumulates into the fp32
+  // main_grad (beta = 1). Off: the GEMM writes a bf16 gradient and a DDP hook
+  // adds it to main_grad per parameter per micro-batch, as Megatron-LM did
+  // before March 2022 (and DeepSpeed's and FSDP's accumulation passes do).
+  bool grad_accum_fusion = true;
   RankOrder order;
 
   int world_size() const { return tp * pp * dp * cp; }

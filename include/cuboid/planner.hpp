@@ -25,6 +25,7 @@ struct PlannerOptions {
   std::optional<bool> sequence_parallel;
   std::optional<Schedule> schedule;
   std::optional<bool> flash_attention;       // default: the device's (GpuProfile::flash_attention)
+  std::optional<bool> grad_accum_fusion;     // default: on (ParallelPlan::grad_accum_fusion)
   std::optional<std::int64_t> global_batch;  // default: default_global_batch()
   std::optional<std::int64_t> seq_length;    // default: the model's
   std::optional<RankOrder> order;   // default: Megatron's tp-dp-pp (or searched with search_rank_order)

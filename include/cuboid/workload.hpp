@@ -30,7 +30,8 @@ struct Op {
   // GEMM shape per GPU: C[m x n] = A[m x k] * B[k x n], `batch` times (attention core: batch = b * heads / tp).
   std::int64_t m = 0, n = 0, k = 0, batch = 1;
   double flops = 0;           // per GPU
-  double bytes = 0;           // HBM traffic of a memory-bound op (read + write), per GPU
+  double bytes = 0;           // HBM traffic of a memory-bound op (read + write), per GPU; of a GEMM:
+                              // traffic beyond A, B and a bf16 C (fused fp32 main_grad accumulation)
   Collective collective = Collective::all_reduce;
   Group group = Group::none;
   double comm_bytes = 0;      // collective: the NCCL "size" (buffer bytes per rank); p2p: bytes sent

@@ -24,6 +24,7 @@ struct PlanFlags {
   std::optional<std::int64_t> global_batch, seq_length;
   std::optional<int> tp, pp, dp, micro_batch, vpp, zero;
   std::optional<std::string> recompute, sequence_parallel, schedule, flash_attention, rank_order;
+  std::optional<std::string> grad_accum_fusion;  // on|off
   std::optional<int> first_stage_layers, last_stage_layers;
   bool uneven_stages = false;
   bool explain = false;
