@@ -118,7 +118,7 @@ std::int64_t memory_bytes(JsonReader& r, GpuProfile& gpu) {
 GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   check_keys(j, r, {"name", "peak_bf16_tflops", "hbm_bandwidth_GBps", "memory_MiB", "memory_GiB", "memory_GB",
                     "sm_count", "gemm_max_efficiency", "memory_bound_efficiency", "kernel_launch_us",
-                    "memory_reserve_GiB", "flash_attention"});
+                    "memory_reserve_GiB", "flash_attention", "unfused_attention_efficiency"});
   GpuProfile gpu;
   gpu.name = r.string("name");
   gpu.peak_bf16_flops = sourced(r, "peak_bf16_tflops", gpu.sources, "peak_bf16_flops") * kTera;
@@ -128,6 +128,9 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   gpu.gemm_max_efficiency = sourced_fraction(r, "gemm_max_efficiency", gpu.sources, "gemm_max_efficiency");
   gpu.memory_bound_efficiency =
       sourced_fraction(r, "memory_bound_efficiency", gpu.sources, "memory_bound_efficiency");
+  if (r.has("unfused_attention_efficiency"))
+    gpu.unfused_attention_efficiency =
+        sourced_fraction(r, "unfused_attention_efficiency", gpu.sources, "unfused_attention_efficiency");
   gpu.kernel_launch_ns = sourced(r, "kernel_launch_us", gpu.sources, "kernel_launch_ns") * kNsPerUs;
   gpu.memory_reserve_bytes = static_cast<std::int64_t>(
       std::llround(sourced(r, "memory_reserve_GiB", gpu.sources, "memory_reserve_bytes") * kGiB));

@@ -40,6 +40,14 @@ double quantisation_efficiency(const GpuProfile& gpu, std::int64_t m, std::int64
 
 double hbm_Bps(const GpuProfile& gpu) { return gpu.hbm_bandwidth_Bps * gpu.memory_bound_efficiency; }
 
+// The HBM rate of an op: the unfused attention core's kernels at their own
+// measured fraction where the profile has one.
+double op_hbm_Bps(const GpuProfile& gpu, const Op& op) {
+  if (op.unfused_attention && gpu.unfused_attention_efficiency > 0)
+    return gpu.hbm_bandwidth_Bps * gpu.unfused_attention_efficiency;
+  return hbm_Bps(gpu);
+}
+
 std::int64_t to_ns(double seconds) {
   if (!(seconds < 1e9)) return kUnreachableNs;  // also catches NaN and infinity
   return static_cast<std::int64_t>(std::llround(seconds * 1e9));
@@ -65,11 +73,19 @@ double gemm_compute_s(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std
   return gemm_flops(m, n, k, batch) / (gemm_best_flops(gpu) * quantisation_efficiency(gpu, m, n, batch));
 }
 
-double gemm_memory_s(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) {
+double gemm_memory_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, double bytes_per_s) {
   const double elements = (static_cast<double>(m) * static_cast<double>(k) + static_cast<double>(k) * static_cast<double>(n) +
                            static_cast<double>(m) * static_cast<double>(n)) *
                           static_cast<double>(batch);
-  return elements * kBf16Bytes / hbm_Bps(gpu);
+  return elements * kBf16Bytes / bytes_per_s;
+}
+
+// Roofline time of an uncalibrated GEMM whose HBM side runs at bytes_per_s.
+std::int64_t gemm_roofline_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k,
+                              std::int64_t batch, double extra_bytes, double bytes_per_s) {
+  const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch),
+                                  gemm_memory_s(m, n, k, batch, bytes_per_s) + extra_bytes / bytes_per_s);
+  return to_ns(seconds) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
 }
 
 }  // namespace
@@ -85,7 +101,8 @@ double gemm_efficiency(const GpuProfile& gpu, std::int64_t m, std::int64_t n, st
       return gemm_flops(m, n, k, batch) / (gpu.peak_bf16_flops * *ns * 1e-9);
     }
   }
-  const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch), gemm_memory_s(gpu, m, n, k, batch));
+  const double seconds =
+      std::max(gemm_compute_s(gpu, m, n, k, batch), gemm_memory_s(m, n, k, batch, hbm_Bps(gpu)));
   return gemm_flops(m, n, k, batch) / (gpu.peak_bf16_flops * seconds);
 }
 
@@ -96,9 +113,7 @@ std::int64_t gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n,
   if (gpu.calibration) {
     if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch)) return std::llround(*ns);
   }
-  const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch),
-                                  gemm_memory_s(gpu, m, n, k, batch) + extra_bytes / hbm_Bps(gpu));
-  return to_ns(seconds) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
+  return gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, hbm_Bps(gpu));
 }
 
 std::int64_t memory_bound_time_ns(const GpuProfile& gpu, double bytes) {
@@ -233,6 +248,9 @@ std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
     case OpKind::gemm:
       // The shape is what the kernel runs (the unfused attention GEMMs
       // compute the full s x s even though only half is useful).
+      if (op.unfused_attention && gpu.unfused_attention_efficiency > 0 && op.m > 0 && op.n > 0 && op.k > 0 &&
+          op.batch > 0 && !(gpu.calibration && calibrated_gemm_ns(*gpu.calibration, op.m, op.n, op.k, op.batch)))
+        return gemm_roofline_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes, op_hbm_Bps(gpu, op));
       return gemm_time_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes);
     case OpKind::attention_core: {
       // Fused (flash) attention: tensor-core work at the GEMM efficiency of
@@ -247,6 +265,9 @@ std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
       return to_ns(std::max(compute_s, memory_s)) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
     }
     case OpKind::memory_bound:
+      if (op.unfused_attention && gpu.unfused_attention_efficiency > 0 && op.bytes > 0 &&
+          !(gpu.calibration && calibrated_kernel_ns(*gpu.calibration, op.name, op.bytes)))
+        return to_ns(op.bytes / op_hbm_Bps(gpu, op)) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
       return kernel_time_ns(gpu, op.name, op.bytes);
     case OpKind::collective:
     case OpKind::p2p:

@@ -225,6 +225,8 @@ void add_gemm_backward(std::vector<Op>& out, const Op& fwd, bool fused_into_main
   Op wgrad = gemm(fwd.name + "_wgrad", Pass::backward, fwd.k, fwd.n, fwd.m, fwd.batch);
   dgrad.flops = fwd.flops;  // keeps the causal-half convention of the attention GEMMs
   wgrad.flops = fwd.flops;
+  dgrad.unfused_attention = fwd.unfused_attention;
+  wgrad.unfused_attention = fwd.unfused_attention;
   if (fused_into_main_grad)
     wgrad.bytes = static_cast<double>(fwd.k) * static_cast<double>(fwd.n) * static_cast<double>(fwd.batch) *
                   (kFp32 + kFp32 - kBf16);
@@ -300,6 +302,7 @@ void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
   out.push_back(std::move(av));
   // [b, heads, s, d] -> [s, b, heads * d]: the permute + contiguous copy.
   out.push_back(memory_bound("attn_ctx_copy", pass, static_cast<double>(x.tokens * (x.q / x.t)) * (kBf16 + kBf16)));
+  for (auto it = out.end() - 4; it != out.end(); ++it) it->unfused_attention = true;
 }
 
 // Elements of the QKV GEMM's output on one rank ([T, (q + 2kv)/t]).
@@ -332,6 +335,7 @@ void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vect
       out.push_back(memory_bound("attn_softmax_bwd", Pass::backward,
                                  score_elements(x) * (kAttnDropoutBackwardBytesPerElement + kSoftmaxBackwardWriteBytesPerElement) +
                                      score_triangle_elements(x) * kSoftmaxBackwardReadBytesPerTriangleElement));
+      out.back().unfused_attention = true;
     }
     if (it->name == "attn_qk") {
       // torch.baddbmm's autograd (tools/autograd/derivatives.yaml) scales
@@ -340,10 +344,12 @@ void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vect
       // each, read + write.
       out.push_back(memory_bound("attn_qk_scale_bwd", Pass::backward,
                                  2.0 * static_cast<double>(x.b * (x.a / x.t) * x.s * x.d) * (kBf16 + kBf16)));
+      out.back().unfused_attention = true;
     }
   }
   // SplitBackward: cat of the Q, K, V gradients (read + write).
   out.push_back(memory_bound("attn_qkv_grad_cat", Pass::backward, qkv_elements(x) * (kBf16 + kBf16)));
+  out.back().unfused_attention = true;
 }
 
 void layer_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass pass) {

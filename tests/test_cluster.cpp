@@ -451,6 +451,24 @@ TEST_CASE("intra_node.nccl_channels: optional, sourced, fewer than the GPU's SMs
   CHECK(small(j).intra.sources.at("nccl_channels") == "a test");
 }
 
+TEST_CASE("gpu.unfused_attention_efficiency: optional, sourced, a fraction") {
+  const Cluster dgx = cuboid::load_cluster(kTopologies / "dgx-a100.json");
+  CHECK(dgx.gpu.unfused_attention_efficiency == 0.646);
+  CHECK(dgx.gpu.sources.at("unfused_attention_efficiency").find("Table 4") != std::string::npos);
+  CHECK(small(small_card()).gpu.unfused_attention_efficiency == 0.0);  // absent: memory_bound_efficiency
+  CHECK(cuboid::load_cluster(kTopologies / "dgx-h100.json").gpu.unfused_attention_efficiency == 0.0);
+  json j = small_card();
+  j["gpu"]["unfused_attention_efficiency"] = json{{"value", 0.5}, {"source", "a test"}};
+  CHECK(small(j).gpu.unfused_attention_efficiency == 0.5);
+  CHECK(small(j).gpu.sources.at("unfused_attention_efficiency") == "a test");
+  j["gpu"]["unfused_attention_efficiency"] = 1.5;
+  CHECK(input_error_message([&] { small(j); }) ==
+        "small.json: gpu.unfused_attention_efficiency: must be at most 1, got 1.5 (fix: give a fraction in (0, 1])");
+  j["gpu"]["unfused_attention_efficiency"] = 0;
+  CHECK(input_error_message([&] { small(j); }) ==
+        "small.json: gpu.unfused_attention_efficiency: must be positive, got 0 (fix: give a value > 0)");
+}
+
 TEST_CASE("bare numbers and sourced constants both load") {
   json j = small_card();
   j["gpu"]["peak_bf16_tflops"] = json::parse(R"({"value": 100, "unit": "TFLOP/s", "source": "spec sheet"})");

@@ -372,6 +372,49 @@ TEST_CASE("cross-entropy over fp32 logits and the embedding lookup, per Megatron
   CHECK(lookup1->bytes == 18.0 * 50331648);
 }
 
+TEST_CASE("the unfused attention core's kernels at the profile's own HBM fraction") {
+  // Korthikanti's 22B layer (TP 8, b 4, s 2048): QK^T and AV move
+  // 293,601,280 B each on the roofline's memory side, softmax + dropout
+  // 1,073,807,360 B, the context copy 25,165,824 B: 1,686,175,744 B.
+  const ModelSpec m = gpt_22b();
+  const LayerOps ops = transformer_layer_ops(m, plan_of(8, 4, 2048, false, false, Recompute::selective));
+  GpuProfile g = a100();  // 2039 GB/s, memory_bound_efficiency 0.8, no launch cost
+  g.unfused_attention_efficiency = 0.646;
+  double core_ns = 0;
+  for (const char* name : {"attn_qk", "attn_softmax", "attn_av", "attn_ctx_copy"}) {
+    const Op* op = find_named(ops.forward, name);
+    REQUIRE(op != nullptr);
+    CHECK(op->unfused_attention);
+    core_ns += static_cast<double>(op_time_ns(g, *op));
+  }
+  // 1,686,175,744 B at 2039 GB/s x 0.646 = 1,280,144 ns; with the A100
+  // card's four launches of 4.9 us, the 1.3 ms that selective recomputation
+  // adds in Table 4.
+  CHECK(std::abs(core_ns - 1686175744.0 / (2039e9 * 0.646) * 1e9) <= 4.0);
+  // The backward's and the recomputation's core kernels carry the flag; the
+  // layer's other kernels do not, and keep memory_bound_efficiency.
+  for (const char* name : {"attn_av_dgrad", "attn_av_wgrad", "attn_softmax_bwd", "attn_qk_dgrad", "attn_qk_wgrad",
+                           "attn_qk_scale_bwd", "attn_qkv_grad_cat"})
+    CHECK_MESSAGE(find_named(ops.backward, name)->unfused_attention, name);
+  for (const Op& op : ops.recompute) CHECK(op.unfused_attention);
+  const Op* norm = find_named(ops.forward, "norm_in");
+  const Op* qkv = find_named(ops.forward, "qkv");
+  CHECK_FALSE(norm->unfused_attention);
+  CHECK_FALSE(qkv->unfused_attention);
+  GpuProfile plain = a100();
+  CHECK(op_time_ns(g, *norm) == op_time_ns(plain, *norm));
+  CHECK(op_time_ns(g, *qkv) == op_time_ns(plain, *qkv));
+  // Without the field the core runs at memory_bound_efficiency (0.8 here).
+  const Op* softmax = find_named(ops.forward, "attn_softmax");
+  CHECK(op_time_ns(plain, *softmax) == std::llround(1073807360.0 / (2039e9 * 0.8) * 1e9));
+  // Flash attention is one fused kernel, priced as before.
+  const LayerOps flash = transformer_layer_ops(m, plan_of(8, 4, 2048, false, true, Recompute::none));
+  const Op* fused = find_named(flash.forward, "attn_flash");
+  REQUIRE(fused != nullptr);
+  CHECK_FALSE(fused->unfused_attention);
+  CHECK(op_time_ns(g, *fused) == op_time_ns(plain, *fused));
+}
+
 TEST_CASE("the layer's backward element-wise kernels and main_grad hooks, per Megatron-LM 2022") {
   // Korthikanti's 22B layer: TP 8, b 4, s 2048: T = 8192 tokens, h 6144,
   // f 24576 (3072 per GPU); [T, h] = 50,331,648 elements per GPU without SP.

@@ -24,6 +24,10 @@ struct GpuProfile {
   int sm_count = 0;                     // streaming multiprocessors (wave quantisation)
   double gemm_max_efficiency = 0;       // best achievable fraction of peak on large GEMMs (MAMF / peak)
   double memory_bound_efficiency = 0;   // achievable fraction of HBM bandwidth for element-wise kernels
+  // Achieved fraction of HBM bandwidth of the unfused attention core's
+  // kernels (the s x s score GEMMs with k = head_dim, softmax, dropout, and
+  // their backward), measured where a profile has it; 0: memory_bound_efficiency.
+  double unfused_attention_efficiency = 0;
   double kernel_launch_ns = 0;          // fixed cost per kernel
   std::int64_t memory_reserve_bytes = 0;  // CUDA context, NCCL buffers, cuBLAS workspace, fragmentation
   // Whether a fused (flash) attention kernel exists on this device: the CPU

@@ -40,6 +40,10 @@ struct Op {
   // executor's f32) moves comm_bytes x element size / 2, see comm_size_bytes
   // in calibration.hpp. False for fp32 data (cross-entropy statistics).
   bool compute_dtype = false;
+  // A kernel of the unfused attention core (QK^T, softmax + dropout, AV, the
+  // context copy and their backward): its HBM side is priced at the profile's
+  // unfused_attention_efficiency where it has one.
+  bool unfused_attention = false;
 };
 
 struct LayerOps {
