@@ -180,6 +180,12 @@ std::string export_deepspeed(const PlanFile& pf) {
            "deepspeed.checkpointing.checkpoint)",
            "plan with --recompute none, or with --pp > 1 where pipeline.activation_checkpoint_interval expresses it");
 
+  if (p.grad_accum_fusion)
+    refuse(pf, "parallel.grad_accum_fusion",
+           "DeepSpeed's engine adds each micro-batch's gradients to its accumulation buffers in a separate pass, "
+           "not inside the weight-gradient GEMMs, and the plan was priced with Megatron's fused accumulation",
+           "plan with --grad-accum-fusion off (plan --for deepspeed does)");
+
   nlohmann::ordered_json j;
   j["train_batch_size"] = p.global_batch;
   j["train_micro_batch_size_per_gpu"] = p.micro_batch;
@@ -235,6 +241,13 @@ std::string export_torchtitan(const PlanFile& pf) {
            "torchtitan replicates with DDP (data_parallel_replicate_degree) only without tensor or pipeline "
            "parallelism (\"DDP has not supported > 1D parallelism\")",
            "plan with --zero 3 (FSDP), or export with --to megatron");
+
+  if (p.grad_accum_fusion)
+    refuse(pf, "parallel.grad_accum_fusion",
+           "torchtitan (FSDP2 or DDP) adds each micro-batch's gradients in a separate pass (autograd's "
+           "AccumulateGrad, FSDP's sharded add), not inside the weight-gradient GEMMs, and the plan was priced with "
+           "Megatron's fused accumulation",
+           "plan with --grad-accum-fusion off (plan --for torchtitan does)");
 
   // ZeRO-3 = FSDP resharding after forward; ZeRO-2 = FSDP keeping the
   // gathered weights until backward (torch fully_shard reshard_after_forward=False).

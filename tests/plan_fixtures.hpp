@@ -43,16 +43,23 @@ inline ParallelPlan make_plan(int tp, int pp, int dp, int vpp, int zero, Recompu
   return p;
 }
 
+// DeepSpeed and torchtitan plans are priced without Megatron's fused
+// gradient accumulation (their exporters refuse fused plans).
+inline ParallelPlan unfused(ParallelPlan p) {
+  p.grad_accum_fusion = false;
+  return p;
+}
+
 inline std::vector<Fixture> fixtures() {
   return {
       {"seed", "models/llama3-70b.json",
        make_plan(4, 4, 2, 1, 1, Recompute::full, true, Schedule::one_f_one_b, 8192)},
       {"gpt3-interleaved", "models/gpt3-175b.json",
-       make_plan(8, 4, 1, 3, 0, Recompute::selective, true, Schedule::interleaved, 2048)},
+       unfused(make_plan(8, 4, 1, 3, 0, Recompute::selective, true, Schedule::interleaved, 2048))},
       {"seed-zero3", "models/llama3-70b.json",
-       make_plan(4, 4, 2, 1, 3, Recompute::full, true, Schedule::one_f_one_b, 8192)},
+       unfused(make_plan(4, 4, 2, 1, 3, Recompute::full, true, Schedule::one_f_one_b, 8192))},
       {"llama8b-pp4", "models/llama3-8b.json",
-       make_plan(1, 4, 8, 1, 1, Recompute::full, false, Schedule::one_f_one_b, 8192)},
+       unfused(make_plan(1, 4, 8, 1, 1, Recompute::full, false, Schedule::one_f_one_b, 8192))},
   };
 }
 

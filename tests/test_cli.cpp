@@ -258,6 +258,10 @@ TEST_CASE("plan --for TARGET chooses a plan that the target can express, and exp
     Result e = run("export --plan " + plan.string() + " --to " + target);
     CHECK_MESSAGE(e.code == 0, e.err);
     CHECK(!e.out.empty());
+    // DeepSpeed and torchtitan accumulate gradients in a separate pass, so
+    // --for prices their plans without Megatron's fusion.
+    const bool fused = nlohmann::json::parse(std::ifstream(plan))["parallel"]["grad_accum_fusion"].get<bool>();
+    CHECK(fused == (std::string(target) == "megatron" || std::string(target) == "nemo"));
   }
   Result bad = run("plan " + kLlama + " --for jax");
   CHECK(bad.code == 2);

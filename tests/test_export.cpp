@@ -163,6 +163,26 @@ TEST_CASE("exports a target cannot represent are refused with the reason and the
                          "--recompute none or full)",
                          InputError);
   }
+  SUBCASE("DeepSpeed and torchtitan: no plan priced with Megatron's fused gradient accumulation") {
+    PlanFile pf = plan_file("llama8b-pp4");
+    pf.plan.grad_accum_fusion = true;
+    CHECK_THROWS_WITH_AS(export_plan(pf, "deepspeed"),
+                         "llama8b-pp4.plan.json: parallel.grad_accum_fusion: DeepSpeed's engine adds each "
+                         "micro-batch's gradients to its accumulation buffers in a separate pass, not inside the "
+                         "weight-gradient GEMMs, and the plan was priced with Megatron's fused accumulation (fix: plan "
+                         "with --grad-accum-fusion off (plan --for deepspeed does))",
+                         InputError);
+    pf = plan_file("seed-zero3");
+    pf.plan.grad_accum_fusion = true;
+    CHECK_THROWS_WITH_AS(export_plan(pf, "torchtitan"),
+                         "seed-zero3.plan.json: parallel.grad_accum_fusion: torchtitan (FSDP2 or DDP) adds each "
+                         "micro-batch's gradients in a separate pass (autograd's AccumulateGrad, FSDP's sharded add), "
+                         "not inside the weight-gradient GEMMs, and the plan was priced with Megatron's fused "
+                         "accumulation (fix: plan with --grad-accum-fusion off (plan --for torchtitan does))",
+                         InputError);
+    // Megatron and NeMo express either.
+    CHECK_NOTHROW(export_plan(pf, "megatron"));
+  }
   SUBCASE("Megatron: no GPipe, only its two rank orders") {
     PlanFile pf = plan_file("seed");
     pf.plan.schedule = Schedule::gpipe;

@@ -254,6 +254,9 @@ void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& t
   if (std::find(targets.begin(), targets.end(), target) == targets.end())
     throw InputError("command line", "--for", "unknown export target \"" + target + "\"",
                      "use megatron, deepspeed, torchtitan or nemo");
+  // DeepSpeed and torchtitan accumulate gradients in a separate pass: price
+  // their plans that way unless --grad-accum-fusion says otherwise.
+  if ((target == "deepspeed" || target == "torchtitan") && !o.grad_accum_fusion) o.grad_accum_fusion = false;
   auto pf = std::make_shared<PlanFile>();
   pf->source = "candidate";
   pf->model = l.model;

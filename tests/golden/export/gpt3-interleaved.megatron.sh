@@ -27,6 +27,7 @@ MEGATRON_ARGS=(
     # precision and kernels
     --bf16
     --attention-backend flash
+    --no-gradient-accumulation-fusion
 )
 
 # TP > 1: Megatron-LM wants CUDA_DEVICE_MAX_CONNECTIONS=1 (TP communication ordered before GEMMs).

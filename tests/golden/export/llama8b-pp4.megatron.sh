@@ -35,6 +35,7 @@ MEGATRON_ARGS=(
     # precision and kernels
     --bf16
     --attention-backend flash
+    --no-gradient-accumulation-fusion
 )
 
 # torchrun on each of the 4 nodes (NODE_RANK 0..3, MASTER_ADDR = node 0):

@@ -39,6 +39,7 @@ MEGATRON_ARGS=(
     # precision and kernels
     --bf16
     --attention-backend flash
+    --no-gradient-accumulation-fusion
 )
 
 # Megatron FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1.
