@@ -202,30 +202,53 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
   return pl;
 }
 
-Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
-                       const Placement& pl) {
+// The TP collective times (per distinct TP placement: a layer's, the
+// embedding's and the LM head's) and the pipeline hop of one (layer cost,
+// placement) pair. They depend on nothing else, and pricing them (the busbw
+// curve's interpolation and logarithms per collective) was most of a
+// candidate's scoring, so the Estimator keeps them per pair.
+struct TpTimes {
+  PassTimes layer, embed, head;
+};
+struct CommTimes {
+  std::vector<TpTimes> tp;  // per entry of Placement::tp_links
+  double hop_ns = 0;        // one pipeline message (and its TP gather), 0 without PP
+};
+
+CommTimes make_comm_times(const ParallelPlan& plan, const LayerCost& lc, const Placement& pl) {
   const int tp = plan.tp;
+  CommTimes ct;
+  ct.tp.resize(pl.tp_links.size());
+  for (std::size_t i = 0; i < pl.tp_links.size(); ++i) {
+    add_tp_times(ct.tp[i].layer, lc.layer, 1.0, tp, pl.tp_links[i]);
+    add_tp_times(ct.tp[i].embed, lc.embed, 1.0, tp, pl.tp_links[i]);
+    add_tp_times(ct.tp[i].head, lc.head, 1.0, tp, pl.tp_links[i]);
+  }
+  if (std::max(1, plan.pp) > 1) {
+    const double msg = lc.pipeline_message;
+    double hop_ns = 0;
+    for (const LinkParams& link : pl.p2p_links)
+      hop_ns = std::max(hop_ns, static_cast<double>(collective_time_ns(Collective::send_recv, msg, 2, link)));
+    if (tp > 1 && !plan.sequence_parallel) {
+      // Scatter-gather: the receiver all-gathers the t shards over its TP group.
+      double gather_ns = 0;
+      for (const GroupLinks& links : pl.tp_links) {
+        gather_ns = std::max(gather_ns, comm_ns(Collective::all_gather, msg * tp, tp, links));
+      }
+      hop_ns += gather_ns;
+    }
+    ct.hop_ns = hop_ns;
+  }
+  return ct;
+}
+
+Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
+                       const Placement& pl, const CommTimes& ct) {
   const int pp = std::max(1, plan.pp);
   const int dp = std::max(1, plan.dp);
   const double v = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
   const double micro_batches = static_cast<double>(plan.num_micro_batches());
-
-  // TP time per layer / embedding / head for each distinct TP placement.
-  struct TpTimes {
-    PassTimes layer, embed, head;
-  };
-  std::array<TpTimes, 4> tp_small{};
-  std::vector<TpTimes> tp_large;
-  TpTimes* tp_times = tp_small.data();
-  if (pl.tp_links.size() > tp_small.size()) {
-    tp_large.resize(pl.tp_links.size());
-    tp_times = tp_large.data();
-  }
-  for (std::size_t i = 0; i < pl.tp_links.size(); ++i) {
-    add_tp_times(tp_times[i].layer, lc.layer, 1.0, tp, pl.tp_links[i]);
-    add_tp_times(tp_times[i].embed, lc.embed, 1.0, tp, pl.tp_links[i]);
-    add_tp_times(tp_times[i].head, lc.head, 1.0, tp, pl.tp_links[i]);
-  }
+  const TpTimes* tp_times = ct.tp.data();
 
   int critical = 0;
   PassTimes crit{};
@@ -255,21 +278,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   bd.bubble_s = (pp - 1) * crit.total() / v * 1e-9;
 
   // Pipeline p2p on the critical path.
-  if (pp > 1) {
-    const double msg = lc.pipeline_message;
-    double hop_ns = 0;
-    for (const LinkParams& link : pl.p2p_links)
-      hop_ns = std::max(hop_ns, static_cast<double>(collective_time_ns(Collective::send_recv, msg, 2, link)));
-    if (tp > 1 && !plan.sequence_parallel) {
-      // Scatter-gather: the receiver all-gathers the t shards over its TP group.
-      double gather_ns = 0;
-      for (const GroupLinks& links : pl.tp_links) {
-        gather_ns = std::max(gather_ns, comm_ns(Collective::all_gather, msg * tp, tp, links));
-      }
-      hop_ns += gather_ns;
-    }
-    bd.pp_comm_s = 2.0 * (micro_batches * v + (pp - 1)) * hop_ns * 1e-9;
-  }
+  if (pp > 1) bd.pp_comm_s = 2.0 * (micro_batches * v + (pp - 1)) * ct.hop_ns * 1e-9;
 
   // Data-parallel gradient reduction and ZeRO gathers of the critical stage.
   const double params = parameters_on_stage(m, plan, critical);
@@ -341,6 +350,19 @@ struct KeyHash {
   }
 };
 
+// The pair's entries are node-based map values: their addresses are stable keys.
+struct PairKey {
+  const LayerCost* layer;
+  const Placement* placement;
+  bool operator==(const PairKey&) const = default;
+};
+
+struct PairHash {
+  std::size_t operator()(const PairKey& k) const noexcept {
+    return std::hash<const void*>{}(k.layer) * 1000003u ^ std::hash<const void*>{}(k.placement);
+  }
+};
+
 }  // namespace
 
 void fill_throughput(Estimate& e, const ModelSpec& m, const ParallelPlan& plan, const GpuProfile& gpu) {
@@ -359,12 +381,15 @@ void fill_throughput(Estimate& e, const ModelSpec& m, const ParallelPlan& plan, 
 
 Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan) {
   const GpuProfile& gpu = topo.cluster().gpu;
-  return estimate_with(m, gpu, plan, make_layer_cost(m, gpu, plan), make_placement(topo, plan));
+  const LayerCost lc = make_layer_cost(m, gpu, plan);
+  const Placement pl = make_placement(topo, plan);
+  return estimate_with(m, gpu, plan, lc, pl, make_comm_times(plan, lc, pl));
 }
 
 struct Estimator::Caches {
   std::unordered_map<LayerKey, LayerCost, KeyHash> layers;
   std::unordered_map<PlacementKey, Placement, KeyHash> placements;
+  std::unordered_map<PairKey, CommTimes, PairHash> comm;
 };
 
 Estimator::Estimator(const ModelSpec& m, const Topology& topo)
@@ -381,7 +406,10 @@ Estimate Estimator::operator()(const ParallelPlan& plan) {
   const PlacementKey pk{plan.tp, plan.pp, plan.dp, plan.order};
   auto pi = caches_->placements.find(pk);
   if (pi == caches_->placements.end()) pi = caches_->placements.emplace(pk, make_placement(topo_, plan)).first;
-  return estimate_with(model_, gpu, plan, li->second, pi->second);
+  const PairKey ck{&li->second, &pi->second};
+  auto ci = caches_->comm.find(ck);
+  if (ci == caches_->comm.end()) ci = caches_->comm.emplace(ck, make_comm_times(plan, li->second, pi->second)).first;
+  return estimate_with(model_, gpu, plan, li->second, pi->second, ci->second);
 }
 
 }  // namespace cuboid

@@ -2,6 +2,7 @@
 // collective rendezvous, independence of engines, determinism.
 #include <doctest/doctest.h>
 
+#include <span>
 #include <vector>
 
 #include "cuboid/sim/engine.hpp"
@@ -109,6 +110,28 @@ TEST_CASE("two engines are independent") {
   CHECK(e1.run().end_ns == 100);
   CHECK(e1.num_tasks() == 1);
   CHECK(e2.events() == 2);
+}
+
+// A group's mirrors are stored back to back in one vector; each reads back
+// as its own member list, in the order pushed, whatever its size.
+TEST_CASE("mirror groups: member lists read back in order, one span each") {
+  MirrorGroups m{{4, 5}, {6, 7}};
+  const std::vector<int> three{8, 9, 10};
+  m.push_back(three);
+  m.push_back({11});
+  REQUIRE(m.size() == 4);
+  CHECK_FALSE(m.empty());
+  const std::vector<std::vector<int>> want{{4, 5}, {6, 7}, {8, 9, 10}, {11}};
+  std::size_t i = 0;
+  for (std::span<const int> g : m) {
+    REQUIRE(i < want.size());
+    CHECK(std::vector<int>(g.begin(), g.end()) == want[i]);
+    CHECK(m[i].size() == want[i].size());
+    CHECK(m[i].data() == g.data());
+    ++i;
+  }
+  CHECK(i == want.size());
+  CHECK(MirrorGroups{}.empty());
 }
 
 TEST_CASE("bad inputs are rejected") {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <vector>
 
 #include "cuboid/cost.hpp"
@@ -253,6 +254,55 @@ TEST_CASE("route ids: the links of Topology::route, in order and direction, on e
     c.inter.leaves_per_pod = 2;
     check_all_pairs(c);
   }
+}
+
+// compile_routes lists a phase's links in increasing id order with the
+// routes' weights summed per link; a big phase reads them off a bit set, a
+// small one sorts them. Both must give exactly the reference merge.
+TEST_CASE("compile_routes: links in id order, weights summed, small and big phases alike") {
+  const Topology topo(dgx(256, 16));  // ~13k links: a handful of routes is "small"
+  Network net(topo);
+  auto reference = [&net](const std::vector<Route>& routes, std::vector<LinkUse> prior) {
+    std::map<LinkId, double> sum;
+    for (const LinkUse& u : prior) sum[u.link] += u.weight;
+    for (const Route& r : routes) {
+      for (LinkId l : net.route_links(r.src_gpu, r.dst_gpu)) sum[l] += r.weight;
+    }
+    std::vector<LinkUse> out;
+    for (const auto& [l, w] : sum) out.push_back({l, w});
+    return out;
+  };
+  auto check = [&](const std::vector<Route>& routes, const std::vector<LinkUse>& prior) {
+    std::vector<LinkUse> got = prior;
+    net.compile_routes(routes, got);
+    const std::vector<LinkUse> want = reference(routes, prior);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      CHECK(got[i].link == want[i].link);
+      CHECK(got[i].weight == want[i].weight);
+    }
+    return got.size();
+  };
+  // A few routes (the sort) and a mirrored ring over every node (the bit set),
+  // both with links listed twice and weights that do not sum exactly in binary.
+  const std::vector<Route> small{{3, 4, 1.0}, {0, 9, 0.1}, {0, 9, 0.2}};
+  CHECK(check(small, {}) <= 8);
+  std::vector<Route> big;
+  for (int local = 0; local < 8; ++local) {
+    for (int node = 0; node < 64; ++node) big.push_back({8 * node + local, 8 * ((node + 1) % 64) + local, 0.125});
+    for (int node = 0; node < 64; node += 2) big.push_back({8 * node + local, 8 * node + (local + 1) % 8, 0.7});
+  }
+  CHECK(check(big, {}) > 1000);
+  // Uses already in `out` are merged in too, on either path.
+  std::vector<LinkUse> prior;
+  net.compile_routes(small, prior);
+  check(big, prior);
+  check(small, prior);
+  // The scratch is clean after each call: the same input, the same output.
+  std::vector<LinkUse> a, b;
+  net.compile_routes(big, a);
+  net.compile_routes(big, b);
+  CHECK(a.size() == b.size());
 }
 
 // Finished flows' bytes reach the link totals in batches (Network::settle):

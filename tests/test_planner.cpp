@@ -140,6 +140,40 @@ TEST_CASE("the planner's cached Estimator gives exactly the uncached estimate") 
   CHECK(checked > 1);
 }
 
+// The Estimator prices the TP collectives and the pipeline hop once per
+// (layer cost, placement) pair; every breakdown part must still be exactly
+// what the uncached estimate gives, whichever plan filled the entry first.
+TEST_CASE("the Estimator's per-(layer, placement) communication times equal the uncached ones") {
+  const ModelSpec m = load_model("models/llama3-70b.json");
+  const Cluster c = load_cluster("topologies/dgx-a100-4node.json");
+  const Topology topo(c);
+  PlannerOptions o;
+  o.simulate_top = 0;
+  o.global_batch = 64;
+  o.threads = 1;
+  const SearchResult r = search_plans(m, topo, o);
+  REQUIRE(r.fitting.size() > 100);
+  Estimator cached(m, topo);
+  std::size_t pp_sg = 0;  // plans with pipeline hops that gather TP shards (SP off)
+  for (int pass = 0; pass < 2; ++pass) {  // reversed order, then forward: entries first filled by other plans
+    for (std::size_t k = 0; k < r.fitting.size(); ++k) {
+      const std::size_t i = pass == 0 ? r.fitting.size() - 1 - k : k;
+      const ParallelPlan& p = r.fitting[i].plan;
+      const Estimate a = estimate(m, topo, p);
+      const Estimate b = cached(p);
+      CHECK(a.iteration_time_s == b.iteration_time_s);
+      CHECK(a.breakdown.compute_s == b.breakdown.compute_s);
+      CHECK(a.breakdown.tp_comm_s == b.breakdown.tp_comm_s);
+      CHECK(a.breakdown.pp_comm_s == b.breakdown.pp_comm_s);
+      CHECK(a.breakdown.dp_comm_s == b.breakdown.dp_comm_s);
+      CHECK(a.breakdown.bubble_s == b.breakdown.bubble_s);
+      CHECK(a.breakdown.optimizer_s == b.breakdown.optimizer_s);
+      if (pass == 0 && p.pp > 1 && p.tp > 1 && !p.sequence_parallel && a.breakdown.pp_comm_s > 0) ++pp_sg;
+    }
+  }
+  CHECK(pp_sg > 0);
+}
+
 TEST_CASE("the search gives the same ranking with one thread and with several") {
   const ModelSpec m = load_model("models/llama3-70b.json");
   const Cluster c = load_cluster("topologies/dgx-a100-4node.json");

@@ -59,21 +59,14 @@ Builder::Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& p
   eng_ = std::make_unique<Engine>(*net_);
 }
 
-TaskId Builder::tag(TaskId t, Cls cls, std::uint8_t tid, int stage, int stage2) {
-  const TaskMeta mt{cls, tid, static_cast<std::uint16_t>(stage), static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};
-  if (meta_.size() == t) {
-    meta_.push_back(mt);  // the usual case: tasks are tagged as they are added
-    return t;
-  }
+// A task tagged after later ones (tag's usual case is the task just added).
+TaskId Builder::tag_late(TaskId t, const TaskMeta& mt) {
   if (meta_.size() < t) meta_.resize(static_cast<std::size_t>(t) + 1);
   meta_[t] = mt;
   return t;
 }
 
-// Names are copied only for traced stages (a million untraced tasks otherwise
-// pay for two strings each).
-void Builder::label(TaskId t, int stage, std::string_view name, std::string_view category) {
-  if (!traced(stage)) return;
+void Builder::label_traced(TaskId t, std::string_view name, std::string_view category) {
   TraceLabel& l = labels_[t];
   l.name = name;
   l.category = category;
@@ -114,6 +107,7 @@ void Builder::make_reps() {
     auto p2p_group = [&](int from, int to) {
       CommGroup g;
       g.ranks = {map_.rank_of(0, from, rep_dp_), map_.rank_of(0, to, rep_dp_)};
+      g.mirrors.reserve(static_cast<std::size_t>(dp_ * tp_), 2);
       for (int d = 0; d < dp_; ++d) {
         for (int t = 0; t < tp_; ++t) {
           if (t == 0 && d == rep_dp_) continue;
@@ -393,7 +387,9 @@ void Builder::try_message(std::uint32_t id) {
     const ScheduleStep& st = order_[static_cast<std::size_t>(stage)][static_cast<std::size_t>(pos)];
     return slot(st.dir, st.micro_batch, st.chunk * pp_ + stage).end;
   };
-  std::vector<TaskId> deps = pass_end(msg.from, msg.send_pos);
+  std::vector<TaskId>& deps = message_deps_;  // reused: 65k messages in GPT-1T
+  const auto& sent = pass_end(msg.from, msg.send_pos);
+  deps.assign(sent.begin(), sent.end());
   if (msg.recv_pos >= 0) {
     const auto& e = pass_end(msg.to, msg.recv_pos);
     deps.insert(deps.end(), e.begin(), e.end());

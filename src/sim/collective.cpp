@@ -299,7 +299,7 @@ void plan_calibrated(Network& net, Collective op, const CommGroup& g, const Node
 void check_group(const Network& net, const CommGroup& g) {
   if (net.topology() == nullptr) throw std::logic_error("collective: the network has no topology");
   const int total = net.topology()->num_gpus();
-  auto check_ranks = [total](const std::vector<int>& r) {
+  auto check_ranks = [total](std::span<const int> r) {
     for (int x : r) {
       if (x < 0 || x >= total) throw std::out_of_range("collective: GPU " + std::to_string(x) + " outside the cluster");
     }

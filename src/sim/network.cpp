@@ -282,12 +282,14 @@ void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
   if (merge_weight_.size() != link_solve_.size()) {
     merge_weight_.assign(link_solve_.size(), 0.0);
-    merge_seen_.assign(link_solve_.size(), 0);
+    merge_seen_.assign((link_solve_.size() + 63) / 64, 0);
   }
   merge_links_.clear();
   auto add = [this](LinkId l, double w) {
-    if (!merge_seen_[l]) {
-      merge_seen_[l] = 1;
+    std::uint64_t& word = merge_seen_[l >> 6];
+    const std::uint64_t bit = std::uint64_t{1} << (l & 63);
+    if ((word & bit) == 0) {
+      word |= bit;
       merge_links_.push_back(l);
       merge_weight_[l] = w;
     } else {
@@ -300,12 +302,25 @@ void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>
     topo_->route_ids(r.src_gpu, r.dst_gpu, route_scratch_);
     for (LinkId l : route_scratch_) add(l, r.weight);
   }
-  std::sort(merge_links_.begin(), merge_links_.end());
   out.clear();
   out.reserve(merge_links_.size());
+  // Links in increasing id order: a big phase (a mirrored ring or p2p:
+  // thousands of links) reads them off the bit set, cheaper than sorting
+  // them; a small one sorts.
+  if (merge_links_.size() * 16 >= merge_seen_.size()) {
+    for (std::size_t w = 0; w < merge_seen_.size(); ++w) {
+      for (std::uint64_t bits = merge_seen_[w]; bits != 0; bits &= bits - 1) {
+        const auto l = static_cast<LinkId>(64 * w + static_cast<std::size_t>(std::countr_zero(bits)));
+        out.push_back(LinkUse{l, merge_weight_[l]});
+      }
+      merge_seen_[w] = 0;
+    }
+    return;
+  }
+  std::sort(merge_links_.begin(), merge_links_.end());
   for (LinkId l : merge_links_) {
     out.push_back(LinkUse{l, merge_weight_[l]});
-    merge_seen_[l] = 0;
+    merge_seen_[l >> 6] = 0;
   }
 }
 

@@ -27,6 +27,7 @@
 // unsimulated replicas changes no simulated time and only costs work.
 // Send/recv mirrors: Engine::add_send_recv takes them as (src, dst) routes.
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -59,12 +60,60 @@ std::string_view to_string(Algorithm a);
 // Throws std::invalid_argument naming the known algorithms.
 Algorithm parse_algorithm(std::string_view name);
 
+// The member lists of a group's mirrors, one after another in one vector: a
+// mirrored p2p group of a 16k-GPU job has a thousand two-member mirrors, and
+// a vector each was a thousand allocations to make and free per group.
+// Reads like a vector of member lists (m[i] is a std::span<const int>).
+class MirrorGroups {
+ public:
+  MirrorGroups() = default;
+  MirrorGroups(std::initializer_list<std::initializer_list<int>> mirrors) {
+    for (const auto& m : mirrors) push_back(m);
+  }
+  void push_back(std::span<const int> members) {
+    for (int r : members) ranks_.push_back(r);
+    ends_.push_back(static_cast<std::uint32_t>(ranks_.size()));
+  }
+  void push_back(std::initializer_list<int> members) { push_back(std::span<const int>(members.begin(), members.size())); }
+  void reserve(std::size_t mirrors, std::size_t members_each) {
+    ends_.reserve(mirrors);
+    ranks_.reserve(mirrors * members_each);
+  }
+  std::size_t size() const { return ends_.size(); }
+  bool empty() const { return ends_.empty(); }
+  std::span<const int> operator[](std::size_t i) const {
+    const std::uint32_t begin = i == 0 ? 0 : ends_[i - 1];
+    return {ranks_.data() + begin, ends_[i] - begin};
+  }
+
+  class iterator {
+   public:
+    iterator(const MirrorGroups* g, std::size_t i) : g_(g), i_(i) {}
+    std::span<const int> operator*() const { return (*g_)[i_]; }
+    iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator==(const iterator& o) const { return i_ == o.i_; }
+
+   private:
+    const MirrorGroups* g_;
+    std::size_t i_;
+  };
+  iterator begin() const { return {this, 0}; }
+  iterator end() const { return {this, size()}; }
+
+ private:
+  std::vector<int> ranks_;
+  std::vector<std::uint32_t> ends_;  // per mirror: one past its last member in ranks_
+};
+
 // A communicator: the ranks (global GPU ids, in ring order; ranks[0] is the
 // broadcast root and the sender of a send_recv) and the groups it mirrors.
 // Every mirror has the same size as `ranks`; mirror[i] plays ranks[i]'s role.
 struct CommGroup {
   std::vector<int> ranks;
-  std::vector<std::vector<int>> mirrors;
+  MirrorGroups mirrors;
 };
 
 // One phase: a single flow (shared rate) over `uses` carrying

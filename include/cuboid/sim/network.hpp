@@ -314,9 +314,9 @@ class Network {
   std::vector<std::unique_ptr<LinkId[]>> route_blocks_;
   std::size_t route_block_used_ = 0;
   std::vector<LinkId> route_scratch_;
-  // Scratch for compile_routes: per link its summed weight and whether it is listed.
+  // Scratch for compile_routes: per link its summed weight, and a bit set of the listed links.
   std::vector<double> merge_weight_;
-  std::vector<std::uint8_t> merge_seen_;
+  std::vector<std::uint64_t> merge_seen_;
   std::vector<LinkId> merge_links_;
   // Scratch for solve_from (kept to avoid allocating per event).
   std::vector<LinkId> comp_links_;
