@@ -106,14 +106,33 @@ double gemm_efficiency(const GpuProfile& gpu, std::int64_t m, std::int64_t n, st
   return gemm_flops(m, n, k, batch) / (gpu.peak_bf16_flops * seconds);
 }
 
-// A measured (or interpolated) time is per call, launch included.
-std::int64_t gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
-                          double extra_bytes) {
+namespace {
+
+// A measured (or interpolated) time is per call, launch included; else the
+// roofline with the HBM side at bytes_per_s.
+std::int64_t gemm_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
+                     double extra_bytes, double bytes_per_s) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
   if (gpu.calibration) {
     if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch)) return std::llround(*ns);
   }
-  return gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, hbm_Bps(gpu));
+  return gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s);
+}
+
+// A memory-bound kernel: measured by name on a calibrated card, else its bytes at bytes_per_s.
+std::int64_t kernel_ns(const GpuProfile& gpu, const std::string& name, double bytes, double bytes_per_s) {
+  if (bytes <= 0) return 0;
+  if (gpu.calibration) {
+    if (const auto ns = calibrated_kernel_ns(*gpu.calibration, name, bytes)) return std::llround(*ns);
+  }
+  return to_ns(bytes / bytes_per_s) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
+}
+
+}  // namespace
+
+std::int64_t gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
+                          double extra_bytes) {
+  return gemm_ns(gpu, m, n, k, batch, extra_bytes, hbm_Bps(gpu));
 }
 
 std::int64_t memory_bound_time_ns(const GpuProfile& gpu, double bytes) {
@@ -123,11 +142,7 @@ std::int64_t memory_bound_time_ns(const GpuProfile& gpu, double bytes) {
 
 // A fit's time is per call, launch included.
 std::int64_t kernel_time_ns(const GpuProfile& gpu, const std::string& name, double bytes) {
-  if (bytes <= 0) return 0;
-  if (gpu.calibration) {
-    if (const auto ns = calibrated_kernel_ns(*gpu.calibration, name, bytes)) return std::llround(*ns);
-  }
-  return memory_bound_time_ns(gpu, bytes);
+  return kernel_ns(gpu, name, bytes, hbm_Bps(gpu));
 }
 
 std::int64_t collective_time_ns(Collective c, double size_bytes, int group_size, const LinkParams& link) {
@@ -248,10 +263,7 @@ std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
     case OpKind::gemm:
       // The shape is what the kernel runs (the unfused attention GEMMs
       // compute the full s x s even though only half is useful).
-      if (op.unfused_attention && gpu.unfused_attention_efficiency > 0 && op.m > 0 && op.n > 0 && op.k > 0 &&
-          op.batch > 0 && !(gpu.calibration && calibrated_gemm_ns(*gpu.calibration, op.m, op.n, op.k, op.batch)))
-        return gemm_roofline_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes, op_hbm_Bps(gpu, op));
-      return gemm_time_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes);
+      return gemm_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes, op_hbm_Bps(gpu, op));
     case OpKind::attention_core: {
       // Fused (flash) attention: tensor-core work at the GEMM efficiency of
       // its grid (query blocks x heads), causal half only, against the HBM
@@ -265,10 +277,7 @@ std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
       return to_ns(std::max(compute_s, memory_s)) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
     }
     case OpKind::memory_bound:
-      if (op.unfused_attention && gpu.unfused_attention_efficiency > 0 && op.bytes > 0 &&
-          !(gpu.calibration && calibrated_kernel_ns(*gpu.calibration, op.name, op.bytes)))
-        return to_ns(op.bytes / op_hbm_Bps(gpu, op)) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
-      return kernel_time_ns(gpu, op.name, op.bytes);
+      return kernel_ns(gpu, op.name, op.bytes, op_hbm_Bps(gpu, op));
     case OpKind::collective:
     case OpKind::p2p:
       return 0;
