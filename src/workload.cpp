@@ -8,11 +8,10 @@
 //   shape the kernel really runs; the unfused attention GEMMs run the full
 //   s x s product (masking happens after), so their time follows the shape.
 // * Memory-bound bytes are HBM reads + writes of bf16 tensors (2 bytes) unless
-//   noted; masks are 1 byte per element. Backward of a memory-bound op is
-//   taken as twice its forward bytes (it reads the saved input and the
-//   incoming gradient and writes the outgoing one, plus parameter-gradient
-//   reductions for norms), except the attention core's softmax + dropout,
-//   whose kernels are counted one by one (kSoftmax*, kAttnDropout*).
+//   noted; masks are 1 byte per element. The backward of each memory-bound
+//   op is counted kernel by kernel from what Megatron-LM runs (the
+//   *Backward* constants below, act_bytes in layer_backward), not as a
+//   multiple of its forward.
 // * Without sequence parallelism the norms, dropouts and residual adds run on
 //   the full [s, b, h] tensor on every TP rank (Megatron duplicates them);
 //   with SP each rank works on s/t of the sequence.
@@ -113,7 +112,11 @@ namespace {
 // Bytes per element of the element-wise kernels (reads + writes).
 constexpr double kNormBytesPerElement = 2 + 2;             // read x, write y
 constexpr double kDropoutAddBytesPerElement = 2 + 2 + 2 + 1;  // read x and residual, write y and mask
-constexpr double kEmbeddingDropoutBytesPerElement = 2 + 2 + 1;
+// torch's dropout (embedding and attention probabilities): read x, write y
+// and a bool mask; its backward (native_dropout_backward) reads dy and the
+// mask and writes dx.
+constexpr double kDropoutBytesPerElement = 2 + 2 + 1;
+constexpr double kDropoutBackwardBytesPerElement = 2 + 1 + 2;
 // The unfused causal attention core's s x s kernels (Megatron-LM 2022,
 // megatron/fused_kernels/scaled_upper_triang_masked_softmax.h and
 // megatron/model/transformer.py CoreAttention). The softmax kernel loads a
@@ -122,14 +125,11 @@ constexpr double kEmbeddingDropoutBytesPerElement = 2 + 2 + 1;
 // loads the gradient and the saved output up to the diagonal and writes the
 // whole row (in place). The attention dropout is torch's native_dropout
 // over the whole [b, np, s, s] tensor: reads the probabilities, writes the
-// output and a bool (1-byte) mask; its backward (native_dropout_backward)
-// reads the gradient and the mask and writes the gradient.
+// output and a bool (1-byte) mask (kDropout*BytesPerElement).
 constexpr double kSoftmaxReadBytesPerTriangleElement = 2;          // bf16 scores, lower triangle
 constexpr double kSoftmaxWriteBytesPerElement = 2;                 // bf16 probabilities, whole row
 constexpr double kSoftmaxBackwardReadBytesPerTriangleElement = 2 + 2;  // gradient + saved output
 constexpr double kSoftmaxBackwardWriteBytesPerElement = 2;
-constexpr double kAttnDropoutBytesPerElement = 2 + 2 + 1;          // read x; write y, mask
-constexpr double kAttnDropoutBackwardBytesPerElement = 2 + 1 + 2;  // read dy, mask; write dx
 // Vocab-parallel cross-entropy over fp32 logits (megatron/model/gpt_model.py
 // post_language_model_processing: `output.float()`, then
 // megatron/mpu/cross_entropy.py _VocabParallelCrossEntropy.forward): the
@@ -148,8 +148,8 @@ constexpr double kNormBackwardBytesPerElement = (2 + 2) + (2 + 2 + 2);
 // Backward of the JIT-fused bias-dropout-add (nvfuser, which Megatron 2022
 // enables for torch >= 1.10): dx = dy * mask * scale (read dy and the bool
 // mask, write dx), the bias gradient reduced in the same fused kernel; the
-// residual's gradient is dy itself (no kernel).
-constexpr double kDropoutAddBackwardBytesPerElement = 2 + 1 + 2;
+// residual's gradient is dy itself (no kernel): a dropout's backward.
+constexpr double kDropoutAddBackwardBytesPerElement = kDropoutBackwardBytesPerElement;
 // A gradient sum at a residual fork: read both gradients, write the sum.
 constexpr double kResidualGradSumBytesPerElement = 2 + 2 + 2;
 // DDP's main_grad hook per parameter: read bf16 grad, read + write fp32 main_grad.
@@ -296,7 +296,7 @@ void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
   out.push_back(std::move(qk));
   out.push_back(memory_bound("attn_softmax", pass,
                              score_triangle_elements(x) * kSoftmaxReadBytesPerTriangleElement +
-                                 score_elements(x) * (kSoftmaxWriteBytesPerElement + kAttnDropoutBytesPerElement)));
+                                 score_elements(x) * (kSoftmaxWriteBytesPerElement + kDropoutBytesPerElement)));
   Op av = gemm("attn_av", pass, x.s, x.d, x.s, batch);
   av.flops *= causal;
   out.push_back(std::move(av));
@@ -333,7 +333,7 @@ void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vect
       // Dropout backward, then the softmax backward, kernel by kernel (not
       // 2x the forward: 9 B per score element against the forward's 8).
       out.push_back(memory_bound("attn_softmax_bwd", Pass::backward,
-                                 score_elements(x) * (kAttnDropoutBackwardBytesPerElement + kSoftmaxBackwardWriteBytesPerElement) +
+                                 score_elements(x) * (kDropoutBackwardBytesPerElement + kSoftmaxBackwardWriteBytesPerElement) +
                                      score_triangle_elements(x) * kSoftmaxBackwardReadBytesPerTriangleElement));
       out.back().unfused_attention = true;
     }
@@ -499,10 +499,9 @@ LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan) {
   ops.forward.push_back(memory_bound("embed_lookup", Pass::forward, lookup));
   add_tp_reduce(ops.forward, x, x.sp ? "tp_rs_embed" : "tp_ar_embed", Pass::forward);
   const double hid = hidden_elements(x);
-  ops.forward.push_back(memory_bound("embed_dropout", Pass::forward, hid * kEmbeddingDropoutBytesPerElement));
+  ops.forward.push_back(memory_bound("embed_dropout", Pass::forward, hid * kDropoutBytesPerElement));
 
-  // Dropout backward: read dy and the mask, write dx.
-  ops.backward.push_back(memory_bound("embed_dropout_bwd", Pass::backward, hid * (kBf16 + 1 + kBf16)));
+  ops.backward.push_back(memory_bound("embed_dropout_bwd", Pass::backward, hid * kDropoutBackwardBytesPerElement));
   add_sp_gather(ops.backward, x, "tp_ag_embed_bwd", Pass::backward);
   // The lookups' backward, kernel by kernel: the transpose copy's backward
   // (read + write); for each table, torch's embedding_dense_backward zeroes
