@@ -333,6 +333,100 @@ TEST_CASE("link byte totals: exactly the finish-order sums, private and shared l
   CHECK(done.size() == 60);
 }
 
+// Link classes: links that every set crosses alike are one class; a set that
+// crosses a class in part, or with two weights, splits it.
+TEST_CASE("link classes: refined by each set, counted per class") {
+  Network net({kGB, kGB, kGB, kGB, 2 * kGB});
+  CHECK(net.num_link_classes() == 1);  // class 0: no set crosses any link
+  const LinkUse a_uses[] = {{0, 1.0}, {1, 1.0}, {2, 1.0}, {3, 1.0}};
+  net.add_link_set(a_uses);
+  CHECK(net.num_link_classes() == 2);  // {0,1,2,3}
+  const LinkUse b_uses[] = {{2, 1.0}, {3, 1.0}, {4, 1.0}};  // part of a's class, and link 4
+  net.add_link_set(b_uses);
+  CHECK(net.num_link_classes() == 4);  // {0,1}, {2,3}, {4}
+  const LinkUse c_uses[] = {{0, 1.0}, {1, 2.0}};  // a's rest, with two weights
+  net.add_link_set(c_uses);
+  CHECK(net.num_link_classes() == 5);  // {0}, {1}, {2,3}, {4}
+  const LinkUse d_uses[] = {{2, 0.5}, {3, 0.5}};  // a whole class, one weight: no split
+  net.add_link_set(d_uses);
+  CHECK(net.num_link_classes() == 5);
+  // Links of one capacity only: class 0's links split by capacity too.
+  Network mixed({kGB, 2 * kGB, kGB});
+  const LinkUse all[] = {{0, 1.0}, {1, 1.0}, {2, 1.0}};
+  mixed.add_link_set(all);
+  CHECK(mixed.num_link_classes() == 3);  // class 0 (now empty), {0,2}, {1}
+}
+
+TEST_CASE("link sets: a link listed twice is rejected before anything is registered") {
+  Network net({kGB, kGB});
+  const LinkUse twice[] = {{0, 1.0}, {1, 1.0}, {0, 2.0}};
+  CHECK_THROWS_WITH_AS(net.add_link_set(twice), "Network: a link set lists link 0 twice", std::invalid_argument);
+  CHECK(net.num_link_sets() == 0);
+  CHECK(net.num_link_classes() == 1);
+}
+
+// A class split while flows run (a set added mid-run) must leave the run as
+// if the new set had been registered before they started: the same finish
+// times, totals and peaks, link by link.
+TEST_CASE("link classes: a split while flows run changes nothing") {
+  const std::vector<double> caps{kGB, kGB, 3 * kGB, kGB, 2 * kGB, kGB};
+  const LinkUse a_uses[] = {{0, 1.0}, {1, 1.0}, {2, 1.0}, {3, 1.0}};
+  const LinkUse b_uses[] = {{1, 1.0}, {2, 2.0}, {4, 1.0}};
+  const LinkUse c_uses[] = {{3, 1.0}, {5, 1.0}};
+  struct Outcome {
+    std::vector<std::uint64_t> done;
+    std::vector<TimeNs> at;
+    std::vector<double> bytes, peak;
+  };
+  auto play = [&](bool late) {
+    Network net(caps);
+    const LinkSetId a = net.add_link_set(a_uses);
+    LinkSetId b = 0, c = 0;
+    if (!late) {
+      b = net.add_link_set(b_uses);
+      c = net.add_link_set(c_uses);
+    }
+    // Two flows of a share its links at 0.5 GB/s each.
+    net.start_flow(a, 2 * kGB, 0, 0);
+    net.start_flow(a, 1 * kGB, 0, 1);
+    Outcome o;
+    net.advance_to(100'000'000, o.done);
+    if (late) {
+      b = net.add_link_set(b_uses);  // splits a's classes while a's flows run
+      c = net.add_link_set(c_uses);
+    }
+    // No flow of b or c yet: when flow 1 ends (2 s), flow 0 must speed up
+    // to 1 GB/s (1 GB left: done at 3 s), split classes or not.
+    net.advance_to(2'500'000'000, o.done);
+    CHECK(o.done == std::vector<std::uint64_t>{1});
+    CHECK(net.next_completion() == 3'000'000'000);
+    net.start_flow(b, 1.5 * kGB, 2'500'000'000, 2);
+    net.start_flow(c, 0.5 * kGB, 2'500'000'000, 3);
+    for (TimeNs t = net.next_completion(); t != kNever; t = net.next_completion()) {
+      net.advance_to(t, o.done);
+      o.at.push_back(t);
+    }
+    for (LinkId l = 0; l < caps.size(); ++l) {
+      o.bytes.push_back(net.link_stats(l).bytes);
+      o.peak.push_back(net.link_stats(l).peak_utilisation);
+    }
+    // Class 0 (no link left in it) and one class per link: a splits {0,1,3}
+    // from {2} by capacity, b splits off {1} and takes 4, c splits off {3}.
+    CHECK(net.num_link_classes() == 7);
+    return o;
+  };
+  const Outcome early = play(false);
+  const Outcome late = play(true);
+  CHECK(late.done == early.done);
+  CHECK(late.at == early.at);
+  CHECK(late.bytes == early.bytes);
+  CHECK(late.peak == early.peak);
+  CHECK(early.done.size() == 4);
+  // Link 3 carries a's 3 GB and c's 0.5 GB; link 2 a's 3 GB and b's 2 x 1.5 GB.
+  CHECK(early.bytes[3] == doctest::Approx(3.5 * kGB));
+  CHECK(early.bytes[2] == doctest::Approx(6 * kGB));
+}
+
 TEST_CASE("uncontended collectives reproduce the alpha-beta closed forms") {
   const double S = 256.0 * (1 << 20);
   SUBCASE("one DGX node, 8 GPUs") {

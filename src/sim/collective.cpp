@@ -149,7 +149,7 @@ double representative_rate_Bps(Network& net, const CommGroup& g, const std::vect
   std::vector<LinkUse> uses;
   net.compile_routes(own, uses);
   double rate_Bps = std::numeric_limits<double>::infinity();
-  for (const LinkUse& u : uses) rate_Bps = std::min(rate_Bps, net.link_stats(u.link).capacity_Bps / u.weight);
+  for (const LinkUse& u : uses) rate_Bps = std::min(rate_Bps, net.link_capacity_Bps(u.link) / u.weight);
   return rate_Bps;
 }
 

@@ -27,17 +27,12 @@ double nic_efficiency(const Cluster& c) {
 
 Network::Network(std::vector<double> link_capacity_Bps) {
   const std::size_t n = link_capacity_Bps.size();
-  link_flows_.resize(n);
-  link_sets_head_.assign(n, kNoEntry);
-  link_sets_tail_.assign(n, kNoEntry);
-  link_solve_.resize(n);
-  link_bytes_.assign(n, 0.0);
-  link_peak_.assign(n, 0.0);
-  link_latency_ns_.assign(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
     if (!(link_capacity_Bps[i] > 0)) throw std::invalid_argument("Network: link capacity must be > 0");
-    link_solve_[i].capacity_Bps = link_capacity_Bps[i];
   }
+  link_capacity_ = std::move(link_capacity_Bps);
+  link_latency_ns_.assign(n, 0);
+  init_classes();
 }
 
 Network::Network(const Topology& topo, NetworkOptions opts) : topo_(&topo), opts_(opts) {
@@ -45,12 +40,7 @@ Network::Network(const Topology& topo, NetworkOptions opts) : topo_(&topo), opts
   const Cluster& c = topo.cluster();
   const double nic_eff = nic_efficiency(c);
   const auto n_edges = boost::num_edges(g);
-  link_flows_.resize(2 * n_edges);
-  link_sets_head_.assign(2 * n_edges, kNoEntry);
-  link_sets_tail_.assign(2 * n_edges, kNoEntry);
-  link_solve_.resize(2 * n_edges);
-  link_bytes_.assign(2 * n_edges, 0.0);
-  link_peak_.assign(2 * n_edges, 0.0);
+  link_capacity_.resize(2 * n_edges);
   link_latency_ns_.resize(2 * n_edges);
   link_ends_.resize(2 * n_edges);
   for (auto [it, end] = boost::edges(g); it != end; ++it) {
@@ -70,13 +60,29 @@ Network::Network(const Topology& topo, NetworkOptions opts) : topo_(&topo), opts
     }
     for (int dir = 0; dir < 2; ++dir) {
       const std::size_t l = 2 * i + static_cast<std::size_t>(dir);
-      link_solve_[l].capacity_Bps = cap;
+      link_capacity_[l] = cap;
       link_latency_ns_[l] = info.latency_ns;
       // Names are built when asked (a 16k-GPU fabric has ~100k links).
       link_ends_[l] = dir == 0 ? std::pair{static_cast<std::uint32_t>(lo), static_cast<std::uint32_t>(hi)}
                                : std::pair{static_cast<std::uint32_t>(hi), static_cast<std::uint32_t>(lo)};
     }
   }
+  init_classes();
+}
+
+// Every link in class 0 (crossed by no set).
+void Network::init_classes() {
+  const std::size_t n = link_capacity_.size();
+  link_class_.assign(n, 0);
+  link_mark_.assign(n, 0);
+  class_solve_.resize(1);
+  class_flows_.resize(1);
+  class_size_.assign(1, static_cast<std::uint32_t>(n));
+  class_sets_.resize(1);
+  class_bytes_.assign(1, 0.0);
+  class_peak_.assign(1, 0.0);
+  class_first_group_.assign(1, kNoEntry);
+  class_touch_.assign(1, 0);
 }
 
 std::string Network::link_name(LinkId l) const {
@@ -87,55 +93,73 @@ std::string Network::link_name(LinkId l) const {
   return "link" + std::to_string(l);
 }
 
-LinkStats Network::link_stats(LinkId l) const {
-  if (l >= link_solve_.size()) throw std::out_of_range("Network: link id out of range");
-  settle();
-  double bytes = link_bytes_[l];
-  for (const FlowRef& r : link_flows_[l]) {
-    const Flow& fl = flows_[r.flow];
-    const double left = std::max(0.0, fl.remaining - fl.rate * static_cast<double>(now_ - fl.updated_ns) * 1e-9);
-    bytes += set_weight(fl, r.use) * (fl.total - left);
-  }
-  // A running flow off the lists is alone on its links (tests ask mid-run).
-  for (const Flow& fl : active_ > 0 ? std::span<const Flow>(flows_) : std::span<const Flow>()) {
-    if (!fl.active || fl.registered || fl.nuses == 0) continue;
-    const LinkSet& s = sets_[fl.set];
-    for (std::uint32_t i = 0; i < s.len; ++i) {
-      if (set_links_[s.off + i] != l) continue;
-      const double left = std::max(0.0, fl.remaining - fl.rate * static_cast<double>(now_ - fl.updated_ns) * 1e-9);
-      bytes += set_weights_[s.off + i] * (fl.total - left);
-    }
-  }
-  return LinkStats{link_solve_[l].capacity_Bps, bytes, link_peak_[l]};
+// What a running flow has carried per route so far.
+double Network::carried(const Flow& fl) const {
+  const double left = std::max(0.0, fl.remaining - fl.rate * static_cast<double>(now_ - fl.updated_ns) * 1e-9);
+  return fl.total - left;
 }
 
-// Replays the finished flows' bytes in finish order (each link's total is
-// the same sum, in the same order, as when retire_flow added them) and takes
-// each set's largest finished rate into its links' peaks (a max: order-free;
-// and min(1, w * r / c) rises with r, so the largest rate gives the peak).
+// A class's bytes per link: the settled total, then the running flows on its
+// list, then the running flows off the lists (alone on their links), in flow order.
+double Network::class_bytes(ClassId c) const {
+  double bytes = class_bytes_[c];
+  for (const FlowRef& r : class_flows_[c]) {
+    const Flow& fl = flows_[r.flow];
+    bytes += set_weight(fl, r.use) * carried(fl);
+  }
+  if (active_ == 0 || c == 0) return bytes;
+  for (const Flow& fl : flows_) {
+    if (!fl.active || fl.registered || fl.nuses == 0) continue;
+    const LinkSet& s = sets_[fl.set];
+    for (std::uint32_t i = 0; i < s.cls.size(); ++i) {
+      if (s.cls[i] == c) bytes += s.weight[i] * carried(fl);
+    }
+  }
+  return bytes;
+}
+
+LinkStats Network::link_stats(LinkId l) const {
+  if (l >= link_capacity_.size()) throw std::out_of_range("Network: link id out of range");
+  settle();
+  const ClassId c = link_class_[l];
+  return LinkStats{link_capacity_[l], class_bytes(c), class_peak_[c]};
+}
+
+std::vector<LinkStats> Network::all_link_stats() const {
+  settle();
+  std::vector<double> bytes(class_bytes_.size());
+  for (ClassId c = 0; c < bytes.size(); ++c) bytes[c] = class_bytes(c);
+  std::vector<LinkStats> out(link_capacity_.size());
+  for (std::size_t l = 0; l < out.size(); ++l) {
+    const ClassId c = link_class_[l];
+    out[l] = LinkStats{link_capacity_[l], bytes[c], class_peak_[c]};
+  }
+  return out;
+}
+
+// Replays the finished flows' bytes in finish order (each class's total is
+// the same sum, in the same order, as adding every flow to every link when it
+// ends) and takes each set's largest finished rate into its classes' peaks
+// (a max: order-free; and min(1, w * r / c) rises with r, so the largest rate
+// gives the peak).
 void Network::settle() const {
   if (!retired_.empty()) settle_bytes();
   for (LinkSetId id : peak_dirty_sets_) {
     LinkSet& s = sets_[id];
     s.peak_dirty = false;
-    for (std::uint32_t i = 0; i < s.len; ++i) {
-      const LinkId l = set_links_[s.off + i];
-      const double util = std::min(1.0, set_weights_[s.off + i] * s.retired_max_rate / link_solve_[l].capacity_Bps);
-      link_peak_[l] = std::max(link_peak_[l], util);
+    for (std::uint32_t i = 0; i < s.cls.size(); ++i) {
+      const ClassId c = s.cls[i];
+      const double util = std::min(1.0, s.weight[i] * s.retired_max_rate / class_solve_[c].capacity_Bps);
+      class_peak_[c] = std::max(class_peak_[c], util);
     }
   }
   peak_dirty_sets_.clear();
 }
 
-// A link's total after a batch is a pure function of its total before, and
-// of its signature: which sets of the batch cross it, with which weight. Its
-// finished flows arrive in finish order: x += w1 * t1, x += w2 * t2, ...
-// Links with the same signature and the same total before (a mirrored p2p
-// set's ~400 links have a handful of distinct signatures) end with the same
-// total, so each (signature, total) group is replayed once, merging its sets'
-// flows by finish position, and copied to its links: bit for bit the sums of
-// adding every flow to every link, at a fraction of the cost (it was a
-// twentieth of a GPT-1T iteration).
+// A class's flows arrive in finish order: x += w1 * t1, x += w2 * t2, ...
+// Each class the batch touches is replayed once, merging its sets' flows by
+// finish position (its sets are what a link of it sees: one sum per class
+// instead of one per link, bit for bit the same).
 void Network::settle_bytes() const {
   // The batch grouped by set (first-finish order), each set's flows in finish order.
   if (set_batch_.size() < sets_.size()) set_batch_.resize(sets_.size(), kNoEntry);
@@ -166,79 +190,40 @@ void Network::settle_bytes() const {
     batch_totals_[at] = retired_[k].total;
     batch_pos_[at] = k;
   }
-  // Each touched link's signature: (batch set, weight) entries, latest set first.
-  if (sig_head_.size() < link_solve_.size()) sig_head_.assign(link_solve_.size(), kNoEntry);
-  sig_entries_.clear();
+  // The classes the batch's sets cross, each once.
+  if (class_touch_.size() < class_solve_.size()) class_touch_.resize(class_solve_.size(), 0);
+  const std::uint32_t stamp = ++class_stamp_;
   touched_.clear();
-  for (std::uint32_t b = 0; b < nb; ++b) {
-    const LinkSet& s = sets_[batch_sets_[b]];
-    for (std::uint32_t i = 0; i < s.len; ++i) {
-      const LinkId l = set_links_[s.off + i];
-      if (sig_head_[l] == kNoEntry) touched_.push_back(l);
-      sig_entries_.push_back(SigEntry{b, set_weights_[s.off + i], sig_head_[l]});
-      sig_head_[l] = static_cast<std::uint32_t>(sig_entries_.size() - 1);
+  for (LinkSetId id : batch_sets_) {
+    for (ClassId c : sets_[id].cls) {
+      if (class_touch_[c] == stamp) continue;
+      class_touch_[c] = stamp;
+      touched_.push_back(c);
     }
   }
-  const auto same_signature = [this](LinkId a, LinkId b) {
-    std::uint32_t ea = sig_head_[a];
-    std::uint32_t eb = sig_head_[b];
-    while (ea != kNoEntry && eb != kNoEntry) {
-      const SigEntry& x = sig_entries_[ea];
-      const SigEntry& y = sig_entries_[eb];
-      if (x.batch != y.batch || std::bit_cast<std::uint64_t>(x.weight) != std::bit_cast<std::uint64_t>(y.weight)) return false;
-      ea = x.next;
-      eb = y.next;
-    }
-    return ea == eb;
-  };
-  // Replays a link's flows from `start`: its sets' flows merged by finish position.
-  const auto replay = [this](LinkId l, double start) {
-    double x = start;
-    const std::uint32_t first = sig_head_[l];
-    if (sig_entries_[first].next == kNoEntry) {  // one set: its flows in order
-      const SigEntry& e = sig_entries_[first];
-      for (std::uint32_t k = batch_off_[e.batch]; k < batch_off_[e.batch + 1]; ++k) x += e.weight * batch_totals_[k];
-      return x;
-    }
+  for (ClassId c : touched_) {
     merge_cursor_.clear();
-    for (std::uint32_t e = first; e != kNoEntry; e = sig_entries_[e].next) {
-      merge_cursor_.push_back(MergeCursor{batch_off_[sig_entries_[e].batch], batch_off_[sig_entries_[e].batch + 1],
-                                          sig_entries_[e].weight});
+    for (const ClassSet& cs : class_sets_[c]) {
+      const std::uint32_t b = cs.set < set_batch_.size() ? set_batch_[cs.set] : kNoEntry;
+      if (b != kNoEntry) merge_cursor_.push_back(MergeCursor{batch_off_[b], batch_off_[b + 1], cs.weight});
     }
-    while (true) {
-      MergeCursor* next = nullptr;
-      for (MergeCursor& c : merge_cursor_) {
-        if (c.at < c.end && (next == nullptr || batch_pos_[c.at] < batch_pos_[next->at])) next = &c;
+    double x = class_bytes_[c];
+    if (merge_cursor_.size() == 1) {  // one set: its flows in order
+      const MergeCursor& m = merge_cursor_.front();
+      for (std::uint32_t k = m.at; k < m.end; ++k) x += m.weight * batch_totals_[k];
+    } else {
+      while (true) {
+        MergeCursor* next = nullptr;
+        for (MergeCursor& m : merge_cursor_) {
+          if (m.at < m.end && (next == nullptr || batch_pos_[m.at] < batch_pos_[next->at])) next = &m;
+        }
+        if (next == nullptr) break;
+        x += next->weight * batch_totals_[next->at];
+        ++next->at;
       }
-      if (next == nullptr) return x;
-      x += next->weight * batch_totals_[next->at];
-      ++next->at;
     }
-  };
-  groups_.clear();
-  group_index_.clear();
-  for (LinkId l : touched_) {
-    const double start = link_bytes_[l];
-    std::uint64_t h = std::bit_cast<std::uint64_t>(start) * 0x9E3779B97F4A7C15ull;
-    for (std::uint32_t e = sig_head_[l]; e != kNoEntry; e = sig_entries_[e].next) {
-      h = (h ^ sig_entries_[e].batch) * 0xFF51AFD7ED558CCDull;
-      h = (h ^ std::bit_cast<std::uint64_t>(sig_entries_[e].weight)) * 0xC4CEB9FE1A85EC53ull;
-      h ^= h >> 29;
-    }
-    auto [it, fresh] = group_index_.try_emplace(h, kNoEntry);
-    std::uint32_t g = it->second;
-    while (g != kNoEntry && !(std::bit_cast<std::uint64_t>(groups_[g].start) == std::bit_cast<std::uint64_t>(start) &&
-                              same_signature(groups_[g].link, l))) {
-      g = groups_[g].next;
-    }
-    if (g == kNoEntry) {
-      groups_.push_back(Group{l, start, replay(l, start), it->second});
-      g = static_cast<std::uint32_t>(groups_.size() - 1);
-      it->second = g;
-    }
-    link_bytes_[l] = groups_[g].result;
+    class_bytes_[c] = x;
   }
-  for (LinkId l : touched_) sig_head_[l] = kNoEntry;
   for (LinkSetId id : batch_sets_) set_batch_[id] = kNoEntry;
   retired_.clear();
 }
@@ -280,9 +265,9 @@ TimeNs Network::route_latency_ns(int src_gpu, int dst_gpu) {
 // sums agree bit for bit), without sorting the ~10k uses of a mirrored phase.
 void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>& out) {
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
-  if (merge_weight_.size() != link_solve_.size()) {
-    merge_weight_.assign(link_solve_.size(), 0.0);
-    merge_seen_.assign((link_solve_.size() + 63) / 64, 0);
+  if (merge_weight_.size() != link_capacity_.size()) {
+    merge_weight_.assign(link_capacity_.size(), 0.0);
+    merge_seen_.assign((link_capacity_.size() + 63) / 64, 0);
   }
   merge_links_.clear();
   auto add = [this](LinkId l, double w) {
@@ -337,43 +322,146 @@ void Network::merge_uses(std::vector<LinkUse>& uses) {
   uses.resize(w);
 }
 
+// Refines the link classes by the new set (a class it crosses in part, or
+// with two weights, splits; the sets crossing the old class cross the new
+// one too), then lists the set's classes and conflicts.
 LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
+  const std::uint32_t stamp = ++link_stamp_;
   for (const LinkUse& u : uses) {
-    if (u.link >= link_solve_.size()) throw std::out_of_range("Network: link id out of range");
+    if (u.link >= link_capacity_.size()) throw std::out_of_range("Network: link id out of range");
+    if (!(u.weight > 0)) continue;
+    if (link_mark_[u.link] == stamp) {
+      throw std::invalid_argument("Network: a link set lists link " + std::to_string(u.link) + " twice");
+    }
+    link_mark_[u.link] = stamp;
   }
+  const auto id = static_cast<LinkSetId>(sets_.size());
   LinkSet s;
-  s.off = static_cast<std::uint32_t>(set_links_.size());
   s.cap = std::numeric_limits<double>::infinity();
+  // The set's links grouped by (class, weight; capacity for class 0).
+  groups_.clear();
+  use_group_.clear();
+  const std::uint32_t cstamp = ++class_stamp_;
+  if (class_touch_.size() < class_solve_.size()) class_touch_.resize(class_solve_.size(), 0);
   for (const LinkUse& u : uses) {
     if (!(u.weight > 0)) continue;
-    s.cap = std::min(s.cap, link_solve_[u.link].capacity_Bps / u.weight);
-    set_links_.push_back(u.link);
-    set_weights_.push_back(u.weight);
-  }
-  s.len = static_cast<std::uint32_t>(set_links_.size() - s.off);
-  // Its conflicts: every set that crosses one of its links (found once here,
-  // through the per-link index), and itself.
-  const auto id = static_cast<LinkSetId>(sets_.size());
-  set_mark_.push_back(0);
-  const std::uint32_t stamp = id + 1;
-  for (std::uint32_t i = 0; i < s.len; ++i) {
-    const LinkId l = set_links_[s.off + i];
-    for (std::uint32_t e = link_sets_head_[l]; e != kNoEntry; e = link_set_entries_[e].next) {
-      const LinkSetId other = link_set_entries_[e].set;
-      if (set_mark_[other] == stamp) continue;
-      set_mark_[other] = stamp;
-      s.conflicts.push_back(other);
-      sets_[other].conflicts.push_back(id);
+    const double cap = link_capacity_[u.link];
+    s.cap = std::min(s.cap, cap / u.weight);
+    const ClassId c = link_class_[u.link];
+    const auto wbits = std::bit_cast<std::uint64_t>(u.weight);
+    const std::uint64_t cbits = c == 0 ? std::bit_cast<std::uint64_t>(cap) : 0;
+    if (class_touch_[c] != cstamp) {
+      class_touch_[c] = cstamp;
+      class_first_group_[c] = kNoEntry;
     }
-    const auto e = static_cast<std::uint32_t>(link_set_entries_.size());
-    link_set_entries_.push_back(LinkSetEntry{id, kNoEntry});
-    if (link_sets_tail_[l] == kNoEntry) link_sets_head_[l] = e;
-    else link_set_entries_[link_sets_tail_[l]].next = e;
-    link_sets_tail_[l] = e;
+    std::uint32_t g = class_first_group_[c];
+    while (g != kNoEntry && (groups_[g].weight_bits != wbits || groups_[g].capacity_bits != cbits)) g = groups_[g].next;
+    if (g == kNoEntry) {
+      g = static_cast<std::uint32_t>(groups_.size());
+      groups_.push_back(SplitGroup{c, wbits, cbits, 0, 0, class_first_group_[c]});
+      class_first_group_[c] = g;
+    }
+    ++groups_[g].count;
+    use_group_.push_back(g);
   }
-  if (s.len > 0) s.conflicts.push_back(id);
+  // Which groups leave their class (a split)? A class the set covers whole
+  // stays with its first group; its other groups, and the groups of classes
+  // it covers in part, become new classes.
+  bool split = false;
+  for (std::uint32_t i = 0; i < groups_.size(); ++i) {
+    SplitGroup& g = groups_[i];
+    std::uint32_t covered = 0;
+    std::uint32_t first = i;
+    std::uint32_t count = 0;
+    for (std::uint32_t o = class_first_group_[g.from]; o != kNoEntry; o = groups_[o].next) {
+      covered += groups_[o].count;
+      first = std::min(first, o);
+      ++count;
+    }
+    const bool whole = g.from != 0 && covered == class_size_[g.from];
+    g.to = whole && first == i ? g.from : kNoEntry;
+    split = split || (g.from != 0 && !(whole && count == 1));
+  }
+  // A split copies the old class's totals and flows: settle the totals first;
+  // running flows leave the lists and come back on the refined classes.
+  std::vector<FlowId> was_registered;
+  if (split) {
+    settle();
+    if (active_ > 0) unregister_all(was_registered);
+  }
+  for (SplitGroup& g : groups_) {
+    if (g.to == g.from) continue;
+    const auto n = static_cast<ClassId>(class_solve_.size());
+    g.to = n;
+    class_solve_.push_back(ClassSolve{g.from == 0 ? std::bit_cast<double>(g.capacity_bits) : class_solve_[g.from].capacity_Bps, 0, 0});
+    class_flows_.emplace_back();
+    class_size_.push_back(g.count);
+    class_size_[g.from] -= g.count;
+    class_bytes_.push_back(class_bytes_[g.from]);
+    class_peak_.push_back(class_peak_[g.from]);
+    class_first_group_.push_back(kNoEntry);
+    class_touch_.push_back(0);
+    // The sets crossing the old class cross this one too, with the same weight.
+    std::vector<ClassSet> crossing = class_sets_[g.from];
+    for (const ClassSet& cs : crossing) {
+      sets_[cs.set].cls.push_back(n);
+      sets_[cs.set].weight.push_back(cs.weight);
+    }
+    crossing.push_back(ClassSet{id, std::bit_cast<double>(g.weight_bits)});
+    class_sets_.push_back(std::move(crossing));
+  }
+  for (const SplitGroup& g : groups_) {
+    if (g.to == g.from) class_sets_[g.from].push_back(ClassSet{id, std::bit_cast<double>(g.weight_bits)});
+  }
+  std::uint32_t k = 0;
+  for (const LinkUse& u : uses) {
+    if (u.weight > 0) link_class_[u.link] = groups_[use_group_[k++]].to;
+  }
+  s.cls.reserve(groups_.size());
+  s.weight.reserve(groups_.size());
+  for (const SplitGroup& g : groups_) {
+    s.cls.push_back(g.to);
+    s.weight.push_back(std::bit_cast<double>(g.weight_bits));
+  }
+  // Its conflicts: every set that crosses one of its classes, and itself.
+  set_mark_.push_back(0);
+  const std::uint32_t set_stamp = id + 1;
+  set_mark_[id] = set_stamp;
+  for (ClassId c : s.cls) {
+    for (const ClassSet& cs : class_sets_[c]) {
+      if (set_mark_[cs.set] == set_stamp) continue;
+      set_mark_[cs.set] = set_stamp;
+      s.conflicts.push_back(cs.set);
+      sets_[cs.set].conflicts.push_back(id);
+    }
+  }
+  if (!s.cls.empty()) s.conflicts.push_back(id);
   sets_.push_back(std::move(s));
+  if (split) {
+    for (Flow& fl : flows_) {
+      if (fl.active && fl.nuses > 0) fl.nuses = static_cast<std::uint32_t>(sets_[fl.set].cls.size());
+    }
+    for (FlowId f : was_registered) register_flow(f);
+  }
   return id;
+}
+
+// Takes every running flow off the lists (in start order into `was`), as if
+// none had met another: add_link_set puts them back on the refined classes.
+void Network::unregister_all(std::vector<FlowId>& was) {
+  for (FlowId f = 0; f < flows_.size(); ++f) {
+    if (flows_[f].active && flows_[f].registered) was.push_back(f);
+  }
+  std::sort(was.begin(), was.end(), [this](FlowId a, FlowId b) { return flows_[a].seq < flows_[b].seq; });
+  for (FlowId f : was) {
+    Flow& fl = flows_[f];
+    for (std::uint32_t i = 0; i < fl.nuses; ++i) {
+      FlowList& list = class_flows_[set_class(fl, i)];
+      while (list.size() > 0) list.pop_back();
+    }
+    fl.registered = false;
+    fl.shared.clear();
+  }
 }
 
 FlowId Network::start_flow(std::span<const LinkUse> uses, double bytes, TimeNs now, std::uint64_t tag) {
@@ -409,12 +497,12 @@ FlowId Network::start_flow(LinkSetId set, double bytes, TimeNs now, std::uint64_
   ++active_;
   ++flows_started_;
   const LinkSet& s = sets_[set];
-  if (fl.remaining == 0 || s.len == 0) {
+  if (fl.remaining == 0 || s.cls.empty()) {
     fl.finish_ns = now;
     push_pending(f);
     return f;
   }
-  fl.nuses = s.len;
+  fl.nuses = static_cast<std::uint32_t>(s.cls.size());
   // Only flows of conflicting sets can meet this one on a link: if none runs,
   // it is alone on all its links and skips them (the hot path of a mirrored
   // p2p or collective: hundreds of links). Else the ones off the lists join
@@ -437,7 +525,7 @@ FlowId Network::start_flow(LinkSetId set, double bytes, TimeNs now, std::uint64_
     set_rate(f, s.cap, now);  // alone on all its links
     return f;
   }
-  for (std::uint32_t i : fl.shared) dirty_.push_back(set_link(fl, i));
+  for (std::uint32_t i : fl.shared) dirty_.push_back(set_class(fl, i));
   return f;
 }
 
@@ -447,10 +535,10 @@ void Network::register_flow(FlowId f) {
   Flow& fl = flows_[f];
   const LinkSet& s = sets_[fl.set];
   fl.registered = true;
-  fl.slots.resize(s.len);
-  const LinkId* links = set_links_.data() + s.off;
-  for (std::uint32_t i = 0; i < s.len; ++i) {
-    FlowList& list = link_flows_[links[i]];
+  fl.slots.resize(s.cls.size());
+  const ClassId* classes = s.cls.data();
+  for (std::uint32_t i = 0; i < fl.nuses; ++i) {
+    FlowList& list = class_flows_[classes[i]];
     fl.slots[i] = Slot{list.size(), kNotShared};
     list.push_back(FlowRef{f, i});
     if (list.size() >= 2) {
@@ -502,13 +590,13 @@ void Network::retire_flow(FlowId f) {
     s.peak_dirty = true;
     peak_dirty_sets_.push_back(fl.set);
   }
-  const LinkId* links = set_links_.data() + s.off;
+  const ClassId* classes = s.cls.data();
   const std::uint32_t on_lists = fl.registered ? fl.nuses : 0;
   for (std::uint32_t i = 0; i < on_lists; ++i) {
-    const LinkId l = links[i];
+    const ClassId c = classes[i];
     const std::uint32_t pos = fl.slots[i].pos;
-    FlowList& list = link_flows_[l];
-    if (list.size() > 1) seeds_.push_back(l);
+    FlowList& list = class_flows_[c];
+    if (list.size() > 1) seeds_.push_back(c);
     const FlowRef moved = list.back();
     if (moved.flow != f) {
       list[pos] = moved;
@@ -598,28 +686,28 @@ void Network::set_rate(FlowId f, double rate, TimeNs now) {
 // rate. A link crossed by one flow only is never in a component: its limit
 // is part of that flow's cap (an implied constraint, so the solution is the
 // same), which keeps a mirrored ring's hundreds of private links out of it.
-void Network::solve_from(std::span<const LinkId> seeds, TimeNs now) {
+void Network::solve_from(std::span<const ClassId> seeds, TimeNs now) {
   ++solves_;
   ++epoch_;
   comp_links_.clear();
   comp_flows_.clear();
-  for (LinkId l : seeds) {
-    if (link_solve_[l].epoch == epoch_) continue;
-    link_solve_[l].epoch = epoch_;
-    comp_links_.push_back(l);
+  for (ClassId c : seeds) {
+    if (class_solve_[c].epoch == epoch_) continue;
+    class_solve_[c].epoch = epoch_;
+    comp_links_.push_back(c);
   }
   for (std::size_t i = 0; i < comp_links_.size(); ++i) {
-    link_solve_[comp_links_[i]].comp = static_cast<std::uint32_t>(i);
-    for (const FlowRef& r : link_flows_[comp_links_[i]]) {
+    class_solve_[comp_links_[i]].comp = static_cast<std::uint32_t>(i);
+    for (const FlowRef& r : class_flows_[comp_links_[i]]) {
       Flow& fl = flows_[r.flow];
       if (fl.epoch == epoch_) continue;
       fl.epoch = epoch_;
       comp_flows_.push_back(r.flow);
       for (std::uint32_t s : fl.shared) {
-        const LinkId l = set_link(fl, s);
-        if (link_solve_[l].epoch == epoch_) continue;
-        link_solve_[l].epoch = epoch_;
-        comp_links_.push_back(l);
+        const ClassId c = set_class(fl, s);
+        if (class_solve_[c].epoch == epoch_) continue;
+        class_solve_[c].epoch = epoch_;
+        comp_links_.push_back(c);
       }
     }
   }
@@ -638,8 +726,8 @@ void Network::solve_from(std::span<const LinkId> seeds, TimeNs now) {
   rem_.assign(nl, 0.0);
   wsum_.assign(nl, 0.0);
   for (std::size_t i = 0; i < nl; ++i) {
-    const FlowList& list = link_flows_[comp_links_[i]];
-    rem_[i] = link_solve_[comp_links_[i]].capacity_Bps;
+    const FlowList& list = class_flows_[comp_links_[i]];
+    rem_[i] = class_solve_[comp_links_[i]].capacity_Bps;
     if (list.size() < 2) continue;  // a seed that became private: its flow's cap covers it
     double w = 0;
     for (const FlowRef& r : list) w += set_weight(flows_[r.flow], r.use);
@@ -667,7 +755,7 @@ void Network::solve_from(std::span<const LinkId> seeds, TimeNs now) {
     fl.frozen = true;
     for (std::uint32_t s : fl.shared) {
       const double w = set_weight(fl, s);
-      const std::uint32_t c = link_solve_[set_link(fl, s)].comp;
+      const std::uint32_t c = class_solve_[set_class(fl, s)].comp;
       rem_[c] -= w * level;
       wsum_[c] -= w;
       if (wsum_[c] <= 1e-12 * w) wsum_[c] = 0;
@@ -691,16 +779,16 @@ void Network::solve_from(std::span<const LinkId> seeds, TimeNs now) {
       std::push_heap(lheap_.begin(), lheap_.end(), later);
       continue;
     }
-    for (const FlowRef& r : link_flows_[comp_links_[top.comp]]) {
+    for (const FlowRef& r : class_flows_[comp_links_[top.comp]]) {
       if (!flows_[r.flow].frozen) freeze(r.flow, level);
     }
   }
   for (std::size_t i = 0; i < nl; ++i) {
-    const LinkId l = comp_links_[i];
-    if (link_flows_[l].size() < 2) continue;
-    const double cap = link_solve_[l].capacity_Bps;
+    const ClassId c = comp_links_[i];
+    if (class_flows_[c].size() < 2) continue;
+    const double cap = class_solve_[c].capacity_Bps;
     const double load = std::max(0.0, cap - rem_[i]);
-    link_peak_[l] = std::max(link_peak_[l], std::min(1.0, load / cap));
+    class_peak_[c] = std::max(class_peak_[c], std::min(1.0, load / cap));
   }
 }
 

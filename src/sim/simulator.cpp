@@ -121,8 +121,9 @@ void collect_links(SimResult& r, Network& net, double tp_probe_peak) {
     LinkStats stats;
   };
   std::vector<Busy> all;
-  for (LinkId l = 0; l < net.num_links(); ++l) {
-    const LinkStats st = net.link_stats(l);
+  const std::vector<LinkStats> stats = net.all_link_stats();
+  for (LinkId l = 0; l < stats.size(); ++l) {
+    const LinkStats& st = stats[l];
     if (st.bytes <= 0) continue;
     const std::string_view kind = link_kind(net, l);
     double& peak = kind == "nvlink" ? r.peak_nvlink_utilisation

@@ -13,7 +13,9 @@
 // one shared rate is both faithful and cheap (n edges, one variable). Mirrored
 // groups (symmetry, see collective.hpp) add their routes' weights to the same
 // variable: their links are loaded for real, but only the representative
-// completion is tracked.
+// completion is tracked. Links that every set crosses alike form one class
+// (see Network's private part): solves and totals are per class, so the
+// thousands of links a mirrored group loads cost what a handful do.
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -82,12 +84,17 @@ class Network {
 
   const Topology* topology() const { return topo_; }
   const NetworkOptions& options() const { return opts_; }
-  std::size_t num_links() const { return link_solve_.size(); }
+  std::size_t num_links() const { return link_capacity_.size(); }
   // "n0.gpu3->n0.nvswitch" for topology links, "link7" for abstract ones.
   std::string link_name(LinkId l) const;
   // The topology vertices a link goes from and to (networks built from a topology).
   std::pair<std::uint32_t, std::uint32_t> link_ends(LinkId l) const { return link_ends_.at(l); }
   LinkStats link_stats(LinkId l) const;
+  // Every link's stats at once (index = link id): one pass over the running
+  // flows instead of one per link; the same numbers as link_stats(l).
+  std::vector<LinkStats> all_link_stats() const;
+  // A link's modelled capacity (no settling: cheap).
+  double link_capacity_Bps(LinkId l) const { return link_capacity_.at(l); }
   // Directed links of Topology::route(src, dst), in order (cached per pair;
   // the span stays valid as long as the Network).
   std::span<const LinkId> route_links(int src_gpu, int dst_gpu);
@@ -102,10 +109,14 @@ class Network {
   // over it then share its links, weights and bottleneck (min over its links
   // of capacity / weight), computed here once instead of at every start: a
   // mirrored p2p phase is ~50 routes and hundreds of links, started tens of
-  // thousands of times. `uses` must be merged (no duplicate link); uses of
-  // weight <= 0 are dropped. Throws std::out_of_range for an unknown link.
+  // thousands of times. `uses` must be merged; uses of weight <= 0 are
+  // dropped. Throws std::out_of_range for an unknown link and
+  // std::invalid_argument for a link listed twice, before registering anything.
   LinkSetId add_link_set(std::span<const LinkUse> uses);
   std::size_t num_link_sets() const { return sets_.size(); }
+  // Link classes in use (links every set crosses alike; class 0, the links
+  // no set crosses, included): what solves and totals work on.
+  std::size_t num_link_classes() const { return class_solve_.size(); }
   // Starts a flow of `bytes` per route over `set` at time `now` (>= every
   // earlier call's time; no completion may be pending before `now`, see
   // next_completion). `tag` comes back on completion. A flow with no link, or
@@ -129,15 +140,16 @@ class Network {
   std::uint64_t solves() const { return solves_; }  // component re-solves
 
  private:
-  struct FlowRef {           // entry of a link's flow list
+  using ClassId = std::uint32_t;
+  struct FlowRef {           // entry of a link class's flow list
     FlowId flow = 0;
-    std::uint32_t use = 0;    // index into the flow's link set
+    std::uint32_t use = 0;    // index into the flow's set's class uses
   };
-  // A link's flows, 16 bytes, one inline (the usual case: a mirrored
-  // collective's hundreds of private links), kept apart from the link's other
-  // fields: starting or ending a flow touches 16 bytes per link, and the
-  // one-flow case is a store and a count, no capacity checks. Once a list has
-  // spilled to the heap it stays there (links shared once are shared again).
+  // A link class's flows, 16 bytes, one inline (the usual case: a class
+  // private to one set), kept apart from the class's other fields: starting or
+  // ending a flow touches 16 bytes per class, and the one-flow case is a store
+  // and a count, no capacity checks. Once a list has spilled to the heap it
+  // stays there (classes shared once are shared again).
   class FlowList {
    public:
     FlowList() = default;
@@ -183,36 +195,48 @@ class Network {
     std::uint32_t n_ = 0;
     std::uint32_t cap_ = 0;  // 0: inline
   };
-  struct LinkSolve {          // what a re-solve reads and marks
+  // Link classes. Two links that every registered set crosses alike (both or
+  // neither, with the same weight) and of one capacity carry the same flows
+  // at the same rates: their constraints in the max-min problem are copies,
+  // their byte totals and peaks the same numbers. So flows, solves and totals
+  // work on classes; a link's figures are its class's. add_link_set refines
+  // the partition (a class the new set crosses only in part, or with two
+  // weights, splits). Class 0 holds the links no set crosses. A mirrored
+  // collective's thousands of links fall into a handful of classes.
+  struct ClassSolve {         // what a re-solve reads and marks
     double capacity_Bps = 0;
     std::uint32_t epoch = 0;  // component search mark
     std::uint32_t comp = 0;   // index in the component being solved
   };
+  struct ClassSet {           // a set crossing a class, and its weight on each of its links
+    LinkSetId set = 0;
+    double weight = 0;
+  };
   struct LinkSet {
-    std::uint32_t off = 0;    // range in set_links_ / set_weights_
-    std::uint32_t len = 0;
+    std::vector<ClassId> cls;     // the classes it crosses (grows when one of them splits)
+    std::vector<double> weight;   // its weight on each link of cls[i]
     double cap = 0;           // min over its links of capacity / weight
     double retired_max_rate = 0;  // max rate of its finished flows (link peaks)
-    bool peak_dirty = false;  // finished flows not yet in link_peak_
+    bool peak_dirty = false;  // finished flows not yet in the class peaks
     std::vector<LinkSetId> conflicts;  // the sets sharing a link with it, itself included
     std::vector<FlowId> active;        // its running flows (with bytes)
   };
   static constexpr std::uint32_t kNotShared = std::numeric_limits<std::uint32_t>::max();
-  struct Slot {               // per use of a flow
-    std::uint32_t pos = 0;    // index in link_flows_[link]
-    std::uint32_t spos = kNotShared;  // index in the flow's `shared`, if the link has other flows
+  struct Slot {               // per class use of a flow
+    std::uint32_t pos = 0;    // index in cls_flows_[class]
+    std::uint32_t spos = kNotShared;  // index in the flow's `shared`, if the class has other flows
   };
   struct Flow {
     LinkSetId set = 0;
-    std::uint32_t nuses = 0;  // the set's length, or 0 (no bytes: never on a link)
+    std::uint32_t nuses = 0;  // its set's class count, or 0 (no bytes: never on a link)
     std::uint32_t apos = 0;   // index in its set's `active`
-    // On its links' flow lists. A flow whose set shares no link with any
+    // On its classes' flow lists. A flow whose set shares no link with any
     // running flow's set is alone on every link: it skips the lists (its rate
     // is the set's cap) until a flow that may meet it starts (register_flow),
     // which leaves the lists exactly as if it had been on them all along.
     bool registered = false;
     std::vector<Slot> slots;  // capacity kept when the slot is reused
-    // Indices of uses whose link other flows cross too. Only those take part
+    // Indices of class uses that other flows cross too. Only those take part
     // in a solve; the private ones are summarised by the set's `cap`.
     std::vector<std::uint32_t> shared;
     double remaining = 0;     // bytes per route at `updated_ns`
@@ -235,77 +259,78 @@ class Network {
     FlowId flow = 0;
     std::uint32_t version = 0;
   };
-  // A finished flow's bytes, added to its links' totals later (settle), in
+  // A finished flow's bytes, added to its classes' totals later (settle), in
   // finish order: the same sums as adding them at once, without touching
-  // every link of the set again when the flow ends.
+  // every class of the set again when the flow ends.
   struct Retired {
     LinkSetId set = 0;
     double total = 0;
   };
-  LinkId set_link(const Flow& fl, std::uint32_t use) const { return set_links_[sets_[fl.set].off + use]; }
-  double set_weight(const Flow& fl, std::uint32_t use) const { return set_weights_[sets_[fl.set].off + use]; }
+  // Scratch of add_link_set: the set's links grouped by (old class, weight).
+  struct SplitGroup {
+    ClassId from = 0;
+    std::uint64_t weight_bits = 0;
+    std::uint64_t capacity_bits = 0;  // class 0 only: its links differ in capacity
+    std::uint32_t count = 0;          // links of the set in it
+    ClassId to = 0;                   // the class they end in
+    std::uint32_t next = 0;           // the next group of the same old class
+  };
+  ClassId set_class(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].cls[use]; }
+  double set_weight(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].weight[use]; }
+  void init_classes();
+  double carried(const Flow& fl) const;
+  void unregister_all(std::vector<FlowId>& was);
+  double class_bytes(ClassId c) const;
   void register_flow(FlowId f);
   void retire_flow(FlowId f);
   void settle() const;
   void settle_bytes() const;
   void add_shared(FlowId f, std::uint32_t use);
   void remove_shared(FlowId f, std::uint32_t use);
-  void solve_from(std::span<const LinkId> seeds, TimeNs now);
+  void solve_from(std::span<const ClassId> seeds, TimeNs now);
   void set_rate(FlowId f, double rate, TimeNs now);
   void push_pending(FlowId f);
 
   const Topology* topo_ = nullptr;
   NetworkOptions opts_;
-  std::vector<LinkId> seeds_;
-  std::vector<LinkId> dirty_;  // seeds of the deferred solve
-  std::vector<FlowList> link_flows_;
-  std::vector<LinkSolve> link_solve_;
-  // Per-link totals; settle() brings them up to date (link_stats is const).
-  mutable std::vector<double> link_bytes_;
-  mutable std::vector<double> link_peak_;
+  // Per link: capacity, class, latency, ends.
+  std::vector<double> link_capacity_;
+  std::vector<ClassId> link_class_;
+  std::vector<std::uint32_t> link_mark_;  // scratch for add_link_set's duplicate check
+  std::uint32_t link_stamp_ = 0;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> link_ends_;  // (from, to) vertex per topology link
+  std::vector<TimeNs> link_latency_ns_;
+  // Per class.
+  std::vector<ClassSolve> class_solve_;
+  std::vector<FlowList> class_flows_;
+  std::vector<std::uint32_t> class_size_;         // member links
+  std::vector<std::vector<ClassSet>> class_sets_;  // the sets crossing it, in the order they were added
+  // Per-class totals; settle() brings them up to date (link_stats is const).
+  mutable std::vector<double> class_bytes_;
+  mutable std::vector<double> class_peak_;
+  std::vector<std::uint32_t> class_first_group_;
+  mutable std::vector<std::uint32_t> class_touch_;
+  mutable std::uint32_t class_stamp_ = 0;
+  std::vector<SplitGroup> groups_;
+  std::vector<std::uint32_t> use_group_;
+  std::vector<ClassId> seeds_;
+  std::vector<ClassId> dirty_;  // seeds of the deferred solve
   mutable std::vector<Retired> retired_;
   mutable std::vector<LinkSetId> peak_dirty_sets_;
   // Scratch for settle_bytes.
-  struct SigEntry {           // one set of the batch crossing a link
-    std::uint32_t batch = 0;  // index in batch_sets_
-    double weight = 0;
-    std::uint32_t next = 0;
-  };
   struct MergeCursor {
     std::uint32_t at = 0, end = 0;
     double weight = 0;
   };
-  struct Group {              // links of one signature and one total before the batch
-    LinkId link = 0;          // the first of them
-    double start = 0;
-    double result = 0;
-    std::uint32_t next = 0;   // another group with the same hash
-  };
+  static constexpr std::uint32_t kNoEntry = std::numeric_limits<std::uint32_t>::max();
   mutable std::vector<std::uint32_t> set_batch_;  // per set: its index in batch_sets_, or kNoEntry
   mutable std::vector<LinkSetId> batch_sets_;
   mutable std::vector<std::uint32_t> batch_off_, batch_fill_, batch_pos_;
   mutable std::vector<double> batch_totals_;
-  mutable std::vector<std::uint32_t> sig_head_;  // per link: its first SigEntry, or kNoEntry
-  mutable std::vector<SigEntry> sig_entries_;
-  mutable std::vector<LinkId> touched_;
+  mutable std::vector<ClassId> touched_;
   mutable std::vector<MergeCursor> merge_cursor_;
-  mutable std::vector<Group> groups_;
-  mutable std::unordered_map<std::uint64_t, std::uint32_t> group_index_;  // signature hash -> latest group
   mutable std::vector<LinkSet> sets_;
-  // Per link: the sets crossing it, in the order they were added (a list
-  // threaded through one vector: ~100k links, no allocation per link).
-  static constexpr std::uint32_t kNoEntry = std::numeric_limits<std::uint32_t>::max();
-  struct LinkSetEntry {
-    LinkSetId set = 0;
-    std::uint32_t next = kNoEntry;
-  };
-  std::vector<std::uint32_t> link_sets_head_, link_sets_tail_;
-  std::vector<LinkSetEntry> link_set_entries_;
   std::vector<std::uint32_t> set_mark_;            // scratch for add_link_set
-  std::vector<LinkId> set_links_;
-  std::vector<double> set_weights_;
-  std::vector<std::pair<std::uint32_t, std::uint32_t>> link_ends_;  // (from, to) vertex per topology link
-  std::vector<TimeNs> link_latency_ns_;
   std::vector<Flow> flows_;
   std::vector<FlowId> free_flows_;
   std::vector<Pending> pending_;  // min-heap of predicted finish times (lazy deletion)
@@ -319,12 +344,12 @@ class Network {
   std::vector<std::uint64_t> merge_seen_;
   std::vector<LinkId> merge_links_;
   // Scratch for solve_from (kept to avoid allocating per event).
-  std::vector<LinkId> comp_links_;
+  std::vector<ClassId> comp_links_;
   std::vector<FlowId> comp_flows_;
   std::vector<double> rem_, wsum_;
   struct LevelEntry {
     double level = 0;
-    std::uint32_t comp = 0;   // < links in the component: a link; else nl + flow index
+    std::uint32_t comp = 0;   // < classes in the component: a class; else nl + flow index
   };
   std::vector<LevelEntry> lheap_;
   std::uint32_t epoch_ = 0;
