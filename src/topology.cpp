@@ -259,19 +259,30 @@ std::vector<Topology::Edge> Topology::route(int gpu_a, int gpu_b) const {
 // route() without Boost: the same hops, from the edge ids recorded while
 // building (a 16k-GPU fabric asks for ~50k routes while planning its collectives).
 void Topology::route_ids(int gpu_a, int gpu_b, std::vector<std::uint32_t>& out) const {
-  const Vertex a = gpu_vertex(gpu_a);
-  const Vertex b = gpu_vertex(gpu_b);
-  if (gpu_a == gpu_b) return;
+  std::uint32_t hops[kMaxRouteLinks];
+  const std::size_t n = route_ids(gpu_a, gpu_b, hops);
+  out.insert(out.end(), hops, hops + n);
+}
+
+std::size_t Topology::route_ids(int gpu_a, int gpu_b, std::uint32_t* out) const {
   const auto ua = static_cast<std::size_t>(gpu_a);
   const auto ub = static_cast<std::size_t>(gpu_b);
-  auto hop = [&out](std::uint32_t edge, Vertex from, Vertex to) { out.push_back(2 * edge + (from < to ? 0u : 1u)); };
+  if (ua >= gpu_vertices_.size() || ub >= gpu_vertices_.size()) {  // negative too: gpu_vertex throws
+    (void)gpu_vertex(gpu_a);
+    (void)gpu_vertex(gpu_b);
+  }
+  const Vertex a = gpu_vertices_[ua];
+  const Vertex b = gpu_vertices_[ub];
+  if (gpu_a == gpu_b) return 0;
+  std::size_t n = 0;
+  auto hop = [out, &n](std::uint32_t edge, Vertex from, Vertex to) { out[n++] = 2 * edge + (from < to ? 0u : 1u); };
   const int node_a = gpu_a / cluster_.gpus_per_node;
   const int node_b = gpu_b / cluster_.gpus_per_node;
   if (node_a == node_b) {
     const Vertex nvs = nvswitch_vertices_[static_cast<std::size_t>(node_a)];
     hop(gpu_nvswitch_edge_[ua], a, nvs);
     hop(gpu_nvswitch_edge_[ub], nvs, b);
-    return;
+    return n;
   }
   const auto nic_a = static_cast<std::size_t>(gpu_nic_[ua]);
   const auto nic_b = static_cast<std::size_t>(gpu_nic_[ub]);
@@ -291,6 +302,7 @@ void Topology::route_ids(int gpu_a, int gpu_b, std::vector<std::uint32_t>& out) 
   }
   hop(nic_up_edge_[nic_b], leaf_vertices_[leaf_b], nic_vertices_[nic_b]);
   hop(gpu_nic_edge_[ub], nic_vertices_[nic_b], b);
+  return n;
 }
 
 double Topology::bottleneck_bandwidth_Bps(const std::vector<Edge>& path) const {

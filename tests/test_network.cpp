@@ -305,6 +305,38 @@ TEST_CASE("compile_routes: links in id order, weights summed, small and big phas
   CHECK(a.size() == b.size());
 }
 
+// add_route_set = compile_routes + add_link_set; a big route list equal to
+// an earlier one (a DP group's reduce-scatter and all-gather rings) gives the
+// earlier set back, a small or different one a new set.
+TEST_CASE("add_route_set: the compiled set, registered once per big route list") {
+  const Topology topo(dgx(16, 16));
+  Network net(topo);
+  std::vector<Route> ring;
+  for (int local = 0; local < 8; ++local) {
+    for (int node = 0; node < 16; ++node) ring.push_back({8 * node + local, 8 * ((node + 1) % 16) + local, 1.0});
+  }
+  REQUIRE(ring.size() >= 64);
+  const LinkSetId a = net.add_route_set(ring);
+  CHECK(net.add_route_set(ring) == a);
+  CHECK(net.num_link_sets() == 1);
+  std::vector<Route> other = ring;
+  other.back().weight = 2.0;  // one weight differs: another set
+  CHECK(net.add_route_set(other) != a);
+  const std::vector<Route> small(ring.begin(), ring.begin() + 4);
+  const LinkSetId s1 = net.add_route_set(small);
+  CHECK(net.add_route_set(small) != s1);
+  CHECK(net.num_link_sets() == 4);
+  // The set loads exactly compile_routes' links: a flow of 1 GB puts
+  // weight x 1 GB on each of them.
+  std::vector<LinkUse> uses;
+  net.compile_routes(ring, uses);
+  net.start_flow(a, kGB, 0, 0);
+  std::vector<std::uint64_t> done;
+  net.advance_to(net.next_completion(), done);
+  REQUIRE(done.size() == 1);
+  for (const LinkUse& u : uses) CHECK(net.link_stats(u.link).bytes == doctest::Approx(u.weight * kGB));
+}
+
 // Finished flows' bytes reach the link totals in batches (Network::settle):
 // links private to one set get its flows folded once per distinct weight,
 // shared links entry by entry. The totals must be exactly (==) the sums of

@@ -52,6 +52,10 @@ class Topology {
   // The same hops as directed link ids, appended to `out`: 2 x LinkInfo::id,
   // + 1 when the hop goes from the higher vertex id to the lower (sim::Network's links).
   void route_ids(int gpu_a, int gpu_b, std::vector<std::uint32_t>& out) const;
+  // The same into out[0..n), returning n (at most kMaxRouteLinks: GPU, NIC,
+  // leaf, spine, core and back down): no allocation, for hot loops.
+  static constexpr std::size_t kMaxRouteLinks = 8;
+  std::size_t route_ids(int gpu_a, int gpu_b, std::uint32_t* out) const;
   double bottleneck_bandwidth_Bps(const std::vector<Edge>& path) const;
   std::int64_t latency_ns(const std::vector<Edge>& path) const;
   Tier tier(int gpu_a, int gpu_b) const;

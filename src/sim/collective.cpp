@@ -133,7 +133,7 @@ CommPhase make_phase(Network& net, const CommGroup& g, const std::vector<IdxEdge
       routes.push_back({m[static_cast<std::size_t>(e.from)], m[static_cast<std::size_t>(e.to)], e.weight});
     }
   }
-  net.compile_routes(routes, ph.uses);
+  ph.set = net.add_route_set(routes);
   ph.latency_ns = static_cast<TimeNs>(std::llround(steps * static_cast<double>(alpha)));
   return ph;
 }

@@ -188,9 +188,9 @@ std::uint32_t Engine::plan_for(GroupId g, Collective op, Algorithm algo) {
   }
   plans_.push_back(plan_collective(*net_, op, grp.group, algo));
   const auto idx = static_cast<std::uint32_t>(plans_.size() - 1);
-  // Each phase's links registered once; every task of the plan reuses them.
+  // Each phase's links registered once (plan_collective); every task of the plan reuses them.
   plan_sets_.push_back(static_cast<std::uint32_t>(phase_sets_.size()));
-  for (const CommPhase& ph : plans_.back().phases) phase_sets_.push_back(net_->add_link_set(ph.uses));
+  for (const CommPhase& ph : plans_.back().phases) phase_sets_.push_back(ph.set);
   grp.plans.emplace_back(op, algo, idx);
   return idx;
 }

@@ -23,6 +23,33 @@ double nic_efficiency(const Cluster& c) {
   return std::min(1.0, c.inter.nic_busbw_GBps / line_GBps);
 }
 
+std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  return h * 0xFF51AFD7ED558CCDull;
+}
+
+// Hashes of a few evenly spaced entries and the length: a lookup compares
+// the whole content anyway, so the hash only has to tell most misses apart.
+constexpr std::size_t kHashSamples = 16;
+
+std::uint64_t hash_routes(std::span<const Route> routes) {
+  std::uint64_t h = routes.size();
+  const std::size_t step = std::max<std::size_t>(1, routes.size() / kHashSamples);
+  for (std::size_t i = 0; i < routes.size(); i += step) {
+    const Route& r = routes[i];
+    h = mix(h, (static_cast<std::uint64_t>(static_cast<std::uint32_t>(r.src_gpu)) << 32) | static_cast<std::uint32_t>(r.dst_gpu));
+    h = mix(h, std::bit_cast<std::uint64_t>(r.weight));
+  }
+  return h;
+}
+
+bool same_routes(std::span<const Route> a, std::span<const Route> b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const Route& x, const Route& y) {
+    return x.src_gpu == y.src_gpu && x.dst_gpu == y.dst_gpu &&
+           std::bit_cast<std::uint64_t>(x.weight) == std::bit_cast<std::uint64_t>(y.weight);
+  });
+}
+
 }  // namespace
 
 Network::Network(std::vector<double> link_capacity_Bps) {
@@ -282,10 +309,10 @@ void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>
     }
   };
   for (const LinkUse& u : out) add(u.link, u.weight);
+  LinkId hops[Topology::kMaxRouteLinks];
   for (const Route& r : routes) {
-    route_scratch_.clear();
-    topo_->route_ids(r.src_gpu, r.dst_gpu, route_scratch_);
-    for (LinkId l : route_scratch_) add(l, r.weight);
+    const std::size_t n = topo_->route_ids(r.src_gpu, r.dst_gpu, hops);
+    for (std::size_t i = 0; i < n; ++i) add(hops[i], r.weight);
   }
   out.clear();
   out.reserve(merge_links_.size());
@@ -320,6 +347,26 @@ void Network::merge_uses(std::vector<LinkUse>& uses) {
     }
   }
   uses.resize(w);
+}
+
+LinkSetId Network::add_route_set(std::span<const Route> routes) {
+  const bool cached = routes.size() >= kCacheMinSize;
+  std::uint64_t key = 0;
+  if (cached) {
+    key = hash_routes(routes);
+    for (auto [it, end] = compiled_index_.equal_range(key); it != end; ++it) {
+      const Compiled& c = compiled_[it->second];
+      if (same_routes(c.routes, routes)) return c.set;
+    }
+  }
+  compiled_uses_.clear();
+  compile_routes(routes, compiled_uses_);
+  const LinkSetId set = add_link_set(compiled_uses_);
+  if (cached) {
+    compiled_index_.emplace(key, static_cast<std::uint32_t>(compiled_.size()));
+    compiled_.push_back(Compiled{std::vector<Route>(routes.begin(), routes.end()), set});
+  }
+  return set;
 }
 
 // Refines the link classes by the new set (a class it crosses in part, or

@@ -116,10 +116,10 @@ struct CommGroup {
   MirrorGroups mirrors;
 };
 
-// One phase: a single flow (shared rate) over `uses` carrying
+// One phase: a single flow (shared rate) over the links of `set` carrying
 // bytes_per_size * size_bytes per route, followed by latency_ns of alpha terms.
 struct CommPhase {
-  std::vector<LinkUse> uses;  // merged, representative + mirrors
+  LinkSetId set = 0;  // its links on the network, representative + mirrors (Network::add_route_set)
   double bytes_per_size = 0;
   TimeNs latency_ns = 0;
   // A calibrated collective (else null): inside the measured sizes its time
@@ -159,7 +159,8 @@ struct CollectivePlan {
 Algorithm choose_algorithm(Network& net, Collective op, const CommGroup& group, double size_bytes);
 
 // Decomposes the collective into phases on `net` (which must have a topology).
-// `algo` must not be automatic. A group of one rank gives no phase.
+// `algo` must not be automatic. A group of one rank gives no phase. Each
+// phase's links are registered on `net` as a link set (CommPhase::set).
 CollectivePlan plan_collective(Network& net, Collective op, const CommGroup& group, Algorithm algo);
 
 }  // namespace cuboid::sim

@@ -113,6 +113,11 @@ class Network {
   // dropped. Throws std::out_of_range for an unknown link and
   // std::invalid_argument for a link listed twice, before registering anything.
   LinkSetId add_link_set(std::span<const LinkUse> uses);
+  // compile_routes and add_link_set in one: the set of a collective phase.
+  // A list of kCacheMinSize routes or more equal to an earlier one (same
+  // pairs, weights and order) gives that set back: sets are immutable, and
+  // flows over one set are as independent as flows over two equal ones.
+  LinkSetId add_route_set(std::span<const Route> routes);
   std::size_t num_link_sets() const { return sets_.size(); }
   // Link classes in use (links every set crosses alike; class 0, the links
   // no set crosses, included): what solves and totals work on.
@@ -343,6 +348,18 @@ class Network {
   std::vector<double> merge_weight_;
   std::vector<std::uint64_t> merge_seen_;
   std::vector<LinkId> merge_links_;
+  // Big route lists registered by add_route_set, by content hash: a DP
+  // group's reduce-scatter and all-gather rings are the same routes over the
+  // same links (thousands, mirrored), compiled and registered once.
+  static constexpr std::size_t kCacheMinSize = 64;
+  struct Compiled {
+    std::vector<Route> routes;
+    LinkSetId set = 0;
+  };
+  std::vector<Compiled> compiled_;
+  std::unordered_multimap<std::uint64_t, std::uint32_t> compiled_index_;  // hash -> compiled_
+  std::vector<LinkUse> compiled_uses_;  // scratch
+
   // Scratch for solve_from (kept to avoid allocating per event).
   std::vector<ClassId> comp_links_;
   std::vector<FlowId> comp_flows_;
