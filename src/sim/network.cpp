@@ -290,50 +290,66 @@ TimeNs Network::route_latency_ns(int src_gpu, int dst_gpu) {
 // link's weights are summed in route order (merge_uses sums them in its sort's
 // order; the collectives give all uses of one link the same weight, so the
 // sums agree bit for bit), without sorting the ~10k uses of a mirrored phase.
-void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>& out) {
+[[gnu::always_inline]] inline void Network::merge_add(LinkId l, double w) {
+  std::uint64_t& word = merge_seen_[l >> 6];
+  const std::uint64_t bit = std::uint64_t{1} << (l & 63);
+  if ((word & bit) == 0) {
+    word |= bit;
+    merge_links_.push_back(l);
+    merge_weight_[l] = w;
+  } else {
+    merge_weight_[l] += w;
+  }
+}
+
+// Adds the routes' links to the merge scratch: a bit set of the links seen,
+// their summed weights (merge_weight_) and the list of them (merge_links_).
+void Network::merge_routes(std::span<const Route> routes) {
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
+  LinkId hops[Topology::kMaxRouteLinks];
+  for (const Route& r : routes) {
+    const std::size_t n = topo_->route_ids(r.src_gpu, r.dst_gpu, hops);
+    for (std::size_t i = 0; i < n; ++i) merge_add(hops[i], r.weight);
+  }
+}
+
+void Network::merge_begin() {
   if (merge_weight_.size() != link_capacity_.size()) {
     merge_weight_.assign(link_capacity_.size(), 0.0);
     merge_seen_.assign((link_capacity_.size() + 63) / 64, 0);
   }
   merge_links_.clear();
-  auto add = [this](LinkId l, double w) {
-    std::uint64_t& word = merge_seen_[l >> 6];
-    const std::uint64_t bit = std::uint64_t{1} << (l & 63);
-    if ((word & bit) == 0) {
-      word |= bit;
-      merge_links_.push_back(l);
-      merge_weight_[l] = w;
-    } else {
-      merge_weight_[l] += w;
-    }
-  };
-  for (const LinkUse& u : out) add(u.link, u.weight);
-  LinkId hops[Topology::kMaxRouteLinks];
-  for (const Route& r : routes) {
-    const std::size_t n = topo_->route_ids(r.src_gpu, r.dst_gpu, hops);
-    for (std::size_t i = 0; i < n; ++i) add(hops[i], r.weight);
-  }
-  out.clear();
-  out.reserve(merge_links_.size());
-  // Links in increasing id order: a big phase (a mirrored ring or p2p:
-  // thousands of links) reads them off the bit set, cheaper than sorting
-  // them; a small one sorts.
+}
+
+// The merged links in increasing id order into merge_sorted_, the bit set
+// cleared. A big phase (a mirrored ring or p2p: thousands of links) reads
+// them off the bit set, cheaper than sorting them; a small one sorts.
+void Network::merge_end() {
+  merge_sorted_.clear();
   if (merge_links_.size() * 16 >= merge_seen_.size()) {
+    merge_sorted_.reserve(merge_links_.size());
     for (std::size_t w = 0; w < merge_seen_.size(); ++w) {
       for (std::uint64_t bits = merge_seen_[w]; bits != 0; bits &= bits - 1) {
-        const auto l = static_cast<LinkId>(64 * w + static_cast<std::size_t>(std::countr_zero(bits)));
-        out.push_back(LinkUse{l, merge_weight_[l]});
+        merge_sorted_.push_back(static_cast<LinkId>(64 * w + static_cast<std::size_t>(std::countr_zero(bits))));
       }
       merge_seen_[w] = 0;
     }
     return;
   }
-  std::sort(merge_links_.begin(), merge_links_.end());
-  for (LinkId l : merge_links_) {
-    out.push_back(LinkUse{l, merge_weight_[l]});
-    merge_seen_[l >> 6] = 0;
-  }
+  merge_sorted_.assign(merge_links_.begin(), merge_links_.end());
+  std::sort(merge_sorted_.begin(), merge_sorted_.end());
+  for (LinkId l : merge_sorted_) merge_seen_[l >> 6] = 0;
+}
+
+void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>& out) {
+  if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
+  merge_begin();
+  for (const LinkUse& u : out) merge_add(u.link, u.weight);
+  merge_routes(routes);
+  merge_end();
+  out.clear();
+  out.reserve(merge_sorted_.size());
+  for (LinkId l : merge_sorted_) out.push_back(LinkUse{l, merge_weight_[l]});
 }
 
 void Network::merge_uses(std::vector<LinkUse>& uses) {
@@ -359,9 +375,11 @@ LinkSetId Network::add_route_set(std::span<const Route> routes) {
       if (same_routes(c.routes, routes)) return c.set;
     }
   }
-  compiled_uses_.clear();
-  compile_routes(routes, compiled_uses_);
-  const LinkSetId set = add_link_set(compiled_uses_);
+  if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
+  merge_begin();
+  merge_routes(routes);
+  merge_end();
+  const LinkSetId set = register_links(merge_sorted_);
   if (cached) {
     compiled_index_.emplace(key, static_cast<std::uint32_t>(compiled_.size()));
     compiled_.push_back(Compiled{std::vector<Route>(routes.begin(), routes.end()), set});
@@ -373,7 +391,9 @@ LinkSetId Network::add_route_set(std::span<const Route> routes) {
 // with two weights, splits; the sets crossing the old class cross the new
 // one too), then lists the set's classes and conflicts.
 LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
+  if (merge_weight_.size() != link_capacity_.size()) merge_begin();
   const std::uint32_t stamp = ++link_stamp_;
+  merge_sorted_.clear();
   for (const LinkUse& u : uses) {
     if (u.link >= link_capacity_.size()) throw std::out_of_range("Network: link id out of range");
     if (!(u.weight > 0)) continue;
@@ -381,22 +401,30 @@ LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
       throw std::invalid_argument("Network: a link set lists link " + std::to_string(u.link) + " twice");
     }
     link_mark_[u.link] = stamp;
+    merge_sorted_.push_back(u.link);
+    merge_weight_[u.link] = u.weight;
   }
+  return register_links(merge_sorted_);
+}
+
+// Registers the set of `links` (distinct, valid), each with weight
+// merge_weight_[link]. Refines the link classes by it (a class it crosses in
+// part, or with two weights, splits; the sets crossing the old class cross
+// the new one too), then lists the set's classes and conflicts.
+LinkSetId Network::register_links(std::span<const LinkId> links) {
   const auto id = static_cast<LinkSetId>(sets_.size());
   LinkSet s;
   s.cap = std::numeric_limits<double>::infinity();
   // The set's links grouped by (class, weight; capacity for class 0).
   groups_.clear();
-  use_group_.clear();
+  use_group_.resize(links.size());
   const std::uint32_t cstamp = ++class_stamp_;
   if (class_touch_.size() < class_solve_.size()) class_touch_.resize(class_solve_.size(), 0);
-  for (const LinkUse& u : uses) {
-    if (!(u.weight > 0)) continue;
-    const double cap = link_capacity_[u.link];
-    s.cap = std::min(s.cap, cap / u.weight);
-    const ClassId c = link_class_[u.link];
-    const auto wbits = std::bit_cast<std::uint64_t>(u.weight);
-    const std::uint64_t cbits = c == 0 ? std::bit_cast<std::uint64_t>(cap) : 0;
+  for (std::size_t i = 0; i < links.size(); ++i) {
+    const LinkId l = links[i];
+    const ClassId c = link_class_[l];
+    const auto wbits = std::bit_cast<std::uint64_t>(merge_weight_[l]);
+    const std::uint64_t cbits = c == 0 ? std::bit_cast<std::uint64_t>(link_capacity_[l]) : 0;
     if (class_touch_[c] != cstamp) {
       class_touch_[c] = cstamp;
       class_first_group_[c] = kNoEntry;
@@ -409,7 +437,12 @@ LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
       class_first_group_[c] = g;
     }
     ++groups_[g].count;
-    use_group_.push_back(g);
+    use_group_[i] = g;
+  }
+  // Its bottleneck: a group's links share capacity and weight.
+  for (const SplitGroup& g : groups_) {
+    const double cap = g.from == 0 ? std::bit_cast<double>(g.capacity_bits) : class_solve_[g.from].capacity_Bps;
+    s.cap = std::min(s.cap, cap / std::bit_cast<double>(g.weight_bits));
   }
   // Which groups leave their class (a split)? A class the set covers whole
   // stays with its first group; its other groups, and the groups of classes
@@ -460,10 +493,7 @@ LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
   for (const SplitGroup& g : groups_) {
     if (g.to == g.from) class_sets_[g.from].push_back(ClassSet{id, std::bit_cast<double>(g.weight_bits)});
   }
-  std::uint32_t k = 0;
-  for (const LinkUse& u : uses) {
-    if (u.weight > 0) link_class_[u.link] = groups_[use_group_[k++]].to;
-  }
+  for (std::size_t i = 0; i < links.size(); ++i) link_class_[links[i]] = groups_[use_group_[i]].to;
   s.cls.reserve(groups_.size());
   s.weight.reserve(groups_.size());
   for (const SplitGroup& g : groups_) {

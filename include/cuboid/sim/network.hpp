@@ -283,6 +283,11 @@ class Network {
   ClassId set_class(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].cls[use]; }
   double set_weight(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].weight[use]; }
   void init_classes();
+  void merge_begin();
+  void merge_add(LinkId l, double w);
+  void merge_routes(std::span<const Route> routes);
+  void merge_end();
+  LinkSetId register_links(std::span<const LinkId> links);
   double carried(const Flow& fl) const;
   void unregister_all(std::vector<FlowId>& was);
   double class_bytes(ClassId c) const;
@@ -344,10 +349,11 @@ class Network {
   std::vector<std::unique_ptr<LinkId[]>> route_blocks_;
   std::size_t route_block_used_ = 0;
   std::vector<LinkId> route_scratch_;
-  // Scratch for compile_routes: per link its summed weight, and a bit set of the listed links.
+  // Scratch for compile_routes and the sets: per link its summed weight, and a bit set of the listed links.
   std::vector<double> merge_weight_;
   std::vector<std::uint64_t> merge_seen_;
   std::vector<LinkId> merge_links_;
+  std::vector<LinkId> merge_sorted_;  // merge_end's result, add_link_set's links
   // Big route lists registered by add_route_set, by content hash: a DP
   // group's reduce-scatter and all-gather rings are the same routes over the
   // same links (thousands, mirrored), compiled and registered once.
@@ -358,7 +364,6 @@ class Network {
   };
   std::vector<Compiled> compiled_;
   std::unordered_multimap<std::uint64_t, std::uint32_t> compiled_index_;  // hash -> compiled_
-  std::vector<LinkUse> compiled_uses_;  // scratch
 
   // Scratch for solve_from (kept to avoid allocating per event).
   std::vector<ClassId> comp_links_;
