@@ -321,24 +321,24 @@ void Network::merge_begin() {
   merge_links_.clear();
 }
 
-// The merged links in increasing id order into merge_sorted_, the bit set
+// The merged links in increasing id order into set_links_, the bit set
 // cleared. A big phase (a mirrored ring or p2p: thousands of links) reads
 // them off the bit set, cheaper than sorting them; a small one sorts.
 void Network::merge_end() {
-  merge_sorted_.clear();
+  set_links_.clear();
   if (merge_links_.size() * 16 >= merge_seen_.size()) {
-    merge_sorted_.reserve(merge_links_.size());
+    set_links_.reserve(merge_links_.size());
     for (std::size_t w = 0; w < merge_seen_.size(); ++w) {
       for (std::uint64_t bits = merge_seen_[w]; bits != 0; bits &= bits - 1) {
-        merge_sorted_.push_back(static_cast<LinkId>(64 * w + static_cast<std::size_t>(std::countr_zero(bits))));
+        set_links_.push_back(static_cast<LinkId>(64 * w + static_cast<std::size_t>(std::countr_zero(bits))));
       }
       merge_seen_[w] = 0;
     }
     return;
   }
-  merge_sorted_.assign(merge_links_.begin(), merge_links_.end());
-  std::sort(merge_sorted_.begin(), merge_sorted_.end());
-  for (LinkId l : merge_sorted_) merge_seen_[l >> 6] = 0;
+  set_links_.assign(merge_links_.begin(), merge_links_.end());
+  std::sort(set_links_.begin(), set_links_.end());
+  for (LinkId l : set_links_) merge_seen_[l >> 6] = 0;
 }
 
 void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>& out) {
@@ -348,8 +348,8 @@ void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>
   merge_routes(routes);
   merge_end();
   out.clear();
-  out.reserve(merge_sorted_.size());
-  for (LinkId l : merge_sorted_) out.push_back(LinkUse{l, merge_weight_[l]});
+  out.reserve(set_links_.size());
+  for (LinkId l : set_links_) out.push_back(LinkUse{l, merge_weight_[l]});
 }
 
 void Network::merge_uses(std::vector<LinkUse>& uses) {
@@ -379,7 +379,7 @@ LinkSetId Network::add_route_set(std::span<const Route> routes) {
   merge_begin();
   merge_routes(routes);
   merge_end();
-  const LinkSetId set = register_links(merge_sorted_);
+  const LinkSetId set = register_links(set_links_);
   if (cached) {
     compiled_index_.emplace(key, static_cast<std::uint32_t>(compiled_.size()));
     compiled_.push_back(Compiled{std::vector<Route>(routes.begin(), routes.end()), set});
@@ -387,13 +387,11 @@ LinkSetId Network::add_route_set(std::span<const Route> routes) {
   return set;
 }
 
-// Refines the link classes by the new set (a class it crosses in part, or
-// with two weights, splits; the sets crossing the old class cross the new
-// one too), then lists the set's classes and conflicts.
+// Checks the uses (nothing registered yet if one is bad), then registers them.
 LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
   if (merge_weight_.size() != link_capacity_.size()) merge_begin();
   const std::uint32_t stamp = ++link_stamp_;
-  merge_sorted_.clear();
+  set_links_.clear();
   for (const LinkUse& u : uses) {
     if (u.link >= link_capacity_.size()) throw std::out_of_range("Network: link id out of range");
     if (!(u.weight > 0)) continue;
@@ -401,10 +399,10 @@ LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
       throw std::invalid_argument("Network: a link set lists link " + std::to_string(u.link) + " twice");
     }
     link_mark_[u.link] = stamp;
-    merge_sorted_.push_back(u.link);
+    set_links_.push_back(u.link);
     merge_weight_[u.link] = u.weight;
   }
-  return register_links(merge_sorted_);
+  return register_links(set_links_);
 }
 
 // Registers the set of `links` (distinct, valid), each with weight

@@ -353,7 +353,7 @@ class Network {
   std::vector<double> merge_weight_;
   std::vector<std::uint64_t> merge_seen_;
   std::vector<LinkId> merge_links_;
-  std::vector<LinkId> merge_sorted_;  // merge_end's result, add_link_set's links
+  std::vector<LinkId> set_links_;  // the links to register: merge_end's (in id order) or add_link_set's (as given)
   // Big route lists registered by add_route_set, by content hash: a DP
   // group's reduce-scatter and all-gather rings are the same routes over the
   // same links (thousands, mirrored), compiled and registered once.
