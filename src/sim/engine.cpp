@@ -30,7 +30,7 @@ namespace {
 __extension__ typedef unsigned __int128 Order;
 
 template <typename E>
-Order order(const E& e) {
+[[gnu::always_inline]] inline Order order(const E& e) {
   const std::uint64_t time = static_cast<std::uint64_t>(e.time) ^ (std::uint64_t{1} << 63);
   return (static_cast<Order>(time) << 64) | e.key;
 }
