@@ -428,8 +428,7 @@ void Builder::try_message(std::uint32_t id) {
 void Builder::flush(Chain& ch) {
   if (!ch.pending) return;
   const Rep& r = reps_[static_cast<std::size_t>(ch.stage)];
-  const TaskId t = eng_->add_compute(r.compute, ch.pending_ns, ch.deps);
-  tag(t, Cls::compute, kTidCompute, ch.stage);
+  const TaskId t = emit_compute(r.compute, ch.pending_ns, ch.deps, meta_of(Cls::compute, kTidCompute, ch.stage));
   if (traced(ch.stage)) {
     TraceLabel& l = labels_[t];
     l.category = "compute";
@@ -451,16 +450,15 @@ void Builder::flush(Chain& ch) {
 
 TaskId Builder::add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps) {
   const Rep& r = reps_[static_cast<std::size_t>(ch.stage)];
+  const TaskMeta mt = meta_of(Cls::tp, kTidTp, ch.stage);
   TaskId t;
   if (tp_fast_) {
     // Priced once per item (the probe cache is a map; 660k TP tasks in GPT-1T).
     if (it.probe_ns < 0) it.probe_ns = tp_probe_ns(it.collective, it.bytes);
-    t = eng_->add_compute(r.tp, it.probe_ns, deps);
+    t = emit_compute(r.tp, it.probe_ns, deps, mt);
   } else {
-    const StreamId streams[1] = {r.tp};
-    t = eng_->add_collective(it.collective, r.tp_group, it.bytes, streams, deps);
+    t = emit_collective(it.collective, r.tp_group, it.bytes, r.tp, deps, mt);
   }
-  tag(t, Cls::tp, kTidTp, ch.stage);
   label(t, ch.stage, prog.ops[it.name_op].name, "tp");
   return t;
 }
@@ -506,24 +504,137 @@ void Builder::dp_bucket(int stage, double params, const std::vector<TaskId>& dep
   if (dp_ <= 1 || params <= 0) return;
   const Rep& r = reps_[static_cast<std::size_t>(stage)];
   const Collective c = plan_.zero_stage == 0 ? Collective::all_reduce : Collective::reduce_scatter;
-  const StreamId streams[1] = {r.dp};
-  const TaskId t = eng_->add_collective(c, r.dp_group, params * kGradBytesPerParam, streams, deps);
-  tag(t, Cls::dp, kTidDp, stage);
+  const TaskId t = emit_collective(c, r.dp_group, params * kGradBytesPerParam, r.dp, deps, meta_of(Cls::dp, kTidDp, stage),
+                                   /*dp_reduction=*/true);
   label(t, stage, name, "dp");
-  dp_tasks_[static_cast<std::size_t>(stage)].push_back(t);
 }
 
 void Builder::add_step(int stage, std::size_t idx) {
   const auto us = static_cast<std::size_t>(stage);
   const ScheduleStep& st = order_[us][idx];
-  const bool fwd = st.dir == Direction::forward;
   const int vs = st.chunk * pp_ + stage;
+  // The entry dependencies: the stage's previous pass and, as Megatron's p2p
+  // is synchronous, the messages of the point before this pass.
+  std::vector<TaskId>& entry = entry_;
+  entry.assign(stage_end_[us].begin(), stage_end_[us].end());
+  const auto& blocking = block_[us][idx];
+  entry.insert(entry.end(), blocking.begin(), blocking.end());
+  // The input from the neighbouring virtual stage.
+  const int from_vs = st.dir == Direction::forward ? vs - 1 : vs + 1;
+  if (from_vs >= 0 && from_vs < vs_count_) {
+    const Slot& src = slot(st.dir, st.micro_batch, from_vs);
+    if (stage_of(from_vs) == stage) {
+      entry.insert(entry.end(), src.end.begin(), src.end.end());
+    } else {
+      entry.push_back(src.ready);
+    }
+  }
+  const bool last_mb = st.micro_batch == mbs_ - 1;
+  const bool reduce_now = dp_ > 1 && (plan_.zero_stage >= 2 || (opts_.dp_overlap && last_mb));
+  Slot& out = slot(st.dir, st.micro_batch, vs);
+  if (stamp_ && !traced(stage)) {
+    stamp(pass_template(stage, st, reduce_now), stage, entry, out.end);
+  } else {
+    play_pass(stage, st, reduce_now, entry);
+    out.end.assign(chain_.deps.begin(), chain_.deps.end());
+  }
+  out.added = true;
+  stage_end_[us].assign(out.end.begin(), out.end.end());
+}
+
+Builder::PassTemplate& Builder::pass_template(int stage, const ScheduleStep& st, bool reduce_now) {
+  if (templates_.empty()) templates_.resize(static_cast<std::size_t>(pp_ * v_ * 4));
+  const int key = ((stage * v_ + st.chunk) * 2 + (st.dir == Direction::forward ? 0 : 1)) * 2 + (reduce_now ? 1 : 0);
+  PassTemplate& pt = templates_[static_cast<std::size_t>(key)];
+  if (!pt.recorded) {
+    recording_ = &pt;
+    const std::vector<TaskId> entry{kEntryRef};
+    play_pass(stage, st, reduce_now, entry);
+    record_refs(chain_.deps, pt.end);
+    recording_ = nullptr;
+    pt.recorded = true;
+  }
+  return pt;
+}
+
+// Placeholders -> template references (see kEntryRef).
+void Builder::record_refs(const std::vector<TaskId>& ids, std::vector<TaskId>& out) const {
+  for (TaskId id : ids) {
+    if (id < kEntryRef) throw std::logic_error("simulate: a recorded pass depends on a task outside it");
+    out.push_back(id == kEntryRef ? kEntryRef : id - kLocalRef);
+  }
+}
+
+TaskId Builder::emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskId>& deps, const TaskMeta& mt) {
+  if (recording_ == nullptr) return tag(eng_->add_compute(stream, ns, deps), mt);
+  PassTemplate& pt = *recording_;
+  PassTemplate::Task& t = pt.tasks.emplace_back();
+  t.stream = stream;
+  t.duration_ns = ns;
+  t.meta = mt;
+  t.deps_begin = static_cast<std::uint32_t>(pt.refs.size());
+  record_refs(deps, pt.refs);
+  t.deps_end = static_cast<std::uint32_t>(pt.refs.size());
+  return kLocalRef + static_cast<TaskId>(pt.tasks.size() - 1);
+}
+
+TaskId Builder::emit_collective(Collective c, GroupId group, double bytes, StreamId stream, const std::vector<TaskId>& deps,
+                                const TaskMeta& mt, bool dp_reduction) {
+  if (recording_ == nullptr) {
+    const StreamId streams[1] = {stream};
+    const TaskId t = tag(eng_->add_collective(c, group, bytes, streams, deps), mt);
+    if (dp_reduction) dp_tasks_[mt.stage].push_back(t);
+    return t;
+  }
+  const TaskId t = emit_compute(stream, 0, deps, mt);
+  PassTemplate::Task& rt = recording_->tasks.back();
+  rt.compute = false;
+  rt.op = c;
+  rt.group = group;
+  rt.bytes = bytes;
+  rt.dp_reduction = dp_reduction;
+  return t;
+}
+
+// The recorded pass's engine calls, with the entry dependencies and ids filled in.
+void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::vector<TaskId>& end) {
+  const auto base = static_cast<TaskId>(eng_->num_tasks());
+  if (static_cast<std::size_t>(base) + pt.tasks.size() >= kEntryRef) {
+    throw std::length_error("simulate: more than 2^31 tasks in one iteration");
+  }
+  auto expand = [&](const TaskId* first, const TaskId* last, std::vector<TaskId>& out) {
+    for (const TaskId* r = first; r != last; ++r) {
+      if (*r == kEntryRef) out.insert(out.end(), entry.begin(), entry.end());
+      else out.push_back(base + *r);
+    }
+  };
+  std::vector<TaskId>& deps = stamp_deps_;
+  for (const PassTemplate::Task& t : pt.tasks) {
+    deps.clear();
+    expand(pt.refs.data() + t.deps_begin, pt.refs.data() + t.deps_end, deps);
+    TaskId id;
+    if (t.compute) {
+      id = eng_->add_compute(t.stream, t.duration_ns, deps);
+    } else {
+      const StreamId streams[1] = {t.stream};
+      id = eng_->add_collective(t.op, t.group, t.bytes, streams, deps);
+      if (t.dp_reduction) dp_tasks_[static_cast<std::size_t>(stage)].push_back(id);
+    }
+    tag(id, t.meta);
+  }
+  end.clear();
+  expand(pt.end.data(), pt.end.data() + pt.end.size(), end);
+}
+
+void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry) {
+  const auto us = static_cast<std::size_t>(stage);
+  const bool fwd = st.dir == Direction::forward;
   const Rep& me = reps_[us];
   // One chain object reused by every pass: its vectors keep their capacity
   // (65k passes in GPT-1T would otherwise allocate and free them each time).
   Chain& ch = chain_;
   ch.stage = stage;
-  ch.deps.assign(stage_end_[us].begin(), stage_end_[us].end());
+  ch.deps.assign(entry.begin(), entry.end());
   ch.async.clear();
   ch.overlap_ns = -1;
   ch.pending_ns = 0;
@@ -531,25 +642,9 @@ void Builder::add_step(int stage, std::size_t idx) {
   ch.parts.clear();
   ch.first = kNoTask;
   ch.last_compute = kNoTask;
-  // Megatron's p2p is synchronous: the messages of the point before this pass must be done.
-  const auto& blocking = block_[us][idx];
-  ch.deps.insert(ch.deps.end(), blocking.begin(), blocking.end());
-
-  // The input from the neighbouring virtual stage.
-  const int from_vs = fwd ? vs - 1 : vs + 1;
-  if (from_vs >= 0 && from_vs < vs_count_) {
-    const Slot& src = slot(st.dir, st.micro_batch, from_vs);
-    if (stage_of(from_vs) == stage) {
-      ch.deps.insert(ch.deps.end(), src.end.begin(), src.end.end());
-    } else {
-      ch.deps.push_back(src.ready);
-    }
-  }
 
   const auto& units = units_[us][static_cast<std::size_t>(st.chunk)];
   const int zero = dp_ > 1 ? plan_.zero_stage : 0;
-  const bool last_mb = st.micro_batch == mbs_ - 1;
-  const bool reduce_now = dp_ > 1 && (zero >= 2 || (opts_.dp_overlap && last_mb));
   const double bucket = (stage == 0 && st.chunk == 0 && zero < 3)
                             ? std::max(kBucketParams, kBucketParamsPerDpRank * dp_)
                             : std::numeric_limits<double>::infinity();
@@ -560,10 +655,8 @@ void Builder::add_step(int stage, std::size_t idx) {
   if (zero >= 3) gathers.assign(units.size(), kNoTask);
   auto gather = [&](std::size_t u, const std::vector<TaskId>& deps) {
     if (zero < 3 || u >= units.size() || gathers[u] != kNoTask) return;
-    const StreamId s1[1] = {me.dp};
-    const TaskId t = eng_->add_collective(Collective::all_gather, me.dp_group,
-                                          units[u].params * kParamBytesPerParam * act_scale, s1, deps);
-    tag(t, Cls::dp, kTidDp, stage);
+    const TaskId t = emit_collective(Collective::all_gather, me.dp_group, units[u].params * kParamBytesPerParam * act_scale,
+                                     me.dp, deps, meta_of(Cls::dp, kTidDp, stage));
     label(t, stage, "zero3_gather " + units[u].name, "dp");
     gathers[u] = t;
   };
@@ -595,10 +688,6 @@ void Builder::add_step(int stage, std::size_t idx) {
   if (traced(stage) && ch.first != kNoTask) {
     spans_.push_back(StepSpan{stage, ch.first, ch.last_compute, step_name(st.dir, st.micro_batch, st.chunk, v_), fwd});
   }
-  Slot& out = slot(st.dir, st.micro_batch, vs);
-  out.end.assign(ch.deps.begin(), ch.deps.end());
-  out.added = true;
-  stage_end_[us].assign(ch.deps.begin(), ch.deps.end());
 }
 
 void Builder::finish_iteration() {

@@ -69,6 +69,9 @@ struct Unit {
 class Builder {
  public:
   Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan, const SimOptions& opts);
+  // Off: every pass is played op by op, as traced stages always are (tests
+  // check that both give the same task graph). On by default.
+  void stamp_passes(bool on) { stamp_ = on; }
   void build();
 
   Network& network() { return *net_; }
@@ -102,6 +105,32 @@ class Builder {
     TaskId last_compute = std::numeric_limits<TaskId>::max();
   };
 
+  // The tasks of one pass, recorded once per (stage, chunk, direction,
+  // gradient reduction or not) and stamped out for every micro-batch: play()
+  // makes the same calls for each, only the entry dependencies (the previous
+  // pass, the received messages) and the task ids differ.
+  struct PassTemplate {
+    struct Task {
+      bool compute = true;         // else a collective on `stream` (Algorithm::automatic)
+      bool dp_reduction = false;   // a gradient reduction (dp_tasks_)
+      Collective op = Collective::all_reduce;
+      StreamId stream = 0;
+      GroupId group = 0;
+      TimeNs duration_ns = 0;
+      double bytes = 0;
+      std::uint32_t deps_begin = 0, deps_end = 0;  // its range in refs
+      TaskMeta meta;
+    };
+    bool recorded = false;
+    std::vector<Task> tasks;
+    std::vector<TaskId> refs;  // kEntryRef (all entry dependencies, in order) or a task's index in the pass
+    std::vector<TaskId> end;   // refs of the pass's end (Slot::end)
+  };
+  // While a pass is recorded, the ids play() sees are placeholders: the
+  // entry dependencies as one kEntryRef, the pass's own tasks kLocalRef + index.
+  static constexpr TaskId kEntryRef = 0x7FFFFFFF;
+  static constexpr TaskId kLocalRef = 0x80000000;
+
   void make_reps();
   void make_programs();
   void make_units();
@@ -116,16 +145,29 @@ class Builder {
   void reserve_tasks();
   void try_message(std::uint32_t msg);
   void add_step(int stage, std::size_t idx);
+  // One pass from `entry` on, op by op; its end dependencies are left in chain_.deps.
+  void play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry);
+  PassTemplate& pass_template(int stage, const ScheduleStep& st, bool reduce_now);
+  void stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::vector<TaskId>& end);
+  // The engine calls of a pass, or, while recording, their template entries.
+  TaskId emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskId>& deps, const TaskMeta& mt);
+  TaskId emit_collective(Collective c, GroupId group, double bytes, StreamId stream, const std::vector<TaskId>& deps,
+                         const TaskMeta& mt, bool dp_reduction = false);
+  void record_refs(const std::vector<TaskId>& ids, std::vector<TaskId>& out) const;
   void play(Chain& ch, const Program& prog);
   void flush(Chain& ch);
   TaskId add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps);
   void dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name);
   void finish_iteration();
 
+  static TaskMeta meta_of(Cls cls, std::uint8_t tid, int stage, int stage2 = -1) {
+    return TaskMeta{cls, tid, static_cast<std::uint16_t>(stage), static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};
+  }
   // Inline: every task is tagged (1.6M in GPT-1T), almost always as it is added.
   TaskId tag(TaskId t, Cls cls, std::uint8_t tid, int stage, int stage2 = -1) {
-    const TaskMeta mt{cls, tid, static_cast<std::uint16_t>(stage),
-                      static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};
+    return tag(t, meta_of(cls, tid, stage, stage2));
+  }
+  TaskId tag(TaskId t, const TaskMeta& mt) {
     if (meta_.size() == t) {
       meta_.push_back(mt);
       return t;
@@ -175,6 +217,11 @@ class Builder {
   std::vector<std::vector<std::uint32_t>> need_;                      // [stage][pos + 1] -> messages at that point
   std::vector<std::vector<std::vector<TaskId>>> block_;               // [stage][pos + 1] -> created ones
   std::vector<Slot> slots_;
+  bool stamp_ = true;
+  std::vector<PassTemplate> templates_;  // [((stage * v + chunk) * 2 + backward) * 2 + reduce_now]
+  PassTemplate* recording_ = nullptr;    // the template play() is recording into, if any
+  std::vector<TaskId> entry_;            // add_step's scratch: the pass's entry dependencies
+  std::vector<TaskId> stamp_deps_;       // stamp's scratch
   Chain chain_;                   // add_step's scratch
   std::vector<TaskId> gathers_;   // add_step's ZeRO-3 gathers
   std::vector<TaskId> message_deps_;  // try_message's scratch
