@@ -255,7 +255,8 @@ void Builder::build() {
         ++cursor_[us];
         --remaining;
         progress = true;
-        for (std::uint32_t msg : messages_at_[us][pos + 1]) try_message(msg);
+        const std::size_t pt = point(s, static_cast<int>(pos));
+        for (std::uint32_t i = point_off_[pt]; i < point_off_[pt + 1]; ++i) try_message(point_msgs_[i]);
       }
     }
   }
@@ -289,7 +290,8 @@ Builder::Slot& Builder::slot(Direction d, int mb, int vs) {
 
 bool Builder::can_add(int stage, std::size_t idx) {
   const auto us = static_cast<std::size_t>(stage);
-  if (block_[us][idx].size() != need_[us][idx]) return false;  // the previous point's messages
+  const std::size_t pt = point(stage, static_cast<int>(idx) - 1);
+  if (block_len_[pt] != point_off_[pt + 1] - point_off_[pt]) return false;  // the previous point's messages
   const ScheduleStep& st = order_[us][idx];
   const int vs = st.chunk * pp_ + stage;
   const int from_vs = st.dir == Direction::forward ? vs - 1 : vs + 1;
@@ -306,9 +308,8 @@ bool Builder::can_add(int stage, std::size_t idx) {
 // output is sent at the first point at or after it; its input is received at
 // the last point before it (or before the first pass).
 void Builder::plan_messages() {
-  messages_at_.assign(static_cast<std::size_t>(pp_), {});
-  need_.assign(static_cast<std::size_t>(pp_), {});
-  block_.assign(static_cast<std::size_t>(pp_), {});
+  point_base_.assign(static_cast<std::size_t>(pp_), 0);
+  std::size_t points = 0;
   std::vector<std::vector<int>> send_pos(static_cast<std::size_t>(pp_)), recv_pos(static_cast<std::size_t>(pp_));
   std::vector<std::vector<int>> pos_of(static_cast<std::size_t>(pp_));  // (dir, mb, chunk) -> position
   for (int s = 0; s < pp_; ++s) {
@@ -338,9 +339,8 @@ void Builder::plan_messages() {
       const ScheduleStep& st = o[static_cast<std::size_t>(i)];
       pos_of[us][static_cast<std::size_t>(((st.dir == Direction::forward ? 0 : 1) * mbs_ + st.micro_batch) * v_ + st.chunk)] = i;
     }
-    messages_at_[us].assign(static_cast<std::size_t>(n + 1), {});
-    need_[us].assign(static_cast<std::size_t>(n + 1), 0);
-    block_[us].assign(static_cast<std::size_t>(n + 1), {});
+    point_base_[us] = points;
+    points += static_cast<std::size_t>(n + 1);
   }
   for (int r = 0; r < pp_; ++r) {
     const auto ur = static_cast<std::size_t>(r);
@@ -359,13 +359,24 @@ void Builder::plan_messages() {
       msg.recv_pos = recv_pos[ur][static_cast<std::size_t>(i)];
       msg.slot = &slot(st.dir, st.micro_batch, from_vs);
       msg.consumer = st;
-      const auto id = static_cast<std::uint32_t>(messages_.size());
       messages_.push_back(msg);
-      messages_at_[uf][static_cast<std::size_t>(msg.send_pos + 1)].push_back(id);
-      ++need_[uf][static_cast<std::size_t>(msg.send_pos + 1)];
-      messages_at_[ur][static_cast<std::size_t>(msg.recv_pos + 1)].push_back(id);
-      ++need_[ur][static_cast<std::size_t>(msg.recv_pos + 1)];
     }
+  }
+  // Each point's messages in creation order (counted, then placed).
+  point_off_.assign(points + 1, 0);
+  for (const Message& msg : messages_) {
+    ++point_off_[point(msg.from, msg.send_pos) + 1];
+    ++point_off_[point(msg.to, msg.recv_pos) + 1];
+  }
+  for (std::size_t p = 0; p < points; ++p) point_off_[p + 1] += point_off_[p];
+  point_msgs_.assign(point_off_[points], 0);
+  block_.assign(point_off_[points], kNoTask);
+  block_len_.assign(points, 0);
+  std::vector<std::uint32_t> fill(point_off_.begin(), point_off_.end() - 1);
+  for (std::uint32_t id = 0; id < messages_.size(); ++id) {
+    const Message& msg = messages_[id];
+    point_msgs_[fill[point(msg.from, msg.send_pos)]++] = id;
+    point_msgs_[fill[point(msg.to, msg.recv_pos)]++] = id;
   }
 }
 
@@ -407,7 +418,7 @@ void Builder::try_message(std::uint32_t id) {
   label(t, msg.to, name, "pp");
   label(t, msg.from, name, "pp");
   msg.slot->p2p = t;
-  block_[uf][static_cast<std::size_t>(msg.send_pos + 1)].push_back(t);
+  add_to_block(point(msg.from, msg.send_pos), t);
   if (tp_ > 1 && !plan_.sequence_parallel) {
     const std::vector<TaskId> d{t};
     TaskId gt;
@@ -422,7 +433,7 @@ void Builder::try_message(std::uint32_t id) {
     t = gt;
   }
   msg.slot->ready = t;
-  block_[ur][static_cast<std::size_t>(msg.recv_pos + 1)].push_back(t);
+  add_to_block(point(msg.to, msg.recv_pos), t);
 }
 
 void Builder::flush(Chain& ch) {
@@ -517,8 +528,8 @@ void Builder::add_step(int stage, std::size_t idx) {
   // is synchronous, the messages of the point before this pass.
   std::vector<TaskId>& entry = entry_;
   entry.assign(stage_end_[us].begin(), stage_end_[us].end());
-  const auto& blocking = block_[us][idx];
-  entry.insert(entry.end(), blocking.begin(), blocking.end());
+  const std::size_t pt = point(stage, static_cast<int>(idx) - 1);
+  entry.insert(entry.end(), block_.begin() + point_off_[pt], block_.begin() + point_off_[pt] + block_len_[pt]);
   // The input from the neighbouring virtual stage.
   const int from_vs = st.dir == Direction::forward ? vs - 1 : vs + 1;
   if (from_vs >= 0 && from_vs < vs_count_) {
@@ -698,8 +709,8 @@ void Builder::finish_iteration() {
   for (int s = 0; s < pp_; ++s) {
     const auto us = static_cast<std::size_t>(s);
     // The last pass's outgoing message must be done too.
-    const auto& tail = block_[us].back();
-    stage_end_[us].insert(stage_end_[us].end(), tail.begin(), tail.end());
+    const std::size_t pt = point(s, static_cast<int>(order_[us].size()) - 1);
+    stage_end_[us].insert(stage_end_[us].end(), block_.begin() + point_off_[pt], block_.begin() + point_off_[pt] + block_len_[pt]);
     if (dp_ > 1 && zero <= 1 && !opts_.dp_overlap) {
       dp_bucket(s, parameters_on_stage(m_, plan_, s), stage_end_[us], "grad reduce");
     }

@@ -213,9 +213,20 @@ class Builder {
     bool created = false;
   };
   std::vector<Message> messages_;
-  std::vector<std::vector<std::vector<std::uint32_t>>> messages_at_;  // [stage][pos + 1] -> messages touching that point
-  std::vector<std::vector<std::uint32_t>> need_;                      // [stage][pos + 1] -> messages at that point
-  std::vector<std::vector<std::vector<TaskId>>> block_;               // [stage][pos + 1] -> created ones
+  // The communication points, flat (65k in GPT-1T): point(stage, pos) is
+  // after the stage's pass `pos` (-1: before its first). Each message at a
+  // point adds one task to the point's block once created (its send at the
+  // sender's point, its arrival at the receiver's), so a point's messages
+  // and its block share one range.
+  std::size_t point(int stage, int pos) const {
+    return point_base_[static_cast<std::size_t>(stage)] + static_cast<std::size_t>(pos + 1);
+  }
+  std::vector<std::size_t> point_base_;      // [stage] -> its first point
+  std::vector<std::uint32_t> point_off_;     // [point] -> its range in point_msgs_ and block_ (one more entry)
+  std::vector<std::uint32_t> point_msgs_;    // messages touching each point, in creation order
+  std::vector<TaskId> block_;                // the tasks created for them, in creation order
+  std::vector<std::uint32_t> block_len_;     // [point] -> how many are created
+  void add_to_block(std::size_t pt, TaskId t) { block_[point_off_[pt] + block_len_[pt]++] = t; }
   std::vector<Slot> slots_;
   bool stamp_ = true;
   std::vector<PassTemplate> templates_;  // [((stage * v + chunk) * 2 + backward) * 2 + reduce_now]
