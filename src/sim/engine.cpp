@@ -23,16 +23,15 @@ std::string_view to_string(StreamKind k) {
 
 namespace {
 
-// (time, key) as one unsigned 128-bit number (the time's sign bit flipped, so
-// negative times order first too): its order is the lexicographic (time,
-// sequence) order, and comparing it takes two flag-setting instructions
-// instead of two unpredictable branches.
+// (time, key) as one unsigned 128-bit number (the time stored with its sign
+// bit flipped, so negative times order first too): its order is the
+// lexicographic (time, sequence) order, and comparing it takes two
+// flag-setting instructions instead of two unpredictable branches.
 __extension__ typedef unsigned __int128 Order;
 
 template <typename E>
 [[gnu::always_inline]] inline Order order(const E& e) {
-  const std::uint64_t time = static_cast<std::uint64_t>(e.time) ^ (std::uint64_t{1} << 63);
-  return (static_cast<Order>(time) << 64) | e.key;
+  return (static_cast<Order>(e.time_key) << 64) | e.key;
 }
 
 // A 4-ary min-heap: half the depth of a binary heap, and a node's children
@@ -317,7 +316,7 @@ TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs late
 void Engine::push_event(TimeNs t, TaskId task, EventType type) {
   // The key's order is the sequence number's only while it fits its 31 bits.
   if (seq_ >= kMaxEvents) throw std::length_error("Engine: more than 2^31 events scheduled in one run");
-  const Event e{t, (seq_++ << 33) | (std::uint64_t{task} << 1) | static_cast<std::uint64_t>(type)};
+  const Event e{Event::time_key_of(t), (seq_++ << 33) | (std::uint64_t{task} << 1) | static_cast<std::uint64_t>(type)};
   if (root_popped_) {
     root_popped_ = false;
     heap_sift_down(heap_, 0, e);
@@ -400,7 +399,7 @@ RunStats Engine::run(TimeNs until_ns) {
   }
   drain_ready();
   while (true) {
-    const TimeNs th = heap_.empty() ? kNever : heap_.front().time;
+    const TimeNs th = heap_.empty() ? kNever : heap_.front().time();
     // Events at the current instant run before the network is asked (and
     // re-solved), so flows started together share one max-min solve.
     // (No running flow: nothing can drain, and nothing waits to be solved.)

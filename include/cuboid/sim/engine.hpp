@@ -136,8 +136,12 @@ class Engine {
   // sequence number, task and type packed in one word whose order is the
   // sequence number's (unique), so (time, key) orders like (time, seq).
   struct Event {
-    TimeNs time = 0;
+    // The time with its sign bit flipped: unsigned, it orders like the
+    // signed time, so the heap compares (time_key, key) as one number.
+    std::uint64_t time_key = 0;
     std::uint64_t key = 0;  // seq << 33 | task << 1 | type
+    static std::uint64_t time_key_of(TimeNs t) { return static_cast<std::uint64_t>(t) ^ (std::uint64_t{1} << 63); }
+    TimeNs time() const { return static_cast<TimeNs>(time_key ^ (std::uint64_t{1} << 63)); }
     TaskId task() const { return static_cast<TaskId>(key >> 1); }
     EventType type() const { return static_cast<EventType>(key & 1); }
   };
