@@ -394,15 +394,15 @@ void Builder::try_message(std::uint32_t id) {
   const bool fwd = msg.consumer.dir == Direction::forward;
   const Rep& me = reps_[ur];
   const Rep& peer = reps_[uf];
-  auto pass_end = [&](int stage, int pos) -> const std::vector<TaskId>& {
+  auto pass_end = [&](int stage, int pos) {
     const ScheduleStep& st = order_[static_cast<std::size_t>(stage)][static_cast<std::size_t>(pos)];
-    return slot(st.dir, st.micro_batch, st.chunk * pp_ + stage).end;
+    return end_of(slot(st.dir, st.micro_batch, st.chunk * pp_ + stage));
   };
   std::vector<TaskId>& deps = message_deps_;  // reused: 65k messages in GPT-1T
-  const auto& sent = pass_end(msg.from, msg.send_pos);
+  const auto sent = pass_end(msg.from, msg.send_pos);
   deps.assign(sent.begin(), sent.end());
   if (msg.recv_pos >= 0) {
-    const auto& e = pass_end(msg.to, msg.recv_pos);
+    const auto e = pass_end(msg.to, msg.recv_pos);
     deps.insert(deps.end(), e.begin(), e.end());
   }
   const StreamId streams[2] = {fwd ? peer.pp_fwd : peer.pp_bwd, fwd ? me.pp_fwd : me.pp_bwd};
@@ -535,7 +535,8 @@ void Builder::add_step(int stage, std::size_t idx) {
   if (from_vs >= 0 && from_vs < vs_count_) {
     const Slot& src = slot(st.dir, st.micro_batch, from_vs);
     if (stage_of(from_vs) == stage) {
-      entry.insert(entry.end(), src.end.begin(), src.end.end());
+      const auto e = end_of(src);
+      entry.insert(entry.end(), e.begin(), e.end());
     } else {
       entry.push_back(src.ready);
     }
@@ -543,14 +544,17 @@ void Builder::add_step(int stage, std::size_t idx) {
   const bool last_mb = st.micro_batch == mbs_ - 1;
   const bool reduce_now = dp_ > 1 && (plan_.zero_stage >= 2 || (opts_.dp_overlap && last_mb));
   Slot& out = slot(st.dir, st.micro_batch, vs);
+  out.end_off = static_cast<std::uint32_t>(ends_.size());
   if (stamp_ && !traced(stage)) {
-    stamp(pass_template(stage, st, reduce_now), stage, entry, out.end);
+    stamp(pass_template(stage, st, reduce_now), stage, entry, ends_);
   } else {
     play_pass(stage, st, reduce_now, entry);
-    out.end.assign(chain_.deps.begin(), chain_.deps.end());
+    ends_.insert(ends_.end(), chain_.deps.begin(), chain_.deps.end());
   }
+  out.end_len = static_cast<std::uint32_t>(ends_.size() - out.end_off);
   out.added = true;
-  stage_end_[us].assign(out.end.begin(), out.end.end());
+  const auto end = end_of(out);
+  stage_end_[us].assign(end.begin(), end.end());
 }
 
 Builder::PassTemplate& Builder::pass_template(int stage, const ScheduleStep& st, bool reduce_now) {
@@ -607,7 +611,8 @@ TaskId Builder::emit_collective(Collective c, GroupId group, double bytes, Strea
   return t;
 }
 
-// The recorded pass's engine calls, with the entry dependencies and ids filled in.
+// The recorded pass's engine calls, with the entry dependencies and ids
+// filled in; its end dependencies are appended to `end`.
 void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::vector<TaskId>& end) {
   const auto base = static_cast<TaskId>(eng_->num_tasks());
   if (static_cast<std::size_t>(base) + pt.tasks.size() >= kEntryRef) {
@@ -633,7 +638,6 @@ void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>
     }
     tag(id, t.meta);
   }
-  end.clear();
   expand(pt.end.data(), pt.end.data() + pt.end.size(), end);
 }
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -87,7 +88,7 @@ class Builder {
  private:
   struct Slot {  // one (direction, micro-batch, virtual stage) pass
     bool added = false;
-    std::vector<TaskId> end;
+    std::uint32_t end_off = 0, end_len = 0;  // its end dependencies: a range in ends_
     TaskId p2p = std::numeric_limits<TaskId>::max();    // its outgoing message, once created
     TaskId ready = std::numeric_limits<TaskId>::max();  // that message received (and gathered)
   };
@@ -138,6 +139,7 @@ class Builder {
   TimeNs tp_probe_ns(Collective c, double bytes);
 
   Slot& slot(Direction d, int mb, int vs);
+  std::span<const TaskId> end_of(const Slot& s) const { return {ends_.data() + s.end_off, s.end_len}; }
   int stage_of(int vs) const { return vs % pp_; }
   int chunk_of(int vs) const { return vs / pp_; }
   bool can_add(int stage, std::size_t idx);
@@ -228,6 +230,7 @@ class Builder {
   std::vector<std::uint32_t> block_len_;     // [point] -> how many are created
   void add_to_block(std::size_t pt, TaskId t) { block_[point_off_[pt] + block_len_[pt]++] = t; }
   std::vector<Slot> slots_;
+  std::vector<TaskId> ends_;  // every pass's end dependencies, back to back (Slot::end_off)
   bool stamp_ = true;
   std::vector<PassTemplate> templates_;  // [((stage * v + chunk) * 2 + backward) * 2 + reduce_now]
   PassTemplate* recording_ = nullptr;    // the template play() is recording into, if any
