@@ -53,30 +53,32 @@ void heap_push(std::vector<E>& h, const E& e) {
   h[i] = e;
 }
 
-// Places `e` at the hole at i (a pop's root, or a replaced root) and sinks it.
+// Places `e` at the hole at `start` (a pop's root, or a replaced root).
+// Floyd's bottom-up variant: the hole first moves down along the smallest
+// children to a leaf without comparing them with `e`, then `e` rises from
+// there; the elements placed here (a new end time, the last leaf) are
+// nearly always among the latest, so they rise little, and each level
+// costs one comparison fewer.
 template <typename E>
-void heap_sift_down(std::vector<E>& h, std::size_t i, const E& e) {
+void heap_sift_down(std::vector<E>& h, std::size_t start, const E& e) {
   const std::size_t n = h.size();
-  const Order key = order(e);
+  std::size_t i = start;
   while (true) {
     const std::size_t first = kHeapArity * i + 1;
     std::size_t best;
-    Order best_key;
     if (first + kHeapArity <= n) {
       // All four children (the usual case): a tournament of two pairs,
-      // without branches on the comparisons.
+      // without branches on the comparisons. Only indices are selected (the
+      // winners' keys are read again): selecting 128-bit keys takes twice
+      // the registers and spills.
       static_assert(kHeapArity == 4);
-      const Order k0 = order(h[first]), k1 = order(h[first + 1]);
-      const Order k2 = order(h[first + 2]), k3 = order(h[first + 3]);
-      const bool b01 = k1 < k0, b23 = k3 < k2;
-      const Order m01 = b01 ? k1 : k0, m23 = b23 ? k3 : k2;
-      const bool b = m23 < m01;
-      best = b ? first + 2 + b23 : first + b01;
-      best_key = b ? m23 : m01;
+      const std::size_t w01 = first + (order(h[first + 1]) < order(h[first]));
+      const std::size_t w23 = first + 2 + (order(h[first + 3]) < order(h[first + 2]));
+      best = order(h[w23]) < order(h[w01]) ? w23 : w01;
     } else {
       if (first >= n) break;
       best = first;
-      best_key = order(h[first]);
+      Order best_key = order(h[first]);
       for (std::size_t c = first + 1; c < n; ++c) {
         const Order k = order(h[c]);
         const bool smaller = k < best_key;
@@ -84,9 +86,15 @@ void heap_sift_down(std::vector<E>& h, std::size_t i, const E& e) {
         best_key = smaller ? k : best_key;
       }
     }
-    if (key <= best_key) break;
     h[i] = h[best];
     i = best;
+  }
+  const Order key = order(e);
+  while (i > start) {
+    const std::size_t parent = (i - 1) / kHeapArity;
+    if (order(h[parent]) <= key) break;
+    h[i] = h[parent];
+    i = parent;
   }
   h[i] = e;
 }
@@ -325,12 +333,6 @@ void Engine::push_event(TimeNs t, TaskId task, EventType type) {
   }
 }
 
-void Engine::drain_ready() {
-  // Index loop: starting a task never makes another ready, but keep it robust.
-  for (std::size_t i = 0; i < ready_.size(); ++i) start(ready_[i]);
-  ready_.clear();
-}
-
 void Engine::start(TaskId id) {
   Task& t = tasks_[id];
   t.start_ns = now_;
@@ -358,6 +360,12 @@ void Engine::start(TaskId id) {
       start_phase(id);
       return;
   }
+}
+
+void Engine::drain_ready() {
+  // Index loop: starting a task never makes another ready, but keep it robust.
+  for (std::size_t i = 0; i < ready_.size(); ++i) start(ready_[i]);
+  ready_.clear();
 }
 
 void Engine::start_phase(TaskId id) {
