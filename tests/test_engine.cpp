@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "cuboid/sim/engine.hpp"
@@ -172,4 +173,57 @@ std::vector<std::pair<TimeNs, TimeNs>> random_run(unsigned seed) {
 TEST_CASE("runs are deterministic") {
   CHECK(random_run(7) == random_run(7));
   CHECK(random_run(7) != random_run(8));
+}
+
+TEST_CASE("user values read back; tasks given none read zero") {
+  Engine e;
+  const StreamId s = e.add_stream(0, StreamKind::compute);
+  const TaskId a = e.add_compute(s, 1);
+  const TaskId b = e.add_compute(s, 1, {}, 42);
+  const TaskId c = e.add_compute(s, 1);
+  CHECK(e.user(a) == 0);
+  CHECK(e.user(b) == 42);
+  CHECK(e.user(c) == 0);
+}
+
+// The event being processed stays at the heap's root until the first event it
+// schedules replaces it: a callback that throws must not leave it there.
+TEST_CASE("a throwing completion callback leaves the engine able to resume") {
+  Engine e;
+  const StreamId s0 = e.add_stream(0, StreamKind::compute);
+  const StreamId s1 = e.add_stream(1, StreamKind::compute);
+  const TaskId a = e.add_compute(s0, 10);  // nothing waits for it: its end schedules nothing
+  const TaskId b = e.add_compute(s1, 20);
+  bool thrown = false;
+  e.set_on_complete([&](TaskId t, TimeNs) {
+    if (t == a && !thrown) {
+      thrown = true;
+      throw std::runtime_error("callback");
+    }
+  });
+  CHECK_THROWS_AS(e.run(), std::runtime_error);
+  const RunStats st = e.run();
+  CHECK(e.end_ns(a) == 10);
+  CHECK(e.end_ns(b) == 20);
+  CHECK(st.tasks_done == 2);
+  CHECK(st.events == 2);
+  CHECK(st.tasks_unfinished == 0);
+}
+
+// Many tasks end at once and each starts several successors: the order in
+// which equal-time ends complete is still the order they were scheduled.
+TEST_CASE("equal-time ends that start several tasks each keep FIFO order") {
+  Engine e;
+  std::vector<StreamId> streams;
+  for (int i = 0; i < 12; ++i) streams.push_back(e.add_stream(i, StreamKind::compute));
+  std::vector<TaskId> roots;
+  for (int i = 0; i < 4; ++i) roots.push_back(e.add_compute(streams[static_cast<std::size_t>(i)], 10));
+  for (int i = 0; i < 4; ++i) {
+    const TaskId d[] = {roots[static_cast<std::size_t>(i)]};
+    for (int j = 0; j < 2; ++j) e.add_compute(streams[static_cast<std::size_t>(4 + 2 * i + j)], 7, d);
+  }
+  std::vector<TaskId> order;
+  e.set_on_complete([&](TaskId t, TimeNs) { order.push_back(t); });
+  e.run();
+  CHECK(order == std::vector<TaskId>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
 }

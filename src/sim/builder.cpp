@@ -255,7 +255,8 @@ void Builder::build() {
         ++cursor_[us];
         --remaining;
         progress = true;
-        for (std::uint32_t msg : messages_at_[us][pos + 1]) try_message(msg);
+        const std::size_t pt = point(s, static_cast<int>(pos));
+        for (std::uint32_t i = point_off_[pt]; i < point_off_[pt + 1]; ++i) try_message(point_msgs_[i]);
       }
     }
   }
@@ -289,7 +290,8 @@ Builder::Slot& Builder::slot(Direction d, int mb, int vs) {
 
 bool Builder::can_add(int stage, std::size_t idx) {
   const auto us = static_cast<std::size_t>(stage);
-  if (block_[us][idx].size() != need_[us][idx]) return false;  // the previous point's messages
+  const std::size_t pt = point(stage, static_cast<int>(idx) - 1);
+  if (block_len_[pt] != point_off_[pt + 1] - point_off_[pt]) return false;  // the previous point's messages
   const ScheduleStep& st = order_[us][idx];
   const int vs = st.chunk * pp_ + stage;
   const int from_vs = st.dir == Direction::forward ? vs - 1 : vs + 1;
@@ -306,9 +308,8 @@ bool Builder::can_add(int stage, std::size_t idx) {
 // output is sent at the first point at or after it; its input is received at
 // the last point before it (or before the first pass).
 void Builder::plan_messages() {
-  messages_at_.assign(static_cast<std::size_t>(pp_), {});
-  need_.assign(static_cast<std::size_t>(pp_), {});
-  block_.assign(static_cast<std::size_t>(pp_), {});
+  point_base_.assign(static_cast<std::size_t>(pp_), 0);
+  std::size_t points = 0;
   std::vector<std::vector<int>> send_pos(static_cast<std::size_t>(pp_)), recv_pos(static_cast<std::size_t>(pp_));
   std::vector<std::vector<int>> pos_of(static_cast<std::size_t>(pp_));  // (dir, mb, chunk) -> position
   for (int s = 0; s < pp_; ++s) {
@@ -338,9 +339,8 @@ void Builder::plan_messages() {
       const ScheduleStep& st = o[static_cast<std::size_t>(i)];
       pos_of[us][static_cast<std::size_t>(((st.dir == Direction::forward ? 0 : 1) * mbs_ + st.micro_batch) * v_ + st.chunk)] = i;
     }
-    messages_at_[us].assign(static_cast<std::size_t>(n + 1), {});
-    need_[us].assign(static_cast<std::size_t>(n + 1), 0);
-    block_[us].assign(static_cast<std::size_t>(n + 1), {});
+    point_base_[us] = points;
+    points += static_cast<std::size_t>(n + 1);
   }
   for (int r = 0; r < pp_; ++r) {
     const auto ur = static_cast<std::size_t>(r);
@@ -359,13 +359,24 @@ void Builder::plan_messages() {
       msg.recv_pos = recv_pos[ur][static_cast<std::size_t>(i)];
       msg.slot = &slot(st.dir, st.micro_batch, from_vs);
       msg.consumer = st;
-      const auto id = static_cast<std::uint32_t>(messages_.size());
       messages_.push_back(msg);
-      messages_at_[uf][static_cast<std::size_t>(msg.send_pos + 1)].push_back(id);
-      ++need_[uf][static_cast<std::size_t>(msg.send_pos + 1)];
-      messages_at_[ur][static_cast<std::size_t>(msg.recv_pos + 1)].push_back(id);
-      ++need_[ur][static_cast<std::size_t>(msg.recv_pos + 1)];
     }
+  }
+  // Each point's messages in creation order (counted, then placed).
+  point_off_.assign(points + 1, 0);
+  for (const Message& msg : messages_) {
+    ++point_off_[point(msg.from, msg.send_pos) + 1];
+    ++point_off_[point(msg.to, msg.recv_pos) + 1];
+  }
+  for (std::size_t p = 0; p < points; ++p) point_off_[p + 1] += point_off_[p];
+  point_msgs_.assign(point_off_[points], 0);
+  block_.assign(point_off_[points], kNoTask);
+  block_len_.assign(points, 0);
+  std::vector<std::uint32_t> fill(point_off_.begin(), point_off_.end() - 1);
+  for (std::uint32_t id = 0; id < messages_.size(); ++id) {
+    const Message& msg = messages_[id];
+    point_msgs_[fill[point(msg.from, msg.send_pos)]++] = id;
+    point_msgs_[fill[point(msg.to, msg.recv_pos)]++] = id;
   }
 }
 
@@ -383,15 +394,15 @@ void Builder::try_message(std::uint32_t id) {
   const bool fwd = msg.consumer.dir == Direction::forward;
   const Rep& me = reps_[ur];
   const Rep& peer = reps_[uf];
-  auto pass_end = [&](int stage, int pos) -> const std::vector<TaskId>& {
+  auto pass_end = [&](int stage, int pos) {
     const ScheduleStep& st = order_[static_cast<std::size_t>(stage)][static_cast<std::size_t>(pos)];
-    return slot(st.dir, st.micro_batch, st.chunk * pp_ + stage).end;
+    return end_of(slot(st.dir, st.micro_batch, st.chunk * pp_ + stage));
   };
   std::vector<TaskId>& deps = message_deps_;  // reused: 65k messages in GPT-1T
-  const auto& sent = pass_end(msg.from, msg.send_pos);
+  const auto sent = pass_end(msg.from, msg.send_pos);
   deps.assign(sent.begin(), sent.end());
   if (msg.recv_pos >= 0) {
-    const auto& e = pass_end(msg.to, msg.recv_pos);
+    const auto e = pass_end(msg.to, msg.recv_pos);
     deps.insert(deps.end(), e.begin(), e.end());
   }
   const StreamId streams[2] = {fwd ? peer.pp_fwd : peer.pp_bwd, fwd ? me.pp_fwd : me.pp_bwd};
@@ -407,7 +418,7 @@ void Builder::try_message(std::uint32_t id) {
   label(t, msg.to, name, "pp");
   label(t, msg.from, name, "pp");
   msg.slot->p2p = t;
-  block_[uf][static_cast<std::size_t>(msg.send_pos + 1)].push_back(t);
+  add_to_block(point(msg.from, msg.send_pos), t);
   if (tp_ > 1 && !plan_.sequence_parallel) {
     const std::vector<TaskId> d{t};
     TaskId gt;
@@ -422,14 +433,13 @@ void Builder::try_message(std::uint32_t id) {
     t = gt;
   }
   msg.slot->ready = t;
-  block_[ur][static_cast<std::size_t>(msg.recv_pos + 1)].push_back(t);
+  add_to_block(point(msg.to, msg.recv_pos), t);
 }
 
 void Builder::flush(Chain& ch) {
   if (!ch.pending) return;
   const Rep& r = reps_[static_cast<std::size_t>(ch.stage)];
-  const TaskId t = eng_->add_compute(r.compute, ch.pending_ns, ch.deps);
-  tag(t, Cls::compute, kTidCompute, ch.stage);
+  const TaskId t = emit_compute(r.compute, ch.pending_ns, ch.deps, meta_of(Cls::compute, kTidCompute, ch.stage));
   if (traced(ch.stage)) {
     TraceLabel& l = labels_[t];
     l.category = "compute";
@@ -451,16 +461,15 @@ void Builder::flush(Chain& ch) {
 
 TaskId Builder::add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps) {
   const Rep& r = reps_[static_cast<std::size_t>(ch.stage)];
+  const TaskMeta mt = meta_of(Cls::tp, kTidTp, ch.stage);
   TaskId t;
   if (tp_fast_) {
     // Priced once per item (the probe cache is a map; 660k TP tasks in GPT-1T).
     if (it.probe_ns < 0) it.probe_ns = tp_probe_ns(it.collective, it.bytes);
-    t = eng_->add_compute(r.tp, it.probe_ns, deps);
+    t = emit_compute(r.tp, it.probe_ns, deps, mt);
   } else {
-    const StreamId streams[1] = {r.tp};
-    t = eng_->add_collective(it.collective, r.tp_group, it.bytes, streams, deps);
+    t = emit_collective(it.collective, r.tp_group, it.bytes, r.tp, deps, mt);
   }
-  tag(t, Cls::tp, kTidTp, ch.stage);
   label(t, ch.stage, prog.ops[it.name_op].name, "tp");
   return t;
 }
@@ -506,24 +515,141 @@ void Builder::dp_bucket(int stage, double params, const std::vector<TaskId>& dep
   if (dp_ <= 1 || params <= 0) return;
   const Rep& r = reps_[static_cast<std::size_t>(stage)];
   const Collective c = plan_.zero_stage == 0 ? Collective::all_reduce : Collective::reduce_scatter;
-  const StreamId streams[1] = {r.dp};
-  const TaskId t = eng_->add_collective(c, r.dp_group, params * kGradBytesPerParam, streams, deps);
-  tag(t, Cls::dp, kTidDp, stage);
+  const TaskId t = emit_collective(c, r.dp_group, params * kGradBytesPerParam, r.dp, deps, meta_of(Cls::dp, kTidDp, stage),
+                                   /*dp_reduction=*/true);
   label(t, stage, name, "dp");
-  dp_tasks_[static_cast<std::size_t>(stage)].push_back(t);
 }
 
 void Builder::add_step(int stage, std::size_t idx) {
   const auto us = static_cast<std::size_t>(stage);
   const ScheduleStep& st = order_[us][idx];
-  const bool fwd = st.dir == Direction::forward;
   const int vs = st.chunk * pp_ + stage;
+  // The entry dependencies: the stage's previous pass and, as Megatron's p2p
+  // is synchronous, the messages of the point before this pass.
+  std::vector<TaskId>& entry = entry_;
+  entry.assign(stage_end_[us].begin(), stage_end_[us].end());
+  const std::size_t pt = point(stage, static_cast<int>(idx) - 1);
+  entry.insert(entry.end(), block_.begin() + point_off_[pt], block_.begin() + point_off_[pt] + block_len_[pt]);
+  // The input from the neighbouring virtual stage.
+  const int from_vs = st.dir == Direction::forward ? vs - 1 : vs + 1;
+  if (from_vs >= 0 && from_vs < vs_count_) {
+    const Slot& src = slot(st.dir, st.micro_batch, from_vs);
+    if (stage_of(from_vs) == stage) {
+      const auto e = end_of(src);
+      entry.insert(entry.end(), e.begin(), e.end());
+    } else {
+      entry.push_back(src.ready);
+    }
+  }
+  const bool last_mb = st.micro_batch == mbs_ - 1;
+  const bool reduce_now = dp_ > 1 && (plan_.zero_stage >= 2 || (opts_.dp_overlap && last_mb));
+  Slot& out = slot(st.dir, st.micro_batch, vs);
+  out.end_off = static_cast<std::uint32_t>(ends_.size());
+  if (stamp_ && !traced(stage)) {
+    stamp(pass_template(stage, st, reduce_now), stage, entry, ends_);
+  } else {
+    play_pass(stage, st, reduce_now, entry);
+    ends_.insert(ends_.end(), chain_.deps.begin(), chain_.deps.end());
+  }
+  out.end_len = static_cast<std::uint32_t>(ends_.size() - out.end_off);
+  out.added = true;
+  const auto end = end_of(out);
+  stage_end_[us].assign(end.begin(), end.end());
+}
+
+Builder::PassTemplate& Builder::pass_template(int stage, const ScheduleStep& st, bool reduce_now) {
+  if (templates_.empty()) templates_.resize(static_cast<std::size_t>(pp_ * v_ * 4));
+  const int key = ((stage * v_ + st.chunk) * 2 + (st.dir == Direction::forward ? 0 : 1)) * 2 + (reduce_now ? 1 : 0);
+  PassTemplate& pt = templates_[static_cast<std::size_t>(key)];
+  if (!pt.recorded) {
+    recording_ = &pt;
+    const std::vector<TaskId> entry{kEntryRef};
+    play_pass(stage, st, reduce_now, entry);
+    record_refs(chain_.deps, pt.end);
+    recording_ = nullptr;
+    pt.recorded = true;
+  }
+  return pt;
+}
+
+// Placeholders -> template references (see kEntryRef).
+void Builder::record_refs(const std::vector<TaskId>& ids, std::vector<TaskId>& out) const {
+  for (TaskId id : ids) {
+    if (id < kEntryRef) throw std::logic_error("simulate: a recorded pass depends on a task outside it");
+    out.push_back(id == kEntryRef ? kEntryRef : id - kLocalRef);
+  }
+}
+
+TaskId Builder::emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskId>& deps, const TaskMeta& mt) {
+  if (recording_ == nullptr) return tag(eng_->add_compute(stream, ns, deps), mt);
+  PassTemplate& pt = *recording_;
+  PassTemplate::Task& t = pt.tasks.emplace_back();
+  t.stream = stream;
+  t.duration_ns = ns;
+  t.meta = mt;
+  t.deps_begin = static_cast<std::uint32_t>(pt.refs.size());
+  record_refs(deps, pt.refs);
+  t.deps_end = static_cast<std::uint32_t>(pt.refs.size());
+  return kLocalRef + static_cast<TaskId>(pt.tasks.size() - 1);
+}
+
+TaskId Builder::emit_collective(Collective c, GroupId group, double bytes, StreamId stream, const std::vector<TaskId>& deps,
+                                const TaskMeta& mt, bool dp_reduction) {
+  if (recording_ == nullptr) {
+    const StreamId streams[1] = {stream};
+    const TaskId t = tag(eng_->add_collective(c, group, bytes, streams, deps), mt);
+    if (dp_reduction) dp_tasks_[mt.stage].push_back(t);
+    return t;
+  }
+  const TaskId t = emit_compute(stream, 0, deps, mt);
+  PassTemplate::Task& rt = recording_->tasks.back();
+  rt.compute = false;
+  rt.op = c;
+  rt.group = group;
+  rt.bytes = bytes;
+  rt.dp_reduction = dp_reduction;
+  return t;
+}
+
+// The recorded pass's engine calls, with the entry dependencies and ids
+// filled in; its end dependencies are appended to `end`.
+void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::vector<TaskId>& end) {
+  const auto base = static_cast<TaskId>(eng_->num_tasks());
+  if (static_cast<std::size_t>(base) + pt.tasks.size() >= kEntryRef) {
+    throw std::length_error("simulate: more than 2^31 tasks in one iteration");
+  }
+  auto expand = [&](const TaskId* first, const TaskId* last, std::vector<TaskId>& out) {
+    for (const TaskId* r = first; r != last; ++r) {
+      if (*r == kEntryRef) out.insert(out.end(), entry.begin(), entry.end());
+      else out.push_back(base + *r);
+    }
+  };
+  std::vector<TaskId>& deps = stamp_deps_;
+  for (const PassTemplate::Task& t : pt.tasks) {
+    deps.clear();
+    expand(pt.refs.data() + t.deps_begin, pt.refs.data() + t.deps_end, deps);
+    TaskId id;
+    if (t.compute) {
+      id = eng_->add_compute(t.stream, t.duration_ns, deps);
+    } else {
+      const StreamId streams[1] = {t.stream};
+      id = eng_->add_collective(t.op, t.group, t.bytes, streams, deps);
+      if (t.dp_reduction) dp_tasks_[static_cast<std::size_t>(stage)].push_back(id);
+    }
+    tag(id, t.meta);
+  }
+  expand(pt.end.data(), pt.end.data() + pt.end.size(), end);
+}
+
+void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry) {
+  const auto us = static_cast<std::size_t>(stage);
+  const bool fwd = st.dir == Direction::forward;
   const Rep& me = reps_[us];
   // One chain object reused by every pass: its vectors keep their capacity
   // (65k passes in GPT-1T would otherwise allocate and free them each time).
   Chain& ch = chain_;
   ch.stage = stage;
-  ch.deps.assign(stage_end_[us].begin(), stage_end_[us].end());
+  ch.deps.assign(entry.begin(), entry.end());
   ch.async.clear();
   ch.overlap_ns = -1;
   ch.pending_ns = 0;
@@ -531,25 +657,9 @@ void Builder::add_step(int stage, std::size_t idx) {
   ch.parts.clear();
   ch.first = kNoTask;
   ch.last_compute = kNoTask;
-  // Megatron's p2p is synchronous: the messages of the point before this pass must be done.
-  const auto& blocking = block_[us][idx];
-  ch.deps.insert(ch.deps.end(), blocking.begin(), blocking.end());
-
-  // The input from the neighbouring virtual stage.
-  const int from_vs = fwd ? vs - 1 : vs + 1;
-  if (from_vs >= 0 && from_vs < vs_count_) {
-    const Slot& src = slot(st.dir, st.micro_batch, from_vs);
-    if (stage_of(from_vs) == stage) {
-      ch.deps.insert(ch.deps.end(), src.end.begin(), src.end.end());
-    } else {
-      ch.deps.push_back(src.ready);
-    }
-  }
 
   const auto& units = units_[us][static_cast<std::size_t>(st.chunk)];
   const int zero = dp_ > 1 ? plan_.zero_stage : 0;
-  const bool last_mb = st.micro_batch == mbs_ - 1;
-  const bool reduce_now = dp_ > 1 && (zero >= 2 || (opts_.dp_overlap && last_mb));
   const double bucket = (stage == 0 && st.chunk == 0 && zero < 3)
                             ? std::max(kBucketParams, kBucketParamsPerDpRank * dp_)
                             : std::numeric_limits<double>::infinity();
@@ -560,10 +670,8 @@ void Builder::add_step(int stage, std::size_t idx) {
   if (zero >= 3) gathers.assign(units.size(), kNoTask);
   auto gather = [&](std::size_t u, const std::vector<TaskId>& deps) {
     if (zero < 3 || u >= units.size() || gathers[u] != kNoTask) return;
-    const StreamId s1[1] = {me.dp};
-    const TaskId t = eng_->add_collective(Collective::all_gather, me.dp_group,
-                                          units[u].params * kParamBytesPerParam * act_scale, s1, deps);
-    tag(t, Cls::dp, kTidDp, stage);
+    const TaskId t = emit_collective(Collective::all_gather, me.dp_group, units[u].params * kParamBytesPerParam * act_scale,
+                                     me.dp, deps, meta_of(Cls::dp, kTidDp, stage));
     label(t, stage, "zero3_gather " + units[u].name, "dp");
     gathers[u] = t;
   };
@@ -595,10 +703,6 @@ void Builder::add_step(int stage, std::size_t idx) {
   if (traced(stage) && ch.first != kNoTask) {
     spans_.push_back(StepSpan{stage, ch.first, ch.last_compute, step_name(st.dir, st.micro_batch, st.chunk, v_), fwd});
   }
-  Slot& out = slot(st.dir, st.micro_batch, vs);
-  out.end.assign(ch.deps.begin(), ch.deps.end());
-  out.added = true;
-  stage_end_[us].assign(ch.deps.begin(), ch.deps.end());
 }
 
 void Builder::finish_iteration() {
@@ -609,8 +713,8 @@ void Builder::finish_iteration() {
   for (int s = 0; s < pp_; ++s) {
     const auto us = static_cast<std::size_t>(s);
     // The last pass's outgoing message must be done too.
-    const auto& tail = block_[us].back();
-    stage_end_[us].insert(stage_end_[us].end(), tail.begin(), tail.end());
+    const std::size_t pt = point(s, static_cast<int>(order_[us].size()) - 1);
+    stage_end_[us].insert(stage_end_[us].end(), block_.begin() + point_off_[pt], block_.begin() + point_off_[pt] + block_len_[pt]);
     if (dp_ > 1 && zero <= 1 && !opts_.dp_overlap) {
       dp_bucket(s, parameters_on_stage(m_, plan_, s), stage_end_[us], "grad reduce");
     }

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -69,6 +70,9 @@ struct Unit {
 class Builder {
  public:
   Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan, const SimOptions& opts);
+  // Off: every pass is played op by op, as traced stages always are (tests
+  // check that both give the same task graph). On by default.
+  void stamp_passes(bool on) { stamp_ = on; }
   void build();
 
   Network& network() { return *net_; }
@@ -84,7 +88,7 @@ class Builder {
  private:
   struct Slot {  // one (direction, micro-batch, virtual stage) pass
     bool added = false;
-    std::vector<TaskId> end;
+    std::uint32_t end_off = 0, end_len = 0;  // its end dependencies: a range in ends_
     TaskId p2p = std::numeric_limits<TaskId>::max();    // its outgoing message, once created
     TaskId ready = std::numeric_limits<TaskId>::max();  // that message received (and gathered)
   };
@@ -102,6 +106,32 @@ class Builder {
     TaskId last_compute = std::numeric_limits<TaskId>::max();
   };
 
+  // The tasks of one pass, recorded once per (stage, chunk, direction,
+  // gradient reduction or not) and stamped out for every micro-batch: play()
+  // makes the same calls for each, only the entry dependencies (the previous
+  // pass, the received messages) and the task ids differ.
+  struct PassTemplate {
+    struct Task {
+      bool compute = true;         // else a collective on `stream` (Algorithm::automatic)
+      bool dp_reduction = false;   // a gradient reduction (dp_tasks_)
+      Collective op = Collective::all_reduce;
+      StreamId stream = 0;
+      GroupId group = 0;
+      TimeNs duration_ns = 0;
+      double bytes = 0;
+      std::uint32_t deps_begin = 0, deps_end = 0;  // its range in refs
+      TaskMeta meta;
+    };
+    bool recorded = false;
+    std::vector<Task> tasks;
+    std::vector<TaskId> refs;  // kEntryRef (all entry dependencies, in order) or a task's index in the pass
+    std::vector<TaskId> end;   // refs of the pass's end (Slot::end)
+  };
+  // While a pass is recorded, the ids play() sees are placeholders: the
+  // entry dependencies as one kEntryRef, the pass's own tasks kLocalRef + index.
+  static constexpr TaskId kEntryRef = 0x7FFFFFFF;
+  static constexpr TaskId kLocalRef = 0x80000000;
+
   void make_reps();
   void make_programs();
   void make_units();
@@ -109,6 +139,7 @@ class Builder {
   TimeNs tp_probe_ns(Collective c, double bytes);
 
   Slot& slot(Direction d, int mb, int vs);
+  std::span<const TaskId> end_of(const Slot& s) const { return {ends_.data() + s.end_off, s.end_len}; }
   int stage_of(int vs) const { return vs % pp_; }
   int chunk_of(int vs) const { return vs / pp_; }
   bool can_add(int stage, std::size_t idx);
@@ -116,16 +147,29 @@ class Builder {
   void reserve_tasks();
   void try_message(std::uint32_t msg);
   void add_step(int stage, std::size_t idx);
+  // One pass from `entry` on, op by op; its end dependencies are left in chain_.deps.
+  void play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry);
+  PassTemplate& pass_template(int stage, const ScheduleStep& st, bool reduce_now);
+  void stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::vector<TaskId>& end);
+  // The engine calls of a pass, or, while recording, their template entries.
+  TaskId emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskId>& deps, const TaskMeta& mt);
+  TaskId emit_collective(Collective c, GroupId group, double bytes, StreamId stream, const std::vector<TaskId>& deps,
+                         const TaskMeta& mt, bool dp_reduction = false);
+  void record_refs(const std::vector<TaskId>& ids, std::vector<TaskId>& out) const;
   void play(Chain& ch, const Program& prog);
   void flush(Chain& ch);
   TaskId add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps);
   void dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name);
   void finish_iteration();
 
+  static TaskMeta meta_of(Cls cls, std::uint8_t tid, int stage, int stage2 = -1) {
+    return TaskMeta{cls, tid, static_cast<std::uint16_t>(stage), static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};
+  }
   // Inline: every task is tagged (1.6M in GPT-1T), almost always as it is added.
   TaskId tag(TaskId t, Cls cls, std::uint8_t tid, int stage, int stage2 = -1) {
-    const TaskMeta mt{cls, tid, static_cast<std::uint16_t>(stage),
-                      static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};
+    return tag(t, meta_of(cls, tid, stage, stage2));
+  }
+  TaskId tag(TaskId t, const TaskMeta& mt) {
     if (meta_.size() == t) {
       meta_.push_back(mt);
       return t;
@@ -171,10 +215,27 @@ class Builder {
     bool created = false;
   };
   std::vector<Message> messages_;
-  std::vector<std::vector<std::vector<std::uint32_t>>> messages_at_;  // [stage][pos + 1] -> messages touching that point
-  std::vector<std::vector<std::uint32_t>> need_;                      // [stage][pos + 1] -> messages at that point
-  std::vector<std::vector<std::vector<TaskId>>> block_;               // [stage][pos + 1] -> created ones
+  // The communication points, flat (65k in GPT-1T): point(stage, pos) is
+  // after the stage's pass `pos` (-1: before its first). Each message at a
+  // point adds one task to the point's block once created (its send at the
+  // sender's point, its arrival at the receiver's), so a point's messages
+  // and its block share one range.
+  std::size_t point(int stage, int pos) const {
+    return point_base_[static_cast<std::size_t>(stage)] + static_cast<std::size_t>(pos + 1);
+  }
+  std::vector<std::size_t> point_base_;      // [stage] -> its first point
+  std::vector<std::uint32_t> point_off_;     // [point] -> its range in point_msgs_ and block_ (one more entry)
+  std::vector<std::uint32_t> point_msgs_;    // messages touching each point, in creation order
+  std::vector<TaskId> block_;                // the tasks created for them, in creation order
+  std::vector<std::uint32_t> block_len_;     // [point] -> how many are created
+  void add_to_block(std::size_t pt, TaskId t) { block_[point_off_[pt] + block_len_[pt]++] = t; }
   std::vector<Slot> slots_;
+  std::vector<TaskId> ends_;  // every pass's end dependencies, back to back (Slot::end_off)
+  bool stamp_ = true;
+  std::vector<PassTemplate> templates_;  // [((stage * v + chunk) * 2 + backward) * 2 + reduce_now]
+  PassTemplate* recording_ = nullptr;    // the template play() is recording into, if any
+  std::vector<TaskId> entry_;            // add_step's scratch: the pass's entry dependencies
+  std::vector<TaskId> stamp_deps_;       // stamp's scratch
   Chain chain_;                   // add_step's scratch
   std::vector<TaskId> gathers_;   // add_step's ZeRO-3 gathers
   std::vector<TaskId> message_deps_;  // try_message's scratch

@@ -23,16 +23,15 @@ std::string_view to_string(StreamKind k) {
 
 namespace {
 
-// (time, key) as one unsigned 128-bit number (the time's sign bit flipped, so
-// negative times order first too): its order is the lexicographic (time,
-// sequence) order, and comparing it takes two flag-setting instructions
-// instead of two unpredictable branches.
+// (time, key) as one unsigned 128-bit number (the time stored with its sign
+// bit flipped, so negative times order first too): its order is the
+// lexicographic (time, sequence) order, and comparing it takes two
+// flag-setting instructions instead of two unpredictable branches.
 __extension__ typedef unsigned __int128 Order;
 
 template <typename E>
-Order order(const E& e) {
-  const std::uint64_t time = static_cast<std::uint64_t>(e.time) ^ (std::uint64_t{1} << 63);
-  return (static_cast<Order>(time) << 64) | e.key;
+[[gnu::always_inline]] inline Order order(const E& e) {
+  return (static_cast<Order>(e.time_key) << 64) | e.key;
 }
 
 // A 4-ary min-heap: half the depth of a binary heap, and a node's children
@@ -54,34 +53,66 @@ void heap_push(std::vector<E>& h, const E& e) {
   h[i] = e;
 }
 
+// Places `e` at the hole at `start` (a pop's root, or a replaced root).
+// Floyd's bottom-up variant: the hole first moves down along the smallest
+// children to a leaf without comparing them with `e`, then `e` rises from
+// there; the elements placed here (a new end time, the last leaf) are
+// nearly always among the latest, so they rise little, and each level
+// costs one comparison fewer.
 template <typename E>
-E heap_pop(std::vector<E>& h) {
-  const E top = h.front();
-  const E last = h.back();
-  h.pop_back();
+void heap_sift_down(std::vector<E>& h, std::size_t start, const E& e) {
   const std::size_t n = h.size();
-  if (n == 0) return top;
-  const Order key = order(last);
-  std::size_t i = 0;
+  std::size_t i = start;
   while (true) {
     const std::size_t first = kHeapArity * i + 1;
-    if (first >= n) break;
-    // The smallest child, selected without branches on the comparisons.
-    std::size_t best = first;
-    Order best_key = order(h[first]);
-    const std::size_t end = std::min(first + kHeapArity, n);
-    for (std::size_t c = first + 1; c < end; ++c) {
-      const Order k = order(h[c]);
-      const bool smaller = k < best_key;
-      best = smaller ? c : best;
-      best_key = smaller ? k : best_key;
+    std::size_t best;
+    if (first + kHeapArity <= n) {
+      // All four children (the usual case): a tournament of two pairs,
+      // without branches on the comparisons. Only indices are selected (the
+      // winners' keys are read again): selecting 128-bit keys takes twice
+      // the registers and spills.
+      static_assert(kHeapArity == 4);
+      const std::size_t w01 = first + (order(h[first + 1]) < order(h[first]));
+      const std::size_t w23 = first + 2 + (order(h[first + 3]) < order(h[first + 2]));
+      best = order(h[w23]) < order(h[w01]) ? w23 : w01;
+    } else {
+      if (first >= n) break;
+      best = first;
+      Order best_key = order(h[first]);
+      for (std::size_t c = first + 1; c < n; ++c) {
+        const Order k = order(h[c]);
+        const bool smaller = k < best_key;
+        best = smaller ? c : best;
+        best_key = smaller ? k : best_key;
+      }
     }
-    if (key <= best_key) break;
     h[i] = h[best];
     i = best;
   }
-  h[i] = last;
-  return top;
+  const Order key = order(e);
+  while (i > start) {
+    const std::size_t parent = (i - 1) / kHeapArity;
+    if (order(h[parent]) <= key) break;
+    h[i] = h[parent];
+    i = parent;
+  }
+  h[i] = e;
+}
+
+// Removes the root (already read by the caller).
+template <typename E>
+void heap_pop_root(std::vector<E>& h) {
+  const E last = h.back();
+  h.pop_back();
+  if (!h.empty()) heap_sift_down(h, 0, last);
+}
+
+[[noreturn, gnu::cold]] void throw_bad_dep(TaskId d) {
+  throw std::out_of_range("Engine: dependency on task " + std::to_string(d) + " not yet added");
+}
+
+[[noreturn, gnu::cold]] void throw_bad_stream(StreamId s) {
+  throw std::out_of_range("Engine: stream " + std::to_string(s) + " does not exist");
 }
 
 }  // namespace
@@ -96,9 +127,6 @@ StreamId Engine::add_stream(int gpu, StreamKind kind) {
 
 void Engine::reserve(std::size_t tasks, std::size_t dependencies) {
   tasks_.reserve(tasks);
-  users_.reserve(tasks);
-  succ_tail_.reserve(tasks);
-  task_streams_.reserve(tasks);
   succ_.reserve(dependencies);
   heap_.reserve(std::min<std::size_t>(tasks, 1 << 16));
 }
@@ -121,34 +149,24 @@ GroupId Engine::add_group(CommGroup group) {
   }
 }
 
-TaskId Engine::new_task(TaskKind kind, std::span<const StreamId> streams, std::span<const TaskId> deps,
-                        std::uint64_t user) {
-  const auto id = static_cast<TaskId>(tasks_.size());
-  // Everything is checked before anything is added, so a throw leaves the engine unchanged.
-  if (streams.size() > kMaxStreamsPerTask) {
-    throw std::invalid_argument("Engine: a task may occupy at most " + std::to_string(kMaxStreamsPerTask) + " streams");
-  }
-  for (std::size_t i = 0; i < streams.size(); ++i) {
-    const StreamId s = streams[i];
-    if (s == kNoStream) continue;
-    if (s >= streams_.size()) throw std::out_of_range("Engine: stream " + std::to_string(s) + " does not exist");
-    for (std::size_t j = 0; j < i; ++j) {
-      if (streams[j] == s) throw std::invalid_argument("Engine: a task lists stream " + std::to_string(s) + " twice");
-    }
-  }
+[[gnu::always_inline]] inline void Engine::check_deps(std::span<const TaskId> deps) const {
+  const std::size_t n = tasks_.size();
   for (TaskId d : deps) {
-    if (d >= id) throw std::out_of_range("Engine: dependency on task " + std::to_string(d) + " not yet added");
+    if (d >= n) throw_bad_dep(d);
   }
-  // Built in place: a million tasks, each a cache line.
-  Task& t = tasks_.emplace_back();
-  t.kind = kind;
-  t.streams_off = static_cast<std::uint32_t>(task_streams_.size());
-  for (StreamId s : streams) {
-    if (s != kNoStream) task_streams_.push_back(s);
-  }
-  t.streams_len = static_cast<std::uint16_t>(task_streams_.size() - t.streams_off);
-  users_.push_back(user);
-  succ_tail_.push_back(kNone);
+}
+
+[[gnu::always_inline]] inline void Engine::set_user(TaskId id, std::uint64_t user) {
+  // Stored only up to the last task given one (zero is every other task's).
+  if (user == 0 && users_.size() <= id) return;
+  if (users_.size() <= id) users_.resize(static_cast<std::size_t>(id) + 1, 0);
+  users_[id] = user;
+}
+
+// Appends `id` to each unfinished dependency's successor list (FIFO: the
+// order in which finish() releases them, and so the run, stays the order of
+// the calls).
+[[gnu::always_inline]] inline void Engine::link(TaskId id, std::span<const TaskId> deps) {
   std::uint32_t left = 0;
   for (TaskId d : deps) {
     Task& dep = tasks_[d];
@@ -156,13 +174,19 @@ TaskId Engine::new_task(TaskKind kind, std::span<const StreamId> streams, std::s
     ++left;
     const auto e = static_cast<std::uint32_t>(succ_.size());
     succ_.push_back(Succ{id, kNone});
-    if (succ_tail_[d] == kNone) dep.succ_head = e;
-    else succ_[succ_tail_[d]].next = e;
-    succ_tail_[d] = e;
+    if (dep.succ_tail == kNone) dep.succ_head = e;
+    else succ_[dep.succ_tail].next = e;
+    dep.succ_tail = e;
   }
-  t.deps_left = left;
+  tasks_[id].deps_left = left;
+}
+
+// Queues the task on its streams and starts it if nothing holds it back.
+[[gnu::always_inline]] inline void Engine::enqueue(TaskId id) {
+  Task& t = tasks_[id];
+  const StreamId* ss = streams_of(t);
   for (std::uint32_t i = 0; i < t.streams_len; ++i) {
-    Stream& s = streams_[task_streams_[t.streams_off + i]];
+    Stream& s = streams_[ss[i]];
     s.queue.push_back(id);
     if (s.queue.size() - 1 == s.head) {
       s.arrival_ns = now_;
@@ -170,14 +194,61 @@ TaskId Engine::new_task(TaskKind kind, std::span<const StreamId> streams, std::s
     }
   }
   maybe_start(id);
+}
+
+TaskId Engine::new_task(TaskKind kind, std::span<const StreamId> streams, std::span<const TaskId> deps,
+                        std::uint64_t user) {
+  const auto id = static_cast<TaskId>(tasks_.size());
+  // Everything is checked before anything is added, so a throw leaves the engine unchanged.
+  if (streams.size() > kMaxStreamsPerTask) {
+    throw std::invalid_argument("Engine: a task may occupy at most " + std::to_string(kMaxStreamsPerTask) + " streams");
+  }
+  std::uint32_t n = 0;
+  StreamId only = kNoStream;
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    const StreamId s = streams[i];
+    if (s == kNoStream) continue;
+    if (s >= streams_.size()) throw_bad_stream(s);
+    for (std::size_t j = 0; j < i; ++j) {
+      if (streams[j] == s) throw std::invalid_argument("Engine: a task lists stream " + std::to_string(s) + " twice");
+    }
+    ++n;
+    only = s;
+  }
+  check_deps(deps);
+  // Built in place: a million tasks, each a cache line.
+  Task& t = tasks_.emplace_back();
+  t.kind = kind;
+  t.streams_len = static_cast<std::uint16_t>(n);
+  if (n == 1) {
+    t.streams = only;
+  } else {
+    t.streams = static_cast<std::uint32_t>(task_streams_.size());
+    for (StreamId s : streams) {
+      if (s != kNoStream) task_streams_.push_back(s);
+    }
+  }
+  set_user(id, user);
+  link(id, deps);
+  enqueue(id);
   return id;
 }
 
+// The common task (a million in a big iteration): one stream or none, so
+// none of new_task's checks across streams.
 TaskId Engine::add_compute(StreamId stream, TimeNs duration_ns, std::span<const TaskId> deps, std::uint64_t user) {
   if (duration_ns < 0) throw std::invalid_argument("Engine::add_compute: negative duration");
-  const StreamId one[1] = {stream};
-  const TaskId id = new_task(TaskKind::compute, one, deps, user);
-  tasks_[id].duration_ns = duration_ns;
+  if (stream != kNoStream && stream >= streams_.size()) throw_bad_stream(stream);
+  check_deps(deps);
+  const auto id = static_cast<TaskId>(tasks_.size());
+  Task& t = tasks_.emplace_back();
+  t.kind = TaskKind::compute;
+  t.duration_ns = duration_ns;
+  t.streams = stream;
+  t.streams_len = stream == kNoStream ? 0 : 1;
+  set_user(id, user);
+  link(id, deps);
+  enqueue(id);
   return id;
 }
 
@@ -238,11 +309,9 @@ TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs late
   Network::merge_uses(merged);
   // Validate the streams and dependencies before registering the links.
   for (StreamId s : streams) {
-    if (s != kNoStream && s >= streams_.size()) throw std::out_of_range("Engine: stream " + std::to_string(s) + " does not exist");
+    if (s != kNoStream && s >= streams_.size()) throw_bad_stream(s);
   }
-  for (TaskId d : deps) {
-    if (d >= tasks_.size()) throw std::out_of_range("Engine: dependency on task " + std::to_string(d) + " not yet added");
-  }
+  check_deps(deps);
   const LinkSetId set = net_->add_link_set(merged);
   const TaskId id = new_task(TaskKind::flow, streams, deps, user);
   Task& t = tasks_[id];
@@ -252,23 +321,26 @@ TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs late
   return id;
 }
 
-void Engine::push_event(TimeNs t, TaskId task, EventType type) {
+// push_event, start and finish run once per task (millions of times): inlined
+// into the event loop.
+[[gnu::always_inline]] inline void Engine::push_event(TimeNs t, TaskId task, EventType type) {
   // The key's order is the sequence number's only while it fits its 31 bits.
   if (seq_ >= kMaxEvents) throw std::length_error("Engine: more than 2^31 events scheduled in one run");
-  heap_push(heap_, Event{t, (seq_++ << 33) | (std::uint64_t{task} << 1) | static_cast<std::uint64_t>(type)});
+  const Event e{Event::time_key_of(t), (seq_++ << 33) | (std::uint64_t{task} << 1) | static_cast<std::uint64_t>(type)};
+  if (root_popped_) {
+    root_popped_ = false;
+    heap_sift_down(heap_, 0, e);
+  } else {
+    heap_push(heap_, e);
+  }
 }
 
-void Engine::drain_ready() {
-  // Index loop: starting a task never makes another ready, but keep it robust.
-  for (std::size_t i = 0; i < ready_.size(); ++i) start(ready_[i]);
-  ready_.clear();
-}
-
-void Engine::start(TaskId id) {
+[[gnu::always_inline]] inline void Engine::start(TaskId id) {
   Task& t = tasks_[id];
   t.start_ns = now_;
+  const StreamId* ss = streams_of(t);
   for (std::uint32_t i = 0; i < t.streams_len; ++i) {
-    Stream& s = streams_[task_streams_[t.streams_off + i]];
+    Stream& s = streams_[ss[i]];
     s.info.wait_ns += now_ - s.arrival_ns;
     // finish() will touch the stream's next task and the successor list:
     // tasks built long ago, likely out of cache. Fetch them while this one runs.
@@ -292,19 +364,26 @@ void Engine::start(TaskId id) {
   }
 }
 
+void Engine::drain_ready() {
+  // Index loop: starting a task never makes another ready, but keep it robust.
+  for (std::size_t i = 0; i < ready_.size(); ++i) start(ready_[i]);
+  ready_.clear();
+}
+
 void Engine::start_phase(TaskId id) {
   const Task& t = tasks_[id];
   const CommPhase& ph = plans_[t.plan].phases[t.phase];
   net_->start_flow(phase_sets_[plan_sets_[t.plan] + t.phase], phase_flow_bytes(ph, t.bytes), now_, id);
 }
 
-void Engine::finish(TaskId id) {
+[[gnu::always_inline]] inline void Engine::finish(TaskId id) {
   Task& t = tasks_[id];
   t.state = State::done;
   t.end_ns = now_;
   ++tasks_done_;
+  const StreamId* ss = streams_of(t);
   for (std::uint32_t i = 0; i < t.streams_len; ++i) {
-    Stream& s = streams_[task_streams_[t.streams_off + i]];
+    Stream& s = streams_[ss[i]];
     s.info.busy_ns += t.end_ns - t.start_ns;
     ++s.info.tasks;
     ++s.head;
@@ -324,9 +403,13 @@ void Engine::finish(TaskId id) {
 }
 
 RunStats Engine::run(TimeNs until_ns) {
+  if (root_popped_) {  // a completion callback threw while its event was at the root
+    root_popped_ = false;
+    heap_pop_root(heap_);
+  }
   drain_ready();
   while (true) {
-    const TimeNs th = heap_.empty() ? kNever : heap_.front().time;
+    const TimeNs th = heap_.empty() ? kNever : heap_.front().time();
     // Events at the current instant run before the network is asked (and
     // re-solved), so flows started together share one max-min solve.
     // (No running flow: nothing can drain, and nothing waits to be solved.)
@@ -348,7 +431,8 @@ RunStats Engine::run(TimeNs until_ns) {
       }
       continue;
     }
-    const Event ev = heap_pop(heap_);
+    const Event ev = heap_.front();
+    root_popped_ = true;  // refilled by the first event scheduled below, or removed
     ++events_;
     const TaskId id = ev.task();
     Task& task = tasks_[id];
@@ -360,6 +444,10 @@ RunStats Engine::run(TimeNs until_ns) {
       finish(id);
     }
     drain_ready();
+    if (root_popped_) {
+      root_popped_ = false;
+      heap_pop_root(heap_);
+    }
   }
   RunStats st;
   st.end_ns = now_;

@@ -123,7 +123,7 @@ class Engine {
   TimeNs start_ns(TaskId t) const { return tasks_[t].start_ns; }
   TimeNs end_ns(TaskId t) const { return tasks_[t].end_ns; }
   bool done(TaskId t) const { return tasks_[t].end_ns != kNever && tasks_[t].state == State::done; }
-  std::uint64_t user(TaskId t) const { return users_[t]; }
+  std::uint64_t user(TaskId t) const { return t < users_.size() ? users_[t] : 0; }
   // The algorithm a collective task resolved to (ring for send_recv / flow).
   Algorithm algorithm(TaskId t) const { return tasks_[t].algo; }
   const StreamInfo& stream(StreamId s) const { return streams_[s].info; }
@@ -136,24 +136,31 @@ class Engine {
   // sequence number, task and type packed in one word whose order is the
   // sequence number's (unique), so (time, key) orders like (time, seq).
   struct Event {
-    TimeNs time = 0;
+    // The time with its sign bit flipped: unsigned, it orders like the
+    // signed time, so the heap compares (time_key, key) as one number.
+    std::uint64_t time_key = 0;
     std::uint64_t key = 0;  // seq << 33 | task << 1 | type
+    static std::uint64_t time_key_of(TimeNs t) { return static_cast<std::uint64_t>(t) ^ (std::uint64_t{1} << 63); }
+    TimeNs time() const { return static_cast<TimeNs>(time_key ^ (std::uint64_t{1} << 63)); }
     TaskId task() const { return static_cast<TaskId>(key >> 1); }
     EventType type() const { return static_cast<EventType>(key & 1); }
   };
   static constexpr std::uint64_t kMaxEvents = std::uint64_t{1} << 31;
   // One cache line: the run touches tasks in time order, not in the order
   // they were added, so each access is a likely cache miss; what only the
-  // build or the caller needs (user value, successor-list tail) lives apart.
+  // caller needs (the user value) lives apart.
   struct alignas(64) Task {
     TimeNs duration_ns = 0;       // compute: the duration; flow: latency
     TimeNs start_ns = kNever;
     TimeNs end_ns = kNever;
     double bytes = 0;             // comm: size_bytes (flow: bytes per route)
     std::uint32_t plan = 0;       // index into plans_ (comm) or the network's link set (flow)
-    std::uint32_t streams_off = 0;  // range in task_streams_
+    // streams_len == 1 (nearly every task): the stream itself, kept inline;
+    // otherwise where its streams start in task_streams_ (streams_of).
+    std::uint32_t streams = 0;
     std::uint32_t deps_left = 0;
-    std::uint32_t succ_head = kNone;  // FIFO linked list in succ_ (tail: succ_tail_)
+    std::uint32_t succ_head = kNone;  // FIFO linked list in succ_
+    std::uint32_t succ_tail = kNone;  // its last entry, where the next successor is appended
     std::uint16_t streams_len = 0;  // at most kMaxStreamsPerTask
     std::uint16_t arrived = 0;    // streams at whose head it is
     std::uint16_t phase = 0;
@@ -180,6 +187,13 @@ class Engine {
   static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
 
   TaskId new_task(TaskKind kind, std::span<const StreamId> streams, std::span<const TaskId> deps, std::uint64_t user);
+  void check_deps(std::span<const TaskId> deps) const;
+  void link(TaskId id, std::span<const TaskId> deps);
+  void enqueue(TaskId id);
+  void set_user(TaskId id, std::uint64_t user);
+  const StreamId* streams_of(const Task& t) const {
+    return t.streams_len == 1 ? &t.streams : task_streams_.data() + t.streams;
+  }
   std::uint32_t plan_for(GroupId g, Collective op, Algorithm algo);
   void push_event(TimeNs t, TaskId task, EventType type);
   void maybe_start(TaskId t);
@@ -194,12 +208,16 @@ class Engine {
   std::uint64_t events_ = 0;
   std::uint64_t tasks_done_ = 0;
   std::vector<Event> heap_;
+  // run() leaves the event it is processing at the heap's root until the
+  // first event that processing schedules replaces it (one sift-down instead
+  // of a pop and a push; (time, seq) is a total order, so the pop order is
+  // the same). Set only while an event is being processed.
+  bool root_popped_ = false;
   // The per-task tables, on huge pages where the OS gives them (huge_pages.hpp).
   template <typename T>
   using Table = std::vector<T, HugePageAllocator<T>>;
   Table<Task> tasks_;
-  Table<std::uint64_t> users_;     // per task
-  Table<std::uint32_t> succ_tail_;  // per task: last entry of its successor list
+  Table<std::uint64_t> users_;     // per task up to the last one given a nonzero user value
   std::vector<Stream> streams_;
   Table<StreamId> task_streams_;
   Table<Succ> succ_;

@@ -1,0 +1,119 @@
+// The simulator's task-graph builder: a pass recorded once and stamped out
+// for every micro-batch gives the same task graph, and so the same run, as
+// playing each pass op by op (which traced stages always do).
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "cuboid/cluster.hpp"
+#include "cuboid/model.hpp"
+#include "cuboid/plan.hpp"
+#include "cuboid/topology.hpp"
+#include "fixtures.hpp"
+#include "sim/builder.hpp"
+
+using namespace cuboid;
+using namespace cuboid::sim;
+
+namespace {
+
+struct Graph {
+  std::vector<TaskKind> kind;
+  std::vector<TimeNs> start, end;
+  std::vector<int> cls, stage, stage2;
+  std::vector<TimeNs> busy;  // per stream
+  TimeNs end_ns = 0;
+};
+
+Graph run(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan, const SimOptions& opts, bool stamp) {
+  detail::Builder b(m, topo, plan, opts);
+  b.stamp_passes(stamp);
+  b.build();
+  Engine& eng = b.engine();
+  Graph g;
+  g.end_ns = eng.run().end_ns;
+  for (TaskId t = 0; t < eng.num_tasks(); ++t) {
+    g.kind.push_back(eng.kind(t));
+    g.start.push_back(eng.start_ns(t));
+    g.end.push_back(eng.end_ns(t));
+    const detail::TaskMeta& mt = b.meta()[t];
+    g.cls.push_back(static_cast<int>(mt.cls));
+    g.stage.push_back(mt.stage);
+    g.stage2.push_back(mt.stage2);
+  }
+  for (StreamId s = 0; s < eng.num_streams(); ++s) g.busy.push_back(eng.stream(s).busy_ns);
+  return g;
+}
+
+void check_same(const std::string& model, const std::string& card, int nodes, ParallelPlan plan, SimOptions opts = {}) {
+  const std::filesystem::path root = test::source_root();
+  const ModelSpec m = load_model(root / "models" / (model + ".json"));
+  const Topology topo(load_cluster(root / "topologies" / card, nodes));
+  plan.seq_length = plan.seq_length > 0 ? plan.seq_length : m.seq_length;
+  const Graph stamped = run(m, topo, plan, opts, true);
+  const Graph played = run(m, topo, plan, opts, false);
+  REQUIRE(stamped.kind.size() == played.kind.size());
+  CHECK(stamped.kind == played.kind);
+  CHECK(stamped.cls == played.cls);
+  CHECK(stamped.stage == played.stage);
+  CHECK(stamped.stage2 == played.stage2);
+  CHECK(stamped.start == played.start);
+  CHECK(stamped.end == played.end);
+  CHECK(stamped.busy == played.busy);
+  CHECK(stamped.end_ns == played.end_ns);
+}
+
+ParallelPlan plan_of(int tp, int pp, int dp, std::int64_t batch) {
+  ParallelPlan p;
+  p.tp = tp;
+  p.pp = pp;
+  p.dp = dp;
+  p.micro_batch = 1;
+  p.global_batch = batch;
+  p.recompute = Recompute::full;
+  p.sequence_parallel = tp > 1;
+  p.zero_stage = 1;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("stamped passes: 1F1B with DP buckets overlapped on the last micro-batch") {
+  check_same("llama3-70b", "dgx-a100-4node.json", 4, plan_of(4, 4, 2, 64));
+}
+
+TEST_CASE("stamped passes: interleaved, without sequence parallelism (p2p gathers)") {
+  ParallelPlan p = plan_of(4, 4, 2, 64);
+  p.schedule = Schedule::interleaved;
+  p.virtual_stages = 2;
+  p.sequence_parallel = false;
+  check_same("llama3-70b", "dgx-a100-4node.json", 4, p);
+}
+
+TEST_CASE("stamped passes: ZeRO-3 gathers, ZeRO-2 reductions on every micro-batch") {
+  for (int zero : {2, 3}) {
+    CAPTURE(zero);
+    ParallelPlan p = plan_of(4, 2, 4, 32);
+    p.zero_stage = zero;
+    check_same("llama3-70b", "dgx-a100-4node.json", 4, p);
+  }
+}
+
+TEST_CASE("stamped passes: TP collectives on the network, a straggler, GPipe") {
+  // TP across nodes: TP collectives are played on the network, not priced once.
+  ParallelPlan p = plan_of(16, 2, 1, 16);
+  p.schedule = Schedule::gpipe;
+  SimOptions o;
+  o.straggler = Straggler{3, 1.5};
+  check_same("llama3-70b", "dgx-a100-4node.json", 4, p, o);
+}
+
+TEST_CASE("stamped passes: uneven stages of a big model, DP reduced after backward") {
+  ParallelPlan p = plan_of(8, 16, 4, 64);
+  p.first_stage_layers = 7;
+  p.last_stage_layers = 7;
+  SimOptions o;
+  o.dp_overlap = false;
+  check_same("llama3.1-405b", "h100-roce-24k.json", 64, p, o);
+}
