@@ -204,6 +204,40 @@ Topology::Topology(const Cluster& cluster) : cluster_(cluster) {
     throw std::invalid_argument("Topology: several nodes but no inter-node network (load it with load_cluster)");
   }
   TopologyBuilder::build(*this);
+  index_hops();
+}
+
+void Topology::index_hops() {
+  // Directed link id of an edge taken from `from` to `to` (sim::Network's numbering).
+  auto link = [](std::uint32_t edge, Vertex from, Vertex to) { return 2 * edge + (from < to ? 0u : 1u); };
+  gpu_hops_.resize(gpu_vertices_.size());
+  for (std::size_t g = 0; g < gpu_vertices_.size(); ++g) {
+    GpuHops& h = gpu_hops_[g];
+    const Vertex v = gpu_vertices_[g];
+    h.node = static_cast<int>(g) / cluster_.gpus_per_node;
+    const Vertex nvs = nvswitch_vertices_[static_cast<std::size_t>(h.node)];
+    h.nvswitch_up = link(gpu_nvswitch_edge_[g], v, nvs);
+    h.nvswitch_down = link(gpu_nvswitch_edge_[g], nvs, v);
+    if (g >= gpu_nic_.size()) continue;  // no inter-node network
+    const auto nic = static_cast<std::size_t>(gpu_nic_[g]);
+    const auto leaf = static_cast<std::size_t>(gpu_leaf_[g]);
+    const Vertex nic_v = nic_vertices_[nic];
+    const Vertex leaf_v = leaf_vertices_[leaf];
+    h.leaf = static_cast<int>(leaf);
+    h.up[0] = link(gpu_nic_edge_[g], v, nic_v);
+    h.down[0] = link(gpu_nic_edge_[g], nic_v, v);
+    h.up[1] = link(nic_up_edge_[nic], nic_v, leaf_v);
+    h.down[1] = link(nic_up_edge_[nic], leaf_v, nic_v);
+    if (leaf >= leaf_up_edge_.size()) continue;  // one leaf: no spine
+    const auto pod = static_cast<std::size_t>(leaf_pod_[leaf]);
+    const Vertex spine_v = spine_vertices_[pod];
+    h.pod = static_cast<int>(pod);
+    h.up[2] = link(leaf_up_edge_[leaf], leaf_v, spine_v);
+    h.down[2] = link(leaf_up_edge_[leaf], spine_v, leaf_v);
+    if (pod >= spine_up_edge_.size()) continue;  // one pod: no core
+    h.up[3] = link(spine_up_edge_[pod], spine_v, core_vertices_[0]);
+    h.down[3] = link(spine_up_edge_[pod], core_vertices_[0], spine_v);
+  }
 }
 
 Topology::Vertex Topology::gpu_vertex(int global_gpu) const {
@@ -267,42 +301,23 @@ void Topology::route_ids(int gpu_a, int gpu_b, std::vector<std::uint32_t>& out) 
 std::size_t Topology::route_ids(int gpu_a, int gpu_b, std::uint32_t* out) const {
   const auto ua = static_cast<std::size_t>(gpu_a);
   const auto ub = static_cast<std::size_t>(gpu_b);
-  if (ua >= gpu_vertices_.size() || ub >= gpu_vertices_.size()) {  // negative too: gpu_vertex throws
+  if (ua >= gpu_hops_.size() || ub >= gpu_hops_.size()) {  // negative too: gpu_vertex throws
     (void)gpu_vertex(gpu_a);
     (void)gpu_vertex(gpu_b);
   }
-  const Vertex a = gpu_vertices_[ua];
-  const Vertex b = gpu_vertices_[ub];
   if (gpu_a == gpu_b) return 0;
-  std::size_t n = 0;
-  auto hop = [out, &n](std::uint32_t edge, Vertex from, Vertex to) { out[n++] = 2 * edge + (from < to ? 0u : 1u); };
-  const int node_a = gpu_a / cluster_.gpus_per_node;
-  const int node_b = gpu_b / cluster_.gpus_per_node;
-  if (node_a == node_b) {
-    const Vertex nvs = nvswitch_vertices_[static_cast<std::size_t>(node_a)];
-    hop(gpu_nvswitch_edge_[ua], a, nvs);
-    hop(gpu_nvswitch_edge_[ub], nvs, b);
-    return n;
+  const GpuHops& a = gpu_hops_[ua];
+  const GpuHops& b = gpu_hops_[ub];
+  if (a.node == b.node) {
+    out[0] = a.nvswitch_up;
+    out[1] = b.nvswitch_down;
+    return 2;
   }
-  const auto nic_a = static_cast<std::size_t>(gpu_nic_[ua]);
-  const auto nic_b = static_cast<std::size_t>(gpu_nic_[ub]);
-  const auto leaf_a = static_cast<std::size_t>(gpu_leaf_[ua]);
-  const auto leaf_b = static_cast<std::size_t>(gpu_leaf_[ub]);
-  hop(gpu_nic_edge_[ua], a, nic_vertices_[nic_a]);
-  hop(nic_up_edge_[nic_a], nic_vertices_[nic_a], leaf_vertices_[leaf_a]);
-  if (leaf_a != leaf_b) {
-    const auto pod_a = static_cast<std::size_t>(leaf_pod_[leaf_a]);
-    const auto pod_b = static_cast<std::size_t>(leaf_pod_[leaf_b]);
-    hop(leaf_up_edge_[leaf_a], leaf_vertices_[leaf_a], spine_vertices_[pod_a]);
-    if (pod_a != pod_b) {
-      hop(spine_up_edge_[pod_a], spine_vertices_[pod_a], core_vertices_[0]);
-      hop(spine_up_edge_[pod_b], core_vertices_[0], spine_vertices_[pod_b]);
-    }
-    hop(leaf_up_edge_[leaf_b], spine_vertices_[pod_b], leaf_vertices_[leaf_b]);
-  }
-  hop(nic_up_edge_[nic_b], leaf_vertices_[leaf_b], nic_vertices_[nic_b]);
-  hop(gpu_nic_edge_[ub], nic_vertices_[nic_b], b);
-  return n;
+  // Up to the lowest common switch: the leaf, the pod's spine, or the core.
+  const std::size_t levels = a.leaf == b.leaf ? 2 : a.pod == b.pod ? 3 : 4;
+  for (std::size_t i = 0; i < levels; ++i) out[i] = a.up[i];
+  for (std::size_t i = 0; i < levels; ++i) out[levels + i] = b.down[levels - 1 - i];
+  return 2 * levels;
 }
 
 double Topology::bottleneck_bandwidth_Bps(const std::vector<Edge>& path) const {

@@ -74,6 +74,18 @@ class Topology {
   // For route_ids: edge ids of each vertex's uplink, and where each GPU attaches.
   std::vector<std::uint32_t> gpu_nvswitch_edge_, gpu_nic_edge_, nic_up_edge_, leaf_up_edge_, spine_up_edge_;
   std::vector<int> gpu_nic_, gpu_leaf_, leaf_pod_;
+  // Per GPU, its directed link ids up the tree (GPU->NIC, NIC->leaf,
+  // leaf->spine, spine->core) and down it (the reverse hops, in the order a
+  // route ending at this GPU meets them backwards): a route is a prefix of
+  // the source's ups and the destination's downs, reversed.
+  struct GpuHops {
+    std::uint32_t nvswitch_up = 0, nvswitch_down = 0;
+    std::uint32_t up[4] = {};
+    std::uint32_t down[4] = {};
+    int node = 0, leaf = -1, pod = -1;
+  };
+  std::vector<GpuHops> gpu_hops_;
+  void index_hops();
   // Helpers for structural routing are private to topology.cpp.
   friend struct TopologyBuilder;
 };
