@@ -364,7 +364,7 @@ TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs late
   }
 }
 
-void Engine::drain_ready() {
+[[gnu::always_inline]] inline void Engine::drain_ready() {
   // Index loop: starting a task never makes another ready, but keep it robust.
   for (std::size_t i = 0; i < ready_.size(); ++i) start(ready_[i]);
   ready_.clear();
