@@ -2,6 +2,7 @@
 // collective rendezvous, independence of engines, determinism.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <span>
 #include <stdexcept>
 #include <vector>
@@ -226,4 +227,23 @@ TEST_CASE("equal-time ends that start several tasks each keep FIFO order") {
   e.set_on_complete([&](TaskId t, TimeNs) { order.push_back(t); });
   e.run();
   CHECK(order == std::vector<TaskId>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+}
+
+TEST_CASE("events leave in (time, scheduling) order at every heap size") {
+  // Heaps of 1..40 events (last nodes full and partial), durations with many ties.
+  for (int n = 1; n <= 40; ++n) {
+    Engine e;
+    std::vector<TaskId> order;
+    e.set_on_complete([&order](TaskId t, TimeNs) { order.push_back(t); });
+    std::vector<std::pair<TimeNs, TaskId>> expected;
+    for (int i = 0; i < n; ++i) {
+      const StreamId s = e.add_stream(i, StreamKind::compute);
+      const TimeNs d = (i * 7) % 5;
+      expected.emplace_back(d, e.add_compute(s, d));
+    }
+    e.run();
+    std::sort(expected.begin(), expected.end());
+    REQUIRE(order.size() == expected.size());
+    for (std::size_t i = 0; i < order.size(); ++i) CHECK(order[i] == expected[i].second);
+  }
 }

@@ -36,13 +36,19 @@ template <typename E>
 
 // A 4-ary min-heap: half the depth of a binary heap, and a node's children
 // share a cache line or two. (time, seq) is a total order, so the pop order,
-// and thus the run, is the same as with any other heap.
+// and thus the run, is the same as with any other heap. Its n events are
+// h[0, n); h[n, h.size()), at least kHeapArity slots, hold kSentinel.
 constexpr std::size_t kHeapArity = 4;
 
+// Orders after every event: an event's key has all bits set only with
+// sequence number 2^31 - 1 *and* task 2^32 - 1 (and a time of kNever).
 template <typename E>
-void heap_push(std::vector<E>& h, const E& e) {
-  std::size_t i = h.size();
-  h.push_back(e);
+constexpr E kSentinel{~std::uint64_t{0}, ~std::uint64_t{0}};
+
+template <typename E>
+void heap_push(std::vector<E>& h, std::size_t& n, const E& e) {
+  std::size_t i = n++;
+  if (h.size() < n + kHeapArity) h.resize(n + kHeapArity, kSentinel<E>);
   const Order key = order(e);
   while (i > 0) {
     const std::size_t parent = (i - 1) / kHeapArity;
@@ -60,32 +66,19 @@ void heap_push(std::vector<E>& h, const E& e) {
 // nearly always among the latest, so they rise little, and each level
 // costs one comparison fewer.
 template <typename E>
-void heap_sift_down(std::vector<E>& h, std::size_t start, const E& e) {
-  const std::size_t n = h.size();
+void heap_sift_down(std::vector<E>& h, std::size_t n, std::size_t start, const E& e) {
   std::size_t i = start;
   while (true) {
     const std::size_t first = kHeapArity * i + 1;
-    std::size_t best;
-    if (first + kHeapArity <= n) {
-      // All four children (the usual case): a tournament of two pairs,
-      // without branches on the comparisons. Only indices are selected (the
-      // winners' keys are read again): selecting 128-bit keys takes twice
-      // the registers and spills.
-      static_assert(kHeapArity == 4);
-      const std::size_t w01 = first + (order(h[first + 1]) < order(h[first]));
-      const std::size_t w23 = first + 2 + (order(h[first + 3]) < order(h[first + 2]));
-      best = order(h[w23]) < order(h[w01]) ? w23 : w01;
-    } else {
-      if (first >= n) break;
-      best = first;
-      Order best_key = order(h[first]);
-      for (std::size_t c = first + 1; c < n; ++c) {
-        const Order k = order(h[c]);
-        const bool smaller = k < best_key;
-        best = smaller ? c : best;
-        best_key = smaller ? k : best_key;
-      }
-    }
+    if (first >= n) break;
+    // A tournament of two pairs, without branches on the comparisons; a
+    // last node's missing children are sentinels, which never win. Only
+    // indices are selected (the winners' keys are read again): selecting
+    // 128-bit keys takes twice the registers and spills.
+    static_assert(kHeapArity == 4);
+    const std::size_t w01 = first + (order(h[first + 1]) < order(h[first]));
+    const std::size_t w23 = first + 2 + (order(h[first + 3]) < order(h[first + 2]));
+    const std::size_t best = order(h[w23]) < order(h[w01]) ? w23 : w01;
     h[i] = h[best];
     i = best;
   }
@@ -101,10 +94,10 @@ void heap_sift_down(std::vector<E>& h, std::size_t start, const E& e) {
 
 // Removes the root (already read by the caller).
 template <typename E>
-void heap_pop_root(std::vector<E>& h) {
-  const E last = h.back();
-  h.pop_back();
-  if (!h.empty()) heap_sift_down(h, 0, last);
+void heap_pop_root(std::vector<E>& h, std::size_t& n) {
+  const E last = h[--n];
+  h[n] = kSentinel<E>;
+  if (n > 0) heap_sift_down(h, n, 0, last);
 }
 
 [[noreturn, gnu::cold]] void throw_bad_dep(TaskId d) {
@@ -128,7 +121,7 @@ StreamId Engine::add_stream(int gpu, StreamKind kind) {
 void Engine::reserve(std::size_t tasks, std::size_t dependencies) {
   tasks_.reserve(tasks);
   succ_.reserve(dependencies);
-  heap_.reserve(std::min<std::size_t>(tasks, 1 << 16));
+  heap_.reserve(std::min<std::size_t>(tasks, 1 << 16) + kHeapArity);
 }
 
 GroupId Engine::add_group(CommGroup group) {
@@ -329,9 +322,9 @@ TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs late
   const Event e{Event::time_key_of(t), (seq_++ << 33) | (std::uint64_t{task} << 1) | static_cast<std::uint64_t>(type)};
   if (root_popped_) {
     root_popped_ = false;
-    heap_sift_down(heap_, 0, e);
+    heap_sift_down(heap_, heap_size_, 0, e);
   } else {
-    heap_push(heap_, e);
+    heap_push(heap_, heap_size_, e);
   }
 }
 
@@ -405,11 +398,11 @@ void Engine::start_phase(TaskId id) {
 RunStats Engine::run(TimeNs until_ns) {
   if (root_popped_) {  // a completion callback threw while its event was at the root
     root_popped_ = false;
-    heap_pop_root(heap_);
+    heap_pop_root(heap_, heap_size_);
   }
   drain_ready();
   while (true) {
-    const TimeNs th = heap_.empty() ? kNever : heap_.front().time();
+    const TimeNs th = heap_size_ == 0 ? kNever : heap_.front().time();
     // Events at the current instant run before the network is asked (and
     // re-solved), so flows started together share one max-min solve.
     // (No running flow: nothing can drain, and nothing waits to be solved.)
@@ -446,7 +439,7 @@ RunStats Engine::run(TimeNs until_ns) {
     drain_ready();
     if (root_popped_) {
       root_popped_ = false;
-      heap_pop_root(heap_);
+      heap_pop_root(heap_, heap_size_);
     }
   }
   RunStats st;

@@ -207,7 +207,11 @@ class Engine {
   std::uint64_t seq_ = 0;
   std::uint64_t events_ = 0;
   std::uint64_t tasks_done_ = 0;
+  // The heap's events are heap_[0, heap_size_); the slots after them, four
+  // or more, hold sentinels that order after every event, so a node with any
+  // child has four to compare (the sift-down has no partial case).
   std::vector<Event> heap_;
+  std::size_t heap_size_ = 0;
   // run() leaves the event it is processing at the heap's root until the
   // first event that processing schedules replaces it (one sift-down instead
   // of a pop and a push; (time, seq) is a total order, so the pop order is
