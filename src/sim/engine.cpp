@@ -239,7 +239,7 @@ TaskId Engine::add_compute(StreamId stream, TimeNs duration_ns, std::span<const 
   t.duration_ns = duration_ns;
   t.streams = stream;
   t.streams_len = stream == kNoStream ? 0 : 1;
-  set_user(id, user);
+  if (user != 0) set_user(id, user);  // users_ never reaches past the tasks: a zero leaves it as it is
   link(id, deps);
   enqueue(id);
   return id;
