@@ -590,6 +590,7 @@ TaskId Builder::emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskI
   t.deps_begin = static_cast<std::uint32_t>(pt.refs.size());
   record_refs(deps, pt.refs);
   t.deps_end = static_cast<std::uint32_t>(pt.refs.size());
+  pt.max_refs = std::max(pt.max_refs, t.deps_end - t.deps_begin);
   return kLocalRef + static_cast<TaskId>(pt.tasks.size() - 1);
 }
 
@@ -624,16 +625,25 @@ void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>
       else out.push_back(base + *r);
     }
   };
+  // A task's dependencies are written straight into a buffer sized once for
+  // the largest (each ref expands to one id, or to the entry's).
   std::vector<TaskId>& deps = stamp_deps_;
+  const std::size_t most = static_cast<std::size_t>(pt.max_refs) * std::max<std::size_t>(1, entry.size());
+  if (deps.size() < most) deps.resize(most);
+  TaskId* const buf = deps.data();
   for (const PassTemplate::Task& t : pt.tasks) {
-    deps.clear();
-    expand(pt.refs.data() + t.deps_begin, pt.refs.data() + t.deps_end, deps);
+    TaskId* out = buf;
+    for (const TaskId* r = pt.refs.data() + t.deps_begin; r != pt.refs.data() + t.deps_end; ++r) {
+      if (*r == kEntryRef) out = std::copy(entry.begin(), entry.end(), out);
+      else *out++ = base + *r;
+    }
+    const std::span<const TaskId> ds(buf, out);
     TaskId id;
     if (t.compute) {
-      id = eng_->add_compute(t.stream, t.duration_ns, deps);
+      id = eng_->add_compute(t.stream, t.duration_ns, ds);
     } else {
       const StreamId streams[1] = {t.stream};
-      id = eng_->add_collective(t.op, t.group, t.bytes, streams, deps);
+      id = eng_->add_collective(t.op, t.group, t.bytes, streams, ds);
       if (t.dp_reduction) dp_tasks_[static_cast<std::size_t>(stage)].push_back(id);
     }
     tag(id, t.meta);

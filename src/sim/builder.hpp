@@ -125,6 +125,7 @@ class Builder {
     bool recorded = false;
     std::vector<Task> tasks;
     std::vector<TaskId> refs;  // kEntryRef (all entry dependencies, in order) or a task's index in the pass
+    std::uint32_t max_refs = 0;  // the most refs one task has
     std::vector<TaskId> end;   // refs of the pass's end (Slot::end)
   };
   // While a pass is recorded, the ids play() sees are placeholders: the
