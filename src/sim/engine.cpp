@@ -136,7 +136,9 @@ GroupId Engine::add_group(CommGroup group) {
 // times in a big iteration): inlined into its callers.
 [[gnu::always_inline]] inline void Engine::maybe_start(TaskId t) {
   Task& task = tasks_[t];
-  if (task.state == State::waiting && task.deps_left == 0 && task.arrived == task.streams_len) {
+  // Called right after a blocker went away (or on a new task), so zero
+  // means it became ready just now: no state to check.
+  if (task.blockers == 0) {
     task.state = State::running;  // claimed; started in drain_ready
     ready_.push_back(t);
   }
@@ -171,7 +173,7 @@ GroupId Engine::add_group(CommGroup group) {
     else succ_[dep.succ_tail].next = e;
     dep.succ_tail = e;
   }
-  tasks_[id].deps_left = left;
+  tasks_[id].blockers = left + tasks_[id].streams_len;
 }
 
 // Queues the task on its streams and starts it if nothing holds it back.
@@ -183,7 +185,7 @@ GroupId Engine::add_group(CommGroup group) {
     s.queue.push_back(id);
     if (s.queue.size() - 1 == s.head) {
       s.arrival_ns = now_;
-      ++t.arrived;
+      --t.blockers;
     }
   }
   maybe_start(id);
@@ -383,13 +385,13 @@ void Engine::start_phase(TaskId id) {
     if (s.head < s.queue.size()) {
       s.arrival_ns = now_;
       const TaskId next = s.queue[s.head];
-      ++tasks_[next].arrived;
+      --tasks_[next].blockers;
       maybe_start(next);
     }
   }
   for (std::uint32_t e = t.succ_head; e != kNone; e = succ_[e].next) {
     const TaskId s = succ_[e].task;
-    --tasks_[s].deps_left;
+    --tasks_[s].blockers;
     maybe_start(s);
   }
   if (on_complete_) on_complete_(id, now_);

@@ -158,11 +158,12 @@ class Engine {
     // streams_len == 1 (nearly every task): the stream itself, kept inline;
     // otherwise where its streams start in task_streams_ (streams_of).
     std::uint32_t streams = 0;
-    std::uint32_t deps_left = 0;
+    // What still holds it back: unfinished dependencies plus streams at whose
+    // head it is not yet. It reaches zero once, when the task becomes ready.
+    std::uint32_t blockers = 0;
     std::uint32_t succ_head = kNone;  // FIFO linked list in succ_
     std::uint32_t succ_tail = kNone;  // its last entry, where the next successor is appended
     std::uint16_t streams_len = 0;  // at most kMaxStreamsPerTask
-    std::uint16_t arrived = 0;    // streams at whose head it is
     std::uint16_t phase = 0;
     TaskKind kind = TaskKind::compute;
     Algorithm algo = Algorithm::ring;
