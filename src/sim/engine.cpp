@@ -45,18 +45,25 @@ constexpr std::size_t kHeapArity = 4;
 template <typename E>
 constexpr E kSentinel{~std::uint64_t{0}, ~std::uint64_t{0}};
 
+// Places `e` at the hole at `i`, moving it up past larger parents, but not
+// above `top`.
 template <typename E>
-void heap_push(std::vector<E>& h, std::size_t& n, const E& e) {
-  std::size_t i = n++;
-  if (h.size() < n + kHeapArity) h.resize(n + kHeapArity, kSentinel<E>);
+void heap_sift_up(std::vector<E>& h, std::size_t i, std::size_t top, const E& e) {
   const Order key = order(e);
-  while (i > 0) {
+  while (i > top) {
     const std::size_t parent = (i - 1) / kHeapArity;
     if (order(h[parent]) <= key) break;
     h[i] = h[parent];
     i = parent;
   }
   h[i] = e;
+}
+
+template <typename E>
+void heap_push(std::vector<E>& h, std::size_t& n, const E& e) {
+  const std::size_t i = n++;
+  if (h.size() < n + kHeapArity) h.resize(n + kHeapArity, kSentinel<E>);
+  heap_sift_up(h, i, 0, e);
 }
 
 // Places `e` at the hole at `start` (a pop's root, or a replaced root).
@@ -82,14 +89,7 @@ void heap_sift_down(std::vector<E>& h, std::size_t n, std::size_t start, const E
     h[i] = h[best];
     i = best;
   }
-  const Order key = order(e);
-  while (i > start) {
-    const std::size_t parent = (i - 1) / kHeapArity;
-    if (order(h[parent]) <= key) break;
-    h[i] = h[parent];
-    i = parent;
-  }
-  h[i] = e;
+  heap_sift_up(h, i, start, e);
 }
 
 // Removes the root (already read by the caller).
