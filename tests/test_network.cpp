@@ -303,6 +303,13 @@ TEST_CASE("compile_routes: links in id order, weights summed, small and big phas
   net.compile_routes(big, a);
   net.compile_routes(big, b);
   CHECK(a.size() == b.size());
+  // Also after a call cut short by a GPU out of range, midway through the routes.
+  std::vector<Route> bad = big;
+  bad.insert(bad.begin() + 100, Route{0, 99999, 1.0});
+  std::vector<LinkUse> cut;
+  CHECK_THROWS_AS(net.compile_routes(bad, cut), std::out_of_range);
+  check(small, {});
+  check(big, {});
 }
 
 // add_route_set = compile_routes + add_link_set; a big route list equal to

@@ -305,7 +305,6 @@ TimeNs Network::route_latency_ns(int src_gpu, int dst_gpu) {
 // Adds the routes' links to the merge scratch: a bit set of the links seen,
 // their summed weights (merge_weight_) and the list of them (merge_links_).
 void Network::merge_routes(std::span<const Route> routes) {
-  if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
   LinkId hops[Topology::kMaxRouteLinks];
   for (const Route& r : routes) {
     const std::size_t n = topo_->route_ids(r.src_gpu, r.dst_gpu, hops);
@@ -313,11 +312,14 @@ void Network::merge_routes(std::span<const Route> routes) {
   }
 }
 
+// merge_links_ is empty after a merge_end; links left in it are those of a
+// merge a throw cut short (a GPU out of range): their bits are cleared here.
 void Network::merge_begin() {
   if (merge_weight_.size() != link_capacity_.size()) {
     merge_weight_.assign(link_capacity_.size(), 0.0);
     merge_seen_.assign((link_capacity_.size() + 63) / 64, 0);
   }
+  for (LinkId l : merge_links_) merge_seen_[l >> 6] = 0;
   merge_links_.clear();
 }
 
@@ -334,11 +336,12 @@ void Network::merge_end() {
       }
       merge_seen_[w] = 0;
     }
-    return;
+  } else {
+    set_links_.assign(merge_links_.begin(), merge_links_.end());
+    std::sort(set_links_.begin(), set_links_.end());
+    for (LinkId l : set_links_) merge_seen_[l >> 6] = 0;
   }
-  set_links_.assign(merge_links_.begin(), merge_links_.end());
-  std::sort(set_links_.begin(), set_links_.end());
-  for (LinkId l : set_links_) merge_seen_[l >> 6] = 0;
+  merge_links_.clear();
 }
 
 void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>& out) {
