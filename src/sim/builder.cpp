@@ -164,7 +164,7 @@ TimeNs Builder::tp_probe_ns(Collective c, double bytes) {
   const TaskId t = eng.add_collective(c, gid, bytes, streams);
   eng.run();
   const TimeNs ns = eng.end_ns(t) - eng.start_ns(t);
-  for (LinkId l = 0; l < net.num_links(); ++l) tp_probe_peak_ = std::max(tp_probe_peak_, net.link_stats(l).peak_utilisation);
+  for (const LinkStats& st : net.all_link_stats()) tp_probe_peak_ = std::max(tp_probe_peak_, st.peak_utilisation);
   tp_probe_cache_.emplace(key, ns);
   return ns;
 }
@@ -529,7 +529,8 @@ void Builder::add_step(int stage, std::size_t idx) {
   std::vector<TaskId>& entry = entry_;
   entry.assign(stage_end_[us].begin(), stage_end_[us].end());
   const std::size_t pt = point(stage, static_cast<int>(idx) - 1);
-  entry.insert(entry.end(), block_.begin() + point_off_[pt], block_.begin() + point_off_[pt] + block_len_[pt]);
+  const auto blocking = block_of(pt);
+  entry.insert(entry.end(), blocking.begin(), blocking.end());
   // The input from the neighbouring virtual stage.
   const int from_vs = st.dir == Direction::forward ? vs - 1 : vs + 1;
   if (from_vs >= 0 && from_vs < vs_count_) {
@@ -572,7 +573,8 @@ Builder::PassTemplate& Builder::pass_template(int stage, const ScheduleStep& st,
   return pt;
 }
 
-// Placeholders -> template references (see kEntryRef).
+// The stand-in ids play() saw while recording, as template references:
+// kEntryRef stays, kLocalRef + i becomes i.
 void Builder::record_refs(const std::vector<TaskId>& ids, std::vector<TaskId>& out) const {
   for (TaskId id : ids) {
     if (id < kEntryRef) throw std::logic_error("simulate: a recorded pass depends on a task outside it");
@@ -619,25 +621,21 @@ void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>
   if (static_cast<std::size_t>(base) + pt.tasks.size() >= kEntryRef) {
     throw std::length_error("simulate: more than 2^31 tasks in one iteration");
   }
-  auto expand = [&](const TaskId* first, const TaskId* last, std::vector<TaskId>& out) {
+  // References are expanded straight into a buffer sized once for the
+  // largest list (each ref is one id, or the entry's).
+  std::vector<TaskId>& buf = stamp_deps_;
+  const std::size_t most = std::max<std::size_t>(pt.max_refs, pt.end.size()) * std::max<std::size_t>(1, entry.size());
+  if (buf.size() < most) buf.resize(most);
+  auto expand = [&](const TaskId* first, const TaskId* last) {
+    TaskId* out = buf.data();
     for (const TaskId* r = first; r != last; ++r) {
-      if (*r == kEntryRef) out.insert(out.end(), entry.begin(), entry.end());
-      else out.push_back(base + *r);
-    }
-  };
-  // A task's dependencies are written straight into a buffer sized once for
-  // the largest (each ref expands to one id, or to the entry's).
-  std::vector<TaskId>& deps = stamp_deps_;
-  const std::size_t most = static_cast<std::size_t>(pt.max_refs) * std::max<std::size_t>(1, entry.size());
-  if (deps.size() < most) deps.resize(most);
-  TaskId* const buf = deps.data();
-  for (const PassTemplate::Task& t : pt.tasks) {
-    TaskId* out = buf;
-    for (const TaskId* r = pt.refs.data() + t.deps_begin; r != pt.refs.data() + t.deps_end; ++r) {
       if (*r == kEntryRef) out = std::copy(entry.begin(), entry.end(), out);
       else *out++ = base + *r;
     }
-    const std::span<const TaskId> ds(buf, out);
+    return std::span<const TaskId>(buf.data(), out);
+  };
+  for (const PassTemplate::Task& t : pt.tasks) {
+    const std::span<const TaskId> ds = expand(pt.refs.data() + t.deps_begin, pt.refs.data() + t.deps_end);
     TaskId id;
     if (t.compute) {
       id = eng_->add_compute(t.stream, t.duration_ns, ds);
@@ -648,7 +646,8 @@ void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>
     }
     tag(id, t.meta);
   }
-  expand(pt.end.data(), pt.end.data() + pt.end.size(), end);
+  const std::span<const TaskId> e = expand(pt.end.data(), pt.end.data() + pt.end.size());
+  end.insert(end.end(), e.begin(), e.end());
 }
 
 void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry) {
@@ -724,7 +723,8 @@ void Builder::finish_iteration() {
     const auto us = static_cast<std::size_t>(s);
     // The last pass's outgoing message must be done too.
     const std::size_t pt = point(s, static_cast<int>(order_[us].size()) - 1);
-    stage_end_[us].insert(stage_end_[us].end(), block_.begin() + point_off_[pt], block_.begin() + point_off_[pt] + block_len_[pt]);
+    const auto tail = block_of(pt);
+    stage_end_[us].insert(stage_end_[us].end(), tail.begin(), tail.end());
     if (dp_ > 1 && zero <= 1 && !opts_.dp_overlap) {
       dp_bucket(s, parameters_on_stage(m_, plan_, s), stage_end_[us], "grad reduce");
     }

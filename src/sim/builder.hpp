@@ -128,8 +128,8 @@ class Builder {
     std::uint32_t max_refs = 0;  // the most refs one task has
     std::vector<TaskId> end;   // refs of the pass's end (Slot::end)
   };
-  // While a pass is recorded, the ids play() sees are placeholders: the
-  // entry dependencies as one kEntryRef, the pass's own tasks kLocalRef + index.
+  // While a pass is recorded, play() sees stand-in task ids: the entry
+  // dependencies as one kEntryRef, the pass's own tasks as kLocalRef + index.
   static constexpr TaskId kEntryRef = 0x7FFFFFFF;
   static constexpr TaskId kLocalRef = 0x80000000;
 
@@ -230,6 +230,8 @@ class Builder {
   std::vector<TaskId> block_;                // the tasks created for them, in creation order
   std::vector<std::uint32_t> block_len_;     // [point] -> how many are created
   void add_to_block(std::size_t pt, TaskId t) { block_[point_off_[pt] + block_len_[pt]++] = t; }
+  // The messages of point `pt` created so far.
+  std::span<const TaskId> block_of(std::size_t pt) const { return {block_.data() + point_off_[pt], block_len_[pt]}; }
   std::vector<Slot> slots_;
   std::vector<TaskId> ends_;  // every pass's end dependencies, back to back (Slot::end_off)
   bool stamp_ = true;
