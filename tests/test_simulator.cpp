@@ -29,6 +29,7 @@
 #include "cuboid/workload.hpp"
 #include "cuboid/topology.hpp"
 #include "fixtures.hpp"
+#include "sim/busiest.hpp"
 
 using namespace cuboid;
 using namespace cuboid::sim;
@@ -104,6 +105,56 @@ TEST_CASE("the breakdown sums to the iteration time and the estimate is marked s
   CHECK(e.mfu > 0.2);
   CHECK(e.mfu < 1.0);
   CHECK(e.memory.total_bytes > 0);
+}
+
+TEST_CASE("the busiest links: highest peaks first, ties in link order, as a stable sort of all") {
+  // Peaks from a handful of values, so most links tie with others.
+  std::vector<LinkStats> links(1000);
+  std::uint64_t x = 12345;
+  for (LinkStats& st : links) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    st.peak_utilisation = static_cast<double>((x >> 33) % 7) / 6.0;
+    st.bytes = static_cast<double>(x >> 40);
+  }
+  for (std::size_t n : {0, 3, 8, 1000}) {
+    CAPTURE(n);
+    detail::BusiestLinks<8> top;
+    std::vector<LinkId> all;
+    for (LinkId l = 0; l < n; ++l) {
+      top.offer(l, links[l]);
+      all.push_back(l);
+    }
+    std::stable_sort(all.begin(), all.end(), [&](LinkId a, LinkId b) {
+      return links[a].peak_utilisation > links[b].peak_utilisation;
+    });
+    REQUIRE(top.size() == std::min<std::size_t>(n, 8));
+    for (std::size_t i = 0; i < top.size(); ++i) {
+      CHECK(top[i].link == all[i]);
+      CHECK(top[i].stats.bytes == links[all[i]].bytes);
+    }
+  }
+}
+
+TEST_CASE("the report's busiest links each stay within their kind's peak") {
+  // PP and DP across 8 nodes: InfiniBand, GPU-NIC and (TP) NVLink traffic.
+  const ModelSpec m = model("gpt-22b");
+  const Topology topo = cluster("dgx-a100-superpod.json", 8);
+  ParallelPlan p = plan_of(m, 8, 4, 2, 32);
+  p.zero_stage = 1;
+  const SimResult r = run_simulation(m, topo, p);
+  REQUIRE(r.busiest_links.size() == 8);
+  CHECK(r.peak_ib_utilisation > 0);
+  CHECK(r.peak_pcie_utilisation > 0);
+  CHECK(r.busiest_links.front().peak_utilisation >= std::max(r.peak_ib_utilisation, r.peak_pcie_utilisation));
+  for (const LinkUtilisation& u : r.busiest_links) {
+    CAPTURE(u.name);
+    CHECK(u.bytes > 0);
+    CHECK(u.capacity_Bps > 0);
+    const double kind_peak = u.kind == "nvlink" ? r.peak_nvlink_utilisation
+                             : u.kind == "pcie" ? r.peak_pcie_utilisation
+                                                : r.peak_ib_utilisation;
+    CHECK(u.peak_utilisation <= kind_peak);
+  }
 }
 
 TEST_CASE("the optimizer step moves 50 bytes per parameter in the estimate and the simulation") {

@@ -152,15 +152,17 @@ LinkStats Network::link_stats(LinkId l) const {
   return LinkStats{link_capacity_[l], class_bytes(c), class_peak_[c]};
 }
 
-std::vector<LinkStats> Network::all_link_stats() const {
+std::vector<double> Network::class_totals() const {
   settle();
   std::vector<double> bytes(class_bytes_.size());
   for (ClassId c = 0; c < bytes.size(); ++c) bytes[c] = class_bytes(c);
-  std::vector<LinkStats> out(link_capacity_.size());
-  for (std::size_t l = 0; l < out.size(); ++l) {
-    const ClassId c = link_class_[l];
-    out[l] = LinkStats{link_capacity_[l], bytes[c], class_peak_[c]};
-  }
+  return bytes;
+}
+
+std::vector<LinkStats> Network::all_link_stats() const {
+  std::vector<LinkStats> out;
+  out.reserve(link_capacity_.size());
+  for_each_link_stats([&](LinkId, const LinkStats& st) { out.push_back(st); });
   return out;
 }
 

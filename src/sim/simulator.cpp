@@ -34,6 +34,7 @@
 #include <chrono>
 
 #include "builder.hpp"
+#include "busiest.hpp"
 #include "cuboid/flops.hpp"
 #include "cuboid/memory.hpp"
 #include "cuboid/trace.hpp"
@@ -114,36 +115,33 @@ Breakdown critical_breakdown(const Engine& eng, const std::vector<TaskMeta>& met
 // (highest peak first, ties in link order, as a stable sort would give).
 // Only those 8 get names: a 16k-GPU fabric has ~100k links, and naming and
 // sorting them all was a tenth of a Llama-3.1-405B iteration's simulation.
-void collect_links(SimResult& r, Network& net, double tp_probe_peak) {
-  struct Busy {
-    double peak;
-    LinkId link;
-    LinkStats stats;
-  };
-  std::vector<Busy> all;
-  const std::vector<LinkStats> stats = net.all_link_stats();
-  for (LinkId l = 0; l < stats.size(); ++l) {
-    const LinkStats& st = stats[l];
-    if (st.bytes <= 0) continue;
-    const std::string_view kind = link_kind(net, l);
-    double& peak = kind == "nvlink" ? r.peak_nvlink_utilisation
-                   : kind == "pcie" ? r.peak_pcie_utilisation
-                                    : r.peak_ib_utilisation;
-    peak = std::max(peak, st.peak_utilisation);
-    all.push_back(Busy{st.peak_utilisation, l, st});
-  }
+// The links stream past in id order and nothing per link is kept (a vector
+// of them was the run's biggest allocation, its pages a tenth of its time).
+void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
+  detail::BusiestLinks<8> top;
+  double& nvlink = r.peak_nvlink_utilisation;
+  double& pcie = r.peak_pcie_utilisation;
+  double& ib = r.peak_ib_utilisation;
+  net.for_each_link_stats([&](LinkId l, const LinkStats& st) {
+    if (st.bytes <= 0) return;
+    const double p = st.peak_utilisation;
+    // A kind's peak can only rise if this one is above the lowest of them.
+    if (p > std::min({nvlink, pcie, ib})) {
+      const std::string_view kind = link_kind(net, l);
+      double& peak = kind == "nvlink" ? nvlink : kind == "pcie" ? pcie : ib;
+      peak = std::max(peak, p);
+    }
+    top.offer(l, st);
+  });
   r.peak_nvlink_utilisation = std::max(r.peak_nvlink_utilisation, tp_probe_peak);
-  const auto shown = std::min<std::size_t>(all.size(), 8);
-  std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(shown), all.end(),
-                    [](const Busy& a, const Busy& b) { return a.peak != b.peak ? a.peak > b.peak : a.link < b.link; });
   r.busiest_links.clear();
-  for (std::size_t i = 0; i < shown; ++i) {
+  for (std::size_t i = 0; i < top.size(); ++i) {
     LinkUtilisation u;
-    u.name = net.link_name(all[i].link);
-    u.kind = std::string(link_kind(net, all[i].link));
-    u.capacity_Bps = all[i].stats.capacity_Bps;
-    u.bytes = all[i].stats.bytes;
-    u.peak_utilisation = all[i].stats.peak_utilisation;
+    u.name = net.link_name(top[i].link);
+    u.kind = std::string(link_kind(net, top[i].link));
+    u.capacity_Bps = top[i].stats.capacity_Bps;
+    u.bytes = top[i].stats.bytes;
+    u.peak_utilisation = top[i].stats.peak_utilisation;
     r.busiest_links.push_back(std::move(u));
   }
 }

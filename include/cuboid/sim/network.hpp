@@ -93,6 +93,16 @@ class Network {
   // Every link's stats at once (index = link id): one pass over the running
   // flows instead of one per link; the same numbers as link_stats(l).
   std::vector<LinkStats> all_link_stats() const;
+  // Calls f(link, stats) for every link in id order: the same numbers as
+  // all_link_stats without its vector (a 16k-GPU fabric has ~100k links).
+  template <typename F>
+  void for_each_link_stats(F&& f) const {
+    const std::vector<double> bytes = class_totals();
+    for (std::size_t l = 0; l < link_capacity_.size(); ++l) {
+      const ClassId c = link_class_[l];
+      f(static_cast<LinkId>(l), LinkStats{link_capacity_[l], bytes[c], class_peak_[c]});
+    }
+  }
   // A link's modelled capacity (no settling: cheap).
   double link_capacity_Bps(LinkId l) const { return link_capacity_.at(l); }
   // Directed links of Topology::route(src, dst), in order (cached per pair;
@@ -291,6 +301,7 @@ class Network {
   double carried(const Flow& fl) const;
   void unregister_all(std::vector<FlowId>& was);
   double class_bytes(ClassId c) const;
+  std::vector<double> class_totals() const;  // settles, then class_bytes of every class
   void register_flow(FlowId f);
   void retire_flow(FlowId f);
   void settle() const;
