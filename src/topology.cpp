@@ -128,9 +128,12 @@ struct TopologyBuilder {
       return boost::add_vertex(VertexInfo{kind, node, index, std::move(name)}, g);
     };
     // Edge ids count the edges in the order they are added (boost::edges' order).
-    auto add_edge = [&g](Topology::Vertex a, Topology::Vertex b, double Bps, std::int64_t ns, std::string kind) {
+    auto add_edge = [&g, &t](Topology::Vertex a, Topology::Vertex b, double Bps, std::int64_t ns, std::string kind) {
       const auto id = static_cast<std::uint32_t>(boost::num_edges(g));
       boost::add_edge(a, b, LinkInfo{Bps, ns, std::move(kind), id}, g);
+      const auto lo = static_cast<std::uint32_t>(std::min(a, b));
+      const auto hi = static_cast<std::uint32_t>(std::max(a, b));
+      t.edges_.push_back(EdgeRecord{lo, hi, g[lo].kind, g[hi].kind, Bps, ns});
       return id;
     };
 

@@ -30,6 +30,16 @@ struct LinkInfo {
   std::uint32_t id = 0;       // edges numbered in the order they were added (boost::edges' order)
 };
 
+// An edge as a flat record, by id (the order edges were added): what the
+// simulator's Network reads for each of its ~100k links on a 16k-GPU fabric,
+// without walking Boost's edge list.
+struct EdgeRecord {
+  std::uint32_t lo = 0, hi = 0;  // its vertices, lower id first
+  VertexKind lo_kind = VertexKind::gpu, hi_kind = VertexKind::gpu;
+  double bandwidth_Bps = 0;      // = LinkInfo::bandwidth_Bps
+  std::int64_t latency_ns = 0;   // = LinkInfo::latency_ns
+};
+
 // How far apart two GPUs are: the highest level a message between them crosses.
 enum class Tier { same_gpu = 0, nvlink = 1, leaf = 2, spine = 3, core = 4 };
 std::string_view to_string(Tier t);
@@ -46,6 +56,8 @@ class Topology {
   const Cluster& cluster() const { return cluster_; }
   int num_gpus() const { return cluster_.total_gpus(); }
   Vertex gpu_vertex(int global_gpu) const;
+  // Every edge's record, index = LinkInfo::id.
+  const std::vector<EdgeRecord>& edges() const { return edges_; }
 
   // The links a message from gpu_a to gpu_b crosses, in order.
   std::vector<Edge> route(int gpu_a, int gpu_b) const;
@@ -65,6 +77,7 @@ class Topology {
  private:
   Cluster cluster_;
   Graph graph_;
+  std::vector<EdgeRecord> edges_;
   std::vector<Vertex> gpu_vertices_;
   std::vector<Vertex> nvswitch_vertices_;
   std::vector<Vertex> nic_vertices_;     // node * nics_per_node + nic

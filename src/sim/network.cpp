@@ -58,43 +58,42 @@ Network::Network(std::vector<double> link_capacity_Bps) {
     if (!(link_capacity_Bps[i] > 0)) throw std::invalid_argument("Network: link capacity must be > 0");
   }
   link_capacity_ = std::move(link_capacity_Bps);
-  link_latency_ns_.assign(n, 0);
   init_classes();
 }
 
 Network::Network(const Topology& topo, NetworkOptions opts) : topo_(&topo), opts_(opts) {
-  const auto& g = topo.graph();
   const Cluster& c = topo.cluster();
   const double nic_eff = nic_efficiency(c);
-  const auto n_edges = boost::num_edges(g);
-  link_capacity_.resize(2 * n_edges);
-  link_latency_ns_.resize(2 * n_edges);
-  link_ends_.resize(2 * n_edges);
-  for (auto [it, end] = boost::edges(g); it != end; ++it) {
-    const auto lo = std::min(boost::source(*it, g), boost::target(*it, g));
-    const auto hi = std::max(boost::source(*it, g), boost::target(*it, g));
-    const LinkInfo& info = g[*it];
-    // Links 2 id (lower -> higher vertex) and 2 id + 1, as Topology::route_ids numbers them.
-    const std::size_t i = info.id;
-    if (i >= n_edges || link_ends_[2 * i] != std::pair<std::uint32_t, std::uint32_t>{}) {
-      throw std::logic_error("Network: topology edge ids are not 0..edges-1");
-    }
-    double cap = info.bandwidth_Bps;
+  const std::vector<EdgeRecord>& edges = topo.edges();
+  if (edges.size() != boost::num_edges(topo.graph())) {
+    throw std::logic_error("Network: topology edge ids are not 0..edges-1");
+  }
+  // Links 2 id (lower -> higher vertex) and 2 id + 1, as Topology::route_ids numbers them.
+  link_capacity_.resize(2 * edges.size());
+  for (std::size_t i = 0; i < edges.size(); ++i) {
+    const EdgeRecord& e = edges[i];
+    double cap = e.bandwidth_Bps;
     if (opts_.achievable_bandwidth) {
-      const bool intra = g[lo].kind == VertexKind::nvswitch || g[hi].kind == VertexKind::nvswitch;
+      const bool intra = e.lo_kind == VertexKind::nvswitch || e.hi_kind == VertexKind::nvswitch;
       if (intra && c.intra.busbw_GBps > 0) cap = c.intra.busbw_GBps * 1e9;
       if (!intra) cap *= nic_eff;
     }
-    for (int dir = 0; dir < 2; ++dir) {
-      const std::size_t l = 2 * i + static_cast<std::size_t>(dir);
-      link_capacity_[l] = cap;
-      link_latency_ns_[l] = info.latency_ns;
-      // Names are built when asked (a 16k-GPU fabric has ~100k links).
-      link_ends_[l] = dir == 0 ? std::pair{static_cast<std::uint32_t>(lo), static_cast<std::uint32_t>(hi)}
-                               : std::pair{static_cast<std::uint32_t>(hi), static_cast<std::uint32_t>(lo)};
-    }
+    link_capacity_[2 * i] = cap;
+    link_capacity_[2 * i + 1] = cap;
   }
   init_classes();
+}
+
+std::pair<std::uint32_t, std::uint32_t> Network::link_ends(LinkId l) const {
+  if (topo_ == nullptr || l >= link_capacity_.size()) throw std::out_of_range("Network: no topology link " + std::to_string(l));
+  const EdgeRecord& e = topo_->edges()[l / 2];
+  return l % 2 == 0 ? std::pair{e.lo, e.hi} : std::pair{e.hi, e.lo};
+}
+
+std::pair<VertexKind, VertexKind> Network::link_end_kinds(LinkId l) const {
+  if (topo_ == nullptr || l >= link_capacity_.size()) throw std::out_of_range("Network: no topology link " + std::to_string(l));
+  const EdgeRecord& e = topo_->edges()[l / 2];
+  return l % 2 == 0 ? std::pair{e.lo_kind, e.hi_kind} : std::pair{e.hi_kind, e.lo_kind};
 }
 
 // Every link in class 0 (crossed by no set).
@@ -113,9 +112,10 @@ void Network::init_classes() {
 }
 
 std::string Network::link_name(LinkId l) const {
-  if (topo_ != nullptr && l < link_ends_.size()) {
+  if (topo_ != nullptr && l < link_capacity_.size()) {
     const auto& g = topo_->graph();
-    return g[link_ends_[l].first].name + "->" + g[link_ends_[l].second].name;
+    const auto [from, to] = link_ends(l);
+    return g[from].name + "->" + g[to].name;
   }
   return "link" + std::to_string(l);
 }
@@ -281,10 +281,11 @@ std::span<const LinkId> Network::route_links(int src_gpu, int dst_gpu) {
 
 TimeNs Network::route_latency_ns(int src_gpu, int dst_gpu) {
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
-  route_scratch_.clear();
-  topo_->route_ids(src_gpu, dst_gpu, route_scratch_);
+  LinkId hops[Topology::kMaxRouteLinks];
+  const std::size_t n = topo_->route_ids(src_gpu, dst_gpu, hops);
+  const std::vector<EdgeRecord>& edges = topo_->edges();
   TimeNs ns = 0;
-  for (LinkId l : route_scratch_) ns += link_latency_ns_[l];
+  for (std::size_t i = 0; i < n; ++i) ns += edges[hops[i] / 2].latency_ns;
   return ns;
 }
 

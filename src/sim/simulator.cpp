@@ -50,11 +50,8 @@ using detail::TaskMeta;
 // What a link is, from the vertices it joins (its name is "<from>-><to>"):
 // nvlink when it touches an NVSwitch, pcie between a GPU and a NIC, ib else.
 std::string_view link_kind(const Network& net, LinkId l) {
-  const Topology* topo = net.topology();
-  if (topo == nullptr) return "ib";
-  const auto [from, to] = net.link_ends(l);
-  const VertexKind a = topo->graph()[from].kind;
-  const VertexKind b = topo->graph()[to].kind;
+  if (net.topology() == nullptr) return "ib";
+  const auto [a, b] = net.link_end_kinds(l);
   if (a == VertexKind::nvswitch || b == VertexKind::nvswitch) return "nvlink";
   if ((a == VertexKind::gpu && b == VertexKind::nic) || (a == VertexKind::nic && b == VertexKind::gpu)) return "pcie";
   return "ib";

@@ -88,7 +88,10 @@ class Network {
   // "n0.gpu3->n0.nvswitch" for topology links, "link7" for abstract ones.
   std::string link_name(LinkId l) const;
   // The topology vertices a link goes from and to (networks built from a topology).
-  std::pair<std::uint32_t, std::uint32_t> link_ends(LinkId l) const { return link_ends_.at(l); }
+  // Throws std::out_of_range for abstract links.
+  std::pair<std::uint32_t, std::uint32_t> link_ends(LinkId l) const;
+  // Their kinds (no graph lookup: the simulator's report asks for ~100k).
+  std::pair<VertexKind, VertexKind> link_end_kinds(LinkId l) const;
   LinkStats link_stats(LinkId l) const;
   // Every link's stats at once (index = link id): one pass over the running
   // flows instead of one per link; the same numbers as link_stats(l).
@@ -314,13 +317,13 @@ class Network {
 
   const Topology* topo_ = nullptr;
   NetworkOptions opts_;
-  // Per link: capacity, class, latency, ends.
+  // Per link: capacity, class.
   std::vector<double> link_capacity_;
   std::vector<ClassId> link_class_;
   std::vector<std::uint32_t> link_mark_;  // scratch for add_link_set's duplicate check
   std::uint32_t link_stamp_ = 0;
-  std::vector<std::pair<std::uint32_t, std::uint32_t>> link_ends_;  // (from, to) vertex per topology link
-  std::vector<TimeNs> link_latency_ns_;
+  // Ends and latencies come from topo_->edges() (link l is edge l / 2, lower
+  // vertex first when l is even): nothing to copy per link.
   // Per class.
   std::vector<ClassSolve> class_solve_;
   std::vector<FlowList> class_flows_;
