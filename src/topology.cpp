@@ -301,26 +301,10 @@ void Topology::route_ids(int gpu_a, int gpu_b, std::vector<std::uint32_t>& out) 
   out.insert(out.end(), hops, hops + n);
 }
 
-std::size_t Topology::route_ids(int gpu_a, int gpu_b, std::uint32_t* out) const {
-  const auto ua = static_cast<std::size_t>(gpu_a);
-  const auto ub = static_cast<std::size_t>(gpu_b);
-  if (ua >= gpu_hops_.size() || ub >= gpu_hops_.size()) {  // negative too: gpu_vertex throws
-    (void)gpu_vertex(gpu_a);
-    (void)gpu_vertex(gpu_b);
-  }
-  if (gpu_a == gpu_b) return 0;
-  const GpuHops& a = gpu_hops_[ua];
-  const GpuHops& b = gpu_hops_[ub];
-  if (a.node == b.node) {
-    out[0] = a.nvswitch_up;
-    out[1] = b.nvswitch_down;
-    return 2;
-  }
-  // Up to the lowest common switch: the leaf, the pod's spine, or the core.
-  const std::size_t levels = a.leaf == b.leaf ? 2 : a.pod == b.pod ? 3 : 4;
-  for (std::size_t i = 0; i < levels; ++i) out[i] = a.up[i];
-  for (std::size_t i = 0; i < levels; ++i) out[levels + i] = b.down[levels - 1 - i];
-  return 2 * levels;
+void Topology::throw_bad_gpus(int gpu_a, int gpu_b) const {
+  (void)gpu_vertex(gpu_a);  // throws for the one out of range
+  (void)gpu_vertex(gpu_b);
+  throw std::logic_error("Topology: GPU hop index out of step with the GPUs");
 }
 
 double Topology::bottleneck_bandwidth_Bps(const std::vector<Edge>& path) const {

@@ -424,21 +424,30 @@ LinkSetId Network::register_links(std::span<const LinkId> links) {
   use_group_.resize(links.size());
   const std::uint32_t cstamp = ++class_stamp_;
   if (class_touch_.size() < class_solve_.size()) class_touch_.resize(class_solve_.size(), 0);
+  // Neighbouring links (in id order) mostly fall in the group of the one before.
+  ClassId last_c = kNoEntry;
+  std::uint64_t last_w = 0, last_cb = 0;
+  std::uint32_t g = kNoEntry;
   for (std::size_t i = 0; i < links.size(); ++i) {
     const LinkId l = links[i];
     const ClassId c = link_class_[l];
     const auto wbits = std::bit_cast<std::uint64_t>(merge_weight_[l]);
     const std::uint64_t cbits = c == 0 ? std::bit_cast<std::uint64_t>(link_capacity_[l]) : 0;
-    if (class_touch_[c] != cstamp) {
-      class_touch_[c] = cstamp;
-      class_first_group_[c] = kNoEntry;
-    }
-    std::uint32_t g = class_first_group_[c];
-    while (g != kNoEntry && (groups_[g].weight_bits != wbits || groups_[g].capacity_bits != cbits)) g = groups_[g].next;
-    if (g == kNoEntry) {
-      g = static_cast<std::uint32_t>(groups_.size());
-      groups_.push_back(SplitGroup{c, wbits, cbits, 0, 0, class_first_group_[c]});
-      class_first_group_[c] = g;
+    if (c != last_c || wbits != last_w || cbits != last_cb) {
+      if (class_touch_[c] != cstamp) {
+        class_touch_[c] = cstamp;
+        class_first_group_[c] = kNoEntry;
+      }
+      g = class_first_group_[c];
+      while (g != kNoEntry && (groups_[g].weight_bits != wbits || groups_[g].capacity_bits != cbits)) g = groups_[g].next;
+      if (g == kNoEntry) {
+        g = static_cast<std::uint32_t>(groups_.size());
+        groups_.push_back(SplitGroup{c, wbits, cbits, 0, 0, class_first_group_[c]});
+        class_first_group_[c] = g;
+      }
+      last_c = c;
+      last_w = wbits;
+      last_cb = cbits;
     }
     ++groups_[g].count;
     use_group_[i] = g;
