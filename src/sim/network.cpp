@@ -84,23 +84,21 @@ Network::Network(const Topology& topo, NetworkOptions opts) : topo_(&topo), opts
   init_classes();
 }
 
+void Network::throw_no_topology_link(LinkId l) const {
+  throw std::out_of_range("Network: no topology link " + std::to_string(l));
+}
+
 std::pair<std::uint32_t, std::uint32_t> Network::link_ends(LinkId l) const {
-  if (topo_ == nullptr || l >= link_capacity_.size()) throw std::out_of_range("Network: no topology link " + std::to_string(l));
+  if (topo_ == nullptr || l >= link_capacity_.size()) throw_no_topology_link(l);
   const EdgeRecord& e = topo_->edges()[l / 2];
   return l % 2 == 0 ? std::pair{e.lo, e.hi} : std::pair{e.hi, e.lo};
 }
 
-std::pair<VertexKind, VertexKind> Network::link_end_kinds(LinkId l) const {
-  if (topo_ == nullptr || l >= link_capacity_.size()) throw std::out_of_range("Network: no topology link " + std::to_string(l));
-  const EdgeRecord& e = topo_->edges()[l / 2];
-  return l % 2 == 0 ? std::pair{e.lo_kind, e.hi_kind} : std::pair{e.hi_kind, e.lo_kind};
-}
 
 // Every link in class 0 (crossed by no set).
 void Network::init_classes() {
   const std::size_t n = link_capacity_.size();
   link_class_.assign(n, 0);
-  link_mark_.assign(n, 0);
   class_solve_.resize(1);
   class_flows_.resize(1);
   class_size_.assign(1, static_cast<std::uint32_t>(n));
@@ -396,6 +394,7 @@ LinkSetId Network::add_route_set(std::span<const Route> routes) {
 // Checks the uses (nothing registered yet if one is bad), then registers them.
 LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
   if (merge_weight_.size() != link_capacity_.size()) merge_begin();
+  if (link_mark_.size() != link_capacity_.size()) link_mark_.assign(link_capacity_.size(), 0);  // first call
   const std::uint32_t stamp = ++link_stamp_;
   set_links_.clear();
   for (const LinkUse& u : uses) {

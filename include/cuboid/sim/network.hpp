@@ -91,7 +91,11 @@ class Network {
   // Throws std::out_of_range for abstract links.
   std::pair<std::uint32_t, std::uint32_t> link_ends(LinkId l) const;
   // Their kinds (no graph lookup: the simulator's report asks for ~100k).
-  std::pair<VertexKind, VertexKind> link_end_kinds(LinkId l) const;
+  std::pair<VertexKind, VertexKind> link_end_kinds(LinkId l) const {
+    if (topo_ == nullptr || l >= link_capacity_.size()) throw_no_topology_link(l);
+    const EdgeRecord& e = topo_->edges()[l / 2];
+    return l % 2 == 0 ? std::pair{e.lo_kind, e.hi_kind} : std::pair{e.hi_kind, e.lo_kind};
+  }
   LinkStats link_stats(LinkId l) const;
   // Every link's stats at once (index = link id): one pass over the running
   // flows instead of one per link; the same numbers as link_stats(l).
@@ -296,6 +300,7 @@ class Network {
   ClassId set_class(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].cls[use]; }
   double set_weight(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].weight[use]; }
   void init_classes();
+  [[noreturn]] void throw_no_topology_link(LinkId l) const;
   void merge_begin();
   void merge_add(LinkId l, double w);
   void merge_routes(std::span<const Route> routes);
@@ -320,7 +325,7 @@ class Network {
   // Per link: capacity, class.
   std::vector<double> link_capacity_;
   std::vector<ClassId> link_class_;
-  std::vector<std::uint32_t> link_mark_;  // scratch for add_link_set's duplicate check
+  std::vector<std::uint32_t> link_mark_;  // scratch for add_link_set's duplicate check (made on its first call)
   std::uint32_t link_stamp_ = 0;
   // Ends and latencies come from topo_->edges() (link l is edge l / 2, lower
   // vertex first when l is even): nothing to copy per link.
