@@ -231,16 +231,83 @@ void Topology::index_hops() {
     h.down[0] = link(gpu_nic_edge_[g], nic_v, v);
     h.up[1] = link(nic_up_edge_[nic], nic_v, leaf_v);
     h.down[1] = link(nic_up_edge_[nic], leaf_v, nic_v);
+    h.depth = 2;
     if (leaf >= leaf_up_edge_.size()) continue;  // one leaf: no spine
     const auto pod = static_cast<std::size_t>(leaf_pod_[leaf]);
     const Vertex spine_v = spine_vertices_[pod];
     h.pod = static_cast<int>(pod);
     h.up[2] = link(leaf_up_edge_[leaf], leaf_v, spine_v);
     h.down[2] = link(leaf_up_edge_[leaf], spine_v, leaf_v);
+    h.depth = 3;
     if (pod >= spine_up_edge_.size()) continue;  // one pod: no core
     h.up[3] = link(spine_up_edge_[pod], spine_v, core_vertices_[0]);
     h.down[3] = link(spine_up_edge_[pod], core_vertices_[0], spine_v);
+    h.depth = 4;
   }
+  index_rails();
+}
+
+// Is the rotation of every node's GPUs by one an automorphism of the fabric
+// that maps routes to routes? Per node and level, the GPUs' uplinks must be
+// all one link (shared: the rotation fixes it) or all different (it moves
+// them along), with equal capacities and latencies; the leaves must be one
+// for the node or one per GPU in rail order (leaf(n, i) = leaf(n, 0) + i,
+// leaf(n, 0) a multiple of the GPU count), so that two GPUs share a leaf
+// exactly when their rotations do; and the node's GPUs must share a pod.
+// Then rotating a route's ends rotates the route (route_ids decides its
+// levels from leaf and pod equality alone).
+void Topology::index_rails() {
+  const int gpn = cluster_.gpus_per_node;
+  const auto un = static_cast<std::size_t>(gpn);
+  rail_symmetric_ = false;
+  rail0_links_.clear();
+  if (gpn < 2) return;
+  auto same_edge = [&](std::uint32_t a, std::uint32_t b) {
+    const EdgeRecord& x = edges_[a / 2];
+    const EdgeRecord& y = edges_[b / 2];
+    return x.bandwidth_Bps == y.bandwidth_Bps && x.latency_ns == y.latency_ns;
+  };
+  std::vector<std::uint32_t> ups;
+  for (std::size_t base = 0; base < gpu_hops_.size(); base += un) {
+    const GpuHops& h0 = gpu_hops_[base];
+    const bool rail_leaves = h0.depth > 0 && gpu_hops_[base + 1].leaf != h0.leaf;
+    if (rail_leaves && h0.leaf % gpn != 0) return;
+    for (std::size_t i = 1; i < un; ++i) {
+      const GpuHops& h = gpu_hops_[base + i];
+      if (h.depth != h0.depth || h.pod != h0.pod) return;
+      if (h.leaf != (rail_leaves ? h0.leaf + static_cast<int>(i) : h0.leaf)) return;
+      if (!same_edge(h.nvswitch_up, h0.nvswitch_up) || h.nvswitch_up == h0.nvswitch_up) return;
+    }
+    std::uint8_t shared = 0;
+    for (std::size_t k = 0; k < h0.depth; ++k) {
+      // All one link, or all different.
+      ups.clear();
+      for (std::size_t i = 0; i < un; ++i) {
+        const GpuHops& h = gpu_hops_[base + i];
+        if (!same_edge(h.up[k], h0.up[k])) return;
+        ups.push_back(h.up[k]);
+      }
+      std::sort(ups.begin(), ups.end());
+      const auto distinct = static_cast<std::size_t>(std::unique(ups.begin(), ups.end()) - ups.begin());
+      if (distinct == 1) shared = static_cast<std::uint8_t>(shared | (1u << k));
+      else if (distinct != un) return;
+    }
+    for (std::size_t i = 0; i < un; ++i) gpu_hops_[base + i].shared = shared;
+  }
+  // Each link's rail-0 image: the same hop of the node's GPU 0.
+  rail0_links_.assign(2 * edges_.size(), 0);
+  for (std::uint32_t l = 0; l < rail0_links_.size(); ++l) rail0_links_[l] = l;
+  for (std::size_t g = 0; g < gpu_hops_.size(); ++g) {
+    const GpuHops& h = gpu_hops_[g];
+    const GpuHops& h0 = gpu_hops_[g - g % un];
+    rail0_links_[h.nvswitch_up] = h0.nvswitch_up;
+    rail0_links_[h.nvswitch_down] = h0.nvswitch_down;
+    for (std::size_t k = 0; k < h.depth; ++k) {
+      rail0_links_[h.up[k]] = h0.up[k];
+      rail0_links_[h.down[k]] = h0.down[k];
+    }
+  }
+  rail_symmetric_ = true;
 }
 
 Topology::Vertex Topology::gpu_vertex(int global_gpu) const {

@@ -313,6 +313,74 @@ TEST_CASE("routes equal BFS shortest paths and connect") {
   }
 }
 
+// Rotating every node's GPUs by one: GPU (n, i) -> (n, i + 1 mod g).
+int rotate(const Topology& t, int gpu) {
+  const int g = t.cluster().gpus_per_node;
+  return gpu - gpu % g + (gpu % g + 1) % g;
+}
+
+// On a rail-symmetric fabric the rotation maps routes onto routes: the
+// rotated pair's route has the same rail-0 images hop by hop, a hop is
+// shared (fixed) exactly when the rotation leaves it where it is, and a link
+// and its image have one capacity and latency.
+void check_rail_symmetry(const Topology& t) {
+  REQUIRE(t.rail_symmetric());
+  const auto& img = t.rail0_links();
+  REQUIRE(img.size() == 2 * t.edges().size());
+  std::uint32_t hops[Topology::kMaxRouteLinks], rot[Topology::kMaxRouteLinks], folded[Topology::kMaxRouteLinks];
+  std::uint8_t fixed[Topology::kMaxRouteLinks];
+  for (int a = 0; a < t.num_gpus(); ++a) {
+    for (int b = 0; b < t.num_gpus(); ++b) {
+      CAPTURE(a);
+      CAPTURE(b);
+      const std::size_t n = t.route_ids(a, b, hops);
+      REQUIRE(t.route_ids(rotate(t, a), rotate(t, b), rot) == n);
+      REQUIRE(t.route_ids_rail0(a, b, folded, fixed) == n);
+      for (std::size_t k = 0; k < n; ++k) {
+        CHECK(img[hops[k]] == img[rot[k]]);
+        CHECK(folded[k] == img[hops[k]]);
+        CHECK((fixed[k] != 0) == (hops[k] == rot[k]));
+        const cuboid::EdgeRecord& e = t.edges()[hops[k] / 2];
+        const cuboid::EdgeRecord& e0 = t.edges()[img[hops[k]] / 2];
+        CHECK(e.bandwidth_Bps == e0.bandwidth_Bps);
+        CHECK(e.latency_ns == e0.latency_ns);
+      }
+    }
+  }
+}
+
+TEST_CASE("rail symmetry: where rotating each node's GPUs maps the fabric onto itself") {
+  json j = small_card();
+  SUBCASE("fewer NICs than GPUs: two GPUs share a NIC, no symmetry") { CHECK_FALSE(Topology(small(j)).rail_symmetric()); }
+  j["inter_node"]["nics_per_node"] = 4;
+  SUBCASE("rail-optimised, 2 levels") { check_rail_symmetry(Topology(small(j))); }
+  SUBCASE("not rail-optimised: the leaf uplinks are shared") {
+    j["inter_node"]["rail_optimized"] = false;
+    check_rail_symmetry(Topology(small(j)));
+  }
+  SUBCASE("3 levels, each pod holds whole rail groups") {
+    j["nodes"] = 8;
+    j["inter_node"]["levels"] = 3;
+    j["inter_node"]["leaves_per_pod"] = 4;
+    check_rail_symmetry(Topology(small(j)));
+  }
+  SUBCASE("3 levels, not rail-optimised, 2 pods") {
+    j["nodes"] = 8;
+    j["inter_node"]["levels"] = 3;
+    j["inter_node"]["leaves_per_pod"] = 2;
+    j["inter_node"]["rail_optimized"] = false;
+    check_rail_symmetry(Topology(small(j)));
+  }
+  SUBCASE("1 level: one switch") {
+    j["nodes"] = 2;
+    j["inter_node"]["levels"] = 1;
+    check_rail_symmetry(Topology(small(j)));
+  }
+  SUBCASE("the shipped superpod card") {
+    check_rail_symmetry(Topology(cuboid::load_cluster(kTopologies / "dgx-a100-superpod.json", 4)));
+  }
+}
+
 TEST_CASE("rail-optimised and non-rail fabrics differ") {
   json j = small_card();
   const Topology rail(small(j));

@@ -466,6 +466,45 @@ TEST_CASE("link classes: a split while flows run changes nothing") {
   CHECK(early.bytes[2] == doctest::Approx(6 * kGB));
 }
 
+TEST_CASE("rail folding: only for rail-symmetric fabrics, before any set, for rotation-closed lists") {
+  const Topology topo(dgx(4));
+  REQUIRE(topo.rail_symmetric());
+  {
+    Network net(std::vector<double>{1e9, 1e9});
+    CHECK_THROWS_WITH_AS(net.fold_rails(), "Network: rail folding needs a rail-symmetric topology", std::logic_error);
+  }
+  {
+    Network net(topo);
+    const std::vector<Route> one{{0, 8, 1.0}};
+    (void)net.add_route_set(one);
+    CHECK_THROWS_WITH_AS(net.fold_rails(), "Network: rail folding must come before any link set", std::logic_error);
+  }
+  Network net(topo);
+  net.fold_rails();
+  CHECK(net.rails_folded());
+  // GPU 0 -> GPU 8 alone is not closed under the rotation (GPUs 1..7 send nothing).
+  const std::vector<Route> open{{0, 8, 1.0}};
+  CHECK_THROWS_WITH_AS(net.add_route_set(open), "Network: a folded route list is not closed under the rail rotation",
+                       std::logic_error);
+  // Every rail sends node 0 -> node 1: rail 0's links carry one route each,
+  // and every rail's links report rail 0's figures.
+  std::vector<Route> all;
+  for (int i = 0; i < 8; ++i) all.push_back({i, 8 + i, 1.0});
+  const LinkSetId set = net.add_route_set(all);
+  std::vector<std::uint64_t> done;
+  net.start_flow(set, 1e9, 0, 1);
+  net.advance_to(net.next_completion(), done);
+  REQUIRE(done.size() == 1);
+  for (int i = 0; i < 8; ++i) {
+    for (LinkId l : net.route_links(i, 8 + i)) {
+      CAPTURE(net.link_name(l));
+      CHECK(net.link_stats(l).bytes == doctest::Approx(1e9));
+      CHECK(net.link_stats(l).peak_utilisation == doctest::Approx(1.0));
+    }
+  }
+  CHECK(net.link_stats(net.route_links(0, 1)[0]).bytes == 0);  // NVLink: no route crosses it
+}
+
 TEST_CASE("uncontended collectives reproduce the alpha-beta closed forms") {
   const double S = 256.0 * (1 << 20);
   SUBCASE("one DGX node, 8 GPUs") {

@@ -157,6 +157,63 @@ TEST_CASE("the report's busiest links each stay within their kind's peak") {
   }
 }
 
+TEST_CASE("rail folding gives exactly the results of walking every route") {
+  struct Case {
+    const char* model;
+    const char* card;
+    int nodes, tp, pp, dp;
+    std::int64_t batch;
+    bool folds;
+  };
+  const Case cases[] = {
+      // TP 8 fills each node: every DP, pipeline and embedding group folds.
+      {"llama3.1-405b", "h100-roce-24k.json", 32, 8, 4, 8, 64, true},
+      {"gpt-22b", "dgx-a100-superpod.json", 8, 8, 4, 2, 32, true},
+      {"gpt-22b", "dgx-a100-superpod.json", 16, 8, 2, 8, 64, true},
+      // TP 4 leaves half a node to another replica: not folded, same answer.
+      {"gpt-22b", "dgx-a100-superpod.json", 4, 4, 4, 2, 32, false},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.model);
+    CAPTURE(c.nodes);
+    CAPTURE(c.tp);
+    const ModelSpec m = model(c.model);
+    const Topology topo = cluster(c.card, c.nodes);
+    ParallelPlan p = plan_of(m, c.tp, c.pp, c.dp, c.batch);
+    p.seq_length = std::min<std::int64_t>(p.seq_length, 4096);
+    p.zero_stage = 1;
+    p.recompute = Recompute::full;
+    if (m.tied_embeddings) p.zero_stage = 1;
+    SimOptions o;
+    const SimResult folded = run_simulation(m, topo, p, o);
+    o.fold_rails = false;
+    const SimResult full = run_simulation(m, topo, p, o);
+    CHECK(folded.rails_folded == c.folds);
+    CHECK_FALSE(full.rails_folded);
+    CHECK(folded.estimate.iteration_time_s == full.estimate.iteration_time_s);
+    CHECK(folded.estimate.breakdown.dp_comm_s == full.estimate.breakdown.dp_comm_s);
+    CHECK(folded.estimate.breakdown.pp_comm_s == full.estimate.breakdown.pp_comm_s);
+    CHECK(folded.estimate.breakdown.bubble_s == full.estimate.breakdown.bubble_s);
+    CHECK(folded.events == full.events);
+    CHECK(folded.flows == full.flows);
+    CHECK(folded.solves == full.solves);
+    CHECK(folded.peak_ib_utilisation == full.peak_ib_utilisation);
+    CHECK(folded.peak_pcie_utilisation == full.peak_pcie_utilisation);
+    CHECK(folded.peak_nvlink_utilisation == full.peak_nvlink_utilisation);
+    REQUIRE(folded.busiest_links.size() == full.busiest_links.size());
+    for (std::size_t i = 0; i < full.busiest_links.size(); ++i) {
+      CHECK(folded.busiest_links[i].name == full.busiest_links[i].name);
+      CHECK(folded.busiest_links[i].bytes == full.busiest_links[i].bytes);
+      CHECK(folded.busiest_links[i].peak_utilisation == full.busiest_links[i].peak_utilisation);
+    }
+    for (std::size_t s = 0; s < full.stages.size(); ++s) {
+      CHECK(folded.stages[s].end_s == full.stages[s].end_s);
+      CHECK(folded.stages[s].dp_busy_s == full.stages[s].dp_busy_s);
+      CHECK(folded.stages[s].pp_busy_s == full.stages[s].pp_busy_s);
+    }
+  }
+}
+
 TEST_CASE("the optimizer step moves 50 bytes per parameter in the estimate and the simulation") {
   // The 22B model on one DGX A100 (TP 8): Megatron's step over the GPU's
   // parameters, fp32 grad buffer scaled (8 B) and zeroed (4), grad norm (4),

@@ -86,6 +86,45 @@ class Topology {
     for (std::size_t i = 0; i < levels; ++i) out[levels + i] = b.down[levels - 1 - i];
     return 2 * levels;
   }
+  // Rail symmetry. Rotating every node's GPUs by one (local GPU i -> i + 1
+  // mod GPUs per node) maps the fabric onto itself when each GPU has its own
+  // NIC and the leaves and pods are laid out alike for every rail: GPU i's
+  // NVLink, its NIC's links and (rail-optimised) its rail's leaf uplinks go
+  // to GPU i + 1's; links every rail shares (a leaf or spine above all the
+  // node's rails) stay. Checked on the built fabric.
+  bool rail_symmetric() const { return rail_symmetric_; }
+  // Rail-symmetric fabrics only: each directed link's image on rail 0 (the
+  // link of local GPU 0 it rotates to; a shared link is its own image).
+  const std::vector<std::uint32_t>& rail0_links() const { return rail0_links_; }
+  // route_ids with every hop given as its rail-0 image, and fixed[k] = 1 where
+  // the hop is a link all rails share (rail-symmetric fabrics only).
+  std::size_t route_ids_rail0(int gpu_a, int gpu_b, std::uint32_t* out, std::uint8_t* fixed) const {
+    const auto ua = static_cast<std::size_t>(gpu_a);
+    const auto ub = static_cast<std::size_t>(gpu_b);
+    if (ua >= gpu_hops_.size() || ub >= gpu_hops_.size()) throw_bad_gpus(gpu_a, gpu_b);  // negative too
+    if (gpu_a == gpu_b) return 0;
+    const GpuHops& a = gpu_hops_[ua];
+    const GpuHops& b = gpu_hops_[ub];
+    const GpuHops& a0 = gpu_hops_[ua - ua % static_cast<std::size_t>(cluster_.gpus_per_node)];
+    const GpuHops& b0 = gpu_hops_[ub - ub % static_cast<std::size_t>(cluster_.gpus_per_node)];
+    if (a.node == b.node) {
+      out[0] = a0.nvswitch_up;
+      out[1] = b0.nvswitch_down;
+      fixed[0] = fixed[1] = 0;
+      return 2;
+    }
+    const std::size_t levels = a.leaf == b.leaf ? 2 : a.pod == b.pod ? 3 : 4;
+    for (std::size_t i = 0; i < levels; ++i) {
+      out[i] = a0.up[i];
+      fixed[i] = static_cast<std::uint8_t>((a0.shared >> i) & 1u);
+    }
+    for (std::size_t i = 0; i < levels; ++i) {
+      const std::size_t k = levels - 1 - i;
+      out[levels + i] = b0.down[k];
+      fixed[levels + i] = static_cast<std::uint8_t>((b0.shared >> k) & 1u);
+    }
+    return 2 * levels;
+  }
   double bottleneck_bandwidth_Bps(const std::vector<Edge>& path) const;
   std::int64_t latency_ns(const std::vector<Edge>& path) const;
   Tier tier(int gpu_a, int gpu_b) const;
@@ -114,8 +153,13 @@ class Topology {
     std::uint32_t up[4] = {};
     std::uint32_t down[4] = {};
     int node = 0, leaf = -1, pod = -1;
+    std::uint8_t depth = 0;   // valid entries of up / down (0: no inter-node network)
+    std::uint8_t shared = 0;  // bit k: up[k] / down[k] are links every GPU of the node crosses
   };
   std::vector<GpuHops> gpu_hops_;
+  bool rail_symmetric_ = false;
+  std::vector<std::uint32_t> rail0_links_;
+  void index_rails();
   void index_hops();
   [[noreturn]] void throw_bad_gpus(int gpu_a, int gpu_b) const;
   // Helpers for structural routing are private to topology.cpp.

@@ -141,6 +141,27 @@ bool Builder::tp_isolated() const {
   return true;
 }
 
+// Can the network fold rails (Network::fold_rails)? Every set this builder
+// registers must then be closed under the rotation of each node's GPUs. Its
+// DP, pipeline and embedding groups list all TP ranks (as the group or its
+// mirrors) and its TP groups stay off the network (tp_fast_), so that holds
+// when TP rank t sits on local GPU t of a node the whole TP group fills:
+// rotating the GPUs then maps TP rank t to t + 1 and each group onto another.
+bool Builder::rails_foldable() const {
+  const int gpn = topo_.cluster().gpus_per_node;
+  if (!topo_.rail_symmetric() || !tp_fast_ || tp_ != gpn) return false;
+  for (int d = 0; d < dp_; ++d) {
+    for (int s = 0; s < pp_; ++s) {
+      const int base = map_.rank_of(0, s, d);
+      if (base % gpn != 0) return false;
+      for (int t = 1; t < tp_; ++t) {
+        if (map_.rank_of(t, s, d) != base + t) return false;
+      }
+    }
+  }
+  return true;
+}
+
 TimeNs Builder::tp_probe_ns(Collective c, double bytes) {
   const auto key = std::make_pair(static_cast<int>(c), bytes);
   auto it = tp_probe_cache_.find(key);
@@ -231,6 +252,7 @@ void Builder::make_units() {
 
 void Builder::build() {
   tp_fast_ = tp_isolated();
+  if (opts_.fold_rails && rails_foldable()) net_->fold_rails();
   make_reps();
   make_programs();
   make_units();

@@ -137,6 +137,7 @@ class Builder {
   void make_programs();
   void make_units();
   bool tp_isolated() const;
+  bool rails_foldable() const;
   TimeNs tp_probe_ns(Collective c, double bytes);
 
   Slot& slot(Direction d, int mb, int vs);

@@ -4,6 +4,7 @@
 #include "cuboid/sim/network.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <stdexcept>
@@ -146,7 +147,7 @@ double Network::class_bytes(ClassId c) const {
 LinkStats Network::link_stats(LinkId l) const {
   if (l >= link_capacity_.size()) throw std::out_of_range("Network: link id out of range");
   settle();
-  const ClassId c = link_class_[l];
+  const ClassId c = link_class_[rail0_ != nullptr ? (*rail0_)[l] : l];
   return LinkStats{link_capacity_[l], class_bytes(c), class_peak_[c]};
 }
 
@@ -313,6 +314,43 @@ void Network::merge_routes(std::span<const Route> routes) {
   }
 }
 
+void Network::fold_rails() {
+  if (topo_ == nullptr || !topo_->rail_symmetric()) {
+    throw std::logic_error("Network: rail folding needs a rail-symmetric topology");
+  }
+  if (!sets_.empty()) throw std::logic_error("Network: rail folding must come before any link set");
+  rail0_ = &topo_->rail0_links();
+}
+
+// merge_routes over the routes from local GPU 0, each hop on its rail-0
+// image; a hop all rails share takes the weight once per rail (added one by
+// one: the same sum as the full list gives it, when its weights are equal).
+// Checks the list has as many routes from each local GPU (a rotation-closed
+// list has; the converse is the caller's promise).
+void Network::merge_routes_folded(std::span<const Route> routes) {
+  const int gpn = topo_->cluster().gpus_per_node;
+  std::array<std::uint32_t, 64> from_local{};
+  LinkId hops[Topology::kMaxRouteLinks];
+  std::uint8_t fixed[Topology::kMaxRouteLinks];
+  for (const Route& r : routes) {
+    const int local = r.src_gpu % gpn;
+    if (local < static_cast<int>(from_local.size())) ++from_local[static_cast<std::size_t>(local)];
+    if (local != 0) continue;
+    const std::size_t n = topo_->route_ids_rail0(r.src_gpu, r.dst_gpu, hops, fixed);
+    for (std::size_t i = 0; i < n; ++i) {
+      merge_add(hops[i], r.weight);
+      if (fixed[i] != 0) {
+        for (int k = 1; k < gpn; ++k) merge_weight_[hops[i]] += r.weight;
+      }
+    }
+  }
+  for (int i = 1; i < std::min<int>(gpn, static_cast<int>(from_local.size())); ++i) {
+    if (from_local[static_cast<std::size_t>(i)] != from_local[0]) {
+      throw std::logic_error("Network: a folded route list is not closed under the rail rotation");
+    }
+  }
+}
+
 // merge_links_ is empty after a merge_end; links left in it are those of a
 // merge a throw cut short (a GPU out of range): their bits are cleared here.
 void Network::merge_begin() {
@@ -381,7 +419,8 @@ LinkSetId Network::add_route_set(std::span<const Route> routes) {
   }
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
   merge_begin();
-  merge_routes(routes);
+  if (rail0_ != nullptr) merge_routes_folded(routes);
+  else merge_routes(routes);
   merge_end();
   const LinkSetId set = register_links(set_links_);
   if (cached) {

@@ -217,6 +217,7 @@ SimResult run_simulation(const ModelSpec& m, const Topology& topo, const Paralle
   r.events = st.events;
   r.flows = st.flows;
   r.solves = st.solves;
+  r.rails_folded = b.network().rails_folded();
   const TimeNs end = st.end_ns;
   const auto& meta = b.meta();
   // Per stage: busy time per stream and when its last task ended.

@@ -106,7 +106,7 @@ class Network {
   void for_each_link_stats(F&& f) const {
     const std::vector<double> bytes = class_totals();
     for (std::size_t l = 0; l < link_capacity_.size(); ++l) {
-      const ClassId c = link_class_[l];
+      const ClassId c = link_class_[rail0_ != nullptr ? (*rail0_)[l] : l];
       f(static_cast<LinkId>(l), LinkStats{link_capacity_[l], bytes[c], class_peak_[c]});
     }
   }
@@ -130,6 +130,18 @@ class Network {
   // dropped. Throws std::out_of_range for an unknown link and
   // std::invalid_argument for a link listed twice, before registering anything.
   LinkSetId add_link_set(std::span<const LinkUse> uses);
+  // Rail folding (Topology::rail_symmetric fabrics; before any set): every
+  // later add_route_set list must be closed under the rail rotation (with each
+  // route, the same route with both ends rotated, same weight), as a
+  // mirrored collective over all TP ranks of a rail-aligned layout is. Only
+  // its routes from local GPU 0 are then walked, each hop loading its rail-0
+  // image (a link all rails share, once per rail): by symmetry every rail
+  // carries rail 0's load, so the solves, finish times and rail-0 figures are
+  // those of the whole list, at 1/GPUs-per-node of the work. A link's stats
+  // are its rail-0 image's. Raw link sets (add_link_set) are not folded.
+  // Throws std::logic_error if the fabric is not rail-symmetric or sets exist.
+  void fold_rails();
+  bool rails_folded() const { return rail0_ != nullptr; }
   // compile_routes and add_link_set in one: the set of a collective phase.
   // A list of kCacheMinSize routes or more equal to an earlier one (same
   // pairs, weights and order) gives that set back: sets are immutable, and
@@ -304,6 +316,7 @@ class Network {
   void merge_begin();
   void merge_add(LinkId l, double w);
   void merge_routes(std::span<const Route> routes);
+  void merge_routes_folded(std::span<const Route> routes);
   void merge_end();
   LinkSetId register_links(std::span<const LinkId> links);
   double carried(const Flow& fl) const;
@@ -322,6 +335,7 @@ class Network {
 
   const Topology* topo_ = nullptr;
   NetworkOptions opts_;
+  const std::vector<std::uint32_t>* rail0_ = nullptr;  // folded: topo_->rail0_links()
   // Per link: capacity, class.
   std::vector<double> link_capacity_;
   std::vector<ClassId> link_class_;

@@ -58,6 +58,12 @@ struct SimOptions {
   bool trace_per_rank = false;  // one file per rank ("out.rank0.json"), with distributedInfo
   bool trace_ops = true;        // nest each kernel inside its compute segment
   std::optional<Straggler> straggler;
+  // Rail folding (Network::fold_rails): when the fabric is rail-symmetric, TP
+  // fills the node on its own rail-aligned GPUs (TP rank t on local GPU t) and
+  // TP traffic stays off the shared network, every collective's mirrors cover
+  // all TP ranks, so the links of one rail stand for all of them. The same
+  // results, exactly (tests check it); off: every route walked.
+  bool fold_rails = true;
 };
 
 struct LinkUtilisation {
@@ -85,6 +91,7 @@ struct SimResult {
   double peak_nvlink_utilisation = 0, peak_pcie_utilisation = 0, peak_ib_utilisation = 0;
   std::vector<LinkUtilisation> busiest_links;
   std::uint64_t tasks = 0, events = 0, flows = 0, solves = 0;
+  bool rails_folded = false;    // SimOptions::fold_rails took effect
   double wall_s = 0;            // host seconds the simulation took
   std::vector<std::filesystem::path> trace_files;
 };
