@@ -42,16 +42,20 @@ struct NodeLayout {
 NodeLayout layout_of(const Topology& topo, const std::vector<int>& ranks) {
   const int gpn = std::max(1, topo.cluster().gpus_per_node);
   NodeLayout out;
-  std::vector<int> node_ids;
-  for (int i = 0; i < static_cast<int>(ranks.size()); ++i) {
-    const int node = ranks[static_cast<std::size_t>(i)] / gpn;
-    auto it = std::find(node_ids.begin(), node_ids.end(), node);
-    if (it == node_ids.end()) {
-      node_ids.push_back(node);
-      out.members.emplace_back();
-      out.members.back().push_back(i);
-    } else {
-      out.members[static_cast<std::size_t>(it - node_ids.begin())].push_back(i);
+  // (node, index) sorted: each node's members in index order; the nodes then
+  // in order of their first member (a DP group of 128 nodes: no quadratic search).
+  std::vector<std::pair<int, int>> by_node(ranks.size());
+  for (int i = 0; i < static_cast<int>(ranks.size()); ++i) by_node[static_cast<std::size_t>(i)] = {ranks[static_cast<std::size_t>(i)] / gpn, i};
+  std::sort(by_node.begin(), by_node.end());
+  std::vector<std::pair<int, std::size_t>> firsts;  // (first member, where its node starts in by_node)
+  for (std::size_t k = 0; k < by_node.size(); ++k) {
+    if (k == 0 || by_node[k].first != by_node[k - 1].first) firsts.emplace_back(by_node[k].second, k);
+  }
+  std::sort(firsts.begin(), firsts.end());
+  out.members.resize(firsts.size());
+  for (std::size_t n = 0; n < firsts.size(); ++n) {
+    for (std::size_t k = firsts[n].second; k < by_node.size() && by_node[k].first == by_node[firsts[n].second].first; ++k) {
+      out.members[n].push_back(by_node[k].second);
     }
   }
   out.min_per_node = std::numeric_limits<int>::max();

@@ -49,12 +49,15 @@ using detail::TaskMeta;
 
 // What a link is, from the vertices it joins (its name is "<from>-><to>"):
 // nvlink when it touches an NVSwitch, pcie between a GPU and a NIC, ib else.
-std::string_view link_kind(const Network& net, LinkId l) {
-  if (net.topology() == nullptr) return "ib";
+enum class LinkKind { nvlink, pcie, ib };
+constexpr std::array<std::string_view, 3> kLinkKindNames{"nvlink", "pcie", "ib"};
+
+LinkKind link_kind(const Network& net, LinkId l) {
+  if (net.topology() == nullptr) return LinkKind::ib;
   const auto [a, b] = net.link_end_kinds(l);
-  if (a == VertexKind::nvswitch || b == VertexKind::nvswitch) return "nvlink";
-  if ((a == VertexKind::gpu && b == VertexKind::nic) || (a == VertexKind::nic && b == VertexKind::gpu)) return "pcie";
-  return "ib";
+  if (a == VertexKind::nvswitch || b == VertexKind::nvswitch) return LinkKind::nvlink;
+  if ((a == VertexKind::gpu && b == VertexKind::nic) || (a == VertexKind::nic && b == VertexKind::gpu)) return LinkKind::pcie;
+  return LinkKind::ib;
 }
 
 bool on_stage(const TaskMeta& t, int stage) {
@@ -116,26 +119,21 @@ Breakdown critical_breakdown(const Engine& eng, const std::vector<TaskMeta>& met
 // of them was the run's biggest allocation, its pages a tenth of its time).
 void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
   detail::BusiestLinks<8> top;
-  double& nvlink = r.peak_nvlink_utilisation;
-  double& pcie = r.peak_pcie_utilisation;
-  double& ib = r.peak_ib_utilisation;
+  std::array<double, 3> peak{};  // per LinkKind
   net.for_each_link_stats([&](LinkId l, const LinkStats& st) {
     if (st.bytes <= 0) return;
-    const double p = st.peak_utilisation;
-    // A kind's peak can only rise if this one is above the lowest of them.
-    if (p > std::min({nvlink, pcie, ib})) {
-      const std::string_view kind = link_kind(net, l);
-      double& peak = kind == "nvlink" ? nvlink : kind == "pcie" ? pcie : ib;
-      peak = std::max(peak, p);
-    }
+    double& p = peak[static_cast<std::size_t>(link_kind(net, l))];
+    p = std::max(p, st.peak_utilisation);
     top.offer(l, st);
   });
-  r.peak_nvlink_utilisation = std::max(r.peak_nvlink_utilisation, tp_probe_peak);
+  r.peak_nvlink_utilisation = std::max(peak[0], tp_probe_peak);
+  r.peak_pcie_utilisation = peak[1];
+  r.peak_ib_utilisation = peak[2];
   r.busiest_links.clear();
   for (std::size_t i = 0; i < top.size(); ++i) {
     LinkUtilisation u;
     u.name = net.link_name(top[i].link);
-    u.kind = std::string(link_kind(net, top[i].link));
+    u.kind = std::string(kLinkKindNames[static_cast<std::size_t>(link_kind(net, top[i].link))]);
     u.capacity_Bps = top[i].stats.capacity_Bps;
     u.bytes = top[i].stats.bytes;
     u.peak_utilisation = top[i].stats.peak_utilisation;
