@@ -52,12 +52,17 @@ using detail::TaskMeta;
 enum class LinkKind { nvlink, pcie, ib };
 constexpr std::array<std::string_view, 3> kLinkKindNames{"nvlink", "pcie", "ib"};
 
-LinkKind link_kind(const Network& net, LinkId l) {
-  if (net.topology() == nullptr) return LinkKind::ib;
-  const auto [a, b] = net.link_end_kinds(l);
+LinkKind edge_kind(const EdgeRecord& e) {
+  const VertexKind a = e.lo_kind;
+  const VertexKind b = e.hi_kind;
   if (a == VertexKind::nvswitch || b == VertexKind::nvswitch) return LinkKind::nvlink;
   if ((a == VertexKind::gpu && b == VertexKind::nic) || (a == VertexKind::nic && b == VertexKind::gpu)) return LinkKind::pcie;
   return LinkKind::ib;
+}
+
+// Both directions of an edge are one kind.
+LinkKind link_kind(const Network& net, LinkId l) {
+  return net.topology() == nullptr ? LinkKind::ib : edge_kind(net.topology()->edges()[l / 2]);
 }
 
 bool on_stage(const TaskMeta& t, int stage) {
@@ -120,9 +125,11 @@ Breakdown critical_breakdown(const Engine& eng, const std::vector<TaskMeta>& met
 void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
   detail::BusiestLinks<8> top;
   std::array<double, 3> peak{};  // per LinkKind
+  const EdgeRecord* edges = net.topology() != nullptr ? net.topology()->edges().data() : nullptr;
   net.for_each_link_stats([&](LinkId l, const LinkStats& st) {
     if (st.bytes <= 0) return;
-    double& p = peak[static_cast<std::size_t>(link_kind(net, l))];
+    const LinkKind kind = edges != nullptr ? edge_kind(edges[l / 2]) : LinkKind::ib;
+    double& p = peak[static_cast<std::size_t>(kind)];
     p = std::max(p, st.peak_utilisation);
     top.offer(l, st);
   });
