@@ -218,6 +218,7 @@ void Topology::index_hops() {
     GpuHops& h = gpu_hops_[g];
     const Vertex v = gpu_vertices_[g];
     h.node = static_cast<int>(g) / cluster_.gpus_per_node;
+    h.first = static_cast<std::uint32_t>(h.node * cluster_.gpus_per_node);
     const Vertex nvs = nvswitch_vertices_[static_cast<std::size_t>(h.node)];
     h.nvswitch_up = link(gpu_nvswitch_edge_[g], v, nvs);
     h.nvswitch_down = link(gpu_nvswitch_edge_[g], nvs, v);

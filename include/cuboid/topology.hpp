@@ -96,6 +96,8 @@ class Topology {
   // Rail-symmetric fabrics only: each directed link's image on rail 0 (the
   // link of local GPU 0 it rotates to; a shared link is its own image).
   const std::vector<std::uint32_t>& rail0_links() const { return rail0_links_; }
+  // GPU i of its node (gpu in range).
+  int local_index(int gpu) const { return gpu - static_cast<int>(gpu_hops_[static_cast<std::size_t>(gpu)].first); }
   // route_ids with every hop given as its rail-0 image, and fixed[k] = 1 where
   // the hop is a link all rails share (rail-symmetric fabrics only).
   std::size_t route_ids_rail0(int gpu_a, int gpu_b, std::uint32_t* out, std::uint8_t* fixed) const {
@@ -105,8 +107,8 @@ class Topology {
     if (gpu_a == gpu_b) return 0;
     const GpuHops& a = gpu_hops_[ua];
     const GpuHops& b = gpu_hops_[ub];
-    const GpuHops& a0 = gpu_hops_[ua - ua % static_cast<std::size_t>(cluster_.gpus_per_node)];
-    const GpuHops& b0 = gpu_hops_[ub - ub % static_cast<std::size_t>(cluster_.gpus_per_node)];
+    const GpuHops& a0 = gpu_hops_[a.first];
+    const GpuHops& b0 = gpu_hops_[b.first];
     if (a.node == b.node) {
       out[0] = a0.nvswitch_up;
       out[1] = b0.nvswitch_down;
@@ -153,6 +155,7 @@ class Topology {
     std::uint32_t up[4] = {};
     std::uint32_t down[4] = {};
     int node = 0, leaf = -1, pod = -1;
+    std::uint32_t first = 0;  // the node's GPU 0 (no division in hot loops)
     std::uint8_t depth = 0;   // valid entries of up / down (0: no inter-node network)
     std::uint8_t shared = 0;  // bit k: up[k] / down[k] are links every GPU of the node crosses
   };

@@ -332,8 +332,10 @@ void Network::merge_routes_folded(std::span<const Route> routes) {
   std::array<std::uint32_t, 64> from_local{};
   LinkId hops[Topology::kMaxRouteLinks];
   std::uint8_t fixed[Topology::kMaxRouteLinks];
+  const int gpus = topo_->num_gpus();
   for (const Route& r : routes) {
-    const int local = r.src_gpu % gpn;
+    if (r.src_gpu < 0 || r.src_gpu >= gpus) (void)topo_->gpu_vertex(r.src_gpu);  // throws
+    const int local = topo_->local_index(r.src_gpu);
     if (local < static_cast<int>(from_local.size())) ++from_local[static_cast<std::size_t>(local)];
     if (local != 0) continue;
     const std::size_t n = topo_->route_ids_rail0(r.src_gpu, r.dst_gpu, hops, fixed);
