@@ -5,6 +5,7 @@
 // and are deterministic.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <boost/graph/adjacency_list.hpp>
@@ -69,22 +70,8 @@ class Topology {
   static constexpr std::size_t kMaxRouteLinks = 8;
   // Inline: the simulator's mirrored collectives ask for ~50k routes per plan.
   std::size_t route_ids(int gpu_a, int gpu_b, std::uint32_t* out) const {
-    const auto ua = static_cast<std::size_t>(gpu_a);
-    const auto ub = static_cast<std::size_t>(gpu_b);
-    if (ua >= gpu_hops_.size() || ub >= gpu_hops_.size()) throw_bad_gpus(gpu_a, gpu_b);  // negative too
-    if (gpu_a == gpu_b) return 0;
-    const GpuHops& a = gpu_hops_[ua];
-    const GpuHops& b = gpu_hops_[ub];
-    if (a.node == b.node) {
-      out[0] = a.nvswitch_up;
-      out[1] = b.nvswitch_down;
-      return 2;
-    }
-    // Up to the lowest common switch: the leaf, the pod's spine, or the core.
-    const std::size_t levels = a.leaf == b.leaf ? 2 : a.pod == b.pod ? 3 : 4;
-    for (std::size_t i = 0; i < levels; ++i) out[i] = a.up[i];
-    for (std::size_t i = 0; i < levels; ++i) out[levels + i] = b.down[levels - 1 - i];
-    return 2 * levels;
+    const auto [a, b] = hops_pair(gpu_a, gpu_b);
+    return a == b ? 0 : route_hops<false>(*a, *b, *a, *b, out, nullptr);
   }
   // Rail symmetry. Rotating every node's GPUs by one (local GPU i -> i + 1
   // mod GPUs per node) maps the fabric onto itself when each GPU has its own
@@ -101,31 +88,8 @@ class Topology {
   // route_ids with every hop given as its rail-0 image, and fixed[k] = 1 where
   // the hop is a link all rails share (rail-symmetric fabrics only).
   std::size_t route_ids_rail0(int gpu_a, int gpu_b, std::uint32_t* out, std::uint8_t* fixed) const {
-    const auto ua = static_cast<std::size_t>(gpu_a);
-    const auto ub = static_cast<std::size_t>(gpu_b);
-    if (ua >= gpu_hops_.size() || ub >= gpu_hops_.size()) throw_bad_gpus(gpu_a, gpu_b);  // negative too
-    if (gpu_a == gpu_b) return 0;
-    const GpuHops& a = gpu_hops_[ua];
-    const GpuHops& b = gpu_hops_[ub];
-    const GpuHops& a0 = gpu_hops_[a.first];
-    const GpuHops& b0 = gpu_hops_[b.first];
-    if (a.node == b.node) {
-      out[0] = a0.nvswitch_up;
-      out[1] = b0.nvswitch_down;
-      fixed[0] = fixed[1] = 0;
-      return 2;
-    }
-    const std::size_t levels = a.leaf == b.leaf ? 2 : a.pod == b.pod ? 3 : 4;
-    for (std::size_t i = 0; i < levels; ++i) {
-      out[i] = a0.up[i];
-      fixed[i] = static_cast<std::uint8_t>((a0.shared >> i) & 1u);
-    }
-    for (std::size_t i = 0; i < levels; ++i) {
-      const std::size_t k = levels - 1 - i;
-      out[levels + i] = b0.down[k];
-      fixed[levels + i] = static_cast<std::uint8_t>((b0.shared >> k) & 1u);
-    }
-    return 2 * levels;
+    const auto [a, b] = hops_pair(gpu_a, gpu_b);
+    return a == b ? 0 : route_hops<true>(*a, *b, gpu_hops_[a->first], gpu_hops_[b->first], out, fixed);
   }
   double bottleneck_bandwidth_Bps(const std::vector<Edge>& path) const;
   std::int64_t latency_ns(const std::vector<Edge>& path) const;
@@ -165,6 +129,37 @@ class Topology {
   void index_rails();
   void index_hops();
   [[noreturn]] void throw_bad_gpus(int gpu_a, int gpu_b) const;
+  std::pair<const GpuHops*, const GpuHops*> hops_pair(int gpu_a, int gpu_b) const {
+    const auto ua = static_cast<std::size_t>(gpu_a);
+    const auto ub = static_cast<std::size_t>(gpu_b);
+    if (ua >= gpu_hops_.size() || ub >= gpu_hops_.size()) throw_bad_gpus(gpu_a, gpu_b);  // negative too
+    return {&gpu_hops_[ua], &gpu_hops_[ub]};
+  }
+  // The route from a to b: its levels from a's and b's leaf and pod, its hops
+  // read off `up` (a, or a's rail-0 image) and `down` (b, or b's image); with
+  // kFixed, fixed[k] = 1 where the hop is a link every rail shares.
+  template <bool kFixed>
+  static std::size_t route_hops(const GpuHops& a, const GpuHops& b, const GpuHops& up, const GpuHops& down,
+                                std::uint32_t* out, std::uint8_t* fixed) {
+    if (a.node == b.node) {
+      out[0] = up.nvswitch_up;
+      out[1] = down.nvswitch_down;
+      if constexpr (kFixed) fixed[0] = fixed[1] = 0;
+      return 2;
+    }
+    // Up to the lowest common switch: the leaf, the pod's spine, or the core.
+    const std::size_t levels = a.leaf == b.leaf ? 2 : a.pod == b.pod ? 3 : 4;
+    for (std::size_t i = 0; i < levels; ++i) {
+      out[i] = up.up[i];
+      if constexpr (kFixed) fixed[i] = static_cast<std::uint8_t>((up.shared >> i) & 1u);
+    }
+    for (std::size_t i = 0; i < levels; ++i) {
+      const std::size_t k = levels - 1 - i;
+      out[levels + i] = down.down[k];
+      if constexpr (kFixed) fixed[levels + i] = static_cast<std::uint8_t>((down.shared >> k) & 1u);
+    }
+    return 2 * levels;
+  }
   // Helpers for structural routing are private to topology.cpp.
   friend struct TopologyBuilder;
 };
