@@ -44,8 +44,9 @@ NodeLayout layout_of(const Topology& topo, const std::vector<int>& ranks) {
   NodeLayout out;
   // (node, index) sorted: each node's members in index order; the nodes then
   // in order of their first member (a DP group of 128 nodes: no quadratic search).
-  std::vector<std::pair<int, int>> by_node(ranks.size());
-  for (int i = 0; i < static_cast<int>(ranks.size()); ++i) by_node[static_cast<std::size_t>(i)] = {ranks[static_cast<std::size_t>(i)] / gpn, i};
+  std::vector<std::pair<int, int>> by_node;
+  by_node.reserve(ranks.size());
+  for (int i = 0; i < static_cast<int>(ranks.size()); ++i) by_node.emplace_back(ranks[static_cast<std::size_t>(i)] / gpn, i);
   std::sort(by_node.begin(), by_node.end());
   std::vector<std::pair<int, std::size_t>> firsts;  // (first member, where its node starts in by_node)
   for (std::size_t k = 0; k < by_node.size(); ++k) {
@@ -54,7 +55,8 @@ NodeLayout layout_of(const Topology& topo, const std::vector<int>& ranks) {
   std::sort(firsts.begin(), firsts.end());
   out.members.resize(firsts.size());
   for (std::size_t n = 0; n < firsts.size(); ++n) {
-    for (std::size_t k = firsts[n].second; k < by_node.size() && by_node[k].first == by_node[firsts[n].second].first; ++k) {
+    const int node = by_node[firsts[n].second].first;
+    for (std::size_t k = firsts[n].second; k < by_node.size() && by_node[k].first == node; ++k) {
       out.members[n].push_back(by_node[k].second);
     }
   }
