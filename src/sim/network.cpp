@@ -333,9 +333,12 @@ void Network::merge_routes_folded(std::span<const Route> routes) {
   LinkId hops[Topology::kMaxRouteLinks];
   std::uint8_t fixed[Topology::kMaxRouteLinks];
   const int gpus = topo_->num_gpus();
+  // GPU g is local GPU g mod gpn: a mask for the usual power of two (the
+  // skipped routes then cost no load of their GPU's hop index).
+  const bool pow2 = (gpn & (gpn - 1)) == 0;
   for (const Route& r : routes) {
     if (r.src_gpu < 0 || r.src_gpu >= gpus) (void)topo_->gpu_vertex(r.src_gpu);  // throws
-    const int local = topo_->local_index(r.src_gpu);
+    const int local = pow2 ? (r.src_gpu & (gpn - 1)) : topo_->local_index(r.src_gpu);
     if (local < static_cast<int>(from_local.size())) ++from_local[static_cast<std::size_t>(local)];
     if (local != 0) continue;
     const std::size_t n = topo_->route_ids_rail0(r.src_gpu, r.dst_gpu, hops, fixed);
