@@ -95,7 +95,6 @@ std::pair<std::uint32_t, std::uint32_t> Network::link_ends(LinkId l) const {
   return l % 2 == 0 ? std::pair{e.lo, e.hi} : std::pair{e.hi, e.lo};
 }
 
-
 // Every link in class 0 (crossed by no set).
 void Network::init_classes() {
   const std::size_t n = link_capacity_.size();

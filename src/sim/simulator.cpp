@@ -121,7 +121,7 @@ Breakdown critical_breakdown(const Engine& eng, const std::vector<TaskMeta>& met
 // Only those 8 get names: a 16k-GPU fabric has ~100k links, and naming and
 // sorting them all was a tenth of a Llama-3.1-405B iteration's simulation.
 // The links stream past in id order and nothing per link is kept (a vector
-// of them was the run's biggest allocation, its pages a tenth of its time).
+// of them was the run's biggest allocation, its fresh pages a fifth of its time).
 void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
   detail::BusiestLinks<8> top;
   std::array<double, 3> peak{};  // per LinkKind

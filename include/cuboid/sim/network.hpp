@@ -90,12 +90,6 @@ class Network {
   // The topology vertices a link goes from and to (networks built from a topology).
   // Throws std::out_of_range for abstract links.
   std::pair<std::uint32_t, std::uint32_t> link_ends(LinkId l) const;
-  // Their kinds (no graph lookup: the simulator's report asks for ~100k).
-  std::pair<VertexKind, VertexKind> link_end_kinds(LinkId l) const {
-    if (topo_ == nullptr || l >= link_capacity_.size()) throw_no_topology_link(l);
-    const EdgeRecord& e = topo_->edges()[l / 2];
-    return l % 2 == 0 ? std::pair{e.lo_kind, e.hi_kind} : std::pair{e.hi_kind, e.lo_kind};
-  }
   LinkStats link_stats(LinkId l) const;
   // Every link's stats at once (index = link id): one pass over the running
   // flows instead of one per link; the same numbers as link_stats(l).
