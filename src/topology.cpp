@@ -300,7 +300,7 @@ void Topology::index_rails() {
   for (std::uint32_t l = 0; l < rail0_links_.size(); ++l) rail0_links_[l] = l;
   for (std::size_t g = 0; g < gpu_hops_.size(); ++g) {
     const GpuHops& h = gpu_hops_[g];
-    const GpuHops& h0 = gpu_hops_[g - g % un];
+    const GpuHops& h0 = gpu_hops_[h.first];
     rail0_links_[h.nvswitch_up] = h0.nvswitch_up;
     rail0_links_[h.nvswitch_down] = h0.nvswitch_down;
     for (std::size_t k = 0; k < h.depth; ++k) {

@@ -146,7 +146,7 @@ double Network::class_bytes(ClassId c) const {
 LinkStats Network::link_stats(LinkId l) const {
   if (l >= link_capacity_.size()) throw std::out_of_range("Network: link id out of range");
   settle();
-  const ClassId c = link_class_[rail0_ != nullptr ? (*rail0_)[l] : l];
+  const ClassId c = class_of_link(l);
   return LinkStats{link_capacity_[l], class_bytes(c), class_peak_[c]};
 }
 
@@ -261,16 +261,15 @@ std::span<const LinkId> Network::route_links(int src_gpu, int dst_gpu) {
                             static_cast<std::uint32_t>(dst_gpu);
   auto it = route_cache_.find(key);
   if (it == route_cache_.end()) {
-    route_scratch_.clear();
-    topo_->route_ids(src_gpu, dst_gpu, route_scratch_);
+    LinkId hops[Topology::kMaxRouteLinks];
+    const std::size_t n = topo_->route_ids(src_gpu, dst_gpu, hops);
     // Kept in fixed blocks, so the spans handed out stay valid.
-    const std::size_t n = route_scratch_.size();
     if (route_blocks_.empty() || route_block_used_ + n > kRouteBlock) {
       route_blocks_.push_back(std::make_unique<LinkId[]>(std::max(kRouteBlock, n)));
       route_block_used_ = 0;
     }
     LinkId* links = route_blocks_.back().get() + route_block_used_;
-    std::copy(route_scratch_.begin(), route_scratch_.end(), links);
+    std::copy(hops, hops + n, links);
     route_block_used_ += n;
     it = route_cache_.emplace(key, std::span<const LinkId>(links, n)).first;
   }
@@ -466,30 +465,21 @@ LinkSetId Network::register_links(std::span<const LinkId> links) {
   use_group_.resize(links.size());
   const std::uint32_t cstamp = ++class_stamp_;
   if (class_touch_.size() < class_solve_.size()) class_touch_.resize(class_solve_.size(), 0);
-  // Neighbouring links (in id order) mostly fall in the group of the one before.
-  ClassId last_c = kNoEntry;
-  std::uint64_t last_w = 0, last_cb = 0;
-  std::uint32_t g = kNoEntry;
   for (std::size_t i = 0; i < links.size(); ++i) {
     const LinkId l = links[i];
     const ClassId c = link_class_[l];
     const auto wbits = std::bit_cast<std::uint64_t>(merge_weight_[l]);
     const std::uint64_t cbits = c == 0 ? std::bit_cast<std::uint64_t>(link_capacity_[l]) : 0;
-    if (c != last_c || wbits != last_w || cbits != last_cb) {
-      if (class_touch_[c] != cstamp) {
-        class_touch_[c] = cstamp;
-        class_first_group_[c] = kNoEntry;
-      }
-      g = class_first_group_[c];
-      while (g != kNoEntry && (groups_[g].weight_bits != wbits || groups_[g].capacity_bits != cbits)) g = groups_[g].next;
-      if (g == kNoEntry) {
-        g = static_cast<std::uint32_t>(groups_.size());
-        groups_.push_back(SplitGroup{c, wbits, cbits, 0, 0, class_first_group_[c]});
-        class_first_group_[c] = g;
-      }
-      last_c = c;
-      last_w = wbits;
-      last_cb = cbits;
+    if (class_touch_[c] != cstamp) {
+      class_touch_[c] = cstamp;
+      class_first_group_[c] = kNoEntry;
+    }
+    std::uint32_t g = class_first_group_[c];
+    while (g != kNoEntry && (groups_[g].weight_bits != wbits || groups_[g].capacity_bits != cbits)) g = groups_[g].next;
+    if (g == kNoEntry) {
+      g = static_cast<std::uint32_t>(groups_.size());
+      groups_.push_back(SplitGroup{c, wbits, cbits, 0, 0, class_first_group_[c]});
+      class_first_group_[c] = g;
     }
     ++groups_[g].count;
     use_group_[i] = g;

@@ -100,7 +100,7 @@ class Network {
   void for_each_link_stats(F&& f) const {
     const std::vector<double> bytes = class_totals();
     for (std::size_t l = 0; l < link_capacity_.size(); ++l) {
-      const ClassId c = link_class_[rail0_ != nullptr ? (*rail0_)[l] : l];
+      const ClassId c = class_of_link(static_cast<LinkId>(l));
       f(static_cast<LinkId>(l), LinkStats{link_capacity_[l], bytes[c], class_peak_[c]});
     }
   }
@@ -304,6 +304,8 @@ class Network {
     std::uint32_t next = 0;           // the next group of the same old class
   };
   ClassId set_class(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].cls[use]; }
+  // The class whose figures a link reports (folded: its rail-0 image's).
+  ClassId class_of_link(LinkId l) const { return link_class_[rail0_ != nullptr ? (*rail0_)[l] : l]; }
   double set_weight(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].weight[use]; }
   void init_classes();
   [[noreturn]] void throw_no_topology_link(LinkId l) const;
@@ -375,7 +377,6 @@ class Network {
   static constexpr std::size_t kRouteBlock = 4096;
   std::vector<std::unique_ptr<LinkId[]>> route_blocks_;
   std::size_t route_block_used_ = 0;
-  std::vector<LinkId> route_scratch_;
   // Scratch for compile_routes and the sets: per link its summed weight, and a bit set of the listed links.
   std::vector<double> merge_weight_;
   std::vector<std::uint64_t> merge_seen_;
