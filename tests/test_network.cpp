@@ -505,6 +505,138 @@ TEST_CASE("rail folding: only for rail-symmetric fabrics, before any set, for ro
   CHECK(net.link_stats(net.route_links(0, 1)[0]).bytes == 0);  // NVLink: no route crosses it
 }
 
+TEST_CASE("ZeroedArray: all zeros, small (calloc) and large (a fresh mapping), and movable") {
+  for (std::size_t n : {std::size_t{1}, std::size_t{100}, std::size_t{1} << 20}) {
+    CAPTURE(n);
+    ZeroedArray<double> a(n);
+    REQUIRE(a.size() == n);
+    bool zeros = true;
+    for (std::size_t i = 0; i < n; i += 97) zeros = zeros && a[i] == 0.0;
+    CHECK(zeros);
+    CHECK(a[n - 1] == 0.0);
+    a[n - 1] = 2.5;
+    ZeroedArray<double> b(std::move(a));
+    CHECK(a.size() == 0);
+    CHECK(b.size() == n);
+    CHECK(b[n - 1] == 2.5);
+    ZeroedArray<double> c;
+    c = std::move(b);
+    CHECK(c[n - 1] == 2.5);
+    CHECK(c[0] == (n == 1 ? 2.5 : 0.0));
+  }
+  ZeroedArray<std::uint32_t> none(0);
+  CHECK(none.size() == 0);
+}
+
+TEST_CASE("rail folding: a list's rail-0 part registers what the whole list does") {
+  const Topology topo(dgx(4));
+  // Two nodes per leaf, every NIC of a node on one leaf: the leaf-spine
+  // links carry all rails (a rail-0 hop that takes its weight once per rail).
+  const Topology shared(dgx(4, 2, 1.0, false));
+  REQUIRE(shared.rail_symmetric());
+  // Every rail sends node k -> node k + 1 (mod 4), twice over: 64 routes, 8 from local GPU 0.
+  std::vector<Route> all;
+  std::vector<Route> part;
+  for (int rep = 0; rep < 2; ++rep) {
+    for (int k = 0; k < 4; ++k) {
+      for (int i = 0; i < 8; ++i) {
+        const Route r{8 * k + i, 8 * ((k + 1) % 4) + i, 0.5};
+        all.push_back(r);
+        if (i == 0) part.push_back(r);
+      }
+    }
+  }
+  // Walked in full, folded from the whole list, folded from its rail-0 part.
+  enum Mode { full, folded, rail0 };
+  auto play = [&](const Topology& fabric, Mode mode) {
+    Network net(fabric);
+    if (mode != full) net.fold_rails();
+    const LinkSetId set = mode == rail0 ? net.add_rail0_route_set(part) : net.add_route_set(all);
+    std::vector<std::uint64_t> done;
+    net.start_flow(set, 1e9, 0, 1);
+    const TimeNs at = net.next_completion();
+    net.advance_to(at, done);
+    std::vector<double> figures{static_cast<double>(at)};
+    net.for_each_link_stats([&](LinkId, const LinkStats& st) {
+      figures.push_back(st.bytes);
+      figures.push_back(st.peak_utilisation);
+    });
+    return figures;
+  };
+  for (const Topology* fabric : {&topo, &shared}) {
+    const std::vector<double> walked = play(*fabric, full);
+    CHECK(play(*fabric, folded) == walked);
+    CHECK(play(*fabric, rail0) == walked);
+  }
+
+  Network flat(topo);
+  CHECK_THROWS_WITH_AS(flat.add_rail0_route_set(part), "Network: add_rail0_route_set needs folded rails (fold_rails)",
+                       std::logic_error);
+  Network net(topo);
+  net.fold_rails();
+  const std::vector<Route> off{{3, 11, 1.0}};
+  CHECK_THROWS_WITH_AS(net.add_rail0_route_set(off), "Network: a rail-0 route list has a route from GPU 3 (local GPU 3)",
+                       std::invalid_argument);
+  // A rail-0 part is cached apart from whole lists: the same 64 routes given
+  // as a whole list are not closed (only local GPU 0 sends).
+  std::vector<Route> big;
+  for (int k = 0; k < 64; ++k) big.push_back({8 * (k % 4), 8 * ((k + 1) % 4), 1.0});
+  (void)net.add_rail0_route_set(big);
+  CHECK(net.add_rail0_route_set(big) == net.add_rail0_route_set(big));
+  CHECK_THROWS_WITH_AS(net.add_route_set(big), "Network: a folded route list is not closed under the rail rotation",
+                       std::logic_error);
+}
+
+TEST_CASE("rail folding: a rail-0 group stands for the rotations of its members") {
+  const Topology topo(dgx(4));
+  const double S = 64.0 * (1 << 20);
+  // TP rank 0's DP ring across the 4 nodes; the family mirrors it on every rail.
+  CommGroup family{iota(0, 4, 8), {}};
+  for (int t = 1; t < 8; ++t) family.mirrors.push_back(iota(t, 4, 8));
+  CommGroup part{iota(0, 4, 8), {}};
+  part.rail0_part = true;
+  auto play = [&](const CommGroup& g, Collective op, bool fold = true) {
+    Network net(topo);
+    if (fold) net.fold_rails();
+    Engine eng(net);
+    const GroupId gid = eng.add_group(g);
+    const StreamId streams[1] = {eng.add_stream(g.ranks[0], StreamKind::dp)};
+    const TaskId t = eng.add_collective(op, gid, S, streams, {}, Algorithm::ring);
+    eng.run();
+    std::vector<double> figures{static_cast<double>(eng.end_ns(t))};
+    for (const LinkStats& st : net.all_link_stats()) {
+      figures.push_back(st.bytes);
+      figures.push_back(st.peak_utilisation);
+    }
+    return figures;
+  };
+  for (Collective op : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather}) {
+    CAPTURE(to_string(op));
+    const std::vector<double> a = play(part, op);
+    CHECK(a == play(family, op));
+    CHECK(a == play(family, op, false));  // walked in full
+    CHECK(a.front() > 0);
+  }
+  // A rail-0 group needs folded rails; and its members must sit on local GPU 0.
+  {
+    Network net(topo);
+    Engine eng(net);
+    const GroupId gid = eng.add_group(part);
+    const StreamId streams[1] = {eng.add_stream(0, StreamKind::dp)};
+    CHECK_THROWS_WITH_AS(eng.add_collective(Collective::all_reduce, gid, S, streams, {}, Algorithm::ring),
+                         "collective: a rail-0 group (CommGroup::rail0_part) needs a network with folded rails",
+                         std::logic_error);
+  }
+  CommGroup wrong{iota(1, 4, 8), {}};
+  wrong.rail0_part = true;
+  Network net(topo);
+  net.fold_rails();
+  Engine eng(net);
+  const GroupId gid = eng.add_group(wrong);
+  const StreamId streams[1] = {eng.add_stream(1, StreamKind::dp)};
+  CHECK_THROWS_AS(eng.add_collective(Collective::all_reduce, gid, S, streams, {}, Algorithm::ring), std::invalid_argument);
+}
+
 TEST_CASE("uncontended collectives reproduce the alpha-beta closed forms") {
   const double S = 256.0 * (1 << 20);
   SUBCASE("one DGX node, 8 GPUs") {

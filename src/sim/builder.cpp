@@ -78,6 +78,10 @@ void Builder::make_reps() {
     if (r >= 0 && r < plan_.world_size()) traced_stages_[static_cast<std::size_t>(map_.coord(r).pp)] = true;
   }
   if (opts_.trace_path.empty()) traced_stages_.clear();
+  // Folded rails: the groups of TP rank 0 (on local GPU 0) stand for those
+  // of the other TP ranks, their rotations (rails_foldable).
+  const bool folded = net_->rails_folded();
+  const int mirrored_tp = folded ? 1 : tp_;
   for (int s = 0; s < pp_; ++s) {
     Rep r;
     r.stage = s;
@@ -98,7 +102,8 @@ void Builder::make_reps() {
     if (dp_ > 1) {
       CommGroup g;
       g.ranks = map_.dp_group(0, s);
-      for (int t = 1; t < tp_; ++t) g.mirrors.push_back(map_.dp_group(t, s));
+      g.rail0_part = folded;
+      for (int t = 1; t < mirrored_tp; ++t) g.mirrors.push_back(map_.dp_group(t, s));
       r.dp_group = eng_->add_group(std::move(g));
     }
     reps_.push_back(r);
@@ -107,9 +112,10 @@ void Builder::make_reps() {
     auto p2p_group = [&](int from, int to) {
       CommGroup g;
       g.ranks = {map_.rank_of(0, from, rep_dp_), map_.rank_of(0, to, rep_dp_)};
-      g.mirrors.reserve(static_cast<std::size_t>(dp_ * tp_), 2);
+      g.rail0_part = folded;
+      g.mirrors.reserve(static_cast<std::size_t>(dp_ * mirrored_tp), 2);
       for (int d = 0; d < dp_; ++d) {
-        for (int t = 0; t < tp_; ++t) {
+        for (int t = 0; t < mirrored_tp; ++t) {
           if (t == 0 && d == rep_dp_) continue;
           g.mirrors.push_back({map_.rank_of(t, from, d), map_.rank_of(t, to, d)});
         }
@@ -301,7 +307,7 @@ void Builder::reserve_tasks() {
       for (const Unit& u : units) n += (fwd ? u.fwd : u.bwd)->items.size();
     }
   }
-  eng_->reserve(n, 3 * n);
+  eng_->reserve(n, n + n / 2);
   meta_.reserve(n);
 }
 
@@ -758,8 +764,9 @@ void Builder::finish_iteration() {
   if (pp_ > 1 && m_.tied_embeddings) {
     CommGroup g;
     g.ranks = {reps_.front().rank, reps_.back().rank};
+    g.rail0_part = net_->rails_folded();  // as in make_reps
     for (int d = 0; d < dp_; ++d) {
-      for (int t = 0; t < tp_; ++t) {
+      for (int t = 0; t < (g.rail0_part ? 1 : tp_); ++t) {
         if (t == 0 && d == rep_dp_) continue;
         g.mirrors.push_back({map_.rank_of(t, 0, d), map_.rank_of(t, pp_ - 1, d)});
       }

@@ -59,28 +59,22 @@ Network::Network(std::vector<double> link_capacity_Bps) {
     if (!(link_capacity_Bps[i] > 0)) throw std::invalid_argument("Network: link capacity must be > 0");
   }
   link_capacity_ = std::move(link_capacity_Bps);
+  num_links_ = n;
   init_classes();
 }
 
 Network::Network(const Topology& topo, NetworkOptions opts) : topo_(&topo), opts_(opts) {
   const Cluster& c = topo.cluster();
-  const double nic_eff = nic_efficiency(c);
   const std::vector<EdgeRecord>& edges = topo.edges();
   if (edges.size() != boost::num_edges(topo.graph())) {
     throw std::logic_error("Network: topology edge ids are not 0..edges-1");
   }
-  // Links 2 id (lower -> higher vertex) and 2 id + 1, as Topology::route_ids numbers them.
-  link_capacity_.resize(2 * edges.size());
-  for (std::size_t i = 0; i < edges.size(); ++i) {
-    const EdgeRecord& e = edges[i];
-    double cap = e.bandwidth_Bps;
-    if (opts_.achievable_bandwidth) {
-      const bool intra = e.lo_kind == VertexKind::nvswitch || e.hi_kind == VertexKind::nvswitch;
-      if (intra && c.intra.busbw_GBps > 0) cap = c.intra.busbw_GBps * 1e9;
-      if (!intra) cap *= nic_eff;
-    }
-    link_capacity_[2 * i] = cap;
-    link_capacity_[2 * i + 1] = cap;
+  // Links 2 id (lower -> higher vertex) and 2 id + 1, as Topology::route_ids
+  // numbers them; their capacities are read off the edges (capacity_of).
+  num_links_ = 2 * edges.size();
+  if (opts_.achievable_bandwidth) {
+    if (c.intra.busbw_GBps > 0) intra_busbw_Bps_ = c.intra.busbw_GBps * 1e9;
+    nic_eff_ = nic_efficiency(c);
   }
   init_classes();
 }
@@ -90,15 +84,15 @@ void Network::throw_no_topology_link(LinkId l) const {
 }
 
 std::pair<std::uint32_t, std::uint32_t> Network::link_ends(LinkId l) const {
-  if (topo_ == nullptr || l >= link_capacity_.size()) throw_no_topology_link(l);
+  if (topo_ == nullptr || l >= num_links_) throw_no_topology_link(l);
   const EdgeRecord& e = topo_->edges()[l / 2];
   return l % 2 == 0 ? std::pair{e.lo, e.hi} : std::pair{e.hi, e.lo};
 }
 
 // Every link in class 0 (crossed by no set).
 void Network::init_classes() {
-  const std::size_t n = link_capacity_.size();
-  link_class_.assign(n, 0);
+  const std::size_t n = num_links_;
+  link_class_ = ZeroedArray<ClassId>(n);
   class_solve_.resize(1);
   class_flows_.resize(1);
   class_size_.assign(1, static_cast<std::uint32_t>(n));
@@ -110,7 +104,7 @@ void Network::init_classes() {
 }
 
 std::string Network::link_name(LinkId l) const {
-  if (topo_ != nullptr && l < link_capacity_.size()) {
+  if (topo_ != nullptr && l < num_links_) {
     const auto& g = topo_->graph();
     const auto [from, to] = link_ends(l);
     return g[from].name + "->" + g[to].name;
@@ -144,10 +138,10 @@ double Network::class_bytes(ClassId c) const {
 }
 
 LinkStats Network::link_stats(LinkId l) const {
-  if (l >= link_capacity_.size()) throw std::out_of_range("Network: link id out of range");
+  if (l >= num_links_) throw std::out_of_range("Network: link id out of range");
   settle();
   const ClassId c = class_of_link(l);
-  return LinkStats{link_capacity_[l], class_bytes(c), class_peak_[c]};
+  return LinkStats{capacity_of(l), class_bytes(c), class_peak_[c]};
 }
 
 std::vector<double> Network::class_totals() const {
@@ -159,7 +153,7 @@ std::vector<double> Network::class_totals() const {
 
 std::vector<LinkStats> Network::all_link_stats() const {
   std::vector<LinkStats> out;
-  out.reserve(link_capacity_.size());
+  out.reserve(num_links_);
   for_each_link_stats([&](LinkId, const LinkStats& st) { out.push_back(st); });
   return out;
 }
@@ -323,9 +317,11 @@ void Network::fold_rails() {
 // merge_routes over the routes from local GPU 0, each hop on its rail-0
 // image; a hop all rails share takes the weight once per rail (added one by
 // one: the same sum as the full list gives it, when its weights are equal).
-// Checks the list has as many routes from each local GPU (a rotation-closed
-// list has; the converse is the caller's promise).
-void Network::merge_routes_folded(std::span<const Route> routes) {
+// A whole list (rail0_part false): checks it has as many routes from each
+// local GPU (a rotation-closed list has; the converse is the caller's
+// promise) and skips the others. A rail-0 part: every route must start on
+// local GPU 0.
+void Network::merge_routes_folded(std::span<const Route> routes, bool rail0_part) {
   const int gpn = topo_->cluster().gpus_per_node;
   std::array<std::uint32_t, 64> from_local{};
   LinkId hops[Topology::kMaxRouteLinks];
@@ -337,8 +333,15 @@ void Network::merge_routes_folded(std::span<const Route> routes) {
   for (const Route& r : routes) {
     if (r.src_gpu < 0 || r.src_gpu >= gpus) (void)topo_->gpu_vertex(r.src_gpu);  // throws
     const int local = pow2 ? (r.src_gpu & (gpn - 1)) : topo_->local_index(r.src_gpu);
-    if (local < static_cast<int>(from_local.size())) ++from_local[static_cast<std::size_t>(local)];
-    if (local != 0) continue;
+    if (rail0_part) {
+      if (local != 0) {
+        throw std::invalid_argument("Network: a rail-0 route list has a route from GPU " + std::to_string(r.src_gpu) +
+                                    " (local GPU " + std::to_string(local) + ")");
+      }
+    } else {
+      if (local < static_cast<int>(from_local.size())) ++from_local[static_cast<std::size_t>(local)];
+      if (local != 0) continue;
+    }
     const std::size_t n = topo_->route_ids_rail0(r.src_gpu, r.dst_gpu, hops, fixed);
     for (std::size_t i = 0; i < n; ++i) {
       merge_add(hops[i], r.weight);
@@ -347,6 +350,7 @@ void Network::merge_routes_folded(std::span<const Route> routes) {
       }
     }
   }
+  if (rail0_part) return;
   for (int i = 1; i < std::min<int>(gpn, static_cast<int>(from_local.size())); ++i) {
     if (from_local[static_cast<std::size_t>(i)] != from_local[0]) {
       throw std::logic_error("Network: a folded route list is not closed under the rail rotation");
@@ -357,9 +361,9 @@ void Network::merge_routes_folded(std::span<const Route> routes) {
 // merge_links_ is empty after a merge_end; links left in it are those of a
 // merge a throw cut short (a GPU out of range): their bits are cleared here.
 void Network::merge_begin() {
-  if (merge_weight_.size() != link_capacity_.size()) {
-    merge_weight_.assign(link_capacity_.size(), 0.0);
-    merge_seen_.assign((link_capacity_.size() + 63) / 64, 0);
+  if (merge_weight_.size() != num_links_) {
+    merge_weight_ = ZeroedArray<double>(num_links_);
+    merge_seen_.assign((num_links_ + 63) / 64, 0);
   }
   for (LinkId l : merge_links_) merge_seen_[l >> 6] = 0;
   merge_links_.clear();
@@ -410,37 +414,44 @@ void Network::merge_uses(std::vector<LinkUse>& uses) {
   uses.resize(w);
 }
 
-LinkSetId Network::add_route_set(std::span<const Route> routes) {
+LinkSetId Network::add_route_set(std::span<const Route> routes) { return add_routes(routes, false); }
+
+LinkSetId Network::add_rail0_route_set(std::span<const Route> rail0_routes) {
+  if (rail0_ == nullptr) throw std::logic_error("Network: add_rail0_route_set needs folded rails (fold_rails)");
+  return add_routes(rail0_routes, true);
+}
+
+LinkSetId Network::add_routes(std::span<const Route> routes, bool rail0_part) {
   const bool cached = routes.size() >= kCacheMinSize;
   std::uint64_t key = 0;
   if (cached) {
     key = hash_routes(routes);
     for (auto [it, end] = compiled_index_.equal_range(key); it != end; ++it) {
       const Compiled& c = compiled_[it->second];
-      if (same_routes(c.routes, routes)) return c.set;
+      if (c.rail0_part == rail0_part && same_routes(c.routes, routes)) return c.set;
     }
   }
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
   merge_begin();
-  if (rail0_ != nullptr) merge_routes_folded(routes);
+  if (rail0_ != nullptr) merge_routes_folded(routes, rail0_part);
   else merge_routes(routes);
   merge_end();
   const LinkSetId set = register_links(set_links_);
   if (cached) {
     compiled_index_.emplace(key, static_cast<std::uint32_t>(compiled_.size()));
-    compiled_.push_back(Compiled{std::vector<Route>(routes.begin(), routes.end()), set});
+    compiled_.push_back(Compiled{std::vector<Route>(routes.begin(), routes.end()), set, rail0_part});
   }
   return set;
 }
 
 // Checks the uses (nothing registered yet if one is bad), then registers them.
 LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
-  if (merge_weight_.size() != link_capacity_.size()) merge_begin();
-  if (link_mark_.size() != link_capacity_.size()) link_mark_.assign(link_capacity_.size(), 0);  // first call
+  if (merge_weight_.size() != num_links_) merge_begin();
+  if (link_mark_.size() != num_links_) link_mark_.assign(num_links_, 0);  // first call
   const std::uint32_t stamp = ++link_stamp_;
   set_links_.clear();
   for (const LinkUse& u : uses) {
-    if (u.link >= link_capacity_.size()) throw std::out_of_range("Network: link id out of range");
+    if (u.link >= num_links_) throw std::out_of_range("Network: link id out of range");
     if (!(u.weight > 0)) continue;
     if (link_mark_[u.link] == stamp) {
       throw std::invalid_argument("Network: a link set lists link " + std::to_string(u.link) + " twice");
@@ -469,7 +480,7 @@ LinkSetId Network::register_links(std::span<const LinkId> links) {
     const LinkId l = links[i];
     const ClassId c = link_class_[l];
     const auto wbits = std::bit_cast<std::uint64_t>(merge_weight_[l]);
-    const std::uint64_t cbits = c == 0 ? std::bit_cast<std::uint64_t>(link_capacity_[l]) : 0;
+    const std::uint64_t cbits = c == 0 ? std::bit_cast<std::uint64_t>(capacity_of(l)) : 0;
     if (class_touch_[c] != cstamp) {
       class_touch_[c] = cstamp;
       class_first_group_[c] = kNoEntry;

@@ -111,9 +111,15 @@ class MirrorGroups {
 // A communicator: the ranks (global GPU ids, in ring order; ranks[0] is the
 // broadcast root and the sender of a send_recv) and the groups it mirrors.
 // Every mirror has the same size as `ranks`; mirror[i] plays ranks[i]'s role.
+// rail0_part (networks with folded rails, Network::fold_rails): ranks and
+// mirrors are only the groups on local GPU 0 of a family closed under the
+// rail rotation (each GPU to the next of its node), which stands for every
+// rotation of them: the caller's promise, as the builder's rails_foldable
+// makes it. Its phases are registered with Network::add_rail0_route_set.
 struct CommGroup {
   std::vector<int> ranks;
   MirrorGroups mirrors;
+  bool rail0_part = false;
 };
 
 // One phase: a single flow (shared rate) over the links of `set` carrying

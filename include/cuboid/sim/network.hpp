@@ -20,11 +20,13 @@
 #include <limits>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "cuboid/sim/zeroed_array.hpp"
 #include "cuboid/topology.hpp"
 
 namespace cuboid::sim {
@@ -84,7 +86,7 @@ class Network {
 
   const Topology* topology() const { return topo_; }
   const NetworkOptions& options() const { return opts_; }
-  std::size_t num_links() const { return link_capacity_.size(); }
+  std::size_t num_links() const { return num_links_; }
   // "n0.gpu3->n0.nvswitch" for topology links, "link7" for abstract ones.
   std::string link_name(LinkId l) const;
   // The topology vertices a link goes from and to (networks built from a topology).
@@ -99,13 +101,16 @@ class Network {
   template <typename F>
   void for_each_link_stats(F&& f) const {
     const std::vector<double> bytes = class_totals();
-    for (std::size_t l = 0; l < link_capacity_.size(); ++l) {
+    for (std::size_t l = 0; l < num_links_; ++l) {
       const ClassId c = class_of_link(static_cast<LinkId>(l));
-      f(static_cast<LinkId>(l), LinkStats{link_capacity_[l], bytes[c], class_peak_[c]});
+      f(static_cast<LinkId>(l), LinkStats{capacity_of(static_cast<LinkId>(l)), bytes[c], class_peak_[c]});
     }
   }
   // A link's modelled capacity (no settling: cheap).
-  double link_capacity_Bps(LinkId l) const { return link_capacity_.at(l); }
+  double link_capacity_Bps(LinkId l) const {
+    if (l >= num_links_) throw std::out_of_range("Network: link id out of range");
+    return capacity_of(l);
+  }
   // Directed links of Topology::route(src, dst), in order (cached per pair;
   // the span stays valid as long as the Network).
   std::span<const LinkId> route_links(int src_gpu, int dst_gpu);
@@ -141,6 +146,13 @@ class Network {
   // pairs, weights and order) gives that set back: sets are immutable, and
   // flows over one set are as independent as flows over two equal ones.
   LinkSetId add_route_set(std::span<const Route> routes);
+  // Folded networks: the set add_route_set gives for a rotation-closed list,
+  // from that list's routes from local GPU 0 alone, in its order (a mirrored
+  // collective need not build the other GPUs' routes at all). The closure
+  // is the caller's to check (plan_collective counts each local GPU's
+  // routes). Throws std::logic_error if the rails are not folded and
+  // std::invalid_argument for a route from another local GPU.
+  LinkSetId add_rail0_route_set(std::span<const Route> rail0_routes);
   std::size_t num_link_sets() const { return sets_.size(); }
   // Link classes in use (links every set crosses alike; class 0, the links
   // no set crosses, included): what solves and totals work on.
@@ -307,12 +319,23 @@ class Network {
   // The class whose figures a link reports (folded: its rail-0 image's).
   ClassId class_of_link(LinkId l) const { return link_class_[rail0_ != nullptr ? (*rail0_)[l] : l]; }
   double set_weight(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].weight[use]; }
+  // A link's capacity: a topology link's from its edge record (no per-link
+  // table to fill: 100k links on a 16k-GPU fabric), an abstract one's as given.
+  double capacity_of(LinkId l) const {
+    if (topo_ == nullptr) return link_capacity_[l];
+    const EdgeRecord& e = topo_->edges()[l / 2];
+    if (!opts_.achievable_bandwidth) return e.bandwidth_Bps;
+    const bool intra = e.lo_kind == VertexKind::nvswitch || e.hi_kind == VertexKind::nvswitch;
+    if (intra) return intra_busbw_Bps_ > 0 ? intra_busbw_Bps_ : e.bandwidth_Bps;
+    return e.bandwidth_Bps * nic_eff_;
+  }
   void init_classes();
   [[noreturn]] void throw_no_topology_link(LinkId l) const;
   void merge_begin();
   void merge_add(LinkId l, double w);
   void merge_routes(std::span<const Route> routes);
-  void merge_routes_folded(std::span<const Route> routes);
+  void merge_routes_folded(std::span<const Route> routes, bool rail0_part);
+  LinkSetId add_routes(std::span<const Route> routes, bool rail0_part);
   void merge_end();
   LinkSetId register_links(std::span<const LinkId> links);
   double carried(const Flow& fl) const;
@@ -332,9 +355,12 @@ class Network {
   const Topology* topo_ = nullptr;
   NetworkOptions opts_;
   const std::vector<std::uint32_t>* rail0_ = nullptr;  // folded: topo_->rail0_links()
-  // Per link: capacity, class.
+  std::size_t num_links_ = 0;
+  // Per link: capacity (abstract networks only; see capacity_of), class.
   std::vector<double> link_capacity_;
-  std::vector<ClassId> link_class_;
+  double intra_busbw_Bps_ = 0;  // topology networks: the card's intra.busbw (achievable rates)
+  double nic_eff_ = 1;          // and nic_efficiency
+  ZeroedArray<ClassId> link_class_;  // zero: class 0; pages a run never touches stay unmapped
   std::vector<std::uint32_t> link_mark_;  // scratch for add_link_set's duplicate check (made on its first call)
   std::uint32_t link_stamp_ = 0;
   // Ends and latencies come from topo_->edges() (link l is edge l / 2, lower
@@ -378,7 +404,7 @@ class Network {
   std::vector<std::unique_ptr<LinkId[]>> route_blocks_;
   std::size_t route_block_used_ = 0;
   // Scratch for compile_routes and the sets: per link its summed weight, and a bit set of the listed links.
-  std::vector<double> merge_weight_;
+  ZeroedArray<double> merge_weight_;  // only read where merge_seen_ (or add_link_set) has set it
   std::vector<std::uint64_t> merge_seen_;
   std::vector<LinkId> merge_links_;
   std::vector<LinkId> set_links_;  // the links to register: merge_end's (in id order) or add_link_set's (as given)
@@ -389,6 +415,7 @@ class Network {
   struct Compiled {
     std::vector<Route> routes;
     LinkSetId set = 0;
+    bool rail0_part = false;  // routes is a folded list's rail-0 part (add_rail0_route_set)
   };
   std::vector<Compiled> compiled_;
   std::unordered_multimap<std::uint64_t, std::uint32_t> compiled_index_;  // hash -> compiled_
