@@ -557,10 +557,18 @@ TEST_CASE("rail folding: a list's rail-0 part registers what the whole list does
     const TimeNs at = net.next_completion();
     net.advance_to(at, done);
     std::vector<double> figures{static_cast<double>(at)};
-    net.for_each_link_stats([&](LinkId, const LinkStats& st) {
+    std::vector<std::pair<LinkId, double>> loaded;
+    net.for_each_link_stats([&](LinkId l, const LinkStats& st) {
       figures.push_back(st.bytes);
       figures.push_back(st.peak_utilisation);
+      figures.push_back(st.capacity_Bps);
+      if (st.bytes > 0) loaded.emplace_back(l, st.capacity_Bps);
     });
+    // The loaded links alone: the same links, in the same order, same figures.
+    std::vector<std::pair<LinkId, double>> only;
+    net.for_each_loaded_link_stats([&](LinkId l, const LinkStats& st) { only.emplace_back(l, st.capacity_Bps); });
+    CHECK(only == loaded);
+    CHECK(loaded.size() > 8);
     return figures;
   };
   for (const Topology* fabric : {&topo, &shared}) {

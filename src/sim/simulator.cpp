@@ -126,8 +126,7 @@ void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
   detail::BusiestLinks<8> top;
   std::array<double, 3> peak{};  // per LinkKind
   const EdgeRecord* edges = net.topology() != nullptr ? net.topology()->edges().data() : nullptr;
-  net.for_each_link_stats([&](LinkId l, const LinkStats& st) {
-    if (st.bytes <= 0) return;
+  net.for_each_loaded_link_stats([&](LinkId l, const LinkStats& st) {
     const LinkKind kind = edges != nullptr ? edge_kind(edges[l / 2]) : LinkKind::ib;
     double& p = peak[static_cast<std::size_t>(kind)];
     p = std::max(p, st.peak_utilisation);

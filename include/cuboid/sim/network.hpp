@@ -100,11 +100,13 @@ class Network {
   // all_link_stats without its vector (a 16k-GPU fabric has ~100k links).
   template <typename F>
   void for_each_link_stats(F&& f) const {
-    const std::vector<double> bytes = class_totals();
-    for (std::size_t l = 0; l < num_links_; ++l) {
-      const ClassId c = class_of_link(static_cast<LinkId>(l));
-      f(static_cast<LinkId>(l), LinkStats{capacity_of(static_cast<LinkId>(l)), bytes[c], class_peak_[c]});
-    }
+    for_each_link(false, f);
+  }
+  // The same for the links that carried bytes only (bytes > 0), skipping the
+  // others' capacities: what a report of the loaded links reads.
+  template <typename F>
+  void for_each_loaded_link_stats(F&& f) const {
+    for_each_link(true, f);
   }
   // A link's modelled capacity (no settling: cheap).
   double link_capacity_Bps(LinkId l) const {
@@ -328,6 +330,15 @@ class Network {
     const bool intra = e.lo_kind == VertexKind::nvswitch || e.hi_kind == VertexKind::nvswitch;
     if (intra) return intra_busbw_Bps_ > 0 ? intra_busbw_Bps_ : e.bandwidth_Bps;
     return e.bandwidth_Bps * nic_eff_;
+  }
+  template <typename F>
+  void for_each_link(bool loaded_only, F& f) const {
+    const std::vector<double> bytes = class_totals();
+    for (std::size_t l = 0; l < num_links_; ++l) {
+      const ClassId c = class_of_link(static_cast<LinkId>(l));
+      if (loaded_only && bytes[c] <= 0) continue;
+      f(static_cast<LinkId>(l), LinkStats{capacity_of(static_cast<LinkId>(l)), bytes[c], class_peak_[c]});
+    }
   }
   void init_classes();
   [[noreturn]] void throw_no_topology_link(LinkId l) const;
