@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -78,40 +79,81 @@ double cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-// One iteration of one plan in the discrete-event simulator.
-void bench_simulation(const char* name, const char* model, const char* cluster, int nodes, ParallelPlan plan) {
+struct SimRun {
+  double wall = 0;
+  double cpu = 0;
+  long page_faults = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One iteration of one plan in the discrete-event simulator, `runs` times in
+// this process, each from scratch (a new network, task graph and engine).
+// The first run is what `cuboid simulate` pays in a fresh process (its
+// tables' pages are new to the process); the later ones reuse memory the
+// process already has, as the planner's re-ranking does, simulation after
+// simulation.
+void bench_simulation(const char* name, const char* model, const char* cluster, int nodes, ParallelPlan plan, int runs) {
   const ModelSpec m = load_model(model);
   const Cluster cl = load_cluster(cluster, nodes);
   const Topology topo(cl);
   plan.seq_length = plan.seq_length > 0 ? plan.seq_length : m.seq_length;
   validate_plan(plan, m, cl);
-  const auto t0 = Clock::now();
-  const double cpu0 = cpu_seconds();
-  const sim::SimResult r = sim::run_simulation(m, topo, plan);
-  const double cpu = cpu_seconds() - cpu0;
-  const double wall = seconds_since(t0);
+  std::vector<SimRun> done;
+  sim::SimResult first;
+  for (int i = 0; i < runs; ++i) {
+    rusage ru0{};
+    getrusage(RUSAGE_SELF, &ru0);
+    const auto t0 = Clock::now();
+    const double cpu0 = cpu_seconds();
+    sim::SimResult r = sim::run_simulation(m, topo, plan);
+    SimRun run;
+    run.cpu = cpu_seconds() - cpu0;
+    run.wall = seconds_since(t0);
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    run.page_faults = ru.ru_minflt - ru0.ru_minflt;
+    done.push_back(run);
+    if (i == 0) first = std::move(r);
+  }
   // CPU time as well as wall time: on a shared machine the wall clock also
   // counts other processes' turns. Peak RSS is the whole process's so far
   // (run one case per process, `bench_planner sim CASE`, for the simulator's own).
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
+  const double events = static_cast<double>(first.events);
   std::printf("%-40s %6d GPUs  %9llu tasks %9llu events %7llu flows  %.3f s host, %.3f s cpu (%.2f M events/s per cpu s)  "
-              "%4.0f MiB peak RSS  -> %.2f s per iteration\n",
-              name, cl.total_gpus(), static_cast<unsigned long long>(r.tasks), static_cast<unsigned long long>(r.events),
-              static_cast<unsigned long long>(r.flows), wall, cpu, static_cast<double>(r.events) / cpu / 1e6,
-              static_cast<double>(ru.ru_maxrss) / 1024.0, r.estimate.iteration_time_s);
+              "%4.0f MiB peak RSS, %ld page faults  -> %.2f s per iteration\n",
+              name, cl.total_gpus(), static_cast<unsigned long long>(first.tasks),
+              static_cast<unsigned long long>(first.events), static_cast<unsigned long long>(first.flows), done[0].wall,
+              done[0].cpu, events / done[0].cpu / 1e6, static_cast<double>(ru.ru_maxrss) / 1024.0, done[0].page_faults,
+              first.estimate.iteration_time_s);
+  if (runs < 2) return;
+  std::vector<double> cpu;
+  for (std::size_t i = 1; i < done.size(); ++i) cpu.push_back(done[i].cpu);
+  const double med = median(cpu);
+  const auto [lo, hi] = std::minmax_element(cpu.begin(), cpu.end());
+  std::printf("%-40s runs 2-%d in the same process: median %.3f s cpu (%.2f M events/s per cpu s), "
+              "range %.3f-%.3f s, %ld page faults in the last\n",
+              "", runs, med, events / med / 1e6, *lo, *hi, done.back().page_faults);
 }
 
 }  // namespace
 
 // `bench_planner`: everything; `bench_planner planner`: the planner only;
-// `bench_planner sim [gpt-1t|llama3.1-405b]`: only the simulator (one case),
-// e.g. to measure its peak memory alone.
+// `bench_planner sim [gpt-1t|llama3.1-405b [RUNS]]`: only the simulator (one
+// case, RUNS times in this process, default 1), e.g. to measure its peak
+// memory alone.
 int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "";
   const std::string sim_case = argc > 2 ? argv[2] : "";
-  if (!only.empty() && only != "sim" && only != "planner") {
-    std::fprintf(stderr, "usage: bench_planner [planner | sim [gpt-1t|llama3.1-405b]]\n");
+  const int runs = argc > 3 ? std::atoi(argv[3]) : 1;
+  if ((!only.empty() && only != "sim" && only != "planner") || runs < 1 || argc > 4) {
+    std::fprintf(stderr, "usage: bench_planner [planner | sim [gpt-1t|llama3.1-405b [RUNS]]]\n");
     return 2;
   }
   const Case cases[] = {
@@ -134,7 +176,7 @@ int main(int argc, char** argv) {
   gpt1t.recompute = Recompute::selective;
   if (sim_case.empty() || sim_case == "gpt-1t") {
     bench_simulation("gpt-1t TP8 PP64 DP6, batch 3072", "models/gpt-1t.json", "topologies/dgx-a100-superpod.json", 384,
-                     gpt1t);
+                     gpt1t, runs);
   }
   ParallelPlan l405;
   l405.tp = 8;
@@ -149,7 +191,7 @@ int main(int argc, char** argv) {
   l405.recompute = Recompute::full;
   if (sim_case.empty() || sim_case == "llama3.1-405b") {
     bench_simulation("llama3.1-405b TP8 PP16 DP128, seq 8192", "models/llama3.1-405b.json",
-                     "topologies/h100-roce-24k.json", 2048, l405);
+                     "topologies/h100-roce-24k.json", 2048, l405, runs);
   }
   return 0;
 }
