@@ -245,6 +245,17 @@ void Topology::index_hops() {
     h.down[3] = link(spine_up_edge_[pod], core_vertices_[0], spine_v);
     h.depth = 4;
   }
+  gpu_latency_.assign(gpu_hops_.size(), GpuLatency{});
+  for (std::size_t g = 0; g < gpu_hops_.size(); ++g) {
+    const GpuHops& h = gpu_hops_[g];
+    GpuLatency& l = gpu_latency_[g];
+    l.nvswitch_ns = edges_[h.nvswitch_up / 2].latency_ns;
+    std::int64_t sum = 0;
+    for (std::size_t k = 0; k < h.depth; ++k) {
+      sum += edges_[h.up[k] / 2].latency_ns;
+      l.up_to[k] = sum;
+    }
+  }
   index_rails();
 }
 

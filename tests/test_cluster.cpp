@@ -91,6 +91,8 @@ void check_routes_against_bfs(const Topology& t) {
       CAPTURE(b);
       CHECK(route_connects(t, a, b, path));
       CHECK(static_cast<int>(path.size()) == (a == b ? 0 : bfs_hops(t, a, b)));
+      // The latency from the per-GPU sums is the route's, hop by hop.
+      CHECK(t.route_latency_ns(a, b) == t.latency_ns(path));
     }
   }
 }

@@ -73,6 +73,18 @@ class Topology {
     const auto [a, b] = hops_pair(gpu_a, gpu_b);
     return a == b ? 0 : route_hops<false>(*a, *b, *a, *b, out, nullptr);
   }
+  // The sum of the route's hop latencies, from per-GPU sums kept with the
+  // hop index (no walk over the edge records: a DP ring of 128 nodes asks
+  // this for each of its edges).
+  std::int64_t route_latency_ns(int gpu_a, int gpu_b) const {
+    const auto [a, b] = hops_pair(gpu_a, gpu_b);
+    if (a == b) return 0;
+    const GpuLatency& la = gpu_latency_[static_cast<std::size_t>(gpu_a)];
+    const GpuLatency& lb = gpu_latency_[static_cast<std::size_t>(gpu_b)];
+    if (a->node == b->node) return la.nvswitch_ns + lb.nvswitch_ns;
+    const std::size_t levels = a->leaf == b->leaf ? 2 : a->pod == b->pod ? 3 : 4;
+    return la.up_to[levels - 1] + lb.up_to[levels - 1];
+  }
   // Rail symmetry. Rotating every node's GPUs by one (local GPU i -> i + 1
   // mod GPUs per node) maps the fabric onto itself when each GPU has its own
   // NIC and the leaves and pods are laid out alike for every rail: GPU i's
@@ -124,6 +136,14 @@ class Topology {
     std::uint8_t shared = 0;  // bit k: up[k] / down[k] are links every GPU of the node crosses
   };
   std::vector<GpuHops> gpu_hops_;
+  // Per GPU, the latency of its NVSwitch link and the summed latencies of
+  // its first k + 1 links up the tree (a link's two directions have its
+  // edge's one latency, so the way down sums the same).
+  struct GpuLatency {
+    std::int64_t nvswitch_ns = 0;
+    std::int64_t up_to[4] = {};
+  };
+  std::vector<GpuLatency> gpu_latency_;
   bool rail_symmetric_ = false;
   std::vector<std::uint32_t> rail0_links_;
   void index_rails();

@@ -272,12 +272,7 @@ std::span<const LinkId> Network::route_links(int src_gpu, int dst_gpu) {
 
 TimeNs Network::route_latency_ns(int src_gpu, int dst_gpu) {
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
-  LinkId hops[Topology::kMaxRouteLinks];
-  const std::size_t n = topo_->route_ids(src_gpu, dst_gpu, hops);
-  const std::vector<EdgeRecord>& edges = topo_->edges();
-  TimeNs ns = 0;
-  for (std::size_t i = 0; i < n; ++i) ns += edges[hops[i] / 2].latency_ns;
-  return ns;
+  return topo_->route_latency_ns(src_gpu, dst_gpu);
 }
 
 // The same result as appending every route's links and merge_uses: each
