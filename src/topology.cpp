@@ -273,6 +273,8 @@ void Topology::index_rails() {
   const auto un = static_cast<std::size_t>(gpn);
   rail_symmetric_ = false;
   rail0_links_.clear();
+  rail0_slots_.clear();
+  rail0_slot_links_.clear();
   if (gpn < 2) return;
   auto same_edge = [&](std::uint32_t a, std::uint32_t b) {
     const EdgeRecord& x = edges_[a / 2];
@@ -319,6 +321,14 @@ void Topology::index_rails() {
       rail0_links_[h.down[k]] = h0.down[k];
     }
   }
+  // The images (the links that are their own), numbered in link id order.
+  rail0_slots_.assign(rail0_links_.size(), 0);
+  for (std::uint32_t l = 0; l < rail0_links_.size(); ++l) {
+    if (rail0_links_[l] != l) continue;
+    rail0_slots_[l] = static_cast<std::uint32_t>(rail0_slot_links_.size());
+    rail0_slot_links_.push_back(l);
+  }
+  for (std::uint32_t l = 0; l < rail0_links_.size(); ++l) rail0_slots_[l] = rail0_slots_[rail0_links_[l]];
   rail_symmetric_ = true;
 }
 

@@ -329,6 +329,20 @@ void check_rail_symmetry(const Topology& t) {
   REQUIRE(t.rail_symmetric());
   const auto& img = t.rail0_links();
   REQUIRE(img.size() == 2 * t.edges().size());
+  // The images numbered densely in link id order: every link's number is its
+  // image's, and the numbers list the images (the links that are their own).
+  const auto& slots = t.rail0_slots();
+  const auto& slot_links = t.rail0_slot_links();
+  REQUIRE(slots.size() == img.size());
+  std::vector<std::uint32_t> images;
+  for (std::uint32_t l = 0; l < img.size(); ++l) {
+    if (img[l] == l) images.push_back(l);
+  }
+  CHECK(slot_links == images);
+  CHECK(images.size() < img.size());
+  bool numbered = true;
+  for (std::uint32_t l = 0; l < img.size(); ++l) numbered = numbered && slot_links.at(slots[l]) == img[l];
+  CHECK(numbered);
   std::uint32_t hops[Topology::kMaxRouteLinks], rot[Topology::kMaxRouteLinks], folded[Topology::kMaxRouteLinks];
   std::uint8_t fixed[Topology::kMaxRouteLinks];
   for (int a = 0; a < t.num_gpus(); ++a) {

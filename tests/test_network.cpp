@@ -580,6 +580,26 @@ TEST_CASE("rail folding: a list's rail-0 part registers what the whole list does
   Network flat(topo);
   CHECK_THROWS_WITH_AS(flat.add_rail0_route_set(part), "Network: add_rail0_route_set needs folded rails (fold_rails)",
                        std::logic_error);
+  // compile_routes gives links, folded or not (the folded tables hold only
+  // rail 0's slots); raw link sets cannot join folded rails.
+  {
+    Network folded_net(shared);
+    folded_net.fold_rails();
+    Network walked_net(shared);
+    std::vector<LinkUse> a{{0, 0.25}};
+    std::vector<LinkUse> b{{0, 0.25}};
+    folded_net.compile_routes(all, a);
+    walked_net.compile_routes(all, b);
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CHECK(a[i].link == b[i].link);
+      CHECK(a[i].weight == b[i].weight);
+    }
+    CHECK(a.size() > 20);
+    CHECK_THROWS_WITH_AS(folded_net.add_link_set(a),
+                         "Network: raw link sets (add_link_set, start_flow over uses) cannot join folded rails",
+                         std::logic_error);
+  }
   Network net(topo);
   net.fold_rails();
   const std::vector<Route> off{{3, 11, 1.0}};

@@ -95,6 +95,11 @@ class Topology {
   // Rail-symmetric fabrics only: each directed link's image on rail 0 (the
   // link of local GPU 0 it rotates to; a shared link is its own image).
   const std::vector<std::uint32_t>& rail0_links() const { return rail0_links_; }
+  // The images numbered densely, in link id order (a folded network's
+  // per-link tables hold only them, a GPUs-per-node-th of the links): per
+  // link, its image's number; per number, the image.
+  const std::vector<std::uint32_t>& rail0_slots() const { return rail0_slots_; }
+  const std::vector<std::uint32_t>& rail0_slot_links() const { return rail0_slot_links_; }
   // GPU i of its node (gpu in range).
   int local_index(int gpu) const { return gpu - static_cast<int>(gpu_hops_[static_cast<std::size_t>(gpu)].first); }
   // route_ids with every hop given as its rail-0 image, and fixed[k] = 1 where
@@ -146,6 +151,7 @@ class Topology {
   std::vector<GpuLatency> gpu_latency_;
   bool rail_symmetric_ = false;
   std::vector<std::uint32_t> rail0_links_;
+  std::vector<std::uint32_t> rail0_slots_, rail0_slot_links_;
   void index_rails();
   void index_hops();
   [[noreturn]] void throw_bad_gpus(int gpu_a, int gpu_b) const;

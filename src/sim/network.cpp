@@ -60,6 +60,7 @@ Network::Network(std::vector<double> link_capacity_Bps) {
   }
   link_capacity_ = std::move(link_capacity_Bps);
   num_links_ = n;
+  num_slots_ = n;
   init_classes();
 }
 
@@ -72,6 +73,7 @@ Network::Network(const Topology& topo, NetworkOptions opts) : topo_(&topo), opts
   // Links 2 id (lower -> higher vertex) and 2 id + 1, as Topology::route_ids
   // numbers them; their capacities are read off the edges (capacity_of).
   num_links_ = 2 * edges.size();
+  num_slots_ = num_links_;
   if (opts_.achievable_bandwidth) {
     if (c.intra.busbw_GBps > 0) intra_busbw_Bps_ = c.intra.busbw_GBps * 1e9;
     nic_eff_ = nic_efficiency(c);
@@ -92,7 +94,7 @@ std::pair<std::uint32_t, std::uint32_t> Network::link_ends(LinkId l) const {
 // Every link in class 0 (crossed by no set).
 void Network::init_classes() {
   const std::size_t n = num_links_;
-  link_class_ = ZeroedArray<ClassId>(n);
+  link_class_ = ZeroedArray<ClassId>(num_slots_);
   class_solve_.resize(1);
   class_flows_.resize(1);
   class_size_.assign(1, static_cast<std::uint32_t>(n));
@@ -306,7 +308,10 @@ void Network::fold_rails() {
     throw std::logic_error("Network: rail folding needs a rail-symmetric topology");
   }
   if (!sets_.empty()) throw std::logic_error("Network: rail folding must come before any link set");
-  rail0_ = &topo_->rail0_links();
+  slot_of_ = topo_->rail0_slots().data();
+  slot_link_ = topo_->rail0_slot_links().data();
+  num_slots_ = topo_->rail0_slot_links().size();
+  link_class_ = ZeroedArray<ClassId>(num_slots_);  // every slot in class 0, as every link was
 }
 
 // merge_routes over the routes from local GPU 0, each hop on its rail-0
@@ -339,9 +344,10 @@ void Network::merge_routes_folded(std::span<const Route> routes, bool rail0_part
     }
     const std::size_t n = topo_->route_ids_rail0(r.src_gpu, r.dst_gpu, hops, fixed);
     for (std::size_t i = 0; i < n; ++i) {
-      merge_add(hops[i], r.weight);
+      const std::uint32_t slot = slot_of_[hops[i]];
+      merge_add(slot, r.weight);
       if (fixed[i] != 0) {
-        for (int k = 1; k < gpn; ++k) merge_weight_[hops[i]] += r.weight;
+        for (int k = 1; k < gpn; ++k) merge_weight_[slot] += r.weight;
       }
     }
   }
@@ -356,9 +362,10 @@ void Network::merge_routes_folded(std::span<const Route> routes, bool rail0_part
 // merge_links_ is empty after a merge_end; links left in it are those of a
 // merge a throw cut short (a GPU out of range): their bits are cleared here.
 void Network::merge_begin() {
-  if (merge_weight_.size() != num_links_) {
-    merge_weight_ = ZeroedArray<double>(num_links_);
-    merge_seen_.assign((num_links_ + 63) / 64, 0);
+  if (merge_weight_.size() != num_slots_) {
+    merge_weight_ = ZeroedArray<double>(num_slots_);
+    merge_seen_.assign((num_slots_ + 63) / 64, 0);
+    merge_links_.clear();
   }
   for (LinkId l : merge_links_) merge_seen_[l >> 6] = 0;
   merge_links_.clear();
@@ -387,6 +394,24 @@ void Network::merge_end() {
 
 void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>& out) {
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
+  if (rails_folded()) {
+    // The merge scratch holds rail-0 slots; these are links. A stable sort
+    // keeps each link's uses in order, so their weights are summed as
+    // merge_add sums them.
+    LinkId hops[Topology::kMaxRouteLinks];
+    for (const Route& r : routes) {
+      const std::size_t n = topo_->route_ids(r.src_gpu, r.dst_gpu, hops);
+      for (std::size_t i = 0; i < n; ++i) out.push_back(LinkUse{hops[i], r.weight});
+    }
+    std::stable_sort(out.begin(), out.end(), [](const LinkUse& a, const LinkUse& b) { return a.link < b.link; });
+    std::size_t w = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (w > 0 && out[w - 1].link == out[i].link) out[w - 1].weight += out[i].weight;
+      else out[w++] = out[i];
+    }
+    out.resize(w);
+    return;
+  }
   merge_begin();
   for (const LinkUse& u : out) merge_add(u.link, u.weight);
   merge_routes(routes);
@@ -412,7 +437,7 @@ void Network::merge_uses(std::vector<LinkUse>& uses) {
 LinkSetId Network::add_route_set(std::span<const Route> routes) { return add_routes(routes, false); }
 
 LinkSetId Network::add_rail0_route_set(std::span<const Route> rail0_routes) {
-  if (rail0_ == nullptr) throw std::logic_error("Network: add_rail0_route_set needs folded rails (fold_rails)");
+  if (!rails_folded()) throw std::logic_error("Network: add_rail0_route_set needs folded rails (fold_rails)");
   return add_routes(rail0_routes, true);
 }
 
@@ -428,7 +453,7 @@ LinkSetId Network::add_routes(std::span<const Route> routes, bool rail0_part) {
   }
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
   merge_begin();
-  if (rail0_ != nullptr) merge_routes_folded(routes, rail0_part);
+  if (rails_folded()) merge_routes_folded(routes, rail0_part);
   else merge_routes(routes);
   merge_end();
   const LinkSetId set = register_links(set_links_);
@@ -441,7 +466,10 @@ LinkSetId Network::add_routes(std::span<const Route> routes, bool rail0_part) {
 
 // Checks the uses (nothing registered yet if one is bad), then registers them.
 LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
-  if (merge_weight_.size() != num_links_) merge_begin();
+  if (rails_folded()) {
+    throw std::logic_error("Network: raw link sets (add_link_set, start_flow over uses) cannot join folded rails");
+  }
+  if (merge_weight_.size() != num_slots_) merge_begin();
   if (link_mark_.size() != num_links_) link_mark_.assign(num_links_, 0);  // first call
   const std::uint32_t stamp = ++link_stamp_;
   set_links_.clear();
@@ -458,8 +486,8 @@ LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
   return register_links(set_links_);
 }
 
-// Registers the set of `links` (distinct, valid), each with weight
-// merge_weight_[link]. Refines the link classes by it (a class it crosses in
+// Registers the set of `links` (distinct slots, see slot_of: link ids unless
+// folded), each with weight merge_weight_[slot]. Refines the link classes by it (a class it crosses in
 // part, or with two weights, splits; the sets crossing the old class cross
 // the new one too), then lists the set's classes and conflicts.
 LinkSetId Network::register_links(std::span<const LinkId> links) {
@@ -475,7 +503,7 @@ LinkSetId Network::register_links(std::span<const LinkId> links) {
     const LinkId l = links[i];
     const ClassId c = link_class_[l];
     const auto wbits = std::bit_cast<std::uint64_t>(merge_weight_[l]);
-    const std::uint64_t cbits = c == 0 ? std::bit_cast<std::uint64_t>(capacity_of(l)) : 0;
+    const std::uint64_t cbits = c == 0 ? std::bit_cast<std::uint64_t>(capacity_of(link_of_slot(l))) : 0;
     if (class_touch_[c] != cstamp) {
       class_touch_[c] = cstamp;
       class_first_group_[c] = kNoEntry;

@@ -129,7 +129,9 @@ class Network {
   // mirrored p2p phase is ~50 routes and hundreds of links, started tens of
   // thousands of times. `uses` must be merged; uses of weight <= 0 are
   // dropped. Throws std::out_of_range for an unknown link and
-  // std::invalid_argument for a link listed twice, before registering anything.
+  // std::invalid_argument for a link listed twice, before registering anything,
+  // and std::logic_error once the rails are folded (a raw set's links are not
+  // rotation-closed, and the folded tables hold only rail 0's links).
   LinkSetId add_link_set(std::span<const LinkUse> uses);
   // Rail folding (Topology::rail_symmetric fabrics; before any set): every
   // later add_route_set list must be closed under the rail rotation (with each
@@ -139,10 +141,11 @@ class Network {
   // image (a link all rails share, once per rail): by symmetry every rail
   // carries rail 0's load, so the solves, finish times and rail-0 figures are
   // those of the whole list, at 1/GPUs-per-node of the work. A link's stats
-  // are its rail-0 image's. Raw link sets (add_link_set) are not folded.
+  // are its rail-0 image's, and the per-link tables hold the images only.
+  // Raw link sets (add_link_set) are refused from then on.
   // Throws std::logic_error if the fabric is not rail-symmetric or sets exist.
   void fold_rails();
-  bool rails_folded() const { return rail0_ != nullptr; }
+  bool rails_folded() const { return slot_of_ != nullptr; }
   // compile_routes and add_link_set in one: the set of a collective phase.
   // A list of kCacheMinSize routes or more equal to an earlier one (same
   // pairs, weights and order) gives that set back: sets are immutable, and
@@ -318,8 +321,15 @@ class Network {
     std::uint32_t next = 0;           // the next group of the same old class
   };
   ClassId set_class(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].cls[use]; }
+  // Slots: what the per-link tables (classes, merge scratch) and the sets'
+  // link lists are indexed by. Unfolded, a link's slot is its id; folded,
+  // only the rail-0 images have slots (Topology::rail0_slots, in link id
+  // order, so lists sorted by slot are sorted by image), and a link's slot
+  // is its image's.
+  std::uint32_t slot_of(LinkId l) const { return slot_of_ != nullptr ? slot_of_[l] : l; }
+  LinkId link_of_slot(std::uint32_t s) const { return slot_link_ != nullptr ? slot_link_[s] : s; }
   // The class whose figures a link reports (folded: its rail-0 image's).
-  ClassId class_of_link(LinkId l) const { return link_class_[rail0_ != nullptr ? (*rail0_)[l] : l]; }
+  ClassId class_of_link(LinkId l) const { return link_class_[slot_of(l)]; }
   double set_weight(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].weight[use]; }
   // A link's capacity: a topology link's from its edge record (no per-link
   // table to fill: 100k links on a 16k-GPU fabric), an abstract one's as given.
@@ -365,13 +375,16 @@ class Network {
 
   const Topology* topo_ = nullptr;
   NetworkOptions opts_;
-  const std::vector<std::uint32_t>* rail0_ = nullptr;  // folded: topo_->rail0_links()
+  // Folded: topo_->rail0_slots() and rail0_slot_links() (see slot_of).
+  const std::uint32_t* slot_of_ = nullptr;
+  const std::uint32_t* slot_link_ = nullptr;
   std::size_t num_links_ = 0;
+  std::size_t num_slots_ = 0;
   // Per link: capacity (abstract networks only; see capacity_of), class.
   std::vector<double> link_capacity_;
   double intra_busbw_Bps_ = 0;  // topology networks: the card's intra.busbw (achievable rates)
   double nic_eff_ = 1;          // and nic_efficiency
-  ZeroedArray<ClassId> link_class_;  // zero: class 0; pages a run never touches stay unmapped
+  ZeroedArray<ClassId> link_class_;  // per slot; zero: class 0; pages a run never touches stay unmapped
   std::vector<std::uint32_t> link_mark_;  // scratch for add_link_set's duplicate check (made on its first call)
   std::uint32_t link_stamp_ = 0;
   // Ends and latencies come from topo_->edges() (link l is edge l / 2, lower
@@ -415,7 +428,8 @@ class Network {
   std::vector<std::unique_ptr<LinkId[]>> route_blocks_;
   std::size_t route_block_used_ = 0;
   // Scratch for compile_routes and the sets: per link its summed weight, and a bit set of the listed links.
-  ZeroedArray<double> merge_weight_;  // only read where merge_seen_ (or add_link_set) has set it
+  // Per slot; only read where merge_seen_ (or add_link_set) has set it.
+  ZeroedArray<double> merge_weight_;
   std::vector<std::uint64_t> merge_seen_;
   std::vector<LinkId> merge_links_;
   std::vector<LinkId> set_links_;  // the links to register: merge_end's (in id order) or add_link_set's (as given)
