@@ -32,11 +32,22 @@ struct IdxEdge {
   double weight = 1.0;
 };
 
-// Members grouped by node, nodes in order of first appearance.
+// Members grouped by node, nodes in order of first appearance: per node a
+// span of indices into ranks, all in one flat vector (a DP group of 128
+// nodes would otherwise allocate 128 vectors per collective planned).
 struct NodeLayout {
-  std::vector<std::vector<int>> members;  // per node: indices into ranks
+  NodeLayout() = default;
+  NodeLayout(const NodeLayout&) = delete;  // the spans point into `order`
+  NodeLayout& operator=(const NodeLayout&) = delete;
+  NodeLayout(NodeLayout&&) noexcept = default;  // a moved vector keeps its buffer
+  NodeLayout& operator=(NodeLayout&&) noexcept = default;
+  std::vector<std::span<const int>> members;  // per node: indices into ranks
   int max_per_node = 0;
   int min_per_node = 0;
+
+ private:
+  friend NodeLayout layout_of(const Topology& topo, const std::vector<int>& ranks);
+  std::vector<int> order;
 };
 
 NodeLayout layout_of(const Topology& topo, const std::vector<int>& ranks) {
@@ -53,22 +64,27 @@ NodeLayout layout_of(const Topology& topo, const std::vector<int>& ranks) {
     if (k == 0 || by_node[k].first != by_node[k - 1].first) firsts.emplace_back(by_node[k].second, k);
   }
   std::sort(firsts.begin(), firsts.end());
-  out.members.resize(firsts.size());
-  for (std::size_t n = 0; n < firsts.size(); ++n) {
-    const int node = by_node[firsts[n].second].first;
-    for (std::size_t k = firsts[n].second; k < by_node.size() && by_node[k].first == node; ++k) {
-      out.members[n].push_back(by_node[k].second);
-    }
+  out.order.reserve(by_node.size());
+  std::vector<std::size_t> starts;
+  starts.reserve(firsts.size() + 1);
+  for (const auto& [first, at] : firsts) {
+    starts.push_back(out.order.size());
+    const int node = by_node[at].first;
+    for (std::size_t k = at; k < by_node.size() && by_node[k].first == node; ++k) out.order.push_back(by_node[k].second);
   }
+  starts.push_back(out.order.size());
+  out.members.reserve(firsts.size());
   out.min_per_node = std::numeric_limits<int>::max();
-  for (const auto& m : out.members) {
+  for (std::size_t n = 0; n + 1 < starts.size(); ++n) {
+    const std::span<const int> m(out.order.data() + starts[n], starts[n + 1] - starts[n]);
+    out.members.push_back(m);
     out.max_per_node = std::max(out.max_per_node, static_cast<int>(m.size()));
     out.min_per_node = std::min(out.min_per_node, static_cast<int>(m.size()));
   }
   return out;
 }
 
-int at(const std::vector<int>& v, int i) {
+int at(std::span<const int> v, int i) {
   const int n = static_cast<int>(v.size());
   return v[static_cast<std::size_t>(((i % n) + n) % n)];
 }
