@@ -655,6 +655,18 @@ TEST_CASE("rail folding: a rail-0 group stands for the rotations of its members"
                          "collective: a rail-0 group (CommGroup::rail0_part) needs a network with folded rails",
                          std::logic_error);
   }
+  // A whole family that misses rotations is refused on folded rails.
+  {
+    CommGroup half{iota(0, 4, 8), {}};
+    half.mirrors.push_back(iota(1, 4, 8));
+    Network net(topo);
+    net.fold_rails();
+    Engine eng(net);
+    const GroupId gid = eng.add_group(half);
+    const StreamId streams[1] = {eng.add_stream(0, StreamKind::dp)};
+    CHECK_THROWS_WITH_AS(eng.add_collective(Collective::all_reduce, gid, S, streams, {}, Algorithm::ring),
+                         "collective: a folded phase's routes are not closed under the rail rotation", std::logic_error);
+  }
   CommGroup wrong{iota(1, 4, 8), {}};
   wrong.rail0_part = true;
   Network net(topo);
