@@ -275,6 +275,8 @@ void Topology::index_rails() {
   rail0_links_.clear();
   rail0_slots_.clear();
   rail0_slot_links_.clear();
+  rail0_member_start_.clear();
+  rail0_members_.clear();
   if (gpn < 2) return;
   auto same_edge = [&](std::uint32_t a, std::uint32_t b) {
     const EdgeRecord& x = edges_[a / 2];
@@ -329,6 +331,13 @@ void Topology::index_rails() {
     rail0_slot_links_.push_back(l);
   }
   for (std::uint32_t l = 0; l < rail0_links_.size(); ++l) rail0_slots_[l] = rail0_slots_[rail0_links_[l]];
+  // Each slot's links, in id order: counted, then placed.
+  rail0_member_start_.assign(rail0_slot_links_.size() + 1, 0);
+  for (std::uint32_t s : rail0_slots_) ++rail0_member_start_[s + 1];
+  for (std::size_t s = 0; s + 1 < rail0_member_start_.size(); ++s) rail0_member_start_[s + 1] += rail0_member_start_[s];
+  rail0_members_.assign(rail0_links_.size(), 0);
+  std::vector<std::uint32_t> fill(rail0_member_start_.begin(), rail0_member_start_.end() - 1);
+  for (std::uint32_t l = 0; l < rail0_links_.size(); ++l) rail0_members_[fill[rail0_slots_[l]]++] = l;
   rail_symmetric_ = true;
 }
 

@@ -1,6 +1,7 @@
 // Cluster cards, GPU profiles, the topology graph and its routing.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <queue>
 #include <set>
@@ -343,6 +344,25 @@ void check_rail_symmetry(const Topology& t) {
   bool numbered = true;
   for (std::uint32_t l = 0; l < img.size(); ++l) numbered = numbered && slot_links.at(slots[l]) == img[l];
   CHECK(numbered);
+  // Each number's links, in id order, are every link of that image; the
+  // rotation keeps a link's kinds (GPU to GPU, NIC to NIC, switch to switch).
+  std::vector<std::uint32_t> seen;
+  bool members_ok = true;
+  for (std::uint32_t s = 0; s < slot_links.size(); ++s) {
+    const auto members = t.rail0_slot_members(s);
+    members_ok = members_ok && !members.empty() && std::is_sorted(members.begin(), members.end());
+    for (std::uint32_t l : members) {
+      members_ok = members_ok && img[l] == slot_links[s];
+      const cuboid::EdgeRecord& e = t.edges()[l / 2];
+      const cuboid::EdgeRecord& e0 = t.edges()[slot_links[s] / 2];
+      members_ok = members_ok && e.lo_kind == e0.lo_kind && e.hi_kind == e0.hi_kind && l % 2 == slot_links[s] % 2;
+      seen.push_back(l);
+    }
+  }
+  CHECK(members_ok);
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen.size() == img.size());
+  CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end());
   std::uint32_t hops[Topology::kMaxRouteLinks], rot[Topology::kMaxRouteLinks], folded[Topology::kMaxRouteLinks];
   std::uint8_t fixed[Topology::kMaxRouteLinks];
   for (int a = 0; a < t.num_gpus(); ++a) {

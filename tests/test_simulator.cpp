@@ -132,6 +132,22 @@ TEST_CASE("the busiest links: highest peaks first, ties in link order, as a stab
       CHECK(top[i].link == all[i]);
       CHECK(top[i].stats.bytes == links[all[i]].bytes);
     }
+    // Offered in another order (reversed, then strided, as folded rails offer
+    // them per rail-0 image): the same eight.
+    for (int order = 0; order < 2; ++order) {
+      detail::BusiestLinks<8> other;
+      if (order == 0) {
+        for (std::size_t l = n; l-- > 0;) other.offer(static_cast<LinkId>(l), links[l]);
+      } else {
+        for (std::size_t first = 0; first < 7; ++first) {
+          for (std::size_t l = first; l < n; l += 7) {
+            if (other.could_take(links[l].peak_utilisation)) other.offer(static_cast<LinkId>(l), links[l]);
+          }
+        }
+      }
+      REQUIRE(other.size() == top.size());
+      for (std::size_t i = 0; i < top.size(); ++i) CHECK(other[i].link == top[i].link);
+    }
   }
 }
 

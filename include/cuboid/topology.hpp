@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <span>
 #include <vector>
 
 #include <boost/graph/adjacency_list.hpp>
@@ -100,6 +101,11 @@ class Topology {
   // link, its image's number; per number, the image.
   const std::vector<std::uint32_t>& rail0_slots() const { return rail0_slots_; }
   const std::vector<std::uint32_t>& rail0_slot_links() const { return rail0_slot_links_; }
+  // The links whose image has this number, in id order (the image among them).
+  std::span<const std::uint32_t> rail0_slot_members(std::uint32_t slot) const {
+    const std::uint32_t begin = rail0_member_start_[slot];
+    return {rail0_members_.data() + begin, rail0_member_start_[slot + 1] - begin};
+  }
   // GPU i of its node (gpu in range).
   int local_index(int gpu) const { return gpu - static_cast<int>(gpu_hops_[static_cast<std::size_t>(gpu)].first); }
   // route_ids with every hop given as its rail-0 image, and fixed[k] = 1 where
@@ -152,6 +158,7 @@ class Topology {
   bool rail_symmetric_ = false;
   std::vector<std::uint32_t> rail0_links_;
   std::vector<std::uint32_t> rail0_slots_, rail0_slot_links_;
+  std::vector<std::uint32_t> rail0_member_start_, rail0_members_;  // per slot, its links (CSR)
   void index_rails();
   void index_hops();
   [[noreturn]] void throw_bad_gpus(int gpu_a, int gpu_b) const;

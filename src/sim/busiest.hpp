@@ -1,8 +1,8 @@
 #pragma once
-// The k busiest of a stream of links seen in id order: highest peak
-// utilisation first, ties in link order (what a stable sort of them all by
-// peak would put first), kept in a fixed array, so a 100k-link fabric costs
-// no allocation. The report shows 8.
+// The k busiest of a stream of links: highest peak utilisation first, ties
+// in link order (what a stable sort of them all by peak would put first),
+// whatever order they come in, kept in a fixed array, so a 100k-link fabric
+// costs no allocation. The report shows 8.
 #include <array>
 #include <cstddef>
 
@@ -17,20 +17,25 @@ class BusiestLinks {
     LinkId link = 0;
     LinkStats stats;
   };
-  // Links must come in increasing id order.
+  // Each link at most once.
   void offer(LinkId l, const LinkStats& st) {
     const double p = st.peak_utilisation;
     std::size_t at = n_;
-    while (at > 0 && top_[at - 1].stats.peak_utilisation < p) --at;  // a tie stays behind
+    while (at > 0 && before(p, l, top_[at - 1])) --at;
     if (at == K) return;
     if (n_ < K) ++n_;
     for (std::size_t i = n_ - 1; i > at; --i) top_[i] = top_[i - 1];
     top_[at] = Entry{l, st};
   }
+  // Could a link of this peak still get in? (False: none of that peak can.)
+  bool could_take(double peak) const { return n_ < K || peak >= top_[K - 1].stats.peak_utilisation; }
   std::size_t size() const { return n_; }
   const Entry& operator[](std::size_t i) const { return top_[i]; }
 
  private:
+  static bool before(double p, LinkId l, const Entry& e) {
+    return e.stats.peak_utilisation < p || (e.stats.peak_utilisation == p && l < e.link);
+  }
   std::array<Entry, K> top_{};
   std::size_t n_ = 0;
 };

@@ -133,18 +133,33 @@ Breakdown critical_breakdown(const Engine& eng, const std::vector<TaskMeta>& met
 // (highest peak first, ties in link order, as a stable sort would give).
 // Only those 8 get names: a 16k-GPU fabric has ~100k links, and naming and
 // sorting them all was a tenth of a Llama-3.1-405B iteration's simulation.
-// The links stream past in id order and nothing per link is kept (a vector
-// of them was the run's biggest allocation, its fresh pages a fifth of its time).
+// The links stream past and nothing per link is kept (a vector of them was
+// the run's biggest allocation, its fresh pages a fifth of its time); with
+// folded rails they come per rail-0 image, a few thousand instead of ~100k.
 void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
   detail::BusiestLinks<8> top;
   std::array<double, 3> peak{};  // per LinkKind
   const EdgeRecord* edges = net.topology() != nullptr ? net.topology()->edges().data() : nullptr;
-  net.for_each_loaded_link_stats([&](LinkId l, const LinkStats& st) {
-    const LinkKind kind = edges != nullptr ? edge_kind(edges[l / 2]) : LinkKind::ib;
-    double& p = peak[static_cast<std::size_t>(kind)];
-    p = std::max(p, st.peak_utilisation);
-    top.offer(l, st);
-  });
+  if (net.rails_folded()) {
+    // Per rail-0 image: its links share its figures and its kind (the
+    // rotation maps GPUs, NICs and switches to their own kinds); they are
+    // offered only while the eight can still take that peak.
+    const Topology& topo = *net.topology();
+    const std::vector<std::uint32_t>& images = topo.rail0_slot_links();
+    net.for_each_loaded_slot_stats([&](std::uint32_t slot, const LinkStats& st) {
+      double& p = peak[static_cast<std::size_t>(edge_kind(edges[images[slot] / 2]))];
+      p = std::max(p, st.peak_utilisation);
+      if (!top.could_take(st.peak_utilisation)) return;
+      for (const LinkId l : topo.rail0_slot_members(slot)) top.offer(l, st);
+    });
+  } else {
+    net.for_each_loaded_link_stats([&](LinkId l, const LinkStats& st) {
+      const LinkKind kind = edges != nullptr ? edge_kind(edges[l / 2]) : LinkKind::ib;
+      double& p = peak[static_cast<std::size_t>(kind)];
+      p = std::max(p, st.peak_utilisation);
+      top.offer(l, st);
+    });
+  }
   r.peak_nvlink_utilisation = std::max(peak[0], tp_probe_peak);
   r.peak_pcie_utilisation = peak[1];
   r.peak_ib_utilisation = peak[2];

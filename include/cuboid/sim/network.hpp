@@ -108,6 +108,20 @@ class Network {
   void for_each_loaded_link_stats(F&& f) const {
     for_each_link(true, f);
   }
+  // Folded rails: calls f(slot, stats) for every rail-0 image whose links
+  // carried bytes, in slot order: every link of the slot
+  // (Topology::rail0_slot_members) reports these figures. A report of the
+  // loaded links then costs a few per image instead of one per link.
+  template <typename F>
+  void for_each_loaded_slot_stats(F&& f) const {
+    if (!rails_folded()) throw std::logic_error("Network: for_each_loaded_slot_stats needs folded rails");
+    const std::vector<double> bytes = class_totals();
+    for (std::uint32_t s = 0; s < num_slots_; ++s) {
+      const ClassId c = link_class_[s];
+      if (bytes[c] <= 0) continue;
+      f(s, LinkStats{capacity_of(slot_link_[s]), bytes[c], class_peak_[c]});
+    }
+  }
   // A link's modelled capacity (no settling: cheap).
   double link_capacity_Bps(LinkId l) const {
     if (l >= num_links_) throw std::out_of_range("Network: link id out of range");
