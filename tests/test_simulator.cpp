@@ -141,7 +141,7 @@ TEST_CASE("the busiest links: highest peaks first, ties in link order, as a stab
       } else {
         for (std::size_t first = 0; first < 7; ++first) {
           for (std::size_t l = first; l < n; l += 7) {
-            if (other.could_take(links[l].peak_utilisation)) other.offer(static_cast<LinkId>(l), links[l]);
+            if (other.could_take(links[l].peak_utilisation, static_cast<LinkId>(l))) other.offer(static_cast<LinkId>(l), links[l]);
           }
         }
       }

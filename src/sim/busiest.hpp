@@ -27,8 +27,9 @@ class BusiestLinks {
     for (std::size_t i = n_ - 1; i > at; --i) top_[i] = top_[i - 1];
     top_[at] = Entry{l, st};
   }
-  // Could a link of this peak still get in? (False: none of that peak can.)
-  bool could_take(double peak) const { return n_ < K || peak >= top_[K - 1].stats.peak_utilisation; }
+  // Would this link, with this peak, get in? (False: no later link of that
+  // peak or lower can, since the bar only rises.)
+  bool could_take(double peak, LinkId l) const { return n_ < K || before(peak, l, top_[K - 1]); }
   std::size_t size() const { return n_; }
   const Entry& operator[](std::size_t i) const { return top_[i]; }
 

@@ -143,14 +143,16 @@ void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
   if (net.rails_folded()) {
     // Per rail-0 image: its links share its figures and its kind (the
     // rotation maps GPUs, NICs and switches to their own kinds); they are
-    // offered only while the eight can still take that peak.
+    // offered, in id order, only while the eight can still take them.
     const Topology& topo = *net.topology();
     const std::vector<std::uint32_t>& images = topo.rail0_slot_links();
     net.for_each_loaded_slot_stats([&](std::uint32_t slot, const LinkStats& st) {
       double& p = peak[static_cast<std::size_t>(edge_kind(edges[images[slot] / 2]))];
       p = std::max(p, st.peak_utilisation);
-      if (!top.could_take(st.peak_utilisation)) return;
-      for (const LinkId l : topo.rail0_slot_members(slot)) top.offer(l, st);
+      for (const LinkId l : topo.rail0_slot_members(slot)) {  // in id order
+        if (!top.could_take(st.peak_utilisation, l)) break;
+        top.offer(l, st);
+      }
     });
   } else {
     net.for_each_loaded_link_stats([&](LinkId l, const LinkStats& st) {
