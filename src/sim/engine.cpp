@@ -176,17 +176,28 @@ GroupId Engine::add_group(CommGroup group) {
   tasks_[id].blockers = left + tasks_[id].streams_len;
 }
 
+// The link after `t` on stream `s` (one of its streams).
+std::uint32_t& Engine::next_on_stream(TaskId t, StreamId s) {
+  Task& task = tasks_[t];
+  if (task.streams_len == 1) return task.stream_next;
+  std::uint32_t i = 0;
+  while (task_streams_[task.streams + i] != s) ++i;
+  return task_stream_next_[task.streams + i];
+}
+
 // Queues the task on its streams and starts it if nothing holds it back.
 [[gnu::always_inline]] inline void Engine::enqueue(TaskId id) {
   Task& t = tasks_[id];
   const StreamId* ss = streams_of(t);
   for (std::uint32_t i = 0; i < t.streams_len; ++i) {
     Stream& s = streams_[ss[i]];
-    s.queue.push_back(id);
-    if (s.queue.size() - 1 == s.head) {
+    if (s.tail == kNone) {  // an empty stream: it arrives now
       s.arrival_ns = now_;
       --t.blockers;
+    } else {
+      next_on_stream(s.tail, ss[i]) = id;
     }
+    s.tail = id;
   }
   maybe_start(id);
 }
@@ -220,7 +231,9 @@ TaskId Engine::new_task(TaskKind kind, std::span<const StreamId> streams, std::s
   } else {
     t.streams = static_cast<std::uint32_t>(task_streams_.size());
     for (StreamId s : streams) {
-      if (s != kNoStream) task_streams_.push_back(s);
+      if (s == kNoStream) continue;
+      task_streams_.push_back(s);
+      task_stream_next_.push_back(kNone);
     }
   }
   set_user(id, user);
@@ -339,7 +352,8 @@ TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs late
     s.info.wait_ns += now_ - s.arrival_ns;
     // finish() will touch the stream's next task and the successor list:
     // tasks built long ago, likely out of cache. Fetch them while this one runs.
-    if (s.head + 1 < s.queue.size()) __builtin_prefetch(&tasks_[s.queue[s.head + 1]], 1);
+    const std::uint32_t next = next_on(t, i);
+    if (next != kNone) __builtin_prefetch(&tasks_[next], 1);
   }
   if (t.succ_head != kNone) __builtin_prefetch(&succ_[t.succ_head]);
   switch (t.kind) {
@@ -381,12 +395,13 @@ void Engine::start_phase(TaskId id) {
     Stream& s = streams_[ss[i]];
     s.info.busy_ns += t.end_ns - t.start_ns;
     ++s.info.tasks;
-    ++s.head;
-    if (s.head < s.queue.size()) {
+    const TaskId next = next_on(t, i);
+    if (next != kNone) {
       s.arrival_ns = now_;
-      const TaskId next = s.queue[s.head];
       --tasks_[next].blockers;
       maybe_start(next);
+    } else {
+      s.tail = kNone;  // empty
     }
   }
   for (std::uint32_t e = t.succ_head; e != kNone; e = succ_[e].next) {

@@ -163,6 +163,9 @@ class Engine {
     std::uint32_t blockers = 0;
     std::uint32_t succ_head = kNone;  // FIFO linked list in succ_
     std::uint32_t succ_tail = kNone;  // its last entry, where the next successor is appended
+    // streams_len == 1: the task queued after it on its stream (kNone: none
+    // yet); otherwise in task_stream_next_, one per stream (next_on).
+    std::uint32_t stream_next = kNone;
     std::uint16_t streams_len = 0;  // at most kMaxStreamsPerTask
     std::uint16_t phase = 0;
     TaskKind kind = TaskKind::compute;
@@ -170,10 +173,11 @@ class Engine {
     State state = State::waiting;
   };
   static_assert(sizeof(Task) == 64);
+  // A stream's queue is a list threaded through its tasks (Task::stream_next):
+  // no per-stream vector to grow, and a finishing task holds its successor.
   struct Stream {
     StreamInfo info;
-    std::vector<TaskId> queue;    // FIFO; head = queue[head]
-    std::size_t head = 0;
+    TaskId tail = kNone;          // its last queued task (kNone: every queued task finished)
     TimeNs arrival_ns = 0;        // when the current head arrived
   };
   struct Succ {
@@ -195,6 +199,11 @@ class Engine {
   const StreamId* streams_of(const Task& t) const {
     return t.streams_len == 1 ? &t.streams : task_streams_.data() + t.streams;
   }
+  // Where the task queued after `t` on its i-th stream is recorded.
+  std::uint32_t& next_on(Task& t, std::uint32_t i) {
+    return t.streams_len == 1 ? t.stream_next : task_stream_next_[t.streams + i];
+  }
+  std::uint32_t& next_on_stream(TaskId t, StreamId s);
   std::uint32_t plan_for(GroupId g, Collective op, Algorithm algo);
   void push_event(TimeNs t, TaskId task, EventType type);
   void maybe_start(TaskId t);
@@ -225,6 +234,7 @@ class Engine {
   Table<std::uint64_t> users_;     // per task up to the last one given a nonzero user value
   std::vector<Stream> streams_;
   Table<StreamId> task_streams_;
+  Table<TaskId> task_stream_next_;  // parallel to task_streams_ (multi-stream tasks)
   Table<Succ> succ_;
   std::vector<Group> groups_;
   std::vector<CollectivePlan> plans_;
