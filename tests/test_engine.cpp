@@ -50,6 +50,43 @@ TEST_CASE("streams run in parallel; dependencies across streams wait") {
   CHECK(e.stream(comm).wait_ns == 70);  // c arrived at 30, started at 100
 }
 
+TEST_CASE("a task on several streams heads each of them, and their queues go on after it") {
+  // One link of 1 GB/s: a flow of 1000 bytes takes 1000 ns.
+  Network net(std::vector<double>{1e9});
+  Engine e(net);
+  const StreamId s0 = e.add_stream(0, StreamKind::pp);
+  const StreamId s1 = e.add_stream(1, StreamKind::pp);
+  const LinkUse link[] = {{0, 1.0}};
+  const TaskId a = e.add_compute(s0, 100);
+  const TaskId b = e.add_compute(s1, 300);
+  const StreamId both[] = {s0, s1};
+  const TaskId c = e.add_flow(link, 1000, 0, both);  // heads both streams at 300
+  const TaskId d = e.add_compute(s0, 50);
+  const TaskId f = e.add_compute(s1, 70);
+  const StreamId reversed[] = {s1, s0};
+  const TaskId g = e.add_flow(link, 1000, 0, reversed);  // after d and f
+  const TaskId h = e.add_compute(s0, 10);
+  const TaskId k = e.add_compute(s1, 20);
+  e.run();
+  CHECK(e.end_ns(a) == 100);
+  CHECK(e.end_ns(b) == 300);
+  CHECK(e.start_ns(c) == 300);
+  CHECK(e.end_ns(c) == 1300);
+  CHECK(e.start_ns(d) == 1300);
+  CHECK(e.start_ns(f) == 1300);
+  CHECK(e.start_ns(g) == 1370);
+  CHECK(e.end_ns(g) == 2370);
+  CHECK(e.start_ns(h) == 2370);
+  CHECK(e.end_ns(k) == 2390);
+  CHECK(e.stream(s0).tasks == 5);
+  CHECK(e.stream(s0).wait_ns == 200 + 20);  // c waited 200 ns for s1, g 20 ns for f
+  // A stream emptied and filled again: its next task arrives when added.
+  const TaskId m = e.add_compute(s1, 5);
+  e.run();
+  CHECK(e.start_ns(m) == 2390);
+  CHECK(e.end_ns(m) == 2395);
+}
+
 TEST_CASE("equal-time events complete in FIFO (scheduling) order") {
   Engine e;
   std::vector<StreamId> streams;
