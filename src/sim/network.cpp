@@ -91,13 +91,12 @@ std::pair<std::uint32_t, std::uint32_t> Network::link_ends(LinkId l) const {
   return l % 2 == 0 ? std::pair{e.lo, e.hi} : std::pair{e.hi, e.lo};
 }
 
-// Every link in class 0 (crossed by no set).
+// Every slot (link) in class 0 (crossed by no set).
 void Network::init_classes() {
-  const std::size_t n = num_links_;
   link_class_ = ZeroedArray<ClassId>(num_slots_);
   class_solve_.resize(1);
   class_flows_.resize(1);
-  class_size_.assign(1, static_cast<std::uint32_t>(n));
+  class_size_.assign(1, static_cast<std::uint32_t>(num_slots_));
   class_sets_.resize(1);
   class_bytes_.assign(1, 0.0);
   class_peak_.assign(1, 0.0);
@@ -311,7 +310,7 @@ void Network::fold_rails() {
   slot_of_ = topo_->rail0_slots().data();
   slot_link_ = topo_->rail0_slot_links().data();
   num_slots_ = topo_->rail0_slot_links().size();
-  link_class_ = ZeroedArray<ClassId>(num_slots_);  // every slot in class 0, as every link was
+  init_classes();  // no set yet: every slot in class 0, as every link was
 }
 
 // merge_routes over the routes from local GPU 0, each hop on its rail-0
@@ -395,7 +394,7 @@ void Network::merge_end() {
 void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>& out) {
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
   if (rails_folded()) {
-    // The merge scratch holds rail-0 slots; these are links. A stable sort
+    // The merge scratch holds rail-0 slots; these are links. merge_uses
     // keeps each link's uses in order, so their weights are summed as
     // merge_add sums them.
     LinkId hops[Topology::kMaxRouteLinks];
@@ -403,13 +402,7 @@ void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>
       const std::size_t n = topo_->route_ids(r.src_gpu, r.dst_gpu, hops);
       for (std::size_t i = 0; i < n; ++i) out.push_back(LinkUse{hops[i], r.weight});
     }
-    std::stable_sort(out.begin(), out.end(), [](const LinkUse& a, const LinkUse& b) { return a.link < b.link; });
-    std::size_t w = 0;
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      if (w > 0 && out[w - 1].link == out[i].link) out[w - 1].weight += out[i].weight;
-      else out[w++] = out[i];
-    }
-    out.resize(w);
+    merge_uses(out);
     return;
   }
   merge_begin();
@@ -421,8 +414,9 @@ void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>
   for (LinkId l : set_links_) out.push_back(LinkUse{l, merge_weight_[l]});
 }
 
+// Stable: a link's weights are summed in the order they were listed.
 void Network::merge_uses(std::vector<LinkUse>& uses) {
-  std::sort(uses.begin(), uses.end(), [](const LinkUse& a, const LinkUse& b) { return a.link < b.link; });
+  std::stable_sort(uses.begin(), uses.end(), [](const LinkUse& a, const LinkUse& b) { return a.link < b.link; });
   std::size_t w = 0;
   for (std::size_t i = 0; i < uses.size(); ++i) {
     if (w > 0 && uses[w - 1].link == uses[i].link) {
@@ -487,9 +481,10 @@ LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
 }
 
 // Registers the set of `links` (distinct slots, see slot_of: link ids unless
-// folded), each with weight merge_weight_[slot]. Refines the link classes by it (a class it crosses in
-// part, or with two weights, splits; the sets crossing the old class cross
-// the new one too), then lists the set's classes and conflicts.
+// folded), each with weight merge_weight_[slot]. Refines the link classes by
+// it (a class it crosses in part, or with two weights, splits; the sets
+// crossing the old class cross the new one too), then lists the set's
+// classes and conflicts.
 LinkSetId Network::register_links(std::span<const LinkId> links) {
   const auto id = static_cast<LinkSetId>(sets_.size());
   LinkSet s;

@@ -135,6 +135,8 @@ class Network {
   // Appends the links of `routes` to `out` and merges duplicates (sorted by
   // link, weights summed). The result is what start_flow wants.
   void compile_routes(std::span<const Route> routes, std::vector<LinkUse>& out);
+  // Sorts uses by link and merges duplicates, each link's weights summed in
+  // the order they are listed.
   static void merge_uses(std::vector<LinkUse>& uses);
 
   // Registers a set of link uses once (a collective phase, a raw flow); flows
@@ -406,7 +408,7 @@ class Network {
   // Per class.
   std::vector<ClassSolve> class_solve_;
   std::vector<FlowList> class_flows_;
-  std::vector<std::uint32_t> class_size_;         // member links
+  std::vector<std::uint32_t> class_size_;         // member slots (links, unless folded)
   std::vector<std::vector<ClassSet>> class_sets_;  // the sets crossing it, in the order they were added
   // Per-class totals; settle() brings them up to date (link_stats is const).
   mutable std::vector<double> class_bytes_;
