@@ -665,7 +665,7 @@ TEST_CASE("rail folding: a rail-0 group stands for the rotations of its members"
     const GroupId gid = eng.add_group(half);
     const StreamId streams[1] = {eng.add_stream(0, StreamKind::dp)};
     CHECK_THROWS_WITH_AS(eng.add_collective(Collective::all_reduce, gid, S, streams, {}, Algorithm::ring),
-                         "collective: a folded phase's routes are not closed under the rail rotation", std::logic_error);
+                         "Network: a folded route list is not closed under the rail rotation", std::logic_error);
   }
   CommGroup wrong{iota(1, 4, 8), {}};
   wrong.rail0_part = true;

@@ -78,10 +78,8 @@ void Builder::make_reps() {
     if (r >= 0 && r < plan_.world_size()) traced_stages_[static_cast<std::size_t>(map_.coord(r).pp)] = true;
   }
   if (opts_.trace_path.empty()) traced_stages_.clear();
-  // Folded rails: the groups of TP rank 0 (on local GPU 0) stand for those
-  // of the other TP ranks, their rotations (rails_foldable).
   const bool folded = net_->rails_folded();
-  const int mirrored_tp = folded ? 1 : tp_;
+  const int mirrored_tp = this->mirrored_tp();
   for (int s = 0; s < pp_; ++s) {
     Rep r;
     r.stage = s;
@@ -167,6 +165,8 @@ bool Builder::rails_foldable() const {
   }
   return true;
 }
+
+int Builder::mirrored_tp() const { return net_->rails_folded() ? 1 : tp_; }
 
 TimeNs Builder::tp_probe_ns(Collective c, double bytes) {
   const auto key = std::make_pair(static_cast<int>(c), bytes);
@@ -764,9 +764,9 @@ void Builder::finish_iteration() {
   if (pp_ > 1 && m_.tied_embeddings) {
     CommGroup g;
     g.ranks = {reps_.front().rank, reps_.back().rank};
-    g.rail0_part = net_->rails_folded();  // as in make_reps
+    g.rail0_part = net_->rails_folded();
     for (int d = 0; d < dp_; ++d) {
-      for (int t = 0; t < (g.rail0_part ? 1 : tp_); ++t) {
+      for (int t = 0; t < mirrored_tp(); ++t) {
         if (t == 0 && d == rep_dp_) continue;
         g.mirrors.push_back({map_.rank_of(t, 0, d), map_.rank_of(t, pp_ - 1, d)});
       }

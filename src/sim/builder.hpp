@@ -138,6 +138,10 @@ class Builder {
   void make_units();
   bool tp_isolated() const;
   bool rails_foldable() const;
+  // The TP ranks whose DP, pipeline and embedding groups are registered: all,
+  // or with folded rails TP rank 0's alone (CommGroup::rail0_part), the
+  // others being its rotations.
+  int mirrored_tp() const;
   TimeNs tp_probe_ns(Collective c, double bytes);
 
   Slot& slot(Direction d, int mb, int vs);

@@ -149,37 +149,6 @@ void group_routes(const CommGroup& g, const std::vector<IdxEdge>& edges, std::ve
   for (const auto& m : g.mirrors) take(m);
 }
 
-// Folded rails (Network::fold_rails): only the routes from local GPU 0 reach
-// the network (add_rail0_route_set, which checks that they start there). A
-// rail-0 part (CommGroup::rail0_part) has no others; of a whole family, the
-// others are counted per local GPU, which must come out equal, as they do for
-// a group mirrored over all TP ranks of a rail-aligned layout.
-LinkSetId add_folded_routes(Network& net, const CommGroup& g, const std::vector<IdxEdge>& edges,
-                            std::vector<Route>& routes) {
-  if (g.rail0_part) {
-    group_routes(g, edges, routes);
-    return net.add_rail0_route_set(routes);
-  }
-  const Topology& topo = *net.topology();
-  const int gpn = topo.cluster().gpus_per_node;
-  const bool pow2 = (gpn & (gpn - 1)) == 0;
-  std::vector<std::uint32_t> from_local(static_cast<std::size_t>(gpn), 0);
-  auto take = [&](std::span<const int> ranks) {
-    for (const IdxEdge& e : edges) {
-      const int a = ranks[static_cast<std::size_t>(e.from)];
-      const int local = pow2 ? (a & (gpn - 1)) : topo.local_index(a);
-      ++from_local[static_cast<std::size_t>(local)];
-      if (local == 0) routes.push_back({a, ranks[static_cast<std::size_t>(e.to)], e.weight});
-    }
-  };
-  take(g.ranks);
-  for (const auto& m : g.mirrors) take(m);
-  for (std::uint32_t c : from_local) {
-    if (c != from_local[0]) throw std::logic_error("collective: a folded phase's routes are not closed under the rail rotation");
-  }
-  return net.add_rail0_route_set(routes);
-}
-
 CommPhase make_phase(Network& net, const CommGroup& g, const std::vector<IdxEdge>& edges, double bytes_per_size,
                      double steps) {
   CommPhase ph;
@@ -190,13 +159,12 @@ CommPhase make_phase(Network& net, const CommGroup& g, const std::vector<IdxEdge
                                                  g.ranks[static_cast<std::size_t>(e.to)]));
   }
   ph.latency_ns = static_cast<TimeNs>(std::llround(steps * static_cast<double>(alpha)));
+  // A rail-0 group (folded rails only, check_group) is the part of its family
+  // that leaves local GPU 0: the network walks it as the whole family. Any
+  // other list the network folds itself (checking it closed) or walks.
   std::vector<Route> routes;
-  if (net.rails_folded()) {
-    ph.set = add_folded_routes(net, g, edges, routes);
-  } else {
-    group_routes(g, edges, routes);
-    ph.set = net.add_route_set(routes);
-  }
+  group_routes(g, edges, routes);
+  ph.set = g.rail0_part ? net.add_rail0_route_set(routes) : net.add_route_set(routes);
   return ph;
 }
 

@@ -179,10 +179,11 @@ GroupId Engine::add_group(CommGroup group) {
 // The link after `t` on stream `s` (one of its streams).
 std::uint32_t& Engine::next_on_stream(TaskId t, StreamId s) {
   Task& task = tasks_[t];
-  if (task.streams_len == 1) return task.stream_next;
   std::uint32_t i = 0;
-  while (task_streams_[task.streams + i] != s) ++i;
-  return task_stream_next_[task.streams + i];
+  if (task.streams_len > 1) {
+    while (task_streams_[task.streams + i] != s) ++i;
+  }
+  return next_on(task, i);
 }
 
 // Queues the task on its streams and starts it if nothing holds it back.

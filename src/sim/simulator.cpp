@@ -74,9 +74,10 @@ bool on_stage(const TaskMeta& t, int stage) {
 // highest priority (optimizer, compute, TP, PP, DP), idle instants to bubble.
 Breakdown critical_breakdown(const Engine& eng, const std::vector<TaskMeta>& meta, int stage, TimeNs end) {
   // Each task's start and end as one sortable word: time << 4 | start? << 3 |
-  // class (at one instant ends first, as a stream runs a task after another). The order of events at one instant does not matter (the sweep
-  // accounts nothing between them), so plain integers sort them. Times are
-  // below 2^59 ns (18 years). Grouped by trace thread, a stage's tasks are
+  // class (at one instant ends first, as a stream runs a task after another).
+  // The order of events at one instant does not matter (the sweep accounts
+  // nothing between them), so plain integers sort them. Times are below
+  // 2^59 ns (18 years). Grouped by trace thread, a stage's tasks are
   // mostly one stream's each, which runs them one after another: a group
   // is then sorted already, and the groups are merged instead of sorted.
   constexpr std::size_t kGroups = 8;
@@ -139,7 +140,6 @@ Breakdown critical_breakdown(const Engine& eng, const std::vector<TaskMeta>& met
 void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
   detail::BusiestLinks<8> top;
   std::array<double, 3> peak{};  // per LinkKind
-  const EdgeRecord* edges = net.topology() != nullptr ? net.topology()->edges().data() : nullptr;
   if (net.rails_folded()) {
     // Per rail-0 image: its links share its figures and its kind (the
     // rotation maps GPUs, NICs and switches to their own kinds); they are
@@ -147,7 +147,7 @@ void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
     const Topology& topo = *net.topology();
     const std::vector<std::uint32_t>& images = topo.rail0_slot_links();
     net.for_each_loaded_slot_stats([&](std::uint32_t slot, const LinkStats& st) {
-      double& p = peak[static_cast<std::size_t>(edge_kind(edges[images[slot] / 2]))];
+      double& p = peak[static_cast<std::size_t>(link_kind(net, images[slot]))];
       p = std::max(p, st.peak_utilisation);
       for (const LinkId l : topo.rail0_slot_members(slot)) {  // in id order
         if (!top.could_take(st.peak_utilisation, l)) break;
@@ -156,8 +156,7 @@ void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
     });
   } else {
     net.for_each_loaded_link_stats([&](LinkId l, const LinkStats& st) {
-      const LinkKind kind = edges != nullptr ? edge_kind(edges[l / 2]) : LinkKind::ib;
-      double& p = peak[static_cast<std::size_t>(kind)];
+      double& p = peak[static_cast<std::size_t>(link_kind(net, l))];
       p = std::max(p, st.peak_utilisation);
       top.offer(l, st);
     });
