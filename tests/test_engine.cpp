@@ -3,11 +3,16 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory_resource>
 #include <span>
 #include <stdexcept>
 #include <vector>
 
+#include "counting_resource.hpp"
 #include "cuboid/sim/engine.hpp"
+#include "cuboid/sim/huge_pages.hpp"
 
 using namespace cuboid;
 using namespace cuboid::sim;
@@ -187,8 +192,8 @@ TEST_CASE("bad inputs are rejected") {
 namespace {
 
 // A pseudo-random DAG over several streams; returns every task's (start, end).
-std::vector<std::pair<TimeNs, TimeNs>> random_run(unsigned seed) {
-  Engine e;
+std::vector<std::pair<TimeNs, TimeNs>> random_run(unsigned seed, std::pmr::memory_resource* mem = huge_page_resource()) {
+  Engine e(mem);
   std::vector<StreamId> streams;
   for (int i = 0; i < 6; ++i) streams.push_back(e.add_stream(i / 2, StreamKind::compute));
   unsigned x = seed;
@@ -211,6 +216,39 @@ std::vector<std::pair<TimeNs, TimeNs>> random_run(unsigned seed) {
 TEST_CASE("runs are deterministic") {
   CHECK(random_run(7) == random_run(7));
   CHECK(random_run(7) != random_run(8));
+}
+
+TEST_CASE("an engine keeps its tables in the memory resource it is given; the run is the same") {
+  test::CountingResource counted;
+  {
+    CHECK(random_run(7, &counted) == random_run(7));
+    CHECK(counted.total_bytes >= 500 * 64);  // the 500 tasks' table at least (a task is a cache line)
+  }
+  CHECK(counted.live_bytes == 0);  // all given back, each with its size
+  SimArena arena;
+  CHECK(random_run(7, &arena) == random_run(7));
+  CHECK(random_run(7, std::pmr::new_delete_resource()) == random_run(7));
+}
+
+TEST_CASE("huge_page_resource: blocks of 2 MiB and more start on a huge-page boundary; all are writable") {
+  std::pmr::memory_resource* r = huge_page_resource();
+  CHECK(huge_page_resource() == r);
+  for (const std::size_t bytes : {std::size_t{64}, std::size_t{1} << 20, kHugePageBytes, 3 * kHugePageBytes + 5}) {
+    CAPTURE(bytes);
+    auto* p = static_cast<unsigned char*>(r->allocate(bytes, 64));
+    CHECK(reinterpret_cast<std::uintptr_t>(p) % (bytes >= kHugePageBytes ? kHugePageBytes : 64) == 0);
+    std::memset(p, 7, bytes);
+    CHECK(p[0] == 7);
+    CHECK(p[bytes - 1] == 7);
+    r->deallocate(p, bytes, 64);
+  }
+  // A monotonic arena over it: vectors on it keep their contents as they grow.
+  SimArena arena;
+  std::pmr::vector<std::uint64_t> v(&arena);
+  for (std::uint64_t i = 0; i < 600000; ++i) v.push_back(i * 3);  // 4.8 MB, past the first 2 MiB block
+  bool same = true;
+  for (std::uint64_t i = 0; i < v.size(); ++i) same = same && v[i] == i * 3;
+  CHECK(same);
 }
 
 TEST_CASE("user values read back; tasks given none read zero") {

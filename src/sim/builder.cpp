@@ -55,8 +55,8 @@ Builder::Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& p
     rep_dp_ = c.dp;  // the slowest replica sets the pace of every DP collective
   }
   order_ = pipeline_order(plan.schedule, pp_, mbs_, v_);
-  net_ = std::make_unique<Network>(topo);
-  eng_ = std::make_unique<Engine>(*net_);
+  net_ = std::make_unique<Network>(topo, NetworkOptions{}, &arena_);
+  eng_ = std::make_unique<Engine>(*net_, &arena_);
 }
 
 // A task tagged after later ones (tag's usual case is the task just added).
@@ -587,7 +587,10 @@ void Builder::add_step(int stage, std::size_t idx) {
 }
 
 Builder::PassTemplate& Builder::pass_template(int stage, const ScheduleStep& st, bool reduce_now) {
-  if (templates_.empty()) templates_.resize(static_cast<std::size_t>(pp_ * v_ * 4));
+  if (templates_.empty()) {
+    templates_.reserve(static_cast<std::size_t>(pp_ * v_ * 4));
+    for (int i = 0; i < pp_ * v_ * 4; ++i) templates_.emplace_back(&arena_);
+  }
   const int key = ((stage * v_ + st.chunk) * 2 + (st.dir == Direction::forward ? 0 : 1)) * 2 + (reduce_now ? 1 : 0);
   PassTemplate& pt = templates_[static_cast<std::size_t>(key)];
   if (!pt.recorded) {
@@ -603,7 +606,7 @@ Builder::PassTemplate& Builder::pass_template(int stage, const ScheduleStep& st,
 
 // The stand-in ids play() saw while recording, as template references:
 // kEntryRef stays, kLocalRef + i becomes i.
-void Builder::record_refs(const std::vector<TaskId>& ids, std::vector<TaskId>& out) const {
+void Builder::record_refs(const std::vector<TaskId>& ids, std::pmr::vector<TaskId>& out) const {
   for (TaskId id : ids) {
     if (id < kEntryRef) throw std::logic_error("simulate: a recorded pass depends on a task outside it");
     out.push_back(id == kEntryRef ? kEntryRef : id - kLocalRef);
@@ -644,7 +647,7 @@ TaskId Builder::emit_collective(Collective c, GroupId group, double bytes, Strea
 
 // The recorded pass's engine calls, with the entry dependencies and ids
 // filled in; its end dependencies are appended to `end`.
-void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::vector<TaskId>& end) {
+void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::pmr::vector<TaskId>& end) {
   const auto base = static_cast<TaskId>(eng_->num_tasks());
   if (static_cast<std::size_t>(base) + pt.tasks.size() >= kEntryRef) {
     throw std::length_error("simulate: more than 2^31 tasks in one iteration");

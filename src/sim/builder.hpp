@@ -4,6 +4,7 @@
 // breakdown and the trace need.
 #include <cstdint>
 #include <map>
+#include <memory_resource>
 #include <memory>
 #include <optional>
 #include <span>
@@ -77,8 +78,10 @@ class Builder {
 
   Network& network() { return *net_; }
   Engine& engine() { return *eng_; }
+  // The simulation's arena (huge_pages.hpp), for tables that live as long as the builder.
+  std::pmr::memory_resource* arena() { return &arena_; }
   const std::vector<Rep>& reps() const { return reps_; }
-  const std::vector<TaskMeta>& meta() const { return meta_; }
+  std::span<const TaskMeta> meta() const { return meta_; }
   const std::map<TaskId, TraceLabel>& labels() const { return labels_; }
   const std::vector<StepSpan>& spans() const { return spans_; }
   bool traced(int stage) const { return !traced_stages_.empty() && traced_stages_[static_cast<std::size_t>(stage)]; }
@@ -122,11 +125,12 @@ class Builder {
       std::uint32_t deps_begin = 0, deps_end = 0;  // its range in refs
       TaskMeta meta;
     };
+    explicit PassTemplate(std::pmr::memory_resource* mem) : tasks(mem), refs(mem), end(mem) {}
     bool recorded = false;
-    std::vector<Task> tasks;
-    std::vector<TaskId> refs;  // kEntryRef (all entry dependencies, in order) or a task's index in the pass
-    std::uint32_t max_refs = 0;  // the most refs one task has
-    std::vector<TaskId> end;   // refs of the pass's end (Slot::end)
+    std::pmr::vector<Task> tasks;
+    std::pmr::vector<TaskId> refs;  // kEntryRef (all entry dependencies, in order) or a task's index in the pass
+    std::uint32_t max_refs = 0;     // the most refs one task has
+    std::pmr::vector<TaskId> end;   // refs of the pass's end (Slot::end)
   };
   // While a pass is recorded, play() sees stand-in task ids: the entry
   // dependencies as one kEntryRef, the pass's own tasks as kLocalRef + index.
@@ -156,12 +160,12 @@ class Builder {
   // One pass from `entry` on, op by op; its end dependencies are left in chain_.deps.
   void play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry);
   PassTemplate& pass_template(int stage, const ScheduleStep& st, bool reduce_now);
-  void stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::vector<TaskId>& end);
+  void stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::pmr::vector<TaskId>& end);
   // The engine calls of a pass, or, while recording, their template entries.
   TaskId emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskId>& deps, const TaskMeta& mt);
   TaskId emit_collective(Collective c, GroupId group, double bytes, StreamId stream, const std::vector<TaskId>& deps,
                          const TaskMeta& mt, bool dp_reduction = false);
-  void record_refs(const std::vector<TaskId>& ids, std::vector<TaskId>& out) const;
+  void record_refs(const std::vector<TaskId>& ids, std::pmr::vector<TaskId>& out) const;
   void play(Chain& ch, const Program& prog);
   void flush(Chain& ch);
   TaskId add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps);
@@ -195,6 +199,9 @@ class Builder {
   const ParallelPlan& plan_;
   const SimOptions& opts_;
   RankMapping map_;
+  // The simulation's tables (the engine's, and below those that grow with
+  // the tasks, messages and passes), on huge pages; declared before them.
+  SimArena arena_;
   std::unique_ptr<Network> net_;
   std::unique_ptr<Engine> eng_;
   int pp_ = 1, v_ = 1, vs_count_ = 1, mbs_ = 1, tp_ = 1, dp_ = 1, rep_dp_ = 0;
@@ -220,7 +227,7 @@ class Builder {
     ScheduleStep consumer;
     bool created = false;
   };
-  std::vector<Message> messages_;
+  std::pmr::vector<Message> messages_{&arena_};
   // The communication points, flat (65k in GPT-1T): point(stage, pos) is
   // after the stage's pass `pos` (-1: before its first). Each message at a
   // point adds one task to the point's block once created (its send at the
@@ -230,15 +237,15 @@ class Builder {
     return point_base_[static_cast<std::size_t>(stage)] + static_cast<std::size_t>(pos + 1);
   }
   std::vector<std::size_t> point_base_;      // [stage] -> its first point
-  std::vector<std::uint32_t> point_off_;     // [point] -> its range in point_msgs_ and block_ (one more entry)
-  std::vector<std::uint32_t> point_msgs_;    // messages touching each point, in creation order
-  std::vector<TaskId> block_;                // the tasks created for them, in creation order
-  std::vector<std::uint32_t> block_len_;     // [point] -> how many are created
+  std::pmr::vector<std::uint32_t> point_off_{&arena_};   // [point] -> its range in point_msgs_ and block_ (one more entry)
+  std::pmr::vector<std::uint32_t> point_msgs_{&arena_};  // messages touching each point, in creation order
+  std::pmr::vector<TaskId> block_{&arena_};              // the tasks created for them, in creation order
+  std::pmr::vector<std::uint32_t> block_len_{&arena_};   // [point] -> how many are created
   void add_to_block(std::size_t pt, TaskId t) { block_[point_off_[pt] + block_len_[pt]++] = t; }
   // The messages of point `pt` created so far.
   std::span<const TaskId> block_of(std::size_t pt) const { return {block_.data() + point_off_[pt], block_len_[pt]}; }
-  std::vector<Slot> slots_;
-  std::vector<TaskId> ends_;  // every pass's end dependencies, back to back (Slot::end_off)
+  std::pmr::vector<Slot> slots_{&arena_};
+  std::pmr::vector<TaskId> ends_{&arena_};  // every pass's end dependencies, back to back (Slot::end_off)
   bool stamp_ = true;
   std::vector<PassTemplate> templates_;  // [((stage * v + chunk) * 2 + backward) * 2 + reduce_now]
   PassTemplate* recording_ = nullptr;    // the template play() is recording into, if any
@@ -257,7 +264,7 @@ class Builder {
   Programs normal_, slow_;
   std::vector<std::vector<std::vector<Unit>>> units_;  // [stage][chunk] -> units in forward order
 
-  std::vector<TaskMeta> meta_;
+  std::pmr::vector<TaskMeta> meta_{&arena_};
   std::map<TaskId, TraceLabel> labels_;
   std::vector<StepSpan> spans_;
   std::vector<bool> traced_stages_;

@@ -47,8 +47,8 @@ constexpr E kSentinel{~std::uint64_t{0}, ~std::uint64_t{0}};
 
 // Places `e` at the hole at `i`, moving it up past larger parents, but not
 // above `top`.
-template <typename E>
-void heap_sift_up(std::vector<E>& h, std::size_t i, std::size_t top, const E& e) {
+template <typename H, typename E>
+void heap_sift_up(H& h, std::size_t i, std::size_t top, const E& e) {
   const Order key = order(e);
   while (i > top) {
     const std::size_t parent = (i - 1) / kHeapArity;
@@ -59,8 +59,8 @@ void heap_sift_up(std::vector<E>& h, std::size_t i, std::size_t top, const E& e)
   h[i] = e;
 }
 
-template <typename E>
-void heap_push(std::vector<E>& h, std::size_t& n, const E& e) {
+template <typename H, typename E>
+void heap_push(H& h, std::size_t& n, const E& e) {
   const std::size_t i = n++;
   if (h.size() < n + kHeapArity) h.resize(n + kHeapArity, kSentinel<E>);
   heap_sift_up(h, i, 0, e);
@@ -72,8 +72,8 @@ void heap_push(std::vector<E>& h, std::size_t& n, const E& e) {
 // there; the elements placed here (a new end time, the last leaf) are
 // nearly always among the latest, so they rise little, and each level
 // costs one comparison fewer.
-template <typename E>
-void heap_sift_down(std::vector<E>& h, std::size_t n, std::size_t start, const E& e) {
+template <typename H, typename E>
+void heap_sift_down(H& h, std::size_t n, std::size_t start, const E& e) {
   std::size_t i = start;
   while (true) {
     const std::size_t first = kHeapArity * i + 1;
@@ -93,8 +93,9 @@ void heap_sift_down(std::vector<E>& h, std::size_t n, std::size_t start, const E
 }
 
 // Removes the root (already read by the caller).
-template <typename E>
-void heap_pop_root(std::vector<E>& h, std::size_t& n) {
+template <typename H>
+void heap_pop_root(H& h, std::size_t& n) {
+  using E = typename H::value_type;
   const E last = h[--n];
   h[n] = kSentinel<E>;
   if (n > 0) heap_sift_down(h, n, 0, last);

@@ -64,7 +64,8 @@ Network::Network(std::vector<double> link_capacity_Bps) {
   init_classes();
 }
 
-Network::Network(const Topology& topo, NetworkOptions opts) : topo_(&topo), opts_(opts) {
+Network::Network(const Topology& topo, NetworkOptions opts, std::pmr::memory_resource* mem)
+    : topo_(&topo), opts_(opts), mem_(mem) {
   const Cluster& c = topo.cluster();
   const std::vector<EdgeRecord>& edges = topo.edges();
   if (edges.size() != boost::num_edges(topo.graph())) {
@@ -93,7 +94,7 @@ std::pair<std::uint32_t, std::uint32_t> Network::link_ends(LinkId l) const {
 
 // Every slot (link) in class 0 (crossed by no set).
 void Network::init_classes() {
-  link_class_ = ZeroedArray<ClassId>(num_slots_);
+  link_class_ = ZeroedArray<ClassId>(num_slots_, mem_);
   class_solve_.resize(1);
   class_flows_.resize(1);
   class_size_.assign(1, static_cast<std::uint32_t>(num_slots_));
@@ -260,10 +261,10 @@ std::span<const LinkId> Network::route_links(int src_gpu, int dst_gpu) {
     const std::size_t n = topo_->route_ids(src_gpu, dst_gpu, hops);
     // Kept in fixed blocks, so the spans handed out stay valid.
     if (route_blocks_.empty() || route_block_used_ + n > kRouteBlock) {
-      route_blocks_.push_back(std::make_unique<LinkId[]>(std::max(kRouteBlock, n)));
+      route_blocks_.emplace_back(std::max(kRouteBlock, n), LinkId{0}, resource());
       route_block_used_ = 0;
     }
-    LinkId* links = route_blocks_.back().get() + route_block_used_;
+    LinkId* links = route_blocks_.back().data() + route_block_used_;
     std::copy(hops, hops + n, links);
     route_block_used_ += n;
     it = route_cache_.emplace(key, std::span<const LinkId>(links, n)).first;
@@ -362,7 +363,7 @@ void Network::merge_routes_folded(std::span<const Route> routes, bool rail0_part
 // merge a throw cut short (a GPU out of range): their bits are cleared here.
 void Network::merge_begin() {
   if (merge_weight_.size() != num_slots_) {
-    merge_weight_ = ZeroedArray<double>(num_slots_);
+    merge_weight_ = ZeroedArray<double>(num_slots_, mem_);
     merge_seen_.assign((num_slots_ + 63) / 64, 0);
     merge_links_.clear();
   }
@@ -453,7 +454,7 @@ LinkSetId Network::add_routes(std::span<const Route> routes, bool rail0_part) {
   const LinkSetId set = register_links(set_links_);
   if (cached) {
     compiled_index_.emplace(key, static_cast<std::uint32_t>(compiled_.size()));
-    compiled_.push_back(Compiled{std::vector<Route>(routes.begin(), routes.end()), set, rail0_part});
+    compiled_.push_back(Compiled{std::pmr::vector<Route>(routes.begin(), routes.end(), resource()), set, rail0_part});
   }
   return set;
 }

@@ -72,7 +72,8 @@ bool on_stage(const TaskMeta& t, int stage) {
 
 // Walks [0, end] of one stage's GPU: each instant goes to the busy class of
 // highest priority (optimizer, compute, TP, PP, DP), idle instants to bubble.
-Breakdown critical_breakdown(const Engine& eng, const std::vector<TaskMeta>& meta, int stage, TimeNs end) {
+Breakdown critical_breakdown(const Engine& eng, std::span<const TaskMeta> meta, int stage, TimeNs end,
+                             std::pmr::memory_resource* mem) {
   // Each task's start and end as one sortable word: time << 4 | start? << 3 |
   // class (at one instant ends first, as a stream runs a task after another).
   // The order of events at one instant does not matter (the sweep accounts
@@ -81,19 +82,19 @@ Breakdown critical_breakdown(const Engine& eng, const std::vector<TaskMeta>& met
   // mostly one stream's each, which runs them one after another: a group
   // is then sorted already, and the groups are merged instead of sorted.
   constexpr std::size_t kGroups = 8;
-  std::array<std::vector<std::uint64_t>, kGroups> by_tid;
+  std::pmr::vector<std::pmr::vector<std::uint64_t>> by_tid(kGroups, mem);  // the inner ones from mem too
   for (TaskId t = 0; t < meta.size(); ++t) {
     const TaskMeta& mt = meta[t];
     if (mt.cls == Cls::none || !on_stage(mt, stage) || !eng.done(t)) continue;
     if (eng.end_ns(t) <= eng.start_ns(t)) continue;
     const auto cls = static_cast<std::uint64_t>(mt.cls);
-    std::vector<std::uint64_t>& g = by_tid[std::min<std::size_t>(mt.tid, kGroups - 1)];
+    std::pmr::vector<std::uint64_t>& g = by_tid[std::min<std::size_t>(mt.tid, kGroups - 1)];
     g.push_back(static_cast<std::uint64_t>(eng.start_ns(t)) << 4 | 8 | cls);
     g.push_back(static_cast<std::uint64_t>(eng.end_ns(t)) << 4 | cls);
   }
-  std::vector<std::uint64_t> edges;
-  std::vector<std::uint64_t> merged;
-  for (std::vector<std::uint64_t>& g : by_tid) {
+  std::pmr::vector<std::uint64_t> edges(mem);
+  std::pmr::vector<std::uint64_t> merged(mem);  // swapped with edges: the same resource
+  for (std::pmr::vector<std::uint64_t>& g : by_tid) {
     if (g.empty()) continue;
     if (!std::is_sorted(g.begin(), g.end())) std::sort(g.begin(), g.end());
     merged.clear();
@@ -181,7 +182,7 @@ constexpr std::array<const char*, 5> kTidNames{"compute", "tp comm", "pp send/re
 
 std::vector<std::filesystem::path> write_trace(Builder& b, const ParallelPlan& plan, const SimOptions& opts) {
   const Engine& eng = b.engine();
-  const auto& meta = b.meta();
+  const std::span<const TaskMeta> meta = b.meta();
   const RankMapping map(plan, 1 << 30);  // only the (tp, pp, dp) coordinates are used
   std::vector<int> ranks = opts.trace_ranks;
   if (ranks.empty()) {
@@ -252,7 +253,7 @@ SimResult run_simulation(const ModelSpec& m, const Topology& topo, const Paralle
   r.solves = st.solves;
   r.rails_folded = b.network().rails_folded();
   const TimeNs end = st.end_ns;
-  const auto& meta = b.meta();
+  const std::span<const TaskMeta> meta = b.meta();
   // Per stage: busy time per stream and when its last task ended.
   std::vector<TimeNs> stage_end(b.reps().size(), 0);
   for (const auto& rep : b.reps()) {
@@ -281,7 +282,7 @@ SimResult run_simulation(const ModelSpec& m, const Topology& topo, const Paralle
   e.plan = plan;
   e.simulated = true;
   e.iteration_time_s = static_cast<double>(end) * 1e-9;
-  e.breakdown = critical_breakdown(eng, meta, critical, end);
+  e.breakdown = critical_breakdown(eng, meta, critical, end, b.arena());
   fill_throughput(e, m, plan, topo.cluster().gpu);
   e.memory = memory_per_gpu(m, plan, topo.cluster().gpu);
   collect_links(r, b.network(), b.tp_probe_peak());

@@ -26,6 +26,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory_resource>
 #include <span>
 #include <tuple>
 #include <vector>
@@ -68,9 +69,12 @@ struct RunStats {
 class Engine {
  public:
   // Compute-only engine (communication tasks throw std::logic_error).
-  Engine() = default;
+  // `mem` holds the per-task tables and the event heap (not owned; must
+  // outlive the engine): by default huge_page_resource(); a simulation
+  // passes its SimArena (huge_pages.hpp).
+  explicit Engine(std::pmr::memory_resource* mem = huge_page_resource()) : Engine(nullptr, mem) {}
   // Communication goes through `net` (not owned; must outlive the engine).
-  explicit Engine(Network& net) : net_(&net) {}
+  explicit Engine(Network& net, std::pmr::memory_resource* mem = huge_page_resource()) : Engine(&net, mem) {}
 
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -130,6 +134,9 @@ class Engine {
   std::uint64_t events() const { return events_; }
 
  private:
+  Engine(Network* net, std::pmr::memory_resource* mem)
+      : net_(net), heap_(mem), tasks_(mem), users_(mem), task_streams_(mem), task_stream_next_(mem), succ_(mem) {}
+
   enum class State : std::uint8_t { waiting, running, done };
   enum class EventType : std::uint8_t { task_end, phase_end };
   // 16 bytes, so a 4-ary heap node's children share a cache line: the
@@ -220,16 +227,16 @@ class Engine {
   // The heap's events are heap_[0, heap_size_); the slots after them, four
   // or more, hold sentinels that order after every event, so a node with any
   // child has four to compare (the sift-down has no partial case).
-  std::vector<Event> heap_;
+  std::pmr::vector<Event> heap_;
   std::size_t heap_size_ = 0;
   // run() leaves the event it is processing at the heap's root until the
   // first event that processing schedules replaces it (one sift-down instead
   // of a pop and a push; (time, seq) is a total order, so the pop order is
   // the same). Set only while an event is being processed.
   bool root_popped_ = false;
-  // The per-task tables, on huge pages where the OS gives them (huge_pages.hpp).
+  // The per-task tables, from the memory resource given (huge_pages.hpp).
   template <typename T>
-  using Table = std::vector<T, HugePageAllocator<T>>;
+  using Table = std::pmr::vector<T>;
   Table<Task> tasks_;
   Table<std::uint64_t> users_;     // per task up to the last one given a nonzero user value
   std::vector<Stream> streams_;

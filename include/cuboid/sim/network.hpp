@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <memory_resource>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -76,7 +77,10 @@ class Network {
   // The cluster's fat tree: every undirected edge of the topology becomes two
   // directed links (lower->higher vertex id and back), each with the edge's
   // per-direction capacity (scaled by `opts`) and latency. `topo` must outlive this.
-  explicit Network(const Topology& topo, NetworkOptions opts = {});
+  // `mem`, when given, holds the per-link tables, the retired flows and the
+  // route blocks (not owned; must outlive the network): a simulation passes
+  // its SimArena (huge_pages.hpp).
+  explicit Network(const Topology& topo, NetworkOptions opts = {}, std::pmr::memory_resource* mem = nullptr);
 
   Network(const Network&) = delete;
   Network& operator=(const Network&) = delete;
@@ -391,6 +395,8 @@ class Network {
 
   const Topology* topo_ = nullptr;
   NetworkOptions opts_;
+  std::pmr::memory_resource* mem_ = nullptr;  // see the constructor; null: the default heap
+  std::pmr::memory_resource* resource() const { return mem_ != nullptr ? mem_ : std::pmr::get_default_resource(); }
   // Folded: topo_->rail0_slots() and rail0_slot_links() (see slot_of).
   const std::uint32_t* slot_of_ = nullptr;
   const std::uint32_t* slot_link_ = nullptr;
@@ -420,7 +426,7 @@ class Network {
   std::vector<std::uint32_t> use_group_;
   std::vector<ClassId> seeds_;
   std::vector<ClassId> dirty_;  // seeds of the deferred solve
-  mutable std::vector<Retired> retired_;
+  mutable std::pmr::vector<Retired> retired_{resource()};
   mutable std::vector<LinkSetId> peak_dirty_sets_;
   // Scratch for settle_bytes.
   struct MergeCursor {
@@ -441,7 +447,7 @@ class Network {
   std::vector<Pending> pending_;  // min-heap of predicted finish times (lazy deletion)
   std::unordered_map<std::uint64_t, std::span<const LinkId>> route_cache_;  // (a,b) -> links in route_blocks_
   static constexpr std::size_t kRouteBlock = 4096;
-  std::vector<std::unique_ptr<LinkId[]>> route_blocks_;
+  std::vector<std::pmr::vector<LinkId>> route_blocks_;
   std::size_t route_block_used_ = 0;
   // Scratch for compile_routes and the sets: per link its summed weight, and a bit set of the listed links.
   // Per slot; only read where merge_seen_ (or add_link_set) has set it.
@@ -454,7 +460,7 @@ class Network {
   // same links (thousands, mirrored), compiled and registered once.
   static constexpr std::size_t kCacheMinSize = 64;
   struct Compiled {
-    std::vector<Route> routes;
+    std::pmr::vector<Route> routes;
     LinkSetId set = 0;
     bool rail0_part = false;  // routes is a folded list's rail-0 part (add_rail0_route_set)
   };

@@ -6,8 +6,13 @@
 // their zeros up front faulted in every page. (calloc does not promise
 // this: from a reused heap block it clears the memory itself.) For
 // arithmetic types (all-zero bits is the value 0).
+//
+// Given a memory resource (a simulation's SimArena, on huge pages, where a
+// fault maps 2 MiB at once), the array comes from it and is cleared.
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
+#include <memory_resource>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -24,8 +29,13 @@ class ZeroedArray {
 
  public:
   ZeroedArray() = default;
-  explicit ZeroedArray(std::size_t n) : n_(n) {
+  explicit ZeroedArray(std::size_t n, std::pmr::memory_resource* mem = nullptr) : n_(n), mem_(mem) {
     if (n == 0) return;
+    if (mem != nullptr) {
+      p_ = static_cast<T*>(mem->allocate(n * sizeof(T), alignof(T)));
+      std::memset(static_cast<void*>(p_), 0, n * sizeof(T));
+      return;
+    }
 #if defined(__linux__)
     if (mapped()) {
       void* p = mmap(nullptr, n * sizeof(T), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -39,12 +49,14 @@ class ZeroedArray {
   }
   ZeroedArray(const ZeroedArray&) = delete;
   ZeroedArray& operator=(const ZeroedArray&) = delete;
-  ZeroedArray(ZeroedArray&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  ZeroedArray(ZeroedArray&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), mem_(std::exchange(o.mem_, nullptr)) {}
   ZeroedArray& operator=(ZeroedArray&& o) noexcept {
     if (this != &o) {
       release();
       p_ = std::exchange(o.p_, nullptr);
       n_ = std::exchange(o.n_, 0);
+      mem_ = std::exchange(o.mem_, nullptr);
     }
     return *this;
   }
@@ -59,6 +71,10 @@ class ZeroedArray {
   bool mapped() const { return n_ * sizeof(T) >= kMapBytes; }
   void release() {
     if (p_ == nullptr) return;
+    if (mem_ != nullptr) {
+      mem_->deallocate(p_, n_ * sizeof(T), alignof(T));
+      return;
+    }
 #if defined(__linux__)
     if (mapped()) {
       munmap(p_, n_ * sizeof(T));
@@ -70,6 +86,7 @@ class ZeroedArray {
 
   T* p_ = nullptr;
   std::size_t n_ = 0;
+  std::pmr::memory_resource* mem_ = nullptr;  // null: mapped or calloc'd, by size
 };
 
 }  // namespace cuboid::sim
