@@ -245,10 +245,12 @@ TEST_CASE("huge_page_resource: blocks of 2 MiB and more start on a huge-page bou
   // A monotonic arena over it: vectors on it keep their contents as they grow.
   SimArena arena;
   std::pmr::vector<std::uint64_t> v(&arena);
-  for (std::uint64_t i = 0; i < 600000; ++i) v.push_back(i * 3);  // 4.8 MB, past the first 2 MiB block
+  const std::uint64_t n = SimArena::kFirstBlock / sizeof(std::uint64_t) + 100000;  // past the first block
+  for (std::uint64_t i = 0; i < n; ++i) v.push_back(i * 3);
   bool same = true;
   for (std::uint64_t i = 0; i < v.size(); ++i) same = same && v[i] == i * 3;
   CHECK(same);
+  CHECK(v.size() == n);
 }
 
 TEST_CASE("user values read back; tasks given none read zero") {

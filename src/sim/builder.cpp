@@ -370,6 +370,7 @@ void Builder::plan_messages() {
     point_base_[us] = points;
     points += static_cast<std::size_t>(n + 1);
   }
+  messages_.reserve(points);  // at most one per pass (the arena keeps a regrown vector's old blocks)
   for (int r = 0; r < pp_; ++r) {
     const auto ur = static_cast<std::size_t>(r);
     for (int i = 0; i < static_cast<int>(order_[ur].size()); ++i) {

@@ -736,6 +736,7 @@ void Network::retire_flow(FlowId f) {
   s.active[fl.apos] = moved_active;
   flows_[moved_active].apos = fl.apos;
   s.active.pop_back();
+  if (retired_.capacity() == 0) retired_.reserve(kRetiredMax);  // settled when full: never regrown
   retired_.push_back(Retired{fl.set, fl.total});
   s.retired_max_rate = std::max(s.retired_max_rate, fl.max_rate);
   if (!s.peak_dirty) {
@@ -761,7 +762,7 @@ void Network::retire_flow(FlowId f) {
   fl.nuses = 0;
   fl.registered = false;
   // Bounded memory: replay the finished flows' bytes now and then.
-  if (retired_.size() >= (std::size_t{1} << 16)) settle();
+  if (retired_.size() >= kRetiredMax) settle();
 }
 
 TimeNs Network::next_completion() {

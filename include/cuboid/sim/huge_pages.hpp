@@ -30,7 +30,10 @@ std::pmr::memory_resource* huge_page_resource();
 // the simulation that owns it.
 class SimArena : public std::pmr::monotonic_buffer_resource {
  public:
-  SimArena() : std::pmr::monotonic_buffer_resource(kHugePageBytes, huge_page_resource()) {}
+  // The blocks grow from here; only the pages touched count in memory, and
+  // each block's last huge page is part used, so fewer, bigger blocks waste less.
+  static constexpr std::size_t kFirstBlock = std::size_t{16} << 20;
+  SimArena() : std::pmr::monotonic_buffer_resource(kFirstBlock, huge_page_resource()) {}
 };
 
 }  // namespace cuboid::sim

@@ -427,6 +427,7 @@ class Network {
   std::vector<ClassId> seeds_;
   std::vector<ClassId> dirty_;  // seeds of the deferred solve
   mutable std::pmr::vector<Retired> retired_{resource()};
+  static constexpr std::size_t kRetiredMax = std::size_t{1} << 16;  // settle() when this many wait
   mutable std::vector<LinkSetId> peak_dirty_sets_;
   // Scratch for settle_bytes.
   struct MergeCursor {
