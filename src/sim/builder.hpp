@@ -4,8 +4,8 @@
 // breakdown and the trace need.
 #include <cstdint>
 #include <map>
-#include <memory_resource>
 #include <memory>
+#include <memory_resource>
 #include <optional>
 #include <span>
 #include <string>

@@ -77,9 +77,9 @@ class Network {
   // The cluster's fat tree: every undirected edge of the topology becomes two
   // directed links (lower->higher vertex id and back), each with the edge's
   // per-direction capacity (scaled by `opts`) and latency. `topo` must outlive this.
-  // `mem`, when given, holds the per-link tables, the retired flows and the
-  // route blocks (not owned; must outlive the network): a simulation passes
-  // its SimArena (huge_pages.hpp).
+  // `mem`, when given, holds the per-link tables, the retired flows, the
+  // route blocks and the cached route lists (not owned; must outlive the
+  // network): a simulation passes its SimArena (huge_pages.hpp).
   explicit Network(const Topology& topo, NetworkOptions opts = {}, std::pmr::memory_resource* mem = nullptr);
 
   Network(const Network&) = delete;
