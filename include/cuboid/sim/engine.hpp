@@ -79,7 +79,9 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
   Engine(Engine&&) noexcept = default;
-  Engine& operator=(Engine&&) noexcept = default;
+  // Not noexcept: the tables are std::pmr vectors, and moving into one on
+  // another memory resource copies element by element (allocating).
+  Engine& operator=(Engine&&) = default;
 
   Network* network() const { return net_; }
 

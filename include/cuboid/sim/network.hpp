@@ -85,7 +85,9 @@ class Network {
   Network(const Network&) = delete;
   Network& operator=(const Network&) = delete;
   Network(Network&&) noexcept = default;
-  Network& operator=(Network&&) noexcept = default;
+  // Not noexcept: the tables are std::pmr vectors, and moving into one on
+  // another memory resource copies element by element (allocating).
+  Network& operator=(Network&&) = default;
   ~Network() = default;
 
   const Topology* topology() const { return topo_; }
