@@ -11,12 +11,12 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "cuboid/cluster.hpp"
-#include "cuboid/estimator.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/planner.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/cost/estimator.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/search/planner.hpp"
 #include "cuboid/sim/simulator.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/core/topology.hpp"
 
 using namespace cuboid;
 using Clock = std::chrono::steady_clock;

@@ -4,7 +4,7 @@
 #include <exception>
 #include <filesystem>
 
-#include "cuboid/planfile.hpp"
+#include "cuboid/io/planfile.hpp"
 #include "plan_fixtures.hpp"
 
 int main(int argc, char** argv) {

@@ -9,9 +9,9 @@
 #include <string>
 #include <utility>
 
-#include "cuboid/cluster.hpp"
-#include "cuboid/error.hpp"
-#include "cuboid/model.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/model.hpp"
 
 namespace cuboid::test {
 

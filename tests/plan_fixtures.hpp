@@ -11,12 +11,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cuboid/cluster.hpp"
-#include "cuboid/estimator.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/plan.hpp"
-#include "cuboid/planfile.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/cost/estimator.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
+#include "cuboid/io/planfile.hpp"
+#include "cuboid/core/topology.hpp"
 
 namespace cuboid::testing {
 

@@ -6,12 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "cuboid/cluster.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/plan.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
+#include "cuboid/core/topology.hpp"
 #include "fixtures.hpp"
-#include "sim/builder.hpp"
+#include "builder.hpp"
 
 using namespace cuboid;
 using namespace cuboid::sim;

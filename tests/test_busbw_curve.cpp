@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "cuboid/busbw_curve.hpp"
-#include "cuboid/cluster.hpp"
-#include "cuboid/cost.hpp"
-#include "cuboid/error.hpp"
+#include "cuboid/core/busbw_curve.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/cost/cost.hpp"
+#include "cuboid/core/error.hpp"
 #include "cuboid/sim/engine.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/core/topology.hpp"
 #include "fixtures.hpp"
 
 using namespace cuboid;

@@ -12,20 +12,20 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cuboid/calibration.hpp"
-#include "cuboid/cluster.hpp"
-#include "cuboid/cost.hpp"
-#include "cuboid/error.hpp"
-#include "cuboid/estimator.hpp"
-#include "cuboid/json_reader.hpp"
-#include "cuboid/memory.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/optimizer_step.hpp"
+#include "cuboid/core/calibration.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/cost/cost.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/cost/estimator.hpp"
+#include "cuboid/core/json_reader.hpp"
+#include "cuboid/cost/memory.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/cost/optimizer_step.hpp"
 #include "cuboid/sim/engine.hpp"
 #include "cuboid/sim/network.hpp"
 #include "cuboid/sim/simulator.hpp"
-#include "cuboid/topology.hpp"
-#include "cuboid/workload.hpp"
+#include "cuboid/core/topology.hpp"
+#include "cuboid/core/workload.hpp"
 #include "fixtures.hpp"
 
 using namespace cuboid;

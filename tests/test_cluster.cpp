@@ -10,10 +10,10 @@
 
 #include <boost/graph/breadth_first_search.hpp>
 
-#include "cuboid/cluster.hpp"
-#include "cuboid/error.hpp"
-#include "cuboid/json_reader.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/json_reader.hpp"
+#include "cuboid/core/topology.hpp"
 #include "fixtures.hpp"
 
 using cuboid::Cluster;

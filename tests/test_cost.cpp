@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "cuboid/cost.hpp"
-#include "cuboid/flops.hpp"
-#include "cuboid/optimizer_step.hpp"
-#include "cuboid/topology.hpp"
-#include "cuboid/workload.hpp"
+#include "cuboid/cost/cost.hpp"
+#include "cuboid/cost/flops.hpp"
+#include "cuboid/cost/optimizer_step.hpp"
+#include "cuboid/core/topology.hpp"
+#include "cuboid/core/workload.hpp"
 #include "fixtures.hpp"
 
 using namespace cuboid;

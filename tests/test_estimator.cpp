@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "cuboid/cost.hpp"
-#include "cuboid/estimator.hpp"
-#include "cuboid/topology.hpp"
-#include "cuboid/workload.hpp"
+#include "cuboid/cost/cost.hpp"
+#include "cuboid/cost/estimator.hpp"
+#include "cuboid/core/topology.hpp"
+#include "cuboid/core/workload.hpp"
 #include "fixtures.hpp"
 
 using namespace cuboid;

@@ -13,8 +13,8 @@
 #include <sstream>
 #include <string>
 
-#include "cuboid/error.hpp"
-#include "cuboid/export.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/io/export.hpp"
 #include "plan_fixtures.hpp"
 
 using namespace cuboid;

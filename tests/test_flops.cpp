@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "cuboid/flops.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/plan.hpp"
+#include "cuboid/cost/flops.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
 #include "fixtures.hpp"
 
 using namespace cuboid;

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <string>
 
-#include "cuboid/memory.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/plan.hpp"
+#include "cuboid/cost/memory.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
 #include "fixtures.hpp"
 
 using namespace cuboid;

@@ -5,8 +5,8 @@
 #include <set>
 #include <string>
 
-#include "cuboid/error.hpp"
-#include "cuboid/model.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/model.hpp"
 
 using cuboid::Activation;
 using cuboid::InputError;

@@ -9,9 +9,9 @@
 #include <map>
 #include <vector>
 
-#include "cuboid/cost.hpp"
+#include "cuboid/cost/cost.hpp"
 #include "cuboid/sim/engine.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/core/topology.hpp"
 #include "counting_resource.hpp"
 #include "fixtures.hpp"
 

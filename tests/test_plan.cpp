@@ -3,8 +3,8 @@
 
 #include <set>
 
-#include "cuboid/error.hpp"
-#include "cuboid/plan.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/plan.hpp"
 #include "fixtures.hpp"
 
 using namespace cuboid;

@@ -7,8 +7,8 @@
 #include <fstream>
 #include <unistd.h>
 
-#include "cuboid/error.hpp"
-#include "cuboid/planfile.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/io/planfile.hpp"
 #include "plan_fixtures.hpp"
 
 using namespace cuboid;

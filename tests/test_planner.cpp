@@ -5,11 +5,11 @@
 #include <set>
 #include <string>
 
-#include "cuboid/cluster.hpp"
-#include "cuboid/error.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/planner.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/search/planner.hpp"
+#include "cuboid/core/topology.hpp"
 
 using namespace cuboid;
 

@@ -10,12 +10,12 @@
 #include <random>
 #include <vector>
 
-#include "cuboid/estimator.hpp"
-#include "cuboid/flops.hpp"
-#include "cuboid/memory.hpp"
-#include "cuboid/planner.hpp"
+#include "cuboid/cost/estimator.hpp"
+#include "cuboid/cost/flops.hpp"
+#include "cuboid/cost/memory.hpp"
+#include "cuboid/search/planner.hpp"
 #include "cuboid/sim/simulator.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/core/topology.hpp"
 #include "fixtures.hpp"
 
 using namespace cuboid;

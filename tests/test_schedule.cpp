@@ -9,10 +9,9 @@
 #include <tuple>
 #include <vector>
 
-#include "cuboid/sim/schedule.hpp"
+#include "cuboid/core/schedule.hpp"
 
 using namespace cuboid;
-using namespace cuboid::sim;
 
 namespace {
 

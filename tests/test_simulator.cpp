@@ -18,18 +18,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cuboid/cluster.hpp"
-#include "cuboid/cost.hpp"
-#include "cuboid/estimator.hpp"
-#include "cuboid/flops.hpp"
-#include "cuboid/memory.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/sim/schedule.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/cost/cost.hpp"
+#include "cuboid/cost/estimator.hpp"
+#include "cuboid/cost/flops.hpp"
+#include "cuboid/cost/memory.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/schedule.hpp"
 #include "cuboid/sim/simulator.hpp"
-#include "cuboid/workload.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/core/workload.hpp"
+#include "cuboid/core/topology.hpp"
 #include "fixtures.hpp"
-#include "sim/busiest.hpp"
+#include "busiest.hpp"
 
 using namespace cuboid;
 using namespace cuboid::sim;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cuboid/svg.hpp"
+#include "cuboid/io/svg.hpp"
 
 using namespace cuboid;
 

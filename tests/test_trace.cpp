@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cuboid/trace.hpp"
+#include "cuboid/core/trace.hpp"
 
 using namespace cuboid;
 using nlohmann::json;

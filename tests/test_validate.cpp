@@ -13,16 +13,16 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cuboid/calibration.hpp"
-#include "cuboid/cluster.hpp"
-#include "cuboid/error.hpp"
-#include "cuboid/estimator.hpp"
-#include "cuboid/measurements.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/planfile.hpp"
-#include "cuboid/topology.hpp"
-#include "cuboid/validate.hpp"
-#include "cuboid/workload.hpp"
+#include "cuboid/core/calibration.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/cost/estimator.hpp"
+#include "cuboid/io/measurements.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/io/planfile.hpp"
+#include "cuboid/core/topology.hpp"
+#include "cuboid/report/validate.hpp"
+#include "cuboid/core/workload.hpp"
 
 namespace cuboid {
 namespace {

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "cuboid/calibrate/gemm_sweep.hpp"
-#include "exec/op_timer.hpp"
+#include "cuboid/exec/op_timer.hpp"
 
 namespace cuboid::calibrate {
 

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "exec/op_timer.hpp"
+#include "cuboid/exec/op_timer.hpp"
 
 namespace cuboid::calibrate {
 

@@ -7,7 +7,7 @@
 #include "cuboid/calibrate/gemm_sweep.hpp"
 #include "cuboid/calibrate/sweep_plan.hpp"
 #include "cuboid/exec/layer.hpp"
-#include "exec/op_timer.hpp"
+#include "cuboid/exec/op_timer.hpp"
 
 namespace cuboid::calibrate {
 

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "cuboid/error.hpp"
+#include "cuboid/core/error.hpp"
 
 namespace cuboid::calibrate {
 

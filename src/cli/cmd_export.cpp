@@ -5,8 +5,8 @@
 #include <iostream>
 #include <string>
 
-#include "cuboid/export.hpp"
-#include "cuboid/planfile.hpp"
+#include "cuboid/io/export.hpp"
+#include "cuboid/io/planfile.hpp"
 
 namespace cuboid::cli {
 

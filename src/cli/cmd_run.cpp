@@ -8,7 +8,7 @@
 
 #include "cuboid/exec/launch.hpp"
 #include "cuboid/exec/run.hpp"
-#include "cuboid/planfile.hpp"
+#include "cuboid/io/planfile.hpp"
 
 namespace cuboid::cli {
 

@@ -11,16 +11,16 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "cuboid/cluster.hpp"
-#include "cuboid/error.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/planfile.hpp"
-#include "cuboid/planner.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/io/planfile.hpp"
+#include "cuboid/search/planner.hpp"
 #include "cuboid/sim/simulator.hpp"
-#include "cuboid/svg.hpp"
-#include "cuboid/trace.hpp"
-#include "cuboid/report.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/io/svg.hpp"
+#include "cuboid/core/trace.hpp"
+#include "cuboid/report/report.hpp"
+#include "cuboid/core/topology.hpp"
 
 namespace cuboid::cli {
 

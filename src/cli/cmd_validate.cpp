@@ -10,11 +10,11 @@
 
 #include <fmt/format.h>
 
-#include "cuboid/cluster.hpp"
-#include "cuboid/error.hpp"
-#include "cuboid/measurements.hpp"
-#include "cuboid/planfile.hpp"
-#include "cuboid/validate.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/io/measurements.hpp"
+#include "cuboid/io/planfile.hpp"
+#include "cuboid/report/validate.hpp"
 
 namespace cuboid::cli {
 

@@ -8,7 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "commands.hpp"
-#include "cuboid/error.hpp"
+#include "cuboid/core/error.hpp"
 #include "cuboid_config.hpp"
 
 int main(int argc, char** argv) {

@@ -8,10 +8,10 @@
 
 #include <CLI/CLI.hpp>
 
-#include "cuboid/cluster.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/planner.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/search/planner.hpp"
+#include "cuboid/core/topology.hpp"
 
 namespace cuboid::cli {
 

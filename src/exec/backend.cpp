@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include "cuboid/error.hpp"
+#include "cuboid/core/error.hpp"
 #include "cuboid/exec/cpu_backend.hpp"
 #include "cuboid/exec/exec_error.hpp"
 

@@ -9,7 +9,7 @@
 
 #include "cuboid/exec/layer.hpp"
 #include "cuboid/exec/mpi_comm.hpp"
-#include "op_timer.hpp"
+#include "cuboid/exec/op_timer.hpp"
 
 namespace cuboid::exec {
 

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <utility>
 
-#include "cuboid/error.hpp"
+#include "cuboid/core/error.hpp"
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/host_exchange.hpp"
 #include "cuboid/exec/mpi_comm.hpp"

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "op_timer.hpp"
+#include "cuboid/exec/op_timer.hpp"
 
 namespace cuboid::exec {
 

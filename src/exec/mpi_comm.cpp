@@ -14,7 +14,7 @@
 #include <thread>
 #include <utility>
 
-#include "cuboid/error.hpp"
+#include "cuboid/core/error.hpp"
 
 #include "cuboid/exec/exec_error.hpp"
 

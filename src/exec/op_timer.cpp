@@ -1,4 +1,4 @@
-#include "op_timer.hpp"
+#include "cuboid/exec/op_timer.hpp"
 
 #include <signal.h>
 #include <unistd.h>

@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cuboid/error.hpp"
+#include "cuboid/core/error.hpp"
 #include "cuboid/exec/check.hpp"
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/host_exchange.hpp"
@@ -21,7 +21,7 @@
 #include "cuboid/exec/mpi_comm.hpp"
 #include "cuboid/exec/step.hpp"
 #include "cuboid_config.hpp"
-#include "op_timer.hpp"
+#include "cuboid/exec/op_timer.hpp"
 
 namespace cuboid::exec {
 

@@ -8,9 +8,9 @@
 #include <limits>
 #include <stdexcept>
 
-#include "cuboid/error.hpp"
+#include "cuboid/core/error.hpp"
 #include "cuboid/exec/exec_error.hpp"
-#include "op_timer.hpp"
+#include "cuboid/exec/op_timer.hpp"
 
 namespace cuboid::exec {
 
@@ -86,7 +86,7 @@ StepRunner::StepRunner(Backend& backend, ProcessGroups& groups, const ModelSpec&
   virtual_stages_ = plan_.schedule == Schedule::interleaved ? plan_.virtual_stages : 1;
   micro_batches_ = static_cast<int>(plan_.num_micro_batches());
   try {
-    order_ = sim::pipeline_order(plan_.schedule, plan_.pp, micro_batches_, virtual_stages_)[sz(stage_)];
+    order_ = pipeline_order(plan_.schedule, plan_.pp, micro_batches_, virtual_stages_)[sz(stage_)];
   } catch (const std::invalid_argument& e) {
     throw InputError("plan", "parallel.schedule", e.what(), "choose sizes the schedule supports");
   }
@@ -418,8 +418,8 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
 double StepRunner::step(std::int64_t index, bool measured) {
   timer_.begin_step(measured);
   timer_.run(mem_desc("grad_zero", Pass::forward, static_cast<double>(grads_.bytes())), [&] { be_.fill(grads_, 0.0f); });
-  for (const sim::ScheduleStep& st : order_) {
-    if (st.dir == sim::Direction::forward)
+  for (const ScheduleStep& st : order_) {
+    if (st.dir == Direction::forward)
       forward(st.micro_batch, st.chunk, index);
     else
       backward(st.micro_batch, st.chunk, index);

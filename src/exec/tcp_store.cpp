@@ -19,7 +19,7 @@
 #include <thread>
 #include <utility>
 
-#include "cuboid/error.hpp"
+#include "cuboid/core/error.hpp"
 #include "cuboid/exec/exec_error.hpp"
 
 namespace cuboid::exec {

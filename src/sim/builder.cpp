@@ -5,11 +5,11 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "cuboid/calibration.hpp"
-#include "cuboid/cost.hpp"
-#include "cuboid/memory.hpp"
-#include "cuboid/optimizer_step.hpp"
-#include "cuboid/workload.hpp"
+#include "cuboid/core/calibration.hpp"
+#include "cuboid/cost/cost.hpp"
+#include "cuboid/cost/memory.hpp"
+#include "cuboid/cost/optimizer_step.hpp"
+#include "cuboid/core/workload.hpp"
 
 namespace cuboid::sim::detail {
 

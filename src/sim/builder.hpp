@@ -13,12 +13,12 @@
 #include <utility>
 #include <vector>
 
-#include "cuboid/model.hpp"
-#include "cuboid/plan.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
 #include "cuboid/sim/engine.hpp"
-#include "cuboid/sim/schedule.hpp"
+#include "cuboid/core/schedule.hpp"
 #include "cuboid/sim/simulator.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/core/topology.hpp"
 #include "program.hpp"
 
 namespace cuboid::sim::detail {

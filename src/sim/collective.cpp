@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "cuboid/busbw_curve.hpp"
-#include "cuboid/calibration.hpp"
+#include "cuboid/core/busbw_curve.hpp"
+#include "cuboid/core/calibration.hpp"
 
 namespace cuboid::sim {
 

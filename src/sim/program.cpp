@@ -4,8 +4,8 @@
 #include <cmath>
 #include <string_view>
 
-#include "cuboid/calibration.hpp"
-#include "cuboid/cost.hpp"
+#include "cuboid/core/calibration.hpp"
+#include "cuboid/cost/cost.hpp"
 
 namespace cuboid::sim::detail {
 

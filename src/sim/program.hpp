@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "cuboid/cluster.hpp"
+#include "cuboid/core/cluster.hpp"
 #include "cuboid/sim/network.hpp"
-#include "cuboid/workload.hpp"
+#include "cuboid/core/workload.hpp"
 
 namespace cuboid::sim::detail {
 

@@ -36,9 +36,9 @@
 
 #include "builder.hpp"
 #include "busiest.hpp"
-#include "cuboid/flops.hpp"
-#include "cuboid/memory.hpp"
-#include "cuboid/trace.hpp"
+#include "cuboid/cost/flops.hpp"
+#include "cuboid/cost/memory.hpp"
+#include "cuboid/core/trace.hpp"
 
 namespace cuboid::sim {
 

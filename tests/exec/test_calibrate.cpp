@@ -12,7 +12,7 @@
 #include "cuboid/calibrate/nccl_table.hpp"
 #include "cuboid/calibrate/results.hpp"
 #include "cuboid/calibrate/sweep_plan.hpp"
-#include "cuboid/error.hpp"
+#include "cuboid/core/error.hpp"
 #include "cuboid/exec/mpi_comm.hpp"
 
 using namespace cuboid;

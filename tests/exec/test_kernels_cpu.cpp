@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cuboid/error.hpp"
+#include "cuboid/core/error.hpp"
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/cpu_backend.hpp"
 #include "cuboid/exec/exec_error.hpp"

@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuboid/error.hpp"
+#include "cuboid/core/error.hpp"
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/launch.hpp"
 #include "cuboid/exec/tcp_store.hpp"

@@ -4,8 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuboid/calibration.hpp"
-#include "cuboid/error.hpp"
+#include "cuboid/core/calibration.hpp"
+#include "cuboid/core/error.hpp"
 #include "fuzz_input.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -15,10 +15,10 @@
 
 #include <CLI/CLI.hpp>
 
-#include "cuboid/cluster.hpp"
-#include "cuboid/error.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/planner.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/search/planner.hpp"
 #include "cuboid_config.hpp"
 #include "fuzz_input.hpp"
 #include "plan_flags.hpp"

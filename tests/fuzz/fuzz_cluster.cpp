@@ -3,9 +3,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuboid/cluster.hpp"
-#include "cuboid/error.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/topology.hpp"
 #include "cuboid_config.hpp"
 #include "fuzz_input.hpp"
 

@@ -2,8 +2,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuboid/error.hpp"
-#include "cuboid/model.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/model.hpp"
 #include "fuzz_input.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -12,8 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cuboid/error.hpp"
-#include "cuboid/json_reader.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/json_reader.hpp"
 
 namespace cuboid::fuzz {
 

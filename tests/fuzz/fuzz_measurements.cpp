@@ -3,8 +3,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuboid/error.hpp"
-#include "cuboid/measurements.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/io/measurements.hpp"
 #include "fuzz_input.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

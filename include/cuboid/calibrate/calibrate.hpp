@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_CALIBRATE
+#error "cuboid/calibrate is not below this layer in the build (docs/architecture.md)"
+#endif
 // `cuboid calibrate`: microbenchmarks on the user's machines, launched like
 // `cuboid run` (one process per rank under mpirun/srun). Every rank runs the
 // GEMM sweep, the memory-bound kernel sweep and the collective sweep of the

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_CALIBRATE
+#error "cuboid/calibrate is not below this layer in the build (docs/architecture.md)"
+#endif
 // The collective microbenchmark of `cuboid calibrate`, nccl-tests style:
 // all_reduce, reduce_scatter, all_gather, broadcast and send_recv (a ring
 // shift: send to rank + 1, receive from rank - 1) over a ladder of sizes, on
@@ -9,7 +12,7 @@
 #include <vector>
 
 #include "cuboid/exec/backend.hpp"
-#include "cuboid/workload.hpp"
+#include "cuboid/core/workload.hpp"
 
 namespace cuboid::exec {
 class Watchdog;

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_CALIBRATE
+#error "cuboid/calibrate is not below this layer in the build (docs/architecture.md)"
+#endif
 // How the ranks of `cuboid calibrate` share CPU cores. On a node with more
 // ranks than cores (four ranks on this two-core machine), ranks bound to the
 // same CPUs would time-slice each other's GEMMs and every sample would mix a

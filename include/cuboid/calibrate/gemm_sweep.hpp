@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_CALIBRATE
+#error "cuboid/calibrate is not below this layer in the build (docs/architecture.md)"
+#endif
 // The GEMM microbenchmark of `cuboid calibrate`: each shape timed per call in
 // the backend's precision (Backend::gemm), after warm-up, on operands taken
 // from a rotating pool larger than the last-level cache (so no call finds its
@@ -9,7 +12,7 @@
 #include <vector>
 
 #include "cuboid/calibrate/sweep_plan.hpp"
-#include "cuboid/calibration.hpp"
+#include "cuboid/core/calibration.hpp"
 #include "cuboid/exec/backend.hpp"
 
 namespace cuboid::exec {

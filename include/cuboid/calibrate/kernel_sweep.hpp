@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_CALIBRATE
+#error "cuboid/calibrate is not below this layer in the build (docs/architecture.md)"
+#endif
 // The memory-bound kernel microbenchmark of `cuboid calibrate`. It runs the
 // executor's own transformer layer (exec::LayerRunner, forward then backward)
 // at the plan's size and at scaled token counts, and keeps the per-call times
@@ -12,9 +15,9 @@
 #include <vector>
 
 #include "cuboid/exec/backend.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/optimizer_step.hpp"
-#include "cuboid/plan.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/cost/optimizer_step.hpp"
+#include "cuboid/core/plan.hpp"
 
 namespace cuboid::exec {
 class Watchdog;

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_CALIBRATE
+#error "cuboid/calibrate is not below this layer in the build (docs/architecture.md)"
+#endif
 // The nccl-tests result table (`size count type redop root time algbw busbw
 // #wrong`), so that `cuboid calibrate` output reads like all_reduce_perf's and
 // can be compared with it line by line. algbw = size / time; busbw = algbw x

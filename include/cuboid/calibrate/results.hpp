@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_CALIBRATE
+#error "cuboid/calibrate is not below this layer in the build (docs/architecture.md)"
+#endif
 // Per-rank sweep results, their JSON form (gathered to rank 0 as text), and
 // how rank 0 combines them into a Calibration: GEMM and kernel times are the
 // slowest rank's median (every rank runs its own copy; in a step the ranks of
@@ -14,8 +17,8 @@
 
 #include "cuboid/calibrate/collective_sweep.hpp"
 #include "cuboid/calibrate/kernel_sweep.hpp"
-#include "cuboid/calibration.hpp"
-#include "cuboid/measurements.hpp"
+#include "cuboid/core/calibration.hpp"
+#include "cuboid/io/measurements.hpp"
 
 namespace cuboid::calibrate {
 

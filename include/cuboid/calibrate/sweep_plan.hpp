@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_CALIBRATE
+#error "cuboid/calibrate is not below this layer in the build (docs/architecture.md)"
+#endif
 // What `cuboid calibrate` measures, derived from the plans it is given (pure
 // functions, no device): the GEMM shapes the plans' workloads run and a grid
 // around them, the memory-bound kernels at scaled sizes, the collective sizes,
@@ -8,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "cuboid/model.hpp"
-#include "cuboid/plan.hpp"
-#include "cuboid/workload.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
+#include "cuboid/core/workload.hpp"
 
 namespace cuboid::calibrate {
 

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_EXEC
+#error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
+#endif
 // The executor's device interface. The step runner drives a Backend (memory,
 // GEMMs, the transformer's kernels, timers) and Communicators (collectives and
 // p2p inside one process group) without knowing whether they are the CPU

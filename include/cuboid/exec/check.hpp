@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_EXEC
+#error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
+#endif
 // `cuboid run --check`: the sharded forward pass of one transformer layer
 // (column-parallel QKV and FC1, head-parallel attention, row-parallel
 // projection and FC2 with their TP reduction, sequence parallelism as
@@ -9,8 +12,8 @@
 
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/launch.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/plan.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
 
 namespace cuboid::exec {
 

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_EXEC
+#error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
+#endif
 // The CPU backend: f32 host memory, OpenBLAS GEMMs (cblas_sgemm; strided batch
 // as a loop), the transformer kernels as plain loops the compiler vectorises,
 // steady_clock timers. The reference the CUDA backend is checked against.

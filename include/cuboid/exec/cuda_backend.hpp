@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_EXEC
+#error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
+#endif
 // The CUDA backend: bf16 device memory (stream-ordered allocator), cuBLAS
 // GEMMs with bf16 inputs and fp32 accumulation (CUBLAS_COMPUTE_32F), the
 // transformer kernels of kernels/*.cu, CUDA events for timing; and the NCCL

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_EXEC
+#error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
+#endif
 // ExecError: the one exception type for failures inside the executor (a C API
 // call that returned an error, a shape the backend cannot run). It carries the
 // rank of the process, the failing operation, and the file and line of the

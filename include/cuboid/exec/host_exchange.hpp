@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_EXEC
+#error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
+#endif
 // Host-memory exchange among the processes of one job, for what happens
 // around the training step rather than inside it: handing rank 0's NCCL unique
 // id to every rank, checking that every rank runs the same plan, gathering the

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_EXEC
+#error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
+#endif
 // World bootstrap for `cuboid run`: one process per rank, started like every
 // multi-node GPU job. Under mpirun / srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
 // PMIX_RANK in the environment) the ranks bootstrap with MPI; otherwise the
@@ -14,7 +17,7 @@
 #include <string_view>
 
 #include "cuboid/exec/backend.hpp"
-#include "cuboid/plan.hpp"
+#include "cuboid/core/plan.hpp"
 
 namespace cuboid::exec {
 

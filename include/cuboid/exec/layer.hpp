@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_EXEC
+#error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
+#endif
 // One transformer layer on one tensor-parallel rank, forward and backward,
 // as the executor runs it: Megatron-LM's sharding (column-parallel QKV and
 // FC1, head-parallel attention core, row-parallel projection and FC2, a TP
@@ -10,9 +13,9 @@
 #include <vector>
 
 #include "cuboid/exec/backend.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/plan.hpp"
-#include "cuboid/workload.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
+#include "cuboid/core/workload.hpp"
 
 namespace cuboid::exec {
 

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_EXEC
+#error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
+#endif
 // MPI process groups for the executor: the environment (MPI_Init_thread /
 // MPI_Finalize) and a Communicator over an owned MPI_Comm. Every MPI call goes
 // through CUBOID_MPI_CHECK; communicators use MPI_ERRORS_RETURN so failures

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_EXEC
+#error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
+#endif
 // `cuboid run`: bootstrap the world, check the plan against it, optionally
 // check the sharding, run warm-up and measured steps, gather every rank's op
 // timings and write measurements.json (schema "cuboid.measurements/1").
@@ -6,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "cuboid/planfile.hpp"
+#include "cuboid/io/planfile.hpp"
 
 namespace cuboid::exec {
 

@@ -1,8 +1,11 @@
 #pragma once
+#ifndef CUBOID_LAYER_EXEC
+#error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
+#endif
 // The step runner: one training iteration of the plan on one rank. It holds
 // this rank's shard of the weights (its pipeline stage's model chunks, its TP
 // shard of every matrix), runs the forward and backward passes of every
-// micro-batch in the order sim::pipeline_order gives for the plan's schedule
+// micro-batch in the order pipeline_order gives for the plan's schedule
 // (GPipe, 1F1B, interleaved), moves activations and gradients between stages
 // with point-to-point messages, reduces gradients over DP in buckets
 // (all-reduce, or reduce-scatter + all-gather with ZeRO / the distributed
@@ -15,9 +18,9 @@
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/launch.hpp"
 #include "cuboid/exec/layer.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/plan.hpp"
-#include "cuboid/sim/schedule.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
+#include "cuboid/core/schedule.hpp"
 
 namespace cuboid::exec {
 
@@ -78,7 +81,7 @@ class StepRunner {
   AttentionMemory attention_memory_ = AttentionMemory::keep_probs;
   int stage_ = 0, virtual_stages_ = 1, micro_batches_ = 1;
   std::vector<Chunk> chunks_;
-  sim::StageOrder order_;
+  StageOrder order_;
 
   std::size_t param_count_ = 0, padded_count_ = 0;
   DeviceBuffer params_, grads_, master_buf_, adam_m_, adam_v_, grad_shard_, param_shard_;

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_EXEC
+#error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
+#endif
 // The TCP store: how ranks started by torchrun (or by Slurm without an MPI
 // launcher) find each other. Rank 0 listens on MASTER_ADDR:MASTER_PORT; every
 // other rank connects to it (retrying until the timeout, since ranks start in

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_SIM
+#error "cuboid/sim is not below this layer in the build (docs/architecture.md)"
+#endif
 // Collective algorithms: how an NCCL collective over a group of GPUs becomes
 // phases of flows on the network (network.hpp). Each algorithm is registered
 // by name with a one-line description (`cuboid list collectives`).
@@ -33,7 +36,7 @@
 #include <vector>
 
 #include "cuboid/sim/network.hpp"
-#include "cuboid/workload.hpp"
+#include "cuboid/core/workload.hpp"
 
 namespace cuboid {
 struct CollectiveCalibration;  // calibration.hpp

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_SIM
+#error "cuboid/sim is not below this layer in the build (docs/architecture.md)"
+#endif
 // Discrete-event engine: integer-nanosecond time, a heap keyed by
 // (time, sequence number) so ties run in the order they were scheduled and
 // every run is deterministic; no globals (engines are plain objects).
@@ -34,7 +37,7 @@
 #include "cuboid/sim/collective.hpp"
 #include "cuboid/sim/huge_pages.hpp"
 #include "cuboid/sim/network.hpp"
-#include "cuboid/workload.hpp"
+#include "cuboid/core/workload.hpp"
 
 namespace cuboid::sim {
 

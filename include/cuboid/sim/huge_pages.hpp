@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_SIM
+#error "cuboid/sim is not below this layer in the build (docs/architecture.md)"
+#endif
 // Memory for the simulator's tables. A simulation builds its task graph in
 // fresh memory (a million-task iteration keeps ~100 MB of tables; a
 // 60k-task one a few MB) and then visits it in time order, not in the order

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_SIM
+#error "cuboid/sim is not below this layer in the build (docs/architecture.md)"
+#endif
 // Flow-level network model: directed links with a capacity each, flows that
 // cross a weighted set of links, bandwidth shared max-min fairly (progressive
 // filling) and re-solved, per connected component, whenever a flow starts or
@@ -28,7 +31,7 @@
 #include <vector>
 
 #include "cuboid/sim/zeroed_array.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/core/topology.hpp"
 
 namespace cuboid::sim {
 

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_SIM
+#error "cuboid/sim is not below this layer in the build (docs/architecture.md)"
+#endif
 // The discrete-event simulator of one training iteration: the plan's pipeline
 // schedule played on per-GPU streams (compute, TP, PP forward / backward, DP)
 // of the engine (engine.hpp), with every TP collective, PP send/recv, DP
@@ -23,10 +26,10 @@
 #include <string>
 #include <vector>
 
-#include "cuboid/estimator.hpp"
-#include "cuboid/model.hpp"
-#include "cuboid/plan.hpp"
-#include "cuboid/topology.hpp"
+#include "cuboid/cost/estimator.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
+#include "cuboid/core/topology.hpp"
 
 namespace cuboid::sim {
 

@@ -1,4 +1,7 @@
 #pragma once
+#ifndef CUBOID_LAYER_SIM
+#error "cuboid/sim is not below this layer in the build (docs/architecture.md)"
+#endif
 // A fixed-size array that starts as all zeros without writing them: a large
 // one is a fresh anonymous mapping, whose pages the kernel maps (as zeros)
 // only when first touched. The network's per-link tables have ~100k entries

@@ -1,0 +1,109 @@
+#pragma once
+#ifndef CUBOID_LAYER_CORE
+#error "cuboid/core is not below this layer in the build (docs/architecture.md)"
+#endif
+// Cluster cards and GPU profiles (topologies/*.json). Every default constant
+// in a shipped card carries its source ({"value": X, "source": "..."}); the
+// loader keeps those sources so reports can cite them.
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace cuboid {
+
+struct Calibration;  // calibration.hpp
+struct BusbwCurve;   // busbw_curve.hpp
+
+struct GpuProfile {
+  std::string name;                     // "A100-SXM4-80GB"
+  double peak_bf16_flops = 0;           // dense tensor-core FLOP/s (datasheet)
+  double hbm_bandwidth_Bps = 0;         // bytes/s (datasheet)
+  std::int64_t memory_bytes = 0;        // HBM capacity
+  int sm_count = 0;                     // streaming multiprocessors (wave quantisation)
+  double gemm_max_efficiency = 0;       // best achievable fraction of peak on large GEMMs (MAMF / peak)
+  double memory_bound_efficiency = 0;   // achievable fraction of HBM bandwidth for element-wise kernels
+  // Achieved fraction of HBM bandwidth of the unfused attention core's
+  // kernels (the s x s score GEMMs with k = head_dim, softmax, dropout, and
+  // their backward), measured where a profile has it; 0: memory_bound_efficiency.
+  double unfused_attention_efficiency = 0;
+  double kernel_launch_ns = 0;          // fixed cost per kernel
+  std::int64_t memory_reserve_bytes = 0;  // CUDA context, NCCL buffers, cuBLAS workspace, fragmentation
+  // Whether a fused (flash) attention kernel exists on this device: the CPU
+  // executor runs attention unfused (QK^T, softmax, AV), so its cards say
+  // false and the planner / simulator price the unfused ops there.
+  bool flash_attention = true;
+  std::map<std::string, std::string> sources;  // field -> source text
+  // Measured GEMM / kernel timings of a calibrated card (its "calibration"
+  // section), consulted by gemm_time_ns / op_time_ns before the datasheet
+  // model above; null for an uncalibrated card. Shared, so copies stay cheap.
+  std::shared_ptr<const Calibration> calibration;
+};
+
+struct IntraNodeFabric {
+  std::string kind;                     // "nvswitch" | "nvlink" | "pcie" | "shared-memory"
+  double link_bandwidth_GBps = 0;       // per GPU, per direction, line rate
+  double allreduce_busbw_GBps = 0;      // nccl-tests all_reduce busbw across the whole node
+  double busbw_GBps = 0;                // nccl-tests busbw of the other collectives and of p2p
+  double latency_ns = 0;                // per message (alpha)
+  // SMs a ring collective's kernel holds on each GPU of this tier while it
+  // runs (NCCL launches one CTA per channel, each resident on its own SM for
+  // the whole collective), so a GEMM overlapping it runs on sm_count minus
+  // these. A property of NCCL's topology search on this fabric, not of the
+  // GPU alone. 0 (absent): not modelled, overlapped GEMMs keep every SM.
+  int nccl_channels = 0;
+  // Optional nccl-tests all_reduce busbw by message size (busbw_curve.hpp):
+  // all-reduce, reduce-scatter and all-gather inside a node are priced at
+  // max(alpha-beta at the constants above, the curve's time); null: the
+  // constants alone, as before.
+  std::shared_ptr<const BusbwCurve> allreduce_busbw_curve;
+  std::map<std::string, std::string> sources;
+};
+
+struct InterNodeFabric {
+  std::string kind;                     // "infiniband-hdr" | "infiniband-ndr" | "roce" | "none"
+  int nics_per_node = 0;
+  double nic_bandwidth_Gbps = 0;        // line rate per NIC
+  double nic_busbw_GBps = 0;            // achieved nccl-tests bandwidth per NIC
+  double latency_ns = 0;                // per message (alpha), NIC-to-NIC through one switch
+  double switch_latency_ns = 0;         // added per extra switch hop
+  int levels = 2;                       // fat-tree levels: 1 = one switch, 2 = leaf/spine, 3 = leaf/spine/core
+  int nodes_per_leaf = 1;               // nodes under one leaf switch (per rail when rail-optimised)
+  int leaves_per_pod = 0;               // leaves under one spine group (3-level trees); 0 = all
+  double oversubscription = 1.0;        // leaf downlink : uplink bandwidth (1 = full bisection)
+  double core_oversubscription = 1.0;   // spine (pod) downlink : uplink to the core, 3-level trees
+  bool rail_optimized = true;           // NIC i of every node goes to the leaf of rail i
+  std::map<std::string, std::string> sources;
+};
+
+struct Cluster {
+  std::string name;
+  std::string source_file;
+  int nodes = 0;
+  int gpus_per_node = 0;
+  GpuProfile gpu;
+  IntraNodeFabric intra;
+  InterNodeFabric inter;
+  // The card's "calibration" section (the same object as gpu.calibration):
+  // measured collectives per (collective, tier, group size) for the estimator
+  // and the simulator; null for an uncalibrated card.
+  std::shared_ptr<const Calibration> calibration;
+
+  int total_gpus() const { return nodes * gpus_per_node; }
+};
+
+// Parses a GPU profile object (inline in a card or a file under topologies/gpus/).
+GpuProfile gpu_profile_from_json(const nlohmann::json& j, const std::string& source);
+
+// Loads a cluster card. "gpu" may be an inline object or a path relative to the
+// card's folder (e.g. "gpus/a100-sxm4-80gb.json"). `nodes`, when given,
+// overrides the card's node count (--nodes N): one card serves every size.
+Cluster load_cluster(const std::filesystem::path& path, std::optional<int> nodes = std::nullopt);
+Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
+                          const std::filesystem::path& base_dir, std::optional<int> nodes = std::nullopt);
+
+}  // namespace cuboid

@@ -1,0 +1,128 @@
+#pragma once
+#ifndef CUBOID_LAYER_CORE
+#error "cuboid/core is not below this layer in the build (docs/architecture.md)"
+#endif
+// ParallelPlan: one point of the search space (TP x PP x DP, micro-batch,
+// virtual stages, ZeRO, recomputation, sequence parallelism, schedule, rank
+// order), and the rank <-> (node, gpu) mapping with its process groups.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/core/model.hpp"
+
+namespace cuboid {
+
+enum class Recompute { none, selective, full };
+enum class Schedule { gpipe, one_f_one_b, interleaved };
+enum class Dim { tp, dp, pp };
+
+std::string_view to_string(Recompute r);
+std::string_view to_string(Schedule s);
+std::string_view to_string(Dim d);
+// Parse CLI / JSON spellings; throw InputError(source, field, ...) when unknown.
+Recompute parse_recompute(std::string_view s, const std::string& source, const std::string& field);
+Schedule parse_schedule(std::string_view s, const std::string& source, const std::string& field);
+
+// Which dimension varies fastest across consecutive ranks. Megatron-LM's
+// default is tp-dp-pp ("tp-cp-ep-dp-pp"): TP innermost, PP outermost.
+struct RankOrder {
+  std::array<Dim, 3> inner_to_outer{Dim::tp, Dim::dp, Dim::pp};
+  std::string str() const;  // "tp-dp-pp"
+  static RankOrder parse(std::string_view s, const std::string& source, const std::string& field);
+  friend bool operator==(const RankOrder&, const RankOrder&) = default;
+};
+
+struct ParallelPlan {
+  int tp = 1;
+  int pp = 1;
+  int dp = 1;
+  int cp = 1;                    // context parallel: always 1 for now
+  int micro_batch = 1;           // sequences per micro-batch
+  std::int64_t global_batch = 1; // sequences per iteration
+  std::int64_t seq_length = 0;
+  int virtual_stages = 1;        // interleaved 1F1B model chunks per GPU
+  // Uneven pipeline stages (Megatron's --decoder-first/last-pipeline-num-layers):
+  // layers on the first / last stage; 0 = an even split. The middle stages
+  // share the rest evenly.
+  int first_stage_layers = 0;
+  int last_stage_layers = 0;
+  int zero_stage = 0;            // 0: none, 1: optimizer states (= Megatron distributed optimizer), 2: + grads, 3: + params
+  Recompute recompute = Recompute::selective;
+  bool sequence_parallel = false;
+  Schedule schedule = Schedule::one_f_one_b;
+  bool flash_attention = true;
+  // Megatron's gradient-accumulation fusion (--no-gradient-accumulation-fusion
+  // turns it off): each linear layer's wgrad GEMM accumulates into the fp32
+  // main_grad (beta = 1). Off: the GEMM writes a bf16 gradient and a DDP hook
+  // adds it to main_grad per parameter per micro-batch, as Megatron-LM did
+  // before March 2022 (and DeepSpeed's and FSDP's accumulation passes do).
+  bool grad_accum_fusion = true;
+  RankOrder order;
+
+  int world_size() const { return tp * pp * dp * cp; }
+  // Micro-batches per iteration per pipeline: global_batch / (micro_batch * dp).
+  std::int64_t num_micro_batches() const { return global_batch / (static_cast<std::int64_t>(micro_batch) * dp); }
+  std::int64_t tokens_per_iteration() const { return global_batch * seq_length; }
+};
+
+// Layers of pipeline stage `stage` (0-based) with the plan's even or uneven split.
+int layers_on_stage(const ParallelPlan& plan, std::int64_t num_layers, int stage);
+bool has_uneven_stages(const ParallelPlan& plan);
+// The uneven split cuboid proposes when PP does not divide the layers: the
+// middle stages get ceil(L / PP) layers and the first and last stages share
+// the rest (fewer, since they also hold the embedding and the LM head), like
+// Llama 3 405B's 126 layers on PP 16 as 7 + 14 x 8 + 7. Returns false when no
+// such split exists (e.g. the rest would be < 2 layers).
+bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& last);
+
+// Checks the plan against the model and the cluster; throws InputError naming
+// the flag (source "command line") and the fix. Checks, in order: positive
+// sizes, TP divides heads / kv heads / FFN, PP x virtual stages divides layers,
+// TP x PP x DP equals the GPUs used and fits the cluster, global batch divides
+// by micro-batch x DP, interleaving constraints, ZeRO stage range.
+void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster,
+                   const std::string& source = "command line");
+
+struct RankCoord {
+  int rank = 0;
+  int node = 0;
+  int gpu = 0;  // local GPU index in the node
+  int tp = 0;
+  int pp = 0;
+  int dp = 0;
+};
+
+// rank -> (node, gpu) is rank / gpus_per_node, rank % gpus_per_node (ranks
+// fill nodes in order, as mpirun/torchrun do); rank -> (tp, pp, dp) follows
+// the plan's RankOrder.
+class RankMapping {
+ public:
+  RankMapping(const ParallelPlan& plan, int gpus_per_node);
+
+  // O(1) and allocation-free: the estimator builds one per candidate.
+  int world_size() const { return tp_ * pp_ * dp_; }
+  RankCoord coord(int rank) const;
+  int rank_of(int tp, int pp, int dp) const;
+
+  // Process groups, each as ranks in increasing coordinate order.
+  std::vector<int> tp_group(int pp, int dp) const;
+  std::vector<int> pp_group(int tp, int dp) const;
+  std::vector<int> dp_group(int tp, int pp) const;
+  std::vector<std::vector<int>> tp_groups() const;
+  std::vector<std::vector<int>> pp_groups() const;
+  std::vector<std::vector<int>> dp_groups() const;
+
+  // Nodes spanned by a group; > 1 for a TP group means TP traffic leaves NVLink.
+  int nodes_spanned(const std::vector<int>& ranks) const;
+  bool tp_crosses_nodes() const;
+
+ private:
+  int tp_, pp_, dp_, gpus_per_node_;
+  std::array<int, 3> stride_{};  // stride of tp, dp, pp in rank space
+};
+
+}  // namespace cuboid

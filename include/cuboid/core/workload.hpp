@@ -1,0 +1,68 @@
+#pragma once
+#ifndef CUBOID_LAYER_CORE
+#error "cuboid/core is not below this layer in the build (docs/architecture.md)"
+#endif
+// The work of one transformer layer (and of the embedding and LM head) for one
+// micro-batch on one GPU, as an ordered list of ops with shapes, FLOPs, HBM
+// bytes and communication sizes, after TP sharding (column-parallel QKV and
+// FC1, row-parallel projection and FC2). The analytical estimator sums their
+// costs; the discrete-event simulator plays them on streams.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
+
+namespace cuboid {
+
+enum class OpKind { gemm, attention_core, memory_bound, collective, p2p };
+enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, send_recv };
+enum class Group { none, tp, pp, dp };
+enum class Pass { forward, backward };
+
+std::string_view to_string(OpKind k);
+std::string_view to_string(Collective c);
+std::string_view to_string(Group g);
+
+struct Op {
+  std::string name;           // "qkv", "attn_core", "proj", "tp_ar_attn", "fc1", "act", "fc2", ...
+  OpKind kind = OpKind::gemm;
+  Pass pass = Pass::forward;
+  // GEMM shape per GPU: C[m x n] = A[m x k] * B[k x n], `batch` times (attention core: batch = b * heads / tp).
+  std::int64_t m = 0, n = 0, k = 0, batch = 1;
+  double flops = 0;           // per GPU
+  double bytes = 0;           // HBM traffic of a memory-bound op (read + write), per GPU; of a GEMM:
+                              // traffic beyond A, B and a bf16 C (fused fp32 main_grad accumulation)
+  Collective collective = Collective::all_reduce;
+  Group group = Group::none;
+  double comm_bytes = 0;      // collective: the NCCL "size" (buffer bytes per rank); p2p: bytes sent
+  // comm_bytes count bf16 (2-byte) elements of the compute dtype (activations,
+  // their gradients): a backend whose activations are another size (the CPU
+  // executor's f32) moves comm_bytes x element size / 2, see comm_size_bytes
+  // in calibration.hpp. False for fp32 data (cross-entropy statistics).
+  bool compute_dtype = false;
+  // A kernel of the unfused attention core (QK^T, softmax + dropout, AV, the
+  // context copy and their backward): its HBM side is priced at the profile's
+  // unfused_attention_efficiency where it has one.
+  bool unfused_attention = false;
+};
+
+struct LayerOps {
+  std::vector<Op> forward;
+  std::vector<Op> backward;   // dgrad + wgrad GEMMs, backward of memory-bound ops, TP collectives
+  std::vector<Op> recompute;  // forward work repeated before backward (empty for recompute none)
+};
+
+// One transformer layer, one micro-batch, one GPU.
+LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan);
+// Embedding lookup (first stage) and LM head + cross-entropy (last stage).
+LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan);
+LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan);
+
+// Bytes of activations sent between consecutive pipeline stages per
+// micro-batch per GPU (s*b*h*2 / tp with Megatron's scatter-gather optimisation).
+double pipeline_message_bytes(const ModelSpec& m, const ParallelPlan& plan);
+
+}  // namespace cuboid

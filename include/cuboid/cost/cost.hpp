@@ -1,0 +1,104 @@
+#pragma once
+#ifndef CUBOID_LAYER_COST
+#error "cuboid/cost is not below this layer in the build (docs/architecture.md)"
+#endif
+// Cost models: time of a GEMM, of a memory-bound kernel and of a collective,
+// from the GPU profile and the fabric constants of the cluster card. No magic
+// numbers here: every constant comes from the cards.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/core/topology.hpp"
+#include "cuboid/core/workload.hpp"
+
+namespace cuboid {
+
+struct CollectiveCalibration;  // calibration.hpp
+struct BusbwCurve;             // busbw_curve.hpp
+
+// Calibrated profiles (gpu.calibration, see calibration.hpp) take precedence:
+// a measured or interpolated GEMM time, a memory-bound op's samples by op
+// name, a collective's samples by tier and group size (interpolated inside
+// the measured sizes, the alpha-beta fit outside: calibration.hpp). Outside the
+// measured GEMM shapes the roofline below prices the GEMM with the best
+// measured FLOP/s in place of peak x gemm_max_efficiency.
+//
+// Fraction of peak a GEMM achieves: the profile's best efficiency times the
+// wave-quantisation efficiency of 128x128 output tiles over the SMs, and
+// limited by the roofline (HBM bytes of A, B and C at the achievable bandwidth).
+double gemm_efficiency(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k,
+                       std::int64_t batch = 1);
+// extra_bytes: HBM traffic beyond A, B and a bf16 C (a wgrad GEMM that
+// accumulates into an fp32 main_grad), added to the roofline's memory side;
+// a calibrated GEMM time (measured with a bf16 C) is used as it is.
+std::int64_t gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k,
+                          std::int64_t batch = 1,
+                          double extra_bytes = 0);
+std::int64_t memory_bound_time_ns(const GpuProfile& gpu, double bytes);
+// A memory-bound kernel by the workload's op name ("act", "norm_in_bwd", and
+// the optimizer step's "adam" with bytes = shard parameters x 28, see
+// optimizer_step.hpp): its calibrated fit when the profile has one, else
+// memory_bound_time_ns.
+std::int64_t kernel_time_ns(const GpuProfile& gpu, const std::string& name, double bytes);
+
+// Alpha-beta parameters of one collective over one group: busbw in NCCL's
+// convention and the per-step latency.
+struct LinkParams {
+  double busbw_Bps = 0;
+  double latency_ns = 0;
+  // A calibrated fit (time = alpha + size x bus factor / busbw): latency_ns
+  // is then the fit's whole alpha, charged once, not a per-step latency.
+  bool fitted = false;
+  // The fit's samples (calibration.hpp): inside their size range the
+  // interpolated measurement prices the collective instead of the line.
+  const CollectiveCalibration* calibrated = nullptr;
+  // The tier's size-dependent busbw (busbw_curve.hpp), else null: the time is
+  // then the larger of the alpha-beta line above and the curve's time.
+  const BusbwCurve* curve = nullptr;
+};
+
+// Ring-algorithm time in NCCL's bus-bandwidth convention for `size_bytes`
+// (the nccl-tests "size"): all_reduce 2(n-1)/n * S / busbw + 2(n-1) alpha;
+// reduce_scatter / all_gather (n-1)/n * S / busbw + (n-1) alpha;
+// broadcast S / busbw + (n-1) alpha; send_recv S / busbw + alpha.
+// A fitted link charges its alpha once. A link with a busbw curve takes the
+// larger of that and the curve's time (busbw_curve.hpp).
+std::int64_t collective_time_ns(Collective c, double size_bytes, int group_size, const LinkParams& link);
+
+// Link parameters for a collective among `ranks` (global GPU indices), from
+// the tier the group spans: inside a node the NVSwitch busbw; across nodes the
+// NIC bandwidth that the group's GPUs on each node can use (their share of the
+// node's NICs when every GPU communicates at once), divided by the fabric's
+// oversubscription when the group leaves a leaf switch. Inside a node the
+// card's allreduce_busbw_curve, when given, comes along for all-reduce,
+// reduce-scatter and all-gather. A calibrated card's
+// fit for (c, tier, group size) replaces all of that (tier: "intra_node" when
+// the group sits in one node, else "inter_node").
+LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks);
+
+// The time of one op of the workload on this GPU / group.
+std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op);
+
+// The GPU as a kernel sees it while a collective holds `sms_taken` SMs (NCCL:
+// one CTA per channel, IntraNodeFabric::nccl_channels): sm_count - sms_taken
+// SMs for the wave quantisation, and the peak FLOP/s scaled by the same
+// fraction (tensor-core FLOP/s are per SM). HBM bandwidth is kept: an SM
+// subset of an A100 still saturates HBM with streaming kernels.
+GpuProfile with_sms_taken(const GpuProfile& gpu, int sms_taken);
+
+// op_time_ns of an op running while a collective holds `sms_taken` SMs. Only
+// GEMMs change (the ops Megatron overlaps with a collective). A calibrated
+// GEMM time (measured on every SM) is scaled by the model's ratio of its
+// reduced-SM time to its full-SM time. sms_taken <= 0: op_time_ns.
+std::int64_t op_time_sms_taken_ns(const GpuProfile& gpu, const Op& op, int sms_taken);
+
+// Time of a compute op started together with a collective that lasts
+// `collective_ns`: it runs at its reduced-SM pace (reduced_ns for the whole
+// op) while the collective holds its SMs, at full pace (full_ns for the
+// whole op) after. collective_ns >= reduced_ns: reduced_ns; else
+// collective_ns + (1 - collective_ns / reduced_ns) x full_ns.
+std::int64_t overlapped_time_ns(std::int64_t collective_ns, std::int64_t reduced_ns, std::int64_t full_ns);
+
+}  // namespace cuboid

@@ -1,0 +1,75 @@
+#pragma once
+#ifndef CUBOID_LAYER_COST
+#error "cuboid/cost is not below this layer in the build (docs/architecture.md)"
+#endif
+// The analytical estimator: one iteration of a plan priced from the workload's
+// op list and the cost models, with the pipeline bubble, exposed TP / PP / DP
+// communication and the optimizer step. Fast enough to score every candidate;
+// the discrete-event simulator re-ranks the best.
+#include <memory>
+
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/cost/memory.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
+#include "cuboid/core/topology.hpp"
+
+namespace cuboid {
+
+// Seconds on the critical path; the parts sum to iteration_time_s.
+struct Breakdown {
+  double compute_s = 0;    // GEMMs, attention, memory-bound ops (incl. recompute) of the slowest stage, all micro-batches
+  double tp_comm_s = 0;    // TP all-reduce / reduce-scatter + all-gather, not overlapped
+  double pp_comm_s = 0;    // activation / gradient send-recv between stages on the critical path
+  double dp_comm_s = 0;    // gradient reduction (and ZeRO gathers) not hidden behind backward
+  double bubble_s = 0;     // pipeline fill and drain
+  double optimizer_s = 0;  // Adam step on this GPU's shard
+  double total() const { return compute_s + tp_comm_s + pp_comm_s + dp_comm_s + bubble_s + optimizer_s; }
+};
+
+struct Estimate {
+  ParallelPlan plan;
+  double iteration_time_s = 0;
+  double tokens_per_s = 0;
+  double model_flops = 0;              // per iteration, whole job
+  double hardware_flops = 0;           // with recompute
+  double model_tflops_per_gpu = 0;     // model_flops / time / GPUs / 1e12
+  double hardware_tflops_per_gpu = 0;
+  double mfu = 0;                      // model TFLOP/s per GPU / peak
+  double hfu = 0;
+  MemoryReport memory;
+  Breakdown breakdown;
+  bool simulated = false;              // false: analytical estimate; true: discrete-event simulation
+};
+
+// Fills e's FLOPs, tokens/s, TFLOP/s per GPU, MFU and HFU from
+// e.iteration_time_s (shared by the estimator and the simulator).
+void fill_throughput(Estimate& e, const ModelSpec& m, const ParallelPlan& plan, const GpuProfile& gpu);
+
+// One plan, nothing cached (convenient; the planner uses Estimator).
+Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan);
+
+// The same estimate with what candidates share cached: the op list and
+// compute times of a layer (per TP, micro-batch, sequence, SP, recompute,
+// flash) and the link parameters of the groups (per TP, PP, DP and rank
+// order). Results are identical to estimate(). Not thread-safe: use one
+// Estimator per thread. model and topo must outlive it.
+class Estimator {
+ public:
+  Estimator(const ModelSpec& m, const Topology& topo);
+  ~Estimator();
+  Estimator(Estimator&&) noexcept;
+  Estimator& operator=(Estimator&&) = delete;
+  Estimator(const Estimator&) = delete;
+  Estimator& operator=(const Estimator&) = delete;
+
+  Estimate operator()(const ParallelPlan& plan);
+
+ private:
+  struct Caches;
+  const ModelSpec& model_;
+  const Topology& topo_;
+  std::unique_ptr<Caches> caches_;
+};
+
+}  // namespace cuboid

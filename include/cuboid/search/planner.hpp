@@ -1,0 +1,81 @@
+#pragma once
+#ifndef CUBOID_LAYER_SEARCH
+#error "cuboid/search is not below this layer in the build (docs/architecture.md)"
+#endif
+// The planner: enumerate every TP x PP x DP factorisation of the cluster with
+// micro-batch, virtual stages, ZeRO stage, recomputation and sequence
+// parallelism; drop what does not divide or does not fit in memory; score the
+// rest with the analytical estimator; rank by throughput.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cuboid/cost/estimator.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
+#include "cuboid/core/topology.hpp"
+
+namespace cuboid {
+
+// Every dimension left empty is searched; a set one is fixed.
+struct PlannerOptions {
+  std::optional<int> tp, pp, dp, micro_batch, virtual_stages, zero_stage;
+  std::optional<Recompute> recompute;
+  std::optional<bool> sequence_parallel;
+  std::optional<Schedule> schedule;
+  std::optional<bool> flash_attention;       // default: the device's (GpuProfile::flash_attention)
+  std::optional<bool> grad_accum_fusion;     // default: on (ParallelPlan::grad_accum_fusion)
+  std::optional<std::int64_t> global_batch;  // default: default_global_batch()
+  std::optional<std::int64_t> seq_length;    // default: the model's
+  std::optional<RankOrder> order;   // default: Megatron's tp-dp-pp (or searched with search_rank_order)
+  bool search_rank_order = true;   // try every rank order that places the groups differently
+  bool uneven_stages = false;       // allow PP that does not divide the layers (first/last stage shorter)
+  std::optional<int> first_stage_layers, last_stage_layers;  // explicit uneven split (simulate, mesh)
+  int max_micro_batch = 16;
+  int threads = 0;                  // 0: all cores
+  int simulate_top = 32;            // re-rank the best K (analytical) plans with the discrete-event simulator
+  // Only plans this accepts are scored (e.g. what an export target can express);
+  // the rejected count under `reason` in skip_reasons.
+  std::function<bool(const ParallelPlan&)> accept;
+  std::string accept_reason;
+  // Called from a helper thread about every 100 ms while scoring, and once at the end.
+  std::function<void(std::size_t done, std::size_t total)> progress;
+};
+
+// The default global batch: about 4M tokens, chosen as (odd part of the GPU
+// count) x a power of two so that every DP size that divides the GPU count
+// with a power-of-two factor up to that power also divides the batch.
+std::int64_t default_global_batch(std::int64_t seq_length, int total_gpus);
+
+struct SearchResult {
+  std::int64_t global_batch = 0;
+  std::int64_t seq_length = 0;
+  // Fit in memory, best first: the first `simulated` rows are ranked by the
+  // discrete-event simulator, the rest by the analytical estimate.
+  std::vector<Estimate> fitting;
+  std::size_t simulated = 0;
+  std::vector<Estimate> not_fitting;   // valid but over memory, smallest memory first (at most 16)
+  std::int64_t candidates = 0;         // valid plans scored (fitting + not fitting)
+  std::int64_t skipped = 0;            // factorisations rejected before scoring
+  std::map<std::string, std::int64_t> skip_reasons;  // reason -> count
+};
+
+// Every valid candidate of the search space, in a deterministic order; fills
+// result's global_batch, seq_length and skip counts. search_plans scores them.
+std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology& topo, const PlannerOptions& options,
+                                          SearchResult& result);
+
+// Throws InputError when a fixed dimension is itself invalid (e.g. --tp 3 for
+// 64 heads), with the same messages as validate_plan.
+SearchResult search_plans(const ModelSpec& model, const Topology& topo, const PlannerOptions& options);
+
+// The plan that the options describe when every dimension is fixed (cuboid
+// simulate); unset dimensions take Megatron-like defaults (mb 1, v 1, ZeRO 0,
+// selective recompute, SP on when TP > 1, 1F1B). Validated.
+ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, const PlannerOptions& options);
+
+}  // namespace cuboid

@@ -1,0 +1,361 @@
+#include "cuboid/core/cluster.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <initializer_list>
+#include <vector>
+#include <string>
+#include <string_view>
+
+#include "cuboid/core/busbw_curve.hpp"
+#include "cuboid/core/calibration.hpp"
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/json_reader.hpp"
+
+namespace cuboid {
+
+namespace {
+
+constexpr double kTera = 1e12;
+constexpr double kGiga = 1e9;
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = 1024.0 * kMiB;
+constexpr double kNsPerUs = 1e3;
+
+std::string show_number(double v) {
+  std::string s = std::to_string(v);
+  // std::to_string gives 6 decimals; trim the zeros so messages read "0.5", not "0.500000".
+  if (s.find('.') != std::string::npos) {
+    s.erase(s.find_last_not_of('0') + 1);
+    if (!s.empty() && s.back() == '.') s.pop_back();
+  }
+  return s;
+}
+
+// A sourced constant whose source is kept under `field` (the struct member's name).
+double sourced(JsonReader& r, std::string_view key, std::map<std::string, std::string>& sources,
+               const std::string& field) {
+  std::string source;
+  const double v = r.sourced_positive_number(key, &source);
+  if (!source.empty()) sources[field] = source;
+  return v;
+}
+
+// A fraction in (0, 1] (efficiencies).
+double sourced_fraction(JsonReader& r, std::string_view key, std::map<std::string, std::string>& sources,
+                        const std::string& field) {
+  const double v = sourced(r, key, sources, field);
+  if (v > 1.0) r.fail(key, "must be at most 1, got " + show_number(v), "give a fraction in (0, 1]");
+  return v;
+}
+
+// A positive integer, bare or sourced ({"value": 8, "source": "..."}).
+int sourced_count(JsonReader& r, std::string_view key, std::map<std::string, std::string>& sources,
+                  const std::string& field) {
+  if (!r.is_object(key)) {
+    const std::int64_t v = r.positive_integer(key);
+    if (v > 1'000'000'000) r.fail(key, "value " + std::to_string(v) + " is too large", "use a smaller value");
+    return static_cast<int>(v);
+  }
+  const double v = sourced(r, key, sources, field);
+  if (v != std::floor(v) || v > 1e9) r.fail(key, "expected a whole number, got " + show_number(v), "give an integer");
+  return static_cast<int>(v);
+}
+
+// A non-negative integer, bare or sourced; absent -> fallback.
+int optional_count(JsonReader& r, std::string_view key, std::map<std::string, std::string>& sources,
+                   const std::string& field, int fallback) {
+  if (!r.has(key)) {
+    (void)r.optional_number(key);  // marks an explicit null as read
+    return fallback;
+  }
+  if (r.is_object(key)) return sourced_count(r, key, sources, field);
+  const std::int64_t v = r.integer(key);
+  if (v < 0) r.fail(key, "must not be negative, got " + std::to_string(v), "give a value >= 0");
+  if (v > 1'000'000'000) r.fail(key, "value " + std::to_string(v) + " is too large", "use a smaller value");
+  return static_cast<int>(v);
+}
+
+// Unknown keys are checked before any field is read, so that a misspelt
+// required field reads "unknown field ... did you mean", not "missing".
+void check_keys(const nlohmann::json& j, const JsonReader& r, std::initializer_list<std::string_view> known) {
+  for (const auto& item : j.items()) {
+    const std::string& key = item.key();
+    if (key.rfind('_', 0) == 0 || key == "source" || key == "description" || key == "notes") continue;
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    const auto best = closest_field(key, std::span<const std::string_view>(known.begin(), known.size()), 3);
+    const std::string fix = !best ? "remove it or check its spelling (see the README's card schema)"
+                                  : "remove it or check its spelling (did you mean \"" + std::string(*best) + "\"?)";
+    r.fail(key, "unknown field", fix);
+  }
+}
+
+std::int64_t memory_bytes(JsonReader& r, GpuProfile& gpu) {
+  struct Unit {
+    std::string_view key;
+    double bytes;
+  };
+  // GB (1e9 B) is the datasheet unit ("80 GB"); MiB is what nvidia-smi reports.
+  constexpr Unit units[] = {{"memory_MiB", kMiB}, {"memory_GiB", kGiB}, {"memory_GB", kGiga}};
+  const Unit* found = nullptr;
+  for (const Unit& u : units) {
+    if (!r.has(u.key)) continue;
+    if (found != nullptr) {
+      r.fail(u.key, "given together with " + std::string(found->key),
+             "give exactly one of memory_MiB, memory_GiB, memory_GB");
+    }
+    found = &u;
+  }
+  if (found == nullptr) {
+    r.fail("memory_MiB", "missing required field (the GPU's memory capacity)",
+           "give exactly one of memory_MiB, memory_GiB, memory_GB");
+  }
+  const double v = sourced(r, found->key, gpu.sources, "memory_bytes");
+  return static_cast<std::int64_t>(std::llround(v * found->bytes));
+}
+
+GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
+  check_keys(j, r, {"name", "peak_bf16_tflops", "hbm_bandwidth_GBps", "memory_MiB", "memory_GiB", "memory_GB",
+                    "sm_count", "gemm_max_efficiency", "memory_bound_efficiency", "kernel_launch_us",
+                    "memory_reserve_GiB", "flash_attention", "unfused_attention_efficiency"});
+  GpuProfile gpu;
+  gpu.name = r.string("name");
+  gpu.peak_bf16_flops = sourced(r, "peak_bf16_tflops", gpu.sources, "peak_bf16_flops") * kTera;
+  gpu.hbm_bandwidth_Bps = sourced(r, "hbm_bandwidth_GBps", gpu.sources, "hbm_bandwidth_Bps") * kGiga;
+  gpu.memory_bytes = memory_bytes(r, gpu);
+  gpu.sm_count = sourced_count(r, "sm_count", gpu.sources, "sm_count");
+  gpu.gemm_max_efficiency = sourced_fraction(r, "gemm_max_efficiency", gpu.sources, "gemm_max_efficiency");
+  gpu.memory_bound_efficiency =
+      sourced_fraction(r, "memory_bound_efficiency", gpu.sources, "memory_bound_efficiency");
+  if (r.has("unfused_attention_efficiency"))
+    gpu.unfused_attention_efficiency =
+        sourced_fraction(r, "unfused_attention_efficiency", gpu.sources, "unfused_attention_efficiency");
+  gpu.kernel_launch_ns = sourced(r, "kernel_launch_us", gpu.sources, "kernel_launch_ns") * kNsPerUs;
+  gpu.memory_reserve_bytes = static_cast<std::int64_t>(
+      std::llround(sourced(r, "memory_reserve_GiB", gpu.sources, "memory_reserve_bytes") * kGiB));
+  // Optional capability, bare or sourced ({"value": false, "source": "..."}).
+  if (r.is_object("flash_attention")) {
+    JsonReader f = r.object("flash_attention");
+    gpu.flash_attention = f.boolean("value");
+    if (const auto src = f.optional_string("source")) gpu.sources["flash_attention"] = *src;
+    f.reject_unknown({"unit", "note"});
+  } else {
+    gpu.flash_attention = r.optional_boolean("flash_attention").value_or(true);
+  }
+  if (gpu.memory_reserve_bytes >= gpu.memory_bytes) {
+    r.fail("memory_reserve_GiB", "reserve is not smaller than the GPU's memory",
+           "give a reserve below the memory capacity");
+  }
+  r.reject_unknown();
+  return gpu;
+}
+
+IntraNodeFabric intra_from_reader(const nlohmann::json& j, JsonReader r) {
+  check_keys(j, r, {"kind", "link_bandwidth_GBps", "allreduce_busbw_GBps", "busbw_GBps", "latency_us",
+                    "allreduce_busbw_curve", "nccl_channels"});
+  IntraNodeFabric f;
+  f.kind = r.choice("kind", {"nvswitch", "nvlink", "pcie", "shared-memory"});
+  f.link_bandwidth_GBps = sourced(r, "link_bandwidth_GBps", f.sources, "link_bandwidth_GBps");
+  f.allreduce_busbw_GBps = sourced(r, "allreduce_busbw_GBps", f.sources, "allreduce_busbw_GBps");
+  f.busbw_GBps = sourced(r, "busbw_GBps", f.sources, "busbw_GBps");
+  f.latency_ns = sourced(r, "latency_us", f.sources, "latency_ns") * kNsPerUs;
+  f.nccl_channels = optional_count(r, "nccl_channels", f.sources, "nccl_channels", 0);
+  if (r.has("allreduce_busbw_curve")) {
+    f.allreduce_busbw_curve = std::make_shared<const BusbwCurve>(busbw_curve_from_json(
+        r.raw("allreduce_busbw_curve"), r.source(), r.field_path("allreduce_busbw_curve")));
+    f.sources["allreduce_busbw_curve"] = f.allreduce_busbw_curve->source;
+  } else {
+    (void)r.optional_number("allreduce_busbw_curve");  // marks an explicit null as read
+  }
+  r.reject_unknown();
+  return f;
+}
+
+InterNodeFabric inter_from_reader(const nlohmann::json& j, JsonReader r) {
+  check_keys(j, r, {"kind", "nics_per_node", "nic_bandwidth_Gbps", "nic_busbw_GBps", "latency_us",
+                    "switch_latency_us", "levels", "nodes_per_leaf", "leaves_per_pod", "oversubscription",
+                    "core_oversubscription", "rail_optimized"});
+  InterNodeFabric f;
+  f.kind = r.choice("kind", {"infiniband-hdr", "infiniband-ndr", "roce", "none"});
+  if (f.kind == "none") {
+    // A single machine: no NICs, no switches. Only nics_per_node (0) may be stated.
+    f.nics_per_node = optional_count(r, "nics_per_node", f.sources, "nics_per_node", 0);
+    if (f.nics_per_node != 0) {
+      r.fail("nics_per_node", "must be 0 when kind is \"none\", got " + std::to_string(f.nics_per_node),
+             "set nics_per_node to 0 or give the network's kind");
+    }
+    f.levels = 0;
+    f.nodes_per_leaf = 0;
+    f.rail_optimized = false;
+    r.reject_unknown();
+    return f;
+  }
+  f.nics_per_node = optional_count(r, "nics_per_node", f.sources, "nics_per_node", 0);
+  if (f.nics_per_node == 0) {
+    r.fail("nics_per_node", "must be at least 1 for inter_node kind \"" + f.kind + "\"",
+           "give the NICs per node, or set kind to \"none\" for a single machine");
+  }
+  f.nic_bandwidth_Gbps = sourced(r, "nic_bandwidth_Gbps", f.sources, "nic_bandwidth_Gbps");
+  f.nic_busbw_GBps = sourced(r, "nic_busbw_GBps", f.sources, "nic_busbw_GBps");
+  f.latency_ns = sourced(r, "latency_us", f.sources, "latency_ns") * kNsPerUs;
+  f.switch_latency_ns = sourced(r, "switch_latency_us", f.sources, "switch_latency_ns") * kNsPerUs;
+  f.levels = optional_count(r, "levels", f.sources, "levels", 2);
+  if (f.levels < 1 || f.levels > 3) {
+    r.fail("levels", "must be 1, 2 or 3, got " + std::to_string(f.levels),
+           "give 1 (one switch), 2 (leaf/spine) or 3 (leaf/spine/core)");
+  }
+  f.nodes_per_leaf = sourced_count(r, "nodes_per_leaf", f.sources, "nodes_per_leaf");
+  f.leaves_per_pod = optional_count(r, "leaves_per_pod", f.sources, "leaves_per_pod", 0);
+  if (r.has("oversubscription")) {
+    f.oversubscription = sourced(r, "oversubscription", f.sources, "oversubscription");
+    if (f.oversubscription < 1.0) {
+      r.fail("oversubscription", "must be at least 1, got " + show_number(f.oversubscription),
+             "give downlink:uplink bandwidth as a ratio >= 1 (1 = full bisection)");
+    }
+  } else {
+    (void)r.optional_number("oversubscription");  // marks an explicit null as read
+  }
+  if (r.has("core_oversubscription")) {
+    f.core_oversubscription = sourced(r, "core_oversubscription", f.sources, "core_oversubscription");
+    if (f.core_oversubscription < 1.0) {
+      r.fail("core_oversubscription", "must be at least 1, got " + show_number(f.core_oversubscription),
+             "give the pods' downlink:uplink bandwidth to the core as a ratio >= 1 (1 = full bisection)");
+    }
+  } else {
+    (void)r.optional_number("core_oversubscription");
+  }
+  f.rail_optimized = r.optional_boolean("rail_optimized").value_or(true);
+  if (f.levels == 3 && f.rail_optimized && f.leaves_per_pod % f.nics_per_node != 0) {
+    r.fail("leaves_per_pod",
+           "must be a multiple of nics_per_node (" + std::to_string(f.nics_per_node) +
+               ") in a rail-optimised tree, got " + std::to_string(f.leaves_per_pod),
+           "count whole scalable units: (leaf groups per pod) x nics_per_node");
+  }
+  r.reject_unknown();
+  return f;
+}
+
+// Checks that need the final node count (after --nodes).
+void check_node_count(const Cluster& c, const std::string& source, bool overridden) {
+  const std::string where = overridden ? "command line" : source;
+  const std::string field = overridden ? "--nodes" : "nodes";
+  // A bound on the GPU count keeps the topology graph and the planner within
+  // memory and time (and GPU indices within int); 262,144 is 2.6x the 100,000
+  // GPUs tests/test_scale.cpp plans.
+  constexpr std::int64_t kMaxGpus = std::int64_t{1} << 18;
+  const std::int64_t gpus = static_cast<std::int64_t>(c.nodes) * c.gpus_per_node;
+  if (gpus > kMaxGpus) {
+    throw InputError(where, field,
+                     std::to_string(c.nodes) + " nodes x " + std::to_string(c.gpus_per_node) + " GPUs = " +
+                         std::to_string(gpus) + " GPUs, above cuboid's limit of " + std::to_string(kMaxGpus),
+                     "plan at most " + std::to_string(kMaxGpus / c.gpus_per_node) + " nodes (--nodes N)");
+  }
+  if (c.inter.kind == "none" && c.nodes > 1) {
+    throw InputError(where, field,
+                     std::to_string(c.nodes) + " nodes, but " + source +
+                         " has no inter-node network (inter_node.kind \"none\")",
+                     "use 1 node, or a card with an inter-node network");
+  }
+  if (c.inter.kind != "none" && c.inter.levels == 1 && c.nodes > c.inter.nodes_per_leaf) {
+    throw InputError(where, field,
+                     std::to_string(c.nodes) + " nodes exceed the single switch of " + source + " (" +
+                         std::to_string(c.inter.nodes_per_leaf) + " nodes per leaf, levels 1)",
+                     "use at most " + std::to_string(c.inter.nodes_per_leaf) +
+                         " nodes, or a card with levels 2 or 3");
+  }
+}
+
+}  // namespace
+
+GpuProfile gpu_profile_from_json(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_object()) throw InputError(source, "", "a GPU profile must be a JSON object", "wrap the fields in { ... }");
+  JsonReader r(j, source);
+  return gpu_from_reader(j, r);
+}
+
+Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
+                          const std::filesystem::path& base_dir, std::optional<int> nodes) {
+  if (!j.is_object()) throw InputError(source, "", "a cluster card must be a JSON object", "wrap the fields in { ... }");
+  if (nodes && *nodes <= 0) {
+    throw InputError("command line", "--nodes", "must be positive, got " + std::to_string(*nodes),
+                     "give a node count >= 1");
+  }
+  JsonReader r(j, source);
+  check_keys(j, r, {"name", "nodes", "max_nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "calibration"});
+  Cluster c;
+  c.name = r.string("name");
+  c.source_file = source;
+  std::map<std::string, std::string> ignored_sources;
+  c.nodes = sourced_count(r, "nodes", ignored_sources, "nodes");
+  const int max_nodes = optional_count(r, "max_nodes", ignored_sources, "max_nodes", 0);
+  c.gpus_per_node = sourced_count(r, "gpus_per_node", ignored_sources, "gpus_per_node");
+
+  if (!r.has("gpu")) r.fail("gpu", "missing required field", "give an inline GPU profile object or a path such as \"gpus/a100-sxm4-80gb.json\"");
+  if (r.is_object("gpu")) {
+    JsonReader g = r.object("gpu");
+    c.gpu = gpu_from_reader(j.at("gpu"), g);
+  } else {
+    const nlohmann::json& gv = r.raw("gpu");
+    if (!gv.is_string()) {
+      r.fail("gpu", "expected an object or a file path string",
+             "give an inline GPU profile object or a path such as \"gpus/a100-sxm4-80gb.json\"");
+    }
+    const std::string rel = gv.get<std::string>();
+    const std::filesystem::path gpu_path = base_dir / rel;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(gpu_path, ec)) {
+      r.fail("gpu", "GPU profile file \"" + rel + "\" not found (looked for " + gpu_path.string() + ")",
+             "give a path relative to the card's folder, e.g. \"gpus/a100-sxm4-80gb.json\"");
+    }
+    c.gpu = gpu_profile_from_json(read_json_file(gpu_path), gpu_path.string());
+  }
+  JsonReader intra = r.object("intra_node");  // checks presence and type first
+  c.intra = intra_from_reader(j.at("intra_node"), intra);
+  // A collective holding every SM would leave an overlapped GEMM none.
+  if (c.intra.nccl_channels > 0 && c.intra.nccl_channels >= c.gpu.sm_count) {
+    intra.fail("nccl_channels",
+               std::to_string(c.intra.nccl_channels) + " channels (one SM each) leave none of the GPU's " +
+                   std::to_string(c.gpu.sm_count) + " SMs for compute",
+               "give fewer channels than sm_count (NCCL_DEBUG=INFO prints \"N coll channels\")");
+  }
+  JsonReader inter = r.object("inter_node");
+  c.inter = inter_from_reader(j.at("inter_node"), inter);
+  // Optional measurements (`cuboid calibrate`); the fields above stay the
+  // fall-back for whatever the calibration did not measure.
+  if (r.has("calibration")) {
+    c.calibration = std::make_shared<const Calibration>(calibration_from_json(r.raw("calibration"), source));
+    c.gpu.calibration = c.calibration;
+  } else {
+    (void)r.optional_number("calibration");  // marks an explicit null as read
+  }
+  r.reject_unknown();
+
+  if (max_nodes > 0 && c.nodes > max_nodes) {
+    r.fail("nodes", std::to_string(c.nodes) + " exceeds max_nodes " + std::to_string(max_nodes),
+           "lower nodes or raise max_nodes");
+  }
+  if (!nodes) check_node_count(c, source, false);
+  if (nodes) {
+    if (max_nodes > 0 && *nodes > max_nodes) {
+      throw InputError("command line", "--nodes",
+                       std::to_string(*nodes) + " nodes exceed max_nodes " + std::to_string(max_nodes) + " of " +
+                           source,
+                       "use at most " + std::to_string(max_nodes) + " nodes, or a card for a larger cluster");
+    }
+    c.nodes = *nodes;
+    check_node_count(c, source, true);
+  }
+  return c;
+}
+
+Cluster load_cluster(const std::filesystem::path& path, std::optional<int> nodes) {
+  if (nodes && *nodes <= 0) {
+    throw InputError("command line", "--nodes", "must be positive, got " + std::to_string(*nodes),
+                     "give a node count >= 1");
+  }
+  const nlohmann::json j = read_json_file(path);
+  return cluster_from_json(j, path.string(), path.parent_path(), nodes);
+}
+
+}  // namespace cuboid

@@ -1,0 +1,292 @@
+#include "cuboid/core/plan.hpp"
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "cuboid/core/error.hpp"
+
+namespace cuboid {
+
+std::string_view to_string(Recompute r) {
+  switch (r) {
+    case Recompute::none: return "none";
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
+  }
+  return "?";
+}
+
+std::string_view to_string(Schedule s) {
+  switch (s) {
+    case Schedule::gpipe: return "gpipe";
+    case Schedule::one_f_one_b: return "1f1b";
+    case Schedule::interleaved: return "interleaved";
+  }
+  return "?";
+}
+
+std::string_view to_string(Dim d) {
+  switch (d) {
+    case Dim::tp: return "tp";
+    case Dim::dp: return "dp";
+    case Dim::pp: return "pp";
+  }
+  return "?";
+}
+
+Recompute parse_recompute(std::string_view s, const std::string& source, const std::string& field) {
+  if (s == "none") return Recompute::none;
+  if (s == "selective") return Recompute::selective;
+  if (s == "full") return Recompute::full;
+  throw InputError(source, field, "unknown recompute mode \"" + std::string(s) + "\"",
+                   "use none, selective or full");
+}
+
+Schedule parse_schedule(std::string_view s, const std::string& source, const std::string& field) {
+  if (s == "gpipe") return Schedule::gpipe;
+  if (s == "1f1b") return Schedule::one_f_one_b;
+  if (s == "interleaved") return Schedule::interleaved;
+  throw InputError(source, field, "unknown pipeline schedule \"" + std::string(s) + "\"",
+                   "use gpipe, 1f1b or interleaved");
+}
+
+std::string RankOrder::str() const {
+  std::string out;
+  for (Dim d : inner_to_outer) {
+    if (!out.empty()) out += "-";
+    out += to_string(d);
+  }
+  return out;
+}
+
+RankOrder RankOrder::parse(std::string_view s, const std::string& source, const std::string& field) {
+  const std::string fix = "give the three dimensions innermost first, e.g. tp-dp-pp (Megatron's default) or tp-pp-dp";
+  RankOrder order;
+  std::set<Dim> seen;
+  std::size_t start = 0;
+  int i = 0;
+  while (start <= s.size()) {
+    std::size_t dash = s.find('-', start);
+    std::string_view part = s.substr(start, dash == std::string_view::npos ? std::string_view::npos : dash - start);
+    Dim d;
+    if (part == "tp") d = Dim::tp;
+    else if (part == "dp") d = Dim::dp;
+    else if (part == "pp") d = Dim::pp;
+    else throw InputError(source, field, "unknown dimension \"" + std::string(part) + "\" in rank order \"" + std::string(s) + "\"", fix);
+    if (i >= 3 || !seen.insert(d).second)
+      throw InputError(source, field, "rank order \"" + std::string(s) + "\" must name tp, dp and pp once each", fix);
+    order.inner_to_outer[static_cast<std::size_t>(i++)] = d;
+    if (dash == std::string_view::npos) break;
+    start = dash + 1;
+  }
+  if (i != 3) throw InputError(source, field, "rank order \"" + std::string(s) + "\" must name tp, dp and pp once each", fix);
+  return order;
+}
+
+bool has_uneven_stages(const ParallelPlan& plan) { return plan.first_stage_layers > 0 || plan.last_stage_layers > 0; }
+
+int layers_on_stage(const ParallelPlan& plan, std::int64_t num_layers, int stage) {
+  if (!has_uneven_stages(plan)) return static_cast<int>(num_layers / plan.pp);
+  if (stage == 0 && plan.first_stage_layers > 0) return plan.first_stage_layers;
+  if (stage == plan.pp - 1 && plan.last_stage_layers > 0) return plan.last_stage_layers;
+  const int fixed_stages = (plan.first_stage_layers > 0 ? 1 : 0) + (plan.last_stage_layers > 0 ? 1 : 0);
+  const int middle = plan.pp - fixed_stages;
+  return middle > 0 ? static_cast<int>((num_layers - plan.first_stage_layers - plan.last_stage_layers) / middle) : 0;
+}
+
+bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& last) {
+  if (pp < 2 || num_layers % pp == 0) return false;
+  if (pp == 2) {
+    last = static_cast<int>(num_layers / 2);  // the LM head's stage gets the smaller half
+    first = static_cast<int>(num_layers - last);
+    return last >= 1;
+  }
+  const std::int64_t per_middle = (num_layers + pp - 1) / pp;
+  const std::int64_t rest = num_layers - per_middle * (pp - 2);
+  if (rest < 2) return false;
+  first = static_cast<int>((rest + 1) / 2);
+  last = static_cast<int>(rest - first);
+  return first < per_middle + 1;
+}
+
+void validate_plan(const ParallelPlan& p, const ModelSpec& m, const Cluster& c, const std::string& source) {
+  auto fail = [&](const std::string& field, const std::string& problem, const std::string& fix) {
+    throw InputError(source, field, problem, fix);
+  };
+  auto positive = [&](long long v, const char* field) {
+    if (v <= 0) fail(field, "must be positive, got " + std::to_string(v), "give a value >= 1");
+  };
+  positive(p.tp, "--tp");
+  positive(p.pp, "--pp");
+  positive(p.dp, "--dp");
+  positive(p.micro_batch, "--micro-batch");
+  positive(p.global_batch, "--global-batch");
+  positive(p.seq_length, "--seq-length");
+  positive(p.virtual_stages, "--vpp");
+  if (p.cp != 1) fail("--cp", "context parallelism is not modelled yet", "use cp = 1");
+  if (p.flash_attention && !c.gpu.flash_attention)
+    fail("--flash-attention",
+         "flash attention is on, but " + c.gpu.name + " (" + c.name +
+             ") has no fused attention kernel (its GPU profile says \"flash_attention\": false)",
+         "use --flash-attention off (the default on this cluster)");
+  if (p.zero_stage < 0 || p.zero_stage > 3)
+    fail("--zero", "ZeRO stage must be 0, 1, 2 or 3, got " + std::to_string(p.zero_stage), "use 0, 1, 2 or 3");
+  if (p.seq_length > m.max_position_embeddings)
+    fail("--seq-length", "sequence length " + std::to_string(p.seq_length) + " exceeds the model's max_position_embeddings " +
+                             std::to_string(m.max_position_embeddings) + " (" + m.name + ")",
+         "use --seq-length <= " + std::to_string(m.max_position_embeddings));
+  const std::string tp = std::to_string(p.tp);
+  if (m.num_attention_heads % p.tp != 0)
+    fail("--tp", "TP " + tp + " does not divide the " + std::to_string(m.num_attention_heads) + " attention heads of " + m.name,
+         "choose a TP that divides the number of heads");
+  if (m.num_kv_heads % p.tp != 0)
+    fail("--tp", "TP " + tp + " does not divide the " + std::to_string(m.num_kv_heads) + " key/value heads of " + m.name +
+                     " (Megatron-LM requires num_query_groups % TP == 0)",
+         "choose a TP that divides the number of key/value heads");
+  if (m.ffn_hidden_size % p.tp != 0)
+    fail("--tp", "TP " + tp + " does not divide ffn_hidden_size " + std::to_string(m.ffn_hidden_size),
+         "choose a TP that divides the FFN size");
+  if (p.first_stage_layers < 0 || p.last_stage_layers < 0)
+    fail("--uneven-stages", "stage layer counts must not be negative", "give positive layer counts");
+  if (has_uneven_stages(p)) {
+    const std::string layers = std::to_string(m.num_layers);
+    if (p.pp < 2) fail("--uneven-stages", "uneven stages need PP >= 2", "use --pp >= 2 or an even split");
+    if (p.virtual_stages > 1)
+      fail("--uneven-stages", "uneven stages cannot be combined with virtual stages (interleaving)",
+           "drop --vpp or use an even split");
+    const int fixed_stages = (p.first_stage_layers > 0 ? 1 : 0) + (p.last_stage_layers > 0 ? 1 : 0);
+    const long long rest = m.num_layers - p.first_stage_layers - p.last_stage_layers;
+    const int middle = p.pp - fixed_stages;
+    if (rest < middle || (middle == 0 && rest != 0) || (middle > 0 && rest % middle != 0))
+      fail("--uneven-stages", "first stage " + std::to_string(p.first_stage_layers) + " + last stage " +
+                                  std::to_string(p.last_stage_layers) + " layers leave " + std::to_string(rest) + " of the " +
+                                  layers + " layers of " + m.name + ", which do not split evenly over the other " +
+                                  std::to_string(middle) + " stages",
+           "choose first/last stage layers so that the remaining layers divide by the middle stages");
+  } else {
+    const long long chunks = static_cast<long long>(p.pp) * p.virtual_stages;
+    if (m.num_layers % chunks != 0)
+      fail(p.virtual_stages > 1 ? "--vpp" : "--pp",
+           "PP " + std::to_string(p.pp) + " x virtual stages " + std::to_string(p.virtual_stages) + " = " + std::to_string(chunks) +
+               " does not divide the " + std::to_string(m.num_layers) + " layers of " + m.name +
+               " (Megatron-LM once trained a silently smaller model here)",
+           p.virtual_stages > 1 ? "choose PP x virtual stages that divides the number of layers"
+                                : "choose PP x virtual stages that divides the number of layers, or add --uneven-stages");
+  }
+  if (p.schedule == Schedule::interleaved && p.virtual_stages < 2)
+    fail("--schedule", "the interleaved schedule needs virtual stages >= 2", "add --vpp 2 (or more), or use --schedule 1f1b");
+  if (p.schedule != Schedule::interleaved && p.virtual_stages > 1)
+    fail("--vpp", "virtual stages " + std::to_string(p.virtual_stages) + " need the interleaved schedule",
+         "add --schedule interleaved, or drop --vpp");
+  if (p.virtual_stages > 1 && p.pp < 2)
+    fail("--vpp", "virtual stages need pipeline parallelism (PP >= 2)", "drop --vpp or use --pp >= 2");
+  if (p.sequence_parallel && p.tp == 1)
+    fail("--sequence-parallel", "sequence parallelism needs TP > 1", "use --sequence-parallel off with TP 1");
+  const long long gpus = c.total_gpus();
+  // In floating point: the factors are positive ints, so the product cannot
+  // overflow (world_size() can, for --dp 2147483647), and it is exact whenever
+  // it is at most the GPU count.
+  const double world = static_cast<double>(p.tp) * p.pp * p.dp * p.cp;
+  if (world > static_cast<double>(gpus))
+    fail("--tp/--pp/--dp", "TP x PP x DP = " + fmt::format("{:.0f}", world) + " GPUs but cluster " + c.name + " has " +
+                               std::to_string(gpus),
+         "use fewer GPUs or more nodes (--nodes N)");
+  if (p.world_size() != gpus)
+    fail("--tp/--pp/--dp", "TP x PP x DP = " + std::to_string(p.world_size()) + " does not use all " + std::to_string(gpus) +
+                               " GPUs of " + c.name,
+         "make TP x PP x DP equal the GPU count, or set --nodes so the cluster has exactly that many GPUs");
+  const long long per_step = static_cast<long long>(p.micro_batch) * p.dp;
+  if (p.global_batch % per_step != 0)
+    fail("--global-batch", "global batch " + std::to_string(p.global_batch) + " is not divisible by micro-batch x DP = " +
+                               std::to_string(per_step),
+         "choose a global batch that is a multiple of " + std::to_string(per_step));
+  if (p.schedule == Schedule::interleaved && p.num_micro_batches() % p.pp != 0)
+    fail("--global-batch", "the interleaved schedule needs the number of micro-batches (" + std::to_string(p.num_micro_batches()) +
+                               ") to be a multiple of PP " + std::to_string(p.pp),
+         "choose a global batch that is a multiple of micro-batch x DP x PP = " + std::to_string(per_step * p.pp));
+}
+
+RankMapping::RankMapping(const ParallelPlan& plan, int gpus_per_node)
+    : tp_(plan.tp), pp_(plan.pp), dp_(plan.dp), gpus_per_node_(gpus_per_node) {
+  if (tp_ <= 0 || pp_ <= 0 || dp_ <= 0 || gpus_per_node_ <= 0)
+    throw std::invalid_argument("RankMapping: sizes must be positive");
+  auto size_of = [&](Dim d) { return d == Dim::tp ? tp_ : d == Dim::dp ? dp_ : pp_; };
+  int stride = 1;
+  for (Dim d : plan.order.inner_to_outer) {
+    stride_[static_cast<std::size_t>(d)] = stride;
+    stride *= size_of(d);
+  }
+}
+
+RankCoord RankMapping::coord(int rank) const {
+  if (rank < 0 || rank >= world_size()) throw std::out_of_range("RankMapping::coord: rank out of range");
+  RankCoord c;
+  c.rank = rank;
+  c.node = rank / gpus_per_node_;
+  c.gpu = rank % gpus_per_node_;
+  c.tp = (rank / stride_[static_cast<std::size_t>(Dim::tp)]) % tp_;
+  c.dp = (rank / stride_[static_cast<std::size_t>(Dim::dp)]) % dp_;
+  c.pp = (rank / stride_[static_cast<std::size_t>(Dim::pp)]) % pp_;
+  return c;
+}
+
+int RankMapping::rank_of(int tp, int pp, int dp) const {
+  return tp * stride_[static_cast<std::size_t>(Dim::tp)] + dp * stride_[static_cast<std::size_t>(Dim::dp)] +
+         pp * stride_[static_cast<std::size_t>(Dim::pp)];
+}
+
+std::vector<int> RankMapping::tp_group(int pp, int dp) const {
+  std::vector<int> g;
+  for (int t = 0; t < tp_; ++t) g.push_back(rank_of(t, pp, dp));
+  return g;
+}
+
+std::vector<int> RankMapping::pp_group(int tp, int dp) const {
+  std::vector<int> g;
+  for (int p = 0; p < pp_; ++p) g.push_back(rank_of(tp, p, dp));
+  return g;
+}
+
+std::vector<int> RankMapping::dp_group(int tp, int pp) const {
+  std::vector<int> g;
+  for (int d = 0; d < dp_; ++d) g.push_back(rank_of(tp, pp, d));
+  return g;
+}
+
+std::vector<std::vector<int>> RankMapping::tp_groups() const {
+  std::vector<std::vector<int>> out;
+  for (int p = 0; p < pp_; ++p)
+    for (int d = 0; d < dp_; ++d) out.push_back(tp_group(p, d));
+  return out;
+}
+
+std::vector<std::vector<int>> RankMapping::pp_groups() const {
+  std::vector<std::vector<int>> out;
+  for (int d = 0; d < dp_; ++d)
+    for (int t = 0; t < tp_; ++t) out.push_back(pp_group(t, d));
+  return out;
+}
+
+std::vector<std::vector<int>> RankMapping::dp_groups() const {
+  std::vector<std::vector<int>> out;
+  for (int p = 0; p < pp_; ++p)
+    for (int t = 0; t < tp_; ++t) out.push_back(dp_group(t, p));
+  return out;
+}
+
+int RankMapping::nodes_spanned(const std::vector<int>& ranks) const {
+  std::set<int> nodes;
+  for (int r : ranks) nodes.insert(r / gpus_per_node_);
+  return static_cast<int>(nodes.size());
+}
+
+bool RankMapping::tp_crosses_nodes() const {
+  for (const auto& g : tp_groups())
+    if (nodes_spanned(g) > 1) return true;
+  return false;
+}
+
+}  // namespace cuboid

@@ -1,0 +1,572 @@
+// The ops of one transformer layer, of the embedding and of the LM head for
+// one micro-batch on one GPU, after Megatron-LM's tensor-parallel sharding.
+//
+// Conventions (all per GPU, one micro-batch; T = s * b tokens, t = TP size):
+// * Op::flops counts useful FLOPs in Megatron's convention (2 per MAC, the
+//   causal attention core at half), so the forward GEMM + attention FLOPs of a
+//   layer times t equal layer_forward_flops(). Op::m, n, k, batch give the
+//   shape the kernel really runs; the unfused attention GEMMs run the full
+//   s x s product (masking happens after), so their time follows the shape.
+// * Memory-bound bytes are HBM reads + writes of bf16 tensors (2 bytes) unless
+//   noted; masks are 1 byte per element. The backward of each memory-bound
+//   op is counted kernel by kernel from what Megatron-LM runs (the
+//   *Backward* constants below, act_bytes in layer_backward), not as a
+//   multiple of its forward.
+// * Without sequence parallelism the norms, dropouts and residual adds run on
+//   the full [s, b, h] tensor on every TP rank (Megatron duplicates them);
+//   with SP each rank works on s/t of the sequence.
+// * Collective comm_bytes is the NCCL (nccl-tests) "size": the full buffer
+//   (all-reduce: the tensor; reduce-scatter: its input; all-gather: its
+//   output), so RS + AG of a tensor moves what one all-reduce moves.
+//   Activation collectives (Op::compute_dtype) count bf16 elements; a
+//   calibrated card of another compute dtype scales them (calibration.hpp).
+// * Differences from the CPU executor (src/exec), measured on the tiny model,
+//   TP 2 (`cuboid run --out`, medians of 5 steps, load ~5 on 2 cores): the
+//   executor also runs dqkv_zero (zeroes the QKV gradient before the
+//   per-head backward GEMMs accumulate into it; not modelled: Megatron's
+//   cat of the three gradients is attn_qkv_grad_cat), and its wgrad GEMMs
+//   accumulate into the gradient buffer (beta = 1), so it has no
+//   *_grad_accum kernels. residual_add_bwd, the gradient sum at each
+//   residual fork, both run (Megatron's autograd does it too); grad_zero,
+//   grad_scale and param_copy are priced with the optimizer step
+//   (optimizer_step.cpp). The executor has no embedding dropout and
+//   computes the cross-entropy gradient inside "xent" (Megatron runs
+//   embed_dropout and a separate xent_bwd, modelled here): about 0.9 ms per
+//   step (8 micro-batches) at the CPU card's bandwidth, 0.2 % of the step.
+// * Kernels Megatron-LM runs beyond the GEMMs, norms and fused element-wise
+//   ops (megatron/mpu/layers.py and megatron/model/transformer.py at commit
+//   02bb1f5c, the sequence-parallel code of Korthikanti et al. 2022):
+//   - the QKV bias (models with linear_bias): ColumnParallelLinear's
+//     autograd function does `output = torch.matmul(...)` then
+//     `output = output + bias`, a separate add over the [T, (q + 2kv)/t]
+//     output (read + write), and in backward `grad_output.sum(dim=0)`
+//     (one read). The other three biases are fused into bias-GeLU and
+//     bias-dropout-add (skip_bias_add), already priced with those kernels.
+//   - the unfused attention core returns its context as
+//     `context_layer.permute(2, 0, 1, 3).contiguous()`, a copy of the
+//     [T, q/t] context (read + write); in backward, torch.split's autograd
+//     (SplitBackward) concatenates the Q, K and V gradients into the
+//     [T, (q + 2kv)/t] gradient of the QKV output (read + write).
+//   - the backward of each element-wise kernel, kernel by kernel (not twice
+//     its forward): see kNormBackward*, kDropoutAddBackward*, act_backward.
+//   - the two gradient sums at the residual forks of a layer (its input
+//     feeds the first norm and the first residual add; the attention
+//     block's output feeds the second norm and the second residual add):
+//     autograd's InputBuffer adds the two incoming gradients (read 2 x 2,
+//     write 2), named residual_add_bwd as in the executor.
+//   - the fp32 gradient accumulation: Megatron's DistributedDataParallel
+//     (megatron/model/distributed.py, use_contiguous_buffers with
+//     accumulate_allreduce_grads_in_fp32, which bf16 training forces)
+//     registers a hook on every parameter's AccumulateGrad that runs
+//     `param.main_grad.add_(param.grad.data)`: read the bf16 weight
+//     gradient the wgrad GEMM wrote, read-modify-write the fp32 main_grad
+//     (2 + 4 + 4 B per parameter, every micro-batch). layers.py at 02bb1f5c
+//     computes grad_weight with a plain matmul (no gradient-accumulation
+//     fusion into main_grad yet), so the hook is a separate kernel after
+//     each linear layer's backward (`*_grad_accum`). Later Megatron-LM
+//     (LinearWithGradAccumulationAndAsyncCommunication, March 2022 on, the
+//     default since) fuses the accumulation into the wgrad GEMM
+//     (ParallelPlan::grad_accum_fusion, the default here): no hook for the
+//     linear layers, an fp32 read-modify-write of C in the GEMM instead.
+//     The embedding table's gradient is hooked either way.
+#include "cuboid/core/workload.hpp"
+
+#include <utility>
+
+namespace cuboid {
+
+std::string_view to_string(OpKind k) {
+  switch (k) {
+    case OpKind::gemm: return "gemm";
+    case OpKind::attention_core: return "attention_core";
+    case OpKind::memory_bound: return "memory_bound";
+    case OpKind::collective: return "collective";
+    case OpKind::p2p: return "p2p";
+  }
+  return "?";
+}
+
+std::string_view to_string(Collective c) {
+  switch (c) {
+    case Collective::all_reduce: return "all_reduce";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::all_gather: return "all_gather";
+    case Collective::broadcast: return "broadcast";
+    case Collective::send_recv: return "send_recv";
+  }
+  return "?";
+}
+
+std::string_view to_string(Group g) {
+  switch (g) {
+    case Group::none: return "none";
+    case Group::tp: return "tp";
+    case Group::pp: return "pp";
+    case Group::dp: return "dp";
+  }
+  return "?";
+}
+
+namespace {
+
+// Bytes per element of the element-wise kernels (reads + writes).
+constexpr double kNormBytesPerElement = 2 + 2;             // read x, write y
+constexpr double kDropoutAddBytesPerElement = 2 + 2 + 2 + 1;  // read x and residual, write y and mask
+// torch's dropout (embedding and attention probabilities): read x, write y
+// and a bool mask; its backward (native_dropout_backward) reads dy and the
+// mask and writes dx.
+constexpr double kDropoutBytesPerElement = 2 + 2 + 1;
+constexpr double kDropoutBackwardBytesPerElement = 2 + 1 + 2;
+// The unfused causal attention core's s x s kernels (Megatron-LM 2022,
+// megatron/fused_kernels/scaled_upper_triang_masked_softmax.h and
+// megatron/model/transformer.py CoreAttention). The softmax kernel loads a
+// row only up to the diagonal (`element_index < local_seq`, local_seq = row
+// + 1) and writes the whole row (zeros above the diagonal); its backward
+// loads the gradient and the saved output up to the diagonal and writes the
+// whole row (in place). The attention dropout is torch's native_dropout
+// over the whole [b, np, s, s] tensor: reads the probabilities, writes the
+// output and a bool (1-byte) mask (kDropout*BytesPerElement).
+constexpr double kSoftmaxReadBytesPerTriangleElement = 2;          // bf16 scores, lower triangle
+constexpr double kSoftmaxWriteBytesPerElement = 2;                 // bf16 probabilities, whole row
+constexpr double kSoftmaxBackwardReadBytesPerTriangleElement = 2 + 2;  // gradient + saved output
+constexpr double kSoftmaxBackwardWriteBytesPerElement = 2;
+// Vocab-parallel cross-entropy over fp32 logits (megatron/model/gpt_model.py
+// post_language_model_processing: `output.float()`, then
+// megatron/mpu/cross_entropy.py _VocabParallelCrossEntropy.forward): the
+// bf16 -> fp32 cast (read 2, write 4); torch.max over the vocabulary (read
+// 4); `logits.sub_(max)` (4 + 4); torch.exp(out=) (4 + 4); exp.sum (read 4);
+// `exp_logits.div_(sum)` (4 + 4), which keeps the softmax for backward.
+constexpr double kCrossEntropyBytesPerElement = (2 + 4) + 4 + (4 + 4) + (4 + 4) + 4 + (4 + 4);
+// Its backward: softmax - one_hot then `grad_input.mul_(grad_output)` in
+// place (4 + 4; the one-hot subtraction touches one element per token), and
+// the cast's backward to bf16 (4 + 2).
+constexpr double kCrossEntropyBackwardBytesPerElement = (4 + 4) + (4 + 2);
+// Backward of Apex's fused LayerNorm (and RMSNorm): cuComputePartGradGammaBeta
+// reads dy and x for the parameter gradients, cuComputeGradInput reads dy
+// and x again and writes dx.
+constexpr double kNormBackwardBytesPerElement = (2 + 2) + (2 + 2 + 2);
+// Backward of the JIT-fused bias-dropout-add (nvfuser, which Megatron 2022
+// enables for torch >= 1.10): dx = dy * mask * scale (read dy and the bool
+// mask, write dx), the bias gradient reduced in the same fused kernel; the
+// residual's gradient is dy itself (no kernel): a dropout's backward.
+constexpr double kDropoutAddBackwardBytesPerElement = kDropoutBackwardBytesPerElement;
+// A gradient sum at a residual fork: read both gradients, write the sum.
+constexpr double kResidualGradSumBytesPerElement = 2 + 2 + 2;
+// DDP's main_grad hook per parameter: read bf16 grad, read + write fp32 main_grad.
+constexpr double kGradAccumBytesPerParam = 2 + 4 + 4;
+constexpr double kBf16 = 2.0;
+constexpr double kFp32 = 4.0;
+
+struct Dims {
+  std::int64_t b, s, h, a, d, q, kv, f, t, tokens;
+  bool sp, flash, fused_wgrad;
+};
+
+Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
+  Dims x{};
+  x.b = plan.micro_batch;
+  x.s = plan.seq_length > 0 ? plan.seq_length : m.seq_length;
+  x.h = m.hidden_size;
+  x.a = m.num_attention_heads;
+  x.d = m.head_dim;
+  x.q = m.query_projection_size();
+  x.kv = m.kv_projection_size();
+  x.f = m.ffn_hidden_size;
+  x.t = plan.tp > 0 ? plan.tp : 1;
+  x.tokens = x.s * x.b;
+  x.sp = plan.sequence_parallel && x.t > 1;
+  x.flash = plan.flash_attention;
+  x.fused_wgrad = plan.grad_accum_fusion;
+  return x;
+}
+
+Op gemm(std::string name, Pass pass, std::int64_t m, std::int64_t n, std::int64_t k,
+        std::int64_t batch = 1) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::gemm;
+  op.pass = pass;
+  op.m = m;
+  op.n = n;
+  op.k = k;
+  op.batch = batch;
+  op.flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
+             static_cast<double>(batch);
+  return op;
+}
+
+Op memory_bound(std::string name, Pass pass, double bytes) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::memory_bound;
+  op.pass = pass;
+  op.bytes = bytes;
+  return op;
+}
+
+Op collective(std::string name, Pass pass, Collective c, Group g, double bytes) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::collective;
+  op.pass = pass;
+  op.collective = c;
+  op.group = g;
+  op.comm_bytes = bytes;
+  return op;
+}
+
+// A GEMM's backward: dgrad (dX = dY W^T) and wgrad (dW = X^T dY), each with
+// the forward's FLOPs. Forward C[m x n] = A[m x k] B[k x n]. A linear layer's
+// wgrad with gradient-accumulation fusion (fused_into_main_grad) accumulates
+// into the fp32 main_grad (beta = 1): its epilogue reads and writes 4 + 4 B
+// per weight instead of writing 2, the extra bytes in Op::bytes.
+void add_gemm_backward(std::vector<Op>& out, const Op& fwd, bool fused_into_main_grad = false) {
+  Op dgrad = gemm(fwd.name + "_dgrad", Pass::backward, fwd.m, fwd.k, fwd.n, fwd.batch);
+  Op wgrad = gemm(fwd.name + "_wgrad", Pass::backward, fwd.k, fwd.n, fwd.m, fwd.batch);
+  dgrad.flops = fwd.flops;  // keeps the causal-half convention of the attention GEMMs
+  wgrad.flops = fwd.flops;
+  dgrad.unfused_attention = fwd.unfused_attention;
+  wgrad.unfused_attention = fwd.unfused_attention;
+  if (fused_into_main_grad)
+    wgrad.bytes = static_cast<double>(fwd.k) * static_cast<double>(fwd.n) * static_cast<double>(fwd.batch) *
+                  (kFp32 + kFp32 - kBf16);
+  out.push_back(std::move(dgrad));
+  out.push_back(std::move(wgrad));
+}
+
+// The TP collective after a row-parallel GEMM (forward) or after the dgrad of
+// a column-parallel GEMM (backward): an all-reduce, or a reduce-scatter with SP.
+void add_tp_reduce(std::vector<Op>& out, const Dims& x, std::string name, Pass pass) {
+  if (x.t <= 1) return;
+  const double bytes = static_cast<double>(x.tokens * x.h) * kBf16;
+  out.push_back(collective(std::move(name), pass,
+                           x.sp ? Collective::reduce_scatter : Collective::all_reduce, Group::tp, bytes));
+  out.back().compute_dtype = true;
+}
+
+// The SP all-gather before a column-parallel GEMM (forward) or before the
+// dgrad of a row-parallel GEMM (backward, mirroring the forward reduce-scatter).
+void add_sp_gather(std::vector<Op>& out, const Dims& x, std::string name, Pass pass) {
+  if (!x.sp) return;
+  const double bytes = static_cast<double>(x.tokens * x.h) * kBf16;
+  out.push_back(collective(std::move(name), pass, Collective::all_gather, Group::tp, bytes));
+  out.back().compute_dtype = true;
+}
+
+// Elements of the attention scores on one rank ([b * heads / t, s, s]) and
+// those on or below the diagonal, which the causal softmax kernels read.
+double score_elements(const Dims& x) {
+  return static_cast<double>(x.b * (x.a / x.t)) * static_cast<double>(x.s) * static_cast<double>(x.s);
+}
+double score_triangle_elements(const Dims& x) {
+  return static_cast<double>(x.b * (x.a / x.t)) * static_cast<double>(x.s) * static_cast<double>(x.s + 1) / 2.0;
+}
+
+// Elements of an [s, b, h] tensor each rank touches in element-wise ops.
+double hidden_elements(const Dims& x) {
+  const double e = static_cast<double>(x.tokens * x.h);
+  return x.sp ? e / static_cast<double>(x.t) : e;
+}
+
+// The attention core, forward. Flash: one fused kernel, shape of O = P V per
+// (batch, head) so wave quantisation follows its grid of query blocks; HBM
+// traffic is Q, K, V read and O written. Unfused: QK^T, softmax + dropout, AV.
+void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
+  const std::int64_t heads = x.a / x.t;
+  const std::int64_t batch = x.b * heads;
+  const double causal = 0.5;
+  if (x.flash) {
+    Op op;
+    op.name = "attn_flash";
+    op.kind = OpKind::attention_core;
+    op.pass = pass;
+    op.m = x.s;
+    op.n = x.d;
+    op.k = x.s;
+    op.batch = batch;
+    op.flops = 2.0 * 2.0 * static_cast<double>(x.s) * static_cast<double>(x.s) *
+               static_cast<double>(x.d) * static_cast<double>(batch) * causal;
+    op.bytes = static_cast<double>(x.tokens) * static_cast<double>(2 * x.q + 2 * x.kv) /
+               static_cast<double>(x.t) * kBf16;
+    out.push_back(std::move(op));
+    return;
+  }
+  Op qk = gemm("attn_qk", pass, x.s, x.s, x.d, batch);
+  qk.flops *= causal;
+  out.push_back(std::move(qk));
+  out.push_back(memory_bound("attn_softmax", pass,
+                             score_triangle_elements(x) * kSoftmaxReadBytesPerTriangleElement +
+                                 score_elements(x) * (kSoftmaxWriteBytesPerElement + kDropoutBytesPerElement)));
+  Op av = gemm("attn_av", pass, x.s, x.d, x.s, batch);
+  av.flops *= causal;
+  out.push_back(std::move(av));
+  // [b, heads, s, d] -> [s, b, heads * d]: the permute + contiguous copy.
+  out.push_back(memory_bound("attn_ctx_copy", pass, static_cast<double>(x.tokens * (x.q / x.t)) * (kBf16 + kBf16)));
+  for (auto it = out.end() - 4; it != out.end(); ++it) it->unfused_attention = true;
+}
+
+// Elements of the QKV GEMM's output on one rank ([T, (q + 2kv)/t]).
+double qkv_elements(const Dims& x) { return static_cast<double>(x.tokens * ((x.q + 2 * x.kv) / x.t)); }
+
+// The attention core, backward. Flash: 2x the forward FLOPs (dgrad-like and
+// wgrad-like products of QK^T and AV) plus the recomputed QK^T (half the
+// forward), i.e. 2.5x; HBM: Q, K, V, O, dO read and dQ, dK, dV written.
+// Unfused: the backward of AV, of softmax + dropout and of QK^T.
+void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vector<Op>& fwd) {
+  if (x.flash) {
+    for (const Op& f : fwd) {
+      if (f.kind != OpKind::attention_core) continue;
+      Op op = f;
+      op.name = "attn_flash_bwd";
+      op.pass = Pass::backward;
+      op.flops = 2.5 * f.flops;
+      op.bytes = static_cast<double>(x.tokens) * static_cast<double>(4 * x.q + 4 * x.kv) /
+                 static_cast<double>(x.t) * kBf16;
+      out.push_back(std::move(op));
+    }
+    return;
+  }
+  for (auto it = fwd.rbegin(); it != fwd.rend(); ++it) {
+    if (it->name == "attn_av" || it->name == "attn_qk") {
+      add_gemm_backward(out, *it);
+    } else if (it->name == "attn_softmax") {
+      // Dropout backward, then the softmax backward, kernel by kernel (not
+      // 2x the forward: 9 B per score element against the forward's 8).
+      out.push_back(memory_bound("attn_softmax_bwd", Pass::backward,
+                                 score_elements(x) * (kDropoutBackwardBytesPerElement + kSoftmaxBackwardWriteBytesPerElement) +
+                                     score_triangle_elements(x) * kSoftmaxBackwardReadBytesPerTriangleElement));
+      out.back().unfused_attention = true;
+    }
+    if (it->name == "attn_qk") {
+      // torch.baddbmm's autograd (tools/autograd/derivatives.yaml) scales
+      // both input gradients by alpha = 1 / norm_factor in separate
+      // element-wise kernels (maybe_multiply): dQ and dK, [b * np, s, d]
+      // each, read + write.
+      out.push_back(memory_bound("attn_qk_scale_bwd", Pass::backward,
+                                 2.0 * static_cast<double>(x.b * (x.a / x.t) * x.s * x.d) * (kBf16 + kBf16)));
+      out.back().unfused_attention = true;
+    }
+  }
+  // SplitBackward: cat of the Q, K, V gradients (read + write).
+  out.push_back(memory_bound("attn_qkv_grad_cat", Pass::backward, qkv_elements(x) * (kBf16 + kBf16)));
+  out.back().unfused_attention = true;
+}
+
+void layer_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass pass) {
+  const double hid = hidden_elements(x);
+  const std::int64_t fc1_n = (m.gated_mlp() ? 2 * x.f : x.f) / x.t;
+  out.push_back(memory_bound("norm_in", pass, hid * kNormBytesPerElement));
+  add_sp_gather(out, x, "tp_ag_attn", pass);
+  out.push_back(gemm("qkv", pass, x.tokens, (x.q + 2 * x.kv) / x.t, x.h));
+  // `output + bias` after the GEMM (read + write of the output).
+  if (m.linear_bias) out.push_back(memory_bound("qkv_bias", pass, qkv_elements(x) * (kBf16 + kBf16)));
+  add_attention_forward(out, x, pass);
+  out.push_back(gemm("proj", pass, x.tokens, x.h, x.q / x.t));
+  add_tp_reduce(out, x, x.sp ? "tp_rs_attn" : "tp_ar_attn", pass);
+  out.push_back(memory_bound("drop_add_attn", pass, hid * kDropoutAddBytesPerElement));
+  out.push_back(memory_bound("norm_mlp", pass, hid * kNormBytesPerElement));
+  add_sp_gather(out, x, "tp_ag_mlp", pass);
+  out.push_back(gemm("fc1", pass, x.tokens, fc1_n, x.h));
+  // GeLU reads and writes the f/t-wide tensor; SwiGLU reads both halves.
+  const double act_elems = static_cast<double>(x.tokens * (x.f / x.t));
+  const double act_bytes = act_elems * (m.gated_mlp() ? (2 + 2 + 2) : (2 + 2));
+  out.push_back(memory_bound("act", pass, act_bytes));
+  out.push_back(gemm("fc2", pass, x.tokens, x.h, x.f / x.t));
+  add_tp_reduce(out, x, x.sp ? "tp_rs_mlp" : "tp_ar_mlp", pass);
+  out.push_back(memory_bound("drop_add_mlp", pass, hid * kDropoutAddBytesPerElement));
+}
+
+const Op& find_op(const std::vector<Op>& ops, std::string_view name) {
+  for (const Op& op : ops) {
+    if (op.name == name) return op;
+  }
+  return ops.front();  // unreachable: every name asked for is emitted by layer_forward
+}
+
+// Parameters of one layer's linear layers on one TP rank (weights and
+// biases): column-parallel QKV and FC1 are split by output, row-parallel
+// proj and FC2 by input, with their biases whole on every rank.
+struct LinearParams {
+  double qkv, proj, fc1, fc2;
+};
+
+LinearParams linear_params(const ModelSpec& m, const Dims& x) {
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  const std::int64_t qkv_n = (x.q + 2 * x.kv) / x.t;
+  const std::int64_t fc1_n = (m.gated_mlp() ? 2 * x.f : x.f) / x.t;
+  const double bias = m.linear_bias ? 1.0 : 0.0;
+  return {d(x.h * qkv_n) + bias * d(qkv_n), d((x.q / x.t) * x.h) + bias * d(x.h), d(x.h * fc1_n) + bias * d(fc1_n),
+          d((x.f / x.t) * x.h) + bias * d(x.h)};
+}
+
+// The main_grad hook of a linear layer's weight (and bias), when the wgrad
+// GEMM does not accumulate into main_grad itself. With fusion the bias
+// gradients are still hooked: a few thousand parameters, not charged.
+void add_grad_accum(std::vector<Op>& out, const Dims& x, std::string name, double params) {
+  if (x.fused_wgrad) return;
+  out.push_back(memory_bound(std::move(name), Pass::backward, params * kGradAccumBytesPerParam));
+}
+
+// Backward in reverse order. TP collectives mirror Megatron's f / g operators:
+// the forward all-reduce after a row-parallel GEMM is the identity backward;
+// the identity before a column-parallel GEMM becomes an all-reduce of the
+// input gradient; with SP, all-gather <-> reduce-scatter swap. The simulator
+// overlaps that collective with the wgrad GEMM (dgrad, wgrad, reduce are
+// consecutive here; sim/program.cpp), as Megatron's async TP all-reduce does;
+// the parameter's main_grad hook runs after the autograd function returns,
+// i.e. after the collective.
+void layer_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, const std::vector<Op>& fwd) {
+  const double hid = hidden_elements(x);
+  const LinearParams params = linear_params(m, x);
+  const double act_elems = static_cast<double>(x.tokens * (x.f / x.t));
+  // GeLU (Megatron's bias_gelu_back): read dy and the saved input, write dx;
+  // the bias gradient is autograd's sum_to over the tokens (one more read).
+  // SwiGLU: read dy and both halves, write both halves' gradients.
+  const double act_bytes = m.gated_mlp() ? act_elems * (2 + 4 + 4)
+                                         : act_elems * (2 + 2 + 2 + (m.linear_bias ? kBf16 : 0.0));
+  auto elementwise = [&](std::string name, double bytes_per_element) {
+    out.push_back(memory_bound(std::move(name), Pass::backward, hid * bytes_per_element));
+  };
+  elementwise("drop_add_mlp_bwd", kDropoutAddBackwardBytesPerElement);
+  add_sp_gather(out, x, "tp_ag_mlp_bwd", Pass::backward);
+  add_gemm_backward(out, find_op(fwd, "fc2"), x.fused_wgrad);
+  add_grad_accum(out, x, "fc2_grad_accum", params.fc2);
+  out.push_back(memory_bound("act_bwd", Pass::backward, act_bytes));
+  add_gemm_backward(out, find_op(fwd, "fc1"), x.fused_wgrad);
+  add_tp_reduce(out, x, x.sp ? "tp_rs_mlp_bwd" : "tp_ar_mlp_bwd", Pass::backward);
+  add_grad_accum(out, x, "fc1_grad_accum", params.fc1);
+  elementwise("norm_mlp_bwd", kNormBackwardBytesPerElement);
+  elementwise("residual_add_bwd", kResidualGradSumBytesPerElement);
+  elementwise("drop_add_attn_bwd", kDropoutAddBackwardBytesPerElement);
+  add_sp_gather(out, x, "tp_ag_attn_bwd", Pass::backward);
+  add_gemm_backward(out, find_op(fwd, "proj"), x.fused_wgrad);
+  add_grad_accum(out, x, "proj_grad_accum", params.proj);
+  add_attention_backward(out, x, fwd);
+  add_gemm_backward(out, find_op(fwd, "qkv"), x.fused_wgrad);
+  add_tp_reduce(out, x, x.sp ? "tp_rs_attn_bwd" : "tp_ar_attn_bwd", Pass::backward);
+  // grad_output.sum(dim=0): one read of the QKV output's gradient. Megatron
+  // runs it after the wgrad, under the async reduce; it is listed after the
+  // reduce because the simulator's overlap window (sim/program.cpp) is
+  // dgrad, wgrad, reduce. Pessimistic by at most this small kernel.
+  if (m.linear_bias) out.push_back(memory_bound("qkv_bias_grad", Pass::backward, qkv_elements(x) * kBf16));
+  add_grad_accum(out, x, "qkv_grad_accum", params.qkv);
+  elementwise("norm_in_bwd", kNormBackwardBytesPerElement);
+  elementwise("residual_add_bwd", kResidualGradSumBytesPerElement);
+}
+
+}  // namespace
+
+LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan) {
+  const Dims x = dims_of(m, plan);
+  LayerOps ops;
+  ops.forward.reserve(16);
+  layer_forward(ops.forward, m, x, Pass::forward);
+  ops.backward.reserve(28);
+  layer_backward(ops.backward, m, x, ops.forward);
+  switch (plan.recompute) {
+    case Recompute::none:
+      break;
+    case Recompute::full:
+      // Megatron's full (uniform) recompute re-runs the layer's forward,
+      // TP all-reduces included, before its backward.
+      ops.recompute = ops.forward;
+      break;
+    case Recompute::selective:
+      // Only the unfused attention core (QK^T, softmax, dropout, AV) is
+      // recomputed; flash attention already recomputes inside its backward.
+      if (!x.flash) add_attention_forward(ops.recompute, x, Pass::backward);
+      break;
+  }
+  return ops;
+}
+
+LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan) {
+  const Dims x = dims_of(m, plan);
+  LayerOps ops;
+  // Vocab-parallel lookup: each rank writes the full [s, b, h] output (zeros
+  // outside its vocabulary shard), then the TP reduce sums the shards.
+  // Megatron-LM 2022 (megatron/mpu/layers.py VocabParallelEmbedding,
+  // megatron/model/language_model.py Embedding.forward): F.embedding (read
+  // the rows, write the output: 2 + 2); with TP, `output_parallel[input_mask,
+  // :] = 0.0` writes zeros over the (t - 1) / t of the rows outside the
+  // shard; then (after the reduce, priced here with the lookup) the learned
+  // position embedding's lookup (2 + 2) and add (2 + 2 + 2), and the
+  // [b, s, h] -> [s, b, h] `transpose(0, 1).contiguous()` copy (2 + 2).
+  const double full = static_cast<double>(x.tokens * x.h);
+  const double mask_zero = x.t > 1 ? full * kBf16 * static_cast<double>(x.t - 1) / static_cast<double>(x.t) : 0.0;
+  const double positions = m.learned_position_embeddings ? full * ((kBf16 + kBf16) + (kBf16 + kBf16 + kBf16)) : 0.0;
+  const double lookup = full * (kBf16 + kBf16) + mask_zero + positions + full * (kBf16 + kBf16);
+  ops.forward.push_back(memory_bound("embed_lookup", Pass::forward, lookup));
+  add_tp_reduce(ops.forward, x, x.sp ? "tp_rs_embed" : "tp_ar_embed", Pass::forward);
+  const double hid = hidden_elements(x);
+  ops.forward.push_back(memory_bound("embed_dropout", Pass::forward, hid * kDropoutBytesPerElement));
+
+  ops.backward.push_back(memory_bound("embed_dropout_bwd", Pass::backward, hid * kDropoutBackwardBytesPerElement));
+  add_sp_gather(ops.backward, x, "tp_ag_embed_bwd", Pass::backward);
+  // The lookups' backward, kernel by kernel: the transpose copy's backward
+  // (read + write); for each table, torch's embedding_dense_backward zeroes
+  // a bf16 gradient of the table's size and scatter-adds the [T, h]
+  // gradient into its rows (read the gradient, read + write the rows); with
+  // TP the in-place masking's backward (index_put) first copies the gradient
+  // and zeroes the rows outside the shard. Then DDP's main_grad hook on each
+  // table (kGradAccumBytesPerParam).
+  const double word_params = static_cast<double>(padded_vocab_size(m.vocab_size, x.t) / x.t) * static_cast<double>(x.h);
+  const double position_params =
+      m.learned_position_embeddings
+          ? static_cast<double>(m.max_position_embeddings > 0 ? m.max_position_embeddings : x.s) * static_cast<double>(x.h)
+          : 0.0;
+  const double scatter_add = full * (kBf16 + kBf16 + kBf16);
+  const double mask_backward = x.t > 1 ? full * (kBf16 + kBf16) + mask_zero : 0.0;
+  const double tables = (word_params + position_params) * (kBf16 + kGradAccumBytesPerParam);
+  const double grad = full * (kBf16 + kBf16) + scatter_add * (position_params > 0 ? 2.0 : 1.0) + mask_backward + tables;
+  ops.backward.push_back(memory_bound("embed_grad", Pass::backward, grad));
+  return ops;
+}
+
+LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan) {
+  const Dims x = dims_of(m, plan);
+  const std::int64_t vocab_shard = padded_vocab_size(m.vocab_size, x.t) / x.t;
+  LayerOps ops;
+  const double hid = hidden_elements(x);
+  const double logits = static_cast<double>(x.tokens) * static_cast<double>(vocab_shard);
+  ops.forward.push_back(memory_bound("norm_final", Pass::forward, hid * kNormBytesPerElement));
+  add_sp_gather(ops.forward, x, "tp_ag_head", Pass::forward);
+  const Op logit = gemm("logits", Pass::forward, x.tokens, vocab_shard, x.h);
+  ops.forward.push_back(logit);
+  ops.forward.push_back(memory_bound("xent", Pass::forward, logits * kCrossEntropyBytesPerElement));
+  if (x.t > 1) {
+    // Vocab-parallel cross-entropy: all-reduces of the per-token max, of the
+    // sum of exponentials and of the target logit (fp32 per token).
+    const double per_token = static_cast<double>(x.tokens) * kFp32;
+    ops.forward.push_back(collective("tp_ar_xent_max", Pass::forward, Collective::all_reduce, Group::tp, per_token));
+    ops.forward.push_back(collective("tp_ar_xent_sum", Pass::forward, Collective::all_reduce, Group::tp, per_token));
+    ops.forward.push_back(collective("tp_ar_xent_tgt", Pass::forward, Collective::all_reduce, Group::tp, per_token));
+  }
+  ops.backward.push_back(memory_bound("xent_bwd", Pass::backward, logits * kCrossEntropyBackwardBytesPerElement));
+  add_gemm_backward(ops.backward, logit, x.fused_wgrad);
+  add_tp_reduce(ops.backward, x, x.sp ? "tp_rs_head_bwd" : "tp_ar_head_bwd", Pass::backward);
+  // The output layer's weight gradient into main_grad: DDP's hook (10 B per
+  // parameter) on an untied head or on the last stage's copy of a tied one
+  // (PP > 1). With PP 1 a tied table's two gradients are summed by autograd
+  // (6 B per parameter) and hooked once; charging the hook here as well
+  // (4 B per parameter more) keeps the op list independent of PP, which the
+  // estimator's per-layer cache relies on.
+  // Megatron's output layer runs the same linear autograd function as the
+  // column-parallel layers, so fusion covers it too.
+  const double head_params = static_cast<double>(vocab_shard) * static_cast<double>(x.h);
+  if (!x.fused_wgrad)
+    ops.backward.push_back(memory_bound("logits_grad_accum", Pass::backward, head_params * kGradAccumBytesPerParam));
+  ops.backward.push_back(memory_bound("norm_final_bwd", Pass::backward, hid * kNormBackwardBytesPerElement));
+  return ops;
+}
+
+// Megatron's scatter-gather optimisation: each TP rank sends 1/t of the
+// [s, b, h] activation. With SP the activation is already split along the
+// sequence, so the 1/t shard is all there is; without SP the receiving stage
+// all-gathers the shards over NVLink (the estimator prices that all-gather).
+double pipeline_message_bytes(const ModelSpec& m, const ParallelPlan& plan) {
+  const Dims x = dims_of(m, plan);
+  return static_cast<double>(x.tokens * x.h) * kBf16 / static_cast<double>(x.t);
+}
+
+}  // namespace cuboid

@@ -1,0 +1,317 @@
+// Cost models for compute kernels and collectives. Every constant comes from
+// the GPU profile or the cluster card; the ones here are structural (tile size).
+#include "cuboid/cost/cost.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "cuboid/core/busbw_curve.hpp"
+#include "cuboid/core/calibration.hpp"
+
+namespace cuboid {
+
+namespace {
+
+// Output tile of the modelled GEMM kernel: cuBLAS / CUTLASS bf16 kernels on
+// A100 / H100 use 128 x 128 (or 128 x 256) CTA tiles for large problems. One
+// CTA per SM at a time (their shared-memory footprint allows no more), which
+// gives NVIDIA's "wave quantisation" (Deep Learning Performance guide,
+// "Matrix Multiplication Background").
+constexpr double kTile = 128.0;
+constexpr double kBf16Bytes = 2.0;
+// A time for groups that can never finish (no bandwidth): large, but far
+// from int64 overflow when summed over many ops.
+constexpr std::int64_t kUnreachableNs = std::numeric_limits<std::int64_t>::max() / 1024;
+
+// Useful fraction of the SM-time a batched GEMM occupies: tile quantisation
+// (partial 128 x 128 tiles at the edges do full work) times wave quantisation
+// (the last wave of tiles leaves SMs idle). Equals
+// m*n*batch / (waves * sm_count * 128 * 128).
+double quantisation_efficiency(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t batch) {
+  if (m <= 0 || n <= 0 || batch <= 0) return 1.0;
+  const double sms = static_cast<double>(std::max(1, gpu.sm_count));
+  const double tiles = std::ceil(static_cast<double>(m) / kTile) * std::ceil(static_cast<double>(n) / kTile) *
+                       static_cast<double>(batch);
+  const double waves = std::ceil(tiles / sms);
+  const double useful = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(batch);
+  return useful / (waves * sms * kTile * kTile);
+}
+
+double hbm_Bps(const GpuProfile& gpu) { return gpu.hbm_bandwidth_Bps * gpu.memory_bound_efficiency; }
+
+// The HBM rate of an op: the unfused attention core's kernels at their own
+// measured fraction where the profile has one.
+double op_hbm_Bps(const GpuProfile& gpu, const Op& op) {
+  if (op.unfused_attention && gpu.unfused_attention_efficiency > 0)
+    return gpu.hbm_bandwidth_Bps * gpu.unfused_attention_efficiency;
+  return hbm_Bps(gpu);
+}
+
+std::int64_t to_ns(double seconds) {
+  if (!(seconds < 1e9)) return kUnreachableNs;  // also catches NaN and infinity
+  return static_cast<std::int64_t>(std::llround(seconds * 1e9));
+}
+
+double gemm_flops(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) {
+  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
+         static_cast<double>(batch);
+}
+
+// The best FLOP/s a large GEMM reaches: measured on a calibrated profile
+// (the best of its GEMM samples: the datasheet peak and the assumed
+// efficiency are what calibration replaces), else peak x gemm_max_efficiency.
+double gemm_best_flops(const GpuProfile& gpu) {
+  if (gpu.calibration) {
+    if (const auto best = best_gemm_flops_per_s(*gpu.calibration)) return *best;
+  }
+  return gpu.peak_bf16_flops * gpu.gemm_max_efficiency;
+}
+
+// Compute-only and HBM-only seconds of a GEMM; its time is the larger (roofline).
+double gemm_compute_s(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) {
+  return gemm_flops(m, n, k, batch) / (gemm_best_flops(gpu) * quantisation_efficiency(gpu, m, n, batch));
+}
+
+double gemm_memory_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, double bytes_per_s) {
+  const double elements = (static_cast<double>(m) * static_cast<double>(k) + static_cast<double>(k) * static_cast<double>(n) +
+                           static_cast<double>(m) * static_cast<double>(n)) *
+                          static_cast<double>(batch);
+  return elements * kBf16Bytes / bytes_per_s;
+}
+
+// Roofline time of an uncalibrated GEMM whose HBM side runs at bytes_per_s.
+std::int64_t gemm_roofline_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k,
+                              std::int64_t batch, double extra_bytes, double bytes_per_s) {
+  const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch),
+                                  gemm_memory_s(m, n, k, batch, bytes_per_s) + extra_bytes / bytes_per_s);
+  return to_ns(seconds) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
+}
+
+}  // namespace
+
+// No separate small-k factor: the roofline term already charges a GEMM with a
+// shallow k for reading A and B and writing C (arithmetic intensity ~ k for
+// large m, n), which is what makes such GEMMs slow; a second factor would
+// count the same effect twice.
+double gemm_efficiency(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) {
+  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0.0;
+  if (gpu.calibration) {
+    if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch)) {
+      return gemm_flops(m, n, k, batch) / (gpu.peak_bf16_flops * *ns * 1e-9);
+    }
+  }
+  const double seconds =
+      std::max(gemm_compute_s(gpu, m, n, k, batch), gemm_memory_s(m, n, k, batch, hbm_Bps(gpu)));
+  return gemm_flops(m, n, k, batch) / (gpu.peak_bf16_flops * seconds);
+}
+
+namespace {
+
+// A measured (or interpolated) time is per call, launch included; else the
+// roofline with the HBM side at bytes_per_s.
+std::int64_t gemm_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
+                     double extra_bytes, double bytes_per_s) {
+  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
+  if (gpu.calibration) {
+    if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch)) return std::llround(*ns);
+  }
+  return gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s);
+}
+
+// A memory-bound kernel: measured by name on a calibrated card, else its bytes at bytes_per_s.
+std::int64_t kernel_ns(const GpuProfile& gpu, const std::string& name, double bytes, double bytes_per_s) {
+  if (bytes <= 0) return 0;
+  if (gpu.calibration) {
+    if (const auto ns = calibrated_kernel_ns(*gpu.calibration, name, bytes)) return std::llround(*ns);
+  }
+  return to_ns(bytes / bytes_per_s) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
+}
+
+}  // namespace
+
+std::int64_t gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
+                          double extra_bytes) {
+  return gemm_ns(gpu, m, n, k, batch, extra_bytes, hbm_Bps(gpu));
+}
+
+std::int64_t memory_bound_time_ns(const GpuProfile& gpu, double bytes) {
+  if (bytes <= 0) return 0;
+  return to_ns(bytes / hbm_Bps(gpu)) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
+}
+
+// A fit's time is per call, launch included.
+std::int64_t kernel_time_ns(const GpuProfile& gpu, const std::string& name, double bytes) {
+  return kernel_ns(gpu, name, bytes, hbm_Bps(gpu));
+}
+
+std::int64_t collective_time_ns(Collective c, double size_bytes, int group_size, const LinkParams& link) {
+  if (group_size <= 1 || size_bytes <= 0) return 0;
+  if (link.calibrated != nullptr) return to_ns(collective_curve_ns(*link.calibrated, c, group_size, size_bytes) * 1e-9);
+  if (link.busbw_Bps <= 0) return kUnreachableNs;
+  const double n = group_size;
+  double volume = 0;  // bytes through the bus, in units of size_bytes
+  double steps = 0;   // latency terms
+  switch (c) {
+    case Collective::all_reduce:
+      volume = 2.0 * (n - 1.0) / n;
+      steps = 2.0 * (n - 1.0);
+      break;
+    case Collective::reduce_scatter:
+    case Collective::all_gather:
+      volume = (n - 1.0) / n;
+      steps = n - 1.0;
+      break;
+    case Collective::broadcast:
+      volume = 1.0;
+      steps = n - 1.0;
+      break;
+    case Collective::send_recv:
+      volume = 1.0;
+      steps = 1.0;
+      break;
+  }
+  if (link.fitted) steps = 1.0;
+  double seconds = volume * size_bytes / link.busbw_Bps + steps * link.latency_ns * 1e-9;
+  if (link.curve != nullptr) {
+    if (const auto curve_ns = curve_time_ns(*link.curve, c, group_size, size_bytes)) {
+      seconds = std::max(seconds, *curve_ns * 1e-9);
+    }
+  }
+  return to_ns(seconds);
+}
+
+// Alpha-beta parameters of a group from the highest tier it crosses.
+// * Same GPU (or a single rank): free.
+// * Inside a node: the card's nccl-tests busbw (all-reduce has its own figure
+//   because NVLS / NVLink SHARP makes it differ from the other collectives).
+// * Across nodes: in DP and PP phases every GPU of a node talks at once, so a
+//   GPU gets its share of the node's NICs, nics * nic_busbw / gpus_per_node.
+//   A ring (or NCCL's hierarchical ring) with k of the group's GPUs on one
+//   node crosses the node boundary with k rails at once, so its busbw is
+//   k * share, never above what NVLink gives inside the node. This is the
+//   inter-node bound NCCL's ring busbw hits for a hierarchical all-reduce
+//   (e.g. DGX A100: 8 x 24 GB/s = 192 GB/s, the measured figure).
+//   Leaving a leaf switch (on the group's rail) divides by the fabric's oversubscription; latency
+//   is one NIC-switch-NIC hop plus switch_latency_ns per extra switch on the
+//   route (leaf-spine-leaf: 2 extra, leaf-spine-core-spine-leaf: 4 extra).
+LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks) {
+  const Cluster& cl = topo.cluster();
+  const double intra_busbw_GBps = c == Collective::all_reduce ? cl.intra.allreduce_busbw_GBps : cl.intra.busbw_GBps;
+  const LinkParams free_link{std::numeric_limits<double>::infinity(), 0.0};
+  if (ranks.size() <= 1) return free_link;
+
+  const int gpn = std::max(1, cl.gpus_per_node);
+  // Fast path without the topology: all ranks on one node.
+  int max_per_node = 0;
+  bool one_node = true;
+  bool one_gpu = true;
+  {
+    const int node0 = ranks.front() / gpn;
+    for (int r : ranks) {
+      one_node = one_node && r / gpn == node0;
+      one_gpu = one_gpu && r == ranks.front();
+    }
+  }
+  if (one_gpu) return free_link;
+  if (cl.calibration) {
+    const CollectiveCalibration* fit =
+        find_collective(*cl.calibration, c, one_node ? "intra_node" : "inter_node", static_cast<int>(ranks.size()));
+    if (fit != nullptr) return LinkParams{fit->busbw_GBps * 1e9, fit->alpha_ns, true, fit};
+  }
+  if (one_node) {
+    return LinkParams{intra_busbw_GBps * 1e9, cl.intra.latency_ns, false, nullptr, cl.intra.allreduce_busbw_curve.get()};
+  }
+
+  // k: the most GPUs of the group on one node.
+  std::vector<int> nodes;
+  nodes.reserve(ranks.size());
+  for (int r : ranks) nodes.push_back(r / gpn);
+  std::sort(nodes.begin(), nodes.end());
+  for (std::size_t i = 0; i < nodes.size();) {
+    std::size_t j = i;
+    while (j < nodes.size() && nodes[j] == nodes[i]) ++j;
+    max_per_node = std::max(max_per_node, static_cast<int>(j - i));
+    i = j;
+  }
+  // The tier of the inter-node traffic. NCCL keeps it on one rail (its rings
+  // pair GPU i of one node with GPU i of the next, and PXN, on by default
+  // since NCCL 2.12, first moves data over NVLink to the GPU on the right
+  // rail), so the tier is that between the nodes on a common rail, not the
+  // pairwise worst of Topology::group_tier, which on a rail-optimised tree
+  // counts two GPUs of different rails as a spine crossing. One rail of a
+  // fat tree is ultrametric, so comparing every node with the first is enough.
+  Tier tier = Tier::leaf;
+  const int first = nodes.front() * gpn;
+  for (std::size_t i = 1; i < nodes.size(); ++i) {
+    if (nodes[i] != nodes[i - 1]) tier = std::max(tier, topo.tier(first, nodes[i] * gpn));
+  }
+  const double share_GBps = cl.inter.nics_per_node * cl.inter.nic_busbw_GBps / gpn;
+  double busbw_GBps = std::min(max_per_node * share_GBps, intra_busbw_GBps);
+  int extra_switches = 0;
+  if (tier == Tier::spine) extra_switches = 2;
+  if (tier == Tier::core) extra_switches = 4;
+  if (extra_switches > 0 && cl.inter.oversubscription > 0) busbw_GBps /= cl.inter.oversubscription;
+  if (tier == Tier::core && cl.inter.core_oversubscription > 0) busbw_GBps /= cl.inter.core_oversubscription;
+  return LinkParams{busbw_GBps * 1e9, cl.inter.latency_ns + extra_switches * cl.inter.switch_latency_ns};
+}
+
+// Compute ops only. Communication ops need a group's LinkParams, so they are
+// priced with collective_time_ns by the caller; here they cost nothing.
+std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
+  switch (op.kind) {
+    case OpKind::gemm:
+      // The shape is what the kernel runs (the unfused attention GEMMs
+      // compute the full s x s even though only half is useful).
+      return gemm_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes, op_hbm_Bps(gpu, op));
+    case OpKind::attention_core: {
+      // Fused (flash) attention: tensor-core work at the GEMM efficiency of
+      // its grid (query blocks x heads), causal half only, against the HBM
+      // traffic of Q, K, V, O. Flash kernels reach somewhat less than the best
+      // GEMM (FlashAttention-2 paper: 50-73% of peak on A100); the profile
+      // has no separate figure; a calibrated profile puts its best measured
+      // GEMM FLOP/s here (the calibration sweeps no fused attention kernel).
+      if (op.flops <= 0 && op.bytes <= 0) return 0;
+      const double compute_s = op.flops / (gemm_best_flops(gpu) * quantisation_efficiency(gpu, op.m, op.n, op.batch));
+      const double memory_s = op.bytes / hbm_Bps(gpu);
+      return to_ns(std::max(compute_s, memory_s)) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
+    }
+    case OpKind::memory_bound:
+      return kernel_ns(gpu, op.name, op.bytes, op_hbm_Bps(gpu, op));
+    case OpKind::collective:
+    case OpKind::p2p:
+      return 0;
+  }
+  return 0;
+}
+
+GpuProfile with_sms_taken(const GpuProfile& gpu, int sms_taken) {
+  GpuProfile g = gpu;
+  if (sms_taken <= 0 || gpu.sm_count <= sms_taken) return g;
+  const int left = gpu.sm_count - sms_taken;
+  g.peak_bf16_flops = gpu.peak_bf16_flops * static_cast<double>(left) / static_cast<double>(gpu.sm_count);
+  g.sm_count = left;
+  return g;
+}
+
+std::int64_t op_time_sms_taken_ns(const GpuProfile& gpu, const Op& op, int sms_taken) {
+  if (sms_taken <= 0 || op.kind != OpKind::gemm) return op_time_ns(gpu, op);
+  GpuProfile model_full = gpu;
+  model_full.calibration = nullptr;
+  const GpuProfile model_reduced = with_sms_taken(model_full, sms_taken);
+  const std::int64_t reduced = op_time_ns(model_reduced, op);
+  if (!gpu.calibration) return reduced;
+  const std::int64_t full = op_time_ns(model_full, op);
+  const std::int64_t measured = op_time_ns(gpu, op);
+  if (full <= 0) return measured;
+  return std::llround(static_cast<double>(measured) * static_cast<double>(reduced) / static_cast<double>(full));
+}
+
+std::int64_t overlapped_time_ns(std::int64_t collective_ns, std::int64_t reduced_ns, std::int64_t full_ns) {
+  if (collective_ns <= 0 || reduced_ns <= 0) return full_ns;
+  if (collective_ns >= reduced_ns) return reduced_ns;
+  const double left = 1.0 - static_cast<double>(collective_ns) / static_cast<double>(reduced_ns);
+  return collective_ns + std::llround(left * static_cast<double>(full_ns));
+}
+
+}  // namespace cuboid

@@ -1,0 +1,415 @@
+// The analytical estimator: one training iteration of a plan in closed form.
+//
+// Model (all times of the critical pipeline stage, the one with the largest
+// forward + backward time per micro-batch):
+// * t_f, t_b per micro-batch = compute ops (op_time_ns) + TP collectives
+//   (collective_time_ns over the stage's TP group). Megatron does not overlap
+//   TP communication with compute in these kernels, so it is added, and
+//   reported apart as tp_comm. Recomputation is part of t_b.
+// * compute + tp_comm = m * (t_f + t_b); bubble = (p - 1) * (t_f + t_b) / v
+//   (v = virtual stages for interleaved 1F1B, else 1; GPipe and 1F1B share
+//   the same bubble and differ only in memory).
+// * pp_comm: Megatron's p2p is blocking, so every send sits on the critical
+//   path: one forward and one backward message per micro-batch per model
+//   chunk, 2 * m * v, plus the 2 * (p - 1) hops of the pipeline fill and
+//   drain. Each costs a send_recv of pipeline_message_bytes over the slowest
+//   link between consecutive stages, plus the TP all-gather that rebuilds the
+//   activation when the scatter-gather optimisation is used without SP.
+// * dp_comm: fp32 gradients (Megatron accumulates and reduces in fp32 with
+//   bf16 training) of the critical stage over its DP group:
+//     ZeRO 0: all-reduce once per iteration;
+//     ZeRO 1 (distributed optimizer): reduce-scatter of grads, then an
+//       all-gather of the bf16 parameters after the step;
+//     ZeRO 2: grads are sharded, so each micro-batch reduce-scatters its own,
+//       plus the bf16 parameter all-gather after the step;
+//     ZeRO 3: as ZeRO 2, and each micro-batch all-gathers the bf16 parameters
+//       before its forward and again before its backward.
+//   Overlap (Megatron's --overlap-grad-reduce; the plan has no flag for it,
+//   so it is assumed on): a grad reduction hides behind the backward it
+//   follows (the last micro-batch's for once-per-iteration reductions), a
+//   ZeRO-3 gather behind the pass it feeds; only the excess is exposed. The
+//   parameter all-gather after the optimizer step is exposed
+//   (--overlap-param-gather is off by default).
+// * optimizer: Megatron's step kernels (optimizer_step.hpp): the fp32 grad
+//   buffer scaled and zeroed (8 + 4 B per parameter), and on this GPU's
+//   shard (params / dp with ZeRO >= 1) the grad norm (4), Adam (28) and the
+//   master -> bf16 copy (6), memory-bound; a calibrated profile's kernel fits
+//   (by op name) price those bytes instead.
+// * A calibrated card's collective fits replace the link model of the groups
+//   they measured (group_link_params), its GEMM and kernel fits the compute.
+#include "cuboid/cost/estimator.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "cuboid/core/calibration.hpp"
+#include "cuboid/cost/cost.hpp"
+#include "cuboid/cost/flops.hpp"
+#include "cuboid/cost/optimizer_step.hpp"
+#include "cuboid/core/workload.hpp"
+
+namespace cuboid {
+
+namespace {
+
+constexpr double kGradBytesPerParam = 4.0;   // fp32 main_grad
+constexpr double kParamBytesPerParam = 2.0;  // bf16 weights
+constexpr std::size_t kCollectives = 5;
+
+// Link parameters of one group, one entry per Collective.
+using GroupLinks = std::array<LinkParams, kCollectives>;
+
+GroupLinks group_links(const Topology& topo, const std::vector<int>& ranks) {
+  GroupLinks links{};
+  for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
+                       Collective::broadcast, Collective::send_recv}) {
+    links[static_cast<std::size_t>(c)] = group_link_params(topo, c, ranks);
+  }
+  return links;
+}
+
+double comm_ns(Collective c, double bytes, int size, const GroupLinks& links) {
+  return static_cast<double>(collective_time_ns(c, bytes, size, links[static_cast<std::size_t>(c)]));
+}
+
+// Compute time of a list of ops, and the ops' TP communication time.
+double compute_ns(const GpuProfile& gpu, const std::vector<Op>& ops) {
+  double total = 0;
+  for (const Op& op : ops) total += static_cast<double>(op_time_ns(gpu, op));
+  return total;
+}
+
+double tp_comm_ns(const std::vector<Op>& ops, int tp, const GroupLinks& links) {
+  double total = 0;
+  for (const Op& op : ops) {
+    if (op.kind == OpKind::collective && op.group == Group::tp) total += comm_ns(op.collective, op.comm_bytes, tp, links);
+  }
+  return total;
+}
+
+struct PassTimes {
+  double fwd_compute = 0, bwd_compute = 0, fwd_tp = 0, bwd_tp = 0;
+  double fwd() const { return fwd_compute + fwd_tp; }
+  double bwd() const { return bwd_compute + bwd_tp; }
+  double total() const { return fwd() + bwd(); }
+};
+
+void add_scaled(PassTimes& into, const PassTimes& x, double scale) {
+  into.fwd_compute += scale * x.fwd_compute;
+  into.bwd_compute += scale * x.bwd_compute;
+  into.fwd_tp += scale * x.fwd_tp;
+  into.bwd_tp += scale * x.bwd_tp;
+}
+
+PassTimes compute_times(const GpuProfile& gpu, const LayerOps& ops) {
+  PassTimes t;
+  t.fwd_compute = compute_ns(gpu, ops.forward);
+  t.bwd_compute = compute_ns(gpu, ops.backward) + compute_ns(gpu, ops.recompute);
+  return t;
+}
+
+void add_tp_times(PassTimes& into, const LayerOps& ops, double scale, int tp, const GroupLinks& links) {
+  if (tp <= 1) return;
+  into.fwd_tp += scale * tp_comm_ns(ops.forward, tp, links);
+  into.bwd_tp += scale * (tp_comm_ns(ops.backward, tp, links) + tp_comm_ns(ops.recompute, tp, links));
+}
+
+
+// What every plan with the same TP, micro-batch, sequence, SP, recompute and
+// flash setting shares: the layer's ops and their compute times.
+struct LayerCost {
+  LayerOps layer, embed, head;
+  PassTimes layer_compute, embed_compute, head_compute;
+  double pipeline_message = 0;
+};
+
+LayerCost make_layer_cost(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan) {
+  LayerCost c;
+  c.layer = transformer_layer_ops(m, plan);
+  c.embed = embedding_ops(m, plan);
+  c.head = lm_head_ops(m, plan);
+  c.layer_compute = compute_times(gpu, c.layer);
+  c.embed_compute = compute_times(gpu, c.embed);
+  c.head_compute = compute_times(gpu, c.head);
+  // A calibrated backend may move activations in another dtype than the
+  // workload's bf16 (the CPU executor's f32): price the bytes it moves.
+  const Calibration* cal = gpu.calibration.get();
+  for (LayerOps* ops : {&c.layer, &c.embed, &c.head}) {
+    for (std::vector<Op>* list : {&ops->forward, &ops->backward, &ops->recompute}) {
+      for (Op& op : *list) op.comm_bytes = comm_size_bytes(op, cal);
+    }
+  }
+  c.pipeline_message = pipeline_message_bytes(m, plan) * activation_bytes_scale(cal);
+  return c;
+}
+
+// What every plan with the same TP, PP, DP and rank order shares: where its
+// groups sit, as link parameters. Stages whose groups see the same links
+// share one entry.
+struct Placement {
+  std::vector<GroupLinks> tp_links;       // distinct TP group links
+  std::vector<std::size_t> stage_tp;      // stage -> index into tp_links
+  std::vector<LinkParams> p2p_links;      // distinct send/recv links between consecutive stages
+  std::vector<GroupLinks> dp_links;       // per stage (DP group of TP rank 0)
+  // Stages that can differ: the first, the last, and the first middle stage
+  // of each distinct TP placement (middle stages hold equal layer counts).
+  std::vector<int> representatives;
+};
+
+bool same_link(const LinkParams& a, const LinkParams& b) {
+  return a.busbw_Bps == b.busbw_Bps && a.latency_ns == b.latency_ns && a.fitted == b.fitted;
+}
+
+std::size_t intern(std::vector<GroupLinks>& pool, const GroupLinks& links) {
+  for (std::size_t i = 0; i < pool.size(); ++i) {
+    bool same = true;
+    for (std::size_t c = 0; c < kCollectives && same; ++c)
+      same = same_link(pool[i][c], links[c]);
+    if (same) return i;
+  }
+  pool.push_back(links);
+  return pool.size() - 1;
+}
+
+Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
+  const RankMapping mapping(plan, topo.cluster().gpus_per_node);
+  Placement pl;
+  const int pp = std::max(1, plan.pp);
+  for (int stage = 0; stage < pp; ++stage) {
+    GroupLinks links{};
+    if (plan.tp > 1) links = group_links(topo, mapping.tp_group(stage, 0));
+    pl.stage_tp.push_back(intern(pl.tp_links, links));
+    GroupLinks dp{};
+    if (plan.dp > 1) dp = group_links(topo, mapping.dp_group(0, stage));
+    pl.dp_links.push_back(dp);
+    if (stage + 1 < pp) {
+      const std::vector<int> pair{mapping.rank_of(0, stage, 0), mapping.rank_of(0, stage + 1, 0)};
+      const LinkParams link = group_link_params(topo, Collective::send_recv, pair);
+      bool seen = false;
+      for (const LinkParams& l : pl.p2p_links) seen = seen || same_link(l, link);
+      if (!seen) pl.p2p_links.push_back(link);
+    }
+  }
+  std::vector<bool> seen_links(pl.tp_links.size(), false);
+  for (int stage = 0; stage < pp; ++stage) {
+    const std::size_t idx = pl.stage_tp[static_cast<std::size_t>(stage)];
+    if (stage == 0 || stage == pp - 1 || !seen_links[idx]) pl.representatives.push_back(stage);
+    if (stage != 0) seen_links[idx] = true;
+  }
+  return pl;
+}
+
+// The TP collective times (per distinct TP placement: a layer's, the
+// embedding's and the LM head's) and the pipeline hop of one (layer cost,
+// placement) pair. They depend on nothing else, and pricing them (the busbw
+// curve's interpolation and logarithms per collective) was most of a
+// candidate's scoring, so the Estimator keeps them per pair.
+struct TpTimes {
+  PassTimes layer, embed, head;
+};
+struct CommTimes {
+  std::vector<TpTimes> tp;  // per entry of Placement::tp_links
+  double hop_ns = 0;        // one pipeline message (and its TP gather), 0 without PP
+};
+
+CommTimes make_comm_times(const ParallelPlan& plan, const LayerCost& lc, const Placement& pl) {
+  const int tp = plan.tp;
+  CommTimes ct;
+  ct.tp.resize(pl.tp_links.size());
+  for (std::size_t i = 0; i < pl.tp_links.size(); ++i) {
+    add_tp_times(ct.tp[i].layer, lc.layer, 1.0, tp, pl.tp_links[i]);
+    add_tp_times(ct.tp[i].embed, lc.embed, 1.0, tp, pl.tp_links[i]);
+    add_tp_times(ct.tp[i].head, lc.head, 1.0, tp, pl.tp_links[i]);
+  }
+  if (std::max(1, plan.pp) > 1) {
+    const double msg = lc.pipeline_message;
+    double hop_ns = 0;
+    for (const LinkParams& link : pl.p2p_links)
+      hop_ns = std::max(hop_ns, static_cast<double>(collective_time_ns(Collective::send_recv, msg, 2, link)));
+    if (tp > 1 && !plan.sequence_parallel) {
+      // Scatter-gather: the receiver all-gathers the t shards over its TP group.
+      double gather_ns = 0;
+      for (const GroupLinks& links : pl.tp_links) {
+        gather_ns = std::max(gather_ns, comm_ns(Collective::all_gather, msg * tp, tp, links));
+      }
+      hop_ns += gather_ns;
+    }
+    ct.hop_ns = hop_ns;
+  }
+  return ct;
+}
+
+Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
+                       const Placement& pl, const CommTimes& ct) {
+  const int pp = std::max(1, plan.pp);
+  const int dp = std::max(1, plan.dp);
+  const double v = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
+  const double micro_batches = static_cast<double>(plan.num_micro_batches());
+  const TpTimes* tp_times = ct.tp.data();
+
+  int critical = 0;
+  PassTimes crit{};
+  for (int stage : pl.representatives) {
+    const TpTimes& t = tp_times[pl.stage_tp[static_cast<std::size_t>(stage)]];
+    PassTimes st;
+    const double layers_per_stage = layers_on_stage(plan, m.num_layers, stage);
+    add_scaled(st, lc.layer_compute, layers_per_stage);
+    add_scaled(st, t.layer, layers_per_stage);
+    if (stage == 0) {
+      add_scaled(st, lc.embed_compute, 1.0);
+      add_scaled(st, t.embed, 1.0);
+    }
+    if (stage == pp - 1) {
+      add_scaled(st, lc.head_compute, 1.0);
+      add_scaled(st, t.head, 1.0);
+    }
+    if (stage == 0 || st.total() > crit.total()) {
+      crit = st;
+      critical = stage;
+    }
+  }
+
+  Breakdown bd;
+  bd.compute_s = micro_batches * (crit.fwd_compute + crit.bwd_compute) * 1e-9;
+  bd.tp_comm_s = micro_batches * (crit.fwd_tp + crit.bwd_tp) * 1e-9;
+  bd.bubble_s = (pp - 1) * crit.total() / v * 1e-9;
+
+  // Pipeline p2p on the critical path.
+  if (pp > 1) bd.pp_comm_s = 2.0 * (micro_batches * v + (pp - 1)) * ct.hop_ns * 1e-9;
+
+  // Data-parallel gradient reduction and ZeRO gathers of the critical stage.
+  const double params = parameters_on_stage(m, plan, critical);
+  if (dp > 1) {
+    const GroupLinks& links = pl.dp_links[static_cast<std::size_t>(critical)];
+    const double grad_bytes = params * kGradBytesPerParam;
+    // The gathered parameters are in the compute dtype (bf16; f32 on the CPU executor).
+    const double param_bytes = params * kParamBytesPerParam * activation_bytes_scale(gpu.calibration.get());
+    const double rs = comm_ns(Collective::reduce_scatter, grad_bytes, dp, links);
+    const double ag = comm_ns(Collective::all_gather, param_bytes, dp, links);
+    double exposed_ns = 0;
+    switch (plan.zero_stage) {
+      case 0:
+        exposed_ns = std::max(0.0, comm_ns(Collective::all_reduce, grad_bytes, dp, links) - crit.bwd());
+        break;
+      case 1:
+        exposed_ns = std::max(0.0, rs - crit.bwd()) + ag;
+        break;
+      case 2:
+        exposed_ns = micro_batches * std::max(0.0, rs - crit.bwd()) + ag;
+        break;
+      default:
+        exposed_ns = micro_batches * (std::max(0.0, ag - crit.fwd()) + std::max(0.0, ag + rs - crit.bwd()));
+        break;
+    }
+    bd.dp_comm_s = exposed_ns * 1e-9;
+  }
+
+  bd.optimizer_s = static_cast<double>(optimizer_step_time_ns(gpu, params, dp, plan.zero_stage)) * 1e-9;
+
+  Estimate e;
+  e.plan = plan;
+  e.breakdown = bd;
+  e.iteration_time_s = bd.total();
+  fill_throughput(e, m, plan, gpu);
+  e.memory = memory_per_gpu(m, plan, gpu);
+  return e;
+}
+
+struct LayerKey {
+  int tp, micro_batch;
+  std::int64_t seq_length;
+  bool sp, flash, fused_wgrad;
+  Recompute recompute;
+  bool operator==(const LayerKey&) const = default;
+};
+
+struct PlacementKey {
+  int tp, pp, dp;
+  RankOrder order;
+  bool operator==(const PlacementKey&) const = default;
+};
+
+struct KeyHash {
+  std::size_t operator()(const LayerKey& k) const noexcept {
+    std::size_t h = static_cast<std::size_t>(k.seq_length);
+    h = h * 1000003u ^ static_cast<std::size_t>(k.tp);
+    h = h * 1000003u ^ static_cast<std::size_t>(k.micro_batch);
+    h = h * 1000003u ^ (static_cast<std::size_t>(k.recompute) << 3 | (k.fused_wgrad ? 4u : 0u) | (k.sp ? 2u : 0u) |
+                        (k.flash ? 1u : 0u));
+    return h;
+  }
+  std::size_t operator()(const PlacementKey& k) const noexcept {
+    std::size_t h = static_cast<std::size_t>(k.tp);
+    h = h * 1000003u ^ static_cast<std::size_t>(k.pp);
+    h = h * 1000003u ^ static_cast<std::size_t>(k.dp);
+    for (Dim d : k.order.inner_to_outer) h = h * 31u + static_cast<std::size_t>(d);
+    return h;
+  }
+};
+
+// The pair's entries are node-based map values: their addresses are stable keys.
+struct PairKey {
+  const LayerCost* layer;
+  const Placement* placement;
+  bool operator==(const PairKey&) const = default;
+};
+
+struct PairHash {
+  std::size_t operator()(const PairKey& k) const noexcept {
+    return std::hash<const void*>{}(k.layer) * 1000003u ^ std::hash<const void*>{}(k.placement);
+  }
+};
+
+}  // namespace
+
+void fill_throughput(Estimate& e, const ModelSpec& m, const ParallelPlan& plan, const GpuProfile& gpu) {
+  const double world = static_cast<double>(plan.world_size());
+  const double seq = static_cast<double>(plan.seq_length > 0 ? plan.seq_length : m.seq_length);
+  e.model_flops = model_flops_per_iteration(m, plan);
+  e.hardware_flops = hardware_flops_per_iteration(m, plan);
+  if (e.iteration_time_s > 0) {
+    e.tokens_per_s = static_cast<double>(plan.global_batch) * seq / e.iteration_time_s;
+    e.model_tflops_per_gpu = e.model_flops / e.iteration_time_s / world / 1e12;
+    e.hardware_tflops_per_gpu = e.hardware_flops / e.iteration_time_s / world / 1e12;
+    e.mfu = e.model_tflops_per_gpu * 1e12 / gpu.peak_bf16_flops;
+    e.hfu = e.hardware_tflops_per_gpu * 1e12 / gpu.peak_bf16_flops;
+  }
+}
+
+Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan) {
+  const GpuProfile& gpu = topo.cluster().gpu;
+  const LayerCost lc = make_layer_cost(m, gpu, plan);
+  const Placement pl = make_placement(topo, plan);
+  return estimate_with(m, gpu, plan, lc, pl, make_comm_times(plan, lc, pl));
+}
+
+struct Estimator::Caches {
+  std::unordered_map<LayerKey, LayerCost, KeyHash> layers;
+  std::unordered_map<PlacementKey, Placement, KeyHash> placements;
+  std::unordered_map<PairKey, CommTimes, PairHash> comm;
+};
+
+Estimator::Estimator(const ModelSpec& m, const Topology& topo)
+    : model_(m), topo_(topo), caches_(std::make_unique<Caches>()) {}
+Estimator::~Estimator() = default;
+Estimator::Estimator(Estimator&&) noexcept = default;
+
+Estimate Estimator::operator()(const ParallelPlan& plan) {
+  const GpuProfile& gpu = topo_.cluster().gpu;
+  const LayerKey lk{plan.tp,          plan.micro_batch,     plan.seq_length, plan.sequence_parallel,
+                    plan.flash_attention, plan.grad_accum_fusion, plan.recompute};
+  auto li = caches_->layers.find(lk);
+  if (li == caches_->layers.end()) li = caches_->layers.emplace(lk, make_layer_cost(model_, gpu, plan)).first;
+  const PlacementKey pk{plan.tp, plan.pp, plan.dp, plan.order};
+  auto pi = caches_->placements.find(pk);
+  if (pi == caches_->placements.end()) pi = caches_->placements.emplace(pk, make_placement(topo_, plan)).first;
+  const PairKey ck{&li->second, &pi->second};
+  auto ci = caches_->comm.find(ck);
+  if (ci == caches_->comm.end()) ci = caches_->comm.emplace(ck, make_comm_times(plan, li->second, pi->second)).first;
+  return estimate_with(model_, gpu, plan, li->second, pi->second, ci->second);
+}
+
+}  // namespace cuboid

@@ -1,0 +1,208 @@
+// Per-GPU memory: weights + optimizer states and activations per pipeline
+// stage, in the spirit of Megatron-LM's theoretical memory report
+// (megatron/training/theoretical_memory_usage.py) and Korthikanti et al. 2022
+// ("Reducing Activation Recomputation in Large Transformer Models", Table 2).
+//
+// Megatron's report covers one configuration only: selective recompute with
+// sequence parallelism, the first pipeline stage, and s*b*h*(18 + 4f/h) bytes
+// per layer (34*s*b*h for GPT, i.e. Table 2's "selective + SP" row
+// 34*s*b*h/t). The model here generalises it to every recompute mode, SP on or
+// off, flash attention, GQA, gated MLPs, schedules and stages, and reduces to
+// Megatron's numbers in that configuration (tests/test_memory.cpp checks it).
+// For GQA and gated MLPs the per-layer count here is
+// s*b*h*(10 + 4q/h + 4kv/h) + 6*s*b*f, where Megatron keeps 18 + 4f/h.
+#include "cuboid/cost/memory.hpp"
+
+#include <algorithm>
+
+namespace cuboid {
+namespace {
+
+double layers_per_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
+  // Even or uneven split (first/last stage layers); validate_plan checks it.
+  return layers_on_stage(plan, m.num_layers, stage);
+}
+
+double final_norm_parameters(const ModelSpec& m) {
+  // LayerNorm: weight + bias; RMSNorm: weight only.
+  const double h = static_cast<double>(m.hidden_size);
+  return m.normalization == Normalization::layernorm ? 2 * h : h;
+}
+
+bool interleaved(const ParallelPlan& plan) {
+  return plan.schedule != Schedule::gpipe && plan.virtual_stages > 1;
+}
+
+// Bytes of the first stage's embedding activations for one micro-batch:
+// the int64 token ids (8 bytes per token) and the embedding dropout mask
+// (1 byte per element), as Megatron counts them. With sequence parallelism
+// Megatron divides both by t (the ids are in fact replicated, but they are
+// 8*s*b bytes: negligible), and so do we to stay comparable.
+double embedding_activation_bytes(const ModelSpec& m, const ParallelPlan& plan) {
+  const double s = static_cast<double>(plan.seq_length);
+  const double b = plan.micro_batch;
+  const double h = static_cast<double>(m.hidden_size);
+  const double bytes = 8 * s * b + s * b * h;
+  return plan.sequence_parallel ? bytes / plan.tp : bytes;
+}
+
+// Bytes of the last stage's output layer for one micro-batch: Megatron's
+// "inputs to output layer and CE loss" term s*b*h*4*(1 + V/h) = 4*s*b*h (the
+// LM head input, Megatron's constant) + 4*s*b*V (the fp32 logits the
+// cross-entropy keeps). Megatron adds it only when pp == 1 because its report
+// is the first stage; here it always sits on the last stage and is held for
+// one micro-batch (the loss is computed and its backward starts at once).
+// The logits are split by TP along the vocabulary; the LM head input only
+// with sequence parallelism.
+double output_layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan) {
+  const double s = static_cast<double>(plan.seq_length);
+  const double b = plan.micro_batch;
+  const double h = static_cast<double>(m.hidden_size);
+  const double v = static_cast<double>(padded_vocab_size(m.vocab_size, plan.tp));
+  const double input = 4 * s * b * h;
+  const double logits = 4 * s * b * v / plan.tp;
+  return (plan.sequence_parallel ? input / plan.tp : input) + logits;
+}
+
+struct StageMemory {
+  double parameters = 0;
+  double weight_and_optimizer_bytes = 0;
+  double activation_bytes = 0;
+};
+
+StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage) {
+  StageMemory mem;
+  mem.parameters = parameters_on_stage(m, plan, stage);
+  mem.weight_and_optimizer_bytes = mem.parameters * bytes_per_parameter(plan.zero_stage, plan.dp);
+
+  const double in_flight = in_flight_micro_batches(plan, stage);
+  double act = activation_bytes_per_layer(m, plan) * layers_per_stage(m, plan, stage) * in_flight;
+  if (plan.recompute == Recompute::full) {
+    // The layer being recomputed in backward holds its full activations once.
+    ParallelPlan stored = plan;
+    stored.recompute = Recompute::none;
+    act += activation_bytes_per_layer(m, stored);
+  }
+  if (stage == 0) act += embedding_activation_bytes(m, plan) * in_flight;
+  if (stage == plan.pp - 1) act += output_layer_activation_bytes(m, plan);
+  mem.activation_bytes = act;
+  return mem;
+}
+
+}  // namespace
+
+double bytes_per_parameter(int zero_stage, int dp) {
+  // bf16 weight 2 + fp32 gradient 4 + fp32 master weight 4 + Adam m 4 + v 4.
+  // Megatron keeps fp32 gradients (main_grad), hence 4 bytes, not 2.
+  const double d = dp;
+  switch (zero_stage) {
+    case 0: return 18;
+    case 1: return 6 + 12 / d;   // master + moments sharded (Megatron's distributed optimizer)
+    case 2: return 2 + 16 / d;   // + gradients sharded
+    default: return 18 / d;      // + weights sharded (ZeRO-3)
+  }
+}
+
+double parameters_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
+  const double h = static_cast<double>(m.hidden_size);
+  const double embedding = static_cast<double>(padded_vocab_size(m.vocab_size, plan.tp)) * h;
+  double params = static_cast<double>(m.parameters_per_layer()) * layers_per_stage(m, plan, stage);
+  if (stage == 0) {
+    params += embedding;
+    if (m.learned_position_embeddings) {
+      params += static_cast<double>(m.max_position_embeddings) * h;
+    }
+  }
+  if (stage == plan.pp - 1) {
+    params += final_norm_parameters(m);
+    // A tied LM head still needs its own copy when it lives on another stage
+    // than the embedding (Megatron all-reduces the two copies' gradients).
+    if (plan.pp > 1 || !m.tied_embeddings) params += embedding;
+  }
+  // Megatron's counting: everything divided by tp (norm weights are in fact
+  // replicated, a negligible difference).
+  return params / plan.tp;
+}
+
+double activation_bytes_per_layer(const ModelSpec& m, const ParallelPlan& plan) {
+  const double s = static_cast<double>(plan.seq_length);
+  const double b = plan.micro_batch;
+  const double h = static_cast<double>(m.hidden_size);
+  const double t = plan.tp;
+  const double sbh = s * b * h;
+
+  if (plan.recompute == Recompute::full) {
+    // Only the layer input (bf16) is kept; sharded along the sequence with SP.
+    return plan.sequence_parallel ? 2 * sbh / t : 2 * sbh;
+  }
+
+  // Replicated across TP ranks unless sequence parallel: the two norm inputs
+  // (4sbh), the QKV GEMM input (2sbh), the two dropout masks (2sbh, 1 byte
+  // each) and the MLP input (2sbh).
+  const double replicated = 10 * sbh;
+  // Split by TP: Q, K, V (K and V at kv width for GQA), the output
+  // projection's input, and the MLP's intermediate activations: fc1 output +
+  // GeLU output (2 x 2 bytes x f) or, gated, fc1 output 2f wide + SwiGLU
+  // output (2 x 2f + 2 x f bytes). For GPT (q = kv = h, f = 4h): 24*s*b*h.
+  const double q = static_cast<double>(m.query_projection_size());
+  const double kv = static_cast<double>(m.kv_projection_size());
+  const double f = static_cast<double>(m.ffn_hidden_size);
+  const double attention = 2 * s * b * (q + 2 * kv + q);
+  const double mlp = (m.gated_mlp() ? 6 : 4) * s * b * f;
+  const double split = attention + mlp;
+  // Attention scores: softmax output (2), dropout mask (1), dropout output (2)
+  // bytes per score, a*s*s*b scores; never stored with flash attention, and
+  // recomputed (not stored) with selective recompute.
+  const bool scores_stored = !plan.flash_attention && plan.recompute != Recompute::selective;
+  const double a = static_cast<double>(m.num_attention_heads);
+  const double scores = scores_stored ? 5 * a * s * s * b : 0;
+
+  if (plan.sequence_parallel) return (replicated + split) / t + scores / t;
+  return replicated + split / t + scores / t;
+}
+
+double in_flight_micro_batches(const ParallelPlan& plan, int stage) {
+  if (plan.pp == 1) return 1;
+  const double m = static_cast<double>(plan.num_micro_batches());
+  const double pp = plan.pp;
+  if (plan.schedule == Schedule::gpipe) return m;
+  if (!interleaved(plan)) return std::min(m, pp - stage);
+  // Interleaved 1F1B (Megatron): stage r runs 2*(pp - r - 1) + (v - 1)*pp
+  // warm-up chunk forwards, then one more before its first backward; a chunk
+  // holds 1/v of the stage's layers, so in stage micro-batches the peak is
+  //   (2*(pp - r - 1) + (v - 1)*pp + 1) / v = pp + (pp - 1 - 2r) / v.
+  // On the first stage this is Megatron's pp * (1 + (pp - 1)/(pp * v)); later
+  // stages hold proportionally less. All chunks in flight (m * v) caps it at m.
+  const double v = plan.virtual_stages;
+  return std::min(m, pp + (pp - 1 - 2.0 * stage) / v);
+}
+
+MemoryReport memory_per_gpu(const ModelSpec& m, const ParallelPlan& plan, const GpuProfile& gpu) {
+  MemoryReport report;
+  report.reserve_bytes = static_cast<double>(gpu.memory_reserve_bytes);
+  report.capacity_bytes = static_cast<double>(gpu.memory_bytes);
+  double peak_total = -1;
+  // The middle stages hold the same layers and parameters, and the
+  // micro-batches in flight never grow with the stage index (GPipe: m; 1F1B:
+  // min(m, pp - s); interleaved: decreasing in s), so the peak is on the first
+  // stage, the first middle stage or the last stage: only those are computed.
+  const int candidates[] = {0, 1, plan.pp - 1};
+  int previous = -1;
+  for (int stage : candidates) {
+    if (stage <= previous || stage >= plan.pp) continue;
+    previous = stage;
+    const StageMemory mem = stage_memory(m, plan, stage);
+    const double total = mem.weight_and_optimizer_bytes + mem.activation_bytes + report.reserve_bytes;
+    if (total > peak_total) {  // first stage wins ties
+      peak_total = total;
+      report.parameters = mem.parameters;
+      report.weight_and_optimizer_bytes = mem.weight_and_optimizer_bytes;
+      report.activation_bytes = mem.activation_bytes;
+      report.total_bytes = total;
+      report.peak_stage = stage;
+    }
+  }
+  return report;
+}
+
+}  // namespace cuboid

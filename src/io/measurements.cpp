@@ -1,0 +1,282 @@
+// Strict reading of measurements.json (schema "cuboid.measurements/1").
+#include "cuboid/io/measurements.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+
+#include <fmt/format.h>
+
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/json_reader.hpp"
+
+namespace cuboid {
+
+namespace {
+
+constexpr std::int64_t kMaxSize = 1 << 20;  // ranks, TP, PP, DP, micro-batch, virtual stages
+const std::string kRemeasure = "measure again with `cuboid run --plan plan.json --out measurements.json`";
+
+// A time in seconds: a finite number >= 0. The executor writes NaN and
+// infinity as null (nlohmann/json's convention), so null is a bad time, not a
+// missing field.
+double time_s(JsonReader& r, const nlohmann::json& obj, std::string_view key) {
+  const auto it = obj.find(std::string(key));
+  if (it != obj.end() && it->is_null())
+    r.fail(key, "is null: the time was not finite (NaN or infinity) when it was written",
+           "find why that op's timer failed, then " + kRemeasure);
+  const double v = r.number(key);  // missing, wrong type or non-finite: InputError
+  if (v < 0) r.fail(key, fmt::format("negative time {} s", v), "times cannot be negative; " + kRemeasure);
+  return v;
+}
+
+TimeStats stats(JsonReader& parent, const nlohmann::json& obj, std::string_view key) {
+  const auto it = obj.find(std::string(key));
+  JsonReader r = parent.object(key);
+  TimeStats t;
+  t.median_s = time_s(r, *it, "median_s");
+  t.min_s = time_s(r, *it, "min_s");
+  t.max_s = time_s(r, *it, "max_s");
+  // Rounding in the writer is far below a nanosecond.
+  const double slack = 1e-12 + 1e-9 * t.max_s;
+  if (t.min_s > t.median_s + slack || t.median_s > t.max_s + slack)
+    r.fail("median_s", fmt::format("median {} s is not between min {} s and max {} s", t.median_s, t.min_s, t.max_s),
+           "the summary is inconsistent (edited by hand?); " + kRemeasure);
+  return t;
+}
+
+// Every per-step time in an optional array must be a time too.
+void check_step_array(JsonReader& parent, const nlohmann::json& obj, std::string_view key) {
+  const auto it = obj.find(std::string(key));
+  if (it == obj.end()) return;
+  const nlohmann::json& a = parent.raw(key);
+  if (!a.is_array()) parent.fail(key, "expected an array of seconds", kRemeasure);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const std::string field = fmt::format("{}[{}]", key, i);
+    if (a[i].is_null())
+      parent.fail(field, "is null: the time was not finite (NaN or infinity) when it was written", kRemeasure);
+    if (!a[i].is_number()) parent.fail(field, "expected a number of seconds", kRemeasure);
+    const double v = a[i].get<double>();
+    if (!std::isfinite(v)) parent.fail(field, "value is not finite", kRemeasure);
+    if (v < 0) parent.fail(field, fmt::format("negative time {} s", v), "times cannot be negative; " + kRemeasure);
+  }
+}
+
+template <class E>
+E parse_enum(JsonReader& r, std::string_view key, std::initializer_list<E> values) {
+  const std::string s = r.string(key);
+  std::string names;
+  for (E v : values) {
+    if (to_string(v) == s) return v;
+    names += (names.empty() ? "" : ", ") + std::string(to_string(v));
+  }
+  r.fail(key, "unknown value \"" + s + "\"", "use one of " + names);
+}
+
+Pass parse_pass(JsonReader& r) {
+  const std::string s = r.choice("pass", {"forward", "backward"});
+  return s == "forward" ? Pass::forward : Pass::backward;
+}
+
+MeasuredOp read_op(JsonReader& r, const nlohmann::json& obj) {
+  MeasuredOp op;
+  op.name = r.string("name");
+  if (op.name.empty()) r.fail("name", "is empty", kRemeasure);
+  op.kind = parse_enum(r, "kind",
+                       {OpKind::gemm, OpKind::attention_core, OpKind::memory_bound, OpKind::collective, OpKind::p2p});
+  op.pass = parse_pass(r);
+  op.calls_per_step = r.integer("calls_per_step");
+  if (op.calls_per_step < 0) r.fail("calls_per_step", "must not be negative", kRemeasure);
+  op.time_per_step = stats(r, obj, "time_per_step");
+  check_step_array(r, obj, "step_seconds");
+  switch (op.kind) {
+    case OpKind::gemm:
+    case OpKind::attention_core: {
+      JsonReader s = r.object("shape");
+      op.m = s.positive_integer("m");
+      op.n = s.positive_integer("n");
+      op.k = s.positive_integer("k");
+      op.batch = s.positive_integer("batch");
+      break;
+    }
+    case OpKind::memory_bound:
+      op.bytes_per_call = r.number("bytes_per_call");
+      if (op.bytes_per_call < 0) r.fail("bytes_per_call", "must not be negative", kRemeasure);
+      break;
+    case OpKind::collective:
+    case OpKind::p2p:
+      op.collective = parse_enum(r, "collective",
+                                 {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
+                                  Collective::broadcast, Collective::send_recv});
+      op.group = parse_enum(r, "group", {Group::none, Group::tp, Group::pp, Group::dp});
+      op.group_size = static_cast<int>(std::min<std::int64_t>(r.positive_integer("group_size"), kMaxSize));
+      op.bytes_per_call = r.number("bytes_per_call");
+      if (op.bytes_per_call < 0) r.fail("bytes_per_call", "must not be negative", kRemeasure);
+      break;
+  }
+  return op;
+}
+
+MeasuredRank read_rank(JsonReader& r, const nlohmann::json& obj) {
+  MeasuredRank m;
+  const std::int64_t rank = r.integer("rank");
+  if (rank < 0 || rank >= kMaxSize) r.fail("rank", fmt::format("{} is not a rank number", rank), kRemeasure);
+  m.rank = static_cast<int>(rank);
+  m.hostname = r.string("hostname");
+  JsonReader c = r.object("coord");
+  auto coord = [&](std::string_view key) {
+    const std::int64_t v = c.integer(key);
+    if (v < 0 || v >= kMaxSize) c.fail(key, fmt::format("{} is not a coordinate", v), kRemeasure);
+    return static_cast<int>(v);
+  };
+  m.coord.rank = m.rank;
+  m.coord.tp = coord("tp");
+  m.coord.pp = coord("pp");
+  m.coord.dp = coord("dp");
+  m.coord.node = coord("node");
+  m.coord.gpu = coord("gpu");
+  m.iteration = stats(r, obj, "iteration");
+  check_step_array(r, obj, "step_seconds");
+  m.compute_s = time_s(r, obj, "compute_s");
+  m.communication_s = time_s(r, obj, "communication_s");
+  const nlohmann::json& ops = r.raw("ops");
+  if (!ops.is_array()) r.fail("ops", "expected an array of ops", kRemeasure);
+  if (ops.empty()) r.fail("ops", "is empty: no op of this rank was timed", kRemeasure);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const std::string path = r.field_path(fmt::format("ops[{}]", i));
+    if (!ops[i].is_object()) throw InputError(r.source(), path, "expected an object", kRemeasure);
+    JsonReader o(ops[i], r.source(), path);
+    MeasuredOp op = read_op(o, ops[i]);
+    if (m.find(op.name) != nullptr) o.fail("name", "op \"" + op.name + "\" appears twice", kRemeasure);
+    m.ops.push_back(std::move(op));
+  }
+  return m;
+}
+
+}  // namespace
+
+const MeasuredOp* MeasuredRank::find(const std::string& name) const {
+  for (const MeasuredOp& op : ops)
+    if (op.name == name) return &op;
+  return nullptr;
+}
+
+const MeasuredRank& Measurements::slowest_rank() const { return slowest_rank(Statistic::median); }
+
+const MeasuredRank& Measurements::slowest_rank(Statistic s) const {
+  return *std::max_element(ranks.begin(), ranks.end(), [s](const MeasuredRank& a, const MeasuredRank& b) {
+    return pick(a.iteration, s) < pick(b.iteration, s);
+  });
+}
+
+Statistic parse_statistic(const std::string& word, const std::string& flag) {
+  if (word == "median") return Statistic::median;
+  if (word == "min") return Statistic::min;
+  throw InputError("command line", flag, "is '" + word + "'", "use median or min");
+}
+
+std::string_view to_string(Statistic s) noexcept { return s == Statistic::min ? "min" : "median"; }
+
+Measurements measurements_from_json(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_object()) throw InputError(source, "(top level)", "expected a JSON object", kRemeasure);
+  JsonReader r(j, source);
+  Measurements m;
+  m.source = source;
+  const std::string schema = r.string("schema");
+  if (schema != kMeasurementsSchemaV1)
+    r.fail("schema", "is \"" + schema + "\", not \"" + std::string(kMeasurementsSchemaV1) + "\"",
+           "give a measurements file written by `cuboid run --out` of this cuboid version");
+  m.generator = r.optional_string("generator").value_or("");
+  m.plan_file = r.optional_string("plan_file").value_or("");
+
+  JsonReader mo = r.object("model");
+  m.model.name = mo.string("name");
+  m.model.num_layers = mo.positive_integer("num_layers");
+  m.model.hidden_size = mo.positive_integer("hidden_size");
+  m.model.num_attention_heads = mo.positive_integer("num_attention_heads");
+  m.model.ffn_hidden_size = mo.positive_integer("ffn_hidden_size");
+  m.model.vocab_size = mo.positive_integer("vocab_size");
+
+  JsonReader p = r.object("plan");
+  // Bounded so that products of sizes stay far inside int (fuzzed input).
+  auto pos = [&](std::string_view key) {
+    const std::int64_t v = p.positive_integer(key);
+    if (v > kMaxSize) p.fail(key, fmt::format("{} is beyond any real run (at most {})", v, kMaxSize), kRemeasure);
+    return static_cast<int>(v);
+  };
+  m.plan.tp = pos("tp");
+  m.plan.pp = pos("pp");
+  m.plan.dp = pos("dp");
+  m.plan.micro_batch = pos("micro_batch");
+  m.plan.global_batch = p.positive_integer("global_batch");
+  m.plan.num_micro_batches = p.positive_integer("num_micro_batches");
+  m.plan.seq_length = p.positive_integer("seq_length");
+  m.plan.virtual_stages = pos("virtual_stages");
+  const std::int64_t zero = p.integer("zero_stage");
+  if (zero < 0 || zero > 3) p.fail("zero_stage", "must be 0, 1, 2 or 3", kRemeasure);
+  m.plan.zero_stage = static_cast<int>(zero);
+  m.plan.recompute = parse_recompute(p.string("recompute"), source, "plan.recompute");
+  m.plan.sequence_parallel = p.boolean("sequence_parallel");
+  m.plan.schedule = parse_schedule(p.string("schedule"), source, "plan.schedule");
+  m.plan.rank_order = p.string("rank_order");
+  m.plan.world_size = pos("world_size");
+  if (m.plan.world_size != m.plan.tp * m.plan.pp * m.plan.dp)
+    p.fail("world_size", fmt::format("{} is not TP {} x PP {} x DP {}", m.plan.world_size, m.plan.tp, m.plan.pp, m.plan.dp),
+           kRemeasure);
+
+  if (r.has("cluster")) {
+    JsonReader c = r.object("cluster");
+    m.cluster_name = c.string("name");
+    m.cluster_source_file = c.optional_string("source_file").value_or("");
+  }
+
+  JsonReader env = r.object("environment");
+  m.backend = env.choice("backend", {"cpu", "cuda"});
+  m.device = env.optional_string("device").value_or("");
+  if (env.has("hostnames")) {
+    const nlohmann::json& h = env.raw("hostnames");
+    if (!h.is_array()) env.fail("hostnames", "expected an array of host names", kRemeasure);
+    for (const auto& name : h) {
+      if (!name.is_string()) env.fail("hostnames", "expected an array of host names", kRemeasure);
+      m.hostnames.push_back(name.get<std::string>());
+    }
+  }
+  m.steps = static_cast<int>(r.positive_integer("steps"));
+  m.warmup = static_cast<int>(r.integer("warmup"));
+  if (m.warmup < 0) r.fail("warmup", "must not be negative", kRemeasure);
+  m.iteration_time_s = time_s(r, j, "iteration_time_s");
+
+  const nlohmann::json& ranks = r.raw("ranks");
+  if (!ranks.is_array()) r.fail("ranks", "expected an array with one entry per rank", kRemeasure);
+  if (ranks.empty()) r.fail("ranks", "is empty: no rank reported its timings", kRemeasure);
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const std::string path = fmt::format("ranks[{}]", i);
+    if (!ranks[i].is_object()) throw InputError(source, path, "expected an object", kRemeasure);
+    JsonReader rr(ranks[i], source, path);
+    m.ranks.push_back(read_rank(rr, ranks[i]));
+  }
+  std::sort(m.ranks.begin(), m.ranks.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  for (std::size_t i = 0; i < m.ranks.size(); ++i) {
+    if (m.ranks[i].rank != static_cast<int>(i))
+      throw InputError(source, "ranks",
+                       i > 0 && m.ranks[i].rank == m.ranks[i - 1].rank
+                           ? fmt::format("rank {} appears twice", m.ranks[i].rank)
+                           : fmt::format("rank {} is missing", i),
+                       kRemeasure);
+  }
+  if (static_cast<int>(m.ranks.size()) != m.plan.world_size)
+    r.fail("ranks", fmt::format("{} ranks reported, but the plan has {}", m.ranks.size(), m.plan.world_size),
+           kRemeasure);
+  const double slowest = m.slowest_rank().iteration.median_s;
+  if (std::fabs(slowest - m.iteration_time_s) > 1e-9 + 1e-6 * slowest)
+    r.fail("iteration_time_s",
+           fmt::format("{} s is not the slowest rank's median iteration ({} s)", m.iteration_time_s, slowest),
+           "the summary is inconsistent (edited by hand?); " + kRemeasure);
+  return m;
+}
+
+Measurements load_measurements(const std::filesystem::path& path) {
+  return measurements_from_json(read_json_file(path), path.string());
+}
+
+}  // namespace cuboid

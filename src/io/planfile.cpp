@@ -1,0 +1,357 @@
+#include "cuboid/io/planfile.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <map>
+#include <string_view>
+#include <unistd.h>
+
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/json_reader.hpp"
+#include "cuboid_config.hpp"
+
+namespace cuboid {
+
+namespace {
+
+const std::string kRegenerate = "regenerate it with this cuboid (cuboid plan ... --out FILE)";
+
+nlohmann::json parallel_to_json(const ParallelPlan& p) {
+  return nlohmann::json{
+      {"tp", p.tp},
+      {"pp", p.pp},
+      {"dp", p.dp},
+      {"cp", p.cp},
+      {"micro_batch", p.micro_batch},
+      {"global_batch", p.global_batch},
+      {"seq_length", p.seq_length},
+      {"num_micro_batches", p.num_micro_batches()},
+      {"virtual_stages", p.virtual_stages},
+      {"first_stage_layers", p.first_stage_layers},
+      {"last_stage_layers", p.last_stage_layers},
+      {"zero_stage", p.zero_stage},
+      {"recompute", std::string(to_string(p.recompute))},
+      {"sequence_parallel", p.sequence_parallel},
+      {"schedule", std::string(to_string(p.schedule))},
+      {"flash_attention", p.flash_attention},
+      {"grad_accum_fusion", p.grad_accum_fusion},
+      {"rank_order", p.order.str()},
+      {"world_size", p.world_size()},
+  };
+}
+
+nlohmann::json rank_mapping_to_json(const ParallelPlan& p, int gpus_per_node) {
+  RankMapping map(p, gpus_per_node);
+  nlohmann::json out = nlohmann::json::array();
+  for (int r = 0; r < map.world_size(); ++r) {
+    const RankCoord c = map.coord(r);
+    out.push_back({{"rank", c.rank}, {"node", c.node}, {"gpu", c.gpu}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}});
+  }
+  return out;
+}
+
+nlohmann::json prediction_to_json(const Estimate& e) {
+  const MemoryReport& m = e.memory;
+  const Breakdown& b = e.breakdown;
+  auto bytes = [](double v) { return static_cast<std::int64_t>(v); };
+  return nlohmann::json{
+      {"score", e.simulated ? "simulated" : "analytical"},
+      {"iteration_time_s", e.iteration_time_s},
+      {"tokens_per_s", e.tokens_per_s},
+      {"model_flops_per_iteration", e.model_flops},
+      {"hardware_flops_per_iteration", e.hardware_flops},
+      {"model_tflops_per_gpu", e.model_tflops_per_gpu},
+      {"hardware_tflops_per_gpu", e.hardware_tflops_per_gpu},
+      {"mfu", e.mfu},
+      {"hfu", e.hfu},
+      {"memory",
+       {{"parameters_on_gpu", bytes(m.parameters)},
+        {"weights_and_optimizer_bytes", bytes(m.weight_and_optimizer_bytes)},
+        {"activation_bytes", bytes(m.activation_bytes)},
+        {"reserve_bytes", bytes(m.reserve_bytes)},
+        {"total_bytes", bytes(m.total_bytes)},
+        {"capacity_bytes", bytes(m.capacity_bytes)},
+        {"headroom_bytes", bytes(m.headroom_bytes())},
+        {"peak_stage", m.peak_stage},
+        {"fits", m.fits()}}},
+      {"breakdown",
+       {{"compute_s", b.compute_s},
+        {"tp_comm_s", b.tp_comm_s},
+        {"pp_comm_s", b.pp_comm_s},
+        {"dp_comm_s", b.dp_comm_s},
+        {"bubble_s", b.bubble_s},
+        {"optimizer_s", b.optimizer_s}}},
+  };
+}
+
+// validate_plan names command-line flags; in a plan file the same problems
+// live under "parallel.*".
+std::string plan_field_for_flag(const std::string& flag) {
+  static const std::map<std::string, std::string, std::less<>> kFields = {
+      {"--tp", "parallel.tp"},
+      {"--pp", "parallel.pp"},
+      {"--dp", "parallel.dp"},
+      {"--cp", "parallel.cp"},
+      {"--micro-batch", "parallel.micro_batch"},
+      {"--global-batch", "parallel.global_batch"},
+      {"--seq-length", "parallel.seq_length"},
+      {"--vpp", "parallel.virtual_stages"},
+      {"--zero", "parallel.zero_stage"},
+      {"--schedule", "parallel.schedule"},
+      {"--sequence-parallel", "parallel.sequence_parallel"},
+      {"--recompute", "parallel.recompute"},
+      {"--tp/--pp/--dp", "parallel.world_size"},
+  };
+  auto it = kFields.find(flag);
+  return it != kFields.end() ? it->second : "parallel";
+}
+
+// A sub-reader whose errors name the field under `prefix`.
+template <typename F>
+auto with_prefix(const std::string& prefix, F&& f) {
+  try {
+    return f();
+  } catch (const InputError& e) {
+    throw InputError(e.source(), e.field().empty() ? prefix : prefix + "." + e.field(), e.problem(), e.fix());
+  }
+}
+
+int read_int(JsonReader& r, std::string_view key, std::int64_t min_value) {
+  const std::int64_t v = r.integer(key);
+  if (v < min_value)
+    r.fail(key, "must be >= " + std::to_string(min_value) + ", got " + std::to_string(v), kRegenerate);
+  if (v > 1'000'000'000) r.fail(key, "value " + std::to_string(v) + " is too large", kRegenerate);
+  return static_cast<int>(v);
+}
+
+ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
+  ParallelPlan p;
+  p.tp = read_int(r, "tp", 1);
+  p.pp = read_int(r, "pp", 1);
+  p.dp = read_int(r, "dp", 1);
+  p.cp = read_int(r, "cp", 1);
+  p.micro_batch = read_int(r, "micro_batch", 1);
+  p.global_batch = r.positive_integer("global_batch");
+  p.seq_length = r.positive_integer("seq_length");
+  const std::int64_t micro_batches = r.positive_integer("num_micro_batches");
+  p.virtual_stages = read_int(r, "virtual_stages", 1);
+  p.first_stage_layers = read_int(r, "first_stage_layers", 0);
+  p.last_stage_layers = read_int(r, "last_stage_layers", 0);
+  p.zero_stage = read_int(r, "zero_stage", 0);
+  p.recompute = parse_recompute(r.choice("recompute", {"none", "selective", "full"}), source, "parallel.recompute");
+  p.sequence_parallel = r.boolean("sequence_parallel");
+  p.schedule = parse_schedule(r.choice("schedule", {"gpipe", "1f1b", "interleaved"}), source, "parallel.schedule");
+  p.flash_attention = r.boolean("flash_attention");
+  // Optional: plan files written before the field existed were priced with
+  // the fused accumulation, the default.
+  p.grad_accum_fusion = r.optional_boolean("grad_accum_fusion").value_or(true);
+  p.order = RankOrder::parse(r.string("rank_order"), source, "parallel.rank_order");
+  const std::int64_t world = r.positive_integer("world_size");
+  r.reject_unknown();
+  // Multiplied step by step in 64 bits, so a hand-edited size cannot overflow world_size().
+  std::int64_t product = 1;
+  for (const int v : {p.tp, p.pp, p.dp, p.cp}) {
+    product *= v;
+    if (product > (std::int64_t{1} << 18))
+      r.fail("world_size", "TP x PP x DP x CP is above cuboid's limit of 262144 GPUs", kRegenerate);
+  }
+  if (world != p.world_size())
+    r.fail("world_size", "is " + std::to_string(world) + " but TP x PP x DP x CP = " + std::to_string(p.world_size()),
+           kRegenerate);
+  if (static_cast<std::int64_t>(p.micro_batch) * p.dp * micro_batches != p.global_batch)
+    r.fail("num_micro_batches",
+           "is " + std::to_string(micro_batches) + " but global_batch / (micro_batch x dp) = " +
+               std::to_string(p.global_batch) + " / " + std::to_string(static_cast<std::int64_t>(p.micro_batch) * p.dp),
+           kRegenerate);
+  return p;
+}
+
+void check_rank_mapping(const nlohmann::json& j, const ParallelPlan& p, int gpus_per_node, const std::string& source) {
+  if (!j.is_array()) throw InputError(source, "rank_mapping", "expected an array of ranks", kRegenerate);
+  if (j.size() != static_cast<std::size_t>(p.world_size()))
+    throw InputError(source, "rank_mapping",
+                     "has " + std::to_string(j.size()) + " entries but the plan has " + std::to_string(p.world_size()) +
+                         " ranks",
+                     kRegenerate);
+  RankMapping map(p, gpus_per_node);
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    const std::string path = "rank_mapping[" + std::to_string(i) + "]";
+    if (!j[i].is_object()) throw InputError(source, path, "expected an object", kRegenerate);
+    JsonReader r(j[i], source, path);
+    const RankCoord want = map.coord(static_cast<int>(i));
+    const std::pair<const char*, int> fields[] = {{"rank", want.rank}, {"node", want.node}, {"gpu", want.gpu},
+                                                  {"tp", want.tp},     {"pp", want.pp},     {"dp", want.dp}};
+    for (const auto& [key, expected] : fields) {
+      const std::int64_t got = r.integer(key);
+      if (got != expected)
+        r.fail(key,
+               "is " + std::to_string(got) + " but rank order " + p.order.str() + " with " +
+                   std::to_string(gpus_per_node) + " GPUs per node puts rank " + std::to_string(i) + " at " + key + " " +
+                   std::to_string(expected),
+               "the file was edited by hand; " + kRegenerate);
+    }
+    r.reject_unknown();
+  }
+}
+
+void check_prediction(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_object()) throw InputError(source, "prediction", "expected an object", kRegenerate);
+  JsonReader r(j, source, "prediction");
+  r.choice("score", {"analytical", "simulated"});
+  r.positive_number("iteration_time_s");
+  for (const char* key : {"tokens_per_s", "model_flops_per_iteration", "hardware_flops_per_iteration",
+                          "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu"})
+    r.number(key);
+  JsonReader mem = r.object("memory");
+  for (const char* key : {"parameters_on_gpu", "weights_and_optimizer_bytes", "activation_bytes", "reserve_bytes",
+                          "total_bytes", "capacity_bytes", "headroom_bytes", "peak_stage"})
+    mem.integer(key);
+  mem.boolean("fits");
+  mem.reject_unknown();
+  JsonReader b = r.object("breakdown");
+  for (const char* key : {"compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s"}) b.number(key);
+  b.reject_unknown();
+  r.reject_unknown();
+}
+
+}  // namespace
+
+nlohmann::json plan_to_json(const ModelSpec& model, const Cluster& cluster, const Estimate& e) {
+  nlohmann::json j;
+  j["schema"] = kPlanSchema;
+  j["generator"] = std::string("cuboid ") + CUBOID_VERSION;
+  j["model"] = model_to_json(model);
+  j["cluster"] = {
+      {"name", cluster.name},
+      {"source_file", cluster.source_file},
+      {"nodes", cluster.nodes},
+      {"gpus_per_node", cluster.gpus_per_node},
+      {"gpu", cluster.gpu.name},
+  };
+  j["parallel"] = parallel_to_json(e.plan);
+  j["rank_mapping"] = rank_mapping_to_json(e.plan, cluster.gpus_per_node);
+  j["prediction"] = prediction_to_json(e);
+  return j;
+}
+
+PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_object()) throw InputError(source, "", "top level is not a JSON object", kRegenerate);
+  // The version first: a newer file's other fields would only confuse.
+  auto schema = j.find("schema");
+  if (schema == j.end() || !schema->is_string())
+    throw InputError(source, "schema", "missing (this is not a cuboid plan file)",
+                     "pass a file written by cuboid plan --out, which starts with \"schema\": \"cuboid.plan/1\"");
+  if (schema->get<std::string>() != kPlanSchema)
+    throw InputError(source, "schema", "plan file schema \"" + schema->get<std::string>() + "\" is not supported",
+                     "regenerate it with this cuboid, which writes cuboid.plan/1");
+
+  JsonReader r(j, source);
+  r.string("schema");
+  r.optional_string("generator");
+  PlanFile pf;
+  pf.source = source;
+  if (!r.is_object("model")) r.fail("model", "expected the inline model card (an object)", kRegenerate);
+  pf.model = with_prefix("model", [&] { return model_from_json(r.raw("model"), source); });
+
+  JsonReader c = r.object("cluster");
+  pf.cluster_name = c.string("name");
+  pf.cluster_source_file = c.string("source_file");
+  pf.nodes = static_cast<int>(c.positive_integer("nodes"));
+  pf.gpus_per_node = static_cast<int>(c.positive_integer("gpus_per_node"));
+  pf.gpu_name = c.string("gpu");
+  c.reject_unknown();
+
+  JsonReader par = r.object("parallel");
+  pf.plan = read_parallel(par, source);
+
+  // The plan must be valid for its own model on the cluster shape it names.
+  Cluster shape;
+  shape.name = pf.cluster_name;
+  shape.source_file = pf.cluster_source_file;
+  shape.nodes = pf.nodes;
+  shape.gpus_per_node = pf.gpus_per_node;
+  try {
+    validate_plan(pf.plan, pf.model, shape, source);
+  } catch (const InputError& e) {
+    throw InputError(e.source(), plan_field_for_flag(e.field()), e.problem(), kRegenerate);
+  }
+
+  check_rank_mapping(r.raw("rank_mapping"), pf.plan, pf.gpus_per_node, source);
+  pf.prediction = r.raw("prediction");
+  check_prediction(pf.prediction, source);
+  r.reject_unknown();
+  return pf;
+}
+
+PlanFile read_plan_file(const std::filesystem::path& path) {
+  return plan_file_from_json(read_json_file(path), path.string());
+}
+
+void check_plan_matches_cluster(const PlanFile& pf, const Cluster& cluster) {
+  const std::string made_for = std::to_string(pf.nodes) + " nodes x " + std::to_string(pf.gpus_per_node) + " " +
+                               pf.gpu_name + " (cluster \"" + pf.cluster_name + "\")";
+  const std::string here = std::to_string(cluster.nodes) + " nodes x " + std::to_string(cluster.gpus_per_node) + " " +
+                           cluster.gpu.name;
+  const std::string source = cluster.source_file.empty() ? cluster.name : cluster.source_file;
+  if (cluster.gpus_per_node != pf.gpus_per_node)
+    throw InputError(source, "gpus_per_node",
+                     "plan file " + pf.source + " was made for " + made_for + " but this cluster has " + here,
+                     "use a cluster card with " + std::to_string(pf.gpus_per_node) +
+                         " GPUs per node, or regenerate the plan for this cluster");
+  if (cluster.total_gpus() != pf.plan.world_size() || cluster.nodes != pf.nodes)
+    throw InputError(source, "nodes",
+                     "plan file " + pf.source + " was made for " + made_for + " (" +
+                         std::to_string(pf.plan.world_size()) + " GPUs) but this cluster has " + here + " (" +
+                         std::to_string(cluster.total_gpus()) + " GPUs)",
+                     "pass --nodes " + std::to_string(pf.nodes) + ", or regenerate the plan for this cluster");
+  if (cluster.gpu.name != pf.gpu_name)
+    throw InputError(source, "gpu",
+                     "plan file " + pf.source + " was made for " + made_for + " but this cluster has " + here,
+                     "use the cluster card the plan was made for (" + pf.cluster_source_file +
+                         "), or regenerate the plan for this cluster");
+}
+
+void write_file_atomically(const std::filesystem::path& path, const std::string& content) {
+  const std::string where = path.string();
+  std::filesystem::path dir = path.parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    throw InputError(where, "", "directory " + dir.string() + " does not exist",
+                     "create the directory first, or write to an existing one");
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError(where, "", "is a directory", "give a file name, e.g. " + (path / "plan.json").string());
+
+  std::string tmpl = (dir / ("." + path.filename().string() + ".tmp.XXXXXX")).string();
+  const int fd = ::mkstemp(tmpl.data());
+  if (fd < 0)
+    throw InputError(where, "", "cannot create a file in " + dir.string() + ": " + std::strerror(errno),
+                     "check that the directory is writable, or write elsewhere");
+  ::fchmod(fd, 0644);  // mkstemp creates 0600; output files are meant to be shared
+  const char* data = content.data();
+  std::size_t left = content.size();
+  int err = 0;
+  while (left > 0) {
+    const ssize_t n = ::write(fd, data, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      err = errno;
+      break;
+    }
+    data += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && std::rename(tmpl.c_str(), where.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmpl.c_str());
+    throw InputError(where, "", std::string("cannot write: ") + std::strerror(err),
+                     "check free space and permissions, or write elsewhere");
+  }
+}
+
+}  // namespace cuboid

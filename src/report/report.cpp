@@ -1,0 +1,221 @@
+#include "cuboid/report/report.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+namespace cuboid {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string ranks_str(const std::vector<int>& ranks) {
+  // Compress runs with a constant stride: 0,4,8,12 -> "0-12 step 4".
+  if (ranks.size() >= 3) {
+    const int step = ranks[1] - ranks[0];
+    bool uniform = step > 0;
+    for (std::size_t i = 2; i < ranks.size() && uniform; ++i) uniform = ranks[i] - ranks[i - 1] == step;
+    if (uniform)
+      return step == 1 ? fmt::format("{}-{}", ranks.front(), ranks.back())
+                       : fmt::format("{}-{} step {}", ranks.front(), ranks.back(), step);
+  }
+  std::string out;
+  for (int r : ranks) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(r);
+  }
+  return out;
+}
+
+std::string nodes_str(const std::vector<int>& ranks, int gpus_per_node) {
+  std::set<int> nodes;
+  for (int r : ranks) nodes.insert(r / gpus_per_node);
+  std::vector<int> v(nodes.begin(), nodes.end());
+  return v.size() == 1 ? fmt::format("node {}", v[0]) : fmt::format("nodes {}", ranks_str(v));
+}
+
+}  // namespace
+
+std::string format_bytes_GiB(double bytes) { return fmt::format("{:.1f} GiB", bytes / kGiB); }
+
+nlohmann::json estimate_to_json(const Estimate& e) {
+  const ParallelPlan& p = e.plan;
+  nlohmann::json j;
+  j["tp"] = p.tp;
+  j["pp"] = p.pp;
+  j["dp"] = p.dp;
+  j["micro_batch"] = p.micro_batch;
+  j["global_batch"] = p.global_batch;
+  j["seq_length"] = p.seq_length;
+  j["num_micro_batches"] = p.num_micro_batches();
+  j["virtual_stages"] = p.virtual_stages;
+  j["first_stage_layers"] = p.first_stage_layers;
+  j["last_stage_layers"] = p.last_stage_layers;
+  j["zero_stage"] = p.zero_stage;
+  j["recompute"] = std::string(to_string(p.recompute));
+  j["sequence_parallel"] = p.sequence_parallel;
+  j["schedule"] = std::string(to_string(p.schedule));
+  j["flash_attention"] = p.flash_attention;
+  j["grad_accum_fusion"] = p.grad_accum_fusion;
+  j["rank_order"] = p.order.str();
+  j["score"] = e.simulated ? "simulated" : "analytical";
+  j["iteration_time_s"] = e.iteration_time_s;
+  j["tokens_per_s"] = e.tokens_per_s;
+  j["model_tflops_per_gpu"] = e.model_tflops_per_gpu;
+  j["hardware_tflops_per_gpu"] = e.hardware_tflops_per_gpu;
+  j["mfu"] = e.mfu;
+  j["hfu"] = e.hfu;
+  j["memory_per_gpu_bytes"] = static_cast<std::int64_t>(e.memory.total_bytes);
+  j["memory"] = {
+      {"weights_and_optimizer_bytes", static_cast<std::int64_t>(e.memory.weight_and_optimizer_bytes)},
+      {"activation_bytes", static_cast<std::int64_t>(e.memory.activation_bytes)},
+      {"reserve_bytes", static_cast<std::int64_t>(e.memory.reserve_bytes)},
+      {"capacity_bytes", static_cast<std::int64_t>(e.memory.capacity_bytes)},
+      {"headroom_bytes", static_cast<std::int64_t>(e.memory.headroom_bytes())},
+      {"peak_stage", e.memory.peak_stage},
+      {"fits", e.memory.fits()},
+  };
+  j["breakdown"] = {
+      {"compute", e.breakdown.compute_s},     {"tp_comm", e.breakdown.tp_comm_s},
+      {"pp_comm", e.breakdown.pp_comm_s},     {"dp_comm", e.breakdown.dp_comm_s},
+      {"bubble", e.breakdown.bubble_s},       {"optimizer", e.breakdown.optimizer_s},
+  };
+  return j;
+}
+
+nlohmann::json search_to_json(const ModelSpec& m, const Cluster& c, const SearchResult& r, int top_k) {
+  nlohmann::json j;
+  j["model"] = m.name;
+  j["cluster"] = c.name;
+  j["nodes"] = c.nodes;
+  j["gpus"] = c.total_gpus();
+  j["global_batch"] = r.global_batch;
+  j["seq_length"] = r.seq_length;
+  j["candidates_scored"] = r.candidates;
+  j["candidates_fitting"] = r.fitting.size();
+  j["candidates"] = nlohmann::json::array();
+  for (std::size_t i = 0; i < r.fitting.size() && i < static_cast<std::size_t>(top_k); ++i)
+    j["candidates"].push_back(estimate_to_json(r.fitting[i]));
+  j["not_fitting"] = nlohmann::json::array();
+  if (r.fitting.empty())
+    for (const auto& e : r.not_fitting) j["not_fitting"].push_back(estimate_to_json(e));
+  j["skipped"] = r.skip_reasons;
+  return j;
+}
+
+std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top_k) {
+  std::string out = fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>8} {:>9} {:>5} {:>10} {:>9} {:>5} {:>10} {:>9}\n",
+                                "#", "TP", "PP", "DP", "mb", "v", "ZeRO", "recompute", "SP", "order", "step(s)", "score",
+                                "tokens/s", "TFLOP/s", "MFU", "mem/GPU", "headroom");
+  for (std::size_t i = 0; i < rows.size() && i < top_k; ++i) {
+    const Estimate& e = rows[i];
+    const ParallelPlan& p = e.plan;
+    out += fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>8} {:>9.3f} {:>5} {:>10.0f} {:>9.1f} {:>4.1f}% {:>10} {:>9}\n",
+                       i + 1, p.tp, p.pp, p.dp, p.micro_batch, p.virtual_stages, p.zero_stage,
+                       to_string(p.recompute), p.sequence_parallel ? "on" : "off", p.order.str(), e.iteration_time_s,
+                       e.simulated ? "sim" : "est",
+                       e.tokens_per_s, e.model_tflops_per_gpu, 100.0 * e.mfu,
+                       format_bytes_GiB(e.memory.total_bytes), format_bytes_GiB(e.memory.headroom_bytes()));
+  }
+  return out;
+}
+
+std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate& e) {
+  const ParallelPlan& p = e.plan;
+  const Breakdown& b = e.breakdown;
+  std::string out;
+  out += fmt::format("{} on {} ({} nodes x {} {} = {} GPUs)\n", m.name, c.name, c.nodes, c.gpus_per_node, c.gpu.name,
+                     c.total_gpus());
+  out += fmt::format("plan: TP {} x PP {} x DP {}, micro-batch {}, {} micro-batches, global batch {} x {} tokens\n", p.tp,
+                     p.pp, p.dp, p.micro_batch, p.num_micro_batches(), p.global_batch, p.seq_length);
+  out += fmt::format("      schedule {}{}, ZeRO {}, recompute {}, sequence parallel {}, flash attention {}, "
+                     "grad-accum fusion {}, rank order {}\n",
+                     to_string(p.schedule),
+                     p.virtual_stages > 1 ? fmt::format(" (v = {})", p.virtual_stages) : std::string(), p.zero_stage,
+                     to_string(p.recompute), p.sequence_parallel ? "on" : "off", p.flash_attention ? "on" : "off",
+                     p.grad_accum_fusion ? "on" : "off", p.order.str());
+  if (has_uneven_stages(p)) {
+    out += fmt::format("      uneven stages: first {} layers, {} middle stages of {}, last {}\n",
+                       layers_on_stage(p, m.num_layers, 0), p.pp - 2, layers_on_stage(p, m.num_layers, 1),
+                       layers_on_stage(p, m.num_layers, p.pp - 1));
+  }
+  out += "\n";
+  out += fmt::format("iteration time      {:10.3f} s   ({})\n", e.iteration_time_s,
+                     e.simulated ? "discrete-event simulation" : "analytical estimate");
+  out += fmt::format("throughput          {:10.0f} tokens/s\n", e.tokens_per_s);
+  out += fmt::format("model TFLOP/s/GPU   {:10.1f}     MFU {:5.1f}%\n", e.model_tflops_per_gpu, 100 * e.mfu);
+  out += fmt::format("hardware TFLOP/s/GPU{:10.1f}     HFU {:5.1f}%\n", e.hardware_tflops_per_gpu, 100 * e.hfu);
+  out += "\nbreakdown of the iteration (critical path):\n";
+  const double t = std::max(e.iteration_time_s, 1e-30);
+  auto row = [&](const char* name, double s) {
+    out += fmt::format("  {:<12}{:10.3f} s  {:5.1f}%\n", name, s, 100.0 * s / t);
+  };
+  row("compute", b.compute_s);
+  row("TP comm", b.tp_comm_s);
+  row("PP comm", b.pp_comm_s);
+  row("DP comm", b.dp_comm_s);
+  row("bubble", b.bubble_s);
+  row("optimizer", b.optimizer_s);
+  const MemoryReport& mem = e.memory;
+  out += fmt::format("\nmemory per GPU (peak on stage {}):\n", mem.peak_stage);
+  out += fmt::format("  weights + optimizer {:>10}   ({:.2f} B parameters on this GPU)\n",
+                     format_bytes_GiB(mem.weight_and_optimizer_bytes), mem.parameters / 1e9);
+  out += fmt::format("  activations         {:>10}\n", format_bytes_GiB(mem.activation_bytes));
+  out += fmt::format("  workspace reserve   {:>10}\n", format_bytes_GiB(mem.reserve_bytes));
+  out += fmt::format("  total               {:>10} of {} -> {}\n", format_bytes_GiB(mem.total_bytes),
+                     format_bytes_GiB(mem.capacity_bytes),
+                     mem.fits() ? fmt::format("fits, {} headroom", format_bytes_GiB(mem.headroom_bytes()))
+                                : fmt::format("DOES NOT FIT, {} over", format_bytes_GiB(-mem.headroom_bytes())));
+  return out;
+}
+
+std::string format_mesh(const ParallelPlan& plan, const Cluster& c) {
+  RankMapping map(plan, c.gpus_per_node);
+  const int gpn = c.gpus_per_node;
+  const int nodes_used = (plan.world_size() + gpn - 1) / gpn;
+  std::string out = fmt::format(
+      "TP {} x PP {} x DP {} = {} GPUs on {} node(s) x {} GPUs, rank order {} (first named = innermost)\n"
+      "cell = stage p, DP replica d, TP rank t\n\n",
+      plan.tp, plan.pp, plan.dp, plan.world_size(), nodes_used, gpn, plan.order.str());
+  constexpr int kMaxNodesShown = 16;
+  out += fmt::format("{:>8}", "");
+  for (int g = 0; g < gpn; ++g) out += fmt::format(" {:>11}", fmt::format("gpu{}", g));
+  out += "\n";
+  for (int n = 0; n < nodes_used && n < kMaxNodesShown; ++n) {
+    out += fmt::format("{:>8}", fmt::format("node {}", n));
+    for (int g = 0; g < gpn; ++g) {
+      const int r = n * gpn + g;
+      if (r >= plan.world_size()) {
+        out += fmt::format(" {:>11}", "-");
+        continue;
+      }
+      RankCoord k = map.coord(r);
+      out += fmt::format(" {:>11}", fmt::format("p{} d{} t{}", k.pp, k.dp, k.tp));
+    }
+    out += "\n";
+  }
+  if (nodes_used > kMaxNodesShown) out += fmt::format("   ... {} more nodes\n", nodes_used - kMaxNodesShown);
+
+  auto section = [&](const char* title, const std::vector<std::vector<int>>& groups, bool flag_cross) {
+    out += fmt::format("\n{} ({} groups of {}):\n", title, groups.size(), groups.empty() ? 0 : groups[0].size());
+    int crossing = 0;
+    for (const auto& g : groups) crossing += map.nodes_spanned(g) > 1 ? 1 : 0;
+    constexpr std::size_t kMaxGroupsShown = 8;
+    for (std::size_t i = 0; i < groups.size() && i < kMaxGroupsShown; ++i)
+      out += fmt::format("  ranks {:<22} on {}\n", ranks_str(groups[i]), nodes_str(groups[i], gpn));
+    if (groups.size() > kMaxGroupsShown) out += fmt::format("  ... {} more\n", groups.size() - kMaxGroupsShown);
+    if (flag_cross && crossing > 0)
+      out += fmt::format("  WARNING: {} of {} TP groups cross nodes: TP all-reduces leave NVLink for the inter-node fabric\n",
+                         crossing, groups.size());
+    else if (flag_cross)
+      out += "  every TP group stays inside one node (NVLink)\n";
+  };
+  section("TP groups", map.tp_groups(), true);
+  section("Pipelines (PP groups, stage 0 first)", map.pp_groups(), false);
+  section("DP groups", map.dp_groups(), false);
+  return out;
+}
+
+}  // namespace cuboid

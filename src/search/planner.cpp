@@ -1,0 +1,389 @@
+#include "cuboid/search/planner.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "cuboid/core/error.hpp"
+#include "cuboid/sim/simulator.hpp"
+
+namespace cuboid {
+
+namespace {
+
+std::vector<int> divisors(std::int64_t n) {
+  std::vector<int> out;
+  for (std::int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    out.push_back(static_cast<int>(d));
+    if (d * d != n) out.push_back(static_cast<int>(n / d));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+template <typename T>
+std::vector<T> fixed_or(const std::optional<T>& fixed, std::vector<T> all) {
+  if (fixed) return {*fixed};
+  return all;
+}
+
+// Two plans that differ only in rank order often score within noise of each
+// other; then the default order (Megatron's tp-dp-pp, which every trainer can
+// express) goes first. Only the best `top` rows are looked at.
+void prefer_default_order_in_near_ties(std::vector<Estimate>& rows, std::size_t top) {
+  constexpr double kNearTie = 1e-3;  // 0.1 % of the iteration time
+  const RankOrder def{};
+  auto same_but_order = [](const ParallelPlan& a, const ParallelPlan& b) {
+    ParallelPlan x = a;
+    x.order = b.order;
+    return x.tp == b.tp && x.pp == b.pp && x.dp == b.dp && x.micro_batch == b.micro_batch &&
+           x.virtual_stages == b.virtual_stages && x.zero_stage == b.zero_stage && x.recompute == b.recompute &&
+           x.sequence_parallel == b.sequence_parallel && x.schedule == b.schedule &&
+           x.first_stage_layers == b.first_stage_layers && x.last_stage_layers == b.last_stage_layers;
+  };
+  const std::size_t n = std::min(top, rows.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    if (rows[i].plan.order == def) continue;
+    for (std::size_t j = i + 1; j < n; ++j) {
+      if (rows[j].plan.order == def && rows[j].simulated == rows[i].simulated &&
+          same_but_order(rows[i].plan, rows[j].plan) &&
+          rows[j].iteration_time_s <= rows[i].iteration_time_s * (1 + kNearTie)) {
+        std::rotate(rows.begin() + static_cast<std::ptrdiff_t>(i), rows.begin() + static_cast<std::ptrdiff_t>(j),
+                    rows.begin() + static_cast<std::ptrdiff_t>(j) + 1);
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::int64_t default_global_batch(std::int64_t seq_length, int total_gpus) {
+  constexpr double kTargetTokens = 4.0 * 1024 * 1024;  // ~4M tokens: GPT-3 used 3.2M, Llama 3 started at 4M
+  std::int64_t odd = total_gpus;
+  while (odd % 2 == 0) odd /= 2;
+  const double sequences = std::max(1.0, kTargetTokens / static_cast<double>(seq_length));
+  const double power = std::max(0.0, std::round(std::log2(sequences / static_cast<double>(odd))));
+  return odd * (std::int64_t{1} << static_cast<int>(power));
+}
+
+ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, const PlannerOptions& o) {
+  ParallelPlan p;
+  p.tp = o.tp.value_or(1);
+  p.pp = o.pp.value_or(1);
+  if (o.dp) {
+    p.dp = *o.dp;
+  } else {
+    // 64-bit: a huge --tp x --pp (checked later by validate_plan) must not overflow here.
+    const std::int64_t tp_pp = static_cast<std::int64_t>(p.tp) * p.pp;
+    p.dp = (tp_pp > 0 && cluster.total_gpus() % tp_pp == 0) ? static_cast<int>(cluster.total_gpus() / tp_pp) : 1;
+  }
+  p.seq_length = o.seq_length.value_or(model.seq_length);
+  p.global_batch = o.global_batch.value_or(default_global_batch(p.seq_length, cluster.total_gpus()));
+  p.micro_batch = o.micro_batch.value_or(1);
+  p.virtual_stages = o.virtual_stages.value_or(1);
+  p.first_stage_layers = o.first_stage_layers.value_or(0);
+  p.last_stage_layers = o.last_stage_layers.value_or(0);
+  if (!o.first_stage_layers && !o.last_stage_layers && o.uneven_stages && p.pp > 0 && model.num_layers % p.pp != 0) {
+    int first = 0, last = 0;
+    if (!propose_uneven_stages(model.num_layers, p.pp, first, last))
+      throw InputError("command line", "--uneven-stages",
+                       "no first/last-stage split of the " + std::to_string(model.num_layers) + " layers over PP " +
+                           std::to_string(p.pp) + " leaves the middle stages an equal share",
+                       "give --first-stage-layers and --last-stage-layers, or choose another PP");
+    p.first_stage_layers = first;
+    p.last_stage_layers = last;
+  }
+  p.schedule = o.schedule.value_or(p.virtual_stages > 1 ? Schedule::interleaved : Schedule::one_f_one_b);
+  p.zero_stage = o.zero_stage.value_or(0);
+  p.recompute = o.recompute.value_or(Recompute::selective);
+  p.sequence_parallel = o.sequence_parallel.value_or(p.tp > 1);
+  p.flash_attention = o.flash_attention.value_or(cluster.gpu.flash_attention);
+  p.grad_accum_fusion = o.grad_accum_fusion.value_or(true);
+  p.order = o.order.value_or(RankOrder{});
+  validate_plan(p, model, cluster);
+  return p;
+}
+
+std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology& topo, const PlannerOptions& o,
+                                          SearchResult& result) {
+  const Cluster& cluster = topo.cluster();
+  const int gpus = cluster.total_gpus();
+  result.seq_length = o.seq_length.value_or(model.seq_length);
+  result.global_batch = o.global_batch.value_or(default_global_batch(result.seq_length, gpus));
+
+  // Fixed dimensions are checked up front with the plan validator's messages,
+  // so "--tp 3" fails with the reason instead of "no candidates".
+  {
+    ParallelPlan probe;
+    probe.seq_length = result.seq_length;
+    probe.global_batch = result.global_batch;
+    probe.tp = o.tp.value_or(1);
+    probe.pp = o.pp.value_or(1);
+    if (o.uneven_stages && o.pp && model.num_layers % *o.pp != 0) {
+      int first = 0, last = 0;
+      if (propose_uneven_stages(model.num_layers, *o.pp, first, last)) {
+        probe.first_stage_layers = first;
+        probe.last_stage_layers = last;
+      }
+    }
+    // Virtual stages are only checkable here together with a fixed PP.
+    probe.virtual_stages = o.pp ? o.virtual_stages.value_or(1) : 1;
+    probe.schedule = probe.virtual_stages > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
+    probe.micro_batch = o.micro_batch.value_or(1);
+    probe.dp = o.dp.value_or(1);
+    probe.zero_stage = o.zero_stage.value_or(0);
+    probe.flash_attention = o.flash_attention.value_or(cluster.gpu.flash_attention);
+    Cluster relaxed = cluster;  // the GPU-count check is the search's job
+    relaxed.nodes = 1;
+    relaxed.gpus_per_node = probe.world_size();
+    ParallelPlan checked = probe;
+    // Batch divisibility (and interleaving's micro-batches % PP) is checked
+    // per candidate: here give PP micro-batches so only the fixed flags count.
+    checked.global_batch = static_cast<std::int64_t>(probe.micro_batch) * probe.dp * probe.pp;
+    validate_plan(checked, model, relaxed);
+    if (o.tp && gpus % *o.tp != 0)
+      throw InputError("command line", "--tp", "TP " + std::to_string(*o.tp) + " does not divide the " + std::to_string(gpus) + " GPUs of " + cluster.name,
+                       "choose a TP that divides the GPU count");
+    // A fixed PP or DP that cannot divide the GPUs leaves no candidate: say
+    // which flag, rather than print an empty ranking and exit 0.
+    if (o.pp && gpus % *o.pp != 0)
+      throw InputError("command line", "--pp", "PP " + std::to_string(*o.pp) + " does not divide the " + std::to_string(gpus) + " GPUs of " + cluster.name,
+                       "choose a PP that divides the GPU count");
+    if (o.dp && gpus % *o.dp != 0)
+      throw InputError("command line", "--dp", "DP " + std::to_string(*o.dp) + " does not divide the " + std::to_string(gpus) + " GPUs of " + cluster.name,
+                       "choose a DP that divides the GPU count");
+  }
+
+  const std::int64_t heads_gcd = std::gcd(std::gcd(model.num_attention_heads, model.num_kv_heads), model.ffn_hidden_size);
+  std::vector<int> tps;
+  for (int t : divisors(gpus))
+    if (heads_gcd % t == 0 && (o.tp || t <= cluster.gpus_per_node)) tps.push_back(t);
+  std::vector<int> micro_batches;
+  for (int b = 1; b <= o.max_micro_batch; b *= 2) micro_batches.push_back(b);
+  const bool flash = o.flash_attention.value_or(cluster.gpu.flash_attention);
+  // With flash attention the attention scores are never stored, so selective
+  // recomputation is the same plan as none: search it only when asked for.
+  const std::vector<Recompute> recomputes =
+      fixed_or(o.recompute, flash ? std::vector<Recompute>{Recompute::none, Recompute::full}
+                                              : std::vector<Recompute>{Recompute::none, Recompute::selective, Recompute::full});
+  // PP sizes: divisors of the layers, plus (with uneven stages) every PP that
+  // has a first/last-stage split.
+  std::vector<int> pps = divisors(model.num_layers);
+  if (o.uneven_stages) {
+    pps.clear();
+    for (int p = 1; p <= model.num_layers; ++p) {
+      int first = 0, last = 0;
+      if (model.num_layers % p == 0 || propose_uneven_stages(model.num_layers, p, first, last)) pps.push_back(p);
+    }
+  }
+
+  auto skip = [&](const std::string& reason) {
+    ++result.skipped;
+    ++result.skip_reasons[reason];
+  };
+
+  // 1. Enumerate (cheap, sequential, deterministic order).
+  std::vector<ParallelPlan> plans;
+  for (int tp : fixed_or(o.tp, tps)) {
+    for (int pp : fixed_or(o.pp, pps)) {
+      if (gpus % (tp * pp) != 0) continue;  // not a factorisation of this cluster
+      const int dp = gpus / (tp * pp);
+      if (o.dp && *o.dp != dp) continue;
+      int first_layers = 0, last_layers = 0;
+      const bool uneven = model.num_layers % pp != 0;
+      if (uneven && !(o.uneven_stages && propose_uneven_stages(model.num_layers, pp, first_layers, last_layers))) {
+        skip("PP does not divide the layers (allow --uneven-stages)");
+        continue;
+      }
+      // Rank orders: only those that place the groups differently.
+      std::vector<RankOrder> orders;
+      if (o.order) {
+        orders = {*o.order};
+      } else if (!o.search_rank_order) {
+        orders = {RankOrder{}};
+      } else {
+        for (const char* name : {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "pp-tp-dp", "dp-pp-tp", "pp-dp-tp"}) {
+          RankOrder ord = RankOrder::parse(name, "planner", "order");
+          // Dimensions of size 1 do not move ranks: keep the first order of each class.
+          std::array<Dim, 3> key{};
+          std::size_t k = 0;
+          for (Dim d : ord.inner_to_outer)
+            if ((d == Dim::tp ? tp : d == Dim::pp ? pp : dp) > 1) key[k++] = d;
+          bool seen = false;
+          for (const RankOrder& e : orders) {
+            std::array<Dim, 3> ekey{};
+            std::size_t ek = 0;
+            for (Dim d : e.inner_to_outer)
+              if ((d == Dim::tp ? tp : d == Dim::pp ? pp : dp) > 1) ekey[ek++] = d;
+            seen = seen || (ek == k && std::equal(key.begin(), key.begin() + static_cast<long>(k), ekey.begin()));
+          }
+          if (!seen) orders.push_back(ord);
+        }
+      }
+      for (int mb : fixed_or(o.micro_batch, micro_batches)) {
+        if (result.global_batch % (static_cast<std::int64_t>(mb) * dp) != 0) {
+          skip("global batch not divisible by micro-batch x DP");
+          continue;
+        }
+        const std::int64_t m = result.global_batch / (static_cast<std::int64_t>(mb) * dp);
+        // Virtual stages: 1 (1F1B or GPipe), or v > 1 with the interleaved schedule.
+        std::vector<int> vs;
+        if (o.virtual_stages) {
+          vs = {*o.virtual_stages};
+        } else {
+          vs = {1};
+          if (pp > 1 && !uneven && (!o.schedule || *o.schedule == Schedule::interleaved))
+            for (int v : divisors(model.num_layers / pp))
+              if (v > 1) vs.push_back(v);
+        }
+        for (int v : vs) {
+          Schedule schedule = v > 1 ? Schedule::interleaved : o.schedule.value_or(Schedule::one_f_one_b);
+          if (v == 1 && schedule == Schedule::interleaved) continue;
+          if (v > 1 && m % pp != 0) {
+            skip("interleaving needs micro-batches divisible by PP");
+            continue;
+          }
+          std::vector<int> zeros = dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0};
+          if (o.zero_stage) zeros = {*o.zero_stage};
+          std::vector<bool> sps = tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false};
+          if (o.sequence_parallel) sps = {*o.sequence_parallel};
+          for (const RankOrder& order : orders) {
+            for (int zero : zeros) {
+              for (Recompute rc : recomputes) {
+                for (bool sp : sps) {
+                  ParallelPlan p;
+                  p.tp = tp;
+                  p.pp = pp;
+                  p.dp = dp;
+                  p.micro_batch = mb;
+                  p.global_batch = result.global_batch;
+                  p.seq_length = result.seq_length;
+                  p.virtual_stages = v;
+                  p.first_stage_layers = first_layers;
+                  p.last_stage_layers = last_layers;
+                  p.schedule = schedule;
+                  p.zero_stage = zero;
+                  p.recompute = rc;
+                  p.sequence_parallel = sp;
+                  p.flash_attention = flash;
+                  p.grad_accum_fusion = o.grad_accum_fusion.value_or(true);
+                  p.order = order;
+                  try {
+                    validate_plan(p, model, cluster);
+                  } catch (const InputError& e) {
+                    skip("invalid for " + e.field() + ": " + e.problem());
+                    continue;
+                  }
+                  if (o.accept && !o.accept(p)) {
+                    skip(o.accept_reason);
+                    continue;
+                  }
+                  plans.push_back(p);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  return plans;
+}
+
+SearchResult search_plans(const ModelSpec& model, const Topology& topo, const PlannerOptions& o) {
+  SearchResult result;
+  const std::vector<ParallelPlan> plans = enumerate_plans(model, topo, o, result);
+
+  // 2. Score every plan on all cores. Each worker writes only its own slots,
+  //    so the result does not depend on the thread count.
+  std::vector<Estimate> scored(plans.size());
+  const unsigned threads = std::max(1u, std::min<unsigned>(o.threads > 0 ? static_cast<unsigned>(o.threads)
+                                                                        : std::thread::hardware_concurrency(),
+                                                           static_cast<unsigned>((plans.size() + 255) / 256)));
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::size_t> done{0};
+  constexpr std::size_t kChunk = 256;
+  auto worker = [&] {
+    Estimator score(model, topo);  // per-thread caches
+    for (;;) {
+      const std::size_t begin = next.fetch_add(kChunk);
+      if (begin >= plans.size()) return;
+      const std::size_t end = std::min(plans.size(), begin + kChunk);
+      for (std::size_t i = begin; i < end; ++i) scored[i] = score(plans[i]);
+      done.fetch_add(end - begin);
+    }
+  };
+  {
+    std::vector<std::jthread> pool;
+    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+    if (o.progress) {
+      // The calling thread reports progress and then helps.
+      std::jthread reporter([&] {
+        while (done.load() < plans.size()) {
+          o.progress(done.load(), plans.size());
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+      });
+      worker();
+    } else {
+      worker();
+    }
+  }
+  if (o.progress) o.progress(plans.size(), plans.size());
+  result.candidates = static_cast<std::int64_t>(scored.size());
+  for (Estimate& e : scored) {
+    if (e.memory.fits())
+      result.fitting.push_back(std::move(e));
+    else
+      result.not_fitting.push_back(std::move(e));
+  }
+
+  // Best first; ties broken by less memory, then by the plan's order of
+  // enumeration (stable) so results are deterministic.
+  std::stable_sort(result.fitting.begin(), result.fitting.end(), [](const Estimate& a, const Estimate& b) {
+    if (a.iteration_time_s != b.iteration_time_s) return a.iteration_time_s < b.iteration_time_s;
+    return a.memory.total_bytes < b.memory.total_bytes;
+  });
+  // 3. Re-rank the best K with the discrete-event simulator (in parallel; each
+  //    worker writes its own slots, so the order does not depend on threads).
+  const std::size_t k = std::min<std::size_t>(result.fitting.size(), static_cast<std::size_t>(std::max(0, o.simulate_top)));
+  if (k > 0) {
+    std::atomic<std::size_t> next_sim{0};
+    auto sim_worker = [&] {
+      for (std::size_t i = next_sim.fetch_add(1); i < k; i = next_sim.fetch_add(1)) {
+        try {
+          result.fitting[i] = sim::simulate(model, topo, result.fitting[i].plan);
+        } catch (const std::invalid_argument&) {
+          // A plan the simulator cannot play keeps its analytical score.
+        }
+      }
+    };
+    const unsigned sim_threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(k)));
+    std::vector<std::jthread> pool;
+    for (unsigned t = 1; t < sim_threads; ++t) pool.emplace_back(sim_worker);
+    sim_worker();
+    pool.clear();
+    std::stable_sort(result.fitting.begin(), result.fitting.begin() + static_cast<std::ptrdiff_t>(k),
+                     [](const Estimate& a, const Estimate& b) {
+                       if (a.simulated != b.simulated) return a.simulated;
+                       if (a.iteration_time_s != b.iteration_time_s) return a.iteration_time_s < b.iteration_time_s;
+                       return a.memory.total_bytes < b.memory.total_bytes;
+                     });
+    for (std::size_t i = 0; i < k; ++i) result.simulated += result.fitting[i].simulated ? 1 : 0;
+  }
+  prefer_default_order_in_near_ties(result.fitting, std::max<std::size_t>(k, 32));
+  std::stable_sort(result.not_fitting.begin(), result.not_fitting.end(), [](const Estimate& a, const Estimate& b) {
+    return a.memory.total_bytes < b.memory.total_bytes;
+  });
+  if (result.not_fitting.size() > 16) result.not_fitting.resize(16);
+  return result;
+}
+
+}  // namespace cuboid
