@@ -13,9 +13,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    for (const auto& f : cuboid::testing::fixtures()) {
+    for (const auto& f : cuboid::test::fixtures()) {
       const auto path = std::filesystem::path(argv[1]) / (f.name + ".plan.json");
-      cuboid::write_file_atomically(path, cuboid::testing::fixture_json(f).dump(2) + "\n");
+      cuboid::write_file_atomically(path, cuboid::test::fixture_json(f).dump(2) + "\n");
       std::printf("%s\n", path.c_str());
     }
   } catch (const std::exception& e) {

@@ -17,8 +17,9 @@
 #include "cuboid/core/plan.hpp"
 #include "cuboid/io/planfile.hpp"
 #include "cuboid/core/topology.hpp"
+#include "fixtures.hpp"
 
-namespace cuboid::testing {
+namespace cuboid::test {
 
 struct Fixture {
   std::string name;  // also the golden file stem
@@ -63,8 +64,7 @@ inline std::vector<Fixture> fixtures() {
   };
 }
 
-inline std::filesystem::path source_root() { return CUBOID_SOURCE_ROOT_DIR; }
-
+// (source_root() is fixtures.hpp's.)
 inline Cluster four_dgx_a100() { return load_cluster(source_root() / "topologies/dgx-a100-4node.json"); }
 
 // The plan file cuboid writes for a fixture.
@@ -81,4 +81,4 @@ inline PlanFile fixture_plan_file(const Fixture& f) {
   return plan_file_from_json(fixture_json(f), f.name + ".plan.json");
 }
 
-}  // namespace cuboid::testing
+}  // namespace cuboid::test

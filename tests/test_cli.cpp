@@ -2,74 +2,41 @@
 // file/flag and the fix, JSON on stdout and logs on stderr.
 #include <doctest/doctest.h>
 
-#include <array>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
-#include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
 
+#include "cli_run.hpp"
+
+using cuboid::test::CliResult;
+using cuboid::test::count_lines;
+using cuboid::test::slurp;
+using cuboid::test::TempDir;
+using cuboid::test::write_text;
+
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-Result run(const std::string& args) {
-  const char* bin = std::getenv("CUBOID_BIN");
-  REQUIRE_MESSAGE(bin != nullptr, "CUBOID_BIN must name the cuboid binary (meson test sets it)");
-  const auto dir = std::filesystem::temp_directory_path();
-  const auto out_file = dir / ("cuboid_cli_out_" + std::to_string(::getpid()));
-  const auto err_file = dir / ("cuboid_cli_err_" + std::to_string(::getpid()));
-  const std::string cmd = std::string(bin) + " " + args + " >" + out_file.string() + " 2>" + err_file.string();
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  r.out = slurp(out_file);
-  r.err = slurp(err_file);
-  std::filesystem::remove(out_file);
-  std::filesystem::remove(err_file);
-  return r;
-}
-
-std::filesystem::path write_temp(const std::string& name, const std::string& text) {
-  auto p = std::filesystem::temp_directory_path() / ("cuboid_cli_" + std::to_string(::getpid()) + "_" + name);
-  std::ofstream(p) << text;
-  return p;
+// `cuboid <args>` (cli_run.hpp), its stdout and stderr captured in a folder of its own.
+CliResult run(const std::string& args) {
+  static const TempDir capture("cli_capture");
+  return cuboid::test::run_cuboid(args, capture.path());
 }
 
 const std::string kLlama = "--model models/llama3-70b.json --cluster topologies/dgx-a100-4node.json";
 
-int lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
-
 }  // namespace
 
 TEST_CASE("plan ranks layouts for Llama-3-70B on 4 x 8 A100 and lists the seed's TP4 x PP4 x DP2") {
-  Result r = run("plan " + kLlama + " --simulate-top 2");
+  CliResult r = run("plan " + kLlama + " --simulate-top 2");
   REQUIRE_MESSAGE(r.code == 0, r.err);
   CHECK(r.out.find("Top 10 plans") != std::string::npos);
   CHECK(r.out.find(" sim ") != std::string::npos);
   CHECK(r.out.find(" est ") != std::string::npos);
   CHECK(r.out.find("Best plan of each TP x PP x DP layout") != std::string::npos);
 
-  Result j = run("plan " + kLlama + " --json --top 1000 --simulate-top 3");
+  CliResult j = run("plan " + kLlama + " --json --top 1000 --simulate-top 3");
   REQUIRE_MESSAGE(j.code == 0, j.err);
   auto doc = nlohmann::json::parse(j.out);
   REQUIRE(doc["candidates"].is_array());
@@ -103,12 +70,12 @@ TEST_CASE("plan ranks layouts for Llama-3-70B on 4 x 8 A100 and lists the seed's
 }
 
 TEST_CASE("plan with fixed dimensions and simulate agree") {
-  Result p = run("plan " + kLlama + " --tp 4 --pp 4 --micro-batch 1 --zero 1 --recompute full "
-                 "--sequence-parallel on --schedule 1f1b --global-batch 64 --json --simulate-top 1");
+  CliResult p = run("plan " + kLlama + " --tp 4 --pp 4 --micro-batch 1 --zero 1 --recompute full "
+                    "--sequence-parallel on --schedule 1f1b --global-batch 64 --json --simulate-top 1");
   REQUIRE_MESSAGE(p.code == 0, p.err);
   auto best = nlohmann::json::parse(p.out)["candidates"].at(0);
-  Result s = run("simulate " + kLlama + " --tp 4 --pp 4 --dp 2 --micro-batch 1 --zero 1 --recompute full "
-                 "--sequence-parallel on --global-batch 64 --json");
+  CliResult s = run("simulate " + kLlama + " --tp 4 --pp 4 --dp 2 --micro-batch 1 --zero 1 --recompute full "
+                    "--sequence-parallel on --global-batch 64 --json");
   REQUIRE_MESSAGE(s.code == 0, s.err);
   auto sim = nlohmann::json::parse(s.out);
   CHECK(sim["iteration_time_s"].get<double>() == doctest::Approx(best["iteration_time_s"].get<double>()));
@@ -116,14 +83,14 @@ TEST_CASE("plan with fixed dimensions and simulate agree") {
   double sum = 0;
   for (const char* k : {"compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"}) sum += b[k].get<double>();
   CHECK(sum == doctest::Approx(sim["iteration_time_s"].get<double>()).epsilon(1e-9));
-  Result text = run("simulate " + kLlama + " --tp 4 --pp 4 --global-batch 64");
+  CliResult text = run("simulate " + kLlama + " --tp 4 --pp 4 --global-batch 64");
   REQUIRE_MESSAGE(text.code == 0, text.err);
   CHECK(text.out.find("breakdown of the iteration") != std::string::npos);
   CHECK(text.out.find("memory per GPU") != std::string::npos);
   // Without gradient-accumulation fusion every micro-batch adds the main_grad
   // hooks: slower, and the plan says so.
-  Result unfused = run("simulate " + kLlama + " --tp 4 --pp 4 --dp 2 --micro-batch 1 --zero 1 --recompute full "
-                       "--sequence-parallel on --global-batch 64 --grad-accum-fusion off --json");
+  CliResult unfused = run("simulate " + kLlama + " --tp 4 --pp 4 --dp 2 --micro-batch 1 --zero 1 --recompute full "
+                          "--sequence-parallel on --global-batch 64 --grad-accum-fusion off --json");
   REQUIRE_MESSAGE(unfused.code == 0, unfused.err);
   const auto slow = nlohmann::json::parse(unfused.out);
   CHECK(slow["iteration_time_s"].get<double>() > sim["iteration_time_s"].get<double>());
@@ -132,19 +99,19 @@ TEST_CASE("plan with fixed dimensions and simulate agree") {
 }
 
 TEST_CASE("mesh prints the seed's picture") {
-  Result r = run("mesh " + kLlama + " --tp 4 --pp 4 --dp 2");
+  CliResult r = run("mesh " + kLlama + " --tp 4 --pp 4 --dp 2");
   REQUIRE_MESSAGE(r.code == 0, r.err);
   CHECK(r.out.find("p0 d0 t0") != std::string::npos);
   CHECK(r.out.find("p3 d1 t3") != std::string::npos);
   CHECK(r.out.find("every TP group stays inside one node") != std::string::npos);
-  Result cross = run("mesh " + kLlama + " --tp 8 --pp 2 --dp 2 --rank-order dp-tp-pp");
+  CliResult cross = run("mesh " + kLlama + " --tp 8 --pp 2 --dp 2 --rank-order dp-tp-pp");
   REQUIRE_MESSAGE(cross.code == 0, cross.err);
   CHECK(cross.out.find("WARNING: 4 of 4 TP groups cross nodes") != std::string::npos);
 }
 
 TEST_CASE("the 512B model on 16-way PP x 8-way TP: the answer says whether it fits and what it needs") {
-  Result r = run("plan --model models/gpt-512b.json --cluster topologies/dgx-a100-superpod.json --tp 8 "
-                 "--pp 16 --simulate-top 1");
+  CliResult r = run("plan --model models/gpt-512b.json --cluster topologies/dgx-a100-superpod.json --tp 8 "
+                    "--pp 16 --simulate-top 1");
   REQUIRE_MESSAGE(r.code == 0, r.err);
   const bool fits = r.out.find("Top ") != std::string::npos;
   const bool explains = r.out.find("What would make a plan fit") != std::string::npos;
@@ -153,9 +120,11 @@ TEST_CASE("the 512B model on 16-way PP x 8-way TP: the answer says whether it fi
 }
 
 TEST_CASE("bad input: exit code 2 and one line naming the file or flag and the fix") {
-  const auto bad_json = write_temp("bad.json", "{\"name\": \"x\", \"num_layers\": 4,");
-  const auto typo = write_temp("typo.json",
-                               R"({"name":"t","num_layer":4,"hidden_size":64,"num_attention_heads":4,"vocab_size":100,"seq_length":32})");
+  const TempDir files("cli_bad");
+  const auto bad_json = files / "bad.json";
+  write_text(bad_json, "{\"name\": \"x\", \"num_layers\": 4,");
+  const auto typo = files / "typo.json";
+  write_text(typo, R"({"name":"t","num_layer":4,"hidden_size":64,"num_attention_heads":4,"vocab_size":100,"seq_length":32})");
   struct Case {
     std::string args;
     std::string expect;
@@ -181,24 +150,21 @@ TEST_CASE("bad input: exit code 2 and one line naming the file or flag and the f
   };
   for (const auto& c : cases) {
     CAPTURE(c.args);
-    Result r = run(c.args);
+    CliResult r = run(c.args);
     CHECK(r.code == 2);
     CHECK_MESSAGE(r.err.find(c.expect) != std::string::npos, r.err);
-    CHECK(lines(r.err) == 1);
+    CHECK(count_lines(r.err) == 1);
     CHECK(r.out.empty());
   }
-  std::filesystem::remove(bad_json);
-  std::filesystem::remove(typo);
 }
 
 TEST_CASE("plan --out writes a plan file that simulate, mesh and export read back") {
-  const auto dir = std::filesystem::temp_directory_path() / ("cuboid_cli_plan_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const TempDir dir("cli_plan");
   const auto plan = dir / "plan.json";
   const auto pareto = dir / "pareto.svg";
   const auto mesh = dir / "mesh.svg";
-  Result p = run("plan " + kLlama + " --tp 4 --pp 4 --global-batch 64 --simulate-top 1 --json --out " + plan.string() + " --svg " +
-                 pareto.string());
+  CliResult p = run("plan " + kLlama + " --tp 4 --pp 4 --global-batch 64 --simulate-top 1 --json --out " + plan.string() + " --svg " +
+                    pareto.string());
   REQUIRE_MESSAGE(p.code == 0, p.err);
   REQUIRE(std::filesystem::exists(plan));
   CHECK(slurp(pareto).find("<svg") != std::string::npos);
@@ -208,18 +174,18 @@ TEST_CASE("plan --out writes a plan file that simulate, mesh and export read bac
   CHECK(file["parallel"]["tp"] == 4);
   CHECK(file["rank_mapping"].size() == 32);
 
-  Result s = run("simulate --plan " + plan.string() + " --json");
+  CliResult s = run("simulate --plan " + plan.string() + " --json");
   REQUIRE_MESSAGE(s.code == 0, s.err);
   auto sim = nlohmann::json::parse(s.out);
   CHECK(sim["tp"] == best["tp"]);
   CHECK(sim["micro_batch"] == best["micro_batch"]);
   CHECK(sim["zero_stage"] == best["zero_stage"]);
 
-  Result m = run("mesh --plan " + plan.string() + " --svg " + mesh.string());
+  CliResult m = run("mesh --plan " + plan.string() + " --svg " + mesh.string());
   REQUIRE_MESSAGE(m.code == 0, m.err);
   CHECK(slurp(mesh).find("class=\"gpu\"") != std::string::npos);
 
-  Result e = run("export --plan " + plan.string() + " --to megatron");
+  CliResult e = run("export --plan " + plan.string() + " --to megatron");
   REQUIRE_MESSAGE(e.code == 0, e.err);
   CHECK(e.out.find("--tensor-model-parallel-size 4") != std::string::npos);
 
@@ -237,25 +203,23 @@ TEST_CASE("plan --out writes a plan file that simulate, mesh and export read bac
   };
   for (const auto& c : bad) {
     CAPTURE(c.args);
-    Result r = run(c.args);
+    CliResult r = run(c.args);
     CHECK(r.code == 2);
     CHECK_MESSAGE(r.err.find(c.expect) != std::string::npos, r.err);
-    CHECK(lines(r.err) == 1);
+    CHECK(count_lines(r.err) == 1);
   }
   CHECK_FALSE(std::filesystem::exists("/nonexistent-dir/plan.json"));
   CHECK_FALSE(std::filesystem::exists(dir / "none.json"));
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("plan --for TARGET chooses a plan that the target can express, and export accepts it") {
-  const auto dir = std::filesystem::temp_directory_path() / ("cuboid_cli_for_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const TempDir dir("cli_for");
   for (const char* target : {"megatron", "deepspeed", "torchtitan", "nemo"}) {
     CAPTURE(target);
     const auto plan = dir / (std::string(target) + ".plan.json");
-    Result p = run("plan " + kLlama + " --simulate-top 1 --for " + target + " --out " + plan.string());
+    CliResult p = run("plan " + kLlama + " --simulate-top 1 --for " + target + " --out " + plan.string());
     REQUIRE_MESSAGE(p.code == 0, p.err);
-    Result e = run("export --plan " + plan.string() + " --to " + target);
+    CliResult e = run("export --plan " + plan.string() + " --to " + target);
     CHECK_MESSAGE(e.code == 0, e.err);
     CHECK(!e.out.empty());
     // DeepSpeed and torchtitan accumulate gradients in a separate pass, so
@@ -263,18 +227,16 @@ TEST_CASE("plan --for TARGET chooses a plan that the target can express, and exp
     const bool fused = nlohmann::json::parse(std::ifstream(plan))["parallel"]["grad_accum_fusion"].get<bool>();
     CHECK(fused == (std::string(target) == "megatron" || std::string(target) == "nemo"));
   }
-  Result bad = run("plan " + kLlama + " --for jax");
+  CliResult bad = run("plan " + kLlama + " --for jax");
   CHECK(bad.code == 2);
   CHECK(bad.err.find("--for: unknown export target \"jax\"") != std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("validate: measurements of another plan exit 2 with one line naming the field") {
-  const auto dir = std::filesystem::temp_directory_path() / ("cuboid_cli_validate_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const TempDir dir("cli_validate");
   const auto plan = dir / "tp2.json";
-  Result p = run("plan --model models/tiny.json --cluster topologies/localhost-cpu.json --tp 2 --global-batch 4 "
-                 "--micro-batch 1 --flash-attention off --simulate-top 1 --out " + plan.string());
+  CliResult p = run("plan --model models/tiny.json --cluster topologies/localhost-cpu.json --tp 2 --global-batch 4 "
+                    "--micro-batch 1 --flash-attention off --simulate-top 1 --out " + plan.string());
   REQUIRE_MESSAGE(p.code == 0, p.err);
   // A well-formed run of a DP 2 plan of the same model.
   nlohmann::json m = {{"schema", "cuboid.measurements/1"},
@@ -296,13 +258,12 @@ TEST_CASE("validate: measurements of another plan exit 2 with one line naming th
   }
   const auto measurements = dir / "dp2.measurements.json";
   std::ofstream(measurements) << m.dump(2);
-  Result v = run("validate --plan " + plan.string() + " --measurements " + measurements.string() +
-                 " --cluster topologies/localhost-cpu.json");
+  CliResult v = run("validate --plan " + plan.string() + " --measurements " + measurements.string() +
+                    " --cluster topologies/localhost-cpu.json");
   CHECK(v.code == 2);
   CHECK(v.out.empty());
   CHECK_MESSAGE(v.err.find(measurements.string() + ": plan.tp: the run had TP 1 but plan file " + plan.string() +
                            " has 2: these measurements are from another plan") != std::string::npos,
                 v.err);
-  CHECK(lines(v.err) == 1);
-  std::filesystem::remove_all(dir);
+  CHECK(count_lines(v.err) == 1);
 }

@@ -1,6 +1,6 @@
 // The analytical estimator: consistency of the breakdown, the direction of
 // each effect, and an informative comparison with Korthikanti et al. 2022
-// (/work/shared/data/korthikanti2022*.csv).
+// (tests/data/reference/korthikanti2022*.csv).
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -13,6 +13,7 @@
 #include "cuboid/core/topology.hpp"
 #include "cuboid/core/workload.hpp"
 #include "fixtures.hpp"
+#include "reference_data.hpp"
 
 using namespace cuboid;
 using namespace cuboid::test;
@@ -158,12 +159,19 @@ TEST_CASE("Korthikanti et al. 2022 Table 4: one 22B layer on 8 A100s (informativ
     double paper_fwd_ms;
     double paper_bwd_ms;
   };
+  // The paper's times from tests/data/reference/korthikanti2022_table4_layer_times.csv,
+  // by its experiment names; the configurations are those the names describe.
+  const std::vector<CsvRow> table4 = reference_csv("korthikanti2022_table4_layer_times.csv");
+  const auto paper = [&](std::string name, const char* experiment, Recompute recompute, bool sp) {
+    const CsvRow& r = row_where(table4, "experiment", experiment);
+    return Row{std::move(name), recompute, sp, r.number("forward_ms"), r.number("backward_ms")};
+  };
   const Row rows[] = {
-      {"baseline no recompute", Recompute::none, false, 7.7, 11.9},
-      {"sequence parallelism", Recompute::none, true, 7.2, 11.8},
-      {"baseline full recompute", Recompute::full, false, 7.7, 19.5},
-      {"selective recompute", Recompute::selective, false, 7.7, 13.2},
-      {"selective + sequence", Recompute::selective, true, 7.2, 13.1},
+      paper("baseline no recompute", "Baseline no recompute", Recompute::none, false),
+      paper("sequence parallelism", "Sequence Parallelism", Recompute::none, true),
+      paper("baseline full recompute", "Baseline with recompute", Recompute::full, false),
+      paper("selective recompute", "Selective Recompute", Recompute::selective, false),
+      paper("selective + sequence", "Selective + Sequence", Recompute::selective, true),
   };
   for (const Row& row : rows) {
     ParallelPlan p = make_plan(8, 1, 1, 4, 4);
@@ -191,13 +199,17 @@ TEST_CASE("Korthikanti et al. 2022 Table 5: 175B iteration on 64 A100s (informat
   p.sequence_parallel = true;
   const Estimate e = estimate(m, topo, p);
   const Breakdown& b = e.breakdown;
-  MESSAGE("175B tp8 pp8 v3 SP+selective: " << e.iteration_time_s << " s (paper 13.75 s), MFU " << e.mfu
-                                           << " (paper 0.514), HFU " << e.hfu << " (paper 0.528); compute "
+  // Table 5's 175B row (tests/data/reference/korthikanti2022.csv).
+  const CsvRow paper = row_where(reference_csv("korthikanti2022.csv"), "model", "175B (GPT-3)");
+  const double paper_s = paper.number("iter_time_seqpar_plus_selective_s");
+  MESSAGE("175B tp8 pp8 v3 SP+selective: " << e.iteration_time_s << " s (paper " << paper_s << " s), MFU " << e.mfu
+                                           << " (paper " << paper.number("mfu_pct") / 100 << "), HFU " << e.hfu
+                                           << " (paper " << paper.number("hfu_pct") / 100 << "); compute "
                                            << b.compute_s << " tp " << b.tp_comm_s << " pp " << b.pp_comm_s
                                            << " dp " << b.dp_comm_s << " bubble " << b.bubble_s << " optimizer "
                                            << b.optimizer_s);
-  CHECK(e.iteration_time_s > 13.75 / 2);
-  CHECK(e.iteration_time_s < 13.75 * 2);
+  CHECK(e.iteration_time_s > paper_s / 2);
+  CHECK(e.iteration_time_s < paper_s * 2);
 }
 
 TEST_CASE("estimate is cheap enough for the planner's inner loop") {

@@ -18,19 +18,19 @@
 #include "plan_fixtures.hpp"
 
 using namespace cuboid;
-using cuboid::testing::Fixture;
+using cuboid::test::Fixture;
 
 namespace {
 
 const Fixture& fixture(const std::string& name) {
-  static const std::vector<Fixture> all = cuboid::testing::fixtures();
+  static const std::vector<Fixture> all = cuboid::test::fixtures();
   for (const auto& f : all)
     if (f.name == name) return f;
   FAIL("no fixture " << name);
   return all.front();
 }
 
-PlanFile plan_file(const std::string& name) { return cuboid::testing::fixture_plan_file(fixture(name)); }
+PlanFile plan_file(const std::string& name) { return cuboid::test::fixture_plan_file(fixture(name)); }
 
 std::string extension(const std::string& target) {
   static const std::map<std::string, std::string> ext = {
@@ -40,7 +40,7 @@ std::string extension(const std::string& target) {
 
 void check_golden(const std::string& plan, const std::string& target) {
   const std::string text = export_plan(plan_file(plan), target);
-  const auto path = cuboid::testing::source_root() / "tests/golden/export" / (plan + "." + target + "." + extension(target));
+  const auto path = cuboid::test::source_root() / "tests/golden/export" / (plan + "." + target + "." + extension(target));
   const char* update = std::getenv("CUBOID_UPDATE_GOLDEN");
   if (update != nullptr && std::string(update) == "1") {
     std::ofstream(path, std::ios::binary) << text;

@@ -16,13 +16,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const cuboid::testing::Fixture& seed() {
-  static const auto all = cuboid::testing::fixtures();
+const cuboid::test::Fixture& seed() {
+  static const auto all = cuboid::test::fixtures();
   return all.front();
 }
 
 nlohmann::json seed_json() {
-  static const nlohmann::json j = cuboid::testing::fixture_json(seed());
+  static const nlohmann::json j = cuboid::test::fixture_json(seed());
   return j;
 }
 
@@ -71,9 +71,9 @@ TEST_CASE("a plan file holds the model, cluster, every parallel setting, the ran
 }
 
 TEST_CASE("every fixture plan reads back to the same plan and model") {
-  for (const auto& f : cuboid::testing::fixtures()) {
+  for (const auto& f : cuboid::test::fixtures()) {
     CAPTURE(f.name);
-    const PlanFile pf = cuboid::testing::fixture_plan_file(f);
+    const PlanFile pf = cuboid::test::fixture_plan_file(f);
     CHECK(pf.plan.tp == f.plan.tp);
     CHECK(pf.plan.pp == f.plan.pp);
     CHECK(pf.plan.dp == f.plan.dp);
@@ -84,7 +84,7 @@ TEST_CASE("every fixture plan reads back to the same plan and model") {
     CHECK(pf.plan.schedule == f.plan.schedule);
     CHECK(pf.plan.global_batch == f.plan.global_batch);
     CHECK(pf.plan.order == f.plan.order);
-    CHECK(model_to_json(pf.model) == model_to_json(load_model(cuboid::testing::source_root() / f.model_card)));
+    CHECK(model_to_json(pf.model) == model_to_json(load_model(cuboid::test::source_root() / f.model_card)));
     CHECK(pf.nodes == 4);
     CHECK(pf.gpus_per_node == 8);
     CHECK(pf.prediction.is_object());
@@ -182,8 +182,8 @@ TEST_CASE("the plan is validated against its own inline model") {
 }
 
 TEST_CASE("a plan for another cluster shape is refused") {
-  const PlanFile pf = cuboid::testing::fixture_plan_file(seed());
-  const fs::path card = cuboid::testing::source_root() / "topologies/dgx-a100-4node.json";
+  const PlanFile pf = cuboid::test::fixture_plan_file(seed());
+  const fs::path card = cuboid::test::source_root() / "topologies/dgx-a100-4node.json";
   CHECK_NOTHROW(check_plan_matches_cluster(pf, load_cluster(card)));
   const Cluster two = load_cluster(card, 2);
   CHECK_THROWS_WITH_AS(check_plan_matches_cluster(pf, two),

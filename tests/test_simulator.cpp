@@ -1,7 +1,7 @@
 // The discrete-event simulator: determinism, bounds, the direction of each
 // effect (schedule, interleaving, straggler, DP overlap), the breakdown, the
 // trace of a real plan, and a printed comparison with Korthikanti et al. 2022
-// (/work/shared/data/korthikanti2022.csv).
+// (tests/data/reference/korthikanti2022.csv).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -29,6 +29,7 @@
 #include "cuboid/core/workload.hpp"
 #include "cuboid/core/topology.hpp"
 #include "fixtures.hpp"
+#include "reference_data.hpp"
 #include "busiest.hpp"
 
 using namespace cuboid;
@@ -406,18 +407,28 @@ TEST_CASE("Korthikanti et al. 2022: simulated vs measured iteration times" * doc
     const char* model;
     int nodes, tp, pp, dp;
     std::int64_t batch;
-    int v;
+    int micro_batch, v;
     double full_s, selective_s;
   };
   // Korthikanti et al. 2022 Table 3 configurations, Table 5 times (full
   // recompute; sequence parallelism + selective recompute); the DP=8 row from
-  // Sec 6.3 (selective only). Megatron-LM of 2022 reduced gradients after the
-  // backward pass, so DP overlap is off here.
-  const Row rows[] = {
-      {"gpt-22b", 1, 8, 1, 1, 4, 1, 1.42, 1.10},         {"gpt3-175b", 8, 8, 8, 1, 64, 3, 18.13, 13.75},
-      {"mt-nlg-530b", 35, 8, 35, 1, 280, 3, 49.05, 37.83}, {"gpt-1t", 64, 8, 64, 1, 512, 1, 94.42, 71.49},
-      {"mt-nlg-530b", 280, 8, 35, 8, 2240, 3, 0, 39.15},
+  // Sec 6.3 (selective only), read from tests/data/reference/korthikanti2022.csv.
+  // Its model names map to model cards as in tools/validate. Megatron-LM of
+  // 2022 reduced gradients after the backward pass, so DP overlap is off here.
+  const std::map<std::string, const char*> cards = {
+      {"22B", "gpt-22b"}, {"175B (GPT-3)", "gpt3-175b"}, {"530B (MT-NLG)", "mt-nlg-530b"},
+      {"1T", "gpt-1t"},   {"530B (MT-NLG) DP=8", "mt-nlg-530b"},
   };
+  std::vector<Row> rows;
+  for (const test::CsvRow& r : test::reference_csv("korthikanti2022.csv")) {
+    REQUIRE_MESSAGE(cards.count(r["model"]) == 1, r["model"]);
+    const std::string& v = r["interleave_stages"];
+    rows.push_back({cards.at(r["model"]), r.integer("num_gpus") / 8, r.integer("tensor_parallel"),
+                    r.integer("pipeline_parallel"), r.integer("data_parallel"), r.integer("global_batch_size"),
+                    r.integer("micro_batch_size"), v == "none" ? 1 : std::stoi(v),
+                    r.measured("iter_time_full_recompute_s"), r.measured("iter_time_seqpar_plus_selective_s")});
+  }
+  REQUIRE(!rows.empty());
   double sum_abs = 0;
   int n = 0;
   for (const Row& row : rows) {
@@ -426,7 +437,7 @@ TEST_CASE("Korthikanti et al. 2022: simulated vs measured iteration times" * doc
     for (int full = 0; full < 2; ++full) {
       const double measured = full ? row.full_s : row.selective_s;
       if (measured <= 0) continue;
-      ParallelPlan p = plan_of(m, row.tp, row.pp, row.dp, row.batch, row.batch == 4 ? 4 : 1);
+      ParallelPlan p = plan_of(m, row.tp, row.pp, row.dp, row.batch, row.micro_batch);
       p.flash_attention = false;
       p.recompute = full ? Recompute::full : Recompute::selective;
       p.sequence_parallel = !full;
