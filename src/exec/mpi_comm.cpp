@@ -137,9 +137,7 @@ int cpus_online() {
   if (MPI_Error_string(code, text, &length) == MPI_SUCCESS && length > 0) {
     detail += ": " + std::string(text, static_cast<std::size_t>(length));
   }
-  // "MPI_Send(buf, n, ...)" -> "MPI_Send": the call's name; file and line say which one.
-  const std::string call(op);
-  throw ExecError(file, line, world_rank_or_launcher(), call.substr(0, call.find('(')), detail);
+  throw ExecError(file, line, world_rank_or_launcher(), call_name(op), detail);
 }
 
 // --- environment ----------------------------------------------------------------

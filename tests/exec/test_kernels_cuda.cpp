@@ -20,6 +20,7 @@
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/cuda_backend.hpp"
 #include "cuboid/exec/exec_error.hpp"
+#include "cuboid/exec/nccl_comm.hpp"
 
 namespace cuboid::exec {
 namespace {
