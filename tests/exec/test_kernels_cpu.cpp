@@ -14,6 +14,7 @@
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/cpu_backend.hpp"
 #include "cuboid/exec/exec_error.hpp"
+#include "cuboid/exec/registry.hpp"
 
 using namespace cuboid::exec;
 

@@ -24,6 +24,7 @@
 
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/exec_error.hpp"
+#include "cuboid/exec/registry.hpp"
 
 namespace cuboid::exec {
 
@@ -49,7 +50,6 @@ namespace cuboid::exec {
       ::cuboid::exec::throw_cublas_error(cuboid_cublas_rc_, #call, __FILE__, __LINE__); \
     }                                                                                  \
   } while (0)
-
 
 namespace cuboid::exec {
 
@@ -194,7 +194,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer scratch_;              // last: freed (on stream_) before the stream goes
 };
 
-// Registered as "cuda" by make_backend (backend.cpp).
+// Registered as "cuda" by make_backend (registry.cpp).
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
 
 }  // namespace cuboid::exec

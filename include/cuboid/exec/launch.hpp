@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "cuboid/exec/backend.hpp"
+#include "cuboid/exec/communicator.hpp"
 #include "cuboid/core/plan.hpp"
 
 namespace cuboid::exec {

@@ -20,7 +20,7 @@
 #include <string_view>
 #include <vector>
 
-#include "cuboid/exec/backend.hpp"
+#include "cuboid/exec/communicator.hpp"
 #include "cuboid/exec/cuda_backend.hpp"
 
 namespace cuboid::exec {
