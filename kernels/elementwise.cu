@@ -3,7 +3,7 @@
 // Grid-stride loops, fp32 math.
 #include <cmath>
 
-#include "cuboid/exec/backend.hpp"  // uniform01, dropout_keep: the CPU backend's random streams
+#include "cuboid/exec/random.hpp"  // uniform01, dropout_keep: the CPU backend's random streams
 #include "kernels/common.cuh"
 
 namespace cuboid::kernels {

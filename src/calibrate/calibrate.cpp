@@ -25,6 +25,7 @@
 #include "cuboid/exec/launch.hpp"
 #include "cuboid/exec/host_exchange.hpp"
 #include "cuboid/exec/mpi_comm.hpp"
+#include "cuboid/exec/registry.hpp"
 #include "cuboid/io/planfile.hpp"
 #include "cuboid_config.hpp"
 #include "cuboid/exec/op_timer.hpp"

@@ -1,84 +1,13 @@
-// The checks every backend shares (non-virtual interface), the views and
-// handles, and the backend registry.
+// The checks every backend shares (non-virtual interface, see backend.hpp).
 #include "cuboid/exec/backend.hpp"
 
 #include <algorithm>
 #include <string>
-#include <utility>
 
-#include "cuboid/core/error.hpp"
-#include "cuboid/exec/cpu_backend.hpp"
 #include "cuboid/exec/exec_error.hpp"
 
 namespace cuboid::exec {
 
-#if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
-std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
-#endif
-
-std::string_view to_string(DType d) {
-  switch (d) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "i32";
-  }
-  return "?";
-}
-
-// ---------------------------------------------------------------------------
-DeviceSpan DeviceSpan::subspan(std::size_t offset, std::size_t count) const {
-  CUBOID_EXEC_REQUIRE(offset <= size_ && count <= size_ - offset, "subspan",
-                      "elements [" + std::to_string(offset) + ", " +
-                          std::to_string(offset + count) + ") outside a span of " +
-                          std::to_string(size_));
-  return {static_cast<std::byte*>(data_) + offset * dtype_bytes(dtype_), count, dtype_};
-}
-
-ConstDeviceSpan ConstDeviceSpan::subspan(std::size_t offset, std::size_t count) const {
-  CUBOID_EXEC_REQUIRE(offset <= size_ && count <= size_ - offset, "subspan",
-                      "elements [" + std::to_string(offset) + ", " +
-                          std::to_string(offset + count) + ") outside a span of " +
-                          std::to_string(size_));
-  return {static_cast<const std::byte*>(data_) + offset * dtype_bytes(dtype_), count, dtype_};
-}
-
-OwnedHandle::OwnedHandle(OwnedHandle&& other) noexcept
-    : handle_(std::exchange(other.handle_, nullptr)),
-      deleter_(std::exchange(other.deleter_, nullptr)),
-      context_(std::exchange(other.context_, nullptr)) {}
-
-OwnedHandle& OwnedHandle::operator=(OwnedHandle&& other) noexcept {
-  if (this != &other) {
-    reset();
-    handle_ = std::exchange(other.handle_, nullptr);
-    deleter_ = std::exchange(other.deleter_, nullptr);
-    context_ = std::exchange(other.context_, nullptr);
-  }
-  return *this;
-}
-
-void OwnedHandle::reset() noexcept {
-  if (handle_ != nullptr && deleter_ != nullptr) deleter_(handle_, context_);
-  handle_ = nullptr;
-  deleter_ = nullptr;
-  context_ = nullptr;
-}
-
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : memory_(std::move(other.memory_)),
-      size_(std::exchange(other.size_, 0)),
-      dtype_(other.dtype_) {}
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
-  if (this != &other) {
-    memory_ = std::move(other.memory_);
-    size_ = std::exchange(other.size_, 0);
-    dtype_ = other.dtype_;
-  }
-  return *this;
-}
-
-// ---------------------------------------------------------------------------
 GemmShape GemmShape::resolved() const {
   GemmShape r = *this;
   const std::int64_t a_cols = trans_a == Trans::yes ? m : k;
@@ -480,114 +409,6 @@ void Backend::adam_step(DeviceSpan params, ConstDeviceSpan grads, DeviceSpan m, 
   require_same_size(params, m, op, "params and m");
   require_same_size(params, v, op, "params and v");
   adam_step_impl(params, grads, m, v, config, step);
-}
-
-// ---------------------------------------------------------------------------
-namespace {
-
-void require_count(ConstDeviceSpan s, std::size_t needed, const char* op, const char* what) {
-  CUBOID_EXEC_REQUIRE(s.size() >= needed, op,
-                      std::string(what) + " holds " + std::to_string(s.size()) +
-                          " elements, needs " + std::to_string(needed));
-}
-
-void require_peer(int peer, int size, const char* op) {
-  CUBOID_EXEC_REQUIRE(peer >= 0 && peer < size, op,
-                      "peer " + std::to_string(peer) + " outside a group of " +
-                          std::to_string(size));
-}
-
-}  // namespace
-
-void Communicator::all_reduce_sum(DeviceSpan buffer, std::size_t count) {
-  require_count(buffer, count, "all_reduce_sum", "buffer");
-  all_reduce_sum_impl(buffer, count);
-}
-
-void Communicator::reduce_scatter_sum(ConstDeviceSpan send, DeviceSpan recv,
-                                      std::size_t recv_count) {
-  require_count(send, recv_count * static_cast<std::size_t>(size()), "reduce_scatter_sum", "send");
-  require_count(recv, recv_count, "reduce_scatter_sum", "recv");
-  CUBOID_EXEC_REQUIRE(send.dtype() == recv.dtype(), "reduce_scatter_sum",
-                      "send and recv differ in dtype");
-  reduce_scatter_sum_impl(send, recv, recv_count);
-}
-
-void Communicator::all_gather(ConstDeviceSpan send, DeviceSpan recv, std::size_t send_count) {
-  require_count(send, send_count, "all_gather", "send");
-  require_count(recv, send_count * static_cast<std::size_t>(size()), "all_gather", "recv");
-  CUBOID_EXEC_REQUIRE(send.dtype() == recv.dtype(), "all_gather", "send and recv differ in dtype");
-  all_gather_impl(send, recv, send_count);
-}
-
-void Communicator::broadcast(DeviceSpan buffer, std::size_t count, int root) {
-  require_count(buffer, count, "broadcast", "buffer");
-  require_peer(root, size(), "broadcast");
-  broadcast_impl(buffer, count, root);
-}
-
-void Communicator::send(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) {
-  require_count(buffer, count, "send", "buffer");
-  require_peer(peer, size(), "send");
-  send_impl(buffer, count, peer, tag);
-}
-
-void Communicator::recv(DeviceSpan buffer, std::size_t count, int peer, int tag) {
-  require_count(buffer, count, "recv", "buffer");
-  require_peer(peer, size(), "recv");
-  recv_impl(buffer, count, peer, tag);
-}
-
-void Communicator::send_recv(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer,
-                             DeviceSpan recv_buffer, std::size_t recv_count, int recv_peer,
-                             int tag) {
-  require_count(send_buffer, send_count, "send_recv", "send buffer");
-  require_count(recv_buffer, recv_count, "send_recv", "recv buffer");
-  require_peer(send_peer, size(), "send_recv");
-  require_peer(recv_peer, size(), "send_recv");
-  send_recv_impl(send_buffer, send_count, send_peer, recv_buffer, recv_count, recv_peer, tag);
-}
-
-std::unique_ptr<CommRequest> Communicator::isend(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) {
-  require_count(buffer, count, "isend", "buffer");
-  require_peer(peer, size(), "isend");
-  return isend_impl(buffer, count, peer, tag);
-}
-
-std::unique_ptr<CommRequest> Communicator::irecv(DeviceSpan buffer, std::size_t count, int peer, int tag) {
-  require_count(buffer, count, "irecv", "buffer");
-  require_peer(peer, size(), "irecv");
-  return irecv_impl(buffer, count, peer, tag);
-}
-
-// ---------------------------------------------------------------------------
-std::vector<BackendInfo> backend_list() {
-  std::vector<BackendInfo> list{
-      {"cpu", "fp32 on the host: OpenBLAS GEMMs, MPI collectives"}};
-#if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
-  list.push_back({"cuda", "bf16 on NVIDIA GPUs: cuBLAS GEMMs, NCCL collectives"});
-#endif
-  return list;
-}
-
-std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options) {
-  if (name == "cpu") return make_cpu_backend(options);
-#if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
-  if (name == "cuda") return make_cuda_backend(options);
-#endif
-#if !(defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA)
-  if (name == "cuda") {
-    throw InputError("command line", "--backend", "this build has no CUDA backend",
-                     "use --backend cpu, or rebuild with -Dgpu=enabled (CUDA toolkit, cuBLAS, NCCL)");
-  }
-#endif
-  std::string choices;
-  for (const BackendInfo& info : backend_list()) {
-    if (!choices.empty()) choices += ", ";
-    choices += info.name;
-  }
-  throw InputError("command line", "--backend", "unknown backend '" + std::string(name) + "'",
-                   "use one of: " + choices);
 }
 
 }  // namespace cuboid::exec

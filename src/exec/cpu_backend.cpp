@@ -316,9 +316,9 @@ float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 // GeLU in plain float arithmetic that GCC vectorises at -O3 (no libm call,
 // no float branch: with the default -ftrapping-math a float compare before
 // the division blocks if-conversion), so it costs the same per element
-// whatever its input: std::tanh / std::exp take 30-100 ns depending on the
-// value, which made the calibrated GeLU (random inputs) disagree with the
-// step's (real activations).
+// whatever its input. libm's tanh and exp take a time that depends on the
+// value (docs/internals/exec.md), and the calibrated GeLU (random inputs) must
+// cost what the step's (real activations) does.
 //
 // The input of the exponential is bounded by clamping v to +-10 in the
 // integer domain (|v| as bits is monotonic): beyond it 0.5 (1 + tanh(u)) is 1

@@ -1,13 +1,10 @@
-// The CUDA backend and the NCCL communicator (see cuda_backend.hpp).
+// The CUDA backend (see cuda_backend.hpp).
 #include "cuboid/exec/cuda_backend.hpp"
 
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 #include <limits>
 
@@ -18,13 +15,6 @@ namespace cuboid::exec {
 namespace {
 
 using kernels::bf16;
-
-// "cudaMemcpyAsync(dst, ...)" -> "cudaMemcpyAsync": the op names the call,
-// the full expression stays in the detail.
-std::string call_name(const char* call) {
-  const std::string_view text(call);
-  return std::string(text.substr(0, std::min(text.find('('), text.size())));
-}
 
 }  // namespace
 
@@ -37,14 +27,6 @@ void throw_cublas_error(cublasStatus_t code, const char* call, const char* file,
   throw ExecError(file, line, launcher_rank(), call_name(call),
                   std::string(cublasGetStatusName(code)) + ": " + cublasGetStatusString(code) + " in `" + call +
                       "`");
-}
-
-void throw_nccl_error(ncclResult_t code, const char* call, const char* file, int line) {
-  std::string detail = std::string(ncclGetErrorString(code)) + " in `" + call + "`";
-  // NCCL keeps a more specific message (which peer, which transport) aside.
-  if (const char* last = ncclGetLastError(nullptr); last != nullptr && *last != '\0')
-    detail += " (" + std::string(last) + ")";
-  throw ExecError(file, line, launcher_rank(), call_name(call), detail);
 }
 
 CudaStream make_stream() {
@@ -532,230 +514,6 @@ void CudaBackend::adam_step_impl(DeviceSpan params, ConstDeviceSpan grads, Devic
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   return std::make_unique<CudaBackend>(options.device);
-}
-
-// ---------------------------------------------------------------------------
-// NCCL
-namespace {
-
-ncclDataType_t nccl_type(DType d) {
-  switch (d) {
-    case DType::f32: return ncclFloat32;
-    case DType::bf16: return ncclBfloat16;
-    case DType::i32: return ncclInt32;
-  }
-  return ncclFloat32;
-}
-
-ncclUniqueId to_nccl(const NcclUniqueId& id) {
-  static_assert(sizeof(ncclUniqueId) == sizeof(NcclUniqueId::bytes), "NCCL_UNIQUE_ID_BYTES changed");
-  ncclUniqueId out;
-  std::memcpy(&out, id.bytes.data(), sizeof(out));
-  return out;
-}
-
-}  // namespace
-
-NcclUniqueId nccl_unique_id() {
-  ncclUniqueId raw;
-  CUBOID_NCCL_CHECK(ncclGetUniqueId(&raw));
-  NcclUniqueId id;
-  std::memcpy(id.bytes.data(), &raw, sizeof(raw));
-  return id;
-}
-
-namespace {
-NcclComm init_comm(const NcclUniqueId& id, int rank, int size, const CudaBackend& backend) {
-  CUBOID_EXEC_REQUIRE(size > 0 && rank >= 0 && rank < size, "ncclCommInitRank",
-                      "rank " + std::to_string(rank) + " of " + std::to_string(size));
-  CUBOID_CUDA_CHECK(cudaSetDevice(backend.device_info().ordinal));
-  ncclComm_t comm = nullptr;
-  CUBOID_NCCL_CHECK(ncclCommInitRank(&comm, size, to_nccl(id), rank));
-  return NcclComm(comm);
-}
-}  // namespace
-
-NcclCommunicator::NcclCommunicator(const NcclUniqueId& id, int rank, int size, CudaBackend& backend)
-    : NcclCommunicator(init_comm(id, rank, size, backend), backend) {}
-
-NcclCommunicator::NcclCommunicator(NcclComm comm, CudaBackend& backend)
-    : backend_(&backend),
-      comm_(std::move(comm)),
-      comm_stream_(make_stream()),
-      compute_ready_(make_sync_event()),
-      comm_done_(make_sync_event()),
-      barrier_word_(backend.alloc(1, DType::f32)) {
-  CUBOID_NCCL_CHECK(ncclCommUserRank(comm_.get(), &rank_));
-  CUBOID_NCCL_CHECK(ncclCommCount(comm_.get(), &size_));
-  backend.fill(barrier_word_, 0.0f);
-}
-
-NcclCommunicator::~NcclCommunicator() {
-  // Sends still held back were given up on (their requests are gone).
-  pending_sends_.clear();
-  // Let in-flight collectives finish before ncclCommDestroy frees their resources.
-  (void)cudaStreamSynchronize(comm_stream_.get());
-}
-
-template <typename Enqueue>
-void NcclCommunicator::on_comm_stream(Enqueue&& enqueue) {
-  // Held-back sends go first: NCCL must see this communicator's ops in the
-  // order the caller issued them.
-  issue_pending_sends();
-  const cudaStream_t compute = backend_->stream();
-  const cudaStream_t comm = comm_stream_.get();
-  CUBOID_CUDA_CHECK(cudaEventRecord(compute_ready_.get(), compute));
-  CUBOID_CUDA_CHECK(cudaStreamWaitEvent(comm, compute_ready_.get(), 0));
-  enqueue(comm);
-  CUBOID_CUDA_CHECK(cudaEventRecord(comm_done_.get(), comm));
-  CUBOID_CUDA_CHECK(cudaStreamWaitEvent(compute, comm_done_.get(), 0));
-}
-
-void NcclCommunicator::all_reduce_sum_impl(DeviceSpan buffer, std::size_t count) {
-  on_comm_stream([&](cudaStream_t s) {
-    CUBOID_NCCL_CHECK(ncclAllReduce(buffer.native(), buffer.native(), count, nccl_type(buffer.dtype()), ncclSum,
-                                    comm_.get(), s));
-  });
-}
-
-void NcclCommunicator::reduce_scatter_sum_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t recv_count) {
-  on_comm_stream([&](cudaStream_t s) {
-    CUBOID_NCCL_CHECK(ncclReduceScatter(send.native(), recv.native(), recv_count, nccl_type(recv.dtype()), ncclSum,
-                                        comm_.get(), s));
-  });
-}
-
-void NcclCommunicator::all_gather_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t send_count) {
-  on_comm_stream([&](cudaStream_t s) {
-    CUBOID_NCCL_CHECK(
-        ncclAllGather(send.native(), recv.native(), send_count, nccl_type(recv.dtype()), comm_.get(), s));
-  });
-}
-
-void NcclCommunicator::broadcast_impl(DeviceSpan buffer, std::size_t count, int root) {
-  on_comm_stream([&](cudaStream_t s) {
-    CUBOID_NCCL_CHECK(ncclBroadcast(buffer.native(), buffer.native(), count, nccl_type(buffer.dtype()), root,
-                                    comm_.get(), s));
-  });
-}
-
-// NCCL has no tags: p2p between a pair is matched in issue order.
-void NcclCommunicator::send_impl(ConstDeviceSpan buffer, std::size_t count, int peer, int /*tag*/) {
-  on_comm_stream([&](cudaStream_t s) {
-    CUBOID_NCCL_CHECK(ncclSend(buffer.native(), count, nccl_type(buffer.dtype()), peer, comm_.get(), s));
-  });
-}
-
-void NcclCommunicator::recv_impl(DeviceSpan buffer, std::size_t count, int peer, int /*tag*/) {
-  on_comm_stream([&](cudaStream_t s) {
-    CUBOID_NCCL_CHECK(ncclRecv(buffer.native(), count, nccl_type(buffer.dtype()), peer, comm_.get(), s));
-  });
-}
-
-void NcclCommunicator::send_recv_impl(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer,
-                                      DeviceSpan recv_buffer, std::size_t recv_count, int recv_peer, int /*tag*/) {
-  on_comm_stream([&](cudaStream_t s) {
-    // One group: both directions progress together, so two stages exchanging
-    // activations and gradients (1F1B) cannot deadlock.
-    CUBOID_NCCL_CHECK(ncclGroupStart());
-    const ncclResult_t sent =
-        ncclSend(send_buffer.native(), send_count, nccl_type(send_buffer.dtype()), send_peer, comm_.get(), s);
-    const ncclResult_t received =
-        ncclRecv(recv_buffer.native(), recv_count, nccl_type(recv_buffer.dtype()), recv_peer, comm_.get(), s);
-    CUBOID_NCCL_CHECK(ncclGroupEnd());
-    CUBOID_NCCL_CHECK(sent);
-    CUBOID_NCCL_CHECK(received);
-  });
-}
-
-// --- non-blocking p2p ------------------------------------------------------------
-class NcclCommunicator::Request final : public CommRequest {
- public:
-  Request(NcclCommunicator& comm, std::shared_ptr<P2pState> state) : comm_(&comm), state_(std::move(state)) {}
-  void wait() override {
-    if (!state_->done) comm_->issue_pending_sends();
-    CUBOID_EXEC_REQUIRE(state_->done != nullptr, "wait", "an NCCL p2p request that was never issued");
-    CUBOID_CUDA_CHECK(cudaStreamWaitEvent(comm_->backend_->stream(), state_->done->get(), 0));
-  }
-  bool test() override {
-    if (!state_->done) return false;
-    const cudaError_t rc = cudaEventQuery(state_->done->get());
-    if (rc == cudaErrorNotReady) return false;
-    CUBOID_CUDA_CHECK(rc);
-    return true;
-  }
-
- private:
-  NcclCommunicator* comm_;  // requests never outlive their communicator
-  std::shared_ptr<P2pState> state_;
-};
-
-void NcclCommunicator::issue_pending_sends() {
-  if (!pending_sends_.empty()) issue_p2p(nullptr);
-}
-
-void NcclCommunicator::issue_p2p(const PendingRecv* recv) {
-  const cudaStream_t s = comm_stream_.get();
-  for (const PendingSend& p : pending_sends_) CUBOID_CUDA_CHECK(cudaStreamWaitEvent(s, p.ready.get(), 0));
-  if (recv != nullptr) {
-    // The receive overwrites its buffer: after the compute stream's work so far (which may still read it).
-    CUBOID_CUDA_CHECK(cudaEventRecord(compute_ready_.get(), backend_->stream()));
-    CUBOID_CUDA_CHECK(cudaStreamWaitEvent(s, compute_ready_.get(), 0));
-  }
-  CUBOID_NCCL_CHECK(ncclGroupStart());
-  ncclResult_t rc = ncclSuccess;
-  for (const PendingSend& p : pending_sends_)
-    if (rc == ncclSuccess) rc = ncclSend(p.buffer.native(), p.count, nccl_type(p.buffer.dtype()), p.peer, comm_.get(), s);
-  if (recv != nullptr && rc == ncclSuccess)
-    rc = ncclRecv(recv->buffer.native(), recv->count, nccl_type(recv->buffer.dtype()), recv->peer, comm_.get(), s);
-  // The group is always closed, also when an op in it failed.
-  const ncclResult_t ended = ncclGroupEnd();
-  CUBOID_NCCL_CHECK(rc);
-  CUBOID_NCCL_CHECK(ended);
-  auto done = std::make_shared<CudaEvent>(make_sync_event());
-  CUBOID_CUDA_CHECK(cudaEventRecord(done->get(), s));
-  for (PendingSend& p : pending_sends_) p.state->done = done;
-  if (recv != nullptr) recv->state->done = done;
-  pending_sends_.clear();
-}
-
-std::unique_ptr<CommRequest> NcclCommunicator::isend_impl(ConstDeviceSpan buffer, std::size_t count, int peer,
-                                                          int /*tag*/) {
-  PendingSend p{buffer, count, peer, make_sync_event(), std::make_shared<P2pState>()};
-  CUBOID_CUDA_CHECK(cudaEventRecord(p.ready.get(), backend_->stream()));
-  auto request = std::make_unique<Request>(*this, p.state);
-  pending_sends_.push_back(std::move(p));
-  return request;
-}
-
-std::unique_ptr<CommRequest> NcclCommunicator::irecv_impl(DeviceSpan buffer, std::size_t count, int peer,
-                                                          int /*tag*/) {
-  const PendingRecv r{buffer, count, peer, std::make_shared<P2pState>()};
-  issue_p2p(&r);
-  return std::make_unique<Request>(*this, r.state);
-}
-
-void NcclCommunicator::barrier() {
-  all_reduce_sum_impl(barrier_word_, 1);
-  CUBOID_CUDA_CHECK(cudaStreamSynchronize(comm_stream_.get()));
-}
-
-void NcclCommunicator::abort(std::string_view message) {
-  std::fprintf(stderr, "rank %d: aborting: %.*s\n", launcher_rank(), static_cast<int>(message.size()),
-               message.data());
-  (void)ncclCommAbort(comm_.release());
-  std::abort();
-}
-
-std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
-  ncclComm_t child = nullptr;
-  CUBOID_NCCL_CHECK(ncclCommSplit(comm_.get(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr));
-  if (child == nullptr) return nullptr;
-  return std::unique_ptr<Communicator>(new NcclCommunicator(NcclComm(child), *backend_));
-}
-
-std::unique_ptr<Communicator> make_nccl_world(const NcclUniqueId& id, int rank, int size, CudaBackend& backend) {
-  return std::make_unique<NcclCommunicator>(id, rank, size, backend);
 }
 
 }  // namespace cuboid::exec

@@ -1,5 +1,6 @@
 #include "cuboid/exec/exec_error.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -31,6 +32,10 @@ int launcher_rank() noexcept {
     }
   }
   return -1;
+}
+
+std::string call_name(std::string_view call) {
+  return std::string(call.substr(0, std::min(call.find('('), call.size())));
 }
 
 void throw_exec_error(const char* op, const std::string& detail, const char* file, int line) {

@@ -19,6 +19,7 @@
 #include "cuboid/exec/tcp_store.hpp"
 #if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
 #include "cuboid/exec/cuda_backend.hpp"
+#include "cuboid/exec/nccl_comm.hpp"
 #endif
 
 namespace cuboid::exec {

@@ -108,7 +108,8 @@ std::string_view mpi_wait_name(MpiWait wait) noexcept {
 
 void set_mpi_wait(MpiWait wait) {
   g_wait.store(wait, std::memory_order_relaxed);
-  // The default 50 us slack would stretch every 2 us sleep to ~55 us.
+  // Linux's default timer slack (50 us, prctl(2) PR_SET_TIMERSLACK) lets every
+  // 2 us sleep last up to 50 us longer.
   if (wait == MpiWait::sleep) prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
 }
 
@@ -137,9 +138,7 @@ int cpus_online() {
   if (MPI_Error_string(code, text, &length) == MPI_SUCCESS && length > 0) {
     detail += ": " + std::string(text, static_cast<std::size_t>(length));
   }
-  // "MPI_Send(buf, n, ...)" -> "MPI_Send": the call's name; file and line say which one.
-  const std::string call(op);
-  throw ExecError(file, line, world_rank_or_launcher(), call.substr(0, call.find('(')), detail);
+  throw ExecError(file, line, world_rank_or_launcher(), call_name(op), detail);
 }
 
 // --- environment ----------------------------------------------------------------

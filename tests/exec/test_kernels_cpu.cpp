@@ -14,6 +14,7 @@
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/cpu_backend.hpp"
 #include "cuboid/exec/exec_error.hpp"
+#include "cuboid/exec/registry.hpp"
 
 using namespace cuboid::exec;
 
@@ -674,4 +675,10 @@ TEST_CASE("ExecError: one line with rank, call, detail, file and line") {
   CHECK(std::string(e.what()) == "rank ?: gemm: bad shape (a.cpp:7)");
   CHECK(e.rank() == -1);
   CHECK(e.file() == "a.cpp");
+}
+
+TEST_CASE("call_name: the function a checked call expression calls") {
+  CHECK(call_name("MPI_Send(buf, n, MPI_FLOAT, 1, 0, comm)") == "MPI_Send");
+  CHECK(call_name("cudaMemcpyAsync(dst, src, n, kind, s)") == "cudaMemcpyAsync");
+  CHECK(call_name("ncclInvalidArgument") == "ncclInvalidArgument");  // no call: the whole expression
 }

@@ -18,8 +18,11 @@
 #include <vector>
 
 #include "cuboid/exec/backend.hpp"
+#include "cuboid/exec/communicator.hpp"
 #include "cuboid/exec/cuda_backend.hpp"
 #include "cuboid/exec/exec_error.hpp"
+#include "cuboid/exec/nccl_comm.hpp"
+#include "cuboid/exec/registry.hpp"
 
 namespace cuboid::exec {
 namespace {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuboid/exec/backend.hpp"
+#include "cuboid/exec/communicator.hpp"
 #include "cuboid/core/workload.hpp"
 
 namespace cuboid::exec {

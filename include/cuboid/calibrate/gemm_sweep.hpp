@@ -14,6 +14,7 @@
 #include "cuboid/calibrate/sweep_plan.hpp"
 #include "cuboid/core/calibration.hpp"
 #include "cuboid/exec/backend.hpp"
+#include "cuboid/exec/communicator.hpp"
 
 namespace cuboid::exec {
 class Watchdog;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuboid/exec/backend.hpp"
+#include "cuboid/exec/communicator.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
 #include "cuboid/core/plan.hpp"

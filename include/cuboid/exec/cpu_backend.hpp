@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "cuboid/exec/backend.hpp"
+#include "cuboid/exec/registry.hpp"
 
 namespace cuboid::exec {
 

@@ -4,20 +4,17 @@
 #endif
 // The CUDA backend: bf16 device memory (stream-ordered allocator), cuBLAS
 // GEMMs with bf16 inputs and fp32 accumulation (CUBLAS_COMPUTE_32F), the
-// transformer kernels of kernels/*.cu, CUDA events for timing; and the NCCL
-// communicator, whose collectives and p2p run on their own stream, ordered
-// against the compute stream with events the way a trainer does it.
+// transformer kernels of kernels/*.cu, CUDA events for timing. Its
+// communicator is NcclCommunicator (nccl_comm.hpp).
 //
-// Every CUDA, cuBLAS and NCCL call goes through CUBOID_CUDA_CHECK,
-// CUBOID_CUBLAS_CHECK or CUBOID_NCCL_CHECK, which throw ExecError with the
-// call, the library's error string, the rank, and the file and line.
+// Every CUDA and cuBLAS call goes through CUBOID_CUDA_CHECK or
+// CUBOID_CUBLAS_CHECK, which throw ExecError with the call, the library's
+// error string, the rank, and the file and line.
 //
 // Only built with the `gpu` feature (CUBOID_EXEC_HAVE_CUDA).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -27,6 +24,7 @@
 
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/exec_error.hpp"
+#include "cuboid/exec/registry.hpp"
 
 namespace cuboid::exec {
 
@@ -34,7 +32,6 @@ namespace cuboid::exec {
 // op is its function name). Use through the macros below.
 [[noreturn]] void throw_cuda_error(cudaError_t code, const char* call, const char* file, int line);
 [[noreturn]] void throw_cublas_error(cublasStatus_t code, const char* call, const char* file, int line);
-[[noreturn]] void throw_nccl_error(ncclResult_t code, const char* call, const char* file, int line);
 
 }  // namespace cuboid::exec
 
@@ -52,14 +49,6 @@ namespace cuboid::exec {
     if (cuboid_cublas_rc_ != CUBLAS_STATUS_SUCCESS) {                                  \
       ::cuboid::exec::throw_cublas_error(cuboid_cublas_rc_, #call, __FILE__, __LINE__); \
     }                                                                                  \
-  } while (0)
-
-#define CUBOID_NCCL_CHECK(call)                                                    \
-  do {                                                                             \
-    const ncclResult_t cuboid_nccl_rc_ = (call);                                   \
-    if (cuboid_nccl_rc_ != ncclSuccess) {                                          \
-      ::cuboid::exec::throw_nccl_error(cuboid_nccl_rc_, #call, __FILE__, __LINE__); \
-    }                                                                              \
   } while (0)
 
 namespace cuboid::exec {
@@ -106,14 +95,10 @@ struct EventTraits {
 struct CublasTraits {
   static void destroy(cublasHandle_t h) noexcept { (void)cublasDestroy(h); }
 };
-struct NcclCommTraits {
-  static void destroy(ncclComm_t c) noexcept { (void)ncclCommDestroy(c); }
-};
 
 using CudaStream = UniqueCudaHandle<cudaStream_t, StreamTraits>;
 using CudaEvent = UniqueCudaHandle<cudaEvent_t, EventTraits>;
 using CublasHandle = UniqueCudaHandle<cublasHandle_t, CublasTraits>;
-using NcclComm = UniqueCudaHandle<ncclComm_t, NcclCommTraits>;
 
 // A non-blocking stream (no implicit sync with the legacy default stream).
 CudaStream make_stream();
@@ -209,98 +194,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer scratch_;              // last: freed (on stream_) before the stream goes
 };
 
-// Registered as "cuda" by make_backend (backend.cpp).
+// Registered as "cuda" by make_backend (registry.cpp).
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
-
-// ---------------------------------------------------------------------------
-// NCCL. Rank 0 of a new world calls nccl_unique_id() and the launcher hands
-// the bytes to every rank (MPI_Bcast, or the torchrun store); then every rank
-// calls make_nccl_world with them.
-struct NcclUniqueId {
-  std::array<char, 128> bytes{};  // NCCL_UNIQUE_ID_BYTES
-};
-NcclUniqueId nccl_unique_id();
-
-class NcclCommunicator final : public Communicator {
- public:
-  // Collective over the `size` processes that pass the same id. Uses the
-  // backend's device and orders every call after the work already enqueued on
-  // its compute stream (and the compute stream's later work after the call).
-  NcclCommunicator(const NcclUniqueId& id, int rank, int size, CudaBackend& backend);
-  ~NcclCommunicator() override;
-
-  std::string_view kind() const noexcept override { return "nccl"; }
-  int rank() const noexcept override { return rank_; }
-  int size() const noexcept override { return size_; }
-  void barrier() override;
-  [[noreturn]] void abort(std::string_view message) override;
-  // ncclCommSplit; nullptr for color < 0 (NCCL_SPLIT_NOCOLOR).
-  std::unique_ptr<Communicator> split(int color, int key) override;
-
-  cudaStream_t comm_stream() const noexcept { return comm_stream_.get(); }
-  // Issues the sends isend() has held back, as one group (see isend_impl).
-  // Called by irecv, every other op on this communicator, and a send's wait().
-  void issue_pending_sends();
-
- protected:
-  void all_reduce_sum_impl(DeviceSpan buffer, std::size_t count) override;
-  void reduce_scatter_sum_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t recv_count) override;
-  void all_gather_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t send_count) override;
-  void broadcast_impl(DeviceSpan buffer, std::size_t count, int root) override;
-  void send_impl(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) override;
-  void recv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) override;
-  void send_recv_impl(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer, DeviceSpan recv_buffer,
-                      std::size_t recv_count, int recv_peer, int tag) override;
-  // NCCL runs a communicator's p2p in issue order on one stream, and a send
-  // blocks its stream until the peer's receive runs: two stages that each
-  // send before they receive would wait for each other. So isend only queues
-  // the send (with an event marking its data ready on the compute stream) and
-  // the next irecv issues every queued send with the receive in one
-  // ncclGroupStart/End, which NCCL progresses together (Megatron's
-  // send_forward_recv_backward pairs). A request's wait() makes the compute
-  // stream wait for its group.
-  std::unique_ptr<CommRequest> isend_impl(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) override;
-  std::unique_ptr<CommRequest> irecv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) override;
-
- private:
-  // Shared by a request and the communicator: null until the op is issued,
-  // then the event recorded on the comm stream after its group.
-  struct P2pState {
-    std::shared_ptr<CudaEvent> done;
-  };
-  struct PendingSend {
-    ConstDeviceSpan buffer;
-    std::size_t count = 0;
-    int peer = 0;
-    CudaEvent ready;  // recorded on the compute stream at isend()
-    std::shared_ptr<P2pState> state;
-  };
-  struct PendingRecv {
-    DeviceSpan buffer;
-    std::size_t count = 0;
-    int peer = 0;
-    std::shared_ptr<P2pState> state;
-  };
-  class Request;
-  NcclCommunicator(NcclComm comm, CudaBackend& backend);
-  // One group: the queued sends and (when given) one receive.
-  void issue_p2p(const PendingRecv* recv);
-  // Makes the comm stream wait for the compute stream, runs `enqueue` (the
-  // NCCL calls) on the comm stream, then makes the compute stream wait for it.
-  template <typename Enqueue>
-  void on_comm_stream(Enqueue&& enqueue);
-
-  CudaBackend* backend_;
-  NcclComm comm_;
-  CudaStream comm_stream_;
-  CudaEvent compute_ready_;
-  CudaEvent comm_done_;
-  DeviceBuffer barrier_word_;  // one f32 all-reduced by barrier()
-  std::vector<PendingSend> pending_sends_;
-  int rank_ = 0;
-  int size_ = 1;
-};
-
-std::unique_ptr<Communicator> make_nccl_world(const NcclUniqueId& id, int rank, int size, CudaBackend& backend);
 
 }  // namespace cuboid::exec

@@ -11,6 +11,7 @@
 // what goes wrong while running.
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace cuboid::exec {
 
@@ -42,6 +43,11 @@ std::string format_exec_error(const std::string& file, int line, int rank, const
 // PMI_RANK, SLURM_PROCID, RANK), or -1. Read from the environment so that errors
 // raised before or without MPI still name their rank.
 int launcher_rank() noexcept;
+
+// The function a checked call expression calls, the op of its ExecError:
+// "MPI_Send(buf, n, ...)" -> "MPI_Send" (the full expression goes in the detail
+// or is told apart by file and line).
+std::string call_name(std::string_view call);
 
 // Throws ExecError for a failed MPI call; defined in mpi_comm.cpp (it needs
 // MPI_Error_string). Use through CUBOID_MPI_CHECK.

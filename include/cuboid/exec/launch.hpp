@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "cuboid/exec/backend.hpp"
+#include "cuboid/exec/communicator.hpp"
 #include "cuboid/core/plan.hpp"
 
 namespace cuboid::exec {
@@ -91,8 +92,8 @@ struct World {
 // most `timeout_s` for every rank.
 World start_world(const LaunchInfo& launch, std::string_view backend, double timeout_s);
 
-// The earlier form, kept for callers written against it (cuboid calibrate):
-// start_world with a 300 s timeout, and world.comm set at once to MPI's world
+// For callers that need no device world (cuboid calibrate): start_world with
+// a 300 s timeout, and world.comm set at once to MPI's world
 // (under an MPI launcher) or a one-rank world, whatever the backend. Host
 // memory only: a cuda run needs attach_device_world for NCCL.
 World start_world(const LaunchInfo& launch, std::string_view backend);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuboid/exec/backend.hpp"
+#include "cuboid/exec/communicator.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
 #include "cuboid/core/workload.hpp"

@@ -25,7 +25,7 @@
 #endif
 #include <mpi.h>
 
-#include "cuboid/exec/backend.hpp"
+#include "cuboid/exec/communicator.hpp"
 
 namespace cuboid::exec {
 

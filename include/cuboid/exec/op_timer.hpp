@@ -2,11 +2,12 @@
 #ifndef CUBOID_LAYER_EXEC
 #error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
 #endif
-// Timing of the executor's ops (private to src/exec). Every op of a step is
-// bracketed by two backend timer events; at the end of the step the events
-// are resolved and summed per op name, so a measured step costs two event
-// records per op and no allocation once the pools are warm. A watchdog thread
-// aborts the job when one op runs longer than the configured timeout.
+// Timing of the executor's ops, for the step runner and cuboid calibrate.
+// Every op of a step is bracketed by two backend timer events; at the end of
+// the step the events are resolved and summed per op name, so a measured step
+// costs two event records per op and no allocation once the pools are warm.
+// A watchdog thread aborts the job when one op runs longer than the configured
+// timeout.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "cuboid/exec/backend.hpp"
+#include "cuboid/exec/communicator.hpp"
 #include "cuboid/core/workload.hpp"
 
 namespace cuboid::exec {

@@ -1,0 +1,87 @@
+// The checks every communicator shares (non-virtual interface, see communicator.hpp).
+#include "cuboid/exec/communicator.hpp"
+
+#include <string>
+
+#include "cuboid/exec/exec_error.hpp"
+
+namespace cuboid::exec {
+
+namespace {
+
+void require_count(ConstDeviceSpan s, std::size_t needed, const char* op, const char* what) {
+  CUBOID_EXEC_REQUIRE(s.size() >= needed, op,
+                      std::string(what) + " holds " + std::to_string(s.size()) +
+                          " elements, needs " + std::to_string(needed));
+}
+
+void require_peer(int peer, int size, const char* op) {
+  CUBOID_EXEC_REQUIRE(peer >= 0 && peer < size, op,
+                      "peer " + std::to_string(peer) + " outside a group of " +
+                          std::to_string(size));
+}
+
+}  // namespace
+
+void Communicator::all_reduce_sum(DeviceSpan buffer, std::size_t count) {
+  require_count(buffer, count, "all_reduce_sum", "buffer");
+  all_reduce_sum_impl(buffer, count);
+}
+
+void Communicator::reduce_scatter_sum(ConstDeviceSpan send, DeviceSpan recv,
+                                      std::size_t recv_count) {
+  require_count(send, recv_count * static_cast<std::size_t>(size()), "reduce_scatter_sum", "send");
+  require_count(recv, recv_count, "reduce_scatter_sum", "recv");
+  CUBOID_EXEC_REQUIRE(send.dtype() == recv.dtype(), "reduce_scatter_sum",
+                      "send and recv differ in dtype");
+  reduce_scatter_sum_impl(send, recv, recv_count);
+}
+
+void Communicator::all_gather(ConstDeviceSpan send, DeviceSpan recv, std::size_t send_count) {
+  require_count(send, send_count, "all_gather", "send");
+  require_count(recv, send_count * static_cast<std::size_t>(size()), "all_gather", "recv");
+  CUBOID_EXEC_REQUIRE(send.dtype() == recv.dtype(), "all_gather", "send and recv differ in dtype");
+  all_gather_impl(send, recv, send_count);
+}
+
+void Communicator::broadcast(DeviceSpan buffer, std::size_t count, int root) {
+  require_count(buffer, count, "broadcast", "buffer");
+  require_peer(root, size(), "broadcast");
+  broadcast_impl(buffer, count, root);
+}
+
+void Communicator::send(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) {
+  require_count(buffer, count, "send", "buffer");
+  require_peer(peer, size(), "send");
+  send_impl(buffer, count, peer, tag);
+}
+
+void Communicator::recv(DeviceSpan buffer, std::size_t count, int peer, int tag) {
+  require_count(buffer, count, "recv", "buffer");
+  require_peer(peer, size(), "recv");
+  recv_impl(buffer, count, peer, tag);
+}
+
+void Communicator::send_recv(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer,
+                             DeviceSpan recv_buffer, std::size_t recv_count, int recv_peer,
+                             int tag) {
+  require_count(send_buffer, send_count, "send_recv", "send buffer");
+  require_count(recv_buffer, recv_count, "send_recv", "recv buffer");
+  require_peer(send_peer, size(), "send_recv");
+  require_peer(recv_peer, size(), "send_recv");
+  send_recv_impl(send_buffer, send_count, send_peer, recv_buffer, recv_count, recv_peer, tag);
+}
+
+std::unique_ptr<CommRequest> Communicator::isend(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) {
+  require_count(buffer, count, "isend", "buffer");
+  require_peer(peer, size(), "isend");
+  return isend_impl(buffer, count, peer, tag);
+}
+
+std::unique_ptr<CommRequest> Communicator::irecv(DeviceSpan buffer, std::size_t count, int peer, int tag) {
+  require_count(buffer, count, "irecv", "buffer");
+  require_peer(peer, size(), "irecv");
+  return irecv_impl(buffer, count, peer, tag);
+}
+
+}  // namespace cuboid::exec
