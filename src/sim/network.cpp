@@ -24,33 +24,6 @@ double nic_efficiency(const Cluster& c) {
   return std::min(1.0, c.inter.nic_busbw_GBps / line_GBps);
 }
 
-std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  return h * 0xFF51AFD7ED558CCDull;
-}
-
-// Hashes of a few evenly spaced entries and the length: a lookup compares
-// the whole content anyway, so the hash only has to tell most misses apart.
-constexpr std::size_t kHashSamples = 16;
-
-std::uint64_t hash_routes(std::span<const Route> routes) {
-  std::uint64_t h = routes.size();
-  const std::size_t step = std::max<std::size_t>(1, routes.size() / kHashSamples);
-  for (std::size_t i = 0; i < routes.size(); i += step) {
-    const Route& r = routes[i];
-    h = mix(h, (static_cast<std::uint64_t>(static_cast<std::uint32_t>(r.src_gpu)) << 32) | static_cast<std::uint32_t>(r.dst_gpu));
-    h = mix(h, std::bit_cast<std::uint64_t>(r.weight));
-  }
-  return h;
-}
-
-bool same_routes(std::span<const Route> a, std::span<const Route> b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const Route& x, const Route& y) {
-    return x.src_gpu == y.src_gpu && x.dst_gpu == y.dst_gpu &&
-           std::bit_cast<std::uint64_t>(x.weight) == std::bit_cast<std::uint64_t>(y.weight);
-  });
-}
-
 }  // namespace
 
 Network::Network(std::vector<double> link_capacity_Bps) {
@@ -253,23 +226,7 @@ void Network::settle_bytes() const {
 
 std::span<const LinkId> Network::route_links(int src_gpu, int dst_gpu) {
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
-  const std::uint64_t key = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(src_gpu)) << 32) |
-                            static_cast<std::uint32_t>(dst_gpu);
-  auto it = route_cache_.find(key);
-  if (it == route_cache_.end()) {
-    LinkId hops[Topology::kMaxRouteLinks];
-    const std::size_t n = topo_->route_ids(src_gpu, dst_gpu, hops);
-    // Kept in fixed blocks, so the spans handed out stay valid.
-    if (route_blocks_.empty() || route_block_used_ + n > kRouteBlock) {
-      route_blocks_.emplace_back(std::max(kRouteBlock, n), LinkId{0}, resource());
-      route_block_used_ = 0;
-    }
-    LinkId* links = route_blocks_.back().data() + route_block_used_;
-    std::copy(hops, hops + n, links);
-    route_block_used_ += n;
-    it = route_cache_.emplace(key, std::span<const LinkId>(links, n)).first;
-  }
-  return it->second;
+  return routes_.links(*topo_, src_gpu, dst_gpu);
 }
 
 TimeNs Network::route_latency_ns(int src_gpu, int dst_gpu) {
@@ -437,14 +394,11 @@ LinkSetId Network::add_rail0_route_set(std::span<const Route> rail0_routes) {
 }
 
 LinkSetId Network::add_routes(std::span<const Route> routes, bool rail0_part) {
-  const bool cached = routes.size() >= kCacheMinSize;
+  const bool cached = RouteSetCache::cacheable(routes);
   std::uint64_t key = 0;
   if (cached) {
-    key = hash_routes(routes);
-    for (auto [it, end] = compiled_index_.equal_range(key); it != end; ++it) {
-      const Compiled& c = compiled_[it->second];
-      if (c.rail0_part == rail0_part && same_routes(c.routes, routes)) return c.set;
-    }
+    key = RouteSetCache::hash(routes);
+    if (const std::optional<LinkSetId> set = route_sets_.find(key, routes, rail0_part)) return *set;
   }
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
   merge_begin();
@@ -452,10 +406,7 @@ LinkSetId Network::add_routes(std::span<const Route> routes, bool rail0_part) {
   else merge_routes(routes);
   merge_end();
   const LinkSetId set = register_links(set_links_);
-  if (cached) {
-    compiled_index_.emplace(key, static_cast<std::uint32_t>(compiled_.size()));
-    compiled_.push_back(Compiled{std::pmr::vector<Route>(routes.begin(), routes.end(), resource()), set, rail0_part});
-  }
+  if (cached) route_sets_.add(key, routes, rail0_part, set);
   return set;
 }
 
@@ -832,13 +783,37 @@ void Network::set_rate(FlowId f, double rate, TimeNs now) {
   push_pending(f);
 }
 
-// Progressive filling on the component reachable from `seeds` through
-// shared links: every unfrozen flow's rate rises together; the first link to
-// fill (or the first flow to reach its own cap) freezes the flows crossing it
-// at the current level; repeat. Weighted: a flow loads a link with weight x
-// rate. A link crossed by one flow only is never in a component: its limit
-// is part of that flow's cap (an implied constraint, so the solution is the
-// same), which keeps a mirrored ring's hundreds of private links out of it.
+// The component being solved as a max-min problem: its classes are the
+// constraints, its flows the variables. A class crossed by one flow only
+// does not bind: its limit is part of that flow's set's cap (an implied
+// constraint, so the solution is the same), which keeps a mirrored ring's
+// hundreds of private links out of the solve.
+struct Network::Component {
+  Network& net;
+  TimeNs now;
+  std::uint32_t num_constraints() const { return static_cast<std::uint32_t>(net.comp_links_.size()); }
+  std::uint32_t num_variables() const { return static_cast<std::uint32_t>(net.comp_flows_.size()); }
+  double capacity(std::uint32_t c) const { return net.class_solve_[net.comp_links_[c]].capacity_Bps; }
+  double bound(std::uint32_t v) const { return net.sets_[net.flows_[net.comp_flows_[v]].set].cap; }
+  template <typename F>
+  void for_each_term(std::uint32_t c, F&& f) const {
+    const FlowList& list = net.class_flows_[net.comp_links_[c]];
+    if (list.size() < 2) return;  // a seed that became private: its flow's cap covers it
+    for (const FlowRef& r : list) {
+      const Flow& fl = net.flows_[r.flow];
+      f(fl.comp, net.set_weight(fl, r.use));
+    }
+  }
+  template <typename F>
+  void for_each_constraint(std::uint32_t v, F&& f) const {
+    const Flow& fl = net.flows_[net.comp_flows_[v]];
+    for (std::uint32_t s : fl.shared) f(net.class_solve_[net.set_class(fl, s)].comp, net.set_weight(fl, s));
+  }
+  void fix(std::uint32_t v, double rate) { net.set_rate(net.comp_flows_[v], rate, now); }
+};
+
+// Re-solves the component reachable from `seeds` through shared classes
+// (links <-> flows), with every flow's remaining bytes brought up to `now`.
 void Network::solve_from(std::span<const ClassId> seeds, TimeNs now) {
   ++solves_;
   ++epoch_;
@@ -872,75 +847,15 @@ void Network::solve_from(std::span<const ClassId> seeds, TimeNs now) {
       fl.remaining = std::max(0.0, fl.remaining - fl.rate * static_cast<double>(now - fl.updated_ns) * 1e-9);
     }
     fl.updated_ns = now;
-    fl.frozen = false;
     fl.comp = static_cast<std::uint32_t>(i);
   }
-  const std::size_t nl = comp_links_.size();
-  rem_.assign(nl, 0.0);
-  wsum_.assign(nl, 0.0);
-  for (std::size_t i = 0; i < nl; ++i) {
-    const FlowList& list = class_flows_[comp_links_[i]];
-    rem_[i] = class_solve_[comp_links_[i]].capacity_Bps;
-    if (list.size() < 2) continue;  // a seed that became private: its flow's cap covers it
-    double w = 0;
-    for (const FlowRef& r : list) w += set_weight(flows_[r.flow], r.use);
-    wsum_[i] = w;
-  }
-  // Each shared link saturates at level rem / wsum (rem: capacity minus what
-  // frozen flows take; every unfrozen flow sits at the common level). Freezing
-  // a flow at level x <= rem / wsum only raises its links' levels, so the heap
-  // keys are lower bounds: a popped entry is checked against the link's
-  // current level and pushed back if that is higher (lazy increase-key).
-  // O((links + flows) log) per solve, plus the shared uses of frozen flows.
-  lheap_.clear();
-  const auto later = [](const LevelEntry& a, const LevelEntry& b) {
-    return a.level != b.level ? a.level > b.level : a.comp > b.comp;
-  };
-  for (std::uint32_t i = 0; i < nl; ++i) {
-    if (wsum_[i] > 0) lheap_.push_back(LevelEntry{rem_[i] / wsum_[i], i});
-  }
-  for (std::size_t i = 0; i < nf; ++i) {
-    lheap_.push_back(LevelEntry{sets_[flows_[comp_flows_[i]].set].cap, static_cast<std::uint32_t>(nl + i)});
-  }
-  std::make_heap(lheap_.begin(), lheap_.end(), later);
-  const auto freeze = [&](FlowId f, double level) {
-    Flow& fl = flows_[f];
-    fl.frozen = true;
-    for (std::uint32_t s : fl.shared) {
-      const double w = set_weight(fl, s);
-      const std::uint32_t c = class_solve_[set_class(fl, s)].comp;
-      rem_[c] -= w * level;
-      wsum_[c] -= w;
-      if (wsum_[c] <= 1e-12 * w) wsum_[c] = 0;
-    }
-    set_rate(f, level, now);
-  };
-  while (!lheap_.empty()) {
-    std::pop_heap(lheap_.begin(), lheap_.end(), later);
-    const LevelEntry top = lheap_.back();
-    lheap_.pop_back();
-    const double level = std::max(0.0, top.level);
-    if (top.comp >= nl) {
-      const FlowId f = comp_flows_[top.comp - nl];
-      if (!flows_[f].frozen) freeze(f, level);
-      continue;
-    }
-    if (wsum_[top.comp] <= 0) continue;  // every flow on it is frozen
-    const double current = rem_[top.comp] / wsum_[top.comp];
-    if (current > level * (1 + 1e-12) + 1e-9) {
-      lheap_.push_back(LevelEntry{current, top.comp});
-      std::push_heap(lheap_.begin(), lheap_.end(), later);
-      continue;
-    }
-    for (const FlowRef& r : class_flows_[comp_links_[top.comp]]) {
-      if (!flows_[r.flow].frozen) freeze(r.flow, level);
-    }
-  }
-  for (std::size_t i = 0; i < nl; ++i) {
+  Component component{*this, now};
+  solver_.solve(component);
+  for (std::size_t i = 0; i < comp_links_.size(); ++i) {
     const ClassId c = comp_links_[i];
     if (class_flows_[c].size() < 2) continue;
     const double cap = class_solve_[c].capacity_Bps;
-    const double load = std::max(0.0, cap - rem_[i]);
+    const double load = std::max(0.0, cap - solver_.slack(static_cast<std::uint32_t>(i)));
     class_peak_[c] = std::max(class_peak_[c], std::min(1.0, load / cap));
   }
 }

@@ -30,28 +30,21 @@
 #include <utility>
 #include <vector>
 
-#include "cuboid/sim/zeroed_array.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/sim/maxmin.hpp"
+#include "cuboid/sim/route_cache.hpp"
+#include "cuboid/sim/zeroed_array.hpp"
 
 namespace cuboid::sim {
 
 using TimeNs = std::int64_t;
 inline constexpr TimeNs kNever = std::numeric_limits<TimeNs>::max();
 
-using LinkId = std::uint32_t;
 using FlowId = std::uint32_t;
-using LinkSetId = std::uint32_t;
 
 // One link of a flow and how many of the flow's routes cross it.
 struct LinkUse {
   LinkId link = 0;
-  double weight = 1.0;
-};
-
-// A GPU-to-GPU route of a flow (over Topology::route), counted `weight` times.
-struct Route {
-  int src_gpu = 0;
-  int dst_gpu = 0;
   double weight = 1.0;
 };
 
@@ -172,7 +165,7 @@ class Network {
   void fold_rails();
   bool rails_folded() const { return slot_of_ != nullptr; }
   // compile_routes and add_link_set in one: the set of a collective phase.
-  // A list of kCacheMinSize routes or more equal to an earlier one (same
+  // A list of RouteSetCache::kMinSize routes or more equal to an earlier one (same
   // pairs, weights and order) gives that set back: sets are immutable, and
   // flows over one set are as independent as flows over two equal ones.
   LinkSetId add_route_set(std::span<const Route> routes);
@@ -321,7 +314,6 @@ class Network {
     std::uint32_t epoch = 0;
     std::uint32_t comp = 0;   // index in the component being solved
     bool active = false;
-    bool frozen = false;
   };
   struct Pending {
     TimeNs finish_ns = 0;
@@ -451,37 +443,20 @@ class Network {
   std::vector<Flow> flows_;
   std::vector<FlowId> free_flows_;
   std::vector<Pending> pending_;  // min-heap of predicted finish times (lazy deletion)
-  std::unordered_map<std::uint64_t, std::span<const LinkId>> route_cache_;  // (a,b) -> links in route_blocks_
-  static constexpr std::size_t kRouteBlock = 4096;
-  std::vector<std::pmr::vector<LinkId>> route_blocks_;
-  std::size_t route_block_used_ = 0;
+  RouteCache routes_{mem_};
   // Scratch for compile_routes and the sets: per link its summed weight, and a bit set of the listed links.
   // Per slot; only read where merge_seen_ (or add_link_set) has set it.
   ZeroedArray<double> merge_weight_;
   std::vector<std::uint64_t> merge_seen_;
   std::vector<LinkId> merge_links_;
   std::vector<LinkId> set_links_;  // the links to register: merge_end's (in id order) or add_link_set's (as given)
-  // Big route lists registered by add_route_set, by content hash: a DP
-  // group's reduce-scatter and all-gather rings are the same routes over the
-  // same links (thousands, mirrored), compiled and registered once.
-  static constexpr std::size_t kCacheMinSize = 64;
-  struct Compiled {
-    std::pmr::vector<Route> routes;
-    LinkSetId set = 0;
-    bool rail0_part = false;  // routes is a folded list's rail-0 part (add_rail0_route_set)
-  };
-  std::vector<Compiled> compiled_;
-  std::unordered_multimap<std::uint64_t, std::uint32_t> compiled_index_;  // hash -> compiled_
+  RouteSetCache route_sets_{mem_};  // add_route_set's lists and their sets
 
   // Scratch for solve_from (kept to avoid allocating per event).
   std::vector<ClassId> comp_links_;
   std::vector<FlowId> comp_flows_;
-  std::vector<double> rem_, wsum_;
-  struct LevelEntry {
-    double level = 0;
-    std::uint32_t comp = 0;   // < classes in the component: a class; else nl + flow index
-  };
-  std::vector<LevelEntry> lheap_;
+  struct Component;  // comp_links_ and comp_flows_ as the solver sees them
+  MaxMinSolver solver_;
   std::uint32_t epoch_ = 0;
   TimeNs now_ = 0;            // latest time seen (for link_stats of active flows)
   std::size_t active_ = 0;
