@@ -19,7 +19,9 @@
 #include "cuboid/core/schedule.hpp"
 #include "cuboid/sim/simulator.hpp"
 #include "cuboid/core/topology.hpp"
+#include "message_plan.hpp"
 #include "program.hpp"
+#include "tp_probe.hpp"
 
 namespace cuboid::sim::detail {
 
@@ -86,10 +88,10 @@ class Builder {
   const std::vector<StepSpan>& spans() const { return spans_; }
   bool traced(int stage) const { return !traced_stages_.empty() && traced_stages_[static_cast<std::size_t>(stage)]; }
   // Peak NVLink utilisation of TP collectives priced off the shared network.
-  double tp_probe_peak() const { return tp_probe_peak_; }
+  double tp_probe_peak() const { return tp_probe_.peak_utilisation(); }
 
  private:
-  struct Slot {  // one (direction, micro-batch, virtual stage) pass
+  struct PassState {  // one (direction, micro-batch, virtual stage) pass
     bool added = false;
     std::uint32_t end_off = 0, end_len = 0;  // its end dependencies: a range in ends_
     TaskId p2p = std::numeric_limits<TaskId>::max();    // its outgoing message, once created
@@ -130,7 +132,7 @@ class Builder {
     std::pmr::vector<Task> tasks;
     std::pmr::vector<TaskId> refs;  // kEntryRef (all entry dependencies, in order) or a task's index in the pass
     std::uint32_t max_refs = 0;     // the most refs one task has
-    std::pmr::vector<TaskId> end;   // refs of the pass's end (Slot::end)
+    std::pmr::vector<TaskId> end;   // refs of the pass's end (PassState::end)
   };
   // While a pass is recorded, play() sees stand-in task ids: the entry
   // dependencies as one kEntryRef, the pass's own tasks as kLocalRef + index.
@@ -146,14 +148,12 @@ class Builder {
   // or with folded rails TP rank 0's alone (CommGroup::rail0_part), the
   // others being its rotations.
   int mirrored_tp() const;
-  TimeNs tp_probe_ns(Collective c, double bytes);
 
-  Slot& slot(Direction d, int mb, int vs);
-  std::span<const TaskId> end_of(const Slot& s) const { return {ends_.data() + s.end_off, s.end_len}; }
+  PassState& pass(Direction d, int mb, int vs);
+  std::span<const TaskId> end_of(const PassState& s) const { return {ends_.data() + s.end_off, s.end_len}; }
   int stage_of(int vs) const { return vs % pp_; }
   int chunk_of(int vs) const { return vs / pp_; }
   bool can_add(int stage, std::size_t idx);
-  void plan_messages();
   void reserve_tasks();
   void try_message(std::uint32_t msg);
   void add_step(int stage, std::size_t idx);
@@ -209,43 +209,15 @@ class Builder {
   double straggler_slowdown_ = 1.0;
   bool tp_fast_ = false;
   int overlap_sms_ = 0;  // SMs an async TP collective takes from the GEMM under it (make_programs)
-  double tp_probe_peak_ = 0;
-  std::map<std::pair<int, double>, TimeNs> tp_probe_cache_;
-  std::unique_ptr<Topology> probe_topo_;
+  TpProbe tp_probe_;  // prices TP collectives when tp_fast_
 
   std::vector<Rep> reps_;
   std::vector<StageOrder> order_;
   std::vector<std::size_t> cursor_;
   std::vector<std::vector<TaskId>> stage_end_;      // end of each stage's previous pass
-  // Megatron's p2p happens at communication points, after some passes of a
-  // stage's order (schedule-dependent); each point's batched sends and recvs
-  // must finish before the stage's next pass (synchronous p2p).
-  struct Message {
-    int from = 0, to = 0;            // stages
-    int send_pos = 0, recv_pos = 0;  // passes after which sender / receiver reach the point (recv -1: start)
-    Slot* slot = nullptr;            // the producer's pass
-    ScheduleStep consumer;
-    bool created = false;
-  };
-  std::pmr::vector<Message> messages_{&arena_};
-  // The communication points, flat (65k in GPT-1T): point(stage, pos) is
-  // after the stage's pass `pos` (-1: before its first). Each message at a
-  // point adds one task to the point's block once created (its send at the
-  // sender's point, its arrival at the receiver's), so a point's messages
-  // and its block share one range.
-  std::size_t point(int stage, int pos) const {
-    return point_base_[static_cast<std::size_t>(stage)] + static_cast<std::size_t>(pos + 1);
-  }
-  std::vector<std::size_t> point_base_;      // [stage] -> its first point
-  std::pmr::vector<std::uint32_t> point_off_{&arena_};   // [point] -> its range in point_msgs_ and block_ (one more entry)
-  std::pmr::vector<std::uint32_t> point_msgs_{&arena_};  // messages touching each point, in creation order
-  std::pmr::vector<TaskId> block_{&arena_};              // the tasks created for them, in creation order
-  std::pmr::vector<std::uint32_t> block_len_{&arena_};   // [point] -> how many are created
-  void add_to_block(std::size_t pt, TaskId t) { block_[point_off_[pt] + block_len_[pt]++] = t; }
-  // The messages of point `pt` created so far.
-  std::span<const TaskId> block_of(std::size_t pt) const { return {block_.data() + point_off_[pt], block_len_[pt]}; }
-  std::pmr::vector<Slot> slots_{&arena_};
-  std::pmr::vector<TaskId> ends_{&arena_};  // every pass's end dependencies, back to back (Slot::end_off)
+  MessagePlan messages_{&arena_};  // the pipeline's p2p messages
+  std::pmr::vector<PassState> passes_{&arena_};
+  std::pmr::vector<TaskId> ends_{&arena_};  // every pass's end dependencies, back to back (PassState::end_off)
   bool stamp_ = true;
   std::vector<PassTemplate> templates_;  // [((stage * v + chunk) * 2 + backward) * 2 + reduce_now]
   PassTemplate* recording_ = nullptr;    // the template play() is recording into, if any
