@@ -73,7 +73,7 @@ void Builder::label_traced(TaskId t, std::string_view name, std::string_view cat
   l.category = category;
 }
 
-void Builder::make_reps() {
+void Builder::make_representatives() {
   traced_stages_.assign(static_cast<std::size_t>(pp_), opts_.trace_path.empty() ? false : opts_.trace_ranks.empty());
   for (int r : opts_.trace_ranks) {
     if (r >= 0 && r < plan_.world_size()) traced_stages_[static_cast<std::size_t>(map_.coord(r).pp)] = true;
@@ -82,7 +82,7 @@ void Builder::make_reps() {
   const bool folded = net_->rails_folded();
   const int mirrored_tp = this->mirrored_tp();
   for (int s = 0; s < pp_; ++s) {
-    Rep r;
+    Representative r;
     r.stage = s;
     r.rank = map_.rank_of(0, s, rep_dp_);
     r.compute = eng_->add_stream(r.rank, StreamKind::compute);
@@ -105,7 +105,7 @@ void Builder::make_reps() {
       for (int t = 1; t < mirrored_tp; ++t) g.mirrors.push_back(map_.dp_group(t, s));
       r.dp_group = eng_->add_group(std::move(g));
     }
-    reps_.push_back(r);
+    representatives_.push_back(r);
   }
   if (pp_ > 1) {
     auto p2p_group = [&](int from, int to) {
@@ -232,7 +232,7 @@ void Builder::make_units() {
 void Builder::build() {
   tp_fast_ = tp_isolated();
   if (opts_.fold_rails && rails_foldable()) net_->fold_rails();
-  make_reps();
+  make_representatives();
   make_programs();
   make_units();
   passes_.assign(static_cast<std::size_t>(2 * mbs_ * vs_count_), PassState{});
@@ -310,8 +310,8 @@ void Builder::try_message(std::uint32_t id) {
   if (msg.recv_pos >= 0 && cursor_[ur] <= static_cast<std::size_t>(msg.recv_pos)) return;
   msg.created = true;
   const bool fwd = msg.consumer.dir == Direction::forward;
-  const Rep& me = reps_[ur];
-  const Rep& peer = reps_[uf];
+  const Representative& me = representatives_[ur];
+  const Representative& peer = representatives_[uf];
   auto pass_end = [&](int stage, int pos) {
     const ScheduleStep& st = order_[static_cast<std::size_t>(stage)][static_cast<std::size_t>(pos)];
     return end_of(pass(st.dir, st.micro_batch, st.chunk * pp_ + stage));
@@ -332,7 +332,7 @@ void Builder::try_message(std::uint32_t id) {
                                ? (fwd ? "act " : "grad ") + step_name(msg.consumer.dir, msg.consumer.micro_batch,
                                                                       msg.consumer.chunk, v_)
                                : std::string();
-  tag(t, Cls::pp, fwd ? kTidPpFwd : kTidPpBwd, msg.from, msg.to);
+  tag(t, Category::pp, fwd ? kThreadPpFwd : kThreadPpBwd, msg.from, msg.to);
   label(t, msg.to, name, "pp");
   label(t, msg.from, name, "pp");
   passes_[msg.producer].p2p = t;
@@ -346,7 +346,7 @@ void Builder::try_message(std::uint32_t id) {
       const StreamId s1[1] = {me.tp};
       gt = eng_->add_collective(Collective::all_gather, me.tp_group, bytes * tp_, s1, d);
     }
-    tag(gt, Cls::pp, kTidTp, msg.to);
+    tag(gt, Category::pp, kThreadTp, msg.to);
     label(gt, msg.to, "pp_gather " + name, "pp");
     t = gt;
   }
@@ -356,8 +356,8 @@ void Builder::try_message(std::uint32_t id) {
 
 void Builder::flush(Chain& ch) {
   if (!ch.pending) return;
-  const Rep& r = reps_[static_cast<std::size_t>(ch.stage)];
-  const TaskId t = emit_compute(r.compute, ch.pending_ns, ch.deps, meta_of(Cls::compute, kTidCompute, ch.stage));
+  const Representative& r = representatives_[static_cast<std::size_t>(ch.stage)];
+  const TaskId t = emit_compute(r.compute, ch.pending_ns, ch.deps, meta_of(Category::compute, kThreadCompute, ch.stage));
   if (traced(ch.stage)) {
     TraceLabel& l = labels_[t];
     l.category = "compute";
@@ -378,8 +378,8 @@ void Builder::flush(Chain& ch) {
 }
 
 TaskId Builder::add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps) {
-  const Rep& r = reps_[static_cast<std::size_t>(ch.stage)];
-  const TaskMeta mt = meta_of(Cls::tp, kTidTp, ch.stage);
+  const Representative& r = representatives_[static_cast<std::size_t>(ch.stage)];
+  const TaskMeta mt = meta_of(Category::tp, kThreadTp, ch.stage);
   TaskId t;
   if (tp_fast_) {
     // Priced once per item (the probe cache is a map; 660k TP tasks in GPT-1T).
@@ -431,9 +431,9 @@ void Builder::play(Chain& ch, const Program& prog) {
 
 void Builder::dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name) {
   if (dp_ <= 1 || params <= 0) return;
-  const Rep& r = reps_[static_cast<std::size_t>(stage)];
+  const Representative& r = representatives_[static_cast<std::size_t>(stage)];
   const Collective c = plan_.zero_stage == 0 ? Collective::all_reduce : Collective::reduce_scatter;
-  const TaskId t = emit_collective(c, r.dp_group, params * kGradBytesPerParam, r.dp, deps, meta_of(Cls::dp, kTidDp, stage),
+  const TaskId t = emit_collective(c, r.dp_group, params * kGradBytesPerParam, r.dp, deps, meta_of(Category::dp, kThreadDp, stage),
                                    /*dp_reduction=*/true);
   label(t, stage, name, "dp");
 }
@@ -573,7 +573,7 @@ void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>
 void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry) {
   const auto us = static_cast<std::size_t>(stage);
   const bool fwd = st.dir == Direction::forward;
-  const Rep& me = reps_[us];
+  const Representative& me = representatives_[us];
   // One chain object reused by every pass: its vectors keep their capacity
   // (65k passes in GPT-1T would otherwise allocate and free them each time).
   Chain& ch = chain_;
@@ -600,7 +600,7 @@ void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, cons
   auto gather = [&](std::size_t u, const std::vector<TaskId>& deps) {
     if (zero < 3 || u >= units.size() || gathers[u] != kNoTask) return;
     const TaskId t = emit_collective(Collective::all_gather, me.dp_group, units[u].params * kParamBytesPerParam * act_scale,
-                                     me.dp, deps, meta_of(Cls::dp, kTidDp, stage));
+                                     me.dp, deps, meta_of(Category::dp, kThreadDp, stage));
     label(t, stage, "zero3_gather " + units[u].name, "dp");
     gathers[u] = t;
   };
@@ -654,7 +654,7 @@ void Builder::finish_iteration() {
   // gradient between the first and the last stage (fp32) after backward.
   if (pp_ > 1 && m_.tied_embeddings) {
     CommGroup g;
-    g.ranks = {reps_.front().rank, reps_.back().rank};
+    g.ranks = {representatives_.front().rank, representatives_.back().rank};
     g.rail0_part = net_->rails_folded();
     for (int d = 0; d < dp_; ++d) {
       for (int t = 0; t < mirrored_tp(); ++t) {
@@ -665,9 +665,9 @@ void Builder::finish_iteration() {
     const GroupId gid = eng_->add_group(std::move(g));
     const double bytes =
         static_cast<double>(padded_vocab_size(m_.vocab_size, tp_)) / tp_ * static_cast<double>(m_.hidden_size) * kGradBytesPerParam;
-    const StreamId streams[2] = {reps_.front().dp, reps_.back().dp};
+    const StreamId streams[2] = {representatives_.front().dp, representatives_.back().dp};
     const TaskId t = eng_->add_collective(Collective::all_reduce, gid, bytes, streams, all);
-    tag(t, Cls::dp, kTidDp, 0, pp_ - 1);
+    tag(t, Category::dp, kThreadDp, 0, pp_ - 1);
     label(t, 0, "embedding grad all-reduce", "dp");
     label(t, pp_ - 1, "embedding grad all-reduce", "dp");
     all.push_back(t);
@@ -675,16 +675,16 @@ void Builder::finish_iteration() {
   // The optimizer step starts everywhere after the global gradient-norm
   // reduction, i.e. after every stage's gradients are reduced.
   const std::vector<TaskId> join{eng_->add_compute(kNoStream, 0, all)};
-  tag(join.back(), Cls::none, 0, -1);
+  tag(join.back(), Category::none, 0, -1);
   for (int s = 0; s < pp_; ++s) {
-    const Rep& r = reps_[static_cast<std::size_t>(s)];
+    const Representative& r = representatives_[static_cast<std::size_t>(s)];
     const double params = parameters_on_stage(m_, plan_, s);
     // Megatron's step kernels: grad scale, grad norm, Adam, master -> bf16
     // copy, buffer zeroing (optimizer_step.cpp).
     TimeNs ns = optimizer_step_time_ns(gpu, params, dp_, zero);
     if (s == straggler_stage_) ns = static_cast<TimeNs>(std::llround(static_cast<double>(ns) * straggler_slowdown_));
     const TaskId opt = eng_->add_compute(r.compute, ns, join);
-    tag(opt, Cls::optimizer, kTidCompute, s);
+    tag(opt, Category::optimizer, kThreadCompute, s);
     label(opt, s, "optimizer step", "optimizer");
     if (zero == 1 || zero == 2) {
       // Distributed optimizer: gather the updated bf16 parameters (not overlapped).
@@ -692,7 +692,7 @@ void Builder::finish_iteration() {
       const std::vector<TaskId> d{opt};
       const TaskId g = eng_->add_collective(Collective::all_gather, r.dp_group,
                                             params * kParamBytesPerParam * act_scale, s1, d);
-      tag(g, Cls::dp, kTidDp, s);
+      tag(g, Category::dp, kThreadDp, s);
       label(g, s, "param all-gather", "dp");
     }
   }

@@ -26,13 +26,14 @@
 namespace cuboid::sim::detail {
 
 // What a task counts as in the breakdown, in priority order.
-enum class Cls : std::uint8_t { optimizer, compute, tp, pp, dp, none };
-enum Tid : std::uint8_t { kTidCompute = 0, kTidTp = 1, kTidPpFwd = 2, kTidPpBwd = 3, kTidDp = 4 };
+enum class Category : std::uint8_t { optimizer, compute, tp, pp, dp, none };
+// The trace thread (row) a task is drawn on, per rank.
+enum TraceThread : std::uint8_t { kThreadCompute = 0, kThreadTp = 1, kThreadPpFwd = 2, kThreadPpBwd = 3, kThreadDp = 4 };
 inline constexpr std::uint16_t kNoStage = 0xFFFF;
 
 struct TaskMeta {
-  Cls cls = Cls::none;
-  std::uint8_t tid = 0;
+  Category category = Category::none;
+  std::uint8_t thread = 0;  // TraceThread
   std::uint16_t stage = kNoStage;
   std::uint16_t stage2 = kNoStage;  // the other side of a p2p / embedding all-reduce
 };
@@ -55,7 +56,9 @@ struct StepSpan {
   bool forward = true;
 };
 
-struct Rep {
+// A stage's representative rank (TP rank 0 of the replica that sets the
+// pace), whose streams and groups carry the stage's tasks.
+struct Representative {
   int rank = 0;
   int stage = 0;
   StreamId compute = 0, tp = 0, pp_fwd = 0, pp_bwd = 0, dp = 0;
@@ -82,7 +85,7 @@ class Builder {
   Engine& engine() { return *eng_; }
   // The simulation's arena (huge_pages.hpp), for tables that live as long as the builder.
   std::pmr::memory_resource* arena() { return &arena_; }
-  const std::vector<Rep>& reps() const { return reps_; }
+  const std::vector<Representative>& representatives() const { return representatives_; }
   std::span<const TaskMeta> meta() const { return meta_; }
   const std::map<TaskId, TraceLabel>& labels() const { return labels_; }
   const std::vector<StepSpan>& spans() const { return spans_; }
@@ -139,7 +142,7 @@ class Builder {
   static constexpr TaskId kEntryRef = 0x7FFFFFFF;
   static constexpr TaskId kLocalRef = 0x80000000;
 
-  void make_reps();
+  void make_representatives();
   void make_programs();
   void make_units();
   bool tp_isolated() const;
@@ -172,12 +175,12 @@ class Builder {
   void dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name);
   void finish_iteration();
 
-  static TaskMeta meta_of(Cls cls, std::uint8_t tid, int stage, int stage2 = -1) {
-    return TaskMeta{cls, tid, static_cast<std::uint16_t>(stage), static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};
+  static TaskMeta meta_of(Category category, std::uint8_t thread, int stage, int stage2 = -1) {
+    return TaskMeta{category, thread, static_cast<std::uint16_t>(stage), static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};
   }
   // Inline: every task is tagged (1.6M in GPT-1T), almost always as it is added.
-  TaskId tag(TaskId t, Cls cls, std::uint8_t tid, int stage, int stage2 = -1) {
-    return tag(t, meta_of(cls, tid, stage, stage2));
+  TaskId tag(TaskId t, Category category, std::uint8_t thread, int stage, int stage2 = -1) {
+    return tag(t, meta_of(category, thread, stage, stage2));
   }
   TaskId tag(TaskId t, const TaskMeta& mt) {
     if (meta_.size() == t) {
@@ -211,7 +214,7 @@ class Builder {
   int overlap_sms_ = 0;  // SMs an async TP collective takes from the GEMM under it (make_programs)
   TpProbe tp_probe_;  // prices TP collectives when tp_fast_
 
-  std::vector<Rep> reps_;
+  std::vector<Representative> representatives_;
   std::vector<StageOrder> order_;
   std::vector<std::size_t> cursor_;
   std::vector<std::vector<TaskId>> stage_end_;      // end of each stage's previous pass

@@ -105,8 +105,8 @@ double Network::class_bytes(ClassId c) const {
   for (const Flow& fl : flows_) {
     if (!fl.active || fl.registered || fl.nuses == 0) continue;
     const LinkSet& s = sets_[fl.set];
-    for (std::uint32_t i = 0; i < s.cls.size(); ++i) {
-      if (s.cls[i] == c) bytes += s.weight[i] * carried(fl);
+    for (std::uint32_t i = 0; i < s.classes.size(); ++i) {
+      if (s.classes[i] == c) bytes += s.weight[i] * carried(fl);
     }
   }
   return bytes;
@@ -143,8 +143,8 @@ void Network::settle() const {
   for (LinkSetId id : peak_dirty_sets_) {
     LinkSet& s = sets_[id];
     s.peak_dirty = false;
-    for (std::uint32_t i = 0; i < s.cls.size(); ++i) {
-      const ClassId c = s.cls[i];
+    for (std::uint32_t i = 0; i < s.classes.size(); ++i) {
+      const ClassId c = s.classes[i];
       const double util = std::min(1.0, s.weight[i] * s.retired_max_rate / class_solve_[c].capacity_Bps);
       class_peak_[c] = std::max(class_peak_[c], util);
     }
@@ -191,7 +191,7 @@ void Network::settle_bytes() const {
   const std::uint32_t stamp = ++class_stamp_;
   touched_.clear();
   for (LinkSetId id : batch_sets_) {
-    for (ClassId c : sets_[id].cls) {
+    for (ClassId c : sets_[id].classes) {
       if (class_touch_[c] == stamp) continue;
       class_touch_[c] = stamp;
       touched_.push_back(c);
@@ -510,7 +510,7 @@ LinkSetId Network::register_links(std::span<const LinkId> links) {
     // The sets crossing the old class cross this one too, with the same weight.
     std::vector<ClassSet> crossing = class_sets_[g.from];
     for (const ClassSet& cs : crossing) {
-      sets_[cs.set].cls.push_back(n);
+      sets_[cs.set].classes.push_back(n);
       sets_[cs.set].weight.push_back(cs.weight);
     }
     crossing.push_back(ClassSet{id, std::bit_cast<double>(g.weight_bits)});
@@ -520,17 +520,17 @@ LinkSetId Network::register_links(std::span<const LinkId> links) {
     if (g.to == g.from) class_sets_[g.from].push_back(ClassSet{id, std::bit_cast<double>(g.weight_bits)});
   }
   for (std::size_t i = 0; i < links.size(); ++i) link_class_[links[i]] = groups_[use_group_[i]].to;
-  s.cls.reserve(groups_.size());
+  s.classes.reserve(groups_.size());
   s.weight.reserve(groups_.size());
   for (const SplitGroup& g : groups_) {
-    s.cls.push_back(g.to);
+    s.classes.push_back(g.to);
     s.weight.push_back(std::bit_cast<double>(g.weight_bits));
   }
   // Its conflicts: every set that crosses one of its classes, and itself.
   set_mark_.push_back(0);
   const std::uint32_t set_stamp = id + 1;
   set_mark_[id] = set_stamp;
-  for (ClassId c : s.cls) {
+  for (ClassId c : s.classes) {
     for (const ClassSet& cs : class_sets_[c]) {
       if (set_mark_[cs.set] == set_stamp) continue;
       set_mark_[cs.set] = set_stamp;
@@ -538,11 +538,11 @@ LinkSetId Network::register_links(std::span<const LinkId> links) {
       sets_[cs.set].conflicts.push_back(id);
     }
   }
-  if (!s.cls.empty()) s.conflicts.push_back(id);
+  if (!s.classes.empty()) s.conflicts.push_back(id);
   sets_.push_back(std::move(s));
   if (split) {
     for (Flow& fl : flows_) {
-      if (fl.active && fl.nuses > 0) fl.nuses = static_cast<std::uint32_t>(sets_[fl.set].cls.size());
+      if (fl.active && fl.nuses > 0) fl.nuses = static_cast<std::uint32_t>(sets_[fl.set].classes.size());
     }
     for (FlowId f : was_registered) register_flow(f);
   }
@@ -586,7 +586,7 @@ FlowId Network::start_flow(LinkSetId set, double bytes, TimeNs now, std::uint64_
   fl.set = set;
   fl.nuses = 0;
   fl.registered = false;
-  fl.slots.clear();
+  fl.positions.clear();
   fl.shared.clear();
   fl.remaining = std::max(0.0, bytes);
   fl.total = fl.remaining;
@@ -600,12 +600,12 @@ FlowId Network::start_flow(LinkSetId set, double bytes, TimeNs now, std::uint64_
   ++active_;
   ++flows_started_;
   const LinkSet& s = sets_[set];
-  if (fl.remaining == 0 || s.cls.empty()) {
+  if (fl.remaining == 0 || s.classes.empty()) {
     fl.finish_ns = now;
     push_pending(f);
     return f;
   }
-  fl.nuses = static_cast<std::uint32_t>(s.cls.size());
+  fl.nuses = static_cast<std::uint32_t>(s.classes.size());
   // Only flows of conflicting sets can meet this one on a link: if none runs,
   // it is alone on all its links and skips them (the hot path of a mirrored
   // p2p or collective: hundreds of links). Else the ones off the lists join
@@ -638,11 +638,11 @@ void Network::register_flow(FlowId f) {
   Flow& fl = flows_[f];
   const LinkSet& s = sets_[fl.set];
   fl.registered = true;
-  fl.slots.resize(s.cls.size());
-  const ClassId* classes = s.cls.data();
+  fl.positions.resize(s.classes.size());
+  const ClassId* classes = s.classes.data();
   for (std::uint32_t i = 0; i < fl.nuses; ++i) {
     FlowList& list = class_flows_[classes[i]];
-    fl.slots[i] = Slot{list.size(), kNotShared};
+    fl.positions[i] = ListPosition{list.size(), kNotShared};
     list.push_back(FlowRef{f, i});
     if (list.size() >= 2) {
       if (list.size() == 2) add_shared(list[0].flow, list[0].use);
@@ -661,18 +661,18 @@ void Network::flush() {
 
 void Network::add_shared(FlowId f, std::uint32_t use) {
   Flow& fl = flows_[f];
-  fl.slots[use].spos = static_cast<std::uint32_t>(fl.shared.size());
+  fl.positions[use].spos = static_cast<std::uint32_t>(fl.shared.size());
   fl.shared.push_back(use);
 }
 
 void Network::remove_shared(FlowId f, std::uint32_t use) {
   Flow& fl = flows_[f];
-  const std::uint32_t p = fl.slots[use].spos;
+  const std::uint32_t p = fl.positions[use].spos;
   const std::uint32_t last = fl.shared.back();
   fl.shared[p] = last;
-  fl.slots[last].spos = p;
+  fl.positions[last].spos = p;
   fl.shared.pop_back();
-  fl.slots[use].spos = kNotShared;
+  fl.positions[use].spos = kNotShared;
 }
 
 // A finished flow leaves its links: shared links become seeds of the
@@ -694,17 +694,17 @@ void Network::retire_flow(FlowId f) {
     s.peak_dirty = true;
     peak_dirty_sets_.push_back(fl.set);
   }
-  const ClassId* classes = s.cls.data();
+  const ClassId* classes = s.classes.data();
   const std::uint32_t on_lists = fl.registered ? fl.nuses : 0;
   for (std::uint32_t i = 0; i < on_lists; ++i) {
     const ClassId c = classes[i];
-    const std::uint32_t pos = fl.slots[i].pos;
+    const std::uint32_t pos = fl.positions[i].pos;
     FlowList& list = class_flows_[c];
     if (list.size() > 1) seeds_.push_back(c);
     const FlowRef moved = list.back();
     if (moved.flow != f) {
       list[pos] = moved;
-      flows_[moved.flow].slots[moved.use].pos = pos;
+      flows_[moved.flow].positions[moved.use].pos = pos;
     }
     list.pop_back();
     if (list.size() == 1) remove_shared(list[0].flow, list[0].use);

@@ -276,8 +276,8 @@ class Network {
     double weight = 0;
   };
   struct LinkSet {
-    std::vector<ClassId> cls;     // the classes it crosses (grows when one of them splits)
-    std::vector<double> weight;   // its weight on each link of cls[i]
+    std::vector<ClassId> classes;     // the classes it crosses (grows when one of them splits)
+    std::vector<double> weight;   // its weight on each link of classes[i]
     double cap = 0;           // min over its links of capacity / weight
     double retired_max_rate = 0;  // max rate of its finished flows (link peaks)
     bool peak_dirty = false;  // finished flows not yet in the class peaks
@@ -285,8 +285,8 @@ class Network {
     std::vector<FlowId> active;        // its running flows (with bytes)
   };
   static constexpr std::uint32_t kNotShared = std::numeric_limits<std::uint32_t>::max();
-  struct Slot {               // per class use of a flow
-    std::uint32_t pos = 0;    // index in cls_flows_[class]
+  struct ListPosition {       // where a flow sits, per class it uses
+    std::uint32_t pos = 0;    // index in class_flows_[class]
     std::uint32_t spos = kNotShared;  // index in the flow's `shared`, if the class has other flows
   };
   struct Flow {
@@ -298,7 +298,7 @@ class Network {
     // is the set's cap) until a flow that may meet it starts (register_flow),
     // which leaves the lists exactly as if it had been on them all along.
     bool registered = false;
-    std::vector<Slot> slots;  // capacity kept when the slot is reused
+    std::vector<ListPosition> positions;  // per class use; capacity kept when the flow id is reused
     // Indices of class uses that other flows cross too. Only those take part
     // in a solve; the private ones are summarised by the set's `cap`.
     std::vector<std::uint32_t> shared;
@@ -337,7 +337,7 @@ class Network {
     ClassId to = 0;                   // the class they end in
     std::uint32_t next = 0;           // the next group of the same old class
   };
-  ClassId set_class(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].cls[use]; }
+  ClassId set_class(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].classes[use]; }
   // Slots: what the per-link tables (classes, merge scratch) and the sets'
   // link lists are indexed by. Unfolded, a link's slot is its id; folded,
   // only the rail-0 images have slots (Topology::rail0_slots, in link id
