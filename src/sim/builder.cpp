@@ -316,7 +316,7 @@ void Builder::try_message(std::uint32_t id) {
     const ScheduleStep& st = order_[static_cast<std::size_t>(stage)][static_cast<std::size_t>(pos)];
     return end_of(pass(st.dir, st.micro_batch, st.chunk * pp_ + stage));
   };
-  std::vector<TaskId>& deps = message_deps_;  // reused: 65k messages in GPT-1T
+  std::vector<TaskId>& deps = message_deps_;  // reused: one allocation for every message
   const auto sent = pass_end(msg.from, msg.send_pos);
   deps.assign(sent.begin(), sent.end());
   if (msg.recv_pos >= 0) {
@@ -327,7 +327,7 @@ void Builder::try_message(std::uint32_t id) {
   const GroupId g = fwd ? p2p_fwd_group_[uf] : p2p_bwd_group_[uf];
   const double bytes = pipeline_message_bytes(m_, plan_) * activation_bytes_scale(topo_.cluster().calibration.get());
   TaskId t = eng_->add_collective(Collective::send_recv, g, bytes, streams, deps, Algorithm::ring);
-  // Named only when either side is traced (65k messages in a GPT-1T iteration).
+  // Named only when either side is traced (a name is two strings per message).
   const std::string name = traced(msg.to) || traced(msg.from)
                                ? (fwd ? "act " : "grad ") + step_name(msg.consumer.dir, msg.consumer.micro_batch,
                                                                       msg.consumer.chunk, v_)
@@ -382,7 +382,7 @@ TaskId Builder::add_tp(Chain& ch, const Item& it, const Program& prog, const std
   const TaskMeta mt = meta_of(Category::tp, kThreadTp, ch.stage);
   TaskId t;
   if (tp_fast_) {
-    // Priced once per item (the probe cache is a map; 660k TP tasks in GPT-1T).
+    // Priced once per item: the probe's cache is a map, and TP tasks are many.
     if (it.probe_ns < 0) it.probe_ns = tp_probe_.time_ns(it.collective, it.bytes);
     t = emit_compute(r.tp, it.probe_ns, deps, mt);
   } else {
@@ -575,7 +575,7 @@ void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, cons
   const bool fwd = st.dir == Direction::forward;
   const Representative& me = representatives_[us];
   // One chain object reused by every pass: its vectors keep their capacity
-  // (65k passes in GPT-1T would otherwise allocate and free them each time).
+  // instead of being allocated and freed per pass.
   Chain& ch = chain_;
   ch.stage = stage;
   ch.deps.assign(entry.begin(), entry.end());

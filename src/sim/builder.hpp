@@ -178,7 +178,7 @@ class Builder {
   static TaskMeta meta_of(Category category, std::uint8_t thread, int stage, int stage2 = -1) {
     return TaskMeta{category, thread, static_cast<std::uint16_t>(stage), static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};
   }
-  // Inline: every task is tagged (1.6M in GPT-1T), almost always as it is added.
+  // Inline: every task is tagged, almost always as it is added.
   TaskId tag(TaskId t, Category category, std::uint8_t thread, int stage, int stage2 = -1) {
     return tag(t, meta_of(category, thread, stage, stage2));
   }

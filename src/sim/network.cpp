@@ -237,7 +237,7 @@ TimeNs Network::route_latency_ns(int src_gpu, int dst_gpu) {
 // The same result as appending every route's links and merge_uses: each
 // link's weights are summed in route order (merge_uses sums them in its sort's
 // order; the collectives give all uses of one link the same weight, so the
-// sums agree bit for bit), without sorting the ~10k uses of a mirrored phase.
+// sums agree bit for bit), without sorting the thousands of uses of a mirrored phase.
 [[gnu::always_inline]] inline void Network::merge_add(LinkId l, double w) {
   std::uint64_t& word = merge_seen_[l >> 6];
   const std::uint64_t bit = std::uint64_t{1} << (l & 63);

@@ -133,11 +133,10 @@ Breakdown critical_breakdown(const Engine& eng, std::span<const TaskMeta> meta, 
 
 // Per-kind peaks over every link that carried bytes, and the 8 busiest links
 // (highest peak first, ties in link order, as a stable sort would give).
-// Only those 8 get names: a 16k-GPU fabric has ~100k links, and naming and
-// sorting them all was a tenth of a Llama-3.1-405B iteration's simulation.
-// The links stream past and nothing per link is kept (a vector of them was
-// the run's biggest allocation, its fresh pages a fifth of its time); with
-// folded rails they come per rail-0 image, a few thousand instead of ~100k.
+// Only those 8 get names (a big fabric has ~6 links per GPU: naming and
+// sorting them all would cost more than the simulation). The links stream
+// past and nothing per link is kept; with folded rails they come per rail-0
+// image, one per group of links that carry the same load.
 void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
   detail::BusiestLinks<8> top;
   std::array<double, 3> peak{};  // per LinkKind

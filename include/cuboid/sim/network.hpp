@@ -99,7 +99,7 @@ class Network {
   // flows instead of one per link; the same numbers as link_stats(l).
   std::vector<LinkStats> all_link_stats() const;
   // Calls f(link, stats) for every link in id order: the same numbers as
-  // all_link_stats without its vector (a 16k-GPU fabric has ~100k links).
+  // all_link_stats without its vector (a big fabric has ~6 links per GPU).
   template <typename F>
   void for_each_link_stats(F&& f) const {
     for_each_link(false, f);
@@ -143,9 +143,9 @@ class Network {
 
   // Registers a set of link uses once (a collective phase, a raw flow); flows
   // over it then share its links, weights and bottleneck (min over its links
-  // of capacity / weight), computed here once instead of at every start: a
-  // mirrored p2p phase is ~50 routes and hundreds of links, started tens of
-  // thousands of times. `uses` must be merged; uses of weight <= 0 are
+  // of capacity / weight), computed here once instead of at every start (a
+  // mirrored phase has hundreds of links and starts once per micro-batch).
+  // `uses` must be merged; uses of weight <= 0 are
   // dropped. Throws std::out_of_range for an unknown link and
   // std::invalid_argument for a link listed twice, before registering anything,
   // and std::logic_error once the rails are folded (a raw set's links are not
@@ -349,7 +349,7 @@ class Network {
   ClassId class_of_link(LinkId l) const { return link_class_[slot_of(l)]; }
   double set_weight(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].weight[use]; }
   // A link's capacity: a topology link's from its edge record (no per-link
-  // table to fill: 100k links on a 16k-GPU fabric), an abstract one's as given.
+  // table to fill), an abstract one's as given.
   double capacity_of(LinkId l) const {
     if (topo_ == nullptr) return link_capacity_[l];
     const EdgeRecord& e = topo_->edges()[l / 2];
