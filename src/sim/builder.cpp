@@ -475,7 +475,7 @@ void Builder::add_step(int stage, std::size_t idx) {
   stage_end_[us].assign(end.begin(), end.end());
 }
 
-Builder::PassTemplate& Builder::pass_template(int stage, const ScheduleStep& st, bool reduce_now) {
+PassTemplate& Builder::pass_template(int stage, const ScheduleStep& st, bool reduce_now) {
   if (templates_.empty()) {
     templates_.reserve(static_cast<std::size_t>(pp_ * v_ * 4));
     for (int i = 0; i < pp_ * v_ * 4; ++i) templates_.emplace_back(&arena_);
@@ -484,36 +484,18 @@ Builder::PassTemplate& Builder::pass_template(int stage, const ScheduleStep& st,
   PassTemplate& pt = templates_[static_cast<std::size_t>(key)];
   if (!pt.recorded) {
     recording_ = &pt;
-    const std::vector<TaskId> entry{kEntryRef};
+    const std::vector<TaskId> entry{PassTemplate::kEntryRef};
     play_pass(stage, st, reduce_now, entry);
-    record_refs(chain_.deps, pt.end);
+    PassTemplate::to_refs(chain_.deps, pt.end);
     recording_ = nullptr;
     pt.recorded = true;
   }
   return pt;
 }
 
-// The stand-in ids play() saw while recording, as template references:
-// kEntryRef stays, kLocalRef + i becomes i.
-void Builder::record_refs(const std::vector<TaskId>& ids, std::pmr::vector<TaskId>& out) const {
-  for (TaskId id : ids) {
-    if (id < kEntryRef) throw std::logic_error("simulate: a recorded pass depends on a task outside it");
-    out.push_back(id == kEntryRef ? kEntryRef : id - kLocalRef);
-  }
-}
-
 TaskId Builder::emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskId>& deps, const TaskMeta& mt) {
   if (recording_ == nullptr) return tag(eng_->add_compute(stream, ns, deps), mt);
-  PassTemplate& pt = *recording_;
-  PassTemplate::Task& t = pt.tasks.emplace_back();
-  t.stream = stream;
-  t.duration_ns = ns;
-  t.meta = mt;
-  t.deps_begin = static_cast<std::uint32_t>(pt.refs.size());
-  record_refs(deps, pt.refs);
-  t.deps_end = static_cast<std::uint32_t>(pt.refs.size());
-  pt.max_refs = std::max(pt.max_refs, t.deps_end - t.deps_begin);
-  return kLocalRef + static_cast<TaskId>(pt.tasks.size() - 1);
+  return recording_->record(stream, ns, deps, mt);
 }
 
 TaskId Builder::emit_collective(Collective c, GroupId group, double bytes, StreamId stream, const std::vector<TaskId>& deps,
@@ -538,24 +520,7 @@ TaskId Builder::emit_collective(Collective c, GroupId group, double bytes, Strea
 // filled in; its end dependencies are appended to `end`.
 void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::pmr::vector<TaskId>& end) {
   const auto base = static_cast<TaskId>(eng_->num_tasks());
-  if (static_cast<std::size_t>(base) + pt.tasks.size() >= kEntryRef) {
-    throw std::length_error("simulate: more than 2^31 tasks in one iteration");
-  }
-  // References are expanded straight into a buffer sized once for the
-  // largest list (each ref is one id, or the entry's).
-  std::vector<TaskId>& buf = stamp_deps_;
-  const std::size_t most = std::max<std::size_t>(pt.max_refs, pt.end.size()) * std::max<std::size_t>(1, entry.size());
-  if (buf.size() < most) buf.resize(most);
-  auto expand = [&](const TaskId* first, const TaskId* last) {
-    TaskId* out = buf.data();
-    for (const TaskId* r = first; r != last; ++r) {
-      if (*r == kEntryRef) out = std::copy(entry.begin(), entry.end(), out);
-      else *out++ = base + *r;
-    }
-    return std::span<const TaskId>(buf.data(), out);
-  };
-  for (const PassTemplate::Task& t : pt.tasks) {
-    const std::span<const TaskId> ds = expand(pt.refs.data() + t.deps_begin, pt.refs.data() + t.deps_end);
+  const auto add = [&](const PassTemplate::Task& t, std::span<const TaskId> ds) {
     TaskId id;
     if (t.compute) {
       id = eng_->add_compute(t.stream, t.duration_ns, ds);
@@ -565,8 +530,8 @@ void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>
       if (t.dp_reduction) dp_tasks_[static_cast<std::size_t>(stage)].push_back(id);
     }
     tag(id, t.meta);
-  }
-  const std::span<const TaskId> e = expand(pt.end.data(), pt.end.data() + pt.end.size());
+  };
+  const std::span<const TaskId> e = pt.stamp(base, entry, stamp_deps_, add);
   end.insert(end.end(), e.begin(), e.end());
 }
 

@@ -20,23 +20,12 @@
 #include "cuboid/sim/simulator.hpp"
 #include "cuboid/core/topology.hpp"
 #include "message_plan.hpp"
+#include "pass_template.hpp"
 #include "program.hpp"
+#include "task_meta.hpp"
 #include "tp_probe.hpp"
 
 namespace cuboid::sim::detail {
-
-// What a task counts as in the breakdown, in priority order.
-enum class Category : std::uint8_t { optimizer, compute, tp, pp, dp, none };
-// The trace thread (row) a task is drawn on, per rank.
-enum TraceThread : std::uint8_t { kThreadCompute = 0, kThreadTp = 1, kThreadPpFwd = 2, kThreadPpBwd = 3, kThreadDp = 4 };
-inline constexpr std::uint16_t kNoStage = 0xFFFF;
-
-struct TaskMeta {
-  Category category = Category::none;
-  std::uint8_t thread = 0;  // TraceThread
-  std::uint16_t stage = kNoStage;
-  std::uint16_t stage2 = kNoStage;  // the other side of a p2p / embedding all-reduce
-};
 
 // A compute segment or a collective as the trace shows it.
 struct TraceLabel {
@@ -114,34 +103,6 @@ class Builder {
     TaskId last_compute = std::numeric_limits<TaskId>::max();
   };
 
-  // The tasks of one pass, recorded once per (stage, chunk, direction,
-  // gradient reduction or not) and stamped out for every micro-batch: play()
-  // makes the same calls for each, only the entry dependencies (the previous
-  // pass, the received messages) and the task ids differ.
-  struct PassTemplate {
-    struct Task {
-      bool compute = true;         // else a collective on `stream` (Algorithm::automatic)
-      bool dp_reduction = false;   // a gradient reduction (dp_tasks_)
-      Collective op = Collective::all_reduce;
-      StreamId stream = 0;
-      GroupId group = 0;
-      TimeNs duration_ns = 0;
-      double bytes = 0;
-      std::uint32_t deps_begin = 0, deps_end = 0;  // its range in refs
-      TaskMeta meta;
-    };
-    explicit PassTemplate(std::pmr::memory_resource* mem) : tasks(mem), refs(mem), end(mem) {}
-    bool recorded = false;
-    std::pmr::vector<Task> tasks;
-    std::pmr::vector<TaskId> refs;  // kEntryRef (all entry dependencies, in order) or a task's index in the pass
-    std::uint32_t max_refs = 0;     // the most refs one task has
-    std::pmr::vector<TaskId> end;   // refs of the pass's end (PassState::end)
-  };
-  // While a pass is recorded, play() sees stand-in task ids: the entry
-  // dependencies as one kEntryRef, the pass's own tasks as kLocalRef + index.
-  static constexpr TaskId kEntryRef = 0x7FFFFFFF;
-  static constexpr TaskId kLocalRef = 0x80000000;
-
   void make_representatives();
   void make_programs();
   void make_units();
@@ -168,7 +129,6 @@ class Builder {
   TaskId emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskId>& deps, const TaskMeta& mt);
   TaskId emit_collective(Collective c, GroupId group, double bytes, StreamId stream, const std::vector<TaskId>& deps,
                          const TaskMeta& mt, bool dp_reduction = false);
-  void record_refs(const std::vector<TaskId>& ids, std::pmr::vector<TaskId>& out) const;
   void play(Chain& ch, const Program& prog);
   void flush(Chain& ch);
   TaskId add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps);
