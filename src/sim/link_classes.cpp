@@ -159,7 +159,7 @@ LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
   if (rails_folded()) {
     throw std::logic_error("Network: raw link sets (add_link_set, start_flow over uses) cannot join folded rails");
   }
-  if (merge_weight_.size() != num_slots_) merge_begin();
+  if (!merger_.sized_for(num_slots_)) merger_.begin(num_slots_, mem_);
   if (link_mark_.size() != num_links_) link_mark_.assign(num_links_, 0);  // first call
   const std::uint32_t stamp = ++link_stamp_;
   set_links_.clear();
@@ -171,13 +171,13 @@ LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
     }
     link_mark_[u.link] = stamp;
     set_links_.push_back(u.link);
-    merge_weight_[u.link] = u.weight;
+    merger_.weight(u.link) = u.weight;
   }
   return register_links(set_links_);
 }
 
 // Registers the set of `links` (distinct slots, see slot_of: link ids unless
-// folded), each with weight merge_weight_[slot]. Refines the link classes by
+// folded), each with weight merger_.weight(slot). Refines the link classes by
 // it (a class it crosses in part, or with two weights, splits; the sets
 // crossing the old class cross the new one too), then lists the set's
 // classes and conflicts.
@@ -193,7 +193,7 @@ LinkSetId Network::register_links(std::span<const LinkId> links) {
   for (std::size_t i = 0; i < links.size(); ++i) {
     const LinkId l = links[i];
     const ClassId c = link_class_[l];
-    const auto wbits = std::bit_cast<std::uint64_t>(merge_weight_[l]);
+    const auto wbits = std::bit_cast<std::uint64_t>(merger_.weight(l));
     const std::uint64_t cbits = c == 0 ? std::bit_cast<std::uint64_t>(capacity_of(link_of_slot(l))) : 0;
     if (class_touch_[c] != cstamp) {
       class_touch_[c] = cstamp;

@@ -21,29 +21,16 @@ TimeNs Network::route_latency_ns(int src_gpu, int dst_gpu) {
   return topo_->route_latency_ns(src_gpu, dst_gpu);
 }
 
-// The same result as appending every route's links and merge_uses: each
-// link's weights are summed in route order (merge_uses sums them in its sort's
-// order; the collectives give all uses of one link the same weight, so the
-// sums agree bit for bit), without sorting the thousands of uses of a mirrored phase.
-[[gnu::always_inline]] inline void Network::merge_add(LinkId l, double w) {
-  std::uint64_t& word = merge_seen_[l >> 6];
-  const std::uint64_t bit = std::uint64_t{1} << (l & 63);
-  if ((word & bit) == 0) {
-    word |= bit;
-    merge_links_.push_back(l);
-    merge_weight_[l] = w;
-  } else {
-    merge_weight_[l] += w;
-  }
-}
-
-// Adds the routes' links to the merge scratch: a bit set of the links seen,
-// their summed weights (merge_weight_) and the list of them (merge_links_).
+// Adds the routes' links to the merger: the same result as appending every
+// route's links and merge_uses. Each link's weights are summed in route
+// order (merge_uses sums them in its sort's order; the collectives give all
+// uses of one link the same weight, so the sums agree bit for bit), without
+// sorting the thousands of uses of a mirrored phase.
 void Network::merge_routes(std::span<const Route> routes) {
   LinkId hops[Topology::kMaxRouteLinks];
   for (const Route& r : routes) {
     const std::size_t n = topo_->route_ids(r.src_gpu, r.dst_gpu, hops);
-    for (std::size_t i = 0; i < n; ++i) merge_add(hops[i], r.weight);
+    for (std::size_t i = 0; i < n; ++i) merger_.add(hops[i], r.weight);
   }
 }
 
@@ -89,9 +76,9 @@ void Network::merge_routes_folded(std::span<const Route> routes, bool rail0_part
     const std::size_t n = topo_->route_ids_rail0(r.src_gpu, r.dst_gpu, hops, fixed);
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint32_t slot = slot_of_[hops[i]];
-      merge_add(slot, r.weight);
+      merger_.add(slot, r.weight);
       if (fixed[i] != 0) {
-        for (int k = 1; k < gpn; ++k) merge_weight_[slot] += r.weight;
+        for (int k = 1; k < gpn; ++k) merger_.weight(slot) += r.weight;
       }
     }
   }
@@ -103,45 +90,11 @@ void Network::merge_routes_folded(std::span<const Route> routes, bool rail0_part
   }
 }
 
-// merge_links_ is empty after a merge_end; links left in it are those of a
-// merge a throw cut short (a GPU out of range): their bits are cleared here.
-void Network::merge_begin() {
-  if (merge_weight_.size() != num_slots_) {
-    merge_weight_ = ZeroedArray<double>(num_slots_, mem_);
-    merge_seen_.assign((num_slots_ + 63) / 64, 0);
-    merge_links_.clear();
-  }
-  for (LinkId l : merge_links_) merge_seen_[l >> 6] = 0;
-  merge_links_.clear();
-}
-
-// The merged links in increasing id order into set_links_, the bit set
-// cleared. A big phase (a mirrored ring or p2p: thousands of links) reads
-// them off the bit set, cheaper than sorting them; a small one sorts.
-void Network::merge_end() {
-  set_links_.clear();
-  if (merge_links_.size() * 16 >= merge_seen_.size()) {
-    set_links_.reserve(merge_links_.size());
-    for (std::size_t w = 0; w < merge_seen_.size(); ++w) {
-      for (std::uint64_t bits = merge_seen_[w]; bits != 0; bits &= bits - 1) {
-        set_links_.push_back(static_cast<LinkId>(64 * w + static_cast<std::size_t>(std::countr_zero(bits))));
-      }
-      merge_seen_[w] = 0;
-    }
-  } else {
-    set_links_.assign(merge_links_.begin(), merge_links_.end());
-    std::sort(set_links_.begin(), set_links_.end());
-    for (LinkId l : set_links_) merge_seen_[l >> 6] = 0;
-  }
-  merge_links_.clear();
-}
-
 void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>& out) {
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
   if (rails_folded()) {
-    // The merge scratch holds rail-0 slots; these are links. merge_uses
-    // keeps each link's uses in order, so their weights are summed as
-    // merge_add sums them.
+    // The merger holds rail-0 slots; these are links. merge_uses keeps each
+    // link's uses in order, so their weights are summed as the merger sums them.
     LinkId hops[Topology::kMaxRouteLinks];
     for (const Route& r : routes) {
       const std::size_t n = topo_->route_ids(r.src_gpu, r.dst_gpu, hops);
@@ -150,13 +103,13 @@ void Network::compile_routes(std::span<const Route> routes, std::vector<LinkUse>
     merge_uses(out);
     return;
   }
-  merge_begin();
-  for (const LinkUse& u : out) merge_add(u.link, u.weight);
+  merger_.begin(num_slots_, mem_);
+  for (const LinkUse& u : out) merger_.add(u.link, u.weight);
   merge_routes(routes);
-  merge_end();
+  merger_.end(set_links_);
   out.clear();
   out.reserve(set_links_.size());
-  for (LinkId l : set_links_) out.push_back(LinkUse{l, merge_weight_[l]});
+  for (LinkId l : set_links_) out.push_back(LinkUse{l, merger_.weight(l)});
 }
 
 // Stable: a link's weights are summed in the order they were listed.
@@ -188,10 +141,10 @@ LinkSetId Network::add_routes(std::span<const Route> routes, bool rail0_part) {
     if (const std::optional<LinkSetId> set = route_sets_.find(key, routes, rail0_part)) return *set;
   }
   if (topo_ == nullptr) throw std::logic_error("Network: route_links needs a topology");
-  merge_begin();
+  merger_.begin(num_slots_, mem_);
   if (rails_folded()) merge_routes_folded(routes, rail0_part);
   else merge_routes(routes);
-  merge_end();
+  merger_.end(set_links_);
   const LinkSetId set = register_links(set_links_);
   if (cached) route_sets_.add(key, routes, rail0_part, set);
   return set;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cuboid/core/topology.hpp"
+#include "cuboid/sim/link_merger.hpp"
 #include "cuboid/sim/maxmin.hpp"
 #include "cuboid/sim/route_cache.hpp"
 #include "cuboid/sim/zeroed_array.hpp"
@@ -369,12 +370,9 @@ class Network {
   }
   void init_classes();
   [[noreturn]] void throw_no_topology_link(LinkId l) const;
-  void merge_begin();
-  void merge_add(LinkId l, double w);
   void merge_routes(std::span<const Route> routes);
   void merge_routes_folded(std::span<const Route> routes, bool rail0_part);
   LinkSetId add_routes(std::span<const Route> routes, bool rail0_part);
-  void merge_end();
   LinkSetId register_links(std::span<const LinkId> links);
   double carried(const Flow& fl) const;
   void unregister_all(std::vector<FlowId>& was);
@@ -445,11 +443,8 @@ class Network {
   std::vector<Pending> pending_;  // min-heap of predicted finish times (lazy deletion)
   RouteCache routes_{mem_};
   // Scratch for compile_routes and the sets: per link its summed weight, and a bit set of the listed links.
-  // Per slot; only read where merge_seen_ (or add_link_set) has set it.
-  ZeroedArray<double> merge_weight_;
-  std::vector<std::uint64_t> merge_seen_;
-  std::vector<LinkId> merge_links_;
-  std::vector<LinkId> set_links_;  // the links to register: merge_end's (in id order) or add_link_set's (as given)
+  LinkMerger merger_;               // per slot
+  std::vector<LinkId> set_links_;  // the links to register: merger_'s (in id order) or add_link_set's (as given)
   RouteSetCache route_sets_{mem_};  // add_route_set's lists and their sets
 
   // Scratch for solve_from (kept to avoid allocating per event).
