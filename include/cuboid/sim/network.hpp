@@ -317,20 +317,23 @@ class Network {
       f(static_cast<LinkId>(l), LinkStats{capacity_of(static_cast<LinkId>(l)), bytes[c], class_peak_[c]});
     }
   }
-  void init_classes();
   [[noreturn]] void throw_no_topology_link(LinkId l) const;
+  // Link classes and their totals (link_classes.cpp).
+  void init_classes();
+  LinkSetId register_links(std::span<const LinkId> links);
+  void unregister_all(std::vector<FlowId>& was);
+  double carried(const Flow& fl) const;
+  double class_bytes(ClassId c) const;
+  std::vector<double> class_totals() const;  // settles, then class_bytes of every class
+  void settle() const;
+  void settle_bytes() const;
+  // Routes into link sets, rail folding (route_compile.cpp).
   void merge_routes(std::span<const Route> routes);
   void merge_routes_folded(std::span<const Route> routes, bool rail0_part);
   LinkSetId add_routes(std::span<const Route> routes, bool rail0_part);
-  LinkSetId register_links(std::span<const LinkId> links);
-  double carried(const Flow& fl) const;
-  void unregister_all(std::vector<FlowId>& was);
-  double class_bytes(ClassId c) const;
-  std::vector<double> class_totals() const;  // settles, then class_bytes of every class
+  // Flows and rates (network.cpp).
   void register_flow(FlowId f);
   void retire_flow(FlowId f);
-  void settle() const;
-  void settle_bytes() const;
   void add_shared(FlowId f, std::uint32_t use);
   void remove_shared(FlowId f, std::uint32_t use);
   void solve_from(std::span<const ClassId> seeds, TimeNs now);
