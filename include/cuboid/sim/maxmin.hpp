@@ -45,7 +45,10 @@ class MaxMinSolver {
   // Kept between solves: the network solves at every flow start and end.
   std::vector<double> slack_, weight_sum_;
   std::vector<LevelEntry> heap_;
-  std::vector<std::uint8_t> fixed_;
+  // Variable v is fixed when fixed_[v] == stamp_: a new solve takes a new
+  // stamp instead of clearing the table.
+  std::vector<std::uint32_t> fixed_;
+  std::uint32_t stamp_ = 0;
 };
 
 // Constraint c fills at level slack / weight_sum (slack: capacity minus what
@@ -61,7 +64,11 @@ void MaxMinSolver::solve(Problem& p) {
   const std::uint32_t nv = p.num_variables();
   slack_.assign(nc, 0.0);
   weight_sum_.assign(nc, 0.0);
-  fixed_.assign(nv, 0);
+  if (fixed_.size() < nv) fixed_.resize(nv, stamp_);
+  if (++stamp_ == 0) {  // wrapped: no entry may look fixed
+    std::fill(fixed_.begin(), fixed_.end(), 0u);
+    stamp_ = 1;
+  }
   for (std::uint32_t c = 0; c < nc; ++c) {
     slack_[c] = p.capacity(c);
     double w = 0;
@@ -75,7 +82,7 @@ void MaxMinSolver::solve(Problem& p) {
   for (std::uint32_t v = 0; v < nv; ++v) heap_.push_back(LevelEntry{p.bound(v), nc + v});
   std::make_heap(heap_.begin(), heap_.end(), later);
   const auto fix = [&](std::uint32_t v, double level) {
-    fixed_[v] = 1;
+    fixed_[v] = stamp_;
     p.for_each_constraint(v, [&](std::uint32_t c, double w) {
       slack_[c] -= w * level;
       weight_sum_[c] -= w;
@@ -91,7 +98,7 @@ void MaxMinSolver::solve(Problem& p) {
     const double level = std::max(0.0, top.level);
     if (top.index >= nc) {
       const std::uint32_t v = top.index - nc;
-      if (fixed_[v] == 0) fix(v, level);
+      if (fixed_[v] != stamp_) fix(v, level);
       continue;
     }
     if (weight_sum_[top.index] <= 0) continue;  // every variable on it is fixed
@@ -102,7 +109,7 @@ void MaxMinSolver::solve(Problem& p) {
       continue;
     }
     p.for_each_term(top.index, [&](std::uint32_t v, double) {
-      if (fixed_[v] == 0) fix(v, level);
+      if (fixed_[v] != stamp_) fix(v, level);
     });
   }
 }
