@@ -21,7 +21,7 @@ namespace {
 struct Graph {
   std::vector<TaskKind> kind;
   std::vector<TimeNs> start, end;
-  std::vector<int> cls, stage, stage2;
+  std::vector<int> category, stage, stage2;
   std::vector<TimeNs> busy;  // per stream
   TimeNs end_ns = 0;
 };
@@ -38,7 +38,7 @@ Graph run(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan, co
     g.start.push_back(eng.start_ns(t));
     g.end.push_back(eng.end_ns(t));
     const detail::TaskMeta& mt = b.meta()[t];
-    g.cls.push_back(static_cast<int>(mt.cls));
+    g.category.push_back(static_cast<int>(mt.category));
     g.stage.push_back(mt.stage);
     g.stage2.push_back(mt.stage2);
   }
@@ -55,7 +55,7 @@ void check_same(const std::string& model, const std::string& card, int nodes, Pa
   const Graph played = run(m, topo, plan, opts, false);
   REQUIRE(stamped.kind.size() == played.kind.size());
   CHECK(stamped.kind == played.kind);
-  CHECK(stamped.cls == played.cls);
+  CHECK(stamped.category == played.category);
   CHECK(stamped.stage == played.stage);
   CHECK(stamped.stage2 == played.stage2);
   CHECK(stamped.start == played.start);

@@ -55,6 +55,7 @@ Builder::Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& p
     rep_dp_ = c.dp;  // the slowest replica sets the pace of every DP collective
   }
   order_ = pipeline_order(plan.schedule, pp_, mbs_, v_);
+  tp_probe_ = TpProbe(topo.cluster(), map_.tp_group(0, rep_dp_));
   net_ = std::make_unique<Network>(topo, NetworkOptions{}, &arena_);
   eng_ = std::make_unique<Engine>(*net_, &arena_);
 }
@@ -72,7 +73,7 @@ void Builder::label_traced(TaskId t, std::string_view name, std::string_view cat
   l.category = category;
 }
 
-void Builder::make_reps() {
+void Builder::make_representatives() {
   traced_stages_.assign(static_cast<std::size_t>(pp_), opts_.trace_path.empty() ? false : opts_.trace_ranks.empty());
   for (int r : opts_.trace_ranks) {
     if (r >= 0 && r < plan_.world_size()) traced_stages_[static_cast<std::size_t>(map_.coord(r).pp)] = true;
@@ -81,7 +82,7 @@ void Builder::make_reps() {
   const bool folded = net_->rails_folded();
   const int mirrored_tp = this->mirrored_tp();
   for (int s = 0; s < pp_; ++s) {
-    Rep r;
+    Representative r;
     r.stage = s;
     r.rank = map_.rank_of(0, s, rep_dp_);
     r.compute = eng_->add_stream(r.rank, StreamKind::compute);
@@ -104,7 +105,7 @@ void Builder::make_reps() {
       for (int t = 1; t < mirrored_tp; ++t) g.mirrors.push_back(map_.dp_group(t, s));
       r.dp_group = eng_->add_group(std::move(g));
     }
-    reps_.push_back(r);
+    representatives_.push_back(r);
   }
   if (pp_ > 1) {
     auto p2p_group = [&](int from, int to) {
@@ -167,34 +168,6 @@ bool Builder::rails_foldable() const {
 }
 
 int Builder::mirrored_tp() const { return net_->rails_folded() ? 1 : tp_; }
-
-TimeNs Builder::tp_probe_ns(Collective c, double bytes) {
-  const auto key = std::make_pair(static_cast<int>(c), bytes);
-  auto it = tp_probe_cache_.find(key);
-  if (it != tp_probe_cache_.end()) return it->second;
-  // One node of the same card is enough (the group never leaves its node),
-  // and far cheaper to build than the whole fabric.
-  if (!probe_topo_) {
-    Cluster one = topo_.cluster();
-    one.nodes = 1;
-    probe_topo_ = std::make_unique<Topology>(one);
-  }
-  Network net(*probe_topo_);
-  Engine eng(net);
-  CommGroup g;
-  const int gpn = std::max(1, topo_.cluster().gpus_per_node);
-  for (int r : map_.tp_group(0, rep_dp_)) g.ranks.push_back(r % gpn);
-  const int first = g.ranks.front();
-  const GroupId gid = eng.add_group(std::move(g));
-  const StreamId s = eng.add_stream(first, StreamKind::tp);
-  const StreamId streams[1] = {s};
-  const TaskId t = eng.add_collective(c, gid, bytes, streams);
-  eng.run();
-  const TimeNs ns = eng.end_ns(t) - eng.start_ns(t);
-  for (const LinkStats& st : net.all_link_stats()) tp_probe_peak_ = std::max(tp_probe_peak_, st.peak_utilisation);
-  tp_probe_cache_.emplace(key, ns);
-  return ns;
-}
 
 void Builder::make_programs() {
   const GpuProfile& gpu = topo_.cluster().gpu;
@@ -259,14 +232,14 @@ void Builder::make_units() {
 void Builder::build() {
   tp_fast_ = tp_isolated();
   if (opts_.fold_rails && rails_foldable()) net_->fold_rails();
-  make_reps();
+  make_representatives();
   make_programs();
   make_units();
-  slots_.assign(static_cast<std::size_t>(2 * mbs_ * vs_count_), Slot{});
+  passes_.assign(static_cast<std::size_t>(2 * mbs_ * vs_count_), PassState{});
   cursor_.assign(static_cast<std::size_t>(pp_), 0);
   stage_end_.assign(static_cast<std::size_t>(pp_), {});
   dp_tasks_.assign(static_cast<std::size_t>(pp_), {});
-  plan_messages();
+  messages_.plan(order_, plan_.schedule, pp_, mbs_, v_);
   reserve_tasks();
   // Add passes in an order consistent with their dependencies: round-robin
   // over the stages, each as far as its next pass's inputs already exist.
@@ -283,8 +256,7 @@ void Builder::build() {
         ++cursor_[us];
         --remaining;
         progress = true;
-        const std::size_t pt = point(s, static_cast<int>(pos));
-        for (std::uint32_t i = point_off_[pt]; i < point_off_[pt + 1]; ++i) try_message(point_msgs_[i]);
+        for (std::uint32_t id : messages_.messages_at(messages_.point(s, static_cast<int>(pos)))) try_message(id);
       }
     }
   }
@@ -297,7 +269,7 @@ void Builder::build() {
 // reserved up front: regrowing the task tables of a million-task iteration
 // would copy them and touch twice the memory.
 void Builder::reserve_tasks() {
-  std::size_t n = 2 * messages_.size() + 8 * static_cast<std::size_t>(pp_) + 16;
+  std::size_t n = 2 * messages_.num_messages() + 8 * static_cast<std::size_t>(pp_) + 16;
   for (int s = 0; s < pp_; ++s) {
     const auto us = static_cast<std::size_t>(s);
     for (const ScheduleStep& st : order_[us]) {
@@ -311,109 +283,26 @@ void Builder::reserve_tasks() {
   meta_.reserve(n);
 }
 
-Builder::Slot& Builder::slot(Direction d, int mb, int vs) {
-  const int dir = d == Direction::forward ? 0 : 1;
-  return slots_[static_cast<std::size_t>((dir * mbs_ + mb) * vs_count_ + vs)];
+Builder::PassState& Builder::pass(Direction d, int mb, int vs) {
+  return passes_[pass_index(d, mb, vs, mbs_, vs_count_)];
 }
 
 bool Builder::can_add(int stage, std::size_t idx) {
   const auto us = static_cast<std::size_t>(stage);
-  const std::size_t pt = point(stage, static_cast<int>(idx) - 1);
-  if (block_len_[pt] != point_off_[pt + 1] - point_off_[pt]) return false;  // the previous point's messages
+  if (!messages_.complete(messages_.point(stage, static_cast<int>(idx) - 1))) return false;  // the previous point's messages
   const ScheduleStep& st = order_[us][idx];
   const int vs = st.chunk * pp_ + stage;
   const int from_vs = st.dir == Direction::forward ? vs - 1 : vs + 1;
   if (from_vs < 0 || from_vs >= vs_count_) return true;
-  const Slot& src = slot(st.dir, st.micro_batch, from_vs);
+  const PassState& src = pass(st.dir, st.micro_batch, from_vs);
   return stage_of(from_vs) == stage ? src.added : src.ready != kNoTask;
-}
-
-// Where Megatron-LM communicates (schedules.py): 1F1B after every pass
-// (send_forward_recv_backward after a forward, send_backward_recv_forward
-// after a backward); the interleaved schedule after every warm-up forward and
-// cool-down backward but, in the steady state, once per forward/backward pair
-// (send_forward_backward_recv_forward_backward after the backward). A pass's
-// output is sent at the first point at or after it; its input is received at
-// the last point before it (or before the first pass).
-void Builder::plan_messages() {
-  point_base_.assign(static_cast<std::size_t>(pp_), 0);
-  std::size_t points = 0;
-  std::vector<std::vector<int>> send_pos(static_cast<std::size_t>(pp_)), recv_pos(static_cast<std::size_t>(pp_));
-  std::vector<std::vector<int>> pos_of(static_cast<std::size_t>(pp_));  // (dir, mb, chunk) -> position
-  for (int s = 0; s < pp_; ++s) {
-    const auto us = static_cast<std::size_t>(s);
-    const StageOrder& o = order_[us];
-    const int n = static_cast<int>(o.size());
-    const int w = warmup_steps(plan_.schedule, pp_, s, mbs_, v_);
-    std::vector<bool> point(static_cast<std::size_t>(n), true);
-    if (plan_.schedule == Schedule::interleaved) {
-      const int steady = n / 2 - w;  // forward/backward pairs
-      for (int k = 0; k < steady; ++k) point[static_cast<std::size_t>(w + 2 * k)] = false;
-    }
-    send_pos[us].assign(static_cast<std::size_t>(n), n - 1);
-    recv_pos[us].assign(static_cast<std::size_t>(n), -1);
-    int next = n - 1;
-    for (int i = n - 1; i >= 0; --i) {
-      if (point[static_cast<std::size_t>(i)]) next = i;
-      send_pos[us][static_cast<std::size_t>(i)] = next;
-    }
-    int last = -1;
-    for (int i = 0; i < n; ++i) {
-      recv_pos[us][static_cast<std::size_t>(i)] = last;
-      if (point[static_cast<std::size_t>(i)]) last = i;
-    }
-    pos_of[us].assign(static_cast<std::size_t>(2 * mbs_ * v_), 0);
-    for (int i = 0; i < n; ++i) {
-      const ScheduleStep& st = o[static_cast<std::size_t>(i)];
-      pos_of[us][static_cast<std::size_t>(((st.dir == Direction::forward ? 0 : 1) * mbs_ + st.micro_batch) * v_ + st.chunk)] = i;
-    }
-    point_base_[us] = points;
-    points += static_cast<std::size_t>(n + 1);
-  }
-  messages_.reserve(points);  // at most one per pass (the arena keeps a regrown vector's old blocks)
-  for (int r = 0; r < pp_; ++r) {
-    const auto ur = static_cast<std::size_t>(r);
-    for (int i = 0; i < static_cast<int>(order_[ur].size()); ++i) {
-      const ScheduleStep& st = order_[ur][static_cast<std::size_t>(i)];
-      const bool fwd = st.dir == Direction::forward;
-      const int vs = st.chunk * pp_ + r;
-      const int from_vs = fwd ? vs - 1 : vs + 1;
-      if (from_vs < 0 || from_vs >= vs_count_ || stage_of(from_vs) == r) continue;
-      Message msg;
-      msg.from = stage_of(from_vs);
-      msg.to = r;
-      const auto uf = static_cast<std::size_t>(msg.from);
-      const int producer = pos_of[uf][static_cast<std::size_t>(((fwd ? 0 : 1) * mbs_ + st.micro_batch) * v_ + chunk_of(from_vs))];
-      msg.send_pos = send_pos[uf][static_cast<std::size_t>(producer)];
-      msg.recv_pos = recv_pos[ur][static_cast<std::size_t>(i)];
-      msg.slot = &slot(st.dir, st.micro_batch, from_vs);
-      msg.consumer = st;
-      messages_.push_back(msg);
-    }
-  }
-  // Each point's messages in creation order (counted, then placed).
-  point_off_.assign(points + 1, 0);
-  for (const Message& msg : messages_) {
-    ++point_off_[point(msg.from, msg.send_pos) + 1];
-    ++point_off_[point(msg.to, msg.recv_pos) + 1];
-  }
-  for (std::size_t p = 0; p < points; ++p) point_off_[p + 1] += point_off_[p];
-  point_msgs_.assign(point_off_[points], 0);
-  block_.assign(point_off_[points], kNoTask);
-  block_len_.assign(points, 0);
-  std::vector<std::uint32_t> fill(point_off_.begin(), point_off_.end() - 1);
-  for (std::uint32_t id = 0; id < messages_.size(); ++id) {
-    const Message& msg = messages_[id];
-    point_msgs_[fill[point(msg.from, msg.send_pos)]++] = id;
-    point_msgs_[fill[point(msg.to, msg.recv_pos)]++] = id;
-  }
 }
 
 // Creates a message once the sender and the receiver have both reached its
 // point: the send/recv on both GPUs' PP streams and, without SP, the TP
 // all-gather that rebuilds the activation from the shards (scatter-gather).
 void Builder::try_message(std::uint32_t id) {
-  Message& msg = messages_[id];
+  Message& msg = messages_.message(id);
   if (msg.created) return;
   const auto uf = static_cast<std::size_t>(msg.from);
   const auto ur = static_cast<std::size_t>(msg.to);
@@ -421,13 +310,13 @@ void Builder::try_message(std::uint32_t id) {
   if (msg.recv_pos >= 0 && cursor_[ur] <= static_cast<std::size_t>(msg.recv_pos)) return;
   msg.created = true;
   const bool fwd = msg.consumer.dir == Direction::forward;
-  const Rep& me = reps_[ur];
-  const Rep& peer = reps_[uf];
+  const Representative& me = representatives_[ur];
+  const Representative& peer = representatives_[uf];
   auto pass_end = [&](int stage, int pos) {
     const ScheduleStep& st = order_[static_cast<std::size_t>(stage)][static_cast<std::size_t>(pos)];
-    return end_of(slot(st.dir, st.micro_batch, st.chunk * pp_ + stage));
+    return end_of(pass(st.dir, st.micro_batch, st.chunk * pp_ + stage));
   };
-  std::vector<TaskId>& deps = message_deps_;  // reused: 65k messages in GPT-1T
+  std::vector<TaskId>& deps = message_deps_;  // reused: one allocation for every message
   const auto sent = pass_end(msg.from, msg.send_pos);
   deps.assign(sent.begin(), sent.end());
   if (msg.recv_pos >= 0) {
@@ -438,37 +327,37 @@ void Builder::try_message(std::uint32_t id) {
   const GroupId g = fwd ? p2p_fwd_group_[uf] : p2p_bwd_group_[uf];
   const double bytes = pipeline_message_bytes(m_, plan_) * activation_bytes_scale(topo_.cluster().calibration.get());
   TaskId t = eng_->add_collective(Collective::send_recv, g, bytes, streams, deps, Algorithm::ring);
-  // Named only when either side is traced (65k messages in a GPT-1T iteration).
+  // Named only when either side is traced (a name is two strings per message).
   const std::string name = traced(msg.to) || traced(msg.from)
                                ? (fwd ? "act " : "grad ") + step_name(msg.consumer.dir, msg.consumer.micro_batch,
                                                                       msg.consumer.chunk, v_)
                                : std::string();
-  tag(t, Cls::pp, fwd ? kTidPpFwd : kTidPpBwd, msg.from, msg.to);
+  tag(t, Category::pp, fwd ? kThreadPpFwd : kThreadPpBwd, msg.from, msg.to);
   label(t, msg.to, name, "pp");
   label(t, msg.from, name, "pp");
-  msg.slot->p2p = t;
-  add_to_block(point(msg.from, msg.send_pos), t);
+  passes_[msg.producer].p2p = t;
+  messages_.add_to_block(messages_.point(msg.from, msg.send_pos), t);
   if (tp_ > 1 && !plan_.sequence_parallel) {
     const std::vector<TaskId> d{t};
     TaskId gt;
     if (tp_fast_) {
-      gt = eng_->add_compute(me.tp, tp_probe_ns(Collective::all_gather, bytes * tp_), d);
+      gt = eng_->add_compute(me.tp, tp_probe_.time_ns(Collective::all_gather, bytes * tp_), d);
     } else {
       const StreamId s1[1] = {me.tp};
       gt = eng_->add_collective(Collective::all_gather, me.tp_group, bytes * tp_, s1, d);
     }
-    tag(gt, Cls::pp, kTidTp, msg.to);
+    tag(gt, Category::pp, kThreadTp, msg.to);
     label(gt, msg.to, "pp_gather " + name, "pp");
     t = gt;
   }
-  msg.slot->ready = t;
-  add_to_block(point(msg.to, msg.recv_pos), t);
+  passes_[msg.producer].ready = t;
+  messages_.add_to_block(messages_.point(msg.to, msg.recv_pos), t);
 }
 
 void Builder::flush(Chain& ch) {
   if (!ch.pending) return;
-  const Rep& r = reps_[static_cast<std::size_t>(ch.stage)];
-  const TaskId t = emit_compute(r.compute, ch.pending_ns, ch.deps, meta_of(Cls::compute, kTidCompute, ch.stage));
+  const Representative& r = representatives_[static_cast<std::size_t>(ch.stage)];
+  const TaskId t = emit_compute(r.compute, ch.pending_ns, ch.deps, meta_of(Category::compute, kThreadCompute, ch.stage));
   if (traced(ch.stage)) {
     TraceLabel& l = labels_[t];
     l.category = "compute";
@@ -489,12 +378,12 @@ void Builder::flush(Chain& ch) {
 }
 
 TaskId Builder::add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps) {
-  const Rep& r = reps_[static_cast<std::size_t>(ch.stage)];
-  const TaskMeta mt = meta_of(Cls::tp, kTidTp, ch.stage);
+  const Representative& r = representatives_[static_cast<std::size_t>(ch.stage)];
+  const TaskMeta mt = meta_of(Category::tp, kThreadTp, ch.stage);
   TaskId t;
   if (tp_fast_) {
-    // Priced once per item (the probe cache is a map; 660k TP tasks in GPT-1T).
-    if (it.probe_ns < 0) it.probe_ns = tp_probe_ns(it.collective, it.bytes);
+    // Priced once per item: the probe's cache is a map, and TP tasks are many.
+    if (it.probe_ns < 0) it.probe_ns = tp_probe_.time_ns(it.collective, it.bytes);
     t = emit_compute(r.tp, it.probe_ns, deps, mt);
   } else {
     t = emit_collective(it.collective, r.tp_group, it.bytes, r.tp, deps, mt);
@@ -526,7 +415,7 @@ void Builder::play(Chain& ch, const Program& prog) {
       case ItemKind::async: {
         flush(ch);
         ch.async.push_back(add_tp(ch, it, prog, ch.deps));
-        if (it.probe_ns < 0 && overlap_sms_ > 0) it.probe_ns = tp_probe_ns(it.collective, it.bytes);
+        if (it.probe_ns < 0 && overlap_sms_ > 0) it.probe_ns = tp_probe_.time_ns(it.collective, it.bytes);
         ch.overlap_ns = it.probe_ns;
         break;
       }
@@ -542,9 +431,9 @@ void Builder::play(Chain& ch, const Program& prog) {
 
 void Builder::dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name) {
   if (dp_ <= 1 || params <= 0) return;
-  const Rep& r = reps_[static_cast<std::size_t>(stage)];
+  const Representative& r = representatives_[static_cast<std::size_t>(stage)];
   const Collective c = plan_.zero_stage == 0 ? Collective::all_reduce : Collective::reduce_scatter;
-  const TaskId t = emit_collective(c, r.dp_group, params * kGradBytesPerParam, r.dp, deps, meta_of(Cls::dp, kTidDp, stage),
+  const TaskId t = emit_collective(c, r.dp_group, params * kGradBytesPerParam, r.dp, deps, meta_of(Category::dp, kThreadDp, stage),
                                    /*dp_reduction=*/true);
   label(t, stage, name, "dp");
 }
@@ -557,13 +446,12 @@ void Builder::add_step(int stage, std::size_t idx) {
   // is synchronous, the messages of the point before this pass.
   std::vector<TaskId>& entry = entry_;
   entry.assign(stage_end_[us].begin(), stage_end_[us].end());
-  const std::size_t pt = point(stage, static_cast<int>(idx) - 1);
-  const auto blocking = block_of(pt);
+  const auto blocking = messages_.block_of(messages_.point(stage, static_cast<int>(idx) - 1));
   entry.insert(entry.end(), blocking.begin(), blocking.end());
   // The input from the neighbouring virtual stage.
   const int from_vs = st.dir == Direction::forward ? vs - 1 : vs + 1;
   if (from_vs >= 0 && from_vs < vs_count_) {
-    const Slot& src = slot(st.dir, st.micro_batch, from_vs);
+    const PassState& src = pass(st.dir, st.micro_batch, from_vs);
     if (stage_of(from_vs) == stage) {
       const auto e = end_of(src);
       entry.insert(entry.end(), e.begin(), e.end());
@@ -573,7 +461,7 @@ void Builder::add_step(int stage, std::size_t idx) {
   }
   const bool last_mb = st.micro_batch == mbs_ - 1;
   const bool reduce_now = dp_ > 1 && (plan_.zero_stage >= 2 || (opts_.dp_overlap && last_mb));
-  Slot& out = slot(st.dir, st.micro_batch, vs);
+  PassState& out = pass(st.dir, st.micro_batch, vs);
   out.end_off = static_cast<std::uint32_t>(ends_.size());
   if (stamp_ && !traced(stage)) {
     stamp(pass_template(stage, st, reduce_now), stage, entry, ends_);
@@ -587,7 +475,7 @@ void Builder::add_step(int stage, std::size_t idx) {
   stage_end_[us].assign(end.begin(), end.end());
 }
 
-Builder::PassTemplate& Builder::pass_template(int stage, const ScheduleStep& st, bool reduce_now) {
+PassTemplate& Builder::pass_template(int stage, const ScheduleStep& st, bool reduce_now) {
   if (templates_.empty()) {
     templates_.reserve(static_cast<std::size_t>(pp_ * v_ * 4));
     for (int i = 0; i < pp_ * v_ * 4; ++i) templates_.emplace_back(&arena_);
@@ -596,36 +484,18 @@ Builder::PassTemplate& Builder::pass_template(int stage, const ScheduleStep& st,
   PassTemplate& pt = templates_[static_cast<std::size_t>(key)];
   if (!pt.recorded) {
     recording_ = &pt;
-    const std::vector<TaskId> entry{kEntryRef};
+    const std::vector<TaskId> entry{PassTemplate::kEntryRef};
     play_pass(stage, st, reduce_now, entry);
-    record_refs(chain_.deps, pt.end);
+    PassTemplate::to_refs(chain_.deps, pt.end);
     recording_ = nullptr;
     pt.recorded = true;
   }
   return pt;
 }
 
-// The stand-in ids play() saw while recording, as template references:
-// kEntryRef stays, kLocalRef + i becomes i.
-void Builder::record_refs(const std::vector<TaskId>& ids, std::pmr::vector<TaskId>& out) const {
-  for (TaskId id : ids) {
-    if (id < kEntryRef) throw std::logic_error("simulate: a recorded pass depends on a task outside it");
-    out.push_back(id == kEntryRef ? kEntryRef : id - kLocalRef);
-  }
-}
-
 TaskId Builder::emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskId>& deps, const TaskMeta& mt) {
   if (recording_ == nullptr) return tag(eng_->add_compute(stream, ns, deps), mt);
-  PassTemplate& pt = *recording_;
-  PassTemplate::Task& t = pt.tasks.emplace_back();
-  t.stream = stream;
-  t.duration_ns = ns;
-  t.meta = mt;
-  t.deps_begin = static_cast<std::uint32_t>(pt.refs.size());
-  record_refs(deps, pt.refs);
-  t.deps_end = static_cast<std::uint32_t>(pt.refs.size());
-  pt.max_refs = std::max(pt.max_refs, t.deps_end - t.deps_begin);
-  return kLocalRef + static_cast<TaskId>(pt.tasks.size() - 1);
+  return recording_->record(stream, ns, deps, mt);
 }
 
 TaskId Builder::emit_collective(Collective c, GroupId group, double bytes, StreamId stream, const std::vector<TaskId>& deps,
@@ -650,24 +520,7 @@ TaskId Builder::emit_collective(Collective c, GroupId group, double bytes, Strea
 // filled in; its end dependencies are appended to `end`.
 void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::pmr::vector<TaskId>& end) {
   const auto base = static_cast<TaskId>(eng_->num_tasks());
-  if (static_cast<std::size_t>(base) + pt.tasks.size() >= kEntryRef) {
-    throw std::length_error("simulate: more than 2^31 tasks in one iteration");
-  }
-  // References are expanded straight into a buffer sized once for the
-  // largest list (each ref is one id, or the entry's).
-  std::vector<TaskId>& buf = stamp_deps_;
-  const std::size_t most = std::max<std::size_t>(pt.max_refs, pt.end.size()) * std::max<std::size_t>(1, entry.size());
-  if (buf.size() < most) buf.resize(most);
-  auto expand = [&](const TaskId* first, const TaskId* last) {
-    TaskId* out = buf.data();
-    for (const TaskId* r = first; r != last; ++r) {
-      if (*r == kEntryRef) out = std::copy(entry.begin(), entry.end(), out);
-      else *out++ = base + *r;
-    }
-    return std::span<const TaskId>(buf.data(), out);
-  };
-  for (const PassTemplate::Task& t : pt.tasks) {
-    const std::span<const TaskId> ds = expand(pt.refs.data() + t.deps_begin, pt.refs.data() + t.deps_end);
+  const auto add = [&](const PassTemplate::Task& t, std::span<const TaskId> ds) {
     TaskId id;
     if (t.compute) {
       id = eng_->add_compute(t.stream, t.duration_ns, ds);
@@ -677,17 +530,17 @@ void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>
       if (t.dp_reduction) dp_tasks_[static_cast<std::size_t>(stage)].push_back(id);
     }
     tag(id, t.meta);
-  }
-  const std::span<const TaskId> e = expand(pt.end.data(), pt.end.data() + pt.end.size());
+  };
+  const std::span<const TaskId> e = pt.stamp(base, entry, stamp_deps_, add);
   end.insert(end.end(), e.begin(), e.end());
 }
 
 void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry) {
   const auto us = static_cast<std::size_t>(stage);
   const bool fwd = st.dir == Direction::forward;
-  const Rep& me = reps_[us];
+  const Representative& me = representatives_[us];
   // One chain object reused by every pass: its vectors keep their capacity
-  // (65k passes in GPT-1T would otherwise allocate and free them each time).
+  // instead of being allocated and freed per pass.
   Chain& ch = chain_;
   ch.stage = stage;
   ch.deps.assign(entry.begin(), entry.end());
@@ -712,7 +565,7 @@ void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, cons
   auto gather = [&](std::size_t u, const std::vector<TaskId>& deps) {
     if (zero < 3 || u >= units.size() || gathers[u] != kNoTask) return;
     const TaskId t = emit_collective(Collective::all_gather, me.dp_group, units[u].params * kParamBytesPerParam * act_scale,
-                                     me.dp, deps, meta_of(Cls::dp, kTidDp, stage));
+                                     me.dp, deps, meta_of(Category::dp, kThreadDp, stage));
     label(t, stage, "zero3_gather " + units[u].name, "dp");
     gathers[u] = t;
   };
@@ -754,8 +607,7 @@ void Builder::finish_iteration() {
   for (int s = 0; s < pp_; ++s) {
     const auto us = static_cast<std::size_t>(s);
     // The last pass's outgoing message must be done too.
-    const std::size_t pt = point(s, static_cast<int>(order_[us].size()) - 1);
-    const auto tail = block_of(pt);
+    const auto tail = messages_.block_of(messages_.point(s, static_cast<int>(order_[us].size()) - 1));
     stage_end_[us].insert(stage_end_[us].end(), tail.begin(), tail.end());
     if (dp_ > 1 && zero <= 1 && !opts_.dp_overlap) {
       dp_bucket(s, parameters_on_stage(m_, plan_, s), stage_end_[us], "grad reduce");
@@ -767,7 +619,7 @@ void Builder::finish_iteration() {
   // gradient between the first and the last stage (fp32) after backward.
   if (pp_ > 1 && m_.tied_embeddings) {
     CommGroup g;
-    g.ranks = {reps_.front().rank, reps_.back().rank};
+    g.ranks = {representatives_.front().rank, representatives_.back().rank};
     g.rail0_part = net_->rails_folded();
     for (int d = 0; d < dp_; ++d) {
       for (int t = 0; t < mirrored_tp(); ++t) {
@@ -778,9 +630,9 @@ void Builder::finish_iteration() {
     const GroupId gid = eng_->add_group(std::move(g));
     const double bytes =
         static_cast<double>(padded_vocab_size(m_.vocab_size, tp_)) / tp_ * static_cast<double>(m_.hidden_size) * kGradBytesPerParam;
-    const StreamId streams[2] = {reps_.front().dp, reps_.back().dp};
+    const StreamId streams[2] = {representatives_.front().dp, representatives_.back().dp};
     const TaskId t = eng_->add_collective(Collective::all_reduce, gid, bytes, streams, all);
-    tag(t, Cls::dp, kTidDp, 0, pp_ - 1);
+    tag(t, Category::dp, kThreadDp, 0, pp_ - 1);
     label(t, 0, "embedding grad all-reduce", "dp");
     label(t, pp_ - 1, "embedding grad all-reduce", "dp");
     all.push_back(t);
@@ -788,16 +640,16 @@ void Builder::finish_iteration() {
   // The optimizer step starts everywhere after the global gradient-norm
   // reduction, i.e. after every stage's gradients are reduced.
   const std::vector<TaskId> join{eng_->add_compute(kNoStream, 0, all)};
-  tag(join.back(), Cls::none, 0, -1);
+  tag(join.back(), Category::none, 0, -1);
   for (int s = 0; s < pp_; ++s) {
-    const Rep& r = reps_[static_cast<std::size_t>(s)];
+    const Representative& r = representatives_[static_cast<std::size_t>(s)];
     const double params = parameters_on_stage(m_, plan_, s);
     // Megatron's step kernels: grad scale, grad norm, Adam, master -> bf16
     // copy, buffer zeroing (optimizer_step.cpp).
     TimeNs ns = optimizer_step_time_ns(gpu, params, dp_, zero);
     if (s == straggler_stage_) ns = static_cast<TimeNs>(std::llround(static_cast<double>(ns) * straggler_slowdown_));
     const TaskId opt = eng_->add_compute(r.compute, ns, join);
-    tag(opt, Cls::optimizer, kTidCompute, s);
+    tag(opt, Category::optimizer, kThreadCompute, s);
     label(opt, s, "optimizer step", "optimizer");
     if (zero == 1 || zero == 2) {
       // Distributed optimizer: gather the updated bf16 parameters (not overlapped).
@@ -805,7 +657,7 @@ void Builder::finish_iteration() {
       const std::vector<TaskId> d{opt};
       const TaskId g = eng_->add_collective(Collective::all_gather, r.dp_group,
                                             params * kParamBytesPerParam * act_scale, s1, d);
-      tag(g, Cls::dp, kTidDp, s);
+      tag(g, Category::dp, kThreadDp, s);
       label(g, s, "param all-gather", "dp");
     }
   }

@@ -19,21 +19,13 @@
 #include "cuboid/core/schedule.hpp"
 #include "cuboid/sim/simulator.hpp"
 #include "cuboid/core/topology.hpp"
+#include "message_plan.hpp"
+#include "pass_template.hpp"
 #include "program.hpp"
+#include "task_meta.hpp"
+#include "tp_probe.hpp"
 
 namespace cuboid::sim::detail {
-
-// What a task counts as in the breakdown, in priority order.
-enum class Cls : std::uint8_t { optimizer, compute, tp, pp, dp, none };
-enum Tid : std::uint8_t { kTidCompute = 0, kTidTp = 1, kTidPpFwd = 2, kTidPpBwd = 3, kTidDp = 4 };
-inline constexpr std::uint16_t kNoStage = 0xFFFF;
-
-struct TaskMeta {
-  Cls cls = Cls::none;
-  std::uint8_t tid = 0;
-  std::uint16_t stage = kNoStage;
-  std::uint16_t stage2 = kNoStage;  // the other side of a p2p / embedding all-reduce
-};
 
 // A compute segment or a collective as the trace shows it.
 struct TraceLabel {
@@ -53,7 +45,9 @@ struct StepSpan {
   bool forward = true;
 };
 
-struct Rep {
+// A stage's representative rank (TP rank 0 of the replica that sets the
+// pace), whose streams and groups carry the stage's tasks.
+struct Representative {
   int rank = 0;
   int stage = 0;
   StreamId compute = 0, tp = 0, pp_fwd = 0, pp_bwd = 0, dp = 0;
@@ -80,16 +74,16 @@ class Builder {
   Engine& engine() { return *eng_; }
   // The simulation's arena (huge_pages.hpp), for tables that live as long as the builder.
   std::pmr::memory_resource* arena() { return &arena_; }
-  const std::vector<Rep>& reps() const { return reps_; }
+  const std::vector<Representative>& representatives() const { return representatives_; }
   std::span<const TaskMeta> meta() const { return meta_; }
   const std::map<TaskId, TraceLabel>& labels() const { return labels_; }
   const std::vector<StepSpan>& spans() const { return spans_; }
   bool traced(int stage) const { return !traced_stages_.empty() && traced_stages_[static_cast<std::size_t>(stage)]; }
   // Peak NVLink utilisation of TP collectives priced off the shared network.
-  double tp_probe_peak() const { return tp_probe_peak_; }
+  double tp_probe_peak() const { return tp_probe_.peak_utilisation(); }
 
  private:
-  struct Slot {  // one (direction, micro-batch, virtual stage) pass
+  struct PassState {  // one (direction, micro-batch, virtual stage) pass
     bool added = false;
     std::uint32_t end_off = 0, end_len = 0;  // its end dependencies: a range in ends_
     TaskId p2p = std::numeric_limits<TaskId>::max();    // its outgoing message, once created
@@ -109,35 +103,7 @@ class Builder {
     TaskId last_compute = std::numeric_limits<TaskId>::max();
   };
 
-  // The tasks of one pass, recorded once per (stage, chunk, direction,
-  // gradient reduction or not) and stamped out for every micro-batch: play()
-  // makes the same calls for each, only the entry dependencies (the previous
-  // pass, the received messages) and the task ids differ.
-  struct PassTemplate {
-    struct Task {
-      bool compute = true;         // else a collective on `stream` (Algorithm::automatic)
-      bool dp_reduction = false;   // a gradient reduction (dp_tasks_)
-      Collective op = Collective::all_reduce;
-      StreamId stream = 0;
-      GroupId group = 0;
-      TimeNs duration_ns = 0;
-      double bytes = 0;
-      std::uint32_t deps_begin = 0, deps_end = 0;  // its range in refs
-      TaskMeta meta;
-    };
-    explicit PassTemplate(std::pmr::memory_resource* mem) : tasks(mem), refs(mem), end(mem) {}
-    bool recorded = false;
-    std::pmr::vector<Task> tasks;
-    std::pmr::vector<TaskId> refs;  // kEntryRef (all entry dependencies, in order) or a task's index in the pass
-    std::uint32_t max_refs = 0;     // the most refs one task has
-    std::pmr::vector<TaskId> end;   // refs of the pass's end (Slot::end)
-  };
-  // While a pass is recorded, play() sees stand-in task ids: the entry
-  // dependencies as one kEntryRef, the pass's own tasks as kLocalRef + index.
-  static constexpr TaskId kEntryRef = 0x7FFFFFFF;
-  static constexpr TaskId kLocalRef = 0x80000000;
-
-  void make_reps();
+  void make_representatives();
   void make_programs();
   void make_units();
   bool tp_isolated() const;
@@ -146,14 +112,12 @@ class Builder {
   // or with folded rails TP rank 0's alone (CommGroup::rail0_part), the
   // others being its rotations.
   int mirrored_tp() const;
-  TimeNs tp_probe_ns(Collective c, double bytes);
 
-  Slot& slot(Direction d, int mb, int vs);
-  std::span<const TaskId> end_of(const Slot& s) const { return {ends_.data() + s.end_off, s.end_len}; }
+  PassState& pass(Direction d, int mb, int vs);
+  std::span<const TaskId> end_of(const PassState& s) const { return {ends_.data() + s.end_off, s.end_len}; }
   int stage_of(int vs) const { return vs % pp_; }
   int chunk_of(int vs) const { return vs / pp_; }
   bool can_add(int stage, std::size_t idx);
-  void plan_messages();
   void reserve_tasks();
   void try_message(std::uint32_t msg);
   void add_step(int stage, std::size_t idx);
@@ -165,19 +129,18 @@ class Builder {
   TaskId emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskId>& deps, const TaskMeta& mt);
   TaskId emit_collective(Collective c, GroupId group, double bytes, StreamId stream, const std::vector<TaskId>& deps,
                          const TaskMeta& mt, bool dp_reduction = false);
-  void record_refs(const std::vector<TaskId>& ids, std::pmr::vector<TaskId>& out) const;
   void play(Chain& ch, const Program& prog);
   void flush(Chain& ch);
   TaskId add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps);
   void dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name);
   void finish_iteration();
 
-  static TaskMeta meta_of(Cls cls, std::uint8_t tid, int stage, int stage2 = -1) {
-    return TaskMeta{cls, tid, static_cast<std::uint16_t>(stage), static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};
+  static TaskMeta meta_of(Category category, std::uint8_t thread, int stage, int stage2 = -1) {
+    return TaskMeta{category, thread, static_cast<std::uint16_t>(stage), static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};
   }
-  // Inline: every task is tagged (1.6M in GPT-1T), almost always as it is added.
-  TaskId tag(TaskId t, Cls cls, std::uint8_t tid, int stage, int stage2 = -1) {
-    return tag(t, meta_of(cls, tid, stage, stage2));
+  // Inline: every task is tagged, almost always as it is added.
+  TaskId tag(TaskId t, Category category, std::uint8_t thread, int stage, int stage2 = -1) {
+    return tag(t, meta_of(category, thread, stage, stage2));
   }
   TaskId tag(TaskId t, const TaskMeta& mt) {
     if (meta_.size() == t) {
@@ -209,43 +172,15 @@ class Builder {
   double straggler_slowdown_ = 1.0;
   bool tp_fast_ = false;
   int overlap_sms_ = 0;  // SMs an async TP collective takes from the GEMM under it (make_programs)
-  double tp_probe_peak_ = 0;
-  std::map<std::pair<int, double>, TimeNs> tp_probe_cache_;
-  std::unique_ptr<Topology> probe_topo_;
+  TpProbe tp_probe_;  // prices TP collectives when tp_fast_
 
-  std::vector<Rep> reps_;
+  std::vector<Representative> representatives_;
   std::vector<StageOrder> order_;
   std::vector<std::size_t> cursor_;
   std::vector<std::vector<TaskId>> stage_end_;      // end of each stage's previous pass
-  // Megatron's p2p happens at communication points, after some passes of a
-  // stage's order (schedule-dependent); each point's batched sends and recvs
-  // must finish before the stage's next pass (synchronous p2p).
-  struct Message {
-    int from = 0, to = 0;            // stages
-    int send_pos = 0, recv_pos = 0;  // passes after which sender / receiver reach the point (recv -1: start)
-    Slot* slot = nullptr;            // the producer's pass
-    ScheduleStep consumer;
-    bool created = false;
-  };
-  std::pmr::vector<Message> messages_{&arena_};
-  // The communication points, flat (65k in GPT-1T): point(stage, pos) is
-  // after the stage's pass `pos` (-1: before its first). Each message at a
-  // point adds one task to the point's block once created (its send at the
-  // sender's point, its arrival at the receiver's), so a point's messages
-  // and its block share one range.
-  std::size_t point(int stage, int pos) const {
-    return point_base_[static_cast<std::size_t>(stage)] + static_cast<std::size_t>(pos + 1);
-  }
-  std::vector<std::size_t> point_base_;      // [stage] -> its first point
-  std::pmr::vector<std::uint32_t> point_off_{&arena_};   // [point] -> its range in point_msgs_ and block_ (one more entry)
-  std::pmr::vector<std::uint32_t> point_msgs_{&arena_};  // messages touching each point, in creation order
-  std::pmr::vector<TaskId> block_{&arena_};              // the tasks created for them, in creation order
-  std::pmr::vector<std::uint32_t> block_len_{&arena_};   // [point] -> how many are created
-  void add_to_block(std::size_t pt, TaskId t) { block_[point_off_[pt] + block_len_[pt]++] = t; }
-  // The messages of point `pt` created so far.
-  std::span<const TaskId> block_of(std::size_t pt) const { return {block_.data() + point_off_[pt], block_len_[pt]}; }
-  std::pmr::vector<Slot> slots_{&arena_};
-  std::pmr::vector<TaskId> ends_{&arena_};  // every pass's end dependencies, back to back (Slot::end_off)
+  MessagePlan messages_{&arena_};  // the pipeline's p2p messages
+  std::pmr::vector<PassState> passes_{&arena_};
+  std::pmr::vector<TaskId> ends_{&arena_};  // every pass's end dependencies, back to back (PassState::end_off)
   bool stamp_ = true;
   std::vector<PassTemplate> templates_;  // [((stage * v + chunk) * 2 + backward) * 2 + reduce_now]
   PassTemplate* recording_ = nullptr;    // the template play() is recording into, if any

@@ -1,7 +1,7 @@
 #pragma once
 // The k busiest of a stream of links: highest peak utilisation first, ties
 // in link order (what a stable sort of them all by peak would put first),
-// whatever order they come in, kept in a fixed array, so a 100k-link fabric
+// whatever order they come in, kept in a fixed array, so a fabric of any size
 // costs no allocation. The report shows 8.
 #include <array>
 #include <cstddef>

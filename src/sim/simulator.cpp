@@ -45,7 +45,7 @@ namespace cuboid::sim {
 namespace {
 
 using detail::Builder;
-using detail::Cls;
+using detail::Category;
 using detail::TaskMeta;
 
 // What a link is, from the vertices it joins (its name is "<from>-><to>"):
@@ -70,31 +70,31 @@ bool on_stage(const TaskMeta& t, int stage) {
   return t.stage == static_cast<std::uint16_t>(stage) || t.stage2 == static_cast<std::uint16_t>(stage);
 }
 
-// Walks [0, end] of one stage's GPU: each instant goes to the busy class of
+// Walks [0, end] of one stage's GPU: each instant goes to the busy category of
 // highest priority (optimizer, compute, TP, PP, DP), idle instants to bubble.
 Breakdown critical_breakdown(const Engine& eng, std::span<const TaskMeta> meta, int stage, TimeNs end,
                              std::pmr::memory_resource* mem) {
   // Each task's start and end as one sortable word: time << 4 | start? << 3 |
-  // class (at one instant ends first, as a stream runs a task after another).
+  // category (at one instant ends first, as a stream runs a task after another).
   // The order of events at one instant does not matter (the sweep accounts
   // nothing between them), so plain integers sort them. Times are below
   // 2^59 ns (18 years). Grouped by trace thread, a stage's tasks are
   // mostly one stream's each, which runs them one after another: a group
   // is then sorted already, and the groups are merged instead of sorted.
   constexpr std::size_t kGroups = 8;
-  std::pmr::vector<std::pmr::vector<std::uint64_t>> by_tid(kGroups, mem);  // the inner ones from mem too
+  std::pmr::vector<std::pmr::vector<std::uint64_t>> by_thread(kGroups, mem);  // the inner ones from mem too
   for (TaskId t = 0; t < meta.size(); ++t) {
     const TaskMeta& mt = meta[t];
-    if (mt.cls == Cls::none || !on_stage(mt, stage) || !eng.done(t)) continue;
+    if (mt.category == Category::none || !on_stage(mt, stage) || !eng.done(t)) continue;
     if (eng.end_ns(t) <= eng.start_ns(t)) continue;
-    const auto cls = static_cast<std::uint64_t>(mt.cls);
-    std::pmr::vector<std::uint64_t>& g = by_tid[std::min<std::size_t>(mt.tid, kGroups - 1)];
-    g.push_back(static_cast<std::uint64_t>(eng.start_ns(t)) << 4 | 8 | cls);
-    g.push_back(static_cast<std::uint64_t>(eng.end_ns(t)) << 4 | cls);
+    const auto category = static_cast<std::uint64_t>(mt.category);
+    std::pmr::vector<std::uint64_t>& g = by_thread[std::min<std::size_t>(mt.thread, kGroups - 1)];
+    g.push_back(static_cast<std::uint64_t>(eng.start_ns(t)) << 4 | 8 | category);
+    g.push_back(static_cast<std::uint64_t>(eng.end_ns(t)) << 4 | category);
   }
   std::pmr::vector<std::uint64_t> edges(mem);
   std::pmr::vector<std::uint64_t> merged(mem);  // swapped with edges: the same resource
-  for (std::pmr::vector<std::uint64_t>& g : by_tid) {
+  for (std::pmr::vector<std::uint64_t>& g : by_thread) {
     if (g.empty()) continue;
     if (!std::is_sorted(g.begin(), g.end())) std::sort(g.begin(), g.end());
     merged.clear();
@@ -102,18 +102,18 @@ Breakdown critical_breakdown(const Engine& eng, std::span<const TaskMeta> meta, 
     edges.swap(merged);
   }
   std::array<int, 5> active{};
-  std::array<double, 6> ns{};  // per Cls, [5] = bubble
+  std::array<double, 6> ns{};  // per Category, [5] = bubble
   TimeNs at = 0;
   auto account = [&](TimeNs until) {
     if (until <= at) return;
-    std::size_t cls = 5;
+    std::size_t category = 5;
     for (std::size_t c = 0; c < active.size(); ++c) {
       if (active[c] > 0) {
-        cls = c;
+        category = c;
         break;
       }
     }
-    ns[cls] += static_cast<double>(until - at);
+    ns[category] += static_cast<double>(until - at);
     at = until;
   };
   for (const std::uint64_t e : edges) {
@@ -133,11 +133,10 @@ Breakdown critical_breakdown(const Engine& eng, std::span<const TaskMeta> meta, 
 
 // Per-kind peaks over every link that carried bytes, and the 8 busiest links
 // (highest peak first, ties in link order, as a stable sort would give).
-// Only those 8 get names: a 16k-GPU fabric has ~100k links, and naming and
-// sorting them all was a tenth of a Llama-3.1-405B iteration's simulation.
-// The links stream past and nothing per link is kept (a vector of them was
-// the run's biggest allocation, its fresh pages a fifth of its time); with
-// folded rails they come per rail-0 image, a few thousand instead of ~100k.
+// Only those 8 get names (a big fabric has ~6 links per GPU: naming and
+// sorting them all would cost more than the simulation). The links stream
+// past and nothing per link is kept; with folded rails they come per rail-0
+// image, one per group of links that carry the same load.
 void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
   detail::BusiestLinks<8> top;
   std::array<double, 3> peak{};  // per LinkKind
@@ -177,7 +176,7 @@ void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
   }
 }
 
-constexpr std::array<const char*, 5> kTidNames{"compute", "tp comm", "pp send/recv (activations)",
+constexpr std::array<const char*, 5> kThreadNames{"compute", "tp comm", "pp send/recv (activations)",
                                                "pp send/recv (gradients)", "dp comm"};
 
 std::vector<std::filesystem::path> write_trace(Builder& b, const ParallelPlan& plan, const SimOptions& opts) {
@@ -186,12 +185,12 @@ std::vector<std::filesystem::path> write_trace(Builder& b, const ParallelPlan& p
   const RankMapping map(plan, 1 << 30);  // only the (tp, pp, dp) coordinates are used
   std::vector<int> ranks = opts.trace_ranks;
   if (ranks.empty()) {
-    for (const auto& r : b.reps()) ranks.push_back(r.rank);
+    for (const auto& r : b.representatives()) ranks.push_back(r.rank);
   }
   TraceWriter w;
   w.set_world_size(plan.world_size());
   // Tasks per stage, for the ranks that show it.
-  std::vector<std::vector<TaskId>> by_stage(b.reps().size());
+  std::vector<std::vector<TaskId>> by_stage(b.representatives().size());
   for (const auto& [t, lbl] : b.labels()) {
     const TaskMeta& mt = meta[t];
     if (mt.stage != detail::kNoStage) by_stage[mt.stage].push_back(t);
@@ -201,23 +200,25 @@ std::vector<std::filesystem::path> write_trace(Builder& b, const ParallelPlan& p
     if (rank < 0 || rank >= plan.world_size()) continue;
     const RankCoord c = map.coord(rank);
     const auto stage = static_cast<std::size_t>(c.pp);
-    const int shown = b.reps()[stage].rank;
+    const int shown = b.representatives()[stage].rank;
     w.set_process_name(rank, "rank " + std::to_string(rank) + " (stage " + std::to_string(c.pp) + ", tp " +
                                  std::to_string(c.tp) + ", dp " + std::to_string(c.dp) + ")" +
                                  (shown == rank ? "" : " = simulated rank " + std::to_string(shown)));
-    for (int tid = 0; tid < static_cast<int>(kTidNames.size()); ++tid) w.set_thread_name(rank, tid, kTidNames[static_cast<std::size_t>(tid)], tid);
+    for (int thread = 0; thread < static_cast<int>(kThreadNames.size()); ++thread) {
+      w.set_thread_name(rank, thread, kThreadNames[static_cast<std::size_t>(thread)], thread);
+    }
     for (TaskId t : by_stage[stage]) {
       if (!eng.done(t)) continue;
       const detail::TraceLabel& lbl = b.labels().at(t);
       const TimeNs start = eng.start_ns(t);
-      w.add_complete(rank, meta[t].tid, lbl.name, lbl.category, start, eng.end_ns(t) - start);
+      w.add_complete(rank, meta[t].thread, lbl.name, lbl.category, start, eng.end_ns(t) - start);
       if (!opts.trace_ops || lbl.parts.empty()) continue;
       if (lbl.parts.size() == 1 && std::get<2>(lbl.parts.front()) <= 1) continue;  // a single kernel: already shown
       TimeNs at = start;
       for (const auto& [prog, first, n] : lbl.parts) {
         for (std::uint32_t i = first; i < first + n; ++i) {
           const detail::OpSpan& op = prog->ops[i];
-          w.add_complete(rank, meta[t].tid, op.name, "kernel", at, op.duration_ns);
+          w.add_complete(rank, meta[t].thread, op.name, "kernel", at, op.duration_ns);
           at += op.duration_ns;
         }
       }
@@ -255,8 +256,8 @@ SimResult run_simulation(const ModelSpec& m, const Topology& topo, const Paralle
   const TimeNs end = st.end_ns;
   const std::span<const TaskMeta> meta = b.meta();
   // Per stage: busy time per stream and when its last task ended.
-  std::vector<TimeNs> stage_end(b.reps().size(), 0);
-  for (const auto& rep : b.reps()) {
+  std::vector<TimeNs> stage_end(b.representatives().size(), 0);
+  for (const auto& rep : b.representatives()) {
     StageStats s;
     s.stage = rep.stage;
     s.rank = rep.rank;
@@ -276,7 +277,7 @@ SimResult run_simulation(const ModelSpec& m, const Topology& topo, const Paralle
     r.stages[s].end_s = static_cast<double>(stage_end[s]) * 1e-9;
     if (stage_end[s] > stage_end[static_cast<std::size_t>(critical)]) critical = static_cast<int>(s);
   }
-  r.critical_rank = b.reps()[static_cast<std::size_t>(critical)].rank;
+  r.critical_rank = b.representatives()[static_cast<std::size_t>(critical)].rank;
 
   Estimate& e = r.estimate;
   e.plan = plan;

@@ -3,12 +3,10 @@
 #error "cuboid/sim is not below this layer in the build (docs/architecture.md)"
 #endif
 // Memory for the simulator's tables. A simulation builds its task graph in
-// fresh memory (a million-task iteration keeps ~100 MB of tables; a
-// 60k-task one a few MB) and then visits it in time order, not in the order
-// it was built. With 4 KiB pages every new page is a page fault, and on a
-// virtual machine a fault costs ~5-15 us: the 590 faults of Llama-3.1-405B's
-// simulation were half its first run. A 2 MiB transparent huge page is one
-// fault for 512 such pages (and one TLB entry).
+// fresh memory and then visits it in time order, not in the order it was
+// built: with 4 KiB pages every new page is a page fault, and a 2 MiB
+// transparent huge page is one fault for 512 of them (and one TLB entry).
+// What the faults cost: docs/internals/sim.md.
 //
 //   huge_page_resource()  blocks of 2 MiB and more on huge-page-aligned
 //                         mappings with huge pages requested (Linux madvise;

@@ -30,28 +30,23 @@
 #include <utility>
 #include <vector>
 
-#include "cuboid/sim/zeroed_array.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/sim/flow_list.hpp"
+#include "cuboid/sim/link_merger.hpp"
+#include "cuboid/sim/maxmin.hpp"
+#include "cuboid/sim/route_cache.hpp"
+#include "cuboid/sim/zeroed_array.hpp"
 
 namespace cuboid::sim {
 
 using TimeNs = std::int64_t;
 inline constexpr TimeNs kNever = std::numeric_limits<TimeNs>::max();
 
-using LinkId = std::uint32_t;
 using FlowId = std::uint32_t;
-using LinkSetId = std::uint32_t;
 
 // One link of a flow and how many of the flow's routes cross it.
 struct LinkUse {
   LinkId link = 0;
-  double weight = 1.0;
-};
-
-// A GPU-to-GPU route of a flow (over Topology::route), counted `weight` times.
-struct Route {
-  int src_gpu = 0;
-  int dst_gpu = 0;
   double weight = 1.0;
 };
 
@@ -106,7 +101,7 @@ class Network {
   // flows instead of one per link; the same numbers as link_stats(l).
   std::vector<LinkStats> all_link_stats() const;
   // Calls f(link, stats) for every link in id order: the same numbers as
-  // all_link_stats without its vector (a 16k-GPU fabric has ~100k links).
+  // all_link_stats without its vector (a big fabric has ~6 links per GPU).
   template <typename F>
   void for_each_link_stats(F&& f) const {
     for_each_link(false, f);
@@ -150,9 +145,9 @@ class Network {
 
   // Registers a set of link uses once (a collective phase, a raw flow); flows
   // over it then share its links, weights and bottleneck (min over its links
-  // of capacity / weight), computed here once instead of at every start: a
-  // mirrored p2p phase is ~50 routes and hundreds of links, started tens of
-  // thousands of times. `uses` must be merged; uses of weight <= 0 are
+  // of capacity / weight), computed here once instead of at every start (a
+  // mirrored phase has hundreds of links and starts once per micro-batch).
+  // `uses` must be merged; uses of weight <= 0 are
   // dropped. Throws std::out_of_range for an unknown link and
   // std::invalid_argument for a link listed twice, before registering anything,
   // and std::logic_error once the rails are folded (a raw set's links are not
@@ -172,7 +167,7 @@ class Network {
   void fold_rails();
   bool rails_folded() const { return slot_of_ != nullptr; }
   // compile_routes and add_link_set in one: the set of a collective phase.
-  // A list of kCacheMinSize routes or more equal to an earlier one (same
+  // A list of RouteSetCache::kMinSize routes or more equal to an earlier one (same
   // pairs, weights and order) gives that set back: sets are immutable, and
   // flows over one set are as independent as flows over two equal ones.
   LinkSetId add_route_set(std::span<const Route> routes);
@@ -211,60 +206,8 @@ class Network {
 
  private:
   using ClassId = std::uint32_t;
-  struct FlowRef {           // entry of a link class's flow list
-    FlowId flow = 0;
-    std::uint32_t use = 0;    // index into the flow's set's class uses
-  };
-  // A link class's flows, 16 bytes, one inline (the usual case: a class
-  // private to one set), kept apart from the class's other fields: starting or
-  // ending a flow touches 16 bytes per class, and the one-flow case is a store
-  // and a count, no capacity checks. Once a list has spilled to the heap it
-  // stays there (classes shared once are shared again).
-  class FlowList {
-   public:
-    FlowList() = default;
-    FlowList(const FlowList&) = delete;
-    FlowList& operator=(const FlowList&) = delete;
-    FlowList(FlowList&& o) noexcept : u_(o.u_), n_(o.n_), cap_(o.cap_) { o.n_ = o.cap_ = 0; }
-    FlowList& operator=(FlowList&&) = delete;
-    ~FlowList() {
-      if (cap_ > 0) delete[] u_.heap;
-    }
-    std::uint32_t size() const { return n_; }
-    FlowRef* begin() { return cap_ > 0 ? u_.heap : &u_.one; }
-    FlowRef* end() { return begin() + n_; }
-    const FlowRef* begin() const { return cap_ > 0 ? u_.heap : &u_.one; }
-    const FlowRef* end() const { return begin() + n_; }
-    FlowRef& operator[](std::uint32_t i) { return begin()[i]; }
-    FlowRef& back() { return begin()[n_ - 1]; }
-    void pop_back() { --n_; }
-    void push_back(FlowRef r) {
-      if (cap_ == 0 && n_ == 0) {
-        u_.one = r;
-        n_ = 1;
-        return;
-      }
-      if (cap_ == 0 || n_ == cap_) grow();
-      u_.heap[n_++] = r;
-    }
-
-   private:
-    void grow() {
-      const std::uint32_t cap = cap_ == 0 ? 4 : 2 * cap_;
-      auto* heap = new FlowRef[cap];
-      for (std::uint32_t i = 0; i < n_; ++i) heap[i] = begin()[i];
-      if (cap_ > 0) delete[] u_.heap;
-      u_.heap = heap;
-      cap_ = cap;
-    }
-    union Storage {
-      FlowRef one;
-      FlowRef* heap;
-    };
-    Storage u_{FlowRef{}};
-    std::uint32_t n_ = 0;
-    std::uint32_t cap_ = 0;  // 0: inline
-  };
+  using FlowRef = sim::FlowRef;
+  using FlowList = sim::FlowList;
   // Link classes. Two links that every registered set crosses alike (both or
   // neither, with the same weight) and of one capacity carry the same flows
   // at the same rates: their constraints in the max-min problem are copies,
@@ -283,8 +226,8 @@ class Network {
     double weight = 0;
   };
   struct LinkSet {
-    std::vector<ClassId> cls;     // the classes it crosses (grows when one of them splits)
-    std::vector<double> weight;   // its weight on each link of cls[i]
+    std::vector<ClassId> classes;     // the classes it crosses (grows when one of them splits)
+    std::vector<double> weight;   // its weight on each link of classes[i]
     double cap = 0;           // min over its links of capacity / weight
     double retired_max_rate = 0;  // max rate of its finished flows (link peaks)
     bool peak_dirty = false;  // finished flows not yet in the class peaks
@@ -292,8 +235,8 @@ class Network {
     std::vector<FlowId> active;        // its running flows (with bytes)
   };
   static constexpr std::uint32_t kNotShared = std::numeric_limits<std::uint32_t>::max();
-  struct Slot {               // per class use of a flow
-    std::uint32_t pos = 0;    // index in cls_flows_[class]
+  struct ListPosition {       // where a flow sits, per class it uses
+    std::uint32_t pos = 0;    // index in class_flows_[class]
     std::uint32_t spos = kNotShared;  // index in the flow's `shared`, if the class has other flows
   };
   struct Flow {
@@ -305,7 +248,7 @@ class Network {
     // is the set's cap) until a flow that may meet it starts (register_flow),
     // which leaves the lists exactly as if it had been on them all along.
     bool registered = false;
-    std::vector<Slot> slots;  // capacity kept when the slot is reused
+    std::vector<ListPosition> positions;  // per class use; capacity kept when the flow id is reused
     // Indices of class uses that other flows cross too. Only those take part
     // in a solve; the private ones are summarised by the set's `cap`.
     std::vector<std::uint32_t> shared;
@@ -321,7 +264,6 @@ class Network {
     std::uint32_t epoch = 0;
     std::uint32_t comp = 0;   // index in the component being solved
     bool active = false;
-    bool frozen = false;
   };
   struct Pending {
     TimeNs finish_ns = 0;
@@ -345,7 +287,7 @@ class Network {
     ClassId to = 0;                   // the class they end in
     std::uint32_t next = 0;           // the next group of the same old class
   };
-  ClassId set_class(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].cls[use]; }
+  ClassId set_class(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].classes[use]; }
   // Slots: what the per-link tables (classes, merge scratch) and the sets'
   // link lists are indexed by. Unfolded, a link's slot is its id; folded,
   // only the rail-0 images have slots (Topology::rail0_slots, in link id
@@ -357,7 +299,7 @@ class Network {
   ClassId class_of_link(LinkId l) const { return link_class_[slot_of(l)]; }
   double set_weight(const Flow& fl, std::uint32_t use) const { return sets_[fl.set].weight[use]; }
   // A link's capacity: a topology link's from its edge record (no per-link
-  // table to fill: 100k links on a 16k-GPU fabric), an abstract one's as given.
+  // table to fill), an abstract one's as given.
   double capacity_of(LinkId l) const {
     if (topo_ == nullptr) return link_capacity_[l];
     const EdgeRecord& e = topo_->edges()[l / 2];
@@ -375,23 +317,23 @@ class Network {
       f(static_cast<LinkId>(l), LinkStats{capacity_of(static_cast<LinkId>(l)), bytes[c], class_peak_[c]});
     }
   }
-  void init_classes();
   [[noreturn]] void throw_no_topology_link(LinkId l) const;
-  void merge_begin();
-  void merge_add(LinkId l, double w);
+  // Link classes and their totals (link_classes.cpp).
+  void init_classes();
+  LinkSetId register_links(std::span<const LinkId> links);
+  void unregister_all(std::vector<FlowId>& was);
+  double carried(const Flow& fl) const;
+  double class_bytes(ClassId c) const;
+  std::vector<double> class_totals() const;  // settles, then class_bytes of every class
+  void settle() const;
+  void settle_bytes() const;
+  // Routes into link sets, rail folding (route_compile.cpp).
   void merge_routes(std::span<const Route> routes);
   void merge_routes_folded(std::span<const Route> routes, bool rail0_part);
   LinkSetId add_routes(std::span<const Route> routes, bool rail0_part);
-  void merge_end();
-  LinkSetId register_links(std::span<const LinkId> links);
-  double carried(const Flow& fl) const;
-  void unregister_all(std::vector<FlowId>& was);
-  double class_bytes(ClassId c) const;
-  std::vector<double> class_totals() const;  // settles, then class_bytes of every class
+  // Flows and rates (network.cpp).
   void register_flow(FlowId f);
   void retire_flow(FlowId f);
-  void settle() const;
-  void settle_bytes() const;
   void add_shared(FlowId f, std::uint32_t use);
   void remove_shared(FlowId f, std::uint32_t use);
   void solve_from(std::span<const ClassId> seeds, TimeNs now);
@@ -451,37 +393,17 @@ class Network {
   std::vector<Flow> flows_;
   std::vector<FlowId> free_flows_;
   std::vector<Pending> pending_;  // min-heap of predicted finish times (lazy deletion)
-  std::unordered_map<std::uint64_t, std::span<const LinkId>> route_cache_;  // (a,b) -> links in route_blocks_
-  static constexpr std::size_t kRouteBlock = 4096;
-  std::vector<std::pmr::vector<LinkId>> route_blocks_;
-  std::size_t route_block_used_ = 0;
+  RouteCache routes_{mem_};
   // Scratch for compile_routes and the sets: per link its summed weight, and a bit set of the listed links.
-  // Per slot; only read where merge_seen_ (or add_link_set) has set it.
-  ZeroedArray<double> merge_weight_;
-  std::vector<std::uint64_t> merge_seen_;
-  std::vector<LinkId> merge_links_;
-  std::vector<LinkId> set_links_;  // the links to register: merge_end's (in id order) or add_link_set's (as given)
-  // Big route lists registered by add_route_set, by content hash: a DP
-  // group's reduce-scatter and all-gather rings are the same routes over the
-  // same links (thousands, mirrored), compiled and registered once.
-  static constexpr std::size_t kCacheMinSize = 64;
-  struct Compiled {
-    std::pmr::vector<Route> routes;
-    LinkSetId set = 0;
-    bool rail0_part = false;  // routes is a folded list's rail-0 part (add_rail0_route_set)
-  };
-  std::vector<Compiled> compiled_;
-  std::unordered_multimap<std::uint64_t, std::uint32_t> compiled_index_;  // hash -> compiled_
+  LinkMerger merger_;               // per slot
+  std::vector<LinkId> set_links_;  // the links to register: merger_'s (in id order) or add_link_set's (as given)
+  RouteSetCache route_sets_{mem_};  // add_route_set's lists and their sets
 
   // Scratch for solve_from (kept to avoid allocating per event).
   std::vector<ClassId> comp_links_;
   std::vector<FlowId> comp_flows_;
-  std::vector<double> rem_, wsum_;
-  struct LevelEntry {
-    double level = 0;
-    std::uint32_t comp = 0;   // < classes in the component: a class; else nl + flow index
-  };
-  std::vector<LevelEntry> lheap_;
+  struct Component;  // comp_links_ and comp_flows_ as the solver sees them
+  MaxMinSolver solver_;
   std::uint32_t epoch_ = 0;
   TimeNs now_ = 0;            // latest time seen (for link_stats of active flows)
   std::size_t active_ = 0;

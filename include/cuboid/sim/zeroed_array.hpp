@@ -4,9 +4,9 @@
 #endif
 // A fixed-size array that starts as all zeros without writing them: a large
 // one is a fresh anonymous mapping, whose pages the kernel maps (as zeros)
-// only when first touched. The network's per-link tables have ~100k entries
-// on a 16k-GPU fabric, of which a folded run touches a few thousand; writing
-// their zeros up front faulted in every page. (calloc does not promise
+// only when first touched. The network's per-link tables are large and a
+// folded run touches few of their entries: writing their zeros up front
+// would fault in every page. (calloc does not promise
 // this: from a reused heap block it clears the memory itself.) For
 // arithmetic types (all-zero bits is the value 0).
 //
