@@ -1,5 +1,5 @@
 // Model and hardware FLOPs against hand arithmetic, Megatron-LM's closed form
-// and the MFU numbers of Korthikanti et al. 2022 (shared/data/korthikanti2022.csv).
+// and the MFU numbers of Korthikanti et al. 2022 (tests/data/reference/korthikanti2022.csv).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -10,6 +10,7 @@
 #include "cuboid/cost/flops.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
+#include "reference_data.hpp"
 #include "fixtures.hpp"
 
 using namespace cuboid;
@@ -165,34 +166,27 @@ TEST_CASE("Korthikanti 22B model: FLOPs and recompute ratios") {
 }
 
 TEST_CASE("Korthikanti et al. 2022 Table 5 MFU reproduced with the paper's convention") {
-  struct Row {
-    const char* model;
-    std::int64_t heads, hidden, layers, gpus, global_batch;
-    double iteration_s;  // sequence parallel + selective recompute
-    double mfu_pct;
-  };
-  // shared/data/korthikanti2022.csv (s = 2048, V = 51200 for every row).
-  const std::vector<Row> rows = {
-      {"22B", 64, 6144, 48, 8, 4, 1.10, 41.5},
-      {"175B", 96, 12288, 96, 64, 64, 13.75, 51.4},
-      {"530B", 128, 20480, 105, 280, 280, 37.83, 56.0},
-      {"1T", 160, 25600, 128, 512, 512, 71.49, 56.3},
-      {"530B DP=8", 128, 20480, 105, 2240, 2240, 39.15, 54.2},
-  };
+  // Every run of the paper's Table 5 (sequence parallel + selective recompute).
+  const std::vector<test::CsvRow> rows = test::reference_csv("korthikanti2022.csv");
+  REQUIRE(rows.size() == 5);
   constexpr double a100_peak = 312e12;
-  for (const Row& r : rows) {
-    CAPTURE(r.model);
-    const double denom = r.iteration_s * static_cast<double>(r.gpus) * a100_peak;
-    const double paper_mfu = 100 * paper_flops(static_cast<double>(r.global_batch), 2048,
-                                               static_cast<double>(r.layers),
-                                               static_cast<double>(r.hidden), 51200) / denom;
-    CHECK(std::abs(paper_mfu - r.mfu_pct) <= 0.5);  // percentage points
+  for (const test::CsvRow& r : rows) {
+    const std::string model = r["model"];
+    CAPTURE(model);
+    const std::int64_t layers = r.integer("num_layers"), hidden = r.integer("hidden_size");
+    const std::int64_t heads = r.integer("attention_heads"), global_batch = r.integer("global_batch_size");
+    const std::int64_t seq = r.integer("seq_len"), vocab = r.integer("vocab_size");
+    const double denom = r.number("iter_time_seqpar_plus_selective_s") * r.number("num_gpus") * a100_peak;
+    const double paper_mfu = 100 * paper_flops(static_cast<double>(global_batch), static_cast<double>(seq),
+                                               static_cast<double>(layers), static_cast<double>(hidden),
+                                               static_cast<double>(vocab)) / denom;
+    CHECK(std::abs(paper_mfu - r.number("mfu_pct")) <= 0.5);  // percentage points
     // Megatron's causal-halved count is lower by 6*B*s^2*L*h (the half of the
     // core it leaves out), relative to the paper's count: 22B -2.6 %, 175B -1.35 %, 530B -0.82 %, 1T -0.66 % (relative), i.e. MFU
     // 40.6, 50.7, 55.6, 55.9 % instead of the paper's 41.5 .. 56.3 %.
-    ModelSpec m = gpt(r.layers, r.hidden, r.heads, 51200, 2048);
-    m.name = r.model;
-    const double ours_mfu = 100 * model_flops_per_iteration(m, r.global_batch, 2048, 51200) / denom;
+    ModelSpec m = gpt(layers, hidden, heads, vocab, seq);
+    m.name = model;
+    const double ours_mfu = 100 * model_flops_per_iteration(m, global_batch, seq, vocab) / denom;
     CHECK(ours_mfu < paper_mfu);
     CHECK(paper_mfu - ours_mfu < 1.1);
   }
