@@ -86,16 +86,7 @@ std::string_view to_string(OpKind k) {
   return "?";
 }
 
-std::string_view to_string(Collective c) {
-  switch (c) {
-    case Collective::all_reduce: return "all_reduce";
-    case Collective::reduce_scatter: return "reduce_scatter";
-    case Collective::all_gather: return "all_gather";
-    case Collective::broadcast: return "broadcast";
-    case Collective::send_recv: return "send_recv";
-  }
-  return "?";
-}
+std::string_view to_string(Collective c) { return traits(c).name; }
 
 std::string_view to_string(Group g) {
   switch (g) {

@@ -22,8 +22,7 @@
 //   bytes per rank; for send_recv the bytes sent) and are keyed by collective,
 //   tier ("intra_node" | "inter_node") and group size. A fit is
 //   time = alpha + size * bus_factor(collective, n) / busbw, with NCCL's bus
-//   factors (all_reduce 2(n-1)/n; reduce_scatter, all_gather (n-1)/n;
-//   broadcast, send_recv 1).
+//   factors (collective_traits.hpp).
 // * activation_bytes_per_element: the element size of the backend's compute
 //   dtype (cpu: f32, 4; cuda: bf16, 2). The collective samples are the real
 //   bytes moved, but the workload's comm_bytes of activation collectives and
@@ -123,9 +122,6 @@ struct Calibration {
   std::map<std::string, KernelCalibration> kernels;       // by workload op name
   std::map<CollectiveKey, CollectiveCalibration> collectives;
 };
-
-// NCCL's bus-bandwidth factor for a collective over n ranks.
-double bus_factor(Collective c, int n);
 
 // Least-squares alpha-beta fit (relative-error weighted). Throws InputError
 // (source, field) when there are fewer than 2 samples, a time is not finite
