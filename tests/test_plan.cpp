@@ -184,3 +184,17 @@ TEST_CASE("validate_plan names the flag and the fix") {
     CHECK(p.tokens_per_iteration() == 64 * 8192);
   }
 }
+
+TEST_CASE("plans compare equal field by field") {
+  const ParallelPlan a;
+  ParallelPlan b;
+  CHECK(a == b);
+  b.global_batch = 2;
+  CHECK(a != b);
+  b = a;
+  b.flash_attention = !a.flash_attention;
+  CHECK(a != b);
+  b = a;
+  b.order.inner_to_outer = {Dim::dp, Dim::tp, Dim::pp};
+  CHECK(a != b);
+}

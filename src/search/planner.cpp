@@ -38,13 +38,12 @@ std::vector<T> fixed_or(const std::optional<T>& fixed, std::vector<T> all) {
 void prefer_default_order_in_near_ties(std::vector<Estimate>& rows, std::size_t top) {
   constexpr double kNearTie = 1e-3;  // 0.1 % of the iteration time
   const RankOrder def{};
+  // The candidates of one search share batch, sequence length, cp, flash
+  // attention and fusion, so whole plans differ only in the searched fields.
   auto same_but_order = [](const ParallelPlan& a, const ParallelPlan& b) {
     ParallelPlan x = a;
     x.order = b.order;
-    return x.tp == b.tp && x.pp == b.pp && x.dp == b.dp && x.micro_batch == b.micro_batch &&
-           x.virtual_stages == b.virtual_stages && x.zero_stage == b.zero_stage && x.recompute == b.recompute &&
-           x.sequence_parallel == b.sequence_parallel && x.schedule == b.schedule &&
-           x.first_stage_layers == b.first_stage_layers && x.last_stage_layers == b.last_stage_layers;
+    return x == b;
   };
   const std::size_t n = std::min(top, rows.size());
   for (std::size_t i = 0; i < n; ++i) {

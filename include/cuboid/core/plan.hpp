@@ -67,6 +67,7 @@ struct ParallelPlan {
   // Micro-batches per iteration per pipeline: global_batch / (micro_batch * dp).
   std::int64_t num_micro_batches() const { return global_batch / (static_cast<std::int64_t>(micro_batch) * dp); }
   std::int64_t tokens_per_iteration() const { return global_batch * seq_length; }
+  friend bool operator==(const ParallelPlan&, const ParallelPlan&) = default;
 };
 
 // Layers of pipeline stage `stage` (0-based) with the plan's even or uneven split.
