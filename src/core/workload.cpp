@@ -1,74 +1,26 @@
 // The ops of one transformer layer, of the embedding and of the LM head for
 // one micro-batch on one GPU, after Megatron-LM's tensor-parallel sharding.
+// Sources and derivations: docs/internals/cost.md ("Workload").
 //
-// Conventions (all per GPU, one micro-batch; T = s * b tokens, t = TP size):
-// * Op::flops counts useful FLOPs in Megatron's convention (2 per MAC, the
-//   causal attention core at half), so the forward GEMM + attention FLOPs of a
-//   layer times t equal layer_forward_flops(). Op::m, n, k, batch give the
-//   shape the kernel really runs; the unfused attention GEMMs run the full
-//   s x s product (masking happens after), so their time follows the shape.
-// * Memory-bound bytes are HBM reads + writes of bf16 tensors (2 bytes) unless
-//   noted; masks are 1 byte per element. The backward of each memory-bound
-//   op is counted kernel by kernel from what Megatron-LM runs (the
-//   *Backward* constants below, act_bytes in layer_backward), not as a
-//   multiple of its forward.
-// * Without sequence parallelism the norms, dropouts and residual adds run on
-//   the full [s, b, h] tensor on every TP rank (Megatron duplicates them);
-//   with SP each rank works on s/t of the sequence.
-// * Collective comm_bytes is the NCCL (nccl-tests) "size": the full buffer
-//   (all-reduce: the tensor; reduce-scatter: its input; all-gather: its
-//   output), so RS + AG of a tensor moves what one all-reduce moves.
-//   Activation collectives (Op::compute_dtype) count bf16 elements; a
-//   calibrated card of another compute dtype scales them (calibration.hpp).
-// * Differences from the CPU executor (src/exec), measured on the tiny model,
-//   TP 2 (`cuboid run --out`, medians of 5 steps, load ~5 on 2 cores): the
-//   executor also runs dqkv_zero (zeroes the QKV gradient before the
-//   per-head backward GEMMs accumulate into it; not modelled: Megatron's
-//   cat of the three gradients is attn_qkv_grad_cat), and its wgrad GEMMs
-//   accumulate into the gradient buffer (beta = 1), so it has no
-//   *_grad_accum kernels. residual_add_bwd, the gradient sum at each
-//   residual fork, both run (Megatron's autograd does it too); grad_zero,
-//   grad_scale and param_copy are priced with the optimizer step
-//   (optimizer_step.cpp). The executor has no embedding dropout and
-//   computes the cross-entropy gradient inside "xent" (Megatron runs
-//   embed_dropout and a separate xent_bwd, modelled here): about 0.9 ms per
-//   step (8 micro-batches) at the CPU card's bandwidth, 0.2 % of the step.
-// * Kernels Megatron-LM runs beyond the GEMMs, norms and fused element-wise
-//   ops (megatron/mpu/layers.py and megatron/model/transformer.py at commit
-//   02bb1f5c, the sequence-parallel code of Korthikanti et al. 2022):
-//   - the QKV bias (models with linear_bias): ColumnParallelLinear's
-//     autograd function does `output = torch.matmul(...)` then
-//     `output = output + bias`, a separate add over the [T, (q + 2kv)/t]
-//     output (read + write), and in backward `grad_output.sum(dim=0)`
-//     (one read). The other three biases are fused into bias-GeLU and
-//     bias-dropout-add (skip_bias_add), already priced with those kernels.
-//   - the unfused attention core returns its context as
-//     `context_layer.permute(2, 0, 1, 3).contiguous()`, a copy of the
-//     [T, q/t] context (read + write); in backward, torch.split's autograd
-//     (SplitBackward) concatenates the Q, K and V gradients into the
-//     [T, (q + 2kv)/t] gradient of the QKV output (read + write).
-//   - the backward of each element-wise kernel, kernel by kernel (not twice
-//     its forward): see kNormBackward*, kDropoutAddBackward*, act_backward.
-//   - the two gradient sums at the residual forks of a layer (its input
-//     feeds the first norm and the first residual add; the attention
-//     block's output feeds the second norm and the second residual add):
-//     autograd's InputBuffer adds the two incoming gradients (read 2 x 2,
-//     write 2), named residual_add_bwd as in the executor.
-//   - the fp32 gradient accumulation: Megatron's DistributedDataParallel
-//     (megatron/model/distributed.py, use_contiguous_buffers with
-//     accumulate_allreduce_grads_in_fp32, which bf16 training forces)
-//     registers a hook on every parameter's AccumulateGrad that runs
-//     `param.main_grad.add_(param.grad.data)`: read the bf16 weight
-//     gradient the wgrad GEMM wrote, read-modify-write the fp32 main_grad
-//     (2 + 4 + 4 B per parameter, every micro-batch). layers.py at 02bb1f5c
-//     computes grad_weight with a plain matmul (no gradient-accumulation
-//     fusion into main_grad yet), so the hook is a separate kernel after
-//     each linear layer's backward (`*_grad_accum`). Later Megatron-LM
-//     (LinearWithGradAccumulationAndAsyncCommunication, March 2022 on, the
-//     default since) fuses the accumulation into the wgrad GEMM
-//     (ParallelPlan::grad_accum_fusion, the default here): no hook for the
-//     linear layers, an fp32 read-modify-write of C in the GEMM instead.
-//     The embedding table's gradient is hooked either way.
+// Conventions (per GPU, one micro-batch; T = s * b tokens, t = TP size):
+// * Op::flops: useful FLOPs in Megatron's convention (2 per MAC, the causal
+//   attention core at half); Op::m, n, k, batch: the shape the kernel runs
+//   (unfused attention GEMMs run the full s x s product).
+// * Memory-bound bytes: HBM reads + writes of bf16 (2 B) unless noted, masks
+//   1 B; each backward counted kernel by kernel from what Megatron-LM runs.
+// * Without SP the norms, dropouts and residual adds run on the full
+//   [s, b, h] tensor on every TP rank (Megatron duplicates them); with SP on
+//   s/t of it.
+// * Collective comm_bytes: the nccl-tests "size" (all-reduce: the tensor; RS:
+//   its input; AG: its output), so RS + AG moves what one all-reduce moves.
+//   Activation collectives count bf16 elements (Op::compute_dtype).
+// * Besides GEMMs, norms and fused element-wise ops, the kernels Megatron-LM
+//   runs (megatron/mpu/layers.py, model/transformer.py at 02bb1f5c) are
+//   priced: the QKV bias add, the context permute copy, the Q/K/V gradient
+//   cat, the residual-fork gradient sums and, without
+//   ParallelPlan::grad_accum_fusion, the fp32 main_grad hooks (*_grad_accum).
+// * The CPU executor's differences are listed, with reasons, in
+//   src/report/validate.cpp.
 #include "cuboid/core/workload.hpp"
 
 #include <utility>
