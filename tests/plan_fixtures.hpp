@@ -16,6 +16,7 @@
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
 #include "cuboid/io/planfile.hpp"
+#include "cuboid/search/planner.hpp"
 #include "cuboid/core/topology.hpp"
 #include "fixtures.hpp"
 

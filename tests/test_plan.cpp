@@ -5,6 +5,7 @@
 
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/plan.hpp"
+#include "cuboid/search/planner.hpp"
 #include "fixtures.hpp"
 
 using namespace cuboid;
@@ -183,4 +184,47 @@ TEST_CASE("validate_plan names the flag and the fix") {
     CHECK(p.num_micro_batches() == 32);
     CHECK(p.tokens_per_iteration() == 64 * 8192);
   }
+}
+
+TEST_CASE("plans compare equal field by field") {
+  const ParallelPlan a;
+  ParallelPlan b;
+  CHECK(a == b);
+  b.global_batch = 2;
+  CHECK(a != b);
+  b = a;
+  b.flash_attention = !a.flash_attention;
+  CHECK(a != b);
+  b = a;
+  b.order.inner_to_outer = {Dim::dp, Dim::tp, Dim::pp};
+  CHECK(a != b);
+}
+
+TEST_CASE("check_plan speaks of settings; the planner names the flags") {
+  ParallelPlan p = seed_plan();
+  p.sequence_parallel = true;
+  p.tp = 1;
+  p.dp = 8;
+  auto problem = check_plan(p, llama3_70b(), four_dgx());
+  REQUIRE(problem);
+  CHECK(problem->field == PlanField::sequence_parallel);
+  CHECK(problem->fix == "turn sequence parallelism off with TP 1");
+  CHECK(flag_of(problem->field) == "--sequence-parallel");
+  CHECK(flag_fix(*problem) == "use --sequence-parallel off with TP 1");
+
+  p = seed_plan();
+  p.seq_length = 1 << 20;
+  problem = check_plan(p, llama3_70b(), four_dgx());
+  REQUIRE(problem);
+  CHECK(problem->field == PlanField::seq_length);
+  CHECK(problem->fix.find("--") == std::string::npos);
+  CHECK(flag_fix(*problem).rfind("use --seq-length <= ", 0) == 0);
+
+  // A fix that names no setting is the same in both.
+  p = seed_plan();
+  p.tp = 3;
+  problem = check_plan(p, llama3_70b(), four_dgx());
+  REQUIRE(problem);
+  CHECK(flag_fix(*problem) == problem->fix);
+  CHECK(!check_plan(seed_plan(), llama3_70b(), four_dgx()));
 }

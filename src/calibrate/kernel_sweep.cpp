@@ -7,6 +7,7 @@
 #include "cuboid/calibrate/gemm_sweep.hpp"
 #include "cuboid/calibrate/sweep_plan.hpp"
 #include "cuboid/exec/layer.hpp"
+#include "cuboid/core/op_names.hpp"
 #include "cuboid/exec/op_timer.hpp"
 
 namespace cuboid::calibrate {
@@ -97,7 +98,7 @@ std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Comm
     for (int t = 0; t < o.turns; ++t) {
       world.barrier();
       if (t != o.turn) continue;
-      if (watchdog != nullptr) watchdog->enter("adam");
+      if (watchdog != nullptr) watchdog->enter(op::adam);
       std::vector<double> times;
       for (int i = 0; i < o.warmup_steps + o.measured_steps; ++i) {
         be.record(start);
@@ -107,7 +108,7 @@ std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Comm
       }
       if (watchdog != nullptr) watchdog->leave();
       out.push_back(
-          KernelMeasurement{"adam", static_cast<double>(n) * kAdamBytesPerParam, median_of(std::move(times))});
+          KernelMeasurement{op::adam, static_cast<double>(n) * kAdamBytesPerParam, median_of(std::move(times))});
     }
   }
   return out;

@@ -82,19 +82,6 @@ void check_monotonic(const std::vector<SizeSample>& sorted, const std::string& s
 
 }  // namespace
 
-double bus_factor(Collective c, int n) {
-  if (n <= 1) return 0.0;
-  const double d = n;
-  switch (c) {
-    case Collective::all_reduce: return 2.0 * (d - 1.0) / d;
-    case Collective::reduce_scatter:
-    case Collective::all_gather: return (d - 1.0) / d;
-    case Collective::broadcast:
-    case Collective::send_recv: return 1.0;
-  }
-  return 0.0;
-}
-
 // Weighted least squares with weights 1 / t_i^2 minimises the sum of squared
 // relative errors, so a 1 KiB sample (latency) counts as much as a 256 MiB
 // one (bandwidth). Computed around the weighted means for numerical safety

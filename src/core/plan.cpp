@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -112,101 +113,118 @@ bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& las
   return first < per_middle + 1;
 }
 
-void validate_plan(const ParallelPlan& p, const ModelSpec& m, const Cluster& c, const std::string& source) {
-  auto fail = [&](const std::string& field, const std::string& problem, const std::string& fix) {
-    throw InputError(source, field, problem, fix);
+std::optional<PlanProblem> check_plan(const ParallelPlan& p, const ModelSpec& m, const Cluster& c) {
+  using F = PlanField;
+  auto problem = [](PlanField field, std::string what, std::string fix) {
+    return std::optional<PlanProblem>(PlanProblem{field, std::move(what), std::move(fix)});
   };
-  auto positive = [&](long long v, const char* field) {
-    if (v <= 0) fail(field, "must be positive, got " + std::to_string(v), "give a value >= 1");
-  };
-  positive(p.tp, "--tp");
-  positive(p.pp, "--pp");
-  positive(p.dp, "--dp");
-  positive(p.micro_batch, "--micro-batch");
-  positive(p.global_batch, "--global-batch");
-  positive(p.seq_length, "--seq-length");
-  positive(p.virtual_stages, "--vpp");
-  if (p.cp != 1) fail("--cp", "context parallelism is not modelled yet", "use cp = 1");
+  const std::pair<long long, PlanField> sizes[] = {{p.tp, F::tp},
+                                                   {p.pp, F::pp},
+                                                   {p.dp, F::dp},
+                                                   {p.micro_batch, F::micro_batch},
+                                                   {p.global_batch, F::global_batch},
+                                                   {p.seq_length, F::seq_length},
+                                                   {p.virtual_stages, F::virtual_stages}};
+  for (const auto& [v, field] : sizes)
+    if (v <= 0) return problem(field, "must be positive, got " + std::to_string(v), "give a value >= 1");
+  if (p.cp != 1) return problem(F::cp, "context parallelism is not modelled yet", "use cp = 1");
   if (p.flash_attention && !c.gpu.flash_attention)
-    fail("--flash-attention",
-         "flash attention is on, but " + c.gpu.name + " (" + c.name +
-             ") has no fused attention kernel (its GPU profile says \"flash_attention\": false)",
-         "use --flash-attention off (the default on this cluster)");
+    return problem(F::flash_attention,
+                   "flash attention is on, but " + c.gpu.name + " (" + c.name +
+                       ") has no fused attention kernel (its GPU profile says \"flash_attention\": false)",
+                   "turn flash attention off (the default on this cluster)");
   if (p.zero_stage < 0 || p.zero_stage > 3)
-    fail("--zero", "ZeRO stage must be 0, 1, 2 or 3, got " + std::to_string(p.zero_stage), "use 0, 1, 2 or 3");
+    return problem(F::zero_stage, "ZeRO stage must be 0, 1, 2 or 3, got " + std::to_string(p.zero_stage),
+                   "use 0, 1, 2 or 3");
   if (p.seq_length > m.max_position_embeddings)
-    fail("--seq-length", "sequence length " + std::to_string(p.seq_length) + " exceeds the model's max_position_embeddings " +
-                             std::to_string(m.max_position_embeddings) + " (" + m.name + ")",
-         "use --seq-length <= " + std::to_string(m.max_position_embeddings));
+    return problem(F::seq_length,
+                   "sequence length " + std::to_string(p.seq_length) + " exceeds the model's max_position_embeddings " +
+                       std::to_string(m.max_position_embeddings) + " (" + m.name + ")",
+                   "use a sequence length <= " + std::to_string(m.max_position_embeddings));
   const std::string tp = std::to_string(p.tp);
   if (m.num_attention_heads % p.tp != 0)
-    fail("--tp", "TP " + tp + " does not divide the " + std::to_string(m.num_attention_heads) + " attention heads of " + m.name,
-         "choose a TP that divides the number of heads");
+    return problem(F::tp,
+                   "TP " + tp + " does not divide the " + std::to_string(m.num_attention_heads) +
+                       " attention heads of " + m.name,
+                   "choose a TP that divides the number of heads");
   if (m.num_kv_heads % p.tp != 0)
-    fail("--tp", "TP " + tp + " does not divide the " + std::to_string(m.num_kv_heads) + " key/value heads of " + m.name +
-                     " (Megatron-LM requires num_query_groups % TP == 0)",
-         "choose a TP that divides the number of key/value heads");
+    return problem(F::tp,
+                   "TP " + tp + " does not divide the " + std::to_string(m.num_kv_heads) + " key/value heads of " +
+                       m.name + " (Megatron-LM requires num_query_groups % TP == 0)",
+                   "choose a TP that divides the number of key/value heads");
   if (m.ffn_hidden_size % p.tp != 0)
-    fail("--tp", "TP " + tp + " does not divide ffn_hidden_size " + std::to_string(m.ffn_hidden_size),
-         "choose a TP that divides the FFN size");
+    return problem(F::tp, "TP " + tp + " does not divide ffn_hidden_size " + std::to_string(m.ffn_hidden_size),
+                   "choose a TP that divides the FFN size");
   if (p.first_stage_layers < 0 || p.last_stage_layers < 0)
-    fail("--uneven-stages", "stage layer counts must not be negative", "give positive layer counts");
+    return problem(F::uneven_stages, "stage layer counts must not be negative", "give positive layer counts");
   if (has_uneven_stages(p)) {
     const std::string layers = std::to_string(m.num_layers);
-    if (p.pp < 2) fail("--uneven-stages", "uneven stages need PP >= 2", "use --pp >= 2 or an even split");
+    if (p.pp < 2) return problem(F::uneven_stages, "uneven stages need PP >= 2", "use PP >= 2 or an even split");
     if (p.virtual_stages > 1)
-      fail("--uneven-stages", "uneven stages cannot be combined with virtual stages (interleaving)",
-           "drop --vpp or use an even split");
+      return problem(F::uneven_stages, "uneven stages cannot be combined with virtual stages (interleaving)",
+                     "drop the virtual stages or use an even split");
     const int fixed_stages = (p.first_stage_layers > 0 ? 1 : 0) + (p.last_stage_layers > 0 ? 1 : 0);
     const long long rest = m.num_layers - p.first_stage_layers - p.last_stage_layers;
     const int middle = p.pp - fixed_stages;
     if (rest < middle || (middle == 0 && rest != 0) || (middle > 0 && rest % middle != 0))
-      fail("--uneven-stages", "first stage " + std::to_string(p.first_stage_layers) + " + last stage " +
-                                  std::to_string(p.last_stage_layers) + " layers leave " + std::to_string(rest) + " of the " +
-                                  layers + " layers of " + m.name + ", which do not split evenly over the other " +
-                                  std::to_string(middle) + " stages",
-           "choose first/last stage layers so that the remaining layers divide by the middle stages");
+      return problem(F::uneven_stages,
+                     "first stage " + std::to_string(p.first_stage_layers) + " + last stage " +
+                         std::to_string(p.last_stage_layers) + " layers leave " + std::to_string(rest) + " of the " +
+                         layers + " layers of " + m.name + ", which do not split evenly over the other " +
+                         std::to_string(middle) + " stages",
+                     "choose first/last stage layers so that the remaining layers divide by the middle stages");
   } else {
     const long long chunks = static_cast<long long>(p.pp) * p.virtual_stages;
     if (m.num_layers % chunks != 0)
-      fail(p.virtual_stages > 1 ? "--vpp" : "--pp",
-           "PP " + std::to_string(p.pp) + " x virtual stages " + std::to_string(p.virtual_stages) + " = " + std::to_string(chunks) +
-               " does not divide the " + std::to_string(m.num_layers) + " layers of " + m.name +
-               " (Megatron-LM once trained a silently smaller model here)",
-           p.virtual_stages > 1 ? "choose PP x virtual stages that divides the number of layers"
-                                : "choose PP x virtual stages that divides the number of layers, or add --uneven-stages");
+      return problem(p.virtual_stages > 1 ? F::virtual_stages : F::pp,
+                     "PP " + std::to_string(p.pp) + " x virtual stages " + std::to_string(p.virtual_stages) + " = " +
+                         std::to_string(chunks) + " does not divide the " + std::to_string(m.num_layers) +
+                         " layers of " + m.name + " (Megatron-LM once trained a silently smaller model here)",
+                     p.virtual_stages > 1 ? "choose PP x virtual stages that divides the number of layers"
+                                          : "choose PP x virtual stages that divides the number of layers, or split "
+                                            "the stages unevenly");
   }
   if (p.schedule == Schedule::interleaved && p.virtual_stages < 2)
-    fail("--schedule", "the interleaved schedule needs virtual stages >= 2", "add --vpp 2 (or more), or use --schedule 1f1b");
+    return problem(F::schedule, "the interleaved schedule needs virtual stages >= 2",
+                   "use 2 or more virtual stages, or the 1F1B schedule");
   if (p.schedule != Schedule::interleaved && p.virtual_stages > 1)
-    fail("--vpp", "virtual stages " + std::to_string(p.virtual_stages) + " need the interleaved schedule",
-         "add --schedule interleaved, or drop --vpp");
+    return problem(F::virtual_stages,
+                   "virtual stages " + std::to_string(p.virtual_stages) + " need the interleaved schedule",
+                   "use the interleaved schedule, or drop the virtual stages");
   if (p.virtual_stages > 1 && p.pp < 2)
-    fail("--vpp", "virtual stages need pipeline parallelism (PP >= 2)", "drop --vpp or use --pp >= 2");
+    return problem(F::virtual_stages, "virtual stages need pipeline parallelism (PP >= 2)",
+                   "drop the virtual stages or use PP >= 2");
   if (p.sequence_parallel && p.tp == 1)
-    fail("--sequence-parallel", "sequence parallelism needs TP > 1", "use --sequence-parallel off with TP 1");
+    return problem(F::sequence_parallel, "sequence parallelism needs TP > 1",
+                   "turn sequence parallelism off with TP 1");
   const long long gpus = c.total_gpus();
   // In floating point: the factors are positive ints, so the product cannot
-  // overflow (world_size() can, for --dp 2147483647), and it is exact whenever
-  // it is at most the GPU count.
+  // overflow (world_size() can, for a DP of 2147483647), and it is exact
+  // whenever it is at most the GPU count.
   const double world = static_cast<double>(p.tp) * p.pp * p.dp * p.cp;
   if (world > static_cast<double>(gpus))
-    fail("--tp/--pp/--dp", "TP x PP x DP = " + fmt::format("{:.0f}", world) + " GPUs but cluster " + c.name + " has " +
-                               std::to_string(gpus),
-         "use fewer GPUs or more nodes (--nodes N)");
+    return problem(F::world_size,
+                   "TP x PP x DP = " + fmt::format("{:.0f}", world) + " GPUs but cluster " + c.name + " has " +
+                       std::to_string(gpus),
+                   "use fewer GPUs or more nodes");
   if (p.world_size() != gpus)
-    fail("--tp/--pp/--dp", "TP x PP x DP = " + std::to_string(p.world_size()) + " does not use all " + std::to_string(gpus) +
-                               " GPUs of " + c.name,
-         "make TP x PP x DP equal the GPU count, or set --nodes so the cluster has exactly that many GPUs");
+    return problem(F::world_size,
+                   "TP x PP x DP = " + std::to_string(p.world_size()) + " does not use all " + std::to_string(gpus) +
+                       " GPUs of " + c.name,
+                   "make TP x PP x DP equal the GPU count, or use a cluster with exactly that many GPUs");
   const long long per_step = static_cast<long long>(p.micro_batch) * p.dp;
   if (p.global_batch % per_step != 0)
-    fail("--global-batch", "global batch " + std::to_string(p.global_batch) + " is not divisible by micro-batch x DP = " +
-                               std::to_string(per_step),
-         "choose a global batch that is a multiple of " + std::to_string(per_step));
+    return problem(F::global_batch,
+                   "global batch " + std::to_string(p.global_batch) + " is not divisible by micro-batch x DP = " +
+                       std::to_string(per_step),
+                   "choose a global batch that is a multiple of " + std::to_string(per_step));
   if (p.schedule == Schedule::interleaved && p.num_micro_batches() % p.pp != 0)
-    fail("--global-batch", "the interleaved schedule needs the number of micro-batches (" + std::to_string(p.num_micro_batches()) +
-                               ") to be a multiple of PP " + std::to_string(p.pp),
-         "choose a global batch that is a multiple of micro-batch x DP x PP = " + std::to_string(per_step * p.pp));
+    return problem(F::global_batch,
+                   "the interleaved schedule needs the number of micro-batches (" +
+                       std::to_string(p.num_micro_batches()) + ") to be a multiple of PP " + std::to_string(p.pp),
+                   "choose a global batch that is a multiple of micro-batch x DP x PP = " +
+                       std::to_string(per_step * p.pp));
+  return std::nullopt;
 }
 
 RankMapping::RankMapping(const ParallelPlan& plan, int gpus_per_node)

@@ -1,77 +1,31 @@
 // The ops of one transformer layer, of the embedding and of the LM head for
 // one micro-batch on one GPU, after Megatron-LM's tensor-parallel sharding.
+// Sources and derivations: docs/internals/cost.md ("Workload").
 //
-// Conventions (all per GPU, one micro-batch; T = s * b tokens, t = TP size):
-// * Op::flops counts useful FLOPs in Megatron's convention (2 per MAC, the
-//   causal attention core at half), so the forward GEMM + attention FLOPs of a
-//   layer times t equal layer_forward_flops(). Op::m, n, k, batch give the
-//   shape the kernel really runs; the unfused attention GEMMs run the full
-//   s x s product (masking happens after), so their time follows the shape.
-// * Memory-bound bytes are HBM reads + writes of bf16 tensors (2 bytes) unless
-//   noted; masks are 1 byte per element. The backward of each memory-bound
-//   op is counted kernel by kernel from what Megatron-LM runs (the
-//   *Backward* constants below, act_bytes in layer_backward), not as a
-//   multiple of its forward.
-// * Without sequence parallelism the norms, dropouts and residual adds run on
-//   the full [s, b, h] tensor on every TP rank (Megatron duplicates them);
-//   with SP each rank works on s/t of the sequence.
-// * Collective comm_bytes is the NCCL (nccl-tests) "size": the full buffer
-//   (all-reduce: the tensor; reduce-scatter: its input; all-gather: its
-//   output), so RS + AG of a tensor moves what one all-reduce moves.
-//   Activation collectives (Op::compute_dtype) count bf16 elements; a
-//   calibrated card of another compute dtype scales them (calibration.hpp).
-// * Differences from the CPU executor (src/exec), measured on the tiny model,
-//   TP 2 (`cuboid run --out`, medians of 5 steps, load ~5 on 2 cores): the
-//   executor also runs dqkv_zero (zeroes the QKV gradient before the
-//   per-head backward GEMMs accumulate into it; not modelled: Megatron's
-//   cat of the three gradients is attn_qkv_grad_cat), and its wgrad GEMMs
-//   accumulate into the gradient buffer (beta = 1), so it has no
-//   *_grad_accum kernels. residual_add_bwd, the gradient sum at each
-//   residual fork, both run (Megatron's autograd does it too); grad_zero,
-//   grad_scale and param_copy are priced with the optimizer step
-//   (optimizer_step.cpp). The executor has no embedding dropout and
-//   computes the cross-entropy gradient inside "xent" (Megatron runs
-//   embed_dropout and a separate xent_bwd, modelled here): about 0.9 ms per
-//   step (8 micro-batches) at the CPU card's bandwidth, 0.2 % of the step.
-// * Kernels Megatron-LM runs beyond the GEMMs, norms and fused element-wise
-//   ops (megatron/mpu/layers.py and megatron/model/transformer.py at commit
-//   02bb1f5c, the sequence-parallel code of Korthikanti et al. 2022):
-//   - the QKV bias (models with linear_bias): ColumnParallelLinear's
-//     autograd function does `output = torch.matmul(...)` then
-//     `output = output + bias`, a separate add over the [T, (q + 2kv)/t]
-//     output (read + write), and in backward `grad_output.sum(dim=0)`
-//     (one read). The other three biases are fused into bias-GeLU and
-//     bias-dropout-add (skip_bias_add), already priced with those kernels.
-//   - the unfused attention core returns its context as
-//     `context_layer.permute(2, 0, 1, 3).contiguous()`, a copy of the
-//     [T, q/t] context (read + write); in backward, torch.split's autograd
-//     (SplitBackward) concatenates the Q, K and V gradients into the
-//     [T, (q + 2kv)/t] gradient of the QKV output (read + write).
-//   - the backward of each element-wise kernel, kernel by kernel (not twice
-//     its forward): see kNormBackward*, kDropoutAddBackward*, act_backward.
-//   - the two gradient sums at the residual forks of a layer (its input
-//     feeds the first norm and the first residual add; the attention
-//     block's output feeds the second norm and the second residual add):
-//     autograd's InputBuffer adds the two incoming gradients (read 2 x 2,
-//     write 2), named residual_add_bwd as in the executor.
-//   - the fp32 gradient accumulation: Megatron's DistributedDataParallel
-//     (megatron/model/distributed.py, use_contiguous_buffers with
-//     accumulate_allreduce_grads_in_fp32, which bf16 training forces)
-//     registers a hook on every parameter's AccumulateGrad that runs
-//     `param.main_grad.add_(param.grad.data)`: read the bf16 weight
-//     gradient the wgrad GEMM wrote, read-modify-write the fp32 main_grad
-//     (2 + 4 + 4 B per parameter, every micro-batch). layers.py at 02bb1f5c
-//     computes grad_weight with a plain matmul (no gradient-accumulation
-//     fusion into main_grad yet), so the hook is a separate kernel after
-//     each linear layer's backward (`*_grad_accum`). Later Megatron-LM
-//     (LinearWithGradAccumulationAndAsyncCommunication, March 2022 on, the
-//     default since) fuses the accumulation into the wgrad GEMM
-//     (ParallelPlan::grad_accum_fusion, the default here): no hook for the
-//     linear layers, an fp32 read-modify-write of C in the GEMM instead.
-//     The embedding table's gradient is hooked either way.
+// Conventions (per GPU, one micro-batch; T = s * b tokens, t = TP size):
+// * Op::flops: useful FLOPs in Megatron's convention (2 per MAC, the causal
+//   attention core at half); Op::m, n, k, batch: the shape the kernel runs
+//   (unfused attention GEMMs run the full s x s product).
+// * Memory-bound bytes: HBM reads + writes of bf16 (2 B) unless noted, masks
+//   1 B; each backward counted kernel by kernel from what Megatron-LM runs.
+// * Without SP the norms, dropouts and residual adds run on the full
+//   [s, b, h] tensor on every TP rank (Megatron duplicates them); with SP on
+//   s/t of it.
+// * Collective comm_bytes: the nccl-tests "size" (all-reduce: the tensor; RS:
+//   its input; AG: its output), so RS + AG moves what one all-reduce moves.
+//   Activation collectives count bf16 elements (Op::compute_dtype).
+// * Besides GEMMs, norms and fused element-wise ops, the kernels Megatron-LM
+//   runs (megatron/mpu/layers.py, model/transformer.py at 02bb1f5c) are
+//   priced: the QKV bias add, the context permute copy, the Q/K/V gradient
+//   cat, the residual-fork gradient sums and, without
+//   ParallelPlan::grad_accum_fusion, the fp32 main_grad hooks (*_grad_accum).
+// * The CPU executor's differences are listed, with reasons, in
+//   src/report/validate.cpp.
 #include "cuboid/core/workload.hpp"
 
 #include <utility>
+
+#include "cuboid/core/op_names.hpp"
 
 namespace cuboid {
 
@@ -86,16 +40,7 @@ std::string_view to_string(OpKind k) {
   return "?";
 }
 
-std::string_view to_string(Collective c) {
-  switch (c) {
-    case Collective::all_reduce: return "all_reduce";
-    case Collective::reduce_scatter: return "reduce_scatter";
-    case Collective::all_gather: return "all_gather";
-    case Collective::broadcast: return "broadcast";
-    case Collective::send_recv: return "send_recv";
-  }
-  return "?";
-}
+std::string_view to_string(Collective c) { return traits(c).name; }
 
 std::string_view to_string(Group g) {
   switch (g) {
@@ -221,8 +166,8 @@ Op collective(std::string name, Pass pass, Collective c, Group g, double bytes) 
 // into the fp32 main_grad (beta = 1): its epilogue reads and writes 4 + 4 B
 // per weight instead of writing 2, the extra bytes in Op::bytes.
 void add_gemm_backward(std::vector<Op>& out, const Op& fwd, bool fused_into_main_grad = false) {
-  Op dgrad = gemm(fwd.name + "_dgrad", Pass::backward, fwd.m, fwd.k, fwd.n, fwd.batch);
-  Op wgrad = gemm(fwd.name + "_wgrad", Pass::backward, fwd.k, fwd.n, fwd.m, fwd.batch);
+  Op dgrad = gemm(fwd.name + op::dgrad_suffix, Pass::backward, fwd.m, fwd.k, fwd.n, fwd.batch);
+  Op wgrad = gemm(fwd.name + op::wgrad_suffix, Pass::backward, fwd.k, fwd.n, fwd.m, fwd.batch);
   dgrad.flops = fwd.flops;  // keeps the causal-half convention of the attention GEMMs
   wgrad.flops = fwd.flops;
   dgrad.unfused_attention = fwd.unfused_attention;
@@ -277,7 +222,7 @@ void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
   const double causal = 0.5;
   if (x.flash) {
     Op op;
-    op.name = "attn_flash";
+    op.name = op::attn_flash;
     op.kind = OpKind::attention_core;
     op.pass = pass;
     op.m = x.s;
@@ -291,17 +236,17 @@ void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
     out.push_back(std::move(op));
     return;
   }
-  Op qk = gemm("attn_qk", pass, x.s, x.s, x.d, batch);
+  Op qk = gemm(op::attn_qk, pass, x.s, x.s, x.d, batch);
   qk.flops *= causal;
   out.push_back(std::move(qk));
-  out.push_back(memory_bound("attn_softmax", pass,
+  out.push_back(memory_bound(op::attn_softmax, pass,
                              score_triangle_elements(x) * kSoftmaxReadBytesPerTriangleElement +
                                  score_elements(x) * (kSoftmaxWriteBytesPerElement + kDropoutBytesPerElement)));
-  Op av = gemm("attn_av", pass, x.s, x.d, x.s, batch);
+  Op av = gemm(op::attn_av, pass, x.s, x.d, x.s, batch);
   av.flops *= causal;
   out.push_back(std::move(av));
   // [b, heads, s, d] -> [s, b, heads * d]: the permute + contiguous copy.
-  out.push_back(memory_bound("attn_ctx_copy", pass, static_cast<double>(x.tokens * (x.q / x.t)) * (kBf16 + kBf16)));
+  out.push_back(memory_bound(op::attn_ctx_copy, pass, static_cast<double>(x.tokens * (x.q / x.t)) * (kBf16 + kBf16)));
   for (auto it = out.end() - 4; it != out.end(); ++it) it->unfused_attention = true;
 }
 
@@ -317,7 +262,7 @@ void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vect
     for (const Op& f : fwd) {
       if (f.kind != OpKind::attention_core) continue;
       Op op = f;
-      op.name = "attn_flash_bwd";
+      op.name = op::attn_flash_bwd;
       op.pass = Pass::backward;
       op.flops = 2.5 * f.flops;
       op.bytes = static_cast<double>(x.tokens) * static_cast<double>(4 * x.q + 4 * x.kv) /
@@ -327,53 +272,53 @@ void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vect
     return;
   }
   for (auto it = fwd.rbegin(); it != fwd.rend(); ++it) {
-    if (it->name == "attn_av" || it->name == "attn_qk") {
+    if (it->name == op::attn_av || it->name == op::attn_qk) {
       add_gemm_backward(out, *it);
-    } else if (it->name == "attn_softmax") {
+    } else if (it->name == op::attn_softmax) {
       // Dropout backward, then the softmax backward, kernel by kernel (not
       // 2x the forward: 9 B per score element against the forward's 8).
-      out.push_back(memory_bound("attn_softmax_bwd", Pass::backward,
+      out.push_back(memory_bound(op::attn_softmax_bwd, Pass::backward,
                                  score_elements(x) * (kDropoutBackwardBytesPerElement + kSoftmaxBackwardWriteBytesPerElement) +
                                      score_triangle_elements(x) * kSoftmaxBackwardReadBytesPerTriangleElement));
       out.back().unfused_attention = true;
     }
-    if (it->name == "attn_qk") {
+    if (it->name == op::attn_qk) {
       // torch.baddbmm's autograd (tools/autograd/derivatives.yaml) scales
       // both input gradients by alpha = 1 / norm_factor in separate
       // element-wise kernels (maybe_multiply): dQ and dK, [b * np, s, d]
       // each, read + write.
-      out.push_back(memory_bound("attn_qk_scale_bwd", Pass::backward,
+      out.push_back(memory_bound(op::attn_qk_scale_bwd, Pass::backward,
                                  2.0 * static_cast<double>(x.b * (x.a / x.t) * x.s * x.d) * (kBf16 + kBf16)));
       out.back().unfused_attention = true;
     }
   }
   // SplitBackward: cat of the Q, K, V gradients (read + write).
-  out.push_back(memory_bound("attn_qkv_grad_cat", Pass::backward, qkv_elements(x) * (kBf16 + kBf16)));
+  out.push_back(memory_bound(op::attn_qkv_grad_cat, Pass::backward, qkv_elements(x) * (kBf16 + kBf16)));
   out.back().unfused_attention = true;
 }
 
 void layer_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass pass) {
   const double hid = hidden_elements(x);
   const std::int64_t fc1_n = (m.gated_mlp() ? 2 * x.f : x.f) / x.t;
-  out.push_back(memory_bound("norm_in", pass, hid * kNormBytesPerElement));
-  add_sp_gather(out, x, "tp_ag_attn", pass);
-  out.push_back(gemm("qkv", pass, x.tokens, (x.q + 2 * x.kv) / x.t, x.h));
+  out.push_back(memory_bound(op::norm_in, pass, hid * kNormBytesPerElement));
+  add_sp_gather(out, x, op::tp_ag_attn, pass);
+  out.push_back(gemm(op::qkv, pass, x.tokens, (x.q + 2 * x.kv) / x.t, x.h));
   // `output + bias` after the GEMM (read + write of the output).
-  if (m.linear_bias) out.push_back(memory_bound("qkv_bias", pass, qkv_elements(x) * (kBf16 + kBf16)));
+  if (m.linear_bias) out.push_back(memory_bound(op::qkv_bias, pass, qkv_elements(x) * (kBf16 + kBf16)));
   add_attention_forward(out, x, pass);
-  out.push_back(gemm("proj", pass, x.tokens, x.h, x.q / x.t));
-  add_tp_reduce(out, x, x.sp ? "tp_rs_attn" : "tp_ar_attn", pass);
-  out.push_back(memory_bound("drop_add_attn", pass, hid * kDropoutAddBytesPerElement));
-  out.push_back(memory_bound("norm_mlp", pass, hid * kNormBytesPerElement));
-  add_sp_gather(out, x, "tp_ag_mlp", pass);
-  out.push_back(gemm("fc1", pass, x.tokens, fc1_n, x.h));
+  out.push_back(gemm(op::proj, pass, x.tokens, x.h, x.q / x.t));
+  add_tp_reduce(out, x, x.sp ? op::tp_rs_attn : op::tp_ar_attn, pass);
+  out.push_back(memory_bound(op::drop_add_attn, pass, hid * kDropoutAddBytesPerElement));
+  out.push_back(memory_bound(op::norm_mlp, pass, hid * kNormBytesPerElement));
+  add_sp_gather(out, x, op::tp_ag_mlp, pass);
+  out.push_back(gemm(op::fc1, pass, x.tokens, fc1_n, x.h));
   // GeLU reads and writes the f/t-wide tensor; SwiGLU reads both halves.
   const double act_elems = static_cast<double>(x.tokens * (x.f / x.t));
   const double act_bytes = act_elems * (m.gated_mlp() ? (2 + 2 + 2) : (2 + 2));
-  out.push_back(memory_bound("act", pass, act_bytes));
-  out.push_back(gemm("fc2", pass, x.tokens, x.h, x.f / x.t));
-  add_tp_reduce(out, x, x.sp ? "tp_rs_mlp" : "tp_ar_mlp", pass);
-  out.push_back(memory_bound("drop_add_mlp", pass, hid * kDropoutAddBytesPerElement));
+  out.push_back(memory_bound(op::act, pass, act_bytes));
+  out.push_back(gemm(op::fc2, pass, x.tokens, x.h, x.f / x.t));
+  add_tp_reduce(out, x, x.sp ? op::tp_rs_mlp : op::tp_ar_mlp, pass);
+  out.push_back(memory_bound(op::drop_add_mlp, pass, hid * kDropoutAddBytesPerElement));
 }
 
 const Op& find_op(const std::vector<Op>& ops, std::string_view name) {
@@ -427,31 +372,31 @@ void layer_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, con
   auto elementwise = [&](std::string name, double bytes_per_element) {
     out.push_back(memory_bound(std::move(name), Pass::backward, hid * bytes_per_element));
   };
-  elementwise("drop_add_mlp_bwd", kDropoutAddBackwardBytesPerElement);
-  add_sp_gather(out, x, "tp_ag_mlp_bwd", Pass::backward);
-  add_gemm_backward(out, find_op(fwd, "fc2"), x.fused_wgrad);
-  add_grad_accum(out, x, "fc2_grad_accum", params.fc2);
-  out.push_back(memory_bound("act_bwd", Pass::backward, act_bytes));
-  add_gemm_backward(out, find_op(fwd, "fc1"), x.fused_wgrad);
-  add_tp_reduce(out, x, x.sp ? "tp_rs_mlp_bwd" : "tp_ar_mlp_bwd", Pass::backward);
-  add_grad_accum(out, x, "fc1_grad_accum", params.fc1);
-  elementwise("norm_mlp_bwd", kNormBackwardBytesPerElement);
-  elementwise("residual_add_bwd", kResidualGradSumBytesPerElement);
-  elementwise("drop_add_attn_bwd", kDropoutAddBackwardBytesPerElement);
-  add_sp_gather(out, x, "tp_ag_attn_bwd", Pass::backward);
-  add_gemm_backward(out, find_op(fwd, "proj"), x.fused_wgrad);
-  add_grad_accum(out, x, "proj_grad_accum", params.proj);
+  elementwise(op::drop_add_mlp_bwd, kDropoutAddBackwardBytesPerElement);
+  add_sp_gather(out, x, op::tp_ag_mlp_bwd, Pass::backward);
+  add_gemm_backward(out, find_op(fwd, op::fc2), x.fused_wgrad);
+  add_grad_accum(out, x, op::fc2_grad_accum, params.fc2);
+  out.push_back(memory_bound(op::act_bwd, Pass::backward, act_bytes));
+  add_gemm_backward(out, find_op(fwd, op::fc1), x.fused_wgrad);
+  add_tp_reduce(out, x, x.sp ? op::tp_rs_mlp_bwd : op::tp_ar_mlp_bwd, Pass::backward);
+  add_grad_accum(out, x, op::fc1_grad_accum, params.fc1);
+  elementwise(op::norm_mlp_bwd, kNormBackwardBytesPerElement);
+  elementwise(op::residual_add_bwd, kResidualGradSumBytesPerElement);
+  elementwise(op::drop_add_attn_bwd, kDropoutAddBackwardBytesPerElement);
+  add_sp_gather(out, x, op::tp_ag_attn_bwd, Pass::backward);
+  add_gemm_backward(out, find_op(fwd, op::proj), x.fused_wgrad);
+  add_grad_accum(out, x, op::proj_grad_accum, params.proj);
   add_attention_backward(out, x, fwd);
-  add_gemm_backward(out, find_op(fwd, "qkv"), x.fused_wgrad);
-  add_tp_reduce(out, x, x.sp ? "tp_rs_attn_bwd" : "tp_ar_attn_bwd", Pass::backward);
+  add_gemm_backward(out, find_op(fwd, op::qkv), x.fused_wgrad);
+  add_tp_reduce(out, x, x.sp ? op::tp_rs_attn_bwd : op::tp_ar_attn_bwd, Pass::backward);
   // grad_output.sum(dim=0): one read of the QKV output's gradient. Megatron
   // runs it after the wgrad, under the async reduce; it is listed after the
   // reduce because the simulator's overlap window (sim/program.cpp) is
   // dgrad, wgrad, reduce. Pessimistic by at most this small kernel.
-  if (m.linear_bias) out.push_back(memory_bound("qkv_bias_grad", Pass::backward, qkv_elements(x) * kBf16));
-  add_grad_accum(out, x, "qkv_grad_accum", params.qkv);
-  elementwise("norm_in_bwd", kNormBackwardBytesPerElement);
-  elementwise("residual_add_bwd", kResidualGradSumBytesPerElement);
+  if (m.linear_bias) out.push_back(memory_bound(op::qkv_bias_grad, Pass::backward, qkv_elements(x) * kBf16));
+  add_grad_accum(out, x, op::qkv_grad_accum, params.qkv);
+  elementwise(op::norm_in_bwd, kNormBackwardBytesPerElement);
+  elementwise(op::residual_add_bwd, kResidualGradSumBytesPerElement);
 }
 
 }  // namespace
@@ -496,13 +441,13 @@ LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan) {
   const double mask_zero = x.t > 1 ? full * kBf16 * static_cast<double>(x.t - 1) / static_cast<double>(x.t) : 0.0;
   const double positions = m.learned_position_embeddings ? full * ((kBf16 + kBf16) + (kBf16 + kBf16 + kBf16)) : 0.0;
   const double lookup = full * (kBf16 + kBf16) + mask_zero + positions + full * (kBf16 + kBf16);
-  ops.forward.push_back(memory_bound("embed_lookup", Pass::forward, lookup));
-  add_tp_reduce(ops.forward, x, x.sp ? "tp_rs_embed" : "tp_ar_embed", Pass::forward);
+  ops.forward.push_back(memory_bound(op::embed_lookup, Pass::forward, lookup));
+  add_tp_reduce(ops.forward, x, x.sp ? op::tp_rs_embed : op::tp_ar_embed, Pass::forward);
   const double hid = hidden_elements(x);
-  ops.forward.push_back(memory_bound("embed_dropout", Pass::forward, hid * kDropoutBytesPerElement));
+  ops.forward.push_back(memory_bound(op::embed_dropout, Pass::forward, hid * kDropoutBytesPerElement));
 
-  ops.backward.push_back(memory_bound("embed_dropout_bwd", Pass::backward, hid * kDropoutBackwardBytesPerElement));
-  add_sp_gather(ops.backward, x, "tp_ag_embed_bwd", Pass::backward);
+  ops.backward.push_back(memory_bound(op::embed_dropout_bwd, Pass::backward, hid * kDropoutBackwardBytesPerElement));
+  add_sp_gather(ops.backward, x, op::tp_ag_embed_bwd, Pass::backward);
   // The lookups' backward, kernel by kernel: the transpose copy's backward
   // (read + write); for each table, torch's embedding_dense_backward zeroes
   // a bf16 gradient of the table's size and scatter-adds the [T, h]
@@ -519,7 +464,7 @@ LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan) {
   const double mask_backward = x.t > 1 ? full * (kBf16 + kBf16) + mask_zero : 0.0;
   const double tables = (word_params + position_params) * (kBf16 + kGradAccumBytesPerParam);
   const double grad = full * (kBf16 + kBf16) + scatter_add * (position_params > 0 ? 2.0 : 1.0) + mask_backward + tables;
-  ops.backward.push_back(memory_bound("embed_grad", Pass::backward, grad));
+  ops.backward.push_back(memory_bound(op::embed_grad, Pass::backward, grad));
   return ops;
 }
 
@@ -529,22 +474,22 @@ LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan) {
   LayerOps ops;
   const double hid = hidden_elements(x);
   const double logits = static_cast<double>(x.tokens) * static_cast<double>(vocab_shard);
-  ops.forward.push_back(memory_bound("norm_final", Pass::forward, hid * kNormBytesPerElement));
-  add_sp_gather(ops.forward, x, "tp_ag_head", Pass::forward);
-  const Op logit = gemm("logits", Pass::forward, x.tokens, vocab_shard, x.h);
+  ops.forward.push_back(memory_bound(op::norm_final, Pass::forward, hid * kNormBytesPerElement));
+  add_sp_gather(ops.forward, x, op::tp_ag_head, Pass::forward);
+  const Op logit = gemm(op::logits, Pass::forward, x.tokens, vocab_shard, x.h);
   ops.forward.push_back(logit);
-  ops.forward.push_back(memory_bound("xent", Pass::forward, logits * kCrossEntropyBytesPerElement));
+  ops.forward.push_back(memory_bound(op::xent, Pass::forward, logits * kCrossEntropyBytesPerElement));
   if (x.t > 1) {
     // Vocab-parallel cross-entropy: all-reduces of the per-token max, of the
     // sum of exponentials and of the target logit (fp32 per token).
     const double per_token = static_cast<double>(x.tokens) * kFp32;
-    ops.forward.push_back(collective("tp_ar_xent_max", Pass::forward, Collective::all_reduce, Group::tp, per_token));
-    ops.forward.push_back(collective("tp_ar_xent_sum", Pass::forward, Collective::all_reduce, Group::tp, per_token));
-    ops.forward.push_back(collective("tp_ar_xent_tgt", Pass::forward, Collective::all_reduce, Group::tp, per_token));
+    ops.forward.push_back(collective(op::tp_ar_xent_max, Pass::forward, Collective::all_reduce, Group::tp, per_token));
+    ops.forward.push_back(collective(op::tp_ar_xent_sum, Pass::forward, Collective::all_reduce, Group::tp, per_token));
+    ops.forward.push_back(collective(op::tp_ar_xent_tgt, Pass::forward, Collective::all_reduce, Group::tp, per_token));
   }
-  ops.backward.push_back(memory_bound("xent_bwd", Pass::backward, logits * kCrossEntropyBackwardBytesPerElement));
+  ops.backward.push_back(memory_bound(op::xent_bwd, Pass::backward, logits * kCrossEntropyBackwardBytesPerElement));
   add_gemm_backward(ops.backward, logit, x.fused_wgrad);
-  add_tp_reduce(ops.backward, x, x.sp ? "tp_rs_head_bwd" : "tp_ar_head_bwd", Pass::backward);
+  add_tp_reduce(ops.backward, x, x.sp ? op::tp_rs_head_bwd : op::tp_ar_head_bwd, Pass::backward);
   // The output layer's weight gradient into main_grad: DDP's hook (10 B per
   // parameter) on an untied head or on the last stage's copy of a tied one
   // (PP > 1). With PP 1 a tied table's two gradients are summed by autograd
@@ -555,8 +500,8 @@ LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan) {
   // column-parallel layers, so fusion covers it too.
   const double head_params = static_cast<double>(vocab_shard) * static_cast<double>(x.h);
   if (!x.fused_wgrad)
-    ops.backward.push_back(memory_bound("logits_grad_accum", Pass::backward, head_params * kGradAccumBytesPerParam));
-  ops.backward.push_back(memory_bound("norm_final_bwd", Pass::backward, hid * kNormBackwardBytesPerElement));
+    ops.backward.push_back(memory_bound(op::logits_grad_accum, Pass::backward, head_params * kGradAccumBytesPerParam));
+  ops.backward.push_back(memory_bound(op::norm_final_bwd, Pass::backward, hid * kNormBackwardBytesPerElement));
   return ops;
 }
 

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "cuboid/core/busbw_curve.hpp"
+#include "cuboid/core/collective_traits.hpp"
 #include "cuboid/core/calibration.hpp"
 
 namespace cuboid {
@@ -150,27 +151,8 @@ std::int64_t collective_time_ns(Collective c, double size_bytes, int group_size,
   if (link.calibrated != nullptr) return to_ns(collective_curve_ns(*link.calibrated, c, group_size, size_bytes) * 1e-9);
   if (link.busbw_Bps <= 0) return kUnreachableNs;
   const double n = group_size;
-  double volume = 0;  // bytes through the bus, in units of size_bytes
-  double steps = 0;   // latency terms
-  switch (c) {
-    case Collective::all_reduce:
-      volume = 2.0 * (n - 1.0) / n;
-      steps = 2.0 * (n - 1.0);
-      break;
-    case Collective::reduce_scatter:
-    case Collective::all_gather:
-      volume = (n - 1.0) / n;
-      steps = n - 1.0;
-      break;
-    case Collective::broadcast:
-      volume = 1.0;
-      steps = n - 1.0;
-      break;
-    case Collective::send_recv:
-      volume = 1.0;
-      steps = 1.0;
-      break;
-  }
+  const double volume = traits(c).ring_bytes(n);  // bytes through the bus, in units of size_bytes
+  double steps = traits(c).ring_steps(n);         // latency terms
   if (link.fitted) steps = 1.0;
   double seconds = volume * size_bytes / link.busbw_Bps + steps * link.latency_ns * 1e-9;
   if (link.curve != nullptr) {

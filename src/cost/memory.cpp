@@ -19,7 +19,7 @@ namespace cuboid {
 namespace {
 
 double layers_per_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
-  // Even or uneven split (first/last stage layers); validate_plan checks it.
+  // Even or uneven split (first/last stage layers); check_plan checks it.
   return layers_on_stage(plan, m.num_layers, stage);
 }
 

@@ -33,6 +33,7 @@
 #include <string>
 #include <utility>
 
+#include "cuboid/core/op_names.hpp"
 #include "cuboid/cost/cost.hpp"
 
 namespace cuboid {
@@ -56,11 +57,11 @@ std::array<StepKernel, 5> step_kernels(double stage_params, int dp, int zero_sta
   // the elements of its fp32 gradient buffer (whole up to ZeRO 1).
   const double shard = zero_stage >= 1 ? stage_params / groups : stage_params;
   const double buffer = zero_stage >= 2 ? shard : stage_params;
-  return {{{"grad_scale", buffer * (kFp32 + kFp32)},
-           {"grad_norm", shard * kFp32},
-           {"adam", shard * kAdamBytesPerParam},
-           {"param_copy", shard * (kFp32 + kBf16)},
-           {"grad_zero", buffer * kFp32}}};
+  return {{{op::grad_scale, buffer * (kFp32 + kFp32)},
+           {op::grad_norm, shard * kFp32},
+           {op::adam, shard * kAdamBytesPerParam},
+           {op::param_copy, shard * (kFp32 + kBf16)},
+           {op::grad_zero, buffer * kFp32}}};
 }
 
 }  // namespace

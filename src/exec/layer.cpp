@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "cuboid/core/op_names.hpp"
 #include "cuboid/exec/op_timer.hpp"
 
 namespace cuboid::exec {
@@ -163,7 +164,7 @@ void LayerRunner::norm_backward(const char* name, ConstDeviceSpan dy, ConstDevic
 void LayerRunner::attention_scores(const LayerActs& a, DeviceSpan probs, Pass pass) {
   const std::int64_t s = d_.seq, b = d_.micro_batch, dh = d_.head_dim, n = d_.qkv_cols(), q = d_.q_cols();
   const std::int64_t gq = d_.heads / d_.kv_heads, ss = s * s;
-  timer_.run(gemm_desc("attn_qk", pass, s, s, dh, b * d_.heads), [&] {
+  timer_.run(gemm_desc(op::attn_qk, pass, s, s, dh, b * d_.heads), [&] {
     for (std::int64_t bi = 0; bi < b; ++bi)
       for (std::int64_t u = 0; u < gq; ++u) {
         GemmShape g;
@@ -177,7 +178,7 @@ void LayerRunner::attention_scores(const LayerActs& a, DeviceSpan probs, Pass pa
       }
   });
   const double elements = static_cast<double>(b * d_.heads * ss);
-  timer_.run(mem_desc("attn_softmax", pass, 2.0 * elements * static_cast<double>(dtype_bytes(probs.dtype()))), [&] {
+  timer_.run(mem_desc(op::attn_softmax, pass, 2.0 * elements * static_cast<double>(dtype_bytes(probs.dtype()))), [&] {
     be_.causal_softmax_forward(probs, probs, b * d_.heads, s, 1.0f / std::sqrt(static_cast<float>(dh)));
   });
 }
@@ -190,13 +191,13 @@ void LayerRunner::forward(const LayerParams& w, ConstDeviceSpan x, LayerActs& a,
   const double local_elems = static_cast<double>(d_.local_tokens * h);
 
   // Attention block.
-  norm_forward("norm_in", pass, x, w.norm1_gamma, w.norm1_beta, a.norm1, a.norm1_mean, a.norm1_rstd);
-  const ConstDeviceSpan in1 = tp_gather("tp_ag_attn", pass, a.norm1, a.norm1_full);
-  timer_.run(gemm_desc("qkv", pass, T, n, h), [&] { be_.gemm(Trans::no, Trans::no, T, n, h, 1.0f, in1, w.w_qkv, 0.0f, a.qkv); });
+  norm_forward(op::norm_in, pass, x, w.norm1_gamma, w.norm1_beta, a.norm1, a.norm1_mean, a.norm1_rstd);
+  const ConstDeviceSpan in1 = tp_gather(op::tp_ag_attn, pass, a.norm1, a.norm1_full);
+  timer_.run(gemm_desc(op::qkv, pass, T, n, h), [&] { be_.gemm(Trans::no, Trans::no, T, n, h, 1.0f, in1, w.w_qkv, 0.0f, a.qkv); });
   DeviceSpan probs = mem == AttentionMemory::keep_probs ? DeviceSpan(a.probs) : DeviceSpan(probs_tmp_);
   attention_scores(a, probs, pass);
   const std::int64_t ss = s * s;
-  timer_.run(gemm_desc("attn_av", pass, s, dh, s, b * d_.heads), [&] {
+  timer_.run(gemm_desc(op::attn_av, pass, s, dh, s, b * d_.heads), [&] {
     for (std::int64_t bi = 0; bi < b; ++bi)
       for (std::int64_t u = 0; u < gq; ++u) {
         GemmShape g;
@@ -208,26 +209,26 @@ void LayerRunner::forward(const LayerParams& w, ConstDeviceSpan x, LayerActs& a,
                  from(DeviceSpan(a.ctx), bi * q + u * dh));
       }
   });
-  timer_.run(gemm_desc("proj", pass, T, h, q), [&] { be_.gemm(Trans::no, Trans::no, T, h, q, 1.0f, a.ctx, w.w_proj, 0.0f, full_a_); });
-  const DeviceSpan attn_out = tp_reduce(d_.sequence_parallel ? "tp_rs_attn" : "tp_ar_attn", pass, full_a_, local_a_);
-  timer_.run(mem_desc("drop_add_attn", pass, 3.0 * local_elems * esz),
+  timer_.run(gemm_desc(op::proj, pass, T, h, q), [&] { be_.gemm(Trans::no, Trans::no, T, h, q, 1.0f, a.ctx, w.w_proj, 0.0f, full_a_); });
+  const DeviceSpan attn_out = tp_reduce(d_.sequence_parallel ? op::tp_rs_attn : op::tp_ar_attn, pass, full_a_, local_a_);
+  timer_.run(mem_desc(op::drop_add_attn, pass, 3.0 * local_elems * esz),
              [&] { be_.dropout_residual_forward(attn_out, x, a.mid, d_.dropout, mix64(seed + 11)); });
 
   // MLP block.
-  norm_forward("norm_mlp", pass, a.mid, w.norm2_gamma, w.norm2_beta, a.norm2, a.norm2_mean, a.norm2_rstd);
-  const ConstDeviceSpan in2 = tp_gather("tp_ag_mlp", pass, a.norm2, a.norm2_full);
-  timer_.run(gemm_desc("fc1", pass, T, d_.fc1_cols(), h),
+  norm_forward(op::norm_mlp, pass, a.mid, w.norm2_gamma, w.norm2_beta, a.norm2, a.norm2_mean, a.norm2_rstd);
+  const ConstDeviceSpan in2 = tp_gather(op::tp_ag_mlp, pass, a.norm2, a.norm2_full);
+  timer_.run(gemm_desc(op::fc1, pass, T, d_.fc1_cols(), h),
              [&] { be_.gemm(Trans::no, Trans::no, T, d_.fc1_cols(), h, 1.0f, in2, w.w_fc1, 0.0f, a.fc1); });
-  timer_.run(mem_desc("act", pass, static_cast<double>(T * d_.ffn) * (d_.gated ? 3.0 : 2.0) * esz), [&] {
+  timer_.run(mem_desc(op::act, pass, static_cast<double>(T * d_.ffn) * (d_.gated ? 3.0 : 2.0) * esz), [&] {
     if (d_.gated)
       be_.swiglu_forward(a.fc1, a.act, T, d_.ffn);
     else
       be_.gelu_forward(a.fc1, a.act);
   });
-  timer_.run(gemm_desc("fc2", pass, T, h, d_.ffn),
+  timer_.run(gemm_desc(op::fc2, pass, T, h, d_.ffn),
              [&] { be_.gemm(Trans::no, Trans::no, T, h, d_.ffn, 1.0f, a.act, w.w_fc2, 0.0f, full_a_); });
-  const DeviceSpan mlp_out = tp_reduce(d_.sequence_parallel ? "tp_rs_mlp" : "tp_ar_mlp", pass, full_a_, local_a_);
-  timer_.run(mem_desc("drop_add_mlp", pass, 3.0 * local_elems * esz),
+  const DeviceSpan mlp_out = tp_reduce(d_.sequence_parallel ? op::tp_rs_mlp : op::tp_ar_mlp, pass, full_a_, local_a_);
+  timer_.run(mem_desc(op::drop_add_mlp, pass, 3.0 * local_elems * esz),
              [&] { be_.dropout_residual_forward(mlp_out, a.mid, y, d_.dropout, mix64(seed + 12)); });
 }
 
@@ -241,43 +242,43 @@ void LayerRunner::backward(const LayerParams& w, const LayerParams& g, ConstDevi
   const double local_elems = static_cast<double>(d_.local_tokens * h);
 
   // MLP block: y = mid + dropout(reduce(act(norm2(mid) W1) W2)).
-  timer_.run(mem_desc("drop_add_mlp_bwd", bw, 2.0 * local_elems * esz),
+  timer_.run(mem_desc(op::drop_add_mlp_bwd, bw, 2.0 * local_elems * esz),
              [&] { be_.dropout_backward(dy, local_b_, d_.dropout, mix64(seed + 12)); });
-  const ConstDeviceSpan d_fc2 = tp_gather("tp_ag_mlp_bwd", bw, local_b_, full_b_);
-  timer_.run(gemm_desc("fc2_dgrad", bw, T, d_.ffn, h),
+  const ConstDeviceSpan d_fc2 = tp_gather(op::tp_ag_mlp_bwd, bw, local_b_, full_b_);
+  timer_.run(gemm_desc(op::fc2_dgrad, bw, T, d_.ffn, h),
              [&] { be_.gemm(Trans::no, Trans::yes, T, d_.ffn, h, 1.0f, d_fc2, w.w_fc2, 0.0f, dact_); });
-  timer_.run(gemm_desc("fc2_wgrad", bw, d_.ffn, h, T),
+  timer_.run(gemm_desc(op::fc2_wgrad, bw, d_.ffn, h, T),
              [&] { be_.gemm(Trans::yes, Trans::no, d_.ffn, h, T, 1.0f, a.act, d_fc2, 1.0f, g.w_fc2); });
-  timer_.run(mem_desc("act_bwd", bw, static_cast<double>(T * d_.ffn) * (d_.gated ? 5.0 : 3.0) * esz), [&] {
+  timer_.run(mem_desc(op::act_bwd, bw, static_cast<double>(T * d_.ffn) * (d_.gated ? 5.0 : 3.0) * esz), [&] {
     if (d_.gated)
       be_.swiglu_backward(dact_, a.fc1, dfc1_, T, d_.ffn);
     else
       be_.gelu_backward(dact_, a.fc1, dfc1_);
   });
   const ConstDeviceSpan in2 = d_.sequence_parallel ? ConstDeviceSpan(a.norm2_full) : ConstDeviceSpan(a.norm2);
-  timer_.run(gemm_desc("fc1_dgrad", bw, T, h, d_.fc1_cols()),
+  timer_.run(gemm_desc(op::fc1_dgrad, bw, T, h, d_.fc1_cols()),
              [&] { be_.gemm(Trans::no, Trans::yes, T, h, d_.fc1_cols(), 1.0f, dfc1_, w.w_fc1, 0.0f, full_a_); });
-  timer_.run(gemm_desc("fc1_wgrad", bw, h, d_.fc1_cols(), T),
+  timer_.run(gemm_desc(op::fc1_wgrad, bw, h, d_.fc1_cols(), T),
              [&] { be_.gemm(Trans::yes, Trans::no, h, d_.fc1_cols(), T, 1.0f, in2, dfc1_, 1.0f, g.w_fc1); });
-  const DeviceSpan d_norm2 = tp_reduce(d_.sequence_parallel ? "tp_rs_mlp_bwd" : "tp_ar_mlp_bwd", bw, full_a_, local_a_);
-  norm_backward("norm_mlp_bwd", d_norm2, a.mid, w.norm2_gamma, a.norm2_mean, a.norm2_rstd, local_b_, g.norm2_gamma,
+  const DeviceSpan d_norm2 = tp_reduce(d_.sequence_parallel ? op::tp_rs_mlp_bwd : op::tp_ar_mlp_bwd, bw, full_a_, local_a_);
+  norm_backward(op::norm_mlp_bwd, d_norm2, a.mid, w.norm2_gamma, a.norm2_mean, a.norm2_rstd, local_b_, g.norm2_gamma,
                 g.norm2_beta);
-  timer_.run(mem_desc("residual_add_bwd", bw, 3.0 * local_elems * esz), [&] { be_.add(local_b_, dy); });
+  timer_.run(mem_desc(op::residual_add_bwd, bw, 3.0 * local_elems * esz), [&] { be_.add(local_b_, dy); });
   // local_b_ now holds d mid.
 
   // Attention block: mid = x + dropout(reduce(attn(norm1(x)) Wproj)).
-  timer_.run(mem_desc("drop_add_attn_bwd", bw, 2.0 * local_elems * esz),
+  timer_.run(mem_desc(op::drop_add_attn_bwd, bw, 2.0 * local_elems * esz),
              [&] { be_.dropout_backward(local_b_, local_a_, d_.dropout, mix64(seed + 11)); });
-  const ConstDeviceSpan d_proj = tp_gather("tp_ag_attn_bwd", bw, local_a_, full_b_);
-  timer_.run(gemm_desc("proj_dgrad", bw, T, q, h),
+  const ConstDeviceSpan d_proj = tp_gather(op::tp_ag_attn_bwd, bw, local_a_, full_b_);
+  timer_.run(gemm_desc(op::proj_dgrad, bw, T, q, h),
              [&] { be_.gemm(Trans::no, Trans::yes, T, q, h, 1.0f, d_proj, w.w_proj, 0.0f, dctx_); });
-  timer_.run(gemm_desc("proj_wgrad", bw, q, h, T),
+  timer_.run(gemm_desc(op::proj_wgrad, bw, q, h, T),
              [&] { be_.gemm(Trans::yes, Trans::no, q, h, T, 1.0f, a.ctx, d_proj, 1.0f, g.w_proj); });
 
   DeviceSpan probs = a.probs.empty() || mem == AttentionMemory::recompute_probs ? DeviceSpan(probs_tmp_) : DeviceSpan(a.probs);
   if (mem == AttentionMemory::recompute_probs) attention_scores(a, probs, bw);
-  timer_.run(mem_desc("dqkv_zero", bw, static_cast<double>(dqkv_.bytes())), [&] { be_.fill(dqkv_, 0.0f); });
-  timer_.run(gemm_desc("attn_av_dgrad", bw, s, s, dh, b * d_.heads), [&] {
+  timer_.run(mem_desc(op::dqkv_zero, bw, static_cast<double>(dqkv_.bytes())), [&] { be_.fill(dqkv_, 0.0f); });
+  timer_.run(gemm_desc(op::attn_av_dgrad, bw, s, s, dh, b * d_.heads), [&] {
     for (std::int64_t bi = 0; bi < b; ++bi)
       for (std::int64_t u = 0; u < gq; ++u) {
         GemmShape g1;  // dP = dctx V^T
@@ -290,7 +291,7 @@ void LayerRunner::backward(const LayerParams& w, const LayerParams& g, ConstDevi
                  from(DeviceSpan(dprobs_), (bi * d_.heads + u) * ss));
       }
   });
-  timer_.run(gemm_desc("attn_av_wgrad", bw, s, dh, s, b * d_.heads), [&] {
+  timer_.run(gemm_desc(op::attn_av_wgrad, bw, s, dh, s, b * d_.heads), [&] {
     for (std::int64_t bi = 0; bi < b; ++bi)
       for (std::int64_t u = 0; u < gq; ++u) {
         GemmShape g2;  // dV += P^T dctx
@@ -303,10 +304,10 @@ void LayerRunner::backward(const LayerParams& w, const LayerParams& g, ConstDevi
                  1.0f, from(DeviceSpan(dqkv_), bi * n + q + kv));
       }
   });
-  timer_.run(mem_desc("attn_softmax_bwd", bw, 3.0 * static_cast<double>(b * d_.heads * ss) * esz), [&] {
+  timer_.run(mem_desc(op::attn_softmax_bwd, bw, 3.0 * static_cast<double>(b * d_.heads * ss) * esz), [&] {
     be_.causal_softmax_backward(dprobs_, probs, dprobs_, b * d_.heads, s, 1.0f / std::sqrt(static_cast<float>(dh)));
   });
-  timer_.run(gemm_desc("attn_qk_dgrad", bw, s, dh, s, b * d_.heads), [&] {
+  timer_.run(gemm_desc(op::attn_qk_dgrad, bw, s, dh, s, b * d_.heads), [&] {
     for (std::int64_t bi = 0; bi < b; ++bi)
       for (std::int64_t u = 0; u < gq; ++u) {
         GemmShape g3;  // dQ = dS K
@@ -318,7 +319,7 @@ void LayerRunner::backward(const LayerParams& w, const LayerParams& g, ConstDevi
                  from(DeviceSpan(dqkv_), bi * n + u * dh));
       }
   });
-  timer_.run(gemm_desc("attn_qk_wgrad", bw, s, dh, s, b * d_.heads), [&] {
+  timer_.run(gemm_desc(op::attn_qk_wgrad, bw, s, dh, s, b * d_.heads), [&] {
     for (std::int64_t bi = 0; bi < b; ++bi)
       for (std::int64_t u = 0; u < gq; ++u) {
         GemmShape g4;  // dK += dS^T Q
@@ -332,14 +333,14 @@ void LayerRunner::backward(const LayerParams& w, const LayerParams& g, ConstDevi
       }
   });
   const ConstDeviceSpan in1 = d_.sequence_parallel ? ConstDeviceSpan(a.norm1_full) : ConstDeviceSpan(a.norm1);
-  timer_.run(gemm_desc("qkv_dgrad", bw, T, h, n),
+  timer_.run(gemm_desc(op::qkv_dgrad, bw, T, h, n),
              [&] { be_.gemm(Trans::no, Trans::yes, T, h, n, 1.0f, dqkv_, w.w_qkv, 0.0f, full_a_); });
-  timer_.run(gemm_desc("qkv_wgrad", bw, h, n, T),
+  timer_.run(gemm_desc(op::qkv_wgrad, bw, h, n, T),
              [&] { be_.gemm(Trans::yes, Trans::no, h, n, T, 1.0f, in1, dqkv_, 1.0f, g.w_qkv); });
-  const DeviceSpan d_norm1 = tp_reduce(d_.sequence_parallel ? "tp_rs_attn_bwd" : "tp_ar_attn_bwd", bw, full_a_, local_a_);
-  norm_backward("norm_in_bwd", d_norm1, x, w.norm1_gamma, a.norm1_mean, a.norm1_rstd, dx, g.norm1_gamma,
+  const DeviceSpan d_norm1 = tp_reduce(d_.sequence_parallel ? op::tp_rs_attn_bwd : op::tp_ar_attn_bwd, bw, full_a_, local_a_);
+  norm_backward(op::norm_in_bwd, d_norm1, x, w.norm1_gamma, a.norm1_mean, a.norm1_rstd, dx, g.norm1_gamma,
                 g.norm1_beta);
-  timer_.run(mem_desc("residual_add_bwd", bw, 3.0 * local_elems * esz), [&] { be_.add(dx, local_b_); });
+  timer_.run(mem_desc(op::residual_add_bwd, bw, 3.0 * local_elems * esz), [&] { be_.add(dx, local_b_); });
 }
 
 void LayerRunner::recompute_backward(const LayerParams& w, const LayerParams& g, ConstDeviceSpan x,

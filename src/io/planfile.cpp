@@ -87,26 +87,25 @@ nlohmann::json prediction_to_json(const Estimate& e) {
   };
 }
 
-// validate_plan names command-line flags; in a plan file the same problems
-// live under "parallel.*".
-std::string plan_field_for_flag(const std::string& flag) {
-  static const std::map<std::string, std::string, std::less<>> kFields = {
-      {"--tp", "parallel.tp"},
-      {"--pp", "parallel.pp"},
-      {"--dp", "parallel.dp"},
-      {"--cp", "parallel.cp"},
-      {"--micro-batch", "parallel.micro_batch"},
-      {"--global-batch", "parallel.global_batch"},
-      {"--seq-length", "parallel.seq_length"},
-      {"--vpp", "parallel.virtual_stages"},
-      {"--zero", "parallel.zero_stage"},
-      {"--schedule", "parallel.schedule"},
-      {"--sequence-parallel", "parallel.sequence_parallel"},
-      {"--recompute", "parallel.recompute"},
-      {"--tp/--pp/--dp", "parallel.world_size"},
-  };
-  auto it = kFields.find(flag);
-  return it != kFields.end() ? it->second : "parallel";
+// The JSON key of a plan setting ("parallel" where the file has no key of its own).
+std::string plan_key(PlanField field) {
+  switch (field) {
+    case PlanField::tp: return "parallel.tp";
+    case PlanField::pp: return "parallel.pp";
+    case PlanField::dp: return "parallel.dp";
+    case PlanField::cp: return "parallel.cp";
+    case PlanField::micro_batch: return "parallel.micro_batch";
+    case PlanField::global_batch: return "parallel.global_batch";
+    case PlanField::seq_length: return "parallel.seq_length";
+    case PlanField::virtual_stages: return "parallel.virtual_stages";
+    case PlanField::zero_stage: return "parallel.zero_stage";
+    case PlanField::schedule: return "parallel.schedule";
+    case PlanField::sequence_parallel: return "parallel.sequence_parallel";
+    case PlanField::world_size: return "parallel.world_size";
+    case PlanField::flash_attention:
+    case PlanField::uneven_stages: return "parallel";
+  }
+  return "parallel";
 }
 
 // A sub-reader whose errors name the field under `prefix`.
@@ -273,11 +272,8 @@ PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source)
   shape.source_file = pf.cluster_source_file;
   shape.nodes = pf.nodes;
   shape.gpus_per_node = pf.gpus_per_node;
-  try {
-    validate_plan(pf.plan, pf.model, shape, source);
-  } catch (const InputError& e) {
-    throw InputError(e.source(), plan_field_for_flag(e.field()), e.problem(), kRegenerate);
-  }
+  if (auto problem = check_plan(pf.plan, pf.model, shape))
+    throw InputError(source, plan_key(problem->field), problem->problem, kRegenerate);
 
   check_rank_mapping(r.raw("rank_mapping"), pf.plan, pf.gpus_per_node, source);
   pf.prediction = r.raw("prediction");

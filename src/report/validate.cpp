@@ -12,6 +12,7 @@
 #include "cuboid/core/calibration.hpp"
 #include "cuboid/cost/cost.hpp"
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/op_names.hpp"
 #include "cuboid/cost/memory.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
 #include "cuboid/sim/simulator.hpp"
@@ -22,9 +23,9 @@ namespace cuboid {
 
 const std::vector<NamedReason>& executor_only_ops() {
   static const std::vector<NamedReason> ops = {
-      {"dqkv_zero", "clears the QKV gradient buffer before the attention backward accumulates into it"},
-      {"pp_send_wait", "waits for the step's outstanding non-blocking pipeline sends (counted as pp_comm + bubble)"},
-      {"param_copy", "writes the updated master weights back (counted as optimizer; the simulator prices Megatron's "
+      {op::dqkv_zero, "clears the QKV gradient buffer before the attention backward accumulates into it"},
+      {op::pp_send_wait, "waits for the step's outstanding non-blocking pipeline sends (counted as pp_comm + bubble)"},
+      {op::param_copy, "writes the updated master weights back (counted as optimizer; the simulator prices Megatron's "
                      "fp32 -> bf16 copy, which an f32 run without ZeRO skips: its master weights are the weights)"},
   };
   return ops;
@@ -32,21 +33,21 @@ const std::vector<NamedReason>& executor_only_ops() {
 
 const std::vector<NamedReason>& simulator_only_ops() {
   static const std::vector<NamedReason> ops = {
-      {"embed_dropout", "the executor applies no dropout after the embedding"},
-      {"embed_dropout_bwd", "the executor applies no dropout after the embedding"},
-      {"xent_bwd", "the executor's cross-entropy writes the logits' gradient in its forward kernel (xent)"},
-      {"attn_ctx_copy", "the executor's per-head GEMMs write the context in [tokens, heads x head_dim] order (no permute copy)"},
-      {"attn_qkv_grad_cat", "the executor's per-head GEMMs write the Q, K, V gradients into one buffer (no concatenation)"},
-      {"qkv_bias", "the executor runs no linear biases"},
-      {"qkv_bias_grad", "the executor runs no linear biases"},
-      {"grad_norm", "the executor clips no gradients (Megatron reads them once for the global norm)"},
-      {"qkv_grad_accum", "the executor's wgrad GEMMs accumulate into the gradient buffer (beta = 1); Megatron 2022 adds "
+      {op::embed_dropout, "the executor applies no dropout after the embedding"},
+      {op::embed_dropout_bwd, "the executor applies no dropout after the embedding"},
+      {op::xent_bwd, "the executor's cross-entropy writes the logits' gradient in its forward kernel (xent)"},
+      {op::attn_ctx_copy, "the executor's per-head GEMMs write the context in [tokens, heads x head_dim] order (no permute copy)"},
+      {op::attn_qkv_grad_cat, "the executor's per-head GEMMs write the Q, K, V gradients into one buffer (no concatenation)"},
+      {op::qkv_bias, "the executor runs no linear biases"},
+      {op::qkv_bias_grad, "the executor runs no linear biases"},
+      {op::grad_norm, "the executor clips no gradients (Megatron reads them once for the global norm)"},
+      {op::qkv_grad_accum, "the executor's wgrad GEMMs accumulate into the gradient buffer (beta = 1); Megatron 2022 adds "
                          "each bf16 weight gradient into its fp32 main_grad in a DDP hook"},
-      {"proj_grad_accum", "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
-      {"fc1_grad_accum", "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
-      {"fc2_grad_accum", "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
-      {"logits_grad_accum", "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
-      {"attn_qk_scale_bwd", "the executor applies 1 / sqrt(head_dim) inside its softmax, not as torch.baddbmm's alpha"},
+      {op::proj_grad_accum, "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
+      {op::fc1_grad_accum, "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
+      {op::fc2_grad_accum, "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
+      {op::logits_grad_accum, "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
+      {op::attn_qk_scale_bwd, "the executor applies 1 / sqrt(head_dim) inside its softmax, not as torch.baddbmm's alpha"},
   };
   return ops;
 }
@@ -60,7 +61,7 @@ bool listed(const std::vector<NamedReason>& list, const std::string& name) {
 // The executor's optimizer-step kernels, which the simulator prices as the
 // optimizer step (optimizer_step.hpp).
 bool is_optimizer_op(const std::string& name) {
-  return name == "grad_scale" || name == "adam" || name == "param_copy" || name == "grad_zero";
+  return name == op::grad_scale || name == op::adam || name == op::param_copy || name == op::grad_zero;
 }
 
 const std::string kRerun = "validate the measurements of a run of this very plan file "
@@ -93,19 +94,19 @@ std::set<std::string> priced_ops(const ModelSpec& model, const ParallelPlan& pla
   for (const auto& [name, op] : stage_workload(model, plan, stage)) names.insert(name);
   const bool wrap = virtual_stages(plan) > 1;
   if (plan.pp > 1) {
-    if (stage > 0 || wrap) names.insert({"pp_recv_fwd", "pp_send_bwd"});
-    if (stage < plan.pp - 1 || wrap) names.insert({"pp_send_fwd", "pp_recv_bwd"});
+    if (stage > 0 || wrap) names.insert({op::pp_recv_fwd, op::pp_send_bwd});
+    if (stage < plan.pp - 1 || wrap) names.insert({op::pp_send_fwd, op::pp_recv_bwd});
   }
   if (plan.dp > 1) {
     if (plan.zero_stage == 0)
-      names.insert("dp_ar_grads");
+      names.insert(op::dp_ar_grads);
     else
-      names.insert({"dp_rs_grads", "dp_ag_params"});
+      names.insert({op::dp_rs_grads, op::dp_ag_params});
   }
   // The optimizer step's kernels the executor always runs too
   // (optimizer_step.hpp; not grad_norm, a simulator-only op, nor param_copy,
   // which an f32 run without ZeRO skips).
-  names.insert({"grad_scale", "adam", "grad_zero"});
+  names.insert({op::grad_scale, op::adam, op::grad_zero});
   return names;
 }
 
@@ -204,7 +205,7 @@ void check_ops(const PlanFile& pf, const Measurements& m) {
                          fmt::format("op \"{}\", which the simulator prices on pipeline stage {}, was not timed on "
                                      "rank {}: the run did other work than the plan describes",
                                      name, stage, r.rank),
-                         name.rfind("attn_flash", 0) == 0
+                         name.rfind(op::attn_flash, 0) == 0
                              ? "this backend runs the unfused attention core: make the plan with --flash-attention off"
                              : kRerun);
     }
@@ -213,7 +214,7 @@ void check_ops(const PlanFile& pf, const Measurements& m) {
         throw InputError(m.source, fmt::format("ranks[{}].ops", r.rank),
                          fmt::format("op \"{}\" timed on rank {} is not an op the simulator prices on pipeline stage {}",
                                      op.name, r.rank, stage),
-                         op.name.rfind("attn_qk", 0) == 0 && pf.plan.flash_attention
+                         op.name.rfind(op::attn_qk, 0) == 0 && pf.plan.flash_attention
                              ? "the run used the unfused attention core: make the plan with --flash-attention off"
                              : kRerun);
     }

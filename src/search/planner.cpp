@@ -13,6 +13,61 @@
 
 namespace cuboid {
 
+std::string_view flag_of(PlanField field) {
+  switch (field) {
+    case PlanField::tp: return "--tp";
+    case PlanField::pp: return "--pp";
+    case PlanField::dp: return "--dp";
+    case PlanField::cp: return "--cp";
+    case PlanField::micro_batch: return "--micro-batch";
+    case PlanField::global_batch: return "--global-batch";
+    case PlanField::seq_length: return "--seq-length";
+    case PlanField::virtual_stages: return "--vpp";
+    case PlanField::zero_stage: return "--zero";
+    case PlanField::schedule: return "--schedule";
+    case PlanField::sequence_parallel: return "--sequence-parallel";
+    case PlanField::flash_attention: return "--flash-attention";
+    case PlanField::uneven_stages: return "--uneven-stages";
+    case PlanField::world_size: return "--tp/--pp/--dp";
+  }
+  return "--tp/--pp/--dp";
+}
+
+std::string flag_fix(const PlanProblem& p) {
+  // check_plan's fixes that name a setting with a flag: the fix starting with
+  // `plain` (for `field`) starts with `flags` instead; the rest is kept.
+  struct Wording {
+    PlanField field;
+    std::string_view plain;
+    std::string_view flags;
+  };
+  static constexpr Wording kWordings[] = {
+      {PlanField::flash_attention, "turn flash attention off", "use --flash-attention off"},
+      {PlanField::seq_length, "use a sequence length", "use --seq-length"},
+      {PlanField::uneven_stages, "use PP >= 2 or an even split", "use --pp >= 2 or an even split"},
+      {PlanField::uneven_stages, "drop the virtual stages or use an even split", "drop --vpp or use an even split"},
+      {PlanField::pp, "choose PP x virtual stages that divides the number of layers, or split the stages unevenly",
+       "choose PP x virtual stages that divides the number of layers, or add --uneven-stages"},
+      {PlanField::schedule, "use 2 or more virtual stages, or the 1F1B schedule",
+       "add --vpp 2 (or more), or use --schedule 1f1b"},
+      {PlanField::virtual_stages, "use the interleaved schedule, or drop the virtual stages",
+       "add --schedule interleaved, or drop --vpp"},
+      {PlanField::virtual_stages, "drop the virtual stages or use PP >= 2", "drop --vpp or use --pp >= 2"},
+      {PlanField::sequence_parallel, "turn sequence parallelism off with TP 1", "use --sequence-parallel off with TP 1"},
+      {PlanField::world_size, "use fewer GPUs or more nodes", "use fewer GPUs or more nodes (--nodes N)"},
+      {PlanField::world_size, "make TP x PP x DP equal the GPU count, or use a cluster with exactly that many GPUs",
+       "make TP x PP x DP equal the GPU count, or set --nodes so the cluster has exactly that many GPUs"},
+  };
+  for (const Wording& w : kWordings)
+    if (w.field == p.field && std::string_view(p.fix).substr(0, w.plain.size()) == w.plain)
+      return std::string(w.flags) + p.fix.substr(w.plain.size());
+  return p.fix;
+}
+
+void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster, const std::string& source) {
+  if (auto p = check_plan(plan, model, cluster)) throw InputError(source, std::string(flag_of(p->field)), p->problem, flag_fix(*p));
+}
+
 namespace {
 
 std::vector<int> divisors(std::int64_t n) {
@@ -38,13 +93,12 @@ std::vector<T> fixed_or(const std::optional<T>& fixed, std::vector<T> all) {
 void prefer_default_order_in_near_ties(std::vector<Estimate>& rows, std::size_t top) {
   constexpr double kNearTie = 1e-3;  // 0.1 % of the iteration time
   const RankOrder def{};
+  // The candidates of one search share batch, sequence length, cp, flash
+  // attention and fusion, so whole plans differ only in the searched fields.
   auto same_but_order = [](const ParallelPlan& a, const ParallelPlan& b) {
     ParallelPlan x = a;
     x.order = b.order;
-    return x.tp == b.tp && x.pp == b.pp && x.dp == b.dp && x.micro_batch == b.micro_batch &&
-           x.virtual_stages == b.virtual_stages && x.zero_stage == b.zero_stage && x.recompute == b.recompute &&
-           x.sequence_parallel == b.sequence_parallel && x.schedule == b.schedule &&
-           x.first_stage_layers == b.first_stage_layers && x.last_stage_layers == b.last_stage_layers;
+    return x == b;
   };
   const std::size_t n = std::min(top, rows.size());
   for (std::size_t i = 0; i < n; ++i) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cuboid/core/busbw_curve.hpp"
+#include "cuboid/core/collective_traits.hpp"
 #include "cuboid/core/calibration.hpp"
 
 namespace cuboid::sim {
@@ -183,22 +184,10 @@ double representative_rate_Bps(Network& net, const CommGroup& g, const std::vect
   return rate_Bps;
 }
 
-// Ring volume (bus bytes per size) and steps of each collective.
-std::pair<double, double> ring_volume_steps(Collective op, int n) {
-  const double d = n;
-  switch (op) {
-    case Collective::all_reduce: return {2.0 * (d - 1.0) / d, 2.0 * (d - 1.0)};
-    case Collective::reduce_scatter:
-    case Collective::all_gather: return {(d - 1.0) / d, d - 1.0};
-    case Collective::broadcast: return {1.0, d - 1.0};
-    case Collective::send_recv: return {1.0, 1.0};
-  }
-  return {0.0, 0.0};
-}
-
 void plan_ring(Network& net, Collective op, const CommGroup& g, const NodeLayout& lay, CollectivePlan& plan) {
   const int n = static_cast<int>(g.ranks.size());
-  auto [volume, steps] = ring_volume_steps(op, n);
+  double volume = ring_bytes(op, n);
+  const double steps = ring_steps(op, n);
   std::vector<IdxEdge> edges;
   if (op == Collective::send_recv) {
     edges.push_back({0, 1, 1.0});
@@ -276,11 +265,16 @@ void plan_hierarchical(Network& net, const CommGroup& g, const NodeLayout& lay, 
                        at(lay.members[static_cast<std::size_t>((j + 1) % nodes)], r), 1.0});
     }
   }
+  // Reduce-scatter inside the node, an all-reduce of 1/k of the data across
+  // nodes on each rail, all-gather inside the node.
   const double dk = k;
   const double dm = nodes;
-  plan.phases.push_back(make_phase(net, g, intra, (dk - 1.0) / dk, dk - 1.0));
-  plan.phases.push_back(make_phase(net, g, inter, 2.0 * (dm - 1.0) / dm / dk, 2.0 * (dm - 1.0)));
-  plan.phases.push_back(make_phase(net, g, intra, (dk - 1.0) / dk, dk - 1.0));
+  const CollectiveTraits& rs = traits(Collective::reduce_scatter);
+  const CollectiveTraits& ar = traits(Collective::all_reduce);
+  const CollectiveTraits& ag = traits(Collective::all_gather);
+  plan.phases.push_back(make_phase(net, g, intra, rs.ring_bytes(dk), rs.ring_steps(dk)));
+  plan.phases.push_back(make_phase(net, g, inter, ar.ring_bytes(dm) / dk, ar.ring_steps(dm)));
+  plan.phases.push_back(make_phase(net, g, intra, ag.ring_bytes(dk), ag.ring_steps(dk)));
 }
 
 // The calibrated fit of this collective over this group (tier: one node or
@@ -394,7 +388,8 @@ Algorithm choose_algorithm(Network& net, Collective op, const CommGroup& group, 
   const double B = lay.max_per_node * std::max(1e-9, c.inter.nic_busbw_GBps) * 1e9;
   const double alpha = c.inter.latency_ns * 1e-9;
   const double n = static_cast<double>(group.ranks.size());
-  const double ring = 2.0 * (n - 1.0) / n * size_bytes / B + 2.0 * (n - 1.0) * alpha;
+  const CollectiveTraits& ar = traits(Collective::all_reduce);
+  const double ring = ar.ring_bytes(n) * size_bytes / B + ar.ring_steps(n) * alpha;
   const double tree = 2.0 * size_bytes / B +
                       2.0 * (tree_depth(static_cast<int>(lay.members.size())) + lay.max_per_node - 1) * alpha;
   return tree < ring ? Algorithm::tree : Algorithm::ring;

@@ -3,34 +3,21 @@
 #error "cuboid/core is not below this layer in the build (docs/architecture.md)"
 #endif
 // Size-dependent bus bandwidth of a fabric tier: an nccl-tests all_reduce_perf
-// curve (message size -> busbw, out-of-place) read from a published run and
-// stored with its source in the cluster card (intra_node.allreduce_busbw_curve).
+// curve (size -> busbw, out-of-place) from a published run, stored with its
+// source in the cluster card (intra_node.allreduce_busbw_curve). The tier's
+// constant busbw is what multi-GB messages reach; a step's 25-100 MB TP
+// collectives see less. Derivations: docs/internals/cost.md.
 //
-// Why: a tier's busbw constant is what multi-GB messages reach; the 25-100 MB
-// TP all-reduces of a training step see less (protocol pipeline start-up and
-// per-step latency are not yet amortised), and nccl-tests measures exactly that.
-//
-// How a curve prices a collective of S bytes (nccl-tests "size") over n GPUs:
-// * The curve was measured on `ranks` GPUs. A ring all-reduce of S over n GPUs
-//   moves 2(n-1) steps of S/n bytes per GPU; the curve's all-reduce with the
-//   same per-step chunk has size S_eq = S x ranks / n, so its busbw at S_eq is
-//   the one used (identity for a full-node group, n = ranks).
-// * Reduce-scatter and all-gather of S are the two halves of a ring all-reduce
-//   of S (n-1 steps of S/n each), so they reach the all-reduce's busbw at the
-//   same S_eq: the all-reduce curve prices them too. That holds where the
-//   measured all-reduce is a ring (A100); an NVLink SHARP (NVLS) all-reduce
-//   curve (H100, H200) is not the ring's and would misprice them, so no such
-//   curve is shipped. Broadcast and send_recv have other pipelines and no
-//   sourced curve: they keep the tier's constant.
-// * Between points busbw follows a power law in size (the measured times are
-//   interpolated in log(size)-log(time) by calibration.hpp's
-//   interpolate_samples, the same code that prices a calibrated card's samples);
-//   below the first point busbw stays at the first point's, above the last at
-//   the last point's.
-// * curve time = bus factor x S / busbw(S_eq). A measured time already holds
-//   the latency, so no alpha is added to it; the caller takes the larger of it
-//   and the alpha-beta time at the tier's constant busbw (a curve never promises
-//   more than the tier, and tiny messages keep their per-step latency).
+// A collective of S bytes over n GPUs:
+// * busbw is read at S_eq = S x ranks / n (the measured all-reduce with the
+//   same per-step chunk);
+// * all_reduce, reduce_scatter and all_gather use the curve (the halves of a
+//   ring all-reduce; only ring curves are shipped), broadcast and send_recv
+//   keep the tier's constant;
+// * between points busbw follows a power law in size (interpolate_samples),
+//   outside them the first / last point's;
+// * time = bus factor x S / busbw(S_eq), no alpha (a measurement holds it);
+//   the caller takes the larger of that and the alpha-beta time.
 #include <optional>
 #include <string>
 #include <vector>

@@ -3,48 +3,33 @@
 #error "cuboid/core is not below this layer in the build (docs/architecture.md)"
 #endif
 // Calibration: microbenchmark samples measured on the user's machines (GEMM
-// shapes, memory-bound kernels, collectives), the fits made from them, and the
-// lookups the cost model uses in place of the datasheet defaults when a
-// cluster card carries a "calibration" section (`cuboid calibrate` writes such
-// a card; `cuboid plan|simulate|validate --cluster calibrated.json` use it).
+// shapes, memory-bound kernels, collectives), their fits, and the lookups the
+// cost model uses instead of the datasheet when a cluster card carries a
+// "calibration" section (`cuboid calibrate` writes one).
 //
 // Conventions (the contract between `cuboid calibrate`, the cost model and
 // `cuboid validate`):
 // * Times are nanoseconds (double: medians of several runs).
-// * GEMM samples are per call: C[m x n] = A[m x k] * B[k x n], `batch` times,
-//   the same shape convention as workload.hpp's Op.
-// * Kernel samples are keyed by the workload's op name ("act", "norm_in",
-//   "attn_softmax_bwd", "adam", ...) and their `bytes` are that op's
-//   Op::bytes at the measured size (the workload's byte convention, whatever
-//   precision the backend ran in), so the cost model can price an op as
-//   alpha + op.bytes * ns_per_byte without knowing the backend's dtype.
-// * Collective samples use the nccl-tests "size" (Op::comm_bytes: the buffer
-//   bytes per rank; for send_recv the bytes sent) and are keyed by collective,
-//   tier ("intra_node" | "inter_node") and group size. A fit is
-//   time = alpha + size * bus_factor(collective, n) / busbw, with NCCL's bus
-//   factors (all_reduce 2(n-1)/n; reduce_scatter, all_gather (n-1)/n;
-//   broadcast, send_recv 1).
-// * activation_bytes_per_element: the element size of the backend's compute
-//   dtype (cpu: f32, 4; cuda: bf16, 2). The collective samples are the real
-//   bytes moved, but the workload's comm_bytes of activation collectives and
-//   p2p assume bf16 (Op::compute_dtype); comm_size_bytes scales them so that a
-//   card measured on an f32 backend prices the bytes that backend moves.
+// * GEMM samples are per call, C[m x n] = A[m x k] * B[k x n], `batch` times
+//   (workload.hpp's Op shape).
+// * Kernel samples are keyed by the workload's op name (op_names.hpp); their
+//   `bytes` are that op's Op::bytes, so an op is priced as
+//   alpha + op.bytes * ns_per_byte whatever dtype the backend ran.
+// * Collective samples use the nccl-tests "size" (Op::comm_bytes; send_recv:
+//   the bytes sent), keyed by collective, tier ("intra_node" | "inter_node")
+//   and group size. A fit is time = alpha + size * bus_factor(collective, n)
+//   / busbw (collective_traits.hpp).
+// * activation_bytes_per_element: the backend's compute dtype (cpu f32: 4,
+//   cuda bf16: 2); comm_size_bytes scales the workload's bf16 activation
+//   collectives to it.
 //
-// Lookups: inside the measured size range a kernel or collective is priced by
-// interpolating its samples (piecewise linear in log(size)-log(time): a power
-// law between neighbouring sizes), not by the alpha-beta fit. One straight
-// line across 1 KiB-256 MiB cannot follow cache effects (on a CPU an
-// all-reduce jumps 10x between 2 and 8 MiB when the buffers leave the L2/L3),
-// so the fit's error reached 95 % there while the samples are the
-// measurement. The fit, with its residuals, stays: it summarises the sweep
-// (alpha, busbw) and extrapolates outside the measured sizes.
+// Lookups: inside the measured sizes the samples, interpolated (power law
+// between neighbours); outside, the fit. A line cannot follow cache effects
+// (docs/internals/cost.md, "Calibration lookups").
 //
-// Monotonicity: `cuboid calibrate` makes each series monotone before fitting
-// (isotonic regression of the medians, make_monotone): on an oversubscribed
-// machine a small collective can take longer than a larger one because a
-// partner rank was not scheduled, which is noise, not the curve. The loader
-// keeps rejecting a stored series whose times fall (a hand edit or a broken
-// profile).
+// `cuboid calibrate` makes each series monotone before fitting
+// (make_monotone: scheduling noise, not the curve); the loader rejects a
+// stored series whose times fall.
 #include <compare>
 #include <cstdint>
 #include <map>
@@ -108,24 +93,16 @@ struct Calibration {
   std::string created_by;  // the command line / tool version that measured it
   int ranks = 0;           // ranks that ran the sweep at once
   int activation_bytes_per_element = 2;  // see above: 4 for cpu (f32), 2 for cuda (bf16)
-  // CPU ranks sharing one core (ranks on the node / online CPUs, at least 1).
-  // The sweep times GEMMs and the optimizer one rank per core at a time, so
-  // its samples are a whole core's speed; the runs it predicts share cores
-  // the same way, and with the executor's waits (`--mpi-wait yield`: a rank
-  // waiting on MPI hands its core to the one computing) the ranks of a core
-  // take turns: each compute op then costs ranks_per_core times its sample
-  // (calibrated_gemm_ns, calibrated_kernel_ns and best_gemm_flops_per_s
-  // apply it). Exact when a core's ranks are busy together (a TP group on
-  // one core, as tools/calibrate-local binds them); collectives are measured
-  // with the sharing in place and used as measured. 1 on GPUs.
+  // CPU ranks sharing one core (ranks on the node / online CPUs, >= 1; 1 on
+  // GPUs). Samples are a whole core's speed and the ranks of a core take
+  // turns, so a compute op costs ranks_per_core x its sample (applied by
+  // calibrated_gemm_ns, calibrated_kernel_ns, best_gemm_flops_per_s).
+  // Collectives are measured with the sharing in place and used as measured.
   double ranks_per_core = 1;
   std::vector<GemmSample> gemms;                          // measured shapes
   std::map<std::string, KernelCalibration> kernels;       // by workload op name
   std::map<CollectiveKey, CollectiveCalibration> collectives;
 };
-
-// NCCL's bus-bandwidth factor for a collective over n ranks.
-double bus_factor(Collective c, int n);
 
 // Least-squares alpha-beta fit (relative-error weighted). Throws InputError
 // (source, field) when there are fewer than 2 samples, a time is not finite

@@ -7,6 +7,7 @@
 // order), and the rank <-> (node, gpu) mapping with its process groups.
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,6 +68,7 @@ struct ParallelPlan {
   // Micro-batches per iteration per pipeline: global_batch / (micro_batch * dp).
   std::int64_t num_micro_batches() const { return global_batch / (static_cast<std::int64_t>(micro_batch) * dp); }
   std::int64_t tokens_per_iteration() const { return global_batch * seq_length; }
+  friend bool operator==(const ParallelPlan&, const ParallelPlan&) = default;
 };
 
 // Layers of pipeline stage `stage` (0-based) with the plan's even or uneven split.
@@ -79,13 +81,25 @@ bool has_uneven_stages(const ParallelPlan& plan);
 // such split exists (e.g. the rest would be < 2 layers).
 bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& last);
 
-// Checks the plan against the model and the cluster; throws InputError naming
-// the flag (source "command line") and the fix. Checks, in order: positive
-// sizes, TP divides heads / kv heads / FFN, PP x virtual stages divides layers,
-// TP x PP x DP equals the GPUs used and fits the cluster, global batch divides
-// by micro-batch x DP, interleaving constraints, ZeRO stage range.
-void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster,
-                   const std::string& source = "command line");
+// The plan setting a problem is about; each caller names it in its own
+// terms (the command line: a flag; a plan file: a JSON key).
+enum class PlanField {
+  tp, pp, dp, cp, micro_batch, global_batch, seq_length, virtual_stages, zero_stage, schedule, sequence_parallel,
+  flash_attention, uneven_stages, world_size,
+};
+
+// What is wrong with a plan and how to fix it, in the plan's own words.
+struct PlanProblem {
+  PlanField field;
+  std::string problem;
+  std::string fix;
+};
+
+// The first problem of the plan for the model on the cluster, or none.
+// Checks, in order: positive sizes, cp, flash attention on the GPU, ZeRO
+// stage range, sequence length, TP divides heads / kv heads / FFN, the stage
+// split, interleaving, SP, TP x PP x DP against the GPUs, batch divisibility.
+std::optional<PlanProblem> check_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster);
 
 struct RankCoord {
   int rank = 0;

@@ -12,13 +12,13 @@
 #include <string_view>
 #include <vector>
 
+#include "cuboid/core/collective_traits.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
 
 namespace cuboid {
 
 enum class OpKind { gemm, attention_core, memory_bound, collective, p2p };
-enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, send_recv };
 enum class Group { none, tp, pp, dp };
 enum class Pass { forward, backward };
 

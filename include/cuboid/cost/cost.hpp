@@ -18,12 +18,9 @@ namespace cuboid {
 struct CollectiveCalibration;  // calibration.hpp
 struct BusbwCurve;             // busbw_curve.hpp
 
-// Calibrated profiles (gpu.calibration, see calibration.hpp) take precedence:
-// a measured or interpolated GEMM time, a memory-bound op's samples by op
-// name, a collective's samples by tier and group size (interpolated inside
-// the measured sizes, the alpha-beta fit outside: calibration.hpp). Outside the
-// measured GEMM shapes the roofline below prices the GEMM with the best
-// measured FLOP/s in place of peak x gemm_max_efficiency.
+// A calibrated profile (calibration.hpp) takes precedence: measured GEMM
+// shapes, kernels by op name and collectives by tier and group size; outside
+// the measured GEMM shapes the roofline uses the best measured FLOP/s as peak.
 //
 // Fraction of peak a GEMM achieves: the profile's best efficiency times the
 // wave-quantisation efficiency of 128x128 output tiles over the SMs, and
@@ -59,23 +56,18 @@ struct LinkParams {
   const BusbwCurve* curve = nullptr;
 };
 
-// Ring-algorithm time in NCCL's bus-bandwidth convention for `size_bytes`
-// (the nccl-tests "size"): all_reduce 2(n-1)/n * S / busbw + 2(n-1) alpha;
-// reduce_scatter / all_gather (n-1)/n * S / busbw + (n-1) alpha;
-// broadcast S / busbw + (n-1) alpha; send_recv S / busbw + alpha.
-// A fitted link charges its alpha once. A link with a busbw curve takes the
-// larger of that and the curve's time (busbw_curve.hpp).
+// Ring-algorithm time of `size_bytes` (the nccl-tests "size"):
+// ring_bytes x S / busbw + ring_steps x alpha (collective_traits.hpp). A
+// fitted link charges its alpha once; a busbw curve's time is a floor
+// (busbw_curve.hpp).
 std::int64_t collective_time_ns(Collective c, double size_bytes, int group_size, const LinkParams& link);
 
 // Link parameters for a collective among `ranks` (global GPU indices), from
-// the tier the group spans: inside a node the NVSwitch busbw; across nodes the
-// NIC bandwidth that the group's GPUs on each node can use (their share of the
-// node's NICs when every GPU communicates at once), divided by the fabric's
-// oversubscription when the group leaves a leaf switch. Inside a node the
-// card's allreduce_busbw_curve, when given, comes along for all-reduce,
-// reduce-scatter and all-gather. A calibrated card's
-// fit for (c, tier, group size) replaces all of that (tier: "intra_node" when
-// the group sits in one node, else "inter_node").
+// the tier the group spans: inside a node the NVSwitch busbw (and the card's
+// allreduce_busbw_curve for all-reduce, reduce-scatter, all-gather); across
+// nodes the group's share of the node's NICs, divided by the oversubscription
+// when it leaves a leaf switch (and the core's when it crosses the core). A
+// calibrated fit for (c, tier, group size) replaces all of that.
 LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks);
 
 // The time of one op of the workload on this GPU / group.

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <string>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cuboid/cost/estimator.hpp"
@@ -63,6 +63,16 @@ struct SearchResult {
   std::int64_t skipped = 0;            // factorisations rejected before scoring
   std::map<std::string, std::int64_t> skip_reasons;  // reason -> count
 };
+
+// The planner's options are the command line's flags, so it names plan
+// problems by flag. flag_of: "--tp", ..., "--tp/--pp/--dp" for the GPU count.
+std::string_view flag_of(PlanField field);
+// The problem's fix with the flags spelled out (PlanProblem::fix names
+// settings, not flags).
+std::string flag_fix(const PlanProblem& problem);
+// check_plan, thrown as InputError(source, flag, problem, flag fix).
+void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster,
+                   const std::string& source = "command line");
 
 // Every valid candidate of the search space, in a deterministic order; fills
 // result's global_batch, seq_length and skip counts. search_plans scores them.

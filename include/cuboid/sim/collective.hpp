@@ -8,10 +8,9 @@
 //
 // Conventions (NCCL / nccl-tests): `size_bytes` is the nccl-tests "size", the
 // buffer per rank. Uncontended, a ring moves the bus-bandwidth volume
-// (all_reduce 2(n-1)/n S, reduce_scatter / all_gather (n-1)/n S, broadcast S,
-// send_recv S) over each ring edge at the link's achievable rate, plus one
-// alpha per step, so it reproduces cost.hpp's collective_time_ns and hence
-// the nccl-tests busbw of the card. A calibrated card's fit for the group's
+// (collective_traits.hpp: ring_bytes x S) over each ring edge at the link's
+// achievable rate, plus one alpha per step, so it reproduces cost.hpp's
+// collective_time_ns and hence the nccl-tests busbw of the card. A calibrated card's fit for the group's
 // (collective, tier, size) replaces the algorithm: one ring phase scaled so
 // that, uncontended, it takes exactly the calibrated time (the measured
 // samples interpolated inside their sizes, the fitted alpha + S x bus factor

@@ -1,0 +1,136 @@
+#pragma once
+#ifndef CUBOID_LAYER_CORE
+#error "cuboid/core is not below this layer in the build (docs/architecture.md)"
+#endif
+// The names of the ops the workload lists, the executor times, calibration
+// keys its kernels by and validate matches: one constant each, so a typo is a
+// compile error. char arrays, not string_view: they pass as const char* (the
+// executor) and as std::string alike.
+#include <array>
+#include <string_view>
+
+namespace cuboid::op {
+
+// Transformer layer, forward (workload.cpp layer_forward; the executor's layer.cpp).
+inline constexpr char norm_in[] = "norm_in";
+inline constexpr char tp_ag_attn[] = "tp_ag_attn";
+inline constexpr char qkv[] = "qkv";
+inline constexpr char qkv_bias[] = "qkv_bias";
+inline constexpr char attn_qk[] = "attn_qk";
+inline constexpr char attn_softmax[] = "attn_softmax";
+inline constexpr char attn_av[] = "attn_av";
+inline constexpr char attn_ctx_copy[] = "attn_ctx_copy";
+inline constexpr char attn_flash[] = "attn_flash";
+inline constexpr char proj[] = "proj";
+inline constexpr char tp_rs_attn[] = "tp_rs_attn";
+inline constexpr char tp_ar_attn[] = "tp_ar_attn";
+inline constexpr char drop_add_attn[] = "drop_add_attn";
+inline constexpr char norm_mlp[] = "norm_mlp";
+inline constexpr char tp_ag_mlp[] = "tp_ag_mlp";
+inline constexpr char fc1[] = "fc1";
+inline constexpr char act[] = "act";
+inline constexpr char fc2[] = "fc2";
+inline constexpr char tp_rs_mlp[] = "tp_rs_mlp";
+inline constexpr char tp_ar_mlp[] = "tp_ar_mlp";
+inline constexpr char drop_add_mlp[] = "drop_add_mlp";
+
+// GEMM backward: the forward GEMM's name + "_dgrad" / "_wgrad" (workload.cpp add_gemm_backward).
+inline constexpr char qkv_dgrad[] = "qkv_dgrad";
+inline constexpr char qkv_wgrad[] = "qkv_wgrad";
+inline constexpr char proj_dgrad[] = "proj_dgrad";
+inline constexpr char proj_wgrad[] = "proj_wgrad";
+inline constexpr char fc1_dgrad[] = "fc1_dgrad";
+inline constexpr char fc1_wgrad[] = "fc1_wgrad";
+inline constexpr char fc2_dgrad[] = "fc2_dgrad";
+inline constexpr char fc2_wgrad[] = "fc2_wgrad";
+inline constexpr char attn_qk_dgrad[] = "attn_qk_dgrad";
+inline constexpr char attn_qk_wgrad[] = "attn_qk_wgrad";
+inline constexpr char attn_av_dgrad[] = "attn_av_dgrad";
+inline constexpr char attn_av_wgrad[] = "attn_av_wgrad";
+inline constexpr char logits_dgrad[] = "logits_dgrad";
+inline constexpr char logits_wgrad[] = "logits_wgrad";
+
+// Transformer layer, backward.
+inline constexpr char drop_add_mlp_bwd[] = "drop_add_mlp_bwd";
+inline constexpr char tp_ag_mlp_bwd[] = "tp_ag_mlp_bwd";
+inline constexpr char fc2_grad_accum[] = "fc2_grad_accum";
+inline constexpr char act_bwd[] = "act_bwd";
+inline constexpr char tp_rs_mlp_bwd[] = "tp_rs_mlp_bwd";
+inline constexpr char tp_ar_mlp_bwd[] = "tp_ar_mlp_bwd";
+inline constexpr char fc1_grad_accum[] = "fc1_grad_accum";
+inline constexpr char norm_mlp_bwd[] = "norm_mlp_bwd";
+inline constexpr char residual_add_bwd[] = "residual_add_bwd";
+inline constexpr char drop_add_attn_bwd[] = "drop_add_attn_bwd";
+inline constexpr char tp_ag_attn_bwd[] = "tp_ag_attn_bwd";
+inline constexpr char proj_grad_accum[] = "proj_grad_accum";
+inline constexpr char attn_flash_bwd[] = "attn_flash_bwd";
+inline constexpr char attn_softmax_bwd[] = "attn_softmax_bwd";
+inline constexpr char attn_qk_scale_bwd[] = "attn_qk_scale_bwd";
+inline constexpr char attn_qkv_grad_cat[] = "attn_qkv_grad_cat";
+inline constexpr char tp_rs_attn_bwd[] = "tp_rs_attn_bwd";
+inline constexpr char tp_ar_attn_bwd[] = "tp_ar_attn_bwd";
+inline constexpr char qkv_bias_grad[] = "qkv_bias_grad";
+inline constexpr char qkv_grad_accum[] = "qkv_grad_accum";
+inline constexpr char norm_in_bwd[] = "norm_in_bwd";
+
+// Embedding (first stage) and LM head (last stage).
+inline constexpr char embed_lookup[] = "embed_lookup";
+inline constexpr char tp_rs_embed[] = "tp_rs_embed";
+inline constexpr char tp_ar_embed[] = "tp_ar_embed";
+inline constexpr char embed_dropout[] = "embed_dropout";
+inline constexpr char embed_dropout_bwd[] = "embed_dropout_bwd";
+inline constexpr char tp_ag_embed_bwd[] = "tp_ag_embed_bwd";
+inline constexpr char embed_grad[] = "embed_grad";
+inline constexpr char norm_final[] = "norm_final";
+inline constexpr char tp_ag_head[] = "tp_ag_head";
+inline constexpr char logits[] = "logits";
+inline constexpr char xent[] = "xent";
+inline constexpr char tp_ar_xent_max[] = "tp_ar_xent_max";
+inline constexpr char tp_ar_xent_sum[] = "tp_ar_xent_sum";
+inline constexpr char tp_ar_xent_tgt[] = "tp_ar_xent_tgt";
+inline constexpr char xent_bwd[] = "xent_bwd";
+inline constexpr char tp_rs_head_bwd[] = "tp_rs_head_bwd";
+inline constexpr char tp_ar_head_bwd[] = "tp_ar_head_bwd";
+inline constexpr char logits_grad_accum[] = "logits_grad_accum";
+inline constexpr char norm_final_bwd[] = "norm_final_bwd";
+
+// Pipeline and data-parallel transfers (the executor's names; the simulator plays them as tasks).
+inline constexpr char pp_recv_fwd[] = "pp_recv_fwd";
+inline constexpr char pp_send_fwd[] = "pp_send_fwd";
+inline constexpr char pp_recv_bwd[] = "pp_recv_bwd";
+inline constexpr char pp_send_bwd[] = "pp_send_bwd";
+inline constexpr char pp_send_wait[] = "pp_send_wait";
+inline constexpr char dp_ar_grads[] = "dp_ar_grads";
+inline constexpr char dp_rs_grads[] = "dp_rs_grads";
+inline constexpr char dp_ag_params[] = "dp_ag_params";
+
+// Optimizer step, in Megatron's order (optimizer_step.hpp).
+inline constexpr char grad_scale[] = "grad_scale";
+inline constexpr char grad_norm[] = "grad_norm";
+inline constexpr char adam[] = "adam";
+inline constexpr char param_copy[] = "param_copy";
+inline constexpr char grad_zero[] = "grad_zero";
+
+// Executor only: clears the QKV gradient before the attention backward.
+inline constexpr char dqkv_zero[] = "dqkv_zero";
+
+// Suffixes of a GEMM's backward ops.
+inline constexpr char dgrad_suffix[] = "_dgrad";
+inline constexpr char wgrad_suffix[] = "_wgrad";
+
+// Every name above, for checks.
+inline constexpr std::array<std::string_view, 89> all{
+    norm_in, tp_ag_attn, qkv, qkv_bias, attn_qk, attn_softmax, attn_av, attn_ctx_copy, attn_flash, proj, tp_rs_attn,
+    tp_ar_attn, drop_add_attn, norm_mlp, tp_ag_mlp, fc1, act, fc2, tp_rs_mlp, tp_ar_mlp, drop_add_mlp, qkv_dgrad,
+    qkv_wgrad, proj_dgrad, proj_wgrad, fc1_dgrad, fc1_wgrad, fc2_dgrad, fc2_wgrad, attn_qk_dgrad, attn_qk_wgrad,
+    attn_av_dgrad, attn_av_wgrad, logits_dgrad, logits_wgrad, drop_add_mlp_bwd, tp_ag_mlp_bwd, fc2_grad_accum,
+    act_bwd, tp_rs_mlp_bwd, tp_ar_mlp_bwd, fc1_grad_accum, norm_mlp_bwd, residual_add_bwd, drop_add_attn_bwd,
+    tp_ag_attn_bwd, proj_grad_accum, attn_flash_bwd, attn_softmax_bwd, attn_qk_scale_bwd, attn_qkv_grad_cat,
+    tp_rs_attn_bwd, tp_ar_attn_bwd, qkv_bias_grad, qkv_grad_accum, norm_in_bwd, embed_lookup, tp_rs_embed,
+    tp_ar_embed, embed_dropout, embed_dropout_bwd, tp_ag_embed_bwd, embed_grad, norm_final, tp_ag_head, logits, xent,
+    tp_ar_xent_max, tp_ar_xent_sum, tp_ar_xent_tgt, xent_bwd, tp_rs_head_bwd, tp_ar_head_bwd, logits_grad_accum,
+    norm_final_bwd, pp_recv_fwd, pp_send_fwd, pp_recv_bwd, pp_send_bwd, pp_send_wait, dp_ar_grads, dp_rs_grads,
+    dp_ag_params, grad_scale, grad_norm, adam, param_copy, grad_zero, dqkv_zero,
+};
+
+}  // namespace cuboid::op

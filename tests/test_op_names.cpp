@@ -1,0 +1,71 @@
+// Op names: every op the workload and the optimizer step list is one of
+// op_names.hpp's constants, and the constants are distinct.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include "cuboid/core/op_names.hpp"
+#include "cuboid/core/workload.hpp"
+#include "cuboid/cost/optimizer_step.hpp"
+#include "fixtures.hpp"
+
+using namespace cuboid;
+using namespace cuboid::test;
+
+namespace {
+bool known(const std::string& name) { return std::find(op::all.begin(), op::all.end(), name) != op::all.end(); }
+
+void check_all_known(const LayerOps& ops) {
+  for (const auto* list : {&ops.forward, &ops.backward, &ops.recompute})
+    for (const Op& o : *list) {
+      CAPTURE(o.name);
+      CHECK(known(o.name));
+    }
+}
+}  // namespace
+
+TEST_CASE("op names: distinct") {
+  const std::set<std::string_view> unique(op::all.begin(), op::all.end());
+  CHECK(unique.size() == op::all.size());
+}
+
+TEST_CASE("op names: a GEMM's backward is its name + the dgrad / wgrad suffix") {
+  CHECK(std::string(op::fc2) + op::dgrad_suffix == op::fc2_dgrad);
+  CHECK(std::string(op::qkv) + op::wgrad_suffix == op::qkv_wgrad);
+  CHECK(std::string(op::attn_av) + op::dgrad_suffix == op::attn_av_dgrad);
+  CHECK(std::string(op::logits) + op::wgrad_suffix == op::logits_wgrad);
+}
+
+TEST_CASE("op names: the workload lists only known names") {
+  for (const ModelSpec& m : {gpt_22b(), llama3_8b()}) {
+    for (int tp : {1, 2}) {
+      for (bool sp : {false, true}) {
+        for (bool flash : {false, true}) {
+          for (bool fusion : {false, true}) {
+            ParallelPlan p;
+            p.tp = tp;
+            p.pp = 2;
+            p.seq_length = 2048;
+            p.sequence_parallel = sp && tp > 1;
+            p.flash_attention = flash;
+            p.grad_accum_fusion = fusion;
+            CAPTURE(m.name);
+            CAPTURE(tp);
+            CAPTURE(sp);
+            CAPTURE(flash);
+            check_all_known(transformer_layer_ops(m, p));
+            check_all_known(embedding_ops(m, p));
+            check_all_known(lm_head_ops(m, p));
+          }
+        }
+      }
+    }
+  }
+  for (const Op& o : optimizer_step_ops(1e9, 2, 1)) {
+    CAPTURE(o.name);
+    CHECK(known(o.name));
+  }
+}
