@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/op_names.hpp"
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/op_timer.hpp"
 
@@ -274,12 +275,12 @@ void StepRunner::forward(int mb, int c, std::int64_t step) {
   if (ch.has_embedding) {
     // Vocab-parallel lookup (zero rows outside this rank's shard), then the TP reduce.
     DeviceSpan full = d.sequence_parallel ? DeviceSpan(emb_full_) : x0;
-    timer_.run(mem_desc("embed_lookup", Pass::forward, 2.0 * static_cast<double>(T * h) * esz),
+    timer_.run(mem_desc(op::embed_lookup, Pass::forward, 2.0 * static_cast<double>(T * h) * esz),
                [&] { be_.embedding_forward(ids_[sz(mb)], ch.embedding, full, T, h); });
-    runner_->tp_reduce(d.sequence_parallel ? "tp_rs_embed" : "tp_ar_embed", Pass::forward, full, x0);
+    runner_->tp_reduce(d.sequence_parallel ? op::tp_rs_embed : op::tp_ar_embed, Pass::forward, full, x0);
   } else {
     const int prev = (stage_ + pp - 1) % pp;
-    timer_.run(comm_desc("pp_recv_fwd", Pass::forward, Collective::send_recv, Group::pp,
+    timer_.run(comm_desc(op::pp_recv_fwd, Pass::forward, Collective::send_recv, Group::pp,
                          static_cast<double>(x0.bytes()), pp),
                [&] { pipe_->recv(x0, prev, pp_tag(mb, ch.virtual_stage, nv, false)); });
   }
@@ -291,25 +292,25 @@ void StepRunner::forward(int mb, int c, std::int64_t step) {
   }
   DeviceSpan out = f->xs[sz(ch.num_layers)];
   if (ch.has_head) {
-    runner_->norm_forward("norm_final", Pass::forward, out, ch.final_gamma, ch.final_beta, f->norm_out, f->norm_mean,
+    runner_->norm_forward(op::norm_final, Pass::forward, out, ch.final_gamma, ch.final_beta, f->norm_out, f->norm_mean,
                           f->norm_rstd);
-    const ConstDeviceSpan in = runner_->tp_gather("tp_ag_head", Pass::forward, f->norm_out, f->norm_full);
-    timer_.run(gemm_desc("logits", Pass::forward, T, d.vocab, h),
+    const ConstDeviceSpan in = runner_->tp_gather(op::tp_ag_head, Pass::forward, f->norm_out, f->norm_full);
+    timer_.run(gemm_desc(op::logits, Pass::forward, T, d.vocab, h),
                [&] { be_.gemm(Trans::no, Trans::no, T, d.vocab, h, 1.0f, in, ch.w_out, 0.0f, f->logits); });
     // Cross-entropy over this rank's vocabulary shard; Megatron's
     // vocab-parallel version adds three fp32 all-reduces per token (max,
     // sum of exponentials, target logit), run here on real buffers.
-    timer_.run(mem_desc("xent", Pass::forward, 4.0 * static_cast<double>(T * d.vocab) * esz), [&] {
+    timer_.run(mem_desc(op::xent, Pass::forward, 4.0 * static_cast<double>(T * d.vocab) * esz), [&] {
       be_.cross_entropy(f->logits, labels_[sz(mb)], f->logits, losses_.subspan(sz(mb), 1), T, d.vocab);
     });
     if (d.tp > 1)
-      for (const char* name : {"tp_ar_xent_max", "tp_ar_xent_sum", "tp_ar_xent_tgt"})
+      for (const char* name : {op::tp_ar_xent_max, op::tp_ar_xent_sum, op::tp_ar_xent_tgt})
         timer_.run(comm_desc(name, Pass::forward, Collective::all_reduce, Group::tp,
                              static_cast<double>(vocab_stats_.bytes()), d.tp),
                    [&] { groups_.tp->all_reduce_sum(vocab_stats_, vocab_stats_.size()); });
   } else {
     const int next = (stage_ + 1) % pp;
-    timer_.run(comm_desc("pp_send_fwd", Pass::forward, Collective::send_recv, Group::pp,
+    timer_.run(comm_desc(op::pp_send_fwd, Pass::forward, Collective::send_recv, Group::pp,
                          static_cast<double>(out.bytes()), pp),
                [&] { pipe_->send(out, next, pp_tag(mb, ch.virtual_stage + 1, nv, false)); });
   }
@@ -331,18 +332,18 @@ void StepRunner::backward(int mb, int c, std::int64_t step) {
   if (ch.has_head) {
     // dlogits (kept by the forward's cross-entropy) -> d norm_final output.
     const ConstDeviceSpan in = d.sequence_parallel ? ConstDeviceSpan(f->norm_full) : ConstDeviceSpan(f->norm_out);
-    timer_.run(gemm_desc("logits_dgrad", Pass::backward, T, h, d.vocab),
+    timer_.run(gemm_desc(op::logits_dgrad, Pass::backward, T, h, d.vocab),
                [&] { be_.gemm(Trans::no, Trans::yes, T, h, d.vocab, 1.0f, f->logits, ch.w_out, 0.0f, head_full_); });
-    timer_.run(gemm_desc("logits_wgrad", Pass::backward, h, d.vocab, T),
+    timer_.run(gemm_desc(op::logits_wgrad, Pass::backward, h, d.vocab, T),
                [&] { be_.gemm(Trans::yes, Trans::no, h, d.vocab, T, 1.0f, in, f->logits, 1.0f, ch.w_out_grad); });
     DeviceSpan local = d.sequence_parallel ? dx : DeviceSpan(head_full_);
     const DeviceSpan dn =
-        runner_->tp_reduce(d.sequence_parallel ? "tp_rs_head_bwd" : "tp_ar_head_bwd", Pass::backward, head_full_, local);
-    runner_->norm_backward("norm_final_bwd", dn, f->xs[sz(ch.num_layers)], ch.final_gamma, f->norm_mean, f->norm_rstd,
+        runner_->tp_reduce(d.sequence_parallel ? op::tp_rs_head_bwd : op::tp_ar_head_bwd, Pass::backward, head_full_, local);
+    runner_->norm_backward(op::norm_final_bwd, dn, f->xs[sz(ch.num_layers)], ch.final_gamma, f->norm_mean, f->norm_rstd,
                            dy, ch.final_gamma_grad, ch.final_beta_grad);
   } else {
     const int next = (stage_ + 1) % pp;
-    timer_.run(comm_desc("pp_recv_bwd", Pass::backward, Collective::send_recv, Group::pp,
+    timer_.run(comm_desc(op::pp_recv_bwd, Pass::backward, Collective::send_recv, Group::pp,
                          static_cast<double>(dy.bytes()), pp),
                [&] { pipe_->recv(dy, next, pp_tag(mb, ch.virtual_stage, nv, true)); });
   }
@@ -357,12 +358,12 @@ void StepRunner::backward(int mb, int c, std::int64_t step) {
   }
   // dy now holds the gradient of the chunk's input.
   if (ch.has_embedding) {
-    const ConstDeviceSpan full = runner_->tp_gather("tp_ag_embed_bwd", Pass::backward, dy, emb_full_);
-    timer_.run(mem_desc("embed_grad", Pass::backward, 3.0 * static_cast<double>(T * h) * esz),
+    const ConstDeviceSpan full = runner_->tp_gather(op::tp_ag_embed_bwd, Pass::backward, dy, emb_full_);
+    timer_.run(mem_desc(op::embed_grad, Pass::backward, 3.0 * static_cast<double>(T * h) * esz),
                [&] { be_.embedding_backward(full, ids_[sz(mb)], ch.embedding_grad, T, h); });
   } else {
     const int prev = (stage_ + pp - 1) % pp;
-    timer_.run(comm_desc("pp_send_bwd", Pass::backward, Collective::send_recv, Group::pp,
+    timer_.run(comm_desc(op::pp_send_bwd, Pass::backward, Collective::send_recv, Group::pp,
                          static_cast<double>(dy.bytes()), pp),
                [&] { pipe_->send(dy, prev, pp_tag(mb, ch.virtual_stage - 1, nv, true)); });
   }
@@ -374,7 +375,7 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
   const auto dp = sz(plan_.dp);
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
   // Mean over micro-batches (each loss is already a mean over its tokens) and DP replicas.
-  timer_.run(mem_desc("grad_scale", bw, 2.0 * static_cast<double>(padded_count_) * esz),
+  timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(padded_count_) * esz),
              [&] { be_.scale(grads_, 1.0f / static_cast<float>(micro_batches_ * plan_.dp)); });
   AdamConfig adam;
   const std::size_t bucket = std::max<std::size_t>(dp, sz(options_.dp_bucket_elements) / dp * dp);
@@ -383,14 +384,14 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
       for (std::size_t start = 0; start < padded_count_; start += bucket) {
         const std::size_t len = std::min(bucket, padded_count_ - start);
         DeviceSpan part = grads_.subspan(start, len);
-        timer_.run(comm_desc("dp_ar_grads", bw, Collective::all_reduce, Group::dp, static_cast<double>(part.bytes()),
+        timer_.run(comm_desc(op::dp_ar_grads, bw, Collective::all_reduce, Group::dp, static_cast<double>(part.bytes()),
                              plan_.dp),
                    [&] { groups_.dp->all_reduce_sum(part, len); });
       }
-    timer_.run(mem_desc("adam", bw, static_cast<double>(padded_count_) * (4.0 * 4 * 2 + esz)),
+    timer_.run(mem_desc(op::adam, bw, static_cast<double>(padded_count_) * (4.0 * 4 * 2 + esz)),
                [&] { be_.adam_step(master_, grads_, adam_m_, adam_v_, adam, step + 1); });
     if (master_.native() != params_.native())
-      timer_.run(mem_desc("param_copy", bw, static_cast<double>(padded_count_) * (4.0 + esz)),
+      timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(padded_count_) * (4.0 + esz)),
                  [&] { be_.copy(master_, params_); });
     return;
   }
@@ -398,17 +399,17 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
   const auto r = sz(groups_.coord.dp);
   for (std::size_t start = 0; start < padded_count_; start += bucket) {
     const std::size_t len = std::min(bucket, padded_count_ - start), block = len / dp;
-    timer_.run(comm_desc("dp_rs_grads", bw, Collective::reduce_scatter, Group::dp,
+    timer_.run(comm_desc(op::dp_rs_grads, bw, Collective::reduce_scatter, Group::dp,
                          static_cast<double>(len) * esz, plan_.dp),
                [&] { groups_.dp->reduce_scatter_sum(grads_.subspan(start, len), grad_shard_.subspan(start / dp, block), block); });
   }
-  timer_.run(mem_desc("adam", bw, static_cast<double>(padded_count_ / dp) * (4.0 * 4 * 2 + esz)),
+  timer_.run(mem_desc(op::adam, bw, static_cast<double>(padded_count_ / dp) * (4.0 * 4 * 2 + esz)),
              [&] { be_.adam_step(master_, grad_shard_, adam_m_, adam_v_, adam, step + 1); });
-  timer_.run(mem_desc("param_copy", bw, static_cast<double>(padded_count_ / dp) * (4.0 + esz)),
+  timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(padded_count_ / dp) * (4.0 + esz)),
              [&] { be_.copy(master_, param_shard_); });
   for (std::size_t start = 0; start < padded_count_; start += bucket) {
     const std::size_t len = std::min(bucket, padded_count_ - start), block = len / dp;
-    timer_.run(comm_desc("dp_ag_params", bw, Collective::all_gather, Group::dp, static_cast<double>(len) * esz,
+    timer_.run(comm_desc(op::dp_ag_params, bw, Collective::all_gather, Group::dp, static_cast<double>(len) * esz,
                          plan_.dp),
                [&] { groups_.dp->all_gather(param_shard_.subspan(start / dp, block), params_.subspan(start, len), block); });
   }
@@ -417,14 +418,14 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
 
 double StepRunner::step(std::int64_t index, bool measured) {
   timer_.begin_step(measured);
-  timer_.run(mem_desc("grad_zero", Pass::forward, static_cast<double>(grads_.bytes())), [&] { be_.fill(grads_, 0.0f); });
+  timer_.run(mem_desc(op::grad_zero, Pass::forward, static_cast<double>(grads_.bytes())), [&] { be_.fill(grads_, 0.0f); });
   for (const ScheduleStep& st : order_) {
     if (st.dir == Direction::forward)
       forward(st.micro_batch, st.chunk, index);
     else
       backward(st.micro_batch, st.chunk, index);
   }
-  timer_.run(comm_desc("pp_send_wait", Pass::backward, Collective::send_recv, Group::pp, 0.0, plan_.pp),
+  timer_.run(comm_desc(op::pp_send_wait, Pass::backward, Collective::send_recv, Group::pp, 0.0, plan_.pp),
              [&] { pipe_->wait_all(); });
   reduce_gradients_and_update(index);
   timer_.end_step();
