@@ -16,26 +16,27 @@ enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, send_
 struct CollectiveTraits {
   Collective op;
   std::string_view name;
-  // Bytes each rank sends on a ring of n ranks, as a fraction of the size
-  // (nccl-tests "size"); equal to nccl-tests' bus-bandwidth factor.
-  double (*ring_bytes)(double n);
-  // Latency terms (alpha) of the ring: its number of sequential steps.
-  double (*ring_steps)(double n);
+  // On a ring of n ranks each rank sends bus_scale (n - 1) / n + bus_offset
+  // times the size (nccl-tests "size"): nccl-tests' bus-bandwidth factor.
+  double bus_scale;
+  double bus_offset;
+  // The ring's sequential steps (its latency terms): step_scale (n - 1) + step_offset.
+  double step_scale;
+  double step_offset;
+
+  constexpr double ring_bytes(double n) const { return bus_scale * (n - 1.0) / n + bus_offset; }
+  constexpr double ring_steps(double n) const { return step_scale * (n - 1.0) + step_offset; }
 };
 
-// Each expression keeps the operation order the cost model and simulator
-// always used, so results stay bit-identical.
 inline constexpr std::array<CollectiveTraits, 5> kCollectiveTraits{{
-    {Collective::all_reduce, "all_reduce", [](double n) { return 2.0 * (n - 1.0) / n; },
-     [](double n) { return 2.0 * (n - 1.0); }},
-    {Collective::reduce_scatter, "reduce_scatter", [](double n) { return (n - 1.0) / n; },
-     [](double n) { return n - 1.0; }},
-    {Collective::all_gather, "all_gather", [](double n) { return (n - 1.0) / n; }, [](double n) { return n - 1.0; }},
-    {Collective::broadcast, "broadcast", [](double) { return 1.0; }, [](double n) { return n - 1.0; }},
-    {Collective::send_recv, "send_recv", [](double) { return 1.0; }, [](double) { return 1.0; }},
+    //                                               bus_scale  bus_offset  step_scale  step_offset
+    {Collective::all_reduce, "all_reduce",           2.0,       0.0,        2.0,        0.0},
+    {Collective::reduce_scatter, "reduce_scatter",   1.0,       0.0,        1.0,        0.0},
+    {Collective::all_gather, "all_gather",           1.0,       0.0,        1.0,        0.0},
+    {Collective::broadcast, "broadcast",             0.0,       1.0,        1.0,        0.0},
+    {Collective::send_recv, "send_recv",             0.0,       1.0,        0.0,        1.0},
 }};
 
-// The table is indexed by the enum.
 static_assert([] {
   for (std::size_t i = 0; i < kCollectiveTraits.size(); ++i) {
     if (static_cast<std::size_t>(kCollectiveTraits[i].op) != i) return false;
