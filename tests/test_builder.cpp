@@ -113,7 +113,6 @@ TEST_CASE("stamped passes: uneven stages of a big model, DP reduced after backwa
   ParallelPlan p = plan_of(8, 16, 4, 64);
   p.first_stage_layers = 7;
   p.last_stage_layers = 7;
-  SimOptions o;
-  o.dp_overlap = false;
-  check_same("llama3.1-405b", "h100-roce-24k.json", 64, p, o);
+  p.trainer.dp_overlap = false;
+  check_same("llama3.1-405b", "h100-roce-24k.json", 64, p);
 }

@@ -224,12 +224,43 @@ TEST_CASE("plan --for TARGET chooses a plan that the target can express, and exp
     CHECK(!e.out.empty());
     // DeepSpeed and torchtitan accumulate gradients in a separate pass, so
     // --for prices their plans without Megatron's fusion.
-    const bool fused = nlohmann::json::parse(std::ifstream(plan))["parallel"]["grad_accum_fusion"].get<bool>();
-    CHECK(fused == (std::string(target) == "megatron" || std::string(target) == "nemo"));
+    const nlohmann::json par = nlohmann::json::parse(std::ifstream(plan))["parallel"];
+    CHECK(par["grad_accum_fusion"].get<bool>() == (std::string(target) == "megatron" || std::string(target) == "nemo"));
+    // --for implies the trainer that runs the export.
+    const std::string want = std::string(target) == "deepspeed"    ? "megatron-deepspeed"
+                             : std::string(target) == "torchtitan" ? "torchtitan"
+                                                                   : "megatron-core";
+    CHECK(par["trainer"]["preset"] == want);
   }
   CliResult bad = run("plan " + kLlama + " --for jax");
   CHECK(bad.code == 2);
   CHECK(bad.err.find("--for: unknown export target \"jax\"") != std::string::npos);
+  // --for and --trainer must agree.
+  CliResult clash = run("plan " + kLlama + " --for nemo --trainer torchtitan");
+  CHECK(clash.code == 2);
+  CHECK(clash.err.find("--trainer: --for nemo exports to a trainer that runs as megatron-core, not as torchtitan") !=
+        std::string::npos);
+  CliResult ok = run("plan " + kLlama + " --simulate-top 0 --top 1 --for megatron --trainer megatron-2022 --json");
+  CHECK_MESSAGE(ok.code == 0, ok.err);
+}
+
+TEST_CASE("--trainer and --dp-overlap reach plan, simulate and the plan file; a plan file fixes them") {
+  const TempDir dir("cli_trainer");
+  const auto plan = dir / "p.json";
+  CliResult p = run("plan --model models/llama3-8b.json --cluster topologies/dgx-a100-4node.json --tp 4 --pp 4 --trainer megatron-2022 --dp-overlap on --out " + plan.string());
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  const nlohmann::json t = nlohmann::json::parse(std::ifstream(plan))["parallel"]["trainer"];
+  CHECK(t["preset"] == "megatron-2022");
+  CHECK(t["dp_overlap"] == true);
+  CliResult s = run("simulate --plan " + plan.string());
+  REQUIRE_MESSAGE(s.code == 0, s.err);
+  CHECK(s.out.find("trainer megatron-2022: DP reduction overlapped with the backward at 4 bytes per gradient") !=
+        std::string::npos);
+  CliResult fixed = run("simulate --plan " + plan.string() + " --trainer megatron-core");
+  CHECK(fixed.code == 2);
+  CliResult a = run("simulate " + kLlama + " --tp 4 --pp 4 --trainer megatron-2021 --dp-overlap off --analytical --json");
+  REQUIRE_MESSAGE(a.code == 0, a.err);
+  CHECK(nlohmann::json::parse(a.out)["dp_grad_bytes"] == 2);
 }
 
 TEST_CASE("validate: measurements of another plan exit 2 with one line naming the field") {

@@ -225,3 +225,32 @@ TEST_CASE("estimate is cheap enough for the planner's inner loop") {
   MESSAGE("estimate(): " << us << " us per call (64 GPUs, pp 8)");
   CHECK(sink > 0);
 }
+
+TEST_CASE("trainer settings price the DP reduction as the trainer runs it") {
+  const ModelSpec m = gpt(40, 6144, 48);
+  const Topology topo(selene(16));
+  ParallelPlan p = make_plan(8, 2, 8, 1, 64);  // 32 micro-batches, DP 8 across nodes
+  p.zero_stage = 0;
+  const Estimate overlapped = estimate(m, topo, p);
+  p.trainer.dp_overlap = false;
+  const Estimate after = estimate(m, topo, p);
+  // The all-reduce hides behind the last backward when overlapped; after it,
+  // all of it is exposed: fp32 gradients of one stage (20 layers / TP 8) over
+  // DP 8 across nodes take tens of milliseconds, more than the overlapped case.
+  CHECK(after.breakdown.dp_comm_s > overlapped.breakdown.dp_comm_s + 0.01);
+  // Megatron-LM 2021 with --fp16 reduces 16-bit gradients: half the bytes,
+  // so (bandwidth-bound) about half the exposed time.
+  p.trainer.dp_grad_bytes = 2;
+  const Estimate fp16 = estimate(m, topo, p);
+  CHECK(fp16.breakdown.dp_comm_s == doctest::Approx(after.breakdown.dp_comm_s / 2).epsilon(0.05));
+  // DeepSpeed's pipeline engine all-reduces the full gradients under ZeRO-1:
+  // an all-reduce moves twice the bytes of the reduce-scatter Megatron's
+  // distributed optimizer uses (the parameter all-gather is the same).
+  p.trainer.dp_grad_bytes = 4;
+  p.zero_stage = 1;
+  const Estimate rs = estimate(m, topo, p);
+  p.trainer.zero1_grad_all_reduce = true;
+  const Estimate ar = estimate(m, topo, p);
+  CHECK(ar.breakdown.dp_comm_s > rs.breakdown.dp_comm_s * 1.3);
+  CHECK(ar.breakdown.compute_s == rs.breakdown.compute_s);
+}

@@ -219,3 +219,23 @@ TEST_CASE("write_file_atomically names the path when the directory is missing or
   }
   CHECK_FALSE(fs::exists("/proc/cuboid-plan.json"));
 }
+
+TEST_CASE("trainer settings round-trip; older plan files without them read as megatron-core") {
+  nlohmann::json j = seed_json();
+  CHECK(j["parallel"]["trainer"]["preset"] == "megatron-core");
+  CHECK(j["parallel"]["trainer"]["dp_overlap"] == true);
+  CHECK(j["parallel"]["trainer"]["dp_grad_bytes"] == 4);
+  j["parallel"]["trainer"] = {{"preset", "megatron-2021"}, {"dp_overlap", false}, {"dp_grad_bytes", 2},
+                              {"zero1_grad_all_reduce", false}};
+  const TrainerSettings t = plan_file_from_json(j, "plan.json").plan.trainer;
+  CHECK(t.preset == "megatron-2021");
+  CHECK_FALSE(t.dp_overlap);
+  CHECK(t.dp_grad_bytes == 2);
+  j["parallel"]["trainer"]["dp_grad_bytes"] = 3;
+  CHECK(read_error(j).rfind("plan.json: parallel.trainer.dp_grad_bytes: must be 2", 0) == 0);
+  j["parallel"]["trainer"]["dp_grad_bytes"] = 2;
+  j["parallel"]["trainer"]["preset"] = "megatron-1999";
+  CHECK(read_error(j).rfind("plan.json: parallel.trainer.preset: unknown trainer", 0) == 0);
+  j["parallel"].erase("trainer");
+  CHECK(plan_file_from_json(j, "plan.json").plan.trainer == TrainerSettings{});
+}

@@ -305,3 +305,89 @@ TEST_CASE("a device without fused attention: flash off by default, a forced --fl
         "default on this cluster))");
   CHECK_THROWS_AS(plan_from_options(m, c, o), InputError);
 }
+
+TEST_CASE("trainer presets: what each can run, and settings that contradict it are refused") {
+  CHECK(default_trainer().name == "megatron-core");
+  CHECK(trainer_presets().size() >= 5);
+  for (const TrainerPreset& t : trainer_presets()) {
+    CAPTURE(t.name);
+    CHECK(find_trainer(t.name) == &t);
+    CHECK(t.settings.preset == t.name);
+    CHECK(!t.zero_stages.empty());
+    CHECK(t.zero_stages.front() == 0);
+    // Every preset says where each of its settings comes from.
+    for (const char* key : {"dp_overlap", "dp_grad_bytes", "grad_accum_fusion"}) {
+      bool found = false;
+      for (const TrainerSource& s : t.sources) found = found || s.setting == key;
+      CHECK_MESSAGE(found, key);
+    }
+  }
+  CHECK(find_trainer("megatron") == nullptr);
+
+  PlannerOptions o;
+  o.trainer = "megatron-2021";
+  o.sequence_parallel = true;
+  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("has no sequence parallelism"), InputError);
+  o.sequence_parallel.reset();
+  o.recompute = Recompute::selective;
+  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("whole layers only"), InputError);
+  o.recompute.reset();
+  o.zero_stage = 1;
+  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("cannot run ZeRO stage 1"), InputError);
+  o.zero_stage.reset();
+  o.trainer = "megatron-deepspeed";
+  o.virtual_stages = 2;
+  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("no interleaved schedule"), InputError);
+  o.virtual_stages.reset();
+  o.grad_accum_fusion = true;
+  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("no gradient-accumulation fusion"), InputError);
+  o.trainer = "bogus";
+  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("unknown trainer"), InputError);
+}
+
+TEST_CASE("a trainer preset limits the search to what it can run and gives every plan its settings") {
+  const ModelSpec m = load_model("models/gpt3-175b.json");
+  const Cluster c = load_cluster("topologies/dgx-a100-superpod.json", 16);
+  const Topology topo(c);
+  PlannerOptions o;
+  o.simulate_top = 0;
+  o.global_batch = 256;
+  o.tp = 8;
+  o.trainer = "megatron-2021";
+  SearchResult r;
+  const std::vector<ParallelPlan> plans = enumerate_plans(m, topo, o, r);
+  REQUIRE(!plans.empty());
+  bool interleaved = false;
+  for (const ParallelPlan& p : plans) {
+    CHECK(!p.sequence_parallel);
+    CHECK(!p.flash_attention);
+    CHECK(!p.grad_accum_fusion);
+    CHECK(p.recompute != Recompute::selective);
+    CHECK(p.zero_stage == 0);
+    CHECK(p.trainer.preset == "megatron-2021");
+    CHECK(p.trainer.dp_grad_bytes == 2);
+    CHECK(!p.trainer.dp_overlap);
+    interleaved = interleaved || p.schedule == Schedule::interleaved;
+  }
+  CHECK(interleaved);  // SC'21 introduced the interleaved schedule
+
+  o.trainer = "megatron-deepspeed-2022";
+  SearchResult r2;
+  for (const ParallelPlan& p : enumerate_plans(m, topo, o, r2)) {
+    CHECK(p.schedule != Schedule::interleaved);
+    CHECK(p.zero_stage <= 1);
+    CHECK(p.trainer.zero1_grad_all_reduce);
+  }
+
+  // --dp-overlap overrides the preset; the default preset keeps cuboid's defaults.
+  o.trainer.reset();
+  o.dp_overlap = false;
+  o.tp = 8;
+  o.pp = 4;
+  const ParallelPlan p = plan_from_options(m, c, o);
+  CHECK(p.trainer.preset == "megatron-core");
+  CHECK(!p.trainer.dp_overlap);
+  CHECK(p.trainer.dp_grad_bytes == 4);
+  CHECK(p.grad_accum_fusion);
+  CHECK(p.sequence_parallel);
+}

@@ -210,7 +210,7 @@ TEST_CASE("rail folding gives exactly the results of walking every route") {
         p.virtual_stages = 2;
       } else if (variant == 2) {  // ZeRO-3 gathers, DP reduction after backward
         p.zero_stage = 3;
-        o.dp_overlap = false;
+        p.trainer.dp_overlap = false;
       } else if (variant == 3) {  // DP innermost: TP groups span two nodes, their traffic on the network: not folded
         p.order = RankOrder::parse("dp-tp-pp", "test", "rank_order");
       }
@@ -330,10 +330,10 @@ TEST_CASE("a straggler slows the iteration") {
 TEST_CASE("overlapping the DP gradient reduction with backward hides it") {
   const ModelSpec m = model("gpt-22b");
   const Topology topo = cluster("dgx-a100-superpod.json", 16);
-  const ParallelPlan p = plan_of(m, 8, 2, 8, 64);
+  ParallelPlan p = plan_of(m, 8, 2, 8, 64);
   SimOptions o;
   const Estimate on = simulate(m, topo, p, o);
-  o.dp_overlap = false;
+  p.trainer.dp_overlap = false;
   const Estimate off = simulate(m, topo, p, o);
   CHECK(off.breakdown.dp_comm_s > on.breakdown.dp_comm_s);
   CHECK(off.iteration_time_s > on.iteration_time_s);
@@ -445,9 +445,8 @@ TEST_CASE("Korthikanti et al. 2022: simulated vs measured iteration times" * doc
         p.schedule = Schedule::interleaved;
         p.virtual_stages = row.v;
       }
-      SimOptions o;
-      o.dp_overlap = false;
-      const SimResult r = run_simulation(m, topo, p, o);
+      p.trainer.dp_overlap = false;
+      const SimResult r = run_simulation(m, topo, p, SimOptions{});
       const double predicted = r.estimate.iteration_time_s;
       const double err = (predicted - measured) / measured;
       sum_abs += std::fabs(err);

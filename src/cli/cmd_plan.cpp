@@ -3,6 +3,7 @@
 #include "plan_flags.hpp"
 
 #include <algorithm>
+#include <map>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -85,7 +86,8 @@ std::string what_would_fit(const Loaded& l, const PlannerOptions& o, const PlanF
       break;
     }
   }
-  if (!o.zero_stage || *o.zero_stage < 3) {
+  const std::vector<int>& zeros = trainer_of(o).zero_stages;
+  if ((!o.zero_stage || *o.zero_stage < 3) && std::find(zeros.begin(), zeros.end(), 3) != zeros.end()) {
     PlannerOptions opts = o;
     opts.zero_stage = 3;
     report("--zero 3 (shard weights, grads, optimizer)", search_plans(l.model, *l.topology, opts));
@@ -254,9 +256,26 @@ void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& t
   if (std::find(targets.begin(), targets.end(), target) == targets.end())
     throw InputError("command line", "--for", "unknown export target \"" + target + "\"",
                      "use megatron, deepspeed, torchtitan or nemo");
-  // DeepSpeed and torchtitan accumulate gradients in a separate pass: price
-  // their plans that way unless --grad-accum-fusion says otherwise.
-  if ((target == "deepspeed" || target == "torchtitan") && !o.grad_accum_fusion) o.grad_accum_fusion = false;
+  // The target runs the plan in one of these trainers (the first unless
+  // --trainer names another); any other --trainer contradicts --for.
+  static const std::map<std::string, std::vector<std::string>> kTrainers = {
+      {"megatron", {"megatron-core", "megatron-2022", "megatron-2021"}},
+      {"nemo", {"megatron-core"}},
+      {"deepspeed", {"megatron-deepspeed", "megatron-deepspeed-2022"}},
+      {"torchtitan", {"torchtitan"}},
+  };
+  const std::vector<std::string>& allowed = kTrainers.at(target);
+  if (!o.trainer) {
+    o.trainer = allowed.front();
+  } else if (std::find(allowed.begin(), allowed.end(), *o.trainer) == allowed.end()) {
+    std::string names;
+    for (const auto& n : allowed) names += (names.empty() ? "" : ", ") + n;
+    throw InputError("command line", "--trainer",
+                     "--for " + target + " exports to a trainer that runs as " + names + ", not as " + *o.trainer,
+                     "drop --trainer (--for " + target + " implies --trainer " + allowed.front() +
+                         "), or use --trainer " + names);
+  }
+  check_trainer_options(o);
   auto pf = std::make_shared<PlanFile>();
   pf->source = "candidate";
   pf->model = l.model;

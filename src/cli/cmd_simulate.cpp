@@ -32,8 +32,7 @@ void run_simulate(const PlanFlags& f) {
   Loaded l = load(f);
   ParallelPlan plan = l.plan ? *l.plan : plan_from_options(l.model, l.cluster, o);
   const std::string cl = "command line";
-  if (f.analytical && (f.trace_path || f.dp_overlap))
-    throw InputError(cl, "--analytical", "--trace and --dp-overlap need the simulator", "drop --analytical");
+  if (f.analytical && f.trace_path) throw InputError(cl, "--analytical", "--trace needs the simulator", "drop --analytical");
   Estimate e;
   std::string extra;
   nlohmann::json sim_json;
@@ -41,7 +40,6 @@ void run_simulate(const PlanFlags& f) {
     e = estimate(l.model, *l.topology, plan);
   } else {
     sim::SimOptions so;
-    if (f.dp_overlap) so.dp_overlap = parse_on_off(*f.dp_overlap, "--dp-overlap");
     if (f.trace_path) so.trace_path = *f.trace_path;
     if (f.trace_ranks) {
       if (!f.trace_path) throw InputError(cl, "--trace-ranks", "needs --trace FILE", "add --trace out.json");
@@ -115,8 +113,6 @@ void register_simulate_commands(CLI::App& app) {
                                                   "(unset dimensions: TP 1, PP 1, DP = the rest, mb 1, selective recompute)");
   add_plan_flags(sim, sim_flags, false, true);
   sim->add_flag("--analytical", sim_flags.analytical, "the closed-form estimate instead of the discrete-event simulation");
-  sim->add_option("--dp-overlap", sim_flags.dp_overlap,
-                  "overlap DP gradient reduction with the backward pass (Megatron --overlap-grad-reduce): on|off (default on)");
   sim->add_option("--trace", sim_flags.trace_path, "write a Chrome/Perfetto trace of the iteration to FILE");
   sim->add_option("--trace-ranks", sim_flags.trace_ranks, "ranks to trace, e.g. 0,8 (default: one GPU per stage)");
   sim->add_flag("--trace-per-rank", sim_flags.trace_per_rank, "one trace file per rank (FILE.rankN.json)");

@@ -17,6 +17,7 @@
 #include "cuboid/search/planner.hpp"
 #include "cuboid/report/report.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/core/trainer.hpp"
 
 namespace cuboid::cli {
 
@@ -41,10 +42,16 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   cmd->add_option("--sequence-parallel", f.sequence_parallel, "sequence parallelism with TP: on|off");
   cmd->add_option("--schedule", f.schedule, "pipeline schedule: gpipe|1f1b|interleaved");
   cmd->add_option("--flash-attention", f.flash_attention, "fused attention core: on|off (default: on where the device has it, see the GPU profile's flash_attention)");
+  cmd->add_option("--trainer", f.trainer,
+                  "the trainer and version the plan runs in, which sets what it can run and how (overlap, fusion, "
+                  "gradient dtype): " + trainer_names() + " (default megatron-core; docs/cli.md#trainers)");
   cmd->add_option("--grad-accum-fusion", f.grad_accum_fusion,
                   "Megatron's gradient-accumulation fusion: on = wgrad GEMMs accumulate into the fp32 main_grad "
                   "(Megatron-LM's default since 2022); off = a separate main_grad.add_ per parameter and micro-batch "
-                  "(Megatron-LM before March 2022, DeepSpeed, FSDP): on|off (default on)");
+                  "(Megatron-LM before March 2022, DeepSpeed, FSDP): on|off (default: the trainer's)");
+  cmd->add_option("--dp-overlap", f.dp_overlap,
+                  "overlap the DP gradient reduction with the last backward (Megatron --overlap-grad-reduce, torch "
+                  "DDP, FSDP): on|off (default: the trainer's)");
   cmd->add_option("--rank-order", f.rank_order,
                   search ? "rank order, innermost first, e.g. tp-dp-pp (Megatron's); default: searched"
                          : "rank order, innermost first (default tp-dp-pp, Megatron's)");
@@ -113,6 +120,8 @@ PlannerOptions planner_options(const PlanFlags& f) {
   if (f.sequence_parallel) o.sequence_parallel = parse_on_off(*f.sequence_parallel, "--sequence-parallel");
   if (f.flash_attention) o.flash_attention = parse_on_off(*f.flash_attention, "--flash-attention");
   if (f.grad_accum_fusion) o.grad_accum_fusion = parse_on_off(*f.grad_accum_fusion, "--grad-accum-fusion");
+  if (f.dp_overlap) o.dp_overlap = parse_on_off(*f.dp_overlap, "--dp-overlap");
+  o.trainer = f.trainer;
   if (f.rank_order) o.order = RankOrder::parse(*f.rank_order, cl, "--rank-order");
   positive(f.first_stage_layers, "--first-stage-layers");
   positive(f.last_stage_layers, "--last-stage-layers");
@@ -134,7 +143,8 @@ Loaded load(const PlanFlags& f) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
     const bool dims = f.tp || f.pp || f.dp || f.micro_batch || f.vpp || f.zero || f.recompute || f.sequence_parallel ||
-                      f.schedule || f.flash_attention || f.grad_accum_fusion || f.rank_order || f.global_batch ||
+                      f.schedule || f.flash_attention || f.grad_accum_fusion || f.trainer || f.dp_overlap || f.rank_order ||
+                      f.global_batch ||
                       f.seq_length ||
                       f.first_stage_layers || f.last_stage_layers || f.uneven_stages;
     if (!f.model_path.empty() || dims)

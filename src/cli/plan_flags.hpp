@@ -25,6 +25,8 @@ struct PlanFlags {
   std::optional<int> tp, pp, dp, micro_batch, vpp, zero;
   std::optional<std::string> recompute, sequence_parallel, schedule, flash_attention, rank_order;
   std::optional<std::string> grad_accum_fusion;  // on|off
+  std::optional<std::string> trainer;            // --trainer preset
+  std::optional<std::string> dp_overlap;         // on|off
   std::optional<int> first_stage_layers, last_stage_layers;
   bool uneven_stages = false;
   bool explain = false;
@@ -33,7 +35,6 @@ struct PlanFlags {
   std::optional<std::string> out_path;   // --out (plan)
   std::optional<std::string> svg_path;   // --svg (plan, mesh)
   bool analytical = false;               // simulate: the analytical estimate instead of the DES
-  std::optional<std::string> dp_overlap; // on|off
   std::optional<std::string> trace_path;
   std::optional<std::string> trace_ranks;
   bool trace_per_rank = false;

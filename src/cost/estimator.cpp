@@ -15,8 +15,8 @@
 //   drain. Each costs a send_recv of pipeline_message_bytes over the slowest
 //   link between consecutive stages, plus the TP all-gather that rebuilds the
 //   activation when the scatter-gather optimisation is used without SP.
-// * dp_comm: fp32 gradients (Megatron accumulates and reduces in fp32 with
-//   bf16 training) of the critical stage over its DP group:
+// * dp_comm: the gradients of the critical stage over its DP group, at the
+//   trainer's bytes per element (fp32 for Megatron with bf16, TrainerSettings):
 //     ZeRO 0: all-reduce once per iteration;
 //     ZeRO 1 (distributed optimizer): reduce-scatter of grads, then an
 //       all-gather of the bf16 parameters after the step;
@@ -24,10 +24,11 @@
 //       plus the bf16 parameter all-gather after the step;
 //     ZeRO 3: as ZeRO 2, and each micro-batch all-gathers the bf16 parameters
 //       before its forward and again before its backward.
-//   Overlap (Megatron's --overlap-grad-reduce; the plan has no flag for it,
-//   so it is assumed on): a grad reduction hides behind the backward it
-//   follows (the last micro-batch's for once-per-iteration reductions), a
-//   ZeRO-3 gather behind the pass it feeds; only the excess is exposed. The
+//   Overlap (TrainerSettings::dp_overlap, Megatron's --overlap-grad-reduce):
+//   a grad reduction hides behind the backward it follows (the last
+//   micro-batch's for once-per-iteration reductions); without it the
+//   once-per-iteration reduction is exposed whole. A ZeRO-3 gather hides
+//   behind the pass it feeds; only the excess is exposed. The
 //   parameter all-gather after the optimizer step is exposed
 //   (--overlap-param-gather is off by default).
 // * optimizer: Megatron's step kernels (optimizer_step.hpp): the fp32 grad
@@ -55,7 +56,6 @@ namespace cuboid {
 
 namespace {
 
-constexpr double kGradBytesPerParam = 4.0;   // fp32 main_grad
 constexpr double kParamBytesPerParam = 2.0;  // bf16 weights
 constexpr std::size_t kCollectives = 5;
 
@@ -284,19 +284,24 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   const double params = parameters_on_stage(m, plan, critical);
   if (dp > 1) {
     const GroupLinks& links = pl.dp_links[static_cast<std::size_t>(critical)];
-    const double grad_bytes = params * kGradBytesPerParam;
+    const double grad_bytes = params * plan.trainer.dp_grad_bytes;
     // The gathered parameters are in the compute dtype (bf16; f32 on the CPU executor).
     const double param_bytes = params * kParamBytesPerParam * activation_bytes_scale(gpu.calibration.get());
     const double rs = comm_ns(Collective::reduce_scatter, grad_bytes, dp, links);
     const double ag = comm_ns(Collective::all_gather, param_bytes, dp, links);
+    // A reduction after the last backward hides behind nothing.
+    const double hiding = plan.trainer.dp_overlap ? crit.bwd() : 0.0;
     double exposed_ns = 0;
     switch (plan.zero_stage) {
       case 0:
-        exposed_ns = std::max(0.0, comm_ns(Collective::all_reduce, grad_bytes, dp, links) - crit.bwd());
+        exposed_ns = std::max(0.0, comm_ns(Collective::all_reduce, grad_bytes, dp, links) - hiding);
         break;
-      case 1:
-        exposed_ns = std::max(0.0, rs - crit.bwd()) + ag;
+      case 1: {
+        const double reduce =
+            plan.trainer.zero1_grad_all_reduce ? comm_ns(Collective::all_reduce, grad_bytes, dp, links) : rs;
+        exposed_ns = std::max(0.0, reduce - hiding) + ag;
         break;
+      }
       case 2:
         exposed_ns = micro_batches * std::max(0.0, rs - crit.bwd()) + ag;
         break;

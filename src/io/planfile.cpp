@@ -11,6 +11,7 @@
 
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/json_reader.hpp"
+#include "cuboid/core/trainer.hpp"
 #include "cuboid_config.hpp"
 
 namespace cuboid {
@@ -40,6 +41,11 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
       {"grad_accum_fusion", p.grad_accum_fusion},
       {"rank_order", p.order.str()},
       {"world_size", p.world_size()},
+      {"trainer",
+       {{"preset", p.trainer.preset},
+        {"dp_overlap", p.trainer.dp_overlap},
+        {"dp_grad_bytes", p.trainer.dp_grad_bytes},
+        {"zero1_grad_all_reduce", p.trainer.zero1_grad_all_reduce}}},
   };
 }
 
@@ -149,6 +155,21 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   p.grad_accum_fusion = r.optional_boolean("grad_accum_fusion").value_or(true);
   p.order = RankOrder::parse(r.string("rank_order"), source, "parallel.rank_order");
   const std::int64_t world = r.positive_integer("world_size");
+  // Optional: plan files written before trainer presets were priced as
+  // Megatron-Core runs them, the default.
+  if (r.has("trainer")) {
+    JsonReader t = r.object("trainer");
+    p.trainer.preset = t.string("preset");
+    if (!find_trainer(p.trainer.preset))
+      t.fail("preset", "unknown trainer \"" + p.trainer.preset + "\"", "use one of " + trainer_names());
+    p.trainer.dp_overlap = t.boolean("dp_overlap");
+    p.trainer.dp_grad_bytes = static_cast<int>(t.integer("dp_grad_bytes"));
+    if (p.trainer.dp_grad_bytes != 2 && p.trainer.dp_grad_bytes != 4)
+      t.fail("dp_grad_bytes", "must be 2 (16-bit gradients) or 4 (fp32), got " + std::to_string(p.trainer.dp_grad_bytes),
+             kRegenerate);
+    p.trainer.zero1_grad_all_reduce = t.boolean("zero1_grad_all_reduce");
+    t.reject_unknown();
+  }
   r.reject_unknown();
   // Multiplied step by step in 64 bits, so a hand-edited size cannot overflow world_size().
   std::int64_t product = 1;

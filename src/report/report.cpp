@@ -60,6 +60,9 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   j["flash_attention"] = p.flash_attention;
   j["grad_accum_fusion"] = p.grad_accum_fusion;
   j["rank_order"] = p.order.str();
+  j["trainer"] = p.trainer.preset;
+  j["dp_overlap"] = p.trainer.dp_overlap;
+  j["dp_grad_bytes"] = p.trainer.dp_grad_bytes;
   j["score"] = e.simulated ? "simulated" : "analytical";
   j["iteration_time_s"] = e.iteration_time_s;
   j["tokens_per_s"] = e.tokens_per_s;
@@ -136,6 +139,10 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                      p.virtual_stages > 1 ? fmt::format(" (v = {})", p.virtual_stages) : std::string(), p.zero_stage,
                      to_string(p.recompute), p.sequence_parallel ? "on" : "off", p.flash_attention ? "on" : "off",
                      p.grad_accum_fusion ? "on" : "off", p.order.str());
+  out += fmt::format("      trainer {}: DP reduction {} at {} bytes per gradient{}\n", p.trainer.preset,
+                     p.trainer.dp_overlap ? "overlapped with the backward" : "after the backward",
+                     p.trainer.dp_grad_bytes,
+                     p.zero_stage == 1 && p.dp > 1 && p.trainer.zero1_grad_all_reduce ? ", all-reduced (ZeRO-1)" : "");
   if (has_uneven_stages(p)) {
     out += fmt::format("      uneven stages: first {} layers, {} middle stages of {}, last {}\n",
                        layers_on_stage(p, m.num_layers, 0), p.pp - 2, layers_on_stage(p, m.num_layers, 1),

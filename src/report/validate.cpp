@@ -316,11 +316,12 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
   check_measurements(pf, cluster, m);
   const Topology topo(cluster);
   sim::SimOptions so;
-  so.dp_overlap = false;           // the executor reduces gradients after the last backward
-  so.tp_backward_overlap = false;  // and runs every op of a rank in order
+  so.tp_backward_overlap = false;  // the executor runs every op of a rank in order
+  ParallelPlan as_run = pf.plan;
+  as_run.trainer.dp_overlap = false;  // and reduces gradients after the last backward
   sim::SimResult sim;
   try {
-    sim = sim::run_simulation(pf.model, topo, pf.plan, so);
+    sim = sim::run_simulation(pf.model, topo, as_run, so);
   } catch (const std::invalid_argument& e) {
     throw InputError(pf.source, "parallel", e.what(), "choose a plan the simulator can play");
   }

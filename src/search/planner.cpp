@@ -126,7 +126,48 @@ std::int64_t default_global_batch(std::int64_t seq_length, int total_gpus) {
   return odd * (std::int64_t{1} << static_cast<int>(power));
 }
 
+const TrainerPreset& trainer_of(const PlannerOptions& o) {
+  if (!o.trainer) return default_trainer();
+  const TrainerPreset* t = find_trainer(*o.trainer);
+  if (!t)
+    throw InputError("command line", "--trainer", "unknown trainer \"" + *o.trainer + "\"",
+                     "use one of " + trainer_names() + " (cuboid plan --help)");
+  return *t;
+}
+
+void check_trainer_options(const PlannerOptions& o) {
+  const TrainerPreset& t = trainer_of(o);
+  auto refuse = [&](const char* flag, const std::string& what, const std::string& fix) {
+    throw InputError("command line", flag, std::string(t.name) + " " + what + " (" + std::string(t.description) + ")", fix);
+  };
+  const std::string other = "drop it, or choose a --trainer that has it";
+  if (o.sequence_parallel.value_or(false) && !t.sequence_parallel)
+    refuse("--sequence-parallel", "has no sequence parallelism", "use --sequence-parallel off, or " + other);
+  if (o.recompute == Recompute::selective && !t.selective_recompute)
+    refuse("--recompute", "recomputes whole layers only (no selective recomputation)", "use --recompute full or none");
+  if (!t.interleaved && (o.schedule == Schedule::interleaved || o.virtual_stages.value_or(1) > 1))
+    refuse(o.schedule == Schedule::interleaved ? "--schedule" : "--vpp", "has no interleaved schedule",
+           "use --schedule 1f1b (or gpipe) without --vpp");
+  if (o.flash_attention.value_or(false) && !t.flash_attention)
+    refuse("--flash-attention", "runs the unfused attention core", "use --flash-attention off, or " + other);
+  if (o.grad_accum_fusion.value_or(false) && !t.grad_accum_fusion)
+    refuse("--grad-accum-fusion", "has no gradient-accumulation fusion", "use --grad-accum-fusion off, or " + other);
+  if (o.zero_stage && std::find(t.zero_stages.begin(), t.zero_stages.end(), *o.zero_stage) == t.zero_stages.end()) {
+    std::string stages;
+    for (int z : t.zero_stages) stages += (stages.empty() ? "" : ", ") + std::to_string(z);
+    refuse("--zero", "cannot run ZeRO stage " + std::to_string(*o.zero_stage), "use --zero " + stages);
+  }
+}
+
+TrainerSettings trainer_settings(const PlannerOptions& o) {
+  TrainerSettings s = trainer_of(o).settings;
+  if (o.dp_overlap) s.dp_overlap = *o.dp_overlap;
+  return s;
+}
+
 ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, const PlannerOptions& o) {
+  check_trainer_options(o);
+  const TrainerPreset& trainer = trainer_of(o);
   ParallelPlan p;
   p.tp = o.tp.value_or(1);
   p.pp = o.pp.value_or(1);
@@ -154,12 +195,13 @@ ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, c
     p.last_stage_layers = last;
   }
   p.schedule = o.schedule.value_or(p.virtual_stages > 1 ? Schedule::interleaved : Schedule::one_f_one_b);
-  p.zero_stage = o.zero_stage.value_or(0);
-  p.recompute = o.recompute.value_or(Recompute::selective);
-  p.sequence_parallel = o.sequence_parallel.value_or(p.tp > 1);
-  p.flash_attention = o.flash_attention.value_or(cluster.gpu.flash_attention);
-  p.grad_accum_fusion = o.grad_accum_fusion.value_or(true);
+  p.zero_stage = o.zero_stage.value_or(trainer.zero_stages.front());
+  p.recompute = o.recompute.value_or(trainer.selective_recompute ? Recompute::selective : Recompute::full);
+  p.sequence_parallel = o.sequence_parallel.value_or(p.tp > 1 && trainer.sequence_parallel);
+  p.flash_attention = o.flash_attention.value_or(cluster.gpu.flash_attention && trainer.flash_attention);
+  p.grad_accum_fusion = o.grad_accum_fusion.value_or(trainer.default_grad_accum_fusion);
   p.order = o.order.value_or(RankOrder{});
+  p.trainer = trainer_settings(o);
   validate_plan(p, model, cluster);
   return p;
 }
@@ -168,6 +210,9 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
                                           SearchResult& result) {
   const Cluster& cluster = topo.cluster();
   const int gpus = cluster.total_gpus();
+  check_trainer_options(o);
+  const TrainerPreset& trainer = trainer_of(o);
+  const TrainerSettings trainer_set = trainer_settings(o);
   result.seq_length = o.seq_length.value_or(model.seq_length);
   result.global_batch = o.global_batch.value_or(default_global_batch(result.seq_length, gpus));
 
@@ -192,7 +237,7 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     probe.micro_batch = o.micro_batch.value_or(1);
     probe.dp = o.dp.value_or(1);
     probe.zero_stage = o.zero_stage.value_or(0);
-    probe.flash_attention = o.flash_attention.value_or(cluster.gpu.flash_attention);
+    probe.flash_attention = o.flash_attention.value_or(cluster.gpu.flash_attention && trainer.flash_attention);
     Cluster relaxed = cluster;  // the GPU-count check is the search's job
     relaxed.nodes = 1;
     relaxed.gpus_per_node = probe.world_size();
@@ -220,12 +265,13 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     if (heads_gcd % t == 0 && (o.tp || t <= cluster.gpus_per_node)) tps.push_back(t);
   std::vector<int> micro_batches;
   for (int b = 1; b <= o.max_micro_batch; b *= 2) micro_batches.push_back(b);
-  const bool flash = o.flash_attention.value_or(cluster.gpu.flash_attention);
+  const bool flash = o.flash_attention.value_or(cluster.gpu.flash_attention && trainer.flash_attention);
   // With flash attention the attention scores are never stored, so selective
   // recomputation is the same plan as none: search it only when asked for.
   const std::vector<Recompute> recomputes =
-      fixed_or(o.recompute, flash ? std::vector<Recompute>{Recompute::none, Recompute::full}
-                                              : std::vector<Recompute>{Recompute::none, Recompute::selective, Recompute::full});
+      fixed_or(o.recompute, flash || !trainer.selective_recompute
+                                ? std::vector<Recompute>{Recompute::none, Recompute::full}
+                                : std::vector<Recompute>{Recompute::none, Recompute::selective, Recompute::full});
   // PP sizes: divisors of the layers, plus (with uneven stages) every PP that
   // has a first/last-stage split.
   std::vector<int> pps = divisors(model.num_layers);
@@ -292,7 +338,7 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
           vs = {*o.virtual_stages};
         } else {
           vs = {1};
-          if (pp > 1 && !uneven && (!o.schedule || *o.schedule == Schedule::interleaved))
+          if (pp > 1 && !uneven && trainer.interleaved && (!o.schedule || *o.schedule == Schedule::interleaved))
             for (int v : divisors(model.num_layers / pp))
               if (v > 1) vs.push_back(v);
         }
@@ -303,9 +349,10 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
             skip("interleaving needs micro-batches divisible by PP");
             continue;
           }
-          std::vector<int> zeros = dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0};
+          std::vector<int> zeros = dp > 1 ? trainer.zero_stages : std::vector<int>{trainer.zero_stages.front()};
           if (o.zero_stage) zeros = {*o.zero_stage};
-          std::vector<bool> sps = tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false};
+          std::vector<bool> sps =
+              tp > 1 && trainer.sequence_parallel ? std::vector<bool>{true, false} : std::vector<bool>{false};
           if (o.sequence_parallel) sps = {*o.sequence_parallel};
           for (const RankOrder& order : orders) {
             for (int zero : zeros) {
@@ -326,8 +373,9 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
                   p.recompute = rc;
                   p.sequence_parallel = sp;
                   p.flash_attention = flash;
-                  p.grad_accum_fusion = o.grad_accum_fusion.value_or(true);
+                  p.grad_accum_fusion = o.grad_accum_fusion.value_or(trainer.default_grad_accum_fusion);
                   p.order = order;
+                  p.trainer = trainer_set;
                   try {
                     validate_plan(p, model, cluster);
                   } catch (const InputError& e) {

@@ -16,7 +16,6 @@ namespace cuboid::sim::detail {
 namespace {
 
 constexpr TaskId kNoTask = std::numeric_limits<TaskId>::max();
-constexpr double kGradBytesPerParam = 4.0;   // fp32 main_grad, reduced in fp32 (as estimator.cpp)
 constexpr double kParamBytesPerParam = 2.0;  // bf16 weights
 // Megatron-core's default DDP bucket: max(40M, 1M x DP) parameters
 // (DistributedDataParallelConfig.bucket_size), first pipeline stage only.
@@ -432,8 +431,11 @@ void Builder::play(Chain& ch, const Program& prog) {
 void Builder::dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name) {
   if (dp_ <= 1 || params <= 0) return;
   const Representative& r = representatives_[static_cast<std::size_t>(stage)];
-  const Collective c = plan_.zero_stage == 0 ? Collective::all_reduce : Collective::reduce_scatter;
-  const TaskId t = emit_collective(c, r.dp_group, params * kGradBytesPerParam, r.dp, deps, meta_of(Category::dp, kThreadDp, stage),
+  // ZeRO-1 reduce-scatters, unless the trainer all-reduces the full gradients
+  // before updating its shard (DeepSpeed's pipeline engine with bf16).
+  const bool all_reduce = plan_.zero_stage == 0 || (plan_.zero_stage == 1 && plan_.trainer.zero1_grad_all_reduce);
+  const Collective c = all_reduce ? Collective::all_reduce : Collective::reduce_scatter;
+  const TaskId t = emit_collective(c, r.dp_group, params * plan_.trainer.dp_grad_bytes, r.dp, deps, meta_of(Category::dp, kThreadDp, stage),
                                    /*dp_reduction=*/true);
   label(t, stage, name, "dp");
 }
@@ -460,7 +462,7 @@ void Builder::add_step(int stage, std::size_t idx) {
     }
   }
   const bool last_mb = st.micro_batch == mbs_ - 1;
-  const bool reduce_now = dp_ > 1 && (plan_.zero_stage >= 2 || (opts_.dp_overlap && last_mb));
+  const bool reduce_now = dp_ > 1 && (plan_.zero_stage >= 2 || (plan_.trainer.dp_overlap && last_mb));
   PassState& out = pass(st.dir, st.micro_batch, vs);
   out.end_off = static_cast<std::uint32_t>(ends_.size());
   if (stamp_ && !traced(stage)) {
@@ -609,7 +611,7 @@ void Builder::finish_iteration() {
     // The last pass's outgoing message must be done too.
     const auto tail = messages_.block_of(messages_.point(s, static_cast<int>(order_[us].size()) - 1));
     stage_end_[us].insert(stage_end_[us].end(), tail.begin(), tail.end());
-    if (dp_ > 1 && zero <= 1 && !opts_.dp_overlap) {
+    if (dp_ > 1 && zero <= 1 && !plan_.trainer.dp_overlap) {
       dp_bucket(s, parameters_on_stage(m_, plan_, s), stage_end_[us], "grad reduce");
     }
     all.insert(all.end(), stage_end_[us].begin(), stage_end_[us].end());
@@ -629,7 +631,7 @@ void Builder::finish_iteration() {
     }
     const GroupId gid = eng_->add_group(std::move(g));
     const double bytes =
-        static_cast<double>(padded_vocab_size(m_.vocab_size, tp_)) / tp_ * static_cast<double>(m_.hidden_size) * kGradBytesPerParam;
+        static_cast<double>(padded_vocab_size(m_.vocab_size, tp_)) / tp_ * static_cast<double>(m_.hidden_size) * plan_.trainer.dp_grad_bytes;
     const StreamId streams[2] = {representatives_.front().dp, representatives_.back().dp};
     const TaskId t = eng_->add_collective(Collective::all_reduce, gid, bytes, streams, all);
     tag(t, Category::dp, kThreadDp, 0, pp_ - 1);

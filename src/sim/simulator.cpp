@@ -16,10 +16,12 @@
 //   sender's next pass too (Megatron's p2p is synchronous). Without sequence
 //   parallelism the receiver all-gathers the TP shards (scatter-gather).
 // * DP: gradient buckets (Megatron-core: max(40M, 1M x DP) parameters on the
-//   first stage, one bucket per model chunk elsewhere) reduced in fp32 as the
-//   last micro-batch's backward produces them (SimOptions::dp_overlap), or
-//   after the stage's last backward; all-reduce without ZeRO, reduce-scatter
-//   with ZeRO >= 1 (ZeRO-2/3: every micro-batch). ZeRO-3 all-gathers each
+//   first stage, one bucket per model chunk elsewhere) reduced at the
+//   trainer's bytes per element (TrainerSettings) as the last micro-batch's
+//   backward produces them (TrainerSettings::dp_overlap), or after the
+//   stage's last backward; all-reduce without ZeRO, reduce-scatter with ZeRO
+//   >= 1 (ZeRO-2/3: every micro-batch; ZeRO-1 all-reduces where the trainer
+//   does). ZeRO-3 all-gathers each
 //   unit's bf16 parameters before its forward and backward, one unit ahead.
 //   Tied embeddings across stages: the embedding gradient all-reduce between
 //   the first and last stage.

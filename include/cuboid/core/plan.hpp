@@ -37,6 +37,26 @@ struct RankOrder {
   friend bool operator==(const RankOrder&, const RankOrder&) = default;
 };
 
+// How the trainer runs what the plan names, beyond the dimensions: what a
+// user gets with their trainer and its version rather than chooses one by one
+// (presets: cuboid/search/trainer.hpp, `--trainer`).
+struct TrainerSettings {
+  std::string preset = "megatron-core";
+  // DP gradient reduction launched bucket by bucket during the last
+  // micro-batch's backward (Megatron-Core --overlap-grad-reduce, torch DDP);
+  // off: after each stage's last backward (Megatron-LM's local DDP before 2023).
+  bool dp_overlap = true;
+  // Bytes per gradient element in the DP reduction: 4 = the fp32 main_grad
+  // (Megatron with bf16, which forces accumulate_allreduce_grads_in_fp32);
+  // 2 = the 16-bit parameter dtype (Megatron-LM 2021 with --fp16).
+  int dp_grad_bytes = 4;
+  // ZeRO-1 with the gradients all-reduced in full (each rank then updates its
+  // shard and all-gathers the parameters), as DeepSpeed's pipeline engine
+  // does with bf16; off: reduce-scattered (Megatron's distributed optimizer).
+  bool zero1_grad_all_reduce = false;
+  friend bool operator==(const TrainerSettings&, const TrainerSettings&) = default;
+};
+
 struct ParallelPlan {
   int tp = 1;
   int pp = 1;
@@ -63,6 +83,7 @@ struct ParallelPlan {
   // before March 2022 (and DeepSpeed's and FSDP's accumulation passes do).
   bool grad_accum_fusion = true;
   RankOrder order;
+  TrainerSettings trainer;
 
   int world_size() const { return tp * pp * dp * cp; }
   // Micro-batches per iteration per pipeline: global_batch / (micro_batch * dp).

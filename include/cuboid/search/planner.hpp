@@ -18,6 +18,7 @@
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/core/trainer.hpp"
 
 namespace cuboid {
 
@@ -28,7 +29,11 @@ struct PlannerOptions {
   std::optional<bool> sequence_parallel;
   std::optional<Schedule> schedule;
   std::optional<bool> flash_attention;       // default: the device's (GpuProfile::flash_attention)
-  std::optional<bool> grad_accum_fusion;     // default: on (ParallelPlan::grad_accum_fusion)
+  std::optional<bool> grad_accum_fusion;     // default: the trainer's
+  // The trainer preset (cuboid/core/trainer.hpp): what it can run and how.
+  // Default: megatron-core. Settings set here must be ones it can run.
+  std::optional<std::string> trainer;
+  std::optional<bool> dp_overlap;            // default: the trainer's
   std::optional<std::int64_t> global_batch;  // default: default_global_batch()
   std::optional<std::int64_t> seq_length;    // default: the model's
   std::optional<RankOrder> order;   // default: Megatron's tp-dp-pp (or searched with search_rank_order)
@@ -73,6 +78,14 @@ std::string flag_fix(const PlanProblem& problem);
 // check_plan, thrown as InputError(source, flag, problem, flag fix).
 void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster,
                    const std::string& source = "command line");
+
+// The options' trainer preset; InputError (naming --trainer) when unknown.
+const TrainerPreset& trainer_of(const PlannerOptions& options);
+// InputError naming the flag when an option asks for what the trainer
+// cannot run (e.g. --sequence-parallel on with megatron-2021).
+void check_trainer_options(const PlannerOptions& options);
+// The trainer settings every plan of these options gets.
+TrainerSettings trainer_settings(const PlannerOptions& options);
 
 // Every valid candidate of the search space, in a deterministic order; fills
 // result's global_batch, seq_length and skip counts. search_plans scores them.

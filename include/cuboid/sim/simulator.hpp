@@ -41,12 +41,6 @@ struct Straggler {
 };
 
 struct SimOptions {
-  // DP gradient reduction launched per bucket as the last micro-batch's
-  // backward produces it (Megatron-core --overlap-grad-reduce; buckets of
-  // max(40M, 1M x DP) parameters on the first stage, one per model chunk
-  // elsewhere). Off: reduced after each stage's last backward (Megatron-LM
-  // before 2023, as in Korthikanti et al. 2022).
-  bool dp_overlap = true;
   // Megatron's overlap of TP communication in the backward of column-
   // parallel layers (QKV, FC1, LM head): the input-gradient all-reduce (or,
   // with SP, the re-gather of the input and the reduce-scatter) runs under

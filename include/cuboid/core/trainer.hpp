@@ -1,0 +1,48 @@
+#pragma once
+#ifndef CUBOID_LAYER_CORE
+#error "cuboid/core is not below this layer in the build (docs/architecture.md)"
+#endif
+// Trainer presets: what a trainer of a given version can run and how it runs
+// it (`--trainer`). A user knows which trainer they run, not which of its
+// internals are fused; a preset turns that into the plan's settings, each with
+// the file and commit it was read from (docs/fidelity.md lists them).
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cuboid/core/plan.hpp"
+
+namespace cuboid {
+
+struct TrainerSource {
+  std::string_view setting;  // "dp_overlap", "sequence_parallel", ...
+  std::string_view source;   // "Megatron-LM de7dc40f megatron/model/distributed.py: ..."
+};
+
+struct TrainerPreset {
+  std::string_view name;         // "megatron-core"
+  std::string_view description;  // one line: trainer, version, precision
+  // What the trainer can run at all.
+  bool sequence_parallel = true;
+  bool selective_recompute = true;
+  bool interleaved = true;
+  bool flash_attention = true;
+  bool grad_accum_fusion = true;   // the fused wgrad + main_grad accumulation exists
+  bool uneven_stages = true;
+  std::vector<int> zero_stages{0, 1, 2, 3};
+  // How it runs it by default.
+  bool default_grad_accum_fusion = true;
+  TrainerSettings settings;
+  std::vector<TrainerSource> sources;
+};
+
+// Every preset, the default (megatron-core) first.
+std::span<const TrainerPreset> trainer_presets();
+const TrainerPreset& default_trainer();
+// nullptr when unknown.
+const TrainerPreset* find_trainer(std::string_view name);
+// "megatron-core, megatron-2022, ..." for messages and --help.
+std::string trainer_names();
+
+}  // namespace cuboid
