@@ -413,7 +413,7 @@ TEST_CASE("Korthikanti et al. 2022: simulated vs measured iteration times" * doc
   // Korthikanti et al. 2022 Table 3 configurations, Table 5 times (full
   // recompute; sequence parallelism + selective recompute); the DP=8 row from
   // Sec 6.3 (selective only), read from tests/data/reference/korthikanti2022.csv.
-  // Its model names map to model cards as in tools/validate. Megatron-LM of
+  // Its model names map to model cards as in tools/fidelity. Megatron-LM of
   // 2022 reduced gradients after the backward pass, so DP overlap is off here.
   const std::map<std::string, const char*> cards = {
       {"22B", "gpt-22b"}, {"175B (GPT-3)", "gpt3-175b"}, {"530B (MT-NLG)", "mt-nlg-530b"},
@@ -456,7 +456,7 @@ TEST_CASE("Korthikanti et al. 2022: simulated vs measured iteration times" * doc
                     row.model, row.dp, full ? "full" : "sel+sp", measured, predicted, 100 * err, r.wall_s,
                     static_cast<unsigned long long>(r.tasks));
       MESSAGE(line);
-      CHECK(std::fabs(err) < 0.25);  // informative; tools/validate holds the target
+      CHECK(std::fabs(err) < 0.25);  // informative; tools/fidelity holds the target
     }
   }
   MESSAGE("MAPE " << 100 * sum_abs / n << "%");

@@ -26,12 +26,33 @@ namespace cuboid::cli {
 
 namespace {
 
+// --ablate: turn one modelled mechanism off, to see what it contributes
+// (tools/fidelity's ablation table). The plan and the card otherwise stay.
+constexpr const char* kMechanisms = "dp-16bit-grads, zero1-all-reduce, unfused-attention";
+
+void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
+  if (name == "dp-16bit-grads") {
+    plan.trainer.dp_grad_bytes = 4;
+  } else if (name == "zero1-all-reduce") {
+    plan.trainer.zero1_grad_all_reduce = false;
+  } else if (name == "unfused-attention") {
+    cluster.gpu.unfused_attention_efficiency = 0;
+  } else {
+    throw InputError("command line", "--ablate", "unknown mechanism \"" + name + "\"",
+                     std::string("use one of ") + kMechanisms);
+  }
+}
+
 void run_simulate(const PlanFlags& f) {
   check_output_path(f.trace_path, "--trace");  // before the simulation, not after
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
   ParallelPlan plan = l.plan ? *l.plan : plan_from_options(l.model, l.cluster, o);
   const std::string cl = "command line";
+  if (!f.ablate.empty()) {
+    for (const std::string& name : f.ablate) ablate(name, plan, l.cluster);
+    l.topology = std::make_unique<Topology>(l.cluster);
+  }
   if (f.analytical && f.trace_path) throw InputError(cl, "--analytical", "--trace needs the simulator", "drop --analytical");
   Estimate e;
   std::string extra;
@@ -113,6 +134,8 @@ void register_simulate_commands(CLI::App& app) {
                                                   "(unset dimensions: TP 1, PP 1, DP = the rest, mb 1, selective recompute)");
   add_plan_flags(sim, sim_flags, false, true);
   sim->add_flag("--analytical", sim_flags.analytical, "the closed-form estimate instead of the discrete-event simulation");
+  sim->add_option("--ablate", sim_flags.ablate,
+                  std::string("turn a modelled mechanism off, to see what it contributes (repeatable): ") + kMechanisms);
   sim->add_option("--trace", sim_flags.trace_path, "write a Chrome/Perfetto trace of the iteration to FILE");
   sim->add_option("--trace-ranks", sim_flags.trace_ranks, "ranks to trace, e.g. 0,8 (default: one GPU per stage)");
   sim->add_flag("--trace-per-rank", sim_flags.trace_per_rank, "one trace file per rank (FILE.rankN.json)");

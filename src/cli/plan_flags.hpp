@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -35,6 +36,7 @@ struct PlanFlags {
   std::optional<std::string> out_path;   // --out (plan)
   std::optional<std::string> svg_path;   // --svg (plan, mesh)
   bool analytical = false;               // simulate: the analytical estimate instead of the DES
+  std::vector<std::string> ablate;       // simulate --ablate MECHANISM (fidelity studies)
   std::optional<std::string> trace_path;
   std::optional<std::string> trace_ranks;
   bool trace_per_rank = false;
