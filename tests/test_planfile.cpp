@@ -226,7 +226,7 @@ TEST_CASE("trainer settings round-trip; older plan files without them read as me
   CHECK(j["parallel"]["trainer"]["dp_overlap"] == true);
   CHECK(j["parallel"]["trainer"]["dp_grad_bytes"] == 4);
   j["parallel"]["trainer"] = {{"preset", "megatron-2021"}, {"dp_overlap", false}, {"dp_grad_bytes", 2},
-                              {"zero1_grad_all_reduce", false}};
+                              {"zero1_grad_all_reduce", false}, {"tp_backward_overlap", false}};
   const TrainerSettings t = plan_file_from_json(j, "plan.json").plan.trainer;
   CHECK(t.preset == "megatron-2021");
   CHECK_FALSE(t.dp_overlap);

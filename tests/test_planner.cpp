@@ -367,6 +367,7 @@ TEST_CASE("a trainer preset limits the search to what it can run and gives every
     CHECK(p.trainer.preset == "megatron-2021");
     CHECK(p.trainer.dp_grad_bytes == 2);
     CHECK(!p.trainer.dp_overlap);
+    CHECK(!p.trainer.tp_backward_overlap);
     interleaved = interleaved || p.schedule == Schedule::interleaved;
   }
   CHECK(interleaved);  // SC'21 introduced the interleaved schedule

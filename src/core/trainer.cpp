@@ -6,8 +6,10 @@ namespace cuboid {
 
 namespace {
 
-TrainerSettings settings(std::string_view name, bool dp_overlap, int dp_grad_bytes, bool zero1_grad_all_reduce = false) {
+TrainerSettings settings(std::string_view name, bool dp_overlap, int dp_grad_bytes, bool zero1_grad_all_reduce = false,
+                         bool tp_backward_overlap = true) {
   TrainerSettings s;
+  s.tp_backward_overlap = tp_backward_overlap;
   s.preset = std::string(name);
   s.dp_overlap = dp_overlap;
   s.dp_grad_bytes = dp_grad_bytes;
@@ -48,6 +50,8 @@ std::array<TrainerPreset, 6> make_presets() {
       {"grad_accum_fusion", "Megatron-LM 02bb1f5c megatron/mpu/layers.py: the wgrad is a plain matmul; the fusion "
                             "(83b1e42f, 2022-02-16) is not in this code"},
       {"sequence_parallel", "Megatron-LM 02bb1f5c megatron/mpu/layers.py reduce_scatter_to_sequence_parallel_region"},
+      {"tp_backward_overlap", "Megatron-LM 02bb1f5c megatron/mpu/layers.py: the input gradient's all-reduce / "
+                              "reduce-scatter is issued with async_op=True and waited after the wgrad GEMM"},
       {"flash_attention", "Megatron-LM 02bb1f5c megatron/model/transformer.py CoreAttention: baddbmm, fused softmax, bmm"},
       {"zero_stages", "Megatron-LM 02bb1f5c: no distributed optimizer yet"},
   };
@@ -61,7 +65,7 @@ std::array<TrainerPreset, 6> make_presets() {
   m21.grad_accum_fusion = false;
   m21.default_grad_accum_fusion = false;
   m21.zero_stages = {0};
-  m21.settings = settings(m21.name, false, 2);
+  m21.settings = settings(m21.name, false, 2, false, false);
   m21.sources = {
       {"dp_overlap", "Megatron-LM de7dc40f (examples/sc21, 2021-08-10) megatron/model/distributed.py: --DDP-impl local "
                      "(the default) all-reduces once after the last backward; the SC'21 scripts use torch DDP (overlapped: "
@@ -70,6 +74,8 @@ std::array<TrainerPreset, 6> make_presets() {
                         "(not set by examples/sc21/CONFIG.sh, which sets --fp16) the gradients are reduced in the "
                         "parameter dtype, fp16"},
       {"grad_accum_fusion", "Megatron-LM de7dc40f megatron/mpu/layers.py: no fused wgrad accumulation"},
+      {"tp_backward_overlap", "Megatron-LM de7dc40f megatron/mpu/layers.py ColumnParallelLinear: the input gradient's "
+                              "all-reduce is copy_to_tensor_model_parallel_region's backward, synchronous (no async_op)"},
       {"sequence_parallel", "Megatron-LM de7dc40f: no sequence parallelism (added 2022)"},
       {"selective_recompute", "Megatron-LM de7dc40f megatron/arguments.py: --checkpoint-activations / "
                               "--activations-checkpoint-method only (whole layers)"},
@@ -98,6 +104,8 @@ std::array<TrainerPreset, 6> make_presets() {
                       "pipeline parallelism\""},
       {"grad_accum_fusion", "microsoft/Megatron-DeepSpeed f4157bea megatron/core/tensor_parallel/layers.py: the fused "
                             "wgrad accumulation is commented out"},
+      {"tp_backward_overlap", "microsoft/Megatron-DeepSpeed f4157bea megatron/core/tensor_parallel/layers.py: "
+                              "async_op=True in the linear layers' backward"},
       {"sequence_parallel", "microsoft/Megatron-DeepSpeed f4157bea megatron/arguments.py --sequence-parallel, "
                             "--recompute-granularity, --use-flash-attn-v2"},
   };
@@ -112,7 +120,7 @@ std::array<TrainerPreset, 6> make_presets() {
   bloom.grad_accum_fusion = false;
   bloom.default_grad_accum_fusion = false;
   bloom.zero_stages = {0, 1};
-  bloom.settings = settings(bloom.name, false, 4, true);
+  bloom.settings = settings(bloom.name, false, 4, true, false);
   bloom.sources = {
       {"dp_overlap", "DeepSpeed v0.7.0 deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceGrads after the last "
                      "micro-batch's backward"},
@@ -128,6 +136,8 @@ std::array<TrainerPreset, 6> make_presets() {
                             "--sequence-parallel; --checkpoint-activations recomputes whole layers"},
       {"flash_attention", "bigscience-workshop/Megatron-DeepSpeed 8387ae17 megatron/model/transformer.py: unfused "
                           "attention core (fused scale-mask-softmax)"},
+      {"tp_backward_overlap", "bigscience-workshop/Megatron-DeepSpeed 8387ae17 megatron/mpu/layers.py: no async_op in "
+                              "the linear layers' backward"},
       {"grad_accum_fusion", "bigscience-workshop/Megatron-DeepSpeed 8387ae17: no gradient-accumulation fusion; the "
                             "BF16Optimizer adds each micro-batch's bf16 gradients to its fp32 copy"},
   };

@@ -45,7 +45,8 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
        {{"preset", p.trainer.preset},
         {"dp_overlap", p.trainer.dp_overlap},
         {"dp_grad_bytes", p.trainer.dp_grad_bytes},
-        {"zero1_grad_all_reduce", p.trainer.zero1_grad_all_reduce}}},
+        {"zero1_grad_all_reduce", p.trainer.zero1_grad_all_reduce},
+        {"tp_backward_overlap", p.trainer.tp_backward_overlap}}},
   };
 }
 
@@ -168,6 +169,7 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
       t.fail("dp_grad_bytes", "must be 2 (16-bit gradients) or 4 (fp32), got " + std::to_string(p.trainer.dp_grad_bytes),
              kRegenerate);
     p.trainer.zero1_grad_all_reduce = t.boolean("zero1_grad_all_reduce");
+    p.trainer.tp_backward_overlap = t.boolean("tp_backward_overlap");
     t.reject_unknown();
   }
   r.reject_unknown();

@@ -171,7 +171,7 @@ int Builder::mirrored_tp() const { return net_->rails_folded() ? 1 : tp_; }
 void Builder::make_programs() {
   const GpuProfile& gpu = topo_.cluster().gpu;
   const bool sp = plan_.sequence_parallel && tp_ > 1;
-  const bool ov = opts_.tp_backward_overlap;
+  const bool ov = opts_.tp_backward_overlap && plan_.trainer.tp_backward_overlap;
   const LayerOps layer = transformer_layer_ops(m_, plan_);
   const LayerOps embed = embedding_ops(m_, plan_);
   const LayerOps head = lm_head_ops(m_, plan_);

@@ -54,6 +54,11 @@ struct TrainerSettings {
   // shard and all-gathers the parameters), as DeepSpeed's pipeline engine
   // does with bf16; off: reduce-scattered (Megatron's distributed optimizer).
   bool zero1_grad_all_reduce = false;
+  // The input-gradient all-reduce (with SP: the all-gather and
+  // reduce-scatter) of column-parallel layers runs under their wgrad GEMM
+  // (Megatron's async_op=True in the linear layers' backward); off: every TP
+  // collective blocks (Megatron-LM of 2021).
+  bool tp_backward_overlap = true;
   friend bool operator==(const TrainerSettings&, const TrainerSettings&) = default;
 };
 
