@@ -249,8 +249,12 @@ TEST_CASE("--trainer and --dp-overlap reach plan, simulate and the plan file; a 
   const auto plan = dir / "p.json";
   CliResult p = run("plan --model models/llama3-8b.json --cluster topologies/dgx-a100-4node.json --tp 4 --pp 4 --trainer megatron-2022 --dp-overlap on --out " + plan.string());
   REQUIRE_MESSAGE(p.code == 0, p.err);
-  const nlohmann::json t = nlohmann::json::parse(std::ifstream(plan))["parallel"]["trainer"];
+  const nlohmann::json pj = nlohmann::json::parse(std::ifstream(plan));
+  const nlohmann::json t = pj["parallel"]["trainer"];
   CHECK(t["preset"] == "megatron-2022");
+  // The plan file carries the prediction's interval (A100, 32 GPUs: validated).
+  CHECK(pj["prediction"]["interval"]["known"] == true);
+  CHECK(pj["prediction"]["interval"]["low_s"].get<double>() < pj["prediction"]["interval"]["high_s"].get<double>());
   CHECK(t["dp_overlap"] == true);
   CliResult s = run("simulate --plan " + plan.string());
   REQUIRE_MESSAGE(s.code == 0, s.err);

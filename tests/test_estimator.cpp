@@ -254,3 +254,34 @@ TEST_CASE("trainer settings price the DP reduction as the trainer runs it") {
   CHECK(ar.breakdown.dp_comm_s > rs.breakdown.dp_comm_s * 1.3);
   CHECK(ar.breakdown.compute_s == rs.breakdown.compute_s);
 }
+
+TEST_CASE("prediction intervals come from the nearest validated regime, or say there is none") {
+  const std::vector<ValidationRegime>& regimes = validation_regimes();
+  const ValidationRegime* k = nullptr;
+  for (const ValidationRegime& r : regimes)
+    if (r.set == "korthikanti") k = &r;
+  REQUIRE(k != nullptr);
+  CHECK(k->gpu == "A100-SXM4-80GB");
+  CHECK(k->trainer == "megatron-2022");
+  CHECK(k->min_error <= k->mean_error);
+  CHECK(k->mean_error <= k->max_error);
+  // A measurement = prediction / (1 + error): the largest error bounds it below.
+  const PredictionInterval in = prediction_interval(10.0, "A100-SXM4-80GB", 64, "megatron-2022");
+  REQUIRE(in.known);
+  CHECK(in.low_s == doctest::Approx(10.0 / (1 + k->max_error)));
+  CHECK(in.high_s == doctest::Approx(10.0 / (1 + k->min_error)));
+  CHECK(in.basis.find("korthikanti") != std::string::npos);
+  // Today's Megatron-Core stands on the 2022 runs, and says so.
+  const PredictionInterval core = prediction_interval(10.0, "A100-SXM4-80GB", 64, "megatron-core");
+  REQUIRE(core.known);
+  CHECK(core.low_s == in.low_s);
+  CHECK(core.basis.find("megatron-core itself has no measured runs") != std::string::npos);
+  // No runs on that GPU, far beyond the validated scale, or no similar trainer: unknown.
+  const PredictionInterval h100 = prediction_interval(10.0, "H100-SXM5-80GB", 64, "megatron-core");
+  CHECK_FALSE(h100.known);
+  CHECK(h100.basis.find("no measured run on H100-SXM5-80GB") != std::string::npos);
+  const PredictionInterval huge = prediction_interval(10.0, "A100-SXM4-80GB", 100000, "megatron-2022");
+  CHECK_FALSE(huge.known);
+  CHECK(huge.basis.find("no validation data near 100000 GPUs") != std::string::npos);
+  CHECK_FALSE(prediction_interval(10.0, "A100-SXM4-80GB", 64, "torchtitan").known);
+}

@@ -323,6 +323,8 @@ void run_plan(const PlanFlags& f) {
   if (!f.json) o.progress = progress_bar();
   SearchResult r = search_plans(l.model, *l.topology, o);
   o.progress = {};
+  for (auto* rows : {&r.fitting, &r.not_fitting})
+    for (Estimate& e : *rows) attach_interval(e, l.cluster);
   spdlog::info("scored {} candidates ({} fit in memory), skipped {}", r.candidates, r.fitting.size(), r.skipped);
   for (const auto& [reason, count] : r.skip_reasons) spdlog::info("  skipped {} x: {}", count, reason);
   if (f.json) {
@@ -357,6 +359,9 @@ void run_plan(const PlanFlags& f) {
   }
   std::cout << fmt::format("Top {} plans (fastest first):\n", std::min<std::size_t>(f.top, r.fitting.size()));
   std::cout << format_plan_table(r.fitting, static_cast<std::size_t>(f.top));
+  if (const auto& in = r.fitting.front().interval)
+    std::cout << fmt::format("likely(s): where a measured step would likely fall: {}\n",
+                             in->known ? in->basis : "unknown, " + in->basis);
   // The best plan of every TP x PP x DP factorisation, so the layouts can be
   // compared with each other and not only the variants of the winner.
   std::vector<Estimate> per_shape;

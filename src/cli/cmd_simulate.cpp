@@ -102,6 +102,7 @@ void run_simulate(const PlanFlags& f) {
                 {"peak_link_utilisation",
                  {{"nvlink", r.peak_nvlink_utilisation}, {"pcie", r.peak_pcie_utilisation}, {"ib", r.peak_ib_utilisation}}}};
   }
+  attach_interval(e, l.cluster);
   if (f.json) {
     nlohmann::json j = estimate_to_json(e);
     j["model"] = l.model.name;

@@ -60,11 +60,20 @@ nlohmann::json rank_mapping_to_json(const ParallelPlan& p, int gpus_per_node) {
   return out;
 }
 
+nlohmann::json interval_to_json(const PredictionInterval& i) {
+  nlohmann::json j{{"known", i.known}, {"basis", i.basis}};
+  if (i.known) {
+    j["low_s"] = i.low_s;
+    j["high_s"] = i.high_s;
+  }
+  return j;
+}
+
 nlohmann::json prediction_to_json(const Estimate& e) {
   const MemoryReport& m = e.memory;
   const Breakdown& b = e.breakdown;
   auto bytes = [](double v) { return static_cast<std::int64_t>(v); };
-  return nlohmann::json{
+  nlohmann::json out{
       {"score", e.simulated ? "simulated" : "analytical"},
       {"iteration_time_s", e.iteration_time_s},
       {"tokens_per_s", e.tokens_per_s},
@@ -92,6 +101,8 @@ nlohmann::json prediction_to_json(const Estimate& e) {
         {"bubble_s", b.bubble_s},
         {"optimizer_s", b.optimizer_s}}},
   };
+  if (e.interval) out["interval"] = interval_to_json(*e.interval);
+  return out;
 }
 
 // The JSON key of a plan setting ("parallel" where the file has no key of its own).
@@ -236,6 +247,15 @@ void check_prediction(const nlohmann::json& j, const std::string& source) {
   JsonReader b = r.object("breakdown");
   for (const char* key : {"compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s"}) b.number(key);
   b.reject_unknown();
+  if (r.has("interval")) {
+    JsonReader in = r.object("interval");
+    if (in.boolean("known")) {
+      in.positive_number("low_s");
+      in.positive_number("high_s");
+    }
+    in.string("basis");
+    in.reject_unknown();
+  }
   r.reject_unknown();
 }
 

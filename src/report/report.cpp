@@ -63,6 +63,14 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   j["trainer"] = p.trainer.preset;
   j["dp_overlap"] = p.trainer.dp_overlap;
   j["dp_grad_bytes"] = p.trainer.dp_grad_bytes;
+  if (e.interval) {
+    nlohmann::json in{{"known", e.interval->known}, {"basis", e.interval->basis}};
+    if (e.interval->known) {
+      in["low_s"] = e.interval->low_s;
+      in["high_s"] = e.interval->high_s;
+    }
+    j["prediction_interval"] = in;
+  }
   j["score"] = e.simulated ? "simulated" : "analytical";
   j["iteration_time_s"] = e.iteration_time_s;
   j["tokens_per_s"] = e.tokens_per_s;
@@ -108,16 +116,26 @@ nlohmann::json search_to_json(const ModelSpec& m, const Cluster& c, const Search
   return j;
 }
 
+std::string format_interval(const Estimate& e) {
+  if (!e.interval) return "";
+  if (!e.interval->known) return "?";
+  const int digits = e.interval->high_s >= 100 ? 1 : e.interval->high_s >= 10 ? 2 : 3;
+  return fmt::format("{:.{}f}-{:.{}f}", e.interval->low_s, digits, e.interval->high_s, digits);
+}
+
 std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top_k) {
-  std::string out = fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>8} {:>9} {:>5} {:>10} {:>9} {:>5} {:>10} {:>9}\n",
-                                "#", "TP", "PP", "DP", "mb", "v", "ZeRO", "recompute", "SP", "order", "step(s)", "score",
+  const bool likely = !rows.empty() && rows.front().interval.has_value();
+  std::string out = fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>8} {:>9} {}{:>5} {:>10} {:>9} {:>5} {:>10} {:>9}\n",
+                                "#", "TP", "PP", "DP", "mb", "v", "ZeRO", "recompute", "SP", "order", "step(s)",
+                                likely ? fmt::format("{:>13} ", "likely(s)") : std::string(), "score",
                                 "tokens/s", "TFLOP/s", "MFU", "mem/GPU", "headroom");
   for (std::size_t i = 0; i < rows.size() && i < top_k; ++i) {
     const Estimate& e = rows[i];
     const ParallelPlan& p = e.plan;
-    out += fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>8} {:>9.3f} {:>5} {:>10.0f} {:>9.1f} {:>4.1f}% {:>10} {:>9}\n",
+    out += fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>8} {:>9.3f} {}{:>5} {:>10.0f} {:>9.1f} {:>4.1f}% {:>10} {:>9}\n",
                        i + 1, p.tp, p.pp, p.dp, p.micro_batch, p.virtual_stages, p.zero_stage,
                        to_string(p.recompute), p.sequence_parallel ? "on" : "off", p.order.str(), e.iteration_time_s,
+                       likely ? fmt::format("{:>13} ", format_interval(e)) : std::string(),
                        e.simulated ? "sim" : "est",
                        e.tokens_per_s, e.model_tflops_per_gpu, 100.0 * e.mfu,
                        format_bytes_GiB(e.memory.total_bytes), format_bytes_GiB(e.memory.headroom_bytes()));
@@ -151,6 +169,13 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
   out += "\n";
   out += fmt::format("iteration time      {:10.3f} s   ({})\n", e.iteration_time_s,
                      e.simulated ? "discrete-event simulation" : "analytical estimate");
+  if (e.interval) {
+    if (e.interval->known)
+      out += fmt::format("likely measured     {:10.3f} - {:.3f} s   ({})\n", e.interval->low_s, e.interval->high_s,
+                         e.interval->basis);
+    else
+      out += fmt::format("likely measured        unknown   ({})\n", e.interval->basis);
+  }
   out += fmt::format("throughput          {:10.0f} tokens/s\n", e.tokens_per_s);
   out += fmt::format("model TFLOP/s/GPU   {:10.1f}     MFU {:5.1f}%\n", e.model_tflops_per_gpu, 100 * e.mfu);
   out += fmt::format("hardware TFLOP/s/GPU{:10.1f}     HFU {:5.1f}%\n", e.hardware_tflops_per_gpu, 100 * e.hfu);

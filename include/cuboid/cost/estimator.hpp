@@ -8,6 +8,9 @@
 // the discrete-event simulator re-ranks the best.
 #include <memory>
 
+#include <optional>
+
+#include "cuboid/cost/uncertainty.hpp"
 #include "cuboid/core/cluster.hpp"
 #include "cuboid/cost/memory.hpp"
 #include "cuboid/core/model.hpp"
@@ -40,7 +43,13 @@ struct Estimate {
   MemoryReport memory;
   Breakdown breakdown;
   bool simulated = false;              // false: analytical estimate; true: discrete-event simulation
+  // Where a measurement would likely fall (uncertainty.hpp); set for the
+  // plans a command prints or writes (attach_interval), not for every candidate.
+  std::optional<PredictionInterval> interval;
 };
+
+// e.interval from e's time, the plan's GPU count and trainer, and the cluster's GPU.
+void attach_interval(Estimate& e, const Cluster& cluster);
 
 // Fills e's FLOPs, tokens/s, TFLOP/s per GPU, MFU and HFU from
 // e.iteration_time_s (shared by the estimator and the simulator).

@@ -23,6 +23,8 @@ nlohmann::json estimate_to_json(const Estimate& e);
 nlohmann::json search_to_json(const ModelSpec& m, const Cluster& c, const SearchResult& r, int top_k);
 
 // The ranked table of `cuboid plan`.
+// "12.31-13.40" (a prediction's interval), "?" (no validation data near), "" (none attached).
+std::string format_interval(const Estimate& e);
 std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top_k);
 // The per-component report of `cuboid simulate`.
 std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate& e);
