@@ -218,6 +218,11 @@ TEST_CASE("the report adds the measured ops up by component and compares them wi
   const nlohmann::json j = validation_to_json(r);
   CHECK(j["within_tolerance"] == false);
   CHECK(j["error"].get<double>() == doctest::Approx(-0.2));
+  // The comparison names the prediction's interval: this cluster's GPU has
+  // no validated runs, so it is unknown, and says why.
+  CHECK_FALSE(r.interval.known);
+  CHECK(text.find("interval: unknown (no validation data") != std::string::npos);
+  CHECK(j["prediction_interval"]["known"] == false);
 
   // Measured 5 % faster than predicted: error +5 %, within 10 %, PASS.
   const double fast = predicted / 1.05;

@@ -339,6 +339,8 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
   const Measured mc = measured_components(slow, stat);
   const Breakdown& b = sim.estimate.breakdown;
   rep.predicted_iteration_s = sim.estimate.iteration_time_s;
+  rep.interval = prediction_interval(rep.predicted_iteration_s, cluster.gpu.name, pf.plan.world_size(),
+                                     pf.plan.trainer.preset);
   rep.measured_iteration_s = pick(slow.iteration, stat);
   rep.components = {
       {"compute", b.compute_s, mc.compute},

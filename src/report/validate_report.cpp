@@ -57,6 +57,12 @@ std::string format_validation(const ValidationReport& r, bool with_ops) {
                          o.measured_s > 0 ? fmt::format("{:+.1f}%", 100 * o.error()) : std::string("-"));
   }
   out += "\n";
+  if (r.interval.known)
+    out += fmt::format("interval: a measurement would likely fall in {:.4f}-{:.4f} s ({}); measured {:.4f} s is {}\n",
+                       r.interval.low_s, r.interval.high_s, r.interval.basis, r.measured_iteration_s,
+                       r.measured_inside() ? "inside" : "outside");
+  else
+    out += fmt::format("interval: unknown ({})\n", r.interval.basis);
   if (r.within_tolerance())
     out += fmt::format("PASS: end-to-end error {:+.1f}% (predicted {:.4f} s, measured {:.4f} s) is within the "
                        "tolerance of {:.1f}%\n",
@@ -83,6 +89,12 @@ nlohmann::json validation_to_json(const ValidationReport& r) {
   j["error"] = r.error();
   j["tolerance"] = r.tolerance;
   j["within_tolerance"] = r.within_tolerance();
+  j["prediction_interval"] = {{"known", r.interval.known}, {"basis", r.interval.basis}};
+  if (r.interval.known) {
+    j["prediction_interval"]["low_s"] = r.interval.low_s;
+    j["prediction_interval"]["high_s"] = r.interval.high_s;
+    j["prediction_interval"]["measured_inside"] = r.measured_inside();
+  }
   j["components"] = nlohmann::json::array();
   for (const ComponentRow& c : r.components) j["components"].push_back(row_json(c));
   j["stages"] = nlohmann::json::array();

@@ -45,6 +45,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cuboid/cost/uncertainty.hpp"
 #include "cuboid/core/cluster.hpp"
 #include "cuboid/io/measurements.hpp"
 #include "cuboid/io/planfile.hpp"
@@ -105,6 +106,11 @@ struct ValidationReport {
   double measured_iteration_s = 0;
   double tolerance = 0.10;
   Statistic statistic = Statistic::median;  // of the measured steps (validate --statistic)
+  // The prediction's interval (cost/uncertainty.hpp) for this plan on this cluster.
+  PredictionInterval interval;
+  bool measured_inside() const {
+    return interval.known && measured_iteration_s >= interval.low_s && measured_iteration_s <= interval.high_s;
+  }
   double error() const {
     return measured_iteration_s > 0 ? (predicted_iteration_s - measured_iteration_s) / measured_iteration_s : 0.0;
   }
