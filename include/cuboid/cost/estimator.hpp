@@ -39,6 +39,11 @@ struct Estimate {
   double hfu = 0;
   MemoryReport memory;
   Breakdown breakdown;
+  // The GPU speed spread (GpuProfile::speed_spread) and the compute slowdown
+  // 1 + sigma x E[max over the plan's GPUs] it implies (speed_spread.hpp);
+  // the simulator plays it per stage but reports the same expected figure.
+  double gpu_spread = 0;
+  double gpu_spread_slowdown = 1.0;
   bool simulated = false;              // false: analytical estimate; true: discrete-event simulation
 };
 
