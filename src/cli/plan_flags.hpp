@@ -26,6 +26,7 @@ struct PlanFlags {
   std::optional<std::string> recompute, sequence_parallel, schedule, flash_attention, rank_order;
   std::optional<std::string> grad_accum_fusion;  // on|off
   std::optional<int> first_stage_layers, last_stage_layers;
+  std::optional<double> gpu_spread;      // overrides the GPU profile's speed_spread
   bool uneven_stages = false;
   bool explain = false;
   int threads = 0;
