@@ -249,14 +249,17 @@ CommTimes make_comm_times(const ParallelPlan& plan, const LayerCost& lc, const P
   return ct;
 }
 
+// `pace`: spread_slowdown(gpu.speed_spread, plan.world_size()), which the
+// Estimator keeps per world size (a normal quantile takes more than half as
+// long as the rest of a candidate's scoring, and a search's candidates share
+// one size).
 Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
-                       const Placement& pl, const CommTimes& ct) {
+                       const Placement& pl, const CommTimes& ct, double pace) {
   const int pp = std::max(1, plan.pp);
   const int dp = std::max(1, plan.dp);
   const double v = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
   const double micro_batches = static_cast<double>(plan.num_micro_batches());
   const TpTimes* tp_times = ct.tp.data();
-  const double pace = spread_slowdown(gpu.speed_spread, plan.world_size());
 
   int critical = 0;
   PassTimes crit{};
@@ -393,13 +396,16 @@ Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& 
   const GpuProfile& gpu = topo.cluster().gpu;
   const LayerCost lc = make_layer_cost(m, gpu, plan);
   const Placement pl = make_placement(topo, plan);
-  return estimate_with(m, gpu, plan, lc, pl, make_comm_times(plan, lc, pl));
+  return estimate_with(m, gpu, plan, lc, pl, make_comm_times(plan, lc, pl),
+                       spread_slowdown(gpu.speed_spread, plan.world_size()));
 }
 
 struct Estimator::Caches {
   std::unordered_map<LayerKey, LayerCost, KeyHash> layers;
   std::unordered_map<PlacementKey, Placement, KeyHash> placements;
   std::unordered_map<PairKey, CommTimes, PairHash> comm;
+  int pace_world = 0;  // the world size `pace` is for (0: none yet)
+  double pace = 1.0;
 };
 
 Estimator::Estimator(const ModelSpec& m, const Topology& topo)
@@ -419,7 +425,11 @@ Estimate Estimator::operator()(const ParallelPlan& plan) {
   const PairKey ck{&li->second, &pi->second};
   auto ci = caches_->comm.find(ck);
   if (ci == caches_->comm.end()) ci = caches_->comm.emplace(ck, make_comm_times(plan, li->second, pi->second)).first;
-  return estimate_with(model_, gpu, plan, li->second, pi->second, ci->second);
+  if (plan.world_size() != caches_->pace_world) {
+    caches_->pace_world = plan.world_size();
+    caches_->pace = spread_slowdown(gpu.speed_spread, plan.world_size());
+  }
+  return estimate_with(model_, gpu, plan, li->second, pi->second, ci->second, caches_->pace);
 }
 
 }  // namespace cuboid

@@ -19,6 +19,18 @@ constexpr double kMinFactor = 0.1;
 
 double normal_quantile(double p) { return boost::math::quantile(boost::math::normal_distribution<double>(), p); }
 
+// The stride coprime to pp nearest pp / phi (ties: the smaller), so k s mod pp
+// is a permutation and consecutive stages sit about 0.38 of the range apart.
+int stratum_stride(int pp) {
+  const double target = static_cast<double>(pp) / std::numbers::phi;
+  int k = 1;
+  for (int c = 1; c < pp; ++c) {
+    if (std::gcd(c, pp) != 1) continue;
+    if (std::abs(c - target) < std::abs(k - target)) k = c;
+  }
+  return k;
+}
+
 }  // namespace
 
 double expected_max_normal(std::int64_t m) {
@@ -44,15 +56,7 @@ double spread_slowdown(double sigma, std::int64_t gpus) {
 
 int spread_stratum(int stage, int pp) {
   if (pp <= 1) return 0;
-  // The stride coprime to pp nearest pp / phi (ties: the smaller), so k s mod
-  // pp is a permutation and consecutive stages sit about 0.38 of the range apart.
-  const double target = static_cast<double>(pp) / std::numbers::phi;
-  int k = 1;
-  for (int c = 1; c < pp; ++c) {
-    if (std::gcd(c, pp) != 1) continue;
-    if (std::abs(c - target) < std::abs(k - target)) k = c;
-  }
-  return static_cast<int>((static_cast<std::int64_t>(k) * stage) % pp);
+  return static_cast<int>((static_cast<std::int64_t>(stratum_stride(pp)) * stage) % pp);
 }
 
 std::vector<double> stage_spread_factors(double sigma, int tp, int pp, int dp) {
@@ -60,9 +64,10 @@ std::vector<double> stage_spread_factors(double sigma, int tp, int pp, int dp) {
   std::vector<double> f(static_cast<std::size_t>(stages), 1.0);
   if (sigma <= 0) return f;
   const std::int64_t m = static_cast<std::int64_t>(std::max(1, tp)) * std::max(1, dp);
+  const std::int64_t k = stratum_stride(stages);
   for (int s = 0; s < stages; ++s) {
-    const double z = stages == 1 ? expected_max_normal(m)
-                                 : max_normal_quantile((spread_stratum(s, stages) + 0.5) / stages, m);
+    const double q = (static_cast<double>((k * s) % stages) + 0.5) / stages;  // spread_stratum(s, stages)
+    const double z = stages == 1 ? expected_max_normal(m) : max_normal_quantile(q, m);
     f[static_cast<std::size_t>(s)] = std::max(kMinFactor, 1.0 + sigma * z);
   }
   return f;
