@@ -147,6 +147,8 @@ TEST_CASE("bad input: exit code 2 and one line naming the file or flag and the f
       {"plan " + kLlama + " --global-batch -4", "--global-batch: must be positive"},
       {"plan --model models/llama3-70b.json", "--cluster is required"},
       {"simulate " + kLlama + " --tp 4 --pp 4 --vpp 3 --schedule interleaved", "does not divide the 80 layers"},
+      {"simulate " + kLlama + " --tp 4 --pp 4 --gpu-spread -0.01", "--gpu-spread: must be in [0, 0.5], got -0.01"},
+      {"plan " + kLlama + " --gpu-spread 0.6", "--gpu-spread: must be in [0, 0.5], got 0.6"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.args);
@@ -156,6 +158,47 @@ TEST_CASE("bad input: exit code 2 and one line naming the file or flag and the f
     CHECK(count_lines(r.err) == 1);
     CHECK(r.out.empty());
   }
+}
+
+TEST_CASE("--gpu-spread 0 is a cluster of identical GPUs, byte for byte; the A100 card's spread is reported") {
+  // The DGX A100 card with its GPU profile inline and without speed_spread.
+  const TempDir dir("cli_spread");
+  nlohmann::json card = nlohmann::json::parse(slurp("topologies/dgx-a100-4node.json"));
+  nlohmann::json gpu = nlohmann::json::parse(slurp("topologies/" + card["gpu"].get<std::string>()));
+  REQUIRE(gpu.contains("speed_spread"));
+  gpu.erase("speed_spread");
+  card["gpu"] = gpu;
+  const auto even = dir / "even.json";
+  write_text(even, card.dump(2));
+  const std::string dims = " --tp 4 --pp 4 --dp 2 --global-batch 64 --json";
+  const std::string plan = " --tp 4 --pp 4 --global-batch 64 --simulate-top 2 --top 20 --json";
+  for (const std::string& args : {"simulate" + dims, "simulate" + dims + " --analytical", "plan" + plan}) {
+    CAPTURE(args);
+    const std::string cmd = args.substr(0, args.find(' '));
+    const std::string rest = args.substr(args.find(' '));
+    CliResult off = run(cmd + " " + kLlama + rest + " --gpu-spread 0");
+    CliResult plain = run(cmd + " --model models/llama3-70b.json --cluster " + even.string() + rest);
+    REQUIRE_MESSAGE(off.code == 0, off.err);
+    REQUIRE_MESSAGE(plain.code == 0, plain.err);
+    CHECK(off.out == plain.out);
+    CHECK(off.out.find("gpu_spread") == std::string::npos);
+  }
+  // As shipped: sigma 0.0115, the slowest of 32 GPUs at 1 + 0.0115 x 2.0667291.
+  CliResult on = run("simulate " + kLlama + dims);
+  CliResult off = run("simulate " + kLlama + dims + " --gpu-spread 0");
+  CliResult wide = run("simulate " + kLlama + dims + " --gpu-spread 0.05");
+  REQUIRE_MESSAGE(on.code == 0, on.err);
+  const auto a = nlohmann::json::parse(on.out), b = nlohmann::json::parse(off.out), c = nlohmann::json::parse(wide.out);
+  CHECK(a["gpu_spread"]["sigma"] == 0.0115);
+  CHECK(a["gpu_spread"]["gpus"] == 32);
+  CHECK(a["gpu_spread"]["expected_slowdown"].get<double>() == doctest::Approx(1 + 0.0115 * 2.0667291).epsilon(1e-8));
+  CHECK(c["gpu_spread"]["sigma"] == 0.05);
+  CHECK(b["iteration_time_s"].get<double>() < a["iteration_time_s"].get<double>());
+  CHECK(a["iteration_time_s"].get<double>() < c["iteration_time_s"].get<double>());
+  CliResult text = run("simulate " + kLlama + " --tp 4 --pp 4 --dp 2 --global-batch 64");
+  REQUIRE_MESSAGE(text.code == 0, text.err);
+  CHECK(text.out.find("GPU speed spread sigma 1.15%") != std::string::npos);
+  CHECK(text.out.find("GPU speed spread per stage") != std::string::npos);
 }
 
 TEST_CASE("plan --out writes a plan file that simulate, mesh and export read back") {

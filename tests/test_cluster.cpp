@@ -573,6 +573,33 @@ TEST_CASE("gpu.unfused_attention_efficiency: optional, sourced, a fraction") {
         "small.json: gpu.unfused_attention_efficiency: must be positive, got 0 (fix: give a value > 0)");
 }
 
+TEST_CASE("gpu.speed_spread: optional, sourced, 0 to 0.5, on the GPU cards only") {
+  for (const char* card : {"dgx-a100.json", "dgx-h100.json", "hgx-h200.json"}) {
+    CAPTURE(card);
+    const Cluster c = cuboid::load_cluster(kTopologies / card);
+    CHECK(c.gpu.speed_spread == 0.0115);
+    CHECK(c.gpu.sources.at("speed_spread").find("arXiv:2208.11035") != std::string::npos);
+    // The paper measured V100 and MI60: each card says so.
+    CHECK(c.gpu.sources.at("speed_spread").find("Measured on V100 and MI60") != std::string::npos);
+  }
+  CHECK(cuboid::load_cluster(kTopologies / "localhost-cpu.json").gpu.speed_spread == 0.0);
+  CHECK(small(small_card()).gpu.speed_spread == 0.0);  // absent: every GPU alike
+  json j = small_card();
+  j["gpu"]["speed_spread"] = 0;
+  CHECK(small(j).gpu.speed_spread == 0.0);
+  j["gpu"]["speed_spread"] = json{{"value", 0.02}, {"unit", "relative sigma"}, {"source", "a test"}};
+  CHECK(small(j).gpu.speed_spread == 0.02);
+  CHECK(small(j).gpu.sources.at("speed_spread") == "a test");
+  j["gpu"]["speed_spread"] = -0.01;
+  CHECK(input_error_message([&] { small(j); }) ==
+        "small.json: gpu.speed_spread: must not be negative, got -0.01 (fix: give a value >= 0 (0: off))");
+  j["gpu"]["speed_spread"] = json{{"value", 0.6}};
+  CHECK(input_error_message([&] { small(j); }) ==
+        "small.json: gpu.speed_spread: must be at most 0.5, got 0.6 (fix: give a value in [0, 0.5])");
+  j["gpu"]["speed_spread"] = "wide";
+  CHECK(input_error_message([&] { small(j); }).find("gpu.speed_spread") != std::string::npos);
+}
+
 TEST_CASE("bare numbers and sourced constants both load") {
   json j = small_card();
   j["gpu"]["peak_bf16_tflops"] = json::parse(R"({"value": 100, "unit": "TFLOP/s", "source": "spec sheet"})");

@@ -10,6 +10,7 @@
 
 #include "cuboid/cost/cost.hpp"
 #include "cuboid/cost/estimator.hpp"
+#include "cuboid/cost/speed_spread.hpp"
 #include "cuboid/core/topology.hpp"
 #include "cuboid/core/workload.hpp"
 #include "fixtures.hpp"
@@ -147,6 +148,49 @@ TEST_CASE("ZeRO-3 adds data-parallel traffic") {
   CHECK(z3 > z0);
   // DP 1: nothing to reduce.
   CHECK(estimate(m, topo, make_plan(8, 4, 1, 1, 16)).breakdown.dp_comm_s == 0);
+}
+
+TEST_CASE("GPU speed spread: compute and optimizer at the pace of the slowest of N GPUs") {
+  const ModelSpec m = gpt(24, 2048, 16);
+  Cluster even = selene(16);
+  Cluster spread = even;
+  spread.gpu.speed_spread = 0.0115;
+  const Topology t0(even), t1(spread);
+  // TP 8 x PP 4 x DP 2 = 64 GPUs: 1 + 0.0115 x inv_cdf(63.625 / 64.25) = 1 + 0.0115 x 2.3366911.
+  const double factor = 1 + 0.0115 * 2.3366911;
+  ParallelPlan p = make_plan(8, 4, 2, 1, 64);
+  p.zero_stage = 1;
+  const Estimate a = estimate(m, t0, p);
+  const Estimate b = estimate(m, t1, p);
+  CHECK(a.gpu_spread == 0);
+  CHECK(a.gpu_spread_slowdown == 1.0);
+  CHECK(b.gpu_spread == 0.0115);
+  CHECK(b.gpu_spread_slowdown == doctest::Approx(factor).epsilon(1e-8));
+  CHECK(b.breakdown.compute_s == doctest::Approx(a.breakdown.compute_s * b.gpu_spread_slowdown).epsilon(1e-12));
+  CHECK(b.breakdown.optimizer_s == doctest::Approx(a.breakdown.optimizer_s * b.gpu_spread_slowdown).epsilon(1e-12));
+  // Communication is not slowed: the same TP and PP times.
+  CHECK(b.breakdown.tp_comm_s == a.breakdown.tp_comm_s);
+  CHECK(b.breakdown.pp_comm_s == a.breakdown.pp_comm_s);
+  CHECK(b.breakdown.bubble_s > a.breakdown.bubble_s);
+  CHECK(b.iteration_time_s > a.iteration_time_s);
+  CHECK(b.iteration_time_s < a.iteration_time_s * factor);
+  // One GPU: the median GPU the constants describe, no penalty.
+  const Estimate one0 = estimate(m, t0, make_plan(1, 1, 1, 1, 4));
+  const Estimate one1 = estimate(m, t1, make_plan(1, 1, 1, 1, 4));
+  CHECK(one1.iteration_time_s == one0.iteration_time_s);
+  CHECK(one1.gpu_spread_slowdown == 1.0);
+  // The factor follows the plan's world size, and the Estimator's caches
+  // (layer costs shared by plans of the same TP and micro-batch) keep it so.
+  Estimator cached(m, t1);
+  for (int dp : {1, 2, 4, 2, 1}) {
+    CAPTURE(dp);
+    const ParallelPlan q = make_plan(8, 4, dp, 1, 64);
+    const Estimate c = cached(q);
+    const Estimate u = estimate(m, t1, q);
+    CHECK(c.iteration_time_s == u.iteration_time_s);
+    CHECK(c.breakdown.compute_s == u.breakdown.compute_s);
+    CHECK(c.gpu_spread_slowdown == 1 + 0.0115 * expected_max_normal(32 * dp));
+  }
 }
 
 TEST_CASE("Korthikanti et al. 2022 Table 4: one 22B layer on 8 A100s (informative)") {

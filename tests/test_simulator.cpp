@@ -23,6 +23,7 @@
 #include "cuboid/cost/estimator.hpp"
 #include "cuboid/cost/flops.hpp"
 #include "cuboid/cost/memory.hpp"
+#include "cuboid/cost/speed_spread.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/schedule.hpp"
 #include "cuboid/sim/simulator.hpp"
@@ -248,13 +249,16 @@ TEST_CASE("the optimizer step moves 50 bytes per parameter in the estimate and t
   // The 22B model on one DGX A100 (TP 8): Megatron's step over the GPU's
   // parameters, fp32 grad buffer scaled (8 B) and zeroed (4), grad norm (4),
   // Adam (28), master -> bf16 copy (6), at 2039 GB/s x 0.89 plus one 4.9 us
-  // launch per kernel (topologies/gpus/a100-sxm4-80gb.json).
+  // launch per kernel (topologies/gpus/a100-sxm4-80gb.json), on the slowest
+  // of the 8 GPUs (the profile's speed_spread, speed_spread.hpp).
   const ModelSpec m = model("gpt-22b");
   const Topology topo = cluster("dgx-a100-superpod.json", 1);
   ParallelPlan p = plan_of(m, 8, 1, 1, 4, 4);
   p.flash_attention = false;
   const double params = parameters_on_stage(m, p, 0);
-  const double expected_s = 50.0 * params / (2039e9 * 0.89) + 5 * 4.9e-6;
+  const double slowest = spread_slowdown(topo.cluster().gpu.speed_spread, 8);
+  CHECK(slowest == doctest::Approx(1 + 0.0115 * 1.4342002).epsilon(1e-8));
+  const double expected_s = (50.0 * params / (2039e9 * 0.89) + 5 * 4.9e-6) * slowest;
   CHECK(estimate(m, topo, p).breakdown.optimizer_s == doctest::Approx(expected_s).epsilon(1e-6));
   CHECK(simulate(m, topo, p).breakdown.optimizer_s == doctest::Approx(expected_s).epsilon(1e-6));
 }
@@ -325,6 +329,86 @@ TEST_CASE("a straggler slows the iteration") {
   const Estimate slow = simulate(m, topo, p, o);
   CHECK(slow.iteration_time_s > 1.1 * base.iteration_time_s);
   CHECK(slow.iteration_time_s < 1.35 * base.iteration_time_s);
+}
+
+TEST_CASE("GPU speed spread, PP 1: compute at exactly 1 + sigma x E[max of tp x dp]") {
+  const ModelSpec m = test::gpt(24, 4096, 32);
+  Cluster c = test::dgx_a100(2);
+  const Topology even(c);
+  c.gpu.speed_spread = 0.0115;
+  const Topology spread(c);
+  const ParallelPlan p = plan_of(m, 8, 1, 2, 16);
+  // No async TP collective under the GEMMs: their overlap formula mixes
+  // compute with communication time, which the spread does not scale.
+  SimOptions o;
+  o.tp_backward_overlap = false;
+  const SimResult a = run_simulation(m, even, p, o);
+  const SimResult b = run_simulation(m, spread, p, o);
+  // 16 GPUs: 1 + 0.0115 x inv_cdf(15.625 / 16.25 = 0.961538) = 1 + 0.0115 x 1.7688250.
+  const double factor = 1 + 0.0115 * 1.7688250;
+  REQUIRE(b.stages.size() == 1);
+  CHECK(a.stages[0].compute_factor == 1.0);
+  CHECK(b.stages[0].compute_factor == doctest::Approx(factor).epsilon(1e-8));
+  CHECK(b.estimate.gpu_spread_slowdown == b.stages[0].compute_factor);  // PP 1: the estimator's factor
+  // Every op's time is rounded to the nanosecond after scaling: 1e-6 is ample.
+  CHECK(b.estimate.breakdown.compute_s == doctest::Approx(a.estimate.breakdown.compute_s * factor).epsilon(1e-6));
+  CHECK(b.estimate.breakdown.optimizer_s == doctest::Approx(a.estimate.breakdown.optimizer_s * factor).epsilon(1e-6));
+  CHECK(b.stages[0].compute_busy_s == doctest::Approx(a.stages[0].compute_busy_s * factor).epsilon(1e-6));
+  CHECK(b.estimate.breakdown.tp_comm_s == doctest::Approx(a.estimate.breakdown.tp_comm_s).epsilon(1e-9));
+  CHECK(b.estimate.iteration_time_s > a.estimate.iteration_time_s);
+}
+
+TEST_CASE("GPU speed spread, PP > 1: each stage its own slowest-of-M, the slowest stage paces") {
+  // Embedding and LM head small beside 12 layers a stage, so the stages' work is
+  // nearly even and the spread decides which stage is the bottleneck.
+  const ModelSpec m = test::gpt(48, 8192, 64);
+  Cluster c = test::dgx_a100(4);
+  const Topology even(c);
+  c.gpu.speed_spread = 0.1;  // large, so the stages' order is plain
+  const Topology spread(c);
+  const ParallelPlan p = plan_of(m, 8, 4, 1, 64);
+  SimOptions o;
+  o.tp_backward_overlap = false;  // compute alone on the compute stream, as above
+  const SimResult a = run_simulation(m, even, p, o);
+  const SimResult b = run_simulation(m, spread, p, o);
+  // Strata 0 3 2 1 (k = 3): q = 0.125, 0.875, 0.625, 0.375 of the max of 8 GPUs.
+  const std::vector<double> expected = stage_spread_factors(0.1, 8, 4, 1);
+  REQUIRE(b.stages.size() == 4);
+  int slowest = 0;
+  for (int s = 0; s < 4; ++s) {
+    CAPTURE(s);
+    const auto i = static_cast<std::size_t>(s);
+    CHECK(b.stages[i].compute_factor == expected[i]);
+    CHECK(b.stages[i].compute_busy_s == doctest::Approx(a.stages[i].compute_busy_s * expected[i]).epsilon(1e-6));
+    if (expected[i] > expected[static_cast<std::size_t>(slowest)]) slowest = s;
+  }
+  CHECK(slowest == 1);
+  CHECK(expected[1] == doctest::Approx(1 + 0.1 * 2.1307980).epsilon(1e-8));
+  // The stage with the most work per iteration is the slowest one.
+  auto busy = [](const StageStats& st) { return st.compute_busy_s + st.tp_busy_s; };
+  int bottleneck = 0;
+  for (int s = 1; s < 4; ++s)
+    if (busy(b.stages[static_cast<std::size_t>(s)]) > busy(b.stages[static_cast<std::size_t>(bottleneck)])) bottleneck = s;
+  CHECK(bottleneck == slowest);
+  // The pipeline runs at that stage's pace: the iteration is its work plus a
+  // fill and drain about as long as the even run's beyond its own busiest
+  // stage (stage 3 there, with the LM head).
+  double busiest_even = 0;
+  for (const StageStats& st : a.stages) busiest_even = std::max(busiest_even, busy(st));
+  const double fill_even = a.estimate.iteration_time_s - busiest_even;
+  const double fill_spread = b.estimate.iteration_time_s - busy(b.stages[1]);
+  MESSAGE("fill and drain beyond the busiest stage: " << fill_even << " s even, " << fill_spread << " s with the spread");
+  CHECK(fill_spread > 0.8 * fill_even);
+  CHECK(fill_spread < 1.3 * fill_even);
+  CHECK(fill_even < 0.06 * a.estimate.iteration_time_s);
+
+  // A straggler composes: its stage's factor is the spread's times its slowdown.
+  o.straggler = Straggler{2 * 8 + 5, 1.3};  // TP rank 5 of stage 2
+  const SimResult st = run_simulation(m, spread, p, o);
+  CHECK(st.stages[2].compute_factor == doctest::Approx(expected[2] * 1.3).epsilon(1e-12));
+  CHECK(st.stages[0].compute_factor == expected[0]);
+  CHECK(st.stages[2].compute_busy_s ==
+        doctest::Approx(a.stages[2].compute_busy_s * expected[2] * 1.3).epsilon(1e-6));
 }
 
 TEST_CASE("overlapping the DP gradient reduction with backward hides it") {

@@ -21,6 +21,7 @@
 #include "cuboid/core/cluster.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/model.hpp"
+#include "cuboid/cost/speed_spread.hpp"
 #include "cuboid/io/export.hpp"
 #include "cuboid/io/planfile.hpp"
 #include "cuboid/search/planner.hpp"
@@ -42,6 +43,10 @@ std::string header(const Loaded& l, const SearchResult& r, const PlanFlags& f) {
                      c.name, c.nodes, c.nodes == 1 ? "" : "s", c.gpus_per_node, c.gpu.name, c.total_gpus(),
                      format_bytes_GiB(static_cast<double>(c.gpu.memory_bytes)), c.intra.kind,
                      c.inter.nics_per_node, c.inter.nic_bandwidth_Gbps, c.inter.kind);
+  if (c.gpu.speed_spread > 0)
+    out += fmt::format("        GPU speed spread sigma {:.2f}%: compute waits for the slowest GPU, x{:.4f} on {} GPUs "
+                       "(--gpu-spread 0: off)\n",
+                       100 * c.gpu.speed_spread, spread_slowdown(c.gpu.speed_spread, c.total_gpus()), c.total_gpus());
   out += fmt::format("batch   {} sequences x {} tokens = {:.2f} M tokens per iteration{}\n", r.global_batch, r.seq_length,
                      static_cast<double>(r.global_batch * r.seq_length) / 1e6,
                      f.global_batch ? "" : " (default; set --global-batch)");

@@ -2,6 +2,7 @@
 #include "commands.hpp"
 #include "plan_flags.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -28,7 +29,7 @@ namespace {
 
 // --ablate: turn one modelled mechanism off, to see what it contributes
 // (tools/fidelity's ablation table). The plan and the card otherwise stay.
-constexpr const char* kMechanisms = "dp-16bit-grads, zero1-all-reduce, unfused-attention";
+constexpr const char* kMechanisms = "dp-16bit-grads, zero1-all-reduce, unfused-attention, gpu-spread";
 
 void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
   if (name == "dp-16bit-grads") {
@@ -37,6 +38,8 @@ void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
     plan.trainer.zero1_grad_all_reduce = false;
   } else if (name == "unfused-attention") {
     cluster.gpu.unfused_attention_efficiency = 0;
+  } else if (name == "gpu-spread") {
+    cluster.gpu.speed_spread = 0;
   } else {
     throw InputError("command line", "--ablate", "unknown mechanism \"" + name + "\"",
                      std::string("use one of ") + kMechanisms);
@@ -80,6 +83,15 @@ void run_simulate(const PlanFlags& f) {
     e = r.estimate;
     extra += fmt::format("\nsimulation: {} tasks, {} events, {} flows, {:.3f} s of host time; critical GPU rank {}\n", r.tasks,
                          r.events, r.flows, r.wall_s, r.critical_rank);
+    if (r.stages.size() > 1 && e.gpu_spread > 0) {
+      // Each stage's GPU paces at the slowest of the GPUs it stands for.
+      const auto slow = std::max_element(r.stages.begin(), r.stages.end(),
+                                         [](const auto& x, const auto& y) { return x.compute_factor < y.compute_factor; });
+      const auto fast = std::min_element(r.stages.begin(), r.stages.end(),
+                                         [](const auto& x, const auto& y) { return x.compute_factor < y.compute_factor; });
+      extra += fmt::format("GPU speed spread per stage: compute x{:.4f} (stage {}) to x{:.4f} (stage {})\n",
+                           fast->compute_factor, fast->stage, slow->compute_factor, slow->stage);
+    }
     extra += fmt::format("peak link utilisation: NVLink {:.0f}%, PCIe {:.0f}%, InfiniBand {:.0f}%\n",
                          100 * r.peak_nvlink_utilisation, 100 * r.peak_pcie_utilisation, 100 * r.peak_ib_utilisation);
     for (const auto& link : r.busiest_links)

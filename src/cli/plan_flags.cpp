@@ -59,6 +59,9 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                 "allow a PP that does not divide the layers: first and last stages get fewer layers");
   cmd->add_option("--first-stage-layers", f.first_stage_layers, "layers on the first pipeline stage (uneven split)");
   cmd->add_option("--last-stage-layers", f.last_stage_layers, "layers on the last pipeline stage (uneven split)");
+  cmd->add_option("--gpu-spread", f.gpu_spread,
+                  "relative sigma of per-GPU compute speed; the job runs at its slowest GPU's pace "
+                  "(default: the GPU profile's speed_spread; 0: every GPU alike)");
   cmd->add_flag("--json", f.json, "print one JSON document on stdout");
   cmd->add_flag("-v,--verbose", f.verbose, "log what is loaded and searched on stderr");
 }
@@ -138,6 +141,9 @@ PlannerOptions planner_options(const PlanFlags& f) {
 Loaded load(const PlanFlags& f) {
   if (f.verbose) spdlog::set_level(spdlog::level::info);
   const std::string cl = "command line";
+  if (f.gpu_spread && !(*f.gpu_spread >= 0 && *f.gpu_spread <= kMaxSpeedSpread))
+    throw InputError(cl, "--gpu-spread", fmt::format("must be in [0, {}], got {}", kMaxSpeedSpread, *f.gpu_spread),
+                     "give a relative sigma such as 0.0115, or 0 to turn the spread off");
   Loaded l;
   if (f.plan_path) {
     // The plan file carries the model and every dimension; flags that would
@@ -170,6 +176,10 @@ Loaded load(const PlanFlags& f) {
       throw InputError(cl, "--cluster", "--cluster is required", "give a cluster card, e.g. --cluster topologies/dgx-a100-4node.json");
     l.model = load_model(f.model_path);
     l.cluster = load_cluster(f.cluster_path, f.nodes);
+  }
+  if (f.gpu_spread) {
+    l.cluster.gpu.speed_spread = *f.gpu_spread;
+    l.cluster.gpu.sources["speed_spread"] = "--gpu-spread";
   }
   spdlog::info("model {}: {} layers, hidden {}, {} heads ({} KV), {:.2f} B parameters", l.model.name, l.model.num_layers,
                l.model.hidden_size, l.model.num_attention_heads, l.model.num_kv_heads, l.model.parameter_count() / 1e9);

@@ -29,6 +29,7 @@ struct PlanFlags {
   std::optional<std::string> trainer;            // --trainer preset
   std::optional<std::string> dp_overlap;         // on|off
   std::optional<int> first_stage_layers, last_stage_layers;
+  std::optional<double> gpu_spread;      // overrides the GPU profile's speed_spread
   bool uneven_stages = false;
   bool explain = false;
   int threads = 0;

@@ -77,6 +77,29 @@ int optional_count(JsonReader& r, std::string_view key, std::map<std::string, st
   return static_cast<int>(v);
 }
 
+// A non-negative fraction, bare or sourced, at most `max`; absent -> 0.
+double optional_sourced_fraction(JsonReader& r, std::string_view key, std::map<std::string, std::string>& sources,
+                                 const std::string& field, double max) {
+  if (!r.has(key)) {
+    (void)r.optional_number(key);  // marks an explicit null as read
+    return 0;
+  }
+  double v = 0;
+  if (r.is_object(key)) {
+    JsonReader inner = r.object(key);
+    v = inner.number("value");
+    if (const auto src = inner.optional_string("source")) sources[field] = *src;
+    inner.reject_unknown({"unit", "note", "notes"});
+  } else {
+    v = r.number(key);
+  }
+  if (v < 0) r.fail(key, "must not be negative, got " + show_number(v), "give a value >= 0 (0: off)");
+  if (v > max)
+    r.fail(key, "must be at most " + show_number(max) + ", got " + show_number(v),
+           "give a value in [0, " + show_number(max) + "]");
+  return v;
+}
+
 // Unknown keys are checked before any field is read, so that a misspelt
 // required field reads "unknown field ... did you mean", not "missing".
 void check_keys(const nlohmann::json& j, const JsonReader& r, std::initializer_list<std::string_view> known) {
@@ -118,7 +141,7 @@ std::int64_t memory_bytes(JsonReader& r, GpuProfile& gpu) {
 GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   check_keys(j, r, {"name", "peak_bf16_tflops", "hbm_bandwidth_GBps", "memory_MiB", "memory_GiB", "memory_GB",
                     "sm_count", "gemm_max_efficiency", "memory_bound_efficiency", "kernel_launch_us",
-                    "memory_reserve_GiB", "flash_attention", "unfused_attention_efficiency"});
+                    "memory_reserve_GiB", "flash_attention", "unfused_attention_efficiency", "speed_spread"});
   GpuProfile gpu;
   gpu.name = r.string("name");
   gpu.peak_bf16_flops = sourced(r, "peak_bf16_tflops", gpu.sources, "peak_bf16_flops") * kTera;
@@ -131,6 +154,7 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   if (r.has("unfused_attention_efficiency"))
     gpu.unfused_attention_efficiency =
         sourced_fraction(r, "unfused_attention_efficiency", gpu.sources, "unfused_attention_efficiency");
+  gpu.speed_spread = optional_sourced_fraction(r, "speed_spread", gpu.sources, "speed_spread", kMaxSpeedSpread);
   gpu.kernel_launch_ns = sourced(r, "kernel_launch_us", gpu.sources, "kernel_launch_ns") * kNsPerUs;
   gpu.memory_reserve_bytes = static_cast<std::int64_t>(
       std::llround(sourced(r, "memory_reserve_GiB", gpu.sources, "memory_reserve_bytes") * kGiB));

@@ -9,6 +9,12 @@
 // * compute + tp_comm = m * (t_f + t_b); bubble = (p - 1) * (t_f + t_b) / v
 //   (v = virtual stages for interleaved 1F1B, else 1; GPipe and 1F1B share
 //   the same bubble and differ only in memory).
+// * GPU speed spread: every TP collective, pipeline hop and DP reduction
+//   synchronises, so the job computes at the pace of its slowest GPU: the
+//   compute of t_f, t_b and the optimizer step (not communication) is
+//   scaled by 1 + sigma x E[max of tp x pp x dp normals] (speed_spread.hpp).
+//   It depends on the plan's world size, so it is applied where the stage
+//   times are assembled, not in the cached layer costs.
 // * pp_comm: Megatron's p2p is blocking, so every send sits on the critical
 //   path: one forward and one backward message per micro-batch per model
 //   chunk, 2 * m * v, plus the 2 * (p - 1) hops of the pipeline fill and
@@ -50,6 +56,7 @@
 #include "cuboid/cost/cost.hpp"
 #include "cuboid/cost/flops.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
+#include "cuboid/cost/speed_spread.hpp"
 #include "cuboid/core/workload.hpp"
 
 namespace cuboid {
@@ -242,8 +249,12 @@ CommTimes make_comm_times(const ParallelPlan& plan, const LayerCost& lc, const P
   return ct;
 }
 
+// `pace`: spread_slowdown(gpu.speed_spread, plan.world_size()), which the
+// Estimator keeps per world size (a normal quantile takes more than half as
+// long as the rest of a candidate's scoring, and a search's candidates share
+// one size).
 Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
-                       const Placement& pl, const CommTimes& ct) {
+                       const Placement& pl, const CommTimes& ct, double pace) {
   const int pp = std::max(1, plan.pp);
   const int dp = std::max(1, plan.dp);
   const double v = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
@@ -256,14 +267,14 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     const TpTimes& t = tp_times[pl.stage_tp[static_cast<std::size_t>(stage)]];
     PassTimes st;
     const double layers_per_stage = layers_on_stage(plan, m.num_layers, stage);
-    add_scaled(st, lc.layer_compute, layers_per_stage);
+    add_scaled(st, lc.layer_compute, layers_per_stage * pace);
     add_scaled(st, t.layer, layers_per_stage);
     if (stage == 0) {
-      add_scaled(st, lc.embed_compute, 1.0);
+      add_scaled(st, lc.embed_compute, pace);
       add_scaled(st, t.embed, 1.0);
     }
     if (stage == pp - 1) {
-      add_scaled(st, lc.head_compute, 1.0);
+      add_scaled(st, lc.head_compute, pace);
       add_scaled(st, t.head, 1.0);
     }
     if (stage == 0 || st.total() > crit.total()) {
@@ -312,12 +323,14 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     bd.dp_comm_s = exposed_ns * 1e-9;
   }
 
-  bd.optimizer_s = static_cast<double>(optimizer_step_time_ns(gpu, params, dp, plan.zero_stage)) * 1e-9;
+  bd.optimizer_s = static_cast<double>(optimizer_step_time_ns(gpu, params, dp, plan.zero_stage)) * pace * 1e-9;
 
   Estimate e;
   e.plan = plan;
   e.breakdown = bd;
   e.iteration_time_s = bd.total();
+  e.gpu_spread = gpu.speed_spread;
+  e.gpu_spread_slowdown = pace;
   fill_throughput(e, m, plan, gpu);
   e.memory = memory_per_gpu(m, plan, gpu);
   return e;
@@ -388,13 +401,16 @@ Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& 
   const GpuProfile& gpu = topo.cluster().gpu;
   const LayerCost lc = make_layer_cost(m, gpu, plan);
   const Placement pl = make_placement(topo, plan);
-  return estimate_with(m, gpu, plan, lc, pl, make_comm_times(plan, lc, pl));
+  return estimate_with(m, gpu, plan, lc, pl, make_comm_times(plan, lc, pl),
+                       spread_slowdown(gpu.speed_spread, plan.world_size()));
 }
 
 struct Estimator::Caches {
   std::unordered_map<LayerKey, LayerCost, KeyHash> layers;
   std::unordered_map<PlacementKey, Placement, KeyHash> placements;
   std::unordered_map<PairKey, CommTimes, PairHash> comm;
+  int pace_world = 0;  // the world size `pace` is for (0: none yet)
+  double pace = 1.0;
 };
 
 Estimator::Estimator(const ModelSpec& m, const Topology& topo)
@@ -414,7 +430,11 @@ Estimate Estimator::operator()(const ParallelPlan& plan) {
   const PairKey ck{&li->second, &pi->second};
   auto ci = caches_->comm.find(ck);
   if (ci == caches_->comm.end()) ci = caches_->comm.emplace(ck, make_comm_times(plan, li->second, pi->second)).first;
-  return estimate_with(model_, gpu, plan, li->second, pi->second, ci->second);
+  if (plan.world_size() != caches_->pace_world) {
+    caches_->pace_world = plan.world_size();
+    caches_->pace = spread_slowdown(gpu.speed_spread, plan.world_size());
+  }
+  return estimate_with(model_, gpu, plan, li->second, pi->second, ci->second, caches_->pace);
 }
 
 }  // namespace cuboid

@@ -93,6 +93,9 @@ nlohmann::json estimate_to_json(const Estimate& e) {
       {"pp_comm", e.breakdown.pp_comm_s},     {"dp_comm", e.breakdown.dp_comm_s},
       {"bubble", e.breakdown.bubble_s},       {"optimizer", e.breakdown.optimizer_s},
   };
+  // Only with a spread, so that an even cluster's document stays as it was.
+  if (e.gpu_spread > 0)
+    j["gpu_spread"] = {{"sigma", e.gpu_spread}, {"gpus", p.world_size()}, {"expected_slowdown", e.gpu_spread_slowdown}};
   return j;
 }
 
@@ -190,6 +193,10 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
   row("DP comm", b.dp_comm_s);
   row("bubble", b.bubble_s);
   row("optimizer", b.optimizer_s);
+  if (e.gpu_spread > 0)
+    out += fmt::format("  GPU speed spread sigma {:.2f}%: compute waits for the slowest GPU, the slowest of {} takes "
+                       "x{:.4f} a median GPU's time (--gpu-spread 0: off)\n",
+                       100 * e.gpu_spread, p.world_size(), e.gpu_spread_slowdown);
   const MemoryReport& mem = e.memory;
   out += fmt::format("\nmemory per GPU (peak on stage {}):\n", mem.peak_stage);
   out += fmt::format("  weights + optimizer {:>10}   ({:.2f} B parameters on this GPU)\n",

@@ -9,6 +9,7 @@
 #include "cuboid/cost/cost.hpp"
 #include "cuboid/cost/memory.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
+#include "cuboid/cost/speed_spread.hpp"
 #include "cuboid/core/workload.hpp"
 
 namespace cuboid::sim::detail {
@@ -194,15 +195,28 @@ void Builder::make_programs() {
     p.head_fwd = compile(gpu, head.forward, sp, ov, slow, sms);
     p.head_bwd = compile(gpu, head.backward, sp, ov, slow, sms);
   };
-  fill(normal_, 1.0);
-  if (straggler_stage_ >= 0) fill(slow_, straggler_slowdown_);
+  // Each stage's simulated GPU stands for its tp x dp GPUs and waits for the
+  // slowest of them at every TP collective and DP reduction: it computes at
+  // its stratum's slowest-of-tp x dp speed (speed_spread.hpp), so which stage
+  // paces the pipeline comes out of the schedule. A straggler multiplies in.
+  compute_factor_ = stage_spread_factors(gpu.speed_spread, tp_, pp_, dp_);
+  if (straggler_stage_ >= 0) compute_factor_[static_cast<std::size_t>(straggler_stage_)] *= straggler_slowdown_;
+  std::vector<double> factors;
+  stage_programs_.clear();
+  for (double f : compute_factor_) {
+    const auto it = std::find(factors.begin(), factors.end(), f);
+    stage_programs_.push_back(static_cast<std::size_t>(it - factors.begin()));
+    if (it == factors.end()) factors.push_back(f);
+  }
+  programs_.assign(factors.size(), Programs{});
+  for (std::size_t i = 0; i < factors.size(); ++i) fill(programs_[i], factors[i]);
 }
 
 void Builder::make_units() {
   const double per_layer = static_cast<double>(m_.parameters_per_layer()) / tp_;
   units_.assign(static_cast<std::size_t>(pp_), {});
   for (int s = 0; s < pp_; ++s) {
-    const Programs& p = s == straggler_stage_ ? slow_ : normal_;
+    const Programs& p = programs_[stage_programs_[static_cast<std::size_t>(s)]];
     const int layers_stage = v_ > 1 ? static_cast<int>(m_.num_layers / vs_count_) * v_
                                     : layers_on_stage(plan_, m_.num_layers, s);
     const int per_chunk = layers_stage / v_;
@@ -649,7 +663,7 @@ void Builder::finish_iteration() {
     // Megatron's step kernels: grad scale, grad norm, Adam, master -> bf16
     // copy, buffer zeroing (optimizer_step.cpp).
     TimeNs ns = optimizer_step_time_ns(gpu, params, dp_, zero);
-    if (s == straggler_stage_) ns = static_cast<TimeNs>(std::llround(static_cast<double>(ns) * straggler_slowdown_));
+    if (const double f = compute_factor(s); f != 1.0) ns = static_cast<TimeNs>(std::llround(static_cast<double>(ns) * f));
     const TaskId opt = eng_->add_compute(r.compute, ns, join);
     tag(opt, Category::optimizer, kThreadCompute, s);
     label(opt, s, "optimizer step", "optimizer");

@@ -81,6 +81,9 @@ class Builder {
   bool traced(int stage) const { return !traced_stages_.empty() && traced_stages_[static_cast<std::size_t>(stage)]; }
   // Peak NVLink utilisation of TP collectives priced off the shared network.
   double tp_probe_peak() const { return tp_probe_.peak_utilisation(); }
+  // The factor stage s's compute runs at (make_programs): its GPU's speed
+  // spread times the straggler's slowdown on the straggler's stage.
+  double compute_factor(int stage) const { return compute_factor_[static_cast<std::size_t>(stage)]; }
 
  private:
   struct PassState {  // one (direction, micro-batch, virtual stage) pass
@@ -170,6 +173,7 @@ class Builder {
   int pp_ = 1, v_ = 1, vs_count_ = 1, mbs_ = 1, tp_ = 1, dp_ = 1, rep_dp_ = 0;
   int straggler_stage_ = -1;
   double straggler_slowdown_ = 1.0;
+  std::vector<double> compute_factor_;  // per stage (compute_factor)
   bool tp_fast_ = false;
   int overlap_sms_ = 0;  // SMs an async TP collective takes from the GEMM under it (make_programs)
   TpProbe tp_probe_;  // prices TP collectives when tp_fast_
@@ -192,11 +196,13 @@ class Builder {
   std::vector<std::vector<TaskId>> dp_tasks_;       // per stage: gradient reductions
   std::vector<GroupId> p2p_fwd_group_, p2p_bwd_group_;  // per stage boundary s -> s+1 (index s)
 
-  // Programs, normal and (for the straggler's stage) slowed.
+  // Programs, one set per distinct compute factor (one when every stage runs
+  // at the median GPU's speed); filled once, so Unit's pointers stay valid.
   struct Programs {
     Program layer_fwd, layer_bwd, embed_fwd, embed_bwd, head_fwd, head_bwd;
   };
-  Programs normal_, slow_;
+  std::vector<Programs> programs_;
+  std::vector<std::size_t> stage_programs_;  // stage -> index into programs_
   std::vector<std::vector<std::vector<Unit>>> units_;  // [stage][chunk] -> units in forward order
 
   std::pmr::vector<TaskMeta> meta_{&arena_};

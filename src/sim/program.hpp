@@ -56,7 +56,7 @@ struct Program {
 // the input-gradient reduce) becomes: [SP: async all-gather of the layer's
 // input] dgrad, [join], async reduce, wgrad, join, as Megatron's
 // LinearWithGradAccumulationAndAsyncCommunication does. `slowdown` scales
-// every compute op (a straggler). `overlap_sms_taken` > 0 (the TP tier's
+// every compute op (the stage's GPU speed spread, a straggler). `overlap_sms_taken` > 0 (the TP tier's
 // nccl_channels) also prices each GEMM that runs under an async collective
 // with that many SMs fewer (Item::reduced_ns).
 Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence_parallel, bool backward_overlap,

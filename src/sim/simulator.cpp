@@ -4,7 +4,9 @@
 // * the schedule's passes in its order (schedule.hpp); a pass is the op list
 //   of its units (embedding on the first virtual stage, transformer layers,
 //   LM head on the last; workload.hpp) compiled into compute segments and TP
-//   collectives (program.cpp). Compute times are cost.hpp's op_time_ns.
+//   collectives (program.cpp). Compute times are cost.hpp's op_time_ns,
+//   scaled per stage by the GPU speed spread (the slowest of the GPUs the
+//   simulated one stands for) and a straggler's slowdown.
 // * TP collectives block the compute that follows them (Megatron runs them
 //   on the compute stream), except in the backward of column-parallel layers
 //   where Megatron overlaps them with the dgrad / wgrad GEMMs.
@@ -40,6 +42,7 @@
 #include "busiest.hpp"
 #include "cuboid/cost/flops.hpp"
 #include "cuboid/cost/memory.hpp"
+#include "cuboid/cost/speed_spread.hpp"
 #include "cuboid/core/trace.hpp"
 
 namespace cuboid::sim {
@@ -264,6 +267,7 @@ SimResult run_simulation(const ModelSpec& m, const Topology& topo, const Paralle
     s.stage = rep.stage;
     s.rank = rep.rank;
     s.compute_busy_s = static_cast<double>(eng.stream(rep.compute).busy_ns) * 1e-9;
+    s.compute_factor = b.compute_factor(rep.stage);
     s.tp_busy_s = static_cast<double>(eng.stream(rep.tp).busy_ns) * 1e-9;
     s.pp_busy_s = static_cast<double>(eng.stream(rep.pp_fwd).busy_ns + eng.stream(rep.pp_bwd).busy_ns) * 1e-9;
     s.dp_busy_s = static_cast<double>(eng.stream(rep.dp).busy_ns) * 1e-9;
@@ -286,6 +290,8 @@ SimResult run_simulation(const ModelSpec& m, const Topology& topo, const Paralle
   e.simulated = true;
   e.iteration_time_s = static_cast<double>(end) * 1e-9;
   e.breakdown = critical_breakdown(eng, meta, critical, end, b.arena());
+  e.gpu_spread = topo.cluster().gpu.speed_spread;
+  e.gpu_spread_slowdown = spread_slowdown(e.gpu_spread, plan.world_size());
   fill_throughput(e, m, plan, topo.cluster().gpu);
   e.memory = memory_per_gpu(m, plan, topo.cluster().gpu);
   collect_links(r, b.network(), b.tp_probe_peak());

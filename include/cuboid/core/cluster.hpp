@@ -19,6 +19,11 @@ namespace cuboid {
 struct Calibration;  // calibration.hpp
 struct BusbwCurve;   // busbw_curve.hpp
 
+// The largest GpuProfile::speed_spread a card or --gpu-spread may give; the
+// sourced values are near 0.01, and at 0.5 the normal model already puts the
+// slowest of 4,000 GPUs at 2.8 times the median's time.
+inline constexpr double kMaxSpeedSpread = 0.5;
+
 struct GpuProfile {
   std::string name;                     // "A100-SXM4-80GB"
   double peak_bf16_flops = 0;           // dense tensor-core FLOP/s (datasheet)
@@ -37,6 +42,11 @@ struct GpuProfile {
   // executor runs attention unfused (QK^T, softmax, AV), so its cards say
   // false and the planner / simulator price the unfused ops there.
   bool flash_attention = true;
+  // Relative standard deviation of a GPU's sustained compute speed across
+  // GPUs of this SKU (manufacturing and power management); 0: every GPU
+  // alike. The constants above describe a median GPU, and a synchronous
+  // step waits for the slowest of its GPUs (cost/speed_spread.hpp).
+  double speed_spread = 0;
   std::map<std::string, std::string> sources;  // field -> source text
   // Measured GEMM / kernel timings of a calibrated card (its "calibration"
   // section), consulted by gemm_time_ns / op_time_ns before the datasheet

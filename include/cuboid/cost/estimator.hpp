@@ -42,6 +42,11 @@ struct Estimate {
   double hfu = 0;
   MemoryReport memory;
   Breakdown breakdown;
+  // The GPU speed spread (GpuProfile::speed_spread) and the compute slowdown
+  // 1 + sigma x E[max over the plan's GPUs] it implies (speed_spread.hpp);
+  // the simulator plays it per stage but reports the same expected figure.
+  double gpu_spread = 0;
+  double gpu_spread_slowdown = 1.0;
   bool simulated = false;              // false: analytical estimate; true: discrete-event simulation
   // Where a measurement would likely fall (uncertainty.hpp); set for the
   // plans a command prints or writes (attach_interval), not for every candidate.

@@ -12,7 +12,10 @@
 // Symmetry: one GPU per pipeline stage is simulated (TP rank 0 of DP replica
 // 0, or of the straggler's replica). Its TP ranks and the other DP replicas
 // run the same work at the same time; their collectives and p2p messages are
-// added as mirrors, so they load the links they would really use.
+// added as mirrors, so they load the links they would really use. With a GPU
+// speed spread (GpuProfile::speed_spread) the simulated GPU computes at the
+// pace of the slowest of the tp x dp GPUs it stands for, drawn per stage
+// from a fixed stratum (stage_spread_factors, cost/speed_spread.hpp).
 //
 // Breakdown (seconds on the critical path; sums to iteration_time_s): on the
 // GPU that finishes the iteration last, every instant of [0, T] is given to
@@ -75,6 +78,7 @@ struct StageStats {
   int stage = 0;
   int rank = 0;                 // the simulated GPU
   double compute_busy_s = 0;    // compute stream busy (optimizer included)
+  double compute_factor = 1.0;  // its compute time over a median GPU's: speed spread x straggler
   double tp_busy_s = 0, pp_busy_s = 0, dp_busy_s = 0;
   double end_s = 0;             // when its last task ended
 };
