@@ -614,3 +614,29 @@ TEST_CASE("overlapped time: reduced pace while the collective runs, full pace af
   CHECK(overlapped_time_ns(0, 1000, 700) == 700);
   CHECK(overlapped_time_ns(-1, 1000, 700) == 700);
 }
+
+TEST_CASE("flash attention runs at the flash kernel's own published rate where the profile has it") {
+  // The 22B layer of Korthikanti et al. (TP 8, b 4, s 2048) with flash attention on.
+  const ModelSpec m = gpt_22b();
+  const LayerOps flash = transformer_layer_ops(m, plan_of(8, 4, 2048, false, true, Recompute::none));
+  const Op* fwd = find_named(flash.forward, "attn_flash");
+  const Op* bwd = find_named(flash.backward, "attn_flash_bwd");
+  REQUIRE(fwd != nullptr);
+  REQUIRE(bwd != nullptr);
+  GpuProfile plain = a100();  // no flash fields: the best GEMM's rate
+  GpuProfile g = plain;
+  g.flash_attention_fwd_efficiency = 0.73;
+  g.flash_attention_bwd_efficiency = 0.50;
+  const double launch = plain.kernel_launch_ns;
+  // Compute-bound at this shape: time minus launch scales as 1 / efficiency (to the ns it rounds to).
+  const double plain_fwd = static_cast<double>(op_time_ns(plain, *fwd)) - launch;
+  const double plain_bwd = static_cast<double>(op_time_ns(plain, *bwd)) - launch;
+  CHECK(static_cast<double>(op_time_ns(g, *fwd)) - launch ==
+        doctest::Approx(plain_fwd * plain.gemm_max_efficiency / 0.73).epsilon(1e-4));
+  CHECK(static_cast<double>(op_time_ns(g, *bwd)) - launch ==
+        doctest::Approx(plain_bwd * plain.gemm_max_efficiency / 0.50).epsilon(1e-4));
+  // The shipped A100 card carries FlashAttention-2's figures.
+  const Cluster c = load_cluster("topologies/dgx-a100.json");
+  CHECK(c.gpu.flash_attention_fwd_efficiency == 0.73);
+  CHECK(c.gpu.flash_attention_bwd_efficiency == 0.50);
+}

@@ -141,7 +141,8 @@ std::int64_t memory_bytes(JsonReader& r, GpuProfile& gpu) {
 GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   check_keys(j, r, {"name", "peak_bf16_tflops", "hbm_bandwidth_GBps", "memory_MiB", "memory_GiB", "memory_GB",
                     "sm_count", "gemm_max_efficiency", "memory_bound_efficiency", "kernel_launch_us",
-                    "memory_reserve_GiB", "flash_attention", "unfused_attention_efficiency", "speed_spread"});
+                    "memory_reserve_GiB", "flash_attention", "unfused_attention_efficiency", "speed_spread",
+                    "flash_attention_fwd_efficiency", "flash_attention_bwd_efficiency"});
   GpuProfile gpu;
   gpu.name = r.string("name");
   gpu.peak_bf16_flops = sourced(r, "peak_bf16_tflops", gpu.sources, "peak_bf16_flops") * kTera;
@@ -154,6 +155,11 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   if (r.has("unfused_attention_efficiency"))
     gpu.unfused_attention_efficiency =
         sourced_fraction(r, "unfused_attention_efficiency", gpu.sources, "unfused_attention_efficiency");
+  for (const char* key : {"flash_attention_fwd_efficiency", "flash_attention_bwd_efficiency"})
+    if (r.has(key))
+      (std::string_view(key) == "flash_attention_fwd_efficiency" ? gpu.flash_attention_fwd_efficiency
+                                                                  : gpu.flash_attention_bwd_efficiency) =
+          sourced_fraction(r, key, gpu.sources, key);
   gpu.speed_spread = optional_sourced_fraction(r, "speed_spread", gpu.sources, "speed_spread", kMaxSpeedSpread);
   gpu.kernel_launch_ns = sourced(r, "kernel_launch_us", gpu.sources, "kernel_launch_ns") * kNsPerUs;
   gpu.memory_reserve_bytes = static_cast<std::int64_t>(

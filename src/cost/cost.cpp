@@ -8,6 +8,7 @@
 
 #include "cuboid/core/busbw_curve.hpp"
 #include "cuboid/core/collective_traits.hpp"
+#include "cuboid/core/op_names.hpp"
 #include "cuboid/core/calibration.hpp"
 
 namespace cuboid {
@@ -247,14 +248,18 @@ std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
       // compute the full s x s even though only half is useful).
       return gemm_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes, op_hbm_Bps(gpu, op));
     case OpKind::attention_core: {
-      // Fused (flash) attention: tensor-core work at the GEMM efficiency of
-      // its grid (query blocks x heads), causal half only, against the HBM
-      // traffic of Q, K, V, O. Flash kernels reach somewhat less than the best
-      // GEMM (FlashAttention-2 paper: 50-73% of peak on A100); the profile
-      // has no separate figure; a calibrated profile puts its best measured
-      // GEMM FLOP/s here (the calibration sweeps no fused attention kernel).
+      // Fused (flash) attention: tensor-core work at the efficiency of its
+      // grid (query blocks x heads), causal half only, against the HBM
+      // traffic of Q, K, V, O. The rate is the flash kernel's own published
+      // best (the GPU profile's flash_attention_fwd/bwd_efficiency) where the
+      // profile has it, else the best GEMM's; a calibrated profile puts its
+      // best measured GEMM FLOP/s here (the calibration sweeps no fused
+      // attention kernel).
       if (op.flops <= 0 && op.bytes <= 0) return 0;
-      const double compute_s = op.flops / (gemm_best_flops(gpu) * quantisation_efficiency(gpu, op.m, op.n, op.batch));
+      const double flash = op.name == op::attn_flash_bwd ? gpu.flash_attention_bwd_efficiency
+                                                         : gpu.flash_attention_fwd_efficiency;
+      const double best = gpu.calibration || flash <= 0 ? gemm_best_flops(gpu) : gpu.peak_bf16_flops * flash;
+      const double compute_s = op.flops / (best * quantisation_efficiency(gpu, op.m, op.n, op.batch));
       const double memory_s = op.bytes / hbm_Bps(gpu);
       return to_ns(std::max(compute_s, memory_s)) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
     }

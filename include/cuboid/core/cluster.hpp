@@ -36,6 +36,11 @@ struct GpuProfile {
   // kernels (the s x s score GEMMs with k = head_dim, softmax, dropout, and
   // their backward), measured where a profile has it; 0: memory_bound_efficiency.
   double unfused_attention_efficiency = 0;
+  // Achieved fraction of peak of the fused (flash) attention kernel's
+  // forward and backward, from that kernel's own published benchmarks; 0:
+  // gemm_max_efficiency (a flash kernel reaches less than the best GEMM).
+  double flash_attention_fwd_efficiency = 0;
+  double flash_attention_bwd_efficiency = 0;
   double kernel_launch_ns = 0;          // fixed cost per kernel
   std::int64_t memory_reserve_bytes = 0;  // CUDA context, NCCL buffers, cuBLAS workspace, fragmentation
   // Whether a fused (flash) attention kernel exists on this device: the CPU
