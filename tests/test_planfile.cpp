@@ -258,6 +258,7 @@ TEST_CASE("ZeRO-3 settings round-trip; older plan files without them read as FSD
   CHECK(z["reduce_bucket_params"] == 500000000);
   CHECK(z["sync"] == true);
   CHECK(z["list_collectives"] == true);
+  CHECK(z["fetch_norm"] == true);
   CHECK(plan_file_from_json(j, "plan.json").plan.trainer == p.trainer);
 
   j["parallel"]["trainer"]["zero3"]["unit"] = "layer";
@@ -278,4 +279,5 @@ TEST_CASE("ZeRO-3 settings round-trip; older plan files without them read as FSD
   CHECK(t.zero3_prefetch_units == 1);
   CHECK_FALSE(t.zero3_sync);
   CHECK_FALSE(t.zero3_list_collectives);
+  CHECK_FALSE(t.zero3_fetch_norm);
 }

@@ -214,6 +214,10 @@ TEST_CASE("one gather unit under each setting, by hand") {
     // The gather starts when the zero fill ends, the copies with it.
     CHECK(g[0].start == z[0].end);
     CHECK(h[0].start == z[0].end);
+    // Each fetch of FC1 (forward, recompute, backward) reads it once more for the debug message's norm.
+    const std::vector<Task> n = named(t, "zero3_fetch_norm layer 0 fc1");
+    CHECK(n.size() == 3);
+    for (const Task& x : n) CHECK(x.end - x.start == 82282 + 4900);
   }
   SUBCASE("per-tensor units without the host's waits: no zero fill, no copies") {
     TrainerSettings s = preset("deepspeed-2021");

@@ -202,6 +202,7 @@ std::array<TrainerPreset, 7> make_presets() {
   ds.settings.zero3_reduce_bucket_params = 500'000'000;
   ds.settings.zero3_sync = true;
   ds.settings.zero3_list_collectives = true;
+  ds.settings.zero3_fetch_norm = true;
   ds.sources = {
       {"pipeline", "DeepSpeed v0.5.4 deepspeed/runtime/pipe/engine.py: \"ZeRO-2 and ZeRO-3 are incompatible with pipeline "
                    "parallelism\"; the preset is DeepSpeed's ZeRO engine (deepspeed/runtime/engine.py) without it"},
@@ -234,6 +235,10 @@ std::array<TrainerPreset, 7> make_presets() {
                                  "torch.distributed.all_gather(partitions, ...) and reduce_scatter(input_list[rank], "
                                  "input_list), list form; pytorch/pytorch 00f5dfd5 torch/lib/c10d/ProcessGroupNCCL.cpp "
                                  "allgather / reduce_scatter: flatten_for_scatter_gather, then one copy_ per rank"},
+      {"zero3_fetch_norm", "DeepSpeed v0.5.4 deepspeed/runtime/zero/stage3.py fetch_sub_module: print_rank_0(f\"Param "
+                           "... norm={param.norm()}\", force=False) for every parameter of the module, the f-string "
+                           "evaluated (a norm kernel and, formatting a CUDA scalar, .item()) although rank 0 prints only "
+                           "with force; removed in v0.5.5 (c0eeb69: 'remove norm()')"},
       {"sequence_parallel", "microsoft/Megatron-DeepSpeed ec166f1c (2021-09-02) megatron/arguments.py: no sequence "
                             "parallelism; --checkpoint-activations recomputes whole layers; pretrain_gpt.py builds the "
                             "model under deepspeed.zero.Init(mpu=mpu) (Megatron TP)"},

@@ -348,6 +348,8 @@ double zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const P
     for (const std::uint32_t j : issued)
       if (j == k) gather(j);
     if (zp.waits[k]) c = std::max(c, d);
+    if (ts.zero3_fetch_norm && steps[k].params > 0)
+      c += static_cast<double>(memory_bound_time_ns(gpu, steps[k].params * param_bytes));
     if (ts.zero3_sync) issue = c;
     for (const std::uint32_t j : issued)
       if (j != k) gather(j);

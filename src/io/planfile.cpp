@@ -30,6 +30,7 @@ nlohmann::json zero3_to_json(const TrainerSettings& t) {
       {"reduce_bucket_params", t.zero3_reduce_bucket_params},
       {"sync", t.zero3_sync},
       {"list_collectives", t.zero3_list_collectives},
+      {"fetch_norm", t.zero3_fetch_norm},
   };
 }
 
@@ -53,6 +54,7 @@ void read_zero3(JsonReader& t, TrainerSettings& s) {
   s.zero3_reduce_bucket_params = count("reduce_bucket_params");
   s.zero3_sync = z.boolean("sync");
   s.zero3_list_collectives = z.boolean("list_collectives");
+  s.zero3_fetch_norm = z.boolean("fetch_norm");
   z.reject_unknown();
 }
 

@@ -73,7 +73,8 @@ nlohmann::json estimate_to_json(const Estimate& e) {
                   {"reuse_params", t.zero3_reuse_params},
                   {"reduce_bucket_params", t.zero3_reduce_bucket_params},
                   {"sync", t.zero3_sync},
-                  {"list_collectives", t.zero3_list_collectives}};
+                  {"list_collectives", t.zero3_list_collectives},
+                  {"fetch_norm", t.zero3_fetch_norm}};
   }
   j["score"] = e.simulated ? "simulated" : "analytical";
   j["iteration_time_s"] = e.iteration_time_s;
@@ -161,11 +162,12 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
     if (t.zero3_prefetch_units > 0) ahead = fmt::format("{} unit(s)", t.zero3_prefetch_units);
     if (t.zero3_prefetch_params > 0)
       ahead += fmt::format("{}up to {:.3g} elements", ahead.empty() ? "" : ", ", static_cast<double>(t.zero3_prefetch_params));
-    out += fmt::format("      ZeRO-3: gathers per {}, prefetch {}{}{}\n",
+    out += fmt::format("      ZeRO-3: gathers per {}, prefetch {}{}{}{}\n",
                        t.zero3_unit == Zero3Unit::tensor ? "weight tensor" : "transformer block",
                        ahead.empty() ? "none" : ahead,
                        t.zero3_sync ? ", host waits for the device before each fetch" : "",
-                       t.zero3_list_collectives ? ", list-form collectives (a copy kernel per rank)" : "");
+                       t.zero3_list_collectives ? ", list-form collectives (a copy kernel per rank)" : "",
+                       t.zero3_fetch_norm ? ", a norm of each fetched tensor" : "");
   }
   if (has_uneven_stages(p)) {
     out += fmt::format("      uneven stages: first {} layers, {} middle stages of {}, last {}\n",

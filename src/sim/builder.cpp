@@ -746,6 +746,13 @@ void Builder::play_zero3(int stage, const ScheduleStep& st, bool reduce_now) {
       ch.deps.assign(1, b);
       ch.async.clear();
     }
+    if (ts.zero3_fetch_norm && pt.params > 0) {
+      // The norm's kernel reads the tensor; formatting it waits for the compute stream.
+      flush(ch);
+      const TaskId nrm = emit_compute(me.compute, memory_bound_time_ns(gpu, pt.params * param_bytes), ch.deps, host_meta);
+      label(nrm, stage, "zero3_fetch_norm " + pt.name, "dp");
+      ch.deps.assign(1, nrm);
+    }
     for (const std::uint32_t j : issued) {
       if (j != k) gather(j);  // the prefetch window
     }

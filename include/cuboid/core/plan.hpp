@@ -91,6 +91,10 @@ struct TrainerSettings {
   // List-form c10d all_gather / reduce_scatter: besides the NCCL kernel, one
   // copy kernel per rank of the group, launched from the host.
   bool zero3_list_collectives = false;
+  // Each fetch computes the norm of the unit's gathered parameters and
+  // formats it, a read of the whole tensor that the host waits for (a debug
+  // message built although it is not printed).
+  bool zero3_fetch_norm = false;
   friend bool operator==(const TrainerSettings&, const TrainerSettings&) = default;
 };
 
