@@ -256,6 +256,7 @@ TEST_CASE("ZeRO-3 settings round-trip; older plan files without them read as FSD
   CHECK(z["prefetch_params"] == 50000000);
   CHECK(z["reuse_params"] == 1000000000);
   CHECK(z["reduce_bucket_params"] == 500000000);
+  CHECK(z["reduce_per_tensor"] == true);
   CHECK(z["sync"] == true);
   CHECK(z["list_collectives"] == true);
   CHECK(z["fetch_norm"] == true);

@@ -254,6 +254,21 @@ TEST_CASE("per-tensor units: four gathers per layer, the reuse distance keeps so
   for (const auto& [name, n] : all_kept) CHECK(n == 2);
 }
 
+TEST_CASE("DeepSpeed v0.5.4 reduce-scatters each parameter tensor on its own; FSDP2 one per block") {
+  const ModelSpec m = test::gpt(2, 4096, 32);
+  const Topology topo(small_cluster());
+  auto reductions = [&](const TrainerSettings& s) { return named(tasks_of(m, topo, zero3_plan(32, s)), "grad bucket").size(); };
+  // One micro-batch: per layer 4 weights, 4 biases and 2 LayerNorms' weights
+  // and biases, plus the embedding and the LM head.
+  CHECK(reductions(preset("deepspeed-2021")) == 2 * 12 + 2);
+  TrainerSettings buckets = preset("deepspeed-2021");
+  buckets.zero3_reduce_per_tensor = false;  // the 5e8-element buckets, one collective each
+  CHECK(reductions(buckets) < 2 * 12 + 2);
+  CHECK(reductions(preset("torchtitan")) == 2 + 2);
+  // Each list-form reduce-scatter has its per-rank copies before it.
+  CHECK(named(tasks_of(m, topo, zero3_plan(32, preset("deepspeed-2021"))), "grad reduce copies").size() == 2 * 12 + 2);
+}
+
 TEST_CASE("the host's wait exposes the gathers: none runs beside the compute issued before it") {
   const ModelSpec m = test::gpt(2, 4096, 32);
   const Topology topo(small_cluster());

@@ -200,6 +200,7 @@ std::array<TrainerPreset, 7> make_presets() {
   ds.settings.zero3_prefetch_params = 50'000'000;
   ds.settings.zero3_reuse_params = 1'000'000'000;
   ds.settings.zero3_reduce_bucket_params = 500'000'000;
+  ds.settings.zero3_reduce_per_tensor = true;
   ds.settings.zero3_sync = true;
   ds.settings.zero3_list_collectives = true;
   ds.settings.zero3_fetch_norm = true;
@@ -226,6 +227,10 @@ std::array<TrainerPreset, 7> make_presets() {
       {"zero3_reduce_bucket_params", "DeepSpeed v0.5.4 deepspeed/runtime/zero/stage3.py "
                                      "reduce_independent_p_g_buckets_and_remove_grads: the bucket is reduced when the next "
                                      "gradient would overflow reduce_bucket_size (constants.py 500000000)"},
+      {"zero3_reduce_per_tensor", "DeepSpeed v0.5.4 deepspeed/runtime/zero/stage3.py average_tensor -> "
+                                  "partition_parameters.py _reduce_scatter_gradients: one _reduce_scatter_gradient "
+                                  "(torch.distributed.reduce_scatter, async) per parameter of the bucket, persistent "
+                                  "biases and norms included (create_reduce_and_remove_grad_hooks hooks every parameter)"},
       {"zero3_sync", "DeepSpeed v0.5.4 deepspeed/runtime/zero/stage3.py fetch_sub_module -> _synchronize_communication "
                      "(handle.wait, comm_stream.synchronize, torch.cuda.synchronize); partition_parameters.py _allgather_param: "
                      "torch.zeros of the whole tensor, then torch.cuda.synchronize, before each gather. Removed in v0.5.5 "

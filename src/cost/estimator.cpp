@@ -252,7 +252,7 @@ CommTimes make_comm_times(const ParallelPlan& plan, const LayerCost& lc, const P
 struct Zero3Step {
   double compute_ns = 0;
   double params = 0;
-  double grads = 0;
+  std::vector<double> grads;  // per parameter tensor
   std::int64_t tensor = -1;
 };
 
@@ -278,7 +278,7 @@ void layer_steps(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& 
     for (const std::vector<Op>* list : forward ? std::vector<const std::vector<Op>*>{&ops.forward}
                                                : std::vector<const std::vector<Op>*>{&ops.recompute, &ops.backward})
       t += ops_ns(gpu, *list, 0, list->size(), plan.tp, tp_links);
-    out.push_back(Zero3Step{t, params, forward ? 0.0 : params, -1});
+    out.push_back(Zero3Step{t, params, forward ? std::vector<double>{} : std::vector<double>{params}, -1});
     return;
   }
   const std::vector<LayerWeight> weights = layer_weights(m, plan);
@@ -291,10 +291,13 @@ void layer_steps(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& 
       if (w.weight >= 0) {
         const LayerWeight& lw = weights[static_cast<std::size_t>(w.weight)];
         st.params = (lw.weight >= persist ? lw.weight : 0.0) + (lw.bias >= persist ? lw.bias : 0.0);
-        st.grads = with_grads ? lw.weight + lw.bias : 0.0;
         st.tensor = id * 8 + w.weight;
+        if (with_grads) {
+          st.grads.push_back(lw.weight);
+          if (lw.bias > 0) st.grads.push_back(lw.bias);
+          grads += lw.weight + lw.bias;
+        }
       }
-      grads += st.grads;
       out.push_back(st);
     }
   };
@@ -303,7 +306,10 @@ void layer_steps(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& 
   } else {
     add(ops.recompute, Pass::forward, false);
     add(ops.backward, Pass::backward, true);
-    out.back().grads += std::max(0.0, params - grads);  // the resident norms' gradients
+    // The norms' gradients, with the last part (as the simulator's Part).
+    const double norms = std::max(0.0, params - grads);
+    const int norm_tensors = m.normalization == Normalization::layernorm ? 4 : 2;
+    for (int i = 0; i < norm_tensors && norms > 0; ++i) out.back().grads.push_back(norms / norm_tensors);
   }
 }
 
@@ -335,14 +341,26 @@ double zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const P
       issue = c;
     }
   };
-  auto reduce = [&](double grads, double after) {
-    const double bytes = grads * ts.dp_grad_bytes;
-    d = std::max(d, after);
+  auto reduce_one = [&](double elements) {
+    const double bytes = elements * ts.dp_grad_bytes;
     if (ts.zero3_list_collectives) d += static_cast<double>(list_collective_copies_ns(gpu, bytes, dp));
     d += comm_ns(Collective::reduce_scatter, bytes, dp, dp_links);
   };
+  auto reduce = [&](const std::vector<double>& tensors, double after) {
+    d = std::max(d, after);
+    if (ts.zero3_reduce_per_tensor) {
+      for (const double t : tensors) reduce_one(t);
+    } else {
+      double all = 0;
+      for (const double t : tensors) all += t;
+      reduce_one(all);
+    }
+  };
   const auto bucket = static_cast<double>(ts.zero3_reduce_bucket_params);
-  double acc = 0, acc_ready = 0;
+  double acc = 0, held_ready = 0;
+  std::vector<double> held;
+  bool held_current = false;
+  std::vector<std::vector<double>> after;
   for (std::size_t k = 0; k < steps.size(); ++k) {
     const std::span<const std::uint32_t> issued = zp.issued_at(k);
     for (const std::uint32_t j : issued)
@@ -356,22 +374,33 @@ double zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const P
     if (!ts.zero3_sync && zp.gathered[k]) c = std::max(c, ready[k]);
     issue = c;
     const Zero3Step& st = steps[k];
-    if (reducing && st.grads > 0 && bucket > 0 && acc > 0 && acc + st.grads > bucket) {
-      reduce(acc, std::max(acc_ready, c));
-      acc = 0;
+    after.clear();
+    if (reducing && bucket > 0) {
+      for (const double t : st.grads) {
+        if (acc > 0 && acc + t > bucket) {
+          if (held_current) after.push_back(held);
+          else reduce(held, std::max(held_ready, c));
+          acc = 0;
+          held.clear();
+        }
+        acc += t;
+        held.push_back(t);
+        held_current = true;
+      }
     }
     c += st.compute_ns;
-    if (reducing && st.grads > 0) {
+    if (reducing && !st.grads.empty()) {
       issue = c;
       if (bucket > 0) {
-        acc += st.grads;
-        acc_ready = c;
+        for (const std::vector<double>& b : after) reduce(b, c);
+        if (held_current) held_ready = c;
+        held_current = false;
       } else {
         reduce(st.grads, c);
       }
     }
   }
-  if (acc > 0) reduce(acc, acc_ready);
+  if (acc > 0) reduce(held, held_ready);
   return std::max(c, d);
 }
 
@@ -399,7 +428,8 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
     if (tp > 1)
       tp_ns = forward ? tp_comm_ns(ops.forward, tp, tp_links)
                       : tp_comm_ns(ops.backward, tp, tp_links) + tp_comm_ns(ops.recompute, tp, tp_links);
-    steps.push_back(Zero3Step{(forward ? t.fwd_compute : t.bwd_compute) + tp_ns, params, forward ? 0.0 : params, -1});
+    steps.push_back(Zero3Step{(forward ? t.fwd_compute : t.bwd_compute) + tp_ns, params,
+                              forward ? std::vector<double>{} : std::vector<double>{params}, -1});
   };
   for (int chunk = 0; chunk < v; ++chunk) {
     const int vs = chunk * pp + stage;

@@ -28,6 +28,7 @@ nlohmann::json zero3_to_json(const TrainerSettings& t) {
       {"prefetch_params", t.zero3_prefetch_params},
       {"reuse_params", t.zero3_reuse_params},
       {"reduce_bucket_params", t.zero3_reduce_bucket_params},
+      {"reduce_per_tensor", t.zero3_reduce_per_tensor},
       {"sync", t.zero3_sync},
       {"list_collectives", t.zero3_list_collectives},
       {"fetch_norm", t.zero3_fetch_norm},
@@ -52,6 +53,7 @@ void read_zero3(JsonReader& t, TrainerSettings& s) {
   s.zero3_prefetch_params = count("prefetch_params");
   s.zero3_reuse_params = count("reuse_params");
   s.zero3_reduce_bucket_params = count("reduce_bucket_params");
+  s.zero3_reduce_per_tensor = z.boolean("reduce_per_tensor");
   s.zero3_sync = z.boolean("sync");
   s.zero3_list_collectives = z.boolean("list_collectives");
   s.zero3_fetch_norm = z.boolean("fetch_norm");

@@ -72,6 +72,7 @@ nlohmann::json estimate_to_json(const Estimate& e) {
                   {"prefetch_params", t.zero3_prefetch_params},
                   {"reuse_params", t.zero3_reuse_params},
                   {"reduce_bucket_params", t.zero3_reduce_bucket_params},
+                  {"reduce_per_tensor", t.zero3_reduce_per_tensor},
                   {"sync", t.zero3_sync},
                   {"list_collectives", t.zero3_list_collectives},
                   {"fetch_norm", t.zero3_fetch_norm}};
@@ -168,6 +169,7 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                        t.zero3_sync ? ", host waits for the device before each fetch" : "",
                        t.zero3_list_collectives ? ", list-form collectives (a copy kernel per rank)" : "",
                        t.zero3_fetch_norm ? ", a norm of each fetched tensor" : "");
+    if (t.zero3_reduce_per_tensor) out += "      ZeRO-3: one gradient reduce-scatter per parameter tensor\n";
   }
   if (has_uneven_stages(p)) {
     out += fmt::format("      uneven stages: first {} layers, {} middle stages of {}, last {}\n",

@@ -253,9 +253,9 @@ bool Builder::zero3_tensor() const {
 // ZeRO-3's parts of a chunk's units. Block units are one part each. Tensor
 // units cut a layer per weight: each weight and bias is gathered unless it
 // is below the persistence threshold, and the part after a weight's
-// backward carries its gradients (the last one also those of the layer's
-// resident norms, which are reduced too). The embedding and the LM head
-// stay one part each.
+// backward carries its gradients, weight then bias (the last one also those
+// of the layer's norms, which are reduced too). The embedding and the LM
+// head stay one part each, one tensor each.
 void Builder::make_parts(std::vector<Unit>& units, const Programs& p) {
   const bool tensor = zero3_tensor();
   const std::vector<LayerWeight> weights = tensor ? layer_weights(m_, plan_) : std::vector<LayerWeight>{};
@@ -268,15 +268,21 @@ void Builder::make_parts(std::vector<Unit>& units, const Programs& p) {
     u.fwd_parts.clear();
     u.bwd_parts.clear();
     if (!tensor || u.fwd != &p.layer_fwd) {
-      u.fwd_parts.push_back(Part{u.fwd, u.params, 0, -1, u.name});
-      u.bwd_parts.push_back(Part{u.bwd, u.params, u.params, -1, u.name});
+      u.fwd_parts.push_back(Part{u.fwd, u.params, 0, {}, -1, u.name});
+      u.bwd_parts.push_back(Part{u.bwd, u.params, u.params, {u.params}, -1, u.name});
       continue;
     }
     const auto base = static_cast<std::int64_t>(k) * 8;
     auto part = [&](const Program& prog, const PartWeight& pw) {
-      if (pw.weight < 0) return Part{&prog, 0, 0, -1, u.name};
+      if (pw.weight < 0) return Part{&prog, 0, 0, {}, -1, u.name};
       const LayerWeight& w = weights[static_cast<std::size_t>(pw.weight)];
-      return Part{&prog, gathered(w), pw.grads ? w.weight + w.bias : 0.0, base + pw.weight, u.name + " " + w.op};
+      Part pt{&prog, gathered(w), 0, {}, base + pw.weight, u.name + " " + w.op};
+      if (pw.grads) {
+        pt.grad_tensors.push_back(w.weight);
+        if (w.bias > 0) pt.grad_tensors.push_back(w.bias);
+        pt.grads = w.weight + w.bias;
+      }
+      return pt;
     };
     for (std::size_t i = 0; i < fwd_part_weights_.size(); ++i) u.fwd_parts.push_back(part(p.layer_fwd_parts[i], fwd_part_weights_[i]));
     double grads = 0;
@@ -284,7 +290,12 @@ void Builder::make_parts(std::vector<Unit>& units, const Programs& p) {
       u.bwd_parts.push_back(part(p.layer_bwd_parts[i], bwd_part_weights_[i]));
       grads += u.bwd_parts.back().grads;
     }
-    u.bwd_parts.back().grads += std::max(0.0, u.params - grads);
+    // The rest of the layer: its two norms' weights (and LayerNorm's biases).
+    const double norms = std::max(0.0, u.params - grads);
+    const int norm_tensors = m_.normalization == Normalization::layernorm ? 4 : 2;
+    Part& last = u.bwd_parts.back();
+    for (int i = 0; i < norm_tensors && norms > 0; ++i) last.grad_tensors.push_back(norms / norm_tensors);
+    last.grads += norms;
   }
 }
 
@@ -718,22 +729,35 @@ void Builder::play_zero3(int stage, const ScheduleStep& st, bool reduce_now) {
       ch.deps.assign(1, h);
     }
   };
-  auto reduce = [&](double grads, std::vector<TaskId>& d) {
-    const double bytes = grads * ts.dp_grad_bytes;
-    if (ts.zero3_list_collectives) {
-      const TaskId c = emit_compute(me.dp, list_collective_copies_ns(gpu, bytes, dp_), d, dp_meta);
-      label(c, stage, "grad reduce copies " + pass_name, "dp");
-      d.assign(1, c);
+  // One reduce-scatter per tensor (zero3_reduce_per_tensor) or of them all,
+  // each after its list-form copies; the DP stream runs them in turn.
+  auto reduce = [&](const std::vector<double>& tensors, const std::vector<TaskId>& d) {
+    double all = 0;
+    for (const double t : tensors) all += t;
+    const std::size_t n = ts.zero3_reduce_per_tensor ? tensors.size() : 1;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double bytes = (ts.zero3_reduce_per_tensor ? tensors[i] : all) * ts.dp_grad_bytes;
+      deps.assign(d.begin(), d.end());
+      if (ts.zero3_list_collectives) {
+        const TaskId c = emit_compute(me.dp, list_collective_copies_ns(gpu, bytes, dp_), deps, dp_meta);
+        label(c, stage, "grad reduce copies " + pass_name, "dp");
+        deps.assign(1, c);
+      }
+      const TaskId t = emit_collective(Collective::reduce_scatter, me.dp_group, bytes, me.dp, deps, dp_meta,
+                                       /*dp_reduction=*/true);
+      label(t, stage, "grad bucket " + pass_name, "dp");
+      dp_tail = t;
     }
-    const TaskId t = emit_collective(Collective::reduce_scatter, me.dp_group, bytes, me.dp, d, dp_meta,
-                                     /*dp_reduction=*/true);
-    label(t, stage, "grad bucket " + pass_name, "dp");
-    dp_tail = t;
   };
   const bool reducing = !fwd && reduce_now;
   const auto bucket = static_cast<double>(ts.zero3_reduce_bucket_params);
-  double acc = 0;  // gradients waiting in the bucket
-  std::vector<TaskId> acc_deps;
+  // DeepSpeed's bucket: the gradient tensors waiting in it, what they
+  // depend on, and whether the current part added some.
+  double acc = 0;
+  std::vector<double> held;
+  std::vector<TaskId> held_deps, end_deps;
+  bool held_current = false;
+  std::vector<std::vector<double>> after;  // buckets that hold the current part's gradients: reduced after it
   for (std::size_t k = 0; k < parts.size(); ++k) {
     const Part& pt = *parts[k];
     const std::span<const std::uint32_t> issued = plan.issued_at(k);
@@ -760,30 +784,45 @@ void Builder::play_zero3(int stage, const ScheduleStep& st, bool reduce_now) {
       flush(ch);
       if (plan.gathered[k]) ch.deps.push_back(gathers[k]);
     }
-    // DeepSpeed's bucket is reduced when the next gradients would overflow
-    // it, from the hook of the parameter whose gradients arrive (the host has
-    // just issued its backward).
-    if (reducing && pt.grads > 0 && bucket > 0 && acc > 0 && acc + pt.grads > bucket) {
+    // DeepSpeed's bucket is reduced when the next gradient would overflow
+    // it, from the hook of the parameter whose gradient arrives: the host
+    // runs the hooks of a part as it issues the part's backward, so the
+    // reduction starts with the part, after the gradients it holds.
+    after.clear();
+    if (reducing && bucket > 0) {
       flush(ch);
-      acc_deps.insert(acc_deps.end(), ch.deps.begin(), ch.deps.end());
-      reduce(acc, acc_deps);
-      acc = 0;
-      acc_deps.clear();
+      for (const double t : pt.grad_tensors) {
+        if (acc > 0 && acc + t > bucket) {
+          if (held_current) {
+            after.push_back(held);
+          } else {
+            held_deps.insert(held_deps.end(), ch.deps.begin(), ch.deps.end());
+            reduce(held, held_deps);
+          }
+          acc = 0;
+          held.clear();
+          held_deps.clear();
+        }
+        acc += t;
+        held.push_back(t);
+        held_current = true;
+      }
     }
     play(ch, *pt.prog);
     if (reducing && pt.grads > 0) {
       flush(ch);
-      deps.assign(ch.deps.begin(), ch.deps.end());
-      deps.insert(deps.end(), ch.async.begin(), ch.async.end());
+      end_deps.assign(ch.deps.begin(), ch.deps.end());
+      end_deps.insert(end_deps.end(), ch.async.begin(), ch.async.end());
       if (bucket > 0) {
-        acc += pt.grads;
-        acc_deps = deps;
+        for (const std::vector<double>& b : after) reduce(b, end_deps);
+        if (held_current) held_deps = end_deps;
+        held_current = false;
       } else {
-        reduce(pt.grads, deps);
+        reduce(pt.grad_tensors, end_deps);
       }
     }
   }
-  if (acc > 0) reduce(acc, acc_deps);
+  if (acc > 0) reduce(held, held_deps);
 }
 
 void Builder::finish_iteration() {

@@ -61,6 +61,7 @@ struct Part {
   const Program* prog = nullptr;
   double params = 0;         // gathered before it, per GPU (0: resident)
   double grads = 0;          // gradients ready after it, per GPU
+  std::vector<double> grad_tensors;  // the same, per parameter tensor (they sum to grads)
   std::int64_t tensor = -1;  // Zero3Use::tensor
   std::string name;
 };

@@ -84,6 +84,9 @@ struct TrainerSettings {
   // of this many elements (DeepSpeed's reduce_bucket_size); 0: each unit's
   // right after its backward.
   std::int64_t zero3_reduce_bucket_params = 0;
+  // Each parameter tensor's gradients reduce-scattered by a collective of
+  // its own (weights, biases and norms alike); off: one per bucket or unit.
+  bool zero3_reduce_per_tensor = false;
   // The host waits for the device (torch.cuda.synchronize) before each
   // fetch and before issuing each gather, whose buffer it zero-fills first:
   // gathers overlap only the compute issued since the last wait.
