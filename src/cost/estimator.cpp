@@ -271,7 +271,8 @@ double ops_ns(const GpuProfile& gpu, const std::vector<Op>& ops, std::size_t fir
 // A layer's steps: one block, or (tensor units) its weights' parts as the
 // simulator cuts them (split_by_weight), recompute then backward.
 void layer_steps(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerOps& ops,
-                 const GroupLinks& tp_links, double params, std::int64_t id, bool forward, std::vector<Zero3Step>& out) {
+                 const GroupLinks& tp_links, double params, std::int64_t id, bool forward,
+                 std::vector<Zero3Step>& out) {
   const TrainerSettings& ts = plan.trainer;
   if (ts.zero3_unit == Zero3Unit::block) {
     double t = 0;
@@ -366,8 +367,10 @@ double zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const P
     for (const std::uint32_t j : issued)
       if (j == k) gather(j);
     if (zp.waits[k]) c = std::max(c, d);
-    if (ts.zero3_fetch_norm && steps[k].params > 0)
+    if (ts.zero3_fetch_norm && steps[k].params > 0) {
       c += static_cast<double>(memory_bound_time_ns(gpu, steps[k].params * param_bytes));
+      issue = c;
+    }
     if (ts.zero3_sync) issue = c;
     for (const std::uint32_t j : issued)
       if (j != k) gather(j);
@@ -450,7 +453,8 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
       if (!forward && first) whole(lc.embed, lc.embed_compute, e, false);
       double compute = 0;
       for (const Zero3Step& st : steps) compute += st.compute_ns;
-      exposed += micro_batches * std::max(0.0, zero3_pass_ns(steps, !forward, plan, gpu, dp_links, param_bytes) - compute);
+      const double pass = zero3_pass_ns(steps, !forward, plan, gpu, dp_links, param_bytes);
+      exposed += micro_batches * std::max(0.0, pass - compute);
     }
   }
   return exposed;

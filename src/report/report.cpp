@@ -162,7 +162,8 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
     std::string ahead;
     if (t.zero3_prefetch_units > 0) ahead = fmt::format("{} unit(s)", t.zero3_prefetch_units);
     if (t.zero3_prefetch_params > 0)
-      ahead += fmt::format("{}up to {:.3g} elements", ahead.empty() ? "" : ", ", static_cast<double>(t.zero3_prefetch_params));
+      ahead += fmt::format("{}up to {:.3g} elements", ahead.empty() ? "" : ", ",
+                           static_cast<double>(t.zero3_prefetch_params));
     out += fmt::format("      ZeRO-3: gathers per {}, prefetch {}{}{}{}\n",
                        t.zero3_unit == Zero3Unit::tensor ? "weight tensor" : "transformer block",
                        ahead.empty() ? "none" : ahead,

@@ -207,9 +207,12 @@ void Builder::make_programs() {
     }
   };
   if (zero3_tensor()) {
-    for (const WeightPart& w : split_by_weight(layer.forward, Pass::forward)) fwd_part_weights_.push_back({w.weight, false});
-    for (const WeightPart& w : split_by_weight(layer.recompute, Pass::forward)) bwd_part_weights_.push_back({w.weight, false});
-    for (const WeightPart& w : split_by_weight(layer.backward, Pass::backward)) bwd_part_weights_.push_back({w.weight, true});
+    for (const WeightPart& w : split_by_weight(layer.forward, Pass::forward))
+      fwd_part_weights_.push_back({w.weight, false});
+    for (const WeightPart& w : split_by_weight(layer.recompute, Pass::forward))
+      bwd_part_weights_.push_back({w.weight, false});
+    for (const WeightPart& w : split_by_weight(layer.backward, Pass::backward))
+      bwd_part_weights_.push_back({w.weight, true});
   }
   fill(normal_, 1.0);
   if (straggler_stage_ >= 0) fill(slow_, straggler_slowdown_);
@@ -238,7 +241,8 @@ void Builder::make_units() {
         extra -= e;
       }
       for (int l = 0; l < per_chunk; ++l) {
-        units.push_back(Unit{&p.layer_fwd, &p.layer_bwd, per_layer, "layer " + std::to_string(vs * per_chunk + l), {}, {}});
+        units.push_back(
+            Unit{&p.layer_fwd, &p.layer_bwd, per_layer, "layer " + std::to_string(vs * per_chunk + l), {}, {}});
       }
       if (vs == vs_count_ - 1) units.push_back(Unit{&p.head_fwd, &p.head_bwd, std::max(0.0, extra), "lm_head", {}, {}});
       if (dp_ > 1 && plan_.zero_stage >= 3) make_parts(units, p);
@@ -284,7 +288,8 @@ void Builder::make_parts(std::vector<Unit>& units, const Programs& p) {
       }
       return pt;
     };
-    for (std::size_t i = 0; i < fwd_part_weights_.size(); ++i) u.fwd_parts.push_back(part(p.layer_fwd_parts[i], fwd_part_weights_[i]));
+    for (std::size_t i = 0; i < fwd_part_weights_.size(); ++i)
+      u.fwd_parts.push_back(part(p.layer_fwd_parts[i], fwd_part_weights_[i]));
     double grads = 0;
     for (std::size_t i = 0; i < bwd_part_weights_.size(); ++i) {
       u.bwd_parts.push_back(part(p.layer_bwd_parts[i], bwd_part_weights_[i]));
@@ -773,7 +778,8 @@ void Builder::play_zero3(int stage, const ScheduleStep& st, bool reduce_now) {
     if (ts.zero3_fetch_norm && pt.params > 0) {
       // The norm's kernel reads the tensor; formatting it waits for the compute stream.
       flush(ch);
-      const TaskId nrm = emit_compute(me.compute, memory_bound_time_ns(gpu, pt.params * param_bytes), ch.deps, host_meta);
+      const TimeNs ns = memory_bound_time_ns(gpu, pt.params * param_bytes);
+      const TaskId nrm = emit_compute(me.compute, ns, ch.deps, host_meta);
       label(nrm, stage, "zero3_fetch_norm " + pt.name, "dp");
       ch.deps.assign(1, nrm);
     }
