@@ -10,6 +10,7 @@
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/core/trainer.hpp"
 #include "fixtures.hpp"
 #include "builder.hpp"
 
@@ -98,6 +99,19 @@ TEST_CASE("stamped passes: ZeRO-3 gathers, ZeRO-2 reductions on every micro-batc
     p.zero_stage = zero;
     check_same("llama3-70b", "dgx-a100-4node.json", 4, p);
   }
+}
+
+TEST_CASE("stamped passes: DeepSpeed-2021's ZeRO-3 (per-tensor gathers, host waits, list-form copies, reduce bucket)") {
+  ParallelPlan p = plan_of(2, 1, 16, 64);
+  p.zero_stage = 3;
+  p.sequence_parallel = false;
+  p.flash_attention = false;
+  p.grad_accum_fusion = false;
+  p.trainer = find_trainer("deepspeed-2021")->settings;
+  check_same("gpt-22b", "dgx-a100-superpod.json", 4, p);
+  p.pp = 2;  // two stages, as the simulator allows although DeepSpeed's pipeline engine does not
+  p.dp = 8;
+  check_same("gpt-22b", "dgx-a100-superpod.json", 4, p);
 }
 
 TEST_CASE("stamped passes: TP collectives on the network, a straggler, GPipe") {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/trainer.hpp"
 #include "cuboid/io/planfile.hpp"
 #include "plan_fixtures.hpp"
 
@@ -238,4 +239,46 @@ TEST_CASE("trainer settings round-trip; older plan files without them read as me
   CHECK(read_error(j).rfind("plan.json: parallel.trainer.preset: unknown trainer", 0) == 0);
   j["parallel"].erase("trainer");
   CHECK(plan_file_from_json(j, "plan.json").plan.trainer == TrainerSettings{});
+}
+
+TEST_CASE("ZeRO-3 settings round-trip; older plan files without them read as FSDP2's") {
+  const cuboid::test::Fixture& f = seed();
+  ParallelPlan p = f.plan;
+  p.trainer = find_trainer("deepspeed-2021")->settings;
+  const ModelSpec model = load_model(cuboid::test::source_root() / f.model_card);
+  const Cluster cluster = cuboid::test::four_dgx_a100();
+  const Topology topo(cluster);
+  nlohmann::json j = plan_to_json(model, cluster, estimate(model, topo, p));
+  const nlohmann::json& z = j["parallel"]["trainer"]["zero3"];
+  CHECK(z["unit"] == "tensor");
+  CHECK(z["persist_params"] == 100000);
+  CHECK(z["prefetch_units"] == 0);
+  CHECK(z["prefetch_params"] == 50000000);
+  CHECK(z["reuse_params"] == 1000000000);
+  CHECK(z["reduce_bucket_params"] == 500000000);
+  CHECK(z["reduce_per_tensor"] == true);
+  CHECK(z["sync"] == true);
+  CHECK(z["list_collectives"] == true);
+  CHECK(z["fetch_norm"] == true);
+  CHECK(plan_file_from_json(j, "plan.json").plan.trainer == p.trainer);
+
+  j["parallel"]["trainer"]["zero3"]["unit"] = "layer";
+  CHECK(read_error(j).rfind("plan.json: parallel.trainer.zero3.unit:", 0) == 0);
+  j["parallel"]["trainer"]["zero3"]["unit"] = "block";
+  j["parallel"]["trainer"]["zero3"]["prefetch_params"] = -1;
+  CHECK(read_error(j).rfind("plan.json: parallel.trainer.zero3.prefetch_params: must be >= 0", 0) == 0);
+  j["parallel"]["trainer"]["zero3"]["prefetch_params"] = 0;
+  j["parallel"]["trainer"]["zero3"]["overlap"] = true;
+  CHECK(read_error(j).find("overlap") != std::string::npos);
+
+  // Written before the settings existed: the other trainer fields stay, ZeRO-3 is FSDP2's.
+  j["parallel"]["trainer"].erase("zero3");
+  const TrainerSettings t = plan_file_from_json(j, "plan.json").plan.trainer;
+  CHECK(t.preset == "deepspeed-2021");
+  CHECK(t.dp_grad_bytes == 2);
+  CHECK(t.zero3_unit == Zero3Unit::block);
+  CHECK(t.zero3_prefetch_units == 1);
+  CHECK_FALSE(t.zero3_sync);
+  CHECK_FALSE(t.zero3_list_collectives);
+  CHECK_FALSE(t.zero3_fetch_norm);
 }

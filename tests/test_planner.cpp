@@ -341,6 +341,11 @@ TEST_CASE("trainer presets: what each can run, and settings that contradict it a
   o.virtual_stages.reset();
   o.grad_accum_fusion = true;
   CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("no gradient-accumulation fusion"), InputError);
+  o.grad_accum_fusion.reset();
+  o.trainer = "deepspeed-2021";
+  o.pp = 2;
+  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("has no pipeline parallelism"), InputError);
+  o.pp.reset();
   o.trainer = "bogus";
   CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("unknown trainer"), InputError);
 }
@@ -379,6 +384,20 @@ TEST_CASE("a trainer preset limits the search to what it can run and gives every
     CHECK(p.zero_stage <= 1);
     CHECK(p.trainer.zero1_grad_all_reduce);
   }
+
+  // DeepSpeed-2021 runs ZeRO without its pipeline engine: no PP, and its ZeRO-3 gathers per tensor.
+  o.trainer = "deepspeed-2021";
+  SearchResult r3;
+  bool zero3 = false;
+  for (const ParallelPlan& p : enumerate_plans(m, topo, o, r3)) {
+    CHECK(p.pp == 1);
+    CHECK(!p.flash_attention);
+    CHECK(p.trainer.dp_grad_bytes == 2);
+    CHECK(p.trainer.zero3_unit == Zero3Unit::tensor);
+    CHECK(p.trainer.zero3_sync);
+    zero3 = zero3 || p.zero_stage == 3;
+  }
+  CHECK(zero3);
 
   // --dp-overlap overrides the preset; the default preset keeps cuboid's defaults.
   o.trainer.reset();

@@ -266,7 +266,7 @@ void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& t
   static const std::map<std::string, std::vector<std::string>> kTrainers = {
       {"megatron", {"megatron-core", "megatron-2022", "megatron-2021"}},
       {"nemo", {"megatron-core"}},
-      {"deepspeed", {"megatron-deepspeed", "megatron-deepspeed-2022"}},
+      {"deepspeed", {"megatron-deepspeed", "megatron-deepspeed-2022", "deepspeed-2021"}},
       {"torchtitan", {"torchtitan"}},
   };
   const std::vector<std::string>& allowed = kTrainers.at(target);

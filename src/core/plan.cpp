@@ -38,6 +38,14 @@ std::string_view to_string(Dim d) {
   return "?";
 }
 
+std::string_view to_string(Zero3Unit u) { return u == Zero3Unit::tensor ? "tensor" : "block"; }
+
+Zero3Unit parse_zero3_unit(std::string_view s, const std::string& source, const std::string& field) {
+  if (s == "block") return Zero3Unit::block;
+  if (s == "tensor") return Zero3Unit::tensor;
+  throw InputError(source, field, "unknown ZeRO-3 unit \"" + std::string(s) + "\"", "use block or tensor");
+}
+
 Recompute parse_recompute(std::string_view s, const std::string& source, const std::string& field) {
   if (s == "none") return Recompute::none;
   if (s == "selective") return Recompute::selective;

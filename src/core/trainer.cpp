@@ -17,13 +17,28 @@ TrainerSettings settings(std::string_view name, bool dp_overlap, int dp_grad_byt
   return s;
 }
 
-std::array<TrainerPreset, 6> make_presets() {
-  std::array<TrainerPreset, 6> p;
+// How FSDP2 and Megatron-FSDP run ZeRO-3 (the defaults, spelled out so each
+// preset cites them): a transformer block per gather, the next one
+// prefetched (Megatron-FSDP: the next blocks up to `prefetch_params`
+// elements), all_gather_into_tensor without host synchronisation.
+void modern_zero3(TrainerSettings& s, std::int64_t prefetch_units, std::int64_t prefetch_params) {
+  s.zero3_unit = Zero3Unit::block;
+  s.zero3_prefetch_units = static_cast<int>(prefetch_units);
+  s.zero3_prefetch_params = prefetch_params;
+  s.zero3_sync = false;
+  s.zero3_list_collectives = false;
+}
+
+std::array<TrainerPreset, 7> make_presets() {
+  std::array<TrainerPreset, 7> p;
 
   TrainerPreset& core = p[0];
   core.name = "megatron-core";
   core.description = "Megatron-LM / Megatron-Core of 2026, bf16 (NeMo runs the same core)";
   core.settings = settings(core.name, true, 4);
+  // max(1e9, 2 x a TransformerLayer's elements) / 2: the next layers up to
+  // 5e8 elements, or one layer when it holds more.
+  modern_zero3(core.settings, 0, 500'000'000);
   core.sources = {
       {"dp_overlap", "Megatron-LM d98e8a64 megatron/training/arguments.py --overlap-grad-reduce (off unless given; "
                      "examples/llama/train_llama3_8b_h100_fp8.sh gives it, as production recipes do)"},
@@ -32,6 +47,16 @@ std::array<TrainerPreset, 6> make_presets() {
       {"grad_accum_fusion", "Megatron-LM d98e8a64 megatron/training/arguments.py --no-gradient-accumulation-fusion "
                             "(store_false: on by default)"},
       {"flash_attention", "Transformer Engine's fused attention, Megatron-Core's default spec"},
+      {"zero3_unit", "Megatron-LM d98e8a64 megatron/core/distributed/fsdp/mcore_fsdp_adapter.py: fsdp_unit_modules = "
+                     "[TransformerLayer, ...] (ZeRO-3 = Megatron-FSDP, --data-parallel-sharding-strategy "
+                     "optim_grads_params)"},
+      {"zero3_prefetch_params", "Megatron-LM d98e8a64 megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py: "
+                                "suggested_AG_prefetch_size = max(1e9, 2 x the mean FSDP unit's elements) // 2; "
+                                "param_and_grad_buffer.py all_gather_params adds the next buckets until the prefetched "
+                                "size reaches it"},
+      {"zero3_sync", "Megatron-LM d98e8a64 megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py: "
+                     "one torch.distributed.all_gather_into_tensor(async_op=True) per bucket, waited for by the stream "
+                     "that needs it; no device synchronisation per gather"},
   };
 
   TrainerPreset& m22 = p[1];
@@ -149,18 +174,98 @@ std::array<TrainerPreset, 6> make_presets() {
   tt.default_grad_accum_fusion = false;
   tt.zero_stages = {0, 2, 3};
   tt.settings = settings(tt.name, true, 4);
+  modern_zero3(tt.settings, 1, 0);
   tt.sources = {
       {"dp_overlap", "torchtitan b5bcd76c torchtitan/distributed/fsdp.py: FSDP2 reduce-scatters each unit's "
                      "gradients during the backward"},
       {"dp_grad_bytes", "torchtitan b5bcd76c torchtitan/config/configs.py mixed_precision_reduce = \"float32\""},
       {"grad_accum_fusion", "torchtitan: autograd accumulates .grad; no fused main_grad"},
       {"zero_stages", "torchtitan: FSDP2 (reshard after forward: ZeRO-3, or not: ZeRO-2) or DDP; no ZeRO-1"},
+      {"zero3_unit", "torchtitan b5bcd76c torchtitan/distributed/fsdp.py apply_fsdp_to_decoder: fully_shard(transformer_block) "
+                     "for each block (the embedding and the norm + output each a unit of their own)"},
+      {"zero3_prefetch_units", "FSDP2's implicit prefetching: the next block's all-gather is issued from its pre-forward "
+                               "(pre-backward) hook while the current block runs on the GPU, one block ahead"},
+      {"zero3_sync", "pytorch/pytorch 8fc2039d torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather: "
+                     "one dist.all_gather_into_tensor per block into one flat buffer on the all-gather stream, no per-rank "
+                     "copies, the compute stream waits on its event (no host synchronisation)"},
+  };
+
+  TrainerPreset& ds = p[6];
+  ds.name = "deepspeed-2021";
+  ds.description = "DeepSpeed v0.5.4 (2021-10) ZeRO 0-3 without its pipeline engine, fp16, Megatron-DeepSpeed's model "
+                   "code of 2021 (Megatron-style TP)";
+  ds.pipeline = false;
+  ds.sequence_parallel = false;
+  ds.selective_recompute = false;
+  ds.interleaved = false;
+  ds.flash_attention = false;
+  ds.grad_accum_fusion = false;
+  ds.default_grad_accum_fusion = false;
+  ds.uneven_stages = false;
+  ds.zero_stages = {0, 1, 2, 3};
+  ds.settings = settings(ds.name, false, 2);
+  ds.settings.zero3_unit = Zero3Unit::tensor;
+  ds.settings.zero3_persist_params = 100'000;
+  ds.settings.zero3_prefetch_units = 0;
+  ds.settings.zero3_prefetch_params = 50'000'000;
+  ds.settings.zero3_reuse_params = 1'000'000'000;
+  ds.settings.zero3_reduce_bucket_params = 500'000'000;
+  ds.settings.zero3_reduce_per_tensor = true;
+  ds.settings.zero3_sync = true;
+  ds.settings.zero3_list_collectives = true;
+  ds.settings.zero3_fetch_norm = true;
+  ds.sources = {
+      {"pipeline", "DeepSpeed v0.5.4 deepspeed/runtime/pipe/engine.py: \"ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+                   "parallelism\"; the preset is DeepSpeed's ZeRO engine (deepspeed/runtime/engine.py) without it"},
+      {"dp_overlap", "DeepSpeed v0.5.4 deepspeed/runtime/engine.py backward: allreduce_gradients() after the whole "
+                     "backward (ZeRO 0 and 1; ZeRO-3 reduces from its gradient hooks during each backward)"},
+      {"dp_grad_bytes", "DeepSpeed v0.5.4 deepspeed/runtime/engine.py _configure_zero_optimizer: 'Creating fp16 ZeRO stage "
+                        "{} optimizer', fp32_allreduce refused; deepspeed/runtime/zero/partition_parameters.py "
+                        "_reduce_scatter_gradient reduce-scatters param.grad in the parameter dtype (fp16)"},
+      {"zero3_unit", "DeepSpeed v0.5.4 deepspeed/runtime/zero/stage3.py _register_hooks_recursively: pre-forward and "
+                     "pre-backward hooks on every module; fetch_sub_module gathers the module's own parameters "
+                     "(named_parameters(recurse=False)): each Linear's weight and bias"},
+      {"zero3_persist_params", "DeepSpeed v0.5.4 deepspeed/runtime/zero/constants.py stage3_param_persistence_threshold "
+                               "100000; stage3.py persistent_parameters: ds_numel below it sets ds_persist (never released)"},
+      {"zero3_prefetch_params", "DeepSpeed v0.5.4 deepspeed/runtime/zero/stage3.py prefetch_next_sub_modules: only when no "
+                                "handle is in flight, get_params_to_prefetch takes the trace's next parameters that are not "
+                                "available until their numel reaches stage3_prefetch_bucket_size (constants.py 50000000), "
+                                "with no bound by count"},
+      {"zero3_reuse_params", "DeepSpeed v0.5.4 deepspeed/runtime/zero/stage3.py release_sub_module / _keep_for_later: a "
+                             "parameter stays gathered when the numel of the modules up to its next use in the trace is "
+                             "below stage3_max_reuse_distance (constants.py 1000000000)"},
+      {"zero3_reduce_bucket_params", "DeepSpeed v0.5.4 deepspeed/runtime/zero/stage3.py "
+                                     "reduce_independent_p_g_buckets_and_remove_grads: the bucket is reduced when the next "
+                                     "gradient would overflow reduce_bucket_size (constants.py 500000000)"},
+      {"zero3_reduce_per_tensor", "DeepSpeed v0.5.4 deepspeed/runtime/zero/stage3.py average_tensor -> "
+                                  "partition_parameters.py _reduce_scatter_gradients: one _reduce_scatter_gradient "
+                                  "(torch.distributed.reduce_scatter, async) per parameter of the bucket, persistent "
+                                  "biases and norms included (create_reduce_and_remove_grad_hooks hooks every parameter)"},
+      {"zero3_sync", "DeepSpeed v0.5.4 deepspeed/runtime/zero/stage3.py fetch_sub_module -> _synchronize_communication "
+                     "(handle.wait, comm_stream.synchronize, torch.cuda.synchronize); partition_parameters.py _allgather_param: "
+                     "torch.zeros of the whole tensor, then torch.cuda.synchronize, before each gather. Removed in v0.5.5 "
+                     "(c0eeb69, PR #1188: 'the async version is not async at all, because each all_gather calls "
+                     "torch.cuda.synchronize()')"},
+      {"zero3_list_collectives", "DeepSpeed v0.5.4 deepspeed/runtime/zero/partition_parameters.py: "
+                                 "torch.distributed.all_gather(partitions, ...) and reduce_scatter(input_list[rank], "
+                                 "input_list), list form; pytorch/pytorch 00f5dfd5 torch/lib/c10d/ProcessGroupNCCL.cpp "
+                                 "allgather / reduce_scatter: flatten_for_scatter_gather, then one copy_ per rank"},
+      {"zero3_fetch_norm", "DeepSpeed v0.5.4 deepspeed/runtime/zero/stage3.py fetch_sub_module: print_rank_0(f\"Param "
+                           "... norm={param.norm()}\", force=False) for every parameter of the module, the f-string "
+                           "evaluated (a norm kernel and, formatting a CUDA scalar, .item()) although rank 0 prints only "
+                           "with force; removed in v0.5.5 (c0eeb69: 'remove norm()')"},
+      {"sequence_parallel", "microsoft/Megatron-DeepSpeed ec166f1c (2021-09-02) megatron/arguments.py: no sequence "
+                            "parallelism; --checkpoint-activations recomputes whole layers; pretrain_gpt.py builds the "
+                            "model under deepspeed.zero.Init(mpu=mpu) (Megatron TP)"},
+      {"flash_attention", "microsoft/Megatron-DeepSpeed ec166f1c megatron/model/transformer.py: torch.baddbmm, fused "
+                          "scale-mask-softmax (unfused attention core)"},
+      {"grad_accum_fusion", "microsoft/Megatron-DeepSpeed ec166f1c megatron/mpu/layers.py: no fused wgrad accumulation"},
   };
   return p;
 }
 
-const std::array<TrainerPreset, 6>& presets() {
-  static const std::array<TrainerPreset, 6> p = make_presets();
+const std::array<TrainerPreset, 7>& presets() {
+  static const std::array<TrainerPreset, 7> p = make_presets();
   return p;
 }
 

@@ -401,6 +401,35 @@ void layer_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, con
 
 }  // namespace
 
+std::vector<LayerWeight> layer_weights(const ModelSpec& m, const ParallelPlan& plan) {
+  const Dims x = dims_of(m, plan);
+  const LinearParams p = linear_params(m, x);
+  const double bias = m.linear_bias ? 1.0 : 0.0;
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  const std::int64_t qkv_n = (x.q + 2 * x.kv) / x.t;
+  const std::int64_t fc1_n = (m.gated_mlp() ? 2 * x.f : x.f) / x.t;
+  const double qkv_b = bias * d(qkv_n), proj_b = bias * d(x.h), fc1_b = bias * d(fc1_n), fc2_b = bias * d(x.h);
+  return {{op::qkv, p.qkv - qkv_b, qkv_b},
+          {op::proj, p.proj - proj_b, proj_b},
+          {op::fc1, p.fc1 - fc1_b, fc1_b},
+          {op::fc2, p.fc2 - fc2_b, fc2_b}};
+}
+
+std::vector<WeightPart> split_by_weight(const std::vector<Op>& ops, Pass pass) {
+  static constexpr const char* kForward[] = {op::qkv, op::proj, op::fc1, op::fc2};
+  static constexpr const char* kBackward[] = {op::qkv_dgrad, op::proj_dgrad, op::fc1_dgrad, op::fc2_dgrad};
+  std::vector<WeightPart> parts;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    int w = -1;
+    for (int k = 0; k < 4; ++k) {
+      if (ops[i].name == (pass == Pass::forward ? kForward[k] : kBackward[k])) w = k;
+    }
+    if (w >= 0 || parts.empty()) parts.push_back(WeightPart{i, i, w});
+    parts.back().end = i + 1;
+  }
+  return parts;
+}
+
 LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan) {
   const Dims x = dims_of(m, plan);
   LayerOps ops;

@@ -142,6 +142,11 @@ std::int64_t memory_bound_time_ns(const GpuProfile& gpu, double bytes) {
   return to_ns(bytes / hbm_Bps(gpu)) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
 }
 
+std::int64_t list_collective_copies_ns(const GpuProfile& gpu, double bytes, int group_size) {
+  if (group_size <= 1 || bytes <= 0) return 0;
+  return group_size * memory_bound_time_ns(gpu, 2.0 * bytes / group_size);
+}
+
 // A fit's time is per call, launch included.
 std::int64_t kernel_time_ns(const GpuProfile& gpu, const std::string& name, double bytes) {
   return kernel_ns(gpu, name, bytes, hbm_Bps(gpu));

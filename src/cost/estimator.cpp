@@ -28,14 +28,16 @@
 //       all-gather of the bf16 parameters after the step;
 //     ZeRO 2: grads are sharded, so each micro-batch reduce-scatters its own,
 //       plus the bf16 parameter all-gather after the step;
-//     ZeRO 3: as ZeRO 2, and each micro-batch all-gathers the bf16 parameters
-//       before its forward and again before its backward.
+//     ZeRO 3: as ZeRO 2 without the parameter all-gather after the step, and
+//       each micro-batch gathers the parameters before each unit of its
+//       forward and backward (zero3_exposed_ns below).
 //   Overlap (TrainerSettings::dp_overlap, Megatron's --overlap-grad-reduce):
 //   a grad reduction hides behind the backward it follows (the last
 //   micro-batch's for once-per-iteration reductions); without it the
-//   once-per-iteration reduction is exposed whole. A ZeRO-3 gather hides
-//   behind the pass it feeds; only the excess is exposed. The
-//   parameter all-gather after the optimizer step is exposed
+//   once-per-iteration reduction is exposed whole. ZeRO-3's gathers and
+//   reduce-scatters are walked unit by unit as the trainer issues them
+//   (zero3.hpp): what they add to each pass beyond its compute is exposed.
+//   The parameter all-gather after the optimizer step is exposed
 //   (--overlap-param-gather is off by default).
 // * optimizer: Megatron's step kernels (optimizer_step.hpp): the fp32 grad
 //   buffer scaled and zeroed (8 + 4 B per parameter), and on this GPU's
@@ -55,9 +57,11 @@
 #include "cuboid/core/calibration.hpp"
 #include "cuboid/cost/cost.hpp"
 #include "cuboid/cost/flops.hpp"
+#include "cuboid/cost/memory.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
 #include "cuboid/cost/speed_spread.hpp"
 #include "cuboid/core/workload.hpp"
+#include "cuboid/core/zero3.hpp"
 
 namespace cuboid {
 
@@ -249,6 +253,220 @@ CommTimes make_comm_times(const ParallelPlan& plan, const LayerCost& lc, const P
   return ct;
 }
 
+// One unit of a ZeRO-3 pass for the recurrence below: its compute with its
+// TP collectives (blocking, as everywhere in this estimate), what it
+// gathers and the gradients ready after it (Builder's Part).
+struct Zero3Step {
+  double compute_ns = 0;
+  double params = 0;
+  std::vector<double> grads;  // per parameter tensor
+  std::int64_t tensor = -1;
+};
+
+double ops_ns(const GpuProfile& gpu, const std::vector<Op>& ops, std::size_t first, std::size_t end, int tp,
+              const GroupLinks& tp_links) {
+  double t = 0;
+  for (std::size_t i = first; i < end; ++i) {
+    const Op& op = ops[i];
+    t += static_cast<double>(op_time_ns(gpu, op));
+    if (tp > 1 && op.kind == OpKind::collective && op.group == Group::tp)
+      t += comm_ns(op.collective, op.comm_bytes, tp, tp_links);
+  }
+  return t;
+}
+
+// A layer's steps: one block, or (tensor units) its weights' parts as the
+// simulator cuts them (split_by_weight), recompute then backward.
+void layer_steps(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerOps& ops,
+                 const GroupLinks& tp_links, double params, std::int64_t id, bool forward,
+                 std::vector<Zero3Step>& out) {
+  const TrainerSettings& ts = plan.trainer;
+  if (ts.zero3_unit == Zero3Unit::block) {
+    double t = 0;
+    for (const std::vector<Op>* list : forward ? std::vector<const std::vector<Op>*>{&ops.forward}
+                                               : std::vector<const std::vector<Op>*>{&ops.recompute, &ops.backward})
+      t += ops_ns(gpu, *list, 0, list->size(), plan.tp, tp_links);
+    out.push_back(Zero3Step{t, params, forward ? std::vector<double>{} : std::vector<double>{params}, -1});
+    return;
+  }
+  const std::vector<LayerWeight> weights = layer_weights(m, plan);
+  const auto persist = static_cast<double>(ts.zero3_persist_params);
+  double grads = 0;
+  auto add = [&](const std::vector<Op>& list, Pass pass, bool with_grads) {
+    for (const WeightPart& w : split_by_weight(list, pass)) {
+      Zero3Step st;
+      st.compute_ns = ops_ns(gpu, list, w.first, w.end, plan.tp, tp_links);
+      if (w.weight >= 0) {
+        const LayerWeight& lw = weights[static_cast<std::size_t>(w.weight)];
+        st.params = (lw.weight >= persist ? lw.weight : 0.0) + (lw.bias >= persist ? lw.bias : 0.0);
+        st.tensor = id * 8 + w.weight;
+        if (with_grads) {
+          st.grads.push_back(lw.weight);
+          if (lw.bias > 0) st.grads.push_back(lw.bias);
+          grads += lw.weight + lw.bias;
+        }
+      }
+      out.push_back(st);
+    }
+  };
+  if (forward) {
+    add(ops.forward, Pass::forward, false);
+  } else {
+    add(ops.recompute, Pass::forward, false);
+    add(ops.backward, Pass::backward, true);
+    // The norms' gradients, with the last part (as the simulator's Part).
+    const double norms = std::max(0.0, params - grads);
+    const int norm_tensors = m.normalization == Normalization::layernorm ? 4 : 2;
+    for (int i = 0; i < norm_tensors && norms > 0; ++i) out.back().grads.push_back(norms / norm_tensors);
+  }
+}
+
+// One pass as the simulator's task graph plays it, on two clocks: the
+// compute stream (with the host work that holds it) and the DP stream
+// (gathers and reduce-scatters, one after another). Returns the pass's
+// length, from its start to the later of both streams.
+double zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const ParallelPlan& plan,
+                     const GpuProfile& gpu, const GroupLinks& dp_links, double param_bytes) {
+  const TrainerSettings& ts = plan.trainer;
+  const int dp = plan.dp;
+  std::vector<Zero3Use> uses;
+  uses.reserve(steps.size());
+  for (const Zero3Step& st : steps) uses.push_back(Zero3Use{st.params, st.tensor});
+  const Zero3PassPlan zp = plan_zero3_pass(uses, ts);
+  double c = 0, d = 0;  // when the compute stream and the DP stream are free
+  double issue = 0;     // without zero3_sync: when the chain a gather depends on ends
+  std::vector<double> ready(steps.size(), 0.0);
+  auto gather = [&](std::size_t j) {
+    const double bytes = steps[j].params * param_bytes;
+    if (ts.zero3_sync) {
+      c = std::max(c, d) + static_cast<double>(memory_bound_time_ns(gpu, bytes));
+      issue = c;
+    }
+    d = std::max(d, issue) + comm_ns(Collective::all_gather, bytes, dp, dp_links);
+    ready[j] = d;
+    if (ts.zero3_list_collectives) {
+      c += static_cast<double>(list_collective_copies_ns(gpu, bytes, dp));
+      issue = c;
+    }
+  };
+  auto reduce_one = [&](double elements) {
+    const double bytes = elements * ts.dp_grad_bytes;
+    if (ts.zero3_list_collectives) d += static_cast<double>(list_collective_copies_ns(gpu, bytes, dp));
+    d += comm_ns(Collective::reduce_scatter, bytes, dp, dp_links);
+  };
+  auto reduce = [&](const std::vector<double>& tensors, double after) {
+    d = std::max(d, after);
+    if (ts.zero3_reduce_per_tensor) {
+      for (const double t : tensors) reduce_one(t);
+    } else {
+      double all = 0;
+      for (const double t : tensors) all += t;
+      reduce_one(all);
+    }
+  };
+  const auto bucket = static_cast<double>(ts.zero3_reduce_bucket_params);
+  double acc = 0, held_ready = 0;
+  std::vector<double> held;
+  bool held_current = false;
+  std::vector<std::vector<double>> after;
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    const std::span<const std::uint32_t> issued = zp.issued_at(k);
+    for (const std::uint32_t j : issued)
+      if (j == k) gather(j);
+    if (zp.waits[k]) c = std::max(c, d);
+    if (ts.zero3_fetch_norm && steps[k].params > 0) {
+      c += static_cast<double>(memory_bound_time_ns(gpu, steps[k].params * param_bytes));
+      issue = c;
+    }
+    if (ts.zero3_sync) issue = c;
+    for (const std::uint32_t j : issued)
+      if (j != k) gather(j);
+    if (!ts.zero3_sync && zp.gathered[k]) c = std::max(c, ready[k]);
+    issue = c;
+    const Zero3Step& st = steps[k];
+    after.clear();
+    if (reducing && bucket > 0) {
+      for (const double t : st.grads) {
+        if (acc > 0 && acc + t > bucket) {
+          if (held_current) after.push_back(held);
+          else reduce(held, std::max(held_ready, c));
+          acc = 0;
+          held.clear();
+        }
+        acc += t;
+        held.push_back(t);
+        held_current = true;
+      }
+    }
+    c += st.compute_ns;
+    if (reducing && !st.grads.empty()) {
+      issue = c;
+      if (bucket > 0) {
+        for (const std::vector<double>& b : after) reduce(b, c);
+        if (held_current) held_ready = c;
+        held_current = false;
+      } else {
+        reduce(st.grads, c);
+      }
+    }
+  }
+  if (acc > 0) reduce(held, held_ready);
+  return std::max(c, d);
+}
+
+// What ZeRO-3 adds to an iteration beyond the critical stage's compute:
+// per micro-batch and model chunk, a forward and a backward pass over the
+// stage's units (the embedding and the LM head on their stages' first and
+// last chunk, as the simulator's units).
+double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
+                        const GroupLinks& tp_links, const GroupLinks& dp_links, int stage) {
+  const int pp = std::max(1, plan.pp);
+  const int v = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
+  const int tp = std::max(1, plan.tp);
+  const double per_layer = static_cast<double>(m.parameters_per_layer()) / tp;
+  const int layers = v > 1 ? static_cast<int>(m.num_layers / (pp * v)) * v : layers_on_stage(plan, m.num_layers, stage);
+  const double extra = parameters_on_stage(m, plan, stage) - per_layer * layers;
+  const double embed_params =
+      static_cast<double>(padded_vocab_size(m.vocab_size, tp)) / tp * static_cast<double>(m.hidden_size);
+  const double param_bytes = kParamBytesPerParam * activation_bytes_scale(gpu.calibration.get());
+  const double micro_batches = static_cast<double>(plan.num_micro_batches());
+  double exposed = 0;
+  std::vector<Zero3Step> steps;
+  // A unit that is one step: the embedding or the LM head.
+  auto whole = [&](const LayerOps& ops, const PassTimes& t, double params, bool forward) {
+    double tp_ns = 0;
+    if (tp > 1)
+      tp_ns = forward ? tp_comm_ns(ops.forward, tp, tp_links)
+                      : tp_comm_ns(ops.backward, tp, tp_links) + tp_comm_ns(ops.recompute, tp, tp_links);
+    steps.push_back(Zero3Step{(forward ? t.fwd_compute : t.bwd_compute) + tp_ns, params,
+                              forward ? std::vector<double>{} : std::vector<double>{params}, -1});
+  };
+  for (int chunk = 0; chunk < v; ++chunk) {
+    const int vs = chunk * pp + stage;
+    const bool first = vs == 0, last = vs == pp * v - 1;
+    const double e = first ? std::max(0.0, pp * v == 1 ? std::min(extra, embed_params) : extra) : 0.0;
+    const double h = last ? std::max(0.0, extra - e) : 0.0;
+    for (const bool forward : {true, false}) {
+      // Units in execution order: the backward walks them last to first,
+      // each unit's own steps (recompute, then backward) in order.
+      steps.clear();
+      if (forward && first) whole(lc.embed, lc.embed_compute, e, true);
+      if (!forward && last) whole(lc.head, lc.head_compute, h, false);
+      for (int l = 0; l < layers / v; ++l) {
+        const int id = forward ? l + 1 : layers / v - l;
+        layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, id, forward, steps);
+      }
+      if (forward && last) whole(lc.head, lc.head_compute, h, true);
+      if (!forward && first) whole(lc.embed, lc.embed_compute, e, false);
+      double compute = 0;
+      for (const Zero3Step& st : steps) compute += st.compute_ns;
+      const double pass = zero3_pass_ns(steps, !forward, plan, gpu, dp_links, param_bytes);
+      exposed += micro_batches * std::max(0.0, pass - compute);
+    }
+  }
+  return exposed;
+}
+
 // `pace`: spread_slowdown(gpu.speed_spread, plan.world_size()), which the
 // Estimator keeps per world size (a normal quantile takes more than half as
 // long as the rest of a candidate's scoring, and a search's candidates share
@@ -317,7 +535,8 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
         exposed_ns = micro_batches * std::max(0.0, rs - crit.bwd()) + ag;
         break;
       default:
-        exposed_ns = micro_batches * (std::max(0.0, ag - crit.fwd()) + std::max(0.0, ag + rs - crit.bwd()));
+        exposed_ns = zero3_exposed_ns(m, gpu, plan, lc, pl.tp_links[pl.stage_tp[static_cast<std::size_t>(critical)]],
+                                      links, critical);
         break;
     }
     bd.dp_comm_s = exposed_ns * 1e-9;

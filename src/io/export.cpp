@@ -191,8 +191,19 @@ std::string export_deepspeed(const PlanFile& pf) {
   j["train_micro_batch_size_per_gpu"] = p.micro_batch;
   // train_batch_size = micro batch x gradient accumulation x data-parallel ranks.
   j["gradient_accumulation_steps"] = p.num_micro_batches();
-  j["bf16"] = {{"enabled", true}};
+  // DeepSpeed v0.5.4's ZeRO optimizers are fp16 only ("Creating fp16 ZeRO
+  // stage {} optimizer", deepspeed/runtime/engine.py); the plan's 16-bit
+  // gradients (dp_grad_bytes 2) are that run.
+  if (p.trainer.dp_grad_bytes == 2) j["fp16"] = {{"enabled", true}};
+  else j["bf16"] = {{"enabled", true}};
   j["zero_optimization"] = {{"stage", p.zero_stage}};
+  if (p.zero_stage == 3 && p.trainer.zero3_unit == Zero3Unit::tensor) {
+    // The ZeRO-3 settings the plan was priced with (deepspeed/runtime/zero/constants.py keys).
+    j["zero_optimization"]["stage3_param_persistence_threshold"] = p.trainer.zero3_persist_params;
+    j["zero_optimization"]["stage3_prefetch_bucket_size"] = p.trainer.zero3_prefetch_params;
+    j["zero_optimization"]["stage3_max_reuse_distance"] = p.trainer.zero3_reuse_params;
+    j["zero_optimization"]["reduce_bucket_size"] = p.trainer.zero3_reduce_bucket_params;
+  }
   if (p.pp > 1) {
     nlohmann::ordered_json pipe;
     pipe["stages"] = p.pp;

@@ -20,6 +20,46 @@ namespace {
 
 const std::string kRegenerate = "regenerate it with this cuboid (cuboid plan ... --out FILE)";
 
+nlohmann::json zero3_to_json(const TrainerSettings& t) {
+  return nlohmann::json{
+      {"unit", std::string(to_string(t.zero3_unit))},
+      {"persist_params", t.zero3_persist_params},
+      {"prefetch_units", t.zero3_prefetch_units},
+      {"prefetch_params", t.zero3_prefetch_params},
+      {"reuse_params", t.zero3_reuse_params},
+      {"reduce_bucket_params", t.zero3_reduce_bucket_params},
+      {"reduce_per_tensor", t.zero3_reduce_per_tensor},
+      {"sync", t.zero3_sync},
+      {"list_collectives", t.zero3_list_collectives},
+      {"fetch_norm", t.zero3_fetch_norm},
+  };
+}
+
+// Optional: plan files written before these settings were priced with
+// FSDP2's ZeRO-3, the defaults.
+void read_zero3(JsonReader& t, TrainerSettings& s) {
+  if (!t.has("zero3")) return;
+  JsonReader z = t.object("zero3");
+  s.zero3_unit = parse_zero3_unit(z.choice("unit", {"block", "tensor"}), z.source(), "parallel.trainer.zero3.unit");
+  auto count = [&](std::string_view key) {
+    const std::int64_t v = z.integer(key);
+    if (v < 0) z.fail(key, "must be >= 0, got " + std::to_string(v), kRegenerate);
+    return v;
+  };
+  s.zero3_persist_params = count("persist_params");
+  const std::int64_t units = count("prefetch_units");
+  if (units > 1'000'000) z.fail("prefetch_units", "value " + std::to_string(units) + " is too large", kRegenerate);
+  s.zero3_prefetch_units = static_cast<int>(units);
+  s.zero3_prefetch_params = count("prefetch_params");
+  s.zero3_reuse_params = count("reuse_params");
+  s.zero3_reduce_bucket_params = count("reduce_bucket_params");
+  s.zero3_reduce_per_tensor = z.boolean("reduce_per_tensor");
+  s.zero3_sync = z.boolean("sync");
+  s.zero3_list_collectives = z.boolean("list_collectives");
+  s.zero3_fetch_norm = z.boolean("fetch_norm");
+  z.reject_unknown();
+}
+
 nlohmann::json parallel_to_json(const ParallelPlan& p) {
   return nlohmann::json{
       {"tp", p.tp},
@@ -46,7 +86,8 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
         {"dp_overlap", p.trainer.dp_overlap},
         {"dp_grad_bytes", p.trainer.dp_grad_bytes},
         {"zero1_grad_all_reduce", p.trainer.zero1_grad_all_reduce},
-        {"tp_backward_overlap", p.trainer.tp_backward_overlap}}},
+        {"tp_backward_overlap", p.trainer.tp_backward_overlap},
+        {"zero3", zero3_to_json(p.trainer)}}},
   };
 }
 
@@ -181,6 +222,7 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
              kRegenerate);
     p.trainer.zero1_grad_all_reduce = t.boolean("zero1_grad_all_reduce");
     p.trainer.tp_backward_overlap = t.boolean("tp_backward_overlap");
+    read_zero3(t, p.trainer);
     t.reject_unknown();
   }
   r.reject_unknown();

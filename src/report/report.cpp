@@ -71,6 +71,20 @@ nlohmann::json estimate_to_json(const Estimate& e) {
     }
     j["prediction_interval"] = in;
   }
+  // Only where it prices something: other plans' JSON stays as it was.
+  if (p.zero_stage == 3 && p.dp > 1) {
+    const TrainerSettings& t = p.trainer;
+    j["zero3"] = {{"unit", std::string(to_string(t.zero3_unit))},
+                  {"persist_params", t.zero3_persist_params},
+                  {"prefetch_units", t.zero3_prefetch_units},
+                  {"prefetch_params", t.zero3_prefetch_params},
+                  {"reuse_params", t.zero3_reuse_params},
+                  {"reduce_bucket_params", t.zero3_reduce_bucket_params},
+                  {"reduce_per_tensor", t.zero3_reduce_per_tensor},
+                  {"sync", t.zero3_sync},
+                  {"list_collectives", t.zero3_list_collectives},
+                  {"fetch_norm", t.zero3_fetch_norm}};
+  }
   j["score"] = e.simulated ? "simulated" : "analytical";
   j["iteration_time_s"] = e.iteration_time_s;
   j["tokens_per_s"] = e.tokens_per_s;
@@ -164,6 +178,21 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                      p.trainer.dp_overlap ? "overlapped with the backward" : "after the backward",
                      p.trainer.dp_grad_bytes,
                      p.zero_stage == 1 && p.dp > 1 && p.trainer.zero1_grad_all_reduce ? ", all-reduced (ZeRO-1)" : "");
+  if (p.zero_stage == 3 && p.dp > 1) {
+    const TrainerSettings& t = p.trainer;
+    std::string ahead;
+    if (t.zero3_prefetch_units > 0) ahead = fmt::format("{} unit(s)", t.zero3_prefetch_units);
+    if (t.zero3_prefetch_params > 0)
+      ahead += fmt::format("{}up to {:.3g} elements", ahead.empty() ? "" : ", ",
+                           static_cast<double>(t.zero3_prefetch_params));
+    out += fmt::format("      ZeRO-3: gathers per {}, prefetch {}{}{}{}\n",
+                       t.zero3_unit == Zero3Unit::tensor ? "weight tensor" : "transformer block",
+                       ahead.empty() ? "none" : ahead,
+                       t.zero3_sync ? ", host waits for the device before each fetch" : "",
+                       t.zero3_list_collectives ? ", list-form collectives (a copy kernel per rank)" : "",
+                       t.zero3_fetch_norm ? ", a norm of each fetched tensor" : "");
+    if (t.zero3_reduce_per_tensor) out += "      ZeRO-3: one gradient reduce-scatter per parameter tensor\n";
+  }
   if (has_uneven_stages(p)) {
     out += fmt::format("      uneven stages: first {} layers, {} middle stages of {}, last {}\n",
                        layers_on_stage(p, m.num_layers, 0), p.pp - 2, layers_on_stage(p, m.num_layers, 1),

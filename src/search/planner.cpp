@@ -141,6 +141,8 @@ void check_trainer_options(const PlannerOptions& o) {
     throw InputError("command line", flag, std::string(t.name) + " " + what + " (" + std::string(t.description) + ")", fix);
   };
   const std::string other = "drop it, or choose a --trainer that has it";
+  if (o.pp.value_or(1) > 1 && !t.pipeline)
+    refuse("--pp", "has no pipeline parallelism here", "use --pp 1, or " + other);
   if (o.sequence_parallel.value_or(false) && !t.sequence_parallel)
     refuse("--sequence-parallel", "has no sequence parallelism", "use --sequence-parallel off, or " + other);
   if (o.recompute == Recompute::selective && !t.selective_recompute)
@@ -293,6 +295,7 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
   for (int tp : fixed_or(o.tp, tps)) {
     for (int pp : fixed_or(o.pp, pps)) {
       if (gpus % (tp * pp) != 0) continue;  // not a factorisation of this cluster
+      if (pp > 1 && !trainer.pipeline) continue;  // the trainer runs no pipeline
       const int dp = gpus / (tp * pp);
       if (o.dp && *o.dp != dp) continue;
       int first_layers = 0, last_layers = 0;

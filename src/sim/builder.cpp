@@ -194,7 +194,27 @@ void Builder::make_programs() {
     p.embed_bwd = compile(gpu, embed.backward, sp, ov, slow, sms);
     p.head_fwd = compile(gpu, head.forward, sp, ov, slow, sms);
     p.head_bwd = compile(gpu, head.backward, sp, ov, slow, sms);
+    if (zero3_tensor()) {
+      auto parts = [&](std::vector<Program>& out, const std::vector<Op>& ops, Pass pass) {
+        for (const WeightPart& w : split_by_weight(ops, pass)) {
+          const std::vector<Op> slice(ops.begin() + static_cast<std::ptrdiff_t>(w.first),
+                                      ops.begin() + static_cast<std::ptrdiff_t>(w.end));
+          out.push_back(compile(gpu, slice, sp, ov, slow, sms));
+        }
+      };
+      parts(p.layer_fwd_parts, layer.forward, Pass::forward);
+      parts(p.layer_bwd_parts, layer.recompute, Pass::forward);
+      parts(p.layer_bwd_parts, layer.backward, Pass::backward);
+    }
   };
+  if (zero3_tensor()) {
+    for (const WeightPart& w : split_by_weight(layer.forward, Pass::forward))
+      fwd_part_weights_.push_back({w.weight, false});
+    for (const WeightPart& w : split_by_weight(layer.recompute, Pass::forward))
+      bwd_part_weights_.push_back({w.weight, false});
+    for (const WeightPart& w : split_by_weight(layer.backward, Pass::backward))
+      bwd_part_weights_.push_back({w.weight, true});
+  }
   // Each stage's simulated GPU stands for its tp x dp GPUs and waits for the
   // slowest of them at every TP collective and DP reduction: it computes at
   // its stratum's slowest-of-tp x dp speed (speed_spread.hpp), so which stage
@@ -231,14 +251,70 @@ void Builder::make_units() {
       auto& units = chunks[static_cast<std::size_t>(c)];
       if (vs == 0) {
         const double e = vs_count_ == 1 ? std::min(extra, embed_params) : extra;
-        units.push_back(Unit{&p.embed_fwd, &p.embed_bwd, std::max(0.0, e), "embedding"});
+        units.push_back(Unit{&p.embed_fwd, &p.embed_bwd, std::max(0.0, e), "embedding", {}, {}});
         extra -= e;
       }
       for (int l = 0; l < per_chunk; ++l) {
-        units.push_back(Unit{&p.layer_fwd, &p.layer_bwd, per_layer, "layer " + std::to_string(vs * per_chunk + l)});
+        units.push_back(
+            Unit{&p.layer_fwd, &p.layer_bwd, per_layer, "layer " + std::to_string(vs * per_chunk + l), {}, {}});
       }
-      if (vs == vs_count_ - 1) units.push_back(Unit{&p.head_fwd, &p.head_bwd, std::max(0.0, extra), "lm_head"});
+      if (vs == vs_count_ - 1) units.push_back(Unit{&p.head_fwd, &p.head_bwd, std::max(0.0, extra), "lm_head", {}, {}});
+      if (dp_ > 1 && plan_.zero_stage >= 3) make_parts(units, p);
     }
+  }
+}
+
+bool Builder::zero3_tensor() const {
+  return dp_ > 1 && plan_.zero_stage >= 3 && plan_.trainer.zero3_unit == Zero3Unit::tensor;
+}
+
+// ZeRO-3's parts of a chunk's units. Block units are one part each. Tensor
+// units cut a layer per weight: each weight and bias is gathered unless it
+// is below the persistence threshold, and the part after a weight's
+// backward carries its gradients, weight then bias (the last one also those
+// of the layer's norms, which are reduced too). The embedding and the LM
+// head stay one part each, one tensor each.
+void Builder::make_parts(std::vector<Unit>& units, const Programs& p) {
+  const bool tensor = zero3_tensor();
+  const std::vector<LayerWeight> weights = tensor ? layer_weights(m_, plan_) : std::vector<LayerWeight>{};
+  const auto persist = static_cast<double>(plan_.trainer.zero3_persist_params);
+  auto gathered = [&](const LayerWeight& w) {
+    return (w.weight >= persist ? w.weight : 0.0) + (w.bias >= persist ? w.bias : 0.0);
+  };
+  for (std::size_t k = 0; k < units.size(); ++k) {
+    Unit& u = units[k];
+    u.fwd_parts.clear();
+    u.bwd_parts.clear();
+    if (!tensor || u.fwd != &p.layer_fwd) {
+      u.fwd_parts.push_back(Part{u.fwd, u.params, 0, {}, -1, u.name});
+      u.bwd_parts.push_back(Part{u.bwd, u.params, u.params, {u.params}, -1, u.name});
+      continue;
+    }
+    const auto base = static_cast<std::int64_t>(k) * 8;
+    auto part = [&](const Program& prog, const PartWeight& pw) {
+      if (pw.weight < 0) return Part{&prog, 0, 0, {}, -1, u.name};
+      const LayerWeight& w = weights[static_cast<std::size_t>(pw.weight)];
+      Part pt{&prog, gathered(w), 0, {}, base + pw.weight, u.name + " " + w.op};
+      if (pw.grads) {
+        pt.grad_tensors.push_back(w.weight);
+        if (w.bias > 0) pt.grad_tensors.push_back(w.bias);
+        pt.grads = w.weight + w.bias;
+      }
+      return pt;
+    };
+    for (std::size_t i = 0; i < fwd_part_weights_.size(); ++i)
+      u.fwd_parts.push_back(part(p.layer_fwd_parts[i], fwd_part_weights_[i]));
+    double grads = 0;
+    for (std::size_t i = 0; i < bwd_part_weights_.size(); ++i) {
+      u.bwd_parts.push_back(part(p.layer_bwd_parts[i], bwd_part_weights_[i]));
+      grads += u.bwd_parts.back().grads;
+    }
+    // The rest of the layer: its two norms' weights (and LayerNorm's biases).
+    const double norms = std::max(0.0, u.params - grads);
+    const int norm_tensors = m_.normalization == Normalization::layernorm ? 4 : 2;
+    Part& last = u.bwd_parts.back();
+    for (int i = 0; i < norm_tensors && norms > 0; ++i) last.grad_tensors.push_back(norms / norm_tensors);
+    last.grads += norms;
   }
 }
 
@@ -289,7 +365,11 @@ void Builder::reserve_tasks() {
       const bool fwd = st.dir == Direction::forward;
       const auto& units = units_[us][static_cast<std::size_t>(st.chunk)];
       n += 4 * units.size() + 2;  // ZeRO gathers, DP buckets, joins
-      for (const Unit& u : units) n += (fwd ? u.fwd : u.bwd)->items.size();
+      for (const Unit& u : units) {
+        n += (fwd ? u.fwd : u.bwd)->items.size();
+        // ZeRO-3 parts: gather, zero fill, copies, wait, reduction and its copies.
+        for (const Part& pt : fwd ? u.fwd_parts : u.bwd_parts) n += 8 + pt.prog->items.size();
+      }
     }
   }
   eng_->reserve(n, n + n / 2);
@@ -554,7 +634,6 @@ void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>
 void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry) {
   const auto us = static_cast<std::size_t>(stage);
   const bool fwd = st.dir == Direction::forward;
-  const Representative& me = representatives_[us];
   // One chain object reused by every pass: its vectors keep their capacity
   // instead of being allocated and freed per pass.
   Chain& ch = chain_;
@@ -570,41 +649,24 @@ void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, cons
 
   const auto& units = units_[us][static_cast<std::size_t>(st.chunk)];
   const int zero = dp_ > 1 ? plan_.zero_stage : 0;
-  const double bucket = (stage == 0 && st.chunk == 0 && zero < 3)
-                            ? std::max(kBucketParams, kBucketParamsPerDpRank * dp_)
-                            : std::numeric_limits<double>::infinity();
-  // Gathered parameters are in the compute dtype (bf16; f32 on the CPU executor).
-  const double act_scale = activation_bytes_scale(topo_.cluster().calibration.get());
-  // ZeRO-3 gathers a unit's parameters before each pass over it, one unit ahead.
-  std::vector<TaskId>& gathers = gathers_;
-  if (zero >= 3) gathers.assign(units.size(), kNoTask);
-  auto gather = [&](std::size_t u, const std::vector<TaskId>& deps) {
-    if (zero < 3 || u >= units.size() || gathers[u] != kNoTask) return;
-    const TaskId t = emit_collective(Collective::all_gather, me.dp_group, units[u].params * kParamBytesPerParam * act_scale,
-                                     me.dp, deps, meta_of(Category::dp, kThreadDp, stage));
-    label(t, stage, "zero3_gather " + units[u].name, "dp");
-    gathers[u] = t;
-  };
-  double acc = 0;
-  for (std::size_t k = 0; k < units.size(); ++k) {
-    const std::size_t u = fwd ? k : units.size() - 1 - k;
-    const std::size_t next = fwd ? u + 1 : u - 1;  // wraps to a huge index when u == 0: ignored
-    if (zero >= 3) {
-      gather(u, ch.deps);
-      gather(next, ch.deps);
-      flush(ch);
-      ch.deps.push_back(gathers[u]);
-    }
-    play(ch, fwd ? *units[u].fwd : *units[u].bwd);
-    if (!fwd && reduce_now) {
-      acc += units[u].params;
-      const bool last_unit = k + 1 == units.size();
-      if (acc >= bucket || last_unit || zero >= 3) {
-        flush(ch);
-        std::vector<TaskId> deps = ch.deps;
-        deps.insert(deps.end(), ch.async.begin(), ch.async.end());
-        dp_bucket(stage, acc, deps, "grad bucket " + step_name(st.dir, st.micro_batch, st.chunk, v_));
-        acc = 0;
+  if (zero >= 3) {
+    play_zero3(stage, st, reduce_now);
+  } else {
+    const double bucket = stage == 0 && st.chunk == 0 ? std::max(kBucketParams, kBucketParamsPerDpRank * dp_)
+                                                      : std::numeric_limits<double>::infinity();
+    double acc = 0;
+    for (std::size_t k = 0; k < units.size(); ++k) {
+      const std::size_t u = fwd ? k : units.size() - 1 - k;
+      play(ch, fwd ? *units[u].fwd : *units[u].bwd);
+      if (!fwd && reduce_now) {
+        acc += units[u].params;
+        if (acc >= bucket || k + 1 == units.size()) {
+          flush(ch);
+          std::vector<TaskId> deps = ch.deps;
+          deps.insert(deps.end(), ch.async.begin(), ch.async.end());
+          dp_bucket(stage, acc, deps, "grad bucket " + step_name(st.dir, st.micro_batch, st.chunk, v_));
+          acc = 0;
+        }
       }
     }
   }
@@ -613,6 +675,174 @@ void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, cons
   if (traced(stage) && ch.first != kNoTask) {
     spans_.push_back(StepSpan{stage, ch.first, ch.last_compute, step_name(st.dir, st.micro_batch, st.chunk, v_), fwd});
   }
+}
+
+// ZeRO-3, part by part (zero3.hpp decides which parts gather, where the
+// gathers are issued and where the host waits). A gather is issued when the
+// host reaches the part that issues it: without zero3_sync once the compute
+// before that part is issued (FSDP2's CPU thread runs ahead of the GPU), so
+// it depends on the chain so far; with it after a full wait for the device
+// (torch.cuda.synchronize, modelled as a dependency on everything issued),
+// then the buffer's zero fill on the compute stream (DeepSpeed v0.5.4
+// _allgather_param: torch.zeros of the whole tensor, then synchronize). The
+// list form's per-rank copies are launched by the host right after the
+// collective: with zero3_sync nothing else is queued on the device, so they
+// hold the compute stream (host time); a reduce-scatter's, launched while
+// the device works through a backward, delay only the collective, so they
+// sit before it on the DP stream. Gathers and reduce-scatters share the DP
+// stream: c10d runs every collective of a process group on its one NCCL
+// stream, one after another.
+void Builder::play_zero3(int stage, const ScheduleStep& st, bool reduce_now) {
+  const auto us = static_cast<std::size_t>(stage);
+  const bool fwd = st.dir == Direction::forward;
+  const Representative& me = representatives_[us];
+  const GpuProfile& gpu = topo_.cluster().gpu;
+  const TrainerSettings& ts = plan_.trainer;
+  Chain& ch = chain_;
+  const auto& units = units_[us][static_cast<std::size_t>(st.chunk)];
+  std::vector<const Part*>& parts = zero3_parts_;
+  parts.clear();
+  zero3_uses_.clear();
+  for (std::size_t k = 0; k < units.size(); ++k) {
+    const Unit& unit = units[fwd ? k : units.size() - 1 - k];
+    for (const Part& pt : fwd ? unit.fwd_parts : unit.bwd_parts) {
+      parts.push_back(&pt);
+      zero3_uses_.push_back(Zero3Use{pt.params, pt.tensor});
+    }
+  }
+  const Zero3PassPlan plan = plan_zero3_pass(zero3_uses_, ts);
+  // Gathered parameters are in the compute dtype (bf16; f32 on the CPU executor).
+  const double param_bytes = kParamBytesPerParam * activation_bytes_scale(topo_.cluster().calibration.get());
+  const TaskMeta dp_meta = meta_of(Category::dp, kThreadDp, stage);
+  const TaskMeta host_meta = meta_of(Category::dp, kThreadCompute, stage);  // DP work holding the compute stream
+  const std::string pass_name = step_name(st.dir, st.micro_batch, st.chunk, v_);
+  std::vector<TaskId>& gathers = gathers_;
+  gathers.assign(parts.size(), kNoTask);
+  TaskId dp_tail = kNoTask;  // the DP stream's last task in this pass
+  std::vector<TaskId> deps;
+  // Everything issued so far, what torch.cuda.synchronize waits for.
+  auto drain = [&] {
+    flush(ch);
+    deps.assign(ch.deps.begin(), ch.deps.end());
+    deps.insert(deps.end(), ch.async.begin(), ch.async.end());
+    if (dp_tail != kNoTask) deps.push_back(dp_tail);
+  };
+  auto gather = [&](std::size_t j) {
+    const Part& pt = *parts[j];
+    const double bytes = pt.params * param_bytes;
+    if (ts.zero3_sync) {
+      drain();
+      const TaskId z = emit_compute(me.compute, memory_bound_time_ns(gpu, bytes), deps, host_meta);
+      label(z, stage, "zero3_zero_fill " + pt.name, "dp");
+      ch.deps.assign(1, z);
+      ch.async.clear();
+    }
+    const TaskId g = emit_collective(Collective::all_gather, me.dp_group, bytes, me.dp, ch.deps, dp_meta);
+    label(g, stage, "zero3_gather " + pt.name, "dp");
+    gathers[j] = g;
+    dp_tail = g;
+    if (ts.zero3_list_collectives) {
+      flush(ch);
+      const TaskId h = emit_compute(me.compute, list_collective_copies_ns(gpu, bytes, dp_), ch.deps, host_meta);
+      label(h, stage, "zero3_gather_copies " + pt.name, "dp");
+      ch.deps.assign(1, h);
+    }
+  };
+  // One reduce-scatter per tensor (zero3_reduce_per_tensor) or of them all,
+  // each after its list-form copies; the DP stream runs them in turn.
+  auto reduce = [&](const std::vector<double>& tensors, const std::vector<TaskId>& d) {
+    double all = 0;
+    for (const double t : tensors) all += t;
+    const std::size_t n = ts.zero3_reduce_per_tensor ? tensors.size() : 1;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double bytes = (ts.zero3_reduce_per_tensor ? tensors[i] : all) * ts.dp_grad_bytes;
+      deps.assign(d.begin(), d.end());
+      if (ts.zero3_list_collectives) {
+        const TaskId c = emit_compute(me.dp, list_collective_copies_ns(gpu, bytes, dp_), deps, dp_meta);
+        label(c, stage, "grad reduce copies " + pass_name, "dp");
+        deps.assign(1, c);
+      }
+      const TaskId t = emit_collective(Collective::reduce_scatter, me.dp_group, bytes, me.dp, deps, dp_meta,
+                                       /*dp_reduction=*/true);
+      label(t, stage, "grad bucket " + pass_name, "dp");
+      dp_tail = t;
+    }
+  };
+  const bool reducing = !fwd && reduce_now;
+  const auto bucket = static_cast<double>(ts.zero3_reduce_bucket_params);
+  // DeepSpeed's bucket: the gradient tensors waiting in it, what they
+  // depend on, and whether the current part added some.
+  double acc = 0;
+  std::vector<double> held;
+  std::vector<TaskId> held_deps, end_deps;
+  bool held_current = false;
+  std::vector<std::vector<double>> after;  // buckets that hold the current part's gradients: reduced after it
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    const Part& pt = *parts[k];
+    const std::span<const std::uint32_t> issued = plan.issued_at(k);
+    for (const std::uint32_t j : issued) {
+      if (j == k) gather(j);  // not prefetched: fetched now
+    }
+    if (plan.waits[k]) {
+      drain();
+      const TaskId b = emit_compute(kNoStream, 0, deps, meta_of(Category::none, kThreadCompute, stage));
+      ch.deps.assign(1, b);
+      ch.async.clear();
+    }
+    if (ts.zero3_fetch_norm && pt.params > 0) {
+      // The norm's kernel reads the tensor; formatting it waits for the compute stream.
+      flush(ch);
+      const TimeNs ns = memory_bound_time_ns(gpu, pt.params * param_bytes);
+      const TaskId nrm = emit_compute(me.compute, ns, ch.deps, host_meta);
+      label(nrm, stage, "zero3_fetch_norm " + pt.name, "dp");
+      ch.deps.assign(1, nrm);
+    }
+    for (const std::uint32_t j : issued) {
+      if (j != k) gather(j);  // the prefetch window
+    }
+    if (!ts.zero3_sync) {
+      flush(ch);
+      if (plan.gathered[k]) ch.deps.push_back(gathers[k]);
+    }
+    // DeepSpeed's bucket is reduced when the next gradient would overflow
+    // it, from the hook of the parameter whose gradient arrives: the host
+    // runs the hooks of a part as it issues the part's backward, so the
+    // reduction starts with the part, after the gradients it holds.
+    after.clear();
+    if (reducing && bucket > 0) {
+      flush(ch);
+      for (const double t : pt.grad_tensors) {
+        if (acc > 0 && acc + t > bucket) {
+          if (held_current) {
+            after.push_back(held);
+          } else {
+            held_deps.insert(held_deps.end(), ch.deps.begin(), ch.deps.end());
+            reduce(held, held_deps);
+          }
+          acc = 0;
+          held.clear();
+          held_deps.clear();
+        }
+        acc += t;
+        held.push_back(t);
+        held_current = true;
+      }
+    }
+    play(ch, *pt.prog);
+    if (reducing && pt.grads > 0) {
+      flush(ch);
+      end_deps.assign(ch.deps.begin(), ch.deps.end());
+      end_deps.insert(end_deps.end(), ch.async.begin(), ch.async.end());
+      if (bucket > 0) {
+        for (const std::vector<double>& b : after) reduce(b, end_deps);
+        if (held_current) held_deps = end_deps;
+        held_current = false;
+      } else {
+        reduce(pt.grad_tensors, end_deps);
+      }
+    }
+  }
+  if (acc > 0) reduce(held, held_deps);
 }
 
 void Builder::finish_iteration() {

@@ -19,6 +19,7 @@
 #include "cuboid/core/schedule.hpp"
 #include "cuboid/sim/simulator.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/core/zero3.hpp"
 #include "message_plan.hpp"
 #include "pass_template.hpp"
 #include "program.hpp"
@@ -54,12 +55,24 @@ struct Representative {
   GroupId tp_group = 0, dp_group = 0;
 };
 
+// What ZeRO-3 gathers at once within a unit: the whole unit, or (tensor
+// units, TrainerSettings::zero3_unit) the ops of one weight's module.
+struct Part {
+  const Program* prog = nullptr;
+  double params = 0;         // gathered before it, per GPU (0: resident)
+  double grads = 0;          // gradients ready after it, per GPU
+  std::vector<double> grad_tensors;  // the same, per parameter tensor (they sum to grads)
+  std::int64_t tensor = -1;  // Zero3Use::tensor
+  std::string name;
+};
+
 // One unit of a model chunk: the embedding, a transformer layer or the LM head.
 struct Unit {
   const Program* fwd = nullptr;
   const Program* bwd = nullptr;  // recompute + backward
   double params = 0;             // per GPU, for DP buckets and ZeRO-3 gathers
   std::string name;
+  std::vector<Part> fwd_parts, bwd_parts;  // ZeRO-3 only, in execution order
 };
 
 class Builder {
@@ -126,6 +139,9 @@ class Builder {
   void add_step(int stage, std::size_t idx);
   // One pass from `entry` on, op by op; its end dependencies are left in chain_.deps.
   void play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry);
+  // A ZeRO-3 pass's units, part by part, with their gathers and reductions (zero3.hpp).
+  void play_zero3(int stage, const ScheduleStep& st, bool reduce_now);
+  bool zero3_tensor() const;
   PassTemplate& pass_template(int stage, const ScheduleStep& st, bool reduce_now);
   void stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::pmr::vector<TaskId>& end);
   // The engine calls of a pass, or, while recording, their template entries.
@@ -192,6 +208,8 @@ class Builder {
   std::vector<TaskId> stamp_deps_;       // stamp's scratch
   Chain chain_;                   // add_step's scratch
   std::vector<TaskId> gathers_;   // add_step's ZeRO-3 gathers
+  std::vector<const Part*> zero3_parts_;  // play_zero3's scratch: the pass's parts in order
+  std::vector<Zero3Use> zero3_uses_;
   std::vector<TaskId> message_deps_;  // try_message's scratch
   std::vector<std::vector<TaskId>> dp_tasks_;       // per stage: gradient reductions
   std::vector<GroupId> p2p_fwd_group_, p2p_bwd_group_;  // per stage boundary s -> s+1 (index s)
@@ -200,9 +218,18 @@ class Builder {
   // at the median GPU's speed); filled once, so Unit's pointers stay valid.
   struct Programs {
     Program layer_fwd, layer_bwd, embed_fwd, embed_bwd, head_fwd, head_bwd;
+    // ZeRO-3 tensor units: the layer's forward, and its recompute then
+    // backward, cut per weight (split_by_weight; part_weights_ says which).
+    std::vector<Program> layer_fwd_parts, layer_bwd_parts;
   };
   std::vector<Programs> programs_;
   std::vector<std::size_t> stage_programs_;  // stage -> index into programs_
+  struct PartWeight {
+    int weight = -1;     // index into layer_weights, -1: none
+    bool grads = false;  // a backward part (its weight's gradients are ready after it)
+  };
+  std::vector<PartWeight> fwd_part_weights_, bwd_part_weights_;
+  void make_parts(std::vector<Unit>& units, const Programs& p);
   std::vector<std::vector<std::vector<Unit>>> units_;  // [stage][chunk] -> units in forward order
 
   std::pmr::vector<TaskMeta> meta_{&arena_};

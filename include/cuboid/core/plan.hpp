@@ -20,13 +20,19 @@ namespace cuboid {
 enum class Recompute { none, selective, full };
 enum class Schedule { gpipe, one_f_one_b, interleaved };
 enum class Dim { tp, dp, pp };
+// What ZeRO-3 gathers at once: a transformer block (FSDP2, Megatron-FSDP:
+// one unit per layer) or each weight tensor of a layer (DeepSpeed's
+// per-module hooks: QKV, proj, FC1, FC2).
+enum class Zero3Unit { block, tensor };
 
 std::string_view to_string(Recompute r);
 std::string_view to_string(Schedule s);
 std::string_view to_string(Dim d);
+std::string_view to_string(Zero3Unit u);
 // Parse CLI / JSON spellings; throw InputError(source, field, ...) when unknown.
 Recompute parse_recompute(std::string_view s, const std::string& source, const std::string& field);
 Schedule parse_schedule(std::string_view s, const std::string& source, const std::string& field);
+Zero3Unit parse_zero3_unit(std::string_view s, const std::string& source, const std::string& field);
 
 // Which dimension varies fastest across consecutive ranks. Megatron-LM's
 // default is tp-dp-pp ("tp-cp-ep-dp-pp"): TP innermost, PP outermost.
@@ -59,6 +65,44 @@ struct TrainerSettings {
   // (Megatron's async_op=True in the linear layers' backward); off: every TP
   // collective blocks (Megatron-LM of 2021).
   bool tp_backward_overlap = true;
+
+  // How ZeRO-3 gathers parameters and reduces gradients (the defaults are
+  // FSDP2's: a block at a time, one block ahead, no host synchronisation).
+  // Element counts are per TP rank, as the trainers count a module's
+  // parameters; the gradients are reduced at dp_grad_bytes.
+  Zero3Unit zero3_unit = Zero3Unit::block;
+  // Tensor units: weights and biases with fewer elements stay gathered on
+  // every rank (DeepSpeed's stage3_param_persistence_threshold).
+  std::int64_t zero3_persist_params = 0;
+  // Prefetch: the following units that need a gather, at most
+  // zero3_prefetch_units of them (0: no bound by count) and, when
+  // zero3_prefetch_params > 0, only until they hold that many elements (the
+  // unit that reaches it included). Both 0: no prefetch, each unit is
+  // gathered when it is reached.
+  int zero3_prefetch_units = 1;
+  std::int64_t zero3_prefetch_params = 0;
+  // A gathered tensor stays gathered when the units between this use and its
+  // next use in the pass hold fewer elements (DeepSpeed's
+  // stage3_max_reuse_distance); 0: released after every use.
+  std::int64_t zero3_reuse_params = 0;
+  // Gradients reduce-scattered once the next unit's would overflow a bucket
+  // of this many elements (DeepSpeed's reduce_bucket_size); 0: each unit's
+  // right after its backward.
+  std::int64_t zero3_reduce_bucket_params = 0;
+  // Each parameter tensor's gradients reduce-scattered by a collective of
+  // its own (weights, biases and norms alike); off: one per bucket or unit.
+  bool zero3_reduce_per_tensor = false;
+  // The host waits for the device (torch.cuda.synchronize) before each
+  // fetch and before issuing each gather, whose buffer it zero-fills first:
+  // gathers overlap only the compute issued since the last wait.
+  bool zero3_sync = false;
+  // List-form c10d all_gather / reduce_scatter: besides the NCCL kernel, one
+  // copy kernel per rank of the group, launched from the host.
+  bool zero3_list_collectives = false;
+  // Each fetch computes the norm of the unit's gathered parameters and
+  // formats it, a read of the whole tensor that the host waits for (a debug
+  // message built although it is not printed).
+  bool zero3_fetch_norm = false;
   friend bool operator==(const TrainerSettings&, const TrainerSettings&) = default;
 };
 

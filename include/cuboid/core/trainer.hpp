@@ -16,7 +16,7 @@
 namespace cuboid {
 
 struct TrainerSource {
-  std::string_view setting;  // "dp_overlap", "sequence_parallel", ...
+  std::string_view setting;  // "dp_overlap", "sequence_parallel", "zero3_sync", ...
   std::string_view source;   // "Megatron-LM de7dc40f megatron/model/distributed.py: ..."
 };
 
@@ -24,6 +24,7 @@ struct TrainerPreset {
   std::string_view name;         // "megatron-core"
   std::string_view description;  // one line: trainer, version, precision
   // What the trainer can run at all.
+  bool pipeline = true;            // PP > 1
   bool sequence_parallel = true;
   bool selective_recompute = true;
   bool interleaved = true;

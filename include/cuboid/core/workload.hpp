@@ -61,6 +61,27 @@ LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan);
 LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan);
 LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan);
 
+// A layer's linear layers on one TP rank, in forward order: QKV, the
+// projection, FC1 (with SwiGLU's gate: one fused GEMM, as Megatron's
+// linear_fc1) and FC2. Column-parallel weights and biases are split by
+// output, row-parallel weights by input, with their biases whole.
+struct LayerWeight {
+  const char* op;      // the forward GEMM's op name (op_names.hpp)
+  double weight = 0;   // elements on one TP rank
+  double bias = 0;
+};
+std::vector<LayerWeight> layer_weights(const ModelSpec& m, const ParallelPlan& plan);
+
+// A layer's op list cut where each linear layer's module starts, as hooks
+// that fetch ZeRO-3 parameters per module see it: in a forward (or
+// recompute) list at the weight's GEMM, in a backward list at its dgrad.
+// Ops before the first cut form a part of their own (weight -1).
+struct WeightPart {
+  std::size_t first = 0, end = 0;  // ops [first, end)
+  int weight = -1;                 // index into layer_weights, -1: none
+};
+std::vector<WeightPart> split_by_weight(const std::vector<Op>& ops, Pass pass);
+
 // Bytes of activations sent between consecutive pipeline stages per
 // micro-batch per GPU (s*b*h*2 / tp with Megatron's scatter-gather optimisation).
 double pipeline_message_bytes(const ModelSpec& m, const ParallelPlan& plan);

@@ -40,6 +40,15 @@ std::int64_t memory_bound_time_ns(const GpuProfile& gpu, double bytes);
 // memory_bound_time_ns.
 std::int64_t kernel_time_ns(const GpuProfile& gpu, const std::string& name, double bytes);
 
+// The copy kernels around a list-form c10d all_gather or reduce_scatter of
+// `bytes` (the gathered tensor, or the one reduced) over `group_size` ranks:
+// ProcessGroupNCCL flattens the list into one buffer and copies each rank's
+// slice in (reduce_scatter) or out (all_gather) with its own copy_, one
+// kernel per rank launched from the host, each reading and writing
+// bytes / group_size: group_size x memory_bound_time_ns(2 x bytes /
+// group_size), i.e. the data's HBM time plus a kernel launch per rank.
+std::int64_t list_collective_copies_ns(const GpuProfile& gpu, double bytes, int group_size);
+
 // Alpha-beta parameters of one collective over one group: busbw in NCCL's
 // convention and the per-step latency.
 struct LinkParams {
