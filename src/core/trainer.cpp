@@ -203,7 +203,7 @@ std::array<TrainerPreset, 7> make_presets() {
   ds.default_grad_accum_fusion = false;
   ds.uneven_stages = false;
   ds.zero_stages = {0, 1, 2, 3};
-  ds.settings = settings(ds.name, false, 2);
+  ds.settings = settings(ds.name, false, 2, false, false);
   ds.settings.zero3_unit = Zero3Unit::tensor;
   ds.settings.zero3_persist_params = 100'000;
   ds.settings.zero3_prefetch_units = 0;
@@ -254,6 +254,8 @@ std::array<TrainerPreset, 7> make_presets() {
                            "... norm={param.norm()}\", force=False) for every parameter of the module, the f-string "
                            "evaluated (a norm kernel and, formatting a CUDA scalar, .item()) although rank 0 prints only "
                            "with force; removed in v0.5.5 (c0eeb69: 'remove norm()')"},
+      {"tp_backward_overlap", "microsoft/Megatron-DeepSpeed ec166f1c megatron/mpu/layers.py: no async_op in the linear "
+                              "layers' backward"},
       {"sequence_parallel", "microsoft/Megatron-DeepSpeed ec166f1c (2021-09-02) megatron/arguments.py: no sequence "
                             "parallelism; --checkpoint-activations recomputes whole layers; pretrain_gpt.py builds the "
                             "model under deepspeed.zero.Init(mpu=mpu) (Megatron TP)"},
