@@ -263,12 +263,14 @@ struct Zero3Step {
   std::int64_t tensor = -1;
 };
 
+// `pace`: the compute's slowdown at the job's slowest GPU (speed spread);
+// the TP collectives are not scaled, as in the simulator.
 double ops_ns(const GpuProfile& gpu, const std::vector<Op>& ops, std::size_t first, std::size_t end, int tp,
-              const GroupLinks& tp_links) {
+              const GroupLinks& tp_links, double pace) {
   double t = 0;
   for (std::size_t i = first; i < end; ++i) {
     const Op& op = ops[i];
-    t += static_cast<double>(op_time_ns(gpu, op));
+    t += static_cast<double>(op_time_ns(gpu, op)) * pace;
     if (tp > 1 && op.kind == OpKind::collective && op.group == Group::tp)
       t += comm_ns(op.collective, op.comm_bytes, tp, tp_links);
   }
@@ -278,14 +280,14 @@ double ops_ns(const GpuProfile& gpu, const std::vector<Op>& ops, std::size_t fir
 // A layer's steps: one block, or (tensor units) its weights' parts as the
 // simulator cuts them (split_by_weight), recompute then backward.
 void layer_steps(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerOps& ops,
-                 const GroupLinks& tp_links, double params, std::int64_t id, bool forward,
+                 const GroupLinks& tp_links, double params, std::int64_t id, bool forward, double pace,
                  std::vector<Zero3Step>& out) {
   const TrainerSettings& ts = plan.trainer;
   if (ts.zero3_unit == Zero3Unit::block) {
     double t = 0;
     for (const std::vector<Op>* list : forward ? std::vector<const std::vector<Op>*>{&ops.forward}
                                                : std::vector<const std::vector<Op>*>{&ops.recompute, &ops.backward})
-      t += ops_ns(gpu, *list, 0, list->size(), plan.tp, tp_links);
+      t += ops_ns(gpu, *list, 0, list->size(), plan.tp, tp_links, pace);
     out.push_back(Zero3Step{t, params, forward ? std::vector<double>{} : std::vector<double>{params}, -1});
     return;
   }
@@ -295,7 +297,7 @@ void layer_steps(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& 
   auto add = [&](const std::vector<Op>& list, Pass pass, bool with_grads) {
     for (const WeightPart& w : split_by_weight(list, pass)) {
       Zero3Step st;
-      st.compute_ns = ops_ns(gpu, list, w.first, w.end, plan.tp, tp_links);
+      st.compute_ns = ops_ns(gpu, list, w.first, w.end, plan.tp, tp_links, pace);
       if (w.weight >= 0) {
         const LayerWeight& lw = weights[static_cast<std::size_t>(w.weight)];
         st.params = (lw.weight >= persist ? lw.weight : 0.0) + (lw.bias >= persist ? lw.bias : 0.0);
@@ -419,7 +421,7 @@ double zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const P
 // stage's units (the embedding and the LM head on their stages' first and
 // last chunk, as the simulator's units).
 double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
-                        const GroupLinks& tp_links, const GroupLinks& dp_links, int stage) {
+                        const GroupLinks& tp_links, const GroupLinks& dp_links, int stage, double pace) {
   const int pp = std::max(1, plan.pp);
   const int v = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
   const int tp = std::max(1, plan.tp);
@@ -438,7 +440,7 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
     if (tp > 1)
       tp_ns = forward ? tp_comm_ns(ops.forward, tp, tp_links)
                       : tp_comm_ns(ops.backward, tp, tp_links) + tp_comm_ns(ops.recompute, tp, tp_links);
-    steps.push_back(Zero3Step{(forward ? t.fwd_compute : t.bwd_compute) + tp_ns, params,
+    steps.push_back(Zero3Step{(forward ? t.fwd_compute : t.bwd_compute) * pace + tp_ns, params,
                               forward ? std::vector<double>{} : std::vector<double>{params}, -1});
   };
   for (int chunk = 0; chunk < v; ++chunk) {
@@ -454,7 +456,7 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
       if (!forward && last) whole(lc.head, lc.head_compute, h, false);
       for (int l = 0; l < layers / v; ++l) {
         const int id = forward ? l + 1 : layers / v - l;
-        layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, id, forward, steps);
+        layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, id, forward, pace, steps);
       }
       if (forward && last) whole(lc.head, lc.head_compute, h, true);
       if (!forward && first) whole(lc.embed, lc.embed_compute, e, false);
@@ -536,7 +538,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
         break;
       default:
         exposed_ns = zero3_exposed_ns(m, gpu, plan, lc, pl.tp_links[pl.stage_tp[static_cast<std::size_t>(critical)]],
-                                      links, critical);
+                                      links, critical, pace);
         break;
     }
     bd.dp_comm_s = exposed_ns * 1e-9;
