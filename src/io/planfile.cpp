@@ -20,20 +20,6 @@ namespace {
 
 const std::string kRegenerate = "regenerate it with this cuboid (cuboid plan ... --out FILE)";
 
-nlohmann::json zero3_to_json(const TrainerSettings& t) {
-  return nlohmann::json{
-      {"unit", std::string(to_string(t.zero3_unit))},
-      {"persist_params", t.zero3_persist_params},
-      {"prefetch_units", t.zero3_prefetch_units},
-      {"prefetch_params", t.zero3_prefetch_params},
-      {"reuse_params", t.zero3_reuse_params},
-      {"reduce_bucket_params", t.zero3_reduce_bucket_params},
-      {"reduce_per_tensor", t.zero3_reduce_per_tensor},
-      {"sync", t.zero3_sync},
-      {"list_collectives", t.zero3_list_collectives},
-      {"fetch_norm", t.zero3_fetch_norm},
-  };
-}
 
 // Optional: plan files written before these settings were priced with
 // FSDP2's ZeRO-3, the defaults.
@@ -101,14 +87,6 @@ nlohmann::json rank_mapping_to_json(const ParallelPlan& p, int gpus_per_node) {
   return out;
 }
 
-nlohmann::json interval_to_json(const PredictionInterval& i) {
-  nlohmann::json j{{"known", i.known}, {"basis", i.basis}};
-  if (i.known) {
-    j["low_s"] = i.low_s;
-    j["high_s"] = i.high_s;
-  }
-  return j;
-}
 
 nlohmann::json prediction_to_json(const Estimate& e) {
   const MemoryReport& m = e.memory;
@@ -433,6 +411,30 @@ void write_file_atomically(const std::filesystem::path& path, const std::string&
     throw InputError(where, "", std::string("cannot write: ") + std::strerror(err),
                      "check free space and permissions, or write elsewhere");
   }
+}
+
+nlohmann::json zero3_to_json(const TrainerSettings& t) {
+  return nlohmann::json{
+      {"unit", std::string(to_string(t.zero3_unit))},
+      {"persist_params", t.zero3_persist_params},
+      {"prefetch_units", t.zero3_prefetch_units},
+      {"prefetch_params", t.zero3_prefetch_params},
+      {"reuse_params", t.zero3_reuse_params},
+      {"reduce_bucket_params", t.zero3_reduce_bucket_params},
+      {"reduce_per_tensor", t.zero3_reduce_per_tensor},
+      {"sync", t.zero3_sync},
+      {"list_collectives", t.zero3_list_collectives},
+      {"fetch_norm", t.zero3_fetch_norm},
+  };
+}
+
+nlohmann::json interval_to_json(const PredictionInterval& i) {
+  nlohmann::json j{{"known", i.known}, {"basis", i.basis}};
+  if (i.known) {
+    j["low_s"] = i.low_s;
+    j["high_s"] = i.high_s;
+  }
+  return j;
 }
 
 }  // namespace cuboid

@@ -1,3 +1,4 @@
+#include "cuboid/io/planfile.hpp"
 #include "cuboid/report/report.hpp"
 
 #include <algorithm>
@@ -63,27 +64,10 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   j["trainer"] = p.trainer.preset;
   j["dp_overlap"] = p.trainer.dp_overlap;
   j["dp_grad_bytes"] = p.trainer.dp_grad_bytes;
-  if (e.interval) {
-    nlohmann::json in{{"known", e.interval->known}, {"basis", e.interval->basis}};
-    if (e.interval->known) {
-      in["low_s"] = e.interval->low_s;
-      in["high_s"] = e.interval->high_s;
-    }
-    j["prediction_interval"] = in;
-  }
+  if (e.interval) j["prediction_interval"] = interval_to_json(*e.interval);
   // Only where it prices something: other plans' JSON stays as it was.
   if (p.zero_stage == 3 && p.dp > 1) {
-    const TrainerSettings& t = p.trainer;
-    j["zero3"] = {{"unit", std::string(to_string(t.zero3_unit))},
-                  {"persist_params", t.zero3_persist_params},
-                  {"prefetch_units", t.zero3_prefetch_units},
-                  {"prefetch_params", t.zero3_prefetch_params},
-                  {"reuse_params", t.zero3_reuse_params},
-                  {"reduce_bucket_params", t.zero3_reduce_bucket_params},
-                  {"reduce_per_tensor", t.zero3_reduce_per_tensor},
-                  {"sync", t.zero3_sync},
-                  {"list_collectives", t.zero3_list_collectives},
-                  {"fetch_norm", t.zero3_fetch_norm}};
+    j["zero3"] = zero3_to_json(p.trainer);
   }
   j["score"] = e.simulated ? "simulated" : "analytical";
   j["iteration_time_s"] = e.iteration_time_s;

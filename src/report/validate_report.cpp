@@ -1,6 +1,7 @@
 // cuboid validate's report: text tables and JSON.
 #include <fmt/format.h>
 
+#include "cuboid/io/planfile.hpp"
 #include "cuboid/report/validate.hpp"
 
 namespace cuboid {
@@ -89,12 +90,8 @@ nlohmann::json validation_to_json(const ValidationReport& r) {
   j["error"] = r.error();
   j["tolerance"] = r.tolerance;
   j["within_tolerance"] = r.within_tolerance();
-  j["prediction_interval"] = {{"known", r.interval.known}, {"basis", r.interval.basis}};
-  if (r.interval.known) {
-    j["prediction_interval"]["low_s"] = r.interval.low_s;
-    j["prediction_interval"]["high_s"] = r.interval.high_s;
-    j["prediction_interval"]["measured_inside"] = r.measured_inside();
-  }
+  j["prediction_interval"] = interval_to_json(r.interval);
+  if (r.interval.known) j["prediction_interval"]["measured_inside"] = r.measured_inside();
   j["components"] = nlohmann::json::array();
   for (const ComponentRow& c : r.components) j["components"].push_back(row_json(c));
   j["stages"] = nlohmann::json::array();

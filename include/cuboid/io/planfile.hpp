@@ -31,6 +31,10 @@ namespace cuboid {
 inline constexpr const char* kPlanSchema = "cuboid.plan/1";
 
 nlohmann::json plan_to_json(const ModelSpec& model, const Cluster& cluster, const Estimate& estimate);
+// The pieces of a plan file that other JSON outputs share: the trainer's
+// ZeRO-3 settings and a prediction's interval.
+nlohmann::json zero3_to_json(const TrainerSettings& trainer);
+nlohmann::json interval_to_json(const PredictionInterval& interval);
 
 struct PlanFile {
   std::string source;             // the file it was read from (error messages)
