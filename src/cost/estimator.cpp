@@ -443,6 +443,10 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
     steps.push_back(Zero3Step{(forward ? t.fwd_compute : t.bwd_compute) * pace + tp_ns, params,
                               forward ? std::vector<double>{} : std::vector<double>{params}, -1});
   };
+  // One layer's steps, priced once (tensor ids of layer 0: the weight index).
+  std::vector<Zero3Step> layer_fwd, layer_bwd;
+  layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, 0, true, pace, layer_fwd);
+  layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, 0, false, pace, layer_bwd);
   for (int chunk = 0; chunk < v; ++chunk) {
     const int vs = chunk * pp + stage;
     const bool first = vs == 0, last = vs == pp * v - 1;
@@ -454,9 +458,14 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
       steps.clear();
       if (forward && first) whole(lc.embed, lc.embed_compute, e, true);
       if (!forward && last) whole(lc.head, lc.head_compute, h, false);
+      // Every layer has the same steps; only the tensor ids differ.
+      const std::vector<Zero3Step>& one = forward ? layer_fwd : layer_bwd;
       for (int l = 0; l < layers / v; ++l) {
-        const int id = forward ? l + 1 : layers / v - l;
-        layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, id, forward, pace, steps);
+        const std::int64_t id = forward ? l + 1 : layers / v - l;
+        for (Zero3Step st : one) {
+          if (st.tensor >= 0) st.tensor += id * 8;
+          steps.push_back(std::move(st));
+        }
       }
       if (forward && last) whole(lc.head, lc.head_compute, h, true);
       if (!forward && first) whole(lc.embed, lc.embed_compute, e, false);
