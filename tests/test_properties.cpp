@@ -69,8 +69,10 @@ double lower_bound_s(const ModelSpec& m, const Cluster& c, const ParallelPlan& p
 
 }  // namespace
 
-TEST_CASE("random configurations: every plan uses all GPUs, memory is sane, simulation is above the lower bound" *
-          doctest::timeout(60)) {
+// No time limit here: meson's test timeout catches a hang, and speed is
+// measured by tools/bench, not asserted by a test (it varies with the host
+// and the sanitizers).
+TEST_CASE("random configurations: every plan uses all GPUs, memory is sane, simulation is above the lower bound") {
   std::mt19937 rng(20240607);  // fixed: a failure names a reproducible case
   int searches = 0, plans = 0, simulations = 0;
   for (int i = 0; i < 120; ++i) {
