@@ -155,11 +155,12 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   if (r.has("unfused_attention_efficiency"))
     gpu.unfused_attention_efficiency =
         sourced_fraction(r, "unfused_attention_efficiency", gpu.sources, "unfused_attention_efficiency");
-  for (const char* key : {"flash_attention_fwd_efficiency", "flash_attention_bwd_efficiency"})
-    if (r.has(key))
-      (std::string_view(key) == "flash_attention_fwd_efficiency" ? gpu.flash_attention_fwd_efficiency
-                                                                  : gpu.flash_attention_bwd_efficiency) =
-          sourced_fraction(r, key, gpu.sources, key);
+  if (r.has("flash_attention_fwd_efficiency"))
+    gpu.flash_attention_fwd_efficiency =
+        sourced_fraction(r, "flash_attention_fwd_efficiency", gpu.sources, "flash_attention_fwd_efficiency");
+  if (r.has("flash_attention_bwd_efficiency"))
+    gpu.flash_attention_bwd_efficiency =
+        sourced_fraction(r, "flash_attention_bwd_efficiency", gpu.sources, "flash_attention_bwd_efficiency");
   gpu.speed_spread = optional_sourced_fraction(r, "speed_spread", gpu.sources, "speed_spread", kMaxSpeedSpread);
   gpu.kernel_launch_ns = sourced(r, "kernel_launch_us", gpu.sources, "kernel_launch_ns") * kNsPerUs;
   gpu.memory_reserve_bytes = static_cast<std::int64_t>(

@@ -215,6 +215,7 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
   check_trainer_options(o);
   const TrainerPreset& trainer = trainer_of(o);
   const TrainerSettings trainer_set = trainer_settings(o);
+  const bool flash = o.flash_attention.value_or(cluster.gpu.flash_attention && trainer.flash_attention);
   result.seq_length = o.seq_length.value_or(model.seq_length);
   result.global_batch = o.global_batch.value_or(default_global_batch(result.seq_length, gpus));
 
@@ -239,7 +240,7 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     probe.micro_batch = o.micro_batch.value_or(1);
     probe.dp = o.dp.value_or(1);
     probe.zero_stage = o.zero_stage.value_or(0);
-    probe.flash_attention = o.flash_attention.value_or(cluster.gpu.flash_attention && trainer.flash_attention);
+    probe.flash_attention = flash;
     Cluster relaxed = cluster;  // the GPU-count check is the search's job
     relaxed.nodes = 1;
     relaxed.gpus_per_node = probe.world_size();
@@ -267,7 +268,6 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     if (heads_gcd % t == 0 && (o.tp || t <= cluster.gpus_per_node)) tps.push_back(t);
   std::vector<int> micro_batches;
   for (int b = 1; b <= o.max_micro_batch; b *= 2) micro_batches.push_back(b);
-  const bool flash = o.flash_attention.value_or(cluster.gpu.flash_attention && trainer.flash_attention);
   // With flash attention the attention scores are never stored, so selective
   // recomputation is the same plan as none: search it only when asked for.
   const std::vector<Recompute> recomputes =
