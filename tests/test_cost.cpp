@@ -10,6 +10,7 @@
 #include "cuboid/cost/flops.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/core/trainer.hpp"
 #include "cuboid/core/workload.hpp"
 #include "fixtures.hpp"
 
@@ -528,6 +529,17 @@ TEST_CASE("the embedding's and the LM head's weight gradients, per Megatron-LM 2
   const Op* head_hook = find_named(head.backward, "logits_grad_accum");
   REQUIRE(head_hook != nullptr);
   CHECK(head_hook->bytes == 10.0 * 39321600);
+  // DeepSpeed's BF16Optimizer (megatron-deepspeed presets) accumulates
+  // through an fp32 copy: cast (read 2, write 4), add (read 4 + 4, write 4),
+  // 18 B per parameter for the head, the layers' weights and both tables:
+  // 2 + 18 = 20 B per table element instead of 12.
+  ParallelPlan ds = p;
+  ds.trainer = find_trainer("megatron-deepspeed-2022")->settings;
+  CHECK(find_named(lm_head_ops(m, ds).backward, "logits_grad_accum")->bytes == 18.0 * 39321600);
+  CHECK(find_named(embedding_ops(m, ds).backward, "embed_grad")->bytes == 1094713344.0 + 20.0 * 51904512);
+  CHECK(find_named(transformer_layer_ops(m, ds).backward, "qkv_grad_accum")->bytes == 18.0 * (6144 * 2304 + 2304));
+  CHECK(find_trainer("megatron-deepspeed")->settings.grad_accum_bytes == 18);
+  CHECK(find_trainer("megatron-2022")->settings.grad_accum_bytes == 10);
   // Fused: the output layer's wgrad accumulates into main_grad itself (the
   // embedding table's F.embedding gradient is still hooked).
   const ParallelPlan fused = plan_of(8, 4, 2048, false, false, Recompute::none);

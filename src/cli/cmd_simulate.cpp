@@ -29,13 +29,16 @@ namespace {
 
 // --ablate: turn one modelled mechanism off, to see what it contributes
 // (tools/fidelity's ablation table). The plan and the card otherwise stay.
-constexpr const char* kMechanisms = "dp-16bit-grads, zero1-all-reduce, unfused-attention, gpu-spread";
+constexpr const char* kMechanisms =
+    "dp-16bit-grads, zero1-all-reduce, bf16-optimizer-copy, unfused-attention, gpu-spread";
 
 void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
   if (name == "dp-16bit-grads") {
     plan.trainer.dp_grad_bytes = 4;
   } else if (name == "zero1-all-reduce") {
     plan.trainer.zero1_grad_all_reduce = false;
+  } else if (name == "bf16-optimizer-copy") {
+    plan.trainer.grad_accum_bytes = TrainerSettings{}.grad_accum_bytes;
   } else if (name == "unfused-attention") {
     cluster.gpu.unfused_attention_efficiency = 0;
   } else if (name == "gpu-spread") {

@@ -116,6 +116,7 @@ std::array<TrainerPreset, 7> make_presets() {
   mds.default_grad_accum_fusion = false;
   mds.zero_stages = {0, 1};
   mds.settings = settings(mds.name, false, 4, true);
+  mds.settings.grad_accum_bytes = 18;
   mds.sources = {
       {"dp_overlap", "DeepSpeed v0.16.0 deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceGrads after the last "
                      "micro-batch's backward"},
@@ -124,6 +125,9 @@ std::array<TrainerPreset, 7> make_presets() {
       {"zero1_grad_all_reduce", "DeepSpeed v0.16.0 deepspeed/runtime/pipe/engine.py _bf16_reduce_grads: "
                                 "buffered_allreduce_fallback, an all-reduce of the full gradients although the optimizer "
                                 "states are partitioned (ZeRO-1)"},
+      {"grad_accum_bytes", "DeepSpeed v0.16.0 deepspeed/runtime/bf16_optimizer.py _update_hp_grad: "
+                           "hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype)) after each micro-batch's backward "
+                           "(runtime/pipe/engine.py _exec_backward_pass), an fp32 copy of the bf16 gradient then the add"},
       {"interleaved", "DeepSpeed v0.16.0 deepspeed/runtime/pipe/schedule.py: TrainSchedule is non-interleaved 1F1B"},
       {"zero_stages", "DeepSpeed v0.16.0 deepspeed/runtime/pipe/engine.py: \"ZeRO-2 and ZeRO-3 are incompatible with "
                       "pipeline parallelism\""},
@@ -146,6 +150,7 @@ std::array<TrainerPreset, 7> make_presets() {
   bloom.default_grad_accum_fusion = false;
   bloom.zero_stages = {0, 1};
   bloom.settings = settings(bloom.name, false, 4, true, false);
+  bloom.settings.grad_accum_bytes = 18;
   bloom.sources = {
       {"dp_overlap", "DeepSpeed v0.7.0 deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceGrads after the last "
                      "micro-batch's backward"},
@@ -154,6 +159,9 @@ std::array<TrainerPreset, 7> make_presets() {
       {"zero1_grad_all_reduce", "DeepSpeed v0.7.0 deepspeed/runtime/pipe/engine.py _bf16_reduce_grads: "
                                 "buffered_allreduce_fallback, an all-reduce of the full fp32 gradients although the "
                                 "BF16Optimizer partitions the optimizer states (ZeRO-1)"},
+      {"grad_accum_bytes", "DeepSpeed v0.7.0 deepspeed/runtime/bf16_optimizer.py update_hp_grads: "
+                           "hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype)) for each parameter after each "
+                           "micro-batch's backward (runtime/pipe/engine.py _exec_backward_pass)"},
       {"interleaved", "DeepSpeed v0.7.0 deepspeed/runtime/pipe/schedule.py: TrainSchedule is non-interleaved 1F1B"},
       {"zero_stages", "DeepSpeed v0.7.0 deepspeed/runtime/pipe/engine.py: \"ZeRO-2 and ZeRO-3 are incompatible with "
                       "pipeline parallelism\""},

@@ -97,14 +97,14 @@ constexpr double kNormBackwardBytesPerElement = (2 + 2) + (2 + 2 + 2);
 constexpr double kDropoutAddBackwardBytesPerElement = kDropoutBackwardBytesPerElement;
 // A gradient sum at a residual fork: read both gradients, write the sum.
 constexpr double kResidualGradSumBytesPerElement = 2 + 2 + 2;
-// DDP's main_grad hook per parameter: read bf16 grad, read + write fp32 main_grad.
-constexpr double kGradAccumBytesPerParam = 2 + 4 + 4;
 constexpr double kBf16 = 2.0;
 constexpr double kFp32 = 4.0;
 
 struct Dims {
   std::int64_t b, s, h, a, d, q, kv, f, t, tokens;
   bool sp, flash, fused_wgrad;
+  // Bytes per parameter of the unfused accumulation (TrainerSettings::grad_accum_bytes).
+  double grad_accum_bytes;
 };
 
 Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
@@ -122,6 +122,7 @@ Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
   x.sp = plan.sequence_parallel && x.t > 1;
   x.flash = plan.flash_attention;
   x.fused_wgrad = plan.grad_accum_fusion;
+  x.grad_accum_bytes = plan.trainer.grad_accum_bytes;
   return x;
 }
 
@@ -349,7 +350,7 @@ LinearParams linear_params(const ModelSpec& m, const Dims& x) {
 // gradients are still hooked: a few thousand parameters, not charged.
 void add_grad_accum(std::vector<Op>& out, const Dims& x, std::string name, double params) {
   if (x.fused_wgrad) return;
-  out.push_back(memory_bound(std::move(name), Pass::backward, params * kGradAccumBytesPerParam));
+  out.push_back(memory_bound(std::move(name), Pass::backward, params * x.grad_accum_bytes));
 }
 
 // Backward in reverse order. TP collectives mirror Megatron's f / g operators:
@@ -483,7 +484,7 @@ LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan) {
   // gradient into its rows (read the gradient, read + write the rows); with
   // TP the in-place masking's backward (index_put) first copies the gradient
   // and zeroes the rows outside the shard. Then DDP's main_grad hook on each
-  // table (kGradAccumBytesPerParam).
+  // table (TrainerSettings::grad_accum_bytes).
   const double word_params = static_cast<double>(padded_vocab_size(m.vocab_size, x.t) / x.t) * static_cast<double>(x.h);
   const double position_params =
       m.learned_position_embeddings
@@ -491,7 +492,7 @@ LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan) {
           : 0.0;
   const double scatter_add = full * (kBf16 + kBf16 + kBf16);
   const double mask_backward = x.t > 1 ? full * (kBf16 + kBf16) + mask_zero : 0.0;
-  const double tables = (word_params + position_params) * (kBf16 + kGradAccumBytesPerParam);
+  const double tables = (word_params + position_params) * (kBf16 + x.grad_accum_bytes);
   const double grad = full * (kBf16 + kBf16) + scatter_add * (position_params > 0 ? 2.0 : 1.0) + mask_backward + tables;
   ops.backward.push_back(memory_bound(op::embed_grad, Pass::backward, grad));
   return ops;
@@ -529,7 +530,7 @@ LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan) {
   // column-parallel layers, so fusion covers it too.
   const double head_params = static_cast<double>(vocab_shard) * static_cast<double>(x.h);
   if (!x.fused_wgrad)
-    ops.backward.push_back(memory_bound(op::logits_grad_accum, Pass::backward, head_params * kGradAccumBytesPerParam));
+    ops.backward.push_back(memory_bound(op::logits_grad_accum, Pass::backward, head_params * x.grad_accum_bytes));
   ops.backward.push_back(memory_bound(op::norm_final_bwd, Pass::backward, hid * kNormBackwardBytesPerElement));
   return ops;
 }

@@ -73,6 +73,7 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
         {"dp_grad_bytes", p.trainer.dp_grad_bytes},
         {"zero1_grad_all_reduce", p.trainer.zero1_grad_all_reduce},
         {"tp_backward_overlap", p.trainer.tp_backward_overlap},
+        {"grad_accum_bytes", p.trainer.grad_accum_bytes},
         {"zero3", zero3_to_json(p.trainer)}}},
   };
 }
@@ -200,6 +201,15 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
              kRegenerate);
     p.trainer.zero1_grad_all_reduce = t.boolean("zero1_grad_all_reduce");
     p.trainer.tp_backward_overlap = t.boolean("tp_backward_overlap");
+    // Absent in plan files written before it existed: the preset's value.
+    p.trainer.grad_accum_bytes =
+        t.has("grad_accum_bytes") ? static_cast<int>(t.integer("grad_accum_bytes"))
+                                  : find_trainer(p.trainer.preset)->settings.grad_accum_bytes;
+    if (p.trainer.grad_accum_bytes != 10 && p.trainer.grad_accum_bytes != 18)
+      t.fail("grad_accum_bytes",
+             "must be 10 (Megatron's main_grad hook) or 18 (DeepSpeed's BF16Optimizer), got " +
+                 std::to_string(p.trainer.grad_accum_bytes),
+             kRegenerate);
     read_zero3(t, p.trainer);
     t.reject_unknown();
   }

@@ -65,6 +65,13 @@ struct TrainerSettings {
   // (Megatron's async_op=True in the linear layers' backward); off: every TP
   // collective blocks (Megatron-LM of 2021).
   bool tp_backward_overlap = true;
+  // HBM bytes per parameter per micro-batch of the gradient-accumulation pass
+  // that runs without gradient-accumulation fusion: 10 = Megatron's DDP hook
+  // main_grad.add_(grad) (read bf16, read + write fp32); 18 = DeepSpeed's
+  // BF16Optimizer, hp_grad.add_(lp_grad.to(fp32)): the cast writes an fp32
+  // copy (read 2, write 4) that the add reads beside the fp32 gradient
+  // (read 4 + 4, write 4).
+  int grad_accum_bytes = 10;
 
   // How ZeRO-3 gathers parameters and reduces gradients (the defaults are
   // FSDP2's: a block at a time, one block ahead, no host synchronisation).
