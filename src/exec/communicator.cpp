@@ -72,16 +72,15 @@ void Communicator::send_recv(ConstDeviceSpan send_buffer, std::size_t send_count
   send_recv_impl(send_buffer, send_count, send_peer, recv_buffer, recv_count, recv_peer, tag);
 }
 
-std::unique_ptr<CommRequest> Communicator::isend(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) {
-  require_count(buffer, count, "isend", "buffer");
-  require_peer(peer, size(), "isend");
-  return isend_impl(buffer, count, peer, tag);
-}
-
-std::unique_ptr<CommRequest> Communicator::irecv(DeviceSpan buffer, std::size_t count, int peer, int tag) {
-  require_count(buffer, count, "irecv", "buffer");
-  require_peer(peer, size(), "irecv");
-  return irecv_impl(buffer, count, peer, tag);
+void Communicator::exchange(std::span<const P2pOp> ops) {
+  for (const P2pOp& op : ops) {
+    if (op.is_send)
+      require_count(op.send_buffer, op.count, "exchange", "send buffer");
+    else
+      require_count(op.recv_buffer, op.count, "exchange", "recv buffer");
+    require_peer(op.peer, size(), "exchange");
+  }
+  if (!ops.empty()) exchange_impl(ops);
 }
 
 }  // namespace cuboid::exec

@@ -182,8 +182,7 @@ class SelfCommunicator final : public Communicator {
   void send_recv_impl(ConstDeviceSpan, std::size_t, int, DeviceSpan, std::size_t, int, int) override {
     no_peer("send_recv");
   }
-  std::unique_ptr<CommRequest> isend_impl(ConstDeviceSpan, std::size_t, int, int) override { no_peer("isend"); }
-  std::unique_ptr<CommRequest> irecv_impl(DeviceSpan, std::size_t, int, int) override { no_peer("irecv"); }
+  void exchange_impl(std::span<const P2pOp>) override { no_peer("exchange"); }
 
  private:
   // Standalone runs use the CPU backend, whose memory is host memory.

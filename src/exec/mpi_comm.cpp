@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 #include <utility>
 
 #include "cuboid/core/error.hpp"
@@ -348,49 +349,48 @@ void MpiCommunicator::send_recv_impl(ConstDeviceSpan send_buffer, std::size_t se
 
 namespace {
 
-// MPI_Isend / MPI_Irecv in flight. The host waits in wait() (the cpu backend
-// has no streams to order against).
-class MpiRequest final : public CommRequest {
- public:
-  MpiRequest(MPI_Request request, bool is_recv) : request_(request), is_recv_(is_recv) {}
-  ~MpiRequest() override {
-    if (request_ == MPI_REQUEST_NULL || !mpi_alive()) return;
-    // Given up on (an exception unwinds past it): a receive is cancelled so
-    // its buffer can go; a send finishes on its own.
-    if (is_recv_) {
-      MPI_Cancel(&request_);
-      MPI_Wait(&request_, MPI_STATUS_IGNORE);
-    } else {
-      MPI_Request_free(&request_);
+// The requests of one exchange. Given up on (an exception unwinds past
+// them), a receive is cancelled so its buffer can go and a send finishes on
+// its own.
+struct PostedRequests {
+  std::vector<MPI_Request> requests;
+  std::vector<bool> is_recv;
+  ~PostedRequests() {
+    if (!mpi_alive()) return;
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      if (requests[i] == MPI_REQUEST_NULL) continue;
+      if (is_recv[i]) {
+        MPI_Cancel(&requests[i]);
+        MPI_Wait(&requests[i], MPI_STATUS_IGNORE);
+      } else {
+        MPI_Request_free(&requests[i]);
+      }
     }
   }
-  void wait() override { complete(request_); }
-  bool test() override {
-    int done = 0;
-    CUBOID_MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
-    return done != 0;
-  }
-
- private:
-  MPI_Request request_;
-  bool is_recv_;
 };
 
 }  // namespace
 
-std::unique_ptr<CommRequest> MpiCommunicator::isend_impl(ConstDeviceSpan buffer, std::size_t count, int peer,
-                                                         int tag) {
-  MPI_Request request = MPI_REQUEST_NULL;
-  CUBOID_MPI_CHECK(MPI_Isend(buffer.native(), mpi_count(count, "isend"), mpi_type(buffer.dtype(), false, "isend"),
-                             peer, tag, comm_, &request));
-  return std::make_unique<MpiRequest>(request, false);
-}
-
-std::unique_ptr<CommRequest> MpiCommunicator::irecv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) {
-  MPI_Request request = MPI_REQUEST_NULL;
-  CUBOID_MPI_CHECK(MPI_Irecv(buffer.native(), mpi_count(count, "irecv"), mpi_type(buffer.dtype(), false, "irecv"),
-                             peer, tag, comm_, &request));
-  return std::make_unique<MpiRequest>(request, true);
+void MpiCommunicator::exchange_impl(std::span<const P2pOp> ops) {
+  PostedRequests posted;
+  posted.requests.reserve(ops.size());
+  // Receives first, so a matching send never waits for its buffer.
+  for (const bool recvs : {true, false})
+    for (const P2pOp& op : ops) {
+      if (op.is_send == recvs) continue;
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (op.is_send)
+        CUBOID_MPI_CHECK(MPI_Isend(op.send_buffer.native(), mpi_count(op.count, "exchange"),
+                                   mpi_type(op.send_buffer.dtype(), false, "exchange"), op.peer, op.tag, comm_,
+                                   &request));
+      else
+        CUBOID_MPI_CHECK(MPI_Irecv(op.recv_buffer.native(), mpi_count(op.count, "exchange"),
+                                   mpi_type(op.recv_buffer.dtype(), false, "exchange"), op.peer, op.tag, comm_,
+                                   &request));
+      posted.requests.push_back(request);
+      posted.is_recv.push_back(!op.is_send);
+    }
+  for (MPI_Request& r : posted.requests) complete(r);
 }
 
 }  // namespace cuboid::exec

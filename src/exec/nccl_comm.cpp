@@ -74,17 +74,12 @@ NcclCommunicator::NcclCommunicator(NcclComm comm, CudaBackend& backend)
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  // Sends still held back were given up on (their requests are gone).
-  pending_sends_.clear();
   // Let in-flight collectives finish before ncclCommDestroy frees their resources.
   (void)cudaStreamSynchronize(comm_stream_.get());
 }
 
 template <typename Enqueue>
 void NcclCommunicator::on_comm_stream(Enqueue&& enqueue) {
-  // Held-back sends go first: NCCL must see this communicator's ops in the
-  // order the caller issued them.
-  issue_pending_sends();
   const cudaStream_t compute = backend_->stream();
   const cudaStream_t comm = comm_stream_.get();
   CUBOID_CUDA_CHECK(cudaEventRecord(compute_ready_.get(), compute));
@@ -151,71 +146,22 @@ void NcclCommunicator::send_recv_impl(ConstDeviceSpan send_buffer, std::size_t s
   });
 }
 
-// --- non-blocking p2p ------------------------------------------------------------
-class NcclCommunicator::Request final : public CommRequest {
- public:
-  Request(NcclCommunicator& comm, std::shared_ptr<P2pState> state) : comm_(&comm), state_(std::move(state)) {}
-  void wait() override {
-    if (!state_->done) comm_->issue_pending_sends();
-    CUBOID_EXEC_REQUIRE(state_->done != nullptr, "wait", "an NCCL p2p request that was never issued");
-    CUBOID_CUDA_CHECK(cudaStreamWaitEvent(comm_->backend_->stream(), state_->done->get(), 0));
-  }
-  bool test() override {
-    if (!state_->done) return false;
-    const cudaError_t rc = cudaEventQuery(state_->done->get());
-    if (rc == cudaErrorNotReady) return false;
-    CUBOID_CUDA_CHECK(rc);
-    return true;
-  }
-
- private:
-  NcclCommunicator* comm_;  // requests never outlive their communicator
-  std::shared_ptr<P2pState> state_;
-};
-
-void NcclCommunicator::issue_pending_sends() {
-  if (!pending_sends_.empty()) issue_p2p(nullptr);
-}
-
-void NcclCommunicator::issue_p2p(const PendingRecv* recv) {
-  const cudaStream_t s = comm_stream_.get();
-  for (const PendingSend& p : pending_sends_) CUBOID_CUDA_CHECK(cudaStreamWaitEvent(s, p.ready.get(), 0));
-  if (recv != nullptr) {
-    // The receive overwrites its buffer: after the compute stream's work so far (which may still read it).
-    CUBOID_CUDA_CHECK(cudaEventRecord(compute_ready_.get(), backend_->stream()));
-    CUBOID_CUDA_CHECK(cudaStreamWaitEvent(s, compute_ready_.get(), 0));
-  }
-  CUBOID_NCCL_CHECK(ncclGroupStart());
-  ncclResult_t rc = ncclSuccess;
-  for (const PendingSend& p : pending_sends_)
-    if (rc == ncclSuccess) rc = ncclSend(p.buffer.native(), p.count, nccl_type(p.buffer.dtype()), p.peer, comm_.get(), s);
-  if (recv != nullptr && rc == ncclSuccess)
-    rc = ncclRecv(recv->buffer.native(), recv->count, nccl_type(recv->buffer.dtype()), recv->peer, comm_.get(), s);
-  // The group is always closed, also when an op in it failed.
-  const ncclResult_t ended = ncclGroupEnd();
-  CUBOID_NCCL_CHECK(rc);
-  CUBOID_NCCL_CHECK(ended);
-  auto done = std::make_shared<CudaEvent>(make_sync_event());
-  CUBOID_CUDA_CHECK(cudaEventRecord(done->get(), s));
-  for (PendingSend& p : pending_sends_) p.state->done = done;
-  if (recv != nullptr) recv->state->done = done;
-  pending_sends_.clear();
-}
-
-std::unique_ptr<CommRequest> NcclCommunicator::isend_impl(ConstDeviceSpan buffer, std::size_t count, int peer,
-                                                          int /*tag*/) {
-  PendingSend p{buffer, count, peer, make_sync_event(), std::make_shared<P2pState>()};
-  CUBOID_CUDA_CHECK(cudaEventRecord(p.ready.get(), backend_->stream()));
-  auto request = std::make_unique<Request>(*this, p.state);
-  pending_sends_.push_back(std::move(p));
-  return request;
-}
-
-std::unique_ptr<CommRequest> NcclCommunicator::irecv_impl(DeviceSpan buffer, std::size_t count, int peer,
-                                                          int /*tag*/) {
-  const PendingRecv r{buffer, count, peer, std::make_shared<P2pState>()};
-  issue_p2p(&r);
-  return std::make_unique<Request>(*this, r.state);
+void NcclCommunicator::exchange_impl(std::span<const P2pOp> ops) {
+  on_comm_stream([&](cudaStream_t s) {
+    CUBOID_NCCL_CHECK(ncclGroupStart());
+    ncclResult_t rc = ncclSuccess;
+    for (const P2pOp& op : ops) {
+      if (rc != ncclSuccess) break;
+      rc = op.is_send ? ncclSend(op.send_buffer.native(), op.count, nccl_type(op.send_buffer.dtype()), op.peer,
+                                 comm_.get(), s)
+                      : ncclRecv(op.recv_buffer.native(), op.count, nccl_type(op.recv_buffer.dtype()), op.peer,
+                                 comm_.get(), s);
+    }
+    // The group is always closed, also when an op in it failed.
+    const ncclResult_t ended = ncclGroupEnd();
+    CUBOID_NCCL_CHECK(rc);
+    CUBOID_NCCL_CHECK(ended);
+  });
 }
 
 void NcclCommunicator::barrier() {

@@ -6,6 +6,7 @@
 #include <deque>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <stdexcept>
 
 #include "cuboid/core/error.hpp"
@@ -18,61 +19,6 @@ namespace cuboid::exec {
 namespace {
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 }  // namespace
-
-// Pipeline point-to-point through the PP group's non-blocking isend / irecv,
-// so that any order pipeline_order produces runs without two neighbouring
-// stages waiting on each other's sends. A send's data is first copied into a
-// slot the channel owns (the step reuses its gradient buffers at once) and the
-// slot is reused when its send has finished; a receive is waited for at once
-// (MPI: the host waits; NCCL: the compute stream does).
-class PipeChannel {
- public:
-  PipeChannel(Backend& be, Communicator& pp) : be_(be), pp_(pp) {}
-  ~PipeChannel() {
-    try {
-      wait_all();
-    } catch (...) {
-      // Already unwinding from a failure, or the job is ending: the requests give up.
-    }
-  }
-
-  void send(ConstDeviceSpan data, int peer, int tag) {
-    Slot* slot = nullptr;
-    for (int pass = 0; pass < 2 && slot == nullptr; ++pass) {
-      for (Slot& s : slots_) {
-        if (s.buffer.size() != data.size() || s.buffer.dtype() != data.dtype()) continue;
-        if (s.request && s.request->test()) s.request.reset();
-        if (!s.request) {
-          slot = &s;
-          break;
-        }
-      }
-    }
-    if (slot == nullptr) {
-      slots_.push_back(Slot{be_.alloc(data.size(), data.dtype()), nullptr});
-      slot = &slots_.back();
-    }
-    be_.copy(data, slot->buffer);
-    slot->request = pp_.isend(slot->buffer, data.size(), peer, tag);
-  }
-  void recv(DeviceSpan data, int peer, int tag) { pp_.irecv(data, data.size(), peer, tag)->wait(); }
-  void wait_all() {
-    for (Slot& s : slots_)
-      if (s.request) {
-        s.request->wait();
-        s.request.reset();
-      }
-  }
-
- private:
-  struct Slot {
-    DeviceBuffer buffer;
-    std::unique_ptr<CommRequest> request;  // null when the slot is free
-  };
-  Backend& be_;
-  Communicator& pp_;
-  std::deque<Slot> slots_;  // stable addresses
-};
 
 struct StepRunner::InFlight {
   std::vector<DeviceBuffer> xs;    // layer inputs, then the chunk's output: [local_tokens, h]
@@ -88,13 +34,17 @@ StepRunner::StepRunner(Backend& backend, ProcessGroups& groups, const ModelSpec&
   micro_batches_ = static_cast<int>(plan_.num_micro_batches());
   try {
     order_ = pipeline_order(plan_.schedule, plan_.pp, micro_batches_, virtual_stages_)[sz(stage_)];
+    if (plan_.schedule == Schedule::interleaved) {
+      // The steady phase: forward-backward pairs after the warm-up forwards.
+      pair_begin_ = sz(warmup_steps(plan_.schedule, plan_.pp, stage_, micro_batches_, virtual_stages_));
+      pair_end_ = order_.size() - pair_begin_;
+    }
   } catch (const std::invalid_argument& e) {
     throw InputError("plan", "parallel.schedule", e.what(), "choose sizes the schedule supports");
   }
   attention_memory_ = plan_.recompute == Recompute::selective ? AttentionMemory::recompute_probs
                                                               : AttentionMemory::keep_probs;
   runner_ = std::make_unique<LayerRunner>(be_, groups_.tp.get(), layer_dims(model_, plan_, options_.dropout), timer_);
-  pipe_ = std::make_unique<PipeChannel>(be_, *groups_.pp);
   layout_params();
 
   const LayerDims& d = runner_->dims();
@@ -123,6 +73,7 @@ StepRunner::StepRunner(Backend& backend, ProcessGroups& groups, const ModelSpec&
   head_full_ = be_.alloc(sz(T * h));
   grad_a_ = be_.alloc(sz(Tl * h));
   grad_b_ = be_.alloc(sz(Tl * h));
+  grad_in_ = be_.alloc(sz(Tl * h));
   if (plan_.recompute == Recompute::full) fwd_scratch_ = runner_->make_acts(AttentionMemory::recompute_probs);
   free_.resize(chunks_.size());
 }
@@ -267,10 +218,10 @@ int pp_tag(int micro_batch, int virtual_stage, int num_virtual, bool backward) {
 void StepRunner::forward(int mb, int c, std::int64_t step) {
   const Chunk& ch = chunks_[sz(c)];
   const LayerDims& d = runner_->dims();
-  const int pp = plan_.pp, nv = pp * virtual_stages_;
   const std::int64_t T = d.tokens, h = d.hidden;
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
-  std::unique_ptr<InFlight> f = acquire(c);
+  // The chunk's input arrived with the previous exchange (into pending_input_).
+  std::unique_ptr<InFlight> f = pending_input_ ? std::move(pending_input_) : acquire(c);
   DeviceSpan x0 = f->xs[0];
   if (ch.has_embedding) {
     // Vocab-parallel lookup (zero rows outside this rank's shard), then the TP reduce.
@@ -278,11 +229,6 @@ void StepRunner::forward(int mb, int c, std::int64_t step) {
     timer_.run(mem_desc(op::embed_lookup, Pass::forward, 2.0 * static_cast<double>(T * h) * esz),
                [&] { be_.embedding_forward(ids_[sz(mb)], ch.embedding, full, T, h); });
     runner_->tp_reduce(d.sequence_parallel ? op::tp_rs_embed : op::tp_ar_embed, Pass::forward, full, x0);
-  } else {
-    const int prev = (stage_ + pp - 1) % pp;
-    timer_.run(comm_desc(op::pp_recv_fwd, Pass::forward, Collective::send_recv, Group::pp,
-                         static_cast<double>(x0.bytes()), pp),
-               [&] { pipe_->recv(x0, prev, pp_tag(mb, ch.virtual_stage, nv, false)); });
   }
   for (int i = 0; i < ch.num_layers; ++i) {
     const std::uint64_t seed = layer_seed(step, mb, ch.first_layer + i);
@@ -308,11 +254,6 @@ void StepRunner::forward(int mb, int c, std::int64_t step) {
         timer_.run(comm_desc(name, Pass::forward, Collective::all_reduce, Group::tp,
                              static_cast<double>(vocab_stats_.bytes()), d.tp),
                    [&] { groups_.tp->all_reduce_sum(vocab_stats_, vocab_stats_.size()); });
-  } else {
-    const int next = (stage_ + 1) % pp;
-    timer_.run(comm_desc(op::pp_send_fwd, Pass::forward, Collective::send_recv, Group::pp,
-                         static_cast<double>(out.bytes()), pp),
-               [&] { pipe_->send(out, next, pp_tag(mb, ch.virtual_stage + 1, nv, false)); });
   }
   in_flight_[{mb, c}] = std::move(f);
 }
@@ -320,7 +261,6 @@ void StepRunner::forward(int mb, int c, std::int64_t step) {
 void StepRunner::backward(int mb, int c, std::int64_t step) {
   const Chunk& ch = chunks_[sz(c)];
   const LayerDims& d = runner_->dims();
-  const int pp = plan_.pp, nv = pp * virtual_stages_;
   const std::int64_t T = d.tokens, h = d.hidden;
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
   auto it = in_flight_.find({mb, c});
@@ -328,33 +268,35 @@ void StepRunner::backward(int mb, int c, std::int64_t step) {
   std::unique_ptr<InFlight> f = std::move(it->second);
   in_flight_.erase(it);
 
-  DeviceSpan dy = grad_a_, dx = grad_b_;
+  // The gradient of the chunk's output: from the head, or received with the
+  // previous exchange (grad_in_). The layers write into grad_a_ / grad_b_ in
+  // turn, never into grad_in_, which the next exchange may receive into while
+  // it sends this chunk's input gradient.
+  DeviceSpan dy = grad_in_;
+  auto other = [&](DeviceSpan x) { return x.native() == grad_a_.native() ? DeviceSpan(grad_b_) : DeviceSpan(grad_a_); };
   if (ch.has_head) {
+    dy = grad_a_;
     // dlogits (kept by the forward's cross-entropy) -> d norm_final output.
     const ConstDeviceSpan in = d.sequence_parallel ? ConstDeviceSpan(f->norm_full) : ConstDeviceSpan(f->norm_out);
     timer_.run(gemm_desc(op::logits_dgrad, Pass::backward, T, h, d.vocab),
                [&] { be_.gemm(Trans::no, Trans::yes, T, h, d.vocab, 1.0f, f->logits, ch.w_out, 0.0f, head_full_); });
     timer_.run(gemm_desc(op::logits_wgrad, Pass::backward, h, d.vocab, T),
                [&] { be_.gemm(Trans::yes, Trans::no, h, d.vocab, T, 1.0f, in, f->logits, 1.0f, ch.w_out_grad); });
-    DeviceSpan local = d.sequence_parallel ? dx : DeviceSpan(head_full_);
+    DeviceSpan local = d.sequence_parallel ? DeviceSpan(grad_b_) : DeviceSpan(head_full_);
     const DeviceSpan dn =
         runner_->tp_reduce(d.sequence_parallel ? op::tp_rs_head_bwd : op::tp_ar_head_bwd, Pass::backward, head_full_, local);
     runner_->norm_backward(op::norm_final_bwd, dn, f->xs[sz(ch.num_layers)], ch.final_gamma, f->norm_mean, f->norm_rstd,
                            dy, ch.final_gamma_grad, ch.final_beta_grad);
-  } else {
-    const int next = (stage_ + 1) % pp;
-    timer_.run(comm_desc(op::pp_recv_bwd, Pass::backward, Collective::send_recv, Group::pp,
-                         static_cast<double>(dy.bytes()), pp),
-               [&] { pipe_->recv(dy, next, pp_tag(mb, ch.virtual_stage, nv, true)); });
   }
   for (int i = ch.num_layers - 1; i >= 0; --i) {
     const std::uint64_t seed = layer_seed(step, mb, ch.first_layer + i);
+    const DeviceSpan dx = other(dy);
     if (plan_.recompute == Recompute::full)
       runner_->recompute_backward(ch.layers[sz(i)], ch.layer_grads[sz(i)], f->xs[sz(i)], dy, dx, seed);
     else
       runner_->backward(ch.layers[sz(i)], ch.layer_grads[sz(i)], f->xs[sz(i)], f->acts[sz(i)], dy, dx, seed,
                         attention_memory_);
-    std::swap(dy, dx);
+    dy = dx;
   }
   // dy now holds the gradient of the chunk's input.
   if (ch.has_embedding) {
@@ -362,12 +304,47 @@ void StepRunner::backward(int mb, int c, std::int64_t step) {
     timer_.run(mem_desc(op::embed_grad, Pass::backward, 3.0 * static_cast<double>(T * h) * esz),
                [&] { be_.embedding_backward(full, ids_[sz(mb)], ch.embedding_grad, T, h); });
   } else {
-    const int prev = (stage_ + pp - 1) % pp;
-    timer_.run(comm_desc(op::pp_send_bwd, Pass::backward, Collective::send_recv, Group::pp,
-                         static_cast<double>(dy.bytes()), pp),
-               [&] { pipe_->send(dy, prev, pp_tag(mb, ch.virtual_stage - 1, nv, true)); });
+    input_grad_ = dy;  // sent by the next exchange
   }
   free_[sz(c)].push_back(std::move(f));
+}
+
+void StepRunner::exchange(std::span<const ScheduleStep> done, std::span<const ScheduleStep> next) {
+  const int pp = plan_.pp, nv = pp * virtual_stages_;
+  const int prev_stage = (stage_ + pp - 1) % pp, next_stage = (stage_ + 1) % pp;
+  std::vector<P2pOp> ops;
+  bool send_fwd = false, send_bwd = false, recv_fwd = false, recv_bwd = false;
+  for (const ScheduleStep& st : done) {
+    const Chunk& ch = chunks_[sz(st.chunk)];
+    if (st.dir == Direction::forward && !ch.has_head) {
+      const DeviceSpan out = in_flight_.at({st.micro_batch, st.chunk})->xs.back();
+      ops.push_back(P2pOp::send(out, out.size(), next_stage, pp_tag(st.micro_batch, ch.virtual_stage + 1, nv, false)));
+      send_fwd = true;
+    } else if (st.dir == Direction::backward && !ch.has_embedding) {
+      ops.push_back(P2pOp::send(input_grad_, input_grad_.size(), prev_stage,
+                                pp_tag(st.micro_batch, ch.virtual_stage - 1, nv, true)));
+      send_bwd = true;
+    }
+  }
+  for (const ScheduleStep& st : next) {
+    const Chunk& ch = chunks_[sz(st.chunk)];
+    if (st.dir == Direction::forward && !ch.has_embedding) {
+      pending_input_ = acquire(st.chunk);
+      const DeviceSpan in = pending_input_->xs[0];
+      ops.push_back(P2pOp::recv(in, in.size(), prev_stage, pp_tag(st.micro_batch, ch.virtual_stage, nv, false)));
+      recv_fwd = true;
+    } else if (st.dir == Direction::backward && !ch.has_head) {
+      ops.push_back(P2pOp::recv(grad_in_, grad_in_.size(), next_stage, pp_tag(st.micro_batch, ch.virtual_stage, nv, true)));
+      recv_bwd = true;
+    }
+  }
+  if (ops.empty()) return;
+  double bytes = 0;
+  for (const P2pOp& o : ops) bytes += static_cast<double>(o.is_send ? o.send_buffer.bytes() : o.recv_buffer.bytes());
+  const bool backward = send_bwd || (!send_fwd && recv_bwd);
+  timer_.run(comm_desc(op::pipeline_exchange(send_fwd, send_bwd, recv_fwd, recv_bwd),
+                       backward ? Pass::backward : Pass::forward, Collective::send_recv, Group::pp, bytes, pp),
+             [&] { groups_.pp->exchange(ops); });
 }
 
 void StepRunner::reduce_gradients_and_update(std::int64_t step) {
@@ -419,14 +396,26 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
 double StepRunner::step(std::int64_t index, bool measured) {
   timer_.begin_step(measured);
   timer_.run(mem_desc(op::grad_zero, Pass::forward, static_cast<double>(grads_.bytes())), [&] { be_.fill(grads_, 0.0f); });
-  for (const ScheduleStep& st : order_) {
-    if (st.dir == Direction::forward)
-      forward(st.micro_batch, st.chunk, index);
-    else
-      backward(st.micro_batch, st.chunk, index);
+  // Megatron's pipeline exchange: after each step of the schedule, one batch
+  // of that step's sends with the next step's receives, waited for before
+  // the next step computes. A step is one forward or backward, except in the
+  // interleaved schedule's steady phase, where it is a forward and a
+  // backward (Megatron's send_forward_backward_recv_forward_backward).
+  std::span<const ScheduleStep> previous;
+  for (std::size_t i = 0; i < order_.size();) {
+    const std::size_t n = i + 1 < order_.size() && i >= pair_begin_ && i < pair_end_ ? 2 : 1;
+    const std::span<const ScheduleStep> now(order_.data() + i, n);
+    exchange(previous, now);
+    for (const ScheduleStep& st : now) {
+      if (st.dir == Direction::forward)
+        forward(st.micro_batch, st.chunk, index);
+      else
+        backward(st.micro_batch, st.chunk, index);
+    }
+    previous = now;
+    i += n;
   }
-  timer_.run(comm_desc(op::pp_send_wait, Pass::backward, Collective::send_recv, Group::pp, 0.0, plan_.pp),
-             [&] { pipe_->wait_all(); });
+  exchange(previous, {});
   reduce_gradients_and_update(index);
   timer_.end_step();
   if (!chunks_.back().has_head) return std::numeric_limits<double>::quiet_NaN();

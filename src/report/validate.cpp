@@ -24,7 +24,6 @@ namespace cuboid {
 const std::vector<NamedReason>& executor_only_ops() {
   static const std::vector<NamedReason> ops = {
       {op::dqkv_zero, "clears the QKV gradient buffer before the attention backward accumulates into it"},
-      {op::pp_send_wait, "waits for the step's outstanding non-blocking pipeline sends (counted as pp_comm + bubble)"},
       {op::param_copy, "writes the updated master weights back (counted as optimizer; the simulator prices Megatron's "
                      "fp32 -> bf16 copy, which an f32 run without ZeRO skips: its master weights are the weights)"},
   };
@@ -92,11 +91,8 @@ std::map<std::string, Op> stage_workload(const ModelSpec& model, const ParallelP
 std::set<std::string> priced_ops(const ModelSpec& model, const ParallelPlan& plan, int stage) {
   std::set<std::string> names;
   for (const auto& [name, op] : stage_workload(model, plan, stage)) names.insert(name);
-  const bool wrap = virtual_stages(plan) > 1;
-  if (plan.pp > 1) {
-    if (stage > 0 || wrap) names.insert({op::pp_recv_fwd, op::pp_send_bwd});
-    if (stage < plan.pp - 1 || wrap) names.insert({op::pp_send_fwd, op::pp_recv_bwd});
-  }
+  // Pipeline exchanges: which batches a stage times depends on its schedule
+  // (check_ops accepts op::pipeline_exchanges when PP > 1).
   if (plan.dp > 1) {
     if (plan.zero_stage == 0)
       names.insert(op::dp_ar_grads);
@@ -209,7 +205,11 @@ void check_ops(const PlanFile& pf, const Measurements& m) {
                              ? "this backend runs the unfused attention core: make the plan with --flash-attention off"
                              : kRerun);
     }
+    bool exchanged = false;
     for (const MeasuredOp& op : r.ops) {
+      const bool pipeline = op::is_pipeline_exchange(op.name);
+      exchanged = exchanged || pipeline;
+      if (pipeline && pf.plan.pp > 1) continue;
       if (priced.count(op.name) == 0 && !listed(executor_only_ops(), op.name))
         throw InputError(m.source, fmt::format("ranks[{}].ops", r.rank),
                          fmt::format("op \"{}\" timed on rank {} is not an op the simulator prices on pipeline stage {}",
@@ -218,6 +218,12 @@ void check_ops(const PlanFile& pf, const Measurements& m) {
                              ? "the run used the unfused attention core: make the plan with --flash-attention off"
                              : kRerun);
     }
+    if (pf.plan.pp > 1 && !exchanged)
+      throw InputError(m.source, fmt::format("ranks[{}].ops", r.rank),
+                       fmt::format("rank {} timed no pipeline exchange although the plan has PP {}: the run did "
+                                   "other work than the plan describes",
+                                   r.rank, pf.plan.pp),
+                       kRerun);
   }
 }
 
@@ -352,7 +358,7 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
       {"untimed", 0.0, mc.iteration - mc.ops_sum},
       {"iteration", rep.predicted_iteration_s, rep.measured_iteration_s},
   };
-  // Below a microsecond a relative error says nothing (an empty pp_send_wait).
+  // Below a microsecond a relative error says nothing.
   for (ComponentRow& row : rep.components) row.predicted_only = row.measured_s < 1e-6;
   for (const sim::StageStats& st : sim.stages) {
     const MeasuredRank& r = slowest_of_stage(m, st.stage, stat);

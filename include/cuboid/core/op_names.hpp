@@ -7,6 +7,7 @@
 // compile error. char arrays, not string_view: they pass as const char* (the
 // executor) and as std::string alike.
 #include <array>
+#include <cstddef>
 #include <string_view>
 
 namespace cuboid::op {
@@ -99,7 +100,19 @@ inline constexpr char pp_recv_fwd[] = "pp_recv_fwd";
 inline constexpr char pp_send_fwd[] = "pp_send_fwd";
 inline constexpr char pp_recv_bwd[] = "pp_recv_bwd";
 inline constexpr char pp_send_bwd[] = "pp_send_bwd";
-inline constexpr char pp_send_wait[] = "pp_send_wait";
+// Batches of this step's sends with the next step's receives (Megatron's
+// send_forward_recv_backward and the like; pipeline_exchange names them).
+inline constexpr char pp_send_fwd_recv_bwd[] = "pp_send_fwd_recv_bwd";
+inline constexpr char pp_send_bwd_recv_fwd[] = "pp_send_bwd_recv_fwd";
+inline constexpr char pp_send_fwd_recv_fwd[] = "pp_send_fwd_recv_fwd";
+inline constexpr char pp_send_bwd_recv_bwd[] = "pp_send_bwd_recv_bwd";
+inline constexpr char pp_send_fwd_recv_fwd_bwd[] = "pp_send_fwd_recv_fwd_bwd";
+inline constexpr char pp_send_fwd_bwd_recv_fwd_bwd[] = "pp_send_fwd_bwd_recv_fwd_bwd";
+inline constexpr char pp_send_fwd_bwd_recv_fwd[] = "pp_send_fwd_bwd_recv_fwd";
+inline constexpr char pp_send_fwd_bwd_recv_bwd[] = "pp_send_fwd_bwd_recv_bwd";
+inline constexpr char pp_send_fwd_bwd[] = "pp_send_fwd_bwd";
+inline constexpr char pp_send_bwd_recv_fwd_bwd[] = "pp_send_bwd_recv_fwd_bwd";
+inline constexpr char pp_recv_fwd_bwd[] = "pp_recv_fwd_bwd";
 inline constexpr char dp_ar_grads[] = "dp_ar_grads";
 inline constexpr char dp_rs_grads[] = "dp_rs_grads";
 inline constexpr char dp_ag_params[] = "dp_ag_params";
@@ -118,8 +131,38 @@ inline constexpr char dqkv_zero[] = "dqkv_zero";
 inline constexpr char dgrad_suffix[] = "_dgrad";
 inline constexpr char wgrad_suffix[] = "_wgrad";
 
+// The pipeline exchanges the executor times (every PP op of a run), indexed
+// by send forward | send backward << 1 | receive forward << 2 | receive
+// backward << 3 (index 0: no exchange).
+inline constexpr std::array<const char*, 16> pipeline_exchanges{
+    "",
+    pp_send_fwd,
+    pp_send_bwd,
+    pp_send_fwd_bwd,
+    pp_recv_fwd,
+    pp_send_fwd_recv_fwd,
+    pp_send_bwd_recv_fwd,
+    pp_send_fwd_bwd_recv_fwd,
+    pp_recv_bwd,
+    pp_send_fwd_recv_bwd,
+    pp_send_bwd_recv_bwd,
+    pp_send_fwd_bwd_recv_bwd,
+    pp_recv_fwd_bwd,
+    pp_send_fwd_recv_fwd_bwd,
+    pp_send_bwd_recv_fwd_bwd,
+    pp_send_fwd_bwd_recv_fwd_bwd,
+};
+constexpr const char* pipeline_exchange(bool send_fwd, bool send_bwd, bool recv_fwd, bool recv_bwd) {
+  return pipeline_exchanges[(send_fwd ? 1u : 0u) | (send_bwd ? 2u : 0u) | (recv_fwd ? 4u : 0u) | (recv_bwd ? 8u : 0u)];
+}
+inline bool is_pipeline_exchange(std::string_view name) {
+  for (std::size_t i = 1; i < pipeline_exchanges.size(); ++i)
+    if (name == pipeline_exchanges[i]) return true;
+  return false;
+}
+
 // Every name above, for checks.
-inline constexpr std::array<std::string_view, 89> all{
+inline constexpr std::array<std::string_view, 99> all{
     norm_in, tp_ag_attn, qkv, qkv_bias, attn_qk, attn_softmax, attn_av, attn_ctx_copy, attn_flash, proj, tp_rs_attn,
     tp_ar_attn, drop_add_attn, norm_mlp, tp_ag_mlp, fc1, act, fc2, tp_rs_mlp, tp_ar_mlp, drop_add_mlp, qkv_dgrad,
     qkv_wgrad, proj_dgrad, proj_wgrad, fc1_dgrad, fc1_wgrad, fc2_dgrad, fc2_wgrad, attn_qk_dgrad, attn_qk_wgrad,
@@ -129,7 +172,10 @@ inline constexpr std::array<std::string_view, 89> all{
     tp_rs_attn_bwd, tp_ar_attn_bwd, qkv_bias_grad, qkv_grad_accum, norm_in_bwd, embed_lookup, tp_rs_embed,
     tp_ar_embed, embed_dropout, embed_dropout_bwd, tp_ag_embed_bwd, embed_grad, norm_final, tp_ag_head, logits, xent,
     tp_ar_xent_max, tp_ar_xent_sum, tp_ar_xent_tgt, xent_bwd, tp_rs_head_bwd, tp_ar_head_bwd, logits_grad_accum,
-    norm_final_bwd, pp_recv_fwd, pp_send_fwd, pp_recv_bwd, pp_send_bwd, pp_send_wait, dp_ar_grads, dp_rs_grads,
+    norm_final_bwd, pp_recv_fwd, pp_send_fwd, pp_recv_bwd, pp_send_bwd, pp_send_fwd_recv_bwd,
+    pp_send_bwd_recv_fwd, pp_send_fwd_recv_fwd, pp_send_bwd_recv_bwd, pp_send_fwd_recv_fwd_bwd,
+    pp_send_fwd_bwd_recv_fwd_bwd, pp_send_fwd_bwd_recv_fwd, pp_send_fwd_bwd_recv_bwd, pp_send_fwd_bwd,
+    pp_send_bwd_recv_fwd_bwd, pp_recv_fwd_bwd, dp_ar_grads, dp_rs_grads,
     dp_ag_params, grad_scale, grad_norm, adam, param_copy, grad_zero, dqkv_zero,
 };
 

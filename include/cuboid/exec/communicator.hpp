@@ -10,29 +10,27 @@
 // implementation provides, so every communicator gets the same checks.
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string_view>
 
 #include "cuboid/exec/buffer.hpp"
 
 namespace cuboid::exec {
 
-// A non-blocking send or receive in flight (Communicator::isend / irecv).
-// Move-only through its owner (std::unique_ptr); destroying one that has not
-// been waited for gives up on it (MPI: cancels a receive).
-class CommRequest {
- public:
-  virtual ~CommRequest() = default;
-  CommRequest() = default;
-  CommRequest(const CommRequest&) = delete;
-  CommRequest& operator=(const CommRequest&) = delete;
-
-  // Completes the transfer for what the caller does next: afterwards a sent
-  // buffer may be overwritten and a received one read by work enqueued on the
-  // backend. MPI: the host waits (MPI_Wait). NCCL: the compute stream waits
-  // for the transfer; the host does not.
-  virtual void wait() = 0;
-  // True when the transfer has finished (wait() has nothing left to wait for).
-  virtual bool test() = 0;
+// One send or receive of a Communicator::exchange.
+struct P2pOp {
+  bool is_send = false;
+  ConstDeviceSpan send_buffer;  // is_send
+  DeviceSpan recv_buffer;       // !is_send
+  std::size_t count = 0;
+  int peer = 0;
+  int tag = 0;  // checked by MPI (and the tests' NCCL model); NCCL has none
+  static P2pOp send(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) {
+    return P2pOp{true, buffer, DeviceSpan{}, count, peer, tag};
+  }
+  static P2pOp recv(DeviceSpan buffer, std::size_t count, int peer, int tag) {
+    return P2pOp{false, ConstDeviceSpan{}, buffer, count, peer, tag};
+  }
 };
 
 // ---------------------------------------------------------------------------
@@ -65,16 +63,15 @@ class Communicator {
   // Send and receive at once (no deadlock when two stages exchange, as in 1F1B).
   void send_recv(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer,
                  DeviceSpan recv_buffer, std::size_t recv_count, int recv_peer, int tag);
-  // Non-blocking point-to-point: starts the transfer after the work already
-  // enqueued on the backend and returns at once; the buffer must stay valid
-  // and untouched until the request's wait(). A pipeline stage posts its sends
-  // and receives with these so that no order of a schedule deadlocks two
-  // stages that send to each other. NCCL runs p2p on one stream in issue
-  // order, so it holds a send back until the next irecv (or wait) on this
-  // communicator and issues them as one ncclGroupStart/End, Megatron's
-  // batched send/recv pairs.
-  std::unique_ptr<CommRequest> isend(ConstDeviceSpan buffer, std::size_t count, int peer, int tag);
-  std::unique_ptr<CommRequest> irecv(DeviceSpan buffer, std::size_t count, int peer, int tag);
+  // Sends and receives issued together, complete when the call returns for
+  // what the caller does next: Megatron's batch_isend_irecv of one pipeline
+  // step (this step's sends with the next step's receives) followed by
+  // waiting for every request. NCCL: one ncclGroupStart / ncclGroupEnd on the
+  // communicator's stream, which the compute stream then waits for (the host
+  // does not); MPI: MPI_Isend / MPI_Irecv of every op, then the host waits
+  // for all of them. Ops with one peer are matched in the order given, in
+  // each direction (NCCL matches p2p in issue order and ignores tags).
+  void exchange(std::span<const P2pOp> ops);
   virtual void barrier() = 0;
   // Ends every process of the job (MPI_Abort / ncclCommAbort then abort).
   [[noreturn]] virtual void abort(std::string_view message) = 0;
@@ -94,9 +91,7 @@ class Communicator {
   virtual void send_recv_impl(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer,
                               DeviceSpan recv_buffer, std::size_t recv_count, int recv_peer,
                               int tag) = 0;
-  virtual std::unique_ptr<CommRequest> isend_impl(ConstDeviceSpan buffer, std::size_t count, int peer,
-                                                  int tag) = 0;
-  virtual std::unique_ptr<CommRequest> irecv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) = 0;
+  virtual void exchange_impl(std::span<const P2pOp> ops) = 0;
 };
 
 }  // namespace cuboid::exec

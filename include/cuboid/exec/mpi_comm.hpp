@@ -117,10 +117,7 @@ class MpiCommunicator final : public Communicator {
   void send_recv_impl(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer,
                       DeviceSpan recv_buffer, std::size_t recv_count, int recv_peer,
                       int tag) override;
-  std::unique_ptr<CommRequest> isend_impl(ConstDeviceSpan buffer, std::size_t count, int peer,
-                                          int tag) override;
-  std::unique_ptr<CommRequest> irecv_impl(DeviceSpan buffer, std::size_t count, int peer,
-                                          int tag) override;
+  void exchange_impl(std::span<const P2pOp> ops) override;
 
  private:
   void release() noexcept;

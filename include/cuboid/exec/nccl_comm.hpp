@@ -70,9 +70,6 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override;
 
   cudaStream_t comm_stream() const noexcept { return comm_stream_.get(); }
-  // Issues the sends isend() has held back, as one group (see isend_impl).
-  // Called by irecv, every other op on this communicator, and a send's wait().
-  void issue_pending_sends();
 
  protected:
   void all_reduce_sum_impl(DeviceSpan buffer, std::size_t count) override;
@@ -83,40 +80,13 @@ class NcclCommunicator final : public Communicator {
   void recv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) override;
   void send_recv_impl(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer, DeviceSpan recv_buffer,
                       std::size_t recv_count, int recv_peer, int tag) override;
-  // NCCL runs a communicator's p2p in issue order on one stream, and a send
-  // blocks its stream until the peer's receive runs: two stages that each
-  // send before they receive would wait for each other. So isend only queues
-  // the send (with an event marking its data ready on the compute stream) and
-  // the next irecv issues every queued send with the receive in one
-  // ncclGroupStart/End, which NCCL progresses together (Megatron's
-  // send_forward_recv_backward pairs). A request's wait() makes the compute
-  // stream wait for its group.
-  std::unique_ptr<CommRequest> isend_impl(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) override;
-  std::unique_ptr<CommRequest> irecv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) override;
+  // One ncclGroupStart / ncclGroupEnd of every op: NCCL progresses them
+  // together, so two stages that send to each other in one exchange cannot
+  // wait for each other; the compute stream waits for the group.
+  void exchange_impl(std::span<const P2pOp> ops) override;
 
  private:
-  // Shared by a request and the communicator: null until the op is issued,
-  // then the event recorded on the comm stream after its group.
-  struct P2pState {
-    std::shared_ptr<CudaEvent> done;
-  };
-  struct PendingSend {
-    ConstDeviceSpan buffer;
-    std::size_t count = 0;
-    int peer = 0;
-    CudaEvent ready;  // recorded on the compute stream at isend()
-    std::shared_ptr<P2pState> state;
-  };
-  struct PendingRecv {
-    DeviceSpan buffer;
-    std::size_t count = 0;
-    int peer = 0;
-    std::shared_ptr<P2pState> state;
-  };
-  class Request;
   NcclCommunicator(NcclComm comm, CudaBackend& backend);
-  // One group: the queued sends and (when given) one receive.
-  void issue_p2p(const PendingRecv* recv);
   // Makes the comm stream wait for the compute stream, runs `enqueue` (the
   // NCCL calls) on the comm stream, then makes the compute stream wait for it.
   template <typename Enqueue>
@@ -128,7 +98,6 @@ class NcclCommunicator final : public Communicator {
   CudaEvent compute_ready_;
   CudaEvent comm_done_;
   DeviceBuffer barrier_word_;  // one f32 all-reduced by barrier()
-  std::vector<PendingSend> pending_sends_;
   int rank_ = 0;
   int size_ = 1;
 };

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "cuboid/exec/backend.hpp"
@@ -25,7 +26,6 @@
 namespace cuboid::exec {
 
 class OpTimer;
-class PipeChannel;
 
 struct StepOptions {
   float dropout = 0.1f;
@@ -66,6 +66,9 @@ class StepRunner {
   void layout_params();
   void forward(int micro_batch, int chunk, std::int64_t step);
   void backward(int micro_batch, int chunk, std::int64_t step);
+  // One pipeline exchange: the sends of `done`'s results and the receives of
+  // `next`'s inputs (either may be empty or need none), as one batch.
+  void exchange(std::span<const ScheduleStep> done, std::span<const ScheduleStep> next);
   void reduce_gradients_and_update(std::int64_t step);
   std::unique_ptr<InFlight> acquire(int chunk);
   std::uint64_t layer_seed(std::int64_t step, int micro_batch, int layer) const;
@@ -77,11 +80,11 @@ class StepRunner {
   OpTimer& timer_;
   StepOptions options_;
   std::unique_ptr<LayerRunner> runner_;
-  std::unique_ptr<PipeChannel> pipe_;
   AttentionMemory attention_memory_ = AttentionMemory::keep_probs;
   int stage_ = 0, virtual_stages_ = 1, micro_batches_ = 1;
   std::vector<Chunk> chunks_;
   StageOrder order_;
+  std::size_t pair_begin_ = 0, pair_end_ = 0;  // order_[pair_begin_, pair_end_): forward-backward pairs
 
   std::size_t param_count_ = 0, padded_count_ = 0;
   DeviceBuffer params_, grads_, master_buf_, adam_m_, adam_v_, grad_shard_, param_shard_;
@@ -90,6 +93,9 @@ class StepRunner {
   DeviceBuffer losses_;                     // [micro_batches] f32
   DeviceBuffer vocab_stats_;                // [T] f32: the vocab-parallel cross-entropy's all-reduces
   DeviceBuffer emb_full_, head_full_, grad_a_, grad_b_;
+  DeviceBuffer grad_in_;                    // the received gradient of a chunk's output
+  DeviceSpan input_grad_;                   // the last backward's input gradient, to send
+  std::unique_ptr<InFlight> pending_input_; // the next forward's buffers, its input received into xs[0]
   LayerActs fwd_scratch_;  // forward activations dropped at once (full recompute)
   std::map<std::pair<int, int>, std::unique_ptr<InFlight>> in_flight_;
   std::vector<std::vector<std::unique_ptr<InFlight>>> free_;
