@@ -84,6 +84,15 @@ LaunchInfo from_variables(const EnvLookup& env, Launcher launcher, const RankVar
   info.local_rank = std::max(0, env_int(env, vars.local_rank, 0));
   info.master_addr = env("MASTER_ADDR").value_or("");
   info.master_port = std::max(0, env_int(env, "MASTER_PORT", 1));
+  // torchrun's agent serves its own store on MASTER_PORT (static rendezvous,
+  // TORCHELASTIC_USE_AGENT_STORE=True), so cuboid's listens on the next port
+  // unless CUBOID_STORE_PORT names one.
+  if (env("CUBOID_STORE_PORT")) {
+    info.store_port = std::max(0, env_int(env, "CUBOID_STORE_PORT", 1));
+    info.store_port_var = "CUBOID_STORE_PORT";
+  } else if (info.master_port > 0) {
+    info.store_port = info.master_port + 1;
+  }
   check_rank(info, vars.rank, vars.world_size);
   return info;
 }
@@ -246,18 +255,19 @@ World start_world(const LaunchInfo& launch, std::string_view backend, double tim
   const std::string size_var = slurm ? "SLURM_NTASKS" : "WORLD_SIZE";
   const std::string rank_var = slurm ? "SLURM_PROCID" : "RANK";
   if (backend == "cpu") refuse_without_mpi(launch, "the cpu backend's collectives are MPI");
-  if (launch.master_addr.empty() || launch.master_port == 0) {
+  if (launch.master_addr.empty() || launch.store_port == 0) {
     const std::string var = launch.master_addr.empty() ? "MASTER_ADDR" : "MASTER_PORT";
     throw InputError("environment", var,
                      "is not set, and " + size_var + "=" + std::to_string(launch.world_size) +
-                         " ranks started without MPI meet at rank 0's MASTER_ADDR:MASTER_PORT",
+                         " ranks started without MPI meet at rank 0's MASTER_ADDR (port MASTER_PORT + 1)",
                      slurm ? "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1) and "
                              "MASTER_PORT=29500 in the job script, or launch with srun --mpi=pmix"
                            : "launch with torchrun (it sets both), or set MASTER_ADDR and MASTER_PORT");
   }
   TcpStoreOptions o;
   o.master_addr = launch.master_addr;
-  o.master_port = launch.master_port;
+  o.master_port = launch.store_port;
+  o.port_var = launch.store_port_var;
   o.rank = launch.rank;
   o.world_size = launch.world_size;
   o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000.0));

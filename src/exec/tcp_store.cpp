@@ -197,8 +197,11 @@ TcpStore::TcpStore(const TcpStoreOptions& o) : rank_(o.rank), size_(o.world_size
                          std::to_string(size_),
                      "launch with a consistent rank and world size");
   if (o.master_port <= 0 || o.master_port > 65535)
-    throw InputError("environment", "MASTER_PORT", std::to_string(o.master_port) + " is not a TCP port",
-                     "set MASTER_PORT to a free port between 1024 and 65535 on rank 0's host");
+    throw InputError("environment", o.port_var, std::to_string(o.master_port) + " is not a TCP port",
+                     o.port_var == "CUBOID_STORE_PORT"
+                         ? "set CUBOID_STORE_PORT to a free port between 1024 and 65535 on rank 0's host"
+                         : "set MASTER_PORT to a free port between 1024 and 65534 on rank 0's host (cuboid's store "
+                           "uses the next one), or CUBOID_STORE_PORT");
   if (o.master_addr.empty())
     throw InputError("environment", "MASTER_ADDR", "is not set",
                      "set MASTER_ADDR to rank 0's host name or IP address (torchrun sets it)");
@@ -237,9 +240,10 @@ void TcpStore::serve(const TcpStoreOptions& o) {
     rc = ::bind(listener.fd(), reinterpret_cast<sockaddr*>(&a), sizeof(a));
   }
   if (rc != 0)
-    throw InputError("environment", "MASTER_PORT",
-                     "rank 0 cannot listen on port " + std::to_string(o.master_port) + ": " + errno_text(errno),
-                     "choose a free MASTER_PORT (is another job using it?)");
+    throw InputError("environment", o.port_var,
+                     "rank 0 cannot listen on port " + std::to_string(o.master_port) + " (" + o.port_var +
+                         "): " + errno_text(errno),
+                     "set CUBOID_STORE_PORT to a free port (is another job using this one?)");
   if (::listen(listener.fd(), 128) != 0)
     throw ExecError(__FILE__, __LINE__, rank_, "TCP store listen", "listen(): " + errno_text(errno));
 
@@ -259,7 +263,7 @@ void TcpStore::serve(const TcpStoreOptions& o) {
       if (count > 8) missing += ", ...";
       throw ExecError(__FILE__, __LINE__, rank_, "TCP store rendezvous",
                       std::to_string(count) + " rank(s) (" + missing + ") did not connect to " + endpoint(o) +
-                          " within " + seconds(timeout_) + " (were they started, with the same MASTER_ADDR:MASTER_PORT?)");
+                          " within " + seconds(timeout_) + " (were they started, with the same MASTER_ADDR and " + o.port_var + "?)");
     }
     Socket peer(::accept(listener.fd(), nullptr, nullptr));
     if (!peer) continue;
@@ -346,7 +350,7 @@ void TcpStore::connect(const TcpStoreOptions& o) {
     pause = std::min(pause * 2, std::chrono::milliseconds(1000));
   }
   throw ExecError(__FILE__, __LINE__, rank_, "TCP store rendezvous",
-                  "could not connect to rank 0 at MASTER_ADDR:MASTER_PORT = " + endpoint(o) + " within " +
+                  "could not connect to rank 0's store at MASTER_ADDR:" + o.port_var + " = " + endpoint(o) + " within " +
                       seconds(timeout_) + " (last error: " + last_error +
                       "); is rank 0 running, and MASTER_ADDR its address?");
 }

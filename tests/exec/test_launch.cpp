@@ -117,12 +117,12 @@ TEST_CASE("a rank launched with another WORLD_SIZE is refused on both sides") {
   CHECK(errors[1] == expected);
 }
 
-TEST_CASE("without rank 0 the others stop at the timeout, naming MASTER_ADDR:MASTER_PORT") {
+TEST_CASE("without rank 0 the others stop at the timeout, naming MASTER_ADDR and the store's port") {
   const int port = free_port();
   const auto start = std::chrono::steady_clock::now();
   const auto errors = on_ranks(1, [&](int) { TcpStore store(options(port, 1, 2, 400ms)); });
   CHECK(std::chrono::steady_clock::now() - start < 5s);
-  CHECK(errors[0].find("rank 1: TCP store rendezvous: could not connect to rank 0 at MASTER_ADDR:MASTER_PORT = "
+  CHECK(errors[0].find("rank 1: TCP store rendezvous: could not connect to rank 0's store at MASTER_ADDR:MASTER_PORT = "
                        "127.0.0.1:" + std::to_string(port) + " within 0.4 s (last error: Connection refused)") == 0);
 }
 
@@ -149,7 +149,7 @@ TEST_CASE("a rank that dies after the rendezvous ends the others' exchange with 
 TEST_CASE("bad store settings are input errors naming the variable") {
   CHECK_THROWS_WITH_AS(TcpStore(options(0, 0, 2)),
                        "environment: MASTER_PORT: 0 is not a TCP port (fix: set MASTER_PORT to a free port between "
-                       "1024 and 65535 on rank 0's host)",
+                       "1024 and 65534 on rank 0's host (cuboid's store uses the next one), or CUBOID_STORE_PORT)",
                        InputError);
   TcpStoreOptions o = options(29500, 0, 2);
   o.master_addr.clear();
@@ -169,6 +169,13 @@ TEST_CASE("torchrun and Slurm variables say who we are") {
   CHECK(t.local_rank == 1);
   CHECK(t.master_addr == "node7");
   CHECK(t.master_port == 29500);
+  // torchrun's agent store holds MASTER_PORT: cuboid's listens on the next port.
+  CHECK(t.store_port == 29501);
+  CHECK(t.store_port_var == "MASTER_PORT + 1");
+  const LaunchInfo own = detect_launch(fake_env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node7"},
+                                                 {"MASTER_PORT", "29500"}, {"CUBOID_STORE_PORT", "31000"}}));
+  CHECK(own.store_port == 31000);
+  CHECK(own.store_port_var == "CUBOID_STORE_PORT");
 
   const LaunchInfo s = detect_launch(fake_env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"},
                                                {"MASTER_ADDR", "gpu001"}, {"MASTER_PORT", "12345"}}));
@@ -177,6 +184,7 @@ TEST_CASE("torchrun and Slurm variables say who we are") {
   CHECK(s.world_size == 16);
   CHECK(s.local_rank == 1);
   CHECK(s.master_addr == "gpu001");
+  CHECK(s.store_port == 12346);
 
   // srun with PMIx is an MPI launch; the node-local rank comes from Slurm.
   const LaunchInfo p = detect_launch(fake_env({{"PMIX_RANK", "2"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "2"}}));
@@ -201,7 +209,7 @@ TEST_CASE("torchrun variables without MPI: the cpu backend asks for mpirun, the 
                        InputError);
   CHECK_THROWS_WITH_AS(start_world(l, "cuda", 1.0),
                        "environment: MASTER_ADDR: is not set, and WORLD_SIZE=2 ranks started without MPI meet at "
-                       "rank 0's MASTER_ADDR:MASTER_PORT (fix: launch with torchrun (it sets both), or set "
+                       "rank 0's MASTER_ADDR (port MASTER_PORT + 1) (fix: launch with torchrun (it sets both), or set "
                        "MASTER_ADDR and MASTER_PORT)",
                        InputError);
 }
@@ -228,4 +236,44 @@ TEST_CASE("every rank must run the same plan: a different one is named with its 
   });
   CHECK(same[0] == "");
   CHECK(same[1] == "");
+}
+
+TEST_CASE("under torchrun the store does not collide with torchrun's own store on MASTER_PORT") {
+  // torchrun's agent serves its TCPStore on MASTER_PORT before the ranks
+  // start: a listener there stands for it. Two ranks started with torchrun's
+  // variables must meet on the next port.
+  int master_port = 0;
+  Socket agent;
+  for (int attempt = 0; attempt < 20 && master_port == 0; ++attempt) {
+    const int p = free_port();
+    if (p >= 65535) continue;
+    Socket a(::socket(AF_INET, SOCK_STREAM, 0)), next(::socket(AF_INET, SOCK_STREAM, 0));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = htons(static_cast<std::uint16_t>(p));
+    if (::bind(a.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(a.fd(), 8) != 0) continue;
+    addr.sin_port = htons(static_cast<std::uint16_t>(p + 1));
+    if (::bind(next.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) continue;  // p + 1 taken
+    master_port = p;
+    agent = std::move(a);  // `next` closes: p + 1 is free again
+  }
+  REQUIRE(master_port != 0);
+  const auto errors = on_ranks(2, [&](int r) {
+    const LaunchInfo l = detect_launch(fake_env({{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"},
+                                                 {"LOCAL_RANK", std::to_string(r)}, {"MASTER_ADDR", "127.0.0.1"},
+                                                 {"MASTER_PORT", std::to_string(master_port)}}));
+    World w = start_world(l, "cuda", 20.0);
+    (void)w.exchange->all_gather("rank " + std::to_string(r));
+  });
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  // Binding MASTER_PORT itself, as before, fails the way the issue reported.
+  std::string bound;
+  try {
+    TcpStore store(options(master_port, 0, 2, 500ms));
+  } catch (const InputError& e) {
+    bound = e.what();
+  }
+  CHECK(bound.find("MASTER_PORT: rank 0 cannot listen on port " + std::to_string(master_port)) != std::string::npos);
 }

@@ -32,6 +32,11 @@ struct LaunchInfo {
   int local_rank = 0;
   std::string master_addr;  // MASTER_ADDR (torchrun sets it; Slurm jobs export it)
   int master_port = 0;      // MASTER_PORT
+  // The port of cuboid's TCP store on rank 0: CUBOID_STORE_PORT, else
+  // MASTER_PORT + 1 (torchrun's agent already serves its own store on
+  // MASTER_PORT); 0 when neither is set. store_port_var names its source.
+  int store_port = 0;
+  std::string store_port_var = "MASTER_PORT + 1";
 };
 
 // Looks up one environment variable; std::nullopt when unset.
@@ -69,7 +74,7 @@ class HostExchange;
 
 // The started world of this process. `exchange` moves host bytes between the
 // ranks (start-up agreement, NCCL id, measurements): MPI under mpirun / srun,
-// the TCP store (MASTER_ADDR:MASTER_PORT) under torchrun / Slurm variables,
+// the TCP store (MASTER_ADDR, port MASTER_PORT + 1 or CUBOID_STORE_PORT) under torchrun / Slurm variables,
 // nothing for one rank. `comm` is the device communicator of the whole world,
 // made by attach_device_world once the backend exists.
 struct World {

@@ -3,7 +3,7 @@
 #error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
 #endif
 // The TCP store: how ranks started by torchrun (or by Slurm without an MPI
-// launcher) find each other. Rank 0 listens on MASTER_ADDR:MASTER_PORT; every
+// launcher) find each other. Rank 0 listens on MASTER_ADDR at the store port; every
 // other rank connects to it (retrying until the timeout, since ranks start in
 // any order), says who it is, and from then on the ranks exchange small byte
 // strings through rank 0 (a star): the NCCL unique id, the plan fingerprints,
@@ -44,7 +44,8 @@ class Socket {
 
 struct TcpStoreOptions {
   std::string master_addr;  // rank 0's host name or address (MASTER_ADDR)
-  int master_port = 0;      // MASTER_PORT
+  int master_port = 0;      // the store's port on rank 0 (LaunchInfo::store_port)
+  std::string port_var = "MASTER_PORT";  // where that port came from, for messages
   int rank = 0;             // RANK / SLURM_PROCID
   int world_size = 1;       // WORLD_SIZE / SLURM_NTASKS
   // Connecting (all ranks must arrive within it) and every exchange.
