@@ -253,6 +253,38 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
     losses.push_back(runner.step(i, measured));
   }
 
+  if (o.check) {
+    // After the steps: the weights every TP rank holds a copy of (the norms)
+    // and every DP replica's weights must still agree (unreduced partial
+    // gradients would let them drift apart).
+    const StepRunner::ReplicaDrift mine = runner.replica_drift();
+    double tp_drift = 0, dp_drift = 0;
+    for (const std::string& text : world.exchange->all_gather(fmt::format("{:.17g} {:.17g}", mine.tp_norms, mine.dp_weights))) {
+      const auto space = text.find(' ');
+      tp_drift = std::max(tp_drift, std::stod(text.substr(0, space)));
+      dp_drift = std::max(dp_drift, std::stod(text.substr(space + 1)));
+    }
+    const double tol = check_tolerance(backend->compute_dtype());
+    const bool passed = tp_drift <= tol && dp_drift <= tol;
+    check_json["after_steps"] = {{"passed", passed},
+                                 {"steps", o.warmup + o.steps},
+                                 {"tp_replicated_weights_relative_drift", tp_drift},
+                                 {"dp_replica_relative_drift", dp_drift},
+                                 {"tolerance", tol}};
+    if (rank == 0) {
+      std::cout << fmt::format("check: after {} steps, the norms' weights across TP ranks drift {:.3g}, the DP "
+                               "replicas' weights {:.3g}, tolerance {:.3g}: {}\n",
+                               o.warmup + o.steps, tp_drift, dp_drift, tol, passed ? "PASSED" : "FAILED");
+      std::cout.flush();
+    }
+    if (!passed) {
+      if (rank == 0)
+        std::cerr << "cuboid: run --check FAILED: weights that every TP rank or DP replica holds the same differ "
+                     "after the steps (a gradient reduction missing in the executor)\n";
+      return 1;
+    }
+  }
+
   const nlohmann::json mine = rank_json(world, groups, runner, timer, losses);
   const std::vector<std::string> all = world.exchange->gather(mine.dump(), 0);
   if (rank == 0) {

@@ -347,10 +347,82 @@ void StepRunner::exchange(std::span<const ScheduleStep> done, std::span<const Sc
              [&] { groups_.pp->exchange(ops); });
 }
 
+std::vector<DeviceSpan> StepRunner::norm_spans(bool grads) const {
+  std::vector<DeviceSpan> out;
+  auto add = [&](DeviceSpan s) {
+    if (!s.empty()) out.push_back(s);
+  };
+  for (const Chunk& ch : chunks_) {
+    for (const LayerParams& p : grads ? ch.layer_grads : ch.layers)
+      for (const DeviceSpan s : {p.norm1_gamma, p.norm1_beta, p.norm2_gamma, p.norm2_beta}) add(s);
+    if (ch.has_head) {
+      add(grads ? ch.final_gamma_grad : ch.final_gamma);
+      add(grads ? ch.final_beta_grad : ch.final_beta);
+    }
+  }
+  return out;
+}
+
+namespace {
+// max |x - mean| / max |mean| of `local` against the group's mean (a sum
+// all-reduce of a copy in `scratch`).
+double drift(Backend& be, Communicator& group, const std::vector<float>& local, DeviceSpan scratch) {
+  if (group.size() == 1 || local.empty()) return 0;
+  const DeviceSpan part = scratch.subspan(0, local.size());
+  be.upload(local, part);
+  group.all_reduce_sum(part, local.size());
+  const std::vector<float> sum = be.download(part);
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < local.size(); ++i) {
+    const double mean = static_cast<double>(sum[i]) / group.size();
+    diff = std::max(diff, std::abs(static_cast<double>(local[i]) - mean));
+    scale = std::max(scale, std::abs(mean));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+}  // namespace
+
+StepRunner::ReplicaDrift StepRunner::replica_drift() {
+  ReplicaDrift out;
+  std::vector<float> norms;
+  for (const DeviceSpan s : norm_spans(false)) {
+    const std::vector<float> v = be_.download(s);
+    norms.insert(norms.end(), v.begin(), v.end());
+  }
+  DeviceBuffer scratch = be_.alloc(std::max(norms.size(), padded_count_), DType::f32);
+  out.tp_norms = drift(be_, *groups_.tp, norms, scratch);
+  out.dp_weights = drift(be_, *groups_.dp, be_.download(params_), scratch);
+  return out;
+}
+
 void StepRunner::reduce_gradients_and_update(std::int64_t step) {
   const Pass bw = Pass::backward;
   const auto dp = sz(plan_.dp);
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
+  // With sequence parallelism each TP rank's norm gradients sum over its own
+  // tokens only: Megatron all-reduces them over TP (finalize_model_grads,
+  // _allreduce_layernorm_grads), packed into one buffer.
+  if (plan_.sequence_parallel && plan_.tp > 1) {
+    const std::vector<DeviceSpan> spans = norm_spans(true);
+    std::size_t total = 0;
+    for (const DeviceSpan& s : spans) total += s.size();
+    if (norm_grads_.size() < total) norm_grads_ = be_.alloc(total);
+    timer_.run(comm_desc(op::tp_ar_norm_grads, bw, Collective::all_reduce, Group::tp,
+                         static_cast<double>(total) * esz, plan_.tp),
+               [&] {
+                 std::size_t at = 0;
+                 for (const DeviceSpan& s : spans) {
+                   be_.copy(s, DeviceSpan(norm_grads_).subspan(at, s.size()));
+                   at += s.size();
+                 }
+                 groups_.tp->all_reduce_sum(norm_grads_, total);
+                 at = 0;
+                 for (const DeviceSpan& s : spans) {
+                   be_.copy(ConstDeviceSpan(norm_grads_).subspan(at, s.size()), s);
+                   at += s.size();
+                 }
+               });
+  }
   // Mean over micro-batches (each loss is already a mean over its tokens) and DP replicas.
   timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(padded_count_) * esz),
              [&] { be_.scale(grads_, 1.0f / static_cast<float>(micro_batches_ * plan_.dp)); });

@@ -24,6 +24,8 @@ namespace cuboid {
 const std::vector<NamedReason>& executor_only_ops() {
   static const std::vector<NamedReason> ops = {
       {op::dqkv_zero, "clears the QKV gradient buffer before the attention backward accumulates into it"},
+      {op::tp_ar_norm_grads, "all-reduces the norms' weight gradients over TP under sequence parallelism (Megatron's "
+                             "finalize_model_grads; a few vectors of h per layer, not priced)"},
       {op::param_copy, "writes the updated master weights back (counted as optimizer; the simulator prices Megatron's "
                      "fp32 -> bf16 copy, which an f32 run without ZeRO skips: its master weights are the weights)"},
   };

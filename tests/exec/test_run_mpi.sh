@@ -50,7 +50,9 @@ run_ok() {  # run_ok NAME NP RANKS [extra flags]
   shift 2
   if timeout 90 "${MPIRUN[@]}" -np "$np" "$CUBOID" run --plan "$TMP/$name.json" --backend cpu --steps 2 --warmup 1 \
       --check --timeout-s 60 --out "$TMP/$name.m.json" "$@" >"$TMP/$name.log" 2>&1; then
-    if ! grep -q "PASSED" "$TMP/$name.log"; then fail "$name: no PASSED check line"; cat "$TMP/$name.log"; return; fi
+    if ! grep -q "vs unsharded reference.*PASSED" "$TMP/$name.log"; then fail "$name: no PASSED check line"; cat "$TMP/$name.log"; return; fi
+    if ! grep -q "^check: after 3 steps, .*PASSED" "$TMP/$name.log"; then
+      fail "$name: the weights replicated over TP / DP drifted apart"; grep "^check" "$TMP/$name.log"; return; fi
     if check_measurements "$TMP/$name.m.json" "$np" 2 >"$TMP/$name.py.log" 2>&1; then pass "$name"; else
       fail "$name: measurements: $(tail -2 "$TMP/$name.py.log")"; fi
   else
@@ -67,6 +69,8 @@ plan pp2gpipe "$CPU2" --tp 1 --pp 2 --dp 1 --schedule gpipe --recompute selectiv
 plan dp2 "$CPU2" --tp 1 --pp 1 --dp 2 --zero 0
 plan dp2zero1 "$CPU2" --tp 1 --pp 1 --dp 2 --zero 1
 plan t2p2 "$CPU4" --tp 2 --pp 2 --dp 1 --schedule 1f1b
+# Sequence parallelism with DP: the norms' gradients must be all-reduced over TP.
+plan t2d2sp "$CPU4" --tp 2 --pp 1 --dp 2 --sequence-parallel on --zero 1
 # The same plan with the interleaved schedule (2 model chunks per stage).
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["parallel"].update(schedule="interleaved", virtual_stages=2); json.dump(d, open(sys.argv[2], "w"))' \
   "$TMP/t2p2.json" "$TMP/t2p2i.json" || fail "interleaved plan"
@@ -78,6 +82,7 @@ run_ok pp2gpipe 2
 run_ok dp2 2
 run_ok dp2zero1 2
 run_ok t2p2 4 --layers 2 --seq-length 64
+run_ok t2d2sp 4 --layers 2 --seq-length 64
 # Every way of waiting computes the same thing; the policy is recorded.
 cp "$TMP/tp2.json" "$TMP/tp2yield.json"
 cp "$TMP/tp2.json" "$TMP/tp2sleep.json"

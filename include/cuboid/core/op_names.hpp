@@ -126,6 +126,10 @@ inline constexpr char grad_zero[] = "grad_zero";
 
 // Executor only: clears the QKV gradient before the attention backward.
 inline constexpr char dqkv_zero[] = "dqkv_zero";
+// Executor only (for now): with sequence parallelism, the norms' weight
+// gradients (partial sums over each TP rank's tokens) all-reduced over TP
+// before the DP reduction, as Megatron's finalize_model_grads does.
+inline constexpr char tp_ar_norm_grads[] = "tp_ar_norm_grads";
 
 // Suffixes of a GEMM's backward ops.
 inline constexpr char dgrad_suffix[] = "_dgrad";
@@ -162,7 +166,7 @@ inline bool is_pipeline_exchange(std::string_view name) {
 }
 
 // Every name above, for checks.
-inline constexpr std::array<std::string_view, 99> all{
+inline constexpr std::array<std::string_view, 100> all{
     norm_in, tp_ag_attn, qkv, qkv_bias, attn_qk, attn_softmax, attn_av, attn_ctx_copy, attn_flash, proj, tp_rs_attn,
     tp_ar_attn, drop_add_attn, norm_mlp, tp_ag_mlp, fc1, act, fc2, tp_rs_mlp, tp_ar_mlp, drop_add_mlp, qkv_dgrad,
     qkv_wgrad, proj_dgrad, proj_wgrad, fc1_dgrad, fc1_wgrad, fc2_dgrad, fc2_wgrad, attn_qk_dgrad, attn_qk_wgrad,
@@ -176,7 +180,7 @@ inline constexpr std::array<std::string_view, 99> all{
     pp_send_bwd_recv_fwd, pp_send_fwd_recv_fwd, pp_send_bwd_recv_bwd, pp_send_fwd_recv_fwd_bwd,
     pp_send_fwd_bwd_recv_fwd_bwd, pp_send_fwd_bwd_recv_fwd, pp_send_fwd_bwd_recv_bwd, pp_send_fwd_bwd,
     pp_send_bwd_recv_fwd_bwd, pp_recv_fwd_bwd, dp_ar_grads, dp_rs_grads,
-    dp_ag_params, grad_scale, grad_norm, adam, param_copy, grad_zero, dqkv_zero,
+    dp_ag_params, grad_scale, grad_norm, adam, param_copy, grad_zero, dqkv_zero, tp_ar_norm_grads,
 };
 
 }  // namespace cuboid::op

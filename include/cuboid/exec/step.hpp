@@ -46,6 +46,16 @@ class StepRunner {
   // pipeline stage, NaN elsewhere.
   double step(std::int64_t index, bool measured);
 
+  // After steps: how far this rank's weights are from the mean of the ranks
+  // that must hold the same values (max |w - mean| / max |mean|): the norms'
+  // weights across the TP group, and every weight across the DP replicas.
+  // Collective over the TP and DP groups.
+  struct ReplicaDrift {
+    double tp_norms = 0;
+    double dp_weights = 0;
+  };
+  ReplicaDrift replica_drift();
+
   std::size_t parameter_count() const { return param_count_; }  // on this rank
   int layers_on_rank() const;
   const LayerDims& dims() const { return runner_->dims(); }
@@ -70,6 +80,9 @@ class StepRunner {
   // `next`'s inputs (either may be empty or need none), as one batch.
   void exchange(std::span<const ScheduleStep> done, std::span<const ScheduleStep> next);
   void reduce_gradients_and_update(std::int64_t step);
+  // The norms' weights (or, with grads = true, their gradients): every
+  // layer's two norms and the final one, as spans of the flat buffers.
+  std::vector<DeviceSpan> norm_spans(bool grads) const;
   std::unique_ptr<InFlight> acquire(int chunk);
   std::uint64_t layer_seed(std::int64_t step, int micro_batch, int layer) const;
 
@@ -94,6 +107,7 @@ class StepRunner {
   DeviceBuffer vocab_stats_;                // [T] f32: the vocab-parallel cross-entropy's all-reduces
   DeviceBuffer emb_full_, head_full_, grad_a_, grad_b_;
   DeviceBuffer grad_in_;                    // the received gradient of a chunk's output
+  DeviceBuffer norm_grads_;                 // the norms' gradients, packed for one TP all-reduce
   DeviceSpan input_grad_;                   // the last backward's input gradient, to send
   std::unique_ptr<InFlight> pending_input_; // the next forward's buffers, its input received into xs[0]
   LayerActs fwd_scratch_;  // forward activations dropped at once (full recompute)
