@@ -1,11 +1,55 @@
 // The checks every communicator shares (non-virtual interface, see communicator.hpp).
 #include "cuboid/exec/communicator.hpp"
 
+#include <algorithm>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "cuboid/exec/exec_error.hpp"
 
 namespace cuboid::exec {
+
+namespace {
+// The process's live communicators (end_job, first_async_error).
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<Communicator*>& registry() {
+  static std::vector<Communicator*> r;
+  return r;
+}
+}  // namespace
+
+Communicator::Communicator() {
+  std::lock_guard lock(registry_mutex());
+  registry().push_back(this);
+}
+
+Communicator::~Communicator() {
+  std::lock_guard lock(registry_mutex());
+  auto& r = registry();
+  r.erase(std::remove(r.begin(), r.end(), this), r.end());
+}
+
+void Communicator::abort(std::string_view message) { end_job(message); }
+
+std::optional<std::string> first_async_error() {
+  std::lock_guard lock(registry_mutex());
+  for (Communicator* c : registry())
+    if (std::optional<std::string> e = c->async_error())
+      return std::string(c->kind()) + " communicator of " + std::to_string(c->size()) + " ranks (this rank " +
+             std::to_string(c->rank()) + "): " + *e;
+  return std::nullopt;
+}
+
+void abort_live_communicators() noexcept {
+  // No lock: end_job calls this when the job is over, possibly from a thread
+  // while another holds the registry; the communicators stay alive (the
+  // process exits without destroying them).
+  for (Communicator* c : registry()) c->abort_local();
+}
 
 namespace {
 

@@ -167,11 +167,6 @@ class SelfCommunicator final : public Communicator {
   int rank() const noexcept override { return 0; }
   int size() const noexcept override { return 1; }
   void barrier() override {}
-  [[noreturn]] void abort(std::string_view message) override {
-    std::fprintf(stderr, "cuboid: aborting: %.*s\n", static_cast<int>(message.size()), message.data());
-    std::fflush(stderr);
-    std::abort();
-  }
   std::unique_ptr<Communicator> split(int color, int /*key*/) override {
     if (color < 0) return nullptr;
     return std::make_unique<SelfCommunicator>();

@@ -212,12 +212,28 @@ void MpiCommunicator::barrier() {
   complete(request);
 }
 
-void MpiCommunicator::abort(std::string_view message) {
-  std::fprintf(stderr, "cuboid: rank %d of %d: aborting: %.*s\n", rank_, size_,
-               static_cast<int>(message.size()), message.data());
+void end_job(std::string_view message) noexcept {
+  static std::atomic<bool> ending{false};
+  if (ending.exchange(true)) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the first caller ends the process
+  }
+  // ExecError's text already starts with "rank R: ".
+  if (message.rfind("rank ", 0) == 0)
+    std::fprintf(stderr, "cuboid: %.*s; ending the job\n", static_cast<int>(message.size()), message.data());
+  else
+    std::fprintf(stderr, "cuboid: rank %d: %.*s; ending the job\n", world_rank_or_launcher(),
+                 static_cast<int>(message.size()), message.data());
   std::fflush(stderr);
-  MPI_Abort(comm_ != MPI_COMM_NULL ? comm_ : MPI_COMM_WORLD, 1);
-  std::abort();  // MPI_Abort does not return; this is for the compiler
+  // ncclCommAbort may wait for the kernel it abandons: from a helper thread,
+  // given at most 2 s.
+  static std::atomic<bool> aborted{false};
+  std::thread([] {
+    abort_live_communicators();
+    aborted.store(true);
+  }).detach();
+  for (int i = 0; i < 200 && !aborted.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (mpi_alive()) MPI_Abort(MPI_COMM_WORLD, 1);  // ends every rank of the job
+  std::_Exit(1);
 }
 
 MpiCommunicator MpiCommunicator::split_mpi(int color, int key) {

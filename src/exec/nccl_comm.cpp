@@ -169,11 +169,20 @@ void NcclCommunicator::barrier() {
   CUBOID_CUDA_CHECK(cudaStreamSynchronize(comm_stream_.get()));
 }
 
-void NcclCommunicator::abort(std::string_view message) {
-  std::fprintf(stderr, "rank %d: aborting: %.*s\n", launcher_rank(), static_cast<int>(message.size()),
-               message.data());
-  (void)ncclCommAbort(comm_.release());
-  std::abort();
+std::optional<std::string> NcclCommunicator::async_error() {
+  ncclComm_t c = comm_.get();
+  if (c == nullptr) return std::nullopt;
+  ncclResult_t state = ncclSuccess;
+  if (ncclCommGetAsyncError(c, &state) != ncclSuccess) return std::string("ncclCommGetAsyncError failed");
+  if (state == ncclSuccess || state == ncclInProgress) return std::nullopt;
+  std::string what = ncclGetErrorString(state);
+  if (const char* last = ncclGetLastError(c); last != nullptr && *last != '\0') what += std::string(" (") + last + ")";
+  return what;
+}
+
+void NcclCommunicator::abort_local() noexcept {
+  // Abandons the kernels in flight; the handle is not destroyed again.
+  if (ncclComm_t c = comm_.release(); c != nullptr) (void)ncclCommAbort(c);
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {

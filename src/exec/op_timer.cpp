@@ -122,15 +122,18 @@ void Watchdog::loop() {
     wake_.wait_for(lock, std::chrono::milliseconds(50));
     if (stop_) break;
     const char* op = op_.load(std::memory_order_acquire);
+    // NCCL finds some failures on its own (a peer that died, a network
+    // error) and only reports them when asked: every communicator, each tick.
+    if (std::optional<std::string> error = first_async_error())
+      end_job(fmt::format("{} while in op '{}'", *error, op == nullptr ? "(none)" : op));
     if (op == nullptr) continue;
     const std::int64_t waited = now_ns() - since_ns_.load(std::memory_order_relaxed);
     if (waited < timeout_.count()) continue;
-    // MPI_Abort from this thread: the main thread is stuck inside the op (in
-    // MPI or on the device), so it cannot abort itself. Open MPI tears the
-    // whole job down from any thread.
-    world_.abort(fmt::format("rank {}: op '{}' did not finish within --timeout-s {:.3g} s "
-                             "(a peer rank died or hangs); aborting the job",
-                             world_.rank(), op, static_cast<double>(timeout_.count()) / 1e9));
+    // From this thread: the main thread is stuck inside the op (in MPI or on
+    // the device), so it cannot end the job itself. end_job aborts every
+    // communicator of this rank, not only the world's.
+    end_job(fmt::format("op '{}' did not finish within --timeout-s {:.3g} s (a peer rank died or hangs)", op,
+                        static_cast<double>(timeout_.count()) / 1e9));
   }
 }
 

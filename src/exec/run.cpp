@@ -52,7 +52,7 @@ void scale_down(ModelSpec& model, ParallelPlan& plan, const RunOptions& o) {
 }
 
 struct Fault {
-  enum Kind { none, flip_shard, hang, kill } kind = none;
+  enum Kind { none, flip_shard, hang, kill, fail } kind = none;
   int rank = -1;
 };
 
@@ -65,15 +65,15 @@ Fault parse_fault(const std::string& s) {
   }
   const auto colon = s.find(':');
   const std::string what = s.substr(0, colon);
-  if (colon != std::string::npos && (what == "hang" || what == "kill")) {
-    f.kind = what == "hang" ? Fault::hang : Fault::kill;
+  if (colon != std::string::npos && (what == "hang" || what == "kill" || what == "throw")) {
+    f.kind = what == "hang" ? Fault::hang : what == "kill" ? Fault::kill : Fault::fail;
     try {
       f.rank = std::stoi(s.substr(colon + 1));
       return f;
     } catch (const std::exception&) {
     }
   }
-  throw InputError(kCl, "--inject-fault", "'" + s + "' is not a fault", "use flip-shard, hang:RANK or kill:RANK");
+  throw InputError(kCl, "--inject-fault", "'" + s + "' is not a fault", "use flip-shard, hang:RANK, kill:RANK or throw:RANK");
 }
 
 double median(std::vector<double> v) {
@@ -184,6 +184,12 @@ void print_summary(const nlohmann::json& doc) {
 
 }  // namespace
 
+namespace {
+int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model, const ParallelPlan& plan,
+                const Fault& fault, const LaunchInfo& launch, World& world, const std::string& fingerprint,
+                const std::string& mpi_wait);
+}  // namespace
+
 int run_plan(const PlanFile& pf, const RunOptions& o) {
   ModelSpec model = pf.model;
   ParallelPlan plan = pf.plan;
@@ -205,6 +211,25 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
   const std::string fingerprint = run_fingerprint(model, plan, pf.gpus_per_node, o);
   require_same_plan(*world.exchange, fingerprint, pf.source);
 
+  // From here on a failure is usually one rank's (out of memory on the stage
+  // holding the most micro-batches, a device error): the others would wait
+  // for it in a collective, and unwinding would wait for them (NCCL
+  // teardown synchronises streams, MPI_Finalize is collective). So the
+  // message is printed and the job ended first.
+  const bool alone = world.exchange->size() == 1;
+  try {
+    return run_started(pf, o, model, plan, fault, launch, world, fingerprint, mpi_wait);
+  } catch (const std::exception& e) {
+    if (alone) throw;
+    end_job(e.what());
+  }
+}
+
+namespace {
+
+int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model, const ParallelPlan& plan,
+                const Fault& fault, const LaunchInfo& launch, World& world, const std::string& fingerprint,
+                const std::string& mpi_wait) {
   BackendOptions bo;
   bo.device = launch.local_rank;
   std::unique_ptr<Backend> backend = make_backend(o.backend, bo);
@@ -245,6 +270,9 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
     const bool measured = i >= o.warmup;
     if (measured && i == o.warmup && rank == fault.rank) {
       if (fault.kind == Fault::kill) std::raise(SIGKILL);
+      if (fault.kind == Fault::fail)
+        throw ExecError(__FILE__, __LINE__, rank, "injected failure",
+                        "this rank threw (as cudaMalloc running out of memory would)");
       if (fault.kind == Fault::hang)
         timer.run(mem_desc("injected_hang", Pass::forward, 0), [] {
           for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -342,5 +370,7 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
   }
   return exit_code;
 }
+
+}  // namespace
 
 }  // namespace cuboid::exec

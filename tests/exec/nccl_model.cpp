@@ -55,9 +55,6 @@ class ModelCommunicator final : public Communicator {
   int rank() const noexcept override { return member_; }
   int size() const noexcept override { return size_; }
   void barrier() override { collective(Fabric::Kind::barrier, nullptr, nullptr, 0, DType::f32, 0, "barrier"); }
-  [[noreturn]] void abort(std::string_view message) override {
-    throw ExecError(__FILE__, __LINE__, fabric_->rank_of(comm_, member_), "abort", std::string(message));
-  }
   std::unique_ptr<Communicator> split(int color, int key) override {
     std::unique_ptr<Communicator> out;
     Fabric::Op op;

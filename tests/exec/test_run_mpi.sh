@@ -152,6 +152,23 @@ for case in "kill:1 2 pp2" "hang:1 2 pp2" "kill:2 4 t2p2"; do
   fi
 done
 
+# A rank that throws (as one running out of device memory would) prints its
+# error and ends the job at once: not after unwinding, which would wait for
+# the peers blocked on it, and not after the peers' --timeout-s.
+for name in pp2 t2p2; do
+  np=2; [ "$name" = t2p2 ] && np=4
+  rm -f "$TMP/throw.m.json"
+  start=$(date +%s)
+  timeout 90 "${MPIRUN[@]}" -np "$np" "$CUBOID" run --plan "$TMP/$name.json" --backend cpu --steps 2 --timeout-s 60 \
+    --layers 2 --seq-length 64 --inject-fault throw:1 --out "$TMP/throw.m.json" >"$TMP/throw.log" 2>&1
+  rc=$?
+  took=$(( $(date +%s) - start ))
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -lt 30 ] && [ ! -e "$TMP/throw.m.json" ] &&
+      grep -q "cuboid: rank 1: .*injected failure: this rank threw (as cudaMalloc running out of memory would).*; ending the job" "$TMP/throw.log"; then
+    pass "a rank that throws ends the $np-rank job (rc $rc, ${took}s, --timeout-s 60) with its own message first"
+  else fail "throw:1 on $name: rc $rc after ${took}s: $(tail -4 "$TMP/throw.log")"; fi
+done
+
 # Every rank must run the same plan: a rank given another plan file (or other
 # sizes) would call other collectives and hang the job, so start-up refuses,
 # naming the ranks and their files; nothing is written.

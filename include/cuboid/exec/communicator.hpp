@@ -10,6 +10,8 @@
 // implementation provides, so every communicator gets the same checks.
 #include <cstddef>
 #include <memory>
+#include <optional>
+#include <string>
 #include <span>
 #include <string_view>
 
@@ -42,8 +44,10 @@ struct P2pOp {
 // tags: `tag` is checked by MPI and ignored by NCCL).
 class Communicator {
  public:
-  virtual ~Communicator() = default;
-  Communicator() = default;
+  // Every live communicator is listed process-wide, so that end_job can
+  // abort all of them and the watchdog can poll each for errors.
+  virtual ~Communicator();
+  Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -73,8 +77,14 @@ class Communicator {
   // each direction (NCCL matches p2p in issue order and ignores tags).
   void exchange(std::span<const P2pOp> ops);
   virtual void barrier() = 0;
-  // Ends every process of the job (MPI_Abort / ncclCommAbort then abort).
-  [[noreturn]] virtual void abort(std::string_view message) = 0;
+  // Ends every process of the job: end_job(message).
+  [[noreturn]] void abort(std::string_view message);
+  // An error the library found on its own since the last call (NCCL:
+  // ncclCommGetAsyncError, e.g. a peer that died); nullopt when none.
+  virtual std::optional<std::string> async_error() { return std::nullopt; }
+  // Abandons this communicator's work in flight without waiting for peers
+  // (NCCL: ncclCommAbort); nothing for MPI, whose MPI_Abort ends the job.
+  virtual void abort_local() noexcept {}
   // Collective over this communicator: members with the same color (>= 0)
   // form a new communicator, ordered by (key, old rank). A negative color
   // joins no group and gets nullptr.
@@ -93,5 +103,17 @@ class Communicator {
                               int tag) = 0;
   virtual void exchange_impl(std::span<const P2pOp> ops) = 0;
 };
+
+// Ends the whole job from any thread, before any teardown that could wait on
+// a peer: prints "rank R: message" to stderr, aborts every communicator of
+// this process (each from a helper thread, for at most 2 s: ncclCommAbort may
+// wait for a kernel), then MPI_Abort when MPI runs (it ends every rank), else
+// exits with status 1, which makes torchrun or srun --kill-on-bad-exit end
+// the other ranks. Only the first caller prints; later ones wait for the exit.
+[[noreturn]] void end_job(std::string_view message) noexcept;
+// The first async_error() of the live communicators, as a message naming it.
+std::optional<std::string> first_async_error();
+// abort_local() on every live communicator (end_job's helper thread).
+void abort_live_communicators() noexcept;
 
 }  // namespace cuboid::exec

@@ -94,7 +94,6 @@ class MpiCommunicator final : public Communicator {
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
   void barrier() override;
-  [[noreturn]] void abort(std::string_view message) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   // The same as split(), typed (for bootstrapping NCCL groups alongside).
   MpiCommunicator split_mpi(int color, int key);

@@ -65,7 +65,8 @@ class NcclCommunicator final : public Communicator {
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
   void barrier() override;
-  [[noreturn]] void abort(std::string_view message) override;
+  std::optional<std::string> async_error() override;
+  void abort_local() noexcept override;
   // ncclCommSplit; nullptr for color < 0 (NCCL_SPLIT_NOCOLOR).
   std::unique_ptr<Communicator> split(int color, int key) override;
 
