@@ -67,25 +67,6 @@ std::vector<Job> load_jobs(const CalibrateOptions& o, const Cluster& cluster, in
   return jobs;
 }
 
-// Rank 0 receives every rank's text (MPI_Gatherv over the world).
-std::vector<std::string> gather_to_root(exec::Communicator& world, const std::string& mine) {
-  auto* mpi = dynamic_cast<exec::MpiCommunicator*>(&world);
-  if (mpi == nullptr) return {mine};
-  const auto n = static_cast<std::size_t>(world.size());
-  int len = static_cast<int>(mine.size());
-  std::vector<int> lens(n), displs(n, 0);
-  CUBOID_MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, mpi->native()));
-  for (std::size_t i = 1; i < n; ++i) displs[i] = displs[i - 1] + lens[i - 1];
-  std::string all(world.rank() == 0 ? static_cast<std::size_t>(displs.back() + lens.back()) : 0, '\0');
-  CUBOID_MPI_CHECK(MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0,
-                               mpi->native()));
-  std::vector<std::string> out;
-  if (world.rank() == 0)
-    for (std::size_t i = 0; i < n; ++i)
-      out.push_back(all.substr(static_cast<std::size_t>(displs[i]), static_cast<std::size_t>(lens[i])));
-  return out;
-}
-
 exec::Communicator* group_comm(exec::ProcessGroups& g, Group kind) {
   switch (kind) {
     case Group::tp: return g.tp.get();
@@ -235,16 +216,22 @@ int run_calibrate(const CalibrateOptions& o) {
   const Cluster cluster = load_cluster(o.cluster_path);
   const exec::LaunchInfo launch = exec::detect_launch(exec::process_environment());
   const std::vector<Job> jobs = load_jobs(o, cluster, launch.world_size);
-  exec::World world = exec::start_world(launch, o.backend);
+  exec::World world = exec::start_world(launch, o.backend, o.timeout_s);
   const std::string mpi_wait = exec::apply_mpi_wait(world, o.mpi_wait);
   const CoreShare share =
       core_share(world.exchange->all_gather(cpu_place(world.hostname)), world.exchange->rank(),
                  world.mpi ? exec::mpi_ranks_on_node() : 1, exec::cpus_online(), o.backend == "cpu");
-  for (const Job& j : jobs) exec::check_world_size(world.comm->size(), j.plan, j.source);
+  for (const Job& j : jobs) exec::check_world_size(world.exchange->size(), j.plan, j.source);
 
-  exec::BackendOptions bo;
-  bo.device = launch.local_rank;
-  std::unique_ptr<exec::Backend> backend = exec::make_backend(o.backend, bo);
+  std::unique_ptr<exec::Backend> backend = exec::make_backend(o.backend, exec::backend_options(launch, o.backend));
+  // The device world, as cuboid run makes it: NCCL for cuda (GPU buffers
+  // cannot go to MPI), MPI's world for cpu.
+  {
+    exec::Watchdog setup(launch.rank, o.timeout_s);  // ncclCommInitRank waits for every peer
+    setup.enter("creating the communicators (ncclCommInitRank / MPI_Comm_dup)");
+    exec::attach_device_world(world, *backend);
+    setup.leave();
+  }
   std::unique_ptr<exec::Communicator> comm = std::move(world.comm);
   exec::Watchdog watchdog(*comm, o.timeout_s);
   const int rank = comm->rank();
@@ -308,7 +295,8 @@ int run_calibrate(const CalibrateOptions& o) {
     comm = std::move(groups.world);
   }
 
-  const std::vector<std::string> all = gather_to_root(*comm, to_json(mine).dump());
+  // Over the host exchange (MPI or the TCP store): the device world may be NCCL's.
+  const std::vector<std::string> all = world.exchange->gather(to_json(mine).dump(), 0);
   if (rank != 0) return 0;
   std::vector<RankResults> ranks;
   nlohmann::json raw = nlohmann::json::array();

@@ -72,6 +72,7 @@ struct RankVariables {
   const char* rank;
   const char* world_size;
   const char* local_rank;
+  const char* local_size;
 };
 
 // torchrun and Slurm: rank / size / local rank from the launcher's variables,
@@ -82,6 +83,8 @@ LaunchInfo from_variables(const EnvLookup& env, Launcher launcher, const RankVar
   info.world_size = std::max(1, env_int(env, vars.world_size, 1));
   info.rank = std::max(0, env_int(env, vars.rank, 0));
   info.local_rank = std::max(0, env_int(env, vars.local_rank, 0));
+  if (env(vars.local_rank)) info.local_rank_var = vars.local_rank;
+  info.local_size = std::max(0, env_int(env, vars.local_size, 0));
   info.master_addr = env("MASTER_ADDR").value_or("");
   info.master_port = std::max(0, env_int(env, "MASTER_PORT", 1));
   // torchrun's agent serves its own store on MASTER_PORT (static rendezvous,
@@ -108,7 +111,6 @@ LaunchInfo detect_launch(const EnvLookup& env) {
     if (int n = env_int(env, "OMPI_COMM_WORLD_SIZE", 1); n > 0) {
       info.world_size = n;
       info.rank = std::max(0, env_int(env, "OMPI_COMM_WORLD_RANK", 0));
-      info.local_rank = std::max(0, env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0));
     } else if (int m = env_int(env, "PMI_SIZE", 1); m > 0) {
       info.world_size = m;
       info.rank = std::max(0, env_int(env, "PMI_RANK", 0));
@@ -116,17 +118,51 @@ LaunchInfo detect_launch(const EnvLookup& env) {
       info.world_size = std::max(1, env_int(env, "SLURM_NTASKS", 1));
       info.rank = std::max(0, env_int(env, "PMIX_RANK", 0));
     }
-    // srun's PMI / PMIx say nothing of the node-local rank; Slurm does.
-    if (!env("OMPI_COMM_WORLD_LOCAL_RANK")) info.local_rank = std::max(0, env_int(env, "SLURM_LOCALID", 0));
+    // The node-local rank: the MPI launcher's own variable first (mpirun run
+    // inside a Slurm allocation inherits the batch step's SLURM_LOCALID),
+    // Slurm's for srun --mpi (PMI / PMIx say nothing of it).
+    for (const auto& [rank_var, size_var] :
+         {std::pair{"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+          std::pair{"MPI_LOCALRANKID", "MPI_LOCALNRANKS"}, std::pair{"SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}}) {
+      if (!env(rank_var)) continue;
+      info.local_rank = std::max(0, env_int(env, rank_var, 0));
+      info.local_size = std::max(0, env_int(env, size_var, 0));
+      info.local_rank_var = rank_var;
+      break;
+    }
     return info;
   }
   if (env("WORLD_SIZE") || env("RANK"))
-    return from_variables(env, Launcher::torchrun, {"RANK", "WORLD_SIZE", "LOCAL_RANK"});
+    return from_variables(env, Launcher::torchrun, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"});
   // Slurm has no rendezvous address of its own: the job script exports rank 0's
   // host as MASTER_ADDR / MASTER_PORT, read as for torchrun.
   if (env("SLURM_PROCID") || env("SLURM_NTASKS"))
-    return from_variables(env, Launcher::slurm, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"});
+    return from_variables(env, Launcher::slurm, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"});
   return info;
+}
+
+int choose_cuda_device(const LaunchInfo& launch, int visible, const std::optional<std::string>& cuda_visible_devices) {
+  const std::string shown = cuda_visible_devices ? "CUDA_VISIBLE_DEVICES=" + *cuda_visible_devices
+                                                 : std::string("CUDA_VISIBLE_DEVICES unset");
+  if (visible <= 0)
+    throw InputError("environment", "CUDA_VISIBLE_DEVICES", "this rank sees no NVIDIA GPU (" + shown + ")",
+                     "run on a GPU node, and check that the launcher does not hide every GPU from the ranks");
+  if (visible == 1) return 0;  // each rank given its own GPU
+  const int ranks_here = std::max(launch.local_size, launch.local_rank + 1);
+  if (visible >= ranks_here) return launch.local_rank;
+  const std::string from = launch.local_rank_var.empty() ? "" : " (" + launch.local_rank_var + ")";
+  throw InputError("environment", "CUDA_VISIBLE_DEVICES",
+                   "local rank " + std::to_string(launch.local_rank) + from + " of " + std::to_string(ranks_here) +
+                       " ranks on this node, but the rank sees " + std::to_string(visible) + " GPUs (" + shown +
+                       "): ranks would share GPUs",
+                   "start one rank per visible GPU, or give each rank its own GPU (srun --gpus-per-task=1)");
+}
+
+BackendOptions backend_options(const LaunchInfo& launch, std::string_view backend) {
+  BackendOptions bo;
+  if (backend == "cuda")
+    bo.device = choose_cuda_device(launch, visible_cuda_devices(), process_environment()("CUDA_VISIBLE_DEVICES"));
+  return bo;
 }
 
 void check_world_size(int world_size, const ParallelPlan& plan, const std::string& plan_source) {
@@ -269,17 +305,6 @@ World start_world(const LaunchInfo& launch, std::string_view backend, double tim
   o.rank_var = rank_var;
   o.size_var = size_var;
   w.exchange = std::make_unique<TcpStore>(o);
-  return w;
-}
-
-World start_world(const LaunchInfo& launch, std::string_view backend) {
-  if (launch.launcher != Launcher::mpi && launch.world_size > 1)
-    refuse_without_mpi(launch, "this caller's collectives are MPI");
-  World w = start_world(launch, backend, 300.0);
-  if (w.mpi)
-    w.comm = std::make_unique<MpiCommunicator>(MpiCommunicator::world());
-  else
-    w.comm = make_self_communicator();
   return w;
 }
 

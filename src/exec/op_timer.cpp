@@ -87,9 +87,8 @@ extern "C" void on_sigterm(int sig) {
 
 }  // namespace
 
-Watchdog::Watchdog(Communicator& world, double timeout_s)
-    : world_(world), timeout_(static_cast<std::int64_t>(timeout_s * 1e9)) {
-  g_rank.store(world.rank());
+Watchdog::Watchdog(int rank, double timeout_s) : rank_(rank), timeout_(static_cast<std::int64_t>(timeout_s * 1e9)) {
+  g_rank.store(rank);
   g_current_op.store(&op_);
   struct sigaction action {};
   action.sa_handler = on_sigterm;

@@ -9,7 +9,16 @@ namespace cuboid::exec {
 
 #if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
+int cuda_device_count() noexcept;
 #endif
+
+int visible_cuda_devices() noexcept {
+#if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
 
 std::vector<BackendInfo> backend_list() {
   std::vector<BackendInfo> list{

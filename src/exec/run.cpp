@@ -52,7 +52,7 @@ void scale_down(ModelSpec& model, ParallelPlan& plan, const RunOptions& o) {
 }
 
 struct Fault {
-  enum Kind { none, flip_shard, hang, kill, fail } kind = none;
+  enum Kind { none, flip_shard, hang, kill, fail, stall_setup } kind = none;
   int rank = -1;
 };
 
@@ -65,15 +65,18 @@ Fault parse_fault(const std::string& s) {
   }
   const auto colon = s.find(':');
   const std::string what = s.substr(0, colon);
-  if (colon != std::string::npos && (what == "hang" || what == "kill" || what == "throw")) {
-    f.kind = what == "hang" ? Fault::hang : what == "kill" ? Fault::kill : Fault::fail;
+  if (colon != std::string::npos && (what == "hang" || what == "kill" || what == "throw" || what == "stall-setup")) {
+    f.kind = what == "hang"    ? Fault::hang
+             : what == "kill"  ? Fault::kill
+             : what == "throw" ? Fault::fail
+                               : Fault::stall_setup;
     try {
       f.rank = std::stoi(s.substr(colon + 1));
       return f;
     } catch (const std::exception&) {
     }
   }
-  throw InputError(kCl, "--inject-fault", "'" + s + "' is not a fault", "use flip-shard, hang:RANK, kill:RANK or throw:RANK");
+  throw InputError(kCl, "--inject-fault", "'" + s + "' is not a fault", "use flip-shard, hang:RANK, kill:RANK, throw:RANK or stall-setup:RANK");
 }
 
 double median(std::vector<double> v) {
@@ -230,12 +233,21 @@ namespace {
 int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model, const ParallelPlan& plan,
                 const Fault& fault, const LaunchInfo& launch, World& world, const std::string& fingerprint,
                 const std::string& mpi_wait) {
-  BackendOptions bo;
-  bo.device = launch.local_rank;
-  std::unique_ptr<Backend> backend = make_backend(o.backend, bo);
-  attach_device_world(world, *backend);
+  std::unique_ptr<Backend> backend = make_backend(o.backend, backend_options(launch, o.backend));
   const RankMapping mapping(plan, pf.gpus_per_node);
-  ProcessGroups groups = make_process_groups(std::move(world.comm), mapping);
+  ProcessGroups groups;
+  {
+    // ncclCommInitRank and ncclCommSplit wait for every peer: a rank that
+    // never comes would hang them.
+    Watchdog setup(launch.rank, o.timeout_s);
+    if (fault.kind == Fault::stall_setup && launch.rank == fault.rank)
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // never reaches the communicators
+    setup.enter("creating the communicators (ncclCommInitRank / MPI_Comm_dup)");
+    attach_device_world(world, *backend);
+    setup.enter("splitting the TP, PP and DP groups (ncclCommSplit / MPI_Comm_split)");
+    groups = make_process_groups(std::move(world.comm), mapping);
+    setup.leave();
+  }
   const int rank = groups.world->rank();
   Watchdog watchdog(*groups.world, o.timeout_s);
   OpTimer timer(*backend, &watchdog);

@@ -277,3 +277,57 @@ TEST_CASE("under torchrun the store does not collide with torchrun's own store o
   }
   CHECK(bound.find("MASTER_PORT: rank 0 cannot listen on port " + std::to_string(master_port)) != std::string::npos);
 }
+
+TEST_CASE("the node-local rank comes from the launcher that started the process, in a documented order") {
+  // Open MPI's own variable wins over a Slurm allocation's stale SLURM_LOCALID.
+  const LaunchInfo ompi = detect_launch(fake_env({{"OMPI_COMM_WORLD_SIZE", "16"}, {"OMPI_COMM_WORLD_RANK", "9"},
+                                                  {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "8"}, {"SLURM_LOCALID", "0"}}));
+  CHECK(ompi.launcher == Launcher::mpi);
+  CHECK(ompi.local_rank == 1);
+  CHECK(ompi.local_size == 8);
+  CHECK(ompi.local_rank_var == "OMPI_COMM_WORLD_LOCAL_RANK");
+  // MPICH's and Intel MPI's Hydra (mpiexec) set MPI_LOCALRANKID.
+  const LaunchInfo hydra = detect_launch(fake_env(
+      {{"PMI_SIZE", "16"}, {"PMI_RANK", "9"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "8"}}));
+  CHECK(hydra.launcher == Launcher::mpi);
+  CHECK(hydra.rank == 9);
+  CHECK(hydra.local_rank == 1);
+  CHECK(hydra.local_size == 8);
+  // srun --mpi=pmix: Slurm's.
+  const LaunchInfo pmix = detect_launch(fake_env({{"PMIX_RANK", "9"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"}}));
+  CHECK(pmix.local_rank == 1);
+  CHECK(pmix.local_rank_var == "SLURM_LOCALID");
+  // torchrun started by srun (one agent per node): LOCAL_RANK is the
+  // worker's, SLURM_LOCALID the agent's.
+  const LaunchInfo tr = detect_launch(fake_env({{"RANK", "9"}, {"WORLD_SIZE", "16"}, {"LOCAL_RANK", "1"},
+                                                {"LOCAL_WORLD_SIZE", "8"}, {"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "0"},
+                                                {"MASTER_ADDR", "n0"}, {"MASTER_PORT", "29500"}}));
+  CHECK(tr.launcher == Launcher::torchrun);
+  CHECK(tr.local_rank == 1);
+  CHECK(tr.local_size == 8);
+}
+
+TEST_CASE("the CUDA device honours CUDA_VISIBLE_DEVICES and GPUs isolated per rank") {
+  LaunchInfo l;
+  l.local_rank = 3;
+  l.local_size = 8;
+  l.local_rank_var = "LOCAL_RANK";
+  CHECK(choose_cuda_device(l, 8, std::nullopt) == 3);
+  // srun --gpus-per-task=1 (or a wrapper) leaves each rank one GPU: device 0.
+  CHECK(choose_cuda_device(l, 1, std::string("5")) == 0);
+  CHECK_THROWS_WITH_AS(choose_cuda_device(l, 4, std::string("0,1,2,3")),
+                       "environment: CUDA_VISIBLE_DEVICES: local rank 3 (LOCAL_RANK) of 8 ranks on this node, but the "
+                       "rank sees 4 GPUs (CUDA_VISIBLE_DEVICES=0,1,2,3): ranks would share GPUs (fix: start one rank "
+                       "per visible GPU, or give each rank its own GPU (srun --gpus-per-task=1))",
+                       InputError);
+  CHECK_THROWS_WITH_AS(choose_cuda_device(l, 0, std::string("")),
+                       "environment: CUDA_VISIBLE_DEVICES: this rank sees no NVIDIA GPU (CUDA_VISIBLE_DEVICES=) (fix: "
+                       "run on a GPU node, and check that the launcher does not hide every GPU from the ranks)",
+                       InputError);
+  // Without a local size, the rank itself bounds it: rank 5 needs 6 GPUs.
+  l.local_size = 0;
+  l.local_rank = 5;
+  CHECK(choose_cuda_device(l, 8, std::nullopt) == 5);
+  CHECK_THROWS_AS(choose_cuda_device(l, 4, std::nullopt), InputError);
+}

@@ -169,6 +169,18 @@ for name in pp2 t2p2; do
   else fail "throw:1 on $name: rc $rc after ${took}s: $(tail -4 "$TMP/throw.log")"; fi
 done
 
+# A rank that never reaches the communicators' creation: the others' watchdog
+# ends the job instead of waiting in MPI_Comm_dup (ncclCommInitRank on GPUs).
+start=$(date +%s)
+timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/pp2.json" --backend cpu --steps 1 --timeout-s 3 \
+  --inject-fault stall-setup:1 >"$TMP/stall.log" 2>&1
+rc=$?
+took=$(( $(date +%s) - start ))
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -lt 30 ] &&
+    grep -q "rank 0: op 'creating the communicators (ncclCommInitRank / MPI_Comm_dup)' did not finish within --timeout-s 3 s" "$TMP/stall.log"; then
+  pass "a rank that never creates its communicators ends the job (rc $rc, ${took}s)"
+else fail "stall-setup:1: rc $rc after ${took}s: $(tail -4 "$TMP/stall.log")"; fi
+
 # Every rank must run the same plan: a rank given another plan file (or other
 # sizes) would call other collectives and hang the job, so start-up refuses,
 # naming the ranks and their files; nothing is written.

@@ -3,10 +3,17 @@
 #error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
 #endif
 // World bootstrap for `cuboid run`: one process per rank, started like every
-// multi-node GPU job. Under mpirun / srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
-// PMIX_RANK in the environment) the ranks bootstrap with MPI; otherwise the
-// torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or Slurm
-// (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) variables say who we are.
+// multi-node GPU job. Under mpirun / mpiexec / srun (OMPI_COMM_WORLD_SIZE,
+// PMI_SIZE or PMIX_RANK in the environment) the ranks bootstrap with MPI;
+// otherwise the torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+// MASTER_PORT) or Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) variables
+// say who we are. The node-local rank (which GPU) comes from the launcher
+// that started the process, in this order: Open MPI's
+// OMPI_COMM_WORLD_LOCAL_RANK, MPICH's and Intel MPI's MPI_LOCALRANKID, then
+// Slurm's SLURM_LOCALID under an MPI launch (srun --mpi); torchrun's
+// LOCAL_RANK under torchrun (also when torchrun runs inside a Slurm step,
+// whose SLURM_LOCALID is the agent's, not the worker's); SLURM_LOCALID for a
+// plain srun.
 // The plan's process groups (TP, PP, DP) come from RankMapping, the same
 // mapping the planner prices, split out of the world communicator
 // (MPI_Comm_split for the cpu backend, ncclCommSplit for cuda).
@@ -18,6 +25,7 @@
 
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/communicator.hpp"
+#include "cuboid/exec/registry.hpp"
 #include "cuboid/core/plan.hpp"
 
 namespace cuboid::exec {
@@ -30,6 +38,10 @@ struct LaunchInfo {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  // Ranks on this node; 0 when the launcher does not say.
+  int local_size = 0;
+  // The variable local_rank came from ("" when none was set: rank 0 of one).
+  std::string local_rank_var;
   std::string master_addr;  // MASTER_ADDR (torchrun sets it; Slurm jobs export it)
   int master_port = 0;      // MASTER_PORT
   // The port of cuboid's TCP store on rank 0: CUBOID_STORE_PORT, else
@@ -47,6 +59,19 @@ EnvLookup process_environment();
 // is initialised). Throws InputError naming the variable when a value is not
 // a number or out of range.
 LaunchInfo detect_launch(const EnvLookup& env);
+
+// The CUDA device of this rank, from its node-local rank and the devices the
+// process sees (cudaGetDeviceCount, after CUDA_VISIBLE_DEVICES):
+// * one device visible: that one (each rank given its own GPU, as Slurm's
+//   --gpus-per-task or --gpu-bind=single:1, or a wrapper script, does);
+// * at least as many as the node's ranks: device local_rank;
+// * otherwise an InputError naming the counts and CUDA_VISIBLE_DEVICES.
+// `cuda_visible_devices` is the variable's value (for the message).
+int choose_cuda_device(const LaunchInfo& launch, int visible_devices, const std::optional<std::string>& cuda_visible_devices);
+
+// The backend's options for this rank: the CUDA device by choose_cuda_device
+// (cuda), nothing to choose for cpu.
+BackendOptions backend_options(const LaunchInfo& launch, std::string_view backend);
 
 // InputError when the launched world size is not the plan's TP x PP x DP.
 void check_world_size(int world_size, const ParallelPlan& plan, const std::string& plan_source);
@@ -96,12 +121,6 @@ struct World {
 // srun); the cuda backend rendezvous over the TCP store instead, waiting at
 // most `timeout_s` for every rank.
 World start_world(const LaunchInfo& launch, std::string_view backend, double timeout_s);
-
-// For callers that need no device world (cuboid calibrate): start_world with
-// a 300 s timeout, and world.comm set at once to MPI's world
-// (under an MPI launcher) or a one-rank world, whatever the backend. Host
-// memory only: a cuda run needs attach_device_world for NCCL.
-World start_world(const LaunchInfo& launch, std::string_view backend);
 
 // Creates world.comm for `backend`: MPI_COMM_WORLD's duplicate (cpu under
 // MPI), a one-rank world (cpu standalone), or NCCL (cuda: rank 0 makes the

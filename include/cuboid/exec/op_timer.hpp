@@ -49,7 +49,9 @@ OpDesc comm_desc(const char* name, Pass pass, Collective c, Group g, double byte
 // a killed job still says where each survivor was.
 class Watchdog {
  public:
-  Watchdog(Communicator& world, double timeout_s);
+  Watchdog(Communicator& world, double timeout_s) : Watchdog(world.rank(), timeout_s) {}
+  // Before the communicators exist (around their creation): the launcher's rank.
+  Watchdog(int rank, double timeout_s);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -60,7 +62,7 @@ class Watchdog {
  private:
   void loop();
 
-  Communicator& world_;
+  int rank_;
   std::chrono::nanoseconds timeout_;
   std::atomic<const char*> op_{nullptr};
   std::atomic<std::int64_t> since_ns_{0};

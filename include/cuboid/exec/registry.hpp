@@ -21,6 +21,10 @@ struct BackendOptions {
   int threads = 0;
 };
 
+// CUDA devices this process sees (cudaGetDeviceCount after
+// CUDA_VISIBLE_DEVICES); 0 without the cuda backend or a GPU.
+int visible_cuda_devices() noexcept;
+
 struct BackendInfo {
   std::string name;
   std::string description;
