@@ -364,6 +364,8 @@ int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model,
     }
     doc["environment"] = {{"backend", backend->name()},
                           {"compute_dtype", std::string(to_string(backend->compute_dtype()))},
+                          // Accumulated and DP-reduced in fp32 (Megatron's main_grad), whatever compute_dtype.
+                          {"grad_dtype", "f32"},
                           {"device", o.backend == "cpu" ? "cpu (one core per rank)" : "cuda device (LOCAL_RANK)"},
                           {"launcher", std::string(to_string(launch.launcher))},
                           {"mpi_wait", mpi_wait},

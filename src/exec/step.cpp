@@ -18,6 +18,7 @@ namespace cuboid::exec {
 
 namespace {
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
+constexpr double kGradBytes = 4.0;  // fp32 gradients (StepRunner::grads_)
 }  // namespace
 
 struct StepRunner::InFlight {
@@ -114,7 +115,10 @@ void StepRunner::layout_params() {
   const auto dp = sz(plan_.dp);
   padded_count_ = (total + dp - 1) / dp * dp;
   params_ = be_.alloc(padded_count_);
-  grads_ = be_.alloc(padded_count_);
+  // Gradients in fp32 whatever the compute dtype, as Megatron's main_grad:
+  // the wgrad GEMMs and the norm and embedding kernels accumulate into them
+  // (bf16 inputs, fp32 output) and the DP reduction moves 4 bytes each.
+  grads_ = be_.alloc(padded_count_, DType::f32);
   be_.fill(params_, 0.0f);
   be_.fill(grads_, 0.0f);
 
@@ -169,7 +173,7 @@ void StepRunner::layout_params() {
   be_.fill(adam_m_, 0.0f);
   be_.fill(adam_v_, 0.0f);
   if (plan_.zero_stage >= 1) {
-    grad_shard_ = be_.alloc(owned);
+    grad_shard_ = be_.alloc(owned, DType::f32);
     param_shard_ = be_.alloc(owned);
     // Master shard = this rank's blocks of the (identical) initial weights.
     const std::size_t bucket = sz(options_.dp_bucket_elements) / dp * dp;
@@ -406,9 +410,9 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
     const std::vector<DeviceSpan> spans = norm_spans(true);
     std::size_t total = 0;
     for (const DeviceSpan& s : spans) total += s.size();
-    if (norm_grads_.size() < total) norm_grads_ = be_.alloc(total);
+    if (norm_grads_.size() < total) norm_grads_ = be_.alloc(total, DType::f32);
     timer_.run(comm_desc(op::tp_ar_norm_grads, bw, Collective::all_reduce, Group::tp,
-                         static_cast<double>(total) * esz, plan_.tp),
+                         static_cast<double>(total) * kGradBytes, plan_.tp),
                [&] {
                  std::size_t at = 0;
                  for (const DeviceSpan& s : spans) {
@@ -424,7 +428,7 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
                });
   }
   // Mean over micro-batches (each loss is already a mean over its tokens) and DP replicas.
-  timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(padded_count_) * esz),
+  timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(padded_count_) * kGradBytes),
              [&] { be_.scale(grads_, 1.0f / static_cast<float>(micro_batches_ * plan_.dp)); });
   AdamConfig adam;
   const std::size_t bucket = std::max<std::size_t>(dp, sz(options_.dp_bucket_elements) / dp * dp);
@@ -437,7 +441,7 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
                              plan_.dp),
                    [&] { groups_.dp->all_reduce_sum(part, len); });
       }
-    timer_.run(mem_desc(op::adam, bw, static_cast<double>(padded_count_) * (4.0 * 4 * 2 + esz)),
+    timer_.run(mem_desc(op::adam, bw, static_cast<double>(padded_count_) * (4.0 * 4 * 2 + kGradBytes)),
                [&] { be_.adam_step(master_, grads_, adam_m_, adam_v_, adam, step + 1); });
     if (master_.native() != params_.native())
       timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(padded_count_) * (4.0 + esz)),
@@ -449,10 +453,10 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
   for (std::size_t start = 0; start < padded_count_; start += bucket) {
     const std::size_t len = std::min(bucket, padded_count_ - start), block = len / dp;
     timer_.run(comm_desc(op::dp_rs_grads, bw, Collective::reduce_scatter, Group::dp,
-                         static_cast<double>(len) * esz, plan_.dp),
+                         static_cast<double>(len) * kGradBytes, plan_.dp),
                [&] { groups_.dp->reduce_scatter_sum(grads_.subspan(start, len), grad_shard_.subspan(start / dp, block), block); });
   }
-  timer_.run(mem_desc(op::adam, bw, static_cast<double>(padded_count_ / dp) * (4.0 * 4 * 2 + esz)),
+  timer_.run(mem_desc(op::adam, bw, static_cast<double>(padded_count_ / dp) * (4.0 * 4 * 2 + kGradBytes)),
              [&] { be_.adam_step(master_, grad_shard_, adam_m_, adam_v_, adam, step + 1); });
   timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(padded_count_ / dp) * (4.0 + esz)),
              [&] { be_.copy(master_, param_shard_); });

@@ -42,6 +42,11 @@ for r in d["ranks"]:
         if o["kind"] in ("collective", "p2p"):
             assert o["group"] in ("tp", "pp", "dp") and o["bytes_per_call"] >= 0
     assert r["achieved_tflops"] > 0
+    # DP gradients travel as fp32 (4 bytes per parameter of the bucket).
+    for o in r["ops"]:
+        if o["name"] in ("dp_ar_grads", "dp_rs_grads"):
+            assert d["environment"]["grad_dtype"] == "f32"
+            assert o["bytes_per_call"] % 4 == 0 and o["bytes_per_call"] > 0, o
 PY
 }
 
