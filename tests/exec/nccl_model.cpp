@@ -110,26 +110,13 @@ class ModelCommunicator final : public Communicator {
  private:
   static Fabric::Op p2p(Fabric::Kind kind, const void* src, void* dst, std::size_t count, DType dtype, int peer,
                         int tag) {
-    Fabric::Op op;
-    op.kind = kind;
-    op.src = src;
-    op.dst = dst;
-    op.count = count;
-    op.dtype = dtype;
-    op.peer = peer;
-    op.tag = tag;
-    return op;
+    return Fabric::Op{.kind = kind, .peer = peer, .src = src, .dst = dst, .count = count, .dtype = dtype, .tag = tag};
   }
   void collective(Fabric::Kind kind, const void* src, void* dst, std::size_t count, DType dtype, int root,
                   const char* what) {
-    Fabric::Op op;
-    op.kind = kind;
-    op.src = src;
-    op.dst = dst;
-    op.count = count;
-    op.dtype = dtype;
-    op.root = root;
-    fabric_->launch(comm_, member_, {op}, what);
+    fabric_->launch(comm_, member_,
+                    {Fabric::Op{.kind = kind, .src = src, .dst = dst, .count = count, .dtype = dtype, .root = root}},
+                    what);
   }
 
   std::shared_ptr<Fabric> fabric_;
