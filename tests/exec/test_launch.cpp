@@ -4,9 +4,11 @@
 #include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <optional>
@@ -18,6 +20,7 @@
 #include "cuboid/core/error.hpp"
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/launch.hpp"
+#include "cuboid/exec/op_timer.hpp"
 #include "cuboid/exec/tcp_store.hpp"
 
 using namespace cuboid;
@@ -330,4 +333,73 @@ TEST_CASE("the CUDA device honours CUDA_VISIBLE_DEVICES and GPUs isolated per ra
   l.local_rank = 5;
   CHECK(choose_cuda_device(l, 8, std::nullopt) == 5);
   CHECK_THROWS_AS(choose_cuda_device(l, 4, std::nullopt), InputError);
+}
+
+TEST_CASE("the documented Slurm batch line: SLURM_PROCID / SLURM_NTASKS with MASTER_ADDR / MASTER_PORT meet") {
+  const int master_port = free_port();
+  const auto errors = on_ranks(2, [&](int r) {
+    const LaunchInfo l = detect_launch(fake_env({{"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "2"},
+                                                 {"SLURM_LOCALID", std::to_string(r)}, {"SLURM_NTASKS_PER_NODE", "2"},
+                                                 {"MASTER_ADDR", "127.0.0.1"},
+                                                 {"MASTER_PORT", std::to_string(master_port)}}));
+    CHECK(l.launcher == Launcher::slurm);
+    World w = start_world(l, "cuda", 20.0);
+    (void)w.exchange->all_gather("rank " + std::to_string(r));
+  });
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+}
+
+namespace {
+// A communicator whose library reports an asynchronous error, as NCCL's
+// ncclCommGetAsyncError does after a peer died.
+class FailedCommunicator final : public Communicator {
+ public:
+  std::string_view kind() const noexcept override { return "failing"; }
+  int rank() const noexcept override { return 0; }
+  int size() const noexcept override { return 2; }
+  void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int) override { return nullptr; }
+  std::optional<std::string> async_error() override { return std::string("remote process exited"); }
+  void abort_local() noexcept override { std::fprintf(stderr, "aborted locally\n"); }
+
+ protected:
+  void all_reduce_sum_impl(DeviceSpan, std::size_t) override {}
+  void reduce_scatter_sum_impl(ConstDeviceSpan, DeviceSpan, std::size_t) override {}
+  void all_gather_impl(ConstDeviceSpan, DeviceSpan, std::size_t) override {}
+  void broadcast_impl(DeviceSpan, std::size_t, int) override {}
+  void send_impl(ConstDeviceSpan, std::size_t, int, int) override {}
+  void recv_impl(DeviceSpan, std::size_t, int, int) override {}
+  void send_recv_impl(ConstDeviceSpan, std::size_t, int, DeviceSpan, std::size_t, int, int) override {}
+  void exchange_impl(std::span<const P2pOp>) override {}
+};
+}  // namespace
+
+TEST_CASE("the watchdog ends the job on a communicator's asynchronous error, aborting every communicator") {
+  // In a child process: ending the job exits it.
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::dup2(pipe_fds[1], 2);
+    FailedCommunicator failing;
+    Watchdog watchdog(0, 600.0);
+    watchdog.enter("dp_ar_grads");
+    std::this_thread::sleep_for(10s);  // the watchdog must end the process long before
+    std::_Exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string err;
+  char buf[512];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0;) err.append(buf, static_cast<std::size_t>(n));
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  CAPTURE(err);
+  CHECK(err.find(": failing communicator of 2 ranks (this rank 0): remote process exited while in op 'dp_ar_grads'; "
+                 "ending the job") != std::string::npos);
+  CHECK(err.find("aborted locally") != std::string::npos);
 }

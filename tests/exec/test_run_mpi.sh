@@ -84,6 +84,15 @@ run_ok tp2 2
 run_ok tp2nosp 2
 run_ok pp2 2
 run_ok pp2gpipe 2
+# Megatron's batches: after each schedule step, its send with the next step's
+# receive, timed as one op; no send waits for a later receive.
+python3 - "$TMP/pp2.m.json" <<'PY' && pass "pp2: pipeline exchanges batched per schedule step" || fail "pp2: pipeline op names"
+import json, sys
+d = json.load(open(sys.argv[1]))
+names = {r["coord"]["pp"]: {o["name"] for o in r["ops"] if o["name"].startswith("pp_")} for r in d["ranks"]}
+assert "pp_send_fwd_recv_bwd" in names[0] and "pp_send_bwd_recv_fwd" in names[1], names
+assert not any("wait" in n for s in names.values() for n in s), names
+PY
 run_ok dp2 2
 run_ok dp2zero1 2
 run_ok t2p2 4 --layers 2 --seq-length 64
