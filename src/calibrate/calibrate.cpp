@@ -1,7 +1,6 @@
 // cuboid calibrate: the sweeps on every rank, the fits and the card on rank 0.
 #include "cuboid/calibrate/calibrate.hpp"
 
-#include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
@@ -226,14 +225,11 @@ int run_calibrate(const CalibrateOptions& o) {
   std::unique_ptr<exec::Backend> backend = exec::make_backend(o.backend, exec::backend_options(launch, o.backend));
   // The device world, as cuboid run makes it: NCCL for cuda (GPU buffers
   // cannot go to MPI), MPI's world for cpu.
-  {
-    exec::Watchdog setup(launch.rank, o.timeout_s);  // ncclCommInitRank waits for every peer
-    setup.enter("creating the communicators (ncclCommInitRank / MPI_Comm_dup)");
-    exec::attach_device_world(world, *backend);
-    setup.leave();
-  }
+  exec::Watchdog watchdog(launch.rank, o.timeout_s);  // also over ncclCommInitRank, which waits for every peer
+  watchdog.enter("creating the communicators (ncclCommInitRank / MPI_Comm_dup)");
+  exec::attach_device_world(world, *backend);
+  watchdog.leave();
   std::unique_ptr<exec::Communicator> comm = std::move(world.comm);
-  exec::Watchdog watchdog(*comm, o.timeout_s);
   const int rank = comm->rank();
   const auto t0 = std::chrono::steady_clock::now();
 

@@ -235,21 +235,18 @@ int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model,
                 const std::string& mpi_wait) {
   std::unique_ptr<Backend> backend = make_backend(o.backend, backend_options(launch, o.backend));
   const RankMapping mapping(plan, pf.gpus_per_node);
-  ProcessGroups groups;
-  {
-    // ncclCommInitRank and ncclCommSplit wait for every peer: a rank that
-    // never comes would hang them.
-    Watchdog setup(launch.rank, o.timeout_s);
-    if (fault.kind == Fault::stall_setup && launch.rank == fault.rank)
-      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // never reaches the communicators
-    setup.enter("creating the communicators (ncclCommInitRank / MPI_Comm_dup)");
-    attach_device_world(world, *backend);
-    setup.enter("splitting the TP, PP and DP groups (ncclCommSplit / MPI_Comm_split)");
-    groups = make_process_groups(std::move(world.comm), mapping);
-    setup.leave();
-  }
+  // The watchdog from before the communicators exist: ncclCommInitRank and
+  // ncclCommSplit wait for every peer, and a rank that never comes would
+  // hang them.
+  Watchdog watchdog(launch.rank, o.timeout_s);
+  if (fault.kind == Fault::stall_setup && launch.rank == fault.rank)
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // never reaches the communicators
+  watchdog.enter("creating the communicators (ncclCommInitRank / MPI_Comm_dup)");
+  attach_device_world(world, *backend);
+  watchdog.enter("splitting the TP, PP and DP groups (ncclCommSplit / MPI_Comm_split)");
+  ProcessGroups groups = make_process_groups(std::move(world.comm), mapping);
+  watchdog.leave();
   const int rank = groups.world->rank();
-  Watchdog watchdog(*groups.world, o.timeout_s);
   OpTimer timer(*backend, &watchdog);
 
   int exit_code = 0;

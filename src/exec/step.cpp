@@ -3,7 +3,6 @@
 #include "cuboid/exec/step.hpp"
 
 #include <algorithm>
-#include <deque>
 #include <cmath>
 #include <limits>
 #include <span>

@@ -49,8 +49,8 @@ OpDesc comm_desc(const char* name, Pass pass, Collective c, Group g, double byte
 // a killed job still says where each survivor was.
 class Watchdog {
  public:
-  Watchdog(Communicator& world, double timeout_s) : Watchdog(world.rank(), timeout_s) {}
-  // Before the communicators exist (around their creation): the launcher's rank.
+  // `rank`: the launcher's, so that the watchdog can exist before the
+  // communicators and watch their creation.
   Watchdog(int rank, double timeout_s);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
