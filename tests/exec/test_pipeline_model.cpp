@@ -4,6 +4,7 @@
 // and with every p2p matched to the tensor it was meant for.
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -59,24 +60,17 @@ ParallelPlan plan_of(Schedule schedule, int pp, int v, int micro_batches, int dp
   return p;
 }
 
-// Runs `steps` iterations of the plan, one thread per rank; returns the
-// model's report ("" when every rank finished).
-std::string run_on_model(const ModelSpec& model, const ParallelPlan& plan, int steps) {
-  const int world = plan.world_size();
+// Runs body(the rank's world communicator, rank) on one thread per rank of a new model;
+// returns the model's report, else the first rank's error ("" when every
+// rank finished).
+std::string on_model(int world, const std::function<void(std::unique_ptr<Communicator>, int)>& body) {
   auto fabric = model::Fabric::make(world);
-  const RankMapping mapping(plan, 8);
   std::vector<std::string> errors(static_cast<std::size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
-        BackendOptions bo;
-        bo.threads = 1;
-        std::unique_ptr<Backend> backend = make_backend("cpu", bo);
-        ProcessGroups groups = make_process_groups(fabric->world(r), mapping);
-        OpTimer timer(*backend, nullptr);
-        StepRunner runner(*backend, groups, model, plan, timer);
-        for (int s = 0; s < steps; ++s) runner.step(s, false);
+        body(fabric->world(r), r);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
       }
@@ -87,6 +81,20 @@ std::string run_on_model(const ModelSpec& model, const ParallelPlan& plan, int s
   for (int r = 0; r < world; ++r)
     if (!errors[static_cast<std::size_t>(r)].empty()) return fmt::format("rank {}: {}", r, errors[static_cast<std::size_t>(r)]);
   return "";
+}
+
+// Runs `steps` iterations of the plan, one thread per rank.
+std::string run_on_model(const ModelSpec& model, const ParallelPlan& plan, int steps) {
+  const RankMapping mapping(plan, 8);
+  return on_model(plan.world_size(), [&](std::unique_ptr<Communicator> world, int) {
+    BackendOptions bo;
+    bo.threads = 1;
+    std::unique_ptr<Backend> backend = make_backend("cpu", bo);
+    ProcessGroups groups = make_process_groups(std::move(world), mapping);
+    OpTimer timer(*backend, nullptr);
+    StepRunner runner(*backend, groups, model, plan, timer);
+    for (int s = 0; s < steps; ++s) runner.step(s, false);
+  });
 }
 
 std::string name_of(Schedule s) { return std::string(to_string(s)); }
@@ -164,22 +172,10 @@ void replay_held_sends(Communicator& pp, const StageOrder& order, int stage, int
 }
 
 std::string replay_held_sends(Schedule s, int pp, int m, int v) {
-  auto fabric = model::Fabric::make(pp);
   const std::vector<StageOrder> orders = pipeline_order(s, pp, m, v);
-  std::vector<std::string> errors(static_cast<std::size_t>(pp));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < pp; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        std::unique_ptr<Communicator> world = fabric->world(r);
-        replay_held_sends(*world, orders[static_cast<std::size_t>(r)], r, pp, v);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-      fabric->retire(r);
-    });
-  for (std::thread& t : threads) t.join();
-  return fabric->failure();
+  return on_model(pp, [&](std::unique_ptr<Communicator> world, int r) {
+    replay_held_sends(*world, orders[static_cast<std::size_t>(r)], r, pp, v);
+  });
 }
 
 }  // namespace
@@ -201,39 +197,17 @@ TEST_CASE("the model finds the interleaved deadlock of held sends") {
 }
 
 TEST_CASE("the model reports collectives out of order and p2p pairs that do not match") {
-  auto fabric = model::Fabric::make(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        std::unique_ptr<Communicator> world = fabric->world(r);
-        std::vector<float> x(4, 1.0f), y(8, 0.0f);
-        if (r == 0)
-          world->all_reduce_sum(DeviceSpan(x.data(), 4, DType::f32), 4);
-        else
-          world->all_gather(ConstDeviceSpan(x.data(), 4, DType::f32), DeviceSpan(y.data(), 8, DType::f32), 4);
-      } catch (const std::exception&) {
-      }
-      fabric->retire(r);
-    });
-  for (std::thread& t : threads) t.join();
-  CHECK(fabric->failure().rfind("collectives out of order on one communicator: all_reduce", 0) == 0);
-
-  auto f2 = model::Fabric::make(2);
-  threads.clear();
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        std::unique_ptr<Communicator> world = f2->world(r);
-        std::vector<float> x(4, 1.0f);
-        const std::vector<P2pOp> ops = {r == 0 ? P2pOp::send(ConstDeviceSpan(x.data(), 4, DType::f32), 4, 1, 7)
-                                               : P2pOp::recv(DeviceSpan(x.data(), 4, DType::f32), 4, 0, 8)};
-        world->exchange(ops);
-      } catch (const std::exception&) {
-      }
-      f2->retire(r);
-    });
-  for (std::thread& t : threads) t.join();
-  CHECK(f2->failure().find("the two ranks' orders differ (NCCL would silently deliver the wrong tensor)") !=
-        std::string::npos);
+  CHECK(on_model(2, [](std::unique_ptr<Communicator> world, int r) {
+          std::vector<float> x(4, 1.0f), y(8, 0.0f);
+          if (r == 0)
+            world->all_reduce_sum(DeviceSpan(x.data(), 4, DType::f32), 4);
+          else
+            world->all_gather(ConstDeviceSpan(x.data(), 4, DType::f32), DeviceSpan(y.data(), 8, DType::f32), 4);
+        }).rfind("collectives out of order on one communicator: all_reduce", 0) == 0);
+  CHECK(on_model(2, [](std::unique_ptr<Communicator> world, int r) {
+          std::vector<float> x(4, 1.0f);
+          const std::vector<P2pOp> ops = {r == 0 ? P2pOp::send(ConstDeviceSpan(x.data(), 4, DType::f32), 4, 1, 7)
+                                                 : P2pOp::recv(DeviceSpan(x.data(), 4, DType::f32), 4, 0, 8)};
+          world->exchange(ops);
+        }).find("the two ranks' orders differ (NCCL would silently deliver the wrong tensor)") != std::string::npos);
 }
