@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuboid/io/export.hpp"
+#include "cuboid/io/export_order.hpp"
 #include "cuboid/io/planfile.hpp"
 
 namespace cuboid::cli {
@@ -21,12 +22,13 @@ struct ExportFlags {
 void run_export(const ExportFlags& f) {
   if (!f.out_path.empty()) check_output_path(f.out_path, "--out");
   const PlanFile pf = read_plan_file(f.plan_path);
-  const std::string text = export_plan(pf, f.target);
+  const ExportResult r = export_in_expressible_order(pf, f.target);
+  if (!r.note.empty()) std::cerr << "cuboid export: " << r.note << "\n";
   if (f.out_path.empty()) {
-    std::cout << text;
+    std::cout << r.text;
     return;
   }
-  write_file_atomically(f.out_path, text);
+  write_file_atomically(f.out_path, r.text);
 }
 
 }  // namespace

@@ -191,18 +191,24 @@ std::string explain(const Loaded& l, const PlannerOptions& o, const SearchResult
       return;
     }
     const double slower = 100.0 * (e->iteration_time_s / best.iteration_time_s - 1.0);
+    const std::string order = dim == "rank order" ? value : e->plan.order.str();  // a tied order shares its row
     out += fmt::format("  {:<18} {:<9} {:>9.3f} s {} {:>+7.1f}%   TP {} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}, {}\n", dim,
                        value, e->iteration_time_s, e->simulated ? "sim" : "est", slower, e->plan.tp, e->plan.pp, e->plan.dp, e->plan.micro_batch,
                        e->plan.virtual_stages, e->plan.zero_stage, to_string(e->plan.recompute),
-                       e->plan.sequence_parallel ? "on" : "off", e->plan.order.str(), format_bytes_GiB(e->memory.total_bytes));
+                       e->plan.sequence_parallel ? "on" : "off", order, format_bytes_GiB(e->memory.total_bytes));
   };
   for (const Dimension& d : dims) {
     std::vector<std::pair<std::string, const Estimate*>> seen;
+    const bool orders = std::string(d.name) == "rank order";
     for (const Estimate& e : r.fitting) {
-      const std::string v = d.value(e.plan);
-      bool known = false;
-      for (const auto& s : seen) known = known || s.first == v;
-      if (!known) seen.emplace_back(v, &e);
+      std::vector<std::string> values{d.value(e.plan)};
+      if (orders)  // a row folds the orders that tied with it
+        for (const RankOrder& o : e.tied_orders) values.push_back(o.str());
+      for (const std::string& v : values) {
+        bool known = false;
+        for (const auto& s : seen) known = known || s.first == v;
+        if (!known) seen.emplace_back(v, &e);
+      }
     }
     std::sort(seen.begin(), seen.end(), [](const auto& a, const auto& b) {
       const bool an = !a.first.empty() && std::isdigit(static_cast<unsigned char>(a.first[0]));
@@ -243,12 +249,14 @@ void write_outputs(const Loaded& l, const SearchResult& r, const PlanFlags& f) {
     throw InputError("command line", f.out_path ? "--out" : "--svg", "no plan fits in memory, so nothing was written",
                      "see what would make a plan fit above");
   if (f.out_path) {
-    write_file_atomically(*f.out_path, plan_to_json(l.model, l.cluster, r.fitting.front()).dump(2) + "\n");
+    Estimate best = r.fitting.front();
+    attach_other_orders(best, r);
+    write_file_atomically(*f.out_path, plan_to_json(l.model, l.cluster, best).dump(2) + "\n");
     spdlog::info("wrote {}", *f.out_path);
   }
   if (f.svg_path) {
     const std::string title = fmt::format("{} on {} ({} GPUs): step time vs memory of {} plans that fit", l.model.name,
-                                          l.cluster.name, l.cluster.total_gpus(), r.fitting.size());
+                                          l.cluster.name, l.cluster.total_gpus(), r.fitting_plans);
     write_file_atomically(*f.svg_path, pareto_svg(r.fitting, r.fitting.front(), title));
     spdlog::info("wrote {}", *f.svg_path);
   }
@@ -330,7 +338,7 @@ void run_plan(const PlanFlags& f) {
   o.progress = {};
   for (auto* rows : {&r.fitting, &r.not_fitting})
     for (Estimate& e : *rows) attach_interval(e, l.cluster);
-  spdlog::info("scored {} candidates ({} fit in memory), skipped {}", r.candidates, r.fitting.size(), r.skipped);
+  spdlog::info("scored {} candidates ({} fit in memory), skipped {}", r.candidates, r.fitting_plans, r.skipped);
   for (const auto& [reason, count] : r.skip_reasons) spdlog::info("  skipped {} x: {}", count, reason);
   if (f.json) {
     std::cout << search_to_json(l.model, l.cluster, r, f.top).dump(2) << "\n";
@@ -340,7 +348,7 @@ void run_plan(const PlanFlags& f) {
   std::cout << header(l, r, f);
   std::cout << fmt::format("search  {} valid plans scored analytically (est), {} fit in memory, the best {} re-ranked by "
                            "discrete-event simulation (sim)\n\n",
-                           r.candidates, r.fitting.size(), r.simulated);
+                           r.candidates, r.fitting_plans, r.simulated);
   if (simulation_skipped)
     std::cout << fmt::format("        (no simulation above {} GPUs by default: it would take minutes; --simulate-top K forces it)\n\n",
                              kMaxAutoSimulatedGpus);

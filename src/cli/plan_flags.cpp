@@ -29,7 +29,7 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   if (with_plan_file)
     cmd->add_option("--plan", f.plan_path, "a plan file written by `cuboid plan --out` (instead of --model and the dimensions)");
   cmd->add_option("--nodes", f.nodes, "use N nodes of the cluster card (default: the card's node count)");
-  cmd->add_option("--global-batch", f.global_batch, "sequences per iteration (default: ~4M tokens, divisible by every DP size)");
+  cmd->add_option("--global-batch", f.global_batch, "sequences per iteration (default: ~4M tokens, at most 16 sequences per GPU, divisible by every DP size)");
   cmd->add_option("--seq-length", f.seq_length, "tokens per sequence (default: the model card's seq_length)");
   const char* fix = search ? "fix it (default: searched)" : "set it";
   cmd->add_option("--tp", f.tp, fmt::format("tensor-parallel size; {}", fix));

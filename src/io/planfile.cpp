@@ -122,6 +122,13 @@ nlohmann::json prediction_to_json(const Estimate& e) {
         {"optimizer_s", b.optimizer_s}}},
   };
   if (e.interval) out["interval"] = interval_to_json(*e.interval);
+  if (!e.other_orders.empty()) {
+    out["other_rank_orders"] = nlohmann::json::array();
+    for (const Estimate::OtherOrder& o : e.other_orders)
+      out["other_rank_orders"].push_back({{"rank_order", o.order.str()},
+                                          {"iteration_time_s", o.iteration_time_s},
+                                          {"score", o.simulated ? "simulated" : "analytical"}});
+  }
   return out;
 }
 
@@ -260,6 +267,29 @@ void check_rank_mapping(const nlohmann::json& j, const ParallelPlan& p, int gpus
   }
 }
 
+}  // namespace
+
+std::vector<Estimate::OtherOrder> other_rank_orders(const nlohmann::json& prediction, const std::string& source) {
+  std::vector<Estimate::OtherOrder> out;
+  if (!prediction.is_object() || !prediction.contains("other_rank_orders")) return out;
+  const std::string key = "prediction.other_rank_orders";
+  const nlohmann::json& a = prediction.at("other_rank_orders");
+  if (!a.is_array()) throw InputError(source, key, "expected an array", kRegenerate);
+  for (const nlohmann::json& item : a) {
+    if (!item.is_object()) throw InputError(source, key, "expected objects {rank_order, iteration_time_s, score}", kRegenerate);
+    JsonReader r(item, source, key);
+    Estimate::OtherOrder o;
+    o.order = RankOrder::parse(r.string("rank_order"), source, key + ".rank_order");
+    o.iteration_time_s = r.positive_number("iteration_time_s");
+    o.simulated = r.choice("score", {"analytical", "simulated"}) == "simulated";
+    r.reject_unknown();
+    out.push_back(o);
+  }
+  return out;
+}
+
+namespace {
+
 void check_prediction(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) throw InputError(source, "prediction", "expected an object", kRegenerate);
   JsonReader r(j, source, "prediction");
@@ -286,7 +316,8 @@ void check_prediction(const nlohmann::json& j, const std::string& source) {
     in.string("basis");
     in.reject_unknown();
   }
-  r.reject_unknown();
+  (void)other_rank_orders(j, source);
+  r.reject_unknown({"other_rank_orders"});
 }
 
 }  // namespace

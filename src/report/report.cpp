@@ -61,6 +61,11 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   j["flash_attention"] = p.flash_attention;
   j["grad_accum_fusion"] = p.grad_accum_fusion;
   j["rank_order"] = p.order.str();
+  // Only where another order tied: other plans' JSON stays as it was.
+  if (!e.tied_orders.empty()) {
+    j["tied_rank_orders"] = nlohmann::json::array();
+    for (const RankOrder& o : e.tied_orders) j["tied_rank_orders"].push_back(o.str());
+  }
   j["trainer"] = p.trainer.preset;
   j["dp_overlap"] = p.trainer.dp_overlap;
   j["dp_grad_bytes"] = p.trainer.dp_grad_bytes;
@@ -106,7 +111,7 @@ nlohmann::json search_to_json(const ModelSpec& m, const Cluster& c, const Search
   j["global_batch"] = r.global_batch;
   j["seq_length"] = r.seq_length;
   j["candidates_scored"] = r.candidates;
-  j["candidates_fitting"] = r.fitting.size();
+  j["candidates_fitting"] = r.fitting_plans;
   j["candidates"] = nlohmann::json::array();
   for (std::size_t i = 0; i < r.fitting.size() && i < static_cast<std::size_t>(top_k); ++i)
     j["candidates"].push_back(estimate_to_json(r.fitting[i]));
@@ -126,21 +131,30 @@ std::string format_interval(const Estimate& e) {
 
 std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top_k) {
   const bool likely = !rows.empty() && rows.front().interval.has_value();
-  std::string out = fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>8} {:>9} {}{:>5} {:>10} {:>9} {:>5} {:>10} {:>9}\n",
+  std::string out = fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9} {}{:>5} {:>10} {:>9} {:>5} {:>10} {:>9}\n",
                                 "#", "TP", "PP", "DP", "mb", "v", "ZeRO", "recompute", "SP", "order", "step(s)",
                                 likely ? fmt::format("{:>13} ", "likely(s)") : std::string(), "score",
                                 "tokens/s", "TFLOP/s", "MFU", "mem/GPU", "headroom");
+  std::vector<std::string> tied;  // other rank orders folded into the rows shown
   for (std::size_t i = 0; i < rows.size() && i < top_k; ++i) {
     const Estimate& e = rows[i];
     const ParallelPlan& p = e.plan;
-    out += fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>8} {:>9.3f} {}{:>5} {:>10.0f} {:>9.1f} {:>4.1f}% {:>10} {:>9}\n",
+    if (!e.tied_orders.empty()) {
+      for (const RankOrder& o : e.tied_orders)
+        if (std::find(tied.begin(), tied.end(), o.str()) == tied.end()) tied.push_back(o.str());
+    }
+    out += fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9.3f} {}{:>5} {:>10.0f} {:>9.1f} {:>4.1f}% {:>10} {:>9}\n",
                        i + 1, p.tp, p.pp, p.dp, p.micro_batch, p.virtual_stages, p.zero_stage,
-                       to_string(p.recompute), p.sequence_parallel ? "on" : "off", p.order.str(), e.iteration_time_s,
+                       to_string(p.recompute), p.sequence_parallel ? "on" : "off",
+                       p.order.str() + (e.tied_orders.empty() ? " " : "*"), e.iteration_time_s,
                        likely ? fmt::format("{:>13} ", format_interval(e)) : std::string(),
                        e.simulated ? "sim" : "est",
                        e.tokens_per_s, e.model_tflops_per_gpu, 100.0 * e.mfu,
                        format_bytes_GiB(e.memory.total_bytes), format_bytes_GiB(e.memory.headroom_bytes()));
   }
+  if (!tied.empty())
+    out += fmt::format("  * the same plan in rank order {} scores within {:g} % (one row; the trainers' tp-dp-pp where it ties)\n",
+                       fmt::join(tied, " or "), 100 * kRankOrderTie);
   return out;
 }
 

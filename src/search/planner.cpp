@@ -87,42 +87,75 @@ std::vector<T> fixed_or(const std::optional<T>& fixed, std::vector<T> all) {
   return all;
 }
 
-// Two plans that differ only in rank order often score within noise of each
-// other; then the default order (Megatron's tp-dp-pp, which every trainer can
-// express) goes first. Only the best `top` rows are looked at.
-void prefer_default_order_in_near_ties(std::vector<Estimate>& rows, std::size_t top) {
-  constexpr double kNearTie = 1e-3;  // 0.1 % of the iteration time
-  const RankOrder def{};
-  // The candidates of one search share batch, sequence length, cp, flash
-  // attention and fusion, so whole plans differ only in the searched fields.
-  auto same_but_order = [](const ParallelPlan& a, const ParallelPlan& b) {
-    ParallelPlan x = a;
-    x.order = b.order;
-    return x == b;
-  };
-  const std::size_t n = std::min(top, rows.size());
-  for (std::size_t i = 0; i < n; ++i) {
-    if (rows[i].plan.order == def) continue;
-    for (std::size_t j = i + 1; j < n; ++j) {
-      if (rows[j].plan.order == def && rows[j].simulated == rows[i].simulated &&
-          same_but_order(rows[i].plan, rows[j].plan) &&
-          rows[j].iteration_time_s <= rows[i].iteration_time_s * (1 + kNearTie)) {
-        std::rotate(rows.begin() + static_cast<std::ptrdiff_t>(i), rows.begin() + static_cast<std::ptrdiff_t>(j),
-                    rows.begin() + static_cast<std::ptrdiff_t>(j) + 1);
+// Plans that differ only in rank order often score alike (a dimension of size
+// 1 or 2 placed differently crosses the same links). Within kRankOrderTie of
+// each other they are one row: the trainers' order (Megatron's tp-dp-pp, which
+// every export target expresses) when it is among them, else the fastest; the
+// others are listed in tied_orders. `rows` are sorted by time within each of
+// their two runs (simulated first, then analytical), so the rows a row can tie
+// with are the kept rows just before it.
+bool same_but_order(const ParallelPlan& a, const ParallelPlan& b) {
+  ParallelPlan x = a;
+  x.order = b.order;
+  return x == b;
+}
+
+void fold_rank_order_ties(std::vector<Estimate>& rows) {
+  const RankOrder trainers{};
+  std::vector<Estimate> kept;
+  kept.reserve(rows.size());
+  for (Estimate& e : rows) {
+    Estimate* twin = nullptr;
+    for (auto it = kept.rbegin(); it != kept.rend() && it->simulated == e.simulated &&
+                                  e.iteration_time_s <= it->iteration_time_s * (1 + kRankOrderTie);
+         ++it) {
+      if (same_but_order(it->plan, e.plan)) {
+        twin = &*it;
         break;
       }
     }
+    if (twin == nullptr) {
+      kept.push_back(std::move(e));
+      continue;
+    }
+    if (e.plan.order == trainers) {  // shown instead of the faster twin, in its place
+      e.tied_orders = std::move(twin->tied_orders);
+      e.tied_orders.push_back(twin->plan.order);
+      *twin = std::move(e);
+    } else {
+      twin->tied_orders.push_back(e.plan.order);
+    }
   }
+  rows = std::move(kept);
 }
 
 }  // namespace
 
+void attach_other_orders(Estimate& e, const SearchResult& r) {
+  e.other_orders.clear();
+  for (const Estimate& row : r.fitting) {
+    if (row.plan.order == e.plan.order || !same_but_order(row.plan, e.plan)) continue;
+    e.other_orders.push_back({row.plan.order, row.iteration_time_s, row.simulated});
+    for (const RankOrder& o : row.tied_orders)
+      if (o != e.plan.order) e.other_orders.push_back({o, row.iteration_time_s, row.simulated});
+  }
+  for (const RankOrder& o : e.tied_orders)
+    if (std::none_of(e.other_orders.begin(), e.other_orders.end(), [&](const auto& x) { return x.order == o; }))
+      e.other_orders.push_back({o, e.iteration_time_s, e.simulated});
+  std::stable_sort(e.other_orders.begin(), e.other_orders.end(),
+                   [](const auto& a, const auto& b) { return a.iteration_time_s < b.iteration_time_s; });
+}
+
 std::int64_t default_global_batch(std::int64_t seq_length, int total_gpus) {
   constexpr double kTargetTokens = 4.0 * 1024 * 1024;  // ~4M tokens: GPT-3 used 3.2M, Llama 3 started at 4M
+  // Megatron-LM d98e8a64 examples/llama/train_llama3_8b_h100_fp8.sh: global
+  // batch 128 on one node of 8 GPUs, 16 sequences per GPU.
   std::int64_t odd = total_gpus;
   while (odd % 2 == 0) odd /= 2;
   const double sequences = std::max(1.0, kTargetTokens / static_cast<double>(seq_length));
-  const double power = std::max(0.0, std::round(std::log2(sequences / static_cast<double>(odd))));
+  const double cap = static_cast<double>(kDefaultSequencesPerGpu) * total_gpus;
+  double power = std::max(0.0, std::round(std::log2(sequences / static_cast<double>(odd))));
+  power = std::max(0.0, std::min(power, std::floor(std::log2(cap / static_cast<double>(odd)))));
   return odd * (std::int64_t{1} << static_cast<int>(power));
 }
 
@@ -483,7 +516,8 @@ SearchResult search_plans(const ModelSpec& model, const Topology& topo, const Pl
                      });
     for (std::size_t i = 0; i < k; ++i) result.simulated += result.fitting[i].simulated ? 1 : 0;
   }
-  prefer_default_order_in_near_ties(result.fitting, std::max<std::size_t>(k, 32));
+  result.fitting_plans = static_cast<std::int64_t>(result.fitting.size());
+  fold_rank_order_ties(result.fitting);
   std::stable_sort(result.not_fitting.begin(), result.not_fitting.end(), [](const Estimate& a, const Estimate& b) {
     return a.memory.total_bytes < b.memory.total_bytes;
   });

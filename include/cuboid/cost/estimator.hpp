@@ -9,6 +9,7 @@
 #include <memory>
 
 #include <optional>
+#include <vector>
 
 #include "cuboid/cost/uncertainty.hpp"
 #include "cuboid/core/cluster.hpp"
@@ -29,6 +30,10 @@ struct Breakdown {
   double optimizer_s = 0;  // Adam step on this GPU's shard
   double total() const { return compute_s + tp_comm_s + pp_comm_s + dp_comm_s + bubble_s + optimizer_s; }
 };
+
+// Two plans that differ only in rank order and whose times differ by at most
+// this fraction tie: the planner shows them as one row.
+inline constexpr double kRankOrderTie = 1e-3;
 
 struct Estimate {
   ParallelPlan plan;
@@ -51,6 +56,18 @@ struct Estimate {
   // Where a measurement would likely fall (uncertainty.hpp); set for the
   // plans a command prints or writes (attach_interval), not for every candidate.
   std::optional<PredictionInterval> interval;
+  // Other rank orders of this same plan that scored within kRankOrderTie of
+  // it: the planner shows one row, in the trainers' order where it is among them.
+  std::vector<RankOrder> tied_orders;
+  // The same plan in every other rank order that fits, fastest first; filled
+  // for the plan a command writes to a plan file (attach_other_orders), so an
+  // export that cannot express this order can take the next best.
+  struct OtherOrder {
+    RankOrder order;
+    double iteration_time_s = 0;
+    bool simulated = false;
+  };
+  std::vector<OtherOrder> other_orders;
 };
 
 // e.interval from e's time, the plan's GPU count and trainer, and the cluster's GPU.

@@ -51,23 +51,32 @@ struct PlannerOptions {
   std::function<void(std::size_t done, std::size_t total)> progress;
 };
 
-// The default global batch: about 4M tokens, chosen as (odd part of the GPU
-// count) x a power of two so that every DP size that divides the GPU count
-// with a power-of-two factor up to that power also divides the batch.
+// The default global batch: about 4M tokens, but no more than
+// kDefaultSequencesPerGpu sequences per GPU, so that small clusters get small
+// batches. Chosen as (odd part of the GPU count) x a power of two so that every
+// DP size that divides the GPU count with a power-of-two factor up to that
+// power also divides the batch.
+inline constexpr int kDefaultSequencesPerGpu = 16;
 std::int64_t default_global_batch(std::int64_t seq_length, int total_gpus);
 
 struct SearchResult {
   std::int64_t global_batch = 0;
   std::int64_t seq_length = 0;
-  // Fit in memory, best first: the first `simulated` rows are ranked by the
-  // discrete-event simulator, the rest by the analytical estimate.
+  // Fit in memory, best first: the rows scored by the discrete-event
+  // simulator (Estimate::simulated), then those of the analytical estimate.
+  // Plans that differ only in a tied rank order are one row (kRankOrderTie).
   std::vector<Estimate> fitting;
-  std::size_t simulated = 0;
+  std::size_t simulated = 0;           // plans the simulator scored (before folding ties)
+  std::int64_t fitting_plans = 0;      // plans that fit in memory (before folding ties)
   std::vector<Estimate> not_fitting;   // valid but over memory, smallest memory first (at most 16)
   std::int64_t candidates = 0;         // valid plans scored (fitting + not fitting)
   std::int64_t skipped = 0;            // factorisations rejected before scoring
   std::map<std::string, std::int64_t> skip_reasons;  // reason -> count
 };
+
+// e.other_orders: the rows of r (and the orders folded into them) that are e's
+// plan in another rank order, fastest first.
+void attach_other_orders(Estimate& e, const SearchResult& r);
 
 // The planner's options are the command line's flags, so it names plan
 // problems by flag. flag_of: "--tp", ..., "--tp/--pp/--dp" for the GPU count.
