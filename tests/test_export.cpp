@@ -346,6 +346,8 @@ TEST_CASE("DeepSpeed: batch sizes consistent with DP, fp32 accumulation, the pip
   CHECK(j["pipeline"]["activation_checkpoint_interval"] == 1);
   CHECK(r.notes.find("num_stages=4, partition_method=\"type:DecoderLayer\"") != std::string::npos);
   CHECK(r.notes.find("deepspeed --hostfile hostfile --num_nodes 4 --num_gpus 8") != std::string::npos);
+  // deepspeed.initialize takes the config from --deepspeed_config or config=, never both.
+  CHECK(r.notes.find("config=") == std::string::npos);
 }
 
 TEST_CASE("exports a target cannot represent, or would silently change, are refused with the reason and the fix") {

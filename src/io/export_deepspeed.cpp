@@ -118,8 +118,10 @@ ExportResult deepspeed(const PlanFile& pf) {
         "# num_stages={0} on {3} GPUs gives {4} data-parallel pipelines (PipeDataParallelTopology).\n",
         p.pp, p.recompute == Recompute::full ? 1 : 0, pf.model.num_layers / p.pp, world, p.dp);
   }
-  notes += "# In the training script: engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=..., "
-           "config=\"ds_config.json\")\n";
+  // deepspeed/__init__.py initialize asserts the config comes either from
+  // args.deepspeed_config or from config=, not both.
+  notes += "# In train.py (args from deepspeed.add_config_arguments(parser), which reads --deepspeed_config):\n"
+           "#   engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=...)\n";
   notes += "# Add: data loading, the tokenizer, the optimizer (an \"optimizer\" block or a client optimizer) and\n"
            "# checkpointing (engine.save_checkpoint / load_checkpoint).\n";
   notes += fmt::format(
