@@ -2,7 +2,8 @@
 // The plans the plan-file and export tests share: the seed plan (Llama-3-70B,
 // TP4 PP4 DP2 on topologies/dgx-a100-4node.json, mb 1, global batch 64,
 // ZeRO 1, full recompute, SP on, 1F1B), an interleaved GPT-3 175B plan, the
-// seed with ZeRO-3, and a Llama-3-8B pipeline without TP that DeepSpeed can run.
+// seed with ZeRO-3, and a Llama-3-8B pipeline without TP that DeepSpeed can run
+// (priced as Megatron-DeepSpeed on DeepSpeed's pipeline engine).
 // Each is turned into a plan file with plan_to_json and read back with
 // plan_file_from_json, so the tests go through the real file format.
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "cuboid/io/planfile.hpp"
 #include "cuboid/search/planner.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/core/trainer.hpp"
 #include "fixtures.hpp"
 
 namespace cuboid::test {
@@ -52,6 +54,12 @@ inline ParallelPlan unfused(ParallelPlan p) {
   return p;
 }
 
+// Priced as the named trainer preset runs it (plan --trainer NAME).
+inline ParallelPlan run_as(ParallelPlan p, const char* trainer) {
+  p.trainer = find_trainer(trainer)->settings;
+  return p;
+}
+
 inline std::vector<Fixture> fixtures() {
   return {
       {"seed", "models/llama3-70b.json",
@@ -61,7 +69,8 @@ inline std::vector<Fixture> fixtures() {
       {"seed-zero3", "models/llama3-70b.json",
        unfused(make_plan(4, 4, 2, 1, 3, Recompute::full, true, Schedule::one_f_one_b, 8192))},
       {"llama8b-pp4", "models/llama3-8b.json",
-       unfused(make_plan(1, 4, 8, 1, 1, Recompute::full, false, Schedule::one_f_one_b, 8192))},
+       run_as(unfused(make_plan(1, 4, 8, 1, 1, Recompute::full, false, Schedule::one_f_one_b, 8192)),
+              "megatron-deepspeed")},
   };
 }
 

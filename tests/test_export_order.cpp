@@ -28,7 +28,7 @@ PlanFile seed_in_tp_pp_dp(const nlohmann::json& others) {
 std::string as_planned_in(const PlanFile& pf, const char* order, const char* target) {
   PlanFile other = pf;
   other.plan.order = RankOrder::parse(order, "test", "order");
-  return export_plan(other, target);
+  return export_plan(other, target).text;
 }
 
 }  // namespace
@@ -40,15 +40,15 @@ TEST_CASE("an order the target cannot express: the tied order the planner scored
        {{"rank_order", "tp-dp-pp"}, {"iteration_time_s", t * 1.0005}, {"score", "simulated"}}}));
   // Megatron expresses tp-pp-dp itself: the plan as written, no note.
   const ExportResult megatron = export_in_expressible_order(pf, "megatron");
-  CHECK(megatron.note.empty());
-  CHECK(megatron.text == export_plan(pf, "megatron"));
+  CHECK(megatron.notes.empty());
+  CHECK(megatron.text == export_plan(pf, "megatron").text);
   CHECK(megatron.text.find("--use-tp-pp-dp-mapping") != std::string::npos);
   // NeMo's YAML has no such key: the first order it can express, in the file's order of listing.
   CHECK_THROWS_AS(export_plan(pf, "nemo"), InputError);
   const ExportResult nemo = export_in_expressible_order(pf, "nemo");
   CHECK(nemo.text == as_planned_in(pf, "tp-dp-pp", "nemo"));
-  CHECK(nemo.note.find("rank order tp-dp-pp instead of the planned tp-pp-dp: NeMo") == 0);
-  CHECK(nemo.note.find("the two tied (within 0.1 %)") != std::string::npos);
+  CHECK(nemo.notes.find("rank order tp-dp-pp instead of the planned tp-pp-dp: NeMo") == 0);
+  CHECK(nemo.notes.find("the two tied (within 0.1 %)") != std::string::npos);
 }
 
 TEST_CASE("an order that did not tie: the export says what the planner predicted for it") {
@@ -57,7 +57,7 @@ TEST_CASE("an order that did not tie: the export says what the planner predicted
       {{{"rank_order", "tp-dp-pp"}, {"iteration_time_s", t * 1.007}, {"score", "analytical"}}}));
   const ExportResult nemo = export_in_expressible_order(pf, "nemo");
   CHECK(nemo.text == as_planned_in(pf, "tp-dp-pp", "nemo"));
-  CHECK(nemo.note.find("(+0.7 %, analytical estimate)") != std::string::npos);
+  CHECK(nemo.notes.find("(+0.7 %, analytical estimate)") != std::string::npos);
 }
 
 TEST_CASE("no other order the target can express: its refusal of the plan's order stands") {

@@ -306,7 +306,7 @@ TEST_CASE("model_to_json writes every field") {
   j["linear_bias"] = true;
   const ModelSpec m = cuboid::model_from_json(j, "t.json");
   const json out = cuboid::model_to_json(m);
-  CHECK(out.size() == 15);
+  CHECK(out.size() == 17);
   CHECK(out["head_dim"] == 16);
   CHECK(out["ffn_hidden_size"] == cuboid::default_ffn_hidden_size(60, Activation::swiglu));
   CHECK(out["activation"] == "swiglu");

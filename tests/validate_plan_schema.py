@@ -73,7 +73,7 @@ def cli_checks(cuboid, plan, tmp):
     r = run([cuboid, "export", "--plan", plan, "--to", "jax"])
     check(r.returncode == 2 and r.stdout == "" and
           r.stderr == 'cuboid: command line: --to: unknown export target "jax" '
-                      "(fix: use megatron, deepspeed, torchtitan or nemo)\n",
+                      "(fix: use megatron, megatron-bridge, deepspeed, torchtitan, torchtitan-main or nemo)\n",
           "unknown --to exits 2 with one message")
 
     with open(plan) as f:

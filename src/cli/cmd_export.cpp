@@ -5,6 +5,8 @@
 #include <iostream>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "cuboid/io/export.hpp"
 #include "cuboid/io/export_order.hpp"
 #include "cuboid/io/planfile.hpp"
@@ -22,26 +24,34 @@ struct ExportFlags {
 void run_export(const ExportFlags& f) {
   if (!f.out_path.empty()) check_output_path(f.out_path, "--out");
   const PlanFile pf = read_plan_file(f.plan_path);
-  const ExportResult r = export_in_expressible_order(pf, f.target);
-  if (!r.note.empty()) std::cerr << "cuboid export: " << r.note << "\n";
+  const ExportResult result = export_in_expressible_order(pf, f.target);
+  // Notes (what the target needs beyond a comment-less file) go to stderr so
+  // that stdout stays the file itself.
+  if (!result.notes.empty()) std::cerr << result.notes;
   if (f.out_path.empty()) {
-    std::cout << r.text;
+    std::cout << result.text;
     return;
   }
-  write_file_atomically(f.out_path, r.text);
+  write_file_atomically(f.out_path, result.text);
 }
 
 }  // namespace
 
 void register_export_command(CLI::App& app) {
   static ExportFlags flags;
-  CLI::App* cmd = app.add_subcommand("export", "write a plan file as Megatron-LM arguments, a DeepSpeed config, "
-                                               "torchtitan overrides or a NeMo config");
+  CLI::App* cmd = app.add_subcommand("export", "write a plan file as the configuration of Megatron-LM, "
+                                               "Megatron-Bridge, DeepSpeed, torchtitan or NeMo 1.x");
   cmd->add_option("--plan", flags.plan_path, "plan file written by cuboid plan --out (schema cuboid.plan/1)")
       ->required();
   // Not CLI11's check(IsMember): the target is validated by export_plan so
   // that the message (and exit code 2) is the same as every other bad input.
-  cmd->add_option("--to", flags.target, "megatron | deepspeed | torchtitan | nemo")->required();
+  static const std::string kTargets = [] {
+    std::string out;
+    for (const ExportTarget& t : export_target_list())
+      out += fmt::format("\n  {:<16} {} {}: {}", t.name, t.trainer, t.version, t.what);
+    return out;
+  }();
+  cmd->add_option("--to", flags.target, "the target trainer and version:" + kTargets)->required();
   cmd->add_option("--out", flags.out_path, "write to FILE (atomically) instead of stdout");
   cmd->callback([] { run_export(flags); });
 }

@@ -266,14 +266,19 @@ void write_outputs(const Loaded& l, const SearchResult& r, const PlanFlags& f) {
 // exporter itself (one definition of what each target supports).
 void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& target) {
   const auto& targets = export_targets();
-  if (std::find(targets.begin(), targets.end(), target) == targets.end())
-    throw InputError("command line", "--for", "unknown export target \"" + target + "\"",
-                     "use megatron, deepspeed, torchtitan or nemo");
+  if (std::find(targets.begin(), targets.end(), target) == targets.end()) {
+    std::string names;
+    for (std::size_t i = 0; i < targets.size(); ++i)
+      names += (i == 0 ? "" : i + 1 == targets.size() ? " or " : ", ") + targets[i];
+    throw InputError("command line", "--for", "unknown export target \"" + target + "\"", "use " + names);
+  }
   // The target runs the plan in one of these trainers (the first unless
   // --trainer names another); any other --trainer contradicts --for.
   static const std::map<std::string, std::vector<std::string>> kTrainers = {
       {"megatron", {"megatron-core", "megatron-2022", "megatron-2021"}},
+      {"megatron-bridge", {"megatron-core"}},
       {"nemo", {"megatron-core"}},
+      {"torchtitan-main", {"torchtitan"}},
       {"deepspeed", {"megatron-deepspeed", "megatron-deepspeed-2022", "deepspeed-2021"}},
       {"torchtitan", {"torchtitan"}},
   };
@@ -405,7 +410,7 @@ void register_plan_command(CLI::App& app) {
   g_simulate_top_option = plan->add_option("--simulate-top", plan_flags.simulate_top,
                    "re-rank the best K plans with the discrete-event simulator (default 32; 0: analytical only)");
   plan->add_option("--for", plan_flags.for_target,
-                   "search only plans this trainer can express: megatron|deepspeed|torchtitan|nemo (see cuboid export)");
+                   "search only plans this export target can express: megatron|megatron-bridge|deepspeed|torchtitan|torchtitan-main|nemo (see cuboid export)");
   plan->add_flag("--explain", plan_flags.explain, "for each dimension, the best plan with that dimension forced to each value");
   plan->add_option("--threads", plan_flags.threads, "scoring threads (default: all cores)");
   plan->callback([] { run_plan(plan_flags); });

@@ -42,7 +42,7 @@ struct PlanFlags {
   std::optional<std::string> trace_ranks;
   bool trace_per_rank = false;
   int simulate_top = 32;                 // plan: re-rank the best K with the DES (0: none)
-  std::optional<std::string> for_target;  // plan --for megatron|deepspeed|torchtitan|nemo
+  std::optional<std::string> for_target;  // plan --for TARGET (an export target)
   int top = 10;
   bool json = false;
   bool verbose = false;

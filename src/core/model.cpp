@@ -152,11 +152,11 @@ void validate_model(const ModelSpec& m, const std::string& source) {
 
 namespace {
 
-constexpr std::array<std::string_view, 15> kCardFields = {
+constexpr std::array<std::string_view, 17> kCardFields = {
     "name",          "num_layers",         "hidden_size", "num_attention_heads",
     "num_kv_heads",  "head_dim",           "ffn_hidden_size", "activation",
     "normalization", "vocab_size",         "seq_length",  "max_position_embeddings",
-    "tied_embeddings", "learned_position_embeddings", "linear_bias"};
+    "tied_embeddings", "learned_position_embeddings", "linear_bias", "rope_theta", "rope_scaling_factor"};
 
 void reject_near_miss_keys(const nlohmann::json& j, const std::string& source) {
   for (const auto& [key, value] : j.items()) {
@@ -203,6 +203,10 @@ ModelSpec model_from_card(const nlohmann::json& j, const std::string& source) {
   m.tied_embeddings = r.optional_boolean("tied_embeddings").value_or(false);
   m.learned_position_embeddings = r.optional_boolean("learned_position_embeddings").value_or(false);
   m.linear_bias = r.optional_boolean("linear_bias").value_or(false);
+  m.rope_theta = r.optional_positive_number("rope_theta").value_or(10000.0);
+  m.rope_scaling_factor = r.optional_number("rope_scaling_factor").value_or(0.0);
+  if (m.rope_scaling_factor < 0)
+    throw InputError(source, "rope_scaling_factor", "must not be negative", "give 0 (no scaling) or the factor, e.g. 8");
   r.reject_unknown();
   m.head_dim = resolve_head_dim(m, head_dim);
   validate_model(m, source);
@@ -301,6 +305,19 @@ ModelSpec model_from_gpt2_config(JsonReader& r, const std::string& source) {
   return m;
 }
 
+// Llama 3.1's rope_scaling ({"rope_type": "llama3", "factor": 8.0, ...}); null
+// or absent: none. Other scalings (linear, dynamic, yarn) would build a
+// different model in the trainers the exports target, so they are refused.
+double hf_rope_scaling_factor(JsonReader& r, const std::string& source) {
+  if (!r.has("rope_scaling") || !r.is_object("rope_scaling")) return 0.0;
+  JsonReader s = r.object("rope_scaling");
+  const std::string type = s.has("rope_type") ? s.string("rope_type") : s.string("type");
+  if (type != "llama3")
+    throw InputError(source, "rope_scaling", "rope scaling \"" + type + "\" is not supported (only Llama 3.1's \"llama3\")",
+                     "remove rope_scaling, or use a config with rope_type \"llama3\"");
+  return s.positive_number("factor");
+}
+
 ModelSpec model_from_llama_config(JsonReader& r, const std::string& source) {
   ModelSpec m;
   m.name = hf_name(r, source);
@@ -324,6 +341,8 @@ ModelSpec model_from_llama_config(JsonReader& r, const std::string& source) {
   const bool attention_bias = r.optional_boolean("attention_bias").value_or(false);
   const bool mlp_bias = r.optional_boolean("mlp_bias").value_or(false);
   m.linear_bias = attention_bias || mlp_bias;
+  m.rope_theta = r.optional_positive_number("rope_theta").value_or(10000.0);
+  m.rope_scaling_factor = hf_rope_scaling_factor(r, source);
   m.head_dim = resolve_head_dim(m, head_dim);
   validate_hf(m, source, kLlamaKeys);
   return m;
@@ -372,6 +391,8 @@ nlohmann::json model_to_json(const ModelSpec& m) {
       {"tied_embeddings", m.tied_embeddings},
       {"learned_position_embeddings", m.learned_position_embeddings},
       {"linear_bias", m.linear_bias},
+      {"rope_theta", m.rope_theta},
+      {"rope_scaling_factor", m.rope_scaling_factor},
   };
 }
 

@@ -17,16 +17,16 @@ constexpr std::string_view kOrderField = "parallel.rank_order";
 
 ExportResult export_in_expressible_order(const PlanFile& pf, std::string_view target) {
   try {
-    return {export_plan(pf, target), ""};
+    return export_plan(pf, target);
   } catch (const InputError& refused) {
     if (refused.field() != kOrderField) throw;
     const double planned_s = pf.prediction.value("iteration_time_s", 0.0);
     for (const Estimate::OtherOrder& alt : other_rank_orders(pf.prediction, pf.source)) {
       PlanFile other = pf;
       other.plan.order = alt.order;
-      std::string text;
+      ExportResult result;
       try {
-        text = export_plan(other, target);
+        result = export_plan(other, target);
       } catch (const InputError& again) {
         if (again.field() == kOrderField) continue;
         throw;
@@ -40,7 +40,8 @@ ExportResult export_in_expressible_order(const PlanFile& pf, std::string_view ta
                                 "{})",
                                 alt.iteration_time_s, planned_s, 100 * slower,
                                 alt.simulated ? "simulated" : "analytical estimate");
-      return {std::move(text), std::move(note)};
+      result.notes = note + "\n" + result.notes;
+      return result;
     }
     throw;
   }

@@ -36,6 +36,12 @@ struct ModelSpec {
   bool tied_embeddings = false;        // input embedding shared with the LM head
   bool learned_position_embeddings = false;  // GPT-style absolute positions (RoPE: false)
   bool linear_bias = false;            // biases on QKV/proj/FC1/FC2 (GPT: true, LLaMA: false)
+  // Rotary positions (unused with learned positions): the base (HF rope_theta;
+  // Llama 3: 500000) and Llama 3.1's frequency scaling (HF rope_scaling with
+  // rope_type "llama3"): its factor, 0 = no scaling. Neither changes the cost;
+  // the exports carry them so that the trainer builds the same model.
+  double rope_theta = 10000.0;
+  double rope_scaling_factor = 0.0;
 
   std::int64_t query_projection_size() const { return head_dim * num_attention_heads; }
   std::int64_t kv_projection_size() const { return head_dim * num_kv_heads; }

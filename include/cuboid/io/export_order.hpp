@@ -9,16 +9,14 @@
 #include <string>
 #include <string_view>
 
+#include "cuboid/io/export.hpp"
 #include "cuboid/io/planfile.hpp"
 
 namespace cuboid {
 
-struct ExportResult {
-  std::string text;
-  std::string note;  // empty when the export is the plan as written
-};
-
-// The refusal of the plan's own order is rethrown when no other order works.
+// export_plan's result; in another order, its notes begin with the line
+// "rank order X instead of the planned Y: ...". The refusal of the plan's own
+// order is rethrown when no other order works.
 ExportResult export_in_expressible_order(const PlanFile& plan_file, std::string_view target);
 
 }  // namespace cuboid

@@ -1,8 +1,8 @@
 #!/bin/bash
 # Megatron-LM configuration for the cuboid plan in gpt3-interleaved.plan.json (schema cuboid.plan/1):
 #   gpt3-175b on DGX A100 x4: 4 nodes x 8 A100-SXM4-80GB; TP 8 x PP 4 x DP 1, micro-batch 1, global batch 64 x 2048 tokens
-# Flags: NVIDIA/Megatron-LM megatron/training/arguments.py. Add data, tokenizer, optimizer,
-# learning-rate and checkpoint flags before running.
+# Flags: NVIDIA/Megatron-LM megatron/training/arguments.py@d98e8a64 (main, 2026). Add data, tokenizer,
+# optimizer, learning-rate and checkpoint flags before running.
 MEGATRON_ARGS=(
     # parallelism
     --tensor-model-parallel-size 8

@@ -1,15 +1,13 @@
 #!/bin/bash
 # Megatron-LM configuration for the cuboid plan in llama8b-pp4.plan.json (schema cuboid.plan/1):
 #   llama3-8b on DGX A100 x4: 4 nodes x 8 A100-SXM4-80GB; TP 1 x PP 4 x DP 8, micro-batch 1, global batch 64 x 8192 tokens
-# Flags: NVIDIA/Megatron-LM megatron/training/arguments.py. Add data, tokenizer, optimizer,
-# learning-rate and checkpoint flags before running.
+# Flags: NVIDIA/Megatron-LM megatron/training/arguments.py@d98e8a64 (main, 2026). Add data, tokenizer,
+# optimizer, learning-rate and checkpoint flags before running.
 MEGATRON_ARGS=(
     # parallelism
     --tensor-model-parallel-size 1
     --pipeline-model-parallel-size 4
     --use-distributed-optimizer
-    --overlap-grad-reduce
-    --overlap-param-gather
     # batch
     --micro-batch-size 1
     --global-batch-size 64
@@ -27,6 +25,7 @@ MEGATRON_ARGS=(
     --seq-length 8192
     --max-position-embeddings 8192
     --position-embedding-type rope
+    --rotary-base 500000
     --normalization RMSNorm
     --swiglu
     --disable-bias-linear

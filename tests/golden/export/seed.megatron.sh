@@ -1,8 +1,8 @@
 #!/bin/bash
 # Megatron-LM configuration for the cuboid plan in seed.plan.json (schema cuboid.plan/1):
 #   llama3-70b on DGX A100 x4: 4 nodes x 8 A100-SXM4-80GB; TP 4 x PP 4 x DP 2, micro-batch 1, global batch 64 x 8192 tokens
-# Flags: NVIDIA/Megatron-LM megatron/training/arguments.py. Add data, tokenizer, optimizer,
-# learning-rate and checkpoint flags before running.
+# Flags: NVIDIA/Megatron-LM megatron/training/arguments.py@d98e8a64 (main, 2026). Add data, tokenizer,
+# optimizer, learning-rate and checkpoint flags before running.
 MEGATRON_ARGS=(
     # parallelism
     --tensor-model-parallel-size 4
@@ -10,7 +10,6 @@ MEGATRON_ARGS=(
     --sequence-parallel
     --use-distributed-optimizer
     --overlap-grad-reduce
-    --overlap-param-gather
     # batch
     --micro-batch-size 1
     --global-batch-size 64
@@ -28,6 +27,7 @@ MEGATRON_ARGS=(
     --seq-length 8192
     --max-position-embeddings 8192
     --position-embedding-type rope
+    --rotary-base 500000
     --normalization RMSNorm
     --swiglu
     --disable-bias-linear

@@ -1,0 +1,33 @@
+#pragma once
+// Private to the exporters (src/io/export_*.cpp): the shared refusal, header
+// and rank-order helpers, and one entry point per target.
+#include <string>
+#include <string_view>
+
+#include "cuboid/io/export.hpp"
+
+namespace cuboid::exporters {
+
+[[noreturn]] void refuse(const PlanFile& pf, const std::string& field, const std::string& problem,
+                         const std::string& fix);
+
+bool default_rank_order(const ParallelPlan& p);
+// Index of `d` in the rank order, 0 = innermost.
+int position(const RankOrder& order, Dim d);
+// The two comment lines every export starts with; `target` names the trainer and its version.
+std::string header(const PlanFile& pf, std::string_view comment, std::string_view target);
+// Transformer layers per (virtual) pipeline stage.
+std::int64_t layers_per_virtual_stage(const PlanFile& pf);
+// The rotary base as the integer Megatron-style flags take; refuses a fractional one.
+std::int64_t integral_rope_theta(const PlanFile& pf);
+// "torchrun ... SCRIPT ARGS" on each node and the srun line that starts it (bash).
+std::string launch_lines(const PlanFile& pf, std::string_view script_and_args, std::string_view comment = "#");
+
+ExportResult megatron(const PlanFile& pf);
+ExportResult deepspeed(const PlanFile& pf);
+ExportResult torchtitan_v02(const PlanFile& pf);
+ExportResult torchtitan_main(const PlanFile& pf);
+ExportResult nemo1(const PlanFile& pf);
+ExportResult megatron_bridge(const PlanFile& pf);
+
+}  // namespace cuboid::exporters

@@ -1,0 +1,136 @@
+// NeMo 1.x (Megatron GPT on the mcore path) at NVIDIA/NeMo 8cfedd72: keys from
+// examples/nlp/language_modeling/conf/megatron_gpt_config.yaml and the cfg.get()
+// calls of nemo/collections/nlp/models/language_modeling/megatron_base_model.py and
+// megatron_gpt_model.py (tests/data/trainer_options/nemo-8cfedd72.json). NeMo 2's
+// LLM training moved to Megatron-Bridge (--to megatron-bridge).
+#include <fmt/format.h>
+
+#include "export_common.hpp"
+
+namespace cuboid::exporters {
+
+ExportResult nemo1(const PlanFile& pf) {
+  const ParallelPlan& p = pf.plan;
+  const ModelSpec& m = pf.model;
+  if (!default_rank_order(p))
+    refuse(pf, "parallel.rank_order", "NeMo's Megatron GPT orders ranks tp-dp-pp; it has no key for " + p.order.str(),
+           "plan with --rank-order tp-dp-pp");
+  if (p.pp > 1 && p.schedule == Schedule::gpipe)
+    refuse(pf, "parallel.schedule", "NeMo (Megatron core schedules) has no GPipe schedule",
+           "plan with --schedule 1f1b or --schedule interleaved");
+  if (p.virtual_stages > 1)
+    refuse(pf, "parallel.virtual_stages",
+           "NeMo 1.x's mcore GPT asserts virtual_pipeline_model_parallel_size is None (\"Virtual pipeline model "
+           "parallel size is no longer supported for nemo 1.0\", megatron_gpt_model.py mcore_model_customize)",
+           "plan with --schedule 1f1b, or export with --to megatron-bridge");
+  if (has_uneven_stages(p))
+    refuse(pf, "parallel.first_stage_layers",
+           "megatron_gpt_config.yaml has no keys for uneven first / last pipeline stages",
+           "plan without uneven stages, or export with --to megatron");
+  if (p.dp > 1 && p.zero_stage >= 2)
+    refuse(pf, "parallel.zero_stage",
+           fmt::format("NeMo 1.x's ZeRO-{} is model.fsdp, PyTorch FSDP (nlp_overrides.py NLPFSDPStrategy: "
+                       "BackwardPrefetch.BACKWARD_PRE, no forward prefetch, no gradient-accumulation fusion), not the "
+                       "Megatron FSDP gather schedule the plan was priced with",
+                       p.zero_stage),
+           "plan with --zero 0 or 1, or export with --to megatron-bridge or --to megatron (Megatron FSDP)");
+  // megatron_base_model.py __init__ drops gradient_accumulation_fusion without
+  // megatron_amp_O2 (set below) or with DP > 1, PP = 1 and no distributed optimizer.
+  if (p.grad_accum_fusion && p.dp > 1 && p.pp == 1 && p.zero_stage == 0)
+    refuse(pf, "parallel.grad_accum_fusion",
+           "NeMo 1.x turns gradient_accumulation_fusion off without pipeline parallelism unless the optimizer is "
+           "distributed (\"gradient accumulation fusion can only be used with distributed_fused_adam\")",
+           "plan with --zero 1, or with --grad-accum-fusion off");
+  // megatron_gpt_model.py training_step: without a distributed optimizer the
+  // gradients are all-reduced after the pipeline, not overlapped.
+  if (p.dp > 1 && p.zero_stage == 0 && p.pp > 1 && p.trainer.dp_overlap)
+    refuse(pf, "trainer.dp_overlap",
+           "NeMo 1.x without a distributed optimizer all-reduces the gradients after the pipeline (\"when using "
+           "pipeline parallelism grads must be all-reduced after the pipeline\"), and the plan was priced with the "
+           "reduction overlapped",
+           "plan with --zero 1 (mcore_distributed_optim overlaps it)");
+
+  auto yes_no = [](bool b) { return b ? "true" : "false"; };
+  std::string out = header(pf, "#", "NeMo 1.x");
+  out += "# Keys: NVIDIA/NeMo examples/nlp/language_modeling/conf/megatron_gpt_config.yaml@8cfedd72 and the\n"
+         "# cfg.get() keys of megatron_gpt_model.py (NeMo 1.x YAML; NeMo 2's LLM training is Megatron-Bridge:\n"
+         "# --to megatron-bridge). Save as examples/nlp/language_modeling/conf/cuboid_plan.yaml; the defaults\n"
+         "# list below takes every other key from megatron_gpt_config.yaml.\n"
+         "# Add: model.data.data_prefix, model.tokenizer.*, model.optim learning rate and schedule, and\n"
+         "# exp_manager.checkpoint_callback_params / exp_manager.exp_dir for checkpoints.\n";
+  out += launch_lines(pf, "examples/nlp/language_modeling/megatron_gpt_pretraining.py --config-name=cuboid_plan");
+  out += "defaults:\n  - megatron_gpt_config\n  - _self_\n";
+  out += "trainer:\n";
+  out += fmt::format("  num_nodes: {}\n", pf.nodes);
+  out += fmt::format("  devices: {}\n", pf.gpus_per_node);
+  out += "  precision: bf16\n";
+  out += "model:\n";
+  out += "  mcore_gpt: true\n";
+  out += fmt::format("  micro_batch_size: {}\n", p.micro_batch);
+  out += fmt::format("  global_batch_size: {}\n", p.global_batch);
+  out += fmt::format("  tensor_model_parallel_size: {}\n", p.tp);
+  out += fmt::format("  pipeline_model_parallel_size: {}\n", p.pp);
+  out += "  virtual_pipeline_model_parallel_size: null\n";
+  out += fmt::format("  sequence_parallel: {}\n", yes_no(p.sequence_parallel));
+  switch (p.recompute) {
+    case Recompute::none:
+      out += "  activations_checkpoint_granularity: null\n"
+             "  activations_checkpoint_method: null\n"
+             "  activations_checkpoint_num_layers: null\n";
+      break;
+    case Recompute::selective:
+      out += "  activations_checkpoint_granularity: selective\n"
+             "  activations_checkpoint_method: null\n"
+             "  activations_checkpoint_num_layers: null\n";
+      break;
+    case Recompute::full:
+      out += "  activations_checkpoint_granularity: full\n"
+             "  activations_checkpoint_method: uniform\n"
+             "  activations_checkpoint_num_layers: 1\n";
+      break;
+  }
+  out += fmt::format("  encoder_seq_length: {}\n", p.seq_length);
+  out += fmt::format("  max_position_embeddings: {}\n", m.max_position_embeddings);
+  out += fmt::format("  num_layers: {}\n", m.num_layers);
+  out += fmt::format("  hidden_size: {}\n", m.hidden_size);
+  out += fmt::format("  ffn_hidden_size: {}\n", m.ffn_hidden_size);
+  out += fmt::format("  num_attention_heads: {}\n", m.num_attention_heads);
+  out += m.num_kv_heads != m.num_attention_heads ? fmt::format("  num_query_groups: {}\n", m.num_kv_heads)
+                                                 : std::string("  num_query_groups: null\n");
+  out += m.head_dim * m.num_attention_heads != m.hidden_size ? fmt::format("  kv_channels: {}\n", m.head_dim)
+                                                             : std::string("  kv_channels: null\n");
+  out += fmt::format("  normalization: {}\n", m.normalization == Normalization::rmsnorm ? "rmsnorm" : "layernorm");
+  out += fmt::format("  activation: {}\n", m.activation == Activation::swiglu ? "swiglu" : "gelu");
+  out += fmt::format("  bias: {}\n", yes_no(m.linear_bias));
+  out += fmt::format("  position_embedding_type: {}\n", m.learned_position_embeddings ? "learned_absolute" : "rope");
+  if (!m.learned_position_embeddings) {
+    out += fmt::format("  rotary_base: {}\n", integral_rope_theta(pf));
+    if (m.rope_scaling_factor > 0) {
+      out += "  scale_positional_embedding: true\n";
+      out += fmt::format("  scale_factor: {}\n", m.rope_scaling_factor);
+    }
+  }
+  out += fmt::format("  share_embeddings_and_output_weights: {}\n", yes_no(m.tied_embeddings));
+  out += "  make_vocab_size_divisible_by: 128\n";
+  // The mcore path picks its layer spec by transformer_engine: true = TE's fused
+  // (flash) attention, false = the local spec's unfused attention;
+  // use_flash_attention acts on the legacy path only.
+  out += fmt::format("  transformer_engine: {}\n", yes_no(p.flash_attention));
+  // O2: fp32 main parameters and gradients, as priced; fusion needs it.
+  out += "  megatron_amp_O2: true\n";
+  out += fmt::format("  gradient_accumulation_fusion: {}\n", yes_no(p.grad_accum_fusion));
+  out += "  optim:\n";
+  if (p.zero_stage >= 1) {
+    // Megatron-Core's distributed optimizer; the parameter all-gather is priced
+    // after the optimizer step, not overlapped.
+    out += "    name: mcore_distributed_optim\n";
+    out += fmt::format("    overlap_grad_sync: {}\n", yes_no(p.trainer.dp_overlap));
+    out += "    overlap_param_sync: false\n";
+    out += fmt::format("    grad_sync_dtype: {}\n", p.trainer.dp_grad_bytes == 2 ? "bf16" : "fp32");
+  } else {
+    out += "    name: fused_adam\n";
+  }
+  return {out, ""};
+}
+
+}  // namespace cuboid::exporters

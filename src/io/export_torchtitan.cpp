@@ -1,0 +1,261 @@
+// torchtitan, two versions:
+//  * v0.2.2: --section.key overrides of a TOML job config; fields from pytorch/torchtitan
+//    torchtitan/config/job_config.py@v0.2.2 (tests/data/trainer_options/torchtitan-v0.2.2.json);
+//  * main at b5bcd76c: a Python function returning Trainer.Config (the TOML config and
+//    training.local_batch_size / global_batch_size / seq_len are gone; activation
+//    checkpointing is a policy object); fields from torchtitan/config/configs.py@b5bcd76c
+//    (tests/data/trainer_options/torchtitan-b5bcd76c.json).
+// Schedule names are torch.distributed.pipelining's (get_schedule_class).
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "export_common.hpp"
+
+namespace cuboid::exporters {
+
+namespace {
+
+// torchtitan's Llama 3 flavours (torchtitan/models/llama3/__init__.py at both
+// versions: dim, layers, heads, KV heads, the FFN that ffn_dim_multiplier and
+// multiple_of give, vocabulary 128256, rope_theta 500000, Llama 3.1 scaling).
+struct Flavor {
+  const char* name;         // v0.2.2 --model.flavor
+  const char* main_config;  // main: torchtitan/models/llama3/config_registry.py
+  std::int64_t dim, layers, heads, kv_heads, ffn;
+};
+constexpr std::array<Flavor, 3> kFlavors = {{
+    {"8B", "llama3_8b", 4096, 32, 32, 8, 14336},
+    {"70B", "llama3_70b", 8192, 80, 64, 8, 28672},
+    {"405B", "llama3_405b", 16384, 126, 128, 8, 53248},
+}};
+
+const Flavor& flavor(const PlanFile& pf) {
+  const ModelSpec& m = pf.model;
+  if (m.learned_position_embeddings || m.normalization != Normalization::rmsnorm ||
+      m.activation != Activation::swiglu || m.linear_bias || m.tied_embeddings)
+    refuse(pf, "model",
+           m.name + " is not a Llama-style model (torchtitan's llama3 has rotary positions, RMSNorm, SwiGLU, no biases "
+                    "and an untied output layer), and torchtitan has no model of its shape",
+           "export with --to megatron or --to megatron-bridge");
+  for (const Flavor& f : kFlavors)
+    if (f.dim == m.hidden_size && f.layers == m.num_layers && f.heads == m.num_attention_heads &&
+        f.kv_heads == m.num_kv_heads && f.ffn == m.ffn_hidden_size && m.vocab_size == 128256)
+      return f;
+  refuse(pf, "model",
+         fmt::format("torchtitan's llama3 flavours are 8B, 70B and 405B; none has the shape of {} ({} layers, hidden "
+                     "{}, {} heads, {} KV heads, FFN {}, vocabulary {})",
+                     m.name, m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size,
+                     m.vocab_size),
+         "register a flavour of that shape in torchtitan/models/llama3/__init__.py, or export with --to megatron");
+}
+
+// What both versions refuse alike.
+void check_common(const PlanFile& pf) {
+  const ParallelPlan& p = pf.plan;
+  if (!default_rank_order(p))
+    refuse(pf, "parallel.rank_order",
+           "torchtitan's device mesh is fixed as [pp, dp_replicate, dp_shard, cp, tp] (TP innermost, PP outermost = "
+           "rank order tp-dp-pp), not " + p.order.str(),
+           "plan with --rank-order tp-dp-pp");
+  if (p.tp > 1 && !p.sequence_parallel)
+    refuse(pf, "parallel.sequence_parallel",
+           "torchtitan's tensor parallelism always shards norms along the sequence (sequence parallelism)",
+           "plan with --sequence-parallel on");
+  if (has_uneven_stages(p))
+    refuse(pf, "parallel.first_stage_layers",
+           "torchtitan's stage split counts the embedding and the output as layers, so cuboid's uneven "
+           "transformer-layer split cannot be expressed exactly",
+           "plan without uneven stages");
+  if (!p.flash_attention)
+    refuse(pf, "parallel.flash_attention",
+           "torchtitan's attention is scaled_dot_product_attention (flash kernels); an unfused-attention plan "
+           "cannot be reproduced",
+           "plan with --flash-attention on");
+  if (p.dp > 1 && p.zero_stage == 1)
+    refuse(pf, "parallel.zero_stage",
+           "ZeRO-1 (sharded optimizer states, replicated weights and gradients) has no torchtitan equivalent: FSDP2 "
+           "shards weights, gradients and optimizer states together",
+           "plan with --zero 3 (FSDP), --zero 2 (FSDP without resharding after forward) or --zero 0 (DDP)");
+  if (p.grad_accum_fusion)
+    refuse(pf, "parallel.grad_accum_fusion",
+           "torchtitan (FSDP2 or DDP) adds each micro-batch's gradients in a separate pass (autograd's "
+           "AccumulateGrad, FSDP's sharded add), not inside the weight-gradient GEMMs, and the plan was priced with "
+           "Megatron's fused accumulation",
+           "plan with --grad-accum-fusion off (plan --for torchtitan does)");
+  if (p.dp > 1 && p.trainer.dp_grad_bytes != 4)
+    refuse(pf, "trainer.dp_grad_bytes",
+           "torchtitan reduces gradients in float32 (training.mixed_precision_reduce allows only \"float32\"), and "
+           "the plan was priced with 16-bit gradients",
+           "plan --for torchtitan (it prices torchtitan's reduction)");
+  if (p.dp > 1 && !p.trainer.dp_overlap)
+    refuse(pf, "trainer.dp_overlap",
+           "torchtitan's FSDP2 and DDP reduce gradients during the backward, and the plan was priced with the "
+           "reduction after it",
+           "plan --for torchtitan (it prices torchtitan's reduction)");
+}
+
+const char* schedule_name(const ParallelPlan& p) {
+  return p.schedule == Schedule::interleaved ? "Interleaved1F1B" : p.schedule == Schedule::gpipe ? "GPipe" : "1F1B";
+}
+
+using Fields = std::vector<std::pair<std::string, std::string>>;  // key, value as the format writes it
+
+// The parallelism fields both versions share (TOML / Python literals alike for these).
+Fields parallelism(const PlanFile& pf, bool main) {
+  const ParallelPlan& p = pf.plan;
+  auto q = [](std::string_view s) { return fmt::format("\"{}\"", s); };
+  // ZeRO-3 = FSDP resharding after forward; ZeRO-2 = FSDP keeping the
+  // gathered weights until backward (fully_shard reshard_after_forward=False).
+  const bool shard = p.dp > 1 && p.zero_stage >= 2;
+  Fields par;
+  par.emplace_back("data_parallel_replicate_degree", std::to_string(p.dp > 1 && p.zero_stage == 0 ? p.dp : 1));
+  par.emplace_back("data_parallel_shard_degree", std::to_string(shard ? p.dp : 1));
+  if (shard) par.emplace_back("fsdp_reshard_after_forward", q(p.zero_stage == 3 ? "always" : "never"));
+  par.emplace_back("tensor_parallel_degree", std::to_string(p.tp));
+  par.emplace_back("pipeline_parallel_degree", std::to_string(p.pp));
+  if (p.pp > 1) {
+    par.emplace_back("pipeline_parallel_schedule", q(schedule_name(p)));
+    // Pin the split: layers per (virtual) stage, no layer taken off the first
+    // and last stages for the embedding and the output.
+    par.emplace_back("pipeline_parallel_layers_per_stage", std::to_string(layers_per_virtual_stage(pf)));
+    par.emplace_back("pipeline_parallel_first_stage_less_layers", "0");
+    par.emplace_back("pipeline_parallel_last_stage_less_layers", "0");
+    if (main) par.emplace_back("num_pp_microbatches", std::to_string(p.num_micro_batches()));
+    else par.emplace_back("pipeline_parallel_microbatch_size", std::to_string(p.micro_batch));
+  }
+  par.emplace_back("context_parallel_degree", std::to_string(p.cp));
+  return par;
+}
+
+std::string rope_note(const PlanFile& pf) {
+  if (pf.model.rope_scaling_factor > 0) return "";
+  return fmt::format("# Its rotary embedding applies Llama 3.1's frequency scaling (factor 8), which {} has not;\n"
+                     "# the cost is the same, the numerics are Llama 3.1's.\n",
+                     pf.model.name);
+}
+
+}  // namespace
+
+ExportResult torchtitan_v02(const PlanFile& pf) {
+  const ParallelPlan& p = pf.plan;
+  check_common(pf);
+  if (p.dp > 1 && p.zero_stage == 0 && (p.tp > 1 || p.pp > 1))
+    refuse(pf, "parallel.zero_stage",
+           "torchtitan v0.2.2 replicates with DDP (data_parallel_replicate_degree) only without tensor or pipeline "
+           "parallelism (\"DDP has not supported > 1D parallelism\")",
+           "plan with --zero 3 (FSDP), or export with --to torchtitan-main or --to megatron");
+  // torchtitan/distributed/utils.py@v0.2.2 maybe_enable_amp.
+  if (p.dp == 1 && (p.tp > 1 || p.pp > 1))
+    refuse(pf, "parallel.dp",
+           "torchtitan v0.2.2 applies bf16 mixed precision through FSDP only; with TP or PP and no FSDP "
+           "(maybe_enable_amp: \"Mixed precision training with TP or PP is only supported when FSDP/HSDP/CP is "
+           "enabled\") it trains in training.dtype, float32, and the plan was priced in bf16",
+           "plan with --dp 2 or more and --zero 2 or 3 (FSDP), or export with --to torchtitan-main (its FSDP wrapper "
+           "installs the bf16 policy at any degree)");
+  const Flavor& f = flavor(pf);
+
+  const Fields par = parallelism(pf, false);
+  Fields model, train, ac;
+  model.emplace_back("name", "\"llama3\"");
+  model.emplace_back("flavor", fmt::format("\"{}\"", f.name));
+  // local_batch_size is per data-parallel rank: with PP it holds all of the
+  // rank's micro-batches; without, gradient accumulation fills the global batch.
+  train.emplace_back("local_batch_size",
+                     std::to_string(p.pp > 1 ? p.global_batch / p.dp : static_cast<std::int64_t>(p.micro_batch)));
+  train.emplace_back("global_batch_size", std::to_string(p.global_batch));
+  train.emplace_back("seq_len", std::to_string(p.seq_length));
+  ac.emplace_back("mode", p.recompute == Recompute::full ? "\"full\"" : "\"none\"");
+
+  std::string out = header(pf, "#", "torchtitan v0.2.2");
+  out += "# Fields: pytorch/torchtitan torchtitan/config/job_config.py@v0.2.2 (Model, Parallelism, Training,\n"
+         "# ActivationCheckpoint). For torchtitan's main branch use --to torchtitan-main.\n";
+  out += fmt::format("# Model: torchtitan's llama3 flavour {} ({} layers, hidden {}).\n", f.name, pf.model.num_layers,
+                     pf.model.hidden_size);
+  out += rope_note(pf);
+  if (p.recompute == Recompute::selective)
+    out += "# cuboid's selective recomputation (attention core only) equals none with flash attention, which\n"
+           "# recomputes the attention core in backward by itself: activation_checkpoint.mode = \"none\".\n";
+  out += "# Add: the dataset (--training.dataset / dataset_path), the tokenizer (--model.hf_assets_path) and\n"
+         "# checkpointing (--checkpoint.enable, --checkpoint.folder).\n";
+  out += fmt::format(
+      "# Start (each of the {0} nodes; the TOML is torchtitan's own, these overrides win):\n"
+      "#   torchrun --nnodes {0} --nproc_per_node {1} --rdzv_backend c10d --rdzv_endpoint \"$MASTER_ADDR:29500\" \\\n"
+      "#     -m torchtitan.train --job.config_file ./torchtitan/models/llama3/train_configs/llama3_{2}.toml "
+      "<the overrides below>\n",
+      pf.nodes, pf.gpus_per_node, f.name == std::string_view("8B") ? "8b" : f.name == std::string_view("70B") ? "70b" : "405b");
+  out += "\n# Command-line overrides:\n";
+  std::vector<std::string> flags;
+  auto add_flags = [&](const char* section, const Fields& kv) {
+    for (const auto& [k, v] : kv) {
+      std::string value = v;
+      if (value.size() >= 2 && value.front() == '"') value = value.substr(1, value.size() - 2);
+      flags.push_back(fmt::format("--{}.{}={}", section, k, value));
+    }
+  };
+  add_flags("model", model);
+  add_flags("parallelism", par);
+  add_flags("training", train);
+  add_flags("activation_checkpoint", ac);
+  for (std::size_t i = 0; i < flags.size(); ++i) out += flags[i] + (i + 1 < flags.size() ? " \\\n" : "\n");
+  out += "\n# The same as TOML tables (train_configs/*.toml):\n";
+  auto table = [&](const char* section, const Fields& kv, bool last) {
+    out += fmt::format("[{}]\n", section);
+    for (const auto& [k, v] : kv) out += fmt::format("{} = {}\n", k, v);
+    if (!last) out += "\n";
+  };
+  table("model", model, false);
+  table("parallelism", par, false);
+  table("training", train, false);
+  table("activation_checkpoint", ac, true);
+  return {out, ""};
+}
+
+ExportResult torchtitan_main(const PlanFile& pf) {
+  const ParallelPlan& p = pf.plan;
+  check_common(pf);
+  const Flavor& f = flavor(pf);
+  const Fields par = parallelism(pf, true);
+  const std::int64_t microbatch_tokens = static_cast<std::int64_t>(p.micro_batch) * p.seq_length;
+
+  std::string out = "#!/usr/bin/env python3\n" + header(pf, "#", "torchtitan main (b5bcd76c)");
+  out += "# Fields: pytorch/torchtitan torchtitan/config/configs.py@b5bcd76c (TrainingConfig, ParallelismConfig),\n"
+         "# torchtitan/trainer.py (Trainer.Config.activation_checkpoint), torchtitan/models/llama3/config_registry.py.\n"
+         "# For torchtitan v0.2.x use --to torchtitan.\n";
+  out += fmt::format("# Model: {}() from torchtitan's llama3 config registry ({} layers, hidden {}).\n", f.main_config,
+                     pf.model.num_layers, pf.model.hidden_size);
+  out += rope_note(pf);
+  if (p.recompute == Recompute::selective)
+    out += "# cuboid's selective recomputation (attention core only) equals none with flash attention, which\n"
+           "# recomputes the attention core in backward by itself: no activation checkpointing.\n";
+  out += fmt::format(
+      "# The base config brings its dataset, tokenizer (hf_assets_path), optimizer and checkpointing: set yours.\n"
+      "# Save as torchtitan_recipes/cuboid_plan.py in the torchtitan checkout and start on each of the {0} nodes:\n"
+      "#   torchrun --nnodes {0} --nproc_per_node {1} --rdzv_backend c10d --rdzv_endpoint \"$MASTER_ADDR:29500\" \\\n"
+      "#     -m torchtitan.train --module torchtitan_recipes.cuboid_plan --config cuboid_plan\n",
+      pf.nodes, pf.gpus_per_node);
+  out += fmt::format("from torchtitan.models.llama3.config_registry import {}\n", f.main_config);
+  if (p.recompute == Recompute::full) out += "from torchtitan.distributed.activation_checkpoint import FullAC\n";
+  out += "from torchtitan.trainer import Trainer\n\n\n";
+  out += "def cuboid_plan() -> Trainer.Config:\n";
+  out += fmt::format("    config = {}()\n", f.main_config);
+  for (const auto& [k, v] : par) out += fmt::format("    config.parallelism.{} = {}\n", k, v);
+  out += fmt::format("    config.parallelism.enable_sequence_parallel = {}\n", p.tp > 1 ? "True" : "False");
+  out += fmt::format("    config.training.num_tokens_per_microbatch_per_dp_rank = {}  # micro-batch {} x {} tokens\n",
+                     microbatch_tokens, p.micro_batch, p.seq_length);
+  out += fmt::format("    config.training.num_tokens_per_train_step = {}  # global batch {} x {} tokens\n",
+                     static_cast<std::int64_t>(p.global_batch) * p.seq_length, p.global_batch, p.seq_length);
+  out += fmt::format("    config.training.max_context_length = {}\n", p.seq_length);
+  out += "    config.training.mixed_precision_param = \"bfloat16\"\n";
+  out += "    config.training.mixed_precision_reduce = \"float32\"\n";
+  out += p.recompute == Recompute::full ? "    config.activation_checkpoint = FullAC.Config()\n"
+                                        : "    config.activation_checkpoint = None\n";
+  out += "    return config\n";
+  return {out, ""};
+}
+
+}  // namespace cuboid::exporters
