@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <map>
-#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -26,6 +25,7 @@
 #include "cuboid/io/planfile.hpp"
 #include "cuboid/search/planner.hpp"
 #include "cuboid/io/svg.hpp"
+#include "cuboid/report/explain.hpp"
 #include "cuboid/report/report.hpp"
 #include "cuboid/core/topology.hpp"
 
@@ -161,79 +161,6 @@ std::function<void(std::size_t, std::size_t)> progress_bar() {
                  total);
     std::fflush(stderr);
   };
-}
-
-// --explain: for every dimension, the best plan with that dimension forced to
-// each value, so rules of thumb can be checked on the user's own case.
-std::string explain(const Loaded& l, const PlannerOptions& o, const SearchResult& r) {
-  if (r.fitting.empty()) return "";
-  const Estimate& best = r.fitting.front();
-  struct Dimension {
-    const char* name;
-    std::function<std::string(const ParallelPlan&)> value;
-  };
-  const Dimension dims[] = {
-      {"TP", [](const ParallelPlan& p) { return std::to_string(p.tp); }},
-      {"PP", [](const ParallelPlan& p) { return std::to_string(p.pp); }},
-      {"DP", [](const ParallelPlan& p) { return std::to_string(p.dp); }},
-      {"micro-batch", [](const ParallelPlan& p) { return std::to_string(p.micro_batch); }},
-      {"virtual stages", [](const ParallelPlan& p) { return std::to_string(p.virtual_stages); }},
-      {"ZeRO", [](const ParallelPlan& p) { return std::to_string(p.zero_stage); }},
-      {"recompute", [](const ParallelPlan& p) { return std::string(to_string(p.recompute)); }},
-      {"sequence parallel", [](const ParallelPlan& p) { return std::string(p.sequence_parallel ? "on" : "off"); }},
-      {"rank order", [](const ParallelPlan& p) { return p.order.str(); }},
-  };
-  std::string out =
-      "\nWhat each choice costs (best plan with one dimension forced; vs the winner; sim = simulated, est = analytical):\n";
-  auto line = [&](const std::string& dim, const std::string& value, const Estimate* e, const std::string& note) {
-    if (e == nullptr) {
-      out += fmt::format("  {:<18} {:<9} {}\n", dim, value, note);
-      return;
-    }
-    const double slower = 100.0 * (e->iteration_time_s / best.iteration_time_s - 1.0);
-    out += fmt::format("  {:<18} {:<9} {:>9.3f} s {} {:>+7.1f}%   TP {} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}, {}\n", dim,
-                       value, e->iteration_time_s, e->simulated ? "sim" : "est", slower, e->plan.tp, e->plan.pp, e->plan.dp, e->plan.micro_batch,
-                       e->plan.virtual_stages, e->plan.zero_stage, to_string(e->plan.recompute),
-                       e->plan.sequence_parallel ? "on" : "off", e->plan.order.str(), format_bytes_GiB(e->memory.total_bytes));
-  };
-  for (const Dimension& d : dims) {
-    std::vector<std::pair<std::string, const Estimate*>> seen;
-    for (const Estimate& e : r.fitting) {
-      const std::string v = d.value(e.plan);
-      bool known = false;
-      for (const auto& s : seen) known = known || s.first == v;
-      if (!known) seen.emplace_back(v, &e);
-    }
-    std::sort(seen.begin(), seen.end(), [](const auto& a, const auto& b) {
-      const bool an = !a.first.empty() && std::isdigit(static_cast<unsigned char>(a.first[0]));
-      const bool bn = !b.first.empty() && std::isdigit(static_cast<unsigned char>(b.first[0]));
-      if (an && bn) return std::stoi(a.first) < std::stoi(b.first);
-      return a.first < b.first;
-    });
-    for (const auto& [v, e] : seen) line(d.name, v, e, "");
-    if (std::string(d.name) == "TP" && !o.tp) {
-      // TP beyond a node is not searched by default: price it here so the
-      // "TP inside a node" rule is checked, not assumed.
-      for (int tp = l.cluster.gpus_per_node * 2; tp <= l.cluster.total_gpus() && tp <= 64; tp *= 2) {
-        if (l.model.num_attention_heads % tp != 0 || l.model.num_kv_heads % tp != 0) continue;
-        PlannerOptions forced = o;
-        forced.tp = tp;
-        forced.progress = {};
-        try {
-          SearchResult rt = search_plans(l.model, *l.topology, forced);
-          if (rt.fitting.empty())
-            line(d.name, std::to_string(tp), nullptr, "no plan fits");
-          else
-            line(d.name, std::to_string(tp), &rt.fitting.front(), "");
-          // rt is destroyed at the end of this iteration; the line is already written.
-        } catch (const InputError& e) {
-          line(d.name, std::to_string(tp), nullptr, e.problem());
-        }
-      }
-    }
-  }
-  out += "  (values not listed have no plan that fits)\n";
-  return out;
 }
 
 // --out plan.json and --svg pareto.svg, each written atomically.
@@ -378,7 +305,7 @@ void run_plan(const PlanFlags& f) {
   std::cout << fmt::format("\nBest plan of each TP x PP x DP layout that fits ({} layouts):\n", per_shape.size());
   std::cout << format_plan_table(per_shape, 30);
   std::cout << "\n" << why_best(r.fitting.front());
-  if (f.explain) std::cout << explain(l, o, r);
+  if (f.explain) std::cout << format_explain(explain_choices(l.model, *l.topology, o, r), r.fitting.front());
   write_outputs(l, r, f);
 }
 
