@@ -26,8 +26,11 @@
 #include "cuboid/search/planner.hpp"
 #include "cuboid/io/svg.hpp"
 #include "cuboid/report/explain.hpp"
+#include "cuboid/report/html_report.hpp"
 #include "cuboid/report/report.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/sim/simulator.hpp"
+#include "cuboid_config.hpp"
 
 namespace cuboid::cli {
 
@@ -163,12 +166,36 @@ std::function<void(std::size_t, std::size_t)> progress_bar() {
   };
 }
 
-// --out plan.json and --svg pareto.svg, each written atomically.
-void write_outputs(const Loaded& l, const SearchResult& r, const PlanFlags& f) {
-  if (!f.out_path && !f.svg_path) return;
+// --report plan.html: the page of html_report.hpp, with the winner's
+// simulated timeline and the --explain rows.
+void write_report(const Loaded& l, const PlannerOptions& o, const SearchResult& r, const PlanFlags& f,
+                  const std::string& head, const std::vector<ExplainRow>* explained) {
+  const Estimate& best = r.fitting.front();
+  sim::SimOptions so;
+  so.timeline = true;
+  ReportPage page;
+  page.title = fmt::format("{} on {} ({} GPUs)", l.model.name, l.cluster.name, l.cluster.total_gpus());
+  page.command = "plan";
+  page.header = head + "\n" + why_best(best);
+  page.generator = std::string("cuboid ") + CUBOID_VERSION;
+  page.cluster = l.cluster;
+  page.chosen = best;
+  page.ranked.assign(r.fitting.begin(), r.fitting.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(f.top, r.fitting.size())));
+  page.fitting = r.fitting;
+  page.timeline = sim::run_simulation(l.model, *l.topology, best.plan, so).timeline;
+  page.explain = explained != nullptr ? *explained : explain_choices(l.model, *l.topology, o, r);
+  write_file_atomically(*f.report_path, html_report(page));
+  spdlog::info("wrote {}", *f.report_path);
+}
+
+// --out plan.json, --svg pareto.svg and --report plan.html, each written atomically.
+// `explained`: the --explain rows when already computed.
+void write_outputs(const Loaded& l, const PlannerOptions& o, const SearchResult& r, const PlanFlags& f,
+                   const std::string& head, const std::vector<ExplainRow>* explained = nullptr) {
+  if (!f.out_path && !f.svg_path && !f.report_path) return;
   if (r.fitting.empty())
-    throw InputError("command line", f.out_path ? "--out" : "--svg", "no plan fits in memory, so nothing was written",
-                     "see what would make a plan fit above");
+    throw InputError("command line", f.out_path ? "--out" : f.svg_path ? "--svg" : "--report",
+                     "no plan fits in memory, so nothing was written", "see what would make a plan fit above");
   if (f.out_path) {
     write_file_atomically(*f.out_path, plan_to_json(l.model, l.cluster, r.fitting.front()).dump(2) + "\n");
     spdlog::info("wrote {}", *f.out_path);
@@ -179,6 +206,7 @@ void write_outputs(const Loaded& l, const SearchResult& r, const PlanFlags& f) {
     write_file_atomically(*f.svg_path, pareto_svg(r.fitting, r.fitting.front(), title));
     spdlog::info("wrote {}", *f.svg_path);
   }
+  if (f.report_path) write_report(l, o, r, f, head, explained);
 }
 
 // --for TARGET: search only plans that the trainer can express, asking the
@@ -246,6 +274,7 @@ void run_plan(const PlanFlags& f) {
                      "give 0 (all cores) or more");
   check_output_path(f.out_path, "--out");  // fail before a long search, not after
   check_output_path(f.svg_path, "--svg");
+  check_output_path(f.report_path, "--report");
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
   if (f.for_target) restrict_to_target(o, l, *f.for_target);
@@ -259,24 +288,25 @@ void run_plan(const PlanFlags& f) {
     for (Estimate& e : *rows) attach_interval(e, l.cluster);
   spdlog::info("scored {} candidates ({} fit in memory), skipped {}", r.candidates, r.fitting.size(), r.skipped);
   for (const auto& [reason, count] : r.skip_reasons) spdlog::info("  skipped {} x: {}", count, reason);
+  std::string head = header(l, r, f);
+  head += fmt::format("search  {} valid plans scored analytically (est), {} fit in memory, the best {} re-ranked by "
+                      "discrete-event simulation (sim)\n",
+                      r.candidates, r.fitting.size(), r.simulated);
+  if (simulation_skipped)
+    head += fmt::format("\n        (no simulation above {} GPUs by default: it would take minutes; --simulate-top K forces it)\n",
+                        kMaxAutoSimulatedGpus);
   if (f.json) {
     std::cout << search_to_json(l.model, l.cluster, r, f.top).dump(2) << "\n";
-    write_outputs(l, r, f);
+    write_outputs(l, o, r, f, head);
     return;
   }
-  std::cout << header(l, r, f);
-  std::cout << fmt::format("search  {} valid plans scored analytically (est), {} fit in memory, the best {} re-ranked by "
-                           "discrete-event simulation (sim)\n\n",
-                           r.candidates, r.fitting.size(), r.simulated);
-  if (simulation_skipped)
-    std::cout << fmt::format("        (no simulation above {} GPUs by default: it would take minutes; --simulate-top K forces it)\n\n",
-                             kMaxAutoSimulatedGpus);
+  std::cout << head << "\n";
   if (r.candidates == 0) {
     std::cout << "No valid plan: no factorisation of the cluster satisfies the constraints.\n";
     for (const auto& [reason, count] : r.skip_reasons) std::cout << fmt::format("  {} x {}\n", count, reason);
     std::cout << what_would_fit(l, o, f);
     std::cout.flush();
-    write_outputs(l, r, f);
+    write_outputs(l, o, r, f, head);
     return;
   }
   if (r.fitting.empty()) {
@@ -286,7 +316,7 @@ void run_plan(const PlanFlags& f) {
     std::cout << format_plan_table(r.not_fitting, 5);
     std::cout << what_would_fit(l, o, f);
     std::cout.flush();
-    write_outputs(l, r, f);
+    write_outputs(l, o, r, f, head);
     return;
   }
   std::cout << fmt::format("Top {} plans (fastest first):\n", std::min<std::size_t>(f.top, r.fitting.size()));
@@ -305,8 +335,12 @@ void run_plan(const PlanFlags& f) {
   std::cout << fmt::format("\nBest plan of each TP x PP x DP layout that fits ({} layouts):\n", per_shape.size());
   std::cout << format_plan_table(per_shape, 30);
   std::cout << "\n" << why_best(r.fitting.front());
-  if (f.explain) std::cout << format_explain(explain_choices(l.model, *l.topology, o, r), r.fitting.front());
-  write_outputs(l, r, f);
+  std::vector<ExplainRow> explained;
+  if (f.explain) {
+    explained = explain_choices(l.model, *l.topology, o, r);
+    std::cout << format_explain(explained, r.fitting.front());
+  }
+  write_outputs(l, o, r, f, head, f.explain ? &explained : nullptr);
 }
 
 }  // namespace
@@ -321,6 +355,9 @@ void register_plan_command(CLI::App& app) {
   plan->add_option("--top", plan_flags.top, "rows in the ranked table (default 10)");
   plan->add_option("--out", plan_flags.out_path, "write the best plan as a plan file (schema cuboid.plan/1)");
   plan->add_option("--svg", plan_flags.svg_path, "draw step time vs memory of every plan that fits as an SVG picture");
+  plan->add_option("--report", plan_flags.report_path,
+                   "write a self-contained HTML report: ranked table, time vs memory, the winner's mesh, simulated "
+                   "timeline and breakdown, the --explain table");
   g_simulate_top_option = plan->add_option("--simulate-top", plan_flags.simulate_top,
                    "re-rank the best K plans with the discrete-event simulator (default 32; 0: analytical only)");
   plan->add_option("--for", plan_flags.for_target,
