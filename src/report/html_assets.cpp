@@ -12,6 +12,8 @@ nav a { margin-right: 10px; color: #0b5394; }
 pre { background: #f6f6f6; padding: 8px 10px; overflow-x: auto; font-size: 12px; line-height: 1.35; }
 .caption, .note { color: #444; font-size: 13px; margin: 4px 0 8px 0; max-width: 1150px; }
 .figure { overflow-x: auto; }
+.pair { display: flex; flex-wrap: wrap; column-gap: 28px; align-items: flex-start; }
+.pair > section { flex: 1 1 520px; min-width: 0; }
 .figure svg { max-width: 100%; height: auto; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { padding: 3px 7px; border-bottom: 1px solid #e2e2e2; text-align: right; white-space: nowrap; }

@@ -144,6 +144,8 @@ std::string html_report(const ReportPage& page) {
                    "Fastest first; <em>sim</em> rows are scored by the discrete-event simulator, <em>est</em> rows "
                    "analytically. Click a heading to sort.",
                    ranked_table(page));
+  // The two pictures side by side where the window is wide enough.
+  out += "<div class=\"pair\">\n";
   if (!page.fitting.empty()) {
     const std::string title = fmt::format("step time vs memory of {} plans that fit", page.fitting.size());
     out += section("pareto", "Step time against memory",
@@ -157,6 +159,7 @@ std::string html_report(const ReportPage& page) {
   out += section("mesh", "Device mesh",
                  "Which GPU holds which pipeline stage (p), DP replica (d) and TP rank (t); TP groups outlined.",
                  "<div class=\"figure\">" + html::inline_svg(mesh_svg(p, page.cluster, mesh_title)) + "</div>\n");
+  out += "</div>\n";
   out += section("timeline", "Timeline of one iteration", timeline_caption(page),
                  "<div class=\"figure\">" + html::timeline_svg(page.timeline) + "</div>\n");
   const std::span<const Estimate> bars =
