@@ -321,6 +321,24 @@ std::vector<Case> catalogue() {
          const auto t = d / "missing" / "pareto.svg";
          return Spec{"plan " + kLlama + " --svg " + t.string(), {"--svg", "does not exist"}, t};
        }},
+      {"plan --report in a missing folder", [](const TempDir& d) {
+         const auto t = d / "missing" / "plan.html";
+         return Spec{"plan " + kLlama + " --report " + t.string(), {"--report", "does not exist"}, t};
+       }},
+      {"plan --report when nothing fits", [](const TempDir& d) {
+         const auto t = d / "none.html";
+         return Spec{"plan --model models/llama3.1-405b.json --cluster topologies/dgx-a100.json --simulate-top 0 --report " +
+                         t.string(),
+                     {"--report", "no plan fits"}, t, true};
+       }},
+      {"simulate --report is a folder", [](const TempDir& d) {
+         return Spec{"simulate " + kLlama + " --tp 8 --pp 4 --report " + d.path().string(), {"--report", "is a folder"}, {}};
+       }},
+      {"simulate --analytical --report", [](const TempDir& d) {
+         const auto t = d / "sim.html";
+         return Spec{"simulate " + kLlama + " --tp 8 --pp 4 --analytical --report " + t.string(),
+                     {"--analytical", "--report needs the simulator"}, t};
+       }},
       {"plan --out when nothing fits", [](const TempDir& d) {
          const auto t = d / "none.json";
          return Spec{"plan --model models/llama3.1-405b.json --cluster topologies/dgx-a100.json --simulate-top 0 --out " + t.string(),

@@ -1,6 +1,6 @@
 // The same inputs give byte-identical output: plan --json, plan --out files,
-// simulate --json and simulate --trace files, across two runs and across the
-// planner's thread counts (--threads 1 vs 2). Nothing time-dependent is
+// simulate --json and simulate --trace files, the HTML reports (--report),
+// across two runs and across the planner's thread counts (--threads 1 vs 2). Nothing time-dependent is
 // written: simulate --json has no host time (the text output keeps it).
 #include <doctest/doctest.h>
 
@@ -70,5 +70,19 @@ TEST_CASE("simulate --json and simulate --trace are byte-identical across runs" 
   const Output c = run_to("simulate --plan " + plan.string() + " --json --trace", d, "c.trace.json");
   const Output e = run_to("simulate --plan " + plan.string() + " --json --trace", d, "e.trace.json");
   CHECK(c.out == e.out);
+  CHECK(c.file == e.file);
+}
+
+TEST_CASE("plan --report and simulate --report are byte-identical across runs and thread counts" * doctest::timeout(300)) {
+  TempDir d("determinism_report");
+  const std::string plan =
+      "plan --model models/gpt-small.json --cluster topologies/dgx-a100.json --nodes 1 --tp 2 --pp 2 --global-batch 64";
+  const Output a = run_to(plan + " --threads 1 --out " + (d / "p.json").string() + " --report", d, "a.html");
+  const Output b = run_to(plan + " --threads 2 --report", d, "b.html");
+  CHECK(a.file == b.file);
+  CHECK(a.file.find("id=\"timeline-svg\"") != std::string::npos);
+  const std::string sim = "simulate --plan " + (d / "p.json").string() + " --report";
+  const Output c = run_to(sim, d, "c.html");
+  const Output e = run_to(sim, d, "e.html");
   CHECK(c.file == e.file);
 }

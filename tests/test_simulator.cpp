@@ -486,6 +486,48 @@ TEST_CASE("a Llama-3-70B TP4 x PP4 x DP2 trace opens and shows 1F1B on every sta
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("the timeline: the same results, every stage's steps in schedule order, the trace's blocks") {
+  const ModelSpec m = model("gpt-small");
+  const Topology topo = cluster("dgx-a100.json", 1);
+  ParallelPlan p = plan_of(m, 2, 2, 2, 16);
+  p.zero_stage = 1;
+  SimOptions o;
+  const SimResult plain = run_simulation(m, topo, p, o);
+  CHECK(plain.timeline.blocks.empty());
+  o.timeline = true;
+  const SimResult r = run_simulation(m, topo, p, o);
+  CHECK(r.estimate.iteration_time_s == plain.estimate.iteration_time_s);
+  CHECK(r.events == plain.events);
+  const Timeline& tl = r.timeline;
+  CHECK(tl.end_ns == std::llround(r.estimate.iteration_time_s * 1e9));
+  REQUIRE(tl.stage_ranks.size() == 2);
+  const auto orders = pipeline_order(Schedule::one_f_one_b, 2, 8);
+  for (int stage = 0; stage < 2; ++stage) {
+    CAPTURE(stage);
+    std::string steps, want;
+    std::int64_t compute_end = 0;
+    std::map<TimelineRow, int> per_row;
+    for (const TimelineBlock& b : tl.blocks) {
+      if (b.stage != stage) continue;
+      CHECK(b.start_ns <= b.end_ns);
+      CHECK(b.end_ns <= tl.end_ns);
+      ++per_row[b.row];
+      if (b.row != TimelineRow::compute) continue;
+      CHECK(b.start_ns >= compute_end);  // one stream: one block after another
+      compute_end = b.end_ns;
+      if (b.category == "forward" || b.category == "backward") steps += b.name + " ";
+    }
+    for (const ScheduleStep& s : orders[static_cast<std::size_t>(stage)])
+      want += (s.dir == Direction::forward ? "F" : "B") + std::to_string(s.micro_batch) + " ";
+    CHECK(steps == want);
+    CHECK(per_row[TimelineRow::compute] == 17);  // 16 steps and the optimizer step
+    CHECK(per_row[TimelineRow::tp] > 0);
+    CHECK(per_row[TimelineRow::pp_forward] == 8);
+    CHECK(per_row[TimelineRow::pp_backward] == 8);
+    CHECK(per_row[TimelineRow::dp] > 0);
+  }
+}
+
 TEST_CASE("Korthikanti et al. 2022: simulated vs measured iteration times" * doctest::timeout(300)) {
   struct Row {
     const char* model;

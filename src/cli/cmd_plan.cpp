@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <map>
-#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -26,8 +25,12 @@
 #include "cuboid/io/planfile.hpp"
 #include "cuboid/search/planner.hpp"
 #include "cuboid/io/svg.hpp"
+#include "cuboid/report/explain.hpp"
+#include "cuboid/report/html_report.hpp"
 #include "cuboid/report/report.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/sim/simulator.hpp"
+#include "cuboid_config.hpp"
 
 namespace cuboid::cli {
 
@@ -163,91 +166,36 @@ std::function<void(std::size_t, std::size_t)> progress_bar() {
   };
 }
 
-// --explain: for every dimension, the best plan with that dimension forced to
-// each value, so rules of thumb can be checked on the user's own case.
-std::string explain(const Loaded& l, const PlannerOptions& o, const SearchResult& r) {
-  if (r.fitting.empty()) return "";
+// --report plan.html: the page of html_report.hpp, with the winner's
+// simulated timeline and the --explain rows.
+void write_report(const Loaded& l, const PlannerOptions& o, const SearchResult& r, const PlanFlags& f,
+                  const std::string& head, const std::vector<ExplainRow>* explained) {
   const Estimate& best = r.fitting.front();
-  struct Dimension {
-    const char* name;
-    std::function<std::string(const ParallelPlan&)> value;
-  };
-  const Dimension dims[] = {
-      {"TP", [](const ParallelPlan& p) { return std::to_string(p.tp); }},
-      {"PP", [](const ParallelPlan& p) { return std::to_string(p.pp); }},
-      {"DP", [](const ParallelPlan& p) { return std::to_string(p.dp); }},
-      {"micro-batch", [](const ParallelPlan& p) { return std::to_string(p.micro_batch); }},
-      {"virtual stages", [](const ParallelPlan& p) { return std::to_string(p.virtual_stages); }},
-      {"ZeRO", [](const ParallelPlan& p) { return std::to_string(p.zero_stage); }},
-      {"recompute", [](const ParallelPlan& p) { return std::string(to_string(p.recompute)); }},
-      {"sequence parallel", [](const ParallelPlan& p) { return std::string(p.sequence_parallel ? "on" : "off"); }},
-      {"rank order", [](const ParallelPlan& p) { return p.order.str(); }},
-  };
-  std::string out =
-      "\nWhat each choice costs (best plan with one dimension forced; vs the winner; sim = simulated, est = analytical):\n";
-  auto line = [&](const std::string& dim, const std::string& value, const Estimate* e, const std::string& note) {
-    if (e == nullptr) {
-      out += fmt::format("  {:<18} {:<9} {}\n", dim, value, note);
-      return;
-    }
-    const double slower = 100.0 * (e->iteration_time_s / best.iteration_time_s - 1.0);
-    const std::string order = dim == "rank order" ? value : e->plan.order.str();  // a tied order shares its row
-    out += fmt::format("  {:<18} {:<9} {:>9.3f} s {} {:>+7.1f}%   TP {} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}, {}\n", dim,
-                       value, e->iteration_time_s, e->simulated ? "sim" : "est", slower, e->plan.tp, e->plan.pp, e->plan.dp, e->plan.micro_batch,
-                       e->plan.virtual_stages, e->plan.zero_stage, to_string(e->plan.recompute),
-                       e->plan.sequence_parallel ? "on" : "off", order, format_bytes_GiB(e->memory.total_bytes));
-  };
-  for (const Dimension& d : dims) {
-    std::vector<std::pair<std::string, const Estimate*>> seen;
-    const bool orders = std::string(d.name) == "rank order";
-    for (const Estimate& e : r.fitting) {
-      std::vector<std::string> values{d.value(e.plan)};
-      if (orders)  // a row folds the orders that tied with it
-        for (const RankOrder& o : e.tied_orders) values.push_back(o.str());
-      for (const std::string& v : values) {
-        bool known = false;
-        for (const auto& s : seen) known = known || s.first == v;
-        if (!known) seen.emplace_back(v, &e);
-      }
-    }
-    std::sort(seen.begin(), seen.end(), [](const auto& a, const auto& b) {
-      const bool an = !a.first.empty() && std::isdigit(static_cast<unsigned char>(a.first[0]));
-      const bool bn = !b.first.empty() && std::isdigit(static_cast<unsigned char>(b.first[0]));
-      if (an && bn) return std::stoi(a.first) < std::stoi(b.first);
-      return a.first < b.first;
-    });
-    for (const auto& [v, e] : seen) line(d.name, v, e, "");
-    if (std::string(d.name) == "TP" && !o.tp) {
-      // TP beyond a node is not searched by default: price it here so the
-      // "TP inside a node" rule is checked, not assumed.
-      for (int tp = l.cluster.gpus_per_node * 2; tp <= l.cluster.total_gpus() && tp <= 64; tp *= 2) {
-        if (l.model.num_attention_heads % tp != 0 || l.model.num_kv_heads % tp != 0) continue;
-        PlannerOptions forced = o;
-        forced.tp = tp;
-        forced.progress = {};
-        try {
-          SearchResult rt = search_plans(l.model, *l.topology, forced);
-          if (rt.fitting.empty())
-            line(d.name, std::to_string(tp), nullptr, "no plan fits");
-          else
-            line(d.name, std::to_string(tp), &rt.fitting.front(), "");
-          // rt is destroyed at the end of this iteration; the line is already written.
-        } catch (const InputError& e) {
-          line(d.name, std::to_string(tp), nullptr, e.problem());
-        }
-      }
-    }
-  }
-  out += "  (values not listed have no plan that fits)\n";
-  return out;
+  sim::SimOptions so;
+  so.timeline = true;
+  ReportPage page;
+  page.title = fmt::format("{} on {} ({} GPUs)", l.model.name, l.cluster.name, l.cluster.total_gpus());
+  page.command = "plan";
+  page.header = head + "\n" + why_best(best);
+  page.generator = std::string("cuboid ") + CUBOID_VERSION;
+  page.cluster = l.cluster;
+  page.chosen = best;
+  page.ranked.assign(r.fitting.begin(), r.fitting.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(f.top, r.fitting.size())));
+  page.fitting = r.fitting;
+  page.timeline = sim::run_simulation(l.model, *l.topology, best.plan, so).timeline;
+  page.explain = explained != nullptr ? *explained : explain_choices(l.model, *l.topology, o, r);
+  write_file_atomically(*f.report_path, html_report(page));
+  spdlog::info("wrote {}", *f.report_path);
 }
 
-// --out plan.json and --svg pareto.svg, each written atomically.
-void write_outputs(const Loaded& l, const SearchResult& r, const PlanFlags& f) {
-  if (!f.out_path && !f.svg_path) return;
+// --out plan.json, --svg pareto.svg and --report plan.html, each written atomically.
+// `explained`: the --explain rows when already computed.
+void write_outputs(const Loaded& l, const PlannerOptions& o, const SearchResult& r, const PlanFlags& f,
+                   const std::string& head, const std::vector<ExplainRow>* explained = nullptr) {
+  if (!f.out_path && !f.svg_path && !f.report_path) return;
   if (r.fitting.empty())
-    throw InputError("command line", f.out_path ? "--out" : "--svg", "no plan fits in memory, so nothing was written",
-                     "see what would make a plan fit above");
+    throw InputError("command line", f.out_path ? "--out" : f.svg_path ? "--svg" : "--report",
+                     "no plan fits in memory, so nothing was written", "see what would make a plan fit above");
   if (f.out_path) {
     Estimate best = r.fitting.front();
     attach_other_orders(best, r);
@@ -260,6 +208,7 @@ void write_outputs(const Loaded& l, const SearchResult& r, const PlanFlags& f) {
     write_file_atomically(*f.svg_path, pareto_svg(r.fitting, r.fitting.front(), title));
     spdlog::info("wrote {}", *f.svg_path);
   }
+  if (f.report_path) write_report(l, o, r, f, head, explained);
 }
 
 // --for TARGET: search only plans that the trainer can express, asking the
@@ -332,6 +281,7 @@ void run_plan(const PlanFlags& f) {
                      "give 0 (all cores) or more");
   check_output_path(f.out_path, "--out");  // fail before a long search, not after
   check_output_path(f.svg_path, "--svg");
+  check_output_path(f.report_path, "--report");
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
   if (f.for_target) restrict_to_target(o, l, *f.for_target);
@@ -345,24 +295,25 @@ void run_plan(const PlanFlags& f) {
     for (Estimate& e : *rows) attach_interval(e, l.cluster);
   spdlog::info("scored {} candidates ({} fit in memory), skipped {}", r.candidates, r.fitting_plans, r.skipped);
   for (const auto& [reason, count] : r.skip_reasons) spdlog::info("  skipped {} x: {}", count, reason);
+  std::string head = header(l, r, f);
+  head += fmt::format("search  {} valid plans scored analytically (est), {} fit in memory, the best {} re-ranked by "
+                      "discrete-event simulation (sim)\n",
+                      r.candidates, r.fitting_plans, r.simulated);
+  if (simulation_skipped)
+    head += fmt::format("\n        (no simulation above {} GPUs by default: it would take minutes; --simulate-top K forces it)\n",
+                        kMaxAutoSimulatedGpus);
   if (f.json) {
     std::cout << search_to_json(l.model, l.cluster, r, f.top).dump(2) << "\n";
-    write_outputs(l, r, f);
+    write_outputs(l, o, r, f, head);
     return;
   }
-  std::cout << header(l, r, f);
-  std::cout << fmt::format("search  {} valid plans scored analytically (est), {} fit in memory, the best {} re-ranked by "
-                           "discrete-event simulation (sim)\n\n",
-                           r.candidates, r.fitting_plans, r.simulated);
-  if (simulation_skipped)
-    std::cout << fmt::format("        (no simulation above {} GPUs by default: it would take minutes; --simulate-top K forces it)\n\n",
-                             kMaxAutoSimulatedGpus);
+  std::cout << head << "\n";
   if (r.candidates == 0) {
     std::cout << "No valid plan: no factorisation of the cluster satisfies the constraints.\n";
     for (const auto& [reason, count] : r.skip_reasons) std::cout << fmt::format("  {} x {}\n", count, reason);
     std::cout << what_would_fit(l, o, f);
     std::cout.flush();
-    write_outputs(l, r, f);
+    write_outputs(l, o, r, f, head);
     return;
   }
   if (r.fitting.empty()) {
@@ -372,7 +323,7 @@ void run_plan(const PlanFlags& f) {
     std::cout << format_plan_table(r.not_fitting, 5);
     std::cout << what_would_fit(l, o, f);
     std::cout.flush();
-    write_outputs(l, r, f);
+    write_outputs(l, o, r, f, head);
     return;
   }
   std::cout << fmt::format("Top {} plans (fastest first):\n", std::min<std::size_t>(f.top, r.fitting.size()));
@@ -391,8 +342,12 @@ void run_plan(const PlanFlags& f) {
   std::cout << fmt::format("\nBest plan of each TP x PP x DP layout that fits ({} layouts):\n", per_shape.size());
   std::cout << format_plan_table(per_shape, 30);
   std::cout << "\n" << why_best(r.fitting.front());
-  if (f.explain) std::cout << explain(l, o, r);
-  write_outputs(l, r, f);
+  std::vector<ExplainRow> explained;
+  if (f.explain) {
+    explained = explain_choices(l.model, *l.topology, o, r);
+    std::cout << format_explain(explained, r.fitting.front());
+  }
+  write_outputs(l, o, r, f, head, f.explain ? &explained : nullptr);
 }
 
 }  // namespace
@@ -407,6 +362,9 @@ void register_plan_command(CLI::App& app) {
   plan->add_option("--top", plan_flags.top, "rows in the ranked table (default 10)");
   plan->add_option("--out", plan_flags.out_path, "write the best plan as a plan file (schema cuboid.plan/1)");
   plan->add_option("--svg", plan_flags.svg_path, "draw step time vs memory of every plan that fits as an SVG picture");
+  plan->add_option("--report", plan_flags.report_path,
+                   "write a self-contained HTML report: ranked table, time vs memory, the winner's mesh, simulated "
+                   "timeline and breakdown, the --explain table");
   g_simulate_top_option = plan->add_option("--simulate-top", plan_flags.simulate_top,
                    "re-rank the best K plans with the discrete-event simulator (default 32; 0: analytical only)");
   plan->add_option("--for", plan_flags.for_target,

@@ -20,8 +20,10 @@
 #include "cuboid/sim/simulator.hpp"
 #include "cuboid/io/svg.hpp"
 #include "cuboid/core/trace.hpp"
+#include "cuboid/report/html_report.hpp"
 #include "cuboid/report/report.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid_config.hpp"
 
 namespace cuboid::cli {
 
@@ -51,6 +53,7 @@ void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
 
 void run_simulate(const PlanFlags& f) {
   check_output_path(f.trace_path, "--trace");  // before the simulation, not after
+  check_output_path(f.report_path, "--report");
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
   ParallelPlan plan = l.plan ? *l.plan : plan_from_options(l.model, l.cluster, o);
@@ -60,9 +63,11 @@ void run_simulate(const PlanFlags& f) {
     l.topology = std::make_unique<Topology>(l.cluster);
   }
   if (f.analytical && f.trace_path) throw InputError(cl, "--analytical", "--trace needs the simulator", "drop --analytical");
+  if (f.analytical && f.report_path) throw InputError(cl, "--analytical", "--report needs the simulator", "drop --analytical");
   Estimate e;
   std::string extra;
   nlohmann::json sim_json;
+  sim::Timeline timeline;  // for --report
   if (f.analytical) {
     e = estimate(l.model, *l.topology, plan);
   } else {
@@ -81,9 +86,11 @@ void run_simulate(const PlanFlags& f) {
                            "give ranks of this plan");
     }
     so.trace_per_rank = f.trace_per_rank;
+    so.timeline = f.report_path.has_value();
     if (so.trace_per_rank && !f.trace_path) throw InputError(cl, "--trace-per-rank", "needs --trace FILE", "add --trace out.json");
     sim::SimResult r = sim::run_simulation(l.model, *l.topology, plan, so);
     e = r.estimate;
+    timeline = std::move(r.timeline);
     extra += fmt::format("\nsimulation: {} tasks, {} events, {} flows, {:.3f} s of host time; critical GPU rank {}\n", r.tasks,
                          r.events, r.flows, r.wall_s, r.critical_rank);
     if (r.stages.size() > 1 && e.gpu_spread > 0) {
@@ -118,6 +125,18 @@ void run_simulate(const PlanFlags& f) {
                  {{"nvlink", r.peak_nvlink_utilisation}, {"pcie", r.peak_pcie_utilisation}, {"ib", r.peak_ib_utilisation}}}};
   }
   attach_interval(e, l.cluster);
+  if (f.report_path) {
+    ReportPage page;
+    page.title = fmt::format("{} on {} ({} GPUs)", l.model.name, l.cluster.name, l.cluster.total_gpus());
+    page.command = "simulate";
+    page.header = format_estimate(l.model, l.cluster, e);
+    page.generator = std::string("cuboid ") + CUBOID_VERSION;
+    page.cluster = l.cluster;
+    page.chosen = e;
+    page.timeline = std::move(timeline);
+    write_file_atomically(*f.report_path, html_report(page));
+    extra += fmt::format("report written to {}\n", *f.report_path);
+  }
   if (f.json) {
     nlohmann::json j = estimate_to_json(e);
     j["model"] = l.model.name;
@@ -155,6 +174,8 @@ void register_simulate_commands(CLI::App& app) {
   sim->add_option("--trace", sim_flags.trace_path, "write a Chrome/Perfetto trace of the iteration to FILE");
   sim->add_option("--trace-ranks", sim_flags.trace_ranks, "ranks to trace, e.g. 0,8 (default: one GPU per stage)");
   sim->add_flag("--trace-per-rank", sim_flags.trace_per_rank, "one trace file per rank (FILE.rankN.json)");
+  sim->add_option("--report", sim_flags.report_path,
+                  "write a self-contained HTML report: the plan's mesh, simulated timeline and breakdown");
   sim->callback([] { run_simulate(sim_flags); });
 
   CLI::App* mesh = app.add_subcommand("mesh", "show which GPU (node, gpu) holds which TP group, pipeline stage and DP replica");

@@ -36,6 +36,7 @@ struct PlanFlags {
   std::optional<std::string> plan_path;  // --plan plan.json (simulate, mesh)
   std::optional<std::string> out_path;   // --out (plan)
   std::optional<std::string> svg_path;   // --svg (plan, mesh)
+  std::optional<std::string> report_path;  // --report (plan, simulate): the HTML report
   bool analytical = false;               // simulate: the analytical estimate instead of the DES
   std::vector<std::string> ablate;       // simulate --ablate MECHANISM (fidelity studies)
   std::optional<std::string> trace_path;

@@ -74,11 +74,13 @@ void Builder::label_traced(TaskId t, std::string_view name, std::string_view cat
 }
 
 void Builder::make_representatives() {
-  traced_stages_.assign(static_cast<std::size_t>(pp_), opts_.trace_path.empty() ? false : opts_.trace_ranks.empty());
+  // The timeline shows every stage; a trace the stages of its ranks.
+  const bool tracing = !opts_.trace_path.empty() || opts_.timeline;
+  traced_stages_.assign(static_cast<std::size_t>(pp_), tracing && (opts_.timeline || opts_.trace_ranks.empty()));
   for (int r : opts_.trace_ranks) {
-    if (r >= 0 && r < plan_.world_size()) traced_stages_[static_cast<std::size_t>(map_.coord(r).pp)] = true;
+    if (tracing && r >= 0 && r < plan_.world_size()) traced_stages_[static_cast<std::size_t>(map_.coord(r).pp)] = true;
   }
-  if (opts_.trace_path.empty()) traced_stages_.clear();
+  if (!tracing) traced_stages_.clear();
   const bool folded = net_->rails_folded();
   const int mirrored_tp = this->mirrored_tp();
   for (int s = 0; s < pp_; ++s) {

@@ -85,6 +85,7 @@ class Builder {
 
   Network& network() { return *net_; }
   Engine& engine() { return *eng_; }
+  const Engine& engine() const { return *eng_; }
   // The simulation's arena (huge_pages.hpp), for tables that live as long as the builder.
   std::pmr::memory_resource* arena() { return &arena_; }
   const std::vector<Representative>& representatives() const { return representatives_; }

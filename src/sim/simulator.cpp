@@ -181,8 +181,62 @@ void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
   }
 }
 
-constexpr std::array<const char*, 5> kThreadNames{"compute", "tp comm", "pp send/recv (activations)",
-                                               "pp send/recv (gradients)", "dp comm"};
+static_assert(static_cast<int>(TimelineRow::dp) == detail::kThreadDp && kTimelineRowNames.size() == detail::kThreadDp + 1,
+              "the timeline's rows are the trace's threads");
+
+// The traced tasks of each stage (a p2p or the embedding all-reduce on both).
+std::vector<std::vector<TaskId>> labelled_by_stage(const Builder& b) {
+  const std::span<const TaskMeta> meta = b.meta();
+  std::vector<std::vector<TaskId>> by_stage(b.representatives().size());
+  for (const auto& [t, lbl] : b.labels()) {
+    const TaskMeta& mt = meta[t];
+    if (mt.stage != detail::kNoStage) by_stage[mt.stage].push_back(t);
+    if (mt.stage2 != detail::kNoStage) by_stage[mt.stage2].push_back(t);
+  }
+  return by_stage;
+}
+
+// The trace's step spans and stream tasks of every stage, without the
+// compute segments and kernels inside the steps (timeline.hpp).
+Timeline collect_timeline(const Builder& b, TimeNs end) {
+  const Engine& eng = b.engine();
+  const std::span<const TaskMeta> meta = b.meta();
+  const std::vector<std::vector<TaskId>> by_stage = labelled_by_stage(b);
+  Timeline tl;
+  tl.end_ns = end;
+  for (const auto& rep : b.representatives()) tl.stage_ranks.push_back(rep.rank);
+  for (std::size_t stage = 0; stage < by_stage.size(); ++stage) {
+    std::vector<TimelineBlock> steps;  // the compute stream runs them one after another
+    for (const detail::StepSpan& s : b.spans()) {
+      if (static_cast<std::size_t>(s.stage) != stage) continue;
+      steps.push_back(TimelineBlock{static_cast<int>(stage), TimelineRow::compute, s.name,
+                                    s.forward ? "forward" : "backward", eng.start_ns(s.first), eng.end_ns(s.last)});
+    }
+    std::sort(steps.begin(), steps.end(), [](const auto& x, const auto& y) { return x.start_ns < y.start_ns; });
+    auto inside_a_step = [&steps](TimeNs start, TimeNs stop) {
+      auto it = std::upper_bound(steps.begin(), steps.end(), start,
+                                 [](TimeNs t, const TimelineBlock& s) { return t < s.start_ns; });
+      return it != steps.begin() && std::prev(it)->end_ns >= stop;
+    };
+    std::vector<TimelineBlock> blocks;
+    for (TaskId t : by_stage[stage]) {
+      if (!eng.done(t)) continue;
+      const TaskMeta& mt = meta[t];
+      const TimeNs start = eng.start_ns(t);
+      const TimeNs stop = eng.end_ns(t);
+      if (mt.thread == detail::kThreadCompute && inside_a_step(start, stop)) continue;
+      const detail::TraceLabel& lbl = b.labels().at(t);
+      blocks.push_back(TimelineBlock{static_cast<int>(stage), static_cast<TimelineRow>(mt.thread), lbl.name, lbl.category,
+                                     start, stop});
+    }
+    blocks.insert(blocks.end(), steps.begin(), steps.end());
+    std::stable_sort(blocks.begin(), blocks.end(), [](const auto& x, const auto& y) {
+      return std::pair(x.row, x.start_ns) < std::pair(y.row, y.start_ns);
+    });
+    std::move(blocks.begin(), blocks.end(), std::back_inserter(tl.blocks));
+  }
+  return tl;
+}
 
 std::vector<std::filesystem::path> write_trace(Builder& b, const ParallelPlan& plan, const SimOptions& opts) {
   const Engine& eng = b.engine();
@@ -195,12 +249,7 @@ std::vector<std::filesystem::path> write_trace(Builder& b, const ParallelPlan& p
   TraceWriter w;
   w.set_world_size(plan.world_size());
   // Tasks per stage, for the ranks that show it.
-  std::vector<std::vector<TaskId>> by_stage(b.representatives().size());
-  for (const auto& [t, lbl] : b.labels()) {
-    const TaskMeta& mt = meta[t];
-    if (mt.stage != detail::kNoStage) by_stage[mt.stage].push_back(t);
-    if (mt.stage2 != detail::kNoStage) by_stage[mt.stage2].push_back(t);
-  }
+  const std::vector<std::vector<TaskId>> by_stage = labelled_by_stage(b);
   for (int rank : ranks) {
     if (rank < 0 || rank >= plan.world_size()) continue;
     const RankCoord c = map.coord(rank);
@@ -209,8 +258,8 @@ std::vector<std::filesystem::path> write_trace(Builder& b, const ParallelPlan& p
     w.set_process_name(rank, "rank " + std::to_string(rank) + " (stage " + std::to_string(c.pp) + ", tp " +
                                  std::to_string(c.tp) + ", dp " + std::to_string(c.dp) + ")" +
                                  (shown == rank ? "" : " = simulated rank " + std::to_string(shown)));
-    for (int thread = 0; thread < static_cast<int>(kThreadNames.size()); ++thread) {
-      w.set_thread_name(rank, thread, kThreadNames[static_cast<std::size_t>(thread)], thread);
+    for (int thread = 0; thread < static_cast<int>(kTimelineRowNames.size()); ++thread) {
+      w.set_thread_name(rank, thread, std::string(kTimelineRowNames[static_cast<std::size_t>(thread)]), thread);
     }
     for (TaskId t : by_stage[stage]) {
       if (!eng.done(t)) continue;
@@ -296,6 +345,7 @@ SimResult run_simulation(const ModelSpec& m, const Topology& topo, const Paralle
   e.memory = memory_per_gpu(m, plan, topo.cluster().gpu);
   collect_links(r, b.network(), b.tp_probe_peak());
   if (!opts.trace_path.empty()) r.trace_files = write_trace(b, plan, opts);
+  if (opts.timeline) r.timeline = collect_timeline(b, end);
   r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

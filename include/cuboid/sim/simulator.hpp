@@ -33,6 +33,7 @@
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/sim/timeline.hpp"
 
 namespace cuboid::sim {
 
@@ -57,6 +58,9 @@ struct SimOptions {
   std::vector<int> trace_ranks;
   bool trace_per_rank = false;  // one file per rank ("out.rank0.json"), with distributedInfo
   bool trace_ops = true;        // nest each kernel inside its compute segment
+  // Keep the iteration's timeline (SimResult::timeline): every stage is then
+  // played op by op as a traced one, with the same results.
+  bool timeline = false;
   std::optional<Straggler> straggler;
   // Rail folding (Network::fold_rails): when the fabric is rail-symmetric, TP
   // fills the node on its own rail-aligned GPUs (TP rank t on local GPU t) and
@@ -95,6 +99,7 @@ struct SimResult {
   bool rails_folded = false;    // SimOptions::fold_rails took effect
   double wall_s = 0;            // host seconds the simulation took
   std::vector<std::filesystem::path> trace_files;
+  Timeline timeline;            // with SimOptions::timeline; empty otherwise
 };
 
 // Throws std::invalid_argument for plans the simulator cannot play (e.g. an

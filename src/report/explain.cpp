@@ -1,0 +1,119 @@
+// `cuboid plan --explain`: the best plan with one dimension forced.
+#include "cuboid/report/explain.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <functional>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "cuboid/core/error.hpp"
+#include "cuboid/report/report.hpp"
+
+namespace cuboid {
+
+namespace {
+
+struct Dimension {
+  const char* name;
+  std::function<std::string(const ParallelPlan&)> value;
+};
+
+const std::vector<Dimension>& dimensions() {
+  static const std::vector<Dimension> dims = {
+      {"TP", [](const ParallelPlan& p) { return std::to_string(p.tp); }},
+      {"PP", [](const ParallelPlan& p) { return std::to_string(p.pp); }},
+      {"DP", [](const ParallelPlan& p) { return std::to_string(p.dp); }},
+      {"micro-batch", [](const ParallelPlan& p) { return std::to_string(p.micro_batch); }},
+      {"virtual stages", [](const ParallelPlan& p) { return std::to_string(p.virtual_stages); }},
+      {"ZeRO", [](const ParallelPlan& p) { return std::to_string(p.zero_stage); }},
+      {"recompute", [](const ParallelPlan& p) { return std::string(to_string(p.recompute)); }},
+      {"sequence parallel", [](const ParallelPlan& p) { return std::string(p.sequence_parallel ? "on" : "off"); }},
+      {"rank order", [](const ParallelPlan& p) { return p.order.str(); }},
+  };
+  return dims;
+}
+
+// Numbers by value, words alphabetically.
+bool value_less(const std::string& a, const std::string& b) {
+  const bool an = !a.empty() && std::isdigit(static_cast<unsigned char>(a[0]));
+  const bool bn = !b.empty() && std::isdigit(static_cast<unsigned char>(b[0]));
+  if (an && bn) return std::stoi(a) < std::stoi(b);
+  return a < b;
+}
+
+// TP beyond a node is not searched by default: price it here so the "TP
+// inside a node" rule is checked, not assumed.
+void add_tp_beyond_a_node(std::vector<ExplainRow>& rows, const ModelSpec& m, const Topology& topo,
+                          const PlannerOptions& options) {
+  const Cluster& c = topo.cluster();
+  for (int tp = c.gpus_per_node * 2; tp <= c.total_gpus() && tp <= 64; tp *= 2) {
+    if (m.num_attention_heads % tp != 0 || m.num_kv_heads % tp != 0) continue;
+    PlannerOptions forced = options;
+    forced.tp = tp;
+    forced.progress = {};
+    ExplainRow row{"TP", std::to_string(tp), std::nullopt, ""};
+    try {
+      SearchResult rt = search_plans(m, topo, forced);
+      if (rt.fitting.empty())
+        row.note = "no plan fits";
+      else
+        row.best = rt.fitting.front();
+    } catch (const InputError& e) {
+      row.note = e.problem();
+    }
+    rows.push_back(std::move(row));
+  }
+}
+
+}  // namespace
+
+std::vector<ExplainRow> explain_choices(const ModelSpec& m, const Topology& topo, const PlannerOptions& options,
+                                        const SearchResult& r) {
+  std::vector<ExplainRow> rows;
+  if (r.fitting.empty()) return rows;
+  for (const Dimension& d : dimensions()) {
+    std::vector<std::pair<std::string, const Estimate*>> seen;  // the first (best) plan of each value
+    const bool orders = std::string(d.name) == "rank order";
+    for (const Estimate& e : r.fitting) {
+      std::vector<std::string> values{d.value(e.plan)};
+      if (orders)  // a row folds the orders that tied with it
+        for (const RankOrder& o : e.tied_orders) values.push_back(o.str());
+      for (const std::string& v : values) {
+        const bool known = std::any_of(seen.begin(), seen.end(), [&](const auto& s) { return s.first == v; });
+        if (!known) seen.emplace_back(v, &e);
+      }
+    }
+    std::sort(seen.begin(), seen.end(), [](const auto& a, const auto& b) { return value_less(a.first, b.first); });
+    for (const auto& [v, e] : seen) {
+      ExplainRow row{d.name, v, *e, ""};
+      if (orders) row.best->plan.order = RankOrder::parse(v, "explain", "rank order");  // a tie, in its own order
+      rows.push_back(std::move(row));
+    }
+    if (std::string(d.name) == "TP" && !options.tp) add_tp_beyond_a_node(rows, m, topo, options);
+  }
+  return rows;
+}
+
+std::string format_explain(const std::vector<ExplainRow>& rows, const Estimate& winner) {
+  std::string out =
+      "\nWhat each choice costs (best plan with one dimension forced; vs the winner; sim = simulated, est = analytical):\n";
+  for (const ExplainRow& row : rows) {
+    if (!row.best) {
+      out += fmt::format("  {:<18} {:<9} {}\n", row.dimension, row.value, row.note);
+      continue;
+    }
+    const Estimate& e = *row.best;
+    const double slower = 100.0 * (e.iteration_time_s / winner.iteration_time_s - 1.0);
+    out += fmt::format("  {:<18} {:<9} {:>9.3f} s {} {:>+7.1f}%   TP {} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}, {}\n",
+                       row.dimension, row.value, e.iteration_time_s, e.simulated ? "sim" : "est", slower, e.plan.tp,
+                       e.plan.pp, e.plan.dp, e.plan.micro_batch, e.plan.virtual_stages, e.plan.zero_stage,
+                       to_string(e.plan.recompute), e.plan.sequence_parallel ? "on" : "off", e.plan.order.str(),
+                       format_bytes_GiB(e.memory.total_bytes));
+  }
+  out += "  (values not listed have no plan that fits)\n";
+  return out;
+}
+
+}  // namespace cuboid
