@@ -238,6 +238,10 @@ std::vector<Case> catalogue() {
          return Spec{"export --plan " + p + " --to bogus", {"--to", "unknown export target \"bogus\""}, {}};
        }},
       {"plan --for bogus", [](const TempDir&) { return flag_case("plan", "--for bogus", {"--for", "unknown export target"}); }},
+      {"export of a plan the target cannot run", [](const TempDir& d) {
+         return plan_case(d, "export --plan", "--to deepspeed", plan_file().dump(2),
+                          {"parallel.tp", "or plan again with --for deepspeed, which searches only what it can run"});
+       }},
 
       // --- plan files
       {"plan file not found", [](const TempDir& d) {

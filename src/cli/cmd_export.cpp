@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "cuboid/core/error.hpp"
 #include "cuboid/io/export.hpp"
 #include "cuboid/io/export_order.hpp"
 #include "cuboid/io/planfile.hpp"
@@ -24,7 +25,15 @@ struct ExportFlags {
 void run_export(const ExportFlags& f) {
   if (!f.out_path.empty()) check_output_path(f.out_path, "--out");
   const PlanFile pf = read_plan_file(f.plan_path);
-  const ExportResult result = export_in_expressible_order(pf, f.target);
+  ExportResult result;
+  try {
+    result = export_in_expressible_order(pf, f.target);
+  } catch (const InputError& e) {
+    // A plan the target cannot express: the search that only finds plans it can.
+    if (e.source() != pf.source) throw;
+    throw InputError(e.source(), e.field(), e.problem(),
+                     e.fix() + "; or plan again with --for " + f.target + ", which searches only what it can run");
+  }
   // Notes (what the target needs beyond a comment-less file) go to stderr so
   // that stdout stays the file itself.
   if (!result.notes.empty()) std::cerr << result.notes;
