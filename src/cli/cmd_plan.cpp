@@ -203,8 +203,8 @@ void write_outputs(const Loaded& l, const PlannerOptions& o, const SearchResult&
     spdlog::info("wrote {}", *f.out_path);
   }
   if (f.svg_path) {
-    const std::string title = fmt::format("{} on {} ({} GPUs): step time vs memory of {} plans that fit", l.model.name,
-                                          l.cluster.name, l.cluster.total_gpus(), r.fitting_plans);
+    const std::string title = fmt::format("{} on {} ({} GPUs): step time vs memory of {} plans that fit (rank-order ties as one)",
+                                          l.model.name, l.cluster.name, l.cluster.total_gpus(), r.fitting.size());
     write_file_atomically(*f.svg_path, pareto_svg(r.fitting, r.fitting.front(), title));
     spdlog::info("wrote {}", *f.svg_path);
   }

@@ -1,6 +1,8 @@
 // `--report`: the plan report as one self-contained HTML page (html_report.hpp).
 #include "cuboid/report/html_report.hpp"
 
+#include <algorithm>
+
 #include <string>
 
 #include <fmt/format.h>
@@ -56,13 +58,21 @@ std::string ranked_table(const ReportPage& page) {
     out += cell(std::to_string(i + 1)) + cell(std::to_string(p.tp)) + cell(std::to_string(p.pp)) +
            cell(std::to_string(p.dp)) + cell(std::to_string(p.micro_batch)) + cell(std::to_string(p.virtual_stages)) +
            cell(std::to_string(p.zero_stage)) + cell(std::string(to_string(p.recompute))) + cell(p.sequence_parallel ? "on" : "off") +
-           cell(p.order.str()) + number(e.iteration_time_s, 3) + cell(likely, fmt::format("{:.9g}", likely_low)) +
+           cell(p.order.str() + (e.tied_orders.empty() ? "" : "*")) + number(e.iteration_time_s, 3) + cell(likely, fmt::format("{:.9g}", likely_low)) +
            cell(e.simulated ? "sim" : "est") + number(e.tokens_per_s, 0) + number(e.model_tflops_per_gpu, 1) +
            number(100 * e.mfu, 1, "%") + number(e.memory.total_bytes / kGiB, 1, " GiB") +
            number(e.memory.headroom_bytes() / kGiB, 1, " GiB");
     out += "</tr>\n";
   }
   out += "</tbody>\n</table>\n";
+  std::vector<std::string> tied;  // other rank orders folded into the rows shown
+  for (const Estimate& e : page.ranked)
+    for (const RankOrder& o : e.tied_orders)
+      if (std::find(tied.begin(), tied.end(), o.str()) == tied.end()) tied.push_back(o.str());
+  if (!tied.empty())
+    out += fmt::format("<p class=\"note\">* the same plan in rank order {} scores within {:g} % (one row; the "
+                       "trainers' tp-dp-pp where it ties)</p>\n",
+                       escape(fmt::format("{}", fmt::join(tied, " or "))), 100 * kRankOrderTie);
   if (!basis.empty()) out += "<p class=\"note\">likely (s): where a measured step would likely fall: " + escape(basis) + "</p>\n";
   return out;
 }
@@ -147,7 +157,7 @@ std::string html_report(const ReportPage& page) {
   // The two pictures side by side where the window is wide enough.
   out += "<div class=\"pair\">\n";
   if (!page.fitting.empty()) {
-    const std::string title = fmt::format("step time vs memory of {} plans that fit", page.fitting.size());
+    const std::string title = fmt::format("step time vs memory of {} plans that fit (rank-order ties as one)", page.fitting.size());
     out += section("pareto", "Step time against memory",
                    "Every plan that fits; the line is the Pareto front (the least step time for each memory "
                    "budget), the chosen plan is marked.",
