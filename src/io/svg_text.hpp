@@ -8,26 +8,12 @@
 
 #include <fmt/format.h>
 
+#include "cuboid/io/svg.hpp"
+
 namespace cuboid::svg_text {
 
-// Text and attribute values: the five XML specials, and control characters
-// (not allowed in XML 1.0) dropped.
-inline std::string escape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char ch : s) {
-    switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default:
-        if (static_cast<unsigned char>(ch) >= 0x20 || ch == '\t' || ch == '\n') out += ch;
-    }
-  }
-  return out;
-}
+// Text and attribute values (svg.hpp's xml_escape).
+inline std::string escape(std::string_view s) { return xml_escape(s); }
 
 // Okabe & Ito (2008), "Color Universal Design": eight colours told apart with
 // every common colour-vision deficiency. Text colour chosen per fill for contrast.

@@ -3,26 +3,12 @@
 
 #include <fmt/format.h>
 
+#include "cuboid/io/svg.hpp"
 #include "html_parts.hpp"
 
 namespace cuboid::html {
 
-std::string escape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (const char ch : s) {
-    switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default:
-        if (static_cast<unsigned char>(ch) >= 0x20 || ch == '\t' || ch == '\n') out += ch;
-    }
-  }
-  return out;
-}
+std::string escape(std::string_view s) { return xml_escape(s); }
 
 std::string inline_svg(std::string_view svg) {
   const std::size_t at = svg.find("<svg");

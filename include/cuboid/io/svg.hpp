@@ -7,6 +7,7 @@
 // time vs peak memory scatter of a search (`cuboid plan --svg`). Output is
 // deterministic (same input, same bytes) and bounded in size.
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cuboid/core/cluster.hpp"
@@ -14,6 +15,10 @@
 #include "cuboid/core/plan.hpp"
 
 namespace cuboid {
+
+// Text for XML and HTML (text and attribute values): the five specials
+// escaped, control characters (not allowed in XML 1.0) dropped.
+std::string xml_escape(std::string_view s);
 
 // One row per node used, one cell per GPU, filled by pipeline stage and
 // labelled "p{stage} d{DP replica} t{TP rank}"; each TP group outlined (dashed
