@@ -240,7 +240,7 @@ std::vector<Case> catalogue() {
       {"plan --for bogus", [](const TempDir&) { return flag_case("plan", "--for bogus", {"--for", "unknown export target"}); }},
       {"export of a plan the target cannot run", [](const TempDir& d) {
          return plan_case(d, "export --plan", "--to deepspeed", plan_file().dump(2),
-                          {"parallel.tp", "or plan again with --for deepspeed, which searches only what it can run"});
+                          {"parallel.tp", "deepspeed runs no plan with TP 4 x PP 4 x DP 2"});
        }},
 
       // --- plan files

@@ -289,6 +289,34 @@ TEST_CASE("plan --for TARGET chooses a plan that the target can express, and exp
   CHECK_MESSAGE(ok.code == 0, ok.err);
 }
 
+TEST_CASE("export of a plan the target cannot run as planned: the best plan of the same layout it runs, said so") {
+  const TempDir dir("cli_replan");
+  const auto plan = dir / "v2.plan.json";
+  // Interleaved (v 2) on purpose: NeMo 1.x's mcore path runs no virtual stages.
+  CliResult p = run("plan " + kLlama + " --tp 4 --pp 4 --dp 2 --vpp 2 --zero 1 --global-batch 64 --simulate-top 0 --out " +
+                    plan.string());
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  CliResult e = run("export --plan " + plan.string() + " --to nemo");
+  REQUIRE_MESSAGE(e.code == 0, e.err);
+  CHECK(e.err.find("cannot run on nemo as planned (parallel.virtual_stages:") != std::string::npos);
+  CHECK(e.err.find("exported instead the best plan nemo runs with TP 4 x PP 4 x DP 2 (cuboid plan --tp 4 --pp 4 --dp 2 "
+                   "--global-batch 64 --seq-length 8192 --for nemo)") != std::string::npos);
+  CHECK(e.err.find("virtual stages 2 -> 1") != std::string::npos);
+  CHECK(e.out.find(", re-planned for nemo (schema cuboid.plan/1)") != std::string::npos);
+  for (const char* key : {"  tensor_model_parallel_size: 4\n", "  pipeline_model_parallel_size: 4\n",
+                          "  virtual_pipeline_model_parallel_size: null\n", "  global_batch_size: 64\n"})
+    CHECK_MESSAGE(e.out.find(key) != std::string::npos, key);
+  // --as-planned refuses, naming --for.
+  CliResult strict = run("export --plan " + plan.string() + " --to nemo --as-planned");
+  CHECK(strict.code == 2);
+  CHECK(strict.err.find("parallel.virtual_stages") != std::string::npos);
+  CHECK(strict.err.find("or plan again with --for nemo") != std::string::npos);
+  // A target that runs no plan of this layout keeps its refusal and says so.
+  CliResult ds = run("export --plan " + plan.string() + " --to deepspeed");
+  CHECK(ds.code == 2);
+  CHECK(ds.err.find("deepspeed runs no plan with TP 4 x PP 4 x DP 2") != std::string::npos);
+}
+
 TEST_CASE("--trainer and --dp-overlap reach plan, simulate and the plan file; a plan file fixes them") {
   const TempDir dir("cli_trainer");
   const auto plan = dir / "p.json";

@@ -11,6 +11,7 @@
 #include "cuboid/io/export.hpp"
 #include "cuboid/io/export_order.hpp"
 #include "cuboid/io/planfile.hpp"
+#include "cuboid/search/planner.hpp"
 
 namespace cuboid::cli {
 
@@ -20,7 +21,79 @@ struct ExportFlags {
   std::string plan_path;
   std::string target;
   std::string out_path;
+  std::string cluster_path;  // for the re-plan; default: the card the plan file names
+  bool as_planned = false;   // refuse instead of re-planning
 };
+
+// The settings in which `b` differs from `a`, e.g. "4 virtual stages -> 1, ZeRO 1 -> 3".
+std::string differences(const ParallelPlan& a, const ParallelPlan& b) {
+  std::string out;
+  auto add = [&](const std::string& what, const std::string& x, const std::string& y) {
+    if (x != y) out += fmt::format("{}{} {} -> {}", out.empty() ? "" : ", ", what, x, y);
+  };
+  add("micro-batch", std::to_string(a.micro_batch), std::to_string(b.micro_batch));
+  add("schedule", std::string(to_string(a.schedule)), std::string(to_string(b.schedule)));
+  add("virtual stages", std::to_string(a.virtual_stages), std::to_string(b.virtual_stages));
+  add("ZeRO", std::to_string(a.zero_stage), std::to_string(b.zero_stage));
+  add("recompute", std::string(to_string(a.recompute)), std::string(to_string(b.recompute)));
+  add("SP", a.sequence_parallel ? "on" : "off", b.sequence_parallel ? "on" : "off");
+  add("rank order", a.order.str(), b.order.str());
+  add("grad-accum fusion", a.grad_accum_fusion ? "on" : "off", b.grad_accum_fusion ? "on" : "off");
+  add("trainer", a.trainer.preset, b.trainer.preset);
+  return out.empty() ? "nothing else" : out;
+}
+
+// The plan file's TP x PP x DP as the target runs it: the search of `plan --for
+// TARGET` with the plan's layout, batch and sequence length fixed, exported
+// with a note that says what changed and what cuboid predicts for it. The
+// refusal `refused` stands when the cluster card is not found or nothing fits.
+ExportResult replan_for_target(const PlanFile& pf, const ExportFlags& f, const InputError& refused) {
+  const ParallelPlan& planned = pf.plan;
+  const std::string command = fmt::format("--tp {} --pp {} --dp {} --global-batch {} --seq-length {} --for {}", planned.tp,
+                                          planned.pp, planned.dp, planned.global_batch, planned.seq_length, f.target);
+  auto refuse = [&](const std::string& why) {
+    return InputError(refused.source(), refused.field(), refused.problem(),
+                      refused.fix() + "; or plan again with " + command + " (" + why + ")");
+  };
+  PlanFlags flags;
+  flags.plan_path = f.plan_path;
+  flags.cluster_path = f.cluster_path;
+  Loaded l;
+  try {
+    l = load(flags);
+  } catch (const InputError& e) {
+    throw refuse("cuboid export could not re-plan: " + e.problem());
+  }
+  PlannerOptions o;
+  o.tp = planned.tp;
+  o.pp = planned.pp;
+  o.dp = planned.dp;
+  o.global_batch = planned.global_batch;
+  o.seq_length = planned.seq_length;
+  restrict_to_target(o, l, f.target);
+  const SearchResult r = search_plans(l.model, *l.topology, o);
+  if (r.candidates == 0)
+    throw InputError(refused.source(), refused.field(), refused.problem(),
+                     refused.fix() + fmt::format("; {} runs no plan with TP {} x PP {} x DP {}: plan again with --for {} "
+                                                 "and other dimensions",
+                                                 f.target, planned.tp, planned.pp, planned.dp, f.target));
+  if (r.fitting.empty()) throw refuse("no plan of this layout that " + f.target + " runs fits in memory");
+  const Estimate& best = r.fitting.front();
+  PlanFile replanned = plan_file_from_json(plan_to_json(l.model, l.cluster, best), pf.source);
+  replanned.source = pf.source + ", re-planned for " + f.target;
+  ExportResult result = export_in_expressible_order(replanned, f.target);
+  const double planned_s = pf.prediction.value("iteration_time_s", 0.0);
+  result.notes = fmt::format(
+                     "cuboid export: the plan in {} cannot run on {} as planned ({}: {}); exported instead the best "
+                     "plan {} runs with TP {} x PP {} x DP {} (cuboid plan {}): {}; {:.3f} s per iteration ({}), {:+.1f} "
+                     "% against the planned {:.3f} s. --as-planned refuses instead.\n",
+                     pf.source, f.target, refused.field(), refused.problem(), f.target, planned.tp, planned.pp,
+                     planned.dp, command, differences(planned, best.plan), best.iteration_time_s,
+                     best.simulated ? "simulated" : "analytical estimate",
+                     planned_s > 0 ? 100 * (best.iteration_time_s / planned_s - 1) : 0.0, planned_s) +
+                 result.notes;
+  return result;
+}
 
 void run_export(const ExportFlags& f) {
   if (!f.out_path.empty()) check_output_path(f.out_path, "--out");
@@ -29,10 +102,12 @@ void run_export(const ExportFlags& f) {
   try {
     result = export_in_expressible_order(pf, f.target);
   } catch (const InputError& e) {
-    // A plan the target cannot express: the search that only finds plans it can.
-    if (e.source() != pf.source) throw;
-    throw InputError(e.source(), e.field(), e.problem(),
-                     e.fix() + "; or plan again with --for " + f.target + ", which searches only what it can run");
+    // A plan the target cannot express (not an unknown target, not a bad file).
+    if (e.source() != pf.source || e.field().rfind("parallel", 0) != 0) throw;
+    if (f.as_planned)
+      throw InputError(e.source(), e.field(), e.problem(),
+                       e.fix() + "; or plan again with --for " + f.target + ", which searches only what it can run");
+    result = replan_for_target(pf, f, e);
   }
   // Notes (what the target needs beyond a comment-less file) go to stderr so
   // that stdout stays the file itself.
@@ -62,6 +137,11 @@ void register_export_command(CLI::App& app) {
   }();
   cmd->add_option("--to", flags.target, "the target trainer and version:" + kTargets)->required();
   cmd->add_option("--out", flags.out_path, "write to FILE (atomically) instead of stdout");
+  cmd->add_flag("--as-planned", flags.as_planned,
+                "refuse a plan the target cannot run as planned, instead of exporting the best plan of the same "
+                "TP x PP x DP that it runs (re-planned as `cuboid plan --for TARGET` would, and said so on stderr)");
+  cmd->add_option("--cluster", flags.cluster_path,
+                  "the cluster card for that re-plan (default: the card the plan file names)");
   cmd->callback([] { run_export(flags); });
 }
 

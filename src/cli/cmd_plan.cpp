@@ -211,58 +211,6 @@ void write_outputs(const Loaded& l, const PlannerOptions& o, const SearchResult&
   if (f.report_path) write_report(l, o, r, f, head, explained);
 }
 
-// --for TARGET: search only plans that the trainer can express, asking the
-// exporter itself (one definition of what each target supports).
-void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& target) {
-  const auto& targets = export_targets();
-  if (std::find(targets.begin(), targets.end(), target) == targets.end()) {
-    std::string names;
-    for (std::size_t i = 0; i < targets.size(); ++i)
-      names += (i == 0 ? "" : i + 1 == targets.size() ? " or " : ", ") + targets[i];
-    throw InputError("command line", "--for", "unknown export target \"" + target + "\"", "use " + names);
-  }
-  // The target runs the plan in one of these trainers (the first unless
-  // --trainer names another); any other --trainer contradicts --for.
-  static const std::map<std::string, std::vector<std::string>> kTrainers = {
-      {"megatron", {"megatron-core", "megatron-2022", "megatron-2021"}},
-      {"megatron-bridge", {"megatron-core"}},
-      {"nemo", {"megatron-core"}},
-      {"torchtitan-main", {"torchtitan"}},
-      {"deepspeed", {"megatron-deepspeed", "megatron-deepspeed-2022", "deepspeed-2021"}},
-      {"torchtitan", {"torchtitan"}},
-  };
-  const std::vector<std::string>& allowed = kTrainers.at(target);
-  if (!o.trainer) {
-    o.trainer = allowed.front();
-  } else if (std::find(allowed.begin(), allowed.end(), *o.trainer) == allowed.end()) {
-    std::string names;
-    for (const auto& n : allowed) names += (names.empty() ? "" : ", ") + n;
-    throw InputError("command line", "--trainer",
-                     "--for " + target + " exports to a trainer that runs as " + names + ", not as " + *o.trainer,
-                     "drop --trainer (--for " + target + " implies --trainer " + allowed.front() +
-                         "), or use --trainer " + names);
-  }
-  check_trainer_options(o);
-  auto pf = std::make_shared<PlanFile>();
-  pf->source = "candidate";
-  pf->model = l.model;
-  pf->cluster_name = l.cluster.name;
-  pf->cluster_source_file = l.cluster.source_file;
-  pf->gpu_name = l.cluster.gpu.name;
-  pf->nodes = l.cluster.nodes;
-  pf->gpus_per_node = l.cluster.gpus_per_node;
-  o.accept = [pf, target](const ParallelPlan& p) {
-    PlanFile candidate = *pf;
-    candidate.plan = p;
-    try {
-      (void)export_plan(candidate, target);
-      return true;
-    } catch (const InputError&) {
-      return false;
-    }
-  };
-  o.accept_reason = target + " cannot express it (--for " + target + ")";
-}
 
 // The discrete-event re-rank costs grow with the DP replicas it mirrors: at
 // 16,384 GPUs (Llama 3.1 405B on 2048 nodes) it takes ~3 s, at 100,000 GPUs

@@ -68,4 +68,9 @@ struct Loaded {
 };
 Loaded load(const PlanFlags& f);
 
+// --for TARGET: search only plans that the export target can express (asking
+// the exporter itself) and price them as its trainer runs them; InputError for
+// an unknown target or a --trainer that contradicts it.
+void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& target);
+
 }  // namespace cuboid::cli
