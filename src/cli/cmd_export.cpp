@@ -25,6 +25,11 @@ struct ExportFlags {
   bool as_planned = false;   // refuse instead of re-planning
 };
 
+// The target's refusal with `more` added to its fix.
+InputError with_fix(const InputError& refused, const std::string& more) {
+  return InputError(refused.source(), refused.field(), refused.problem(), refused.fix() + "; " + more);
+}
+
 // The settings in which `b` differs from `a`, e.g. "4 virtual stages -> 1, ZeRO 1 -> 3".
 std::string differences(const ParallelPlan& a, const ParallelPlan& b) {
   std::string out;
@@ -51,10 +56,7 @@ ExportResult replan_for_target(const PlanFile& pf, const ExportFlags& f, const I
   const ParallelPlan& planned = pf.plan;
   const std::string command = fmt::format("--tp {} --pp {} --dp {} --global-batch {} --seq-length {} --for {}", planned.tp,
                                           planned.pp, planned.dp, planned.global_batch, planned.seq_length, f.target);
-  auto refuse = [&](const std::string& why) {
-    return InputError(refused.source(), refused.field(), refused.problem(),
-                      refused.fix() + "; or plan again with " + command + " (" + why + ")");
-  };
+  auto refuse = [&](const std::string& why) { return with_fix(refused, "or plan again with " + command + " (" + why + ")"); };
   PlanFlags flags;
   flags.plan_path = f.plan_path;
   flags.cluster_path = f.cluster_path;
@@ -73,10 +75,9 @@ ExportResult replan_for_target(const PlanFile& pf, const ExportFlags& f, const I
   restrict_to_target(o, l, f.target);
   const SearchResult r = search_plans(l.model, *l.topology, o);
   if (r.candidates == 0)
-    throw InputError(refused.source(), refused.field(), refused.problem(),
-                     refused.fix() + fmt::format("; {} runs no plan with TP {} x PP {} x DP {}: plan again with --for {} "
-                                                 "and other dimensions",
-                                                 f.target, planned.tp, planned.pp, planned.dp, f.target));
+    throw with_fix(refused, fmt::format("{} runs no plan with TP {} x PP {} x DP {}: plan again with --for {} and other "
+                                        "dimensions",
+                                        f.target, planned.tp, planned.pp, planned.dp, f.target));
   if (r.fitting.empty()) throw refuse("no plan of this layout that " + f.target + " runs fits in memory");
   const Estimate& best = r.fitting.front();
   PlanFile replanned = plan_file_from_json(plan_to_json(l.model, l.cluster, best), pf.source);
@@ -105,8 +106,7 @@ void run_export(const ExportFlags& f) {
     // A plan the target cannot express (not an unknown target, not a bad file).
     if (e.source() != pf.source || e.field().rfind("parallel", 0) != 0) throw;
     if (f.as_planned)
-      throw InputError(e.source(), e.field(), e.problem(),
-                       e.fix() + "; or plan again with --for " + f.target + ", which searches only what it can run");
+      throw with_fix(e, "or plan again with --for " + f.target + ", which searches only what it can run");
     result = replan_for_target(pf, f, e);
   }
   // Notes (what the target needs beyond a comment-less file) go to stderr so

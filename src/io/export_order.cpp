@@ -21,7 +21,7 @@ ExportResult export_in_expressible_order(const PlanFile& pf, std::string_view ta
   } catch (const InputError& refused) {
     if (refused.field() != kOrderField) throw;
     const double planned_s = pf.prediction.value("iteration_time_s", 0.0);
-    for (const Estimate::OtherOrder& alt : other_rank_orders(pf.prediction, pf.source)) {
+    for (const Estimate::OtherOrder& alt : pf.other_orders) {
       PlanFile other = pf;
       other.plan.order = alt.order;
       ExportResult result;

@@ -267,8 +267,7 @@ void check_rank_mapping(const nlohmann::json& j, const ParallelPlan& p, int gpus
   }
 }
 
-}  // namespace
-
+// prediction.other_rank_orders, fastest first; empty when absent.
 std::vector<Estimate::OtherOrder> other_rank_orders(const nlohmann::json& prediction, const std::string& source) {
   std::vector<Estimate::OtherOrder> out;
   if (!prediction.is_object() || !prediction.contains("other_rank_orders")) return out;
@@ -288,9 +287,8 @@ std::vector<Estimate::OtherOrder> other_rank_orders(const nlohmann::json& predic
   return out;
 }
 
-namespace {
-
-void check_prediction(const nlohmann::json& j, const std::string& source) {
+// Returns the other rank orders it lists (prediction_to_json's other_rank_orders).
+std::vector<Estimate::OtherOrder> check_prediction(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) throw InputError(source, "prediction", "expected an object", kRegenerate);
   JsonReader r(j, source, "prediction");
   r.choice("score", {"analytical", "simulated"});
@@ -316,8 +314,9 @@ void check_prediction(const nlohmann::json& j, const std::string& source) {
     in.string("basis");
     in.reject_unknown();
   }
-  (void)other_rank_orders(j, source);
+  std::vector<Estimate::OtherOrder> others = other_rank_orders(j, source);
   r.reject_unknown({"other_rank_orders"});
+  return others;
 }
 
 }  // namespace
@@ -381,7 +380,7 @@ PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source)
 
   check_rank_mapping(r.raw("rank_mapping"), pf.plan, pf.gpus_per_node, source);
   pf.prediction = r.raw("prediction");
-  check_prediction(pf.prediction, source);
+  pf.other_orders = check_prediction(pf.prediction, source);
   r.reject_unknown();
   return pf;
 }

@@ -87,6 +87,12 @@ std::vector<T> fixed_or(const std::optional<T>& fixed, std::vector<T> all) {
   return all;
 }
 
+bool same_but_order(const ParallelPlan& a, const ParallelPlan& b) {
+  ParallelPlan x = a;
+  x.order = b.order;
+  return x == b;
+}
+
 // Plans that differ only in rank order often score alike (a dimension of size
 // 1 or 2 placed differently crosses the same links). Within kRankOrderTie of
 // each other they are one row: the trainers' order (Megatron's tp-dp-pp, which
@@ -94,12 +100,6 @@ std::vector<T> fixed_or(const std::optional<T>& fixed, std::vector<T> all) {
 // others are listed in tied_orders. `rows` are sorted by time within each of
 // their two runs (simulated first, then analytical), so the rows a row can tie
 // with are the kept rows just before it.
-bool same_but_order(const ParallelPlan& a, const ParallelPlan& b) {
-  ParallelPlan x = a;
-  x.order = b.order;
-  return x == b;
-}
-
 void fold_rank_order_ties(std::vector<Estimate>& rows) {
   const RankOrder trainers{};
   std::vector<Estimate> kept;

@@ -46,6 +46,9 @@ struct PlanFile {
   int gpus_per_node = 0;
   ParallelPlan plan;
   nlohmann::json prediction;      // the "prediction" object as written
+  // The same plan in other rank orders as the planner scored them, fastest
+  // first ("prediction.other_rank_orders"; empty when absent).
+  std::vector<Estimate::OtherOrder> other_orders;
 };
 
 // Reads a plan file strictly: unknown fields, wrong types, another schema
@@ -53,9 +56,6 @@ struct PlanFile {
 // that is invalid for its own inline model all throw InputError naming the
 // file, the field and the fix.
 PlanFile read_plan_file(const std::filesystem::path& path);
-// The same plan in other rank orders as the planner scored them, fastest first
-// ("prediction.other_rank_orders"; empty when absent). InputError when malformed.
-std::vector<Estimate::OtherOrder> other_rank_orders(const nlohmann::json& prediction, const std::string& source);
 PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source);
 
 // InputError when the plan was made for another cluster shape (nodes, GPUs per
