@@ -193,6 +193,8 @@ std::vector<Case> catalogue() {
       {"zero NIC busbw", [](const TempDir& d) { return cluster_case(d, "/inter_node/nic_busbw_GBps", 0.0, {"inter_node.nic_busbw_GBps", "must be positive"}); }},
       {"NIC busbw is a string", [](const TempDir& d) { return cluster_case(d, "/inter_node/nic_busbw_GBps", "fast", {"inter_node.nic_busbw_GBps", "expected a number"}); }},
       {"GEMM efficiency above 1", [](const TempDir& d) { return cluster_case(d, "/gpu/gemm_max_efficiency", 1.5, {"gpu.gemm_max_efficiency", "at most 1"}); }},
+      {"sustained GEMM fraction above 1", [](const TempDir& d) { return cluster_case(d, "/gpu/gemm_sustained_fraction", 1.2, {"gpu.gemm_sustained_fraction", "at most 1"}); }},
+      {"sustained GEMM fraction zero", [](const TempDir& d) { return cluster_case(d, "/gpu/gemm_sustained_fraction", 0.0, {"gpu.gemm_sustained_fraction"}); }},
       {"memory reserve above capacity", [](const TempDir& d) { return cluster_case(d, "/gpu/memory_reserve_GiB", 100, {"gpu.memory_reserve_GiB", "not smaller"}); }},
       {"inter_node kind bogus", [](const TempDir& d) { return cluster_case(d, "/inter_node/kind", "bogus", {"inter_node.kind", "unknown value \"bogus\""}); }},
       {"intra_node kind bogus", [](const TempDir& d) { return cluster_case(d, "/intra_node/kind", "bogus", {"intra_node.kind", "unknown value"}); }},

@@ -375,6 +375,12 @@ TEST_CASE("a calibrated card: loaded, and its fits price GEMMs, kernels and coll
   GpuProfile roofline = u.gpu;
   roofline.gemm_max_efficiency = best / roofline.peak_bf16_flops;  // what calibration puts in
   CHECK(gemm_time_ns(c.gpu, 4096, 4096, 4096) == gemm_time_ns(roofline, 4096, 4096, 4096));
+  // The measured rate is the machine's own: a card's sustained fraction of
+  // its datasheet burst rate does not scale it again.
+  Cluster sustained = c;
+  sustained.gpu.gemm_sustained_fraction = 0.5;
+  CHECK(gemm_time_ns(sustained.gpu, 4096, 4096, 4096) == gemm_time_ns(c.gpu, 4096, 4096, 4096));
+  CHECK(gemm_time_ns(sustained.gpu, 128, 384, 256) == 500000);
 
   // Memory-bound ops by name; the optimizer's "adam"; others keep the default.
   Op act;

@@ -652,3 +652,31 @@ TEST_CASE("flash attention runs at the flash kernel's own published rate where t
   CHECK(c.gpu.flash_attention_fwd_efficiency == 0.73);
   CHECK(c.gpu.flash_attention_bwd_efficiency == 0.50);
 }
+
+TEST_CASE("tensor-core work keeps the profile's sustained fraction of the burst rates, unless calibrated") {
+  const GpuProfile burst = a100();
+  GpuProfile g = burst;
+  g.gemm_sustained_fraction = 0.5;
+  // The one-wave, compute-bound GEMM of the efficiency test: twice the time
+  // at half the rate (launch cost 0 in the fixture).
+  const double flops = 2.0 * 1536 * 1152 * 8192;
+  CHECK(gemm_efficiency(g, 1536, 1152, 8192) == doctest::Approx(0.869 * 0.5));
+  CHECK(std::abs(static_cast<double>(gemm_time_ns(g, 1536, 1152, 8192)) - flops / (312e12 * 0.869 * 0.5) * 1e9) <= 1.0);
+  // A memory-bound GEMM (k = 16) is paced by HBM, not by the clock.
+  CHECK(gemm_time_ns(g, 8192, 8192, 16) == gemm_time_ns(burst, 8192, 8192, 16));
+  // The flash kernel's own published rate is a burst too.
+  const LayerOps flash = transformer_layer_ops(gpt_22b(), plan_of(8, 4, 2048, false, true, Recompute::none));
+  const Op* fwd = find_named(flash.forward, "attn_flash");
+  REQUIRE(fwd != nullptr);
+  GpuProfile fa = burst;
+  fa.flash_attention_fwd_efficiency = 0.73;
+  GpuProfile fa_sustained = fa;
+  fa_sustained.gemm_sustained_fraction = 0.5;
+  CHECK(static_cast<double>(op_time_ns(fa_sustained, *fwd)) == doctest::Approx(2.0 * static_cast<double>(op_time_ns(fa, *fwd))).epsilon(1e-4));
+  // The shipped A100 card: 257 TFLOP/s sustained of the 271.2 burst (He 2024; MAMF).
+  const Cluster c = load_cluster("topologies/dgx-a100.json");
+  CHECK(c.gpu.gemm_sustained_fraction == doctest::Approx(257.0 / 271.2).epsilon(0.001));
+  CHECK(c.gpu.gemm_max_efficiency * c.gpu.gemm_sustained_fraction == doctest::Approx(257.0 / 312).epsilon(0.001));
+  // H100 and H200 have no such measurement: their burst rates stand.
+  CHECK(load_cluster("topologies/dgx-h100.json").gpu.gemm_sustained_fraction == 1.0);
+}

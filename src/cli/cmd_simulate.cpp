@@ -32,7 +32,7 @@ namespace {
 // --ablate: turn one modelled mechanism off, to see what it contributes
 // (tools/fidelity's ablation table). The plan and the card otherwise stay.
 constexpr const char* kMechanisms =
-    "dp-16bit-grads, zero1-all-reduce, bf16-optimizer-copy, unfused-attention, gpu-spread";
+    "dp-16bit-grads, zero1-all-reduce, bf16-optimizer-copy, unfused-attention, gpu-spread, sustained-gemm";
 
 void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
   if (name == "dp-16bit-grads") {
@@ -45,6 +45,8 @@ void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
     cluster.gpu.unfused_attention_efficiency = 0;
   } else if (name == "gpu-spread") {
     cluster.gpu.speed_spread = 0;
+  } else if (name == "sustained-gemm") {
+    cluster.gpu.gemm_sustained_fraction = 1;
   } else {
     throw InputError("command line", "--ablate", "unknown mechanism \"" + name + "\"",
                      std::string("use one of ") + kMechanisms);

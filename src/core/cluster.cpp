@@ -142,7 +142,7 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   check_keys(j, r, {"name", "peak_bf16_tflops", "hbm_bandwidth_GBps", "memory_MiB", "memory_GiB", "memory_GB",
                     "sm_count", "gemm_max_efficiency", "memory_bound_efficiency", "kernel_launch_us",
                     "memory_reserve_GiB", "flash_attention", "unfused_attention_efficiency", "speed_spread",
-                    "flash_attention_fwd_efficiency", "flash_attention_bwd_efficiency"});
+                    "flash_attention_fwd_efficiency", "flash_attention_bwd_efficiency", "gemm_sustained_fraction"});
   GpuProfile gpu;
   gpu.name = r.string("name");
   gpu.peak_bf16_flops = sourced(r, "peak_bf16_tflops", gpu.sources, "peak_bf16_flops") * kTera;
@@ -150,6 +150,9 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   gpu.memory_bytes = memory_bytes(r, gpu);
   gpu.sm_count = sourced_count(r, "sm_count", gpu.sources, "sm_count");
   gpu.gemm_max_efficiency = sourced_fraction(r, "gemm_max_efficiency", gpu.sources, "gemm_max_efficiency");
+  if (r.has("gemm_sustained_fraction"))
+    gpu.gemm_sustained_fraction =
+        sourced_fraction(r, "gemm_sustained_fraction", gpu.sources, "gemm_sustained_fraction");
   gpu.memory_bound_efficiency =
       sourced_fraction(r, "memory_bound_efficiency", gpu.sources, "memory_bound_efficiency");
   if (r.has("unfused_attention_efficiency"))

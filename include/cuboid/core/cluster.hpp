@@ -31,6 +31,12 @@ struct GpuProfile {
   std::int64_t memory_bytes = 0;        // HBM capacity
   int sm_count = 0;                     // streaming multiprocessors (wave quantisation)
   double gemm_max_efficiency = 0;       // best achievable fraction of peak on large GEMMs (MAMF / peak)
+  // The fraction of the burst rates above (gemm_max_efficiency and the flash
+  // kernels' efficiencies, benchmarks of short runs at their best shape)
+  // that tensor-core work keeps in training: long, back to back, on operands
+  // distributed as trained weights and activations, the clock set by the
+  // power limit. 1: no such measurement (the burst rates as they are).
+  double gemm_sustained_fraction = 1;
   double memory_bound_efficiency = 0;   // achievable fraction of HBM bandwidth for element-wise kernels
   // Achieved fraction of HBM bandwidth of the unfused attention core's
   // kernels (the s x s score GEMMs with k = head_dim, softmax, dropout, and
