@@ -315,6 +315,17 @@ TEST_CASE("export of a plan the target cannot run as planned: the best plan of t
   CliResult ds = run("export --plan " + plan.string() + " --to deepspeed");
   CHECK(ds.code == 2);
   CHECK(ds.err.find("deepspeed runs no plan with TP 4 x PP 4 x DP 2") != std::string::npos);
+  // The re-plan keeps an uneven split of the layers (80 layers on PP 3): NeMo
+  // has no keys for it, so the refusal stands, about the plan file, not about
+  // a command line the user never typed.
+  const auto uneven = dir / "uneven.plan.json";
+  CliResult u = run("plan " + kLlama + " --tp 8 --pp 3 --dp 1 --nodes 3 --uneven-stages --global-batch 64 --simulate-top 0 --out " +
+                    uneven.string());
+  REQUIRE_MESSAGE(u.code == 0, u.err);
+  CliResult un = run("export --plan " + uneven.string() + " --to nemo");
+  CHECK(un.code == 2);
+  CHECK(un.err.find(uneven.string() + ": parallel.first_stage_layers") != std::string::npos);
+  CHECK(un.err.find("command line") == std::string::npos);
 }
 
 TEST_CASE("--trainer and --dp-overlap reach plan, simulate and the plan file; a plan file fixes them") {

@@ -346,6 +346,40 @@ TEST_CASE("the causal attention core moves what Megatron-LM's 2022 kernels move"
   CHECK(op_time_ns(a100(), *fwd) == 658293);
 }
 
+TEST_CASE("ALiBi without flash attention: the bias copied into the scores, read back by the score GEMM") {
+  // The 22B layer's shape (32 score matrices of 2048 x 2048 = 134,217,728
+  // elements per GPU) with ALiBi instead of learned positions.
+  ModelSpec m = gpt_22b();
+  m.learned_position_embeddings = false;
+  const LayerOps plain = transformer_layer_ops(m, plan_of(8, 4, 2048, false, false, Recompute::selective));
+  m.alibi = true;
+  const LayerOps ops = transformer_layer_ops(m, plan_of(8, 4, 2048, false, false, Recompute::selective));
+  const Op* bias = find_named(ops.forward, "attn_alibi_bias");
+  const Op* qk = find_named(ops.forward, "attn_qk");
+  const Op* qk_plain = find_named(plain.forward, "attn_qk");
+  REQUIRE(bias != nullptr);
+  REQUIRE(qk != nullptr);
+  REQUIRE(qk_plain != nullptr);
+  CHECK(find_named(plain.forward, "attn_alibi_bias") == nullptr);
+  // The expanded copy writes 2 B per score, before the GEMM that reads it as C (2 B more).
+  CHECK(bias->kind == OpKind::memory_bound);
+  CHECK(bias->bytes == 2.0 * 134217728);
+  CHECK(qk->bytes == qk_plain->bytes + 2.0 * 134217728);
+  CHECK(qk->flops == qk_plain->flops);
+  for (std::size_t i = 0; i + 1 < ops.forward.size(); ++i)
+    if (ops.forward[i].name == "attn_alibi_bias") CHECK(ops.forward[i + 1].name == "attn_qk");
+  // Selective recomputation repeats it; the backward has nothing of it (no gradient).
+  CHECK(find_named(ops.recompute, "attn_alibi_bias") != nullptr);
+  for (const Op& op : ops.backward) CHECK(op.name.find("alibi") == std::string::npos);
+  CHECK(ops.backward.size() == plain.backward.size());
+  // A streaming write at memory_bound_efficiency: 268,435,456 B at 2039 GB/s x 0.8 = 164,563.1 ns.
+  CHECK(!bias->unfused_attention);
+  CHECK(op_time_ns(a100(), *bias) == 164563);
+  // Flash attention takes the slopes in its kernel: nothing added.
+  const LayerOps flash = transformer_layer_ops(m, plan_of(8, 4, 2048, false, true, Recompute::none));
+  CHECK(find_named(flash.forward, "attn_alibi_bias") == nullptr);
+}
+
 TEST_CASE("cross-entropy over fp32 logits and the embedding lookup, per Megatron-LM 2022") {
   const ModelSpec m = gpt_22b();
   const ParallelPlan p = plan_of(8, 4, 2048, false, false, Recompute::none);

@@ -310,6 +310,19 @@ TEST_CASE("the Megatron export carries the flags that make the plan") {
   CHECK(text("seed-zero3", "megatron").find("--overlap-param-gather\n") != std::string::npos);
   // Llama 3 has no rope scaling; Llama 3.1 has.
   CHECK(seed.find("--use-rope-scaling") == std::string::npos);
+  // An ALiBi model: Megatron-Core has no such positions, so every Megatron-Core target refuses.
+  PlanFile alibi = plan_file("seed");
+  alibi.model.alibi = true;
+  for (const char* target : {"megatron", "megatron-bridge", "nemo"}) {
+    try {
+      (void)export_plan(alibi, target);
+      FAIL_CHECK("no refusal for ", target);
+    } catch (const InputError& e) {
+      CHECK(e.field() == "model.alibi");
+      CHECK(e.problem().find("no ALiBi positions") != std::string::npos);
+      CHECK(e.fix().find("--position-embedding-type alibi") != std::string::npos);
+    }
+  }
   PlanFile scaled = plan_file("seed");
   scaled.model.rope_scaling_factor = 8;
   const std::string with_scaling = export_plan(scaled, "megatron").text;

@@ -473,6 +473,33 @@ TEST_CASE("mixture-of-experts configs are rejected") {
   }
 }
 
+TEST_CASE("ALiBi: read from the card, written only when set, exclusive of other positions") {
+  json j = base_card();
+  CHECK(!cuboid::model_from_json(j, "t.json").alibi);
+  CHECK(!cuboid::model_to_json(cuboid::model_from_json(j, "t.json")).contains("alibi"));
+  j["alibi"] = true;
+  const ModelSpec m = cuboid::model_from_json(j, "t.json");
+  CHECK(m.alibi);
+  const json out = cuboid::model_to_json(m);
+  CHECK(out["alibi"] == true);
+  CHECK(cuboid::model_from_json(out, "round-trip").alibi);
+  // No parameters of its own.
+  CHECK(m.parameter_count() == cuboid::model_from_json(base_card(), "t.json").parameter_count());
+  j["learned_position_embeddings"] = true;
+  const InputError e = error_of(j);
+  CHECK(e.field() == "alibi");
+  CHECK(e.problem().find("replaces position embeddings") != std::string::npos);
+  json scaled = base_card();
+  scaled["alibi"] = true;
+  scaled["rope_scaling_factor"] = 8;
+  CHECK(error_of(scaled).field() == "alibi");
+  json typo = base_card();
+  typo["albi"] = true;
+  CHECK(error_of(typo).problem() == "unknown field");
+  // BLOOM ships with it.
+  CHECK(cuboid::load_model("models/bloom-176b.json").alibi);
+}
+
 TEST_CASE("card errors carry file, field and fix") {
   SUBCASE("missing field") {
     json j = base_card();

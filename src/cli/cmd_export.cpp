@@ -72,8 +72,18 @@ ExportResult replan_for_target(const PlanFile& pf, const ExportFlags& f, const I
   o.dp = planned.dp;
   o.global_batch = planned.global_batch;
   o.seq_length = planned.seq_length;
+  if (has_uneven_stages(planned)) {  // the planned split of the layers stays
+    o.uneven_stages = true;
+    o.first_stage_layers = planned.first_stage_layers;
+    o.last_stage_layers = planned.last_stage_layers;
+  }
   restrict_to_target(o, l, f.target);
-  const SearchResult r = search_plans(l.model, *l.topology, o);
+  SearchResult r;
+  try {
+    r = search_plans(l.model, *l.topology, o);
+  } catch (const InputError& e) {
+    throw refuse(f.target + " runs no plan of this layout: " + e.problem());
+  }
   if (r.candidates == 0)
     throw with_fix(refused, fmt::format("{} runs no plan with TP {} x PP {} x DP {}: plan again with --for {} and other "
                                         "dimensions",

@@ -152,11 +152,11 @@ void validate_model(const ModelSpec& m, const std::string& source) {
 
 namespace {
 
-constexpr std::array<std::string_view, 17> kCardFields = {
+constexpr std::array<std::string_view, 18> kCardFields = {
     "name",          "num_layers",         "hidden_size", "num_attention_heads",
     "num_kv_heads",  "head_dim",           "ffn_hidden_size", "activation",
     "normalization", "vocab_size",         "seq_length",  "max_position_embeddings",
-    "tied_embeddings", "learned_position_embeddings", "linear_bias", "rope_theta", "rope_scaling_factor"};
+    "tied_embeddings", "learned_position_embeddings", "linear_bias", "rope_theta", "rope_scaling_factor", "alibi"};
 
 void reject_near_miss_keys(const nlohmann::json& j, const std::string& source) {
   for (const auto& [key, value] : j.items()) {
@@ -207,6 +207,13 @@ ModelSpec model_from_card(const nlohmann::json& j, const std::string& source) {
   m.rope_scaling_factor = r.optional_number("rope_scaling_factor").value_or(0.0);
   if (m.rope_scaling_factor < 0)
     throw InputError(source, "rope_scaling_factor", "must not be negative", "give 0 (no scaling) or the factor, e.g. 8");
+  m.alibi = r.optional_boolean("alibi").value_or(false);
+  if (m.alibi && m.learned_position_embeddings)
+    throw InputError(source, "alibi", "ALiBi replaces position embeddings, and learned_position_embeddings is true too",
+                     "keep one of them: alibi for BLOOM-style models, learned positions for GPT-2-style ones");
+  if (m.alibi && m.rope_scaling_factor > 0)
+    throw InputError(source, "alibi", "ALiBi replaces rotary positions, and rope_scaling_factor is set too",
+                     "drop rope_scaling_factor from an ALiBi model");
   r.reject_unknown();
   m.head_dim = resolve_head_dim(m, head_dim);
   validate_model(m, source);
@@ -375,7 +382,7 @@ ModelSpec load_model(const std::filesystem::path& path) {
 }
 
 nlohmann::json model_to_json(const ModelSpec& m) {
-  return nlohmann::json{
+  nlohmann::json j{
       {"name", m.name},
       {"num_layers", m.num_layers},
       {"hidden_size", m.hidden_size},
@@ -394,6 +401,8 @@ nlohmann::json model_to_json(const ModelSpec& m) {
       {"rope_theta", m.rope_theta},
       {"rope_scaling_factor", m.rope_scaling_factor},
   };
+  if (m.alibi) j["alibi"] = true;  // written only when set: plans of other models keep their bytes
+  return j;
 }
 
 }  // namespace cuboid

@@ -102,7 +102,7 @@ constexpr double kFp32 = 4.0;
 
 struct Dims {
   std::int64_t b, s, h, a, d, q, kv, f, t, tokens;
-  bool sp, flash, fused_wgrad;
+  bool sp, flash, fused_wgrad, alibi;
   // Bytes per parameter of the unfused accumulation (TrainerSettings::grad_accum_bytes).
   double grad_accum_bytes;
 };
@@ -122,6 +122,7 @@ Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
   x.sp = plan.sequence_parallel && x.t > 1;
   x.flash = plan.flash_attention;
   x.fused_wgrad = plan.grad_accum_fusion;
+  x.alibi = m.alibi;
   x.grad_accum_bytes = plan.trainer.grad_accum_bytes;
   return x;
 }
@@ -239,6 +240,14 @@ void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
   }
   Op qk = gemm(op::attn_qk, pass, x.s, x.s, x.d, batch);
   qk.flops *= causal;
+  if (x.alibi) {
+    // BigScience's Megatron-DeepSpeed (megatron/model/transformer.py) passes
+    // the [b * heads, 1, s] ALiBi tensor as baddbmm's input with beta = 1:
+    // PyTorch copies it, expanded, into the s x s result (write 2 B per
+    // score), and the GEMM reads that C back (2 B more on its memory side).
+    out.push_back(memory_bound(op::attn_alibi_bias, pass, score_elements(x) * kBf16));
+    qk.bytes += score_elements(x) * kBf16;
+  }
   out.push_back(std::move(qk));
   out.push_back(memory_bound(op::attn_softmax, pass,
                              score_triangle_elements(x) * kSoftmaxReadBytesPerTriangleElement +
@@ -248,7 +257,7 @@ void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
   out.push_back(std::move(av));
   // [b, heads, s, d] -> [s, b, heads * d]: the permute + contiguous copy.
   out.push_back(memory_bound(op::attn_ctx_copy, pass, static_cast<double>(x.tokens * (x.q / x.t)) * (kBf16 + kBf16)));
-  for (auto it = out.end() - 4; it != out.end(); ++it) it->unfused_attention = true;
+  for (auto it = out.end() - 4; it != out.end(); ++it) it->unfused_attention = true;  // QK^T, softmax, AV, copy
 }
 
 // Elements of the QKV GEMM's output on one rank ([T, (q + 2kv)/t]).

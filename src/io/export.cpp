@@ -38,6 +38,18 @@ std::int64_t layers_per_virtual_stage(const PlanFile& pf) {
   return pf.model.num_layers / (static_cast<std::int64_t>(pf.plan.pp) * pf.plan.virtual_stages);
 }
 
+std::string_view position_embedding_type(const PlanFile& pf, std::string_view trainer) {
+  if (pf.model.alibi)
+    refuse(pf, "model.alibi",
+           fmt::format("{} builds its models on Megatron-Core, which has no ALiBi positions (position_embedding_type "
+                       "learned_absolute, rope, yarn, mrope, relative or none: Megatron-LM d98e8a64 "
+                       "megatron/training/arguments.py)",
+                       trainer),
+           "train an ALiBi model such as BLOOM with BigScience's Megatron-DeepSpeed (--position-embedding-type alibi); "
+           "--to deepspeed writes its DeepSpeed configuration");
+  return pf.model.learned_position_embeddings ? "learned_absolute" : "rope";
+}
+
 std::int64_t integral_rope_theta(const PlanFile& pf) {
   const double theta = pf.model.rope_theta;
   if (theta != std::floor(theta))

@@ -18,6 +18,10 @@ int position(const RankOrder& order, Dim d);
 std::string header(const PlanFile& pf, std::string_view comment, std::string_view target);
 // Transformer layers per (virtual) pipeline stage.
 std::int64_t layers_per_virtual_stage(const PlanFile& pf);
+// Megatron-Core's position_embedding_type for the model ("learned_absolute" or
+// "rope"); refuses an ALiBi model, which Megatron-Core cannot build. `trainer`
+// names the target in the message.
+std::string_view position_embedding_type(const PlanFile& pf, std::string_view trainer);
 // The rotary base as the integer Megatron-style flags take; refuses a fractional one.
 std::int64_t integral_rope_theta(const PlanFile& pf);
 // "torchrun ... SCRIPT ARGS" on each node and the srun line that starts it (bash).

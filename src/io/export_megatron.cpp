@@ -72,7 +72,7 @@ ExportResult megatron(const PlanFile& pf) {
   }
   arg(fmt::format("--seq-length {}", p.seq_length));
   arg(fmt::format("--max-position-embeddings {}", m.max_position_embeddings));
-  arg(fmt::format("--position-embedding-type {}", m.learned_position_embeddings ? "learned_absolute" : "rope"));
+  arg(fmt::format("--position-embedding-type {}", position_embedding_type(pf, "Megatron-LM")));
   if (!m.learned_position_embeddings) {
     arg(fmt::format("--rotary-base {}", integral_rope_theta(pf)));
     if (m.rope_scaling_factor > 0) {

@@ -82,7 +82,7 @@ ExportResult megatron_bridge(const PlanFile& pf) {
   mset("num_query_groups", std::to_string(m.num_kv_heads));
   mset("kv_channels", std::to_string(m.head_dim));
   mset("seq_length", std::to_string(p.seq_length));
-  mset("position_embedding_type", m.learned_position_embeddings ? "\"learned_absolute\"" : "\"rope\"");
+  mset("position_embedding_type", fmt::format("\"{}\"", position_embedding_type(pf, "Megatron-Bridge")));
   if (!m.learned_position_embeddings) {
     mset("rotary_base", std::to_string(integral_rope_theta(pf)));
     mset("rope_scaling", py(m.rope_scaling_factor > 0));

@@ -42,6 +42,10 @@ struct ModelSpec {
   // the exports carry them so that the trainer builds the same model.
   double rope_theta = 10000.0;
   double rope_scaling_factor = 0.0;
+  // ALiBi attention biases (Press et al., BLOOM) instead of position
+  // embeddings or rotary positions. Without flash attention the bias enters
+  // the score GEMM as its C operand (torch.baddbmm with beta = 1).
+  bool alibi = false;
 
   std::int64_t query_projection_size() const { return head_dim * num_attention_heads; }
   std::int64_t kv_projection_size() const { return head_dim * num_kv_heads; }
