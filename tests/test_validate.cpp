@@ -261,6 +261,17 @@ TEST_CASE("ZeRO-1 over DP 2: the DP reduce-scatter and all-gather are expected a
   CHECK(row(r.components, "dp_comm").predicted_s > 0);
 }
 
+TEST_CASE("an ALiBi model: the bias copy is priced, and a run that has no such kernel still validates") {
+  PlanFile pf = make_plan(2, 1, 1);
+  pf.model.alibi = true;
+  pf.model.learned_position_embeddings = false;
+  const std::vector<Op> fwd = transformer_layer_ops(pf.model, pf.plan).forward;
+  REQUIRE(std::any_of(fwd.begin(), fwd.end(), [](const Op& o) { return o.name == "attn_alibi_bias"; }));
+  const nlohmann::json doc = make_measurements(pf, 0.5);
+  for (const auto& o : doc["ranks"][0]["ops"]) CHECK(o["name"] != "attn_alibi_bias");
+  CHECK(message_of(pf, cpu_card(), doc) == "(no error)");
+}
+
 TEST_CASE("bad data: each mismatch is an InputError naming the file, the field and the fix") {
   const PlanFile pf = make_plan(2, 1, 1);
   const Cluster cluster = cpu_card();

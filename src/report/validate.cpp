@@ -49,6 +49,7 @@ const std::vector<NamedReason>& simulator_only_ops() {
       {op::fc2_grad_accum, "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
       {op::logits_grad_accum, "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
       {op::attn_qk_scale_bwd, "the executor applies 1 / sqrt(head_dim) inside its softmax, not as torch.baddbmm's alpha"},
+      {op::attn_alibi_bias, "the executor encodes no positions (no rotary embedding, no ALiBi bias)"},
   };
   return ops;
 }
