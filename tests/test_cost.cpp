@@ -687,7 +687,7 @@ TEST_CASE("flash attention runs at the flash kernel's own published rate where t
   CHECK(c.gpu.flash_attention_bwd_efficiency == 0.50);
 }
 
-TEST_CASE("tensor-core work keeps the profile's sustained fraction of the burst rates, unless calibrated") {
+TEST_CASE("tensor-core work keeps the profile's sustained fraction of the burst rates (calibrated cards: test_calibration)") {
   const GpuProfile burst = a100();
   GpuProfile g = burst;
   g.gemm_sustained_fraction = 0.5;
