@@ -406,6 +406,15 @@ TEST_CASE("simulate --ablate turns one mechanism off, and names the choices for 
   REQUIRE_MESSAGE(fp32.code == 0, fp32.err);
   CHECK(nlohmann::json::parse(fp32.out)["breakdown"]["dp_comm"].get<double>() >
         nlohmann::json::parse(fp16.out)["breakdown"]["dp_comm"].get<double>());
+  // Each accumulation ablation touches only its own trainer's accumulation: the 2021
+  // fp16 .grad (6 B -> the fp32 hook's 10: slower), not the BF16Optimizer's copy.
+  const CliResult acc10 = run("simulate " + kLlama + m21 + " --ablate fp16-grad-accum");
+  const CliResult acc6 = run("simulate " + kLlama + m21 + " --ablate bf16-optimizer-copy");
+  REQUIRE_MESSAGE(acc10.code == 0, acc10.err);
+  REQUIRE_MESSAGE(acc6.code == 0, acc6.err);
+  const double t21 = nlohmann::json::parse(fp16.out)["iteration_time_s"].get<double>();
+  CHECK(nlohmann::json::parse(acc10.out)["iteration_time_s"].get<double>() > t21);
+  CHECK(nlohmann::json::parse(acc6.out)["iteration_time_s"].get<double>() == t21);
   const CliResult bad = run("simulate " + kLlama + plan + " --ablate everything");
   CHECK(bad.code == 2);
   CHECK(bad.err.find("--ablate: unknown mechanism \"everything\" (fix: use one of dp-16bit-grads") != std::string::npos);

@@ -502,6 +502,15 @@ TEST_CASE("the layer's backward element-wise kernels and main_grad hooks, per Me
   CHECK(next_of("qkv_bias_grad") == "qkv_grad_accum");
   CHECK(next_of("norm_in_bwd") == "residual_add_bwd");
   CHECK(next_of("norm_mlp_bwd") == "residual_add_bwd");
+  // Megatron-LM of 2021 (fp16, no contiguous buffers): autograd adds the fp16
+  // gradient to the fp16 .grad in place, read 2 + 2, write 2 = 6 B per parameter.
+  {
+    ParallelPlan p21 = unfused(plan_of(8, 4, 2048, false, false, Recompute::none));
+    p21.trainer = find_trainer("megatron-2021")->settings;
+    const LayerOps ops21 = transformer_layer_ops(m, p21);
+    CHECK(find_named(ops21.backward, "qkv_grad_accum")->bytes == 6.0 * (6144 * 2304 + 2304));  // 84,948,480 B
+    CHECK(find_named(ops21.backward, "fc2_grad_accum")->bytes == 6.0 * (3072 * 6144 + 6144));  // 113,283,072 B
+  }
   // 141,580,800 B at 2039 GB/s x 0.8 = 86,795.0 ns.
   CHECK(op_time_ns(a100(), *find_named(ops.backward, "qkv_grad_accum")) == 86795);
 

@@ -238,14 +238,17 @@ TEST_CASE("trainer settings round-trip; older plan files without them read as me
   j["parallel"]["trainer"]["preset"] = "megatron-1999";
   CHECK(read_error(j).rfind("plan.json: parallel.trainer.preset: unknown trainer", 0) == 0);
   j["parallel"]["trainer"]["preset"] = "megatron-2021";
-  // grad_accum_bytes, absent here as in plan files written before it: the preset's.
-  CHECK(t.grad_accum_bytes == 10);
+  // grad_accum_bytes, absent here as in plan files written before it: the preset's
+  // (2021: autograd's fp16 .grad, 6 B per parameter).
+  CHECK(t.grad_accum_bytes == 6);
   j["parallel"]["trainer"]["preset"] = "megatron-deepspeed-2022";
   CHECK(plan_file_from_json(j, "plan.json").plan.trainer.grad_accum_bytes == 18);
   j["parallel"]["trainer"]["grad_accum_bytes"] = 10;
   CHECK(plan_file_from_json(j, "plan.json").plan.trainer.grad_accum_bytes == 10);
   j["parallel"]["trainer"]["grad_accum_bytes"] = 12;
-  CHECK(read_error(j).rfind("plan.json: parallel.trainer.grad_accum_bytes: must be 10", 0) == 0);
+  CHECK(read_error(j).rfind("plan.json: parallel.trainer.grad_accum_bytes: must be 6", 0) == 0);
+  j["parallel"]["trainer"]["grad_accum_bytes"] = 6;
+  CHECK(plan_file_from_json(j, "plan.json").plan.trainer.grad_accum_bytes == 6);
   j["parallel"].erase("trainer");
   CHECK(plan_file_from_json(j, "plan.json").plan.trainer == TrainerSettings{});
 }

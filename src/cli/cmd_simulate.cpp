@@ -32,7 +32,8 @@ namespace {
 // --ablate: turn one modelled mechanism off, to see what it contributes
 // (tools/fidelity's ablation table). The plan and the card otherwise stay.
 constexpr const char* kMechanisms =
-    "dp-16bit-grads, zero1-all-reduce, bf16-optimizer-copy, unfused-attention, gpu-spread, sustained-gemm";
+    "dp-16bit-grads, zero1-all-reduce, bf16-optimizer-copy, fp16-grad-accum, unfused-attention, gpu-spread, "
+    "sustained-gemm";
 
 void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
   if (name == "dp-16bit-grads") {
@@ -40,7 +41,11 @@ void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
   } else if (name == "zero1-all-reduce") {
     plan.trainer.zero1_grad_all_reduce = false;
   } else if (name == "bf16-optimizer-copy") {
-    plan.trainer.grad_accum_bytes = TrainerSettings{}.grad_accum_bytes;
+    // DeepSpeed's fp32 copy (18 B) -> Megatron's main_grad hook (10 B).
+    if (plan.trainer.grad_accum_bytes == 18) plan.trainer.grad_accum_bytes = TrainerSettings{}.grad_accum_bytes;
+  } else if (name == "fp16-grad-accum") {
+    // Autograd's 16-bit .grad accumulation (6 B) -> Megatron's fp32 main_grad hook (10 B).
+    if (plan.trainer.grad_accum_bytes == 6) plan.trainer.grad_accum_bytes = TrainerSettings{}.grad_accum_bytes;
   } else if (name == "unfused-attention") {
     cluster.gpu.unfused_attention_efficiency = 0;
   } else if (name == "gpu-spread") {

@@ -91,6 +91,7 @@ std::array<TrainerPreset, 7> make_presets() {
   m21.default_grad_accum_fusion = false;
   m21.zero_stages = {0};
   m21.settings = settings(m21.name, false, 2, false, false);
+  m21.settings.grad_accum_bytes = 6;
   m21.sources = {
       {"dp_overlap", "Megatron-LM de7dc40f (examples/sc21, 2021-08-10) megatron/model/distributed.py: --DDP-impl local "
                      "(the default) all-reduces once after the last backward; the SC'21 scripts use torch DDP (overlapped: "
@@ -99,6 +100,10 @@ std::array<TrainerPreset, 7> make_presets() {
                         "(not set by examples/sc21/CONFIG.sh, which sets --fp16) the gradients are reduced in the "
                         "parameter dtype, fp16"},
       {"grad_accum_fusion", "Megatron-LM de7dc40f megatron/mpu/layers.py: no fused wgrad accumulation"},
+      {"grad_accum_bytes", "Megatron-LM de7dc40f megatron/model/distributed.py: without --use-contiguous-buffers-in-ddp "
+                           "(not set by examples/sc21, and forced only by --accumulate-allreduce-grads-in-fp32) there is "
+                           "no main_grad hook: autograd adds each micro-batch's fp16 gradient to param.grad in place "
+                           "(read 2 + 2, write 2)"},
       {"tp_backward_overlap", "Megatron-LM de7dc40f megatron/mpu/layers.py ColumnParallelLinear: the input gradient's "
                               "all-reduce is copy_to_tensor_model_parallel_region's backward, synchronous (no async_op)"},
       {"sequence_parallel", "Megatron-LM de7dc40f: no sequence parallelism (added 2022)"},

@@ -212,9 +212,10 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
     p.trainer.grad_accum_bytes =
         t.has("grad_accum_bytes") ? static_cast<int>(t.integer("grad_accum_bytes"))
                                   : find_trainer(p.trainer.preset)->settings.grad_accum_bytes;
-    if (p.trainer.grad_accum_bytes != 10 && p.trainer.grad_accum_bytes != 18)
+    if (p.trainer.grad_accum_bytes != 6 && p.trainer.grad_accum_bytes != 10 && p.trainer.grad_accum_bytes != 18)
       t.fail("grad_accum_bytes",
-             "must be 10 (Megatron's main_grad hook) or 18 (DeepSpeed's BF16Optimizer), got " +
+             "must be 6 (16-bit .grad accumulated by autograd), 10 (Megatron's main_grad hook) or 18 (DeepSpeed's "
+             "BF16Optimizer), got " +
                  std::to_string(p.trainer.grad_accum_bytes),
              kRegenerate);
     read_zero3(t, p.trainer);

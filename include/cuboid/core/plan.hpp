@@ -66,7 +66,9 @@ struct TrainerSettings {
   // collective blocks (Megatron-LM of 2021).
   bool tp_backward_overlap = true;
   // HBM bytes per parameter per micro-batch of the gradient-accumulation pass
-  // that runs without gradient-accumulation fusion: 10 = Megatron's DDP hook
+  // that runs without gradient-accumulation fusion: 6 = autograd adding a
+  // 16-bit gradient to a 16-bit .grad in place (Megatron-LM of 2021 without
+  // contiguous buffers: no hook); 10 = Megatron's DDP hook
   // main_grad.add_(grad) (read bf16, read + write fp32); 18 = DeepSpeed's
   // BF16Optimizer, hp_grad.add_(lp_grad.to(fp32)): the cast writes an fp32
   // copy (read 2, write 4) that the add reads beside the fp32 gradient
