@@ -9,6 +9,8 @@
 
 #include "cuboid/calibrate/collective_sweep.hpp"
 #include "cuboid/calibrate/core_share.hpp"
+#include "cuboid/calibrate/gemm_sweep.hpp"
+#include "cuboid/calibrate/kernel_sweep.hpp"
 #include "cuboid/calibrate/nccl_table.hpp"
 #include "cuboid/calibrate/results.hpp"
 #include "cuboid/calibrate/sweep_plan.hpp"
@@ -187,6 +189,19 @@ TEST_CASE("repeated sweeps keep each sample's median or minimum; different sampl
   } catch (const InputError& e) {
     CHECK(std::string(e.what()) == "command line: --statistic: is 'mean' (fix: use median or min)");
   }
+}
+
+TEST_CASE("a sample's timed calls: their median, or the fastest with --statistic min") {
+  // Five calls of one shape, two of them disturbed by a neighbour.
+  const std::vector<double> calls = {1018, 1650, 1020, 1019, 1400};
+  CHECK(summarize(calls, Statistic::median) == 1020);
+  CHECK(summarize(calls, Statistic::min) == 1018);
+  CHECK(summarize({4, 2}, Statistic::median) == 3);
+  CHECK(summarize({}, Statistic::min) == 0);
+  // Each sweep's options carry it; the default is the median.
+  CHECK(GemmSweepOptions{}.statistic == Statistic::median);
+  CHECK(KernelSweepOptions{}.statistic == Statistic::median);
+  CHECK(CollectiveSweepOptions{}.statistic == Statistic::median);
 }
 
 TEST_CASE("ranks on the same CPUs take turns; ranks_per_core is ranks on the node over its CPUs") {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuboid/exec/backend.hpp"
+#include "cuboid/io/measurements.hpp"
 #include "cuboid/exec/communicator.hpp"
 #include "cuboid/core/workload.hpp"
 
@@ -48,6 +49,9 @@ struct CollectiveSweepOptions {
   int min_calls = 3;    // timed calls per size for the largest sizes
   int max_calls = 20;   // ... and for the small ones
   std::int64_t bytes_per_size = std::int64_t{64} << 20;  // timed calls: about this much data per size
+  // A size's time from its timed calls: their median, or their fastest
+  // (calibrate --statistic min).
+  Statistic statistic = Statistic::median;
 };
 
 // Every collective of kSweptCollectives at every size, on `group` (every

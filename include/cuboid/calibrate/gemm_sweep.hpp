@@ -15,6 +15,7 @@
 #include "cuboid/core/calibration.hpp"
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/communicator.hpp"
+#include "cuboid/io/measurements.hpp"
 
 namespace cuboid::exec {
 class Watchdog;
@@ -40,6 +41,9 @@ struct GemmSweepOptions {
   // fires at once and the sample includes cuBLAS's host-side cost and the
   // launch (on an H200: 46 us for a 2048^3 GEMM that a step runs in 27 us).
   bool lead_call = false;
+  // A sample from its timed calls: their median, or (calibrate --statistic
+  // min) the fastest, the call least disturbed by the rest of the machine.
+  Statistic statistic = Statistic::median;
 };
 
 // This rank's median per-call time of every shape (in `shapes` order).
@@ -49,5 +53,7 @@ std::vector<GemmSample> run_gemm_sweep(exec::Backend& backend, exec::Communicato
 
 // The median of `v` (0 for an empty vector); the calibration's statistic.
 double median_of(std::vector<double> v);
+// The median or the minimum of `v` (0 for an empty vector).
+double summarize(std::vector<double> v, Statistic statistic);
 
 }  // namespace cuboid::calibrate

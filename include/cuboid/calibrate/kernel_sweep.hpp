@@ -19,6 +19,7 @@
 #include "cuboid/core/model.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
 #include "cuboid/core/plan.hpp"
+#include "cuboid/io/measurements.hpp"
 
 namespace cuboid::exec {
 class Watchdog;
@@ -41,6 +42,9 @@ struct KernelSweepOptions {
   // a core take turns already (the executor's waits yield the core).
   int turns = 1;
   int turn = 0;
+  // A size's per-call time from its measured steps (or optimizer calls):
+  // their median, or their fastest (calibrate --statistic min).
+  Statistic statistic = Statistic::median;
 };
 
 // `tp` is the rank's TP group (null or size 1 for TP 1); every member of the
