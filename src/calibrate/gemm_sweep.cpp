@@ -1,4 +1,4 @@
-// GEMM microbenchmark: warm-up, rotating operands, median per call.
+// GEMM microbenchmark: warm-up, rotating operands, median (or fastest) per call.
 #include "cuboid/calibrate/gemm_sweep.hpp"
 
 #include <algorithm>

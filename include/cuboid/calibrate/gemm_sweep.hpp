@@ -5,9 +5,10 @@
 // The GEMM microbenchmark of `cuboid calibrate`: each shape timed per call in
 // the backend's precision (Backend::gemm), after warm-up, on operands taken
 // from a rotating pool larger than the last-level cache (so no call finds its
-// operands cached by the previous one), median of several calls. Every rank
-// runs the same shapes at the same time (a barrier per shape), so on a shared
-// machine the rates include the sharing, as in a real step.
+// operands cached by the previous one), median (or, with --statistic min,
+// fastest) of several calls. Every rank runs the same shapes at the same time
+// (a barrier per shape), so on a shared machine the rates include the
+// sharing, as in a real step.
 #include <cstddef>
 #include <vector>
 
@@ -46,7 +47,7 @@ struct GemmSweepOptions {
   Statistic statistic = Statistic::median;
 };
 
-// This rank's median per-call time of every shape (in `shapes` order).
+// This rank's median (or fastest) per-call time of every shape (in `shapes` order).
 std::vector<GemmSample> run_gemm_sweep(exec::Backend& backend, exec::Communicator& world,
                                        const std::vector<GemmProblem>& shapes, const GemmSweepOptions& options,
                                        exec::Watchdog* watchdog);

@@ -30,7 +30,7 @@ namespace cuboid::calibrate {
 struct KernelMeasurement {
   std::string name;    // workload op name ("norm_in", "act_bwd", ...)
   double bytes = 0;    // workload Op::bytes at this size
-  double time_ns = 0;  // this rank's median per call
+  double time_ns = 0;  // this rank's median (or fastest) per call
 };
 
 struct KernelSweepOptions {
