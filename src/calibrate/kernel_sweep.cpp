@@ -107,8 +107,8 @@ std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Comm
         if (i >= o.warmup_steps) times.push_back(static_cast<double>(be.elapsed_ns(start, stop)));
       }
       if (watchdog != nullptr) watchdog->leave();
-      out.push_back(
-          KernelMeasurement{op::adam, static_cast<double>(n) * kAdamBytesPerParam, summarize(std::move(times), o.statistic)});
+      out.push_back(KernelMeasurement{op::adam, static_cast<double>(n) * kAdamBytesPerParam,
+                                      summarize(std::move(times), o.statistic)});
     }
   }
   return out;

@@ -60,6 +60,12 @@ double gemm_flops(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t b
          static_cast<double>(batch);
 }
 
+// The FLOP/s tensor-core work keeps in training from a burst efficiency of
+// the profile (a benchmark's best shape): peak x it x gemm_sustained_fraction.
+double sustained_flops(const GpuProfile& gpu, double burst_efficiency) {
+  return gpu.peak_bf16_flops * burst_efficiency * gpu.gemm_sustained_fraction;
+}
+
 // The best FLOP/s a large GEMM reaches: measured on a calibrated profile
 // (the best of its GEMM samples: the datasheet peak and the assumed
 // efficiency are what calibration replaces), else peak x gemm_max_efficiency
@@ -68,7 +74,7 @@ double gemm_best_flops(const GpuProfile& gpu) {
   if (gpu.calibration) {
     if (const auto best = best_gemm_flops_per_s(*gpu.calibration)) return *best;
   }
-  return gpu.peak_bf16_flops * gpu.gemm_max_efficiency * gpu.gemm_sustained_fraction;
+  return sustained_flops(gpu, gpu.gemm_max_efficiency);
 }
 
 // Compute-only and HBM-only seconds of a GEMM; its time is the larger (roofline).
@@ -264,8 +270,7 @@ std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
       if (op.flops <= 0 && op.bytes <= 0) return 0;
       const double flash = op.name == op::attn_flash_bwd ? gpu.flash_attention_bwd_efficiency
                                                          : gpu.flash_attention_fwd_efficiency;
-      const double best = gpu.calibration || flash <= 0 ? gemm_best_flops(gpu)
-                                                         : gpu.peak_bf16_flops * flash * gpu.gemm_sustained_fraction;
+      const double best = gpu.calibration || flash <= 0 ? gemm_best_flops(gpu) : sustained_flops(gpu, flash);
       const double compute_s = op.flops / (best * quantisation_efficiency(gpu, op.m, op.n, op.batch));
       const double memory_s = op.bytes / hbm_Bps(gpu);
       return to_ns(std::max(compute_s, memory_s)) + static_cast<std::int64_t>(gpu.kernel_launch_ns);

@@ -102,7 +102,8 @@ ExportResult nemo1(const PlanFile& pf) {
   out += fmt::format("  normalization: {}\n", m.normalization == Normalization::rmsnorm ? "rmsnorm" : "layernorm");
   out += fmt::format("  activation: {}\n", m.activation == Activation::swiglu ? "swiglu" : "gelu");
   out += fmt::format("  bias: {}\n", yes_no(m.linear_bias));
-  out += fmt::format("  position_embedding_type: {}\n", position_embedding_type(pf, "NeMo 1.x's mcore path (the one this export writes)"));
+  out += fmt::format("  position_embedding_type: {}\n",
+                     position_embedding_type(pf, "NeMo 1.x's mcore path (the one this export writes)"));
   if (!m.learned_position_embeddings) {
     out += fmt::format("  rotary_base: {}\n", integral_rope_theta(pf));
     if (m.rope_scaling_factor > 0) {

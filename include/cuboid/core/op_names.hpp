@@ -170,7 +170,8 @@ inline bool is_pipeline_exchange(std::string_view name) {
 
 // Every name above, for checks.
 inline constexpr std::array<std::string_view, 101> all{
-    norm_in, tp_ag_attn, qkv, qkv_bias, attn_alibi_bias, attn_qk, attn_softmax, attn_av, attn_ctx_copy, attn_flash, proj, tp_rs_attn,
+    norm_in, tp_ag_attn, qkv, qkv_bias, attn_alibi_bias, attn_qk, attn_softmax, attn_av, attn_ctx_copy, attn_flash,
+    proj, tp_rs_attn,
     tp_ar_attn, drop_add_attn, norm_mlp, tp_ag_mlp, fc1, act, fc2, tp_rs_mlp, tp_ar_mlp, drop_add_mlp, qkv_dgrad,
     qkv_wgrad, proj_dgrad, proj_wgrad, fc1_dgrad, fc1_wgrad, fc2_dgrad, fc2_wgrad, attn_qk_dgrad, attn_qk_wgrad,
     attn_av_dgrad, attn_av_wgrad, logits_dgrad, logits_wgrad, drop_add_mlp_bwd, tp_ag_mlp_bwd, fc2_grad_accum,
