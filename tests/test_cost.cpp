@@ -582,6 +582,12 @@ TEST_CASE("the embedding's and the LM head's weight gradients, per Megatron-LM 2
   CHECK(find_named(embedding_ops(m, ds).backward, "embed_grad")->bytes == 1094713344.0 + 20.0 * 51904512);
   CHECK(find_named(transformer_layer_ops(m, ds).backward, "qkv_grad_accum")->bytes == 18.0 * (6144 * 2304 + 2304));
   CHECK(find_trainer("megatron-deepspeed")->settings.grad_accum_bytes == 18);
+  // DeepSpeed v0.5.4's fp16 pipeline engine (MT-NLG): autograd adds the fp16
+  // gradient to the fp16 .grad, 6 B per parameter, 2 + 6 = 8 B per table element.
+  ParallelPlan ds21 = p;
+  ds21.trainer = find_trainer("megatron-deepspeed-2021")->settings;
+  CHECK(find_named(lm_head_ops(m, ds21).backward, "logits_grad_accum")->bytes == 6.0 * 39321600);
+  CHECK(find_named(embedding_ops(m, ds21).backward, "embed_grad")->bytes == 1094713344.0 + 8.0 * 51904512);
   CHECK(find_trainer("megatron-2022")->settings.grad_accum_bytes == 10);
   // Fused: the output layer's wgrad accumulates into main_grad itself (the
   // embedding table's F.embedding gradient is still hooked).

@@ -3,6 +3,7 @@
 // (tests/data/reference/korthikanti2022*.csv).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -12,6 +13,7 @@
 #include "cuboid/cost/estimator.hpp"
 #include "cuboid/cost/speed_spread.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/core/trainer.hpp"
 #include "cuboid/core/workload.hpp"
 #include "fixtures.hpp"
 #include "reference_data.hpp"
@@ -297,6 +299,12 @@ TEST_CASE("trainer settings price the DP reduction as the trainer runs it") {
   const Estimate ar = estimate(m, topo, p);
   CHECK(ar.breakdown.dp_comm_s > rs.breakdown.dp_comm_s * 1.3);
   CHECK(ar.breakdown.compute_s == rs.breakdown.compute_s);
+  // DeepSpeed v0.5.4 (megatron-deepspeed-2021) all-reduces fp16 gradients:
+  // the all-reduce's bandwidth term halves, the bf16 all-gather stays.
+  p.trainer = find_trainer("megatron-deepspeed-2021")->settings;
+  const Estimate fp16_ar = estimate(m, topo, p);
+  CHECK(fp16_ar.breakdown.dp_comm_s < ar.breakdown.dp_comm_s * 0.8);
+  CHECK(fp16_ar.breakdown.dp_comm_s > rs.breakdown.dp_comm_s * 0.9);
 }
 
 TEST_CASE("prediction intervals come from the nearest validated regime, or say there is none") {
@@ -328,4 +336,32 @@ TEST_CASE("prediction intervals come from the nearest validated regime, or say t
   CHECK_FALSE(huge.known);
   CHECK(huge.basis.find("no validation data near 100000 GPUs") != std::string::npos);
   CHECK_FALSE(prediction_interval(10.0, "A100-SXM4-80GB", 64, "torchtitan").known);
+}
+
+TEST_CASE("a trainer with fewer than three measured runs pools its stand-ins' runs into its interval") {
+  const ValidationRegime* bloom = nullptr;
+  const ValidationRegime* mtnlg = nullptr;
+  for (const ValidationRegime& r : validation_regimes()) {
+    if (r.set == "bloom") bloom = &r;
+    if (r.set == "mtnlg") mtnlg = &r;
+  }
+  REQUIRE(bloom != nullptr);
+  REQUIRE(mtnlg != nullptr);
+  REQUIRE(bloom->rows == 1);
+  REQUIRE(bloom->trainer == "megatron-deepspeed-2022");
+  REQUIRE(mtnlg->trainer == "megatron-deepspeed-2021");
+  // BLOOM's one run alone would give a point; DeepSpeed's pipeline engine of
+  // a year earlier (MT-NLG) widens it, and the basis names both.
+  const PredictionInterval in = prediction_interval(10.0, "A100-SXM4-80GB", 384, "megatron-deepspeed-2022");
+  REQUIRE(in.known);
+  CHECK(in.low_s == doctest::Approx(10.0 / (1 + std::max(bloom->max_error, mtnlg->max_error))));
+  CHECK(in.high_s == doctest::Approx(10.0 / (1 + std::min(bloom->min_error, mtnlg->min_error))));
+  CHECK(in.high_s - in.low_s > 0.1);
+  CHECK(in.basis.find("4 megatron-deepspeed-2022 and megatron-deepspeed-2021 runs") != std::string::npos);
+  CHECK(in.basis.find("itself has no measured runs") == std::string::npos);
+  // Three runs of its own are enough: MT-NLG's preset keeps to them.
+  const PredictionInterval own = prediction_interval(10.0, "A100-SXM4-80GB", 2240, "megatron-deepspeed-2021");
+  REQUIRE(own.known);
+  CHECK(own.low_s == doctest::Approx(10.0 / (1 + mtnlg->max_error)));
+  CHECK(own.basis.find("bloom") == std::string::npos);
 }

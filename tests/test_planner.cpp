@@ -417,6 +417,24 @@ TEST_CASE("a trainer preset limits the search to what it can run and gives every
     CHECK(p.trainer.zero1_grad_all_reduce);
   }
 
+  // MT-NLG's engine of 2021: the same pipeline engine and ZeRO-1 all-reduce,
+  // in fp16 with autograd's in-place accumulation (2 B reduced, 6 B accumulated).
+  o.trainer = "megatron-deepspeed-2021";
+  SearchResult r21;
+  bool pipelined = false;
+  for (const ParallelPlan& p : enumerate_plans(m, topo, o, r21)) {
+    CHECK(p.schedule != Schedule::interleaved);
+    CHECK(p.zero_stage <= 1);
+    CHECK(!p.sequence_parallel);
+    CHECK(p.trainer.zero1_grad_all_reduce);
+    CHECK(p.trainer.dp_grad_bytes == 2);
+    CHECK(p.trainer.grad_accum_bytes == 6);
+    CHECK(!p.trainer.dp_overlap);
+    CHECK(!p.trainer.tp_backward_overlap);
+    pipelined = pipelined || p.pp > 1;
+  }
+  CHECK(pipelined);
+
   // DeepSpeed-2021 runs ZeRO without its pipeline engine: no PP, and its ZeRO-3 gathers per tensor.
   o.trainer = "deepspeed-2021";
   SearchResult r3;

@@ -208,7 +208,7 @@ void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& t
       {"megatron-bridge", {"megatron-core"}},
       {"nemo", {"megatron-core"}},
       {"torchtitan-main", {"torchtitan"}},
-      {"deepspeed", {"megatron-deepspeed", "megatron-deepspeed-2022", "deepspeed-2021"}},
+      {"deepspeed", {"megatron-deepspeed", "megatron-deepspeed-2022", "megatron-deepspeed-2021", "deepspeed-2021"}},
       {"torchtitan", {"torchtitan"}},
   };
   const std::vector<std::string>& allowed = kTrainers.at(target);

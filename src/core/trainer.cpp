@@ -29,8 +29,8 @@ void modern_zero3(TrainerSettings& s, std::int64_t prefetch_units, std::int64_t 
   s.zero3_list_collectives = false;
 }
 
-std::array<TrainerPreset, 7> make_presets() {
-  std::array<TrainerPreset, 7> p;
+std::array<TrainerPreset, 8> make_presets() {
+  std::array<TrainerPreset, 8> p;
 
   TrainerPreset& core = p[0];
   core.name = "megatron-core";
@@ -180,7 +180,47 @@ std::array<TrainerPreset, 7> make_presets() {
                             "BF16Optimizer adds each micro-batch's bf16 gradients to its fp32 copy"},
   };
 
-  TrainerPreset& tt = p[5];
+  TrainerPreset& mds21 = p[5];
+  mds21.name = "megatron-deepspeed-2021";
+  mds21.description = "Megatron-DeepSpeed of 2021 (MT-NLG's) on DeepSpeed v0.5.4's pipeline engine, fp16";
+  mds21.sequence_parallel = false;
+  mds21.selective_recompute = false;
+  mds21.interleaved = false;
+  mds21.flash_attention = false;
+  mds21.grad_accum_fusion = false;
+  mds21.default_grad_accum_fusion = false;
+  mds21.zero_stages = {0, 1};
+  mds21.settings = settings(mds21.name, false, 2, true, false);
+  mds21.settings.grad_accum_bytes = 6;
+  mds21.sources = {
+      {"dp_overlap", "DeepSpeed v0.5.4 deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceGrads after the last "
+                     "micro-batch's backward; runtime/engine.py _configure_zero_optimizer: \"Pipeline parallelism does "
+                     "not support overlapped communication\""},
+      {"dp_grad_bytes", "DeepSpeed v0.5.4 deepspeed/runtime/engine.py _configure_zero_optimizer: 'Creating fp16 ZeRO stage "
+                        "{} optimizer', fp32_allreduce refused (bf16 arrived in v0.5.10, its pipeline support in PR "
+                        "#1801, 56c5223, 2022-04)"},
+      {"zero1_grad_all_reduce", "DeepSpeed v0.5.4 deepspeed/runtime/pipe/engine.py _exec_reduce_grads -> "
+                                "runtime/engine.py allreduce_gradients -> zero/stage2.py reduce_gradients: ZeRO-1 forces "
+                                "contiguous_gradients off, so buffered_reduce_fallback -> allreduce_bucket, which sets "
+                                "rank = None: dist.all_reduce of the full fp16 gradients; step() then all-gathers the "
+                                "updated fp16 partitions (dist.all_gather)"},
+      {"grad_accum_bytes", "DeepSpeed v0.5.4 deepspeed/runtime/pipe/engine.py _exec_backward_pass: "
+                           "torch.autograd.backward into the fp16 param.grad; ZeRO-1 registers no gradient hooks "
+                           "(zero/stage2.py: only with partition_grads or overlap_comm), so each micro-batch's fp16 "
+                           "gradient is added in place (read 2 + 2, write 2)"},
+      {"interleaved", "DeepSpeed v0.5.4 deepspeed/runtime/pipe/schedule.py: TrainSchedule is non-interleaved 1F1B"},
+      {"zero_stages", "DeepSpeed v0.5.4 deepspeed/runtime/pipe/engine.py: \"ZeRO-2 and ZeRO-3 are incompatible with "
+                      "pipeline parallelism\""},
+      {"tp_backward_overlap", "microsoft/Megatron-DeepSpeed ec166f1c megatron/mpu/layers.py: no async_op in the linear "
+                              "layers' backward"},
+      {"sequence_parallel", "microsoft/Megatron-DeepSpeed ec166f1c (2021-09-02) megatron/arguments.py: no sequence "
+                            "parallelism; --checkpoint-activations recomputes whole layers"},
+      {"flash_attention", "microsoft/Megatron-DeepSpeed ec166f1c megatron/model/transformer.py: torch.baddbmm, fused "
+                          "scale-mask-softmax (unfused attention core)"},
+      {"grad_accum_fusion", "microsoft/Megatron-DeepSpeed ec166f1c megatron/mpu/layers.py: no fused wgrad accumulation"},
+  };
+
+  TrainerPreset& tt = p[6];
   tt.name = "torchtitan";
   tt.description = "torchtitan with FSDP2 (v0.2), bf16 parameters, fp32 reduction";
   tt.grad_accum_fusion = false;
@@ -203,7 +243,7 @@ std::array<TrainerPreset, 7> make_presets() {
                      "copies, the compute stream waits on its event (no host synchronisation)"},
   };
 
-  TrainerPreset& ds = p[6];
+  TrainerPreset& ds = p[7];
   ds.name = "deepspeed-2021";
   ds.description = "DeepSpeed v0.5.4 (2021-10) ZeRO 0-3 without its pipeline engine, fp16, Megatron-DeepSpeed's model "
                    "code of 2021 (Megatron-style TP)";
@@ -279,8 +319,8 @@ std::array<TrainerPreset, 7> make_presets() {
   return p;
 }
 
-const std::array<TrainerPreset, 7>& presets() {
-  static const std::array<TrainerPreset, 7> p = make_presets();
+const std::array<TrainerPreset, 8>& presets() {
+  static const std::array<TrainerPreset, 8> p = make_presets();
   return p;
 }
 

@@ -19,14 +19,18 @@ std::vector<std::string_view> stand_ins(std::string_view preset) {
   if (preset == "megatron-core") return {"megatron-core", "megatron-2022", "megatron-2021"};
   if (preset == "megatron-2022") return {"megatron-2022", "megatron-core", "megatron-2021"};
   if (preset == "megatron-2021") return {"megatron-2021", "megatron-2022"};
-  if (preset == "megatron-deepspeed") return {"megatron-deepspeed", "megatron-deepspeed-2022"};
-  if (preset == "megatron-deepspeed-2022") return {"megatron-deepspeed-2022", "megatron-deepspeed"};
+  if (preset == "megatron-deepspeed") return {"megatron-deepspeed", "megatron-deepspeed-2022", "megatron-deepspeed-2021"};
+  if (preset == "megatron-deepspeed-2022") return {"megatron-deepspeed-2022", "megatron-deepspeed-2021", "megatron-deepspeed"};
+  if (preset == "megatron-deepspeed-2021") return {"megatron-deepspeed-2021", "megatron-deepspeed-2022"};
   return {preset};
 }
 
 // A regime covers GPU counts within a factor of 2 of the ones it validated:
 // beyond, the effects that grow with scale are unchecked.
 constexpr double kScaleReach = 2.0;
+// The fewest measured runs an interval is drawn from: with n runs a new one
+// falls outside their range about 2 / (n + 1) of the time, always for n = 1.
+constexpr int kMinRuns = 3;
 
 }  // namespace
 
@@ -47,12 +51,24 @@ PredictionInterval prediction_interval(double predicted_s, std::string_view gpu_
     out.basis = fmt::format("no validation data: no measured run on {} was compared", gpu_name);
     return out;
   }
+  // The trainer's own runs, then its stand-ins' in order, until the pool
+  // holds kMinRuns: the range of one or two residuals is no interval.
+  std::vector<const ValidationRegime*> pool;
+  std::vector<std::string_view> trainers;
+  int rows = 0;
   for (std::string_view trainer : stand_ins(preset)) {
-    std::vector<const ValidationRegime*> pool;
-    for (const ValidationRegime* r : on_gpu)
-      if (r->trainer == trainer) pool.push_back(r);
-    if (pool.empty()) continue;
-    int lo_gpus = pool.front()->min_gpus, hi_gpus = pool.front()->max_gpus, rows = 0;
+    bool used = false;
+    for (const ValidationRegime* r : on_gpu) {
+      if (r->trainer != trainer) continue;
+      pool.push_back(r);
+      rows += r->rows;
+      used = true;
+    }
+    if (used) trainers.push_back(trainer);
+    if (rows >= kMinRuns) break;
+  }
+  if (!pool.empty()) {
+    int lo_gpus = pool.front()->min_gpus, hi_gpus = pool.front()->max_gpus;
     double min_err = pool.front()->min_error, max_err = pool.front()->max_error;
     std::string sets;
     for (const ValidationRegime* r : pool) {
@@ -60,11 +76,13 @@ PredictionInterval prediction_interval(double predicted_s, std::string_view gpu_
       hi_gpus = std::max(hi_gpus, r->max_gpus);
       min_err = std::min(min_err, r->min_error);
       max_err = std::max(max_err, r->max_error);
-      rows += r->rows;
       sets += (sets.empty() ? "" : ", ") + std::string(r->set);
     }
+    std::string names;
+    for (std::size_t i = 0; i < trainers.size(); ++i)
+      names += (i == 0 ? "" : i + 1 == trainers.size() ? " and " : ", ") + std::string(trainers[i]);
     if (gpus > hi_gpus * kScaleReach || gpus * kScaleReach < lo_gpus) {
-      out.basis = fmt::format("no validation data near {} GPUs: {} runs of {} on {} span {}-{} GPUs", gpus, trainer,
+      out.basis = fmt::format("no validation data near {} GPUs: {} runs of {} on {} span {}-{} GPUs", gpus, names,
                               gpu_name, sets, lo_gpus, hi_gpus);
       return out;
     }
@@ -72,9 +90,10 @@ PredictionInterval prediction_interval(double predicted_s, std::string_view gpu_
     // measured = predicted / (1 + error): the largest error gives the lowest time.
     out.low_s = predicted_s / (1 + max_err);
     out.high_s = predicted_s / (1 + min_err);
-    out.basis = fmt::format("{} {} runs on {} ({}, {}-{} GPUs) missed by {:+.1f}% to {:+.1f}%{}", rows, trainer,
-                            gpu_name, sets, lo_gpus, hi_gpus, 100 * min_err, 100 * max_err,
-                            trainer == preset ? "" : fmt::format("; {} itself has no measured runs here", preset));
+    const bool own = trainers.front() == preset;
+    out.basis = fmt::format("{} {} runs on {} ({}, {}-{} GPUs) missed by {:+.1f}% to {:+.1f}%{}", rows, names, gpu_name,
+                            sets, lo_gpus, hi_gpus, 100 * min_err, 100 * max_err,
+                            own ? "" : fmt::format("; {} itself has no measured runs here", preset));
     return out;
   }
   out.basis = fmt::format("no validation data: no measured run with a trainer like {} on {}", preset, gpu_name);
