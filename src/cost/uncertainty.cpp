@@ -82,7 +82,7 @@ PredictionInterval prediction_interval(double predicted_s, std::string_view gpu_
     for (std::size_t i = 0; i < trainers.size(); ++i)
       names += (i == 0 ? "" : i + 1 == trainers.size() ? " and " : ", ") + std::string(trainers[i]);
     if (gpus > hi_gpus * kScaleReach || gpus * kScaleReach < lo_gpus) {
-      out.basis = fmt::format("no validation data near {} GPUs: {} runs of {} on {} span {}-{} GPUs", gpus, names,
+      out.basis = fmt::format("no validation data near {} GPUs: the {} runs on {} ({}) span {}-{} GPUs", gpus, names,
                               gpu_name, sets, lo_gpus, hi_gpus);
       return out;
     }
