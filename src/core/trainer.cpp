@@ -29,6 +29,20 @@ void modern_zero3(TrainerSettings& s, std::int64_t prefetch_units, std::int64_t 
   s.zero3_list_collectives = false;
 }
 
+// What DeepSpeed's pipeline engine runs in every version read (v0.5.4, v0.7.0,
+// v0.16.0; each preset cites its own): TrainSchedule's non-interleaved 1F1B,
+// ZeRO 0-1 only, ReduceGrads after the last backward with ZeRO-1's gradients
+// all-reduced in full, and Megatron-DeepSpeed's linear layers without the fused
+// wgrad accumulation. The name must be set first.
+void deepspeed_pipeline_engine(TrainerPreset& t, int dp_grad_bytes, bool tp_backward_overlap, int grad_accum_bytes) {
+  t.interleaved = false;
+  t.grad_accum_fusion = false;
+  t.default_grad_accum_fusion = false;
+  t.zero_stages = {0, 1};
+  t.settings = settings(t.name, false, dp_grad_bytes, true, tp_backward_overlap);
+  t.settings.grad_accum_bytes = grad_accum_bytes;
+}
+
 std::array<TrainerPreset, 8> make_presets() {
   std::array<TrainerPreset, 8> p;
 
@@ -116,12 +130,7 @@ std::array<TrainerPreset, 8> make_presets() {
   TrainerPreset& mds = p[3];
   mds.name = "megatron-deepspeed";
   mds.description = "Megatron-DeepSpeed on DeepSpeed's pipeline engine (2024-25), bf16";
-  mds.interleaved = false;
-  mds.grad_accum_fusion = false;
-  mds.default_grad_accum_fusion = false;
-  mds.zero_stages = {0, 1};
-  mds.settings = settings(mds.name, false, 4, true);
-  mds.settings.grad_accum_bytes = 18;
+  deepspeed_pipeline_engine(mds, 4, true, 18);
   mds.sources = {
       {"dp_overlap", "DeepSpeed v0.16.0 deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceGrads after the last "
                      "micro-batch's backward"},
@@ -149,13 +158,8 @@ std::array<TrainerPreset, 8> make_presets() {
   bloom.description = "Megatron-DeepSpeed of 2022 (BigScience's fork, BLOOM) on DeepSpeed's pipeline engine, bf16";
   bloom.sequence_parallel = false;
   bloom.selective_recompute = false;
-  bloom.interleaved = false;
   bloom.flash_attention = false;
-  bloom.grad_accum_fusion = false;
-  bloom.default_grad_accum_fusion = false;
-  bloom.zero_stages = {0, 1};
-  bloom.settings = settings(bloom.name, false, 4, true, false);
-  bloom.settings.grad_accum_bytes = 18;
+  deepspeed_pipeline_engine(bloom, 4, false, 18);
   bloom.sources = {
       {"dp_overlap", "DeepSpeed v0.7.0 deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceGrads after the last "
                      "micro-batch's backward"},
@@ -185,13 +189,8 @@ std::array<TrainerPreset, 8> make_presets() {
   mds21.description = "Megatron-DeepSpeed of 2021 (MT-NLG's) on DeepSpeed v0.5.4's pipeline engine, fp16";
   mds21.sequence_parallel = false;
   mds21.selective_recompute = false;
-  mds21.interleaved = false;
   mds21.flash_attention = false;
-  mds21.grad_accum_fusion = false;
-  mds21.default_grad_accum_fusion = false;
-  mds21.zero_stages = {0, 1};
-  mds21.settings = settings(mds21.name, false, 2, true, false);
-  mds21.settings.grad_accum_bytes = 6;
+  deepspeed_pipeline_engine(mds21, 2, false, 6);
   mds21.sources = {
       {"dp_overlap", "DeepSpeed v0.5.4 deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceGrads after the last "
                      "micro-batch's backward; runtime/engine.py _configure_zero_optimizer: \"Pipeline parallelism does "
