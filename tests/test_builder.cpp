@@ -130,3 +130,12 @@ TEST_CASE("stamped passes: uneven stages of a big model, DP reduced after backwa
   p.trainer.dp_overlap = false;
   check_same("llama3.1-405b", "h100-roce-24k.json", 64, p);
 }
+
+TEST_CASE("stamped passes: uneven stages in interleaved chunks (8 + 14 x 8 + 6 in 2 chunks per stage)") {
+  ParallelPlan p = plan_of(8, 16, 4, 64);
+  p.schedule = Schedule::interleaved;
+  p.virtual_stages = 2;
+  p.first_stage_layers = 8;
+  p.last_stage_layers = 6;
+  check_same("llama3.1-405b", "h100-roce-24k.json", 64, p);
+}

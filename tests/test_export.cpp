@@ -125,14 +125,33 @@ void check_rules(const std::string& target, const Emitted& e, const PlanFile& pf
     const std::int64_t groups = get("--num-query-groups", "num_query_groups");
     if (groups > 0) CHECK(groups % tp == 0);
     CHECK(get("--num-layers", "num_layers") == layers);
-    if (num(e, "--decoder-first-pipeline-num-layers") < 0 && num(e, "model.num_layers_in_first_pipeline_stage") < 0)
-      CHECK(layers % pp == 0);
-    // arguments.py: layers per pipeline stage divisible by layers per virtual stage;
-    // Bridge: num_layers / pp divisible by virtual_pipeline_model_parallel_size.
-    if (const std::int64_t lpv = num(e, "--num-layers-per-virtual-pipeline-stage"); lpv > 0)
+    const std::int64_t first = get("--decoder-first-pipeline-num-layers", "num_layers_in_first_pipeline_stage");
+    const std::int64_t last = get("--decoder-last-pipeline-num-layers", "num_layers_in_last_pipeline_stage");
+    const bool uneven = first > 0 || last > 0;
+    if (!uneven) CHECK(layers % pp == 0);
+    // transformer_block.py get_num_layers_to_build: the middle stages share the rest evenly.
+    const std::int64_t middle_stages = pp - (first > 0) - (last > 0);
+    const std::int64_t middle_layers = layers - std::max<std::int64_t>(first, 0) - std::max<std::int64_t>(last, 0);
+    if (uneven && middle_stages > 0) CHECK(middle_layers % middle_stages == 0);
+    // arguments.py: layers per pipeline stage divisible by layers per virtual
+    // stage, and with uneven stages only --num-virtual-stages-per-pipeline-rank.
+    if (const std::int64_t lpv = num(e, "--num-layers-per-virtual-pipeline-stage"); lpv > 0) {
+      CHECK_FALSE(uneven);
       CHECK((layers / pp) % lpv == 0);
-    const auto vp = e.find("model.virtual_pipeline_model_parallel_size");
-    if (vp != e.end() && vp->second != "None") CHECK((layers / pp) % std::stoll(vp->second) == 0);
+    }
+    CHECK_FALSE((num(e, "--num-layers-per-virtual-pipeline-stage") > 0 &&
+                 num(e, "--num-virtual-stages-per-pipeline-rank") > 0));
+    // TransformerConfig.__post_init__ and get_num_layers_to_build: every
+    // stage's layers divisible by the virtual pipeline size.
+    std::int64_t vp = num(e, "--num-virtual-stages-per-pipeline-rank");
+    if (const auto b = e.find("model.virtual_pipeline_model_parallel_size"); b != e.end() && b->second != "None")
+      vp = std::stoll(b->second);
+    if (vp > 0) {
+      if (!uneven) CHECK((layers / pp) % vp == 0);
+      if (first > 0) CHECK(first % vp == 0);
+      if (last > 0) CHECK(last % vp == 0);
+      if (uneven && middle_stages > 0) CHECK((middle_layers / middle_stages) % vp == 0);
+    }
     // Sequence parallelism needs TP > 1 (TransformerConfig.__post_init__ turns it off otherwise).
     if (e.count("--sequence-parallel") || (e.count("model.sequence_parallel") && e.find("model.sequence_parallel")->second == "True"))
       CHECK(tp > 1);
@@ -240,6 +259,19 @@ TEST_CASE("every emitted option is the trainer's own, with the trainer's cross-f
     pf = plan_file("gpt3-interleaved");
     pf.plan.flash_attention = false;
     check_options(pf, "megatron");
+  }
+  SUBCASE("uneven stages in interleaved chunks: Megatron-LM takes only --num-virtual-stages-per-pipeline-rank") {
+    PlanFile pf = plan_file("llama8b-pp4");  // 32 layers: 6 + 10 + 10 + 6 in 2 chunks per stage
+    pf.plan.schedule = Schedule::interleaved;
+    pf.plan.virtual_stages = 2;
+    pf.plan.first_stage_layers = 6;
+    pf.plan.last_stage_layers = 6;
+    check_options(pf, "megatron");
+    check_options(pf, "megatron-bridge");
+    const std::string text = export_plan(pf, "megatron").text;
+    CHECK(text.find("--num-virtual-stages-per-pipeline-rank 2\n") != std::string::npos);
+    CHECK(text.find("--decoder-first-pipeline-num-layers 6\n") != std::string::npos);
+    CHECK(text.find("--num-layers-per-virtual-pipeline-stage") == std::string::npos);
   }
 }
 

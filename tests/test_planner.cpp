@@ -224,8 +224,111 @@ TEST_CASE("uneven stages: Llama 3.1 405B's 126 layers on PP 16 as 7 + 14 x 8 + 7
   o.uneven_stages = true;
   const SearchResult r = search_plans(m, topo, o);
   REQUIRE(!r.fitting.empty());
-  CHECK(r.fitting.front().plan.first_stage_layers == 7);
   CHECK(r.fitting.front().plan.dp == 128);
+  // The search holds both splits: 7 + 14 x 8 + 7 for 1F1B and, in 2 chunks
+  // per stage, 8 + 14 x 8 + 6; 16 micro-batches on PP 16 make interleaving win.
+  bool one_f_one_b = false;
+  for (const auto& pr : r.fitting) {
+    const ParallelPlan& p = pr.plan;
+    if (p.virtual_stages == 1) {
+      one_f_one_b = true;
+      CHECK(p.first_stage_layers == 7);
+      CHECK(p.last_stage_layers == 7);
+    } else {
+      CHECK(p.virtual_stages == 2);
+      CHECK(p.first_stage_layers == 8);
+      CHECK(p.last_stage_layers == 6);
+    }
+  }
+  CHECK(one_f_one_b);
+  CHECK(r.fitting.front().plan.virtual_stages == 2);
+  // A split given by hand is the one searched, interleaved where it divides.
+  o.first_stage_layers = 6;
+  o.last_stage_layers = 8;
+  const SearchResult h = search_plans(m, topo, o);
+  REQUIRE(!h.fitting.empty());
+  std::set<int> vs;
+  for (const auto& pr : h.fitting) {
+    CHECK(pr.plan.first_stage_layers == 6);
+    CHECK(pr.plan.last_stage_layers == 8);
+    vs.insert(pr.plan.virtual_stages);
+  }
+  CHECK(vs == std::set<int>{1, 2});
+}
+
+TEST_CASE("uneven stages with interleaving: every stage's layers in v equal chunks, as Megatron-Core builds them") {
+  int first = 0, last = 0;
+  REQUIRE(propose_uneven_stages(126, 16, first, last, 2));
+  CHECK(first == 8);  // in 2-layer units: 4 + 14 x 4 + 3
+  CHECK(last == 6);
+  CHECK_FALSE(propose_uneven_stages(126, 16, first, last, 4));  // 126 is no multiple of 4
+  CHECK_FALSE(propose_uneven_stages(126, 16, first, last, 3));  // 14 middle stages of 9 leave nothing for the ends
+  REQUIRE(propose_uneven_stages(80, 4, first, last, 8));         // 16 + 24 + 24 + 16
+  CHECK(first == 16);
+  CHECK(last == 16);
+  REQUIRE(propose_uneven_stages(6, 2, first, last, 2));  // PP 2: the LM head's stage gets the smaller share
+  CHECK(first == 4);
+  CHECK(last == 2);
+  CHECK_FALSE(propose_uneven_stages(8, 2, first, last, 2));  // 2 x 2 chunks divide 8: no uneven split needed
+
+  // Layers in virtual-stage order: chunk c of stage s is virtual stage c x 16 + s.
+  ParallelPlan p;
+  p.pp = 16;
+  p.virtual_stages = 2;
+  p.schedule = Schedule::interleaved;
+  p.first_stage_layers = 8;
+  p.last_stage_layers = 6;
+  CHECK(first_layer_of_chunk(p, 126, 0, 0) == 0);
+  CHECK(first_layer_of_chunk(p, 126, 1, 0) == 4);
+  CHECK(first_layer_of_chunk(p, 126, 15, 0) == 60);  // 4 + 14 x 4
+  CHECK(first_layer_of_chunk(p, 126, 0, 1) == 63);   // half of the model
+  CHECK(first_layer_of_chunk(p, 126, 15, 1) == 123);  // its 3 layers end the model
+  std::vector<int> held(126, 0);
+  for (int s = 0; s < 16; ++s)
+    for (int c = 0; c < 2; ++c)
+      for (int l = 0; l < layers_on_stage(p, 126, s) / 2; ++l) ++held[static_cast<std::size_t>(first_layer_of_chunk(p, 126, s, c) + l)];
+  CHECK(std::all_of(held.begin(), held.end(), [](int n) { return n == 1; }));
+
+  // check_plan: 7 + 14 x 8 + 7 does not split into 2 chunks per stage.
+  const ModelSpec m = load_model("models/llama3.1-405b.json");
+  const Cluster c = load_cluster("topologies/h100-roce-24k.json", 2048);
+  p.tp = 8;
+  p.dp = 128;
+  p.micro_batch = 1;
+  p.global_batch = 2048;
+  p.seq_length = 8192;
+  p.first_stage_layers = 7;
+  p.last_stage_layers = 7;
+  const auto problem = check_plan(p, m, c);
+  REQUIRE(problem);
+  CHECK(problem->field == PlanField::uneven_stages);
+  CHECK(problem->problem == "first stage's 7 layers do not split into 2 virtual stages (every stage holds its layers as 2 "
+                         "equal chunks)");
+  p.first_stage_layers = 8;
+  p.last_stage_layers = 6;
+  CHECK_FALSE(check_plan(p, m, c));
+
+  // Only Megatron-Core builds uneven chunks; the 2021-2022 Megatron-LMs no uneven stages at all.
+  const Topology topo(c);
+  PlannerOptions o;
+  o.simulate_top = 0;
+  o.tp = 8;
+  o.pp = 16;
+  o.virtual_stages = 2;
+  o.global_batch = 2048;
+  o.uneven_stages = true;
+  const ParallelPlan built = plan_from_options(m, c, o);
+  CHECK(built.first_stage_layers == 8);
+  CHECK(built.last_stage_layers == 6);
+  CHECK(built.schedule == Schedule::interleaved);
+  o.trainer = "torchtitan";
+  CHECK_THROWS_WITH(plan_from_options(m, c, o),
+                    doctest::Contains("torchtitan has no uneven stages with the interleaved schedule"));
+  o.virtual_stages.reset();
+  o.trainer = "megatron-2022";
+  CHECK_THROWS_WITH(plan_from_options(m, c, o),
+                    doctest::Contains("megatron-2022 gives every pipeline stage the same number of layers"));
+  CHECK(search_plans(m, topo, o).fitting.empty());
 }
 
 TEST_CASE("the best K plans are re-ranked by the discrete-event simulator and say so") {

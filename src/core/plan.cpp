@@ -106,19 +106,33 @@ int layers_on_stage(const ParallelPlan& plan, std::int64_t num_layers, int stage
   return middle > 0 ? static_cast<int>((num_layers - plan.first_stage_layers - plan.last_stage_layers) / middle) : 0;
 }
 
-bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& last) {
-  if (pp < 2 || num_layers % pp == 0) return false;
+int chunks_per_stage(const ParallelPlan& plan) {
+  return plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
+}
+
+int first_layer_of_chunk(const ParallelPlan& plan, std::int64_t num_layers, int stage, int chunk) {
+  const int v = chunks_per_stage(plan);
+  int first = 0;
+  for (int vs = 0; vs < chunk * plan.pp + stage; ++vs) first += layers_on_stage(plan, num_layers, vs % plan.pp) / v;
+  return first;
+}
+
+bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& last, int chunks) {
+  // In units of `chunks` layers: every stage's count must be a multiple of it.
+  const std::int64_t v = std::max(1, chunks);
+  if (pp < 2 || num_layers % (pp * v) == 0 || num_layers % v != 0) return false;
+  const std::int64_t units = num_layers / v;
   if (pp == 2) {
-    last = static_cast<int>(num_layers / 2);  // the LM head's stage gets the smaller half
+    last = static_cast<int>(units / 2 * v);  // the LM head's stage gets the smaller half
     first = static_cast<int>(num_layers - last);
-    return last >= 1;
+    return last >= v;
   }
-  const std::int64_t per_middle = (num_layers + pp - 1) / pp;
-  const std::int64_t rest = num_layers - per_middle * (pp - 2);
+  const std::int64_t per_middle = ((num_layers + pp - 1) / pp + v - 1) / v;
+  const std::int64_t rest = units - per_middle * (pp - 2);
   if (rest < 2) return false;
-  first = static_cast<int>((rest + 1) / 2);
-  last = static_cast<int>(rest - first);
-  return first < per_middle + 1;
+  first = static_cast<int>((rest + 1) / 2 * v);
+  last = static_cast<int>(rest * v - first);
+  return first < per_middle * v + 1;
 }
 
 std::optional<PlanProblem> check_plan(const ParallelPlan& p, const ModelSpec& m, const Cluster& c) {
@@ -168,9 +182,6 @@ std::optional<PlanProblem> check_plan(const ParallelPlan& p, const ModelSpec& m,
   if (has_uneven_stages(p)) {
     const std::string layers = std::to_string(m.num_layers);
     if (p.pp < 2) return problem(F::uneven_stages, "uneven stages need PP >= 2", "use PP >= 2 or an even split");
-    if (p.virtual_stages > 1)
-      return problem(F::uneven_stages, "uneven stages cannot be combined with virtual stages (interleaving)",
-                     "drop the virtual stages or use an even split");
     const int fixed_stages = (p.first_stage_layers > 0 ? 1 : 0) + (p.last_stage_layers > 0 ? 1 : 0);
     const long long rest = m.num_layers - p.first_stage_layers - p.last_stage_layers;
     const int middle = p.pp - fixed_stages;
@@ -181,6 +192,22 @@ std::optional<PlanProblem> check_plan(const ParallelPlan& p, const ModelSpec& m,
                          layers + " layers of " + m.name + ", which do not split evenly over the other " +
                          std::to_string(middle) + " stages",
                      "choose first/last stage layers so that the remaining layers divide by the middle stages");
+    // Megatron-Core builds every stage's layers as `v` equal chunks
+    // (transformer_config.py __post_init__: the first / last stage's layers
+    // divisible by the virtual pipeline size; transformer_block.py
+    // get_num_layers_to_build: every stage's).
+    if (const int v = p.virtual_stages; v > 1) {
+      for (const auto& [what, n] : {std::pair<const char*, long long>{"first stage", p.first_stage_layers},
+                                    {"last stage", p.last_stage_layers},
+                                    {"each middle stage", middle > 0 ? rest / middle : 0}})
+        if (n % v != 0)
+          return problem(F::uneven_stages,
+                         std::string(what) + "'s " + std::to_string(n) + " layers do not split into " +
+                             std::to_string(v) + " virtual stages (every stage holds its layers as " +
+                             std::to_string(v) + " equal chunks)",
+                         "choose first/last stage layers and virtual stages so that every stage's layers divide by "
+                         "the virtual stages");
+    }
   } else {
     const long long chunks = static_cast<long long>(p.pp) * p.virtual_stages;
     if (m.num_layers % chunks != 0)

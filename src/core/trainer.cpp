@@ -53,7 +53,15 @@ std::array<TrainerPreset, 8> make_presets() {
   // max(1e9, 2 x a TransformerLayer's elements) / 2: the next layers up to
   // 5e8 elements, or one layer when it holds more.
   modern_zero3(core.settings, 0, 500'000'000);
+  core.uneven_interleaved = true;
   core.sources = {
+      {"uneven_stages", "Megatron-LM d98e8a64 megatron/training/arguments.py --decoder-first-pipeline-num-layers / "
+                        "--decoder-last-pipeline-num-layers (fa8bb592, 2024-09); megatron/core/transformer/"
+                        "transformer_block.py get_num_layers_to_build: the middle stages share the rest evenly"},
+      {"uneven_interleaved", "Megatron-LM d98e8a64 (ef490839, 2025-02, 'Uneven Virtual Pipeline Parallelism'): "
+                             "--num-virtual-stages-per-pipeline-rank with uneven stages; transformer_config.py "
+                             "__post_init__ and transformer_block.py get_num_layers_to_build: every stage's layers "
+                             "divisible by the virtual pipeline size, each chunk a stage's layers / that size"},
       {"dp_overlap", "Megatron-LM d98e8a64 megatron/training/arguments.py --overlap-grad-reduce (off unless given; "
                      "examples/llama/train_llama3_8b_h100_fp8.sh gives it, as production recipes do)"},
       {"dp_grad_bytes", "Megatron-LM d98e8a64 megatron/training/arguments.py: bf16 sets accumulate_allreduce_grads_in_fp32 "
@@ -80,8 +88,11 @@ std::array<TrainerPreset, 8> make_presets() {
   m22.grad_accum_fusion = false;
   m22.default_grad_accum_fusion = false;
   m22.zero_stages = {0};
+  m22.uneven_stages = false;
   m22.settings = settings(m22.name, false, 4);
   m22.sources = {
+      {"uneven_stages", "Megatron-LM 02bb1f5c megatron/mpu/initialize.py get_num_layers: assert num_layers % "
+                        "transformer_pipeline_model_parallel_size == 0 (decoder-only models)"},
       {"dp_overlap", "Megatron-LM 02bb1f5c megatron/model/distributed.py: the local DDP all-reduces the grad buffers "
                      "once, after the last backward (allreduce_gradients)"},
       {"dp_grad_bytes", "Megatron-LM 02bb1f5c megatron/model/distributed.py _get_buffer_type: fp32 buffers "
@@ -104,6 +115,7 @@ std::array<TrainerPreset, 8> make_presets() {
   m21.grad_accum_fusion = false;
   m21.default_grad_accum_fusion = false;
   m21.zero_stages = {0};
+  m21.uneven_stages = false;
   m21.settings = settings(m21.name, false, 2, false, false);
   m21.settings.grad_accum_bytes = 6;
   m21.sources = {
@@ -125,6 +137,8 @@ std::array<TrainerPreset, 8> make_presets() {
                               "--activations-checkpoint-method only (whole layers)"},
       {"flash_attention", "Megatron-LM de7dc40f megatron/model/transformer.py: unfused attention core"},
       {"zero_stages", "Megatron-LM de7dc40f: no distributed optimizer"},
+      {"uneven_stages", "Megatron-LM de7dc40f megatron/model/transformer.py ParallelTransformer: assert num_layers % "
+                        "pipeline_model_parallel_size == 0"},
   };
 
   TrainerPreset& mds = p[3];

@@ -426,7 +426,7 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
   const int v = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
   const int tp = std::max(1, plan.tp);
   const double per_layer = static_cast<double>(m.parameters_per_layer()) / tp;
-  const int layers = v > 1 ? static_cast<int>(m.num_layers / (pp * v)) * v : layers_on_stage(plan, m.num_layers, stage);
+  const int layers = layers_on_stage(plan, m.num_layers, stage);
   const double extra = parameters_on_stage(m, plan, stage) - per_layer * layers;
   const double embed_params =
       static_cast<double>(padded_vocab_size(m.vocab_size, tp)) / tp * static_cast<double>(m.hidden_size);

@@ -98,13 +98,8 @@ void StepRunner::layout_params() {
   for (int c = 0; c < v; ++c) {
     Chunk ch;
     ch.virtual_stage = c * pp + stage_;
-    if (v == 1) {
-      ch.num_layers = layers_on_stage(plan_, L, stage_);
-      for (int s = 0; s < stage_; ++s) ch.first_layer += layers_on_stage(plan_, L, s);
-    } else {
-      ch.num_layers = L / (pp * v);
-      ch.first_layer = ch.virtual_stage * ch.num_layers;
-    }
+    ch.num_layers = layers_on_stage(plan_, L, stage_) / v;
+    ch.first_layer = first_layer_of_chunk(plan_, L, stage_, c);
     ch.has_embedding = ch.virtual_stage == 0;
     ch.has_head = ch.virtual_stage == pp * v - 1;
     total += (ch.has_embedding ? vocab * h : 0) + sz(ch.num_layers) * per_layer + (ch.has_head ? norm + h * vocab : 0);

@@ -30,7 +30,12 @@ ExportResult megatron(const PlanFile& pf) {
   arg("# parallelism");
   arg(fmt::format("--tensor-model-parallel-size {}", p.tp));
   arg(fmt::format("--pipeline-model-parallel-size {}", p.pp));
-  if (p.virtual_stages > 1)  // there is no VPP-size flag in older releases: layers per virtual stage it is
+  // There is no VPP-size flag in older releases: layers per virtual stage it
+  // is, except with uneven stages, which arguments.py allows only with
+  // --num-virtual-stages-per-pipeline-rank.
+  if (p.virtual_stages > 1 && has_uneven_stages(p))
+    arg(fmt::format("--num-virtual-stages-per-pipeline-rank {}", p.virtual_stages));
+  else if (p.virtual_stages > 1)
     arg(fmt::format("--num-layers-per-virtual-pipeline-stage {}", layers_per_virtual_stage(pf)));
   if (p.first_stage_layers > 0) arg(fmt::format("--decoder-first-pipeline-num-layers {}", p.first_stage_layers));
   if (p.last_stage_layers > 0) arg(fmt::format("--decoder-last-pipeline-num-layers {}", p.last_stage_layers));

@@ -69,13 +69,6 @@ bool is_optimizer_op(const std::string& name) {
 const std::string kRerun = "validate the measurements of a run of this very plan file "
                            "(cuboid run --plan PLAN --out measurements.json)";
 
-int virtual_stages(const ParallelPlan& p) { return p.schedule == Schedule::interleaved ? p.virtual_stages : 1; }
-
-int layers_of_stage(const ModelSpec& model, const ParallelPlan& plan, int stage) {
-  const int v = virtual_stages(plan);
-  return v > 1 ? static_cast<int>(model.num_layers / (plan.pp * v)) * v : layers_on_stage(plan, model.num_layers, stage);
-}
-
 // The workload ops the simulator plays on a stage, by name (first occurrence).
 std::map<std::string, Op> stage_workload(const ModelSpec& model, const ParallelPlan& plan, int stage) {
   std::map<std::string, Op> out;
@@ -83,7 +76,7 @@ std::map<std::string, Op> stage_workload(const ModelSpec& model, const ParallelP
     for (const auto* list : {&l.forward, &l.backward, &l.recompute})
       for (const Op& op : *list) out.emplace(op.name, op);
   };
-  if (layers_of_stage(model, plan, stage) > 0) add(transformer_layer_ops(model, plan));
+  if (layers_on_stage(plan, model.num_layers, stage) > 0) add(transformer_layer_ops(model, plan));
   if (stage == 0) add(embedding_ops(model, plan));
   if (stage == plan.pp - 1) add(lm_head_ops(model, plan));
   return out;

@@ -194,6 +194,24 @@ void check_trainer_options(const PlannerOptions& o) {
   }
 }
 
+namespace {
+
+// Uneven stages, and uneven stages in interleaved chunks, where the trainer builds them.
+void check_uneven_interleaved(const TrainerPreset& t, const ParallelPlan& p) {
+  if (!has_uneven_stages(p)) return;
+  const auto refuse = [&](const std::string& what, const std::string& fix) {
+    throw InputError("command line", "--uneven-stages", std::string(t.name) + " " + what + " (" +
+                                                            std::string(t.description) + ")", fix);
+  };
+  if (!t.uneven_stages)
+    refuse("gives every pipeline stage the same number of layers", "choose a PP that divides the layers");
+  if (chunks_per_stage(p) > 1 && !t.uneven_interleaved)
+    refuse("has no uneven stages with the interleaved schedule",
+           "drop --vpp (1F1B with uneven stages), or choose a PP x virtual stages that divides the layers");
+}
+
+}  // namespace
+
 TrainerSettings trainer_settings(const PlannerOptions& o) {
   TrainerSettings s = trainer_of(o).settings;
   if (o.dp_overlap) s.dp_overlap = *o.dp_overlap;
@@ -219,13 +237,17 @@ ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, c
   p.virtual_stages = o.virtual_stages.value_or(1);
   p.first_stage_layers = o.first_stage_layers.value_or(0);
   p.last_stage_layers = o.last_stage_layers.value_or(0);
-  if (!o.first_stage_layers && !o.last_stage_layers && o.uneven_stages && p.pp > 0 && model.num_layers % p.pp != 0) {
+  if (!o.first_stage_layers && !o.last_stage_layers && o.uneven_stages && p.pp > 0 &&
+      model.num_layers % (static_cast<std::int64_t>(p.pp) * p.virtual_stages) != 0) {
     int first = 0, last = 0;
-    if (!propose_uneven_stages(model.num_layers, p.pp, first, last))
+    if (!propose_uneven_stages(model.num_layers, p.pp, first, last, p.virtual_stages))
       throw InputError("command line", "--uneven-stages",
                        "no first/last-stage split of the " + std::to_string(model.num_layers) + " layers over PP " +
-                           std::to_string(p.pp) + " leaves the middle stages an equal share",
-                       "give --first-stage-layers and --last-stage-layers, or choose another PP");
+                           std::to_string(p.pp) +
+                           (p.virtual_stages > 1 ? " in " + std::to_string(p.virtual_stages) + " chunks per stage" : "") +
+                           " leaves the middle stages an equal share",
+                       "give --first-stage-layers and --last-stage-layers, or choose another PP" +
+                           std::string(p.virtual_stages > 1 ? " or --vpp" : ""));
     p.first_stage_layers = first;
     p.last_stage_layers = last;
   }
@@ -237,6 +259,7 @@ ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, c
   p.grad_accum_fusion = o.grad_accum_fusion.value_or(trainer.default_grad_accum_fusion);
   p.order = o.order.value_or(RankOrder{});
   p.trainer = trainer_settings(o);
+  check_uneven_interleaved(trainer, p);
   validate_plan(p, model, cluster);
   return p;
 }
@@ -260,15 +283,15 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     probe.global_batch = result.global_batch;
     probe.tp = o.tp.value_or(1);
     probe.pp = o.pp.value_or(1);
-    if (o.uneven_stages && o.pp && model.num_layers % *o.pp != 0) {
+    // Virtual stages are only checkable here together with a fixed PP.
+    probe.virtual_stages = o.pp ? o.virtual_stages.value_or(1) : 1;
+    if (o.uneven_stages && o.pp && model.num_layers % (static_cast<std::int64_t>(*o.pp) * probe.virtual_stages) != 0) {
       int first = 0, last = 0;
-      if (propose_uneven_stages(model.num_layers, *o.pp, first, last)) {
+      if (propose_uneven_stages(model.num_layers, *o.pp, first, last, probe.virtual_stages)) {
         probe.first_stage_layers = first;
         probe.last_stage_layers = last;
       }
     }
-    // Virtual stages are only checkable here together with a fixed PP.
-    probe.virtual_stages = o.pp ? o.virtual_stages.value_or(1) : 1;
     probe.schedule = probe.virtual_stages > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
     probe.micro_batch = o.micro_batch.value_or(1);
     probe.dp = o.dp.value_or(1);
@@ -331,9 +354,13 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
       if (pp > 1 && !trainer.pipeline) continue;  // the trainer runs no pipeline
       const int dp = gpus / (tp * pp);
       if (o.dp && *o.dp != dp) continue;
-      int first_layers = 0, last_layers = 0;
-      const bool uneven = model.num_layers % pp != 0;
-      if (uneven && !(o.uneven_stages && propose_uneven_stages(model.num_layers, pp, first_layers, last_layers))) {
+      // The split of the layers: given by hand (--first/--last-stage-layers,
+      // checked per candidate), proposed (--uneven-stages), or even.
+      const bool by_hand = o.first_stage_layers || o.last_stage_layers;
+      int first_layers = o.first_stage_layers.value_or(0), last_layers = o.last_stage_layers.value_or(0);
+      const bool uneven = by_hand || model.num_layers % pp != 0;
+      if (!by_hand && uneven &&
+          !(o.uneven_stages && propose_uneven_stages(model.num_layers, pp, first_layers, last_layers))) {
         skip("PP does not divide the layers (allow --uneven-stages)");
         continue;
       }
@@ -368,17 +395,39 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
           continue;
         }
         const std::int64_t m = result.global_batch / (static_cast<std::int64_t>(mb) * dp);
-        // Virtual stages: 1 (1F1B or GPipe), or v > 1 with the interleaved schedule.
+        // Virtual stages: 1 (1F1B or GPipe), or v > 1 with the interleaved
+        // schedule: every v whose chunks split the stages evenly, and with
+        // --uneven-stages (where the trainer builds uneven chunks) every v
+        // that has an uneven split in v-layer units.
         std::vector<int> vs;
         if (o.virtual_stages) {
           vs = {*o.virtual_stages};
         } else {
           vs = {1};
-          if (pp > 1 && !uneven && trainer.interleaved && (!o.schedule || *o.schedule == Schedule::interleaved))
-            for (int v : divisors(model.num_layers / pp))
-              if (v > 1) vs.push_back(v);
+          const bool uneven_chunks = o.uneven_stages && trainer.uneven_interleaved;
+          if (pp > 1 && trainer.interleaved && (!o.schedule || *o.schedule == Schedule::interleaved) &&
+              (!uneven || uneven_chunks)) {
+            const std::int64_t most = (model.num_layers + pp - 1) / pp;
+            for (int v = 2; v <= most; ++v) {
+              int f = 0, l = 0;
+              if (by_hand ? uneven_chunks && first_layers % v == 0 && last_layers % v == 0
+                          : model.num_layers % (static_cast<std::int64_t>(pp) * v) == 0 ||
+                                (uneven_chunks && propose_uneven_stages(model.num_layers, pp, f, l, v)))
+                vs.push_back(v);
+            }
+          }
         }
         for (int v : vs) {
+          // The stage split for v chunks: even, or the uneven one in v-layer units.
+          int first_v = first_layers, last_v = last_layers;
+          if (v > 1 && !by_hand) {
+            first_v = last_v = 0;
+            if (model.num_layers % (static_cast<std::int64_t>(pp) * v) != 0 && o.uneven_stages &&
+                !propose_uneven_stages(model.num_layers, pp, first_v, last_v, v)) {
+              skip("no uneven split of the layers into the virtual stages");
+              continue;
+            }
+          }
           Schedule schedule = v > 1 ? Schedule::interleaved : o.schedule.value_or(Schedule::one_f_one_b);
           if (v == 1 && schedule == Schedule::interleaved) continue;
           if (v > 1 && m % pp != 0) {
@@ -402,8 +451,8 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
                   p.global_batch = result.global_batch;
                   p.seq_length = result.seq_length;
                   p.virtual_stages = v;
-                  p.first_stage_layers = first_layers;
-                  p.last_stage_layers = last_layers;
+                  p.first_stage_layers = first_v;
+                  p.last_stage_layers = last_v;
                   p.schedule = schedule;
                   p.zero_stage = zero;
                   p.recompute = rc;
@@ -413,6 +462,7 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
                   p.order = order;
                   p.trainer = trainer_set;
                   try {
+                    check_uneven_interleaved(trainer, p);
                     validate_plan(p, model, cluster);
                   } catch (const InputError& e) {
                     skip("invalid for " + e.field() + ": " + e.problem());

@@ -239,8 +239,7 @@ void Builder::make_units() {
   units_.assign(static_cast<std::size_t>(pp_), {});
   for (int s = 0; s < pp_; ++s) {
     const Programs& p = programs_[stage_programs_[static_cast<std::size_t>(s)]];
-    const int layers_stage = v_ > 1 ? static_cast<int>(m_.num_layers / vs_count_) * v_
-                                    : layers_on_stage(plan_, m_.num_layers, s);
+    const int layers_stage = layers_on_stage(plan_, m_.num_layers, s);
     const int per_chunk = layers_stage / v_;
     // Parameters beyond the layers: embedding (first stage) and LM head (last).
     double extra = parameters_on_stage(m_, plan_, s) - per_layer * layers_stage;

@@ -79,11 +79,21 @@ plan t2d2sp "$CPU4" --tp 2 --pp 1 --dp 2 --sequence-parallel on --zero 1
 # The same plan with the interleaved schedule (2 model chunks per stage).
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["parallel"].update(schedule="interleaved", virtual_stages=2); json.dump(d, open(sys.argv[2], "w"))' \
   "$TMP/t2p2.json" "$TMP/t2p2i.json" || fail "interleaved plan"
+# Uneven stages in interleaved chunks (Megatron-Core's rule): 6 layers on PP 2
+# in 2 chunks per stage are 4 + 2, chunks of 2 and 1 layers in virtual-stage
+# order (layers 0-1 | 2 | 3-4 | 5).
+python3 -c 'import json,sys; d=json.load(open("models/tiny.json")); d["num_layers"]=6; d["name"]="tiny-6"; json.dump(d, open(sys.argv[1], "w"))' \
+  "$TMP/tiny6.json" || fail "6-layer model"
+"$CUBOID" plan --model "$TMP/tiny6.json" --cluster "$CPU2" --nodes 1 --global-batch 4 --micro-batch 1 --tp 1 --pp 2 --dp 1 \
+  --vpp 2 --uneven-stages --out "$TMP/pp2vu.json" >"$TMP/pp2vu.plan.log" 2>&1 || fail "plan pp2vu: $(tail -3 "$TMP/pp2vu.plan.log")"
+python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["parallel"]; assert (p["virtual_stages"], p["first_stage_layers"], p["last_stage_layers"]) == (2, 4, 2), p' \
+  "$TMP/pp2vu.json" && pass "pp2vu: 6 layers on PP 2 in 2 chunks split 4 + 2" || fail "pp2vu: the split"
 
 run_ok tp2 2
 run_ok tp2nosp 2
 run_ok pp2 2
 run_ok pp2gpipe 2
+run_ok pp2vu 2
 # Megatron's batches: after each schedule step, its send with the next step's
 # receive, timed as one op; no send waits for a later receive.
 python3 - "$TMP/pp2.m.json" <<'PY' && pass "pp2: pipeline exchanges batched per schedule step" || fail "pp2: pipeline op names"

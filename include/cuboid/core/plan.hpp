@@ -153,12 +153,22 @@ struct ParallelPlan {
 // Layers of pipeline stage `stage` (0-based) with the plan's even or uneven split.
 int layers_on_stage(const ParallelPlan& plan, std::int64_t num_layers, int stage);
 bool has_uneven_stages(const ParallelPlan& plan);
-// The uneven split cuboid proposes when PP does not divide the layers: the
-// middle stages get ceil(L / PP) layers and the first and last stages share
-// the rest (fewer, since they also hold the embedding and the LM head), like
-// Llama 3 405B's 126 layers on PP 16 as 7 + 14 x 8 + 7. Returns false when no
-// such split exists (e.g. the rest would be < 2 layers).
-bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& last);
+// Model chunks per stage: the virtual stages with the interleaved schedule, else 1.
+int chunks_per_stage(const ParallelPlan& plan);
+// The first layer (0-based) of model chunk `chunk` of stage `stage`. Chunks
+// hold the layers in virtual-stage order (chunk c of stage s is virtual stage
+// c x PP + s), each a stage's layers / chunks: Megatron-Core's layer offset,
+// uneven stages included (megatron/core/transformer/transformer_layer.py
+// get_transformer_layer_offset at d98e8a64).
+int first_layer_of_chunk(const ParallelPlan& plan, std::int64_t num_layers, int stage, int chunk);
+// The uneven split cuboid proposes when PP x `chunks` does not divide the
+// layers: the middle stages get ceil(L / PP) layers and the first and last
+// stages share the rest (fewer, since they also hold the embedding and the LM
+// head), like Llama 3 405B's 126 layers on PP 16 as 7 + 14 x 8 + 7. With
+// `chunks` > 1 (interleaving) every stage's count is a multiple of it, as
+// Megatron-Core requires (126 on PP 16 in 2 chunks: 8 + 14 x 8 + 6). Returns
+// false when no such split exists (e.g. the rest would be < 2 chunks' worth).
+bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& last, int chunks = 1);
 
 // The plan setting a problem is about; each caller names it in its own
 // terms (the command line: a flag; a plan file: a JSON key).

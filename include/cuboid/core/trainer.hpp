@@ -30,7 +30,8 @@ struct TrainerPreset {
   bool interleaved = true;
   bool flash_attention = true;
   bool grad_accum_fusion = true;   // the fused wgrad + main_grad accumulation exists
-  bool uneven_stages = true;
+  bool uneven_stages = true;       // first / last stage with other layer counts than the middle ones
+  bool uneven_interleaved = false;  // ... also in interleaved chunks (every stage's layers / virtual stages)
   std::vector<int> zero_stages{0, 1, 2, 3};
   // How it runs it by default.
   bool default_grad_accum_fusion = true;
