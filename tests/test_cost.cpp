@@ -254,6 +254,49 @@ TEST_CASE("traffic between pods pays the core's oversubscription (Llama 3-style 
   CHECK(cross_pod.latency_ns > same_pod.latency_ns);
 }
 
+TEST_CASE("an oversubscribed core slows a phase's rings only as far as their crossing edges exceed its uplinks") {
+  // Two pods of 384 nodes (3,072 GPUs each). A pod's uplink: 192 ToRs x 2
+  // nodes x 8 NICs x 46 GB/s / 7 = 20,187 GB/s.
+  const cuboid::Cluster c = cuboid::load_cluster("topologies/h100-roce-24k.json", 768);
+  const cuboid::Topology topo(c);
+  const int gpn = c.gpus_per_node;
+  using cuboid::Collective;
+  CHECK(topo.pod_of(383 * gpn) == 0);
+  CHECK(topo.pod_of(384 * gpn) == 1);
+  CHECK(topo.leaf_of(3 * gpn + 5) == 1);  // ToR 1 holds nodes 2 and 3
+  // DP rings of GPU t on nodes 0, 16, 32, ... (48 nodes, 24 per pod), as TP
+  // 8 x PP 16 with the DP dimension outermost: 128 rings, each leaving each
+  // pod once.
+  std::vector<std::vector<int>> dp;
+  for (int s = 0; s < 16; ++s)
+    for (int t = 0; t < gpn; ++t) {
+      std::vector<int> g;
+      for (int d = 0; d < 48; ++d) g.push_back((d * 16 + s) * gpn + t);
+      dp.push_back(g);
+    }
+  const cuboid::UplinkLoad dp_load = cuboid::uplink_load(topo, dp);
+  CHECK(dp_load.pod_edges == 128);
+  CHECK(dp_load.leaf_edges == 16);  // a ToR's 2 nodes x 8 GPUs, each ring leaving it once
+  // 128 x 46 GB/s = 5,888 GB/s < 20,187: the rings run at their NIC share.
+  CHECK(cuboid::group_link_params(topo, Collective::all_reduce, dp[0], dp_load).busbw_Bps == doctest::Approx(46e9));
+  // Pipeline pairs across the pod boundary: all 3,072 GPUs of node 0-383
+  // send to nodes 384-767 (and back): 3,072 x 46 = 141,312 GB/s against
+  // 20,187 GB/s, 7.0 x oversubscribed: the full oversubscription.
+  std::vector<std::vector<int>> pairs;
+  for (int r = 0; r < 384 * gpn; ++r) pairs.push_back({r, r + 384 * gpn});
+  const cuboid::UplinkLoad pp_load = cuboid::uplink_load(topo, pairs);
+  CHECK(pp_load.pod_edges == 3072);
+  CHECK(cuboid::group_link_params(topo, Collective::send_recv, pairs[0], pp_load).busbw_Bps ==
+        doctest::Approx(46e9 / 7.0));
+  // A third of them (one pipeline stage of 128 nodes): 1,024 x 46 / 20,187 = 2.33.
+  pairs.resize(128 * gpn);
+  const cuboid::UplinkLoad third = cuboid::uplink_load(topo, pairs);
+  CHECK(cuboid::group_link_params(topo, Collective::send_recv, pairs[0], third).busbw_Bps ==
+        doctest::Approx(46e9 / (1024 * 46.0 / (192 * 2 * 8 * 46.0 / 7))));
+  // Without the phase's load: the full oversubscription, as before.
+  CHECK(cuboid::group_link_params(topo, Collective::all_reduce, dp[0]).busbw_Bps == doctest::Approx(46e9 / 7.0));
+}
+
 namespace {
 
 const Op* find_named(const std::vector<Op>& ops, const std::string& name) {

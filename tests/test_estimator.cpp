@@ -136,6 +136,26 @@ TEST_CASE("TP 8 inside a node communicates less than TP 16 across two nodes") {
   CHECK(dp_only.breakdown.tp_comm_s == 0);
 }
 
+TEST_CASE("DP rings across a 1:7 core cost what they cost inside a pod while their crossing edges fit the uplinks") {
+  // Llama 3.1 405B on 2,048 RoCE nodes (5.3 pods of 384), TP 8 x PP 16 x DP
+  // 128: with DP outermost (tp-pp-dp) each DP ring spans every pod, 24 of its
+  // 128 members in each; 128 rings leave a pod at 46 GB/s, 5,888 GB/s of its
+  // 20,187. With tp-dp-pp each DP ring stays in a pod.
+  const ModelSpec m = load_model(test::source_root() / "models/llama3.1-405b.json");
+  const Topology topo(load_cluster(test::source_root() / "topologies/h100-roce-24k.json", 2048));
+  ParallelPlan p = make_plan(8, 16, 128, 1, 2048);
+  p.seq_length = 8192;
+  p.first_stage_layers = 7;
+  p.last_stage_layers = 7;
+  p.zero_stage = 1;
+  p.recompute = Recompute::full;
+  const Estimate inside = estimate(m, topo, p);
+  p.order = RankOrder::parse("tp-pp-dp", "test", "order");
+  const Estimate across = estimate(m, topo, p);
+  CHECK(across.breakdown.dp_comm_s == doctest::Approx(inside.breakdown.dp_comm_s).epsilon(0.01));
+  CHECK(across.breakdown.dp_comm_s < 0.05 * across.iteration_time_s);
+}
+
 TEST_CASE("ZeRO-3 adds data-parallel traffic") {
   const Topology topo(selene(4));
   const ModelSpec m = gpt(24, 2048, 16);

@@ -429,6 +429,17 @@ Tier Topology::tier(int gpu_a, int gpu_b) const {
   return s.pod_of_leaf(leaf_a) == s.pod_of_leaf(leaf_b) ? Tier::spine : Tier::core;
 }
 
+int Topology::leaf_of(int gpu) const {
+  (void)gpu_vertex(gpu);
+  const Shape s(cluster_);
+  return s.nics == 0 ? -1 : s.leaf_of_gpu(gpu);
+}
+
+int Topology::pod_of(int gpu) const {
+  const int leaf = leaf_of(gpu);
+  return leaf < 0 ? -1 : Shape(cluster_).pod_of_leaf(leaf);
+}
+
 Tier Topology::group_tier(const std::vector<int>& gpus) const {
   // Rail-optimised trees are not ultrametric (two GPUs of one node can sit on
   // different leaves), so every pair is checked; the loop stops at the tree's top.

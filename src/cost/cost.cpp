@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "cuboid/core/busbw_curve.hpp"
 #include "cuboid/core/collective_traits.hpp"
@@ -190,7 +192,11 @@ std::int64_t collective_time_ns(Collective c, double size_bytes, int group_size,
 //   Leaving a leaf switch (on the group's rail) divides by the fabric's oversubscription; latency
 //   is one NIC-switch-NIC hop plus switch_latency_ns per extra switch on the
 //   route (leaf-spine-leaf: 2 extra, leaf-spine-core-spine-leaf: 4 extra).
-LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks) {
+//   With the phase's load the division is only by as much as the phase's
+//   crossing ring edges exceed the uplinks (uplink_load).
+namespace {
+
+LinkParams link_params(const Topology& topo, Collective c, const std::vector<int>& ranks, const UplinkLoad* load) {
   const Cluster& cl = topo.cluster();
   const double intra_busbw_GBps = c == Collective::all_reduce ? cl.intra.allreduce_busbw_GBps : cl.intra.busbw_GBps;
   const LinkParams free_link{std::numeric_limits<double>::infinity(), 0.0};
@@ -246,9 +252,64 @@ LinkParams group_link_params(const Topology& topo, Collective c, const std::vect
   int extra_switches = 0;
   if (tier == Tier::spine) extra_switches = 2;
   if (tier == Tier::core) extra_switches = 4;
-  if (extra_switches > 0 && cl.inter.oversubscription > 0) busbw_GBps /= cl.inter.oversubscription;
-  if (tier == Tier::core && cl.inter.core_oversubscription > 0) busbw_GBps /= cl.inter.core_oversubscription;
+  const double over = std::max(1.0, cl.inter.oversubscription);
+  const double core_over = std::max(1.0, cl.inter.core_oversubscription);
+  if (load == nullptr) {
+    if (extra_switches > 0) busbw_GBps /= over;
+    if (tier == Tier::core) busbw_GBps /= core_over;
+  } else {
+    // The uplinks as the topology builds them: a leaf's designed downlinks
+    // (its nodes' NICs; one rail's on a rail-optimised tree) over the
+    // oversubscription, a pod's leaves' uplinks over the core's; at the NICs'
+    // busbw, the rate the rings' edges are priced at.
+    const double leaf_down_GBps = std::max(1, cl.inter.nodes_per_leaf) *
+                                  (cl.inter.rail_optimized ? 1 : cl.inter.nics_per_node) * cl.inter.nic_busbw_GBps;
+    const double leaf_up_GBps = leaf_down_GBps / over;
+    const double pod_up_GBps = std::max(1, cl.inter.leaves_per_pod) * leaf_up_GBps / core_over;
+    double slowdown = 1.0;
+    if (extra_switches > 0 && over > 1.0) slowdown = std::max(slowdown, load->leaf_edges * busbw_GBps / leaf_up_GBps);
+    if (tier == Tier::core && (over > 1.0 || core_over > 1.0))
+      slowdown = std::max(slowdown, load->pod_edges * busbw_GBps / pod_up_GBps);
+    busbw_GBps /= slowdown;
+  }
   return LinkParams{busbw_GBps * 1e9, cl.inter.latency_ns + extra_switches * cl.inter.switch_latency_ns};
+}
+
+}  // namespace
+
+LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks) {
+  return link_params(topo, c, ranks, nullptr);
+}
+
+LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks, const UplinkLoad& load) {
+  return link_params(topo, c, ranks, &load);
+}
+
+UplinkLoad uplink_load(const Topology& topo, const std::vector<std::vector<int>>& groups) {
+  const int gpn = std::max(1, topo.cluster().gpus_per_node);
+  std::unordered_map<int, int> leaf_out, pod_out;
+  std::vector<int> firsts;  // a group's nodes' first ranks, in order of first appearance
+  std::unordered_set<int> nodes;
+  for (const std::vector<int>& g : groups) {
+    firsts.clear();
+    nodes.clear();
+    for (int r : g)
+      if (nodes.insert(r / gpn).second) firsts.push_back(r);
+    if (firsts.size() < 2) continue;
+    for (std::size_t i = 0; i < firsts.size(); ++i) {
+      const int from = firsts[i];
+      const int to = firsts[(i + 1) % firsts.size()];
+      const int leaf = topo.leaf_of(from);
+      if (leaf < 0) continue;
+      if (leaf != topo.leaf_of(to)) ++leaf_out[leaf];
+      const int pod = topo.pod_of(from);
+      if (pod != topo.pod_of(to)) ++pod_out[pod];
+    }
+  }
+  UplinkLoad load;
+  for (const auto& [leaf, n] : leaf_out) load.leaf_edges = std::max(load.leaf_edges, n);
+  for (const auto& [pod, n] : pod_out) load.pod_edges = std::max(load.pod_edges, n);
+  return load;
 }
 
 // Compute ops only. Communication ops need a group's LinkParams, so they are

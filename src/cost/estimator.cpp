@@ -73,11 +73,11 @@ constexpr std::size_t kCollectives = 5;
 // Link parameters of one group, one entry per Collective.
 using GroupLinks = std::array<LinkParams, kCollectives>;
 
-GroupLinks group_links(const Topology& topo, const std::vector<int>& ranks) {
+GroupLinks group_links(const Topology& topo, const std::vector<int>& ranks, const UplinkLoad& load) {
   GroupLinks links{};
   for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
                        Collective::broadcast, Collective::send_recv}) {
-    links[static_cast<std::size_t>(c)] = group_link_params(topo, c, ranks);
+    links[static_cast<std::size_t>(c)] = group_link_params(topo, c, ranks, load);
   }
   return links;
 }
@@ -185,20 +185,47 @@ std::size_t intern(std::vector<GroupLinks>& pool, const GroupLinks& links) {
   return pool.size() - 1;
 }
 
+// The load each kind of group puts on oversubscribed uplinks when all the
+// groups of that kind communicate at once (uplink_load): every TP group,
+// every DP group, every pipeline pair of every stage boundary. Only needed
+// (and only computed) where the fabric has an oversubscribed tier.
+struct PhaseLoads {
+  UplinkLoad tp, dp, pp;
+};
+
+PhaseLoads phase_loads(const Topology& topo, const ParallelPlan& plan, const RankMapping& mapping) {
+  PhaseLoads loads;
+  const Cluster& cl = topo.cluster();
+  if (cl.inter.oversubscription <= 1.0 && cl.inter.core_oversubscription <= 1.0) return loads;
+  const int tp = std::max(1, plan.tp), pp = std::max(1, plan.pp), dp = std::max(1, plan.dp);
+  if (tp > cl.gpus_per_node) loads.tp = uplink_load(topo, mapping.tp_groups());
+  if (dp > 1) loads.dp = uplink_load(topo, mapping.dp_groups());
+  if (pp > 1) {
+    std::vector<std::vector<int>> pairs;
+    pairs.reserve(static_cast<std::size_t>(tp) * dp * (pp - 1));
+    for (int s = 0; s + 1 < pp; ++s)
+      for (int d = 0; d < dp; ++d)
+        for (int t = 0; t < tp; ++t) pairs.push_back({mapping.rank_of(t, s, d), mapping.rank_of(t, s + 1, d)});
+    loads.pp = uplink_load(topo, pairs);
+  }
+  return loads;
+}
+
 Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
   const RankMapping mapping(plan, topo.cluster().gpus_per_node);
+  const PhaseLoads loads = phase_loads(topo, plan, mapping);
   Placement pl;
   const int pp = std::max(1, plan.pp);
   for (int stage = 0; stage < pp; ++stage) {
     GroupLinks links{};
-    if (plan.tp > 1) links = group_links(topo, mapping.tp_group(stage, 0));
+    if (plan.tp > 1) links = group_links(topo, mapping.tp_group(stage, 0), loads.tp);
     pl.stage_tp.push_back(intern(pl.tp_links, links));
     GroupLinks dp{};
-    if (plan.dp > 1) dp = group_links(topo, mapping.dp_group(0, stage));
+    if (plan.dp > 1) dp = group_links(topo, mapping.dp_group(0, stage), loads.dp);
     pl.dp_links.push_back(dp);
     if (stage + 1 < pp) {
       const std::vector<int> pair{mapping.rank_of(0, stage, 0), mapping.rank_of(0, stage + 1, 0)};
-      const LinkParams link = group_link_params(topo, Collective::send_recv, pair);
+      const LinkParams link = group_link_params(topo, Collective::send_recv, pair, loads.pp);
       bool seen = false;
       for (const LinkParams& l : pl.p2p_links) seen = seen || same_link(l, link);
       if (!seen) pl.p2p_links.push_back(link);

@@ -122,6 +122,10 @@ class Topology {
   Tier tier(int gpu_a, int gpu_b) const;
   // The highest tier any pair of the group crosses.
   Tier group_tier(const std::vector<int>& gpus) const;
+  // The leaf switch and the pod (the leaves under one spine; 0 below three
+  // levels) of the GPU's NIC; -1 without an inter-node network.
+  int leaf_of(int gpu) const;
+  int pod_of(int gpu) const;
 
  private:
   Cluster cluster_;

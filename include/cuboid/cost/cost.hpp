@@ -79,6 +79,24 @@ std::int64_t collective_time_ns(Collective c, double size_bytes, int group_size,
 // calibrated fit for (c, tier, group size) replaces all of that.
 LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks);
 
+// How the rings of a phase in which `groups` all communicate at once (every
+// DP group, every pipeline pair) load the oversubscribed uplinks: per leaf
+// switch and per pod, the edges of the groups' rings over nodes (the nodes in
+// the order of their first rank, cyclic; a pair's ring is its two
+// directions) that leave it. Each such edge carries one group's ring rate.
+struct UplinkLoad {
+  int leaf_edges = 0;  // ring edges leaving the busiest leaf
+  int pod_edges = 0;   // ring edges leaving the busiest pod
+};
+UplinkLoad uplink_load(const Topology& topo, const std::vector<std::vector<int>>& groups);
+
+// group_link_params with the phase's load: an oversubscribed uplink slows the
+// group's ring only as far as the phase's crossing edges (each at the ring's
+// rate) exceed its capacity (the leaf's, or the pod's, designed downlinks at
+// the NICs' busbw over the oversubscription), where without the load every
+// GPU under the switch is taken to cross it (the full oversubscription).
+LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks, const UplinkLoad& load);
+
 // The time of one op of the workload on this GPU / group.
 std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op);
 
