@@ -324,11 +324,14 @@ TEST_CASE("uneven stages with interleaving: every stage's layers in v equal chun
   o.trainer = "torchtitan";
   CHECK_THROWS_WITH(plan_from_options(m, c, o),
                     doctest::Contains("torchtitan has no uneven stages with the interleaved schedule"));
+  CHECK_THROWS_WITH(search_plans(m, topo, o),  // the fixed flags are refused up front, not as "no valid plan"
+                    doctest::Contains("torchtitan has no uneven stages with the interleaved schedule"));
   o.virtual_stages.reset();
   o.trainer = "megatron-2022";
   CHECK_THROWS_WITH(plan_from_options(m, c, o),
                     doctest::Contains("megatron-2022 gives every pipeline stage the same number of layers"));
-  CHECK(search_plans(m, topo, o).fitting.empty());
+  CHECK_THROWS_WITH(search_plans(m, topo, o),
+                    doctest::Contains("megatron-2022 gives every pipeline stage the same number of layers"));
 }
 
 TEST_CASE("the best K plans are re-ranked by the discrete-event simulator and say so") {

@@ -304,6 +304,7 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     // Batch divisibility (and interleaving's micro-batches % PP) is checked
     // per candidate: here give PP micro-batches so only the fixed flags count.
     checked.global_batch = static_cast<std::int64_t>(probe.micro_batch) * probe.dp * probe.pp;
+    check_uneven_interleaved(trainer, checked);
     validate_plan(checked, model, relaxed);
     if (o.tp && gpus % *o.tp != 0)
       throw InputError("command line", "--tp", "TP " + std::to_string(*o.tp) + " does not divide the " + std::to_string(gpus) + " GPUs of " + cluster.name,
