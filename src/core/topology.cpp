@@ -431,13 +431,12 @@ Tier Topology::tier(int gpu_a, int gpu_b) const {
 
 int Topology::leaf_of(int gpu) const {
   (void)gpu_vertex(gpu);
-  const Shape s(cluster_);
-  return s.nics == 0 ? -1 : s.leaf_of_gpu(gpu);
+  return gpu_leaf_.empty() ? -1 : gpu_leaf_[static_cast<std::size_t>(gpu)];
 }
 
 int Topology::pod_of(int gpu) const {
   const int leaf = leaf_of(gpu);
-  return leaf < 0 ? -1 : Shape(cluster_).pod_of_leaf(leaf);
+  return leaf < 0 ? -1 : leaf_pod_[static_cast<std::size_t>(leaf)];
 }
 
 Tier Topology::group_tier(const std::vector<int>& gpus) const {

@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "cuboid/core/busbw_curve.hpp"
 #include "cuboid/core/collective_traits.hpp"
@@ -285,31 +283,51 @@ LinkParams group_link_params(const Topology& topo, Collective c, const std::vect
   return link_params(topo, c, ranks, &load);
 }
 
+UplinkCounter::UplinkCounter(const Topology& topo)
+    : topo_(topo),
+      gpn_(std::max(1, topo.cluster().gpus_per_node)),
+      leaf_out_(static_cast<std::size_t>(topo.num_leaves()), 0),
+      pod_out_(static_cast<std::size_t>(topo.num_pods()), 0) {}
+
+void UplinkCounter::begin_group() { first_ = prev_ = -1; }
+
+// The ring over nodes: a rank on the node of the previous one adds no edge
+// (NCCL's ring passes a node's GPUs in one visit).
+void UplinkCounter::add(int rank) {
+  if (prev_ >= 0 && rank / gpn_ == prev_ / gpn_) return;
+  if (prev_ >= 0) edge(prev_, rank);
+  if (first_ < 0) first_ = rank;
+  prev_ = rank;
+}
+
+void UplinkCounter::end_group() {
+  if (prev_ >= 0 && prev_ / gpn_ != first_ / gpn_) edge(prev_, first_);
+  first_ = prev_ = -1;
+}
+
+void UplinkCounter::edge(int from, int to) {
+  const int leaf = topo_.leaf_of(from);
+  if (leaf < 0) return;
+  if (leaf != topo_.leaf_of(to)) ++leaf_out_[static_cast<std::size_t>(leaf)];
+  const int pod = topo_.pod_of(from);
+  if (pod != topo_.pod_of(to)) ++pod_out_[static_cast<std::size_t>(pod)];
+}
+
+UplinkLoad UplinkCounter::load() const {
+  UplinkLoad l;
+  for (const int n : leaf_out_) l.leaf_edges = std::max(l.leaf_edges, n);
+  for (const int n : pod_out_) l.pod_edges = std::max(l.pod_edges, n);
+  return l;
+}
+
 UplinkLoad uplink_load(const Topology& topo, const std::vector<std::vector<int>>& groups) {
-  const int gpn = std::max(1, topo.cluster().gpus_per_node);
-  std::unordered_map<int, int> leaf_out, pod_out;
-  std::vector<int> firsts;  // a group's nodes' first ranks, in order of first appearance
-  std::unordered_set<int> nodes;
+  UplinkCounter counter(topo);
   for (const std::vector<int>& g : groups) {
-    firsts.clear();
-    nodes.clear();
-    for (int r : g)
-      if (nodes.insert(r / gpn).second) firsts.push_back(r);
-    if (firsts.size() < 2) continue;
-    for (std::size_t i = 0; i < firsts.size(); ++i) {
-      const int from = firsts[i];
-      const int to = firsts[(i + 1) % firsts.size()];
-      const int leaf = topo.leaf_of(from);
-      if (leaf < 0) continue;
-      if (leaf != topo.leaf_of(to)) ++leaf_out[leaf];
-      const int pod = topo.pod_of(from);
-      if (pod != topo.pod_of(to)) ++pod_out[pod];
-    }
+    counter.begin_group();
+    for (const int r : g) counter.add(r);
+    counter.end_group();
   }
-  UplinkLoad load;
-  for (const auto& [leaf, n] : leaf_out) load.leaf_edges = std::max(load.leaf_edges, n);
-  for (const auto& [pod, n] : pod_out) load.pod_edges = std::max(load.pod_edges, n);
-  return load;
+  return counter.load();
 }
 
 // Compute ops only. Communication ops need a group's LinkParams, so they are

@@ -198,15 +198,37 @@ PhaseLoads phase_loads(const Topology& topo, const ParallelPlan& plan, const Ran
   const Cluster& cl = topo.cluster();
   if (cl.inter.oversubscription <= 1.0 && cl.inter.core_oversubscription <= 1.0) return loads;
   const int tp = std::max(1, plan.tp), pp = std::max(1, plan.pp), dp = std::max(1, plan.dp);
-  if (tp > cl.gpus_per_node) loads.tp = uplink_load(topo, mapping.tp_groups());
-  if (dp > 1) loads.dp = uplink_load(topo, mapping.dp_groups());
+  if (tp > cl.gpus_per_node) {
+    UplinkCounter c(topo);
+    for (int s = 0; s < pp; ++s)
+      for (int d = 0; d < dp; ++d) {
+        c.begin_group();
+        for (int t = 0; t < tp; ++t) c.add(mapping.rank_of(t, s, d));
+        c.end_group();
+      }
+    loads.tp = c.load();
+  }
+  if (dp > 1) {
+    UplinkCounter c(topo);
+    for (int s = 0; s < pp; ++s)
+      for (int t = 0; t < tp; ++t) {
+        c.begin_group();
+        for (int d = 0; d < dp; ++d) c.add(mapping.rank_of(t, s, d));
+        c.end_group();
+      }
+    loads.dp = c.load();
+  }
   if (pp > 1) {
-    std::vector<std::vector<int>> pairs;
-    pairs.reserve(static_cast<std::size_t>(tp) * dp * (pp - 1));
+    UplinkCounter c(topo);
     for (int s = 0; s + 1 < pp; ++s)
       for (int d = 0; d < dp; ++d)
-        for (int t = 0; t < tp; ++t) pairs.push_back({mapping.rank_of(t, s, d), mapping.rank_of(t, s + 1, d)});
-    loads.pp = uplink_load(topo, pairs);
+        for (int t = 0; t < tp; ++t) {
+          c.begin_group();
+          c.add(mapping.rank_of(t, s, d));
+          c.add(mapping.rank_of(t, s + 1, d));
+          c.end_group();
+        }
+    loads.pp = c.load();
   }
   return loads;
 }

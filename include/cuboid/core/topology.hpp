@@ -6,6 +6,7 @@
 // leaf / spine / core switches as vertices; links (capacity per direction and
 // latency) as edges. Routes are found structurally (fat-tree up/down routing)
 // and are deterministic.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -126,6 +127,8 @@ class Topology {
   // levels) of the GPU's NIC; -1 without an inter-node network.
   int leaf_of(int gpu) const;
   int pod_of(int gpu) const;
+  int num_leaves() const { return static_cast<int>(leaf_vertices_.size()); }
+  int num_pods() const { return std::max(1, static_cast<int>(spine_vertices_.size())); }
 
  private:
   Cluster cluster_;

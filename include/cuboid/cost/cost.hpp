@@ -90,6 +90,24 @@ struct UplinkLoad {
 };
 UplinkLoad uplink_load(const Topology& topo, const std::vector<std::vector<int>>& groups);
 
+// uplink_load one rank at a time, without the groups as vectors (a phase of
+// 100,000 GPUs is scored for every placement of a search).
+class UplinkCounter {
+ public:
+  explicit UplinkCounter(const Topology& topo);
+  void begin_group();
+  void add(int rank);  // the group's ranks in order
+  void end_group();
+  UplinkLoad load() const;
+
+ private:
+  void edge(int from, int to);
+  const Topology& topo_;
+  int gpn_ = 1;
+  std::vector<int> leaf_out_, pod_out_;
+  int first_ = -1, prev_ = -1;  // the group's first rank and the rank of its node last seen
+};
+
 // group_link_params with the phase's load: an oversubscribed uplink slows the
 // group's ring only as far as the phase's crossing edges (each at the ring's
 // rate) exceed its capacity (the leaf's, or the pod's, designed downlinks at
