@@ -193,43 +193,31 @@ struct PhaseLoads {
   UplinkLoad tp, dp, pp;
 };
 
+// The load of `groups` rings of `members` ranks each, member k of group g
+// being rank(g, k).
+template <class Rank>
+UplinkLoad rings_load(const Topology& topo, int groups, int members, Rank rank) {
+  UplinkCounter c(topo);
+  for (int g = 0; g < groups; ++g) {
+    c.begin_group();
+    for (int k = 0; k < members; ++k) c.add(rank(g, k));
+    c.end_group();
+  }
+  return c.load();
+}
+
 PhaseLoads phase_loads(const Topology& topo, const ParallelPlan& plan, const RankMapping& mapping) {
   PhaseLoads loads;
   const Cluster& cl = topo.cluster();
   if (cl.inter.oversubscription <= 1.0 && cl.inter.core_oversubscription <= 1.0) return loads;
   const int tp = std::max(1, plan.tp), pp = std::max(1, plan.pp), dp = std::max(1, plan.dp);
-  if (tp > cl.gpus_per_node) {
-    UplinkCounter c(topo);
-    for (int s = 0; s < pp; ++s)
-      for (int d = 0; d < dp; ++d) {
-        c.begin_group();
-        for (int t = 0; t < tp; ++t) c.add(mapping.rank_of(t, s, d));
-        c.end_group();
-      }
-    loads.tp = c.load();
-  }
-  if (dp > 1) {
-    UplinkCounter c(topo);
-    for (int s = 0; s < pp; ++s)
-      for (int t = 0; t < tp; ++t) {
-        c.begin_group();
-        for (int d = 0; d < dp; ++d) c.add(mapping.rank_of(t, s, d));
-        c.end_group();
-      }
-    loads.dp = c.load();
-  }
-  if (pp > 1) {
-    UplinkCounter c(topo);
-    for (int s = 0; s + 1 < pp; ++s)
-      for (int d = 0; d < dp; ++d)
-        for (int t = 0; t < tp; ++t) {
-          c.begin_group();
-          c.add(mapping.rank_of(t, s, d));
-          c.add(mapping.rank_of(t, s + 1, d));
-          c.end_group();
-        }
-    loads.pp = c.load();
-  }
+  if (tp > cl.gpus_per_node)
+    loads.tp = rings_load(topo, pp * dp, tp, [&](int g, int k) { return mapping.rank_of(k, g / dp, g % dp); });
+  if (dp > 1)
+    loads.dp = rings_load(topo, pp * tp, dp, [&](int g, int k) { return mapping.rank_of(g % tp, g / tp, k); });
+  if (pp > 1)  // a pair of neighbouring stages: (s, s + 1) for every TP and DP rank
+    loads.pp = rings_load(topo, (pp - 1) * dp * tp, 2,
+                          [&](int g, int k) { return mapping.rank_of(g % tp, g / (tp * dp) + k, g / tp % dp); });
   return loads;
 }
 
