@@ -772,3 +772,45 @@ TEST_CASE("tensor-core work keeps the profile's sustained fraction of the burst 
   // H100 and H200 have no such measurement: their burst rates stand.
   CHECK(load_cluster("topologies/dgx-h100.json").gpu.gemm_sustained_fraction == 1.0);
 }
+
+TEST_CASE("NCCL's channels, one SM each, for a group within a node and across nodes (search.cc, connect.cc)") {
+  Cluster c = dgx_a100(4);
+  // A card that does not model NCCL's SMs: none taken anywhere.
+  c.intra.nccl_channels = 0;
+  CHECK(nccl_ring_channels(c, 8, 4) == 0);
+  c.intra.nccl_channels = 24;
+  // Inside one node: the NVLink tier's figure.
+  CHECK(nccl_ring_channels(c, 8, 1) == 24);
+  CHECK(nccl_ring_channels(c, 2, 1) == 24);
+  // HDR, 200 Gb/s = 25 GB/s wide: rings at 24 GB/s (below 25: no duplication
+  // in the search), one per NIC the node's members reach, doubled by postset.
+  CHECK(nccl_ring_channels(c, 8, 4) == 16);
+  CHECK(nccl_ring_channels(c, 4, 4) == 8);
+  CHECK(nccl_ring_channels(c, 1, 32) == 2);
+  // NDR, 400 Gb/s = 50 GB/s: rings at 48, duplicated in the search (16 at
+  // most), then doubled (32 at most). Two members per node: 2 -> 4 -> 8, the
+  // "8 coll channels" of a 2-GPU-per-node H20 log (NVIDIA/nccl#1189).
+  c.inter.nic_bandwidth_Gbps = 400;
+  CHECK(nccl_ring_channels(c, 2, 2) == 8);
+  CHECK(nccl_ring_channels(c, 1, 2) == 4);
+  CHECK(nccl_ring_channels(c, 8, 2) == 32);
+  // Four 100 Gb/s NICs (12.5 GB/s: rings at 12): 8 members reach 4 NICs.
+  c.inter.nic_bandwidth_Gbps = 100;
+  c.inter.nics_per_node = 4;
+  CHECK(nccl_ring_channels(c, 8, 4) == 8);
+  // No NICs: nothing crosses nodes through NCCL's net rings.
+  c.inter.nics_per_node = 0;
+  CHECK(nccl_ring_channels(c, 8, 4) == 0);
+}
+
+TEST_CASE("compute beside a collective that holds SMs: slowed for the shorter of the two") {
+  // A 100 ns collective beside 1,000 ns of compute that runs 1.25x slower
+  // meanwhile: 80 ns of work done in those 100 ns, 20 ns later in all.
+  CHECK(sm_contention_ns(100, 1000, 1.25) == doctest::Approx(20));
+  // A 1,000 ns collective beside 100 ns of compute: all of it slowed, 25 ns.
+  CHECK(sm_contention_ns(1000, 100, 1.25) == doctest::Approx(25));
+  CHECK(sm_contention_ns(100, 1000, 1.0) == 0);
+  CHECK(sm_contention_ns(0, 1000, 1.25) == 0);
+  // The engine's pace change plays the same: overlapped_time_ns(C, held, full) - full.
+  CHECK(static_cast<double>(overlapped_time_ns(100, 1250, 1000) - 1000) == doctest::Approx(sm_contention_ns(100, 1000, 1.25)));
+}

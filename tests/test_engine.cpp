@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory_resource>
@@ -11,7 +12,10 @@
 #include <vector>
 
 #include "counting_resource.hpp"
+#include "cuboid/core/topology.hpp"
+#include "cuboid/cost/cost.hpp"
 #include "cuboid/sim/engine.hpp"
+#include "fixtures.hpp"
 #include "cuboid/sim/huge_pages.hpp"
 
 using namespace cuboid;
@@ -322,5 +326,71 @@ TEST_CASE("events leave in (time, scheduling) order at every heap size") {
     std::sort(expected.begin(), expected.end());
     REQUIRE(order.size() == expected.size());
     for (std::size_t i = 0; i < order.size(); ++i) CHECK(order[i] == expected[i].second);
+  }
+}
+
+namespace {
+CommGroup pair() {
+  CommGroup g;
+  g.ranks = {0, 1};
+  return g;
+}
+}  // namespace
+
+TEST_CASE("a collective holding SMs slows the compute beside it while it runs (hold_sms)") {
+  // Two GPUs of one node; a 64 MB all-gather between them lasts D alone.
+  const Topology topo(test::dgx_a100(1));
+  auto collective_alone = [&] {
+    Network net(topo);
+    Engine e(net);
+    const GroupId g = e.add_group(pair());
+    const StreamId d = e.add_stream(0, StreamKind::dp);
+    const StreamId d1[] = {d};
+    const TaskId t = e.add_collective(Collective::all_gather, g, 64e6, d1);
+    e.run();
+    return e.end_ns(t);
+  };
+  const TimeNs D = collective_alone();
+  REQUIRE(D > 1000);
+  const TimeNs full = 3 * D, held = 4 * D;
+  for (const bool hold : {false, true}) {
+    CAPTURE(hold);
+    Network net(topo);
+    Engine e(net);
+    const GroupId g = e.add_group(pair());
+    const StreamId c = e.add_stream(0, StreamKind::compute);
+    const StreamId d = e.add_stream(0, StreamKind::dp);
+    if (hold) e.hold_sms(d, c);
+    const StreamId d1[] = {d};
+    // Both start at 0: D of held pace (D / 4D of the work), then the rest
+    // at full pace: D + (1 - 1/4) x 3D = 3.25 D (overlapped_time_ns).
+    const TaskId a = e.add_compute(c, full, {}, 0, held);
+    const TaskId t = e.add_collective(Collective::all_gather, g, 64e6, d1);
+    // A second collective after the compute, and compute behind it that
+    // starts while it runs: held from its start, D - 1 of it at held pace.
+    const TaskId b = e.add_compute(c, 2, {}, 0, 4);
+    const TaskId a_done[] = {a};
+    const TaskId t2 = e.add_collective(Collective::all_gather, g, 64e6, d1, a_done);
+    const TaskId b2 = e.add_compute(c, full, a_done, 0, held);
+    // A task without a held pace is never slowed.
+    const TaskId f = e.add_compute(c, 100, {}, 0, 0);
+    e.run();
+    CHECK(e.end_ns(t) == D);
+    if (!hold) {
+      CHECK(e.end_ns(a) == full);
+      CHECK(e.end_ns(b2) == e.start_ns(b2) + full);
+      continue;
+    }
+    CHECK(e.end_ns(a) == overlapped_time_ns(D, held, full));
+    // b (2 ns, 4 held) starts at a's end while t2 runs: it takes 4.
+    CHECK(e.start_ns(t2) == e.end_ns(a));
+    CHECK(e.end_ns(b) == e.end_ns(a) + 4);
+    // b2 starts 4 ns into t2 and runs held until t2 ends (D - 4), then free.
+    CHECK(e.start_ns(b2) == e.end_ns(b));
+    CHECK(e.end_ns(t2) == e.start_ns(t2) + D);
+    const TimeNs lap = D - 4;
+    const double done = static_cast<double>(lap) / static_cast<double>(held);
+    CHECK(e.end_ns(b2) == e.end_ns(t2) + std::llround((1.0 - done) * static_cast<double>(full)));
+    CHECK(e.end_ns(f) == e.end_ns(b2) + 100);
   }
 }

@@ -29,6 +29,7 @@
 #include "cuboid/sim/simulator.hpp"
 #include "cuboid/core/workload.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/core/trainer.hpp"
 #include "fixtures.hpp"
 #include "reference_data.hpp"
 #include "busiest.hpp"
@@ -675,4 +676,48 @@ TEST_CASE("GEMMs under async TP collectives run on the SMs NCCL leaves (closed f
     // step of a collective and the closed form the whole: 1 ns per collective.
     CHECK(std::abs((with_s - base_s) * 1e9 - delta_ns) <= static_cast<double>(overlapped));
   }
+}
+
+TEST_CASE("a DP collective's SMs slow the compute beside it, and only that (nccl_ring_channels)") {
+  // GPT 22B on 8 x 8 A100 as Megatron-FSDP: TP 1 x DP 64, the gathers and
+  // reduce-scatters run beside every pass; 16 channels (8 members per node)
+  // take 16 of 108 SMs from the GEMMs while they run.
+  const ModelSpec m = model("gpt-22b");
+  Cluster c = load_cluster(root() / "topologies" / "dgx-a100-superpod.json", 8);
+  REQUIRE(c.intra.nccl_channels == 24);
+  REQUIRE(nccl_ring_channels(c, 8, 8) == 16);
+  ParallelPlan p = plan_of(m, 1, 1, 64, 256, 2);
+  p.zero_stage = 3;
+  p.recompute = Recompute::none;
+  const Topology with(c);
+  const Estimate sim_with = simulate(m, with, p);
+  const Estimate est_with = estimate(m, with, p);
+  c.intra.nccl_channels = 0;
+  const Topology without(c);
+  const Estimate sim_without = simulate(m, without, p);
+  const Estimate est_without = estimate(m, without, p);
+  const double sim_cost = sim_with.iteration_time_s / sim_without.iteration_time_s - 1;
+  const double est_cost = est_with.iteration_time_s / est_without.iteration_time_s - 1;
+  // At most the GEMMs' share of the step times 16 / (108 - 16) when they run
+  // beside a collective all the time; here the DP stream is busy ~40 %.
+  CHECK(sim_cost > 0.02);
+  CHECK(sim_cost < 16.0 / 92.0);
+  CHECK(est_cost == doctest::Approx(sim_cost).epsilon(0.35));
+  CHECK(est_with.iteration_time_s == doctest::Approx(sim_with.iteration_time_s).epsilon(0.03));
+
+  // A reduction after the whole backward (megatron-2022: no overlap), and
+  // the parameter gather after the optimizer: nothing computes beside them.
+  // (TP's async backward collectives also take SMs: off here, to compare the
+  // DP collectives alone.)
+  ParallelPlan q = plan_of(m, 8, 2, 4, 64, 1);
+  q.zero_stage = 1;
+  q.trainer = find_trainer("megatron-2022")->settings;
+  REQUIRE_FALSE(q.trainer.dp_overlap);
+  q.trainer.tp_backward_overlap = false;
+  c.intra.nccl_channels = 24;
+  const Topology with2(c);
+  c.intra.nccl_channels = 0;
+  const Topology without2(c);
+  CHECK(simulate(m, with2, q).iteration_time_s == simulate(m, without2, q).iteration_time_s);
+  CHECK(estimate(m, with2, q).iteration_time_s == estimate(m, without2, q).iteration_time_s);
 }

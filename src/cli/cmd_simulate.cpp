@@ -33,7 +33,7 @@ namespace {
 // (tools/fidelity's ablation table). The plan and the card otherwise stay.
 constexpr const char* kMechanisms =
     "dp-16bit-grads, zero1-all-reduce, bf16-optimizer-copy, fp16-grad-accum, unfused-attention, gpu-spread, "
-    "sustained-gemm";
+    "sustained-gemm, nccl-sms";
 
 void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
   if (name == "dp-16bit-grads") {
@@ -52,6 +52,9 @@ void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
     cluster.gpu.speed_spread = 0;
   } else if (name == "sustained-gemm") {
     cluster.gpu.gemm_sustained_fraction = 1;
+  } else if (name == "nccl-sms") {
+    // The SMs NCCL's kernels take from the compute beside them (TP and DP).
+    cluster.intra.nccl_channels = 0;
   } else {
     throw InputError("command line", "--ablate", "unknown mechanism \"" + name + "\"",
                      std::string("use one of ") + kMechanisms);

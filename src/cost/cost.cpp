@@ -392,4 +392,30 @@ std::int64_t overlapped_time_ns(std::int64_t collective_ns, std::int64_t reduced
   return collective_ns + std::llround(left * static_cast<double>(full_ns));
 }
 
+int nccl_ring_channels(const Cluster& cl, int members_per_node, int nodes) {
+  if (cl.intra.nccl_channels <= 0 || members_per_node <= 0) return 0;
+  if (nodes <= 1) return cl.intra.nccl_channels;
+  if (cl.inter.nics_per_node <= 0 || cl.inter.nic_bandwidth_Gbps <= 0) return 0;
+  // NCCL's ring speeds across nodes (search.cc speedArrayInter), GB/s.
+  static constexpr double kSpeeds[] = {48.0, 30.0, 24.0, 22.0, 18.0, 15.0, 12.0, 10.0, 9.0,
+                                       7.0,  6.0,  5.0,  4.0,  3.0,  2.4,  1.2,  0.24, 0.12};
+  const double width = cl.inter.nic_bandwidth_Gbps / 8.0;
+  double speed = kSpeeds[std::size(kSpeeds) - 1];
+  for (const double s : kSpeeds) {
+    if (s <= width) {
+      speed = s;
+      break;
+    }
+  }
+  const int rings = std::min(members_per_node, cl.inter.nics_per_node);
+  const int searched = std::min(16, speed >= 25.0 ? 2 * rings : rings);
+  const int channels = std::min(32, 2 * searched);
+  return std::min(channels, std::max(0, cl.gpu.sm_count - 1));
+}
+
+double sm_contention_ns(double collective_ns, double compute_ns, double ratio) {
+  if (collective_ns <= 0 || compute_ns <= 0 || ratio <= 1.0) return 0;
+  return std::min(collective_ns * (1.0 - 1.0 / ratio), compute_ns * (ratio - 1.0));
+}
+
 }  // namespace cuboid

@@ -165,6 +165,7 @@ struct Placement {
   std::vector<std::size_t> stage_tp;      // stage -> index into tp_links
   std::vector<LinkParams> p2p_links;      // distinct send/recv links between consecutive stages
   std::vector<GroupLinks> dp_links;       // per stage (DP group of TP rank 0)
+  int dp_sms = 0;                         // SMs a DP collective holds on its GPUs (nccl_ring_channels)
   // Stages that can differ: the first, the last, and the first middle stage
   // of each distinct TP placement (middle stages hold equal layer counts).
   std::vector<int> representatives;
@@ -226,6 +227,10 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
   const PhaseLoads loads = phase_loads(topo, plan, mapping);
   Placement pl;
   const int pp = std::max(1, plan.pp);
+  if (plan.dp > 1) {
+    const int nodes = mapping.nodes_spanned(mapping.dp_group(0, 0));
+    pl.dp_sms = nccl_ring_channels(topo.cluster(), (plan.dp + nodes - 1) / nodes, nodes);
+  }
   for (int stage = 0; stage < pp; ++stage) {
     GroupLinks links{};
     if (plan.tp > 1) links = group_links(topo, mapping.tp_group(stage, 0), loads.tp);
@@ -261,11 +266,28 @@ struct TpTimes {
 struct CommTimes {
   std::vector<TpTimes> tp;  // per entry of Placement::tp_links
   double hop_ns = 0;        // one pipeline message (and its TP gather), 0 without PP
+  // How much slower a layer's forward and backward compute run while a DP
+  // collective holds Placement::dp_sms SMs (1: not slowed).
+  double held_fwd = 1.0, held_bwd = 1.0;
 };
 
-CommTimes make_comm_times(const ParallelPlan& plan, const LayerCost& lc, const Placement& pl) {
+// Compute time of a list of ops while a collective holds `sms` SMs.
+double held_compute_ns(const GpuProfile& gpu, const std::vector<Op>& ops, int sms) {
+  double total = 0;
+  for (const Op& op : ops) total += static_cast<double>(op_time_sms_taken_ns(gpu, op, sms));
+  return total;
+}
+
+CommTimes make_comm_times(const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc, const Placement& pl) {
   const int tp = plan.tp;
   CommTimes ct;
+  if (pl.dp_sms > 0) {
+    const PassTimes& c = lc.layer_compute;
+    if (c.fwd_compute > 0) ct.held_fwd = held_compute_ns(gpu, lc.layer.forward, pl.dp_sms) / c.fwd_compute;
+    if (c.bwd_compute > 0)
+      ct.held_bwd = (held_compute_ns(gpu, lc.layer.backward, pl.dp_sms) + held_compute_ns(gpu, lc.layer.recompute, pl.dp_sms)) /
+                    c.bwd_compute;
+  }
   ct.tp.resize(pl.tp_links.size());
   for (std::size_t i = 0; i < pl.tp_links.size(); ++i) {
     add_tp_times(ct.tp[i].layer, lc.layer, 1.0, tp, pl.tp_links[i]);
@@ -295,6 +317,7 @@ CommTimes make_comm_times(const ParallelPlan& plan, const LayerCost& lc, const P
 // gathers and the gradients ready after it (Builder's Part).
 struct Zero3Step {
   double compute_ns = 0;
+  double tp_ns = 0;  // the blocking TP collectives' share of compute_ns
   double params = 0;
   std::vector<double> grads;  // per parameter tensor
   std::int64_t tensor = -1;
@@ -302,14 +325,18 @@ struct Zero3Step {
 
 // `pace`: the compute's slowdown at the job's slowest GPU (speed spread);
 // the TP collectives are not scaled, as in the simulator.
+// `tp_ns` (if given) adds the TP collectives' share.
 double ops_ns(const GpuProfile& gpu, const std::vector<Op>& ops, std::size_t first, std::size_t end, int tp,
-              const GroupLinks& tp_links, double pace) {
+              const GroupLinks& tp_links, double pace, double* tp_ns = nullptr) {
   double t = 0;
   for (std::size_t i = first; i < end; ++i) {
     const Op& op = ops[i];
     t += static_cast<double>(op_time_ns(gpu, op)) * pace;
-    if (tp > 1 && op.kind == OpKind::collective && op.group == Group::tp)
-      t += comm_ns(op.collective, op.comm_bytes, tp, tp_links);
+    if (tp > 1 && op.kind == OpKind::collective && op.group == Group::tp) {
+      const double c = comm_ns(op.collective, op.comm_bytes, tp, tp_links);
+      t += c;
+      if (tp_ns != nullptr) *tp_ns += c;
+    }
   }
   return t;
 }
@@ -321,11 +348,11 @@ void layer_steps(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& 
                  std::vector<Zero3Step>& out) {
   const TrainerSettings& ts = plan.trainer;
   if (ts.zero3_unit == Zero3Unit::block) {
-    double t = 0;
+    double t = 0, tp_ns = 0;
     for (const std::vector<Op>* list : forward ? std::vector<const std::vector<Op>*>{&ops.forward}
                                                : std::vector<const std::vector<Op>*>{&ops.recompute, &ops.backward})
-      t += ops_ns(gpu, *list, 0, list->size(), plan.tp, tp_links, pace);
-    out.push_back(Zero3Step{t, params, forward ? std::vector<double>{} : std::vector<double>{params}, -1});
+      t += ops_ns(gpu, *list, 0, list->size(), plan.tp, tp_links, pace, &tp_ns);
+    out.push_back(Zero3Step{t, tp_ns, params, forward ? std::vector<double>{} : std::vector<double>{params}, -1});
     return;
   }
   const std::vector<LayerWeight> weights = layer_weights(m, plan);
@@ -334,7 +361,7 @@ void layer_steps(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& 
   auto add = [&](const std::vector<Op>& list, Pass pass, bool with_grads) {
     for (const WeightPart& w : split_by_weight(list, pass)) {
       Zero3Step st;
-      st.compute_ns = ops_ns(gpu, list, w.first, w.end, plan.tp, tp_links, pace);
+      st.compute_ns = ops_ns(gpu, list, w.first, w.end, plan.tp, tp_links, pace, &st.tp_ns);
       if (w.weight >= 0) {
         const LayerWeight& lw = weights[static_cast<std::size_t>(w.weight)];
         st.params = (lw.weight >= persist ? lw.weight : 0.0) + (lw.bias >= persist ? lw.bias : 0.0);
@@ -363,9 +390,18 @@ void layer_steps(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& 
 // One pass as the simulator's task graph plays it, on two clocks: the
 // compute stream (with the host work that holds it) and the DP stream
 // (gathers and reduce-scatters, one after another). Returns the pass's
-// length, from its start to the later of both streams.
-double zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const ParallelPlan& plan,
-                     const GpuProfile& gpu, const GroupLinks& dp_links, double param_bytes) {
+// length, from its start to the later of both streams, and what the DP
+// collectives' SMs added to its compute: a step that starts while the DP
+// stream is still busy runs its compute (not its blocking TP collectives)
+// `held_pace` times slower (CommTimes::held_fwd / held_bwd) until the
+// stream's queued collectives end, at its own pace after (the simulator's
+// hold_sms, with the stream taken as busy until then).
+struct Zero3Pass {
+  double length_ns = 0, sm_ns = 0;
+};
+
+Zero3Pass zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const ParallelPlan& plan,
+                     const GpuProfile& gpu, const GroupLinks& dp_links, double param_bytes, double held_pace) {
   const TrainerSettings& ts = plan.trainer;
   const int dp = plan.dp;
   std::vector<Zero3Use> uses;
@@ -373,6 +409,7 @@ double zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const P
   for (const Zero3Step& st : steps) uses.push_back(Zero3Use{st.params, st.tensor});
   const Zero3PassPlan zp = plan_zero3_pass(uses, ts);
   double c = 0, d = 0;  // when the compute stream and the DP stream are free
+  double sm = 0;        // what the DP collectives' SMs added to the compute
   double issue = 0;     // without zero3_sync: when the chain a gather depends on ends
   std::vector<double> ready(steps.size(), 0.0);
   auto gather = [&](std::size_t j) {
@@ -381,7 +418,8 @@ double zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const P
       c = std::max(c, d) + static_cast<double>(memory_bound_time_ns(gpu, bytes));
       issue = c;
     }
-    d = std::max(d, issue) + comm_ns(Collective::all_gather, bytes, dp, dp_links);
+    const double g = comm_ns(Collective::all_gather, bytes, dp, dp_links);
+    d = std::max(d, issue) + g;
     ready[j] = d;
     if (ts.zero3_list_collectives) {
       c += static_cast<double>(list_collective_copies_ns(gpu, bytes, dp));
@@ -437,7 +475,16 @@ double zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const P
         held_current = true;
       }
     }
-    c += st.compute_ns;
+    const double w = st.compute_ns;
+    if (held_pace > 1.0 && d > c && w > 0) {
+      const double held_w = st.tp_ns + (w - st.tp_ns) * held_pace;
+      const double beside = d - c;
+      const double t = beside >= held_w ? held_w : beside + (1.0 - beside / held_w) * w;
+      sm += t - w;
+      c += t;
+    } else {
+      c += w;
+    }
     if (reducing && !st.grads.empty()) {
       issue = c;
       if (bucket > 0) {
@@ -450,15 +497,17 @@ double zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const P
     }
   }
   if (acc > 0) reduce(held, held_ready);
-  return std::max(c, d);
+  return Zero3Pass{std::max(c, d), sm};
 }
 
-// What ZeRO-3 adds to an iteration beyond the critical stage's compute:
+// What ZeRO-3 adds to an iteration beyond the critical stage's compute (and
+// of it, in sm_ns, the DP collectives' SMs' cost to the compute):
 // per micro-batch and model chunk, a forward and a backward pass over the
 // stage's units (the embedding and the LM head on their stages' first and
 // last chunk, as the simulator's units).
 double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
-                        const GroupLinks& tp_links, const GroupLinks& dp_links, int stage, double pace) {
+                        const GroupLinks& tp_links, const GroupLinks& dp_links, int stage, double pace,
+                        const CommTimes& ct, double& sm_ns) {
   const int pp = std::max(1, plan.pp);
   const int v = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
   const int tp = std::max(1, plan.tp);
@@ -477,7 +526,7 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
     if (tp > 1)
       tp_ns = forward ? tp_comm_ns(ops.forward, tp, tp_links)
                       : tp_comm_ns(ops.backward, tp, tp_links) + tp_comm_ns(ops.recompute, tp, tp_links);
-    steps.push_back(Zero3Step{(forward ? t.fwd_compute : t.bwd_compute) * pace + tp_ns, params,
+    steps.push_back(Zero3Step{(forward ? t.fwd_compute : t.bwd_compute) * pace + tp_ns, tp_ns, params,
                               forward ? std::vector<double>{} : std::vector<double>{params}, -1});
   };
   // One layer's steps, priced once (tensor ids of layer 0: the weight index).
@@ -508,8 +557,10 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
       if (!forward && first) whole(lc.embed, lc.embed_compute, e, false);
       double compute = 0;
       for (const Zero3Step& st : steps) compute += st.compute_ns;
-      const double pass = zero3_pass_ns(steps, !forward, plan, gpu, dp_links, param_bytes);
-      exposed += micro_batches * std::max(0.0, pass - compute);
+      const Zero3Pass pass =
+          zero3_pass_ns(steps, !forward, plan, gpu, dp_links, param_bytes, forward ? ct.held_fwd : ct.held_bwd);
+      exposed += micro_batches * std::max(0.0, pass.length_ns - compute - pass.sm_ns);
+      sm_ns += micro_batches * pass.sm_ns;
     }
   }
   return exposed;
@@ -568,26 +619,38 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     const double ag = comm_ns(Collective::all_gather, param_bytes, dp, links);
     // A reduction after the last backward hides behind nothing.
     const double hiding = plan.trainer.dp_overlap ? crit.bwd() : 0.0;
+    // What the DP collectives' SMs cost the compute beside them (compute_s).
+    double sm_ns = 0;
+    // A reduction of `comm` under a backward of `backward`: what shows past
+    // it; its SMs slow the backward's compute for as long as both run (its
+    // blocking TP collectives' share of that time aside).
+    auto under_backward = [&](double comm, double backward, double times) {
+      if (backward > 0)
+        sm_ns += times * sm_contention_ns(std::min(comm, backward) * crit.bwd_compute / crit.bwd(), crit.bwd_compute,
+                                          ct.held_bwd);
+      return times * std::max(0.0, comm - backward);
+    };
     double exposed_ns = 0;
     switch (plan.zero_stage) {
       case 0:
-        exposed_ns = std::max(0.0, comm_ns(Collective::all_reduce, grad_bytes, dp, links) - hiding);
+        exposed_ns = under_backward(comm_ns(Collective::all_reduce, grad_bytes, dp, links), hiding, 1.0);
         break;
       case 1: {
         const double reduce =
             plan.trainer.zero1_grad_all_reduce ? comm_ns(Collective::all_reduce, grad_bytes, dp, links) : rs;
-        exposed_ns = std::max(0.0, reduce - hiding) + ag;
+        exposed_ns = under_backward(reduce, hiding, 1.0) + ag;
         break;
       }
       case 2:
-        exposed_ns = micro_batches * std::max(0.0, rs - crit.bwd()) + ag;
+        exposed_ns = under_backward(rs, crit.bwd(), micro_batches) + ag;
         break;
       default:
         exposed_ns = zero3_exposed_ns(m, gpu, plan, lc, pl.tp_links[pl.stage_tp[static_cast<std::size_t>(critical)]],
-                                      links, critical, pace);
+                                      links, critical, pace, ct, sm_ns);
         break;
     }
     bd.dp_comm_s = exposed_ns * 1e-9;
+    bd.compute_s += sm_ns * 1e-9;
   }
 
   bd.optimizer_s = static_cast<double>(optimizer_step_time_ns(gpu, params, dp, plan.zero_stage)) * pace * 1e-9;
@@ -668,7 +731,7 @@ Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& 
   const GpuProfile& gpu = topo.cluster().gpu;
   const LayerCost lc = make_layer_cost(m, gpu, plan);
   const Placement pl = make_placement(topo, plan);
-  return estimate_with(m, gpu, plan, lc, pl, make_comm_times(plan, lc, pl),
+  return estimate_with(m, gpu, plan, lc, pl, make_comm_times(gpu, plan, lc, pl),
                        spread_slowdown(gpu.speed_spread, plan.world_size()));
 }
 
@@ -696,7 +759,7 @@ Estimate Estimator::operator()(const ParallelPlan& plan) {
   if (pi == caches_->placements.end()) pi = caches_->placements.emplace(pk, make_placement(topo_, plan)).first;
   const PairKey ck{&li->second, &pi->second};
   auto ci = caches_->comm.find(ck);
-  if (ci == caches_->comm.end()) ci = caches_->comm.emplace(ck, make_comm_times(plan, li->second, pi->second)).first;
+  if (ci == caches_->comm.end()) ci = caches_->comm.emplace(ck, make_comm_times(gpu, plan, li->second, pi->second)).first;
   if (plan.world_size() != caches_->pace_world) {
     caches_->pace_world = plan.world_size();
     caches_->pace = spread_slowdown(gpu.speed_spread, plan.world_size());

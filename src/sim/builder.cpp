@@ -83,6 +83,12 @@ void Builder::make_representatives() {
   if (!tracing) traced_stages_.clear();
   const bool folded = net_->rails_folded();
   const int mirrored_tp = this->mirrored_tp();
+  // The SMs NCCL's kernel holds on a DP group's GPUs while a gradient
+  // reduction or a ZeRO gather runs beside the compute (nccl_ring_channels).
+  if (dp_ > 1) {
+    const int nodes = map_.nodes_spanned(map_.dp_group(0, 0));
+    held_sms_ = nccl_ring_channels(topo_.cluster(), (dp_ + nodes - 1) / nodes, nodes);
+  }
   for (int s = 0; s < pp_; ++s) {
     Representative r;
     r.stage = s;
@@ -92,6 +98,7 @@ void Builder::make_representatives() {
     r.pp_fwd = eng_->add_stream(r.rank, StreamKind::pp);
     r.pp_bwd = eng_->add_stream(r.rank, StreamKind::pp);
     r.dp = eng_->add_stream(r.rank, StreamKind::dp);
+    if (held_sms_ > 0) eng_->hold_sms(r.dp, r.compute);
     if (tp_ > 1 && !tp_fast_) {
       CommGroup g;
       g.ranks = map_.tp_group(s, rep_dp_);
@@ -186,22 +193,23 @@ void Builder::make_programs() {
                      ? topo_.cluster().intra.nccl_channels
                      : 0;
   const int sms = overlap_sms_;
+  const int held = held_sms_;
   auto fill = [&](Programs& p, double slow) {
-    p.layer_fwd = compile(gpu, layer.forward, sp, ov, slow, sms);
+    p.layer_fwd = compile(gpu, layer.forward, sp, ov, slow, sms, held);
     // Recomputation runs right before the layer's backward (Megatron's
     // checkpointing recomputes a layer's forward when its backward starts).
-    p.layer_bwd = compile(gpu, layer.recompute, sp, ov, slow, sms);
-    append(p.layer_bwd, compile(gpu, layer.backward, sp, ov, slow, sms));
-    p.embed_fwd = compile(gpu, embed.forward, sp, ov, slow, sms);
-    p.embed_bwd = compile(gpu, embed.backward, sp, ov, slow, sms);
-    p.head_fwd = compile(gpu, head.forward, sp, ov, slow, sms);
-    p.head_bwd = compile(gpu, head.backward, sp, ov, slow, sms);
+    p.layer_bwd = compile(gpu, layer.recompute, sp, ov, slow, sms, held);
+    append(p.layer_bwd, compile(gpu, layer.backward, sp, ov, slow, sms, held));
+    p.embed_fwd = compile(gpu, embed.forward, sp, ov, slow, sms, held);
+    p.embed_bwd = compile(gpu, embed.backward, sp, ov, slow, sms, held);
+    p.head_fwd = compile(gpu, head.forward, sp, ov, slow, sms, held);
+    p.head_bwd = compile(gpu, head.backward, sp, ov, slow, sms, held);
     if (zero3_tensor()) {
       auto parts = [&](std::vector<Program>& out, const std::vector<Op>& ops, Pass pass) {
         for (const WeightPart& w : split_by_weight(ops, pass)) {
           const std::vector<Op> slice(ops.begin() + static_cast<std::ptrdiff_t>(w.first),
                                       ops.begin() + static_cast<std::ptrdiff_t>(w.end));
-          out.push_back(compile(gpu, slice, sp, ov, slow, sms));
+          out.push_back(compile(gpu, slice, sp, ov, slow, sms, held));
         }
       };
       parts(p.layer_fwd_parts, layer.forward, Pass::forward);
@@ -451,7 +459,8 @@ void Builder::try_message(std::uint32_t id) {
 void Builder::flush(Chain& ch) {
   if (!ch.pending) return;
   const Representative& r = representatives_[static_cast<std::size_t>(ch.stage)];
-  const TaskId t = emit_compute(r.compute, ch.pending_ns, ch.deps, meta_of(Category::compute, kThreadCompute, ch.stage));
+  const TaskId t = emit_compute(r.compute, ch.pending_ns, ch.deps, meta_of(Category::compute, kThreadCompute, ch.stage),
+                                ch.pending_held_ns);
   if (traced(ch.stage)) {
     TraceLabel& l = labels_[t];
     l.category = "compute";
@@ -469,6 +478,7 @@ void Builder::flush(Chain& ch) {
   ch.deps.push_back(t);
   ch.pending = false;
   ch.pending_ns = 0;
+  ch.pending_held_ns = 0;
 }
 
 TaskId Builder::add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps) {
@@ -497,6 +507,11 @@ void Builder::play(Chain& ch, const Program& prog) {
         ch.pending_ns += it.reduced_ns >= 0 && ch.overlap_ns >= 0
                              ? overlapped_time_ns(ch.overlap_ns, it.reduced_ns, it.duration_ns)
                              : it.duration_ns;
+        if (held_sms_ > 0) {
+          ch.pending_held_ns += it.reduced_held_ns >= 0 && ch.overlap_ns >= 0
+                                    ? overlapped_time_ns(ch.overlap_ns, it.reduced_held_ns, it.held_ns)
+                                    : it.held_ns;
+        }
         if (traced(ch.stage)) ch.parts.emplace_back(&prog, it.first_op, it.num_ops);
         break;
       case ItemKind::collective: {
@@ -590,9 +605,12 @@ PassTemplate& Builder::pass_template(int stage, const ScheduleStep& st, bool red
   return pt;
 }
 
-TaskId Builder::emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskId>& deps, const TaskMeta& mt) {
-  if (recording_ == nullptr) return tag(eng_->add_compute(stream, ns, deps), mt);
-  return recording_->record(stream, ns, deps, mt);
+TaskId Builder::emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskId>& deps, const TaskMeta& mt,
+                             TimeNs held_ns) {
+  if (recording_ == nullptr) return tag(eng_->add_compute(stream, ns, deps, 0, held_ns), mt);
+  const TaskId t = recording_->record(stream, ns, deps, mt);
+  recording_->tasks.back().held_ns = held_ns;
+  return t;
 }
 
 TaskId Builder::emit_collective(Collective c, GroupId group, double bytes, StreamId stream, const std::vector<TaskId>& deps,
@@ -620,7 +638,7 @@ void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>
   const auto add = [&](const PassTemplate::Task& t, std::span<const TaskId> ds) {
     TaskId id;
     if (t.compute) {
-      id = eng_->add_compute(t.stream, t.duration_ns, ds);
+      id = eng_->add_compute(t.stream, t.duration_ns, ds, 0, t.held_ns);
     } else {
       const StreamId streams[1] = {t.stream};
       id = eng_->add_collective(t.op, t.group, t.bytes, streams, ds);
@@ -643,6 +661,7 @@ void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, cons
   ch.async.clear();
   ch.overlap_ns = -1;
   ch.pending_ns = 0;
+  ch.pending_held_ns = 0;
   ch.pending = false;
   ch.parts.clear();
   ch.first = kNoTask;

@@ -111,6 +111,7 @@ class Builder {
     std::vector<TaskId> deps;
     std::vector<TaskId> async;
     TimeNs pending_ns = 0;
+    TimeNs pending_held_ns = 0;  // the same while a DP collective holds SMs (Item::held_ns)
     bool pending = false;
     // The uncontended time of the async TP collective the next compute runs
     // under (Item::reduced_ns), -1 when none is in flight.
@@ -146,7 +147,8 @@ class Builder {
   PassTemplate& pass_template(int stage, const ScheduleStep& st, bool reduce_now);
   void stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::pmr::vector<TaskId>& end);
   // The engine calls of a pass, or, while recording, their template entries.
-  TaskId emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskId>& deps, const TaskMeta& mt);
+  TaskId emit_compute(StreamId stream, TimeNs ns, const std::vector<TaskId>& deps, const TaskMeta& mt,
+                      TimeNs held_ns = 0);
   TaskId emit_collective(Collective c, GroupId group, double bytes, StreamId stream, const std::vector<TaskId>& deps,
                          const TaskMeta& mt, bool dp_reduction = false);
   void play(Chain& ch, const Program& prog);
@@ -193,6 +195,7 @@ class Builder {
   std::vector<double> compute_factor_;  // per stage (compute_factor)
   bool tp_fast_ = false;
   int overlap_sms_ = 0;  // SMs an async TP collective takes from the GEMM under it (make_programs)
+  int held_sms_ = 0;     // SMs a DP collective takes from the compute beside it (make_representatives)
   TpProbe tp_probe_;  // prices TP collectives when tp_fast_
 
   std::vector<Representative> representatives_;

@@ -5,6 +5,7 @@
 #include "cuboid/sim/engine.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -246,7 +247,15 @@ TaskId Engine::new_task(TaskKind kind, std::span<const StreamId> streams, std::s
 
 // The common task (a million in a big iteration): one stream or none, so
 // none of new_task's checks across streams.
-TaskId Engine::add_compute(StreamId stream, TimeNs duration_ns, std::span<const TaskId> deps, std::uint64_t user) {
+void Engine::hold_sms(StreamId comm, StreamId compute) {
+  if (comm >= streams_.size()) throw_bad_stream(comm);
+  if (compute >= streams_.size()) throw_bad_stream(compute);
+  streams_[comm].sm_of = compute;
+  holds_sms_ = true;
+}
+
+TaskId Engine::add_compute(StreamId stream, TimeNs duration_ns, std::span<const TaskId> deps, std::uint64_t user,
+                           TimeNs held_ns) {
   if (duration_ns < 0) throw std::invalid_argument("Engine::add_compute: negative duration");
   if (stream != kNoStream && stream >= streams_.size()) throw_bad_stream(stream);
   check_deps(deps);
@@ -254,6 +263,7 @@ TaskId Engine::add_compute(StreamId stream, TimeNs duration_ns, std::span<const 
   Task& t = tasks_.emplace_back();
   t.kind = TaskKind::compute;
   t.duration_ns = duration_ns;
+  if (held_ns > duration_ns && stream != kNoStream) t.bytes = static_cast<double>(held_ns);
   t.streams = stream;
   t.streams_len = stream == kNoStream ? 0 : 1;
   if (user != 0) set_user(id, user);  // users_ never reaches past the tasks: a zero leaves it as it is
@@ -359,11 +369,24 @@ TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs late
   }
   if (t.succ_head != kNone) __builtin_prefetch(&succ_[t.succ_head]);
   switch (t.kind) {
-    case TaskKind::compute: push_event(now_ + t.duration_ns, id, EventType::task_end); return;
+    case TaskKind::compute:
+      if (t.bytes > 0) {  // a held pace: its end moves with the holders (repace)
+        Stream& s = streams_[t.streams];
+        s.paced = id;
+        s.left = 1.0;
+        s.pace_since = now_;
+        t.plan = static_cast<std::uint32_t>(seq_);
+        push_event(now_ + (s.holders > 0 ? static_cast<TimeNs>(t.bytes) : t.duration_ns), id, EventType::task_end);
+        return;
+      }
+      push_event(now_ + t.duration_ns, id, EventType::task_end);
+      return;
     case TaskKind::flow:
       net_->start_flow(LinkSetId{t.plan}, t.bytes, now_, id);
       return;
     case TaskKind::collective:
+      if (holds_sms_) change_holders(id, +1);
+      [[fallthrough]];
     case TaskKind::send_recv:
       t.phase = 0;
       if (t.bytes <= 0 || plans_[t.plan].phases.empty()) {
@@ -381,6 +404,39 @@ TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs late
   ready_.clear();
 }
 
+// A collective starts (+1) or ends (-1) on its streams: the compute streams
+// whose SMs they hold change pace when their first holder starts or their
+// last ends.
+void Engine::change_holders(TaskId collective, int delta) {
+  const Task& t = tasks_[collective];
+  const StreamId* ss = streams_of(t);
+  for (std::uint32_t i = 0; i < t.streams_len; ++i) {
+    const StreamId c = streams_[ss[i]].sm_of;
+    if (c == kNoStream) continue;
+    Stream& s = streams_[c];
+    const bool was_held = s.holders > 0;
+    s.holders = static_cast<std::uint32_t>(static_cast<int>(s.holders) + delta);
+    if (was_held != (s.holders > 0)) repace(c, was_held);
+  }
+}
+
+// The paced task of compute stream `c` (if any) has run at the held pace
+// (was_held) or the free one since pace_since; its share left shrinks by
+// what it did, and its end is scheduled again at the new pace (the earlier
+// end event goes stale: run() skips events whose sequence number is not
+// the task's plan).
+void Engine::repace(StreamId c, bool was_held) {
+  Stream& s = streams_[c];
+  if (s.paced == kNone) return;
+  Task& t = tasks_[s.paced];
+  const double old_ns = was_held ? t.bytes : static_cast<double>(t.duration_ns);
+  s.left = std::max(0.0, s.left - static_cast<double>(now_ - s.pace_since) / old_ns);
+  s.pace_since = now_;
+  const double new_ns = was_held ? static_cast<double>(t.duration_ns) : t.bytes;
+  t.plan = static_cast<std::uint32_t>(seq_);
+  push_event(now_ + static_cast<TimeNs>(std::llround(s.left * new_ns)), s.paced, EventType::task_end);
+}
+
 void Engine::start_phase(TaskId id) {
   const Task& t = tasks_[id];
   const CommPhase& ph = plans_[t.plan].phases[t.phase];
@@ -392,6 +448,11 @@ void Engine::start_phase(TaskId id) {
   t.state = State::done;
   t.end_ns = now_;
   ++tasks_done_;
+  if (t.kind == TaskKind::compute) {
+    if (t.bytes > 0) streams_[t.streams].paced = kNone;
+  } else if (holds_sms_ && t.kind == TaskKind::collective) {
+    change_holders(id, -1);
+  }
   const StreamId* ss = streams_of(t);
   for (std::uint32_t i = 0; i < t.streams_len; ++i) {
     Stream& s = streams_[ss[i]];
@@ -448,7 +509,9 @@ RunStats Engine::run(TimeNs until_ns) {
     ++events_;
     const TaskId id = ev.task();
     Task& task = tasks_[id];
-    if (ev.type() == EventType::phase_end && task.kind != TaskKind::flow &&
+    if (task.kind == TaskKind::compute && task.bytes > 0 && (ev.key >> 33) != task.plan) {
+      // A paced task's end moved (repace): this event is stale.
+    } else if (ev.type() == EventType::phase_end && task.kind != TaskKind::flow &&
         static_cast<std::size_t>(task.phase) + 1 < plans_[task.plan].phases.size()) {
       ++task.phase;
       start_phase(id);

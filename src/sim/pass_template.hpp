@@ -28,6 +28,7 @@ struct PassTemplate {
     StreamId stream = 0;
     GroupId group = 0;
     TimeNs duration_ns = 0;
+    TimeNs held_ns = 0;          // compute: Engine::add_compute's held_ns
     double bytes = 0;
     std::uint32_t deps_begin = 0, deps_end = 0;  // its range in refs
     TaskMeta meta;

@@ -30,7 +30,7 @@ bool column_parallel_reduce(const std::vector<Op>& ops, std::size_t i) {
 
 class Builder {
  public:
-  Builder(const GpuProfile& gpu, double slowdown) : gpu_(gpu), slowdown_(slowdown) {}
+  Builder(const GpuProfile& gpu, double slowdown, int held_sms) : gpu_(gpu), slowdown_(slowdown), held_sms_(held_sms) {}
 
   // A compute op that runs under the async collective just issued: its own
   // item, with its time on the SMs the collective leaves.
@@ -38,15 +38,17 @@ class Builder {
     close();
     compute(op);
     if (sms_taken <= 0) return;
-    TimeNs t = op_time_sms_taken_ns(gpu_, op, sms_taken);
-    if (slowdown_ != 1.0) t = static_cast<TimeNs>(std::llround(static_cast<double>(t) * slowdown_));
-    p_.items.back().reduced_ns = t;
+    p_.items.back().reduced_ns = slowed(op_time_sms_taken_ns(gpu_, op, sms_taken));
+    if (held_sms_ > 0) p_.items.back().reduced_held_ns = slowed(op_time_sms_taken_ns(gpu_, op, sms_taken + held_sms_));
     close();
   }
 
+  TimeNs slowed(TimeNs t) const {
+    return slowdown_ != 1.0 ? static_cast<TimeNs>(std::llround(static_cast<double>(t) * slowdown_)) : t;
+  }
+
   void compute(const Op& op) {
-    TimeNs t = op_time_ns(gpu_, op);
-    if (slowdown_ != 1.0) t = static_cast<TimeNs>(std::llround(static_cast<double>(t) * slowdown_));
+    const TimeNs t = slowed(op_time_ns(gpu_, op));
     if (open_ < 0) {
       Item it;
       it.kind = ItemKind::compute;
@@ -56,6 +58,7 @@ class Builder {
     }
     Item& it = p_.items[static_cast<std::size_t>(open_)];
     it.duration_ns += t;
+    if (held_sms_ > 0) it.held_ns += op.kind == OpKind::gemm ? slowed(op_time_sms_taken_ns(gpu_, op, held_sms_)) : t;
     ++it.num_ops;
     p_.ops.push_back(OpSpan{op.name, t});
     p_.compute_ns += t;
@@ -86,6 +89,7 @@ class Builder {
  private:
   const GpuProfile& gpu_;
   double slowdown_;
+  int held_sms_;
   Program p_;
   int open_ = -1;  // index of the compute item being extended, -1 when none
 };
@@ -93,8 +97,8 @@ class Builder {
 }  // namespace
 
 Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence_parallel, bool backward_overlap,
-                double slowdown, int overlap_sms_taken) {
-  Builder b(gpu, slowdown);
+                double slowdown, int overlap_sms_taken, int held_sms_taken) {
+  Builder b(gpu, slowdown, held_sms_taken);
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     // Look ahead: is this the dgrad of a column-parallel GEMM whose reduce overlaps?

@@ -39,6 +39,12 @@ struct Item {
   // -1 otherwise. The builder charges overlapped_time_ns(collective, this,
   // duration_ns).
   TimeNs reduced_ns = -1;
+  // compute: its time while a DP collective holds `held_sms_taken` SMs (the
+  // engine's held pace, hold_sms); reduced_held_ns: the same for the op
+  // under an async TP collective, with both collectives' SMs taken. 0: the
+  // program was compiled without held SMs.
+  TimeNs held_ns = 0;
+  TimeNs reduced_held_ns = -1;
   // collective / async: its time alone on the node when the builder prices TP
   // collectives off the network (Builder::tp_probe_ns); -1 until first asked.
   mutable TimeNs probe_ns = -1;
@@ -58,9 +64,11 @@ struct Program {
 // LinearWithGradAccumulationAndAsyncCommunication does. `slowdown` scales
 // every compute op (the stage's GPU speed spread, a straggler). `overlap_sms_taken` > 0 (the TP tier's
 // nccl_channels) also prices each GEMM that runs under an async collective
-// with that many SMs fewer (Item::reduced_ns).
+// with that many SMs fewer (Item::reduced_ns). `held_sms_taken` > 0 (the
+// DP group's nccl_ring_channels) prices every compute item also with that
+// many SMs fewer (Item::held_ns), its pace while a DP collective runs.
 Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence_parallel, bool backward_overlap,
-                double slowdown = 1.0, int overlap_sms_taken = 0);
+                double slowdown = 1.0, int overlap_sms_taken = 0, int held_sms_taken = 0);
 
 // Appends b's items and ops to a (a's op indices stay valid).
 void append(Program& a, const Program& b);

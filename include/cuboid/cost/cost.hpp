@@ -131,6 +131,27 @@ GpuProfile with_sms_taken(const GpuProfile& gpu, int sms_taken);
 // reduced-SM time to its full-SM time. sms_taken <= 0: op_time_ns.
 std::int64_t op_time_sms_taken_ns(const GpuProfile& gpu, const Op& op, int sms_taken);
 
+// SMs a ring collective's kernel holds on each member GPU of a group with
+// `members_per_node` members on each of its `nodes` nodes (NCCL: one CTA per
+// channel, resident for the whole collective). Inside one node: the NVLink
+// tier's nccl_channels. Across nodes, NCCL's topology search (src/graph/
+// search.cc ncclTopoCompute, v2.12-v2.18) finds one ring per NIC that the
+// node's members reach, at the fastest of its speedArrayInter entries that
+// the NIC carries (NCCL's IB width: line rate / 8); a ring speed of 25 GB/s
+// or more is duplicated there (dupChannels, up to maxChannels = 16), and
+// connect.cc ncclTopoPostset doubles every channel (up to MAXCHANNELS = 32).
+// 200 Gb/s HDR (24 GB/s rings): 2 per NIC used; 400 Gb/s NDR (48): 4. 0 where
+// the card does not model NCCL's SMs (no nccl_channels on its NVLink tier) or
+// has no NICs.
+int nccl_ring_channels(const Cluster& cl, int members_per_node, int nodes);
+
+// The extra time a stretch of compute takes when a collective holding SMs
+// runs beside it: the collective lasts `collective_ns`, the compute alone
+// `compute_ns`, and with the SMs taken it runs `ratio` (>= 1) times slower.
+// The compute is slowed for the collective's length or for all of itself,
+// whichever ends first: min(collective x (1 - 1/ratio), compute x (ratio - 1)).
+double sm_contention_ns(double collective_ns, double compute_ns, double ratio);
+
 // Time of a compute op started together with a collective that lasts
 // `collective_ns`: it runs at its reduced-SM pace (reduced_ns for the whole
 // op) while the collective holds its SMs, at full pace (full_ns for the

@@ -98,8 +98,15 @@ class Engine {
   // All add_* take dependencies on already added tasks (so the graph is a
   // DAG) and an opaque `user` value for the caller (e.g. an index into its op
   // table). Tasks may be added before run() or from the completion callback.
+  // `held_ns` (> duration_ns): its duration while a collective holds SMs of
+  // its GPU (hold_sms); it then runs at duration / held_ns of its pace, and
+  // its end moves whenever a holder starts or ends. Otherwise fixed.
   TaskId add_compute(StreamId stream, TimeNs duration_ns, std::span<const TaskId> deps = {},
-                     std::uint64_t user = 0);
+                     std::uint64_t user = 0, TimeNs held_ns = 0);
+  // Every collective queued on `comm` holds SMs of the GPU whose compute
+  // stream is `compute` while it runs (NCCL's kernel: one CTA per channel),
+  // slowing the compute task running there to its held_ns pace.
+  void hold_sms(StreamId comm, StreamId compute);
   // `streams`: the streams it occupies, one per *simulated* member (a subset of
   // the group when symmetry leaves members out; the group's full geometry, and
   // its mirrors, still load the links). Algorithm::automatic resolves per call.
@@ -165,8 +172,10 @@ class Engine {
     TimeNs duration_ns = 0;       // compute: the duration; flow: latency
     TimeNs start_ns = kNever;
     TimeNs end_ns = kNever;
-    double bytes = 0;             // comm: size_bytes (flow: bytes per route)
-    std::uint32_t plan = 0;       // index into plans_ (comm) or the network's link set (flow)
+    double bytes = 0;             // comm: size_bytes (flow: bytes per route); compute: held_ns (0: none)
+    // comm: index into plans_; flow: the network's link set; compute with a
+    // held pace: the sequence number of its live end event (others are stale).
+    std::uint32_t plan = 0;
     // streams_len == 1 (nearly every task): the stream itself, kept inline;
     // otherwise where its streams start in task_streams_ (streams_of).
     std::uint32_t streams = 0;
@@ -191,6 +200,15 @@ class Engine {
     StreamInfo info;
     TaskId tail = kNone;          // its last queued task (kNone: every queued task finished)
     TimeNs arrival_ns = 0;        // when the current head arrived
+    // hold_sms: a comm stream's compute stream (kNoStream: none); on a
+    // compute stream, the collectives holding its SMs now and its running
+    // task with a held pace (kNone: none), that task's share of its work
+    // still to do and since when it runs at its current pace.
+    StreamId sm_of = kNoStream;
+    std::uint32_t holders = 0;
+    TaskId paced = kNone;
+    double left = 1.0;
+    TimeNs pace_since = 0;
   };
   struct Succ {
     TaskId task = 0;
@@ -223,6 +241,8 @@ class Engine {
   void start_phase(TaskId t);
   void finish(TaskId t);
   void drain_ready();
+  void change_holders(TaskId collective, int delta);
+  void repace(StreamId compute, bool was_held);
 
   Network* net_ = nullptr;
   TimeNs now_ = 0;
@@ -256,6 +276,7 @@ class Engine {
   std::vector<TaskId> ready_;
   std::vector<std::uint64_t> completed_;
   std::function<void(TaskId, TimeNs)> on_complete_;
+  bool holds_sms_ = false;  // some stream has hold_sms
 };
 
 }  // namespace cuboid::sim
