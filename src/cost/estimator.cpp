@@ -135,6 +135,10 @@ struct LayerCost {
   LayerOps layer, embed, head;
   PassTimes layer_compute, embed_compute, head_compute;
   double pipeline_message = 0;
+  // held_pace's results so far: {SMs taken, forward ratio, backward ratio}
+  // (a search meets a handful of DP group shapes; each Estimator is one
+  // thread's).
+  mutable std::vector<std::array<double, 3>> held;
 };
 
 LayerCost make_layer_cost(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan) {
@@ -278,15 +282,27 @@ double held_compute_ns(const GpuProfile& gpu, const std::vector<Op>& ops, int sm
   return total;
 }
 
+// How much slower a layer's forward and backward compute run while a
+// collective holds `sms` SMs, remembered in the layer cost.
+std::array<double, 3> held_pace(const GpuProfile& gpu, const LayerCost& lc, int sms) {
+  for (const auto& h : lc.held)
+    if (h[0] == sms) return h;
+  std::array<double, 3> h{static_cast<double>(sms), 1.0, 1.0};
+  const PassTimes& c = lc.layer_compute;
+  if (c.fwd_compute > 0) h[1] = held_compute_ns(gpu, lc.layer.forward, sms) / c.fwd_compute;
+  if (c.bwd_compute > 0)
+    h[2] = (held_compute_ns(gpu, lc.layer.backward, sms) + held_compute_ns(gpu, lc.layer.recompute, sms)) / c.bwd_compute;
+  lc.held.push_back(h);
+  return h;
+}
+
 CommTimes make_comm_times(const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc, const Placement& pl) {
   const int tp = plan.tp;
   CommTimes ct;
   if (pl.dp_sms > 0) {
-    const PassTimes& c = lc.layer_compute;
-    if (c.fwd_compute > 0) ct.held_fwd = held_compute_ns(gpu, lc.layer.forward, pl.dp_sms) / c.fwd_compute;
-    if (c.bwd_compute > 0)
-      ct.held_bwd = (held_compute_ns(gpu, lc.layer.backward, pl.dp_sms) + held_compute_ns(gpu, lc.layer.recompute, pl.dp_sms)) /
-                    c.bwd_compute;
+    const std::array<double, 3> h = held_pace(gpu, lc, pl.dp_sms);
+    ct.held_fwd = h[1];
+    ct.held_bwd = h[2];
   }
   ct.tp.resize(pl.tp_links.size());
   for (std::size_t i = 0; i < pl.tp_links.size(); ++i) {
