@@ -372,17 +372,30 @@ GpuProfile with_sms_taken(const GpuProfile& gpu, int sms_taken) {
   return g;
 }
 
-std::int64_t op_time_sms_taken_ns(const GpuProfile& gpu, const Op& op, int sms_taken) {
-  if (sms_taken <= 0 || op.kind != OpKind::gemm) return op_time_ns(gpu, op);
-  GpuProfile model_full = gpu;
-  model_full.calibration = nullptr;
-  const GpuProfile model_reduced = with_sms_taken(model_full, sms_taken);
-  const std::int64_t reduced = op_time_ns(model_reduced, op);
-  if (!gpu.calibration) return reduced;
-  const std::int64_t full = op_time_ns(model_full, op);
-  const std::int64_t measured = op_time_ns(gpu, op);
+namespace {
+GpuProfile uncalibrated(const GpuProfile& gpu) {
+  GpuProfile g = gpu;
+  g.calibration = nullptr;
+  return g;
+}
+}  // namespace
+
+SmsTakenPricer::SmsTakenPricer(const GpuProfile& gpu, int sms_taken)
+    : gpu_(gpu), sms_taken_(sms_taken), full_(uncalibrated(gpu)), reduced_(with_sms_taken(full_, sms_taken)) {}
+
+std::int64_t SmsTakenPricer::operator()(const Op& op) const {
+  if (sms_taken_ <= 0 || op.kind != OpKind::gemm) return op_time_ns(gpu_, op);
+  const std::int64_t reduced = op_time_ns(reduced_, op);
+  if (!gpu_.calibration) return reduced;
+  const std::int64_t full = op_time_ns(full_, op);
+  const std::int64_t measured = op_time_ns(gpu_, op);
   if (full <= 0) return measured;
   return std::llround(static_cast<double>(measured) * static_cast<double>(reduced) / static_cast<double>(full));
+}
+
+std::int64_t op_time_sms_taken_ns(const GpuProfile& gpu, const Op& op, int sms_taken) {
+  if (sms_taken <= 0 || op.kind != OpKind::gemm) return op_time_ns(gpu, op);
+  return SmsTakenPricer(gpu, sms_taken)(op);
 }
 
 std::int64_t overlapped_time_ns(std::int64_t collective_ns, std::int64_t reduced_ns, std::int64_t full_ns) {

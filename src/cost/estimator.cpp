@@ -275,10 +275,10 @@ struct CommTimes {
   double held_fwd = 1.0, held_bwd = 1.0;
 };
 
-// Compute time of a list of ops while a collective holds `sms` SMs.
-double held_compute_ns(const GpuProfile& gpu, const std::vector<Op>& ops, int sms) {
+// Compute time of a list of ops while a collective holds SMs.
+double held_compute_ns(const SmsTakenPricer& price, const std::vector<Op>& ops) {
   double total = 0;
-  for (const Op& op : ops) total += static_cast<double>(op_time_sms_taken_ns(gpu, op, sms));
+  for (const Op& op : ops) total += static_cast<double>(price(op));
   return total;
 }
 
@@ -289,9 +289,10 @@ std::array<double, 3> held_pace(const GpuProfile& gpu, const LayerCost& lc, int 
     if (h[0] == sms) return h;
   std::array<double, 3> h{static_cast<double>(sms), 1.0, 1.0};
   const PassTimes& c = lc.layer_compute;
-  if (c.fwd_compute > 0) h[1] = held_compute_ns(gpu, lc.layer.forward, sms) / c.fwd_compute;
+  const SmsTakenPricer price(gpu, sms);
+  if (c.fwd_compute > 0) h[1] = held_compute_ns(price, lc.layer.forward) / c.fwd_compute;
   if (c.bwd_compute > 0)
-    h[2] = (held_compute_ns(gpu, lc.layer.backward, sms) + held_compute_ns(gpu, lc.layer.recompute, sms)) / c.bwd_compute;
+    h[2] = (held_compute_ns(price, lc.layer.backward) + held_compute_ns(price, lc.layer.recompute)) / c.bwd_compute;
   lc.held.push_back(h);
   return h;
 }

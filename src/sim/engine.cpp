@@ -245,8 +245,6 @@ TaskId Engine::new_task(TaskKind kind, std::span<const StreamId> streams, std::s
   return id;
 }
 
-// The common task (a million in a big iteration): one stream or none, so
-// none of new_task's checks across streams.
 void Engine::hold_sms(StreamId comm, StreamId compute) {
   if (comm >= streams_.size()) throw_bad_stream(comm);
   if (compute >= streams_.size()) throw_bad_stream(compute);
@@ -254,6 +252,8 @@ void Engine::hold_sms(StreamId comm, StreamId compute) {
   holds_sms_ = true;
 }
 
+// The common task (a million in a big iteration): one stream or none, so
+// none of new_task's checks across streams.
 TaskId Engine::add_compute(StreamId stream, TimeNs duration_ns, std::span<const TaskId> deps, std::uint64_t user,
                            TimeNs held_ns) {
   if (duration_ns < 0) throw std::invalid_argument("Engine::add_compute: negative duration");

@@ -30,7 +30,13 @@ bool column_parallel_reduce(const std::vector<Op>& ops, std::size_t i) {
 
 class Builder {
  public:
-  Builder(const GpuProfile& gpu, double slowdown, int held_sms) : gpu_(gpu), slowdown_(slowdown), held_sms_(held_sms) {}
+  Builder(const GpuProfile& gpu, double slowdown, int overlap_sms, int held_sms)
+      : gpu_(gpu),
+        slowdown_(slowdown),
+        held_sms_(held_sms),
+        overlap_(gpu, overlap_sms),
+        held_(gpu, held_sms),
+        both_(gpu, overlap_sms + held_sms) {}
 
   // A compute op that runs under the async collective just issued: its own
   // item, with its time on the SMs the collective leaves.
@@ -38,8 +44,8 @@ class Builder {
     close();
     compute(op);
     if (sms_taken <= 0) return;
-    p_.items.back().reduced_ns = slowed(op_time_sms_taken_ns(gpu_, op, sms_taken));
-    if (held_sms_ > 0) p_.items.back().reduced_held_ns = slowed(op_time_sms_taken_ns(gpu_, op, sms_taken + held_sms_));
+    p_.items.back().reduced_ns = slowed(overlap_(op));
+    if (held_sms_ > 0) p_.items.back().reduced_held_ns = slowed(both_(op));
     close();
   }
 
@@ -58,7 +64,7 @@ class Builder {
     }
     Item& it = p_.items[static_cast<std::size_t>(open_)];
     it.duration_ns += t;
-    if (held_sms_ > 0) it.held_ns += op.kind == OpKind::gemm ? slowed(op_time_sms_taken_ns(gpu_, op, held_sms_)) : t;
+    if (held_sms_ > 0) it.held_ns += op.kind == OpKind::gemm ? slowed(held_(op)) : t;
     ++it.num_ops;
     p_.ops.push_back(OpSpan{op.name, t});
     p_.compute_ns += t;
@@ -90,6 +96,7 @@ class Builder {
   const GpuProfile& gpu_;
   double slowdown_;
   int held_sms_;
+  SmsTakenPricer overlap_, held_, both_;  // under an async TP collective, a DP one, both
   Program p_;
   int open_ = -1;  // index of the compute item being extended, -1 when none
 };
@@ -98,7 +105,7 @@ class Builder {
 
 Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence_parallel, bool backward_overlap,
                 double slowdown, int overlap_sms_taken, int held_sms_taken) {
-  Builder b(gpu, slowdown, held_sms_taken);
+  Builder b(gpu, slowdown, overlap_sms_taken, held_sms_taken);
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     // Look ahead: is this the dgrad of a column-parallel GEMM whose reduce overlaps?

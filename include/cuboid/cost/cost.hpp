@@ -131,6 +131,19 @@ GpuProfile with_sms_taken(const GpuProfile& gpu, int sms_taken);
 // reduced-SM time to its full-SM time. sms_taken <= 0: op_time_ns.
 std::int64_t op_time_sms_taken_ns(const GpuProfile& gpu, const Op& op, int sms_taken);
 
+// op_time_sms_taken_ns for many ops: the model's full and reduced GPUs built
+// once (a profile copy per op costs more than pricing the op).
+class SmsTakenPricer {
+ public:
+  SmsTakenPricer(const GpuProfile& gpu, int sms_taken);
+  std::int64_t operator()(const Op& op) const;
+
+ private:
+  const GpuProfile& gpu_;
+  int sms_taken_;
+  GpuProfile full_, reduced_;  // the model's, without the calibration
+};
+
 // SMs a ring collective's kernel holds on each member GPU of a group with
 // `members_per_node` members on each of its `nodes` nodes (NCCL: one CTA per
 // channel, resident for the whole collective). Inside one node: the NVLink

@@ -14,7 +14,9 @@
 // have finished (NCCL's implicit synchronisation: a collective starts when the
 // last member arrives; early members' streams are blocked meanwhile, counted
 // as wait). Kinds:
-//   compute    - occupies one stream for a duration known up front;
+//   compute    - occupies one stream for a duration known up front, or one
+//                of two paces (hold_sms: slower while a collective holds
+//                SMs of its GPU);
 //   collective - NCCL collective over a CommGroup (collective.hpp), its phases
 //                played as flows on the Network;
 //   send_recv  - p2p between two GPUs, on the sender's and receiver's streams;
