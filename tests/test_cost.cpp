@@ -787,6 +787,14 @@ TEST_CASE("NCCL's channels, one SM each, for a group within a node and across no
   CHECK(nccl_ring_channels(c, 8, 4) == 16);
   CHECK(nccl_ring_channels(c, 4, 4) == 8);
   CHECK(nccl_ring_channels(c, 1, 32) == 2);
+  // By the group's ranks: 4 nodes with 8 members, 4 with 1 (rank 8 n + 3), one node.
+  std::vector<int> tp1, tp8, one;
+  for (int r = 0; r < 32; ++r) tp1.push_back(r);
+  for (int n = 0; n < 4; ++n) tp8.push_back(8 * n + 3);
+  for (int r = 8; r < 16; ++r) one.push_back(r);
+  CHECK(nccl_ring_channels(c, tp1) == 16);
+  CHECK(nccl_ring_channels(c, tp8) == 2);
+  CHECK(nccl_ring_channels(c, one) == 24);
   // NDR, 400 Gb/s = 50 GB/s: rings at 48, duplicated in the search (16 at
   // most), then doubled (32 at most). Two members per node: 2 -> 4 -> 8, the
   // "8 coll channels" of a 2-GPU-per-node H20 log (NVIDIA/nccl#1189).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "cuboid/core/busbw_curve.hpp"
 #include "cuboid/core/collective_traits.hpp"
@@ -424,6 +425,15 @@ int nccl_ring_channels(const Cluster& cl, int members_per_node, int nodes) {
   const int searched = std::min(16, speed >= 25.0 ? 2 * rings : rings);
   const int channels = std::min(32, 2 * searched);
   return std::min(channels, std::max(0, cl.gpu.sm_count - 1));
+}
+
+int nccl_ring_channels(const Cluster& cl, const std::vector<int>& ranks) {
+  const int gpn = std::max(1, cl.gpus_per_node);
+  std::map<int, int> on_node;
+  for (const int r : ranks) ++on_node[r / gpn];
+  int most = 0;
+  for (const auto& [node, members] : on_node) most = std::max(most, members);
+  return nccl_ring_channels(cl, most, static_cast<int>(on_node.size()));
 }
 
 double sm_contention_ns(double collective_ns, double compute_ns, double ratio) {

@@ -231,10 +231,7 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
   const PhaseLoads loads = phase_loads(topo, plan, mapping);
   Placement pl;
   const int pp = std::max(1, plan.pp);
-  if (plan.dp > 1) {
-    const int nodes = mapping.nodes_spanned(mapping.dp_group(0, 0));
-    pl.dp_sms = nccl_ring_channels(topo.cluster(), (plan.dp + nodes - 1) / nodes, nodes);
-  }
+  if (plan.dp > 1) pl.dp_sms = nccl_ring_channels(topo.cluster(), mapping.dp_group(0, 0));
   for (int stage = 0; stage < pp; ++stage) {
     GroupLinks links{};
     if (plan.tp > 1) links = group_links(topo, mapping.tp_group(stage, 0), loads.tp);

@@ -85,10 +85,7 @@ void Builder::make_representatives() {
   const int mirrored_tp = this->mirrored_tp();
   // The SMs NCCL's kernel holds on a DP group's GPUs while a gradient
   // reduction or a ZeRO gather runs beside the compute (nccl_ring_channels).
-  if (dp_ > 1) {
-    const int nodes = map_.nodes_spanned(map_.dp_group(0, 0));
-    held_sms_ = nccl_ring_channels(topo_.cluster(), (dp_ + nodes - 1) / nodes, nodes);
-  }
+  if (dp_ > 1) held_sms_ = nccl_ring_channels(topo_.cluster(), map_.dp_group(0, 0));
   for (int s = 0; s < pp_; ++s) {
     Representative r;
     r.stage = s;

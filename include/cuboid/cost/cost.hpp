@@ -157,6 +157,8 @@ class SmsTakenPricer {
 // the card does not model NCCL's SMs (no nccl_channels on its NVLink tier) or
 // has no NICs.
 int nccl_ring_channels(const Cluster& cl, int members_per_node, int nodes);
+// The same for the group of these ranks (its nodes and most members on one).
+int nccl_ring_channels(const Cluster& cl, const std::vector<int>& ranks);
 
 // The extra time a stretch of compute takes when a collective holding SMs
 // runs beside it: the collective lasts `collective_ns`, the compute alone
