@@ -450,6 +450,42 @@ TEST_CASE("a calibration with ranks sharing cores says how to read the component
   CHECK(validation_to_json(r)["ranks_per_core"] == 2.0);
 }
 
+TEST_CASE("page faults per measured step: the most of any rank is reported, a large count with a note") {
+  const PlanFile pf = make_plan(2, 1, 1);
+  const Cluster cluster = cpu_card();
+  nlohmann::json doc = make_measurements(pf, 0.5);
+  SUBCASE("files from before the count have none") {
+    const ValidationReport r = validate_measurements(pf, cluster, measurements_from_json(doc, "m.json"), 0.10);
+    CHECK(r.page_faults_per_step == -1);
+    CHECK(validation_to_json(r)["page_faults_per_step"].is_null());
+    CHECK(format_validation(r, false).find("page faults") == std::string::npos);
+  }
+  SUBCASE("each rank's median over its steps; the rank with the most") {
+    // Rank 0: the warm-up's stragglers in one step, none after. Rank 1: a
+    // 14.7 MB reduce-scatter's buffer faulted afresh every step (3,589 pages).
+    doc["ranks"][0]["page_faults_per_step"] = {31, 0, 0};
+    doc["ranks"][1]["page_faults_per_step"] = {3589, 3557, 3557};
+    const ValidationReport r = validate_measurements(pf, cluster, measurements_from_json(doc, "m.json"), 0.10);
+    CHECK(r.page_faults_per_step == 3557);
+    CHECK(r.page_fault_rank == 1);
+    CHECK(validation_to_json(r)["page_faults_per_step"] == 3557);
+    CHECK(format_validation(r, false).find("page faults   rank 1 took 3557 minor page faults per measured step") !=
+          std::string::npos);
+  }
+  SUBCASE("a few faults are no news") {
+    doc["ranks"][0]["page_faults_per_step"] = {255, 255, 255};
+    const ValidationReport r = validate_measurements(pf, cluster, measurements_from_json(doc, "m.json"), 0.10);
+    CHECK(r.page_faults_per_step == 255);
+    CHECK(format_validation(r, false).find("page faults") == std::string::npos);
+  }
+  SUBCASE("not a count") {
+    doc["ranks"][1]["page_faults_per_step"] = {3, -1};
+    CHECK(message_of(pf, cluster, doc) ==
+          "m.json: ranks[1].page_faults_per_step[1]: expected a count of page faults (a non-negative integer) (fix: "
+          "measure again with `cuboid run --plan plan.json --out measurements.json`)");
+  }
+}
+
 TEST_CASE("--statistic min compares the fastest steps: the slowest rank by its fastest step, each op's fastest") {
   const PlanFile pf = make_plan(1, 2, 1);
   const Cluster cluster = cpu_card();

@@ -23,6 +23,7 @@
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/launch.hpp"
 #include "cuboid/exec/host_exchange.hpp"
+#include "cuboid/exec/host_memory.hpp"
 #include "cuboid/exec/mpi_comm.hpp"
 #include "cuboid/exec/registry.hpp"
 #include "cuboid/io/planfile.hpp"
@@ -217,6 +218,9 @@ int run_calibrate(const CalibrateOptions& o) {
   const std::vector<Job> jobs = load_jobs(o, cluster, launch.world_size);
   exec::World world = exec::start_world(launch, o.backend, o.timeout_s);
   const std::string mpi_wait = exec::apply_mpi_wait(world, o.mpi_wait);
+  // As cuboid run holds it (cuboid/exec/host_memory.hpp): a sweep's buffers
+  // and MPI's temporaries reuse touched pages instead of faulting afresh.
+  exec::hold_freed_host_memory();
   const CoreShare share =
       core_share(world.exchange->all_gather(cpu_place(world.hostname)), world.exchange->rank(),
                  world.mpi ? exec::mpi_ranks_on_node() : 1, exec::cpus_online(), o.backend == "cpu");

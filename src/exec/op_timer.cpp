@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "cuboid/exec/host_memory.hpp"
+
 namespace cuboid::exec {
 
 OpDesc gemm_desc(const char* name, Pass pass, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) {
@@ -145,6 +147,7 @@ void OpTimer::begin_step(bool measured) {
   measured_ = measured;
   pending_.clear();
   next_event_ = 0;
+  faults_at_begin_ = minor_page_faults();
   backend_.record(event(next_event_++));  // the step's start
 }
 
@@ -171,6 +174,7 @@ double OpTimer::end_step() {
   if (watchdog_ != nullptr) watchdog_->leave();
   const double step_s = static_cast<double>(backend_.elapsed_ns(events_[0], events_[last])) * 1e-9;
   if (!measured_) return step_s;
+  step_faults_.push_back(minor_page_faults() - faults_at_begin_);
   std::map<std::string, std::pair<double, std::int64_t>> sums;
   for (const Pending& p : pending_) {
     const double s = static_cast<double>(backend_.elapsed_ns(events_[p.start], events_[p.start + 1])) * 1e-9;

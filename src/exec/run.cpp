@@ -17,6 +17,7 @@
 #include "cuboid/exec/check.hpp"
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/host_exchange.hpp"
+#include "cuboid/exec/host_memory.hpp"
 #include "cuboid/exec/launch.hpp"
 #include "cuboid/exec/mpi_comm.hpp"
 #include "cuboid/exec/registry.hpp"
@@ -137,6 +138,7 @@ nlohmann::json rank_json(const World& world, const ProcessGroups& g, const StepR
           {"layers", runner.layers_on_rank()},
           {"step_seconds", timer.step_seconds()},
           {"iteration", stats_json(timer.step_seconds())},
+          {"page_faults_per_step", timer.step_page_faults()},
           {"compute_s", compute},
           {"communication_s", comm},
           {"gemm_flops_per_step", flops},
@@ -190,7 +192,7 @@ void print_summary(const nlohmann::json& doc) {
 namespace {
 int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model, const ParallelPlan& plan,
                 const Fault& fault, const LaunchInfo& launch, World& world, const std::string& fingerprint,
-                const std::string& mpi_wait);
+                const std::string& mpi_wait, const std::string& host_memory);
 }  // namespace
 
 int run_plan(const PlanFile& pf, const RunOptions& o) {
@@ -209,6 +211,8 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
   World world = start_world(launch, o.backend, o.timeout_s);
   check_world_size(world.exchange->size(), plan, pf.source);
   const std::string mpi_wait = apply_mpi_wait(world, o.mpi_wait);
+  // After MPI's start-up, so that no library's own mallopt undoes it.
+  const std::string host_memory = hold_freed_host_memory();
   // A rank with another plan file (or other sizes) would call other
   // collectives and hang the job: refuse before any work.
   const std::string fingerprint = run_fingerprint(model, plan, pf.gpus_per_node, o);
@@ -221,7 +225,7 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
   // message is printed and the job ended first.
   const bool alone = world.exchange->size() == 1;
   try {
-    return run_started(pf, o, model, plan, fault, launch, world, fingerprint, mpi_wait);
+    return run_started(pf, o, model, plan, fault, launch, world, fingerprint, mpi_wait, host_memory);
   } catch (const std::exception& e) {
     if (alone) throw;
     end_job(e.what());
@@ -232,7 +236,7 @@ namespace {
 
 int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model, const ParallelPlan& plan,
                 const Fault& fault, const LaunchInfo& launch, World& world, const std::string& fingerprint,
-                const std::string& mpi_wait) {
+                const std::string& mpi_wait, const std::string& host_memory) {
   std::unique_ptr<Backend> backend = make_backend(o.backend, backend_options(launch, o.backend));
   const RankMapping mapping(plan, pf.gpus_per_node);
   // The watchdog from before the communicators exist: ncclCommInitRank and
@@ -366,6 +370,7 @@ int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model,
                           {"device", o.backend == "cpu" ? "cpu (one core per rank)" : "cuda device (LOCAL_RANK)"},
                           {"launcher", std::string(to_string(launch.launcher))},
                           {"mpi_wait", mpi_wait},
+                          {"host_memory", host_memory},
                           {"mpi_version", fmt::format("{}.{}", mpi_major, mpi_minor)},
                           {"mpi_library", lib_version},
                           {"cuboid_version", CUBOID_VERSION},

@@ -117,6 +117,24 @@ MeasuredOp read_op(JsonReader& r, const nlohmann::json& obj) {
   return op;
 }
 
+// "page_faults_per_step": one non-negative count per measured step; the median.
+std::optional<std::int64_t> page_fault_median(JsonReader& parent, const nlohmann::json& obj) {
+  const std::string key = "page_faults_per_step";
+  if (!obj.contains(key)) return std::nullopt;
+  const nlohmann::json& a = parent.raw(key);
+  if (!a.is_array()) parent.fail(key, "expected an array of counts, one per measured step", kRemeasure);
+  std::vector<std::int64_t> counts;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].is_number_integer() || a[i].get<std::int64_t>() < 0)
+      parent.fail(fmt::format("{}[{}]", key, i), "expected a count of page faults (a non-negative integer)",
+                  kRemeasure);
+    counts.push_back(a[i].get<std::int64_t>());
+  }
+  if (counts.empty()) return std::nullopt;
+  std::sort(counts.begin(), counts.end());
+  return counts[counts.size() / 2];
+}
+
 MeasuredRank read_rank(JsonReader& r, const nlohmann::json& obj) {
   MeasuredRank m;
   const std::int64_t rank = r.integer("rank");
@@ -139,6 +157,7 @@ MeasuredRank read_rank(JsonReader& r, const nlohmann::json& obj) {
   check_step_array(r, obj, "step_seconds");
   m.compute_s = time_s(r, obj, "compute_s");
   m.communication_s = time_s(r, obj, "communication_s");
+  m.page_faults_per_step = page_fault_median(r, obj);
   const nlohmann::json& ops = r.raw("ops");
   if (!ops.is_array()) r.fail("ops", "expected an array of ops", kRemeasure);
   if (ops.empty()) r.fail("ops", "is empty: no op of this rank was timed", kRemeasure);

@@ -336,6 +336,11 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
   rep.tolerance = tolerance;
   rep.statistic = stat;
   rep.critical_rank = sim.critical_rank;
+  for (const MeasuredRank& r : m.ranks)
+    if (r.page_faults_per_step && *r.page_faults_per_step > rep.page_faults_per_step) {
+      rep.page_faults_per_step = *r.page_faults_per_step;
+      rep.page_fault_rank = r.rank;
+    }
   const MeasuredRank& slow = m.slowest_rank(stat);
   rep.measured_rank = slow.rank;
   const Measured mc = measured_components(slow, stat);

@@ -8,6 +8,10 @@ namespace cuboid {
 
 namespace {
 
+// From this many page faults per measured step (1 MiB of fresh 4 KiB pages)
+// the text report says so.
+constexpr std::int64_t kPageFaultNote = 256;
+
 std::string error_cell(const ComponentRow& r) {
   return r.predicted_only ? std::string("-") : fmt::format("{:+.1f}%", 100 * r.error());
 }
@@ -39,6 +43,11 @@ std::string format_validation(const ValidationReport& r, bool with_ops) {
                        "run at full speed and its partner's turn shows up as TP / PP wait. Compare stage times and "
                        "the iteration, not compute against tp_comm.\n\n",
                        r.ranks_per_core, r.ranks_per_core);
+  if (r.page_faults_per_step >= kPageFaultNote)
+    out += fmt::format("page faults   rank {} took {} minor page faults per measured step: first touches of host "
+                       "memory that a run holding its memory does not take after the warm-up, and that the cost "
+                       "model does not price (docs/calibration.md)\n\n",
+                       r.page_fault_rank, r.page_faults_per_step);
   out += fmt::format("{:<22} {:>13} {:>12} {:>9}\n", "component", "predicted(s)", "measured(s)", "error");
   for (const ComponentRow& c : r.components) out += component_line(c.component, c);
   if (r.stages.size() > 1) {
@@ -84,6 +93,8 @@ nlohmann::json validation_to_json(const ValidationReport& r) {
   j["measured_rank"] = r.measured_rank;
   j["critical_rank"] = r.critical_rank;
   j["ranks_per_core"] = r.ranks_per_core;
+  j["page_faults_per_step"] = r.page_faults_per_step >= 0 ? nlohmann::json(r.page_faults_per_step) : nlohmann::json();
+  j["page_fault_rank"] = r.page_fault_rank >= 0 ? nlohmann::json(r.page_fault_rank) : nlohmann::json();
   j["statistic"] = std::string(to_string(r.statistic));
   j["predicted_iteration_s"] = r.predicted_iteration_s;
   j["measured_iteration_s"] = r.measured_iteration_s;

@@ -95,6 +95,8 @@ class OpTimer {
 
   const std::map<std::string, OpStats>& stats() const { return stats_; }
   const std::vector<double>& step_seconds() const { return steps_; }
+  // Minor page faults of the process during each measured step.
+  const std::vector<std::int64_t>& step_page_faults() const { return step_faults_; }
 
  private:
   void begin(const OpDesc& desc);
@@ -113,6 +115,8 @@ class OpTimer {
   bool measured_ = false;
   std::map<std::string, OpStats> stats_;
   std::vector<double> steps_;
+  std::int64_t faults_at_begin_ = 0;
+  std::vector<std::int64_t> step_faults_;
 };
 
 }  // namespace cuboid::exec

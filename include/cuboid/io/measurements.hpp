@@ -67,6 +67,9 @@ struct MeasuredRank {
   TimeStats iteration;
   double compute_s = 0;        // the executor's own split (sum of op medians)
   double communication_s = 0;
+  // Minor page faults of the rank's process in a measured step, the median
+  // over the steps; absent in files written before `cuboid run` counted them.
+  std::optional<std::int64_t> page_faults_per_step;
   std::vector<MeasuredOp> ops;
 
   const MeasuredOp* find(const std::string& name) const;

@@ -99,6 +99,10 @@ struct ValidationReport {
   int measured_rank = 0;                 // the slowest rank
   int critical_rank = 0;                 // the simulator's critical GPU
   double ranks_per_core = 1;             // the calibration's core share (Calibration::ranks_per_core)
+  // The most page faults per measured step of any rank (its median over the
+  // steps) and that rank; -1 when the measurements do not count them.
+  std::int64_t page_faults_per_step = -1;
+  int page_fault_rank = -1;
   std::vector<ComponentRow> components;  // the last row is "iteration"
   std::vector<StageRow> stages;
   std::vector<OpRow> ops;                // per stage, per op priced one by one
