@@ -248,7 +248,6 @@ int run_calibrate(const CalibrateOptions& o) {
   go.turns = share.turns;
   go.lead_call = o.backend != "cpu";
   go.turn = share.turn;
-  go.statistic = stat;
   const std::vector<GemmProblem> grid = gemm_grid({base.begin(), base.end()}, o.quick);
   std::vector<std::vector<GemmSample>> gemm_repeats;
   for (int r = 0; r < o.repeat; ++r) gemm_repeats.push_back(run_gemm_sweep(*backend, *comm, grid, go, &watchdog));
@@ -266,10 +265,8 @@ int run_calibrate(const CalibrateOptions& o) {
   if (o.quick) ko.measured_steps = 3;
   ko.turns = share.turns;
   ko.turn = share.turn;
-  ko.statistic = stat;
   CollectiveSweepOptions co;
   if (o.quick) co = CollectiveSweepOptions{2, 5, 9, std::int64_t{1} << 20};
-  co.statistic = stat;
   for (const Job& j : jobs) {
     exec::ProcessGroups groups = exec::make_process_groups(std::move(comm), RankMapping(j.plan, cluster.gpus_per_node));
     const auto tk = std::chrono::steady_clock::now();

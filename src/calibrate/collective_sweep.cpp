@@ -121,7 +121,7 @@ std::vector<CollectiveMeasurement> run_collective_sweep(exec::Backend& be, exec:
       const std::int64_t wrong = count_wrong(be, g, c, b, total);
       if (watchdog != nullptr) watchdog->leave();
       out.push_back(
-          CollectiveMeasurement{c, cnt.total * esz, cnt.column, summarize(std::move(times), o.statistic), wrong});
+          CollectiveMeasurement{c, cnt.total * esz, cnt.column, median_of(std::move(times)), wrong});
     }
   }
   return out;

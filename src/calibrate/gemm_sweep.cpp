@@ -1,4 +1,4 @@
-// GEMM microbenchmark: warm-up, rotating operands, median (or fastest) per call.
+// GEMM microbenchmark: warm-up, rotating operands, median per call.
 #include "cuboid/calibrate/gemm_sweep.hpp"
 
 #include <algorithm>
@@ -16,12 +16,6 @@ double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double summarize(std::vector<double> v, Statistic statistic) {
-  if (v.empty()) return 0;
-  if (statistic == Statistic::min) return *std::min_element(v.begin(), v.end());
-  return median_of(std::move(v));
 }
 
 namespace {
@@ -103,7 +97,7 @@ std::vector<GemmSample> run_gemm_sweep(exec::Backend& be, exec::Communicator& wo
       times.reserve(static_cast<std::size_t>(calls));
       for (int i = 0; i < calls; ++i) times.push_back(timed());
       if (watchdog != nullptr) watchdog->leave();
-      out.push_back(GemmSample{p.m, p.n, p.k, p.batch, summarize(std::move(times), o.statistic)});
+      out.push_back(GemmSample{p.m, p.n, p.k, p.batch, median_of(std::move(times))});
     };
     // Every rank of a turn runs this shape at the same time; ranks sharing a
     // core wait for their turn, so a sample is a whole core's speed.

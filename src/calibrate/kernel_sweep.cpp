@@ -44,7 +44,7 @@ std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* 
   std::map<std::string, double> per_call;
   for (const auto& [name, st] : timer.stats()) {
     if (st.desc.kind != OpKind::memory_bound || st.calls_per_step <= 0) continue;
-    per_call[name] = summarize(st.step_seconds, o.statistic) * 1e9 / static_cast<double>(st.calls_per_step);
+    per_call[name] = median_of(st.step_seconds) * 1e9 / static_cast<double>(st.calls_per_step);
   }
   return per_call;
 }
@@ -108,7 +108,7 @@ std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Comm
       }
       if (watchdog != nullptr) watchdog->leave();
       out.push_back(KernelMeasurement{op::adam, static_cast<double>(n) * kAdamBytesPerParam,
-                                      summarize(std::move(times), o.statistic)});
+                                      median_of(std::move(times))});
     }
   }
   return out;

@@ -41,9 +41,9 @@ void register_calibrate_command(CLI::App& app, int argc, char** argv) {
                   "run the GEMM and kernel sweeps N times over and keep each sample's median (default 1; "
                   "3 on a noisy machine)");
   cmd->add_option("--statistic", flags.options.statistic,
-                  "how a sample combines its timed calls and --repeat its repeats: median (default) or min (the "
-                  "fastest, the least disturbed by the rest of the machine; pair it with cuboid validate --statistic "
-                  "min)");
+                  "how a GEMM or kernel sample combines its --repeat sweeps: median (default) or min (the fastest "
+                  "sweep, the least disturbed by the rest of the machine; pair it with cuboid validate --statistic "
+                  "min). Within a sweep a sample is always the median of its timed calls");
   cmd->add_flag("--quick", flags.options.quick, "a smoke test: few sizes and calls (not for planning)");
   cmd->add_option("--max-size", flags.options.max_size_bytes,
                   "largest collective size in bytes (default 268435456 = 256 MiB)");

@@ -49,9 +49,6 @@ struct CollectiveSweepOptions {
   int min_calls = 3;    // timed calls per size for the largest sizes
   int max_calls = 20;   // ... and for the small ones
   std::int64_t bytes_per_size = std::int64_t{64} << 20;  // timed calls: about this much data per size
-  // A size's time from its timed calls: their median, or their fastest
-  // (calibrate --statistic min).
-  Statistic statistic = Statistic::median;
 };
 
 // Every collective of kSweptCollectives at every size, on `group` (every

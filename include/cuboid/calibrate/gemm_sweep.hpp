@@ -5,8 +5,7 @@
 // The GEMM microbenchmark of `cuboid calibrate`: each shape timed per call in
 // the backend's precision (Backend::gemm), after warm-up, on operands taken
 // from a rotating pool larger than the last-level cache (so no call finds its
-// operands cached by the previous one), median (or, with --statistic min,
-// fastest) of several calls. Every rank runs the same shapes at the same time
+// operands cached by the previous one), median of several calls. Every rank runs the same shapes at the same time
 // (a barrier per shape), so on a shared machine the rates include the
 // sharing, as in a real step.
 #include <cstddef>
@@ -42,19 +41,19 @@ struct GemmSweepOptions {
   // fires at once and the sample includes cuBLAS's host-side cost and the
   // launch (on an H200: 46 us for a 2048^3 GEMM that a step runs in 27 us).
   bool lead_call = false;
-  // A sample from its timed calls: their median, or (calibrate --statistic
-  // min) the fastest, the call least disturbed by the rest of the machine.
-  Statistic statistic = Statistic::median;
 };
 
-// This rank's median (or fastest) per-call time of every shape (in `shapes` order).
+// This rank's median per-call time of every shape (in `shapes` order). A
+// sample is always its calls' median: a step is a sum of calls, whose time is
+// that of typical calls, while the fastest of a sample's calls is an extreme
+// value that falls with the number of calls timed (on the development VM,
+// every plan of tools/calibrate-local then predicted 2-18 % fast).
+// `calibrate --statistic` chooses between repeats only (results.hpp).
 std::vector<GemmSample> run_gemm_sweep(exec::Backend& backend, exec::Communicator& world,
                                        const std::vector<GemmProblem>& shapes, const GemmSweepOptions& options,
                                        exec::Watchdog* watchdog);
 
-// The median of `v` (0 for an empty vector); the calibration's statistic.
+// The median of `v` (0 for an empty vector): a sample from its timed calls.
 double median_of(std::vector<double> v);
-// The median or the minimum of `v` (0 for an empty vector).
-double summarize(std::vector<double> v, Statistic statistic);
 
 }  // namespace cuboid::calibrate

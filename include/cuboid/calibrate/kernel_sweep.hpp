@@ -42,9 +42,6 @@ struct KernelSweepOptions {
   // a core take turns already (the executor's waits yield the core).
   int turns = 1;
   int turn = 0;
-  // A size's per-call time from its measured steps (or optimizer calls):
-  // their median, or their fastest (calibrate --statistic min).
-  Statistic statistic = Statistic::median;
 };
 
 // `tp` is the rank's TP group (null or size 1 for TP 1); every member of the
