@@ -40,22 +40,16 @@ namespace {
 const std::string kCl = "command line";
 constexpr std::int64_t kMinCollectiveBytes = 1024;  // nccl-tests' usual -b 1K
 
-struct Job {
-  ModelSpec model;
-  ParallelPlan plan;
-  std::string source;
-};
-
-std::vector<Job> load_jobs(const CalibrateOptions& o, const Cluster& cluster, int world_size) {
-  std::vector<Job> jobs;
+std::vector<CalibrationJob> load_jobs(const CalibrateOptions& o, const Cluster& cluster, int world_size) {
+  std::vector<CalibrationJob> jobs;
   for (const std::string& path : o.plan_paths) {
     const PlanFile pf = read_plan_file(path);
     check_plan_matches_cluster(pf, cluster);
     exec::check_world_size(world_size, pf.plan, pf.source);
-    jobs.push_back(Job{pf.model, pf.plan, pf.source});
+    jobs.push_back(CalibrationJob{pf.model, pf.plan, pf.source});
   }
   if (!o.model_path.empty()) {
-    Job j{load_model(o.model_path), ParallelPlan{}, o.model_path};
+    CalibrationJob j{load_model(o.model_path), ParallelPlan{}, o.model_path};
     j.plan.dp = world_size;
     j.plan.global_batch = world_size;
     j.plan.seq_length = j.model.seq_length;
@@ -201,39 +195,24 @@ void print_fits(const Calibration& cal, const std::vector<std::string>& rejected
   for (const std::string& r : rejected) std::cout << "not calibrated (fit rejected, the datasheet model stays): " << r << "\n";
 }
 
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The collective sweep's sizes: 1 KiB to --max-size by x2 (--quick: to 1 MiB by x16).
+std::vector<std::int64_t> collective_sizes(const CalibrateOptions& o) {
+  return size_ladder(kMinCollectiveBytes, o.quick ? std::min<std::int64_t>(o.max_size_bytes, 1 << 20) : o.max_size_bytes,
+                     o.quick ? 16 : 2, "--max-size");
+}
+
 }  // namespace
 
-int run_calibrate(const CalibrateOptions& o) {
-  if (o.repeat < 1 || o.repeat > 100)
-    throw InputError(kCl, "--repeat", "is " + std::to_string(o.repeat), "give 1 to 100 (3 on a noisy machine)");
-  if (o.timeout_s <= 0) throw InputError(kCl, "--timeout-s", "must be positive", "give a timeout in seconds, e.g. 300");
-  if (o.out_path.empty()) throw InputError(kCl, "--out", "is required", "give --out calibrated.json");
-  exec::check_mpi_wait_word(o.mpi_wait);
+std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_ptr<exec::Communicator> comm,
+                                            exec::HostExchange& exchange, const std::vector<CalibrationJob>& jobs,
+                                            int gpus_per_node, const CalibrateOptions& o, const CoreShare& share,
+                                            exec::Watchdog* watchdog, SweepSeconds& seconds) {
   const Statistic stat = parse_statistic(o.statistic, "--statistic");
-  const std::vector<std::int64_t> sizes =
-      size_ladder(kMinCollectiveBytes, o.quick ? std::min<std::int64_t>(o.max_size_bytes, 1 << 20) : o.max_size_bytes,
-                  o.quick ? 16 : 2, "--max-size");
-  const Cluster cluster = load_cluster(o.cluster_path);
-  const exec::LaunchInfo launch = exec::detect_launch(exec::process_environment());
-  const std::vector<Job> jobs = load_jobs(o, cluster, launch.world_size);
-  exec::World world = exec::start_world(launch, o.backend, o.timeout_s);
-  const std::string mpi_wait = exec::apply_mpi_wait(world, o.mpi_wait);
-  // As cuboid run holds it (cuboid/exec/host_memory.hpp): a sweep's buffers
-  // and MPI's temporaries reuse touched pages instead of faulting afresh.
-  exec::hold_freed_host_memory();
-  const CoreShare share =
-      core_share(world.exchange->all_gather(cpu_place(world.hostname)), world.exchange->rank(),
-                 world.mpi ? exec::mpi_ranks_on_node() : 1, exec::cpus_online(), o.backend == "cpu");
-  for (const Job& j : jobs) exec::check_world_size(world.exchange->size(), j.plan, j.source);
-
-  std::unique_ptr<exec::Backend> backend = exec::make_backend(o.backend, exec::backend_options(launch, o.backend));
-  // The device world, as cuboid run makes it: NCCL for cuda (GPU buffers
-  // cannot go to MPI), MPI's world for cpu.
-  exec::Watchdog watchdog(launch.rank, o.timeout_s);  // also over ncclCommInitRank, which waits for every peer
-  watchdog.enter("creating the communicators (ncclCommInitRank / MPI_Comm_dup)");
-  exec::attach_device_world(world, *backend);
-  watchdog.leave();
-  std::unique_ptr<exec::Communicator> comm = std::move(world.comm);
+  const std::vector<std::int64_t> sizes = collective_sizes(o);
   const int rank = comm->rank();
   const auto t0 = std::chrono::steady_clock::now();
 
@@ -241,7 +220,7 @@ int run_calibrate(const CalibrateOptions& o) {
   mine.rank = rank;
   // GEMMs: every shape of every plan, and the grid around them.
   std::set<GemmProblem> base;
-  for (const Job& j : jobs)
+  for (const CalibrationJob& j : jobs)
     for (const GemmProblem& p : plan_gemm_problems(j.model, j.plan)) base.insert(p);
   GemmSweepOptions go;
   if (o.quick) go = GemmSweepOptions{std::size_t{64} << 20, 1, 3, 5, 2};
@@ -250,13 +229,9 @@ int run_calibrate(const CalibrateOptions& o) {
   go.turn = share.turn;
   const std::vector<GemmProblem> grid = gemm_grid({base.begin(), base.end()}, o.quick);
   std::vector<std::vector<GemmSample>> gemm_repeats;
-  for (int r = 0; r < o.repeat; ++r) gemm_repeats.push_back(run_gemm_sweep(*backend, *comm, grid, go, &watchdog));
+  for (int r = 0; r < o.repeat; ++r) gemm_repeats.push_back(run_gemm_sweep(backend, *comm, grid, go, watchdog));
   mine.gemms = combine_repeats(gemm_repeats, stat);
-  auto since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  };
-  const double gemm_s = since(t0);
-  double kernel_s = 0, collective_s = 0;
+  seconds.gemm = since(t0);
 
   // Kernels and collectives, on each plan's own process groups.
   std::set<std::pair<int, std::string>> swept;  // (group size, tier) already measured
@@ -267,36 +242,74 @@ int run_calibrate(const CalibrateOptions& o) {
   ko.turn = share.turn;
   CollectiveSweepOptions co;
   if (o.quick) co = CollectiveSweepOptions{2, 5, 9, std::int64_t{1} << 20};
-  for (const Job& j : jobs) {
-    exec::ProcessGroups groups = exec::make_process_groups(std::move(comm), RankMapping(j.plan, cluster.gpus_per_node));
+  for (const CalibrationJob& j : jobs) {
+    exec::ProcessGroups groups = exec::make_process_groups(std::move(comm), RankMapping(j.plan, gpus_per_node));
     const auto tk = std::chrono::steady_clock::now();
     std::vector<std::vector<KernelMeasurement>> kernel_repeats;
     for (int r = 0; r < o.repeat; ++r) {
       std::vector<KernelMeasurement> k =
-          run_kernel_sweep(*backend, groups.tp.get(), *groups.world, j.model, j.plan, ko, &watchdog);
+          run_kernel_sweep(backend, groups.tp.get(), *groups.world, j.model, j.plan, ko, watchdog);
       const std::vector<KernelMeasurement> a =
-          run_optimizer_sweep(*backend, *groups.world, j.model, j.plan, ko, &watchdog);
+          run_optimizer_sweep(backend, *groups.world, j.model, j.plan, ko, watchdog);
       k.insert(k.end(), a.begin(), a.end());
       kernel_repeats.push_back(std::move(k));
     }
     const std::vector<KernelMeasurement> k = combine_repeats(kernel_repeats, stat);
     mine.kernels.insert(mine.kernels.end(), k.begin(), k.end());
-    kernel_s += since(tk);
+    seconds.kernel += since(tk);
     const auto tc = std::chrono::steady_clock::now();
-    for (const GroupShape& shape : plan_group_shapes(j.plan, cluster.gpus_per_node)) {
+    for (const GroupShape& shape : plan_group_shapes(j.plan, gpus_per_node)) {
       if (!swept.insert({shape.size, shape.tier}).second) continue;
       groups.world->barrier();
       for (const CollectiveMeasurement& m :
-           run_collective_sweep(*backend, *group_comm(groups, shape.group), sizes, co, &watchdog))
+           run_collective_sweep(backend, *group_comm(groups, shape.group), sizes, co, watchdog))
         mine.collectives.push_back(
             CollectiveRecord{CollectiveKey{m.collective, shape.tier, shape.size}, std::string(to_string(shape.group)), m});
     }
-    collective_s += since(tc);
+    seconds.collective += since(tc);
     comm = std::move(groups.world);
   }
 
   // Over the host exchange (MPI or the TCP store): the device world may be NCCL's.
-  const std::vector<std::string> all = world.exchange->gather(to_json(mine).dump(), 0);
+  return exchange.gather(to_json(mine).dump(), 0);
+}
+
+int run_calibrate(const CalibrateOptions& o) {
+  if (o.repeat < 1 || o.repeat > 100)
+    throw InputError(kCl, "--repeat", "is " + std::to_string(o.repeat), "give 1 to 100 (3 on a noisy machine)");
+  if (o.timeout_s <= 0) throw InputError(kCl, "--timeout-s", "must be positive", "give a timeout in seconds, e.g. 300");
+  if (o.out_path.empty()) throw InputError(kCl, "--out", "is required", "give --out calibrated.json");
+  exec::check_mpi_wait_word(o.mpi_wait);
+  // Bad flags are refused before the launch (measure_and_gather reads them again).
+  (void)parse_statistic(o.statistic, "--statistic");
+  (void)collective_sizes(o);
+  const Cluster cluster = load_cluster(o.cluster_path);
+  const exec::LaunchInfo launch = exec::detect_launch(exec::process_environment());
+  const std::vector<CalibrationJob> jobs = load_jobs(o, cluster, launch.world_size);
+  exec::World world = exec::start_world(launch, o.backend, o.timeout_s);
+  const std::string mpi_wait = exec::apply_mpi_wait(world, o.mpi_wait);
+  // As cuboid run holds it (cuboid/exec/host_memory.hpp): a sweep's buffers
+  // and MPI's temporaries reuse touched pages instead of faulting afresh.
+  exec::hold_freed_host_memory();
+  const CoreShare share =
+      core_share(world.exchange->all_gather(cpu_place(world.hostname)), world.exchange->rank(),
+                 world.mpi ? exec::mpi_ranks_on_node() : 1, exec::cpus_online(), o.backend == "cpu");
+  for (const CalibrationJob& j : jobs) exec::check_world_size(world.exchange->size(), j.plan, j.source);
+
+  std::unique_ptr<exec::Backend> backend = exec::make_backend(o.backend, exec::backend_options(launch, o.backend));
+  // The device world, as cuboid run makes it: NCCL for cuda (GPU buffers
+  // cannot go to MPI), MPI's world for cpu.
+  exec::Watchdog watchdog(launch.rank, o.timeout_s);  // also over ncclCommInitRank, which waits for every peer
+  watchdog.enter("creating the communicators (ncclCommInitRank / MPI_Comm_dup)");
+  exec::attach_device_world(world, *backend);
+  watchdog.leave();
+  const int rank = world.exchange->rank();
+  const auto t0 = std::chrono::steady_clock::now();
+  SweepSeconds seconds;
+  const std::vector<std::string> all =
+      measure_and_gather(*backend, std::move(world.comm), *world.exchange, jobs, cluster.gpus_per_node, o, share,
+                         &watchdog, seconds);
+  const double gemm_s = seconds.gemm, kernel_s = seconds.kernel, collective_s = seconds.collective;
   if (rank != 0) return 0;
   std::vector<RankResults> ranks;
   nlohmann::json raw = nlohmann::json::array();
@@ -312,7 +325,7 @@ int run_calibrate(const CalibrateOptions& o) {
                              share.ranks_per_core, mpi_wait, share.turns, share.ranks_per_core);
   std::cout << fmt::format("cuboid calibrate: {} ranks, backend {}, {} plan(s); {} GEMM shapes, {} kernels, {} "
                            "collective tables in {:.1f} s (GEMMs {:.1f} s, kernels {:.1f} s, collectives {:.1f} s)\n",
-                           comm->size(), backend->name(), jobs.size(), combined.gemms.size(), combined.kernels.size(),
+                           world.exchange->size(), backend->name(), jobs.size(), combined.gemms.size(), combined.kernels.size(),
                            combined.collectives.size(), since(t0), gemm_s, kernel_s, collective_s);
   const std::string type = backend->compute_dtype() == exec::DType::bf16 ? "bfloat16" : "float";
   print_collective_tables(combined, type);
@@ -322,7 +335,7 @@ int run_calibrate(const CalibrateOptions& o) {
   cal.device = device_name(*backend);
   cal.created_by = (o.command_line.empty() ? std::string("cuboid ") + CUBOID_VERSION : o.command_line) +
                    " (MPI waits: " + mpi_wait + ")";
-  cal.ranks = comm->size();
+  cal.ranks = world.exchange->size();
   cal.activation_bytes_per_element = static_cast<int>(exec::dtype_bytes(backend->compute_dtype()));
   cal.ranks_per_core = share.ranks_per_core;
   std::vector<std::string> rejected, adjusted;

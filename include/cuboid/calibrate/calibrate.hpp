@@ -9,8 +9,20 @@
 // (calibration.hpp), prints nccl-tests tables and the fits, and writes the
 // input cluster card plus a "calibration" section (atomically).
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "cuboid/calibrate/core_share.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
+
+namespace cuboid::exec {
+class Backend;
+class Communicator;
+class HostExchange;
+class Watchdog;
+}  // namespace cuboid::exec
 
 namespace cuboid::calibrate {
 
@@ -39,5 +51,29 @@ struct CalibrateOptions {
 // Returns the exit code (0; 1 when a collective returned wrong results).
 // Throws InputError for bad flags, files or launches.
 int run_calibrate(const CalibrateOptions& options);
+
+// A plan (or a model as TP 1 x PP 1 x DP world) whose shapes and groups are calibrated.
+struct CalibrationJob {
+  ModelSpec model;
+  ParallelPlan plan;
+  std::string source;
+};
+
+struct SweepSeconds {
+  double gemm = 0, kernel = 0, collective = 0;
+};
+
+// What every rank of run_calibrate measures once its world is up: the GEMM,
+// kernel and optimizer sweeps and each group shape's collectives, on the
+// device world `comm` (NCCL's for the cuda backend, MPI's for cpu; each
+// job's TP / PP / DP groups split from it as cuboid run splits them); then
+// every rank's results gathered over `exchange`, never over the device world
+// (NCCL moves GPU memory only). Collective: every rank calls it, with the
+// same jobs and options. Returns on rank 0 each rank's results as JSON, in
+// rank order (results.hpp rank_results_from_json); on the others nothing.
+std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_ptr<exec::Communicator> comm,
+                                            exec::HostExchange& exchange, const std::vector<CalibrationJob>& jobs,
+                                            int gpus_per_node, const CalibrateOptions& options, const CoreShare& share,
+                                            exec::Watchdog* watchdog, SweepSeconds& seconds);
 
 }  // namespace cuboid::calibrate

@@ -30,7 +30,7 @@ struct CollectiveMeasurement {
   Collective collective = Collective::all_reduce;
   std::int64_t size_bytes = 0;  // nccl-tests size, after rounding the count to the group
   std::int64_t count = 0;       // elements of the nccl-tests "count" column
-  double time_ns = 0;           // this rank's median (or fastest) per call
+  double time_ns = 0;           // this rank's median per call
   std::int64_t wrong = 0;       // this rank's wrong elements in the check call
 };
 
