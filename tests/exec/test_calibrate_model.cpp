@@ -28,6 +28,7 @@
 #include "cuboid/exec/host_exchange.hpp"
 #include "cuboid/exec/registry.hpp"
 #include "nccl_model.hpp"
+#include "small_gpt.hpp"
 
 using namespace cuboid;
 using namespace cuboid::exec;
@@ -80,23 +81,6 @@ class ThreadExchange : public HostExchange {
   int rank_;
 };
 
-ModelSpec small_gpt() {
-  ModelSpec m;
-  m.name = "calibrate-model-test";
-  m.num_layers = 2;
-  m.hidden_size = 16;
-  m.num_attention_heads = 2;
-  m.num_kv_heads = 2;
-  m.head_dim = 8;
-  m.ffn_hidden_size = 32;
-  m.activation = Activation::gelu;
-  m.normalization = Normalization::layernorm;
-  m.vocab_size = 32;
-  m.seq_length = 8;
-  m.max_position_embeddings = 8;
-  return m;
-}
-
 }  // namespace
 
 TEST_CASE("calibrate's multi-rank sweeps follow NCCL's rules and rank 0 gathers every rank over the host exchange") {
@@ -114,7 +98,7 @@ TEST_CASE("calibrate's multi-rank sweeps follow NCCL's rules and rank 0 gathers 
   plan.recompute = Recompute::none;
   const int world = plan.world_size();
   const int gpus_per_node = 4;
-  const std::vector<CalibrationJob> jobs = {CalibrationJob{small_gpt(), plan, "tp2pp2dp2"}};
+  const std::vector<CalibrationJob> jobs = {CalibrationJob{model::small_gpt(2), plan, "tp2pp2dp2"}};
   CalibrateOptions options;
   options.quick = true;
   options.max_size_bytes = 64 << 10;

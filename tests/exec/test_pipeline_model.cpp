@@ -20,29 +20,14 @@
 #include "cuboid/exec/registry.hpp"
 #include "cuboid/exec/step.hpp"
 #include "nccl_model.hpp"
+#include "small_gpt.hpp"
 
 using namespace cuboid;
 using namespace cuboid::exec;
 
 namespace {
 
-// A GPT small enough that a step of 32 ranks takes milliseconds.
-ModelSpec small_gpt(std::int64_t layers) {
-  ModelSpec m;
-  m.name = "model-test";
-  m.num_layers = layers;
-  m.hidden_size = 16;
-  m.num_attention_heads = 2;
-  m.num_kv_heads = 2;
-  m.head_dim = 8;
-  m.ffn_hidden_size = 32;
-  m.activation = Activation::gelu;
-  m.normalization = Normalization::layernorm;
-  m.vocab_size = 32;
-  m.seq_length = 8;
-  m.max_position_embeddings = 8;
-  return m;
-}
+using model::small_gpt;
 
 ParallelPlan plan_of(Schedule schedule, int pp, int v, int micro_batches, int dp, int tp) {
   ParallelPlan p;
