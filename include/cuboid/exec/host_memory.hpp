@@ -22,7 +22,8 @@ namespace cuboid::exec {
 // Keeps freed host memory in the process from now on (glibc: M_MMAP_MAX 0,
 // every block from the heap; M_TRIM_THRESHOLD at its maximum, the heap never
 // shrunk). Returns what was done, for the measurements' environment; on
-// another C library, that its allocator is left as it is.
+// another C library, or under AddressSanitizer (whose allocator replaces
+// glibc's), that the allocator is left as it is.
 std::string hold_freed_host_memory();
 
 // Minor page faults of this process so far (getrusage), for the faults per
