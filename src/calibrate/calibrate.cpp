@@ -201,8 +201,8 @@ double since(std::chrono::steady_clock::time_point t) {
 
 // The collective sweep's sizes: 1 KiB to --max-size by x2 (--quick: to 1 MiB by x16).
 std::vector<std::int64_t> collective_sizes(const CalibrateOptions& o) {
-  return size_ladder(kMinCollectiveBytes, o.quick ? std::min<std::int64_t>(o.max_size_bytes, 1 << 20) : o.max_size_bytes,
-                     o.quick ? 16 : 2, "--max-size");
+  const std::int64_t largest = o.quick ? std::min<std::int64_t>(o.max_size_bytes, 1 << 20) : o.max_size_bytes;
+  return size_ladder(kMinCollectiveBytes, largest, o.quick ? 16 : 2, "--max-size");
 }
 
 }  // namespace
@@ -309,7 +309,6 @@ int run_calibrate(const CalibrateOptions& o) {
   const std::vector<std::string> all =
       measure_and_gather(*backend, std::move(world.comm), *world.exchange, jobs, cluster.gpus_per_node, o, share,
                          &watchdog, seconds);
-  const double gemm_s = seconds.gemm, kernel_s = seconds.kernel, collective_s = seconds.collective;
   if (rank != 0) return 0;
   std::vector<RankResults> ranks;
   nlohmann::json raw = nlohmann::json::array();
@@ -325,8 +324,9 @@ int run_calibrate(const CalibrateOptions& o) {
                              share.ranks_per_core, mpi_wait, share.turns, share.ranks_per_core);
   std::cout << fmt::format("cuboid calibrate: {} ranks, backend {}, {} plan(s); {} GEMM shapes, {} kernels, {} "
                            "collective tables in {:.1f} s (GEMMs {:.1f} s, kernels {:.1f} s, collectives {:.1f} s)\n",
-                           world.exchange->size(), backend->name(), jobs.size(), combined.gemms.size(), combined.kernels.size(),
-                           combined.collectives.size(), since(t0), gemm_s, kernel_s, collective_s);
+                           world.exchange->size(), backend->name(), jobs.size(), combined.gemms.size(),
+                           combined.kernels.size(), combined.collectives.size(), since(t0), seconds.gemm,
+                           seconds.kernel, seconds.collective);
   const std::string type = backend->compute_dtype() == exec::DType::bf16 ? "bfloat16" : "float";
   print_collective_tables(combined, type);
 

@@ -14,7 +14,6 @@
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/communicator.hpp"
 #include "cuboid/core/workload.hpp"
-#include "cuboid/io/measurements.hpp"
 
 namespace cuboid::exec {
 class Watchdog;

@@ -5,9 +5,9 @@
 // The GEMM microbenchmark of `cuboid calibrate`: each shape timed per call in
 // the backend's precision (Backend::gemm), after warm-up, on operands taken
 // from a rotating pool larger than the last-level cache (so no call finds its
-// operands cached by the previous one), median of several calls. Every rank runs the same shapes at the same time
-// (a barrier per shape), so on a shared machine the rates include the
-// sharing, as in a real step.
+// operands cached by the previous one), median of several calls. Every rank
+// runs the same shapes at the same time (a barrier per shape), so on a shared
+// machine the rates include the sharing, as in a real step.
 #include <cstddef>
 #include <vector>
 
@@ -15,7 +15,6 @@
 #include "cuboid/core/calibration.hpp"
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/communicator.hpp"
-#include "cuboid/io/measurements.hpp"
 
 namespace cuboid::exec {
 class Watchdog;

@@ -19,7 +19,6 @@
 #include "cuboid/core/model.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
 #include "cuboid/core/plan.hpp"
-#include "cuboid/io/measurements.hpp"
 
 namespace cuboid::exec {
 class Watchdog;
