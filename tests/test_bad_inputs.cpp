@@ -171,8 +171,10 @@ std::vector<Case> catalogue() {
       {"vocab_size missing", [](const TempDir& d) { return model_case(d, "/vocab_size", nullptr, {"vocab_size", "missing required field"}); }},
       {"name empty", [](const TempDir& d) { return model_case(d, "/name", "", {"name", "is empty"}); }},
       {"HF mixture-of-experts config", [](const TempDir&) {
-         return Spec{"plan --model tests/data/hf/moe-config.json --cluster " + kClusterCard,
-                     {"tests/data/hf/moe-config.json", "num_local_experts", "not supported"}, {}};
+         return Spec{"plan --model tests/data/hf/mixtral-8x7b-config.json --cluster " + kClusterCard,
+                     {"tests/data/hf/mixtral-8x7b-config.json", "moe", "46.7 B parameters, 12.9 B active",
+                      "cannot yet plan"},
+                     {}};
        }},
 
       // --- cluster cards

@@ -191,3 +191,91 @@ TEST_CASE("Korthikanti et al. 2022 Table 5 MFU reproduced with the paper's conve
     CHECK(paper_mfu - ours_mfu < 1.1);
   }
 }
+
+// Mixture-of-experts, latent attention and multi-token prediction: the general
+// branch of Megatron-LM's num_floating_point_operations (training.py at
+// d98e8a64). Small configs, by hand; b 2, s 32 (64 tokens), V 1000 -> 1024.
+TEST_CASE("MoE model FLOPs by hand: routed top-k, shared experts, a dense first layer") {
+  ModelSpec m;
+  m.name = "small";
+  m.num_layers = 4;
+  m.hidden_size = 64;
+  m.num_attention_heads = 4;
+  m.num_kv_heads = 2;
+  m.head_dim = 16;
+  m.ffn_hidden_size = 128;
+  m.activation = Activation::swiglu;
+  m.vocab_size = 1000;
+  m.moe.num_experts = 8;
+  m.moe.experts_per_token = 2;
+  m.moe.expert_ffn_hidden_size = 32;
+  m.moe.shared_expert_ffn_hidden_size = 48;
+  m.moe.moe_layers = {false, true, true, true};
+  // Per token, forward: projections 2 (64 (64 + 2 * 32) + 64 * 64) = 24,576;
+  // core 2 * 64 * 32 = 4,096; dense MLP 2 * 64 * 128 * 3 = 49,152; MoE MLP
+  // 2 * 64 * (2 * 32 + 48) * 3 = 43,008; logits 2 * 64 * 1024 = 131,072.
+  // (24,576 + 4,096 + 49,152) + 3 (24,576 + 4,096 + 43,008) + 131,072 = 423,936.
+  const double expected = 3.0 * 423'936 * 64;
+  CHECK(model_flops_per_iteration(m, 2, 32, 1024) == doctest::Approx(expected).epsilon(tight));
+  CHECK(expected == 81'395'712.0);  // Megatron's expression, evaluated term by term outside cuboid
+  // Full recomputation repeats every layer's forward (not the logits).
+  ParallelPlan p = plan_for(1, 2, 32, Recompute::full);
+  CHECK(hardware_flops_per_iteration(m, p) ==
+        doctest::Approx(expected + (423'936.0 - 131'072) * 64).epsilon(tight));
+  p.recompute = Recompute::selective;
+  CHECK(hardware_flops_per_iteration(m, p) == doctest::Approx(expected + 4 * 4'096.0 * 64).epsilon(tight));
+  // A top-1 model with no shared experts and every layer MoE is the dense model
+  // with the expert's width.
+  ModelSpec one = m;
+  one.moe.experts_per_token = 1;
+  one.moe.expert_ffn_hidden_size = 128;
+  one.moe.shared_expert_ffn_hidden_size = 0;
+  one.moe.moe_layers = {true, true, true, true};
+  ModelSpec dense = m;
+  dense.moe = MoeSpec{};
+  CHECK(model_flops_per_iteration(one, 2, 32, 1024) ==
+        doctest::Approx(model_flops_per_iteration(dense, 2, 32, 1024)).epsilon(tight));
+}
+
+TEST_CASE("MLA and MTP model FLOPs by hand") {
+  ModelSpec m;
+  m.name = "small";
+  m.num_layers = 4;
+  m.hidden_size = 64;
+  m.num_attention_heads = 4;
+  m.num_kv_heads = 4;
+  m.head_dim = 12;
+  m.ffn_hidden_size = 128;
+  m.activation = Activation::swiglu;
+  m.vocab_size = 1000;
+  m.moe.num_experts = 8;
+  m.moe.experts_per_token = 2;
+  m.moe.expert_ffn_hidden_size = 32;
+  m.moe.moe_layers = {false, false, true, true};
+  m.mla = MlaSpec{24, 16, 8, 4, 8};
+  m.mtp_layers = 1;
+  // Per token, forward: MLA projections 2 [24 (64 + 4 * 12 + 1) + 16 (64 + 4 * 16 + 1)
+  // + 64 * 4 + 4 * 8 * 64] = 2 (2,712 + 2,064 + 256 + 2,048) = 14,160; core
+  // 4 (8 + 4 + 8) 32 = 2,560; dense MLP 49,152; MoE MLP 2 * 64 * 64 * 3 = 24,576.
+  // Layers: 2 dense + 2 MoE + the MTP module's MoE layer (the last layer is MoE):
+  // 2 (14,160 + 2,560 + 49,152) + 3 (14,160 + 2,560 + 24,576) = 255,632;
+  // the MTP module's 2 (3 * 64 + 2 * 64^2) = 16,768; two logit GEMMs 262,144.
+  const double expected = 3.0 * (255'632 + 16'768 + 262'144) * 64;
+  CHECK(model_flops_per_iteration(m, 2, 32, 1024) == doctest::Approx(expected).epsilon(tight));
+  CHECK(expected == 102'632'448.0);  // Megatron's expression, evaluated term by term outside cuboid
+  // Without the query's low rank: q_term = h n (qk + r) = 64 * 4 * 12 = 3,072 instead of 2,712.
+  m.mla.q_lora_rank = 0;
+  CHECK(model_flops_per_iteration(m, 2, 32, 1024) ==
+        doctest::Approx(expected + 3.0 * 5 * 2 * (3'072 - 2'712) * 64).epsilon(tight));
+  CHECK(expected + 3.0 * 5 * 2 * (3'072 - 2'712) * 64 == 103'323'648.0);
+}
+
+TEST_CASE("DeepSeek-V3's model FLOPs per token against its 37B activated parameters") {
+  // Megatron counts 6 FLOPs per active GEMM parameter per token plus the
+  // attention core; at s = 4096 DeepSeek-V3 lands near 6 x 37.6B x (1 + a few %).
+  const ModelSpec m = load_model(std::string(CUBOID_SOURCE_ROOT_DIR) + "/models/deepseek-v3.json");
+  const double per_token = model_flops_per_iteration(m, 1, 4096, padded_vocab_size(m.vocab_size, 1)) / 4096;
+  const double six_n = 6.0 * static_cast<double>(m.active_parameter_count());
+  CHECK(per_token > six_n);
+  CHECK(per_token < 1.4 * six_n);
+}

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/model.hpp"
@@ -288,7 +289,8 @@ TEST_CASE("every shipped card loads, validates, documents its source and round-t
   }
   for (const char* expected : {"gpt3-175b.json", "llama3-8b.json", "llama3-70b.json", "llama3.1-405b.json",
                                "gpt-512b.json", "gpt-small.json", "tiny.json", "gpt-22b.json",
-                               "mt-nlg-530b.json", "gpt-1t.json"}) {
+                               "mt-nlg-530b.json", "gpt-1t.json", "mixtral-8x7b.json", "mixtral-8x22b.json",
+                               "qwen3-30b-a3b.json", "deepseek-v3.json"}) {
     CHECK(seen.count(expected) == 1);
   }
 }
@@ -453,23 +455,204 @@ TEST_CASE("HuggingFace errors name the HF key") {
   }
 }
 
-TEST_CASE("mixture-of-experts configs are rejected") {
-  const std::string path = hf_path("moe-config.json");
-  const InputError e = load_error(path);
-  CHECK(e.source() == path);
+TEST_CASE("Mixtral 8x7B parameters by hand, against Mistral's 46.7B total and 12.9B per token") {
+  const ModelSpec m = cuboid::load_model(hf_path("mixtral-8x7b-config.json"));
+  CHECK(m.moe.num_experts == 8);
+  CHECK(m.moe.experts_per_token == 2);
+  CHECK(m.moe.expert_ffn_hidden_size == 14336);
+  CHECK(m.moe.shared_expert_ffn_hidden_size == 0);
+  CHECK(m.moe.moe_layer_count() == 32);
+  CHECK_FALSE(m.dense());
+  // h 4096, q 4096, kv 1024: attention 4096 * 6144 + 4096 * 4096 = 41,943,040;
+  // two RMSNorms 8,192; an expert 3 * 4096 * 14336 = 176,160,768; router 8 * 4096.
+  CHECK(m.attention_parameters() == 41'943'040);
+  CHECK(m.expert_parameters() == 176'160'768);
+  CHECK(m.moe_mlp_parameters() == 8 * 176'160'768 + 32'768);
+  // 32 * (41,943,040 + 8,192 + 1,409,318,912) + 2 * 32000 * 4096 + 4096
+  CHECK(m.parameter_count() == 46'702'792'704);
+  // 32 * (41,943,040 + 8,192 + 2 * 176,160,768 + 32,768) + 262,148,096
+  CHECK(m.active_parameter_count() == 12'879'925'248);
+}
+
+TEST_CASE("DeepSeek-V3: 671B without the MTP module, MLA's projections by hand") {
+  const ModelSpec m = cuboid::load_model(hf_path("deepseek-v3-config.json"));
+  CHECK(m.mla.q_lora_rank == 1536);
+  CHECK(m.mla.kv_lora_rank == 512);
+  CHECK(m.mla.qk_head_dim == 128);
+  CHECK(m.mla.qk_rope_head_dim == 64);
+  CHECK(m.mla.v_head_dim == 128);
+  CHECK(m.head_dim == 192);
+  CHECK(m.num_kv_heads == 128);
+  CHECK(m.moe.num_experts == 256);
+  CHECK(m.moe.shared_expert_ffn_hidden_size == 2048);
+  CHECK(m.moe.router_groups == 8);
+  CHECK(m.moe.router_group_topk == 4);
+  CHECK(m.moe.moe_layer_count() == 58);
+  CHECK_FALSE(m.moe.moe_layers[2]);
+  CHECK(m.moe.moe_layers[3]);
+  CHECK(m.mtp_layers == 1);
+  CHECK(m.rope_yarn);
+  CHECK(m.rope_scaling_factor == 40.0);
+  // q: 7168 * 1536 + 1536 + 1536 * 128 * 192 = 48,760,320
+  // kv: 7168 * (512 + 64) + 512 + 512 * 128 * 256 = 20,906,496
+  // out: 128 * 128 * 7168 = 117,440,512
+  CHECK(m.attention_parameters() == 48'760'320 + 20'906'496 + 117'440'512);
+  ModelSpec main = m;
+  main.mtp_layers = 0;
+  CHECK(main.parameter_count() == 671'026'404'352);
+  CHECK(m.parameter_count() - main.parameter_count() ==
+        m.attention_parameters() + m.moe_mlp_parameters() + 5 * 7168 + 2 * 7168 * 7168);
+  CHECK(m.active_parameter_count() == 37'552'282'624);  // DeepSeek: "37B activated"
+}
+
+TEST_CASE("Qwen MoE configs: experts, shared expert with its gate, the sparse-layer rule") {
+  const ModelSpec q3 = cuboid::load_model(hf_path("qwen3-30b-a3b-config.json"));
+  CHECK(q3.moe.num_experts == 128);
+  CHECK(q3.moe.experts_per_token == 8);
+  CHECK(q3.moe.expert_ffn_hidden_size == 768);
+  CHECK(q3.moe.shared_expert_ffn_hidden_size == 0);
+  CHECK(q3.head_dim == 128);
+  CHECK(q3.moe.moe_layer_count() == 48);
+  CHECK(q3.parameter_count() == 30'532'110'336);  // Qwen: 30.5B
+
+  const json q2raw = json::parse(std::ifstream(hf_path("qwen2-57b-a14b-config.json")));
+  const ModelSpec q2 = cuboid::model_from_json(q2raw, "q2.json");
+  CHECK(q2.moe.shared_expert_ffn_hidden_size == 20480);
+  CHECK(q2.moe.shared_expert_gate);
+  // Router 64 h, 64 experts, the shared expert of 20,480 and its h -> 1 gate.
+  CHECK(q2.moe_mlp_parameters() == 64 * 3584 + 64 * 3 * 3584 * 2560 + 3 * 3584 * 20480 + 3584);
+
+  // HF's Qwen2MoeDecoderLayer: sparse when (i + 1) % decoder_sparse_step == 0
+  // and i is not in mlp_only_layers.
+  json j = q2raw;
+  j["num_hidden_layers"] = 6;
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = {3};
+  const ModelSpec stepped = cuboid::model_from_json(j, "q.json");
+  CHECK(stepped.moe.moe_layers == std::vector<bool>{false, true, false, false, false, true});
+  // The card writes it back as a pattern (no first-dense/frequency form says it).
+  const json back = cuboid::model_to_json(stepped);
+  CHECK(back["moe"]["layer_pattern"] == json::array({0, 1, 0, 0, 0, 1}));
+  CHECK(cuboid::model_from_json(back, "b.json").moe == stepped.moe);
+}
+
+TEST_CASE("MoE and MLA cards: the short layer form, round trips, dense cards keep their bytes") {
+  json j = base_card();
+  j["num_layers"] = 6;
+  j["moe"] = {{"num_experts", 4}, {"experts_per_token", 2}, {"expert_ffn_hidden_size", 32},
+              {"first_dense_layers", 1}, {"layer_frequency", 2}};
+  const ModelSpec m = cuboid::model_from_json(j, "t.json");
+  // Megatron's integer --moe-layer-freq after the dense layers: i >= 1 and i % 2 == 0.
+  CHECK(m.moe.moe_layers == std::vector<bool>{false, false, true, false, true, false});
+  const json back = cuboid::model_to_json(m);
+  CHECK(back["moe"]["first_dense_layers"] == 2);  // the first MoE layer is 2: the same pattern
+  CHECK(back["moe"]["layer_frequency"] == 2);
+  CHECK(cuboid::model_from_json(back, "b.json").moe == m.moe);
+
+  j["mla"] = {{"kv_lora_rank", 16}, {"qk_head_dim", 8}, {"qk_rope_head_dim", 4}, {"v_head_dim", 8}};
+  j["mtp_layers"] = 1;
+  const ModelSpec a = cuboid::model_from_json(j, "t.json");
+  CHECK(a.mla.q_lora_rank == 0);
+  CHECK(a.head_dim == 12);
+  // q: 64 * 4 * 12; kv: 64 * (16 + 4) + 16 + 16 * 4 * 16; out: 4 * 8 * 64
+  CHECK(a.attention_parameters() == 3072 + (1280 + 16 + 1024) + 2048);
+  const ModelSpec a2 = cuboid::model_from_json(cuboid::model_to_json(a), "b.json");
+  CHECK(a2.mla == a.mla);
+  CHECK(a2.mtp_layers == 1);
+
+  // A dense card writes none of the new keys.
+  const json dense = cuboid::model_to_json(cuboid::model_from_json(base_card(), "d.json"));
+  for (const char* key : {"moe", "mla", "mtp_layers", "rope_scaling_type"}) CHECK_FALSE(dense.contains(key));
+}
+
+TEST_CASE("MoE and MLA card errors name the field") {
+  const auto moe_card = [] {
+    json j = base_card();
+    j["moe"] = {{"num_experts", 4}, {"experts_per_token", 2}, {"expert_ffn_hidden_size", 32}};
+    return j;
+  };
+  json j = moe_card();
+  j["moe"]["experts_per_token"] = 5;
+  CHECK(error_of(j).field() == "moe.experts_per_token");
+  j = moe_card();
+  j["moe"]["layer_pattern"] = {1, 0, 1};
+  CHECK(error_of(j).field() == "moe.layer_pattern");
+  j = moe_card();
+  j["moe"]["layer_pattern"] = {0, 0};
+  CHECK(error_of(j).problem() == "no layer is an MoE layer");
+  j = moe_card();
+  j["moe"]["layer_pattern"] = {1, 2};
+  CHECK(error_of(j).problem() == "has an entry that is not 0 or 1: 2");
+  j = moe_card();
+  j["moe"]["shared_expert_gate"] = true;
+  CHECK(error_of(j).field() == "moe.shared_expert_gate");
+  j = moe_card();
+  j["moe"]["router_groups"] = 3;
+  j["moe"]["router_group_topk"] = 1;
+  CHECK(error_of(j).field() == "moe.router_groups");
+  j = moe_card();
+  j["moe"]["num_expert"] = 4;  // misspelt
+  CHECK(error_of(j).field() == "moe.num_expert");
+  j = base_card();
+  j["mla"] = {{"kv_lora_rank", 16}, {"qk_head_dim", 8}, {"v_head_dim", 8}};
+  j["num_kv_heads"] = 2;
+  CHECK(error_of(j).field() == "num_kv_heads");
+  j = base_card();
+  j["mtp_layers"] = -1;
+  CHECK(error_of(j).field() == "mtp_layers");
+}
+
+TEST_CASE("HF configs with experts or latent attention of other families are refused, naming the field") {
+  const json mixtral = json::parse(std::ifstream(hf_path("mixtral-8x7b-config.json")));
+  json j = mixtral;
+  j["model_type"] = "phimoe";
+  const InputError e = error_of(j, "m.json");
   CHECK(e.field() == "num_local_experts");
-  CHECK(std::string(e.what()) == path +
-                                     ": num_local_experts: mixture-of-experts is not supported yet (8 experts) "
-                                     "(fix: plan a dense model; cuboid does not model expert parallelism)");
-  const json moe = json::parse(std::ifstream(path));
-  for (const char* key : {"num_experts", "n_routed_experts"}) {
+  CHECK(e.problem() ==
+        "mixture-of-experts (8 experts) in model_type \"phimoe\", which cuboid does not read (it reads mixtral, "
+        "qwen2_moe, qwen3_moe and deepseek_v3)");
+  for (const char* key : {"num_experts", "n_routed_experts", "moe_num_experts"}) {
     CAPTURE(key);
-    json j = moe;
-    j.erase("num_local_experts");
-    j[key] = 64;
-    const InputError k = error_of(j, "m.json");
-    CHECK(k.field() == key);
-    CHECK(k.problem() == "mixture-of-experts is not supported yet (64 experts)");
+    json k = mixtral;
+    k.erase("num_local_experts");
+    k.erase("model_type");
+    k[key] = 64;
+    CHECK(error_of(k, "m.json").field() == key);
+  }
+  json v2 = json::parse(std::ifstream(hf_path("deepseek-v3-config.json")));
+  v2["model_type"] = "deepseek_v2";
+  CHECK(error_of(v2, "v2.json").field() == "n_routed_experts");
+  v2.erase("n_routed_experts");
+  CHECK(error_of(v2, "v2.json").field() == "kv_lora_rank");
+  // YaRN is read for DeepSeek-V3 only.
+  json llama = json::parse(std::ifstream(hf_path("llama3-70b-config.json")));
+  llama["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  CHECK(error_of(llama, "l.json").field() == "rope_scaling");
+}
+
+TEST_CASE("require_plannable refuses what cuboid cannot plan yet, with the model's counts") {
+  const std::string path = hf_path("mixtral-8x7b-config.json");
+  const ModelSpec m = cuboid::load_model(path);
+  try {
+    cuboid::require_plannable(m, path);
+    FAIL("expected an InputError");
+  } catch (const InputError& e) {
+    CHECK(e.field() == "moe");
+    CHECK(e.problem() ==
+          "mixtral is a mixture-of-experts model (8 experts, top-2; 46.7 B parameters, 12.9 B active per token); "
+          "cuboid cannot yet plan, simulate, export or run expert parallelism");
+  }
+  ModelSpec dense = card("llama3-70b.json");
+  CHECK_NOTHROW(cuboid::require_plannable(dense, "d"));
+  dense.mtp_layers = 1;
+  CHECK_THROWS_AS(cuboid::require_plannable(dense, "d"), InputError);
+  ModelSpec v3 = card("deepseek-v3.json");
+  v3.moe = cuboid::MoeSpec{};
+  try {
+    cuboid::require_plannable(v3, "v3");
+    FAIL("expected an InputError");
+  } catch (const InputError& e) {
+    CHECK(e.field() == "mla");
   }
 }
 

@@ -182,6 +182,14 @@ TEST_CASE("the plan is validated against its own inline model") {
   CHECK(e.find("(fix: regenerate it with this cuboid") != std::string::npos);
 }
 
+TEST_CASE("a plan file whose model has experts is refused: export, run and validate cannot price them") {
+  nlohmann::json j = seed_json();
+  j["model"]["moe"] = {{"num_experts", 8}, {"experts_per_token", 2}, {"expert_ffn_hidden_size", 28672}};
+  const std::string e = read_error(j);
+  CHECK(e.rfind("plan.json: model.moe: ", 0) == 0);
+  CHECK(e.find("is a mixture-of-experts model (8 experts, top-2;") != std::string::npos);
+}
+
 TEST_CASE("a plan for another cluster shape is refused") {
   const PlanFile pf = cuboid::test::fixture_plan_file(seed());
   const fs::path card = cuboid::test::source_root() / "topologies/dgx-a100-4node.json";

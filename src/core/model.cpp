@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/json_reader.hpp"
 
@@ -31,28 +33,116 @@ std::string_view to_string(Normalization n) {
 // ---------------------------------------------------------------------------
 // Sizes
 
-std::int64_t ModelSpec::parameters_per_layer() const {
-  const std::int64_t h = hidden_size;
-  const std::int64_t f = ffn_hidden_size;
-  const std::int64_t q = query_projection_size();
-  const std::int64_t kv = kv_projection_size();
-  const std::int64_t qkv_weights = h * (q + 2 * kv);
-  const std::int64_t proj_weights = q * h;
-  // A gated MLP has two input projections (gate and up) and one output projection.
-  const std::int64_t mlp_weights = (gated_mlp() ? 3 : 2) * h * f;
-  const std::int64_t biases = linear_bias ? (q + 2 * kv) + h + (gated_mlp() ? 2 * f : f) + h : 0;
-  // Two norms per layer (before attention and before the MLP); LayerNorm has a bias.
-  const std::int64_t norms = normalization == Normalization::layernorm ? 2 * 2 * h : 2 * h;
-  return qkv_weights + proj_weights + mlp_weights + biases + norms;
+std::int64_t MoeSpec::moe_layer_count() const {
+  if (!enabled()) return 0;
+  return static_cast<std::int64_t>(std::count(moe_layers.begin(), moe_layers.end(), true));
 }
 
-std::int64_t ModelSpec::parameter_count(std::int64_t tp) const {
+std::int64_t ModelSpec::layer_norm_parameters() const {
+  // LayerNorm has a weight and a bias; RMSNorm a weight.
+  return normalization == Normalization::layernorm ? 2 * hidden_size : hidden_size;
+}
+
+std::int64_t ModelSpec::attention_parameters() const {
   const std::int64_t h = hidden_size;
-  const std::int64_t vocab_params = padded_vocab_size(vocab_size, tp) * h;
-  const std::int64_t positions = learned_position_embeddings ? max_position_embeddings * h : 0;
-  const std::int64_t final_norm = normalization == Normalization::layernorm ? 2 * h : h;
-  const std::int64_t lm_head = tied_embeddings ? 0 : vocab_params;
-  return num_layers * parameters_per_layer() + vocab_params + positions + final_norm + lm_head;
+  if (mla.enabled()) {
+    // DeepSeek-V3's attention (HF DeepseekV3Attention, Megatron-Core
+    // MLASelfAttention): q_a (h -> q_lora) + its RMSNorm + q_b (q_lora ->
+    // heads x (qk + rope)), or one h -> heads x (qk + rope); kv_a (h ->
+    // kv_lora + rope) + its RMSNorm + kv_b (kv_lora -> heads x (qk + v));
+    // the output projection heads x v -> h. The low-rank norms are RMSNorms.
+    const std::int64_t n = num_attention_heads;
+    const std::int64_t qk = mla.qk_head_dim + mla.qk_rope_head_dim;
+    const std::int64_t q = mla.q_lora_rank > 0 ? h * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * n * qk
+                                               : h * n * qk;
+    const std::int64_t kv = h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank +
+                            mla.kv_lora_rank * n * (mla.qk_head_dim + mla.v_head_dim);
+    const std::int64_t out = n * mla.v_head_dim * h;
+    const std::int64_t biases = linear_bias ? (mla.q_lora_rank > 0 ? mla.q_lora_rank : n * qk) +
+                                                  (mla.kv_lora_rank + mla.qk_rope_head_dim) + h
+                                            : 0;
+    return q + kv + out + biases;
+  }
+  const std::int64_t q = query_projection_size();
+  const std::int64_t kv = kv_projection_size();
+  const std::int64_t biases = linear_bias ? (q + 2 * kv) + h : 0;
+  return h * (q + 2 * kv) + q * h + biases;
+}
+
+namespace {
+
+// An MLP of width f: a gated one has two input projections (gate and up) and
+// one output projection.
+std::int64_t mlp_parameters(const ModelSpec& m, std::int64_t f) {
+  const std::int64_t h = m.hidden_size;
+  const std::int64_t weights = (m.gated_mlp() ? 3 : 2) * h * f;
+  const std::int64_t biases = m.linear_bias ? (m.gated_mlp() ? 2 * f : f) + h : 0;
+  return weights + biases;
+}
+
+}  // namespace
+
+std::int64_t ModelSpec::dense_mlp_parameters() const { return mlp_parameters(*this, ffn_hidden_size); }
+
+std::int64_t ModelSpec::expert_parameters() const {
+  return moe.enabled() ? mlp_parameters(*this, moe.expert_ffn_hidden_size) : 0;
+}
+
+std::int64_t ModelSpec::moe_mlp_parameters() const {
+  if (!moe.enabled()) return 0;
+  // The router is one h -> experts GEMM without bias (Megatron-Core's TopKRouter).
+  const std::int64_t router = moe.num_experts * hidden_size;
+  const std::int64_t shared =
+      moe.shared_expert_ffn_hidden_size > 0 ? mlp_parameters(*this, moe.shared_expert_ffn_hidden_size) : 0;
+  const std::int64_t gate = moe.shared_expert_gate ? hidden_size : 0;
+  return router + moe.num_experts * expert_parameters() + shared + gate;
+}
+
+std::int64_t ModelSpec::parameters_per_layer() const {
+  // Two norms per layer (before attention and before the MLP).
+  return attention_parameters() + dense_mlp_parameters() + 2 * layer_norm_parameters();
+}
+
+namespace {
+
+// Embedding, positions, final norm and LM head.
+std::int64_t outside_layers(const ModelSpec& m, std::int64_t tp) {
+  const std::int64_t h = m.hidden_size;
+  const std::int64_t vocab_params = padded_vocab_size(m.vocab_size, tp) * h;
+  const std::int64_t positions = m.learned_position_embeddings ? m.max_position_embeddings * h : 0;
+  const std::int64_t lm_head = m.tied_embeddings ? 0 : vocab_params;
+  return vocab_params + positions + m.layer_norm_parameters() + lm_head;
+}
+
+// All layers, with `experts` routed experts counted in each MoE layer.
+std::int64_t layer_parameters(const ModelSpec& m, std::int64_t experts) {
+  const std::int64_t moe_layers = m.moe.moe_layer_count();
+  const std::int64_t dense_layers = m.num_layers - moe_layers;
+  const std::int64_t common = m.attention_parameters() + 2 * m.layer_norm_parameters();
+  const std::int64_t moe_mlp = m.moe_mlp_parameters() - (m.moe.num_experts - experts) * m.expert_parameters();
+  return dense_layers * (common + m.dense_mlp_parameters()) + moe_layers * (common + moe_mlp);
+}
+
+// One multi-token prediction module: a layer of the last layer's kind, the
+// 2h -> h projection, the norms of the hidden state and of the embedding, and
+// the module's own final norm; the embedding and the LM head are the main
+// model's (Megatron-Core's MultiTokenPredictionLayer).
+std::int64_t mtp_module_parameters(const ModelSpec& m) {
+  const bool last_is_moe = m.moe.enabled() && !m.moe.moe_layers.empty() && m.moe.moe_layers.back();
+  const std::int64_t mlp = last_is_moe ? m.moe_mlp_parameters() : m.dense_mlp_parameters();
+  return m.attention_parameters() + mlp + 2 * m.layer_norm_parameters() + 2 * m.hidden_size * m.hidden_size +
+         3 * m.layer_norm_parameters();
+}
+
+}  // namespace
+
+std::int64_t ModelSpec::parameter_count(std::int64_t tp) const {
+  return layer_parameters(*this, moe.num_experts) + outside_layers(*this, tp) +
+         mtp_layers * mtp_module_parameters(*this);
+}
+
+std::int64_t ModelSpec::active_parameter_count(std::int64_t tp) const {
+  return layer_parameters(*this, moe.experts_per_token) + outside_layers(*this, tp);
 }
 
 std::int64_t padded_vocab_size(std::int64_t vocab_size, std::int64_t tp, std::int64_t divisible_by) {
@@ -89,6 +179,95 @@ void check_heads_divide_hidden(std::int64_t hidden, std::int64_t heads, const st
                          " attention heads",
                      "use a hidden size that is a multiple of the head count, or give head_dim explicitly");
   }
+}
+
+void check_size(std::int64_t value, const char* field, const std::string& source, std::int64_t min = 1) {
+  constexpr std::int64_t kMaxSize = std::int64_t{1} << 24;
+  if (value < min || value > kMaxSize)
+    throw InputError(source, field,
+                     "must be " + std::to_string(min) + " to " + std::to_string(kMaxSize) + ", got " +
+                         std::to_string(value),
+                     "check the value (a typo?)");
+}
+
+void validate_moe(const ModelSpec& m, const std::string& source) {
+  const MoeSpec& e = m.moe;
+  if (!e.enabled()) return;
+  check_size(e.num_experts, "moe.num_experts", source);
+  check_size(e.experts_per_token, "moe.experts_per_token", source);
+  if (e.experts_per_token > e.num_experts)
+    throw InputError(source, "moe.experts_per_token",
+                     std::to_string(e.experts_per_token) + " experts per token, but the layer has only " +
+                         std::to_string(e.num_experts),
+                     "give a top-k no larger than num_experts");
+  check_size(e.expert_ffn_hidden_size, "moe.expert_ffn_hidden_size", source);
+  check_size(e.shared_expert_ffn_hidden_size, "moe.shared_expert_ffn_hidden_size", source, 0);
+  if (e.shared_expert_gate && e.shared_expert_ffn_hidden_size == 0)
+    throw InputError(source, "moe.shared_expert_gate", "a gate on the shared experts, but there are none",
+                     "set shared_expert_ffn_hidden_size, or drop shared_expert_gate");
+  if (!(e.capacity_factor >= 0) || e.capacity_factor > 1e3)
+    throw InputError(source, "moe.capacity_factor", "must be 0 (dropless) or a positive factor",
+                     "give e.g. 1.25, or 0 for dropless routing");
+  if (e.capacity_factor > 0 && e.capacity_factor * static_cast<double>(e.experts_per_token) <
+                                   static_cast<double>(e.experts_per_token) / static_cast<double>(e.num_experts))
+    throw InputError(source, "moe.capacity_factor", "leaves no expert any capacity", "give a factor of about 1 or more");
+  if (static_cast<std::int64_t>(e.moe_layers.size()) != m.num_layers)
+    throw InputError(source, "moe.layer_pattern",
+                     "has " + std::to_string(e.moe_layers.size()) + " entries for " + std::to_string(m.num_layers) +
+                         " layers",
+                     "give one entry (1: MoE, 0: dense) per layer");
+  if (e.moe_layer_count() == 0)
+    throw InputError(source, "moe.layer_pattern", "no layer is an MoE layer",
+                     "make at least one layer an MoE layer, or drop \"moe\" for a dense model");
+  if (e.router_groups > 0) {
+    check_size(e.router_groups, "moe.router_groups", source);
+    if (e.num_experts % e.router_groups != 0)
+      throw InputError(source, "moe.router_groups",
+                       std::to_string(e.router_groups) + " groups do not divide the " +
+                           std::to_string(e.num_experts) + " experts",
+                       "use a group count that divides num_experts");
+    if (e.router_group_topk < 1 || e.router_group_topk > e.router_groups)
+      throw InputError(source, "moe.router_group_topk",
+                       "must be 1 to router_groups (" + std::to_string(e.router_groups) + "), got " +
+                           std::to_string(e.router_group_topk),
+                       "give how many expert groups a token may use (DeepSeek-V3: 4 of 8)");
+  } else if (e.router_group_topk != 0) {
+    throw InputError(source, "moe.router_group_topk", "given without router_groups",
+                     "add router_groups, or drop router_group_topk");
+  }
+  // Keep every parameter product inside 64 bits (as for the dense sizes).
+  const double per_expert = 3.0 * static_cast<double>(m.hidden_size) * static_cast<double>(e.expert_ffn_hidden_size);
+  if (static_cast<double>(m.num_layers) * static_cast<double>(e.num_experts) * per_expert > 1e15)
+    throw InputError(source, "moe.num_experts", "the experts would have more than 1000 T parameters",
+                     "check num_experts and expert_ffn_hidden_size (a typo?)");
+}
+
+void validate_mla(const ModelSpec& m, const std::string& source) {
+  const MlaSpec& a = m.mla;
+  if (!a.enabled()) return;
+  check_size(a.kv_lora_rank, "mla.kv_lora_rank", source);
+  check_size(a.q_lora_rank, "mla.q_lora_rank", source, 0);
+  check_size(a.qk_head_dim, "mla.qk_head_dim", source);
+  check_size(a.qk_rope_head_dim, "mla.qk_rope_head_dim", source, 0);
+  check_size(a.v_head_dim, "mla.v_head_dim", source);
+  if (m.num_kv_heads != m.num_attention_heads)
+    throw InputError(source, "num_kv_heads",
+                     "latent attention has one key/value head per query head (" +
+                         std::to_string(m.num_attention_heads) + "), not " + std::to_string(m.num_kv_heads),
+                     "drop num_kv_heads from a latent-attention card");
+  if (m.num_attention_heads * (a.qk_head_dim + a.qk_rope_head_dim + a.v_head_dim) > (std::int64_t{1} << 26))
+    throw InputError(source, "mla.qk_head_dim", "heads x head widths are above cuboid's limit",
+                     "check num_attention_heads and the head widths");
+  // Keep every parameter product inside 64 bits (as for the dense sizes).
+  const double h = static_cast<double>(m.hidden_size);
+  const double heads = static_cast<double>(m.num_attention_heads);
+  const double per_layer =
+      (h + 1) * static_cast<double>(a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim) +
+      static_cast<double>(std::max(a.q_lora_rank, m.hidden_size) + a.kv_lora_rank + h) * heads *
+          static_cast<double>(a.qk_head_dim + a.qk_rope_head_dim + a.v_head_dim);
+  if (static_cast<double>(m.num_layers) * per_layer > 1e15)
+    throw InputError(source, "mla.kv_lora_rank", "the latent attention would have more than 1000 T parameters",
+                     "check the ranks and head widths (a typo?)");
 }
 
 }  // namespace
@@ -145,6 +324,11 @@ void validate_model(const ModelSpec& m, const std::string& source) {
                          std::to_string(m.max_position_embeddings),
                      "lower seq_length or raise max_position_embeddings");
   }
+  validate_moe(m, source);
+  validate_mla(m, source);
+  if (m.mtp_layers < 0 || m.mtp_layers > 64)
+    throw InputError(source, "mtp_layers", "must be 0 to 64, got " + std::to_string(m.mtp_layers),
+                     "give the number of multi-token prediction modules (DeepSeek-V3: 1), or 0");
 }
 
 // ---------------------------------------------------------------------------
@@ -152,11 +336,12 @@ void validate_model(const ModelSpec& m, const std::string& source) {
 
 namespace {
 
-constexpr std::array<std::string_view, 18> kCardFields = {
+constexpr std::array<std::string_view, 22> kCardFields = {
     "name",          "num_layers",         "hidden_size", "num_attention_heads",
     "num_kv_heads",  "head_dim",           "ffn_hidden_size", "activation",
     "normalization", "vocab_size",         "seq_length",  "max_position_embeddings",
-    "tied_embeddings", "learned_position_embeddings", "linear_bias", "rope_theta", "rope_scaling_factor", "alibi"};
+    "tied_embeddings", "learned_position_embeddings", "linear_bias", "rope_theta", "rope_scaling_factor", "alibi",
+    "rope_scaling_type", "moe", "mla", "mtp_layers"};
 
 void reject_near_miss_keys(const nlohmann::json& j, const std::string& source) {
   for (const auto& [key, value] : j.items()) {
@@ -180,6 +365,63 @@ Normalization parse_normalization(const std::string& s) {
 std::int64_t resolve_head_dim(const ModelSpec& m, std::optional<std::int64_t> head_dim) {
   if (head_dim) return *head_dim;
   return m.hidden_size % m.num_attention_heads == 0 ? m.hidden_size / m.num_attention_heads : 0;
+}
+
+// Megatron-Core's integer --moe-layer-freq after `first_dense` dense layers:
+// layer i is an MoE layer when i >= first_dense and i % frequency == 0.
+std::vector<bool> moe_layer_pattern(std::int64_t layers, std::int64_t first_dense, std::int64_t frequency) {
+  std::vector<bool> pattern(static_cast<std::size_t>(std::max<std::int64_t>(layers, 0)));
+  for (std::int64_t i = 0; i < layers; ++i)
+    pattern[static_cast<std::size_t>(i)] = i >= first_dense && i % frequency == 0;
+  return pattern;
+}
+
+MoeSpec parse_moe(JsonReader& card, std::int64_t num_layers) {
+  JsonReader r = card.object("moe");
+  MoeSpec e;
+  e.num_experts = r.positive_integer("num_experts");
+  e.experts_per_token = r.positive_integer("experts_per_token");
+  e.expert_ffn_hidden_size = r.positive_integer("expert_ffn_hidden_size");
+  e.shared_expert_ffn_hidden_size = r.optional_positive_integer("shared_expert_ffn_hidden_size").value_or(0);
+  e.shared_expert_gate = r.optional_boolean("shared_expert_gate").value_or(false);
+  e.capacity_factor = r.optional_positive_number("capacity_factor").value_or(0.0);
+  e.router_groups = r.optional_positive_integer("router_groups").value_or(0);
+  e.router_group_topk = r.optional_positive_integer("router_group_topk").value_or(0);
+  if (r.has("layer_pattern")) {
+    if (r.has("first_dense_layers") || r.has("layer_frequency"))
+      r.fail("layer_pattern", "given together with first_dense_layers / layer_frequency",
+             "give either the pattern (one 0 or 1 per layer) or first_dense_layers and layer_frequency");
+    const nlohmann::json& list = r.raw("layer_pattern");
+    if (!list.is_array())
+      r.fail("layer_pattern", "is not a list", "give one entry per layer: 1 for an MoE layer, 0 for a dense one");
+    for (const nlohmann::json& v : list) {
+      if (!v.is_number_integer() || (v.get<std::int64_t>() != 0 && v.get<std::int64_t>() != 1))
+        r.fail("layer_pattern", "has an entry that is not 0 or 1: " + v.dump(),
+               "give one entry per layer: 1 for an MoE layer, 0 for a dense one");
+      e.moe_layers.push_back(v.get<std::int64_t>() == 1);
+    }
+  } else {
+    const std::int64_t first_dense = r.has("first_dense_layers") ? r.integer("first_dense_layers") : 0;
+    if (first_dense < 0 || first_dense >= num_layers)
+      r.fail("first_dense_layers", "must be 0 to num_layers - 1, got " + std::to_string(first_dense),
+             "give how many layers before the first MoE layer are dense (DeepSeek-V3: 3)");
+    const std::int64_t frequency = r.optional_positive_integer("layer_frequency").value_or(1);
+    e.moe_layers = moe_layer_pattern(num_layers, first_dense, frequency);
+  }
+  r.reject_unknown();
+  return e;
+}
+
+MlaSpec parse_mla(JsonReader& card) {
+  JsonReader r = card.object("mla");
+  MlaSpec a;
+  a.q_lora_rank = r.optional_positive_integer("q_lora_rank").value_or(0);
+  a.kv_lora_rank = r.positive_integer("kv_lora_rank");
+  a.qk_head_dim = r.positive_integer("qk_head_dim");
+  a.qk_rope_head_dim = r.has("qk_rope_head_dim") ? r.integer("qk_rope_head_dim") : 0;
+  a.v_head_dim = r.positive_integer("v_head_dim");
+  r.reject_unknown();
+  return a;
 }
 
 ModelSpec model_from_card(const nlohmann::json& j, const std::string& source) {
@@ -207,7 +449,13 @@ ModelSpec model_from_card(const nlohmann::json& j, const std::string& source) {
   m.rope_scaling_factor = r.optional_number("rope_scaling_factor").value_or(0.0);
   if (m.rope_scaling_factor < 0)
     throw InputError(source, "rope_scaling_factor", "must not be negative", "give 0 (no scaling) or the factor, e.g. 8");
+  m.rope_yarn = r.optional_choice("rope_scaling_type", {"llama3", "yarn"}).value_or("llama3") == "yarn";
+  if (m.rope_yarn && m.rope_scaling_factor == 0)
+    throw InputError(source, "rope_scaling_type", "YaRN without a factor", "give rope_scaling_factor (DeepSeek-V3: 40)");
   m.alibi = r.optional_boolean("alibi").value_or(false);
+  if (r.has("moe")) m.moe = parse_moe(r, m.num_layers);
+  if (r.has("mla")) m.mla = parse_mla(r);
+  m.mtp_layers = r.has("mtp_layers") ? r.integer("mtp_layers") : 0;
   if (m.alibi && m.learned_position_embeddings)
     throw InputError(source, "alibi", "ALiBi replaces position embeddings, and learned_position_embeddings is true too",
                      "keep one of them: alibi for BLOOM-style models, learned positions for GPT-2-style ones");
@@ -216,6 +464,12 @@ ModelSpec model_from_card(const nlohmann::json& j, const std::string& source) {
                      "drop rope_scaling_factor from an ALiBi model");
   r.reject_unknown();
   m.head_dim = resolve_head_dim(m, head_dim);
+  if (m.mla.enabled()) {
+    if (head_dim && *head_dim != m.mla.qk_head_dim + m.mla.qk_rope_head_dim)
+      throw InputError(source, "head_dim", "differs from the latent attention's qk_head_dim + qk_rope_head_dim",
+                       "drop head_dim from a latent-attention card");
+    m.head_dim = m.mla.qk_head_dim + m.mla.qk_rope_head_dim;
+  }
   validate_model(m, source);
   return m;
 }
@@ -247,13 +501,109 @@ void validate_hf(const ModelSpec& m, const std::string& source, const FieldMap& 
   }
 }
 
-void reject_moe(JsonReader& r) {
-  for (std::string_view key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
+// The HuggingFace families whose experts and attention cuboid reads.
+enum class HfFamily { dense, mixtral, qwen2_moe, qwen3_moe, deepseek_v3 };
+
+// Which family the config is; refuses a config with experts or latent
+// attention of any other family, naming the field.
+HfFamily hf_family(JsonReader& r) {
+  const std::string type = r.optional_string("model_type").value_or("");
+  if (type == "mixtral") return HfFamily::mixtral;
+  if (type == "qwen2_moe") return HfFamily::qwen2_moe;
+  if (type == "qwen3_moe") return HfFamily::qwen3_moe;
+  if (type == "deepseek_v3") return HfFamily::deepseek_v3;
+  const std::string named = type.empty() ? std::string("a config without model_type") : "model_type \"" + type + "\"";
+  for (std::string_view key : {"num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"}) {
     if (!r.has(key) || !r.raw(key).is_number()) continue;
     const double experts = r.number(key);
     if (experts > 1) {
-      r.fail(key, "mixture-of-experts is not supported yet (" + r.raw(key).dump() + " experts)",
-             "plan a dense model; cuboid does not model expert parallelism");
+      r.fail(key,
+             "mixture-of-experts (" + r.raw(key).dump() + " experts) in " + named +
+                 ", which cuboid does not read (it reads mixtral, qwen2_moe, qwen3_moe and deepseek_v3)",
+             "write a cuboid model card with a \"moe\" section (docs/cards.md)");
+    }
+  }
+  if (r.has("kv_lora_rank") && r.raw("kv_lora_rank").is_number())
+    r.fail("kv_lora_rank", "multi-head latent attention in " + named + ", which cuboid does not read (only deepseek_v3)",
+           "write a cuboid model card with an \"mla\" section (docs/cards.md)");
+  return HfFamily::dense;
+}
+
+// HF's rule for Qwen2-MoE and Qwen3-MoE (Qwen2MoeDecoderLayer): layer i is
+// sparse unless listed in mlp_only_layers, and when (i + 1) % step == 0.
+std::vector<bool> qwen_moe_layers(JsonReader& r, std::int64_t layers) {
+  const std::int64_t step = r.optional_positive_integer("decoder_sparse_step").value_or(1);
+  std::vector<bool> pattern(static_cast<std::size_t>(layers));
+  for (std::int64_t i = 0; i < layers; ++i) pattern[static_cast<std::size_t>(i)] = (i + 1) % step == 0;
+  if (r.has("mlp_only_layers") && !r.raw("mlp_only_layers").is_null()) {
+    const nlohmann::json& list = r.raw("mlp_only_layers");
+    if (!list.is_array()) r.fail("mlp_only_layers", "is not a list", "give the indices of the dense layers");
+    for (const nlohmann::json& v : list) {
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() >= layers)
+        r.fail("mlp_only_layers", "has an entry that is not a layer index: " + v.dump(),
+               "give layer indices from 0 to num_hidden_layers - 1");
+      pattern[v.get<std::size_t>()] = false;
+    }
+  }
+  return pattern;
+}
+
+// The experts and the attention of the MoE families (their configuration_*.py
+// in HF transformers): sets m.moe (and for DeepSeek-V3 m.mla and m.mtp_layers).
+void read_hf_experts(JsonReader& r, HfFamily family, ModelSpec& m) {
+  MoeSpec& e = m.moe;
+  switch (family) {
+    case HfFamily::dense: return;
+    case HfFamily::mixtral:
+      // MixtralSparseMoeBlock: every layer; each expert is an MLP of intermediate_size.
+      e.num_experts = r.positive_integer("num_local_experts");
+      e.experts_per_token = r.positive_integer("num_experts_per_tok");
+      e.expert_ffn_hidden_size = m.ffn_hidden_size;
+      e.moe_layers.assign(static_cast<std::size_t>(m.num_layers), true);
+      break;
+    case HfFamily::qwen2_moe:
+    case HfFamily::qwen3_moe:
+      e.num_experts = r.positive_integer("num_experts");
+      e.experts_per_token = r.positive_integer("num_experts_per_tok");
+      e.expert_ffn_hidden_size = r.positive_integer("moe_intermediate_size");
+      if (family == HfFamily::qwen2_moe) {
+        // Qwen2MoeSparseMoeBlock: one shared expert with a sigmoid gate.
+        e.shared_expert_ffn_hidden_size = r.optional_positive_integer("shared_expert_intermediate_size").value_or(0);
+        e.shared_expert_gate = e.shared_expert_ffn_hidden_size > 0;
+      }
+      e.moe_layers = qwen_moe_layers(r, m.num_layers);
+      break;
+    case HfFamily::deepseek_v3: {
+      // DeepseekV3MoE: n_shared_experts shared experts of moe_intermediate_size
+      // (one MLP of their summed width, as Megatron builds it); layer i is MoE
+      // when i >= first_k_dense_replace and i % moe_layer_freq == 0.
+      e.num_experts = r.positive_integer("n_routed_experts");
+      e.experts_per_token = r.positive_integer("num_experts_per_tok");
+      e.expert_ffn_hidden_size = r.positive_integer("moe_intermediate_size");
+      e.shared_expert_ffn_hidden_size =
+          r.optional_positive_integer("n_shared_experts").value_or(0) * e.expert_ffn_hidden_size;
+      const std::int64_t first_dense = r.has("first_k_dense_replace") ? r.integer("first_k_dense_replace") : 0;
+      if (first_dense < 0 || first_dense >= m.num_layers)
+        r.fail("first_k_dense_replace", "must be 0 to num_hidden_layers - 1, got " + std::to_string(first_dense),
+               "give how many leading layers are dense (DeepSeek-V3: 3)");
+      e.moe_layers = moe_layer_pattern(m.num_layers, first_dense, r.optional_positive_integer("moe_layer_freq").value_or(1));
+      if (r.has("n_group") && !r.raw("n_group").is_null()) {
+        e.router_groups = r.positive_integer("n_group");
+        e.router_group_topk = r.positive_integer("topk_group");
+        if (e.router_groups == 1) e.router_groups = e.router_group_topk = 0;  // one group: no limit
+      }
+      MlaSpec& a = m.mla;
+      a.q_lora_rank = r.optional_positive_integer("q_lora_rank").value_or(0);
+      a.kv_lora_rank = r.positive_integer("kv_lora_rank");
+      a.qk_head_dim = r.positive_integer("qk_nope_head_dim");
+      a.qk_rope_head_dim = r.positive_integer("qk_rope_head_dim");
+      a.v_head_dim = r.positive_integer("v_head_dim");
+      m.head_dim = a.qk_head_dim + a.qk_rope_head_dim;
+      m.num_kv_heads = m.num_attention_heads;  // one latent, expanded to every head
+      m.mtp_layers = r.has("num_nextn_predict_layers") && !r.raw("num_nextn_predict_layers").is_null()
+                         ? r.integer("num_nextn_predict_layers")
+                         : 0;
+      break;
     }
   }
 }
@@ -315,17 +665,22 @@ ModelSpec model_from_gpt2_config(JsonReader& r, const std::string& source) {
 // Llama 3.1's rope_scaling ({"rope_type": "llama3", "factor": 8.0, ...}); null
 // or absent: none. Other scalings (linear, dynamic, yarn) would build a
 // different model in the trainers the exports target, so they are refused.
-double hf_rope_scaling_factor(JsonReader& r, const std::string& source) {
+// DeepSeek-V3's YaRN ({"type": "yarn", "factor": 40, ...}) is read for that
+// family only.
+double hf_rope_scaling_factor(JsonReader& r, const std::string& source, HfFamily family, bool& yarn) {
+  yarn = false;
   if (!r.has("rope_scaling") || !r.is_object("rope_scaling")) return 0.0;
   JsonReader s = r.object("rope_scaling");
   const std::string type = s.has("rope_type") ? s.string("rope_type") : s.string("type");
-  if (type != "llama3")
-    throw InputError(source, "rope_scaling", "rope scaling \"" + type + "\" is not supported (only Llama 3.1's \"llama3\")",
+  yarn = type == "yarn" && family == HfFamily::deepseek_v3;
+  if (type != "llama3" && !yarn)
+    throw InputError(source, "rope_scaling",
+                     "rope scaling \"" + type + "\" is not supported (only Llama 3.1's \"llama3\", and DeepSeek-V3's \"yarn\")",
                      "remove rope_scaling, or use a config with rope_type \"llama3\"");
   return s.positive_number("factor");
 }
 
-ModelSpec model_from_llama_config(JsonReader& r, const std::string& source) {
+ModelSpec model_from_llama_config(JsonReader& r, const std::string& source, HfFamily family) {
   ModelSpec m;
   m.name = hf_name(r, source);
   m.num_layers = r.positive_integer("num_hidden_layers");
@@ -349,8 +704,9 @@ ModelSpec model_from_llama_config(JsonReader& r, const std::string& source) {
   const bool mlp_bias = r.optional_boolean("mlp_bias").value_or(false);
   m.linear_bias = attention_bias || mlp_bias;
   m.rope_theta = r.optional_positive_number("rope_theta").value_or(10000.0);
-  m.rope_scaling_factor = hf_rope_scaling_factor(r, source);
+  m.rope_scaling_factor = hf_rope_scaling_factor(r, source, family, m.rope_yarn);
   m.head_dim = resolve_head_dim(m, head_dim);
+  read_hf_experts(r, family, m);
   validate_hf(m, source, kLlamaKeys);
   return m;
 }
@@ -363,9 +719,9 @@ ModelSpec model_from_hf_config(const nlohmann::json& j, const std::string& sourc
   }
   // HF configs carry many fields cuboid does not need, so unknown keys are not rejected.
   JsonReader r(j, source);
-  reject_moe(r);
+  const HfFamily family = hf_family(r);
   if (r.has("n_layer") && !r.has("num_hidden_layers")) return model_from_gpt2_config(r, source);
-  return model_from_llama_config(r, source);
+  return model_from_llama_config(r, source, family);
 }
 
 ModelSpec model_from_json(const nlohmann::json& j, const std::string& source) {
@@ -380,6 +736,38 @@ ModelSpec model_from_json(const nlohmann::json& j, const std::string& source) {
 ModelSpec load_model(const std::filesystem::path& path) {
   return model_from_json(read_json_file(path), path.string());
 }
+
+namespace {
+
+nlohmann::json moe_to_json(const MoeSpec& e) {
+  nlohmann::json j{{"num_experts", e.num_experts},
+                   {"experts_per_token", e.experts_per_token},
+                   {"expert_ffn_hidden_size", e.expert_ffn_hidden_size}};
+  if (e.shared_expert_ffn_hidden_size > 0) j["shared_expert_ffn_hidden_size"] = e.shared_expert_ffn_hidden_size;
+  if (e.shared_expert_gate) j["shared_expert_gate"] = true;
+  if (e.capacity_factor > 0) j["capacity_factor"] = e.capacity_factor;
+  if (e.router_groups > 0) {
+    j["router_groups"] = e.router_groups;
+    j["router_group_topk"] = e.router_group_topk;
+  }
+  // The short form (first dense layers, then every n-th) where it says the
+  // same; else the pattern.
+  const auto layers = static_cast<std::int64_t>(e.moe_layers.size());
+  const auto first = static_cast<std::int64_t>(std::find(e.moe_layers.begin(), e.moe_layers.end(), true) -
+                                               e.moe_layers.begin());
+  for (std::int64_t frequency = 1; frequency <= layers; ++frequency) {
+    if (first % frequency != 0 || moe_layer_pattern(layers, first, frequency) != e.moe_layers) continue;
+    if (first > 0) j["first_dense_layers"] = first;
+    if (frequency > 1) j["layer_frequency"] = frequency;
+    return j;
+  }
+  nlohmann::json pattern = nlohmann::json::array();
+  for (bool moe : e.moe_layers) pattern.push_back(moe ? 1 : 0);
+  j["layer_pattern"] = std::move(pattern);
+  return j;
+}
+
+}  // namespace
 
 nlohmann::json model_to_json(const ModelSpec& m) {
   nlohmann::json j{
@@ -401,8 +789,44 @@ nlohmann::json model_to_json(const ModelSpec& m) {
       {"rope_theta", m.rope_theta},
       {"rope_scaling_factor", m.rope_scaling_factor},
   };
-  if (m.alibi) j["alibi"] = true;  // written only when set: plans of other models keep their bytes
+  // Written only when set: plans of other models keep their bytes.
+  if (m.alibi) j["alibi"] = true;
+  if (m.rope_yarn) j["rope_scaling_type"] = "yarn";
+  if (m.moe.enabled()) j["moe"] = moe_to_json(m.moe);
+  if (m.mla.enabled()) {
+    nlohmann::json a{{"kv_lora_rank", m.mla.kv_lora_rank},
+                     {"qk_head_dim", m.mla.qk_head_dim},
+                     {"qk_rope_head_dim", m.mla.qk_rope_head_dim},
+                     {"v_head_dim", m.mla.v_head_dim}};
+    if (m.mla.q_lora_rank > 0) a["q_lora_rank"] = m.mla.q_lora_rank;
+    j["mla"] = std::move(a);
+  }
+  if (m.mtp_layers > 0) j["mtp_layers"] = m.mtp_layers;
   return j;
+}
+
+void require_plannable(const ModelSpec& m, const std::string& source) {
+  const std::string counts = fmt::format("{:.1f} B parameters, {:.1f} B active per token",
+                                         static_cast<double>(m.parameter_count()) / 1e9,
+                                         static_cast<double>(m.active_parameter_count()) / 1e9);
+  if (m.moe.enabled())
+    throw InputError(source, "moe",
+                     fmt::format("{} is a mixture-of-experts model ({} experts, top-{}; {}); cuboid cannot yet plan, "
+                                 "simulate, export or run expert parallelism",
+                                 m.name, m.moe.num_experts, m.moe.experts_per_token, counts),
+                     "plan a dense model for now");
+  if (m.mla.enabled())
+    throw InputError(source, "mla",
+                     m.name + " uses multi-head latent attention, which cuboid cannot yet plan, simulate, export or run",
+                     "plan a model with standard attention for now");
+  if (m.mtp_layers > 0)
+    throw InputError(source, "mtp_layers",
+                     m.name + " has multi-token prediction modules, which cuboid cannot yet plan, simulate, export or run",
+                     "set mtp_layers to 0 to plan the model without them");
+  if (m.rope_yarn)
+    throw InputError(source, "rope_scaling_type",
+                     m.name + " uses YaRN rope scaling, which the exports cannot express yet",
+                     "drop rope_scaling_type and rope_scaling_factor to plan it without the scaling");
 }
 
 }  // namespace cuboid

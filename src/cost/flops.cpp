@@ -32,6 +32,68 @@ double tokens(std::int64_t batch, std::int64_t seq_length) {
   return static_cast<double>(batch) * static_cast<double>(seq_length);
 }
 
+// Models with experts, latent attention or MTP modules, as the general branch
+// of Megatron-LM's num_floating_point_operations counts them (training.py at
+// d98e8a64, transformer_flops): per token and layer the forward pass is
+//   attention projections  standard: 2 [h (q + 2 kv) + q h]
+//                          MLA: 2 [q_term + c (h + n (d_qk + d_v) + 1) + h r + n d_v h],
+//                          q_term = c_q (h + n (d_qk + r) + 1), or h n (d_qk + r) without c_q
+//   causal core            standard: 2 q s; MLA: n (d_qk + r + d_v) s
+//   MLP                    dense: 2 h f g; MoE: 2 h (f_e k + f_shared) g (g = 3 gated, 2 plain)
+// (the router's h x experts GEMM is not counted, as Megatron does not), each
+// MTP module one more layer of the last layer's kind plus 2 (3h + 2h^2), and
+// one logit GEMM (2 h V) for the model and one per MTP module.
+struct GeneralCounts {
+  double attention_linear = 0;  // per token, one layer
+  double core = 0;              // per token, one layer
+  double dense_mlp = 0;         // per token
+  double moe_mlp = 0;           // per token
+  std::int64_t dense_layers = 0;
+  std::int64_t moe_layers = 0;  // the MTP modules' layers included
+  double mtp_extra = 0;         // per token, all MTP modules' projections and norms
+};
+
+GeneralCounts general_counts(const ModelSpec& m, std::int64_t seq_length) {
+  GeneralCounts c;
+  const double h = static_cast<double>(m.hidden_size);
+  const double s = static_cast<double>(seq_length);
+  const double n = static_cast<double>(m.num_attention_heads);
+  if (m.mla.enabled()) {
+    const double qk = static_cast<double>(m.mla.qk_head_dim);
+    const double r = static_cast<double>(m.mla.qk_rope_head_dim);
+    const double v = static_cast<double>(m.mla.v_head_dim);
+    const double cq = static_cast<double>(m.mla.q_lora_rank);
+    const double ckv = static_cast<double>(m.mla.kv_lora_rank);
+    const double q_term = m.mla.q_lora_rank > 0 ? cq * (h + n * (qk + r) + 1) : h * n * (qk + r);
+    c.attention_linear = 2 * (q_term + ckv * (h + n * (qk + v) + 1) + h * r + n * v * h);
+    c.core = n * (qk + r + v) * s;
+  } else {
+    const double q = static_cast<double>(m.query_projection_size());
+    const double kv = static_cast<double>(m.kv_projection_size());
+    c.attention_linear = 2 * (h * (q + 2 * kv) + q * h);
+    c.core = 2 * q * s;
+  }
+  const double g = m.gated_mlp() ? 3 : 2;
+  c.dense_mlp = 2 * h * static_cast<double>(m.ffn_hidden_size) * g;
+  c.moe_mlp = 2 * h *
+              (static_cast<double>(m.moe.expert_ffn_hidden_size * m.moe.experts_per_token) +
+               static_cast<double>(m.moe.shared_expert_ffn_hidden_size)) *
+              g;
+  c.moe_layers = m.moe.moe_layer_count();
+  c.dense_layers = m.num_layers - c.moe_layers;
+  const bool last_is_moe = m.moe.enabled() && m.moe.moe_layers.back();
+  (last_is_moe ? c.moe_layers : c.dense_layers) += m.mtp_layers;
+  c.mtp_extra = static_cast<double>(m.mtp_layers) * 2 * (3 * h + 2 * h * h);
+  return c;
+}
+
+// Forward FLOPs per token of every transformer layer (MTP modules' included).
+double general_layers_forward_per_token(const GeneralCounts& c) {
+  const double attention = c.attention_linear + c.core;
+  return static_cast<double>(c.dense_layers) * (attention + c.dense_mlp) +
+         static_cast<double>(c.moe_layers) * (attention + c.moe_mlp);
+}
+
 }  // namespace
 
 double layer_forward_flops(const ModelSpec& m, std::int64_t batch, std::int64_t seq_length) {
@@ -50,6 +112,12 @@ double logit_forward_flops(const ModelSpec& m, std::int64_t batch, std::int64_t 
 
 double model_flops_per_iteration(const ModelSpec& m, std::int64_t batch, std::int64_t seq_length,
                                  std::int64_t padded_vocab) {
+  if (!m.dense()) {
+    const GeneralCounts c = general_counts(m, seq_length);
+    const double logits = static_cast<double>(1 + m.mtp_layers) * 2 * static_cast<double>(m.hidden_size) *
+                          static_cast<double>(padded_vocab);
+    return 3.0 * (general_layers_forward_per_token(c) + c.mtp_extra + logits) * tokens(batch, seq_length);
+  }
   // Forward, dgrad and wgrad: 3 x the forward FLOPs.
   return 3.0 * (static_cast<double>(m.num_layers) * layer_forward_flops(m, batch, seq_length) +
                 logit_forward_flops(m, batch, seq_length, padded_vocab));
@@ -65,6 +133,17 @@ double hardware_flops_per_iteration(const ModelSpec& m, const ParallelPlan& plan
   // recomputes the attention core in its backward kernel; Megatron's HFU does
   // not count that, and neither do we, so selective recompute with flash
   // attention is counted as one extra core forward (what Megatron reports).
+  if (!m.dense()) {
+    // Full recomputation repeats every layer's forward (the MTP modules'
+    // layers too), selective the attention cores.
+    const GeneralCounts c = general_counts(m, plan.seq_length);
+    const double t = tokens(plan.global_batch, plan.seq_length);
+    const double layers = static_cast<double>(c.dense_layers + c.moe_layers);
+    double recomputed = 0;
+    if (plan.recompute == Recompute::full) recomputed = general_layers_forward_per_token(c) * t;
+    if (plan.recompute == Recompute::selective) recomputed = layers * c.core * t;
+    return model_flops_per_iteration(m, plan) + recomputed;
+  }
   const double layers = static_cast<double>(m.num_layers);
   double recomputed = 0;
   switch (plan.recompute) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,50 @@ enum class Normalization { layernorm, rmsnorm };
 
 std::string_view to_string(Activation a);
 std::string_view to_string(Normalization n);
+
+// A mixture-of-experts MLP as Megatron-Core builds it (its MoELayer): a
+// router, `num_experts` routed experts of which each token uses
+// `experts_per_token`, and optionally shared experts that every token uses.
+// num_experts == 0: every MLP is dense.
+struct MoeSpec {
+  std::int64_t num_experts = 0;             // routed experts per MoE layer (--num-experts)
+  std::int64_t experts_per_token = 0;       // router top-k (--moe-router-topk)
+  std::int64_t expert_ffn_hidden_size = 0;  // one routed expert's FFN width (--moe-ffn-hidden-size)
+  // All shared experts together, as Megatron's --moe-shared-expert-intermediate-size
+  // (DeepSeek: n_shared_experts x moe_intermediate_size); 0: none.
+  std::int64_t shared_expert_ffn_hidden_size = 0;
+  bool shared_expert_gate = false;  // a sigmoid gate (h -> 1) on the shared experts' output (Qwen2-MoE)
+  // Tokens an expert may take, as a multiple of the balanced share
+  // (--moe-expert-capacity-factor); 0: dropless, Megatron-Core's default.
+  double capacity_factor = 0;
+  // Group-limited routing (DeepSeek-V3: the experts in 8 groups, a token's
+  // experts from at most 4 of them; --moe-router-num-groups,
+  // --moe-router-group-topk); 0: any expert.
+  std::int64_t router_groups = 0;
+  std::int64_t router_group_topk = 0;
+  // One entry per layer: true where the layer's MLP is an MoE layer, false
+  // where it is a dense MLP of ffn_hidden_size (DeepSeek-V3's first three).
+  std::vector<bool> moe_layers;
+
+  bool enabled() const { return num_experts > 0; }
+  std::int64_t moe_layer_count() const;
+  friend bool operator==(const MoeSpec&, const MoeSpec&) = default;
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3; Megatron-Core's
+// MLASelfAttention): queries through an optional low-rank bottleneck, keys and
+// values from one shared low-rank latent, a decoupled rotary part of the
+// query/key heads. kv_lora_rank == 0: standard (GQA) attention.
+struct MlaSpec {
+  std::int64_t q_lora_rank = 0;       // 0: the query is projected from h directly
+  std::int64_t kv_lora_rank = 0;      // the compressed KV latent's width
+  std::int64_t qk_head_dim = 0;       // the query/key heads' non-rotary part (qk_nope_head_dim)
+  std::int64_t qk_rope_head_dim = 0;  // the decoupled rotary part (--qk-pos-emb-head-dim)
+  std::int64_t v_head_dim = 0;
+
+  bool enabled() const { return kv_lora_rank > 0; }
+  friend bool operator==(const MlaSpec&, const MlaSpec&) = default;
+};
 
 struct ModelSpec {
   std::string name;
@@ -42,20 +87,45 @@ struct ModelSpec {
   // the exports carry them so that the trainer builds the same model.
   double rope_theta = 10000.0;
   double rope_scaling_factor = 0.0;
+  // The scaling's kind when rope_scaling_factor > 0: Llama 3.1's (false) or
+  // YaRN's (true; DeepSeek-V3). Neither changes the cost.
+  bool rope_yarn = false;
   // ALiBi attention biases (Press et al., BLOOM) instead of position
   // embeddings or rotary positions. Without flash attention the bias enters
   // the score GEMM as its C operand (torch.baddbmm with beta = 1).
   bool alibi = false;
+  MoeSpec moe;
+  MlaSpec mla;
+  // Multi-token prediction modules after the last layer (DeepSeek-V3: 1;
+  // Megatron's --mtp-num-layers), each a transformer layer of the last
+  // layer's kind, a 2h -> h projection, two norms before it and one after.
+  std::int64_t mtp_layers = 0;
+
+  // Every MLP dense, standard attention, no MTP: the models cuboid can plan.
+  bool dense() const { return !moe.enabled() && !mla.enabled() && mtp_layers == 0; }
 
   std::int64_t query_projection_size() const { return head_dim * num_attention_heads; }
   std::int64_t kv_projection_size() const { return head_dim * num_kv_heads; }
   bool gated_mlp() const { return activation == Activation::swiglu; }
 
-  // Parameters of one transformer layer (weights, biases, norms), unsharded.
+  // Parameters of one transformer layer (weights, biases, norms), unsharded:
+  // a dense layer's; with experts, see the per-part counts below.
   std::int64_t parameters_per_layer() const;
   // All parameters with the vocabulary padded for `tp` (tp = 1: the padding of
-  // a single GPU), counting the LM head separately unless tied.
+  // a single GPU), counting the LM head separately unless tied, every expert
+  // and the multi-token prediction modules included.
   std::int64_t parameter_count(std::int64_t tp = 1) const;
+  // The parameters one token's forward pass uses: parameter_count less the
+  // routed experts it is not sent to (and less the MTP modules, which
+  // predict further tokens). Embedding and LM head included.
+  std::int64_t active_parameter_count(std::int64_t tp = 1) const;
+
+  // The parts of one layer, unsharded.
+  std::int64_t attention_parameters() const;  // QKV (or MLA's projections), output projection, their biases and norms
+  std::int64_t dense_mlp_parameters() const;  // an MLP of ffn_hidden_size
+  std::int64_t expert_parameters() const;     // one routed expert (expert_ffn_hidden_size)
+  std::int64_t moe_mlp_parameters() const;    // router + all routed experts + shared experts (+ gate)
+  std::int64_t layer_norm_parameters() const; // one norm's parameters (2h LayerNorm, h RMSNorm)
 };
 
 // Megatron-LM's vocabulary padding: round up to a multiple of
@@ -65,6 +135,13 @@ std::int64_t padded_vocab_size(std::int64_t vocab_size, std::int64_t tp,
 
 // Megatron-LM's default FFN size: 4h, or int(4h * 2/3 / 64) * 64 for SwiGLU.
 std::int64_t default_ffn_hidden_size(std::int64_t hidden_size, Activation activation);
+
+// cuboid plans, prices, exports and runs dense models with standard attention
+// (and Llama 3.1's rope scaling, if any) only: throws InputError naming the
+// card field of the first part of `m` beyond that (experts, latent attention,
+// multi-token prediction, YaRN). Such a card loads, and its parameter and FLOP
+// counts are exact.
+void require_plannable(const ModelSpec& m, const std::string& source);
 
 // Loads a model card or a HuggingFace config.json (detected by its keys).
 // `source` names the file in error messages. Throws InputError on any problem.

@@ -16,6 +16,13 @@
 
 namespace cuboid {
 
+// Models with experts, latent attention or multi-token prediction
+// (ModelSpec::dense() false) follow the same function's general branch: MoE
+// layers count the routed experts a token uses plus the shared experts, dense
+// layers the dense MLP, MLA its low-rank projections, and each MTP module one
+// more layer and one more logit GEMM. The per-layer functions below are for
+// dense models.
+
 // Forward FLOPs of one transformer layer for `tokens` = batch x seq tokens
 // (GEMMs plus the causal attention core; no element-wise ops, as Megatron).
 double layer_forward_flops(const ModelSpec& m, std::int64_t batch, std::int64_t seq_length);
