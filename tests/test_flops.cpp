@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuboid/cost/flops.hpp"
@@ -195,22 +196,32 @@ TEST_CASE("Korthikanti et al. 2022 Table 5 MFU reproduced with the paper's conve
 // Mixture-of-experts, latent attention and multi-token prediction: the general
 // branch of Megatron-LM's num_floating_point_operations (training.py at
 // d98e8a64). Small configs, by hand; b 2, s 32 (64 tokens), V 1000 -> 1024.
-TEST_CASE("MoE model FLOPs by hand: routed top-k, shared experts, a dense first layer") {
+namespace {
+
+// 4 layers, h 64, 4 heads, SwiGLU (dense width 128), 8 experts of width 32, top-2.
+ModelSpec small_moe(std::int64_t kv_heads, std::int64_t head_dim, std::vector<bool> moe_layers) {
   ModelSpec m;
   m.name = "small";
   m.num_layers = 4;
   m.hidden_size = 64;
   m.num_attention_heads = 4;
-  m.num_kv_heads = 2;
-  m.head_dim = 16;
+  m.num_kv_heads = kv_heads;
+  m.head_dim = head_dim;
   m.ffn_hidden_size = 128;
   m.activation = Activation::swiglu;
   m.vocab_size = 1000;
   m.moe.num_experts = 8;
   m.moe.experts_per_token = 2;
   m.moe.expert_ffn_hidden_size = 32;
+  m.moe.moe_layers = std::move(moe_layers);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("MoE model FLOPs by hand: routed top-k, shared experts, a dense first layer") {
+  ModelSpec m = small_moe(2, 16, {false, true, true, true});
   m.moe.shared_expert_ffn_hidden_size = 48;
-  m.moe.moe_layers = {false, true, true, true};
   // Per token, forward: projections 2 (64 (64 + 2 * 32) + 64 * 64) = 24,576;
   // core 2 * 64 * 32 = 4,096; dense MLP 2 * 64 * 128 * 3 = 49,152; MoE MLP
   // 2 * 64 * (2 * 32 + 48) * 3 = 43,008; logits 2 * 64 * 1024 = 131,072.
@@ -238,20 +249,7 @@ TEST_CASE("MoE model FLOPs by hand: routed top-k, shared experts, a dense first 
 }
 
 TEST_CASE("MLA and MTP model FLOPs by hand") {
-  ModelSpec m;
-  m.name = "small";
-  m.num_layers = 4;
-  m.hidden_size = 64;
-  m.num_attention_heads = 4;
-  m.num_kv_heads = 4;
-  m.head_dim = 12;
-  m.ffn_hidden_size = 128;
-  m.activation = Activation::swiglu;
-  m.vocab_size = 1000;
-  m.moe.num_experts = 8;
-  m.moe.experts_per_token = 2;
-  m.moe.expert_ffn_hidden_size = 32;
-  m.moe.moe_layers = {false, false, true, true};
+  ModelSpec m = small_moe(4, 12, {false, false, true, true});
   m.mla = MlaSpec{24, 16, 8, 4, 8};
   m.mtp_layers = 1;
   // Per token, forward: MLA projections 2 [24 (64 + 4 * 12 + 1) + 16 (64 + 4 * 16 + 1)
