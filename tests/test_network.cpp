@@ -938,3 +938,62 @@ TEST_CASE("a simulated subset of members: the group's links are still loaded") {
   CHECK(rel(e.end_ns(ar), closed_form(topo, Collective::all_reduce, iota(0, 8), 1e9)) < 0.01);
   CHECK(net.link_stats(net.route_links(5, 6)[0]).bytes > 0);
 }
+
+// All-to-all (MoE token dispatch): every member sends size / n to every other.
+// Hand-computed on the fixture's DGX A100 nodes (NVSwitch busbw 220 GB/s,
+// 8 NICs at 24 GB/s, latency 1 us inside a node and 3 us across a leaf).
+TEST_CASE("all-to-all: hand-computed times, closed form and simulation, on an uncontended topology") {
+  const double S = 256.0 * (1 << 20);  // 268,435,456 bytes per rank
+  SUBCASE("one node, 8 GPUs: 7/8 of the size over NVLink") {
+    const Topology topo(dgx(1));
+    const CommGroup g{iota(0, 8), {}};
+    // 7/8 x 268,435,456 B / 220 GB/s = 1,067,641 ns, plus one latency.
+    CHECK(closed_form(topo, Collective::all_to_all, g.ranks, S) == 1'067'641 + 1'000);
+    CHECK(rel(sim_collective(topo, Collective::all_to_all, g, S), 1'068'641) < 0.01);
+  }
+  SUBCASE("two nodes, 16 GPUs: half of the size leaves through the NICs, PXN keeps it on the rails") {
+    const Topology topo(dgx(2));
+    const CommGroup g{iota(0, 16), {}};
+    // NICs: 8/16 x S / 24 GB/s = 5,592,405 ns; NVLink (7/8 x S with PXN's
+    // forwarding) / 220 GB/s = 1,067,641 ns: the NICs set the time.
+    CHECK(closed_form(topo, Collective::all_to_all, g.ranks, S) == 5'592'405 + 3'000);
+    CHECK(rel(sim_collective(topo, Collective::all_to_all, g, S), 5'595'405) < 0.01);
+  }
+  SUBCASE("one GPU per node on 4 nodes: 3/4 of the size over each NIC") {
+    const Topology topo(dgx(4));
+    const CommGroup g{iota(3, 4, 8), {}};
+    // 3/4 x S / 24 GB/s = 8,388,608 ns.
+    CHECK(closed_form(topo, Collective::all_to_all, g.ranks, S) == 8'388'608 + 3'000);
+    CHECK(rel(sim_collective(topo, Collective::all_to_all, g, S), 8'391'608) < 0.01);
+  }
+  SUBCASE("nccl-tests' bus factor for alltoall is (n - 1) / n") {
+    CHECK(bus_factor(Collective::all_to_all, 8) == doctest::Approx(7.0 / 8.0));
+    CHECK(bus_factor(Collective::all_to_all, 1) == 0.0);
+  }
+}
+
+TEST_CASE("all-to-all: two groups whose members share NICs take twice as long; disjoint ones do not meet") {
+  // 4 NICs for 8 GPUs: GPUs 0 and 1 of a node share NIC 0.
+  const Topology topo(dgx(4, 32, 1.0, true, 4));
+  const double S = 1e9;
+  const CommGroup a{iota(0, 4, 8), {}};
+  const CommGroup b{iota(1, 4, 8), {}};
+  const TimeNs alone = sim_collective(topo, Collective::all_to_all, a, S);
+  Network net(topo);
+  Engine e(net);
+  const TaskId ta = e.add_collective(Collective::all_to_all, e.add_group(a), S, {}, {}, Algorithm::ring);
+  e.add_collective(Collective::all_to_all, e.add_group(b), S, {}, {}, Algorithm::ring);
+  e.run();
+  CHECK(static_cast<double>(e.end_ns(ta)) / static_cast<double>(alone) == doctest::Approx(2.0).epsilon(0.01));
+  // A mirror loads the links like a second group.
+  Network net2(topo);
+  Engine e2(net2);
+  CommGroup mirrored = a;
+  mirrored.mirrors.push_back(b.ranks);
+  const TaskId tm = e2.add_collective(Collective::all_to_all, e2.add_group(mirrored), S, {}, {}, Algorithm::ring);
+  e2.run();
+  CHECK(e2.end_ns(tm) == e.end_ns(ta));
+  // The closed form prices one group alone at its share of the node's NICs
+  // (4 x 24 GB/s / 8 GPUs = 12 GB/s): 3/4 x 1e9 / 12e9 s.
+  CHECK(closed_form(topo, Collective::all_to_all, a.ranks, S) == 62'500'000 + 3'000);
+}

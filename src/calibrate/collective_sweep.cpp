@@ -16,9 +16,9 @@ namespace cuboid::calibrate {
 CollectiveCount collective_count(Collective c, std::int64_t size_bytes, std::int64_t element_bytes, int group_size) {
   const std::int64_t n = std::max(1, group_size);
   std::int64_t total = std::max<std::int64_t>(1, size_bytes / element_bytes);
-  if (c == Collective::reduce_scatter || c == Collective::all_gather) {
+  if (c == Collective::reduce_scatter || c == Collective::all_gather || c == Collective::all_to_all) {
     total = std::max(n, total / n * n);
-    return {total, total / n};
+    return {total, c == Collective::all_to_all ? total : total / n};
   }
   return {total, total};
 }
@@ -45,6 +45,7 @@ void call(exec::Communicator& g, Collective c, Buffers& b, std::size_t total) {
       break;
     case Collective::all_gather: g.all_gather(b.send.subspan(0, per_rank), b.recv.subspan(0, total), per_rank); break;
     case Collective::broadcast: g.broadcast(b.recv.subspan(0, total), total, 0); break;
+    case Collective::all_to_all: g.all_to_all(b.send.subspan(0, total), b.recv.subspan(0, total), per_rank); break;
     case Collective::send_recv:
       g.send_recv(b.send.subspan(0, total), total, (r + 1) % n, b.recv.subspan(0, total), total, (r + n - 1) % n, 77);
       break;
@@ -71,7 +72,8 @@ std::int64_t count_wrong(exec::Backend& be, exec::Communicator& g, Collective c,
     switch (c) {
       case Collective::all_reduce:
       case Collective::reduce_scatter: want = sum; break;
-      case Collective::all_gather: want = static_cast<float>(i / per_rank + 1); break;
+      case Collective::all_gather:
+      case Collective::all_to_all: want = static_cast<float>(i / per_rank + 1); break;  // block s from rank s
       case Collective::broadcast: want = 1.0f; break;  // root 0 sent 0 + 1
       case Collective::send_recv: want = static_cast<float>((r + n - 1) % n + 1); break;
     }

@@ -104,9 +104,9 @@ double alpha_tolerance_us(const std::vector<SizeSample>& samples) {
 
 Collective parse_collective(JsonReader& r) {
   const std::string name =
-      r.choice("collective", {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv"});
+      r.choice("collective", {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv", "all_to_all"});
   for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
-                       Collective::broadcast, Collective::send_recv}) {
+                       Collective::broadcast, Collective::send_recv, Collective::all_to_all}) {
     if (to_string(c) == name) return c;
   }
   return Collective::all_reduce;  // unreachable: choice() checked the name

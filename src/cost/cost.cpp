@@ -195,6 +195,32 @@ std::int64_t collective_time_ns(Collective c, double size_bytes, int group_size,
 //   crossing ring edges exceed the uplinks (uplink_load).
 namespace {
 
+// All-to-all across nodes, as NCCL runs it (a send to every peer at once; PXN,
+// on by default since NCCL 2.12, moves what goes to another node over NVLink
+// to the GPU on the destination's rail first, so it leaves through that GPU's
+// NIC and stays on the rail). With k members on a node and n in all, each
+// member sends (n - k) / n of the size to other nodes, through its share of
+// the node's NICs (the k members' remote traffic spreads over k rails), and
+// over NVLink its (k - 1) / n to the node's members plus, for PXN, what the
+// other (k - 1) rails' GPUs forward: (k - 1) / k of the size in all. The
+// slower side sets the time; expressed as a busbw for the bus factor (n - 1) / n
+// (nccl-tests' alltoall), the tier's oversubscription applied after.
+double all_to_all_busbw_GBps(const std::vector<int>& ranks, const std::vector<int>& sorted_nodes,
+                             double nic_share_GBps, double intra_busbw_GBps) {
+  const double n = static_cast<double>(ranks.size());
+  int k_min = static_cast<int>(ranks.size()), k_max = 0;
+  for (std::size_t i = 0; i < sorted_nodes.size();) {
+    std::size_t j = i;
+    while (j < sorted_nodes.size() && sorted_nodes[j] == sorted_nodes[i]) ++j;
+    k_min = std::min(k_min, static_cast<int>(j - i));
+    k_max = std::max(k_max, static_cast<int>(j - i));
+    i = j;
+  }
+  const double nic_seconds_per_byte = (n - k_min) / n / (nic_share_GBps * 1e9);
+  const double nvlink_seconds_per_byte = (k_max - 1.0) / k_max / (intra_busbw_GBps * 1e9);
+  return (n - 1.0) / n / std::max(nic_seconds_per_byte, nvlink_seconds_per_byte) / 1e9;
+}
+
 LinkParams link_params(const Topology& topo, Collective c, const std::vector<int>& ranks, const UplinkLoad* load) {
   const Cluster& cl = topo.cluster();
   const double intra_busbw_GBps = c == Collective::all_reduce ? cl.intra.allreduce_busbw_GBps : cl.intra.busbw_GBps;
@@ -248,6 +274,7 @@ LinkParams link_params(const Topology& topo, Collective c, const std::vector<int
   }
   const double share_GBps = cl.inter.nics_per_node * cl.inter.nic_busbw_GBps / gpn;
   double busbw_GBps = std::min(max_per_node * share_GBps, intra_busbw_GBps);
+  if (c == Collective::all_to_all) busbw_GBps = all_to_all_busbw_GBps(ranks, nodes, share_GBps, intra_busbw_GBps);
   int extra_switches = 0;
   if (tier == Tier::spine) extra_switches = 2;
   if (tier == Tier::core) extra_switches = 4;

@@ -88,6 +88,14 @@ void Communicator::all_gather(ConstDeviceSpan send, DeviceSpan recv, std::size_t
   all_gather_impl(send, recv, send_count);
 }
 
+void Communicator::all_to_all(ConstDeviceSpan send, DeviceSpan recv, std::size_t count) {
+  const std::size_t total = count * static_cast<std::size_t>(size());
+  require_count(send, total, "all_to_all", "send");
+  require_count(recv, total, "all_to_all", "recv");
+  CUBOID_EXEC_REQUIRE(send.dtype() == recv.dtype(), "all_to_all", "send and recv differ in dtype");
+  all_to_all_impl(send, recv, count);
+}
+
 void Communicator::broadcast(DeviceSpan buffer, std::size_t count, int root) {
   require_count(buffer, count, "broadcast", "buffer");
   require_peer(root, size(), "broadcast");

@@ -295,6 +295,18 @@ void MpiCommunicator::reduce_scatter_sum_impl(ConstDeviceSpan send, DeviceSpan r
   complete(request);
 }
 
+void MpiCommunicator::all_to_all_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t count) {
+  const MPI_Datatype type = mpi_type(send.dtype(), false, "all_to_all");
+  const int n = mpi_count(count, "all_to_all");
+  if (!nonblocking()) {
+    CUBOID_MPI_CHECK(MPI_Alltoall(send.native(), n, type, recv.native(), n, type, comm_));
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  CUBOID_MPI_CHECK(MPI_Ialltoall(send.native(), n, type, recv.native(), n, type, comm_, &request));
+  complete(request);
+}
+
 void MpiCommunicator::all_gather_impl(ConstDeviceSpan send, DeviceSpan recv,
                                       std::size_t send_count) {
   const MPI_Datatype type = mpi_type(send.dtype(), false, "all_gather");

@@ -110,6 +110,27 @@ void NcclCommunicator::all_gather_impl(ConstDeviceSpan send, DeviceSpan recv, st
   });
 }
 
+// nccl-tests' alltoall: one group of a send and a receive per peer, self
+// included.
+void NcclCommunicator::all_to_all_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t count) {
+  const std::size_t block = count * dtype_bytes(send.dtype());
+  const ncclDataType_t type = nccl_type(send.dtype());
+  on_comm_stream([&](cudaStream_t s) {
+    CUBOID_NCCL_CHECK(ncclGroupStart());
+    ncclResult_t rc = ncclSuccess;
+    for (int peer = 0; peer < size() && rc == ncclSuccess; ++peer) {
+      const auto at = static_cast<std::size_t>(peer) * block;
+      rc = ncclSend(static_cast<const unsigned char*>(send.native()) + at, count, type, peer, comm_.get(), s);
+      if (rc == ncclSuccess)
+        rc = ncclRecv(static_cast<unsigned char*>(recv.native()) + at, count, type, peer, comm_.get(), s);
+    }
+    // The group is always closed, also when an op in it failed.
+    const ncclResult_t ended = ncclGroupEnd();
+    CUBOID_NCCL_CHECK(rc);
+    CUBOID_NCCL_CHECK(ended);
+  });
+}
+
 void NcclCommunicator::broadcast_impl(DeviceSpan buffer, std::size_t count, int root) {
   on_comm_stream([&](cudaStream_t s) {
     CUBOID_NCCL_CHECK(ncclBroadcast(buffer.native(), buffer.native(), count, nccl_type(buffer.dtype()), root,

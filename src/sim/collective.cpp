@@ -320,6 +320,66 @@ void plan_calibrated(Network& net, Collective op, const CommGroup& g, const Node
   plan.phases.push_back(std::move(ph));
 }
 
+// All-to-all (nccl-tests' alltoall: NCCL groups one send and one receive per
+// peer, all at once): every member sends size / n to every other member, as
+// one phase of one flow (the members' sends are issued together and finish
+// together on a symmetric fabric) and one latency. Inside a node the send
+// crosses NVLink; to another node it goes as NCCL's PXN sends it (on by
+// default since NCCL 2.12): over NVLink to the GPU of the sender's node on
+// the destination's rail, then over that GPU's NIC on the rail. So a node's
+// NICs carry (n - k) / n of each member's size and stay off the spine of a
+// rail-optimised tree, as cost.cpp's all-to-all busbw assumes.
+void all_to_all_routes(std::span<const int> ranks, int gpn, std::vector<Route>& out) {
+  for (const int a : ranks)
+    for (const int b : ranks) {
+      if (a == b) continue;
+      if (a / gpn == b / gpn) {
+        out.push_back({a, b, 1.0});
+        continue;
+      }
+      const int proxy = a / gpn * gpn + b % gpn;
+      if (proxy != a) out.push_back({a, proxy, 1.0});
+      out.push_back({proxy, b, 1.0});
+    }
+}
+
+void plan_all_to_all(Network& net, const CommGroup& g, const CollectiveCalibration* fit, CollectivePlan& plan) {
+  const int n = static_cast<int>(g.ranks.size());
+  const int gpn = std::max(1, net.topology()->cluster().gpus_per_node);
+  std::vector<Route> own;
+  all_to_all_routes(g.ranks, gpn, own);
+  std::vector<Route> routes = own;
+  for (const auto& m : g.mirrors) all_to_all_routes(m, gpn, routes);
+  CommPhase ph;
+  ph.bytes_per_size = 1.0 / n;
+  TimeNs alpha = 0;
+  for (const int a : g.ranks)
+    for (const int b : g.ranks)
+      if (a != b) alpha = std::max(alpha, net.route_latency_ns(a, b));
+  ph.latency_ns = alpha;
+  ph.set = net.add_route_set(routes);
+  if (fit != nullptr) {
+    // As plan_calibrated: the same flow, its bytes scaled so that alone it
+    // drains and waits in the measured time.
+    std::vector<LinkUse> uses;
+    net.compile_routes(own, uses);
+    double rate_Bps = std::numeric_limits<double>::infinity();
+    for (const LinkUse& u : uses) rate_Bps = std::min(rate_Bps, net.link_capacity_Bps(u.link) / u.weight);
+    ph.bytes_per_size = 0;
+    if (std::isfinite(rate_Bps) && fit->busbw_GBps > 0)
+      ph.bytes_per_size = bus_factor(Collective::all_to_all, n) * rate_Bps / (fit->busbw_GBps * 1e9);
+    ph.latency_ns = static_cast<TimeNs>(std::llround(fit->alpha_ns));
+    if (std::isfinite(rate_Bps) && rate_Bps > 0) {
+      ph.calibrated = fit;
+      ph.collective = Collective::all_to_all;
+      ph.group_size = n;
+      ph.rate_Bps = rate_Bps;
+    }
+  }
+  plan.algorithm = Algorithm::ring;  // NCCL's p2p; reported as the default algorithm
+  plan.phases.push_back(std::move(ph));
+}
+
 void check_group(const Network& net, const CommGroup& g) {
   if (net.topology() == nullptr) throw std::logic_error("collective: the network has no topology");
   if (g.rail0_part && !net.rails_folded()) {
@@ -404,6 +464,11 @@ CollectivePlan plan_collective(Network& net, Collective op, const CommGroup& gro
   if (n <= 1) return plan;
   if (op == Collective::send_recv && n != 2) throw std::invalid_argument("collective: send_recv needs 2 ranks");
   const NodeLayout lay = layout_of(*net.topology(), group.ranks);
+  if (op == Collective::all_to_all) {
+    if (group.rail0_part) throw std::invalid_argument("collective: an all-to-all group cannot be a rail-0 part");
+    plan_all_to_all(net, group, calibrated_fit(net, op, group, lay), plan);
+    return plan;
+  }
   if (const CollectiveCalibration* fit = calibrated_fit(net, op, group, lay)) {
     plan_calibrated(net, op, group, lay, *fit, plan);
     return plan;

@@ -21,6 +21,7 @@ const char* kind_name(Fabric::Kind k) {
     case Fabric::Kind::all_reduce: return "all_reduce";
     case Fabric::Kind::reduce_scatter: return "reduce_scatter";
     case Fabric::Kind::all_gather: return "all_gather";
+    case Fabric::Kind::all_to_all: return "all_to_all";
     case Fabric::Kind::broadcast: return "broadcast";
     case Fabric::Kind::barrier: return "barrier";
     case Fabric::Kind::split: return "split";
@@ -76,6 +77,12 @@ class ModelCommunicator final : public Communicator {
   }
   void all_gather_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t send_count) override {
     collective(Fabric::Kind::all_gather, send.native(), recv.native(), send_count, recv.dtype(), 0, "ncclAllGather");
+  }
+  // NCCL has no all-to-all call: NcclCommunicator groups a send and a
+  // receive per peer, self included, which NCCL matches as one collective.
+  void all_to_all_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t count) override {
+    collective(Fabric::Kind::all_to_all, send.native(), recv.native(), count, recv.dtype(), 0,
+               "ncclSend + ncclRecv to every peer (one group)");
   }
   void broadcast_impl(DeviceSpan buffer, std::size_t count, int root) override {
     collective(Fabric::Kind::broadcast, buffer.native(), buffer.native(), count, buffer.dtype(), root,
@@ -266,6 +273,17 @@ void Fabric::run_collectives(int comm) {
         std::vector<unsigned char> all(n * count * bytes);
         for (std::size_t r = 0; r < n; ++r) std::memcpy(all.data() + r * count * bytes, ops[r]->src, count * bytes);
         for (Op* o : ops) std::memcpy(o->dst, all.data(), all.size());
+        break;
+      }
+      case Kind::all_to_all: {
+        // Block r of member s's send lands as block s of member r's recv.
+        std::vector<unsigned char> all(n * n * count * bytes);
+        for (std::size_t s = 0; s < n; ++s)
+          std::memcpy(all.data() + s * n * count * bytes, ops[s]->src, n * count * bytes);
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t s = 0; s < n; ++s)
+            std::memcpy(static_cast<unsigned char*>(ops[r]->dst) + s * count * bytes,
+                        all.data() + (s * n + r) * count * bytes, count * bytes);
         break;
       }
       case Kind::broadcast: {

@@ -56,7 +56,7 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
   // Launches so far (every rank), for tests that count them.
   std::size_t launches() const;
 
-  enum class Kind { send, recv, all_reduce, reduce_scatter, all_gather, broadcast, barrier, split };
+  enum class Kind { send, recv, all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, barrier, split };
   struct Op {
     Kind kind = Kind::send;
     int peer = -1;  // p2p: member index in the communicator

@@ -131,6 +131,10 @@ TEST_CASE("collective counts round to the group like nccl-tests") {
   CHECK(rs.total == 255);
   CHECK(rs.column == 85);
   CHECK(collective_count(Collective::all_gather, 4, 4, 8).total == 8);  // at least one element per rank
+  // alltoall_perf: the whole buffer, a multiple of the group; the count column is all of it.
+  const CollectiveCount a2a = collective_count(Collective::all_to_all, 1024, 4, 3);
+  CHECK(a2a.total == 255);
+  CHECK(a2a.column == 255);
 }
 
 TEST_CASE("ranks combine: the slowest rank for GEMMs, kernels and collectives, wrong counts add up") {

@@ -27,7 +27,7 @@ fi
 # The nccl-tests table: header, one row per size with 9 columns, and no wrong element.
 grep -q "#       size         count      type   redop    root     time   algbw   busbw" "$TMP/cal.log" \
   && pass "nccl-tests header" || fail "no nccl-tests header"
-for c in all_reduce reduce_scatter all_gather broadcast send_recv; do
+for c in all_reduce reduce_scatter all_gather broadcast send_recv all_to_all; do
   grep -q "^# $c: tp groups of 2 ranks (intra_node), float" "$TMP/cal.log" && pass "table $c" || fail "no $c table"
 done
 awk '/^ +[0-9]+ +[0-9]+ +float/ { rows++; if (NF != 9 || $9 != 0) bad++ } END { exit !(rows >= 20 && bad == 0) }' \
@@ -35,7 +35,7 @@ awk '/^ +[0-9]+ +[0-9]+ +float/ { rows++; if (NF != 9 || $9 != 0) bad++ } END { 
 # Every collective is fitted or reported as rejected (a noisy machine may give a
 # time that falls as the size grows; the reader refuses such a fit).
 grep -q "^collective *tier *ranks *alpha(us) busbw(GB/s)" "$TMP/cal.log" || fail "no collective fit table"
-for c in all_reduce reduce_scatter all_gather broadcast send_recv; do
+for c in all_reduce reduce_scatter all_gather broadcast send_recv all_to_all; do
   grep -Eq "^$c +intra_node +2 |not calibrated .*collectives\.$c\.intra_node\.2:" "$TMP/cal.log" \
     && pass "fit $c" || fail "collective $c neither fitted nor rejected"
 done

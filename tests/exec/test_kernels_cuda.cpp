@@ -424,6 +424,9 @@ TEST_SUITE("gpu") {
     Pair z = zeros(1000);
     world->send_recv(x.gpu, 1000, 0, z.gpu, 1000, 0, 0);
     CHECK(gpu().download(z.gpu) == before);
+    Pair w = zeros(1000);
+    world->all_to_all(x.gpu, w.gpu, 1000);  // one grouped send and receive to itself
+    CHECK(gpu().download(w.gpu) == before);
     world->barrier();
     std::unique_ptr<Communicator> sub = world->split(0, 0);
     REQUIRE(sub != nullptr);

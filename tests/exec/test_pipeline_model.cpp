@@ -196,3 +196,26 @@ TEST_CASE("the model reports collectives out of order and p2p pairs that do not 
           world->exchange(ops);
         }).find("the two ranks' orders differ (NCCL would silently deliver the wrong tensor)") != std::string::npos);
 }
+
+TEST_CASE("all-to-all on the model: block r of each rank's send arrives as block s of rank r's recv") {
+  std::vector<std::vector<float>> got(3);
+  CHECK(on_model(3, [&](std::unique_ptr<Communicator> world, int r) {
+          // Rank r sends 10 r + d to rank d, two elements each.
+          std::vector<float> send(6), recv(6, -1.0f);
+          for (int d = 0; d < 3; ++d) send[2 * d] = send[2 * d + 1] = static_cast<float>(10 * r + d);
+          world->all_to_all(ConstDeviceSpan(send.data(), 6, DType::f32), DeviceSpan(recv.data(), 6, DType::f32), 2);
+          got[static_cast<std::size_t>(r)] = recv;
+        }) == "");
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    for (int s = 0; s < 3; ++s) {
+      CHECK(got[static_cast<std::size_t>(r)][2 * s] == static_cast<float>(10 * s + r));
+      CHECK(got[static_cast<std::size_t>(r)][2 * s + 1] == static_cast<float>(10 * s + r));
+    }
+  }
+  // The public call checks the buffers: 3 ranks x 2 elements need 6.
+  CHECK(on_model(3, [](std::unique_ptr<Communicator> world, int) {
+          std::vector<float> send(5), recv(6);
+          world->all_to_all(ConstDeviceSpan(send.data(), 5, DType::f32), DeviceSpan(recv.data(), 6, DType::f32), 2);
+        }).find("all_to_all") != std::string::npos);
+}

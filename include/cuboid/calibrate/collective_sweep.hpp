@@ -23,7 +23,7 @@ namespace cuboid::calibrate {
 
 inline constexpr Collective kSweptCollectives[] = {Collective::all_reduce, Collective::reduce_scatter,
                                                    Collective::all_gather, Collective::broadcast,
-                                                   Collective::send_recv};
+                                                   Collective::send_recv,  Collective::all_to_all};
 
 struct CollectiveMeasurement {
   Collective collective = Collective::all_reduce;
@@ -33,10 +33,12 @@ struct CollectiveMeasurement {
   std::int64_t wrong = 0;       // this rank's wrong elements in the check call
 };
 
-// The element count nccl-tests uses for `size_bytes`: reduce_scatter and
-// all_gather round it down to a multiple of the group size (at least one
-// element per rank); count is per rank for them (the "count" column is the
-// size of the smaller buffer, as nccl-tests prints recvcount / sendcount).
+// The element count nccl-tests uses for `size_bytes`: reduce_scatter,
+// all_gather and all_to_all round it down to a multiple of the group size (at
+// least one element per rank); count is per rank for the first two (the
+// "count" column is the size of the smaller buffer, as nccl-tests prints
+// recvcount / sendcount) and the whole buffer for all_to_all (alltoall_perf's
+// count).
 struct CollectiveCount {
   std::int64_t total = 0;  // elements of the size buffer
   std::int64_t column = 0; // what the "count" column shows

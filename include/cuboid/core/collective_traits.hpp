@@ -4,14 +4,18 @@
 #endif
 // NCCL's collectives, one row each: the facts every layer prices them with.
 // Source: nccl-tests src/{all_reduce,reduce_scatter,all_gather,broadcast,
-// sendrecv}.cu (the *GetBw bus factors) and NCCL's ring algorithm (the steps).
+// sendrecv,alltoall}.cu (the *GetBw bus factors) and NCCL's ring algorithm
+// (the steps). All-to-all is no ring: NCCL runs it as one grouped send and
+// receive per peer, all at once (one latency step); its "size" is the whole
+// buffer per rank, of which each peer gets size / n, and nccl-tests' alltoall
+// bus factor is (n - 1) / n, the bytes that leave a rank.
 #include <array>
 #include <cstddef>
 #include <string_view>
 
 namespace cuboid {
 
-enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, send_recv };
+enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, send_recv, all_to_all };
 
 struct CollectiveTraits {
   Collective op;
@@ -28,13 +32,14 @@ struct CollectiveTraits {
   constexpr double ring_steps(double n) const { return step_scale * (n - 1.0) + step_offset; }
 };
 
-inline constexpr std::array<CollectiveTraits, 5> kCollectiveTraits{{
+inline constexpr std::array<CollectiveTraits, 6> kCollectiveTraits{{
     //                                               bus_scale  bus_offset  step_scale  step_offset
     {Collective::all_reduce, "all_reduce",           2.0,       0.0,        2.0,        0.0},
     {Collective::reduce_scatter, "reduce_scatter",   1.0,       0.0,        1.0,        0.0},
     {Collective::all_gather, "all_gather",           1.0,       0.0,        1.0,        0.0},
     {Collective::broadcast, "broadcast",             0.0,       1.0,        1.0,        0.0},
     {Collective::send_recv, "send_recv",             0.0,       1.0,        0.0,        1.0},
+    {Collective::all_to_all, "all_to_all",           1.0,       0.0,        0.0,        1.0},
 }};
 
 static_assert([] {

@@ -62,6 +62,10 @@ class Communicator {
   // recv holds size() * send_count elements, block r from rank r.
   void all_gather(ConstDeviceSpan send, DeviceSpan recv, std::size_t send_count);
   void broadcast(DeviceSpan buffer, std::size_t count, int root);
+  // send and recv hold size() * count elements: block r of send goes to rank
+  // r, block r of recv comes from rank r (MPI_Alltoall; NCCL: one grouped
+  // send and receive per peer, as nccl-tests' alltoall).
+  void all_to_all(ConstDeviceSpan send, DeviceSpan recv, std::size_t count);
   void send(ConstDeviceSpan buffer, std::size_t count, int peer, int tag);
   void recv(DeviceSpan buffer, std::size_t count, int peer, int tag);
   // Send and receive at once (no deadlock when two stages exchange, as in 1F1B).
@@ -96,6 +100,7 @@ class Communicator {
                                        std::size_t recv_count) = 0;
   virtual void all_gather_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t send_count) = 0;
   virtual void broadcast_impl(DeviceSpan buffer, std::size_t count, int root) = 0;
+  virtual void all_to_all_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t count) = 0;
   virtual void send_impl(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) = 0;
   virtual void recv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) = 0;
   virtual void send_recv_impl(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer,
