@@ -322,7 +322,7 @@ TEST_CASE("the JSON reader rejects bad calibrations, naming the field") {
         "(fix: re-run `cuboid calibrate` (the samples are the measurement; the fit is derived from them))");
   CHECK(bad([](nlohmann::json& j) { j["collectives"][0]["collective"] = "allreduce"; }) ==
         "card.json: calibration.collectives[0].collective: unknown value \"allreduce\" "
-        "(fix: use one of all_reduce|reduce_scatter|all_gather|broadcast|send_recv)");
+        "(fix: use one of all_reduce|reduce_scatter|all_gather|broadcast|send_recv|all_to_all)");
   CHECK(bad([](nlohmann::json& j) { j["collectives"][2]["tier"] = "nvlink"; }) ==
         "card.json: calibration.collectives[2].tier: unknown value \"nvlink\" "
         "(fix: use one of intra_node|inter_node)");
