@@ -584,6 +584,9 @@ TEST_CASE("MoE and MLA card errors name the field") {
   j["moe"]["layer_pattern"] = {1, 2};
   CHECK(error_of(j).problem() == "has an entry that is not 0 or 1: 2");
   j = moe_card();
+  j["moe"]["capacity_factor"] = 5000;
+  CHECK(error_of(j).field() == "moe.capacity_factor");
+  j = moe_card();
   j["moe"]["shared_expert_gate"] = true;
   CHECK(error_of(j).field() == "moe.shared_expert_gate");
   j = moe_card();

@@ -208,9 +208,6 @@ void validate_moe(const ModelSpec& m, const std::string& source) {
   if (!(e.capacity_factor >= 0) || e.capacity_factor > 1e3)
     throw InputError(source, "moe.capacity_factor", "must be 0 (dropless) or a positive factor",
                      "give e.g. 1.25, or 0 for dropless routing");
-  if (e.capacity_factor > 0 && e.capacity_factor * static_cast<double>(e.experts_per_token) <
-                                   static_cast<double>(e.experts_per_token) / static_cast<double>(e.num_experts))
-    throw InputError(source, "moe.capacity_factor", "leaves no expert any capacity", "give a factor of about 1 or more");
   if (static_cast<std::int64_t>(e.moe_layers.size()) != m.num_layers)
     throw InputError(source, "moe.layer_pattern",
                      "has " + std::to_string(e.moe_layers.size()) + " entries for " + std::to_string(m.num_layers) +
