@@ -107,7 +107,7 @@ const json& plan_file() {
   static const json plan = [] {
     TempDir d("bad_inputs_plan");
     const auto path = d / "plan.json";
-    CliResult r = run_cuboid("plan " + kLlama + " --tp 4 --pp 4 --global-batch 64 --simulate-top 0 --out " + path.string(),
+    CliResult r = run_cuboid("plan " + kLlama + " --tp 4 --pp 4 --cp 1 --global-batch 64 --simulate-top 0 --out " + path.string(),
                              d.path());
     REQUIRE_MESSAGE(r.code == 0, r.err);
     return json::parse(slurp(path));

@@ -34,7 +34,7 @@ TEST_CASE("plan ranks layouts for Llama-3-70B on 4 x 8 A100 and lists the seed's
   CHECK(r.out.find("Top 10 plans") != std::string::npos);
   CHECK(r.out.find(" sim ") != std::string::npos);
   CHECK(r.out.find(" est ") != std::string::npos);
-  CHECK(r.out.find("Best plan of each TP x PP x DP layout") != std::string::npos);
+  CHECK(r.out.find("Best plan of each TP x CP x PP x DP layout") != std::string::npos);
 
   CliResult j = run("plan " + kLlama + " --json --top 1000 --simulate-top 3");
   REQUIRE_MESSAGE(j.code == 0, j.err);
@@ -60,11 +60,11 @@ TEST_CASE("plan ranks layouts for Llama-3-70B on 4 x 8 A100 and lists the seed's
                             "sequence_parallel", "schedule", "iteration_time_s", "tokens_per_s", "model_tflops_per_gpu",
                             "hardware_tflops_per_gpu", "mfu", "hfu", "memory_per_gpu_bytes", "breakdown"})
       CHECK_MESSAGE(c.contains(key), key);
-    CHECK(c["tp"].get<int>() * c["pp"].get<int>() * c["dp"].get<int>() == 32);
+    CHECK(c["tp"].get<int>() * c.value("cp", 1) * c["pp"].get<int>() * c["dp"].get<int>() == 32);
     CHECK(c["iteration_time_s"].get<double>() * 1.001 >= previous);  // best first (near-ties: default order first)
     previous = c["iteration_time_s"].get<double>();
     CHECK(c["memory_per_gpu_bytes"].get<double>() <= c["memory"]["capacity_bytes"].get<double>());
-    if (c["tp"] == 4 && c["pp"] == 4 && c["dp"] == 2) seed = true;
+    if (c["tp"] == 4 && c["pp"] == 4 && c["dp"].get<int>() * c.value("cp", 1) == 2) seed = true;
   }
   CHECK_MESSAGE(seed, "the seed layout TP 4 x PP 4 x DP 2 must be among the candidates that fit");
   CHECK(simulated == 3);  // plans simulated, tied orders folded into their rows
@@ -72,7 +72,7 @@ TEST_CASE("plan ranks layouts for Llama-3-70B on 4 x 8 A100 and lists the seed's
 }
 
 TEST_CASE("plan with fixed dimensions and simulate agree") {
-  CliResult p = run("plan " + kLlama + " --tp 4 --pp 4 --micro-batch 1 --zero 1 --recompute full "
+  CliResult p = run("plan " + kLlama + " --tp 4 --pp 4 --cp 1 --micro-batch 1 --zero 1 --recompute full "
                     "--sequence-parallel on --schedule 1f1b --global-batch 64 --json --simulate-top 1");
   REQUIRE_MESSAGE(p.code == 0, p.err);
   auto best = nlohmann::json::parse(p.out)["candidates"].at(0);
@@ -118,7 +118,7 @@ TEST_CASE("the 512B model on 16-way PP x 8-way TP: the answer says whether it fi
   const bool fits = r.out.find("Top ") != std::string::npos;
   const bool explains = r.out.find("What would make a plan fit") != std::string::npos;
   CHECK((fits || explains));
-  CHECK(r.out.find("  8  16   35") != std::string::npos);
+  CHECK(r.out.find("  8   1  16   35") != std::string::npos);
 }
 
 TEST_CASE("bad input: exit code 2 and one line naming the file or flag and the fix") {
@@ -173,7 +173,7 @@ TEST_CASE("--gpu-spread 0 is a cluster of identical GPUs, byte for byte; the A10
   const auto even = dir / "even.json";
   write_text(even, card.dump(2));
   const std::string dims = " --tp 4 --pp 4 --dp 2 --global-batch 64 --json";
-  const std::string plan = " --tp 4 --pp 4 --global-batch 64 --simulate-top 2 --top 20 --json";
+  const std::string plan = " --tp 4 --pp 4 --cp 1 --global-batch 64 --simulate-top 2 --top 20 --json";
   for (const std::string& args : {"simulate" + dims, "simulate" + dims + " --analytical", "plan" + plan}) {
     CAPTURE(args);
     const std::string cmd = args.substr(0, args.find(' '));
@@ -208,7 +208,7 @@ TEST_CASE("plan --out writes a plan file that simulate, mesh and export read bac
   const auto plan = dir / "plan.json";
   const auto pareto = dir / "pareto.svg";
   const auto mesh = dir / "mesh.svg";
-  CliResult p = run("plan " + kLlama + " --tp 4 --pp 4 --global-batch 64 --simulate-top 1 --json --out " + plan.string() + " --svg " +
+  CliResult p = run("plan " + kLlama + " --tp 4 --pp 4 --cp 1 --global-batch 64 --simulate-top 1 --json --out " + plan.string() + " --svg " +
                     pareto.string());
   REQUIRE_MESSAGE(p.code == 0, p.err);
   REQUIRE(std::filesystem::exists(plan));

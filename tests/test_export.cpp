@@ -375,6 +375,37 @@ TEST_CASE("the Megatron export carries the flags that make the plan") {
   CHECK(export_plan(unfused, "nemo").text.find("  gradient_accumulation_fusion: false\n") != std::string::npos);
 }
 
+TEST_CASE("context parallelism: Megatron-LM and Megatron-Bridge carry it; DeepSpeed, NeMo 1.x and torchtitan refuse") {
+  PlanFile pf = plan_file("seed");
+  pf.plan.cp = 2;
+  pf.plan.dp = 1;
+  for (CpComm comm : {CpComm::p2p, CpComm::a2a}) {
+    pf.plan.cp_comm = comm;
+    check_options(pf, "megatron");
+    check_options(pf, "megatron-bridge");
+    const std::string megatron = export_plan(pf, "megatron").text;
+    CHECK(megatron.find("--context-parallel-size 2\n") != std::string::npos);
+    CHECK(megatron.find("--cp-comm-type " + std::string(to_string(comm)) + "\n") != std::string::npos);
+    // DP 1 x CP 2: the gradients are still reduced (over the CP ranks), overlapped.
+    CHECK(megatron.find("--overlap-grad-reduce\n") != std::string::npos);
+    const std::string bridge = export_plan(pf, "megatron-bridge").text;
+    CHECK(bridge.find("context_parallel_size=2") != std::string::npos);
+    CHECK(bridge.find("cp_comm_type=\"" + std::string(to_string(comm)) + "\"") != std::string::npos);
+  }
+  for (const char* target : {"deepspeed", "nemo", "torchtitan", "torchtitan-main"}) {
+    CAPTURE(target);
+    try {
+      (void)export_plan(pf, target);
+      FAIL_CHECK("no refusal");
+    } catch (const InputError& e) {
+      CHECK(e.field() == "parallel.cp");
+      CHECK(e.fix().find("--to megatron") != std::string::npos);
+    }
+  }
+  // Without CP nothing changes.
+  CHECK(text("seed", "megatron").find("context-parallel") == std::string::npos);
+}
+
 TEST_CASE("DeepSpeed: batch sizes consistent with DP, fp32 accumulation, the pipeline in the notes") {
   const ExportResult r = export_plan(plan_file("llama8b-pp4"), "deepspeed");
   const auto j = nlohmann::json::parse(r.text);

@@ -74,7 +74,7 @@ TEST_CASE("fixed dimensions are respected and invalid ones are rejected with the
   for (const Estimate& e : r.fitting) {
     CHECK(e.plan.tp == 4);
     CHECK(e.plan.pp == 4);
-    CHECK(e.plan.dp == 2);
+    CHECK(e.plan.dp * e.plan.cp == 2);  // DP 2, or CP 2 (searched too)
     CHECK(e.plan.zero_stage == 1);
     CHECK(e.plan.recompute == Recompute::full);
   }
@@ -219,6 +219,7 @@ TEST_CASE("uneven stages: Llama 3.1 405B's 126 layers on PP 16 as 7 + 14 x 8 + 7
   o.simulate_top = 0;  // analytical ranking only: the simulator re-rank is tested below
   o.tp = 8;
   o.pp = 16;
+  o.cp = 1;
   o.global_batch = 2048;
   CHECK_THROWS_WITH(search_plans(m, topo, o), doctest::Contains("or add --uneven-stages"));
   o.uneven_stages = true;

@@ -98,7 +98,7 @@ TEST_CASE("random configurations: every plan uses all GPUs, memory is sane, simu
     for (const Estimate* e : all) {
       ++plans;
       const ParallelPlan& p = e->plan;
-      CHECK(p.tp * p.pp * p.dp == c.total_gpus());
+      CHECK(p.tp * p.cp * p.pp * p.dp == c.total_gpus());
       CHECK(p.global_batch % (static_cast<std::int64_t>(p.micro_batch) * p.dp) == 0);
       const MemoryReport& mem = e->memory;
       CHECK(mem.weight_and_optimizer_bytes >= 0);

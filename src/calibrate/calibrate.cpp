@@ -67,6 +67,7 @@ exec::Communicator* group_comm(exec::ProcessGroups& g, Group kind) {
     case Group::tp: return g.tp.get();
     case Group::pp: return g.pp.get();
     case Group::dp: return g.dp.get();
+    case Group::cp:  // refused before the launch (require_executable)
     case Group::none: break;
   }
   return g.world.get();

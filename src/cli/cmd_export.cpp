@@ -54,8 +54,16 @@ std::string differences(const ParallelPlan& a, const ParallelPlan& b) {
 // refusal `refused` stands when the cluster card is not found or nothing fits.
 ExportResult replan_for_target(const PlanFile& pf, const ExportFlags& f, const InputError& refused) {
   const ParallelPlan& planned = pf.plan;
-  const std::string command = fmt::format("--tp {} --pp {} --dp {} --global-batch {} --seq-length {} --for {}", planned.tp,
-                                          planned.pp, planned.dp, planned.global_batch, planned.seq_length, f.target);
+  // No target that refuses a CP plan runs context parallelism as cuboid
+  // prices it: the exporter's refusal says so and what to do.
+  if (planned.cp > 1) throw refused;
+  const std::string cp_flag = planned.cp > 1 ? fmt::format(" --cp {}", planned.cp) : std::string();
+  const std::string layout = fmt::format("TP {}{} x PP {} x DP {}", planned.tp,
+                                         planned.cp > 1 ? fmt::format(" x CP {}", planned.cp) : std::string(), planned.pp,
+                                         planned.dp);
+  const std::string command = fmt::format("--tp {}{} --pp {} --dp {} --global-batch {} --seq-length {} --for {}", planned.tp,
+                                          cp_flag, planned.pp, planned.dp, planned.global_batch, planned.seq_length,
+                                          f.target);
   auto refuse = [&](const std::string& why) { return with_fix(refused, "or plan again with " + command + " (" + why + ")"); };
   PlanFlags flags;
   flags.plan_path = f.plan_path;
@@ -70,6 +78,8 @@ ExportResult replan_for_target(const PlanFile& pf, const ExportFlags& f, const I
   o.tp = planned.tp;
   o.pp = planned.pp;
   o.dp = planned.dp;
+  o.cp = planned.cp;
+  if (planned.cp > 1) o.cp_comm = planned.cp_comm;
   o.global_batch = planned.global_batch;
   o.seq_length = planned.seq_length;
   if (has_uneven_stages(planned)) {  // the planned split of the layers stays
@@ -85,9 +95,8 @@ ExportResult replan_for_target(const PlanFile& pf, const ExportFlags& f, const I
     throw refuse(f.target + " runs no plan of this layout: " + e.problem());
   }
   if (r.candidates == 0)
-    throw with_fix(refused, fmt::format("{} runs no plan with TP {} x PP {} x DP {}: plan again with --for {} and other "
-                                        "dimensions",
-                                        f.target, planned.tp, planned.pp, planned.dp, f.target));
+    throw with_fix(refused, fmt::format("{} runs no plan with {}: plan again with --for {} and other dimensions",
+                                        f.target, layout, f.target));
   if (r.fitting.empty()) throw refuse("no plan of this layout that " + f.target + " runs fits in memory");
   const Estimate& best = r.fitting.front();
   PlanFile replanned = plan_file_from_json(plan_to_json(l.model, l.cluster, best), pf.source);
@@ -96,10 +105,9 @@ ExportResult replan_for_target(const PlanFile& pf, const ExportFlags& f, const I
   const double planned_s = pf.prediction.value("iteration_time_s", 0.0);
   result.notes = fmt::format(
                      "cuboid export: the plan in {} cannot run on {} as planned ({}: {}); exported instead the best "
-                     "plan {} runs with TP {} x PP {} x DP {} (cuboid plan {}): {}; {:.3f} s per iteration ({}), {:+.1f} "
+                     "plan {} runs with {} (cuboid plan {}): {}; {:.3f} s per iteration ({}), {:+.1f} "
                      "% against the planned {:.3f} s. --as-planned refuses instead.\n",
-                     pf.source, f.target, refused.field(), refused.problem(), f.target, planned.tp, planned.pp,
-                     planned.dp, command, differences(planned, best.plan), best.iteration_time_s,
+                     pf.source, f.target, refused.field(), refused.problem(), f.target, layout, command, differences(planned, best.plan), best.iteration_time_s,
                      best.simulated ? "simulated" : "analytical estimate",
                      planned_s > 0 ? 100 * (best.iteration_time_s / planned_s - 1) : 0.0, planned_s) +
                  result.notes;

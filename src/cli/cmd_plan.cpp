@@ -130,16 +130,21 @@ std::string why_best(const Estimate& e) {
   };
   consider(b.bubble_s, "bubble-bound");
   consider(b.tp_comm_s, "TP-communication-bound");
+  consider(b.cp_comm_s, "CP-communication-bound");
   consider(b.dp_comm_s, "DP-communication-bound");
   consider(b.pp_comm_s, "PP-communication-bound");
   return fmt::format(
-      "Best: TP {} x PP {} x DP {}, micro-batch {}{}, ZeRO {}, recompute {}, SP {}: {:.3f} s per iteration, "
-      "MFU {:.1f}%.\n  compute {:.0f}%, bubble {:.0f}%, exposed TP comm {:.0f}%, PP comm {:.0f}%, DP comm {:.0f}%, "
+      "Best: TP {}{} x PP {} x DP {}, micro-batch {}{}, ZeRO {}, recompute {}, SP {}: {:.3f} s per iteration, "
+      "MFU {:.1f}%.\n  compute {:.0f}%, bubble {:.0f}%, exposed TP comm {:.0f}%{}, PP comm {:.0f}%, DP comm {:.0f}%, "
       "optimizer {:.0f}%; memory {} of {} ({} headroom); {}.\n",
-      e.plan.tp, e.plan.pp, e.plan.dp, e.plan.micro_batch,
+      e.plan.tp,
+      e.plan.cp > 1 ? fmt::format(" x CP {} ({})", e.plan.cp, to_string(e.plan.cp_comm)) : std::string(),
+      e.plan.pp, e.plan.dp, e.plan.micro_batch,
       e.plan.virtual_stages > 1 ? fmt::format(", {} virtual stages", e.plan.virtual_stages) : std::string(),
       e.plan.zero_stage, to_string(e.plan.recompute), e.plan.sequence_parallel ? "on" : "off", t, 100 * e.mfu,
-      100 * b.compute_s / t, 100 * b.bubble_s / t, 100 * b.tp_comm_s / t, 100 * b.pp_comm_s / t, 100 * b.dp_comm_s / t,
+      100 * b.compute_s / t, 100 * b.bubble_s / t, 100 * b.tp_comm_s / t,
+      e.plan.cp > 1 ? fmt::format(", exposed CP comm {:.0f}%", 100 * b.cp_comm_s / t) : std::string(),
+      100 * b.pp_comm_s / t, 100 * b.dp_comm_s / t,
       100 * b.optimizer_s / t, format_bytes_GiB(e.memory.total_bytes), format_bytes_GiB(e.memory.capacity_bytes),
       format_bytes_GiB(e.memory.headroom_bytes()), limit);
 }
@@ -279,15 +284,16 @@ void run_plan(const PlanFlags& f) {
   if (const auto& in = r.fitting.front().interval)
     std::cout << fmt::format("likely(s): where a measured step would likely fall: {}\n",
                              in->known ? in->basis : "unknown, " + in->basis);
-  // The best plan of every TP x PP x DP factorisation, so the layouts can be
+  // The best plan of every TP x CP x PP x DP factorisation, so the layouts can be
   // compared with each other and not only the variants of the winner.
   std::vector<Estimate> per_shape;
   for (const auto& e : r.fitting) {
     bool seen = false;
-    for (const auto& s : per_shape) seen = seen || (s.plan.tp == e.plan.tp && s.plan.pp == e.plan.pp);
+    for (const auto& s : per_shape)
+      seen = seen || (s.plan.tp == e.plan.tp && s.plan.cp == e.plan.cp && s.plan.pp == e.plan.pp);
     if (!seen) per_shape.push_back(e);
   }
-  std::cout << fmt::format("\nBest plan of each TP x PP x DP layout that fits ({} layouts):\n", per_shape.size());
+  std::cout << fmt::format("\nBest plan of each TP x CP x PP x DP layout that fits ({} layouts):\n", per_shape.size());
   std::cout << format_plan_table(per_shape, 30);
   std::cout << "\n" << why_best(r.fitting.front());
   std::vector<ExplainRow> explained;

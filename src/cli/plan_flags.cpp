@@ -37,7 +37,14 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   const char* fix = search ? "fix it (default: searched)" : "set it";
   cmd->add_option("--tp", f.tp, fmt::format("tensor-parallel size; {}", fix));
   cmd->add_option("--pp", f.pp, fmt::format("pipeline-parallel size; {}", fix));
-  cmd->add_option("--dp", f.dp, fmt::format("data-parallel size; {} (default: GPUs / (TP x PP))", fix));
+  cmd->add_option("--dp", f.dp, fmt::format("data-parallel size; {} (default: GPUs / (TP x CP x PP))", fix));
+  cmd->add_option("--cp", f.cp,
+                  search ? "context-parallel size: each sequence split over CP ranks (Megatron's "
+                           "--context-parallel-size); fix it (default: searched where the trainer has it)"
+                         : "context-parallel size: each sequence split over CP ranks (default 1)");
+  cmd->add_option("--cp-comm-type", f.cp_comm,
+                  "how CP exchanges keys and values: p2p (a ring under the attention, Megatron's default) or a2a "
+                  "(all-to-all of Q, K, V and the output)");
   cmd->add_option("--micro-batch", f.micro_batch, fmt::format("sequences per micro-batch; {}", fix));
   cmd->add_option("--vpp", f.vpp, fmt::format("virtual pipeline stages per GPU (interleaved 1F1B); {}", fix));
   cmd->add_option("--zero", f.zero, fmt::format("ZeRO stage 0-3 (1 = Megatron's distributed optimizer); {}", fix));
@@ -98,6 +105,7 @@ PlannerOptions planner_options(const PlanFlags& f) {
   positive(f.tp, "--tp");
   positive(f.pp, "--pp");
   positive(f.dp, "--dp");
+  positive(f.cp, "--cp");
   positive(f.micro_batch, "--micro-batch");
   positive(f.vpp, "--vpp");
   // CLI11 saturates an out-of-range integer at INT64_MAX; a bound here keeps
@@ -116,6 +124,8 @@ PlannerOptions planner_options(const PlanFlags& f) {
   o.tp = f.tp;
   o.pp = f.pp;
   o.dp = f.dp;
+  o.cp = f.cp;
+  if (f.cp_comm) o.cp_comm = parse_cp_comm(*f.cp_comm, cl, "--cp-comm-type");
   o.micro_batch = f.micro_batch;
   o.virtual_stages = f.vpp;
   o.zero_stage = f.zero;
@@ -151,7 +161,7 @@ Loaded load(const PlanFlags& f) {
   if (f.plan_path) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
-    const bool dims = f.tp || f.pp || f.dp || f.micro_batch || f.vpp || f.zero || f.recompute || f.sequence_parallel ||
+    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.micro_batch || f.vpp || f.zero || f.recompute || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.grad_accum_fusion || f.trainer || f.dp_overlap || f.rank_order ||
                       f.global_batch ||
                       f.seq_length ||

@@ -23,7 +23,8 @@ struct PlanFlags {
   std::string cluster_path;
   std::optional<int> nodes;
   std::optional<std::int64_t> global_batch, seq_length;
-  std::optional<int> tp, pp, dp, micro_batch, vpp, zero;
+  std::optional<int> tp, pp, dp, cp, micro_batch, vpp, zero;
+  std::optional<std::string> cp_comm;            // --cp-comm-type p2p|a2a
   std::optional<std::string> recompute, sequence_parallel, schedule, flash_attention, rank_order;
   std::optional<std::string> grad_accum_fusion;  // on|off
   std::optional<std::string> trainer;            // --trainer preset

@@ -40,6 +40,17 @@ std::string_view to_string(Dim d) {
 
 std::string_view to_string(Zero3Unit u) { return u == Zero3Unit::tensor ? "tensor" : "block"; }
 
+std::string_view to_string(CpComm c) { return c == CpComm::a2a ? "a2a" : "p2p"; }
+
+CpComm parse_cp_comm(std::string_view s, const std::string& source, const std::string& field) {
+  if (s == "p2p") return CpComm::p2p;
+  if (s == "a2a") return CpComm::a2a;
+  if (s == "allgather" || s == "a2a+p2p")
+    throw InputError(source, field, "CP communication \"" + std::string(s) + "\" is not modelled",
+                     "use p2p (the ring, Megatron's default) or a2a");
+  throw InputError(source, field, "unknown CP communication \"" + std::string(s) + "\"", "use p2p or a2a");
+}
+
 Zero3Unit parse_zero3_unit(std::string_view s, const std::string& source, const std::string& field) {
   if (s == "block") return Zero3Unit::block;
   if (s == "tensor") return Zero3Unit::tensor;
@@ -117,6 +128,19 @@ int first_layer_of_chunk(const ParallelPlan& plan, std::int64_t num_layers, int 
   return first;
 }
 
+std::array<int, 2> cp_chunks(int cp, int rank) { return {rank, 2 * cp - 1 - rank}; }
+
+std::int64_t cp_causal_pairs(std::int64_t seq, int cp, int rank) {
+  const std::int64_t chunk = seq / (2LL * cp);
+  std::int64_t pairs = 0;
+  // Query i (0-based) of the sequence sees keys 0..i: i + 1 of them.
+  for (const int c : cp_chunks(cp, rank)) {
+    const std::int64_t first = c * chunk, last = first + chunk - 1;
+    pairs += (last + 1) * (last + 2) / 2 - first * (first + 1) / 2;
+  }
+  return pairs;
+}
+
 bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& last, int chunks) {
   // In units of `chunks` layers: every stage's count must be a multiple of it.
   const std::int64_t v = std::max(1, chunks);
@@ -143,13 +167,13 @@ std::optional<PlanProblem> check_plan(const ParallelPlan& p, const ModelSpec& m,
   const std::pair<long long, PlanField> sizes[] = {{p.tp, F::tp},
                                                    {p.pp, F::pp},
                                                    {p.dp, F::dp},
+                                                   {p.cp, F::cp},
                                                    {p.micro_batch, F::micro_batch},
                                                    {p.global_batch, F::global_batch},
                                                    {p.seq_length, F::seq_length},
                                                    {p.virtual_stages, F::virtual_stages}};
   for (const auto& [v, field] : sizes)
     if (v <= 0) return problem(field, "must be positive, got " + std::to_string(v), "give a value >= 1");
-  if (p.cp != 1) return problem(F::cp, "context parallelism is not modelled yet", "use cp = 1");
   if (p.flash_attention && !c.gpu.flash_attention)
     return problem(F::flash_attention,
                    "flash attention is on, but " + c.gpu.name + " (" + c.name +
@@ -177,6 +201,34 @@ std::optional<PlanProblem> check_plan(const ParallelPlan& p, const ModelSpec& m,
   if (m.ffn_hidden_size % p.tp != 0)
     return problem(F::tp, "TP " + tp + " does not divide ffn_hidden_size " + std::to_string(m.ffn_hidden_size),
                    "choose a TP that divides the FFN size");
+  if (p.cp > 1) {
+    const std::string cp = std::to_string(p.cp);
+    // Megatron-LM runs context parallelism in Transformer Engine's fused
+    // attention only, and splits each sequence into 2 x CP chunks
+    // (arguments.py: seq_length % (2 x context_parallel_size) == 0).
+    if (!p.flash_attention)
+      return problem(F::cp, "context parallelism needs fused (flash) attention (Transformer Engine's)",
+                     "turn flash attention on, or use CP 1");
+    if (p.seq_length % (2LL * p.cp) != 0)
+      return problem(F::cp,
+                     "sequence length " + std::to_string(p.seq_length) + " does not split into 2 x CP = " +
+                         std::to_string(2LL * p.cp) + " chunks",
+                     "choose a CP for which 2 x CP divides the sequence length");
+    if (p.sequence_parallel && (p.seq_length / p.cp) % p.tp != 0)
+      return problem(F::cp,
+                     "the " + std::to_string(p.seq_length / p.cp) + " tokens of a CP rank do not split over TP " +
+                         std::to_string(p.tp) + " for sequence parallelism",
+                     "choose CP and TP so that TP divides sequence length / CP");
+    // The all-to-all gives each rank heads / (TP x CP) query and key/value
+    // heads of the whole sequence.
+    if (p.cp_comm == CpComm::a2a &&
+        ((m.num_attention_heads / p.tp) % p.cp != 0 || (m.num_kv_heads / p.tp) % p.cp != 0))
+      return problem(F::cp_comm,
+                     "the a2a exchange needs CP " + cp + " to divide the heads per TP rank (" +
+                         std::to_string(m.num_attention_heads / p.tp) + " query, " +
+                         std::to_string(m.num_kv_heads / p.tp) + " key/value)",
+                     "use the p2p ring, or a CP that divides the key/value heads per TP rank");
+  }
   if (p.first_stage_layers < 0 || p.last_stage_layers < 0)
     return problem(F::uneven_stages, "stage layer counts must not be negative", "give positive layer counts");
   if (has_uneven_stages(p)) {
@@ -237,16 +289,17 @@ std::optional<PlanProblem> check_plan(const ParallelPlan& p, const ModelSpec& m,
   // overflow (world_size() can, for a DP of 2147483647), and it is exact
   // whenever it is at most the GPU count.
   const double world = static_cast<double>(p.tp) * p.pp * p.dp * p.cp;
+  const std::string dims = p.cp > 1 ? "TP x CP x PP x DP" : "TP x PP x DP";
   if (world > static_cast<double>(gpus))
     return problem(F::world_size,
-                   "TP x PP x DP = " + fmt::format("{:.0f}", world) + " GPUs but cluster " + c.name + " has " +
+                   dims + " = " + fmt::format("{:.0f}", world) + " GPUs but cluster " + c.name + " has " +
                        std::to_string(gpus),
                    "use fewer GPUs or more nodes");
   if (p.world_size() != gpus)
     return problem(F::world_size,
-                   "TP x PP x DP = " + std::to_string(p.world_size()) + " does not use all " + std::to_string(gpus) +
+                   dims + " = " + std::to_string(p.world_size()) + " does not use all " + std::to_string(gpus) +
                        " GPUs of " + c.name,
-                   "make TP x PP x DP equal the GPU count, or use a cluster with exactly that many GPUs");
+                   "make " + dims + " equal the GPU count, or use a cluster with exactly that many GPUs");
   const long long per_step = static_cast<long long>(p.micro_batch) * p.dp;
   if (p.global_batch % per_step != 0)
     return problem(F::global_batch,
@@ -263,10 +316,10 @@ std::optional<PlanProblem> check_plan(const ParallelPlan& p, const ModelSpec& m,
 }
 
 RankMapping::RankMapping(const ParallelPlan& plan, int gpus_per_node)
-    : tp_(plan.tp), pp_(plan.pp), dp_(plan.dp), gpus_per_node_(gpus_per_node) {
-  if (tp_ <= 0 || pp_ <= 0 || dp_ <= 0 || gpus_per_node_ <= 0)
+    : tp_(plan.tp), pp_(plan.pp), dp_(plan.dp), cp_(plan.cp), gpus_per_node_(gpus_per_node) {
+  if (tp_ <= 0 || pp_ <= 0 || dp_ <= 0 || cp_ <= 0 || gpus_per_node_ <= 0)
     throw std::invalid_argument("RankMapping: sizes must be positive");
-  auto size_of = [&](Dim d) { return d == Dim::tp ? tp_ : d == Dim::dp ? dp_ : pp_; };
+  auto size_of = [&](Dim d) { return d == Dim::tp ? tp_ : d == Dim::dp ? dp_ * cp_ : pp_; };
   int stride = 1;
   for (Dim d : plan.order.inner_to_outer) {
     stride_[static_cast<std::size_t>(d)] = stride;
@@ -281,45 +334,55 @@ RankCoord RankMapping::coord(int rank) const {
   c.node = rank / gpus_per_node_;
   c.gpu = rank % gpus_per_node_;
   c.tp = (rank / stride_[static_cast<std::size_t>(Dim::tp)]) % tp_;
-  c.dp = (rank / stride_[static_cast<std::size_t>(Dim::dp)]) % dp_;
+  const int data = (rank / stride_[static_cast<std::size_t>(Dim::dp)]) % (dp_ * cp_);
+  c.dp = data / cp_;
+  c.cp = data % cp_;
   c.pp = (rank / stride_[static_cast<std::size_t>(Dim::pp)]) % pp_;
   return c;
 }
 
-int RankMapping::rank_of(int tp, int pp, int dp) const {
-  return tp * stride_[static_cast<std::size_t>(Dim::tp)] + dp * stride_[static_cast<std::size_t>(Dim::dp)] +
+int RankMapping::rank_of(int tp, int pp, int dp, int cp) const {
+  return tp * stride_[static_cast<std::size_t>(Dim::tp)] + (dp * cp_ + cp) * stride_[static_cast<std::size_t>(Dim::dp)] +
          pp * stride_[static_cast<std::size_t>(Dim::pp)];
 }
 
-std::vector<int> RankMapping::tp_group(int pp, int dp) const {
+std::vector<int> RankMapping::tp_group(int pp, int dp, int cp) const {
   std::vector<int> g;
-  for (int t = 0; t < tp_; ++t) g.push_back(rank_of(t, pp, dp));
+  for (int t = 0; t < tp_; ++t) g.push_back(rank_of(t, pp, dp, cp));
   return g;
 }
 
-std::vector<int> RankMapping::pp_group(int tp, int dp) const {
+std::vector<int> RankMapping::pp_group(int tp, int dp, int cp) const {
   std::vector<int> g;
-  for (int p = 0; p < pp_; ++p) g.push_back(rank_of(tp, p, dp));
+  for (int p = 0; p < pp_; ++p) g.push_back(rank_of(tp, p, dp, cp));
   return g;
 }
 
 std::vector<int> RankMapping::dp_group(int tp, int pp) const {
   std::vector<int> g;
-  for (int d = 0; d < dp_; ++d) g.push_back(rank_of(tp, pp, d));
+  for (int d = 0; d < dp_ * cp_; ++d) g.push_back(rank_of_data(tp, pp, d));
+  return g;
+}
+
+std::vector<int> RankMapping::cp_group(int tp, int pp, int dp) const {
+  std::vector<int> g;
+  for (int k = 0; k < cp_; ++k) g.push_back(rank_of(tp, pp, dp, k));
   return g;
 }
 
 std::vector<std::vector<int>> RankMapping::tp_groups() const {
   std::vector<std::vector<int>> out;
   for (int p = 0; p < pp_; ++p)
-    for (int d = 0; d < dp_; ++d) out.push_back(tp_group(p, d));
+    for (int d = 0; d < dp_; ++d)
+      for (int k = 0; k < cp_; ++k) out.push_back(tp_group(p, d, k));
   return out;
 }
 
 std::vector<std::vector<int>> RankMapping::pp_groups() const {
   std::vector<std::vector<int>> out;
   for (int d = 0; d < dp_; ++d)
-    for (int t = 0; t < tp_; ++t) out.push_back(pp_group(t, d));
+    for (int k = 0; k < cp_; ++k)
+      for (int t = 0; t < tp_; ++t) out.push_back(pp_group(t, d, k));
   return out;
 }
 
@@ -327,6 +390,14 @@ std::vector<std::vector<int>> RankMapping::dp_groups() const {
   std::vector<std::vector<int>> out;
   for (int p = 0; p < pp_; ++p)
     for (int t = 0; t < tp_; ++t) out.push_back(dp_group(t, p));
+  return out;
+}
+
+std::vector<std::vector<int>> RankMapping::cp_groups() const {
+  std::vector<std::vector<int>> out;
+  for (int p = 0; p < pp_; ++p)
+    for (int d = 0; d < dp_; ++d)
+      for (int t = 0; t < tp_; ++t) out.push_back(cp_group(t, p, d));
   return out;
 }
 

@@ -54,7 +54,11 @@ std::array<TrainerPreset, 8> make_presets() {
   // 5e8 elements, or one layer when it holds more.
   modern_zero3(core.settings, 0, 500'000'000);
   core.uneven_interleaved = true;
+  core.context_parallel = true;
   core.sources = {
+      {"context_parallel", "Megatron-LM d98e8a64 megatron/training/arguments.py --context-parallel-size (seq_length "
+                           "% 2 x CP == 0) and --cp-comm-type p2p | a2a | allgather | a2a+p2p (default p2p); the "
+                           "attention is Transformer Engine's DotProductAttention with its context-parallel paths"},
       {"uneven_stages", "Megatron-LM d98e8a64 megatron/training/arguments.py --decoder-first-pipeline-num-layers / "
                         "--decoder-last-pipeline-num-layers (fa8bb592, 2024-09); megatron/core/transformer/"
                         "transformer_block.py get_num_layers_to_build: the middle stages share the rest evenly"},

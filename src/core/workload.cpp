@@ -48,6 +48,7 @@ std::string_view to_string(Group g) {
     case Group::tp: return "tp";
     case Group::pp: return "pp";
     case Group::dp: return "dp";
+    case Group::cp: return "cp";
   }
   return "?";
 }
@@ -101,7 +102,10 @@ constexpr double kBf16 = 2.0;
 constexpr double kFp32 = 4.0;
 
 struct Dims {
-  std::int64_t b, s, h, a, d, q, kv, f, t, tokens;
+  // s: a rank's tokens of one sequence (seq_length / cp); s_full: the whole
+  // sequence; tokens = s * b.
+  std::int64_t b, s, h, a, d, q, kv, f, t, tokens, cp, s_full;
+  CpComm cp_comm;
   bool sp, flash, fused_wgrad, alibi;
   // Bytes per parameter of the unfused accumulation (TrainerSettings::grad_accum_bytes).
   double grad_accum_bytes;
@@ -110,7 +114,10 @@ struct Dims {
 Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
   Dims x{};
   x.b = plan.micro_batch;
-  x.s = plan.seq_length > 0 ? plan.seq_length : m.seq_length;
+  x.s_full = plan.seq_length > 0 ? plan.seq_length : m.seq_length;
+  x.cp = plan.cp > 1 ? plan.cp : 1;
+  x.cp_comm = plan.cp_comm;
+  x.s = x.s_full / x.cp;
   x.h = m.hidden_size;
   x.a = m.num_attention_heads;
   x.d = m.head_dim;
@@ -215,10 +222,129 @@ double hidden_elements(const Dims& x) {
   return x.sp ? e / static_cast<double>(x.t) : e;
 }
 
+// Bytes of one rank's K and V ([s / cp, b, 2 kv / t]): the ring's message.
+double cp_kv_bytes(const Dims& x) {
+  return static_cast<double>(x.tokens) * static_cast<double>(2 * x.kv / x.t) * kBf16;
+}
+
+// One fused attention kernel over `q_tokens` queries and `kv_tokens` keys per
+// sequence for `batch` (sequence x head) pairs, `causal` when it is a
+// diagonal block (half the products). HBM: Q, K, V read and O written.
+Op flash_block(const Dims& x, Pass pass, std::int64_t q_tokens, std::int64_t kv_tokens, std::int64_t batch,
+               std::int64_t heads, bool causal) {
+  Op op;
+  op.name = op::attn_flash;
+  op.kind = OpKind::attention_core;
+  op.pass = pass;
+  op.m = q_tokens;
+  op.n = x.d;
+  op.k = kv_tokens;
+  op.batch = batch;
+  op.flops = 2.0 * 2.0 * static_cast<double>(q_tokens) * static_cast<double>(kv_tokens) * static_cast<double>(x.d) *
+             static_cast<double>(batch) * (causal ? 0.5 : 1.0);
+  const double q_width = static_cast<double>(heads * x.d);
+  const double kv_width = q_width * static_cast<double>(x.kv) / static_cast<double>(x.q);
+  op.bytes = static_cast<double>(x.b) *
+             (2.0 * static_cast<double>(q_tokens) * q_width + 2.0 * static_cast<double>(kv_tokens) * kv_width) * kBf16;
+  return op;
+}
+
+// The attention core with context parallelism (Transformer Engine's
+// context_parallel.py, which Megatron-Core runs). A rank holds chunks r and
+// 2cp - 1 - r of its sequence: s / cp queries.
+// p2p (AttnFuncWithCPAndKVP2P): cp steps of equal work: step 0 the two local
+// chunks against themselves (causal), each later step half of a full block
+// (both query chunks against the first K/V chunk of an earlier rank, or the
+// second query chunk against both K/V chunks of a later rank). While step i
+// computes, the K/V chunk of step i + 1 is sent on around the ring (cp - 1
+// sends; the last step sends nothing). The representative is rank 0, whose
+// later steps are the second half of its queries against a whole chunk pair.
+// a2a (AttnFuncWithCPAndQKVOA2A): an all-to-all of Q, K and V gives each rank
+// heads / (t cp) heads of the whole sequence, one causal kernel over it, and
+// an all-to-all returns the output.
+void add_cp_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
+  const std::int64_t heads = x.a / x.t;
+  if (x.cp_comm == CpComm::a2a) {
+    const double qkv = static_cast<double>(x.tokens) * static_cast<double>((x.q + 2 * x.kv) / x.t) * kBf16;
+    out.push_back(collective(op::cp_a2a_qkv, pass, Collective::all_to_all, Group::cp, qkv));
+    out.back().compute_dtype = true;
+    const std::int64_t h_cp = heads / x.cp;
+    out.push_back(flash_block(x, pass, x.s_full, x.s_full, x.b * h_cp, h_cp, true));
+    const double o = static_cast<double>(x.tokens) * static_cast<double>(x.q / x.t) * kBf16;
+    out.push_back(collective(op::cp_a2a_out, pass, Collective::all_to_all, Group::cp, o));
+    out.back().compute_dtype = true;
+    return;
+  }
+  for (std::int64_t i = 0; i < x.cp; ++i) {
+    if (i + 1 < x.cp) {
+      out.push_back(collective(op::cp_kv_p2p, pass, Collective::send_recv, Group::cp, cp_kv_bytes(x)));
+      out.back().kind = OpKind::p2p;
+      out.back().compute_dtype = true;
+      out.back().overlaps_next = true;
+    }
+    const Op block = i == 0 ? flash_block(x, pass, x.s, x.s, x.b * heads, heads, true)
+                            : flash_block(x, pass, x.s / 2, x.s, x.b * heads, heads, false);
+    // flash_attn_fwd_out_correction(_init): the step's output scaled by its
+    // softmax statistics and added into the running output (read the step's,
+    // read + write the running one).
+    const double elements = static_cast<double>(block.m * x.b) * static_cast<double>(x.q / x.t);
+    out.push_back(block);
+    out.push_back(memory_bound(op::cp_out_correct, pass, elements * (kBf16 + kBf16 + kBf16)));
+  }
+}
+
+// Its backward. p2p: step i sends on the K/V of step i + 1 and the dK/dV
+// summed so far (step 0 K/V only, the last step dK/dV only), each under the
+// step's backward kernel (2.5x its forward FLOPs, as without CP). a2a: the
+// output gradient all-to-all'd to the head layout, the kernel, dQ, dK and dV
+// all-to-all'd back.
+void add_cp_attention_backward(std::vector<Op>& out, const Dims& x, const std::vector<Op>& fwd) {
+  auto bwd_of = [&](const Op& f) {
+    Op op = f;
+    op.name = op::attn_flash_bwd;
+    op.pass = Pass::backward;
+    op.flops = 2.5 * f.flops;
+    op.bytes = 2.0 * f.bytes;  // Q, K, V, O, dO read; dQ, dK, dV written
+    return op;
+  };
+  std::vector<const Op*> blocks;
+  for (const Op& f : fwd)
+    if (f.kind == OpKind::attention_core) blocks.push_back(&f);
+  if (x.cp_comm == CpComm::a2a) {
+    const double o = static_cast<double>(x.tokens) * static_cast<double>(x.q / x.t) * kBf16;
+    out.push_back(collective(op::cp_a2a_out_bwd, Pass::backward, Collective::all_to_all, Group::cp, o));
+    out.back().compute_dtype = true;
+    for (const Op* b : blocks) out.push_back(bwd_of(*b));
+    const double qkv = static_cast<double>(x.tokens) * static_cast<double>((x.q + 2 * x.kv) / x.t) * kBf16;
+    out.push_back(collective(op::cp_a2a_qkv_bwd, Pass::backward, Collective::all_to_all, Group::cp, qkv));
+    out.back().compute_dtype = true;
+    return;
+  }
+  const std::size_t n = blocks.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const double bytes = cp_kv_bytes(x) * (i == 0 || i + 1 == n ? 1.0 : 2.0);
+    out.push_back(collective(op::cp_kv_dkv_p2p_bwd, Pass::backward, Collective::send_recv, Group::cp, bytes));
+    out.back().kind = OpKind::p2p;
+    out.back().compute_dtype = true;
+    out.back().overlaps_next = true;
+    const Op& f = *blocks[n - 1 - i];
+    out.push_back(bwd_of(f));
+    // The step's dQ added into dQ and its dK/dV into the travelling dK/dV
+    // (read both, write the sum).
+    const double elements = static_cast<double>(x.b) * (static_cast<double>(f.m) * static_cast<double>(x.q / x.t) +
+                                                        static_cast<double>(f.k) * static_cast<double>(2 * x.kv / x.t));
+    out.push_back(memory_bound(op::cp_grad_sum_bwd, Pass::backward, elements * (kBf16 + kBf16 + kBf16)));
+  }
+}
+
 // The attention core, forward. Flash: one fused kernel, shape of O = P V per
 // (batch, head) so wave quantisation follows its grid of query blocks; HBM
 // traffic is Q, K, V read and O written. Unfused: QK^T, softmax + dropout, AV.
 void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
+  if (x.cp > 1) {
+    add_cp_attention_forward(out, x, pass);
+    return;
+  }
   const std::int64_t heads = x.a / x.t;
   const std::int64_t batch = x.b * heads;
   const double causal = 0.5;
@@ -268,6 +394,10 @@ double qkv_elements(const Dims& x) { return static_cast<double>(x.tokens * ((x.q
 // forward), i.e. 2.5x; HBM: Q, K, V, O, dO read and dQ, dK, dV written.
 // Unfused: the backward of AV, of softmax + dropout and of QK^T.
 void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vector<Op>& fwd) {
+  if (x.cp > 1) {
+    add_cp_attention_backward(out, x, fwd);
+    return;
+  }
   if (x.flash) {
     for (const Op& f : fwd) {
       if (f.kind != OpKind::attention_core) continue;
@@ -497,7 +627,7 @@ LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan) {
   const double word_params = static_cast<double>(padded_vocab_size(m.vocab_size, x.t) / x.t) * static_cast<double>(x.h);
   const double position_params =
       m.learned_position_embeddings
-          ? static_cast<double>(m.max_position_embeddings > 0 ? m.max_position_embeddings : x.s) * static_cast<double>(x.h)
+          ? static_cast<double>(m.max_position_embeddings > 0 ? m.max_position_embeddings : x.s_full) * static_cast<double>(x.h)
           : 0.0;
   const double scatter_add = full * (kBf16 + kBf16 + kBf16);
   const double mask_backward = x.t > 1 ? full * (kBf16 + kBf16) + mask_zero : 0.0;

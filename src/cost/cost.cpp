@@ -275,6 +275,9 @@ LinkParams link_params(const Topology& topo, Collective c, const std::vector<int
   const double share_GBps = cl.inter.nics_per_node * cl.inter.nic_busbw_GBps / gpn;
   double busbw_GBps = std::min(max_per_node * share_GBps, intra_busbw_GBps);
   if (c == Collective::all_to_all) busbw_GBps = all_to_all_busbw_GBps(ranks, nodes, share_GBps, intra_busbw_GBps);
+  // A send/recv (a pipeline hop, or the CP ring's shift) is one connection
+  // per GPU: its own NIC's share, however many of the group share the node.
+  if (c == Collective::send_recv) busbw_GBps = std::min(share_GBps, intra_busbw_GBps);
   int extra_switches = 0;
   if (tier == Tier::spine) extra_switches = 2;
   if (tier == Tier::core) extra_switches = 4;

@@ -68,7 +68,7 @@ namespace cuboid {
 namespace {
 
 constexpr double kParamBytesPerParam = 2.0;  // bf16 weights
-constexpr std::size_t kCollectives = 5;
+constexpr std::size_t kCollectives = 6;
 
 // Link parameters of one group, one entry per Collective.
 using GroupLinks = std::array<LinkParams, kCollectives>;
@@ -76,7 +76,7 @@ using GroupLinks = std::array<LinkParams, kCollectives>;
 GroupLinks group_links(const Topology& topo, const std::vector<int>& ranks, const UplinkLoad& load) {
   GroupLinks links{};
   for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
-                       Collective::broadcast, Collective::send_recv}) {
+                       Collective::broadcast, Collective::send_recv, Collective::all_to_all}) {
     links[static_cast<std::size_t>(c)] = group_link_params(topo, c, ranks, load);
   }
   return links;
@@ -102,9 +102,9 @@ double tp_comm_ns(const std::vector<Op>& ops, int tp, const GroupLinks& links) {
 }
 
 struct PassTimes {
-  double fwd_compute = 0, bwd_compute = 0, fwd_tp = 0, bwd_tp = 0;
-  double fwd() const { return fwd_compute + fwd_tp; }
-  double bwd() const { return bwd_compute + bwd_tp; }
+  double fwd_compute = 0, bwd_compute = 0, fwd_tp = 0, bwd_tp = 0, fwd_cp = 0, bwd_cp = 0;
+  double fwd() const { return fwd_compute + fwd_tp + fwd_cp; }
+  double bwd() const { return bwd_compute + bwd_tp + bwd_cp; }
   double total() const { return fwd() + bwd(); }
 };
 
@@ -113,6 +113,31 @@ void add_scaled(PassTimes& into, const PassTimes& x, double scale) {
   into.bwd_compute += scale * x.bwd_compute;
   into.fwd_tp += scale * x.fwd_tp;
   into.bwd_tp += scale * x.bwd_tp;
+  into.fwd_cp += scale * x.fwd_cp;
+  into.bwd_cp += scale * x.bwd_cp;
+}
+
+// What a list's CP exchanges add to its compute: a blocking all-to-all its
+// whole time; a ring send/recv under the attention block after it what it
+// outlasts the block (the block itself is in the compute).
+double cp_exposed_ns(const GpuProfile& gpu, const std::vector<Op>& ops, int cp, const GroupLinks& links) {
+  double total = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    if (op.group != Group::cp || (op.kind != OpKind::collective && op.kind != OpKind::p2p)) continue;
+    const double comm = comm_ns(op.collective, op.comm_bytes, cp, links);
+    if (op.overlaps_next && i + 1 < ops.size())
+      total += std::max(0.0, comm - static_cast<double>(op_time_ns(gpu, ops[i + 1])));
+    else
+      total += comm;
+  }
+  return total;
+}
+
+void add_cp_times(PassTimes& into, const GpuProfile& gpu, const LayerOps& ops, int cp, const GroupLinks& links) {
+  if (cp <= 1) return;
+  into.fwd_cp += cp_exposed_ns(gpu, ops.forward, cp, links);
+  into.bwd_cp += cp_exposed_ns(gpu, ops.backward, cp, links) + cp_exposed_ns(gpu, ops.recompute, cp, links);
 }
 
 PassTimes compute_times(const GpuProfile& gpu, const LayerOps& ops) {
@@ -168,10 +193,13 @@ struct Placement {
   std::vector<GroupLinks> tp_links;       // distinct TP group links
   std::vector<std::size_t> stage_tp;      // stage -> index into tp_links
   std::vector<LinkParams> p2p_links;      // distinct send/recv links between consecutive stages
-  std::vector<GroupLinks> dp_links;       // per stage (DP group of TP rank 0)
+  std::vector<GroupLinks> cp_links;       // distinct CP group links (empty without CP)
+  std::vector<std::size_t> stage_cp;      // stage -> index into cp_links
+  std::vector<GroupLinks> dp_links;       // per stage (DP x CP group of TP rank 0)
   int dp_sms = 0;                         // SMs a DP collective holds on its GPUs (nccl_ring_channels)
   // Stages that can differ: the first, the last, and the first middle stage
-  // of each distinct TP placement (middle stages hold equal layer counts).
+  // of each distinct TP and CP placement (middle stages hold equal layer
+  // counts).
   std::vector<int> representatives;
 };
 
@@ -195,7 +223,7 @@ std::size_t intern(std::vector<GroupLinks>& pool, const GroupLinks& links) {
 // every DP group, every pipeline pair of every stage boundary. Only needed
 // (and only computed) where the fabric has an oversubscribed tier.
 struct PhaseLoads {
-  UplinkLoad tp, dp, pp;
+  UplinkLoad tp, dp, pp, cp;
 };
 
 // The load of `groups` rings of `members` ranks each, member k of group g
@@ -215,14 +243,20 @@ PhaseLoads phase_loads(const Topology& topo, const ParallelPlan& plan, const Ran
   PhaseLoads loads;
   const Cluster& cl = topo.cluster();
   if (cl.inter.oversubscription <= 1.0 && cl.inter.core_oversubscription <= 1.0) return loads;
-  const int tp = std::max(1, plan.tp), pp = std::max(1, plan.pp), dp = std::max(1, plan.dp);
+  // dp: the data index (DP x CP ranks).
+  const int tp = std::max(1, plan.tp), pp = std::max(1, plan.pp), dp = std::max(1, plan.dp_cp());
+  const int cp = std::max(1, plan.cp);
   if (tp > cl.gpus_per_node)
-    loads.tp = rings_load(topo, pp * dp, tp, [&](int g, int k) { return mapping.rank_of(k, g / dp, g % dp); });
+    loads.tp = rings_load(topo, pp * dp, tp, [&](int g, int k) { return mapping.rank_of_data(k, g / dp, g % dp); });
   if (dp > 1)
-    loads.dp = rings_load(topo, pp * tp, dp, [&](int g, int k) { return mapping.rank_of(g % tp, g / tp, k); });
-  if (pp > 1)  // a pair of neighbouring stages: (s, s + 1) for every TP and DP rank
+    loads.dp = rings_load(topo, pp * tp, dp, [&](int g, int k) { return mapping.rank_of_data(g % tp, g / tp, k); });
+  if (cp > 1)  // groups: (tp, pp, dp); members: the CP ranks
+    loads.cp = rings_load(topo, pp * tp * (dp / cp), cp, [&](int g, int k) {
+      return mapping.rank_of(g % tp, g / (tp * (dp / cp)), g / tp % (dp / cp), k);
+    });
+  if (pp > 1)  // a pair of neighbouring stages: (s, s + 1) for every TP and data rank
     loads.pp = rings_load(topo, (pp - 1) * dp * tp, 2,
-                          [&](int g, int k) { return mapping.rank_of(g % tp, g / (tp * dp) + k, g / tp % dp); });
+                          [&](int g, int k) { return mapping.rank_of_data(g % tp, g / (tp * dp) + k, g / tp % dp); });
   return loads;
 }
 
@@ -231,13 +265,14 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
   const PhaseLoads loads = phase_loads(topo, plan, mapping);
   Placement pl;
   const int pp = std::max(1, plan.pp);
-  if (plan.dp > 1) pl.dp_sms = nccl_ring_channels(topo.cluster(), mapping.dp_group(0, 0));
+  if (plan.dp_cp() > 1) pl.dp_sms = nccl_ring_channels(topo.cluster(), mapping.dp_group(0, 0));
   for (int stage = 0; stage < pp; ++stage) {
     GroupLinks links{};
     if (plan.tp > 1) links = group_links(topo, mapping.tp_group(stage, 0), loads.tp);
     pl.stage_tp.push_back(intern(pl.tp_links, links));
+    if (plan.cp > 1) pl.stage_cp.push_back(intern(pl.cp_links, group_links(topo, mapping.cp_group(0, stage, 0), loads.cp)));
     GroupLinks dp{};
-    if (plan.dp > 1) dp = group_links(topo, mapping.dp_group(0, stage), loads.dp);
+    if (plan.dp_cp() > 1) dp = group_links(topo, mapping.dp_group(0, stage), loads.dp);
     pl.dp_links.push_back(dp);
     if (stage + 1 < pp) {
       const std::vector<int> pair{mapping.rank_of(0, stage, 0), mapping.rank_of(0, stage + 1, 0)};
@@ -247,11 +282,13 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
       if (!seen) pl.p2p_links.push_back(link);
     }
   }
-  std::vector<bool> seen_links(pl.tp_links.size(), false);
+  std::vector<std::pair<std::size_t, std::size_t>> seen_links;
   for (int stage = 0; stage < pp; ++stage) {
-    const std::size_t idx = pl.stage_tp[static_cast<std::size_t>(stage)];
-    if (stage == 0 || stage == pp - 1 || !seen_links[idx]) pl.representatives.push_back(stage);
-    if (stage != 0) seen_links[idx] = true;
+    const auto s = static_cast<std::size_t>(stage);
+    const std::pair<std::size_t, std::size_t> idx{pl.stage_tp[s], pl.stage_cp.empty() ? 0 : pl.stage_cp[s]};
+    const bool seen = std::find(seen_links.begin(), seen_links.end(), idx) != seen_links.end();
+    if (stage == 0 || stage == pp - 1 || !seen) pl.representatives.push_back(stage);
+    if (stage != 0 && !seen) seen_links.push_back(idx);
   }
   return pl;
 }
@@ -266,6 +303,7 @@ struct TpTimes {
 };
 struct CommTimes {
   std::vector<TpTimes> tp;  // per entry of Placement::tp_links
+  std::vector<PassTimes> cp;  // a layer's CP exchanges, per entry of Placement::cp_links
   double hop_ns = 0;        // one pipeline message (and its TP gather), 0 without PP
   // How much slower a layer's forward and backward compute run while a DP
   // collective holds Placement::dp_sms SMs (1: not slowed).
@@ -308,6 +346,7 @@ CommTimes make_comm_times(const GpuProfile& gpu, const ParallelPlan& plan, const
     add_tp_times(ct.tp[i].embed, lc.embed, 1.0, tp, pl.tp_links[i]);
     add_tp_times(ct.tp[i].head, lc.head, 1.0, tp, pl.tp_links[i]);
   }
+  for (const GroupLinks& links : pl.cp_links) add_cp_times(ct.cp.emplace_back(), gpu, lc.layer, plan.cp, links);
   if (std::max(1, plan.pp) > 1) {
     const double msg = lc.pipeline_message;
     double hop_ns = 0;
@@ -417,7 +456,7 @@ struct Zero3Pass {
 Zero3Pass zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const ParallelPlan& plan,
                      const GpuProfile& gpu, const GroupLinks& dp_links, double param_bytes, double held_pace) {
   const TrainerSettings& ts = plan.trainer;
-  const int dp = plan.dp;
+  const int dp = plan.dp_cp();
   std::vector<Zero3Use> uses;
   uses.reserve(steps.size());
   for (const Zero3Step& st : steps) uses.push_back(Zero3Use{st.params, st.tensor});
@@ -587,7 +626,7 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
 Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
                        const Placement& pl, const CommTimes& ct, double pace) {
   const int pp = std::max(1, plan.pp);
-  const int dp = std::max(1, plan.dp);
+  const int dp = std::max(1, plan.dp_cp());
   const double v = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
   const double micro_batches = static_cast<double>(plan.num_micro_batches());
   const TpTimes* tp_times = ct.tp.data();
@@ -600,6 +639,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     const double layers_per_stage = layers_on_stage(plan, m.num_layers, stage);
     add_scaled(st, lc.layer_compute, layers_per_stage * pace);
     add_scaled(st, t.layer, layers_per_stage);
+    if (!ct.cp.empty()) add_scaled(st, ct.cp[pl.stage_cp[static_cast<std::size_t>(stage)]], layers_per_stage);
     if (stage == 0) {
       add_scaled(st, lc.embed_compute, pace);
       add_scaled(st, t.embed, 1.0);
@@ -617,6 +657,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   Breakdown bd;
   bd.compute_s = micro_batches * (crit.fwd_compute + crit.bwd_compute) * 1e-9;
   bd.tp_comm_s = micro_batches * (crit.fwd_tp + crit.bwd_tp) * 1e-9;
+  bd.cp_comm_s = micro_batches * (crit.fwd_cp + crit.bwd_cp) * 1e-9;
   bd.bubble_s = (pp - 1) * crit.total() / v * 1e-9;
 
   // Pipeline p2p on the critical path.
@@ -681,7 +722,8 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
 }
 
 struct LayerKey {
-  int tp, micro_batch;
+  int tp, cp, micro_batch;
+  CpComm cp_comm;
   std::int64_t seq_length;
   bool sp, flash, fused_wgrad;
   Recompute recompute;
@@ -689,7 +731,7 @@ struct LayerKey {
 };
 
 struct PlacementKey {
-  int tp, pp, dp;
+  int tp, pp, dp, cp;
   RankOrder order;
   bool operator==(const PlacementKey&) const = default;
 };
@@ -698,6 +740,7 @@ struct KeyHash {
   std::size_t operator()(const LayerKey& k) const noexcept {
     std::size_t h = static_cast<std::size_t>(k.seq_length);
     h = h * 1000003u ^ static_cast<std::size_t>(k.tp);
+    h = h * 1000003u ^ static_cast<std::size_t>(k.cp * 2 + (k.cp_comm == CpComm::a2a ? 1 : 0));
     h = h * 1000003u ^ static_cast<std::size_t>(k.micro_batch);
     h = h * 1000003u ^ (static_cast<std::size_t>(k.recompute) << 3 | (k.fused_wgrad ? 4u : 0u) | (k.sp ? 2u : 0u) |
                         (k.flash ? 1u : 0u));
@@ -707,6 +750,7 @@ struct KeyHash {
     std::size_t h = static_cast<std::size_t>(k.tp);
     h = h * 1000003u ^ static_cast<std::size_t>(k.pp);
     h = h * 1000003u ^ static_cast<std::size_t>(k.dp);
+    h = h * 1000003u ^ static_cast<std::size_t>(k.cp);
     for (Dim d : k.order.inner_to_outer) h = h * 31u + static_cast<std::size_t>(d);
     return h;
   }
@@ -764,11 +808,12 @@ Estimator::Estimator(Estimator&&) noexcept = default;
 
 Estimate Estimator::operator()(const ParallelPlan& plan) {
   const GpuProfile& gpu = topo_.cluster().gpu;
-  const LayerKey lk{plan.tp,          plan.micro_batch,     plan.seq_length, plan.sequence_parallel,
-                    plan.flash_attention, plan.grad_accum_fusion, plan.recompute};
+  const LayerKey lk{plan.tp,        plan.cp,         plan.micro_batch,     plan.cp_comm,
+                    plan.seq_length, plan.sequence_parallel, plan.flash_attention, plan.grad_accum_fusion,
+                    plan.recompute};
   auto li = caches_->layers.find(lk);
   if (li == caches_->layers.end()) li = caches_->layers.emplace(lk, make_layer_cost(model_, gpu, plan)).first;
-  const PlacementKey pk{plan.tp, plan.pp, plan.dp, plan.order};
+  const PlacementKey pk{plan.tp, plan.pp, plan.dp, plan.cp, plan.order};
   auto pi = caches_->placements.find(pk);
   if (pi == caches_->placements.end()) pi = caches_->placements.emplace(pk, make_placement(topo_, plan)).first;
   const PairKey ck{&li->second, &pi->second};

@@ -11,6 +11,10 @@
 // Megatron's numbers in that configuration (tests/test_memory.cpp checks it).
 // For GQA and gated MLPs the per-layer count here is
 // s*b*h*(10 + 4q/h + 4kv/h) + 6*s*b*f, where Megatron keeps 18 + 4f/h.
+// With context parallelism s is a rank's s / cp tokens (every activation
+// above is per token; Megatron's report has no CP term), and ZeRO shards
+// over DP x CP (Megatron's distributed optimizer uses the data-parallel group
+// with context parallelism).
 #include "cuboid/cost/memory.hpp"
 
 #include <algorithm>
@@ -39,7 +43,7 @@ bool interleaved(const ParallelPlan& plan) {
 // Megatron divides both by t (the ids are in fact replicated, but they are
 // 8*s*b bytes: negligible), and so do we to stay comparable.
 double embedding_activation_bytes(const ModelSpec& m, const ParallelPlan& plan) {
-  const double s = static_cast<double>(plan.seq_length);
+  const double s = static_cast<double>(plan.seq_per_rank());
   const double b = plan.micro_batch;
   const double h = static_cast<double>(m.hidden_size);
   const double bytes = 8 * s * b + s * b * h;
@@ -55,7 +59,7 @@ double embedding_activation_bytes(const ModelSpec& m, const ParallelPlan& plan) 
 // The logits are split by TP along the vocabulary; the LM head input only
 // with sequence parallelism.
 double output_layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan) {
-  const double s = static_cast<double>(plan.seq_length);
+  const double s = static_cast<double>(plan.seq_per_rank());
   const double b = plan.micro_batch;
   const double h = static_cast<double>(m.hidden_size);
   const double v = static_cast<double>(padded_vocab_size(m.vocab_size, plan.tp));
@@ -73,7 +77,7 @@ struct StageMemory {
 StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage) {
   StageMemory mem;
   mem.parameters = parameters_on_stage(m, plan, stage);
-  mem.weight_and_optimizer_bytes = mem.parameters * bytes_per_parameter(plan.zero_stage, plan.dp);
+  mem.weight_and_optimizer_bytes = mem.parameters * bytes_per_parameter(plan.zero_stage, plan.dp_cp());
 
   const double in_flight = in_flight_micro_batches(plan, stage);
   double act = activation_bytes_per_layer(m, plan) * layers_per_stage(m, plan, stage) * in_flight;
@@ -125,7 +129,7 @@ double parameters_on_stage(const ModelSpec& m, const ParallelPlan& plan, int sta
 }
 
 double activation_bytes_per_layer(const ModelSpec& m, const ParallelPlan& plan) {
-  const double s = static_cast<double>(plan.seq_length);
+  const double s = static_cast<double>(plan.seq_per_rank());
   const double b = plan.micro_batch;
   const double h = static_cast<double>(m.hidden_size);
   const double t = plan.tp;

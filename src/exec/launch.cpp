@@ -166,6 +166,10 @@ BackendOptions backend_options(const LaunchInfo& launch, std::string_view backen
 }
 
 void check_world_size(int world_size, const ParallelPlan& plan, const std::string& plan_source) {
+  if (plan.cp > 1)
+    throw InputError(plan_source, "parallel.cp",
+                     "the executor does not run context parallelism yet (cuboid plan and simulate price it)",
+                     "run or calibrate a plan with cp 1");
   if (world_size == plan.world_size()) return;
   throw InputError(plan_source, "parallel.world_size",
                    "the plan needs TP " + std::to_string(plan.tp) + " x PP " + std::to_string(plan.pp) + " x DP " +

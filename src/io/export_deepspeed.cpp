@@ -13,6 +13,11 @@ namespace cuboid::exporters {
 
 ExportResult deepspeed(const PlanFile& pf) {
   const ParallelPlan& p = pf.plan;
+  if (p.cp > 1)
+    refuse(pf, "parallel.cp",
+           "DeepSpeed's config has no context parallelism: its sequence parallelism (DeepSpeed-Ulysses) comes from "
+           "the model code, and the ring of K/V the plan was priced with is Transformer Engine's",
+           "export with --to megatron or --to megatron-bridge, or plan with --cp 1");
   if (p.tp > 1)
     refuse(pf, "parallel.tp",
            "DeepSpeed's config has no tensor-parallel size: Megatron-style TP (and sequence parallelism) comes from "

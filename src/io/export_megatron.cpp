@@ -20,7 +20,7 @@ ExportResult megatron(const PlanFile& pf) {
     refuse(pf, "parallel.rank_order",
            "Megatron-LM orders ranks tp-dp-pp (default) or tp-pp-dp (--use-tp-pp-dp-mapping), not " + p.order.str(),
            "plan with --rank-order tp-dp-pp or tp-pp-dp");
-  const bool fsdp = p.zero_stage >= 2 && p.dp > 1;
+  const bool fsdp = p.zero_stage >= 2 && p.dp_cp() > 1;
 
   std::string out = "#!/bin/bash\n" + header(pf, "#", "Megatron-LM");
   out += "# Flags: NVIDIA/Megatron-LM megatron/training/arguments.py@d98e8a64 (main, 2026). Add data, tokenizer,\n"
@@ -40,6 +40,10 @@ ExportResult megatron(const PlanFile& pf) {
   if (p.first_stage_layers > 0) arg(fmt::format("--decoder-first-pipeline-num-layers {}", p.first_stage_layers));
   if (p.last_stage_layers > 0) arg(fmt::format("--decoder-last-pipeline-num-layers {}", p.last_stage_layers));
   if (p.sequence_parallel) arg("--sequence-parallel");
+  if (p.cp > 1) {
+    arg(fmt::format("--context-parallel-size {}", p.cp));
+    arg(fmt::format("--cp-comm-type {}", to_string(p.cp_comm)));
+  }
   if (tp_pp_dp) arg("--use-tp-pp-dp-mapping");
   if (p.zero_stage >= 1) arg("--use-distributed-optimizer");
   if (fsdp) {
@@ -49,12 +53,13 @@ ExportResult megatron(const PlanFile& pf) {
     arg(fmt::format("--data-parallel-sharding-strategy {}", p.zero_stage == 3 ? "optim_grads_params" : "optim_grads"));
     arg("--ckpt-format fsdp_dtensor");
   }
-  if (p.dp > 1 && p.trainer.dp_overlap) arg("--overlap-grad-reduce");
+  // DP x CP: Megatron reduces the gradients over both.
+  if (p.dp_cp() > 1 && p.trainer.dp_overlap) arg("--overlap-grad-reduce");
   // The plan prices the distributed optimizer's parameter all-gather (ZeRO 1
   // and 2) after the optimizer step, exposed; ZeRO-3's gathers are prefetched
   // under compute, which Megatron FSDP does only with this flag.
-  if (p.dp > 1 && p.zero_stage == 3) arg("--overlap-param-gather");
-  if (p.dp > 1 && p.trainer.dp_grad_bytes == 2) arg("--grad-reduce-in-bf16");
+  if (p.dp_cp() > 1 && p.zero_stage == 3) arg("--overlap-param-gather");
+  if (p.dp_cp() > 1 && p.trainer.dp_grad_bytes == 2) arg("--grad-reduce-in-bf16");
   arg("# batch");
   arg(fmt::format("--micro-batch-size {}", p.micro_batch));
   arg(fmt::format("--global-batch-size {}", p.global_batch));
@@ -99,8 +104,9 @@ ExportResult megatron(const PlanFile& pf) {
 
   if (fsdp)
     out += "# Megatron FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1.\nunset CUDA_DEVICE_MAX_CONNECTIONS\n\n";
-  else if (p.tp > 1)
-    out += "# TP > 1: Megatron-LM wants CUDA_DEVICE_MAX_CONNECTIONS=1 (TP communication ordered before GEMMs).\n"
+  else if (p.tp > 1 || p.cp > 1)
+    out += std::string(p.cp > 1 ? "# TP or CP > 1" : "# TP > 1") +
+           ": Megatron-LM wants CUDA_DEVICE_MAX_CONNECTIONS=1 (TP communication ordered before GEMMs).\n"
            "export CUDA_DEVICE_MAX_CONNECTIONS=1\n\n";
 
   out += fmt::format(

@@ -61,6 +61,7 @@ ExportResult megatron_bridge(const PlanFile& pf) {
   if (p.first_stage_layers > 0) mset("num_layers_in_first_pipeline_stage", std::to_string(p.first_stage_layers));
   if (p.last_stage_layers > 0) mset("num_layers_in_last_pipeline_stage", std::to_string(p.last_stage_layers));
   mset("context_parallel_size", std::to_string(p.cp));
+  if (p.cp > 1) mset("cp_comm_type", fmt::format("\"{}\"", to_string(p.cp_comm)));
   mset("sequence_parallel", py(p.sequence_parallel));
   switch (p.recompute) {
     case Recompute::none:

@@ -66,6 +66,11 @@ void check_common(const PlanFile& pf) {
     refuse(pf, "parallel.sequence_parallel",
            "torchtitan's tensor parallelism always shards norms along the sequence (sequence parallelism)",
            "plan with --sequence-parallel on");
+  if (p.cp > 1)
+    refuse(pf, "parallel.cp",
+           "torchtitan's context parallelism is PyTorch's ring attention, which rotates K/V by all-gather (default) "
+           "or all-to-all: not Transformer Engine's p2p ring or a2a exchange the plan was priced with",
+           "export with --to megatron or --to megatron-bridge, or plan with --cp 1");
   if (has_uneven_stages(p))
     refuse(pf, "parallel.first_stage_layers",
            "torchtitan's stage split counts the embedding and the output as layers, so cuboid's uneven "

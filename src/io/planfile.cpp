@@ -47,7 +47,7 @@ void read_zero3(JsonReader& t, TrainerSettings& s) {
 }
 
 nlohmann::json parallel_to_json(const ParallelPlan& p) {
-  return nlohmann::json{
+  nlohmann::json j{
       {"tp", p.tp},
       {"pp", p.pp},
       {"dp", p.dp},
@@ -76,6 +76,9 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
         {"grad_accum_bytes", p.trainer.grad_accum_bytes},
         {"zero3", zero3_to_json(p.trainer)}}},
   };
+  // Written with CP only: a file without it reads as the default ring.
+  if (p.cp > 1) j["cp_comm"] = std::string(to_string(p.cp_comm));
+  return j;
 }
 
 nlohmann::json rank_mapping_to_json(const ParallelPlan& p, int gpus_per_node) {
@@ -84,6 +87,7 @@ nlohmann::json rank_mapping_to_json(const ParallelPlan& p, int gpus_per_node) {
   for (int r = 0; r < map.world_size(); ++r) {
     const RankCoord c = map.coord(r);
     out.push_back({{"rank", c.rank}, {"node", c.node}, {"gpu", c.gpu}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}});
+    if (p.cp > 1) out.back()["cp"] = c.cp;
   }
   return out;
 }
@@ -121,6 +125,8 @@ nlohmann::json prediction_to_json(const Estimate& e) {
         {"bubble_s", b.bubble_s},
         {"optimizer_s", b.optimizer_s}}},
   };
+  // Only with CP: other plans' files stay as they were.
+  if (e.plan.cp > 1) out["breakdown"]["cp_comm_s"] = b.cp_comm_s;
   if (e.interval) out["interval"] = interval_to_json(*e.interval);
   if (!e.other_orders.empty()) {
     out["other_rank_orders"] = nlohmann::json::array();
@@ -139,6 +145,7 @@ std::string plan_key(PlanField field) {
     case PlanField::pp: return "parallel.pp";
     case PlanField::dp: return "parallel.dp";
     case PlanField::cp: return "parallel.cp";
+    case PlanField::cp_comm: return "parallel.cp_comm";
     case PlanField::micro_batch: return "parallel.micro_batch";
     case PlanField::global_batch: return "parallel.global_batch";
     case PlanField::seq_length: return "parallel.seq_length";
@@ -177,6 +184,8 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   p.pp = read_int(r, "pp", 1);
   p.dp = read_int(r, "dp", 1);
   p.cp = read_int(r, "cp", 1);
+  if (const auto comm = r.optional_string("cp_comm"))
+    p.cp_comm = parse_cp_comm(*comm, source, "parallel.cp_comm");
   p.micro_batch = read_int(r, "micro_batch", 1);
   p.global_batch = r.positive_integer("global_batch");
   p.seq_length = r.positive_integer("seq_length");
@@ -254,8 +263,10 @@ void check_rank_mapping(const nlohmann::json& j, const ParallelPlan& p, int gpus
     JsonReader r(j[i], source, path);
     const RankCoord want = map.coord(static_cast<int>(i));
     const std::pair<const char*, int> fields[] = {{"rank", want.rank}, {"node", want.node}, {"gpu", want.gpu},
-                                                  {"tp", want.tp},     {"pp", want.pp},     {"dp", want.dp}};
+                                                  {"tp", want.tp},     {"pp", want.pp},     {"dp", want.dp},
+                                                  {"cp", want.cp}};
     for (const auto& [key, expected] : fields) {
+      if (std::string_view(key) == "cp" && p.cp == 1 && !r.has(key)) continue;  // written with CP only
       const std::int64_t got = r.integer(key);
       if (got != expected)
         r.fail(key,
@@ -305,6 +316,7 @@ std::vector<Estimate::OtherOrder> check_prediction(const nlohmann::json& j, cons
   mem.reject_unknown();
   JsonReader b = r.object("breakdown");
   for (const char* key : {"compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s"}) b.number(key);
+  if (b.has("cp_comm_s")) b.number("cp_comm_s");
   b.reject_unknown();
   if (r.has("interval")) {
     JsonReader in = r.object("interval");

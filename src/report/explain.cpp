@@ -23,6 +23,7 @@ struct Dimension {
 const std::vector<Dimension>& dimensions() {
   static const std::vector<Dimension> dims = {
       {"TP", [](const ParallelPlan& p) { return std::to_string(p.tp); }},
+      {"CP", [](const ParallelPlan& p) { return std::to_string(p.cp); }},
       {"PP", [](const ParallelPlan& p) { return std::to_string(p.pp); }},
       {"DP", [](const ParallelPlan& p) { return std::to_string(p.dp); }},
       {"micro-batch", [](const ParallelPlan& p) { return std::to_string(p.micro_batch); }},
@@ -106,9 +107,9 @@ std::string format_explain(const std::vector<ExplainRow>& rows, const Estimate& 
     }
     const Estimate& e = *row.best;
     const double slower = 100.0 * (e.iteration_time_s / winner.iteration_time_s - 1.0);
-    out += fmt::format("  {:<18} {:<9} {:>9.3f} s {} {:>+7.1f}%   TP {} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}, {}\n",
+    out += fmt::format("  {:<18} {:<9} {:>9.3f} s {} {:>+7.1f}%   TP {} CP {} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}, {}\n",
                        row.dimension, row.value, e.iteration_time_s, e.simulated ? "sim" : "est", slower, e.plan.tp,
-                       e.plan.pp, e.plan.dp, e.plan.micro_batch, e.plan.virtual_stages, e.plan.zero_stage,
+                       e.plan.cp, e.plan.pp, e.plan.dp, e.plan.micro_batch, e.plan.virtual_stages, e.plan.zero_stage,
                        to_string(e.plan.recompute), e.plan.sequence_parallel ? "on" : "off", e.plan.order.str(),
                        format_bytes_GiB(e.memory.total_bytes));
   }

@@ -96,6 +96,12 @@ nlohmann::json estimate_to_json(const Estimate& e) {
       {"pp_comm", e.breakdown.pp_comm_s},     {"dp_comm", e.breakdown.dp_comm_s},
       {"bubble", e.breakdown.bubble_s},       {"optimizer", e.breakdown.optimizer_s},
   };
+  // Only with CP: other plans' JSON stays as it was.
+  if (p.cp > 1) {
+    j["cp"] = p.cp;
+    j["cp_comm"] = std::string(to_string(p.cp_comm));
+    j["breakdown"]["cp_comm"] = e.breakdown.cp_comm_s;
+  }
   // Only with a spread, so that an even cluster's document stays as it was.
   if (e.gpu_spread > 0)
     j["gpu_spread"] = {{"sigma", e.gpu_spread}, {"gpus", p.world_size()}, {"expected_slowdown", e.gpu_spread_slowdown}};
@@ -131,8 +137,8 @@ std::string format_interval(const Estimate& e) {
 
 std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top_k) {
   const bool likely = !rows.empty() && rows.front().interval.has_value();
-  std::string out = fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9} {}{:>5} {:>10} {:>9} {:>5} {:>10} {:>9}\n",
-                                "#", "TP", "PP", "DP", "mb", "v", "ZeRO", "recompute", "SP", "order", "step(s)",
+  std::string out = fmt::format("{:>3} {:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9} {}{:>5} {:>10} {:>9} {:>5} {:>10} {:>9}\n",
+                                "#", "TP", "CP", "PP", "DP", "mb", "v", "ZeRO", "recompute", "SP", "order", "step(s)",
                                 likely ? fmt::format("{:>13} ", "likely(s)") : std::string(), "score",
                                 "tokens/s", "TFLOP/s", "MFU", "mem/GPU", "headroom");
   std::vector<std::string> tied;  // other rank orders folded into the rows shown
@@ -143,8 +149,8 @@ std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top
       for (const RankOrder& o : e.tied_orders)
         if (std::find(tied.begin(), tied.end(), o.str()) == tied.end()) tied.push_back(o.str());
     }
-    out += fmt::format("{:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9.3f} {}{:>5} {:>10.0f} {:>9.1f} {:>4.1f}% {:>10} {:>9}\n",
-                       i + 1, p.tp, p.pp, p.dp, p.micro_batch, p.virtual_stages, p.zero_stage,
+    out += fmt::format("{:>3} {:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9.3f} {}{:>5} {:>10.0f} {:>9.1f} {:>4.1f}% {:>10} {:>9}\n",
+                       i + 1, p.tp, p.cp, p.pp, p.dp, p.micro_batch, p.virtual_stages, p.zero_stage,
                        to_string(p.recompute), p.sequence_parallel ? "on" : "off",
                        p.order.str() + (e.tied_orders.empty() ? " " : "*"), e.iteration_time_s,
                        likely ? fmt::format("{:>13} ", format_interval(e)) : std::string(),
@@ -164,8 +170,14 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
   std::string out;
   out += fmt::format("{} on {} ({} nodes x {} {} = {} GPUs)\n", m.name, c.name, c.nodes, c.gpus_per_node, c.gpu.name,
                      c.total_gpus());
-  out += fmt::format("plan: TP {} x PP {} x DP {}, micro-batch {}, {} micro-batches, global batch {} x {} tokens\n", p.tp,
-                     p.pp, p.dp, p.micro_batch, p.num_micro_batches(), p.global_batch, p.seq_length);
+  out += fmt::format("plan: TP {}{} x PP {} x DP {}, micro-batch {}, {} micro-batches, global batch {} x {} tokens\n", p.tp,
+                     p.cp > 1 ? fmt::format(" x CP {}", p.cp) : std::string(), p.pp, p.dp, p.micro_batch,
+                     p.num_micro_batches(), p.global_batch, p.seq_length);
+  if (p.cp > 1)
+    out += fmt::format("      context parallel {}: {} tokens of each sequence per rank, {}\n", p.cp,
+                       p.seq_per_rank(),
+                       p.cp_comm == CpComm::a2a ? "Q, K, V and the output all-to-all'd (a2a)"
+                                                : "K/V passed around a ring under the attention (p2p)");
   out += fmt::format("      schedule {}{}, ZeRO {}, recompute {}, sequence parallel {}, flash attention {}, "
                      "grad-accum fusion {}, rank order {}\n",
                      to_string(p.schedule),
@@ -216,6 +228,7 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
   };
   row("compute", b.compute_s);
   row("TP comm", b.tp_comm_s);
+  if (p.cp > 1) row("CP comm", b.cp_comm_s);
   row("PP comm", b.pp_comm_s);
   row("DP comm", b.dp_comm_s);
   row("bubble", b.bubble_s);
@@ -242,9 +255,11 @@ std::string format_mesh(const ParallelPlan& plan, const Cluster& c) {
   const int gpn = c.gpus_per_node;
   const int nodes_used = (plan.world_size() + gpn - 1) / gpn;
   std::string out = fmt::format(
-      "TP {} x PP {} x DP {} = {} GPUs on {} node(s) x {} GPUs, rank order {} (first named = innermost)\n"
-      "cell = stage p, DP replica d, TP rank t\n\n",
-      plan.tp, plan.pp, plan.dp, plan.world_size(), nodes_used, gpn, plan.order.str());
+      "TP {}{} x PP {} x DP {} = {} GPUs on {} node(s) x {} GPUs, rank order {} (first named = innermost{})\n"
+      "cell = stage p, DP replica d, {}TP rank t\n\n",
+      plan.tp, plan.cp > 1 ? fmt::format(" x CP {}", plan.cp) : std::string(), plan.pp, plan.dp, plan.world_size(),
+      nodes_used, gpn, plan.order.str(), plan.cp > 1 ? "; CP inside DP" : "",
+      plan.cp > 1 ? "CP rank c, " : "");
   constexpr int kMaxNodesShown = 16;
   out += fmt::format("{:>8}", "");
   for (int g = 0; g < gpn; ++g) out += fmt::format(" {:>11}", fmt::format("gpu{}", g));
@@ -258,7 +273,8 @@ std::string format_mesh(const ParallelPlan& plan, const Cluster& c) {
         continue;
       }
       RankCoord k = map.coord(r);
-      out += fmt::format(" {:>11}", fmt::format("p{} d{} t{}", k.pp, k.dp, k.tp));
+      out += fmt::format(" {:>11}", plan.cp > 1 ? fmt::format("p{}d{}c{}t{}", k.pp, k.dp, k.cp, k.tp)
+                                                : fmt::format("p{} d{} t{}", k.pp, k.dp, k.tp));
     }
     out += "\n";
   }
@@ -280,7 +296,8 @@ std::string format_mesh(const ParallelPlan& plan, const Cluster& c) {
   };
   section("TP groups", map.tp_groups(), true);
   section("Pipelines (PP groups, stage 0 first)", map.pp_groups(), false);
-  section("DP groups", map.dp_groups(), false);
+  if (plan.cp > 1) section("CP groups (the ranks that split one sequence)", map.cp_groups(), false);
+  section(plan.cp > 1 ? "DP groups (DP x CP: the gradient reduction)" : "DP groups", map.dp_groups(), false);
   return out;
 }
 

@@ -19,6 +19,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::pp: return "--pp";
     case PlanField::dp: return "--dp";
     case PlanField::cp: return "--cp";
+    case PlanField::cp_comm: return "--cp-comm-type";
     case PlanField::micro_batch: return "--micro-batch";
     case PlanField::global_batch: return "--global-batch";
     case PlanField::seq_length: return "--seq-length";
@@ -187,6 +188,8 @@ void check_trainer_options(const PlannerOptions& o) {
     refuse("--flash-attention", "runs the unfused attention core", "use --flash-attention off, or " + other);
   if (o.grad_accum_fusion.value_or(false) && !t.grad_accum_fusion)
     refuse("--grad-accum-fusion", "has no gradient-accumulation fusion", "use --grad-accum-fusion off, or " + other);
+  if ((o.cp.value_or(1) > 1 || o.cp_comm) && !t.context_parallel)
+    refuse(o.cp ? "--cp" : "--cp-comm-type", "has no context parallelism here", "use --cp 1, or " + other);
   if (o.zero_stage && std::find(t.zero_stages.begin(), t.zero_stages.end(), *o.zero_stage) == t.zero_stages.end()) {
     std::string stages;
     for (int z : t.zero_stages) stages += (stages.empty() ? "" : ", ") + std::to_string(z);
@@ -224,11 +227,13 @@ ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, c
   ParallelPlan p;
   p.tp = o.tp.value_or(1);
   p.pp = o.pp.value_or(1);
+  p.cp = o.cp.value_or(1);
+  p.cp_comm = o.cp_comm.value_or(CpComm::p2p);
   if (o.dp) {
     p.dp = *o.dp;
   } else {
     // 64-bit: a huge --tp x --pp (checked later by validate_plan) must not overflow here.
-    const std::int64_t tp_pp = static_cast<std::int64_t>(p.tp) * p.pp;
+    const std::int64_t tp_pp = static_cast<std::int64_t>(p.tp) * p.pp * p.cp;
     p.dp = (tp_pp > 0 && cluster.total_gpus() % tp_pp == 0) ? static_cast<int>(cluster.total_gpus() / tp_pp) : 1;
   }
   p.seq_length = o.seq_length.value_or(model.seq_length);
@@ -295,6 +300,8 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     probe.schedule = probe.virtual_stages > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
     probe.micro_batch = o.micro_batch.value_or(1);
     probe.dp = o.dp.value_or(1);
+    probe.cp = o.cp.value_or(1);
+    probe.cp_comm = o.cp_comm.value_or(CpComm::p2p);
     probe.zero_stage = o.zero_stage.value_or(0);
     probe.flash_attention = flash;
     Cluster relaxed = cluster;  // the GPU-count check is the search's job
@@ -317,12 +324,21 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     if (o.dp && gpus % *o.dp != 0)
       throw InputError("command line", "--dp", "DP " + std::to_string(*o.dp) + " does not divide the " + std::to_string(gpus) + " GPUs of " + cluster.name,
                        "choose a DP that divides the GPU count");
+    if (o.cp && gpus % *o.cp != 0)
+      throw InputError("command line", "--cp", "CP " + std::to_string(*o.cp) + " does not divide the " + std::to_string(gpus) + " GPUs of " + cluster.name,
+                       "choose a CP that divides the GPU count");
   }
 
   const std::int64_t heads_gcd = std::gcd(std::gcd(model.num_attention_heads, model.num_kv_heads), model.ffn_hidden_size);
   std::vector<int> tps;
   for (int t : divisors(gpus))
     if (heads_gcd % t == 0 && (o.tp || t <= cluster.gpus_per_node)) tps.push_back(t);
+  // CP sizes: the powers of two whose 2 x CP chunks split the sequence, where
+  // the trainer has context parallelism (with fused attention only).
+  std::vector<int> cps{1};
+  if (trainer.context_parallel && flash)
+    for (int c = 2; c <= gpus && result.seq_length % (2LL * c) == 0; c *= 2)
+      if (gpus % c == 0) cps.push_back(c);
   std::vector<int> micro_batches;
   for (int b = 1; b <= o.max_micro_batch; b *= 2) micro_batches.push_back(b);
   // With flash attention the attention scores are never stored, so selective
@@ -350,10 +366,11 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
   // 1. Enumerate (cheap, sequential, deterministic order).
   std::vector<ParallelPlan> plans;
   for (int tp : fixed_or(o.tp, tps)) {
+   for (int cp : fixed_or(o.cp, cps)) {
     for (int pp : fixed_or(o.pp, pps)) {
-      if (gpus % (tp * pp) != 0) continue;  // not a factorisation of this cluster
+      if (gpus % (static_cast<std::int64_t>(tp) * cp * pp) != 0) continue;  // not a factorisation of this cluster
       if (pp > 1 && !trainer.pipeline) continue;  // the trainer runs no pipeline
-      const int dp = gpus / (tp * pp);
+      const int dp = static_cast<int>(gpus / (static_cast<std::int64_t>(tp) * cp * pp));
       if (o.dp && *o.dp != dp) continue;
       // The split of the layers: given by hand (--first/--last-stage-layers,
       // checked per candidate), proposed (--uneven-stages), or even.
@@ -378,13 +395,13 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
           std::array<Dim, 3> key{};
           std::size_t k = 0;
           for (Dim d : ord.inner_to_outer)
-            if ((d == Dim::tp ? tp : d == Dim::pp ? pp : dp) > 1) key[k++] = d;
+            if ((d == Dim::tp ? tp : d == Dim::pp ? pp : dp * cp) > 1) key[k++] = d;
           bool seen = false;
           for (const RankOrder& e : orders) {
             std::array<Dim, 3> ekey{};
             std::size_t ek = 0;
             for (Dim d : e.inner_to_outer)
-              if ((d == Dim::tp ? tp : d == Dim::pp ? pp : dp) > 1) ekey[ek++] = d;
+              if ((d == Dim::tp ? tp : d == Dim::pp ? pp : dp * cp) > 1) ekey[ek++] = d;
             seen = seen || (ek == k && std::equal(key.begin(), key.begin() + static_cast<long>(k), ekey.begin()));
           }
           if (!seen) orders.push_back(ord);
@@ -435,7 +452,7 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
             skip("interleaving needs micro-batches divisible by PP");
             continue;
           }
-          std::vector<int> zeros = dp > 1 ? trainer.zero_stages : std::vector<int>{trainer.zero_stages.front()};
+          std::vector<int> zeros = dp * cp > 1 ? trainer.zero_stages : std::vector<int>{trainer.zero_stages.front()};
           if (o.zero_stage) zeros = {*o.zero_stage};
           std::vector<bool> sps =
               tp > 1 && trainer.sequence_parallel ? std::vector<bool>{true, false} : std::vector<bool>{false};
@@ -448,6 +465,8 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
                   p.tp = tp;
                   p.pp = pp;
                   p.dp = dp;
+                  p.cp = cp;
+                  p.cp_comm = o.cp_comm.value_or(CpComm::p2p);
                   p.micro_batch = mb;
                   p.global_batch = result.global_batch;
                   p.seq_length = result.seq_length;
@@ -481,6 +500,7 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
         }
       }
     }
+   }
   }
 
   return plans;

@@ -39,7 +39,9 @@ Builder::Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& p
   vs_count_ = pp_ * v_;
   mbs_ = static_cast<int>(std::max<std::int64_t>(1, plan.num_micro_batches()));
   tp_ = std::max(1, plan.tp);
-  dp_ = std::max(1, plan.dp);
+  // The data index (DP x CP ranks): every DP loop below runs over it.
+  dp_ = std::max(1, plan.dp_cp());
+  cp_ = std::max(1, plan.cp);
   if (plan.world_size() > topo.num_gpus()) {
     throw std::invalid_argument("simulate: the plan needs " + std::to_string(plan.world_size()) +
                                 " GPUs but the cluster has " + std::to_string(topo.num_gpus()));
@@ -52,10 +54,10 @@ Builder::Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& p
     const RankCoord c = map_.coord(opts.straggler->rank);
     straggler_stage_ = c.pp;
     straggler_slowdown_ = opts.straggler->slowdown;
-    rep_dp_ = c.dp;  // the slowest replica sets the pace of every DP collective
+    rep_dp_ = c.dp * cp_ + c.cp;  // the slowest replica sets the pace of every DP collective
   }
   order_ = pipeline_order(plan.schedule, pp_, mbs_, v_);
-  tp_probe_ = TpProbe(topo.cluster(), map_.tp_group(0, rep_dp_));
+  tp_probe_ = TpProbe(topo.cluster(), tp_group_of(0, rep_dp_));
   net_ = std::make_unique<Network>(topo, NetworkOptions{}, &arena_);
   eng_ = std::make_unique<Engine>(*net_, &arena_);
 }
@@ -89,7 +91,7 @@ void Builder::make_representatives() {
   for (int s = 0; s < pp_; ++s) {
     Representative r;
     r.stage = s;
-    r.rank = map_.rank_of(0, s, rep_dp_);
+    r.rank = map_.rank_of_data(0, s, rep_dp_);
     r.compute = eng_->add_stream(r.rank, StreamKind::compute);
     r.tp = eng_->add_stream(r.rank, StreamKind::tp);
     r.pp_fwd = eng_->add_stream(r.rank, StreamKind::pp);
@@ -98,9 +100,9 @@ void Builder::make_representatives() {
     if (held_sms_ > 0) eng_->hold_sms(r.dp, r.compute);
     if (tp_ > 1 && !tp_fast_) {
       CommGroup g;
-      g.ranks = map_.tp_group(s, rep_dp_);
+      g.ranks = tp_group_of(s, rep_dp_);
       for (int d = 0; d < dp_; ++d) {
-        if (d != rep_dp_) g.mirrors.push_back(map_.tp_group(s, d));
+        if (d != rep_dp_) g.mirrors.push_back(tp_group_of(s, d));
       }
       r.tp_group = eng_->add_group(std::move(g));
     }
@@ -111,18 +113,33 @@ void Builder::make_representatives() {
       for (int t = 1; t < mirrored_tp; ++t) g.mirrors.push_back(map_.dp_group(t, s));
       r.dp_group = eng_->add_group(std::move(g));
     }
+    if (cp_ > 1) {
+      // The representative's CP ring; every other TP rank's and DP
+      // replica's ring exchanges at the same time.
+      CommGroup g;
+      const int rep_d = rep_dp_ / cp_;
+      g.ranks = map_.cp_group(0, s, rep_d);
+      g.rail0_part = folded;
+      for (int d = 0; d < dp_ / cp_; ++d) {
+        for (int t = 0; t < mirrored_tp; ++t) {
+          if (t == 0 && d == rep_d) continue;
+          g.mirrors.push_back(map_.cp_group(t, s, d));
+        }
+      }
+      r.cp_group = eng_->add_group(std::move(g));
+    }
     representatives_.push_back(r);
   }
   if (pp_ > 1) {
     auto p2p_group = [&](int from, int to) {
       CommGroup g;
-      g.ranks = {map_.rank_of(0, from, rep_dp_), map_.rank_of(0, to, rep_dp_)};
+      g.ranks = {map_.rank_of_data(0, from, rep_dp_), map_.rank_of_data(0, to, rep_dp_)};
       g.rail0_part = folded;
       g.mirrors.reserve(static_cast<std::size_t>(dp_ * mirrored_tp), 2);
       for (int d = 0; d < dp_; ++d) {
         for (int t = 0; t < mirrored_tp; ++t) {
           if (t == 0 && d == rep_dp_) continue;
-          g.mirrors.push_back({map_.rank_of(t, from, d), map_.rank_of(t, to, d)});
+          g.mirrors.push_back({map_.rank_of_data(t, from, d), map_.rank_of_data(t, to, d)});
         }
       }
       return eng_->add_group(std::move(g));
@@ -146,7 +163,7 @@ void Builder::make_representatives() {
 // fixed-duration task: the same result at a fraction of the cost.
 bool Builder::tp_isolated() const {
   if (tp_ <= 1) return true;
-  if (map_.nodes_spanned(map_.tp_group(0, rep_dp_)) != 1) return false;
+  if (map_.nodes_spanned(tp_group_of(0, rep_dp_)) != 1) return false;
   if (dp_ > 1 && map_.nodes_spanned(map_.dp_group(0, 0)) != dp_) return false;
   if (pp_ > 1 && map_.nodes_spanned(map_.pp_group(0, 0)) != pp_) return false;
   return true;
@@ -163,10 +180,10 @@ bool Builder::rails_foldable() const {
   if (!topo_.rail_symmetric() || !tp_fast_ || tp_ != gpn) return false;
   for (int d = 0; d < dp_; ++d) {
     for (int s = 0; s < pp_; ++s) {
-      const int base = map_.rank_of(0, s, d);
+      const int base = map_.rank_of_data(0, s, d);
       if (base % gpn != 0) return false;
       for (int t = 1; t < tp_; ++t) {
-        if (map_.rank_of(t, s, d) != base + t) return false;
+        if (map_.rank_of_data(t, s, d) != base + t) return false;
       }
     }
   }
@@ -186,7 +203,7 @@ void Builder::make_programs() {
   // (the intra-node tier's nccl_channels; a TP group across nodes has no
   // such figure and keeps every SM).
   const int gpn = std::max(1, topo_.cluster().gpus_per_node);
-  overlap_sms_ = tp_ > 1 && ov && map_.nodes_spanned(map_.tp_group(0, rep_dp_)) == 1 && tp_ <= gpn
+  overlap_sms_ = tp_ > 1 && ov && map_.nodes_spanned(tp_group_of(0, rep_dp_)) == 1 && tp_ <= gpn
                      ? topo_.cluster().intra.nccl_channels
                      : 0;
   const int sms = overlap_sms_;
@@ -480,6 +497,14 @@ void Builder::flush(Chain& ch) {
 
 TaskId Builder::add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps) {
   const Representative& r = representatives_[static_cast<std::size_t>(ch.stage)];
+  if (it.cp) {
+    // A CP exchange: on the network (its group may leave the node), on the
+    // TP stream (a layer's TP and CP collectives never run at once).
+    const TaskId t = emit_collective(it.collective, r.cp_group, it.bytes, r.tp, deps,
+                                     meta_of(Category::cp, kThreadTp, ch.stage));
+    label(t, ch.stage, prog.ops[it.name_op].name, "cp");
+    return t;
+  }
   const TaskMeta mt = meta_of(Category::tp, kThreadTp, ch.stage);
   TaskId t;
   if (tp_fast_) {
@@ -521,7 +546,8 @@ void Builder::play(Chain& ch, const Program& prog) {
       case ItemKind::async: {
         flush(ch);
         ch.async.push_back(add_tp(ch, it, prog, ch.deps));
-        if (it.probe_ns < 0 && overlap_sms_ > 0) it.probe_ns = tp_probe_.time_ns(it.collective, it.bytes);
+        // (a CP exchange takes no SMs from the block under it: reduced_ns -1)
+        if (!it.cp && it.probe_ns < 0 && overlap_sms_ > 0) it.probe_ns = tp_probe_.time_ns(it.collective, it.bytes);
         ch.overlap_ns = it.probe_ns;
         break;
       }
@@ -887,7 +913,7 @@ void Builder::finish_iteration() {
     for (int d = 0; d < dp_; ++d) {
       for (int t = 0; t < mirrored_tp(); ++t) {
         if (t == 0 && d == rep_dp_) continue;
-        g.mirrors.push_back({map_.rank_of(t, 0, d), map_.rank_of(t, pp_ - 1, d)});
+        g.mirrors.push_back({map_.rank_of_data(t, 0, d), map_.rank_of_data(t, pp_ - 1, d)});
       }
     }
     const GroupId gid = eng_->add_group(std::move(g));

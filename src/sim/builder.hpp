@@ -52,7 +52,7 @@ struct Representative {
   int rank = 0;
   int stage = 0;
   StreamId compute = 0, tp = 0, pp_fwd = 0, pp_bwd = 0, dp = 0;
-  GroupId tp_group = 0, dp_group = 0;
+  GroupId tp_group = 0, dp_group = 0, cp_group = 0;
 };
 
 // What ZeRO-3 gathers at once within a unit: the whole unit, or (tensor
@@ -130,6 +130,8 @@ class Builder {
   // or with folded rails TP rank 0's alone (CommGroup::rail0_part), the
   // others being its rotations.
   int mirrored_tp() const;
+  // The TP group of stage `pp` at data index `data` (DP x CP).
+  std::vector<int> tp_group_of(int pp, int data) const { return map_.tp_group(pp, data / cp_, data % cp_); }
 
   PassState& pass(Direction d, int mb, int vs);
   std::span<const TaskId> end_of(const PassState& s) const { return {ends_.data() + s.end_off, s.end_len}; }
@@ -189,7 +191,8 @@ class Builder {
   SimArena arena_;
   std::unique_ptr<Network> net_;
   std::unique_ptr<Engine> eng_;
-  int pp_ = 1, v_ = 1, vs_count_ = 1, mbs_ = 1, tp_ = 1, dp_ = 1, rep_dp_ = 0;
+  // dp_: DP x CP (the data index); rep_dp_: the representative's data index.
+  int pp_ = 1, v_ = 1, vs_count_ = 1, mbs_ = 1, tp_ = 1, dp_ = 1, cp_ = 1, rep_dp_ = 0;
   int straggler_stage_ = -1;
   double straggler_slowdown_ = 1.0;
   std::vector<double> compute_factor_;  // per stage (compute_factor)

@@ -117,6 +117,17 @@ void ring_edges(const NodeLayout& lay, std::vector<IdxEdge>& out) {
   }
 }
 
+// A send/recv: of two ranks one message, 0 -> 1; of more a ring shift, each
+// rank to the next in the group's order over one connection (nccl-tests'
+// sendrecv_perf, the CP ring of send/recv pairs).
+void shift_edges(int n, std::vector<IdxEdge>& out) {
+  if (n == 2) {
+    out.push_back({0, 1, 1.0});
+    return;
+  }
+  for (int i = 0; i < n; ++i) out.push_back({i, (i + 1) % n, 1.0});
+}
+
 // Double binary tree among `count` items: tree 0 is heap-shaped over
 // positions 0..count-1, tree 1 the same over the reversed order, so most
 // inner nodes of one tree are leaves of the other (NCCL's construction differs
@@ -190,7 +201,7 @@ void plan_ring(Network& net, Collective op, const CommGroup& g, const NodeLayout
   const double steps = ring_steps(op, n);
   std::vector<IdxEdge> edges;
   if (op == Collective::send_recv) {
-    edges.push_back({0, 1, 1.0});
+    shift_edges(static_cast<int>(g.ranks.size()), edges);
   } else {
     // Broadcast is a pipelined chain; it is modelled on the full ring (one
     // extra edge loaded back into the root, same uncontended time).
@@ -300,7 +311,7 @@ void plan_calibrated(Network& net, Collective op, const CommGroup& g, const Node
                      const CollectiveCalibration& fit, CollectivePlan& plan) {
   std::vector<IdxEdge> edges;
   if (op == Collective::send_recv) {
-    edges.push_back({0, 1, 1.0});
+    shift_edges(static_cast<int>(g.ranks.size()), edges);
   } else {
     ring_edges(lay, edges);
   }
@@ -462,7 +473,6 @@ CollectivePlan plan_collective(Network& net, Collective op, const CommGroup& gro
   plan.algorithm = algo;
   const int n = static_cast<int>(group.ranks.size());
   if (n <= 1) return plan;
-  if (op == Collective::send_recv && n != 2) throw std::invalid_argument("collective: send_recv needs 2 ranks");
   const NodeLayout lay = layout_of(*net.topology(), group.ranks);
   if (op == Collective::all_to_all) {
     if (group.rail0_part) throw std::invalid_argument("collective: an all-to-all group cannot be a rail-0 part");

@@ -71,10 +71,11 @@ class Builder {
     p_.flops += op.flops;
   }
 
-  void collective(ItemKind kind, Collective c, double bytes, std::string name) {
+  void collective(ItemKind kind, Collective c, double bytes, std::string name, bool cp = false) {
     close();
     Item it;
     it.kind = kind;
+    it.cp = cp;
     it.collective = c;
     it.bytes = bytes;
     it.name_op = static_cast<std::uint32_t>(p_.ops.size());
@@ -125,6 +126,20 @@ Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence
       b.overlapped(wgrad, overlap_sms_taken);
       b.join();
       i += 2;
+      continue;
+    }
+    if ((op.kind == OpKind::collective || op.kind == OpKind::p2p) && op.group == Group::cp) {
+      // A CP exchange: the ring's send/recv runs under the attention block
+      // after it, which the next block waits for; an all-to-all blocks.
+      const double bytes = comm_size_bytes(op, gpu.calibration.get());
+      if (op.overlaps_next && i + 1 < ops.size()) {
+        b.collective(ItemKind::async, op.collective, bytes, op.name, true);
+        b.overlapped(ops[i + 1], 0);
+        b.join();
+        ++i;
+      } else {
+        b.collective(ItemKind::collective, op.collective, bytes, op.name, true);
+      }
       continue;
     }
     if (op.kind == OpKind::collective || op.kind == OpKind::p2p) {

@@ -21,8 +21,8 @@ struct OpSpan {
 
 enum class ItemKind : std::uint8_t {
   compute,     // a segment of compute ops on the compute stream, after the chain
-  collective,  // a blocking TP collective on the TP stream, after the chain
-  async,       // a TP collective after the chain that the following compute runs under
+  collective,  // a blocking TP (or CP) collective on the TP stream, after the chain
+  async,       // a TP (or CP) collective after the chain that the following compute runs under
   join,        // the next item also waits for every async collective issued so far
 };
 
@@ -34,6 +34,7 @@ struct Item {
   Collective collective = Collective::all_reduce;
   double bytes = 0;                // collective / async: NCCL size
   std::uint32_t name_op = 0;       // collective / async: its name in Program::ops
+  bool cp = false;                 // collective / async: over the CP group, not the TP group
   // compute right after an async collective (its only op overlaps it): the
   // op's time while the collective holds NCCL's SMs (op_time_sms_taken_ns);
   // -1 otherwise. The builder charges overlapped_time_ns(collective, this,

@@ -25,6 +25,12 @@ inline constexpr char attn_softmax[] = "attn_softmax";
 inline constexpr char attn_av[] = "attn_av";
 inline constexpr char attn_ctx_copy[] = "attn_ctx_copy";
 inline constexpr char attn_flash[] = "attn_flash";
+// Context parallelism (workload.cpp add_cp_attention_*): the ring's K/V
+// send/recv, and the a2a exchange's all-to-alls before and after attention.
+inline constexpr char cp_kv_p2p[] = "cp_kv_p2p";
+inline constexpr char cp_a2a_qkv[] = "cp_a2a_qkv";
+inline constexpr char cp_a2a_out[] = "cp_a2a_out";
+inline constexpr char cp_out_correct[] = "cp_out_correct";  // a ring step's output merged into the running one
 inline constexpr char proj[] = "proj";
 inline constexpr char tp_rs_attn[] = "tp_rs_attn";
 inline constexpr char tp_ar_attn[] = "tp_ar_attn";
@@ -68,6 +74,10 @@ inline constexpr char drop_add_attn_bwd[] = "drop_add_attn_bwd";
 inline constexpr char tp_ag_attn_bwd[] = "tp_ag_attn_bwd";
 inline constexpr char proj_grad_accum[] = "proj_grad_accum";
 inline constexpr char attn_flash_bwd[] = "attn_flash_bwd";
+inline constexpr char cp_kv_dkv_p2p_bwd[] = "cp_kv_dkv_p2p_bwd";  // K/V on, and the dK/dV summed so far
+inline constexpr char cp_grad_sum_bwd[] = "cp_grad_sum_bwd";      // a ring step's dQ and dK/dV added to the running ones
+inline constexpr char cp_a2a_out_bwd[] = "cp_a2a_out_bwd";
+inline constexpr char cp_a2a_qkv_bwd[] = "cp_a2a_qkv_bwd";
 inline constexpr char attn_softmax_bwd[] = "attn_softmax_bwd";
 inline constexpr char attn_qk_scale_bwd[] = "attn_qk_scale_bwd";
 inline constexpr char attn_qkv_grad_cat[] = "attn_qkv_grad_cat";
@@ -169,7 +179,7 @@ inline bool is_pipeline_exchange(std::string_view name) {
 }
 
 // Every name above, for checks.
-inline constexpr std::array<std::string_view, 101> all{
+inline constexpr std::array<std::string_view, 109> all{
     norm_in, tp_ag_attn, qkv, qkv_bias, attn_alibi_bias, attn_qk, attn_softmax, attn_av, attn_ctx_copy, attn_flash,
     proj, tp_rs_attn,
     tp_ar_attn, drop_add_attn, norm_mlp, tp_ag_mlp, fc1, act, fc2, tp_rs_mlp, tp_ar_mlp, drop_add_mlp, qkv_dgrad,
@@ -184,7 +194,8 @@ inline constexpr std::array<std::string_view, 101> all{
     pp_send_bwd_recv_fwd, pp_send_fwd_recv_fwd, pp_send_bwd_recv_bwd, pp_send_fwd_recv_fwd_bwd,
     pp_send_fwd_bwd_recv_fwd_bwd, pp_send_fwd_bwd_recv_fwd, pp_send_fwd_bwd_recv_bwd, pp_send_fwd_bwd,
     pp_send_bwd_recv_fwd_bwd, pp_recv_fwd_bwd, dp_ar_grads, dp_rs_grads,
-    dp_ag_params, grad_scale, grad_norm, adam, param_copy, grad_zero, dqkv_zero, tp_ar_norm_grads,
+    dp_ag_params, grad_scale, grad_norm, adam, param_copy, grad_zero, dqkv_zero, tp_ar_norm_grads, cp_kv_p2p,
+    cp_a2a_qkv, cp_a2a_out, cp_kv_dkv_p2p_bwd, cp_a2a_out_bwd, cp_a2a_qkv_bwd, cp_out_correct, cp_grad_sum_bwd,
 };
 
 }  // namespace cuboid::op

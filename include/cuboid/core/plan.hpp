@@ -24,18 +24,29 @@ enum class Dim { tp, dp, pp };
 // one unit per layer) or each weight tensor of a layer (DeepSpeed's
 // per-module hooks: QKV, proj, FC1, FC2).
 enum class Zero3Unit { block, tensor };
+// How context parallelism exchanges keys and values (Megatron's
+// --cp-comm-type, Transformer Engine's context-parallel attention): p2p: a
+// ring of send/recv that passes each rank's K/V chunk on while it computes
+// attention with the one it holds; a2a: an all-to-all of Q, K and V that
+// gives each rank all tokens of heads / CP heads (DeepSpeed-Ulysses), and
+// one of the output back.
+enum class CpComm { p2p, a2a };
 
 std::string_view to_string(Recompute r);
 std::string_view to_string(Schedule s);
 std::string_view to_string(Dim d);
 std::string_view to_string(Zero3Unit u);
+std::string_view to_string(CpComm c);
 // Parse CLI / JSON spellings; throw InputError(source, field, ...) when unknown.
 Recompute parse_recompute(std::string_view s, const std::string& source, const std::string& field);
 Schedule parse_schedule(std::string_view s, const std::string& source, const std::string& field);
 Zero3Unit parse_zero3_unit(std::string_view s, const std::string& source, const std::string& field);
+CpComm parse_cp_comm(std::string_view s, const std::string& source, const std::string& field);
 
 // Which dimension varies fastest across consecutive ranks. Megatron-LM's
-// default is tp-dp-pp ("tp-cp-ep-dp-pp"): TP innermost, PP outermost.
+// default is tp-dp-pp ("tp-cp-ep-dp-pp"): TP innermost, PP outermost. CP has
+// no place of its own: its ranks are always the innermost part of the DP
+// dimension (Megatron's order, CP right inside DP).
 struct RankOrder {
   std::array<Dim, 3> inner_to_outer{Dim::tp, Dim::dp, Dim::pp};
   std::string str() const;  // "tp-dp-pp"
@@ -119,7 +130,10 @@ struct ParallelPlan {
   int tp = 1;
   int pp = 1;
   int dp = 1;
-  int cp = 1;                    // context parallel: always 1 for now
+  // Context parallel: each sequence split over `cp` ranks in 2 x cp chunks,
+  // rank r holding chunks r and 2cp - 1 - r (Megatron's causal balance).
+  int cp = 1;
+  CpComm cp_comm = CpComm::p2p;
   int micro_batch = 1;           // sequences per micro-batch
   std::int64_t global_batch = 1; // sequences per iteration
   std::int64_t seq_length = 0;
@@ -144,6 +158,12 @@ struct ParallelPlan {
   TrainerSettings trainer;
 
   int world_size() const { return tp * pp * dp * cp; }
+  // The ranks that hold the same weights and average their gradients (and
+  // shard ZeRO states): DP x CP, Megatron's data-parallel group with context
+  // parallelism.
+  int dp_cp() const { return dp * cp; }
+  // Tokens of one micro-batch's sequence on one rank: seq_length / cp.
+  std::int64_t seq_per_rank() const { return cp > 1 ? seq_length / cp : seq_length; }
   // Micro-batches per iteration per pipeline: global_batch / (micro_batch * dp).
   std::int64_t num_micro_batches() const { return global_batch / (static_cast<std::int64_t>(micro_batch) * dp); }
   std::int64_t tokens_per_iteration() const { return global_batch * seq_length; }
@@ -161,6 +181,15 @@ int chunks_per_stage(const ParallelPlan& plan);
 // uneven stages included (megatron/core/transformer/transformer_layer.py
 // get_transformer_layer_offset at d98e8a64).
 int first_layer_of_chunk(const ParallelPlan& plan, std::int64_t num_layers, int stage, int chunk);
+// Context parallelism's causal balance (Megatron-Core / Transformer Engine):
+// a sequence in 2 x cp chunks, rank r holding chunks r and 2cp - 1 - r, so
+// that an early (cheap) chunk pairs with a late (dear) one.
+std::array<int, 2> cp_chunks(int cp, int rank);
+// The (query, key) pairs causal attention computes on CP rank `rank` for a
+// sequence of `seq` tokens (2 x cp divides it): equal on every rank,
+// seq^2 / (2 cp) + seq / (2 cp).
+std::int64_t cp_causal_pairs(std::int64_t seq, int cp, int rank);
+
 // The uneven split cuboid proposes when PP x `chunks` does not divide the
 // layers: the middle stages get ceil(L / PP) layers and the first and last
 // stages share the rest (fewer, since they also hold the embedding and the LM
@@ -173,7 +202,7 @@ bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& las
 // The plan setting a problem is about; each caller names it in its own
 // terms (the command line: a flag; a plan file: a JSON key).
 enum class PlanField {
-  tp, pp, dp, cp, micro_batch, global_batch, seq_length, virtual_stages, zero_stage, schedule, sequence_parallel,
+  tp, pp, dp, cp, cp_comm, micro_batch, global_batch, seq_length, virtual_stages, zero_stage, schedule, sequence_parallel,
   flash_attention, uneven_stages, world_size,
 };
 
@@ -185,9 +214,10 @@ struct PlanProblem {
 };
 
 // The first problem of the plan for the model on the cluster, or none.
-// Checks, in order: positive sizes, cp, flash attention on the GPU, ZeRO
-// stage range, sequence length, TP divides heads / kv heads / FFN, the stage
-// split, interleaving, SP, TP x PP x DP against the GPUs, batch divisibility.
+// Checks, in order: positive sizes, flash attention on the GPU, ZeRO stage
+// range, sequence length, TP divides heads / kv heads / FFN, CP's chunks and
+// heads, the stage split, interleaving, SP, TP x CP x PP x DP against the
+// GPUs, batch divisibility.
 std::optional<PlanProblem> check_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster);
 
 struct RankCoord {
@@ -197,35 +227,43 @@ struct RankCoord {
   int tp = 0;
   int pp = 0;
   int dp = 0;
+  int cp = 0;
 };
 
 // rank -> (node, gpu) is rank / gpus_per_node, rank % gpus_per_node (ranks
 // fill nodes in order, as mpirun/torchrun do); rank -> (tp, pp, dp) follows
-// the plan's RankOrder.
+// the plan's RankOrder, with CP the innermost part of the DP dimension (its
+// "data index" cp + CP x dp).
 class RankMapping {
  public:
   RankMapping(const ParallelPlan& plan, int gpus_per_node);
 
   // O(1) and allocation-free: the estimator builds one per candidate.
-  int world_size() const { return tp_ * pp_ * dp_; }
+  int world_size() const { return tp_ * pp_ * dp_ * cp_; }
   RankCoord coord(int rank) const;
-  int rank_of(int tp, int pp, int dp) const;
+  int rank_of(int tp, int pp, int dp, int cp = 0) const;
+  // Rank of data index `data` (cp + CP x dp) in [0, DP x CP).
+  int rank_of_data(int tp, int pp, int data) const { return rank_of(tp, pp, data / cp_, data % cp_); }
 
   // Process groups, each as ranks in increasing coordinate order.
-  std::vector<int> tp_group(int pp, int dp) const;
-  std::vector<int> pp_group(int tp, int dp) const;
+  std::vector<int> tp_group(int pp, int dp, int cp = 0) const;
+  std::vector<int> pp_group(int tp, int dp, int cp = 0) const;
+  // The gradient group: DP x CP ranks (DP alone when CP is 1).
   std::vector<int> dp_group(int tp, int pp) const;
+  // The ranks that split one sequence.
+  std::vector<int> cp_group(int tp, int pp, int dp) const;
   std::vector<std::vector<int>> tp_groups() const;
   std::vector<std::vector<int>> pp_groups() const;
   std::vector<std::vector<int>> dp_groups() const;
+  std::vector<std::vector<int>> cp_groups() const;
 
   // Nodes spanned by a group; > 1 for a TP group means TP traffic leaves NVLink.
   int nodes_spanned(const std::vector<int>& ranks) const;
   bool tp_crosses_nodes() const;
 
  private:
-  int tp_, pp_, dp_, gpus_per_node_;
-  std::array<int, 3> stride_{};  // stride of tp, dp, pp in rank space
+  int tp_, pp_, dp_, cp_, gpus_per_node_;
+  std::array<int, 3> stride_{};  // stride of tp, dp (the data index), pp in rank space
 };
 
 }  // namespace cuboid

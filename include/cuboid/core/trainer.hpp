@@ -32,6 +32,7 @@ struct TrainerPreset {
   bool grad_accum_fusion = true;   // the fused wgrad + main_grad accumulation exists
   bool uneven_stages = true;       // first / last stage with other layer counts than the middle ones
   bool uneven_interleaved = false;  // ... also in interleaved chunks (every stage's layers / virtual stages)
+  bool context_parallel = false;   // CP > 1, with both of CpComm's exchanges
   std::vector<int> zero_stages{0, 1, 2, 3};
   // How it runs it by default.
   bool default_grad_accum_fusion = true;

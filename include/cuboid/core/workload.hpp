@@ -19,7 +19,7 @@
 namespace cuboid {
 
 enum class OpKind { gemm, attention_core, memory_bound, collective, p2p };
-enum class Group { none, tp, pp, dp };
+enum class Group { none, tp, pp, dp, cp };
 enum class Pass { forward, backward };
 
 std::string_view to_string(OpKind k);
@@ -47,6 +47,10 @@ struct Op {
   // context copy and their backward): its HBM side is priced at the profile's
   // unfused_attention_efficiency where it has one.
   bool unfused_attention = false;
+  // A CP exchange that the next op (a block of attention) runs under: the
+  // ring's send/recv of the next K/V chunk, started before the block that
+  // uses the current one and waited for after it (Transformer Engine).
+  bool overlaps_next = false;
 };
 
 struct LayerOps {

@@ -73,7 +73,8 @@ int choose_cuda_device(const LaunchInfo& launch, int visible_devices, const std:
 // (cuda), nothing to choose for cpu.
 BackendOptions backend_options(const LaunchInfo& launch, std::string_view backend);
 
-// InputError when the launched world size is not the plan's TP x PP x DP.
+// InputError when the plan has CP > 1 (the executor runs no context
+// parallelism yet) or the launched world size is not its TP x PP x DP.
 void check_world_size(int world_size, const ParallelPlan& plan, const std::string& plan_source);
 
 // The communicators of one rank: the world and the rank's TP, PP and DP

@@ -25,6 +25,10 @@ namespace cuboid {
 // Every dimension left empty is searched; a set one is fixed.
 struct PlannerOptions {
   std::optional<int> tp, pp, dp, micro_batch, virtual_stages, zero_stage;
+  // Context parallel size (default: searched where the trainer has it, else
+  // 1) and its exchange (default: the p2p ring, Megatron's default).
+  std::optional<int> cp;
+  std::optional<CpComm> cp_comm;
   std::optional<Recompute> recompute;
   std::optional<bool> sequence_parallel;
   std::optional<Schedule> schedule;
