@@ -333,11 +333,13 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
   std::vector<int> tps;
   for (int t : divisors(gpus))
     if (heads_gcd % t == 0 && (o.tp || t <= cluster.gpus_per_node)) tps.push_back(t);
-  // CP sizes: the powers of two whose 2 x CP chunks split the sequence, where
-  // the trainer has context parallelism (with fused attention only).
+  // CP sizes: the powers of two whose 2 x CP chunks split the sequence and
+  // leave each rank at least kMinCpTokens tokens, where the trainer has
+  // context parallelism (with fused attention only). A bound of the search,
+  // like TP within a node: --cp goes beyond it.
   std::vector<int> cps{1};
   if (trainer.context_parallel && flash)
-    for (int c = 2; c <= gpus && result.seq_length % (2LL * c) == 0; c *= 2)
+    for (int c = 2; c <= gpus && result.seq_length % (2LL * c) == 0 && result.seq_length / c >= kMinCpTokens; c *= 2)
       if (gpus % c == 0) cps.push_back(c);
   std::vector<int> micro_batches;
   for (int b = 1; b <= o.max_micro_batch; b *= 2) micro_batches.push_back(b);

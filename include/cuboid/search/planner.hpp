@@ -55,6 +55,13 @@ struct PlannerOptions {
   std::function<void(std::size_t done, std::size_t total)> progress;
 };
 
+// The search tries CP sizes that leave each rank at least this many tokens
+// of a sequence (a fixed --cp may go below): Llama 3 405B's 128K stage ran
+// CP 16, 8K tokens per rank (Dubey et al. 2024, Table 4); below 1K the GEMMs
+// and attention blocks shrink towards launch-bound sizes, and each CP size
+// multiplies the candidates.
+inline constexpr std::int64_t kMinCpTokens = 1024;
+
 // The default global batch: about 4M tokens, but no more than
 // kDefaultSequencesPerGpu sequences per GPU, so that small clusters get small
 // batches. Chosen as (odd part of the GPU count) x a power of two so that every
