@@ -42,7 +42,7 @@ std::string section(const char* id, const char* heading, const std::string& capt
 std::string ranked_table(const ReportPage& page) {
   const std::string basis = !page.ranked.empty() && page.ranked.front().interval ? page.ranked.front().interval->basis : "";
   std::string out = "<table class=\"sortable\" id=\"ranked-table\">\n<thead><tr>";
-  out += heading("#", true) + heading("TP", true) + heading("PP", true) + heading("DP", true) + heading("mb", true) +
+  out += heading("#", true) + heading("TP", true) + heading("CP", true) + heading("PP", true) + heading("DP", true) + heading("mb", true) +
          heading("v", true) + heading("ZeRO", true) + heading("recompute", false) + heading("SP", false) +
          heading("order", false) + heading("step (s)", true) +
          heading("likely (s)", true, "where a measured step would likely fall: " + basis) + heading("score", false) +
@@ -55,7 +55,8 @@ std::string ranked_table(const ReportPage& page) {
     const std::string likely = format_interval(e);
     const double likely_low = e.interval && e.interval->known ? e.interval->low_s : e.iteration_time_s;
     out += fmt::format("<tr data-row=\"{}\">", i + 1);
-    out += cell(std::to_string(i + 1)) + cell(std::to_string(p.tp)) + cell(std::to_string(p.pp)) +
+    out += cell(std::to_string(i + 1)) + cell(std::to_string(p.tp)) + cell(std::to_string(p.cp)) +
+           cell(std::to_string(p.pp)) +
            cell(std::to_string(p.dp)) + cell(std::to_string(p.micro_batch)) + cell(std::to_string(p.virtual_stages)) +
            cell(std::to_string(p.zero_stage)) + cell(std::string(to_string(p.recompute))) + cell(p.sequence_parallel ? "on" : "off") +
            cell(p.order.str() + (e.tied_orders.empty() ? "" : "*")) + number(e.iteration_time_s, 3) + cell(likely, fmt::format("{:.9g}", likely_low)) +
@@ -92,8 +93,8 @@ std::string explain_table(const ReportPage& page) {
     const ParallelPlan& p = e.plan;
     out += number(e.iteration_time_s, 3) + cell(e.simulated ? "sim" : "est") +
            number(100.0 * (e.iteration_time_s / page.chosen.iteration_time_s - 1.0), 1, "%") +
-           cell(fmt::format("TP {} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}", p.tp, p.pp, p.dp, p.micro_batch,
-                            p.virtual_stages, p.zero_stage, to_string(p.recompute), p.sequence_parallel ? "on" : "off",
+           cell(fmt::format("TP {} CP {} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}", p.tp, p.cp, p.pp, p.dp,
+                            p.micro_batch, p.virtual_stages, p.zero_stage, to_string(p.recompute), p.sequence_parallel ? "on" : "off",
                             p.order.str())) +
            number(e.memory.total_bytes / kGiB, 1, " GiB") + "</tr>\n";
   }
@@ -141,9 +142,9 @@ std::string html_report(const ReportPage& page) {
   out += fmt::format("<body data-command=\"{}\">\n", escape(page.command));
   out += "<div id=\"report-status\" data-state=\"loading\" hidden></div>\n"
          "<ul id=\"report-errors\" hidden></ul>\n";
-  out += fmt::format("<h1>{}</h1>\n<p class=\"subtitle\">TP {} &times; PP {} &times; DP {}, micro-batch {}, ZeRO {}, recompute "
+  out += fmt::format("<h1>{}</h1>\n<p class=\"subtitle\">TP {}{} &times; PP {} &times; DP {}, micro-batch {}, ZeRO {}, recompute "
                      "{}, SP {}, rank order {}: {} per iteration ({}), MFU {:.1f}%</p>\n",
-                     escape(page.title), p.tp, p.pp, p.dp, p.micro_batch, p.zero_stage, to_string(p.recompute),
+                     escape(page.title), p.tp, p.cp > 1 ? fmt::format(" &times; CP {}", p.cp) : std::string(), p.pp, p.dp, p.micro_batch, p.zero_stage, to_string(p.recompute),
                      p.sequence_parallel ? "on" : "off", escape(p.order.str()),
                      html::format_seconds(page.chosen.iteration_time_s), page.chosen.simulated ? "simulated" : "estimated",
                      100 * page.chosen.mfu);
@@ -165,7 +166,9 @@ std::string html_report(const ReportPage& page) {
                                                                            page.chosen, title)) +
                        "</div>\n");
   }
-  const std::string mesh_title = fmt::format("TP {} x PP {} x DP {}, rank order {}", p.tp, p.pp, p.dp, p.order.str());
+  const std::string mesh_title = fmt::format("TP {}{} x PP {} x DP {}, rank order {}", p.tp,
+                                             p.cp > 1 ? fmt::format(" x CP {}", p.cp) : std::string(), p.pp, p.dp,
+                                             p.order.str());
   out += section("mesh", "Device mesh",
                  "Which GPU holds which pipeline stage (p), DP replica (d) and TP rank (t); TP groups outlined.",
                  "<div class=\"figure\">" + html::inline_svg(mesh_svg(p, page.cluster, mesh_title)) + "</div>\n");
