@@ -170,10 +170,21 @@ std::vector<Case> catalogue() {
        }},
       {"vocab_size missing", [](const TempDir& d) { return model_case(d, "/vocab_size", nullptr, {"vocab_size", "missing required field"}); }},
       {"name empty", [](const TempDir& d) { return model_case(d, "/name", "", {"name", "is empty"}); }},
-      {"HF mixture-of-experts config", [](const TempDir&) {
-         return Spec{"plan --model tests/data/hf/mixtral-8x7b-config.json --cluster " + kClusterCard,
-                     {"tests/data/hf/mixtral-8x7b-config.json", "moe", "46.7 B parameters, 12.9 B active",
-                      "cannot yet plan"},
+      {"HF mixture-of-experts config with dense and MoE layers", [](const TempDir&) {
+         return Spec{"plan --model tests/data/hf/deepseek-v3-config.json --cluster " + kClusterCard,
+                     {"tests/data/hf/deepseek-v3-config.json", "moe.layer_pattern", "682.6 B parameters, 37.6 B active",
+                      "all MoE layers"},
+                     {}};
+       }},
+      {"--ep on a dense model", [](const TempDir&) {
+         return Spec{"simulate --model models/llama3-70b.json --cluster " + kClusterCard + " --tp 4 --pp 4 --ep 2",
+                     {"--ep", "has no experts"},
+                     {}};
+       }},
+      {"--ep that does not divide the experts", [](const TempDir&) {
+         return Spec{"simulate --model models/mixtral-8x7b.json --cluster " + kClusterCard +
+                         " --tp 2 --pp 2 --sequence-parallel on --ep 3",
+                     {"--ep", "EP 3 does not divide the 8 experts"},
                      {}};
        }},
 

@@ -125,6 +125,12 @@ void check_rules(const std::string& target, const Emitted& e, const PlanFile& pf
     const std::int64_t groups = get("--num-query-groups", "num_query_groups");
     if (groups > 0) CHECK(groups % tp == 0);
     CHECK(get("--num-layers", "num_layers") == layers);
+    // arguments.py: num_experts % EP == 0; parallel_state.py: a stage's
+    // TP x CP x DP ranks regroup as ETP x EP x expert-DP.
+    if (const std::int64_t ep = get("--expert-model-parallel-size", "expert_model_parallel_size"); ep > 0) {
+      CHECK(get("--num-experts", "num_moe_experts") % ep == 0);
+      CHECK((world / pp) % (ep * get("--expert-tensor-parallel-size", "expert_tensor_parallel_size")) == 0);
+    }
     const std::int64_t first = get("--decoder-first-pipeline-num-layers", "num_layers_in_first_pipeline_stage");
     const std::int64_t last = get("--decoder-last-pipeline-num-layers", "num_layers_in_last_pipeline_stage");
     const bool uneven = first > 0 || last > 0;
@@ -407,6 +413,43 @@ TEST_CASE("context parallelism: Megatron-LM and Megatron-Bridge carry it; DeepSp
   }
   // Without CP nothing changes.
   CHECK(text("seed", "megatron").find("context-parallel") == std::string::npos);
+}
+
+TEST_CASE("expert parallelism: Megatron-LM and Megatron-Bridge carry the MoE layer; DeepSpeed, NeMo 1.x and torchtitan refuse") {
+  // Mixtral-8x7B on the seed's 4 DGX A100: TP 2 x PP 2 x DP 8, experts EP 8 x ETP 1.
+  const ModelSpec model = load_model(cuboid::test::source_root() / "models/mixtral-8x7b.json");
+  const Cluster cluster = cuboid::test::four_dgx_a100();
+  ParallelPlan p = cuboid::test::make_plan(2, 2, 8, 1, 1, Recompute::none, true, Schedule::one_f_one_b, 4096);
+  p.ep = 8;
+  p.etp = 1;
+  validate_plan(p, model, cluster);
+  const PlanFile pf =
+      plan_file_from_json(plan_to_json(model, cluster, estimate(model, Topology(cluster), p)), "mixtral.plan.json");
+  CHECK(pf.plan.ep == 8);
+  check_options(pf, "megatron");
+  check_options(pf, "megatron-bridge");
+  const std::string megatron = export_plan(pf, "megatron").text;
+  for (const char* flag : {"--num-experts 8\n", "--moe-router-topk 2\n", "--moe-ffn-hidden-size 14336\n",
+                           "--expert-model-parallel-size 8\n", "--expert-tensor-parallel-size 1\n",
+                           "--moe-grouped-gemm\n", "--moe-token-dispatcher-type alltoall\n"}) {
+    CAPTURE(flag);
+    CHECK(megatron.find(flag) != std::string::npos);
+  }
+  const std::string bridge = export_plan(pf, "megatron-bridge").text;
+  CHECK(bridge.find("expert_model_parallel_size=8,") != std::string::npos);
+  CHECK(bridge.find("num_moe_experts=8,") != std::string::npos);
+  for (const char* target : {"deepspeed", "nemo", "torchtitan", "torchtitan-main"}) {
+    CAPTURE(target);
+    try {
+      (void)export_plan(pf, target);
+      FAIL_CHECK("no refusal");
+    } catch (const InputError& e) {
+      CHECK(e.field() == "model.moe");
+      CHECK(e.fix().find("--to megatron") != std::string::npos);
+    }
+  }
+  // A dense plan carries none of it.
+  CHECK(text("seed", "megatron").find("expert") == std::string::npos);
 }
 
 TEST_CASE("DeepSpeed: batch sizes consistent with DP, fp32 accumulation, the pipeline in the notes") {

@@ -634,16 +634,19 @@ TEST_CASE("HF configs with experts or latent attention of other families are ref
 }
 
 TEST_CASE("require_plannable refuses what cuboid cannot plan yet, with the model's counts") {
-  const std::string path = hf_path("mixtral-8x7b-config.json");
+  // Every layer an MoE layer: planned.
+  CHECK_NOTHROW(cuboid::require_plannable(cuboid::load_model(hf_path("mixtral-8x7b-config.json")), "m"));
+  CHECK_NOTHROW(cuboid::require_plannable(card("qwen3-30b-a3b.json"), "q"));
+  const std::string path = hf_path("deepseek-v3-config.json");
   const ModelSpec m = cuboid::load_model(path);
   try {
     cuboid::require_plannable(m, path);
     FAIL("expected an InputError");
   } catch (const InputError& e) {
-    CHECK(e.field() == "moe");
+    CHECK(e.field() == "moe.layer_pattern");
     CHECK(e.problem() ==
-          "mixtral is a mixture-of-experts model (8 experts, top-2; 46.7 B parameters, 12.9 B active per token); "
-          "cuboid cannot yet plan, simulate, export or run expert parallelism");
+          "deepseek_v3 mixes 3 dense and 58 MoE layers (682.6 B parameters, 37.6 B active per token); cuboid plans "
+          "models whose layers are all MoE layers (Mixtral, Qwen MoE) or all dense so far");
   }
   ModelSpec dense = card("llama3-70b.json");
   CHECK_NOTHROW(cuboid::require_plannable(dense, "d"));

@@ -69,3 +69,31 @@ TEST_CASE("op names: the workload lists only known names") {
     CHECK(known(o.name));
   }
 }
+
+TEST_CASE("op names: an MoE layer lists only known names, with and without EP, ETP and shared experts") {
+  ModelSpec m = llama3_8b();
+  m.moe.num_experts = 8;
+  m.moe.experts_per_token = 2;
+  m.moe.expert_ffn_hidden_size = 1024;
+  m.moe.shared_expert_ffn_hidden_size = 2048;
+  m.moe.shared_expert_gate = true;
+  m.moe.moe_layers.assign(static_cast<std::size_t>(m.num_layers), true);
+  for (int ep : {1, 4}) {
+    for (int etp : {1, 2}) {
+      for (bool fusion : {false, true}) {
+        ParallelPlan p;
+        p.tp = 2;
+        p.ep = ep;
+        p.etp = etp;
+        p.dp = 4;
+        p.seq_length = 2048;
+        p.sequence_parallel = true;
+        p.grad_accum_fusion = fusion;
+        p.recompute = Recompute::full;
+        CAPTURE(ep);
+        CAPTURE(etp);
+        check_all_known(transformer_layer_ops(m, p));
+      }
+    }
+  }
+}

@@ -182,12 +182,20 @@ TEST_CASE("the plan is validated against its own inline model") {
   CHECK(e.find("(fix: regenerate it with this cuboid") != std::string::npos);
 }
 
-TEST_CASE("a plan file whose model has experts is refused: export, run and validate cannot price them") {
+TEST_CASE("a plan file whose model has experts: every layer MoE reads (EP 1, ETP = TP); mixed layers are refused") {
   nlohmann::json j = seed_json();
   j["model"]["moe"] = {{"num_experts", 8}, {"experts_per_token", 2}, {"expert_ffn_hidden_size", 28672}};
+  CHECK(read_error(j) == "(accepted)");
+  const PlanFile pf = plan_file_from_json(j, "plan.json");
+  CHECK(pf.plan.ep == 1);
+  CHECK(pf.plan.expert_tp() == pf.plan.tp);
+  j["parallel"]["ep"] = 3;
+  CHECK(read_error(j).rfind("plan.json: parallel.ep: EP 3 does not divide the 8 experts", 0) == 0);
+  j["parallel"].erase("ep");
+  j["model"]["moe"]["first_dense_layers"] = 1;
   const std::string e = read_error(j);
-  CHECK(e.rfind("plan.json: model.moe: ", 0) == 0);
-  CHECK(e.find("is a mixture-of-experts model (8 experts, top-2;") != std::string::npos);
+  CHECK(e.rfind("plan.json: model.moe.layer_pattern: ", 0) == 0);
+  CHECK(e.find("mixes 1 dense and 79 MoE layers") != std::string::npos);
 }
 
 TEST_CASE("a plan for another cluster shape is refused") {

@@ -45,6 +45,7 @@ std::vector<CalibrationJob> load_jobs(const CalibrateOptions& o, const Cluster& 
   for (const std::string& path : o.plan_paths) {
     const PlanFile pf = read_plan_file(path);
     check_plan_matches_cluster(pf, cluster);
+    exec::check_executable(pf.model, pf.source);
     exec::check_world_size(world_size, pf.plan, pf.source);
     jobs.push_back(CalibrationJob{pf.model, pf.plan, pf.source});
   }
@@ -67,7 +68,8 @@ exec::Communicator* group_comm(exec::ProcessGroups& g, Group kind) {
     case Group::tp: return g.tp.get();
     case Group::pp: return g.pp.get();
     case Group::dp: return g.dp.get();
-    case Group::cp:  // refused before the launch (require_executable)
+    case Group::cp:  // refused before the launch (check_world_size, check_executable)
+    case Group::ep:
     case Group::none: break;
   }
   return g.world.get();

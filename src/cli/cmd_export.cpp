@@ -57,6 +57,8 @@ ExportResult replan_for_target(const PlanFile& pf, const ExportFlags& f, const I
   // No target that refuses a CP plan runs context parallelism as cuboid
   // prices it: the exporter's refusal says so and what to do.
   if (planned.cp > 1) throw refused;
+  // Nor does one that refuses the experts run them at all.
+  if (refused.field() == "model.moe") throw refused;
   const std::string cp_flag = planned.cp > 1 ? fmt::format(" --cp {}", planned.cp) : std::string();
   const std::string layout = fmt::format("TP {}{} x PP {} x DP {}", planned.tp,
                                          planned.cp > 1 ? fmt::format(" x CP {}", planned.cp) : std::string(), planned.pp,
@@ -80,6 +82,10 @@ ExportResult replan_for_target(const PlanFile& pf, const ExportFlags& f, const I
   o.dp = planned.dp;
   o.cp = planned.cp;
   if (planned.cp > 1) o.cp_comm = planned.cp_comm;
+  if (l.model.moe.enabled()) {  // the experts' layout stays too
+    o.ep = planned.ep;
+    o.etp = planned.expert_tp();
+  }
   o.global_batch = planned.global_batch;
   o.seq_length = planned.seq_length;
   if (has_uneven_stages(planned)) {  // the planned split of the layers stays

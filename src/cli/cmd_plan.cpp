@@ -20,6 +20,7 @@
 #include "cuboid/core/cluster.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/model.hpp"
+#include "cuboid/cost/memory.hpp"
 #include "cuboid/cost/speed_spread.hpp"
 #include "cuboid/io/export.hpp"
 #include "cuboid/io/planfile.hpp"
@@ -131,22 +132,42 @@ std::string why_best(const Estimate& e) {
   consider(b.bubble_s, "bubble-bound");
   consider(b.tp_comm_s, "TP-communication-bound");
   consider(b.cp_comm_s, "CP-communication-bound");
+  consider(b.ep_comm_s, "EP-communication-bound");
   consider(b.dp_comm_s, "DP-communication-bound");
   consider(b.pp_comm_s, "PP-communication-bound");
   return fmt::format(
-      "Best: TP {}{} x PP {} x DP {}, micro-batch {}{}, ZeRO {}, recompute {}, SP {}: {:.3f} s per iteration, "
-      "MFU {:.1f}%.\n  compute {:.0f}%, bubble {:.0f}%, exposed TP comm {:.0f}%{}, PP comm {:.0f}%, DP comm {:.0f}%, "
+      "Best: TP {}{}{} x PP {} x DP {}, micro-batch {}{}, ZeRO {}, recompute {}, SP {}: {:.3f} s per iteration, "
+      "MFU {:.1f}%.\n  compute {:.0f}%, bubble {:.0f}%, exposed TP comm {:.0f}%{}{}, PP comm {:.0f}%, DP comm {:.0f}%, "
       "optimizer {:.0f}%; memory {} of {} ({} headroom); {}.\n",
       e.plan.tp,
       e.plan.cp > 1 ? fmt::format(" x CP {} ({})", e.plan.cp, to_string(e.plan.cp_comm)) : std::string(),
+      e.plan.etp > 0 ? fmt::format(" (experts: EP {} x ETP {})", e.plan.ep, e.plan.expert_tp()) : std::string(),
       e.plan.pp, e.plan.dp, e.plan.micro_batch,
       e.plan.virtual_stages > 1 ? fmt::format(", {} virtual stages", e.plan.virtual_stages) : std::string(),
       e.plan.zero_stage, to_string(e.plan.recompute), e.plan.sequence_parallel ? "on" : "off", t, 100 * e.mfu,
       100 * b.compute_s / t, 100 * b.bubble_s / t, 100 * b.tp_comm_s / t,
       e.plan.cp > 1 ? fmt::format(", exposed CP comm {:.0f}%", 100 * b.cp_comm_s / t) : std::string(),
+      e.plan.ep > 1 ? fmt::format(", EP dispatch + combine {:.0f}%", 100 * b.ep_comm_s / t) : std::string(),
       100 * b.pp_comm_s / t, 100 * b.dp_comm_s / t,
       100 * b.optimizer_s / t, format_bytes_GiB(e.memory.total_bytes), format_bytes_GiB(e.memory.capacity_bytes),
       format_bytes_GiB(e.memory.headroom_bytes()), limit);
+}
+
+// What the winner's experts cost: the all-to-alls, the router's imbalance
+// they are priced at, and the experts' share of the memory.
+std::string experts_cost(const ModelSpec& m, const Estimate& e) {
+  const ParallelPlan& p = e.plan;
+  const StageParameters sp = stage_parameters(m, p, e.memory.peak_stage);
+  const double expert_bytes = sp.expert * bytes_per_parameter(p.zero_stage, p.expert_dp());
+  const double dense_bytes = sp.dense * bytes_per_parameter(p.zero_stage, p.dp_cp());
+  return fmt::format(
+      "  experts: {} of {} per rank (EP {}), {}; dispatch + combine all-to-alls {:.3f} s per iteration on the "
+      "critical path, priced for the busiest EP rank at {:.2f} x the mean load (the card's router_load_imbalance); "
+      "weights + optimizer {} for the experts (sharded over expert-DP {}), {} for the rest (over DP x CP {}).\n",
+      m.moe.num_experts / p.ep, m.moe.num_experts, p.ep,
+      p.expert_tp() > 1 ? fmt::format("each split over ETP {}", p.expert_tp()) : std::string("each whole (ETP 1)"),
+      e.breakdown.ep_comm_s, p.ep > 1 ? m.moe.router_load_imbalance : 1.0, format_bytes_GiB(expert_bytes),
+      p.expert_dp(), format_bytes_GiB(dense_bytes), p.dp_cp());
 }
 
 // A progress bar on stderr, only on a terminal and only after the first second.
@@ -296,6 +317,7 @@ void run_plan(const PlanFlags& f) {
   std::cout << fmt::format("\nBest plan of each TP x CP x PP x DP layout that fits ({} layouts):\n", per_shape.size());
   std::cout << format_plan_table(per_shape, 30);
   std::cout << "\n" << why_best(r.fitting.front());
+  if (l.model.moe.enabled()) std::cout << experts_cost(l.model, r.fitting.front());
   std::vector<ExplainRow> explained;
   if (f.explain) {
     explained = explain_choices(l.model, *l.topology, o, r);

@@ -45,6 +45,15 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   cmd->add_option("--cp-comm-type", f.cp_comm,
                   "how CP exchanges keys and values: p2p (a ring under the attention, Megatron's default) or a2a "
                   "(all-to-all of Q, K, V and the output)");
+  cmd->add_option("--ep", f.ep,
+                  search ? "expert-parallel size of a mixture-of-experts model: each MoE layer's experts split over "
+                           "EP ranks (Megatron's --expert-model-parallel-size); fix it (default: searched where the "
+                           "trainer has it)"
+                         : "expert-parallel size of a mixture-of-experts model (default 1)");
+  cmd->add_option("--etp", f.etp,
+                  "expert tensor-parallel size: each expert's FFN split over ETP ranks, 1 or TP (Megatron's "
+                  "--expert-tensor-parallel-size; default TP" +
+                      std::string(search ? ", searched with 1" : "") + ")");
   cmd->add_option("--micro-batch", f.micro_batch, fmt::format("sequences per micro-batch; {}", fix));
   cmd->add_option("--vpp", f.vpp, fmt::format("virtual pipeline stages per GPU (interleaved 1F1B); {}", fix));
   cmd->add_option("--zero", f.zero, fmt::format("ZeRO stage 0-3 (1 = Megatron's distributed optimizer); {}", fix));
@@ -106,6 +115,8 @@ PlannerOptions planner_options(const PlanFlags& f) {
   positive(f.pp, "--pp");
   positive(f.dp, "--dp");
   positive(f.cp, "--cp");
+  positive(f.ep, "--ep");
+  positive(f.etp, "--etp");
   positive(f.micro_batch, "--micro-batch");
   positive(f.vpp, "--vpp");
   // CLI11 saturates an out-of-range integer at INT64_MAX; a bound here keeps
@@ -126,6 +137,8 @@ PlannerOptions planner_options(const PlanFlags& f) {
   o.dp = f.dp;
   o.cp = f.cp;
   if (f.cp_comm) o.cp_comm = parse_cp_comm(*f.cp_comm, cl, "--cp-comm-type");
+  o.ep = f.ep;
+  o.etp = f.etp;
   o.micro_batch = f.micro_batch;
   o.virtual_stages = f.vpp;
   o.zero_stage = f.zero;
@@ -161,7 +174,7 @@ Loaded load(const PlanFlags& f) {
   if (f.plan_path) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
-    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.micro_batch || f.vpp || f.zero || f.recompute || f.sequence_parallel ||
+    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.micro_batch || f.vpp || f.zero || f.recompute || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.grad_accum_fusion || f.trainer || f.dp_overlap || f.rank_order ||
                       f.global_batch ||
                       f.seq_length ||

@@ -25,6 +25,7 @@ struct PlanFlags {
   std::optional<std::int64_t> global_batch, seq_length;
   std::optional<int> tp, pp, dp, cp, micro_batch, vpp, zero;
   std::optional<std::string> cp_comm;            // --cp-comm-type p2p|a2a
+  std::optional<int> ep, etp;                    // --ep, --etp (MoE models)
   std::optional<std::string> recompute, sequence_parallel, schedule, flash_attention, rank_order;
   std::optional<std::string> grad_accum_fusion;  // on|off
   std::optional<std::string> trainer;            // --trainer preset

@@ -208,6 +208,10 @@ void validate_moe(const ModelSpec& m, const std::string& source) {
   if (!(e.capacity_factor >= 0) || e.capacity_factor > 1e3)
     throw InputError(source, "moe.capacity_factor", "must be 0 (dropless) or a positive factor",
                      "give e.g. 1.25, or 0 for dropless routing");
+  if (!(e.router_load_imbalance >= 1.0) || e.router_load_imbalance > 1e3)
+    throw InputError(source, "moe.router_load_imbalance",
+                     "must be >= 1 (the busiest EP rank's tokens over the mean; 1: balanced)",
+                     "give e.g. 1.2, or drop it for a balanced router");
   if (static_cast<std::int64_t>(e.moe_layers.size()) != m.num_layers)
     throw InputError(source, "moe.layer_pattern",
                      "has " + std::to_string(e.moe_layers.size()) + " entries for " + std::to_string(m.num_layers) +
@@ -382,6 +386,7 @@ MoeSpec parse_moe(JsonReader& card, std::int64_t num_layers) {
   e.shared_expert_ffn_hidden_size = r.optional_positive_integer("shared_expert_ffn_hidden_size").value_or(0);
   e.shared_expert_gate = r.optional_boolean("shared_expert_gate").value_or(false);
   e.capacity_factor = r.optional_positive_number("capacity_factor").value_or(0.0);
+  e.router_load_imbalance = r.optional_positive_number("router_load_imbalance").value_or(1.0);
   e.router_groups = r.optional_positive_integer("router_groups").value_or(0);
   e.router_group_topk = r.optional_positive_integer("router_group_topk").value_or(0);
   if (r.has("layer_pattern")) {
@@ -743,6 +748,7 @@ nlohmann::json moe_to_json(const MoeSpec& e) {
   if (e.shared_expert_ffn_hidden_size > 0) j["shared_expert_ffn_hidden_size"] = e.shared_expert_ffn_hidden_size;
   if (e.shared_expert_gate) j["shared_expert_gate"] = true;
   if (e.capacity_factor > 0) j["capacity_factor"] = e.capacity_factor;
+  if (e.router_load_imbalance != 1.0) j["router_load_imbalance"] = e.router_load_imbalance;
   if (e.router_groups > 0) {
     j["router_groups"] = e.router_groups;
     j["router_group_topk"] = e.router_group_topk;
@@ -806,12 +812,12 @@ void require_plannable(const ModelSpec& m, const std::string& source) {
   const std::string counts = fmt::format("{:.1f} B parameters, {:.1f} B active per token",
                                          static_cast<double>(m.parameter_count()) / 1e9,
                                          static_cast<double>(m.active_parameter_count()) / 1e9);
-  if (m.moe.enabled())
-    throw InputError(source, "moe",
-                     fmt::format("{} is a mixture-of-experts model ({} experts, top-{}; {}); cuboid cannot yet plan, "
-                                 "simulate, export or run expert parallelism",
-                                 m.name, m.moe.num_experts, m.moe.experts_per_token, counts),
-                     "plan a dense model for now");
+  if (m.moe.enabled() && m.moe.moe_layer_count() != m.num_layers)
+    throw InputError(source, "moe.layer_pattern",
+                     fmt::format("{} mixes {} dense and {} MoE layers ({}); cuboid plans models whose layers are all "
+                                 "MoE layers (Mixtral, Qwen MoE) or all dense so far",
+                                 m.name, m.num_layers - m.moe.moe_layer_count(), m.moe.moe_layer_count(), counts),
+                     "plan a model whose every layer is an MoE layer for now");
   if (m.mla.enabled())
     throw InputError(source, "mla",
                      m.name + " uses multi-head latent attention, which cuboid cannot yet plan, simulate, export or run",

@@ -159,6 +159,66 @@ bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& las
   return first < per_middle * v + 1;
 }
 
+namespace {
+
+std::optional<PlanProblem> plan_problem(PlanField field, std::string what, std::string fix) {
+  return PlanProblem{field, std::move(what), std::move(fix)};
+}
+
+// The experts' dimensions, as Megatron-Core constrains them (arguments.py,
+// moe_layer.py, parallel_state.py at d98e8a64), and the ETP cuboid models.
+std::optional<PlanProblem> check_experts(const ParallelPlan& p, const ModelSpec& m) {
+  using F = PlanField;
+  const std::string ep = std::to_string(p.ep), etp = std::to_string(p.expert_tp());
+  if (p.ep <= 0) return plan_problem(F::ep, "must be positive, got " + ep, "give a value >= 1");
+  if (p.etp < 0) return plan_problem(F::etp, "must be positive, got " + std::to_string(p.etp), "give a value >= 1");
+  if (!m.moe.enabled()) {
+    if (p.ep > 1 || (p.etp > 0 && p.etp != p.tp))
+      return plan_problem(p.ep > 1 ? F::ep : F::etp,
+                          "expert parallelism needs a mixture-of-experts model; " + m.name + " has no experts",
+                          "drop EP / ETP (use EP 1)");
+    return std::nullopt;
+  }
+  const std::string experts = std::to_string(m.moe.num_experts);
+  if (m.moe.num_experts % p.ep != 0)
+    return plan_problem(F::ep, "EP " + ep + " does not divide the " + experts + " experts of " + m.name,
+                        "choose an EP that divides the number of experts");
+  if (p.expert_tp() != 1 && p.expert_tp() != p.tp)
+    return plan_problem(F::etp,
+                        "ETP " + etp + " is neither 1 nor TP " + std::to_string(p.tp) +
+                            " (cuboid prices the experts' TP on the attention's TP group, or none)",
+                        "use ETP 1 or ETP = TP");
+  if (m.moe.expert_ffn_hidden_size % p.expert_tp() != 0)
+    return plan_problem(F::etp,
+                        "ETP " + etp + " does not divide the experts' FFN size " +
+                            std::to_string(m.moe.expert_ffn_hidden_size),
+                        "choose an ETP that divides the experts' FFN size");
+  if (m.moe.shared_expert_ffn_hidden_size % p.tp != 0)
+    return plan_problem(F::tp,
+                        "TP " + std::to_string(p.tp) + " does not divide the shared experts' FFN size " +
+                            std::to_string(m.moe.shared_expert_ffn_hidden_size),
+                        "choose a TP that divides the shared experts' FFN size");
+  const long long dense = static_cast<long long>(p.tp) * p.cp * p.dp;
+  const long long folded = static_cast<long long>(p.expert_tp()) * p.ep;
+  if (dense % folded != 0)
+    return plan_problem(F::ep,
+                        "ETP x EP = " + std::to_string(folded) + " does not divide the TP x CP x DP = " +
+                            std::to_string(dense) + " ranks of a pipeline stage, which the experts regroup",
+                        "choose EP and ETP whose product divides TP x CP x DP");
+  if (p.zero_stage >= 3)
+    return plan_problem(F::zero_stage,
+                        "ZeRO-3 of a mixture-of-experts model is not modelled (cuboid gathers whole dense layers)",
+                        "use ZeRO 0-2 (Megatron's distributed optimizer is ZeRO 1)");
+  if (p.tp > 1 && !p.sequence_parallel)
+    return plan_problem(F::sequence_parallel,
+                        "a mixture-of-experts layer with TP > 1 needs sequence parallelism (Megatron-Core refuses "
+                        "to train without it)",
+                        "turn sequence parallelism on");
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<PlanProblem> check_plan(const ParallelPlan& p, const ModelSpec& m, const Cluster& c) {
   using F = PlanField;
   auto problem = [](PlanField field, std::string what, std::string fix) {
@@ -229,6 +289,7 @@ std::optional<PlanProblem> check_plan(const ParallelPlan& p, const ModelSpec& m,
                          std::to_string(m.num_kv_heads / p.tp) + " key/value)",
                      "use the p2p ring, or a CP that divides the key/value heads per TP rank");
   }
+  if (auto moe = check_experts(p, m)) return moe;
   if (p.first_stage_layers < 0 || p.last_stage_layers < 0)
     return problem(F::uneven_stages, "stage layer counts must not be negative", "give positive layer counts");
   if (has_uneven_stages(p)) {
@@ -316,9 +377,17 @@ std::optional<PlanProblem> check_plan(const ParallelPlan& p, const ModelSpec& m,
 }
 
 RankMapping::RankMapping(const ParallelPlan& plan, int gpus_per_node)
-    : tp_(plan.tp), pp_(plan.pp), dp_(plan.dp), cp_(plan.cp), gpus_per_node_(gpus_per_node) {
-  if (tp_ <= 0 || pp_ <= 0 || dp_ <= 0 || cp_ <= 0 || gpus_per_node_ <= 0)
+    : tp_(plan.tp),
+      pp_(plan.pp),
+      dp_(plan.dp),
+      cp_(plan.cp),
+      ep_(plan.ep),
+      etp_(plan.expert_tp()),
+      gpus_per_node_(gpus_per_node) {
+  if (tp_ <= 0 || pp_ <= 0 || dp_ <= 0 || cp_ <= 0 || ep_ <= 0 || etp_ <= 0 || gpus_per_node_ <= 0)
     throw std::invalid_argument("RankMapping: sizes must be positive");
+  if ((tp_ * cp_ * dp_) % (ep_ * etp_) != 0)
+    throw std::invalid_argument("RankMapping: ETP x EP must divide TP x CP x DP");
   auto size_of = [&](Dim d) { return d == Dim::tp ? tp_ : d == Dim::dp ? dp_ * cp_ : pp_; };
   int stride = 1;
   for (Dim d : plan.order.inner_to_outer) {
@@ -368,6 +437,28 @@ std::vector<int> RankMapping::cp_group(int tp, int pp, int dp) const {
   std::vector<int> g;
   for (int k = 0; k < cp_; ++k) g.push_back(rank_of(tp, pp, dp, k));
   return g;
+}
+
+std::vector<int> RankMapping::ep_group(int pp, int edp, int etp) const {
+  std::vector<int> g;
+  for (int e = 0; e < ep_; ++e) g.push_back(rank_of_stage_index(pp, etp + etp_ * (e + ep_ * edp)));
+  return g;
+}
+
+std::vector<int> RankMapping::expert_dp_group(int pp, int ep, int etp) const {
+  std::vector<int> g;
+  const int edp = tp_ * cp_ * dp_ / (etp_ * ep_);
+  for (int d = 0; d < edp; ++d) g.push_back(rank_of_stage_index(pp, etp + etp_ * (ep + ep_ * d)));
+  return g;
+}
+
+std::vector<std::vector<int>> RankMapping::ep_groups() const {
+  std::vector<std::vector<int>> out;
+  const int edp = tp_ * cp_ * dp_ / (etp_ * ep_);
+  for (int p = 0; p < pp_; ++p)
+    for (int d = 0; d < edp; ++d)
+      for (int t = 0; t < etp_; ++t) out.push_back(ep_group(p, d, t));
+  return out;
 }
 
 std::vector<std::vector<int>> RankMapping::tp_groups() const {

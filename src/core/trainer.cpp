@@ -55,7 +55,12 @@ std::array<TrainerPreset, 8> make_presets() {
   modern_zero3(core.settings, 0, 500'000'000);
   core.uneven_interleaved = true;
   core.context_parallel = true;
+  core.expert_parallel = true;
   core.sources = {
+      {"expert_parallel", "Megatron-LM d98e8a64 megatron/training/arguments.py --expert-model-parallel-size (num_experts "
+                          "% EP == 0), --expert-tensor-parallel-size (default TP); megatron/core/parallel_state.py: "
+                          "the experts regroup a stage's TP x CP x DP ranks as ETP x EP x expert-DP; "
+                          "megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher"},
       {"context_parallel", "Megatron-LM d98e8a64 megatron/training/arguments.py --context-parallel-size (seq_length "
                            "% 2 x CP == 0) and --cp-comm-type p2p | a2a | allgather | a2a+p2p (default p2p); the "
                            "attention is Transformer Engine's DotProductAttention with its context-parallel paths"},

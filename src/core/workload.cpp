@@ -23,6 +23,7 @@
 //   src/report/validate.cpp.
 #include "cuboid/core/workload.hpp"
 
+#include <algorithm>
 #include <utility>
 
 #include "cuboid/core/op_names.hpp"
@@ -49,6 +50,7 @@ std::string_view to_string(Group g) {
     case Group::pp: return "pp";
     case Group::dp: return "dp";
     case Group::cp: return "cp";
+    case Group::ep: return "ep";
   }
   return "?";
 }
@@ -105,6 +107,12 @@ struct Dims {
   // s: a rank's tokens of one sequence (seq_length / cp); s_full: the whole
   // sequence; tokens = s * b.
   std::int64_t b, s, h, a, d, q, kv, f, t, tokens, cp, s_full;
+  // Mixture of experts: experts, top-k, one expert's and all shared
+  // experts' FFN width, EP and ETP; `routed`: the busiest rank's routed
+  // token copies before the ETP all-gather (expert_tokens / etp).
+  std::int64_t experts, topk, fe, fs, ep, etp;
+  double routed;
+  bool moe, shared_gate;
   CpComm cp_comm;
   bool sp, flash, fused_wgrad, alibi;
   // Bytes per parameter of the unfused accumulation (TrainerSettings::grad_accum_bytes).
@@ -131,6 +139,19 @@ Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
   x.fused_wgrad = plan.grad_accum_fusion;
   x.alibi = m.alibi;
   x.grad_accum_bytes = plan.trainer.grad_accum_bytes;
+  x.moe = m.moe.enabled();
+  if (x.moe) {
+    x.experts = m.moe.num_experts;
+    x.topk = m.moe.experts_per_token;
+    x.fe = m.moe.expert_ffn_hidden_size;
+    x.fs = m.moe.shared_expert_ffn_hidden_size;
+    x.shared_gate = m.moe.shared_expert_gate;
+    x.ep = std::max(1, plan.ep);
+    x.etp = std::max(1, plan.expert_tp());
+    double load = x.ep > 1 ? m.moe.router_load_imbalance : 1.0;
+    if (m.moe.capacity_factor > 0) load = std::min(load, m.moe.capacity_factor);
+    x.routed = static_cast<double>(x.tokens / (x.sp ? x.t : 1) * x.topk) * load;
+  }
   return x;
 }
 
@@ -437,6 +458,8 @@ void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vect
   out.back().unfused_attention = true;
 }
 
+void add_moe_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass pass);
+
 void layer_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass pass) {
   const double hid = hidden_elements(x);
   const std::int64_t fc1_n = (m.gated_mlp() ? 2 * x.f : x.f) / x.t;
@@ -450,6 +473,11 @@ void layer_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass
   add_tp_reduce(out, x, x.sp ? op::tp_rs_attn : op::tp_ar_attn, pass);
   out.push_back(memory_bound(op::drop_add_attn, pass, hid * kDropoutAddBytesPerElement));
   out.push_back(memory_bound(op::norm_mlp, pass, hid * kNormBytesPerElement));
+  if (x.moe) {
+    add_moe_forward(out, m, x, pass);
+    out.push_back(memory_bound(op::drop_add_mlp, pass, hid * kDropoutAddBytesPerElement));
+    return;
+  }
   add_sp_gather(out, x, op::tp_ag_mlp, pass);
   out.push_back(gemm(op::fc1, pass, x.tokens, fc1_n, x.h));
   // GeLU reads and writes the f/t-wide tensor; SwiGLU reads both halves.
@@ -492,6 +520,131 @@ void add_grad_accum(std::vector<Op>& out, const Dims& x, std::string name, doubl
   out.push_back(memory_bound(std::move(name), Pass::backward, params * x.grad_accum_bytes));
 }
 
+
+// The MoE MLP (Megatron-Core's MoELayer with the alltoall dispatcher,
+// megatron/core/transformer/moe/ at d98e8a64): each rank routes its own
+// tokens (s x b / TP with sequence parallelism), permutes their top-k copies
+// by expert, sends them to the experts' EP ranks (an all-to-all of the
+// tokens and one of their probabilities), all-gathers them over ETP, sorts
+// them by local expert, runs the local experts as grouped GEMMs (one GEMM
+// per expert: experts / EP of them, each with its share of the tokens) and
+// goes back the same way; the shared experts are a TP MLP beside them.
+// Sizes are the busiest rank's (Dims::routed): every rank of the EP group
+// waits for it at the combine.
+double moe_local_tokens(const Dims& x) { return static_cast<double>(x.tokens / (x.sp ? x.t : 1)); }
+std::int64_t local_experts(const Dims& x) { return x.experts / x.ep; }
+// Token copies the local experts compute (after the ETP all-gather).
+double expert_rows(const Dims& x) { return x.routed * static_cast<double>(x.etp); }
+std::int64_t expert_fc1_n(const ModelSpec& m, const Dims& x) { return (m.gated_mlp() ? 2 * x.fe : x.fe) / x.etp; }
+
+// A grouped GEMM of the local experts: `rows` token copies spread over them,
+// one [rows / experts, k] x [k, n] product each (cuBLAS / CUTLASS grouped
+// GEMM; the FLOPs those of all rows).
+Op grouped_gemm(std::string name, Pass pass, double rows, std::int64_t n, std::int64_t k, std::int64_t experts) {
+  const auto per_expert = static_cast<std::int64_t>(rows / static_cast<double>(experts) + 0.5);
+  Op op = gemm(std::move(name), pass, std::max<std::int64_t>(1, per_expert), n, k, experts);
+  op.flops = 2.0 * rows * static_cast<double>(n) * static_cast<double>(k);
+  return op;
+}
+
+// The router's top-k over its logits: read the bf16 logits, write and read
+// fp32 scores, write the routing map (1 B): 11 B per logit; its backward
+// reads the probabilities' gradient and the scores (4 + 4) and writes the
+// logits' gradient (2).
+constexpr double kRouterTopkBytesPerLogit = 2 + 4 + 4 + 1;
+constexpr double kRouterTopkBackwardBytesPerLogit = 4 + 4 + 2;
+
+void add_moe_collective(std::vector<Op>& out, std::string name, Pass pass, Collective c, Group g, double bytes,
+                        bool compute_dtype = true) {
+  out.push_back(collective(std::move(name), pass, c, g, bytes));
+  out.back().compute_dtype = compute_dtype;
+}
+
+void add_moe_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass pass) {
+  const double tl = moe_local_tokens(x), copies = tl * static_cast<double>(x.topk), h = static_cast<double>(x.h);
+  const double rows = expert_rows(x);
+  const std::int64_t fe_local = x.fe / x.etp;
+  out.push_back(gemm(op::router, pass, static_cast<std::int64_t>(tl), x.experts, x.h));
+  out.push_back(memory_bound(op::router_topk, pass, tl * static_cast<double>(x.experts) * kRouterTopkBytesPerLogit));
+  // Each token copied k times into expert order (read, write).
+  out.push_back(memory_bound(op::moe_permute, pass, copies * h * (kBf16 + kBf16)));
+  if (x.ep > 1) {
+    add_moe_collective(out, op::ep_a2a_dispatch, pass, Collective::all_to_all, Group::ep, x.routed * h * kBf16);
+    add_moe_collective(out, op::ep_a2a_probs, pass, Collective::all_to_all, Group::ep, x.routed * kFp32, false);
+  }
+  if (x.etp > 1)
+    add_moe_collective(out, op::etp_ag_dispatch, pass, Collective::all_gather, Group::tp, rows * h * kBf16);
+  if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_sort, pass, rows * h * (kBf16 + kBf16)));
+  out.push_back(grouped_gemm(op::expert_fc1, pass, rows, expert_fc1_n(m, x), x.h, local_experts(x)));
+  const double act_elems = rows * static_cast<double>(fe_local);
+  out.push_back(memory_bound(op::expert_act, pass, act_elems * (m.gated_mlp() ? (2 + 2 + 2) : (2 + 2))));
+  out.push_back(grouped_gemm(op::expert_fc2, pass, rows, x.h, fe_local, local_experts(x)));
+  if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_unsort, pass, rows * h * (kBf16 + kBf16)));
+  if (x.etp > 1)
+    add_moe_collective(out, op::etp_rs_combine, pass, Collective::reduce_scatter, Group::tp, rows * h * kBf16);
+  if (x.ep > 1)
+    add_moe_collective(out, op::ep_a2a_combine, pass, Collective::all_to_all, Group::ep, x.routed * h * kBf16);
+  // The k copies weighted by their probabilities and summed per token.
+  out.push_back(memory_bound(op::moe_unpermute, pass, copies * (h * kBf16 + kFp32) + tl * h * kBf16));
+  if (x.fs > 0) {
+    add_sp_gather(out, x, op::tp_ag_shared, pass);
+    out.push_back(gemm(op::shared_fc1, pass, x.tokens, (m.gated_mlp() ? 2 * x.fs : x.fs) / x.t, x.h));
+    const double shared_elems = static_cast<double>(x.tokens * (x.fs / x.t));
+    out.push_back(memory_bound(op::shared_act, pass, shared_elems * (m.gated_mlp() ? (2 + 2 + 2) : (2 + 2))));
+    out.push_back(gemm(op::shared_fc2, pass, x.tokens, x.h, x.fs / x.t));
+    add_tp_reduce(out, x, op::tp_rs_shared, pass);
+    // routed + shared (read both, write the sum).
+    out.push_back(memory_bound(op::shared_add, pass, tl * h * (kBf16 + kBf16 + kBf16)));
+  }
+}
+
+void add_moe_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, const std::vector<Op>& fwd) {
+  const Pass b = Pass::backward;
+  const double tl = moe_local_tokens(x), copies = tl * static_cast<double>(x.topk), h = static_cast<double>(x.h);
+  const double rows = expert_rows(x);
+  const std::int64_t fe_local = x.fe / x.etp;
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  if (x.fs > 0) {
+    add_sp_gather(out, x, op::tp_ag_shared_bwd, b);
+    add_gemm_backward(out, find_op(fwd, op::shared_fc2), x.fused_wgrad);
+    add_grad_accum(out, x, op::shared_fc2_grad_accum, d(x.fs / x.t * x.h));
+    const double shared_elems = static_cast<double>(x.tokens * (x.fs / x.t));
+    out.push_back(memory_bound(op::shared_act_bwd, b, shared_elems * (m.gated_mlp() ? (2 + 4 + 4) : (2 + 2 + 2))));
+    add_gemm_backward(out, find_op(fwd, op::shared_fc1), x.fused_wgrad);
+    add_tp_reduce(out, x, op::tp_rs_shared_bwd, b);
+    add_grad_accum(out, x, op::shared_fc1_grad_accum, d(x.h * ((m.gated_mlp() ? 2 * x.fs : x.fs) / x.t)));
+  }
+  // The probabilities' gradient needs the experts' output (read again).
+  out.push_back(memory_bound(op::moe_unpermute_bwd, b, tl * h * kBf16 + copies * (h * (kBf16 + kBf16) + kFp32)));
+  if (x.ep > 1)
+    add_moe_collective(out, op::ep_a2a_combine_bwd, b, Collective::all_to_all, Group::ep, x.routed * h * kBf16);
+  if (x.etp > 1)
+    add_moe_collective(out, op::etp_rs_combine_bwd, b, Collective::all_gather, Group::tp, rows * h * kBf16);
+  if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_unsort_bwd, b, rows * h * (kBf16 + kBf16)));
+  add_gemm_backward(out, find_op(fwd, op::expert_fc2), x.fused_wgrad);
+  add_grad_accum(out, x, op::expert_fc2_grad_accum, d(local_experts(x) * fe_local * x.h));
+  const double act_elems = rows * static_cast<double>(fe_local);
+  out.push_back(memory_bound(op::expert_act_bwd, b, act_elems * (m.gated_mlp() ? (2 + 4 + 4) : (2 + 2 + 2))));
+  add_gemm_backward(out, find_op(fwd, op::expert_fc1), x.fused_wgrad);
+  add_grad_accum(out, x, op::expert_fc1_grad_accum, d(local_experts(x) * x.h * expert_fc1_n(m, x)));
+  if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_sort_bwd, b, rows * h * (kBf16 + kBf16)));
+  if (x.etp > 1)
+    add_moe_collective(out, op::etp_ag_dispatch_bwd, b, Collective::reduce_scatter, Group::tp, rows * h * kBf16);
+  if (x.ep > 1) {
+    add_moe_collective(out, op::ep_a2a_dispatch_bwd, b, Collective::all_to_all, Group::ep, x.routed * h * kBf16);
+    add_moe_collective(out, op::ep_a2a_probs_bwd, b, Collective::all_to_all, Group::ep, x.routed * kFp32, false);
+  }
+  // The copies' gradients added back per token (read them, read and write
+  // the sum), and the MLP input's three gradients (router, tokens, shared
+  // experts) summed: a residual-fork sum.
+  out.push_back(memory_bound(op::moe_permute_bwd, b,
+                             copies * h * kBf16 + tl * h * (kBf16 + kBf16) + tl * h * kResidualGradSumBytesPerElement));
+  out.push_back(
+      memory_bound(op::router_topk_bwd, b, tl * static_cast<double>(x.experts) * kRouterTopkBackwardBytesPerLogit));
+  add_gemm_backward(out, find_op(fwd, op::router), x.fused_wgrad);
+  add_grad_accum(out, x, op::router_grad_accum, d(x.h * x.experts));
+}
+
 // Backward in reverse order. TP collectives mirror Megatron's f / g operators:
 // the forward all-reduce after a row-parallel GEMM is the identity backward;
 // the identity before a column-parallel GEMM becomes an all-reduce of the
@@ -513,13 +666,17 @@ void layer_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, con
     out.push_back(memory_bound(std::move(name), Pass::backward, hid * bytes_per_element));
   };
   elementwise(op::drop_add_mlp_bwd, kDropoutAddBackwardBytesPerElement);
-  add_sp_gather(out, x, op::tp_ag_mlp_bwd, Pass::backward);
-  add_gemm_backward(out, find_op(fwd, op::fc2), x.fused_wgrad);
-  add_grad_accum(out, x, op::fc2_grad_accum, params.fc2);
-  out.push_back(memory_bound(op::act_bwd, Pass::backward, act_bytes));
-  add_gemm_backward(out, find_op(fwd, op::fc1), x.fused_wgrad);
-  add_tp_reduce(out, x, x.sp ? op::tp_rs_mlp_bwd : op::tp_ar_mlp_bwd, Pass::backward);
-  add_grad_accum(out, x, op::fc1_grad_accum, params.fc1);
+  if (x.moe) {
+    add_moe_backward(out, m, x, fwd);
+  } else {
+    add_sp_gather(out, x, op::tp_ag_mlp_bwd, Pass::backward);
+    add_gemm_backward(out, find_op(fwd, op::fc2), x.fused_wgrad);
+    add_grad_accum(out, x, op::fc2_grad_accum, params.fc2);
+    out.push_back(memory_bound(op::act_bwd, Pass::backward, act_bytes));
+    add_gemm_backward(out, find_op(fwd, op::fc1), x.fused_wgrad);
+    add_tp_reduce(out, x, x.sp ? op::tp_rs_mlp_bwd : op::tp_ar_mlp_bwd, Pass::backward);
+    add_grad_accum(out, x, op::fc1_grad_accum, params.fc1);
+  }
   elementwise(op::norm_mlp_bwd, kNormBackwardBytesPerElement);
   elementwise(op::residual_add_bwd, kResidualGradSumBytesPerElement);
   elementwise(op::drop_add_attn_bwd, kDropoutAddBackwardBytesPerElement);
@@ -568,6 +725,11 @@ std::vector<WeightPart> split_by_weight(const std::vector<Op>& ops, Pass pass) {
     parts.back().end = i + 1;
   }
   return parts;
+}
+
+double expert_tokens(const ModelSpec& m, const ParallelPlan& plan) {
+  const Dims x = dims_of(m, plan);
+  return x.moe ? expert_rows(x) : 0.0;
 }
 
 LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan) {

@@ -102,9 +102,9 @@ double tp_comm_ns(const std::vector<Op>& ops, int tp, const GroupLinks& links) {
 }
 
 struct PassTimes {
-  double fwd_compute = 0, bwd_compute = 0, fwd_tp = 0, bwd_tp = 0, fwd_cp = 0, bwd_cp = 0;
-  double fwd() const { return fwd_compute + fwd_tp + fwd_cp; }
-  double bwd() const { return bwd_compute + bwd_tp + bwd_cp; }
+  double fwd_compute = 0, bwd_compute = 0, fwd_tp = 0, bwd_tp = 0, fwd_cp = 0, bwd_cp = 0, fwd_ep = 0, bwd_ep = 0;
+  double fwd() const { return fwd_compute + fwd_tp + fwd_cp + fwd_ep; }
+  double bwd() const { return bwd_compute + bwd_tp + bwd_cp + bwd_ep; }
   double total() const { return fwd() + bwd(); }
 };
 
@@ -115,17 +115,20 @@ void add_scaled(PassTimes& into, const PassTimes& x, double scale) {
   into.bwd_tp += scale * x.bwd_tp;
   into.fwd_cp += scale * x.fwd_cp;
   into.bwd_cp += scale * x.bwd_cp;
+  into.fwd_ep += scale * x.fwd_ep;
+  into.bwd_ep += scale * x.bwd_ep;
 }
 
-// What a list's CP exchanges add to its compute: a blocking all-to-all its
-// whole time; a ring send/recv under the attention block after it what it
-// outlasts the block (the block itself is in the compute).
-double cp_exposed_ns(const GpuProfile& gpu, const std::vector<Op>& ops, int cp, const GroupLinks& links) {
+// What a list's CP (or EP) exchanges add to its compute: a blocking
+// all-to-all its whole time; a ring send/recv under the attention block
+// after it what it outlasts the block (the block itself is in the compute).
+double group_exposed_ns(const GpuProfile& gpu, const std::vector<Op>& ops, Group group, int size,
+                        const GroupLinks& links) {
   double total = 0;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    if (op.group != Group::cp || (op.kind != OpKind::collective && op.kind != OpKind::p2p)) continue;
-    const double comm = comm_ns(op.collective, op.comm_bytes, cp, links);
+    if (op.group != group || (op.kind != OpKind::collective && op.kind != OpKind::p2p)) continue;
+    const double comm = comm_ns(op.collective, op.comm_bytes, size, links);
     if (op.overlaps_next && i + 1 < ops.size())
       total += std::max(0.0, comm - static_cast<double>(op_time_ns(gpu, ops[i + 1])));
     else
@@ -136,8 +139,18 @@ double cp_exposed_ns(const GpuProfile& gpu, const std::vector<Op>& ops, int cp, 
 
 void add_cp_times(PassTimes& into, const GpuProfile& gpu, const LayerOps& ops, int cp, const GroupLinks& links) {
   if (cp <= 1) return;
-  into.fwd_cp += cp_exposed_ns(gpu, ops.forward, cp, links);
-  into.bwd_cp += cp_exposed_ns(gpu, ops.backward, cp, links) + cp_exposed_ns(gpu, ops.recompute, cp, links);
+  into.fwd_cp += group_exposed_ns(gpu, ops.forward, Group::cp, cp, links);
+  into.bwd_cp += group_exposed_ns(gpu, ops.backward, Group::cp, cp, links) +
+                 group_exposed_ns(gpu, ops.recompute, Group::cp, cp, links);
+}
+
+// An MoE layer's dispatch and combine all-to-alls (blocking: Megatron's
+// alltoall dispatcher waits for each).
+void add_ep_times(PassTimes& into, const GpuProfile& gpu, const LayerOps& ops, int ep, const GroupLinks& links) {
+  if (ep <= 1) return;
+  into.fwd_ep += group_exposed_ns(gpu, ops.forward, Group::ep, ep, links);
+  into.bwd_ep += group_exposed_ns(gpu, ops.backward, Group::ep, ep, links) +
+                 group_exposed_ns(gpu, ops.recompute, Group::ep, ep, links);
 }
 
 PassTimes compute_times(const GpuProfile& gpu, const LayerOps& ops) {
@@ -195,7 +208,10 @@ struct Placement {
   std::vector<LinkParams> p2p_links;      // distinct send/recv links between consecutive stages
   std::vector<GroupLinks> cp_links;       // distinct CP group links (empty without CP)
   std::vector<std::size_t> stage_cp;      // stage -> index into cp_links
+  std::vector<GroupLinks> ep_links;       // distinct EP group links (empty without EP)
+  std::vector<std::size_t> stage_ep;      // stage -> index into ep_links
   std::vector<GroupLinks> dp_links;       // per stage (DP x CP group of TP rank 0)
+  std::vector<GroupLinks> edp_links;      // per stage: the expert-DP group of EP and ETP rank 0 (MoE only)
   int dp_sms = 0;                         // SMs a DP collective holds on its GPUs (nccl_ring_channels)
   // Stages that can differ: the first, the last, and the first middle stage
   // of each distinct TP and CP placement (middle stages hold equal layer
@@ -223,7 +239,7 @@ std::size_t intern(std::vector<GroupLinks>& pool, const GroupLinks& links) {
 // every DP group, every pipeline pair of every stage boundary. Only needed
 // (and only computed) where the fabric has an oversubscribed tier.
 struct PhaseLoads {
-  UplinkLoad tp, dp, pp, cp;
+  UplinkLoad tp, dp, pp, cp, ep, edp;
 };
 
 // The load of `groups` rings of `members` ranks each, member k of group g
@@ -254,6 +270,18 @@ PhaseLoads phase_loads(const Topology& topo, const ParallelPlan& plan, const Ran
     loads.cp = rings_load(topo, pp * tp * (dp / cp), cp, [&](int g, int k) {
       return mapping.rank_of(g % tp, g / (tp * (dp / cp)), g / tp % (dp / cp), k);
     });
+  if (plan.ep > 1) {
+    std::vector<std::vector<int>> groups = mapping.ep_groups();
+    loads.ep = rings_load(topo, static_cast<int>(groups.size()), plan.ep,
+                          [&](int g, int k) { return groups[static_cast<std::size_t>(g)][static_cast<std::size_t>(k)]; });
+  }
+  if (const int edp = plan.expert_dp(); edp > 1 && (plan.ep > 1 || plan.expert_tp() != plan.tp)) {
+    const int per_stage = plan.tp * plan.cp * plan.dp / edp;
+    loads.edp = rings_load(topo, pp * per_stage, edp, [&](int g, int k) {
+      const int ep = g % per_stage / plan.expert_tp(), etp = g % plan.expert_tp();
+      return mapping.expert_dp_group(g / per_stage, ep, etp)[static_cast<std::size_t>(k)];
+    });
+  }
   if (pp > 1)  // a pair of neighbouring stages: (s, s + 1) for every TP and data rank
     loads.pp = rings_load(topo, (pp - 1) * dp * tp, 2,
                           [&](int g, int k) { return mapping.rank_of_data(g % tp, g / (tp * dp) + k, g / tp % dp); });
@@ -271,6 +299,9 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
     if (plan.tp > 1) links = group_links(topo, mapping.tp_group(stage, 0), loads.tp);
     pl.stage_tp.push_back(intern(pl.tp_links, links));
     if (plan.cp > 1) pl.stage_cp.push_back(intern(pl.cp_links, group_links(topo, mapping.cp_group(0, stage, 0), loads.cp)));
+    if (plan.ep > 1) pl.stage_ep.push_back(intern(pl.ep_links, group_links(topo, mapping.ep_group(stage, 0, 0), loads.ep)));
+    if (plan.expert_dp() > 1 && (plan.ep > 1 || plan.expert_tp() != plan.tp))
+      pl.edp_links.push_back(group_links(topo, mapping.expert_dp_group(stage, 0, 0), loads.edp));
     GroupLinks dp{};
     if (plan.dp_cp() > 1) dp = group_links(topo, mapping.dp_group(0, stage), loads.dp);
     pl.dp_links.push_back(dp);
@@ -282,10 +313,11 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
       if (!seen) pl.p2p_links.push_back(link);
     }
   }
-  std::vector<std::pair<std::size_t, std::size_t>> seen_links;
+  std::vector<std::array<std::size_t, 3>> seen_links;
   for (int stage = 0; stage < pp; ++stage) {
     const auto s = static_cast<std::size_t>(stage);
-    const std::pair<std::size_t, std::size_t> idx{pl.stage_tp[s], pl.stage_cp.empty() ? 0 : pl.stage_cp[s]};
+    const std::array<std::size_t, 3> idx{pl.stage_tp[s], pl.stage_cp.empty() ? 0 : pl.stage_cp[s],
+                                         pl.stage_ep.empty() ? 0 : pl.stage_ep[s]};
     const bool seen = std::find(seen_links.begin(), seen_links.end(), idx) != seen_links.end();
     if (stage == 0 || stage == pp - 1 || !seen) pl.representatives.push_back(stage);
     if (stage != 0 && !seen) seen_links.push_back(idx);
@@ -304,6 +336,7 @@ struct TpTimes {
 struct CommTimes {
   std::vector<TpTimes> tp;  // per entry of Placement::tp_links
   std::vector<PassTimes> cp;  // a layer's CP exchanges, per entry of Placement::cp_links
+  std::vector<PassTimes> ep;  // a layer's EP all-to-alls, per entry of Placement::ep_links
   double hop_ns = 0;        // one pipeline message (and its TP gather), 0 without PP
   // How much slower a layer's forward and backward compute run while a DP
   // collective holds Placement::dp_sms SMs (1: not slowed).
@@ -347,6 +380,7 @@ CommTimes make_comm_times(const GpuProfile& gpu, const ParallelPlan& plan, const
     add_tp_times(ct.tp[i].head, lc.head, 1.0, tp, pl.tp_links[i]);
   }
   for (const GroupLinks& links : pl.cp_links) add_cp_times(ct.cp.emplace_back(), gpu, lc.layer, plan.cp, links);
+  for (const GroupLinks& links : pl.ep_links) add_ep_times(ct.ep.emplace_back(), gpu, lc.layer, plan.ep, links);
   if (std::max(1, plan.pp) > 1) {
     const double msg = lc.pipeline_message;
     double hop_ns = 0;
@@ -640,6 +674,8 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     add_scaled(st, lc.layer_compute, layers_per_stage * pace);
     add_scaled(st, t.layer, layers_per_stage);
     if (!ct.cp.empty()) add_scaled(st, ct.cp[pl.stage_cp[static_cast<std::size_t>(stage)]], layers_per_stage);
+    if (!ct.ep.empty())
+      add_scaled(st, ct.ep[pl.stage_ep[static_cast<std::size_t>(stage)]], moe_layers_on_stage(m, plan, stage));
     if (stage == 0) {
       add_scaled(st, lc.embed_compute, pace);
       add_scaled(st, t.embed, 1.0);
@@ -658,20 +694,34 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   bd.compute_s = micro_batches * (crit.fwd_compute + crit.bwd_compute) * 1e-9;
   bd.tp_comm_s = micro_batches * (crit.fwd_tp + crit.bwd_tp) * 1e-9;
   bd.cp_comm_s = micro_batches * (crit.fwd_cp + crit.bwd_cp) * 1e-9;
+  bd.ep_comm_s = micro_batches * (crit.fwd_ep + crit.bwd_ep) * 1e-9;
   bd.bubble_s = (pp - 1) * crit.total() / v * 1e-9;
 
   // Pipeline p2p on the critical path.
   if (pp > 1) bd.pp_comm_s = 2.0 * (micro_batches * v + (pp - 1)) * ct.hop_ns * 1e-9;
 
-  // Data-parallel gradient reduction and ZeRO gathers of the critical stage.
-  const double params = parameters_on_stage(m, plan, critical);
-  if (dp > 1) {
+  // Data-parallel gradient reduction and ZeRO gathers of the critical stage:
+  // the dense parameters over DP x CP, an MoE model's routed experts over
+  // expert-DP, one after the other on the same stream.
+  const StageParameters sp = stage_parameters(m, plan, critical);
+  const int edp = sp.expert > 0 ? plan.expert_dp() : 1;
+  const bool expert_group = !pl.edp_links.empty();
+  if (dp > 1 || edp > 1) {
     const GroupLinks& links = pl.dp_links[static_cast<std::size_t>(critical)];
-    const double grad_bytes = params * plan.trainer.dp_grad_bytes;
+    // Without EP and with ETP = TP the expert-DP group is the DP x CP group.
+    const GroupLinks& expert_links = expert_group ? pl.edp_links[static_cast<std::size_t>(critical)] : links;
+    const double scale = activation_bytes_scale(gpu.calibration.get());
+    // One collective per group (none for a group of one) of `bytes` per
+    // parameter (x `also`).
+    auto both = [&](Collective c, double bytes, double also = 1.0) {
+      const double dense = dp > 1 ? comm_ns(c, sp.dense * bytes * also, dp, links) : 0.0;
+      const double expert = edp > 1 ? comm_ns(c, sp.expert * bytes * also, edp, expert_links) : 0.0;
+      return dense + expert;
+    };
+    const double grad_bytes = plan.trainer.dp_grad_bytes;
+    const double rs = both(Collective::reduce_scatter, grad_bytes);
     // The gathered parameters are in the compute dtype (bf16; f32 on the CPU executor).
-    const double param_bytes = params * kParamBytesPerParam * activation_bytes_scale(gpu.calibration.get());
-    const double rs = comm_ns(Collective::reduce_scatter, grad_bytes, dp, links);
-    const double ag = comm_ns(Collective::all_gather, param_bytes, dp, links);
+    const double ag = both(Collective::all_gather, kParamBytesPerParam, scale);
     // A reduction after the last backward hides behind nothing.
     const double hiding = plan.trainer.dp_overlap ? crit.bwd() : 0.0;
     // What the DP collectives' SMs cost the compute beside them (compute_s).
@@ -688,11 +738,10 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     double exposed_ns = 0;
     switch (plan.zero_stage) {
       case 0:
-        exposed_ns = under_backward(comm_ns(Collective::all_reduce, grad_bytes, dp, links), hiding, 1.0);
+        exposed_ns = under_backward(both(Collective::all_reduce, grad_bytes), hiding, 1.0);
         break;
       case 1: {
-        const double reduce =
-            plan.trainer.zero1_grad_all_reduce ? comm_ns(Collective::all_reduce, grad_bytes, dp, links) : rs;
+        const double reduce = plan.trainer.zero1_grad_all_reduce ? both(Collective::all_reduce, grad_bytes) : rs;
         exposed_ns = under_backward(reduce, hiding, 1.0) + ag;
         break;
       }
@@ -708,7 +757,9 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     bd.compute_s += sm_ns * 1e-9;
   }
 
-  bd.optimizer_s = static_cast<double>(optimizer_step_time_ns(gpu, params, dp, plan.zero_stage)) * pace * 1e-9;
+  double optimizer_ns = static_cast<double>(optimizer_step_time_ns(gpu, sp.dense, dp, plan.zero_stage));
+  if (sp.expert > 0) optimizer_ns += static_cast<double>(optimizer_step_time_ns(gpu, sp.expert, edp, plan.zero_stage));
+  bd.optimizer_s = optimizer_ns * pace * 1e-9;
 
   Estimate e;
   e.plan = plan;
@@ -722,7 +773,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
 }
 
 struct LayerKey {
-  int tp, cp, micro_batch;
+  int tp, cp, ep, etp, micro_batch;
   CpComm cp_comm;
   std::int64_t seq_length;
   bool sp, flash, fused_wgrad;
@@ -731,7 +782,7 @@ struct LayerKey {
 };
 
 struct PlacementKey {
-  int tp, pp, dp, cp;
+  int tp, pp, dp, cp, ep, etp;
   RankOrder order;
   bool operator==(const PlacementKey&) const = default;
 };
@@ -742,6 +793,7 @@ struct KeyHash {
     h = h * 1000003u ^ static_cast<std::size_t>(k.tp);
     h = h * 1000003u ^ static_cast<std::size_t>(k.cp * 2 + (k.cp_comm == CpComm::a2a ? 1 : 0));
     h = h * 1000003u ^ static_cast<std::size_t>(k.micro_batch);
+    h = h * 1000003u ^ static_cast<std::size_t>(k.ep * 64 + k.etp);
     h = h * 1000003u ^ (static_cast<std::size_t>(k.recompute) << 3 | (k.fused_wgrad ? 4u : 0u) | (k.sp ? 2u : 0u) |
                         (k.flash ? 1u : 0u));
     return h;
@@ -751,6 +803,7 @@ struct KeyHash {
     h = h * 1000003u ^ static_cast<std::size_t>(k.pp);
     h = h * 1000003u ^ static_cast<std::size_t>(k.dp);
     h = h * 1000003u ^ static_cast<std::size_t>(k.cp);
+    h = h * 1000003u ^ static_cast<std::size_t>(k.ep * 64 + k.etp);
     for (Dim d : k.order.inner_to_outer) h = h * 31u + static_cast<std::size_t>(d);
     return h;
   }
@@ -808,12 +861,13 @@ Estimator::Estimator(Estimator&&) noexcept = default;
 
 Estimate Estimator::operator()(const ParallelPlan& plan) {
   const GpuProfile& gpu = topo_.cluster().gpu;
-  const LayerKey lk{plan.tp,        plan.cp,         plan.micro_batch,     plan.cp_comm,
-                    plan.seq_length, plan.sequence_parallel, plan.flash_attention, plan.grad_accum_fusion,
-                    plan.recompute};
+  const LayerKey lk{plan.tp,         plan.cp,        plan.ep,
+                    plan.expert_tp(), plan.micro_batch, plan.cp_comm,
+                    plan.seq_length,  plan.sequence_parallel, plan.flash_attention,
+                    plan.grad_accum_fusion, plan.recompute};
   auto li = caches_->layers.find(lk);
   if (li == caches_->layers.end()) li = caches_->layers.emplace(lk, make_layer_cost(model_, gpu, plan)).first;
-  const PlacementKey pk{plan.tp, plan.pp, plan.dp, plan.cp, plan.order};
+  const PlacementKey pk{plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.expert_tp(), plan.order};
   auto pi = caches_->placements.find(pk);
   if (pi == caches_->placements.end()) pi = caches_->placements.emplace(pk, make_placement(topo_, plan)).first;
   const PairKey ck{&li->second, &pi->second};

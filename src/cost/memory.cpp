@@ -17,6 +17,8 @@
 // with context parallelism).
 #include "cuboid/cost/memory.hpp"
 
+#include "cuboid/core/workload.hpp"
+
 #include <algorithm>
 
 namespace cuboid {
@@ -68,6 +70,25 @@ double output_layer_activation_bytes(const ModelSpec& m, const ParallelPlan& pla
   return (plan.sequence_parallel ? input / plan.tp : input) + logits;
 }
 
+// What an MoE layer's MLP keeps for its backward on one GPU, beyond its
+// input (counted with the layer's): the router's fp32 scores, the expert
+// GEMMs' input (the busiest rank's token copies after the ETP all-gather),
+// FC1's and the activation's outputs, the experts' output that the
+// probabilities' gradient reads, and the shared experts' intermediates.
+double moe_mlp_activation_bytes(const ModelSpec& m, const ParallelPlan& plan) {
+  const double tokens = static_cast<double>(plan.seq_per_rank()) * plan.micro_batch /
+                        (plan.sequence_parallel ? plan.tp : 1);
+  const double h = static_cast<double>(m.hidden_size);
+  const double rows = expert_tokens(m, plan);
+  const double fe = static_cast<double>(m.moe.expert_ffn_hidden_size / plan.expert_tp());
+  const double fs = static_cast<double>(m.moe.shared_expert_ffn_hidden_size);
+  const double per_width = m.gated_mlp() ? 6 : 4;  // FC1 output (2f gated) + activation output, bf16
+  const double copies = tokens * static_cast<double>(m.moe.experts_per_token);
+  const double full_tokens = static_cast<double>(plan.seq_per_rank()) * plan.micro_batch;
+  return tokens * static_cast<double>(m.moe.num_experts) * 4 + rows * h * 2 + rows * fe * per_width +
+         copies * h * 2 + per_width * full_tokens * fs / plan.tp;
+}
+
 struct StageMemory {
   double parameters = 0;
   double weight_and_optimizer_bytes = 0;
@@ -76,17 +97,26 @@ struct StageMemory {
 
 StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage) {
   StageMemory mem;
-  mem.parameters = parameters_on_stage(m, plan, stage);
-  mem.weight_and_optimizer_bytes = mem.parameters * bytes_per_parameter(plan.zero_stage, plan.dp_cp());
+  const StageParameters params = stage_parameters(m, plan, stage);
+  mem.parameters = params.total();
+  mem.weight_and_optimizer_bytes = params.dense * bytes_per_parameter(plan.zero_stage, plan.dp_cp()) +
+                                   params.expert * bytes_per_parameter(plan.zero_stage, plan.expert_dp());
 
   const double in_flight = in_flight_micro_batches(plan, stage);
-  double act = activation_bytes_per_layer(m, plan) * layers_per_stage(m, plan, stage) * in_flight;
+  const double moe_layers = moe_layers_on_stage(m, plan, stage);
+  const double dense_layers = layers_per_stage(m, plan, stage) - moe_layers;
+  double act = (layer_activation_bytes(m, plan, false) * dense_layers +
+                layer_activation_bytes(m, plan, true) * moe_layers) *
+               in_flight;
   if (plan.recompute == Recompute::full) {
     // The layer being recomputed in backward holds its full activations once.
     ParallelPlan stored = plan;
     stored.recompute = Recompute::none;
-    act += activation_bytes_per_layer(m, stored);
+    act += layer_activation_bytes(m, stored, moe_layers > 0);
   }
+  // An MoE layer's all-to-all buffers while it dispatches: its token copies
+  // sent and the busiest rank's received.
+  if (moe_layers > 0 && plan.ep > 1) act += moe_dispatch_buffer_bytes(m, plan);
   if (stage == 0) act += embedding_activation_bytes(m, plan) * in_flight;
   if (stage == plan.pp - 1) act += output_layer_activation_bytes(m, plan);
   mem.activation_bytes = act;
@@ -108,6 +138,7 @@ double bytes_per_parameter(int zero_stage, int dp) {
 }
 
 double parameters_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
+  if (m.moe.enabled()) return stage_parameters(m, plan, stage).total();
   const double h = static_cast<double>(m.hidden_size);
   const double embedding = static_cast<double>(padded_vocab_size(m.vocab_size, plan.tp)) * h;
   double params = static_cast<double>(m.parameters_per_layer()) * layers_per_stage(m, plan, stage);
@@ -128,7 +159,59 @@ double parameters_on_stage(const ModelSpec& m, const ParallelPlan& plan, int sta
   return params / plan.tp;
 }
 
+int moe_layers_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
+  if (!m.moe.enabled()) return 0;
+  const int chunks = chunks_per_stage(plan);
+  const int per_chunk = layers_on_stage(plan, m.num_layers, stage) / chunks;
+  int n = 0;
+  for (int c = 0; c < chunks; ++c) {
+    const int first = first_layer_of_chunk(plan, m.num_layers, stage, c);
+    for (int l = first; l < first + per_chunk; ++l) n += m.moe.moe_layers[static_cast<std::size_t>(l)] ? 1 : 0;
+  }
+  return n;
+}
+
+StageParameters stage_parameters(const ModelSpec& m, const ParallelPlan& plan, int stage) {
+  if (!m.moe.enabled()) return StageParameters{parameters_on_stage(m, plan, stage), 0.0};
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  const double h = d(m.hidden_size), t = plan.tp;
+  const double embedding = d(padded_vocab_size(m.vocab_size, plan.tp)) * h;
+  const double norms = 2 * d(m.layer_norm_parameters());
+  const double moe_layers = moe_layers_on_stage(m, plan, stage);
+  const double dense_layers = layers_on_stage(plan, m.num_layers, stage) - moe_layers;
+  const double routed = d(m.moe.num_experts * m.expert_parameters());
+  const double router = d(m.moe.num_experts * m.hidden_size);
+  const double gate = m.moe.shared_expert_gate ? h : 0.0;
+  const double shared = d(m.moe_mlp_parameters()) - routed - router - gate;
+  StageParameters p;
+  p.dense = dense_layers * ((d(m.attention_parameters()) + d(m.dense_mlp_parameters())) / t + norms) +
+            moe_layers * ((d(m.attention_parameters()) + shared) / t + norms + router + gate);
+  p.expert = moe_layers * routed / (plan.expert_tp() * plan.ep);
+  if (stage == 0) {
+    p.dense += embedding / t;
+    if (m.learned_position_embeddings) p.dense += d(m.max_position_embeddings) * h / t;
+  }
+  if (stage == plan.pp - 1) {
+    p.dense += final_norm_parameters(m);
+    if (plan.pp > 1 || !m.tied_embeddings) p.dense += embedding / t;
+  }
+  return p;
+}
+
 double activation_bytes_per_layer(const ModelSpec& m, const ParallelPlan& plan) {
+  return layer_activation_bytes(m, plan, m.moe.enabled() && m.moe.moe_layer_count() == m.num_layers);
+}
+
+double moe_dispatch_buffer_bytes(const ModelSpec& m, const ParallelPlan& plan) {
+  if (!m.moe.enabled()) return 0;
+  const double tokens = static_cast<double>(plan.seq_per_rank()) * plan.micro_batch /
+                        (plan.sequence_parallel ? plan.tp : 1);
+  const double h = static_cast<double>(m.hidden_size);
+  const double copies = tokens * static_cast<double>(m.moe.experts_per_token);
+  return (copies + expert_tokens(m, plan) / plan.expert_tp()) * h * 2;
+}
+
+double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer) {
   const double s = static_cast<double>(plan.seq_per_rank());
   const double b = plan.micro_batch;
   const double h = static_cast<double>(m.hidden_size);
@@ -152,7 +235,7 @@ double activation_bytes_per_layer(const ModelSpec& m, const ParallelPlan& plan) 
   const double kv = static_cast<double>(m.kv_projection_size());
   const double f = static_cast<double>(m.ffn_hidden_size);
   const double attention = 2 * s * b * (q + 2 * kv + q);
-  const double mlp = (m.gated_mlp() ? 6 : 4) * s * b * f;
+  const double mlp = moe_layer ? 0.0 : (m.gated_mlp() ? 6 : 4) * s * b * f;
   const double split = attention + mlp;
   // Attention scores: softmax output (2), dropout mask (1), dropout output (2)
   // bytes per score, a*s*s*b scores; never stored with flash attention, and
@@ -161,8 +244,9 @@ double activation_bytes_per_layer(const ModelSpec& m, const ParallelPlan& plan) 
   const double a = static_cast<double>(m.num_attention_heads);
   const double scores = scores_stored ? 5 * a * s * s * b : 0;
 
-  if (plan.sequence_parallel) return (replicated + split) / t + scores / t;
-  return replicated + split / t + scores / t;
+  const double moe = moe_layer ? moe_mlp_activation_bytes(m, plan) : 0.0;
+  if (plan.sequence_parallel) return (replicated + split) / t + scores / t + moe;
+  return replicated + split / t + scores / t + moe;
 }
 
 double in_flight_micro_batches(const ParallelPlan& plan, int stage) {

@@ -165,6 +165,13 @@ BackendOptions backend_options(const LaunchInfo& launch, std::string_view backen
   return bo;
 }
 
+void check_executable(const ModelSpec& model, const std::string& plan_source) {
+  if (model.moe.enabled())
+    throw InputError(plan_source, "model.moe",
+                     "the executor does not run mixture-of-experts layers yet (cuboid plan and simulate price them)",
+                     "run or calibrate a dense model");
+}
+
 void check_world_size(int world_size, const ParallelPlan& plan, const std::string& plan_source) {
   if (plan.cp > 1)
     throw InputError(plan_source, "parallel.cp",

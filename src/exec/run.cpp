@@ -207,6 +207,7 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
 
   const LaunchInfo launch = detect_launch(process_environment());
   // Refuse a wrong world before starting anything.
+  check_executable(model, pf.source);
   check_world_size(launch.world_size, plan, pf.source);
   World world = start_world(launch, o.backend, o.timeout_s);
   check_world_size(world.exchange->size(), plan, pf.source);

@@ -13,6 +13,11 @@ namespace cuboid::exporters {
 
 ExportResult deepspeed(const PlanFile& pf) {
   const ParallelPlan& p = pf.plan;
+  if (pf.model.moe.enabled())
+    refuse(pf, "model.moe",
+           "DeepSpeed's config has no experts: its MoE layers (deepspeed.moe.layer.MoE, their expert-parallel "
+           "size included) come from the model code",
+           "export with --to megatron or --to megatron-bridge");
   if (p.cp > 1)
     refuse(pf, "parallel.cp",
            "DeepSpeed's config has no context parallelism: its sequence parallelism (DeepSpeed-Ulysses) comes from "

@@ -95,6 +95,26 @@ ExportResult megatron(const PlanFile& pf) {
   if (!m.linear_bias) arg("--disable-bias-linear");
   if (!m.tied_embeddings) arg("--untie-embeddings-and-output-weights");
   arg("--make-vocab-size-divisible-by 128");
+  if (m.moe.enabled()) {
+    // Megatron-Core's MoE layer as cuboid prices it: the alltoall dispatcher
+    // and grouped expert GEMMs.
+    arg("# mixture of experts");
+    arg(fmt::format("--num-experts {}", m.moe.num_experts));
+    arg(fmt::format("--moe-router-topk {}", m.moe.experts_per_token));
+    arg(fmt::format("--moe-ffn-hidden-size {}", m.moe.expert_ffn_hidden_size));
+    if (m.moe.shared_expert_ffn_hidden_size > 0)
+      arg(fmt::format("--moe-shared-expert-intermediate-size {}", m.moe.shared_expert_ffn_hidden_size));
+    if (m.moe.shared_expert_gate) arg("--moe-shared-expert-gate");
+    if (m.moe.capacity_factor > 0) arg(fmt::format("--moe-expert-capacity-factor {}", m.moe.capacity_factor));
+    if (m.moe.router_groups > 0) {
+      arg(fmt::format("--moe-router-num-groups {}", m.moe.router_groups));
+      arg(fmt::format("--moe-router-group-topk {}", m.moe.router_group_topk));
+    }
+    arg(fmt::format("--expert-model-parallel-size {}", p.ep));
+    arg(fmt::format("--expert-tensor-parallel-size {}", p.expert_tp()));
+    arg("--moe-grouped-gemm");
+    arg("--moe-token-dispatcher-type alltoall");
+  }
   arg("# precision and kernels");
   arg("--bf16");
   arg(fmt::format("--attention-backend {}", p.flash_attention ? "flash" : "unfused"));

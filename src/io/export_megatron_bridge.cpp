@@ -62,6 +62,10 @@ ExportResult megatron_bridge(const PlanFile& pf) {
   if (p.last_stage_layers > 0) mset("num_layers_in_last_pipeline_stage", std::to_string(p.last_stage_layers));
   mset("context_parallel_size", std::to_string(p.cp));
   if (p.cp > 1) mset("cp_comm_type", fmt::format("\"{}\"", to_string(p.cp_comm)));
+  if (m.moe.enabled()) {
+    mset("expert_model_parallel_size", std::to_string(p.ep));
+    mset("expert_tensor_parallel_size", std::to_string(p.expert_tp()));
+  }
   mset("sequence_parallel", py(p.sequence_parallel));
   switch (p.recompute) {
     case Recompute::none:
@@ -94,6 +98,23 @@ ExportResult megatron_bridge(const PlanFile& pf) {
   mset("activation_func", m.activation == Activation::swiglu ? "F.silu" : "F.gelu");
   mset("add_bias_linear", py(m.linear_bias));
   mset("share_embeddings_and_output_weights", py(m.tied_embeddings));
+  if (m.moe.enabled()) {
+    // Megatron-Core's MoE layer as cuboid prices it: the alltoall dispatcher
+    // and grouped expert GEMMs.
+    mset("num_moe_experts", std::to_string(m.moe.num_experts));
+    mset("moe_router_topk", std::to_string(m.moe.experts_per_token));
+    mset("moe_ffn_hidden_size", std::to_string(m.moe.expert_ffn_hidden_size));
+    if (m.moe.shared_expert_ffn_hidden_size > 0)
+      mset("moe_shared_expert_intermediate_size", std::to_string(m.moe.shared_expert_ffn_hidden_size));
+    if (m.moe.shared_expert_gate) mset("moe_shared_expert_gate", "True");
+    if (m.moe.capacity_factor > 0) mset("moe_expert_capacity_factor", fmt::format("{}", m.moe.capacity_factor));
+    if (m.moe.router_groups > 0) {
+      mset("moe_router_num_groups", std::to_string(m.moe.router_groups));
+      mset("moe_router_group_topk", std::to_string(m.moe.router_group_topk));
+    }
+    mset("moe_grouped_gemm", "True");
+    mset("moe_token_dispatcher_type", "\"alltoall\"");
+  }
   mset("make_vocab_size_divisible_by", "128");
   mset("attention_backend", p.flash_attention ? "AttnBackend.flash" : "AttnBackend.unfused");
   mset("gradient_accumulation_fusion", py(p.grad_accum_fusion));

@@ -18,6 +18,11 @@ ExportResult nemo1(const PlanFile& pf) {
   if (p.pp > 1 && p.schedule == Schedule::gpipe)
     refuse(pf, "parallel.schedule", "NeMo (Megatron core schedules) has no GPipe schedule",
            "plan with --schedule 1f1b or --schedule interleaved");
+  if (m.moe.enabled())
+    refuse(pf, "model.moe",
+           "cuboid's NeMo 1.x export carries no experts (their keys are not among the pinned "
+           "megatron_gpt_config.yaml options)",
+           "export with --to megatron-bridge (NeMo 2's trainer) or --to megatron");
   if (p.cp > 1)
     refuse(pf, "parallel.cp",
            "cuboid's NeMo 1.x export carries no context parallelism (its keys are not among the pinned "

@@ -66,6 +66,11 @@ void check_common(const PlanFile& pf) {
     refuse(pf, "parallel.sequence_parallel",
            "torchtitan's tensor parallelism always shards norms along the sequence (sequence parallelism)",
            "plan with --sequence-parallel on");
+  if (pf.model.moe.enabled())
+    refuse(pf, "model.moe",
+           "cuboid's torchtitan export builds its Llama train spec, which has no experts (torchtitan's MoE models "
+           "are train specs of their own, not among the pinned options)",
+           "export with --to megatron or --to megatron-bridge");
   if (p.cp > 1)
     refuse(pf, "parallel.cp",
            "torchtitan's context parallelism is PyTorch's ring attention, which rotates K/V by all-gather (default) "

@@ -78,6 +78,11 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
   };
   // Written with CP only: a file without it reads as the default ring.
   if (p.cp > 1) j["cp_comm"] = std::string(to_string(p.cp_comm));
+  // Written for expert parallelism only (EP > 1 or an ETP of its own).
+  if (p.ep > 1 || p.etp > 0) {
+    j["ep"] = p.ep;
+    j["etp"] = p.expert_tp();
+  }
   return j;
 }
 
@@ -127,6 +132,7 @@ nlohmann::json prediction_to_json(const Estimate& e) {
   };
   // Only with CP: other plans' files stay as they were.
   if (e.plan.cp > 1) out["breakdown"]["cp_comm_s"] = b.cp_comm_s;
+  if (e.plan.ep > 1) out["breakdown"]["ep_comm_s"] = b.ep_comm_s;
   if (e.interval) out["interval"] = interval_to_json(*e.interval);
   if (!e.other_orders.empty()) {
     out["other_rank_orders"] = nlohmann::json::array();
@@ -146,6 +152,8 @@ std::string plan_key(PlanField field) {
     case PlanField::dp: return "parallel.dp";
     case PlanField::cp: return "parallel.cp";
     case PlanField::cp_comm: return "parallel.cp_comm";
+    case PlanField::ep: return "parallel.ep";
+    case PlanField::etp: return "parallel.etp";
     case PlanField::micro_batch: return "parallel.micro_batch";
     case PlanField::global_batch: return "parallel.global_batch";
     case PlanField::seq_length: return "parallel.seq_length";
@@ -186,6 +194,8 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   p.cp = read_int(r, "cp", 1);
   if (const auto comm = r.optional_string("cp_comm"))
     p.cp_comm = parse_cp_comm(*comm, source, "parallel.cp_comm");
+  if (r.has("ep")) p.ep = read_int(r, "ep", 1);
+  if (r.has("etp")) p.etp = read_int(r, "etp", 1);
   p.micro_batch = read_int(r, "micro_batch", 1);
   p.global_batch = r.positive_integer("global_batch");
   p.seq_length = r.positive_integer("seq_length");
@@ -317,6 +327,7 @@ std::vector<Estimate::OtherOrder> check_prediction(const nlohmann::json& j, cons
   JsonReader b = r.object("breakdown");
   for (const char* key : {"compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s"}) b.number(key);
   if (b.has("cp_comm_s")) b.number("cp_comm_s");
+  if (b.has("ep_comm_s")) b.number("ep_comm_s");
   b.reject_unknown();
   if (r.has("interval")) {
     JsonReader in = r.object("interval");

@@ -24,6 +24,8 @@ const std::vector<Dimension>& dimensions() {
   static const std::vector<Dimension> dims = {
       {"TP", [](const ParallelPlan& p) { return std::to_string(p.tp); }},
       {"CP", [](const ParallelPlan& p) { return std::to_string(p.cp); }},
+      {"EP", [](const ParallelPlan& p) { return std::to_string(p.ep); }},
+      {"ETP", [](const ParallelPlan& p) { return std::to_string(p.expert_tp()); }},
       {"PP", [](const ParallelPlan& p) { return std::to_string(p.pp); }},
       {"DP", [](const ParallelPlan& p) { return std::to_string(p.dp); }},
       {"micro-batch", [](const ParallelPlan& p) { return std::to_string(p.micro_batch); }},
@@ -74,7 +76,10 @@ std::vector<ExplainRow> explain_choices(const ModelSpec& m, const Topology& topo
                                         const SearchResult& r) {
   std::vector<ExplainRow> rows;
   if (r.fitting.empty()) return rows;
+  const bool experts = r.fitting.front().plan.etp > 0;  // a mixture-of-experts model's plans
   for (const Dimension& d : dimensions()) {
+    const std::string name = d.name;
+    if (!experts && (name == "EP" || name == "ETP")) continue;
     std::vector<std::pair<std::string, const Estimate*>> seen;  // the first (best) plan of each value
     const bool orders = std::string(d.name) == "rank order";
     for (const Estimate& e : r.fitting) {
@@ -107,9 +112,11 @@ std::string format_explain(const std::vector<ExplainRow>& rows, const Estimate& 
     }
     const Estimate& e = *row.best;
     const double slower = 100.0 * (e.iteration_time_s / winner.iteration_time_s - 1.0);
-    out += fmt::format("  {:<18} {:<9} {:>9.3f} s {} {:>+7.1f}%   TP {} CP {} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}, {}\n",
+    out += fmt::format("  {:<18} {:<9} {:>9.3f} s {} {:>+7.1f}%   TP {} CP {}{} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}, {}\n",
                        row.dimension, row.value, e.iteration_time_s, e.simulated ? "sim" : "est", slower, e.plan.tp,
-                       e.plan.cp, e.plan.pp, e.plan.dp, e.plan.micro_batch, e.plan.virtual_stages, e.plan.zero_stage,
+                       e.plan.cp,
+                       e.plan.etp > 0 ? fmt::format(" EP {} ETP {}", e.plan.ep, e.plan.expert_tp()) : std::string(),
+                       e.plan.pp, e.plan.dp, e.plan.micro_batch, e.plan.virtual_stages, e.plan.zero_stage,
                        to_string(e.plan.recompute), e.plan.sequence_parallel ? "on" : "off", e.plan.order.str(),
                        format_bytes_GiB(e.memory.total_bytes));
   }

@@ -20,10 +20,11 @@ struct Part {
   const char* fill;  // as the timeline's rows (html_timeline.cpp)
   double Breakdown::*seconds;
 };
-constexpr std::array<Part, 7> kParts{{
+constexpr std::array<Part, 8> kParts{{
     {"compute", "compute", "#0072B2", &Breakdown::compute_s},
     {"tp", "exposed TP comm", "#CC79A7", &Breakdown::tp_comm_s},
     {"cp", "exposed CP comm", "#E69F00", &Breakdown::cp_comm_s},
+    {"ep", "EP all-to-all", "#F0E442", &Breakdown::ep_comm_s},
     {"pp", "PP comm", "#56B4E9", &Breakdown::pp_comm_s},
     {"dp", "DP comm", "#D55E00", &Breakdown::dp_comm_s},
     {"optimizer", "optimizer", "#009E73", &Breakdown::optimizer_s},
@@ -31,8 +32,9 @@ constexpr std::array<Part, 7> kParts{{
 }};
 
 std::string plan_label(const ParallelPlan& p) {
-  return fmt::format("TP {}{} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}", p.tp,
-                     p.cp > 1 ? fmt::format(" CP {}", p.cp) : std::string(), p.pp, p.dp, p.micro_batch,
+  return fmt::format("TP {}{}{} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}", p.tp,
+                     p.cp > 1 ? fmt::format(" CP {}", p.cp) : std::string(),
+                     p.etp > 0 ? fmt::format(" EP {} ETP {}", p.ep, p.expert_tp()) : std::string(), p.pp, p.dp, p.micro_batch,
                      p.virtual_stages, p.zero_stage, to_string(p.recompute), p.sequence_parallel ? "on" : "off",
                      p.order.str());
 }
@@ -50,10 +52,15 @@ std::string breakdown_svg(std::span<const Estimate> rows) {
       kWidth, height);
   double lx = kLeft;
   // CP's entry only where a plan has context parallelism.
-  bool any_cp = false;
-  for (const Estimate& e : rows) any_cp = any_cp || e.plan.cp > 1;
+  // EP's only where one has expert parallelism.
+  bool any_cp = false, any_ep = false;
+  for (const Estimate& e : rows) {
+    any_cp = any_cp || e.plan.cp > 1;
+    any_ep = any_ep || e.plan.ep > 1;
+  }
   for (const Part& p : kParts) {
     if (p.seconds == &Breakdown::cp_comm_s && !any_cp) continue;
+    if (p.seconds == &Breakdown::ep_comm_s && !any_ep) continue;
     out += fmt::format("<rect x=\"{:.0f}\" y=\"10\" width=\"14\" height=\"12\" fill=\"{}\" stroke=\"#444\" stroke-width=\"0.5\"/>"
                        "<text x=\"{:.0f}\" y=\"20\">{}</text>\n",
                        lx, p.fill, lx + 19, p.label);

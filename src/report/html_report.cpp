@@ -42,7 +42,11 @@ std::string section(const char* id, const char* heading, const std::string& capt
 std::string ranked_table(const ReportPage& page) {
   const std::string basis = !page.ranked.empty() && page.ranked.front().interval ? page.ranked.front().interval->basis : "";
   std::string out = "<table class=\"sortable\" id=\"ranked-table\">\n<thead><tr>";
-  out += heading("#", true) + heading("TP", true) + heading("CP", true) + heading("PP", true) + heading("DP", true) + heading("mb", true) +
+  // EP and ETP for a mixture-of-experts model's plans (they name their ETP).
+  bool experts = false;
+  for (const Estimate& e : page.ranked) experts = experts || e.plan.etp > 0;
+  out += heading("#", true) + heading("TP", true) + heading("CP", true) +
+         (experts ? heading("EP", true) + heading("ETP", true) : std::string()) + heading("PP", true) + heading("DP", true) + heading("mb", true) +
          heading("v", true) + heading("ZeRO", true) + heading("recompute", false) + heading("SP", false) +
          heading("order", false) + heading("step (s)", true) +
          heading("likely (s)", true, "where a measured step would likely fall: " + basis) + heading("score", false) +
@@ -56,6 +60,7 @@ std::string ranked_table(const ReportPage& page) {
     const double likely_low = e.interval && e.interval->known ? e.interval->low_s : e.iteration_time_s;
     out += fmt::format("<tr data-row=\"{}\">", i + 1);
     out += cell(std::to_string(i + 1)) + cell(std::to_string(p.tp)) + cell(std::to_string(p.cp)) +
+           (experts ? cell(std::to_string(p.ep)) + cell(std::to_string(p.expert_tp())) : std::string()) +
            cell(std::to_string(p.pp)) +
            cell(std::to_string(p.dp)) + cell(std::to_string(p.micro_batch)) + cell(std::to_string(p.virtual_stages)) +
            cell(std::to_string(p.zero_stage)) + cell(std::string(to_string(p.recompute))) + cell(p.sequence_parallel ? "on" : "off") +
@@ -93,7 +98,8 @@ std::string explain_table(const ReportPage& page) {
     const ParallelPlan& p = e.plan;
     out += number(e.iteration_time_s, 3) + cell(e.simulated ? "sim" : "est") +
            number(100.0 * (e.iteration_time_s / page.chosen.iteration_time_s - 1.0), 1, "%") +
-           cell(fmt::format("TP {} CP {} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}", p.tp, p.cp, p.pp, p.dp,
+           cell(fmt::format("TP {} CP {}{} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}", p.tp, p.cp,
+                            p.etp > 0 ? fmt::format(" EP {} ETP {}", p.ep, p.expert_tp()) : std::string(), p.pp, p.dp,
                             p.micro_batch, p.virtual_stages, p.zero_stage, to_string(p.recompute), p.sequence_parallel ? "on" : "off",
                             p.order.str())) +
            number(e.memory.total_bytes / kGiB, 1, " GiB") + "</tr>\n";
@@ -142,9 +148,10 @@ std::string html_report(const ReportPage& page) {
   out += fmt::format("<body data-command=\"{}\">\n", escape(page.command));
   out += "<div id=\"report-status\" data-state=\"loading\" hidden></div>\n"
          "<ul id=\"report-errors\" hidden></ul>\n";
-  out += fmt::format("<h1>{}</h1>\n<p class=\"subtitle\">TP {}{} &times; PP {} &times; DP {}, micro-batch {}, ZeRO {}, recompute "
+  out += fmt::format("<h1>{}</h1>\n<p class=\"subtitle\">TP {}{}{} &times; PP {} &times; DP {}, micro-batch {}, ZeRO {}, recompute "
                      "{}, SP {}, rank order {}: {} per iteration ({}), MFU {:.1f}%</p>\n",
-                     escape(page.title), p.tp, p.cp > 1 ? fmt::format(" &times; CP {}", p.cp) : std::string(), p.pp, p.dp, p.micro_batch, p.zero_stage, to_string(p.recompute),
+                     escape(page.title), p.tp, p.cp > 1 ? fmt::format(" &times; CP {}", p.cp) : std::string(),
+                     p.etp > 0 ? fmt::format(" (experts EP {} &times; ETP {})", p.ep, p.expert_tp()) : std::string(), p.pp, p.dp, p.micro_batch, p.zero_stage, to_string(p.recompute),
                      p.sequence_parallel ? "on" : "off", escape(p.order.str()),
                      html::format_seconds(page.chosen.iteration_time_s), page.chosen.simulated ? "simulated" : "estimated",
                      100 * page.chosen.mfu);

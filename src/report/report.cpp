@@ -102,6 +102,12 @@ nlohmann::json estimate_to_json(const Estimate& e) {
     j["cp_comm"] = std::string(to_string(p.cp_comm));
     j["breakdown"]["cp_comm"] = e.breakdown.cp_comm_s;
   }
+  // Only for a mixture-of-experts model's plans.
+  if (p.etp > 0) {
+    j["ep"] = p.ep;
+    j["etp"] = p.expert_tp();
+    j["breakdown"]["ep_comm"] = e.breakdown.ep_comm_s;
+  }
   // Only with a spread, so that an even cluster's document stays as it was.
   if (e.gpu_spread > 0)
     j["gpu_spread"] = {{"sigma", e.gpu_spread}, {"gpus", p.world_size()}, {"expected_slowdown", e.gpu_spread_slowdown}};
@@ -137,8 +143,12 @@ std::string format_interval(const Estimate& e) {
 
 std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top_k) {
   const bool likely = !rows.empty() && rows.front().interval.has_value();
-  std::string out = fmt::format("{:>3} {:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9} {}{:>5} {:>10} {:>9} {:>5} {:>10} {:>9}\n",
-                                "#", "TP", "CP", "PP", "DP", "mb", "v", "ZeRO", "recompute", "SP", "order", "step(s)",
+  // EP and ETP columns for a mixture-of-experts model's plans (they name their ETP).
+  bool experts = false;
+  for (const Estimate& e : rows) experts = experts || e.plan.etp > 0;
+  std::string out = fmt::format("{:>3} {:>3} {:>3} {}{:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9} {}{:>5} {:>10} {:>9} {:>5} {:>10} {:>9}\n",
+                                "#", "TP", "CP", experts ? fmt::format("{:>3} {:>3} ", "EP", "ETP") : std::string(),
+                                "PP", "DP", "mb", "v", "ZeRO", "recompute", "SP", "order", "step(s)",
                                 likely ? fmt::format("{:>13} ", "likely(s)") : std::string(), "score",
                                 "tokens/s", "TFLOP/s", "MFU", "mem/GPU", "headroom");
   std::vector<std::string> tied;  // other rank orders folded into the rows shown
@@ -149,8 +159,9 @@ std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top
       for (const RankOrder& o : e.tied_orders)
         if (std::find(tied.begin(), tied.end(), o.str()) == tied.end()) tied.push_back(o.str());
     }
-    out += fmt::format("{:>3} {:>3} {:>3} {:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9.3f} {}{:>5} {:>10.0f} {:>9.1f} {:>4.1f}% {:>10} {:>9}\n",
-                       i + 1, p.tp, p.cp, p.pp, p.dp, p.micro_batch, p.virtual_stages, p.zero_stage,
+    out += fmt::format("{:>3} {:>3} {:>3} {}{:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9.3f} {}{:>5} {:>10.0f} {:>9.1f} {:>4.1f}% {:>10} {:>9}\n",
+                       i + 1, p.tp, p.cp,
+                       experts ? fmt::format("{:>3} {:>3} ", p.ep, p.expert_tp()) : std::string(), p.pp, p.dp, p.micro_batch, p.virtual_stages, p.zero_stage,
                        to_string(p.recompute), p.sequence_parallel ? "on" : "off",
                        p.order.str() + (e.tied_orders.empty() ? " " : "*"), e.iteration_time_s,
                        likely ? fmt::format("{:>13} ", format_interval(e)) : std::string(),
@@ -173,6 +184,10 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
   out += fmt::format("plan: TP {}{} x PP {} x DP {}, micro-batch {}, {} micro-batches, global batch {} x {} tokens\n", p.tp,
                      p.cp > 1 ? fmt::format(" x CP {}", p.cp) : std::string(), p.pp, p.dp, p.micro_batch,
                      p.num_micro_batches(), p.global_batch, p.seq_length);
+  if (p.etp > 0)
+    out += fmt::format("      experts: EP {} x ETP {} x expert-DP {}: {} of the {} experts per rank, each {}\n", p.ep,
+                       p.expert_tp(), p.expert_dp(), m.moe.num_experts / p.ep, m.moe.num_experts,
+                       p.expert_tp() > 1 ? fmt::format("split over {} ranks", p.expert_tp()) : std::string("whole"));
   if (p.cp > 1)
     out += fmt::format("      context parallel {}: {} tokens of each sequence per rank, {}\n", p.cp,
                        p.seq_per_rank(),
@@ -229,6 +244,7 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
   row("compute", b.compute_s);
   row("TP comm", b.tp_comm_s);
   if (p.cp > 1) row("CP comm", b.cp_comm_s);
+  if (p.ep > 1) row("EP comm", b.ep_comm_s);
   row("PP comm", b.pp_comm_s);
   row("DP comm", b.dp_comm_s);
   row("bubble", b.bubble_s);
@@ -298,6 +314,17 @@ std::string format_mesh(const ParallelPlan& plan, const Cluster& c) {
   section("Pipelines (PP groups, stage 0 first)", map.pp_groups(), false);
   if (plan.cp > 1) section("CP groups (the ranks that split one sequence)", map.cp_groups(), false);
   section(plan.cp > 1 ? "DP groups (DP x CP: the gradient reduction)" : "DP groups", map.dp_groups(), false);
+  if (plan.ep > 1) {
+    section("EP groups (an MoE layer's dispatch and combine all-to-alls)", map.ep_groups(), false);
+    const int edp = plan.expert_dp();
+    if (edp > 1) {
+      std::vector<std::vector<int>> groups;
+      for (int s = 0; s < plan.pp; ++s)
+        for (int e = 0; e < plan.ep; ++e)
+          for (int t = 0; t < plan.expert_tp(); ++t) groups.push_back(map.expert_dp_group(s, e, t));
+      section("expert-DP groups (the experts' gradient reduction)", groups, false);
+    }
+  }
   return out;
 }
 

@@ -20,6 +20,8 @@ std::string_view flag_of(PlanField field) {
     case PlanField::dp: return "--dp";
     case PlanField::cp: return "--cp";
     case PlanField::cp_comm: return "--cp-comm-type";
+    case PlanField::ep: return "--ep";
+    case PlanField::etp: return "--etp";
     case PlanField::micro_batch: return "--micro-batch";
     case PlanField::global_batch: return "--global-batch";
     case PlanField::seq_length: return "--seq-length";
@@ -190,6 +192,8 @@ void check_trainer_options(const PlannerOptions& o) {
     refuse("--grad-accum-fusion", "has no gradient-accumulation fusion", "use --grad-accum-fusion off, or " + other);
   if ((o.cp.value_or(1) > 1 || o.cp_comm) && !t.context_parallel)
     refuse(o.cp ? "--cp" : "--cp-comm-type", "has no context parallelism here", "use --cp 1, or " + other);
+  if ((o.ep.value_or(1) > 1 || o.etp) && !t.expert_parallel)
+    refuse(o.ep ? "--ep" : "--etp", "has no expert parallelism here", "use --ep 1 without --etp, or " + other);
   if (o.zero_stage && std::find(t.zero_stages.begin(), t.zero_stages.end(), *o.zero_stage) == t.zero_stages.end()) {
     std::string stages;
     for (int z : t.zero_stages) stages += (stages.empty() ? "" : ", ") + std::to_string(z);
@@ -229,6 +233,10 @@ ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, c
   p.pp = o.pp.value_or(1);
   p.cp = o.cp.value_or(1);
   p.cp_comm = o.cp_comm.value_or(CpComm::p2p);
+  p.ep = o.ep.value_or(1);
+  // An MoE model's plans name their ETP (default TP, Megatron's); a dense
+  // model's leave it unset.
+  p.etp = o.etp.value_or(model.moe.enabled() ? p.tp : 0);
   if (o.dp) {
     p.dp = *o.dp;
   } else {
@@ -302,6 +310,8 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     probe.dp = o.dp.value_or(1);
     probe.cp = o.cp.value_or(1);
     probe.cp_comm = o.cp_comm.value_or(CpComm::p2p);
+    probe.ep = o.ep.value_or(1);
+    probe.etp = o.etp.value_or(model.moe.enabled() ? probe.tp : 0);
     probe.zero_stage = o.zero_stage.value_or(0);
     probe.flash_attention = flash;
     Cluster relaxed = cluster;  // the GPU-count check is the search's job
@@ -459,16 +469,34 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
           std::vector<bool> sps =
               tp > 1 && trainer.sequence_parallel ? std::vector<bool>{true, false} : std::vector<bool>{false};
           if (o.sequence_parallel) sps = {*o.sequence_parallel};
+          // The experts' regrouping of the stage's TP x CP x DP ranks: EP
+          // dividing the experts, ETP = TP (Megatron's default) or 1.
+          std::vector<std::pair<int, int>> experts{{1, 0}};
+          if (model.moe.enabled() && trainer.expert_parallel) {
+            experts.clear();
+            std::vector<int> etps{tp};
+            if (tp > 1) etps.push_back(1);
+            if (o.etp) etps = {*o.etp};
+            for (int etp : etps)
+              for (int ep : divisors(static_cast<std::int64_t>(model.moe.num_experts)))
+                if ((!o.ep || *o.ep == ep) && (static_cast<std::int64_t>(tp) * cp * dp) % (static_cast<std::int64_t>(etp) * ep) == 0)
+                  experts.emplace_back(ep, etp);
+          } else if (model.moe.enabled()) {
+            experts = {{o.ep.value_or(1), o.etp.value_or(tp)}};
+          }
           for (const RankOrder& order : orders) {
             for (int zero : zeros) {
               for (Recompute rc : recomputes) {
                 for (bool sp : sps) {
+                 for (const auto& [ep, etp] : experts) {
                   ParallelPlan p;
                   p.tp = tp;
                   p.pp = pp;
                   p.dp = dp;
                   p.cp = cp;
                   p.cp_comm = o.cp_comm.value_or(CpComm::p2p);
+                  p.ep = ep;
+                  p.etp = etp;
                   p.micro_batch = mb;
                   p.global_batch = result.global_batch;
                   p.seq_length = result.seq_length;
@@ -495,6 +523,7 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
                     continue;
                   }
                   plans.push_back(p);
+                 }
                 }
               }
             }

@@ -42,6 +42,15 @@ Builder::Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& p
   // The data index (DP x CP ranks): every DP loop below runs over it.
   dp_ = std::max(1, plan.dp_cp());
   cp_ = std::max(1, plan.cp);
+  if (m.moe.enabled()) {
+    ep_ = std::max(1, plan.ep);
+    edp_ = plan.expert_dp();
+    expert_group_ = edp_ > 1 && (ep_ > 1 || plan.expert_tp() != tp_);
+    for (int s = 0; s < std::max(1, plan.pp); ++s) {
+      const StageParameters sp = stage_parameters(m, plan, s);
+      expert_share_.push_back(sp.total() > 0 ? sp.expert / sp.total() : 0.0);
+    }
+  }
   if (plan.world_size() > topo.num_gpus()) {
     throw std::invalid_argument("simulate: the plan needs " + std::to_string(plan.world_size()) +
                                 " GPUs but the cluster has " + std::to_string(topo.num_gpus()));
@@ -128,6 +137,7 @@ void Builder::make_representatives() {
       }
       r.cp_group = eng_->add_group(std::move(g));
     }
+    if (ep_ > 1 || expert_group_) add_expert_groups(r);
     representatives_.push_back(r);
   }
   if (pp_ > 1) {
@@ -177,6 +187,7 @@ bool Builder::tp_isolated() const {
 // rotating the GPUs then maps TP rank t to t + 1 and each group onto another.
 bool Builder::rails_foldable() const {
   const int gpn = topo_.cluster().gpus_per_node;
+  if (ep_ > 1 || expert_group_) return false;  // the experts' groups are not listed per TP rank
   if (!topo_.rail_symmetric() || !tp_fast_ || tp_ != gpn) return false;
   for (int d = 0; d < dp_; ++d) {
     for (int s = 0; s < pp_; ++s) {
@@ -497,7 +508,14 @@ void Builder::flush(Chain& ch) {
 
 TaskId Builder::add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps) {
   const Representative& r = representatives_[static_cast<std::size_t>(ch.stage)];
-  if (it.cp) {
+  if (it.group == Group::ep) {
+    // An MoE all-to-all: on the network, on the TP stream.
+    const TaskId t = emit_collective(it.collective, r.ep_group, it.bytes, r.tp, deps,
+                                     meta_of(Category::ep, kThreadTp, ch.stage));
+    label(t, ch.stage, prog.ops[it.name_op].name, "ep");
+    return t;
+  }
+  if (it.group == Group::cp) {
     // A CP exchange: on the network (its group may leave the node), on the
     // TP stream (a layer's TP and CP collectives never run at once).
     const TaskId t = emit_collective(it.collective, r.cp_group, it.bytes, r.tp, deps,
@@ -547,7 +565,7 @@ void Builder::play(Chain& ch, const Program& prog) {
         flush(ch);
         ch.async.push_back(add_tp(ch, it, prog, ch.deps));
         // (a CP exchange takes no SMs from the block under it: reduced_ns -1)
-        if (!it.cp && it.probe_ns < 0 && overlap_sms_ > 0) it.probe_ns = tp_probe_.time_ns(it.collective, it.bytes);
+        if (it.group == Group::tp && it.probe_ns < 0 && overlap_sms_ > 0) it.probe_ns = tp_probe_.time_ns(it.collective, it.bytes);
         ch.overlap_ns = it.probe_ns;
         break;
       }
@@ -562,15 +580,52 @@ void Builder::play(Chain& ch, const Program& prog) {
 }
 
 void Builder::dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name) {
-  if (dp_ <= 1 || params <= 0) return;
+  if (!reduces() || params <= 0) return;
   const Representative& r = representatives_[static_cast<std::size_t>(stage)];
   // ZeRO-1 reduce-scatters, unless the trainer all-reduces the full gradients
   // before updating its shard (DeepSpeed's pipeline engine with bf16).
   const bool all_reduce = plan_.zero_stage == 0 || (plan_.zero_stage == 1 && plan_.trainer.zero1_grad_all_reduce);
   const Collective c = all_reduce ? Collective::all_reduce : Collective::reduce_scatter;
-  const TaskId t = emit_collective(c, r.dp_group, params * plan_.trainer.dp_grad_bytes, r.dp, deps, meta_of(Category::dp, kThreadDp, stage),
-                                   /*dp_reduction=*/true);
-  label(t, stage, name, "dp");
+  // An MoE model's bucket holds dense and expert gradients in the stage's
+  // proportion; the experts' are reduced over expert-DP (Megatron keeps them
+  // in buffers of their own), after the dense ones on the same stream.
+  const double expert = expert_share_.empty() ? 0.0 : params * expert_share_[static_cast<std::size_t>(stage)];
+  const double dense = params - expert;
+  if (dp_ > 1 && dense > 0) {
+    const TaskId t = emit_collective(c, r.dp_group, dense * plan_.trainer.dp_grad_bytes, r.dp, deps,
+                                     meta_of(Category::dp, kThreadDp, stage), /*dp_reduction=*/true);
+    label(t, stage, name, "dp");
+  }
+  if (edp_ > 1 && expert > 0) {
+    const TaskId t = emit_collective(c, expert_group_ ? r.edp_group : r.dp_group, expert * plan_.trainer.dp_grad_bytes,
+                                     r.dp, deps, meta_of(Category::dp, kThreadDp, stage), /*dp_reduction=*/true);
+    label(t, stage, name + " (experts)", "dp");
+  }
+}
+
+void Builder::add_expert_groups(Representative& r) {
+  const int s = r.stage;
+  const int etp = plan_.expert_tp();
+  const int index = tp_ * rep_dp_;  // the representative's index among the stage's TP x CP x DP ranks
+  const int rep_etp = index % etp, rep_ep = index / etp % ep_, rep_edp = index / (etp * ep_);
+  if (ep_ > 1) {
+    // The representative's EP group; every other EP group of the stage
+    // exchanges at the same time.
+    CommGroup g;
+    g.ranks = map_.ep_group(s, rep_edp, rep_etp);
+    for (int d = 0; d < edp_; ++d)
+      for (int t = 0; t < etp; ++t)
+        if (d != rep_edp || t != rep_etp) g.mirrors.push_back(map_.ep_group(s, d, t));
+    r.ep_group = eng_->add_group(std::move(g));
+  }
+  if (expert_group_) {
+    CommGroup g;
+    g.ranks = map_.expert_dp_group(s, rep_ep, rep_etp);
+    for (int e = 0; e < ep_; ++e)
+      for (int t = 0; t < etp; ++t)
+        if (e != rep_ep || t != rep_etp) g.mirrors.push_back(map_.expert_dp_group(s, e, t));
+    r.edp_group = eng_->add_group(std::move(g));
+  }
 }
 
 void Builder::add_step(int stage, std::size_t idx) {
@@ -595,7 +650,7 @@ void Builder::add_step(int stage, std::size_t idx) {
     }
   }
   const bool last_mb = st.micro_batch == mbs_ - 1;
-  const bool reduce_now = dp_ > 1 && (plan_.zero_stage >= 2 || (plan_.trainer.dp_overlap && last_mb));
+  const bool reduce_now = reduces() && (plan_.zero_stage >= 2 || (plan_.trainer.dp_overlap && last_mb));
   PassState& out = pass(st.dir, st.micro_batch, vs);
   out.end_off = static_cast<std::uint32_t>(ends_.size());
   if (stamp_ && !traced(stage)) {
@@ -691,7 +746,7 @@ void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, cons
   ch.last_compute = kNoTask;
 
   const auto& units = units_[us][static_cast<std::size_t>(st.chunk)];
-  const int zero = dp_ > 1 ? plan_.zero_stage : 0;
+  const int zero = reduces() ? plan_.zero_stage : 0;
   if (zero >= 3) {
     play_zero3(stage, st, reduce_now);
   } else {
@@ -891,14 +946,14 @@ void Builder::play_zero3(int stage, const ScheduleStep& st, bool reduce_now) {
 void Builder::finish_iteration() {
   const double act_scale = activation_bytes_scale(topo_.cluster().calibration.get());
   const GpuProfile& gpu = topo_.cluster().gpu;
-  const int zero = dp_ > 1 ? plan_.zero_stage : 0;
+  const int zero = reduces() ? plan_.zero_stage : 0;
   std::vector<TaskId> all;
   for (int s = 0; s < pp_; ++s) {
     const auto us = static_cast<std::size_t>(s);
     // The last pass's outgoing message must be done too.
     const auto tail = messages_.block_of(messages_.point(s, static_cast<int>(order_[us].size()) - 1));
     stage_end_[us].insert(stage_end_[us].end(), tail.begin(), tail.end());
-    if (dp_ > 1 && zero <= 1 && !plan_.trainer.dp_overlap) {
+    if (reduces() && zero <= 1 && !plan_.trainer.dp_overlap) {
       dp_bucket(s, parameters_on_stage(m_, plan_, s), stage_end_[us], "grad reduce");
     }
     all.insert(all.end(), stage_end_[us].begin(), stage_end_[us].end());
@@ -932,10 +987,13 @@ void Builder::finish_iteration() {
   tag(join.back(), Category::none, 0, -1);
   for (int s = 0; s < pp_; ++s) {
     const Representative& r = representatives_[static_cast<std::size_t>(s)];
-    const double params = parameters_on_stage(m_, plan_, s);
+    const StageParameters sp = stage_parameters(m_, plan_, s);
+    const double params = sp.dense;
     // Megatron's step kernels: grad scale, grad norm, Adam, master -> bf16
-    // copy, buffer zeroing (optimizer_step.cpp).
+    // copy, buffer zeroing (optimizer_step.cpp); an MoE model's experts on
+    // their expert-DP shard.
     TimeNs ns = optimizer_step_time_ns(gpu, params, dp_, zero);
+    if (sp.expert > 0) ns += optimizer_step_time_ns(gpu, sp.expert, edp_, zero);
     if (const double f = compute_factor(s); f != 1.0) ns = static_cast<TimeNs>(std::llround(static_cast<double>(ns) * f));
     const TaskId opt = eng_->add_compute(r.compute, ns, join);
     tag(opt, Category::optimizer, kThreadCompute, s);
@@ -944,10 +1002,20 @@ void Builder::finish_iteration() {
       // Distributed optimizer: gather the updated bf16 parameters (not overlapped).
       const StreamId s1[1] = {r.dp};
       const std::vector<TaskId> d{opt};
-      const TaskId g = eng_->add_collective(Collective::all_gather, r.dp_group,
-                                            params * kParamBytesPerParam * act_scale, s1, d);
-      tag(g, Category::dp, kThreadDp, s);
-      label(g, s, "param all-gather", "dp");
+      std::vector<TaskId> d2 = d;
+      if (dp_ > 1) {
+        const TaskId g = eng_->add_collective(Collective::all_gather, r.dp_group,
+                                              params * kParamBytesPerParam * act_scale, s1, d);
+        tag(g, Category::dp, kThreadDp, s);
+        label(g, s, "param all-gather", "dp");
+        d2 = {g};
+      }
+      if (sp.expert > 0 && edp_ > 1) {
+        const TaskId g = eng_->add_collective(Collective::all_gather, expert_group_ ? r.edp_group : r.dp_group,
+                                              sp.expert * kParamBytesPerParam * act_scale, s1, d2);
+        tag(g, Category::dp, kThreadDp, s);
+        label(g, s, "expert param all-gather", "dp");
+      }
     }
   }
 }

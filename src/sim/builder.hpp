@@ -52,7 +52,9 @@ struct Representative {
   int rank = 0;
   int stage = 0;
   StreamId compute = 0, tp = 0, pp_fwd = 0, pp_bwd = 0, dp = 0;
-  GroupId tp_group = 0, dp_group = 0, cp_group = 0;
+  GroupId tp_group = 0, dp_group = 0, cp_group = 0, ep_group = 0;
+  // The experts' gradient group (expert-DP): dp_group where it is the same ranks.
+  GroupId edp_group = 0;
 };
 
 // What ZeRO-3 gathers at once within a unit: the whole unit, or (tensor
@@ -130,6 +132,9 @@ class Builder {
   // or with folded rails TP rank 0's alone (CommGroup::rail0_part), the
   // others being its rotations.
   int mirrored_tp() const;
+  // The representative's EP and expert-DP groups, with every other one of
+  // its stage as mirrors.
+  void add_expert_groups(Representative& r);
   // The TP group of stage `pp` at data index `data` (DP x CP).
   std::vector<int> tp_group_of(int pp, int data) const { return map_.tp_group(pp, data / cp_, data % cp_); }
 
@@ -193,6 +198,13 @@ class Builder {
   std::unique_ptr<Engine> eng_;
   // dp_: DP x CP (the data index); rep_dp_: the representative's data index.
   int pp_ = 1, v_ = 1, vs_count_ = 1, mbs_ = 1, tp_ = 1, dp_ = 1, cp_ = 1, rep_dp_ = 0;
+  // MoE: EP, expert-DP, whether the expert-DP group is other ranks than the
+  // DP x CP group, and per stage the routed experts' share of its parameters.
+  int ep_ = 1, edp_ = 1;
+  bool expert_group_ = false;
+  std::vector<double> expert_share_;
+  // Gradients to reduce: DP x CP or expert-DP above 1.
+  bool reduces() const { return dp_ > 1 || edp_ > 1; }
   int straggler_stage_ = -1;
   double straggler_slowdown_ = 1.0;
   std::vector<double> compute_factor_;  // per stage (compute_factor)

@@ -71,11 +71,11 @@ class Builder {
     p_.flops += op.flops;
   }
 
-  void collective(ItemKind kind, Collective c, double bytes, std::string name, bool cp = false) {
+  void collective(ItemKind kind, Collective c, double bytes, std::string name, Group group = Group::tp) {
     close();
     Item it;
     it.kind = kind;
-    it.cp = cp;
+    it.group = group;
     it.collective = c;
     it.bytes = bytes;
     it.name_op = static_cast<std::uint32_t>(p_.ops.size());
@@ -133,13 +133,18 @@ Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence
       // after it, which the next block waits for; an all-to-all blocks.
       const double bytes = comm_size_bytes(op, gpu.calibration.get());
       if (op.overlaps_next && i + 1 < ops.size()) {
-        b.collective(ItemKind::async, op.collective, bytes, op.name, true);
+        b.collective(ItemKind::async, op.collective, bytes, op.name, Group::cp);
         b.overlapped(ops[i + 1], 0);
         b.join();
         ++i;
       } else {
-        b.collective(ItemKind::collective, op.collective, bytes, op.name, true);
+        b.collective(ItemKind::collective, op.collective, bytes, op.name, Group::cp);
       }
+      continue;
+    }
+    if (op.kind == OpKind::collective && op.group == Group::ep) {
+      // An MoE dispatch or combine: Megatron's alltoall dispatcher waits for it.
+      b.collective(ItemKind::collective, op.collective, comm_size_bytes(op, gpu.calibration.get()), op.name, Group::ep);
       continue;
     }
     if (op.kind == OpKind::collective || op.kind == OpKind::p2p) {

@@ -34,7 +34,7 @@ struct Item {
   Collective collective = Collective::all_reduce;
   double bytes = 0;                // collective / async: NCCL size
   std::uint32_t name_op = 0;       // collective / async: its name in Program::ops
-  bool cp = false;                 // collective / async: over the CP group, not the TP group
+  Group group = Group::tp;         // collective / async: the TP, CP or EP group
   // compute right after an async collective (its only op overlaps it): the
   // op's time while the collective holds NCCL's SMs (op_time_sms_taken_ns);
   // -1 otherwise. The builder charges overlapped_time_ns(collective, this,

@@ -106,12 +106,12 @@ Breakdown critical_breakdown(const Engine& eng, std::span<const TaskMeta> meta, 
     std::merge(edges.begin(), edges.end(), g.begin(), g.end(), std::back_inserter(merged));
     edges.swap(merged);
   }
-  std::array<int, 6> active{};
-  std::array<double, 7> ns{};  // per Category, [6] = bubble
+  std::array<int, 7> active{};
+  std::array<double, 8> ns{};  // per Category, [7] = bubble
   TimeNs at = 0;
   auto account = [&](TimeNs until) {
     if (until <= at) return;
-    std::size_t category = 6;
+    std::size_t category = 7;
     for (std::size_t c = 0; c < active.size(); ++c) {
       if (active[c] > 0) {
         category = c;
@@ -133,7 +133,8 @@ Breakdown critical_breakdown(const Engine& eng, std::span<const TaskMeta> meta, 
   b.pp_comm_s = ns[3] * 1e-9;
   b.dp_comm_s = ns[4] * 1e-9;
   b.cp_comm_s = ns[5] * 1e-9;
-  b.bubble_s = ns[6] * 1e-9;
+  b.ep_comm_s = ns[6] * 1e-9;
+  b.bubble_s = ns[7] * 1e-9;
   return b;
 }
 

@@ -36,6 +36,14 @@ struct MoeSpec {
   // Tokens an expert may take, as a multiple of the balanced share
   // (--moe-expert-capacity-factor); 0: dropless, Megatron-Core's default.
   double capacity_factor = 0;
+  // The busiest EP rank's routed tokens over the mean, per MoE layer and
+  // micro-batch: it sets the pace of the dispatch, the expert GEMMs and the
+  // combine, as every EP rank waits for it. Default 1: the balanced load
+  // that Megatron-Core's own accounting assumes (its FLOPs and memory
+  // formulas give every expert top-k x tokens / experts) and that the
+  // balancing losses train for; no measured routing distribution is in
+  // this repository, so a user with one gives it here.
+  double router_load_imbalance = 1.0;
   // Group-limited routing (DeepSeek-V3: the experts in 8 groups, a token's
   // experts from at most 4 of them; --moe-router-num-groups,
   // --moe-router-group-topk); 0: any expert.

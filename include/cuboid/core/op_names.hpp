@@ -44,6 +44,64 @@ inline constexpr char tp_rs_mlp[] = "tp_rs_mlp";
 inline constexpr char tp_ar_mlp[] = "tp_ar_mlp";
 inline constexpr char drop_add_mlp[] = "drop_add_mlp";
 
+// Mixture-of-experts MLP (workload.cpp add_moe_*, Megatron-Core's MoELayer
+// with the alltoall token dispatcher): the router, the permutation of each
+// token's top-k copies by expert, the all-to-alls over the EP group (tokens
+// and their routing probabilities), the ETP all-gather / reduce-scatter, the
+// sort by local expert, the grouped expert GEMMs, the way back, and the
+// shared experts (a TP MLP beside the routed ones).
+inline constexpr char router[] = "router";
+inline constexpr char router_topk[] = "router_topk";
+inline constexpr char moe_permute[] = "moe_permute";
+inline constexpr char ep_a2a_dispatch[] = "ep_a2a_dispatch";
+inline constexpr char ep_a2a_probs[] = "ep_a2a_probs";
+inline constexpr char etp_ag_dispatch[] = "etp_ag_dispatch";
+inline constexpr char moe_sort[] = "moe_sort";
+inline constexpr char expert_fc1[] = "expert_fc1";
+inline constexpr char expert_act[] = "expert_act";
+inline constexpr char expert_fc2[] = "expert_fc2";
+inline constexpr char moe_unsort[] = "moe_unsort";
+inline constexpr char etp_rs_combine[] = "etp_rs_combine";
+inline constexpr char ep_a2a_combine[] = "ep_a2a_combine";
+inline constexpr char moe_unpermute[] = "moe_unpermute";
+inline constexpr char tp_ag_shared[] = "tp_ag_shared";
+inline constexpr char shared_fc1[] = "shared_fc1";
+inline constexpr char shared_act[] = "shared_act";
+inline constexpr char shared_fc2[] = "shared_fc2";
+inline constexpr char tp_rs_shared[] = "tp_rs_shared";
+inline constexpr char shared_add[] = "shared_add";
+
+// Its backward.
+inline constexpr char router_dgrad[] = "router_dgrad";
+inline constexpr char router_wgrad[] = "router_wgrad";
+inline constexpr char router_topk_bwd[] = "router_topk_bwd";
+inline constexpr char moe_permute_bwd[] = "moe_permute_bwd";
+inline constexpr char ep_a2a_dispatch_bwd[] = "ep_a2a_dispatch_bwd";
+inline constexpr char ep_a2a_probs_bwd[] = "ep_a2a_probs_bwd";
+inline constexpr char etp_ag_dispatch_bwd[] = "etp_ag_dispatch_bwd";
+inline constexpr char moe_sort_bwd[] = "moe_sort_bwd";
+inline constexpr char expert_fc1_dgrad[] = "expert_fc1_dgrad";
+inline constexpr char expert_fc1_wgrad[] = "expert_fc1_wgrad";
+inline constexpr char expert_act_bwd[] = "expert_act_bwd";
+inline constexpr char expert_fc2_dgrad[] = "expert_fc2_dgrad";
+inline constexpr char expert_fc2_wgrad[] = "expert_fc2_wgrad";
+inline constexpr char moe_unsort_bwd[] = "moe_unsort_bwd";
+inline constexpr char etp_rs_combine_bwd[] = "etp_rs_combine_bwd";
+inline constexpr char ep_a2a_combine_bwd[] = "ep_a2a_combine_bwd";
+inline constexpr char moe_unpermute_bwd[] = "moe_unpermute_bwd";
+inline constexpr char tp_ag_shared_bwd[] = "tp_ag_shared_bwd";
+inline constexpr char shared_fc1_dgrad[] = "shared_fc1_dgrad";
+inline constexpr char shared_fc1_wgrad[] = "shared_fc1_wgrad";
+inline constexpr char shared_act_bwd[] = "shared_act_bwd";
+inline constexpr char shared_fc2_dgrad[] = "shared_fc2_dgrad";
+inline constexpr char shared_fc2_wgrad[] = "shared_fc2_wgrad";
+inline constexpr char tp_rs_shared_bwd[] = "tp_rs_shared_bwd";
+inline constexpr char router_grad_accum[] = "router_grad_accum";
+inline constexpr char expert_fc1_grad_accum[] = "expert_fc1_grad_accum";
+inline constexpr char expert_fc2_grad_accum[] = "expert_fc2_grad_accum";
+inline constexpr char shared_fc1_grad_accum[] = "shared_fc1_grad_accum";
+inline constexpr char shared_fc2_grad_accum[] = "shared_fc2_grad_accum";
+
 // GEMM backward: the forward GEMM's name + "_dgrad" / "_wgrad" (workload.cpp add_gemm_backward).
 inline constexpr char qkv_dgrad[] = "qkv_dgrad";
 inline constexpr char qkv_wgrad[] = "qkv_wgrad";
@@ -179,7 +237,7 @@ inline bool is_pipeline_exchange(std::string_view name) {
 }
 
 // Every name above, for checks.
-inline constexpr std::array<std::string_view, 109> all{
+inline constexpr std::array<std::string_view, 158> all{
     norm_in, tp_ag_attn, qkv, qkv_bias, attn_alibi_bias, attn_qk, attn_softmax, attn_av, attn_ctx_copy, attn_flash,
     proj, tp_rs_attn,
     tp_ar_attn, drop_add_attn, norm_mlp, tp_ag_mlp, fc1, act, fc2, tp_rs_mlp, tp_ar_mlp, drop_add_mlp, qkv_dgrad,
@@ -196,6 +254,7 @@ inline constexpr std::array<std::string_view, 109> all{
     pp_send_bwd_recv_fwd_bwd, pp_recv_fwd_bwd, dp_ar_grads, dp_rs_grads,
     dp_ag_params, grad_scale, grad_norm, adam, param_copy, grad_zero, dqkv_zero, tp_ar_norm_grads, cp_kv_p2p,
     cp_a2a_qkv, cp_a2a_out, cp_kv_dkv_p2p_bwd, cp_a2a_out_bwd, cp_a2a_qkv_bwd, cp_out_correct, cp_grad_sum_bwd,
+    router, router_topk, moe_permute, ep_a2a_dispatch, ep_a2a_probs, etp_ag_dispatch, moe_sort, expert_fc1, expert_act, expert_fc2, moe_unsort, etp_rs_combine, ep_a2a_combine, moe_unpermute, tp_ag_shared, shared_fc1, shared_act, shared_fc2, tp_rs_shared, shared_add, router_dgrad, router_wgrad, router_topk_bwd, moe_permute_bwd, ep_a2a_dispatch_bwd, ep_a2a_probs_bwd, etp_ag_dispatch_bwd, moe_sort_bwd, expert_fc1_dgrad, expert_fc1_wgrad, expert_act_bwd, expert_fc2_dgrad, expert_fc2_wgrad, moe_unsort_bwd, etp_rs_combine_bwd, ep_a2a_combine_bwd, moe_unpermute_bwd, tp_ag_shared_bwd, shared_fc1_dgrad, shared_fc1_wgrad, shared_act_bwd, shared_fc2_dgrad, shared_fc2_wgrad, tp_rs_shared_bwd, router_grad_accum, expert_fc1_grad_accum, expert_fc2_grad_accum, shared_fc1_grad_accum, shared_fc2_grad_accum,
 };
 
 }  // namespace cuboid::op

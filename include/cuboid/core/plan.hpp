@@ -134,6 +134,13 @@ struct ParallelPlan {
   // rank r holding chunks r and 2cp - 1 - r (Megatron's causal balance).
   int cp = 1;
   CpComm cp_comm = CpComm::p2p;
+  // Expert parallelism (mixture-of-experts models; Megatron-Core's "MoE
+  // parallel folding"): each MoE layer's routed experts split over `ep`
+  // ranks, each expert's FFN over `etp` ranks (0: ETP = TP, Megatron's
+  // default); the TP x CP x DP ranks of a stage regroup as ETP x EP x
+  // expert-DP for the experts (parallel_state.py at d98e8a64).
+  int ep = 1;
+  int etp = 0;
   int micro_batch = 1;           // sequences per micro-batch
   std::int64_t global_batch = 1; // sequences per iteration
   std::int64_t seq_length = 0;
@@ -158,6 +165,10 @@ struct ParallelPlan {
   TrainerSettings trainer;
 
   int world_size() const { return tp * pp * dp * cp; }
+  int expert_tp() const { return etp > 0 ? etp : tp; }
+  // The ranks that hold the same experts and average their gradients:
+  // TP x CP x DP / (ETP x EP).
+  int expert_dp() const { return tp * cp * dp / (expert_tp() * ep); }
   // The ranks that hold the same weights and average their gradients (and
   // shard ZeRO states): DP x CP, Megatron's data-parallel group with context
   // parallelism.
@@ -202,7 +213,7 @@ bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& las
 // The plan setting a problem is about; each caller names it in its own
 // terms (the command line: a flag; a plan file: a JSON key).
 enum class PlanField {
-  tp, pp, dp, cp, cp_comm, micro_batch, global_batch, seq_length, virtual_stages, zero_stage, schedule, sequence_parallel,
+  tp, pp, dp, cp, cp_comm, ep, etp, micro_batch, global_batch, seq_length, virtual_stages, zero_stage, schedule, sequence_parallel,
   flash_attention, uneven_stages, world_size,
 };
 
@@ -252,6 +263,14 @@ class RankMapping {
   std::vector<int> dp_group(int tp, int pp) const;
   // The ranks that split one sequence.
   std::vector<int> cp_group(int tp, int pp, int dp) const;
+  // The experts' groups. A stage's TP x CP x DP ranks in their order
+  // (index tp + TP x data) regroup as ETP innermost, then EP, then expert-DP
+  // (Megatron-Core's expert rank generator, order tp-ep-dp-pp): the EP
+  // group of expert-DP rank `edp` and ETP rank `etp`, and the expert-DP
+  // group of EP rank `ep` and ETP rank `etp`.
+  std::vector<int> ep_group(int pp, int edp, int etp = 0) const;
+  std::vector<int> expert_dp_group(int pp, int ep, int etp = 0) const;
+  std::vector<std::vector<int>> ep_groups() const;
   std::vector<std::vector<int>> tp_groups() const;
   std::vector<std::vector<int>> pp_groups() const;
   std::vector<std::vector<int>> dp_groups() const;
@@ -262,7 +281,9 @@ class RankMapping {
   bool tp_crosses_nodes() const;
 
  private:
-  int tp_, pp_, dp_, cp_, gpus_per_node_;
+  // The rank of index `i` (tp + TP x data) of a stage's TP x CP x DP ranks.
+  int rank_of_stage_index(int pp, int i) const { return rank_of_data(i % tp_, pp, i / tp_); }
+  int tp_, pp_, dp_, cp_, ep_, etp_, gpus_per_node_;
   std::array<int, 3> stride_{};  // stride of tp, dp (the data index), pp in rank space
 };
 

@@ -19,7 +19,7 @@
 namespace cuboid {
 
 enum class OpKind { gemm, attention_core, memory_bound, collective, p2p };
-enum class Group { none, tp, pp, dp, cp };
+enum class Group { none, tp, pp, dp, cp, ep };
 enum class Pass { forward, backward };
 
 std::string_view to_string(OpKind k);
@@ -59,8 +59,16 @@ struct LayerOps {
   std::vector<Op> recompute;  // forward work repeated before backward (empty for recompute none)
 };
 
-// One transformer layer, one micro-batch, one GPU.
+// One transformer layer, one micro-batch, one GPU; with experts, an MoE
+// layer (its MLP the router, the dispatch, the experts and the combine).
 LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan);
+
+// Tokens of one micro-batch that the busiest rank's local experts compute in
+// an MoE layer (after the ETP all-gather): ETP x its EP rank's routed token
+// copies, which are top-k x the rank's tokens (s x b / TP with sequence
+// parallelism) times the router's load imbalance (with EP > 1), capped by
+// the capacity factor where tokens are dropped.
+double expert_tokens(const ModelSpec& m, const ParallelPlan& plan);
 // Embedding lookup (first stage) and LM head + cross-entropy (last stage).
 LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan);
 LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan);

@@ -25,11 +25,12 @@ struct Breakdown {
   double compute_s = 0;    // GEMMs, attention, memory-bound ops (incl. recompute) of the slowest stage, all micro-batches
   double tp_comm_s = 0;    // TP all-reduce / reduce-scatter + all-gather, not overlapped
   double cp_comm_s = 0;    // CP K/V exchange not hidden behind attention (the ring), or its all-to-alls
+  double ep_comm_s = 0;    // MoE dispatch and combine all-to-alls over the EP group (blocking)
   double pp_comm_s = 0;    // activation / gradient send-recv between stages on the critical path
   double dp_comm_s = 0;    // gradient reduction (and ZeRO gathers) not hidden behind backward
   double bubble_s = 0;     // pipeline fill and drain
   double optimizer_s = 0;  // Adam step on this GPU's shard
-  double total() const { return compute_s + tp_comm_s + cp_comm_s + pp_comm_s + dp_comm_s + bubble_s + optimizer_s; }
+  double total() const { return compute_s + tp_comm_s + cp_comm_s + ep_comm_s + pp_comm_s + dp_comm_s + bubble_s + optimizer_s; }
 };
 
 // Two plans that differ only in rank order and whose times differ by at most

@@ -39,6 +39,31 @@ double bytes_per_parameter(int zero_stage, int dp);
 // (everything divided by tp).
 double parameters_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage);
 
+// The same parameters in the two groups that reduce their gradients and
+// shard their optimizer states apart: `dense` over DP x CP, the routed
+// experts (`expert`) over expert-DP. For an MoE layer Megatron-Core's
+// counting (theoretical_memory_usage.py at d98e8a64): attention and shared
+// experts / TP, norms, router and shared-expert gate whole on every rank,
+// the routed experts / (ETP x EP); the final norm whole. A dense model's
+// parameters are all `dense` (parameters_on_stage's counting).
+struct StageParameters {
+  double dense = 0;
+  double expert = 0;
+  double total() const { return dense + expert; }
+};
+StageParameters stage_parameters(const ModelSpec& m, const ParallelPlan& plan, int stage);
+
+// One layer's stored activations for one micro-batch on one GPU: a dense
+// layer's, or with `moe_layer` an MoE layer's (its MLP's routed token
+// copies, expert intermediates and shared experts instead of the dense MLP's).
+double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer);
+// An MoE layer's all-to-all buffers while it dispatches (EP > 1): the rank's
+// token copies sent and the busiest rank's received, bf16.
+double moe_dispatch_buffer_bytes(const ModelSpec& m, const ParallelPlan& plan);
+
+// The MoE layers among stage `stage`'s layers (its model chunks' layers).
+int moe_layers_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage);
+
 // Activation bytes of one transformer layer for one micro-batch on one GPU
 // (Korthikanti et al. 2022, Table 2, generalised to GQA and gated MLPs):
 //   no recompute, no SP: s*b*h*(10 + P/t) + A/t, P = 24 for GPT; A = 5*a*s^2*b (0 with flash attention)

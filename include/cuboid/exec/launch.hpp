@@ -76,6 +76,8 @@ BackendOptions backend_options(const LaunchInfo& launch, std::string_view backen
 // InputError when the plan has CP > 1 (the executor runs no context
 // parallelism yet) or the launched world size is not its TP x PP x DP.
 void check_world_size(int world_size, const ParallelPlan& plan, const std::string& plan_source);
+// Refuses a model the executor cannot run (a mixture-of-experts model).
+void check_executable(const ModelSpec& model, const std::string& plan_source);
 
 // The communicators of one rank: the world and the rank's TP, PP and DP
 // groups, each ordered by the coordinate along its dimension (rank 0 of

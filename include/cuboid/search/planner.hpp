@@ -29,6 +29,9 @@ struct PlannerOptions {
   // 1) and its exchange (default: the p2p ring, Megatron's default).
   std::optional<int> cp;
   std::optional<CpComm> cp_comm;
+  // Expert parallelism of an MoE model (default: searched where the trainer
+  // has it: EP dividing the experts, ETP 1 or TP; else EP 1, ETP = TP).
+  std::optional<int> ep, etp;
   std::optional<Recompute> recompute;
   std::optional<bool> sequence_parallel;
   std::optional<Schedule> schedule;

@@ -1,0 +1,329 @@
+// Expert parallelism of mixture-of-experts models: the plan's rules and
+// Megatron-Core's folding of a stage's ranks into ETP x EP x expert-DP, the
+// MoE layer's ops and bytes by hand, the parameters and optimizer memory
+// against Megatron-Core's formula, the estimate against the simulation, the
+// search and the plan file. Numbers by hand in the comments.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuboid/core/error.hpp"
+#include "cuboid/core/op_names.hpp"
+#include "cuboid/core/plan.hpp"
+#include "cuboid/core/topology.hpp"
+#include "cuboid/core/workload.hpp"
+#include "cuboid/cost/estimator.hpp"
+#include "cuboid/cost/memory.hpp"
+#include "cuboid/io/planfile.hpp"
+#include "cuboid/search/planner.hpp"
+#include "cuboid/sim/simulator.hpp"
+#include "fixtures.hpp"
+
+using namespace cuboid;
+using namespace cuboid::test;
+
+namespace {
+
+// A small Mixtral-like model: 4 layers, h 1024, 16 heads (4 KV, head_dim
+// 64), SwiGLU, RMSNorm, vocab 32,000 untied; every layer an MoE layer of 8
+// experts of FFN 2048, top-2.
+ModelSpec small_mixtral() {
+  ModelSpec m = llama3("small-mixtral", 4, 1024, 16, 4096);
+  m.num_kv_heads = 4;
+  m.vocab_size = 32000;
+  m.seq_length = 2048;
+  m.max_position_embeddings = 2048;
+  m.moe.num_experts = 8;
+  m.moe.experts_per_token = 2;
+  m.moe.expert_ffn_hidden_size = 2048;
+  m.moe.moe_layers.assign(4, true);
+  return m;
+}
+
+// 16 GPUs (2 DGX A100): TP 2 x PP 2 x DP 4, the experts as EP 4 x ETP 1 x
+// expert-DP 2.
+ParallelPlan ep_plan() {
+  ParallelPlan p;
+  p.tp = 2;
+  p.pp = 2;
+  p.dp = 4;
+  p.ep = 4;
+  p.etp = 1;
+  p.micro_batch = 1;
+  p.global_batch = 64;
+  p.seq_length = 2048;
+  p.sequence_parallel = true;
+  p.recompute = Recompute::none;
+  p.zero_stage = 1;
+  return p;
+}
+
+std::optional<PlanProblem> problem(const ParallelPlan& p, const ModelSpec& m = small_mixtral()) {
+  return check_plan(p, m, dgx_a100(2));
+}
+
+const Op* find(const std::vector<Op>& ops, std::string_view name) {
+  for (const Op& op : ops)
+    if (op.name == name) return &op;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("expert parallelism: Megatron-Core's rules, and the ETP cuboid models") {
+  CHECK_FALSE(problem(ep_plan()).has_value());
+  ParallelPlan p = ep_plan();
+  p.ep = 3;
+  REQUIRE(problem(p));
+  CHECK(problem(p)->field == PlanField::ep);
+  CHECK(problem(p)->problem == "EP 3 does not divide the 8 experts of small-mixtral");
+  p = ep_plan();
+  p.etp = 4;
+  REQUIRE(problem(p));
+  CHECK(problem(p)->field == PlanField::etp);
+  // ETP 2 x EP 8 = 16 ranks, but a stage has TP 2 x DP 4 = 8.
+  p = ep_plan();
+  p.ep = 8;
+  p.etp = 2;
+  REQUIRE(problem(p));
+  CHECK(problem(p)->field == PlanField::ep);
+  CHECK(problem(p)->problem.find("does not divide the TP x CP x DP = 8 ranks") != std::string::npos);
+  p = ep_plan();
+  p.sequence_parallel = false;
+  REQUIRE(problem(p));
+  CHECK(problem(p)->field == PlanField::sequence_parallel);
+  p = ep_plan();
+  p.zero_stage = 3;
+  REQUIRE(problem(p));
+  CHECK(problem(p)->field == PlanField::zero_stage);
+  // A dense model has no experts to split.
+  ParallelPlan dense = ep_plan();
+  dense.ep = 2;
+  REQUIRE(problem(dense, llama3_8b()));
+  CHECK(problem(dense, llama3_8b())->field == PlanField::ep);
+  // Its plans leave ETP unset (or at TP).
+  dense.ep = 1;
+  dense.etp = 0;
+  CHECK(problem(dense, llama3_8b()) == std::nullopt);
+}
+
+TEST_CASE("the experts fold a stage's TP x CP x DP ranks as ETP x EP x expert-DP (Megatron-Core's order)") {
+  // Rank order tp-dp-pp: stage 0 holds ranks 0-7 (index = tp + 2 x dp).
+  ParallelPlan p = ep_plan();
+  CHECK(p.expert_dp() == 2);  // 2 x 4 / (1 x 4)
+  const RankMapping map(p, 8);
+  // ETP 1: EP groups are 4 consecutive indices; expert-DP strides by 4.
+  CHECK(map.ep_group(0, 0) == std::vector<int>{0, 1, 2, 3});
+  CHECK(map.ep_group(0, 1) == std::vector<int>{4, 5, 6, 7});
+  CHECK(map.ep_group(1, 0) == std::vector<int>{8, 9, 10, 11});
+  CHECK(map.expert_dp_group(0, 0) == std::vector<int>{0, 4});
+  CHECK(map.expert_dp_group(0, 3) == std::vector<int>{3, 7});
+  CHECK(map.ep_groups().size() == 4);
+  // ETP = TP 2, EP 2: an EP group is one TP rank of two DP replicas.
+  p.etp = 2;
+  p.ep = 2;
+  const RankMapping tp_map(p, 8);
+  CHECK(tp_map.ep_group(0, 0, 0) == std::vector<int>{0, 2});
+  CHECK(tp_map.ep_group(0, 0, 1) == std::vector<int>{1, 3});
+  CHECK(tp_map.ep_group(0, 1, 0) == std::vector<int>{4, 6});
+  CHECK(tp_map.expert_dp_group(0, 0, 0) == std::vector<int>{0, 4});
+}
+
+TEST_CASE("an MoE layer's ops by hand: router, dispatch, grouped expert GEMMs, combine") {
+  const ModelSpec m = small_mixtral();
+  ParallelPlan p = ep_plan();
+  // s 2048, b 1, TP 2 with SP: 1,024 tokens per rank, 2,048 top-2 copies;
+  // balanced, the busiest EP rank receives 2,048 copies for its 2 experts.
+  LayerOps ops = transformer_layer_ops(m, p);
+  CHECK(expert_tokens(m, p) == 2048.0);
+  const Op* router = find(ops.forward, op::router);
+  REQUIRE(router);
+  CHECK(router->m == 1024);
+  CHECK(router->n == 8);
+  CHECK(router->k == 1024);
+  const Op* dispatch = find(ops.forward, op::ep_a2a_dispatch);
+  REQUIRE(dispatch);
+  CHECK(dispatch->collective == Collective::all_to_all);
+  CHECK(dispatch->group == Group::ep);
+  CHECK(dispatch->comm_bytes == 4'194'304.0);  // 2,048 copies x 1,024 x 2 B
+  CHECK(find(ops.forward, op::ep_a2a_combine)->comm_bytes == 4'194'304.0);
+  CHECK(find(ops.forward, op::ep_a2a_probs)->comm_bytes == 8'192.0);  // 2,048 fp32 probabilities
+  // Grouped GEMMs: 2 local experts of 1,024 rows each.
+  const Op* fc1 = find(ops.forward, op::expert_fc1);
+  REQUIRE(fc1);
+  CHECK(fc1->batch == 2);
+  CHECK(fc1->m == 1024);
+  CHECK(fc1->n == 4096);  // gate + up, 2 x 2,048
+  CHECK(fc1->k == 1024);
+  CHECK(fc1->flops == 17'179'869'184.0);  // 2 x 2,048 x 4,096 x 1,024
+  const Op* fc2 = find(ops.forward, op::expert_fc2);
+  CHECK(fc2->flops == 8'589'934'592.0);   // 2 x 2,048 x 1,024 x 2,048
+  // The stage's 8 ranks compute all 4 sequences' expert work:
+  // 4 x 2,048 tokens x 2 x 2 x 3 x 1,024 x 2,048 FLOPs / 8.
+  CHECK(fc1->flops + fc2->flops == 4.0 * 2048 * 2 * (2.0 * 3 * 1024 * 2048) / 8);
+  // No TP collective around the routed experts with ETP 1 (SP's gathers are the dense MLP's).
+  CHECK(find(ops.forward, op::tp_ag_mlp) == nullptr);
+  CHECK(find(ops.forward, op::etp_ag_dispatch) == nullptr);
+  // Backward: the same all-to-alls the other way, the GEMMs' dgrad and wgrad.
+  CHECK(find(ops.backward, op::ep_a2a_combine_bwd)->comm_bytes == 4'194'304.0);
+  CHECK(find(ops.backward, op::ep_a2a_dispatch_bwd)->comm_bytes == 4'194'304.0);
+  CHECK(find(ops.backward, op::expert_fc1_dgrad)->flops == fc1->flops);
+  CHECK(find(ops.backward, op::expert_fc1_wgrad)->flops == fc1->flops);
+  CHECK(find(ops.backward, op::router_wgrad) != nullptr);
+
+  SUBCASE("a skewed router: the busiest rank's share sets the sizes; a capacity factor caps it") {
+    ModelSpec skewed = m;
+    skewed.moe.router_load_imbalance = 1.25;
+    ops = transformer_layer_ops(skewed, p);
+    CHECK(find(ops.forward, op::ep_a2a_dispatch)->comm_bytes == 1.25 * 4'194'304.0);
+    CHECK(find(ops.forward, op::expert_fc1)->flops == 1.25 * 17'179'869'184.0);
+    skewed.moe.capacity_factor = 1.1;
+    CHECK(expert_tokens(skewed, p) == doctest::Approx(1.1 * 2048));
+    // Without EP every expert is local: no rank is busier than another.
+    ParallelPlan local = p;
+    local.ep = 1;
+    local.etp = 1;
+    CHECK(expert_tokens(skewed, local) == 2048.0);
+  }
+  SUBCASE("ETP = TP: the dispatched tokens are all-gathered over TP, the experts split") {
+    p.ep = 2;
+    p.etp = 2;
+    ops = transformer_layer_ops(m, p);
+    // 2,048 copies received, x 2 after the gather; 4 local experts of 1,024 rows.
+    CHECK(expert_tokens(m, p) == 4096.0);
+    const Op* ag = find(ops.forward, op::etp_ag_dispatch);
+    REQUIRE(ag);
+    CHECK(ag->collective == Collective::all_gather);
+    CHECK(ag->group == Group::tp);
+    CHECK(ag->comm_bytes == 8'388'608.0);  // 4,096 x 1,024 x 2 B
+    CHECK(find(ops.forward, op::etp_rs_combine)->collective == Collective::reduce_scatter);
+    const Op* f1 = find(ops.forward, op::expert_fc1);
+    CHECK(f1->batch == 4);
+    CHECK(f1->n == 2048);  // 2 x 2,048 / ETP 2
+    // The same expert FLOPs per rank as with ETP 1.
+    CHECK(f1->flops + find(ops.forward, op::expert_fc2)->flops == 17'179'869'184.0 + 8'589'934'592.0);
+  }
+}
+
+TEST_CASE("MoE parameters and optimizer memory against Megatron-Core's formula (theoretical_memory_usage.py)") {
+  const ModelSpec m = small_mixtral();
+  const ParallelPlan p = ep_plan();
+  // Megatron's compute_weight_and_optimizer_memory for this config (the most
+  // loaded shard, stage 0, distributed optimizer), term by term:
+  //   attention 2 h^2 (1 + 4/16) = 2,621,440; routed experts 2 h f_e E 3/2 =
+  //   50,331,648; norms 2 h = 2,048; router h E = 8,192; embedding 32,000 h =
+  //   32,768,000 (the vocabulary padded to 256 for TP 2 is 32,000).
+  //   TP-sharded: (2 x 2,621,440 + 32,768,000) / 2 = 19,005,440;
+  //   replicated: ((2,048 + 8,192) x 4 + 1,024 final norm) / 2 = 20,992;
+  //   expert-sharded: 50,331,648 x 4 / 2 / (1 x 4) = 25,165,824;
+  //   DP 4, expert-DP 16 / (1 x 4 x 2) = 2:
+  //   (19,005,440 + 20,992) x (6 + 12/4) + 25,165,824 x (6 + 12/2) = 473,227,776 B.
+  const double megatron = 473'227'776.0;
+  // cuboid places the final norm on the last stage; Megatron spreads it as
+  // 1,024 / PP over the stages' replicated parameters: 512 x 9 B here.
+  const StageParameters sp = stage_parameters(m, p, 0);
+  CHECK(sp.dense == 19'025'920.0);
+  CHECK(sp.expert == 25'165'824.0);
+  CHECK(sp.dense * bytes_per_parameter(1, 4) + sp.expert * bytes_per_parameter(1, p.expert_dp()) ==
+        megatron - 512.0 * 9);
+  // The last stage: the final norm and the untied LM head.
+  const StageParameters last = stage_parameters(m, p, 1);
+  CHECK(last.dense == 19'025'920.0 + 1024);
+  CHECK(parameters_on_stage(m, p, 0) == sp.total());
+  // Every parameter once: each stage's TP-sharded part x TP, its replicated
+  // norms and routers (2 x 10,240 per stage, the final norm on the last) once,
+  // its experts x ETP x EP.
+  double total = 0;
+  for (int s = 0; s < 2; ++s) {
+    const StageParameters st = stage_parameters(m, p, s);
+    const double replicated = 2 * 10'240.0 + (s == 1 ? 1024 : 0);
+    total += (st.dense - replicated) * 2 + replicated + st.expert * 4;
+  }
+  CHECK(total == static_cast<double>(m.parameter_count(2)));
+  // Activations: with EP the dispatch buffers come on top (copies sent +
+  // the busiest rank's received, bf16): (2,048 + 2,048) x 1,024 x 2 B.
+  CHECK(moe_dispatch_buffer_bytes(m, p) == 8'388'608.0);
+  // An MoE layer keeps its router's fp32 scores, the experts' input, FC1's
+  // and SwiGLU's outputs and the experts' output instead of the dense MLP's:
+  // 1,024 x 8 x 4 + 2,048 x 1,024 x 2 + 2,048 x 2,048 x 6 + 2,048 x 1,024 x 2 B
+  // beside the attention's 34 s b h / t-style share.
+  ParallelPlan dense_layer = p;
+  CHECK(layer_activation_bytes(m, p, true) - layer_activation_bytes(m, dense_layer, false) ==
+        doctest::Approx(1024.0 * 8 * 4 + 2048.0 * 1024 * 2 + 2048.0 * 2048 * 6 + 2048.0 * 1024 * 2 -
+                        6.0 * 2048 * 4096 / 2));
+}
+
+TEST_CASE("the estimate and the simulation agree on EP plans; a cross-node EP group pays more") {
+  const ModelSpec m = small_mixtral();
+  const Topology topo(dgx_a100(2));
+  ParallelPlan intra = ep_plan();  // EP groups of 4 GPUs inside a node
+  ParallelPlan cross = ep_plan();  // TP 2, DP 8: ETP 2 x EP 8 spans both nodes
+  cross.pp = 1;
+  cross.dp = 8;
+  cross.ep = 8;
+  cross.etp = 2;
+  CHECK(RankMapping(cross, 8).nodes_spanned(RankMapping(cross, 8).ep_group(0, 0, 0)) == 2);
+  double intra_ep = 0, cross_ep = 0;
+  for (const ParallelPlan& p : {intra, cross}) {
+    CAPTURE(p.ep);
+    REQUIRE_FALSE(check_plan(p, m, topo.cluster()).has_value());
+    const Estimate est = estimate(m, topo, p);
+    const Estimate sim = simulate(m, topo, p);
+    CHECK(est.breakdown.total() == doctest::Approx(est.iteration_time_s));
+    CHECK(std::abs(sim.iteration_time_s / est.iteration_time_s - 1) < 0.05);
+    CHECK(est.breakdown.ep_comm_s > 0.0);
+    CHECK(sim.breakdown.ep_comm_s > 0.0);
+    CHECK(std::abs(sim.breakdown.ep_comm_s / est.breakdown.ep_comm_s - 1) < 0.15);
+    (p.ep == 4 ? intra_ep : cross_ep) = est.breakdown.ep_comm_s / static_cast<double>(p.num_micro_batches());
+  }
+  // Per micro-batch the cross-node all-to-alls (the NICs, ~24 GB/s per GPU)
+  // cost more than twice the NVSwitch ones, though they move the same bytes.
+  CHECK(cross_ep > 2 * intra_ep);
+}
+
+TEST_CASE("the search tries EP and ETP where the trainer has them") {
+  const ModelSpec m = small_mixtral();
+  const Topology topo(dgx_a100(2));
+  PlannerOptions o;
+  o.global_batch = 64;
+  o.pp = 1;
+  o.max_micro_batch = 1;
+  o.simulate_top = 0;
+  o.search_rank_order = false;
+  const SearchResult r = search_plans(m, topo, o);
+  REQUIRE_FALSE(r.fitting.empty());
+  bool ep_found = false, etp1_found = false;
+  for (const Estimate& e : r.fitting) {
+    CHECK(e.plan.etp > 0);  // an MoE model's plans name their ETP
+    ep_found = ep_found || e.plan.ep > 1;
+    etp1_found = etp1_found || (e.plan.tp > 1 && e.plan.expert_tp() == 1);
+  }
+  CHECK(ep_found);
+  CHECK(etp1_found);
+  // Megatron-LM of 2022 had no expert parallelism.
+  PlannerOptions old = o;
+  old.trainer = "megatron-2022";
+  old.flash_attention = false;
+  for (const Estimate& e : search_plans(m, topo, old).fitting) {
+    CHECK(e.plan.ep == 1);
+    CHECK(e.plan.expert_tp() == e.plan.tp);
+  }
+  old.ep = 2;
+  CHECK(input_error_message([&] { search_plans(m, topo, old); }).find("--ep") != std::string::npos);
+}
+
+TEST_CASE("a plan file carries EP and ETP and reads back") {
+  const ModelSpec m = small_mixtral();
+  const Cluster c = dgx_a100(2);
+  const Topology topo(c);
+  const Estimate e = estimate(m, topo, ep_plan());
+  const nlohmann::json j = plan_to_json(m, c, e);
+  CHECK(j.at("parallel").at("ep") == 4);
+  CHECK(j.at("parallel").at("etp") == 1);
+  CHECK(j.at("prediction").at("breakdown").contains("ep_comm_s"));
+  const PlanFile pf = plan_file_from_json(j, "test");
+  CHECK(pf.plan == ep_plan());
+  CHECK(pf.model.moe == m.moe);
+}
