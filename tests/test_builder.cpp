@@ -11,6 +11,7 @@
 #include "cuboid/core/plan.hpp"
 #include "cuboid/core/topology.hpp"
 #include "cuboid/core/trainer.hpp"
+#include "cuboid/cost/memory.hpp"
 #include "fixtures.hpp"
 #include "builder.hpp"
 
@@ -138,4 +139,28 @@ TEST_CASE("stamped passes: uneven stages in interleaved chunks (8 + 14 x 8 + 6 i
   p.first_stage_layers = 8;
   p.last_stage_layers = 6;
   check_same("llama3.1-405b", "h100-roce-24k.json", 64, p);
+}
+
+TEST_CASE("the units of each stage hold its parameters: every DP bucket reduces all of them, an MoE model's experts too") {
+  const std::filesystem::path root = test::source_root();
+  const Topology topo(load_cluster(root / "topologies/dgx-a100.json", 2));
+  for (const char* name : {"llama3-8b", "mixtral-8x7b"}) {
+    CAPTURE(name);
+    const ModelSpec m = load_model(root / "models" / (std::string(name) + ".json"));
+    ParallelPlan plan = plan_of(2, 4, 2, 16);
+    plan.seq_length = 2048;
+    if (m.moe.enabled()) {
+      plan.ep = 2;
+      plan.etp = 1;
+    }
+    detail::Builder b(m, topo, plan, SimOptions{});
+    b.build();
+    for (int s = 0; s < 4; ++s) {
+      CAPTURE(s);
+      double params = 0;
+      for (const auto& chunk : b.units()[static_cast<std::size_t>(s)])
+        for (const auto& u : chunk) params += u.params;
+      CHECK(params == doctest::Approx(parameters_on_stage(m, plan, s)).epsilon(1e-12));
+    }
+  }
 }

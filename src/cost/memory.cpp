@@ -171,6 +171,19 @@ int moe_layers_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage)
   return n;
 }
 
+double layer_parameters_on_gpu(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer) {
+  if (!m.moe.enabled()) return static_cast<double>(m.parameters_per_layer()) / plan.tp;
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  const double norms = 2 * d(m.layer_norm_parameters());
+  if (!moe_layer) return (d(m.attention_parameters()) + d(m.dense_mlp_parameters())) / plan.tp + norms;
+  const double routed = d(m.moe.num_experts * m.expert_parameters());
+  const double router = d(m.moe.num_experts * m.hidden_size);
+  const double gate = m.moe.shared_expert_gate ? d(m.hidden_size) : 0.0;
+  const double shared = d(m.moe_mlp_parameters()) - routed - router - gate;
+  return (d(m.attention_parameters()) + shared) / plan.tp + norms + router + gate +
+         routed / (plan.expert_tp() * plan.ep);
+}
+
 StageParameters stage_parameters(const ModelSpec& m, const ParallelPlan& plan, int stage) {
   if (!m.moe.enabled()) return StageParameters{parameters_on_stage(m, plan, stage), 0.0};
   const auto d = [](std::int64_t v) { return static_cast<double>(v); };

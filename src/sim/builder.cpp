@@ -268,7 +268,8 @@ void Builder::make_programs() {
 }
 
 void Builder::make_units() {
-  const double per_layer = static_cast<double>(m_.parameters_per_layer()) / tp_;
+  // A layer's parameters on the GPU (an MoE model's: its MoE layers').
+  const double per_layer = layer_parameters_on_gpu(m_, plan_, m_.moe.enabled());
   units_.assign(static_cast<std::size_t>(pp_), {});
   for (int s = 0; s < pp_; ++s) {
     const Programs& p = programs_[stage_programs_[static_cast<std::size_t>(s)]];

@@ -94,6 +94,8 @@ class Builder {
   std::span<const TaskMeta> meta() const { return meta_; }
   const std::map<TaskId, TraceLabel>& labels() const { return labels_; }
   const std::vector<StepSpan>& spans() const { return spans_; }
+  // [stage][chunk] -> the units in forward order (after build()).
+  const std::vector<std::vector<std::vector<Unit>>>& units() const { return units_; }
   bool traced(int stage) const { return !traced_stages_.empty() && traced_stages_[static_cast<std::size_t>(stage)]; }
   // Peak NVLink utilisation of TP collectives priced off the shared network.
   double tp_probe_peak() const { return tp_probe_.peak_utilisation(); }

@@ -61,6 +61,11 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
 // token copies sent and the busiest rank's received, bf16.
 double moe_dispatch_buffer_bytes(const ModelSpec& m, const ParallelPlan& plan);
 
+// One transformer layer's parameters on one GPU: parameters_per_layer / TP
+// for a dense layer (Megatron's counting), stage_parameters' counting for an
+// MoE layer (`moe_layer`), its routed experts / (ETP x EP) included.
+double layer_parameters_on_gpu(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer);
+
 // The MoE layers among stage `stage`'s layers (its model chunks' layers).
 int moe_layers_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage);
 
