@@ -167,6 +167,10 @@ inline std::string check_option(const OptionSet& set, const std::string& name, c
   if (type == "flag") ok = value.empty();
   else if (type == "int") ok = std::regex_match(value, integer);
   else if (type == "float") ok = std::regex_match(value, number);
+  // Megatron's moe_freq_type: an int, or a list expression of 0 / 1 runs
+  // (quoted on a command line), as cuboid writes it.
+  else if (type == "moe_freq")
+    ok = std::regex_match(unquote(value), std::regex(R"(\d+|\[[01]\]\*\d+(\+\[[01]\]\*\d+)*)"));
   else if (type == "bool") ok = value == "true" || value == "false" || value == "True" || value == "False";
   else if (type == "enum" || type == "python" || type == "hydra_defaults") {
     for (const auto& v : o.at("values")) ok = ok || (v.is_string() ? v.get<std::string>() : v.dump()) == unquote(value);

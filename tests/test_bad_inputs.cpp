@@ -170,10 +170,10 @@ std::vector<Case> catalogue() {
        }},
       {"vocab_size missing", [](const TempDir& d) { return model_case(d, "/vocab_size", nullptr, {"vocab_size", "missing required field"}); }},
       {"name empty", [](const TempDir& d) { return model_case(d, "/name", "", {"name", "is empty"}); }},
-      {"HF mixture-of-experts config with dense and MoE layers", [](const TempDir&) {
+      {"HF config with latent attention", [](const TempDir&) {
          return Spec{"plan --model tests/data/hf/deepseek-v3-config.json --cluster " + kClusterCard,
-                     {"tests/data/hf/deepseek-v3-config.json", "moe.layer_pattern", "682.6 B parameters, 37.6 B active",
-                      "all MoE layers"},
+                     {"tests/data/hf/deepseek-v3-config.json", "mla", "682.6 B parameters, 37.6 B active",
+                      "multi-head latent attention"},
                      {}};
        }},
       {"--ep on a dense model", [](const TempDir&) {

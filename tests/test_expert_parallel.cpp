@@ -346,3 +346,35 @@ TEST_CASE("a plan file carries EP and ETP and reads back") {
   CHECK(pf.plan == ep_plan());
   CHECK(pf.model.moe == m.moe);
 }
+
+TEST_CASE("an MoE model with dense layers: each layer priced, held and exported as its kind") {
+  ModelSpec m = small_mixtral();
+  m.moe.moe_layers = {false, true, true, true};
+  const ParallelPlan p = ep_plan();
+  // Stage 0: the dense layer, (2,621,440 + 3 x 1,024 x 4,096) / 2 + 2,048 =
+  // 7,604,224, the MoE layer's 1,310,720 + 10,240, the embedding 16,384,000;
+  // one MoE layer's experts 50,331,648 / 4.
+  CHECK(moe_layers_on_stage(m, p, 0) == 1);
+  CHECK(moe_layers_on_stage(m, p, 1) == 2);
+  const StageParameters sp = stage_parameters(m, p, 0);
+  CHECK(sp.dense == 7'604'224.0 + 1'320'960.0 + 16'384'000.0);
+  CHECK(sp.expert == 12'582'912.0);
+  CHECK(layer_parameters_on_gpu(m, p, false) == 7'604'224.0);
+  // The dense layer's MLP is the dense one: no router, no all-to-all.
+  const LayerOps dense = transformer_layer_ops(m, p, false);
+  CHECK(find(dense.forward, op::fc1) != nullptr);
+  CHECK(find(dense.forward, op::router) == nullptr);
+  CHECK(find(dense.forward, op::ep_a2a_dispatch) == nullptr);
+  CHECK(find(transformer_layer_ops(m, p).forward, op::router) != nullptr);
+  // The estimate prices each stage's mix, the simulation plays it (within
+  // 7 %: the stages now differ, and the estimate's bubble takes the slowest
+  // stage's time for every stage). The critical (last) stage has 2 MoE
+  // layers, stage 0 one: half its all-to-alls.
+  const Topology topo(dgx_a100(2));
+  const Estimate est = estimate(m, topo, p);
+  const Estimate sim = simulate(m, topo, p);
+  CHECK(std::abs(sim.iteration_time_s / est.iteration_time_s - 1) < 0.07);
+  const Estimate all_moe = estimate(small_mixtral(), topo, p);
+  CHECK(est.breakdown.ep_comm_s == doctest::Approx(all_moe.breakdown.ep_comm_s));
+  CHECK_NOTHROW(require_plannable(m, "m"));
+}

@@ -450,6 +450,14 @@ TEST_CASE("expert parallelism: Megatron-LM and Megatron-Bridge carry the MoE lay
   }
   // A dense plan carries none of it.
   CHECK(text("seed", "megatron").find("expert") == std::string::npos);
+  CHECK(megatron.find("--moe-layer-freq") == std::string::npos);  // every layer an MoE layer: the default
+  // Dense first layers: Megatron's list expression.
+  PlanFile mixed = pf;
+  for (int l = 0; l < 3; ++l) mixed.model.moe.moe_layers[static_cast<std::size_t>(l)] = false;
+  check_options(mixed, "megatron");
+  check_options(mixed, "megatron-bridge");
+  CHECK(export_plan(mixed, "megatron").text.find("--moe-layer-freq \"[0]*3+[1]*29\"\n") != std::string::npos);
+  CHECK(export_plan(mixed, "megatron-bridge").text.find("moe_layer_freq=[0]*3+[1]*29,") != std::string::npos);
 }
 
 TEST_CASE("DeepSpeed: batch sizes consistent with DP, fp32 accumulation, the pipeline in the notes") {

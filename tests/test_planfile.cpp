@@ -182,7 +182,7 @@ TEST_CASE("the plan is validated against its own inline model") {
   CHECK(e.find("(fix: regenerate it with this cuboid") != std::string::npos);
 }
 
-TEST_CASE("a plan file whose model has experts: every layer MoE reads (EP 1, ETP = TP); mixed layers are refused") {
+TEST_CASE("a plan file whose model has experts reads (EP 1, ETP = TP when absent); latent attention is refused") {
   nlohmann::json j = seed_json();
   j["model"]["moe"] = {{"num_experts", 8}, {"experts_per_token", 2}, {"expert_ffn_hidden_size", 28672}};
   CHECK(read_error(j) == "(accepted)");
@@ -193,9 +193,13 @@ TEST_CASE("a plan file whose model has experts: every layer MoE reads (EP 1, ETP
   CHECK(read_error(j).rfind("plan.json: parallel.ep: EP 3 does not divide the 8 experts", 0) == 0);
   j["parallel"].erase("ep");
   j["model"]["moe"]["first_dense_layers"] = 1;
+  CHECK(read_error(j) == "(accepted)");
+  j["model"]["mla"] = {{"kv_lora_rank", 512}, {"qk_head_dim", 128}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128}};
+  j["model"].erase("head_dim");
+  j["model"].erase("num_kv_heads");
   const std::string e = read_error(j);
-  CHECK(e.rfind("plan.json: model.moe.layer_pattern: ", 0) == 0);
-  CHECK(e.find("mixes 1 dense and 79 MoE layers") != std::string::npos);
+  CHECK(e.rfind("plan.json: model.mla: ", 0) == 0);
+  CHECK(e.find("uses multi-head latent attention") != std::string::npos);
 }
 
 TEST_CASE("a plan for another cluster shape is refused") {

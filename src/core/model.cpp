@@ -812,19 +812,15 @@ void require_plannable(const ModelSpec& m, const std::string& source) {
   const std::string counts = fmt::format("{:.1f} B parameters, {:.1f} B active per token",
                                          static_cast<double>(m.parameter_count()) / 1e9,
                                          static_cast<double>(m.active_parameter_count()) / 1e9);
-  if (m.moe.enabled() && m.moe.moe_layer_count() != m.num_layers)
-    throw InputError(source, "moe.layer_pattern",
-                     fmt::format("{} mixes {} dense and {} MoE layers ({}); cuboid plans models whose layers are all "
-                                 "MoE layers (Mixtral, Qwen MoE) or all dense so far",
-                                 m.name, m.num_layers - m.moe.moe_layer_count(), m.moe.moe_layer_count(), counts),
-                     "plan a model whose every layer is an MoE layer for now");
   if (m.mla.enabled())
     throw InputError(source, "mla",
-                     m.name + " uses multi-head latent attention, which cuboid cannot yet plan, simulate, export or run",
+                     m.name + " uses multi-head latent attention (" + counts +
+                         "), which cuboid cannot yet plan, simulate, export or run",
                      "plan a model with standard attention for now");
   if (m.mtp_layers > 0)
     throw InputError(source, "mtp_layers",
-                     m.name + " has multi-token prediction modules, which cuboid cannot yet plan, simulate, export or run",
+                     m.name + " has multi-token prediction modules (" + counts +
+                         "), which cuboid cannot yet plan, simulate, export or run",
                      "set mtp_layers to 0 to plan the model without them");
   if (m.rope_yarn)
     throw InputError(source, "rope_scaling_type",

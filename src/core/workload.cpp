@@ -733,7 +733,12 @@ double expert_tokens(const ModelSpec& m, const ParallelPlan& plan) {
 }
 
 LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan) {
-  const Dims x = dims_of(m, plan);
+  return transformer_layer_ops(m, plan, m.moe.enabled());
+}
+
+LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer) {
+  Dims x = dims_of(m, plan);
+  x.moe = x.moe && moe_layer;
   LayerOps ops;
   ops.forward.reserve(16);
   layer_forward(ops.forward, m, x, Pass::forward);

@@ -172,6 +172,11 @@ void add_tp_times(PassTimes& into, const LayerOps& ops, double scale, int tp, co
 struct LayerCost {
   LayerOps layer, embed, head;
   PassTimes layer_compute, embed_compute, head_compute;
+  // An MoE model with dense layers too (`mixed`): `layer` is its MoE
+  // layer, `dense` its dense one.
+  bool mixed = false;
+  LayerOps dense;
+  PassTimes dense_compute;
   double pipeline_message = 0;
   // held_pace's results so far: {SMs taken, forward ratio, backward ratio}
   // (a search meets a handful of DP group shapes; each Estimator is one
@@ -185,12 +190,17 @@ LayerCost make_layer_cost(const ModelSpec& m, const GpuProfile& gpu, const Paral
   c.embed = embedding_ops(m, plan);
   c.head = lm_head_ops(m, plan);
   c.layer_compute = compute_times(gpu, c.layer);
+  c.mixed = m.moe.enabled() && m.moe.moe_layer_count() < m.num_layers;
+  if (c.mixed) {
+    c.dense = transformer_layer_ops(m, plan, false);
+    c.dense_compute = compute_times(gpu, c.dense);
+  }
   c.embed_compute = compute_times(gpu, c.embed);
   c.head_compute = compute_times(gpu, c.head);
   // A calibrated backend may move activations in another dtype than the
   // workload's bf16 (the CPU executor's f32): price the bytes it moves.
   const Calibration* cal = gpu.calibration.get();
-  for (LayerOps* ops : {&c.layer, &c.embed, &c.head}) {
+  for (LayerOps* ops : {&c.layer, &c.embed, &c.head, &c.dense}) {
     for (std::vector<Op>* list : {&ops->forward, &ops->backward, &ops->recompute}) {
       for (Op& op : *list) op.comm_bytes = comm_size_bytes(op, cal);
     }
@@ -332,6 +342,7 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
 // candidate's scoring, so the Estimator keeps them per pair.
 struct TpTimes {
   PassTimes layer, embed, head;
+  PassTimes dense;  // LayerCost::mixed: a dense layer's
 };
 struct CommTimes {
   std::vector<TpTimes> tp;  // per entry of Placement::tp_links
@@ -376,6 +387,7 @@ CommTimes make_comm_times(const GpuProfile& gpu, const ParallelPlan& plan, const
   ct.tp.resize(pl.tp_links.size());
   for (std::size_t i = 0; i < pl.tp_links.size(); ++i) {
     add_tp_times(ct.tp[i].layer, lc.layer, 1.0, tp, pl.tp_links[i]);
+    if (lc.mixed) add_tp_times(ct.tp[i].dense, lc.dense, 1.0, tp, pl.tp_links[i]);
     add_tp_times(ct.tp[i].embed, lc.embed, 1.0, tp, pl.tp_links[i]);
     add_tp_times(ct.tp[i].head, lc.head, 1.0, tp, pl.tp_links[i]);
   }
@@ -667,12 +679,24 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
 
   int critical = 0;
   PassTimes crit{};
-  for (int stage : pl.representatives) {
+  // With dense and MoE layers the stages' mixes differ: every stage.
+  std::vector<int> all_stages;
+  if (lc.mixed)
+    for (int s = 0; s < pp; ++s) all_stages.push_back(s);
+  for (int stage : lc.mixed ? all_stages : pl.representatives) {
     const TpTimes& t = tp_times[pl.stage_tp[static_cast<std::size_t>(stage)]];
     PassTimes st;
     const double layers_per_stage = layers_on_stage(plan, m.num_layers, stage);
-    add_scaled(st, lc.layer_compute, layers_per_stage * pace);
-    add_scaled(st, t.layer, layers_per_stage);
+    if (lc.mixed) {
+      const double moe = moe_layers_on_stage(m, plan, stage);
+      add_scaled(st, lc.layer_compute, moe * pace);
+      add_scaled(st, t.layer, moe);
+      add_scaled(st, lc.dense_compute, (layers_per_stage - moe) * pace);
+      add_scaled(st, t.dense, layers_per_stage - moe);
+    } else {
+      add_scaled(st, lc.layer_compute, layers_per_stage * pace);
+      add_scaled(st, t.layer, layers_per_stage);
+    }
     if (!ct.cp.empty()) add_scaled(st, ct.cp[pl.stage_cp[static_cast<std::size_t>(stage)]], layers_per_stage);
     if (!ct.ep.empty())
       add_scaled(st, ct.ep[pl.stage_ep[static_cast<std::size_t>(stage)]], moe_layers_on_stage(m, plan, stage));

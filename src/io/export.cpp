@@ -58,6 +58,19 @@ std::int64_t integral_rope_theta(const PlanFile& pf) {
   return static_cast<std::int64_t>(theta);
 }
 
+std::string moe_layer_pattern(const ModelSpec& m) {
+  if (!m.moe.enabled() || m.moe.moe_layer_count() == m.num_layers) return "";
+  std::string out;
+  const std::vector<bool>& layers = m.moe.moe_layers;
+  for (std::size_t i = 0; i < layers.size();) {
+    std::size_t j = i;
+    while (j < layers.size() && layers[j] == layers[i]) ++j;
+    out += fmt::format("{}[{}]*{}", out.empty() ? "" : "+", layers[i] ? 1 : 0, j - i);
+    i = j;
+  }
+  return out;
+}
+
 std::string launch_lines(const PlanFile& pf, std::string_view script_and_args, std::string_view comment) {
   return fmt::format(
       "{3} torchrun on each of the {0} nodes (NODE_RANK 0..{1}, MASTER_ADDR = node 0):\n"

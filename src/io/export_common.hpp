@@ -24,6 +24,9 @@ std::int64_t layers_per_virtual_stage(const PlanFile& pf);
 std::string_view position_embedding_type(const PlanFile& pf, std::string_view trainer);
 // The rotary base as the integer Megatron-style flags take; refuses a fractional one.
 std::int64_t integral_rope_theta(const PlanFile& pf);
+// Which layers are MoE layers as Megatron's --moe-layer-freq list expression
+// ("[0]*3+[1]*58": 3 dense layers, then 58 MoE layers); "" when every layer is.
+std::string moe_layer_pattern(const ModelSpec& m);
 // "torchrun ... SCRIPT ARGS" on each node and the srun line that starts it (bash).
 std::string launch_lines(const PlanFile& pf, std::string_view script_and_args, std::string_view comment = "#");
 

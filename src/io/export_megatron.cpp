@@ -102,6 +102,8 @@ ExportResult megatron(const PlanFile& pf) {
     arg(fmt::format("--num-experts {}", m.moe.num_experts));
     arg(fmt::format("--moe-router-topk {}", m.moe.experts_per_token));
     arg(fmt::format("--moe-ffn-hidden-size {}", m.moe.expert_ffn_hidden_size));
+    if (const std::string pattern = moe_layer_pattern(m); !pattern.empty())
+      arg(fmt::format("--moe-layer-freq \"{}\"", pattern));
     if (m.moe.shared_expert_ffn_hidden_size > 0)
       arg(fmt::format("--moe-shared-expert-intermediate-size {}", m.moe.shared_expert_ffn_hidden_size));
     if (m.moe.shared_expert_gate) arg("--moe-shared-expert-gate");

@@ -104,6 +104,7 @@ ExportResult megatron_bridge(const PlanFile& pf) {
     mset("num_moe_experts", std::to_string(m.moe.num_experts));
     mset("moe_router_topk", std::to_string(m.moe.experts_per_token));
     mset("moe_ffn_hidden_size", std::to_string(m.moe.expert_ffn_hidden_size));
+    if (const std::string pattern = moe_layer_pattern(m); !pattern.empty()) mset("moe_layer_freq", pattern);
     if (m.moe.shared_expert_ffn_hidden_size > 0)
       mset("moe_shared_expert_intermediate_size", std::to_string(m.moe.shared_expert_ffn_hidden_size));
     if (m.moe.shared_expert_gate) mset("moe_shared_expert_gate", "True");

@@ -208,6 +208,8 @@ void Builder::make_programs() {
   const bool sp = plan_.sequence_parallel && tp_ > 1;
   const bool ov = opts_.tp_backward_overlap && plan_.trainer.tp_backward_overlap;
   const LayerOps layer = transformer_layer_ops(m_, plan_);
+  const bool mixed = m_.moe.enabled() && m_.moe.moe_layer_count() < m_.num_layers;
+  const LayerOps dense = mixed ? transformer_layer_ops(m_, plan_, false) : LayerOps{};
   const LayerOps embed = embedding_ops(m_, plan_);
   const LayerOps head = lm_head_ops(m_, plan_);
   // A GEMM under an async TP collective gets the SMs NCCL's kernel leaves
@@ -225,6 +227,11 @@ void Builder::make_programs() {
     // checkpointing recomputes a layer's forward when its backward starts).
     p.layer_bwd = compile(gpu, layer.recompute, sp, ov, slow, sms, held);
     append(p.layer_bwd, compile(gpu, layer.backward, sp, ov, slow, sms, held));
+    if (mixed) {
+      p.dense_fwd = compile(gpu, dense.forward, sp, ov, slow, sms, held);
+      p.dense_bwd = compile(gpu, dense.recompute, sp, ov, slow, sms, held);
+      append(p.dense_bwd, compile(gpu, dense.backward, sp, ov, slow, sms, held));
+    }
     p.embed_fwd = compile(gpu, embed.forward, sp, ov, slow, sms, held);
     p.embed_bwd = compile(gpu, embed.backward, sp, ov, slow, sms, held);
     p.head_fwd = compile(gpu, head.forward, sp, ov, slow, sms, held);
@@ -268,15 +275,21 @@ void Builder::make_programs() {
 }
 
 void Builder::make_units() {
-  // A layer's parameters on the GPU (an MoE model's: its MoE layers').
+  // A layer's parameters on the GPU (an MoE model's: its MoE layers' and
+  // its dense layers').
   const double per_layer = layer_parameters_on_gpu(m_, plan_, m_.moe.enabled());
+  const double per_dense_layer = layer_parameters_on_gpu(m_, plan_, false);
+  auto is_moe = [&](int layer) { return m_.moe.enabled() && m_.moe.moe_layers[static_cast<std::size_t>(layer)]; };
   units_.assign(static_cast<std::size_t>(pp_), {});
   for (int s = 0; s < pp_; ++s) {
     const Programs& p = programs_[stage_programs_[static_cast<std::size_t>(s)]];
     const int layers_stage = layers_on_stage(plan_, m_.num_layers, s);
     const int per_chunk = layers_stage / v_;
     // Parameters beyond the layers: embedding (first stage) and LM head (last).
-    double extra = parameters_on_stage(m_, plan_, s) - per_layer * layers_stage;
+    const int moe_layers = moe_layers_on_stage(m_, plan_, s);
+    double extra = parameters_on_stage(m_, plan_, s) -
+                   (m_.moe.enabled() ? per_layer * moe_layers + per_dense_layer * (layers_stage - moe_layers)
+                                     : per_layer * layers_stage);
     const double embed_params =
         static_cast<double>(padded_vocab_size(m_.vocab_size, tp_)) / tp_ * static_cast<double>(m_.hidden_size);
     auto& chunks = units_[static_cast<std::size_t>(s)];
@@ -289,9 +302,14 @@ void Builder::make_units() {
         units.push_back(Unit{&p.embed_fwd, &p.embed_bwd, std::max(0.0, e), "embedding", {}, {}});
         extra -= e;
       }
+      const int first = first_layer_of_chunk(plan_, m_.num_layers, s, c);
       for (int l = 0; l < per_chunk; ++l) {
-        units.push_back(
-            Unit{&p.layer_fwd, &p.layer_bwd, per_layer, "layer " + std::to_string(vs * per_chunk + l), {}, {}});
+        const bool moe = is_moe(first + l);
+        if (!moe && m_.moe.enabled())
+          units.push_back(Unit{&p.dense_fwd, &p.dense_bwd, per_dense_layer, "layer " + std::to_string(first + l), {}, {}});
+        else
+          units.push_back(
+              Unit{&p.layer_fwd, &p.layer_bwd, per_layer, "layer " + std::to_string(vs * per_chunk + l), {}, {}});
       }
       if (vs == vs_count_ - 1) units.push_back(Unit{&p.head_fwd, &p.head_bwd, std::max(0.0, extra), "lm_head", {}, {}});
       if (dp_ > 1 && plan_.zero_stage >= 3) make_parts(units, p);

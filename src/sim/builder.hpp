@@ -239,6 +239,8 @@ class Builder {
   // at the median GPU's speed); filled once, so Unit's pointers stay valid.
   struct Programs {
     Program layer_fwd, layer_bwd, embed_fwd, embed_bwd, head_fwd, head_bwd;
+    // An MoE model's dense layers (layer_* are its MoE layers).
+    Program dense_fwd, dense_bwd;
     // ZeRO-3 tensor units: the layer's forward, and its recompute then
     // backward, cut per weight (split_by_weight; part_weights_ says which).
     std::vector<Program> layer_fwd_parts, layer_bwd_parts;

@@ -62,6 +62,9 @@ struct LayerOps {
 // One transformer layer, one micro-batch, one GPU; with experts, an MoE
 // layer (its MLP the router, the dispatch, the experts and the combine).
 LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan);
+// One layer of an MoE model's kind `moe_layer`: its MoE layers' or (false)
+// its dense layers' (an MLP of ffn_hidden_size; DeepSeek-V3's first three).
+LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer);
 
 // Tokens of one micro-batch that the busiest rank's local experts compute in
 // an MoE layer (after the ETP all-gather): ETP x its EP rank's routed token
