@@ -170,10 +170,10 @@ std::vector<Case> catalogue() {
        }},
       {"vocab_size missing", [](const TempDir& d) { return model_case(d, "/vocab_size", nullptr, {"vocab_size", "missing required field"}); }},
       {"name empty", [](const TempDir& d) { return model_case(d, "/name", "", {"name", "is empty"}); }},
-      {"HF config with latent attention", [](const TempDir&) {
+      {"HF config with multi-token prediction", [](const TempDir&) {
          return Spec{"plan --model tests/data/hf/deepseek-v3-config.json --cluster " + kClusterCard,
-                     {"tests/data/hf/deepseek-v3-config.json", "mla", "682.6 B parameters, 37.6 B active",
-                      "multi-head latent attention"},
+                     {"tests/data/hf/deepseek-v3-config.json", "mtp_layers", "682.6 B parameters, 37.6 B active",
+                      "multi-token prediction"},
                      {}};
        }},
       {"--ep on a dense model", [](const TempDir&) {

@@ -378,3 +378,52 @@ TEST_CASE("an MoE model with dense layers: each layer priced, held and exported 
   CHECK(est.breakdown.ep_comm_s == doctest::Approx(all_moe.breakdown.ep_comm_s));
   CHECK_NOTHROW(require_plannable(m, "m"));
 }
+
+TEST_CASE("latent attention by hand: the duplicated down projections, the latents gathered, the up projections") {
+  // h 1024, 8 heads, q_lora 256, kv_lora 128, qk 64 + rope 32, v 64; TP 2 with
+  // SP, s 2048: 1,024 tokens per rank before the gathers.
+  ModelSpec m = small_mixtral();
+  m.num_attention_heads = 8;
+  m.num_kv_heads = 8;
+  m.mla.q_lora_rank = 256;
+  m.mla.kv_lora_rank = 128;
+  m.mla.qk_head_dim = 64;
+  m.mla.qk_rope_head_dim = 32;
+  m.mla.v_head_dim = 64;
+  m.head_dim = 96;
+  ParallelPlan p = ep_plan();
+  const LayerOps ops = transformer_layer_ops(m, p);
+  const Op* q_down = find(ops.forward, op::mla_q_down);
+  REQUIRE(q_down);
+  CHECK((q_down->m == 1024 && q_down->n == 256 && q_down->k == 1024));
+  const Op* kv_down = find(ops.forward, op::mla_kv_down);
+  CHECK((kv_down->m == 1024 && kv_down->n == 160 && kv_down->k == 1024));
+  CHECK(find(ops.forward, op::mla_ag_q)->comm_bytes == 1'048'576.0);  // 2,048 x 256 x 2 B
+  CHECK(find(ops.forward, op::mla_ag_kv)->comm_bytes == 655'360.0);   // 2,048 x (128 + 32) x 2 B
+  CHECK(find(ops.forward, op::tp_ag_attn) == nullptr);                // the hidden state is never gathered
+  const Op* q_up = find(ops.forward, op::mla_q_up);
+  CHECK((q_up->m == 2048 && q_up->n == 4 * 96 && q_up->k == 256));
+  const Op* kv_up = find(ops.forward, op::mla_kv_up);
+  CHECK((kv_up->m == 2048 && kv_up->n == 4 * 128 && kv_up->k == 128));
+  const Op* proj = find(ops.forward, op::proj);
+  CHECK((proj->m == 2048 && proj->n == 1024 && proj->k == 4 * 64));
+  // Causal attention per head: s^2 / 2 x (2 x 96 + 2 x 64), 4 heads per rank.
+  CHECK(find(ops.forward, op::attn_flash)->flops == 4.0 * 2048 * 2048 * (96 + 64));
+  // Backward: the latents' gradients reduce-scattered, each under its wgrad.
+  CHECK(find(ops.backward, op::mla_ag_q_bwd)->collective == Collective::reduce_scatter);
+  CHECK(find(ops.backward, op::mla_ag_kv_bwd)->comm_bytes == 655'360.0);
+  CHECK(find(ops.backward, op::mla_q_down_wgrad)->flops == q_down->flops);
+  // The plan's rules: no CP, no ZeRO-3 with latent attention.
+  p.cp = 2;
+  p.dp = 2;
+  CHECK(check_plan(p, m, dgx_a100(2))->field == PlanField::cp);
+  p = ep_plan();
+  p.zero_stage = 3;
+  CHECK(check_plan(p, m, dgx_a100(2))->field == PlanField::zero_stage);
+  // Priced and played alike.
+  const Topology topo(dgx_a100(2));
+  const Estimate est = estimate(m, topo, ep_plan());
+  const Estimate sim = simulate(m, topo, ep_plan());
+  CHECK(std::abs(sim.iteration_time_s / est.iteration_time_s - 1) < 0.05);
+  CHECK_NOTHROW(require_plannable(m, "m"));
+}

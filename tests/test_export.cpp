@@ -458,6 +458,19 @@ TEST_CASE("expert parallelism: Megatron-LM and Megatron-Bridge carry the MoE lay
   check_options(mixed, "megatron-bridge");
   CHECK(export_plan(mixed, "megatron").text.find("--moe-layer-freq \"[0]*3+[1]*29\"\n") != std::string::npos);
   CHECK(export_plan(mixed, "megatron-bridge").text.find("moe_layer_freq=[0]*3+[1]*29,") != std::string::npos);
+  // YaRN prices like any rotary embedding, but no export writes it yet.
+  PlanFile yarn = pf;
+  yarn.model.rope_yarn = true;
+  yarn.model.rope_scaling_factor = 40;
+  for (const char* target : {"megatron", "megatron-bridge"}) {
+    CAPTURE(target);
+    try {
+      (void)export_plan(yarn, target);
+      FAIL_CHECK("no refusal");
+    } catch (const InputError& e) {
+      CHECK(e.field() == "model.rope_scaling_type");
+    }
+  }
 }
 
 TEST_CASE("DeepSpeed: batch sizes consistent with DP, fp32 accumulation, the pipeline in the notes") {

@@ -78,6 +78,23 @@ TEST_CASE("op names: an MoE layer lists only known names, with and without EP, E
   m.moe.shared_expert_ffn_hidden_size = 2048;
   m.moe.shared_expert_gate = true;
   m.moe.moe_layers.assign(static_cast<std::size_t>(m.num_layers), true);
+  ModelSpec mla = m;
+  mla.mla.kv_lora_rank = 128;
+  mla.mla.qk_head_dim = 64;
+  mla.mla.qk_rope_head_dim = 32;
+  mla.mla.v_head_dim = 64;
+  for (int q_lora : {0, 256})
+    for (bool sp : {false, true}) {
+      mla.mla.q_lora_rank = q_lora;
+      ParallelPlan p;
+      p.tp = 2;
+      p.dp = 4;
+      p.seq_length = 2048;
+      p.sequence_parallel = sp;
+      p.grad_accum_fusion = sp;
+      CAPTURE(q_lora);
+      check_all_known(transformer_layer_ops(mla, p));
+    }
   for (int ep : {1, 4}) {
     for (int etp : {1, 2}) {
       for (bool fusion : {false, true}) {

@@ -182,7 +182,7 @@ TEST_CASE("the plan is validated against its own inline model") {
   CHECK(e.find("(fix: regenerate it with this cuboid") != std::string::npos);
 }
 
-TEST_CASE("a plan file whose model has experts reads (EP 1, ETP = TP when absent); latent attention is refused") {
+TEST_CASE("a plan file whose model has experts reads (EP 1, ETP = TP when absent); MTP is refused") {
   nlohmann::json j = seed_json();
   j["model"]["moe"] = {{"num_experts", 8}, {"experts_per_token", 2}, {"expert_ffn_hidden_size", 28672}};
   CHECK(read_error(j) == "(accepted)");
@@ -197,9 +197,11 @@ TEST_CASE("a plan file whose model has experts reads (EP 1, ETP = TP when absent
   j["model"]["mla"] = {{"kv_lora_rank", 512}, {"qk_head_dim", 128}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128}};
   j["model"].erase("head_dim");
   j["model"].erase("num_kv_heads");
+  CHECK(read_error(j) == "(accepted)");
+  j["model"]["mtp_layers"] = 1;
   const std::string e = read_error(j);
-  CHECK(e.rfind("plan.json: model.mla: ", 0) == 0);
-  CHECK(e.find("uses multi-head latent attention") != std::string::npos);
+  CHECK(e.rfind("plan.json: model.mtp_layers: ", 0) == 0);
+  CHECK(e.find("has multi-token prediction modules") != std::string::npos);
 }
 
 TEST_CASE("a plan for another cluster shape is refused") {

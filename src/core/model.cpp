@@ -812,20 +812,11 @@ void require_plannable(const ModelSpec& m, const std::string& source) {
   const std::string counts = fmt::format("{:.1f} B parameters, {:.1f} B active per token",
                                          static_cast<double>(m.parameter_count()) / 1e9,
                                          static_cast<double>(m.active_parameter_count()) / 1e9);
-  if (m.mla.enabled())
-    throw InputError(source, "mla",
-                     m.name + " uses multi-head latent attention (" + counts +
-                         "), which cuboid cannot yet plan, simulate, export or run",
-                     "plan a model with standard attention for now");
   if (m.mtp_layers > 0)
     throw InputError(source, "mtp_layers",
                      m.name + " has multi-token prediction modules (" + counts +
                          "), which cuboid cannot yet plan, simulate, export or run",
                      "set mtp_layers to 0 to plan the model without them");
-  if (m.rope_yarn)
-    throw InputError(source, "rope_scaling_type",
-                     m.name + " uses YaRN rope scaling, which the exports cannot express yet",
-                     "drop rope_scaling_type and rope_scaling_factor to plan it without the scaling");
 }
 
 }  // namespace cuboid

@@ -290,6 +290,12 @@ std::optional<PlanProblem> check_plan(const ParallelPlan& p, const ModelSpec& m,
                      "use the p2p ring, or a CP that divides the key/value heads per TP rank");
   }
   if (auto moe = check_experts(p, m)) return moe;
+  if (m.mla.enabled() && p.cp > 1)
+    return plan_problem(F::cp, "context parallelism with latent attention is not modelled",
+                        "use CP 1 for a latent-attention model");
+  if (m.mla.enabled() && p.zero_stage >= 3)
+    return plan_problem(F::zero_stage, "ZeRO-3 of a latent-attention model is not modelled",
+                        "use ZeRO 0-2 (Megatron's distributed optimizer is ZeRO 1)");
   if (p.first_stage_layers < 0 || p.last_stage_layers < 0)
     return problem(F::uneven_stages, "stage layer counts must not be negative", "give positive layer counts");
   if (has_uneven_stages(p)) {

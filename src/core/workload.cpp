@@ -113,6 +113,12 @@ struct Dims {
   std::int64_t experts, topk, fe, fs, ep, etp;
   double routed;
   bool moe, shared_gate;
+  // Latent attention: the query and key/value ranks, the heads' non-rotary,
+  // rotary and value widths. With it `d` is (qk + rope + v) / 2 and q = kv =
+  // heads x d: the attention core's FLOPs (2 s^2 (qk + rope) + 2 s^2 v per
+  // head) and its Q, K, V, O traffic are then exact.
+  bool mla;
+  std::int64_t qlora, kvlora, qk, rope, v;
   CpComm cp_comm;
   bool sp, flash, fused_wgrad, alibi;
   // Bytes per parameter of the unfused accumulation (TrainerSettings::grad_accum_bytes).
@@ -139,6 +145,16 @@ Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
   x.fused_wgrad = plan.grad_accum_fusion;
   x.alibi = m.alibi;
   x.grad_accum_bytes = plan.trainer.grad_accum_bytes;
+  x.mla = m.mla.enabled();
+  if (x.mla) {
+    x.qlora = m.mla.q_lora_rank;
+    x.kvlora = m.mla.kv_lora_rank;
+    x.qk = m.mla.qk_head_dim;
+    x.rope = m.mla.qk_rope_head_dim;
+    x.v = m.mla.v_head_dim;
+    x.d = (x.qk + x.rope + x.v) / 2;
+    x.q = x.kv = x.a * x.d;
+  }
   x.moe = m.moe.enabled();
   if (x.moe) {
     x.experts = m.moe.num_experts;
@@ -459,17 +475,22 @@ void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vect
 }
 
 void add_moe_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass pass);
+void add_mla_forward(std::vector<Op>& out, const Dims& x, Pass pass);
 
 void layer_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass pass) {
   const double hid = hidden_elements(x);
   const std::int64_t fc1_n = (m.gated_mlp() ? 2 * x.f : x.f) / x.t;
   out.push_back(memory_bound(op::norm_in, pass, hid * kNormBytesPerElement));
-  add_sp_gather(out, x, op::tp_ag_attn, pass);
-  out.push_back(gemm(op::qkv, pass, x.tokens, (x.q + 2 * x.kv) / x.t, x.h));
-  // `output + bias` after the GEMM (read + write of the output).
-  if (m.linear_bias) out.push_back(memory_bound(op::qkv_bias, pass, qkv_elements(x) * (kBf16 + kBf16)));
+  if (x.mla) {
+    add_mla_forward(out, x, pass);
+  } else {
+    add_sp_gather(out, x, op::tp_ag_attn, pass);
+    out.push_back(gemm(op::qkv, pass, x.tokens, (x.q + 2 * x.kv) / x.t, x.h));
+    // `output + bias` after the GEMM (read + write of the output).
+    if (m.linear_bias) out.push_back(memory_bound(op::qkv_bias, pass, qkv_elements(x) * (kBf16 + kBf16)));
+  }
   add_attention_forward(out, x, pass);
-  out.push_back(gemm(op::proj, pass, x.tokens, x.h, x.q / x.t));
+  out.push_back(gemm(op::proj, pass, x.tokens, x.h, x.mla ? x.a / x.t * x.v : x.q / x.t));
   add_tp_reduce(out, x, x.sp ? op::tp_rs_attn : op::tp_ar_attn, pass);
   out.push_back(memory_bound(op::drop_add_attn, pass, hid * kDropoutAddBytesPerElement));
   out.push_back(memory_bound(op::norm_mlp, pass, hid * kNormBytesPerElement));
@@ -645,6 +666,80 @@ void add_moe_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, c
   add_grad_accum(out, x, op::router_grad_accum, d(x.h * x.experts));
 }
 
+
+// Multi-head latent attention (Megatron-Core's MLASelfAttention with
+// Transformer Engine's layers, megatron/core/transformer/
+// multi_latent_attention.py at d98e8a64): the down projections h -> q_lora
+// and h -> kv_lora + rope are duplicated on every TP rank and run on its
+// sequence shard (s b / TP tokens with SP), each followed by its RMSNorm; the
+// latents are all-gathered over TP (the query's, and the key/value's with
+// the rotary key) for the column-parallel up projections q_lora -> heads /
+// TP x (qk + rope) and kv_lora -> heads / TP x (qk + v). Without a query
+// rank the query is projected from the (gathered) hidden state directly.
+// The rotary embedding's element-wise kernels are not priced.
+void add_mla_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
+  const std::int64_t tl = x.sp ? x.tokens / x.t : x.tokens;
+  const std::int64_t heads = x.a / x.t;
+  if (x.qlora > 0) {
+    out.push_back(gemm(op::mla_q_down, pass, tl, x.qlora, x.h));
+    out.push_back(memory_bound(op::mla_q_norm, pass, static_cast<double>(tl * x.qlora) * kNormBytesPerElement));
+  }
+  out.push_back(gemm(op::mla_kv_down, pass, tl, x.kvlora + x.rope, x.h));
+  out.push_back(memory_bound(op::mla_kv_norm, pass, static_cast<double>(tl * x.kvlora) * kNormBytesPerElement));
+  const Collective gather = Collective::all_gather;
+  if (x.sp) {
+    if (x.qlora > 0) {
+      out.push_back(collective(op::mla_ag_q, pass, gather, Group::tp, static_cast<double>(x.tokens * x.qlora) * kBf16));
+      out.back().compute_dtype = true;
+    } else {
+      add_sp_gather(out, x, op::tp_ag_attn, pass);
+    }
+    out.push_back(
+        collective(op::mla_ag_kv, pass, gather, Group::tp, static_cast<double>(x.tokens * (x.kvlora + x.rope)) * kBf16));
+    out.back().compute_dtype = true;
+  }
+  out.push_back(gemm(op::mla_q_up, pass, x.tokens, heads * (x.qk + x.rope), x.qlora > 0 ? x.qlora : x.h));
+  out.push_back(gemm(op::mla_kv_up, pass, x.tokens, heads * (x.qk + x.v), x.kvlora));
+}
+
+// Its backward: the up projections' dgrad and wgrad, each with the
+// reduce-scatter of its input gradient (the gather's backward; an all-reduce
+// without SP) under its wgrad, the norms, the down projections, and the
+// hidden state's two (three) input gradients summed.
+void add_mla_backward(std::vector<Op>& out, const Dims& x, const std::vector<Op>& fwd) {
+  const Pass b = Pass::backward;
+  const std::int64_t tl = x.sp ? x.tokens / x.t : x.tokens;
+  const Collective reduce = x.sp ? Collective::reduce_scatter : Collective::all_reduce;
+  auto latent_reduce = [&](const char* name, std::int64_t width) {
+    if (x.t <= 1) return;
+    out.push_back(collective(name, b, reduce, Group::tp, static_cast<double>(x.tokens * width) * kBf16));
+    out.back().compute_dtype = true;
+  };
+  add_gemm_backward(out, find_op(fwd, op::mla_kv_up), x.fused_wgrad);
+  latent_reduce(op::mla_ag_kv_bwd, x.kvlora + x.rope);
+  add_gemm_backward(out, find_op(fwd, op::mla_q_up), x.fused_wgrad);
+  if (x.qlora > 0)
+    latent_reduce(op::mla_ag_q_bwd, x.qlora);
+  else
+    add_tp_reduce(out, x, x.sp ? op::tp_rs_attn_bwd : op::tp_ar_attn_bwd, b);
+  out.push_back(
+      memory_bound(op::mla_kv_norm_bwd, b, static_cast<double>(tl * x.kvlora) * kNormBackwardBytesPerElement));
+  add_gemm_backward(out, find_op(fwd, op::mla_kv_down), x.fused_wgrad);
+  if (x.qlora > 0) {
+    out.push_back(
+        memory_bound(op::mla_q_norm_bwd, b, static_cast<double>(tl * x.qlora) * kNormBackwardBytesPerElement));
+    add_gemm_backward(out, find_op(fwd, op::mla_q_down), x.fused_wgrad);
+    out.push_back(memory_bound(op::mla_down_grad_sum, b, static_cast<double>(tl * x.h) * kResidualGradSumBytesPerElement));
+  }
+  if (!x.fused_wgrad) {
+    const std::int64_t heads = x.a / x.t;
+    const double params = static_cast<double>(x.qlora > 0 ? x.h * x.qlora + x.qlora * heads * (x.qk + x.rope)
+                                                          : x.h * heads * (x.qk + x.rope)) +
+                          static_cast<double>(x.h * (x.kvlora + x.rope) + x.kvlora * heads * (x.qk + x.v));
+    out.push_back(memory_bound(op::mla_grad_accum, b, params * x.grad_accum_bytes));
+  }
+}
+
 // Backward in reverse order. TP collectives mirror Megatron's f / g operators:
 // the forward all-reduce after a row-parallel GEMM is the identity backward;
 // the identity before a column-parallel GEMM becomes an all-reduce of the
@@ -684,6 +779,12 @@ void layer_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, con
   add_gemm_backward(out, find_op(fwd, op::proj), x.fused_wgrad);
   add_grad_accum(out, x, op::proj_grad_accum, params.proj);
   add_attention_backward(out, x, fwd);
+  if (x.mla) {
+    add_mla_backward(out, x, fwd);
+    elementwise(op::norm_in_bwd, kNormBackwardBytesPerElement);
+    elementwise(op::residual_add_bwd, kResidualGradSumBytesPerElement);
+    return;
+  }
   add_gemm_backward(out, find_op(fwd, op::qkv), x.fused_wgrad);
   add_tp_reduce(out, x, x.sp ? op::tp_rs_attn_bwd : op::tp_ar_attn_bwd, Pass::backward);
   // grad_output.sum(dim=0): one read of the QKV output's gradient. Megatron

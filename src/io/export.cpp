@@ -134,8 +134,16 @@ const std::vector<std::string>& export_targets() {
 }
 
 ExportResult export_plan(const PlanFile& pf, std::string_view target) {
-  for (const Entry& e : entries())
-    if (e.target.name == target) return e.run(pf);
+  for (const Entry& e : entries()) {
+    if (e.target.name != target) continue;
+    // YaRN changes no cost, but a trainer must build the same model.
+    if (pf.model.rope_yarn)
+      exporters::refuse(pf, "model.rope_scaling_type",
+             "the model uses YaRN rope scaling, which no export writes yet (its trainer flags are not among the "
+             "pinned options)",
+             "drop rope_scaling_type and rope_scaling_factor from the card to export without the scaling");
+    return e.run(pf);
+  }
   std::string names;
   const auto& all = export_targets();
   for (std::size_t i = 0; i < all.size(); ++i)
