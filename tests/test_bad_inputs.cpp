@@ -170,12 +170,6 @@ std::vector<Case> catalogue() {
        }},
       {"vocab_size missing", [](const TempDir& d) { return model_case(d, "/vocab_size", nullptr, {"vocab_size", "missing required field"}); }},
       {"name empty", [](const TempDir& d) { return model_case(d, "/name", "", {"name", "is empty"}); }},
-      {"HF config with multi-token prediction", [](const TempDir&) {
-         return Spec{"plan --model tests/data/hf/deepseek-v3-config.json --cluster " + kClusterCard,
-                     {"tests/data/hf/deepseek-v3-config.json", "mtp_layers", "682.6 B parameters, 37.6 B active",
-                      "multi-token prediction"},
-                     {}};
-       }},
       {"--ep on a dense model", [](const TempDir&) {
          return Spec{"simulate --model models/llama3-70b.json --cluster " + kClusterCard + " --tp 4 --pp 4 --ep 2",
                      {"--ep", "has no experts"},

@@ -633,31 +633,6 @@ TEST_CASE("HF configs with experts or latent attention of other families are ref
   CHECK(error_of(llama, "l.json").field() == "rope_scaling");
 }
 
-TEST_CASE("require_plannable refuses what cuboid cannot plan yet, with the model's counts") {
-  // Every layer an MoE layer: planned.
-  CHECK_NOTHROW(cuboid::require_plannable(cuboid::load_model(hf_path("mixtral-8x7b-config.json")), "m"));
-  CHECK_NOTHROW(cuboid::require_plannable(card("qwen3-30b-a3b.json"), "q"));
-  const std::string path = hf_path("deepseek-v3-config.json");
-  const ModelSpec m = cuboid::load_model(path);
-  try {
-    cuboid::require_plannable(m, path);
-    FAIL("expected an InputError");
-  } catch (const InputError& e) {
-    CHECK(e.field() == "mtp_layers");
-    CHECK(e.problem() ==
-          "deepseek_v3 has multi-token prediction modules (682.6 B parameters, 37.6 B active per token), which "
-          "cuboid cannot yet plan, simulate, export or run");
-  }
-  ModelSpec dense = card("llama3-70b.json");
-  CHECK_NOTHROW(cuboid::require_plannable(dense, "d"));
-  dense.mtp_layers = 1;
-  CHECK_THROWS_AS(cuboid::require_plannable(dense, "d"), InputError);
-  // Without its MTP module DeepSeek-V3 is planned (latent attention, YaRN and all).
-  ModelSpec v3 = card("deepseek-v3.json");
-  v3.mtp_layers = 0;
-  CHECK_NOTHROW(cuboid::require_plannable(v3, "v3"));
-}
-
 TEST_CASE("ALiBi: read from the card, written only when set, exclusive of other positions") {
   json j = base_card();
   CHECK(!cuboid::model_from_json(j, "t.json").alibi);

@@ -51,7 +51,7 @@ std::vector<CalibrationJob> load_jobs(const CalibrateOptions& o, const Cluster& 
   }
   if (!o.model_path.empty()) {
     CalibrationJob j{load_model(o.model_path), ParallelPlan{}, o.model_path};
-    require_plannable(j.model, o.model_path);
+    exec::check_executable(j.model, o.model_path);
     j.plan.dp = world_size;
     j.plan.global_batch = world_size;
     j.plan.seq_length = j.model.seq_length;

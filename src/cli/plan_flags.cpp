@@ -201,7 +201,6 @@ Loaded load(const PlanFlags& f) {
     if (f.cluster_path.empty())
       throw InputError(cl, "--cluster", "--cluster is required", "give a cluster card, e.g. --cluster topologies/dgx-a100-4node.json");
     l.model = load_model(f.model_path);
-    require_plannable(l.model, f.model_path);
     l.cluster = load_cluster(f.cluster_path, f.nodes);
   }
   if (f.gpu_spread) {

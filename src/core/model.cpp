@@ -808,15 +808,5 @@ nlohmann::json model_to_json(const ModelSpec& m) {
   return j;
 }
 
-void require_plannable(const ModelSpec& m, const std::string& source) {
-  const std::string counts = fmt::format("{:.1f} B parameters, {:.1f} B active per token",
-                                         static_cast<double>(m.parameter_count()) / 1e9,
-                                         static_cast<double>(m.active_parameter_count()) / 1e9);
-  if (m.mtp_layers > 0)
-    throw InputError(source, "mtp_layers",
-                     m.name + " has multi-token prediction modules (" + counts +
-                         "), which cuboid cannot yet plan, simulate, export or run",
-                     "set mtp_layers to 0 to plan the model without them");
-}
 
 }  // namespace cuboid

@@ -942,6 +942,37 @@ LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan) {
   return ops;
 }
 
+LayerOps mtp_ops(const ModelSpec& m, const ParallelPlan& plan) {
+  const Dims x = dims_of(m, plan);
+  const bool last_is_moe = m.moe.enabled() && m.moe.moe_layers.back();
+  const LayerOps embed = embedding_ops(m, plan);
+  const LayerOps layer = transformer_layer_ops(m, plan, last_is_moe);
+  const LayerOps head = lm_head_ops(m, plan);
+  const double hid = hidden_elements(x);
+  LayerOps ops;
+  auto append = [](std::vector<Op>& to, const std::vector<Op>& from) { to.insert(to.end(), from.begin(), from.end()); };
+  append(ops.forward, embed.forward);
+  // The two norms and the concatenation [norm(embedding), norm(hidden)]
+  // (read both, write 2h); the projection splits its 2h input over TP
+  // (row-parallel-like: each rank's share of the FLOPs) and reduces.
+  ops.forward.push_back(memory_bound(op::mtp_norms, Pass::forward, hid * (2 * kNormBytesPerElement + 2 * (kBf16 + kBf16))));
+  add_sp_gather(ops.forward, x, op::tp_ag_attn, Pass::forward);
+  const Op proj = gemm(op::mtp_eh_proj, Pass::forward, x.tokens, x.h, 2 * x.h / x.t);
+  ops.forward.push_back(proj);
+  add_tp_reduce(ops.forward, x, op::tp_rs_mtp, Pass::forward);
+  append(ops.forward, layer.forward);
+  append(ops.forward, head.forward);
+  append(ops.backward, head.backward);
+  append(ops.backward, layer.recompute);
+  append(ops.backward, layer.backward);
+  add_sp_gather(ops.backward, x, op::tp_ag_mtp_bwd, Pass::backward);
+  add_gemm_backward(ops.backward, proj, x.fused_wgrad);
+  add_tp_reduce(ops.backward, x, x.sp ? op::tp_rs_attn_bwd : op::tp_ar_attn_bwd, Pass::backward);
+  ops.backward.push_back(memory_bound(op::mtp_norms_bwd, Pass::backward, hid * 2 * kNormBackwardBytesPerElement));
+  append(ops.backward, embed.backward);
+  return ops;
+}
+
 // Megatron's scatter-gather optimisation: each TP rank sends 1/t of the
 // [s, b, h] activation. With SP the activation is already split along the
 // sequence, so the 1/t shard is all there is; without SP the receiving stage

@@ -177,6 +177,9 @@ struct LayerCost {
   bool mixed = false;
   LayerOps dense;
   PassTimes dense_compute;
+  // The multi-token prediction modules' (one module's ops, on the last stage).
+  LayerOps mtp;
+  PassTimes mtp_compute;
   double pipeline_message = 0;
   // held_pace's results so far: {SMs taken, forward ratio, backward ratio}
   // (a search meets a handful of DP group shapes; each Estimator is one
@@ -195,12 +198,16 @@ LayerCost make_layer_cost(const ModelSpec& m, const GpuProfile& gpu, const Paral
     c.dense = transformer_layer_ops(m, plan, false);
     c.dense_compute = compute_times(gpu, c.dense);
   }
+  if (m.mtp_layers > 0) {
+    c.mtp = mtp_ops(m, plan);
+    c.mtp_compute = compute_times(gpu, c.mtp);
+  }
   c.embed_compute = compute_times(gpu, c.embed);
   c.head_compute = compute_times(gpu, c.head);
   // A calibrated backend may move activations in another dtype than the
   // workload's bf16 (the CPU executor's f32): price the bytes it moves.
   const Calibration* cal = gpu.calibration.get();
-  for (LayerOps* ops : {&c.layer, &c.embed, &c.head, &c.dense}) {
+  for (LayerOps* ops : {&c.layer, &c.embed, &c.head, &c.dense, &c.mtp}) {
     for (std::vector<Op>* list : {&ops->forward, &ops->backward, &ops->recompute}) {
       for (Op& op : *list) op.comm_bytes = comm_size_bytes(op, cal);
     }
@@ -343,6 +350,7 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
 struct TpTimes {
   PassTimes layer, embed, head;
   PassTimes dense;  // LayerCost::mixed: a dense layer's
+  PassTimes mtp;    // one multi-token prediction module's
 };
 struct CommTimes {
   std::vector<TpTimes> tp;  // per entry of Placement::tp_links
@@ -388,6 +396,7 @@ CommTimes make_comm_times(const GpuProfile& gpu, const ParallelPlan& plan, const
   for (std::size_t i = 0; i < pl.tp_links.size(); ++i) {
     add_tp_times(ct.tp[i].layer, lc.layer, 1.0, tp, pl.tp_links[i]);
     if (lc.mixed) add_tp_times(ct.tp[i].dense, lc.dense, 1.0, tp, pl.tp_links[i]);
+    add_tp_times(ct.tp[i].mtp, lc.mtp, 1.0, tp, pl.tp_links[i]);
     add_tp_times(ct.tp[i].embed, lc.embed, 1.0, tp, pl.tp_links[i]);
     add_tp_times(ct.tp[i].head, lc.head, 1.0, tp, pl.tp_links[i]);
   }
@@ -707,6 +716,15 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     if (stage == pp - 1) {
       add_scaled(st, lc.head_compute, pace);
       add_scaled(st, t.head, 1.0);
+      if (const double mtp = m.mtp_layers; mtp > 0) {
+        // Each module's layer exchanges as the stage's layers do.
+        const bool moe = m.moe.enabled() && m.moe.moe_layers.back();
+        const auto s = static_cast<std::size_t>(stage);
+        add_scaled(st, lc.mtp_compute, mtp * pace);
+        add_scaled(st, t.mtp, mtp);
+        if (!ct.cp.empty()) add_scaled(st, ct.cp[pl.stage_cp[s]], mtp);
+        if (!ct.ep.empty() && moe) add_scaled(st, ct.ep[pl.stage_ep[s]], mtp);
+      }
     }
     if (stage == 0 || st.total() > crit.total()) {
       crit = st;

@@ -119,6 +119,14 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   if (moe_layers > 0 && plan.ep > 1) act += moe_dispatch_buffer_bytes(m, plan);
   if (stage == 0) act += embedding_activation_bytes(m, plan) * in_flight;
   if (stage == plan.pp - 1) act += output_layer_activation_bytes(m, plan);
+  // Multi-token prediction on the last stage: each module's layer, lookup
+  // and loss, held like a layer's.
+  if (stage == plan.pp - 1 && m.mtp_layers > 0) {
+    const bool moe = m.moe.enabled() && m.moe.moe_layers.back();
+    act += static_cast<double>(m.mtp_layers) *
+           ((layer_activation_bytes(m, plan, moe) + embedding_activation_bytes(m, plan)) * in_flight +
+            output_layer_activation_bytes(m, plan));
+  }
   mem.activation_bytes = act;
   return mem;
 }
@@ -137,8 +145,25 @@ double bytes_per_parameter(int zero_stage, int dp) {
   }
 }
 
+StageParameters mtp_parameters(const ModelSpec& m, const ParallelPlan& plan) {
+  StageParameters p;
+  if (m.mtp_layers <= 0) return p;
+  const bool moe = m.moe.enabled() && m.moe.moe_layers.back();
+  const double h = static_cast<double>(m.hidden_size);
+  const double layer = layer_parameters_on_gpu(m, plan, moe);
+  const double expert =
+      moe ? static_cast<double>(m.moe.num_experts * m.expert_parameters()) / (plan.expert_tp() * plan.ep) : 0.0;
+  const double own = 2 * h * h / plan.tp + 3 * static_cast<double>(m.layer_norm_parameters());
+  p.dense = static_cast<double>(m.mtp_layers) * (layer - expert + own);
+  p.expert = static_cast<double>(m.mtp_layers) * expert;
+  // Its embedding lookup needs the word embedding on the last stage too.
+  if (plan.pp > 1) p.dense += static_cast<double>(padded_vocab_size(m.vocab_size, plan.tp)) * h / plan.tp;
+  return p;
+}
+
 double parameters_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
   if (m.moe.enabled()) return stage_parameters(m, plan, stage).total();
+  const double mtp = stage == plan.pp - 1 ? mtp_parameters(m, plan).total() : 0.0;
   const double h = static_cast<double>(m.hidden_size);
   const double embedding = static_cast<double>(padded_vocab_size(m.vocab_size, plan.tp)) * h;
   double params = static_cast<double>(m.parameters_per_layer()) * layers_per_stage(m, plan, stage);
@@ -156,7 +181,7 @@ double parameters_on_stage(const ModelSpec& m, const ParallelPlan& plan, int sta
   }
   // Megatron's counting: everything divided by tp (norm weights are in fact
   // replicated, a negligible difference).
-  return params / plan.tp;
+  return params / plan.tp + mtp;
 }
 
 int moe_layers_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
@@ -207,6 +232,9 @@ StageParameters stage_parameters(const ModelSpec& m, const ParallelPlan& plan, i
   if (stage == plan.pp - 1) {
     p.dense += final_norm_parameters(m);
     if (plan.pp > 1 || !m.tied_embeddings) p.dense += embedding / t;
+    const StageParameters mtp = mtp_parameters(m, plan);
+    p.dense += mtp.dense;
+    p.expert += mtp.expert;
   }
   return p;
 }

@@ -380,11 +380,7 @@ PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source)
   PlanFile pf;
   pf.source = source;
   if (!r.is_object("model")) r.fail("model", "expected the inline model card (an object)", kRegenerate);
-  pf.model = with_prefix("model", [&] {
-    ModelSpec m = model_from_json(r.raw("model"), source);
-    require_plannable(m, source);
-    return m;
-  });
+  pf.model = with_prefix("model", [&] { return model_from_json(r.raw("model"), source); });
 
   JsonReader c = r.object("cluster");
   pf.cluster_name = c.string("name");

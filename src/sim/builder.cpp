@@ -210,6 +210,7 @@ void Builder::make_programs() {
   const LayerOps layer = transformer_layer_ops(m_, plan_);
   const bool mixed = m_.moe.enabled() && m_.moe.moe_layer_count() < m_.num_layers;
   const LayerOps dense = mixed ? transformer_layer_ops(m_, plan_, false) : LayerOps{};
+  const LayerOps mtp = m_.mtp_layers > 0 ? mtp_ops(m_, plan_) : LayerOps{};
   const LayerOps embed = embedding_ops(m_, plan_);
   const LayerOps head = lm_head_ops(m_, plan_);
   // A GEMM under an async TP collective gets the SMs NCCL's kernel leaves
@@ -227,6 +228,11 @@ void Builder::make_programs() {
     // checkpointing recomputes a layer's forward when its backward starts).
     p.layer_bwd = compile(gpu, layer.recompute, sp, ov, slow, sms, held);
     append(p.layer_bwd, compile(gpu, layer.backward, sp, ov, slow, sms, held));
+    if (m_.mtp_layers > 0) {
+      p.mtp_fwd = compile(gpu, mtp.forward, sp, ov, slow, sms, held);
+      p.mtp_bwd = compile(gpu, mtp.recompute, sp, ov, slow, sms, held);
+      append(p.mtp_bwd, compile(gpu, mtp.backward, sp, ov, slow, sms, held));
+    }
     if (mixed) {
       p.dense_fwd = compile(gpu, dense.forward, sp, ov, slow, sms, held);
       p.dense_bwd = compile(gpu, dense.recompute, sp, ov, slow, sms, held);
@@ -311,7 +317,16 @@ void Builder::make_units() {
           units.push_back(
               Unit{&p.layer_fwd, &p.layer_bwd, per_layer, "layer " + std::to_string(vs * per_chunk + l), {}, {}});
       }
-      if (vs == vs_count_ - 1) units.push_back(Unit{&p.head_fwd, &p.head_bwd, std::max(0.0, extra), "lm_head", {}, {}});
+      if (vs == vs_count_ - 1) {
+        // The multi-token prediction modules after the layers (each with its
+        // own lookup, layer and loss), then the LM head.
+        const double mtp_params = mtp_parameters(m_, plan_).total() / static_cast<double>(std::max<std::int64_t>(1, m_.mtp_layers));
+        for (std::int64_t k = 0; k < m_.mtp_layers; ++k) {
+          units.push_back(Unit{&p.mtp_fwd, &p.mtp_bwd, mtp_params, "mtp " + std::to_string(k), {}, {}});
+          extra -= mtp_params;
+        }
+        units.push_back(Unit{&p.head_fwd, &p.head_bwd, std::max(0.0, extra), "lm_head", {}, {}});
+      }
       if (dp_ > 1 && plan_.zero_stage >= 3) make_parts(units, p);
     }
   }

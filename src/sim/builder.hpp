@@ -241,6 +241,7 @@ class Builder {
     Program layer_fwd, layer_bwd, embed_fwd, embed_bwd, head_fwd, head_bwd;
     // An MoE model's dense layers (layer_* are its MoE layers).
     Program dense_fwd, dense_bwd;
+    Program mtp_fwd, mtp_bwd;  // one multi-token prediction module
     // ZeRO-3 tensor units: the layer's forward, and its recompute then
     // backward, cut per weight (split_by_weight; part_weights_ says which).
     std::vector<Program> layer_fwd_parts, layer_bwd_parts;

@@ -144,13 +144,6 @@ std::int64_t padded_vocab_size(std::int64_t vocab_size, std::int64_t tp,
 // Megatron-LM's default FFN size: 4h, or int(4h * 2/3 / 64) * 64 for SwiGLU.
 std::int64_t default_ffn_hidden_size(std::int64_t hidden_size, Activation activation);
 
-// cuboid plans, prices, exports and runs dense models with standard attention
-// (and Llama 3.1's rope scaling, if any) only: throws InputError naming the
-// card field of the first part of `m` beyond that (experts, latent attention,
-// multi-token prediction, YaRN). Such a card loads, and its parameter and FLOP
-// counts are exact.
-void require_plannable(const ModelSpec& m, const std::string& source);
-
 // Loads a model card or a HuggingFace config.json (detected by its keys).
 // `source` names the file in error messages. Throws InputError on any problem.
 ModelSpec model_from_json(const nlohmann::json& j, const std::string& source);

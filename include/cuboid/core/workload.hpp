@@ -75,6 +75,11 @@ double expert_tokens(const ModelSpec& m, const ParallelPlan& plan);
 // Embedding lookup (first stage) and LM head + cross-entropy (last stage).
 LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan);
 LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan);
+// One multi-token prediction module on the last stage (Megatron-Core's
+// MultiTokenPredictionLayer): the next tokens' embedding lookup, the norms of
+// it and of the hidden state, the 2h -> h projection, a layer of the last
+// layer's kind and an LM head with its loss; the backward in reverse.
+LayerOps mtp_ops(const ModelSpec& m, const ParallelPlan& plan);
 
 // A layer's linear layers on one TP rank, in forward order: QKV, the
 // projection, FC1 (with SwiGLU's gate: one fused GEMM, as Megatron's

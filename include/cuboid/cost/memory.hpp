@@ -52,6 +52,10 @@ struct StageParameters {
   double total() const { return dense + expert; }
 };
 StageParameters stage_parameters(const ModelSpec& m, const ParallelPlan& plan, int stage);
+// The multi-token prediction modules' parameters on one GPU of the last
+// stage (a layer of the last layer's kind, the 2h -> h projection / TP, three
+// norms each; with PP > 1 the word embedding their lookup needs).
+StageParameters mtp_parameters(const ModelSpec& m, const ParallelPlan& plan);
 
 // One layer's stored activations for one micro-batch on one GPU: a dense
 // layer's, or with `moe_layer` an MoE layer's (its MLP's routed token
