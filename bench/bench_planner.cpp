@@ -145,7 +145,7 @@ void bench_simulation(const char* name, const char* model, const char* cluster, 
 }  // namespace
 
 // `bench_planner`: everything; `bench_planner planner`: the planner only;
-// `bench_planner sim [gpt-1t|llama3.1-405b [RUNS]]`: only the simulator (one
+// `bench_planner sim [gpt-1t|llama3.1-405b|deepseek-v3 [RUNS]]`: only the simulator (one
 // case, RUNS times in this process, default 1), e.g. to measure its peak
 // memory alone.
 int main(int argc, char** argv) {
@@ -153,13 +153,14 @@ int main(int argc, char** argv) {
   const std::string sim_case = argc > 2 ? argv[2] : "";
   const int runs = argc > 3 ? std::atoi(argv[3]) : 1;
   if ((!only.empty() && only != "sim" && only != "planner") || runs < 1 || argc > 4) {
-    std::fprintf(stderr, "usage: bench_planner [planner | sim [gpt-1t|llama3.1-405b [RUNS]]]\n");
+    std::fprintf(stderr, "usage: bench_planner [planner | sim [gpt-1t|llama3.1-405b|deepseek-v3 [RUNS]]]\n");
     return 2;
   }
   const Case cases[] = {
       {"gpt-512b on 1024 A100", "models/gpt-512b.json", "topologies/dgx-a100-superpod.json", 128, false},
       {"llama3.1-405b on 16384 H100 (RoCE)", "models/llama3.1-405b.json", "topologies/h100-roce-24k.json", 2048, true},
       {"llama3-70b on 32 A100", "models/llama3-70b.json", "topologies/dgx-a100-4node.json", 4, false},
+      {"deepseek-v3 on 2048 H100 (RoCE)", "models/deepseek-v3.json", "topologies/h100-roce-24k.json", 256, true},
   };
   if (only != "sim") {
     for (const Case& c : cases) bench_case(c);
@@ -192,6 +193,23 @@ int main(int argc, char** argv) {
   if (sim_case.empty() || sim_case == "llama3.1-405b") {
     bench_simulation("llama3.1-405b TP8 PP16 DP128, seq 8192", "models/llama3.1-405b.json",
                      "topologies/h100-roce-24k.json", 2048, l405, runs);
+  }
+  // DeepSeek-V3's own layout (PP 16 with 3 + 14 x 4 + 2 layers, EP 64, no
+  // TP, ZeRO 1) at 4M tokens per iteration.
+  ParallelPlan v3;
+  v3.pp = 16;
+  v3.dp = 128;
+  v3.ep = 64;
+  v3.etp = 1;
+  v3.first_stage_layers = 3;
+  v3.last_stage_layers = 2;
+  v3.global_batch = 1024;
+  v3.seq_length = 4096;
+  v3.zero_stage = 1;
+  v3.recompute = Recompute::none;
+  if (sim_case.empty() || sim_case == "deepseek-v3") {
+    bench_simulation("deepseek-v3 PP16 EP64 DP128, seq 4096", "models/deepseek-v3.json",
+                     "topologies/h100-roce-24k.json", 256, v3, runs);
   }
   return 0;
 }
