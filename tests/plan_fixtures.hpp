@@ -3,7 +3,8 @@
 // TP4 PP4 DP2 on topologies/dgx-a100-4node.json, mb 1, global batch 64,
 // ZeRO 1, full recompute, SP on, 1F1B), an interleaved GPT-3 175B plan, the
 // seed with ZeRO-3, and a Llama-3-8B pipeline without TP that DeepSpeed can run
-// (priced as Megatron-DeepSpeed on DeepSpeed's pipeline engine).
+// (priced as Megatron-DeepSpeed on DeepSpeed's pipeline engine), and
+// Mixtral-8x7B at TP 2 x PP 2 x DP 8 with its experts as EP 8 x ETP 1.
 // Each is turned into a plan file with plan_to_json and read back with
 // plan_file_from_json, so the tests go through the real file format.
 #include <filesystem>
@@ -60,6 +61,13 @@ inline ParallelPlan run_as(ParallelPlan p, const char* trainer) {
   return p;
 }
 
+// An MoE plan's experts: EP x ETP.
+inline ParallelPlan experts(ParallelPlan p, int ep, int etp) {
+  p.ep = ep;
+  p.etp = etp;
+  return p;
+}
+
 inline std::vector<Fixture> fixtures() {
   return {
       {"seed", "models/llama3-70b.json",
@@ -71,6 +79,8 @@ inline std::vector<Fixture> fixtures() {
       {"llama8b-pp4", "models/llama3-8b.json",
        run_as(unfused(make_plan(1, 4, 8, 1, 1, Recompute::full, false, Schedule::one_f_one_b, 8192)),
               "megatron-deepspeed")},
+      {"mixtral-ep8", "models/mixtral-8x7b.json", experts(make_plan(2, 2, 8, 1, 1, Recompute::none, true,
+                                                                    Schedule::one_f_one_b, 4096), 8, 1)},
   };
 }
 
