@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <sstream>
 #include <string>
@@ -80,6 +81,21 @@ std::string refusal(const PlanFile& pf, const std::string& target) {
   return "(no refusal)";
 }
 std::string refusal(const std::string& plan, const std::string& target) { return refusal(plan_file(plan), target); }
+
+// Every target of `targets` refuses `pf`, naming `field` and pointing at Megatron.
+void check_refused(const PlanFile& pf, std::initializer_list<const char*> targets, const std::string& field) {
+  for (const char* target : targets) {
+    CAPTURE(target);
+    try {
+      (void)export_plan(pf, target);
+      FAIL_CHECK("no refusal");
+    } catch (const InputError& e) {
+      CHECK(e.field() == field);
+      CHECK(e.fix().find(field == "model.rope_scaling_type" ? "drop rope_scaling_type" : "--to megatron") !=
+            std::string::npos);
+    }
+  }
+}
 
 // The option file of each target and pinned version.
 const std::map<std::string, std::string> kOptionFiles = {
@@ -401,16 +417,7 @@ TEST_CASE("context parallelism: Megatron-LM and Megatron-Bridge carry it; DeepSp
     CHECK(bridge.find("context_parallel_size=2") != std::string::npos);
     CHECK(bridge.find("cp_comm_type=\"" + std::string(to_string(comm)) + "\"") != std::string::npos);
   }
-  for (const char* target : {"deepspeed", "nemo", "torchtitan", "torchtitan-main"}) {
-    CAPTURE(target);
-    try {
-      (void)export_plan(pf, target);
-      FAIL_CHECK("no refusal");
-    } catch (const InputError& e) {
-      CHECK(e.field() == "parallel.cp");
-      CHECK(e.fix().find("--to megatron") != std::string::npos);
-    }
-  }
+  check_refused(pf, {"deepspeed", "nemo", "torchtitan", "torchtitan-main"}, "parallel.cp");
   // Without CP nothing changes.
   CHECK(text("seed", "megatron").find("context-parallel") == std::string::npos);
 }
@@ -438,16 +445,7 @@ TEST_CASE("expert parallelism: Megatron-LM and Megatron-Bridge carry the MoE lay
   const std::string bridge = export_plan(pf, "megatron-bridge").text;
   CHECK(bridge.find("expert_model_parallel_size=8,") != std::string::npos);
   CHECK(bridge.find("num_moe_experts=8,") != std::string::npos);
-  for (const char* target : {"deepspeed", "nemo", "torchtitan", "torchtitan-main"}) {
-    CAPTURE(target);
-    try {
-      (void)export_plan(pf, target);
-      FAIL_CHECK("no refusal");
-    } catch (const InputError& e) {
-      CHECK(e.field() == "model.moe");
-      CHECK(e.fix().find("--to megatron") != std::string::npos);
-    }
-  }
+  check_refused(pf, {"deepspeed", "nemo", "torchtitan", "torchtitan-main"}, "model.moe");
   // A dense plan carries none of it.
   CHECK(text("seed", "megatron").find("expert") == std::string::npos);
   CHECK(megatron.find("--moe-layer-freq") == std::string::npos);  // every layer an MoE layer: the default
@@ -462,15 +460,7 @@ TEST_CASE("expert parallelism: Megatron-LM and Megatron-Bridge carry the MoE lay
   PlanFile yarn = pf;
   yarn.model.rope_yarn = true;
   yarn.model.rope_scaling_factor = 40;
-  for (const char* target : {"megatron", "megatron-bridge"}) {
-    CAPTURE(target);
-    try {
-      (void)export_plan(yarn, target);
-      FAIL_CHECK("no refusal");
-    } catch (const InputError& e) {
-      CHECK(e.field() == "model.rope_scaling_type");
-    }
-  }
+  check_refused(yarn, {"megatron", "megatron-bridge"}, "model.rope_scaling_type");
 }
 
 TEST_CASE("DeepSpeed: batch sizes consistent with DP, fp32 accumulation, the pipeline in the notes") {
