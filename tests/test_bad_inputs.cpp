@@ -170,6 +170,11 @@ std::vector<Case> catalogue() {
        }},
       {"vocab_size missing", [](const TempDir& d) { return model_case(d, "/vocab_size", nullptr, {"vocab_size", "missing required field"}); }},
       {"name empty", [](const TempDir& d) { return model_case(d, "/name", "", {"name", "is empty"}); }},
+      {"plan --for a target whose export has no experts", [](const TempDir&) {
+         return Spec{"plan --model models/mixtral-8x7b.json --cluster " + kClusterCard + " --for torchtitan",
+                     {"--for", "torchtitan", "no experts", "--to megatron"},
+                     {}};
+       }},
       {"--ep on a dense model", [](const TempDir&) {
          return Spec{"simulate --model models/llama3-70b.json --cluster " + kClusterCard + " --tp 4 --pp 4 --ep 2",
                      {"--ep", "has no experts"},

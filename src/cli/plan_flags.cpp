@@ -254,6 +254,16 @@ void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& t
   pf->gpu_name = l.cluster.gpu.name;
   pf->nodes = l.cluster.nodes;
   pf->gpus_per_node = l.cluster.gpus_per_node;
+  // A model the target cannot build at all (experts, YaRN, ALiBi) is
+  // refused here, not by an empty search.
+  try {
+    PlanFile probe = *pf;
+    probe.plan = plan_from_options(l.model, l.cluster, o);
+    (void)export_plan(probe, target);
+  } catch (const InputError& e) {
+    if (e.field().rfind("model.", 0) == 0)
+      throw InputError("command line", "--for", "--for " + target + ": " + e.problem(), e.fix());
+  }
   o.accept = [pf, target](const ParallelPlan& p) {
     PlanFile candidate = *pf;
     candidate.plan = p;
