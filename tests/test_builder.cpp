@@ -155,7 +155,8 @@ TEST_CASE("the units of each stage hold its parameters: every DP bucket reduces 
       plan.ep = 2;
       plan.etp = 1;
     }
-    detail::Builder b(m, topo, plan, SimOptions{});
+    const SimOptions opts;  // the builder keeps a reference
+    detail::Builder b(m, topo, plan, opts);
     b.build();
     for (int s = 0; s < 4; ++s) {
       CAPTURE(s);
