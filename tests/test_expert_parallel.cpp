@@ -331,6 +331,18 @@ TEST_CASE("the search tries EP and ETP where the trainer has them") {
   }
   old.ep = 2;
   CHECK(input_error_message([&] { search_plans(m, topo, old); }).find("--ep") != std::string::npos);
+  // Fixed TP > 1 and EP, SP left to the search: the fixed flags' check
+  // must not take SP as off (an MoE layer with TP > 1 needs it).
+  PlannerOptions fixed = o;
+  fixed.tp = 2;
+  fixed.ep = 2;
+  fixed.etp = 1;
+  const SearchResult f = search_plans(m, topo, fixed);
+  REQUIRE_FALSE(f.fitting.empty());
+  for (const Estimate& e : f.fitting) CHECK((e.plan.tp == 2 && e.plan.ep == 2 && e.plan.sequence_parallel));
+  fixed.sequence_parallel = false;
+  CHECK(input_error_message([&] { search_plans(m, topo, fixed); }).find("needs sequence parallelism") !=
+        std::string::npos);
 }
 
 TEST_CASE("a plan file carries EP and ETP and reads back") {

@@ -313,6 +313,8 @@ std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology
     probe.ep = o.ep.value_or(1);
     probe.etp = o.etp.value_or(model.moe.enabled() ? probe.tp : 0);
     probe.zero_stage = o.zero_stage.value_or(0);
+    // SP as fixed, else as the search may pick it (an MoE layer with TP > 1 needs it).
+    probe.sequence_parallel = o.sequence_parallel.value_or(probe.tp > 1);
     probe.flash_attention = flash;
     Cluster relaxed = cluster;  // the GPU-count check is the search's job
     relaxed.nodes = 1;
