@@ -590,6 +590,11 @@ void add_moe_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pa
   // Each token copied k times into expert order (read, write).
   out.push_back(memory_bound(op::moe_permute, pass, copies * h * (kBf16 + kBf16)));
   if (x.ep > 1) {
+    // The dispatcher's preprocess: every rank's tokens per expert to every
+    // EP rank (an all-to-all of [experts] int64 counts), which the host
+    // waits for to size the token all-to-alls (token_dispatcher.py).
+    add_moe_collective(out, op::ep_a2a_counts, pass, Collective::all_to_all, Group::ep,
+                       static_cast<double>(x.experts) * 8.0, false);
     add_moe_collective(out, op::ep_a2a_dispatch, pass, Collective::all_to_all, Group::ep, x.routed * h * kBf16);
     add_moe_collective(out, op::ep_a2a_probs, pass, Collective::all_to_all, Group::ep, x.routed * kFp32, false);
   }
