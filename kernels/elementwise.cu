@@ -96,6 +96,23 @@ __global__ void dropout_bwd_kernel(const T* dout, T* dx, float p, float inv_keep
     dx[i] = from_f<T>(exec::dropout_keep(seed, static_cast<uint64_t>(i), p) ? to_f(dout[i]) * inv_keep : 0.0f);
 }
 
+template <typename T>
+__global__ void scale_rows_kernel(T* __restrict__ x, const float* __restrict__ factors, int64_t cols, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) x[i] = from_f<T>(to_f(x[i]) * factors[i / cols]);
+}
+
+// One thread per row: the rows are few (an MoE layer's token copies) and the
+// kernel runs once per expert pass.
+template <typename T>
+__global__ void row_dot_kernel(const T* __restrict__ a, const T* __restrict__ b, float* __restrict__ out, int64_t cols,
+                               int64_t rows) {
+  for (int64_t r = first_index(); r < rows; r += grid_stride()) {
+    float sum = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) sum += to_f(a[r * cols + c]) * to_f(b[r * cols + c]);
+    out[r] = sum;
+  }
+}
+
 // --- embedding --------------------------------------------------------------------
 template <typename T>
 __global__ void embedding_fwd_kernel(const int32_t* __restrict__ ids, const T* __restrict__ table,
@@ -188,6 +205,16 @@ cudaError_t bias_add(T* y, const T* bias, int64_t rows, int64_t cols, cudaStream
 }
 
 template <typename T>
+cudaError_t scale_rows(T* x, const float* factors, int64_t rows, int64_t cols, cudaStream_t stream) {
+  return launch_elementwise(scale_rows_kernel<T>, rows * cols, stream, x, factors, cols);
+}
+
+template <typename T>
+cudaError_t row_dot(const T* a, const T* b, float* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+  return launch_elementwise(row_dot_kernel<T>, rows, stream, a, b, out, cols);
+}
+
+template <typename T>
 cudaError_t dropout_add_fwd(const T* x, const T* residual, T* out, int64_t n, float p, uint64_t seed,
                             cudaStream_t stream) {
   if (!(p >= 0.0f && p < 1.0f)) return cudaErrorInvalidValue;
@@ -253,6 +280,8 @@ cudaError_t fill_random(T* x, int64_t n, uint64_t seed, float scale, cudaStream_
   template cudaError_t swiglu_fwd<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                            \
   template cudaError_t swiglu_bwd<T>(const T*, const T*, T*, int64_t, int64_t, cudaStream_t);                  \
   template cudaError_t bias_add<T>(T*, const T*, int64_t, int64_t, cudaStream_t);                              \
+  template cudaError_t scale_rows<T>(T*, const float*, int64_t, int64_t, cudaStream_t);                       \
+  template cudaError_t row_dot<T>(const T*, const T*, float*, int64_t, int64_t, cudaStream_t);                \
   template cudaError_t dropout_add_fwd<T>(const T*, const T*, T*, int64_t, float, uint64_t, cudaStream_t);     \
   template cudaError_t dropout_bwd<T>(const T*, T*, int64_t, float, uint64_t, cudaStream_t);                   \
   template cudaError_t embedding_fwd<T>(const int32_t*, const T*, T*, int64_t, int64_t, int64_t, cudaStream_t); \

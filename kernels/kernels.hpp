@@ -118,6 +118,12 @@ template <typename D, typename S>
 cudaError_t convert(D* dst, const S* src, int64_t n, cudaStream_t stream);
 template <typename T>
 cudaError_t fill(T* x, float value, int64_t n, cudaStream_t stream);
+// x[r, :] *= factors[r] (rows x cols x, fp32 factors).
+template <typename T>
+cudaError_t scale_rows(T* x, const float* factors, int64_t rows, int64_t cols, cudaStream_t stream);
+// out[r] = sum_c a[r, c] * b[r, c] in fp32.
+template <typename T>
+cudaError_t row_dot(const T* a, const T* b, float* out, int64_t rows, int64_t cols, cudaStream_t stream);
 // x[i] = (2 * exec::uniform01(seed, i) - 1) * scale, the CPU backend's values.
 template <typename T>
 cudaError_t fill_random(T* x, int64_t n, uint64_t seed, float scale, cudaStream_t stream);

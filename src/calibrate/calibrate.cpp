@@ -45,13 +45,14 @@ std::vector<CalibrationJob> load_jobs(const CalibrateOptions& o, const Cluster& 
   for (const std::string& path : o.plan_paths) {
     const PlanFile pf = read_plan_file(path);
     check_plan_matches_cluster(pf, cluster);
-    exec::check_executable(pf.model, pf.source);
+    exec::check_calibratable(pf.model, pf.source);
+    exec::check_executable(pf.model, pf.plan, pf.source);
     exec::check_world_size(world_size, pf.plan, pf.source);
     jobs.push_back(CalibrationJob{pf.model, pf.plan, pf.source});
   }
   if (!o.model_path.empty()) {
     CalibrationJob j{load_model(o.model_path), ParallelPlan{}, o.model_path};
-    exec::check_executable(j.model, o.model_path);
+    exec::check_calibratable(j.model, o.model_path);
     j.plan.dp = world_size;
     j.plan.global_batch = world_size;
     j.plan.seq_length = j.model.seq_length;

@@ -467,6 +467,14 @@ std::vector<std::vector<int>> RankMapping::ep_groups() const {
   return out;
 }
 
+std::vector<std::vector<int>> RankMapping::expert_dp_groups() const {
+  std::vector<std::vector<int>> out;
+  for (int p = 0; p < pp_; ++p)
+    for (int e = 0; e < ep_; ++e)
+      for (int t = 0; t < etp_; ++t) out.push_back(expert_dp_group(p, e, t));
+  return out;
+}
+
 std::vector<std::vector<int>> RankMapping::tp_groups() const {
   std::vector<std::vector<int>> out;
   for (int p = 0; p < pp_; ++p)

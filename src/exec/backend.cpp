@@ -131,6 +131,27 @@ void Backend::add(DeviceSpan dst, ConstDeviceSpan src) {
   add_impl(dst, src);
 }
 
+void Backend::scale_rows(DeviceSpan x, ConstDeviceSpan factors, std::int64_t rows, std::int64_t cols) {
+  constexpr const char* op = "scale_rows";
+  require_positive(rows, op, "rows");
+  require_positive(cols, op, "cols");
+  require_float_size(x, rows * cols, op, "x");
+  require_dtype(factors, DType::f32, op, "factors");
+  require_size(factors, rows, op, "factors");
+  scale_rows_impl(x, factors, rows, cols);
+}
+
+void Backend::row_dot(ConstDeviceSpan a, ConstDeviceSpan b, DeviceSpan out, std::int64_t rows, std::int64_t cols) {
+  constexpr const char* op = "row_dot";
+  require_positive(rows, op, "rows");
+  require_positive(cols, op, "cols");
+  require_float_size(a, rows * cols, op, "a");
+  require_float_size(b, rows * cols, op, "b");
+  require_dtype(out, DType::f32, op, "out");
+  require_size(out, rows, op, "out");
+  row_dot_impl(a, b, out, rows, cols);
+}
+
 // --- GEMM ------------------------------------------------------------------
 void Backend::gemm(const GemmShape& shape, float alpha, ConstDeviceSpan a, ConstDeviceSpan b,
                    float beta, DeviceSpan c) {

@@ -55,9 +55,11 @@ Matrix hcat(std::initializer_list<Matrix> parts, std::int64_t rows) {
 
 struct HostLayer {
   Matrix g1, b1, qkv, proj, g2, b2, fc1, fc2;
+  Matrix router;                   // an MoE layer: [h, experts]
+  std::vector<Matrix> efc1, efc2;  // its experts (all, or this EP rank's)
 };
 
-HostLayer full_weights(const LayerDims& f) {
+HostLayer full_weights(const LayerDims& f, const MoeDims* moe) {
   const std::uint64_t seed = 0xC0FFEE;
   const auto h = static_cast<std::size_t>(f.hidden);
   HostLayer w;
@@ -70,6 +72,15 @@ HostLayer full_weights(const LayerDims& f) {
   w.b2 = random_matrix(h, mix64(seed + 6), 0.1f);
   w.fc1 = random_matrix(h * static_cast<std::size_t>(f.fc1_cols()), mix64(seed + 7), 0.05f);
   w.fc2 = random_matrix(static_cast<std::size_t>(f.ffn) * h, mix64(seed + 8), 0.05f);
+  if (moe != nullptr) {
+    // A router with enough spread that the top-k is no coin toss.
+    w.router = random_matrix(h * static_cast<std::size_t>(moe->experts), mix64(seed + 9), 0.5f);
+    for (std::int64_t e = 0; e < moe->experts; ++e) {
+      const auto k = static_cast<std::uint64_t>(e) << 8;
+      w.efc1.push_back(random_matrix(h * static_cast<std::size_t>(moe->fc1_cols()), mix64(seed + 10 + k), 0.05f));
+      w.efc2.push_back(random_matrix(static_cast<std::size_t>(moe->ffn) * h, mix64(seed + 11 + k), 0.05f));
+    }
+  }
   return w;
 }
 
@@ -93,13 +104,30 @@ HostLayer shard(const HostLayer& w, const LayerDims& f, const LayerDims& s, int 
   return out;
 }
 
+// EP rank `r` of `ep` holds experts [r L, (r + 1) L).
+void keep_local_experts(HostLayer& w, int r, int ep) {
+  const std::size_t local = w.efc1.size() / static_cast<std::size_t>(ep), first = static_cast<std::size_t>(r) * local;
+  w.efc1 = std::vector<Matrix>(w.efc1.begin() + static_cast<std::ptrdiff_t>(first),
+                               w.efc1.begin() + static_cast<std::ptrdiff_t>(first + local));
+  w.efc2 = std::vector<Matrix>(w.efc2.begin() + static_cast<std::ptrdiff_t>(first),
+                               w.efc2.begin() + static_cast<std::ptrdiff_t>(first + local));
+}
+
 void upload(Backend& be, const HostLayer& w, const LayerParams& p) {
   be.upload(w.g1, p.norm1_gamma);
   be.upload(w.qkv, p.w_qkv);
   be.upload(w.proj, p.w_proj);
   be.upload(w.g2, p.norm2_gamma);
-  be.upload(w.fc1, p.w_fc1);
-  be.upload(w.fc2, p.w_fc2);
+  if (p.moe) {
+    be.upload(w.router, p.experts.router);
+    for (std::size_t e = 0; e < p.experts.fc1.size(); ++e) {
+      be.upload(w.efc1[e], p.experts.fc1[e]);
+      be.upload(w.efc2[e], p.experts.fc2[e]);
+    }
+  } else {
+    be.upload(w.fc1, p.w_fc1);
+    be.upload(w.fc2, p.w_fc2);
+  }
   if (!p.norm1_beta.empty()) be.upload(w.b1, p.norm1_beta);
   if (!p.norm2_beta.empty()) be.upload(w.b2, p.norm2_beta);
 }
@@ -135,25 +163,48 @@ CheckResult check_sharded_forward(Backend& be, ProcessGroups& groups, const Mode
                                   OpTimer& timer, bool flip_shard) {
   ParallelPlan single = plan;
   single.tp = 1;
+  single.ep = 1;
   single.sequence_parallel = false;
   const LayerDims sd = layer_dims(model, plan, 0.0f);
   const LayerDims fd = layer_dims(model, single, 0.0f);
   const int r = groups.coord.tp;
+  // An MoE model's first MoE layer: its experts spread over the EP group
+  // against all of them on this rank.
+  const bool moe = model.moe.enabled();
+  const MoeDims smoe = moe_dims(model, plan, sd.local_tokens), fmoe = moe_dims(model, single, fd.local_tokens);
+  const int ep_rank = moe && groups.ep ? groups.ep->rank() : 0;
 
-  const HostLayer full = full_weights(fd);
+  const HostLayer full = full_weights(fd, moe ? &fmoe : nullptr);
   HostLayer mine = shard(full, fd, sd, r);
-  if (flip_shard && r == plan.tp - 1)
+  if (moe) keep_local_experts(mine, ep_rank, plan.ep);
+  // The injected bug: the last TP rank's FC2 shard negated (with experts:
+  // the last EP rank's experts' FC2, or the last TP rank's without EP).
+  if (flip_shard && moe && (plan.ep > 1 ? ep_rank == plan.ep - 1 : r == plan.tp - 1)) {
+    for (Matrix& m : mine.efc2)
+      for (float& v : m) v = -v;
+  } else if (flip_shard && !moe && r == plan.tp - 1) {
     for (float& v : mine.fc2) v = -v;
+  }
 
-  DeviceBuffer sharded_flat = be.alloc(layer_param_count(sd));
-  DeviceBuffer full_flat = be.alloc(layer_param_count(fd));
-  const LayerParams sp = layer_params_at(sharded_flat, 0, sd);
-  const LayerParams fp = layer_params_at(full_flat, 0, fd);
+  DeviceBuffer sharded_flat = be.alloc(layer_param_count(sd, moe));
+  DeviceBuffer full_flat = be.alloc(layer_param_count(fd, moe));
+  DeviceBuffer sharded_experts = be.alloc(moe ? smoe.expert_param_count() : 1);
+  DeviceBuffer full_experts = be.alloc(moe ? fmoe.expert_param_count() : 1);
+  LayerParams sp = layer_params_at(sharded_flat, 0, sd, moe);
+  LayerParams fp = layer_params_at(full_flat, 0, fd, moe);
+  if (moe) {
+    const MoeParams se = expert_params_at(sharded_experts, 0, smoe), fe = expert_params_at(full_experts, 0, fmoe);
+    sp.experts.fc1 = se.fc1, sp.experts.fc2 = se.fc2;
+    fp.experts.fc1 = fe.fc1, fp.experts.fc2 = fe.fc2;
+  }
   upload(be, mine, sp);
   upload(be, full, fp);
 
-  // A small residual stream, so that the blocks' outputs are not rounded away in it.
-  const Matrix x = random_matrix(static_cast<std::size_t>(fd.tokens * fd.hidden), 0xBADC0DE, 0.05f);
+  // A small residual stream, so that the blocks' outputs are not rounded
+  // away in it; each data-parallel rank its own, so that an EP group's ranks
+  // route different tokens (and exchange blocks of different sizes).
+  const std::uint64_t x_seed = 0xBADC0DE + (moe ? static_cast<std::uint64_t>(groups.coord.dp * 64 + groups.coord.cp) : 0);
+  const Matrix x = random_matrix(static_cast<std::size_t>(fd.tokens * fd.hidden), x_seed, 0.05f);
   const std::int64_t first_row = sd.sequence_parallel ? r * sd.local_tokens : 0;
   DeviceBuffer x_full = be.alloc(x.size());
   DeviceBuffer x_local = be.alloc(static_cast<std::size_t>(sd.local_tokens * sd.hidden));
@@ -163,10 +214,11 @@ CheckResult check_sharded_forward(Backend& be, ProcessGroups& groups, const Mode
   DeviceBuffer y_local = be.alloc(x_local.size());
 
   timer.begin_step(false);
-  LayerRunner sharded(be, groups.tp.get(), sd, timer);
+  LayerRunner sharded = moe ? LayerRunner(be, groups.tp.get(), sd, timer, smoe, groups.ep.get())
+                            : LayerRunner(be, groups.tp.get(), sd, timer);
   LayerActs sharded_acts = sharded.make_acts(AttentionMemory::keep_probs);
   sharded.forward(sp, x_local, sharded_acts, y_local, 1, AttentionMemory::keep_probs);
-  LayerRunner reference(be, nullptr, fd, timer);
+  LayerRunner reference = moe ? LayerRunner(be, nullptr, fd, timer, fmoe, nullptr) : LayerRunner(be, nullptr, fd, timer);
   LayerActs reference_acts = reference.make_acts(AttentionMemory::keep_probs);
   reference.forward(fp, x_full, reference_acts, y_full, 1, AttentionMemory::keep_probs);
   timer.end_step();

@@ -96,6 +96,23 @@ void Communicator::all_to_all(ConstDeviceSpan send, DeviceSpan recv, std::size_t
   all_to_all_impl(send, recv, count);
 }
 
+void Communicator::all_to_all_v(ConstDeviceSpan send, std::span<const std::size_t> send_counts, DeviceSpan recv,
+                                std::span<const std::size_t> recv_counts) {
+  const auto n = static_cast<std::size_t>(size());
+  CUBOID_EXEC_REQUIRE(send_counts.size() == n && recv_counts.size() == n, "all_to_all_v",
+                      "needs one send and one receive count per rank (" + std::to_string(n) + "), got " +
+                          std::to_string(send_counts.size()) + " and " + std::to_string(recv_counts.size()));
+  std::size_t sent = 0, received = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    sent += send_counts[r];
+    received += recv_counts[r];
+  }
+  require_count(send, sent, "all_to_all_v", "send");
+  require_count(recv, received, "all_to_all_v", "recv");
+  CUBOID_EXEC_REQUIRE(send.dtype() == recv.dtype(), "all_to_all_v", "send and recv differ in dtype");
+  all_to_all_v_impl(send, send_counts, recv, recv_counts);
+}
+
 void Communicator::broadcast(DeviceSpan buffer, std::size_t count, int root) {
   require_count(buffer, count, "broadcast", "buffer");
   require_peer(root, size(), "broadcast");

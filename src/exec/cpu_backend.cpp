@@ -132,6 +132,26 @@ void CpuBackend::add_impl(DeviceSpan dst, ConstDeviceSpan src) {
   for (std::size_t i = 0; i < dst.size(); ++i) d[i] += s[i];
 }
 
+void CpuBackend::scale_rows_impl(DeviceSpan x_span, ConstDeviceSpan factors_span, std::int64_t rows,
+                                 std::int64_t cols) {
+  float* x = f32(x_span, "scale_rows");
+  const float* f = f32(factors_span, "scale_rows");
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) x[r * cols + c] *= f[r];
+}
+
+void CpuBackend::row_dot_impl(ConstDeviceSpan a_span, ConstDeviceSpan b_span, DeviceSpan out_span, std::int64_t rows,
+                              std::int64_t cols) {
+  const float* a = f32(a_span, "row_dot");
+  const float* b = f32(b_span, "row_dot");
+  float* out = f32(out_span, "row_dot");
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float sum = 0;
+    for (std::int64_t c = 0; c < cols; ++c) sum += a[r * cols + c] * b[r * cols + c];
+    out[r] = sum;
+  }
+}
+
 // --- GEMM -------------------------------------------------------------------
 void CpuBackend::gemm_impl(const GemmShape& s, float alpha, ConstDeviceSpan a, ConstDeviceSpan b,
                            float beta, DeviceSpan c) {

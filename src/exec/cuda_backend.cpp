@@ -425,6 +425,22 @@ void CudaBackend::swiglu_backward_impl(ConstDeviceSpan dy, ConstDeviceSpan x, De
 }
 
 // --- bias, dropout, residual --------------------------------------------------------
+void CudaBackend::scale_rows_impl(DeviceSpan x, ConstDeviceSpan factors, std::int64_t rows, std::int64_t cols) {
+  dispatch_float(x.dtype(), "scale_rows", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::scale_rows(ptr<T>(x), ptr<float>(factors), rows, cols, stream_.get()));
+  });
+}
+
+void CudaBackend::row_dot_impl(ConstDeviceSpan a, ConstDeviceSpan b, DeviceSpan out, std::int64_t rows,
+                               std::int64_t cols) {
+  require_same_dtype("row_dot", {a, b});
+  dispatch_float(a.dtype(), "row_dot", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::row_dot(ptr<T>(a), ptr<T>(b), ptr<float>(out), rows, cols, stream_.get()));
+  });
+}
+
 void CudaBackend::bias_add_impl(DeviceSpan y, ConstDeviceSpan bias, std::int64_t rows, std::int64_t cols) {
   require_same_dtype("bias_add", {y, bias});
   dispatch_float(y.dtype(), "bias_add", [&](auto t) {

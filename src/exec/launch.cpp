@@ -165,11 +165,33 @@ BackendOptions backend_options(const LaunchInfo& launch, std::string_view backen
   return bo;
 }
 
-void check_executable(const ModelSpec& model, const std::string& plan_source) {
+void check_executable(const ModelSpec& model, const ParallelPlan& plan, const std::string& plan_source) {
+  auto refuse = [&](const char* field, const std::string& what, const std::string& fix) {
+    throw InputError(plan_source, field, "the executor does not run " + what + " (cuboid plan and simulate price it)", fix);
+  };
+  if (model.mla.enabled()) refuse("model.mla", "multi-head latent attention", "run a model with standard attention");
+  if (model.mtp_layers > 0) refuse("model.mtp_layers", "multi-token prediction", "run a model without MTP layers");
+  if (!model.moe.enabled()) return;
+  const MoeSpec& e = model.moe;
+  if (e.shared_expert_ffn_hidden_size > 0)
+    refuse("model.moe.shared_expert_ffn_hidden_size", "shared experts", "run a model with routed experts only");
+  if (e.capacity_factor > 0)
+    refuse("model.moe.capacity_factor", "a capacity factor (token dropping)", "run the model dropless (no capacity factor)");
+  if (e.router_groups > 0)
+    refuse("model.moe.router_groups", "group-limited routing", "run the model without router groups");
+  if (plan.tp > 1 && plan.expert_tp() > 1)
+    refuse("parallel.etp", "expert tensor parallelism (ETP " + std::to_string(plan.expert_tp()) + ")",
+           "plan with --etp 1");
+  if (plan.zero_stage > 0)
+    refuse("parallel.zero_stage", "ZeRO " + std::to_string(plan.zero_stage) + " with experts",
+           "plan with --zero 0 (the experts' gradients are all-reduced over expert-DP)");
+}
+
+void check_calibratable(const ModelSpec& model, const std::string& source) {
   if (model.moe.enabled())
-    throw InputError(plan_source, "model.moe",
-                     "the executor does not run mixture-of-experts layers yet (cuboid plan and simulate price them)",
-                     "run or calibrate a dense model");
+    throw InputError(source, "model.moe",
+                     "cuboid calibrate does not sweep an MoE model's expert GEMMs and EP all-to-alls yet",
+                     "calibrate with a dense plan of the same cluster (cuboid run executes the MoE plan)");
 }
 
 void check_world_size(int world_size, const ParallelPlan& plan, const std::string& plan_source) {
@@ -191,7 +213,7 @@ void check_world_size(int world_size, const ParallelPlan& plan, const std::strin
 // ---------------------------------------------------------------------------
 namespace cuboid::exec {
 
-ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const RankMapping& mapping) {
+ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const RankMapping& mapping, bool expert_groups) {
   ProcessGroups g;
   g.coord = mapping.coord(world->rank());
   const RankCoord& c = g.coord;
@@ -202,6 +224,17 @@ ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const Ran
   g.tp = world->split(c.pp * dp_size + c.dp, c.tp);
   g.pp = world->split(c.dp * tp_size + c.tp, c.pp);
   g.dp = world->split(c.pp * tp_size + c.tp, c.dp);
+  if (expert_groups) {
+    // Color: the group's index in RankMapping's list; key: the rank's place in it.
+    auto split_by = [&](const std::vector<std::vector<int>>& groups) {
+      for (std::size_t i = 0; i < groups.size(); ++i)
+        for (std::size_t k = 0; k < groups[i].size(); ++k)
+          if (groups[i][k] == c.rank) return world->split(static_cast<int>(i), static_cast<int>(k));
+      throw ExecError(__FILE__, __LINE__, c.rank, "make_process_groups", "the rank is in no expert group");
+    };
+    g.ep = split_by(mapping.ep_groups());
+    g.edp = split_by(mapping.expert_dp_groups());
+  }
   g.world = std::move(world);
   return g;
 }
@@ -230,6 +263,10 @@ class SelfCommunicator final : public Communicator {
   void broadcast_impl(DeviceSpan, std::size_t, int) override {}
   void all_to_all_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t count) override {
     copy_host(send, recv, count);
+  }
+  void all_to_all_v_impl(ConstDeviceSpan send, std::span<const std::size_t> send_counts, DeviceSpan recv,
+                         std::span<const std::size_t>) override {
+    copy_host(send, recv, send_counts[0]);
   }
   void send_impl(ConstDeviceSpan, std::size_t, int, int) override { no_peer("send"); }
   void recv_impl(DeviceSpan, std::size_t, int, int) override { no_peer("recv"); }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "cuboid/core/op_names.hpp"
+#include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/op_timer.hpp"
 
 namespace cuboid::exec {
@@ -27,17 +28,19 @@ LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan, float dro
   d.gated = model.gated_mlp();
   d.rmsnorm = model.normalization == Normalization::rmsnorm;
   d.dropout = dropout;
+  d.experts = model.moe.num_experts;
   return d;
 }
 
-std::size_t layer_param_count(const LayerDims& d) {
+std::size_t layer_param_count(const LayerDims& d, bool moe_layer) {
   const auto h = static_cast<std::size_t>(d.hidden);
   const std::size_t norms = d.rmsnorm ? 2 * h : 4 * h;
-  return norms + h * static_cast<std::size_t>(d.qkv_cols()) + static_cast<std::size_t>(d.q_cols()) * h +
-         h * static_cast<std::size_t>(d.fc1_cols()) + static_cast<std::size_t>(d.ffn) * h;
+  const std::size_t mlp = moe_layer ? h * static_cast<std::size_t>(d.experts)
+                                    : h * static_cast<std::size_t>(d.fc1_cols()) + static_cast<std::size_t>(d.ffn) * h;
+  return norms + h * static_cast<std::size_t>(d.qkv_cols()) + static_cast<std::size_t>(d.q_cols()) * h + mlp;
 }
 
-LayerParams layer_params_at(DeviceSpan flat, std::size_t offset, const LayerDims& d) {
+LayerParams layer_params_at(DeviceSpan flat, std::size_t offset, const LayerDims& d, bool moe_layer) {
   const auto h = static_cast<std::size_t>(d.hidden);
   LayerParams p;
   auto take = [&](std::size_t n) {
@@ -51,6 +54,11 @@ LayerParams layer_params_at(DeviceSpan flat, std::size_t offset, const LayerDims
   p.w_proj = take(static_cast<std::size_t>(d.q_cols()) * h);
   p.norm2_gamma = take(h);
   if (!d.rmsnorm) p.norm2_beta = take(h);
+  p.moe = moe_layer;
+  if (moe_layer) {
+    p.experts.router = take(h * static_cast<std::size_t>(d.experts));
+    return p;
+  }
   p.w_fc1 = take(h * static_cast<std::size_t>(d.fc1_cols()));
   p.w_fc2 = take(static_cast<std::size_t>(d.ffn) * h);
   return p;
@@ -64,6 +72,7 @@ void init_layer_params(Backend& be, const LayerParams& p, std::uint64_t seed) {
   if (!p.norm2_beta.empty()) be.fill(p.norm2_beta, 0.0f);
   be.fill_random(p.w_qkv, mix64(seed + 1), kInitScale);
   be.fill_random(p.w_proj, mix64(seed + 2), kInitScale);
+  if (p.moe) return;  // the router and the experts are drawn by the step runner (replicated differently)
   be.fill_random(p.w_fc1, mix64(seed + 3), kInitScale);
   be.fill_random(p.w_fc2, mix64(seed + 4), kInitScale);
 }
@@ -93,6 +102,12 @@ LayerRunner::LayerRunner(Backend& backend, Communicator* tp, const LayerDims& di
   dfc1_ = be_.alloc(sz(T * d_.fc1_cols()));
   dact_ = be_.alloc(sz(T * d_.ffn));
   scratch_out_ = be_.alloc(sz(d_.local_tokens * h));
+}
+
+LayerRunner::LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer, const MoeDims& moe,
+                         Communicator* ep)
+    : LayerRunner(backend, tp, dims, timer) {
+  moe_ = std::make_unique<MoeRunner>(backend, ep, moe, timer);
 }
 
 LayerActs LayerRunner::make_acts(AttentionMemory mem) {
@@ -216,6 +231,13 @@ void LayerRunner::forward(const LayerParams& w, ConstDeviceSpan x, LayerActs& a,
 
   // MLP block.
   norm_forward(op::norm_mlp, pass, a.mid, w.norm2_gamma, w.norm2_beta, a.norm2, a.norm2_mean, a.norm2_rstd);
+  if (w.moe) {
+    CUBOID_EXEC_REQUIRE(moe_ != nullptr, "LayerRunner", "an MoE layer on a runner made without experts");
+    moe_->forward(w.experts, a.norm2, a.moe, local_a_, pass);
+    timer_.run(mem_desc(op::drop_add_mlp, pass, 3.0 * local_elems * esz),
+               [&] { be_.dropout_residual_forward(local_a_, a.mid, y, d_.dropout, mix64(seed + 12)); });
+    return;
+  }
   const ConstDeviceSpan in2 = tp_gather(op::tp_ag_mlp, pass, a.norm2, a.norm2_full);
   timer_.run(gemm_desc(op::fc1, pass, T, d_.fc1_cols(), h),
              [&] { be_.gemm(Trans::no, Trans::no, T, d_.fc1_cols(), h, 1.0f, in2, w.w_fc1, 0.0f, a.fc1); });
@@ -235,15 +257,29 @@ void LayerRunner::forward(const LayerParams& w, ConstDeviceSpan x, LayerActs& a,
 void LayerRunner::backward(const LayerParams& w, const LayerParams& g, ConstDeviceSpan x, LayerActs& a,
                            ConstDeviceSpan dy, DeviceSpan dx, std::uint64_t seed, AttentionMemory mem) {
   const Pass bw = Pass::backward;
-  const std::int64_t T = d_.tokens, h = d_.hidden, s = d_.seq, b = d_.micro_batch, dh = d_.head_dim;
-  const std::int64_t n = d_.qkv_cols(), q = d_.q_cols(), kv = d_.kv_cols(), gq = d_.heads / d_.kv_heads;
-  const std::int64_t ss = s * s;
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
-  const double local_elems = static_cast<double>(d_.local_tokens * h);
+  const double local_elems = static_cast<double>(d_.local_tokens * d_.hidden);
 
   // MLP block: y = mid + dropout(reduce(act(norm2(mid) W1) W2)).
   timer_.run(mem_desc(op::drop_add_mlp_bwd, bw, 2.0 * local_elems * esz),
              [&] { be_.dropout_backward(dy, local_b_, d_.dropout, mix64(seed + 12)); });
+  DeviceSpan d_norm2 = local_a_;
+  if (w.moe) {
+    moe_->backward(w.experts, g.experts, a.norm2, a.moe, local_b_, local_a_);
+  } else {
+    d_norm2 = mlp_backward(w, g, a, bw);
+  }
+  norm_backward(op::norm_mlp_bwd, d_norm2, a.mid, w.norm2_gamma, a.norm2_mean, a.norm2_rstd, local_b_, g.norm2_gamma,
+                g.norm2_beta);
+  timer_.run(mem_desc(op::residual_add_bwd, bw, 3.0 * local_elems * esz), [&] { be_.add(local_b_, dy); });
+  // local_b_ now holds d mid.
+  attention_backward(w, g, x, a, dx, seed, mem);
+}
+
+// The dense MLP's backward from d out (local_b_) to d norm2 output (the span returned).
+DeviceSpan LayerRunner::mlp_backward(const LayerParams& w, const LayerParams& g, LayerActs& a, Pass bw) {
+  const std::int64_t T = d_.tokens, h = d_.hidden;
+  const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
   const ConstDeviceSpan d_fc2 = tp_gather(op::tp_ag_mlp_bwd, bw, local_b_, full_b_);
   timer_.run(gemm_desc(op::fc2_dgrad, bw, T, d_.ffn, h),
              [&] { be_.gemm(Trans::no, Trans::yes, T, d_.ffn, h, 1.0f, d_fc2, w.w_fc2, 0.0f, dact_); });
@@ -260,13 +296,19 @@ void LayerRunner::backward(const LayerParams& w, const LayerParams& g, ConstDevi
              [&] { be_.gemm(Trans::no, Trans::yes, T, h, d_.fc1_cols(), 1.0f, dfc1_, w.w_fc1, 0.0f, full_a_); });
   timer_.run(gemm_desc(op::fc1_wgrad, bw, h, d_.fc1_cols(), T),
              [&] { be_.gemm(Trans::yes, Trans::no, h, d_.fc1_cols(), T, 1.0f, in2, dfc1_, 1.0f, g.w_fc1); });
-  const DeviceSpan d_norm2 = tp_reduce(d_.sequence_parallel ? op::tp_rs_mlp_bwd : op::tp_ar_mlp_bwd, bw, full_a_, local_a_);
-  norm_backward(op::norm_mlp_bwd, d_norm2, a.mid, w.norm2_gamma, a.norm2_mean, a.norm2_rstd, local_b_, g.norm2_gamma,
-                g.norm2_beta);
-  timer_.run(mem_desc(op::residual_add_bwd, bw, 3.0 * local_elems * esz), [&] { be_.add(local_b_, dy); });
-  // local_b_ now holds d mid.
+  return tp_reduce(d_.sequence_parallel ? op::tp_rs_mlp_bwd : op::tp_ar_mlp_bwd, bw, full_a_, local_a_);
+}
 
-  // Attention block: mid = x + dropout(reduce(attn(norm1(x)) Wproj)).
+// The attention block's backward from d mid (local_b_) to dx:
+// mid = x + dropout(reduce(attn(norm1(x)) Wproj)).
+void LayerRunner::attention_backward(const LayerParams& w, const LayerParams& g, ConstDeviceSpan x, LayerActs& a,
+                                     DeviceSpan dx, std::uint64_t seed, AttentionMemory mem) {
+  const Pass bw = Pass::backward;
+  const std::int64_t T = d_.tokens, h = d_.hidden, s = d_.seq, b = d_.micro_batch, dh = d_.head_dim;
+  const std::int64_t n = d_.qkv_cols(), q = d_.q_cols(), kv = d_.kv_cols(), gq = d_.heads / d_.kv_heads;
+  const std::int64_t ss = s * s;
+  const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
+  const double local_elems = static_cast<double>(d_.local_tokens * h);
   timer_.run(mem_desc(op::drop_add_attn_bwd, bw, 2.0 * local_elems * esz),
              [&] { be_.dropout_backward(local_b_, local_a_, d_.dropout, mix64(seed + 11)); });
   const ConstDeviceSpan d_proj = tp_gather(op::tp_ag_attn_bwd, bw, local_a_, full_b_);

@@ -307,6 +307,31 @@ void MpiCommunicator::all_to_all_impl(ConstDeviceSpan send, DeviceSpan recv, std
   complete(request);
 }
 
+void MpiCommunicator::all_to_all_v_impl(ConstDeviceSpan send, std::span<const std::size_t> send_counts,
+                                        DeviceSpan recv, std::span<const std::size_t> recv_counts) {
+  const MPI_Datatype type = mpi_type(send.dtype(), false, "all_to_all_v");
+  const std::size_t n = send_counts.size();
+  std::vector<int> sc(n), sd(n), rc(n), rd(n);
+  std::size_t s_at = 0, r_at = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    sc[r] = mpi_count(send_counts[r], "all_to_all_v");
+    rc[r] = mpi_count(recv_counts[r], "all_to_all_v");
+    sd[r] = mpi_count(s_at, "all_to_all_v");
+    rd[r] = mpi_count(r_at, "all_to_all_v");
+    s_at += send_counts[r];
+    r_at += recv_counts[r];
+  }
+  if (!nonblocking()) {
+    CUBOID_MPI_CHECK(
+        MPI_Alltoallv(send.native(), sc.data(), sd.data(), type, recv.native(), rc.data(), rd.data(), type, comm_));
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  CUBOID_MPI_CHECK(MPI_Ialltoallv(send.native(), sc.data(), sd.data(), type, recv.native(), rc.data(), rd.data(),
+                                  type, comm_, &request));
+  complete(request);
+}
+
 void MpiCommunicator::all_gather_impl(ConstDeviceSpan send, DeviceSpan recv,
                                       std::size_t send_count) {
   const MPI_Datatype type = mpi_type(send.dtype(), false, "all_gather");

@@ -131,6 +131,35 @@ void NcclCommunicator::all_to_all_impl(ConstDeviceSpan send, DeviceSpan recv, st
   });
 }
 
+// The same grouped send / receive with each peer's own count (Megatron's
+// alltoall token dispatcher calls torch.distributed.all_to_all_single with
+// split sizes, which NCCL runs this way); empty blocks post nothing, on both
+// sides alike.
+void NcclCommunicator::all_to_all_v_impl(ConstDeviceSpan send, std::span<const std::size_t> send_counts,
+                                         DeviceSpan recv, std::span<const std::size_t> recv_counts) {
+  const std::size_t esz = dtype_bytes(send.dtype());
+  const ncclDataType_t type = nccl_type(send.dtype());
+  on_comm_stream([&](cudaStream_t s) {
+    CUBOID_NCCL_CHECK(ncclGroupStart());
+    ncclResult_t rc = ncclSuccess;
+    std::size_t s_at = 0, r_at = 0;
+    for (int peer = 0; peer < size() && rc == ncclSuccess; ++peer) {
+      const auto p = static_cast<std::size_t>(peer);
+      if (send_counts[p] > 0)
+        rc = ncclSend(static_cast<const unsigned char*>(send.native()) + s_at * esz, send_counts[p], type, peer,
+                      comm_.get(), s);
+      if (rc == ncclSuccess && recv_counts[p] > 0)
+        rc = ncclRecv(static_cast<unsigned char*>(recv.native()) + r_at * esz, recv_counts[p], type, peer, comm_.get(),
+                      s);
+      s_at += send_counts[p];
+      r_at += recv_counts[p];
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    CUBOID_NCCL_CHECK(rc);
+    CUBOID_NCCL_CHECK(ended);
+  });
+}
+
 void NcclCommunicator::broadcast_impl(DeviceSpan buffer, std::size_t count, int root) {
   on_comm_stream([&](cudaStream_t s) {
     CUBOID_NCCL_CHECK(ncclBroadcast(buffer.native(), buffer.native(), count, nccl_type(buffer.dtype()), root,

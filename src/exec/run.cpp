@@ -40,6 +40,15 @@ void scale_down(ModelSpec& model, ParallelPlan& plan, const RunOptions& o) {
                        fmt::format("{} layers do not split into PP {} x {} virtual stages", *o.layers, plan.pp, v),
                        fmt::format("give a positive multiple of {}", plan.pp * v));
     model.num_layers = *o.layers;
+    // An MoE model keeps its pattern's last N layers (a first-k-dense model
+    // keeps MoE layers, the kind it has most of).
+    if (model.moe.enabled()) {
+      std::vector<bool>& kinds = model.moe.moe_layers;
+      if (static_cast<std::int64_t>(kinds.size()) > *o.layers)
+        kinds.erase(kinds.begin(), kinds.end() - *o.layers);
+      else
+        kinds.insert(kinds.begin(), static_cast<std::size_t>(*o.layers) - kinds.size(), kinds.front());
+    }
     plan.first_stage_layers = 0;
     plan.last_stage_layers = 0;
   }
@@ -153,7 +162,8 @@ nlohmann::json rank_json(const World& world, const ProcessGroups& g, const StepR
 std::string run_fingerprint(const ModelSpec& model, const ParallelPlan& plan, int gpus_per_node, const RunOptions& o) {
   const nlohmann::json j = {
       {"model", model_to_json(model)},
-      {"plan", {{"tp", plan.tp}, {"pp", plan.pp}, {"dp", plan.dp}, {"cp", plan.cp}, {"micro_batch", plan.micro_batch},
+      {"plan", {{"tp", plan.tp}, {"pp", plan.pp}, {"dp", plan.dp}, {"cp", plan.cp}, {"ep", plan.ep}, {"etp", plan.etp},
+                {"micro_batch", plan.micro_batch},
                 {"global_batch", plan.global_batch}, {"seq_length", plan.seq_length},
                 {"virtual_stages", plan.virtual_stages}, {"first_stage_layers", plan.first_stage_layers},
                 {"last_stage_layers", plan.last_stage_layers}, {"zero_stage", plan.zero_stage},
@@ -168,9 +178,12 @@ std::string run_fingerprint(const ModelSpec& model, const ParallelPlan& plan, in
 
 void print_summary(const nlohmann::json& doc) {
   const auto& ranks = doc["ranks"];
-  std::cout << fmt::format("cuboid run: {} ranks (TP {} x PP {} x DP {}), backend {}, {} measured steps after {} warm-up\n",
-                           ranks.size(), doc["plan"]["tp"].get<int>(), doc["plan"]["pp"].get<int>(),
-                           doc["plan"]["dp"].get<int>(), doc["environment"]["backend"].get<std::string>(),
+  const auto& p = doc["plan"];
+  const std::string experts =
+      p.contains("ep") ? fmt::format("; experts EP {} x ETP {}", p["ep"].get<int>(), p["etp"].get<int>()) : "";
+  std::cout << fmt::format("cuboid run: {} ranks (TP {} x PP {} x DP {}{}), backend {}, {} measured steps after {} warm-up\n",
+                           ranks.size(), p["tp"].get<int>(), p["pp"].get<int>(), p["dp"].get<int>(), experts,
+                           doc["environment"]["backend"].get<std::string>(),
                            doc["steps"].get<int>(), doc["warmup"].get<int>());
   std::cout << "rank  tp pp dp   iter(s)  spread(s)  compute(s)   comm(s)  TFLOP/s  loss\n";
   for (const auto& r : ranks) {
@@ -207,7 +220,7 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
 
   const LaunchInfo launch = detect_launch(process_environment());
   // Refuse a wrong world before starting anything.
-  check_executable(model, pf.source);
+  check_executable(model, plan, pf.source);
   check_world_size(launch.world_size, plan, pf.source);
   World world = start_world(launch, o.backend, o.timeout_s);
   check_world_size(world.exchange->size(), plan, pf.source);
@@ -249,7 +262,7 @@ int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model,
   watchdog.enter("creating the communicators (ncclCommInitRank / MPI_Comm_dup)");
   attach_device_world(world, *backend);
   watchdog.enter("splitting the TP, PP and DP groups (ncclCommSplit / MPI_Comm_split)");
-  ProcessGroups groups = make_process_groups(std::move(world.comm), mapping);
+  ProcessGroups groups = make_process_groups(std::move(world.comm), mapping, model.moe.enabled());
   watchdog.leave();
   const int rank = groups.world->rank();
   OpTimer timer(*backend, &watchdog);
@@ -263,9 +276,12 @@ int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model,
                   {"layer_relative_error", c.layer_error},
                   {"tolerance", c.tolerance}};
     if (rank == 0) {
-      std::cout << fmt::format("check: sharded forward (TP {}{}) vs unsharded reference: attention block error {:.3g}, "
+      std::cout << fmt::format("check: sharded forward (TP {}{}{}) vs unsharded reference: attention block error {:.3g}, "
                                "layer output error {:.3g}, tolerance {:.3g} ({}): {}\n",
                                plan.tp, plan.sequence_parallel && plan.tp > 1 ? ", sequence parallel" : "",
+                               model.moe.enabled() ? fmt::format(", MoE layer with EP {} of {} experts", plan.ep,
+                                                                 model.moe.num_experts)
+                                                   : "",
                                c.attention_error, c.layer_error, c.tolerance, to_string(backend->compute_dtype()),
                                c.passed() ? "PASSED" : "FAILED");
       std::cout.flush();
@@ -348,6 +364,12 @@ int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model,
                    {"zero_stage", plan.zero_stage}, {"recompute", std::string(to_string(plan.recompute))},
                    {"sequence_parallel", plan.sequence_parallel}, {"schedule", std::string(to_string(plan.schedule))},
                    {"rank_order", plan.order.str()}, {"world_size", plan.world_size()}};
+    if (model.moe.enabled()) {
+      doc["plan"]["ep"] = plan.ep;
+      doc["plan"]["etp"] = plan.expert_tp();
+      doc["model"]["num_experts"] = model.moe.num_experts;
+      doc["model"]["experts_per_token"] = model.moe.experts_per_token;
+    }
     int mpi_major = 0, mpi_minor = 0;
     MPI_Get_version(&mpi_major, &mpi_minor);
     char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};

@@ -44,7 +44,15 @@ StepRunner::StepRunner(Backend& backend, ProcessGroups& groups, const ModelSpec&
   }
   attention_memory_ = plan_.recompute == Recompute::selective ? AttentionMemory::recompute_probs
                                                               : AttentionMemory::keep_probs;
-  runner_ = std::make_unique<LayerRunner>(be_, groups_.tp.get(), layer_dims(model_, plan_, options_.dropout), timer_);
+  const LayerDims dims = layer_dims(model_, plan_, options_.dropout);
+  if (model_.moe.enabled()) {
+    CUBOID_EXEC_REQUIRE(groups_.ep != nullptr && groups_.edp != nullptr, "StepRunner",
+                        "an MoE plan needs the EP and expert-DP groups (make_process_groups with expert_groups)");
+    moe_ = moe_dims(model_, plan_, dims.local_tokens);
+    runner_ = std::make_unique<LayerRunner>(be_, groups_.tp.get(), dims, timer_, moe_, groups_.ep.get());
+  } else {
+    runner_ = std::make_unique<LayerRunner>(be_, groups_.tp.get(), dims, timer_);
+  }
   layout_params();
 
   const LayerDims& d = runner_->dims();
@@ -91,8 +99,8 @@ void StepRunner::layout_params() {
   const auto h = sz(d.hidden), vocab = sz(d.vocab);
   const int pp = plan_.pp, v = virtual_stages_;
   const auto L = static_cast<int>(model_.num_layers);
-  const std::size_t per_layer = layer_param_count(d);
   const std::size_t norm = d.rmsnorm ? h : 2 * h;
+  auto is_moe = [&](int layer) { return model_.moe.enabled() && model_.moe.moe_layers[sz(layer)]; };
   // Sizes first, then views into one flat buffer (one DP bucket list, one Adam).
   std::size_t total = 0;
   for (int c = 0; c < v; ++c) {
@@ -102,7 +110,11 @@ void StepRunner::layout_params() {
     ch.first_layer = first_layer_of_chunk(plan_, L, stage_, c);
     ch.has_embedding = ch.virtual_stage == 0;
     ch.has_head = ch.virtual_stage == pp * v - 1;
-    total += (ch.has_embedding ? vocab * h : 0) + sz(ch.num_layers) * per_layer + (ch.has_head ? norm + h * vocab : 0);
+    total += (ch.has_embedding ? vocab * h : 0) + (ch.has_head ? norm + h * vocab : 0);
+    for (int i = 0; i < ch.num_layers; ++i) {
+      total += layer_param_count(d, is_moe(ch.first_layer + i));
+      if (is_moe(ch.first_layer + i)) expert_count_ += moe_.expert_param_count();
+    }
     chunks_.push_back(std::move(ch));
   }
   param_count_ = total;
@@ -130,10 +142,13 @@ void StepRunner::layout_params() {
       off += vocab * h;
     }
     for (int i = 0; i < ch.num_layers; ++i) {
-      ch.layers.push_back(layer_params_at(params_, off, d));
-      ch.layer_grads.push_back(layer_params_at(grads_, off, d));
-      init_layer_params(be_, ch.layers.back(), seed_of(100 + static_cast<std::uint64_t>(ch.first_layer + i)));
-      off += per_layer;
+      const int layer = ch.first_layer + i;
+      const bool moe = is_moe(layer);
+      ch.layers.push_back(layer_params_at(params_, off, d, moe));
+      ch.layer_grads.push_back(layer_params_at(grads_, off, d, moe));
+      init_layer_params(be_, ch.layers.back(), seed_of(100 + static_cast<std::uint64_t>(layer)));
+      off += layer_param_count(d, moe);
+      if (moe) place_experts(ch.layers.back(), ch.layer_grads.back(), layer);
     }
     if (ch.has_head) {
       ch.final_gamma = take(params_, off, h);
@@ -150,6 +165,21 @@ void StepRunner::layout_params() {
       be_.fill_random(ch.w_out, seed_of(2), 0.02f);
       off += h * vocab;
     }
+  }
+
+  if (expert_count_ > 0) {
+    // The experts' master weights and Adam state (ZeRO 0: check_executable).
+    if (be_.compute_dtype() == DType::f32) {
+      expert_master_ = expert_params_;
+    } else {
+      expert_master_buf_ = be_.alloc(expert_count_, DType::f32);
+      expert_master_ = expert_master_buf_;
+      be_.copy(expert_params_, expert_master_);
+    }
+    expert_m_ = be_.alloc(expert_count_, DType::f32);
+    expert_v_ = be_.alloc(expert_count_, DType::f32);
+    be_.fill(expert_m_, 0.0f);
+    be_.fill(expert_v_, 0.0f);
   }
 
   // Optimizer state: the whole flat buffer, or this rank's 1/DP of every
@@ -177,6 +207,33 @@ void StepRunner::layout_params() {
       be_.copy(params_.subspan(start + r * block, block), master_.subspan(start / dp, block));
     }
   }
+}
+
+// An MoE layer's router (the same on every TP and DP rank: its seed has no
+// TP coordinate) and its local experts, laid out in the experts' buffers
+// (allocated at the first MoE layer) and drawn by global expert index, so
+// that the expert-DP replicas of an expert start equal.
+void StepRunner::place_experts(LayerParams& w, LayerParams& g, int layer) {
+  if (expert_params_.size() == 0) {
+    expert_params_ = be_.alloc(expert_count_);
+    expert_grads_ = be_.alloc(expert_count_, DType::f32);
+    be_.fill(expert_grads_, 0.0f);
+  }
+  const auto l = static_cast<std::uint64_t>(layer);
+  be_.fill_random(w.experts.router, mix64(options_.seed ^ ((300 + l) << 16)), 0.02f);
+  const MoeParams p = expert_params_at(expert_params_, expert_at_, moe_);
+  const MoeParams pg = expert_params_at(expert_grads_, expert_at_, moe_);
+  expert_at_ += moe_.expert_param_count();
+  const auto first = static_cast<std::uint64_t>(groups_.ep->rank() * moe_.local_experts());
+  for (std::size_t e = 0; e < p.fc1.size(); ++e) {
+    const std::uint64_t key = options_.seed ^ ((400 + l) << 16) ^ ((first + e) << 40);
+    be_.fill_random(p.fc1[e], mix64(key + 1), 0.02f);
+    be_.fill_random(p.fc2[e], mix64(key + 2), 0.02f);
+  }
+  w.experts.fc1 = p.fc1;
+  w.experts.fc2 = p.fc2;
+  g.experts.fc1 = pg.fc1;
+  g.experts.fc2 = pg.fc2;
 }
 
 std::uint64_t StepRunner::layer_seed(std::int64_t step, int micro_batch, int layer) const {
@@ -352,7 +409,7 @@ std::vector<DeviceSpan> StepRunner::norm_spans(bool grads) const {
   };
   for (const Chunk& ch : chunks_) {
     for (const LayerParams& p : grads ? ch.layer_grads : ch.layers)
-      for (const DeviceSpan s : {p.norm1_gamma, p.norm1_beta, p.norm2_gamma, p.norm2_beta}) add(s);
+      for (const DeviceSpan s : {p.norm1_gamma, p.norm1_beta, p.norm2_gamma, p.norm2_beta, p.experts.router}) add(s);
     if (ch.has_head) {
       add(grads ? ch.final_gamma_grad : ch.final_gamma);
       add(grads ? ch.final_beta_grad : ch.final_beta);
@@ -390,6 +447,10 @@ StepRunner::ReplicaDrift StepRunner::replica_drift() {
   DeviceBuffer scratch = be_.alloc(std::max(norms.size(), padded_count_), DType::f32);
   out.tp_norms = drift(be_, *groups_.tp, norms, scratch);
   out.dp_weights = drift(be_, *groups_.dp, be_.download(params_), scratch);
+  if (expert_count_ > 0) {
+    DeviceBuffer expert_scratch = be_.alloc(expert_count_, DType::f32);
+    out.dp_weights = std::max(out.dp_weights, drift(be_, *groups_.edp, be_.download(expert_params_), expert_scratch));
+  }
   return out;
 }
 
@@ -425,6 +486,7 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
   timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(padded_count_) * kGradBytes),
              [&] { be_.scale(grads_, 1.0f / static_cast<float>(micro_batches_ * plan_.dp)); });
   AdamConfig adam;
+  if (expert_count_ > 0) update_experts(adam, step);
   const std::size_t bucket = std::max<std::size_t>(dp, sz(options_.dp_bucket_elements) / dp * dp);
   if (plan_.zero_stage == 0) {
     if (dp > 1)
@@ -463,9 +525,38 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
   (void)r;
 }
 
+// The experts' gradients: scaled as the others (each DP replica's tokens
+// reach an expert on exactly one rank of its expert-DP group, so the sum
+// over that group is the sum over the replicas), all-reduced over
+// expert-DP in buckets, then Adam on every local expert.
+void StepRunner::update_experts(const AdamConfig& adam, std::int64_t step) {
+  const Pass bw = Pass::backward;
+  const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
+  timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(expert_count_) * kGradBytes),
+             [&] { be_.scale(expert_grads_, 1.0f / static_cast<float>(micro_batches_ * plan_.dp)); });
+  const int edp = groups_.edp->size();
+  if (edp > 1) {
+    const std::size_t bucket = std::max<std::size_t>(1, sz(options_.dp_bucket_elements));
+    for (std::size_t start = 0; start < expert_count_; start += bucket) {
+      const std::size_t len = std::min(bucket, expert_count_ - start);
+      DeviceSpan part = DeviceSpan(expert_grads_).subspan(start, len);
+      timer_.run(comm_desc(op::dp_ar_grads, bw, Collective::all_reduce, Group::dp, static_cast<double>(part.bytes()), edp),
+                 [&] { groups_.edp->all_reduce_sum(part, len); });
+    }
+  }
+  timer_.run(mem_desc(op::adam, bw, static_cast<double>(expert_count_) * (4.0 * 4 * 2 + kGradBytes)),
+             [&] { be_.adam_step(expert_master_, expert_grads_, expert_m_, expert_v_, adam, step + 1); });
+  if (expert_master_.native() != DeviceSpan(expert_params_).native())
+    timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(expert_count_) * (4.0 + esz)),
+               [&] { be_.copy(expert_master_, expert_params_); });
+}
+
 double StepRunner::step(std::int64_t index, bool measured) {
   timer_.begin_step(measured);
-  timer_.run(mem_desc(op::grad_zero, Pass::forward, static_cast<double>(grads_.bytes())), [&] { be_.fill(grads_, 0.0f); });
+  timer_.run(mem_desc(op::grad_zero, Pass::forward, static_cast<double>(grads_.bytes() + expert_grads_.bytes())), [&] {
+    be_.fill(grads_, 0.0f);
+    if (expert_count_ > 0) be_.fill(expert_grads_, 0.0f);
+  });
   // Megatron's pipeline exchange: after each step of the schedule, one batch
   // of that step's sends with the next step's receives, waited for before
   // the next step computes. A step is one forward or backward, except in the

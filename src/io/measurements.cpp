@@ -107,8 +107,8 @@ MeasuredOp read_op(JsonReader& r, const nlohmann::json& obj) {
     case OpKind::p2p:
       op.collective = parse_enum(r, "collective",
                                  {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
-                                  Collective::broadcast, Collective::send_recv});
-      op.group = parse_enum(r, "group", {Group::none, Group::tp, Group::pp, Group::dp});
+                                  Collective::broadcast, Collective::send_recv, Collective::all_to_all});
+      op.group = parse_enum(r, "group", {Group::none, Group::tp, Group::pp, Group::dp, Group::ep});
       op.group_size = static_cast<int>(std::min<std::int64_t>(r.positive_integer("group_size"), kMaxSize));
       op.bytes_per_call = r.number("bytes_per_call");
       if (op.bytes_per_call < 0) r.fail("bytes_per_call", "must not be negative", kRemeasure);

@@ -294,6 +294,14 @@ std::vector<OpRow> op_rows(const PlanFile& pf, const Topology& topo, const Measu
         const std::vector<int> ranks = map.tp_group(stage, r.coord.dp);
         row.predicted_s = calls * ns_to_s(collective_time_ns(w.collective, comm_size_bytes(w, topo.cluster().calibration.get()), pf.plan.tp,
                                                              group_link_params(topo, w.collective, ranks)));
+      } else if (w.kind == OpKind::collective && w.group == Group::ep) {
+        // The EP group this rank dispatches over.
+        std::vector<int> ranks;
+        for (const std::vector<int>& g : map.ep_groups())
+          if (std::find(g.begin(), g.end(), r.rank) != g.end()) ranks = g;
+        row.predicted_s =
+            calls * ns_to_s(collective_time_ns(w.collective, comm_size_bytes(w, topo.cluster().calibration.get()),
+                                               pf.plan.ep, group_link_params(topo, w.collective, ranks)));
       } else {
         row.predicted_s = calls * ns_to_s(op_time_ns(gpu, w));
       }

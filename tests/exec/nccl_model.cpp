@@ -103,6 +103,31 @@ class ModelCommunicator final : public Communicator {
                      p2p(Fabric::Kind::recv, nullptr, recv_buffer.native(), recv_count, recv_buffer.dtype(), recv_peer, tag)},
                     "ncclSend + ncclRecv (one group)");
   }
+  // As NcclCommunicator: one group of a send and a receive per peer with a
+  // non-empty block; the self block is a copy (NCCL's send to self is a
+  // local copy inside the group, and the fabric refuses self p2p).
+  void all_to_all_v_impl(ConstDeviceSpan send, std::span<const std::size_t> send_counts, DeviceSpan recv,
+                         std::span<const std::size_t> recv_counts) override {
+    const std::size_t esz = dtype_bytes(send.dtype());
+    std::vector<Fabric::Op> launch;
+    std::size_t s_at = 0, r_at = 0;
+    for (int peer = 0; peer < size_; ++peer) {
+      const auto p = static_cast<std::size_t>(peer);
+      const auto* src = static_cast<const unsigned char*>(send.native()) + s_at * esz;
+      auto* dst = static_cast<unsigned char*>(recv.native()) + r_at * esz;
+      if (peer == member_) {
+        if (send_counts[p] != recv_counts[p])
+          throw ExecError(__FILE__, __LINE__, member_, "all_to_all_v", "the self block differs in size on its two sides");
+        std::memcpy(dst, src, send_counts[p] * esz);
+      } else {
+        if (send_counts[p] > 0) launch.push_back(p2p(Fabric::Kind::send, src, nullptr, send_counts[p], send.dtype(), peer, 0));
+        if (recv_counts[p] > 0) launch.push_back(p2p(Fabric::Kind::recv, nullptr, dst, recv_counts[p], recv.dtype(), peer, 0));
+      }
+      s_at += send_counts[p];
+      r_at += recv_counts[p];
+    }
+    if (!launch.empty()) fabric_->launch(comm_, member_, std::move(launch), "ncclSend + ncclRecv per peer (one group)");
+  }
   // As NcclCommunicator: one ncclGroupStart / ncclGroupEnd of every op.
   void exchange_impl(std::span<const P2pOp> ops) override {
     std::vector<Fabric::Op> launch;

@@ -287,6 +287,20 @@ TEST_SUITE("gpu") {
     expect_close(dgu, "swiglu dx");
   }
 
+  TEST_CASE_FIXTURE(Fixture, "scale_rows and row_dot (an MoE expert's probabilities)") {
+    const std::int64_t rows = 37, cols = 300;
+    Pair x = random(rows * cols, 70);
+    Pair f = random(rows, 71, DType::f32);
+    cpu().scale_rows(x.cpu, f.cpu, rows, cols);
+    gpu().scale_rows(x.gpu, f.gpu, rows, cols);
+    expect_close(x, "scale_rows");
+    Pair b = random(rows * cols, 72);
+    Pair out = zeros(rows, DType::f32);
+    cpu().row_dot(x.cpu, b.cpu, out.cpu, rows, cols);
+    gpu().row_dot(x.gpu, b.gpu, out.gpu, rows, cols);
+    expect_close(out, "row_dot", 2e-2f, 5e-2f);
+  }
+
   TEST_CASE_FIXTURE(Fixture, "bias, dropout + residual: the same mask as the CPU backend") {
     const std::int64_t rows = 33, cols = 257;
     Pair y = random(rows * cols, 60);
@@ -427,6 +441,10 @@ TEST_SUITE("gpu") {
     Pair w = zeros(1000);
     world->all_to_all(x.gpu, w.gpu, 1000);  // one grouped send and receive to itself
     CHECK(gpu().download(w.gpu) == before);
+    Pair v = zeros(1000);
+    const std::vector<std::size_t> counts{1000};
+    world->all_to_all_v(x.gpu, counts, v.gpu, counts);  // the MoE dispatch's grouped send / receive
+    CHECK(gpu().download(v.gpu) == before);
     world->barrier();
     std::unique_ptr<Communicator> sub = world->split(0, 0);
     REQUIRE(sub != nullptr);

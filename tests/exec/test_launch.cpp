@@ -369,6 +369,7 @@ class FailedCommunicator final : public Communicator {
   void all_gather_impl(ConstDeviceSpan, DeviceSpan, std::size_t) override {}
   void broadcast_impl(DeviceSpan, std::size_t, int) override {}
   void all_to_all_impl(ConstDeviceSpan, DeviceSpan, std::size_t) override {}
+  void all_to_all_v_impl(ConstDeviceSpan, std::span<const std::size_t>, DeviceSpan, std::span<const std::size_t>) override {}
   void send_impl(ConstDeviceSpan, std::size_t, int, int) override {}
   void recv_impl(DeviceSpan, std::size_t, int, int) override {}
   void send_recv_impl(ConstDeviceSpan, std::size_t, int, DeviceSpan, std::size_t, int, int) override {}

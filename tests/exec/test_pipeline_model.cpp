@@ -4,6 +4,7 @@
 // and with every p2p matched to the tensor it was meant for.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -218,4 +219,71 @@ TEST_CASE("all-to-all on the model: block r of each rank's send arrives as block
           std::vector<float> send(5), recv(6);
           world->all_to_all(ConstDeviceSpan(send.data(), 5, DType::f32), DeviceSpan(recv.data(), 6, DType::f32), 2);
         }).find("all_to_all") != std::string::npos);
+}
+
+namespace {
+
+// small_gpt with an MoE MLP in every layer but the first: 4 experts, top-2.
+ModelSpec small_moe(std::int64_t layers) {
+  ModelSpec m = small_gpt(layers);
+  m.moe.num_experts = 4;
+  m.moe.experts_per_token = 2;
+  m.moe.expert_ffn_hidden_size = 8;
+  m.moe.moe_layers.assign(static_cast<std::size_t>(layers), true);
+  m.moe.moe_layers[0] = false;
+  return m;
+}
+
+// The losses of `steps` iterations on the model (the last stage's ranks, in rank order).
+std::vector<double> moe_losses(const ModelSpec& model, const ParallelPlan& plan, int steps, std::string& error) {
+  const RankMapping mapping(plan, 8);
+  std::vector<std::vector<double>> by_rank(static_cast<std::size_t>(plan.world_size()));
+  error = on_model(plan.world_size(), [&](std::unique_ptr<Communicator> world, int rank) {
+    BackendOptions bo;
+    bo.threads = 1;
+    std::unique_ptr<Backend> backend = make_backend("cpu", bo);
+    ProcessGroups groups = make_process_groups(std::move(world), mapping, true);
+    OpTimer timer(*backend, nullptr);
+    StepRunner runner(*backend, groups, model, plan, timer);
+    for (int s = 0; s < steps; ++s) {
+      const double l = runner.step(s, false);
+      if (!std::isnan(l)) by_rank[static_cast<std::size_t>(rank)].push_back(l);
+    }
+  });
+  std::vector<double> out;
+  for (const auto& v : by_rank) out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("MoE plans on the NCCL model: the EP all-to-alls match, and EP 1, 2 and 4 train alike") {
+  // EP only regroups where the experts live: with the same TP, PP and DP
+  // (hence the same dense shards and data), every EP gives the same losses.
+  struct Layout {
+    int tp, pp, dp;
+    std::vector<int> eps;
+  };
+  for (const Layout& l : {Layout{1, 1, 4, {1, 2, 4}}, Layout{2, 1, 2, {1, 2, 4}}, Layout{1, 2, 2, {1, 2}}}) {
+    std::vector<double> reference;
+    for (int ep : l.eps) {
+      ParallelPlan p = plan_of(Schedule::one_f_one_b, l.pp, 1, 2 * l.pp, l.dp, l.tp);
+      p.ep = ep;
+      p.etp = 1;
+      p.recompute = Recompute::none;
+      CAPTURE(l.tp);
+      CAPTURE(l.pp);
+      CAPTURE(l.dp);
+      CAPTURE(ep);
+      std::string error;
+      const std::vector<double> losses = moe_losses(small_moe(4), p, 3, error);
+      REQUIRE(error.empty());
+      REQUIRE(losses.size() == static_cast<std::size_t>(3 * l.tp * l.dp));
+      if (reference.empty()) {
+        reference = losses;
+        continue;
+      }
+      for (std::size_t i = 0; i < losses.size(); ++i) CHECK(losses[i] == doctest::Approx(reference[i]).epsilon(1e-5));
+    }
+  }
 }

@@ -271,6 +271,8 @@ class RankMapping {
   std::vector<int> ep_group(int pp, int edp, int etp = 0) const;
   std::vector<int> expert_dp_group(int pp, int ep, int etp = 0) const;
   std::vector<std::vector<int>> ep_groups() const;
+  // Every expert-DP group (pp, then EP rank, then ETP rank).
+  std::vector<std::vector<int>> expert_dp_groups() const;
   std::vector<std::vector<int>> tp_groups() const;
   std::vector<std::vector<int>> pp_groups() const;
   std::vector<std::vector<int>> dp_groups() const;

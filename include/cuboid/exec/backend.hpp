@@ -108,6 +108,11 @@ class Backend {
   void copy(ConstDeviceSpan src, DeviceSpan dst);
   void scale(DeviceSpan x, float alpha);           // x *= alpha
   void add(DeviceSpan dst, ConstDeviceSpan src);   // dst += src
+  // x[r, :] *= factors[r] for rows x cols x, f32 factors (an MoE expert's
+  // activations weighted by their routing probabilities).
+  void scale_rows(DeviceSpan x, ConstDeviceSpan factors, std::int64_t rows, std::int64_t cols);
+  // out[r] = sum_c a[r, c] * b[r, c], out f32 (the probabilities' gradient).
+  void row_dot(ConstDeviceSpan a, ConstDeviceSpan b, DeviceSpan out, std::int64_t rows, std::int64_t cols);
 
   // --- GEMM ---------------------------------------------------------------
   void gemm(const GemmShape& shape, float alpha, ConstDeviceSpan a, ConstDeviceSpan b, float beta,
@@ -202,6 +207,9 @@ class Backend {
   virtual void copy_impl(ConstDeviceSpan src, DeviceSpan dst) = 0;
   virtual void scale_impl(DeviceSpan x, float alpha) = 0;
   virtual void add_impl(DeviceSpan dst, ConstDeviceSpan src) = 0;
+  virtual void scale_rows_impl(DeviceSpan x, ConstDeviceSpan factors, std::int64_t rows, std::int64_t cols) = 0;
+  virtual void row_dot_impl(ConstDeviceSpan a, ConstDeviceSpan b, DeviceSpan out, std::int64_t rows,
+                            std::int64_t cols) = 0;
   // shape is resolved() (no `packed` left) and checked against the spans.
   virtual void gemm_impl(const GemmShape& shape, float alpha, ConstDeviceSpan a, ConstDeviceSpan b,
                          float beta, DeviceSpan c) = 0;

@@ -66,6 +66,13 @@ class Communicator {
   // r, block r of recv comes from rank r (MPI_Alltoall; NCCL: one grouped
   // send and receive per peer, as nccl-tests' alltoall).
   void all_to_all(ConstDeviceSpan send, DeviceSpan recv, std::size_t count);
+  // Blocks of varying size (MPI_Alltoallv; NCCL: one group of a send and a
+  // receive per peer with a non-empty block, self included): send_counts[r]
+  // elements go to rank r and recv_counts[r] come from it, each side's
+  // blocks packed in rank order from the span's start. An MoE layer's token
+  // dispatch and combine.
+  void all_to_all_v(ConstDeviceSpan send, std::span<const std::size_t> send_counts, DeviceSpan recv,
+                    std::span<const std::size_t> recv_counts);
   void send(ConstDeviceSpan buffer, std::size_t count, int peer, int tag);
   void recv(DeviceSpan buffer, std::size_t count, int peer, int tag);
   // Send and receive at once (no deadlock when two stages exchange, as in 1F1B).
@@ -101,6 +108,8 @@ class Communicator {
   virtual void all_gather_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t send_count) = 0;
   virtual void broadcast_impl(DeviceSpan buffer, std::size_t count, int root) = 0;
   virtual void all_to_all_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t count) = 0;
+  virtual void all_to_all_v_impl(ConstDeviceSpan send, std::span<const std::size_t> send_counts, DeviceSpan recv,
+                                 std::span<const std::size_t> recv_counts) = 0;
   virtual void send_impl(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) = 0;
   virtual void recv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) = 0;
   virtual void send_recv_impl(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer,

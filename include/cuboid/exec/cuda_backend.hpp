@@ -147,6 +147,9 @@ class CudaBackend final : public Backend {
   void copy_impl(ConstDeviceSpan src, DeviceSpan dst) override;
   void scale_impl(DeviceSpan x, float alpha) override;
   void add_impl(DeviceSpan dst, ConstDeviceSpan src) override;
+  void scale_rows_impl(DeviceSpan x, ConstDeviceSpan factors, std::int64_t rows, std::int64_t cols) override;
+  void row_dot_impl(ConstDeviceSpan a, ConstDeviceSpan b, DeviceSpan out, std::int64_t rows,
+                    std::int64_t cols) override;
   void gemm_impl(const GemmShape& shape, float alpha, ConstDeviceSpan a, ConstDeviceSpan b, float beta,
                  DeviceSpan c) override;
   void layernorm_forward_impl(ConstDeviceSpan x, ConstDeviceSpan gamma, ConstDeviceSpan beta, DeviceSpan y,

@@ -76,8 +76,12 @@ BackendOptions backend_options(const LaunchInfo& launch, std::string_view backen
 // InputError when the plan has CP > 1 (the executor runs no context
 // parallelism yet) or the launched world size is not its TP x PP x DP.
 void check_world_size(int world_size, const ParallelPlan& plan, const std::string& plan_source);
-// Refuses a model the executor cannot run (a mixture-of-experts model).
-void check_executable(const ModelSpec& model, const std::string& plan_source);
+// Refuses a model and plan the executor cannot run: of mixture-of-experts
+// models it runs routed experts with ETP 1 (or TP 1), dropless, ZeRO 0,
+// without shared experts, group-limited routing, latent attention or MTP.
+void check_executable(const ModelSpec& model, const ParallelPlan& plan, const std::string& plan_source);
+// Refuses what cuboid calibrate cannot sweep (an MoE model's expert kernels).
+void check_calibratable(const ModelSpec& model, const std::string& source);
 
 // The communicators of one rank: the world and the rank's TP, PP and DP
 // groups, each ordered by the coordinate along its dimension (rank 0 of
@@ -87,11 +91,18 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> tp;
   std::unique_ptr<Communicator> pp;
   std::unique_ptr<Communicator> dp;
+  // An MoE plan's expert groups (null otherwise): the EP group its tokens
+  // are dispatched over and the expert-DP group its experts' gradients are
+  // reduced over (Megatron-Core's folding, RankMapping::ep_group).
+  std::unique_ptr<Communicator> ep;
+  std::unique_ptr<Communicator> edp;
   RankCoord coord;
 };
 
-// Splits `world` by RankMapping (collective: every rank of the world calls it).
-ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const RankMapping& mapping);
+// Splits `world` by RankMapping (collective: every rank of the world calls
+// it), with the EP and expert-DP groups too when `expert_groups`.
+ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const RankMapping& mapping,
+                                  bool expert_groups = false);
 
 // A one-rank world for a run without a launcher: collectives are copies, p2p
 // is an error (a one-rank plan has no pipeline peers).

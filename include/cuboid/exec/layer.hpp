@@ -10,10 +10,12 @@
 // Megatron's [s, b, h]) so that a sequence-parallel shard is a block of rows.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/communicator.hpp"
+#include "cuboid/exec/moe.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
 #include "cuboid/core/workload.hpp"
@@ -39,6 +41,7 @@ struct LayerDims {
   bool rmsnorm = false;
   float norm_eps = 1e-5f;
   float dropout = 0.0f;
+  std::int64_t experts = 0;        // routed experts of an MoE layer (0: a dense model)
 
   std::int64_t q_cols() const { return heads * head_dim; }
   std::int64_t kv_cols() const { return kv_heads * head_dim; }
@@ -56,11 +59,15 @@ struct LayerParams {
   DeviceSpan w_qkv;                    // [h, q + 2 kv] (this rank's heads: [Q | K | V])
   DeviceSpan w_proj;                   // [q, h]
   DeviceSpan norm2_gamma, norm2_beta;
-  DeviceSpan w_fc1;                    // [h, ffn] or [h, 2 ffn] as [gate | up]
-  DeviceSpan w_fc2;                    // [ffn, h]
+  DeviceSpan w_fc1;                    // [h, ffn] or [h, 2 ffn] as [gate | up]; empty in an MoE layer
+  DeviceSpan w_fc2;                    // [ffn, h]; empty in an MoE layer
+  bool moe = false;                    // an MoE layer: the MLP is `experts`
+  MoeParams experts;                   // its router (here) and local experts (in the experts' buffer)
 };
-std::size_t layer_param_count(const LayerDims& d);
-LayerParams layer_params_at(DeviceSpan flat, std::size_t offset, const LayerDims& d);
+// An MoE layer holds the router ([h, experts]) where a dense one holds FC1
+// and FC2; its experts are laid out apart (expert_params_at).
+std::size_t layer_param_count(const LayerDims& d, bool moe_layer = false);
+LayerParams layer_params_at(DeviceSpan flat, std::size_t offset, const LayerDims& d, bool moe_layer = false);
 // Random weights (uniform, +-0.02), norm gains 1 and biases 0; deterministic in `seed`.
 void init_layer_params(Backend& backend, const LayerParams& p, std::uint64_t seed);
 
@@ -70,6 +77,7 @@ struct LayerActs {
   DeviceBuffer qkv, probs, ctx, mid;
   DeviceBuffer norm2, norm2_mean, norm2_rstd, norm2_full;
   DeviceBuffer fc1, act;
+  MoeActs moe;  // an MoE layer's routing and expert activations
 };
 
 enum class AttentionMemory { keep_probs, recompute_probs };
@@ -80,6 +88,9 @@ enum class AttentionMemory { keep_probs, recompute_probs };
 class LayerRunner {
  public:
   LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer);
+  // With MoE layers: their experts' shape and the EP group (null without EP).
+  LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer, const MoeDims& moe,
+              Communicator* ep);
 
   const LayerDims& dims() const { return d_; }
   LayerActs make_acts(AttentionMemory mem);
@@ -114,12 +125,16 @@ class LayerRunner {
   OpTimer& timer() { return timer_; }
 
  private:
+  DeviceSpan mlp_backward(const LayerParams& w, const LayerParams& g, LayerActs& a, Pass bw);
+  void attention_backward(const LayerParams& w, const LayerParams& g, ConstDeviceSpan x, LayerActs& a, DeviceSpan dx,
+                          std::uint64_t seed, AttentionMemory mem);
   void attention_scores(const LayerActs& a, DeviceSpan probs, Pass pass);
 
   Backend& be_;
   Communicator* tp_;
   LayerDims d_;
   OpTimer& timer_;
+  std::unique_ptr<MoeRunner> moe_;
   // Scratch, [T, *] unless noted.
   DeviceBuffer full_a_, full_b_;     // [T, h]
   DeviceBuffer local_a_, local_b_;   // [local_tokens, h]

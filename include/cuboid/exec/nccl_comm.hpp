@@ -78,6 +78,8 @@ class NcclCommunicator final : public Communicator {
   void all_gather_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t send_count) override;
   void broadcast_impl(DeviceSpan buffer, std::size_t count, int root) override;
   void all_to_all_impl(ConstDeviceSpan send, DeviceSpan recv, std::size_t count) override;
+  void all_to_all_v_impl(ConstDeviceSpan send, std::span<const std::size_t> send_counts, DeviceSpan recv,
+                         std::span<const std::size_t> recv_counts) override;
   void send_impl(ConstDeviceSpan buffer, std::size_t count, int peer, int tag) override;
   void recv_impl(DeviceSpan buffer, std::size_t count, int peer, int tag) override;
   void send_recv_impl(ConstDeviceSpan send_buffer, std::size_t send_count, int send_peer, DeviceSpan recv_buffer,

@@ -74,6 +74,8 @@ class StepRunner {
   struct InFlight;  // activations of one (micro-batch, chunk)
 
   void layout_params();
+  void place_experts(LayerParams& w, LayerParams& g, int layer);
+  void update_experts(const AdamConfig& adam, std::int64_t step);
   void forward(int micro_batch, int chunk, std::int64_t step);
   void backward(int micro_batch, int chunk, std::int64_t step);
   // One pipeline exchange: the sends of `done`'s results and the receives of
@@ -100,6 +102,12 @@ class StepRunner {
   std::size_t pair_begin_ = 0, pair_end_ = 0;  // order_[pair_begin_, pair_end_): forward-backward pairs
 
   std::size_t param_count_ = 0, padded_count_ = 0;
+  // MoE: the local experts of every MoE layer on this rank, apart from the
+  // rest (their gradients go over expert-DP, not DP).
+  MoeDims moe_;
+  std::size_t expert_count_ = 0, expert_at_ = 0;
+  DeviceBuffer expert_params_, expert_grads_, expert_master_buf_, expert_m_, expert_v_;
+  DeviceSpan expert_master_;
   DeviceBuffer params_, grads_, master_buf_, adam_m_, adam_v_, grad_shard_, param_shard_;
   DeviceSpan master_;
   std::vector<DeviceBuffer> ids_, labels_;  // per micro-batch, [T] i32

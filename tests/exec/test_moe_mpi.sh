@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# cuboid run of mixture-of-experts plans under mpirun (tiny-moe, CPU
+# backend): EP 2 on 2 ranks and EP 4 / EP 2 with TP 2 on 4 ranks pass --check
+# (the sharded MoE layer against all experts on one rank) and keep their
+# replicas equal; a negated expert shard fails the check; EP 1 and EP 2 of
+# the same layout train to the same losses; the measurements hold the EP
+# all-to-alls and validate prices them; what the executor does not run is
+# refused with the reason.
+# Usage: test_moe_mpi.sh CUBOID_BINARY (run from the source root).
+set -u
+CUBOID=${1:?usage: test_moe_mpi.sh path/to/cuboid}
+# shellcheck source=common.sh
+. "$(dirname "$0")/common.sh"
+
+MODEL=models/tiny-moe.json
+CPU2=topologies/localhost-cpu.json
+CPU4=tests/data/clusters/localhost-cpu-4.json
+
+plan() {  # plan NAME CLUSTER FLAGS...
+  local name=$1 cluster=$2
+  shift 2
+  "$CUBOID" plan --model "$MODEL" --cluster "$cluster" --global-batch 8 --micro-batch 1 --recompute none \
+    --out "$TMP/$name.json" "$@" >"$TMP/$name.plan.log" 2>&1 || fail "plan $name: $(tail -3 "$TMP/$name.plan.log")"
+}
+
+run_ok() {  # run_ok NAME NP [flags]
+  local name=$1 np=$2
+  shift 2
+  if timeout 120 "${MPIRUN[@]}" -np "$np" "$CUBOID" run --plan "$TMP/$name.json" --backend cpu --steps 3 --warmup 0 \
+      --check --timeout-s 60 --out "$TMP/$name.m.json" "$@" >"$TMP/$name.log" 2>&1; then
+    if ! grep -q "MoE layer with EP .* vs unsharded reference.*PASSED" "$TMP/$name.log"; then
+      fail "$name: no PASSED MoE check line"; cat "$TMP/$name.log"; return; fi
+    if ! grep -q "^check: after 3 steps, .*PASSED" "$TMP/$name.log"; then
+      fail "$name: replicas drifted apart"; grep "^check" "$TMP/$name.log"; return; fi
+    if python3 - "$TMP/$name.m.json" "$np" >"$TMP/$name.py.log" 2>&1 <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert len(d["ranks"]) == int(sys.argv[2])
+ep = d["plan"]["ep"]
+assert d["plan"]["etp"] == 1 and d["model"]["num_experts"] == 8
+for r in d["ranks"]:
+    ops = {o["name"]: o for o in r["ops"]}
+    for name in ("router", "router_topk", "moe_permute", "expert_fc1", "expert_fc2_wgrad", "moe_unpermute", "router_wgrad"):
+        assert name in ops, (name, sorted(ops))
+    assert "fc1" not in ops  # every layer of tiny-moe is an MoE layer
+    a2a = [o for o in r["ops"] if o["name"].startswith("ep_a2a")]
+    if ep > 1:
+        assert len(a2a) == 7, sorted(o["name"] for o in a2a)  # counts, dispatch, probs, combine; and back
+        for o in a2a:
+            assert o["collective"] == "all_to_all" and o["group"] == "ep" and o["group_size"] == ep, o
+    else:
+        assert not a2a
+PY
+    then pass "$name"; else fail "$name: measurements: $(tail -2 "$TMP/$name.py.log")"; fi
+  else
+    fail "$name: exit $?"; tail -20 "$TMP/$name.log"
+  fi
+}
+
+plan ep1 "$CPU2" --tp 1 --pp 1 --dp 2 --ep 1 --zero 0
+plan ep2 "$CPU2" --tp 1 --pp 1 --dp 2 --ep 2 --zero 0
+plan t2d2ep4 "$CPU4" --tp 2 --pp 1 --dp 2 --ep 4 --etp 1 --zero 0
+plan t2d2ep2 "$CPU4" --tp 2 --pp 1 --dp 2 --ep 2 --etp 1 --zero 0
+plan p2d2ep2 "$CPU4" --tp 1 --pp 2 --dp 2 --ep 2 --zero 0
+
+run_ok ep1 2
+run_ok ep2 2
+run_ok t2d2ep4 4
+run_ok t2d2ep2 4
+run_ok p2d2ep2 4
+
+# EP only moves experts: the same layout with EP 1 and EP 2 trains alike.
+python3 - "$TMP/ep1.m.json" "$TMP/ep2.m.json" "$TMP/t2d2ep2.m.json" "$TMP/t2d2ep4.m.json" <<'PY' \
+  && pass "EP 1 and EP 2 (and EP 2 and EP 4 with TP 2) give the same losses" || fail "losses differ across EP"
+import json, sys
+def losses(path):
+    return [x for r in json.load(open(path))["ranks"] for x in (r["loss"] or []) if x is not None]
+for a, b in ((sys.argv[1], sys.argv[2]), (sys.argv[3], sys.argv[4])):
+    la, lb = losses(a), losses(b)
+    assert la and len(la) == len(lb), (la, lb)
+    assert all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(la, lb)), (la, lb)
+PY
+
+# The check catches a wrong expert shard (the last EP rank's FC2 negated).
+if timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/ep2.json" --backend cpu --steps 1 --check \
+    --inject-fault flip-shard >"$TMP/flip.log" 2>&1; then
+  fail "flip-shard: the check passed a negated expert shard"
+elif grep -q "MoE layer with EP 2 of 8 experts.*FAILED" "$TMP/flip.log"; then pass "a negated expert shard fails the check"
+else fail "flip-shard: no FAILED message"; tail -5 "$TMP/flip.log"; fi
+
+# validate reads the all-to-alls and prices them over the EP group.
+"$CUBOID" validate --plan "$TMP/ep2.json" --measurements "$TMP/ep2.m.json" --cluster "$CPU2" --ops >"$TMP/validate.txt" 2>&1
+rc=$?
+if [ $rc -le 1 ] && grep -Eq "ep_a2a_dispatch +collective +[0-9]+ +0\.0*[1-9]" "$TMP/validate.txt"; then
+  pass "validate prices the EP all-to-alls"
+else fail "validate: rc $rc: $(grep -m3 "ep_a2a\|cuboid:" "$TMP/validate.txt")"; fi
+
+# Refused with the reason, before any work.
+plan z1 "$CPU2" --tp 1 --pp 1 --dp 2 --ep 2 --zero 1
+timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/z1.json" --backend cpu >"$TMP/z1.log" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -q "parallel.zero_stage: the executor does not run ZeRO 1 with experts" "$TMP/z1.log"; then
+  pass "ZeRO 1 with experts is refused"; else fail "ZeRO 1: rc $rc $(tail -2 "$TMP/z1.log")"; fi
+timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" calibrate --backend cpu --plan "$TMP/ep2.json" --cluster "$CPU2" --quick \
+  --out "$TMP/cal.json" >"$TMP/cal.log" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -q "does not sweep an MoE model's expert GEMMs" "$TMP/cal.log"; then
+  pass "calibrate refuses an MoE plan"; else fail "calibrate: rc $rc $(tail -2 "$TMP/cal.log")"; fi
+
+echo "$failures failure(s)"
+[ "$failures" -eq 0 ]
