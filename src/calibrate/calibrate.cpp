@@ -45,14 +45,13 @@ std::vector<CalibrationJob> load_jobs(const CalibrateOptions& o, const Cluster& 
   for (const std::string& path : o.plan_paths) {
     const PlanFile pf = read_plan_file(path);
     check_plan_matches_cluster(pf, cluster);
-    exec::check_calibratable(pf.model, pf.source);
     exec::check_executable(pf.model, pf.plan, pf.source);
     exec::check_world_size(world_size, pf.plan, pf.source);
     jobs.push_back(CalibrationJob{pf.model, pf.plan, pf.source});
   }
   if (!o.model_path.empty()) {
     CalibrationJob j{load_model(o.model_path), ParallelPlan{}, o.model_path};
-    exec::check_calibratable(j.model, o.model_path);
+    exec::check_executable(j.model, j.plan, o.model_path);
     j.plan.dp = world_size;
     j.plan.global_batch = world_size;
     j.plan.seq_length = j.model.seq_length;
@@ -69,8 +68,8 @@ exec::Communicator* group_comm(exec::ProcessGroups& g, Group kind) {
     case Group::tp: return g.tp.get();
     case Group::pp: return g.pp.get();
     case Group::dp: return g.dp.get();
+    case Group::ep: return g.ep.get();
     case Group::cp:  // refused before the launch (check_world_size, check_executable)
-    case Group::ep:
     case Group::none: break;
   }
   return g.world.get();
@@ -248,12 +247,13 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
   CollectiveSweepOptions co;
   if (o.quick) co = CollectiveSweepOptions{2, 5, 9, std::int64_t{1} << 20};
   for (const CalibrationJob& j : jobs) {
-    exec::ProcessGroups groups = exec::make_process_groups(std::move(comm), RankMapping(j.plan, gpus_per_node));
+    exec::ProcessGroups groups =
+        exec::make_process_groups(std::move(comm), RankMapping(j.plan, gpus_per_node), j.model.moe.enabled());
     const auto tk = std::chrono::steady_clock::now();
     std::vector<std::vector<KernelMeasurement>> kernel_repeats;
     for (int r = 0; r < o.repeat; ++r) {
       std::vector<KernelMeasurement> k =
-          run_kernel_sweep(backend, groups.tp.get(), *groups.world, j.model, j.plan, ko, watchdog);
+          run_kernel_sweep(backend, groups.tp.get(), *groups.world, j.model, j.plan, ko, watchdog, groups.ep.get());
       const std::vector<KernelMeasurement> a =
           run_optimizer_sweep(backend, *groups.world, j.model, j.plan, ko, watchdog);
       k.insert(k.end(), a.begin(), a.end());

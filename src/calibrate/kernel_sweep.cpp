@@ -20,15 +20,28 @@ std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
 // Per-call median (or fastest) of every memory-bound op of one layer forward + backward.
 std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* tp, const exec::LayerDims& d,
-                                         const KernelSweepOptions& o, exec::Watchdog* watchdog) {
+                                         const exec::MoeDims* moe, exec::Communicator* ep, const KernelSweepOptions& o,
+                                         exec::Watchdog* watchdog) {
   exec::OpTimer timer(be, watchdog);
-  exec::LayerRunner runner(be, tp, d, timer);
-  const std::size_t n_params = exec::layer_param_count(d);
+  exec::LayerRunner runner = moe != nullptr ? exec::LayerRunner(be, tp, d, timer, *moe, ep) : exec::LayerRunner(be, tp, d, timer);
+  const bool is_moe = moe != nullptr;
+  const std::size_t n_params = exec::layer_param_count(d, is_moe);
+  const std::size_t n_experts = is_moe ? moe->expert_param_count() : 1;
   exec::DeviceBuffer params = be.alloc(n_params), grads = be.alloc(n_params);
-  const exec::LayerParams w = exec::layer_params_at(params, 0, d);
-  const exec::LayerParams g = exec::layer_params_at(grads, 0, d);
+  exec::DeviceBuffer experts = be.alloc(n_experts), expert_grads = be.alloc(n_experts);
+  exec::LayerParams w = exec::layer_params_at(params, 0, d, is_moe);
+  exec::LayerParams g = exec::layer_params_at(grads, 0, d, is_moe);
   exec::init_layer_params(be, w, 99);
   be.fill(grads, 0.0f);
+  if (is_moe) {
+    // The same router on every rank (the EP ranks' routing then matches a run's).
+    be.fill_random(w.experts.router, 98, 0.02f);
+    be.fill_random(experts, 97, 0.02f);
+    be.fill(expert_grads, 0.0f);
+    const exec::MoeParams we = exec::expert_params_at(experts, 0, *moe), ge = exec::expert_params_at(expert_grads, 0, *moe);
+    w.experts.fc1 = we.fc1, w.experts.fc2 = we.fc2;
+    g.experts.fc1 = ge.fc1, g.experts.fc2 = ge.fc2;
+  }
   const std::size_t act = sz(d.local_tokens * d.hidden);
   exec::DeviceBuffer x = be.alloc(act), y = be.alloc(act), dy = be.alloc(act), dx = be.alloc(act);
   be.fill_random(x, 5, 1.0f);
@@ -53,7 +66,8 @@ std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* 
 
 std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communicator* tp, exec::Communicator& world,
                                                 const ModelSpec& model, const ParallelPlan& plan,
-                                                const KernelSweepOptions& o, exec::Watchdog* watchdog) {
+                                                const KernelSweepOptions& o, exec::Watchdog* watchdog,
+                                                exec::Communicator* ep) {
   const std::int64_t seq = plan.seq_length > 0 ? plan.seq_length : model.seq_length;
   std::vector<KernelMeasurement> out;
   for (const KernelScale& k : kernel_scales(plan, seq, o.quick)) {
@@ -64,7 +78,10 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communi
     for (const Op& op : executor_workload_ops(model, scaled))
       if (op.kind == OpKind::memory_bound) bytes.try_emplace(op.name, op.bytes);
     world.barrier();
-    const std::map<std::string, double> times = time_layer(be, tp, exec::layer_dims(model, scaled, kDropout), o, watchdog);
+    const exec::LayerDims d = exec::layer_dims(model, scaled, kDropout);
+    const exec::MoeDims moe = exec::moe_dims(model, scaled, d.local_tokens);
+    const std::map<std::string, double> times =
+        time_layer(be, tp, d, model.moe.enabled() ? &moe : nullptr, ep, o, watchdog);
     for (const auto& [name, t] : times) {
       const auto it = bytes.find(name);
       if (it != bytes.end() && it->second > 0) out.push_back(KernelMeasurement{name, it->second, t});
@@ -79,7 +96,10 @@ std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Comm
   // This rank's shard: its stage's layers (embedding and head left out: the
   // layers dominate), divided over DP by the distributed optimizer.
   const exec::LayerDims d = exec::layer_dims(model, plan, kDropout);
-  std::size_t shard = exec::layer_param_count(d) * static_cast<std::size_t>(std::max<std::int64_t>(1, model.num_layers / plan.pp));
+  const bool moe = model.moe.enabled();
+  const std::size_t per_layer =
+      exec::layer_param_count(d, moe) + (moe ? exec::moe_dims(model, plan, d.local_tokens).expert_param_count() : 0);
+  std::size_t shard = per_layer * static_cast<std::size_t>(std::max<std::int64_t>(1, model.num_layers / plan.pp));
   if (plan.zero_stage >= 1) shard /= static_cast<std::size_t>(plan.dp);
   const std::vector<double> scales = o.quick ? std::vector<double>{0.5, 1, 2} : std::vector<double>{0.25, 0.5, 1, 2, 4};
   const auto largest = static_cast<std::size_t>(static_cast<double>(shard) * scales.back());

@@ -100,6 +100,7 @@ std::vector<GroupShape> plan_group_shapes(const ParallelPlan& plan, int gpus_per
   add(Group::tp, mapping.tp_groups());
   add(Group::pp, mapping.pp_groups());
   add(Group::dp, mapping.dp_groups());
+  if (plan.ep > 1) add(Group::ep, mapping.ep_groups());
   return out;
 }
 

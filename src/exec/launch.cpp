@@ -187,12 +187,6 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
            "plan with --zero 0 (the experts' gradients are all-reduced over expert-DP)");
 }
 
-void check_calibratable(const ModelSpec& model, const std::string& source) {
-  if (model.moe.enabled())
-    throw InputError(source, "model.moe",
-                     "cuboid calibrate does not sweep an MoE model's expert GEMMs and EP all-to-alls yet",
-                     "calibrate with a dense plan of the same cluster (cuboid run executes the MoE plan)");
-}
 
 void check_world_size(int world_size, const ParallelPlan& plan, const std::string& plan_source) {
   if (plan.cp > 1)

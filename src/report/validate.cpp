@@ -240,7 +240,7 @@ namespace {
 
 // The measured components of one rank (see validate.hpp).
 struct Measured {
-  double compute = 0, tp = 0, pp = 0, dp = 0, optimizer = 0, not_simulated = 0, ops_sum = 0, iteration = 0;
+  double compute = 0, tp = 0, pp = 0, dp = 0, ep = 0, optimizer = 0, not_simulated = 0, ops_sum = 0, iteration = 0;
 };
 
 Measured measured_components(const MeasuredRank& r, Statistic stat) {
@@ -251,7 +251,7 @@ Measured measured_components(const MeasuredRank& r, Statistic stat) {
     if (is_optimizer_op(op.name))
       c.optimizer += t;
     else if (op.kind == OpKind::collective || op.kind == OpKind::p2p)
-      (op.group == Group::tp ? c.tp : op.group == Group::dp ? c.dp : c.pp) += t;
+      (op.group == Group::tp ? c.tp : op.group == Group::dp ? c.dp : op.group == Group::ep ? c.ep : c.pp) += t;
     else if (listed(executor_only_ops(), op.name))
       c.not_simulated += t;
     else
@@ -367,6 +367,9 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
       {"untimed", 0.0, mc.iteration - mc.ops_sum},
       {"iteration", rep.predicted_iteration_s, rep.measured_iteration_s},
   };
+  // An MoE plan's all-to-alls (the simulator's EP dispatch and combine on the critical path).
+  if (pf.model.moe.enabled() && pf.plan.ep > 1)
+    rep.components.insert(rep.components.begin() + 4, ComponentRow{"ep_comm", b.ep_comm_s, mc.ep});
   // Below a microsecond a relative error says nothing.
   for (ComponentRow& row : rep.components) row.predicted_only = row.measured_s < 1e-6;
   for (const sim::StageStats& st : sim.stages) {

@@ -111,6 +111,15 @@ TEST_CASE("group shapes come from the rank mapping: TP inside a node, PP across 
   CHECK(g[0] == GroupShape{Group::tp, 2, "intra_node"});
   CHECK(g[1] == GroupShape{Group::pp, 2, "inter_node"});
   CHECK(plan_group_shapes(p, 4)[1].tier == "intra_node");
+  // An MoE plan's EP group (ETP 1 folds TP 2 x DP 2 into EP 4 across the two nodes).
+  ParallelPlan e;
+  e.tp = 2;
+  e.dp = 2;
+  e.ep = 4;
+  e.etp = 1;
+  const auto ge = plan_group_shapes(e, 2);
+  REQUIRE(ge.size() == 3);
+  CHECK(ge[2] == GroupShape{Group::ep, 4, "inter_node"});
 }
 
 TEST_CASE("nccl-tests rows: algbw = size / time, busbw = algbw x bus factor") {

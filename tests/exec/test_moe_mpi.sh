@@ -4,8 +4,9 @@
 # (the sharded MoE layer against all experts on one rank) and keep their
 # replicas equal; a negated expert shard fails the check; EP 1 and EP 2 of
 # the same layout train to the same losses; the measurements hold the EP
-# all-to-alls and validate prices them; what the executor does not run is
-# refused with the reason.
+# all-to-alls and validate prices them; calibrate sweeps the MoE layer's
+# kernels and the all-to-all; what the executor does not run is refused with
+# the reason.
 # Usage: test_moe_mpi.sh CUBOID_BINARY (run from the source root).
 set -u
 CUBOID=${1:?usage: test_moe_mpi.sh path/to/cuboid}
@@ -101,11 +102,18 @@ timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/z1.json" --backend cp
 rc=$?
 if [ $rc -eq 2 ] && grep -q "parallel.zero_stage: the executor does not run ZeRO 1 with experts" "$TMP/z1.log"; then
   pass "ZeRO 1 with experts is refused"; else fail "ZeRO 1: rc $rc $(tail -2 "$TMP/z1.log")"; fi
-timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" calibrate --backend cpu --plan "$TMP/ep2.json" --cluster "$CPU2" --quick \
+# calibrate sweeps an MoE plan: the MoE layer's kernels and the all-to-all.
+timeout 120 "${MPIRUN[@]}" -np 2 "$CUBOID" calibrate --backend cpu --plan "$TMP/ep2.json" --cluster "$CPU2" --quick \
   --out "$TMP/cal.json" >"$TMP/cal.log" 2>&1
 rc=$?
-if [ $rc -eq 2 ] && grep -q "does not sweep an MoE model's expert GEMMs" "$TMP/cal.log"; then
-  pass "calibrate refuses an MoE plan"; else fail "calibrate: rc $rc $(tail -2 "$TMP/cal.log")"; fi
+if [ $rc -eq 0 ] && python3 - "$TMP/cal.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))["calibration"]
+for k in ("router_topk", "moe_permute", "moe_sort", "expert_act", "moe_unpermute", "router_topk_bwd"):
+    assert k in c["kernels"], (k, sorted(c["kernels"]))
+assert any(x["collective"] == "all_to_all" and x["group_size"] == 2 for x in c["collectives"])
+PY
+then pass "calibrate measures the MoE kernels and the all-to-all"; else fail "calibrate: rc $rc $(tail -2 "$TMP/cal.log")"; fi
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

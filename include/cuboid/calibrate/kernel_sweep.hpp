@@ -43,12 +43,15 @@ struct KernelSweepOptions {
   int turn = 0;
 };
 
-// `tp` is the rank's TP group (null or size 1 for TP 1); every member of the
-// world calls this with the same plan (the layer's TP collectives run).
+// `tp` is the rank's TP group (null or size 1 for TP 1), `ep` its EP group
+// for an MoE model (null without EP); every member of the world calls this
+// with the same plan (the layer's TP collectives and EP all-to-alls run). An
+// MoE model's layer is an MoE layer (its router, permutation and expert
+// kernels).
 std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& backend, exec::Communicator* tp,
                                                 exec::Communicator& world, const ModelSpec& model,
                                                 const ParallelPlan& plan, const KernelSweepOptions& options,
-                                                exec::Watchdog* watchdog);
+                                                exec::Watchdog* watchdog, exec::Communicator* ep = nullptr);
 
 // The optimizer step ("adam": Backend::adam_step on f32 master weights and
 // moments with compute-dtype gradients, as the step runner calls it) on this

@@ -80,8 +80,7 @@ void check_world_size(int world_size, const ParallelPlan& plan, const std::strin
 // models it runs routed experts with ETP 1 (or TP 1), dropless, ZeRO 0,
 // without shared experts, group-limited routing, latent attention or MTP.
 void check_executable(const ModelSpec& model, const ParallelPlan& plan, const std::string& plan_source);
-// Refuses what cuboid calibrate cannot sweep (an MoE model's expert kernels).
-void check_calibratable(const ModelSpec& model, const std::string& source);
+
 
 // The communicators of one rank: the world and the rank's TP, PP and DP
 // groups, each ordered by the coordinate along its dimension (rank 0 of
