@@ -193,7 +193,7 @@ LayerCost make_layer_cost(const ModelSpec& m, const GpuProfile& gpu, const Paral
   c.embed = embedding_ops(m, plan);
   c.head = lm_head_ops(m, plan);
   c.layer_compute = compute_times(gpu, c.layer);
-  c.mixed = m.moe.enabled() && m.moe.moe_layer_count() < m.num_layers;
+  c.mixed = m.has_dense_and_moe_layers();
   if (c.mixed) {
     c.dense = transformer_layer_ops(m, plan, false);
     c.dense_compute = compute_times(gpu, c.dense);

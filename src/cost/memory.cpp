@@ -145,17 +145,36 @@ double bytes_per_parameter(int zero_stage, int dp) {
   }
 }
 
+namespace {
+
+// One layer's parameters on a GPU of an MoE model, split as the optimizer
+// shards them: attention, shared experts and dense MLP over TP, the norms,
+// router and shared-expert gate whole, the routed experts over ETP x EP
+// (Megatron's theoretical_memory_usage.py).
+StageParameters layer_split(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer) {
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  const double norms = 2 * d(m.layer_norm_parameters());
+  if (!moe_layer) return {(d(m.attention_parameters()) + d(m.dense_mlp_parameters())) / plan.tp + norms, 0.0};
+  const double routed = d(m.moe.num_experts * m.expert_parameters());
+  const double router = d(m.moe.num_experts * m.hidden_size);
+  const double gate = m.moe.shared_expert_gate ? d(m.hidden_size) : 0.0;
+  const double shared = d(m.moe_mlp_parameters()) - routed - router - gate;
+  return {(d(m.attention_parameters()) + shared) / plan.tp + norms + router + gate,
+          routed / (plan.expert_tp() * plan.ep)};
+}
+
+}  // namespace
+
 StageParameters mtp_parameters(const ModelSpec& m, const ParallelPlan& plan) {
   StageParameters p;
   if (m.mtp_layers <= 0) return p;
   const bool moe = m.moe.enabled() && m.moe.moe_layers.back();
   const double h = static_cast<double>(m.hidden_size);
-  const double layer = layer_parameters_on_gpu(m, plan, moe);
-  const double expert =
-      moe ? static_cast<double>(m.moe.num_experts * m.expert_parameters()) / (plan.expert_tp() * plan.ep) : 0.0;
+  const StageParameters layer =
+      m.moe.enabled() ? layer_split(m, plan, moe) : StageParameters{layer_parameters_on_gpu(m, plan, false), 0.0};
   const double own = 2 * h * h / plan.tp + 3 * static_cast<double>(m.layer_norm_parameters());
-  p.dense = static_cast<double>(m.mtp_layers) * (layer - expert + own);
-  p.expert = static_cast<double>(m.mtp_layers) * expert;
+  p.dense = static_cast<double>(m.mtp_layers) * (layer.dense + own);
+  p.expert = static_cast<double>(m.mtp_layers) * layer.expert;
   // Its embedding lookup needs the word embedding on the last stage too.
   if (plan.pp > 1) p.dense += static_cast<double>(padded_vocab_size(m.vocab_size, plan.tp)) * h / plan.tp;
   return p;
@@ -198,15 +217,7 @@ int moe_layers_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage)
 
 double layer_parameters_on_gpu(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer) {
   if (!m.moe.enabled()) return static_cast<double>(m.parameters_per_layer()) / plan.tp;
-  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
-  const double norms = 2 * d(m.layer_norm_parameters());
-  if (!moe_layer) return (d(m.attention_parameters()) + d(m.dense_mlp_parameters())) / plan.tp + norms;
-  const double routed = d(m.moe.num_experts * m.expert_parameters());
-  const double router = d(m.moe.num_experts * m.hidden_size);
-  const double gate = m.moe.shared_expert_gate ? d(m.hidden_size) : 0.0;
-  const double shared = d(m.moe_mlp_parameters()) - routed - router - gate;
-  return (d(m.attention_parameters()) + shared) / plan.tp + norms + router + gate +
-         routed / (plan.expert_tp() * plan.ep);
+  return layer_split(m, plan, moe_layer).total();
 }
 
 StageParameters stage_parameters(const ModelSpec& m, const ParallelPlan& plan, int stage) {
@@ -214,17 +225,12 @@ StageParameters stage_parameters(const ModelSpec& m, const ParallelPlan& plan, i
   const auto d = [](std::int64_t v) { return static_cast<double>(v); };
   const double h = d(m.hidden_size), t = plan.tp;
   const double embedding = d(padded_vocab_size(m.vocab_size, plan.tp)) * h;
-  const double norms = 2 * d(m.layer_norm_parameters());
   const double moe_layers = moe_layers_on_stage(m, plan, stage);
   const double dense_layers = layers_on_stage(plan, m.num_layers, stage) - moe_layers;
-  const double routed = d(m.moe.num_experts * m.expert_parameters());
-  const double router = d(m.moe.num_experts * m.hidden_size);
-  const double gate = m.moe.shared_expert_gate ? h : 0.0;
-  const double shared = d(m.moe_mlp_parameters()) - routed - router - gate;
+  const StageParameters dense = layer_split(m, plan, false), moe = layer_split(m, plan, true);
   StageParameters p;
-  p.dense = dense_layers * ((d(m.attention_parameters()) + d(m.dense_mlp_parameters())) / t + norms) +
-            moe_layers * ((d(m.attention_parameters()) + shared) / t + norms + router + gate);
-  p.expert = moe_layers * routed / (plan.expert_tp() * plan.ep);
+  p.dense = dense_layers * dense.dense + moe_layers * moe.dense;
+  p.expert = moe_layers * moe.expert;
   if (stage == 0) {
     p.dense += embedding / t;
     if (m.learned_position_embeddings) p.dense += d(m.max_position_embeddings) * h / t;

@@ -208,7 +208,7 @@ void Builder::make_programs() {
   const bool sp = plan_.sequence_parallel && tp_ > 1;
   const bool ov = opts_.tp_backward_overlap && plan_.trainer.tp_backward_overlap;
   const LayerOps layer = transformer_layer_ops(m_, plan_);
-  const bool mixed = m_.moe.enabled() && m_.moe.moe_layer_count() < m_.num_layers;
+  const bool mixed = m_.has_dense_and_moe_layers();
   const LayerOps dense = mixed ? transformer_layer_ops(m_, plan_, false) : LayerOps{};
   const LayerOps mtp = m_.mtp_layers > 0 ? mtp_ops(m_, plan_) : LayerOps{};
   const LayerOps embed = embedding_ops(m_, plan_);
@@ -310,12 +310,11 @@ void Builder::make_units() {
       }
       const int first = first_layer_of_chunk(plan_, m_.num_layers, s, c);
       for (int l = 0; l < per_chunk; ++l) {
-        const bool moe = is_moe(first + l);
-        if (!moe && m_.moe.enabled())
-          units.push_back(Unit{&p.dense_fwd, &p.dense_bwd, per_dense_layer, "layer " + std::to_string(first + l), {}, {}});
+        const std::string label = "layer " + std::to_string(first + l);  // the layer's index in the model
+        if (!is_moe(first + l) && m_.moe.enabled())
+          units.push_back(Unit{&p.dense_fwd, &p.dense_bwd, per_dense_layer, label, {}, {}});
         else
-          units.push_back(
-              Unit{&p.layer_fwd, &p.layer_bwd, per_layer, "layer " + std::to_string(vs * per_chunk + l), {}, {}});
+          units.push_back(Unit{&p.layer_fwd, &p.layer_bwd, per_layer, label, {}, {}});
       }
       if (vs == vs_count_ - 1) {
         // The multi-token prediction modules after the layers (each with its

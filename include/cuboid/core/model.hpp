@@ -111,6 +111,8 @@ struct ModelSpec {
 
   // Every MLP dense, standard attention, no MTP: the models cuboid can plan.
   bool dense() const { return !moe.enabled() && !mla.enabled() && mtp_layers == 0; }
+  // An MoE model with dense layers too (DeepSeek-V3's first three): each kind priced apart.
+  bool has_dense_and_moe_layers() const { return moe.enabled() && moe.moe_layer_count() < num_layers; }
 
   std::int64_t query_projection_size() const { return head_dim * num_attention_heads; }
   std::int64_t kv_projection_size() const { return head_dim * num_kv_heads; }
