@@ -23,7 +23,7 @@ std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* 
                                          const exec::MoeDims* moe, exec::Communicator* ep, const KernelSweepOptions& o,
                                          exec::Watchdog* watchdog) {
   exec::OpTimer timer(be, watchdog);
-  exec::LayerRunner runner = moe != nullptr ? exec::LayerRunner(be, tp, d, timer, *moe, ep) : exec::LayerRunner(be, tp, d, timer);
+  exec::LayerRunner runner(be, tp, d, timer, moe, ep);
   const bool is_moe = moe != nullptr;
   const std::size_t n_params = exec::layer_param_count(d, is_moe);
   const std::size_t n_experts = is_moe ? moe->expert_param_count() : 1;
@@ -38,9 +38,8 @@ std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* 
     be.fill_random(w.experts.router, 98, 0.02f);
     be.fill_random(experts, 97, 0.02f);
     be.fill(expert_grads, 0.0f);
-    const exec::MoeParams we = exec::expert_params_at(experts, 0, *moe), ge = exec::expert_params_at(expert_grads, 0, *moe);
-    w.experts.fc1 = we.fc1, w.experts.fc2 = we.fc2;
-    g.experts.fc1 = ge.fc1, g.experts.fc2 = ge.fc2;
+    exec::set_expert_params(w, experts, 0, *moe);
+    exec::set_expert_params(g, expert_grads, 0, *moe);
   }
   const std::size_t act = sz(d.local_tokens * d.hidden);
   exec::DeviceBuffer x = be.alloc(act), y = be.alloc(act), dy = be.alloc(act), dx = be.alloc(act);

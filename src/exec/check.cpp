@@ -193,9 +193,8 @@ CheckResult check_sharded_forward(Backend& be, ProcessGroups& groups, const Mode
   LayerParams sp = layer_params_at(sharded_flat, 0, sd, moe);
   LayerParams fp = layer_params_at(full_flat, 0, fd, moe);
   if (moe) {
-    const MoeParams se = expert_params_at(sharded_experts, 0, smoe), fe = expert_params_at(full_experts, 0, fmoe);
-    sp.experts.fc1 = se.fc1, sp.experts.fc2 = se.fc2;
-    fp.experts.fc1 = fe.fc1, fp.experts.fc2 = fe.fc2;
+    set_expert_params(sp, sharded_experts, 0, smoe);
+    set_expert_params(fp, full_experts, 0, fmoe);
   }
   upload(be, mine, sp);
   upload(be, full, fp);
@@ -214,11 +213,10 @@ CheckResult check_sharded_forward(Backend& be, ProcessGroups& groups, const Mode
   DeviceBuffer y_local = be.alloc(x_local.size());
 
   timer.begin_step(false);
-  LayerRunner sharded = moe ? LayerRunner(be, groups.tp.get(), sd, timer, smoe, groups.ep.get())
-                            : LayerRunner(be, groups.tp.get(), sd, timer);
+  LayerRunner sharded(be, groups.tp.get(), sd, timer, moe ? &smoe : nullptr, groups.ep.get());
   LayerActs sharded_acts = sharded.make_acts(AttentionMemory::keep_probs);
   sharded.forward(sp, x_local, sharded_acts, y_local, 1, AttentionMemory::keep_probs);
-  LayerRunner reference = moe ? LayerRunner(be, nullptr, fd, timer, fmoe, nullptr) : LayerRunner(be, nullptr, fd, timer);
+  LayerRunner reference(be, nullptr, fd, timer, moe ? &fmoe : nullptr);
   LayerActs reference_acts = reference.make_acts(AttentionMemory::keep_probs);
   reference.forward(fp, x_full, reference_acts, y_full, 1, AttentionMemory::keep_probs);
   timer.end_step();

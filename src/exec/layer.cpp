@@ -64,6 +64,12 @@ LayerParams layer_params_at(DeviceSpan flat, std::size_t offset, const LayerDims
   return p;
 }
 
+void set_expert_params(LayerParams& p, DeviceSpan flat, std::size_t offset, const MoeDims& d) {
+  MoeParams e = expert_params_at(flat, offset, d);
+  p.experts.fc1 = std::move(e.fc1);
+  p.experts.fc2 = std::move(e.fc2);
+}
+
 void init_layer_params(Backend& be, const LayerParams& p, std::uint64_t seed) {
   constexpr float kInitScale = 0.02f;
   be.fill(p.norm1_gamma, 1.0f);
@@ -87,8 +93,10 @@ DeviceSpan from(DeviceSpan s, std::int64_t offset) { return s.subspan(sz(offset)
 
 }  // namespace
 
-LayerRunner::LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer)
+LayerRunner::LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer,
+                         const MoeDims* moe, Communicator* ep)
     : be_(backend), tp_(tp), d_(dims), timer_(timer) {
+  if (moe != nullptr) moe_ = std::make_unique<MoeRunner>(backend, ep, *moe, timer);
   const std::int64_t T = d_.tokens, h = d_.hidden;
   full_a_ = be_.alloc(sz(T * h));
   full_b_ = be_.alloc(sz(T * h));
@@ -102,12 +110,6 @@ LayerRunner::LayerRunner(Backend& backend, Communicator* tp, const LayerDims& di
   dfc1_ = be_.alloc(sz(T * d_.fc1_cols()));
   dact_ = be_.alloc(sz(T * d_.ffn));
   scratch_out_ = be_.alloc(sz(d_.local_tokens * h));
-}
-
-LayerRunner::LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer, const MoeDims& moe,
-                         Communicator* ep)
-    : LayerRunner(backend, tp, dims, timer) {
-  moe_ = std::make_unique<MoeRunner>(backend, ep, moe, timer);
 }
 
 LayerActs LayerRunner::make_acts(AttentionMemory mem) {

@@ -21,6 +21,20 @@ DeviceSpan grown(Backend& be, DeviceBuffer& b, std::size_t n, DType dtype) {
   if (b.size() < n || b.dtype() != dtype) b = be.alloc(std::max<std::size_t>(n, 1), dtype);
   return DeviceSpan(b).subspan(0, n);
 }
+
+// The timer's record of a grouped GEMM: one GEMM per local expert over the
+// `rows` token rows the experts share. The rows are the product's M
+// (forward, dgrad) or its K (wgrad); that dimension is passed as 0. Listed at
+// the mean rows per expert with `experts` as the batch, the FLOPs those of
+// all rows.
+OpDesc grouped_desc(const char* name, Pass pass, std::int64_t rows, std::int64_t experts, std::int64_t m,
+                    std::int64_t n, std::int64_t k) {
+  const std::int64_t per = std::max<std::int64_t>(1, rows / std::max<std::int64_t>(1, experts));
+  const bool rows_are_m = m == 0;
+  OpDesc desc = rows_are_m ? gemm_desc(name, pass, per, n, k, experts) : gemm_desc(name, pass, m, n, per, experts);
+  desc.flops = 2.0 * static_cast<double>(rows) * static_cast<double>(rows_are_m ? n * k : m * n);
+  return desc;
+}
 }  // namespace
 
 MoeDims moe_dims(const ModelSpec& model, const ParallelPlan& plan, std::int64_t tokens) {
@@ -204,12 +218,7 @@ void MoeRunner::forward(const MoeParams& w, ConstDeviceSpan x, MoeActs& a, Devic
   const DeviceSpan act = grown(be_, a.act, sz(R * F), cd);
   const DeviceSpan act_scaled = grown(be_, a.act_scaled, sz(R * F), cd);
   const DeviceSpan y_sorted = grown(be_, y_sorted_, sz(R * h), cd);
-  auto grouped = [&](const char* name, std::int64_t n, std::int64_t k) {
-    OpDesc desc = gemm_desc(name, pass, std::max<std::int64_t>(1, R / std::max<std::int64_t>(1, L)), n, k, L);
-    desc.flops = 2.0 * static_cast<double>(R) * static_cast<double>(n) * static_cast<double>(k);
-    return desc;
-  };
-  timer_.run(grouped(op::expert_fc1, F1, h), [&] {
+  timer_.run(grouped_desc(op::expert_fc1, pass, R, L, 0, F1, h), [&] {
     each_expert(a, [&](std::int64_t e, std::int64_t r0, std::int64_t n) {
       be_.gemm(Trans::no, Trans::no, n, F1, h, 1.0f, x_sorted.subspan(sz(r0 * h), sz(n * h)), w.fc1[sz(e)], 0.0f,
                fc1.subspan(sz(r0 * F1), sz(n * F1)));
@@ -224,7 +233,7 @@ void MoeRunner::forward(const MoeParams& w, ConstDeviceSpan x, MoeActs& a, Devic
     be_.copy(act, act_scaled);
     be_.scale_rows(act_scaled, probs_sorted, R, F);
   });
-  timer_.run(grouped(op::expert_fc2, h, F), [&] {
+  timer_.run(grouped_desc(op::expert_fc2, pass, R, L, 0, h, F), [&] {
     each_expert(a, [&](std::int64_t e, std::int64_t r0, std::int64_t n) {
       be_.gemm(Trans::no, Trans::no, n, h, F, 1.0f, act_scaled.subspan(sz(r0 * F), sz(n * F)), w.fc2[sz(e)], 0.0f,
                y_sorted.subspan(sz(r0 * h), sz(n * h)));
@@ -280,19 +289,13 @@ void MoeRunner::backward(const MoeParams& w, const MoeParams& g, ConstDeviceSpan
   const DeviceSpan d_fc1 = grown(be_, d_fc1_, sz(R * F1), cd);
   const DeviceSpan d_probs = grown(be_, d_probs_, sz(R), DType::f32);
   const DeviceSpan d_x_sorted = grown(be_, y_sorted_, sz(R * h), cd);
-  auto grouped = [&](const char* name, std::int64_t m, std::int64_t n, std::int64_t k, bool rows_are_m) {
-    const std::int64_t per = std::max<std::int64_t>(1, R / std::max<std::int64_t>(1, L));
-    OpDesc desc = rows_are_m ? gemm_desc(name, bw, per, n, k, L) : gemm_desc(name, bw, m, n, per, L);
-    desc.flops = 2.0 * static_cast<double>(R) * static_cast<double>(rows_are_m ? n * k : m * n);
-    return desc;
-  };
-  timer_.run(grouped(op::expert_fc2_dgrad, 0, F, h, true), [&] {
+  timer_.run(grouped_desc(op::expert_fc2_dgrad, bw, R, L, 0, F, h), [&] {
     each_expert(a, [&](std::int64_t e, std::int64_t r0, std::int64_t n) {
       be_.gemm(Trans::no, Trans::yes, n, F, h, 1.0f, d_y.subspan(sz(r0 * h), sz(n * h)), w.fc2[sz(e)], 0.0f,
                d_act.subspan(sz(r0 * F), sz(n * F)));
     });
   });
-  timer_.run(grouped(op::expert_fc2_wgrad, F, h, 0, false), [&] {
+  timer_.run(grouped_desc(op::expert_fc2_wgrad, bw, R, L, F, h, 0), [&] {
     each_expert(a, [&](std::int64_t e, std::int64_t r0, std::int64_t n) {
       be_.gemm(Trans::yes, Trans::no, F, h, n, 1.0f, ConstDeviceSpan(a.act_scaled).subspan(sz(r0 * F), sz(n * F)),
                d_y.subspan(sz(r0 * h), sz(n * h)), 1.0f, g.fc2[sz(e)]);
@@ -308,13 +311,13 @@ void MoeRunner::backward(const MoeParams& w, const MoeParams& g, ConstDeviceSpan
     else
       be_.gelu_backward(d_act, ConstDeviceSpan(a.fc1).subspan(0, sz(R * F1)), d_fc1);
   });
-  timer_.run(grouped(op::expert_fc1_dgrad, 0, h, F1, true), [&] {
+  timer_.run(grouped_desc(op::expert_fc1_dgrad, bw, R, L, 0, h, F1), [&] {
     each_expert(a, [&](std::int64_t e, std::int64_t r0, std::int64_t n) {
       be_.gemm(Trans::no, Trans::yes, n, h, F1, 1.0f, d_fc1.subspan(sz(r0 * F1), sz(n * F1)), w.fc1[sz(e)], 0.0f,
                d_x_sorted.subspan(sz(r0 * h), sz(n * h)));
     });
   });
-  timer_.run(grouped(op::expert_fc1_wgrad, h, F1, 0, false), [&] {
+  timer_.run(grouped_desc(op::expert_fc1_wgrad, bw, R, L, h, F1, 0), [&] {
     each_expert(a, [&](std::int64_t e, std::int64_t r0, std::int64_t n) {
       be_.gemm(Trans::yes, Trans::no, h, F1, n, 1.0f, ConstDeviceSpan(a.x_sorted).subspan(sz(r0 * h), sz(n * h)),
                d_fc1.subspan(sz(r0 * F1), sz(n * F1)), 1.0f, g.fc1[sz(e)]);

@@ -49,10 +49,9 @@ StepRunner::StepRunner(Backend& backend, ProcessGroups& groups, const ModelSpec&
     CUBOID_EXEC_REQUIRE(groups_.ep != nullptr && groups_.edp != nullptr, "StepRunner",
                         "an MoE plan needs the EP and expert-DP groups (make_process_groups with expert_groups)");
     moe_ = moe_dims(model_, plan_, dims.local_tokens);
-    runner_ = std::make_unique<LayerRunner>(be_, groups_.tp.get(), dims, timer_, moe_, groups_.ep.get());
-  } else {
-    runner_ = std::make_unique<LayerRunner>(be_, groups_.tp.get(), dims, timer_);
   }
+  runner_ = std::make_unique<LayerRunner>(be_, groups_.tp.get(), dims, timer_, model_.moe.enabled() ? &moe_ : nullptr,
+                                          groups_.ep.get());
   layout_params();
 
   const LayerDims& d = runner_->dims();
@@ -221,19 +220,15 @@ void StepRunner::place_experts(LayerParams& w, LayerParams& g, int layer) {
   }
   const auto l = static_cast<std::uint64_t>(layer);
   be_.fill_random(w.experts.router, mix64(options_.seed ^ ((300 + l) << 16)), 0.02f);
-  const MoeParams p = expert_params_at(expert_params_, expert_at_, moe_);
-  const MoeParams pg = expert_params_at(expert_grads_, expert_at_, moe_);
+  set_expert_params(w, expert_params_, expert_at_, moe_);
+  set_expert_params(g, expert_grads_, expert_at_, moe_);
   expert_at_ += moe_.expert_param_count();
   const auto first = static_cast<std::uint64_t>(groups_.ep->rank() * moe_.local_experts());
-  for (std::size_t e = 0; e < p.fc1.size(); ++e) {
+  for (std::size_t e = 0; e < w.experts.fc1.size(); ++e) {
     const std::uint64_t key = options_.seed ^ ((400 + l) << 16) ^ ((first + e) << 40);
-    be_.fill_random(p.fc1[e], mix64(key + 1), 0.02f);
-    be_.fill_random(p.fc2[e], mix64(key + 2), 0.02f);
+    be_.fill_random(w.experts.fc1[e], mix64(key + 1), 0.02f);
+    be_.fill_random(w.experts.fc2[e], mix64(key + 2), 0.02f);
   }
-  w.experts.fc1 = p.fc1;
-  w.experts.fc2 = p.fc2;
-  g.experts.fc1 = pg.fc1;
-  g.experts.fc2 = pg.fc2;
 }
 
 std::uint64_t StepRunner::layer_seed(std::int64_t step, int micro_batch, int layer) const {

@@ -69,18 +69,27 @@ std::string on_model(int world, const std::function<void(std::unique_ptr<Communi
   return "";
 }
 
-// Runs `steps` iterations of the plan, one thread per rank.
-std::string run_on_model(const ModelSpec& model, const ParallelPlan& plan, int steps) {
+// Runs `steps` iterations of the plan, one thread per rank. With `losses`,
+// the last stage's losses, rank by rank in rank order.
+std::string run_on_model(const ModelSpec& model, const ParallelPlan& plan, int steps,
+                         std::vector<double>* losses = nullptr) {
   const RankMapping mapping(plan, 8);
-  return on_model(plan.world_size(), [&](std::unique_ptr<Communicator> world, int) {
+  std::vector<std::vector<double>> by_rank(static_cast<std::size_t>(plan.world_size()));
+  std::string error = on_model(plan.world_size(), [&](std::unique_ptr<Communicator> world, int rank) {
     BackendOptions bo;
     bo.threads = 1;
     std::unique_ptr<Backend> backend = make_backend("cpu", bo);
-    ProcessGroups groups = make_process_groups(std::move(world), mapping);
+    ProcessGroups groups = make_process_groups(std::move(world), mapping, model.moe.enabled());
     OpTimer timer(*backend, nullptr);
     StepRunner runner(*backend, groups, model, plan, timer);
-    for (int s = 0; s < steps; ++s) runner.step(s, false);
+    for (int s = 0; s < steps; ++s) {
+      const double l = runner.step(s, false);
+      if (!std::isnan(l)) by_rank[static_cast<std::size_t>(rank)].push_back(l);
+    }
   });
+  if (losses != nullptr)
+    for (const auto& v : by_rank) losses->insert(losses->end(), v.begin(), v.end());
+  return error;
 }
 
 std::string name_of(Schedule s) { return std::string(to_string(s)); }
@@ -234,27 +243,6 @@ ModelSpec small_moe(std::int64_t layers) {
   return m;
 }
 
-// The losses of `steps` iterations on the model (the last stage's ranks, in rank order).
-std::vector<double> moe_losses(const ModelSpec& model, const ParallelPlan& plan, int steps, std::string& error) {
-  const RankMapping mapping(plan, 8);
-  std::vector<std::vector<double>> by_rank(static_cast<std::size_t>(plan.world_size()));
-  error = on_model(plan.world_size(), [&](std::unique_ptr<Communicator> world, int rank) {
-    BackendOptions bo;
-    bo.threads = 1;
-    std::unique_ptr<Backend> backend = make_backend("cpu", bo);
-    ProcessGroups groups = make_process_groups(std::move(world), mapping, true);
-    OpTimer timer(*backend, nullptr);
-    StepRunner runner(*backend, groups, model, plan, timer);
-    for (int s = 0; s < steps; ++s) {
-      const double l = runner.step(s, false);
-      if (!std::isnan(l)) by_rank[static_cast<std::size_t>(rank)].push_back(l);
-    }
-  });
-  std::vector<double> out;
-  for (const auto& v : by_rank) out.insert(out.end(), v.begin(), v.end());
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("MoE plans on the NCCL model: the EP all-to-alls match, and EP 1, 2 and 4 train alike") {
@@ -275,9 +263,8 @@ TEST_CASE("MoE plans on the NCCL model: the EP all-to-alls match, and EP 1, 2 an
       CAPTURE(l.pp);
       CAPTURE(l.dp);
       CAPTURE(ep);
-      std::string error;
-      const std::vector<double> losses = moe_losses(small_moe(4), p, 3, error);
-      REQUIRE(error.empty());
+      std::vector<double> losses;
+      REQUIRE(run_on_model(small_moe(4), p, 3, &losses).empty());
       REQUIRE(losses.size() == static_cast<std::size_t>(3 * l.tp * l.dp));
       if (reference.empty()) {
         reference = losses;

@@ -68,6 +68,9 @@ struct LayerParams {
 // and FC2; its experts are laid out apart (expert_params_at).
 std::size_t layer_param_count(const LayerDims& d, bool moe_layer = false);
 LayerParams layer_params_at(DeviceSpan flat, std::size_t offset, const LayerDims& d, bool moe_layer = false);
+// Points an MoE layer's expert views at the experts' buffer `flat` from
+// `offset` (expert_params_at); its router stays where layer_params_at put it.
+void set_expert_params(LayerParams& p, DeviceSpan flat, std::size_t offset, const MoeDims& d);
 // Random weights (uniform, +-0.02), norm gains 1 and biases 0; deterministic in `seed`.
 void init_layer_params(Backend& backend, const LayerParams& p, std::uint64_t seed);
 
@@ -87,10 +90,10 @@ enum class AttentionMemory { keep_probs, recompute_probs };
 // nothing once warm.
 class LayerRunner {
  public:
-  LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer);
-  // With MoE layers: their experts' shape and the EP group (null without EP).
-  LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer, const MoeDims& moe,
-              Communicator* ep);
+  // `moe`: the experts' shape when the model has MoE layers (null: none);
+  // `ep`: their EP group (null without EP).
+  LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer,
+              const MoeDims* moe = nullptr, Communicator* ep = nullptr);
 
   const LayerDims& dims() const { return d_; }
   LayerActs make_acts(AttentionMemory mem);
