@@ -49,6 +49,23 @@ template <typename T>
 cudaError_t causal_softmax_bwd(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols, int64_t seq_q,
                                float scale, cudaStream_t stream);
 
+// --- the fused attention core's pieces (attention.cu; Backend::attention_*) ---
+template <typename T>
+cudaError_t attention_softmax_lse(T* scores, float* lse, int64_t batch, int64_t nq, int64_t nk, float scale,
+                                  bool causal, cudaStream_t stream);
+template <typename T>
+cudaError_t attention_probs(T* scores, const float* lse, int64_t batch, int64_t nq, int64_t nk, float scale,
+                            bool causal, cudaStream_t stream);
+template <typename T>
+cudaError_t attention_softmax_grad(T* dp, const T* p, const float* delta, int64_t batch, int64_t nq, int64_t nk,
+                                   float scale, cudaStream_t stream);
+template <typename T>
+cudaError_t attention_merge(T* out, float* lse, const T* blk, const float* blk_lse, int64_t rows, int64_t cols,
+                            cudaStream_t stream);
+template <typename T>
+cudaError_t copy_2d(const T* src, int64_t ld_src, T* dst, int64_t ld_dst, int64_t rows, int64_t cols,
+                    bool accumulate, cudaStream_t stream);
+
 // --- activations --------------------------------------------------------------
 // GeLU, tanh approximation.
 template <typename T>

@@ -296,6 +296,81 @@ void Backend::causal_softmax_backward(ConstDeviceSpan dy, ConstDeviceSpan y, Dev
   causal_softmax_backward_impl(dy, y, dx, batch, s, scale);
 }
 
+// --- fused attention pieces ------------------------------------------------
+namespace {
+void require_blocks(std::int64_t batch, std::int64_t nq, std::int64_t nk, const char* op) {
+  require_positive(batch, op, "batch");
+  require_positive(nq, op, "nq");
+  require_positive(nk, op, "nk");
+}
+void require_causal_square(bool causal, std::int64_t nq, std::int64_t nk, const char* op) {
+  CUBOID_EXEC_REQUIRE(!causal || nq == nk, op,
+                      "a causal block must be square (nq " + str(nq) + ", nk " + str(nk) + ")");
+}
+}  // namespace
+
+void Backend::attention_softmax_lse(DeviceSpan scores, DeviceSpan lse, std::int64_t batch, std::int64_t nq,
+                                    std::int64_t nk, float scale, bool causal) {
+  constexpr const char* op = "attention_softmax_lse";
+  require_blocks(batch, nq, nk, op);
+  require_causal_square(causal, nq, nk, op);
+  require_float_size(scores, batch * nq * nk, op, "scores");
+  require_dtype(lse, DType::f32, op, "lse");
+  require_size(lse, batch * nq, op, "lse");
+  attention_softmax_lse_impl(scores, lse, batch, nq, nk, scale, causal);
+}
+
+void Backend::attention_probs(DeviceSpan scores, ConstDeviceSpan lse, std::int64_t batch, std::int64_t nq,
+                              std::int64_t nk, float scale, bool causal) {
+  constexpr const char* op = "attention_probs";
+  require_blocks(batch, nq, nk, op);
+  require_causal_square(causal, nq, nk, op);
+  require_float_size(scores, batch * nq * nk, op, "scores");
+  require_dtype(lse, DType::f32, op, "lse");
+  require_size(lse, batch * nq, op, "lse");
+  attention_probs_impl(scores, lse, batch, nq, nk, scale, causal);
+}
+
+void Backend::attention_softmax_grad(DeviceSpan dp, ConstDeviceSpan p, ConstDeviceSpan delta, std::int64_t batch,
+                                     std::int64_t nq, std::int64_t nk, float scale) {
+  constexpr const char* op = "attention_softmax_grad";
+  require_blocks(batch, nq, nk, op);
+  require_float_size(dp, batch * nq * nk, op, "dp");
+  require_float_size(p, batch * nq * nk, op, "p");
+  require_dtype(delta, DType::f32, op, "delta");
+  require_size(delta, batch * nq, op, "delta");
+  attention_softmax_grad_impl(dp, p, delta, batch, nq, nk, scale);
+}
+
+void Backend::attention_merge(DeviceSpan out, DeviceSpan lse, ConstDeviceSpan blk, ConstDeviceSpan blk_lse,
+                              std::int64_t rows, std::int64_t cols) {
+  constexpr const char* op = "attention_merge";
+  require_positive(rows, op, "rows");
+  require_positive(cols, op, "cols");
+  require_float_size(out, rows * cols, op, "out");
+  require_float_size(blk, rows * cols, op, "blk");
+  CUBOID_EXEC_REQUIRE(out.dtype() == blk.dtype(), op, "out and blk must have one dtype");
+  require_dtype(lse, DType::f32, op, "lse");
+  require_dtype(blk_lse, DType::f32, op, "blk_lse");
+  require_size(lse, rows, op, "lse");
+  require_size(blk_lse, rows, op, "blk_lse");
+  attention_merge_impl(out, lse, blk, blk_lse, rows, cols);
+}
+
+void Backend::copy_2d(ConstDeviceSpan src, std::int64_t ld_src, DeviceSpan dst, std::int64_t ld_dst,
+                      std::int64_t rows, std::int64_t cols, bool accumulate) {
+  constexpr const char* op = "copy_2d";
+  require_positive(rows, op, "rows");
+  require_positive(cols, op, "cols");
+  CUBOID_EXEC_REQUIRE(ld_src >= cols && ld_dst >= cols, op,
+                      "leading dimensions below the row length (ld_src " + str(ld_src) + ", ld_dst " + str(ld_dst) +
+                          ", cols " + str(cols) + ")");
+  require_float_size(src, (rows - 1) * ld_src + cols, op, "src");
+  require_float_size(dst, (rows - 1) * ld_dst + cols, op, "dst");
+  CUBOID_EXEC_REQUIRE(src.dtype() == dst.dtype(), op, "src and dst must have one dtype");
+  copy_2d_impl(src, ld_src, dst, ld_dst, rows, cols, accumulate);
+}
+
 // --- activations -----------------------------------------------------------
 void Backend::gelu_forward(ConstDeviceSpan x, DeviceSpan y) {
   require_float(x, "gelu_forward", "x");

@@ -326,6 +326,87 @@ void CpuBackend::causal_softmax_backward_impl(ConstDeviceSpan dy_span, ConstDevi
   }
 }
 
+// --- fused attention pieces ----------------------------------------------------
+namespace {
+// Keys query i of a block sees.
+std::int64_t visible_keys(bool causal, std::int64_t i, std::int64_t nk) { return causal ? i + 1 : nk; }
+}  // namespace
+
+void CpuBackend::attention_softmax_lse_impl(DeviceSpan scores_span, DeviceSpan lse_span, std::int64_t batch,
+                                            std::int64_t nq, std::int64_t nk, float scale, bool causal) {
+  constexpr const char* op = "attention_softmax_lse";
+  float* x = f32(scores_span, op);
+  float* lse = f32(lse_span, op);
+  for (std::int64_t bh = 0; bh < batch; ++bh)
+    for (std::int64_t i = 0; i < nq; ++i) {
+      float* row = x + (bh * nq + i) * nk;
+      const std::int64_t visible = visible_keys(causal, i, nk);
+      float max = -std::numeric_limits<float>::infinity();
+      for (std::int64_t j = 0; j < visible; ++j) max = std::max(max, scale * row[j]);
+      float sum = 0.0f;
+      for (std::int64_t j = 0; j < visible; ++j) sum += std::exp(scale * row[j] - max);
+      const float l = max + std::log(sum);
+      for (std::int64_t j = 0; j < visible; ++j) row[j] = std::exp(scale * row[j] - l);
+      for (std::int64_t j = visible; j < nk; ++j) row[j] = 0.0f;
+      lse[i * batch + bh] = l;
+    }
+}
+
+void CpuBackend::attention_probs_impl(DeviceSpan scores_span, ConstDeviceSpan lse_span, std::int64_t batch,
+                                      std::int64_t nq, std::int64_t nk, float scale, bool causal) {
+  constexpr const char* op = "attention_probs";
+  float* x = f32(scores_span, op);
+  const float* lse = f32(lse_span, op);
+  for (std::int64_t bh = 0; bh < batch; ++bh)
+    for (std::int64_t i = 0; i < nq; ++i) {
+      float* row = x + (bh * nq + i) * nk;
+      const std::int64_t visible = visible_keys(causal, i, nk);
+      const float l = lse[i * batch + bh];
+      for (std::int64_t j = 0; j < visible; ++j) row[j] = std::exp(scale * row[j] - l);
+      for (std::int64_t j = visible; j < nk; ++j) row[j] = 0.0f;
+    }
+}
+
+void CpuBackend::attention_softmax_grad_impl(DeviceSpan dp_span, ConstDeviceSpan p_span, ConstDeviceSpan delta_span,
+                                             std::int64_t batch, std::int64_t nq, std::int64_t nk, float scale) {
+  constexpr const char* op = "attention_softmax_grad";
+  float* dp = f32(dp_span, op);
+  const float* p = f32(p_span, op);
+  const float* delta = f32(delta_span, op);
+  for (std::int64_t bh = 0; bh < batch; ++bh)
+    for (std::int64_t i = 0; i < nq; ++i) {
+      const std::int64_t at = (bh * nq + i) * nk;
+      const float d = delta[i * batch + bh];
+      for (std::int64_t j = 0; j < nk; ++j) dp[at + j] = scale * p[at + j] * (dp[at + j] - d);
+    }
+}
+
+void CpuBackend::attention_merge_impl(DeviceSpan out_span, DeviceSpan lse_span, ConstDeviceSpan blk_span,
+                                      ConstDeviceSpan blk_lse_span, std::int64_t rows, std::int64_t cols) {
+  constexpr const char* op = "attention_merge";
+  float* out = f32(out_span, op);
+  float* lse = f32(lse_span, op);
+  const float* blk = f32(blk_span, op);
+  const float* blk_lse = f32(blk_lse_span, op);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float hi = std::max(lse[r], blk_lse[r]);
+    const float merged = hi + std::log(std::exp(lse[r] - hi) + std::exp(blk_lse[r] - hi));
+    const float keep = std::exp(lse[r] - merged), add = std::exp(blk_lse[r] - merged);
+    for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = out[r * cols + c] * keep + blk[r * cols + c] * add;
+    lse[r] = merged;
+  }
+}
+
+void CpuBackend::copy_2d_impl(ConstDeviceSpan src_span, std::int64_t ld_src, DeviceSpan dst_span, std::int64_t ld_dst,
+                              std::int64_t rows, std::int64_t cols, bool accumulate) {
+  constexpr const char* op = "copy_2d";
+  const float* src = f32(src_span, op);
+  float* dst = f32(dst_span, op);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      dst[r * ld_dst + c] = accumulate ? dst[r * ld_dst + c] + src[r * ld_src + c] : src[r * ld_src + c];
+}
+
 // --- activations ----------------------------------------------------------------
 namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;

@@ -441,6 +441,53 @@ void CudaBackend::row_dot_impl(ConstDeviceSpan a, ConstDeviceSpan b, DeviceSpan 
   });
 }
 
+// --- fused attention pieces ----------------------------------------------------------
+void CudaBackend::attention_softmax_lse_impl(DeviceSpan scores, DeviceSpan lse, std::int64_t batch, std::int64_t nq,
+                                             std::int64_t nk, float scale, bool causal) {
+  dispatch_float(scores.dtype(), "attention_softmax_lse", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::attention_softmax_lse(ptr<T>(scores), ptr<float>(lse), batch, nq, nk, scale, causal,
+                                                     stream_.get()));
+  });
+}
+
+void CudaBackend::attention_probs_impl(DeviceSpan scores, ConstDeviceSpan lse, std::int64_t batch, std::int64_t nq,
+                                       std::int64_t nk, float scale, bool causal) {
+  dispatch_float(scores.dtype(), "attention_probs", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(
+        kernels::attention_probs(ptr<T>(scores), ptr<float>(lse), batch, nq, nk, scale, causal, stream_.get()));
+  });
+}
+
+void CudaBackend::attention_softmax_grad_impl(DeviceSpan dp, ConstDeviceSpan p, ConstDeviceSpan delta,
+                                              std::int64_t batch, std::int64_t nq, std::int64_t nk, float scale) {
+  require_same_dtype("attention_softmax_grad", {dp, p});
+  dispatch_float(dp.dtype(), "attention_softmax_grad", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::attention_softmax_grad(ptr<T>(dp), ptr<T>(p), ptr<float>(delta), batch, nq, nk, scale,
+                                                      stream_.get()));
+  });
+}
+
+void CudaBackend::attention_merge_impl(DeviceSpan out, DeviceSpan lse, ConstDeviceSpan blk, ConstDeviceSpan blk_lse,
+                                       std::int64_t rows, std::int64_t cols) {
+  dispatch_float(out.dtype(), "attention_merge", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(kernels::attention_merge(ptr<T>(out), ptr<float>(lse), ptr<T>(blk), ptr<float>(blk_lse), rows,
+                                               cols, stream_.get()));
+  });
+}
+
+void CudaBackend::copy_2d_impl(ConstDeviceSpan src, std::int64_t ld_src, DeviceSpan dst, std::int64_t ld_dst,
+                               std::int64_t rows, std::int64_t cols, bool accumulate) {
+  dispatch_float(dst.dtype(), "copy_2d", [&](auto t) {
+    using T = decltype(t);
+    CUBOID_CUDA_CHECK(
+        kernels::copy_2d(ptr<T>(src), ld_src, ptr<T>(dst), ld_dst, rows, cols, accumulate, stream_.get()));
+  });
+}
+
 void CudaBackend::bias_add_impl(DeviceSpan y, ConstDeviceSpan bias, std::int64_t rows, std::int64_t cols) {
   require_same_dtype("bias_add", {y, bias});
   dispatch_float(y.dtype(), "bias_add", [&](auto t) {

@@ -37,6 +37,12 @@ DeviceBuffer upload(Backend& backend, const std::vector<float>& host) {
   return buffer;
 }
 
+DeviceBuffer upload_f32(Backend& backend, const std::vector<float>& host) {
+  DeviceBuffer buffer = backend.alloc(host.size(), DType::f32);
+  backend.upload(host, buffer);
+  return buffer;
+}
+
 DeviceBuffer zeros(Backend& backend, std::size_t n) {
   DeviceBuffer buffer = backend.alloc(n);
   backend.fill(buffer, 0.0f);
@@ -438,6 +444,87 @@ TEST_CASE("causal softmax: masked, scaled forward; backward; in place") {
     backend.causal_softmax_backward(ddy, dxin, ddy, batch, s, scale);
     check_close(backend.download(ddy), expected, kGradRtol, kGradAtol, "dx in place");
   }
+}
+
+TEST_CASE("fused attention pieces: softmax with its log-sum-exp, probabilities from it, the gradient, the merge") {
+  CpuBackend backend;
+  const int batch = 3, nq = 4, nk = 4;
+  const float scale = 0.4f;
+  const auto x = random_values(batch * nq * nk, 40, 3.0f);
+  // Causal: the same probabilities as causal_softmax_forward, lse[i, bh] by hand.
+  DeviceBuffer p = upload(backend, x), lse = backend.alloc(batch * nq, DType::f32);
+  backend.attention_softmax_lse(p, lse, batch, nq, nk, scale, true);
+  const auto pv = backend.download(p);
+  check_close(pv, causal_softmax_ref(to_double(x), batch, nq, scale), kFwdRtol, kFwdAtol, "P");
+  const auto lv = backend.download(lse);
+  for (int bh = 0; bh < batch; ++bh)
+    for (int i = 0; i < nq; ++i) {
+      double sum = 0;
+      for (int j = 0; j <= i; ++j) sum += std::exp(scale * x[(bh * nq + i) * nk + j]);
+      CHECK(lv[i * batch + bh] == doctest::Approx(std::log(sum)).epsilon(1e-5));
+    }
+  // From the lse, the same probabilities again.
+  DeviceBuffer again = upload(backend, x);
+  backend.attention_probs(again, lse, batch, nq, nk, scale, true);
+  CHECK(backend.download(again) == pv);
+  // dS = scale P (dP - delta) with delta = sum_j dP_j P_j: the causal softmax's backward.
+  const auto dp = random_values(batch * nq * nk, 41);
+  std::vector<float> delta(batch * nq);
+  for (int bh = 0; bh < batch; ++bh)
+    for (int i = 0; i < nq; ++i) {
+      float d = 0;
+      for (int j = 0; j < nk; ++j) d += dp[(bh * nq + i) * nk + j] * pv[(bh * nq + i) * nk + j];
+      delta[i * batch + bh] = d;
+    }
+  DeviceBuffer ds = upload(backend, dp), dl = backend.alloc(delta.size(), DType::f32), dref = backend.alloc(dp.size());
+  backend.upload(delta, dl);
+  backend.attention_softmax_grad(ds, p, dl, batch, nq, nk, scale);
+  DeviceBuffer ddy = upload(backend, dp);
+  backend.causal_softmax_backward(ddy, p, dref, batch, nq, scale);
+  check_close(backend.download(ds), to_double(backend.download(dref)), kFwdRtol, kFwdAtol, "dS");
+
+  // Two halves of the keys, each softmaxed alone and merged, equal the whole
+  // (non-causal) softmax applied to V: the CP ring's out correction.
+  const int rows = 5, cols = 3, keys = 6, half = keys / 2;
+  const auto s = random_values(rows * keys, 42, 2.0f), v = random_values(keys * cols, 43);
+  auto block = [&](int first, std::vector<float>& out, std::vector<float>& l) {
+    std::vector<float> part(rows * half);
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < half; ++j) part[r * half + j] = s[r * keys + first + j];
+    DeviceBuffer sp = upload(backend, part), ls = backend.alloc(rows, DType::f32);
+    backend.attention_softmax_lse(sp, ls, 1, rows, half, 1.0f, false);
+    const auto pp = backend.download(sp);
+    out.assign(rows * cols, 0.0f);
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c)
+        for (int j = 0; j < half; ++j) out[r * cols + c] += pp[r * half + j] * v[(first + j) * cols + c];
+    l = backend.download(ls);
+  };
+  std::vector<float> o1, l1, o2, l2;
+  block(0, o1, l1);
+  block(half, o2, l2);
+  DeviceBuffer out = upload(backend, o1), lo = upload_f32(backend, l1), blk = upload(backend, o2), lb = upload_f32(backend, l2);
+  backend.attention_merge(out, lo, blk, lb, rows, cols);
+  Vec expected(rows * cols, 0.0);
+  for (int r = 0; r < rows; ++r) {
+    double m = -1e30, z = 0;
+    for (int j = 0; j < keys; ++j) m = std::max(m, static_cast<double>(s[r * keys + j]));
+    for (int j = 0; j < keys; ++j) z += std::exp(s[r * keys + j] - m);
+    for (int c = 0; c < cols; ++c)
+      for (int j = 0; j < keys; ++j) expected[r * cols + c] += std::exp(s[r * keys + j] - m) / z * v[j * cols + c];
+    CHECK(backend.download(lo)[r] == doctest::Approx(m + std::log(z)).epsilon(1e-5));
+  }
+  check_close(backend.download(out), expected, kFwdRtol, kFwdAtol, "merged output");
+
+  // copy_2d: a column block between strided matrices, copied and accumulated.
+  const auto src = random_values(4 * 5, 44);
+  DeviceBuffer a = upload(backend, src), dst = zeros(backend, 4 * 3);
+  backend.copy_2d(ConstDeviceSpan(a).subspan(1, 19), 5, dst, 3, 4, 3, false);
+  backend.copy_2d(ConstDeviceSpan(a).subspan(1, 19), 5, dst, 3, 4, 3, true);
+  const auto dv = backend.download(dst);
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 3; ++c) CHECK(dv[r * 3 + c] == doctest::Approx(2.0f * src[r * 5 + 1 + c]));
+  CHECK_THROWS_AS(backend.attention_softmax_lse(p, lse, batch, nq, nk + 1, scale, true), ExecError);
 }
 
 TEST_CASE("gelu: tanh approximation forward and backward") {

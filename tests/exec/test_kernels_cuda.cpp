@@ -301,6 +301,39 @@ TEST_SUITE("gpu") {
     expect_close(out, "row_dot", 2e-2f, 5e-2f);
   }
 
+  TEST_CASE_FIXTURE(Fixture, "fused attention pieces: softmax + lse, probabilities, gradient, merge, copy_2d") {
+    const std::int64_t batch = 6, nq = 40, nk = 40;
+    const float scale = 0.125f;
+    for (const bool causal : {true, false}) {
+      Pair sc = random(batch * nq * nk, 80, DType::f32, -4.0f, 4.0f);
+      Pair lse = zeros(batch * nq, DType::f32);
+      cpu().attention_softmax_lse(sc.cpu, lse.cpu, batch, nq, nk, scale, causal);
+      gpu().attention_softmax_lse(sc.gpu, lse.gpu, batch, nq, nk, scale, causal);
+      expect_close(sc, "attention P");
+      expect_close(lse, "attention lse");
+      Pair again = random(batch * nq * nk, 80, DType::f32, -4.0f, 4.0f);
+      cpu().attention_probs(again.cpu, lse.cpu, batch, nq, nk, scale, causal);
+      gpu().attention_probs(again.gpu, lse.gpu, batch, nq, nk, scale, causal);
+      expect_close(again, "attention P from lse");
+      Pair dp = random(batch * nq * nk, 81, DType::f32);
+      Pair delta = random(batch * nq, 82, DType::f32);
+      cpu().attention_softmax_grad(dp.cpu, sc.cpu, delta.cpu, batch, nq, nk, scale);
+      gpu().attention_softmax_grad(dp.gpu, sc.gpu, delta.gpu, batch, nq, nk, scale);
+      expect_close(dp, "attention dS");
+    }
+    const std::int64_t rows = 50, cols = 64;
+    Pair out = random(rows * cols, 83), blk = random(rows * cols, 84);
+    Pair lo = random(rows, 85, DType::f32, -2.0f, 2.0f), lb = random(rows, 86, DType::f32, -2.0f, 2.0f);
+    cpu().attention_merge(out.cpu, lo.cpu, blk.cpu, lb.cpu, rows, cols);
+    gpu().attention_merge(out.gpu, lo.gpu, blk.gpu, lb.gpu, rows, cols);
+    expect_close(out, "attention merge out");
+    expect_close(lo, "attention merge lse");
+    Pair src = random(rows * cols, 87), dst = random(rows * 16, 88);
+    cpu().copy_2d(ConstDeviceSpan(src.cpu).subspan(8, rows * cols - 8), cols, dst.cpu, 16, rows, 16, true);
+    gpu().copy_2d(ConstDeviceSpan(src.gpu).subspan(8, rows * cols - 8), cols, dst.gpu, 16, rows, 16, true);
+    expect_close(dst, "copy_2d accumulate");
+  }
+
   TEST_CASE_FIXTURE(Fixture, "bias, dropout + residual: the same mask as the CPU backend") {
     const std::int64_t rows = 33, cols = 257;
     Pair y = random(rows * cols, 60);

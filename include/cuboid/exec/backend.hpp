@@ -150,6 +150,31 @@ class Backend {
   void causal_softmax_backward(ConstDeviceSpan dy, ConstDeviceSpan y, DeviceSpan dx,
                                std::int64_t batch, std::int64_t s, float scale);
 
+  // --- the fused attention core's pieces (exact attention by blocks with the
+  // softmax's log-sum-exp, FlashAttention's arithmetic): `batch` score blocks
+  // of nq x nk, batch index bh (micro-batch sequence x head); the statistics
+  // lse and delta are f32 laid out [nq, batch] (query-major, as the context's
+  // rows). `causal` (nq == nk, a diagonal block): query i sees keys 0..i.
+  // scores -> P = exp(scale * x - lse) in place, 0 where masked, and lse =
+  // log sum exp(scale * x) over the visible keys.
+  void attention_softmax_lse(DeviceSpan scores, DeviceSpan lse, std::int64_t batch, std::int64_t nq,
+                             std::int64_t nk, float scale, bool causal);
+  // scores -> P = exp(scale * x - lse) in place from a given lse (the backward's recomputation).
+  void attention_probs(DeviceSpan scores, ConstDeviceSpan lse, std::int64_t batch, std::int64_t nq,
+                       std::int64_t nk, float scale, bool causal);
+  // dp -> dS = scale * P * (dp - delta) in place (delta[i, bh] = dO . O of that query).
+  void attention_softmax_grad(DeviceSpan dp, ConstDeviceSpan p, ConstDeviceSpan delta, std::int64_t batch,
+                              std::int64_t nq, std::int64_t nk, float scale);
+  // Merges one block's output into the running one, row by row (rows of
+  // `cols`): lse' = log(e^lse + e^blk_lse), out = out e^(lse - lse') +
+  // blk e^(blk_lse - lse'), lse = lse' (context parallelism's out correction).
+  void attention_merge(DeviceSpan out, DeviceSpan lse, ConstDeviceSpan blk, ConstDeviceSpan blk_lse,
+                       std::int64_t rows, std::int64_t cols);
+  // A rows x cols block between strided matrices: dst[r * ld_dst + c] = (or +=
+  // with accumulate) src[r * ld_src + c]; same dtype.
+  void copy_2d(ConstDeviceSpan src, std::int64_t ld_src, DeviceSpan dst, std::int64_t ld_dst, std::int64_t rows,
+               std::int64_t cols, bool accumulate);
+
   // --- activations ----------------------------------------------------------
   // GELU, tanh approximation (GPT-2 / Megatron's openai_gelu); elementwise, equal sizes.
   void gelu_forward(ConstDeviceSpan x, DeviceSpan y);
@@ -231,6 +256,16 @@ class Backend {
                                            std::int64_t s, float scale) = 0;
   virtual void causal_softmax_backward_impl(ConstDeviceSpan dy, ConstDeviceSpan y, DeviceSpan dx,
                                             std::int64_t batch, std::int64_t s, float scale) = 0;
+  virtual void attention_softmax_lse_impl(DeviceSpan scores, DeviceSpan lse, std::int64_t batch, std::int64_t nq,
+                                          std::int64_t nk, float scale, bool causal) = 0;
+  virtual void attention_probs_impl(DeviceSpan scores, ConstDeviceSpan lse, std::int64_t batch, std::int64_t nq,
+                                    std::int64_t nk, float scale, bool causal) = 0;
+  virtual void attention_softmax_grad_impl(DeviceSpan dp, ConstDeviceSpan p, ConstDeviceSpan delta,
+                                           std::int64_t batch, std::int64_t nq, std::int64_t nk, float scale) = 0;
+  virtual void attention_merge_impl(DeviceSpan out, DeviceSpan lse, ConstDeviceSpan blk, ConstDeviceSpan blk_lse,
+                                    std::int64_t rows, std::int64_t cols) = 0;
+  virtual void copy_2d_impl(ConstDeviceSpan src, std::int64_t ld_src, DeviceSpan dst, std::int64_t ld_dst,
+                            std::int64_t rows, std::int64_t cols, bool accumulate) = 0;
   virtual void gelu_forward_impl(ConstDeviceSpan x, DeviceSpan y) = 0;
   virtual void gelu_backward_impl(ConstDeviceSpan dy, ConstDeviceSpan x, DeviceSpan dx) = 0;
   virtual void swiglu_forward_impl(ConstDeviceSpan x, DeviceSpan y, std::int64_t rows,

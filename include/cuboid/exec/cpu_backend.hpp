@@ -56,6 +56,16 @@ class CpuBackend final : public Backend {
                                    std::int64_t s, float scale) override;
   void causal_softmax_backward_impl(ConstDeviceSpan dy, ConstDeviceSpan y, DeviceSpan dx,
                                     std::int64_t batch, std::int64_t s, float scale) override;
+  void attention_softmax_lse_impl(DeviceSpan scores, DeviceSpan lse, std::int64_t batch, std::int64_t nq,
+                                  std::int64_t nk, float scale, bool causal) override;
+  void attention_probs_impl(DeviceSpan scores, ConstDeviceSpan lse, std::int64_t batch, std::int64_t nq,
+                            std::int64_t nk, float scale, bool causal) override;
+  void attention_softmax_grad_impl(DeviceSpan dp, ConstDeviceSpan p, ConstDeviceSpan delta, std::int64_t batch,
+                                   std::int64_t nq, std::int64_t nk, float scale) override;
+  void attention_merge_impl(DeviceSpan out, DeviceSpan lse, ConstDeviceSpan blk, ConstDeviceSpan blk_lse,
+                            std::int64_t rows, std::int64_t cols) override;
+  void copy_2d_impl(ConstDeviceSpan src, std::int64_t ld_src, DeviceSpan dst, std::int64_t ld_dst, std::int64_t rows,
+                    std::int64_t cols, bool accumulate) override;
   void gelu_forward_impl(ConstDeviceSpan x, DeviceSpan y) override;
   void gelu_backward_impl(ConstDeviceSpan dy, ConstDeviceSpan x, DeviceSpan dx) override;
   void swiglu_forward_impl(ConstDeviceSpan x, DeviceSpan y, std::int64_t rows,
