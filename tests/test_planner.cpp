@@ -424,7 +424,7 @@ TEST_CASE("rank orders that tie are one row, in Megatron's default order; the pl
   CHECK(tie_listed);
 }
 
-TEST_CASE("a device without fused attention: flash off by default, a forced --flash-attention on is refused") {
+TEST_CASE("a device whose default core is unfused: flash off by default, --flash-attention on when asked") {
   const ModelSpec m = load_model("models/tiny.json");
   const Cluster c = load_cluster("topologies/localhost-cpu.json");
   CHECK(!c.gpu.flash_attention);
@@ -439,19 +439,28 @@ TEST_CASE("a device without fused attention: flash off by default, a forced --fl
   const SearchResult r = search_plans(m, topo, o);
   REQUIRE(!r.fitting.empty());
   for (const auto& e : r.fitting) CHECK(!e.plan.flash_attention);
+  for (const auto& e : r.fitting) CHECK(e.plan.cp == 1);  // CP is searched with the fused core only
   CHECK(!plan_from_options(m, c, o).flash_attention);
+  // Asked for, the fused core is planned (the CPU executor runs its
+  // arithmetic), and with it context parallelism.
   o.flash_attention = true;
+  const SearchResult f = search_plans(m, topo, o);
+  REQUIRE(!f.fitting.empty());
+  for (const auto& e : f.fitting) CHECK(e.plan.flash_attention);
+  CHECK(plan_from_options(m, c, o).flash_attention);
+  o.tp = 1;
+  o.cp = 2;
+  const ParallelPlan cp = plan_from_options(m, c, o);
+  CHECK(cp.cp == 2);
+  CHECK(cp.flash_attention);
+  o.flash_attention = false;
   std::string what;
   try {
-    (void)search_plans(m, topo, o);
+    (void)plan_from_options(m, c, o);
   } catch (const InputError& e) {
     what = e.what();
   }
-  CHECK(what ==
-        "command line: --flash-attention: flash attention is on, but cpu (localhost (2 CPU ranks)) has no fused "
-        "attention kernel (its GPU profile says \"flash_attention\": false) (fix: use --flash-attention off (the "
-        "default on this cluster))");
-  CHECK_THROWS_AS(plan_from_options(m, c, o), InputError);
+  CHECK(what.find("context parallelism needs fused (flash) attention") != std::string::npos);
 }
 
 TEST_CASE("trainer presets: what each can run, and settings that contradict it are refused") {

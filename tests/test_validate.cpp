@@ -358,12 +358,12 @@ TEST_CASE("bad data: each mismatch is an InputError naming the file, the field a
           "m.json: ranks[0].ops: op \"mystery\" timed on rank 0 is not an op the simulator prices on pipeline stage 0 " +
               rerun);
   }
-  SUBCASE("a flash-attention plan against the unfused attention the CPU backend runs") {
+  SUBCASE("a flash-attention plan against a run of the unfused attention core") {
     const PlanFile flash = make_plan(2, 1, 1, 0, true);
     CHECK(message_of(flash, cluster, make_measurements(pf, 0.5)) ==
           "m.json: ranks[0].ops: op \"attn_flash\", which the simulator prices on pipeline stage 0, was not timed on "
-          "rank 0: the run did other work than the plan describes (fix: this backend runs the unfused attention core: "
-          "make the plan with --flash-attention off)");
+          "rank 0: the run did other work than the plan describes (fix: the run had the unfused attention core and "
+          "the plan the fused one: run this plan file (the executor runs the core the plan names))");
   }
   SUBCASE("a NaN time (written as null)") {
     nlohmann::json doc = make_measurements(pf, 0.5);

@@ -69,7 +69,7 @@ exec::Communicator* group_comm(exec::ProcessGroups& g, Group kind) {
     case Group::pp: return g.pp.get();
     case Group::dp: return g.dp.get();
     case Group::ep: return g.ep.get();
-    case Group::cp:  // refused before the launch (check_world_size, check_executable)
+    case Group::cp: return g.cp.get();
     case Group::none: break;
   }
   return g.world.get();
@@ -253,7 +253,8 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
     std::vector<std::vector<KernelMeasurement>> kernel_repeats;
     for (int r = 0; r < o.repeat; ++r) {
       std::vector<KernelMeasurement> k =
-          run_kernel_sweep(backend, groups.tp.get(), *groups.world, j.model, j.plan, ko, watchdog, groups.ep.get());
+          run_kernel_sweep(backend, groups.tp.get(), *groups.world, j.model, j.plan, ko, watchdog, groups.ep.get(),
+                           groups.cp.get());
       const std::vector<KernelMeasurement> a =
           run_optimizer_sweep(backend, *groups.world, j.model, j.plan, ko, watchdog);
       k.insert(k.end(), a.begin(), a.end());

@@ -18,12 +18,13 @@ constexpr float kDropout = 0.1f;  // the step runner's default (StepOptions)
 
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
-// Per-call median (or fastest) of every memory-bound op of one layer forward + backward.
+// Per-call median (or fastest) of every memory-bound op and fused attention
+// block of one layer forward + backward.
 std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* tp, const exec::LayerDims& d,
-                                         const exec::MoeDims* moe, exec::Communicator* ep, const KernelSweepOptions& o,
-                                         exec::Watchdog* watchdog) {
+                                         const exec::MoeDims* moe, exec::Communicator* ep, exec::Communicator* cp,
+                                         const KernelSweepOptions& o, exec::Watchdog* watchdog) {
   exec::OpTimer timer(be, watchdog);
-  exec::LayerRunner runner(be, tp, d, timer, moe, ep);
+  exec::LayerRunner runner(be, tp, d, timer, moe, ep, d.cp > 1 ? cp : nullptr);
   const bool is_moe = moe != nullptr;
   const std::size_t n_params = exec::layer_param_count(d, is_moe);
   const std::size_t n_experts = is_moe ? moe->expert_param_count() : 1;
@@ -55,7 +56,8 @@ std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* 
   }
   std::map<std::string, double> per_call;
   for (const auto& [name, st] : timer.stats()) {
-    if (st.desc.kind != OpKind::memory_bound || st.calls_per_step <= 0) continue;
+    const bool timed = st.desc.kind == OpKind::memory_bound || st.desc.kind == OpKind::attention_core;
+    if (!timed || st.calls_per_step <= 0) continue;
     per_call[name] = median_of(st.step_seconds) * 1e9 / static_cast<double>(st.calls_per_step);
   }
   return per_call;
@@ -66,21 +68,26 @@ std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* 
 std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communicator* tp, exec::Communicator& world,
                                                 const ModelSpec& model, const ParallelPlan& plan,
                                                 const KernelSweepOptions& o, exec::Watchdog* watchdog,
-                                                exec::Communicator* ep) {
+                                                exec::Communicator* ep, exec::Communicator* cp) {
   const std::int64_t seq = plan.seq_length > 0 ? plan.seq_length : model.seq_length;
   std::vector<KernelMeasurement> out;
   for (const KernelScale& k : kernel_scales(plan, seq, o.quick)) {
     ParallelPlan scaled = plan;
     scaled.micro_batch = k.micro_batch;
     scaled.seq_length = k.seq_length;
-    std::map<std::string, double> bytes;  // workload name -> Op::bytes (first occurrence)
-    for (const Op& op : executor_workload_ops(model, scaled))
+    // Workload name -> the size a sample is keyed by (first occurrence):
+    // Op::bytes, or a fused attention block's Op::flops (every block of the
+    // CP ring has the same).
+    std::map<std::string, double> bytes;
+    for (const Op& op : executor_workload_ops(model, scaled)) {
       if (op.kind == OpKind::memory_bound) bytes.try_emplace(op.name, op.bytes);
+      if (op.kind == OpKind::attention_core) bytes.try_emplace(op.name, op.flops);
+    }
     world.barrier();
     const exec::LayerDims d = exec::layer_dims(model, scaled, kDropout);
     const exec::MoeDims moe = exec::moe_dims(model, scaled, d.local_tokens);
     const std::map<std::string, double> times =
-        time_layer(be, tp, d, model.moe.enabled() ? &moe : nullptr, ep, o, watchdog);
+        time_layer(be, tp, d, model.moe.enabled() ? &moe : nullptr, ep, cp, o, watchdog);
     for (const auto& [name, t] : times) {
       const auto it = bytes.find(name);
       if (it != bytes.end() && it->second > 0) out.push_back(KernelMeasurement{name, it->second, t});

@@ -12,8 +12,7 @@
 namespace cuboid::calibrate {
 
 std::vector<Op> executor_workload_ops(const ModelSpec& model, const ParallelPlan& plan) {
-  ParallelPlan p = plan;
-  p.flash_attention = false;  // the executor runs attention unfused (layer.cpp)
+  const ParallelPlan& p = plan;  // the executor runs the plan's attention core, fused or not
   std::vector<Op> ops;
   auto append = [&ops](const LayerOps& l) {
     for (const auto* list : {&l.forward, &l.backward, &l.recompute}) ops.insert(ops.end(), list->begin(), list->end());
@@ -67,9 +66,10 @@ std::vector<std::int64_t> size_ladder(std::int64_t min_bytes, std::int64_t max_b
 }
 
 std::vector<KernelScale> kernel_scales(const ParallelPlan& plan, std::int64_t seq_length, bool quick) {
-  // With sequence parallelism a TP rank holds tokens / TP rows: keep the
-  // shortened sequence a multiple of TP.
-  const std::int64_t align = plan.sequence_parallel && plan.tp > 1 ? plan.tp : 1;
+  // With sequence parallelism a TP rank holds tokens / TP rows, with context
+  // parallelism 2 x CP chunks: keep the shortened sequence a multiple of both.
+  const std::int64_t align =
+      (plan.sequence_parallel && plan.tp > 1 ? plan.tp : 1) * (plan.cp > 1 ? 2 * std::int64_t{plan.cp} : 1);
   std::vector<KernelScale> out;
   auto add = [&](int mb, std::int64_t seq) {
     seq = std::max(align, seq / align * align);
@@ -101,6 +101,7 @@ std::vector<GroupShape> plan_group_shapes(const ParallelPlan& plan, int gpus_per
   add(Group::pp, mapping.pp_groups());
   add(Group::dp, mapping.dp_groups());
   if (plan.ep > 1) add(Group::ep, mapping.ep_groups());
+  if (plan.cp > 1) add(Group::cp, mapping.cp_groups());
   return out;
 }
 

@@ -23,11 +23,6 @@ struct RunFlags {
 
 void run_run(RunFlags& f) {
   const PlanFile pf = read_plan_file(f.plan_path);
-  // Neither backend has a fused attention kernel: say so rather than let a
-  // flash plan's per-op comparison silently miss (attn_flash vs attn_qk ...).
-  if (pf.plan.flash_attention && exec::detect_launch(exec::process_environment()).rank == 0)
-    std::cerr << "cuboid run: note: the plan has flash attention on, but the executor runs attention unfused "
-                 "(attn_qk, attn_softmax, attn_av); plan with --flash-attention off to compare with the simulator\n";
   if (f.layers != 0) f.options.layers = f.layers;
   if (f.seq_length != 0) f.options.seq_length = f.seq_length;
   const int code = exec::run_plan(pf, f.options);
@@ -51,6 +46,9 @@ void register_run_command(CLI::App& app) {
   cmd->add_option("--out", flags.options.out_path, "write per-rank per-op timings to FILE (JSON, atomically)");
   cmd->add_option("--layers", flags.layers, "scale the model down to N layers (a multiple of PP x virtual stages)");
   cmd->add_option("--seq-length", flags.seq_length, "scale the sequence length down to S tokens");
+  cmd->add_option("--dropout", flags.options.dropout,
+                  "the residual dropouts' probability (default 0.1; 0: the same losses whatever the layout)")
+      ->check(CLI::Range(0.0, 0.99));
   cmd->add_option("--mpi-wait", flags.options.mpi_wait,
                   "how MPI ranks wait for a collective or message: spin (MPI's blocking calls), yield "
                   "(test and sched_yield, handing the core to ranks that share it), sleep (test and short "

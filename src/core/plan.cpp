@@ -234,11 +234,6 @@ std::optional<PlanProblem> check_plan(const ParallelPlan& p, const ModelSpec& m,
                                                    {p.virtual_stages, F::virtual_stages}};
   for (const auto& [v, field] : sizes)
     if (v <= 0) return problem(field, "must be positive, got " + std::to_string(v), "give a value >= 1");
-  if (p.flash_attention && !c.gpu.flash_attention)
-    return problem(F::flash_attention,
-                   "flash attention is on, but " + c.gpu.name + " (" + c.name +
-                       ") has no fused attention kernel (its GPU profile says \"flash_attention\": false)",
-                   "turn flash attention off (the default on this cluster)");
   if (p.zero_stage < 0 || p.zero_stage > 3)
     return problem(F::zero_stage, "ZeRO stage must be 0, 1, 2 or 3, got " + std::to_string(p.zero_stage),
                    "use 0, 1, 2 or 3");

@@ -121,6 +121,7 @@ struct Dims {
   std::int64_t qlora, kvlora, qk, rope, v;
   CpComm cp_comm;
   bool sp, flash, fused_wgrad, alibi;
+  bool cp_overlap;  // the ring's K/V exchange runs under the step's block (TrainerSettings::cp_overlap)
   // Bytes per parameter of the unfused accumulation (TrainerSettings::grad_accum_bytes).
   double grad_accum_bytes;
 };
@@ -131,6 +132,7 @@ Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
   x.s_full = plan.seq_length > 0 ? plan.seq_length : m.seq_length;
   x.cp = plan.cp > 1 ? plan.cp : 1;
   x.cp_comm = plan.cp_comm;
+  x.cp_overlap = plan.trainer.cp_overlap;
   x.s = x.s_full / x.cp;
   x.h = m.hidden_size;
   x.a = m.num_attention_heads;
@@ -317,7 +319,7 @@ void add_cp_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
       out.push_back(collective(op::cp_kv_p2p, pass, Collective::send_recv, Group::cp, cp_kv_bytes(x)));
       out.back().kind = OpKind::p2p;
       out.back().compute_dtype = true;
-      out.back().overlaps_next = true;
+      out.back().overlaps_next = x.cp_overlap;
     }
     const Op block = i == 0 ? flash_block(x, pass, x.s, x.s, x.b * heads, heads, true)
                             : flash_block(x, pass, x.s / 2, x.s, x.b * heads, heads, false);
@@ -363,7 +365,7 @@ void add_cp_attention_backward(std::vector<Op>& out, const Dims& x, const std::v
     out.push_back(collective(op::cp_kv_dkv_p2p_bwd, Pass::backward, Collective::send_recv, Group::cp, bytes));
     out.back().kind = OpKind::p2p;
     out.back().compute_dtype = true;
-    out.back().overlaps_next = true;
+    out.back().overlaps_next = x.cp_overlap;
     const Op& f = *blocks[n - 1 - i];
     out.push_back(bwd_of(f));
     // The step's dQ added into dQ and its dK/dV into the travelling dK/dV

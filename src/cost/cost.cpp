@@ -378,6 +378,9 @@ std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
       // best measured GEMM FLOP/s here (the calibration sweeps no fused
       // attention kernel).
       if (op.flops <= 0 && op.bytes <= 0) return 0;
+      // Calibrated: the block as measured inside the executor's layer, by FLOPs.
+      if (gpu.calibration)
+        if (const auto ns = calibrated_kernel_ns(*gpu.calibration, op.name, op.flops)) return std::llround(*ns);
       const double flash = op.name == op::attn_flash_bwd ? gpu.flash_attention_bwd_efficiency
                                                          : gpu.flash_attention_fwd_efficiency;
       const double best = gpu.calibration || flash <= 0 ? gemm_best_flops(gpu) : sustained_flops(gpu, flash);

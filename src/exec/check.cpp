@@ -38,6 +38,17 @@ Matrix rows_of(const Matrix& m, std::int64_t cols, std::int64_t first, std::int6
   return Matrix(m.begin() + first * cols, m.begin() + (first + count) * cols);
 }
 
+// Context parallelism: the rows ([s, b] order) of CP rank r of cp, chunks r
+// and 2 cp - 1 - r of the sequence.
+Matrix cp_rows(const Matrix& m, std::int64_t cols, std::int64_t seq, std::int64_t b, int r, int cp) {
+  if (cp <= 1) return m;
+  const std::int64_t chunk = seq / (2 * cp);
+  Matrix out = rows_of(m, cols, r * chunk * b, chunk * b);
+  const Matrix second = rows_of(m, cols, (2 * cp - 1 - r) * chunk * b, chunk * b);
+  out.insert(out.end(), second.begin(), second.end());
+  return out;
+}
+
 Matrix hcat(std::initializer_list<Matrix> parts, std::int64_t rows) {
   // Concatenates column blocks of equal row count.
   std::vector<std::int64_t> widths;
@@ -164,6 +175,7 @@ CheckResult check_sharded_forward(Backend& be, ProcessGroups& groups, const Mode
   ParallelPlan single = plan;
   single.tp = 1;
   single.ep = 1;
+  single.cp = 1;
   single.sequence_parallel = false;
   const LayerDims sd = layer_dims(model, plan, 0.0f);
   const LayerDims fd = layer_dims(model, single, 0.0f);
@@ -178,8 +190,16 @@ CheckResult check_sharded_forward(Backend& be, ProcessGroups& groups, const Mode
   HostLayer mine = shard(full, fd, sd, r);
   if (moe) keep_local_experts(mine, ep_rank, plan.ep);
   // The injected bug: the last TP rank's FC2 shard negated (with experts:
-  // the last EP rank's experts' FC2, or the last TP rank's without EP).
-  if (flip_shard && moe && (plan.ep > 1 ? ep_rank == plan.ep - 1 : r == plan.tp - 1)) {
+  // the last EP rank's experts' FC2, or the last TP rank's without EP; with
+  // CP and no EP: the last CP rank's V weights, so that the K/V it sends
+  // around the ring differ from the reference's).
+  const bool flip_cp = plan.cp > 1 && !(moe && plan.ep > 1);
+  if (flip_shard && flip_cp) {
+    if (groups.coord.cp == plan.cp - 1)
+      for (std::int64_t row = 0; row < sd.hidden; ++row)
+        for (std::int64_t c = sd.q_cols() + sd.kv_cols(); c < sd.qkv_cols(); ++c)
+          mine.qkv[static_cast<std::size_t>(row * sd.qkv_cols() + c)] *= -1.0f;
+  } else if (flip_shard && moe && (plan.ep > 1 ? ep_rank == plan.ep - 1 : r == plan.tp - 1)) {
     for (Matrix& m : mine.efc2)
       for (float& v : m) v = -v;
   } else if (flip_shard && !moe && r == plan.tp - 1) {
@@ -201,19 +221,26 @@ CheckResult check_sharded_forward(Backend& be, ProcessGroups& groups, const Mode
 
   // A small residual stream, so that the blocks' outputs are not rounded
   // away in it; each data-parallel rank its own, so that an EP group's ranks
-  // route different tokens (and exchange blocks of different sizes).
-  const std::uint64_t x_seed = 0xBADC0DE + (moe ? static_cast<std::uint64_t>(groups.coord.dp * 64 + groups.coord.cp) : 0);
+  // route different tokens (and exchange blocks of different sizes). The
+  // ranks of a CP group take their chunks of one sequence.
+  const std::uint64_t x_seed = 0xBADC0DE + (moe ? static_cast<std::uint64_t>(groups.coord.dp * 64) : 0);
   const Matrix x = random_matrix(static_cast<std::size_t>(fd.tokens * fd.hidden), x_seed, 0.05f);
+  // This rank's rows of a full [s, b] tensor: its CP chunks, then its SP block.
   const std::int64_t first_row = sd.sequence_parallel ? r * sd.local_tokens : 0;
+  auto mine_of = [&](const Matrix& full_rows) {
+    return rows_of(cp_rows(full_rows, sd.hidden, fd.seq, fd.micro_batch, groups.coord.cp, plan.cp), sd.hidden, first_row,
+                   sd.local_tokens);
+  };
   DeviceBuffer x_full = be.alloc(x.size());
   DeviceBuffer x_local = be.alloc(static_cast<std::size_t>(sd.local_tokens * sd.hidden));
   be.upload(x, x_full);
-  be.upload(rows_of(x, sd.hidden, first_row, sd.local_tokens), x_local);
+  be.upload(mine_of(x), x_local);
   DeviceBuffer y_full = be.alloc(x_full.size());
   DeviceBuffer y_local = be.alloc(x_local.size());
 
   timer.begin_step(false);
-  LayerRunner sharded(be, groups.tp.get(), sd, timer, moe ? &smoe : nullptr, groups.ep.get());
+  LayerRunner sharded(be, groups.tp.get(), sd, timer, moe ? &smoe : nullptr, groups.ep.get(),
+                      plan.cp > 1 ? groups.cp.get() : nullptr);
   LayerActs sharded_acts = sharded.make_acts(AttentionMemory::keep_probs);
   sharded.forward(sp, x_local, sharded_acts, y_local, 1, AttentionMemory::keep_probs);
   LayerRunner reference(be, nullptr, fd, timer, moe ? &fmoe : nullptr);
@@ -221,14 +248,12 @@ CheckResult check_sharded_forward(Backend& be, ProcessGroups& groups, const Mode
   reference.forward(fp, x_full, reference_acts, y_full, 1, AttentionMemory::keep_probs);
   timer.end_step();
 
-  auto part = [&](const DeviceBuffer& b) {
-    return rows_of(be.download(b), sd.hidden, first_row, sd.local_tokens);
-  };
+  auto part = [&](const DeviceBuffer& b) { return mine_of(be.download(b)); };
   CheckResult out;
   out.tolerance = check_tolerance(be.compute_dtype());
   // The attention block's own contribution (mid - x): the residual would
   // otherwise hide an error in it below the tolerance.
-  const Matrix x_mine = rows_of(x, sd.hidden, first_row, sd.local_tokens);
+  const Matrix x_mine = mine_of(x);
   auto minus_x = [&](Matrix m) {
     for (std::size_t i = 0; i < m.size(); ++i) m[i] -= x_mine[i];
     return m;

@@ -171,6 +171,9 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
   };
   if (model.mla.enabled()) refuse("model.mla", "multi-head latent attention", "run a model with standard attention");
   if (model.mtp_layers > 0) refuse("model.mtp_layers", "multi-token prediction", "run a model without MTP layers");
+  if (plan.cp > 1 && plan.cp_comm != CpComm::p2p)
+    refuse("parallel.cp_comm", "context parallelism's a2a exchange (it runs the p2p ring)",
+           "plan with --cp-comm-type p2p");
   if (!model.moe.enabled()) return;
   const MoeSpec& e = model.moe;
   if (e.shared_expert_ffn_hidden_size > 0)
@@ -189,13 +192,10 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
 
 
 void check_world_size(int world_size, const ParallelPlan& plan, const std::string& plan_source) {
-  if (plan.cp > 1)
-    throw InputError(plan_source, "parallel.cp",
-                     "the executor does not run context parallelism yet (cuboid plan and simulate price it)",
-                     "run or calibrate a plan with cp 1");
   if (world_size == plan.world_size()) return;
+  const std::string cp = plan.cp > 1 ? " x CP " + std::to_string(plan.cp) : "";
   throw InputError(plan_source, "parallel.world_size",
-                   "the plan needs TP " + std::to_string(plan.tp) + " x PP " + std::to_string(plan.pp) + " x DP " +
+                   "the plan needs TP " + std::to_string(plan.tp) + cp + " x PP " + std::to_string(plan.pp) + " x DP " +
                        std::to_string(plan.dp) + " = " + std::to_string(plan.world_size()) + " ranks but " +
                        std::to_string(world_size) + " were launched",
                    "launch " + std::to_string(plan.world_size()) + " ranks (mpirun -np " +
@@ -213,11 +213,17 @@ ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const Ran
   const RankCoord& c = g.coord;
   // One color per group, the coordinate along the group's dimension as key,
   // so that rank i of a group is the rank RankMapping lists i-th.
-  const int dp_size = static_cast<int>(mapping.dp_group(0, 0).size());
+  // With CP the data index is cp + CP x dp: the DP group is the gradient
+  // group of DP x CP ranks (Megatron's data-parallel group with context
+  // parallelism), the CP group the ranks of one sequence.
+  const int data_size = static_cast<int>(mapping.dp_group(0, 0).size());
   const int tp_size = static_cast<int>(mapping.tp_group(0, 0).size());
-  g.tp = world->split(c.pp * dp_size + c.dp, c.tp);
-  g.pp = world->split(c.dp * tp_size + c.tp, c.pp);
-  g.dp = world->split(c.pp * tp_size + c.tp, c.dp);
+  const int cp_size = static_cast<int>(mapping.cp_group(0, 0, 0).size());
+  const int data = c.cp + cp_size * c.dp;
+  g.tp = world->split(c.pp * data_size + data, c.tp);
+  g.pp = world->split(data * tp_size + c.tp, c.pp);
+  g.dp = world->split(c.pp * tp_size + c.tp, data);
+  g.cp = world->split((c.pp * tp_size + c.tp) * (data_size / cp_size) + c.dp, c.cp);
   if (expert_groups) {
     // Color: the group's index in RankMapping's list; key: the rank's place in it.
     auto split_by = [&](const std::vector<std::vector<int>>& groups) {

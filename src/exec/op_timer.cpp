@@ -3,9 +3,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <string_view>
+
 #include <fmt/format.h>
 
 #include "cuboid/exec/host_memory.hpp"
+#include "cuboid/core/op_names.hpp"
 
 namespace cuboid::exec {
 
@@ -19,6 +22,22 @@ OpDesc gemm_desc(const char* name, Pass pass, std::int64_t m, std::int64_t n, st
   d.k = k;
   d.batch = batch;
   d.flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(batch);
+  return d;
+}
+
+OpDesc attention_desc(const char* name, Pass pass, std::int64_t nq, std::int64_t nk, std::int64_t head_dim,
+                      std::int64_t batch, bool causal) {
+  OpDesc d;
+  d.name = name;
+  d.kind = OpKind::attention_core;
+  d.pass = pass;
+  d.m = nq;
+  d.n = head_dim;
+  d.k = nk;
+  d.batch = batch;
+  d.flops = 4.0 * static_cast<double>(nq) * static_cast<double>(nk) * static_cast<double>(head_dim) *
+            static_cast<double>(batch) * (causal ? 0.5 : 1.0) *
+            (std::string_view(name) == op::attn_flash_bwd ? 2.5 : 1.0);
   return d;
 }
 

@@ -121,7 +121,7 @@ nlohmann::json rank_json(const World& world, const ProcessGroups& g, const StepR
                         {"calls_per_step", st.calls_per_step},
                         {"time_per_step", stats_json(st.step_seconds)},
                         {"step_seconds", st.step_seconds}};
-    if (d.kind == OpKind::gemm) {
+    if (d.kind == OpKind::gemm || d.kind == OpKind::attention_core) {
       j["shape"] = {{"m", d.m}, {"n", d.n}, {"k", d.k}, {"batch", d.batch}};
       j["flops_per_call"] = d.flops;
       flops += d.flops * static_cast<double>(st.calls_per_step);
@@ -141,8 +141,11 @@ nlohmann::json rank_json(const World& world, const ProcessGroups& g, const StepR
   for (double l : losses) loss.push_back(std::isnan(l) ? nlohmann::json() : nlohmann::json(l));
   return {{"rank", g.world->rank()},
           {"hostname", world.hostname},
-          {"coord", {{"tp", g.coord.tp}, {"pp", g.coord.pp}, {"dp", g.coord.dp}, {"node", g.coord.node}, {"gpu", g.coord.gpu}}},
-          {"groups", {{"tp_size", g.tp->size()}, {"pp_size", g.pp->size()}, {"dp_size", g.dp->size()}}},
+          {"coord",
+           {{"tp", g.coord.tp}, {"pp", g.coord.pp}, {"dp", g.coord.dp}, {"cp", g.coord.cp}, {"node", g.coord.node},
+            {"gpu", g.coord.gpu}}},
+          {"groups",
+           {{"tp_size", g.tp->size()}, {"pp_size", g.pp->size()}, {"dp_size", g.dp->size()}, {"cp_size", g.cp->size()}}},
           {"parameters", runner.parameter_count()},
           {"layers", runner.layers_on_rank()},
           {"step_seconds", timer.step_seconds()},
@@ -170,7 +173,7 @@ std::string run_fingerprint(const ModelSpec& model, const ParallelPlan& plan, in
                 {"recompute", std::string(to_string(plan.recompute))}, {"sequence_parallel", plan.sequence_parallel},
                 {"schedule", std::string(to_string(plan.schedule))}, {"flash_attention", plan.flash_attention},
                 {"rank_order", plan.order.str()}, {"gpus_per_node", gpus_per_node}}},
-      {"run", {{"backend", o.backend}, {"steps", o.steps}, {"warmup", o.warmup}, {"check", o.check}}}};
+      {"run", {{"backend", o.backend}, {"steps", o.steps}, {"warmup", o.warmup}, {"check", o.check}, {"dropout", o.dropout}}}};
   std::uint64_t h = 0xcbf29ce484222325ull;
   for (const char c : j.dump()) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
   return fmt::format("{:016x}", h);
@@ -181,18 +184,22 @@ void print_summary(const nlohmann::json& doc) {
   const auto& p = doc["plan"];
   const std::string experts =
       p.contains("ep") ? fmt::format("; experts EP {} x ETP {}", p["ep"].get<int>(), p["etp"].get<int>()) : "";
-  std::cout << fmt::format("cuboid run: {} ranks (TP {} x PP {} x DP {}{}), backend {}, {} measured steps after {} warm-up\n",
-                           ranks.size(), p["tp"].get<int>(), p["pp"].get<int>(), p["dp"].get<int>(), experts,
+  const int cp = p.contains("cp") ? p["cp"].get<int>() : 1;
+  const std::string cp_dim = cp > 1 ? fmt::format(" x CP {}", cp) : "";
+  std::cout << fmt::format("cuboid run: {} ranks (TP {}{} x PP {} x DP {}{}), backend {}, {} measured steps after {} warm-up\n",
+                           ranks.size(), p["tp"].get<int>(), cp_dim, p["pp"].get<int>(), p["dp"].get<int>(), experts,
                            doc["environment"]["backend"].get<std::string>(),
                            doc["steps"].get<int>(), doc["warmup"].get<int>());
-  std::cout << "rank  tp pp dp   iter(s)  spread(s)  compute(s)   comm(s)  TFLOP/s  loss\n";
+  std::cout << (cp > 1 ? "rank  tp cp pp dp   iter(s)  spread(s)  compute(s)   comm(s)  TFLOP/s  loss\n"
+                       : "rank  tp pp dp   iter(s)  spread(s)  compute(s)   comm(s)  TFLOP/s  loss\n");
   for (const auto& r : ranks) {
     const auto& it = r["iteration"];
     const auto& loss = r["loss"];
     std::string l = "-";
     if (!loss.empty() && !loss.back().is_null()) l = fmt::format("{:.4f}", loss.back().get<double>());
-    std::cout << fmt::format("{:>4} {:>3} {:>2} {:>2} {:>9.4f} {:>10.4f} {:>11.4f} {:>9.4f} {:>8.3f}  {}\n",
-                             r["rank"].get<int>(), r["coord"]["tp"].get<int>(), r["coord"]["pp"].get<int>(),
+    const std::string cp_col = cp > 1 ? fmt::format(" {:>2}", r["coord"]["cp"].get<int>()) : "";
+    std::cout << fmt::format("{:>4} {:>3}{} {:>2} {:>2} {:>9.4f} {:>10.4f} {:>11.4f} {:>9.4f} {:>8.3f}  {}\n",
+                             r["rank"].get<int>(), r["coord"]["tp"].get<int>(), cp_col, r["coord"]["pp"].get<int>(),
                              r["coord"]["dp"].get<int>(), it["median_s"].get<double>(),
                              it["max_s"].get<double>() - it["min_s"].get<double>(), r["compute_s"].get<double>(),
                              r["communication_s"].get<double>(), r["achieved_tflops"].get<double>(), l);
@@ -276,9 +283,11 @@ int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model,
                   {"layer_relative_error", c.layer_error},
                   {"tolerance", c.tolerance}};
     if (rank == 0) {
-      std::cout << fmt::format("check: sharded forward (TP {}{}{}) vs unsharded reference: attention block error {:.3g}, "
+      std::cout << fmt::format("check: sharded forward (TP {}{}{}{}) vs unsharded reference: attention block error {:.3g}, "
                                "layer output error {:.3g}, tolerance {:.3g} ({}): {}\n",
                                plan.tp, plan.sequence_parallel && plan.tp > 1 ? ", sequence parallel" : "",
+                               plan.cp > 1 ? fmt::format(", CP {} ring attention over {} chunks", plan.cp, 2 * plan.cp)
+                                           : "",
                                model.moe.enabled() ? fmt::format(", MoE layer with EP {} of {} experts", plan.ep,
                                                                  model.moe.num_experts)
                                                    : "",
@@ -294,7 +303,9 @@ int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model,
     }
   }
 
-  StepRunner runner(*backend, groups, model, plan, timer);
+  StepOptions step_options;
+  step_options.dropout = o.dropout;
+  StepRunner runner(*backend, groups, model, plan, timer, step_options);
   std::vector<double> losses;
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     const bool measured = i >= o.warmup;
@@ -360,10 +371,11 @@ int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model,
                     {"vocab_size", model.vocab_size}};
     doc["plan"] = {{"tp", plan.tp}, {"pp", plan.pp}, {"dp", plan.dp}, {"micro_batch", plan.micro_batch},
                    {"global_batch", plan.global_batch}, {"num_micro_batches", plan.num_micro_batches()},
-                   {"seq_length", runner.dims().seq}, {"virtual_stages", plan.virtual_stages},
+                   {"seq_length", runner.dims().seq * plan.cp}, {"virtual_stages", plan.virtual_stages},
                    {"zero_stage", plan.zero_stage}, {"recompute", std::string(to_string(plan.recompute))},
                    {"sequence_parallel", plan.sequence_parallel}, {"schedule", std::string(to_string(plan.schedule))},
                    {"rank_order", plan.order.str()}, {"world_size", plan.world_size()}};
+    if (plan.cp > 1) doc["plan"]["cp"] = plan.cp;
     if (model.moe.enabled()) {
       doc["plan"]["ep"] = plan.ep;
       doc["plan"]["etp"] = plan.expert_tp();

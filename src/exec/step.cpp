@@ -50,20 +50,35 @@ StepRunner::StepRunner(Backend& backend, ProcessGroups& groups, const ModelSpec&
                         "an MoE plan needs the EP and expert-DP groups (make_process_groups with expert_groups)");
     moe_ = moe_dims(model_, plan_, dims.local_tokens);
   }
+  if (plan_.cp > 1)
+    CUBOID_EXEC_REQUIRE(groups_.cp != nullptr && groups_.cp->size() == plan_.cp, "StepRunner",
+                        "a CP plan needs its CP group (make_process_groups)");
+  data_ranks_ = plan_.dp * plan_.cp;
+  data_index_ = groups_.coord.cp + plan_.cp * groups_.coord.dp;
   runner_ = std::make_unique<LayerRunner>(be_, groups_.tp.get(), dims, timer_, model_.moe.enabled() ? &moe_ : nullptr,
-                                          groups_.ep.get());
+                                          groups_.ep.get(), plan_.cp > 1 ? groups_.cp.get() : nullptr);
   layout_params();
 
   const LayerDims& d = runner_->dims();
   const std::int64_t T = d.tokens, Tl = d.local_tokens, h = d.hidden;
   // Synthetic data: token ids of the DP replica's micro-batches (the same on
   // every TP rank and stage), shifted into this rank's vocabulary shard.
+  // With CP the rank takes chunks r and 2 cp - 1 - r of each sequence
+  // (its positions [0, s/2) and [s/2, s)): every token keeps the id and
+  // label it has without CP.
   const std::int64_t vocab_first = d.vocab * groups_.coord.tp;
+  const std::int64_t half = d.seq / 2, b = d.micro_batch;
+  auto global_position = [&](std::int64_t p) {
+    if (plan_.cp <= 1) return p;
+    const std::int64_t chunk = p < half ? groups_.coord.cp : 2 * plan_.cp - 1 - groups_.coord.cp;
+    return chunk * half + p % half;
+  };
   for (int mb = 0; mb < micro_batches_; ++mb) {
     std::vector<std::int32_t> ids(sz(T)), labels(sz(T));
     for (std::int64_t i = 0; i < T; ++i) {
+      const std::int64_t global = global_position(i / b) * b + i % b;  // rows are [s, b]
       const std::uint64_t key = (static_cast<std::uint64_t>(groups_.coord.dp) << 40) ^
-                                (static_cast<std::uint64_t>(mb) << 24) ^ static_cast<std::uint64_t>(i);
+                                (static_cast<std::uint64_t>(mb) << 24) ^ static_cast<std::uint64_t>(global);
       const auto id = static_cast<std::int64_t>(uniform01(options_.seed, key) * static_cast<float>(model_.vocab_size));
       ids[sz(i)] = static_cast<std::int32_t>(id - vocab_first);
       labels[sz(i)] = static_cast<std::int32_t>(uniform01(options_.seed + 1, key) * static_cast<float>(d.vocab));
@@ -117,7 +132,7 @@ void StepRunner::layout_params() {
     chunks_.push_back(std::move(ch));
   }
   param_count_ = total;
-  const auto dp = sz(plan_.dp);
+  const auto dp = sz(data_ranks_);
   padded_count_ = (total + dp - 1) / dp * dp;
   params_ = be_.alloc(padded_count_);
   // Gradients in fp32 whatever the compute dtype, as Megatron's main_grad:
@@ -200,7 +215,7 @@ void StepRunner::layout_params() {
     param_shard_ = be_.alloc(owned);
     // Master shard = this rank's blocks of the (identical) initial weights.
     const std::size_t bucket = sz(options_.dp_bucket_elements) / dp * dp;
-    const auto r = sz(groups_.coord.dp);
+    const auto r = sz(data_index_);
     for (std::size_t start = 0; start < padded_count_; start += bucket) {
       const std::size_t len = std::min(bucket, padded_count_ - start), block = len / dp;
       be_.copy(params_.subspan(start + r * block, block), master_.subspan(start / dp, block));
@@ -233,7 +248,7 @@ void StepRunner::place_experts(LayerParams& w, LayerParams& g, int layer) {
 
 std::uint64_t StepRunner::layer_seed(std::int64_t step, int micro_batch, int layer) const {
   return mix64(options_.seed ^ (static_cast<std::uint64_t>(step) << 40) ^ (static_cast<std::uint64_t>(micro_batch) << 20) ^
-               static_cast<std::uint64_t>(layer) ^ (static_cast<std::uint64_t>(groups_.coord.dp) << 56));
+               static_cast<std::uint64_t>(layer) ^ (static_cast<std::uint64_t>(data_index_) << 56));
 }
 
 std::unique_ptr<StepRunner::InFlight> StepRunner::acquire(int c) {
@@ -451,7 +466,7 @@ StepRunner::ReplicaDrift StepRunner::replica_drift() {
 
 void StepRunner::reduce_gradients_and_update(std::int64_t step) {
   const Pass bw = Pass::backward;
-  const auto dp = sz(plan_.dp);
+  const auto dp = sz(data_ranks_);
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
   // With sequence parallelism each TP rank's norm gradients sum over its own
   // tokens only: Megatron all-reduces them over TP (finalize_model_grads,
@@ -477,9 +492,9 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
                  }
                });
   }
-  // Mean over micro-batches (each loss is already a mean over its tokens) and DP replicas.
+  // Mean over micro-batches (each loss is already a mean over its tokens) and the DP x CP ranks.
   timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(padded_count_) * kGradBytes),
-             [&] { be_.scale(grads_, 1.0f / static_cast<float>(micro_batches_ * plan_.dp)); });
+             [&] { be_.scale(grads_, 1.0f / static_cast<float>(micro_batches_ * data_ranks_)); });
   AdamConfig adam;
   if (expert_count_ > 0) update_experts(adam, step);
   const std::size_t bucket = std::max<std::size_t>(dp, sz(options_.dp_bucket_elements) / dp * dp);
@@ -489,7 +504,7 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
         const std::size_t len = std::min(bucket, padded_count_ - start);
         DeviceSpan part = grads_.subspan(start, len);
         timer_.run(comm_desc(op::dp_ar_grads, bw, Collective::all_reduce, Group::dp, static_cast<double>(part.bytes()),
-                             plan_.dp),
+                             data_ranks_),
                    [&] { groups_.dp->all_reduce_sum(part, len); });
       }
     timer_.run(mem_desc(op::adam, bw, static_cast<double>(padded_count_) * (4.0 * 4 * 2 + kGradBytes)),
@@ -500,11 +515,11 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
     return;
   }
   // ZeRO >= 1: reduce-scatter each bucket, Adam on the owned block, all-gather the updated weights.
-  const auto r = sz(groups_.coord.dp);
+  const auto r = sz(data_index_);
   for (std::size_t start = 0; start < padded_count_; start += bucket) {
     const std::size_t len = std::min(bucket, padded_count_ - start), block = len / dp;
     timer_.run(comm_desc(op::dp_rs_grads, bw, Collective::reduce_scatter, Group::dp,
-                         static_cast<double>(len) * kGradBytes, plan_.dp),
+                         static_cast<double>(len) * kGradBytes, data_ranks_),
                [&] { groups_.dp->reduce_scatter_sum(grads_.subspan(start, len), grad_shard_.subspan(start / dp, block), block); });
   }
   timer_.run(mem_desc(op::adam, bw, static_cast<double>(padded_count_ / dp) * (4.0 * 4 * 2 + kGradBytes)),
@@ -514,7 +529,7 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
   for (std::size_t start = 0; start < padded_count_; start += bucket) {
     const std::size_t len = std::min(bucket, padded_count_ - start), block = len / dp;
     timer_.run(comm_desc(op::dp_ag_params, bw, Collective::all_gather, Group::dp, static_cast<double>(len) * esz,
-                         plan_.dp),
+                         data_ranks_),
                [&] { groups_.dp->all_gather(param_shard_.subspan(start / dp, block), params_.subspan(start, len), block); });
   }
   (void)r;
@@ -528,7 +543,7 @@ void StepRunner::update_experts(const AdamConfig& adam, std::int64_t step) {
   const Pass bw = Pass::backward;
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
   timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(expert_count_) * kGradBytes),
-             [&] { be_.scale(expert_grads_, 1.0f / static_cast<float>(micro_batches_ * plan_.dp)); });
+             [&] { be_.scale(expert_grads_, 1.0f / static_cast<float>(micro_batches_ * data_ranks_)); });
   const int edp = groups_.edp->size();
   if (edp > 1) {
     const std::size_t bucket = std::max<std::size_t>(1, sz(options_.dp_bucket_elements));

@@ -108,7 +108,7 @@ MeasuredOp read_op(JsonReader& r, const nlohmann::json& obj) {
       op.collective = parse_enum(r, "collective",
                                  {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
                                   Collective::broadcast, Collective::send_recv, Collective::all_to_all});
-      op.group = parse_enum(r, "group", {Group::none, Group::tp, Group::pp, Group::dp, Group::ep});
+      op.group = parse_enum(r, "group", {Group::none, Group::tp, Group::pp, Group::dp, Group::ep, Group::cp});
       op.group_size = static_cast<int>(std::min<std::int64_t>(r.positive_integer("group_size"), kMaxSize));
       op.bytes_per_call = r.number("bytes_per_call");
       if (op.bytes_per_call < 0) r.fail("bytes_per_call", "must not be negative", kRemeasure);
@@ -151,6 +151,7 @@ MeasuredRank read_rank(JsonReader& r, const nlohmann::json& obj) {
   m.coord.tp = coord("tp");
   m.coord.pp = coord("pp");
   m.coord.dp = coord("dp");
+  if (c.has("cp")) m.coord.cp = coord("cp");  // runs of context-parallel plans
   m.coord.node = coord("node");
   m.coord.gpu = coord("gpu");
   m.iteration = stats(r, obj, "iteration");
@@ -226,6 +227,7 @@ Measurements measurements_from_json(const nlohmann::json& j, const std::string& 
   m.plan.tp = pos("tp");
   m.plan.pp = pos("pp");
   m.plan.dp = pos("dp");
+  if (p.has("cp")) m.plan.cp = pos("cp");
   m.plan.micro_batch = pos("micro_batch");
   m.plan.global_batch = p.positive_integer("global_batch");
   m.plan.num_micro_batches = p.positive_integer("num_micro_batches");
@@ -239,8 +241,10 @@ Measurements measurements_from_json(const nlohmann::json& j, const std::string& 
   m.plan.schedule = parse_schedule(p.string("schedule"), source, "plan.schedule");
   m.plan.rank_order = p.string("rank_order");
   m.plan.world_size = pos("world_size");
-  if (m.plan.world_size != m.plan.tp * m.plan.pp * m.plan.dp)
-    p.fail("world_size", fmt::format("{} is not TP {} x PP {} x DP {}", m.plan.world_size, m.plan.tp, m.plan.pp, m.plan.dp),
+  if (m.plan.world_size != m.plan.tp * m.plan.cp * m.plan.pp * m.plan.dp)
+    p.fail("world_size",
+           fmt::format("{} is not TP {}{} x PP {} x DP {}", m.plan.world_size, m.plan.tp,
+                       m.plan.cp > 1 ? fmt::format(" x CP {}", m.plan.cp) : "", m.plan.pp, m.plan.dp),
            kRemeasure);
 
   if (r.has("cluster")) {

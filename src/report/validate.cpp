@@ -24,6 +24,8 @@ namespace cuboid {
 const std::vector<NamedReason>& executor_only_ops() {
   static const std::vector<NamedReason> ops = {
       {op::dqkv_zero, "clears the QKV gradient buffer before the attention backward accumulates into it"},
+      {op::cp_kv_pack, "copies K and V out of the QKV output into one buffer for the CP ring (Transformer Engine "
+                       "sends them as they lie)"},
       {op::tp_ar_norm_grads, "all-reduces the norms' weight gradients over TP under sequence parallelism (Megatron's "
                              "finalize_model_grads; a few vectors of h per layer, not priced)"},
       {op::param_copy, "writes the updated master weights back (counted as optimizer; the simulator prices Megatron's "
@@ -89,7 +91,7 @@ std::set<std::string> priced_ops(const ModelSpec& model, const ParallelPlan& pla
   for (const auto& [name, op] : stage_workload(model, plan, stage)) names.insert(name);
   // Pipeline exchanges: which batches a stage times depends on its schedule
   // (check_ops accepts op::pipeline_exchanges when PP > 1).
-  if (plan.dp > 1) {
+  if (plan.dp_cp() > 1) {  // the gradient group is DP x CP
     if (plan.zero_stage == 0)
       names.insert(op::dp_ar_grads);
     else
@@ -118,6 +120,7 @@ void check_plan(const PlanFile& pf, const Measurements& m) {
   same(m, pf, "plan.tp", q.tp, p.tp, "TP");
   same(m, pf, "plan.pp", q.pp, p.pp, "PP");
   same(m, pf, "plan.dp", q.dp, p.dp, "DP");
+  same(m, pf, "plan.cp", q.cp, p.cp, "CP");
   same(m, pf, "plan.world_size", q.world_size, p.world_size(), "world size");
   same(m, pf, "plan.micro_batch", q.micro_batch, p.micro_batch, "micro-batch");
   same(m, pf, "plan.global_batch", q.global_batch, p.global_batch, "global batch");
@@ -150,11 +153,15 @@ void check_plan(const PlanFile& pf, const Measurements& m) {
   const RankMapping map(p, pf.gpus_per_node);
   for (const MeasuredRank& r : m.ranks) {
     const RankCoord c = map.coord(r.rank);
-    if (c.tp != r.coord.tp || c.pp != r.coord.pp || c.dp != r.coord.dp)
+    if (c.tp != r.coord.tp || c.pp != r.coord.pp || c.dp != r.coord.dp || c.cp != r.coord.cp)
+    {
+      auto cp_of = [&](int v) { return p.cp > 1 ? fmt::format(", cp {}", v) : std::string(); };
       throw InputError(m.source, fmt::format("ranks[{}].coord", r.rank),
-                       fmt::format("rank {} ran as (tp {}, pp {}, dp {}) but plan file {} maps it to (tp {}, pp {}, dp {})",
-                                   r.rank, r.coord.tp, r.coord.pp, r.coord.dp, pf.source, c.tp, c.pp, c.dp),
+                       fmt::format("rank {} ran as (tp {}, pp {}, dp {}{}) but plan file {} maps it to (tp {}, pp {}, dp {}{})",
+                                   r.rank, r.coord.tp, r.coord.pp, r.coord.dp, cp_of(r.coord.cp), pf.source, c.tp, c.pp,
+                                   c.dp, cp_of(c.cp)),
                        kRerun);
+    }
   }
 }
 
@@ -198,7 +205,8 @@ void check_ops(const PlanFile& pf, const Measurements& m) {
                                      "rank {}: the run did other work than the plan describes",
                                      name, stage, r.rank),
                          name.rfind(op::attn_flash, 0) == 0
-                             ? "this backend runs the unfused attention core: make the plan with --flash-attention off"
+                             ? "the run had the unfused attention core and the plan the fused one: run this plan "
+                               "file (the executor runs the core the plan names)"
                              : kRerun);
     }
     bool exchanged = false;
@@ -211,7 +219,8 @@ void check_ops(const PlanFile& pf, const Measurements& m) {
                          fmt::format("op \"{}\" timed on rank {} is not an op the simulator prices on pipeline stage {}",
                                      op.name, r.rank, stage),
                          op.name.rfind(op::attn_qk, 0) == 0 && pf.plan.flash_attention
-                             ? "the run used the unfused attention core: make the plan with --flash-attention off"
+                             ? "the run had the unfused attention core and the plan the fused one: run this plan "
+                               "file (the executor runs the core the plan names)"
                              : kRerun);
     }
     if (pf.plan.pp > 1 && !exchanged)
@@ -240,7 +249,7 @@ namespace {
 
 // The measured components of one rank (see validate.hpp).
 struct Measured {
-  double compute = 0, tp = 0, pp = 0, dp = 0, ep = 0, optimizer = 0, not_simulated = 0, ops_sum = 0, iteration = 0;
+  double compute = 0, tp = 0, pp = 0, dp = 0, ep = 0, cp = 0, optimizer = 0, not_simulated = 0, ops_sum = 0, iteration = 0;
 };
 
 Measured measured_components(const MeasuredRank& r, Statistic stat) {
@@ -251,7 +260,11 @@ Measured measured_components(const MeasuredRank& r, Statistic stat) {
     if (is_optimizer_op(op.name))
       c.optimizer += t;
     else if (op.kind == OpKind::collective || op.kind == OpKind::p2p)
-      (op.group == Group::tp ? c.tp : op.group == Group::dp ? c.dp : op.group == Group::ep ? c.ep : c.pp) += t;
+      (op.group == Group::tp   ? c.tp
+       : op.group == Group::dp ? c.dp
+       : op.group == Group::ep ? c.ep
+       : op.group == Group::cp ? c.cp
+                               : c.pp) += t;
     else if (listed(executor_only_ops(), op.name))
       c.not_simulated += t;
     else
@@ -302,14 +315,22 @@ std::vector<OpRow> op_rows(const PlanFile& pf, const Topology& topo, const Measu
         row.predicted_s =
             calls * ns_to_s(collective_time_ns(w.collective, comm_size_bytes(w, topo.cluster().calibration.get()),
                                                pf.plan.ep, group_link_params(topo, w.collective, ranks)));
+      } else if (w.group == Group::cp) {
+        // One hop of the ring: this rank and its successor in the CP group.
+        const std::vector<int> g = map.cp_group(r.coord.tp, stage, r.coord.dp);
+        const std::vector<int> hop{g[static_cast<std::size_t>(r.coord.cp)],
+                                   g[static_cast<std::size_t>((r.coord.cp + 1) % pf.plan.cp)]};
+        row.predicted_s =
+            calls * ns_to_s(collective_time_ns(w.collective, comm_size_bytes(w, topo.cluster().calibration.get()),
+                                               pf.plan.cp, group_link_params(topo, w.collective, hop)));
       } else {
         row.predicted_s = calls * ns_to_s(op_time_ns(gpu, w));
       }
     } else if (is_optimizer_op(op.name)) {
       // As the simulator: the step's kernel of that name over the stage's
       // parameters (ZeRO: the DP shard), once per step.
-      const int zero = pf.plan.dp > 1 ? pf.plan.zero_stage : 0;
-      for (const Op& k : optimizer_step_ops(parameters_on_stage(pf.model, pf.plan, stage), pf.plan.dp, zero))
+      const int zero = pf.plan.dp_cp() > 1 ? pf.plan.zero_stage : 0;
+      for (const Op& k : optimizer_step_ops(parameters_on_stage(pf.model, pf.plan, stage), pf.plan.dp_cp(), zero))
         if (k.name == op.name) row.predicted_s = ns_to_s(kernel_time_ns(gpu, k.name, k.bytes));
     } else {
       continue;  // PP / DP tasks and executor-only ops: no per-op prediction
@@ -329,6 +350,7 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
   so.tp_backward_overlap = false;  // the executor runs every op of a rank in order
   ParallelPlan as_run = pf.plan;
   as_run.trainer.dp_overlap = false;  // and reduces gradients after the last backward
+  as_run.trainer.cp_overlap = false;  // and exchanges a CP ring step's K/V before its block
   sim::SimResult sim;
   try {
     sim = sim::run_simulation(pf.model, topo, as_run, so);
@@ -344,6 +366,7 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
   rep.tolerance = tolerance;
   rep.statistic = stat;
   rep.critical_rank = sim.critical_rank;
+  rep.context_parallel = pf.plan.cp > 1;
   for (const MeasuredRank& r : m.ranks)
     if (r.page_faults_per_step && *r.page_faults_per_step > rep.page_faults_per_step) {
       rep.page_faults_per_step = *r.page_faults_per_step;
@@ -370,6 +393,8 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
   // An MoE plan's all-to-alls (the simulator's EP dispatch and combine on the critical path).
   if (pf.model.moe.enabled() && pf.plan.ep > 1)
     rep.components.insert(rep.components.begin() + 4, ComponentRow{"ep_comm", b.ep_comm_s, mc.ep});
+  // A CP plan's ring sends (the simulator's exposed part of them; the executor overlaps none).
+  if (pf.plan.cp > 1) rep.components.insert(rep.components.begin() + 2, ComponentRow{"cp_comm", b.cp_comm_s, mc.cp});
   // Below a microsecond a relative error says nothing.
   for (ComponentRow& row : rep.components) row.predicted_only = row.measured_s < 1e-6;
   for (const sim::StageStats& st : sim.stages) {

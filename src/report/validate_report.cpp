@@ -35,8 +35,8 @@ std::string format_validation(const ValidationReport& r, bool with_ops) {
                      r.measurements_source, r.backend, r.measured_rank,
                      r.statistic == Statistic::min ? "fastest" : "median");
   out += fmt::format("cluster card  {} (simulated with the executor's semantics: DP reduction after the last "
-                     "backward, no TP overlap; critical GPU rank {})\n\n",
-                     r.cluster_name, r.critical_rank);
+                     "backward, no TP{} overlap; critical GPU rank {})\n\n",
+                     r.cluster_name, r.context_parallel ? " or CP" : "", r.critical_rank);
   if (r.ranks_per_core > 1)
     out += fmt::format("shared cores  {:g} ranks per core: the prediction charges each compute op {:g} x its "
                        "one-rank time; in the run the ranks of a core take turns at their waits, so a rank's ops "

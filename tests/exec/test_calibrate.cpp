@@ -43,6 +43,7 @@ ParallelPlan tp2() {
   p.global_batch = 4;
   p.seq_length = 128;
   p.sequence_parallel = true;
+  p.flash_attention = false;
   return p;
 }
 
@@ -58,10 +59,17 @@ TEST_CASE("the GEMM shapes of a TP 2 plan are the executor's, forward and backwa
   CHECK(has(s, {256, 384, 128, 1}));   // qkv_wgrad
   CHECK(has(s, {128, 512, 256, 1}));   // fc1
   CHECK(has(s, {512, 256, 128, 1}));   // fc2_wgrad
-  CHECK(has(s, {128, 128, 32, 4}));    // attn_qk (unfused, as the executor runs it)
+  CHECK(has(s, {128, 128, 32, 4}));    // attn_qk (the plan's unfused core, as the executor runs it)
   CHECK(has(s, {128, 512, 256, 1}));   // logits: vocab 1024 / 2 (same shape as fc1)
   CHECK(std::is_sorted(s.begin(), s.end()));
   CHECK(std::adjacent_find(s.begin(), s.end()) == s.end());
+  // With the fused core the attention GEMMs are not swept apart: the kernel
+  // sweep times the attention blocks inside the layer.
+  ParallelPlan flash = tp2();
+  flash.flash_attention = true;
+  const std::vector<GemmProblem> f = plan_gemm_problems(tiny(), flash);
+  CHECK_FALSE(has(f, {128, 128, 32, 4}));
+  CHECK(has(f, {128, 384, 256, 1}));
 }
 
 TEST_CASE("the GEMM grid brackets every shape by x1/2 and x2 in each dimension") {

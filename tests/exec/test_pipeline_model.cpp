@@ -72,7 +72,7 @@ std::string on_model(int world, const std::function<void(std::unique_ptr<Communi
 // Runs `steps` iterations of the plan, one thread per rank. With `losses`,
 // the last stage's losses, rank by rank in rank order.
 std::string run_on_model(const ModelSpec& model, const ParallelPlan& plan, int steps,
-                         std::vector<double>* losses = nullptr) {
+                         std::vector<double>* losses = nullptr, const StepOptions& options = {}) {
   const RankMapping mapping(plan, 8);
   std::vector<std::vector<double>> by_rank(static_cast<std::size_t>(plan.world_size()));
   std::string error = on_model(plan.world_size(), [&](std::unique_ptr<Communicator> world, int rank) {
@@ -81,7 +81,7 @@ std::string run_on_model(const ModelSpec& model, const ParallelPlan& plan, int s
     std::unique_ptr<Backend> backend = make_backend("cpu", bo);
     ProcessGroups groups = make_process_groups(std::move(world), mapping, model.moe.enabled());
     OpTimer timer(*backend, nullptr);
-    StepRunner runner(*backend, groups, model, plan, timer);
+    StepRunner runner(*backend, groups, model, plan, timer, options);
     for (int s = 0; s < steps; ++s) {
       const double l = runner.step(s, false);
       if (!std::isnan(l)) by_rank[static_cast<std::size_t>(rank)].push_back(l);
@@ -271,6 +271,49 @@ TEST_CASE("MoE plans on the NCCL model: the EP all-to-alls match, and EP 1, 2 an
         continue;
       }
       for (std::size_t i = 0; i < losses.size(); ++i) CHECK(losses[i] == doctest::Approx(reference[i]).epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("CP plans on the NCCL model: the ring's sends match, and CP 1, 2 and 4 train as the unfused core does") {
+  // Context parallelism only splits each sequence over more ranks: with the
+  // same TP, PP and DP, no dropout (its masks follow a rank's own positions)
+  // and every loss a mean over equally many tokens, the mean loss over the
+  // last stage's ranks is the same at every step for CP 1, 2, 4 with the
+  // fused core and for the unfused core without CP.
+  struct Layout {
+    int tp, pp, dp;
+    std::vector<int> cps;
+  };
+  StepOptions no_dropout;
+  no_dropout.dropout = 0.0f;
+  constexpr int kSteps = 3;
+  auto step_means = [&](const std::vector<double>& losses) {
+    const std::size_t ranks = losses.size() / kSteps;
+    std::vector<double> mean(kSteps, 0.0);
+    for (std::size_t r = 0; r < ranks; ++r)
+      for (std::size_t k = 0; k < kSteps; ++k) mean[k] += losses[r * kSteps + k] / static_cast<double>(ranks);
+    return mean;
+  };
+  for (const Layout& l : {Layout{1, 1, 1, {1, 2, 4}}, Layout{2, 1, 1, {1, 2}}, Layout{1, 2, 2, {1, 2}}}) {
+    ParallelPlan unfused = plan_of(Schedule::one_f_one_b, l.pp, 1, 2 * l.pp, l.dp, l.tp);
+    unfused.recompute = Recompute::none;
+    std::vector<double> losses;
+    REQUIRE(run_on_model(small_gpt(2 * l.pp), unfused, kSteps, &losses, no_dropout).empty());
+    const std::vector<double> reference = step_means(losses);
+    for (int cp : l.cps) {
+      ParallelPlan p = unfused;
+      p.flash_attention = true;
+      p.cp = cp;
+      CAPTURE(l.tp);
+      CAPTURE(l.pp);
+      CAPTURE(l.dp);
+      CAPTURE(cp);
+      losses.clear();
+      REQUIRE(run_on_model(small_gpt(2 * l.pp), p, kSteps, &losses, no_dropout).empty());
+      REQUIRE(losses.size() == static_cast<std::size_t>(kSteps * l.tp * l.dp * cp));
+      const std::vector<double> got = step_means(losses);
+      for (std::size_t k = 0; k < got.size(); ++k) CHECK(got[k] == doctest::Approx(reference[k]).epsilon(1e-5));
     }
   }
 }

@@ -51,7 +51,8 @@ struct KernelSweepOptions {
 std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& backend, exec::Communicator* tp,
                                                 exec::Communicator& world, const ModelSpec& model,
                                                 const ParallelPlan& plan, const KernelSweepOptions& options,
-                                                exec::Watchdog* watchdog, exec::Communicator* ep = nullptr);
+                                                exec::Watchdog* watchdog, exec::Communicator* ep = nullptr,
+                                                exec::Communicator* cp = nullptr);
 
 // The optimizer step ("adam": Backend::adam_step on f32 master weights and
 // moments with compute-dtype gradients, as the step runner calls it) on this

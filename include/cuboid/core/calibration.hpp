@@ -14,7 +14,9 @@
 //   (workload.hpp's Op shape).
 // * Kernel samples are keyed by the workload's op name (op_names.hpp); their
 //   `bytes` are that op's Op::bytes, so an op is priced as
-//   alpha + op.bytes * ns_per_byte whatever dtype the backend ran.
+//   alpha + op.bytes * ns_per_byte whatever dtype the backend ran. The fused
+//   attention core's blocks (attn_flash, attn_flash_bwd) are keyed by their
+//   Op::flops instead: their time follows the products, not the bytes.
 // * Collective samples use the nccl-tests "size" (Op::comm_bytes; send_recv:
 //   the bytes sent), keyed by collective, tier ("intra_node" | "inter_node")
 //   and group size. A fit is time = alpha + size * bus_factor(collective, n)

@@ -49,9 +49,11 @@ struct GpuProfile {
   double flash_attention_bwd_efficiency = 0;
   double kernel_launch_ns = 0;          // fixed cost per kernel
   std::int64_t memory_reserve_bytes = 0;  // CUDA context, NCCL buffers, cuBLAS workspace, fragmentation
-  // Whether a fused (flash) attention kernel exists on this device: the CPU
-  // executor runs attention unfused (QK^T, softmax, AV), so its cards say
-  // false and the planner / simulator price the unfused ops there.
+  // Whether the device's default attention core is fused (flash): the
+  // planner's default for --flash-attention. The CPU executor's default is
+  // the unfused core (QK^T, softmax, AV), so its cards say false; a plan
+  // that turns flash on there (context parallelism needs it) runs the fused
+  // core's arithmetic by blocks (Backend::attention_*).
   bool flash_attention = true;
   // Relative standard deviation of a GPU's sustained compute speed across
   // GPUs of this SKU (manufacturing and power management); 0: every GPU

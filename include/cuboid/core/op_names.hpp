@@ -237,6 +237,9 @@ inline constexpr char grad_zero[] = "grad_zero";
 
 // Executor only: clears the QKV gradient before the attention backward.
 inline constexpr char dqkv_zero[] = "dqkv_zero";
+// Executor only: context parallelism's K and V copied out of the QKV output
+// into one buffer to send around the ring (Transformer Engine's are separate tensors).
+inline constexpr char cp_kv_pack[] = "cp_kv_pack";
 // Executor only (for now): with sequence parallelism, the norms' weight
 // gradients (partial sums over each TP rank's tokens) all-reduced over TP
 // before the DP reduction, as Megatron's finalize_model_grads does.
@@ -277,7 +280,7 @@ inline bool is_pipeline_exchange(std::string_view name) {
 }
 
 // Every name above, for checks.
-inline constexpr std::array<std::string_view, 188> all{
+inline constexpr std::array<std::string_view, 189> all{
     norm_in, tp_ag_attn, qkv, qkv_bias, attn_alibi_bias, attn_qk, attn_softmax, attn_av, attn_ctx_copy, attn_flash,
     proj, tp_rs_attn,
     tp_ar_attn, drop_add_attn, norm_mlp, tp_ag_mlp, fc1, act, fc2, tp_rs_mlp, tp_ar_mlp, drop_add_mlp, qkv_dgrad,
@@ -292,7 +295,7 @@ inline constexpr std::array<std::string_view, 188> all{
     pp_send_bwd_recv_fwd, pp_send_fwd_recv_fwd, pp_send_bwd_recv_bwd, pp_send_fwd_recv_fwd_bwd,
     pp_send_fwd_bwd_recv_fwd_bwd, pp_send_fwd_bwd_recv_fwd, pp_send_fwd_bwd_recv_bwd, pp_send_fwd_bwd,
     pp_send_bwd_recv_fwd_bwd, pp_recv_fwd_bwd, dp_ar_grads, dp_rs_grads,
-    dp_ag_params, grad_scale, grad_norm, adam, param_copy, grad_zero, dqkv_zero, tp_ar_norm_grads, cp_kv_p2p,
+    dp_ag_params, grad_scale, grad_norm, adam, param_copy, grad_zero, dqkv_zero, cp_kv_pack, tp_ar_norm_grads, cp_kv_p2p,
     cp_a2a_qkv, cp_a2a_out, cp_kv_dkv_p2p_bwd, cp_a2a_out_bwd, cp_a2a_qkv_bwd, cp_out_correct, cp_grad_sum_bwd,
     router, router_topk, moe_permute, ep_a2a_counts, ep_a2a_dispatch, ep_a2a_probs, etp_ag_dispatch, moe_sort, expert_fc1, expert_act, expert_fc2, moe_unsort, etp_rs_combine, ep_a2a_combine, moe_unpermute, tp_ag_shared, shared_fc1, shared_act, shared_fc2, tp_rs_shared, shared_add, router_dgrad, router_wgrad, router_topk_bwd, moe_permute_bwd, ep_a2a_dispatch_bwd, ep_a2a_probs_bwd, etp_ag_dispatch_bwd, moe_sort_bwd, expert_fc1_dgrad, expert_fc1_wgrad, expert_act_bwd, expert_fc2_dgrad, expert_fc2_wgrad, moe_unsort_bwd, etp_rs_combine_bwd, ep_a2a_combine_bwd, moe_unpermute_bwd, tp_ag_shared_bwd, shared_fc1_dgrad, shared_fc1_wgrad, shared_act_bwd, shared_fc2_dgrad, shared_fc2_wgrad, tp_rs_shared_bwd, router_grad_accum, expert_fc1_grad_accum, expert_fc2_grad_accum, shared_fc1_grad_accum, shared_fc2_grad_accum,
     mla_q_down, mla_q_norm, mla_kv_down, mla_kv_norm, mla_ag_q, mla_ag_kv, mla_q_up, mla_kv_up, mla_q_down_dgrad, mla_q_down_wgrad, mla_kv_down_dgrad, mla_kv_down_wgrad, mla_q_up_dgrad, mla_q_up_wgrad, mla_kv_up_dgrad, mla_kv_up_wgrad, mla_q_norm_bwd, mla_kv_norm_bwd, mla_ag_q_bwd, mla_ag_kv_bwd, mla_down_grad_sum, mla_grad_accum,

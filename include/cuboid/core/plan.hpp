@@ -76,6 +76,10 @@ struct TrainerSettings {
   // (Megatron's async_op=True in the linear layers' backward); off: every TP
   // collective blocks (Megatron-LM of 2021).
   bool tp_backward_overlap = true;
+  // Context parallelism's ring: each step's K/V (and dK/dV) exchange runs
+  // under the step's attention block (Transformer Engine's separate stream);
+  // off: the exchange completes before the block (cuboid's executor).
+  bool cp_overlap = true;
   // HBM bytes per parameter per micro-batch of the gradient-accumulation pass
   // that runs without gradient-accumulation fusion: 6 = autograd adding a
   // 16-bit gradient to a 16-bit .grad in place (Megatron-LM of 2021 without

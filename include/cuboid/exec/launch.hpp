@@ -95,6 +95,9 @@ struct ProcessGroups {
   // reduced over (Megatron-Core's folding, RankMapping::ep_group).
   std::unique_ptr<Communicator> ep;
   std::unique_ptr<Communicator> edp;
+  // The ranks that split one sequence (context parallelism; with CP 1 a
+  // group of one). `dp` is then the gradient group, DP x CP ranks.
+  std::unique_ptr<Communicator> cp;
   RankCoord coord;
 };
 

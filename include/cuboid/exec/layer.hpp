@@ -25,7 +25,7 @@ namespace cuboid::exec {
 class OpTimer;
 
 struct LayerDims {
-  std::int64_t seq = 0;            // s
+  std::int64_t seq = 0;            // s: this rank's positions (the sequence / CP)
   std::int64_t micro_batch = 0;    // b
   std::int64_t tokens = 0;         // T = s b
   std::int64_t local_tokens = 0;   // T / tp with sequence parallelism, else T
@@ -36,6 +36,8 @@ struct LayerDims {
   std::int64_t ffn = 0;            // FFN width on this rank
   std::int64_t vocab = 0;          // padded vocabulary rows on this rank
   int tp = 1;
+  int cp = 1;                      // context parallelism: the ranks that split one sequence
+  bool flash = false;              // the fused attention core (with its log-sum-exp), else unfused
   bool sequence_parallel = false;
   bool gated = false;              // SwiGLU
   bool rmsnorm = false;
@@ -78,6 +80,7 @@ void init_layer_params(Backend& backend, const LayerParams& p, std::uint64_t see
 struct LayerActs {
   DeviceBuffer norm1, norm1_mean, norm1_rstd, norm1_full;  // *_full: gathered (sequence parallel)
   DeviceBuffer qkv, probs, ctx, mid;
+  DeviceBuffer lse;  // fused attention: the softmax's log-sum-exp, [tokens, heads] f32
   DeviceBuffer norm2, norm2_mean, norm2_rstd, norm2_full;
   DeviceBuffer fc1, act;
   MoeActs moe;  // an MoE layer's routing and expert activations
@@ -91,9 +94,10 @@ enum class AttentionMemory { keep_probs, recompute_probs };
 class LayerRunner {
  public:
   // `moe`: the experts' shape when the model has MoE layers (null: none);
-  // `ep`: their EP group (null without EP).
+  // `ep`: their EP group (null without EP); `cp`: the CP group (null
+  // without context parallelism).
   LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer,
-              const MoeDims* moe = nullptr, Communicator* ep = nullptr);
+              const MoeDims* moe = nullptr, Communicator* ep = nullptr, Communicator* cp = nullptr);
 
   const LayerDims& dims() const { return d_; }
   LayerActs make_acts(AttentionMemory mem);
@@ -132,16 +136,33 @@ class LayerRunner {
   void attention_backward(const LayerParams& w, const LayerParams& g, ConstDeviceSpan x, LayerActs& a, DeviceSpan dx,
                           std::uint64_t seed, AttentionMemory mem);
   void attention_scores(const LayerActs& a, DeviceSpan probs, Pass pass);
+  void unfused_attention_forward(LayerActs& a, AttentionMemory mem, Pass pass);
+  void unfused_attention_backward(LayerActs& a, AttentionMemory mem);
+  // The fused attention core (flash): forward from a.qkv into a.ctx and
+  // a.lse; backward from dctx_ into dqkv_. With CP, Transformer Engine's
+  // ring (AttnFuncWithCPAndKVP2P): see layer.cpp.
+  struct KvView;
+  struct Block;
+  void flash_forward(LayerActs& a, Pass pass);
+  void flash_backward(const LayerActs& a);
+  void flash_block_forward(const LayerActs& a, const Block& blk, const KvView& kv, DeviceSpan out, DeviceSpan lse,
+                           Pass pass);
+  void flash_block_backward(const LayerActs& a, const Block& blk, const KvView& kv, DeviceSpan dkv, bool first);
+  Block ring_block(int step) const;
+  void pack_kv(const LayerActs& a, DeviceSpan kv, Pass pass);
 
   Backend& be_;
   Communicator* tp_;
   LayerDims d_;
   OpTimer& timer_;
   std::unique_ptr<MoeRunner> moe_;
+  Communicator* cp_ = nullptr;
   // Scratch, [T, *] unless noted.
   DeviceBuffer full_a_, full_b_;     // [T, h]
   DeviceBuffer local_a_, local_b_;   // [local_tokens, h]
   DeviceBuffer dqkv_, dctx_, dprobs_, probs_tmp_, dfc1_, dact_;
+  DeviceBuffer kv_a_, kv_b_, dkv_a_, dkv_b_;  // CP: [T, 2 kv] K | V (and their gradients) around the ring
+  DeviceBuffer blk_out_, blk_lse_, delta_;    // CP: one ring step's output and log-sum-exp; dO . O
   LayerActs scratch_;                // full recompute: the recomputed forward
   DeviceBuffer scratch_out_;         // [local_tokens, h]
 };

@@ -40,6 +40,12 @@ struct OpDesc {
 
 OpDesc gemm_desc(const char* name, Pass pass, std::int64_t m, std::int64_t n, std::int64_t k,
                  std::int64_t batch = 1);
+// One block of the fused attention core: nq queries against nk keys of
+// head_dim for `batch` (sequence x head) pairs, the causal half on a
+// diagonal block; attn_flash_bwd counts 2.5x the forward's
+// FLOPs, as the workload does.
+OpDesc attention_desc(const char* name, Pass pass, std::int64_t nq, std::int64_t nk, std::int64_t head_dim,
+                      std::int64_t batch, bool causal);
 OpDesc mem_desc(const char* name, Pass pass, double bytes);
 OpDesc comm_desc(const char* name, Pass pass, Collective c, Group g, double bytes, int group_size);
 

@@ -22,6 +22,7 @@ struct RunOptions {
   bool check = false;
   std::optional<int> layers;  // scale the model down (--layers N)
   std::optional<std::int64_t> seq_length;
+  float dropout = 0.1f;       // --dropout: the residual dropouts' probability (Megatron's hidden_dropout)
   double timeout_s = 300;
   std::string out_path;
   std::string mpi_wait = "auto";  // --mpi-wait: auto | spin | yield | sleep (mpi_comm.hpp)

@@ -97,6 +97,7 @@ class StepRunner {
   std::unique_ptr<LayerRunner> runner_;
   AttentionMemory attention_memory_ = AttentionMemory::keep_probs;
   int stage_ = 0, virtual_stages_ = 1, micro_batches_ = 1;
+  int data_ranks_ = 1, data_index_ = 0;  // the gradient group (DP x CP) and this rank's place in it
   std::vector<Chunk> chunks_;
   StageOrder order_;
   std::size_t pair_begin_ = 0, pair_end_ = 0;  // order_[pair_begin_, pair_end_): forward-backward pairs

@@ -78,6 +78,7 @@ struct MeasuredRank {
 // The plan settings as run (after --layers / --seq-length scaling).
 struct MeasuredPlan {
   int tp = 0, pp = 0, dp = 0, micro_batch = 0, virtual_stages = 0, zero_stage = 0, world_size = 0;
+  int cp = 1;  // context parallelism (absent in runs without it)
   std::int64_t global_batch = 0, num_micro_batches = 0, seq_length = 0;
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;

@@ -16,9 +16,9 @@
 // mismatch is an InputError (exit 2) naming the file, the field and the fix.
 //
 // Then the plan is simulated with the executor's semantics: the DP gradient
-// reduction runs after the last backward (not overlapped with it) and no TP
-// collective overlaps a GEMM, since the executor runs every op of a rank in
-// order on one stream.
+// reduction runs after the last backward (not overlapped with it), no TP
+// collective overlaps a GEMM and no CP ring exchange its attention block,
+// since the executor runs every op of a rank in order on one stream.
 //
 // Measured components (the slowest rank, whose median iteration is the
 // end-to-end figure; an op's figure is the median over the measured steps of
@@ -98,6 +98,7 @@ struct ValidationReport {
   std::string plan_source, measurements_source, cluster_name, backend;
   int measured_rank = 0;                 // the slowest rank
   int critical_rank = 0;                 // the simulator's critical GPU
+  bool context_parallel = false;         // CP > 1: the ring's exchanges were played unoverlapped too
   double ranks_per_core = 1;             // the calibration's core share (Calibration::ranks_per_core)
   // The most page faults per measured step of any rank (its median over the
   // steps) and that rank; -1 when the measurements do not count them.
