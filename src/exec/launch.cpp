@@ -185,9 +185,6 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
   if (plan.tp > 1 && plan.expert_tp() > 1)
     refuse("parallel.etp", "expert tensor parallelism (ETP " + std::to_string(plan.expert_tp()) + ")",
            "plan with --etp 1");
-  if (plan.zero_stage > 0)
-    refuse("parallel.zero_stage", "ZeRO " + std::to_string(plan.zero_stage) + " with experts",
-           "plan with --zero 0 (the experts' gradients are all-reduced over expert-DP)");
 }
 
 

@@ -182,18 +182,32 @@ void StepRunner::layout_params() {
   }
 
   if (expert_count_ > 0) {
-    // The experts' master weights and Adam state (ZeRO 0: check_executable).
-    if (be_.compute_dtype() == DType::f32) {
+    // The experts' master weights and Adam state: all of them, or with ZeRO
+    // >= 1 this rank's 1/EDP of every bucket (Megatron's distributed
+    // optimizer shards the experts over expert-DP).
+    const auto edp = sz(groups_.edp->size());
+    const std::size_t owned = shard_experts_ ? expert_padded_ / edp : expert_padded_;
+    if (be_.compute_dtype() == DType::f32 && !shard_experts_) {
       expert_master_ = expert_params_;
     } else {
-      expert_master_buf_ = be_.alloc(expert_count_, DType::f32);
+      expert_master_buf_ = be_.alloc(owned, DType::f32);
       expert_master_ = expert_master_buf_;
-      be_.copy(expert_params_, expert_master_);
+      if (!shard_experts_) be_.copy(expert_params_, expert_master_);
     }
-    expert_m_ = be_.alloc(expert_count_, DType::f32);
-    expert_v_ = be_.alloc(expert_count_, DType::f32);
+    expert_m_ = be_.alloc(owned, DType::f32);
+    expert_v_ = be_.alloc(owned, DType::f32);
     be_.fill(expert_m_, 0.0f);
     be_.fill(expert_v_, 0.0f);
+    if (shard_experts_) {
+      expert_grad_shard_ = be_.alloc(owned, DType::f32);
+      expert_param_shard_ = be_.alloc(owned);
+      const std::size_t bucket = expert_bucket();
+      const auto r = sz(groups_.edp->rank());
+      for (std::size_t start = 0; start < expert_padded_; start += bucket) {
+        const std::size_t len = std::min(bucket, expert_padded_ - start), block = len / edp;
+        be_.copy(DeviceSpan(expert_params_).subspan(start + r * block, block), expert_master_.subspan(start / edp, block));
+      }
+    }
   }
 
   // Optimizer state: the whole flat buffer, or this rank's 1/DP of every
@@ -229,8 +243,12 @@ void StepRunner::layout_params() {
 // that the expert-DP replicas of an expert start equal.
 void StepRunner::place_experts(LayerParams& w, LayerParams& g, int layer) {
   if (expert_params_.size() == 0) {
-    expert_params_ = be_.alloc(expert_count_);
-    expert_grads_ = be_.alloc(expert_count_, DType::f32);
+    const auto edp = sz(groups_.edp->size());
+    shard_experts_ = plan_.zero_stage >= 1 && edp > 1;
+    expert_padded_ = shard_experts_ ? (expert_count_ + edp - 1) / edp * edp : expert_count_;
+    expert_params_ = be_.alloc(expert_padded_);
+    expert_grads_ = be_.alloc(expert_padded_, DType::f32);
+    be_.fill(expert_params_, 0.0f);
     be_.fill(expert_grads_, 0.0f);
   }
   const auto l = static_cast<std::uint64_t>(layer);
@@ -458,7 +476,7 @@ StepRunner::ReplicaDrift StepRunner::replica_drift() {
   out.tp_norms = drift(be_, *groups_.tp, norms, scratch);
   out.dp_weights = drift(be_, *groups_.dp, be_.download(params_), scratch);
   if (expert_count_ > 0) {
-    DeviceBuffer expert_scratch = be_.alloc(expert_count_, DType::f32);
+    DeviceBuffer expert_scratch = be_.alloc(expert_padded_, DType::f32);
     out.dp_weights = std::max(out.dp_weights, drift(be_, *groups_.edp, be_.download(expert_params_), expert_scratch));
   }
   return out;
@@ -535,16 +553,49 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
   (void)r;
 }
 
+std::size_t StepRunner::expert_bucket() const {
+  const auto edp = sz(groups_.edp->size());
+  return std::max<std::size_t>(edp, sz(options_.dp_bucket_elements) / edp * edp);
+}
+
 // The experts' gradients: scaled as the others (each DP replica's tokens
 // reach an expert on exactly one rank of its expert-DP group, so the sum
 // over that group is the sum over the replicas), all-reduced over
-// expert-DP in buckets, then Adam on every local expert.
+// expert-DP in buckets, then Adam on every local expert; with ZeRO >= 1
+// reduce-scattered instead, Adam on this rank's block of each bucket, and
+// the updated weights all-gathered.
 void StepRunner::update_experts(const AdamConfig& adam, std::int64_t step) {
   const Pass bw = Pass::backward;
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
-  timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(expert_count_) * kGradBytes),
+  timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(expert_padded_) * kGradBytes),
              [&] { be_.scale(expert_grads_, 1.0f / static_cast<float>(micro_batches_ * data_ranks_)); });
   const int edp = groups_.edp->size();
+  if (shard_experts_) {
+    const auto n = sz(edp);
+    const std::size_t bucket = expert_bucket(), owned = expert_padded_ / n;
+    for (std::size_t start = 0; start < expert_padded_; start += bucket) {
+      const std::size_t len = std::min(bucket, expert_padded_ - start), block = len / n;
+      timer_.run(comm_desc(op::dp_rs_grads, bw, Collective::reduce_scatter, Group::dp,
+                           static_cast<double>(len) * kGradBytes, edp),
+                 [&] {
+                   groups_.edp->reduce_scatter_sum(DeviceSpan(expert_grads_).subspan(start, len),
+                                                   DeviceSpan(expert_grad_shard_).subspan(start / n, block), block);
+                 });
+    }
+    timer_.run(mem_desc(op::adam, bw, static_cast<double>(owned) * (4.0 * 4 * 2 + kGradBytes)),
+               [&] { be_.adam_step(expert_master_, expert_grad_shard_, expert_m_, expert_v_, adam, step + 1); });
+    timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(owned) * (4.0 + esz)),
+               [&] { be_.copy(expert_master_, expert_param_shard_); });
+    for (std::size_t start = 0; start < expert_padded_; start += bucket) {
+      const std::size_t len = std::min(bucket, expert_padded_ - start), block = len / n;
+      timer_.run(comm_desc(op::dp_ag_params, bw, Collective::all_gather, Group::dp, static_cast<double>(len) * esz, edp),
+                 [&] {
+                   groups_.edp->all_gather(DeviceSpan(expert_param_shard_).subspan(start / n, block),
+                                           DeviceSpan(expert_params_).subspan(start, len), block);
+                 });
+    }
+    return;
+  }
   if (edp > 1) {
     const std::size_t bucket = std::max<std::size_t>(1, sz(options_.dp_bucket_elements));
     for (std::size_t start = 0; start < expert_count_; start += bucket) {

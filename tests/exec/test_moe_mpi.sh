@@ -6,7 +6,7 @@
 # the same layout train to the same losses; the measurements hold the EP
 # all-to-alls and validate prices them; calibrate sweeps the MoE layer's
 # kernels and the all-to-all; what the executor does not run is refused with
-# the reason.
+# the reason; ZeRO 1 shards the experts' optimizer and trains as ZeRO 0.
 # Usage: test_moe_mpi.sh CUBOID_BINARY (run from the source root).
 set -u
 CUBOID=${1:?usage: test_moe_mpi.sh path/to/cuboid}
@@ -96,12 +96,27 @@ if [ $rc -le 1 ] && grep -Eq "ep_a2a_dispatch +collective +[0-9]+ +0\.0*[1-9]" "
   pass "validate prices the EP all-to-alls"
 else fail "validate: rc $rc: $(grep -m3 "ep_a2a\|cuboid:" "$TMP/validate.txt")"; fi
 
-# Refused with the reason, before any work.
+# ZeRO 1 shards the experts' optimizer over expert-DP (reduce-scatter, Adam on
+# the block, all-gather): the same losses as ZeRO 0, the replicas equal.
 plan z1 "$CPU2" --tp 1 --pp 1 --dp 2 --ep 2 --zero 1
-timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/z1.json" --backend cpu >"$TMP/z1.log" 2>&1
+run_ok z1 2
+python3 - "$TMP/ep2.m.json" "$TMP/z1.m.json" <<'PY' && pass "ZeRO 1 with experts trains as ZeRO 0" || fail "ZeRO 1 losses differ"
+import json, sys
+def losses(path):
+    return [x for r in json.load(open(path))["ranks"] for x in (r["loss"] or []) if x is not None]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert a and len(a) == len(b), (a, b)
+assert all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)), (a, b)
+ops = {o["name"]: o for o in json.load(open(sys.argv[2]))["ranks"][0]["ops"]}
+assert "dp_rs_grads" in ops and "dp_ag_params" in ops, sorted(ops)
+PY
+
+# Refused with the reason, before any work: expert tensor parallelism.
+plan etp2 "$CPU2" --tp 2 --pp 1 --dp 1 --ep 1 --etp 2 --zero 0
+timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/etp2.json" --backend cpu >"$TMP/etp2.log" 2>&1
 rc=$?
-if [ $rc -eq 2 ] && grep -q "parallel.zero_stage: the executor does not run ZeRO 1 with experts" "$TMP/z1.log"; then
-  pass "ZeRO 1 with experts is refused"; else fail "ZeRO 1: rc $rc $(tail -2 "$TMP/z1.log")"; fi
+if [ $rc -eq 2 ] && grep -q "parallel.etp: the executor does not run expert tensor parallelism (ETP 2)" "$TMP/etp2.log"; then
+  pass "ETP 2 with TP 2 is refused"; else fail "ETP 2: rc $rc $(tail -2 "$TMP/etp2.log")"; fi
 # calibrate sweeps an MoE plan: the MoE layer's kernels and the all-to-all.
 timeout 120 "${MPIRUN[@]}" -np 2 "$CUBOID" calibrate --backend cpu --plan "$TMP/ep2.json" --cluster "$CPU2" --quick \
   --out "$TMP/cal.json" >"$TMP/cal.log" 2>&1

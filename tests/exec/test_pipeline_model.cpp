@@ -275,6 +275,23 @@ TEST_CASE("MoE plans on the NCCL model: the EP all-to-alls match, and EP 1, 2 an
   }
 }
 
+TEST_CASE("MoE with ZeRO 1 on the NCCL model: the experts' optimizer sharded over expert-DP trains as ZeRO 0") {
+  // EP 2 over DP 4: expert-DP 2; the reduce-scatter and all-gather of the
+  // experts' buckets must give the same Adam steps as the all-reduce.
+  std::vector<double> zero0, zero1;
+  for (int zero : {0, 1}) {
+    ParallelPlan p = plan_of(Schedule::one_f_one_b, 1, 1, 2, 4, 1);
+    p.ep = 2;
+    p.etp = 1;
+    p.zero_stage = zero;
+    p.recompute = Recompute::none;
+    REQUIRE(run_on_model(small_moe(4), p, 3, zero == 0 ? &zero0 : &zero1).empty());
+  }
+  REQUIRE(zero0.size() == zero1.size());
+  REQUIRE(!zero0.empty());
+  for (std::size_t i = 0; i < zero0.size(); ++i) CHECK(zero1[i] == doctest::Approx(zero0[i]).epsilon(1e-5));
+}
+
 TEST_CASE("CP plans on the NCCL model: the ring's sends match, and CP 1, 2 and 4 train as the unfused core does") {
   // Context parallelism only splits each sequence over more ranks: with the
   // same TP, PP and DP, no dropout (its masks follow a rank's own positions)

@@ -73,12 +73,12 @@ int choose_cuda_device(const LaunchInfo& launch, int visible_devices, const std:
 // (cuda), nothing to choose for cpu.
 BackendOptions backend_options(const LaunchInfo& launch, std::string_view backend);
 
-// InputError when the plan has CP > 1 (the executor runs no context
-// parallelism yet) or the launched world size is not its TP x PP x DP.
+// InputError when the launched world size is not the plan's TP x CP x PP x DP.
 void check_world_size(int world_size, const ParallelPlan& plan, const std::string& plan_source);
 // Refuses a model and plan the executor cannot run: of mixture-of-experts
-// models it runs routed experts with ETP 1 (or TP 1), dropless, ZeRO 0,
-// without shared experts, group-limited routing, latent attention or MTP.
+// models it runs routed experts with ETP 1 (or TP 1), dropless, without
+// shared experts, group-limited routing, latent attention or MTP; context
+// parallelism with the p2p ring only.
 void check_executable(const ModelSpec& model, const ParallelPlan& plan, const std::string& plan_source);
 
 

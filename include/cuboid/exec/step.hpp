@@ -76,6 +76,7 @@ class StepRunner {
   void layout_params();
   void place_experts(LayerParams& w, LayerParams& g, int layer);
   void update_experts(const AdamConfig& adam, std::int64_t step);
+  std::size_t expert_bucket() const;  // elements per bucket of the experts' reduction (a multiple of EDP)
   void forward(int micro_batch, int chunk, std::int64_t step);
   void backward(int micro_batch, int chunk, std::int64_t step);
   // One pipeline exchange: the sends of `done`'s results and the receives of
@@ -108,6 +109,9 @@ class StepRunner {
   MoeDims moe_;
   std::size_t expert_count_ = 0, expert_at_ = 0;
   DeviceBuffer expert_params_, expert_grads_, expert_master_buf_, expert_m_, expert_v_;
+  DeviceBuffer expert_grad_shard_, expert_param_shard_;  // ZeRO >= 1: this rank's block of each bucket
+  std::size_t expert_padded_ = 0;  // expert_count_ rounded up to the expert-DP size when sharded
+  bool shard_experts_ = false;     // ZeRO >= 1 over an expert-DP group of more than one rank
   DeviceSpan expert_master_;
   DeviceBuffer params_, grads_, master_buf_, adam_m_, adam_v_, grad_shard_, param_shard_;
   DeviceSpan master_;
