@@ -366,25 +366,34 @@ constexpr int kTagKv = 0xC0;
 constexpr int kTagDkv = 0xC1;
 }  // namespace
 
+// S = Q K^T of one block into probs_tmp_ ([b x heads, nq, nk]); head j reads
+// KV head j / (heads / kv_heads), each GEMM call batching the heads that
+// share their place u in a KV group.
+void LayerRunner::block_scores(const LayerActs& a, const Block& blk, const KvView& kv) {
+  const std::int64_t b = d_.micro_batch, dh = d_.head_dim, n = d_.qkv_cols();
+  const std::int64_t heads = d_.heads, gq = d_.heads / d_.kv_heads, sc = blk.nq * blk.nk;
+  for (std::int64_t bi = 0; bi < b; ++bi)
+    for (std::int64_t u = 0; u < gq; ++u) {
+      GemmShape g;
+      g.trans_b = Trans::yes;
+      g.m = blk.nq, g.n = blk.nk, g.k = dh;
+      g.lda = b * n, g.ldb = b * kv.ld, g.ldc = blk.nk;
+      g.batch = d_.kv_heads;
+      g.stride_a = gq * dh, g.stride_b = dh, g.stride_c = gq * sc;
+      be_.gemm(g, 1.0f, from(ConstDeviceSpan(a.qkv), (blk.q0 * b + bi) * n + u * dh),
+               from(kv.data, (blk.k0 * b + bi) * kv.ld + kv.k_col), 0.0f,
+               from(DeviceSpan(probs_tmp_), (bi * heads + u) * sc));
+    }
+}
+
 // out (row 0 = position q0, [nq x b, q]) and lse ([nq, b x heads]) of one block.
 void LayerRunner::flash_block_forward(const LayerActs& a, const Block& blk, const KvView& kv, DeviceSpan out,
                                       DeviceSpan lse, Pass pass) {
-  const std::int64_t b = d_.micro_batch, dh = d_.head_dim, n = d_.qkv_cols(), q = d_.q_cols();
+  const std::int64_t b = d_.micro_batch, dh = d_.head_dim, q = d_.q_cols();
   const std::int64_t heads = d_.heads, gq = d_.heads / d_.kv_heads, sc = blk.nq * blk.nk;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
-  const ConstDeviceSpan qkv = a.qkv;
   timer_.run(attention_desc(op::attn_flash, pass, blk.nq, blk.nk, dh, b * heads, blk.causal), [&] {
-    for (std::int64_t bi = 0; bi < b; ++bi)
-      for (std::int64_t u = 0; u < gq; ++u) {
-        GemmShape g;  // S = Q K^T
-        g.trans_b = Trans::yes;
-        g.m = blk.nq, g.n = blk.nk, g.k = dh;
-        g.lda = b * n, g.ldb = b * kv.ld, g.ldc = blk.nk;
-        g.batch = d_.kv_heads;
-        g.stride_a = gq * dh, g.stride_b = dh, g.stride_c = gq * sc;
-        be_.gemm(g, 1.0f, from(qkv, (blk.q0 * b + bi) * n + u * dh), from(kv.data, (blk.k0 * b + bi) * kv.ld + kv.k_col),
-                 0.0f, from(DeviceSpan(probs_tmp_), (bi * heads + u) * sc));
-      }
+    block_scores(a, blk, kv);
     be_.attention_softmax_lse(probs_tmp_, lse, b * heads, blk.nq, blk.nk, scale, blk.causal);
     for (std::int64_t bi = 0; bi < b; ++bi)
       for (std::int64_t u = 0; u < gq; ++u) {
@@ -411,17 +420,7 @@ void LayerRunner::flash_block_backward(const LayerActs& a, const Block& blk, con
   const ConstDeviceSpan qkv = a.qkv, dctx = dctx_;
   timer_.run(attention_desc(op::attn_flash_bwd, bw, blk.nq, blk.nk, dh, bh, blk.causal), [&] {
     if (first) be_.row_dot(dctx_, a.ctx, delta_, d_.tokens * heads, dh);
-    for (std::int64_t bi = 0; bi < b; ++bi)
-      for (std::int64_t u = 0; u < gq; ++u) {
-        GemmShape g;  // S = Q K^T again
-        g.trans_b = Trans::yes;
-        g.m = blk.nq, g.n = blk.nk, g.k = dh;
-        g.lda = b * n, g.ldb = b * kv.ld, g.ldc = blk.nk;
-        g.batch = d_.kv_heads;
-        g.stride_a = gq * dh, g.stride_b = dh, g.stride_c = gq * sc;
-        be_.gemm(g, 1.0f, from(qkv, (blk.q0 * b + bi) * n + u * dh), from(kv.data, (blk.k0 * b + bi) * kv.ld + kv.k_col),
-                 0.0f, from(DeviceSpan(probs_tmp_), (bi * heads + u) * sc));
-      }
+    block_scores(a, blk, kv);
     be_.attention_probs(probs_tmp_, from(ConstDeviceSpan(a.lse), blk.q0 * bh), bh, blk.nq, blk.nk, scale, blk.causal);
     for (std::int64_t bi = 0; bi < b; ++bi)
       for (std::int64_t u = 0; u < gq; ++u) {

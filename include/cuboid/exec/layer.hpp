@@ -149,6 +149,7 @@ class LayerRunner {
                            Pass pass);
   void flash_block_backward(const LayerActs& a, const Block& blk, const KvView& kv, DeviceSpan dkv, bool first);
   Block ring_block(int step) const;
+  void block_scores(const LayerActs& a, const Block& blk, const KvView& kv);
   void pack_kv(const LayerActs& a, DeviceSpan kv, Pass pass);
 
   Backend& be_;
