@@ -6,7 +6,6 @@
 #include <iostream>
 #include <string>
 
-#include "cuboid/exec/launch.hpp"
 #include "cuboid/exec/run.hpp"
 #include "cuboid/io/planfile.hpp"
 

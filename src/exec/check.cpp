@@ -42,10 +42,12 @@ Matrix rows_of(const Matrix& m, std::int64_t cols, std::int64_t first, std::int6
 // and 2 cp - 1 - r of the sequence.
 Matrix cp_rows(const Matrix& m, std::int64_t cols, std::int64_t seq, std::int64_t b, int r, int cp) {
   if (cp <= 1) return m;
-  const std::int64_t chunk = seq / (2 * cp);
-  Matrix out = rows_of(m, cols, r * chunk * b, chunk * b);
-  const Matrix second = rows_of(m, cols, (2 * cp - 1 - r) * chunk * b, chunk * b);
-  out.insert(out.end(), second.begin(), second.end());
+  Matrix out;
+  const std::int64_t local = seq / cp;
+  for (std::int64_t p = 0; p < local; ++p) {
+    const Matrix rows = rows_of(m, cols, cp_global_position(p, local, r, cp) * b, b);
+    out.insert(out.end(), rows.begin(), rows.end());
+  }
   return out;
 }
 

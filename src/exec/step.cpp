@@ -67,16 +67,12 @@ StepRunner::StepRunner(Backend& backend, ProcessGroups& groups, const ModelSpec&
   // (its positions [0, s/2) and [s/2, s)): every token keeps the id and
   // label it has without CP.
   const std::int64_t vocab_first = d.vocab * groups_.coord.tp;
-  const std::int64_t half = d.seq / 2, b = d.micro_batch;
-  auto global_position = [&](std::int64_t p) {
-    if (plan_.cp <= 1) return p;
-    const std::int64_t chunk = p < half ? groups_.coord.cp : 2 * plan_.cp - 1 - groups_.coord.cp;
-    return chunk * half + p % half;
-  };
+  const std::int64_t b = d.micro_batch;
   for (int mb = 0; mb < micro_batches_; ++mb) {
     std::vector<std::int32_t> ids(sz(T)), labels(sz(T));
     for (std::int64_t i = 0; i < T; ++i) {
-      const std::int64_t global = global_position(i / b) * b + i % b;  // rows are [s, b]
+      const std::int64_t global =  // rows are [s, b]
+          cp_global_position(i / b, d.seq, groups_.coord.cp, plan_.cp) * b + i % b;
       const std::uint64_t key = (static_cast<std::uint64_t>(groups_.coord.dp) << 40) ^
                                 (static_cast<std::uint64_t>(mb) << 24) ^ static_cast<std::uint64_t>(global);
       const auto id = static_cast<std::int64_t>(uniform01(options_.seed, key) * static_cast<float>(model_.vocab_size));
@@ -533,24 +529,33 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
     return;
   }
   // ZeRO >= 1: reduce-scatter each bucket, Adam on the owned block, all-gather the updated weights.
-  const auto r = sz(data_index_);
-  for (std::size_t start = 0; start < padded_count_; start += bucket) {
-    const std::size_t len = std::min(bucket, padded_count_ - start), block = len / dp;
+  sharded_adam_step(*groups_.dp, grads_, grad_shard_, params_, param_shard_, master_, adam_m_, adam_v_, bucket, adam,
+                    step);
+}
+
+void StepRunner::sharded_adam_step(Communicator& comm, DeviceSpan grads, DeviceSpan grad_shard, DeviceSpan params,
+                                   DeviceSpan param_shard, DeviceSpan master, DeviceSpan m, DeviceSpan v,
+                                   std::size_t bucket, const AdamConfig& adam, std::int64_t step) {
+  const Pass bw = Pass::backward;
+  const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
+  const int n = comm.size();
+  const auto parts = sz(n);
+  const std::size_t count = grads.size(), owned = count / parts;
+  for (std::size_t start = 0; start < count; start += bucket) {
+    const std::size_t len = std::min(bucket, count - start), block = len / parts;
     timer_.run(comm_desc(op::dp_rs_grads, bw, Collective::reduce_scatter, Group::dp,
-                         static_cast<double>(len) * kGradBytes, data_ranks_),
-               [&] { groups_.dp->reduce_scatter_sum(grads_.subspan(start, len), grad_shard_.subspan(start / dp, block), block); });
+                         static_cast<double>(len) * kGradBytes, n),
+               [&] { comm.reduce_scatter_sum(grads.subspan(start, len), grad_shard.subspan(start / parts, block), block); });
   }
-  timer_.run(mem_desc(op::adam, bw, static_cast<double>(padded_count_ / dp) * (4.0 * 4 * 2 + kGradBytes)),
-             [&] { be_.adam_step(master_, grad_shard_, adam_m_, adam_v_, adam, step + 1); });
-  timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(padded_count_ / dp) * (4.0 + esz)),
-             [&] { be_.copy(master_, param_shard_); });
-  for (std::size_t start = 0; start < padded_count_; start += bucket) {
-    const std::size_t len = std::min(bucket, padded_count_ - start), block = len / dp;
-    timer_.run(comm_desc(op::dp_ag_params, bw, Collective::all_gather, Group::dp, static_cast<double>(len) * esz,
-                         data_ranks_),
-               [&] { groups_.dp->all_gather(param_shard_.subspan(start / dp, block), params_.subspan(start, len), block); });
+  timer_.run(mem_desc(op::adam, bw, static_cast<double>(owned) * (4.0 * 4 * 2 + kGradBytes)),
+             [&] { be_.adam_step(master, grad_shard, m, v, adam, step + 1); });
+  timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(owned) * (4.0 + esz)),
+             [&] { be_.copy(master, param_shard); });
+  for (std::size_t start = 0; start < count; start += bucket) {
+    const std::size_t len = std::min(bucket, count - start), block = len / parts;
+    timer_.run(comm_desc(op::dp_ag_params, bw, Collective::all_gather, Group::dp, static_cast<double>(len) * esz, n),
+               [&] { comm.all_gather(param_shard.subspan(start / parts, block), params.subspan(start, len), block); });
   }
-  (void)r;
 }
 
 std::size_t StepRunner::expert_bucket() const {
@@ -571,29 +576,8 @@ void StepRunner::update_experts(const AdamConfig& adam, std::int64_t step) {
              [&] { be_.scale(expert_grads_, 1.0f / static_cast<float>(micro_batches_ * data_ranks_)); });
   const int edp = groups_.edp->size();
   if (shard_experts_) {
-    const auto n = sz(edp);
-    const std::size_t bucket = expert_bucket(), owned = expert_padded_ / n;
-    for (std::size_t start = 0; start < expert_padded_; start += bucket) {
-      const std::size_t len = std::min(bucket, expert_padded_ - start), block = len / n;
-      timer_.run(comm_desc(op::dp_rs_grads, bw, Collective::reduce_scatter, Group::dp,
-                           static_cast<double>(len) * kGradBytes, edp),
-                 [&] {
-                   groups_.edp->reduce_scatter_sum(DeviceSpan(expert_grads_).subspan(start, len),
-                                                   DeviceSpan(expert_grad_shard_).subspan(start / n, block), block);
-                 });
-    }
-    timer_.run(mem_desc(op::adam, bw, static_cast<double>(owned) * (4.0 * 4 * 2 + kGradBytes)),
-               [&] { be_.adam_step(expert_master_, expert_grad_shard_, expert_m_, expert_v_, adam, step + 1); });
-    timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(owned) * (4.0 + esz)),
-               [&] { be_.copy(expert_master_, expert_param_shard_); });
-    for (std::size_t start = 0; start < expert_padded_; start += bucket) {
-      const std::size_t len = std::min(bucket, expert_padded_ - start), block = len / n;
-      timer_.run(comm_desc(op::dp_ag_params, bw, Collective::all_gather, Group::dp, static_cast<double>(len) * esz, edp),
-                 [&] {
-                   groups_.edp->all_gather(DeviceSpan(expert_param_shard_).subspan(start / n, block),
-                                           DeviceSpan(expert_params_).subspan(start, len), block);
-                 });
-    }
+    sharded_adam_step(*groups_.edp, expert_grads_, expert_grad_shard_, expert_params_, expert_param_shard_,
+                      expert_master_, expert_m_, expert_v_, expert_bucket(), adam, step);
     return;
   }
   if (edp > 1) {

@@ -51,6 +51,16 @@ struct LayerDims {
   std::int64_t fc1_cols() const { return gated ? 2 * ffn : ffn; }
 };
 
+// Context parallelism: CP rank `r` of `cp` holds chunks r and 2 cp - 1 - r
+// of every sequence as its positions [0, s/2) and [s/2, s) (s = `local_seq`);
+// the position in the whole sequence of its position `p`.
+inline std::int64_t cp_global_position(std::int64_t p, std::int64_t local_seq, int r, int cp) {
+  if (cp <= 1) return p;
+  const std::int64_t half = local_seq / 2;
+  const std::int64_t chunk = p < half ? r : 2 * cp - 1 - r;
+  return chunk * half + p % half;
+}
+
 // The dims of one TP rank of `plan` (tp = 1: the unsharded layer).
 LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan, float dropout);
 
