@@ -33,7 +33,7 @@ Output run_to(const std::string& args, const TempDir& d, const std::string& name
 
 }  // namespace
 
-TEST_CASE("plan --json and plan --out are byte-identical across runs and thread counts" * doctest::timeout(300)) {
+TEST_CASE("plan --json and plan --out are byte-identical across runs and thread counts") {
   TempDir d("determinism_plan");
   // Llama-3-70B on 4 x 8 A100 with the simulator re-rank of the best 4, and a
   // small fixed-shape search.
@@ -54,7 +54,7 @@ TEST_CASE("plan --json and plan --out are byte-identical across runs and thread 
   }
 }
 
-TEST_CASE("simulate --json and simulate --trace are byte-identical across runs" * doctest::timeout(300)) {
+TEST_CASE("simulate --json and simulate --trace are byte-identical across runs") {
   TempDir d("determinism_sim");
   const std::string sim = "simulate " + kLlama + " --tp 4 --pp 4 --dp 2 --global-batch 64 --json --trace";
   const Output a = run_to(sim, d, "a.trace.json");
@@ -73,7 +73,7 @@ TEST_CASE("simulate --json and simulate --trace are byte-identical across runs" 
   CHECK(c.file == e.file);
 }
 
-TEST_CASE("plan --report and simulate --report are byte-identical across runs and thread counts" * doctest::timeout(300)) {
+TEST_CASE("plan --report and simulate --report are byte-identical across runs and thread counts") {
   TempDir d("determinism_report");
   const std::string plan =
       "plan --model models/gpt-small.json --cluster topologies/dgx-a100.json --nodes 1 --tp 2 --pp 2 --global-batch 64";

@@ -558,7 +558,7 @@ TEST_CASE("the timeline: the same results, every stage's steps in schedule order
   }
 }
 
-TEST_CASE("Korthikanti et al. 2022: simulated vs measured iteration times" * doctest::timeout(300)) {
+TEST_CASE("Korthikanti et al. 2022: simulated vs measured iteration times") {
   struct Row {
     const char* model;
     int nodes, tp, pp, dp;
