@@ -276,4 +276,10 @@ TEST_CASE("the planner searches CP where the trainer has it, and only there") {
   for (const Estimate& e : old.fitting) CHECK(e.plan.cp == 1);
   o.cp = 2;
   CHECK_THROWS_WITH(search_plans(m, topo, o), doctest::Contains("has no context parallelism"));
+  // torchtitan runs the ring (PyTorch's ring attention), not the a2a exchange.
+  o.trainer = "torchtitan";
+  o.zero_stage = 3;
+  for (const Estimate& e : search_plans(m, topo, o).fitting) CHECK(e.plan.cp_comm == CpComm::p2p);
+  o.cp_comm = CpComm::a2a;
+  CHECK_THROWS_WITH(search_plans(m, topo, o), doctest::Contains("torchtitan exchanges K/V around the ring only"));
 }

@@ -400,7 +400,7 @@ TEST_CASE("the Megatron export carries the flags that make the plan") {
   CHECK(export_plan(unfused, "nemo").text.find("  gradient_accumulation_fusion: false\n") != std::string::npos);
 }
 
-TEST_CASE("context parallelism: Megatron-LM and Megatron-Bridge carry it; DeepSpeed, NeMo 1.x and torchtitan refuse") {
+TEST_CASE("context parallelism: Megatron-LM, Megatron-Bridge and torchtitan v0.2.2 carry it; DeepSpeed, NeMo 1.x and torchtitan main refuse") {
   PlanFile pf = plan_file("seed");
   pf.plan.cp = 2;
   pf.plan.dp = 1;
@@ -417,9 +417,51 @@ TEST_CASE("context parallelism: Megatron-LM and Megatron-Bridge carry it; DeepSp
     CHECK(bridge.find("context_parallel_size=2") != std::string::npos);
     CHECK(bridge.find("cp_comm_type=\"" + std::string(to_string(comm)) + "\"") != std::string::npos);
   }
-  check_refused(pf, {"deepspeed", "nemo", "torchtitan", "torchtitan-main"}, "parallel.cp");
+  check_refused(pf, {"deepspeed", "nemo", "torchtitan-main"}, "parallel.cp");
   // Without CP nothing changes.
   CHECK(text("seed", "megatron").find("context-parallel") == std::string::npos);
+
+  SUBCASE("torchtitan v0.2.2: PyTorch's ring attention, K/V passed one rank per step (alltoall), FSDP over DP x CP") {
+    PlanFile tt = plan_file("seed-zero3");  // TP 4 x PP 4 x DP 2, ZeRO-3
+    tt.plan.cp = 2;
+    tt.plan.dp = 1;
+    tt.plan.cp_comm = CpComm::p2p;
+    check_options(tt, "torchtitan");
+    const std::string out = export_plan(tt, "torchtitan").text;
+    for (const char* line : {"; TP 4 x CP 2 x PP 4 x DP 1, micro-batch", "--parallelism.context_parallel_degree=2 \\\n",
+                             "--parallelism.context_parallel_rotate_method=alltoall \\\n",
+                             "--parallelism.context_parallel_load_balancer=headtail \\\n",
+                             "--parallelism.data_parallel_shard_degree=1 \\\n",
+                             "--parallelism.fsdp_reshard_after_forward=always \\\n",
+                             "context_parallel_rotate_method = \"alltoall\"\n"})
+      CHECK_MESSAGE(out.find(line) != std::string::npos, line << " missing from\n" << out);
+    tt.plan.zero_stage = 2;
+    check_options(tt, "torchtitan");
+    CHECK(export_plan(tt, "torchtitan").text.find("--parallelism.fsdp_reshard_after_forward=never") != std::string::npos);
+    // Without CP the two fields stay out (torchtitan's defaults).
+    CHECK(text("seed-zero3", "torchtitan").find("rotate_method") == std::string::npos);
+    tt.plan.cp_comm = CpComm::a2a;
+    CHECK_THROWS_WITH_AS(export_plan(tt, "torchtitan"),
+                         "seed-zero3.plan.json: parallel.cp_comm: torchtitan v0.2.2's context parallelism rotates "
+                         "K/V around the ring (context_parallel_rotate_method alltoall) or all-gathers it; it has no "
+                         "all-to-all of attention heads (the plan's a2a exchange) (fix: plan with --cp-comm-type p2p)",
+                         InputError);
+    tt.plan.cp_comm = CpComm::p2p;
+    tt.plan.zero_stage = 0;
+    CHECK_THROWS_WITH_AS(export_plan(tt, "torchtitan"),
+                         "seed-zero3.plan.json: parallel.zero_stage: torchtitan shards the weights, gradients and "
+                         "optimizer states over the context-parallel ranks with FSDP whenever CP > 1 "
+                         "(ParallelDims.fsdp_enabled), and the plan keeps them whole over its 2 CP ranks (fix: plan "
+                         "with --zero 3 (FSDP) or --zero 2 (FSDP without resharding after forward))",
+                         InputError);
+    tt.plan.zero_stage = 3;
+    CHECK_THROWS_WITH_AS(export_plan(tt, "torchtitan-main"),
+                         "seed-zero3.plan.json: parallel.cp: torchtitan main's context parallelism (spmd_backend "
+                         "spmd_types) has no rotate method to choose: K/V are exchanged by PyTorch's default "
+                         "all-gather, not the p2p ring or a2a exchange the plan was priced with (fix: export with --to "
+                         "torchtitan (v0.2.2 rotates K/V around the ring), --to megatron or --to megatron-bridge)",
+                         InputError);
+  }
 }
 
 TEST_CASE("expert parallelism: Megatron-LM and Megatron-Bridge carry the MoE layer; DeepSpeed, NeMo 1.x and torchtitan refuse") {

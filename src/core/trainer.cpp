@@ -55,6 +55,7 @@ std::array<TrainerPreset, 8> make_presets() {
   modern_zero3(core.settings, 0, 500'000'000);
   core.uneven_interleaved = true;
   core.context_parallel = true;
+  core.context_parallel_a2a = true;
   core.expert_parallel = true;
   core.sources = {
       {"expert_parallel", "Megatron-LM d98e8a64 megatron/training/arguments.py --expert-model-parallel-size (num_experts "
@@ -248,9 +249,15 @@ std::array<TrainerPreset, 8> make_presets() {
   tt.grad_accum_fusion = false;
   tt.default_grad_accum_fusion = false;
   tt.zero_stages = {0, 2, 3};
+  tt.context_parallel = true;
   tt.settings = settings(tt.name, true, 4);
   modern_zero3(tt.settings, 1, 0);
   tt.sources = {
+      {"context_parallel", "torchtitan v0.2.2 torchtitan/config/job_config.py context_parallel_degree, "
+                           "context_parallel_rotate_method \"alltoall\" (PyTorch's ring attention, "
+                           "torch/distributed/tensor/experimental/_attention.py: K/V passed one rank per step, "
+                           "overlapped with the block), context_parallel_load_balancer \"headtail\" (2 x CP chunks); "
+                           "no all-to-all of heads (a2a)"},
       {"dp_overlap", "torchtitan b5bcd76c torchtitan/distributed/fsdp.py: FSDP2 reduce-scatters each unit's "
                      "gradients during the backward"},
       {"dp_grad_bytes", "torchtitan b5bcd76c torchtitan/config/configs.py mixed_precision_reduce = \"float32\""},

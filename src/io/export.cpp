@@ -26,12 +26,15 @@ int position(const RankOrder& order, Dim d) {
 
 std::string header(const PlanFile& pf, std::string_view comment, std::string_view target) {
   const ParallelPlan& p = pf.plan;
+  // CP and EP only where the plan has them (a plain plan's header reads as before).
+  const std::string cp = p.cp > 1 ? fmt::format(" x CP {}", p.cp) : "";
+  const std::string ep = p.ep > 1 ? fmt::format(" (experts: EP {} x ETP {})", p.ep, p.expert_tp()) : "";
   return fmt::format(
       "{0} {1} configuration for the cuboid plan in {2} (schema cuboid.plan/1):\n"
-      "{0}   {3} on {4}: {5} nodes x {6} {7}; TP {8} x PP {9} x DP {10}, micro-batch {11}, global batch {12} x {13} "
-      "tokens\n",
+      "{0}   {3} on {4}: {5} nodes x {6} {7}; TP {8}{14} x PP {9} x DP {10}{15}, micro-batch {11}, global batch {12} x "
+      "{13} tokens\n",
       comment, target, pf.source, pf.model.name, pf.cluster_name, pf.nodes, pf.gpus_per_node, pf.gpu_name, p.tp, p.pp,
-      p.dp, p.micro_batch, p.global_batch, p.seq_length);
+      p.dp, p.micro_batch, p.global_batch, p.seq_length, cp, ep);
 }
 
 std::int64_t layers_per_virtual_stage(const PlanFile& pf) {

@@ -71,11 +71,13 @@ void check_common(const PlanFile& pf) {
            "cuboid's torchtitan export builds its Llama train spec, which has no experts (torchtitan's MoE models "
            "are train specs of their own, not among the pinned options)",
            "export with --to megatron or --to megatron-bridge");
-  if (p.cp > 1)
-    refuse(pf, "parallel.cp",
-           "torchtitan's context parallelism is PyTorch's ring attention, which rotates K/V by all-gather (default) "
-           "or all-to-all: not Transformer Engine's p2p ring or a2a exchange the plan was priced with",
-           "export with --to megatron or --to megatron-bridge, or plan with --cp 1");
+  if (p.cp > 1 && p.zero_stage < 2)
+    refuse(pf, "parallel.zero_stage",
+           fmt::format("torchtitan shards the weights, gradients and optimizer states over the context-parallel "
+                       "ranks with FSDP whenever CP > 1 (ParallelDims.fsdp_enabled), and the plan keeps them {} "
+                       "over its {} CP ranks",
+                       p.zero_stage == 0 ? "whole" : "whole but the optimizer states", p.cp),
+           "plan with --zero 3 (FSDP) or --zero 2 (FSDP without resharding after forward)");
   if (has_uneven_stages(p))
     refuse(pf, "parallel.first_stage_layers",
            "torchtitan's stage split counts the embedding and the output as layers, so cuboid's uneven "
@@ -86,7 +88,7 @@ void check_common(const PlanFile& pf) {
            "torchtitan's attention is scaled_dot_product_attention (flash kernels); an unfused-attention plan "
            "cannot be reproduced",
            "plan with --flash-attention on");
-  if (p.dp > 1 && p.zero_stage == 1)
+  if (p.dp * p.cp > 1 && p.zero_stage == 1)
     refuse(pf, "parallel.zero_stage",
            "ZeRO-1 (sharded optimizer states, replicated weights and gradients) has no torchtitan equivalent: FSDP2 "
            "shards weights, gradients and optimizer states together",
@@ -97,12 +99,12 @@ void check_common(const PlanFile& pf) {
            "AccumulateGrad, FSDP's sharded add), not inside the weight-gradient GEMMs, and the plan was priced with "
            "Megatron's fused accumulation",
            "plan with --grad-accum-fusion off (plan --for torchtitan does)");
-  if (p.dp > 1 && p.trainer.dp_grad_bytes != 4)
+  if (p.dp * p.cp > 1 && p.trainer.dp_grad_bytes != 4)
     refuse(pf, "trainer.dp_grad_bytes",
            "torchtitan reduces gradients in float32 (training.mixed_precision_reduce allows only \"float32\"), and "
            "the plan was priced with 16-bit gradients",
            "plan --for torchtitan (it prices torchtitan's reduction)");
-  if (p.dp > 1 && !p.trainer.dp_overlap)
+  if (p.dp * p.cp > 1 && !p.trainer.dp_overlap)
     refuse(pf, "trainer.dp_overlap",
            "torchtitan's FSDP2 and DDP reduce gradients during the backward, and the plan was priced with the "
            "reduction after it",
@@ -121,7 +123,8 @@ Fields parallelism(const PlanFile& pf, bool main) {
   auto q = [](std::string_view s) { return fmt::format("\"{}\"", s); };
   // ZeRO-3 = FSDP resharding after forward; ZeRO-2 = FSDP keeping the
   // gathered weights until backward (fully_shard reshard_after_forward=False).
-  const bool shard = p.dp > 1 && p.zero_stage >= 2;
+  // FSDP's mesh is dp_shard x cp: with CP it shards over the CP ranks too.
+  const bool shard = p.dp * p.cp > 1 && p.zero_stage >= 2;
   Fields par;
   par.emplace_back("data_parallel_replicate_degree", std::to_string(p.dp > 1 && p.zero_stage == 0 ? p.dp : 1));
   par.emplace_back("data_parallel_shard_degree", std::to_string(shard ? p.dp : 1));
@@ -139,6 +142,14 @@ Fields parallelism(const PlanFile& pf, bool main) {
     else par.emplace_back("pipeline_parallel_microbatch_size", std::to_string(p.micro_batch));
   }
   par.emplace_back("context_parallel_degree", std::to_string(p.cp));
+  if (p.cp > 1 && !main) {
+    // PyTorch's ring attention (torch.distributed.tensor.experimental._attention):
+    // "alltoall" passes each rank's K/V one step around the ring per block (and
+    // dK/dV in backward), started before the block and waited after it: the
+    // p2p ring. "headtail" = Megatron's 2 x CP chunks, chunk r and 2CP-1-r.
+    par.emplace_back("context_parallel_rotate_method", q("alltoall"));
+    par.emplace_back("context_parallel_load_balancer", q("headtail"));
+  }
   return par;
 }
 
@@ -154,13 +165,18 @@ std::string rope_note(const PlanFile& pf) {
 ExportResult torchtitan_v02(const PlanFile& pf) {
   const ParallelPlan& p = pf.plan;
   check_common(pf);
+  if (p.cp > 1 && p.cp_comm != CpComm::p2p)
+    refuse(pf, "parallel.cp_comm",
+           "torchtitan v0.2.2's context parallelism rotates K/V around the ring (context_parallel_rotate_method "
+           "alltoall) or all-gathers it; it has no all-to-all of attention heads (the plan's a2a exchange)",
+           "plan with --cp-comm-type p2p");
   if (p.dp > 1 && p.zero_stage == 0 && (p.tp > 1 || p.pp > 1))
     refuse(pf, "parallel.zero_stage",
            "torchtitan v0.2.2 replicates with DDP (data_parallel_replicate_degree) only without tensor or pipeline "
            "parallelism (\"DDP has not supported > 1D parallelism\")",
            "plan with --zero 3 (FSDP), or export with --to torchtitan-main or --to megatron");
   // torchtitan/distributed/utils.py@v0.2.2 maybe_enable_amp.
-  if (p.dp == 1 && (p.tp > 1 || p.pp > 1))
+  if (p.dp == 1 && p.cp == 1 && (p.tp > 1 || p.pp > 1))
     refuse(pf, "parallel.dp",
            "torchtitan v0.2.2 applies bf16 mixed precision through FSDP only; with TP or PP and no FSDP "
            "(maybe_enable_amp: \"Mixed precision training with TP or PP is only supported when FSDP/HSDP/CP is "
@@ -227,6 +243,11 @@ ExportResult torchtitan_v02(const PlanFile& pf) {
 
 ExportResult torchtitan_main(const PlanFile& pf) {
   const ParallelPlan& p = pf.plan;
+  if (p.cp > 1)
+    refuse(pf, "parallel.cp",
+           "torchtitan main's context parallelism (spmd_backend spmd_types) has no rotate method to choose: K/V are "
+           "exchanged by PyTorch's default all-gather, not the p2p ring or a2a exchange the plan was priced with",
+           "export with --to torchtitan (v0.2.2 rotates K/V around the ring), --to megatron or --to megatron-bridge");
   check_common(pf);
   const Flavor& f = flavor(pf);
   const Fields par = parallelism(pf, true);

@@ -192,6 +192,9 @@ void check_trainer_options(const PlannerOptions& o) {
     refuse("--grad-accum-fusion", "has no gradient-accumulation fusion", "use --grad-accum-fusion off, or " + other);
   if ((o.cp.value_or(1) > 1 || o.cp_comm) && !t.context_parallel)
     refuse(o.cp ? "--cp" : "--cp-comm-type", "has no context parallelism here", "use --cp 1, or " + other);
+  if (o.cp_comm == CpComm::a2a && !t.context_parallel_a2a)
+    refuse("--cp-comm-type", "exchanges K/V around the ring only (no all-to-all of attention heads)",
+           "use --cp-comm-type p2p, or " + other);
   if ((o.ep.value_or(1) > 1 || o.etp) && !t.expert_parallel)
     refuse(o.ep ? "--ep" : "--etp", "has no expert parallelism here", "use --ep 1 without --etp, or " + other);
   if (o.zero_stage && std::find(t.zero_stages.begin(), t.zero_stages.end(), *o.zero_stage) == t.zero_stages.end()) {
