@@ -174,6 +174,8 @@ void check_rules(const std::string& target, const Emitted& e, const PlanFile& pf
       if (last > 0) CHECK(last % vp == 0);
       if (uneven && middle_stages > 0) CHECK((middle_layers / middle_stages) % vp == 0);
     }
+    // arguments.py validate_args: multi-latent attention excludes group-query attention.
+    if (e.count("--multi-latent-attention")) CHECK_FALSE(e.count("--group-query-attention"));
     // Sequence parallelism needs TP > 1 (TransformerConfig.__post_init__ turns it off otherwise).
     if (e.count("--sequence-parallel") || (e.count("model.sequence_parallel") && e.find("model.sequence_parallel")->second == "True"))
       CHECK(tp > 1);
@@ -462,6 +464,56 @@ TEST_CASE("context parallelism: Megatron-LM, Megatron-Bridge and torchtitan v0.2
                          "torchtitan (v0.2.2 rotates K/V around the ring), --to megatron or --to megatron-bridge)",
                          InputError);
   }
+}
+
+TEST_CASE("latent attention and MTP: Megatron-LM writes their flags; every other target refuses them") {
+  // DeepSeek-V3 without its YaRN scaling (no export writes YaRN) on the seed's
+  // 4 DGX A100: TP 8 x DP 4, experts EP 32 x ETP 1.
+  ModelSpec model = load_model(cuboid::test::source_root() / "models/deepseek-v3.json");
+  model.rope_yarn = false;
+  model.rope_scaling_factor = 0;
+  const Cluster cluster = cuboid::test::four_dgx_a100();
+  ParallelPlan p = cuboid::test::make_plan(8, 1, 4, 1, 1, Recompute::full, true, Schedule::one_f_one_b, 4096);
+  p.ep = 32;
+  p.etp = 1;
+  validate_plan(p, model, cluster);
+  const PlanFile pf =
+      plan_file_from_json(plan_to_json(model, cluster, estimate(model, Topology(cluster), p)), "dsv3.plan.json");
+  check_options(pf, "megatron");
+  const std::string megatron = export_plan(pf, "megatron").text;
+  for (const char* flag : {"--multi-latent-attention\n", "--q-lora-rank 1536\n", "--kv-lora-rank 512\n",
+                           "--qk-head-dim 128\n", "--qk-pos-emb-head-dim 64\n", "--v-head-dim 128\n",
+                           "--rope-type rope\n", "--mtp-num-layers 1\n", "--moe-layer-freq \"[0]*3+[1]*58\"\n"}) {
+    CAPTURE(flag);
+    CHECK(megatron.find(flag) != std::string::npos);
+  }
+  // MLA heads have no kv-channels or query groups (arguments.py: MLA excludes GQA).
+  CHECK(megatron.find("--kv-channels") == std::string::npos);
+  CHECK(megatron.find("--group-query-attention") == std::string::npos);
+  CHECK_THROWS_WITH_AS(export_plan(pf, "megatron-bridge"),
+                       "dsv3.plan.json: model.mla: The Megatron-Bridge script (a GPTModelProvider) cannot build "
+                       "multi-head latent attention from its pinned options (Megatron-LM's --multi-latent-attention "
+                       "and MLA flags can) (fix: export with --to megatron)",
+                       InputError);
+  // Without MLA, MTP alone is refused the same way.
+  PlanFile mtp_only = pf;
+  mtp_only.model.mla = {};
+  CHECK_THROWS_WITH_AS(export_plan(mtp_only, "megatron-bridge"),
+                       "dsv3.plan.json: model.mtp_layers: The Megatron-Bridge script (a GPTModelProvider) cannot "
+                       "build the model's 1 multi-token-prediction layer from its pinned options (Megatron-LM's "
+                       "--mtp-num-layers can) (fix: export with --to megatron, or drop mtp_layers from the card)",
+                       InputError);
+  // The targets without experts say so first; a dense latent-attention model reaches the MLA refusal.
+  PlanFile dense_mla = pf;
+  dense_mla.model.moe = {};
+  dense_mla.plan.ep = 1;
+  dense_mla.plan.etp = 0;
+  dense_mla.plan.tp = 1;
+  dense_mla.plan.sequence_parallel = false;
+  dense_mla.plan.dp = 32;
+  dense_mla.plan.zero_stage = 3;
+  dense_mla.plan.grad_accum_fusion = false;
+  check_refused(dense_mla, {"megatron-bridge", "deepspeed", "nemo", "torchtitan", "torchtitan-main"}, "model.mla");
 }
 
 TEST_CASE("expert parallelism: Megatron-LM and Megatron-Bridge carry the MoE layer; DeepSpeed, NeMo 1.x and torchtitan refuse") {

@@ -24,6 +24,21 @@ int position(const RankOrder& order, Dim d) {
   return 3;
 }
 
+void refuse_mla_mtp(const PlanFile& pf, std::string_view trainer) {
+  if (pf.model.mla.enabled())
+    refuse(pf, "model.mla",
+           fmt::format("{} cannot build multi-head latent attention from its pinned options (Megatron-LM's "
+                       "--multi-latent-attention and MLA flags can)",
+                       trainer),
+           "export with --to megatron");
+  if (pf.model.mtp_layers > 0)
+    refuse(pf, "model.mtp_layers",
+           fmt::format("{} cannot build the model's {} multi-token-prediction layer{} from its pinned options "
+                       "(Megatron-LM's --mtp-num-layers can)",
+                       trainer, pf.model.mtp_layers, pf.model.mtp_layers == 1 ? "" : "s"),
+           "export with --to megatron, or drop mtp_layers from the card");
+}
+
 std::string header(const PlanFile& pf, std::string_view comment, std::string_view target) {
   const ParallelPlan& p = pf.plan;
   // CP and EP only where the plan has them (a plain plan's header reads as before).

@@ -10,6 +10,9 @@ namespace cuboid::exporters {
 
 [[noreturn]] void refuse(const PlanFile& pf, const std::string& field, const std::string& problem,
                          const std::string& fix);
+// Refuses a model with multi-head latent attention or multi-token-prediction
+// layers: only the Megatron-LM export writes them; `trainer` names the target.
+void refuse_mla_mtp(const PlanFile& pf, std::string_view trainer);
 
 bool default_rank_order(const ParallelPlan& p);
 // Index of `d` in the rank order, 0 = innermost.

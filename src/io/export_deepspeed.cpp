@@ -18,6 +18,7 @@ ExportResult deepspeed(const PlanFile& pf) {
            "DeepSpeed's config has no experts: its MoE layers (deepspeed.moe.layer.MoE, their expert-parallel "
            "size included) come from the model code",
            "export with --to megatron or --to megatron-bridge");
+  refuse_mla_mtp(pf, "DeepSpeed's config");
   if (p.cp > 1)
     refuse(pf, "parallel.cp",
            "DeepSpeed's config has no context parallelism: its sequence parallelism (DeepSpeed-Ulysses) comes from "

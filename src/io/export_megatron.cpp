@@ -75,7 +75,21 @@ ExportResult megatron(const PlanFile& pf) {
   arg(fmt::format("--hidden-size {}", m.hidden_size));
   arg(fmt::format("--ffn-hidden-size {}", m.ffn_hidden_size));
   arg(fmt::format("--num-attention-heads {}", m.num_attention_heads));
-  if (m.head_dim * m.num_attention_heads != m.hidden_size) arg(fmt::format("--kv-channels {}", m.head_dim));
+  if (m.mla.enabled()) {
+    // Megatron-Core's MLASelfAttention (MLATransformerConfig). It takes YaRN by
+    // default (--rope-type); the card's positions are plain rotary (a YaRN card
+    // is refused before any export).
+    arg("--multi-latent-attention");
+    if (m.mla.q_lora_rank > 0) arg(fmt::format("--q-lora-rank {}", m.mla.q_lora_rank));
+    arg(fmt::format("--kv-lora-rank {}", m.mla.kv_lora_rank));
+    arg(fmt::format("--qk-head-dim {}", m.mla.qk_head_dim));
+    arg(fmt::format("--qk-pos-emb-head-dim {}", m.mla.qk_rope_head_dim));
+    arg(fmt::format("--v-head-dim {}", m.mla.v_head_dim));
+    arg("--rope-type rope");
+  } else if (m.head_dim * m.num_attention_heads != m.hidden_size) {
+    arg(fmt::format("--kv-channels {}", m.head_dim));
+  }
+  if (m.mtp_layers > 0) arg(fmt::format("--mtp-num-layers {}", m.mtp_layers));
   if (m.num_kv_heads != m.num_attention_heads) {
     arg("--group-query-attention");
     arg(fmt::format("--num-query-groups {}", m.num_kv_heads));

@@ -19,6 +19,7 @@ namespace cuboid::exporters {
 ExportResult megatron_bridge(const PlanFile& pf) {
   const ParallelPlan& p = pf.plan;
   const ModelSpec& m = pf.model;
+  refuse_mla_mtp(pf, "The Megatron-Bridge script (a GPTModelProvider)");
   if (p.pp > 1 && p.schedule == Schedule::gpipe)
     refuse(pf, "parallel.schedule",
            "Megatron-Bridge runs Megatron-Core's schedules (1F1B and interleaved 1F1B), no GPipe",

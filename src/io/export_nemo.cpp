@@ -23,6 +23,7 @@ ExportResult nemo1(const PlanFile& pf) {
            "cuboid's NeMo 1.x export carries no experts (their keys are not among the pinned "
            "megatron_gpt_config.yaml options)",
            "export with --to megatron-bridge (NeMo 2's trainer) or --to megatron");
+  refuse_mla_mtp(pf, "cuboid's NeMo 1.x export");
   if (p.cp > 1)
     refuse(pf, "parallel.cp",
            "cuboid's NeMo 1.x export carries no context parallelism (its keys are not among the pinned "

@@ -71,6 +71,7 @@ void check_common(const PlanFile& pf) {
            "cuboid's torchtitan export builds its Llama train spec, which has no experts (torchtitan's MoE models "
            "are train specs of their own, not among the pinned options)",
            "export with --to megatron or --to megatron-bridge");
+  refuse_mla_mtp(pf, "cuboid's torchtitan export (its Llama train spec)");
   if (p.cp > 1 && p.zero_stage < 2)
     refuse(pf, "parallel.zero_stage",
            fmt::format("torchtitan shards the weights, gradients and optimizer states over the context-parallel "
