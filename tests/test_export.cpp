@@ -214,8 +214,17 @@ void check_rules(const std::string& target, const Emitted& e, const PlanFile& pf
     CHECK(num(e, "trainer.num_nodes") * num(e, "trainer.devices") == world);
     const std::int64_t tp = num(e, "model.tensor_model_parallel_size");
     const std::int64_t pp = num(e, "model.pipeline_model_parallel_size");
-    CHECK(world % (tp * pp) == 0);
-    const std::int64_t dp = world / (tp * pp);
+    const std::int64_t cp = std::max<std::int64_t>(num(e, "model.context_parallel_size"), 1);
+    CHECK(world % (tp * pp * cp) == 0);
+    const std::int64_t dp = world / (tp * pp * cp);
+    // parallel_state.py: num_experts % EP == 0; a stage's TP x CP x DP ranks
+    // regroup as ETP (= TP here) x EP x expert-DP.
+    if (const std::int64_t ep = num(e, "model.expert_model_parallel_size"); ep > 0) {
+      CHECK(num(e, "model.num_moe_experts") % ep == 0);
+      CHECK((world / pp) % (ep * tp) == 0);
+    }
+    // Sequence length % (2 x CP) (the chunks of get_batch_on_this_context_parallel_rank).
+    CHECK(num(e, "model.encoder_seq_length") % (2 * cp) == 0);
     CHECK(num(e, "model.global_batch_size") % (num(e, "model.micro_batch_size") * dp) == 0);
     CHECK(num(e, "model.num_layers") % pp == 0);
     CHECK(e.find("model.virtual_pipeline_model_parallel_size")->second == "null");
@@ -402,7 +411,7 @@ TEST_CASE("the Megatron export carries the flags that make the plan") {
   CHECK(export_plan(unfused, "nemo").text.find("  gradient_accumulation_fusion: false\n") != std::string::npos);
 }
 
-TEST_CASE("context parallelism: Megatron-LM, Megatron-Bridge and torchtitan v0.2.2 carry it; DeepSpeed, NeMo 1.x and torchtitan main refuse") {
+TEST_CASE("context parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x and torchtitan v0.2.2 carry it; DeepSpeed and torchtitan main refuse") {
   PlanFile pf = plan_file("seed");
   pf.plan.cp = 2;
   pf.plan.dp = 1;
@@ -418,8 +427,12 @@ TEST_CASE("context parallelism: Megatron-LM, Megatron-Bridge and torchtitan v0.2
     const std::string bridge = export_plan(pf, "megatron-bridge").text;
     CHECK(bridge.find("context_parallel_size=2") != std::string::npos);
     CHECK(bridge.find("cp_comm_type=\"" + std::string(to_string(comm)) + "\"") != std::string::npos);
+    check_options(pf, "nemo");
+    const std::string nemo = export_plan(pf, "nemo").text;
+    CHECK(nemo.find("  context_parallel_size: 2\n") != std::string::npos);
+    CHECK(nemo.find("  cp_comm_type: " + std::string(to_string(comm)) + "\n") != std::string::npos);
   }
-  check_refused(pf, {"deepspeed", "nemo", "torchtitan-main"}, "parallel.cp");
+  check_refused(pf, {"deepspeed", "torchtitan-main"}, "parallel.cp");
   // Without CP nothing changes.
   CHECK(text("seed", "megatron").find("context-parallel") == std::string::npos);
 
@@ -516,7 +529,7 @@ TEST_CASE("latent attention and MTP: Megatron-LM writes their flags; every other
   check_refused(dense_mla, {"megatron-bridge", "deepspeed", "nemo", "torchtitan", "torchtitan-main"}, "model.mla");
 }
 
-TEST_CASE("expert parallelism: Megatron-LM and Megatron-Bridge carry the MoE layer; DeepSpeed, NeMo 1.x and torchtitan refuse") {
+TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge and NeMo 1.x (ETP = TP) carry the MoE layer; DeepSpeed and torchtitan refuse") {
   // Mixtral-8x7B on the seed's 4 DGX A100: TP 2 x PP 2 x DP 8, experts EP 8 x ETP 1.
   const ModelSpec model = load_model(cuboid::test::source_root() / "models/mixtral-8x7b.json");
   const Cluster cluster = cuboid::test::four_dgx_a100();
@@ -539,8 +552,27 @@ TEST_CASE("expert parallelism: Megatron-LM and Megatron-Bridge carry the MoE lay
   const std::string bridge = export_plan(pf, "megatron-bridge").text;
   CHECK(bridge.find("expert_model_parallel_size=8,") != std::string::npos);
   CHECK(bridge.find("num_moe_experts=8,") != std::string::npos);
-  check_refused(pf, {"deepspeed", "nemo", "torchtitan", "torchtitan-main"}, "model.moe");
+  check_refused(pf, {"deepspeed", "torchtitan", "torchtitan-main"}, "model.moe");
+  // NeMo 1.x: the experts at ETP = TP only (no expert tensor-parallel size reaches parallel_state).
+  CHECK_THROWS_WITH_AS(export_plan(pf, "nemo"),
+                       "mixtral.plan.json: parallel.etp: NeMo 1.x sets up Megatron's parallel state without an "
+                       "expert tensor-parallel size (nlp_overrides.py init_model_parallel), so its experts run at "
+                       "ETP = TP = 2, not the plan's ETP 1 (fix: plan with --etp 2, or export with --to "
+                       "megatron-bridge (NeMo 2's trainer) or --to megatron)",
+                       InputError);
+  PlanFile etp_tp = pf;
+  etp_tp.plan.etp = 2;
+  check_options(etp_tp, "nemo");
+  const std::string nemo = export_plan(etp_tp, "nemo").text;
+  for (const char* key : {"  expert_model_parallel_size: 8\n", "  num_moe_experts: 8\n", "  moe_router_topk: 2\n",
+                          "  moe_ffn_hidden_size: 14336\n", "  moe_grouped_gemm: true\n",
+                          "  moe_token_dispatcher_type: alltoall\n"}) {
+    CAPTURE(key);
+    CHECK(nemo.find(key) != std::string::npos);
+  }
+  CHECK(nemo.find("moe_layer_freq") == std::string::npos);
   // A dense plan carries none of it.
+  CHECK(text("seed", "nemo").find("moe") == std::string::npos);
   CHECK(text("seed", "megatron").find("expert") == std::string::npos);
   CHECK(megatron.find("--moe-layer-freq") == std::string::npos);  // every layer an MoE layer: the default
   // Dense first layers: Megatron's list expression.
@@ -549,6 +581,9 @@ TEST_CASE("expert parallelism: Megatron-LM and Megatron-Bridge carry the MoE lay
   check_options(mixed, "megatron");
   check_options(mixed, "megatron-bridge");
   CHECK(export_plan(mixed, "megatron").text.find("--moe-layer-freq \"[0]*3+[1]*29\"\n") != std::string::npos);
+  mixed.plan.etp = 2;
+  check_options(mixed, "nemo");
+  CHECK(export_plan(mixed, "nemo").text.find("  moe_layer_freq: [0, 0, 0, 1, 1, ") != std::string::npos);
   CHECK(export_plan(mixed, "megatron-bridge").text.find("moe_layer_freq=[0]*3+[1]*29,") != std::string::npos);
   // YaRN prices like any rotary embedding, but no export writes it yet.
   PlanFile yarn = pf;

@@ -1,8 +1,10 @@
 // NeMo 1.x (Megatron GPT on the mcore path) at NVIDIA/NeMo 8cfedd72: keys from
 // examples/nlp/language_modeling/conf/megatron_gpt_config.yaml and the cfg.get()
 // calls of nemo/collections/nlp/models/language_modeling/megatron_base_model.py and
-// megatron_gpt_model.py (tests/data/trainer_options/nemo-8cfedd72.json). NeMo 2's
-// LLM training moved to Megatron-Bridge (--to megatron-bridge).
+// megatron_gpt_model.py, and the TransformerConfig fields build_transformer_config
+// takes from the model config (MoE, cp_comm_type)
+// (tests/data/trainer_options/nemo-8cfedd72.json). NeMo 2's LLM training moved to
+// Megatron-Bridge (--to megatron-bridge).
 #include <fmt/format.h>
 
 #include "export_common.hpp"
@@ -18,17 +20,17 @@ ExportResult nemo1(const PlanFile& pf) {
   if (p.pp > 1 && p.schedule == Schedule::gpipe)
     refuse(pf, "parallel.schedule", "NeMo (Megatron core schedules) has no GPipe schedule",
            "plan with --schedule 1f1b or --schedule interleaved");
-  if (m.moe.enabled())
-    refuse(pf, "model.moe",
-           "cuboid's NeMo 1.x export carries no experts (their keys are not among the pinned "
-           "megatron_gpt_config.yaml options)",
-           "export with --to megatron-bridge (NeMo 2's trainer) or --to megatron");
   refuse_mla_mtp(pf, "cuboid's NeMo 1.x export");
-  if (p.cp > 1)
-    refuse(pf, "parallel.cp",
-           "cuboid's NeMo 1.x export carries no context parallelism (its keys are not among the pinned "
-           "megatron_gpt_config.yaml options)",
-           "export with --to megatron-bridge (NeMo 2's trainer) or --to megatron, or plan with --cp 1");
+  // nlp_overrides.py init_model_parallel passes no expert tensor-parallel size
+  // to parallel_state.initialize_model_parallel, which then takes ETP = TP.
+  if (m.moe.enabled() && p.expert_tp() != p.tp)
+    refuse(pf, "parallel.etp",
+           fmt::format("NeMo 1.x sets up Megatron's parallel state without an expert tensor-parallel size "
+                       "(nlp_overrides.py init_model_parallel), so its experts run at ETP = TP = {}, not the "
+                       "plan's ETP {}",
+                       p.tp, p.expert_tp()),
+           fmt::format("plan with --etp {}, or export with --to megatron-bridge (NeMo 2's trainer) or --to megatron",
+                       p.tp));
   if (p.virtual_stages > 1)
     refuse(pf, "parallel.virtual_stages",
            "NeMo 1.x's mcore GPT asserts virtual_pipeline_model_parallel_size is None (\"Virtual pipeline model "
@@ -82,6 +84,15 @@ ExportResult nemo1(const PlanFile& pf) {
   out += fmt::format("  tensor_model_parallel_size: {}\n", p.tp);
   out += fmt::format("  pipeline_model_parallel_size: {}\n", p.pp);
   out += "  virtual_pipeline_model_parallel_size: null\n";
+  if (p.cp > 1) {
+    // megatron_base_model.py: context_parallel_size sets up the CP groups; the
+    // batch is cut into the 2 x CP chunks (megatron_gpt_model.py
+    // get_batch_on_this_context_parallel_rank); cp_comm_type reaches
+    // TransformerConfig like every config field present in cfg.
+    out += fmt::format("  context_parallel_size: {}\n", p.cp);
+    out += fmt::format("  cp_comm_type: {}\n", to_string(p.cp_comm));
+  }
+  if (m.moe.enabled()) out += fmt::format("  expert_model_parallel_size: {}\n", p.ep);
   out += fmt::format("  sequence_parallel: {}\n", yes_no(p.sequence_parallel));
   switch (p.recompute) {
     case Recompute::none:
@@ -123,6 +134,31 @@ ExportResult nemo1(const PlanFile& pf) {
     }
   }
   out += fmt::format("  share_embeddings_and_output_weights: {}\n", yes_no(m.tied_embeddings));
+  if (m.moe.enabled()) {
+    // Megatron-Core's MoE layer as cuboid prices it (the alltoall dispatcher,
+    // grouped expert GEMMs): num_moe_experts, moe_router_topk and
+    // moe_grouped_gemm are megatron_gpt_model.py's cfg.get() keys, the rest
+    // TransformerConfig fields that build_transformer_config takes from cfg.
+    const MoeSpec& e = m.moe;
+    out += fmt::format("  num_moe_experts: {}\n", e.num_experts);
+    out += fmt::format("  moe_router_topk: {}\n", e.experts_per_token);
+    out += fmt::format("  moe_ffn_hidden_size: {}\n", e.expert_ffn_hidden_size);
+    if (e.moe_layer_count() < m.num_layers) {
+      std::string layers;
+      for (const bool moe : e.moe_layers) layers += fmt::format("{}{}", layers.empty() ? "" : ", ", moe ? 1 : 0);
+      out += "  moe_layer_freq: [" + layers + "]\n";
+    }
+    if (e.shared_expert_ffn_hidden_size > 0)
+      out += fmt::format("  moe_shared_expert_intermediate_size: {}\n", e.shared_expert_ffn_hidden_size);
+    if (e.shared_expert_gate) out += "  moe_shared_expert_gate: true\n";
+    if (e.capacity_factor > 0) out += fmt::format("  moe_expert_capacity_factor: {}\n", e.capacity_factor);
+    if (e.router_groups > 0) {
+      out += fmt::format("  moe_router_num_groups: {}\n", e.router_groups);
+      out += fmt::format("  moe_router_group_topk: {}\n", e.router_group_topk);
+    }
+    out += "  moe_grouped_gemm: true\n";
+    out += "  moe_token_dispatcher_type: alltoall\n";
+  }
   out += "  make_vocab_size_divisible_by: 128\n";
   // The mcore path picks its layer spec by transformer_engine: true = TE's fused
   // (flash) attention, false = the local spec's unfused attention;
