@@ -171,8 +171,13 @@ std::vector<Case> catalogue() {
       {"vocab_size missing", [](const TempDir& d) { return model_case(d, "/vocab_size", nullptr, {"vocab_size", "missing required field"}); }},
       {"name empty", [](const TempDir& d) { return model_case(d, "/name", "", {"name", "is empty"}); }},
       {"plan --for a target whose export has no experts", [](const TempDir&) {
-         return Spec{"plan --model models/mixtral-8x7b.json --cluster " + kClusterCard + " --for torchtitan",
+         return Spec{"plan --model models/mixtral-8x7b.json --cluster " + kClusterCard + " --for torchtitan-main",
                      {"--for", "torchtitan", "no experts", "--to megatron"},
+                     {}};
+       }},
+      {"plan --for a target without a flavour of the MoE model's shape", [](const TempDir&) {
+         return Spec{"plan --model models/mixtral-8x7b.json --cluster " + kClusterCard + " --for torchtitan",
+                     {"--for", "qwen3 MoE flavours", "mixtral-8x7b", "--to megatron"},
                      {}};
        }},
       {"--ep on a dense model", [](const TempDir&) {

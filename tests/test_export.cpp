@@ -193,6 +193,15 @@ void check_rules(const std::string& target, const Emitted& e, const PlanFile& pf
     const std::int64_t pp = num(e, "parallelism.pipeline_parallel_degree");
     CHECK(dp * num(e, "parallelism.context_parallel_degree") * num(e, "parallelism.tensor_parallel_degree") * pp ==
           world);
+    // parallel_dims.py: ETP = TP or 1, and efsdp = dp_shard x cp x tp / (ep x etp) whole.
+    if (const std::int64_t ep = num(e, "parallelism.expert_parallel_degree"); ep > 1) {
+      const std::int64_t tp = num(e, "parallelism.tensor_parallel_degree");
+      const std::int64_t etp = num(e, "parallelism.expert_tensor_parallel_degree");
+      CHECK((etp == tp || etp == 1));
+      CHECK((num(e, "parallelism.data_parallel_shard_degree") * num(e, "parallelism.context_parallel_degree") * tp) %
+                (ep * etp) ==
+            0);
+    }
     if (pp > 1) {
       const std::int64_t stages = layers / num(e, "parallelism.pipeline_parallel_layers_per_stage");
       CHECK(stages * num(e, "parallelism.pipeline_parallel_layers_per_stage") == layers);
@@ -529,7 +538,7 @@ TEST_CASE("latent attention and MTP: Megatron-LM writes their flags; every other
   check_refused(dense_mla, {"megatron-bridge", "deepspeed", "nemo", "torchtitan", "torchtitan-main"}, "model.mla");
 }
 
-TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge and NeMo 1.x (ETP = TP) carry the MoE layer; DeepSpeed and torchtitan refuse") {
+TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP) and torchtitan v0.2.2 (Qwen3 MoE) carry the MoE layer; DeepSpeed and torchtitan main refuse") {
   // Mixtral-8x7B on the seed's 4 DGX A100: TP 2 x PP 2 x DP 8, experts EP 8 x ETP 1.
   const ModelSpec model = load_model(cuboid::test::source_root() / "models/mixtral-8x7b.json");
   const Cluster cluster = cuboid::test::four_dgx_a100();
@@ -553,6 +562,42 @@ TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge and NeMo 1.x (ETP = 
   CHECK(bridge.find("expert_model_parallel_size=8,") != std::string::npos);
   CHECK(bridge.find("num_moe_experts=8,") != std::string::npos);
   check_refused(pf, {"deepspeed", "torchtitan", "torchtitan-main"}, "model.moe");
+  SUBCASE("torchtitan v0.2.2: Qwen3-30B-A3B as its qwen3 flavour, EP and ETP as its degrees") {
+    const ModelSpec qwen = load_model(cuboid::test::source_root() / "models/qwen3-30b-a3b.json");
+    ParallelPlan q = cuboid::test::make_plan(2, 1, 16, 1, 2, Recompute::none, true, Schedule::one_f_one_b, 4096);
+    q.ep = 8;
+    q.etp = 1;
+    q.flash_attention = true;
+    q.grad_accum_fusion = false;
+    q.trainer = find_trainer("torchtitan")->settings;
+    validate_plan(q, qwen, cluster);
+    const PlanFile qf =
+        plan_file_from_json(plan_to_json(qwen, cluster, estimate(qwen, Topology(cluster), q)), "qwen.plan.json");
+    check_options(qf, "torchtitan");
+    const std::string tt = export_plan(qf, "torchtitan").text;
+    for (const char* line : {"--model.name=qwen3 \\\n", "--model.flavor=30B-A3B \\\n",
+                             "--parallelism.expert_parallel_degree=8 \\\n",
+                             "--parallelism.expert_tensor_parallel_degree=1 \\\n", "qwen3/train_configs/qwen3_32b.toml",
+                             "; TP 2 x PP 1 x DP 16 (experts: EP 8 x ETP 1), micro-batch"}) {
+      CAPTURE(line);
+      CHECK(tt.find(line) != std::string::npos);
+    }
+    // ETP = TP too; any other ETP is refused, as is DDP with experts spread over the replicas.
+    PlanFile other = qf;
+    other.plan.etp = 2;
+    check_options(other, "torchtitan");
+    other.plan.tp = 4;
+    other.plan.dp = 8;
+    other.plan.etp = 2;
+    CHECK_THROWS_WITH_AS(export_plan(other, "torchtitan"),
+                         "qwen.plan.json: parallel.etp: torchtitan v0.2.2 splits the experts over ETP = TP or ETP = 1 "
+                         "ranks (parallel_dims.py: \"Currently we only support ETP=TP or ETP=1\"), not ETP 2 (fix: plan "
+                         "with --etp 4 or --etp 1)",
+                         InputError);
+    CHECK_THROWS_WITH_AS(export_plan(qf, "torchtitan-main"),
+                         doctest::Contains("qwen.plan.json: model.moe: cuboid's torchtitan main export builds the llama3"),
+                         InputError);
+  }
   // NeMo 1.x: the experts at ETP = TP only (no expert tensor-parallel size reaches parallel_state).
   CHECK_THROWS_WITH_AS(export_plan(pf, "nemo"),
                        "mixtral.plan.json: parallel.etp: NeMo 1.x sets up Megatron's parallel state without an "

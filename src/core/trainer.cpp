@@ -250,6 +250,7 @@ std::array<TrainerPreset, 8> make_presets() {
   tt.default_grad_accum_fusion = false;
   tt.zero_stages = {0, 2, 3};
   tt.context_parallel = true;
+  tt.expert_parallel = true;
   tt.settings = settings(tt.name, true, 4);
   modern_zero3(tt.settings, 1, 0);
   tt.sources = {
@@ -258,6 +259,10 @@ std::array<TrainerPreset, 8> make_presets() {
                            "torch/distributed/tensor/experimental/_attention.py: K/V passed one rank per step, "
                            "overlapped with the block), context_parallel_load_balancer \"headtail\" (2 x CP chunks); "
                            "no all-to-all of heads (a2a)"},
+      {"expert_parallel", "torchtitan v0.2.2 torchtitan/config/job_config.py expert_parallel_degree, "
+                          "expert_tensor_parallel_degree; torchtitan/distributed/parallel_dims.py: the experts regroup "
+                          "the FSDP ranks (dp_shard x cp x tp) as efsdp x ep x etp, ETP = TP or 1; all-to-all token "
+                          "dispatch (expert_parallel_comm_backend \"standard\")"},
       {"dp_overlap", "torchtitan b5bcd76c torchtitan/distributed/fsdp.py: FSDP2 reduce-scatters each unit's "
                      "gradients during the backward"},
       {"dp_grad_bytes", "torchtitan b5bcd76c torchtitan/config/configs.py mixed_precision_reduce = \"float32\""},

@@ -54,6 +54,43 @@ const Flavor& flavor(const PlanFile& pf) {
          "register a flavour of that shape in torchtitan/models/llama3/__init__.py, or export with --to megatron");
 }
 
+// torchtitan v0.2.2's Qwen3 MoE flavours (torchtitan/models/qwen3/__init__.py:
+// RMSNorm, SwiGLU experts, no biases, untied output, every layer an MoE layer,
+// no shared expert, top-k softmax routing, dropless).
+struct MoeFlavor {
+  const char* name;
+  std::int64_t dim, layers, heads, kv_heads, head_dim, experts, top_k, expert_ffn, vocab;
+  double rope_theta;
+};
+constexpr std::array<MoeFlavor, 2> kQwen3Moe = {{
+    {"30B-A3B", 2048, 48, 32, 4, 128, 128, 8, 768, 151936, 1e6},
+    {"235B-A22B", 4096, 94, 64, 4, 128, 128, 8, 1536, 151936, 5e6},
+}};
+
+const MoeFlavor& moe_flavor(const PlanFile& pf) {
+  const ModelSpec& m = pf.model;
+  const MoeSpec& e = m.moe;
+  if (m.normalization != Normalization::rmsnorm || m.activation != Activation::swiglu || m.linear_bias ||
+      m.tied_embeddings || m.learned_position_embeddings || e.moe_layer_count() != m.num_layers ||
+      e.shared_expert_ffn_hidden_size > 0 || e.capacity_factor > 0 || e.router_groups > 0)
+    refuse(pf, "model.moe",
+           m.name + " is not a Qwen3-style MoE model (torchtitan v0.2.2's MoE train spec here is qwen3: RMSNorm, "
+                    "SwiGLU experts in every layer, no shared expert, dropless, no biases, an untied output layer)",
+           "export with --to megatron or --to megatron-bridge");
+  for (const MoeFlavor& f : kQwen3Moe)
+    if (f.dim == m.hidden_size && f.layers == m.num_layers && f.heads == m.num_attention_heads &&
+        f.kv_heads == m.num_kv_heads && f.head_dim == m.head_dim && f.experts == e.num_experts &&
+        f.top_k == e.experts_per_token && f.expert_ffn == e.expert_ffn_hidden_size && f.vocab == m.vocab_size &&
+        f.rope_theta == m.rope_theta && m.rope_scaling_factor == 0)
+      return f;
+  refuse(pf, "model.moe",
+         fmt::format("torchtitan v0.2.2's qwen3 MoE flavours are 30B-A3B and 235B-A22B; none has the shape of {} "
+                     "({} layers, hidden {}, {} experts of width {}, top-{})",
+                     m.name, m.num_layers, m.hidden_size, e.num_experts, e.expert_ffn_hidden_size,
+                     e.experts_per_token),
+         "register a flavour of that shape in torchtitan/models/qwen3/__init__.py, or export with --to megatron");
+}
+
 // What both versions refuse alike.
 void check_common(const PlanFile& pf) {
   const ParallelPlan& p = pf.plan;
@@ -66,11 +103,6 @@ void check_common(const PlanFile& pf) {
     refuse(pf, "parallel.sequence_parallel",
            "torchtitan's tensor parallelism always shards norms along the sequence (sequence parallelism)",
            "plan with --sequence-parallel on");
-  if (pf.model.moe.enabled())
-    refuse(pf, "model.moe",
-           "cuboid's torchtitan export builds its Llama train spec, which has no experts (torchtitan's MoE models "
-           "are train specs of their own, not among the pinned options)",
-           "export with --to megatron or --to megatron-bridge");
   refuse_mla_mtp(pf, "cuboid's torchtitan export (its Llama train spec)");
   if (p.cp > 1 && p.zero_stage < 2)
     refuse(pf, "parallel.zero_stage",
@@ -143,6 +175,12 @@ Fields parallelism(const PlanFile& pf, bool main) {
     else par.emplace_back("pipeline_parallel_microbatch_size", std::to_string(p.micro_batch));
   }
   par.emplace_back("context_parallel_degree", std::to_string(p.cp));
+  if (pf.model.moe.enabled() && !main) {
+    // parallel_dims.py: the experts regroup the FSDP ranks (dp_shard x cp x tp)
+    // as efsdp x ep x etp, ETP = TP or 1.
+    par.emplace_back("expert_parallel_degree", std::to_string(p.ep));
+    par.emplace_back("expert_tensor_parallel_degree", std::to_string(p.expert_tp()));
+  }
   if (p.cp > 1 && !main) {
     // PyTorch's ring attention (torch.distributed.tensor.experimental._attention):
     // "alltoall" passes each rank's K/V one step around the ring per block (and
@@ -165,6 +203,7 @@ std::string rope_note(const PlanFile& pf) {
 
 ExportResult torchtitan_v02(const PlanFile& pf) {
   const ParallelPlan& p = pf.plan;
+  if (pf.model.moe.enabled()) (void)moe_flavor(pf);  // a model torchtitan cannot build is said first
   check_common(pf);
   if (p.cp > 1 && p.cp_comm != CpComm::p2p)
     refuse(pf, "parallel.cp_comm",
@@ -184,26 +223,61 @@ ExportResult torchtitan_v02(const PlanFile& pf) {
            "enabled\") it trains in training.dtype, float32, and the plan was priced in bf16",
            "plan with --dp 2 or more and --zero 2 or 3 (FSDP), or export with --to torchtitan-main (its FSDP wrapper "
            "installs the bf16 policy at any degree)");
-  const Flavor& f = flavor(pf);
+  const bool moe = pf.model.moe.enabled();
+  if (moe) {
+    if (p.expert_tp() != p.tp && p.expert_tp() != 1)
+      refuse(pf, "parallel.etp",
+             fmt::format("torchtitan v0.2.2 splits the experts over ETP = TP or ETP = 1 ranks (parallel_dims.py: "
+                         "\"Currently we only support ETP=TP or ETP=1\"), not ETP {}",
+                         p.expert_tp()),
+             fmt::format("plan with --etp {} or --etp 1", p.tp));
+    if (p.ep == 1 && p.expert_tp() != p.tp)
+      refuse(pf, "parallel.etp",
+             "without expert parallelism torchtitan v0.2.2 splits the experts over the TP ranks (ETP = TP)",
+             fmt::format("plan with --etp {}", p.tp));
+    if (p.ep > 1 && p.dp > 1 && p.zero_stage == 0)
+      refuse(pf, "parallel.zero_stage",
+             "torchtitan's experts regroup the FSDP ranks (dp_shard x cp x tp) as efsdp x ep x etp "
+             "(parallel_dims.py); DDP replicas (data_parallel_replicate_degree) cannot hold different experts",
+             "plan with --zero 3 (FSDP) or --zero 2 (FSDP without resharding after forward)");
+  }
+  // The model: a llama3 flavour, or a qwen3 MoE flavour (no MoE TOML ships:
+  // qwen3_32b.toml is the base, the overrides set the flavour).
+  std::string model_name, flavor_name, toml, model_line;
+  if (moe) {
+    const MoeFlavor& mf = moe_flavor(pf);
+    model_name = "qwen3";
+    flavor_name = mf.name;
+    toml = "qwen3/train_configs/qwen3_32b.toml";
+    model_line = fmt::format("# Model: torchtitan's qwen3 MoE flavour {} ({} layers, hidden {}, {} experts, top-{}); the\n"
+                             "# base TOML is qwen3_32b.toml (no MoE TOML ships), the overrides set the flavour.\n",
+                             mf.name, mf.layers, mf.dim, mf.experts, mf.top_k);
+  } else {
+    const Flavor& f = flavor(pf);
+    model_name = "llama3";
+    flavor_name = f.name;
+    const std::string_view size = f.name == std::string_view("8B") ? "8b" : f.name == std::string_view("70B") ? "70b" : "405b";
+    toml = fmt::format("llama3/train_configs/llama3_{}.toml", size);
+    model_line = fmt::format("# Model: torchtitan's llama3 flavour {} ({} layers, hidden {}).\n", f.name,
+                             pf.model.num_layers, pf.model.hidden_size) +
+                 rope_note(pf);
+  }
 
   const Fields par = parallelism(pf, false);
-  Fields model, train, ac;
-  model.emplace_back("name", "\"llama3\"");
-  model.emplace_back("flavor", fmt::format("\"{}\"", f.name));
+  const Fields model = {{"name", fmt::format("\"{}\"", model_name)}, {"flavor", fmt::format("\"{}\"", flavor_name)}};
   // local_batch_size is per data-parallel rank: with PP it holds all of the
   // rank's micro-batches; without, gradient accumulation fills the global batch.
-  train.emplace_back("local_batch_size",
-                     std::to_string(p.pp > 1 ? p.global_batch / p.dp : static_cast<std::int64_t>(p.micro_batch)));
-  train.emplace_back("global_batch_size", std::to_string(p.global_batch));
-  train.emplace_back("seq_len", std::to_string(p.seq_length));
-  ac.emplace_back("mode", p.recompute == Recompute::full ? "\"full\"" : "\"none\"");
+  const Fields train = {
+      {"local_batch_size",
+       std::to_string(p.pp > 1 ? p.global_batch / p.dp : static_cast<std::int64_t>(p.micro_batch))},
+      {"global_batch_size", std::to_string(p.global_batch)},
+      {"seq_len", std::to_string(p.seq_length)}};
+  const Fields ac = {{"mode", p.recompute == Recompute::full ? "\"full\"" : "\"none\""}};
 
   std::string out = header(pf, "#", "torchtitan v0.2.2");
   out += "# Fields: pytorch/torchtitan torchtitan/config/job_config.py@v0.2.2 (Model, Parallelism, Training,\n"
          "# ActivationCheckpoint). For torchtitan's main branch use --to torchtitan-main.\n";
-  out += fmt::format("# Model: torchtitan's llama3 flavour {} ({} layers, hidden {}).\n", f.name, pf.model.num_layers,
-                     pf.model.hidden_size);
-  out += rope_note(pf);
+  out += model_line;
   if (p.recompute == Recompute::selective)
     out += "# cuboid's selective recomputation (attention core only) equals none with flash attention, which\n"
            "# recomputes the attention core in backward by itself: activation_checkpoint.mode = \"none\".\n";
@@ -212,9 +286,8 @@ ExportResult torchtitan_v02(const PlanFile& pf) {
   out += fmt::format(
       "# Start (each of the {0} nodes; the TOML is torchtitan's own, these overrides win):\n"
       "#   torchrun --nnodes {0} --nproc_per_node {1} --rdzv_backend c10d --rdzv_endpoint \"$MASTER_ADDR:29500\" \\\n"
-      "#     -m torchtitan.train --job.config_file ./torchtitan/models/llama3/train_configs/llama3_{2}.toml "
-      "<the overrides below>\n",
-      pf.nodes, pf.gpus_per_node, f.name == std::string_view("8B") ? "8b" : f.name == std::string_view("70B") ? "70b" : "405b");
+      "#     -m torchtitan.train --job.config_file ./torchtitan/models/{2} <the overrides below>\n",
+      pf.nodes, pf.gpus_per_node, toml);
   out += "\n# Command-line overrides:\n";
   std::vector<std::string> flags;
   auto add_flags = [&](const char* section, const Fields& kv) {
@@ -249,6 +322,11 @@ ExportResult torchtitan_main(const PlanFile& pf) {
            "torchtitan main's context parallelism (spmd_backend spmd_types) has no rotate method to choose: K/V are "
            "exchanged by PyTorch's default all-gather, not the p2p ring or a2a exchange the plan was priced with",
            "export with --to torchtitan (v0.2.2 rotates K/V around the ring), --to megatron or --to megatron-bridge");
+  if (pf.model.moe.enabled())
+    refuse(pf, "model.moe",
+           "cuboid's torchtitan main export builds the llama3 config registry's models, which have no experts "
+           "(torchtitan main's MoE configs are not among the pinned options)",
+           "export with --to torchtitan (v0.2.2's qwen3 MoE flavours), --to megatron or --to megatron-bridge");
   check_common(pf);
   const Flavor& f = flavor(pf);
   const Fields par = parallelism(pf, true);
