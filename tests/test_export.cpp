@@ -49,6 +49,13 @@ std::string extension(const std::string& target) {
 
 std::string text(const std::string& plan, const std::string& target) { return export_plan(plan_file(plan), target).text; }
 
+// The plan file of `p` for `model` on the seed's 4 DGX A100, checked and estimated.
+PlanFile priced_plan_file(const ModelSpec& model, const ParallelPlan& p, const std::string& name) {
+  const Cluster cluster = cuboid::test::four_dgx_a100();
+  validate_plan(p, model, cluster);
+  return plan_file_from_json(plan_to_json(model, cluster, estimate(model, Topology(cluster), p)), name);
+}
+
 void compare_golden(const std::string& text, const std::string& file) {
   const auto path = cuboid::test::source_root() / "tests/golden/export" / file;
   const char* update = std::getenv("CUBOID_UPDATE_GOLDEN");
@@ -494,13 +501,10 @@ TEST_CASE("latent attention and MTP: Megatron-LM writes their flags; every other
   ModelSpec model = load_model(cuboid::test::source_root() / "models/deepseek-v3.json");
   model.rope_yarn = false;
   model.rope_scaling_factor = 0;
-  const Cluster cluster = cuboid::test::four_dgx_a100();
   ParallelPlan p = cuboid::test::make_plan(8, 1, 4, 1, 1, Recompute::full, true, Schedule::one_f_one_b, 4096);
   p.ep = 32;
   p.etp = 1;
-  validate_plan(p, model, cluster);
-  const PlanFile pf =
-      plan_file_from_json(plan_to_json(model, cluster, estimate(model, Topology(cluster), p)), "dsv3.plan.json");
+  const PlanFile pf = priced_plan_file(model, p, "dsv3.plan.json");
   check_options(pf, "megatron");
   const std::string megatron = export_plan(pf, "megatron").text;
   for (const char* flag : {"--multi-latent-attention\n", "--q-lora-rank 1536\n", "--kv-lora-rank 512\n",
@@ -541,13 +545,10 @@ TEST_CASE("latent attention and MTP: Megatron-LM writes their flags; every other
 TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP) and torchtitan v0.2.2 (Qwen3 MoE) carry the MoE layer; DeepSpeed and torchtitan main refuse") {
   // Mixtral-8x7B on the seed's 4 DGX A100: TP 2 x PP 2 x DP 8, experts EP 8 x ETP 1.
   const ModelSpec model = load_model(cuboid::test::source_root() / "models/mixtral-8x7b.json");
-  const Cluster cluster = cuboid::test::four_dgx_a100();
   ParallelPlan p = cuboid::test::make_plan(2, 2, 8, 1, 1, Recompute::none, true, Schedule::one_f_one_b, 4096);
   p.ep = 8;
   p.etp = 1;
-  validate_plan(p, model, cluster);
-  const PlanFile pf =
-      plan_file_from_json(plan_to_json(model, cluster, estimate(model, Topology(cluster), p)), "mixtral.plan.json");
+  const PlanFile pf = priced_plan_file(model, p, "mixtral.plan.json");
   CHECK(pf.plan.ep == 8);
   check_options(pf, "megatron");
   check_options(pf, "megatron-bridge");
@@ -570,9 +571,7 @@ TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP)
     q.flash_attention = true;
     q.grad_accum_fusion = false;
     q.trainer = find_trainer("torchtitan")->settings;
-    validate_plan(q, qwen, cluster);
-    const PlanFile qf =
-        plan_file_from_json(plan_to_json(qwen, cluster, estimate(qwen, Topology(cluster), q)), "qwen.plan.json");
+    const PlanFile qf = priced_plan_file(qwen, q, "qwen.plan.json");
     check_options(qf, "torchtitan");
     const std::string tt = export_plan(qf, "torchtitan").text;
     for (const char* line : {"--model.name=qwen3 \\\n", "--model.flavor=30B-A3B \\\n",

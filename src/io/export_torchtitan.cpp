@@ -34,10 +34,16 @@ constexpr std::array<Flavor, 3> kFlavors = {{
     {"405B", "llama3_405b", 16384, 126, 128, 8, 53248},
 }};
 
+// Rotary positions, RMSNorm, SwiGLU, no biases, an untied output layer: the
+// blocks torchtitan's llama3 and qwen3 models share.
+bool llama_style(const ModelSpec& m) {
+  return !m.learned_position_embeddings && m.normalization == Normalization::rmsnorm &&
+         m.activation == Activation::swiglu && !m.linear_bias && !m.tied_embeddings;
+}
+
 const Flavor& flavor(const PlanFile& pf) {
   const ModelSpec& m = pf.model;
-  if (m.learned_position_embeddings || m.normalization != Normalization::rmsnorm ||
-      m.activation != Activation::swiglu || m.linear_bias || m.tied_embeddings)
+  if (!llama_style(m))
     refuse(pf, "model",
            m.name + " is not a Llama-style model (torchtitan's llama3 has rotary positions, RMSNorm, SwiGLU, no biases "
                     "and an untied output layer), and torchtitan has no model of its shape",
@@ -70,9 +76,8 @@ constexpr std::array<MoeFlavor, 2> kQwen3Moe = {{
 const MoeFlavor& moe_flavor(const PlanFile& pf) {
   const ModelSpec& m = pf.model;
   const MoeSpec& e = m.moe;
-  if (m.normalization != Normalization::rmsnorm || m.activation != Activation::swiglu || m.linear_bias ||
-      m.tied_embeddings || m.learned_position_embeddings || e.moe_layer_count() != m.num_layers ||
-      e.shared_expert_ffn_hidden_size > 0 || e.capacity_factor > 0 || e.router_groups > 0)
+  if (!llama_style(m) || e.moe_layer_count() != m.num_layers || e.shared_expert_ffn_hidden_size > 0 ||
+      e.capacity_factor > 0 || e.router_groups > 0)
     refuse(pf, "model.moe",
            m.name + " is not a Qwen3-style MoE model (torchtitan v0.2.2's MoE train spec here is qwen3: RMSNorm, "
                     "SwiGLU experts in every layer, no shared expert, dropless, no biases, an untied output layer)",
