@@ -208,7 +208,8 @@ std::string rope_note(const PlanFile& pf) {
 
 ExportResult torchtitan_v02(const PlanFile& pf) {
   const ParallelPlan& p = pf.plan;
-  if (pf.model.moe.enabled()) (void)moe_flavor(pf);  // a model torchtitan cannot build is said first
+  const bool moe = pf.model.moe.enabled();
+  const MoeFlavor* mf = moe ? &moe_flavor(pf) : nullptr;  // a model torchtitan cannot build is said first
   check_common(pf);
   if (p.cp > 1 && p.cp_comm != CpComm::p2p)
     refuse(pf, "parallel.cp_comm",
@@ -228,7 +229,6 @@ ExportResult torchtitan_v02(const PlanFile& pf) {
            "enabled\") it trains in training.dtype, float32, and the plan was priced in bf16",
            "plan with --dp 2 or more and --zero 2 or 3 (FSDP), or export with --to torchtitan-main (its FSDP wrapper "
            "installs the bf16 policy at any degree)");
-  const bool moe = pf.model.moe.enabled();
   if (moe) {
     if (p.expert_tp() != p.tp && p.expert_tp() != 1)
       refuse(pf, "parallel.etp",
@@ -249,14 +249,13 @@ ExportResult torchtitan_v02(const PlanFile& pf) {
   // The model: a llama3 flavour, or a qwen3 MoE flavour (no MoE TOML ships:
   // qwen3_32b.toml is the base, the overrides set the flavour).
   std::string model_name, flavor_name, toml, model_line;
-  if (moe) {
-    const MoeFlavor& mf = moe_flavor(pf);
+  if (mf != nullptr) {
     model_name = "qwen3";
-    flavor_name = mf.name;
+    flavor_name = mf->name;
     toml = "qwen3/train_configs/qwen3_32b.toml";
     model_line = fmt::format("# Model: torchtitan's qwen3 MoE flavour {} ({} layers, hidden {}, {} experts, top-{}); the\n"
                              "# base TOML is qwen3_32b.toml (no MoE TOML ships), the overrides set the flavour.\n",
-                             mf.name, mf.layers, mf.dim, mf.experts, mf.top_k);
+                             mf->name, mf->layers, mf->dim, mf->experts, mf->top_k);
   } else {
     const Flavor& f = flavor(pf);
     model_name = "llama3";

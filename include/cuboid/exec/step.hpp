@@ -76,13 +76,13 @@ class StepRunner {
   void layout_params();
   void place_experts(LayerParams& w, LayerParams& g, int layer);
   void update_experts(const AdamConfig& adam, std::int64_t step);
-  std::size_t expert_bucket() const;
+  std::size_t expert_bucket() const;  // elements per bucket of the experts' reduction (a multiple of EDP)
   // ZeRO >= 1 over `comm`: each bucket's gradients reduce-scattered into
   // grad_shard, Adam on the shard, the updated master all-gathered into params
   // (the dense weights over DP x CP, the experts over expert-DP).
   void sharded_adam_step(Communicator& comm, DeviceSpan grads, DeviceSpan grad_shard, DeviceSpan params,
                          DeviceSpan param_shard, DeviceSpan master, DeviceSpan m, DeviceSpan v, std::size_t bucket,
-                         const AdamConfig& adam, std::int64_t step);  // elements per bucket of the experts' reduction (a multiple of EDP)
+                         const AdamConfig& adam, std::int64_t step);
   void forward(int micro_batch, int chunk, std::int64_t step);
   void backward(int micro_batch, int chunk, std::int64_t step);
   // One pipeline exchange: the sends of `done`'s results and the receives of
