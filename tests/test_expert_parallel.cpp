@@ -6,14 +6,17 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "cuboid/core/calibration.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/op_names.hpp"
 #include "cuboid/core/plan.hpp"
 #include "cuboid/core/topology.hpp"
 #include "cuboid/core/workload.hpp"
+#include "cuboid/cost/cost.hpp"
 #include "cuboid/cost/estimator.hpp"
 #include "cuboid/cost/memory.hpp"
 #include "cuboid/io/planfile.hpp"
@@ -205,6 +208,53 @@ TEST_CASE("an MoE layer's ops by hand: router, dispatch, grouped expert GEMMs, c
     // The same expert FLOPs per rank as with ETP 1.
     CHECK(f1->flops + find(ops.forward, op::expert_fc2)->flops == 17'179'869'184.0 + 8'589'934'592.0);
   }
+}
+
+TEST_CASE("a calibrated card prices a grouped expert GEMM as calibrate measured it in the MoE layer") {
+  const ModelSpec m = small_mixtral();
+  const LayerOps ops = transformer_layer_ops(m, ep_plan());
+  const Op* fc1 = find(ops.forward, op::expert_fc1);
+  const Op* dgrad = find(ops.backward, op::expert_fc1_dgrad);
+  const Op* wgrad = find(ops.backward, op::expert_fc1_wgrad);
+  const Op* qkv = find(ops.forward, op::qkv);
+  REQUIRE(fc1);
+  REQUIRE(dgrad);
+  REQUIRE(wgrad);
+  REQUIRE(qkv);
+  // The expert GEMMs and their backward are grouped; the dense ones are not.
+  CHECK(fc1->grouped);
+  CHECK(dgrad->grouped);
+  CHECK(wgrad->grouped);
+  CHECK(find(ops.forward, op::expert_fc2)->grouped);
+  CHECK(!qkv->grouped);
+  CHECK(!find(ops.forward, op::router)->grouped);
+
+  auto cal = std::make_shared<Calibration>();
+  cal->backend = "cpu";
+  // The even split's shape, measured alone: 1 ms.
+  cal->gemms.push_back({fc1->m, fc1->n, fc1->k, fc1->batch, 1e6});
+  cal->gemms.push_back({qkv->m, qkv->n, qkv->k, qkv->batch, 2e5});
+  GpuProfile g = dgx_a100(1).gpu;
+  g.calibration = cal;
+  // Without the layer's measurement the GEMM sweep's shape prices it.
+  CHECK(op_time_ns(g, *fc1) == 1'000'000 + static_cast<std::int64_t>(g.kernel_launch_ns));
+  // Measured inside the MoE layer, keyed by FLOPs: 1.5 ms at the op's FLOPs,
+  // 3 ms at twice them (the router's split costs what the even shape does not).
+  cal->kernels[op::expert_fc1] =
+      fit_kernel({{fc1->flops / 2, 0.75e6}, {fc1->flops, 1.5e6}, {2 * fc1->flops, 3e6}}, "test", "expert_fc1");
+  CHECK(op_time_ns(g, *fc1) == 1'500'000);
+  Op bigger = *fc1;
+  bigger.flops = 1.5 * fc1->flops;
+  CHECK(op_time_ns(g, bigger) == 2'250'000);  // the power law between the samples (here linear)
+  // Two ranks taking turns on a core: twice the sample, as every compute op.
+  cal->ranks_per_core = 2;
+  CHECK(op_time_ns(g, *fc1) == 3'000'000);
+  cal->ranks_per_core = 1;
+  // The dgrad has no sample of its own: its GEMM shape prices it. A dense
+  // GEMM with a sample under its name stays with the GEMM sweep.
+  CHECK(op_time_ns(g, *dgrad) == gemm_time_ns(g, dgrad->m, dgrad->n, dgrad->k, dgrad->batch));
+  cal->kernels[op::qkv] = cal->kernels[op::expert_fc1];
+  CHECK(op_time_ns(g, *qkv) == 200'000 + static_cast<std::int64_t>(g.kernel_launch_ns));
 }
 
 TEST_CASE("MoE parameters and optimizer memory against Megatron-Core's formula (theoretical_memory_usage.py)") {

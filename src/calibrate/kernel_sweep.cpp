@@ -1,4 +1,5 @@
-// Memory-bound kernels timed inside the executor's layer at scaled sizes.
+// Memory-bound kernels, fused attention blocks and grouped expert GEMMs timed
+// inside the executor's layer at scaled sizes.
 #include "cuboid/calibrate/kernel_sweep.hpp"
 
 #include <algorithm>
@@ -18,11 +19,29 @@ constexpr float kDropout = 0.1f;  // the step runner's default (StepOptions)
 
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
-// Per-call median (or fastest) of every memory-bound op and fused attention
-// block of one layer forward + backward.
+// How deep the sweep's MoE input goes. In a CP 2 run of tiny-moe the busiest
+// expert's share of a micro-batch's copies grew with depth and then held
+// (max / mean by layer: 1.7-1.9, 2.2-2.4, 2.7-2.9, 2.6-2.8).
+constexpr int kMaxMoeDepth = 4;
+// Whole passes through that depth an MoE layer is timed for (each depth's
+// grouped GEMMs the median of their passes).
+constexpr int kMoeDepthPasses = 3;
+
+// Per-call median of every memory-bound op, fused attention block and
+// grouped expert GEMM of one layer forward + backward. The layer's input is
+// what a run's layers see: the embedding's draw (the step runner's init
+// scale; each rank its own tokens, a TP group's shared without SP); in an
+// MoE layer then its own output, `depth` layers deep, each with a router of
+// its own, then again from the embedding. The router's split of the tokens
+// among the experts, and with it the grouped GEMMs' time, hangs on it:
+// hidden states grow alike layer by layer (the attention averages), and a
+// run's deeper layers route more unevenly than its first. A grouped GEMM's
+// sample is the mean over the depths of each depth's median, as a stage's
+// step sums its layers.
 std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* tp, const exec::LayerDims& d,
                                          const exec::MoeDims* moe, exec::Communicator* ep, exec::Communicator* cp,
-                                         const KernelSweepOptions& o, exec::Watchdog* watchdog) {
+                                         int world_rank, int depth, const KernelSweepOptions& o,
+                                         exec::Watchdog* watchdog) {
   exec::OpTimer timer(be, watchdog);
   exec::LayerRunner runner(be, tp, d, timer, moe, ep, d.cp > 1 ? cp : nullptr);
   const bool is_moe = moe != nullptr;
@@ -35,19 +54,25 @@ std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* 
   exec::init_layer_params(be, w, 99);
   be.fill(grads, 0.0f);
   if (is_moe) {
-    // The same router on every rank (the EP ranks' routing then matches a run's).
-    be.fill_random(w.experts.router, 98, 0.02f);
-    be.fill_random(experts, 97, 0.02f);
+    be.fill_random(experts, 97, exec::kInitScale);
     be.fill(expert_grads, 0.0f);
     exec::set_expert_params(w, experts, 0, *moe);
     exec::set_expert_params(g, expert_grads, 0, *moe);
   }
   const std::size_t act = sz(d.local_tokens * d.hidden);
-  exec::DeviceBuffer x = be.alloc(act), y = be.alloc(act), dy = be.alloc(act), dx = be.alloc(act);
-  be.fill_random(x, 5, 1.0f);
+  exec::DeviceBuffer x0 = be.alloc(act), x = be.alloc(act), y = be.alloc(act), dy = be.alloc(act),
+                     dx = be.alloc(act);
+  be.fill_random(x0, 5 + static_cast<std::uint64_t>(world_rank), exec::kInitScale);
+  if (tp != nullptr && tp->size() > 1 && d.local_tokens == d.tokens) tp->broadcast(x0, act, 0);
   be.fill_random(dy, 6, 1e-2f);
   exec::LayerActs acts = runner.make_acts(exec::AttentionMemory::keep_probs);
-  for (int i = 0; i < o.warmup_steps + o.measured_steps; ++i) {
+  depth = is_moe ? std::clamp(depth, 1, kMaxMoeDepth) : 1;
+  const int measured = is_moe ? std::max(o.measured_steps, kMoeDepthPasses * depth) : o.measured_steps;
+  for (int i = 0; i < o.warmup_steps + measured; ++i) {
+    const int layer = i % depth;
+    be.copy(layer == 0 ? x0 : y, x);
+    // The same router on every rank (the EP ranks' routing then matches a run's).
+    if (is_moe) be.fill_random(w.experts.router, 98 + static_cast<std::uint64_t>(layer), exec::kInitScale);
     timer.begin_step(i >= o.warmup_steps);
     const auto seed = static_cast<std::uint64_t>(i);
     runner.forward(w, x, acts, y, seed, exec::AttentionMemory::keep_probs);
@@ -56,9 +81,18 @@ std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* 
   }
   std::map<std::string, double> per_call;
   for (const auto& [name, st] : timer.stats()) {
-    const bool timed = st.desc.kind == OpKind::memory_bound || st.desc.kind == OpKind::attention_core;
+    const bool timed = st.desc.kind == OpKind::memory_bound || st.desc.kind == OpKind::attention_core ||
+                       st.desc.kind == OpKind::gemm;
     if (!timed || st.calls_per_step <= 0) continue;
-    per_call[name] = median_of(st.step_seconds) * 1e9 / static_cast<double>(st.calls_per_step);
+    double seconds = median_of(st.step_seconds);
+    if (st.desc.kind == OpKind::gemm && depth > 1) {
+      std::vector<std::vector<double>> by_depth(sz(depth));
+      for (std::size_t j = 0; j < st.step_seconds.size(); ++j)
+        by_depth[(j + sz(o.warmup_steps)) % sz(depth)].push_back(st.step_seconds[j]);
+      seconds = 0;
+      for (std::vector<double>& v : by_depth) seconds += median_of(std::move(v)) / depth;
+    }
+    per_call[name] = seconds * 1e9 / static_cast<double>(st.calls_per_step);
   }
   return per_call;
 }
@@ -70,6 +104,8 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communi
                                                 const KernelSweepOptions& o, exec::Watchdog* watchdog,
                                                 exec::Communicator* ep, exec::Communicator* cp) {
   const std::int64_t seq = plan.seq_length > 0 ? plan.seq_length : model.seq_length;
+  // A stage's layers: the depth the sweep's input reaches.
+  const auto depth = static_cast<int>(std::max<std::int64_t>(1, model.num_layers / std::max(1, plan.pp)));
   std::vector<KernelMeasurement> out;
   for (const KernelScale& k : kernel_scales(plan, seq, o.quick)) {
     ParallelPlan scaled = plan;
@@ -77,17 +113,19 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communi
     scaled.seq_length = k.seq_length;
     // Workload name -> the size a sample is keyed by (first occurrence):
     // Op::bytes, or a fused attention block's Op::flops (every block of the
-    // CP ring has the same).
+    // CP ring has the same), or a grouped GEMM's Op::flops (the even split's:
+    // the time is what the router's split of this input costs).
     std::map<std::string, double> bytes;
     for (const Op& op : executor_workload_ops(model, scaled)) {
       if (op.kind == OpKind::memory_bound) bytes.try_emplace(op.name, op.bytes);
-      if (op.kind == OpKind::attention_core) bytes.try_emplace(op.name, op.flops);
+      if (op.kind == OpKind::attention_core || (op.kind == OpKind::gemm && op.grouped))
+        bytes.try_emplace(op.name, op.flops);
     }
     world.barrier();
     const exec::LayerDims d = exec::layer_dims(model, scaled, kDropout);
     const exec::MoeDims moe = exec::moe_dims(model, scaled, d.local_tokens);
     const std::map<std::string, double> times =
-        time_layer(be, tp, d, model.moe.enabled() ? &moe : nullptr, ep, cp, o, watchdog);
+        time_layer(be, tp, d, model.moe.enabled() ? &moe : nullptr, ep, cp, world.rank(), depth, o, watchdog);
     for (const auto& [name, t] : times) {
       const auto it = bytes.find(name);
       if (it != bytes.end() && it->second > 0) out.push_back(KernelMeasurement{name, it->second, t});

@@ -220,6 +220,8 @@ void add_gemm_backward(std::vector<Op>& out, const Op& fwd, bool fused_into_main
   wgrad.flops = fwd.flops;
   dgrad.unfused_attention = fwd.unfused_attention;
   wgrad.unfused_attention = fwd.unfused_attention;
+  dgrad.grouped = fwd.grouped;
+  wgrad.grouped = fwd.grouped;
   if (fused_into_main_grad)
     wgrad.bytes = static_cast<double>(fwd.k) * static_cast<double>(fwd.n) * static_cast<double>(fwd.batch) *
                   (kFp32 + kFp32 - kBf16);
@@ -567,6 +569,7 @@ Op grouped_gemm(std::string name, Pass pass, double rows, std::int64_t n, std::i
   const auto per_expert = static_cast<std::int64_t>(rows / static_cast<double>(experts) + 0.5);
   Op op = gemm(std::move(name), pass, std::max<std::int64_t>(1, per_expert), n, k, experts);
   op.flops = 2.0 * rows * static_cast<double>(n) * static_cast<double>(k);
+  op.grouped = true;
   return op;
 }
 

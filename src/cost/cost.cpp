@@ -368,6 +368,10 @@ std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
     case OpKind::gemm:
       // The shape is what the kernel runs (the unfused attention GEMMs
       // compute the full s x s even though only half is useful).
+      // Calibrated: a grouped GEMM as measured inside the executor's MoE
+      // layer, by FLOPs (its time hangs on how the rows split among experts).
+      if (op.grouped && gpu.calibration)
+        if (const auto ns = calibrated_kernel_ns(*gpu.calibration, op.name, op.flops)) return std::llround(*ns);
       return gemm_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes, op_hbm_Bps(gpu, op));
     case OpKind::attention_core: {
       // Fused (flash) attention: tensor-core work at the efficiency of its

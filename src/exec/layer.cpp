@@ -73,7 +73,6 @@ void set_expert_params(LayerParams& p, DeviceSpan flat, std::size_t offset, cons
 }
 
 void init_layer_params(Backend& be, const LayerParams& p, std::uint64_t seed) {
-  constexpr float kInitScale = 0.02f;
   be.fill(p.norm1_gamma, 1.0f);
   be.fill(p.norm2_gamma, 1.0f);
   if (!p.norm1_beta.empty()) be.fill(p.norm1_beta, 0.0f);

@@ -148,7 +148,7 @@ void StepRunner::layout_params() {
     if (ch.has_embedding) {
       ch.embedding = take(params_, off, vocab * h);
       ch.embedding_grad = take(grads_, off, vocab * h);
-      be_.fill_random(ch.embedding, seed_of(1), 0.02f);
+      be_.fill_random(ch.embedding, seed_of(1), kInitScale);
       off += vocab * h;
     }
     for (int i = 0; i < ch.num_layers; ++i) {
@@ -172,7 +172,7 @@ void StepRunner::layout_params() {
       }
       ch.w_out = take(params_, off, h * vocab);
       ch.w_out_grad = take(grads_, off, h * vocab);
-      be_.fill_random(ch.w_out, seed_of(2), 0.02f);
+      be_.fill_random(ch.w_out, seed_of(2), kInitScale);
       off += h * vocab;
     }
   }
@@ -248,15 +248,15 @@ void StepRunner::place_experts(LayerParams& w, LayerParams& g, int layer) {
     be_.fill(expert_grads_, 0.0f);
   }
   const auto l = static_cast<std::uint64_t>(layer);
-  be_.fill_random(w.experts.router, mix64(options_.seed ^ ((300 + l) << 16)), 0.02f);
+  be_.fill_random(w.experts.router, mix64(options_.seed ^ ((300 + l) << 16)), kInitScale);
   set_expert_params(w, expert_params_, expert_at_, moe_);
   set_expert_params(g, expert_grads_, expert_at_, moe_);
   expert_at_ += moe_.expert_param_count();
   const auto first = static_cast<std::uint64_t>(groups_.ep->rank() * moe_.local_experts());
   for (std::size_t e = 0; e < w.experts.fc1.size(); ++e) {
     const std::uint64_t key = options_.seed ^ ((400 + l) << 16) ^ ((first + e) << 40);
-    be_.fill_random(w.experts.fc1[e], mix64(key + 1), 0.02f);
-    be_.fill_random(w.experts.fc2[e], mix64(key + 2), 0.02f);
+    be_.fill_random(w.experts.fc1[e], mix64(key + 1), kInitScale);
+    be_.fill_random(w.experts.fc2[e], mix64(key + 2), kInitScale);
   }
 }
 

@@ -117,7 +117,7 @@ timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/etp2.json" --backend 
 rc=$?
 if [ $rc -eq 2 ] && grep -q "parallel.etp: the executor does not run expert tensor parallelism (ETP 2)" "$TMP/etp2.log"; then
   pass "ETP 2 with TP 2 is refused"; else fail "ETP 2: rc $rc $(tail -2 "$TMP/etp2.log")"; fi
-# calibrate sweeps an MoE plan: the MoE layer's kernels and the all-to-all.
+# calibrate sweeps an MoE plan: the MoE layer's kernels, its grouped GEMMs and the all-to-all.
 timeout 120 "${MPIRUN[@]}" -np 2 "$CUBOID" calibrate --backend cpu --plan "$TMP/ep2.json" --cluster "$CPU2" --quick \
   --out "$TMP/cal.json" >"$TMP/cal.log" 2>&1
 rc=$?
@@ -126,9 +126,15 @@ import json, sys
 c = json.load(open(sys.argv[1]))["calibration"]
 for k in ("router_topk", "moe_permute", "moe_sort", "expert_act", "moe_unpermute", "router_topk_bwd"):
     assert k in c["kernels"], (k, sorted(c["kernels"]))
+# The grouped expert GEMMs as the layer runs them (the router's split), keyed
+# by FLOPs: 2 x 128 tokens x 2 copies x 256 x 256 at the plan's own size.
+for g in ("expert_fc1", "expert_fc2"):
+    for k in (g, g + "_dgrad", g + "_wgrad"):
+        assert k in c["kernels"], (k, sorted(c["kernels"]))
+        assert any(s["bytes"] == 2 * 128 * 2 * 256 * 256 for s in c["kernels"][k]["samples"]), c["kernels"][k]
 assert any(x["collective"] == "all_to_all" and x["group_size"] == 2 for x in c["collectives"])
 PY
-then pass "calibrate measures the MoE kernels and the all-to-all"; else fail "calibrate: rc $rc $(tail -2 "$TMP/cal.log")"; fi
+then pass "calibrate measures the MoE kernels, the grouped GEMMs and the all-to-all"; else fail "calibrate: rc $rc $(tail -2 "$TMP/cal.log")"; fi
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

@@ -51,6 +51,11 @@ struct Op {
   // ring's send/recv of the next K/V chunk, started before the block that
   // uses the current one and waited for after it (Transformer Engine).
   bool overlaps_next = false;
+  // A grouped GEMM (one product per local expert, `batch` of them, the rows
+  // split among them as the router sends tokens; m is the even split): a
+  // calibrated card prices it by FLOPs as calibrate measured it inside the
+  // executor's MoE layer, since one GEMM shape cannot stand for the split.
+  bool grouped = false;
 };
 
 struct LayerOps {

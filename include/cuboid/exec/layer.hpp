@@ -83,7 +83,10 @@ LayerParams layer_params_at(DeviceSpan flat, std::size_t offset, const LayerDims
 // Points an MoE layer's expert views at the experts' buffer `flat` from
 // `offset` (expert_params_at); its router stays where layer_params_at put it.
 void set_expert_params(LayerParams& p, DeviceSpan flat, std::size_t offset, const MoeDims& d);
-// Random weights (uniform, +-0.02), norm gains 1 and biases 0; deterministic in `seed`.
+// The half-width of the uniform draw of every weight and of the embedding
+// (the step runner's and init_layer_params').
+inline constexpr float kInitScale = 0.02f;
+// Random weights (uniform, +-kInitScale), norm gains 1 and biases 0; deterministic in `seed`.
 void init_layer_params(Backend& backend, const LayerParams& p, std::uint64_t seed);
 
 // What the backward pass of one layer needs from its forward.
