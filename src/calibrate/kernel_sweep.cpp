@@ -31,8 +31,8 @@ constexpr int kMoeDepthPasses = 3;
 // grouped expert GEMM of one layer forward + backward. The layer's input is
 // what a run's layers see: the embedding's draw (the step runner's init
 // scale; each rank its own tokens, a TP group's shared without SP); in an
-// MoE layer then its own output, `depth` layers deep, each with a router of
-// its own, then again from the embedding. The router's split of the tokens
+// MoE layer then its own output, `depth` layers deep, each with a router and
+// experts of its own, then again from the embedding. The router's split of the tokens
 // among the experts, and with it the grouped GEMMs' time, hangs on it:
 // hidden states grow alike layer by layer (the attention averages), and a
 // run's deeper layers route more unevenly than its first. A grouped GEMM's
@@ -46,9 +46,12 @@ std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* 
   exec::LayerRunner runner(be, tp, d, timer, moe, ep, d.cp > 1 ? cp : nullptr);
   const bool is_moe = moe != nullptr;
   const std::size_t n_params = exec::layer_param_count(d, is_moe);
+  depth = is_moe ? std::clamp(depth, 1, kMaxMoeDepth) : 1;
+  // Each depth its own experts, as a run's layers have (a stage's expert
+  // weights then pass through the caches as a run's do).
   const std::size_t n_experts = is_moe ? moe->expert_param_count() : 1;
   exec::DeviceBuffer params = be.alloc(n_params), grads = be.alloc(n_params);
-  exec::DeviceBuffer experts = be.alloc(n_experts), expert_grads = be.alloc(n_experts);
+  exec::DeviceBuffer experts = be.alloc(n_experts * sz(depth)), expert_grads = be.alloc(n_experts * sz(depth));
   exec::LayerParams w = exec::layer_params_at(params, 0, d, is_moe);
   exec::LayerParams g = exec::layer_params_at(grads, 0, d, is_moe);
   exec::init_layer_params(be, w, 99);
@@ -56,8 +59,6 @@ std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* 
   if (is_moe) {
     be.fill_random(experts, 97, exec::kInitScale);
     be.fill(expert_grads, 0.0f);
-    exec::set_expert_params(w, experts, 0, *moe);
-    exec::set_expert_params(g, expert_grads, 0, *moe);
   }
   const std::size_t act = sz(d.local_tokens * d.hidden);
   exec::DeviceBuffer x0 = be.alloc(act), x = be.alloc(act), y = be.alloc(act), dy = be.alloc(act),
@@ -66,13 +67,16 @@ std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* 
   if (tp != nullptr && tp->size() > 1 && d.local_tokens == d.tokens) tp->broadcast(x0, act, 0);
   be.fill_random(dy, 6, 1e-2f);
   exec::LayerActs acts = runner.make_acts(exec::AttentionMemory::keep_probs);
-  depth = is_moe ? std::clamp(depth, 1, kMaxMoeDepth) : 1;
   const int measured = is_moe ? std::max(o.measured_steps, kMoeDepthPasses * depth) : o.measured_steps;
   for (int i = 0; i < o.warmup_steps + measured; ++i) {
     const int layer = i % depth;
     be.copy(layer == 0 ? x0 : y, x);
     // The same router on every rank (the EP ranks' routing then matches a run's).
-    if (is_moe) be.fill_random(w.experts.router, 98 + static_cast<std::uint64_t>(layer), exec::kInitScale);
+    if (is_moe) {
+      be.fill_random(w.experts.router, 98 + static_cast<std::uint64_t>(layer), exec::kInitScale);
+      exec::set_expert_params(w, experts, sz(layer) * n_experts, *moe);
+      exec::set_expert_params(g, expert_grads, sz(layer) * n_experts, *moe);
+    }
     timer.begin_step(i >= o.warmup_steps);
     const auto seed = static_cast<std::uint64_t>(i);
     runner.forward(w, x, acts, y, seed, exec::AttentionMemory::keep_probs);
