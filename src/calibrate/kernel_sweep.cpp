@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 
 #include "cuboid/calibrate/gemm_sweep.hpp"
 #include "cuboid/calibrate/sweep_plan.hpp"
@@ -18,6 +19,51 @@ namespace {
 constexpr float kDropout = 0.1f;  // the step runner's default (StepOptions)
 
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
+
+// The median per-call time of `call` run alone: each rank of a core in its
+// turn (the GEMM sweep's turns), warm-up calls first.
+template <class Call>
+double time_alone(exec::Backend& be, exec::Communicator& world, const KernelSweepOptions& o,
+                  exec::Watchdog* watchdog, const char* name, Call&& call) {
+  exec::TimerEvent start = be.create_event(), stop = be.create_event();
+  double ns = 0;
+  for (int t = 0; t < o.turns; ++t) {
+    world.barrier();
+    if (t != o.turn) continue;
+    if (watchdog != nullptr) watchdog->enter(name);
+    std::vector<double> times;
+    for (int i = 0; i < o.warmup_steps + o.measured_steps; ++i) {
+      be.record(start);
+      call();
+      be.record(stop);
+      if (i >= o.warmup_steps) times.push_back(static_cast<double>(be.elapsed_ns(start, stop)));
+    }
+    if (watchdog != nullptr) watchdog->leave();
+    ns = median_of(std::move(times));
+  }
+  return ns;
+}
+
+// The embedding's backward as the step runner calls it: the gathered [T, h]
+// gradient scatter-added into this rank's vocabulary shard (f32, the
+// gradient buffer's type) at ids drawn over the whole vocabulary, so that
+// a TP rank adds the share of rows its shard owns. Its sample is keyed by
+// the workload's bytes (the trainer's dense table gradient).
+double time_embedding_backward(exec::Backend& be, exec::Communicator* tp, exec::Communicator& world,
+                               const exec::LayerDims& d, const KernelSweepOptions& o, exec::Watchdog* watchdog) {
+  const int t = tp != nullptr ? tp->size() : 1, r = tp != nullptr ? tp->rank() : 0;
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<std::int64_t> id(0, d.vocab * t - 1);
+  std::vector<std::int32_t> host(sz(d.tokens));
+  for (std::int32_t& v : host) v = static_cast<std::int32_t>(id(gen) - d.vocab * r);
+  exec::DeviceBuffer ids = be.alloc(sz(d.tokens), exec::DType::i32), dout = be.alloc(sz(d.tokens * d.hidden)),
+                     table = be.alloc(sz(d.vocab * d.hidden), exec::DType::f32);
+  be.upload_indices(host, ids);
+  be.fill_random(dout, 7, 1e-2f);
+  be.fill(table, 0.0f);
+  return time_alone(be, world, o, watchdog, op::embed_grad,
+                    [&] { be.embedding_backward(dout, ids, table, d.tokens, d.hidden); });
+}
 
 // How deep the sweep's MoE input goes. In a CP 2 run of tiny-moe the busiest
 // expert's share of a micro-batch's copies grew with depth and then held
@@ -134,6 +180,9 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communi
       const auto it = bytes.find(name);
       if (it != bytes.end() && it->second > 0) out.push_back(KernelMeasurement{name, it->second, t});
     }
+    if (const auto it = bytes.find(op::embed_grad); it != bytes.end() && it->second > 0)
+      out.push_back(
+          KernelMeasurement{op::embed_grad, it->second, time_embedding_backward(be, tp, world, d, o, watchdog)});
   }
   return out;
 }
@@ -157,27 +206,28 @@ std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Comm
   be.fill_random(grads, 2, 1e-3f);
   be.fill(m, 0.0f);
   be.fill(v, 0.0f);
-  exec::TimerEvent start = be.create_event(), stop = be.create_event();
+  // The gradient buffer's kernels of the step runner (f32): the mean over
+  // micro-batches and replicas, scaled in place, and the zeroing before the
+  // next step; bytes as the workload's (read + write 4 + 4; write 4).
+  exec::DeviceBuffer buffer = be.alloc(largest, exec::DType::f32);
+  be.fill(buffer, 1.0f);
   const exec::AdamConfig adam;
   std::vector<KernelMeasurement> out;
   std::int64_t step = 1;
   for (double s : scales) {
     const auto n = std::max<std::size_t>(1, static_cast<std::size_t>(static_cast<double>(shard) * s));
-    for (int t = 0; t < o.turns; ++t) {
-      world.barrier();
-      if (t != o.turn) continue;
-      if (watchdog != nullptr) watchdog->enter(op::adam);
-      std::vector<double> times;
-      for (int i = 0; i < o.warmup_steps + o.measured_steps; ++i) {
-        be.record(start);
-        be.adam_step(params.subspan(0, n), grads.subspan(0, n), m.subspan(0, n), v.subspan(0, n), adam, step++);
-        be.record(stop);
-        if (i >= o.warmup_steps) times.push_back(static_cast<double>(be.elapsed_ns(start, stop)));
-      }
-      if (watchdog != nullptr) watchdog->leave();
-      out.push_back(KernelMeasurement{op::adam, static_cast<double>(n) * kAdamBytesPerParam,
-                                      median_of(std::move(times))});
-    }
+    const double elements = static_cast<double>(n);
+    const double adam_ns = time_alone(be, world, o, watchdog, op::adam, [&] {
+      be.adam_step(params.subspan(0, n), grads.subspan(0, n), m.subspan(0, n), v.subspan(0, n), adam, step++);
+    });
+    // Scaled by 1 (a kernel all the same), so that no value drifts to denormals.
+    const double scale_ns =
+        time_alone(be, world, o, watchdog, op::grad_scale, [&] { be.scale(buffer.subspan(0, n), 1.0f); });
+    const double zero_ns =
+        time_alone(be, world, o, watchdog, op::grad_zero, [&] { be.fill(buffer.subspan(0, n), 0.0f); });
+    out.push_back(KernelMeasurement{op::adam, elements * kAdamBytesPerParam, adam_ns});
+    out.push_back(KernelMeasurement{op::grad_scale, elements * 8.0, scale_ns});
+    out.push_back(KernelMeasurement{op::grad_zero, elements * 4.0, zero_ns});
   }
   return out;
 }

@@ -64,8 +64,14 @@ assert len(raw["ranks"]) == 2
 for r in raw["ranks"]:
     assert len(r["gemms"]) > 0 and all(g[4] > 0 for g in r["gemms"])
     names = {k[0] for k in r["kernels"]}
-    for op in ("norm_in", "act", "attn_softmax_bwd", "drop_add_mlp"):
+    # The layer's kernels; the optimizer's and the gradient buffer's; the
+    # embedding's backward (each timed alone, as the step runner calls it).
+    for op in ("norm_in", "act", "attn_softmax_bwd", "drop_add_mlp", "adam", "grad_scale", "grad_zero", "embed_grad"):
         assert op in names, (op, names)
+    # grad_scale reads and writes what grad_zero writes: 8 against 4 bytes per element.
+    scale = sorted(k[1] for k in r["kernels"] if k[0] == "grad_scale")
+    zero = sorted(k[1] for k in r["kernels"] if k[0] == "grad_zero")
+    assert scale == [2 * b for b in zero], (scale, zero)
     assert all(c["wrong"] == 0 and c["time_ns"] > 0 for c in r["collectives"])
 PY
 

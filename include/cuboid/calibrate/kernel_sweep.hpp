@@ -47,7 +47,9 @@ struct KernelSweepOptions {
 // for an MoE model (null without EP); every member of the world calls this
 // with the same plan (the layer's TP collectives and EP all-to-alls run). An
 // MoE model's layer is an MoE layer (its router, permutation and expert
-// kernels).
+// kernels). At each size it also times "embed_grad" (the embedding's
+// backward, Backend::embedding_backward into the rank's vocabulary shard)
+// alone on its core, keyed by the workload's bytes for it.
 std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& backend, exec::Communicator* tp,
                                                 exec::Communicator& world, const ModelSpec& model,
                                                 const ParallelPlan& plan, const KernelSweepOptions& options,
@@ -59,7 +61,10 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& backend, exec::Co
 // rank's parameter shard of the plan and x1/4 .. x4 of it (quick: x1/2 .. x2).
 // bytes = parameters x cuboid::kAdamBytesPerParam (28: the estimator's and
 // simulator's Adam traffic per parameter, optimizer_step.hpp), so the cost
-// model prices "adam" in its own convention.
+// model prices "adam" in its own convention. At the same element counts, the
+// f32 gradient buffer's "grad_scale" (Backend::scale, bytes 8 per element)
+// and "grad_zero" (Backend::fill, 4), the workload's bytes for them. Each
+// kernel is timed alone on its core (turns).
 inline constexpr double kAdamBytesPerParam = cuboid::kAdamBytesPerParam;
 std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& backend, exec::Communicator& world,
                                                    const ModelSpec& model, const ParallelPlan& plan,
