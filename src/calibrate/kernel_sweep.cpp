@@ -78,10 +78,10 @@ constexpr int kMoeDepthPasses = 3;
 // what a run's layers see: the embedding's draw (the step runner's init
 // scale; each rank its own tokens, a TP group's shared without SP); in an
 // MoE layer then its own output, `depth` layers deep, each with a router and
-// experts of its own, then again from the embedding. The router's split of the tokens
-// among the experts, and with it the grouped GEMMs' time, hangs on it:
-// hidden states grow alike layer by layer (the attention averages), and a
-// run's deeper layers route more unevenly than its first. A grouped GEMM's
+// experts of its own, then again from the embedding. The router's split of
+// the tokens among the experts, and with it the grouped GEMMs' time, hangs
+// on it: hidden states grow alike layer by layer (the attention averages),
+// and a run's deeper layers route more unevenly than its first. A grouped GEMM's
 // sample is the mean over the depths of each depth's median, as a stage's
 // step sums its layers.
 std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* tp, const exec::LayerDims& d,
@@ -208,7 +208,7 @@ std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Comm
   be.fill(v, 0.0f);
   // The gradient buffer's kernels of the step runner (f32): the mean over
   // micro-batches and replicas, scaled in place, and the zeroing before the
-  // next step; bytes as the workload's (read + write 4 + 4; write 4).
+  // next step.
   exec::DeviceBuffer buffer = be.alloc(largest, exec::DType::f32);
   be.fill(buffer, 1.0f);
   const exec::AdamConfig adam;
@@ -216,7 +216,10 @@ std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Comm
   std::int64_t step = 1;
   for (double s : scales) {
     const auto n = std::max<std::size_t>(1, static_cast<std::size_t>(static_cast<double>(shard) * s));
-    const double elements = static_cast<double>(n);
+    // Keyed by the workload's own bytes for n parameters (one rank, ZeRO 0:
+    // the buffer and the shard are the n elements).
+    std::map<std::string, double> bytes;
+    for (const Op& k : optimizer_step_ops(static_cast<double>(n), 1, 0)) bytes[k.name] = k.bytes;
     const double adam_ns = time_alone(be, world, o, watchdog, op::adam, [&] {
       be.adam_step(params.subspan(0, n), grads.subspan(0, n), m.subspan(0, n), v.subspan(0, n), adam, step++);
     });
@@ -225,9 +228,9 @@ std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Comm
         time_alone(be, world, o, watchdog, op::grad_scale, [&] { be.scale(buffer.subspan(0, n), 1.0f); });
     const double zero_ns =
         time_alone(be, world, o, watchdog, op::grad_zero, [&] { be.fill(buffer.subspan(0, n), 0.0f); });
-    out.push_back(KernelMeasurement{op::adam, elements * kAdamBytesPerParam, adam_ns});
-    out.push_back(KernelMeasurement{op::grad_scale, elements * 8.0, scale_ns});
-    out.push_back(KernelMeasurement{op::grad_zero, elements * 4.0, zero_ns});
+    out.push_back(KernelMeasurement{op::adam, bytes.at(op::adam), adam_ns});
+    out.push_back(KernelMeasurement{op::grad_scale, bytes.at(op::grad_scale), scale_ns});
+    out.push_back(KernelMeasurement{op::grad_zero, bytes.at(op::grad_zero), zero_ns});
   }
   return out;
 }

@@ -62,10 +62,9 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& backend, exec::Co
 // bytes = parameters x cuboid::kAdamBytesPerParam (28: the estimator's and
 // simulator's Adam traffic per parameter, optimizer_step.hpp), so the cost
 // model prices "adam" in its own convention. At the same element counts, the
-// f32 gradient buffer's "grad_scale" (Backend::scale, bytes 8 per element)
-// and "grad_zero" (Backend::fill, 4), the workload's bytes for them. Each
-// kernel is timed alone on its core (turns).
-inline constexpr double kAdamBytesPerParam = cuboid::kAdamBytesPerParam;
+// f32 gradient buffer's "grad_scale" (Backend::scale) and "grad_zero"
+// (Backend::fill), keyed like "adam" by optimizer_step_ops' bytes (8 and 4
+// per element). Each kernel is timed alone on its core (turns).
 std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& backend, exec::Communicator& world,
                                                    const ModelSpec& model, const ParallelPlan& plan,
                                                    const KernelSweepOptions& options, exec::Watchdog* watchdog);
