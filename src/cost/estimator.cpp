@@ -60,6 +60,7 @@
 #include "cuboid/cost/memory.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
 #include "cuboid/cost/speed_spread.hpp"
+#include "cuboid/cost/step.hpp"
 #include "cuboid/core/workload.hpp"
 #include "cuboid/core/zero3.hpp"
 
@@ -67,7 +68,6 @@ namespace cuboid {
 
 namespace {
 
-constexpr double kParamBytesPerParam = 2.0;  // bf16 weights
 constexpr std::size_t kCollectives = 6;
 
 // Link parameters of one group, one entry per Collective.
@@ -509,7 +509,8 @@ struct Zero3Pass {
 };
 
 Zero3Pass zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const ParallelPlan& plan,
-                     const GpuProfile& gpu, const GroupLinks& dp_links, double param_bytes, double held_pace) {
+                     const GpuProfile& gpu, const GroupLinks& dp_links, double param_bytes, double grad_bytes,
+                     double held_pace) {
   const TrainerSettings& ts = plan.trainer;
   const int dp = plan.dp_cp();
   std::vector<Zero3Use> uses;
@@ -535,7 +536,7 @@ Zero3Pass zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, cons
     }
   };
   auto reduce_one = [&](double elements) {
-    const double bytes = elements * ts.dp_grad_bytes;
+    const double bytes = elements * grad_bytes;
     if (ts.zero3_list_collectives) d += static_cast<double>(list_collective_copies_ns(gpu, bytes, dp));
     d += comm_ns(Collective::reduce_scatter, bytes, dp, dp_links);
   };
@@ -615,7 +616,7 @@ Zero3Pass zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, cons
 // last chunk, as the simulator's units).
 double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
                         const GroupLinks& tp_links, const GroupLinks& dp_links, int stage, double pace,
-                        const CommTimes& ct, double& sm_ns) {
+                        const CommTimes& ct, const StepDescription& step, double& sm_ns) {
   const int pp = std::max(1, plan.pp);
   const int v = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
   const int tp = std::max(1, plan.tp);
@@ -624,7 +625,7 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
   const double extra = parameters_on_stage(m, plan, stage) - per_layer * layers;
   const double embed_params =
       static_cast<double>(padded_vocab_size(m.vocab_size, tp)) / tp * static_cast<double>(m.hidden_size);
-  const double param_bytes = kParamBytesPerParam * activation_bytes_scale(gpu.calibration.get());
+  const double param_bytes = step.param_bytes_per_param();
   const double micro_batches = static_cast<double>(plan.num_micro_batches());
   double exposed = 0;
   std::vector<Zero3Step> steps;
@@ -666,7 +667,8 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
       double compute = 0;
       for (const Zero3Step& st : steps) compute += st.compute_ns;
       const Zero3Pass pass =
-          zero3_pass_ns(steps, !forward, plan, gpu, dp_links, param_bytes, forward ? ct.held_fwd : ct.held_bwd);
+          zero3_pass_ns(steps, !forward, plan, gpu, dp_links, param_bytes,
+                        step.grad_bytes_per_param(), forward ? ct.held_fwd : ct.held_bwd);
       exposed += micro_batches * std::max(0.0, pass.length_ns - compute - pass.sm_ns);
       sm_ns += micro_batches * pass.sm_ns;
     }
@@ -678,10 +680,71 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
 // Estimator keeps per world size (a normal quantile takes more than half as
 // long as the rest of a candidate's scoring, and a search's candidates share
 // one size).
+// The critical stage's DP-side collectives (step.hpp) as time past its
+// compute, summed by when the trainer issues them. Simplifications, here
+// only: a reduction under a backward is one collective of the stage's
+// gradients hidden behind that whole backward (the simulator plays
+// Megatron's buckets, whose last one shows past it); its SMs' cost to the
+// compute beside it is added to `compute_s`. Dense collectives come before
+// the experts' (step.hpp's order): both on one stream.
+template <class Zero3>
+double fold_step_collectives(const StageStep& stage, const StepDescription& step, const PassTimes& crit,
+                             const CommTimes& ct, double micro_batches, const GroupLinks& dp_links,
+                             const GroupLinks& expert_links, Zero3 zero3_exposed, double& compute_s,
+                             std::vector<StepCollective>* folded) {
+  double sum[6] = {};
+  bool zero3 = false;
+  for (const StepCollective& sc : stage.collectives()) {
+    const GroupLinks& links = sc.group == StepGroup::expert_dp ? expert_links : dp_links;
+    if (folded != nullptr && sc.when != StepWhen::after_all_backward) folded->push_back(sc);
+    switch (sc.when) {
+      case StepWhen::zero3_units:
+        zero3 = true;  // walked unit by unit below
+        break;
+      case StepWhen::after_all_backward:
+        // The tied embedding's all-reduce between the first and the last
+        // stage: not folded (the simulator plays it).
+        break;
+      default:
+        sum[static_cast<std::size_t>(sc.when)] += comm_ns(sc.collective, sc.bytes, sc.ranks, links);
+        break;
+    }
+  }
+  // What the DP collectives' SMs cost the compute beside them.
+  double sm_ns = 0;
+  // A reduction of `comm` under a backward of `backward`: what shows past it;
+  // its SMs slow the backward's compute for as long as both run (its blocking
+  // TP collectives' share of that time aside).
+  auto under_backward = [&](double comm, double backward, double times) {
+    if (backward > 0)
+      sm_ns += times * sm_contention_ns(std::min(comm, backward) * crit.bwd_compute / crit.bwd(), crit.bwd_compute,
+                                        ct.held_bwd);
+    return times * std::max(0.0, comm - backward);
+  };
+  const auto at = [&](StepWhen w) { return sum[static_cast<std::size_t>(w)]; };
+  double exposed_ns = 0;
+  switch (step.grad_when()) {
+    case StepWhen::last_backward_buckets:
+      exposed_ns = under_backward(at(StepWhen::last_backward_buckets), crit.bwd(), 1.0);
+      break;
+    case StepWhen::after_backward:
+      exposed_ns = under_backward(at(StepWhen::after_backward), 0.0, 1.0);
+      break;
+    case StepWhen::every_backward_buckets:
+      exposed_ns = under_backward(at(StepWhen::every_backward_buckets), crit.bwd(), micro_batches);
+      break;
+    default:
+      break;
+  }
+  if (step.gathers_after_step()) exposed_ns += at(StepWhen::after_optimizer);
+  if (zero3) exposed_ns = zero3_exposed(sm_ns);
+  compute_s += sm_ns * 1e-9;
+  return exposed_ns;
+}
+
 Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
-                       const Placement& pl, const CommTimes& ct, double pace) {
+                       const Placement& pl, const CommTimes& ct, double pace, FoldedStep* folded = nullptr) {
   const int pp = std::max(1, plan.pp);
-  const int dp = std::max(1, plan.dp_cp());
   const double v = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
   const double micro_batches = static_cast<double>(plan.num_micro_batches());
   const TpTimes* tp_times = ct.tp.data();
@@ -742,66 +805,21 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   // Pipeline p2p on the critical path.
   if (pp > 1) bd.pp_comm_s = 2.0 * (micro_batches * v + (pp - 1)) * ct.hop_ns * 1e-9;
 
-  // Data-parallel gradient reduction and ZeRO gathers of the critical stage:
-  // the dense parameters over DP x CP, an MoE model's routed experts over
-  // expert-DP, one after the other on the same stream.
-  const StageParameters sp = stage_parameters(m, plan, critical);
-  const int edp = sp.expert > 0 ? plan.expert_dp() : 1;
-  const bool expert_group = !pl.edp_links.empty();
-  if (dp > 1 || edp > 1) {
-    const GroupLinks& links = pl.dp_links[static_cast<std::size_t>(critical)];
-    // Without EP and with ETP = TP the expert-DP group is the DP x CP group.
-    const GroupLinks& expert_links = expert_group ? pl.edp_links[static_cast<std::size_t>(critical)] : links;
-    const double scale = activation_bytes_scale(gpu.calibration.get());
-    // One collective per group (none for a group of one) of `bytes` per
-    // parameter (x `also`).
-    auto both = [&](Collective c, double bytes, double also = 1.0) {
-      const double dense = dp > 1 ? comm_ns(c, sp.dense * bytes * also, dp, links) : 0.0;
-      const double expert = edp > 1 ? comm_ns(c, sp.expert * bytes * also, edp, expert_links) : 0.0;
-      return dense + expert;
-    };
-    const double grad_bytes = plan.trainer.dp_grad_bytes;
-    const double rs = both(Collective::reduce_scatter, grad_bytes);
-    // The gathered parameters are in the compute dtype (bf16; f32 on the CPU executor).
-    const double ag = both(Collective::all_gather, kParamBytesPerParam, scale);
-    // A reduction after the last backward hides behind nothing.
-    const double hiding = plan.trainer.dp_overlap ? crit.bwd() : 0.0;
-    // What the DP collectives' SMs cost the compute beside them (compute_s).
-    double sm_ns = 0;
-    // A reduction of `comm` under a backward of `backward`: what shows past
-    // it; its SMs slow the backward's compute for as long as both run (its
-    // blocking TP collectives' share of that time aside).
-    auto under_backward = [&](double comm, double backward, double times) {
-      if (backward > 0)
-        sm_ns += times * sm_contention_ns(std::min(comm, backward) * crit.bwd_compute / crit.bwd(), crit.bwd_compute,
-                                          ct.held_bwd);
-      return times * std::max(0.0, comm - backward);
-    };
-    double exposed_ns = 0;
-    switch (plan.zero_stage) {
-      case 0:
-        exposed_ns = under_backward(both(Collective::all_reduce, grad_bytes), hiding, 1.0);
-        break;
-      case 1: {
-        const double reduce = plan.trainer.zero1_grad_all_reduce ? both(Collective::all_reduce, grad_bytes) : rs;
-        exposed_ns = under_backward(reduce, hiding, 1.0) + ag;
-        break;
-      }
-      case 2:
-        exposed_ns = under_backward(rs, crit.bwd(), micro_batches) + ag;
-        break;
-      default:
-        exposed_ns = zero3_exposed_ns(m, gpu, plan, lc, pl.tp_links[pl.stage_tp[static_cast<std::size_t>(critical)]],
-                                      links, critical, pace, ct, sm_ns);
-        break;
-    }
-    bd.dp_comm_s = exposed_ns * 1e-9;
-    bd.compute_s += sm_ns * 1e-9;
+  // The critical stage's DP-side collectives (step.hpp), folded by when the
+  // trainer issues them.
+  const StepDescription step(m, plan, gpu.calibration.get());
+  const StageStep stage_step = step.stage(critical);
+  if (stage_step.size > 0) {
+    const auto c = static_cast<std::size_t>(critical);
+    bd.dp_comm_s = fold_step_collectives(stage_step, step, crit, ct, micro_batches, pl.dp_links[c],
+                                         pl.edp_links.empty() ? pl.dp_links[c] : pl.edp_links[c], [&](double& sm_ns) {
+                                           return zero3_exposed_ns(m, gpu, plan, lc, pl.tp_links[pl.stage_tp[c]],
+                                                                   pl.dp_links[c], critical, pace, ct, step, sm_ns);
+                                         }, bd.compute_s, folded != nullptr ? &folded->collectives : nullptr) *
+                   1e-9;
   }
-
-  double optimizer_ns = static_cast<double>(optimizer_step_time_ns(gpu, sp.dense, dp, plan.zero_stage));
-  if (sp.expert > 0) optimizer_ns += static_cast<double>(optimizer_step_time_ns(gpu, sp.expert, edp, plan.zero_stage));
-  bd.optimizer_s = optimizer_ns * pace * 1e-9;
+  if (folded != nullptr) folded->critical_stage = critical;
+  bd.optimizer_s = static_cast<double>(step.optimizer_ns(gpu, stage_step.params)) * pace * 1e-9;
 
   Estimate e;
   e.plan = plan;
@@ -886,6 +904,16 @@ Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& 
   const Placement pl = make_placement(topo, plan);
   return estimate_with(m, gpu, plan, lc, pl, make_comm_times(gpu, plan, lc, pl),
                        spread_slowdown(gpu.speed_spread, plan.world_size()));
+}
+
+FoldedStep folded_step(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan) {
+  const GpuProfile& gpu = topo.cluster().gpu;
+  const LayerCost lc = make_layer_cost(m, gpu, plan);
+  const Placement pl = make_placement(topo, plan);
+  FoldedStep folded;
+  estimate_with(m, gpu, plan, lc, pl, make_comm_times(gpu, plan, lc, pl),
+                spread_slowdown(gpu.speed_spread, plan.world_size()), &folded);
+  return folded;
 }
 
 struct Estimator::Caches {

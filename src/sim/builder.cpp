@@ -17,11 +17,6 @@ namespace cuboid::sim::detail {
 namespace {
 
 constexpr TaskId kNoTask = std::numeric_limits<TaskId>::max();
-constexpr double kParamBytesPerParam = 2.0;  // bf16 weights
-// Megatron-core's default DDP bucket: max(40M, 1M x DP) parameters
-// (DistributedDataParallelConfig.bucket_size), first pipeline stage only.
-constexpr double kBucketParams = 40e6;
-constexpr double kBucketParamsPerDpRank = 1e6;
 
 std::string step_name(Direction d, int mb, int chunk, int v) {
   std::string s = d == Direction::forward ? "F" : "B";
@@ -33,7 +28,12 @@ std::string step_name(Direction d, int mb, int chunk, int v) {
 }  // namespace
 
 Builder::Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan, const SimOptions& opts)
-    : m_(m), topo_(topo), plan_(plan), opts_(opts), map_(plan, topo.cluster().gpus_per_node) {
+    : m_(m),
+      topo_(topo),
+      plan_(plan),
+      opts_(opts),
+      map_(plan, topo.cluster().gpus_per_node),
+      step_(m, plan, topo.cluster().calibration.get()) {
   pp_ = std::max(1, plan.pp);
   v_ = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
   vs_count_ = pp_ * v_;
@@ -395,6 +395,7 @@ void Builder::build() {
   cursor_.assign(static_cast<std::size_t>(pp_), 0);
   stage_end_.assign(static_cast<std::size_t>(pp_), {});
   dp_tasks_.assign(static_cast<std::size_t>(pp_), {});
+  played_bytes_.assign(static_cast<std::size_t>(pp_) * 3 * kCollectiveKinds, 0.0);
   messages_.plan(order_, plan_.schedule, pp_, mbs_, v_);
   reserve_tasks();
   // Add passes in an order consistent with their dependencies: round-robin
@@ -485,7 +486,7 @@ void Builder::try_message(std::uint32_t id) {
   }
   const StreamId streams[2] = {fwd ? peer.pp_fwd : peer.pp_bwd, fwd ? me.pp_fwd : me.pp_bwd};
   const GroupId g = fwd ? p2p_fwd_group_[uf] : p2p_bwd_group_[uf];
-  const double bytes = pipeline_message_bytes(m_, plan_) * activation_bytes_scale(topo_.cluster().calibration.get());
+  const double bytes = step_.pipeline_message_bytes();
   TaskId t = eng_->add_collective(Collective::send_recv, g, bytes, streams, deps, Algorithm::ring);
   // Named only when either side is traced (a name is two strings per message).
   const std::string name = traced(msg.to) || traced(msg.from)
@@ -615,25 +616,31 @@ void Builder::play(Chain& ch, const Program& prog) {
 void Builder::dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name) {
   if (!reduces() || params <= 0) return;
   const Representative& r = representatives_[static_cast<std::size_t>(stage)];
-  // ZeRO-1 reduce-scatters, unless the trainer all-reduces the full gradients
-  // before updating its shard (DeepSpeed's pipeline engine with bf16).
-  const bool all_reduce = plan_.zero_stage == 0 || (plan_.zero_stage == 1 && plan_.trainer.zero1_grad_all_reduce);
-  const Collective c = all_reduce ? Collective::all_reduce : Collective::reduce_scatter;
+  const Collective c = step_.grad_collective();
   // An MoE model's bucket holds dense and expert gradients in the stage's
   // proportion; the experts' are reduced over expert-DP (Megatron keeps them
   // in buffers of their own), after the dense ones on the same stream.
   const double expert = expert_share_.empty() ? 0.0 : params * expert_share_[static_cast<std::size_t>(stage)];
   const double dense = params - expert;
+  const double grad_bytes = step_.grad_bytes_per_param();
   if (dp_ > 1 && dense > 0) {
-    const TaskId t = emit_collective(c, r.dp_group, dense * plan_.trainer.dp_grad_bytes, r.dp, deps,
+    const TaskId t = emit_collective(c, r.dp_group, dense * grad_bytes, r.dp, deps,
                                      meta_of(Category::dp, kThreadDp, stage), /*dp_reduction=*/true);
     label(t, stage, name, "dp");
   }
   if (edp_ > 1 && expert > 0) {
-    const TaskId t = emit_collective(c, expert_group_ ? r.edp_group : r.dp_group, expert * plan_.trainer.dp_grad_bytes,
+    const TaskId t = emit_collective(c, expert_group_ ? r.edp_group : r.dp_group, expert * grad_bytes,
                                      r.dp, deps, meta_of(Category::dp, kThreadDp, stage), /*dp_reduction=*/true);
     label(t, stage, name + " (experts)", "dp");
   }
+}
+
+void Builder::count_played(int stage, GroupId group, Collective c, double bytes) {
+  const Representative& r = representatives_[static_cast<std::size_t>(stage)];
+  if (dp_ > 1 && group == r.dp_group)
+    played_bytes_[played_index(stage, StepGroup::dp, c)] += bytes;
+  else if (expert_group_ && group == r.edp_group)
+    played_bytes_[played_index(stage, StepGroup::expert_dp, c)] += bytes;
 }
 
 void Builder::add_expert_groups(Representative& r) {
@@ -683,7 +690,9 @@ void Builder::add_step(int stage, std::size_t idx) {
     }
   }
   const bool last_mb = st.micro_batch == mbs_ - 1;
-  const bool reduce_now = reduces() && (plan_.zero_stage >= 2 || (plan_.trainer.dp_overlap && last_mb));
+  const StepWhen when = step_.grad_when();
+  const bool reduce_now = reduces() && (when == StepWhen::every_backward_buckets || when == StepWhen::zero3_units ||
+                                        (when == StepWhen::last_backward_buckets && last_mb));
   PassState& out = pass(st.dir, st.micro_batch, vs);
   out.end_off = static_cast<std::uint32_t>(ends_.size());
   if (stamp_ && !traced(stage)) {
@@ -730,6 +739,7 @@ TaskId Builder::emit_collective(Collective c, GroupId group, double bytes, Strea
     const StreamId streams[1] = {stream};
     const TaskId t = tag(eng_->add_collective(c, group, bytes, streams, deps), mt);
     if (dp_reduction) dp_tasks_[mt.stage].push_back(t);
+    count_played(mt.stage, group, c, bytes);
     return t;
   }
   const TaskId t = emit_compute(stream, 0, deps, mt);
@@ -754,6 +764,7 @@ void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>
       const StreamId streams[1] = {t.stream};
       id = eng_->add_collective(t.op, t.group, t.bytes, streams, ds);
       if (t.dp_reduction) dp_tasks_[static_cast<std::size_t>(stage)].push_back(id);
+      count_played(stage, t.group, t.op, t.bytes);
     }
     tag(id, t.meta);
   };
@@ -783,8 +794,7 @@ void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, cons
   if (zero >= 3) {
     play_zero3(stage, st, reduce_now);
   } else {
-    const double bucket = stage == 0 && st.chunk == 0 ? std::max(kBucketParams, kBucketParamsPerDpRank * dp_)
-                                                      : std::numeric_limits<double>::infinity();
+    const double bucket = step_.bucket_params(stage, st.chunk);
     double acc = 0;
     for (std::size_t k = 0; k < units.size(); ++k) {
       const std::size_t u = fwd ? k : units.size() - 1 - k;
@@ -843,7 +853,7 @@ void Builder::play_zero3(int stage, const ScheduleStep& st, bool reduce_now) {
   }
   const Zero3PassPlan plan = plan_zero3_pass(zero3_uses_, ts);
   // Gathered parameters are in the compute dtype (bf16; f32 on the CPU executor).
-  const double param_bytes = kParamBytesPerParam * activation_bytes_scale(topo_.cluster().calibration.get());
+  const double param_bytes = step_.param_bytes_per_param();
   const TaskMeta dp_meta = meta_of(Category::dp, kThreadDp, stage);
   const TaskMeta host_meta = meta_of(Category::dp, kThreadCompute, stage);  // DP work holding the compute stream
   const std::string pass_name = step_name(st.dir, st.micro_batch, st.chunk, v_);
@@ -886,7 +896,7 @@ void Builder::play_zero3(int stage, const ScheduleStep& st, bool reduce_now) {
     for (const double t : tensors) all += t;
     const std::size_t n = ts.zero3_reduce_per_tensor ? tensors.size() : 1;
     for (std::size_t i = 0; i < n; ++i) {
-      const double bytes = (ts.zero3_reduce_per_tensor ? tensors[i] : all) * ts.dp_grad_bytes;
+      const double bytes = (ts.zero3_reduce_per_tensor ? tensors[i] : all) * step_.grad_bytes_per_param();
       deps.assign(d.begin(), d.end());
       if (ts.zero3_list_collectives) {
         const TaskId c = emit_compute(me.dp, list_collective_copies_ns(gpu, bytes, dp_), deps, dp_meta);
@@ -977,16 +987,14 @@ void Builder::play_zero3(int stage, const ScheduleStep& st, bool reduce_now) {
 }
 
 void Builder::finish_iteration() {
-  const double act_scale = activation_bytes_scale(topo_.cluster().calibration.get());
   const GpuProfile& gpu = topo_.cluster().gpu;
-  const int zero = reduces() ? plan_.zero_stage : 0;
   std::vector<TaskId> all;
   for (int s = 0; s < pp_; ++s) {
     const auto us = static_cast<std::size_t>(s);
     // The last pass's outgoing message must be done too.
     const auto tail = messages_.block_of(messages_.point(s, static_cast<int>(order_[us].size()) - 1));
     stage_end_[us].insert(stage_end_[us].end(), tail.begin(), tail.end());
-    if (reduces() && zero <= 1 && !plan_.trainer.dp_overlap) {
+    if (reduces() && step_.grad_when() == StepWhen::after_backward) {
       dp_bucket(s, parameters_on_stage(m_, plan_, s), stage_end_[us], "grad reduce");
     }
     all.insert(all.end(), stage_end_[us].begin(), stage_end_[us].end());
@@ -994,7 +1002,7 @@ void Builder::finish_iteration() {
   }
   // Tied embeddings across stages: Megatron all-reduces the word-embedding
   // gradient between the first and the last stage (fp32) after backward.
-  if (pp_ > 1 && m_.tied_embeddings) {
+  if (const double bytes = step_.tied_embedding_bytes(); bytes > 0) {
     CommGroup g;
     g.ranks = {representatives_.front().rank, representatives_.back().rank};
     g.rail0_part = net_->rails_folded();
@@ -1005,10 +1013,10 @@ void Builder::finish_iteration() {
       }
     }
     const GroupId gid = eng_->add_group(std::move(g));
-    const double bytes =
-        static_cast<double>(padded_vocab_size(m_.vocab_size, tp_)) / tp_ * static_cast<double>(m_.hidden_size) * plan_.trainer.dp_grad_bytes;
     const StreamId streams[2] = {representatives_.front().dp, representatives_.back().dp};
     const TaskId t = eng_->add_collective(Collective::all_reduce, gid, bytes, streams, all);
+    for (const int s : {0, pp_ - 1})
+      played_bytes_[played_index(s, StepGroup::embedding, Collective::all_reduce)] += bytes;
     tag(t, Category::dp, kThreadDp, 0, pp_ - 1);
     label(t, 0, "embedding grad all-reduce", "dp");
     label(t, pp_ - 1, "embedding grad all-reduce", "dp");
@@ -1022,30 +1030,30 @@ void Builder::finish_iteration() {
     const Representative& r = representatives_[static_cast<std::size_t>(s)];
     const StageParameters sp = stage_parameters(m_, plan_, s);
     const double params = sp.dense;
-    // Megatron's step kernels: grad scale, grad norm, Adam, master -> bf16
-    // copy, buffer zeroing (optimizer_step.cpp); an MoE model's experts on
-    // their expert-DP shard.
-    TimeNs ns = optimizer_step_time_ns(gpu, params, dp_, zero);
-    if (sp.expert > 0) ns += optimizer_step_time_ns(gpu, sp.expert, edp_, zero);
+    // Megatron's step kernels (optimizer_step.cpp), the experts' on their expert-DP shard.
+    TimeNs ns = step_.optimizer_ns(gpu, sp);
     if (const double f = compute_factor(s); f != 1.0) ns = static_cast<TimeNs>(std::llround(static_cast<double>(ns) * f));
     const TaskId opt = eng_->add_compute(r.compute, ns, join);
     tag(opt, Category::optimizer, kThreadCompute, s);
     label(opt, s, "optimizer step", "optimizer");
-    if (zero == 1 || zero == 2) {
+    if (step_.gathers_after_step()) {
       // Distributed optimizer: gather the updated bf16 parameters (not overlapped).
       const StreamId s1[1] = {r.dp};
       const std::vector<TaskId> d{opt};
       std::vector<TaskId> d2 = d;
       if (dp_ > 1) {
         const TaskId g = eng_->add_collective(Collective::all_gather, r.dp_group,
-                                              params * kParamBytesPerParam * act_scale, s1, d);
+                                              params * step_.param_bytes_per_param(), s1, d);
+        count_played(s, r.dp_group, Collective::all_gather, params * step_.param_bytes_per_param());
         tag(g, Category::dp, kThreadDp, s);
         label(g, s, "param all-gather", "dp");
         d2 = {g};
       }
       if (sp.expert > 0 && edp_ > 1) {
-        const TaskId g = eng_->add_collective(Collective::all_gather, expert_group_ ? r.edp_group : r.dp_group,
-                                              sp.expert * kParamBytesPerParam * act_scale, s1, d2);
+        const GroupId group = expert_group_ ? r.edp_group : r.dp_group;
+        const TaskId g = eng_->add_collective(Collective::all_gather, group, sp.expert * step_.param_bytes_per_param(),
+                                              s1, d2);
+        count_played(s, group, Collective::all_gather, sp.expert * step_.param_bytes_per_param());
         tag(g, Category::dp, kThreadDp, s);
         label(g, s, "expert param all-gather", "dp");
       }

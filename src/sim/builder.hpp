@@ -20,6 +20,7 @@
 #include "cuboid/sim/simulator.hpp"
 #include "cuboid/core/topology.hpp"
 #include "cuboid/core/zero3.hpp"
+#include "cuboid/cost/step.hpp"
 #include "message_plan.hpp"
 #include "pass_template.hpp"
 #include "program.hpp"
@@ -99,6 +100,12 @@ class Builder {
   bool traced(int stage) const { return !traced_stages_.empty() && traced_stages_[static_cast<std::size_t>(stage)]; }
   // Peak NVLink utilisation of TP collectives priced off the shared network.
   double tp_probe_peak() const { return tp_probe_.peak_utilisation(); }
+  // The bytes of the DP-side collectives (cost/step.hpp's groups) it added
+  // for `stage`'s representative over the iteration, per group and kind:
+  // what tests hold to StepDescription::stage.
+  double played_bytes(int stage, StepGroup group, Collective c) const {
+    return played_bytes_[played_index(stage, group, c)];
+  }
   // The factor stage s's compute runs at (make_programs): its GPU's speed
   // spread times the straggler's slowdown on the straggler's stage.
   double compute_factor(int stage) const { return compute_factor_[static_cast<std::size_t>(stage)]; }
@@ -164,6 +171,13 @@ class Builder {
   void flush(Chain& ch);
   TaskId add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps);
   void dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name);
+  static std::size_t played_index(int stage, StepGroup group, Collective c) {
+    return (static_cast<std::size_t>(stage) * 3 + static_cast<std::size_t>(group)) * kCollectiveKinds +
+           static_cast<std::size_t>(c);
+  }
+  // Adds a collective on `group` to played_bytes when the group is one of
+  // the stage's DP-side groups.
+  void count_played(int stage, GroupId group, Collective c, double bytes);
   void finish_iteration();
 
   static TaskMeta meta_of(Category category, std::uint8_t thread, int stage, int stage2 = -1) {
@@ -193,6 +207,7 @@ class Builder {
   const ParallelPlan& plan_;
   const SimOptions& opts_;
   RankMapping map_;
+  StepDescription step_;  // the iteration's DP-side traffic and optimizer step (cost/step.hpp)
   // The simulation's tables (the engine's, and below those that grow with
   // the tasks, messages and passes), on huge pages; declared before them.
   SimArena arena_;
@@ -234,6 +249,8 @@ class Builder {
   std::vector<TaskId> message_deps_;  // try_message's scratch
   std::vector<std::vector<TaskId>> dp_tasks_;       // per stage: gradient reductions
   std::vector<GroupId> p2p_fwd_group_, p2p_bwd_group_;  // per stage boundary s -> s+1 (index s)
+  static constexpr std::size_t kCollectiveKinds = 6;
+  std::vector<double> played_bytes_;  // [stage][StepGroup][Collective] (played_index)
 
   // Programs, one set per distinct compute factor (one when every stage runs
   // at the median GPU's speed); filled once, so Unit's pointers stay valid.

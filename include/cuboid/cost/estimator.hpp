@@ -17,6 +17,7 @@
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/cost/step.hpp"
 
 namespace cuboid {
 
@@ -81,6 +82,15 @@ void fill_throughput(Estimate& e, const ModelSpec& m, const ParallelPlan& plan, 
 
 // One plan, nothing cached (convenient; the planner uses Estimator).
 Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan);
+
+// The DP-side collectives (step.hpp) the estimate of `plan` folds into its
+// time: its critical stage's, as it prices them. Tests hold them to what the
+// simulator plays.
+struct FoldedStep {
+  int critical_stage = 0;
+  std::vector<StepCollective> collectives;
+};
+FoldedStep folded_step(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan);
 
 // The same estimate with what candidates share cached: the op list and
 // compute times of a layer (per TP, micro-batch, sequence, SP, recompute,

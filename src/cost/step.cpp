@@ -1,0 +1,124 @@
+#include "cuboid/cost/step.hpp"
+
+#include <algorithm>
+#include <limits>
+
+
+#include "cuboid/core/element_bytes.hpp"
+#include "cuboid/core/workload.hpp"
+#include "cuboid/cost/optimizer_step.hpp"
+
+namespace cuboid {
+
+namespace {
+
+// Megatron-Core's default DDP bucket: max(40M, 1M x DP) parameters
+// (DistributedDataParallelConfig.bucket_size), first pipeline stage only.
+constexpr double kBucketParams = 40e6;
+constexpr double kBucketParamsPerDpRank = 1e6;
+
+}  // namespace
+
+std::string_view to_string(StepGroup g) {
+  switch (g) {
+    case StepGroup::dp: return "dp";
+    case StepGroup::expert_dp: return "expert_dp";
+    case StepGroup::embedding: return "embedding";
+  }
+  return "?";
+}
+
+std::string_view to_string(StepWhen w) {
+  switch (w) {
+    case StepWhen::last_backward_buckets: return "last_backward_buckets";
+    case StepWhen::every_backward_buckets: return "every_backward_buckets";
+    case StepWhen::after_backward: return "after_backward";
+    case StepWhen::zero3_units: return "zero3_units";
+    case StepWhen::after_all_backward: return "after_all_backward";
+    case StepWhen::after_optimizer: return "after_optimizer";
+  }
+  return "?";
+}
+
+StepDescription::StepDescription(const ModelSpec& m, const ParallelPlan& plan, const Calibration* calibration)
+    : m_(m), plan_(plan) {
+  pp_ = std::max(1, plan.pp);
+  dp_ = std::max(1, plan.dp_cp());
+  zero_ = plan.zero_stage;
+  if (m.moe.enabled()) {
+    edp_ = plan.expert_dp();
+    expert_group_ = edp_ > 1 && (std::max(1, plan.ep) > 1 || plan.expert_tp() != std::max(1, plan.tp));
+  }
+  grad_bytes_ = plan.trainer.dp_grad_bytes;
+  const double act_scale = activation_bytes_scale(calibration);
+  param_bytes_ = kBf16Bytes * act_scale;
+  message_bytes_ = cuboid::pipeline_message_bytes(m, plan) * act_scale;
+  if (pp_ > 1 && m.tied_embeddings) {
+    const int tp = std::max(1, plan.tp);
+    tied_bytes_ = static_cast<double>(padded_vocab_size(m.vocab_size, tp)) / tp * static_cast<double>(m.hidden_size) *
+                  grad_bytes_;
+  }
+}
+
+Collective StepDescription::grad_collective() const {
+  // DeepSpeed's pipeline engine with bf16 all-reduces ZeRO-1's gradients in
+  // full before each rank updates its shard (zero1_grad_all_reduce).
+  const bool all_reduce = zero_ == 0 || (zero_ == 1 && plan_.trainer.zero1_grad_all_reduce);
+  return all_reduce ? Collective::all_reduce : Collective::reduce_scatter;
+}
+
+StepWhen StepDescription::grad_when() const {
+  if (zero_ >= 3) return StepWhen::zero3_units;
+  if (zero_ == 2) return StepWhen::every_backward_buckets;
+  return plan_.trainer.dp_overlap ? StepWhen::last_backward_buckets : StepWhen::after_backward;
+}
+
+double StepDescription::bucket_params(int stage, int chunk) const {
+  if (stage == 0 && chunk == 0) return std::max(kBucketParams, kBucketParamsPerDpRank * dp_);
+  return std::numeric_limits<double>::infinity();
+}
+
+StageStep StepDescription::stage(int stage) const {
+  StageStep out;
+  out.params = stage_parameters(m_, plan_, stage);
+  const StageParameters& sp = out.params;
+  const StepGroup expert_group = expert_group_ ? StepGroup::expert_dp : StepGroup::dp;
+  const auto micro_batches = static_cast<double>(plan_.num_micro_batches());
+  if (reduces()) {
+    const StepWhen when = grad_when();
+    const Collective c = grad_collective();
+    // Every micro-batch's gradients with ZeRO 2 and 3, the accumulated ones otherwise.
+    const double times = zero_ >= 2 ? micro_batches : 1.0;
+    if (dp_ > 1 && sp.dense > 0) out.add({"grad reduce", StepGroup::dp, c, dp_, sp.dense * grad_bytes_, times, when});
+    if (edp_ > 1 && sp.expert > 0)
+      out.add({"grad reduce (experts)", expert_group, c, edp_, sp.expert * grad_bytes_, times, when});
+    // FSDP's and Megatron-FSDP's blocks: the forward and the backward of
+    // every micro-batch gather each unit they use.
+    if (zero_ >= 3 && dp_ > 1)
+      out.add({"zero3 gather", StepGroup::dp, Collective::all_gather, dp_, sp.total() * param_bytes_,
+               2.0 * micro_batches, StepWhen::zero3_units});
+  }
+  if (tied_bytes_ > 0 && (stage == 0 || stage == pp_ - 1)) out.add(tied_embedding());
+  if (gathers_after_step()) {
+    if (dp_ > 1)
+      out.add({"param all-gather", StepGroup::dp, Collective::all_gather, dp_, sp.dense * param_bytes_, 1.0,
+               StepWhen::after_optimizer});
+    if (edp_ > 1 && sp.expert > 0)
+      out.add({"expert param all-gather", expert_group, Collective::all_gather, edp_, sp.expert * param_bytes_, 1.0,
+               StepWhen::after_optimizer});
+  }
+  return out;
+}
+
+StepCollective StepDescription::tied_embedding() const {
+  return {"embedding grad all-reduce", StepGroup::embedding, Collective::all_reduce, 2, tied_bytes_, 1.0,
+          StepWhen::after_all_backward};
+}
+
+std::int64_t StepDescription::optimizer_ns(const GpuProfile& gpu, const StageParameters& sp) const {
+  std::int64_t ns = optimizer_step_time_ns(gpu, sp.dense, dp_, zero_);
+  if (sp.expert > 0) ns += optimizer_step_time_ns(gpu, sp.expert, edp_, zero_);
+  return ns;
+}
+
+}  // namespace cuboid
