@@ -229,6 +229,7 @@ struct Placement {
   std::vector<std::size_t> stage_ep;      // stage -> index into ep_links
   std::vector<GroupLinks> dp_links;       // per stage (DP x CP group of TP rank 0)
   std::vector<GroupLinks> edp_links;      // per stage: the expert-DP group of EP and ETP rank 0 (MoE only)
+  GroupLinks embedding_links{};           // the first and the last stage's TP rank 0 (PP > 1)
   int dp_sms = 0;                         // SMs a DP collective holds on its GPUs (nccl_ring_channels)
   // Stages that can differ: the first, the last, and the first middle stage
   // of each distinct TP and CP placement (middle stages hold equal layer
@@ -329,6 +330,10 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
       for (const LinkParams& l : pl.p2p_links) seen = seen || same_link(l, link);
       if (!seen) pl.p2p_links.push_back(link);
     }
+  }
+  if (pp > 1) {
+    const std::vector<int> ends{mapping.rank_of(0, 0, 0), mapping.rank_of(0, pp - 1, 0)};
+    pl.embedding_links = group_links(topo, ends, loads.pp);
   }
   std::vector<std::array<std::size_t, 3>> seen_links;
   for (int stage = 0; stage < pp; ++stage) {
@@ -702,8 +707,8 @@ double fold_step_collectives(const StageStep& stage, const StepDescription& step
         zero3 = true;  // walked unit by unit below
         break;
       case StepWhen::after_all_backward:
-        // The tied embedding's all-reduce between the first and the last
-        // stage: not folded (the simulator plays it).
+        // The tied embedding's all-reduce: once per iteration, whichever
+        // stage is critical (estimate_with).
         break;
       default:
         sum[static_cast<std::size_t>(sc.when)] += comm_ns(sc.collective, sc.bytes, sc.ranks, links);
@@ -817,6 +822,13 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
                                                                    pl.dp_links[c], critical, pace, ct, step, sm_ns);
                                          }, bd.compute_s, folded != nullptr ? &folded->collectives : nullptr) *
                    1e-9;
+  }
+  // The tied embedding's all-reduce follows the first stage's last backward,
+  // which ends the pipeline's flush, and the optimizer step waits for it:
+  // exposed, whichever stage is critical.
+  if (const StepCollective tied = step.tied_embedding(); tied.bytes > 0) {
+    bd.dp_comm_s += comm_ns(tied.collective, tied.bytes, tied.ranks, pl.embedding_links) * 1e-9;
+    if (folded != nullptr) folded->collectives.push_back(tied);
   }
   if (folded != nullptr) folded->critical_stage = critical;
   bd.optimizer_s = static_cast<double>(step.optimizer_ns(gpu, stage_step.params)) * pace * 1e-9;
