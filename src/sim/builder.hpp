@@ -29,6 +29,11 @@
 
 namespace cuboid::sim::detail {
 
+inline constexpr TaskId kNoTask = std::numeric_limits<TaskId>::max();
+
+// A pass's name in traces: F3, B3, or F3.1 for model chunk 1 of interleaved stages.
+std::string step_name(Direction d, int mb, int chunk, int v);
+
 // A compute segment or a collective as the trace shows it.
 struct TraceLabel {
   std::string name;
@@ -96,19 +101,19 @@ class Builder {
   const std::map<TaskId, TraceLabel>& labels() const { return labels_; }
   const std::vector<StepSpan>& spans() const { return spans_; }
   // [stage][chunk] -> the units in forward order (after build()).
-  const std::vector<std::vector<std::vector<Unit>>>& units() const { return units_; }
+  const std::vector<std::vector<std::vector<Unit>>>& units() const { return work_.units; }
   bool traced(int stage) const { return !traced_stages_.empty() && traced_stages_[static_cast<std::size_t>(stage)]; }
   // Peak NVLink utilisation of TP collectives priced off the shared network.
-  double tp_probe_peak() const { return tp_probe_.peak_utilisation(); }
+  double tp_probe_peak() const { return pacing_.tp_probe.peak_utilisation(); }
   // The bytes of the DP-side collectives (cost/step.hpp's groups) it added
   // for `stage`'s representative over the iteration, per group and kind:
   // what tests hold to StepDescription::stage.
   double played_bytes(int stage, StepGroup group, Collective c) const {
-    return played_bytes_[played_index(stage, group, c)];
+    return traffic_.played_bytes[played_index(stage, group, c)];
   }
   // The factor stage s's compute runs at (make_programs): its GPU's speed
   // spread times the straggler's slowdown on the straggler's stage.
-  double compute_factor(int stage) const { return compute_factor_[static_cast<std::size_t>(stage)]; }
+  double compute_factor(int stage) const { return pacing_.compute_factor[static_cast<std::size_t>(stage)]; }
 
  private:
   struct PassState {  // one (direction, micro-batch, virtual stage) pass
@@ -145,20 +150,44 @@ class Builder {
   // its stage as mirrors.
   void add_expert_groups(Representative& r);
   // The TP group of stage `pp` at data index `data` (DP x CP).
-  std::vector<int> tp_group_of(int pp, int data) const { return map_.tp_group(pp, data / cp_, data % cp_); }
+  std::vector<int> tp_group_of(int pp, int data) const { return map_.tp_group(pp, data / shape_.cp, data % shape_.cp); }
 
   PassState& pass(Direction d, int mb, int vs);
   std::span<const TaskId> end_of(const PassState& s) const { return {ends_.data() + s.end_off, s.end_len}; }
-  int stage_of(int vs) const { return vs % pp_; }
-  int chunk_of(int vs) const { return vs / pp_; }
+  int stage_of(int vs) const { return vs % shape_.pp; }
+  int chunk_of(int vs) const { return vs / shape_.pp; }
   bool can_add(int stage, std::size_t idx);
   void reserve_tasks();
   void try_message(std::uint32_t msg);
   void add_step(int stage, std::size_t idx);
-  // One pass from `entry` on, op by op; its end dependencies are left in chain_.deps.
+  // One pass from `entry` on, op by op; its end dependencies are left in scratch_.chain.deps.
   void play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry);
   // A ZeRO-3 pass's units, part by part, with their gathers and reductions (zero3.hpp).
   void play_zero3(int stage, const ScheduleStep& st, bool reduce_now);
+  // One ZeRO-3 pass being played: its plan, the DP stream's last task and
+  // DeepSpeed's reduce bucket (the gradient tensors waiting in it, what they
+  // depend on, whether the current part added some, and the buckets that
+  // hold the current part's gradients, reduced after it).
+  struct Zero3Pass {
+    Zero3Pass(const Representative& r, Zero3PassPlan p, int s, std::string name);
+    const Representative& me;
+    Zero3PassPlan plan;
+    int stage;
+    TaskMeta dp_meta, host_meta;  // DP work on the DP stream; DP work holding the compute stream
+    std::string pass_name;
+    TaskId dp_tail = std::numeric_limits<TaskId>::max();
+    std::vector<TaskId> deps;  // scratch
+    double acc = 0;
+    std::vector<double> held;
+    std::vector<TaskId> held_deps, end_deps;
+    bool held_current = false;
+    std::vector<std::vector<double>> after;
+  };
+  // Everything issued so far into z.deps: what torch.cuda.synchronize waits for.
+  void zero3_drain(Zero3Pass& z);
+  void zero3_gather(Zero3Pass& z, std::size_t part);
+  void zero3_reduce(Zero3Pass& z, const std::vector<double>& tensors, const std::vector<TaskId>& after);
+  void zero3_fill_bucket(Zero3Pass& z, const Part& pt);
   bool zero3_tensor() const;
   PassTemplate& pass_template(int stage, const ScheduleStep& st, bool reduce_now);
   void stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>& entry, std::pmr::vector<TaskId>& end);
@@ -213,44 +242,18 @@ class Builder {
   SimArena arena_;
   std::unique_ptr<Network> net_;
   std::unique_ptr<Engine> eng_;
-  // dp_: DP x CP (the data index); rep_dp_: the representative's data index.
-  int pp_ = 1, v_ = 1, vs_count_ = 1, mbs_ = 1, tp_ = 1, dp_ = 1, cp_ = 1, rep_dp_ = 0;
-  // MoE: EP, expert-DP, whether the expert-DP group is other ranks than the
-  // DP x CP group, and per stage the routed experts' share of its parameters.
-  int ep_ = 1, edp_ = 1;
-  bool expert_group_ = false;
-  std::vector<double> expert_share_;
   // Gradients to reduce: DP x CP or expert-DP above 1.
-  bool reduces() const { return dp_ > 1 || edp_ > 1; }
-  int straggler_stage_ = -1;
-  double straggler_slowdown_ = 1.0;
-  std::vector<double> compute_factor_;  // per stage (compute_factor)
-  bool tp_fast_ = false;
-  int overlap_sms_ = 0;  // SMs an async TP collective takes from the GEMM under it (make_programs)
-  int held_sms_ = 0;     // SMs a DP collective takes from the compute beside it (make_representatives)
-  TpProbe tp_probe_;  // prices TP collectives when tp_fast_
+  bool reduces() const { return shape_.dp > 1 || shape_.edp > 1; }
 
   std::vector<Representative> representatives_;
   std::vector<StageOrder> order_;
   std::vector<std::size_t> cursor_;
   std::vector<std::vector<TaskId>> stage_end_;      // end of each stage's previous pass
-  MessagePlan messages_{&arena_};  // the pipeline's p2p messages
   std::pmr::vector<PassState> passes_{&arena_};
   std::pmr::vector<TaskId> ends_{&arena_};  // every pass's end dependencies, back to back (PassState::end_off)
   bool stamp_ = true;
   std::vector<PassTemplate> templates_;  // [((stage * v + chunk) * 2 + backward) * 2 + reduce_now]
   PassTemplate* recording_ = nullptr;    // the template play() is recording into, if any
-  std::vector<TaskId> entry_;            // add_step's scratch: the pass's entry dependencies
-  std::vector<TaskId> stamp_deps_;       // stamp's scratch
-  Chain chain_;                   // add_step's scratch
-  std::vector<TaskId> gathers_;   // add_step's ZeRO-3 gathers
-  std::vector<const Part*> zero3_parts_;  // play_zero3's scratch: the pass's parts in order
-  std::vector<Zero3Use> zero3_uses_;
-  std::vector<TaskId> message_deps_;  // try_message's scratch
-  std::vector<std::vector<TaskId>> dp_tasks_;       // per stage: gradient reductions
-  std::vector<GroupId> p2p_fwd_group_, p2p_bwd_group_;  // per stage boundary s -> s+1 (index s)
-  static constexpr std::size_t kCollectiveKinds = 6;
-  std::vector<double> played_bytes_;  // [stage][StepGroup][Collective] (played_index)
 
   // Programs, one set per distinct compute factor (one when every stage runs
   // at the median GPU's speed); filled once, so Unit's pointers stay valid.
@@ -263,15 +266,61 @@ class Builder {
     // backward, cut per weight (split_by_weight; part_weights_ says which).
     std::vector<Program> layer_fwd_parts, layer_bwd_parts;
   };
-  std::vector<Programs> programs_;
-  std::vector<std::size_t> stage_programs_;  // stage -> index into programs_
   struct PartWeight {
     int weight = -1;     // index into layer_weights, -1: none
     bool grads = false;  // a backward part (its weight's gradients are ready after it)
   };
-  std::vector<PartWeight> fwd_part_weights_, bwd_part_weights_;
   void make_parts(std::vector<Unit>& units, const Programs& p);
-  std::vector<std::vector<std::vector<Unit>>> units_;  // [stage][chunk] -> units in forward order
+
+  // Set-up: the plan's sizes as the builder walks them (the DP-side ones are
+  // the step description's), and what each stage computes.
+  struct Shape {
+    int pp = 1, v = 1, vs_count = 1, mbs = 1, tp = 1, cp = 1, ep = 1;
+    int dp = 1;      // the data index: DP x CP
+    int edp = 1;     // expert-DP
+    int rep_dp = 0;  // the representative's data index
+    bool expert_group = false;  // the expert-DP group is other ranks than the DP x CP group
+    std::vector<double> expert_share;  // per stage: the routed experts' share of its parameters
+  };
+  struct Pacing {
+    int straggler_stage = -1;
+    double straggler_slowdown = 1.0;
+    std::vector<double> compute_factor;  // per stage (compute_factor)
+    bool tp_fast = false;
+    int overlap_sms = 0;  // SMs an async TP collective takes from the GEMM under it (make_programs)
+    int held_sms = 0;     // SMs a DP collective takes from the compute beside it (make_representatives)
+    TpProbe tp_probe;     // prices TP collectives when tp_fast
+  };
+  struct StageWork {
+    std::vector<Programs> programs;
+    std::vector<std::size_t> stage_programs;  // stage -> index into programs
+    std::vector<PartWeight> fwd_part_weights, bwd_part_weights;
+    std::vector<std::vector<std::vector<Unit>>> units;  // [stage][chunk] -> units in forward order
+  };
+  // Playing a pass: scratch reused by every pass, so its vectors keep their capacity.
+  struct PassScratch {
+    std::vector<TaskId> entry;       // add_step's: the pass's entry dependencies
+    std::vector<TaskId> stamp_deps;  // stamp's
+    Chain chain;                     // add_step's
+    std::vector<TaskId> gathers;     // play_zero3's: each part's gather
+    std::vector<const Part*> zero3_parts;  // play_zero3's: the pass's parts in order
+    std::vector<Zero3Use> zero3_uses;
+    std::vector<TaskId> message_deps;  // try_message's
+  };
+  // Traffic between the passes: the pipeline's messages and the DP side.
+  static constexpr std::size_t kCollectiveKinds = 6;
+  struct Traffic {
+    explicit Traffic(std::pmr::memory_resource* mem) : messages(mem) {}
+    MessagePlan messages;                      // the pipeline's p2p messages
+    std::vector<GroupId> p2p_fwd_group, p2p_bwd_group;  // per stage boundary s -> s+1 (index s)
+    std::vector<std::vector<TaskId>> dp_tasks;  // per stage: gradient reductions
+    std::vector<double> played_bytes;           // [stage][StepGroup][Collective] (played_index)
+  };
+  Shape shape_;
+  Pacing pacing_;
+  StageWork work_;
+  PassScratch scratch_;
+  Traffic traffic_{&arena_};
 
   std::pmr::vector<TaskMeta> meta_{&arena_};
   std::map<TaskId, TraceLabel> labels_;

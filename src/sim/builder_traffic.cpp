@@ -1,0 +1,180 @@
+// The task graph of one iteration, between the passes: the pipeline's
+// messages and the DP side that cost/step.hpp describes (gradient buckets,
+// the tied embedding's all-reduce, the optimizer step and the gathers after it).
+#include "builder.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "cuboid/core/calibration.hpp"
+#include "cuboid/cost/cost.hpp"
+#include "cuboid/cost/memory.hpp"
+#include "cuboid/cost/optimizer_step.hpp"
+#include "cuboid/cost/speed_spread.hpp"
+#include "cuboid/core/workload.hpp"
+
+namespace cuboid::sim::detail {
+
+// Creates a message once the sender and the receiver have both reached its
+// point: the send/recv on both GPUs' PP streams and, without SP, the TP
+// all-gather that rebuilds the activation from the shards (scatter-gather).
+void Builder::try_message(std::uint32_t id) {
+  Message& msg = traffic_.messages.message(id);
+  if (msg.created) return;
+  const auto uf = static_cast<std::size_t>(msg.from);
+  const auto ur = static_cast<std::size_t>(msg.to);
+  if (cursor_[uf] <= static_cast<std::size_t>(msg.send_pos)) return;
+  if (msg.recv_pos >= 0 && cursor_[ur] <= static_cast<std::size_t>(msg.recv_pos)) return;
+  msg.created = true;
+  const bool fwd = msg.consumer.dir == Direction::forward;
+  const Representative& me = representatives_[ur];
+  const Representative& peer = representatives_[uf];
+  auto pass_end = [&](int stage, int pos) {
+    const ScheduleStep& st = order_[static_cast<std::size_t>(stage)][static_cast<std::size_t>(pos)];
+    return end_of(pass(st.dir, st.micro_batch, st.chunk * shape_.pp + stage));
+  };
+  std::vector<TaskId>& deps = scratch_.message_deps;  // reused: one allocation for every message
+  const auto sent = pass_end(msg.from, msg.send_pos);
+  deps.assign(sent.begin(), sent.end());
+  if (msg.recv_pos >= 0) {
+    const auto e = pass_end(msg.to, msg.recv_pos);
+    deps.insert(deps.end(), e.begin(), e.end());
+  }
+  const StreamId streams[2] = {fwd ? peer.pp_fwd : peer.pp_bwd, fwd ? me.pp_fwd : me.pp_bwd};
+  const GroupId g = fwd ? traffic_.p2p_fwd_group[uf] : traffic_.p2p_bwd_group[uf];
+  const double bytes = step_.pipeline_message_bytes();
+  TaskId t = eng_->add_collective(Collective::send_recv, g, bytes, streams, deps, Algorithm::ring);
+  // Named only when either side is traced (a name is two strings per message).
+  const std::string name = traced(msg.to) || traced(msg.from)
+                               ? (fwd ? "act " : "grad ") + step_name(msg.consumer.dir, msg.consumer.micro_batch,
+                                                                      msg.consumer.chunk, shape_.v)
+                               : std::string();
+  tag(t, Category::pp, fwd ? kThreadPpFwd : kThreadPpBwd, msg.from, msg.to);
+  label(t, msg.to, name, "pp");
+  label(t, msg.from, name, "pp");
+  passes_[msg.producer].p2p = t;
+  traffic_.messages.add_to_block(traffic_.messages.point(msg.from, msg.send_pos), t);
+  if (shape_.tp > 1 && !plan_.sequence_parallel) {
+    const std::vector<TaskId> d{t};
+    TaskId gt;
+    if (pacing_.tp_fast) {
+      gt = eng_->add_compute(me.tp, pacing_.tp_probe.time_ns(Collective::all_gather, bytes * shape_.tp), d);
+    } else {
+      const StreamId s1[1] = {me.tp};
+      gt = eng_->add_collective(Collective::all_gather, me.tp_group, bytes * shape_.tp, s1, d);
+    }
+    tag(gt, Category::pp, kThreadTp, msg.to);
+    label(gt, msg.to, "pp_gather " + name, "pp");
+    t = gt;
+  }
+  passes_[msg.producer].ready = t;
+  traffic_.messages.add_to_block(traffic_.messages.point(msg.to, msg.recv_pos), t);
+}
+
+void Builder::dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name) {
+  if (!reduces() || params <= 0) return;
+  const Representative& r = representatives_[static_cast<std::size_t>(stage)];
+  const Collective c = step_.grad_collective();
+  // An MoE model's bucket holds dense and expert gradients in the stage's
+  // proportion; the experts' are reduced over expert-DP (Megatron keeps them
+  // in buffers of their own), after the dense ones on the same stream.
+  const double expert = shape_.expert_share.empty() ? 0.0 : params * shape_.expert_share[static_cast<std::size_t>(stage)];
+  const double dense = params - expert;
+  const double grad_bytes = step_.grad_bytes_per_param();
+  if (shape_.dp > 1 && dense > 0) {
+    const TaskId t = emit_collective(c, r.dp_group, dense * grad_bytes, r.dp, deps,
+                                     meta_of(Category::dp, kThreadDp, stage), /*dp_reduction=*/true);
+    label(t, stage, name, "dp");
+  }
+  if (shape_.edp > 1 && expert > 0) {
+    const TaskId t = emit_collective(c, shape_.expert_group ? r.edp_group : r.dp_group, expert * grad_bytes,
+                                     r.dp, deps, meta_of(Category::dp, kThreadDp, stage), /*dp_reduction=*/true);
+    label(t, stage, name + " (experts)", "dp");
+  }
+}
+
+void Builder::count_played(int stage, GroupId group, Collective c, double bytes) {
+  const Representative& r = representatives_[static_cast<std::size_t>(stage)];
+  if (shape_.dp > 1 && group == r.dp_group)
+    traffic_.played_bytes[played_index(stage, StepGroup::dp, c)] += bytes;
+  else if (shape_.expert_group && group == r.edp_group)
+    traffic_.played_bytes[played_index(stage, StepGroup::expert_dp, c)] += bytes;
+}
+
+void Builder::finish_iteration() {
+  const GpuProfile& gpu = topo_.cluster().gpu;
+  std::vector<TaskId> all;
+  for (int s = 0; s < shape_.pp; ++s) {
+    const auto us = static_cast<std::size_t>(s);
+    // The last pass's outgoing message must be done too.
+    const auto tail = traffic_.messages.block_of(traffic_.messages.point(s, static_cast<int>(order_[us].size()) - 1));
+    stage_end_[us].insert(stage_end_[us].end(), tail.begin(), tail.end());
+    if (reduces() && step_.grad_when() == StepWhen::after_backward) {
+      dp_bucket(s, parameters_on_stage(m_, plan_, s), stage_end_[us], "grad reduce");
+    }
+    all.insert(all.end(), stage_end_[us].begin(), stage_end_[us].end());
+    all.insert(all.end(), traffic_.dp_tasks[us].begin(), traffic_.dp_tasks[us].end());
+  }
+  // Tied embeddings across stages: Megatron all-reduces the word-embedding
+  // gradient between the first and the last stage (fp32) after backward.
+  if (const double bytes = step_.tied_embedding_bytes(); bytes > 0) {
+    CommGroup g;
+    g.ranks = {representatives_.front().rank, representatives_.back().rank};
+    g.rail0_part = net_->rails_folded();
+    for (int d = 0; d < shape_.dp; ++d) {
+      for (int t = 0; t < mirrored_tp(); ++t) {
+        if (t == 0 && d == shape_.rep_dp) continue;
+        g.mirrors.push_back({map_.rank_of_data(t, 0, d), map_.rank_of_data(t, shape_.pp - 1, d)});
+      }
+    }
+    const GroupId gid = eng_->add_group(std::move(g));
+    const StreamId streams[2] = {representatives_.front().dp, representatives_.back().dp};
+    const TaskId t = eng_->add_collective(Collective::all_reduce, gid, bytes, streams, all);
+    for (const int s : {0, shape_.pp - 1})
+      traffic_.played_bytes[played_index(s, StepGroup::embedding, Collective::all_reduce)] += bytes;
+    tag(t, Category::dp, kThreadDp, 0, shape_.pp - 1);
+    label(t, 0, "embedding grad all-reduce", "dp");
+    label(t, shape_.pp - 1, "embedding grad all-reduce", "dp");
+    all.push_back(t);
+  }
+  // The optimizer step starts everywhere after the global gradient-norm
+  // reduction, i.e. after every stage's gradients are reduced.
+  const std::vector<TaskId> join{eng_->add_compute(kNoStream, 0, all)};
+  tag(join.back(), Category::none, 0, -1);
+  for (int s = 0; s < shape_.pp; ++s) {
+    const Representative& r = representatives_[static_cast<std::size_t>(s)];
+    const StageParameters sp = stage_parameters(m_, plan_, s);
+    const double params = sp.dense;
+    // Megatron's step kernels (optimizer_step.cpp), the experts' on their expert-DP shard.
+    TimeNs ns = step_.optimizer_ns(gpu, sp);
+    if (const double f = compute_factor(s); f != 1.0) ns = static_cast<TimeNs>(std::llround(static_cast<double>(ns) * f));
+    const TaskId opt = eng_->add_compute(r.compute, ns, join);
+    tag(opt, Category::optimizer, kThreadCompute, s);
+    label(opt, s, "optimizer step", "optimizer");
+    if (step_.gathers_after_step()) {
+      // Distributed optimizer: gather the updated bf16 parameters (not overlapped).
+      const StreamId s1[1] = {r.dp};
+      const std::vector<TaskId> d{opt};
+      std::vector<TaskId> d2 = d;
+      if (shape_.dp > 1) {
+        const TaskId g = eng_->add_collective(Collective::all_gather, r.dp_group,
+                                              params * step_.param_bytes_per_param(), s1, d);
+        count_played(s, r.dp_group, Collective::all_gather, params * step_.param_bytes_per_param());
+        tag(g, Category::dp, kThreadDp, s);
+        label(g, s, "param all-gather", "dp");
+        d2 = {g};
+      }
+      if (sp.expert > 0 && shape_.edp > 1) {
+        const GroupId group = shape_.expert_group ? r.edp_group : r.dp_group;
+        const TaskId g = eng_->add_collective(Collective::all_gather, group, sp.expert * step_.param_bytes_per_param(),
+                                              s1, d2);
+        count_played(s, group, Collective::all_gather, sp.expert * step_.param_bytes_per_param());
+        tag(g, Category::dp, kThreadDp, s);
+        label(g, s, "expert param all-gather", "dp");
+      }
+    }
+  }
+}
+
+}  // namespace cuboid::sim::detail
