@@ -1,12 +1,18 @@
 #!/usr/bin/env python3
-"""The JSON steps of tools/gpu-check, one subcommand each:
+"""The JSON steps of tools/gpu-check and tools/gpu-node-check, one subcommand each:
 
   one-gpu-cluster CLUSTER GPU_CARD OUT   the shipped 8-GPU node card with one GPU
   summary RUN GPU_CARD GPU_NAME          the GEMM TFLOP/s table of a `cuboid run` (measurements.json)
   slice MODEL LAYERS OUT                 the model card cut to its first LAYERS layers
+  check-run RUN                          did `cuboid run --check` pass both checks? (exit 1 if not)
+  validated VALIDATION                   the table and verdict of `cuboid validate --json` (exit 1 outside the tolerance)
+  calibrated CARD                        does the card hold a calibration section? (exit 1 if not)
+
+Each reads the JSON cuboid writes, never its text output.
 """
 import argparse
 import json
+import sys
 
 
 def one_gpu_cluster(args):
@@ -65,6 +71,64 @@ def slice_model(args):
     json.dump(m, open(args.out, "w"), indent=2)
 
 
+def load(path, what):
+    """The JSON document at path, or exit 1 naming what is missing."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"no {what}: {e}")
+        sys.exit(1)
+
+
+def check_run(args):
+    """`cuboid run --check` passed: the sharded forward against the unsharded
+    reference, and the replicated weights after the steps (run.cpp writes both
+    under "check"; it writes no measurements when either fails)."""
+    run = load(args.run, "measurements")
+    check = run.get("check")
+    if not isinstance(check, dict):
+        print("FAILED: the measurements hold no check (was the run made with --check?)")
+        sys.exit(1)
+    after = check.get("after_steps", {})
+    failed = []
+    if check.get("passed") is not True:
+        failed.append(f"sharded forward vs unsharded reference (layer output error {check.get('layer_relative_error')}, "
+                      f"tolerance {check.get('tolerance')})")
+    if after.get("passed") is not True:
+        failed.append(f"replicated weights after the steps (TP drift {after.get('tp_replicated_weights_relative_drift')}, "
+                      f"DP drift {after.get('dp_replica_relative_drift')}, tolerance {after.get('tolerance')})")
+    if failed:
+        print("FAILED: " + "; ".join(failed))
+        sys.exit(1)
+    print(f"iteration time (slowest rank, median): {run['iteration_time_s']:.4f} s")
+
+
+def validated(args):
+    """The components and the end-to-end verdict of `cuboid validate --json`."""
+    v = load(args.validation, "validation")
+    print(f"{'component':<22} {'predicted(s)':>13} {'measured(s)':>12} {'error':>9}")
+    for c in v["components"]:
+        error = "-" if c["error"] is None else f"{100 * c['error']:+.1f}%"
+        print(f"{c['component']:<22} {c['predicted_s']:>13.4f} {c['measured_s']:>12.4f} {error:>9}")
+    ok = v["within_tolerance"] is True
+    print(f"{'PASS' if ok else 'FAIL'}: end-to-end error {100 * v['error']:+.1f}% (predicted "
+          f"{v['predicted_iteration_s']:.4f} s, measured {v['measured_iteration_s']:.4f} s) "
+          f"{'is within' if ok else 'exceeds'} the tolerance of {100 * v['tolerance']:.1f}%")
+    sys.exit(0 if ok else 1)
+
+
+def calibrated(args):
+    """A calibrated card: the input card plus "calibration" with samples in it."""
+    card = load(args.card, "calibrated card")
+    cal = card.get("calibration") if isinstance(card, dict) else None
+    if not isinstance(cal, dict) or not cal.get("collectives"):
+        print(f"FAILED: {args.card} has no calibration section with collectives")
+        sys.exit(1)
+    print(f"card written: {len(cal.get('gemms', []))} GEMM shapes, {len(cal.get('kernels', {}))} kernels, "
+          f"{len(cal['collectives'])} collective fits on {cal.get('ranks')} ranks")
+
+
 def main():
     parser = argparse.ArgumentParser(prog="tools/lib/gpu_check.py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="step", required=True)
@@ -83,6 +147,15 @@ def main():
     p.add_argument("layers", help="layers to keep")
     p.add_argument("out", help="model card to write")
     p.set_defaults(func=slice_model)
+    p = sub.add_parser("check-run", help="did cuboid run --check pass both checks")
+    p.add_argument("run", help="measurements.json of `cuboid run --check`")
+    p.set_defaults(func=check_run)
+    p = sub.add_parser("validated", help="table and verdict of cuboid validate --json")
+    p.add_argument("validation", help="the output of `cuboid validate --json`")
+    p.set_defaults(func=validated)
+    p = sub.add_parser("calibrated", help="does the card hold a calibration section")
+    p.add_argument("card", help="the card `cuboid calibrate --out` wrote")
+    p.set_defaults(func=calibrated)
     args = parser.parse_args()
     args.func(args)
 
