@@ -2,7 +2,7 @@
 // DeepSpeed v0.5.4 deepspeed/runtime/zero/stage3.py
 // (PartitionedParameterCoordinator: fetch_sub_module, prefetch_next_sub_modules,
 // _keep_for_later) and FSDP2's one-unit-ahead prefetch; the settings that
-// select them cite their sources in trainer.cpp.
+// select them cite their sources in trainers/*.json.
 #include "cuboid/core/zero3.hpp"
 
 #include <unordered_map>

@@ -5,7 +5,9 @@
 // Trainer presets: what a trainer of a given version can run and how it runs
 // it (`--trainer`). A user knows which trainer they run, not which of its
 // internals are fused; a preset turns that into the plan's settings, each with
-// the file and commit it was read from (docs/fidelity.md lists them).
+// the file and commit it was read from. The presets are data, one file each
+// in trainers/ (schemas/cuboid.trainer.1.schema.json), embedded in the binary
+// at build time and read on first use (docs/cli.md#trainers).
 #include <span>
 #include <string>
 #include <string_view>
@@ -16,13 +18,15 @@
 namespace cuboid {
 
 struct TrainerSource {
-  std::string_view setting;  // "dp_overlap", "sequence_parallel", "zero3_sync", ...
-  std::string_view source;   // "Megatron-LM de7dc40f megatron/model/distributed.py: ..."
+  std::string setting;  // "dp_overlap", "sequence_parallel", "zero3_sync", ...
+  std::string source;   // "Megatron-LM de7dc40f megatron/model/distributed.py: ..."
 };
 
+// A field a preset file leaves out keeps the default below (Megatron-Core's
+// behaviour); every field a file gives has its source.
 struct TrainerPreset {
-  std::string_view name;         // "megatron-core"
-  std::string_view description;  // one line: trainer, version, precision
+  std::string name;         // "megatron-core"
+  std::string description;  // one line: trainer, version, precision
   // What the trainer can run at all.
   bool pipeline = true;            // PP > 1
   bool sequence_parallel = true;
@@ -36,18 +40,24 @@ struct TrainerPreset {
   bool context_parallel_a2a = false;  // ... and with the a2a exchange too
   bool expert_parallel = false;    // EP > 1 and an ETP of its own for MoE models (else EP 1, ETP = TP)
   std::vector<int> zero_stages{0, 1, 2, 3};
-  // How it runs it by default.
+  // How it runs it by default. A trainer that has the fused accumulation runs
+  // it (the files give grad_accum_fusion once).
   bool default_grad_accum_fusion = true;
   TrainerSettings settings;
   std::vector<TrainerSource> sources;
 };
 
-// Every preset, the default (megatron-core) first.
+// Every preset, the default (megatron-core) first, in the order src/core/meson.build lists the files.
 std::span<const TrainerPreset> trainer_presets();
 const TrainerPreset& default_trainer();
 // nullptr when unknown.
 const TrainerPreset* find_trainer(std::string_view name);
 // "megatron-core, megatron-2022, ..." for messages and --help.
 std::string trainer_names();
+
+// Reads one preset file's text; InputError naming `source`, the field and a
+// fix for a bad one. `source` is the file's path, and a preset is named as its
+// file ("trainers/torchtitan.json" holds "torchtitan").
+TrainerPreset parse_trainer(const std::string& text, const std::string& source);
 
 }  // namespace cuboid
