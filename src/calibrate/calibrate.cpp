@@ -29,9 +29,6 @@
 #include "cuboid/io/planfile.hpp"
 #include "cuboid_config.hpp"
 #include "cuboid/exec/op_timer.hpp"
-#if defined(CUBOID_EXEC_HAVE_CUDA)
-#include "cuboid/exec/cuda_backend.hpp"
-#endif
 
 namespace cuboid::calibrate {
 
@@ -76,10 +73,7 @@ exec::Communicator* group_comm(exec::ProcessGroups& g, Group kind) {
 }
 
 std::string device_name(exec::Backend& be) {
-#if defined(CUBOID_EXEC_HAVE_CUDA)
-  if (auto* cuda = dynamic_cast<exec::CudaBackend*>(&be)) return cuda->device_info().name;
-#endif
-  return be.name() == "cpu" ? "cpu (one core per rank)" : std::string(be.name());
+  return be.name() == "cpu" ? "cpu (one core per rank)" : be.device_name();
 }
 
 nlohmann::json read_json_file(const std::string& path) {

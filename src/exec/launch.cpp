@@ -18,8 +18,7 @@
 #include "cuboid/exec/mpi_comm.hpp"
 #include "cuboid/exec/tcp_store.hpp"
 #if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
-#include "cuboid/exec/cuda_backend.hpp"
-#include "cuboid/exec/nccl_comm.hpp"
+#include "cuda_module.hpp"
 #endif
 
 namespace cuboid::exec {
@@ -358,19 +357,8 @@ World start_world(const LaunchInfo& launch, std::string_view backend, double tim
 
 void attach_device_world(World& w, Backend& backend) {
 #if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
-  if (auto* cuda = dynamic_cast<CudaBackend*>(&backend)) {
-    // As nccl-tests does: rank 0 makes the id, every rank gets it, all init together.
-    std::string id(sizeof(NcclUniqueId::bytes), '\0');
-    if (w.exchange->rank() == 0) {
-      const NcclUniqueId made = nccl_unique_id();
-      id.assign(made.bytes.data(), made.bytes.size());
-    }
-    w.exchange->broadcast(id, 0);
-    NcclUniqueId shared;
-    CUBOID_EXEC_REQUIRE(id.size() == shared.bytes.size(), "ncclUniqueId broadcast",
-                        "received " + std::to_string(id.size()) + " bytes");
-    std::copy(id.begin(), id.end(), shared.bytes.begin());
-    w.comm = make_nccl_world(shared, w.exchange->rank(), w.exchange->size(), *cuda);
+  if (backend.name() == "cuda") {
+    w.comm = cuda_module().make_world(*w.exchange, backend);
     return;
   }
 #endif

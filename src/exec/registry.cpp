@@ -4,17 +4,15 @@
 
 #include "cuboid/core/error.hpp"
 #include "cuboid/exec/cpu_backend.hpp"
+#if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
+#include "cuda_module.hpp"
+#endif
 
 namespace cuboid::exec {
 
+int visible_cuda_devices() {
 #if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
-std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
-int cuda_device_count() noexcept;
-#endif
-
-int visible_cuda_devices() noexcept {
-#if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
-  return cuda_device_count();
+  return cuda_module().device_count();
 #else
   return 0;
 #endif
@@ -32,7 +30,7 @@ std::vector<BackendInfo> backend_list() {
 std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options) {
   if (name == "cpu") return make_cpu_backend(options);
 #if defined(CUBOID_EXEC_HAVE_CUDA) && CUBOID_EXEC_HAVE_CUDA
-  if (name == "cuda") return make_cuda_backend(options);
+  if (name == "cuda") return cuda_module().make_backend(options);
 #else
   if (name == "cuda") {
     throw InputError("command line", "--backend", "this build has no CUDA backend",

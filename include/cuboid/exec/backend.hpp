@@ -22,6 +22,7 @@
 //     interface), so every backend gets the same checks.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -89,6 +90,9 @@ class Backend {
   Backend& operator=(const Backend&) = delete;
 
   virtual std::string_view name() const noexcept = 0;
+  // The device, for records ("NVIDIA H100 80GB HBM3"); the backend's name
+  // where it has no other.
+  virtual std::string device_name() const { return std::string(name()); }
   // The dtype of activations, weights and gradients: f32 (cpu), bf16 (cuda).
   virtual DType compute_dtype() const noexcept = 0;
 

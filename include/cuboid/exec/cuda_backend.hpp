@@ -11,7 +11,8 @@
 // CUBOID_CUBLAS_CHECK, which throw ExecError with the call, the library's
 // error string, the rank, and the file and line.
 //
-// Only built with the `gpu` feature (CUBOID_EXEC_HAVE_CUDA).
+// Only built with the `gpu` feature, into the module cuboid-cuda.so
+// (src/exec/cuda_module.hpp).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -128,6 +129,7 @@ class CudaBackend final : public Backend {
 
   std::string_view name() const noexcept override { return "cuda"; }
   DType compute_dtype() const noexcept override { return DType::bf16; }
+  std::string device_name() const override { return info_.name; }
   const CudaDeviceInfo& device_info() const noexcept { return info_; }
   // The compute stream: every Backend call is enqueued here.
   cudaStream_t stream() const noexcept { return stream_.get(); }
@@ -207,7 +209,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer scratch_;              // last: freed (on stream_) before the stream goes
 };
 
-// Registered as "cuda" by make_backend (registry.cpp).
+// The module's backend (cuda/module.cpp), which make_backend loads for "cuda".
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
 
 }  // namespace cuboid::exec

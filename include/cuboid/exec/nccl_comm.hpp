@@ -10,7 +10,8 @@
 // the call, NCCL's error string (and its last error), the rank, and the file
 // and line.
 //
-// Only built with the `gpu` feature (CUBOID_EXEC_HAVE_CUDA).
+// Only built with the `gpu` feature, into the module cuboid-cuda.so
+// (src/exec/cuda_module.hpp).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 

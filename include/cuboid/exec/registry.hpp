@@ -3,8 +3,8 @@
 #error "cuboid/exec is not below this layer in the build (docs/architecture.md)"
 #endif
 // The backends this build has, made by name: "cpu" always; "cuda" when built
-// with the gpu feature (the CUDA backend defines
-// `std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&)`).
+// with the gpu feature, from the module cuboid-cuda.so that the first request
+// loads (src/exec/cuda_module.hpp).
 #include <memory>
 #include <string>
 #include <string_view>
@@ -22,8 +22,9 @@ struct BackendOptions {
 };
 
 // CUDA devices this process sees (cudaGetDeviceCount after
-// CUDA_VISIBLE_DEVICES); 0 without the cuda backend or a GPU.
-int visible_cuda_devices() noexcept;
+// CUDA_VISIBLE_DEVICES); 0 without the cuda backend or a GPU. Loads the CUDA
+// backend's module (InputError when it cannot).
+int visible_cuda_devices();
 
 struct BackendInfo {
   std::string name;
