@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "cuboid/core/element_bytes.hpp"
 #include "cuboid/core/op_names.hpp"
 
 namespace cuboid {
@@ -58,13 +59,14 @@ std::string_view to_string(Group g) {
 namespace {
 
 // Bytes per element of the element-wise kernels (reads + writes).
-constexpr double kNormBytesPerElement = 2 + 2;             // read x, write y
-constexpr double kDropoutAddBytesPerElement = 2 + 2 + 2 + 1;  // read x and residual, write y and mask
+constexpr double kNormBytesPerElement = kBf16Bytes + kBf16Bytes;  // read x, write y
+// read x and residual, write y and mask
+constexpr double kDropoutAddBytesPerElement = kBf16Bytes + kBf16Bytes + kBf16Bytes + kMaskBytes;
 // torch's dropout (embedding and attention probabilities): read x, write y
 // and a bool mask; its backward (native_dropout_backward) reads dy and the
 // mask and writes dx.
-constexpr double kDropoutBytesPerElement = 2 + 2 + 1;
-constexpr double kDropoutBackwardBytesPerElement = 2 + 1 + 2;
+constexpr double kDropoutBytesPerElement = kBf16Bytes + kBf16Bytes + kMaskBytes;
+constexpr double kDropoutBackwardBytesPerElement = kBf16Bytes + kMaskBytes + kBf16Bytes;
 // The unfused causal attention core's s x s kernels (Megatron-LM 2022,
 // megatron/fused_kernels/scaled_upper_triang_masked_softmax.h and
 // megatron/model/transformer.py CoreAttention). The softmax kernel loads a
@@ -74,34 +76,33 @@ constexpr double kDropoutBackwardBytesPerElement = 2 + 1 + 2;
 // whole row (in place). The attention dropout is torch's native_dropout
 // over the whole [b, np, s, s] tensor: reads the probabilities, writes the
 // output and a bool (1-byte) mask (kDropout*BytesPerElement).
-constexpr double kSoftmaxReadBytesPerTriangleElement = 2;          // bf16 scores, lower triangle
-constexpr double kSoftmaxWriteBytesPerElement = 2;                 // bf16 probabilities, whole row
-constexpr double kSoftmaxBackwardReadBytesPerTriangleElement = 2 + 2;  // gradient + saved output
-constexpr double kSoftmaxBackwardWriteBytesPerElement = 2;
+constexpr double kSoftmaxReadBytesPerTriangleElement = kBf16Bytes;  // bf16 scores, lower triangle
+constexpr double kSoftmaxWriteBytesPerElement = kBf16Bytes;         // bf16 probabilities, whole row
+constexpr double kSoftmaxBackwardReadBytesPerTriangleElement = kBf16Bytes + kBf16Bytes;  // gradient + saved output
+constexpr double kSoftmaxBackwardWriteBytesPerElement = kBf16Bytes;
 // Vocab-parallel cross-entropy over fp32 logits (megatron/model/gpt_model.py
 // post_language_model_processing: `output.float()`, then
 // megatron/mpu/cross_entropy.py _VocabParallelCrossEntropy.forward): the
 // bf16 -> fp32 cast (read 2, write 4); torch.max over the vocabulary (read
 // 4); `logits.sub_(max)` (4 + 4); torch.exp(out=) (4 + 4); exp.sum (read 4);
 // `exp_logits.div_(sum)` (4 + 4), which keeps the softmax for backward.
-constexpr double kCrossEntropyBytesPerElement = (2 + 4) + 4 + (4 + 4) + (4 + 4) + 4 + (4 + 4);
+constexpr double kCrossEntropyBytesPerElement = (kBf16Bytes + kFp32Bytes) + kFp32Bytes + (kFp32Bytes + kFp32Bytes) +
+                                                (kFp32Bytes + kFp32Bytes) + kFp32Bytes + (kFp32Bytes + kFp32Bytes);
 // Its backward: softmax - one_hot then `grad_input.mul_(grad_output)` in
 // place (4 + 4; the one-hot subtraction touches one element per token), and
 // the cast's backward to bf16 (4 + 2).
-constexpr double kCrossEntropyBackwardBytesPerElement = (4 + 4) + (4 + 2);
+constexpr double kCrossEntropyBackwardBytesPerElement = (kFp32Bytes + kFp32Bytes) + (kFp32Bytes + kBf16Bytes);
 // Backward of Apex's fused LayerNorm (and RMSNorm): cuComputePartGradGammaBeta
 // reads dy and x for the parameter gradients, cuComputeGradInput reads dy
 // and x again and writes dx.
-constexpr double kNormBackwardBytesPerElement = (2 + 2) + (2 + 2 + 2);
+constexpr double kNormBackwardBytesPerElement = (kBf16Bytes + kBf16Bytes) + (kBf16Bytes + kBf16Bytes + kBf16Bytes);
 // Backward of the JIT-fused bias-dropout-add (nvfuser, which Megatron 2022
 // enables for torch >= 1.10): dx = dy * mask * scale (read dy and the bool
 // mask, write dx), the bias gradient reduced in the same fused kernel; the
 // residual's gradient is dy itself (no kernel): a dropout's backward.
 constexpr double kDropoutAddBackwardBytesPerElement = kDropoutBackwardBytesPerElement;
 // A gradient sum at a residual fork: read both gradients, write the sum.
-constexpr double kResidualGradSumBytesPerElement = 2 + 2 + 2;
-constexpr double kBf16 = 2.0;
-constexpr double kFp32 = 4.0;
+constexpr double kResidualGradSumBytesPerElement = kBf16Bytes + kBf16Bytes + kBf16Bytes;
 
 struct Dims {
   // s: a rank's tokens of one sequence (seq_length / cp); s_full: the whole
@@ -224,7 +225,7 @@ void add_gemm_backward(std::vector<Op>& out, const Op& fwd, bool fused_into_main
   wgrad.grouped = fwd.grouped;
   if (fused_into_main_grad)
     wgrad.bytes = static_cast<double>(fwd.k) * static_cast<double>(fwd.n) * static_cast<double>(fwd.batch) *
-                  (kFp32 + kFp32 - kBf16);
+                  (kFp32Bytes + kFp32Bytes - kBf16Bytes);
   out.push_back(std::move(dgrad));
   out.push_back(std::move(wgrad));
 }
@@ -233,7 +234,7 @@ void add_gemm_backward(std::vector<Op>& out, const Op& fwd, bool fused_into_main
 // a column-parallel GEMM (backward): an all-reduce, or a reduce-scatter with SP.
 void add_tp_reduce(std::vector<Op>& out, const Dims& x, std::string name, Pass pass) {
   if (x.t <= 1) return;
-  const double bytes = static_cast<double>(x.tokens * x.h) * kBf16;
+  const double bytes = static_cast<double>(x.tokens * x.h) * kBf16Bytes;
   out.push_back(collective(std::move(name), pass,
                            x.sp ? Collective::reduce_scatter : Collective::all_reduce, Group::tp, bytes));
   out.back().compute_dtype = true;
@@ -243,7 +244,7 @@ void add_tp_reduce(std::vector<Op>& out, const Dims& x, std::string name, Pass p
 // dgrad of a row-parallel GEMM (backward, mirroring the forward reduce-scatter).
 void add_sp_gather(std::vector<Op>& out, const Dims& x, std::string name, Pass pass) {
   if (!x.sp) return;
-  const double bytes = static_cast<double>(x.tokens * x.h) * kBf16;
+  const double bytes = static_cast<double>(x.tokens * x.h) * kBf16Bytes;
   out.push_back(collective(std::move(name), pass, Collective::all_gather, Group::tp, bytes));
   out.back().compute_dtype = true;
 }
@@ -265,7 +266,7 @@ double hidden_elements(const Dims& x) {
 
 // Bytes of one rank's K and V ([s / cp, b, 2 kv / t]): the ring's message.
 double cp_kv_bytes(const Dims& x) {
-  return static_cast<double>(x.tokens) * static_cast<double>(2 * x.kv / x.t) * kBf16;
+  return static_cast<double>(x.tokens) * static_cast<double>(2 * x.kv / x.t) * kBf16Bytes;
 }
 
 // One fused attention kernel over `q_tokens` queries and `kv_tokens` keys per
@@ -286,7 +287,7 @@ Op flash_block(const Dims& x, Pass pass, std::int64_t q_tokens, std::int64_t kv_
   const double q_width = static_cast<double>(heads * x.d);
   const double kv_width = q_width * static_cast<double>(x.kv) / static_cast<double>(x.q);
   op.bytes = static_cast<double>(x.b) *
-             (2.0 * static_cast<double>(q_tokens) * q_width + 2.0 * static_cast<double>(kv_tokens) * kv_width) * kBf16;
+             (2.0 * static_cast<double>(q_tokens) * q_width + 2.0 * static_cast<double>(kv_tokens) * kv_width) * kBf16Bytes;
   return op;
 }
 
@@ -306,12 +307,12 @@ Op flash_block(const Dims& x, Pass pass, std::int64_t q_tokens, std::int64_t kv_
 void add_cp_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
   const std::int64_t heads = x.a / x.t;
   if (x.cp_comm == CpComm::a2a) {
-    const double qkv = static_cast<double>(x.tokens) * static_cast<double>((x.q + 2 * x.kv) / x.t) * kBf16;
+    const double qkv = static_cast<double>(x.tokens) * static_cast<double>((x.q + 2 * x.kv) / x.t) * kBf16Bytes;
     out.push_back(collective(op::cp_a2a_qkv, pass, Collective::all_to_all, Group::cp, qkv));
     out.back().compute_dtype = true;
     const std::int64_t h_cp = heads / x.cp;
     out.push_back(flash_block(x, pass, x.s_full, x.s_full, x.b * h_cp, h_cp, true));
-    const double o = static_cast<double>(x.tokens) * static_cast<double>(x.q / x.t) * kBf16;
+    const double o = static_cast<double>(x.tokens) * static_cast<double>(x.q / x.t) * kBf16Bytes;
     out.push_back(collective(op::cp_a2a_out, pass, Collective::all_to_all, Group::cp, o));
     out.back().compute_dtype = true;
     return;
@@ -330,7 +331,7 @@ void add_cp_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
     // read + write the running one).
     const double elements = static_cast<double>(block.m * x.b) * static_cast<double>(x.q / x.t);
     out.push_back(block);
-    out.push_back(memory_bound(op::cp_out_correct, pass, elements * (kBf16 + kBf16 + kBf16)));
+    out.push_back(memory_bound(op::cp_out_correct, pass, elements * (kBf16Bytes + kBf16Bytes + kBf16Bytes)));
   }
 }
 
@@ -352,11 +353,11 @@ void add_cp_attention_backward(std::vector<Op>& out, const Dims& x, const std::v
   for (const Op& f : fwd)
     if (f.kind == OpKind::attention_core) blocks.push_back(&f);
   if (x.cp_comm == CpComm::a2a) {
-    const double o = static_cast<double>(x.tokens) * static_cast<double>(x.q / x.t) * kBf16;
+    const double o = static_cast<double>(x.tokens) * static_cast<double>(x.q / x.t) * kBf16Bytes;
     out.push_back(collective(op::cp_a2a_out_bwd, Pass::backward, Collective::all_to_all, Group::cp, o));
     out.back().compute_dtype = true;
     for (const Op* b : blocks) out.push_back(bwd_of(*b));
-    const double qkv = static_cast<double>(x.tokens) * static_cast<double>((x.q + 2 * x.kv) / x.t) * kBf16;
+    const double qkv = static_cast<double>(x.tokens) * static_cast<double>((x.q + 2 * x.kv) / x.t) * kBf16Bytes;
     out.push_back(collective(op::cp_a2a_qkv_bwd, Pass::backward, Collective::all_to_all, Group::cp, qkv));
     out.back().compute_dtype = true;
     return;
@@ -374,7 +375,7 @@ void add_cp_attention_backward(std::vector<Op>& out, const Dims& x, const std::v
     // (read both, write the sum).
     const double elements = static_cast<double>(x.b) * (static_cast<double>(f.m) * static_cast<double>(x.q / x.t) +
                                                         static_cast<double>(f.k) * static_cast<double>(2 * x.kv / x.t));
-    out.push_back(memory_bound(op::cp_grad_sum_bwd, Pass::backward, elements * (kBf16 + kBf16 + kBf16)));
+    out.push_back(memory_bound(op::cp_grad_sum_bwd, Pass::backward, elements * (kBf16Bytes + kBf16Bytes + kBf16Bytes)));
   }
 }
 
@@ -401,7 +402,7 @@ void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
     op.flops = 2.0 * 2.0 * static_cast<double>(x.s) * static_cast<double>(x.s) *
                static_cast<double>(x.d) * static_cast<double>(batch) * causal;
     op.bytes = static_cast<double>(x.tokens) * static_cast<double>(2 * x.q + 2 * x.kv) /
-               static_cast<double>(x.t) * kBf16;
+               static_cast<double>(x.t) * kBf16Bytes;
     out.push_back(std::move(op));
     return;
   }
@@ -412,8 +413,8 @@ void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
     // the [b * heads, 1, s] ALiBi tensor as baddbmm's input with beta = 1:
     // PyTorch copies it, expanded, into the s x s result (write 2 B per
     // score), and the GEMM reads that C back (2 B more on its memory side).
-    out.push_back(memory_bound(op::attn_alibi_bias, pass, score_elements(x) * kBf16));
-    qk.bytes += score_elements(x) * kBf16;
+    out.push_back(memory_bound(op::attn_alibi_bias, pass, score_elements(x) * kBf16Bytes));
+    qk.bytes += score_elements(x) * kBf16Bytes;
   }
   out.push_back(std::move(qk));
   out.push_back(memory_bound(op::attn_softmax, pass,
@@ -423,7 +424,7 @@ void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
   av.flops *= causal;
   out.push_back(std::move(av));
   // [b, heads, s, d] -> [s, b, heads * d]: the permute + contiguous copy.
-  out.push_back(memory_bound(op::attn_ctx_copy, pass, static_cast<double>(x.tokens * (x.q / x.t)) * (kBf16 + kBf16)));
+  out.push_back(memory_bound(op::attn_ctx_copy, pass, static_cast<double>(x.tokens * (x.q / x.t)) * (kBf16Bytes + kBf16Bytes)));
   for (auto it = out.end() - 4; it != out.end(); ++it) it->unfused_attention = true;  // QK^T, softmax, AV, copy
 }
 
@@ -447,7 +448,7 @@ void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vect
       op.pass = Pass::backward;
       op.flops = 2.5 * f.flops;
       op.bytes = static_cast<double>(x.tokens) * static_cast<double>(4 * x.q + 4 * x.kv) /
-                 static_cast<double>(x.t) * kBf16;
+                 static_cast<double>(x.t) * kBf16Bytes;
       out.push_back(std::move(op));
     }
     return;
@@ -469,12 +470,12 @@ void add_attention_backward(std::vector<Op>& out, const Dims& x, const std::vect
       // element-wise kernels (maybe_multiply): dQ and dK, [b * np, s, d]
       // each, read + write.
       out.push_back(memory_bound(op::attn_qk_scale_bwd, Pass::backward,
-                                 2.0 * static_cast<double>(x.b * (x.a / x.t) * x.s * x.d) * (kBf16 + kBf16)));
+                                 2.0 * static_cast<double>(x.b * (x.a / x.t) * x.s * x.d) * (kBf16Bytes + kBf16Bytes)));
       out.back().unfused_attention = true;
     }
   }
   // SplitBackward: cat of the Q, K, V gradients (read + write).
-  out.push_back(memory_bound(op::attn_qkv_grad_cat, Pass::backward, qkv_elements(x) * (kBf16 + kBf16)));
+  out.push_back(memory_bound(op::attn_qkv_grad_cat, Pass::backward, qkv_elements(x) * (kBf16Bytes + kBf16Bytes)));
   out.back().unfused_attention = true;
 }
 
@@ -491,7 +492,7 @@ void layer_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass
     add_sp_gather(out, x, op::tp_ag_attn, pass);
     out.push_back(gemm(op::qkv, pass, x.tokens, (x.q + 2 * x.kv) / x.t, x.h));
     // `output + bias` after the GEMM (read + write of the output).
-    if (m.linear_bias) out.push_back(memory_bound(op::qkv_bias, pass, qkv_elements(x) * (kBf16 + kBf16)));
+    if (m.linear_bias) out.push_back(memory_bound(op::qkv_bias, pass, qkv_elements(x) * (kBf16Bytes + kBf16Bytes)));
   }
   add_attention_forward(out, x, pass);
   out.push_back(gemm(op::proj, pass, x.tokens, x.h, x.mla ? x.a / x.t * x.v : x.q / x.t));
@@ -577,8 +578,8 @@ Op grouped_gemm(std::string name, Pass pass, double rows, std::int64_t n, std::i
 // fp32 scores, write the routing map (1 B): 11 B per logit; its backward
 // reads the probabilities' gradient and the scores (4 + 4) and writes the
 // logits' gradient (2).
-constexpr double kRouterTopkBytesPerLogit = 2 + 4 + 4 + 1;
-constexpr double kRouterTopkBackwardBytesPerLogit = 4 + 4 + 2;
+constexpr double kRouterTopkBytesPerLogit = kBf16Bytes + kFp32Bytes + kFp32Bytes + kMaskBytes;
+constexpr double kRouterTopkBackwardBytesPerLogit = kFp32Bytes + kFp32Bytes + kBf16Bytes;
 
 void add_moe_collective(std::vector<Op>& out, std::string name, Pass pass, Collective c, Group g, double bytes,
                         bool compute_dtype = true) {
@@ -593,30 +594,30 @@ void add_moe_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pa
   out.push_back(gemm(op::router, pass, static_cast<std::int64_t>(tl), x.experts, x.h));
   out.push_back(memory_bound(op::router_topk, pass, tl * static_cast<double>(x.experts) * kRouterTopkBytesPerLogit));
   // Each token copied k times into expert order (read, write).
-  out.push_back(memory_bound(op::moe_permute, pass, copies * h * (kBf16 + kBf16)));
+  out.push_back(memory_bound(op::moe_permute, pass, copies * h * (kBf16Bytes + kBf16Bytes)));
   if (x.ep > 1) {
     // The dispatcher's preprocess: every rank's tokens per expert to every
     // EP rank (an all-to-all of [experts] int64 counts), which the host
     // waits for to size the token all-to-alls (token_dispatcher.py).
     add_moe_collective(out, op::ep_a2a_counts, pass, Collective::all_to_all, Group::ep,
                        static_cast<double>(x.experts) * 8.0, false);
-    add_moe_collective(out, op::ep_a2a_dispatch, pass, Collective::all_to_all, Group::ep, x.routed * h * kBf16);
-    add_moe_collective(out, op::ep_a2a_probs, pass, Collective::all_to_all, Group::ep, x.routed * kFp32, false);
+    add_moe_collective(out, op::ep_a2a_dispatch, pass, Collective::all_to_all, Group::ep, x.routed * h * kBf16Bytes);
+    add_moe_collective(out, op::ep_a2a_probs, pass, Collective::all_to_all, Group::ep, x.routed * kFp32Bytes, false);
   }
   if (x.etp > 1)
-    add_moe_collective(out, op::etp_ag_dispatch, pass, Collective::all_gather, Group::tp, rows * h * kBf16);
-  if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_sort, pass, rows * h * (kBf16 + kBf16)));
+    add_moe_collective(out, op::etp_ag_dispatch, pass, Collective::all_gather, Group::tp, rows * h * kBf16Bytes);
+  if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_sort, pass, rows * h * (kBf16Bytes + kBf16Bytes)));
   out.push_back(grouped_gemm(op::expert_fc1, pass, rows, expert_fc1_n(m, x), x.h, local_experts(x)));
   const double act_elems = rows * static_cast<double>(fe_local);
   out.push_back(memory_bound(op::expert_act, pass, act_elems * (m.gated_mlp() ? (2 + 2 + 2) : (2 + 2))));
   out.push_back(grouped_gemm(op::expert_fc2, pass, rows, x.h, fe_local, local_experts(x)));
-  if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_unsort, pass, rows * h * (kBf16 + kBf16)));
+  if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_unsort, pass, rows * h * (kBf16Bytes + kBf16Bytes)));
   if (x.etp > 1)
-    add_moe_collective(out, op::etp_rs_combine, pass, Collective::reduce_scatter, Group::tp, rows * h * kBf16);
+    add_moe_collective(out, op::etp_rs_combine, pass, Collective::reduce_scatter, Group::tp, rows * h * kBf16Bytes);
   if (x.ep > 1)
-    add_moe_collective(out, op::ep_a2a_combine, pass, Collective::all_to_all, Group::ep, x.routed * h * kBf16);
+    add_moe_collective(out, op::ep_a2a_combine, pass, Collective::all_to_all, Group::ep, x.routed * h * kBf16Bytes);
   // The k copies weighted by their probabilities and summed per token.
-  out.push_back(memory_bound(op::moe_unpermute, pass, copies * (h * kBf16 + kFp32) + tl * h * kBf16));
+  out.push_back(memory_bound(op::moe_unpermute, pass, copies * (h * kBf16Bytes + kFp32Bytes) + tl * h * kBf16Bytes));
   if (x.fs > 0) {
     add_sp_gather(out, x, op::tp_ag_shared, pass);
     out.push_back(gemm(op::shared_fc1, pass, x.tokens, (m.gated_mlp() ? 2 * x.fs : x.fs) / x.t, x.h));
@@ -625,7 +626,7 @@ void add_moe_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pa
     out.push_back(gemm(op::shared_fc2, pass, x.tokens, x.h, x.fs / x.t));
     add_tp_reduce(out, x, op::tp_rs_shared, pass);
     // routed + shared (read both, write the sum).
-    out.push_back(memory_bound(op::shared_add, pass, tl * h * (kBf16 + kBf16 + kBf16)));
+    out.push_back(memory_bound(op::shared_add, pass, tl * h * (kBf16Bytes + kBf16Bytes + kBf16Bytes)));
   }
 }
 
@@ -646,30 +647,30 @@ void add_moe_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, c
     add_grad_accum(out, x, op::shared_fc1_grad_accum, d(x.h * ((m.gated_mlp() ? 2 * x.fs : x.fs) / x.t)));
   }
   // The probabilities' gradient needs the experts' output (read again).
-  out.push_back(memory_bound(op::moe_unpermute_bwd, b, tl * h * kBf16 + copies * (h * (kBf16 + kBf16) + kFp32)));
+  out.push_back(memory_bound(op::moe_unpermute_bwd, b, tl * h * kBf16Bytes + copies * (h * (kBf16Bytes + kBf16Bytes) + kFp32Bytes)));
   if (x.ep > 1)
-    add_moe_collective(out, op::ep_a2a_combine_bwd, b, Collective::all_to_all, Group::ep, x.routed * h * kBf16);
+    add_moe_collective(out, op::ep_a2a_combine_bwd, b, Collective::all_to_all, Group::ep, x.routed * h * kBf16Bytes);
   if (x.etp > 1)
-    add_moe_collective(out, op::etp_rs_combine_bwd, b, Collective::all_gather, Group::tp, rows * h * kBf16);
-  if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_unsort_bwd, b, rows * h * (kBf16 + kBf16)));
+    add_moe_collective(out, op::etp_rs_combine_bwd, b, Collective::all_gather, Group::tp, rows * h * kBf16Bytes);
+  if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_unsort_bwd, b, rows * h * (kBf16Bytes + kBf16Bytes)));
   add_gemm_backward(out, find_op(fwd, op::expert_fc2), x.fused_wgrad);
   add_grad_accum(out, x, op::expert_fc2_grad_accum, d(local_experts(x) * fe_local * x.h));
   const double act_elems = rows * static_cast<double>(fe_local);
   out.push_back(memory_bound(op::expert_act_bwd, b, act_elems * (m.gated_mlp() ? (2 + 4 + 4) : (2 + 2 + 2))));
   add_gemm_backward(out, find_op(fwd, op::expert_fc1), x.fused_wgrad);
   add_grad_accum(out, x, op::expert_fc1_grad_accum, d(local_experts(x) * x.h * expert_fc1_n(m, x)));
-  if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_sort_bwd, b, rows * h * (kBf16 + kBf16)));
+  if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_sort_bwd, b, rows * h * (kBf16Bytes + kBf16Bytes)));
   if (x.etp > 1)
-    add_moe_collective(out, op::etp_ag_dispatch_bwd, b, Collective::reduce_scatter, Group::tp, rows * h * kBf16);
+    add_moe_collective(out, op::etp_ag_dispatch_bwd, b, Collective::reduce_scatter, Group::tp, rows * h * kBf16Bytes);
   if (x.ep > 1) {
-    add_moe_collective(out, op::ep_a2a_dispatch_bwd, b, Collective::all_to_all, Group::ep, x.routed * h * kBf16);
-    add_moe_collective(out, op::ep_a2a_probs_bwd, b, Collective::all_to_all, Group::ep, x.routed * kFp32, false);
+    add_moe_collective(out, op::ep_a2a_dispatch_bwd, b, Collective::all_to_all, Group::ep, x.routed * h * kBf16Bytes);
+    add_moe_collective(out, op::ep_a2a_probs_bwd, b, Collective::all_to_all, Group::ep, x.routed * kFp32Bytes, false);
   }
   // The copies' gradients added back per token (read them, read and write
   // the sum), and the MLP input's three gradients (router, tokens, shared
   // experts) summed: a residual-fork sum.
   out.push_back(memory_bound(op::moe_permute_bwd, b,
-                             copies * h * kBf16 + tl * h * (kBf16 + kBf16) + tl * h * kResidualGradSumBytesPerElement));
+                             copies * h * kBf16Bytes + tl * h * (kBf16Bytes + kBf16Bytes) + tl * h * kResidualGradSumBytesPerElement));
   out.push_back(
       memory_bound(op::router_topk_bwd, b, tl * static_cast<double>(x.experts) * kRouterTopkBackwardBytesPerLogit));
   add_gemm_backward(out, find_op(fwd, op::router), x.fused_wgrad);
@@ -699,13 +700,13 @@ void add_mla_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
   const Collective gather = Collective::all_gather;
   if (x.sp) {
     if (x.qlora > 0) {
-      out.push_back(collective(op::mla_ag_q, pass, gather, Group::tp, static_cast<double>(x.tokens * x.qlora) * kBf16));
+      out.push_back(collective(op::mla_ag_q, pass, gather, Group::tp, static_cast<double>(x.tokens * x.qlora) * kBf16Bytes));
       out.back().compute_dtype = true;
     } else {
       add_sp_gather(out, x, op::tp_ag_attn, pass);
     }
     out.push_back(
-        collective(op::mla_ag_kv, pass, gather, Group::tp, static_cast<double>(x.tokens * (x.kvlora + x.rope)) * kBf16));
+        collective(op::mla_ag_kv, pass, gather, Group::tp, static_cast<double>(x.tokens * (x.kvlora + x.rope)) * kBf16Bytes));
     out.back().compute_dtype = true;
   }
   out.push_back(gemm(op::mla_q_up, pass, x.tokens, heads * (x.qk + x.rope), x.qlora > 0 ? x.qlora : x.h));
@@ -722,7 +723,7 @@ void add_mla_backward(std::vector<Op>& out, const Dims& x, const std::vector<Op>
   const Collective reduce = x.sp ? Collective::reduce_scatter : Collective::all_reduce;
   auto latent_reduce = [&](const char* name, std::int64_t width) {
     if (x.t <= 1) return;
-    out.push_back(collective(name, b, reduce, Group::tp, static_cast<double>(x.tokens * width) * kBf16));
+    out.push_back(collective(name, b, reduce, Group::tp, static_cast<double>(x.tokens * width) * kBf16Bytes));
     out.back().compute_dtype = true;
   };
   add_gemm_backward(out, find_op(fwd, op::mla_kv_up), x.fused_wgrad);
@@ -766,7 +767,7 @@ void layer_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, con
   // the bias gradient is autograd's sum_to over the tokens (one more read).
   // SwiGLU: read dy and both halves, write both halves' gradients.
   const double act_bytes = m.gated_mlp() ? act_elems * (2 + 4 + 4)
-                                         : act_elems * (2 + 2 + 2 + (m.linear_bias ? kBf16 : 0.0));
+                                         : act_elems * (2 + 2 + 2 + (m.linear_bias ? kBf16Bytes : 0.0));
   auto elementwise = [&](std::string name, double bytes_per_element) {
     out.push_back(memory_bound(std::move(name), Pass::backward, hid * bytes_per_element));
   };
@@ -801,7 +802,7 @@ void layer_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, con
   // runs it after the wgrad, under the async reduce; it is listed after the
   // reduce because the simulator's overlap window (sim/program.cpp) is
   // dgrad, wgrad, reduce. Pessimistic by at most this small kernel.
-  if (m.linear_bias) out.push_back(memory_bound(op::qkv_bias_grad, Pass::backward, qkv_elements(x) * kBf16));
+  if (m.linear_bias) out.push_back(memory_bound(op::qkv_bias_grad, Pass::backward, qkv_elements(x) * kBf16Bytes));
   add_grad_accum(out, x, op::qkv_grad_accum, params.qkv);
   elementwise(op::norm_in_bwd, kNormBackwardBytesPerElement);
   elementwise(op::residual_add_bwd, kResidualGradSumBytesPerElement);
@@ -885,9 +886,9 @@ LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan) {
   // position embedding's lookup (2 + 2) and add (2 + 2 + 2), and the
   // [b, s, h] -> [s, b, h] `transpose(0, 1).contiguous()` copy (2 + 2).
   const double full = static_cast<double>(x.tokens * x.h);
-  const double mask_zero = x.t > 1 ? full * kBf16 * static_cast<double>(x.t - 1) / static_cast<double>(x.t) : 0.0;
-  const double positions = m.learned_position_embeddings ? full * ((kBf16 + kBf16) + (kBf16 + kBf16 + kBf16)) : 0.0;
-  const double lookup = full * (kBf16 + kBf16) + mask_zero + positions + full * (kBf16 + kBf16);
+  const double mask_zero = x.t > 1 ? full * kBf16Bytes * static_cast<double>(x.t - 1) / static_cast<double>(x.t) : 0.0;
+  const double positions = m.learned_position_embeddings ? full * ((kBf16Bytes + kBf16Bytes) + (kBf16Bytes + kBf16Bytes + kBf16Bytes)) : 0.0;
+  const double lookup = full * (kBf16Bytes + kBf16Bytes) + mask_zero + positions + full * (kBf16Bytes + kBf16Bytes);
   ops.forward.push_back(memory_bound(op::embed_lookup, Pass::forward, lookup));
   add_tp_reduce(ops.forward, x, x.sp ? op::tp_rs_embed : op::tp_ar_embed, Pass::forward);
   const double hid = hidden_elements(x);
@@ -907,10 +908,10 @@ LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan) {
       m.learned_position_embeddings
           ? static_cast<double>(m.max_position_embeddings > 0 ? m.max_position_embeddings : x.s_full) * static_cast<double>(x.h)
           : 0.0;
-  const double scatter_add = full * (kBf16 + kBf16 + kBf16);
-  const double mask_backward = x.t > 1 ? full * (kBf16 + kBf16) + mask_zero : 0.0;
-  const double tables = (word_params + position_params) * (kBf16 + x.grad_accum_bytes);
-  const double grad = full * (kBf16 + kBf16) + scatter_add * (position_params > 0 ? 2.0 : 1.0) + mask_backward + tables;
+  const double scatter_add = full * (kBf16Bytes + kBf16Bytes + kBf16Bytes);
+  const double mask_backward = x.t > 1 ? full * (kBf16Bytes + kBf16Bytes) + mask_zero : 0.0;
+  const double tables = (word_params + position_params) * (kBf16Bytes + x.grad_accum_bytes);
+  const double grad = full * (kBf16Bytes + kBf16Bytes) + scatter_add * (position_params > 0 ? 2.0 : 1.0) + mask_backward + tables;
   ops.backward.push_back(memory_bound(op::embed_grad, Pass::backward, grad));
   return ops;
 }
@@ -929,7 +930,7 @@ LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan) {
   if (x.t > 1) {
     // Vocab-parallel cross-entropy: all-reduces of the per-token max, of the
     // sum of exponentials and of the target logit (fp32 per token).
-    const double per_token = static_cast<double>(x.tokens) * kFp32;
+    const double per_token = static_cast<double>(x.tokens) * kFp32Bytes;
     ops.forward.push_back(collective(op::tp_ar_xent_max, Pass::forward, Collective::all_reduce, Group::tp, per_token));
     ops.forward.push_back(collective(op::tp_ar_xent_sum, Pass::forward, Collective::all_reduce, Group::tp, per_token));
     ops.forward.push_back(collective(op::tp_ar_xent_tgt, Pass::forward, Collective::all_reduce, Group::tp, per_token));
@@ -965,7 +966,7 @@ LayerOps mtp_ops(const ModelSpec& m, const ParallelPlan& plan) {
   // The two norms and the concatenation [norm(embedding), norm(hidden)]
   // (read both, write 2h); the projection splits its 2h input over TP
   // (row-parallel-like: each rank's share of the FLOPs) and reduces.
-  ops.forward.push_back(memory_bound(op::mtp_norms, Pass::forward, hid * (2 * kNormBytesPerElement + 2 * (kBf16 + kBf16))));
+  ops.forward.push_back(memory_bound(op::mtp_norms, Pass::forward, hid * (2 * kNormBytesPerElement + 2 * (kBf16Bytes + kBf16Bytes))));
   add_sp_gather(ops.forward, x, op::tp_ag_attn, Pass::forward);
   const Op proj = gemm(op::mtp_eh_proj, Pass::forward, x.tokens, x.h, 2 * x.h / x.t);
   ops.forward.push_back(proj);
@@ -989,7 +990,7 @@ LayerOps mtp_ops(const ModelSpec& m, const ParallelPlan& plan) {
 // all-gathers the shards over NVLink (the estimator prices that all-gather).
 double pipeline_message_bytes(const ModelSpec& m, const ParallelPlan& plan) {
   const Dims x = dims_of(m, plan);
-  return static_cast<double>(x.tokens * x.h) * kBf16 / static_cast<double>(x.t);
+  return static_cast<double>(x.tokens * x.h) * kBf16Bytes / static_cast<double>(x.t);
 }
 
 }  // namespace cuboid
