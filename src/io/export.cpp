@@ -109,8 +109,8 @@ std::string_view megatron_fsdp_strategy(int zero_stage) {
 std::vector<McoreSetting> moe_layer_settings(const ModelSpec& m) {
   using Kind = McoreSetting::Kind;
   const MoeSpec& e = m.moe;
-  // arguments.py core_transformer_config_from_args: --num-experts sets
-  // num_moe_experts; the other flags are their field's name.
+  // Megatron-LM arguments.py core_transformer_config_from_args: --num-experts
+  // sets num_moe_experts; every other flag is its field's name with dashes.
   std::vector<McoreSetting> out = {
       {"--num-experts", "num_moe_experts", Kind::number, fmt::format("{}", e.num_experts)},
       {"--moe-router-topk", "moe_router_topk", Kind::number, fmt::format("{}", e.experts_per_token)},
@@ -132,6 +132,13 @@ std::vector<McoreSetting> moe_layer_settings(const ModelSpec& m) {
         {"--moe-router-group-topk", "moe_router_group_topk", Kind::number, fmt::format("{}", e.router_group_topk)});
   }
   return out;
+}
+
+std::vector<McoreSetting> moe_kernel_settings() {
+  // Megatron-Core's MoE layer as cuboid prices it: the alltoall dispatcher
+  // and grouped expert GEMMs.
+  return {{"--moe-grouped-gemm", "moe_grouped_gemm", McoreSetting::Kind::on, ""},
+          {"--moe-token-dispatcher-type", "moe_token_dispatcher_type", McoreSetting::Kind::word, "alltoall"}};
 }
 
 std::string launch_lines(const PlanFile& pf, std::string_view script_and_args, std::string_view comment,

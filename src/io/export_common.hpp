@@ -41,13 +41,17 @@ std::string_view megatron_fsdp_strategy(int zero_stage);
 // One setting of Megatron-Core's MoE layer under both its names: the
 // Megatron-LM flag and the TransformerConfig field it sets.
 struct McoreSetting {
-  enum class Kind { number, list, on };  // on: a switch, set without a value
+  // number: 64; list: a list expression; word: a string (quoted in Python);
+  // on: a switch, set without a value.
+  enum class Kind { number, list, word, on };
   std::string_view flag, field;
   Kind kind = Kind::number;
-  std::string value;  // the literal both write: a number or a list expression
+  std::string value;
 };
 // The MoE layer's shape from the model card, in the order the exports write it.
 std::vector<McoreSetting> moe_layer_settings(const ModelSpec& m);
+// The MoE kernels cuboid prices, after the layer's shape.
+std::vector<McoreSetting> moe_kernel_settings();
 
 // Keys and values as the format writes them.
 using Fields = std::vector<std::pair<std::string, std::string>>;

@@ -124,22 +124,21 @@ Args model_args(const PlanFile& pf) {
   return a;
 }
 
+std::string flag(const McoreSetting& s) {
+  switch (s.kind) {
+    case McoreSetting::Kind::on: return std::string(s.flag);
+    case McoreSetting::Kind::list: return fmt::format("{} \"{}\"", s.flag, s.value);
+    default: return fmt::format("{} {}", s.flag, s.value);
+  }
+}
+
 Args moe_args(const PlanFile& pf) {
   if (!pf.model.moe.enabled()) return {};
   Args a = {"# mixture of experts"};
-  for (const McoreSetting& s : moe_layer_settings(pf.model)) {
-    switch (s.kind) {
-      case McoreSetting::Kind::on: a.emplace_back(s.flag); break;
-      case McoreSetting::Kind::number: a.push_back(fmt::format("{} {}", s.flag, s.value)); break;
-      case McoreSetting::Kind::list: a.push_back(fmt::format("{} \"{}\"", s.flag, s.value)); break;
-    }
-  }
+  for (const McoreSetting& s : moe_layer_settings(pf.model)) a.push_back(flag(s));
   a.push_back(fmt::format("--expert-model-parallel-size {}", pf.plan.ep));
   a.push_back(fmt::format("--expert-tensor-parallel-size {}", pf.plan.expert_tp()));
-  // Megatron-Core's MoE layer as cuboid prices it: the alltoall dispatcher
-  // and grouped expert GEMMs.
-  a.push_back("--moe-grouped-gemm");
-  a.push_back("--moe-token-dispatcher-type alltoall");
+  for (const McoreSetting& s : moe_kernel_settings()) a.push_back(flag(s));
   return a;
 }
 

@@ -120,15 +120,19 @@ Fields shape_fields(const PlanFile& pf) {
   return f;
 }
 
+std::string python_value(const McoreSetting& s) {
+  switch (s.kind) {
+    case McoreSetting::Kind::on: return "True";
+    case McoreSetting::Kind::word: return fmt::format("\"{}\"", s.value);
+    default: return s.value;
+  }
+}
+
 Fields moe_fields(const ModelSpec& m) {
   if (!m.moe.enabled()) return {};
   Fields f;
-  for (const McoreSetting& s : moe_layer_settings(m))
-    f.emplace_back(s.field, s.kind == McoreSetting::Kind::on ? std::string("True") : s.value);
-  // Megatron-Core's MoE layer as cuboid prices it: the alltoall dispatcher
-  // and grouped expert GEMMs.
-  f.emplace_back("moe_grouped_gemm", "True");
-  f.emplace_back("moe_token_dispatcher_type", "\"alltoall\"");
+  for (const auto& settings : {moe_layer_settings(m), moe_kernel_settings()})
+    for (const McoreSetting& s : settings) f.emplace_back(s.field, python_value(s));
   return f;
 }
 
