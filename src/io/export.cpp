@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -89,16 +90,70 @@ std::string moe_layer_pattern(const ModelSpec& m) {
   return out;
 }
 
-std::string launch_lines(const PlanFile& pf, std::string_view script_and_args, std::string_view comment) {
+bool megatron_tp_pp_dp(const PlanFile& pf, std::string_view trainer, std::string_view option) {
+  // Megatron's rank order is tp-cp-ep-dp-pp; the tp-pp-dp mapping swaps DP and PP.
+  const ParallelPlan& p = pf.plan;
+  const bool tp_pp_dp = p.order.str() == "tp-pp-dp";
+  if (!default_rank_order(p) && !tp_pp_dp)
+    refuse(pf, "parallel.rank_order",
+           fmt::format("{} orders ranks tp-dp-pp (default) or tp-pp-dp ({}), not {}", trainer, option, p.order.str()),
+           "plan with --rank-order tp-dp-pp or tp-pp-dp");
+  return tp_pp_dp;
+}
+
+std::string_view megatron_fsdp_strategy(int zero_stage) {
+  // ZeRO-2 / ZeRO-3 are Megatron FSDP's optim_grads / optim_grads_params.
+  return zero_stage == 3 ? "optim_grads_params" : "optim_grads";
+}
+
+std::vector<McoreSetting> moe_layer_settings(const ModelSpec& m) {
+  using Kind = McoreSetting::Kind;
+  const MoeSpec& e = m.moe;
+  // Megatron-LM arguments.py core_transformer_config_from_args: --num-experts
+  // sets num_moe_experts; every other flag is its field's name with dashes.
+  std::vector<McoreSetting> out = {
+      {"--num-experts", "num_moe_experts", Kind::number, fmt::format("{}", e.num_experts)},
+      {"--moe-router-topk", "moe_router_topk", Kind::number, fmt::format("{}", e.experts_per_token)},
+      {"--moe-ffn-hidden-size", "moe_ffn_hidden_size", Kind::number, fmt::format("{}", e.expert_ffn_hidden_size)},
+  };
+  if (std::string pattern = moe_layer_pattern(m); !pattern.empty())
+    out.push_back({"--moe-layer-freq", "moe_layer_freq", Kind::list, std::move(pattern)});
+  if (e.shared_expert_ffn_hidden_size > 0)
+    out.push_back({"--moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size", Kind::number,
+                   fmt::format("{}", e.shared_expert_ffn_hidden_size)});
+  if (e.shared_expert_gate) out.push_back({"--moe-shared-expert-gate", "moe_shared_expert_gate", Kind::on, ""});
+  if (e.capacity_factor > 0)
+    out.push_back({"--moe-expert-capacity-factor", "moe_expert_capacity_factor", Kind::number,
+                   fmt::format("{}", e.capacity_factor)});
+  if (e.router_groups > 0) {
+    out.push_back(
+        {"--moe-router-num-groups", "moe_router_num_groups", Kind::number, fmt::format("{}", e.router_groups)});
+    out.push_back(
+        {"--moe-router-group-topk", "moe_router_group_topk", Kind::number, fmt::format("{}", e.router_group_topk)});
+  }
+  return out;
+}
+
+std::vector<McoreSetting> moe_kernel_settings() {
+  // Megatron-Core's MoE layer as cuboid prices it: the alltoall dispatcher
+  // and grouped expert GEMMs.
+  return {{"--moe-grouped-gemm", "moe_grouped_gemm", McoreSetting::Kind::on, ""},
+          {"--moe-token-dispatcher-type", "moe_token_dispatcher_type", McoreSetting::Kind::word, "alltoall"}};
+}
+
+std::string launch_lines(const PlanFile& pf, std::string_view script_and_args, std::string_view comment,
+                         SlurmLines slurm) {
+  const bool run = slurm == SlurmLines::run;
   return fmt::format(
       "{3} torchrun on each of the {0} nodes (NODE_RANK 0..{1}, MASTER_ADDR = node 0):\n"
       "{3}   torchrun --nnodes {0} --nproc_per_node {2} --node_rank \"$NODE_RANK\" --master_addr \"$MASTER_ADDR\" "
       "--master_port 6000 {4}\n"
-      "{3} Slurm: one torchrun per node, rendezvous on the first node:\n"
-      "{3}   MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
-      "{3}   srun --nodes {0} --ntasks-per-node 1 torchrun --nnodes {0} --nproc_per_node {2} --rdzv_backend c10d "
+      "{3} Slurm: one torchrun per node, rendezvous on the first node{5}\n"
+      "{6}MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
+      "{6}srun --nodes {0} --ntasks-per-node 1 torchrun --nnodes {0} --nproc_per_node {2} --rdzv_backend c10d "
       "--rdzv_endpoint \"$MASTER_ADDR:6000\" --rdzv_id \"$SLURM_JOB_ID\" {4}\n",
-      pf.nodes, pf.nodes - 1, pf.gpus_per_node, comment, script_and_args);
+      pf.nodes, pf.nodes - 1, pf.gpus_per_node, comment, script_and_args, run ? "." : ":",
+      run ? std::string() : fmt::format("{}   ", comment));
 }
 
 }  // namespace exporters

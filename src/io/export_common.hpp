@@ -3,6 +3,8 @@
 // and rank-order helpers, and one entry point per target.
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "cuboid/io/export.hpp"
 
@@ -30,8 +32,35 @@ std::int64_t integral_rope_theta(const PlanFile& pf);
 // Which layers are MoE layers as Megatron's --moe-layer-freq list expression
 // ("[0]*3+[1]*58": 3 dense layers, then 58 MoE layers); "" when every layer is.
 std::string moe_layer_pattern(const ModelSpec& m);
+// Megatron-Core's rank orders: tp-dp-pp by default, tp-pp-dp where `option`
+// asks for it; refuses any other. True for tp-pp-dp. `trainer` names the target.
+bool megatron_tp_pp_dp(const PlanFile& pf, std::string_view trainer, std::string_view option);
+// Megatron FSDP's data_parallel_sharding_strategy for ZeRO-2 or ZeRO-3.
+std::string_view megatron_fsdp_strategy(int zero_stage);
+
+// One setting of Megatron-Core's MoE layer under both its names: the
+// Megatron-LM flag and the TransformerConfig field it sets.
+struct McoreSetting {
+  // number: 64; list: a list expression; word: a string (quoted in Python);
+  // on: a switch, set without a value.
+  enum class Kind { number, list, word, on };
+  std::string_view flag, field;
+  Kind kind = Kind::number;
+  std::string value;
+};
+// The MoE layer's shape from the model card, in the order the exports write it.
+std::vector<McoreSetting> moe_layer_settings(const ModelSpec& m);
+// The MoE kernels cuboid prices, after the layer's shape.
+std::vector<McoreSetting> moe_kernel_settings();
+
+// Keys and values as the format writes them.
+using Fields = std::vector<std::pair<std::string, std::string>>;
+
+// Whether the srun lines are comments or the commands the script runs.
+enum class SlurmLines { comment, run };
 // "torchrun ... SCRIPT ARGS" on each node and the srun line that starts it (bash).
-std::string launch_lines(const PlanFile& pf, std::string_view script_and_args, std::string_view comment = "#");
+std::string launch_lines(const PlanFile& pf, std::string_view script_and_args, std::string_view comment = "#",
+                         SlurmLines slurm = SlurmLines::comment);
 
 ExportResult megatron(const PlanFile& pf);
 ExportResult deepspeed(const PlanFile& pf);

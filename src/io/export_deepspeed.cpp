@@ -11,7 +11,10 @@
 
 namespace cuboid::exporters {
 
-ExportResult deepspeed(const PlanFile& pf) {
+namespace {
+
+// Refuses a model or a parallel layout that ds_config.json cannot express.
+void check_layout(const PlanFile& pf) {
   const ParallelPlan& p = pf.plan;
   if (pf.model.moe.enabled())
     refuse(pf, "model.moe",
@@ -68,44 +71,58 @@ ExportResult deepspeed(const PlanFile& pf) {
            "DeepSpeed's engine adds each micro-batch's gradients to its accumulation buffers in a separate pass, "
            "not inside the weight-gradient GEMMs, and the plan was priced with Megatron's fused accumulation",
            "plan with --grad-accum-fusion off (plan --for deepspeed does)");
+}
 
-  // Which optimizer wrapper DeepSpeed picks (runtime/engine.py
-  // _do_optimizer_sanity_check): bf16 with ZeRO 0-1 and fp32 accumulation is
-  // the BF16_Optimizer (fp32 gradients, all-reduced after the last backward);
-  // ZeRO 1-3 otherwise the ZeRO optimizer, which reduces in the 16-bit dtype.
+// Which optimizer wrapper DeepSpeed picks (runtime/engine.py
+// _do_optimizer_sanity_check): bf16 with ZeRO 0-1 and fp32 accumulation is
+// the BF16_Optimizer (fp32 gradients, all-reduced after the last backward);
+// ZeRO 1-3 otherwise the ZeRO optimizer, which reduces in the 16-bit dtype.
+struct Optimizer {
+  bool fp16;
+  bool bf16_optimizer;
+};
+
+Optimizer optimizer(const ParallelPlan& p) {
   const bool fp16 = p.trainer.dp_grad_bytes == 2;
-  const bool bf16_optimizer = !fp16 && p.zero_stage <= 1;
-  if (!fp16 && p.zero_stage >= 2)
+  return {fp16, !fp16 && p.zero_stage <= 1};
+}
+
+// Refuses a gradient reduction that DeepSpeed's optimizer wrapper would not run as priced.
+void check_gradients(const PlanFile& pf, const Optimizer& o) {
+  const ParallelPlan& p = pf.plan;
+  if (!o.fp16 && p.zero_stage >= 2)
     refuse(pf, "trainer.dp_grad_bytes",
            fmt::format("DeepSpeed's ZeRO-{} optimizer with bf16 accumulates and reduces gradients in bf16, and the "
                        "plan was priced with fp32 gradients",
                        p.zero_stage),
            "plan with --trainer deepspeed-2021 (fp16 ZeRO, as DeepSpeed runs it), or with --zero 0 or 1");
-  if (p.dp > 1 && p.trainer.dp_overlap && (p.pp > 1 || bf16_optimizer))
+  if (p.dp > 1 && p.trainer.dp_overlap && (p.pp > 1 || o.bf16_optimizer))
     refuse(pf, "trainer.dp_overlap",
            p.pp > 1 ? "DeepSpeed's pipeline engine reduces gradients after the last micro-batch's backward "
                       "(TrainSchedule's ReduceGrads), and the plan was priced with the reduction overlapped"
                     : "DeepSpeed's BF16_Optimizer all-reduces the gradients after the backward, and the plan was "
                       "priced with the reduction overlapped",
            "plan --for deepspeed (it prices DeepSpeed's reduction)");
-  if (p.dp > 1 && p.zero_stage == 1 && bf16_optimizer && !p.trainer.zero1_grad_all_reduce)
+  if (p.dp > 1 && p.zero_stage == 1 && o.bf16_optimizer && !p.trainer.zero1_grad_all_reduce)
     refuse(pf, "trainer.zero1_grad_all_reduce",
            "DeepSpeed's BF16_Optimizer all-reduces the full gradients with ZeRO-1, and the plan was priced with a "
            "reduce-scatter (Megatron's distributed optimizer)",
            "plan --for deepspeed (it prices DeepSpeed's reduction)");
+}
 
+nlohmann::ordered_json ds_config(const ParallelPlan& p, const Optimizer& o) {
   nlohmann::ordered_json j;
   j["train_batch_size"] = p.global_batch;
   j["train_micro_batch_size_per_gpu"] = p.micro_batch;
   // train_batch_size = micro batch x gradient accumulation x data-parallel ranks.
   j["gradient_accumulation_steps"] = p.num_micro_batches();
-  if (fp16) j["fp16"] = {{"enabled", true}};
+  if (o.fp16) j["fp16"] = {{"enabled", true}};
   else j["bf16"] = {{"enabled", true}};
   // Without it bf16 with ZeRO-1 accumulates gradients in bf16 (get_data_types).
-  if (bf16_optimizer) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
+  if (o.bf16_optimizer) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
   j["zero_optimization"] = {{"stage", p.zero_stage}};
   // overlap_comm defaults to false for stages 1-2 and true for 3 (zero/config.py overlap_comm_valid).
-  if (!bf16_optimizer && (p.zero_stage == 1 || p.zero_stage == 2))
+  if (!o.bf16_optimizer && (p.zero_stage == 1 || p.zero_stage == 2))
     j["zero_optimization"]["overlap_comm"] = p.trainer.dp_overlap;
   if (p.zero_stage == 3 && p.trainer.zero3_unit == Zero3Unit::tensor) {
     // The ZeRO-3 settings the plan was priced with (deepspeed/runtime/zero/config.py keys).
@@ -116,31 +133,44 @@ ExportResult deepspeed(const PlanFile& pf) {
   }
   // Read by the pipeline engine only when > 0; PipelineModule's own argument otherwise.
   if (p.pp > 1 && p.recompute == Recompute::full) j["pipeline"] = {{"activation_checkpoint_interval", 1}};
+  return j;
+}
 
-  const int world = p.world_size();
-  std::string notes = header(pf, "#", "DeepSpeed v0.16.4");
+// What the user's code and launch add to ds_config.json (stderr).
+std::string notes(const PlanFile& pf) {
+  const ParallelPlan& p = pf.plan;
+  std::string out = header(pf, "#", "DeepSpeed v0.16.4");
   if (p.pp > 1) {
-    notes += fmt::format(
+    out += fmt::format(
         "# The pipeline is built in the model code, not in ds_config.json (deepspeed/runtime/pipe/module.py@v0.16.4):\n"
         "#   model = PipelineModule(layers=[...], num_stages={0}, partition_method=\"type:DecoderLayer\",\n"
         "#                          activation_checkpoint_interval={1}, loss_fn=...)\n"
         "# with DecoderLayer the class name of your transformer layer: \"type:\" balances those layers,\n"
         "# {2} per stage as planned; \"uniform\" would count the embedding, final norm and head as layers too.\n"
         "# num_stages={0} on {3} GPUs gives {4} data-parallel pipelines (PipeDataParallelTopology).\n",
-        p.pp, p.recompute == Recompute::full ? 1 : 0, pf.model.num_layers / p.pp, world, p.dp);
+        p.pp, p.recompute == Recompute::full ? 1 : 0, pf.model.num_layers / p.pp, p.world_size(), p.dp);
   }
   // deepspeed/__init__.py initialize asserts the config comes either from
   // args.deepspeed_config or from config=, not both.
-  notes += "# In train.py (args from deepspeed.add_config_arguments(parser), which reads --deepspeed_config):\n"
-           "#   engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=...)\n";
-  notes += "# Add: data loading, the tokenizer, the optimizer (an \"optimizer\" block or a client optimizer) and\n"
-           "# checkpointing (engine.save_checkpoint / load_checkpoint).\n";
-  notes += fmt::format(
+  out += "# In train.py (args from deepspeed.add_config_arguments(parser), which reads --deepspeed_config):\n"
+         "#   engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=...)\n";
+  out += "# Add: data loading, the tokenizer, the optimizer (an \"optimizer\" block or a client optimizer) and\n"
+         "# checkpointing (engine.save_checkpoint / load_checkpoint).\n";
+  out += fmt::format(
       "# Launch (a hostfile lists the {0} nodes, {1} slots each):\n"
       "#   deepspeed --hostfile hostfile --num_nodes {0} --num_gpus {1} train.py --deepspeed --deepspeed_config "
       "ds_config.json\n",
       pf.nodes, pf.gpus_per_node);
-  return {j.dump(2) + "\n", notes};
+  return out;
+}
+
+}  // namespace
+
+ExportResult deepspeed(const PlanFile& pf) {
+  check_layout(pf);
+  const Optimizer o = optimizer(pf.plan);
+  check_gradients(pf, o);
+  return {ds_config(pf.plan, o).dump(2) + "\n", notes(pf)};
 }
 
 }  // namespace cuboid::exporters

@@ -153,8 +153,6 @@ const char* schedule_name(const ParallelPlan& p) {
   return p.schedule == Schedule::interleaved ? "Interleaved1F1B" : p.schedule == Schedule::gpipe ? "GPipe" : "1F1B";
 }
 
-using Fields = std::vector<std::pair<std::string, std::string>>;  // key, value as the format writes it
-
 // The parallelism fields both versions share (TOML / Python literals alike for these).
 Fields parallelism(const PlanFile& pf, bool main) {
   const ParallelPlan& p = pf.plan;
