@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuboid/core/time.hpp"
 #include "cuboid/core/topology.hpp"
 #include "cuboid/sim/flow_list.hpp"
 #include "cuboid/sim/link_merger.hpp"
@@ -39,8 +40,9 @@
 
 namespace cuboid::sim {
 
-using TimeNs = std::int64_t;
-inline constexpr TimeNs kNever = std::numeric_limits<TimeNs>::max();
+// The simulator runs in core's time (core/time.hpp); sim::TimeNs stays a name for it.
+using cuboid::TimeNs;
+using cuboid::kNever;
 
 using FlowId = std::uint32_t;
 
