@@ -8,6 +8,7 @@
 #include <span>
 #include <stdexcept>
 
+#include "cuboid/core/element_bytes.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/op_names.hpp"
 #include "cuboid/exec/exec_error.hpp"
@@ -17,7 +18,7 @@ namespace cuboid::exec {
 
 namespace {
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
-constexpr double kGradBytes = 4.0;  // fp32 gradients (StepRunner::WeightState::grads)
+constexpr double kGradBytes = kFp32Bytes;  // fp32 gradients (StepRunner::WeightState::grads)
 }  // namespace
 
 struct StepRunner::InFlight {
@@ -516,10 +517,10 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
                              data_ranks_),
                    [&] { groups_.dp->all_reduce_sum(part, len); });
       }
-    timer_.run(mem_desc(op::adam, bw, static_cast<double>(dense_.padded) * (4.0 * 4 * 2 + kGradBytes)),
+    timer_.run(mem_desc(op::adam, bw, static_cast<double>(dense_.padded) * (kFp32Bytes * 4 * 2 + kGradBytes)),
                [&] { be_.adam_step(dense_.master, dense_.grads, dense_.m, dense_.v, adam, step + 1); });
     if (dense_.master.native() != dense_.params.native())
-      timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(dense_.padded) * (4.0 + esz)),
+      timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(dense_.padded) * (kFp32Bytes + esz)),
                  [&] { be_.copy(dense_.master, dense_.params); });
     return;
   }
@@ -541,9 +542,9 @@ void StepRunner::sharded_adam_step(Communicator& comm, WeightState& w, std::size
                          static_cast<double>(len) * kGradBytes, n),
                [&] { comm.reduce_scatter_sum(grads.subspan(start, len), grad_shard.subspan(start / parts, block), block); });
   }
-  timer_.run(mem_desc(op::adam, bw, static_cast<double>(owned) * (4.0 * 4 * 2 + kGradBytes)),
+  timer_.run(mem_desc(op::adam, bw, static_cast<double>(owned) * (kFp32Bytes * 4 * 2 + kGradBytes)),
              [&] { be_.adam_step(w.master, grad_shard, w.m, w.v, adam, step + 1); });
-  timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(owned) * (4.0 + esz)),
+  timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(owned) * (kFp32Bytes + esz)),
              [&] { be_.copy(w.master, param_shard); });
   for (std::size_t start = 0; start < count; start += bucket) {
     const std::size_t len = std::min(bucket, count - start), block = len / parts;
@@ -582,10 +583,10 @@ void StepRunner::update_experts(const AdamConfig& adam, std::int64_t step) {
                  [&] { groups_.edp->all_reduce_sum(part, len); });
     }
   }
-  timer_.run(mem_desc(op::adam, bw, static_cast<double>(experts_.count) * (4.0 * 4 * 2 + kGradBytes)),
+  timer_.run(mem_desc(op::adam, bw, static_cast<double>(experts_.count) * (kFp32Bytes * 4 * 2 + kGradBytes)),
              [&] { be_.adam_step(experts_.master, experts_.grads, experts_.m, experts_.v, adam, step + 1); });
   if (experts_.master.native() != DeviceSpan(experts_.params).native())
-    timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(experts_.count) * (4.0 + esz)),
+    timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(experts_.count) * (kFp32Bytes + esz)),
                [&] { be_.copy(experts_.master, experts_.params); });
 }
 
