@@ -25,7 +25,7 @@ constexpr double kTile = 128.0;
 constexpr double kBf16Bytes = 2.0;
 // A time for groups that can never finish (no bandwidth): large, but far
 // from int64 overflow when summed over many ops.
-constexpr std::int64_t kUnreachableNs = std::numeric_limits<std::int64_t>::max() / 1024;
+constexpr TimeNs kUnreachableNs = std::numeric_limits<TimeNs>::max() / 1024;
 
 // Useful fraction of the SM-time a batched GEMM occupies: tile quantisation
 // (partial 128 x 128 tiles at the edges do full work) times wave quantisation
@@ -51,9 +51,9 @@ double op_hbm_Bps(const GpuProfile& gpu, const Op& op) {
   return hbm_Bps(gpu);
 }
 
-std::int64_t to_ns(double seconds) {
+TimeNs to_ns(double seconds) {
   if (!(seconds < 1e9)) return kUnreachableNs;  // also catches NaN and infinity
-  return static_cast<std::int64_t>(std::llround(seconds * 1e9));
+  return static_cast<TimeNs>(std::llround(seconds * 1e9));
 }
 
 double gemm_flops(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) {
@@ -91,11 +91,11 @@ double gemm_memory_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_
 }
 
 // Roofline time of an uncalibrated GEMM whose HBM side runs at bytes_per_s.
-std::int64_t gemm_roofline_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k,
-                              std::int64_t batch, double extra_bytes, double bytes_per_s) {
+TimeNs gemm_roofline_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k,
+                        std::int64_t batch, double extra_bytes, double bytes_per_s) {
   const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch),
                                   gemm_memory_s(m, n, k, batch, bytes_per_s) + extra_bytes / bytes_per_s);
-  return to_ns(seconds) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
+  return to_ns(seconds) + static_cast<TimeNs>(gpu.kernel_launch_ns);
 }
 
 }  // namespace
@@ -120,8 +120,8 @@ namespace {
 
 // A measured (or interpolated) time is per call, launch included; else the
 // roofline with the HBM side at bytes_per_s.
-std::int64_t gemm_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
-                     double extra_bytes, double bytes_per_s) {
+TimeNs gemm_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
+               double extra_bytes, double bytes_per_s) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
   if (gpu.calibration) {
     if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch)) return std::llround(*ns);
@@ -130,37 +130,37 @@ std::int64_t gemm_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std:
 }
 
 // A memory-bound kernel: measured by name on a calibrated card, else its bytes at bytes_per_s.
-std::int64_t kernel_ns(const GpuProfile& gpu, const std::string& name, double bytes, double bytes_per_s) {
+TimeNs kernel_ns(const GpuProfile& gpu, const std::string& name, double bytes, double bytes_per_s) {
   if (bytes <= 0) return 0;
   if (gpu.calibration) {
     if (const auto ns = calibrated_kernel_ns(*gpu.calibration, name, bytes)) return std::llround(*ns);
   }
-  return to_ns(bytes / bytes_per_s) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
+  return to_ns(bytes / bytes_per_s) + static_cast<TimeNs>(gpu.kernel_launch_ns);
 }
 
 }  // namespace
 
-std::int64_t gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
-                          double extra_bytes) {
+TimeNs gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
+                    double extra_bytes) {
   return gemm_ns(gpu, m, n, k, batch, extra_bytes, hbm_Bps(gpu));
 }
 
-std::int64_t memory_bound_time_ns(const GpuProfile& gpu, double bytes) {
+TimeNs memory_bound_time_ns(const GpuProfile& gpu, double bytes) {
   if (bytes <= 0) return 0;
-  return to_ns(bytes / hbm_Bps(gpu)) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
+  return to_ns(bytes / hbm_Bps(gpu)) + static_cast<TimeNs>(gpu.kernel_launch_ns);
 }
 
-std::int64_t list_collective_copies_ns(const GpuProfile& gpu, double bytes, int group_size) {
+TimeNs list_collective_copies_ns(const GpuProfile& gpu, double bytes, int group_size) {
   if (group_size <= 1 || bytes <= 0) return 0;
   return group_size * memory_bound_time_ns(gpu, 2.0 * bytes / group_size);
 }
 
 // A fit's time is per call, launch included.
-std::int64_t kernel_time_ns(const GpuProfile& gpu, const std::string& name, double bytes) {
+TimeNs kernel_time_ns(const GpuProfile& gpu, const std::string& name, double bytes) {
   return kernel_ns(gpu, name, bytes, hbm_Bps(gpu));
 }
 
-std::int64_t collective_time_ns(Collective c, double size_bytes, int group_size, const LinkParams& link) {
+TimeNs collective_time_ns(Collective c, double size_bytes, int group_size, const LinkParams& link) {
   if (group_size <= 1 || size_bytes <= 0) return 0;
   if (link.calibrated != nullptr) return to_ns(collective_curve_ns(*link.calibrated, c, group_size, size_bytes) * 1e-9);
   if (link.busbw_Bps <= 0) return kUnreachableNs;
@@ -363,7 +363,7 @@ UplinkLoad uplink_load(const Topology& topo, const std::vector<std::vector<int>>
 
 // Compute ops only. Communication ops need a group's LinkParams, so they are
 // priced with collective_time_ns by the caller; here they cost nothing.
-std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
+TimeNs op_time_ns(const GpuProfile& gpu, const Op& op) {
   switch (op.kind) {
     case OpKind::gemm:
       // The shape is what the kernel runs (the unfused attention GEMMs
@@ -390,7 +390,7 @@ std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op) {
       const double best = gpu.calibration || flash <= 0 ? gemm_best_flops(gpu) : sustained_flops(gpu, flash);
       const double compute_s = op.flops / (best * quantisation_efficiency(gpu, op.m, op.n, op.batch));
       const double memory_s = op.bytes / hbm_Bps(gpu);
-      return to_ns(std::max(compute_s, memory_s)) + static_cast<std::int64_t>(gpu.kernel_launch_ns);
+      return to_ns(std::max(compute_s, memory_s)) + static_cast<TimeNs>(gpu.kernel_launch_ns);
     }
     case OpKind::memory_bound:
       return kernel_ns(gpu, op.name, op.bytes, op_hbm_Bps(gpu, op));
@@ -421,22 +421,22 @@ GpuProfile uncalibrated(const GpuProfile& gpu) {
 SmsTakenPricer::SmsTakenPricer(const GpuProfile& gpu, int sms_taken)
     : gpu_(gpu), sms_taken_(sms_taken), full_(uncalibrated(gpu)), reduced_(with_sms_taken(full_, sms_taken)) {}
 
-std::int64_t SmsTakenPricer::operator()(const Op& op) const {
+TimeNs SmsTakenPricer::operator()(const Op& op) const {
   if (sms_taken_ <= 0 || op.kind != OpKind::gemm) return op_time_ns(gpu_, op);
-  const std::int64_t reduced = op_time_ns(reduced_, op);
+  const TimeNs reduced = op_time_ns(reduced_, op);
   if (!gpu_.calibration) return reduced;
-  const std::int64_t full = op_time_ns(full_, op);
-  const std::int64_t measured = op_time_ns(gpu_, op);
+  const TimeNs full = op_time_ns(full_, op);
+  const TimeNs measured = op_time_ns(gpu_, op);
   if (full <= 0) return measured;
   return std::llround(static_cast<double>(measured) * static_cast<double>(reduced) / static_cast<double>(full));
 }
 
-std::int64_t op_time_sms_taken_ns(const GpuProfile& gpu, const Op& op, int sms_taken) {
+TimeNs op_time_sms_taken_ns(const GpuProfile& gpu, const Op& op, int sms_taken) {
   if (sms_taken <= 0 || op.kind != OpKind::gemm) return op_time_ns(gpu, op);
   return SmsTakenPricer(gpu, sms_taken)(op);
 }
 
-std::int64_t overlapped_time_ns(std::int64_t collective_ns, std::int64_t reduced_ns, std::int64_t full_ns) {
+TimeNs overlapped_time_ns(TimeNs collective_ns, TimeNs reduced_ns, TimeNs full_ns) {
   if (collective_ns <= 0 || reduced_ns <= 0) return full_ns;
   if (collective_ns >= reduced_ns) return reduced_ns;
   const double left = 1.0 - static_cast<double>(collective_ns) / static_cast<double>(reduced_ns);

@@ -80,8 +80,8 @@ std::vector<Op> optimizer_step_ops(double stage_params, int dp, int zero_stage) 
   return ops;
 }
 
-std::int64_t optimizer_step_time_ns(const GpuProfile& gpu, double stage_params, int dp, int zero_stage) {
-  std::int64_t ns = 0;
+TimeNs optimizer_step_time_ns(const GpuProfile& gpu, double stage_params, int dp, int zero_stage) {
+  TimeNs ns = 0;
   for (const StepKernel& k : step_kernels(stage_params, dp, zero_stage)) ns += kernel_time_ns(gpu, k.name, k.bytes);
   return ns;
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "cuboid/core/element_bytes.hpp"
 #include "cuboid/core/op_names.hpp"
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/op_timer.hpp"
@@ -14,7 +15,6 @@ namespace cuboid::exec {
 
 namespace {
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
-constexpr double kF32 = 4.0;
 
 // The first `n` elements of `b`, reallocated (contents lost) when it holds fewer.
 DeviceSpan grown(Backend& be, DeviceBuffer& b, std::size_t n, DType dtype) {
@@ -115,7 +115,7 @@ void MoeRunner::exchange_counts(MoeActs& a, Pass pass) {
     const DeviceSpan send = grown(be_, counts_send_, sz(E), DType::f32);
     const DeviceSpan got = grown(be_, counts_recv_, sz(E), DType::f32);
     be_.upload(per_expert, send);
-    timer_.run(comm_desc(op::ep_a2a_counts, pass, Collective::all_to_all, Group::ep, static_cast<double>(E) * kF32, ep),
+    timer_.run(comm_desc(op::ep_a2a_counts, pass, Collective::all_to_all, Group::ep, static_cast<double>(E) * kFp32Bytes, ep),
                [&] { ep_->all_to_all(send, got, sz(L)); });
     recv = be_.download(got);
   }
@@ -170,7 +170,7 @@ void MoeRunner::forward(const MoeParams& w, ConstDeviceSpan x, MoeActs& a, Devic
   timer_.run(gemm_desc(op::router, pass, T, E, h), [&] { be_.gemm(Trans::no, Trans::no, T, E, h, 1.0f, x, w.router, 0.0f, logits); });
   // The top-k on the host: the logits down, the copies' order and probabilities up.
   const DeviceSpan copy_probs = grown(be_, copy_probs_, sz(C), DType::f32);
-  timer_.run(mem_desc(op::router_topk, pass, static_cast<double>(T * E) * (esz + kF32)), [&] {
+  timer_.run(mem_desc(op::router_topk, pass, static_cast<double>(T * E) * (esz + kFp32Bytes)), [&] {
     route(be_.download(logits), a);
     std::vector<std::int32_t> perm;
     std::vector<float> probs;
@@ -349,7 +349,7 @@ void MoeRunner::backward(const MoeParams& w, const MoeParams& g, ConstDeviceSpan
 
   // The router: the softmax over each token's k logits, backward, on the host.
   const DeviceSpan dlogits = grown(be_, dlogits_, sz(T * E), cd);
-  timer_.run(mem_desc(op::router_topk_bwd, bw, static_cast<double>(T * E) * (esz + kF32)), [&] {
+  timer_.run(mem_desc(op::router_topk_bwd, bw, static_cast<double>(T * E) * (esz + kFp32Bytes)), [&] {
     const std::vector<float> gp = be_.download(d_copy_probs);
     // Copy j of the expert-major order is (token, slot) i: the same walk as the forward's.
     std::vector<float> g_slot(sz(C), 0.0f);

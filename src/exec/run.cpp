@@ -255,6 +255,183 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
 
 namespace {
 
+// The sharded forward pass against the unsharded one, before any step;
+// its figures go to `check_json`. False: the check failed (said on rank 0).
+bool check_forward(Backend& backend, ProcessGroups& groups, const ModelSpec& model, const ParallelPlan& plan,
+                   OpTimer& timer, const Fault& fault, int rank, nlohmann::json& check_json) {
+  const CheckResult c = check_sharded_forward(backend, groups, model, plan, timer, fault.kind == Fault::flip_shard);
+  check_json = {{"passed", c.passed()},
+                {"attention_relative_error", c.attention_error},
+                {"layer_relative_error", c.layer_error},
+                {"tolerance", c.tolerance}};
+  if (rank == 0) {
+    std::cout << fmt::format("check: sharded forward (TP {}{}{}{}) vs unsharded reference: attention block error {:.3g}, "
+                             "layer output error {:.3g}, tolerance {:.3g} ({}): {}\n",
+                             plan.tp, plan.sequence_parallel && plan.tp > 1 ? ", sequence parallel" : "",
+                             plan.cp > 1 ? fmt::format(", CP {} ring attention over {} chunks", plan.cp, 2 * plan.cp)
+                                         : "",
+                             model.moe.enabled() ? fmt::format(", MoE layer with EP {} of {} experts", plan.ep,
+                                                               model.moe.num_experts)
+                                                 : "",
+                             c.attention_error, c.layer_error, c.tolerance, to_string(backend.compute_dtype()),
+                             c.passed() ? "PASSED" : "FAILED");
+    std::cout.flush();
+  }
+  if (!c.passed() && rank == 0)
+    std::cerr << "cuboid: run --check FAILED: the sharded forward pass differs from the unsharded one "
+                 "(a sharding bug in the executor or backend)\n";
+  return c.passed();
+}
+
+// --inject-fault on its rank, at the first measured step.
+void inject_fault(const Fault& fault, int rank, OpTimer& timer) {
+  if (fault.kind == Fault::kill) std::raise(SIGKILL);
+  if (fault.kind == Fault::fail)
+    throw ExecError(__FILE__, __LINE__, rank, "injected failure",
+                    "this rank threw (as cudaMalloc running out of memory would)");
+  if (fault.kind == Fault::hang)
+    timer.run(mem_desc("injected_hang", Pass::forward, 0), [] {
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    });
+}
+
+// The warm-up and measured steps; each step's loss.
+std::vector<double> run_steps(StepRunner& runner, OpTimer& timer, const RunOptions& o, const Fault& fault, int rank) {
+  std::vector<double> losses;
+  for (int i = 0; i < o.warmup + o.steps; ++i) {
+    const bool measured = i >= o.warmup;
+    if (measured && i == o.warmup && rank == fault.rank) inject_fault(fault, rank, timer);
+    losses.push_back(runner.step(i, measured));
+  }
+  return losses;
+}
+
+// After the steps: the weights every TP rank holds a copy of (the norms)
+// and every DP replica's weights must still agree (unreduced partial
+// gradients would let them drift apart). Its figures go to
+// check_json["after_steps"]. False: the check failed (said on rank 0).
+bool check_after_steps(StepRunner& runner, HostExchange& exchange, const Backend& backend, const RunOptions& o,
+                       int rank, nlohmann::json& check_json) {
+  const StepRunner::ReplicaDrift mine = runner.replica_drift();
+  double tp_drift = 0, dp_drift = 0;
+  for (const std::string& text : exchange.all_gather(fmt::format("{:.17g} {:.17g}", mine.tp_norms, mine.dp_weights))) {
+    const auto space = text.find(' ');
+    tp_drift = std::max(tp_drift, std::stod(text.substr(0, space)));
+    dp_drift = std::max(dp_drift, std::stod(text.substr(space + 1)));
+  }
+  const double tol = check_tolerance(backend.compute_dtype());
+  const bool passed = tp_drift <= tol && dp_drift <= tol;
+  check_json["after_steps"] = {{"passed", passed},
+                               {"steps", o.warmup + o.steps},
+                               {"tp_replicated_weights_relative_drift", tp_drift},
+                               {"dp_replica_relative_drift", dp_drift},
+                               {"tolerance", tol}};
+  if (rank == 0) {
+    std::cout << fmt::format("check: after {} steps, the norms' weights across TP ranks drift {:.3g}, the DP "
+                             "replicas' weights {:.3g}, tolerance {:.3g}: {}\n",
+                             o.warmup + o.steps, tp_drift, dp_drift, tol, passed ? "PASSED" : "FAILED");
+    std::cout.flush();
+  }
+  if (!passed && rank == 0)
+    std::cerr << "cuboid: run --check FAILED: weights that every TP rank or DP replica holds the same differ "
+                 "after the steps (a gradient reduction missing in the executor)\n";
+  return passed;
+}
+
+// The model and plan as run (the sizes --layers / --seq-length left).
+void add_model_and_plan(nlohmann::json& doc, const ModelSpec& model, const ParallelPlan& plan,
+                        const StepRunner& runner) {
+  doc["model"] = {{"name", model.name}, {"num_layers", model.num_layers}, {"hidden_size", model.hidden_size},
+                  {"num_attention_heads", model.num_attention_heads}, {"ffn_hidden_size", model.ffn_hidden_size},
+                  {"vocab_size", model.vocab_size}};
+  doc["plan"] = {{"tp", plan.tp}, {"pp", plan.pp}, {"dp", plan.dp}, {"micro_batch", plan.micro_batch},
+                 {"global_batch", plan.global_batch}, {"num_micro_batches", plan.num_micro_batches()},
+                 {"seq_length", runner.dims().seq * plan.cp}, {"virtual_stages", plan.virtual_stages},
+                 {"zero_stage", plan.zero_stage}, {"recompute", std::string(to_string(plan.recompute))},
+                 {"sequence_parallel", plan.sequence_parallel}, {"schedule", std::string(to_string(plan.schedule))},
+                 {"rank_order", plan.order.str()}, {"world_size", plan.world_size()}};
+  if (plan.cp > 1) doc["plan"]["cp"] = plan.cp;
+  if (model.moe.enabled()) {
+    doc["plan"]["ep"] = plan.ep;
+    doc["plan"]["etp"] = plan.expert_tp();
+    doc["model"]["num_experts"] = model.moe.num_experts;
+    doc["model"]["experts_per_token"] = model.moe.experts_per_token;
+  }
+}
+
+// The MPI library's first line (up to a comma).
+std::string mpi_library_version() {
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int lib_len = 0;
+  MPI_Get_library_version(lib, &lib_len);
+  std::string lib_version(lib, static_cast<std::size_t>(lib_len));
+  if (const auto nl = lib_version.find_first_of("\r\n,"); nl != std::string::npos) lib_version.resize(nl);
+  return lib_version;
+}
+
+// Every rank's figures (rank_json texts, gathered on rank 0), their hosts and
+// the slowest rank's median iteration.
+void add_ranks(nlohmann::json& doc, const std::vector<std::string>& all, nlohmann::json& hosts) {
+  doc["ranks"] = nlohmann::json::array();
+  double iteration = 0;
+  for (const std::string& text : all) {
+    nlohmann::json r = nlohmann::json::parse(text);
+    iteration = std::max(iteration, r["iteration"]["median_s"].get<double>());
+    if (std::find(hosts.begin(), hosts.end(), r["hostname"]) == hosts.end()) hosts.push_back(r["hostname"]);
+    doc["ranks"].push_back(std::move(r));
+  }
+  doc["iteration_time_s"] = iteration;
+}
+
+struct RunContext {
+  const PlanFile& pf;
+  const RunOptions& o;
+  const ModelSpec& model;
+  const ParallelPlan& plan;
+  const LaunchInfo& launch;
+  const std::string& fingerprint;
+  const std::string& mpi_wait;
+  const std::string& host_memory;
+};
+
+// What `cuboid run` writes (schema kMeasurementsSchema), on rank 0.
+nlohmann::json measurements(const RunContext& run, const Backend& backend, const StepRunner& runner,
+                            const std::vector<std::string>& all, const nlohmann::json& check_json) {
+  const PlanFile& pf = run.pf;
+  const RunOptions& o = run.o;
+  nlohmann::json doc;
+  doc["schema"] = kMeasurementsSchema;
+  doc["generator"] = std::string("cuboid ") + CUBOID_VERSION;
+  doc["plan_file"] = pf.source;
+  // The cluster the plan was made for, so that cuboid validate can refuse
+  // measurements compared against another cluster's card.
+  doc["cluster"] = {{"name", pf.cluster_name}, {"source_file", pf.cluster_source_file}, {"nodes", pf.nodes},
+                    {"gpus_per_node", pf.gpus_per_node}, {"gpu", pf.gpu_name}};
+  doc["plan_fingerprint"] = run.fingerprint;
+  add_model_and_plan(doc, run.model, run.plan, runner);
+  int mpi_major = 0, mpi_minor = 0;
+  MPI_Get_version(&mpi_major, &mpi_minor);
+  nlohmann::json hosts = nlohmann::json::array();
+  add_ranks(doc, all, hosts);
+  doc["environment"] = {{"backend", backend.name()},
+                        {"compute_dtype", std::string(to_string(backend.compute_dtype()))},
+                        // Accumulated and DP-reduced in fp32 (Megatron's main_grad), whatever compute_dtype.
+                        {"grad_dtype", "f32"},
+                        {"device", o.backend == "cpu" ? "cpu (one core per rank)" : "cuda device (LOCAL_RANK)"},
+                        {"launcher", std::string(to_string(run.launch.launcher))},
+                        {"mpi_wait", run.mpi_wait},
+                        {"host_memory", run.host_memory},
+                        {"mpi_version", fmt::format("{}.{}", mpi_major, mpi_minor)},
+                        {"mpi_library", mpi_library_version()},
+                        {"cuboid_version", CUBOID_VERSION},
+                        {"hostnames", hosts}};
+  doc["steps"] = o.steps;
+  doc["warmup"] = o.warmup;
+  doc["timeout_s"] = o.timeout_s;
+  if (!check_json.is_null()) doc["check"] = check_json;
+  return doc;
+}
+
 int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model, const ParallelPlan& plan,
                 const Fault& fault, const LaunchInfo& launch, World& world, const std::string& fingerprint,
                 const std::string& mpi_wait, const std::string& host_memory) {
@@ -274,152 +451,25 @@ int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model,
   const int rank = groups.world->rank();
   OpTimer timer(*backend, &watchdog);
 
-  int exit_code = 0;
   nlohmann::json check_json;
-  if (o.check) {
-    const CheckResult c = check_sharded_forward(*backend, groups, model, plan, timer, fault.kind == Fault::flip_shard);
-    check_json = {{"passed", c.passed()},
-                  {"attention_relative_error", c.attention_error},
-                  {"layer_relative_error", c.layer_error},
-                  {"tolerance", c.tolerance}};
-    if (rank == 0) {
-      std::cout << fmt::format("check: sharded forward (TP {}{}{}{}) vs unsharded reference: attention block error {:.3g}, "
-                               "layer output error {:.3g}, tolerance {:.3g} ({}): {}\n",
-                               plan.tp, plan.sequence_parallel && plan.tp > 1 ? ", sequence parallel" : "",
-                               plan.cp > 1 ? fmt::format(", CP {} ring attention over {} chunks", plan.cp, 2 * plan.cp)
-                                           : "",
-                               model.moe.enabled() ? fmt::format(", MoE layer with EP {} of {} experts", plan.ep,
-                                                                 model.moe.num_experts)
-                                                   : "",
-                               c.attention_error, c.layer_error, c.tolerance, to_string(backend->compute_dtype()),
-                               c.passed() ? "PASSED" : "FAILED");
-      std::cout.flush();
-    }
-    if (!c.passed()) {
-      if (rank == 0)
-        std::cerr << "cuboid: run --check FAILED: the sharded forward pass differs from the unsharded one "
-                     "(a sharding bug in the executor or backend)\n";
-      return 1;
-    }
-  }
+  if (o.check && !check_forward(*backend, groups, model, plan, timer, fault, rank, check_json)) return 1;
 
   StepOptions step_options;
   step_options.dropout = o.dropout;
   StepRunner runner(*backend, groups, model, plan, timer, step_options);
-  std::vector<double> losses;
-  for (int i = 0; i < o.warmup + o.steps; ++i) {
-    const bool measured = i >= o.warmup;
-    if (measured && i == o.warmup && rank == fault.rank) {
-      if (fault.kind == Fault::kill) std::raise(SIGKILL);
-      if (fault.kind == Fault::fail)
-        throw ExecError(__FILE__, __LINE__, rank, "injected failure",
-                        "this rank threw (as cudaMalloc running out of memory would)");
-      if (fault.kind == Fault::hang)
-        timer.run(mem_desc("injected_hang", Pass::forward, 0), [] {
-          for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-        });
-    }
-    losses.push_back(runner.step(i, measured));
-  }
-
-  if (o.check) {
-    // After the steps: the weights every TP rank holds a copy of (the norms)
-    // and every DP replica's weights must still agree (unreduced partial
-    // gradients would let them drift apart).
-    const StepRunner::ReplicaDrift mine = runner.replica_drift();
-    double tp_drift = 0, dp_drift = 0;
-    for (const std::string& text : world.exchange->all_gather(fmt::format("{:.17g} {:.17g}", mine.tp_norms, mine.dp_weights))) {
-      const auto space = text.find(' ');
-      tp_drift = std::max(tp_drift, std::stod(text.substr(0, space)));
-      dp_drift = std::max(dp_drift, std::stod(text.substr(space + 1)));
-    }
-    const double tol = check_tolerance(backend->compute_dtype());
-    const bool passed = tp_drift <= tol && dp_drift <= tol;
-    check_json["after_steps"] = {{"passed", passed},
-                                 {"steps", o.warmup + o.steps},
-                                 {"tp_replicated_weights_relative_drift", tp_drift},
-                                 {"dp_replica_relative_drift", dp_drift},
-                                 {"tolerance", tol}};
-    if (rank == 0) {
-      std::cout << fmt::format("check: after {} steps, the norms' weights across TP ranks drift {:.3g}, the DP "
-                               "replicas' weights {:.3g}, tolerance {:.3g}: {}\n",
-                               o.warmup + o.steps, tp_drift, dp_drift, tol, passed ? "PASSED" : "FAILED");
-      std::cout.flush();
-    }
-    if (!passed) {
-      if (rank == 0)
-        std::cerr << "cuboid: run --check FAILED: weights that every TP rank or DP replica holds the same differ "
-                     "after the steps (a gradient reduction missing in the executor)\n";
-      return 1;
-    }
-  }
+  const std::vector<double> losses = run_steps(runner, timer, o, fault, rank);
+  if (o.check && !check_after_steps(runner, *world.exchange, *backend, o, rank, check_json)) return 1;
 
   const nlohmann::json mine = rank_json(world, groups, runner, timer, losses);
   const std::vector<std::string> all = world.exchange->gather(mine.dump(), 0);
   if (rank == 0) {
-    nlohmann::json doc;
-    doc["schema"] = kMeasurementsSchema;
-    doc["generator"] = std::string("cuboid ") + CUBOID_VERSION;
-    doc["plan_file"] = pf.source;
-    // The cluster the plan was made for, so that cuboid validate can refuse
-    // measurements compared against another cluster's card.
-    doc["cluster"] = {{"name", pf.cluster_name}, {"source_file", pf.cluster_source_file}, {"nodes", pf.nodes},
-                      {"gpus_per_node", pf.gpus_per_node}, {"gpu", pf.gpu_name}};
-    doc["plan_fingerprint"] = fingerprint;
-    doc["model"] = {{"name", model.name}, {"num_layers", model.num_layers}, {"hidden_size", model.hidden_size},
-                    {"num_attention_heads", model.num_attention_heads}, {"ffn_hidden_size", model.ffn_hidden_size},
-                    {"vocab_size", model.vocab_size}};
-    doc["plan"] = {{"tp", plan.tp}, {"pp", plan.pp}, {"dp", plan.dp}, {"micro_batch", plan.micro_batch},
-                   {"global_batch", plan.global_batch}, {"num_micro_batches", plan.num_micro_batches()},
-                   {"seq_length", runner.dims().seq * plan.cp}, {"virtual_stages", plan.virtual_stages},
-                   {"zero_stage", plan.zero_stage}, {"recompute", std::string(to_string(plan.recompute))},
-                   {"sequence_parallel", plan.sequence_parallel}, {"schedule", std::string(to_string(plan.schedule))},
-                   {"rank_order", plan.order.str()}, {"world_size", plan.world_size()}};
-    if (plan.cp > 1) doc["plan"]["cp"] = plan.cp;
-    if (model.moe.enabled()) {
-      doc["plan"]["ep"] = plan.ep;
-      doc["plan"]["etp"] = plan.expert_tp();
-      doc["model"]["num_experts"] = model.moe.num_experts;
-      doc["model"]["experts_per_token"] = model.moe.experts_per_token;
-    }
-    int mpi_major = 0, mpi_minor = 0;
-    MPI_Get_version(&mpi_major, &mpi_minor);
-    char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
-    int lib_len = 0;
-    MPI_Get_library_version(lib, &lib_len);
-    std::string lib_version(lib, static_cast<std::size_t>(lib_len));
-    if (const auto nl = lib_version.find_first_of("\r\n,"); nl != std::string::npos) lib_version.resize(nl);
-    nlohmann::json hosts = nlohmann::json::array();
-    doc["ranks"] = nlohmann::json::array();
-    double iteration = 0;
-    for (const std::string& text : all) {
-      nlohmann::json r = nlohmann::json::parse(text);
-      iteration = std::max(iteration, r["iteration"]["median_s"].get<double>());
-      if (std::find(hosts.begin(), hosts.end(), r["hostname"]) == hosts.end()) hosts.push_back(r["hostname"]);
-      doc["ranks"].push_back(std::move(r));
-    }
-    doc["environment"] = {{"backend", backend->name()},
-                          {"compute_dtype", std::string(to_string(backend->compute_dtype()))},
-                          // Accumulated and DP-reduced in fp32 (Megatron's main_grad), whatever compute_dtype.
-                          {"grad_dtype", "f32"},
-                          {"device", o.backend == "cpu" ? "cpu (one core per rank)" : "cuda device (LOCAL_RANK)"},
-                          {"launcher", std::string(to_string(launch.launcher))},
-                          {"mpi_wait", mpi_wait},
-                          {"host_memory", host_memory},
-                          {"mpi_version", fmt::format("{}.{}", mpi_major, mpi_minor)},
-                          {"mpi_library", lib_version},
-                          {"cuboid_version", CUBOID_VERSION},
-                          {"hostnames", hosts}};
-    doc["steps"] = o.steps;
-    doc["warmup"] = o.warmup;
-    doc["timeout_s"] = o.timeout_s;
-    doc["iteration_time_s"] = iteration;
-    if (!check_json.is_null()) doc["check"] = check_json;
+    const RunContext run{pf, o, model, plan, launch, fingerprint, mpi_wait, host_memory};
+    const nlohmann::json doc = measurements(run, *backend, runner, all, check_json);
     if (!o.out_path.empty()) write_file_atomically(o.out_path, doc.dump(2) + "\n");
     print_summary(doc);
     if (!o.out_path.empty()) std::cout << "measurements written to " << o.out_path << "\n";
   }
-  return exit_code;
+  return 0;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <span>
 #include <stdexcept>
 
+#include "cuboid/core/element_bytes.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/op_names.hpp"
 #include "cuboid/exec/exec_error.hpp"
@@ -17,7 +18,7 @@ namespace cuboid::exec {
 
 namespace {
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
-constexpr double kGradBytes = 4.0;  // fp32 gradients (StepRunner::grads_)
+constexpr double kGradBytes = kFp32Bytes;  // fp32 gradients (StepRunner::WeightState::grads)
 }  // namespace
 
 struct StepRunner::InFlight {
@@ -79,21 +80,21 @@ StepRunner::StepRunner(Backend& backend, ProcessGroups& groups, const ModelSpec&
       ids[sz(i)] = static_cast<std::int32_t>(id - vocab_first);
       labels[sz(i)] = static_cast<std::int32_t>(uniform01(options_.seed + 1, key) * static_cast<float>(d.vocab));
     }
-    ids_.push_back(be_.alloc(sz(T), DType::i32));
-    be_.upload_indices(ids, ids_.back());
-    labels_.push_back(be_.alloc(sz(T), DType::i32));
-    be_.upload_indices(labels, labels_.back());
+    batch_.ids.push_back(be_.alloc(sz(T), DType::i32));
+    be_.upload_indices(ids, batch_.ids.back());
+    batch_.labels.push_back(be_.alloc(sz(T), DType::i32));
+    be_.upload_indices(labels, batch_.labels.back());
   }
-  losses_ = be_.alloc(sz(micro_batches_), DType::f32);
-  vocab_stats_ = be_.alloc(sz(T), DType::f32);
-  be_.fill(vocab_stats_, 0.0f);
-  emb_full_ = be_.alloc(sz(T * h));
-  head_full_ = be_.alloc(sz(T * h));
-  grad_a_ = be_.alloc(sz(Tl * h));
-  grad_b_ = be_.alloc(sz(Tl * h));
-  grad_in_ = be_.alloc(sz(Tl * h));
-  if (plan_.recompute == Recompute::full) fwd_scratch_ = runner_->make_acts(AttentionMemory::recompute_probs);
-  free_.resize(chunks_.size());
+  batch_.losses = be_.alloc(sz(micro_batches_), DType::f32);
+  batch_.vocab_stats = be_.alloc(sz(T), DType::f32);
+  be_.fill(batch_.vocab_stats, 0.0f);
+  work_.emb_full = be_.alloc(sz(T * h));
+  work_.head_full = be_.alloc(sz(T * h));
+  work_.grad_a = be_.alloc(sz(Tl * h));
+  work_.grad_b = be_.alloc(sz(Tl * h));
+  pipe_.grad_in = be_.alloc(sz(Tl * h));
+  if (plan_.recompute == Recompute::full) work_.fwd_acts = runner_->make_acts(AttentionMemory::recompute_probs);
+  pipe_.free.resize(chunks_.size());
 }
 
 StepRunner::~StepRunner() = default;
@@ -104,14 +105,23 @@ int StepRunner::layers_on_rank() const {
   return n;
 }
 
-void StepRunner::layout_params() {
+bool StepRunner::is_moe_layer(int layer) const {
+  return model_.moe.enabled() && model_.moe.moe_layers[sz(layer)];
+}
+
+// TP ranks hold different shards; DP replicas the same weights.
+std::uint64_t StepRunner::weight_seed(std::uint64_t what) const {
+  return mix64(options_.seed ^ (what << 16) ^ static_cast<std::uint64_t>(groups_.coord.tp));
+}
+
+// This rank's chunks (one per virtual stage) and how many dense and expert
+// parameters they hold.
+void StepRunner::plan_chunks() {
   const LayerDims& d = runner_->dims();
   const auto h = sz(d.hidden), vocab = sz(d.vocab);
   const int pp = plan_.pp, v = virtual_stages_;
   const auto L = static_cast<int>(model_.num_layers);
   const std::size_t norm = d.rmsnorm ? h : 2 * h;
-  auto is_moe = [&](int layer) { return model_.moe.enabled() && model_.moe.moe_layers[sz(layer)]; };
-  // Sizes first, then views into one flat buffer (one DP bucket list, one Adam).
   std::size_t total = 0;
   for (int c = 0; c < v; ++c) {
     Chunk ch;
@@ -122,115 +132,98 @@ void StepRunner::layout_params() {
     ch.has_head = ch.virtual_stage == pp * v - 1;
     total += (ch.has_embedding ? vocab * h : 0) + (ch.has_head ? norm + h * vocab : 0);
     for (int i = 0; i < ch.num_layers; ++i) {
-      total += layer_param_count(d, is_moe(ch.first_layer + i));
-      if (is_moe(ch.first_layer + i)) expert_count_ += moe_.expert_param_count();
+      total += layer_param_count(d, is_moe_layer(ch.first_layer + i));
+      if (is_moe_layer(ch.first_layer + i)) experts_.count += moe_.expert_param_count();
     }
     chunks_.push_back(std::move(ch));
   }
-  param_count_ = total;
+  dense_.count = total;
+}
+
+// The chunk's weights as views into the flat buffers from `off` on, drawn.
+void StepRunner::place_chunk(Chunk& ch, std::size_t& off) {
+  const LayerDims& d = runner_->dims();
+  const auto h = sz(d.hidden), vocab = sz(d.vocab);
+  auto take = [&](DeviceSpan flat, std::size_t at, std::size_t n) { return flat.subspan(at, n); };
+  if (ch.has_embedding) {
+    ch.embedding = take(dense_.params, off, vocab * h);
+    ch.embedding_grad = take(dense_.grads, off, vocab * h);
+    be_.fill_random(ch.embedding, weight_seed(1), kInitScale);
+    off += vocab * h;
+  }
+  for (int i = 0; i < ch.num_layers; ++i) {
+    const int layer = ch.first_layer + i;
+    const bool moe = is_moe_layer(layer);
+    ch.layers.push_back(layer_params_at(dense_.params, off, d, moe));
+    ch.layer_grads.push_back(layer_params_at(dense_.grads, off, d, moe));
+    init_layer_params(be_, ch.layers.back(), weight_seed(100 + static_cast<std::uint64_t>(layer)));
+    off += layer_param_count(d, moe);
+    if (moe) place_experts(ch.layers.back(), ch.layer_grads.back(), layer);
+  }
+  if (ch.has_head) {
+    ch.final_gamma = take(dense_.params, off, h);
+    ch.final_gamma_grad = take(dense_.grads, off, h);
+    be_.fill(ch.final_gamma, 1.0f);
+    off += h;
+    if (!d.rmsnorm) {
+      ch.final_beta = take(dense_.params, off, h);
+      ch.final_beta_grad = take(dense_.grads, off, h);
+      off += h;
+    }
+    ch.w_out = take(dense_.params, off, h * vocab);
+    ch.w_out_grad = take(dense_.grads, off, h * vocab);
+    be_.fill_random(ch.w_out, weight_seed(2), kInitScale);
+    off += h * vocab;
+  }
+}
+
+// The master weights and Adam state of `w`: all of them, or `sharded`
+// (Megatron's distributed optimizer) this rank's block, the `rank`-th of
+// `parts`, of every bucket, its master the initial weights' block.
+void StepRunner::init_optimizer_state(WeightState& w, bool sharded, std::size_t parts, std::size_t rank,
+                                      std::size_t bucket) {
+  const std::size_t owned = sharded ? w.padded / parts : w.padded;
+  if (be_.compute_dtype() == DType::f32 && !sharded) {
+    w.master = w.params;
+  } else {
+    w.master_buf = be_.alloc(owned, DType::f32);
+    w.master = w.master_buf;
+    if (!sharded) be_.copy(w.params, w.master);
+  }
+  w.m = be_.alloc(owned, DType::f32);
+  w.v = be_.alloc(owned, DType::f32);
+  be_.fill(w.m, 0.0f);
+  be_.fill(w.v, 0.0f);
+  if (!sharded) return;
+  w.grad_shard = be_.alloc(owned, DType::f32);
+  w.param_shard = be_.alloc(owned);
+  for (std::size_t start = 0; start < w.padded; start += bucket) {
+    const std::size_t len = std::min(bucket, w.padded - start), block = len / parts;
+    be_.copy(DeviceSpan(w.params).subspan(start + rank * block, block), w.master.subspan(start / parts, block));
+  }
+}
+
+// Sizes first, then views into one flat buffer (one DP bucket list, one Adam).
+void StepRunner::layout_params() {
+  plan_chunks();
   const auto dp = sz(data_ranks_);
-  padded_count_ = (total + dp - 1) / dp * dp;
-  params_ = be_.alloc(padded_count_);
+  dense_.padded = (dense_.count + dp - 1) / dp * dp;
+  dense_.params = be_.alloc(dense_.padded);
   // Gradients in fp32 whatever the compute dtype, as Megatron's main_grad:
   // the wgrad GEMMs and the norm and embedding kernels accumulate into them
   // (bf16 inputs, fp32 output) and the DP reduction moves 4 bytes each.
-  grads_ = be_.alloc(padded_count_, DType::f32);
-  be_.fill(params_, 0.0f);
-  be_.fill(grads_, 0.0f);
-
-  auto seed_of = [&](std::uint64_t what) {
-    // TP ranks hold different shards; DP replicas the same weights.
-    return mix64(options_.seed ^ (what << 16) ^ static_cast<std::uint64_t>(groups_.coord.tp));
-  };
+  dense_.grads = be_.alloc(dense_.padded, DType::f32);
+  be_.fill(dense_.params, 0.0f);
+  be_.fill(dense_.grads, 0.0f);
   std::size_t off = 0;
-  auto take = [&](DeviceSpan flat, std::size_t at, std::size_t n) { return flat.subspan(at, n); };
-  for (Chunk& ch : chunks_) {
-    if (ch.has_embedding) {
-      ch.embedding = take(params_, off, vocab * h);
-      ch.embedding_grad = take(grads_, off, vocab * h);
-      be_.fill_random(ch.embedding, seed_of(1), kInitScale);
-      off += vocab * h;
-    }
-    for (int i = 0; i < ch.num_layers; ++i) {
-      const int layer = ch.first_layer + i;
-      const bool moe = is_moe(layer);
-      ch.layers.push_back(layer_params_at(params_, off, d, moe));
-      ch.layer_grads.push_back(layer_params_at(grads_, off, d, moe));
-      init_layer_params(be_, ch.layers.back(), seed_of(100 + static_cast<std::uint64_t>(layer)));
-      off += layer_param_count(d, moe);
-      if (moe) place_experts(ch.layers.back(), ch.layer_grads.back(), layer);
-    }
-    if (ch.has_head) {
-      ch.final_gamma = take(params_, off, h);
-      ch.final_gamma_grad = take(grads_, off, h);
-      be_.fill(ch.final_gamma, 1.0f);
-      off += h;
-      if (!d.rmsnorm) {
-        ch.final_beta = take(params_, off, h);
-        ch.final_beta_grad = take(grads_, off, h);
-        off += h;
-      }
-      ch.w_out = take(params_, off, h * vocab);
-      ch.w_out_grad = take(grads_, off, h * vocab);
-      be_.fill_random(ch.w_out, seed_of(2), kInitScale);
-      off += h * vocab;
-    }
-  }
-
-  if (expert_count_ > 0) {
-    // The experts' master weights and Adam state: all of them, or with ZeRO
-    // >= 1 this rank's 1/EDP of every bucket (Megatron's distributed
-    // optimizer shards the experts over expert-DP).
+  for (Chunk& ch : chunks_) place_chunk(ch, off);
+  // The experts over expert-DP (place_experts sized their buffers), the
+  // rest over DP x CP.
+  if (experts_.count > 0) {
     const auto edp = sz(groups_.edp->size());
-    const std::size_t owned = shard_experts_ ? expert_padded_ / edp : expert_padded_;
-    if (be_.compute_dtype() == DType::f32 && !shard_experts_) {
-      expert_master_ = expert_params_;
-    } else {
-      expert_master_buf_ = be_.alloc(owned, DType::f32);
-      expert_master_ = expert_master_buf_;
-      if (!shard_experts_) be_.copy(expert_params_, expert_master_);
-    }
-    expert_m_ = be_.alloc(owned, DType::f32);
-    expert_v_ = be_.alloc(owned, DType::f32);
-    be_.fill(expert_m_, 0.0f);
-    be_.fill(expert_v_, 0.0f);
-    if (shard_experts_) {
-      expert_grad_shard_ = be_.alloc(owned, DType::f32);
-      expert_param_shard_ = be_.alloc(owned);
-      const std::size_t bucket = expert_bucket();
-      const auto r = sz(groups_.edp->rank());
-      for (std::size_t start = 0; start < expert_padded_; start += bucket) {
-        const std::size_t len = std::min(bucket, expert_padded_ - start), block = len / edp;
-        be_.copy(DeviceSpan(expert_params_).subspan(start + r * block, block), expert_master_.subspan(start / edp, block));
-      }
-    }
+    init_optimizer_state(experts_, shard_experts_, edp, sz(groups_.edp->rank()), expert_bucket());
   }
-
-  // Optimizer state: the whole flat buffer, or this rank's 1/DP of every
-  // bucket with ZeRO >= 1 (Megatron's distributed optimizer).
-  const std::size_t owned = plan_.zero_stage >= 1 ? padded_count_ / dp : padded_count_;
-  if (be_.compute_dtype() == DType::f32 && plan_.zero_stage == 0) {
-    master_ = params_;
-  } else {
-    master_buf_ = be_.alloc(owned, DType::f32);
-    master_ = master_buf_;
-    if (plan_.zero_stage == 0) be_.copy(params_, master_);
-  }
-  adam_m_ = be_.alloc(owned, DType::f32);
-  adam_v_ = be_.alloc(owned, DType::f32);
-  be_.fill(adam_m_, 0.0f);
-  be_.fill(adam_v_, 0.0f);
-  if (plan_.zero_stage >= 1) {
-    grad_shard_ = be_.alloc(owned, DType::f32);
-    param_shard_ = be_.alloc(owned);
-    // Master shard = this rank's blocks of the (identical) initial weights.
-    const std::size_t bucket = sz(options_.dp_bucket_elements) / dp * dp;
-    const auto r = sz(data_index_);
-    for (std::size_t start = 0; start < padded_count_; start += bucket) {
-      const std::size_t len = std::min(bucket, padded_count_ - start), block = len / dp;
-      be_.copy(params_.subspan(start + r * block, block), master_.subspan(start / dp, block));
-    }
-  }
+  init_optimizer_state(dense_, plan_.zero_stage >= 1, dp, sz(data_index_), sz(options_.dp_bucket_elements) / dp * dp);
 }
 
 // An MoE layer's router (the same on every TP and DP rank: its seed has no
@@ -238,19 +231,19 @@ void StepRunner::layout_params() {
 // (allocated at the first MoE layer) and drawn by global expert index, so
 // that the expert-DP replicas of an expert start equal.
 void StepRunner::place_experts(LayerParams& w, LayerParams& g, int layer) {
-  if (expert_params_.size() == 0) {
+  if (experts_.params.size() == 0) {
     const auto edp = sz(groups_.edp->size());
     shard_experts_ = plan_.zero_stage >= 1 && edp > 1;
-    expert_padded_ = shard_experts_ ? (expert_count_ + edp - 1) / edp * edp : expert_count_;
-    expert_params_ = be_.alloc(expert_padded_);
-    expert_grads_ = be_.alloc(expert_padded_, DType::f32);
-    be_.fill(expert_params_, 0.0f);
-    be_.fill(expert_grads_, 0.0f);
+    experts_.padded = shard_experts_ ? (experts_.count + edp - 1) / edp * edp : experts_.count;
+    experts_.params = be_.alloc(experts_.padded);
+    experts_.grads = be_.alloc(experts_.padded, DType::f32);
+    be_.fill(experts_.params, 0.0f);
+    be_.fill(experts_.grads, 0.0f);
   }
   const auto l = static_cast<std::uint64_t>(layer);
   be_.fill_random(w.experts.router, mix64(options_.seed ^ ((300 + l) << 16)), kInitScale);
-  set_expert_params(w, expert_params_, expert_at_, moe_);
-  set_expert_params(g, expert_grads_, expert_at_, moe_);
+  set_expert_params(w, experts_.params, expert_at_, moe_);
+  set_expert_params(g, experts_.grads, expert_at_, moe_);
   expert_at_ += moe_.expert_param_count();
   const auto first = static_cast<std::uint64_t>(groups_.ep->rank() * moe_.local_experts());
   for (std::size_t e = 0; e < w.experts.fc1.size(); ++e) {
@@ -266,7 +259,7 @@ std::uint64_t StepRunner::layer_seed(std::int64_t step, int micro_batch, int lay
 }
 
 std::unique_ptr<StepRunner::InFlight> StepRunner::acquire(int c) {
-  auto& pool = free_[sz(c)];
+  auto& pool = pipe_.free[sz(c)];
   if (!pool.empty()) {
     auto f = std::move(pool.back());
     pool.pop_back();
@@ -299,19 +292,19 @@ void StepRunner::forward(int mb, int c, std::int64_t step) {
   const LayerDims& d = runner_->dims();
   const std::int64_t T = d.tokens, h = d.hidden;
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
-  // The chunk's input arrived with the previous exchange (into pending_input_).
-  std::unique_ptr<InFlight> f = pending_input_ ? std::move(pending_input_) : acquire(c);
+  // The chunk's input arrived with the previous exchange (into pipe_.pending_input).
+  std::unique_ptr<InFlight> f = pipe_.pending_input ? std::move(pipe_.pending_input) : acquire(c);
   DeviceSpan x0 = f->xs[0];
   if (ch.has_embedding) {
     // Vocab-parallel lookup (zero rows outside this rank's shard), then the TP reduce.
-    DeviceSpan full = d.sequence_parallel ? DeviceSpan(emb_full_) : x0;
+    DeviceSpan full = d.sequence_parallel ? DeviceSpan(work_.emb_full) : x0;
     timer_.run(mem_desc(op::embed_lookup, Pass::forward, 2.0 * static_cast<double>(T * h) * esz),
-               [&] { be_.embedding_forward(ids_[sz(mb)], ch.embedding, full, T, h); });
+               [&] { be_.embedding_forward(batch_.ids[sz(mb)], ch.embedding, full, T, h); });
     runner_->tp_reduce(d.sequence_parallel ? op::tp_rs_embed : op::tp_ar_embed, Pass::forward, full, x0);
   }
   for (int i = 0; i < ch.num_layers; ++i) {
     const std::uint64_t seed = layer_seed(step, mb, ch.first_layer + i);
-    LayerActs& acts = plan_.recompute == Recompute::full ? fwd_scratch_ : f->acts[sz(i)];
+    LayerActs& acts = plan_.recompute == Recompute::full ? work_.fwd_acts : f->acts[sz(i)];
     const AttentionMemory mem = plan_.recompute == Recompute::full ? AttentionMemory::recompute_probs : attention_memory_;
     runner_->forward(ch.layers[sz(i)], f->xs[sz(i)], acts, f->xs[sz(i + 1)], seed, mem);
   }
@@ -326,15 +319,15 @@ void StepRunner::forward(int mb, int c, std::int64_t step) {
     // vocab-parallel version adds three fp32 all-reduces per token (max,
     // sum of exponentials, target logit), run here on real buffers.
     timer_.run(mem_desc(op::xent, Pass::forward, 4.0 * static_cast<double>(T * d.vocab) * esz), [&] {
-      be_.cross_entropy(f->logits, labels_[sz(mb)], f->logits, losses_.subspan(sz(mb), 1), T, d.vocab);
+      be_.cross_entropy(f->logits, batch_.labels[sz(mb)], f->logits, batch_.losses.subspan(sz(mb), 1), T, d.vocab);
     });
     if (d.tp > 1)
       for (const char* name : {op::tp_ar_xent_max, op::tp_ar_xent_sum, op::tp_ar_xent_tgt})
         timer_.run(comm_desc(name, Pass::forward, Collective::all_reduce, Group::tp,
-                             static_cast<double>(vocab_stats_.bytes()), d.tp),
-                   [&] { groups_.tp->all_reduce_sum(vocab_stats_, vocab_stats_.size()); });
+                             static_cast<double>(batch_.vocab_stats.bytes()), d.tp),
+                   [&] { groups_.tp->all_reduce_sum(batch_.vocab_stats, batch_.vocab_stats.size()); });
   }
-  in_flight_[{mb, c}] = std::move(f);
+  pipe_.in_flight[{mb, c}] = std::move(f);
 }
 
 void StepRunner::backward(int mb, int c, std::int64_t step) {
@@ -342,28 +335,30 @@ void StepRunner::backward(int mb, int c, std::int64_t step) {
   const LayerDims& d = runner_->dims();
   const std::int64_t T = d.tokens, h = d.hidden;
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
-  auto it = in_flight_.find({mb, c});
-  CUBOID_EXEC_REQUIRE(it != in_flight_.end(), "pipeline schedule", "backward before forward");
+  auto it = pipe_.in_flight.find({mb, c});
+  CUBOID_EXEC_REQUIRE(it != pipe_.in_flight.end(), "pipeline schedule", "backward before forward");
   std::unique_ptr<InFlight> f = std::move(it->second);
-  in_flight_.erase(it);
+  pipe_.in_flight.erase(it);
 
   // The gradient of the chunk's output: from the head, or received with the
-  // previous exchange (grad_in_). The layers write into grad_a_ / grad_b_ in
-  // turn, never into grad_in_, which the next exchange may receive into while
+  // previous exchange (pipe_.grad_in). The layers write into work_.grad_a / work_.grad_b in
+  // turn, never into pipe_.grad_in, which the next exchange may receive into while
   // it sends this chunk's input gradient.
-  DeviceSpan dy = grad_in_;
-  auto other = [&](DeviceSpan x) { return x.native() == grad_a_.native() ? DeviceSpan(grad_b_) : DeviceSpan(grad_a_); };
+  DeviceSpan dy = pipe_.grad_in;
+  auto other = [&](DeviceSpan x) {
+    return x.native() == work_.grad_a.native() ? DeviceSpan(work_.grad_b) : DeviceSpan(work_.grad_a);
+  };
   if (ch.has_head) {
-    dy = grad_a_;
+    dy = work_.grad_a;
     // dlogits (kept by the forward's cross-entropy) -> d norm_final output.
     const ConstDeviceSpan in = d.sequence_parallel ? ConstDeviceSpan(f->norm_full) : ConstDeviceSpan(f->norm_out);
     timer_.run(gemm_desc(op::logits_dgrad, Pass::backward, T, h, d.vocab),
-               [&] { be_.gemm(Trans::no, Trans::yes, T, h, d.vocab, 1.0f, f->logits, ch.w_out, 0.0f, head_full_); });
+               [&] { be_.gemm(Trans::no, Trans::yes, T, h, d.vocab, 1.0f, f->logits, ch.w_out, 0.0f, work_.head_full); });
     timer_.run(gemm_desc(op::logits_wgrad, Pass::backward, h, d.vocab, T),
                [&] { be_.gemm(Trans::yes, Trans::no, h, d.vocab, T, 1.0f, in, f->logits, 1.0f, ch.w_out_grad); });
-    DeviceSpan local = d.sequence_parallel ? DeviceSpan(grad_b_) : DeviceSpan(head_full_);
+    DeviceSpan local = d.sequence_parallel ? DeviceSpan(work_.grad_b) : DeviceSpan(work_.head_full);
     const DeviceSpan dn =
-        runner_->tp_reduce(d.sequence_parallel ? op::tp_rs_head_bwd : op::tp_ar_head_bwd, Pass::backward, head_full_, local);
+        runner_->tp_reduce(d.sequence_parallel ? op::tp_rs_head_bwd : op::tp_ar_head_bwd, Pass::backward, work_.head_full, local);
     runner_->norm_backward(op::norm_final_bwd, dn, f->xs[sz(ch.num_layers)], ch.final_gamma, f->norm_mean, f->norm_rstd,
                            dy, ch.final_gamma_grad, ch.final_beta_grad);
   }
@@ -379,13 +374,13 @@ void StepRunner::backward(int mb, int c, std::int64_t step) {
   }
   // dy now holds the gradient of the chunk's input.
   if (ch.has_embedding) {
-    const ConstDeviceSpan full = runner_->tp_gather(op::tp_ag_embed_bwd, Pass::backward, dy, emb_full_);
+    const ConstDeviceSpan full = runner_->tp_gather(op::tp_ag_embed_bwd, Pass::backward, dy, work_.emb_full);
     timer_.run(mem_desc(op::embed_grad, Pass::backward, 3.0 * static_cast<double>(T * h) * esz),
-               [&] { be_.embedding_backward(full, ids_[sz(mb)], ch.embedding_grad, T, h); });
+               [&] { be_.embedding_backward(full, batch_.ids[sz(mb)], ch.embedding_grad, T, h); });
   } else {
-    input_grad_ = dy;  // sent by the next exchange
+    pipe_.input_grad = dy;  // sent by the next exchange
   }
-  free_[sz(c)].push_back(std::move(f));
+  pipe_.free[sz(c)].push_back(std::move(f));
 }
 
 void StepRunner::exchange(std::span<const ScheduleStep> done, std::span<const ScheduleStep> next) {
@@ -396,11 +391,11 @@ void StepRunner::exchange(std::span<const ScheduleStep> done, std::span<const Sc
   for (const ScheduleStep& st : done) {
     const Chunk& ch = chunks_[sz(st.chunk)];
     if (st.dir == Direction::forward && !ch.has_head) {
-      const DeviceSpan out = in_flight_.at({st.micro_batch, st.chunk})->xs.back();
+      const DeviceSpan out = pipe_.in_flight.at({st.micro_batch, st.chunk})->xs.back();
       ops.push_back(P2pOp::send(out, out.size(), next_stage, pp_tag(st.micro_batch, ch.virtual_stage + 1, nv, false)));
       send_fwd = true;
     } else if (st.dir == Direction::backward && !ch.has_embedding) {
-      ops.push_back(P2pOp::send(input_grad_, input_grad_.size(), prev_stage,
+      ops.push_back(P2pOp::send(pipe_.input_grad, pipe_.input_grad.size(), prev_stage,
                                 pp_tag(st.micro_batch, ch.virtual_stage - 1, nv, true)));
       send_bwd = true;
     }
@@ -408,12 +403,13 @@ void StepRunner::exchange(std::span<const ScheduleStep> done, std::span<const Sc
   for (const ScheduleStep& st : next) {
     const Chunk& ch = chunks_[sz(st.chunk)];
     if (st.dir == Direction::forward && !ch.has_embedding) {
-      pending_input_ = acquire(st.chunk);
-      const DeviceSpan in = pending_input_->xs[0];
+      pipe_.pending_input = acquire(st.chunk);
+      const DeviceSpan in = pipe_.pending_input->xs[0];
       ops.push_back(P2pOp::recv(in, in.size(), prev_stage, pp_tag(st.micro_batch, ch.virtual_stage, nv, false)));
       recv_fwd = true;
     } else if (st.dir == Direction::backward && !ch.has_head) {
-      ops.push_back(P2pOp::recv(grad_in_, grad_in_.size(), next_stage, pp_tag(st.micro_batch, ch.virtual_stage, nv, true)));
+      ops.push_back(P2pOp::recv(pipe_.grad_in, pipe_.grad_in.size(), next_stage,
+                                pp_tag(st.micro_batch, ch.virtual_stage, nv, true)));
       recv_bwd = true;
     }
   }
@@ -468,12 +464,12 @@ StepRunner::ReplicaDrift StepRunner::replica_drift() {
     const std::vector<float> v = be_.download(s);
     norms.insert(norms.end(), v.begin(), v.end());
   }
-  DeviceBuffer scratch = be_.alloc(std::max(norms.size(), padded_count_), DType::f32);
+  DeviceBuffer scratch = be_.alloc(std::max(norms.size(), dense_.padded), DType::f32);
   out.tp_norms = drift(be_, *groups_.tp, norms, scratch);
-  out.dp_weights = drift(be_, *groups_.dp, be_.download(params_), scratch);
-  if (expert_count_ > 0) {
-    DeviceBuffer expert_scratch = be_.alloc(expert_padded_, DType::f32);
-    out.dp_weights = std::max(out.dp_weights, drift(be_, *groups_.edp, be_.download(expert_params_), expert_scratch));
+  out.dp_weights = drift(be_, *groups_.dp, be_.download(dense_.params), scratch);
+  if (experts_.count > 0) {
+    DeviceBuffer expert_scratch = be_.alloc(experts_.padded, DType::f32);
+    out.dp_weights = std::max(out.dp_weights, drift(be_, *groups_.edp, be_.download(experts_.params), expert_scratch));
   }
   return out;
 }
@@ -489,53 +485,52 @@ void StepRunner::reduce_gradients_and_update(std::int64_t step) {
     const std::vector<DeviceSpan> spans = norm_spans(true);
     std::size_t total = 0;
     for (const DeviceSpan& s : spans) total += s.size();
-    if (norm_grads_.size() < total) norm_grads_ = be_.alloc(total, DType::f32);
+    if (work_.norm_grads.size() < total) work_.norm_grads = be_.alloc(total, DType::f32);
     timer_.run(comm_desc(op::tp_ar_norm_grads, bw, Collective::all_reduce, Group::tp,
                          static_cast<double>(total) * kGradBytes, plan_.tp),
                [&] {
                  std::size_t at = 0;
                  for (const DeviceSpan& s : spans) {
-                   be_.copy(s, DeviceSpan(norm_grads_).subspan(at, s.size()));
+                   be_.copy(s, DeviceSpan(work_.norm_grads).subspan(at, s.size()));
                    at += s.size();
                  }
-                 groups_.tp->all_reduce_sum(norm_grads_, total);
+                 groups_.tp->all_reduce_sum(work_.norm_grads, total);
                  at = 0;
                  for (const DeviceSpan& s : spans) {
-                   be_.copy(ConstDeviceSpan(norm_grads_).subspan(at, s.size()), s);
+                   be_.copy(ConstDeviceSpan(work_.norm_grads).subspan(at, s.size()), s);
                    at += s.size();
                  }
                });
   }
   // Mean over micro-batches (each loss is already a mean over its tokens) and the DP x CP ranks.
-  timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(padded_count_) * kGradBytes),
-             [&] { be_.scale(grads_, 1.0f / static_cast<float>(micro_batches_ * data_ranks_)); });
+  timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(dense_.padded) * kGradBytes),
+             [&] { be_.scale(dense_.grads, 1.0f / static_cast<float>(micro_batches_ * data_ranks_)); });
   AdamConfig adam;
-  if (expert_count_ > 0) update_experts(adam, step);
+  if (experts_.count > 0) update_experts(adam, step);
   const std::size_t bucket = std::max<std::size_t>(dp, sz(options_.dp_bucket_elements) / dp * dp);
   if (plan_.zero_stage == 0) {
     if (dp > 1)
-      for (std::size_t start = 0; start < padded_count_; start += bucket) {
-        const std::size_t len = std::min(bucket, padded_count_ - start);
-        DeviceSpan part = grads_.subspan(start, len);
+      for (std::size_t start = 0; start < dense_.padded; start += bucket) {
+        const std::size_t len = std::min(bucket, dense_.padded - start);
+        DeviceSpan part = dense_.grads.subspan(start, len);
         timer_.run(comm_desc(op::dp_ar_grads, bw, Collective::all_reduce, Group::dp, static_cast<double>(part.bytes()),
                              data_ranks_),
                    [&] { groups_.dp->all_reduce_sum(part, len); });
       }
-    timer_.run(mem_desc(op::adam, bw, static_cast<double>(padded_count_) * (4.0 * 4 * 2 + kGradBytes)),
-               [&] { be_.adam_step(master_, grads_, adam_m_, adam_v_, adam, step + 1); });
-    if (master_.native() != params_.native())
-      timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(padded_count_) * (4.0 + esz)),
-                 [&] { be_.copy(master_, params_); });
+    timer_.run(mem_desc(op::adam, bw, static_cast<double>(dense_.padded) * (kFp32Bytes * 4 * 2 + kGradBytes)),
+               [&] { be_.adam_step(dense_.master, dense_.grads, dense_.m, dense_.v, adam, step + 1); });
+    if (dense_.master.native() != dense_.params.native())
+      timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(dense_.padded) * (kFp32Bytes + esz)),
+                 [&] { be_.copy(dense_.master, dense_.params); });
     return;
   }
   // ZeRO >= 1: reduce-scatter each bucket, Adam on the owned block, all-gather the updated weights.
-  sharded_adam_step(*groups_.dp, grads_, grad_shard_, params_, param_shard_, master_, adam_m_, adam_v_, bucket, adam,
-                    step);
+  sharded_adam_step(*groups_.dp, dense_, bucket, adam, step);
 }
 
-void StepRunner::sharded_adam_step(Communicator& comm, DeviceSpan grads, DeviceSpan grad_shard, DeviceSpan params,
-                                   DeviceSpan param_shard, DeviceSpan master, DeviceSpan m, DeviceSpan v,
-                                   std::size_t bucket, const AdamConfig& adam, std::int64_t step) {
+void StepRunner::sharded_adam_step(Communicator& comm, WeightState& w, std::size_t bucket, const AdamConfig& adam,
+                                   std::int64_t step) {
+  const DeviceSpan grads = w.grads, grad_shard = w.grad_shard, params = w.params, param_shard = w.param_shard;
   const Pass bw = Pass::backward;
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
   const int n = comm.size();
@@ -547,10 +542,10 @@ void StepRunner::sharded_adam_step(Communicator& comm, DeviceSpan grads, DeviceS
                          static_cast<double>(len) * kGradBytes, n),
                [&] { comm.reduce_scatter_sum(grads.subspan(start, len), grad_shard.subspan(start / parts, block), block); });
   }
-  timer_.run(mem_desc(op::adam, bw, static_cast<double>(owned) * (4.0 * 4 * 2 + kGradBytes)),
-             [&] { be_.adam_step(master, grad_shard, m, v, adam, step + 1); });
-  timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(owned) * (4.0 + esz)),
-             [&] { be_.copy(master, param_shard); });
+  timer_.run(mem_desc(op::adam, bw, static_cast<double>(owned) * (kFp32Bytes * 4 * 2 + kGradBytes)),
+             [&] { be_.adam_step(w.master, grad_shard, w.m, w.v, adam, step + 1); });
+  timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(owned) * (kFp32Bytes + esz)),
+             [&] { be_.copy(w.master, param_shard); });
   for (std::size_t start = 0; start < count; start += bucket) {
     const std::size_t len = std::min(bucket, count - start), block = len / parts;
     timer_.run(comm_desc(op::dp_ag_params, bw, Collective::all_gather, Group::dp, static_cast<double>(len) * esz, n),
@@ -572,35 +567,35 @@ std::size_t StepRunner::expert_bucket() const {
 void StepRunner::update_experts(const AdamConfig& adam, std::int64_t step) {
   const Pass bw = Pass::backward;
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
-  timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(expert_padded_) * kGradBytes),
-             [&] { be_.scale(expert_grads_, 1.0f / static_cast<float>(micro_batches_ * data_ranks_)); });
+  timer_.run(mem_desc(op::grad_scale, bw, 2.0 * static_cast<double>(experts_.padded) * kGradBytes),
+             [&] { be_.scale(experts_.grads, 1.0f / static_cast<float>(micro_batches_ * data_ranks_)); });
   const int edp = groups_.edp->size();
   if (shard_experts_) {
-    sharded_adam_step(*groups_.edp, expert_grads_, expert_grad_shard_, expert_params_, expert_param_shard_,
-                      expert_master_, expert_m_, expert_v_, expert_bucket(), adam, step);
+    sharded_adam_step(*groups_.edp, experts_, expert_bucket(), adam, step);
     return;
   }
   if (edp > 1) {
     const std::size_t bucket = std::max<std::size_t>(1, sz(options_.dp_bucket_elements));
-    for (std::size_t start = 0; start < expert_count_; start += bucket) {
-      const std::size_t len = std::min(bucket, expert_count_ - start);
-      DeviceSpan part = DeviceSpan(expert_grads_).subspan(start, len);
+    for (std::size_t start = 0; start < experts_.count; start += bucket) {
+      const std::size_t len = std::min(bucket, experts_.count - start);
+      DeviceSpan part = DeviceSpan(experts_.grads).subspan(start, len);
       timer_.run(comm_desc(op::dp_ar_grads, bw, Collective::all_reduce, Group::dp, static_cast<double>(part.bytes()), edp),
                  [&] { groups_.edp->all_reduce_sum(part, len); });
     }
   }
-  timer_.run(mem_desc(op::adam, bw, static_cast<double>(expert_count_) * (4.0 * 4 * 2 + kGradBytes)),
-             [&] { be_.adam_step(expert_master_, expert_grads_, expert_m_, expert_v_, adam, step + 1); });
-  if (expert_master_.native() != DeviceSpan(expert_params_).native())
-    timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(expert_count_) * (4.0 + esz)),
-               [&] { be_.copy(expert_master_, expert_params_); });
+  timer_.run(mem_desc(op::adam, bw, static_cast<double>(experts_.count) * (kFp32Bytes * 4 * 2 + kGradBytes)),
+             [&] { be_.adam_step(experts_.master, experts_.grads, experts_.m, experts_.v, adam, step + 1); });
+  if (experts_.master.native() != DeviceSpan(experts_.params).native())
+    timer_.run(mem_desc(op::param_copy, bw, static_cast<double>(experts_.count) * (kFp32Bytes + esz)),
+               [&] { be_.copy(experts_.master, experts_.params); });
 }
 
 double StepRunner::step(std::int64_t index, bool measured) {
   timer_.begin_step(measured);
-  timer_.run(mem_desc(op::grad_zero, Pass::forward, static_cast<double>(grads_.bytes() + expert_grads_.bytes())), [&] {
-    be_.fill(grads_, 0.0f);
-    if (expert_count_ > 0) be_.fill(expert_grads_, 0.0f);
+  const double grad_bytes = static_cast<double>(dense_.grads.bytes() + experts_.grads.bytes());
+  timer_.run(mem_desc(op::grad_zero, Pass::forward, grad_bytes), [&] {
+    be_.fill(dense_.grads, 0.0f);
+    if (experts_.count > 0) be_.fill(experts_.grads, 0.0f);
   });
   // Megatron's pipeline exchange: after each step of the schedule, one batch
   // of that step's sends with the next step's receives, waited for before
@@ -625,7 +620,7 @@ double StepRunner::step(std::int64_t index, bool measured) {
   reduce_gradients_and_update(index);
   timer_.end_step();
   if (!chunks_.back().has_head) return std::numeric_limits<double>::quiet_NaN();
-  const std::vector<float> losses = be_.download(losses_);
+  const std::vector<float> losses = be_.download(batch_.losses);
   double sum = 0;
   for (float l : losses) sum += l;
   return sum / static_cast<double>(losses.size());

@@ -11,7 +11,13 @@
 
 namespace cuboid::exporters {
 
-ExportResult nemo1(const PlanFile& pf) {
+namespace {
+
+const char* yes_no(bool b) { return b ? "true" : "false"; }
+
+// What NeMo 1.x cannot run as planned: each refusal names the NeMo source
+// that rules it out.
+void refuse_unsupported(const PlanFile& pf) {
   const ParallelPlan& p = pf.plan;
   const ModelSpec& m = pf.model;
   if (!default_rank_order(p))
@@ -48,7 +54,7 @@ ExportResult nemo1(const PlanFile& pf) {
                        p.zero_stage),
            "plan with --zero 0 or 1, or export with --to megatron-bridge or --to megatron (Megatron FSDP)");
   // megatron_base_model.py __init__ drops gradient_accumulation_fusion without
-  // megatron_amp_O2 (set below) or with DP > 1, PP = 1 and no distributed optimizer.
+  // megatron_amp_O2 (set by training_keys) or with DP > 1, PP = 1 and no distributed optimizer.
   if (p.grad_accum_fusion && p.dp > 1 && p.pp == 1 && p.zero_stage == 0)
     refuse(pf, "parallel.grad_accum_fusion",
            "NeMo 1.x turns gradient_accumulation_fusion off without pipeline parallelism unless the optimizer is "
@@ -62,8 +68,13 @@ ExportResult nemo1(const PlanFile& pf) {
            "pipeline parallelism grads must be all-reduced after the pipeline\"), and the plan was priced with the "
            "reduction overlapped",
            "plan with --zero 1 (mcore_distributed_optim overlaps it)");
+}
 
-  auto yes_no = [](bool b) { return b ? "true" : "false"; };
+// The file's comments, the launch lines, the trainer keys and the parallel
+// sizes.
+std::string parallel_keys(const PlanFile& pf) {
+  const ParallelPlan& p = pf.plan;
+  const ModelSpec& m = pf.model;
   std::string out = header(pf, "#", "NeMo 1.x");
   out += "# Keys: NVIDIA/NeMo examples/nlp/language_modeling/conf/megatron_gpt_config.yaml@8cfedd72 and the\n"
          "# cfg.get() keys of megatron_gpt_model.py (NeMo 1.x YAML; NeMo 2's LLM training is Megatron-Bridge:\n"
@@ -94,23 +105,32 @@ ExportResult nemo1(const PlanFile& pf) {
   }
   if (m.moe.enabled()) out += fmt::format("  expert_model_parallel_size: {}\n", p.ep);
   out += fmt::format("  sequence_parallel: {}\n", yes_no(p.sequence_parallel));
-  switch (p.recompute) {
+  return out;
+}
+
+std::string recompute_keys(Recompute recompute) {
+  switch (recompute) {
     case Recompute::none:
-      out += "  activations_checkpoint_granularity: null\n"
+      return "  activations_checkpoint_granularity: null\n"
              "  activations_checkpoint_method: null\n"
              "  activations_checkpoint_num_layers: null\n";
-      break;
     case Recompute::selective:
-      out += "  activations_checkpoint_granularity: selective\n"
+      return "  activations_checkpoint_granularity: selective\n"
              "  activations_checkpoint_method: null\n"
              "  activations_checkpoint_num_layers: null\n";
-      break;
     case Recompute::full:
-      out += "  activations_checkpoint_granularity: full\n"
+      return "  activations_checkpoint_granularity: full\n"
              "  activations_checkpoint_method: uniform\n"
              "  activations_checkpoint_num_layers: 1\n";
-      break;
   }
+  return "";
+}
+
+// The model's shape.
+std::string model_keys(const PlanFile& pf) {
+  const ParallelPlan& p = pf.plan;
+  const ModelSpec& m = pf.model;
+  std::string out;
   out += fmt::format("  encoder_seq_length: {}\n", p.seq_length);
   out += fmt::format("  max_position_embeddings: {}\n", m.max_position_embeddings);
   out += fmt::format("  num_layers: {}\n", m.num_layers);
@@ -134,31 +154,41 @@ ExportResult nemo1(const PlanFile& pf) {
     }
   }
   out += fmt::format("  share_embeddings_and_output_weights: {}\n", yes_no(m.tied_embeddings));
-  if (m.moe.enabled()) {
-    // Megatron-Core's MoE layer as cuboid prices it (the alltoall dispatcher,
-    // grouped expert GEMMs): num_moe_experts, moe_router_topk and
-    // moe_grouped_gemm are megatron_gpt_model.py's cfg.get() keys, the rest
-    // TransformerConfig fields that build_transformer_config takes from cfg.
-    const MoeSpec& e = m.moe;
-    out += fmt::format("  num_moe_experts: {}\n", e.num_experts);
-    out += fmt::format("  moe_router_topk: {}\n", e.experts_per_token);
-    out += fmt::format("  moe_ffn_hidden_size: {}\n", e.expert_ffn_hidden_size);
-    if (e.moe_layer_count() < m.num_layers) {
-      std::string layers;
-      for (const bool moe : e.moe_layers) layers += fmt::format("{}{}", layers.empty() ? "" : ", ", moe ? 1 : 0);
-      out += "  moe_layer_freq: [" + layers + "]\n";
-    }
-    if (e.shared_expert_ffn_hidden_size > 0)
-      out += fmt::format("  moe_shared_expert_intermediate_size: {}\n", e.shared_expert_ffn_hidden_size);
-    if (e.shared_expert_gate) out += "  moe_shared_expert_gate: true\n";
-    if (e.capacity_factor > 0) out += fmt::format("  moe_expert_capacity_factor: {}\n", e.capacity_factor);
-    if (e.router_groups > 0) {
-      out += fmt::format("  moe_router_num_groups: {}\n", e.router_groups);
-      out += fmt::format("  moe_router_group_topk: {}\n", e.router_group_topk);
-    }
-    out += "  moe_grouped_gemm: true\n";
-    out += "  moe_token_dispatcher_type: alltoall\n";
+  return out;
+}
+
+// Megatron-Core's MoE layer as cuboid prices it (the alltoall dispatcher,
+// grouped expert GEMMs): num_moe_experts, moe_router_topk and
+// moe_grouped_gemm are megatron_gpt_model.py's cfg.get() keys, the rest
+// TransformerConfig fields that build_transformer_config takes from cfg.
+std::string moe_keys(const ModelSpec& m) {
+  std::string out;
+  const MoeSpec& e = m.moe;
+  out += fmt::format("  num_moe_experts: {}\n", e.num_experts);
+  out += fmt::format("  moe_router_topk: {}\n", e.experts_per_token);
+  out += fmt::format("  moe_ffn_hidden_size: {}\n", e.expert_ffn_hidden_size);
+  if (e.moe_layer_count() < m.num_layers) {
+    std::string layers;
+    for (const bool moe : e.moe_layers) layers += fmt::format("{}{}", layers.empty() ? "" : ", ", moe ? 1 : 0);
+    out += "  moe_layer_freq: [" + layers + "]\n";
   }
+  if (e.shared_expert_ffn_hidden_size > 0)
+    out += fmt::format("  moe_shared_expert_intermediate_size: {}\n", e.shared_expert_ffn_hidden_size);
+  if (e.shared_expert_gate) out += "  moe_shared_expert_gate: true\n";
+  if (e.capacity_factor > 0) out += fmt::format("  moe_expert_capacity_factor: {}\n", e.capacity_factor);
+  if (e.router_groups > 0) {
+    out += fmt::format("  moe_router_num_groups: {}\n", e.router_groups);
+    out += fmt::format("  moe_router_group_topk: {}\n", e.router_group_topk);
+  }
+  out += "  moe_grouped_gemm: true\n";
+  out += "  moe_token_dispatcher_type: alltoall\n";
+  return out;
+}
+
+// The vocabulary padding, the layer spec, mixed precision, fusions and the
+// optimizer.
+std::string training_keys(const ParallelPlan& p) {
+  std::string out;
   out += "  make_vocab_size_divisible_by: 128\n";
   // The mcore path picks its layer spec by transformer_engine: true = TE's fused
   // (flash) attention, false = the local spec's unfused attention;
@@ -178,6 +208,18 @@ ExportResult nemo1(const PlanFile& pf) {
   } else {
     out += "    name: fused_adam\n";
   }
+  return out;
+}
+
+}  // namespace
+
+ExportResult nemo1(const PlanFile& pf) {
+  refuse_unsupported(pf);
+  std::string out = parallel_keys(pf);
+  out += recompute_keys(pf.plan.recompute);
+  out += model_keys(pf);
+  if (pf.model.moe.enabled()) out += moe_keys(pf.model);
+  out += training_keys(pf.plan);
   return {out, ""};
 }
 

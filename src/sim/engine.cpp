@@ -263,7 +263,7 @@ TaskId Engine::add_compute(StreamId stream, TimeNs duration_ns, std::span<const 
   Task& t = tasks_.emplace_back();
   t.kind = TaskKind::compute;
   t.duration_ns = duration_ns;
-  if (held_ns > duration_ns && stream != kNoStream) t.bytes = static_cast<double>(held_ns);
+  if (held_ns > duration_ns && stream != kNoStream) t.held_ns = static_cast<double>(held_ns);
   t.streams = stream;
   t.streams_len = stream == kNoStream ? 0 : 1;
   if (user != 0) set_user(id, user);  // users_ never reaches past the tasks: a zero leaves it as it is
@@ -295,7 +295,7 @@ TaskId Engine::add_collective(Collective op, GroupId group, double size_bytes, s
   // Validate before queuing anything, so a throw leaves the engine unchanged.
   const TaskId id = new_task(op == Collective::send_recv ? TaskKind::send_recv : TaskKind::collective, streams, deps, user);
   Task& t = tasks_[id];
-  t.bytes = size_bytes;
+  t.size_bytes = size_bytes;
   t.plan = plan;
   t.algo = plans_[plan].algorithm;
   return id;
@@ -335,9 +335,9 @@ TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs late
   const LinkSetId set = net_->add_link_set(merged);
   const TaskId id = new_task(TaskKind::flow, streams, deps, user);
   Task& t = tasks_[id];
-  t.bytes = bytes;
+  t.size_bytes = bytes;
   t.duration_ns = latency_ns;
-  t.plan = set;
+  t.link_set = set;
   return id;
 }
 
@@ -346,7 +346,7 @@ TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs late
 [[gnu::always_inline]] inline void Engine::push_event(TimeNs t, TaskId task, EventType type) {
   // The key's order is the sequence number's only while it fits its 31 bits.
   if (seq_ >= kMaxEvents) throw std::length_error("Engine: more than 2^31 events scheduled in one run");
-  const Event e{Event::time_key_of(t), (seq_++ << 33) | (std::uint64_t{task} << 1) | static_cast<std::uint64_t>(type)};
+  const Event e{Event::time_key_of(t), Event::key_of(seq_++, task, type)};
   if (root_popped_) {
     root_popped_ = false;
     heap_sift_down(heap_, heap_size_, 0, e);
@@ -370,26 +370,26 @@ TaskId Engine::add_flow(std::span<const LinkUse> uses, double bytes, TimeNs late
   if (t.succ_head != kNone) __builtin_prefetch(&succ_[t.succ_head]);
   switch (t.kind) {
     case TaskKind::compute:
-      if (t.bytes > 0) {  // a held pace: its end moves with the holders (repace)
+      if (t.held_ns > 0) {  // a held pace: its end moves with the holders (repace)
         Stream& s = streams_[t.streams];
         s.paced = id;
         s.left = 1.0;
         s.pace_since = now_;
-        t.plan = static_cast<std::uint32_t>(seq_);
-        push_event(now_ + (s.holders > 0 ? static_cast<TimeNs>(t.bytes) : t.duration_ns), id, EventType::task_end);
+        t.live_seq = static_cast<std::uint32_t>(seq_);
+        push_event(now_ + (s.holders > 0 ? static_cast<TimeNs>(t.held_ns) : t.duration_ns), id, EventType::task_end);
         return;
       }
       push_event(now_ + t.duration_ns, id, EventType::task_end);
       return;
     case TaskKind::flow:
-      net_->start_flow(LinkSetId{t.plan}, t.bytes, now_, id);
+      net_->start_flow(t.link_set, t.size_bytes, now_, id);
       return;
     case TaskKind::collective:
       if (holds_sms_) change_holders(id, +1);
       [[fallthrough]];
     case TaskKind::send_recv:
       t.phase = 0;
-      if (t.bytes <= 0 || plans_[t.plan].phases.empty()) {
+      if (t.size_bytes <= 0 || plans_[t.plan].phases.empty()) {
         push_event(now_, id, EventType::task_end);
         return;
       }
@@ -424,23 +424,23 @@ void Engine::change_holders(TaskId collective, int delta) {
 // (was_held) or the free one since pace_since; its share left shrinks by
 // what it did, and its end is scheduled again at the new pace (the earlier
 // end event goes stale: run() skips events whose sequence number is not
-// the task's plan).
+// the task's live_seq).
 void Engine::repace(StreamId c, bool was_held) {
   Stream& s = streams_[c];
   if (s.paced == kNone) return;
   Task& t = tasks_[s.paced];
-  const double old_ns = was_held ? t.bytes : static_cast<double>(t.duration_ns);
+  const double old_ns = was_held ? t.held_ns : static_cast<double>(t.duration_ns);
   s.left = std::max(0.0, s.left - static_cast<double>(now_ - s.pace_since) / old_ns);
   s.pace_since = now_;
-  const double new_ns = was_held ? static_cast<double>(t.duration_ns) : t.bytes;
-  t.plan = static_cast<std::uint32_t>(seq_);
+  const double new_ns = was_held ? static_cast<double>(t.duration_ns) : t.held_ns;
+  t.live_seq = static_cast<std::uint32_t>(seq_);
   push_event(now_ + static_cast<TimeNs>(std::llround(s.left * new_ns)), s.paced, EventType::task_end);
 }
 
 void Engine::start_phase(TaskId id) {
   const Task& t = tasks_[id];
   const CommPhase& ph = plans_[t.plan].phases[t.phase];
-  net_->start_flow(phase_sets_[plan_sets_[t.plan] + t.phase], phase_flow_bytes(ph, t.bytes), now_, id);
+  net_->start_flow(phase_sets_[plan_sets_[t.plan] + t.phase], phase_flow_bytes(ph, t.size_bytes), now_, id);
 }
 
 [[gnu::always_inline]] inline void Engine::finish(TaskId id) {
@@ -449,7 +449,7 @@ void Engine::start_phase(TaskId id) {
   t.end_ns = now_;
   ++tasks_done_;
   if (t.kind == TaskKind::compute) {
-    if (t.bytes > 0) streams_[t.streams].paced = kNone;
+    if (t.held_ns > 0) streams_[t.streams].paced = kNone;
   } else if (holds_sms_ && t.kind == TaskKind::collective) {
     change_holders(id, -1);
   }
@@ -498,8 +498,9 @@ RunStats Engine::run(TimeNs until_ns) {
         ++events_;
         const auto id = static_cast<TaskId>(tag);
         const Task& task = tasks_[id];
-        const TimeNs lat = task.kind == TaskKind::flow ? task.duration_ns
-                                                       : phase_latency_ns(plans_[task.plan].phases[task.phase], task.bytes);
+        const TimeNs lat = task.kind == TaskKind::flow
+                               ? task.duration_ns
+                               : phase_latency_ns(plans_[task.plan].phases[task.phase], task.size_bytes);
         push_event(t + lat, id, EventType::phase_end);
       }
       continue;
@@ -509,7 +510,7 @@ RunStats Engine::run(TimeNs until_ns) {
     ++events_;
     const TaskId id = ev.task();
     Task& task = tasks_[id];
-    if (task.kind == TaskKind::compute && task.bytes > 0 && (ev.key >> 33) != task.plan) {
+    if (task.kind == TaskKind::compute && task.held_ns > 0 && ev.seq() != task.live_seq) {
       // A paced task's end moved (repace): this event is stale.
     } else if (ev.type() == EventType::phase_end && task.kind != TaskKind::flow &&
         static_cast<std::size_t>(task.phase) + 1 < plans_[task.plan].phases.size()) {

@@ -13,25 +13,25 @@ namespace cuboid::sim {
 // Every slot (link) in class 0 (crossed by no set).
 void Network::init_classes() {
   link_class_ = ZeroedArray<ClassId>(num_slots_, mem_);
-  class_solve_.resize(1);
-  class_flows_.resize(1);
-  class_size_.assign(1, static_cast<std::uint32_t>(num_slots_));
-  class_sets_.resize(1);
-  class_bytes_.assign(1, 0.0);
-  class_peak_.assign(1, 0.0);
-  class_first_group_.assign(1, kNoEntry);
-  class_touch_.assign(1, 0);
+  classes_.solve.resize(1);
+  classes_.flows.resize(1);
+  classes_.members.assign(1, static_cast<std::uint32_t>(num_slots_));
+  classes_.sets.resize(1);
+  classes_.bytes.assign(1, 0.0);
+  classes_.peak.assign(1, 0.0);
+  classes_.first_group.assign(1, kNoEntry);
+  classes_.touch.assign(1, 0);
 }
 
 // A class's bytes per link: the settled total, then the running flows on its
 // list, then the running flows off the lists (alone on their links), in flow order.
 double Network::class_bytes(ClassId c) const {
-  double bytes = class_bytes_[c];
-  for (const FlowRef& r : class_flows_[c]) {
+  double bytes = classes_.bytes[c];
+  for (const FlowRef& r : classes_.flows[c]) {
     const Flow& fl = flows_[r.flow];
     bytes += set_weight(fl, r.use) * carried(fl);
   }
-  if (active_ == 0 || c == 0) return bytes;
+  if (counts_.active == 0 || c == 0) return bytes;
   for (const Flow& fl : flows_) {
     if (!fl.active || fl.registered || fl.nuses == 0) continue;
     const LinkSet& s = sets_[fl.set];
@@ -46,12 +46,12 @@ LinkStats Network::link_stats(LinkId l) const {
   if (l >= num_links_) throw std::out_of_range("Network: link id out of range");
   settle();
   const ClassId c = class_of_link(l);
-  return LinkStats{capacity_of(l), class_bytes(c), class_peak_[c]};
+  return LinkStats{capacity_of(l), class_bytes(c), classes_.peak[c]};
 }
 
 std::vector<double> Network::class_totals() const {
   settle();
-  std::vector<double> bytes(class_bytes_.size());
+  std::vector<double> bytes(classes_.bytes.size());
   for (ClassId c = 0; c < bytes.size(); ++c) bytes[c] = class_bytes(c);
   return bytes;
 }
@@ -75,8 +75,8 @@ void Network::settle() const {
     s.peak_dirty = false;
     for (std::uint32_t i = 0; i < s.classes.size(); ++i) {
       const ClassId c = s.classes[i];
-      const double util = std::min(1.0, s.weight[i] * s.retired_max_rate / class_solve_[c].capacity_Bps);
-      class_peak_[c] = std::max(class_peak_[c], util);
+      const double util = std::min(1.0, s.weight[i] * s.retired_max_rate / classes_.solve[c].capacity_Bps);
+      classes_.peak[c] = std::max(classes_.peak[c], util);
     }
   }
   peak_dirty_sets_.clear();
@@ -88,69 +88,69 @@ void Network::settle() const {
 // instead of one per link, bit for bit the same).
 void Network::settle_bytes() const {
   // The batch grouped by set (first-finish order), each set's flows in finish order.
-  if (set_batch_.size() < sets_.size()) set_batch_.resize(sets_.size(), kNoEntry);
-  batch_sets_.clear();
-  batch_off_.clear();
+  if (batch_.of_set.size() < sets_.size()) batch_.of_set.resize(sets_.size(), kNoEntry);
+  batch_.sets.clear();
+  batch_.off.clear();
   for (const Retired& r : retired_) {
-    std::uint32_t& b = set_batch_[r.set];
+    std::uint32_t& b = batch_.of_set[r.set];
     if (b == kNoEntry) {
-      b = static_cast<std::uint32_t>(batch_sets_.size());
-      batch_sets_.push_back(r.set);
-      batch_off_.push_back(0);
+      b = static_cast<std::uint32_t>(batch_.sets.size());
+      batch_.sets.push_back(r.set);
+      batch_.off.push_back(0);
     }
-    ++batch_off_[b];
+    ++batch_.off[b];
   }
-  const std::size_t nb = batch_sets_.size();
+  const std::size_t nb = batch_.sets.size();
   std::uint32_t sum = 0;
   for (std::size_t b = 0; b < nb; ++b) {
-    const std::uint32_t n = batch_off_[b];
-    batch_off_[b] = sum;
+    const std::uint32_t n = batch_.off[b];
+    batch_.off[b] = sum;
     sum += n;
   }
-  batch_off_.push_back(sum);
-  batch_totals_.resize(retired_.size());
-  batch_pos_.resize(retired_.size());
-  batch_fill_.assign(batch_off_.begin(), batch_off_.end() - 1);
+  batch_.off.push_back(sum);
+  batch_.totals.resize(retired_.size());
+  batch_.pos.resize(retired_.size());
+  batch_.fill.assign(batch_.off.begin(), batch_.off.end() - 1);
   for (std::uint32_t k = 0; k < retired_.size(); ++k) {
-    const std::uint32_t at = batch_fill_[set_batch_[retired_[k].set]]++;
-    batch_totals_[at] = retired_[k].total;
-    batch_pos_[at] = k;
+    const std::uint32_t at = batch_.fill[batch_.of_set[retired_[k].set]]++;
+    batch_.totals[at] = retired_[k].total;
+    batch_.pos[at] = k;
   }
   // The classes the batch's sets cross, each once.
-  if (class_touch_.size() < class_solve_.size()) class_touch_.resize(class_solve_.size(), 0);
-  const std::uint32_t stamp = ++class_stamp_;
-  touched_.clear();
-  for (LinkSetId id : batch_sets_) {
+  if (classes_.touch.size() < classes_.solve.size()) classes_.touch.resize(classes_.solve.size(), 0);
+  const std::uint32_t stamp = ++classes_.stamp;
+  batch_.touched.clear();
+  for (LinkSetId id : batch_.sets) {
     for (ClassId c : sets_[id].classes) {
-      if (class_touch_[c] == stamp) continue;
-      class_touch_[c] = stamp;
-      touched_.push_back(c);
+      if (classes_.touch[c] == stamp) continue;
+      classes_.touch[c] = stamp;
+      batch_.touched.push_back(c);
     }
   }
-  for (ClassId c : touched_) {
-    merge_cursor_.clear();
-    for (const ClassSet& cs : class_sets_[c]) {
-      const std::uint32_t b = cs.set < set_batch_.size() ? set_batch_[cs.set] : kNoEntry;
-      if (b != kNoEntry) merge_cursor_.push_back(MergeCursor{batch_off_[b], batch_off_[b + 1], cs.weight});
+  for (ClassId c : batch_.touched) {
+    batch_.cursors.clear();
+    for (const ClassSet& cs : classes_.sets[c]) {
+      const std::uint32_t b = cs.set < batch_.of_set.size() ? batch_.of_set[cs.set] : kNoEntry;
+      if (b != kNoEntry) batch_.cursors.push_back(MergeCursor{batch_.off[b], batch_.off[b + 1], cs.weight});
     }
-    double x = class_bytes_[c];
-    if (merge_cursor_.size() == 1) {  // one set: its flows in order
-      const MergeCursor& m = merge_cursor_.front();
-      for (std::uint32_t k = m.at; k < m.end; ++k) x += m.weight * batch_totals_[k];
+    double x = classes_.bytes[c];
+    if (batch_.cursors.size() == 1) {  // one set: its flows in order
+      const MergeCursor& m = batch_.cursors.front();
+      for (std::uint32_t k = m.at; k < m.end; ++k) x += m.weight * batch_.totals[k];
     } else {
       while (true) {
         MergeCursor* next = nullptr;
-        for (MergeCursor& m : merge_cursor_) {
-          if (m.at < m.end && (next == nullptr || batch_pos_[m.at] < batch_pos_[next->at])) next = &m;
+        for (MergeCursor& m : batch_.cursors) {
+          if (m.at < m.end && (next == nullptr || batch_.pos[m.at] < batch_.pos[next->at])) next = &m;
         }
         if (next == nullptr) break;
-        x += next->weight * batch_totals_[next->at];
+        x += next->weight * batch_.totals[next->at];
         ++next->at;
       }
     }
-    class_bytes_[c] = x;
+    classes_.bytes[c] = x;
   }
-  for (LinkSetId id : batch_sets_) set_batch_[id] = kNoEntry;
+  for (LinkSetId id : batch_.sets) batch_.of_set[id] = kNoEntry;
   retired_.clear();
 }
 
@@ -160,16 +160,16 @@ LinkSetId Network::add_link_set(std::span<const LinkUse> uses) {
     throw std::logic_error("Network: raw link sets (add_link_set, start_flow over uses) cannot join folded rails");
   }
   if (!merger_.sized_for(num_slots_)) merger_.begin(num_slots_, mem_);
-  if (link_mark_.size() != num_links_) link_mark_.assign(num_links_, 0);  // first call
-  const std::uint32_t stamp = ++link_stamp_;
+  if (split_.link_mark.size() != num_links_) split_.link_mark.assign(num_links_, 0);  // first call
+  const std::uint32_t stamp = ++split_.link_stamp;
   set_links_.clear();
   for (const LinkUse& u : uses) {
     if (u.link >= num_links_) throw std::out_of_range("Network: link id out of range");
     if (!(u.weight > 0)) continue;
-    if (link_mark_[u.link] == stamp) {
+    if (split_.link_mark[u.link] == stamp) {
       throw std::invalid_argument("Network: a link set lists link " + std::to_string(u.link) + " twice");
     }
-    link_mark_[u.link] = stamp;
+    split_.link_mark[u.link] = stamp;
     set_links_.push_back(u.link);
     merger_.weight(u.link) = u.weight;
   }
@@ -186,49 +186,50 @@ LinkSetId Network::register_links(std::span<const LinkId> links) {
   LinkSet s;
   s.cap = std::numeric_limits<double>::infinity();
   // The set's links grouped by (class, weight; capacity for class 0).
-  groups_.clear();
-  use_group_.resize(links.size());
-  const std::uint32_t cstamp = ++class_stamp_;
-  if (class_touch_.size() < class_solve_.size()) class_touch_.resize(class_solve_.size(), 0);
+  std::vector<SplitGroup>& groups = split_.groups;
+  groups.clear();
+  split_.use_group.resize(links.size());
+  const std::uint32_t cstamp = ++classes_.stamp;
+  if (classes_.touch.size() < classes_.solve.size()) classes_.touch.resize(classes_.solve.size(), 0);
   for (std::size_t i = 0; i < links.size(); ++i) {
     const LinkId l = links[i];
     const ClassId c = link_class_[l];
     const auto wbits = std::bit_cast<std::uint64_t>(merger_.weight(l));
     const std::uint64_t cbits = c == 0 ? std::bit_cast<std::uint64_t>(capacity_of(link_of_slot(l))) : 0;
-    if (class_touch_[c] != cstamp) {
-      class_touch_[c] = cstamp;
-      class_first_group_[c] = kNoEntry;
+    if (classes_.touch[c] != cstamp) {
+      classes_.touch[c] = cstamp;
+      classes_.first_group[c] = kNoEntry;
     }
-    std::uint32_t g = class_first_group_[c];
-    while (g != kNoEntry && (groups_[g].weight_bits != wbits || groups_[g].capacity_bits != cbits)) g = groups_[g].next;
+    std::uint32_t g = classes_.first_group[c];
+    while (g != kNoEntry && (groups[g].weight_bits != wbits || groups[g].capacity_bits != cbits)) g = groups[g].next;
     if (g == kNoEntry) {
-      g = static_cast<std::uint32_t>(groups_.size());
-      groups_.push_back(SplitGroup{c, wbits, cbits, 0, 0, class_first_group_[c]});
-      class_first_group_[c] = g;
+      g = static_cast<std::uint32_t>(groups.size());
+      groups.push_back(SplitGroup{c, wbits, cbits, 0, 0, classes_.first_group[c]});
+      classes_.first_group[c] = g;
     }
-    ++groups_[g].count;
-    use_group_[i] = g;
+    ++groups[g].count;
+    split_.use_group[i] = g;
   }
   // Its bottleneck: a group's links share capacity and weight.
-  for (const SplitGroup& g : groups_) {
-    const double cap = g.from == 0 ? std::bit_cast<double>(g.capacity_bits) : class_solve_[g.from].capacity_Bps;
+  for (const SplitGroup& g : groups) {
+    const double cap = g.from == 0 ? std::bit_cast<double>(g.capacity_bits) : classes_.solve[g.from].capacity_Bps;
     s.cap = std::min(s.cap, cap / std::bit_cast<double>(g.weight_bits));
   }
   // Which groups leave their class (a split)? A class the set covers whole
   // stays with its first group; its other groups, and the groups of classes
   // it covers in part, become new classes.
   bool split = false;
-  for (std::uint32_t i = 0; i < groups_.size(); ++i) {
-    SplitGroup& g = groups_[i];
+  for (std::uint32_t i = 0; i < groups.size(); ++i) {
+    SplitGroup& g = groups[i];
     std::uint32_t covered = 0;
     std::uint32_t first = i;
     std::uint32_t count = 0;
-    for (std::uint32_t o = class_first_group_[g.from]; o != kNoEntry; o = groups_[o].next) {
-      covered += groups_[o].count;
+    for (std::uint32_t o = classes_.first_group[g.from]; o != kNoEntry; o = groups[o].next) {
+      covered += groups[o].count;
       first = std::min(first, o);
       ++count;
     }
-    const bool whole = g.from != 0 && covered == class_size_[g.from];
+    const bool whole = g.from != 0 && covered == classes_.members[g.from];
     g.to = whole && first == i ? g.from : kNoEntry;
     split = split || (g.from != 0 && !(whole && count == 1));
   }
@@ -237,47 +238,48 @@ LinkSetId Network::register_links(std::span<const LinkId> links) {
   std::vector<FlowId> was_registered;
   if (split) {
     settle();
-    if (active_ > 0) unregister_all(was_registered);
+    if (counts_.active > 0) unregister_all(was_registered);
   }
-  for (SplitGroup& g : groups_) {
+  for (SplitGroup& g : groups) {
     if (g.to == g.from) continue;
-    const auto n = static_cast<ClassId>(class_solve_.size());
+    const auto n = static_cast<ClassId>(classes_.solve.size());
     g.to = n;
-    class_solve_.push_back(ClassSolve{g.from == 0 ? std::bit_cast<double>(g.capacity_bits) : class_solve_[g.from].capacity_Bps, 0, 0});
-    class_flows_.emplace_back();
-    class_size_.push_back(g.count);
-    class_size_[g.from] -= g.count;
-    class_bytes_.push_back(class_bytes_[g.from]);
-    class_peak_.push_back(class_peak_[g.from]);
-    class_first_group_.push_back(kNoEntry);
-    class_touch_.push_back(0);
+    const double capacity = g.from == 0 ? std::bit_cast<double>(g.capacity_bits) : classes_.solve[g.from].capacity_Bps;
+    classes_.solve.push_back(ClassSolve{capacity, 0, 0});
+    classes_.flows.emplace_back();
+    classes_.members.push_back(g.count);
+    classes_.members[g.from] -= g.count;
+    classes_.bytes.push_back(classes_.bytes[g.from]);
+    classes_.peak.push_back(classes_.peak[g.from]);
+    classes_.first_group.push_back(kNoEntry);
+    classes_.touch.push_back(0);
     // The sets crossing the old class cross this one too, with the same weight.
-    std::vector<ClassSet> crossing = class_sets_[g.from];
+    std::vector<ClassSet> crossing = classes_.sets[g.from];
     for (const ClassSet& cs : crossing) {
       sets_[cs.set].classes.push_back(n);
       sets_[cs.set].weight.push_back(cs.weight);
     }
     crossing.push_back(ClassSet{id, std::bit_cast<double>(g.weight_bits)});
-    class_sets_.push_back(std::move(crossing));
+    classes_.sets.push_back(std::move(crossing));
   }
-  for (const SplitGroup& g : groups_) {
-    if (g.to == g.from) class_sets_[g.from].push_back(ClassSet{id, std::bit_cast<double>(g.weight_bits)});
+  for (const SplitGroup& g : groups) {
+    if (g.to == g.from) classes_.sets[g.from].push_back(ClassSet{id, std::bit_cast<double>(g.weight_bits)});
   }
-  for (std::size_t i = 0; i < links.size(); ++i) link_class_[links[i]] = groups_[use_group_[i]].to;
-  s.classes.reserve(groups_.size());
-  s.weight.reserve(groups_.size());
-  for (const SplitGroup& g : groups_) {
+  for (std::size_t i = 0; i < links.size(); ++i) link_class_[links[i]] = groups[split_.use_group[i]].to;
+  s.classes.reserve(groups.size());
+  s.weight.reserve(groups.size());
+  for (const SplitGroup& g : groups) {
     s.classes.push_back(g.to);
     s.weight.push_back(std::bit_cast<double>(g.weight_bits));
   }
   // Its conflicts: every set that crosses one of its classes, and itself.
-  set_mark_.push_back(0);
+  split_.set_mark.push_back(0);
   const std::uint32_t set_stamp = id + 1;
-  set_mark_[id] = set_stamp;
+  split_.set_mark[id] = set_stamp;
   for (ClassId c : s.classes) {
-    for (const ClassSet& cs : class_sets_[c]) {
-      if (set_mark_[cs.set] == set_stamp) continue;
-      set_mark_[cs.set] = set_stamp;
+    for (const ClassSet& cs : classes_.sets[c]) {
+      if (split_.set_mark[cs.set] == set_stamp) continue;
+      split_.set_mark[cs.set] = set_stamp;
       s.conflicts.push_back(cs.set);
       sets_[cs.set].conflicts.push_back(id);
     }
@@ -303,7 +305,7 @@ void Network::unregister_all(std::vector<FlowId>& was) {
   for (FlowId f : was) {
     Flow& fl = flows_[f];
     for (std::uint32_t i = 0; i < fl.nuses; ++i) {
-      FlowList& list = class_flows_[set_class(fl, i)];
+      FlowList& list = classes_.flows[set_class(fl, i)];
       while (list.size() > 0) list.pop_back();
     }
     fl.registered = false;

@@ -103,10 +103,10 @@ FlowId Network::start_flow(LinkSetId set, double bytes, TimeNs now, std::uint64_
   fl.updated_ns = now;
   fl.finish_ns = kNever;
   fl.tag = tag;
-  fl.seq = start_seq_++;
+  fl.seq = counts_.next_seq++;
   fl.active = true;
-  ++active_;
-  ++flows_started_;
+  ++counts_.active;
+  ++counts_.flows_started;
   const LinkSet& s = sets_[set];
   if (fl.remaining == 0 || s.classes.empty()) {
     fl.finish_ns = now;
@@ -136,7 +136,7 @@ FlowId Network::start_flow(LinkSetId set, double bytes, TimeNs now, std::uint64_
     set_rate(f, s.cap, now);  // alone on all its links
     return f;
   }
-  for (std::uint32_t i : fl.shared) dirty_.push_back(set_class(fl, i));
+  for (std::uint32_t i : fl.shared) solve_.dirty.push_back(set_class(fl, i));
   return f;
 }
 
@@ -149,7 +149,7 @@ void Network::register_flow(FlowId f) {
   fl.positions.resize(s.classes.size());
   const ClassId* classes = s.classes.data();
   for (std::uint32_t i = 0; i < fl.nuses; ++i) {
-    FlowList& list = class_flows_[classes[i]];
+    FlowList& list = classes_.flows[classes[i]];
     fl.positions[i] = ListPosition{list.size(), kNotShared};
     list.push_back(FlowRef{f, i});
     if (list.size() >= 2) {
@@ -160,11 +160,11 @@ void Network::register_flow(FlowId f) {
 }
 
 void Network::flush() {
-  if (dirty_.empty()) return;
-  seeds_.swap(dirty_);
-  dirty_.clear();
-  solve_from(seeds_, now_);
-  seeds_.clear();
+  if (solve_.dirty.empty()) return;
+  solve_.seeds.swap(solve_.dirty);
+  solve_.dirty.clear();
+  solve_from(solve_.seeds, now_);
+  solve_.seeds.clear();
 }
 
 void Network::add_shared(FlowId f, std::uint32_t use) {
@@ -207,8 +207,8 @@ void Network::retire_flow(FlowId f) {
   for (std::uint32_t i = 0; i < on_lists; ++i) {
     const ClassId c = classes[i];
     const std::uint32_t pos = fl.positions[i].pos;
-    FlowList& list = class_flows_[c];
-    if (list.size() > 1) seeds_.push_back(c);
+    FlowList& list = classes_.flows[c];
+    if (list.size() > 1) solve_.seeds.push_back(c);
     const FlowRef moved = list.back();
     if (moved.flow != f) {
       list[pos] = moved;
@@ -252,7 +252,7 @@ void Network::advance_to(TimeNs now, std::vector<std::uint64_t>& completed) {
   flush();
   now_ = std::max(now_, now);
   for (TimeNs t = next_completion(); t <= now && t != kNever; t = next_completion()) {
-    seeds_.clear();
+    solve_.seeds.clear();
     while (next_completion() == t) {
       const Pending p = pending_.front();
       std::pop_heap(pending_.begin(), pending_.end(), [](const Pending& a, const Pending& b) {
@@ -264,11 +264,11 @@ void Network::advance_to(TimeNs now, std::vector<std::uint64_t>& completed) {
       fl.remaining = 0;
       fl.active = false;
       ++fl.version;
-      --active_;
+      --counts_.active;
       completed.push_back(fl.tag);
       free_flows_.push_back(p.flow);
     }
-    if (!seeds_.empty()) solve_from(seeds_, t);
+    if (!solve_.seeds.empty()) solve_from(solve_.seeds, t);
   }
 }
 
@@ -299,13 +299,13 @@ void Network::set_rate(FlowId f, double rate, TimeNs now) {
 struct Network::Component {
   Network& net;
   TimeNs now;
-  std::uint32_t num_constraints() const { return static_cast<std::uint32_t>(net.comp_links_.size()); }
-  std::uint32_t num_variables() const { return static_cast<std::uint32_t>(net.comp_flows_.size()); }
-  double capacity(std::uint32_t c) const { return net.class_solve_[net.comp_links_[c]].capacity_Bps; }
-  double bound(std::uint32_t v) const { return net.sets_[net.flows_[net.comp_flows_[v]].set].cap; }
+  std::uint32_t num_constraints() const { return static_cast<std::uint32_t>(net.solve_.comp_links.size()); }
+  std::uint32_t num_variables() const { return static_cast<std::uint32_t>(net.solve_.comp_flows.size()); }
+  double capacity(std::uint32_t c) const { return net.classes_.solve[net.solve_.comp_links[c]].capacity_Bps; }
+  double bound(std::uint32_t v) const { return net.sets_[net.flows_[net.solve_.comp_flows[v]].set].cap; }
   template <typename F>
   void for_each_term(std::uint32_t c, F&& f) const {
-    const FlowList& list = net.class_flows_[net.comp_links_[c]];
+    const FlowList& list = net.classes_.flows[net.solve_.comp_links[c]];
     if (list.size() < 2) return;  // a seed that became private: its flow's cap covers it
     for (const FlowRef& r : list) {
       const Flow& fl = net.flows_[r.flow];
@@ -314,43 +314,43 @@ struct Network::Component {
   }
   template <typename F>
   void for_each_constraint(std::uint32_t v, F&& f) const {
-    const Flow& fl = net.flows_[net.comp_flows_[v]];
-    for (std::uint32_t s : fl.shared) f(net.class_solve_[net.set_class(fl, s)].comp, net.set_weight(fl, s));
+    const Flow& fl = net.flows_[net.solve_.comp_flows[v]];
+    for (std::uint32_t s : fl.shared) f(net.classes_.solve[net.set_class(fl, s)].comp, net.set_weight(fl, s));
   }
-  void fix(std::uint32_t v, double rate) { net.set_rate(net.comp_flows_[v], rate, now); }
+  void fix(std::uint32_t v, double rate) { net.set_rate(net.solve_.comp_flows[v], rate, now); }
 };
 
 // Re-solves the component reachable from `seeds` through shared classes
 // (links <-> flows), with every flow's remaining bytes brought up to `now`.
 void Network::solve_from(std::span<const ClassId> seeds, TimeNs now) {
-  ++solves_;
-  ++epoch_;
-  comp_links_.clear();
-  comp_flows_.clear();
+  ++counts_.solves;
+  ++solve_.epoch;
+  solve_.comp_links.clear();
+  solve_.comp_flows.clear();
   for (ClassId c : seeds) {
-    if (class_solve_[c].epoch == epoch_) continue;
-    class_solve_[c].epoch = epoch_;
-    comp_links_.push_back(c);
+    if (classes_.solve[c].epoch == solve_.epoch) continue;
+    classes_.solve[c].epoch = solve_.epoch;
+    solve_.comp_links.push_back(c);
   }
-  for (std::size_t i = 0; i < comp_links_.size(); ++i) {
-    class_solve_[comp_links_[i]].comp = static_cast<std::uint32_t>(i);
-    for (const FlowRef& r : class_flows_[comp_links_[i]]) {
+  for (std::size_t i = 0; i < solve_.comp_links.size(); ++i) {
+    classes_.solve[solve_.comp_links[i]].comp = static_cast<std::uint32_t>(i);
+    for (const FlowRef& r : classes_.flows[solve_.comp_links[i]]) {
       Flow& fl = flows_[r.flow];
-      if (fl.epoch == epoch_) continue;
-      fl.epoch = epoch_;
-      comp_flows_.push_back(r.flow);
+      if (fl.epoch == solve_.epoch) continue;
+      fl.epoch = solve_.epoch;
+      solve_.comp_flows.push_back(r.flow);
       for (std::uint32_t s : fl.shared) {
         const ClassId c = set_class(fl, s);
-        if (class_solve_[c].epoch == epoch_) continue;
-        class_solve_[c].epoch = epoch_;
-        comp_links_.push_back(c);
+        if (classes_.solve[c].epoch == solve_.epoch) continue;
+        classes_.solve[c].epoch = solve_.epoch;
+        solve_.comp_links.push_back(c);
       }
     }
   }
   // Bring remaining bytes up to now.
-  const std::size_t nf = comp_flows_.size();
+  const std::size_t nf = solve_.comp_flows.size();
   for (std::size_t i = 0; i < nf; ++i) {
-    Flow& fl = flows_[comp_flows_[i]];
+    Flow& fl = flows_[solve_.comp_flows[i]];
     if (now > fl.updated_ns && fl.rate > 0) {
       fl.remaining = std::max(0.0, fl.remaining - fl.rate * static_cast<double>(now - fl.updated_ns) * 1e-9);
     }
@@ -358,13 +358,13 @@ void Network::solve_from(std::span<const ClassId> seeds, TimeNs now) {
     fl.comp = static_cast<std::uint32_t>(i);
   }
   Component component{*this, now};
-  solver_.solve(component);
-  for (std::size_t i = 0; i < comp_links_.size(); ++i) {
-    const ClassId c = comp_links_[i];
-    if (class_flows_[c].size() < 2) continue;
-    const double cap = class_solve_[c].capacity_Bps;
-    const double load = std::max(0.0, cap - solver_.slack(static_cast<std::uint32_t>(i)));
-    class_peak_[c] = std::max(class_peak_[c], std::min(1.0, load / cap));
+  solve_.solver.solve(component);
+  for (std::size_t i = 0; i < solve_.comp_links.size(); ++i) {
+    const ClassId c = solve_.comp_links[i];
+    if (classes_.flows[c].size() < 2) continue;
+    const double cap = classes_.solve[c].capacity_Bps;
+    const double load = std::max(0.0, cap - solve_.solver.slack(static_cast<std::uint32_t>(i)));
+    classes_.peak[c] = std::max(classes_.peak[c], std::min(1.0, load / cap));
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "cuboid/core/cluster.hpp"
 #include "cuboid/core/topology.hpp"
+#include "cuboid/core/time.hpp"
 #include "cuboid/core/workload.hpp"
 
 namespace cuboid {
@@ -30,15 +31,15 @@ double gemm_efficiency(const GpuProfile& gpu, std::int64_t m, std::int64_t n, st
 // extra_bytes: HBM traffic beyond A, B and a bf16 C (a wgrad GEMM that
 // accumulates into an fp32 main_grad), added to the roofline's memory side;
 // a calibrated GEMM time (measured with a bf16 C) is used as it is.
-std::int64_t gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k,
-                          std::int64_t batch = 1,
-                          double extra_bytes = 0);
-std::int64_t memory_bound_time_ns(const GpuProfile& gpu, double bytes);
+TimeNs gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k,
+                    std::int64_t batch = 1,
+                    double extra_bytes = 0);
+TimeNs memory_bound_time_ns(const GpuProfile& gpu, double bytes);
 // A memory-bound kernel by the workload's op name ("act", "norm_in_bwd", and
 // the optimizer step's "adam" with bytes = shard parameters x 28, see
 // optimizer_step.hpp): its calibrated fit when the profile has one, else
 // memory_bound_time_ns.
-std::int64_t kernel_time_ns(const GpuProfile& gpu, const std::string& name, double bytes);
+TimeNs kernel_time_ns(const GpuProfile& gpu, const std::string& name, double bytes);
 
 // The copy kernels around a list-form c10d all_gather or reduce_scatter of
 // `bytes` (the gathered tensor, or the one reduced) over `group_size` ranks:
@@ -47,7 +48,7 @@ std::int64_t kernel_time_ns(const GpuProfile& gpu, const std::string& name, doub
 // kernel per rank launched from the host, each reading and writing
 // bytes / group_size: group_size x memory_bound_time_ns(2 x bytes /
 // group_size), i.e. the data's HBM time plus a kernel launch per rank.
-std::int64_t list_collective_copies_ns(const GpuProfile& gpu, double bytes, int group_size);
+TimeNs list_collective_copies_ns(const GpuProfile& gpu, double bytes, int group_size);
 
 // Alpha-beta parameters of one collective over one group: busbw in NCCL's
 // convention and the per-step latency.
@@ -69,7 +70,7 @@ struct LinkParams {
 // ring_bytes x S / busbw + ring_steps x alpha (collective_traits.hpp). A
 // fitted link charges its alpha once; a busbw curve's time is a floor
 // (busbw_curve.hpp).
-std::int64_t collective_time_ns(Collective c, double size_bytes, int group_size, const LinkParams& link);
+TimeNs collective_time_ns(Collective c, double size_bytes, int group_size, const LinkParams& link);
 
 // Link parameters for a collective among `ranks` (global GPU indices), from
 // the tier the group spans: inside a node the NVSwitch busbw (and the card's
@@ -116,7 +117,7 @@ class UplinkCounter {
 LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks, const UplinkLoad& load);
 
 // The time of one op of the workload on this GPU / group.
-std::int64_t op_time_ns(const GpuProfile& gpu, const Op& op);
+TimeNs op_time_ns(const GpuProfile& gpu, const Op& op);
 
 // The GPU as a kernel sees it while a collective holds `sms_taken` SMs (NCCL:
 // one CTA per channel, IntraNodeFabric::nccl_channels): sm_count - sms_taken
@@ -129,14 +130,14 @@ GpuProfile with_sms_taken(const GpuProfile& gpu, int sms_taken);
 // GEMMs change (the ops Megatron overlaps with a collective). A calibrated
 // GEMM time (measured on every SM) is scaled by the model's ratio of its
 // reduced-SM time to its full-SM time. sms_taken <= 0: op_time_ns.
-std::int64_t op_time_sms_taken_ns(const GpuProfile& gpu, const Op& op, int sms_taken);
+TimeNs op_time_sms_taken_ns(const GpuProfile& gpu, const Op& op, int sms_taken);
 
 // op_time_sms_taken_ns for many ops: the model's full and reduced GPUs built
 // once (a profile copy per op costs more than pricing the op).
 class SmsTakenPricer {
  public:
   SmsTakenPricer(const GpuProfile& gpu, int sms_taken);
-  std::int64_t operator()(const Op& op) const;
+  TimeNs operator()(const Op& op) const;
 
  private:
   const GpuProfile& gpu_;
@@ -172,6 +173,6 @@ double sm_contention_ns(double collective_ns, double compute_ns, double ratio);
 // op) while the collective holds its SMs, at full pace (full_ns for the
 // whole op) after. collective_ns >= reduced_ns: reduced_ns; else
 // collective_ns + (1 - collective_ns / reduced_ns) x full_ns.
-std::int64_t overlapped_time_ns(std::int64_t collective_ns, std::int64_t reduced_ns, std::int64_t full_ns);
+TimeNs overlapped_time_ns(TimeNs collective_ns, TimeNs reduced_ns, TimeNs full_ns);
 
 }  // namespace cuboid

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuboid/core/cluster.hpp"
+#include "cuboid/core/time.hpp"
 #include "cuboid/core/workload.hpp"
 
 namespace cuboid {
@@ -28,6 +29,6 @@ std::vector<Op> optimizer_step_ops(double stage_params, int dp, int zero_stage);
 
 // Sum of kernel_time_ns over optimizer_step_ops (a calibrated profile's fit
 // by op name, else HBM streaming bandwidth plus one launch per kernel).
-std::int64_t optimizer_step_time_ns(const GpuProfile& gpu, double stage_params, int dp, int zero_stage);
+TimeNs optimizer_step_time_ns(const GpuProfile& gpu, double stage_params, int dp, int zero_stage);
 
 }  // namespace cuboid

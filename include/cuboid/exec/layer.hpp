@@ -44,6 +44,13 @@ struct LayerDims {
   float norm_eps = 1e-5f;
   float dropout = 0.0f;
   std::int64_t experts = 0;        // routed experts of an MoE layer (0: a dense model)
+  // The dense layer's linear GEMMs, C[m x n] = A[m x k] B[k x n], as the
+  // workload gives them (transformer_layer_ops): the shapes the op timer
+  // reports, their dgrad (m, k, n) and wgrad (k, n, m) as the workload's.
+  struct Linear {
+    std::int64_t m = 0, n = 0, k = 0;
+  };
+  Linear qkv, proj, fc1, fc2;
 
   std::int64_t q_cols() const { return heads * head_dim; }
   std::int64_t kv_cols() const { return kv_heads * head_dim; }

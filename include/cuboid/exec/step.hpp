@@ -56,7 +56,7 @@ class StepRunner {
   };
   ReplicaDrift replica_drift();
 
-  std::size_t parameter_count() const { return param_count_; }  // on this rank
+  std::size_t parameter_count() const { return dense_.count; }  // on this rank
   int layers_on_rank() const;
   const LayerDims& dims() const { return runner_->dims(); }
 
@@ -72,17 +72,51 @@ class StepRunner {
     DeviceSpan final_gamma_grad, final_beta_grad, w_out_grad;
   };
   struct InFlight;  // activations of one (micro-batch, chunk)
+  // A flat set of weights with its gradients and optimizer state: the
+  // dense weights (over DP x CP), or this rank's experts (over expert-DP).
+  struct WeightState {
+    std::size_t count = 0;   // parameters in use
+    std::size_t padded = 0;  // count rounded up to the group size when sharded
+    DeviceBuffer params, grads;  // grads: fp32
+    DeviceBuffer master_buf, m, v;  // fp32 master (unless `params` serve) and Adam's moments
+    DeviceBuffer grad_shard, param_shard;  // ZeRO >= 1: this rank's block of each bucket
+    DeviceSpan master;  // master_buf, or params themselves
+  };
+  // The micro-batches' inputs and what the loss reads.
+  struct BatchBuffers {
+    std::vector<DeviceBuffer> ids, labels;  // per micro-batch, [T] i32
+    DeviceBuffer losses;                    // [micro_batches] f32
+    DeviceBuffer vocab_stats;               // [T] f32: the vocab-parallel cross-entropy's all-reduces
+  };
+  // Buffers a pass reuses for every micro-batch.
+  struct WorkBuffers {
+    DeviceBuffer emb_full, head_full, grad_a, grad_b;
+    DeviceBuffer norm_grads;  // the norms' gradients, packed for one TP all-reduce
+    LayerActs fwd_acts;       // forward activations dropped at once (full recompute)
+  };
+  // The pipeline's activations in flight and the messages between stages.
+  struct PipelineState {
+    DeviceBuffer grad_in;                     // the received gradient of a chunk's output
+    DeviceSpan input_grad;                    // the last backward's input gradient, to send
+    std::unique_ptr<InFlight> pending_input;  // the next forward's buffers, its input received into xs[0]
+    std::map<std::pair<int, int>, std::unique_ptr<InFlight>> in_flight;  // by (micro-batch, chunk)
+    std::vector<std::vector<std::unique_ptr<InFlight>>> free;             // per chunk
+  };
 
   void layout_params();
+  void plan_chunks();
+  void place_chunk(Chunk& ch, std::size_t& off);
+  void init_optimizer_state(WeightState& w, bool sharded, std::size_t parts, std::size_t rank, std::size_t bucket);
+  bool is_moe_layer(int layer) const;
+  std::uint64_t weight_seed(std::uint64_t what) const;
   void place_experts(LayerParams& w, LayerParams& g, int layer);
   void update_experts(const AdamConfig& adam, std::int64_t step);
   std::size_t expert_bucket() const;  // elements per bucket of the experts' reduction (a multiple of EDP)
   // ZeRO >= 1 over `comm`: each bucket's gradients reduce-scattered into
   // grad_shard, Adam on the shard, the updated master all-gathered into params
   // (the dense weights over DP x CP, the experts over expert-DP).
-  void sharded_adam_step(Communicator& comm, DeviceSpan grads, DeviceSpan grad_shard, DeviceSpan params,
-                         DeviceSpan param_shard, DeviceSpan master, DeviceSpan m, DeviceSpan v, std::size_t bucket,
-                         const AdamConfig& adam, std::int64_t step);
+  void sharded_adam_step(Communicator& comm, WeightState& w, std::size_t bucket, const AdamConfig& adam,
+                         std::int64_t step);
   void forward(int micro_batch, int chunk, std::int64_t step);
   void backward(int micro_batch, int chunk, std::int64_t step);
   // One pipeline exchange: the sends of `done`'s results and the receives of
@@ -109,29 +143,16 @@ class StepRunner {
   StageOrder order_;
   std::size_t pair_begin_ = 0, pair_end_ = 0;  // order_[pair_begin_, pair_end_): forward-backward pairs
 
-  std::size_t param_count_ = 0, padded_count_ = 0;
+  WeightState dense_;
   // MoE: the local experts of every MoE layer on this rank, apart from the
   // rest (their gradients go over expert-DP, not DP).
   MoeDims moe_;
-  std::size_t expert_count_ = 0, expert_at_ = 0;
-  DeviceBuffer expert_params_, expert_grads_, expert_master_buf_, expert_m_, expert_v_;
-  DeviceBuffer expert_grad_shard_, expert_param_shard_;  // ZeRO >= 1: this rank's block of each bucket
-  std::size_t expert_padded_ = 0;  // expert_count_ rounded up to the expert-DP size when sharded
-  bool shard_experts_ = false;     // ZeRO >= 1 over an expert-DP group of more than one rank
-  DeviceSpan expert_master_;
-  DeviceBuffer params_, grads_, master_buf_, adam_m_, adam_v_, grad_shard_, param_shard_;
-  DeviceSpan master_;
-  std::vector<DeviceBuffer> ids_, labels_;  // per micro-batch, [T] i32
-  DeviceBuffer losses_;                     // [micro_batches] f32
-  DeviceBuffer vocab_stats_;                // [T] f32: the vocab-parallel cross-entropy's all-reduces
-  DeviceBuffer emb_full_, head_full_, grad_a_, grad_b_;
-  DeviceBuffer grad_in_;                    // the received gradient of a chunk's output
-  DeviceBuffer norm_grads_;                 // the norms' gradients, packed for one TP all-reduce
-  DeviceSpan input_grad_;                   // the last backward's input gradient, to send
-  std::unique_ptr<InFlight> pending_input_; // the next forward's buffers, its input received into xs[0]
-  LayerActs fwd_scratch_;  // forward activations dropped at once (full recompute)
-  std::map<std::pair<int, int>, std::unique_ptr<InFlight>> in_flight_;
-  std::vector<std::vector<std::unique_ptr<InFlight>>> free_;
+  WeightState experts_;
+  std::size_t expert_at_ = 0;   // layout: where the next MoE layer's experts go
+  bool shard_experts_ = false;  // ZeRO >= 1 over an expert-DP group of more than one rank
+  BatchBuffers batch_;
+  WorkBuffers work_;
+  PipelineState pipe_;
 };
 
 }  // namespace cuboid::exec

@@ -156,17 +156,26 @@ class Engine {
   // 16 bytes, so a 4-ary heap node's children share a cache line: the
   // sequence number, task and type packed in one word whose order is the
   // sequence number's (unique), so (time, key) orders like (time, seq).
+  // (ns-3's EventKey in src/core/model/scheduler.h, packed.)
   struct Event {
     // The time with its sign bit flipped: unsigned, it orders like the
     // signed time, so the heap compares (time_key, key) as one number.
     std::uint64_t time_key = 0;
-    std::uint64_t key = 0;  // seq << 33 | task << 1 | type
+    // seq << kSeqShift | task << kTaskShift | type: bit 0 the type, bits
+    // 1-32 the task, bits 33-63 the sequence number.
+    std::uint64_t key = 0;
+    static constexpr unsigned kTaskShift = 1;
+    static constexpr unsigned kSeqShift = 33;
     static std::uint64_t time_key_of(TimeNs t) { return static_cast<std::uint64_t>(t) ^ (std::uint64_t{1} << 63); }
+    static std::uint64_t key_of(std::uint64_t seq, TaskId task, EventType type) {
+      return (seq << kSeqShift) | (std::uint64_t{task} << kTaskShift) | static_cast<std::uint64_t>(type);
+    }
     TimeNs time() const { return static_cast<TimeNs>(time_key ^ (std::uint64_t{1} << 63)); }
-    TaskId task() const { return static_cast<TaskId>(key >> 1); }
+    std::uint64_t seq() const { return key >> kSeqShift; }
+    TaskId task() const { return static_cast<TaskId>(key >> kTaskShift); }
     EventType type() const { return static_cast<EventType>(key & 1); }
   };
-  static constexpr std::uint64_t kMaxEvents = std::uint64_t{1} << 31;
+  static constexpr std::uint64_t kMaxEvents = std::uint64_t{1} << (64 - Event::kSeqShift);
   // One cache line: the run touches tasks in time order, not in the order
   // they were added, so each access is a likely cache miss; what only the
   // caller needs (the user value) lives apart.
@@ -174,10 +183,20 @@ class Engine {
     TimeNs duration_ns = 0;       // compute: the duration; flow: latency
     TimeNs start_ns = kNever;
     TimeNs end_ns = kNever;
-    double bytes = 0;             // comm: size_bytes (flow: bytes per route); compute: held_ns (0: none)
-    // comm: index into plans_; flow: the network's link set; compute with a
-    // held pace: the sequence number of its live end event (others are stale).
-    std::uint32_t plan = 0;
+    // One slot per task, read by its kind (fmt's `class value`, one member
+    // per reading); a task reads only the member its kind writes (the
+    // defaults are compute's: no held pace, no live end event).
+    union {
+      double held_ns = 0;  // compute: its duration while its SMs are held (0: no held pace)
+      double size_bytes;   // collective, send_recv: the message; flow: bytes per route
+    };
+    union {
+      std::uint32_t plan = 0;  // collective, send_recv: index into plans_
+      LinkSetId link_set;      // flow: its links on the network
+      // compute with a held pace, once started: the sequence number of its
+      // live end event (the others went stale when its pace changed).
+      std::uint32_t live_seq;
+    };
     // streams_len == 1 (nearly every task): the stream itself, kept inline;
     // otherwise where its streams start in task_streams_ (streams_of).
     std::uint32_t streams = 0;

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuboid/core/time.hpp"
 #include "cuboid/core/topology.hpp"
 #include "cuboid/sim/flow_list.hpp"
 #include "cuboid/sim/link_merger.hpp"
@@ -39,8 +40,9 @@
 
 namespace cuboid::sim {
 
-using TimeNs = std::int64_t;
-inline constexpr TimeNs kNever = std::numeric_limits<TimeNs>::max();
+// The simulator runs in core's time (core/time.hpp); sim::TimeNs stays a name for it.
+using cuboid::TimeNs;
+using cuboid::kNever;
 
 using FlowId = std::uint32_t;
 
@@ -123,7 +125,7 @@ class Network {
     for (std::uint32_t s = 0; s < num_slots_; ++s) {
       const ClassId c = link_class_[s];
       if (bytes[c] <= 0) continue;
-      f(s, LinkStats{capacity_of(slot_link_[s]), bytes[c], class_peak_[c]});
+      f(s, LinkStats{capacity_of(slot_link_[s]), bytes[c], classes_.peak[c]});
     }
   }
   // A link's modelled capacity (no settling: cheap).
@@ -181,7 +183,7 @@ class Network {
   std::size_t num_link_sets() const { return sets_.size(); }
   // Link classes in use (links every set crosses alike; class 0, the links
   // no set crosses, included): what solves and totals work on.
-  std::size_t num_link_classes() const { return class_solve_.size(); }
+  std::size_t num_link_classes() const { return classes_.solve.size(); }
   // Starts a flow of `bytes` per route over `set` at time `now` (>= every
   // earlier call's time; no completion may be pending before `now`, see
   // next_completion). `tag` comes back on completion. A flow with no link, or
@@ -200,9 +202,9 @@ class Network {
   void advance_to(TimeNs now, std::vector<std::uint64_t>& completed);
 
   double rate_Bps(FlowId f);                // current rate per route of an active flow (flushes)
-  std::size_t active_flows() const { return active_; }
-  std::uint64_t flows_started() const { return flows_started_; }
-  std::uint64_t solves() const { return solves_; }  // component re-solves
+  std::size_t active_flows() const { return counts_.active; }
+  std::uint64_t flows_started() const { return counts_.flows_started; }
+  std::uint64_t solves() const { return counts_.solves; }  // component re-solves
 
  private:
   using ClassId = std::uint32_t;
@@ -236,7 +238,7 @@ class Network {
   };
   static constexpr std::uint32_t kNotShared = std::numeric_limits<std::uint32_t>::max();
   struct ListPosition {       // where a flow sits, per class it uses
-    std::uint32_t pos = 0;    // index in class_flows_[class]
+    std::uint32_t pos = 0;    // index in classes_.flows[class]
     std::uint32_t spos = kNotShared;  // index in the flow's `shared`, if the class has other flows
   };
   struct Flow {
@@ -314,7 +316,7 @@ class Network {
     for (std::size_t l = 0; l < num_links_; ++l) {
       const ClassId c = class_of_link(static_cast<LinkId>(l));
       if (loaded_only && bytes[c] <= 0) continue;
-      f(static_cast<LinkId>(l), LinkStats{capacity_of(static_cast<LinkId>(l)), bytes[c], class_peak_[c]});
+      f(static_cast<LinkId>(l), LinkStats{capacity_of(static_cast<LinkId>(l)), bytes[c], classes_.peak[c]});
     }
   }
   [[noreturn]] void throw_no_topology_link(LinkId l) const;
@@ -340,6 +342,59 @@ class Network {
   void set_rate(FlowId f, double rate, TimeNs now);
   void push_pending(FlowId f);
 
+  // Per link class (index: ClassId), parallel tables.
+  struct ClassTables {
+    std::vector<ClassSolve> solve;
+    std::vector<FlowList> flows;
+    std::vector<std::uint32_t> members;          // member slots (links, unless folded)
+    std::vector<std::vector<ClassSet>> sets;     // the sets crossing it, in the order they were added
+    // Totals; settle() brings them up to date (link_stats is const).
+    mutable std::vector<double> bytes;
+    mutable std::vector<double> peak;
+    std::vector<std::uint32_t> first_group;      // register_links: its first SplitGroup
+    mutable std::vector<std::uint32_t> touch;    // == stamp: seen by the current pass
+    mutable std::uint32_t stamp = 0;
+  };
+  // Scratch of add_link_set and register_links.
+  struct SplitScratch {
+    std::vector<SplitGroup> groups;
+    std::vector<std::uint32_t> use_group;  // per link of the set: its group
+    std::vector<std::uint32_t> link_mark;  // the duplicate check (made on the first call)
+    std::uint32_t link_stamp = 0;
+    std::vector<std::uint32_t> set_mark;   // per set: the conflicts' check
+  };
+  // Scratch of settle_bytes: the retired flows grouped by set, and the
+  // classes they touch.
+  struct MergeCursor {
+    std::uint32_t at = 0, end = 0;
+    double weight = 0;
+  };
+  static constexpr std::uint32_t kNoEntry = std::numeric_limits<std::uint32_t>::max();
+  struct SettleBatch {
+    std::vector<std::uint32_t> of_set;  // per set: its index in `sets`, or kNoEntry
+    std::vector<LinkSetId> sets;
+    std::vector<std::uint32_t> off, fill, pos;
+    std::vector<double> totals;
+    std::vector<ClassId> touched;
+    std::vector<MergeCursor> cursors;
+  };
+  // The re-solves: their seeds and the component being solved (kept to
+  // avoid allocating per event).
+  struct SolveState {
+    std::vector<ClassId> seeds;
+    std::vector<ClassId> dirty;  // seeds of the deferred solve
+    std::vector<ClassId> comp_links;
+    std::vector<FlowId> comp_flows;
+    MaxMinSolver solver;
+    std::uint32_t epoch = 0;
+  };
+  struct Counters {
+    std::size_t active = 0;  // running flows
+    std::uint64_t flows_started = 0;
+    std::uint64_t solves = 0;
+    std::uint64_t next_seq = 0;  // the next flow's start order
+  };
+
   const Topology* topo_ = nullptr;
   NetworkOptions opts_;
   std::pmr::memory_resource* mem_ = nullptr;  // see the constructor; null: the default heap
@@ -354,42 +409,15 @@ class Network {
   double intra_busbw_Bps_ = 0;  // topology networks: the card's intra.busbw (achievable rates)
   double nic_eff_ = 1;          // and nic_efficiency
   ZeroedArray<ClassId> link_class_;  // per slot; zero: class 0; pages a run never touches stay unmapped
-  std::vector<std::uint32_t> link_mark_;  // scratch for add_link_set's duplicate check (made on its first call)
-  std::uint32_t link_stamp_ = 0;
   // Ends and latencies come from topo_->edges() (link l is edge l / 2, lower
   // vertex first when l is even): nothing to copy per link.
-  // Per class.
-  std::vector<ClassSolve> class_solve_;
-  std::vector<FlowList> class_flows_;
-  std::vector<std::uint32_t> class_size_;         // member slots (links, unless folded)
-  std::vector<std::vector<ClassSet>> class_sets_;  // the sets crossing it, in the order they were added
-  // Per-class totals; settle() brings them up to date (link_stats is const).
-  mutable std::vector<double> class_bytes_;
-  mutable std::vector<double> class_peak_;
-  std::vector<std::uint32_t> class_first_group_;
-  mutable std::vector<std::uint32_t> class_touch_;
-  mutable std::uint32_t class_stamp_ = 0;
-  std::vector<SplitGroup> groups_;
-  std::vector<std::uint32_t> use_group_;
-  std::vector<ClassId> seeds_;
-  std::vector<ClassId> dirty_;  // seeds of the deferred solve
+  ClassTables classes_;
+  SplitScratch split_;
   mutable std::pmr::vector<Retired> retired_{resource()};
   static constexpr std::size_t kRetiredMax = std::size_t{1} << 16;  // settle() when this many wait
   mutable std::vector<LinkSetId> peak_dirty_sets_;
-  // Scratch for settle_bytes.
-  struct MergeCursor {
-    std::uint32_t at = 0, end = 0;
-    double weight = 0;
-  };
-  static constexpr std::uint32_t kNoEntry = std::numeric_limits<std::uint32_t>::max();
-  mutable std::vector<std::uint32_t> set_batch_;  // per set: its index in batch_sets_, or kNoEntry
-  mutable std::vector<LinkSetId> batch_sets_;
-  mutable std::vector<std::uint32_t> batch_off_, batch_fill_, batch_pos_;
-  mutable std::vector<double> batch_totals_;
-  mutable std::vector<ClassId> touched_;
-  mutable std::vector<MergeCursor> merge_cursor_;
+  mutable SettleBatch batch_;
   mutable std::vector<LinkSet> sets_;
-  std::vector<std::uint32_t> set_mark_;            // scratch for add_link_set
   std::vector<Flow> flows_;
   std::vector<FlowId> free_flows_;
   std::vector<Pending> pending_;  // min-heap of predicted finish times (lazy deletion)
@@ -399,17 +427,10 @@ class Network {
   std::vector<LinkId> set_links_;  // the links to register: merger_'s (in id order) or add_link_set's (as given)
   RouteSetCache route_sets_{mem_};  // add_route_set's lists and their sets
 
-  // Scratch for solve_from (kept to avoid allocating per event).
-  std::vector<ClassId> comp_links_;
-  std::vector<FlowId> comp_flows_;
-  struct Component;  // comp_links_ and comp_flows_ as the solver sees them
-  MaxMinSolver solver_;
-  std::uint32_t epoch_ = 0;
+  struct Component;  // solve_.comp_links and comp_flows as the solver sees them
+  SolveState solve_;
   TimeNs now_ = 0;            // latest time seen (for link_stats of active flows)
-  std::size_t active_ = 0;
-  std::uint64_t flows_started_ = 0;
-  std::uint64_t solves_ = 0;
-  std::uint64_t start_seq_ = 0;
+  Counters counts_;
 };
 
 }  // namespace cuboid::sim
