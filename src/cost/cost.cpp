@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 
+#include "cuboid/core/element_bytes.hpp"
 #include "cuboid/core/busbw_curve.hpp"
 #include "cuboid/core/collective_traits.hpp"
 #include "cuboid/core/op_names.hpp"
@@ -22,7 +23,6 @@ namespace {
 // gives NVIDIA's "wave quantisation" (Deep Learning Performance guide,
 // "Matrix Multiplication Background").
 constexpr double kTile = 128.0;
-constexpr double kBf16Bytes = 2.0;
 // A time for groups that can never finish (no bandwidth): large, but far
 // from int64 overflow when summed over many ops.
 constexpr TimeNs kUnreachableNs = std::numeric_limits<TimeNs>::max() / 1024;

@@ -17,6 +17,7 @@
 // with context parallelism).
 #include "cuboid/cost/memory.hpp"
 
+#include "cuboid/core/element_bytes.hpp"
 #include "cuboid/core/workload.hpp"
 
 #include <algorithm>
@@ -136,12 +137,13 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
 double bytes_per_parameter(int zero_stage, int dp) {
   // bf16 weight 2 + fp32 gradient 4 + fp32 master weight 4 + Adam m 4 + v 4.
   // Megatron keeps fp32 gradients (main_grad), hence 4 bytes, not 2.
+  constexpr double weight = kBf16Bytes, grad = kFp32Bytes, optimizer = 3 * kFp32Bytes;
   const double d = dp;
   switch (zero_stage) {
-    case 0: return 18;
-    case 1: return 6 + 12 / d;   // master + moments sharded (Megatron's distributed optimizer)
-    case 2: return 2 + 16 / d;   // + gradients sharded
-    default: return 18 / d;      // + weights sharded (ZeRO-3)
+    case 0: return weight + grad + optimizer;
+    case 1: return weight + grad + optimizer / d;  // master + moments sharded (Megatron's distributed optimizer)
+    case 2: return weight + (grad + optimizer) / d;  // + gradients sharded
+    default: return (weight + grad + optimizer) / d;  // + weights sharded (ZeRO-3)
   }
 }
 

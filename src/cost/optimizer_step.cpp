@@ -33,6 +33,7 @@
 #include <string>
 #include <utility>
 
+#include "cuboid/core/element_bytes.hpp"
 #include "cuboid/core/op_names.hpp"
 #include "cuboid/cost/cost.hpp"
 
@@ -40,8 +41,6 @@ namespace cuboid {
 
 namespace {
 
-constexpr double kFp32 = 4.0;
-constexpr double kBf16 = 2.0;
 
 // One kernel of the step: its op name and HBM bytes.
 struct StepKernel {
@@ -57,11 +56,11 @@ std::array<StepKernel, 5> step_kernels(double stage_params, int dp, int zero_sta
   // the elements of its fp32 gradient buffer (whole up to ZeRO 1).
   const double shard = zero_stage >= 1 ? stage_params / groups : stage_params;
   const double buffer = zero_stage >= 2 ? shard : stage_params;
-  return {{{op::grad_scale, buffer * (kFp32 + kFp32)},
-           {op::grad_norm, shard * kFp32},
+  return {{{op::grad_scale, buffer * (kFp32Bytes + kFp32Bytes)},
+           {op::grad_norm, shard * kFp32Bytes},
            {op::adam, shard * kAdamBytesPerParam},
-           {op::param_copy, shard * (kFp32 + kBf16)},
-           {op::grad_zero, buffer * kFp32}}};
+           {op::param_copy, shard * (kFp32Bytes + kBf16Bytes)},
+           {op::grad_zero, buffer * kFp32Bytes}}};
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuboid/core/cluster.hpp"
+#include "cuboid/core/element_bytes.hpp"
 #include "cuboid/core/time.hpp"
 #include "cuboid/core/workload.hpp"
 
@@ -17,7 +18,7 @@ namespace cuboid {
 
 // apex FusedAdam (multi_tensor_adam) on fp32 tensors: reads the gradient,
 // master weight, m and v (4 x 4 B), writes master, m and v (3 x 4 B).
-inline constexpr double kAdamBytesPerParam = 4 * 4 + 3 * 4;
+inline constexpr double kAdamBytesPerParam = 4 * kFp32Bytes + 3 * kFp32Bytes;
 
 // The step's kernels for `stage_params` parameters on this GPU (its pipeline
 // stage after TP sharding), DP size `dp` and ZeRO stage `zero_stage`
