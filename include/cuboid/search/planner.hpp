@@ -2,9 +2,10 @@
 #ifndef CUBOID_LAYER_SEARCH
 #error "cuboid/search is not below this layer in the build (docs/architecture.md)"
 #endif
-// The planner: enumerate every TP x PP x DP factorisation of the cluster with
-// micro-batch, virtual stages, ZeRO stage, recomputation and sequence
-// parallelism; drop what does not divide or does not fit in memory; score the
+// The planner: enumerate every TP x CP x PP x DP factorisation of the cluster
+// with micro-batch, virtual stages, rank order, ZeRO stage, recomputation,
+// sequence parallelism and the experts' EP/ETP, one axis each; drop what
+// check_plan refuses (counted as values) or does not fit in memory; score the
 // rest with the analytical estimator; rank by throughput.
 #include <array>
 #include <compare>
@@ -62,7 +63,7 @@ struct PlannerOptions {
 };
 
 // The search tries CP sizes that leave each rank at least this many tokens
-// of a sequence (a fixed --cp may go below): Llama 3 405B's 128K stage ran
+// of a sequence (a fixed CP may go below): Llama 3 405B's 128K stage ran
 // CP 16, 8K tokens per rank (Dubey et al. 2024, Table 4); below 1K the GEMMs
 // and attention blocks shrink towards launch-bound sizes, and each CP size
 // multiplies the candidates.
@@ -174,11 +175,12 @@ SearchResult search_plans(const ModelSpec& model, const Topology& topo, const Pl
 // trainer's first ZeRO stage, selective recomputation where the trainer has
 // it (else full), SP with TP > 1 where it has it, flash attention where both
 // the GPU and the trainer have it, the trainer's accumulation fusion and
-// settings, Megatron's rank order, an even split. Not checked. The one place
-// defaults are decided: the search's candidates start from it too.
+// settings, Megatron's rank order, the first/last stage layers given (else
+// an even split). Not checked. The one place defaults are decided: the
+// search's candidates start from it too.
 ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const PlannerOptions& options);
 
-// complete_plan with the uneven split proposed (--uneven-stages), checked
+// complete_plan with the uneven split proposed (uneven_stages), checked
 // (PlanRejected): the plan of cuboid simulate.
 ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, const PlannerOptions& options);
 
