@@ -151,6 +151,13 @@ TEST_CASE("validate_plan names the flag and the fix") {
     CHECK(error_of(p) ==
           "command line: --tp/--pp/--dp: TP x PP x DP = 64 GPUs but cluster dgx-a100-4node has 32 "
           "(fix: use fewer GPUs or more nodes (--nodes N))");
+    // With CP the dimensions are four, and the fix names --nodes too.
+    p.dp = 1;
+    p.pp = 2;
+    p.cp = 2;
+    CHECK(error_of(p) ==
+          "command line: --tp/--pp/--dp: TP x CP x PP x DP = 16 does not use all 32 GPUs of dgx-a100-4node "
+          "(fix: make TP x CP x PP x DP equal the GPU count, or set --nodes so the cluster has exactly that many GPUs)");
   }
   SUBCASE("global batch not divisible by micro-batch x DP") {
     p.global_batch = 63;

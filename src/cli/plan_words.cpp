@@ -128,10 +128,8 @@ std::string flag_fix(const PlanRejection& r) {
     case K::sp_needs_tp: return "use --sequence-parallel off with TP 1";
     case K::world_over_gpus: return "use fewer GPUs or more nodes (--nodes N)";
     case K::world_not_gpus:
-      // With CP the fix names the four dimensions, and no flag.
-      return v[2] > 1
-                 ? "make TP x CP x PP x DP equal the GPU count, or use a cluster with exactly that many GPUs"
-                 : "make TP x PP x DP equal the GPU count, or set --nodes so the cluster has exactly that many GPUs";
+      return std::string("make ") + (v[2] > 1 ? "TP x CP x PP x DP" : "TP x PP x DP") +
+             " equal the GPU count, or set --nodes so the cluster has exactly that many GPUs";
     default: return plain_fix(r);
   }
 }
