@@ -198,12 +198,19 @@ std::vector<std::pair<int, int>> expert_axis(const Space& s, int tp, int cp, int
 class Walk {
  public:
   Walk(const Space& s, const ParallelPlan& base, SearchResult& result)
-      : s_(s), base_(base), result_(result), micro_batches_(micro_batch_axis(s)), recomputes_(recompute_axis(s)) {}
+      : s_(s),
+        base_(base),
+        result_(result),
+        tps_(tp_axis(s)),
+        cps_(cp_axis(s, base.seq_length)),
+        pps_(pp_axis(s)),
+        micro_batches_(micro_batch_axis(s)),
+        recomputes_(recompute_axis(s)) {}
 
   std::vector<ParallelPlan> run() {
-    for (int tp : tp_axis(s_))
-      for (int cp : cp_axis(s_, base_.seq_length))
-        for (int pp : pp_axis(s_)) shape(tp, cp, pp);
+    for (int tp : tps_)
+      for (int cp : cps_)
+        for (int pp : pps_) shape(tp, cp, pp);
     return std::move(plans_);
   }
 
@@ -289,7 +296,8 @@ class Walk {
   const Space& s_;
   const ParallelPlan& base_;
   SearchResult& result_;
-  const std::vector<int> micro_batches_;
+  // The axes that do not depend on the shape.
+  const std::vector<int> tps_, cps_, pps_, micro_batches_;
   const std::vector<Recompute> recomputes_;
   std::vector<ParallelPlan> plans_;
 };
