@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -102,7 +103,7 @@ void bench_simulation(const char* name, const char* model, const char* cluster, 
   const Cluster cl = load_cluster(cluster, nodes);
   const Topology topo(cl);
   plan.seq_length = plan.seq_length > 0 ? plan.seq_length : m.seq_length;
-  validate_plan(plan, m, cl);
+  if (const auto bad = check_plan(plan, m, cl)) throw std::invalid_argument(describe(*bad, m, cl));
   std::vector<SimRun> done;
   sim::SimResult first;
   for (int i = 0; i < runs; ++i) {

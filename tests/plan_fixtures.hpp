@@ -8,6 +8,7 @@
 // Each is turned into a plan file with plan_to_json and read back with
 // plan_file_from_json, so the tests go through the real file format.
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -91,7 +92,7 @@ inline Cluster four_dgx_a100() { return load_cluster(source_root() / "topologies
 inline nlohmann::json fixture_json(const Fixture& f) {
   const ModelSpec model = load_model(source_root() / f.model_card);
   const Cluster cluster = four_dgx_a100();
-  validate_plan(f.plan, model, cluster);
+  if (const auto bad = check_plan(f.plan, model, cluster)) throw std::invalid_argument(describe(*bad, model, cluster));
   const Topology topo(cluster);
   return plan_to_json(model, cluster, estimate(model, topo, f.plan));
 }

@@ -172,10 +172,10 @@ TEST_CASE("plan rules for CP: 2 x CP chunks, fused attention, a2a's heads, the G
   p.seq_length = 8190;
   REQUIRE(check_plan(p, m, c).has_value());
   CHECK(check_plan(p, m, c)->field == PlanField::cp);
-  CHECK(check_plan(p, m, c)->problem.find("2 x CP = 4 chunks") != std::string::npos);
+  CHECK(describe(*check_plan(p, m, c), m, c).find("2 x CP = 4 chunks") != std::string::npos);
   p = cp_plan();
   p.flash_attention = false;
-  CHECK(check_plan(p, m, c)->problem.find("fused (flash) attention") != std::string::npos);
+  CHECK(describe(*check_plan(p, m, c), m, c).find("fused (flash) attention") != std::string::npos);
   // a2a: 8 KV heads / TP 4 = 2 per rank, which CP 4 does not divide.
   p = cp_plan(4, CpComm::a2a);
   REQUIRE(check_plan(p, m, c).has_value());
@@ -183,7 +183,7 @@ TEST_CASE("plan rules for CP: 2 x CP chunks, fused attention, a2a's heads, the G
   CHECK_FALSE(check_plan(cp_plan(2, CpComm::a2a), m, c).has_value());
   p = cp_plan();
   p.dp = 2;
-  CHECK(check_plan(p, m, c)->problem.find("TP x CP x PP x DP = 64") != std::string::npos);
+  CHECK(describe(*check_plan(p, m, c), m, c).find("TP x CP x PP x DP = 64") != std::string::npos);
   CHECK_THROWS_WITH(parse_cp_comm("allgather", "x", "--cp-comm-type"), doctest::Contains("not modelled"));
 }
 

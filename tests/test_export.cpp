@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "cuboid/core/error.hpp"
@@ -52,7 +53,7 @@ std::string text(const std::string& plan, const std::string& target) { return ex
 // The plan file of `p` for `model` on the seed's 4 DGX A100, checked and estimated.
 PlanFile priced_plan_file(const ModelSpec& model, const ParallelPlan& p, const std::string& name) {
   const Cluster cluster = cuboid::test::four_dgx_a100();
-  validate_plan(p, model, cluster);
+  if (const auto bad = check_plan(p, model, cluster)) throw std::invalid_argument(describe(*bad, model, cluster));
   return plan_file_from_json(plan_to_json(model, cluster, estimate(model, Topology(cluster), p)), name);
 }
 

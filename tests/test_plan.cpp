@@ -5,11 +5,16 @@
 
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/plan.hpp"
+#include "cuboid/core/plan_check.hpp"
 #include "cuboid/search/planner.hpp"
 #include "fixtures.hpp"
+#include "plan_words.hpp"
 
 using namespace cuboid;
 using namespace cuboid::test;
+using cuboid::cli::flag_fix;
+using cuboid::cli::flag_of;
+using cuboid::cli::validate_plan;
 
 namespace {
 
@@ -146,6 +151,13 @@ TEST_CASE("validate_plan names the flag and the fix") {
     CHECK(error_of(p) ==
           "command line: --tp/--pp/--dp: TP x PP x DP = 64 GPUs but cluster dgx-a100-4node has 32 "
           "(fix: use fewer GPUs or more nodes (--nodes N))");
+    // With CP the dimensions are four, and the fix names --nodes too.
+    p.dp = 1;
+    p.pp = 2;
+    p.cp = 2;
+    CHECK(error_of(p) ==
+          "command line: --tp/--pp/--dp: TP x CP x PP x DP = 16 does not use all 32 GPUs of dgx-a100-4node "
+          "(fix: make TP x CP x PP x DP equal the GPU count, or set --nodes so the cluster has exactly that many GPUs)");
   }
   SUBCASE("global batch not divisible by micro-batch x DP") {
     p.global_batch = 63;
@@ -200,15 +212,16 @@ TEST_CASE("plans compare equal field by field") {
   CHECK(a != b);
 }
 
-TEST_CASE("check_plan speaks of settings; the planner names the flags") {
+TEST_CASE("check_plan returns a kind and its numbers; core describes it, the command line names the flags") {
   ParallelPlan p = seed_plan();
   p.sequence_parallel = true;
   p.tp = 1;
   p.dp = 8;
   auto problem = check_plan(p, llama3_70b(), four_dgx());
   REQUIRE(problem);
+  CHECK(problem->kind == PlanCheck::sp_needs_tp);
   CHECK(problem->field == PlanField::sequence_parallel);
-  CHECK(problem->fix == "turn sequence parallelism off with TP 1");
+  CHECK(describe(*problem, llama3_70b(), four_dgx()) == "sequence parallelism needs TP > 1");
   CHECK(flag_of(problem->field) == "--sequence-parallel");
   CHECK(flag_fix(*problem) == "use --sequence-parallel off with TP 1");
 
@@ -216,15 +229,19 @@ TEST_CASE("check_plan speaks of settings; the planner names the flags") {
   p.seq_length = 1 << 20;
   problem = check_plan(p, llama3_70b(), four_dgx());
   REQUIRE(problem);
+  CHECK(problem->kind == PlanCheck::seq_over_max);
   CHECK(problem->field == PlanField::seq_length);
-  CHECK(problem->fix.find("--") == std::string::npos);
-  CHECK(flag_fix(*problem).rfind("use --seq-length <= ", 0) == 0);
+  CHECK(problem->values[0] == (1 << 20));
+  CHECK(problem->values[1] == 8192);
+  CHECK(describe(*problem, llama3_70b(), four_dgx()).find("--") == std::string::npos);
+  CHECK(flag_fix(*problem) == "use --seq-length <= 8192");
 
-  // A fix that names no setting is the same in both.
+  // Equal refusals are equal values: the planner counts them without words.
   p = seed_plan();
   p.tp = 3;
   problem = check_plan(p, llama3_70b(), four_dgx());
   REQUIRE(problem);
-  CHECK(flag_fix(*problem) == problem->fix);
+  CHECK(*problem == *check_plan(p, llama3_70b(), four_dgx()));
+  CHECK(flag_fix(*problem) == "choose a TP that divides the number of heads");
   CHECK(!check_plan(seed_plan(), llama3_70b(), four_dgx()));
 }

@@ -11,6 +11,7 @@
 #include "cuboid/core/model.hpp"
 #include "cuboid/search/planner.hpp"
 #include "cuboid/core/topology.hpp"
+#include "plan_words.hpp"
 
 using namespace cuboid;
 
@@ -84,6 +85,23 @@ TEST_CASE("fixed dimensions are respected and invalid ones are rejected with the
   o.pp = 3;
   CHECK_THROWS_WITH(search_plans(m, topo, o),
                     doctest::Contains("PP 3 x virtual stages 1 = 3 does not divide the 80 layers"));
+}
+
+TEST_CASE("the search counts its skips as values; the command line words them") {
+  const ModelSpec m = load_model("models/llama3-70b.json");
+  const Cluster c = load_cluster("topologies/dgx-a100-4node.json");
+  const Topology topo(c);
+  PlannerOptions o;
+  o.global_batch = 48;  // 3 x 16: DP 32 and micro-batches 32 do not divide it
+  SearchResult r;
+  (void)enumerate_plans(m, topo, o, r);
+  std::int64_t counted = 0;
+  for (const auto& [why, count] : r.skips) counted += count;
+  CHECK(counted == r.skipped);
+  CHECK(r.skips.count(Rejection{Rejection::Kind::batch_not_divisible, PlanField::world_size, {}, {}}) == 1);
+  const auto lines = cli::skip_reasons(r, m, c, o, std::nullopt);
+  CHECK(lines.count("global batch not divisible by micro-batch x DP") == 1);
+  for (const auto& [line, count] : lines) CHECK(count > 0);
 }
 
 TEST_CASE("a model that cannot fit reports the smallest plans instead of nothing") {
@@ -229,7 +247,14 @@ TEST_CASE("uneven stages: Llama 3.1 405B's 126 layers on PP 16 as 7 + 14 x 8 + 7
   o.pp = 16;
   o.cp = 1;
   o.global_batch = 2048;
-  CHECK_THROWS_WITH(search_plans(m, topo, o), doctest::Contains("or add --uneven-stages"));
+  try {
+    (void)search_plans(m, topo, o);
+    FAIL("PP 16 of 126 layers searched without uneven stages");
+  } catch (const PlanRejected& e) {  // a value; the command line words it
+    CHECK(e.rejection().kind == Rejection::Kind::plan);
+    CHECK(e.rejection().plan.kind == PlanCheck::layers_split);
+    CHECK(std::string(cli::worded(e).what()).find("or add --uneven-stages") != std::string::npos);
+  }
   o.uneven_stages = true;
   const SearchResult r = search_plans(m, topo, o);
   REQUIRE(!r.fitting.empty());
@@ -311,7 +336,7 @@ TEST_CASE("uneven stages with interleaving: every stage's layers in v equal chun
   const auto problem = check_plan(p, m, c);
   REQUIRE(problem);
   CHECK(problem->field == PlanField::uneven_stages);
-  CHECK(problem->problem == "first stage's 7 layers do not split into 2 virtual stages (every stage holds its layers as 2 "
+  CHECK(describe(*problem, m, c) == "first stage's 7 layers do not split into 2 virtual stages (every stage holds its layers as 2 "
                          "equal chunks)");
   p.first_stage_layers = 8;
   p.last_stage_layers = 6;

@@ -1,6 +1,7 @@
 // cuboid plan: search, rank, explain.
 #include "commands.hpp"
 #include "plan_flags.hpp"
+#include "plan_words.hpp"
 
 #include <algorithm>
 #include <map>
@@ -268,7 +269,8 @@ void run_plan(const PlanFlags& f) {
   for (auto* rows : {&r.fitting, &r.not_fitting})
     for (Estimate& e : *rows) attach_interval(e, l.cluster);
   spdlog::info("scored {} candidates ({} fit in memory), skipped {}", r.candidates, r.fitting_plans, r.skipped);
-  for (const auto& [reason, count] : r.skip_reasons) spdlog::info("  skipped {} x: {}", count, reason);
+  const std::map<std::string, std::int64_t> skipped = skip_reasons(r, l.model, l.cluster, o, f.for_target);
+  for (const auto& [reason, count] : skipped) spdlog::info("  skipped {} x: {}", count, reason);
   std::string head = header(l, r, f);
   head += fmt::format("search  {} valid plans scored analytically (est), {} fit in memory, the best {} re-ranked by "
                       "discrete-event simulation (sim)\n",
@@ -277,14 +279,14 @@ void run_plan(const PlanFlags& f) {
     head += fmt::format("\n        (no simulation above {} GPUs by default: it would take minutes; --simulate-top K forces it)\n",
                         kMaxAutoSimulatedGpus);
   if (f.json) {
-    std::cout << search_to_json(l.model, l.cluster, r, f.top).dump(2) << "\n";
+    std::cout << search_to_json(l.model, l.cluster, r, skipped, f.top).dump(2) << "\n";
     write_outputs(l, o, r, f, head);
     return;
   }
   std::cout << head << "\n";
   if (r.candidates == 0) {
     std::cout << "No valid plan: no factorisation of the cluster satisfies the constraints.\n";
-    for (const auto& [reason, count] : r.skip_reasons) std::cout << fmt::format("  {} x {}\n", count, reason);
+    for (const auto& [reason, count] : skipped) std::cout << fmt::format("  {} x {}\n", count, reason);
     std::cout << what_would_fit(l, o, f);
     std::cout.flush();
     write_outputs(l, o, r, f, head);

@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid_config.hpp"
+#include "plan_words.hpp"
 
 int main(int argc, char** argv) {
   // Logs go to stderr so that --json output on stdout stays one document.
@@ -42,6 +43,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "cuboid: command line: " << e.what() << " (fix: see 'cuboid " << "--help')\n";
+    return 2;
+  } catch (const cuboid::PlanRejected& e) {
+    std::cerr << "cuboid: " << cuboid::cli::worded(e).what() << "\n";
     return 2;
   } catch (const cuboid::InputError& e) {
     std::cerr << "cuboid: " << e.what() << "\n";

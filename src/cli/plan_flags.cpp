@@ -1,4 +1,5 @@
 #include "plan_flags.hpp"
+#include "plan_words.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -274,7 +275,6 @@ void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& t
       return false;
     }
   };
-  o.accept_reason = target + " cannot express it (--for " + target + ")";
 }
 
 }  // namespace cuboid::cli

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/plan_check.hpp"
 #include "cuboid/core/json_reader.hpp"
 #include "cuboid/core/trainer.hpp"
 #include "cuboid_config.hpp"
@@ -400,7 +401,7 @@ PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source)
   shape.nodes = pf.nodes;
   shape.gpus_per_node = pf.gpus_per_node;
   if (auto problem = check_plan(pf.plan, pf.model, shape))
-    throw InputError(source, plan_key(problem->field), problem->problem, kRegenerate);
+    throw InputError(source, plan_key(problem->field), describe(*problem, pf.model, shape), kRegenerate);
 
   check_rank_mapping(r.raw("rank_mapping"), pf.plan, pf.gpus_per_node, source);
   pf.prediction = r.raw("prediction");

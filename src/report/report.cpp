@@ -114,7 +114,8 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   return j;
 }
 
-nlohmann::json search_to_json(const ModelSpec& m, const Cluster& c, const SearchResult& r, int top_k) {
+nlohmann::json search_to_json(const ModelSpec& m, const Cluster& c, const SearchResult& r,
+                              const std::map<std::string, std::int64_t>& skipped, int top_k) {
   nlohmann::json j;
   j["model"] = m.name;
   j["cluster"] = c.name;
@@ -130,7 +131,7 @@ nlohmann::json search_to_json(const ModelSpec& m, const Cluster& c, const Search
   j["not_fitting"] = nlohmann::json::array();
   if (r.fitting.empty())
     for (const auto& e : r.not_fitting) j["not_fitting"].push_back(estimate_to_json(e));
-  j["skipped"] = r.skip_reasons;
+  j["skipped"] = skipped;
   return j;
 }
 

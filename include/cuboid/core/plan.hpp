@@ -214,27 +214,6 @@ std::int64_t cp_causal_pairs(std::int64_t seq, int cp, int rank);
 // false when no such split exists (e.g. the rest would be < 2 chunks' worth).
 bool propose_uneven_stages(std::int64_t num_layers, int pp, int& first, int& last, int chunks = 1);
 
-// The plan setting a problem is about; each caller names it in its own
-// terms (the command line: a flag; a plan file: a JSON key).
-enum class PlanField {
-  tp, pp, dp, cp, cp_comm, ep, etp, micro_batch, global_batch, seq_length, virtual_stages, zero_stage, schedule, sequence_parallel,
-  flash_attention, uneven_stages, world_size,
-};
-
-// What is wrong with a plan and how to fix it, in the plan's own words.
-struct PlanProblem {
-  PlanField field;
-  std::string problem;
-  std::string fix;
-};
-
-// The first problem of the plan for the model on the cluster, or none.
-// Checks, in order: positive sizes, flash attention on the GPU, ZeRO stage
-// range, sequence length, TP divides heads / kv heads / FFN, CP's chunks and
-// heads, the stage split, interleaving, SP, TP x CP x PP x DP against the
-// GPUs, batch divisibility.
-std::optional<PlanProblem> check_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster);
-
 struct RankCoord {
   int rank = 0;
   int node = 0;

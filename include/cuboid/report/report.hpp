@@ -4,6 +4,8 @@
 #endif
 // Presentation: JSON documents (the contract in DESIGN.md, "Contracts other
 // tools rely on") and human-readable tables for plans, estimates and meshes.
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,8 +21,10 @@ namespace cuboid {
 nlohmann::json estimate_to_json(const Estimate& e);
 
 // `cuboid plan --json`: {"model", "cluster", "gpus", "global_batch", "seq_length",
-// "candidates": [... best first ...], "not_fitting": [...], ...}.
-nlohmann::json search_to_json(const ModelSpec& m, const Cluster& c, const SearchResult& r, int top_k);
+// "candidates": [... best first ...], "not_fitting": [...], "skipped": {line: count}}.
+// skipped: the search's skip counts in the caller's words.
+nlohmann::json search_to_json(const ModelSpec& m, const Cluster& c, const SearchResult& r,
+                              const std::map<std::string, std::int64_t>& skipped, int top_k);
 
 // The ranked table of `cuboid plan`.
 // "12.31-13.40" (a prediction's interval), "?" (no validation data near), "" (none attached).

@@ -2,10 +2,13 @@
 #ifndef CUBOID_LAYER_SEARCH
 #error "cuboid/search is not below this layer in the build (docs/architecture.md)"
 #endif
-// The planner: enumerate every TP x PP x DP factorisation of the cluster with
-// micro-batch, virtual stages, ZeRO stage, recomputation and sequence
-// parallelism; drop what does not divide or does not fit in memory; score the
+// The planner: enumerate every TP x CP x PP x DP factorisation of the cluster
+// with micro-batch, virtual stages, rank order, ZeRO stage, recomputation,
+// sequence parallelism and the experts' EP/ETP, one axis each; drop what
+// check_plan refuses (counted as values) or does not fit in memory; score the
 // rest with the analytical estimator; rank by throughput.
+#include <array>
+#include <compare>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -16,7 +19,9 @@
 
 #include "cuboid/cost/estimator.hpp"
 #include "cuboid/core/model.hpp"
+#include "cuboid/core/error.hpp"
 #include "cuboid/core/plan.hpp"
+#include "cuboid/core/plan_check.hpp"
 #include "cuboid/core/topology.hpp"
 #include "cuboid/core/trainer.hpp"
 
@@ -50,16 +55,15 @@ struct PlannerOptions {
   int max_micro_batch = 16;
   int threads = 0;                  // 0: all cores
   int simulate_top = 32;            // re-rank the best K (analytical) plans with the discrete-event simulator
-  // Only plans this accepts are scored (e.g. what an export target can express);
-  // the rejected count under `reason` in skip_reasons.
+  // Only plans this accepts are scored (e.g. what an export target can
+  // express); the others are counted as Rejection::Kind::not_accepted.
   std::function<bool(const ParallelPlan&)> accept;
-  std::string accept_reason;
   // Called from a helper thread about every 100 ms while scoring, and once at the end.
   std::function<void(std::size_t done, std::size_t total)> progress;
 };
 
 // The search tries CP sizes that leave each rank at least this many tokens
-// of a sequence (a fixed --cp may go below): Llama 3 405B's 128K stage ran
+// of a sequence (a fixed CP may go below): Llama 3 405B's 128K stage ran
 // CP 16, 8K tokens per rank (Dubey et al. 2024, Table 4); below 1K the GEMMs
 // and attention blocks shrink towards launch-bound sizes, and each CP size
 // multiplies the candidates.
@@ -73,6 +77,62 @@ inline constexpr std::int64_t kMinCpTokens = 1024;
 inline constexpr int kDefaultSequencesPerGpu = 16;
 std::int64_t default_global_batch(std::int64_t seq_length, int total_gpus);
 
+// Why the planner drops a candidate or refuses its options: a kind and the
+// numbers it names. Words are the boundary's: describe() gives the problem
+// in the plan's terms, the command line (src/cli) adds flags and fixes.
+struct Rejection {
+  enum class Kind : std::uint8_t {
+    plan,                        // check_plan refused it: `plan`
+    // The trainer's limits (fields: the option that asks for it; values as listed).
+    unknown_trainer,             // -
+    trainer_no_pipeline,         // -
+    trainer_no_sp,               // -
+    trainer_no_selective,        // -
+    trainer_no_interleaved,      // - (field: schedule or virtual_stages)
+    trainer_no_flash,            // -
+    trainer_no_grad_accum_fusion,  // -
+    trainer_no_cp,               // - (field: cp or cp_comm)
+    trainer_no_cp_a2a,           // -
+    trainer_no_ep,               // - (field: ep or etp)
+    trainer_no_zero_stage,       // the stage, the trainer's stages as a bit mask
+    trainer_even_stages,         // -
+    trainer_even_chunks,         // -
+    // A fixed size (field) that does not divide the GPUs: the size, the GPUs.
+    fixed_not_dividing_gpus,
+    // No proposed first/last-stage split: layers, PP, virtual stages.
+    no_uneven_split,
+    // The walk's own skips.
+    pp_not_dividing_layers,      // without uneven stages
+    batch_not_divisible,         // by micro-batch x DP
+    no_uneven_chunk_split,       // of the layers into the virtual stages
+    interleave_micro_batches,    // micro-batches not divisible by PP
+    not_accepted,                // PlannerOptions::accept refused it
+  };
+  Kind kind = Kind::plan;
+  PlanField field = PlanField::world_size;
+  std::array<std::int64_t, 3> values{};
+  PlanRejection plan{};
+  friend auto operator<=>(const Rejection&, const Rejection&) = default;
+};
+
+// The problem, in the plan's terms (no flag, no fix). The options name the
+// trainer (and an unknown one); not_accepted has no words here.
+std::string describe(const Rejection& rejection, const ModelSpec& model, const Cluster& cluster,
+                     const PlannerOptions& options);
+
+// Options the planner refuses, thrown once per run by check_trainer_options,
+// search_plans, enumerate_plans and plan_from_options: an InputError whose
+// field and fix are empty until the command line words them (src/cli).
+class PlanRejected : public InputError {
+ public:
+  PlanRejected(const Rejection& rejection, std::string problem)
+      : InputError("command line", "", std::move(problem), ""), rejection_(rejection) {}
+  const Rejection& rejection() const noexcept { return rejection_; }
+
+ private:
+  Rejection rejection_;
+};
+
 struct SearchResult {
   std::int64_t global_batch = 0;
   std::int64_t seq_length = 0;
@@ -85,27 +145,17 @@ struct SearchResult {
   std::vector<Estimate> not_fitting;   // valid but over memory, smallest memory first (at most 16)
   std::int64_t candidates = 0;         // valid plans scored (fitting + not fitting)
   std::int64_t skipped = 0;            // factorisations rejected before scoring
-  std::map<std::string, std::int64_t> skip_reasons;  // reason -> count
+  std::map<Rejection, std::int64_t> skips;  // why -> how many
 };
 
 // e.other_orders: the rows of r (and the orders folded into them) that are e's
 // plan in another rank order, fastest first.
 void attach_other_orders(Estimate& e, const SearchResult& r);
 
-// The planner's options are the command line's flags, so it names plan
-// problems by flag. flag_of: "--tp", ..., "--tp/--pp/--dp" for the GPU count.
-std::string_view flag_of(PlanField field);
-// The problem's fix with the flags spelled out (PlanProblem::fix names
-// settings, not flags).
-std::string flag_fix(const PlanProblem& problem);
-// check_plan, thrown as InputError(source, flag, problem, flag fix).
-void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster,
-                   const std::string& source = "command line");
-
-// The options' trainer preset; InputError (naming --trainer) when unknown.
+// The options' trainer preset; PlanRejected (unknown_trainer) when unknown.
 const TrainerPreset& trainer_of(const PlannerOptions& options);
-// InputError naming the flag when an option asks for what the trainer
-// cannot run (e.g. --sequence-parallel on with megatron-2021).
+// PlanRejected when an option asks for what the trainer cannot run (e.g.
+// sequence parallelism with megatron-2021).
 void check_trainer_options(const PlannerOptions& options);
 // The trainer settings every plan of these options gets.
 TrainerSettings trainer_settings(const PlannerOptions& options);
@@ -115,13 +165,23 @@ TrainerSettings trainer_settings(const PlannerOptions& options);
 std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology& topo, const PlannerOptions& options,
                                           SearchResult& result);
 
-// Throws InputError when a fixed dimension is itself invalid (e.g. --tp 3 for
-// 64 heads), with the same messages as validate_plan.
+// Throws PlanRejected when a fixed dimension is itself invalid (e.g. TP 3
+// for 64 heads).
 SearchResult search_plans(const ModelSpec& model, const Topology& topo, const PlannerOptions& options);
 
-// The plan that the options describe when every dimension is fixed (cuboid
-// simulate); unset dimensions take Megatron-like defaults (mb 1, v 1, ZeRO 0,
-// selective recompute, SP on when TP > 1, 1F1B). Validated.
+// The plan the options describe, every unset setting at its default: TP, PP,
+// CP, EP 1, ETP = TP (MoE), DP the rest of the GPUs, micro-batch 1, v 1, the
+// model's sequence, default_global_batch, 1F1B (interleaved with v > 1), the
+// trainer's first ZeRO stage, selective recomputation where the trainer has
+// it (else full), SP with TP > 1 where it has it, flash attention where both
+// the GPU and the trainer have it, the trainer's accumulation fusion and
+// settings, Megatron's rank order, the first/last stage layers given (else
+// an even split). Not checked. The one place defaults are decided: the
+// search's candidates start from it too.
+ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const PlannerOptions& options);
+
+// complete_plan with the uneven split proposed (uneven_stages), checked
+// (PlanRejected): the plan of cuboid simulate.
 ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, const PlannerOptions& options);
 
 }  // namespace cuboid

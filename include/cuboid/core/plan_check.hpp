@@ -1,0 +1,85 @@
+#pragma once
+#ifndef CUBOID_LAYER_CORE
+#error "cuboid/core is not below this layer in the build (docs/architecture.md)"
+#endif
+// check_plan: whether a ParallelPlan can run its model on a cluster. A
+// refusal is a value, a kind and the numbers it names, so that the planner
+// can count millions of them without building a string; each boundary puts
+// it into its reader's words (the command line: flags and fixes, src/cli; a
+// plan file: its keys, io/planfile).
+#include <array>
+#include <compare>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "cuboid/core/cluster.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
+
+namespace cuboid {
+
+// The plan setting a problem is about; each caller names it in its own
+// terms (the command line: a flag; a plan file: a JSON key).
+enum class PlanField {
+  tp, pp, dp, cp, cp_comm, ep, etp, micro_batch, global_batch, seq_length, virtual_stages, zero_stage, schedule,
+  sequence_parallel, flash_attention, uneven_stages, world_size,
+};
+
+// What check_plan refuses; the comment names what PlanRejection::values
+// holds for the kind, in order.
+enum class PlanCheck : std::uint8_t {
+  not_positive,           // the field's value
+  zero_stage_range,       // the stage
+  seq_over_max,           // sequence length, the model's max_position_embeddings
+  tp_heads,               // TP, attention heads
+  tp_kv_heads,            // TP, key/value heads
+  tp_ffn,                 // TP, ffn_hidden_size
+  cp_needs_flash,         // -
+  cp_chunks,              // sequence length, 2 x CP
+  cp_sp_tokens,           // tokens per CP rank, TP
+  cp_a2a_heads,           // CP, query heads per TP rank, key/value heads per TP rank
+  ep_needs_moe,           // -
+  ep_experts,             // EP, experts
+  etp_not_1_or_tp,        // ETP, TP
+  etp_ffn,                // ETP, the experts' FFN size
+  tp_shared_ffn,          // TP, the shared experts' FFN size
+  ep_fold,                // ETP x EP, TP x CP x DP
+  moe_zero3,              // -
+  moe_needs_sp,           // -
+  mla_cp,                 // -
+  mla_zero3,              // -
+  stage_layers_negative,  // -
+  uneven_needs_pp,        // -
+  uneven_rest,            // first stage layers, last stage layers, the rest, layers, middle stages
+  uneven_chunks,          // which stage (0 first, 1 last, 2 each middle one), its layers, virtual stages
+  layers_split,           // PP, virtual stages, PP x virtual stages, layers
+  interleaved_needs_v,    // -
+  v_needs_interleaved,    // virtual stages
+  v_needs_pp,             // -
+  sp_needs_tp,            // -
+  world_over_gpus,        // TP, PP, DP, CP, GPUs
+  world_not_gpus,         // TP x CP x PP x DP, GPUs, CP
+  batch_split,            // global batch, micro-batch x DP
+  interleaved_batches,    // micro-batches, PP, micro-batch x DP x PP
+};
+
+struct PlanRejection {
+  PlanCheck kind = PlanCheck::not_positive;
+  PlanField field = PlanField::world_size;
+  std::array<std::int64_t, 5> values{};
+  friend auto operator<=>(const PlanRejection&, const PlanRejection&) = default;
+};
+
+// The first problem of the plan for the model on the cluster, or none.
+// Checks, in order: positive sizes, ZeRO stage range, sequence length, TP
+// divides heads / kv heads / FFN, CP's chunks and heads, the experts,
+// latent attention, the stage split, interleaving, SP, TP x CP x PP x DP
+// against the GPUs, batch divisibility. Allocation-free.
+std::optional<PlanRejection> check_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster);
+
+// What is wrong, in the plan's own words (no flag, no key, no fix): "TP 3
+// does not divide the 64 attention heads of Llama 3 70B".
+std::string describe(const PlanRejection& rejection, const ModelSpec& model, const Cluster& cluster);
+
+}  // namespace cuboid

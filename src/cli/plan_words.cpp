@@ -1,0 +1,173 @@
+#include "plan_words.hpp"
+
+#include "cuboid/core/trainer.hpp"
+
+namespace cuboid::cli {
+
+namespace {
+
+using K = PlanCheck;
+using R = Rejection::Kind;
+
+// The fixes that name no flag, or "" for the others.
+std::string plain_fix(const PlanRejection& r) {
+  switch (r.kind) {
+    case K::not_positive: return "give a value >= 1";
+    case K::zero_stage_range: return "use 0, 1, 2 or 3";
+    case K::tp_heads: return "choose a TP that divides the number of heads";
+    case K::tp_kv_heads: return "choose a TP that divides the number of key/value heads";
+    case K::tp_ffn: return "choose a TP that divides the FFN size";
+    case K::cp_needs_flash: return "turn flash attention on, or use CP 1";
+    case K::cp_chunks: return "choose a CP for which 2 x CP divides the sequence length";
+    case K::cp_sp_tokens: return "choose CP and TP so that TP divides sequence length / CP";
+    case K::cp_a2a_heads: return "use the p2p ring, or a CP that divides the key/value heads per TP rank";
+    case K::ep_needs_moe: return "drop EP / ETP (use EP 1)";
+    case K::ep_experts: return "choose an EP that divides the number of experts";
+    case K::etp_not_1_or_tp: return "use ETP 1 or ETP = TP";
+    case K::etp_ffn: return "choose an ETP that divides the experts' FFN size";
+    case K::tp_shared_ffn: return "choose a TP that divides the shared experts' FFN size";
+    case K::ep_fold: return "choose EP and ETP whose product divides TP x CP x DP";
+    case K::moe_zero3:
+    case K::mla_zero3: return "use ZeRO 0-2 (Megatron's distributed optimizer is ZeRO 1)";
+    case K::moe_needs_sp: return "turn sequence parallelism on";
+    case K::mla_cp: return "use CP 1 for a latent-attention model";
+    case K::stage_layers_negative: return "give positive layer counts";
+    case K::uneven_rest:
+      return "choose first/last stage layers so that the remaining layers divide by the middle stages";
+    case K::uneven_chunks:
+      return "choose first/last stage layers and virtual stages so that every stage's layers divide by the virtual "
+             "stages";
+    case K::batch_split: return "choose a global batch that is a multiple of " + std::to_string(r.values[1]);
+    case K::interleaved_batches:
+      return "choose a global batch that is a multiple of micro-batch x DP x PP = " + std::to_string(r.values[2]);
+    default: return "";
+  }
+}
+
+const std::string kOtherTrainer = "drop it, or choose a --trainer that has it";
+
+std::string zero_stages(std::int64_t mask) {
+  std::string stages;
+  for (int z = 0; z < 4; ++z)
+    if ((mask >> z) & 1) stages += (stages.empty() ? "" : ", ") + std::to_string(z);
+  return stages;
+}
+
+// The flag and the fix of a refusal of the options (not Kind::plan).
+std::pair<std::string, std::string> option_words(const Rejection& r) {
+  switch (r.kind) {
+    case R::unknown_trainer: return {"--trainer", "use one of " + trainer_names() + " (cuboid plan --help)"};
+    case R::trainer_no_pipeline: return {"--pp", "use --pp 1, or " + kOtherTrainer};
+    case R::trainer_no_sp: return {"--sequence-parallel", "use --sequence-parallel off, or " + kOtherTrainer};
+    case R::trainer_no_selective: return {"--recompute", "use --recompute full or none"};
+    case R::trainer_no_interleaved:
+      return {r.field == PlanField::schedule ? "--schedule" : "--vpp", "use --schedule 1f1b (or gpipe) without --vpp"};
+    case R::trainer_no_flash: return {"--flash-attention", "use --flash-attention off, or " + kOtherTrainer};
+    case R::trainer_no_grad_accum_fusion:
+      return {"--grad-accum-fusion", "use --grad-accum-fusion off, or " + kOtherTrainer};
+    case R::trainer_no_cp:
+      return {r.field == PlanField::cp ? "--cp" : "--cp-comm-type", "use --cp 1, or " + kOtherTrainer};
+    case R::trainer_no_cp_a2a: return {"--cp-comm-type", "use --cp-comm-type p2p, or " + kOtherTrainer};
+    case R::trainer_no_ep:
+      return {r.field == PlanField::ep ? "--ep" : "--etp", "use --ep 1 without --etp, or " + kOtherTrainer};
+    case R::trainer_no_zero_stage: return {"--zero", "use --zero " + zero_stages(r.values[1])};
+    case R::trainer_even_stages: return {"--uneven-stages", "choose a PP that divides the layers"};
+    case R::trainer_even_chunks:
+      return {"--uneven-stages",
+              "drop --vpp (1F1B with uneven stages), or choose a PP x virtual stages that divides the layers"};
+    case R::fixed_not_dividing_gpus: {
+      const char* size = r.field == PlanField::tp   ? "TP"
+                         : r.field == PlanField::pp ? "PP"
+                         : r.field == PlanField::dp ? "DP"
+                                                    : "CP";
+      return {std::string(flag_of(r.field)), "choose a " + std::string(size) + " that divides the GPU count"};
+    }
+    case R::no_uneven_split:
+      return {"--uneven-stages", "give --first-stage-layers and --last-stage-layers, or choose another PP" +
+                                     std::string(r.values[2] > 1 ? " or --vpp" : "")};
+    default: return {std::string(flag_of(r.plan.field)), flag_fix(r.plan)};
+  }
+}
+
+}  // namespace
+
+std::string_view flag_of(PlanField field) {
+  switch (field) {
+    case PlanField::tp: return "--tp";
+    case PlanField::pp: return "--pp";
+    case PlanField::dp: return "--dp";
+    case PlanField::cp: return "--cp";
+    case PlanField::cp_comm: return "--cp-comm-type";
+    case PlanField::ep: return "--ep";
+    case PlanField::etp: return "--etp";
+    case PlanField::micro_batch: return "--micro-batch";
+    case PlanField::global_batch: return "--global-batch";
+    case PlanField::seq_length: return "--seq-length";
+    case PlanField::virtual_stages: return "--vpp";
+    case PlanField::zero_stage: return "--zero";
+    case PlanField::schedule: return "--schedule";
+    case PlanField::sequence_parallel: return "--sequence-parallel";
+    case PlanField::flash_attention: return "--flash-attention";
+    case PlanField::uneven_stages: return "--uneven-stages";
+    case PlanField::world_size: return "--tp/--pp/--dp";
+  }
+  return "--tp/--pp/--dp";
+}
+
+std::string flag_fix(const PlanRejection& r) {
+  const auto& v = r.values;
+  switch (r.kind) {
+    case K::seq_over_max: return "use --seq-length <= " + std::to_string(v[1]);
+    case K::uneven_needs_pp: return "use --pp >= 2 or an even split";
+    case K::layers_split:
+      return v[1] > 1 ? "choose PP x virtual stages that divides the number of layers"
+                      : "choose PP x virtual stages that divides the number of layers, or add --uneven-stages";
+    case K::interleaved_needs_v: return "add --vpp 2 (or more), or use --schedule 1f1b";
+    case K::v_needs_interleaved: return "add --schedule interleaved, or drop --vpp";
+    case K::v_needs_pp: return "drop --vpp or use --pp >= 2";
+    case K::sp_needs_tp: return "use --sequence-parallel off with TP 1";
+    case K::world_over_gpus: return "use fewer GPUs or more nodes (--nodes N)";
+    case K::world_not_gpus:
+      return std::string("make ") + (v[2] > 1 ? "TP x CP x PP x DP" : "TP x PP x DP") +
+             " equal the GPU count, or set --nodes so the cluster has exactly that many GPUs";
+    default: return plain_fix(r);
+  }
+}
+
+void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster,
+                   const std::string& source) {
+  if (auto r = check_plan(plan, model, cluster))
+    throw InputError(source, std::string(flag_of(r->field)), describe(*r, model, cluster), flag_fix(*r));
+}
+
+InputError worded(const PlanRejected& refused) {
+  const auto [flag, fix] = option_words(refused.rejection());
+  return InputError(refused.source(), flag, refused.problem(), fix);
+}
+
+std::map<std::string, std::int64_t> skip_reasons(const SearchResult& result, const ModelSpec& model,
+                                                 const Cluster& cluster, const PlannerOptions& options,
+                                                 const std::optional<std::string>& for_target) {
+  std::map<std::string, std::int64_t> lines;
+  for (const auto& [why, count] : result.skips) {
+    std::string line;
+    switch (why.kind) {
+      case R::plan:
+        line = "invalid for " + std::string(flag_of(why.field)) + ": " + describe(why.plan, model, cluster);
+        break;
+      case R::trainer_even_stages:
+      case R::trainer_even_chunks:
+        line = "invalid for --uneven-stages: " + describe(why, model, cluster, options);
+        break;
+      case R::pp_not_dividing_layers: line = describe(why, model, cluster, options) + " (allow --uneven-stages)"; break;
+      case R::not_accepted:
+        line = for_target.value_or("") + " cannot express it (--for " + for_target.value_or("") + ")";
+        break;
+      default: line = describe(why, model, cluster, options);
+    }
+    lines[line] += count;
+  }
+  return lines;
+}
+
+}  // namespace cuboid::cli

@@ -1,0 +1,261 @@
+#include "cuboid/core/plan_check.hpp"
+
+#include <fmt/format.h>
+
+namespace cuboid {
+
+namespace {
+
+using F = PlanField;
+using K = PlanCheck;
+using Found = std::optional<PlanRejection>;
+
+Found reject(PlanCheck kind, PlanField field, std::int64_t a = 0, std::int64_t b = 0, std::int64_t c = 0,
+             std::int64_t d = 0, std::int64_t e = 0) {
+  return PlanRejection{kind, field, {a, b, c, d, e}};
+}
+
+Found check_sizes(const ParallelPlan& p, const ModelSpec& m) {
+  const std::pair<std::int64_t, PlanField> sizes[] = {{p.tp, F::tp},
+                                                      {p.pp, F::pp},
+                                                      {p.dp, F::dp},
+                                                      {p.cp, F::cp},
+                                                      {p.micro_batch, F::micro_batch},
+                                                      {p.global_batch, F::global_batch},
+                                                      {p.seq_length, F::seq_length},
+                                                      {p.virtual_stages, F::virtual_stages}};
+  for (const auto& [v, field] : sizes)
+    if (v <= 0) return reject(K::not_positive, field, v);
+  if (p.zero_stage < 0 || p.zero_stage > 3) return reject(K::zero_stage_range, F::zero_stage, p.zero_stage);
+  if (p.seq_length > m.max_position_embeddings)
+    return reject(K::seq_over_max, F::seq_length, p.seq_length, m.max_position_embeddings);
+  return std::nullopt;
+}
+
+Found check_tp(const ParallelPlan& p, const ModelSpec& m) {
+  if (m.num_attention_heads % p.tp != 0) return reject(K::tp_heads, F::tp, p.tp, m.num_attention_heads);
+  if (m.num_kv_heads % p.tp != 0) return reject(K::tp_kv_heads, F::tp, p.tp, m.num_kv_heads);
+  if (m.ffn_hidden_size % p.tp != 0) return reject(K::tp_ffn, F::tp, p.tp, m.ffn_hidden_size);
+  return std::nullopt;
+}
+
+// Megatron-LM runs context parallelism in Transformer Engine's fused
+// attention only, and splits each sequence into 2 x CP chunks (arguments.py:
+// seq_length % (2 x context_parallel_size) == 0).
+Found check_cp(const ParallelPlan& p, const ModelSpec& m) {
+  if (p.cp <= 1) return std::nullopt;
+  if (!p.flash_attention) return reject(K::cp_needs_flash, F::cp);
+  if (p.seq_length % (2LL * p.cp) != 0) return reject(K::cp_chunks, F::cp, p.seq_length, 2LL * p.cp);
+  if (p.sequence_parallel && (p.seq_length / p.cp) % p.tp != 0)
+    return reject(K::cp_sp_tokens, F::cp, p.seq_length / p.cp, p.tp);
+  // The all-to-all gives each rank heads / (TP x CP) query and key/value
+  // heads of the whole sequence.
+  if (p.cp_comm == CpComm::a2a && ((m.num_attention_heads / p.tp) % p.cp != 0 || (m.num_kv_heads / p.tp) % p.cp != 0))
+    return reject(K::cp_a2a_heads, F::cp_comm, p.cp, m.num_attention_heads / p.tp, m.num_kv_heads / p.tp);
+  return std::nullopt;
+}
+
+// The experts' dimensions, as Megatron-Core constrains them (arguments.py,
+// moe_layer.py, parallel_state.py at d98e8a64), and the ETP cuboid models.
+Found check_experts(const ParallelPlan& p, const ModelSpec& m) {
+  if (p.ep <= 0) return reject(K::not_positive, F::ep, p.ep);
+  if (p.etp < 0) return reject(K::not_positive, F::etp, p.etp);
+  if (!m.moe.enabled()) {
+    if (p.ep > 1 || (p.etp > 0 && p.etp != p.tp)) return reject(K::ep_needs_moe, p.ep > 1 ? F::ep : F::etp);
+    return std::nullopt;
+  }
+  if (m.moe.num_experts % p.ep != 0) return reject(K::ep_experts, F::ep, p.ep, m.moe.num_experts);
+  if (p.expert_tp() != 1 && p.expert_tp() != p.tp) return reject(K::etp_not_1_or_tp, F::etp, p.expert_tp(), p.tp);
+  if (m.moe.expert_ffn_hidden_size % p.expert_tp() != 0)
+    return reject(K::etp_ffn, F::etp, p.expert_tp(), m.moe.expert_ffn_hidden_size);
+  if (m.moe.shared_expert_ffn_hidden_size % p.tp != 0)
+    return reject(K::tp_shared_ffn, F::tp, p.tp, m.moe.shared_expert_ffn_hidden_size);
+  const std::int64_t dense = static_cast<std::int64_t>(p.tp) * p.cp * p.dp;
+  const std::int64_t folded = static_cast<std::int64_t>(p.expert_tp()) * p.ep;
+  if (dense % folded != 0) return reject(K::ep_fold, F::ep, folded, dense);
+  if (p.zero_stage >= 3) return reject(K::moe_zero3, F::zero_stage);
+  if (p.tp > 1 && !p.sequence_parallel) return reject(K::moe_needs_sp, F::sequence_parallel);
+  return std::nullopt;
+}
+
+Found check_latent_attention(const ParallelPlan& p, const ModelSpec& m) {
+  if (!m.mla.enabled()) return std::nullopt;
+  if (p.cp > 1) return reject(K::mla_cp, F::cp);
+  if (p.zero_stage >= 3) return reject(K::mla_zero3, F::zero_stage);
+  return std::nullopt;
+}
+
+// Megatron-Core builds every stage's layers as `v` equal chunks
+// (transformer_config.py __post_init__: the first / last stage's layers
+// divisible by the virtual pipeline size; transformer_block.py
+// get_num_layers_to_build: every stage's).
+Found check_uneven_split(const ParallelPlan& p, const ModelSpec& m) {
+  if (p.pp < 2) return reject(K::uneven_needs_pp, F::uneven_stages);
+  const int fixed_stages = (p.first_stage_layers > 0 ? 1 : 0) + (p.last_stage_layers > 0 ? 1 : 0);
+  const std::int64_t rest = m.num_layers - p.first_stage_layers - p.last_stage_layers;
+  const int middle = p.pp - fixed_stages;
+  if (rest < middle || (middle == 0 && rest != 0) || (middle > 0 && rest % middle != 0))
+    return reject(K::uneven_rest, F::uneven_stages, p.first_stage_layers, p.last_stage_layers, rest, m.num_layers,
+                  middle);
+  if (const int v = p.virtual_stages; v > 1) {
+    const std::int64_t layers[] = {p.first_stage_layers, p.last_stage_layers, middle > 0 ? rest / middle : 0};
+    for (int which = 0; which < 3; ++which)
+      if (layers[which] % v != 0) return reject(K::uneven_chunks, F::uneven_stages, which, layers[which], v);
+  }
+  return std::nullopt;
+}
+
+Found check_stages(const ParallelPlan& p, const ModelSpec& m) {
+  if (p.first_stage_layers < 0 || p.last_stage_layers < 0) return reject(K::stage_layers_negative, F::uneven_stages);
+  if (has_uneven_stages(p)) return check_uneven_split(p, m);
+  const std::int64_t chunks = static_cast<std::int64_t>(p.pp) * p.virtual_stages;
+  if (m.num_layers % chunks != 0)
+    return reject(K::layers_split, p.virtual_stages > 1 ? F::virtual_stages : F::pp, p.pp, p.virtual_stages, chunks,
+                  m.num_layers);
+  return std::nullopt;
+}
+
+Found check_schedule(const ParallelPlan& p) {
+  if (p.schedule == Schedule::interleaved && p.virtual_stages < 2) return reject(K::interleaved_needs_v, F::schedule);
+  if (p.schedule != Schedule::interleaved && p.virtual_stages > 1)
+    return reject(K::v_needs_interleaved, F::virtual_stages, p.virtual_stages);
+  if (p.virtual_stages > 1 && p.pp < 2) return reject(K::v_needs_pp, F::virtual_stages);
+  if (p.sequence_parallel && p.tp == 1) return reject(K::sp_needs_tp, F::sequence_parallel);
+  return std::nullopt;
+}
+
+Found check_world(const ParallelPlan& p, const Cluster& c) {
+  const std::int64_t gpus = c.total_gpus();
+  // In floating point: the factors are positive ints, so the product cannot
+  // overflow (world_size() can, for a DP of 2147483647), and it is exact
+  // whenever it is at most the GPU count.
+  const double world = static_cast<double>(p.tp) * p.pp * p.dp * p.cp;
+  if (world > static_cast<double>(gpus)) return reject(K::world_over_gpus, F::world_size, p.tp, p.pp, p.dp, p.cp, gpus);
+  if (p.world_size() != gpus) return reject(K::world_not_gpus, F::world_size, p.world_size(), gpus, p.cp);
+  return std::nullopt;
+}
+
+Found check_batch(const ParallelPlan& p) {
+  const std::int64_t per_step = static_cast<std::int64_t>(p.micro_batch) * p.dp;
+  if (p.global_batch % per_step != 0) return reject(K::batch_split, F::global_batch, p.global_batch, per_step);
+  if (p.schedule == Schedule::interleaved && p.num_micro_batches() % p.pp != 0)
+    return reject(K::interleaved_batches, F::global_batch, p.num_micro_batches(), p.pp, per_step * p.pp);
+  return std::nullopt;
+}
+
+std::string n(std::int64_t v) { return std::to_string(v); }
+
+// The words of the kinds about sizes, TP and CP; "" for the others.
+std::string describe_sizes(const PlanRejection& r, const ModelSpec& m) {
+  const auto& v = r.values;
+  switch (r.kind) {
+    case K::not_positive: return "must be positive, got " + n(v[0]);
+    case K::zero_stage_range: return "ZeRO stage must be 0, 1, 2 or 3, got " + n(v[0]);
+    case K::seq_over_max:
+      return "sequence length " + n(v[0]) + " exceeds the model's max_position_embeddings " + n(v[1]) + " (" + m.name +
+             ")";
+    case K::tp_heads: return "TP " + n(v[0]) + " does not divide the " + n(v[1]) + " attention heads of " + m.name;
+    case K::tp_kv_heads:
+      return "TP " + n(v[0]) + " does not divide the " + n(v[1]) + " key/value heads of " + m.name +
+             " (Megatron-LM requires num_query_groups % TP == 0)";
+    case K::tp_ffn: return "TP " + n(v[0]) + " does not divide ffn_hidden_size " + n(v[1]);
+    case K::cp_needs_flash: return "context parallelism needs fused (flash) attention (Transformer Engine's)";
+    case K::cp_chunks: return "sequence length " + n(v[0]) + " does not split into 2 x CP = " + n(v[1]) + " chunks";
+    case K::cp_sp_tokens:
+      return "the " + n(v[0]) + " tokens of a CP rank do not split over TP " + n(v[1]) + " for sequence parallelism";
+    case K::cp_a2a_heads:
+      return "the a2a exchange needs CP " + n(v[0]) + " to divide the heads per TP rank (" + n(v[1]) + " query, " +
+             n(v[2]) + " key/value)";
+    default: return "";
+  }
+}
+
+std::string describe_experts(const PlanRejection& r, const ModelSpec& m) {
+  const auto& v = r.values;
+  switch (r.kind) {
+    case K::ep_needs_moe: return "expert parallelism needs a mixture-of-experts model; " + m.name + " has no experts";
+    case K::ep_experts: return "EP " + n(v[0]) + " does not divide the " + n(v[1]) + " experts of " + m.name;
+    case K::etp_not_1_or_tp:
+      return "ETP " + n(v[0]) + " is neither 1 nor TP " + n(v[1]) +
+             " (cuboid prices the experts' TP on the attention's TP group, or none)";
+    case K::etp_ffn: return "ETP " + n(v[0]) + " does not divide the experts' FFN size " + n(v[1]);
+    case K::tp_shared_ffn: return "TP " + n(v[0]) + " does not divide the shared experts' FFN size " + n(v[1]);
+    case K::ep_fold:
+      return "ETP x EP = " + n(v[0]) + " does not divide the TP x CP x DP = " + n(v[1]) +
+             " ranks of a pipeline stage, which the experts regroup";
+    case K::moe_zero3:
+      return "ZeRO-3 of a mixture-of-experts model is not modelled (cuboid gathers whole dense layers)";
+    case K::moe_needs_sp:
+      return "a mixture-of-experts layer with TP > 1 needs sequence parallelism (Megatron-Core refuses to train "
+             "without it)";
+    case K::mla_cp: return "context parallelism with latent attention is not modelled";
+    case K::mla_zero3: return "ZeRO-3 of a latent-attention model is not modelled";
+    default: return "";
+  }
+}
+
+std::string describe_stages(const PlanRejection& r, const ModelSpec& m) {
+  const auto& v = r.values;
+  switch (r.kind) {
+    case K::stage_layers_negative: return "stage layer counts must not be negative";
+    case K::uneven_needs_pp: return "uneven stages need PP >= 2";
+    case K::uneven_rest:
+      return "first stage " + n(v[0]) + " + last stage " + n(v[1]) + " layers leave " + n(v[2]) + " of the " + n(v[3]) +
+             " layers of " + m.name + ", which do not split evenly over the other " + n(v[4]) + " stages";
+    case K::uneven_chunks: {
+      static constexpr const char* kWhich[] = {"first stage", "last stage", "each middle stage"};
+      return std::string(kWhich[v[0]]) + "'s " + n(v[1]) + " layers do not split into " + n(v[2]) +
+             " virtual stages (every stage holds its layers as " + n(v[2]) + " equal chunks)";
+    }
+    case K::layers_split:
+      return "PP " + n(v[0]) + " x virtual stages " + n(v[1]) + " = " + n(v[2]) + " does not divide the " + n(v[3]) +
+             " layers of " + m.name + " (Megatron-LM once trained a silently smaller model here)";
+    case K::interleaved_needs_v: return "the interleaved schedule needs virtual stages >= 2";
+    case K::v_needs_interleaved: return "virtual stages " + n(v[0]) + " need the interleaved schedule";
+    case K::v_needs_pp: return "virtual stages need pipeline parallelism (PP >= 2)";
+    case K::sp_needs_tp: return "sequence parallelism needs TP > 1";
+    default: return "";
+  }
+}
+
+std::string describe_world(const PlanRejection& r, const Cluster& c) {
+  const auto& v = r.values;
+  switch (r.kind) {
+    case K::world_over_gpus: {
+      const double world =
+          static_cast<double>(v[0]) * static_cast<double>(v[1]) * static_cast<double>(v[2]) * static_cast<double>(v[3]);
+      return std::string(v[3] > 1 ? "TP x CP x PP x DP" : "TP x PP x DP") + " = " + fmt::format("{:.0f}", world) +
+             " GPUs but cluster " + c.name + " has " + n(v[4]);
+    }
+    case K::world_not_gpus:
+      return std::string(v[2] > 1 ? "TP x CP x PP x DP" : "TP x PP x DP") + " = " + n(v[0]) + " does not use all " +
+             n(v[1]) + " GPUs of " + c.name;
+    case K::batch_split: return "global batch " + n(v[0]) + " is not divisible by micro-batch x DP = " + n(v[1]);
+    case K::interleaved_batches:
+      return "the interleaved schedule needs the number of micro-batches (" + n(v[0]) + ") to be a multiple of PP " +
+             n(v[1]);
+    default: return "";
+  }
+}
+
+}  // namespace
+
+std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& m, const Cluster& c) {
+  if (Found r = check_sizes(p, m)) return r;
+  if (Found r = check_tp(p, m)) return r;
+  if (Found r = check_cp(p, m)) return r;
+  if (Found r = check_experts(p, m)) return r;
+  if (Found r = check_latent_attention(p, m)) return r;
+  if (Found r = check_stages(p, m)) return r;
+  if (Found r = check_schedule(p)) return r;
+  if (Found r = check_world(p, c)) return r;
+  return check_batch(p);
+}
+
+std::string describe(const PlanRejection& r, const ModelSpec& m, const Cluster& c) {
+  for (std::string words : {describe_sizes(r, m), describe_experts(r, m), describe_stages(r, m), describe_world(r, c)})
+    if (!words.empty()) return words;
+  return "";
+}
+
+}  // namespace cuboid
