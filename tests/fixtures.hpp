@@ -12,6 +12,7 @@
 #include "cuboid/core/cluster.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/model.hpp"
+#include "cuboid/core/plan.hpp"
 
 namespace cuboid::test {
 
@@ -142,5 +143,20 @@ inline ModelSpec llama3(std::string name, std::int64_t layers, std::int64_t hidd
 
 inline ModelSpec llama3_70b() { return llama3("llama3-70b", 80, 8192, 64, 28672); }
 inline ModelSpec llama3_8b() { return llama3("llama3-8b", 32, 4096, 32, 14336); }
+
+// A plan of micro-batch 1 with full recomputation and SP wherever TP > 1:
+// the builder's and the step description's tests walk their mechanisms on it.
+inline ParallelPlan recompute_plan(int tp, int pp, int dp, std::int64_t global_batch, int zero_stage = 1) {
+  ParallelPlan p;
+  p.tp = tp;
+  p.pp = pp;
+  p.dp = dp;
+  p.micro_batch = 1;
+  p.global_batch = global_batch;
+  p.recompute = Recompute::full;
+  p.sequence_parallel = tp > 1;
+  p.zero_stage = zero_stage;
+  return p;
+}
 
 }  // namespace cuboid::test

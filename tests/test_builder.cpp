@@ -66,18 +66,7 @@ void check_same(const std::string& model, const std::string& card, int nodes, Pa
   CHECK(stamped.end_ns == played.end_ns);
 }
 
-ParallelPlan plan_of(int tp, int pp, int dp, std::int64_t batch) {
-  ParallelPlan p;
-  p.tp = tp;
-  p.pp = pp;
-  p.dp = dp;
-  p.micro_batch = 1;
-  p.global_batch = batch;
-  p.recompute = Recompute::full;
-  p.sequence_parallel = tp > 1;
-  p.zero_stage = 1;
-  return p;
-}
+ParallelPlan plan_of(int tp, int pp, int dp, std::int64_t batch) { return test::recompute_plan(tp, pp, dp, batch); }
 
 }  // namespace
 

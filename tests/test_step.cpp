@@ -31,16 +31,7 @@ using Key = std::tuple<StepGroup, Collective>;
 using Bytes = std::map<Key, double>;
 
 ParallelPlan plan_of(int tp, int pp, int dp, int zero, std::int64_t batch) {
-  ParallelPlan p;
-  p.tp = tp;
-  p.pp = pp;
-  p.dp = dp;
-  p.micro_batch = 1;
-  p.global_batch = batch;
-  p.recompute = Recompute::full;
-  p.sequence_parallel = tp > 1;
-  p.zero_stage = zero;
-  return p;
+  return test::recompute_plan(tp, pp, dp, batch, zero);
 }
 
 Bytes sum_by_kind(std::span<const StepCollective> cs) {

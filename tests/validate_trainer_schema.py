@@ -13,20 +13,8 @@ import copy
 import glob
 import json
 import os
-import sys
 
-try:
-    import jsonschema
-except ImportError:
-    print("python3-jsonschema is not installed; skipping", file=sys.stderr)
-    sys.exit(77)
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL: " + what, file=sys.stderr)
-        sys.exit(1)
-    print("ok: " + what)
+from schema_check import check, load_validator, validate_file
 
 
 def schema_is_strict(validator, doc):
@@ -55,19 +43,11 @@ def main():
     ap.add_argument("--trainers", required=True, help="the trainers/ folder")
     args = ap.parse_args()
 
-    with open(args.schema) as f:
-        schema = json.load(f)
-    jsonschema.Draft202012Validator.check_schema(schema)
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = load_validator(args.schema)
     paths = sorted(glob.glob(os.path.join(args.trainers, "*.json")))
     check(len(paths) > 0, f"there are presets in {args.trainers}")
     for path in paths:
-        with open(path) as f:
-            doc = json.load(f)
-        errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.path))
-        for e in errors:
-            print(f"{path}: {'/'.join(map(str, e.path))}: {e.message}", file=sys.stderr)
-        check(not errors, f"{path} matches the schema")
+        doc = validate_file(validator, path)
         check(path.endswith("/" + doc["name"] + ".json"), f"{path} is named after its preset")
     with open(paths[0]) as f:
         schema_is_strict(validator, json.load(f))
@@ -75,4 +55,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
