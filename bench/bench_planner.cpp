@@ -5,9 +5,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <sys/resource.h>
 #include <time.h>
@@ -98,6 +101,27 @@ double median(std::vector<double> v) {
 // tables' pages are new to the process); the later ones reuse memory the
 // process already has, as the planner's re-ranking does, simulation after
 // simulation.
+// With BENCH_JSON=FILE, each simulation case also appends one JSON object (a
+// line) to FILE: what tools/bench decides from instead of the printed line.
+void write_json_line(const char* name, int gpus, const sim::SimResult& first, const std::vector<SimRun>& done,
+                     double peak_rss_mib) {
+  const char* path = std::getenv("BENCH_JSON");
+  if (path == nullptr || *path == '\0') return;
+  nlohmann::json runs = nlohmann::json::array();
+  for (const SimRun& r : done) runs.push_back({{"wall_s", r.wall}, {"cpu_s", r.cpu}, {"page_faults", r.page_faults}});
+  const nlohmann::json j = {{"case", name},
+                            {"gpus", gpus},
+                            {"tasks", first.tasks},
+                            {"events", first.events},
+                            {"flows", first.flows},
+                            {"iteration_s", first.estimate.iteration_time_s},
+                            {"peak_rss_mib", peak_rss_mib},
+                            {"runs", runs}};
+  std::ofstream out(path, std::ios::app);
+  out << j.dump() << '\n';
+  if (!out) throw std::runtime_error(std::string("bench_planner: cannot write ") + path);
+}
+
 void bench_simulation(const char* name, const char* model, const char* cluster, int nodes, ParallelPlan plan, int runs) {
   const ModelSpec m = load_model(model);
   const Cluster cl = load_cluster(cluster, nodes);
@@ -133,6 +157,7 @@ void bench_simulation(const char* name, const char* model, const char* cluster, 
               static_cast<unsigned long long>(first.events), static_cast<unsigned long long>(first.flows), done[0].wall,
               done[0].cpu, events / done[0].cpu / 1e6, static_cast<double>(ru.ru_maxrss) / 1024.0, done[0].page_faults,
               first.estimate.iteration_time_s);
+  write_json_line(name, cl.total_gpus(), first, done, static_cast<double>(ru.ru_maxrss) / 1024.0);
   if (runs < 2) return;
   std::vector<double> cpu;
   for (std::size_t i = 1; i < done.size(); ++i) cpu.push_back(done[i].cpu);
