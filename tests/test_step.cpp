@@ -75,7 +75,8 @@ void check_readers(const std::string& model, const std::string& card, int nodes,
 
   const FoldedStep folded = folded_step(m, topo, plan);
   std::vector<StepCollective> expected;
-  for (const StepCollective& c : step.stage(folded.critical_stage).collectives())
+  const StageStep critical = step.stage(folded.critical_stage);
+  for (const StepCollective& c : critical.collectives())
     if (c.when != StepWhen::after_all_backward) expected.push_back(c);
   if (step.tied_embedding_bytes() > 0) expected.push_back(step.tied_embedding());
   check_same_bytes(sum_by_kind(expected), sum_by_kind(folded.collectives));
@@ -132,10 +133,11 @@ TEST_CASE("the step's bytes by hand: GPT-3 175B's tied embedding, TP 8, PP 8") {
   const double vocab = static_cast<double>(padded_vocab_size(m.vocab_size, 8));
   CHECK(vocab == 51200);
   CHECK(step.tied_embedding_bytes() == doctest::Approx(51200.0 / 8 * 12288 * 4));
-  CHECK(step.stage(0).collectives().back().name == "param all-gather");
+  const StageStep first = step.stage(0), middle = step.stage(3);
+  CHECK(first.collectives().back().name == "param all-gather");
   bool tied_first = false, tied_middle = false;
-  for (const StepCollective& c : step.stage(0).collectives()) tied_first |= c.group == StepGroup::embedding;
-  for (const StepCollective& c : step.stage(3).collectives()) tied_middle |= c.group == StepGroup::embedding;
+  for (const StepCollective& c : first.collectives()) tied_first |= c.group == StepGroup::embedding;
+  for (const StepCollective& c : middle.collectives()) tied_middle |= c.group == StepGroup::embedding;
   CHECK(tied_first);
   CHECK_FALSE(tied_middle);
   // A calibrated CPU card moves f32 activations and parameters.

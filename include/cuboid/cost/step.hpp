@@ -65,7 +65,9 @@ struct StageStep {
   StageParameters params;
   std::array<StepCollective, 7> items{};
   std::size_t size = 0;
-  std::span<const StepCollective> collectives() const { return {items.data(), size}; }
+  std::span<const StepCollective> collectives() const& { return {items.data(), size}; }
+  // A span into a temporary would dangle (a range-for over stage(s).collectives()).
+  std::span<const StepCollective> collectives() const&& = delete;
   void add(const StepCollective& c) { items[size++] = c; }
 };
 
