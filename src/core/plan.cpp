@@ -293,4 +293,19 @@ bool RankMapping::tp_crosses_nodes() const {
   return false;
 }
 
+nlohmann::json plan_layout_json(const ParallelPlan& p) {
+  return {{"tp", p.tp},
+          {"pp", p.pp},
+          {"dp", p.dp},
+          {"micro_batch", p.micro_batch},
+          {"global_batch", p.global_batch},
+          {"seq_length", p.seq_length},
+          {"virtual_stages", p.virtual_stages},
+          {"zero_stage", p.zero_stage},
+          {"recompute", std::string(to_string(p.recompute))},
+          {"sequence_parallel", p.sequence_parallel},
+          {"schedule", std::string(to_string(p.schedule))},
+          {"rank_order", p.order.str()}};
+}
+
 }  // namespace cuboid

@@ -159,20 +159,25 @@ nlohmann::json rank_json(const World& world, const ProcessGroups& g, const StepR
           {"ops", ops}};
 }
 
+nlohmann::json run_plan_json(const ParallelPlan& plan, int gpus_per_node) {
+  nlohmann::json j = plan_layout_json(plan);
+  j["cp"] = plan.cp;
+  j["ep"] = plan.ep;
+  j["etp"] = plan.etp;
+  j["first_stage_layers"] = plan.first_stage_layers;
+  j["last_stage_layers"] = plan.last_stage_layers;
+  j["flash_attention"] = plan.flash_attention;
+  j["gpus_per_node"] = gpus_per_node;
+  return j;
+}
+
 // What every rank must agree on before it runs (require_same_plan): the model
 // and plan as this rank will run them and the flags that change which
 // collectives it calls. FNV-1a over the canonical JSON (sorted keys).
 std::string run_fingerprint(const ModelSpec& model, const ParallelPlan& plan, int gpus_per_node, const RunOptions& o) {
   const nlohmann::json j = {
       {"model", model_to_json(model)},
-      {"plan", {{"tp", plan.tp}, {"pp", plan.pp}, {"dp", plan.dp}, {"cp", plan.cp}, {"ep", plan.ep}, {"etp", plan.etp},
-                {"micro_batch", plan.micro_batch},
-                {"global_batch", plan.global_batch}, {"seq_length", plan.seq_length},
-                {"virtual_stages", plan.virtual_stages}, {"first_stage_layers", plan.first_stage_layers},
-                {"last_stage_layers", plan.last_stage_layers}, {"zero_stage", plan.zero_stage},
-                {"recompute", std::string(to_string(plan.recompute))}, {"sequence_parallel", plan.sequence_parallel},
-                {"schedule", std::string(to_string(plan.schedule))}, {"flash_attention", plan.flash_attention},
-                {"rank_order", plan.order.str()}, {"gpus_per_node", gpus_per_node}}},
+      {"plan", run_plan_json(plan, gpus_per_node)},
       {"run", {{"backend", o.backend}, {"steps", o.steps}, {"warmup", o.warmup}, {"check", o.check}, {"dropout", o.dropout}}}};
   std::uint64_t h = 0xcbf29ce484222325ull;
   for (const char c : j.dump()) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
@@ -344,12 +349,10 @@ void add_model_and_plan(nlohmann::json& doc, const ModelSpec& model, const Paral
   doc["model"] = {{"name", model.name}, {"num_layers", model.num_layers}, {"hidden_size", model.hidden_size},
                   {"num_attention_heads", model.num_attention_heads}, {"ffn_hidden_size", model.ffn_hidden_size},
                   {"vocab_size", model.vocab_size}};
-  doc["plan"] = {{"tp", plan.tp}, {"pp", plan.pp}, {"dp", plan.dp}, {"micro_batch", plan.micro_batch},
-                 {"global_batch", plan.global_batch}, {"num_micro_batches", plan.num_micro_batches()},
-                 {"seq_length", runner.dims().seq * plan.cp}, {"virtual_stages", plan.virtual_stages},
-                 {"zero_stage", plan.zero_stage}, {"recompute", std::string(to_string(plan.recompute))},
-                 {"sequence_parallel", plan.sequence_parallel}, {"schedule", std::string(to_string(plan.schedule))},
-                 {"rank_order", plan.order.str()}, {"world_size", plan.world_size()}};
+  doc["plan"] = plan_layout_json(plan);
+  doc["plan"]["num_micro_batches"] = plan.num_micro_batches();
+  doc["plan"]["seq_length"] = runner.dims().seq * plan.cp;
+  doc["plan"]["world_size"] = plan.world_size();
   if (plan.cp > 1) doc["plan"]["cp"] = plan.cp;
   if (model.moe.enabled()) {
     doc["plan"]["ep"] = plan.ep;

@@ -48,35 +48,21 @@ void read_zero3(JsonReader& t, TrainerSettings& s) {
 }
 
 nlohmann::json parallel_to_json(const ParallelPlan& p) {
-  nlohmann::json j{
-      {"tp", p.tp},
-      {"pp", p.pp},
-      {"dp", p.dp},
-      {"cp", p.cp},
-      {"micro_batch", p.micro_batch},
-      {"global_batch", p.global_batch},
-      {"seq_length", p.seq_length},
-      {"num_micro_batches", p.num_micro_batches()},
-      {"virtual_stages", p.virtual_stages},
-      {"first_stage_layers", p.first_stage_layers},
-      {"last_stage_layers", p.last_stage_layers},
-      {"zero_stage", p.zero_stage},
-      {"recompute", std::string(to_string(p.recompute))},
-      {"sequence_parallel", p.sequence_parallel},
-      {"schedule", std::string(to_string(p.schedule))},
-      {"flash_attention", p.flash_attention},
-      {"grad_accum_fusion", p.grad_accum_fusion},
-      {"rank_order", p.order.str()},
-      {"world_size", p.world_size()},
-      {"trainer",
-       {{"preset", p.trainer.preset},
-        {"dp_overlap", p.trainer.dp_overlap},
-        {"dp_grad_bytes", p.trainer.dp_grad_bytes},
-        {"zero1_grad_all_reduce", p.trainer.zero1_grad_all_reduce},
-        {"tp_backward_overlap", p.trainer.tp_backward_overlap},
-        {"grad_accum_bytes", p.trainer.grad_accum_bytes},
-        {"zero3", zero3_to_json(p.trainer)}}},
-  };
+  nlohmann::json j = plan_layout_json(p);
+  j["cp"] = p.cp;
+  j["num_micro_batches"] = p.num_micro_batches();
+  j["first_stage_layers"] = p.first_stage_layers;
+  j["last_stage_layers"] = p.last_stage_layers;
+  j["flash_attention"] = p.flash_attention;
+  j["grad_accum_fusion"] = p.grad_accum_fusion;
+  j["world_size"] = p.world_size();
+  j["trainer"] = {{"preset", p.trainer.preset},
+                  {"dp_overlap", p.trainer.dp_overlap},
+                  {"dp_grad_bytes", p.trainer.dp_grad_bytes},
+                  {"zero1_grad_all_reduce", p.trainer.zero1_grad_all_reduce},
+                  {"tp_backward_overlap", p.trainer.tp_backward_overlap},
+                  {"grad_accum_bytes", p.trainer.grad_accum_bytes},
+                  {"zero3", zero3_to_json(p.trainer)}};
   // Written with CP only: a file without it reads as the default ring.
   if (p.cp > 1) j["cp_comm"] = std::string(to_string(p.cp_comm));
   // Written for expert parallelism only (EP > 1 or an ETP of its own).

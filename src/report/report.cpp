@@ -43,24 +43,12 @@ std::string format_bytes_GiB(double bytes) { return fmt::format("{:.1f} GiB", by
 
 nlohmann::json estimate_to_json(const Estimate& e) {
   const ParallelPlan& p = e.plan;
-  nlohmann::json j;
-  j["tp"] = p.tp;
-  j["pp"] = p.pp;
-  j["dp"] = p.dp;
-  j["micro_batch"] = p.micro_batch;
-  j["global_batch"] = p.global_batch;
-  j["seq_length"] = p.seq_length;
+  nlohmann::json j = plan_layout_json(p);
   j["num_micro_batches"] = p.num_micro_batches();
-  j["virtual_stages"] = p.virtual_stages;
   j["first_stage_layers"] = p.first_stage_layers;
   j["last_stage_layers"] = p.last_stage_layers;
-  j["zero_stage"] = p.zero_stage;
-  j["recompute"] = std::string(to_string(p.recompute));
-  j["sequence_parallel"] = p.sequence_parallel;
-  j["schedule"] = std::string(to_string(p.schedule));
   j["flash_attention"] = p.flash_attention;
   j["grad_accum_fusion"] = p.grad_accum_fusion;
-  j["rank_order"] = p.order.str();
   // Only where another order tied: other plans' JSON stays as it was.
   if (!e.tied_orders.empty()) {
     j["tied_rank_orders"] = nlohmann::json::array();

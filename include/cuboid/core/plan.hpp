@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cuboid/core/cluster.hpp"
 #include "cuboid/core/model.hpp"
 
@@ -184,6 +186,12 @@ struct ParallelPlan {
   std::int64_t tokens_per_iteration() const { return global_batch * seq_length; }
   friend bool operator==(const ParallelPlan&, const ParallelPlan&) = default;
 };
+
+// The plan's layout as every JSON file cuboid writes names it (plan files,
+// --json, run measurements, the ranks' run fingerprint): the sizes, batch,
+// sequence, virtual stages, ZeRO stage, recomputation, SP, schedule and rank
+// order. Each writer adds what it says beyond that.
+nlohmann::json plan_layout_json(const ParallelPlan& p);
 
 // Layers of pipeline stage `stage` (0-based) with the plan's even or uneven split.
 int layers_on_stage(const ParallelPlan& plan, std::int64_t num_layers, int stage);
