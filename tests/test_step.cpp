@@ -60,7 +60,8 @@ void check_readers(const std::string& model, const std::string& card, int nodes,
   plan.seq_length = m.seq_length;
   const StepDescription step(m, plan, nullptr);
 
-  sim::detail::Builder b(m, topo, plan, sim::SimOptions{});
+  const sim::SimOptions options;  // the builder keeps a reference
+  sim::detail::Builder b(m, topo, plan, options);
   b.build();
   for (int s = 0; s < std::max(1, plan.pp); ++s) {
     CAPTURE(s);
