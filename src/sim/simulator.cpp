@@ -28,8 +28,10 @@
 //   Tied embeddings across stages: the embedding gradient all-reduce between
 //   the first and last stage.
 // * Then every stage's optimizer step (after a global join: the grad-norm
-//   reduction synchronises all stages), memory-bound at 32 B per parameter of
-//   its shard; ZeRO-1/2 then all-gather the updated bf16 parameters.
+//   reduction synchronises all stages), its memory-bound kernels as
+//   cost/optimizer_step.hpp lists them (50 B per parameter without ZeRO);
+//   ZeRO-1/2 then all-gather the updated bf16 parameters. Which DP-side
+//   collectives run, with what bytes and when: cost/step.hpp.
 // The iteration time is when the last task ends. The breakdown: simulator.hpp.
 #include "cuboid/sim/simulator.hpp"
 
