@@ -43,6 +43,24 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+// A port whose next port is free too, for a store that listens on
+// MASTER_PORT + 1 (a port the kernel hands out for port 0 can have its
+// neighbour taken by another test's connection).
+int free_port_before_free_port() {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    const int p = free_port();
+    if (p >= 65535) continue;
+    Socket next(::socket(AF_INET, SOCK_STREAM, 0));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<std::uint16_t>(p + 1));
+    if (::bind(next.fd(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return p;
+  }
+  FAIL("no port with a free next port");
+  return 0;
+}
+
 TcpStoreOptions options(int port, int rank, int size, std::chrono::milliseconds timeout = 20s) {
   TcpStoreOptions o;
   o.master_addr = "127.0.0.1";
@@ -336,7 +354,7 @@ TEST_CASE("the CUDA device honours CUDA_VISIBLE_DEVICES and GPUs isolated per ra
 }
 
 TEST_CASE("the documented Slurm batch line: SLURM_PROCID / SLURM_NTASKS with MASTER_ADDR / MASTER_PORT meet") {
-  const int master_port = free_port();
+  const int master_port = free_port_before_free_port();
   const auto errors = on_ranks(2, [&](int r) {
     const LaunchInfo l = detect_launch(fake_env({{"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "2"},
                                                  {"SLURM_LOCALID", std::to_string(r)}, {"SLURM_NTASKS_PER_NODE", "2"},
