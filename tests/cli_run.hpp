@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -45,17 +46,27 @@ class TempDir {
   }
   ~TempDir() {
     std::error_code ec;
+    // A case may have made a file or folder read-only: give write permission back first.
+    for (auto it = std::filesystem::recursive_directory_iterator(path_, ec); !ec && it != std::filesystem::recursive_directory_iterator();
+         it.increment(ec))
+      std::filesystem::permissions(it->path(), std::filesystem::perms::owner_all, std::filesystem::perm_options::add, ec);
+    std::filesystem::permissions(path_, std::filesystem::perms::owner_all, std::filesystem::perm_options::add, ec);
     std::filesystem::remove_all(path_, ec);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   const std::filesystem::path& path() const { return path_; }
   std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
-  // Names of the files in the folder (recursively), to see that nothing new appeared.
-  std::set<std::string> listing() const {
-    std::set<std::string> names;
-    for (const auto& e : std::filesystem::recursive_directory_iterator(path_)) names.insert(e.path().string());
-    return names;
+  // The files in the folder (recursively), each with its permissions and
+  // contents, to see that nothing new appeared and nothing was changed.
+  std::map<std::string, std::string> listing() const {
+    std::map<std::string, std::string> files;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(path_)) {
+      std::string what = std::to_string(static_cast<unsigned>(e.status().permissions())) + ":";
+      what += e.is_regular_file() ? slurp(e.path()) : std::string("<not a regular file>");
+      files[e.path().string()] = std::move(what);
+    }
+    return files;
   }
 
  private:

@@ -192,6 +192,8 @@ std::vector<Case> catalogue() {
                      {}};
        }},
 
+      // --- round 2: bounded inputs (nesting depth, size, regular files only, long values quoted short, duplicate keys)
+
       // --- cluster cards
       {"cluster file not found", [](const TempDir& d) {
          return Spec{"plan --model " + kModelCard + " --cluster " + (d / "none.json").string(), {(d / "none.json").string(), "file not found"}, {}};
@@ -222,6 +224,8 @@ std::vector<Case> catalogue() {
       {"nodes above max_nodes", [](const TempDir& d) { return cluster_case(d, "/nodes", 200, {"nodes", "exceeds max_nodes 140"}); }},
       {"oversubscription below 1", [](const TempDir& d) { return cluster_case(d, "/inter_node/oversubscription", 0.5, {"inter_node.oversubscription", "at least 1"}); }},
       {"a million GPUs per node", [](const TempDir& d) { return cluster_case(d, "/gpus_per_node", 1000000, {"nodes", "limit of 262144"}); }},
+
+      // --- round 2: numbers that fit (counts range-checked into their type, strings for numbers, NaN and infinities)
 
       // --- flags
       {"--tp does not divide heads", [](const TempDir&) { return flag_case("plan", "--tp 3", {"--tp", "does not divide the 64 attention heads"}); }},
@@ -261,6 +265,8 @@ std::vector<Case> catalogue() {
          return plan_case(d, "export --plan", "--to deepspeed", plan_file().dump(2),
                           {"parallel.tp", "deepspeed runs no plan with TP 4 x PP 4 x DP 2"});
        }},
+
+      // --- round 2: one validation path (a plan file passes the checks of the flags that would make it; flags without effect)
 
       // --- plan files
       {"plan file not found", [](const TempDir& d) {
@@ -326,6 +332,8 @@ std::vector<Case> catalogue() {
          const std::string m = write(d, "m.json", slurp("tests/fuzz/corpus/measurements/tiny-pp2.json"));
          return Spec{"validate --cluster " + kClusterCard + " --plan " + p + " --measurements " + m, {m}, {}};
        }},
+
+      // --- round 2: safe outputs (read-only files, an input as output, two outputs on one file, unwritable folders)
 
       // --- output paths: nothing may be written, not even a temporary file
       {"plan --out in a missing folder", [](const TempDir& d) {
