@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   try {
     for (const auto& f : cuboid::test::fixtures()) {
       const auto path = std::filesystem::path(argv[1]) / (f.name + ".plan.json");
-      cuboid::write_file_atomically(path, cuboid::test::fixture_json(f).dump(2) + "\n");
+      cuboid::write_output_file(path, cuboid::test::fixture_json(f).dump(2) + "\n");
       std::printf("%s\n", path.c_str());
     }
   } catch (const std::exception& e) {

@@ -20,6 +20,8 @@
 #include "cuboid/calibrate/sweep_plan.hpp"
 #include "cuboid/core/cluster.hpp"
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/files.hpp"
+#include "cuboid/core/json_reader.hpp"
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/launch.hpp"
 #include "cuboid/exec/host_exchange.hpp"
@@ -74,16 +76,6 @@ exec::Communicator* group_comm(exec::ProcessGroups& g, Group kind) {
 
 std::string device_name(exec::Backend& be) {
   return be.name() == "cpu" ? "cpu (one core per rank)" : be.device_name();
-}
-
-nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path, "", "cannot be read", "check the path");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InputError(path, "", std::string("is not JSON: ") + e.what(), "fix the file");
-  }
 }
 
 // The input card's JSON with the calibration added; a "gpu" given as a path
@@ -286,6 +278,10 @@ int run_calibrate(const CalibrateOptions& o) {
   const Cluster cluster = load_cluster(o.cluster_path);
   const exec::LaunchInfo launch = exec::detect_launch(exec::process_environment());
   const std::vector<CalibrationJob> jobs = load_jobs(o, cluster, launch.world_size);
+  // The inputs are read: the outputs are checked against them before any measuring.
+  std::vector<OutputPath> outputs{{"--out", o.out_path}};
+  if (!o.raw_path.empty()) outputs.push_back({"--raw", o.raw_path});
+  check_output_paths(outputs);
   exec::World world = exec::start_world(launch, o.backend, o.timeout_s);
   const std::string mpi_wait = exec::apply_mpi_wait(world, o.mpi_wait);
   // As cuboid run holds it (cuboid/exec/host_memory.hpp): a sweep's buffers
@@ -344,7 +340,7 @@ int run_calibrate(const CalibrateOptions& o) {
 
   const std::string when = fmt::format("{:%Y-%m-%d %H:%M:%S} UTC", fmt::gmtime(std::chrono::system_clock::now()));
   if (!o.raw_path.empty())
-    write_file_atomically(o.raw_path, nlohmann::json{{"schema", "cuboid.calibration-raw/1"},
+    write_output_file(o.raw_path, nlohmann::json{{"schema", "cuboid.calibration-raw/1"},
                                                      {"created", when},
                                                      {"backend", cal.backend},
                                                      {"ranks", raw}}
@@ -359,7 +355,7 @@ int run_calibrate(const CalibrateOptions& o) {
   const nlohmann::json card = calibrated_card(o, cal, when);
   // The card must load before it is written (the reader refits and checks everything).
   (void)cluster_from_json(card, o.out_path, std::filesystem::path(o.out_path).parent_path());
-  write_file_atomically(o.out_path, card.dump(2) + "\n");
+  write_output_file(o.out_path, card.dump(2) + "\n");
   std::cout << "calibrated cluster card written to " << o.out_path << "\n";
   return 0;
 }

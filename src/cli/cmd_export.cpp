@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/files.hpp"
 #include "cuboid/io/export.hpp"
 #include "cuboid/io/export_order.hpp"
 #include "cuboid/io/planfile.hpp"
@@ -121,8 +122,8 @@ ExportResult replan_for_target(const PlanFile& pf, const ExportFlags& f, const I
 }
 
 void run_export(const ExportFlags& f) {
-  if (!f.out_path.empty()) check_output_path(f.out_path, "--out");
   const PlanFile pf = read_plan_file(f.plan_path);
+  if (!f.out_path.empty()) check_output_paths(std::vector<OutputPath>{{"--out", f.out_path}});
   ExportResult result;
   try {
     result = export_in_expressible_order(pf, f.target);
@@ -140,7 +141,7 @@ void run_export(const ExportFlags& f) {
     std::cout << result.text;
     return;
   }
-  write_file_atomically(f.out_path, result.text);
+  write_output_file(f.out_path, result.text);
 }
 
 }  // namespace

@@ -211,7 +211,7 @@ void write_report(const Loaded& l, const PlannerOptions& o, const SearchResult& 
   page.fitting = r.fitting;
   page.timeline = sim::run_simulation(l.model, *l.topology, best.plan, so).timeline;
   page.explain = explained != nullptr ? *explained : explain_choices(l.model, *l.topology, o, r);
-  write_file_atomically(*f.report_path, html_report(page));
+  write_output_file(*f.report_path, html_report(page));
   spdlog::info("wrote {}", *f.report_path);
 }
 
@@ -226,13 +226,13 @@ void write_outputs(const Loaded& l, const PlannerOptions& o, const SearchResult&
   if (f.out_path) {
     Estimate best = r.fitting.front();
     attach_other_orders(best, r);
-    write_file_atomically(*f.out_path, plan_to_json(l.model, l.cluster, best).dump(2) + "\n");
+    write_output_file(*f.out_path, plan_to_json(l.model, l.cluster, best).dump(2) + "\n");
     spdlog::info("wrote {}", *f.out_path);
   }
   if (f.svg_path) {
     const std::string title = fmt::format("{} on {} ({} GPUs): step time vs memory of {} plans that fit (rank-order ties as one)",
                                           l.model.name, l.cluster.name, l.cluster.total_gpus(), r.fitting.size());
-    write_file_atomically(*f.svg_path, pareto_svg(r.fitting, r.fitting.front(), title));
+    write_output_file(*f.svg_path, pareto_svg(r.fitting, r.fitting.front(), title));
     spdlog::info("wrote {}", *f.svg_path);
   }
   if (f.report_path) write_report(l, o, r, f, head, explained);
@@ -254,11 +254,9 @@ void run_plan(const PlanFlags& f) {
   if (f.threads < 0)
     throw InputError("command line", "--threads", "must not be negative, got " + std::to_string(f.threads),
                      "give 0 (all cores) or more");
-  check_output_path(f.out_path, "--out");  // fail before a long search, not after
-  check_output_path(f.svg_path, "--svg");
-  check_output_path(f.report_path, "--report");
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
+  check_outputs({{"--out", &f.out_path}, {"--svg", &f.svg_path}, {"--report", &f.report_path}});  // before the search
   if (f.for_target) restrict_to_target(o, l, *f.for_target);
   const bool simulation_skipped = l.cluster.total_gpus() > kMaxAutoSimulatedGpus &&
                                   (g_simulate_top_option == nullptr || g_simulate_top_option->count() == 0);

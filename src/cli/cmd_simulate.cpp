@@ -62,10 +62,9 @@ void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
 }
 
 void run_simulate(const PlanFlags& f) {
-  check_output_path(f.trace_path, "--trace");  // before the simulation, not after
-  check_output_path(f.report_path, "--report");
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
+  check_outputs({{"--trace", &f.trace_path}, {"--report", &f.report_path}});  // before the simulation
   ParallelPlan plan = l.plan ? *l.plan : plan_from_options(l.model, l.cluster, o);
   const std::string cl = "command line";
   if (!f.ablate.empty()) {
@@ -144,7 +143,7 @@ void run_simulate(const PlanFlags& f) {
     page.cluster = l.cluster;
     page.chosen = e;
     page.timeline = std::move(timeline);
-    write_file_atomically(*f.report_path, html_report(page));
+    write_output_file(*f.report_path, html_report(page));
     extra += fmt::format("report written to {}\n", *f.report_path);
   }
   if (f.json) {
@@ -159,14 +158,14 @@ void run_simulate(const PlanFlags& f) {
 }
 
 void run_mesh(const PlanFlags& f) {
-  check_output_path(f.svg_path, "--svg");
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
+  check_outputs({{"--svg", &f.svg_path}});
   ParallelPlan plan = l.plan ? *l.plan : plan_from_options(l.model, l.cluster, o);
   if (f.svg_path) {
     const std::string title = fmt::format("{} on {}: TP {} x PP {} x DP {}, rank order {}", l.model.name, l.cluster.name,
                                           plan.tp, plan.pp, plan.dp, plan.order.str());
-    write_file_atomically(*f.svg_path, mesh_svg(plan, l.cluster, title));
+    write_output_file(*f.svg_path, mesh_svg(plan, l.cluster, title));
   }
   std::cout << format_mesh(plan, l.cluster);
 }

@@ -15,6 +15,7 @@
 
 #include "cuboid/core/cluster.hpp"
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/files.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/io/export.hpp"
 #include "cuboid/io/planfile.hpp"
@@ -92,16 +93,11 @@ bool parse_on_off(const std::string& v, const std::string& flag) {
   throw InputError("command line", flag, "expected on or off, got \"" + v + "\"", "use " + flag + " on or " + flag + " off");
 }
 
-void check_output_path(const std::optional<std::string>& path, const char* flag) {
-  if (!path) return;
-  const std::string cl = "command line";
-  if (path->empty()) throw InputError(cl, flag, "empty file name", "give a file name, e.g. " + std::string(flag) + " out.json");
-  std::error_code ec;
-  if (std::filesystem::is_directory(*path, ec))
-    throw InputError(cl, flag, *path + " is a folder, not a file", "give a file name inside it, e.g. " + (std::filesystem::path(*path) / "out.json").string());
-  const std::filesystem::path dir = std::filesystem::absolute(*path, ec).parent_path();
-  if (!std::filesystem::is_directory(dir, ec))
-    throw InputError(cl, flag, "folder " + dir.string() + " of " + *path + " does not exist", "create the folder or write elsewhere");
+void check_outputs(std::initializer_list<std::pair<const char*, const std::optional<std::string>*>> flags) {
+  std::vector<OutputPath> given;
+  for (const auto& [flag, path] : flags)
+    if (*path) given.push_back({flag, **path});
+  check_output_paths(given);
 }
 
 PlannerOptions planner_options(const PlanFlags& f) {

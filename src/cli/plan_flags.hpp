@@ -2,9 +2,11 @@
 // The flags that describe a plan (shared by plan, simulate, mesh and later
 // commands) and the loading of the model and cluster they name.
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -55,10 +57,11 @@ struct PlanFlags {
 // with_plan_file: also accept --plan FILE instead of --model/--cluster and the dimensions.
 void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_file = false);
 bool parse_on_off(const std::string& v, const std::string& flag);
-// An output path given by `flag` (--out, --svg, --trace) must name a file in an
-// existing folder: checked before any work, so a bad path never costs a search
-// or a simulation and never leaves a partial file.
-void check_output_path(const std::optional<std::string>& path, const char* flag);
+// The output paths given by flags ({"--out", &f.out_path}, ...; absent ones
+// skipped), checked by cuboid/core/files.hpp's rules once the inputs are read
+// and before any work: a bad path never costs a search or a simulation, never
+// replaces an input, a read-only file or another output.
+void check_outputs(std::initializer_list<std::pair<const char*, const std::optional<std::string>*>> flags);
 // Validates the flags' values (positive sizes, known enum spellings).
 PlannerOptions planner_options(const PlanFlags& f);
 

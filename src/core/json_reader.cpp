@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/files.hpp"
 
 namespace cuboid {
 
@@ -22,7 +21,10 @@ std::string type_name(const nlohmann::json& v) {
   return "null";
 }
 
+// A value as a message shows it: its JSON text, at most 40 characters. dump()
+// is safe here: parse_json_text refused anything nested deeper than kMaxJsonDepth.
 std::string show(const nlohmann::json& v) {
+  if (v.is_string()) return quote_value(v.get_ref<const std::string&>());
   std::string s = v.dump();
   if (s.size() > 40) s = s.substr(0, 37) + "...";
   return s;
@@ -61,27 +63,65 @@ std::optional<std::string_view> closest_field(std::string_view key, std::span<co
 }
 
 nlohmann::json read_json_file(const std::filesystem::path& path) {
-  const std::string source = path.string();
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    throw InputError(source, "", "file not found", "check the path; shipped cards are in models/ and topologies/");
-  }
-  if (std::filesystem::is_directory(path, ec)) {
-    throw InputError(source, "", "is a directory, not a JSON file", "pass the path of a .json file");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(source, "", "cannot be opened for reading", "check the file's permissions");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return parse_json_text(buffer.str(), source);
+  return parse_json_text(read_input_file(path), path.string());
 }
+
+namespace {
+
+// Refuses, while nlohmann parses, a document nested deeper than
+// kMaxJsonDepth and an object holding one key twice (nlohmann keeps the last
+// silently). One level per open object or array, in nesting order.
+class StrictParse {
+ public:
+  explicit StrictParse(const std::string& source) : source_(source) {}
+
+  bool operator()(int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if ((event == Event::object_start || event == Event::array_start) && depth >= kMaxJsonDepth)
+      throw InputError(source_, "", "nested more than " + std::to_string(kMaxJsonDepth) + " levels deep",
+                       "cuboid's files nest a few levels; give the card, plan or measurements file itself");
+    if (event == Event::object_start || event == Event::array_start) levels_.push_back({event == Event::object_start, {}, {}});
+    if ((event == Event::object_end || event == Event::array_end) && !levels_.empty()) levels_.pop_back();
+    if (event == Event::key && !levels_.empty()) {
+      Level& here = levels_.back();
+      here.key = parsed.get<std::string>();
+      if (!here.keys.insert(here.key).second)
+        throw InputError(source_, field_path(), "appears twice in one object",
+                         "keep one of the two (JSON readers differ on which one counts)");
+    }
+    return true;
+  }
+
+ private:
+  struct Level {
+    bool object;
+    std::set<std::string> keys;
+    std::string key;  // the object's latest key
+  };
+
+  // "parallel.tp", "ops[].name": the path of the latest key.
+  std::string field_path() const {
+    std::string path;
+    for (std::size_t i = 1; i < levels_.size(); ++i) {
+      const Level& outer = levels_[i - 1];
+      if (outer.object) path += (path.empty() ? "" : ".") + outer.key;
+      else path += "[]";
+    }
+    return path + (path.empty() ? "" : ".") + levels_.back().key;
+  }
+
+  const std::string& source_;
+  std::vector<Level> levels_;
+};
+
+}  // namespace
 
 nlohmann::json parse_json_text(const std::string& text, const std::string& source) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
     throw InputError(source, "", "file is empty", "give a JSON object");
   }
   try {
-    nlohmann::json j = nlohmann::json::parse(text);
+    nlohmann::json j = nlohmann::json::parse(text, StrictParse(source));
     if (!j.is_object()) {
       throw InputError(source, "", "top level is " + type_name(j) + ", expected a JSON object",
                        "wrap the fields in { ... }");
@@ -199,7 +239,7 @@ std::string JsonReader::choice(std::string_view key, std::initializer_list<std::
   std::string v = string(key);
   for (auto c : choices)
     if (v == c) return v;
-  fail(key, "unknown value \"" + v + "\"", "use one of " + join_choices(choices));
+  fail(key, "unknown value " + quote_value(v), "use one of " + join_choices(choices));
 }
 
 std::optional<std::int64_t> JsonReader::optional_positive_integer(std::string_view key) {

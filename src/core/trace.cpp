@@ -4,6 +4,7 @@
 #include "cuboid/core/trace.hpp"
 
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/files.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -68,29 +69,6 @@ void append_metadata(std::string& out, bool& first, std::string_view what, int p
   out += "\":";
   out += arg_json;
   out += "}}";
-}
-
-void write_atomically(const std::filesystem::path& path, const std::string& text) {
-  std::filesystem::path tmp = path;
-  tmp += ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    // A path the user gave: failing to write it is bad input (exit 2), not an internal error.
-    if (!f) throw InputError(path.string(), "", "cannot create the trace file", "check that the folder exists and is writable, or write elsewhere");
-    f.write(text.data(), static_cast<std::streamsize>(text.size()));
-    f.flush();
-    if (!f) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw InputError(path.string(), "", "cannot write the trace file", "check free space and permissions, or write elsewhere");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw InputError(path.string(), "", "cannot write the trace file: " + ec.message(), "give a file path that is not a folder, or write elsewhere");
-  }
 }
 
 }  // namespace
@@ -265,7 +243,7 @@ std::string TraceWriter::render(std::optional<int> only_rank, const std::vector<
 void TraceWriter::write(const std::filesystem::path& path) const {
   const std::vector<std::uint32_t> order = nesting_order();
   check_nesting(order);
-  write_atomically(path, render(std::nullopt, order));
+  write_output_file(path, render(std::nullopt, order));
 }
 
 std::filesystem::path TraceWriter::rank_path(const std::filesystem::path& path, int rank) {
@@ -281,7 +259,7 @@ std::vector<std::filesystem::path> TraceWriter::write_per_rank(const std::filesy
   std::vector<std::filesystem::path> written;
   for (int rank : ranks_with_events()) {
     const std::filesystem::path p = rank_path(path, rank);
-    write_atomically(p, render(rank, order));
+    write_output_file(p, render(rank, order));
     written.push_back(p);
   }
   return written;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/files.hpp"
 #include "cuboid/exec/check.hpp"
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/host_exchange.hpp"
@@ -234,6 +235,7 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
   // Refuse a wrong world before starting anything.
   check_executable(model, plan, pf.source);
   check_world_size(launch.world_size, plan, pf.source);
+  if (!o.out_path.empty()) check_output_paths(std::vector<OutputPath>{{"--out", o.out_path}});
   World world = start_world(launch, o.backend, o.timeout_s);
   check_world_size(world.exchange->size(), plan, pf.source);
   const std::string mpi_wait = apply_mpi_wait(world, o.mpi_wait);
@@ -468,7 +470,7 @@ int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model,
   if (rank == 0) {
     const RunContext run{pf, o, model, plan, launch, fingerprint, mpi_wait, host_memory};
     const nlohmann::json doc = measurements(run, *backend, runner, all, check_json);
-    if (!o.out_path.empty()) write_file_atomically(o.out_path, doc.dump(2) + "\n");
+    if (!o.out_path.empty()) write_output_file(o.out_path, doc.dump(2) + "\n");
     print_summary(doc);
     if (!o.out_path.empty()) std::cout << "measurements written to " << o.out_path << "\n";
   }

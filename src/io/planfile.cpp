@@ -424,46 +424,6 @@ void check_plan_matches_cluster(const PlanFile& pf, const Cluster& cluster) {
                          "), or regenerate the plan for this cluster");
 }
 
-void write_file_atomically(const std::filesystem::path& path, const std::string& content) {
-  const std::string where = path.string();
-  std::filesystem::path dir = path.parent_path();
-  if (dir.empty()) dir = ".";
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec))
-    throw InputError(where, "", "directory " + dir.string() + " does not exist",
-                     "create the directory first, or write to an existing one");
-  if (std::filesystem::is_directory(path, ec))
-    throw InputError(where, "", "is a directory", "give a file name, e.g. " + (path / "plan.json").string());
-
-  std::string tmpl = (dir / ("." + path.filename().string() + ".tmp.XXXXXX")).string();
-  const int fd = ::mkstemp(tmpl.data());
-  if (fd < 0)
-    throw InputError(where, "", "cannot create a file in " + dir.string() + ": " + std::strerror(errno),
-                     "check that the directory is writable, or write elsewhere");
-  ::fchmod(fd, 0644);  // mkstemp creates 0600; output files are meant to be shared
-  const char* data = content.data();
-  std::size_t left = content.size();
-  int err = 0;
-  while (left > 0) {
-    const ssize_t n = ::write(fd, data, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      err = errno;
-      break;
-    }
-    data += n;
-    left -= static_cast<std::size_t>(n);
-  }
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  if (::close(fd) != 0 && err == 0) err = errno;
-  if (err == 0 && std::rename(tmpl.c_str(), where.c_str()) != 0) err = errno;
-  if (err != 0) {
-    ::unlink(tmpl.c_str());
-    throw InputError(where, "", std::string("cannot write: ") + std::strerror(err),
-                     "check free space and permissions, or write elsewhere");
-  }
-}
-
 nlohmann::json zero3_to_json(const TrainerSettings& t) {
   return nlohmann::json{
       {"unit", std::string(to_string(t.zero3_unit))},

@@ -7,6 +7,7 @@
 // turns it into exit code 2 and one line on stderr.
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace cuboid {
 
@@ -29,8 +30,16 @@ class InputError : public std::runtime_error {
   std::string fix_;
 };
 
-// The one-line message: "<source>: <field>: <problem> (fix: <fix>)".
+// The one-line message: "<source>: <field>: <problem> (fix: <fix>)". Each part
+// is kept on one line (control characters escaped) and clipped to a bounded
+// length, so a message never spills a user's huge value or a newline.
+
 std::string format_input_error(const std::string& source, const std::string& field,
                                const std::string& problem, const std::string& fix);
+
+// A user's string as a message quotes it: JSON-quoted (control characters
+// escaped), at most `max` characters of it, and its length when clipped:
+// "abc..." (50000000 characters).
+std::string quote_value(std::string_view value, std::size_t max = 40);
 
 }  // namespace cuboid

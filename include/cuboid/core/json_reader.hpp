@@ -25,7 +25,14 @@ namespace cuboid {
 std::optional<std::string_view> closest_field(std::string_view key, std::span<const std::string_view> known,
                                               std::size_t max_distance);
 
-// Reads and parses a JSON file; unreadable or malformed files throw InputError
+// The deepest nesting of a JSON document cuboid reads: its own files nest
+// six levels at most, and a bound keeps every recursive walk (dump, copy,
+// destruction) far from the stack's end.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Reads (through read_input_file: a regular file within the size limit) and
+// parses a JSON file: one object, nested at most kMaxJsonDepth deep, no key
+// twice in one object; unreadable or malformed files throw InputError
 // (with the parser's line/column for syntax errors).
 nlohmann::json read_json_file(const std::filesystem::path& path);
 // The parsing half of read_json_file: `text` must be one JSON object; `source`

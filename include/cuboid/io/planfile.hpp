@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cuboid/core/cluster.hpp"
+#include "cuboid/core/files.hpp"
 #include "cuboid/cost/estimator.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
@@ -61,10 +62,5 @@ PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source)
 // InputError when the plan was made for another cluster shape (nodes, GPUs per
 // node, world size) or GPU type than `cluster`.
 void check_plan_matches_cluster(const PlanFile& plan_file, const Cluster& cluster);
-
-// Writes `content` to a temporary file in the same directory, then renames it
-// over `path`: readers see the old file or the whole new one, never a part.
-// InputError naming the path when the directory is missing or not writable.
-void write_file_atomically(const std::filesystem::path& path, const std::string& content);
 
 }  // namespace cuboid
