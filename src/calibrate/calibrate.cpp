@@ -277,7 +277,7 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
 int run_calibrate(const CalibrateOptions& o) {
   if (o.repeat < 1 || o.repeat > 100)
     throw InputError(kCl, "--repeat", "is " + std::to_string(o.repeat), "give 1 to 100 (3 on a noisy machine)");
-  if (o.timeout_s <= 0) throw InputError(kCl, "--timeout-s", "must be positive", "give a timeout in seconds, e.g. 300");
+  exec::check_timeout_flag(o.timeout_s);
   if (o.out_path.empty()) throw InputError(kCl, "--out", "is required", "give --out calibrated.json");
   exec::check_mpi_wait_word(o.mpi_wait);
   // Bad flags are refused before the launch (measure_and_gather reads them again).
