@@ -1,9 +1,6 @@
 // cuboid: plan and simulate 3D-parallel LLM training.
 // Exit codes: 0 success, 1 internal error, 2 bad input (one message on stderr).
-#include <cmath>
-#include <cstdlib>
 #include <exception>
-#include <string>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -13,35 +10,8 @@
 #include "commands.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid_config.hpp"
+#include "number_flags.hpp"
 #include "plan_words.hpp"
-
-namespace {
-
-// Every floating-point flag of every command takes finite numbers only: NaN
-// passes every comparison (a range check, `<= 0`) and an infinity overflows
-// the conversions behind them (seconds to nanoseconds). One check, attached
-// here to each such option, so a new flag cannot miss it.
-void require_finite_numbers(CLI::App& app) {
-  for (CLI::Option* opt : app.get_options()) {
-    // The type name starts with FLOAT for float and double options (then any range check's words).
-    if (opt->get_type_name().rfind("FLOAT", 0) != 0 || opt->get_lnames().empty()) continue;
-    const std::string flag = "--" + opt->get_lnames().front();
-    opt->check(CLI::Validator(
-        [flag](std::string& text) -> std::string {
-          char* end = nullptr;
-          const double v = std::strtod(text.c_str(), &end);
-          // Text that is no number at all is left to CLI11's conversion error.
-          if (end != text.c_str() && *end == '\0' && !std::isfinite(v))
-            throw cuboid::InputError("command line", flag, "is not a finite number: " + text.substr(0, 20),
-                                     "give a finite number");
-          return {};
-        },
-        ""));
-  }
-  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) require_finite_numbers(*sub);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   // Logs go to stderr so that --json output on stdout stays one document.
@@ -64,7 +34,7 @@ int main(int argc, char** argv) {
 #if CUBOID_HAVE_MPI && defined(CUBOID_HAVE_CALIBRATE_COMMAND)
   cuboid::cli::register_calibrate_command(app, argc, argv);
 #endif
-  require_finite_numbers(app);
+  cuboid::cli::require_finite_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
