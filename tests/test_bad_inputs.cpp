@@ -342,6 +342,12 @@ std::vector<Case> catalogue() {
          return Spec{"calibrate --backend cpu --cluster topologies/localhost-cpu.json --quick --out " + t.string() + " --timeout-s nan",
                      {"command line", "--timeout-s", "not a finite number"}, t};
        }},
+      {"calibrate --max-size 2^63 - 1", [](const TempDir& d) {
+         const auto t = d / "calibrated.json";
+         return Spec{"calibrate --backend cpu --cluster topologies/localhost-cpu.json --out " + t.string() +
+                         " --max-size 9223372036854775807",
+                     {"command line", "--max-size", "above the limit"}, t};
+       }},
       {"calibrate --timeout-s -inf", [](const TempDir& d) {
          const auto t = d / "calibrated.json";
          return Spec{"calibrate --backend cpu --cluster topologies/localhost-cpu.json --quick --out " + t.string() + " --timeout-s -inf",

@@ -199,6 +199,11 @@ double since(std::chrono::steady_clock::time_point t) {
 
 // The collective sweep's sizes: 1 KiB to --max-size by x2 (--quick: to 1 MiB by x16).
 std::vector<std::int64_t> collective_sizes(const CalibrateOptions& o) {
+  // A collective's send and receive buffers of 64 GiB each: more than any GPU holds (H200: 141 GB).
+  constexpr std::int64_t kMaxCollectiveBytes = std::int64_t{1} << 36;
+  if (o.max_size_bytes > kMaxCollectiveBytes)
+    throw InputError(kCl, "--max-size", fmt::format("{} bytes is above the limit of {} (64 GiB)", o.max_size_bytes, kMaxCollectiveBytes),
+                     "give at most 68719476736 (default 268435456 = 256 MiB)");
   const std::int64_t largest = o.quick ? std::min<std::int64_t>(o.max_size_bytes, 1 << 20) : o.max_size_bytes;
   return size_ladder(kMinCollectiveBytes, largest, o.quick ? 16 : 2, "--max-size");
 }
