@@ -226,6 +226,134 @@ std::vector<Case> catalogue() {
       {"a million GPUs per node", [](const TempDir& d) { return cluster_case(d, "/gpus_per_node", 1000000, {"nodes", "limit of 262144"}); }},
 
       // --- round 2: numbers that fit (counts range-checked into their type, strings for numbers, NaN and infinities)
+      {"plan file cluster.nodes 2^32 + 2", [](const TempDir& d) {
+         json p = plan_file();
+         p["cluster"]["nodes"] = (std::int64_t{1} << 32) + 2;  // 2 as an int
+         return plan_case(d, "simulate --plan", "", p.dump(2), {"cluster.nodes", "4294967298 is above the limit of 2147483647"});
+       }},
+      {"plan file cluster.gpus_per_node 2^32 + 8", [](const TempDir& d) {
+         json p = plan_file();
+         p["cluster"]["gpus_per_node"] = (std::int64_t{1} << 32) + 8;  // 8 as an int
+         return plan_case(d, "export --plan", "--to megatron", p.dump(2), {"cluster.gpus_per_node", "above the limit"});
+       }},
+      {"plan file cluster.nodes negative", [](const TempDir& d) {
+         json p = plan_file();
+         p["cluster"]["nodes"] = -4;
+         return plan_case(d, "simulate --plan", "", p.dump(2), {"cluster.nodes", "must be positive, got -4"});
+       }},
+      {"plan file num_micro_batches 2^62", [](const TempDir& d) {
+         json p = plan_file();
+         p["parallel"]["num_micro_batches"] = std::int64_t{1} << 62;
+         return plan_case(d, "export --plan", "--to megatron", p.dump(2), {"parallel.num_micro_batches", "above the limit"});
+       }},
+      {"plan file dp_grad_bytes 2^32 + 4", [](const TempDir& d) {
+         json p = plan_file();
+         p["parallel"]["trainer"]["dp_grad_bytes"] = (std::int64_t{1} << 32) + 4;  // 4 as an int
+         return plan_case(d, "export --plan", "--to megatron", p.dump(2), {"parallel.trainer.dp_grad_bytes", "above the limit"});
+       }},
+      {"HF n_shared_experts 2^53", [](const TempDir& d) {
+         json c = load("tests/data/hf/deepseek-v3-config.json");
+         c["n_shared_experts"] = std::int64_t{1} << 53;  // times moe_intermediate_size 2^11 wraps to 0
+         const std::string p = write(d, "config.json", c.dump(2));
+         return Spec{"plan --model " + p + " --cluster " + kClusterCard, {p, "n_shared_experts", "above the limit of 16777216"}, {}};
+       }},
+      {"HF num_experts is a string", [](const TempDir& d) {
+         json c = load("tests/data/hf/qwen3-30b-a3b-config.json");
+         c.erase("model_type");
+         c["num_experts"] = "16";
+         const std::string p = write(d, "config.json", c.dump(2));
+         return Spec{"plan --model " + p + " --cluster " + kClusterCard, {p, "num_experts", "expected a number, got a string"}, {}};
+       }},
+      {"HF num_hidden_layers 2^40", [](const TempDir& d) {
+         json c = load("tests/data/hf/mixtral-8x7b-config.json");
+         c["num_hidden_layers"] = std::int64_t{1} << 40;  // one flag per layer would be allocated
+         const std::string p = write(d, "config.json", c.dump(2));
+         return Spec{"plan --model " + p + " --cluster " + kClusterCard, {p, "num_hidden_layers", "above the limit"}, {}};
+       }},
+      {"HF rope_scaling is a string", [](const TempDir& d) {
+         json c = load("tests/data/hf/llama3-70b-config.json");
+         c["rope_scaling"] = "llama3";
+         const std::string p = write(d, "config.json", c.dump(2));
+         return Spec{"plan --model " + p + " --cluster " + kClusterCard, {p, "rope_scaling", "expected an object"}, {}};
+       }},
+      {"model card moe.num_experts fractional", [](const TempDir& d) {
+         json m = load("models/mixtral-8x7b.json");
+         m["moe"]["num_experts"] = 8.5;
+         const std::string p = write(d, "model.json", m.dump(2));
+         return Spec{"plan --model " + p + " --cluster " + kClusterCard, {p, "moe.num_experts", "expected an integer"}, {}};
+       }},
+      {"cluster nics_per_node 2^32 + 1", [](const TempDir& d) {
+         return cluster_case(d, "/inter_node/nics_per_node", (std::int64_t{1} << 32) + 1, {"inter_node.nics_per_node", "above the limit"});
+       }},
+      {"calibration ranks 2^32 + 2", [](const TempDir& d) {
+         json cal = load("tests/fuzz/corpus/calibration/full.json");
+         cal["ranks"] = (std::int64_t{1} << 32) + 2;
+         return cluster_case(d, "/calibration", cal, {"calibration.ranks", "above the limit"});
+       }},
+      {"measurements steps 2^32 + 3", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         json doc = load("tests/fuzz/corpus/measurements/tiny-pp2.json");
+         doc["steps"] = (std::int64_t{1} << 32) + 3;  // 3 as an int
+         const std::string m = write(d, "m.json", doc.dump());
+         return Spec{"validate --cluster " + kClusterCard + " --plan " + p + " --measurements " + m,
+                     {m, "steps", "4294967299 is above the limit"}, {}};
+       }},
+      {"measurements warmup negative", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         json doc = load("tests/fuzz/corpus/measurements/tiny-pp2.json");
+         doc["warmup"] = -1;
+         const std::string m = write(d, "m.json", doc.dump());
+         return Spec{"validate --cluster " + kClusterCard + " --plan " + p + " --measurements " + m,
+                     {m, "warmup", "must not be negative"}, {}};
+       }},
+      {"validate --tolerance nan", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         const std::string m = write(d, "m.json", slurp("tests/fuzz/corpus/measurements/tiny-pp2.json"));
+         return Spec{"validate --cluster " + kClusterCard + " --plan " + p + " --measurements " + m + " --tolerance nan",
+                     {"command line", "--tolerance", "not a finite number"}, {}};
+       }},
+      {"--gpu-spread inf", [](const TempDir&) { return flag_case("plan", "--gpu-spread inf", {"--gpu-spread", "not a finite number"}); }},
+      {"--gpu-spread -nan", [](const TempDir&) { return flag_case("simulate", "--tp 8 --pp 4 --gpu-spread -nan", {"--gpu-spread", "not a finite number"}); }},
+#if CUBOID_TEST_HAS_RUN
+      {"run --timeout-s nan", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         return Spec{"run --plan " + p + " --backend cpu --timeout-s nan", {"command line", "--timeout-s", "not a finite number"}, {}};
+       }},
+      {"run --timeout-s 1e300", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         return Spec{"run --plan " + p + " --backend cpu --timeout-s 1e300", {"command line", "--timeout-s", "above the limit"}, {}};
+       }},
+      {"run --dropout nan", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         return Spec{"run --plan " + p + " --backend cpu --dropout nan", {"command line", "--dropout", "not a finite number"}, {}};
+       }},
+      {"run --seq-length 0", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         const auto t = d / "m.json";
+         return Spec{"run --plan " + p + " --backend cpu --seq-length 0 --out " + t.string(),
+                     {"command line", "--seq-length", "0 is not a positive sequence length"}, t};
+       }},
+      {"run --layers 0", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         return Spec{"run --plan " + p + " --backend cpu --layers 0", {"command line", "--layers", "0 layers do not split"}, {}};
+       }},
+      {"calibrate --timeout-s nan", [](const TempDir& d) {
+         const auto t = d / "calibrated.json";
+         return Spec{"calibrate --backend cpu --cluster topologies/localhost-cpu.json --quick --out " + t.string() + " --timeout-s nan",
+                     {"command line", "--timeout-s", "not a finite number"}, t};
+       }},
+      {"calibrate --max-size 2^63 - 1", [](const TempDir& d) {
+         const auto t = d / "calibrated.json";
+         return Spec{"calibrate --backend cpu --cluster topologies/localhost-cpu.json --out " + t.string() +
+                         " --max-size 9223372036854775807",
+                     {"command line", "--max-size", "above the limit"}, t};
+       }},
+      {"calibrate --timeout-s -inf", [](const TempDir& d) {
+         const auto t = d / "calibrated.json";
+         return Spec{"calibrate --backend cpu --cluster topologies/localhost-cpu.json --quick --out " + t.string() + " --timeout-s -inf",
+                     {"command line", "--timeout-s", "not a finite number"}, t};
+       }},
+#endif
 
       // --- flags
       {"--tp does not divide heads", [](const TempDir&) { return flag_case("plan", "--tp 3", {"--tp", "does not divide the 64 attention heads"}); }},

@@ -610,3 +610,44 @@ TEST_CASE("bare numbers and sourced constants both load") {
   CHECK(c.gpu.memory_bytes == 16'000'000'000LL);
   CHECK(c.inter.oversubscription == 2.0);
 }
+
+TEST_CASE("JsonReader::count: an exact integer within its type and bounds, else an error naming the range") {
+  const json j = json::parse(R"({"nodes": 4294967298, "gpus": 8, "neg": -3, "zero": 0, "frac": 2.5, "whole": 4.0,
+                                  "text": "16", "huge": 18446744073709551615, "big_float": 4294967298.0})");
+  auto message = [&](auto f) {
+    return input_error_message([&] {
+      cuboid::JsonReader r(j, "card.json", "cluster");
+      f(r);
+    });
+  };
+  cuboid::JsonReader r(j, "card.json");
+  CHECK(r.count<int>("gpus") == 8);
+  CHECK(r.count<std::int64_t>("nodes") == 4294967298);
+  CHECK(r.count<int>("zero", 0) == 0);
+  CHECK(r.count<int>("whole") == 4);
+  CHECK(r.count<std::int8_t>("gpus", 1, 1000) == 8);  // hi is capped at the type's largest value
+  CHECK(r.optional_count<int>("absent") == std::nullopt);
+  CHECK(r.optional_count<int>("gpus") == 8);
+  // 2^32 + 2 stored as int would be 2: refused instead.
+  CHECK(message([](cuboid::JsonReader& x) { x.count<int>("nodes"); }) ==
+        "card.json: cluster.nodes: value 4294967298 is above the limit of 2147483647 (fix: give a value from 1 to 2147483647)");
+  CHECK(message([](cuboid::JsonReader& x) { x.count<int>("big_float"); }).find("above the limit of 2147483647") !=
+        std::string::npos);
+  CHECK(message([](cuboid::JsonReader& x) { x.count<int>("gpus", 1, 4); }) ==
+        "card.json: cluster.gpus: value 8 is above the limit of 4 (fix: give a value from 1 to 4)");
+  CHECK(message([](cuboid::JsonReader& x) { x.count<int>("neg"); }) ==
+        "card.json: cluster.neg: must be positive, got -3 (fix: give a value >= 1)");
+  CHECK(message([](cuboid::JsonReader& x) { x.count<int>("neg", 0); }) ==
+        "card.json: cluster.neg: must not be negative, got -3 (fix: give a value >= 0)");
+  CHECK(message([](cuboid::JsonReader& x) { x.count<int>("gpus", 16, 64); }) ==
+        "card.json: cluster.gpus: must be at least 16, got 8 (fix: give a value >= 16)");
+  CHECK(message([](cuboid::JsonReader& x) { x.count<std::uint8_t>("zero", 0, 1000); }) == "<no InputError>");
+  CHECK(message([](cuboid::JsonReader& x) { x.count<int>("frac"); }).find("expected an integer, got 2.5") !=
+        std::string::npos);
+  CHECK(message([](cuboid::JsonReader& x) { x.count<int>("text"); }).find("expected an integer, got a string") !=
+        std::string::npos);
+  CHECK(message([](cuboid::JsonReader& x) { x.count<std::int64_t>("huge"); }).find("huge: value") !=
+        std::string::npos);
+  CHECK(message([](cuboid::JsonReader& x) { x.optional_count<int>("nodes"); }).find("above the limit") !=
+        std::string::npos);
+}

@@ -633,6 +633,40 @@ TEST_CASE("HF configs with experts or latent attention of other families are ref
   CHECK(error_of(llama, "l.json").field() == "rope_scaling");
 }
 
+TEST_CASE("HF fields the reader looks at are refused when of the wrong type or beyond a model's sizes") {
+  const json qwen = json::parse(std::ifstream(hf_path("qwen3-30b-a3b-config.json")));
+  // "16" experts without model_type were skipped as no number: planned as a dense model.
+  json j = qwen;
+  j.erase("model_type");
+  j["num_experts"] = "16";
+  InputError e = error_of(j, "q.json");
+  CHECK(e.field() == "num_experts");
+  CHECK(e.problem() == "expected a number, got a string \"16\"");
+  j = qwen;
+  j["num_experts"] = "16";
+  CHECK(error_of(j, "q.json").field() == "num_experts");
+  json llama = json::parse(std::ifstream(hf_path("llama3-70b-config.json")));
+  for (const auto& [key, value] : {std::pair<const char*, json>{"kv_lora_rank", "512"}, {"rope_scaling", "llama3"},
+                                   {"rms_norm_eps", "1e-5"}, {"architectures", "LlamaForCausalLM"}}) {
+    CAPTURE(key);
+    json k = llama;
+    k.erase("_name_or_path");
+    k.erase("model_type");
+    k[key] = value;
+    CHECK(error_of(k, "l.json").field() == key);
+  }
+  // 2^53 shared experts times moe_intermediate_size 2^11 wrapped to 0: no shared experts.
+  json v3 = json::parse(std::ifstream(hf_path("deepseek-v3-config.json")));
+  v3["n_shared_experts"] = std::int64_t{1} << 53;
+  e = error_of(v3, "v3.json");
+  CHECK(e.field() == "n_shared_experts");
+  CHECK(e.problem() == "value 9007199254740992 is above the limit of 16777216");
+  // One flag per layer is sized by the layer count: refused before it is allocated.
+  json mixtral = json::parse(std::ifstream(hf_path("mixtral-8x7b-config.json")));
+  mixtral["num_hidden_layers"] = std::int64_t{1} << 40;
+  CHECK(error_of(mixtral, "m.json").field() == "num_hidden_layers");
+}
+
 TEST_CASE("ALiBi: read from the card, written only when set, exclusive of other positions") {
   json j = base_card();
   CHECK(!cuboid::model_from_json(j, "t.json").alibi);

@@ -191,6 +191,11 @@ double since(std::chrono::steady_clock::time_point t) {
 
 // The collective sweep's sizes: 1 KiB to --max-size by x2 (--quick: to 1 MiB by x16).
 std::vector<std::int64_t> collective_sizes(const CalibrateOptions& o) {
+  // A collective's send and receive buffers of 64 GiB each: more than any GPU holds (H200: 141 GB).
+  constexpr std::int64_t kMaxCollectiveBytes = std::int64_t{1} << 36;
+  if (o.max_size_bytes > kMaxCollectiveBytes)
+    throw InputError(kCl, "--max-size", fmt::format("{} bytes is above the limit of {} (64 GiB)", o.max_size_bytes, kMaxCollectiveBytes),
+                     "give at most 68719476736 (default 268435456 = 256 MiB)");
   const std::int64_t largest = o.quick ? std::min<std::int64_t>(o.max_size_bytes, 1 << 20) : o.max_size_bytes;
   return size_ladder(kMinCollectiveBytes, largest, o.quick ? 16 : 2, "--max-size");
 }
@@ -269,7 +274,7 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
 int run_calibrate(const CalibrateOptions& o) {
   if (o.repeat < 1 || o.repeat > 100)
     throw InputError(kCl, "--repeat", "is " + std::to_string(o.repeat), "give 1 to 100 (3 on a noisy machine)");
-  if (o.timeout_s <= 0) throw InputError(kCl, "--timeout-s", "must be positive", "give a timeout in seconds, e.g. 300");
+  exec::check_timeout_flag(o.timeout_s);
   if (o.out_path.empty()) throw InputError(kCl, "--out", "is required", "give --out calibrated.json");
   exec::check_mpi_wait_word(o.mpi_wait);
   // Bad flags are refused before the launch (measure_and_gather reads them again).

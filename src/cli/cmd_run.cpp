@@ -16,14 +16,10 @@ namespace {
 struct RunFlags {
   std::string plan_path;
   exec::RunOptions options;
-  int layers = 0;
-  std::int64_t seq_length = 0;
 };
 
 void run_run(RunFlags& f) {
   const PlanFile pf = read_plan_file(f.plan_path);
-  if (f.layers != 0) f.options.layers = f.layers;
-  if (f.seq_length != 0) f.options.seq_length = f.seq_length;
   const int code = exec::run_plan(pf, f.options);
   // The check failed: exit non-zero on every rank (the message is printed).
   if (code != 0) std::exit(code);
@@ -43,8 +39,8 @@ void register_run_command(CLI::App& app) {
   cmd->add_flag("--check", flags.options.check,
                 "first compare the sharded forward pass with an unsharded reference; exit 1 on mismatch");
   cmd->add_option("--out", flags.options.out_path, "write per-rank per-op timings to FILE (JSON, atomically)");
-  cmd->add_option("--layers", flags.layers, "scale the model down to N layers (a multiple of PP x virtual stages)");
-  cmd->add_option("--seq-length", flags.seq_length, "scale the sequence length down to S tokens");
+  cmd->add_option("--layers", flags.options.layers, "scale the model down to N layers (a multiple of PP x virtual stages)");
+  cmd->add_option("--seq-length", flags.options.seq_length, "scale the sequence length down to S tokens");
   cmd->add_option("--dropout", flags.options.dropout,
                   "the residual dropouts' probability (default 0.1; 0: the same losses whatever the layout)")
       ->check(CLI::Range(0.0, 0.99));

@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid_config.hpp"
+#include "number_flags.hpp"
 #include "plan_words.hpp"
 
 int main(int argc, char** argv) {
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
 #if CUBOID_HAVE_MPI && defined(CUBOID_HAVE_CALIBRATE_COMMAND)
   cuboid::cli::register_calibrate_command(app, argc, argv);
 #endif
+  cuboid::cli::require_finite_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

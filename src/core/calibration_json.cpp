@@ -24,6 +24,7 @@ constexpr double kNsPerUs = 1e3;
 // only difference a refit may show is the us <-> ns conversion's rounding.
 constexpr double kRefitRelTolerance = 1e-6;
 constexpr const char* kRoot = "calibration";
+constexpr std::int64_t kMaxRanks = 1'000'000;  // ranks of a sweep or a group: beyond any machine, inside int
 constexpr const char* kRecalibrate = "re-run `cuboid calibrate` (the samples are the measurement; the fit is derived from them)";
 
 std::string json_type(const nlohmann::json& v) { return v.type_name(); }
@@ -172,9 +173,7 @@ void read_collectives(JsonReader& r, const std::string& source, Calibration& cal
     CollectiveKey key;
     key.collective = parse_collective(c);
     key.tier = c.choice("tier", {"intra_node", "inter_node"});
-    const std::int64_t n = c.positive_integer("group_size");
-    if (n > 1'000'000) c.fail("group_size", "value " + std::to_string(n) + " is too large", "give the ranks in the group");
-    key.group_size = static_cast<int>(n);
+    key.group_size = c.count<int>("group_size", 1, kMaxRanks);
     const auto dup = std::find(seen.begin(), seen.end(), key);
     if (dup != seen.end()) {
       throw InputError(source, f,
@@ -248,16 +247,14 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& so
   cal.backend = r.choice("backend", {"cpu", "cuda"});
   cal.device = r.string("device");
   cal.created_by = r.optional_string("created_by").value_or("");
-  const std::int64_t ranks = r.positive_integer("ranks");
-  if (ranks > 1'000'000) r.fail("ranks", "value " + std::to_string(ranks) + " is too large", "give the ranks that ran the sweep");
-  cal.ranks = static_cast<int>(ranks);
+  cal.ranks = r.count<int>("ranks", 1, kMaxRanks);
   // Cards written before the field: the backend's compute dtype (cpu f32, cuda bf16).
-  const std::int64_t act = r.optional_positive_integer("activation_bytes_per_element").value_or(cal.backend == "cpu" ? 4 : 2);
+  const int act = r.optional_count<int>("activation_bytes_per_element").value_or(cal.backend == "cpu" ? 4 : 2);
   if (act != 2 && act != 4) {
     r.fail("activation_bytes_per_element", "must be 2 (bf16) or 4 (f32), got " + std::to_string(act),
            "give the element size of the backend's compute dtype");
   }
-  cal.activation_bytes_per_element = static_cast<int>(act);
+  cal.activation_bytes_per_element = act;
   // Cards written before the field: one rank per core.
   const double share = r.optional_number("ranks_per_core").value_or(1.0);
   if (!(share >= 1.0 && share <= 256.0)) {

@@ -50,16 +50,16 @@ double sourced_fraction(JsonReader& r, std::string_view key, std::map<std::strin
   return v;
 }
 
+// The largest count a card gives (nodes, GPUs, NICs, channels): far beyond
+// any cluster, and far inside int.
+constexpr std::int64_t kMaxCount = 1'000'000'000;
+
 // A positive integer, bare or sourced ({"value": 8, "source": "..."}).
 int sourced_count(JsonReader& r, std::string_view key, std::map<std::string, std::string>& sources,
                   const std::string& field) {
-  if (!r.is_object(key)) {
-    const std::int64_t v = r.positive_integer(key);
-    if (v > 1'000'000'000) r.fail(key, "value " + std::to_string(v) + " is too large", "use a smaller value");
-    return static_cast<int>(v);
-  }
+  if (!r.is_object(key)) return r.count<int>(key, 1, kMaxCount);
   const double v = sourced(r, key, sources, field);
-  if (v != std::floor(v) || v > 1e9) r.fail(key, "expected a whole number, got " + show_number(v), "give an integer");
+  if (v != std::floor(v) || v > kMaxCount) r.fail(key, "expected a whole number, got " + show_number(v), "give an integer");
   return static_cast<int>(v);
 }
 
@@ -71,10 +71,7 @@ int optional_count(JsonReader& r, std::string_view key, std::map<std::string, st
     return fallback;
   }
   if (r.is_object(key)) return sourced_count(r, key, sources, field);
-  const std::int64_t v = r.integer(key);
-  if (v < 0) r.fail(key, "must not be negative, got " + std::to_string(v), "give a value >= 0");
-  if (v > 1'000'000'000) r.fail(key, "value " + std::to_string(v) + " is too large", "use a smaller value");
-  return static_cast<int>(v);
+  return r.count<int>(key, 0, kMaxCount);
 }
 
 // A non-negative fraction, bare or sourced, at most `max`; absent -> 0.

@@ -177,12 +177,14 @@ bool JsonReader::is_object(std::string_view key) const {
 }
 
 static std::int64_t as_integer(const JsonReader& r, std::string_view key, const nlohmann::json& v) {
-  if (v.is_number_integer()) return v.get<std::int64_t>();
+  // Unsigned first: nlohmann's is_number_integer() is true for it too, and
+  // 2^64 - 1 read as int64 would be -1.
   if (v.is_number_unsigned()) {
     auto u = v.get<std::uint64_t>();
     if (u > static_cast<std::uint64_t>(INT64_MAX)) r.fail(key, "value " + show(v) + " is too large", "use a smaller value");
     return static_cast<std::int64_t>(u);
   }
+  if (v.is_number_integer()) return v.get<std::int64_t>();
   if (v.is_number_float()) {
     double d = v.get<double>();
     if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return static_cast<std::int64_t>(d);
@@ -203,6 +205,20 @@ std::int64_t JsonReader::integer(std::string_view key) { return as_integer(*this
 std::int64_t JsonReader::positive_integer(std::string_view key) {
   std::int64_t v = integer(key);
   if (v <= 0) fail(key, "must be positive, got " + std::to_string(v), "give a value >= 1");
+  return v;
+}
+
+std::int64_t JsonReader::integer_in(std::string_view key, std::int64_t lo, std::int64_t hi) {
+  const std::int64_t v = integer(key);
+  if (v < lo) {
+    const std::string fix = "give a value >= " + std::to_string(lo);
+    if (lo == 1) fail(key, "must be positive, got " + std::to_string(v), fix);
+    if (lo == 0) fail(key, "must not be negative, got " + std::to_string(v), fix);
+    fail(key, "must be at least " + std::to_string(lo) + ", got " + std::to_string(v), fix);
+  }
+  if (v > hi)
+    fail(key, "value " + std::to_string(v) + " is above the limit of " + std::to_string(hi),
+         "give a value from " + std::to_string(lo) + " to " + std::to_string(hi));
   return v;
 }
 

@@ -14,6 +14,14 @@
 
 namespace cuboid {
 
+namespace {
+
+// The largest model size (layers, widths, heads, vocabulary, positions,
+// experts): keeps every product of the FLOPs and memory formulas inside 64 bits.
+constexpr std::int64_t kMaxModelSize = std::int64_t{1} << 24;
+
+}  // namespace
+
 std::string_view to_string(Activation a) {
   switch (a) {
     case Activation::gelu: return "gelu";
@@ -182,7 +190,7 @@ void check_heads_divide_hidden(std::int64_t hidden, std::int64_t heads, const st
 }
 
 void check_size(std::int64_t value, const char* field, const std::string& source, std::int64_t min = 1) {
-  constexpr std::int64_t kMaxSize = std::int64_t{1} << 24;
+  constexpr std::int64_t kMaxSize = kMaxModelSize;
   if (value < min || value > kMaxSize)
     throw InputError(source, field,
                      "must be " + std::to_string(min) + " to " + std::to_string(kMaxSize) + ", got " +
@@ -294,7 +302,7 @@ void validate_model(const ModelSpec& m, const std::string& source) {
   check_positive(m.max_position_embeddings, "max_position_embeddings", source);
   // Upper bounds keep every size product of the FLOPs and memory formulas
   // inside 64 bits (a typo of a few digits is caught here, not as an overflow).
-  constexpr std::int64_t kMaxSize = std::int64_t{1} << 24;
+  constexpr std::int64_t kMaxSize = kMaxModelSize;
   const std::pair<const char*, std::int64_t> sizes[] = {
       {"num_layers", m.num_layers}, {"hidden_size", m.hidden_size}, {"num_attention_heads", m.num_attention_heads},
       {"num_kv_heads", m.num_kv_heads}, {"head_dim", m.head_dim}, {"ffn_hidden_size", m.ffn_hidden_size},
@@ -361,6 +369,13 @@ Normalization parse_normalization(const std::string& s) {
   return s == "rmsnorm" ? Normalization::rmsnorm : Normalization::layernorm;
 }
 
+// A model size read from a card or config: 1 to kMaxModelSize, checked as it
+// is read (before any list of layers is sized by it or any product taken).
+std::int64_t size_of(JsonReader& r, std::string_view key) { return r.count<std::int64_t>(key, 1, kMaxModelSize); }
+std::optional<std::int64_t> optional_size_of(JsonReader& r, std::string_view key) {
+  return r.optional_count<std::int64_t>(key, 1, kMaxModelSize);
+}
+
 // head_dim defaults to hidden / heads; 0 (left for validate_model to report)
 // when the heads do not split the hidden size and no head_dim is given.
 std::int64_t resolve_head_dim(const ModelSpec& m, std::optional<std::int64_t> head_dim) {
@@ -380,15 +395,15 @@ std::vector<bool> moe_layer_pattern(std::int64_t layers, std::int64_t first_dens
 MoeSpec parse_moe(JsonReader& card, std::int64_t num_layers) {
   JsonReader r = card.object("moe");
   MoeSpec e;
-  e.num_experts = r.positive_integer("num_experts");
-  e.experts_per_token = r.positive_integer("experts_per_token");
-  e.expert_ffn_hidden_size = r.positive_integer("expert_ffn_hidden_size");
-  e.shared_expert_ffn_hidden_size = r.optional_positive_integer("shared_expert_ffn_hidden_size").value_or(0);
+  e.num_experts = size_of(r, "num_experts");
+  e.experts_per_token = size_of(r, "experts_per_token");
+  e.expert_ffn_hidden_size = size_of(r, "expert_ffn_hidden_size");
+  e.shared_expert_ffn_hidden_size = optional_size_of(r, "shared_expert_ffn_hidden_size").value_or(0);
   e.shared_expert_gate = r.optional_boolean("shared_expert_gate").value_or(false);
   e.capacity_factor = r.optional_positive_number("capacity_factor").value_or(0.0);
   e.router_load_imbalance = r.optional_positive_number("router_load_imbalance").value_or(1.0);
-  e.router_groups = r.optional_positive_integer("router_groups").value_or(0);
-  e.router_group_topk = r.optional_positive_integer("router_group_topk").value_or(0);
+  e.router_groups = optional_size_of(r, "router_groups").value_or(0);
+  e.router_group_topk = optional_size_of(r, "router_group_topk").value_or(0);
   if (r.has("layer_pattern")) {
     if (r.has("first_dense_layers") || r.has("layer_frequency"))
       r.fail("layer_pattern", "given together with first_dense_layers / layer_frequency",
@@ -407,7 +422,7 @@ MoeSpec parse_moe(JsonReader& card, std::int64_t num_layers) {
     if (first_dense < 0 || first_dense >= num_layers)
       r.fail("first_dense_layers", "must be 0 to num_layers - 1, got " + std::to_string(first_dense),
              "give how many layers before the first MoE layer are dense (DeepSeek-V3: 3)");
-    const std::int64_t frequency = r.optional_positive_integer("layer_frequency").value_or(1);
+    const std::int64_t frequency = optional_size_of(r, "layer_frequency").value_or(1);
     e.moe_layers = moe_layer_pattern(num_layers, first_dense, frequency);
   }
   r.reject_unknown();
@@ -417,11 +432,11 @@ MoeSpec parse_moe(JsonReader& card, std::int64_t num_layers) {
 MlaSpec parse_mla(JsonReader& card) {
   JsonReader r = card.object("mla");
   MlaSpec a;
-  a.q_lora_rank = r.optional_positive_integer("q_lora_rank").value_or(0);
-  a.kv_lora_rank = r.positive_integer("kv_lora_rank");
-  a.qk_head_dim = r.positive_integer("qk_head_dim");
+  a.q_lora_rank = optional_size_of(r, "q_lora_rank").value_or(0);
+  a.kv_lora_rank = size_of(r, "kv_lora_rank");
+  a.qk_head_dim = size_of(r, "qk_head_dim");
   a.qk_rope_head_dim = r.has("qk_rope_head_dim") ? r.integer("qk_rope_head_dim") : 0;
-  a.v_head_dim = r.positive_integer("v_head_dim");
+  a.v_head_dim = size_of(r, "v_head_dim");
   r.reject_unknown();
   return a;
 }
@@ -431,19 +446,19 @@ ModelSpec model_from_card(const nlohmann::json& j, const std::string& source) {
   JsonReader r(j, source);
   ModelSpec m;
   m.name = r.string("name");
-  m.num_layers = r.positive_integer("num_layers");
-  m.hidden_size = r.positive_integer("hidden_size");
-  m.num_attention_heads = r.positive_integer("num_attention_heads");
-  m.num_kv_heads = r.optional_positive_integer("num_kv_heads").value_or(m.num_attention_heads);
-  const std::optional<std::int64_t> head_dim = r.optional_positive_integer("head_dim");
+  m.num_layers = size_of(r, "num_layers");
+  m.hidden_size = size_of(r, "hidden_size");
+  m.num_attention_heads = size_of(r, "num_attention_heads");
+  m.num_kv_heads = optional_size_of(r, "num_kv_heads").value_or(m.num_attention_heads);
+  const std::optional<std::int64_t> head_dim = optional_size_of(r, "head_dim");
   m.activation = parse_activation(r.optional_choice("activation", {"gelu", "swiglu"}).value_or("gelu"));
   m.normalization =
       parse_normalization(r.optional_choice("normalization", {"layernorm", "rmsnorm"}).value_or("layernorm"));
-  m.ffn_hidden_size = r.optional_positive_integer("ffn_hidden_size")
+  m.ffn_hidden_size = optional_size_of(r, "ffn_hidden_size")
                           .value_or(default_ffn_hidden_size(m.hidden_size, m.activation));
-  m.vocab_size = r.positive_integer("vocab_size");
-  m.seq_length = r.positive_integer("seq_length");
-  m.max_position_embeddings = r.optional_positive_integer("max_position_embeddings").value_or(m.seq_length);
+  m.vocab_size = size_of(r, "vocab_size");
+  m.seq_length = size_of(r, "seq_length");
+  m.max_position_embeddings = optional_size_of(r, "max_position_embeddings").value_or(m.seq_length);
   m.tied_embeddings = r.optional_boolean("tied_embeddings").value_or(false);
   m.learned_position_embeddings = r.optional_boolean("learned_position_embeddings").value_or(false);
   m.linear_bias = r.optional_boolean("linear_bias").value_or(false);
@@ -515,8 +530,9 @@ HfFamily hf_family(JsonReader& r) {
   if (type == "qwen3_moe") return HfFamily::qwen3_moe;
   if (type == "deepseek_v3") return HfFamily::deepseek_v3;
   const std::string named = type.empty() ? std::string("a config without model_type") : "model_type \"" + type + "\"";
+  // A field of the wrong type is refused, not skipped: "16" experts are experts.
   for (std::string_view key : {"num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"}) {
-    if (!r.has(key) || !r.raw(key).is_number()) continue;
+    if (!r.has(key)) continue;
     const double experts = r.number(key);
     if (experts > 1) {
       r.fail(key,
@@ -525,16 +541,18 @@ HfFamily hf_family(JsonReader& r) {
              "write a cuboid model card with a \"moe\" section (docs/cards.md)");
     }
   }
-  if (r.has("kv_lora_rank") && r.raw("kv_lora_rank").is_number())
+  if (r.has("kv_lora_rank")) {
+    (void)r.number("kv_lora_rank");  // a wrong type is named as such
     r.fail("kv_lora_rank", "multi-head latent attention in " + named + ", which cuboid does not read (only deepseek_v3)",
            "write a cuboid model card with an \"mla\" section (docs/cards.md)");
+  }
   return HfFamily::dense;
 }
 
 // HF's rule for Qwen2-MoE and Qwen3-MoE (Qwen2MoeDecoderLayer): layer i is
 // sparse unless listed in mlp_only_layers, and when (i + 1) % step == 0.
 std::vector<bool> qwen_moe_layers(JsonReader& r, std::int64_t layers) {
-  const std::int64_t step = r.optional_positive_integer("decoder_sparse_step").value_or(1);
+  const std::int64_t step = optional_size_of(r, "decoder_sparse_step").value_or(1);
   std::vector<bool> pattern(static_cast<std::size_t>(layers));
   for (std::int64_t i = 0; i < layers; ++i) pattern[static_cast<std::size_t>(i)] = (i + 1) % step == 0;
   if (r.has("mlp_only_layers") && !r.raw("mlp_only_layers").is_null()) {
@@ -558,19 +576,19 @@ void read_hf_experts(JsonReader& r, HfFamily family, ModelSpec& m) {
     case HfFamily::dense: return;
     case HfFamily::mixtral:
       // MixtralSparseMoeBlock: every layer; each expert is an MLP of intermediate_size.
-      e.num_experts = r.positive_integer("num_local_experts");
-      e.experts_per_token = r.positive_integer("num_experts_per_tok");
+      e.num_experts = size_of(r, "num_local_experts");
+      e.experts_per_token = size_of(r, "num_experts_per_tok");
       e.expert_ffn_hidden_size = m.ffn_hidden_size;
       e.moe_layers.assign(static_cast<std::size_t>(m.num_layers), true);
       break;
     case HfFamily::qwen2_moe:
     case HfFamily::qwen3_moe:
-      e.num_experts = r.positive_integer("num_experts");
-      e.experts_per_token = r.positive_integer("num_experts_per_tok");
-      e.expert_ffn_hidden_size = r.positive_integer("moe_intermediate_size");
+      e.num_experts = size_of(r, "num_experts");
+      e.experts_per_token = size_of(r, "num_experts_per_tok");
+      e.expert_ffn_hidden_size = size_of(r, "moe_intermediate_size");
       if (family == HfFamily::qwen2_moe) {
         // Qwen2MoeSparseMoeBlock: one shared expert with a sigmoid gate.
-        e.shared_expert_ffn_hidden_size = r.optional_positive_integer("shared_expert_intermediate_size").value_or(0);
+        e.shared_expert_ffn_hidden_size = optional_size_of(r, "shared_expert_intermediate_size").value_or(0);
         e.shared_expert_gate = e.shared_expert_ffn_hidden_size > 0;
       }
       e.moe_layers = qwen_moe_layers(r, m.num_layers);
@@ -579,27 +597,27 @@ void read_hf_experts(JsonReader& r, HfFamily family, ModelSpec& m) {
       // DeepseekV3MoE: n_shared_experts shared experts of moe_intermediate_size
       // (one MLP of their summed width, as Megatron builds it); layer i is MoE
       // when i >= first_k_dense_replace and i % moe_layer_freq == 0.
-      e.num_experts = r.positive_integer("n_routed_experts");
-      e.experts_per_token = r.positive_integer("num_experts_per_tok");
-      e.expert_ffn_hidden_size = r.positive_integer("moe_intermediate_size");
+      e.num_experts = size_of(r, "n_routed_experts");
+      e.experts_per_token = size_of(r, "num_experts_per_tok");
+      e.expert_ffn_hidden_size = size_of(r, "moe_intermediate_size");
       e.shared_expert_ffn_hidden_size =
-          r.optional_positive_integer("n_shared_experts").value_or(0) * e.expert_ffn_hidden_size;
+          optional_size_of(r, "n_shared_experts").value_or(0) * e.expert_ffn_hidden_size;
       const std::int64_t first_dense = r.has("first_k_dense_replace") ? r.integer("first_k_dense_replace") : 0;
       if (first_dense < 0 || first_dense >= m.num_layers)
         r.fail("first_k_dense_replace", "must be 0 to num_hidden_layers - 1, got " + std::to_string(first_dense),
                "give how many leading layers are dense (DeepSeek-V3: 3)");
-      e.moe_layers = moe_layer_pattern(m.num_layers, first_dense, r.optional_positive_integer("moe_layer_freq").value_or(1));
+      e.moe_layers = moe_layer_pattern(m.num_layers, first_dense, optional_size_of(r, "moe_layer_freq").value_or(1));
       if (r.has("n_group") && !r.raw("n_group").is_null()) {
-        e.router_groups = r.positive_integer("n_group");
-        e.router_group_topk = r.positive_integer("topk_group");
+        e.router_groups = size_of(r, "n_group");
+        e.router_group_topk = size_of(r, "topk_group");
         if (e.router_groups == 1) e.router_groups = e.router_group_topk = 0;  // one group: no limit
       }
       MlaSpec& a = m.mla;
-      a.q_lora_rank = r.optional_positive_integer("q_lora_rank").value_or(0);
-      a.kv_lora_rank = r.positive_integer("kv_lora_rank");
-      a.qk_head_dim = r.positive_integer("qk_nope_head_dim");
-      a.qk_rope_head_dim = r.positive_integer("qk_rope_head_dim");
-      a.v_head_dim = r.positive_integer("v_head_dim");
+      a.q_lora_rank = optional_size_of(r, "q_lora_rank").value_or(0);
+      a.kv_lora_rank = size_of(r, "kv_lora_rank");
+      a.qk_head_dim = size_of(r, "qk_nope_head_dim");
+      a.qk_rope_head_dim = size_of(r, "qk_rope_head_dim");
+      a.v_head_dim = size_of(r, "v_head_dim");
       m.head_dim = a.qk_head_dim + a.qk_rope_head_dim;
       m.num_kv_heads = m.num_attention_heads;  // one latent, expanded to every head
       m.mtp_layers = r.has("num_nextn_predict_layers") && !r.raw("num_nextn_predict_layers").is_null()
@@ -621,7 +639,10 @@ std::string hf_name(JsonReader& r, const std::string& source) {
   if (auto type = r.optional_string("model_type"); type && !type->empty()) return *type;
   if (r.has("architectures")) {
     const nlohmann::json& arch = r.raw("architectures");
-    if (arch.is_array() && !arch.empty() && arch.front().is_string()) return arch.front().get<std::string>();
+    if (!arch.is_array() || (!arch.empty() && !arch.front().is_string()))
+      r.fail("architectures", "expected a list of class names, got " + arch.dump().substr(0, 40),
+             "give e.g. [\"LlamaForCausalLM\"]");
+    if (!arch.empty()) return arch.front().get<std::string>();
   }
   const std::filesystem::path p(source);
   // A checkpoint's config is usually "<model>/config.json": the folder names the model.
@@ -640,18 +661,18 @@ Activation hf_activation(JsonReader& r) {
 ModelSpec model_from_gpt2_config(JsonReader& r, const std::string& source) {
   ModelSpec m;
   m.name = hf_name(r, source);
-  m.num_layers = r.positive_integer("n_layer");
-  m.hidden_size = r.positive_integer("n_embd");
-  m.num_attention_heads = r.positive_integer("n_head");
+  m.num_layers = size_of(r, "n_layer");
+  m.hidden_size = size_of(r, "n_embd");
+  m.num_attention_heads = size_of(r, "n_head");
   m.num_kv_heads = m.num_attention_heads;
   m.activation = Activation::gelu;
   m.normalization = Normalization::layernorm;
-  m.ffn_hidden_size = r.optional_positive_integer("n_inner").value_or(4 * m.hidden_size);
-  m.vocab_size = r.positive_integer("vocab_size");
+  m.ffn_hidden_size = optional_size_of(r, "n_inner").value_or(4 * m.hidden_size);
+  m.vocab_size = size_of(r, "vocab_size");
   if (r.has("n_positions")) {
-    m.max_position_embeddings = r.positive_integer("n_positions");
+    m.max_position_embeddings = size_of(r, "n_positions");
   } else if (r.has("n_ctx")) {
-    m.max_position_embeddings = r.positive_integer("n_ctx");
+    m.max_position_embeddings = size_of(r, "n_ctx");
   } else {
     r.fail("n_positions", "missing required field", "add \"n_positions\" (or \"n_ctx\"), the context length");
   }
@@ -671,7 +692,7 @@ ModelSpec model_from_gpt2_config(JsonReader& r, const std::string& source) {
 // family only.
 double hf_rope_scaling_factor(JsonReader& r, const std::string& source, HfFamily family, bool& yarn) {
   yarn = false;
-  if (!r.has("rope_scaling") || !r.is_object("rope_scaling")) return 0.0;
+  if (!r.has("rope_scaling")) return 0.0;
   JsonReader s = r.object("rope_scaling");
   const std::string type = s.has("rope_type") ? s.string("rope_type") : s.string("type");
   yarn = type == "yarn" && family == HfFamily::deepseek_v3;
@@ -685,18 +706,19 @@ double hf_rope_scaling_factor(JsonReader& r, const std::string& source, HfFamily
 ModelSpec model_from_llama_config(JsonReader& r, const std::string& source, HfFamily family) {
   ModelSpec m;
   m.name = hf_name(r, source);
-  m.num_layers = r.positive_integer("num_hidden_layers");
-  m.hidden_size = r.positive_integer("hidden_size");
-  m.num_attention_heads = r.positive_integer("num_attention_heads");
-  m.num_kv_heads = r.optional_positive_integer("num_key_value_heads").value_or(m.num_attention_heads);
-  const std::optional<std::int64_t> head_dim = r.optional_positive_integer("head_dim");
+  m.num_layers = size_of(r, "num_hidden_layers");
+  m.hidden_size = size_of(r, "hidden_size");
+  m.num_attention_heads = size_of(r, "num_attention_heads");
+  m.num_kv_heads = optional_size_of(r, "num_key_value_heads").value_or(m.num_attention_heads);
+  const std::optional<std::int64_t> head_dim = optional_size_of(r, "head_dim");
   m.activation = hf_activation(r);
-  m.ffn_hidden_size = r.positive_integer("intermediate_size");
-  m.vocab_size = r.positive_integer("vocab_size");
-  m.max_position_embeddings = r.positive_integer("max_position_embeddings");
+  m.ffn_hidden_size = size_of(r, "intermediate_size");
+  m.vocab_size = size_of(r, "vocab_size");
+  m.max_position_embeddings = size_of(r, "max_position_embeddings");
   m.seq_length = m.max_position_embeddings;  // the planner's --seq-length overrides it
   // LLaMA-family configs name their norm by its epsilon; RMSNorm is the family default.
   m.normalization = Normalization::rmsnorm;
+  for (std::string_view key : {"rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"}) (void)r.optional_number(key);
   if (!r.has("rms_norm_eps") && (r.has("layer_norm_eps") || r.has("layer_norm_epsilon"))) {
     m.normalization = Normalization::layernorm;
   }

@@ -26,18 +26,14 @@ struct Field {
 };
 
 // An element count of the ZeRO-3 settings (0: off).
-std::int64_t count(JsonReader& r) {
-  const std::int64_t v = r.integer("value");
-  if (v < 0) r.fail("value", "must not be negative, got " + std::to_string(v), "give a value >= 0 (0: off)");
-  return v;
-}
+std::int64_t count(JsonReader& r) { return r.count<std::int64_t>("value", 0); }
 
 // The byte counts the cost model prices (TrainerSettings says what each means).
 int bytes_of(JsonReader& r, std::initializer_list<int> allowed, const std::string& meaning) {
-  const std::int64_t v = r.integer("value");
+  const int v = r.count<int>("value");
   if (std::find(allowed.begin(), allowed.end(), v) == allowed.end())
     r.fail("value", "must be " + meaning + ", got " + std::to_string(v), "give one of those");
-  return static_cast<int>(v);
+  return v;
 }
 
 // The ZeRO stages the trainer runs, ascending; the first is the plan's default.
@@ -103,10 +99,7 @@ constexpr std::array<Field, 16> kSettings{{
     {"zero3_persist_params", [](JsonReader& r, TrainerPreset& t) { t.settings.zero3_persist_params = count(r); }},
     {"zero3_prefetch_units",
      [](JsonReader& r, TrainerPreset& t) {
-       const std::int64_t v = count(r);
-       if (v > std::numeric_limits<int>::max())
-         r.fail("value", "value " + std::to_string(v) + " is too large", "use a smaller value");
-       t.settings.zero3_prefetch_units = static_cast<int>(v);
+       t.settings.zero3_prefetch_units = r.count<int>("value", 0);
      }},
     {"zero3_prefetch_params", [](JsonReader& r, TrainerPreset& t) { t.settings.zero3_prefetch_params = count(r); }},
     {"zero3_reuse_params", [](JsonReader& r, TrainerPreset& t) { t.settings.zero3_reuse_params = count(r); }},

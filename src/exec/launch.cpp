@@ -375,6 +375,16 @@ void attach_device_world(World& w, Backend& backend) {
 
 void check_mpi_wait_word(std::string_view word) { (void)parse_mpi_wait(word, 1, 1); }
 
+void check_timeout_flag(double timeout_s) {
+  // The watchdog counts nanoseconds in int64 (overflow at 9.2e9 s).
+  constexpr double kMaxTimeoutS = 1e9;
+  if (!(timeout_s > 0))
+    throw InputError("command line", "--timeout-s", "must be positive", "give a timeout in seconds, e.g. 300");
+  if (!(timeout_s <= kMaxTimeoutS))
+    throw InputError("command line", "--timeout-s", "is above the limit of 1e9 s",
+                     "give a timeout in seconds, e.g. 300");
+}
+
 std::string apply_mpi_wait(const World& world, std::string_view word) {
   if (!world.mpi) return "none";
   const MpiWait wait = parse_mpi_wait(word, mpi_ranks_on_node(), cpus_online());

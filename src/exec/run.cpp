@@ -55,7 +55,9 @@ void scale_down(ModelSpec& model, ParallelPlan& plan, const RunOptions& o) {
   }
   if (o.seq_length) {
     const std::int64_t s = *o.seq_length;
-    if (s <= 0 || (plan.sequence_parallel && plan.tp > 1 && s * plan.micro_batch % plan.tp != 0))
+    // Tokens: at most a model's largest size (validate_model), so s x micro-batch stays inside 64 bits.
+    constexpr std::int64_t kMaxTokens = std::int64_t{1} << 24;
+    if (s <= 0 || s > kMaxTokens || (plan.sequence_parallel && plan.tp > 1 && s * plan.micro_batch % plan.tp != 0))
       throw InputError(kCl, "--seq-length", fmt::format("{} is not a positive sequence length that TP {} splits", s, plan.tp),
                        fmt::format("give a positive multiple of {}", plan.tp));
     plan.seq_length = s;
@@ -227,7 +229,7 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
   scale_down(model, plan, o);
   if (o.steps <= 0) throw InputError(kCl, "--steps", "must be at least 1", "give --steps 1 or more");
   if (o.warmup < 0) throw InputError(kCl, "--warmup", "must not be negative", "give --warmup 0 or more");
-  if (o.timeout_s <= 0) throw InputError(kCl, "--timeout-s", "must be positive", "give a timeout in seconds, e.g. 300");
+  check_timeout_flag(o.timeout_s);
   const Fault fault = parse_fault(o.inject_fault);
   check_mpi_wait_word(o.mpi_wait);
 

@@ -85,8 +85,7 @@ MeasuredOp read_op(JsonReader& r, const nlohmann::json& obj) {
   op.kind = parse_enum(r, "kind",
                        {OpKind::gemm, OpKind::attention_core, OpKind::memory_bound, OpKind::collective, OpKind::p2p});
   op.pass = parse_pass(r);
-  op.calls_per_step = r.integer("calls_per_step");
-  if (op.calls_per_step < 0) r.fail("calls_per_step", "must not be negative", kRemeasure);
+  op.calls_per_step = r.count<std::int64_t>("calls_per_step", 0);
   op.time_per_step = stats(r, obj, "time_per_step");
   check_step_array(r, obj, "step_seconds");
   switch (op.kind) {
@@ -109,7 +108,7 @@ MeasuredOp read_op(JsonReader& r, const nlohmann::json& obj) {
                                  {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
                                   Collective::broadcast, Collective::send_recv, Collective::all_to_all});
       op.group = parse_enum(r, "group", {Group::none, Group::tp, Group::pp, Group::dp, Group::ep, Group::cp});
-      op.group_size = static_cast<int>(std::min<std::int64_t>(r.positive_integer("group_size"), kMaxSize));
+      op.group_size = r.count<int>("group_size", 1, kMaxSize);
       op.bytes_per_call = r.number("bytes_per_call");
       if (op.bytes_per_call < 0) r.fail("bytes_per_call", "must not be negative", kRemeasure);
       break;
@@ -137,16 +136,10 @@ std::optional<std::int64_t> page_fault_median(JsonReader& parent, const nlohmann
 
 MeasuredRank read_rank(JsonReader& r, const nlohmann::json& obj) {
   MeasuredRank m;
-  const std::int64_t rank = r.integer("rank");
-  if (rank < 0 || rank >= kMaxSize) r.fail("rank", fmt::format("{} is not a rank number", rank), kRemeasure);
-  m.rank = static_cast<int>(rank);
+  m.rank = r.count<int>("rank", 0, kMaxSize - 1);
   m.hostname = r.string("hostname");
   JsonReader c = r.object("coord");
-  auto coord = [&](std::string_view key) {
-    const std::int64_t v = c.integer(key);
-    if (v < 0 || v >= kMaxSize) c.fail(key, fmt::format("{} is not a coordinate", v), kRemeasure);
-    return static_cast<int>(v);
-  };
+  auto coord = [&](std::string_view key) { return c.count<int>(key, 0, kMaxSize - 1); };
   m.coord.rank = m.rank;
   m.coord.tp = coord("tp");
   m.coord.pp = coord("pp");
@@ -219,11 +212,7 @@ Measurements measurements_from_json(const nlohmann::json& j, const std::string& 
 
   JsonReader p = r.object("plan");
   // Bounded so that products of sizes stay far inside int (fuzzed input).
-  auto pos = [&](std::string_view key) {
-    const std::int64_t v = p.positive_integer(key);
-    if (v > kMaxSize) p.fail(key, fmt::format("{} is beyond any real run (at most {})", v, kMaxSize), kRemeasure);
-    return static_cast<int>(v);
-  };
+  auto pos = [&](std::string_view key) { return p.count<int>(key, 1, kMaxSize); };
   m.plan.tp = pos("tp");
   m.plan.pp = pos("pp");
   m.plan.dp = pos("dp");
@@ -233,9 +222,7 @@ Measurements measurements_from_json(const nlohmann::json& j, const std::string& 
   m.plan.num_micro_batches = p.positive_integer("num_micro_batches");
   m.plan.seq_length = p.positive_integer("seq_length");
   m.plan.virtual_stages = pos("virtual_stages");
-  const std::int64_t zero = p.integer("zero_stage");
-  if (zero < 0 || zero > 3) p.fail("zero_stage", "must be 0, 1, 2 or 3", kRemeasure);
-  m.plan.zero_stage = static_cast<int>(zero);
+  m.plan.zero_stage = p.count<int>("zero_stage", 0, 3);
   m.plan.recompute = parse_recompute(p.string("recompute"), source, "plan.recompute");
   m.plan.sequence_parallel = p.boolean("sequence_parallel");
   m.plan.schedule = parse_schedule(p.string("schedule"), source, "plan.schedule");
@@ -264,9 +251,8 @@ Measurements measurements_from_json(const nlohmann::json& j, const std::string& 
       m.hostnames.push_back(name.get<std::string>());
     }
   }
-  m.steps = static_cast<int>(r.positive_integer("steps"));
-  m.warmup = static_cast<int>(r.integer("warmup"));
-  if (m.warmup < 0) r.fail("warmup", "must not be negative", kRemeasure);
+  m.steps = r.count<int>("steps");
+  m.warmup = r.count<int>("warmup", 0);
   m.iteration_time_s = time_s(r, j, "iteration_time_s");
 
   const nlohmann::json& ranks = r.raw("ranks");

@@ -28,15 +28,9 @@ void read_zero3(JsonReader& t, TrainerSettings& s) {
   if (!t.has("zero3")) return;
   JsonReader z = t.object("zero3");
   s.zero3_unit = parse_zero3_unit(z.choice("unit", {"block", "tensor"}), z.source(), "parallel.trainer.zero3.unit");
-  auto count = [&](std::string_view key) {
-    const std::int64_t v = z.integer(key);
-    if (v < 0) z.fail(key, "must be >= 0, got " + std::to_string(v), kRegenerate);
-    return v;
-  };
+  auto count = [&](std::string_view key) { return z.count<std::int64_t>(key, 0); };
   s.zero3_persist_params = count("persist_params");
-  const std::int64_t units = count("prefetch_units");
-  if (units > 1'000'000) z.fail("prefetch_units", "value " + std::to_string(units) + " is too large", kRegenerate);
-  s.zero3_prefetch_units = static_cast<int>(units);
+  s.zero3_prefetch_units = z.count<int>("prefetch_units", 0, 1'000'000);
   s.zero3_prefetch_params = count("prefetch_params");
   s.zero3_reuse_params = count("reuse_params");
   s.zero3_reduce_bucket_params = count("reduce_bucket_params");
@@ -165,12 +159,9 @@ auto with_prefix(const std::string& prefix, F&& f) {
   }
 }
 
+// A plan's degrees, batch and stage sizes: far beyond any run, far inside int.
 int read_int(JsonReader& r, std::string_view key, std::int64_t min_value) {
-  const std::int64_t v = r.integer(key);
-  if (v < min_value)
-    r.fail(key, "must be >= " + std::to_string(min_value) + ", got " + std::to_string(v), kRegenerate);
-  if (v > 1'000'000'000) r.fail(key, "value " + std::to_string(v) + " is too large", kRegenerate);
-  return static_cast<int>(v);
+  return r.count<int>(key, min_value, 1'000'000'000);
 }
 
 ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
@@ -184,9 +175,13 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   if (r.has("ep")) p.ep = read_int(r, "ep", 1);
   if (r.has("etp")) p.etp = read_int(r, "etp", 1);
   p.micro_batch = read_int(r, "micro_batch", 1);
-  p.global_batch = r.positive_integer("global_batch");
-  p.seq_length = r.positive_integer("seq_length");
-  const std::int64_t micro_batches = r.positive_integer("num_micro_batches");
+  // Sequences: the limit of --global-batch, so batch products stay inside 64 bits.
+  constexpr std::int64_t kMaxSequences = std::int64_t{1} << 30;
+  // Tokens: the limit of a model's sizes (validate_model).
+  constexpr std::int64_t kMaxTokens = std::int64_t{1} << 24;
+  p.global_batch = r.count<std::int64_t>("global_batch", 1, kMaxSequences);
+  p.seq_length = r.count<std::int64_t>("seq_length", 1, kMaxTokens);
+  const auto micro_batches = r.count<std::int64_t>("num_micro_batches", 1, kMaxSequences);
   p.virtual_stages = read_int(r, "virtual_stages", 1);
   p.first_stage_layers = read_int(r, "first_stage_layers", 0);
   p.last_stage_layers = read_int(r, "last_stage_layers", 0);
@@ -208,7 +203,7 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
     if (!find_trainer(p.trainer.preset))
       t.fail("preset", "unknown trainer \"" + p.trainer.preset + "\"", "use one of " + trainer_names());
     p.trainer.dp_overlap = t.boolean("dp_overlap");
-    p.trainer.dp_grad_bytes = static_cast<int>(t.integer("dp_grad_bytes"));
+    p.trainer.dp_grad_bytes = t.count<int>("dp_grad_bytes");
     if (p.trainer.dp_grad_bytes != 2 && p.trainer.dp_grad_bytes != 4)
       t.fail("dp_grad_bytes", "must be 2 (16-bit gradients) or 4 (fp32), got " + std::to_string(p.trainer.dp_grad_bytes),
              kRegenerate);
@@ -216,7 +211,7 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
     p.trainer.tp_backward_overlap = t.boolean("tp_backward_overlap");
     // Absent in plan files written before it existed: the preset's value.
     p.trainer.grad_accum_bytes =
-        t.has("grad_accum_bytes") ? static_cast<int>(t.integer("grad_accum_bytes"))
+        t.has("grad_accum_bytes") ? t.count<int>("grad_accum_bytes")
                                   : find_trainer(p.trainer.preset)->settings.grad_accum_bytes;
     if (p.trainer.grad_accum_bytes != 6 && p.trainer.grad_accum_bytes != 10 && p.trainer.grad_accum_bytes != 18)
       t.fail("grad_accum_bytes",
@@ -372,8 +367,8 @@ PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source)
   JsonReader c = r.object("cluster");
   pf.cluster_name = c.string("name");
   pf.cluster_source_file = c.string("source_file");
-  pf.nodes = static_cast<int>(c.positive_integer("nodes"));
-  pf.gpus_per_node = static_cast<int>(c.positive_integer("gpus_per_node"));
+  pf.nodes = c.count<int>("nodes");
+  pf.gpus_per_node = c.count<int>("gpus_per_node");
   pf.gpu_name = c.string("gpu");
   c.reject_unknown();
 

@@ -21,6 +21,7 @@
 #include "cuboid/search/planner.hpp"
 #include "cuboid_config.hpp"
 #include "fuzz_input.hpp"
+#include "number_flags.hpp"
 #include "plan_flags.hpp"
 
 namespace {
@@ -57,10 +58,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   CLI::App app{"fuzz"};
   cuboid::cli::PlanFlags flags;
   cuboid::cli::add_plan_flags(&app, flags, /*search=*/!simulate, /*with_plan_file=*/simulate);
+  cuboid::cli::require_finite_numbers(app);  // as main.cpp does
   try {
     app.parse(reversed);
   } catch (const CLI::ParseError&) {
     return 0;  // the CLI prints it and exits 2
+  } catch (const cuboid::InputError&) {
+    return 0;  // a NaN or an infinity: the CLI prints it and exits 2
   }
   try {
     const cuboid::PlannerOptions options = cuboid::cli::planner_options(flags);

@@ -6,9 +6,12 @@
 // profile, later plan files) reads through JsonReader so that a wrong type, a
 // missing field, a non-positive size or an unknown (misspelled) field is
 // reported the same way: InputError naming the file, the field path and a fix.
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <concepts>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <set>
 #include <span>
@@ -56,6 +59,22 @@ class JsonReader {
   // A string that must be one of `choices`.
   std::string choice(std::string_view key, std::initializer_list<std::string_view> choices);
 
+  // A count stored as T: an exact integer from lo to hi, hi at most T's
+  // largest value (by default 1 to T's largest). Anything else is an
+  // InputError naming the range, so a count read from a file is never wrapped
+  // or truncated where it is stored. Every loader reads its counts this way.
+  template <std::integral T>
+  T count(std::string_view key, std::int64_t lo = 1, std::int64_t hi = max_of<T>()) {
+    return static_cast<T>(integer_in(key, lo, std::min(hi, max_of<T>())));
+  }
+  template <std::integral T>
+  std::optional<T> optional_count(std::string_view key, std::int64_t lo = 1, std::int64_t hi = max_of<T>()) {
+    if (find(key) == nullptr) return std::nullopt;
+    return count<T>(key, lo, hi);
+  }
+  // The check behind count: an exact integer from lo to hi.
+  std::int64_t integer_in(std::string_view key, std::int64_t lo, std::int64_t hi);
+
   // Optional fields: nullopt when absent (an explicit null is also treated as absent).
   std::optional<std::int64_t> optional_positive_integer(std::string_view key);
   std::optional<double> optional_positive_number(std::string_view key);
@@ -89,6 +108,15 @@ class JsonReader {
   std::string field_path(std::string_view key) const;
 
  private:
+  // T's largest value as an int64 (a uint64's is capped at int64's).
+  template <std::integral T>
+  static constexpr std::int64_t max_of() {
+    if constexpr (std::numeric_limits<T>::max() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      return std::numeric_limits<std::int64_t>::max();
+    else
+      return static_cast<std::int64_t>(std::numeric_limits<T>::max());
+  }
+
   const nlohmann::json& get(std::string_view key);  // required; marks used
   const nlohmann::json* find(std::string_view key);  // optional; marks used; null -> nullptr
 

@@ -152,6 +152,10 @@ void attach_device_world(World& world, Backend& backend);
 std::string apply_mpi_wait(const World& world, std::string_view word);
 void check_mpi_wait_word(std::string_view word);
 
+// Refuses a --timeout-s that is not positive or is too large for the
+// watchdog's and the rendezvous' clocks (InputError naming the flag).
+void check_timeout_flag(double timeout_s);
+
 // Every rank must run the same plan with the same sizes, or the collectives
 // would not match and the job would hang. Compares `fingerprint` (a hash of
 // what this rank will run) across world.exchange; on a mismatch every rank
