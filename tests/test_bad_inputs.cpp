@@ -13,6 +13,7 @@
 #include <functional>
 #include <string>
 #include <vector>
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 
@@ -64,6 +65,10 @@ std::string with_raw(json j, const std::string& pointer, const std::string& raw)
   text.replace(text.find(mark), mark.size(), raw);
   return text;
 }
+
+// A JSON array nested a million deep: nlohmann parses it without recursion,
+// but any recursive walk of it (dump, a copy) would run out of stack.
+std::string deep_array() { return std::string(1'000'000, '[') + std::string(1'000'000, ']'); }
 
 std::string write(const TempDir& d, const std::string& name, const std::string& text) {
   write_text(d / name, text);
@@ -193,6 +198,73 @@ std::vector<Case> catalogue() {
        }},
 
       // --- round 2: bounded inputs (nesting depth, size, regular files only, long values quoted short, duplicate keys)
+      {"HF config with an array a million deep", [](const TempDir& d) {
+         const std::string p = write(d, "config.json", with_raw(load("tests/data/hf/llama3-70b-config.json"), "/hidden_act", deep_array()));
+         return Spec{"plan --model " + p + " --cluster " + kClusterCard, {p, "nested more than 64 levels deep"}, {}};
+       }},
+      {"cluster card with an array a million deep", [](const TempDir& d) {
+         const std::string p = write(d, "cluster.json", with_raw(cluster_card(), "/name", deep_array()));
+         return Spec{"plan --model " + kModelCard + " --cluster " + p, {p, "nested more than 64 levels deep"}, {}};
+       }},
+      {"plan file with an array a million deep", [](const TempDir& d) {
+         return plan_case(d, "simulate --plan", "", with_raw(plan_file(), "/model/name", deep_array()), {"nested more than 64 levels deep"});
+       }},
+      {"measurements file with an array a million deep", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         const std::string m = write(d, "m.json", with_raw(load("tests/fuzz/corpus/measurements/tiny-pp2.json"), "/schema", deep_array()));
+         return Spec{"validate --cluster " + kClusterCard + " --plan " + p + " --measurements " + m, {m, "nested more than 64 levels deep"}, {}};
+       }},
+      {"model card is /dev/zero", [](const TempDir&) {
+         return Spec{"plan --model /dev/zero --cluster " + kClusterCard, {"/dev/zero", "is a character device, not a regular file"}, {}};
+       }},
+      {"plan file whose cluster card is /dev/zero", [](const TempDir& d) {
+         json p = plan_file();
+         p["cluster"]["source_file"] = "/dev/zero";
+         Spec s = plan_case(d, "simulate --plan", "", p.dump(2), {});
+         s.expect = {"/dev/zero", "is a character device, not a regular file"};
+         return s;
+       }},
+      {"model card is a FIFO", [](const TempDir& d) {
+         const auto p = d / "model.json";
+         REQUIRE(::mkfifo(p.c_str(), 0600) == 0);
+         return Spec{"plan --model " + p.string() + " --cluster " + kClusterCard, {p.string(), "is a FIFO", "not a regular file"}, {}};
+       }},
+      {"model card above the size limit", [](const TempDir& d) {
+         const std::string p = write(d, "model.json", "");
+         std::filesystem::resize_file(p, (std::uintmax_t{256} << 20) + 1);  // sparse: nothing is written to disk
+         return Spec{"plan --model " + p + " --cluster " + kClusterCard, {p, "larger than cuboid's limit of 256 MiB"}, {}};
+       }},
+      {"a 50 MB string value is quoted short", [](const TempDir& d) {
+         return model_case(d, "/activation", std::string(50'000'000, 'x'), {"activation", "...\" (50000000 characters)"});
+       }},
+      {"a 1 MB unknown key is quoted short", [](const TempDir& d) {
+         return model_case(d, "/" + std::string(1'000'000, 'k'), 1, {"... (1000000 characters)", "unknown field"});
+       }},
+      {"a value with a newline stays on one line", [](const TempDir& d) {
+         return model_case(d, "/activation", "swi\nglu", {"activation", "unknown value \"swi\\nglu\""});
+       }},
+      {"plan file with \"tp\" twice", [](const TempDir& d) {
+         std::string text = plan_file().dump(2);
+         text.replace(text.find("\"tp\": 4"), 7, "\"tp\": 4, \"tp\": 8");
+         return plan_case(d, "export --plan", "--to megatron", text, {"parallel.tp", "appears twice in one object"});
+       }},
+      {"model card with a key twice", [](const TempDir& d) {
+         const std::string p = write(d, "model.json", "{\"name\": \"a\", \"num_layers\": 80, \"num_layers\": 8}");
+         return Spec{"plan --model " + p + " --cluster " + kClusterCard, {p, "num_layers", "appears twice"}, {}};
+       }},
+      {"cluster card with a key twice", [](const TempDir& d) {
+         std::string text = cluster_card().dump(2);
+         text.replace(text.find("\"nodes\": 4"), 10, "\"nodes\": 4, \"nodes\": 2");
+         const std::string p = write(d, "cluster.json", text);
+         return Spec{"plan --model " + kModelCard + " --cluster " + p, {p, "nodes", "appears twice"}, {}};
+       }},
+      {"measurements file with a key twice", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         std::string text = slurp("tests/fuzz/corpus/measurements/tiny-pp2.json");
+         text.replace(text.find('{'), 1, "{\"schema\": \"cuboid.measurements/1\",");
+         const std::string m = write(d, "m.json", text);
+         return Spec{"validate --cluster " + kClusterCard + " --plan " + p + " --measurements " + m, {m, "schema", "appears twice"}, {}};
+       }},
 
       // --- cluster cards
       {"cluster file not found", [](const TempDir& d) {
@@ -462,6 +534,66 @@ std::vector<Case> catalogue() {
        }},
 
       // --- round 2: safe outputs (read-only files, an input as output, two outputs on one file, unwritable folders)
+      {"plan --out replaces a read-only file", [](const TempDir& d) {
+         const std::string t = write(d, "plan.json", "keep");
+         std::filesystem::permissions(t, std::filesystem::perms::owner_read | std::filesystem::perms::group_read);
+         return Spec{"plan " + kLlama + " --out " + t, {"--out", "is read-only; cuboid does not replace it"}, {}};
+       }},
+      {"plan --out is the model card it reads", [](const TempDir& d) {
+         const std::string m = write(d, "model.json", slurp(kModelCard));
+         return Spec{"plan --model " + m + " --cluster " + kClusterCard + " --out " + m, {"--out", "is the input " + m}, {}};
+       }},
+      {"plan --out and --svg on one file", [](const TempDir& d) {
+         const auto t = d / "plan.json";
+         return Spec{"plan " + kLlama + " --out " + t.string() + " --svg " + (d / "." / "plan.json").string(),
+                     {"--svg", "--out and --svg name the same file"}, t};
+       }},
+      {"plan --report in a read-only folder", [](const TempDir& d) {
+         std::filesystem::create_directory(d / "ro");
+         std::filesystem::permissions(d / "ro", std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+         const auto t = d / "ro" / "r.html";
+         return Spec{"plan " + kLlama + " --report " + t.string(), {"--report", "is not writable"}, t};
+       }},
+      {"plan --out /dev/null", [](const TempDir&) {
+         return Spec{"plan " + kLlama + " --out /dev/null", {"--out", "/dev/null is a character device, not a regular file"}, {}};
+       }},
+      {"export --out is the plan it reads", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         return Spec{"export --plan " + p + " --to megatron --out " + p, {"--out", "is the input " + p}, {}};
+       }},
+      {"simulate --trace is the plan it reads", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         return Spec{"simulate --plan " + p + " --trace " + p, {"--trace", "is the input " + p}, {}};
+       }},
+      {"simulate --trace and --report on one file", [](const TempDir& d) {
+         const auto t = d / "sim.html";
+         return Spec{"simulate " + kLlama + " --tp 8 --pp 4 --trace " + t.string() + " --report " + t.string(),
+                     {"--report", "--trace and --report name the same file"}, t};
+       }},
+      {"mesh --svg is the cluster card it reads", [](const TempDir& d) {
+         const std::string c = write(d, "cluster.json", cluster_card().dump(2));
+         return Spec{"mesh --model " + kModelCard + " --cluster " + c + " --tp 8 --pp 4 --svg " + c, {"--svg", "is the input " + c}, {}};
+       }},
+#if CUBOID_TEST_HAS_RUN
+      {"run --out is the plan it runs", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         return Spec{"run --plan " + p + " --backend cpu --out " + p, {"--out", "is the input " + p}, {}};
+       }},
+      {"calibrate --out is a folder", [](const TempDir& d) {
+         return Spec{"calibrate --cluster topologies/localhost-cpu.json --model models/tiny.json --backend cpu --out " + d.path().string(),
+                     {"--out", "is a folder, not a file"}, {}};
+       }},
+      {"calibrate --out is the cluster card it calibrates", [](const TempDir& d) {
+         const std::string c = write(d, "cluster.json", slurp("topologies/localhost-cpu.json"));
+         return Spec{"calibrate --cluster " + c + " --model models/tiny.json --backend cpu --out " + c, {"--out", "is the input " + c}, {}};
+       }},
+      {"calibrate --out and --raw on one file", [](const TempDir& d) {
+         const auto t = d / "card.json";
+         return Spec{"calibrate --cluster topologies/localhost-cpu.json --model models/tiny.json --backend cpu --out " + t.string() +
+                         " --raw " + t.string(),
+                     {"--raw", "--out and --raw name the same file"}, t};
+       }},
+#endif
 
       // --- output paths: nothing may be written, not even a temporary file
       {"plan --out in a missing folder", [](const TempDir& d) {
@@ -540,6 +672,7 @@ TEST_CASE("bad-input catalogue: exit 2, one line naming the file or flag, the fi
     CAPTURE(r.err);
     CHECK(r.code == 2);
     CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.size() < 1200);  // values are quoted short
     CHECK(!r.err.empty());
     CHECK(r.err.back() == '\n');
     CHECK(r.err.rfind("cuboid: ", 0) == 0);

@@ -236,8 +236,8 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
   const LaunchInfo launch = detect_launch(process_environment());
   // Refuse a wrong world before starting anything.
   check_executable(model, plan, pf.source);
-  check_world_size(launch.world_size, plan, pf.source);
   if (!o.out_path.empty()) check_output_paths(std::vector<OutputPath>{{"--out", o.out_path}});
+  check_world_size(launch.world_size, plan, pf.source);
   World world = start_world(launch, o.backend, o.timeout_s);
   check_world_size(world.exchange->size(), plan, pf.source);
   const std::string mpi_wait = apply_mpi_wait(world, o.mpi_wait);
