@@ -685,3 +685,74 @@ TEST_CASE("bad-input catalogue: exit 2, one line naming the file or flag, the fi
     if (!spec.target.empty()) CHECK_FALSE(std::filesystem::exists(spec.target));
   }
 }
+
+// Every output flag of every command, against each kind of unsafe path: the
+// command stops before working (nothing on stdout, nothing written) with one
+// line naming the flag, and the existing file stays as it was.
+TEST_CASE("every command refuses an unsafe output path before it works") {
+  (void)plan_file();
+  struct Output {
+    std::string command;  // with {in}: the input file the case writes first
+    std::string input;    // what {in} holds: "model", "plan" or "cluster"
+    std::string flag;
+  };
+  std::vector<Output> outputs = {
+      {"plan --model {in} --cluster " + kClusterCard, "model", "--out"},
+      {"plan --model {in} --cluster " + kClusterCard, "model", "--svg"},
+      {"plan --model {in} --cluster " + kClusterCard, "model", "--report"},
+      {"simulate --model {in} --cluster " + kClusterCard + " --tp 8 --pp 4", "model", "--trace"},
+      {"simulate --model {in} --cluster " + kClusterCard + " --tp 8 --pp 4", "model", "--report"},
+      {"mesh --model {in} --cluster " + kClusterCard + " --tp 8 --pp 4", "model", "--svg"},
+      {"export --plan {in} --to megatron", "plan", "--out"},
+  };
+#if CUBOID_TEST_HAS_RUN
+  outputs.push_back({"run --plan {in} --backend cpu", "plan", "--out"});
+  outputs.push_back({"calibrate --cluster {in} --model models/tiny.json --backend cpu", "cluster", "--out"});
+  outputs.push_back({"calibrate --cluster {in} --model models/tiny.json --backend cpu --out {dir}/card.json", "cluster", "--raw"});
+#endif
+  struct Unsafe {
+    const char* name;
+    const char* expect;
+    std::function<std::string(const TempDir&, const std::string& input)> make;  // the path to pass
+  };
+  const std::vector<Unsafe> unsafe = {
+      {"a read-only file", "is read-only", [](const TempDir& d, const std::string&) {
+         const std::string t = write(d, "ro.out", "keep");
+         std::filesystem::permissions(t, std::filesystem::perms::owner_read);
+         return t;
+       }},
+      {"the command's input", "is the input", [](const TempDir&, const std::string& input) { return input; }},
+      {"a file in a read-only folder", "is not writable", [](const TempDir& d, const std::string&) {
+         std::filesystem::create_directory(d / "ro");
+         std::filesystem::permissions(d / "ro", std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+         return (d / "ro" / "out").string();
+       }},
+      {"a folder", "is a folder", [](const TempDir& d, const std::string&) { return d.path().string(); }},
+      {"a device", "not a regular file", [](const TempDir&, const std::string&) { return std::string("/dev/null"); }},
+  };
+  TempDir capture("bad_outputs_capture");
+  for (const Output& o : outputs)
+    for (const Unsafe& u : unsafe) {
+      const std::string name = o.command + " " + o.flag + ": " + u.name;
+      CAPTURE(name);
+      TempDir dir("bad_output");
+      std::string input;
+      if (o.input == "model") input = write(dir, "model.json", slurp(kModelCard));
+      if (o.input == "plan") input = write(dir, "plan.json", plan_file().dump(2));
+      if (o.input == "cluster") input = write(dir, "cluster.json", slurp("topologies/localhost-cpu.json"));
+      std::string args = o.command;
+      args.replace(args.find("{in}"), 4, input);
+      if (auto at = args.find("{dir}"); at != std::string::npos) args.replace(at, 5, dir.path().string());
+      args += " " + o.flag + " " + u.make(dir, input);
+      const auto before = dir.listing();
+      CAPTURE(args);
+      const CliResult r = run_cuboid(args, capture.path());
+      CAPTURE(r.err);
+      CHECK(r.code == 2);
+      CHECK(count_lines(r.err) == 1);
+      CHECK(r.err.find("command line: " + o.flag + ": ") != std::string::npos);
+      CHECK(r.err.find(u.expect) != std::string::npos);
+      CHECK(r.out.empty());
+      CHECK(dir.listing() == before);
+    }
+}
