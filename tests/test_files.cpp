@@ -15,35 +15,20 @@
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/files.hpp"
 #include "cuboid/core/json_reader.hpp"
+#include "cli_run.hpp"
 
 using namespace cuboid;
+using cuboid::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh folder per test case, removed (write permission given back first) at the end.
-struct Folder {
-  fs::path path;
-  Folder() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("cuboid_files_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~Folder() {
-    std::error_code ec;
-    for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
-      fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::permissions(path, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path, ec);
-  }
-  fs::path operator/(const std::string& name) const { return path / name; }
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    return out;
-  }
-};
+// The file names in a folder (not recursive).
+std::vector<std::string> names(const TempDir& d) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(d.path())) out.push_back(e.path().filename().string());
+  return out;
+}
 
 void write(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
 
@@ -66,7 +51,7 @@ std::string nested(int depth) { return "{\"a\": " + std::string(depth - 1, '[') 
 }  // namespace
 
 TEST_CASE("read_input_file reads a regular file and refuses folders, devices, FIFOs and files above the limit") {
-  Folder d;
+  TempDir d("files");
   write(d / "card.json", "{\"a\": 1}");
   CHECK(read_input_file(d / "card.json") == "{\"a\": 1}");
   CHECK(is_input_file(d / "card.json"));
@@ -74,8 +59,8 @@ TEST_CASE("read_input_file reads a regular file and refuses folders, devices, FI
 
   CHECK(message([&] { read_input_file(d / "none.json"); }) ==
         (d / "none.json").string() + ": file not found (fix: check the path; shipped cards are in models/ and topologies/)");
-  CHECK(message([&] { read_input_file(d.path); }) ==
-        d.path.string() + ": is a directory, not a file (fix: pass the path of a .json file)");
+  CHECK(message([&] { read_input_file(d.path()); }) ==
+        d.path().string() + ": is a directory, not a file (fix: pass the path of a .json file)");
   CHECK(message([] { read_input_file("/dev/zero"); }) ==
         "/dev/zero: is a character device, not a regular file (fix: give the path of a file: cuboid reads only regular files)");
   REQUIRE(::mkfifo((d / "fifo").c_str(), 0600) == 0);
@@ -88,7 +73,7 @@ TEST_CASE("read_input_file reads a regular file and refuses folders, devices, FI
 }
 
 TEST_CASE("check_output_paths refuses, before any work, what would destroy or lose a file") {
-  Folder d;
+  TempDir d("files");
   const std::string cl = "command line: ";
   write(d / "input.json", "{}");
   (void)read_input_file(d / "input.json");
@@ -120,18 +105,18 @@ TEST_CASE("check_output_paths refuses, before any work, what would destroy or lo
         cl + "--report: folder " + (d / "ro").string() + " of " + (d / "ro" / "r.html").string() +
             " is not writable (fix: make the folder writable or write elsewhere)");
   CHECK(message([&] { check({{"--out", (d / "missing" / "p.json").string()}}); }).find("does not exist") != std::string::npos);
-  CHECK(message([&] { check({{"--out", d.path.string()}}); }).find("is a folder, not a file") != std::string::npos);
+  CHECK(message([&] { check({{"--out", d.path().string()}}); }).find("is a folder, not a file") != std::string::npos);
   CHECK(message([&] { check({{"--out", "/dev/null"}}); }) ==
         "command line: --out: /dev/null is a character device, not a regular file (fix: give the path of a regular file)");
   CHECK(message([&] { check({{"--out", ""}}); }) == "command line: --out: empty file name (fix: give a file name, e.g. --out out.json)");
 }
 
 TEST_CASE("write_output_file writes whole files and refuses what check_output_paths refuses") {
-  Folder d;
+  TempDir d("files");
   write_output_file(d / "a.json", "old");
   write_output_file(d / "a.json", "new");
   CHECK(read(d / "a.json") == "new");
-  CHECK(d.names() == std::vector<std::string>{"a.json"});  // no temporary left
+  CHECK(names(d) == std::vector<std::string>{"a.json"});  // no temporary left
 
   write(d / "ro.json", "keep");
   fs::permissions(d / "ro.json", fs::perms::owner_read);
