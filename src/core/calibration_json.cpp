@@ -240,7 +240,7 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& so
   JsonReader r(j, source, kRoot);
   const std::string schema = r.string("schema");
   if (schema != kCalibrationSchema) {
-    r.fail("schema", "unknown schema \"" + schema + "\"",
+    r.fail("schema", "unknown schema " + quote_value(schema),
            "use \"" + std::string(kCalibrationSchema) + "\" (written by this version of `cuboid calibrate`)");
   }
   Calibration cal;

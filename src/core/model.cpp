@@ -529,7 +529,7 @@ HfFamily hf_family(JsonReader& r) {
   if (type == "qwen2_moe") return HfFamily::qwen2_moe;
   if (type == "qwen3_moe") return HfFamily::qwen3_moe;
   if (type == "deepseek_v3") return HfFamily::deepseek_v3;
-  const std::string named = type.empty() ? std::string("a config without model_type") : "model_type \"" + type + "\"";
+  const std::string named = type.empty() ? std::string("a config without model_type") : "model_type " + quote_value(type);
   // A field of the wrong type is refused, not skipped: "16" experts are experts.
   for (std::string_view key : {"num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"}) {
     if (!r.has(key)) continue;
@@ -654,7 +654,7 @@ Activation hf_activation(JsonReader& r) {
   const std::string act = r.optional_string("hidden_act").value_or("silu");
   if (act == "silu" || act == "swiglu") return Activation::swiglu;
   if (act.rfind("gelu", 0) == 0 || act == "relu") return Activation::gelu;
-  r.fail("hidden_act", "unsupported activation \"" + act + "\"",
+  r.fail("hidden_act", "unsupported activation " + quote_value(act),
          "use silu/swiglu (gated MLP) or gelu/relu (plain MLP), or write a cuboid model card");
 }
 

@@ -46,20 +46,20 @@ CpComm parse_cp_comm(std::string_view s, const std::string& source, const std::s
   if (s == "allgather" || s == "a2a+p2p")
     throw InputError(source, field, "CP communication \"" + std::string(s) + "\" is not modelled",
                      "use p2p (the ring, Megatron's default) or a2a");
-  throw InputError(source, field, "unknown CP communication \"" + std::string(s) + "\"", "use p2p or a2a");
+  throw InputError(source, field, "unknown CP communication " + quote_value(s), "use p2p or a2a");
 }
 
 Zero3Unit parse_zero3_unit(std::string_view s, const std::string& source, const std::string& field) {
   if (s == "block") return Zero3Unit::block;
   if (s == "tensor") return Zero3Unit::tensor;
-  throw InputError(source, field, "unknown ZeRO-3 unit \"" + std::string(s) + "\"", "use block or tensor");
+  throw InputError(source, field, "unknown ZeRO-3 unit " + quote_value(s), "use block or tensor");
 }
 
 Recompute parse_recompute(std::string_view s, const std::string& source, const std::string& field) {
   if (s == "none") return Recompute::none;
   if (s == "selective") return Recompute::selective;
   if (s == "full") return Recompute::full;
-  throw InputError(source, field, "unknown recompute mode \"" + std::string(s) + "\"",
+  throw InputError(source, field, "unknown recompute mode " + quote_value(s),
                    "use none, selective or full");
 }
 
@@ -67,7 +67,7 @@ Schedule parse_schedule(std::string_view s, const std::string& source, const std
   if (s == "gpipe") return Schedule::gpipe;
   if (s == "1f1b") return Schedule::one_f_one_b;
   if (s == "interleaved") return Schedule::interleaved;
-  throw InputError(source, field, "unknown pipeline schedule \"" + std::string(s) + "\"",
+  throw InputError(source, field, "unknown pipeline schedule " + quote_value(s),
                    "use gpipe, 1f1b or interleaved");
 }
 
@@ -93,7 +93,7 @@ RankOrder RankOrder::parse(std::string_view s, const std::string& source, const 
     if (part == "tp") d = Dim::tp;
     else if (part == "dp") d = Dim::dp;
     else if (part == "pp") d = Dim::pp;
-    else throw InputError(source, field, "unknown dimension \"" + std::string(part) + "\" in rank order \"" + std::string(s) + "\"", fix);
+    else throw InputError(source, field, "unknown dimension " + quote_value(part) + " in rank order " + quote_value(s), fix);
     if (i >= 3 || !seen.insert(d).second)
       throw InputError(source, field, "rank order \"" + std::string(s) + "\" must name tp, dp and pp once each", fix);
     order.inner_to_outer[static_cast<std::size_t>(i++)] = d;

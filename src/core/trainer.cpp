@@ -194,7 +194,7 @@ TrainerPreset parse_trainer(const std::string& text, const std::string& source) 
   TrainerPreset t;
   t.name = r.string("name");
   if (!valid_name(t.name))
-    r.fail("name", "\"" + t.name + "\" is not a --trainer name", "use lowercase letters, digits, '.' and '-'");
+    r.fail("name", quote_value(t.name) + " is not a --trainer name", "use lowercase letters, digits, '.' and '-'");
   if (t.name != file_stem(source))
     r.fail("name", "is \"" + t.name + "\" but the file is named " + file_stem(source) + ".json",
            "name the file after the preset");

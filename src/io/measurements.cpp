@@ -70,7 +70,7 @@ E parse_enum(JsonReader& r, std::string_view key, std::initializer_list<E> value
     if (to_string(v) == s) return v;
     names += (names.empty() ? "" : ", ") + std::string(to_string(v));
   }
-  r.fail(key, "unknown value \"" + s + "\"", "use one of " + names);
+  r.fail(key, "unknown value " + quote_value(s), "use one of " + names);
 }
 
 Pass parse_pass(JsonReader& r) {
@@ -197,7 +197,7 @@ Measurements measurements_from_json(const nlohmann::json& j, const std::string& 
   m.source = source;
   const std::string schema = r.string("schema");
   if (schema != kMeasurementsSchemaV1)
-    r.fail("schema", "is \"" + schema + "\", not \"" + std::string(kMeasurementsSchemaV1) + "\"",
+    r.fail("schema", "is " + quote_value(schema) + ", not \"" + std::string(kMeasurementsSchemaV1) + "\"",
            "give a measurements file written by `cuboid run --out` of this cuboid version");
   m.generator = r.optional_string("generator").value_or("");
   m.plan_file = r.optional_string("plan_file").value_or("");

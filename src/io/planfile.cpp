@@ -201,7 +201,7 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
     JsonReader t = r.object("trainer");
     p.trainer.preset = t.string("preset");
     if (!find_trainer(p.trainer.preset))
-      t.fail("preset", "unknown trainer \"" + p.trainer.preset + "\"", "use one of " + trainer_names());
+      t.fail("preset", "unknown trainer " + quote_value(p.trainer.preset), "use one of " + trainer_names());
     p.trainer.dp_overlap = t.boolean("dp_overlap");
     p.trainer.dp_grad_bytes = t.count<int>("dp_grad_bytes");
     if (p.trainer.dp_grad_bytes != 2 && p.trainer.dp_grad_bytes != 4)
