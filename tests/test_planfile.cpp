@@ -248,6 +248,9 @@ TEST_CASE("trainer settings round-trip; older plan files without them read as me
   CHECK(j["parallel"]["trainer"]["dp_grad_bytes"] == 4);
   j["parallel"]["trainer"] = {{"preset", "megatron-2021"}, {"dp_overlap", false}, {"dp_grad_bytes", 2},
                               {"zero1_grad_all_reduce", false}, {"tp_backward_overlap", false}};
+  // What Megatron-LM of 2021 (and Megatron-DeepSpeed of 2022, below) can run.
+  for (const char* off : {"sequence_parallel", "flash_attention", "grad_accum_fusion"}) j["parallel"][off] = false;
+  j["parallel"]["zero_stage"] = 0;
   const TrainerSettings t = plan_file_from_json(j, "plan.json").plan.trainer;
   CHECK(t.preset == "megatron-2021");
   CHECK_FALSE(t.dp_overlap);
@@ -275,7 +278,11 @@ TEST_CASE("trainer settings round-trip; older plan files without them read as me
 
 TEST_CASE("ZeRO-3 settings round-trip; older plan files without them read as FSDP2's") {
   const cuboid::test::Fixture& f = seed();
-  ParallelPlan p = f.plan;
+  // What DeepSpeed of 2021 can run: no pipeline, no SP, unfused attention and accumulation.
+  ParallelPlan p = cuboid::test::unfused(f.plan);
+  p.dp *= p.pp;
+  p.pp = 1;
+  p.sequence_parallel = p.flash_attention = false;
   p.trainer = find_trainer("deepspeed-2021")->settings;
   const ModelSpec model = load_model(cuboid::test::source_root() / f.model_card);
   const Cluster cluster = cuboid::test::four_dgx_a100();

@@ -194,8 +194,9 @@ Loaded load(const PlanFlags& f) {
                          "pass --cluster with the card of the cluster this plan was made for");
     }
     l.cluster = load_cluster(cluster_path, f.nodes.value_or(pf.nodes));
+    // The file's plan passed check_plan on the shape it names (read_plan_file);
+    // this cluster has that shape.
     check_plan_matches_cluster(pf, l.cluster);
-    validate_plan(pf.plan, l.model, l.cluster, *f.plan_path);
     l.plan = pf.plan;
   } else {
     if (f.model_path.empty()) throw InputError(cl, "--model", "--model is required", "give a model card, e.g. --model models/llama3-70b.json");
@@ -246,7 +247,7 @@ void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& t
                      "drop --trainer (--for " + target + " implies --trainer " + allowed.front() +
                          "), or use --trainer " + names);
   }
-  check_trainer_options(o);
+  check_trainer_options(l.model, l.cluster, o);
   auto pf = std::make_shared<PlanFile>();
   pf->source = "candidate";
   pf->model = l.model;
