@@ -2,6 +2,7 @@
 // The flags that describe a plan (shared by plan, simulate, mesh and later
 // commands) and the loading of the model and cluster they name.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -70,9 +71,27 @@ struct Loaded {
 };
 Loaded load(const PlanFlags& f);
 
+// Why --for's target refused the search's candidates: the plan-file key each
+// refusal names, how often, and the first refusal's words.
+struct TargetRefusals {
+  struct Seen {
+    std::int64_t count = 0;
+    std::string problem, fix;
+  };
+  std::string target;
+  std::map<std::string, Seen> by_key;
+};
+
 // --for TARGET: search only plans that the export target can express (asking
 // the exporter itself) and price them as its trainer runs them; InputError for
-// an unknown target or a --trainer that contradicts it.
-void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& target);
+// an unknown target or a --trainer that contradicts it. The refusals are
+// counted in the returned record while the search runs.
+std::shared_ptr<const TargetRefusals> restrict_to_target(PlannerOptions& o, const Loaded& l,
+                                                         const std::string& target);
+
+// After a search with no valid plan: InputError naming the fixed flag (e.g.
+// --cp 2) whose setting the target refused most often, if the target refused
+// any; nothing otherwise (the command reports the search's reasons).
+void refuse_fixed_flag_for_target(const PlannerOptions& o, const TargetRefusals& refusals);
 
 }  // namespace cuboid::cli

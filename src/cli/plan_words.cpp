@@ -29,8 +29,9 @@ std::string plain_fix(const PlanRejection& r) {
     case K::cp_needs_flash: return "turn flash attention on, or use CP 1";
     case K::cp_chunks: return "choose a CP for which 2 x CP divides the sequence length";
     case K::cp_sp_tokens: return "choose CP and TP so that TP divides sequence length / CP";
+    case K::cp_comm_needs_cp: return "use --cp 2 (or more), or drop --cp-comm-type";
     case K::cp_a2a_heads: return "use the p2p ring, or a CP that divides the key/value heads per TP rank";
-    case K::ep_needs_moe: return "drop EP / ETP (use EP 1)";
+    case K::ep_needs_moe: return r.field == PlanField::etp ? "drop --etp" : "drop EP / ETP (use EP 1)";
     case K::ep_experts: return "choose an EP that divides the number of experts";
     case K::etp_not_1_or_tp: return "use ETP 1 or ETP = TP";
     case K::etp_ffn: return "choose an ETP that divides the experts' FFN size";
@@ -54,7 +55,9 @@ std::string plain_fix(const PlanRejection& r) {
     case K::trainer_no_interleaved: return "use --schedule 1f1b (or gpipe) without --vpp";
     case K::trainer_no_flash: return "use --flash-attention off, or " + kOtherTrainer;
     case K::trainer_no_grad_accum_fusion: return "use --grad-accum-fusion off, or " + kOtherTrainer;
-    case K::trainer_no_cp: return "use --cp 1, or " + kOtherTrainer;
+    case K::trainer_no_cp:
+      return r.field == PlanField::cp_comm ? "drop --cp-comm-type, or choose a --trainer that has CP"
+                                           : "use --cp 1, or " + kOtherTrainer;
     case K::trainer_no_cp_a2a: return "use --cp-comm-type p2p, or " + kOtherTrainer;
     case K::trainer_no_ep: return "use --ep 1 without --etp, or " + kOtherTrainer;
     case K::trainer_no_zero_stage: return "use --zero " + zero_stages(r.values[2]);

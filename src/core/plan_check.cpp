@@ -72,7 +72,8 @@ Found check_tp(const ParallelPlan& p, const ModelSpec& m) {
 // attention only, and splits each sequence into 2 x CP chunks (arguments.py:
 // seq_length % (2 x context_parallel_size) == 0).
 Found check_cp(const ParallelPlan& p, const ModelSpec& m) {
-  if (p.cp <= 1) return std::nullopt;
+  // The exchange is CP's: asked for without it, it would be ignored.
+  if (p.cp <= 1) return p.cp_comm == CpComm::a2a ? reject(K::cp_comm_needs_cp, F::cp_comm) : std::nullopt;
   if (!p.flash_attention) return reject(K::cp_needs_flash, F::cp);
   if (p.seq_length % (2LL * p.cp) != 0) return reject(K::cp_chunks, F::cp, p.seq_length, 2LL * p.cp);
   if (p.sequence_parallel && (p.seq_length / p.cp) % p.tp != 0)
@@ -90,7 +91,8 @@ Found check_experts(const ParallelPlan& p, const ModelSpec& m) {
   if (p.ep <= 0) return reject(K::not_positive, F::ep, p.ep);
   if (p.etp < 0) return reject(K::not_positive, F::etp, p.etp);
   if (!m.moe.enabled()) {
-    if (p.ep > 1 || (p.etp > 0 && p.etp != p.tp)) return reject(K::ep_needs_moe, p.ep > 1 ? F::ep : F::etp);
+    // A dense plan names no ETP (complete_plan leaves it 0): one given would be ignored.
+    if (p.ep > 1 || p.etp > 0) return reject(K::ep_needs_moe, p.ep > 1 ? F::ep : F::etp);
     return std::nullopt;
   }
   if (m.moe.num_experts % p.ep != 0) return reject(K::ep_experts, F::ep, p.ep, m.moe.num_experts);
@@ -221,6 +223,8 @@ std::string describe_sizes(const PlanRejection& r, const ModelSpec& m) {
     case K::cp_chunks: return "sequence length " + n(v[0]) + " does not split into 2 x CP = " + n(v[1]) + " chunks";
     case K::cp_sp_tokens:
       return "the " + n(v[0]) + " tokens of a CP rank do not split over TP " + n(v[1]) + " for sequence parallelism";
+    case K::cp_comm_needs_cp:
+      return "the a2a exchange is context parallelism's; with CP 1 there is nothing to exchange and it has no effect";
     case K::cp_a2a_heads:
       return "the a2a exchange needs CP " + n(v[0]) + " to divide the heads per TP rank (" + n(v[1]) + " query, " +
              n(v[2]) + " key/value)";

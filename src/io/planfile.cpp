@@ -182,6 +182,7 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_even_stages:
     case PlanCheck::trainer_even_chunks:
       return "name a parallel.trainer.preset that has it, or " + regenerate;
+    case PlanCheck::cp_comm_needs_cp: return "drop cp_comm, or set cp to 2 or more; or " + kRegenerate;
     default: return kRegenerate;
   }
 }

@@ -232,6 +232,7 @@ class Walk {
     ParallelPlan p = base_;
     p.tp = tp;
     p.cp = cp;
+    p.cp_comm = cp > 1 ? base_.cp_comm : CpComm::p2p;  // the exchange asked for applies to CP > 1
     p.pp = pp;
     p.dp = dp;
     const std::vector<RankOrder> orders = rank_order_axis(s_, tp, pp, dp * cp);

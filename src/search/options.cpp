@@ -129,7 +129,6 @@ ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const
 }
 
 ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, const PlannerOptions& o) {
-  check_trainer_options(model, cluster, o);
   ParallelPlan p = complete_plan(model, cluster, o);
   if (!o.first_stage_layers && !o.last_stage_layers && o.uneven_stages && p.pp > 0 &&
       model.num_layers % (static_cast<std::int64_t>(p.pp) * p.virtual_stages) != 0 &&
@@ -149,6 +148,7 @@ void check_fixed_options(const ModelSpec& model, const Cluster& cluster, const P
   // per candidate).
   ParallelPlan probe = complete_plan(model, cluster, o);
   probe.dp = o.dp.value_or(1);
+  if (!o.cp) probe.cp_comm = CpComm::p2p;  // a searched CP: the exchange applies to its CP > 1 candidates
   probe.virtual_stages = o.pp ? o.virtual_stages.value_or(1) : 1;
   probe.first_stage_layers = probe.last_stage_layers = 0;
   if (o.uneven_stages && o.pp && model.num_layers % (static_cast<std::int64_t>(*o.pp) * probe.virtual_stages) != 0) {

@@ -40,6 +40,7 @@ enum class PlanCheck : std::uint8_t {
   cp_chunks,              // sequence length, 2 x CP
   cp_sp_tokens,           // tokens per CP rank, TP
   cp_a2a_heads,           // CP, query heads per TP rank, key/value heads per TP rank
+  cp_comm_needs_cp,       // -
   ep_needs_moe,           // -
   ep_experts,             // EP, experts
   etp_not_1_or_tp,        // ETP, TP
