@@ -378,6 +378,20 @@ std::vector<Case> catalogue() {
          return flag_case("plan", "--for torchtitan --cp 2 --cp-comm-type a2a",
                           {"--cp-comm-type", "torchtitan exchanges K/V around the ring only"});
        }},
+      {"mesh --json (the mesh is a table)", [](const TempDir&) {
+         return flag_case("mesh", "--tp 4 --pp 4 --json", {"--json", "would be ignored", "simulate --json"});
+       }},
+      {"mesh --gpu-spread (the mesh prices nothing)", [](const TempDir&) {
+         return flag_case("mesh", "--tp 4 --pp 4 --gpu-spread 0", {"--gpu-spread", "would be ignored"});
+       }},
+      {"plan --explain --json (the JSON has no explain rows)", [](const TempDir&) {
+         return flag_case("plan", "--explain --json", {"--explain", "would be ignored", "--report"});
+       }},
+      {"export --as-planned --cluster (no re-plan to put on it)", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         return Spec{"export --plan " + p + " --to megatron --as-planned --cluster " + kClusterCard,
+                     {"command line", "--cluster", "would be ignored", "drop --cluster"}, {}};
+       }},
       {"plan --for megatron --trainer megatron-2021 --zero 1", [](const TempDir&) {
          return flag_case("plan", "--for megatron --trainer megatron-2021 --zero 1",
                           {"--zero", "megatron-2021 cannot run ZeRO stage 1", "use --zero 0"});

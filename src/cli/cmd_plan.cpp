@@ -247,6 +247,7 @@ constexpr int kMaxAutoSimulatedGpus = 16384;
 CLI::Option* g_simulate_top_option = nullptr;
 
 void run_plan(const PlanFlags& f) {
+  refuse_flags_without_effect(f, "plan");
   if (f.top <= 0) throw InputError("command line", "--top", "must be positive, got " + std::to_string(f.top), "give a value >= 1");
   if (f.simulate_top < 0)
     throw InputError("command line", "--simulate-top", "must not be negative, got " + std::to_string(f.simulate_top),

@@ -159,6 +159,7 @@ void run_simulate(const PlanFlags& f) {
 }
 
 void run_mesh(const PlanFlags& f) {
+  refuse_flags_without_effect(f, "mesh");
   check_output_path(f.svg_path, "--svg");
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);

@@ -106,6 +106,28 @@ void check_output_path(const std::optional<std::string>& path, const char* flag)
     throw InputError(cl, flag, "folder " + dir.string() + " of " + *path + " does not exist", "create the folder or write elsewhere");
 }
 
+void refuse_flags_without_effect(const PlanFlags& f, std::string_view command) {
+  struct Unused {
+    std::string_view command;
+    bool given;
+    const char* flag;
+    const char* why;
+    const char* fix;
+  };
+  const Unused unused[] = {
+      {"mesh", f.json, "--json", "mesh prints the mesh as a table only; --json would be ignored",
+       "drop --json (cuboid simulate --json prints a plan as JSON)"},
+      {"mesh", f.gpu_spread.has_value(), "--gpu-spread",
+       "mesh draws where the ranks are and prices nothing; the GPUs' speed spread would be ignored",
+       "drop --gpu-spread, or give it to cuboid simulate"},
+      {"plan", f.explain && f.json, "--explain",
+       "the --json document has no --explain rows; --explain would be ignored",
+       "drop --json to print the rows, or --report FILE to see them in the report"},
+  };
+  for (const Unused& u : unused)
+    if (u.command == command && u.given) throw InputError("command line", u.flag, u.why, u.fix);
+}
+
 PlannerOptions planner_options(const PlanFlags& f) {
   const std::string cl = "command line";
   auto positive = [&](const auto& v, const char* flag) {

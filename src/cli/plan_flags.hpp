@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -60,6 +61,11 @@ bool parse_on_off(const std::string& v, const std::string& flag);
 // existing folder: checked before any work, so a bad path never costs a search
 // or a simulation and never leaves a partial file.
 void check_output_path(const std::optional<std::string>& path, const char* flag);
+// InputError for a flag given to `command` ("plan", "simulate", "mesh") that
+// would have no effect there whatever its value (mesh --json: the mesh is a
+// table), before any work. Settings that have no effect in a combination of
+// values (the a2a exchange with CP 1) are check_plan's.
+void refuse_flags_without_effect(const PlanFlags& f, std::string_view command);
 // Validates the flags' values (positive sizes, known enum spellings).
 PlannerOptions planner_options(const PlanFlags& f);
 
