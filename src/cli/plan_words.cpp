@@ -18,7 +18,9 @@ std::string zero_stages(std::int64_t mask) {
   return stages;
 }
 
-// The fixes of check_plan's refusals that need no numbers of the flags, or "" for the others.
+std::string known_trainers_fix() { return "use one of " + trainer_names() + " (cuboid plan --help)"; }
+
+// The fixes of check_plan's refusals that flag_fix leaves to it, or "" for the others.
 std::string plain_fix(const PlanRejection& r) {
   switch (r.kind) {
     case K::not_positive: return "give a value >= 1";
@@ -48,7 +50,7 @@ std::string plain_fix(const PlanRejection& r) {
       return "choose first/last stage layers and virtual stages so that every stage's layers divide by the virtual "
              "stages";
     case K::batch_split: return "choose a global batch that is a multiple of " + std::to_string(r.values[1]);
-    case K::trainer_unknown: return "use one of " + trainer_names() + " (cuboid plan --help)";
+    case K::trainer_unknown: return known_trainers_fix();
     case K::trainer_no_pipeline: return "use --pp 1, or " + kOtherTrainer;
     case K::trainer_no_sp: return "use --sequence-parallel off, or " + kOtherTrainer;
     case K::trainer_no_selective: return "use --recompute full or none";
@@ -73,7 +75,7 @@ std::string plain_fix(const PlanRejection& r) {
 // The flag and the fix of a refusal of the options (not Kind::plan).
 std::pair<std::string, std::string> option_words(const Rejection& r) {
   switch (r.kind) {
-    case R::unknown_trainer: return {"--trainer", "use one of " + trainer_names() + " (cuboid plan --help)"};
+    case R::unknown_trainer: return {"--trainer", known_trainers_fix()};
     case R::fixed_not_dividing_gpus: {
       const char* size = r.field == PlanField::tp   ? "TP"
                          : r.field == PlanField::pp ? "PP"

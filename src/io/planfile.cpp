@@ -162,6 +162,7 @@ std::string plan_key(PlanField field) {
 // names the settings it runs; anything else the file's maker got wrong.
 std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
   const std::string regenerate = "regenerate it with cuboid plan --trainer " + p.trainer.preset + " ... --out FILE";
+  const std::string other_trainer = "name a parallel.trainer.preset that has it, or " + regenerate;
   switch (r.kind) {
     case PlanCheck::trainer_no_zero_stage: {
       std::string stages;
@@ -170,18 +171,18 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
       return "use zero_stage " + stages + ", or name a parallel.trainer.preset that runs ZeRO " +
              std::to_string(r.values[1]) + ", or " + regenerate;
     }
-    case PlanCheck::trainer_no_pipeline:
-    case PlanCheck::trainer_no_sp:
-    case PlanCheck::trainer_no_selective:
+    case PlanCheck::trainer_no_sp: return "set sequence_parallel false, or " + other_trainer;
+    case PlanCheck::trainer_no_selective: return "set recompute full or none, or " + other_trainer;
     case PlanCheck::trainer_no_interleaved:
-    case PlanCheck::trainer_no_flash:
-    case PlanCheck::trainer_no_grad_accum_fusion:
+      return "set schedule 1f1b and virtual_stages 1, or " + other_trainer;
+    case PlanCheck::trainer_no_flash: return "set flash_attention false, or " + other_trainer;
+    case PlanCheck::trainer_no_grad_accum_fusion: return "set grad_accum_fusion false, or " + other_trainer;
+    case PlanCheck::trainer_no_cp_a2a: return "set cp_comm p2p, or " + other_trainer;
+    case PlanCheck::trainer_no_pipeline:
     case PlanCheck::trainer_no_cp:
-    case PlanCheck::trainer_no_cp_a2a:
     case PlanCheck::trainer_no_ep:
     case PlanCheck::trainer_even_stages:
-    case PlanCheck::trainer_even_chunks:
-      return "name a parallel.trainer.preset that has it, or " + regenerate;
+    case PlanCheck::trainer_even_chunks: return other_trainer;
     case PlanCheck::cp_comm_needs_cp: return "drop cp_comm, or set cp to 2 or more; or " + kRegenerate;
     default: return kRegenerate;
   }

@@ -17,8 +17,6 @@ using K = Rejection::Kind;
   throw PlanRejected(r, describe(r, model, cluster, o));
 }
 
-Rejection trainer_limit(K kind) { return Rejection{kind, PlanField::trainer, {}, {}}; }
-
 std::string unknown_trainer_words(const PlannerOptions& o) { return "unknown trainer \"" + o.trainer.value_or("") + "\""; }
 
 std::string_view size_name(PlanField field) {
@@ -57,8 +55,7 @@ const TrainerPreset& trainer_of(const PlannerOptions& o) {
   if (!o.trainer) return default_trainer();
   const TrainerPreset* t = find_trainer(*o.trainer);
   if (!t) {
-    const Rejection r = trainer_limit(K::unknown_trainer);
-    throw PlanRejected(r, unknown_trainer_words(o));
+    throw PlanRejected(Rejection{K::unknown_trainer, PlanField::trainer, {}, {}}, unknown_trainer_words(o));
   }
   return *t;
 }
@@ -143,9 +140,9 @@ ParallelPlan plan_from_options(const ModelSpec& model, const Cluster& cluster, c
 void check_fixed_options(const ModelSpec& model, const Cluster& cluster, const PlannerOptions& o) {
   // The plan of the fixed options alone: the search's other dimensions at
   // values that pass (DP 1, v only with a fixed PP, ZeRO 0, SP where TP > 1
-  // and the trainer has it, unless fixed), on a cluster of exactly its GPUs (the GPU count is the
-  // search's to check) and PP micro-batches (batch divisibility is checked
-  // per candidate).
+  // and the trainer has it, unless fixed), on a cluster of exactly its GPUs
+  // (the GPU count is the search's to check) and PP micro-batches (batch
+  // divisibility is checked per candidate).
   ParallelPlan probe = complete_plan(model, cluster, o);
   probe.dp = o.dp.value_or(1);
   if (!o.cp) probe.cp_comm = CpComm::p2p;  // a searched CP: the exchange applies to its CP > 1 candidates
