@@ -127,6 +127,31 @@ Spec plan_case(const TempDir& d, const std::string& command_before, const std::s
   return {command_before + " " + path + " " + command_after, expect, {}};
 }
 
+// The plan file as `preset` runs it: every setting the base plan has that
+// the preset cannot run turned off (SP, fused attention and accumulation,
+// selective recomputation, ZeRO 1, the interleaved schedule), so that a case
+// breaks only its own rule.
+json as_trainer(json p, const std::string& preset) {
+  p["parallel"]["trainer"]["preset"] = preset;
+  p["parallel"]["schedule"] = "1f1b";
+  p["parallel"]["virtual_stages"] = 1;
+  for (const char* off : {"sequence_parallel", "flash_attention", "grad_accum_fusion"}) p["parallel"][off] = false;
+  p["parallel"]["recompute"] = "full";
+  p["parallel"]["zero_stage"] = 0;
+  return p;
+}
+
+// The plan file with CP `cp` in place of as much DP (its rank mapping left
+// as is: the plan checks come first).
+json with_cp(json p, int cp, const std::string& comm) {
+  json& par = p["parallel"];
+  par["cp"] = cp;
+  par["dp"] = par["dp"].get<int>() / cp;
+  par["cp_comm"] = comm;
+  par["num_micro_batches"] = par["global_batch"].get<int>() / (par["micro_batch"].get<int>() * par["dp"].get<int>());
+  return p;
+}
+
 std::vector<Case> catalogue() {
   const std::string llama_text = slurp(kModelCard);
   return {
@@ -467,6 +492,110 @@ std::vector<Case> catalogue() {
        }},
 
       // --- round 2: one validation path (a plan file passes the checks of the flags that would make it; flags without effect)
+      {"plan file: megatron-2021 with ZeRO 1", [](const TempDir& d) {
+         json p = as_trainer(plan_file(), "megatron-2021");
+         p["parallel"]["zero_stage"] = 1;
+         return plan_case(d, "simulate --plan", "", p.dump(2),
+                          {"parallel.zero_stage", "megatron-2021 cannot run ZeRO stage 1", "use zero_stage 0"});
+       }},
+      {"plan file: torchtitan with the a2a CP exchange", [](const TempDir& d) {
+         json p = with_cp(as_trainer(plan_file(), "torchtitan"), 2, "a2a");
+         p["parallel"]["zero_stage"] = 3;
+         return plan_case(d, "mesh --plan", "", p.dump(2),
+                          {"parallel.cp_comm", "torchtitan exchanges K/V around the ring only", "parallel.trainer.preset"});
+       }},
+      {"plan file: ZeRO 3 with megatron-deepspeed (ZeRO 0 and 1)", [](const TempDir& d) {
+         json p = as_trainer(plan_file(), "megatron-deepspeed");
+         p["parallel"]["zero_stage"] = 3;
+         return plan_case(d, "export --plan", "--to deepspeed", p.dump(2),
+                          {"parallel.zero_stage", "megatron-deepspeed cannot run ZeRO stage 3", "use zero_stage 0 or 1"});
+       }},
+      {"plan file: the interleaved schedule with megatron-deepspeed", [](const TempDir& d) {
+         json p = as_trainer(plan_file(), "megatron-deepspeed");
+         p["parallel"]["schedule"] = "interleaved";
+         p["parallel"]["virtual_stages"] = 2;
+         const std::string m = write(d, "m.json", slurp("tests/fuzz/corpus/measurements/tiny-pp2.json"));
+         return plan_case(d, "validate --cluster " + kClusterCard + " --measurements " + m + " --plan", "", p.dump(2),
+                          {"parallel.schedule", "megatron-deepspeed has no interleaved schedule"});
+       }},
+      {"plan file: uneven stages with megatron-2022", [](const TempDir& d) {
+         json p = as_trainer(plan_file(), "megatron-2022");
+         p["parallel"]["first_stage_layers"] = 18;
+         p["parallel"]["last_stage_layers"] = 18;
+         return plan_case(d, "run --backend cpu --plan", "", p.dump(2),
+                          {"parallel", "megatron-2022 gives every pipeline stage the same number of layers"});
+       }},
+      {"plan file: fused attention with megatron-2021", [](const TempDir& d) {
+         json p = as_trainer(plan_file(), "megatron-2021");
+         p["parallel"]["flash_attention"] = true;
+         return plan_case(d, "calibrate --backend cpu --cluster " + kClusterCard + " --out " + (d / "c.json").string() +
+                                 " --plan", "", p.dump(2),
+                          {"parallel.flash_attention", "megatron-2021 runs the unfused attention core"});
+       }},
+      {"plan file: EP on a dense model", [](const TempDir& d) {
+         json p = plan_file();
+         p["parallel"]["ep"] = 2;
+         p["parallel"]["etp"] = 4;
+         return plan_case(d, "export --plan", "--to megatron", p.dump(2), {"parallel.ep", "llama3-70b has no experts"});
+       }},
+      {"plan file: an ETP on a dense model", [](const TempDir& d) {
+         json p = plan_file();
+         p["parallel"]["etp"] = 4;
+         return plan_case(d, "simulate --plan", "", p.dump(2), {"parallel.etp", "llama3-70b has no experts"});
+       }},
+      {"plan file: the a2a exchange without CP", [](const TempDir& d) {
+         json p = plan_file();
+         p["parallel"]["cp_comm"] = "a2a";
+         return plan_case(d, "simulate --plan", "", p.dump(2), {"parallel.cp_comm", "has no effect", "drop cp_comm"});
+       }},
+      {"plan file: an unknown preset is refused before its limits", [](const TempDir& d) {
+         json p = plan_file();
+         p["parallel"]["trainer"]["preset"] = "megatron-1999";
+         return plan_case(d, "simulate --plan", "", p.dump(2), {"parallel.trainer.preset", "unknown trainer"});
+       }},
+      {"simulate --cp-comm-type a2a without CP", [](const TempDir&) {
+         return flag_case("simulate", "--tp 4 --pp 4 --cp-comm-type a2a", {"--cp-comm-type", "has no effect", "use --cp 2"});
+       }},
+      {"mesh --etp on a dense model", [](const TempDir&) {
+         return flag_case("mesh", "--tp 4 --pp 4 --etp 4", {"--etp", "llama3-70b has no experts"});
+       }},
+      {"plan --cp 1 --cp-comm-type a2a", [](const TempDir&) {
+         return flag_case("plan", "--cp 1 --cp-comm-type a2a", {"--cp-comm-type", "has no effect"});
+       }},
+      {"plan --cp-comm-type with a trainer without CP", [](const TempDir&) {
+         return flag_case("plan", "--trainer megatron-2021 --cp-comm-type p2p",
+                          {"--cp-comm-type", "megatron-2021 has no context parallelism"});
+       }},
+      {"plan --for torchtitan-main --cp 2", [](const TempDir&) {
+         return flag_case("plan", "--for torchtitan-main --cp 2",
+                          {"--cp", "--for torchtitan-main cannot express --cp 2", "drop --cp 2"});
+       }},
+      {"plan --for torchtitan --rank-order tp-pp-dp", [](const TempDir&) {
+         return flag_case("plan", "--for torchtitan --rank-order tp-pp-dp",
+                          {"--rank-order", "--for torchtitan cannot express --rank-order tp-pp-dp"});
+       }},
+      {"plan --for torchtitan --cp 2 --cp-comm-type a2a", [](const TempDir&) {
+         return flag_case("plan", "--for torchtitan --cp 2 --cp-comm-type a2a",
+                          {"--cp-comm-type", "torchtitan exchanges K/V around the ring only"});
+       }},
+      {"mesh --json (the mesh is a table)", [](const TempDir&) {
+         return flag_case("mesh", "--tp 4 --pp 4 --json", {"--json", "would be ignored", "simulate --json"});
+       }},
+      {"mesh --gpu-spread (the mesh prices nothing)", [](const TempDir&) {
+         return flag_case("mesh", "--tp 4 --pp 4 --gpu-spread 0", {"--gpu-spread", "would be ignored"});
+       }},
+      {"plan --explain --json (the JSON has no explain rows)", [](const TempDir&) {
+         return flag_case("plan", "--explain --json", {"--explain", "would be ignored", "--report"});
+       }},
+      {"export --as-planned --cluster (no re-plan to put on it)", [](const TempDir& d) {
+         const std::string p = write(d, "plan.json", plan_file().dump(2));
+         return Spec{"export --plan " + p + " --to megatron --as-planned --cluster " + kClusterCard,
+                     {"command line", "--cluster", "would be ignored", "drop --cluster"}, {}};
+       }},
+      {"plan --for megatron --trainer megatron-2021 --zero 1", [](const TempDir&) {
+         return flag_case("plan", "--for megatron --trainer megatron-2021 --zero 1",
+                          {"--zero", "megatron-2021 cannot run ZeRO stage 1", "use --zero 0"});
+       }},
 
       // --- plan files
       {"plan file not found", [](const TempDir& d) {

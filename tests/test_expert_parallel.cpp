@@ -384,7 +384,8 @@ TEST_CASE("the search tries EP and ETP where the trainer has them") {
     (void)search_plans(m, topo, old);
     FAIL("EP 2 with megatron-2022 searched");
   } catch (const PlanRejected& e) {  // a value; src/cli names the flag
-    CHECK(e.rejection().kind == Rejection::Kind::trainer_no_ep);
+    CHECK(e.rejection().kind == Rejection::Kind::plan);
+    CHECK(e.rejection().plan.kind == PlanCheck::trainer_no_ep);
     CHECK(e.rejection().field == PlanField::ep);
   }
   // Fixed TP > 1 and EP, SP left to the search: the fixed flags' check

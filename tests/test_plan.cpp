@@ -245,3 +245,71 @@ TEST_CASE("check_plan returns a kind and its numbers; core describes it, the com
   CHECK(flag_fix(*problem) == "choose a TP that divides the number of heads");
   CHECK(!check_plan(seed_plan(), llama3_70b(), four_dgx()));
 }
+
+TEST_CASE("check_plan holds a plan to its trainer preset's limits, whoever made the plan") {
+  const ModelSpec m = llama3_70b();
+  const Cluster c = four_dgx();
+  // Megatron-LM of 2021: no SP, unfused attention and accumulation, full recomputation, ZeRO 0.
+  ParallelPlan p = seed_plan();
+  p.trainer = find_trainer("megatron-2021")->settings;
+  p.sequence_parallel = p.flash_attention = p.grad_accum_fusion = false;
+  p.recompute = Recompute::full;
+  p.zero_stage = 0;
+  CHECK_FALSE(check_plan(p, m, c));
+
+  p.zero_stage = 1;
+  const auto zero = check_plan(p, m, c);
+  REQUIRE(zero);
+  CHECK(zero->kind == PlanCheck::trainer_no_zero_stage);
+  CHECK(zero->field == PlanField::zero_stage);
+  CHECK(zero->values[1] == 1);
+  CHECK(zero->values[2] == 1);  // the stages it runs, as a mask: ZeRO 0 only
+  CHECK(error_of(p) ==
+        "command line: --zero: megatron-2021 cannot run ZeRO stage 1 (Megatron-LM of 2021 (Narayanan et al. SC'21 "
+        "scripts), fp16) (fix: use --zero 0)");
+  // check_trainer is the rule check_plan applies: the same refusal.
+  CHECK(check_trainer(p, *find_trainer("megatron-2021")) == zero);
+  // A preset read from elsewhere than the registry is named as the plan's trainer.
+  const TrainerPreset copy = *find_trainer("megatron-2021");
+  CHECK(describe(*check_trainer(p, copy), m, c).rfind("the plan's trainer cannot run ZeRO stage 1", 0) == 0);
+  p.zero_stage = 0;
+
+  p.sequence_parallel = true;
+  CHECK(check_plan(p, m, c)->kind == PlanCheck::trainer_no_sp);
+  p.sequence_parallel = false;
+  p.recompute = Recompute::selective;
+  CHECK(check_plan(p, m, c)->field == PlanField::recompute);
+  p.recompute = Recompute::full;
+  p.first_stage_layers = p.last_stage_layers = 18;
+  CHECK(check_plan(p, m, c)->kind == PlanCheck::trainer_even_stages);
+  p.first_stage_layers = p.last_stage_layers = 0;
+
+  // torchtitan rotates K/V around the ring only.
+  ParallelPlan t = seed_plan();
+  t.trainer = find_trainer("torchtitan")->settings;
+  t.grad_accum_fusion = false;
+  t.dp = 1;
+  t.cp = 2;
+  t.zero_stage = 3;
+  CHECK_FALSE(check_plan(t, m, c));
+  t.cp_comm = CpComm::a2a;
+  CHECK(check_plan(t, m, c)->kind == PlanCheck::trainer_no_cp_a2a);
+  CHECK(error_of(t).rfind("command line: --cp-comm-type: torchtitan exchanges K/V around the ring only", 0) == 0);
+
+  ParallelPlan unknown = seed_plan();
+  unknown.trainer.preset = "megatron-1999";
+  CHECK(check_plan(unknown, m, c)->kind == PlanCheck::trainer_unknown);
+}
+
+TEST_CASE("settings that would have no effect are refused: the a2a exchange without CP, an ETP on a dense model") {
+  ParallelPlan p = seed_plan();
+  p.cp_comm = CpComm::a2a;
+  CHECK(error_of(p) ==
+        "command line: --cp-comm-type: the a2a exchange is context parallelism's; with CP 1 there is nothing to "
+        "exchange and it has no effect (fix: use --cp 2 (or more), or drop --cp-comm-type)");
+  p.cp_comm = CpComm::p2p;  // the default: nothing asked for
+  CHECK(error_of(p).empty());
+  p.etp = p.tp;
+  CHECK(check_plan(p, llama3_70b(), four_dgx())->kind == PlanCheck::ep_needs_moe);
+  CHECK(check_plan(p, llama3_70b(), four_dgx())->field == PlanField::etp);
+}

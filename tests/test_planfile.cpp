@@ -10,6 +10,7 @@
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/trainer.hpp"
 #include "cuboid/io/planfile.hpp"
+#include "cuboid/search/planner.hpp"
 #include "plan_fixtures.hpp"
 
 using namespace cuboid;
@@ -232,6 +233,9 @@ TEST_CASE("trainer settings round-trip; older plan files without them read as me
   CHECK(j["parallel"]["trainer"]["dp_grad_bytes"] == 4);
   j["parallel"]["trainer"] = {{"preset", "megatron-2021"}, {"dp_overlap", false}, {"dp_grad_bytes", 2},
                               {"zero1_grad_all_reduce", false}, {"tp_backward_overlap", false}};
+  // What Megatron-LM of 2021 (and Megatron-DeepSpeed of 2022, below) can run.
+  for (const char* off : {"sequence_parallel", "flash_attention", "grad_accum_fusion"}) j["parallel"][off] = false;
+  j["parallel"]["zero_stage"] = 0;
   const TrainerSettings t = plan_file_from_json(j, "plan.json").plan.trainer;
   CHECK(t.preset == "megatron-2021");
   CHECK_FALSE(t.dp_overlap);
@@ -259,7 +263,11 @@ TEST_CASE("trainer settings round-trip; older plan files without them read as me
 
 TEST_CASE("ZeRO-3 settings round-trip; older plan files without them read as FSDP2's") {
   const cuboid::test::Fixture& f = seed();
-  ParallelPlan p = f.plan;
+  // What DeepSpeed of 2021 can run: no pipeline, no SP, unfused attention and accumulation.
+  ParallelPlan p = cuboid::test::unfused(f.plan);
+  p.dp *= p.pp;
+  p.pp = 1;
+  p.sequence_parallel = p.flash_attention = false;
   p.trainer = find_trainer("deepspeed-2021")->settings;
   const ModelSpec model = load_model(cuboid::test::source_root() / f.model_card);
   const Cluster cluster = cuboid::test::four_dgx_a100();
@@ -297,4 +305,54 @@ TEST_CASE("ZeRO-3 settings round-trip; older plan files without them read as FSD
   CHECK_FALSE(t.zero3_sync);
   CHECK_FALSE(t.zero3_list_collectives);
   CHECK_FALSE(t.zero3_fetch_norm);
+}
+
+TEST_CASE("a plan file meets the trainer rules of the flags that would make it: one check_plan") {
+  nlohmann::json j = seed_json();
+  // The seed as Megatron-LM of 2021 runs it, but with ZeRO 1, which it has not.
+  j["parallel"]["trainer"]["preset"] = "megatron-2021";
+  for (const char* off : {"sequence_parallel", "flash_attention", "grad_accum_fusion"}) j["parallel"][off] = false;
+  j["parallel"]["recompute"] = "full";
+  j["parallel"]["zero_stage"] = 1;
+  CHECK(read_error(j) ==
+        "plan.json: parallel.zero_stage: megatron-2021 cannot run ZeRO stage 1 (Megatron-LM of 2021 (Narayanan et "
+        "al. SC'21 scripts), fp16) (fix: use zero_stage 0, or name a parallel.trainer.preset that runs ZeRO 1, or "
+        "regenerate it with cuboid plan --trainer megatron-2021 ... --out FILE)");
+
+  // The flags that would make it meet the same refusal, in their words.
+  const cuboid::test::Fixture& f = seed();
+  const ModelSpec model = load_model(cuboid::test::source_root() / f.model_card);
+  const Cluster cluster = cuboid::test::four_dgx_a100();
+  PlannerOptions o;
+  o.trainer = "megatron-2021";
+  o.tp = 4;
+  o.pp = 4;
+  o.dp = 2;
+  o.global_batch = 64;
+  o.seq_length = 8192;
+  o.recompute = Recompute::full;
+  o.zero_stage = 1;
+  nlohmann::json valid = j;
+  valid["parallel"]["zero_stage"] = 0;
+  ParallelPlan file_plan = plan_file_from_json(valid, "plan.json").plan;
+  file_plan.zero_stage = 1;
+  try {
+    (void)plan_from_options(model, cluster, o);
+    FAIL("ZeRO 1 with megatron-2021 planned");
+  } catch (const PlanRejected& e) {
+    CHECK(e.rejection().kind == Rejection::Kind::plan);
+    CHECK(e.rejection().plan == check_plan(file_plan, model, cluster));
+    CHECK(e.problem() == describe(*check_plan(file_plan, model, cluster), model, cluster));
+  }
+
+  // torchtitan's ring has no a2a: a plan file with it is refused like --cp-comm-type a2a.
+  nlohmann::json t = seed_json();
+  t["parallel"]["trainer"]["preset"] = "torchtitan";
+  t["parallel"]["grad_accum_fusion"] = false;
+  t["parallel"]["zero_stage"] = 3;
+  t["parallel"]["cp"] = 2;
+  t["parallel"]["dp"] = 1;
+  t["parallel"]["num_micro_batches"] = 64;
+  t["parallel"]["cp_comm"] = "a2a";
+  CHECK(read_error(t).rfind("plan.json: parallel.cp_comm: torchtitan exchanges K/V around the ring only", 0) == 0);
 }

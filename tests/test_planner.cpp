@@ -506,30 +506,32 @@ TEST_CASE("trainer presets: what each can run, and settings that contradict it a
   }
   CHECK(find_trainer("megatron") == nullptr);
 
+  const ModelSpec m = load_model("models/llama3-70b.json");
+  const Cluster c = load_cluster("topologies/dgx-a100-4node.json");
   PlannerOptions o;
   o.trainer = "megatron-2021";
   o.sequence_parallel = true;
-  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("has no sequence parallelism"), InputError);
+  CHECK_THROWS_WITH_AS(check_trainer_options(m, c, o), doctest::Contains("has no sequence parallelism"), InputError);
   o.sequence_parallel.reset();
   o.recompute = Recompute::selective;
-  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("whole layers only"), InputError);
+  CHECK_THROWS_WITH_AS(check_trainer_options(m, c, o), doctest::Contains("whole layers only"), InputError);
   o.recompute.reset();
   o.zero_stage = 1;
-  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("cannot run ZeRO stage 1"), InputError);
+  CHECK_THROWS_WITH_AS(check_trainer_options(m, c, o), doctest::Contains("cannot run ZeRO stage 1"), InputError);
   o.zero_stage.reset();
   o.trainer = "megatron-deepspeed";
   o.virtual_stages = 2;
-  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("no interleaved schedule"), InputError);
+  CHECK_THROWS_WITH_AS(check_trainer_options(m, c, o), doctest::Contains("no interleaved schedule"), InputError);
   o.virtual_stages.reset();
   o.grad_accum_fusion = true;
-  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("no gradient-accumulation fusion"), InputError);
+  CHECK_THROWS_WITH_AS(check_trainer_options(m, c, o), doctest::Contains("no gradient-accumulation fusion"), InputError);
   o.grad_accum_fusion.reset();
   o.trainer = "deepspeed-2021";
   o.pp = 2;
-  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("has no pipeline parallelism"), InputError);
+  CHECK_THROWS_WITH_AS(check_trainer_options(m, c, o), doctest::Contains("has no pipeline parallelism"), InputError);
   o.pp.reset();
   o.trainer = "bogus";
-  CHECK_THROWS_WITH_AS(check_trainer_options(o), doctest::Contains("unknown trainer"), InputError);
+  CHECK_THROWS_WITH_AS(check_trainer_options(m, c, o), doctest::Contains("unknown trainer"), InputError);
 }
 
 TEST_CASE("a trainer preset limits the search to what it can run and gives every plan its settings") {

@@ -122,6 +122,10 @@ ExportResult replan_for_target(const PlanFile& pf, const ExportFlags& f, const I
 }
 
 void run_export(const ExportFlags& f) {
+  if (f.as_planned && !f.cluster_path.empty())
+    throw InputError("command line", "--cluster",
+                     "--cluster names the card of a re-plan, which --as-planned never makes; it would be ignored",
+                     "drop --cluster, or drop --as-planned to let export re-plan on that card");
   const PlanFile pf = read_plan_file(f.plan_path);
   if (!f.out_path.empty()) check_output_paths(std::vector<OutputPath>{{"--out", f.out_path}});
   ExportResult result;

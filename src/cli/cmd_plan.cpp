@@ -247,6 +247,7 @@ constexpr int kMaxAutoSimulatedGpus = 16384;
 CLI::Option* g_simulate_top_option = nullptr;
 
 void run_plan(const PlanFlags& f) {
+  refuse_flags_without_effect(f, "plan");
   if (f.top <= 0) throw InputError("command line", "--top", "must be positive, got " + std::to_string(f.top), "give a value >= 1");
   if (f.simulate_top < 0)
     throw InputError("command line", "--simulate-top", "must not be negative, got " + std::to_string(f.simulate_top),
@@ -257,13 +258,15 @@ void run_plan(const PlanFlags& f) {
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
   check_outputs({{"--out", &f.out_path}, {"--svg", &f.svg_path}, {"--report", &f.report_path}});  // before the search
-  if (f.for_target) restrict_to_target(o, l, *f.for_target);
+  std::shared_ptr<const TargetRefusals> refused;
+  if (f.for_target) refused = restrict_to_target(o, l, *f.for_target);
   const bool simulation_skipped = l.cluster.total_gpus() > kMaxAutoSimulatedGpus &&
                                   (g_simulate_top_option == nullptr || g_simulate_top_option->count() == 0);
   if (simulation_skipped) o.simulate_top = 0;
   if (!f.json) o.progress = progress_bar();
   SearchResult r = search_plans(l.model, *l.topology, o);
   o.progress = {};
+  if (r.candidates == 0 && refused) refuse_fixed_flag_for_target(o, *refused);
   for (auto* rows : {&r.fitting, &r.not_fitting})
     for (Estimate& e : *rows) attach_interval(e, l.cluster);
   spdlog::info("scored {} candidates ({} fit in memory), skipped {}", r.candidates, r.fitting_plans, r.skipped);

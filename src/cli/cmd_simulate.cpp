@@ -158,6 +158,7 @@ void run_simulate(const PlanFlags& f) {
 }
 
 void run_mesh(const PlanFlags& f) {
+  refuse_flags_without_effect(f, "mesh");
   PlannerOptions o = planner_options(f);
   Loaded l = load(f);
   check_outputs({{"--svg", &f.svg_path}});

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <mutex>
+#include <type_traits>
 
 #include <iostream>
 #include <memory>
@@ -100,6 +102,28 @@ void check_outputs(std::initializer_list<std::pair<const char*, const std::optio
   check_output_paths(given);
 }
 
+void refuse_flags_without_effect(const PlanFlags& f, std::string_view command) {
+  struct Unused {
+    std::string_view command;
+    bool given;
+    const char* flag;
+    const char* why;
+    const char* fix;
+  };
+  const Unused unused[] = {
+      {"mesh", f.json, "--json", "mesh prints the mesh as a table only; --json would be ignored",
+       "drop --json (cuboid simulate --json prints a plan as JSON)"},
+      {"mesh", f.gpu_spread.has_value(), "--gpu-spread",
+       "mesh draws where the ranks are and prices nothing; the GPUs' speed spread would be ignored",
+       "drop --gpu-spread, or give it to cuboid simulate"},
+      {"plan", f.explain && f.json, "--explain",
+       "the --json document has no --explain rows; --explain would be ignored",
+       "drop --json to print the rows, or --report FILE to see them in the report"},
+  };
+  for (const Unused& u : unused)
+    if (u.command == command && u.given) throw InputError("command line", u.flag, u.why, u.fix);
+}
+
 PlannerOptions planner_options(const PlanFlags& f) {
   const std::string cl = "command line";
   auto positive = [&](const auto& v, const char* flag) {
@@ -190,8 +214,9 @@ Loaded load(const PlanFlags& f) {
                          "pass --cluster with the card of the cluster this plan was made for");
     }
     l.cluster = load_cluster(cluster_path, f.nodes.value_or(pf.nodes));
+    // The file's plan passed check_plan on the shape it names (read_plan_file);
+    // this cluster has that shape.
     check_plan_matches_cluster(pf, l.cluster);
-    validate_plan(pf.plan, l.model, l.cluster, *f.plan_path);
     l.plan = pf.plan;
   } else {
     if (f.model_path.empty()) throw InputError(cl, "--model", "--model is required", "give a model card, e.g. --model models/llama3-70b.json");
@@ -213,7 +238,8 @@ Loaded load(const PlanFlags& f) {
 
 // --for TARGET: search only plans that the trainer can express, asking the
 // exporter itself (one definition of what each target supports).
-void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& target) {
+std::shared_ptr<const TargetRefusals> restrict_to_target(PlannerOptions& o, const Loaded& l,
+                                                         const std::string& target) {
   const auto& targets = export_targets();
   if (std::find(targets.begin(), targets.end(), target) == targets.end()) {
     std::string names;
@@ -242,7 +268,7 @@ void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& t
                      "drop --trainer (--for " + target + " implies --trainer " + allowed.front() +
                          "), or use --trainer " + names);
   }
-  check_trainer_options(o);
+  check_trainer_options(l.model, l.cluster, o);
   auto pf = std::make_shared<PlanFile>();
   pf->source = "candidate";
   pf->model = l.model;
@@ -261,16 +287,93 @@ void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& t
     if (e.field().rfind("model.", 0) == 0)
       throw InputError("command line", "--for", "--for " + target + ": " + e.problem(), e.fix());
   }
-  o.accept = [pf, target](const ParallelPlan& p) {
+  auto refusals = std::make_shared<TargetRefusals>();
+  refusals->target = target;
+  auto mutex = std::make_shared<std::mutex>();
+  o.accept = [pf, target, refusals, mutex](const ParallelPlan& p) {
     PlanFile candidate = *pf;
     candidate.plan = p;
     try {
       (void)export_plan(candidate, target);
       return true;
-    } catch (const InputError&) {
+    } catch (const InputError& e) {
+      const std::lock_guard lock(*mutex);
+      TargetRefusals::Seen& seen = refusals->by_key[e.field()];
+      if (seen.count++ == 0) {
+        seen.problem = e.problem();
+        seen.fix = e.fix();
+      }
       return false;
     }
   };
+  return refusals;
+}
+
+namespace {
+
+// The setting of a plan-file key as the flag that fixes it, or none when
+// the search chooses it.
+struct KeyFlag {
+  const char* key;
+  const char* flag;
+  std::optional<std::string> (*value)(const PlannerOptions&);
+};
+
+template <typename T>
+std::optional<std::string> shown(const std::optional<T>& v) {
+  if (!v) return std::nullopt;
+  if constexpr (std::is_same_v<T, bool>) return std::string(*v ? "on" : "off");
+  else if constexpr (std::is_arithmetic_v<T>) return std::to_string(*v);
+  else if constexpr (std::is_same_v<T, RankOrder>) return v->str();
+  else return std::string(to_string(*v));
+}
+
+constexpr KeyFlag kKeyFlags[] = {
+    {"parallel.tp", "--tp", [](const PlannerOptions& o) { return shown(o.tp); }},
+    {"parallel.pp", "--pp", [](const PlannerOptions& o) { return shown(o.pp); }},
+    {"parallel.dp", "--dp", [](const PlannerOptions& o) { return shown(o.dp); }},
+    {"parallel.cp", "--cp", [](const PlannerOptions& o) { return shown(o.cp); }},
+    {"parallel.cp_comm", "--cp-comm-type", [](const PlannerOptions& o) { return shown(o.cp_comm); }},
+    {"parallel.ep", "--ep", [](const PlannerOptions& o) { return shown(o.ep); }},
+    {"parallel.etp", "--etp", [](const PlannerOptions& o) { return shown(o.etp); }},
+    {"parallel.micro_batch", "--micro-batch", [](const PlannerOptions& o) { return shown(o.micro_batch); }},
+    {"parallel.virtual_stages", "--vpp", [](const PlannerOptions& o) { return shown(o.virtual_stages); }},
+    {"parallel.zero_stage", "--zero", [](const PlannerOptions& o) { return shown(o.zero_stage); }},
+    {"parallel.recompute", "--recompute", [](const PlannerOptions& o) { return shown(o.recompute); }},
+    {"parallel.sequence_parallel", "--sequence-parallel",
+     [](const PlannerOptions& o) { return shown(o.sequence_parallel); }},
+    {"parallel.schedule", "--schedule", [](const PlannerOptions& o) { return shown(o.schedule); }},
+    {"parallel.flash_attention", "--flash-attention", [](const PlannerOptions& o) { return shown(o.flash_attention); }},
+    {"parallel.grad_accum_fusion", "--grad-accum-fusion",
+     [](const PlannerOptions& o) { return shown(o.grad_accum_fusion); }},
+    {"parallel.rank_order", "--rank-order", [](const PlannerOptions& o) { return shown(o.order); }},
+    {"parallel.first_stage_layers", "--first-stage-layers",
+     [](const PlannerOptions& o) { return shown(o.first_stage_layers); }},
+    {"parallel.last_stage_layers", "--last-stage-layers",
+     [](const PlannerOptions& o) { return shown(o.last_stage_layers); }},
+    {"parallel.global_batch", "--global-batch", [](const PlannerOptions& o) { return shown(o.global_batch); }},
+    {"parallel.seq_length", "--seq-length", [](const PlannerOptions& o) { return shown(o.seq_length); }},
+    {"trainer.dp_overlap", "--dp-overlap", [](const PlannerOptions& o) { return shown(o.dp_overlap); }},
+};
+
+}  // namespace
+
+void refuse_fixed_flag_for_target(const PlannerOptions& o, const TargetRefusals& refusals) {
+  const KeyFlag* worst = nullptr;
+  const TargetRefusals::Seen* seen = nullptr;
+  for (const KeyFlag& kf : kKeyFlags) {
+    const auto it = refusals.by_key.find(kf.key);
+    if (it == refusals.by_key.end() || !kf.value(o)) continue;
+    if (seen == nullptr || it->second.count > seen->count) {
+      worst = &kf;
+      seen = &it->second;
+    }
+  }
+  if (worst == nullptr) return;
+  const std::string& t = refusals.target;
+  const std::string fixed = std::string(worst->flag) + " " + *worst->value(o);
+  throw InputError("command line", worst->flag, "--for " + t + " cannot express " + fixed + ": " + seen->problem,
+                   "drop " + fixed + ", or plan --for another target (" + t + "'s exporter: " + seen->fix + ")");
 }
 
 }  // namespace cuboid::cli

@@ -3,9 +3,11 @@
 // commands) and the loading of the model and cluster they name.
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -62,6 +64,11 @@ bool parse_on_off(const std::string& v, const std::string& flag);
 // and before any work: a bad path never costs a search or a simulation, never
 // replaces an input, a read-only file or another output.
 void check_outputs(std::initializer_list<std::pair<const char*, const std::optional<std::string>*>> flags);
+// InputError for a flag given to `command` ("plan", "simulate", "mesh") that
+// would have no effect there whatever its value (mesh --json: the mesh is a
+// table), before any work. Settings that have no effect in a combination of
+// values (the a2a exchange with CP 1) are check_plan's.
+void refuse_flags_without_effect(const PlanFlags& f, std::string_view command);
 // Validates the flags' values (positive sizes, known enum spellings).
 PlannerOptions planner_options(const PlanFlags& f);
 
@@ -73,9 +80,27 @@ struct Loaded {
 };
 Loaded load(const PlanFlags& f);
 
+// Why --for's target refused the search's candidates: the plan-file key each
+// refusal names, how often, and the first refusal's words.
+struct TargetRefusals {
+  struct Seen {
+    std::int64_t count = 0;
+    std::string problem, fix;
+  };
+  std::string target;
+  std::map<std::string, Seen> by_key;
+};
+
 // --for TARGET: search only plans that the export target can express (asking
 // the exporter itself) and price them as its trainer runs them; InputError for
-// an unknown target or a --trainer that contradicts it.
-void restrict_to_target(PlannerOptions& o, const Loaded& l, const std::string& target);
+// an unknown target or a --trainer that contradicts it. The refusals are
+// counted in the returned record while the search runs.
+std::shared_ptr<const TargetRefusals> restrict_to_target(PlannerOptions& o, const Loaded& l,
+                                                         const std::string& target);
+
+// After a search with no valid plan: InputError naming the fixed flag (e.g.
+// --cp 2) whose setting the target refused most often, if the target refused
+// any; nothing otherwise (the command reports the search's reasons).
+void refuse_fixed_flag_for_target(const PlannerOptions& o, const TargetRefusals& refusals);
 
 }  // namespace cuboid::cli

@@ -9,7 +9,18 @@ namespace {
 using K = PlanCheck;
 using R = Rejection::Kind;
 
-// The fixes that name no flag, or "" for the others.
+const std::string kOtherTrainer = "drop it, or choose a --trainer that has it";
+
+std::string zero_stages(std::int64_t mask) {
+  std::string stages;
+  for (int z = 0; z < 4; ++z)
+    if ((mask >> z) & 1) stages += (stages.empty() ? "" : ", ") + std::to_string(z);
+  return stages;
+}
+
+std::string known_trainers_fix() { return "use one of " + trainer_names() + " (cuboid plan --help)"; }
+
+// The fixes of check_plan's refusals that flag_fix leaves to it, or "" for the others.
 std::string plain_fix(const PlanRejection& r) {
   switch (r.kind) {
     case K::not_positive: return "give a value >= 1";
@@ -20,8 +31,9 @@ std::string plain_fix(const PlanRejection& r) {
     case K::cp_needs_flash: return "turn flash attention on, or use CP 1";
     case K::cp_chunks: return "choose a CP for which 2 x CP divides the sequence length";
     case K::cp_sp_tokens: return "choose CP and TP so that TP divides sequence length / CP";
+    case K::cp_comm_needs_cp: return "use --cp 2 (or more), or drop --cp-comm-type";
     case K::cp_a2a_heads: return "use the p2p ring, or a CP that divides the key/value heads per TP rank";
-    case K::ep_needs_moe: return "drop EP / ETP (use EP 1)";
+    case K::ep_needs_moe: return r.field == PlanField::etp ? "drop --etp" : "drop EP / ETP (use EP 1)";
     case K::ep_experts: return "choose an EP that divides the number of experts";
     case K::etp_not_1_or_tp: return "use ETP 1 or ETP = TP";
     case K::etp_ffn: return "choose an ETP that divides the experts' FFN size";
@@ -38,43 +50,32 @@ std::string plain_fix(const PlanRejection& r) {
       return "choose first/last stage layers and virtual stages so that every stage's layers divide by the virtual "
              "stages";
     case K::batch_split: return "choose a global batch that is a multiple of " + std::to_string(r.values[1]);
+    case K::trainer_unknown: return known_trainers_fix();
+    case K::trainer_no_pipeline: return "use --pp 1, or " + kOtherTrainer;
+    case K::trainer_no_sp: return "use --sequence-parallel off, or " + kOtherTrainer;
+    case K::trainer_no_selective: return "use --recompute full or none";
+    case K::trainer_no_interleaved: return "use --schedule 1f1b (or gpipe) without --vpp";
+    case K::trainer_no_flash: return "use --flash-attention off, or " + kOtherTrainer;
+    case K::trainer_no_grad_accum_fusion: return "use --grad-accum-fusion off, or " + kOtherTrainer;
+    case K::trainer_no_cp:
+      return r.field == PlanField::cp_comm ? "drop --cp-comm-type, or choose a --trainer that has CP"
+                                           : "use --cp 1, or " + kOtherTrainer;
+    case K::trainer_no_cp_a2a: return "use --cp-comm-type p2p, or " + kOtherTrainer;
+    case K::trainer_no_ep: return "use --ep 1 without --etp, or " + kOtherTrainer;
+    case K::trainer_no_zero_stage: return "use --zero " + zero_stages(r.values[2]);
+    case K::trainer_even_stages: return "choose a PP that divides the layers";
+    case K::trainer_even_chunks:
+      return "drop --vpp (1F1B with uneven stages), or choose a PP x virtual stages that divides the layers";
     case K::interleaved_batches:
       return "choose a global batch that is a multiple of micro-batch x DP x PP = " + std::to_string(r.values[2]);
     default: return "";
   }
 }
 
-const std::string kOtherTrainer = "drop it, or choose a --trainer that has it";
-
-std::string zero_stages(std::int64_t mask) {
-  std::string stages;
-  for (int z = 0; z < 4; ++z)
-    if ((mask >> z) & 1) stages += (stages.empty() ? "" : ", ") + std::to_string(z);
-  return stages;
-}
-
 // The flag and the fix of a refusal of the options (not Kind::plan).
 std::pair<std::string, std::string> option_words(const Rejection& r) {
   switch (r.kind) {
-    case R::unknown_trainer: return {"--trainer", "use one of " + trainer_names() + " (cuboid plan --help)"};
-    case R::trainer_no_pipeline: return {"--pp", "use --pp 1, or " + kOtherTrainer};
-    case R::trainer_no_sp: return {"--sequence-parallel", "use --sequence-parallel off, or " + kOtherTrainer};
-    case R::trainer_no_selective: return {"--recompute", "use --recompute full or none"};
-    case R::trainer_no_interleaved:
-      return {r.field == PlanField::schedule ? "--schedule" : "--vpp", "use --schedule 1f1b (or gpipe) without --vpp"};
-    case R::trainer_no_flash: return {"--flash-attention", "use --flash-attention off, or " + kOtherTrainer};
-    case R::trainer_no_grad_accum_fusion:
-      return {"--grad-accum-fusion", "use --grad-accum-fusion off, or " + kOtherTrainer};
-    case R::trainer_no_cp:
-      return {r.field == PlanField::cp ? "--cp" : "--cp-comm-type", "use --cp 1, or " + kOtherTrainer};
-    case R::trainer_no_cp_a2a: return {"--cp-comm-type", "use --cp-comm-type p2p, or " + kOtherTrainer};
-    case R::trainer_no_ep:
-      return {r.field == PlanField::ep ? "--ep" : "--etp", "use --ep 1 without --etp, or " + kOtherTrainer};
-    case R::trainer_no_zero_stage: return {"--zero", "use --zero " + zero_stages(r.values[1])};
-    case R::trainer_even_stages: return {"--uneven-stages", "choose a PP that divides the layers"};
-    case R::trainer_even_chunks:
-      return {"--uneven-stages",
-              "drop --vpp (1F1B with uneven stages), or choose a PP x virtual stages that divides the layers"};
+    case R::unknown_trainer: return {"--trainer", known_trainers_fix()};
     case R::fixed_not_dividing_gpus: {
       const char* size = r.field == PlanField::tp   ? "TP"
                          : r.field == PlanField::pp ? "PP"
@@ -110,6 +111,9 @@ std::string_view flag_of(PlanField field) {
     case PlanField::flash_attention: return "--flash-attention";
     case PlanField::uneven_stages: return "--uneven-stages";
     case PlanField::world_size: return "--tp/--pp/--dp";
+    case PlanField::recompute: return "--recompute";
+    case PlanField::grad_accum_fusion: return "--grad-accum-fusion";
+    case PlanField::trainer: return "--trainer";
   }
   return "--tp/--pp/--dp";
 }
@@ -154,10 +158,6 @@ std::map<std::string, std::int64_t> skip_reasons(const SearchResult& result, con
     switch (why.kind) {
       case R::plan:
         line = "invalid for " + std::string(flag_of(why.field)) + ": " + describe(why.plan, model, cluster);
-        break;
-      case R::trainer_even_stages:
-      case R::trainer_even_chunks:
-        line = "invalid for --uneven-stages: " + describe(why, model, cluster, options);
         break;
       case R::pp_not_dividing_layers: line = describe(why, model, cluster, options) + " (allow --uneven-stages)"; break;
       case R::not_accepted:

@@ -32,6 +32,35 @@ Found check_sizes(const ParallelPlan& p, const ModelSpec& m) {
   return std::nullopt;
 }
 
+// The presets' limits, in the order their can_run fields are listed.
+Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::int64_t preset) {
+  if (p.pp > 1 && !t.pipeline) return reject(K::trainer_no_pipeline, F::pp, preset);
+  if (p.sequence_parallel && !t.sequence_parallel) return reject(K::trainer_no_sp, F::sequence_parallel, preset);
+  if (p.recompute == Recompute::selective && !t.selective_recompute)
+    return reject(K::trainer_no_selective, F::recompute, preset);
+  if (!t.interleaved && (p.schedule == Schedule::interleaved || p.virtual_stages > 1))
+    return reject(K::trainer_no_interleaved, p.schedule == Schedule::interleaved ? F::schedule : F::virtual_stages,
+                  preset);
+  if (p.flash_attention && !t.flash_attention) return reject(K::trainer_no_flash, F::flash_attention, preset);
+  if (p.grad_accum_fusion && !t.grad_accum_fusion)
+    return reject(K::trainer_no_grad_accum_fusion, F::grad_accum_fusion, preset);
+  if (p.cp > 1 && !t.context_parallel) return reject(K::trainer_no_cp, F::cp, preset);
+  if (p.cp > 1 && p.cp_comm == CpComm::a2a && !t.context_parallel_a2a)
+    return reject(K::trainer_no_cp_a2a, F::cp_comm, preset);
+  // Without expert parallelism the experts split as the attention does: EP 1, ETP = TP.
+  if ((p.ep > 1 || (p.etp > 0 && p.etp != p.tp)) && !t.expert_parallel)
+    return reject(K::trainer_no_ep, p.ep > 1 ? F::ep : F::etp, preset);
+  std::int64_t stages = 0;
+  for (int z : t.zero_stages) stages |= std::int64_t{1} << z;
+  if (p.zero_stage >= 0 && p.zero_stage <= 3 && ((stages >> p.zero_stage) & 1) == 0)
+    return reject(K::trainer_no_zero_stage, F::zero_stage, preset, p.zero_stage, stages);
+  if (has_uneven_stages(p)) {
+    if (!t.uneven_stages) return reject(K::trainer_even_stages, F::uneven_stages, preset);
+    if (chunks_per_stage(p) > 1 && !t.uneven_interleaved) return reject(K::trainer_even_chunks, F::uneven_stages, preset);
+  }
+  return std::nullopt;
+}
+
 Found check_tp(const ParallelPlan& p, const ModelSpec& m) {
   if (m.num_attention_heads % p.tp != 0) return reject(K::tp_heads, F::tp, p.tp, m.num_attention_heads);
   if (m.num_kv_heads % p.tp != 0) return reject(K::tp_kv_heads, F::tp, p.tp, m.num_kv_heads);
@@ -43,7 +72,8 @@ Found check_tp(const ParallelPlan& p, const ModelSpec& m) {
 // attention only, and splits each sequence into 2 x CP chunks (arguments.py:
 // seq_length % (2 x context_parallel_size) == 0).
 Found check_cp(const ParallelPlan& p, const ModelSpec& m) {
-  if (p.cp <= 1) return std::nullopt;
+  // The exchange is CP's: asked for without it, it would be ignored.
+  if (p.cp <= 1) return p.cp_comm == CpComm::a2a ? reject(K::cp_comm_needs_cp, F::cp_comm) : std::nullopt;
   if (!p.flash_attention) return reject(K::cp_needs_flash, F::cp);
   if (p.seq_length % (2LL * p.cp) != 0) return reject(K::cp_chunks, F::cp, p.seq_length, 2LL * p.cp);
   if (p.sequence_parallel && (p.seq_length / p.cp) % p.tp != 0)
@@ -61,7 +91,8 @@ Found check_experts(const ParallelPlan& p, const ModelSpec& m) {
   if (p.ep <= 0) return reject(K::not_positive, F::ep, p.ep);
   if (p.etp < 0) return reject(K::not_positive, F::etp, p.etp);
   if (!m.moe.enabled()) {
-    if (p.ep > 1 || (p.etp > 0 && p.etp != p.tp)) return reject(K::ep_needs_moe, p.ep > 1 ? F::ep : F::etp);
+    // A dense plan names no ETP (complete_plan leaves it 0): one given would be ignored.
+    if (p.ep > 1 || p.etp > 0) return reject(K::ep_needs_moe, p.ep > 1 ? F::ep : F::etp);
     return std::nullopt;
   }
   if (m.moe.num_experts % p.ep != 0) return reject(K::ep_experts, F::ep, p.ep, m.moe.num_experts);
@@ -145,6 +176,35 @@ Found check_batch(const ParallelPlan& p) {
 
 std::string n(std::int64_t v) { return std::to_string(v); }
 
+std::string trainer_words(std::int64_t preset, const std::string& what) {
+  const auto presets = trainer_presets();
+  if (preset < 0 || preset >= static_cast<std::int64_t>(presets.size())) return "the plan's trainer " + what;
+  const TrainerPreset& t = presets[static_cast<std::size_t>(preset)];
+  return t.name + " " + what + " (" + t.description + ")";
+}
+
+// The trainers' limits in words, "" for other kinds.
+std::string describe_trainer(const PlanRejection& r) {
+  const auto& v = r.values;
+  switch (r.kind) {
+    case K::trainer_unknown: return "unknown trainer preset";
+    case K::trainer_no_pipeline: return trainer_words(v[0], "has no pipeline parallelism here");
+    case K::trainer_no_sp: return trainer_words(v[0], "has no sequence parallelism");
+    case K::trainer_no_selective: return trainer_words(v[0], "recomputes whole layers only (no selective recomputation)");
+    case K::trainer_no_interleaved: return trainer_words(v[0], "has no interleaved schedule");
+    case K::trainer_no_flash: return trainer_words(v[0], "runs the unfused attention core");
+    case K::trainer_no_grad_accum_fusion: return trainer_words(v[0], "has no gradient-accumulation fusion");
+    case K::trainer_no_cp: return trainer_words(v[0], "has no context parallelism here");
+    case K::trainer_no_cp_a2a:
+      return trainer_words(v[0], "exchanges K/V around the ring only (no all-to-all of attention heads)");
+    case K::trainer_no_ep: return trainer_words(v[0], "has no expert parallelism here");
+    case K::trainer_no_zero_stage: return trainer_words(v[0], "cannot run ZeRO stage " + n(v[1]));
+    case K::trainer_even_stages: return trainer_words(v[0], "gives every pipeline stage the same number of layers");
+    case K::trainer_even_chunks: return trainer_words(v[0], "has no uneven stages with the interleaved schedule");
+    default: return "";
+  }
+}
+
 // The words of the kinds about sizes, TP and CP; "" for the others.
 std::string describe_sizes(const PlanRejection& r, const ModelSpec& m) {
   const auto& v = r.values;
@@ -163,6 +223,8 @@ std::string describe_sizes(const PlanRejection& r, const ModelSpec& m) {
     case K::cp_chunks: return "sequence length " + n(v[0]) + " does not split into 2 x CP = " + n(v[1]) + " chunks";
     case K::cp_sp_tokens:
       return "the " + n(v[0]) + " tokens of a CP rank do not split over TP " + n(v[1]) + " for sequence parallelism";
+    case K::cp_comm_needs_cp:
+      return "the a2a exchange is context parallelism's; with CP 1 there is nothing to exchange and it has no effect";
     case K::cp_a2a_heads:
       return "the a2a exchange needs CP " + n(v[0]) + " to divide the heads per TP rank (" + n(v[1]) + " query, " +
              n(v[2]) + " key/value)";
@@ -240,8 +302,18 @@ std::string describe_world(const PlanRejection& r, const Cluster& c) {
 
 }  // namespace
 
+std::optional<PlanRejection> check_trainer(const ParallelPlan& p, const TrainerPreset& t) {
+  const auto presets = trainer_presets();
+  const std::int64_t preset =
+      &t >= presets.data() && &t < presets.data() + presets.size() ? &t - presets.data() : -1;
+  return check_trainer_limits(p, t, preset);
+}
+
 std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& m, const Cluster& c) {
   if (Found r = check_sizes(p, m)) return r;
+  const TrainerPreset* trainer = find_trainer(p.trainer.preset);
+  if (trainer == nullptr) return reject(K::trainer_unknown, F::trainer);
+  if (Found r = check_trainer(p, *trainer)) return r;
   if (Found r = check_tp(p, m)) return r;
   if (Found r = check_cp(p, m)) return r;
   if (Found r = check_experts(p, m)) return r;
@@ -253,7 +325,8 @@ std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& 
 }
 
 std::string describe(const PlanRejection& r, const ModelSpec& m, const Cluster& c) {
-  for (std::string words : {describe_sizes(r, m), describe_experts(r, m), describe_stages(r, m), describe_world(r, c)})
+  for (std::string words : {describe_sizes(r, m), describe_experts(r, m), describe_stages(r, m), describe_world(r, c),
+                            describe_trainer(r)})
     if (!words.empty()) return words;
   return "";
 }

@@ -143,10 +143,43 @@ std::string plan_key(PlanField field) {
     case PlanField::schedule: return "parallel.schedule";
     case PlanField::sequence_parallel: return "parallel.sequence_parallel";
     case PlanField::world_size: return "parallel.world_size";
-    case PlanField::flash_attention:
+    case PlanField::flash_attention: return "parallel.flash_attention";
+    case PlanField::recompute: return "parallel.recompute";
+    case PlanField::grad_accum_fusion: return "parallel.grad_accum_fusion";
+    case PlanField::trainer: return "parallel.trainer.preset";
     case PlanField::uneven_stages: return "parallel";
   }
   return "parallel";
+}
+
+// The fix of check_plan's refusal of a plan file: what its trainer refuses
+// names the settings it runs; anything else the file's maker got wrong.
+std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
+  const std::string regenerate = "regenerate it with cuboid plan --trainer " + p.trainer.preset + " ... --out FILE";
+  const std::string other_trainer = "name a parallel.trainer.preset that has it, or " + regenerate;
+  switch (r.kind) {
+    case PlanCheck::trainer_no_zero_stage: {
+      std::string stages;
+      for (int z = 0; z < 4; ++z)
+        if ((r.values[2] >> z) & 1) stages += (stages.empty() ? "" : " or ") + std::to_string(z);
+      return "use zero_stage " + stages + ", or name a parallel.trainer.preset that runs ZeRO " +
+             std::to_string(r.values[1]) + ", or " + regenerate;
+    }
+    case PlanCheck::trainer_no_sp: return "set sequence_parallel false, or " + other_trainer;
+    case PlanCheck::trainer_no_selective: return "set recompute full or none, or " + other_trainer;
+    case PlanCheck::trainer_no_interleaved:
+      return "set schedule 1f1b and virtual_stages 1, or " + other_trainer;
+    case PlanCheck::trainer_no_flash: return "set flash_attention false, or " + other_trainer;
+    case PlanCheck::trainer_no_grad_accum_fusion: return "set grad_accum_fusion false, or " + other_trainer;
+    case PlanCheck::trainer_no_cp_a2a: return "set cp_comm p2p, or " + other_trainer;
+    case PlanCheck::trainer_no_pipeline:
+    case PlanCheck::trainer_no_cp:
+    case PlanCheck::trainer_no_ep:
+    case PlanCheck::trainer_even_stages:
+    case PlanCheck::trainer_even_chunks: return other_trainer;
+    case PlanCheck::cp_comm_needs_cp: return "drop cp_comm, or set cp to 2 or more; or " + kRegenerate;
+    default: return kRegenerate;
+  }
 }
 
 // A sub-reader whose errors name the field under `prefix`.
@@ -382,7 +415,7 @@ PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source)
   shape.nodes = pf.nodes;
   shape.gpus_per_node = pf.gpus_per_node;
   if (auto problem = check_plan(pf.plan, pf.model, shape))
-    throw InputError(source, plan_key(problem->field), describe(*problem, pf.model, shape), kRegenerate);
+    throw InputError(source, plan_key(problem->field), describe(*problem, pf.model, shape), key_fix(*problem, pf.plan));
 
   check_rank_mapping(r.raw("rank_mapping"), pf.plan, pf.gpus_per_node, source);
   pf.prediction = r.raw("prediction");

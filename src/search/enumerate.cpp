@@ -232,6 +232,7 @@ class Walk {
     ParallelPlan p = base_;
     p.tp = tp;
     p.cp = cp;
+    p.cp_comm = cp > 1 ? base_.cp_comm : CpComm::p2p;  // the exchange asked for applies to CP > 1
     p.pp = pp;
     p.dp = dp;
     const std::vector<RankOrder> orders = rank_order_axis(s_, tp, pp, dp * cp);
@@ -287,7 +288,6 @@ class Walk {
   }
 
   void consider(const ParallelPlan& p) {
-    if (auto why = check_uneven_trainer(s_.trainer, p)) return skip(*why);
     if (auto why = check_plan(p, s_.model, s_.cluster)) return skip(Rejection{K::plan, why->field, {}, *why});
     if (s_.o.accept && !s_.o.accept(p)) return skip(K::not_accepted);
     plans_.push_back(p);
@@ -307,7 +307,7 @@ class Walk {
 std::vector<ParallelPlan> enumerate_plans(const ModelSpec& model, const Topology& topo, const PlannerOptions& o,
                                           SearchResult& result) {
   const Cluster& cluster = topo.cluster();
-  check_trainer_options(o);
+  check_trainer_options(model, cluster, o);
   const ParallelPlan base = complete_plan(model, cluster, o);
   result.seq_length = base.seq_length;
   result.global_batch = base.global_batch;

@@ -16,6 +16,7 @@
 #include "cuboid/core/cluster.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
+#include "cuboid/core/trainer.hpp"
 
 namespace cuboid {
 
@@ -23,7 +24,7 @@ namespace cuboid {
 // terms (the command line: a flag; a plan file: a JSON key).
 enum class PlanField {
   tp, pp, dp, cp, cp_comm, ep, etp, micro_batch, global_batch, seq_length, virtual_stages, zero_stage, schedule,
-  sequence_parallel, flash_attention, uneven_stages, world_size,
+  sequence_parallel, flash_attention, uneven_stages, world_size, recompute, grad_accum_fusion, trainer,
 };
 
 // What check_plan refuses; the comment names what PlanRejection::values
@@ -39,6 +40,7 @@ enum class PlanCheck : std::uint8_t {
   cp_chunks,              // sequence length, 2 x CP
   cp_sp_tokens,           // tokens per CP rank, TP
   cp_a2a_heads,           // CP, query heads per TP rank, key/value heads per TP rank
+  cp_comm_needs_cp,       // -
   ep_needs_moe,           // -
   ep_experts,             // EP, experts
   etp_not_1_or_tp,        // ETP, TP
@@ -62,6 +64,21 @@ enum class PlanCheck : std::uint8_t {
   world_not_gpus,         // TP x CP x PP x DP, GPUs, CP
   batch_split,            // global batch, micro-batch x DP
   interleaved_batches,    // micro-batches, PP, micro-batch x DP x PP
+  // What the plan's trainer (ParallelPlan::trainer.preset) cannot run; the
+  // first value is the preset's index in trainer_presets().
+  trainer_unknown,               // -
+  trainer_no_pipeline,           // the preset
+  trainer_no_sp,                 // the preset
+  trainer_no_selective,          // the preset
+  trainer_no_interleaved,        // the preset (field: schedule or virtual_stages)
+  trainer_no_flash,              // the preset
+  trainer_no_grad_accum_fusion,  // the preset
+  trainer_no_cp,                 // the preset
+  trainer_no_cp_a2a,             // the preset
+  trainer_no_ep,                 // the preset (field: ep or etp)
+  trainer_no_zero_stage,         // the preset, the stage, the preset's stages as a bit mask
+  trainer_even_stages,           // the preset
+  trainer_even_chunks,           // the preset
 };
 
 struct PlanRejection {
@@ -72,11 +89,17 @@ struct PlanRejection {
 };
 
 // The first problem of the plan for the model on the cluster, or none.
-// Checks, in order: positive sizes, ZeRO stage range, sequence length, TP
+// Checks, in order: positive sizes, ZeRO stage range, sequence length, what
+// the plan's trainer can run (check_trainer), TP
 // divides heads / kv heads / FFN, CP's chunks and heads, the experts,
 // latent attention, the stage split, interleaving, SP, TP x CP x PP x DP
 // against the GPUs, batch divisibility. Allocation-free.
 std::optional<PlanRejection> check_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster);
+
+// What of the plan `trainer` cannot run, or none: the one statement of the
+// presets' limits (trainers/*.json can_run), which a plan file and the plan
+// of the flags both meet through check_plan. Allocation-free.
+std::optional<PlanRejection> check_trainer(const ParallelPlan& plan, const TrainerPreset& trainer);
 
 // What is wrong, in the plan's own words (no flag, no key, no fix): "TP 3
 // does not divide the 64 attention heads of Llama 3 70B".

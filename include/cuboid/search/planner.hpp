@@ -83,20 +83,9 @@ std::int64_t default_global_batch(std::int64_t seq_length, int total_gpus);
 struct Rejection {
   enum class Kind : std::uint8_t {
     plan,                        // check_plan refused it: `plan`
-    // The trainer's limits (fields: the option that asks for it; values as listed).
+    // The trainer the options name is not a preset (the plan's own limits are
+    // check_trainer's, under `plan`).
     unknown_trainer,             // -
-    trainer_no_pipeline,         // -
-    trainer_no_sp,               // -
-    trainer_no_selective,        // -
-    trainer_no_interleaved,      // - (field: schedule or virtual_stages)
-    trainer_no_flash,            // -
-    trainer_no_grad_accum_fusion,  // -
-    trainer_no_cp,               // - (field: cp or cp_comm)
-    trainer_no_cp_a2a,           // -
-    trainer_no_ep,               // - (field: ep or etp)
-    trainer_no_zero_stage,       // the stage, the trainer's stages as a bit mask
-    trainer_even_stages,         // -
-    trainer_even_chunks,         // -
     // A fixed size (field) that does not divide the GPUs: the size, the GPUs.
     fixed_not_dividing_gpus,
     // No proposed first/last-stage split: layers, PP, virtual stages.
@@ -155,8 +144,9 @@ void attach_other_orders(Estimate& e, const SearchResult& r);
 // The options' trainer preset; PlanRejected (unknown_trainer) when unknown.
 const TrainerPreset& trainer_of(const PlannerOptions& options);
 // PlanRejected when an option asks for what the trainer cannot run (e.g.
-// sequence parallelism with megatron-2021).
-void check_trainer_options(const PlannerOptions& options);
+// sequence parallelism with megatron-2021): check_trainer of the options'
+// plan (complete_plan), where a given CP exchange asks for CP.
+void check_trainer_options(const ModelSpec& model, const Cluster& cluster, const PlannerOptions& options);
 // The trainer settings every plan of these options gets.
 TrainerSettings trainer_settings(const PlannerOptions& options);
 
