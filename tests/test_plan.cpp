@@ -14,7 +14,8 @@ using namespace cuboid;
 using namespace cuboid::test;
 using cuboid::cli::flag_fix;
 using cuboid::cli::flag_of;
-using cuboid::cli::validate_plan;
+using cuboid::cli::flag_fix;
+using cuboid::cli::flag_of;
 
 namespace {
 
@@ -39,11 +40,9 @@ ParallelPlan seed_plan() {
 }
 
 std::string error_of(const ParallelPlan& p, const ModelSpec& m = llama3_70b(), const Cluster& c = four_dgx()) {
-  try {
-    validate_plan(p, m, c);
-  } catch (const InputError& e) {
-    return e.what();
-  }
+  // As the command line words check_plan's refusal: the flag, the problem and the flag's fix.
+  if (auto r = check_plan(p, m, c))
+    return InputError("command line", std::string(flag_of(r->field)), describe(*r, m, c), flag_fix(*r)).what();
   return "";
 }
 
@@ -113,7 +112,7 @@ TEST_CASE("rank order parsing errors") {
   CHECK(parse_schedule("1f1b", "c", "f") == Schedule::one_f_one_b);
 }
 
-TEST_CASE("validate_plan names the flag and the fix") {
+TEST_CASE("check_plan's refusals, worded for the command line, name the flag and the fix") {
   ParallelPlan p = seed_plan();
   SUBCASE("heads not divisible by TP") {
     p.tp = 3;

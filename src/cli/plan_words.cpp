@@ -138,12 +138,6 @@ std::string flag_fix(const PlanRejection& r) {
   }
 }
 
-void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster,
-                   const std::string& source) {
-  if (auto r = check_plan(plan, model, cluster))
-    throw InputError(source, std::string(flag_of(r->field)), describe(*r, model, cluster), flag_fix(*r));
-}
-
 InputError worded(const PlanRejected& refused) {
   const auto [flag, fix] = option_words(refused.rejection());
   return InputError(refused.source(), flag, refused.problem(), fix);

@@ -19,9 +19,6 @@ namespace cuboid::cli {
 std::string_view flag_of(PlanField field);
 // The fix of check_plan's refusal, in flags.
 std::string flag_fix(const PlanRejection& rejection);
-// check_plan, thrown as InputError(source, flag, problem, fix).
-void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster,
-                   const std::string& source = "command line");
 // The planner's refusal of its options with the flag and the fix.
 InputError worded(const PlanRejected& refused);
 // The search's skip counts as the lines `cuboid plan` prints ("invalid for
