@@ -130,6 +130,7 @@ TEST_CASE("over a sweep's card: measured entries replace the same keys, the rest
       calibration_from_runs({measurements_from_json(j, kRun)}, &sweep, Statistic::median, "t");
   const Calibration& cal = rc.calibration;
   CHECK(cal.device == sweep.device);
+  CHECK(cal.created_by == sweep.created_by + "; measured entries from runs: t");
   CHECK(cal.ranks_per_core == 2);
   const GemmSample* measured = find_gemm(cal, want.begin()->first);
   REQUIRE(measured != nullptr);

@@ -106,7 +106,10 @@ RunCalibration calibration_from_runs(const std::vector<Measurements>& runs, cons
     cal.ranks_per_core = 1;  // the step's own times: core sharing is in them
     for (const Measurements& m : runs) cal.ranks = std::max(cal.ranks, m.plan.world_size);
   }
-  cal.created_by = created_by;
+  // A sweep's card keeps its own command beside the one that overlaid it.
+  cal.created_by = base != nullptr && !base->created_by.empty()
+                       ? base->created_by + "; measured entries from runs: " + created_by
+                       : created_by;
   if (runs.front().host) cal.host = runs.front().host;
   for (const Measurements& m : runs)
     if (m.host && runs.front().host && *m.host != *runs.front().host)
