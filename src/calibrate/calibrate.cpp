@@ -21,6 +21,7 @@
 #include "cuboid/core/cluster.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/files.hpp"
+#include "cuboid/core/host.hpp"
 #include "cuboid/core/json_reader.hpp"
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/launch.hpp"
@@ -339,6 +340,7 @@ int run_calibrate(const CalibrateOptions& o) {
   cal.ranks = world.exchange->size();
   cal.activation_bytes_per_element = static_cast<int>(exec::dtype_bytes(backend->compute_dtype()));
   cal.ranks_per_core = share.ranks_per_core;
+  if (const HostInfo host = read_host_info(); !host.empty()) cal.host = host;
   std::vector<std::string> rejected, adjusted;
   cal = fit_all(combined, std::move(cal), rejected, adjusted);
   print_fits(cal, rejected, adjusted);

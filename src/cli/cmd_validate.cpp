@@ -36,6 +36,7 @@ void run_validate(const ValidateFlags& f) {
   const PlanFile pf = read_plan_file(f.plan_path);
   const Cluster cluster = load_cluster(f.cluster_path, pf.nodes);
   const Measurements m = load_measurements(f.measurements_path);
+  if (const std::string w = host_mismatch_warning(cluster, m); !w.empty()) std::cerr << w << "\n";
   const ValidationReport r = validate_measurements(pf, cluster, m, f.tolerance, stat);
   if (f.json)
     std::cout << validation_to_json(r).dump(2) << "\n";

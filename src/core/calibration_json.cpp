@@ -131,6 +131,7 @@ void read_gemms(JsonReader& r, const std::string& source, Calibration& cal) {
              "re-run the measurement: a timer or the benchmark failed");
     }
     s.time_ns = t_us * kNsPerUs;
+    s.source = g.optional_string("source").value_or("");
     g.reject_unknown();
     for (std::size_t j = 0; j < cal.gemms.size(); ++j) {
       const GemmSample& o = cal.gemms[j];
@@ -154,6 +155,7 @@ void read_kernels(JsonReader& r, const std::string& source, Calibration& cal) {
     JsonReader k = element(v, source, f);
     std::vector<SizeSample> samples = read_samples(k, source, f, "bytes");
     KernelCalibration kc = fit_kernel(std::move(samples), source, f);
+    kc.source = k.optional_string("source").value_or("");
     check_stored(k, "alpha_us", k.number("alpha_us"), kc.fit.alpha_ns / kNsPerUs, alpha_tolerance_us(kc.samples), "us");
     const double bw = 1.0 / kc.fit.ns_per_byte;
     check_stored(k, "bandwidth_GBps", k.number("bandwidth_GBps"), bw, kRefitRelTolerance * bw, "GB/s");
@@ -184,6 +186,7 @@ void read_collectives(JsonReader& r, const std::string& source, Calibration& cal
     seen.push_back(key);
     std::vector<SizeSample> samples = read_samples(c, source, f, "size_bytes");
     CollectiveCalibration cc = fit_collective(key.collective, key.group_size, std::move(samples), source, f);
+    cc.source = c.optional_string("source").value_or("");
     check_stored(c, "alpha_us", c.number("alpha_us"), cc.alpha_ns / kNsPerUs, alpha_tolerance_us(cc.samples), "us");
     check_stored(c, "busbw_GBps", c.number("busbw_GBps"), cc.busbw_GBps, kRefitRelTolerance * cc.busbw_GBps, "GB/s");
     c.reject_unknown({"rms_residual", "max_abs_residual"});
@@ -202,9 +205,12 @@ nlohmann::json calibration_to_json(const Calibration& cal) {
   j["ranks"] = cal.ranks;
   j["activation_bytes_per_element"] = cal.activation_bytes_per_element;
   j["ranks_per_core"] = cal.ranks_per_core;
+  if (cal.host) j["host"] = host_to_json(*cal.host);
   nlohmann::json gemms = nlohmann::json::array();
   for (const GemmSample& g : cal.gemms) {
-    gemms.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}, {"time_us", g.time_ns / kNsPerUs}});
+    nlohmann::json e = {{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}, {"time_us", g.time_ns / kNsPerUs}};
+    if (!g.source.empty()) e["source"] = g.source;
+    gemms.push_back(std::move(e));
   }
   j["gemms"] = std::move(gemms);
   nlohmann::json kernels = nlohmann::json::object();
@@ -213,6 +219,7 @@ nlohmann::json calibration_to_json(const Calibration& cal) {
     fit_json(k, kc.fit);
     k["bandwidth_GBps"] = 1.0 / kc.fit.ns_per_byte;
     k["samples"] = samples_json(kc.samples, kc.fit, "bytes");
+    if (!kc.source.empty()) k["source"] = kc.source;
     kernels[name] = std::move(k);
   }
   j["kernels"] = std::move(kernels);
@@ -225,6 +232,7 @@ nlohmann::json calibration_to_json(const Calibration& cal) {
     fit_json(c, cc.fit);
     c["busbw_GBps"] = cc.busbw_GBps;
     c["samples"] = samples_json(cc.samples, cc.fit, "size_bytes");
+    if (!cc.source.empty()) c["source"] = cc.source;
     collectives.push_back(std::move(c));
   }
   j["collectives"] = std::move(collectives);
@@ -266,6 +274,8 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& so
            "only cpu ranks share cores; give 1");
   }
   cal.ranks_per_core = share;
+  // Cards written before the field: no host.
+  if (r.has("host")) cal.host = host_from_json(r.raw("host"), source, std::string(kRoot) + ".host");
   read_gemms(r, source, cal);
   read_kernels(r, source, cal);
   read_collectives(r, source, cal);

@@ -15,6 +15,7 @@
 
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/files.hpp"
+#include "cuboid/core/host.hpp"
 #include "cuboid/exec/check.hpp"
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/host_exchange.hpp"
@@ -432,6 +433,7 @@ nlohmann::json measurements(const RunContext& run, const Backend& backend, const
                         {"mpi_library", mpi_library_version()},
                         {"cuboid_version", CUBOID_VERSION},
                         {"hostnames", hosts}};
+  if (const HostInfo host = read_host_info(); !host.empty()) doc["environment"]["host"] = host_to_json(host);
   doc["steps"] = o.steps;
   doc["warmup"] = o.warmup;
   doc["timeout_s"] = o.timeout_s;

@@ -251,6 +251,7 @@ Measurements measurements_from_json(const nlohmann::json& j, const std::string& 
       m.hostnames.push_back(name.get<std::string>());
     }
   }
+  if (env.has("host")) m.host = host_from_json(env.raw("host"), source, "environment.host");
   m.steps = r.count<int>("steps");
   m.warmup = r.count<int>("warmup", 0);
   m.iteration_time_s = time_s(r, j, "iteration_time_s");

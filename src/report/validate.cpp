@@ -417,4 +417,13 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
   return rep;
 }
 
+std::string host_mismatch_warning(const Cluster& cluster, const Measurements& m) {
+  if (!cluster.calibration || !cluster.calibration->host || !m.host) return "";
+  const std::string diff = host_differences(*cluster.calibration->host, *m.host);
+  if (diff.empty()) return "";
+  return fmt::format("cuboid: warning: the card was calibrated on another host than {} ran on (card vs run: {}); "
+                     "host drift counts in the errors below",
+                     m.source, diff);
+}
+
 }  // namespace cuboid

@@ -41,6 +41,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cuboid/core/host.hpp"
 #include "cuboid/core/workload.hpp"
 
 namespace cuboid {
@@ -50,6 +51,9 @@ inline constexpr const char* kCalibrationSchema = "cuboid.calibration/1";
 struct GemmSample {
   std::int64_t m = 0, n = 0, k = 0, batch = 1;
   double time_ns = 0;  // median per call
+  // Where the figure came from: "sweep" or "measured in run <file>" (empty in
+  // cards written by the sweep alone, which is then the source).
+  std::string source = {};
 };
 
 struct SizeSample {
@@ -73,6 +77,7 @@ struct LinearFit {
 struct KernelCalibration {
   std::vector<SizeSample> samples;  // sorted by bytes
   LinearFit fit;
+  std::string source;               // as GemmSample::source, for the table
 };
 
 struct CollectiveKey {
@@ -87,6 +92,7 @@ struct CollectiveCalibration {
   LinearFit fit;                    // on size * bus_factor
   double alpha_ns = 0;              // = fit.alpha_ns
   double busbw_GBps = 0;            // = 1 / fit.ns_per_byte
+  std::string source;               // as GemmSample::source, for the table
 };
 
 struct Calibration {
@@ -101,6 +107,8 @@ struct Calibration {
   // calibrated_gemm_ns, calibrated_kernel_ns, best_gemm_flops_per_s).
   // Collectives are measured with the sharing in place and used as measured.
   double ranks_per_core = 1;
+  // The machine that measured (rank 0's host); absent in older cards.
+  std::optional<HostInfo> host;
   std::vector<GemmSample> gemms;                          // measured shapes
   std::map<std::string, KernelCalibration> kernels;       // by workload op name
   std::map<CollectiveKey, CollectiveCalibration> collectives;

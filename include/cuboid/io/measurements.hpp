@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cuboid/core/host.hpp"
 #include "cuboid/core/plan.hpp"
 #include "cuboid/core/workload.hpp"
 
@@ -103,6 +104,9 @@ struct Measurements {
   std::string backend;         // "cpu" | "cuda"
   std::string device;
   std::vector<std::string> hostnames;
+  // The machine of rank 0 (environment.host); absent in files written before
+  // `cuboid run` recorded it.
+  std::optional<HostInfo> host;
   int steps = 0, warmup = 0;
   double iteration_time_s = 0; // the slowest rank's median iteration
   std::vector<MeasuredRank> ranks;  // sorted by rank

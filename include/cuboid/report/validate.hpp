@@ -69,6 +69,12 @@ std::string card_backend(const Cluster& cluster);
 // on this cluster card; see the header comment.
 void check_measurements(const PlanFile& plan, const Cluster& cluster, const Measurements& m);
 
+// One line when the card's calibration and the measurements both record their
+// host and the hosts differ ("calibrated on another host: cpu_model 'A' vs
+// 'B'"); empty otherwise. A warning, not a refusal: the comparison is still
+// made, but host drift then counts in its error.
+std::string host_mismatch_warning(const Cluster& cluster, const Measurements& m);
+
 struct ComponentRow {
   std::string component;
   double predicted_s = 0;

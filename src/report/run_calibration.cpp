@@ -1,0 +1,204 @@
+// Calibration from what `cuboid run` measured inside the step (run_calibration.hpp).
+#include "cuboid/report/run_calibration.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "cuboid/core/error.hpp"
+#include "cuboid/report/validate.hpp"
+
+namespace cuboid {
+
+namespace {
+
+const std::string kSweep = "sweep";
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Times measured for one key, and the files they came from.
+struct Figures {
+  std::vector<double> times_ns;
+  std::set<std::string> files;
+
+  void add(double t, const std::string& file) {
+    times_ns.push_back(t);
+    files.insert(file);
+  }
+  std::string source() const {
+    std::string list;
+    for (const std::string& f : files) list += (list.empty() ? "" : ", ") + f;
+    return (files.size() == 1 ? "measured in run " : "measured in runs ") + list;
+  }
+};
+
+using GemmKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
+
+bool executor_only(const std::string& name) {
+  for (const NamedReason& r : executor_only_ops())
+    if (name == r.name) return true;
+  return false;
+}
+
+bool single_node(const Measurements& m) {
+  for (const MeasuredRank& r : m.ranks)
+    if (r.coord.node != m.ranks.front().coord.node) return false;
+  return true;
+}
+
+// The measured samples of one table merged into the base card's: a measured
+// size replaces the sweep's sample of that size, and a sweep sample that
+// contradicts a measured one (slower below it, faster above it) is dropped,
+// since the measured figures win. Returns the samples sorted by size.
+std::vector<SizeSample> merge_samples(const std::vector<SizeSample>& sweep, std::vector<SizeSample> measured,
+                                      int& dropped) {
+  std::sort(measured.begin(), measured.end(), [](const SizeSample& a, const SizeSample& b) { return a.bytes < b.bytes; });
+  std::vector<SizeSample> out = measured;
+  dropped = 0;
+  for (const SizeSample& s : sweep) {
+    bool keep = true;
+    for (const SizeSample& m : measured) {
+      if (s.bytes == m.bytes || (s.bytes < m.bytes && s.time_ns > m.time_ns) ||
+          (s.bytes > m.bytes && s.time_ns < m.time_ns))
+        keep = false;
+    }
+    if (keep)
+      out.push_back(s);
+    else
+      ++dropped;
+  }
+  std::stable_sort(out.begin(), out.end(), [](const SizeSample& a, const SizeSample& b) { return a.bytes < b.bytes; });
+  return out;
+}
+
+}  // namespace
+
+RunCalibration calibration_from_runs(const std::vector<Measurements>& runs, const Calibration* base, Statistic stat,
+                                     const std::string& created_by) {
+  if (runs.empty())
+    throw InputError("command line", "--from-measurements", "no measurements file given",
+                     "give one or more files written by cuboid run --out");
+  for (const Measurements& m : runs) {
+    if (m.backend != runs.front().backend)
+      throw InputError(m.source, "environment.backend",
+                       fmt::format("is {}, but {} ran on {}", m.backend, runs.front().source, runs.front().backend),
+                       "calibrate from runs of one backend");
+    if (base != nullptr && m.backend != base->backend)
+      throw InputError(m.source, "environment.backend",
+                       fmt::format("is {}, but the card passed with --cluster was calibrated on {}", m.backend,
+                                   base->backend),
+                       "give a card calibrated on the run's backend, or one without a calibration section");
+  }
+  RunCalibration out;
+  Calibration& cal = out.calibration;
+  if (base != nullptr) cal = *base;
+  cal.backend = runs.front().backend;
+  if (base == nullptr) {
+    cal.device = runs.front().device.empty() ? cal.backend : runs.front().device;
+    cal.activation_bytes_per_element = cal.backend == "cpu" ? 4 : 2;
+    cal.ranks_per_core = 1;  // the step's own times: core sharing is in them
+    for (const Measurements& m : runs) cal.ranks = std::max(cal.ranks, m.plan.world_size);
+  }
+  // A sweep's card keeps its own command beside the one that overlaid it.
+  cal.created_by = base != nullptr && !base->created_by.empty()
+                       ? base->created_by + "; measured entries from runs: " + created_by
+                       : created_by;
+  if (runs.front().host) cal.host = runs.front().host;
+  for (const Measurements& m : runs)
+    if (m.host && runs.front().host && *m.host != *runs.front().host)
+      out.notes.push_back(fmt::format("{} ran on another host than {} ({}); the card records the first", m.source,
+                                      runs.front().source, host_differences(*runs.front().host, *m.host)));
+
+  std::map<GemmKey, Figures> gemms;
+  std::map<CollectiveKey, std::map<double, Figures>> collectives;
+  std::set<std::string> skipped;
+  for (const Measurements& m : runs) {
+    const bool one_node = single_node(m);
+    if (!one_node) out.notes.push_back(m.source + ": ranks on several nodes; its collectives are not taken (tier)");
+    for (const MeasuredRank& r : m.ranks) {
+      for (const MeasuredOp& op : r.ops) {
+        if (op.calls_per_step <= 0 || executor_only(op.name)) continue;
+        const double per_call_ns = pick(op.time_per_step, stat) * 1e9 / static_cast<double>(op.calls_per_step);
+        if (!(per_call_ns > 0)) {
+          skipped.insert(op.name + " (a time of 0)");
+          continue;
+        }
+        if (op.kind == OpKind::gemm) {
+          gemms[{op.m, op.n, op.k, op.batch}].add(per_call_ns / cal.ranks_per_core, m.source);
+        } else if (op.kind == OpKind::collective && one_node && op.collective && op.group_size >= 2 &&
+                   op.bytes_per_call > 0) {
+          collectives[CollectiveKey{*op.collective, "intra_node", op.group_size}][op.bytes_per_call].add(per_call_ns,
+                                                                                                         m.source);
+        }
+      }
+    }
+  }
+
+  for (GemmSample& g : cal.gemms)
+    if (g.source.empty()) g.source = kSweep;
+  for (const auto& [key, f] : gemms) {
+    const auto [mm, n, k, batch] = key;
+    GemmSample s{mm, n, k, batch, median_of(f.times_ns), f.source()};
+    const auto same = std::find_if(cal.gemms.begin(), cal.gemms.end(), [&](const GemmSample& g) {
+      return g.m == mm && g.n == n && g.k == k && g.batch == batch;
+    });
+    if (same != cal.gemms.end())
+      *same = s;
+    else
+      cal.gemms.push_back(s);
+    ++out.gemms_measured;
+  }
+  for (auto& [name, kc] : cal.kernels)
+    if (kc.source.empty()) kc.source = kSweep;
+  for (auto& [key, cc] : cal.collectives)
+    if (cc.source.empty()) cc.source = kSweep;
+
+  for (const auto& [key, by_size] : collectives) {
+    const std::string field =
+        fmt::format("collectives.{}.{}.{}", to_string(key.collective), key.tier, key.group_size);
+    std::vector<SizeSample> measured;
+    std::set<std::string> files;
+    for (const auto& [bytes, f] : by_size) {
+      measured.push_back(SizeSample{bytes, median_of(f.times_ns)});
+      files.insert(f.files.begin(), f.files.end());
+    }
+    if (const int pooled = make_monotone(measured); pooled > 0)
+      out.notes.push_back(fmt::format("{}: {} of {} measured times pooled (time fell as the size grew)", field, pooled,
+                                      measured.size()));
+    const auto it = cal.collectives.find(key);
+    int dropped = 0;
+    std::vector<SizeSample> samples =
+        merge_samples(it != cal.collectives.end() ? it->second.samples : std::vector<SizeSample>{}, measured, dropped);
+    if (dropped > 0)
+      out.notes.push_back(fmt::format("{}: {} sweep samples dropped (the measured times contradict them)", field,
+                                      dropped));
+    Figures names;
+    for (const std::string& f : files) names.files.insert(f);
+    try {
+      CollectiveCalibration cc = fit_collective(key.collective, key.group_size, samples, "cuboid calibrate", field);
+      cc.source = names.source() + (it != cal.collectives.end() && samples.size() > measured.size()
+                                        ? fmt::format(" ({} sizes; the other sizes: sweep)", measured.size())
+                                        : "");
+      cal.collectives[key] = std::move(cc);
+      out.collective_samples += static_cast<int>(measured.size());
+    } catch (const InputError& e) {
+      out.notes.push_back(fmt::format("{}: not calibrated from the runs ({}){}", field, e.what(),
+                                      it != cal.collectives.end() ? "; the sweep's table stays" : ""));
+    }
+  }
+  for (const std::string& s : skipped) out.notes.push_back("not taken: " + s);
+  if (out.gemms_measured == 0 && out.collective_samples == 0)
+    throw InputError(runs.front().source, "ranks[].ops",
+                     "has no GEMM or collective time to calibrate from",
+                     "give a measurements file of a run that timed its ops (cuboid run --out)");
+  return out;
+}
+
+}  // namespace cuboid
