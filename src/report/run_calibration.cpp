@@ -146,8 +146,8 @@ RunCalibration calibration_from_runs(const std::vector<Measurements>& runs, cons
   for (const auto& [key, f] : gemms) {
     const auto [mm, n, k, batch] = key;
     GemmSample s{mm, n, k, batch, median_of(f.times_ns), f.source()};
-    const auto same = std::find_if(cal.gemms.begin(), cal.gemms.end(), [&](const GemmSample& g) {
-      return g.m == mm && g.n == n && g.k == k && g.batch == batch;
+    const auto same = std::find_if(cal.gemms.begin(), cal.gemms.end(), [&s](const GemmSample& g) {
+      return g.m == s.m && g.n == s.n && g.k == s.k && g.batch == s.batch;
     });
     if (same != cal.gemms.end())
       *same = s;
