@@ -11,13 +11,6 @@
 
 namespace cuboid::calibrate {
 
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 namespace {
 
 // Hands out consecutive slices of one pool, wrapping at its end, so a slice

@@ -15,6 +15,7 @@
 
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/files.hpp"
+#include "cuboid/core/stats.hpp"
 #include "cuboid/core/host.hpp"
 #include "cuboid/exec/check.hpp"
 #include "cuboid/exec/exec_error.hpp"
@@ -93,19 +94,12 @@ Fault parse_fault(const std::string& s) {
   throw InputError(kCl, "--inject-fault", "'" + s + "' is not a fault", "use flip-shard, hang:RANK, kill:RANK, throw:RANK or stall-setup:RANK");
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 nlohmann::json stats_json(const std::vector<double>& v) {
   if (v.empty()) return {{"median_s", 0}, {"min_s", 0}, {"max_s", 0}, {"mean_s", 0}, {"stddev_s", 0}};
   const double mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
   double var = 0;
   for (double x : v) var += (x - mean) * (x - mean);
-  return {{"median_s", median(v)},
+  return {{"median_s", median_of(v)},
           {"min_s", *std::min_element(v.begin(), v.end())},
           {"max_s", *std::max_element(v.begin(), v.end())},
           {"mean_s", mean},
@@ -118,7 +112,7 @@ nlohmann::json rank_json(const World& world, const ProcessGroups& g, const StepR
   double compute = 0, comm = 0, flops = 0;
   for (const auto& [name, st] : timer.stats()) {
     const OpDesc& d = st.desc;
-    const double med = median(st.step_seconds);
+    const double med = median_of(st.step_seconds);
     nlohmann::json j = {{"name", name},
                         {"kind", std::string(to_string(d.kind))},
                         {"pass", d.pass == Pass::forward ? "forward" : "backward"},
@@ -140,7 +134,7 @@ nlohmann::json rank_json(const World& world, const ProcessGroups& g, const StepR
     (d.kind == OpKind::collective || d.kind == OpKind::p2p ? comm : compute) += med;
     ops.push_back(std::move(j));
   }
-  const double iter = median(timer.step_seconds());
+  const double iter = median_of(timer.step_seconds());
   nlohmann::json loss = nlohmann::json::array();
   for (double l : losses) loss.push_back(std::isnan(l) ? nlohmann::json() : nlohmann::json(l));
   return {{"rank", g.world->rank()},

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/stats.hpp"
 #include "cuboid/report/validate.hpp"
 
 namespace cuboid {
@@ -16,12 +17,6 @@ namespace cuboid {
 namespace {
 
 const std::string kSweep = "sweep";
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Times measured for one key, and the files they came from.
 struct Figures {

@@ -13,6 +13,7 @@
 
 #include "cuboid/calibrate/sweep_plan.hpp"
 #include "cuboid/core/calibration.hpp"
+#include "cuboid/core/stats.hpp"
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/communicator.hpp"
 
@@ -52,7 +53,5 @@ std::vector<GemmSample> run_gemm_sweep(exec::Backend& backend, exec::Communicato
                                        const std::vector<GemmProblem>& shapes, const GemmSweepOptions& options,
                                        exec::Watchdog* watchdog);
 
-// The median of `v` (0 for an empty vector): a sample from its timed calls.
-double median_of(std::vector<double> v);
 
 }  // namespace cuboid::calibrate
