@@ -202,11 +202,7 @@ static double as_number(const JsonReader& r, std::string_view key, const nlohman
 
 std::int64_t JsonReader::integer(std::string_view key) { return as_integer(*this, key, get(key)); }
 
-std::int64_t JsonReader::positive_integer(std::string_view key) {
-  std::int64_t v = integer(key);
-  if (v <= 0) fail(key, "must be positive, got " + std::to_string(v), "give a value >= 1");
-  return v;
-}
+std::int64_t JsonReader::positive_integer(std::string_view key) { return count<std::int64_t>(key); }
 
 std::int64_t JsonReader::integer_in(std::string_view key, std::int64_t lo, std::int64_t hi) {
   const std::int64_t v = integer(key);

@@ -17,7 +17,7 @@ using K = Rejection::Kind;
   throw PlanRejected(r, describe(r, model, cluster, o));
 }
 
-std::string unknown_trainer_words(const PlannerOptions& o) { return "unknown trainer \"" + o.trainer.value_or("") + "\""; }
+std::string unknown_trainer_words(const PlannerOptions& o) { return "unknown trainer " + quote_value(o.trainer.value_or("")); }
 
 std::string_view size_name(PlanField field) {
   switch (field) {
