@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -127,26 +128,31 @@ bool is_input_file(const std::filesystem::path& path) {
 
 namespace {
 
+// Why the existing file at `path` must not be replaced by an output (a
+// folder, a device, an input of the command, a read-only file), or none.
+struct Refusal {
+  std::string problem;
+  std::string fix;
+};
+std::optional<Refusal> why_not_replace(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  if (S_ISDIR(st.st_mode))
+    return Refusal{"is a folder, not a file",
+                   "give a file name inside it, e.g. " + (std::filesystem::path(path) / "out.json").string()};
+  if (!S_ISREG(st.st_mode)) return Refusal{"is " + what_kind(st.st_mode) + ", not a regular file", "give the path of a regular file"};
+  if (const FileId* in = find_input(st))
+    return Refusal{"is the input " + in->path + "; writing it would destroy what the command reads", "write to another file"};
+  if (read_only(path, st)) return Refusal{"is read-only; cuboid does not replace it", "make it writable, remove it, or write elsewhere"};
+  return std::nullopt;
+}
+
 // One output's own checks (those that need no other output).
 void check_one_output(const OutputPath& o) {
   const std::string cl = "command line";
   const char* flag = o.flag.c_str();
   if (o.path.empty()) throw InputError(cl, flag, "empty file name", "give a file name, e.g. " + o.flag + " out.json");
-  struct stat st {};
-  if (::stat(o.path.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode))
-      throw InputError(cl, flag, o.path + " is a folder, not a file",
-                       "give a file name inside it, e.g. " + (std::filesystem::path(o.path) / "out.json").string());
-    if (!S_ISREG(st.st_mode))
-      throw InputError(cl, flag, o.path + " is " + what_kind(st.st_mode) + ", not a regular file",
-                       "give the path of a regular file");
-    if (const FileId* in = find_input(st))
-      throw InputError(cl, flag, o.path + " is the input " + in->path + "; writing it would destroy what the command reads",
-                       "write to another file");
-    if (read_only(o.path, st))
-      throw InputError(cl, flag, o.path + " is read-only; cuboid does not replace it",
-                       "make it writable, remove it, or write elsewhere");
-  }
+  if (auto why = why_not_replace(o.path)) throw InputError(cl, flag, o.path + " " + why->problem, why->fix);
   std::error_code ec;
   const std::filesystem::path dir = std::filesystem::absolute(o.path, ec).parent_path();
   struct stat dst {};
@@ -190,14 +196,7 @@ void write_output_file(const std::filesystem::path& path, const std::string& con
   if (!std::filesystem::is_directory(dir, ec))
     throw InputError(where, "", "directory " + dir.string() + " does not exist",
                      "create the directory first, or write to an existing one");
-  struct stat st {};
-  if (::stat(where.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) throw InputError(where, "", "is a directory", "give a file name, e.g. " + (path / "out.json").string());
-    if (!S_ISREG(st.st_mode))
-      throw InputError(where, "", "is " + what_kind(st.st_mode) + ", not a regular file", "write to a regular file");
-    if (find_input(st) != nullptr) throw InputError(where, "", "is one of the command's inputs", "write to another file");
-    if (read_only(where, st)) throw InputError(where, "", "is read-only; cuboid does not replace it", "make it writable, remove it, or write elsewhere");
-  }
+  if (auto why = why_not_replace(where)) throw InputError(where, "", why->problem, why->fix);
 
   std::string tmpl = (dir / ("." + path.filename().string() + ".tmp.XXXXXX")).string();
   const int fd = ::mkstemp(tmpl.data());
