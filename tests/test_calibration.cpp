@@ -327,8 +327,8 @@ TEST_CASE("the JSON reader rejects bad calibrations, naming the field") {
         "card.json: calibration.collectives[2].tier: unknown value \"nvlink\" "
         "(fix: use one of intra_node|inter_node)");
   CHECK(bad([](nlohmann::json& j) { j["collectives"][2] = j["collectives"][0]; }) ==
-        "card.json: calibration.collectives[2]: the same collective, tier and group size as calibration.collectives[0] "
-        "(fix: keep one sweep per (collective, tier, group_size))");
+        "card.json: calibration.collectives[2]: the same collective, tier, group size and buffers as "
+        "calibration.collectives[0] (fix: keep one sweep per (collective, tier, group_size, buffers))");
   CHECK(bad([](nlohmann::json& j) { j["gemms"][3] = j["gemms"][1]; }) ==
         "card.json: calibration.gemms[3]: the same shape as calibration.gemms[1] (fix: keep one median per shape)");
   CHECK(bad([](nlohmann::json& j) { j["gemms"][0]["time_us"] = 0; }) ==
@@ -523,6 +523,50 @@ TEST_CASE("kernel and collective lookups interpolate the samples in range, the f
   const std::vector<SizeSample> dup{{100, 10}, {100, 30}, {400, 80}};
   CHECK(*interpolate_samples(dup, 100) == doctest::Approx(20));
   CHECK(*interpolate_samples(dup, 200) == doctest::Approx(40));
+}
+
+TEST_CASE("collective tables in two cache states: the DP lookup takes the cold one, else the hot one") {
+  const std::vector<SizeSample> hot{{1 << 20, 100000}, {4 << 20, 400000}};
+  const std::vector<SizeSample> cold{{1 << 20, 150000}, {4 << 20, 800000}};
+  Calibration cal;
+  cal.backend = "cpu";
+  cal.device = "cpu";
+  cal.ranks = 2;
+  cal.collectives[CollectiveKey{Collective::all_reduce, "intra_node", 2}] =
+      fit_collective(Collective::all_reduce, 2, hot, "cal", "hot");
+  // A card with the hot table alone (older cards): both lookups take it.
+  CHECK(*calibrated_collective_ns(cal, Collective::all_reduce, "intra_node", 2, 4 << 20, true) == 400000);
+  cal.collectives[CollectiveKey{Collective::all_reduce, "intra_node", 2, true}] =
+      fit_collective(Collective::all_reduce, 2, cold, "cal", "cold");
+  CHECK(*calibrated_collective_ns(cal, Collective::all_reduce, "intra_node", 2, 4 << 20) == 400000);
+  CHECK(*calibrated_collective_ns(cal, Collective::all_reduce, "intra_node", 2, 4 << 20, true) == 800000);
+  // The cold table alone: the hot lookup takes it too.
+  Calibration only_cold = cal;
+  only_cold.collectives.erase(CollectiveKey{Collective::all_reduce, "intra_node", 2});
+  CHECK(*calibrated_collective_ns(only_cold, Collective::all_reduce, "intra_node", 2, 1 << 20) == 150000);
+  // JSON: "buffers": "cold" on the cold table, absent on the hot one; the
+  // GEMM sweep's operand pool recorded; both read back.
+  cal.gemm_operand_pool_bytes = 22413312;
+  const nlohmann::json j = calibration_to_json(cal);
+  CHECK(j["gemm_operand_pool_bytes"] == 22413312.0);
+  CHECK(!j["collectives"][0].contains("buffers"));
+  CHECK(j["collectives"][1]["buffers"] == "cold");
+  const Calibration back = calibration_from_json(j, "card.json");
+  CHECK(back.gemm_operand_pool_bytes == 22413312.0);
+  CHECK(back.collectives.size() == 2);
+  CHECK(back.collectives.count(CollectiveKey{Collective::all_reduce, "intra_node", 2, true}) == 1);
+  // The same table twice in one state is refused; an unknown state too.
+  nlohmann::json twice = j;
+  twice["collectives"][0]["buffers"] = "cold";
+  CHECK_THROWS_WITH_AS(calibration_from_json(twice, "card.json"),
+                       doctest::Contains("the same collective, tier, group size and buffers"), InputError);
+  nlohmann::json warm = j;
+  warm["collectives"][1]["buffers"] = "warm";
+  CHECK_THROWS_WITH_AS(calibration_from_json(warm, "card.json"), doctest::Contains("buffers"), InputError);
+  nlohmann::json pool = j;
+  pool["gemm_operand_pool_bytes"] = 0;
+  CHECK_THROWS_WITH_AS(calibration_from_json(pool, "card.json"), doctest::Contains("gemm_operand_pool_bytes"),
+                       InputError);
 }
 
 TEST_CASE("activation element size: JSON, defaults by backend, and the bytes collectives move") {

@@ -103,6 +103,7 @@ TEST_CASE("collective samples are the run's per-call times at its buffer bytes; 
   for (const auto& [key, cc] : rc.calibration.collectives) {
     CHECK(key.tier == "intra_node");
     CHECK(key.group_size == 2);
+    CHECK(!key.cold);  // TP 2's exchanges: the hot table (only DP collectives are cold)
     CHECK(key.collective != Collective::send_recv);
     CHECK(cc.source == "measured in run " + kRun);
     for (const SizeSample& s : cc.samples) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -98,8 +99,10 @@ nlohmann::json calibrated_card(const CalibrateOptions& o, const Calibration& cal
 void print_collective_tables(const Combined& c, const std::string& type) {
   for (const auto& [key, table] : c.collectives) {
     const bool reduces = key.collective == Collective::all_reduce || key.collective == Collective::reduce_scatter;
-    std::cout << fmt::format("#\n# {}: {} groups of {} ranks ({}), {}\n#\n", to_string(key.collective), table.group,
-                             key.group_size, key.tier, type);
+    std::cout << fmt::format("#\n# {}: {} groups of {} ranks ({}), {}, {}\n#\n", to_string(key.collective),
+                             table.group, key.group_size, key.tier, type,
+                             key.cold ? "cold buffers (as the DP collectives find them)"
+                                      : "hot buffers (as the layers' exchanges find them)");
     std::cout << nccl_table_header();
     double busbw_sum = 0;
     for (const CollectiveRow& r : table.rows) {
@@ -145,7 +148,8 @@ Calibration fit_all(const Combined& c, Calibration cal, std::vector<std::string>
   for (const auto& [key, table] : c.collectives) {
     std::vector<SizeSample> samples;
     for (const CollectiveRow& r : table.rows) samples.push_back(SizeSample{static_cast<double>(r.size_bytes), r.time_ns});
-    const std::string field = fmt::format("collectives.{}.{}.{}", to_string(key.collective), key.tier, key.group_size);
+    const std::string field = fmt::format("collectives.{}.{}.{}{}", to_string(key.collective), key.tier,
+                                          key.group_size, key.cold ? ".cold" : "");
     samples = monotone(std::move(samples), field, adjusted);
     try {
       cal.collectives[key] = fit_collective(key.collective, key.group_size, samples, "cuboid calibrate", field);
@@ -159,11 +163,12 @@ Calibration fit_all(const Combined& c, Calibration cal, std::vector<std::string>
 void print_fits(const Calibration& cal, const std::vector<std::string>& rejected,
                 const std::vector<std::string>& adjusted) {
   std::cout << "\nfits: collectives, time = alpha + size * bus_factor / busbw\n";
-  std::cout << fmt::format("{:<16} {:<11} {:>5} {:>10} {:>11} {:>10} {:>8}\n", "collective", "tier", "ranks",
-                           "alpha(us)", "busbw(GB/s)", "max|res|", "samples");
+  std::cout << fmt::format("{:<16} {:<11} {:>5} {:<7} {:>10} {:>11} {:>10} {:>8}\n", "collective", "tier", "ranks",
+                           "buffers", "alpha(us)", "busbw(GB/s)", "max|res|", "samples");
   for (const auto& [key, f] : cal.collectives)
-    std::cout << fmt::format("{:<16} {:<11} {:>5} {:>10.2f} {:>11.3f} {:>9.1f}% {:>8}\n", to_string(key.collective),
-                             key.tier, key.group_size, f.alpha_ns * 1e-3, f.busbw_GBps,
+    std::cout << fmt::format("{:<16} {:<11} {:>5} {:<7} {:>10.2f} {:>11.3f} {:>9.1f}% {:>8}\n",
+                             to_string(key.collective), key.tier, key.group_size, key.cold ? "cold" : "hot",
+                             f.alpha_ns * 1e-3, f.busbw_GBps,
                              100 * f.fit.max_abs_residual, f.samples.size());
   std::cout << "\nfits: memory-bound kernels, time = alpha + bytes / bandwidth (workload bytes)\n";
   std::cout << fmt::format("{:<20} {:>10} {:>10} {:>10} {:>8}\n", "kernel", "alpha(us)", "GB/s", "max|res|", "samples");
@@ -181,6 +186,10 @@ void print_fits(const Calibration& cal, const std::vector<std::string>& rejected
                              "worst {:.4f} ({}x{}x{} batch {})\n",
                              cal.gemms.size(), tflops(*hi), hi->m, hi->n, hi->k, hi->batch, tflops(*lo), lo->m, lo->n,
                              lo->k, lo->batch);
+    if (cal.gemm_operand_pool_bytes > 0)
+      std::cout << fmt::format("GEMM operands rotated over {:.1f} MiB, the plans' step working set per rank "
+                               "(weights, fp32 gradients, activations in flight), as cached as in the step\n",
+                               cal.gemm_operand_pool_bytes / (1 << 20));
   }
   for (const std::string& a : adjusted) std::cout << "made monotone (isotonic regression): " << a << "\n";
   for (const std::string& r : rejected) std::cout << "not calibrated (fit rejected, the datasheet model stays): " << r << "\n";
@@ -203,10 +212,26 @@ std::vector<std::int64_t> collective_sizes(const CalibrateOptions& o) {
 
 }  // namespace
 
+StepFootprint step_footprint(const std::vector<CalibrationJob>& jobs, const GpuProfile& gpu, int element_bytes,
+                             double ranks_per_core, bool quick) {
+  constexpr std::size_t kMinPool = std::size_t{1} << 20;
+  const std::size_t most = quick ? std::size_t{64} << 20 : GemmSweepOptions{}.pool_bytes;
+  double working_set = 0, whole_step = 0;
+  for (const CalibrationJob& j : jobs) {
+    working_set = std::max(working_set, step_working_set_bytes(j.model, j.plan, gpu, element_bytes));
+    whole_step = std::max(whole_step, step_memory_bytes(j.model, j.plan, gpu, element_bytes));
+  }
+  auto clamped = [&](double bytes) {
+    return std::clamp(static_cast<std::size_t>(std::ceil(bytes * ranks_per_core)), kMinPool, most);
+  };
+  return StepFootprint{clamped(working_set), clamped(whole_step)};
+}
+
 std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_ptr<exec::Communicator> comm,
                                             exec::HostExchange& exchange, const std::vector<CalibrationJob>& jobs,
-                                            int gpus_per_node, const CalibrateOptions& o, const CoreShare& share,
-                                            exec::Watchdog* watchdog, SweepSeconds& seconds) {
+                                            const Cluster& cluster, const CalibrateOptions& o,
+                                            const CoreShare& share, exec::Watchdog* watchdog, SweepSeconds& seconds) {
+  const int gpus_per_node = cluster.gpus_per_node;
   const Statistic stat = parse_statistic(o.statistic, "--statistic");
   const std::vector<std::int64_t> sizes = collective_sizes(o);
   const int rank = comm->rank();
@@ -220,6 +245,12 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
     for (const GemmProblem& p : plan_gemm_problems(j.model, j.plan)) base.insert(p);
   GemmSweepOptions go;
   if (o.quick) go = GemmSweepOptions{std::size_t{64} << 20, 1, 3, 5, 2};
+  // The GEMMs' operand pool, and what the optimizer's kernels and the DP
+  // collectives find evicted (step_cache.hpp).
+  const StepFootprint footprint =
+      step_footprint(jobs, cluster.gpu, static_cast<int>(exec::dtype_bytes(backend.compute_dtype())),
+                     share.ranks_per_core, o.quick);
+  go.pool_bytes = footprint.working_set;
   go.turns = share.turns;
   go.lead_call = o.backend != "cpu";
   go.turn = share.turn;
@@ -236,6 +267,7 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
   if (o.quick) ko.measured_steps = 3;
   ko.turns = share.turns;
   ko.turn = share.turn;
+  ko.step_memory_bytes = footprint.whole_step;
   CollectiveSweepOptions co;
   if (o.quick) co = CollectiveSweepOptions{2, 5, 9, std::int64_t{1} << 20};
   for (const CalibrationJob& j : jobs) {
@@ -258,11 +290,18 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
     const auto tc = std::chrono::steady_clock::now();
     for (const GroupShape& shape : plan_group_shapes(j.plan, gpus_per_node)) {
       if (!swept.insert({shape.size, shape.tier}).second) continue;
-      groups.world->barrier();
-      for (const CollectiveMeasurement& m :
-           run_collective_sweep(backend, *group_comm(groups, shape.group), sizes, co, watchdog))
-        mine.collectives.push_back(
-            CollectiveRecord{CollectiveKey{m.collective, shape.tier, shape.size}, std::string(to_string(shape.group)), m});
+      // Each group shape in both cache states: hot for the layers'
+      // exchanges, cold for the data-parallel ones (CollectiveKey::cold),
+      // whichever kind of group the plan gives this shape.
+      for (const bool cold : {false, true}) {
+        CollectiveSweepOptions state = co;
+        state.evict_bytes = cold ? footprint.whole_step : 0;
+        groups.world->barrier();
+        for (const CollectiveMeasurement& m :
+             run_collective_sweep(backend, *group_comm(groups, shape.group), sizes, state, watchdog))
+          mine.collectives.push_back(CollectiveRecord{CollectiveKey{m.collective, shape.tier, shape.size, cold},
+                                                      std::string(to_string(shape.group)), m});
+      }
     }
     seconds.collective += since(tc);
     comm = std::move(groups.world);
@@ -309,7 +348,7 @@ int run_calibrate(const CalibrateOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   SweepSeconds seconds;
   const std::vector<std::string> all =
-      measure_and_gather(*backend, std::move(world.comm), *world.exchange, jobs, cluster.gpus_per_node, o, share,
+      measure_and_gather(*backend, std::move(world.comm), *world.exchange, jobs, cluster, o, share,
                          &watchdog, seconds);
   if (rank != 0) return 0;
   std::vector<RankResults> ranks;
@@ -340,6 +379,10 @@ int run_calibrate(const CalibrateOptions& o) {
   cal.ranks = world.exchange->size();
   cal.activation_bytes_per_element = static_cast<int>(exec::dtype_bytes(backend->compute_dtype()));
   cal.ranks_per_core = share.ranks_per_core;
+  cal.gemm_operand_pool_bytes =
+      static_cast<double>(step_footprint(jobs, cluster.gpu, cal.activation_bytes_per_element, share.ranks_per_core,
+                                         o.quick)
+                              .working_set);
   if (const HostInfo host = read_host_info(); !host.empty()) cal.host = host;
   std::vector<std::string> rejected, adjusted;
   cal = fit_all(combined, std::move(cal), rejected, adjusted);

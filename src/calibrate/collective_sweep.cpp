@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "cuboid/calibrate/gemm_sweep.hpp"
+#include "cuboid/calibrate/step_cache.hpp"
 #include "cuboid/exec/op_timer.hpp"
 
 namespace cuboid::calibrate {
@@ -92,6 +93,7 @@ std::vector<CollectiveMeasurement> run_collective_sweep(exec::Backend& be, exec:
   const auto max_elems = static_cast<std::size_t>(std::max<std::int64_t>(1, largest / esz) + g.size());
   Buffers b{be.alloc(max_elems), be.alloc(max_elems)};
   exec::TimerEvent start = be.create_event(), stop = be.create_event();
+  CacheEvictor evict(be, o.evict_bytes);
   std::vector<CollectiveMeasurement> out;
   for (Collective c : kSweptCollectives) {
     for (std::int64_t size : sizes) {
@@ -108,6 +110,7 @@ std::vector<CollectiveMeasurement> run_collective_sweep(exec::Backend& be, exec:
       for (int i = 0; i < warmup; ++i) call(g, c, b, total);
       std::vector<double> times;
       for (int i = 0; i < calls; ++i) {
+        evict();
         g.barrier();  // start together: the time is the collective's, not the skew's
         be.record(start);
         call(g, c, b, total);

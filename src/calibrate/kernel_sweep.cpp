@@ -7,6 +7,7 @@
 #include <random>
 
 #include "cuboid/calibrate/gemm_sweep.hpp"
+#include "cuboid/calibrate/step_cache.hpp"
 #include "cuboid/calibrate/sweep_plan.hpp"
 #include "cuboid/exec/layer.hpp"
 #include "cuboid/core/op_names.hpp"
@@ -21,10 +22,11 @@ constexpr float kDropout = 0.1f;  // the step runner's default (StepOptions)
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
 // The median per-call time of `call` run alone: each rank of a core in its
-// turn (the GEMM sweep's turns), warm-up calls first.
+// turn (the GEMM sweep's turns), warm-up calls first; `evict` (untimed)
+// before each call when given.
 template <class Call>
 double time_alone(exec::Backend& be, exec::Communicator& world, const KernelSweepOptions& o,
-                  exec::Watchdog* watchdog, const char* name, Call&& call) {
+                  exec::Watchdog* watchdog, const char* name, Call&& call, CacheEvictor* evict = nullptr) {
   exec::TimerEvent start = be.create_event(), stop = be.create_event();
   double ns = 0;
   for (int t = 0; t < o.turns; ++t) {
@@ -33,6 +35,7 @@ double time_alone(exec::Backend& be, exec::Communicator& world, const KernelSwee
     if (watchdog != nullptr) watchdog->enter(name);
     std::vector<double> times;
     for (int i = 0; i < o.warmup_steps + o.measured_steps; ++i) {
+      if (evict != nullptr) (*evict)();
       be.record(start);
       call();
       be.record(stop);
@@ -212,6 +215,9 @@ std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Comm
   exec::DeviceBuffer buffer = be.alloc(largest, exec::DType::f32);
   be.fill(buffer, 1.0f);
   const exec::AdamConfig adam;
+  // Once per step, after the backward: the step's working set has passed
+  // through the caches since these buffers were last touched.
+  CacheEvictor evict(be, o.step_memory_bytes);
   std::vector<KernelMeasurement> out;
   std::int64_t step = 1;
   for (double s : scales) {
@@ -222,12 +228,12 @@ std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Comm
     for (const Op& k : optimizer_step_ops(static_cast<double>(n), 1, 0)) bytes[k.name] = k.bytes;
     const double adam_ns = time_alone(be, world, o, watchdog, op::adam, [&] {
       be.adam_step(params.subspan(0, n), grads.subspan(0, n), m.subspan(0, n), v.subspan(0, n), adam, step++);
-    });
+    }, &evict);
     // Scaled by 1 (a kernel all the same), so that no value drifts to denormals.
     const double scale_ns =
-        time_alone(be, world, o, watchdog, op::grad_scale, [&] { be.scale(buffer.subspan(0, n), 1.0f); });
+        time_alone(be, world, o, watchdog, op::grad_scale, [&] { be.scale(buffer.subspan(0, n), 1.0f); }, &evict);
     const double zero_ns =
-        time_alone(be, world, o, watchdog, op::grad_zero, [&] { be.fill(buffer.subspan(0, n), 0.0f); });
+        time_alone(be, world, o, watchdog, op::grad_zero, [&] { be.fill(buffer.subspan(0, n), 0.0f); }, &evict);
     out.push_back(KernelMeasurement{op::adam, bytes.at(op::adam), adam_ns});
     out.push_back(KernelMeasurement{op::grad_scale, bytes.at(op::grad_scale), scale_ns});
     out.push_back(KernelMeasurement{op::grad_zero, bytes.at(op::grad_zero), zero_ns});

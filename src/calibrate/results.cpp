@@ -68,6 +68,7 @@ nlohmann::json to_json(const RankResults& r) {
     c.push_back({{"collective", std::string(to_string(x.key.collective))},
                  {"tier", x.key.tier},
                  {"group_size", x.key.group_size},
+                 {"cold", x.key.cold},
                  {"group", x.group},
                  {"size", x.m.size_bytes},
                  {"count", x.m.count},
@@ -87,7 +88,7 @@ RankResults rank_results_from_json(const nlohmann::json& j) {
   for (const auto& c : j.at("collectives")) {
     CollectiveRecord x;
     x.key = CollectiveKey{collective_from(c.at("collective").get<std::string>()), c.at("tier").get<std::string>(),
-                          c.at("group_size").get<int>()};
+                          c.at("group_size").get<int>(), c.at("cold").get<bool>()};
     x.group = c.at("group").get<std::string>();
     x.m = CollectiveMeasurement{x.key.collective, c.at("size").get<std::int64_t>(), c.at("count").get<std::int64_t>(),
                                 c.at("time_ns").get<double>(), c.at("wrong").get<std::int64_t>()};

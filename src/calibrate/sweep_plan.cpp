@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "cuboid/core/error.hpp"
+#include "cuboid/cost/memory.hpp"
 
 namespace cuboid::calibrate {
 
@@ -28,6 +29,21 @@ std::vector<GemmProblem> plan_gemm_problems(const ModelSpec& model, const Parall
   for (const Op& op : executor_workload_ops(model, plan))
     if (op.kind == OpKind::gemm) shapes.insert(GemmProblem{op.m, op.n, op.k, op.batch});
   return {shapes.begin(), shapes.end()};
+}
+
+double step_working_set_bytes(const ModelSpec& model, const ParallelPlan& plan, const GpuProfile& gpu,
+                              int element_bytes) {
+  constexpr double kGradientBytes = 4;     // the executor accumulates fp32 gradients
+  constexpr double kMemoryModelBytes = 2;  // memory_per_gpu counts bf16 activations
+  const MemoryReport mem = memory_per_gpu(model, plan, gpu);
+  return mem.parameters * (element_bytes + kGradientBytes) +
+         mem.activation_bytes * element_bytes / kMemoryModelBytes;
+}
+
+double step_memory_bytes(const ModelSpec& model, const ParallelPlan& plan, const GpuProfile& gpu, int element_bytes) {
+  constexpr double kAdamMomentBytes = 2 * 4;
+  return step_working_set_bytes(model, plan, gpu, element_bytes) +
+         memory_per_gpu(model, plan, gpu).parameters * kAdamMomentBytes;
 }
 
 std::vector<GemmProblem> gemm_grid(const std::vector<GemmProblem>& base, bool quick) {

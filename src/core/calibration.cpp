@@ -354,16 +354,19 @@ double collective_curve_ns(const CollectiveCalibration& cc, Collective c, int gr
 }
 
 std::optional<double> calibrated_collective_ns(const Calibration& cal, Collective c, const std::string& tier,
-                                               int group_size, double size_bytes) {
-  const CollectiveCalibration* cc = find_collective(cal, c, tier, group_size);
+                                               int group_size, double size_bytes, bool cold) {
+  const CollectiveCalibration* cc = find_collective(cal, c, tier, group_size, cold);
   if (cc == nullptr) return std::nullopt;
   return collective_curve_ns(*cc, c, group_size, size_bytes);
 }
 
 const CollectiveCalibration* find_collective(const Calibration& cal, Collective c, const std::string& tier,
-                                             int group_size) {
-  const auto it = cal.collectives.find(CollectiveKey{c, tier, group_size});
-  return it == cal.collectives.end() ? nullptr : &it->second;
+                                             int group_size, bool cold) {
+  for (const bool state : {cold, !cold}) {
+    const auto it = cal.collectives.find(CollectiveKey{c, tier, group_size, state});
+    if (it != cal.collectives.end()) return &it->second;
+  }
+  return nullptr;
 }
 
 }  // namespace cuboid

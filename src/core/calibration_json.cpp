@@ -176,12 +176,13 @@ void read_collectives(JsonReader& r, const std::string& source, Calibration& cal
     key.collective = parse_collective(c);
     key.tier = c.choice("tier", {"intra_node", "inter_node"});
     key.group_size = c.count<int>("group_size", 1, kMaxRanks);
+    key.cold = c.optional_choice("buffers", {"hot", "cold"}).value_or("hot") == "cold";
     const auto dup = std::find(seen.begin(), seen.end(), key);
     if (dup != seen.end()) {
       throw InputError(source, f,
-                       "the same collective, tier and group size as " +
+                       "the same collective, tier, group size and buffers as " +
                            at_index(field, static_cast<std::size_t>(dup - seen.begin())),
-                       "keep one sweep per (collective, tier, group_size)");
+                       "keep one sweep per (collective, tier, group_size, buffers)");
     }
     seen.push_back(key);
     std::vector<SizeSample> samples = read_samples(c, source, f, "size_bytes");
@@ -205,6 +206,7 @@ nlohmann::json calibration_to_json(const Calibration& cal) {
   j["ranks"] = cal.ranks;
   j["activation_bytes_per_element"] = cal.activation_bytes_per_element;
   j["ranks_per_core"] = cal.ranks_per_core;
+  if (cal.gemm_operand_pool_bytes > 0) j["gemm_operand_pool_bytes"] = cal.gemm_operand_pool_bytes;
   if (cal.host) j["host"] = host_to_json(*cal.host);
   nlohmann::json gemms = nlohmann::json::array();
   for (const GemmSample& g : cal.gemms) {
@@ -229,6 +231,7 @@ nlohmann::json calibration_to_json(const Calibration& cal) {
     c["collective"] = std::string(to_string(key.collective));
     c["tier"] = key.tier;
     c["group_size"] = key.group_size;
+    if (key.cold) c["buffers"] = "cold";
     fit_json(c, cc.fit);
     c["busbw_GBps"] = cc.busbw_GBps;
     c["samples"] = samples_json(cc.samples, cc.fit, "size_bytes");
@@ -274,6 +277,15 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& so
            "only cpu ranks share cores; give 1");
   }
   cal.ranks_per_core = share;
+  // Cards written before the field, and tables taken from a run: not recorded.
+  if (r.has("gemm_operand_pool_bytes")) {
+    const double pool = r.number("gemm_operand_pool_bytes");
+    if (!(pool > 0 && pool <= 0x1p40)) {
+      r.fail("gemm_operand_pool_bytes", "must be above 0 and at most 1 TiB, got " + fmt::format("{}", pool),
+             "give the bytes the GEMM sweep rotated its operands over, or leave the field out");
+    }
+    cal.gemm_operand_pool_bytes = pool;
+  }
   // Cards written before the field: no host.
   if (r.has("host")) cal.host = host_from_json(r.raw("host"), source, std::string(kRoot) + ".host");
   read_gemms(r, source, cal);

@@ -221,7 +221,8 @@ double all_to_all_busbw_GBps(const std::vector<int>& ranks, const std::vector<in
   return (n - 1.0) / n / std::max(nic_seconds_per_byte, nvlink_seconds_per_byte) / 1e9;
 }
 
-LinkParams link_params(const Topology& topo, Collective c, const std::vector<int>& ranks, const UplinkLoad* load) {
+LinkParams link_params(const Topology& topo, Collective c, const std::vector<int>& ranks, const UplinkLoad* load,
+                       bool cold_buffers) {
   const Cluster& cl = topo.cluster();
   const double intra_busbw_GBps = c == Collective::all_reduce ? cl.intra.allreduce_busbw_GBps : cl.intra.busbw_GBps;
   const LinkParams free_link{std::numeric_limits<double>::infinity(), 0.0};
@@ -242,7 +243,8 @@ LinkParams link_params(const Topology& topo, Collective c, const std::vector<int
   if (one_gpu) return free_link;
   if (cl.calibration) {
     const CollectiveCalibration* fit =
-        find_collective(*cl.calibration, c, one_node ? "intra_node" : "inter_node", static_cast<int>(ranks.size()));
+        find_collective(*cl.calibration, c, one_node ? "intra_node" : "inter_node", static_cast<int>(ranks.size()),
+                        cold_buffers);
     if (fit != nullptr) return LinkParams{fit->busbw_GBps * 1e9, fit->alpha_ns, true, fit};
   }
   if (one_node) {
@@ -306,12 +308,13 @@ LinkParams link_params(const Topology& topo, Collective c, const std::vector<int
 
 }  // namespace
 
-LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks) {
-  return link_params(topo, c, ranks, nullptr);
+LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks, bool cold_buffers) {
+  return link_params(topo, c, ranks, nullptr, cold_buffers);
 }
 
-LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks, const UplinkLoad& load) {
-  return link_params(topo, c, ranks, &load);
+LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks, const UplinkLoad& load,
+                             bool cold_buffers) {
+  return link_params(topo, c, ranks, &load, cold_buffers);
 }
 
 UplinkCounter::UplinkCounter(const Topology& topo)

@@ -73,11 +73,13 @@ constexpr std::size_t kCollectives = 6;
 // Link parameters of one group, one entry per Collective.
 using GroupLinks = std::array<LinkParams, kCollectives>;
 
-GroupLinks group_links(const Topology& topo, const std::vector<int>& ranks, const UplinkLoad& load) {
+// `cold_buffers`: the data-parallel groups (group_link_params).
+GroupLinks group_links(const Topology& topo, const std::vector<int>& ranks, const UplinkLoad& load,
+                       bool cold_buffers = false) {
   GroupLinks links{};
   for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
                        Collective::broadcast, Collective::send_recv, Collective::all_to_all}) {
-    links[static_cast<std::size_t>(c)] = group_link_params(topo, c, ranks, load);
+    links[static_cast<std::size_t>(c)] = group_link_params(topo, c, ranks, load, cold_buffers);
   }
   return links;
 }
@@ -319,9 +321,9 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
     if (plan.cp > 1) pl.stage_cp.push_back(intern(pl.cp_links, group_links(topo, mapping.cp_group(0, stage, 0), loads.cp)));
     if (plan.ep > 1) pl.stage_ep.push_back(intern(pl.ep_links, group_links(topo, mapping.ep_group(stage, 0, 0), loads.ep)));
     if (plan.expert_dp() > 1 && (plan.ep > 1 || plan.expert_tp() != plan.tp))
-      pl.edp_links.push_back(group_links(topo, mapping.expert_dp_group(stage, 0, 0), loads.edp));
+      pl.edp_links.push_back(group_links(topo, mapping.expert_dp_group(stage, 0, 0), loads.edp, true));
     GroupLinks dp{};
-    if (plan.dp_cp() > 1) dp = group_links(topo, mapping.dp_group(0, stage), loads.dp);
+    if (plan.dp_cp() > 1) dp = group_links(topo, mapping.dp_group(0, stage), loads.dp, true);
     pl.dp_links.push_back(dp);
     if (stage + 1 < pp) {
       const std::vector<int> pair{mapping.rank_of(0, stage, 0), mapping.rank_of(0, stage + 1, 0)};
@@ -333,7 +335,7 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
   }
   if (pp > 1) {
     const std::vector<int> ends{mapping.rank_of(0, 0, 0), mapping.rank_of(0, pp - 1, 0)};
-    pl.embedding_links = group_links(topo, ends, loads.pp);
+    pl.embedding_links = group_links(topo, ends, loads.pp, true);
   }
   std::vector<std::array<std::size_t, 3>> seen_links;
   for (int stage = 0; stage < pp; ++stage) {

@@ -129,8 +129,9 @@ RunCalibration calibration_from_runs(const std::vector<Measurements>& runs, cons
           gemms[{op.m, op.n, op.k, op.batch}].add(per_call_ns / cal.ranks_per_core, m.source);
         } else if (op.kind == OpKind::collective && one_node && op.collective && op.group_size >= 2 &&
                    op.bytes_per_call > 0) {
-          collectives[CollectiveKey{*op.collective, "intra_node", op.group_size}][op.bytes_per_call].add(per_call_ns,
-                                                                                                         m.source);
+          // The data-parallel collectives ran on buffers as the step leaves them (CollectiveKey::cold).
+          const CollectiveKey key{*op.collective, "intra_node", op.group_size, op.group == Group::dp};
+          collectives[key][op.bytes_per_call].add(per_call_ns, m.source);
         }
       }
     }

@@ -107,6 +107,7 @@ void Builder::make_representatives() {
       CommGroup g;
       g.ranks = map_.dp_group(0, s);
       g.rail0_part = folded;
+      g.cold_buffers = true;
       for (int t = 1; t < mirrored_tp; ++t) g.mirrors.push_back(map_.dp_group(t, s));
       r.dp_group = eng_->add_group(std::move(g));
     }
@@ -450,6 +451,7 @@ void Builder::add_expert_groups(Representative& r) {
   if (shape_.expert_group) {
     CommGroup g;
     g.ranks = map_.expert_dp_group(s, rep_ep, rep_etp);
+    g.cold_buffers = true;
     for (int e = 0; e < shape_.ep; ++e)
       for (int t = 0; t < etp; ++t)
         if (e != rep_ep || t != rep_etp) g.mirrors.push_back(map_.expert_dp_group(s, e, t));

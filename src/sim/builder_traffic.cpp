@@ -122,6 +122,7 @@ void Builder::finish_iteration() {
     CommGroup g;
     g.ranks = {representatives_.front().rank, representatives_.back().rank};
     g.rail0_part = net_->rails_folded();
+    g.cold_buffers = true;
     for (int d = 0; d < shape_.dp; ++d) {
       for (int t = 0; t < mirrored_tp(); ++t) {
         if (t == 0 && d == shape_.rep_dp) continue;

@@ -295,7 +295,7 @@ const CollectiveCalibration* calibrated_fit(const Network& net, Collective op, c
   const Topology* topo = net.topology();
   if (topo == nullptr || !topo->cluster().calibration) return nullptr;
   return find_collective(*topo->cluster().calibration, op, lay.members.size() == 1 ? "intra_node" : "inter_node",
-                         static_cast<int>(g.ranks.size()));
+                         static_cast<int>(g.ranks.size()), g.cold_buffers);
 }
 
 // A calibrated collective: the measured curve replaces the algorithm's

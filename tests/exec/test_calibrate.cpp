@@ -4,9 +4,11 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
+#include "cuboid/calibrate/calibrate.hpp"
 #include "cuboid/calibrate/collective_sweep.hpp"
 #include "cuboid/calibrate/core_share.hpp"
 #include "cuboid/calibrate/gemm_sweep.hpp"
@@ -15,6 +17,7 @@
 #include "cuboid/calibrate/results.hpp"
 #include "cuboid/calibrate/sweep_plan.hpp"
 #include "cuboid/core/error.hpp"
+#include "cuboid/cost/memory.hpp"
 #include "cuboid/exec/mpi_comm.hpp"
 
 using namespace cuboid;
@@ -70,6 +73,60 @@ TEST_CASE("the GEMM shapes of a TP 2 plan are the executor's, forward and backwa
   const std::vector<GemmProblem> f = plan_gemm_problems(tiny(), flash);
   CHECK_FALSE(has(f, {128, 128, 32, 4}));
   CHECK(has(f, {128, 384, 256, 1}));
+}
+
+TEST_CASE("the step's footprint per rank: weights and fp32 gradients, activations, then Adam's moments") {
+  // Tiny on TP 2 with SP: per rank the 4 layers' 4h^2 + 2h*ffn weights / 2
+  // and their norms (4h each, whole), the vocabulary-parallel embedding and
+  // head (vocab * h / 2 each): memory_per_gpu's count, pinned by hand.
+  const ModelSpec m = tiny();
+  const ParallelPlan p = tp2();
+  const GpuProfile gpu;
+  const MemoryReport mem = memory_per_gpu(m, p, gpu);
+  const double layer = (4.0 * 256 * 256 + 2.0 * 256 * 1024) / 2;
+  CHECK(mem.parameters == doctest::Approx(4 * layer + 2 * 1024 * 256 / 2.0).epsilon(0.01));
+  // f32 (the CPU backend): 4-byte weights + 4-byte gradients per parameter,
+  // the activations (counted in 2-byte elements) doubled.
+  CHECK(step_working_set_bytes(m, p, gpu, 4) == doctest::Approx(mem.parameters * 8 + mem.activation_bytes * 2));
+  // bf16 (CUDA): 2-byte weights, fp32 gradients, activations as counted.
+  CHECK(step_working_set_bytes(m, p, gpu, 2) == doctest::Approx(mem.parameters * 6 + mem.activation_bytes));
+  CHECK(step_memory_bytes(m, p, gpu, 4) == doctest::Approx(step_working_set_bytes(m, p, gpu, 4) + mem.parameters * 8));
+  // The sweep's pools: the largest job's, between 1 MiB and 512 MiB (64 MiB --quick).
+  const std::vector<CalibrationJob> jobs{{m, p, "tp2"}};
+  const StepFootprint f = step_footprint(jobs, gpu, 4, 1, false);
+  CHECK(f.working_set == static_cast<std::size_t>(std::ceil(step_working_set_bytes(m, p, gpu, 4))));
+  CHECK(f.whole_step == static_cast<std::size_t>(std::ceil(step_memory_bytes(m, p, gpu, 4))));
+  ParallelPlan dp1 = p;
+  dp1.tp = 1;
+  const std::vector<CalibrationJob> both{{m, p, "tp2"}, {m, dp1, "tp1"}};
+  CHECK(step_footprint(both, gpu, 4, 1, false).working_set ==
+        static_cast<std::size_t>(std::ceil(step_working_set_bytes(m, dp1, gpu, 4))));
+  ModelSpec big = m;
+  big.num_layers = 4096;
+  big.hidden_size = 4096;
+  big.ffn_hidden_size = 16384;
+  big.num_attention_heads = 32;
+  big.num_kv_heads = 32;
+  big.head_dim = 128;
+  const std::vector<CalibrationJob> large{{big, p, "big"}};
+  CHECK(step_footprint(large, gpu, 4, 1, false).working_set == std::size_t{512} << 20);
+  CHECK(step_footprint(large, gpu, 4, 1, true).whole_step == std::size_t{64} << 20);
+  // Two ranks per core: the core's caches hold both ranks' working sets.
+  CHECK(step_footprint(jobs, gpu, 4, 2, false).working_set ==
+        static_cast<std::size_t>(std::ceil(2 * step_working_set_bytes(m, p, gpu, 4))));
+  ModelSpec small = m;
+  small.num_layers = 1;
+  small.hidden_size = 16;
+  small.ffn_hidden_size = 16;
+  small.vocab_size = 16;
+  small.num_attention_heads = 2;
+  small.num_kv_heads = 2;
+  small.head_dim = 8;
+  ParallelPlan short_seq = p;
+  short_seq.seq_length = 8;
+  small.seq_length = 8;
+  const std::vector<CalibrationJob> tiny_job{{small, short_seq, "small"}};
+  CHECK(step_footprint(tiny_job, gpu, 4, 1, false).working_set == std::size_t{1} << 20);
 }
 
 TEST_CASE("the GEMM grid brackets every shape by x1/2 and x2 in each dimension") {

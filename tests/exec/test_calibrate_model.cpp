@@ -97,7 +97,8 @@ TEST_CASE("calibrate's multi-rank sweeps follow NCCL's rules and rank 0 gathers 
   plan.sequence_parallel = true;
   plan.recompute = Recompute::none;
   const int world = plan.world_size();
-  const int gpus_per_node = 4;
+  Cluster cluster;
+  cluster.gpus_per_node = 4;
   const std::vector<CalibrationJob> jobs = {CalibrationJob{model::small_gpt(2), plan, "tp2pp2dp2"}};
   CalibrateOptions options;
   options.quick = true;
@@ -117,7 +118,7 @@ TEST_CASE("calibrate's multi-rank sweeps follow NCCL's rules and rank 0 gathers 
         std::unique_ptr<Backend> backend = make_backend("cpu", bo);
         ThreadExchange exchange(shared, r);
         SweepSeconds seconds;
-        std::vector<std::string> mine = measure_and_gather(*backend, fabric->world(r), exchange, jobs, gpus_per_node,
+        std::vector<std::string> mine = measure_and_gather(*backend, fabric->world(r), exchange, jobs, cluster,
                                                            options, CoreShare{}, nullptr, seconds);
         returned[static_cast<std::size_t>(r)] = mine.size();
         if (r == 0) gathered = std::move(mine);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuboid/calibrate/core_share.hpp"
+#include "cuboid/core/cluster.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
 
@@ -73,7 +74,23 @@ struct SweepSeconds {
 // rank order (results.hpp rank_results_from_json); on the others nothing.
 std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_ptr<exec::Communicator> comm,
                                             exec::HostExchange& exchange, const std::vector<CalibrationJob>& jobs,
-                                            int gpus_per_node, const CalibrateOptions& options, const CoreShare& share,
-                                            exec::Watchdog* watchdog, SweepSeconds& seconds);
+                                            const Cluster& cluster, const CalibrateOptions& options,
+                                            const CoreShare& share, exec::Watchdog* watchdog, SweepSeconds& seconds);
+
+// The jobs' plans' footprints per rank (sweep_plan.hpp, in `element_bytes`),
+// the largest of each, times `ranks_per_core` (the ranks that share a core
+// share its caches: each time it runs one of them, the others' working sets
+// have passed), between 1 MiB and GemmSweepOptions' default pool
+// (512 MiB; 64 MiB with --quick). `working_set`: the GEMM sweep's operand
+// pool, so that a sample finds its operands in the cache exactly when the
+// step's GEMMs do (on a GPU every real plan's working set exceeds the L2 and
+// the pool stays above it). `whole_step`: what the optimizer sweep and the
+// cold collective sweep write before each call (step_cache.hpp).
+struct StepFootprint {
+  std::size_t working_set = 0;
+  std::size_t whole_step = 0;
+};
+StepFootprint step_footprint(const std::vector<CalibrationJob>& jobs, const GpuProfile& gpu, int element_bytes,
+                             double ranks_per_core, bool quick);
 
 }  // namespace cuboid::calibrate

@@ -50,6 +50,10 @@ struct CollectiveSweepOptions {
   int min_calls = 3;    // timed calls per size for the largest sizes
   int max_calls = 20;   // ... and for the small ones
   std::int64_t bytes_per_size = std::int64_t{64} << 20;  // timed calls: about this much data per size
+  // Cold buffers, as the step's data-parallel collectives find theirs
+  // (step_cache.hpp): this many bytes written before each timed call; 0: the
+  // buffers stay hot from call to call, as a layer's exchanges find theirs.
+  std::size_t evict_bytes = 0;
 };
 
 // Every collective of kSweptCollectives at every size, on `group` (every

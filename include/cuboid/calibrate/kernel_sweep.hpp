@@ -41,6 +41,9 @@ struct KernelSweepOptions {
   // a core take turns already (the executor's waits yield the core).
   int turns = 1;
   int turn = 0;
+  // The optimizer sweep's kernels find their buffers as the step leaves them
+  // (step_cache.hpp): this many bytes written before each timed call; 0: hot.
+  std::size_t step_memory_bytes = 0;
 };
 
 // `tp` is the rank's TP group (null or size 1 for TP 1), `ep` its EP group

@@ -84,6 +84,12 @@ struct CollectiveKey {
   Collective collective = Collective::all_reduce;
   std::string tier;  // "intra_node" | "inter_node"
   int group_size = 0;
+  // The buffers' cache state when measured. false: hot, as a layer's
+  // exchanges (TP, CP, EP, PP) find the activations the op before wrote;
+  // true: cold, as the data-parallel collectives find the gradient and
+  // parameter buffers the step last touched before its whole working set
+  // passed (calibrate/step_cache.hpp). JSON "buffers": "cold" (absent: hot).
+  bool cold = false;
   auto operator<=>(const CollectiveKey&) const = default;
 };
 
@@ -107,6 +113,10 @@ struct Calibration {
   // calibrated_gemm_ns, calibrated_kernel_ns, best_gemm_flops_per_s).
   // Collectives are measured with the sharing in place and used as measured.
   double ranks_per_core = 1;
+  // The bytes the GEMM sweep rotated its operands over (the plans' step
+  // working set per rank, calibrate.hpp gemm_operand_pool_bytes); 0 in older
+  // cards and in tables taken from a run, whose GEMMs ran in the step itself.
+  double gemm_operand_pool_bytes = 0;
   // The machine that measured (rank 0's host); absent in older cards.
   std::optional<HostInfo> host;
   std::vector<GemmSample> gemms;                          // measured shapes
@@ -161,12 +171,14 @@ std::optional<double> measured_kernel_ns(const Calibration& cal, const std::stri
                                          double bytes);
 std::optional<double> calibrated_collective_ns(const Calibration& cal, Collective c,
                                                const std::string& tier, int group_size,
-                                               double size_bytes);
+                                               double size_bytes, bool cold = false);
 // The (collective, tier, group size) fit, or null.
 // One collective's time at size_bytes: interpolated in range, else its fit.
 double collective_curve_ns(const CollectiveCalibration& cc, Collective c, int group_size, double size_bytes);
+// `cold`: the data-parallel collectives' table (CollectiveKey::cold); a card
+// that measured only the other state gives that one.
 const CollectiveCalibration* find_collective(const Calibration& cal, Collective c,
-                                             const std::string& tier, int group_size);
+                                             const std::string& tier, int group_size, bool cold = false);
 // The best FLOP/s any measured GEMM achieved (nullopt without GEMM samples):
 // the cost model's roofline fall-back, outside the measured shapes, uses it
 // in place of the profile's peak x gemm_max_efficiency.

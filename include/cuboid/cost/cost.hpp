@@ -77,8 +77,12 @@ TimeNs collective_time_ns(Collective c, double size_bytes, int group_size, const
 // allreduce_busbw_curve for all-reduce, reduce-scatter, all-gather); across
 // nodes the group's share of the node's NICs, divided by the oversubscription
 // when it leaves a leaf switch (and the core's when it crosses the core). A
-// calibrated fit for (c, tier, group size) replaces all of that.
-LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks);
+// calibrated fit for (c, tier, group size) replaces all of that; with
+// `cold_buffers` (the data-parallel collectives on the gradient and
+// parameter buffers) the card's cold table where it has one
+// (CollectiveKey::cold).
+LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks,
+                             bool cold_buffers = false);
 
 // How the rings of a phase in which `groups` all communicate at once (every
 // DP group, every pipeline pair) load the oversubscribed uplinks: per leaf
@@ -114,7 +118,8 @@ class UplinkCounter {
 // rate) exceed its capacity (the leaf's, or the pod's, designed downlinks at
 // the NICs' busbw over the oversubscription), where without the load every
 // GPU under the switch is taken to cross it (the full oversubscription).
-LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks, const UplinkLoad& load);
+LinkParams group_link_params(const Topology& topo, Collective c, const std::vector<int>& ranks, const UplinkLoad& load,
+                             bool cold_buffers = false);
 
 // The time of one op of the workload on this GPU / group.
 TimeNs op_time_ns(const GpuProfile& gpu, const Op& op);

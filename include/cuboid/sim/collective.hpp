@@ -122,6 +122,9 @@ struct CommGroup {
   std::vector<int> ranks;
   MirrorGroups mirrors;
   bool rail0_part = false;
+  // The data-parallel traffic on the gradient and parameter buffers: a
+  // calibrated card's cold table (CollectiveKey::cold) prices it.
+  bool cold_buffers = false;
 };
 
 // One phase: a single flow (shared rate) over the links of `set` carrying
