@@ -34,11 +34,19 @@ awk '/^ +[0-9]+ +[0-9]+ +float/ { rows++; if (NF != 9 || $9 != 0) bad++ } END { 
   "$TMP/cal.log" && pass "table rows well-formed, #wrong 0" || fail "table rows: $(grep -c float "$TMP/cal.log") rows"
 # Every collective is fitted or reported as rejected (a noisy machine may give a
 # time that falls as the size grows; the reader refuses such a fit).
-grep -q "^collective *tier *ranks *alpha(us) busbw(GB/s)" "$TMP/cal.log" || fail "no collective fit table"
+grep -q "^collective *tier *ranks *buffers *alpha(us) busbw(GB/s)" "$TMP/cal.log" || fail "no collective fit table"
+# Each collective in both cache states: hot (the layers' exchanges) and cold (the DP collectives).
 for c in all_reduce reduce_scatter all_gather broadcast send_recv all_to_all; do
-  grep -Eq "^$c +intra_node +2 |not calibrated .*collectives\.$c\.intra_node\.2:" "$TMP/cal.log" \
-    && pass "fit $c" || fail "collective $c neither fitted nor rejected"
+  grep -q "^# $c: tp groups of 2 ranks (intra_node), float, cold buffers" "$TMP/cal.log" \
+    && pass "cold table $c" || fail "no cold $c table"
+  for state in hot cold; do
+    suffix=; [ "$state" = cold ] && suffix=.cold
+    grep -Eq "^$c +intra_node +2 +$state |not calibrated .*collectives\.$c\.intra_node\.2$suffix:" "$TMP/cal.log" \
+      && pass "fit $c ($state)" || fail "collective $c ($state) neither fitted nor rejected"
+  done
 done
+grep -Eq "^GEMM operands rotated over [0-9.]+ MiB" "$TMP/cal.log" && pass "GEMM operand pool reported" \
+  || fail "no GEMM operand pool line"
 grep -Eq "^norm_in +[0-9.]+ +[0-9.]+ |not calibrated .*kernel norm_in:" "$TMP/cal.log" && pass "kernel fit" \
   || fail "kernel norm_in neither fitted nor rejected"
 grep -q "^GEMM: [0-9]* shapes; achieved TFLOP/s" "$TMP/cal.log" && pass "GEMM summary" || fail "no GEMM summary"
@@ -60,6 +68,10 @@ assert cal["activation_bytes_per_element"] == 4, cal.get("activation_bytes_per_e
 for series in list(cal["kernels"].values()) + cal["collectives"]:
     t = [x["time_us"] for x in series["samples"]]
     assert all(a <= b for a, b in zip(t, t[1:])), t
+# Both cache states of each collective, and the GEMM sweep's operand pool (the plan's step working set).
+states = {(c["collective"], c.get("buffers", "hot")) for c in cal["collectives"]}
+assert ("all_reduce", "hot") in states and ("all_reduce", "cold") in states, states
+assert 1 << 20 <= cal["gemm_operand_pool_bytes"] <= 64 << 20, cal["gemm_operand_pool_bytes"]
 assert len(raw["ranks"]) == 2
 for r in raw["ranks"]:
     assert len(r["gemms"]) > 0 and all(g[4] > 0 for g in r["gemms"])
