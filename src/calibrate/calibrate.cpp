@@ -187,8 +187,8 @@ void print_fits(const Calibration& cal, const std::vector<std::string>& rejected
                              cal.gemms.size(), tflops(*hi), hi->m, hi->n, hi->k, hi->batch, tflops(*lo), lo->m, lo->n,
                              lo->k, lo->batch);
     if (cal.gemm_operand_pool_bytes > 0)
-      std::cout << fmt::format("GEMM operands rotated over {:.1f} MiB, the plans' step working set per rank "
-                               "(weights, fp32 gradients, activations in flight), as cached as in the step\n",
+      std::cout << fmt::format("GEMM operands rotated over {:.1f} MiB, the plans' step working set (weights, fp32 "
+                               "gradients, activations in flight) of the ranks on one core, as cached as in the step\n",
                                cal.gemm_operand_pool_bytes / (1 << 20));
   }
   for (const std::string& a : adjusted) std::cout << "made monotone (isotonic regression): " << a << "\n";
