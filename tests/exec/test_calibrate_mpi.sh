@@ -68,9 +68,10 @@ assert cal["activation_bytes_per_element"] == 4, cal.get("activation_bytes_per_e
 for series in list(cal["kernels"].values()) + cal["collectives"]:
     t = [x["time_us"] for x in series["samples"]]
     assert all(a <= b for a, b in zip(t, t[1:])), t
-# Both cache states of each collective, and the GEMM sweep's operand pool (the plan's step working set).
-states = {(c["collective"], c.get("buffers", "hot")) for c in cal["collectives"]}
-assert ("all_reduce", "hot") in states and ("all_reduce", "cold") in states, states
+# Both cache states (a noisy machine may leave a fit out: each series is fitted or
+# rejected, checked above), and the GEMM sweep's operand pool (the plan's step working set).
+states = {c.get("buffers", "hot") for c in cal["collectives"]}
+assert states == {"hot", "cold"}, states
 assert 1 << 20 <= cal["gemm_operand_pool_bytes"] <= 64 << 20, cal["gemm_operand_pool_bytes"]
 assert len(raw["ranks"]) == 2
 for r in raw["ranks"]:
