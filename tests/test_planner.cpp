@@ -619,7 +619,7 @@ TEST_CASE("a trainer preset limits the search to what it can run and gives every
 // An NVL72 rack is one NVLink domain: TP, CP and EP groups of more than 8
 // GPUs are searched inside it and priced at its NVLink busbw; on 8-GPU DGX
 // B200 nodes the same TP 16 crosses the NICs.
-TEST_CASE("GB200 NVL72: TP and CP groups beyond 8 GPUs are searched and priced inside the NVLink domain") {
+TEST_CASE("GB200 NVL72: TP, CP and EP groups beyond 8 GPUs are searched and priced inside the NVLink domain") {
   const ModelSpec gpt3 = load_model("models/gpt3-175b.json");  // 96 heads: TP 16 divides them
   const Cluster nvl = load_cluster("topologies/gb200-nvl72.json", 2, 64);  // 2 racks x 16 trays
   const Topology topo(nvl);
@@ -649,6 +649,17 @@ TEST_CASE("GB200 NVL72: TP and CP groups beyond 8 GPUs are searched and priced i
   REQUIRE(cp_group.size() == 16);
   CHECK(cp_group.back() / 64 == cp_group.front() / 64);  // TP 4 x CP 16 = one rack
   CHECK(group_link_params(topo, Collective::send_recv, cp_group).busbw_Bps == doctest::Approx(722e9));
+
+  // EP 64 of a 128-expert model: one rack's all-to-all, at NVLink's busbw.
+  const ModelSpec qwen = load_model("models/qwen3-30b-a3b.json");
+  SearchResult qr;
+  const std::vector<ParallelPlan> qplans = enumerate_plans(qwen, topo, PlannerOptions{}, qr);
+  const auto ep64 = std::find_if(qplans.begin(), qplans.end(), [](const ParallelPlan& p) { return p.ep == 64; });
+  REQUIRE(ep64 != qplans.end());
+  const std::vector<int> ep_group = RankMapping(*ep64, nvl.gpus_per_node).ep_group(0, 0, 0);
+  REQUIRE(ep_group.size() == 64);
+  CHECK(ep_group.back() / 64 == ep_group.front() / 64);
+  CHECK(group_link_params(topo, Collective::all_to_all, ep_group).busbw_Bps == doctest::Approx(722e9));
 
   // DGX B200: 8 GPUs per node, so a fixed TP 16 spans two nodes and is priced
   // at 8 rails of 46 GB/s (368 GB/s, below NVLS's 830).
