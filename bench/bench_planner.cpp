@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -122,9 +123,10 @@ void write_json_line(const char* name, int gpus, const sim::SimResult& first, co
   if (!out) throw std::runtime_error(std::string("bench_planner: cannot write ") + path);
 }
 
-void bench_simulation(const char* name, const char* model, const char* cluster, int nodes, ParallelPlan plan, int runs) {
+void bench_simulation(const char* name, const char* model, const char* cluster, int nodes, ParallelPlan plan, int runs,
+                      std::optional<int> gpus_per_node = std::nullopt) {
   const ModelSpec m = load_model(model);
-  const Cluster cl = load_cluster(cluster, nodes);
+  const Cluster cl = load_cluster(cluster, nodes, gpus_per_node);
   const Topology topo(cl);
   plan.seq_length = plan.seq_length > 0 ? plan.seq_length : m.seq_length;
   if (const auto bad = check_plan(plan, m, cl)) throw std::invalid_argument(describe(*bad, m, cl));
@@ -171,7 +173,7 @@ void bench_simulation(const char* name, const char* model, const char* cluster, 
 }  // namespace
 
 // `bench_planner`: everything; `bench_planner planner`: the planner only;
-// `bench_planner sim [gpt-1t|llama3.1-405b|deepseek-v3 [RUNS]]`: only the simulator (one
+// `bench_planner sim [gpt-1t|llama3.1-405b|deepseek-v3|llama3.1-405b-gb200 [RUNS]]`: only the simulator (one
 // case, RUNS times in this process, default 1), e.g. to measure its peak
 // memory alone.
 int main(int argc, char** argv) {
@@ -179,7 +181,7 @@ int main(int argc, char** argv) {
   const std::string sim_case = argc > 2 ? argv[2] : "";
   const int runs = argc > 3 ? std::atoi(argv[3]) : 1;
   if ((!only.empty() && only != "sim" && only != "planner") || runs < 1 || argc > 4) {
-    std::fprintf(stderr, "usage: bench_planner [planner | sim [gpt-1t|llama3.1-405b|deepseek-v3 [RUNS]]]\n");
+    std::fprintf(stderr, "usage: bench_planner [planner | sim [gpt-1t|llama3.1-405b|deepseek-v3|llama3.1-405b-gb200 [RUNS]]]\n");
     return 2;
   }
   const Case cases[] = {
@@ -236,6 +238,25 @@ int main(int argc, char** argv) {
   if (sim_case.empty() || sim_case == "deepseek-v3") {
     bench_simulation("deepseek-v3 PP16 EP64 DP128, seq 4096", "models/deepseek-v3.json",
                      "topologies/h100-roce-24k.json", 256, v3, runs);
+  }
+  // The best plan `cuboid plan --model models/llama3.1-405b.json --cluster
+  // topologies/gb200-nvl72.json --nodes 256 --gpus-per-node 64` finds: 256
+  // racks of 16 trays, TP 8 x CP 4 inside each rack.
+  ParallelPlan gb;
+  gb.tp = 8;
+  gb.cp = 4;
+  gb.pp = 2;
+  gb.dp = 256;
+  gb.virtual_stages = 9;
+  gb.schedule = Schedule::interleaved;
+  gb.global_batch = 512;
+  gb.seq_length = 8192;
+  gb.sequence_parallel = true;
+  gb.zero_stage = 1;
+  gb.recompute = Recompute::none;
+  if (sim_case.empty() || sim_case == "llama3.1-405b-gb200") {
+    bench_simulation("llama3.1-405b TP8 CP4 PP2 DP256 on GB200", "models/llama3.1-405b.json",
+                     "topologies/gb200-nvl72.json", 256, gb, runs, 64);
   }
   return 0;
 }

@@ -478,6 +478,10 @@ std::vector<Case> catalogue() {
       {"--simulate-top -1", [](const TempDir&) { return flag_case("plan", "--simulate-top -1", {"--simulate-top", "must not be negative"}); }},
       {"--nodes 0", [](const TempDir&) { return flag_case("plan", "--nodes 0", {"--nodes", "must be positive"}); }},
       {"--nodes above max_nodes", [](const TempDir&) { return flag_case("plan", "--nodes 1000", {"--nodes", "exceed max_nodes 140"}); }},
+      {"--gpus-per-node 0", [](const TempDir&) { return flag_case("plan", "--gpus-per-node 0", {"--gpus-per-node", "must be positive"}); }},
+      {"--gpus-per-node above the card's", [](const TempDir&) {
+         return flag_case("plan", "--gpus-per-node 9", {"--gpus-per-node", "9 GPUs per node, but a node of", "has 8"});
+       }},
       {"--trace-ranks not numbers", [](const TempDir& d) {
          return flag_case("simulate", "--trace " + (d / "t.json").string() + " --trace-ranks 0,x", {"--trace-ranks"});
        }},

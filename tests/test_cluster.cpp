@@ -101,8 +101,9 @@ void check_routes_against_bfs(const Topology& t) {
 }  // namespace
 
 TEST_CASE("every shipped card loads") {
-  const char* cards[] = {"dgx-a100.json", "dgx-h100.json", "hgx-h200.json", "dgx-a100-4node.json",
-                         "dgx-a100-superpod.json", "localhost-cpu.json"};
+  const char* cards[] = {"dgx-a100.json",         "dgx-h100.json",         "hgx-h200.json",    "dgx-a100-4node.json",
+                         "dgx-a100-superpod.json", "localhost-cpu.json",    "dgx-b200.json",    "gb200-nvl72.json",
+                         "gb300-nvl72.json"};
   for (const char* name : cards) {
     CAPTURE(name);
     const Cluster c = cuboid::load_cluster(kTopologies / name);
@@ -127,10 +128,117 @@ TEST_CASE("every shipped card loads") {
     const Topology t(c);
     CHECK(t.num_gpus() == c.total_gpus());
   }
-  for (const char* name : {"a100-sxm4-80gb.json", "h100-sxm5-80gb.json", "h200-sxm-141gb.json"}) {
+  for (const char* name : {"a100-sxm4-80gb.json", "h100-sxm5-80gb.json", "h200-sxm-141gb.json", "b200.json",
+                           "gb200.json", "gb300.json", "h800-sxm5-80gb.json"}) {
+    CAPTURE(name);
     const auto p = kTopologies / "gpus" / name;
-    CHECK(cuboid::gpu_profile_from_json(cuboid::read_json_file(p), p.string()).sm_count >= 108);
+    const cuboid::GpuProfile g = cuboid::gpu_profile_from_json(cuboid::read_json_file(p), p.string());
+    CHECK(g.sm_count >= 108);
+    // Low-precision rates, where a profile gives them, are sourced and above BF16's.
+    if (g.peak_fp8_flops > 0) CHECK(!g.sources.at("peak_fp8_flops").empty());
+    if (g.peak_fp4_flops > 0) CHECK(!g.sources.at("peak_fp4_flops").empty());
+    if (g.peak_fp8_flops > 0) CHECK(g.peak_fp8_flops == doctest::Approx(2 * g.peak_bf16_flops).epsilon(0.001));
+    if (g.peak_fp4_flops > 0) CHECK(g.peak_fp4_flops > g.peak_fp8_flops);
+    // Blackwell's efficiencies are all sourced, the flash kernel's among them.
+    for (const char* f : {"flash_attention_fwd_efficiency", "flash_attention_bwd_efficiency", "speed_spread"}) {
+      CAPTURE(f);
+      if (name != std::string("a100-sxm4-80gb.json")) CHECK(!g.sources.at(f).empty());
+    }
   }
+}
+
+// The figures of the Blackwell profiles and cards, read off their JSON by hand.
+TEST_CASE("Blackwell profiles: dense rates, memory, SMs") {
+  auto profile = [](const char* name) {
+    const auto p = kTopologies / "gpus" / name;
+    return cuboid::gpu_profile_from_json(cuboid::read_json_file(p), p.string());
+  };
+  const cuboid::GpuProfile b200 = profile("b200.json");
+  CHECK(b200.peak_bf16_flops == doctest::Approx(2250e12));  // 4.5 PFLOPS sparse / 2
+  CHECK(b200.peak_fp8_flops == doctest::Approx(4500e12));
+  CHECK(b200.peak_fp4_flops == doctest::Approx(9000e12));
+  CHECK(b200.hbm_bandwidth_Bps == doctest::Approx(7.672e12));
+  CHECK(b200.memory_bytes == 183359LL * 1024 * 1024);
+  CHECK(b200.sm_count == 148);
+  CHECK(b200.gemm_max_efficiency == doctest::Approx(1745.0 / 2250).epsilon(0.001));
+  const cuboid::GpuProfile gb200 = profile("gb200.json");
+  CHECK(gb200.peak_bf16_flops == doctest::Approx(2500e12));
+  CHECK(gb200.peak_fp8_flops == doctest::Approx(5000e12));
+  CHECK(gb200.peak_fp4_flops == doctest::Approx(10000e12));
+  CHECK(gb200.memory_bytes == 186LL * 1024 * 1024 * 1024);
+  const cuboid::GpuProfile gb300 = profile("gb300.json");
+  CHECK(gb300.peak_bf16_flops == doctest::Approx(2500e12));
+  CHECK(gb300.peak_fp4_flops == doctest::Approx(15000e12));  // 1,080 PFLOPS dense / 72
+  CHECK(gb300.sm_count == 160);
+  const cuboid::GpuProfile h800 = profile("h800-sxm5-80gb.json");
+  CHECK(h800.peak_bf16_flops == doctest::Approx(989e12));
+  CHECK(h800.peak_fp8_flops == doctest::Approx(1979e12));
+  CHECK(h800.peak_fp4_flops == 0);  // Hopper has no FP4 tensor cores
+  // The A100 has neither: absent keys read 0.
+  CHECK(profile("a100-sxm4-80gb.json").peak_fp8_flops == 0);
+  CHECK(profile("h100-sxm5-80gb.json").peak_fp8_flops == doctest::Approx(1979e12));
+}
+
+TEST_CASE("DGX B200 and NVL72 cards: the NVLink domain is the node") {
+  const Cluster b = cuboid::load_cluster(kTopologies / "dgx-b200.json");
+  CHECK(b.gpus_per_node == 8);
+  CHECK(b.gpu.name == "B200-SXM6-180GB");
+  CHECK(b.intra.link_bandwidth_GBps == 900);
+  CHECK(b.intra.allreduce_busbw_GBps == 830);  // NVLS
+  CHECK(b.intra.busbw_GBps == 722);            // NCCL's 40.1 GB/s x 18 links
+  CHECK(b.inter.nics_per_node == 8);
+  CHECK(b.inter.nic_bandwidth_Gbps == 400);
+  CHECK(b.inter.nodes_per_leaf == 32);
+
+  const Cluster g = cuboid::load_cluster(kTopologies / "gb200-nvl72.json", 4);
+  CHECK(g.gpus_per_node == 72);  // 18 compute trays x 4 GPUs in one NVLink domain
+  CHECK(g.total_gpus() == 288);
+  CHECK(g.gpu.name == "GB200");
+  CHECK(g.intra.allreduce_busbw_GBps == 835);  // full-rack NVLS all-reduce
+  CHECK(g.inter.kind == "infiniband-ndr");
+  CHECK(g.inter.nics_per_node == 72);  // one ConnectX-7 per GPU
+  CHECK(g.inter.nic_bandwidth_Gbps == 400);
+  CHECK(g.inter.nodes_per_leaf == 8);  // 8 racks per scalable unit
+  CHECK(g.inter.rail_optimized);
+  const Topology gt(g);
+  CHECK(gt.tier(0, 71) == Tier::nvlink);  // trays 1 and 18 of a rack: one NVLink hop apart
+  CHECK(gt.tier(0, 72) == Tier::leaf);    // rail 0 of the next rack
+  CHECK(gt.rail_symmetric());
+
+  const Cluster u = cuboid::load_cluster(kTopologies / "gb300-nvl72.json");
+  CHECK(u.gpus_per_node == 72);
+  CHECK(u.inter.kind == "infiniband-xdr");
+  CHECK(u.inter.nics_per_node == 72);
+  CHECK(u.inter.nic_bandwidth_Gbps == 800);  // ConnectX-8
+  CHECK(u.inter.nic_busbw_GBps == 92);
+}
+
+TEST_CASE("--gpus-per-node uses part of each node, with its share of the NICs") {
+  const auto nvl = kTopologies / "gb200-nvl72.json";
+  // 16 of a rack's 18 trays: 256 racks are 16,384 GPUs, each with its own NIC.
+  const Cluster c = cuboid::load_cluster(nvl, 256, 64);
+  CHECK(c.gpus_per_node == 64);
+  CHECK(c.total_gpus() == 16384);
+  CHECK(c.inter.nics_per_node == 64);
+  CHECK(c.intra.allreduce_busbw_GBps == 835);
+  const Topology t(c);
+  CHECK(t.tier(0, 63) == Tier::nvlink);
+  CHECK(t.tier(0, 64) == Tier::leaf);
+  CHECK(t.rail_symmetric());
+  // The card's own count is the identity.
+  const auto dgx = kTopologies / "dgx-a100.json";
+  CHECK(cuboid::load_cluster(dgx, 2, 8).inter.nics_per_node == 8);
+  CHECK(cuboid::load_cluster(dgx, 2, 4).inter.nics_per_node == 4);
+  CHECK(input_error_message([&] { cuboid::load_cluster(nvl, 1, 73); }) ==
+        "command line: --gpus-per-node: 73 GPUs per node, but a node of " + nvl.string() +
+            " has 72 (fix: use at most 72 GPUs per node)");
+  CHECK(input_error_message([&] { cuboid::load_cluster(nvl, 1, 0); }) ==
+        "command line: --gpus-per-node: must be positive, got 0 (fix: give a GPU count >= 1)");
+  json j = small_card();  // 4 GPUs, 2 NICs per node
+  CHECK(input_error_message([&] { cuboid::cluster_from_json(j, "small.json", kTopologies, std::nullopt, 3); }) ==
+        "command line: --gpus-per-node: 3 of 4 GPUs would take a fraction of small.json's 2 NICs per node "
+        "(fix: give a multiple of 2 GPUs per node)");
+  CHECK(cuboid::cluster_from_json(j, "small.json", kTopologies, std::nullopt, 2).inter.nics_per_node == 1);
 }
 
 TEST_CASE("DGX A100 constants") {

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "cuboid/core/cluster.hpp"
+#include "cuboid/core/plan.hpp"
+#include "cuboid/cost/cost.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/search/planner.hpp"
@@ -612,4 +614,67 @@ TEST_CASE("a trainer preset limits the search to what it can run and gives every
   CHECK(p.trainer.dp_grad_bytes == 4);
   CHECK(p.grad_accum_fusion);
   CHECK(p.sequence_parallel);
+}
+
+// An NVL72 rack is one NVLink domain: TP, CP and EP groups of more than 8
+// GPUs are searched inside it and priced at its NVLink busbw; on 8-GPU DGX
+// B200 nodes the same TP 16 crosses the NICs.
+TEST_CASE("GB200 NVL72: TP, CP and EP groups beyond 8 GPUs are searched and priced inside the NVLink domain") {
+  const ModelSpec gpt3 = load_model("models/gpt3-175b.json");  // 96 heads: TP 16 divides them
+  const Cluster nvl = load_cluster("topologies/gb200-nvl72.json", 2, 64);  // 2 racks x 16 trays
+  const Topology topo(nvl);
+  PlannerOptions o;
+  SearchResult r;
+  const std::vector<ParallelPlan> plans = enumerate_plans(gpt3, topo, o, r);
+  const auto tp16 = std::find_if(plans.begin(), plans.end(), [](const ParallelPlan& p) { return p.tp == 16; });
+  REQUIRE(tp16 != plans.end());
+  CHECK(std::any_of(plans.begin(), plans.end(), [](const ParallelPlan& p) { return p.tp == 32; }));
+  const RankMapping map(*tp16, nvl.gpus_per_node);
+  for (const std::vector<int>& g : map.tp_groups()) CHECK(g.front() / 64 == g.back() / 64);  // one rack each
+  const LinkParams tp_link = group_link_params(topo, Collective::all_reduce, map.tp_group(0, 0));
+  CHECK(tp_link.busbw_Bps == doctest::Approx(835e9));  // the rack's NVLS all-reduce
+  CHECK(tp_link.latency_ns == doctest::Approx(1900));
+
+  // CP 16 of a 32k-token Llama 3.1 405B (8 KV heads keep TP at 8 or less).
+  const ModelSpec l405 = load_model("models/llama3.1-405b.json");
+  PlannerOptions lo;
+  lo.seq_length = 32768;
+  SearchResult lr;
+  const std::vector<ParallelPlan> lplans = enumerate_plans(l405, topo, lo, lr);
+  const auto cp16 = std::find_if(lplans.begin(), lplans.end(),
+                                 [](const ParallelPlan& p) { return p.cp == 16 && p.tp == 4; });
+  REQUIRE(cp16 != lplans.end());
+  const RankMapping lmap(*cp16, nvl.gpus_per_node);
+  const std::vector<int> cp_group = lmap.cp_group(0, 0, 0);
+  REQUIRE(cp_group.size() == 16);
+  CHECK(cp_group.back() / 64 == cp_group.front() / 64);  // TP 4 x CP 16 = one rack
+  CHECK(group_link_params(topo, Collective::send_recv, cp_group).busbw_Bps == doctest::Approx(722e9));
+
+  // EP 64 of a 128-expert model: one rack's all-to-all, at NVLink's busbw.
+  const ModelSpec qwen = load_model("models/qwen3-30b-a3b.json");
+  SearchResult qr;
+  const std::vector<ParallelPlan> qplans = enumerate_plans(qwen, topo, PlannerOptions{}, qr);
+  const auto ep64 = std::find_if(qplans.begin(), qplans.end(), [](const ParallelPlan& p) { return p.ep == 64; });
+  REQUIRE(ep64 != qplans.end());
+  const std::vector<int> ep_group = RankMapping(*ep64, nvl.gpus_per_node).ep_group(0, 0, 0);
+  REQUIRE(ep_group.size() == 64);
+  CHECK(ep_group.back() / 64 == ep_group.front() / 64);
+  CHECK(group_link_params(topo, Collective::all_to_all, ep_group).busbw_Bps == doctest::Approx(722e9));
+
+  // DGX B200: 8 GPUs per node, so a fixed TP 16 spans two nodes and is priced
+  // at 8 rails of 46 GB/s (368 GB/s, below NVLS's 830).
+  const Cluster dgx = load_cluster("topologies/dgx-b200.json", 2);
+  const Topology dtopo(dgx);
+  PlannerOptions d;
+  SearchResult dr;
+  const std::vector<ParallelPlan> searched = enumerate_plans(gpt3, dtopo, d, dr);
+  CHECK(!searched.empty());
+  CHECK(std::none_of(searched.begin(), searched.end(), [](const ParallelPlan& p) { return p.tp > 8; }));  // in a node
+  d.tp = 16;
+  const std::vector<ParallelPlan> dplans = enumerate_plans(gpt3, dtopo, d, dr);
+  REQUIRE(!dplans.empty());
+  const RankMapping dmap(dplans.front(), dgx.gpus_per_node);
+  const LinkParams cross = group_link_params(dtopo, Collective::all_reduce, dmap.tp_group(0, 0));
+  CHECK(cross.busbw_Bps == doctest::Approx(8 * 46e9));
+  CHECK(cross.latency_ns == doctest::Approx(4000));
 }

@@ -80,7 +80,7 @@ std::string what_would_fit(const Loaded& l, const PlannerOptions& o, const PlanF
     const int nodes = l.cluster.nodes * factor;
     Cluster bigger;
     try {
-      bigger = load_cluster(f.cluster_path, nodes);
+      bigger = load_cluster(f.cluster_path, nodes, f.gpus_per_node);
     } catch (const InputError& e) {
       out += fmt::format("  {:<44} not possible: {}\n", fmt::format("--nodes {}", nodes), e.problem());
       break;

@@ -2,6 +2,7 @@
 // Exit codes: 0 within --tolerance, 1 end-to-end error beyond it, 2 bad input
 // (measurements of another plan, cluster or backend, missing ops, bad times).
 #include "commands.hpp"
+#include "plan_flags.hpp"
 
 #include <cmath>
 #include <cstdlib>
@@ -34,7 +35,7 @@ void run_validate(const ValidateFlags& f) {
                      "give e.g. --tolerance 0.10 for 10 %");
   const Statistic stat = parse_statistic(f.statistic, "--statistic");
   const PlanFile pf = read_plan_file(f.plan_path);
-  const Cluster cluster = load_cluster(f.cluster_path, pf.nodes);
+  const Cluster cluster = load_cluster_for_plan(f.cluster_path, pf.nodes, std::nullopt, pf.gpus_per_node);
   const Measurements m = load_measurements(f.measurements_path);
   if (const std::string w = host_mismatch_warning(cluster, m); !w.empty()) std::cerr << w << "\n";
   const ValidationReport r = validate_measurements(pf, cluster, m, f.tolerance, stat);

@@ -36,6 +36,9 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   if (with_plan_file)
     cmd->add_option("--plan", f.plan_path, "a plan file written by `cuboid plan --out` (instead of --model and the dimensions)");
   cmd->add_option("--nodes", f.nodes, "use N nodes of the cluster card (default: the card's node count)");
+  cmd->add_option("--gpus-per-node", f.gpus_per_node,
+                  "use G of each node's GPUs, with their share of its NICs (default: all; e.g. 64 for 16 of a GB200 "
+                  "NVL72 rack's 18 trays)");
   cmd->add_option("--global-batch", f.global_batch, "sequences per iteration (default: ~4M tokens, at most 16 sequences per GPU, divisible by every DP size)");
   cmd->add_option("--seq-length", f.seq_length, "tokens per sequence (default: the model card's seq_length)");
   const char* fix = search ? "fix it (default: searched)" : "set it";
@@ -130,6 +133,7 @@ PlannerOptions planner_options(const PlanFlags& f) {
     if (v && *v <= 0) throw InputError(cl, flag, "must be positive, got " + std::to_string(*v), "give a value >= 1");
   };
   positive(f.nodes, "--nodes");
+  positive(f.gpus_per_node, "--gpus-per-node");
   positive(f.global_batch, "--global-batch");
   positive(f.seq_length, "--seq-length");
   positive(f.tp, "--tp");
@@ -213,7 +217,7 @@ Loaded load(const PlanFlags& f) {
                          "the cluster card \"" + cluster_path + "\" named by the plan file is not found from here",
                          "pass --cluster with the card of the cluster this plan was made for");
     }
-    l.cluster = load_cluster(cluster_path, f.nodes.value_or(pf.nodes));
+    l.cluster = load_cluster_for_plan(cluster_path, f.nodes.value_or(pf.nodes), f.gpus_per_node, pf.gpus_per_node);
     // The file's plan passed check_plan on the shape it names (read_plan_file);
     // this cluster has that shape.
     check_plan_matches_cluster(pf, l.cluster);
@@ -223,7 +227,7 @@ Loaded load(const PlanFlags& f) {
     if (f.cluster_path.empty())
       throw InputError(cl, "--cluster", "--cluster is required", "give a cluster card, e.g. --cluster topologies/dgx-a100-4node.json");
     l.model = load_model(f.model_path);
-    l.cluster = load_cluster(f.cluster_path, f.nodes);
+    l.cluster = load_cluster(f.cluster_path, f.nodes, f.gpus_per_node);
   }
   if (f.gpu_spread) {
     l.cluster.gpu.speed_spread = *f.gpu_spread;
@@ -234,6 +238,13 @@ Loaded load(const PlanFlags& f) {
   spdlog::info("cluster {}: {} nodes x {} {}", l.cluster.name, l.cluster.nodes, l.cluster.gpus_per_node, l.cluster.gpu.name);
   l.topology = std::make_unique<Topology>(l.cluster);
   return l;
+}
+
+Cluster load_cluster_for_plan(const std::string& cluster_path, int nodes, std::optional<int> gpus_per_node,
+                              int plan_gpus_per_node) {
+  Cluster c = load_cluster(cluster_path, nodes, gpus_per_node);
+  if (!gpus_per_node && plan_gpus_per_node < c.gpus_per_node) c = load_cluster(cluster_path, nodes, plan_gpus_per_node);
+  return c;
 }
 
 // --for TARGET: search only plans that the trainer can express, asking the

@@ -26,6 +26,7 @@ struct PlanFlags {
   std::string model_path;
   std::string cluster_path;
   std::optional<int> nodes;
+  std::optional<int> gpus_per_node;              // --gpus-per-node: G of each node's GPUs
   std::optional<std::int64_t> global_batch, seq_length;
   std::optional<int> tp, pp, dp, cp, micro_batch, vpp, zero;
   std::optional<std::string> cp_comm;            // --cp-comm-type p2p|a2a
@@ -58,6 +59,12 @@ struct PlanFlags {
 // search: the flags fix dimensions of a search (plan) rather than set them.
 // with_plan_file: also accept --plan FILE instead of --model/--cluster and the dimensions.
 void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_file = false);
+
+// The card a plan file runs on: `nodes` of it, and `gpus_per_node` of each
+// node's GPUs when given, else the plan's own where the plan used fewer than
+// the card has (a plan made with --gpus-per-node).
+Cluster load_cluster_for_plan(const std::string& cluster_path, int nodes, std::optional<int> gpus_per_node,
+                              int plan_gpus_per_node);
 bool parse_on_off(const std::string& v, const std::string& flag);
 // The output paths given by flags ({"--out", &f.out_path}, ...; absent ones
 // skipped), checked by cuboid/core/files.hpp's rules once the inputs are read

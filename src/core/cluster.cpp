@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <initializer_list>
+#include <numeric>
 #include <vector>
 #include <string>
 #include <string_view>
@@ -136,13 +137,18 @@ std::int64_t memory_bytes(JsonReader& r, GpuProfile& gpu) {
 }
 
 GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
-  check_keys(j, r, {"name", "peak_bf16_tflops", "hbm_bandwidth_GBps", "memory_MiB", "memory_GiB", "memory_GB",
-                    "sm_count", "gemm_max_efficiency", "memory_bound_efficiency", "kernel_launch_us",
+  check_keys(j, r, {"name", "peak_bf16_tflops", "peak_fp8_tflops", "peak_fp4_tflops", "hbm_bandwidth_GBps",
+                    "memory_MiB", "memory_GiB", "memory_GB", "sm_count", "gemm_max_efficiency", "memory_bound_efficiency", "kernel_launch_us",
                     "memory_reserve_GiB", "flash_attention", "unfused_attention_efficiency", "speed_spread",
                     "flash_attention_fwd_efficiency", "flash_attention_bwd_efficiency", "gemm_sustained_fraction"});
   GpuProfile gpu;
   gpu.name = r.string("name");
   gpu.peak_bf16_flops = sourced(r, "peak_bf16_tflops", gpu.sources, "peak_bf16_flops") * kTera;
+  // Optional: absent where the GPU has no such tensor cores (A100: no FP8, Hopper: no FP4).
+  if (r.has("peak_fp8_tflops"))
+    gpu.peak_fp8_flops = sourced(r, "peak_fp8_tflops", gpu.sources, "peak_fp8_flops") * kTera;
+  if (r.has("peak_fp4_tflops"))
+    gpu.peak_fp4_flops = sourced(r, "peak_fp4_tflops", gpu.sources, "peak_fp4_flops") * kTera;
   gpu.hbm_bandwidth_Bps = sourced(r, "hbm_bandwidth_GBps", gpu.sources, "hbm_bandwidth_Bps") * kGiga;
   gpu.memory_bytes = memory_bytes(r, gpu);
   gpu.sm_count = sourced_count(r, "sm_count", gpu.sources, "sm_count");
@@ -208,7 +214,7 @@ InterNodeFabric inter_from_reader(const nlohmann::json& j, JsonReader r) {
                     "switch_latency_us", "levels", "nodes_per_leaf", "leaves_per_pod", "oversubscription",
                     "core_oversubscription", "rail_optimized"});
   InterNodeFabric f;
-  f.kind = r.choice("kind", {"infiniband-hdr", "infiniband-ndr", "roce", "none"});
+  f.kind = r.choice("kind", {"infiniband-hdr", "infiniband-ndr", "infiniband-xdr", "roce", "none"});
   if (f.kind == "none") {
     // A single machine: no NICs, no switches. Only nics_per_node (0) may be stated.
     f.nics_per_node = optional_count(r, "nics_per_node", f.sources, "nics_per_node", 0);
@@ -297,6 +303,50 @@ void check_node_count(const Cluster& c, const std::string& source, bool overridd
   }
 }
 
+void check_overrides(std::optional<int> nodes, std::optional<int> gpus_per_node) {
+  if (nodes && *nodes <= 0) {
+    throw InputError("command line", "--nodes", "must be positive, got " + std::to_string(*nodes),
+                     "give a node count >= 1");
+  }
+  if (gpus_per_node && *gpus_per_node <= 0) {
+    throw InputError("command line", "--gpus-per-node", "must be positive, got " + std::to_string(*gpus_per_node),
+                     "give a GPU count >= 1");
+  }
+}
+
+// --gpus-per-node G: G of each node's GPUs, with their share of its NICs (a
+// GPU keeps its own NIC on a rail-optimised node); the NVLink domain and the
+// fabric are the card's. A GB200 NVL72 job given 16 of a rack's 18 trays is
+// 64 GPUs of the 72 (docs/cards.md).
+void use_gpus_per_node(Cluster& c, const std::string& source, int gpus) {
+  const std::string cl = "command line";
+  const std::string flag = "--gpus-per-node";
+  if (gpus > c.gpus_per_node) {
+    throw InputError(cl, flag,
+                     std::to_string(gpus) + " GPUs per node, but a node of " + source + " has " +
+                         std::to_string(c.gpus_per_node),
+                     "use at most " + std::to_string(c.gpus_per_node) + " GPUs per node");
+  }
+  const int nics = c.inter.nics_per_node;
+  if (nics > 0) {
+    if (static_cast<std::int64_t>(nics) * gpus % c.gpus_per_node != 0) {
+      throw InputError(cl, flag,
+                       std::to_string(gpus) + " of " + std::to_string(c.gpus_per_node) + " GPUs would take a fraction of " +
+                           source + "'s " + std::to_string(nics) + " NICs per node",
+                       "give a multiple of " + std::to_string(c.gpus_per_node / std::gcd(nics, c.gpus_per_node)) +
+                           " GPUs per node");
+    }
+    c.inter.nics_per_node = static_cast<int>(static_cast<std::int64_t>(nics) * gpus / c.gpus_per_node);
+    if (c.inter.levels == 3 && c.inter.rail_optimized && c.inter.leaves_per_pod % c.inter.nics_per_node != 0) {
+      throw InputError(cl, flag,
+                       std::to_string(c.inter.nics_per_node) + " NICs per node do not divide the " +
+                           std::to_string(c.inter.leaves_per_pod) + " rail leaves per pod of " + source,
+                       "give a GPU count whose NICs divide leaves_per_pod");
+    }
+  }
+  c.gpus_per_node = gpus;
+}
+
 }  // namespace
 
 GpuProfile gpu_profile_from_json(const nlohmann::json& j, const std::string& source) {
@@ -306,12 +356,10 @@ GpuProfile gpu_profile_from_json(const nlohmann::json& j, const std::string& sou
 }
 
 Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
-                          const std::filesystem::path& base_dir, std::optional<int> nodes) {
+                          const std::filesystem::path& base_dir, std::optional<int> nodes,
+                          std::optional<int> gpus_per_node) {
   if (!j.is_object()) throw InputError(source, "", "a cluster card must be a JSON object", "wrap the fields in { ... }");
-  if (nodes && *nodes <= 0) {
-    throw InputError("command line", "--nodes", "must be positive, got " + std::to_string(*nodes),
-                     "give a node count >= 1");
-  }
+  check_overrides(nodes, gpus_per_node);
   JsonReader r(j, source);
   check_keys(j, r, {"name", "nodes", "max_nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "calibration"});
   Cluster c;
@@ -366,6 +414,7 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
     r.fail("nodes", std::to_string(c.nodes) + " exceeds max_nodes " + std::to_string(max_nodes),
            "lower nodes or raise max_nodes");
   }
+  if (gpus_per_node) use_gpus_per_node(c, source, *gpus_per_node);
   if (!nodes) check_node_count(c, source, false);
   if (nodes) {
     if (max_nodes > 0 && *nodes > max_nodes) {
@@ -380,13 +429,10 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
   return c;
 }
 
-Cluster load_cluster(const std::filesystem::path& path, std::optional<int> nodes) {
-  if (nodes && *nodes <= 0) {
-    throw InputError("command line", "--nodes", "must be positive, got " + std::to_string(*nodes),
-                     "give a node count >= 1");
-  }
+Cluster load_cluster(const std::filesystem::path& path, std::optional<int> nodes, std::optional<int> gpus_per_node) {
+  check_overrides(nodes, gpus_per_node);
   const nlohmann::json j = read_json_file(path);
-  return cluster_from_json(j, path.string(), path.parent_path(), nodes);
+  return cluster_from_json(j, path.string(), path.parent_path(), nodes, gpus_per_node);
 }
 
 }  // namespace cuboid

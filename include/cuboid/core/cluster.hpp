@@ -27,6 +27,8 @@ inline constexpr double kMaxSpeedSpread = 0.5;
 struct GpuProfile {
   std::string name;                     // "A100-SXM4-80GB"
   double peak_bf16_flops = 0;           // dense tensor-core FLOP/s (datasheet)
+  double peak_fp8_flops = 0;  // dense FP8 tensor-core FLOP/s (datasheet); 0: no FP8 tensor cores
+  double peak_fp4_flops = 0;  // dense FP4 (NVFP4) tensor-core FLOP/s (datasheet); 0: none
   double hbm_bandwidth_Bps = 0;         // bytes/s (datasheet)
   std::int64_t memory_bytes = 0;        // HBM capacity
   int sm_count = 0;                     // streaming multiprocessors (wave quantisation)
@@ -88,7 +90,7 @@ struct IntraNodeFabric {
 };
 
 struct InterNodeFabric {
-  std::string kind;                     // "infiniband-hdr" | "infiniband-ndr" | "roce" | "none"
+  std::string kind;                     // "infiniband-hdr" | "infiniband-ndr" | "infiniband-xdr" | "roce" | "none"
   int nics_per_node = 0;
   double nic_bandwidth_Gbps = 0;        // line rate per NIC
   double nic_busbw_GBps = 0;            // achieved nccl-tests bandwidth per NIC
@@ -125,8 +127,13 @@ GpuProfile gpu_profile_from_json(const nlohmann::json& j, const std::string& sou
 // Loads a cluster card. "gpu" may be an inline object or a path relative to the
 // card's folder (e.g. "gpus/a100-sxm4-80gb.json"). `nodes`, when given,
 // overrides the card's node count (--nodes N): one card serves every size.
-Cluster load_cluster(const std::filesystem::path& path, std::optional<int> nodes = std::nullopt);
+// `gpus_per_node`, when given, uses that many of each node's GPUs, at most the
+// card's, with their share of its NICs (--gpus-per-node G: 16 of an NVL72
+// rack's 18 trays are 64 GPUs).
+Cluster load_cluster(const std::filesystem::path& path, std::optional<int> nodes = std::nullopt,
+                     std::optional<int> gpus_per_node = std::nullopt);
 Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
-                          const std::filesystem::path& base_dir, std::optional<int> nodes = std::nullopt);
+                          const std::filesystem::path& base_dir, std::optional<int> nodes = std::nullopt,
+                          std::optional<int> gpus_per_node = std::nullopt);
 
 }  // namespace cuboid
