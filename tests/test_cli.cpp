@@ -151,6 +151,8 @@ TEST_CASE("bad input: exit code 2 and one line naming the file or flag and the f
       {"simulate " + kLlama + " --tp 4 --pp 4 --vpp 3 --schedule interleaved", "does not divide the 80 layers"},
       {"simulate " + kLlama + " --tp 4 --pp 4 --gpu-spread -0.01", "--gpu-spread: must be in [0, 0.5], got -0.01"},
       {"plan " + kLlama + " --gpu-spread 0.6", "--gpu-spread: must be in [0, 0.5], got 0.6"},
+      {"simulate " + kLlama + " --tp 4 --pp 4 --precision fp8-current", "--precision: A100-SXM4-80GB has no FP8 tensor cores"},
+      {"plan " + kLlama + " --precision fp8", "--precision: unknown precision \"fp8\""},
   };
   for (const auto& c : cases) {
     CAPTURE(c.args);
@@ -349,6 +351,31 @@ TEST_CASE("--trainer and --dp-overlap reach plan, simulate and the plan file; a 
   CliResult a = run("simulate " + kLlama + " --tp 4 --pp 4 --trainer megatron-2021 --dp-overlap off --analytical --json");
   REQUIRE_MESSAGE(a.code == 0, a.err);
   CHECK(nlohmann::json::parse(a.out)["dp_grad_bytes"] == 2);
+}
+
+TEST_CASE("--precision reaches simulate, plan, the plan file and its readers; export refuses what it cannot write") {
+  const TempDir dir("cli_precision");
+  const std::string h100 = "--model models/llama3-8b.json --cluster topologies/dgx-h100.json";
+  CliResult s = run("simulate " + h100 + " --tp 2 --precision fp8-current");
+  REQUIRE_MESSAGE(s.code == 0, s.err);
+  CHECK(s.out.find("precision fp8-current: the linear layers' GEMMs in FP8") != std::string::npos);
+  CliResult b = run("simulate " + h100 + " --tp 2");
+  REQUIRE_MESSAGE(b.code == 0, b.err);
+  CHECK(b.out.find("precision") == std::string::npos);
+  const auto plan = dir / "p.json";
+  CliResult p = run("plan " + h100 + " --tp 2 --precision fp8-delayed --out " + plan.string());
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  const nlohmann::json pj = nlohmann::json::parse(std::ifstream(plan));
+  CHECK(pj["parallel"]["precision"] == "fp8-delayed");
+  CliResult again = run("simulate --plan " + plan.string());
+  REQUIRE_MESSAGE(again.code == 0, again.err);
+  CHECK(again.out.find("precision fp8-delayed") != std::string::npos);
+  CliResult e = run("export --plan " + plan.string() + " --to megatron");
+  CHECK(e.code == 2);
+  CHECK(e.err.find("parallel.precision: megatron exports write no precision yet") != std::string::npos);
+  CliResult old = run("simulate " + h100 + " --tp 2 --trainer megatron-2022 --precision fp8-current");
+  CHECK(old.code == 2);
+  CHECK(old.err.find("--precision: megatron-2022 runs no FP8 / FP4 linear layers here") != std::string::npos);
 }
 
 TEST_CASE("validate: measurements of another plan exit 2 with one line naming the field") {

@@ -65,7 +65,7 @@ bool same_preset(const TrainerPreset& a, const TrainerPreset& b) {
          a.flash_attention == b.flash_attention && a.grad_accum_fusion == b.grad_accum_fusion &&
          a.uneven_stages == b.uneven_stages && a.uneven_interleaved == b.uneven_interleaved &&
          a.context_parallel == b.context_parallel && a.context_parallel_a2a == b.context_parallel_a2a &&
-         a.expert_parallel == b.expert_parallel && a.zero_stages == b.zero_stages &&
+         a.expert_parallel == b.expert_parallel && a.fp8 == b.fp8 && a.zero_stages == b.zero_stages &&
          a.default_grad_accum_fusion == b.default_grad_accum_fusion && a.settings == b.settings;
 }
 
@@ -184,7 +184,7 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
       ++defaults;
     }
   }
-  CHECK(defaults == 25);
+  CHECK(defaults == 26);
 }
 
 TEST_CASE("a bad preset file: one exact error per bad field") {
@@ -198,8 +198,8 @@ TEST_CASE("a bad preset file: one exact error per bad field") {
     CHECK(error_of(j) == "trainers/t.json: settings.dp_overlapp: unknown field (fix: remove it or check its spelling "
                          "(did you mean \"dp_overlap\"?))");
     j = minimal();
-    j["settings"]["fp8"] = {{"value", true}, {"source", "s"}};
-    CHECK(error_of(j) == "trainers/t.json: settings.fp8: unknown field (fix: remove it or check its spelling "
+    j["settings"]["fp16"] = {{"value", true}, {"source", "s"}};
+    CHECK(error_of(j) == "trainers/t.json: settings.fp16: unknown field (fix: remove it or check its spelling "
                          "(schemas/cuboid.trainer.1.schema.json lists the fields))");
     j = minimal();
     j["settings"]["pipeline"] = {{"value", false}, {"source", "s"}};

@@ -45,6 +45,7 @@ std::string differences(const ParallelPlan& a, const ParallelPlan& b) {
   add("SP", a.sequence_parallel ? "on" : "off", b.sequence_parallel ? "on" : "off");
   add("rank order", a.order.str(), b.order.str());
   add("grad-accum fusion", a.grad_accum_fusion ? "on" : "off", b.grad_accum_fusion ? "on" : "off");
+  add("precision", std::string(to_string(a.precision)), std::string(to_string(b.precision)));
   add("trainer", a.trainer.preset, b.trainer.preset);
   return out.empty() ? "nothing else" : out;
 }
@@ -58,8 +59,9 @@ ExportResult replan_for_target(const PlanFile& pf, const ExportFlags& f, const I
   // No target that refuses a CP plan runs context parallelism as cuboid
   // prices it: the exporter's refusal says so and what to do.
   if (planned.cp > 1) throw refused;
-  // Nor does one that refuses the experts run them at all.
-  if (refused.field() == "model.moe") throw refused;
+  // Nor does one that refuses the experts run them at all, and no target
+  // writes a precision (a bf16 replan would drop the plan's FP8).
+  if (refused.field() == "model.moe" || refused.field() == "parallel.precision") throw refused;
   const std::string cp_flag = planned.cp > 1 ? fmt::format(" --cp {}", planned.cp) : std::string();
   const std::string layout = fmt::format("TP {}{} x PP {} x DP {}", planned.tp,
                                          planned.cp > 1 ? fmt::format(" x CP {}", planned.cp) : std::string(), planned.pp,

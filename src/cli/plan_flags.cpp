@@ -75,6 +75,13 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                   "Megatron's gradient-accumulation fusion: on = wgrad GEMMs accumulate into the fp32 main_grad "
                   "(Megatron-LM's default since 2022); off = a separate main_grad.add_ per parameter and micro-batch "
                   "(Megatron-LM before March 2022, DeepSpeed, FSDP): on|off (default: the trainer's)");
+  cmd->add_option("--precision", f.precision,
+                  "format of the linear layers' GEMMs, as Transformer Engine's recipes run them (attention, "
+                  "embedding and LM head stay bf16): " + precision_names() + " (default bf16" +
+                      std::string(search ? ", not searched" : "") + "; docs/cost-model.md#fp8)");
+  cmd->add_flag("--fp8-param-gather", f.fp8_param_gather,
+                "keep the FP8 layers' weights in FP8 only and all-gather them in FP8 (Megatron-Core's "
+                "--fp8-param-gather; needs an FP8 --precision and the distributed optimizer, --zero 1 or 2)");
   cmd->add_option("--dp-overlap", f.dp_overlap,
                   "overlap the DP gradient reduction with the last backward (Megatron --overlap-grad-reduce, torch "
                   "DDP, FSDP): on|off (default: the trainer's)");
@@ -175,6 +182,8 @@ PlannerOptions planner_options(const PlanFlags& f) {
   if (f.flash_attention) o.flash_attention = parse_on_off(*f.flash_attention, "--flash-attention");
   if (f.grad_accum_fusion) o.grad_accum_fusion = parse_on_off(*f.grad_accum_fusion, "--grad-accum-fusion");
   if (f.dp_overlap) o.dp_overlap = parse_on_off(*f.dp_overlap, "--dp-overlap");
+  if (f.precision) o.precision = parse_precision(*f.precision, cl, "--precision");
+  if (f.fp8_param_gather) o.fp8_param_gather = true;
   o.trainer = f.trainer;
   if (f.rank_order) o.order = RankOrder::parse(*f.rank_order, cl, "--rank-order");
   positive(f.first_stage_layers, "--first-stage-layers");
@@ -200,7 +209,7 @@ Loaded load(const PlanFlags& f) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
     const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.micro_batch || f.vpp || f.zero || f.recompute || f.sequence_parallel ||
-                      f.schedule || f.flash_attention || f.grad_accum_fusion || f.trainer || f.dp_overlap || f.rank_order ||
+                      f.schedule || f.flash_attention || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.rank_order ||
                       f.global_batch ||
                       f.seq_length ||
                       f.first_stage_layers || f.last_stage_layers || f.uneven_stages;
@@ -357,6 +366,9 @@ constexpr KeyFlag kKeyFlags[] = {
     {"parallel.flash_attention", "--flash-attention", [](const PlannerOptions& o) { return shown(o.flash_attention); }},
     {"parallel.grad_accum_fusion", "--grad-accum-fusion",
      [](const PlannerOptions& o) { return shown(o.grad_accum_fusion); }},
+    {"parallel.precision", "--precision", [](const PlannerOptions& o) { return shown(o.precision); }},
+    {"parallel.fp8_param_gather", "--fp8-param-gather",
+     [](const PlannerOptions& o) { return shown(o.fp8_param_gather); }},
     {"parallel.rank_order", "--rank-order", [](const PlannerOptions& o) { return shown(o.order); }},
     {"parallel.first_stage_layers", "--first-stage-layers",
      [](const PlannerOptions& o) { return shown(o.first_stage_layers); }},

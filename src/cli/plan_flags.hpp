@@ -33,6 +33,8 @@ struct PlanFlags {
   std::optional<int> ep, etp;                    // --ep, --etp (MoE models)
   std::optional<std::string> recompute, sequence_parallel, schedule, flash_attention, rank_order;
   std::optional<std::string> grad_accum_fusion;  // on|off
+  std::optional<std::string> precision;          // --precision bf16|fp8-delayed|...
+  bool fp8_param_gather = false;                 // --fp8-param-gather
   std::optional<std::string> trainer;            // --trainer preset
   std::optional<std::string> dp_overlap;         // on|off
   std::optional<int> first_stage_layers, last_stage_layers;

@@ -43,6 +43,13 @@ std::string plain_fix(const PlanRejection& r) {
     case K::mla_zero3: return "use ZeRO 0-2 (Megatron's distributed optimizer is ZeRO 1)";
     case K::moe_needs_sp: return "turn sequence parallelism on";
     case K::mla_cp: return "use CP 1 for a latent-attention model";
+    case K::precision_no_fp8:
+    case K::precision_no_fp4: return "use --precision bf16, or a cluster card whose GPU has those tensor cores";
+    case K::precision_no_microscaling:
+      return "use --precision fp8-current (or fp8-delayed, fp8-blockwise) on this GPU, or a Blackwell cluster card";
+    case K::precision_zero3: return "use --zero 0, 1 or 2 with FP8, or --precision bf16";
+    case K::param_gather_needs_fp8: return "add --precision fp8-delayed (or another FP8 recipe), or drop --fp8-param-gather";
+    case K::param_gather_needs_dist_opt: return "use --zero 1 (Megatron's distributed optimizer), or drop --fp8-param-gather";
     case K::stage_layers_negative: return "give positive layer counts";
     case K::uneven_rest:
       return "choose first/last stage layers so that the remaining layers divide by the middle stages";
@@ -64,6 +71,7 @@ std::string plain_fix(const PlanRejection& r) {
     case K::trainer_no_ep: return "use --ep 1 without --etp, or " + kOtherTrainer;
     case K::trainer_no_zero_stage: return "use --zero " + zero_stages(r.values[2]);
     case K::trainer_even_stages: return "choose a PP that divides the layers";
+    case K::trainer_no_fp8: return "use --precision bf16, or --trainer megatron-core";
     case K::trainer_even_chunks:
       return "drop --vpp (1F1B with uneven stages), or choose a PP x virtual stages that divides the layers";
     case K::interleaved_batches:
@@ -114,6 +122,8 @@ std::string_view flag_of(PlanField field) {
     case PlanField::recompute: return "--recompute";
     case PlanField::grad_accum_fusion: return "--grad-accum-fusion";
     case PlanField::trainer: return "--trainer";
+    case PlanField::precision: return "--precision";
+    case PlanField::fp8_param_gather: return "--fp8-param-gather";
   }
   return "--tp/--pp/--dp";
 }

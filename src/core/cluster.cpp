@@ -5,6 +5,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <numeric>
+#include <limits>
 #include <vector>
 #include <string>
 #include <string_view>
@@ -75,7 +76,8 @@ int optional_count(JsonReader& r, std::string_view key, std::map<std::string, st
   return r.count<int>(key, 0, kMaxCount);
 }
 
-// A non-negative fraction, bare or sourced, at most `max`; absent -> 0.
+// A non-negative number, bare or sourced, at most `max` (a fraction's 1, a
+// rate's infinity); absent -> 0.
 double optional_sourced_fraction(JsonReader& r, std::string_view key, std::map<std::string, std::string>& sources,
                                  const std::string& field, double max) {
   if (!r.has(key)) {
@@ -140,15 +142,15 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   check_keys(j, r, {"name", "peak_bf16_tflops", "peak_fp8_tflops", "peak_fp4_tflops", "hbm_bandwidth_GBps",
                     "memory_MiB", "memory_GiB", "memory_GB", "sm_count", "gemm_max_efficiency", "memory_bound_efficiency", "kernel_launch_us",
                     "memory_reserve_GiB", "flash_attention", "unfused_attention_efficiency", "speed_spread",
-                    "flash_attention_fwd_efficiency", "flash_attention_bwd_efficiency", "gemm_sustained_fraction"});
+                    "flash_attention_fwd_efficiency", "flash_attention_bwd_efficiency", "gemm_sustained_fraction",
+                    "microscaling_formats"});
   GpuProfile gpu;
   gpu.name = r.string("name");
   gpu.peak_bf16_flops = sourced(r, "peak_bf16_tflops", gpu.sources, "peak_bf16_flops") * kTera;
-  // Optional: absent where the GPU has no such tensor cores (A100: no FP8, Hopper: no FP4).
-  if (r.has("peak_fp8_tflops"))
-    gpu.peak_fp8_flops = sourced(r, "peak_fp8_tflops", gpu.sources, "peak_fp8_flops") * kTera;
-  if (r.has("peak_fp4_tflops"))
-    gpu.peak_fp4_flops = sourced(r, "peak_fp4_tflops", gpu.sources, "peak_fp4_flops") * kTera;
+  // Optional: absent or 0, the GPU has no such tensor cores.
+  constexpr double kNoBound = std::numeric_limits<double>::infinity();
+  gpu.peak_fp8_flops = optional_sourced_fraction(r, "peak_fp8_tflops", gpu.sources, "peak_fp8_flops", kNoBound) * kTera;
+  gpu.peak_fp4_flops = optional_sourced_fraction(r, "peak_fp4_tflops", gpu.sources, "peak_fp4_flops", kNoBound) * kTera;
   gpu.hbm_bandwidth_Bps = sourced(r, "hbm_bandwidth_GBps", gpu.sources, "hbm_bandwidth_Bps") * kGiga;
   gpu.memory_bytes = memory_bytes(r, gpu);
   gpu.sm_count = sourced_count(r, "sm_count", gpu.sources, "sm_count");
@@ -179,6 +181,14 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
     f.reject_unknown({"unit", "note"});
   } else {
     gpu.flash_attention = r.optional_boolean("flash_attention").value_or(true);
+  }
+  if (r.is_object("microscaling_formats")) {
+    JsonReader f = r.object("microscaling_formats");
+    gpu.microscaling_formats = f.boolean("value");
+    if (const auto src = f.optional_string("source")) gpu.sources["microscaling_formats"] = *src;
+    f.reject_unknown({"unit", "note"});
+  } else {
+    gpu.microscaling_formats = r.optional_boolean("microscaling_formats").value_or(false);
   }
   if (gpu.memory_reserve_bytes >= gpu.memory_bytes) {
     r.fail("memory_reserve_GiB", "reserve is not smaller than the GPU's memory",

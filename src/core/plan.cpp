@@ -1,6 +1,7 @@
 #include "cuboid/core/plan.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 #include <stdexcept>
 #include <utility>
@@ -47,6 +48,32 @@ CpComm parse_cp_comm(std::string_view s, const std::string& source, const std::s
     throw InputError(source, field, "CP communication \"" + std::string(s) + "\" is not modelled",
                      "use p2p (the ring, Megatron's default) or a2a");
   throw InputError(source, field, "unknown CP communication " + quote_value(s), "use p2p or a2a");
+}
+
+namespace {
+constexpr std::pair<Precision, std::string_view> kPrecisions[] = {
+    {Precision::bf16, "bf16"},          {Precision::fp8_delayed, "fp8-delayed"}, {Precision::fp8_current, "fp8-current"},
+    {Precision::fp8_blockwise, "fp8-blockwise"}, {Precision::mxfp8, "mxfp8"},    {Precision::nvfp4, "nvfp4"},
+};
+}  // namespace
+
+std::string_view to_string(Precision p) {
+  for (const auto& [value, name] : kPrecisions)
+    if (value == p) return name;
+  return "?";
+}
+
+std::string precision_names() {
+  std::string out;
+  for (std::size_t i = 0; i < std::size(kPrecisions); ++i)
+    out += std::string(i == 0 ? "" : i + 1 == std::size(kPrecisions) ? " or " : ", ") + std::string(kPrecisions[i].second);
+  return out;
+}
+
+Precision parse_precision(std::string_view s, const std::string& source, const std::string& field) {
+  for (const auto& [value, name] : kPrecisions)
+    if (name == s) return value;
+  throw InputError(source, field, "unknown precision " + quote_value(s), "use " + precision_names());
 }
 
 Zero3Unit parse_zero3_unit(std::string_view s, const std::string& source, const std::string& field) {
@@ -294,18 +321,22 @@ bool RankMapping::tp_crosses_nodes() const {
 }
 
 nlohmann::json plan_layout_json(const ParallelPlan& p) {
-  return {{"tp", p.tp},
-          {"pp", p.pp},
-          {"dp", p.dp},
-          {"micro_batch", p.micro_batch},
-          {"global_batch", p.global_batch},
-          {"seq_length", p.seq_length},
-          {"virtual_stages", p.virtual_stages},
-          {"zero_stage", p.zero_stage},
-          {"recompute", std::string(to_string(p.recompute))},
-          {"sequence_parallel", p.sequence_parallel},
-          {"schedule", std::string(to_string(p.schedule))},
-          {"rank_order", p.order.str()}};
+  nlohmann::json j{{"tp", p.tp},
+                   {"pp", p.pp},
+                   {"dp", p.dp},
+                   {"micro_batch", p.micro_batch},
+                   {"global_batch", p.global_batch},
+                   {"seq_length", p.seq_length},
+                   {"virtual_stages", p.virtual_stages},
+                   {"zero_stage", p.zero_stage},
+                   {"recompute", std::string(to_string(p.recompute))},
+                   {"sequence_parallel", p.sequence_parallel},
+                   {"schedule", std::string(to_string(p.schedule))},
+                   {"rank_order", p.order.str()}};
+  // Only when not bf16: the files of bf16 plans stay as they were.
+  if (p.precision != Precision::bf16) j["precision"] = std::string(to_string(p.precision));
+  if (p.fp8_param_gather) j["fp8_param_gather"] = true;
+  return j;
 }
 
 }  // namespace cuboid

@@ -47,6 +47,7 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
   if (p.cp > 1 && !t.context_parallel) return reject(K::trainer_no_cp, F::cp, preset);
   if (p.cp > 1 && p.cp_comm == CpComm::a2a && !t.context_parallel_a2a)
     return reject(K::trainer_no_cp_a2a, F::cp_comm, preset);
+  if (p.precision != Precision::bf16 && !t.fp8) return reject(K::trainer_no_fp8, F::precision, preset);
   // Without expert parallelism the experts split as the attention does: EP 1, ETP = TP.
   if ((p.ep > 1 || (p.etp > 0 && p.etp != p.tp)) && !t.expert_parallel)
     return reject(K::trainer_no_ep, p.ep > 1 ? F::ep : F::etp, preset);
@@ -113,6 +114,30 @@ Found check_latent_attention(const ParallelPlan& p, const ModelSpec& m) {
   if (!m.mla.enabled()) return std::nullopt;
   if (p.cp > 1) return reject(K::mla_cp, F::cp);
   if (p.zero_stage >= 3) return reject(K::mla_zero3, F::zero_stage);
+  return std::nullopt;
+}
+
+// What the GPU's tensor cores run (Transformer Engine d0067d0d
+// transformer_engine/pytorch/quantization.py check_*_support: FP8 from
+// compute capability 8.9, MXFP8 and NVFP4 from 10.0), read from the
+// profile's rates and microscaling_formats.
+Found check_precision(const ParallelPlan& p, const GpuProfile& gpu) {
+  if (p.fp8_param_gather && p.precision == Precision::bf16)
+    return reject(K::param_gather_needs_fp8, F::fp8_param_gather);
+  if (p.precision == Precision::bf16) return std::nullopt;
+  if (p.precision == Precision::nvfp4) {
+    if (gpu.peak_fp4_flops <= 0) return reject(K::precision_no_fp4, F::precision);
+  } else if (gpu.peak_fp8_flops <= 0) {
+    return reject(K::precision_no_fp8, F::precision);
+  }
+  if ((p.precision == Precision::mxfp8 || p.precision == Precision::nvfp4) && !gpu.microscaling_formats)
+    return reject(K::precision_no_microscaling, F::precision);
+  // ZeRO-3 re-quantizes each gathered weight (no cached FP8 copy): not modelled.
+  if (p.zero_stage >= 3) return reject(K::precision_zero3, F::precision);
+  // Megatron-LM d98e8a64 megatron/training/arguments.py: --fp8-param-gather
+  // only with the distributed optimizer (or FSDP).
+  if (p.fp8_param_gather && p.zero_stage != 1 && p.zero_stage != 2)
+    return reject(K::param_gather_needs_dist_opt, F::fp8_param_gather, p.zero_stage);
   return std::nullopt;
 }
 
@@ -201,6 +226,7 @@ std::string describe_trainer(const PlanRejection& r) {
     case K::trainer_no_zero_stage: return trainer_words(v[0], "cannot run ZeRO stage " + n(v[1]));
     case K::trainer_even_stages: return trainer_words(v[0], "gives every pipeline stage the same number of layers");
     case K::trainer_even_chunks: return trainer_words(v[0], "has no uneven stages with the interleaved schedule");
+    case K::trainer_no_fp8: return trainer_words(v[0], "runs no FP8 / FP4 linear layers here (no Transformer Engine recipe)");
     default: return "";
   }
 }
@@ -252,6 +278,26 @@ std::string describe_experts(const PlanRejection& r, const ModelSpec& m) {
              "without it)";
     case K::mla_cp: return "context parallelism with latent attention is not modelled";
     case K::mla_zero3: return "ZeRO-3 of a latent-attention model is not modelled";
+    default: return "";
+  }
+}
+
+std::string describe_precision(const PlanRejection& r, const Cluster& c) {
+  const std::string gpu = c.gpu.name;
+  switch (r.kind) {
+    case K::precision_no_fp8:
+      return gpu + " has no FP8 tensor cores (its profile gives no peak_fp8_tflops; Transformer Engine needs compute "
+                   "capability 8.9 or more)";
+    case K::precision_no_fp4: return gpu + " has no FP4 tensor cores (its profile gives no peak_fp4_tflops)";
+    case K::precision_no_microscaling:
+      return gpu + " has no block-scaled tensor-core formats (MXFP8, NVFP4: Transformer Engine runs them on compute "
+                   "capability 10.0, Blackwell; its profile's microscaling_formats is false)";
+    case K::precision_zero3:
+      return "FP8 with ZeRO-3 is not modelled (each gathered weight is quantized again; no cached FP8 copy)";
+    case K::param_gather_needs_fp8: return "the FP8 parameter all-gather needs an FP8 precision";
+    case K::param_gather_needs_dist_opt:
+      return "the FP8 parameter all-gather is the distributed optimizer's (ZeRO 1 or 2), not ZeRO " +
+             std::to_string(r.values[0]);
     default: return "";
   }
 }
@@ -318,6 +364,7 @@ std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& 
   if (Found r = check_cp(p, m)) return r;
   if (Found r = check_experts(p, m)) return r;
   if (Found r = check_latent_attention(p, m)) return r;
+  if (Found r = check_precision(p, c.gpu)) return r;
   if (Found r = check_stages(p, m)) return r;
   if (Found r = check_schedule(p)) return r;
   if (Found r = check_world(p, c)) return r;
@@ -325,8 +372,8 @@ std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& 
 }
 
 std::string describe(const PlanRejection& r, const ModelSpec& m, const Cluster& c) {
-  for (std::string words : {describe_sizes(r, m), describe_experts(r, m), describe_stages(r, m), describe_world(r, c),
-                            describe_trainer(r)})
+  for (std::string words : {describe_sizes(r, m), describe_experts(r, m), describe_precision(r, c),
+                            describe_stages(r, m), describe_world(r, c), describe_trainer(r)})
     if (!words.empty()) return words;
   return "";
 }

@@ -58,7 +58,7 @@ void read_zero_stages(JsonReader& r, TrainerPreset& t) {
 }
 
 // What the trainer can run at all (TrainerPreset's capabilities).
-constexpr std::array<Field, 12> kCanRun{{
+constexpr std::array<Field, 13> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
@@ -71,6 +71,7 @@ constexpr std::array<Field, 12> kCanRun{{
     {"context_parallel", [](JsonReader& r, TrainerPreset& t) { t.context_parallel = r.boolean("value"); }},
     {"context_parallel_a2a", [](JsonReader& r, TrainerPreset& t) { t.context_parallel_a2a = r.boolean("value"); }},
     {"expert_parallel", [](JsonReader& r, TrainerPreset& t) { t.expert_parallel = r.boolean("value"); }},
+    {"fp8", [](JsonReader& r, TrainerPreset& t) { t.fp8 = r.boolean("value"); }},
     {"zero_stages", read_zero_stages},
 }};
 

@@ -28,6 +28,7 @@
 
 #include "cuboid/core/element_bytes.hpp"
 #include "cuboid/core/op_names.hpp"
+#include "cuboid/core/precision.hpp"
 
 namespace cuboid {
 
@@ -125,6 +126,7 @@ struct Dims {
   bool cp_overlap;  // the ring's K/V exchange runs under the step's block (TrainerSettings::cp_overlap)
   // Bytes per parameter of the unfused accumulation (TrainerSettings::grad_accum_bytes).
   double grad_accum_bytes;
+  Precision precision;  // of the linear layers' GEMMs (ParallelPlan::precision)
 };
 
 Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
@@ -148,6 +150,7 @@ Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
   x.fused_wgrad = plan.grad_accum_fusion;
   x.alibi = m.alibi;
   x.grad_accum_bytes = plan.trainer.grad_accum_bytes;
+  x.precision = plan.precision;
   x.mla = m.mla.enabled();
   if (x.mla) {
     x.qlora = m.mla.q_lora_rank;
@@ -808,7 +811,116 @@ void layer_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, con
   elementwise(op::residual_add_bwd, kResidualGradSumBytesPerElement);
 }
 
+// FP8 / FP4 linear layers, as Megatron-Core d98e8a64 runs them through
+// Transformer Engine d0067d0d (module/linear.py _linear_forward and
+// _linear_backward, layernorm_linear.py, grouped_linear.py; base.py
+// grad_output_preprocess): the GEMMs of the layers TE builds (QKV, the
+// projection, FC1, FC2, the shared and the routed experts, latent
+// attention's projections) run quantized, forward, dgrad and wgrad alike;
+// the attention core, the router, the embedding and the LM head stay bf16.
+// Before each quantized GEMM its bf16 input (in the backward: the output
+// gradient) is quantized: the cast writes the rowwise copy the GEMM reads and
+// the columnwise one the other pass's GEMM reads (set_usage(rowwise=True,
+// columnwise=True)), after the amax pass and the scale kernel where the
+// recipe has them (precision.hpp). With SP a column-parallel input (and a
+// row-parallel output gradient) is quantized on the rank's shard and
+// all-gathered quantized (gather_along_first_dim with the quantizer), and a
+// current-scaling amax is all-reduced over TP first
+// (set_quantizer_amax_reduction_group). Simplifications: the norm's fused
+// quantized output (delayed scaling) is priced as the norm and a cast; with
+// per-tensor FP8 and SP, TE gathers the rowwise copy only and transposes it
+// in the backward: the same bytes, priced in the forward.
+bool quantized_linear(std::string_view name) {
+  static constexpr const char* kLinear[] = {op::qkv,        op::proj,       op::fc1,        op::fc2,
+                                            op::shared_fc1, op::shared_fc2, op::expert_fc1, op::expert_fc2,
+                                            op::mla_q_down, op::mla_kv_down, op::mla_q_up,  op::mla_kv_up};
+  for (const char* n : kLinear)
+    if (name == n) return true;
+  return false;
+}
+
+// The SP all-gathers right before a linear layer's GEMM (forward) or dgrad (backward).
+bool is_sp_gather(const Op& op) {
+  static constexpr const char* kGathers[] = {op::tp_ag_attn,     op::tp_ag_mlp,     op::tp_ag_shared,
+                                             op::tp_ag_attn_bwd, op::tp_ag_mlp_bwd, op::tp_ag_shared_bwd};
+  if (op.kind != OpKind::collective || op.group != Group::tp || op.collective != Collective::all_gather) return false;
+  for (const char* n : kGathers)
+    if (op.name == n) return true;
+  return false;
+}
+
+// The quantizer's kernels for `elements` bf16 elements; `tp_amax`: its amax
+// is all-reduced over TP (a 4-byte fp32 MAX, which TE waits for).
+void add_quantize(std::vector<Op>& out, const Dims& x, Pass pass, double elements, bool tp_amax, const char* cast) {
+  if (separate_amax(x.precision)) {
+    out.push_back(memory_bound(op::fp8_amax, pass, elements * kBf16Bytes));
+    if (tp_amax) out.push_back(collective(op::tp_ar_amax, pass, Collective::all_reduce, Group::tp, kFp32Bytes));
+    // nvte_compute_scale_from_amax: reads the amax, writes the scale.
+    if (x.precision == Precision::fp8_current) out.push_back(memory_bound(op::fp8_scale, pass, kFp32Bytes + kFp32Bytes));
+  }
+  out.push_back(memory_bound(cast, pass, elements * (kBf16Bytes + 2.0 * quantized_element_bytes(x.precision))));
+}
+
+// Each quantized GEMM of the list with its quantizer's kernels before it
+// (before the SP gather, which then moves the quantized tensor). What is
+// quantized is A[m x k]: a forward GEMM's input, a dgrad's output gradient
+// (dX[m x k'] = dY[m x n'] W: its own k is the forward's n).
+void quantize_list(std::vector<Op>& ops, const Dims& x, bool backward) {
+  std::vector<Op> out;
+  out.reserve(ops.size() + 24);
+  const double element_ratio = quantized_element_bytes(x.precision) / kBf16Bytes;
+  for (const Op& op : ops) {
+    const std::string_view name = op.name;
+    const std::string_view dg = op::dgrad_suffix, wg = op::wgrad_suffix;
+    const auto base_is_linear = [&](std::string_view suffix) {
+      return name.size() > suffix.size() && name.substr(name.size() - suffix.size()) == suffix &&
+             quantized_linear(name.substr(0, name.size() - suffix.size()));
+    };
+    if (op.kind != OpKind::gemm) {
+      out.push_back(op);
+      continue;
+    }
+    if (backward && base_is_linear(wg)) {
+      out.push_back(op);
+      out.back().precision = x.precision;
+      continue;
+    }
+    if (backward ? !base_is_linear(dg) : !quantized_linear(name)) {
+      out.push_back(op);
+      continue;
+    }
+    const bool gathered = !out.empty() && is_sp_gather(out.back());
+    double elements = static_cast<double>(op.m) * static_cast<double>(op.k) * static_cast<double>(op.batch);
+    Op gather;
+    if (gathered) {
+      gather = out.back();
+      out.pop_back();
+      gather.comm_bytes *= element_ratio;
+      elements /= static_cast<double>(x.t);
+    }
+    add_quantize(out, x, op.pass, elements, gathered, backward ? op::fp8_grad_cast : op::fp8_cast);
+    if (gathered) out.push_back(std::move(gather));
+    out.push_back(op);
+    out.back().precision = x.precision;
+  }
+  ops = std::move(out);
+}
+
+void quantize_linear_layers(LayerOps& ops, const Dims& x) {
+  if (x.precision == Precision::bf16) return;
+  quantize_list(ops.forward, x, false);
+  quantize_list(ops.backward, x, true);
+}
+
 }  // namespace
+
+double quantized_weight_elements(const LayerOps& ops) {
+  double elements = 0;
+  for (const Op& op : ops.forward)
+    if (op.kind == OpKind::gemm && op.precision != Precision::bf16)
+      elements += static_cast<double>(op.k) * static_cast<double>(op.n) * static_cast<double>(op.batch);
+  return elements;
+}
 
 std::vector<LayerWeight> layer_weights(const ModelSpec& m, const ParallelPlan& plan) {
   const Dims x = dims_of(m, plan);
@@ -856,6 +968,7 @@ LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan, boo
   layer_forward(ops.forward, m, x, Pass::forward);
   ops.backward.reserve(28);
   layer_backward(ops.backward, m, x, ops.forward);
+  quantize_linear_layers(ops, x);
   switch (plan.recompute) {
     case Recompute::none:
       break;

@@ -12,6 +12,7 @@
 #include "cuboid/core/collective_traits.hpp"
 #include "cuboid/core/op_names.hpp"
 #include "cuboid/core/calibration.hpp"
+#include "cuboid/core/precision.hpp"
 
 namespace cuboid {
 
@@ -61,40 +62,54 @@ double gemm_flops(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t b
          static_cast<double>(batch);
 }
 
+// The tensor-core peak of a GEMM in format `p` (an FP8 / FP4 plan's linear
+// layers; check_plan refuses a format whose peak is 0).
+double peak_flops(const GpuProfile& gpu, Precision p) {
+  if (p == Precision::bf16) return gpu.peak_bf16_flops;
+  return fp4_gemms(p) ? gpu.peak_fp4_flops : gpu.peak_fp8_flops;
+}
+
 // The FLOP/s tensor-core work keeps in training from a burst efficiency of
 // the profile (a benchmark's best shape): peak x it x gemm_sustained_fraction.
-double sustained_flops(const GpuProfile& gpu, double burst_efficiency) {
-  return gpu.peak_bf16_flops * burst_efficiency * gpu.gemm_sustained_fraction;
+// An FP8 / FP4 GEMM reaches the same fraction of its own peak as a bf16 one
+// (no FP8 MAMF measurement in the profiles; docs/cost-model.md "FP8").
+double sustained_flops(const GpuProfile& gpu, double burst_efficiency, Precision p = Precision::bf16) {
+  return peak_flops(gpu, p) * burst_efficiency * gpu.gemm_sustained_fraction;
 }
 
 // The best FLOP/s a large GEMM reaches: measured on a calibrated profile
 // (the best of its GEMM samples: the datasheet peak and the assumed
 // efficiency are what calibration replaces), else peak x gemm_max_efficiency
 // x the fraction of that burst rate a GEMM sustains in training.
-double gemm_best_flops(const GpuProfile& gpu) {
-  if (gpu.calibration) {
+// A calibrated card measured bf16 GEMMs only: an FP8 / FP4 GEMM takes the
+// datasheet model.
+double gemm_best_flops(const GpuProfile& gpu, Precision p = Precision::bf16) {
+  if (gpu.calibration && p == Precision::bf16) {
     if (const auto best = best_gemm_flops_per_s(*gpu.calibration)) return *best;
   }
-  return sustained_flops(gpu, gpu.gemm_max_efficiency);
+  return sustained_flops(gpu, gpu.gemm_max_efficiency, p);
 }
 
 // Compute-only and HBM-only seconds of a GEMM; its time is the larger (roofline).
-double gemm_compute_s(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) {
-  return gemm_flops(m, n, k, batch) / (gemm_best_flops(gpu) * quantisation_efficiency(gpu, m, n, batch));
+double gemm_compute_s(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
+                      Precision p = Precision::bf16) {
+  return gemm_flops(m, n, k, batch) / (gemm_best_flops(gpu, p) * quantisation_efficiency(gpu, m, n, batch));
 }
 
-double gemm_memory_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, double bytes_per_s) {
-  const double elements = (static_cast<double>(m) * static_cast<double>(k) + static_cast<double>(k) * static_cast<double>(n) +
-                           static_cast<double>(m) * static_cast<double>(n)) *
-                          static_cast<double>(batch);
-  return elements * kBf16Bytes / bytes_per_s;
+// A and B in the GEMM's format, C in bf16.
+double gemm_memory_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, double bytes_per_s,
+                     Precision p = Precision::bf16) {
+  const double mk = static_cast<double>(m) * static_cast<double>(k), kn = static_cast<double>(k) * static_cast<double>(n);
+  const double mn = static_cast<double>(m) * static_cast<double>(n), d = static_cast<double>(batch);
+  if (p == Precision::bf16) return (mk + kn + mn) * d * kBf16Bytes / bytes_per_s;
+  return ((mk + kn) * quantized_element_bytes(p) + mn * kBf16Bytes) * d / bytes_per_s;
 }
 
 // Roofline time of an uncalibrated GEMM whose HBM side runs at bytes_per_s.
 TimeNs gemm_roofline_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k,
-                        std::int64_t batch, double extra_bytes, double bytes_per_s) {
-  const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch),
-                                  gemm_memory_s(m, n, k, batch, bytes_per_s) + extra_bytes / bytes_per_s);
+                        std::int64_t batch, double extra_bytes, double bytes_per_s, Precision p = Precision::bf16) {
+  const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch, p),
+                                  gemm_memory_s(m, n, k, batch, bytes_per_s, p) + extra_bytes / bytes_per_s);
   return to_ns(seconds) + static_cast<TimeNs>(gpu.kernel_launch_ns);
 }
 
@@ -121,12 +136,12 @@ namespace {
 // A measured (or interpolated) time is per call, launch included; else the
 // roofline with the HBM side at bytes_per_s.
 TimeNs gemm_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
-               double extra_bytes, double bytes_per_s) {
+               double extra_bytes, double bytes_per_s, Precision p = Precision::bf16) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
-  if (gpu.calibration) {
+  if (gpu.calibration && p == Precision::bf16) {
     if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch)) return std::llround(*ns);
   }
-  return gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s);
+  return gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s, p);
 }
 
 // A memory-bound kernel: measured by name on a calibrated card, else its bytes at bytes_per_s.
@@ -373,9 +388,9 @@ TimeNs op_time_ns(const GpuProfile& gpu, const Op& op) {
       // compute the full s x s even though only half is useful).
       // Calibrated: a grouped GEMM as measured inside the executor's MoE
       // layer, by FLOPs (its time hangs on how the rows split among experts).
-      if (op.grouped && gpu.calibration)
+      if (op.grouped && gpu.calibration && op.precision == Precision::bf16)
         if (const auto ns = calibrated_kernel_ns(*gpu.calibration, op.name, op.flops)) return std::llround(*ns);
-      return gemm_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes, op_hbm_Bps(gpu, op));
+      return gemm_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes, op_hbm_Bps(gpu, op), op.precision);
     case OpKind::attention_core: {
       // Fused (flash) attention: tensor-core work at the efficiency of its
       // grid (query blocks x heads), causal half only, against the HBM
@@ -409,6 +424,8 @@ GpuProfile with_sms_taken(const GpuProfile& gpu, int sms_taken) {
   if (sms_taken <= 0 || gpu.sm_count <= sms_taken) return g;
   const int left = gpu.sm_count - sms_taken;
   g.peak_bf16_flops = gpu.peak_bf16_flops * static_cast<double>(left) / static_cast<double>(gpu.sm_count);
+  g.peak_fp8_flops = gpu.peak_fp8_flops * static_cast<double>(left) / static_cast<double>(gpu.sm_count);
+  g.peak_fp4_flops = gpu.peak_fp4_flops * static_cast<double>(left) / static_cast<double>(gpu.sm_count);
   g.sm_count = left;
   return g;
 }

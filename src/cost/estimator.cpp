@@ -833,7 +833,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     if (folded != nullptr) folded->collectives.push_back(tied);
   }
   if (folded != nullptr) folded->critical_stage = critical;
-  bd.optimizer_s = static_cast<double>(step.optimizer_ns(gpu, stage_step.params)) * pace * 1e-9;
+  bd.optimizer_s = static_cast<double>(step.optimizer_ns(gpu, stage_step.params, critical)) * pace * 1e-9;
 
   Estimate e;
   e.plan = plan;
@@ -852,6 +852,7 @@ struct LayerKey {
   std::int64_t seq_length;
   bool sp, flash, fused_wgrad;
   Recompute recompute;
+  Precision precision;  // one per search: compared, not hashed
   bool operator==(const LayerKey&) const = default;
 };
 
@@ -948,7 +949,7 @@ Estimate Estimator::operator()(const ParallelPlan& plan) {
   const LayerKey lk{plan.tp,         plan.cp,        plan.ep,
                     plan.expert_tp(), plan.micro_batch, plan.cp_comm,
                     plan.seq_length,  plan.sequence_parallel, plan.flash_attention,
-                    plan.grad_accum_fusion, plan.recompute};
+                    plan.grad_accum_fusion, plan.recompute, plan.precision};
   auto li = caches_->layers.find(lk);
   if (li == caches_->layers.end()) li = caches_->layers.emplace(lk, make_layer_cost(model_, gpu, plan)).first;
   const PlacementKey pk{plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.expert_tp(), plan.order};

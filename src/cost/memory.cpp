@@ -18,6 +18,7 @@
 #include "cuboid/cost/memory.hpp"
 
 #include "cuboid/core/element_bytes.hpp"
+#include "cuboid/core/precision.hpp"
 #include "cuboid/core/workload.hpp"
 
 #include <algorithm>
@@ -102,6 +103,16 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   mem.parameters = params.total();
   mem.weight_and_optimizer_bytes = params.dense * bytes_per_parameter(plan.zero_stage, plan.dp_cp()) +
                                    params.expert * bytes_per_parameter(plan.zero_stage, plan.expert_dp());
+  // FP8 / FP4 plans: Transformer Engine keeps each quantized weight's
+  // rowwise and columnwise copies from the first micro-batch's cast to the
+  // step's end (linear.py quantize_weight with update_workspace on
+  // is_first_microbatch), beside the bf16 weight.
+  // With --fp8-param-gather the rowwise copy is the parameter itself: no
+  // bf16 weight (Megatron-Core's fp8_param, TE's fp8_model_init).
+  if (plan.precision != Precision::bf16)
+    mem.weight_and_optimizer_bytes +=
+        quantized_weights_on_stage(m, plan, stage) *
+        (2.0 * quantized_element_bytes(plan.precision) - (plan.fp8_param_gather ? kBf16Bytes : 0.0));
 
   const double in_flight = in_flight_micro_batches(plan, stage);
   const double moe_layers = moe_layers_on_stage(m, plan, stage);
@@ -205,6 +216,43 @@ double parameters_on_stage(const ModelSpec& m, const ParallelPlan& plan, int sta
   return params / plan.tp + mtp;
 }
 
+namespace {
+
+// A layer's quantized weights: the routed experts' and the others.
+StageParameters quantized_layer_weights(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer) {
+  StageParameters w;
+  for (const Op& op : transformer_layer_ops(m, plan, moe_layer).forward) {
+    if (op.kind != OpKind::gemm || op.precision == Precision::bf16) continue;
+    const double elements = static_cast<double>(op.k) * static_cast<double>(op.n) * static_cast<double>(op.batch);
+    (op.grouped ? w.expert : w.dense) += elements;
+  }
+  return w;
+}
+
+void add_scaled(StageParameters& into, const StageParameters& w, double times) {
+  into.dense += times * w.dense;
+  into.expert += times * w.expert;
+}
+
+}  // namespace
+
+StageParameters quantized_stage_weights(const ModelSpec& m, const ParallelPlan& plan, int stage) {
+  StageParameters w;
+  if (plan.precision == Precision::bf16) return w;
+  const int moe = moe_layers_on_stage(m, plan, stage);
+  const int dense = layers_on_stage(plan, m.num_layers, stage) - moe;
+  if (dense > 0) add_scaled(w, quantized_layer_weights(m, plan, false), dense);
+  if (moe > 0) add_scaled(w, quantized_layer_weights(m, plan, true), moe);
+  if (stage == plan.pp - 1 && m.mtp_layers > 0)
+    add_scaled(w, quantized_layer_weights(m, plan, m.moe.enabled() && m.moe.moe_layers.back()),
+               static_cast<double>(m.mtp_layers));
+  return w;
+}
+
+double quantized_weights_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
+  return quantized_stage_weights(m, plan, stage).total();
+}
+
 int moe_layers_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
   if (!m.moe.enabled()) return 0;
   const int chunks = chunks_per_stage(plan);
@@ -294,8 +342,16 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
   const double scores = scores_stored ? 5 * a * s * s * b : 0;
 
   const double moe = moe_layer ? moe_mlp_activation_bytes(m, plan) : 0.0;
-  if (plan.sequence_parallel) return (replicated + split) / t + scores / t + moe;
-  return replicated + split / t + scores / t + moe;
+  // FP8 / FP4: the linear layers save their input quantized, not in bf16
+  // (linear.py: saved_inputmat is the quantized input, columnwise): QKV's
+  // and FC1's (the norms' outputs, replicated without SP), the projection's
+  // and FC2's (the activation's output). An MoE layer's expert inputs are
+  // counted at bf16.
+  const double saved = kBf16Bytes - quantized_element_bytes(plan.precision);
+  const double replicated_saving = saved * sbh * (moe_layer ? 1 : 2);
+  const double split_saving = saved * s * b * (q + (moe_layer ? 0.0 : f));
+  if (plan.sequence_parallel) return (replicated - replicated_saving + split - split_saving) / t + scores / t + moe;
+  return replicated - replicated_saving + (split - split_saving) / t + scores / t + moe;
 }
 
 double in_flight_micro_batches(const ParallelPlan& plan, int stage) {

@@ -5,7 +5,10 @@
 
 
 #include "cuboid/core/element_bytes.hpp"
+#include "cuboid/core/op_names.hpp"
+#include "cuboid/core/precision.hpp"
 #include "cuboid/core/workload.hpp"
+#include "cuboid/cost/cost.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
 
 namespace cuboid {
@@ -100,11 +103,18 @@ StageStep StepDescription::stage(int stage) const {
   }
   if (tied_bytes_ > 0 && (stage == 0 || stage == pp_ - 1)) out.add(tied_embedding());
   if (gathers_after_step()) {
+    // --fp8-param-gather: the quantized weights travel as their FP8 rowwise
+    // data (Megatron-Core's distributed optimizer gathers the FP8 parameters).
+    const StageParameters quantized =
+        plan_.fp8_param_gather ? quantized_stage_weights(m_, plan_, stage) : StageParameters{};
+    const double fp8_bytes = quantized_element_bytes(plan_.precision);
+    auto gathered_bytes = [&](double params, double fp8) { return (params - fp8) * param_bytes_ + fp8 * fp8_bytes; };
     if (dp_ > 1)
-      out.add({"param all-gather", StepGroup::dp, Collective::all_gather, dp_, sp.dense * param_bytes_, 1.0,
+      out.add({"param all-gather", StepGroup::dp, Collective::all_gather, dp_, gathered_bytes(sp.dense, quantized.dense), 1.0,
                StepWhen::after_optimizer});
     if (edp_ > 1 && sp.expert > 0)
-      out.add({"expert param all-gather", expert_group, Collective::all_gather, edp_, sp.expert * param_bytes_, 1.0,
+      out.add({"expert param all-gather", expert_group, Collective::all_gather, edp_,
+               gathered_bytes(sp.expert, quantized.expert), 1.0,
                StepWhen::after_optimizer});
   }
   return out;
@@ -115,9 +125,20 @@ StepCollective StepDescription::tied_embedding() const {
           StepWhen::after_all_backward};
 }
 
-std::int64_t StepDescription::optimizer_ns(const GpuProfile& gpu, const StageParameters& sp) const {
+std::int64_t StepDescription::optimizer_ns(const GpuProfile& gpu, const StageParameters& sp, int stage) const {
   std::int64_t ns = optimizer_step_time_ns(gpu, sp.dense, dp_, zero_);
   if (sp.expert > 0) ns += optimizer_step_time_ns(gpu, sp.expert, edp_, zero_);
+  if (plan_.precision != Precision::bf16) {
+    // Read the bf16 weight (twice where the recipe scans it for its amax
+    // first), write the rowwise and columnwise copies (precision.hpp).
+    // With --fp8-param-gather the optimizer's param_copy writes the FP8
+    // weight (priced as the bf16 one) and the step's cast only transposes
+    // the gathered FP8 data into the columnwise copy.
+    const double e = quantized_element_bytes(plan_.precision);
+    const double per_element = plan_.fp8_param_gather ? e + e
+                                                      : (separate_amax(plan_.precision) ? 2 * kBf16Bytes : kBf16Bytes) + 2 * e;
+    ns += kernel_time_ns(gpu, op::fp8_weight_cast, quantized_weights_on_stage(m_, plan_, stage) * per_element);
+  }
   return ns;
 }
 

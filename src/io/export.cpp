@@ -215,6 +215,16 @@ ExportResult export_plan(const PlanFile& pf, std::string_view target) {
              "the model uses YaRN rope scaling, which no export writes yet (its trainer flags are not among the "
              "pinned options)",
              "drop rope_scaling_type and rope_scaling_factor from the card to export without the scaling");
+    // No target writes a precision yet: an FP8 plan exported as bf16 would
+    // train another plan than the one priced (Megatron-LM's --fp8-format /
+    // --fp8-recipe, Megatron-Bridge's and NeMo's fp8 recipe settings and
+    // torchtitan's float8 / MXFP8 converters could carry it).
+    if (pf.plan.precision != Precision::bf16)
+      exporters::refuse(pf, "parallel.precision",
+                        fmt::format("{} exports write no precision yet; the plan is priced in {}, and the file would "
+                                    "train it in bf16",
+                                    target, to_string(pf.plan.precision)),
+                        "export a bf16 plan (cuboid plan without --precision)");
     return e.run(pf);
   }
   std::string names;

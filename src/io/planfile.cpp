@@ -147,6 +147,8 @@ std::string plan_key(PlanField field) {
     case PlanField::recompute: return "parallel.recompute";
     case PlanField::grad_accum_fusion: return "parallel.grad_accum_fusion";
     case PlanField::trainer: return "parallel.trainer.preset";
+    case PlanField::precision: return "parallel.precision";
+    case PlanField::fp8_param_gather: return "parallel.fp8_param_gather";
     case PlanField::uneven_stages: return "parallel";
   }
   return "parallel";
@@ -176,8 +178,16 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_no_cp:
     case PlanCheck::trainer_no_ep:
     case PlanCheck::trainer_even_stages:
-    case PlanCheck::trainer_even_chunks: return other_trainer;
+    case PlanCheck::trainer_even_chunks:
+    case PlanCheck::trainer_no_fp8: return other_trainer;
     case PlanCheck::cp_comm_needs_cp: return "drop cp_comm, or set cp to 2 or more; or " + kRegenerate;
+    case PlanCheck::precision_no_fp8:
+    case PlanCheck::precision_no_fp4:
+    case PlanCheck::precision_no_microscaling:
+      return "drop precision (bf16), or use the plan with a cluster card whose GPU runs it (--cluster)";
+    case PlanCheck::precision_zero3: return "drop precision (bf16), or set zero_stage 0, 1 or 2; or " + kRegenerate;
+    case PlanCheck::param_gather_needs_fp8: return "drop fp8_param_gather, or give an FP8 precision; or " + kRegenerate;
+    case PlanCheck::param_gather_needs_dist_opt: return "drop fp8_param_gather, or set zero_stage 1; or " + kRegenerate;
     default: return kRegenerate;
   }
 }
@@ -226,6 +236,10 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   // Optional: plan files written before the field existed were priced with
   // the fused accumulation, the default.
   p.grad_accum_fusion = r.optional_boolean("grad_accum_fusion").value_or(true);
+  // Optional: written only when not bf16 (plan_layout_json).
+  if (const auto precision = r.optional_string("precision"))
+    p.precision = parse_precision(*precision, source, "parallel.precision");
+  p.fp8_param_gather = r.optional_boolean("fp8_param_gather").value_or(false);
   p.order = RankOrder::parse(r.string("rank_order"), source, "parallel.rank_order");
   const std::int64_t world = r.positive_integer("world_size");
   // Optional: plan files written before trainer presets were priced as
@@ -414,6 +428,11 @@ PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source)
   shape.source_file = pf.cluster_source_file;
   shape.nodes = pf.nodes;
   shape.gpus_per_node = pf.gpus_per_node;
+  // The file names its GPU, not what the GPU runs: the precision is checked
+  // against the card the plan is used with (check_plan_matches_cluster).
+  shape.gpu.name = pf.gpu_name;
+  shape.gpu.peak_fp8_flops = shape.gpu.peak_fp4_flops = 1;
+  shape.gpu.microscaling_formats = true;
   if (auto problem = check_plan(pf.plan, pf.model, shape))
     throw InputError(source, plan_key(problem->field), describe(*problem, pf.model, shape), key_fix(*problem, pf.plan));
 
@@ -450,6 +469,10 @@ void check_plan_matches_cluster(const PlanFile& pf, const Cluster& cluster) {
                      "plan file " + pf.source + " was made for " + made_for + " but this cluster has " + here,
                      "use the cluster card the plan was made for (" + pf.cluster_source_file +
                          "), or regenerate the plan for this cluster");
+  // What only the card says: whether its GPU runs the plan's precision.
+  if (auto problem = check_plan(pf.plan, pf.model, cluster))
+    throw InputError(pf.source, plan_key(problem->field), describe(*problem, pf.model, cluster),
+                     key_fix(*problem, pf.plan));
 }
 
 nlohmann::json zero3_to_json(const TrainerSettings& t) {

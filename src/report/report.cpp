@@ -188,6 +188,11 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                      p.virtual_stages > 1 ? fmt::format(" (v = {})", p.virtual_stages) : std::string(), p.zero_stage,
                      to_string(p.recompute), p.sequence_parallel ? "on" : "off", p.flash_attention ? "on" : "off",
                      p.grad_accum_fusion ? "on" : "off", p.order.str());
+  // Only when not bf16: bf16 plans print as they did.
+  if (p.precision != Precision::bf16)
+    out += fmt::format("      precision {}: the linear layers' GEMMs in {}; attention, embedding and LM head bf16{}\n",
+                       to_string(p.precision), p.precision == Precision::nvfp4 ? "FP4" : "FP8",
+                       p.fp8_param_gather ? "; FP8 weights all-gathered in FP8" : "");
   out += fmt::format("      trainer {}: DP reduction {} at {} bytes per gradient{}\n", p.trainer.preset,
                      p.trainer.dp_overlap ? "overlapped with the backward" : "after the backward",
                      p.trainer.dp_grad_bytes,

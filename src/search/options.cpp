@@ -120,6 +120,8 @@ ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const
   p.sequence_parallel = o.sequence_parallel.value_or(p.tp > 1 && trainer.sequence_parallel);
   p.flash_attention = o.flash_attention.value_or(cluster.gpu.flash_attention && trainer.flash_attention);
   p.grad_accum_fusion = o.grad_accum_fusion.value_or(trainer.default_grad_accum_fusion);
+  p.precision = o.precision.value_or(Precision::bf16);
+  p.fp8_param_gather = o.fp8_param_gather.value_or(false);
   p.order = o.order.value_or(RankOrder{});
   p.trainer = trainer_settings(o);
   return p;

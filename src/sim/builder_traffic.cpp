@@ -148,7 +148,7 @@ void Builder::finish_iteration() {
     const StageParameters sp = stage_parameters(m_, plan_, s);
     const double params = sp.dense;
     // Megatron's step kernels (optimizer_step.cpp), the experts' on their expert-DP shard.
-    TimeNs ns = step_.optimizer_ns(gpu, sp);
+    TimeNs ns = step_.optimizer_ns(gpu, sp, s);
     if (const double f = compute_factor(s); f != 1.0) ns = static_cast<TimeNs>(std::llround(static_cast<double>(ns) * f));
     const TaskId opt = eng_->add_compute(r.compute, ns, join);
     tag(opt, Category::optimizer, kThreadCompute, s);

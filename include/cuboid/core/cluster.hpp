@@ -29,6 +29,10 @@ struct GpuProfile {
   double peak_bf16_flops = 0;           // dense tensor-core FLOP/s (datasheet)
   double peak_fp8_flops = 0;  // dense FP8 tensor-core FLOP/s (datasheet); 0: no FP8 tensor cores
   double peak_fp4_flops = 0;  // dense FP4 (NVFP4) tensor-core FLOP/s (datasheet); 0: none
+  // Block-scaled ("microscaling") tensor-core formats, MXFP8 and NVFP4: the
+  // GEMM applies a scale per 1 x 32 (1 x 16) block itself. Transformer
+  // Engine runs those recipes on compute capability 10.0 (Blackwell) only.
+  bool microscaling_formats = false;
   double hbm_bandwidth_Bps = 0;         // bytes/s (datasheet)
   std::int64_t memory_bytes = 0;        // HBM capacity
   int sm_count = 0;                     // streaming multiprocessors (wave quantisation)

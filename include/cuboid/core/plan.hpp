@@ -33,17 +33,28 @@ enum class Zero3Unit { block, tensor };
 // gives each rank all tokens of heads / CP heads (DeepSpeed-Ulysses), and
 // one of the output back.
 enum class CpComm { p2p, a2a };
+// The format of the linear layers' GEMMs (Megatron-Core --fp8-format hybrid
+// with --fp8-recipe, Transformer Engine's recipes; docs/cost-model.md "FP8"):
+// bf16; FP8 with delayed scaling (an amax history per tensor), per-tensor
+// current scaling, blockwise scaling (1 x 128 activations, 128 x 128
+// weights), MXFP8 (1 x 32 blocks, E8M0 scales: Blackwell); NVFP4 (1 x 16
+// blocks, E4M3 scales and a per-tensor fp32 scale: Blackwell).
+enum class Precision { bf16, fp8_delayed, fp8_current, fp8_blockwise, mxfp8, nvfp4 };
 
 std::string_view to_string(Recompute r);
 std::string_view to_string(Schedule s);
 std::string_view to_string(Dim d);
 std::string_view to_string(Zero3Unit u);
 std::string_view to_string(CpComm c);
+std::string_view to_string(Precision p);
 // Parse CLI / JSON spellings; throw InputError(source, field, ...) when unknown.
 Recompute parse_recompute(std::string_view s, const std::string& source, const std::string& field);
 Schedule parse_schedule(std::string_view s, const std::string& source, const std::string& field);
 Zero3Unit parse_zero3_unit(std::string_view s, const std::string& source, const std::string& field);
 CpComm parse_cp_comm(std::string_view s, const std::string& source, const std::string& field);
+Precision parse_precision(std::string_view s, const std::string& source, const std::string& field);
+// "bf16, fp8-delayed, fp8-current, fp8-blockwise, mxfp8 or nvfp4" for messages.
+std::string precision_names();
 
 // Which dimension varies fastest across consecutive ranks. Megatron-LM's
 // default is tp-dp-pp ("tp-cp-ep-dp-pp"): TP innermost, PP outermost. CP has
@@ -167,6 +178,14 @@ struct ParallelPlan {
   // adds it to main_grad per parameter per micro-batch, as Megatron-LM did
   // before March 2022 (and DeepSpeed's and FSDP's accumulation passes do).
   bool grad_accum_fusion = true;
+  // The linear layers' GEMMs (and their casts, scaling and FP8 weight
+  // copies) in this format; attention, the embedding and the LM head stay
+  // bf16. Default bf16: the planner does not search it.
+  Precision precision = Precision::bf16;
+  // Megatron-Core's --fp8-param-gather (TransformerConfig.fp8_param): the
+  // quantized layers' weights are FP8 tensors with no bf16 copy, and the
+  // distributed optimizer all-gathers them at 1 byte per element.
+  bool fp8_param_gather = false;
   RankOrder order;
   TrainerSettings trainer;
 

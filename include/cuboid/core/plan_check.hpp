@@ -24,7 +24,8 @@ namespace cuboid {
 // terms (the command line: a flag; a plan file: a JSON key).
 enum class PlanField {
   tp, pp, dp, cp, cp_comm, ep, etp, micro_batch, global_batch, seq_length, virtual_stages, zero_stage, schedule,
-  sequence_parallel, flash_attention, uneven_stages, world_size, recompute, grad_accum_fusion, trainer,
+  sequence_parallel, flash_attention, uneven_stages, world_size, recompute, grad_accum_fusion, trainer, precision,
+  fp8_param_gather,
 };
 
 // What check_plan refuses; the comment names what PlanRejection::values
@@ -51,6 +52,12 @@ enum class PlanCheck : std::uint8_t {
   moe_needs_sp,           // -
   mla_cp,                 // -
   mla_zero3,              // -
+  precision_no_fp8,       // - (the GPU has no FP8 tensor cores)
+  precision_no_microscaling,  // - (MXFP8 / NVFP4 on a GPU without block-scaled formats)
+  precision_no_fp4,       // - (NVFP4 on a GPU without FP4 tensor cores)
+  precision_zero3,        // -
+  param_gather_needs_fp8,       // -
+  param_gather_needs_dist_opt,  // the ZeRO stage
   stage_layers_negative,  // -
   uneven_needs_pp,        // -
   uneven_rest,            // first stage layers, last stage layers, the rest, layers, middle stages
@@ -79,6 +86,7 @@ enum class PlanCheck : std::uint8_t {
   trainer_no_zero_stage,         // the preset, the stage, the preset's stages as a bit mask
   trainer_even_stages,           // the preset
   trainer_even_chunks,           // the preset
+  trainer_no_fp8,                // the preset
 };
 
 struct PlanRejection {
@@ -92,7 +100,7 @@ struct PlanRejection {
 // Checks, in order: positive sizes, ZeRO stage range, sequence length, what
 // the plan's trainer can run (check_trainer), TP
 // divides heads / kv heads / FFN, CP's chunks and heads, the experts,
-// latent attention, the stage split, interleaving, SP, TP x CP x PP x DP
+// latent attention, the precision the GPU can run, the stage split, interleaving, SP, TP x CP x PP x DP
 // against the GPUs, batch divisibility. Allocation-free.
 std::optional<PlanRejection> check_plan(const ParallelPlan& plan, const ModelSpec& model, const Cluster& cluster);
 

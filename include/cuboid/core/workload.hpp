@@ -56,6 +56,9 @@ struct Op {
   // calibrated card prices it by FLOPs as calibrate measured it inside the
   // executor's MoE layer, since one GEMM shape cannot stand for the split.
   bool grouped = false;
+  // A GEMM's input format: a linear layer's GEMMs (forward, dgrad, wgrad)
+  // in an FP8 / FP4 plan run in ParallelPlan::precision; every other op bf16.
+  Precision precision = Precision::bf16;
 };
 
 struct LayerOps {
@@ -106,6 +109,11 @@ struct WeightPart {
   int weight = -1;                 // index into layer_weights, -1: none
 };
 std::vector<WeightPart> split_by_weight(const std::vector<Op>& ops, Pass pass);
+
+// Elements of the weights a layer's op list runs in FP8 / FP4 (the B operand
+// of each quantized forward GEMM): what the quantizer casts once per step and
+// keeps as FP8 copies (0 for a bf16 plan).
+double quantized_weight_elements(const LayerOps& ops);
 
 // Bytes of activations sent between consecutive pipeline stages per
 // micro-batch per GPU (s*b*h*2 / tp with Megatron's scatter-gather optimisation).

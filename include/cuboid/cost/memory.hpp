@@ -70,6 +70,14 @@ double moe_dispatch_buffer_bytes(const ModelSpec& m, const ParallelPlan& plan);
 // MoE layer (`moe_layer`), its routed experts / (ETP x EP) included.
 double layer_parameters_on_gpu(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer);
 
+// Elements of the weights stage `stage` runs quantized (an FP8 / FP4 plan's
+// linear layers, multi-token prediction included; 0 for bf16): the FP8
+// copies memory keeps and the per-step weight cast (step.hpp) writes.
+double quantized_weights_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage);
+// The same, split as the optimizer shards them: the routed experts' (the
+// grouped GEMMs') and the rest.
+StageParameters quantized_stage_weights(const ModelSpec& m, const ParallelPlan& plan, int stage);
+
 // The MoE layers among stage `stage`'s layers (its model chunks' layers).
 int moe_layers_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage);
 

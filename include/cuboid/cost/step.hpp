@@ -111,10 +111,14 @@ class StepDescription {
   // The stage's parameters and its DP-side collectives over the iteration
   // (the bytes of each add up every bucket and micro-batch).
   StageStep stage(int stage) const;
-  // The optimizer step's kernels on one GPU of a stage with these parameters
-  // (optimizer_step.hpp): the dense ones on their DP x CP shard, the experts
-  // on their expert-DP shard.
-  std::int64_t optimizer_ns(const GpuProfile& gpu, const StageParameters& sp) const;
+  // The optimizer step's kernels on one GPU of stage `stage` with these
+  // parameters (optimizer_step.hpp): the dense ones on their DP x CP shard,
+  // the experts on their expert-DP shard. An FP8 / FP4 plan adds the cast of
+  // the stage's quantized weights, once per step (Megatron-Core sets
+  // is_first_microbatch for the first micro-batch only; Transformer Engine
+  // casts the weights then and reuses the copies): it runs in the first
+  // micro-batch's forward, priced here, with the step.
+  std::int64_t optimizer_ns(const GpuProfile& gpu, const StageParameters& sp, int stage) const;
 
  private:
   const ModelSpec& m_;

@@ -42,6 +42,9 @@ struct PlannerOptions {
   std::optional<Schedule> schedule;
   std::optional<bool> flash_attention;       // default: the device's (GpuProfile::flash_attention)
   std::optional<bool> grad_accum_fusion;     // default: the trainer's
+  // The linear layers' GEMM format (default bf16): fixed, not searched.
+  std::optional<Precision> precision;
+  std::optional<bool> fp8_param_gather;      // default off
   // The trainer preset (cuboid/core/trainer.hpp): what it can run and how.
   // Default: megatron-core. Settings set here must be ones it can run.
   std::optional<std::string> trainer;

@@ -1,0 +1,332 @@
+// FP8 and FP4 plans (--precision): which GEMMs run quantized and at which
+// peak, the quantizers' kernels and their bytes, the FP8 weight copies and
+// saved activations, the refusals on GPUs without the formats, the plan
+// file's field, and that a bf16 plan is priced as before. Hand numbers for a
+// Llama-3-8B layer (h 4096, 32 heads of 128, 8 KV heads, SwiGLU f 14336) at
+// 4096 tokens on an H100 SXM5 profile.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuboid/core/op_names.hpp"
+#include "cuboid/core/plan_check.hpp"
+#include "cuboid/core/workload.hpp"
+#include "cuboid/cost/cost.hpp"
+#include "cuboid/cost/memory.hpp"
+#include "cuboid/cost/step.hpp"
+#include "cuboid/io/planfile.hpp"
+#include "fixtures.hpp"
+#include "plan_fixtures.hpp"
+
+using namespace cuboid;
+
+namespace {
+
+// topologies/gpus/h100-sxm5-80gb.json's figures, launch cost 0.
+GpuProfile h100() {
+  GpuProfile g;
+  g.name = "H100-SXM5-80GB";
+  g.peak_bf16_flops = 989e12;
+  g.peak_fp8_flops = 1979e12;
+  g.hbm_bandwidth_Bps = 3350e9;
+  g.memory_bytes = 80LL << 30;
+  g.sm_count = 132;
+  g.gemm_max_efficiency = 0.803;
+  g.memory_bound_efficiency = 0.83;
+  g.kernel_launch_ns = 0;
+  g.memory_reserve_bytes = 2LL << 30;
+  return g;
+}
+
+Cluster h100_node(const GpuProfile& gpu) {
+  Cluster c = test::dgx_a100(1);
+  c.name = "test-h100";
+  c.gpu = gpu;
+  return c;
+}
+
+ParallelPlan layer_plan(Precision p, int tp = 1) {
+  ParallelPlan plan;
+  plan.tp = tp;
+  plan.seq_length = 4096;
+  plan.global_batch = 8;
+  plan.sequence_parallel = tp > 1;
+  plan.precision = p;
+  return plan;
+}
+
+const Op& find(const std::vector<Op>& ops, const std::string& name) {
+  for (const Op& op : ops)
+    if (op.name == name) return op;
+  FAIL("no op " << name);
+  return ops.front();
+}
+
+// The names of ops[first, first + n).
+std::vector<std::string> names(const std::vector<Op>& ops, std::size_t first, std::size_t n) {
+  std::vector<std::string> out;
+  for (std::size_t i = first; i < first + n && i < ops.size(); ++i) out.push_back(ops[i].name);
+  return out;
+}
+
+std::size_t index_of(const std::vector<Op>& ops, const std::string& name) {
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].name == name) return i;
+  return ops.size();
+}
+
+}  // namespace
+
+TEST_CASE("fp8: FC1 runs at the FP8 peak x the bf16 GEMM's efficiency, twice as fast as bf16") {
+  const ModelSpec m = test::llama3_8b();
+  const Op fp8 = find(transformer_layer_ops(m, layer_plan(Precision::fp8_current)).forward, op::fc1);
+  const Op bf16 = find(transformer_layer_ops(m, layer_plan(Precision::bf16)).forward, op::fc1);
+  CHECK(fp8.precision == Precision::fp8_current);
+  CHECK(bf16.precision == Precision::bf16);
+  // [4096 x 4096] x [4096 x 28672]: 2 x 4096 x 28672 x 4096 FLOPs; 32 x 224
+  // = 7168 tiles on 132 SMs take 55 waves.
+  CHECK(fp8.m == 4096);
+  CHECK(fp8.n == 28672);
+  CHECK(fp8.k == 4096);
+  const double flops = 962072674304.0;
+  const double waves = 117440512.0 / (55.0 * 132 * 128 * 128);
+  // Compute-bound: HBM (4096 x 4096 + 4096 x 28672) x 1 B + 4096 x 28672 x 2 B
+  // = 369 MB at 2.78 TB/s is 133 us against 613 us of tensor-core time.
+  const GpuProfile gpu = h100();
+  CHECK(op_time_ns(gpu, fp8) == std::llround(flops / (1979e12 * 0.803 * waves) * 1e9));
+  CHECK(op_time_ns(gpu, bf16) == std::llround(flops / (989e12 * 0.803 * waves) * 1e9));
+  // dgrad and wgrad too.
+  const LayerOps ops = transformer_layer_ops(m, layer_plan(Precision::fp8_current));
+  CHECK(find(ops.backward, op::fc1_dgrad).precision == Precision::fp8_current);
+  CHECK(find(ops.backward, op::fc1_wgrad).precision == Precision::fp8_current);
+  // SMs taken by an overlapped collective take their share of the FP8 peak.
+  CHECK(with_sms_taken(gpu, 33).peak_fp8_flops == doctest::Approx(1979e12 * 99 / 132));
+}
+
+TEST_CASE("fp8: the attention core, the embedding and the LM head stay bf16; every linear layer's GEMMs do not") {
+  const ModelSpec m = test::llama3_8b();
+  const ParallelPlan p = layer_plan(Precision::fp8_delayed);
+  const LayerOps layer = transformer_layer_ops(m, p);
+  for (const auto* list : {&layer.forward, &layer.backward})
+    for (const Op& op : *list) {
+      CAPTURE(op.name);
+      if (op.kind == OpKind::attention_core) CHECK(op.precision == Precision::bf16);
+      if (op.kind == OpKind::gemm) CHECK(op.precision == Precision::fp8_delayed);
+    }
+  for (const LayerOps& ops : {embedding_ops(m, p), lm_head_ops(m, p)})
+    for (const auto* list : {&ops.forward, &ops.backward})
+      for (const Op& op : *list) CHECK(op.precision == Precision::bf16);
+}
+
+TEST_CASE("fp8: delayed scaling casts each linear input and output gradient once, rowwise + columnwise") {
+  const ModelSpec m = test::llama3_8b();
+  const LayerOps ops = transformer_layer_ops(m, layer_plan(Precision::fp8_delayed));
+  // Before QKV: the norm's output, 4096 x 4096, read 2 B, written 1 + 1 B.
+  const std::size_t qkv = index_of(ops.forward, op::qkv);
+  REQUIRE(qkv >= 1);
+  CHECK(ops.forward[qkv - 1].name == op::fp8_cast);
+  CHECK(ops.forward[qkv - 1].bytes == 4096.0 * 4096 * 4);
+  // FC1's output gradient, 4096 x 28672, before its dgrad.
+  const std::size_t dgrad = index_of(ops.backward, op::fc1_dgrad);
+  REQUIRE(dgrad >= 1);
+  CHECK(ops.backward[dgrad - 1].name == op::fp8_grad_cast);
+  CHECK(ops.backward[dgrad - 1].bytes == 4096.0 * 28672 * 4);
+  int casts = 0, grad_casts = 0;
+  for (const Op& op : ops.forward) casts += op.name == op::fp8_cast ? 1 : 0;
+  for (const Op& op : ops.backward) grad_casts += op.name == op::fp8_grad_cast ? 1 : 0;
+  CHECK(casts == 4);
+  CHECK(grad_casts == 4);
+  // The weights, per layer: QKV 4096 x 6144, proj 4096 x 4096, FC1 4096 x
+  // 28672, FC2 14336 x 4096.
+  CHECK(quantized_weight_elements(ops) == 218103808.0);
+}
+
+TEST_CASE("fp8: current scaling adds the amax pass and the scale kernel; with SP the amax is all-reduced over TP") {
+  const ModelSpec m = test::llama3_8b();
+  const LayerOps tp1 = transformer_layer_ops(m, layer_plan(Precision::fp8_current));
+  const std::size_t qkv = index_of(tp1.forward, op::qkv);
+  CHECK(names(tp1.forward, qkv - 3, 4) == std::vector<std::string>{op::fp8_amax, op::fp8_scale, op::fp8_cast, op::qkv});
+  CHECK(tp1.forward[qkv - 3].bytes == 4096.0 * 4096 * 2);
+  CHECK(tp1.forward[qkv - 2].bytes == 8.0);
+  // TP 2 with SP: the shard (2048 tokens) is quantized, its amax all-reduced
+  // (4 B), and the FP8 input gathered at 1 B per element.
+  const LayerOps tp2 = transformer_layer_ops(m, layer_plan(Precision::fp8_current, 2));
+  const std::size_t q2 = index_of(tp2.forward, op::qkv);
+  CHECK(names(tp2.forward, q2 - 5, 6) ==
+        std::vector<std::string>{op::fp8_amax, op::tp_ar_amax, op::fp8_scale, op::fp8_cast, op::tp_ag_attn, op::qkv});
+  CHECK(tp2.forward[q2 - 5].bytes == 2048.0 * 4096 * 2);
+  CHECK(tp2.forward[q2 - 4].comm_bytes == 4.0);
+  CHECK(tp2.forward[q2 - 4].group == Group::tp);
+  CHECK(tp2.forward[q2 - 2].bytes == 2048.0 * 4096 * 4);
+  CHECK(tp2.forward[q2 - 1].comm_bytes == 4096.0 * 4096 * 1);
+  // The row-parallel FC2's output gradient is gathered quantized too.
+  const std::size_t d2 = index_of(tp2.backward, op::fc2_dgrad);
+  CHECK(names(tp2.backward, d2 - 5, 6) == std::vector<std::string>{op::fp8_amax, op::tp_ar_amax, op::fp8_scale,
+                                                                   op::fp8_grad_cast, op::tp_ag_mlp_bwd, op::fc2_dgrad});
+  CHECK(tp2.backward[d2 - 1].comm_bytes == 4096.0 * 4096 * 1);
+}
+
+TEST_CASE("fp8: MXFP8 and blockwise count their scales; NVFP4 runs at the FP4 peak") {
+  const ModelSpec m = test::llama3_8b();
+  const LayerOps mx = transformer_layer_ops(m, layer_plan(Precision::mxfp8));
+  // 1 + 1/32 B per element, rowwise and columnwise.
+  CHECK(mx.forward[index_of(mx.forward, op::qkv) - 1].bytes == doctest::Approx(4096.0 * 4096 * (2 + 2 * (1 + 1 / 32.0))));
+  const LayerOps bw = transformer_layer_ops(m, layer_plan(Precision::fp8_blockwise));
+  CHECK(bw.forward[index_of(bw.forward, op::qkv) - 1].bytes == doctest::Approx(4096.0 * 4096 * (2 + 2 * (1 + 4 / 128.0))));
+  GpuProfile gpu = h100();
+  gpu.peak_fp4_flops = 2 * gpu.peak_fp8_flops;
+  gpu.microscaling_formats = true;
+  const Op fc1 = find(transformer_layer_ops(m, layer_plan(Precision::nvfp4)).forward, op::fc1);
+  const double waves = 117440512.0 / (55.0 * 132 * 128 * 128);
+  CHECK(op_time_ns(gpu, fc1) == std::llround(962072674304.0 / (3958e12 * 0.803 * waves) * 1e9));
+}
+
+TEST_CASE("fp8: a bf16 plan lists and prices its ops as before") {
+  const ModelSpec m = test::llama3_8b();
+  const GpuProfile gpu = h100();
+  const LayerOps ops = transformer_layer_ops(m, layer_plan(Precision::bf16, 2));
+  for (const auto* list : {&ops.forward, &ops.backward})
+    for (const Op& op : *list) {
+      CAPTURE(op.name);
+      CHECK(op.precision == Precision::bf16);
+      CHECK(op.name.rfind("fp8_", 0) == std::string::npos);
+      if (op.kind == OpKind::gemm) CHECK(op_time_ns(gpu, op) == gemm_time_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes));
+      if (op.name == op::tp_ag_attn) CHECK(op.comm_bytes == 4096.0 * 4096 * 2);
+    }
+  CHECK(quantized_weight_elements(ops) == 0);
+}
+
+TEST_CASE("fp8: FP8 weight copies and the inputs saved in FP8, by hand") {
+  const ModelSpec m = test::llama3_8b();
+  const GpuProfile gpu = h100();
+  ParallelPlan bf16 = layer_plan(Precision::bf16);
+  bf16.seq_length = 4096;
+  ParallelPlan fp8 = bf16;
+  fp8.precision = Precision::fp8_delayed;
+  // Rowwise and columnwise copy of 218,103,808 weights per layer, 32 layers.
+  const MemoryReport a = memory_per_gpu(m, bf16, gpu), b = memory_per_gpu(m, fp8, gpu);
+  CHECK(b.weight_and_optimizer_bytes - a.weight_and_optimizer_bytes == 32 * 218103808.0 * 2);
+  // Saved 1 B instead of 2: QKV's and FC1's inputs (2 x 4096 x 4096), the
+  // projection's (4096 x 4096) and FC2's (4096 x 14336).
+  CHECK(layer_activation_bytes(m, bf16, false) - layer_activation_bytes(m, fp8, false) ==
+        2 * 4096.0 * 4096 + 4096.0 * 4096 + 4096.0 * 14336);
+  // Full recomputation keeps the bf16 layer input only.
+  bf16.recompute = fp8.recompute = Recompute::full;
+  CHECK(layer_activation_bytes(m, bf16, false) == layer_activation_bytes(m, fp8, false));
+}
+
+TEST_CASE("fp8: the weights are cast once per step, with the optimizer") {
+  const ModelSpec m = test::llama3_8b();
+  const GpuProfile gpu = h100();
+  const ParallelPlan bf16 = layer_plan(Precision::bf16);
+  const ParallelPlan fp8 = layer_plan(Precision::fp8_delayed);
+  const StageParameters sp = stage_parameters(m, bf16, 0);
+  const std::int64_t extra =
+      StepDescription(m, fp8, nullptr).optimizer_ns(gpu, sp, 0) - StepDescription(m, bf16, nullptr).optimizer_ns(gpu, sp, 0);
+  // 32 x 218,103,808 weights read (2 B) and written rowwise + columnwise (1 + 1 B).
+  CHECK(extra == std::llround(32 * 218103808.0 * 4 / (3350e9 * 0.83) * 1e9));
+}
+
+TEST_CASE("fp8: a GPU without the format refuses the plan, with the reason") {
+  const ModelSpec m = test::llama3_8b();
+  ParallelPlan p = layer_plan(Precision::fp8_current);
+  p.dp = 8;
+  p.global_batch = 8;
+  const Cluster a100 = test::dgx_a100(1);
+  auto r = check_plan(p, m, a100);
+  REQUIRE(r);
+  CHECK(r->kind == PlanCheck::precision_no_fp8);
+  CHECK(r->field == PlanField::precision);
+  CHECK(describe(*r, m, a100) ==
+        "A100-SXM4-80GB has no FP8 tensor cores (its profile gives no peak_fp8_tflops; Transformer Engine needs "
+        "compute capability 8.9 or more)");
+  const Cluster h = h100_node(h100());
+  CHECK_FALSE(check_plan(p, m, h));
+  p.precision = Precision::mxfp8;
+  r = check_plan(p, m, h);
+  REQUIRE(r);
+  CHECK(r->kind == PlanCheck::precision_no_microscaling);
+  CHECK(describe(*r, m, h) ==
+        "H100-SXM5-80GB has no block-scaled tensor-core formats (MXFP8, NVFP4: Transformer Engine runs them on "
+        "compute capability 10.0, Blackwell; its profile's microscaling_formats is false)");
+  p.precision = Precision::nvfp4;
+  r = check_plan(p, m, h);
+  REQUIRE(r);
+  CHECK(r->kind == PlanCheck::precision_no_fp4);
+  p.precision = Precision::fp8_delayed;
+  p.zero_stage = 3;
+  r = check_plan(p, m, h);
+  REQUIRE(r);
+  CHECK(r->kind == PlanCheck::precision_zero3);
+}
+
+TEST_CASE("fp8: the shipped GPU profiles give the FP8 peak where the GPU has it") {
+  const auto card = [](const char* name) { return load_cluster(test::source_root() / "topologies" / name).gpu; };
+  for (const char* name : {"dgx-h100.json", "hgx-h200.json"}) {
+    CAPTURE(name);
+    const GpuProfile g = card(name);
+    CHECK(g.peak_fp8_flops == 1979e12);
+    CHECK(g.peak_fp4_flops == 0);
+    CHECK_FALSE(g.microscaling_formats);
+    CHECK(g.sources.count("peak_fp8_flops") == 1);
+  }
+  const GpuProfile a100 = card("dgx-a100.json");
+  CHECK(a100.peak_fp8_flops == 0);
+  CHECK_FALSE(a100.microscaling_formats);
+}
+
+TEST_CASE("fp8: the plan file writes precision only when not bf16 and reads it back") {
+  nlohmann::json j = test::fixture_json(test::fixtures().front());
+  CHECK_FALSE(j["parallel"].contains("precision"));
+  CHECK(plan_file_from_json(j, "plan.json").plan.precision == Precision::bf16);
+  j["parallel"]["precision"] = "fp8-current";
+  const PlanFile pf = plan_file_from_json(j, "plan.json");
+  CHECK(pf.plan.precision == Precision::fp8_current);
+  CHECK(plan_layout_json(pf.plan)["precision"] == "fp8-current");
+  // Its A100 card has no FP8: refused where the card is known.
+  CHECK(test::input_error_message([&] { check_plan_matches_cluster(pf, test::four_dgx_a100()); }) ==
+        "plan.json: parallel.precision: A100-SXM4-80GB has no FP8 tensor cores (its profile gives no "
+        "peak_fp8_tflops; Transformer Engine needs compute capability 8.9 or more) (fix: drop precision (bf16), or "
+        "use the plan with a cluster card whose GPU runs it (--cluster))");
+  j["parallel"]["precision"] = "fp8";
+  CHECK(test::input_error_message([&] { (void)plan_file_from_json(j, "plan.json"); })
+            .rfind("plan.json: parallel.precision: unknown precision \"fp8\"", 0) == 0);
+}
+
+TEST_CASE("fp8: --fp8-param-gather drops the bf16 weight and gathers the FP8 one at 1 byte") {
+  const ModelSpec m = test::llama3_8b();
+  const GpuProfile gpu = h100();
+  ParallelPlan p = layer_plan(Precision::fp8_delayed);
+  p.dp = 8;
+  p.global_batch = 8;
+  p.zero_stage = 1;
+  ParallelPlan g = p;
+  g.fp8_param_gather = true;
+  // 32 layers x 218,103,808 quantized weights lose their 2-byte bf16 copy.
+  CHECK(memory_per_gpu(m, p, gpu).weight_and_optimizer_bytes - memory_per_gpu(m, g, gpu).weight_and_optimizer_bytes ==
+        32 * 218103808.0 * 2);
+  // The distributed optimizer's all-gather: the other weights at 2 B, the quantized ones at 1 B.
+  const auto gather_bytes = [&](const ParallelPlan& plan) {
+    const StageStep step = StepDescription(m, plan, nullptr).stage(0);
+    for (const StepCollective& c : step.collectives())
+      if (c.name == std::string("param all-gather")) return c.bytes;
+    return -1.0;
+  };
+  const double params = stage_parameters(m, p, 0).dense;
+  CHECK(gather_bytes(p) == params * 2);
+  CHECK(gather_bytes(g) == (params - 32 * 218103808.0) * 2 + 32 * 218103808.0);
+  // Refused without FP8 or without the distributed optimizer.
+  const Cluster h = h100_node(gpu);
+  g.zero_stage = 0;
+  auto r = check_plan(g, m, h);
+  REQUIRE(r);
+  CHECK(r->kind == PlanCheck::param_gather_needs_dist_opt);
+  CHECK(r->field == PlanField::fp8_param_gather);
+  g.zero_stage = 1;
+  g.precision = Precision::bf16;
+  r = check_plan(g, m, h);
+  REQUIRE(r);
+  CHECK(r->kind == PlanCheck::param_gather_needs_fp8);
+}
