@@ -378,3 +378,18 @@ TEST_CASE("the planner searches the counted split where it is asked for: PP x v 
   CHECK(shapes.count({8, 4}) == 1);  // 96 = 8 x 4 x 3
   CHECK(shapes.count({32, 1}) == 1);
 }
+
+TEST_CASE("the counted split without interleaving is the first / last split of the same layers: the same iteration") {
+  // 30 layers + E + L on PP 4: 7, 8, 8, 7, which --first-stage-layers 7
+  // --last-stage-layers 7 gives too; both priced alike to the nanosecond.
+  const ModelSpec m = test::gpt(30, 1024, 16);
+  const Topology topo(test::dgx_a100(1));
+  ParallelPlan uneven = test::recompute_plan(1, 4, 2, 16);
+  uneven.seq_length = 2048;
+  ParallelPlan counted = uneven;
+  uneven.first_stage_layers = uneven.last_stage_layers = 7;
+  counted.embedding_in_split = counted.loss_in_split = true;
+  for (int s = 0; s < 4; ++s) CHECK(layers_on_stage(counted, 30, s) == layers_on_stage(uneven, 30, s));
+  CHECK(sim::simulate(m, topo, counted).iteration_time_s == sim::simulate(m, topo, uneven).iteration_time_s);
+  CHECK(estimate(m, topo, counted).iteration_time_s == estimate(m, topo, uneven).iteration_time_s);
+}
