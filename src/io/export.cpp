@@ -48,7 +48,7 @@ void refuse_pipeline_layout(const PlanFile& pf, std::string_view trainer) {
                                                            : "parallel.loss_in_pipeline_split")
                                    : "parallel.pipeline_layout",
          fmt::format("{} has no setting for Megatron-Core's pipeline layout (the embedding and the loss counted as "
-                     "layers, --pipeline-model-parallel-layout) in cuboid's export",
+                     "layers, --pipeline-model-parallel-layout)",
                      trainer),
          "export with --to megatron, or plan without the layout");
 }
