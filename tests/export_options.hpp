@@ -173,6 +173,8 @@ inline std::string check_option(const OptionSet& set, const std::string& name, c
     ok = std::regex_match(unquote(value), std::regex(R"(\d+|\[[01]\]\*\d+(\+\[[01]\]\*\d+)*)"));
   // A YAML flow list of 0 / 1, one per layer (NeMo's moe_layer_freq).
   else if (type == "layer_list") ok = std::regex_match(value, std::regex(R"(\[[01](, [01])*\])"));
+  // Megatron-Core's pipeline layout string (pipeline_parallel_layer_layout.py's characters).
+  else if (type == "pipeline_layout") ok = std::regex_match(unquote(value), std::regex(R"([ELtm|(),*0-9]+)"));
   else if (type == "bool") ok = value == "true" || value == "false" || value == "True" || value == "False";
   else if (type == "enum" || type == "python" || type == "hydra_defaults") {
     for (const auto& v : o.at("values")) ok = ok || (v.is_string() ? v.get<std::string>() : v.dump()) == unquote(value);

@@ -156,3 +156,41 @@ TEST_CASE("the units of each stage hold its parameters: every DP bucket reduces 
     }
   }
 }
+
+TEST_CASE("Megatron-Core's counted split: the first chunk holds the embedding and 2 layers, the last 2 layers and the LM head") {
+  // 94 layers + the embedding + the loss on PP 8 x v 4: 3 a virtual stage.
+  const ModelSpec m = test::gpt(94, 1024, 16);
+  const Topology topo(test::dgx_a100(1));
+  ParallelPlan plan = plan_of(1, 8, 1, 16);
+  plan.seq_length = 2048;
+  plan.schedule = Schedule::interleaved;
+  plan.virtual_stages = 4;
+  plan.embedding_in_split = plan.loss_in_split = true;
+  const SimOptions opts;
+  detail::Builder b(m, topo, plan, opts);
+  b.build();
+  auto names = [&](int stage, int chunk) {
+    std::vector<std::string> out;
+    for (const auto& u : b.units()[static_cast<std::size_t>(stage)][static_cast<std::size_t>(chunk)]) out.push_back(u.name);
+    return out;
+  };
+  CHECK(names(0, 0) == std::vector<std::string>{"embedding", "layer 0", "layer 1"});
+  CHECK(names(1, 0) == std::vector<std::string>{"layer 2", "layer 3", "layer 4"});
+  CHECK(names(0, 1) == std::vector<std::string>{"layer 23", "layer 24", "layer 25"});
+  CHECK(names(7, 3) == std::vector<std::string>{"layer 92", "layer 93", "lm_head"});
+  for (int s = 0; s < 8; ++s) {
+    double params = 0;
+    for (const auto& chunk : b.units()[static_cast<std::size_t>(s)])
+      for (const auto& u : chunk) params += u.params;
+    CHECK(params == doctest::Approx(parameters_on_stage(m, plan, s)).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("stamped passes: a layout string's uneven chunks") {
+  ParallelPlan p = plan_of(8, 4, 2, 64);
+  p.schedule = Schedule::interleaved;
+  p.virtual_stages = 2;
+  // Llama 3 8B's 32 layers: the embedding's and the loss's chunks lighter.
+  p.pipeline_layout.decoders = {2, 4, 4, 4, 4, 5, 5, 4};
+  check_same("llama3-8b", "dgx-a100.json", 8, p);
+}

@@ -64,6 +64,7 @@ bool same_preset(const TrainerPreset& a, const TrainerPreset& b) {
          a.selective_recompute == b.selective_recompute && a.interleaved == b.interleaved &&
          a.flash_attention == b.flash_attention && a.grad_accum_fusion == b.grad_accum_fusion &&
          a.uneven_stages == b.uneven_stages && a.uneven_interleaved == b.uneven_interleaved &&
+         a.pipeline_layout == b.pipeline_layout &&
          a.context_parallel == b.context_parallel && a.context_parallel_a2a == b.context_parallel_a2a &&
          a.expert_parallel == b.expert_parallel && a.fp8 == b.fp8 && a.zero_stages == b.zero_stages &&
          a.default_grad_accum_fusion == b.default_grad_accum_fusion && a.settings == b.settings;
@@ -118,6 +119,8 @@ TEST_CASE("the presets loaded from trainers/ are those the code held") {
     CHECK(t.grad_accum_fusion == e.grad_accum_fusion);
     CHECK(t.uneven_stages == e.uneven_stages);
     CHECK(t.uneven_interleaved == e.uneven_interleaved);
+    // Megatron-Core's --account-for-*-in-pipeline-split and layout (2025): the current preset's only.
+    CHECK(t.pipeline_layout == (t.name == "megatron-core"));
     CHECK(t.context_parallel == e.context_parallel);
     CHECK(t.context_parallel_a2a == e.context_parallel_a2a);
     CHECK(t.expert_parallel == e.expert_parallel);

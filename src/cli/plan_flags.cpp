@@ -1,4 +1,6 @@
 #include "plan_flags.hpp"
+
+#include "cuboid/core/pipeline_layout.hpp"
 #include "plan_words.hpp"
 
 #include <algorithm>
@@ -92,6 +94,16 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                 "allow a PP that does not divide the layers: first and last stages get fewer layers");
   cmd->add_option("--first-stage-layers", f.first_stage_layers, "layers on the first pipeline stage (uneven split)");
   cmd->add_option("--last-stage-layers", f.last_stage_layers, "layers on the last pipeline stage (uneven split)");
+  cmd->add_flag("--account-for-embedding-in-pipeline-split", f.embedding_in_split,
+                "Megatron-Core's: the embedding counts as a layer when the layers split over PP x virtual stages (its "
+                "virtual stage builds one decoder layer fewer)");
+  cmd->add_flag("--account-for-loss-in-pipeline-split", f.loss_in_split,
+                "Megatron-Core's: the loss counts as a layer when the layers split over PP x virtual stages (its "
+                "virtual stage builds one decoder layer fewer)");
+  cmd->add_option("--pipeline-model-parallel-layout,--pipeline-layout", f.pipeline_layout,
+                  "Megatron-Core's layout of the layers over PP x virtual stages, e.g. \"Et*2|(t*3|)*30,t*2L\" (E "
+                  "embedding, t decoder layer, m MTP module, L loss, | between virtual stages); needs --pp and sets "
+                  "the virtual stages");
   cmd->add_option("--gpu-spread", f.gpu_spread,
                   "relative sigma of per-GPU compute speed; the job runs at its slowest GPU's pace "
                   "(default: the GPU profile's speed_spread; 0: every GPU alike)");
@@ -133,6 +145,51 @@ void refuse_flags_without_effect(const PlanFlags& f, std::string_view command) {
   for (const Unused& u : unused)
     if (u.command == command && u.given) throw InputError("command line", u.flag, u.why, u.fix);
 }
+
+namespace {
+
+// Megatron-Core's pipeline layout flags, with its refusals of their
+// combinations (transformer_config.py __post_init__ and arguments.py at
+// d98e8a64): the layout alone, the embedding / loss counted without first /
+// last stage layers; the layout's virtual stages over --pp, as --vpp if given.
+void pipeline_layout_options(const PlanFlags& f, PlannerOptions& o) {
+  const std::string cl = "command line";
+  const bool counted = f.embedding_in_split || f.loss_in_split;
+  const char* counted_flag =
+      f.embedding_in_split ? "--account-for-embedding-in-pipeline-split" : "--account-for-loss-in-pipeline-split";
+  const bool uneven = f.uneven_stages || f.first_stage_layers || f.last_stage_layers;
+  if (counted && uneven)
+    throw InputError(cl, counted_flag,
+                     "cannot be combined with --uneven-stages, --first-stage-layers or --last-stage-layers "
+                     "(Megatron-Core refuses first / last stage layers with the embedding or the loss counted)",
+                     "drop one of them");
+  o.embedding_in_split = f.embedding_in_split;
+  o.loss_in_split = f.loss_in_split;
+  if (!f.pipeline_layout) return;
+  const char* flag = "--pipeline-model-parallel-layout";
+  if (counted || uneven)
+    throw InputError(cl, flag,
+                     "cannot be combined with --account-for-*-in-pipeline-split, --uneven-stages, "
+                     "--first-stage-layers or --last-stage-layers (the layout places every layer itself)",
+                     "give the layout alone");
+  if (!f.pp) throw InputError(cl, flag, "a layout needs --pp to read its virtual stages", "add --pp");
+  o.pipeline_layout = parse_pipeline_layout(*f.pipeline_layout, cl, flag);
+  const auto stages = static_cast<std::int64_t>(o.pipeline_layout.decoders.size());
+  if (stages % *f.pp != 0)
+    throw InputError(cl, flag,
+                     "the layout's " + std::to_string(stages) + " virtual stages do not split over PP " +
+                         std::to_string(*f.pp),
+                     "give PP x virtual stages entries, | between them");
+  const int v = static_cast<int>(stages / *f.pp);
+  if (f.vpp && *f.vpp != v)
+    throw InputError(cl, "--vpp",
+                     "--vpp " + std::to_string(*f.vpp) + " conflicts with the layout's " + std::to_string(v) +
+                         " virtual stages per PP rank",
+                     "drop --vpp: the layout sets it");
+  o.virtual_stages = v;
+}
+
+}  // namespace
 
 PlannerOptions planner_options(const PlanFlags& f) {
   const std::string cl = "command line";
@@ -191,6 +248,7 @@ PlannerOptions planner_options(const PlanFlags& f) {
   o.first_stage_layers = f.first_stage_layers;
   o.last_stage_layers = f.last_stage_layers;
   o.uneven_stages = f.uneven_stages || f.first_stage_layers || f.last_stage_layers;
+  pipeline_layout_options(f, o);
   o.threads = f.threads;
   o.simulate_top = f.simulate_top;
   if (o.schedule && *o.schedule != Schedule::interleaved && o.virtual_stages && *o.virtual_stages > 1)
@@ -212,7 +270,8 @@ Loaded load(const PlanFlags& f) {
                       f.schedule || f.flash_attention || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.rank_order ||
                       f.global_batch ||
                       f.seq_length ||
-                      f.first_stage_layers || f.last_stage_layers || f.uneven_stages;
+                      f.first_stage_layers || f.last_stage_layers || f.uneven_stages || f.embedding_in_split ||
+                      f.loss_in_split || f.pipeline_layout;
     if (!f.model_path.empty() || dims)
       throw InputError(cl, "--plan", "a plan file fixes the model and every dimension; --model and dimension flags cannot be combined with it",
                        "drop those flags, or drop --plan and give --model, --cluster and the dimensions");
@@ -374,6 +433,10 @@ constexpr KeyFlag kKeyFlags[] = {
      [](const PlannerOptions& o) { return shown(o.first_stage_layers); }},
     {"parallel.last_stage_layers", "--last-stage-layers",
      [](const PlannerOptions& o) { return shown(o.last_stage_layers); }},
+    {"parallel.pipeline_layout", "--pipeline-model-parallel-layout",
+     [](const PlannerOptions& o) {
+       return o.pipeline_layout.empty() ? std::nullopt : std::optional<std::string>(pipeline_layout_string(o.pipeline_layout));
+     }},
     {"parallel.global_batch", "--global-batch", [](const PlannerOptions& o) { return shown(o.global_batch); }},
     {"parallel.seq_length", "--seq-length", [](const PlannerOptions& o) { return shown(o.seq_length); }},
     {"trainer.dp_overlap", "--dp-overlap", [](const PlannerOptions& o) { return shown(o.dp_overlap); }},

@@ -38,6 +38,8 @@ struct PlanFlags {
   std::optional<std::string> trainer;            // --trainer preset
   std::optional<std::string> dp_overlap;         // on|off
   std::optional<int> first_stage_layers, last_stage_layers;
+  bool embedding_in_split = false, loss_in_split = false;  // --account-for-{embedding,loss}-in-pipeline-split
+  std::optional<std::string> pipeline_layout;             // --pipeline-model-parallel-layout
   std::optional<double> gpu_spread;      // overrides the GPU profile's speed_spread
   bool uneven_stages = false;
   bool explain = false;

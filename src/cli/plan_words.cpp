@@ -76,6 +76,16 @@ std::string plain_fix(const PlanRejection& r) {
       return "drop --vpp (1F1B with uneven stages), or choose a PP x virtual stages that divides the layers";
     case K::interleaved_batches:
       return "choose a global batch that is a multiple of micro-batch x DP x PP = " + std::to_string(r.values[2]);
+    case K::trainer_no_layout:
+      return "drop --account-for-*-in-pipeline-split and --pipeline-model-parallel-layout, or use --trainer "
+             "megatron-core";
+    case K::layout_with_uneven: return "drop --first-stage-layers and --last-stage-layers";
+    case K::layout_with_counted: return "drop --account-for-*-in-pipeline-split: the layout places E and L";
+    case K::counted_split:
+      return "choose PP x virtual stages that divides " + std::to_string(r.values[1]) + ", or drop the counted layers";
+    case K::layout_stages: return "give PP x virtual stages entries in the layout, | between them";
+    case K::layout_layers: return "give the layout " + std::to_string(r.values[1]) + " decoder layers t";
+    case K::layout_mtp: return "give the layout " + std::to_string(r.values[1]) + " MTP modules m, in its last virtual stage";
     default: return "";
   }
 }
@@ -124,6 +134,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::trainer: return "--trainer";
     case PlanField::precision: return "--precision";
     case PlanField::fp8_param_gather: return "--fp8-param-gather";
+    case PlanField::pipeline_layout: return "--pipeline-model-parallel-layout";
   }
   return "--tp/--pp/--dp";
 }

@@ -133,7 +133,20 @@ RankOrder RankOrder::parse(std::string_view s, const std::string& source, const 
 
 bool has_uneven_stages(const ParallelPlan& plan) { return plan.first_stage_layers > 0 || plan.last_stage_layers > 0; }
 
+bool has_pipeline_layout(const ParallelPlan& plan) {
+  return plan.embedding_in_split || plan.loss_in_split || !plan.pipeline_layout.empty();
+}
+
+std::int64_t split_layers(const ParallelPlan& plan, std::int64_t num_layers) {
+  return num_layers + (plan.embedding_in_split ? 1 : 0) + (plan.loss_in_split ? 1 : 0);
+}
+
 int layers_on_stage(const ParallelPlan& plan, std::int64_t num_layers, int stage) {
+  if (has_pipeline_layout(plan)) {
+    int layers = 0;
+    for (int c = 0; c < chunks_per_stage(plan); ++c) layers += layers_in_chunk(plan, num_layers, stage, c);
+    return layers;
+  }
   if (!has_uneven_stages(plan)) return static_cast<int>(num_layers / plan.pp);
   if (stage == 0 && plan.first_stage_layers > 0) return plan.first_stage_layers;
   if (stage == plan.pp - 1 && plan.last_stage_layers > 0) return plan.last_stage_layers;
@@ -146,10 +159,21 @@ int chunks_per_stage(const ParallelPlan& plan) {
   return plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
 }
 
-int first_layer_of_chunk(const ParallelPlan& plan, std::int64_t num_layers, int stage, int chunk) {
+int layers_in_chunk(const ParallelPlan& plan, std::int64_t num_layers, int stage, int chunk) {
   const int v = chunks_per_stage(plan);
+  const std::size_t vs = static_cast<std::size_t>(chunk) * static_cast<std::size_t>(plan.pp) + static_cast<std::size_t>(stage);
+  if (!plan.pipeline_layout.empty())
+    return vs < plan.pipeline_layout.decoders.size() ? plan.pipeline_layout.decoders[vs] : 0;
+  if (!plan.embedding_in_split && !plan.loss_in_split) return layers_on_stage(plan, num_layers, stage) / v;
+  int layers = static_cast<int>(split_layers(plan, num_layers) / (static_cast<std::int64_t>(plan.pp) * v));
+  if (plan.embedding_in_split && stage == 0 && chunk == 0) --layers;
+  if (plan.loss_in_split && stage == plan.pp - 1 && chunk == v - 1) --layers;
+  return layers;
+}
+
+int first_layer_of_chunk(const ParallelPlan& plan, std::int64_t num_layers, int stage, int chunk) {
   int first = 0;
-  for (int vs = 0; vs < chunk * plan.pp + stage; ++vs) first += layers_on_stage(plan, num_layers, vs % plan.pp) / v;
+  for (int vs = 0; vs < chunk * plan.pp + stage; ++vs) first += layers_in_chunk(plan, num_layers, vs % plan.pp, vs / plan.pp);
   return first;
 }
 

@@ -59,6 +59,7 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     if (!t.uneven_stages) return reject(K::trainer_even_stages, F::uneven_stages, preset);
     if (chunks_per_stage(p) > 1 && !t.uneven_interleaved) return reject(K::trainer_even_chunks, F::uneven_stages, preset);
   }
+  if (has_pipeline_layout(p) && !t.pipeline_layout) return reject(K::trainer_no_layout, F::pipeline_layout, preset);
   return std::nullopt;
 }
 
@@ -161,8 +162,33 @@ Found check_uneven_split(const ParallelPlan& p, const ModelSpec& m) {
   return std::nullopt;
 }
 
+// Megatron-Core's checks of the pipeline layout and of the embedding and the
+// loss counted as layers (transformer_config.py __post_init__ at d98e8a64:
+// neither with first / last stage layers, the layout with neither;
+// validate_layer_layout; num_layers + counted divisible by PP, and a stage's
+// share by the virtual pipeline size).
+Found check_layout(const ParallelPlan& p, const ModelSpec& m) {
+  if (has_uneven_stages(p)) return reject(K::layout_with_uneven, F::pipeline_layout);
+  const int v = chunks_per_stage(p);
+  if (p.pipeline_layout.empty()) {
+    const std::int64_t counted = split_layers(p, m.num_layers);
+    if (counted % (static_cast<std::int64_t>(p.pp) * v) != 0)
+      return reject(K::counted_split, v > 1 ? F::virtual_stages : F::pp, m.num_layers, counted, p.pp, v);
+    return std::nullopt;
+  }
+  if (p.embedding_in_split || p.loss_in_split) return reject(K::layout_with_counted, F::pipeline_layout);
+  const auto stages = static_cast<std::int64_t>(p.pipeline_layout.decoders.size());
+  if (stages != static_cast<std::int64_t>(p.pp) * v) return reject(K::layout_stages, F::pipeline_layout, stages, p.pp, v);
+  std::int64_t decoders = 0;
+  for (int n : p.pipeline_layout.decoders) decoders += n;
+  if (decoders != m.num_layers) return reject(K::layout_layers, F::pipeline_layout, decoders, m.num_layers);
+  if (p.pipeline_layout.mtp != m.mtp_layers) return reject(K::layout_mtp, F::pipeline_layout, p.pipeline_layout.mtp, m.mtp_layers);
+  return std::nullopt;
+}
+
 Found check_stages(const ParallelPlan& p, const ModelSpec& m) {
   if (p.first_stage_layers < 0 || p.last_stage_layers < 0) return reject(K::stage_layers_negative, F::uneven_stages);
+  if (has_pipeline_layout(p)) return check_layout(p, m);
   if (has_uneven_stages(p)) return check_uneven_split(p, m);
   const std::int64_t chunks = static_cast<std::int64_t>(p.pp) * p.virtual_stages;
   if (m.num_layers % chunks != 0)
@@ -227,6 +253,8 @@ std::string describe_trainer(const PlanRejection& r) {
     case K::trainer_even_stages: return trainer_words(v[0], "gives every pipeline stage the same number of layers");
     case K::trainer_even_chunks: return trainer_words(v[0], "has no uneven stages with the interleaved schedule");
     case K::trainer_no_fp8: return trainer_words(v[0], "runs no FP8 / FP4 linear layers here (no Transformer Engine recipe)");
+    case K::trainer_no_layout:
+      return trainer_words(v[0], "has no pipeline layout (the embedding and the loss counted as layers, or a layout string)");
     default: return "";
   }
 }
@@ -318,6 +346,22 @@ std::string describe_stages(const PlanRejection& r, const ModelSpec& m) {
     case K::layers_split:
       return "PP " + n(v[0]) + " x virtual stages " + n(v[1]) + " = " + n(v[2]) + " does not divide the " + n(v[3]) +
              " layers of " + m.name + " (Megatron-LM once trained a silently smaller model here)";
+    case K::layout_with_uneven:
+      return "first / last stage layers cannot be combined with a pipeline layout or with the embedding / loss "
+             "counted as layers (Megatron-Core refuses it)";
+    case K::layout_with_counted:
+      return "a pipeline layout places the embedding and the loss itself; they cannot also be counted as layers "
+             "(Megatron-Core refuses it)";
+    case K::counted_split:
+      return "the " + n(v[0]) + " layers of " + m.name + " with the embedding / loss counted as layers are " + n(v[1]) +
+             ", which PP " + n(v[2]) + " x virtual stages " + n(v[3]) + " = " + n(v[2] * v[3]) + " does not divide";
+    case K::layout_stages:
+      return "the pipeline layout has " + n(v[0]) + " virtual stages, not PP " + n(v[1]) + " x virtual stages " +
+             n(v[2]) + " = " + n(v[1] * v[2]);
+    case K::layout_layers:
+      return "the pipeline layout has " + n(v[0]) + " decoder layers t, but " + m.name + " has " + n(v[1]);
+    case K::layout_mtp:
+      return "the pipeline layout has " + n(v[0]) + " MTP modules m, but " + m.name + " has " + n(v[1]);
     case K::interleaved_needs_v: return "the interleaved schedule needs virtual stages >= 2";
     case K::v_needs_interleaved: return "virtual stages " + n(v[0]) + " need the interleaved schedule";
     case K::v_needs_pp: return "virtual stages need pipeline parallelism (PP >= 2)";

@@ -68,6 +68,7 @@ constexpr std::array<Field, 13> kCanRun{{
      [](JsonReader& r, TrainerPreset& t) { t.grad_accum_fusion = t.default_grad_accum_fusion = r.boolean("value"); }},
     {"uneven_stages", [](JsonReader& r, TrainerPreset& t) { t.uneven_stages = r.boolean("value"); }},
     {"uneven_interleaved", [](JsonReader& r, TrainerPreset& t) { t.uneven_interleaved = r.boolean("value"); }},
+    {"pipeline_layout", [](JsonReader& r, TrainerPreset& t) { t.pipeline_layout = r.boolean("value"); }},
     {"context_parallel", [](JsonReader& r, TrainerPreset& t) { t.context_parallel = r.boolean("value"); }},
     {"context_parallel_a2a", [](JsonReader& r, TrainerPreset& t) { t.context_parallel_a2a = r.boolean("value"); }},
     {"expert_parallel", [](JsonReader& r, TrainerPreset& t) { t.expert_parallel = r.boolean("value"); }},

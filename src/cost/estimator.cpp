@@ -662,8 +662,9 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
       if (!forward && last) whole(lc.head, lc.head_compute, h, false);
       // Every layer has the same steps; only the tensor ids differ.
       const std::vector<Zero3Step>& one = forward ? layer_fwd : layer_bwd;
-      for (int l = 0; l < layers / v; ++l) {
-        const std::int64_t id = forward ? l + 1 : layers / v - l;
+      const int chunk_layers = layers_in_chunk(plan, m.num_layers, stage, chunk);
+      for (int l = 0; l < chunk_layers; ++l) {
+        const std::int64_t id = forward ? l + 1 : chunk_layers - l;
         for (Zero3Step st : one) {
           if (st.tensor >= 0) st.tensor += id * 8;
           steps.push_back(std::move(st));
@@ -758,11 +759,13 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
 
   int critical = 0;
   PassTimes crit{};
-  // With dense and MoE layers the stages' mixes differ: every stage.
+  // With dense and MoE layers the stages' mixes differ, and a layout's
+  // middle stages may hold different layer counts: every stage.
+  const bool every_stage = lc.mixed || !plan.pipeline_layout.empty();
   std::vector<int> all_stages;
-  if (lc.mixed)
+  if (every_stage)
     for (int s = 0; s < pp; ++s) all_stages.push_back(s);
-  for (int stage : lc.mixed ? all_stages : pl.representatives) {
+  for (int stage : every_stage ? all_stages : pl.representatives) {
     const TpTimes& t = tp_times[pl.stage_tp[static_cast<std::size_t>(stage)]];
     PassTimes st;
     const double layers_per_stage = layers_on_stage(plan, m.num_layers, stage);

@@ -256,10 +256,10 @@ double quantized_weights_on_stage(const ModelSpec& m, const ParallelPlan& plan, 
 int moe_layers_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
   if (!m.moe.enabled()) return 0;
   const int chunks = chunks_per_stage(plan);
-  const int per_chunk = layers_on_stage(plan, m.num_layers, stage) / chunks;
   int n = 0;
   for (int c = 0; c < chunks; ++c) {
     const int first = first_layer_of_chunk(plan, m.num_layers, stage, c);
+    const int per_chunk = layers_in_chunk(plan, m.num_layers, stage, c);
     for (int l = first; l < first + per_chunk; ++l) n += m.moe.moe_layers[static_cast<std::size_t>(l)] ? 1 : 0;
   }
   return n;

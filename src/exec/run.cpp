@@ -1,6 +1,8 @@
 // cuboid run: the executor's driver on every rank.
 #include "cuboid/exec/run.hpp"
 
+#include "cuboid/core/pipeline_layout.hpp"
+
 #include <mpi.h>
 
 #include <csignal>
@@ -54,6 +56,8 @@ void scale_down(ModelSpec& model, ParallelPlan& plan, const RunOptions& o) {
     }
     plan.first_stage_layers = 0;
     plan.last_stage_layers = 0;
+    plan.embedding_in_split = plan.loss_in_split = false;
+    plan.pipeline_layout = {};
   }
   if (o.seq_length) {
     const std::int64_t s = *o.seq_length;
@@ -164,6 +168,9 @@ nlohmann::json run_plan_json(const ParallelPlan& plan, int gpus_per_node) {
   j["etp"] = plan.etp;
   j["first_stage_layers"] = plan.first_stage_layers;
   j["last_stage_layers"] = plan.last_stage_layers;
+  if (plan.embedding_in_split) j["embedding_in_pipeline_split"] = true;
+  if (plan.loss_in_split) j["loss_in_pipeline_split"] = true;
+  if (!plan.pipeline_layout.empty()) j["pipeline_layout"] = pipeline_layout_string(plan.pipeline_layout);
   j["flash_attention"] = plan.flash_attention;
   j["gpus_per_node"] = gpus_per_node;
   return j;

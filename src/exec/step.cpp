@@ -126,7 +126,7 @@ void StepRunner::plan_chunks() {
   for (int c = 0; c < v; ++c) {
     Chunk ch;
     ch.virtual_stage = c * pp + stage_;
-    ch.num_layers = layers_on_stage(plan_, L, stage_) / v;
+    ch.num_layers = layers_in_chunk(plan_, L, stage_, c);
     ch.first_layer = first_layer_of_chunk(plan_, L, stage_, c);
     ch.has_embedding = ch.virtual_stage == 0;
     ch.has_head = ch.virtual_stage == pp * v - 1;

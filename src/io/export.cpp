@@ -40,6 +40,19 @@ void refuse_mla_mtp(const PlanFile& pf, std::string_view trainer) {
            "export with --to megatron, or drop mtp_layers from the card");
 }
 
+void refuse_pipeline_layout(const PlanFile& pf, std::string_view trainer) {
+  const ParallelPlan& p = pf.plan;
+  if (!has_pipeline_layout(p)) return;
+  refuse(pf,
+         p.pipeline_layout.empty() ? (p.embedding_in_split ? "parallel.embedding_in_pipeline_split"
+                                                           : "parallel.loss_in_pipeline_split")
+                                   : "parallel.pipeline_layout",
+         fmt::format("{} has no setting for Megatron-Core's pipeline layout (the embedding and the loss counted as "
+                     "layers, --pipeline-model-parallel-layout)",
+                     trainer),
+         "export with --to megatron, or plan without the layout");
+}
+
 std::string header(const PlanFile& pf, std::string_view comment, std::string_view target) {
   const ParallelPlan& p = pf.plan;
   // CP and EP only where the plan has them (a plain plan's header reads as before).

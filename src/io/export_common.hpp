@@ -15,6 +15,9 @@ namespace cuboid::exporters {
 // Refuses a model with multi-head latent attention or multi-token-prediction
 // layers: only the Megatron-LM export writes them; `trainer` names the target.
 void refuse_mla_mtp(const PlanFile& pf, std::string_view trainer);
+// Refuses a plan with Megatron-Core's pipeline layout (the embedding or the
+// loss counted as layers, or a layout string): only --to megatron writes it.
+void refuse_pipeline_layout(const PlanFile& pf, std::string_view trainer);
 
 bool default_rank_order(const ParallelPlan& p);
 // Index of `d` in the rank order, 0 = innermost.

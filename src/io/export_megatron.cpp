@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "cuboid/core/pipeline_layout.hpp"
 #include "export_common.hpp"
 
 namespace cuboid::exporters {
@@ -32,13 +33,19 @@ Args parallelism_args(const PlanFile& pf, bool tp_pp_dp, bool fsdp) {
   // There is no VPP-size flag in older releases: layers per virtual stage it
   // is, except with uneven stages, which arguments.py allows only with
   // --num-virtual-stages-per-pipeline-rank.
-  if (p.virtual_stages > 1 && has_uneven_stages(p))
+  // A layout names its virtual stages itself (arguments.py allows one of the
+  // three); the embedding and the loss counted as layers take the VPP size.
+  if (!p.pipeline_layout.empty())
+    a.push_back(fmt::format("--pipeline-model-parallel-layout \"{}\"", pipeline_layout_string(p.pipeline_layout)));
+  else if (p.virtual_stages > 1 && (has_uneven_stages(p) || has_pipeline_layout(p)))
     a.push_back(fmt::format("--num-virtual-stages-per-pipeline-rank {}", p.virtual_stages));
   else if (p.virtual_stages > 1)
     a.push_back(fmt::format("--num-layers-per-virtual-pipeline-stage {}", layers_per_virtual_stage(pf)));
   if (p.first_stage_layers > 0)
     a.push_back(fmt::format("--decoder-first-pipeline-num-layers {}", p.first_stage_layers));
   if (p.last_stage_layers > 0) a.push_back(fmt::format("--decoder-last-pipeline-num-layers {}", p.last_stage_layers));
+  if (p.embedding_in_split) a.push_back("--account-for-embedding-in-pipeline-split");
+  if (p.loss_in_split) a.push_back("--account-for-loss-in-pipeline-split");
   if (p.sequence_parallel) a.push_back("--sequence-parallel");
   if (p.cp > 1) {
     a.push_back(fmt::format("--context-parallel-size {}", p.cp));

@@ -29,6 +29,7 @@ struct Layout {
 Layout check_plan(const PlanFile& pf) {
   const ParallelPlan& p = pf.plan;
   refuse_mla_mtp(pf, "The Megatron-Bridge script (a GPTModelProvider)");
+  refuse_pipeline_layout(pf, "The Megatron-Bridge script (a GPTModelProvider)");
   if (p.pp > 1 && p.schedule == Schedule::gpipe)
     refuse(pf, "parallel.schedule",
            "Megatron-Bridge runs Megatron-Core's schedules (1F1B and interleaved 1F1B), no GPipe",

@@ -27,6 +27,7 @@ void refuse_unsupported(const PlanFile& pf) {
     refuse(pf, "parallel.schedule", "NeMo (Megatron core schedules) has no GPipe schedule",
            "plan with --schedule 1f1b or --schedule interleaved");
   refuse_mla_mtp(pf, "cuboid's NeMo 1.x export");
+  refuse_pipeline_layout(pf, "cuboid's NeMo 1.x export");
   // nlp_overrides.py init_model_parallel passes no expert tensor-parallel size
   // to parallel_state.initialize_model_parallel, which then takes ETP = TP.
   if (m.moe.enabled() && p.expert_tp() != p.tp)

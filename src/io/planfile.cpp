@@ -12,6 +12,7 @@
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/plan_check.hpp"
 #include "cuboid/core/json_reader.hpp"
+#include "cuboid/core/pipeline_layout.hpp"
 #include "cuboid/core/trainer.hpp"
 #include "cuboid_config.hpp"
 
@@ -47,6 +48,10 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
   j["num_micro_batches"] = p.num_micro_batches();
   j["first_stage_layers"] = p.first_stage_layers;
   j["last_stage_layers"] = p.last_stage_layers;
+  // Written when set only: other plans' files stay as they were.
+  if (p.embedding_in_split) j["embedding_in_pipeline_split"] = true;
+  if (p.loss_in_split) j["loss_in_pipeline_split"] = true;
+  if (!p.pipeline_layout.empty()) j["pipeline_layout"] = pipeline_layout_string(p.pipeline_layout);
   j["flash_attention"] = p.flash_attention;
   j["grad_accum_fusion"] = p.grad_accum_fusion;
   j["world_size"] = p.world_size();
@@ -150,6 +155,7 @@ std::string plan_key(PlanField field) {
     case PlanField::precision: return "parallel.precision";
     case PlanField::fp8_param_gather: return "parallel.fp8_param_gather";
     case PlanField::uneven_stages: return "parallel";
+    case PlanField::pipeline_layout: return "parallel.pipeline_layout";
   }
   return "parallel";
 }
@@ -180,6 +186,7 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_even_stages:
     case PlanCheck::trainer_even_chunks:
     case PlanCheck::trainer_no_fp8: return other_trainer;
+    case PlanCheck::trainer_no_layout: return other_trainer;
     case PlanCheck::cp_comm_needs_cp: return "drop cp_comm, or set cp to 2 or more; or " + kRegenerate;
     case PlanCheck::precision_no_fp8:
     case PlanCheck::precision_no_fp4:
@@ -228,6 +235,11 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   p.virtual_stages = read_int(r, "virtual_stages", 1);
   p.first_stage_layers = read_int(r, "first_stage_layers", 0);
   p.last_stage_layers = read_int(r, "last_stage_layers", 0);
+  // Optional: absent in plans without them (and in files written before them).
+  p.embedding_in_split = r.optional_boolean("embedding_in_pipeline_split").value_or(false);
+  p.loss_in_split = r.optional_boolean("loss_in_pipeline_split").value_or(false);
+  if (const auto layout = r.optional_string("pipeline_layout"))
+    p.pipeline_layout = parse_pipeline_layout(*layout, source, "parallel.pipeline_layout");
   p.zero_stage = read_int(r, "zero_stage", 0);
   p.recompute = parse_recompute(r.choice("recompute", {"none", "selective", "full"}), source, "parallel.recompute");
   p.sequence_parallel = r.boolean("sequence_parallel");

@@ -1,3 +1,4 @@
+#include "cuboid/core/pipeline_layout.hpp"
 #include "cuboid/io/planfile.hpp"
 #include "cuboid/report/report.hpp"
 
@@ -37,6 +38,17 @@ std::string nodes_str(const std::vector<int>& ranks, int gpus_per_node) {
   return v.size() == 1 ? fmt::format("node {}", v[0]) : fmt::format("nodes {}", ranks_str(v));
 }
 
+// Each stage's decoder layers, its chunks' joined by "+": "2+3 / 3+3 / 3+2".
+std::string stage_chunk_layers(const ParallelPlan& p, std::int64_t num_layers) {
+  std::string out;
+  for (int s = 0; s < p.pp; ++s) {
+    if (s > 0) out += " / ";
+    for (int c = 0; c < chunks_per_stage(p); ++c)
+      out += (c > 0 ? "+" : "") + std::to_string(layers_in_chunk(p, num_layers, s, c));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string format_bytes_GiB(double bytes) { return fmt::format("{:.1f} GiB", bytes / kGiB); }
@@ -47,6 +59,10 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   j["num_micro_batches"] = p.num_micro_batches();
   j["first_stage_layers"] = p.first_stage_layers;
   j["last_stage_layers"] = p.last_stage_layers;
+  // Only when set: other plans' JSON stays as it was.
+  if (p.embedding_in_split) j["embedding_in_pipeline_split"] = true;
+  if (p.loss_in_split) j["loss_in_pipeline_split"] = true;
+  if (!p.pipeline_layout.empty()) j["pipeline_layout"] = pipeline_layout_string(p.pipeline_layout);
   j["flash_attention"] = p.flash_attention;
   j["grad_accum_fusion"] = p.grad_accum_fusion;
   // Only where another order tied: other plans' JSON stays as it was.
@@ -216,6 +232,15 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
     out += fmt::format("      uneven stages: first {} layers, {} middle stages of {}, last {}\n",
                        layers_on_stage(p, m.num_layers, 0), p.pp - 2, layers_on_stage(p, m.num_layers, 1),
                        layers_on_stage(p, m.num_layers, p.pp - 1));
+  }
+  if (has_pipeline_layout(p)) {
+    // Megatron-Core's split: the decoder layers of each stage's chunks.
+    const std::string how = !p.pipeline_layout.empty() ? "layout " + pipeline_layout_string(p.pipeline_layout)
+                            : p.embedding_in_split && p.loss_in_split ? "embedding and loss counted as layers"
+                            : p.embedding_in_split                    ? "embedding counted as a layer"
+                                                                      : "loss counted as a layer";
+    out += fmt::format("      pipeline layout: {}; decoder layers of stage 0 / 1 / ... / {}: {}\n", how, p.pp - 1,
+                       stage_chunk_layers(p, m.num_layers));
   }
   out += "\n";
   out += fmt::format("iteration time      {:10.3f} s   ({})\n", e.iteration_time_s,

@@ -64,10 +64,16 @@ std::vector<int> cp_axis(const Space& s, std::int64_t seq_length) {
   return fixed_or(s.o.cp, cps);
 }
 
-// PP: divisors of the layers, or (with uneven stages) every PP that has a
-// first/last-stage split.
+// The layers the stage split shares out: with the embedding / the loss
+// counted as layers, one more each (Megatron-Core's account_for_*).
+std::int64_t counted_layers(const Space& s) {
+  return s.model.num_layers + (s.o.embedding_in_split ? 1 : 0) + (s.o.loss_in_split ? 1 : 0);
+}
+
+// PP: divisors of the (counted) layers, or (with uneven stages) every PP that
+// has a first/last-stage split; a layout's PP is fixed.
 std::vector<int> pp_axis(const Space& s) {
-  const std::int64_t layers = s.model.num_layers;
+  const std::int64_t layers = counted_layers(s);
   std::vector<int> pps = divisors(layers);
   if (s.o.uneven_stages) {
     pps.clear();
@@ -135,7 +141,8 @@ std::optional<StageSplit> stage_split(const Space& s, int pp) {
   split.by_hand = s.o.first_stage_layers || s.o.last_stage_layers;
   split.first = s.o.first_stage_layers.value_or(0);
   split.last = s.o.last_stage_layers.value_or(0);
-  split.uneven = split.by_hand || s.model.num_layers % pp != 0;
+  // A layout's split is its own (check_plan checks it against PP and v).
+  split.uneven = split.by_hand || (s.o.pipeline_layout.empty() && counted_layers(s) % pp != 0);
   if (!split.by_hand && split.uneven &&
       !(s.o.uneven_stages && propose_uneven_stages(s.model.num_layers, pp, split.first, split.last)))
     return std::nullopt;
@@ -149,7 +156,7 @@ std::optional<StageSplit> stage_split(const Space& s, int pp) {
 std::vector<int> virtual_stage_axis(const Space& s, int pp, const StageSplit& split) {
   if (s.o.virtual_stages) return {*s.o.virtual_stages};
   std::vector<int> vs{1};
-  const std::int64_t layers = s.model.num_layers;
+  const std::int64_t layers = counted_layers(s);
   const bool uneven_chunks = s.o.uneven_stages && s.trainer.uneven_interleaved;
   if (pp < 2 || !s.trainer.interleaved || (s.o.schedule && *s.o.schedule != Schedule::interleaved) ||
       (split.uneven && !uneven_chunks))
@@ -250,7 +257,7 @@ class Walk {
   // The stage split for v chunks (even, or the uneven one in v-layer units)
   // and the schedule.
   void stages(ParallelPlan p, int v, const StageSplit& split, const std::vector<RankOrder>& orders) {
-    const std::int64_t layers = s_.model.num_layers;
+    const std::int64_t layers = counted_layers(s_);
     p.first_stage_layers = split.first;
     p.last_stage_layers = split.last;
     if (v > 1 && !split.by_hand) {

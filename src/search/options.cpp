@@ -114,6 +114,9 @@ ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const
   p.virtual_stages = o.virtual_stages.value_or(1);
   p.first_stage_layers = o.first_stage_layers.value_or(0);
   p.last_stage_layers = o.last_stage_layers.value_or(0);
+  p.embedding_in_split = o.embedding_in_split;
+  p.loss_in_split = o.loss_in_split;
+  p.pipeline_layout = o.pipeline_layout;
   p.schedule = o.schedule.value_or(p.virtual_stages > 1 ? Schedule::interleaved : Schedule::one_f_one_b);
   p.zero_stage = o.zero_stage.value_or(trainer.zero_stages.front());
   p.recompute = o.recompute.value_or(trainer.selective_recompute ? Recompute::selective : Recompute::full);

@@ -279,7 +279,6 @@ void Builder::make_units() {
   for (int s = 0; s < shape_.pp; ++s) {
     const Programs& p = work_.programs[work_.stage_programs[static_cast<std::size_t>(s)]];
     const int layers_stage = layers_on_stage(plan_, m_.num_layers, s);
-    const int per_chunk = layers_stage / shape_.v;
     // Parameters beyond the layers: embedding (first stage) and LM head (last).
     const int moe_layers = moe_layers_on_stage(m_, plan_, s);
     double extra = parameters_on_stage(m_, plan_, s) -
@@ -298,6 +297,7 @@ void Builder::make_units() {
         extra -= e;
       }
       const int first = first_layer_of_chunk(plan_, m_.num_layers, s, c);
+      const int per_chunk = layers_in_chunk(plan_, m_.num_layers, s, c);
       for (int l = 0; l < per_chunk; ++l) {
         const std::string label = "layer " + std::to_string(first + l);  // the layer's index in the model
         if (!is_moe(first + l) && m_.moe.enabled())

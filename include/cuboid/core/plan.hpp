@@ -143,6 +143,20 @@ struct TrainerSettings {
   friend bool operator==(const TrainerSettings&, const TrainerSettings&) = default;
 };
 
+// Megatron-Core's --pipeline-model-parallel-layout (77732c36, 2025-06;
+// megatron/core/transformer/pipeline_parallel_layer_layout.py at d98e8a64):
+// the decoder layers of each virtual stage, chunk c of stage s at c x PP + s,
+// and the multi-token prediction modules, which cuboid places in the last
+// one. The embedding sits on the first virtual stage and the loss (with the
+// LM head) on the last, as Megatron builds them (pre_process and
+// post_process, megatron/training/training.py). Empty: no layout.
+struct PipelineLayout {
+  std::vector<int> decoders;
+  int mtp = 0;
+  bool empty() const { return decoders.empty(); }
+  friend bool operator==(const PipelineLayout&, const PipelineLayout&) = default;
+};
+
 struct ParallelPlan {
   int tp = 1;
   int pp = 1;
@@ -167,6 +181,15 @@ struct ParallelPlan {
   // share the rest evenly.
   int first_stage_layers = 0;
   int last_stage_layers = 0;
+  // Megatron-Core's --account-for-embedding-in-pipeline-split and
+  // --account-for-loss-in-pipeline-split (ef490839, 2025-02): the embedding
+  // (the loss) counts as one layer when the layers split evenly over the
+  // PP x v virtual stages, and the first (last) virtual stage builds one
+  // decoder layer fewer (transformer_block.py get_num_layers_to_build at
+  // d98e8a64).
+  bool embedding_in_split = false;
+  bool loss_in_split = false;
+  PipelineLayout pipeline_layout;
   int zero_stage = 0;            // 0: none, 1: optimizer states (= Megatron distributed optimizer), 2: + grads, 3: + params
   Recompute recompute = Recompute::selective;
   bool sequence_parallel = false;
@@ -212,15 +235,26 @@ struct ParallelPlan {
 // order. Each writer adds what it says beyond that.
 nlohmann::json plan_layout_json(const ParallelPlan& p);
 
-// Layers of pipeline stage `stage` (0-based) with the plan's even or uneven split.
+// Decoder layers of pipeline stage `stage` (0-based): the sum of its chunks'.
 int layers_on_stage(const ParallelPlan& plan, std::int64_t num_layers, int stage);
 bool has_uneven_stages(const ParallelPlan& plan);
+// The embedding or the loss counted as a layer, or a layout given.
+bool has_pipeline_layout(const ParallelPlan& plan);
+// The layers the split shares out: the decoder layers, plus one each for the
+// embedding and the loss where they count as layers.
+std::int64_t split_layers(const ParallelPlan& plan, std::int64_t num_layers);
 // Model chunks per stage: the virtual stages with the interleaved schedule, else 1.
 int chunks_per_stage(const ParallelPlan& plan);
+// Decoder layers of model chunk `chunk` of stage `stage`, as Megatron-Core's
+// get_num_layers_to_build (transformer_block.py at d98e8a64): the layout's;
+// with the embedding or the loss counted, split_layers / (PP x v) less the
+// one they take on the first / last virtual stage; else a stage's layers /
+// chunks (every stage's chunks equal, uneven stages included).
+int layers_in_chunk(const ParallelPlan& plan, std::int64_t num_layers, int stage, int chunk);
 // The first layer (0-based) of model chunk `chunk` of stage `stage`. Chunks
 // hold the layers in virtual-stage order (chunk c of stage s is virtual stage
-// c x PP + s), each a stage's layers / chunks: Megatron-Core's layer offset,
-// uneven stages included (megatron/core/transformer/transformer_layer.py
+// c x PP + s): Megatron-Core's layer offset, uneven stages and layouts
+// included (megatron/core/transformer/transformer_layer.py
 // get_transformer_layer_offset at d98e8a64).
 int first_layer_of_chunk(const ParallelPlan& plan, std::int64_t num_layers, int stage, int chunk);
 // Context parallelism's causal balance (Megatron-Core / Transformer Engine):

@@ -26,6 +26,7 @@ enum class PlanField {
   tp, pp, dp, cp, cp_comm, ep, etp, micro_batch, global_batch, seq_length, virtual_stages, zero_stage, schedule,
   sequence_parallel, flash_attention, uneven_stages, world_size, recompute, grad_accum_fusion, trainer, precision,
   fp8_param_gather,
+  pipeline_layout,  // the embedding or the loss counted as a layer, or the layout
 };
 
 // What check_plan refuses; the comment names what PlanRejection::values
@@ -63,6 +64,12 @@ enum class PlanCheck : std::uint8_t {
   uneven_rest,            // first stage layers, last stage layers, the rest, layers, middle stages
   uneven_chunks,          // which stage (0 first, 1 last, 2 each middle one), its layers, virtual stages
   layers_split,           // PP, virtual stages, PP x virtual stages, layers
+  layout_with_uneven,     // - (first / last stage layers with a layout or the embedding / loss counted)
+  layout_with_counted,    // - (a layout with the embedding / loss counted too)
+  counted_split,          // layers, layers + counted embedding / loss, PP, virtual stages
+  layout_stages,          // the layout's virtual stages, PP, virtual stages
+  layout_layers,          // the layout's decoder layers, the model's
+  layout_mtp,             // the layout's MTP modules, the model's
   interleaved_needs_v,    // -
   v_needs_interleaved,    // virtual stages
   v_needs_pp,             // -
@@ -87,6 +94,7 @@ enum class PlanCheck : std::uint8_t {
   trainer_even_stages,           // the preset
   trainer_even_chunks,           // the preset
   trainer_no_fp8,                // the preset
+  trainer_no_layout,             // the preset
 };
 
 struct PlanRejection {

@@ -36,6 +36,9 @@ struct TrainerPreset {
   bool grad_accum_fusion = true;   // the fused wgrad + main_grad accumulation exists
   bool uneven_stages = true;       // first / last stage with other layer counts than the middle ones
   bool uneven_interleaved = false;  // ... also in interleaved chunks (every stage's layers / virtual stages)
+  // The embedding and the loss counted as layers, and a layout string
+  // (Megatron-Core's --account-for-*-in-pipeline-split, --pipeline-model-parallel-layout).
+  bool pipeline_layout = false;
   bool context_parallel = false;   // CP > 1 with the p2p ring
   bool context_parallel_a2a = false;  // ... and with the a2a exchange too
   bool expert_parallel = false;    // EP > 1 and an ETP of its own for MoE models (else EP 1, ETP = TP)

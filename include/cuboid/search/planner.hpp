@@ -55,6 +55,11 @@ struct PlannerOptions {
   bool search_rank_order = true;   // try every rank order that places the groups differently
   bool uneven_stages = false;       // allow PP that does not divide the layers (first/last stage shorter)
   std::optional<int> first_stage_layers, last_stage_layers;  // explicit uneven split (simulate, mesh)
+  // Megatron-Core's pipeline layout, fixed (never searched): the embedding /
+  // the loss counted as layers in the split, or a layout (with PP fixed and
+  // the virtual stages it names).
+  bool embedding_in_split = false, loss_in_split = false;
+  PipelineLayout pipeline_layout;
   int max_micro_batch = 16;
   int threads = 0;                  // 0: all cores
   int simulate_top = 32;            // re-rank the best K (analytical) plans with the discrete-event simulator
