@@ -58,7 +58,7 @@ void read_zero_stages(JsonReader& r, TrainerPreset& t) {
 }
 
 // What the trainer can run at all (TrainerPreset's capabilities).
-constexpr std::array<Field, 13> kCanRun{{
+constexpr std::array<Field, 14> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
