@@ -187,7 +187,7 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
       ++defaults;
     }
   }
-  CHECK(defaults == 26);
+  CHECK(defaults == 27);
 }
 
 TEST_CASE("a bad preset file: one exact error per bad field") {
