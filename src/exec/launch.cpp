@@ -173,6 +173,10 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
   if (plan.cp > 1 && plan.cp_comm != CpComm::p2p)
     refuse("parallel.cp_comm", "context parallelism's a2a exchange (it runs the p2p ring)",
            "plan with --cp-comm-type p2p");
+  if (plan.precision != Precision::bf16)
+    refuse("parallel.precision",
+           std::string(to_string(plan.precision)) + " linear layers (its GEMMs run in the backend's bf16 or f32)",
+           "plan with --precision bf16");
   if (!model.moe.enabled()) return;
   const MoeSpec& e = model.moe;
   if (e.shared_expert_ffn_hidden_size > 0)
