@@ -100,8 +100,16 @@ python3 -c 'import json,sys; d=json.load(open("models/tiny.json")); d["num_layer
   --vpp 2 --uneven-stages --out "$TMP/pp2vu.json" >"$TMP/pp2vu.plan.log" 2>&1 || fail "plan pp2vu: $(tail -3 "$TMP/pp2vu.plan.log")"
 python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["parallel"]; assert (p["virtual_stages"], p["first_stage_layers"], p["last_stage_layers"]) == (2, 4, 2), p' \
   "$TMP/pp2vu.json" && pass "pp2vu: 6 layers on PP 2 in 2 chunks split 4 + 2" || fail "pp2vu: the split"
+# Megatron-Core's split that counts the embedding and the loss as layers: 4
+# layers + 2 on PP 2 in 3 chunks per stage, one slot each (the first chunk
+# holds the embedding alone, the last the loss alone).
+plan pp2split "$CPU2" --tp 1 --pp 2 --dp 1 --vpp 3 --account-for-embedding-in-pipeline-split \
+  --account-for-loss-in-pipeline-split
+python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["parallel"]; assert (p["virtual_stages"], p["embedding_in_pipeline_split"], p["loss_in_pipeline_split"]) == (3, True, True), p' \
+  "$TMP/pp2split.json" && pass "pp2split: the embedding and the loss counted in the split" || fail "pp2split: the plan file"
 
 run_ok tp2 2
+run_ok pp2split 2
 run_ok tp2nosp 2
 run_ok pp2 2
 run_ok pp2gpipe 2
