@@ -19,6 +19,7 @@
 #include "cuboid/core/error.hpp"
 #include "cuboid/cost/memory.hpp"
 #include "cuboid/exec/mpi_comm.hpp"
+#include "small_gpt.hpp"
 
 using namespace cuboid;
 using namespace cuboid::calibrate;
@@ -114,18 +115,9 @@ TEST_CASE("the step's footprint per rank: weights and fp32 gradients, activation
   // Two ranks per core: the core's caches hold both ranks' working sets.
   CHECK(step_footprint(jobs, gpu, 4, 2, false).working_set ==
         static_cast<std::size_t>(std::ceil(2 * step_working_set_bytes(m, p, gpu, 4))));
-  ModelSpec small = m;
-  small.num_layers = 1;
-  small.hidden_size = 16;
-  small.ffn_hidden_size = 16;
-  small.vocab_size = 16;
-  small.num_attention_heads = 2;
-  small.num_kv_heads = 2;
-  small.head_dim = 8;
   ParallelPlan short_seq = p;
   short_seq.seq_length = 8;
-  small.seq_length = 8;
-  const std::vector<CalibrationJob> tiny_job{{small, short_seq, "small"}};
+  const std::vector<CalibrationJob> tiny_job{{exec::model::small_gpt(1), short_seq, "small"}};
   CHECK(step_footprint(tiny_job, gpu, 4, 1, false).working_set == std::size_t{1} << 20);
 }
 

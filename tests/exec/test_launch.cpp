@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "cuboid/core/error.hpp"
-#include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
 #include "cuboid/exec/exec_error.hpp"
 #include "cuboid/exec/launch.hpp"
 #include "cuboid/exec/op_timer.hpp"
 #include "cuboid/exec/tcp_store.hpp"
+#include "small_gpt.hpp"
 
 using namespace cuboid;
 using namespace cuboid::exec;
@@ -427,24 +427,15 @@ TEST_CASE("the watchdog ends the job on a communicator's asynchronous error, abo
 }
 
 TEST_CASE("the executor refuses an FP8 or FP4 plan before any work: its GEMMs run in the backend's bf16 or f32") {
-  ModelSpec model;
-  model.name = "m";
-  model.num_layers = 2;
-  model.hidden_size = 64;
-  model.num_attention_heads = 4;
-  model.num_kv_heads = 4;
-  model.head_dim = 16;
-  model.ffn_hidden_size = 256;
-  model.vocab_size = 128;
-  model.seq_length = 32;
+  const ModelSpec gpt = model::small_gpt(2);
   ParallelPlan plan;
-  CHECK_NOTHROW(check_executable(model, plan, "plan.json"));
+  CHECK_NOTHROW(check_executable(gpt, plan, "plan.json"));
   for (const Precision p : {Precision::fp8_delayed, Precision::fp8_current, Precision::fp8_blockwise, Precision::mxfp8,
                             Precision::nvfp4}) {
     plan.precision = p;
     CAPTURE(to_string(p));
     const std::string want =
         "plan.json: parallel.precision: the executor does not run " + std::string(to_string(p)) + " linear layers";
-    CHECK_THROWS_WITH_AS(check_executable(model, plan, "plan.json"), doctest::Contains(want.c_str()), InputError);
+    CHECK_THROWS_WITH_AS(check_executable(gpt, plan, "plan.json"), doctest::Contains(want.c_str()), InputError);
   }
 }
