@@ -230,7 +230,8 @@ StepFootprint step_footprint(const std::vector<CalibrationJob>& jobs, const GpuP
 std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_ptr<exec::Communicator> comm,
                                             exec::HostExchange& exchange, const std::vector<CalibrationJob>& jobs,
                                             const Cluster& cluster, const CalibrateOptions& o,
-                                            const CoreShare& share, exec::Watchdog* watchdog, SweepSeconds& seconds) {
+                                            const CoreShare& share, const StepFootprint& footprint,
+                                            exec::Watchdog* watchdog, SweepSeconds& seconds) {
   const int gpus_per_node = cluster.gpus_per_node;
   const Statistic stat = parse_statistic(o.statistic, "--statistic");
   const std::vector<std::int64_t> sizes = collective_sizes(o);
@@ -247,9 +248,6 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
   if (o.quick) go = GemmSweepOptions{std::size_t{64} << 20, 1, 3, 5, 2};
   // The GEMMs' operand pool, and what the optimizer's kernels and the DP
   // collectives find evicted (step_cache.hpp).
-  const StepFootprint footprint =
-      step_footprint(jobs, cluster.gpu, static_cast<int>(exec::dtype_bytes(backend.compute_dtype())),
-                     share.ranks_per_core, o.quick);
   go.pool_bytes = footprint.working_set;
   go.turns = share.turns;
   go.lead_call = o.backend != "cpu";
@@ -347,8 +345,10 @@ int run_calibrate(const CalibrateOptions& o) {
   const int rank = world.exchange->rank();
   const auto t0 = std::chrono::steady_clock::now();
   SweepSeconds seconds;
+  const int element_bytes = static_cast<int>(exec::dtype_bytes(backend->compute_dtype()));
+  const StepFootprint footprint = step_footprint(jobs, cluster.gpu, element_bytes, share.ranks_per_core, o.quick);
   const std::vector<std::string> all =
-      measure_and_gather(*backend, std::move(world.comm), *world.exchange, jobs, cluster, o, share,
+      measure_and_gather(*backend, std::move(world.comm), *world.exchange, jobs, cluster, o, share, footprint,
                          &watchdog, seconds);
   if (rank != 0) return 0;
   std::vector<RankResults> ranks;
@@ -377,12 +377,9 @@ int run_calibrate(const CalibrateOptions& o) {
   cal.created_by = (o.command_line.empty() ? std::string("cuboid ") + CUBOID_VERSION : o.command_line) +
                    " (MPI waits: " + mpi_wait + ")";
   cal.ranks = world.exchange->size();
-  cal.activation_bytes_per_element = static_cast<int>(exec::dtype_bytes(backend->compute_dtype()));
+  cal.activation_bytes_per_element = element_bytes;
   cal.ranks_per_core = share.ranks_per_core;
-  cal.gemm_operand_pool_bytes =
-      static_cast<double>(step_footprint(jobs, cluster.gpu, cal.activation_bytes_per_element, share.ranks_per_core,
-                                         o.quick)
-                              .working_set);
+  cal.gemm_operand_pool_bytes = static_cast<double>(footprint.working_set);
   if (const HostInfo host = read_host_info(); !host.empty()) cal.host = host;
   std::vector<std::string> rejected, adjusted;
   cal = fit_all(combined, std::move(cal), rejected, adjusted);

@@ -118,8 +118,9 @@ TEST_CASE("calibrate's multi-rank sweeps follow NCCL's rules and rank 0 gathers 
         std::unique_ptr<Backend> backend = make_backend("cpu", bo);
         ThreadExchange exchange(shared, r);
         SweepSeconds seconds;
+        const StepFootprint footprint = step_footprint(jobs, cluster.gpu, 4, 1, options.quick);
         std::vector<std::string> mine = measure_and_gather(*backend, fabric->world(r), exchange, jobs, cluster,
-                                                           options, CoreShare{}, nullptr, seconds);
+                                                           options, CoreShare{}, footprint, nullptr, seconds);
         returned[static_cast<std::size_t>(r)] = mine.size();
         if (r == 0) gathered = std::move(mine);
       } catch (const std::exception& e) {

@@ -64,19 +64,6 @@ struct SweepSeconds {
   double gemm = 0, kernel = 0, collective = 0;
 };
 
-// What every rank of run_calibrate measures once its world is up: the GEMM,
-// kernel and optimizer sweeps and each group shape's collectives, on the
-// device world `comm` (NCCL's for the cuda backend, MPI's for cpu; each
-// job's TP / PP / DP groups split from it as cuboid run splits them); then
-// every rank's results gathered over `exchange`, never over the device world
-// (NCCL moves GPU memory only). Collective: every rank calls it, with the
-// same jobs and options. Returns on rank 0 each rank's results as JSON, in
-// rank order (results.hpp rank_results_from_json); on the others nothing.
-std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_ptr<exec::Communicator> comm,
-                                            exec::HostExchange& exchange, const std::vector<CalibrationJob>& jobs,
-                                            const Cluster& cluster, const CalibrateOptions& options,
-                                            const CoreShare& share, exec::Watchdog* watchdog, SweepSeconds& seconds);
-
 // The jobs' plans' footprints per rank (sweep_plan.hpp, in `element_bytes`),
 // the largest of each, times `ranks_per_core` (the ranks that share a core
 // share its caches: each time it runs one of them, the others' working sets
@@ -92,5 +79,21 @@ struct StepFootprint {
 };
 StepFootprint step_footprint(const std::vector<CalibrationJob>& jobs, const GpuProfile& gpu, int element_bytes,
                              double ranks_per_core, bool quick);
+
+// What every rank of run_calibrate measures once its world is up: the GEMM,
+// kernel and optimizer sweeps and each group shape's collectives, on the
+// device world `comm` (NCCL's for the cuda backend, MPI's for cpu; each
+// job's TP / PP / DP groups split from it as cuboid run splits them); then
+// every rank's results gathered over `exchange`, never over the device world
+// (NCCL moves GPU memory only). Collective: every rank calls it, with the
+// same jobs and options. Returns on rank 0 each rank's results as JSON, in
+// rank order (results.hpp rank_results_from_json); on the others nothing.
+// `footprint`: the GEMM operand pool and the bytes written before the
+// optimizer's kernels and the cold collectives (step_footprint above).
+std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_ptr<exec::Communicator> comm,
+                                            exec::HostExchange& exchange, const std::vector<CalibrationJob>& jobs,
+                                            const Cluster& cluster, const CalibrateOptions& options,
+                                            const CoreShare& share, const StepFootprint& footprint,
+                                            exec::Watchdog* watchdog, SweepSeconds& seconds);
 
 }  // namespace cuboid::calibrate
