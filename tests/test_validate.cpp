@@ -511,5 +511,61 @@ TEST_CASE("--statistic min compares the fastest steps: the slowest rank by its f
   CHECK(format_validation(fastest, false).find("slowest rank 0; fastest of the measured steps)") != std::string::npos);
   CHECK(validation_to_json(fastest)["statistic"] == "min");
 }
+
+TEST_CASE("runs interleaved with calibrations count as one: min of mins, median of medians, steps added") {
+  const PlanFile pf = make_plan(1, 2, 1);
+  const Cluster cluster = cpu_card();
+  nlohmann::json a = make_measurements(pf, 0.5), b = make_measurements(pf, 0.5);
+  a["steps"] = 10;
+  b["steps"] = 6;
+  a["ranks"][0]["iteration"] = {{"median_s", 0.50}, {"min_s", 0.45}, {"max_s", 0.60}};
+  b["ranks"][0]["iteration"] = {{"median_s", 0.40}, {"min_s", 0.38}, {"max_s", 0.90}};
+  a["ranks"][1]["iteration"] = {{"median_s", 0.50}, {"min_s", 0.47}, {"max_s", 0.55}};
+  b["ranks"][1]["iteration"] = {{"median_s", 0.44}, {"min_s", 0.43}, {"max_s", 0.46}};
+  a["iteration_time_s"] = 0.50;
+  b["iteration_time_s"] = 0.44;
+  a["ranks"][0]["ops"][0]["time_per_step"] = {{"median_s", 0.004}, {"min_s", 0.003}, {"max_s", 0.005}};
+  b["ranks"][0]["ops"][0]["time_per_step"] = {{"median_s", 0.002}, {"min_s", 0.001}, {"max_s", 0.008}};
+  const Measurements m = merge_runs({measurements_from_json(a, "a.json"), measurements_from_json(b, "b.json")});
+  CHECK(m.source == "a.json + b.json");
+  CHECK(m.steps == 16);
+  // Rank 0: medians 0.50 and 0.40 -> 0.45; rank 1: 0.50 and 0.44 -> 0.47, the slowest.
+  CHECK(m.ranks[0].iteration.median_s == doctest::Approx(0.45));
+  CHECK(m.ranks[0].iteration.min_s == doctest::Approx(0.38));
+  CHECK(m.ranks[0].iteration.max_s == doctest::Approx(0.90));
+  CHECK(m.ranks[1].iteration.median_s == doctest::Approx(0.47));
+  CHECK(m.iteration_time_s == doctest::Approx(0.47));
+  CHECK(m.ranks[0].ops[0].time_per_step.median_s == doctest::Approx(0.003));
+  CHECK(m.ranks[0].ops[0].time_per_step.min_s == doctest::Approx(0.001));
+  CHECK(m.ranks[0].ops[0].time_per_step.max_s == doctest::Approx(0.008));
+  // --statistic min: the slowest rank by its fastest step over both runs (rank 1, 0.43 s).
+  const ValidationReport fastest = validate_measurements(pf, cluster, m, 0.10, Statistic::min);
+  CHECK(fastest.measured_rank == 1);
+  CHECK(fastest.measured_iteration_s == doctest::Approx(0.43));
+  // One run is returned as it is.
+  CHECK(merge_runs({measurements_from_json(a, "a.json")}).iteration_time_s == doctest::Approx(0.50));
+}
+
+TEST_CASE("runs of different plans or hosts are not merged: the later file and the field are named") {
+  const PlanFile pf = make_plan(1, 2, 1);
+  const nlohmann::json a = make_measurements(pf, 0.5);
+  auto refused = [&](nlohmann::json b) {
+    try {
+      (void)merge_runs({measurements_from_json(a, "a.json"), measurements_from_json(b, "b.json")});
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  nlohmann::json other_plan = a;
+  other_plan["plan"]["global_batch"] = 2 * a["plan"]["global_batch"].get<std::int64_t>();
+  CHECK(refused(other_plan).find("b.json: plan: the plan differs from a.json's") != std::string::npos);
+  nlohmann::json other_op = a;
+  other_op["ranks"][1]["ops"][0]["calls_per_step"] = 7;
+  CHECK(refused(other_op).find("b.json: ranks[1].ops[0]") != std::string::npos);
+  nlohmann::json other_backend = a;
+  other_backend["environment"]["backend"] = "cuda";
+  CHECK(refused(other_backend).find("environment.backend") != std::string::npos);
+}
 }  // namespace
 }  // namespace cuboid

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -22,7 +23,8 @@ namespace cuboid::cli {
 namespace {
 
 struct ValidateFlags {
-  std::string plan_path, measurements_path, cluster_path;
+  std::string plan_path, cluster_path;
+  std::vector<std::string> measurements_paths;
   double tolerance = 0.10;
   bool json = false;
   bool ops = false;
@@ -36,7 +38,9 @@ void run_validate(const ValidateFlags& f) {
   const Statistic stat = parse_statistic(f.statistic, "--statistic");
   const PlanFile pf = read_plan_file(f.plan_path);
   const Cluster cluster = load_cluster_for_plan(f.cluster_path, pf.nodes, std::nullopt, pf.gpus_per_node);
-  const Measurements m = load_measurements(f.measurements_path);
+  std::vector<Measurements> runs;
+  for (const std::string& path : f.measurements_paths) runs.push_back(load_measurements(path));
+  const Measurements m = merge_runs(runs);
   if (const std::string w = host_mismatch_warning(cluster, m); !w.empty()) std::cerr << w << "\n";
   const ValidationReport r = validate_measurements(pf, cluster, m, f.tolerance, stat);
   if (f.json)
@@ -54,7 +58,11 @@ void register_validate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("validate", "compare the simulator's prediction of a plan with what `cuboid run` "
                                                  "measured, per component and end to end (exit 1 beyond --tolerance)");
   cmd->add_option("--plan", flags.plan_path, "the plan file the run executed")->required();
-  cmd->add_option("--measurements", flags.measurements_path, "measurements.json written by cuboid run --out")->required();
+  cmd->add_option("--measurements", flags.measurements_paths,
+                  "measurements.json written by cuboid run --out; several runs of the plan (e.g. interleaved with "
+                  "calibrations) count as one: each time's min is the runs' smallest, its median the runs' medians' "
+                  "median")
+      ->required();
   cmd->add_option("--cluster", flags.cluster_path,
                   "cluster card to simulate with (a calibrated card from cuboid calibrate, or the card the plan was made for)")
       ->required();

@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <optional>
+#include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -287,6 +290,117 @@ Measurements measurements_from_json(const nlohmann::json& j, const std::string& 
 
 Measurements load_measurements(const std::filesystem::path& path) {
   return measurements_from_json(read_json_file(path), path.string());
+}
+
+namespace {
+
+const std::string kSameRun =
+    "give runs of one plan file on one host (cuboid run --out, the same --plan, --backend and launch)";
+
+// The median of the runs' medians (the mean of two), their smallest min and largest max.
+TimeStats merge_stats(const std::vector<TimeStats>& all) {
+  std::vector<double> medians;
+  TimeStats t{0, all.front().min_s, all.front().max_s};
+  for (const TimeStats& s : all) {
+    medians.push_back(s.median_s);
+    t.min_s = std::min(t.min_s, s.min_s);
+    t.max_s = std::max(t.max_s, s.max_s);
+  }
+  std::sort(medians.begin(), medians.end());
+  const std::size_t n = medians.size();
+  t.median_s = n % 2 == 1 ? medians[n / 2] : 0.5 * (medians[n / 2 - 1] + medians[n / 2]);
+  return t;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void same_as_first(const Measurements& first, const Measurements& m) {
+  auto differ = [&](const std::string& field, const std::string& what) {
+    throw InputError(m.source, field, fmt::format("{} differs from {}'s: not a run of the same plan", what, first.source),
+                     kSameRun);
+  };
+  const MeasuredModel &a = first.model, &b = m.model;
+  if (a.name != b.name || a.num_layers != b.num_layers || a.hidden_size != b.hidden_size ||
+      a.num_attention_heads != b.num_attention_heads || a.ffn_hidden_size != b.ffn_hidden_size ||
+      a.vocab_size != b.vocab_size)
+    differ("model", "the model");
+  const MeasuredPlan &p = first.plan, &q = m.plan;
+  if (p.tp != q.tp || p.pp != q.pp || p.dp != q.dp || p.cp != q.cp || p.micro_batch != q.micro_batch ||
+      p.virtual_stages != q.virtual_stages || p.zero_stage != q.zero_stage || p.world_size != q.world_size ||
+      p.global_batch != q.global_batch || p.num_micro_batches != q.num_micro_batches ||
+      p.seq_length != q.seq_length || p.recompute != q.recompute || p.sequence_parallel != q.sequence_parallel ||
+      p.schedule != q.schedule || p.rank_order != q.rank_order)
+    differ("plan", "the plan");
+  if (first.backend != m.backend) differ("environment.backend", "the backend");
+  if (first.device != m.device) differ("environment.device", "the device");
+  if (first.host && m.host && !(*first.host == *m.host)) differ("environment.host", "the host");
+  if (first.hostnames != m.hostnames) differ("environment.hostnames", "the host names");
+  for (std::size_t r = 0; r < m.ranks.size(); ++r) {
+    const MeasuredRank &x = first.ranks[r], &y = m.ranks[r];
+    const std::string path = fmt::format("ranks[{}]", r);
+    if (x.coord.tp != y.coord.tp || x.coord.pp != y.coord.pp || x.coord.dp != y.coord.dp ||
+        x.coord.cp != y.coord.cp || x.coord.node != y.coord.node || x.coord.gpu != y.coord.gpu)
+      differ(path + ".coord", fmt::format("rank {}'s coordinates", r));
+    if (x.ops.size() != y.ops.size()) differ(path + ".ops", fmt::format("rank {}'s list of ops", r));
+    for (std::size_t i = 0; i < x.ops.size(); ++i) {
+      const MeasuredOp &o = x.ops[i], &u = y.ops[i];
+      if (o.name != u.name || o.kind != u.kind || o.pass != u.pass || o.calls_per_step != u.calls_per_step ||
+          o.m != u.m || o.n != u.n || o.k != u.k || o.batch != u.batch || o.bytes_per_call != u.bytes_per_call ||
+          o.group != u.group || o.collective != u.collective || o.group_size != u.group_size)
+        differ(fmt::format("{}.ops[{}]", path, i), fmt::format("rank {}'s op \"{}\"", r, o.name));
+    }
+  }
+}
+
+}  // namespace
+
+Measurements merge_runs(const std::vector<Measurements>& runs) {
+  if (runs.empty()) throw std::logic_error("merge_runs: no run");
+  if (runs.size() == 1) return runs.front();
+  const Measurements& first = runs.front();
+  for (std::size_t i = 1; i < runs.size(); ++i) {
+    if (runs[i].ranks.size() != first.ranks.size())
+      throw InputError(runs[i].source, "ranks",
+                       fmt::format("{} ranks, {} has {}: not a run of the same plan", runs[i].ranks.size(),
+                                   first.source, first.ranks.size()),
+                       kSameRun);
+    same_as_first(first, runs[i]);
+  }
+  Measurements out = first;
+  out.source.clear();
+  out.steps = 0;
+  for (const Measurements& m : runs) {
+    out.source += (out.source.empty() ? "" : " + ") + m.source;
+    out.steps += m.steps;
+  }
+  for (std::size_t r = 0; r < out.ranks.size(); ++r) {
+    MeasuredRank& rank = out.ranks[r];
+    std::vector<TimeStats> iteration;
+    std::vector<double> compute, communication, faults;
+    for (const Measurements& m : runs) {
+      const MeasuredRank& x = m.ranks[r];
+      iteration.push_back(x.iteration);
+      compute.push_back(x.compute_s);
+      communication.push_back(x.communication_s);
+      if (x.page_faults_per_step) faults.push_back(static_cast<double>(*x.page_faults_per_step));
+    }
+    rank.iteration = merge_stats(iteration);
+    rank.compute_s = median_of(compute);
+    rank.communication_s = median_of(communication);
+    rank.page_faults_per_step =
+        faults.empty() ? std::nullopt : std::optional<std::int64_t>(std::llround(median_of(faults)));
+    for (std::size_t i = 0; i < rank.ops.size(); ++i) {
+      std::vector<TimeStats> op;
+      for (const Measurements& m : runs) op.push_back(m.ranks[r].ops[i].time_per_step);
+      rank.ops[i].time_per_step = merge_stats(op);
+    }
+  }
+  out.iteration_time_s = out.slowest_rank().iteration.median_s;
+  return out;
 }
 
 }  // namespace cuboid

@@ -120,4 +120,14 @@ struct Measurements {
 Measurements measurements_from_json(const nlohmann::json& j, const std::string& source);
 Measurements load_measurements(const std::filesystem::path& path);
 
+// Several runs of one plan as one (cuboid validate --measurements A B: runs
+// interleaved with calibrations, so that a slow spell of the host lands on
+// both sides). Every quantity's min is the runs' smallest, its max their
+// largest, its median the median of the runs' medians (the mean of two);
+// steps add up. The runs must be of the same model, plan, backend, device
+// and host, with the same ranks at the same coordinates timing the same ops
+// (InputError naming the later run's file and field otherwise). One run is
+// returned as it is.
+Measurements merge_runs(const std::vector<Measurements>& runs);
+
 }  // namespace cuboid
