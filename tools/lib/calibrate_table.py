@@ -6,6 +6,7 @@ cross-plan validations (<plan>.cross.validate.json) where every trial has one;
 the median trial's files are copied to OUT/<plan>.*. Exit 1 when a plan misses
 the tolerance, same-plan or cross-plan."""
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -38,8 +39,10 @@ def main():
         ok = abs(v["error"]) <= tol
         failed += not ok
         # The median trial's files, where the README and a reader look for them.
-        for kind in ("validate.txt", "validate.json", "measurements.json", "plan.json"):
+        for kind in ("validate.txt", "validate.json", "plan.json"):
             shutil.copy(f"{out}/round{r}/{name}.{kind}", f"{out}/{name}.{kind}")
+        for run in glob.glob(f"{out}/round{r}/{name}.measurements-*.json"):
+            shutil.copy(run, f"{out}/{os.path.basename(run)}")
         print(f"{name:<8} {ranks:>5} {v['measured_iteration_s']:>13.4f} {v['predicted_iteration_s']:>14.4f} "
               f"{100 * v['error']:>+7.1f}%  {'PASS' if ok else 'FAIL':<11}  ({each}; median: trial {r})")
         if all(os.path.exists(f"{out}/round{t}/{name}.cross.validate.json") for t in range(1, rounds + 1)):
