@@ -564,6 +564,38 @@ TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP)
   CHECK(bridge.find("expert_model_parallel_size=8,") != std::string::npos);
   CHECK(bridge.find("num_moe_experts=8,") != std::string::npos);
   check_refused(pf, {"deepspeed", "torchtitan", "torchtitan-main"}, "model.moe");
+  SUBCASE("tp-pp-dp with PP > 1: Megatron asserts the experts' DP (world / (ETP x EP x PP)) equals the layers'") {
+    PlanFile order = pf;
+    order.plan.order = RankOrder::parse("tp-pp-dp", "test", "order");
+    for (const char* target : {"megatron", "megatron-bridge"}) {
+      CAPTURE(target);
+      try {
+        (void)export_plan(order, target);
+        FAIL_CHECK("no refusal");
+      } catch (const InputError& e) {
+        CHECK(e.field() == "parallel.rank_order");
+        CHECK(std::string(e.what()).find("ETP 1 x EP 8 x PP)) equals the layers' (world / (TP 2 x CP 1 x PP))") !=
+              std::string::npos);
+      }
+    }
+    // ETP x EP = TP x CP: the two data-parallel sizes agree and the order is kept.
+    order.plan.ep = 2;
+    CHECK(export_plan(order, "megatron").text.find("--use-tp-pp-dp-mapping\n") != std::string::npos);
+    // With CP as well, Megatron puts CP next to TP (tp-cp-pp-dp), cuboid inside DP: refused.
+    order.plan.cp = 2;
+    order.plan.dp = 4;
+    order.plan.ep = 4;
+    for (const char* target : {"megatron", "megatron-bridge"}) {
+      CAPTURE(target);
+      try {
+        (void)export_plan(order, target);
+        FAIL_CHECK("no refusal");
+      } catch (const InputError& e) {
+        CHECK(e.field() == "parallel.rank_order");
+        CHECK(std::string(e.what()).find("orders ranks tp-cp-pp-dp (CP next to TP") != std::string::npos);
+      }
+    }
+  }
   SUBCASE("torchtitan v0.2.2: Qwen3-30B-A3B as its qwen3 flavour, EP and ETP as its degrees") {
     const ModelSpec qwen = load_model(cuboid::test::source_root() / "models/qwen3-30b-a3b.json");
     ParallelPlan q = cuboid::test::make_plan(2, 1, 16, 1, 2, Recompute::none, true, Schedule::one_f_one_b, 4096);

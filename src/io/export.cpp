@@ -111,6 +111,26 @@ bool megatron_tp_pp_dp(const PlanFile& pf, std::string_view trainer, std::string
     refuse(pf, "parallel.rank_order",
            fmt::format("{} orders ranks tp-dp-pp (default) or tp-pp-dp ({}), not {}", trainer, option, p.order.str()),
            "plan with --rank-order tp-dp-pp or tp-pp-dp");
+  // megatron/core/parallel_state.py@d98e8a64 initialize_model_parallel: with
+  // PP > 1 an order that does not end with pp needs the experts' data-parallel
+  // size (world / (ETP x EP x PP)) to equal the layers' (world / (TP x CP x PP)).
+  if (tp_pp_dp && p.pp > 1 && pf.model.moe.enabled() && p.expert_tp() * p.ep != p.tp * p.cp)
+    refuse(pf, "parallel.rank_order",
+           fmt::format("{} with {} and PP {} asserts at start-up that the experts' data-parallel size (world / "
+                       "(ETP {} x EP {} x PP)) equals the layers' (world / (TP {} x CP {} x PP)) "
+                       "(megatron/core/parallel_state.py initialize_model_parallel)",
+                       trainer, option, p.pp, p.expert_tp(), p.ep, p.tp, p.cp),
+           "plan with --rank-order tp-dp-pp, or with ETP x EP = TP x CP");
+  // parallel_state.py@d98e8a64 RankGenerator(order="tp-cp-ep-pp-dp"): CP sits
+  // next to TP, where cuboid's rank map keeps it inside the DP dimension
+  // (tp-pp-cp-dp): with PP > 1 the CP and PP groups would not be the priced ones.
+  if (tp_pp_dp && p.pp > 1 && p.cp > 1)
+    refuse(pf, "parallel.rank_order",
+           fmt::format("{} with {} orders ranks tp-cp-pp-dp (CP next to TP, megatron/core/parallel_state.py), "
+                       "and cuboid priced CP {} inside the DP dimension (tp-pp-cp-dp): with PP {} the CP and PP "
+                       "groups would sit on other GPUs than priced",
+                       trainer, option, p.cp, p.pp),
+           "plan with --rank-order tp-dp-pp (CP next to TP in both)");
   return tp_pp_dp;
 }
 
