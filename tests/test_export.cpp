@@ -684,6 +684,7 @@ TEST_CASE("DeepSpeed: batch sizes consistent with DP, fp32 accumulation, the pip
   CHECK_FALSE(j["pipeline"].contains("stages"));
   CHECK(j["pipeline"]["activation_checkpoint_interval"] == 1);
   CHECK(r.notes.find("num_stages=4, partition_method=\"type:DecoderLayer\"") != std::string::npos);
+  CHECK(r.notes.find("checkpointable_layers=[\"DecoderLayer\"]") != std::string::npos);
   CHECK(r.notes.find("deepspeed --hostfile hostfile --num_nodes 4 --num_gpus 8") != std::string::npos);
   // deepspeed.initialize takes the config from --deepspeed_config or config=, never both.
   CHECK(r.notes.find("config=") == std::string::npos);

@@ -145,9 +145,12 @@ std::string notes(const PlanFile& pf) {
     out += fmt::format(
         "# The pipeline is built in the model code, not in ds_config.json (deepspeed/runtime/pipe/module.py@v0.16.4):\n"
         "#   model = PipelineModule(layers=[...], num_stages={0}, partition_method=\"type:DecoderLayer\",\n"
-        "#                          activation_checkpoint_interval={1}, loss_fn=...)\n"
+        "#                          activation_checkpoint_interval={1}, checkpointable_layers=[\"DecoderLayer\"],\n"
+        "#                          loss_fn=...)\n"
         "# with DecoderLayer the class name of your transformer layer: \"type:\" balances those layers,\n"
         "# {2} per stage as planned; \"uniform\" would count the embedding, final norm and head as layers too.\n"
+        "# checkpointable_layers keeps those out of activation checkpointing (module.py _is_checkpointable\n"
+        "# checkpoints every layer with parameters otherwise, and a checkpointed embedding gets no gradient).\n"
         "# num_stages={0} on {3} GPUs gives {4} data-parallel pipelines (PipeDataParallelTopology).\n",
         p.pp, p.recompute == Recompute::full ? 1 : 0, pf.model.num_layers / p.pp, p.world_size(), p.dp);
   }
