@@ -747,6 +747,10 @@ TEST_CASE("exports a target cannot represent, or would silently change, are refu
   }
   SUBCASE("DeepSpeed: no interleaved schedule, no ZeRO-2/3 with pipelines, no selective recompute") {
     PlanFile pf = plan_file("llama8b-pp4");
+    pf.plan.zero_stage = 0;
+    CHECK(refusal(pf, "deepspeed").find("llama8b-pp4.plan.json: parallel.zero_stage: DeepSpeed with bf16 and ZeRO 0 "
+                                        "runs its BF16_Optimizer, which partitions") == 0);
+    pf = plan_file("llama8b-pp4");
     pf.plan.schedule = Schedule::interleaved;
     pf.plan.virtual_stages = 2;
     CHECK_THROWS_WITH_AS(export_plan(pf, "deepspeed"),

@@ -104,6 +104,16 @@ void check_gradients(const PlanFile& pf, const Optimizer& o) {
                     : "DeepSpeed's BF16_Optimizer all-reduces the gradients after the backward, and the plan was "
                       "priced with the reduction overlapped",
            "plan --for deepspeed (it prices DeepSpeed's reduction)");
+  // runtime/bf16_optimizer.py@v0.16.4 __init__: the fp32 master weights and
+  // the optimizer's states are partitioned over the data-parallel group
+  // (fp32_groups_flat_partition) and the bf16 parameters all-gathered after the
+  // step (all_gather_dp_groups), with ZeRO 0 as with ZeRO 1.
+  if (p.dp > 1 && p.zero_stage == 0 && o.bf16_optimizer)
+    refuse(pf, "parallel.zero_stage",
+           "DeepSpeed with bf16 and ZeRO 0 runs its BF16_Optimizer, which partitions the fp32 master weights and "
+           "Adam's moments over DP and all-gathers the parameters after the step, as ZeRO-1 does; the plan was "
+           "priced with every rank holding the whole optimizer",
+           "plan with --zero 1 (the same BF16_Optimizer, priced as it runs), or plan --for deepspeed");
   if (p.dp > 1 && p.zero_stage == 1 && o.bf16_optimizer && !p.trainer.zero1_grad_all_reduce)
     refuse(pf, "trainer.zero1_grad_all_reduce",
            "DeepSpeed's BF16_Optimizer all-reduces the full gradients with ZeRO-1, and the plan was priced with a "
