@@ -807,6 +807,28 @@ TEST_CASE("exports a target cannot represent, or would silently change, are refu
     CHECK_NOTHROW(export_plan(pf, "megatron"));
     CHECK_NOTHROW(export_plan(pf, "megatron-bridge"));
   }
+  SUBCASE("NeMo 1.x: tp-pp-dp as model.use_tp_pp_dp_mapping; ZeRO 0 with SP reduces after the backward") {
+    PlanFile pf = plan_file("seed");
+    pf.plan.order = RankOrder::parse("tp-pp-dp", "test", "order");
+    check_options(pf, "nemo");
+    CHECK(export_plan(pf, "nemo").text.find("  use_tp_pp_dp_mapping: true\n") != std::string::npos);
+    CHECK(text("seed", "nemo").find("use_tp_pp_dp_mapping") == std::string::npos);
+    pf.plan.order = RankOrder::parse("dp-tp-pp", "test", "order");
+    CHECK(refusal(pf, "nemo").find("seed.plan.json: parallel.rank_order: NeMo 1.x orders ranks tp-dp-pp (default) or "
+                                   "tp-pp-dp (model.use_tp_pp_dp_mapping), not dp-tp-pp") == 0);
+    pf = plan_file("seed");
+    pf.plan.tp = 8;
+    pf.plan.pp = 1;
+    pf.plan.dp = 4;
+    pf.plan.zero_stage = 0;
+    pf.plan.grad_accum_fusion = false;
+    pf.plan.sequence_parallel = true;
+    pf.plan.trainer.dp_overlap = true;
+    CHECK(refusal(pf, "nemo").find("seed.plan.json: trainer.dp_overlap: NeMo 1.x without a distributed optimizer "
+                                   "all-reduces the gradients after the backward with sequence parallelism") == 0);
+    pf.plan.sequence_parallel = false;
+    CHECK_NOTHROW(export_plan(pf, "nemo"));
+  }
   SUBCASE("Megatron: no GPipe, only its two rank orders") {
     PlanFile pf = plan_file("seed");
     pf.plan.schedule = Schedule::gpipe;

@@ -17,12 +17,13 @@ const char* yes_no(bool b) { return b ? "true" : "false"; }
 
 // What NeMo 1.x cannot run as planned: each refusal names the NeMo source
 // that rules it out.
-void refuse_unsupported(const PlanFile& pf) {
+// True for the tp-pp-dp rank order (model.use_tp_pp_dp_mapping).
+bool refuse_unsupported(const PlanFile& pf) {
   const ParallelPlan& p = pf.plan;
   const ModelSpec& m = pf.model;
-  if (!default_rank_order(p))
-    refuse(pf, "parallel.rank_order", "NeMo's Megatron GPT orders ranks tp-dp-pp; it has no key for " + p.order.str(),
-           "plan with --rank-order tp-dp-pp");
+  // nlp_overrides.py init_model_parallel: order 'tp-cp-ep-pp-dp' with
+  // use_tp_pp_dp_mapping, else 'tp-cp-ep-dp-pp', with Megatron's assertions.
+  const bool tp_pp_dp = megatron_tp_pp_dp(pf, "NeMo 1.x", "model.use_tp_pp_dp_mapping");
   if (p.pp > 1 && p.schedule == Schedule::gpipe)
     refuse(pf, "parallel.schedule", "NeMo (Megatron core schedules) has no GPipe schedule",
            "plan with --schedule 1f1b or --schedule interleaved");
@@ -61,19 +62,22 @@ void refuse_unsupported(const PlanFile& pf) {
            "NeMo 1.x turns gradient_accumulation_fusion off without pipeline parallelism unless the optimizer is "
            "distributed (\"gradient accumulation fusion can only be used with distributed_fused_adam\")",
            "plan with --zero 1, or with --grad-accum-fusion off");
-  // megatron_gpt_model.py training_step: without a distributed optimizer the
-  // gradients are all-reduced after the pipeline, not overlapped.
-  if (p.dp > 1 && p.zero_stage == 0 && p.pp > 1 && p.trainer.dp_overlap)
+  // megatron_gpt_model.py training_step: without a distributed optimizer
+  // (megatron_amp_O2) the gradients are all-reduced after the backward, not
+  // overlapped, with pipeline parallelism or with sequence parallelism.
+  if (p.dp > 1 && p.zero_stage == 0 && (p.pp > 1 || p.sequence_parallel) && p.trainer.dp_overlap)
     refuse(pf, "trainer.dp_overlap",
-           "NeMo 1.x without a distributed optimizer all-reduces the gradients after the pipeline (\"when using "
-           "pipeline parallelism grads must be all-reduced after the pipeline\"), and the plan was priced with the "
-           "reduction overlapped",
+           fmt::format("NeMo 1.x without a distributed optimizer all-reduces the gradients after the backward with "
+                       "{} (megatron_gpt_model.py training_step: allreduce_main_grads \"when using pipeline "
+                       "parallelism\" or sequence_parallel), and the plan was priced with the reduction overlapped",
+                       p.pp > 1 ? "pipeline parallelism" : "sequence parallelism"),
            "plan with --zero 1 (mcore_distributed_optim overlaps it)");
+  return tp_pp_dp;
 }
 
 // The file's comments, the launch lines, the trainer keys and the parallel
 // sizes.
-std::string parallel_keys(const PlanFile& pf) {
+std::string parallel_keys(const PlanFile& pf, bool tp_pp_dp) {
   const ParallelPlan& p = pf.plan;
   const ModelSpec& m = pf.model;
   std::string out = header(pf, "#", "NeMo 1.x");
@@ -96,6 +100,7 @@ std::string parallel_keys(const PlanFile& pf) {
   out += fmt::format("  tensor_model_parallel_size: {}\n", p.tp);
   out += fmt::format("  pipeline_model_parallel_size: {}\n", p.pp);
   out += "  virtual_pipeline_model_parallel_size: null\n";
+  if (tp_pp_dp) out += "  use_tp_pp_dp_mapping: true\n";
   if (p.cp > 1) {
     // megatron_base_model.py: context_parallel_size sets up the CP groups; the
     // batch is cut into the 2 x CP chunks (megatron_gpt_model.py
@@ -215,8 +220,8 @@ std::string training_keys(const ParallelPlan& p) {
 }  // namespace
 
 ExportResult nemo1(const PlanFile& pf) {
-  refuse_unsupported(pf);
-  std::string out = parallel_keys(pf);
+  const bool tp_pp_dp = refuse_unsupported(pf);
+  std::string out = parallel_keys(pf, tp_pp_dp);
   out += recompute_keys(pf.plan.recompute);
   out += model_keys(pf);
   if (pf.model.moe.enabled()) out += moe_keys(pf.model);
