@@ -829,6 +829,12 @@ TEST_CASE("exports a target cannot represent, or would silently change, are refu
     pf.plan.sequence_parallel = false;
     CHECK_NOTHROW(export_plan(pf, "nemo"));
   }
+  SUBCASE("Megatron: a fused core is Transformer Engine's choice (auto), not Dao's FlashAttention pinned") {
+    CHECK(text("seed", "megatron").find("    --attention-backend auto\n") != std::string::npos);
+    PlanFile pf = plan_file("seed");
+    pf.plan.flash_attention = false;
+    CHECK(export_plan(pf, "megatron").text.find("    --attention-backend unfused\n") != std::string::npos);
+  }
   SUBCASE("Megatron: no GPipe, only its two rank orders") {
     PlanFile pf = plan_file("seed");
     pf.plan.schedule = Schedule::gpipe;

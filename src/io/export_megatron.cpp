@@ -150,8 +150,12 @@ Args moe_args(const PlanFile& pf) {
 }
 
 Args precision_args(const ParallelPlan& p) {
+  // A fused core is Transformer Engine's choice (transformer_config.py
+  // attention_backend = AttnBackend.auto: cuDNN's fused attention or
+  // FlashAttention, whichever TE finds); "flash" would pin Dao's package and
+  // fail where it is not installed.
   Args a = {"# precision and kernels", "--bf16",
-            fmt::format("--attention-backend {}", p.flash_attention ? "flash" : "unfused")};
+            fmt::format("--attention-backend {}", p.flash_attention ? "auto" : "unfused")};
   // Fusion is Megatron-LM's default; a plan priced without it says so.
   if (!p.grad_accum_fusion) a.push_back("--no-gradient-accumulation-fusion");
   return a;

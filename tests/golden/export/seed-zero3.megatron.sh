@@ -39,7 +39,7 @@ MEGATRON_ARGS=(
     --make-vocab-size-divisible-by 128
     # precision and kernels
     --bf16
-    --attention-backend flash
+    --attention-backend auto
     --no-gradient-accumulation-fusion
 )
 

@@ -35,7 +35,7 @@ MEGATRON_ARGS=(
     --make-vocab-size-divisible-by 128
     # precision and kernels
     --bf16
-    --attention-backend flash
+    --attention-backend auto
 )
 
 # TP > 1: Megatron-LM wants CUDA_DEVICE_MAX_CONNECTIONS=1 (TP communication ordered before GEMMs).
