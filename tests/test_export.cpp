@@ -453,6 +453,18 @@ TEST_CASE("context parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x and torch
   // Without CP nothing changes.
   CHECK(text("seed", "megatron").find("context-parallel") == std::string::npos);
 
+  SUBCASE("Megatron-Bridge shards and reduces over DP x CP: DP 1 x CP 2 keeps the overlap and ZeRO-3 is FSDP") {
+    const std::string bridge = export_plan(pf, "megatron-bridge").text;
+    CHECK(bridge.find("    cfg.ddp.overlap_grad_reduce = True\n") != std::string::npos);
+    PlanFile z3 = pf;
+    z3.plan.zero_stage = 3;
+    z3.plan.grad_accum_fusion = false;
+    const std::string fsdp = export_plan(z3, "megatron-bridge").text;
+    CHECK(fsdp.find("    cfg.ddp.use_megatron_fsdp = True\n") != std::string::npos);
+    CHECK(fsdp.find("    cfg.ddp.data_parallel_sharding_strategy = \"optim_grads_params\"\n") != std::string::npos);
+    CHECK(fsdp.find("    cfg.ddp.overlap_param_gather = True\n") != std::string::npos);
+  }
+
   SUBCASE("torchtitan v0.2.2: PyTorch's ring attention, K/V passed one rank per step (alltoall), FSDP over DP x CP") {
     PlanFile tt = plan_file("seed-zero3");  // TP 4 x PP 4 x DP 2, ZeRO-3
     tt.plan.cp = 2;
@@ -828,6 +840,15 @@ TEST_CASE("exports a target cannot represent, or would silently change, are refu
                                    "all-reduces the gradients after the backward with sequence parallelism") == 0);
     pf.plan.sequence_parallel = false;
     CHECK_NOTHROW(export_plan(pf, "nemo"));
+  }
+  SUBCASE("Megatron-Bridge: ZeRO 0 sets the optimizer's flag too, which validation would sync back to the recipe's True") {
+    PlanFile pf = plan_file("seed");
+    pf.plan.zero_stage = 0;
+    const std::string bridge = export_plan(pf, "megatron-bridge").text;
+    CHECK(bridge.find("    cfg.ddp.use_distributed_optimizer = False\n") != std::string::npos);
+    CHECK(bridge.find("    cfg.optimizer.use_distributed_optimizer = False\n") != std::string::npos);
+    CHECK(text("seed", "megatron-bridge").find("    cfg.optimizer.use_distributed_optimizer = True\n") !=
+          std::string::npos);
   }
   SUBCASE("Megatron: a fused core is Transformer Engine's choice (auto), not Dao's FlashAttention pinned") {
     CHECK(text("seed", "megatron").find("    --attention-backend auto\n") != std::string::npos);

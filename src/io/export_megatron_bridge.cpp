@@ -35,7 +35,7 @@ Layout check_plan(const PlanFile& pf) {
            "Megatron-Bridge runs Megatron-Core's schedules (1F1B and interleaved 1F1B), no GPipe",
            "plan with --schedule 1f1b or --schedule interleaved");
   const Layout l = {megatron_tp_pp_dp(pf, "Megatron-Bridge", "dist.use_tp_pp_dp_mapping"),
-                    p.zero_stage >= 2 && p.dp > 1};
+                    p.zero_stage >= 2 && p.dp_cp() > 1};
   if (l.fsdp && l.tp_pp_dp)
     refuse(pf, "parallel.rank_order",
            "Megatron-Bridge asserts \"use_tp_pp_dp_mapping is not supported with Megatron FSDP\" (training/config.py)",
@@ -152,14 +152,19 @@ std::string config_lines(const ParallelPlan& p, const Layout& l) {
   };
   set("mixed_precision", "\"bf16_mixed\"");
   set("dist.use_tp_pp_dp_mapping", py(l.tp_pp_dp));
+  // Both, or validation syncs the pair back to the recipe optimizer's True
+  // (training/config.py _validate_and_sync_distributed_optimizer_settings):
+  // a ZeRO-0 plan would run as ZeRO-1.
   set("ddp.use_distributed_optimizer", py(p.zero_stage >= 1));
+  set("optimizer.use_distributed_optimizer", py(p.zero_stage >= 1));
   set("ddp.use_megatron_fsdp", py(l.fsdp));
   set("ddp.data_parallel_sharding_strategy",
       l.fsdp ? fmt::format("\"{}\"", megatron_fsdp_strategy(p.zero_stage)) : "\"no_shard\"");
-  set("ddp.overlap_grad_reduce", py(p.dp > 1 && p.trainer.dp_overlap));
+  // Megatron shards and reduces over DP x CP.
+  set("ddp.overlap_grad_reduce", py(p.dp_cp() > 1 && p.trainer.dp_overlap));
   // Priced: ZeRO 1-2's parameter all-gather after the optimizer step (exposed),
   // ZeRO-3's gathers prefetched under compute (Megatron FSDP needs the flag for that).
-  set("ddp.overlap_param_gather", py(p.dp > 1 && p.zero_stage == 3));
+  set("ddp.overlap_param_gather", py(p.dp_cp() > 1 && p.zero_stage == 3));
   set("ddp.grad_reduce_in_fp32", py(p.trainer.dp_grad_bytes == 4));
   if (l.fsdp) set("checkpoint.ckpt_format", "\"fsdp_dtensor\"");
   set("train.micro_batch_size", std::to_string(p.micro_batch));

@@ -54,6 +54,7 @@ def cuboid_plan():
     cfg.mixed_precision = "bf16_mixed"
     cfg.dist.use_tp_pp_dp_mapping = False
     cfg.ddp.use_distributed_optimizer = True
+    cfg.optimizer.use_distributed_optimizer = True
     cfg.ddp.use_megatron_fsdp = False
     cfg.ddp.data_parallel_sharding_strategy = "no_shard"
     cfg.ddp.overlap_grad_reduce = True
