@@ -850,6 +850,12 @@ TEST_CASE("exports a target cannot represent, or would silently change, are refu
     CHECK(text("seed", "megatron-bridge").find("    cfg.optimizer.use_distributed_optimizer = True\n") !=
           std::string::npos);
   }
+  SUBCASE("Megatron-Bridge: the interleaved schedule's p2p overlapped and unbatched, as Megatron-LM runs it") {
+    const std::string interleaved = text("gpt3-interleaved", "megatron-bridge");
+    CHECK(interleaved.find("        overlap_p2p_comm=True,\n") != std::string::npos);
+    CHECK(interleaved.find("        batch_p2p_comm=False,\n") != std::string::npos);
+    CHECK(text("llama8b-pp4", "megatron-bridge").find("p2p_comm") == std::string::npos);
+  }
   SUBCASE("Megatron: a fused core is Transformer Engine's choice (auto), not Dao's FlashAttention pinned") {
     CHECK(text("seed", "megatron").find("    --attention-backend auto\n") != std::string::npos);
     PlanFile pf = plan_file("seed");

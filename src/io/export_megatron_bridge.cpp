@@ -71,6 +71,15 @@ Fields parallel_fields(const ParallelPlan& p, const ModelSpec& m) {
   f.emplace_back("pipeline_model_parallel_size", std::to_string(p.pp));
   f.emplace_back("virtual_pipeline_model_parallel_size",
                  p.virtual_stages > 1 ? std::to_string(p.virtual_stages) : "None");
+  // The interleaved schedule's p2p overlapped and unbatched, as Megatron-LM
+  // runs it by default (--no-overlap-p2p-communication is store_false) and as
+  // Bridge's CommOverlapConfig would set it (comm_overlap.py, vp_size > 1);
+  // the recipe leaves comm_overlap None, and ModelParallelConfig's defaults
+  // (batched, not overlapped) are what arguments.py refuses with PP 2.
+  if (p.pp > 1 && p.virtual_stages > 1) {
+    f.emplace_back("overlap_p2p_comm", "True");
+    f.emplace_back("batch_p2p_comm", "False");
+  }
   if (p.first_stage_layers > 0)
     f.emplace_back("num_layers_in_first_pipeline_stage", std::to_string(p.first_stage_layers));
   if (p.last_stage_layers > 0) f.emplace_back("num_layers_in_last_pipeline_stage", std::to_string(p.last_stage_layers));

@@ -27,6 +27,8 @@ def cuboid_plan():
         tensor_model_parallel_size=8,
         pipeline_model_parallel_size=4,
         virtual_pipeline_model_parallel_size=3,
+        overlap_p2p_comm=True,
+        batch_p2p_comm=False,
         context_parallel_size=1,
         sequence_parallel=True,
         recompute_granularity="selective",
