@@ -241,6 +241,32 @@ TEST_CASE("--gpus-per-node uses part of each node, with its share of the NICs") 
   CHECK(cuboid::cluster_from_json(j, "small.json", kTopologies, std::nullopt, 2).inter.nics_per_node == 1);
 }
 
+TEST_CASE("an NVL72 rack is one node of 18 hosts of 4 GPUs; --gpus-per-node takes whole hosts") {
+  const auto nvl = kTopologies / "gb200-nvl72.json";
+  const Cluster rack = cuboid::load_cluster(nvl, 2);
+  CHECK(rack.gpus_per_host == 4);
+  CHECK(rack.host_gpus() == 4);
+  CHECK(rack.hosts() == 36);
+  const Cluster trays = cuboid::load_cluster(nvl, 256, 64);
+  CHECK(trays.hosts() == 4096);
+  CHECK(cuboid::load_cluster(kTopologies / "gb300-nvl72.json", 1, 32).hosts() == 8);
+  // A node that is one host: hosts are nodes.
+  const Cluster dgx = cuboid::load_cluster(kTopologies / "dgx-a100.json", 4);
+  CHECK(dgx.gpus_per_host == 0);
+  CHECK(dgx.hosts() == 4);
+  CHECK(input_error_message([&] { cuboid::load_cluster(nvl, 1, 70); }) ==
+        "command line: --gpus-per-node: 70 GPUs per node are not whole hosts: a host of " + nvl.string() +
+            " has 4 GPUs (fix: give a multiple of 4 GPUs per node)");
+  json j = small_card();  // 4 GPUs per node
+  j["gpus_per_host"] = 3;
+  CHECK(input_error_message([&] { cuboid::cluster_from_json(j, "small.json", kTopologies); }) ==
+        "small.json: gpus_per_host: 3 GPUs per host do not divide the node's 4 (fix: give the GPUs of one host (a "
+        "GB200 NVL72 compute tray: 4), a divisor of gpus_per_node)");
+  j["gpus_per_host"] = 2;
+  const Cluster halves = cuboid::cluster_from_json(j, "small.json", kTopologies);
+  CHECK(halves.hosts() == 2 * halves.nodes);
+}
+
 TEST_CASE("DGX A100 constants") {
   const Cluster c = cuboid::load_cluster(kTopologies / "dgx-a100.json");
   CHECK(c.name == "DGX A100");

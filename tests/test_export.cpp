@@ -913,3 +913,22 @@ TEST_CASE("an unknown target names the flag and the choices") {
   CHECK(export_targets() ==
         std::vector<std::string>{"megatron", "megatron-bridge", "deepspeed", "torchtitan", "torchtitan-main", "nemo"});
 }
+
+TEST_CASE("a node of several hosts (an NVL72 rack's trays): every launcher starts once per host, with its 4 GPUs") {
+  PlanFile pf = plan_file("seed");  // TP 4 x PP 4 x DP 2 = 32 GPUs
+  pf.nodes = 1;
+  pf.gpus_per_node = 32;
+  pf.gpus_per_host = 4;
+  CHECK(pf.hosts() == 8);
+  const std::string megatron = export_plan(pf, "megatron").text;
+  CHECK(megatron.find("# torchrun on each of the 8 hosts (NODE_RANK 0..7, MASTER_ADDR = host 0):\n") !=
+        std::string::npos);
+  CHECK(megatron.find("torchrun --nnodes 8 --nproc_per_node 4 ") != std::string::npos);
+  CHECK(megatron.find("srun --nodes 8 --ntasks-per-node 1 ") != std::string::npos);
+  pf.plan.schedule = Schedule::one_f_one_b;
+  pf.plan.virtual_stages = 1;
+  const std::string nemo = export_plan(pf, "nemo").text;
+  CHECK(nemo.find("  num_nodes: 8\n  devices: 4\n") != std::string::npos);
+  // One host per node: as before.
+  CHECK(text("seed", "megatron").find("torchrun --nnodes 4 --nproc_per_node 8 ") != std::string::npos);
+}

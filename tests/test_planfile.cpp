@@ -72,6 +72,21 @@ TEST_CASE("a plan file holds the model, cluster, every parallel setting, the ran
   CHECK(pred["breakdown"].size() == 6);
 }
 
+TEST_CASE("cluster.gpus_per_host: written where a node has several hosts, read back, absent otherwise") {
+  CHECK_FALSE(seed_json()["cluster"].contains("gpus_per_host"));
+  CHECK(plan_file_from_json(seed_json(), "plan.json").gpus_per_host == 0);
+  nlohmann::json j = seed_json();
+  j["cluster"]["gpus_per_host"] = 4;
+  const PlanFile pf = plan_file_from_json(j, "plan.json");
+  CHECK(pf.gpus_per_host == 4);
+  CHECK(pf.hosts() == 8);
+  j["cluster"]["gpus_per_host"] = 3;
+  CHECK(read_error(j) == "plan.json: cluster.gpus_per_host: 3 does not divide gpus_per_node 8 (fix: regenerate it "
+                         "with this cuboid (cuboid plan ... --out FILE))");
+  j["cluster"]["gpus_per_host"] = 16;
+  CHECK(read_error(j).find("plan.json: cluster.gpus_per_host: ") == 0);
+}
+
 TEST_CASE("every fixture plan reads back to the same plan and model") {
   for (const auto& f : cuboid::test::fixtures()) {
     CAPTURE(f.name);

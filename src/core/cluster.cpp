@@ -337,6 +337,12 @@ void use_gpus_per_node(Cluster& c, const std::string& source, int gpus) {
                          std::to_string(c.gpus_per_node),
                      "use at most " + std::to_string(c.gpus_per_node) + " GPUs per node");
   }
+  if (c.gpus_per_host > 0 && gpus % c.gpus_per_host != 0) {
+    throw InputError(cl, flag,
+                     std::to_string(gpus) + " GPUs per node are not whole hosts: a host of " + source + " has " +
+                         std::to_string(c.gpus_per_host) + " GPUs",
+                     "give a multiple of " + std::to_string(c.gpus_per_host) + " GPUs per node");
+  }
   const int nics = c.inter.nics_per_node;
   if (nics > 0) {
     if (static_cast<std::int64_t>(nics) * gpus % c.gpus_per_node != 0) {
@@ -355,6 +361,7 @@ void use_gpus_per_node(Cluster& c, const std::string& source, int gpus) {
     }
   }
   c.gpus_per_node = gpus;
+  if (c.gpus_per_host == gpus) c.gpus_per_host = 0;
 }
 
 }  // namespace
@@ -371,7 +378,8 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
   if (!j.is_object()) throw InputError(source, "", "a cluster card must be a JSON object", "wrap the fields in { ... }");
   check_overrides(nodes, gpus_per_node);
   JsonReader r(j, source);
-  check_keys(j, r, {"name", "nodes", "max_nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "calibration"});
+  check_keys(j, r, {"name", "nodes", "max_nodes", "gpus_per_node", "gpus_per_host", "gpu", "intra_node", "inter_node",
+                    "calibration"});
   Cluster c;
   c.name = r.string("name");
   c.source_file = source;
@@ -379,6 +387,13 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
   c.nodes = sourced_count(r, "nodes", ignored_sources, "nodes");
   const int max_nodes = optional_count(r, "max_nodes", ignored_sources, "max_nodes", 0);
   c.gpus_per_node = sourced_count(r, "gpus_per_node", ignored_sources, "gpus_per_node");
+  c.gpus_per_host = optional_count(r, "gpus_per_host", ignored_sources, "gpus_per_host", 0);
+  if (c.gpus_per_host == c.gpus_per_node) c.gpus_per_host = 0;
+  if (c.gpus_per_host > 0 && c.gpus_per_node % c.gpus_per_host != 0)
+    r.fail("gpus_per_host",
+           std::to_string(c.gpus_per_host) + " GPUs per host do not divide the node's " +
+               std::to_string(c.gpus_per_node),
+           "give the GPUs of one host (a GB200 NVL72 compute tray: 4), a divisor of gpus_per_node");
 
   if (!r.has("gpu")) r.fail("gpu", "missing required field", "give an inline GPU profile object or a path such as \"gpus/a100-sxm4-80gb.json\"");
   if (r.is_object("gpu")) {

@@ -177,17 +177,20 @@ std::vector<McoreSetting> moe_kernel_settings() {
 std::string launch_lines(const PlanFile& pf, std::string_view script_and_args, std::string_view comment,
                          SlurmLines slurm) {
   const bool run = slurm == SlurmLines::run;
+  const std::string_view word = host_word(pf);
   return fmt::format(
-      "{3} torchrun on each of the {0} nodes (NODE_RANK 0..{1}, MASTER_ADDR = node 0):\n"
+      "{3} torchrun on each of the {0} {7}s (NODE_RANK 0..{1}, MASTER_ADDR = {7} 0):\n"
       "{3}   torchrun --nnodes {0} --nproc_per_node {2} --node_rank \"$NODE_RANK\" --master_addr \"$MASTER_ADDR\" "
       "--master_port 6000 {4}\n"
-      "{3} Slurm: one torchrun per node, rendezvous on the first node{5}\n"
+      "{3} Slurm: one torchrun per {7}, rendezvous on the first {7}{5}\n"
       "{6}MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
       "{6}srun --nodes {0} --ntasks-per-node 1 torchrun --nnodes {0} --nproc_per_node {2} --rdzv_backend c10d "
       "--rdzv_endpoint \"$MASTER_ADDR:6000\" --rdzv_id \"$SLURM_JOB_ID\" {4}\n",
-      pf.nodes, pf.nodes - 1, pf.gpus_per_node, comment, script_and_args, run ? "." : ":",
-      run ? std::string() : fmt::format("{}   ", comment));
+      pf.hosts(), pf.hosts() - 1, pf.host_gpus(), comment, script_and_args, run ? "." : ":",
+      run ? std::string() : fmt::format("{}   ", comment), word);
 }
+
+std::string_view host_word(const PlanFile& pf) { return pf.gpus_per_host > 0 ? "host" : "node"; }
 
 }  // namespace exporters
 

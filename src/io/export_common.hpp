@@ -64,6 +64,9 @@ enum class SlurmLines { comment, run };
 // "torchrun ... SCRIPT ARGS" on each node and the srun line that starts it (bash).
 std::string launch_lines(const PlanFile& pf, std::string_view script_and_args, std::string_view comment = "#",
                          SlurmLines slurm = SlurmLines::comment);
+// What a launcher starts once: "node", or "host" where a node has several
+// (a GB200 NVL72 rack's compute trays; PlanFile::hosts, host_gpus).
+std::string_view host_word(const PlanFile& pf);
 
 ExportResult megatron(const PlanFile& pf);
 ExportResult deepspeed(const PlanFile& pf);

@@ -171,10 +171,10 @@ std::string notes(const PlanFile& pf) {
   out += "# Add: data loading, the tokenizer, the optimizer (an \"optimizer\" block or a client optimizer) and\n"
          "# checkpointing (engine.save_checkpoint / load_checkpoint).\n";
   out += fmt::format(
-      "# Launch (a hostfile lists the {0} nodes, {1} slots each):\n"
+      "# Launch (a hostfile lists the {0} {2}s, {1} slots each):\n"
       "#   deepspeed --hostfile hostfile --num_nodes {0} --num_gpus {1} train.py --deepspeed --deepspeed_config "
       "ds_config.json\n",
-      pf.nodes, pf.gpus_per_node);
+      pf.hosts(), pf.host_gpus(), host_word(pf));
   return out;
 }
 

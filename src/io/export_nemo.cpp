@@ -90,8 +90,8 @@ std::string parallel_keys(const PlanFile& pf, bool tp_pp_dp) {
   out += launch_lines(pf, "examples/nlp/language_modeling/megatron_gpt_pretraining.py --config-name=cuboid_plan");
   out += "defaults:\n  - megatron_gpt_config\n  - _self_\n";
   out += "trainer:\n";
-  out += fmt::format("  num_nodes: {}\n", pf.nodes);
-  out += fmt::format("  devices: {}\n", pf.gpus_per_node);
+  out += fmt::format("  num_nodes: {}\n", pf.hosts());
+  out += fmt::format("  devices: {}\n", pf.host_gpus());
   out += "  precision: bf16\n";
   out += "model:\n";
   out += "  mcore_gpt: true\n";

@@ -287,10 +287,10 @@ ExportResult torchtitan_v02(const PlanFile& pf) {
   out += "# Add: the dataset (--training.dataset / dataset_path), the tokenizer (--model.hf_assets_path) and\n"
          "# checkpointing (--checkpoint.enable, --checkpoint.folder).\n";
   out += fmt::format(
-      "# Start (each of the {0} nodes; the TOML is torchtitan's own, these overrides win):\n"
+      "# Start (each of the {0} {3}s; the TOML is torchtitan's own, these overrides win):\n"
       "#   torchrun --nnodes {0} --nproc_per_node {1} --rdzv_backend c10d --rdzv_endpoint \"$MASTER_ADDR:29500\" \\\n"
       "#     -m torchtitan.train --job.config_file ./torchtitan/models/{2} <the overrides below>\n",
-      pf.nodes, pf.gpus_per_node, toml);
+      pf.hosts(), pf.host_gpus(), toml, host_word(pf));
   out += "\n# Command-line overrides:\n";
   std::vector<std::string> flags;
   auto add_flags = [&](const char* section, const Fields& kv) {
@@ -347,10 +347,10 @@ ExportResult torchtitan_main(const PlanFile& pf) {
            "# recomputes the attention core in backward by itself: no activation checkpointing.\n";
   out += fmt::format(
       "# The base config brings its dataset, tokenizer (hf_assets_path), optimizer and checkpointing: set yours.\n"
-      "# Save as torchtitan_recipes/cuboid_plan.py in the torchtitan checkout and start on each of the {0} nodes:\n"
+      "# Save as torchtitan_recipes/cuboid_plan.py in the torchtitan checkout and start on each of the {0} {2}s:\n"
       "#   torchrun --nnodes {0} --nproc_per_node {1} --rdzv_backend c10d --rdzv_endpoint \"$MASTER_ADDR:29500\" \\\n"
       "#     -m torchtitan.train --module torchtitan_recipes.cuboid_plan --config cuboid_plan\n",
-      pf.nodes, pf.gpus_per_node);
+      pf.hosts(), pf.host_gpus(), host_word(pf));
   out += fmt::format("from torchtitan.models.llama3.config_registry import {}\n", f.main_config);
   if (p.recompute == Recompute::full) out += "from torchtitan.distributed.activation_checkpoint import FullAC\n";
   out += "from torchtitan.trainer import Trainer\n\n\n";

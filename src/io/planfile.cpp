@@ -398,6 +398,7 @@ nlohmann::json plan_to_json(const ModelSpec& model, const Cluster& cluster, cons
       {"gpus_per_node", cluster.gpus_per_node},
       {"gpu", cluster.gpu.name},
   };
+  if (cluster.gpus_per_host > 0) j["cluster"]["gpus_per_host"] = cluster.gpus_per_host;
   j["parallel"] = parallel_to_json(e.plan);
   j["rank_mapping"] = rank_mapping_to_json(e.plan, cluster.gpus_per_node);
   j["prediction"] = prediction_to_json(e);
@@ -428,6 +429,13 @@ PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source)
   pf.cluster_source_file = c.string("source_file");
   pf.nodes = c.count<int>("nodes");
   pf.gpus_per_node = c.count<int>("gpus_per_node");
+  if (c.has("gpus_per_host")) {
+    pf.gpus_per_host = c.count<int>("gpus_per_host", 1, pf.gpus_per_node);
+    if (pf.gpus_per_node % pf.gpus_per_host != 0)
+      c.fail("gpus_per_host",
+             std::to_string(pf.gpus_per_host) + " does not divide gpus_per_node " + std::to_string(pf.gpus_per_node),
+             kRegenerate);
+  }
   pf.gpu_name = c.string("gpu");
   c.reject_unknown();
 

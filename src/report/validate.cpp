@@ -182,13 +182,16 @@ void check_cluster(const PlanFile& pf, const Cluster& cluster, const Measurement
                      fmt::format("the run's plan was made for cluster \"{}\" but plan file {} is for \"{}\"",
                                  *m.cluster_name, pf.source, pf.cluster_name),
                      kRerun);
-  // Ranks fill nodes in order, so the run spans ceil(world / GPUs per node) hosts.
-  const auto nodes = static_cast<std::size_t>((pf.plan.world_size() + pf.gpus_per_node - 1) / pf.gpus_per_node);
-  if (!m.hostnames.empty() && m.hostnames.size() != nodes)
+  // Ranks fill hosts in order, so the run spans ceil(world / GPUs per host)
+  // hosts (a host is a node unless the card says a node has several).
+  const int per_host = pf.host_gpus();
+  const auto hosts = static_cast<std::size_t>((pf.plan.world_size() + per_host - 1) / per_host);
+  if (!m.hostnames.empty() && m.hostnames.size() != hosts)
     throw InputError(m.source, "environment.hostnames",
-                     fmt::format("the run spanned {} host(s) but plan file {} places its {} ranks on {} node(s) of "
+                     fmt::format("the run spanned {} host(s) but plan file {} places its {} ranks on {} {}(s) of "
                                  "{} GPUs: the run was on another cluster",
-                                 m.hostnames.size(), pf.source, pf.plan.world_size(), nodes, pf.gpus_per_node),
+                                 m.hostnames.size(), pf.source, pf.plan.world_size(), hosts,
+                                 pf.gpus_per_host > 0 ? "host" : "node", per_host),
                      "run with as many ranks per node as the cluster card has GPUs per node, or plan for the "
                      "cluster the run used");
   check_plan_matches_cluster(pf, cluster);

@@ -114,6 +114,11 @@ struct Cluster {
   std::string source_file;
   int nodes = 0;
   int gpus_per_node = 0;
+  // The GPUs one host (one operating system, one launcher: torchrun's
+  // --nproc_per_node, a hostfile's slots) drives, where a node is more than
+  // one host: a GB200 NVL72 rack is one NVLink node of 18 hosts (compute
+  // trays) of 4 GPUs. 0: the node is one host.
+  int gpus_per_host = 0;
   GpuProfile gpu;
   IntraNodeFabric intra;
   InterNodeFabric inter;
@@ -123,6 +128,9 @@ struct Cluster {
   std::shared_ptr<const Calibration> calibration;
 
   int total_gpus() const { return nodes * gpus_per_node; }
+  // GPUs per host and hosts in all (the node's when gpus_per_host is 0).
+  int host_gpus() const { return gpus_per_host > 0 ? gpus_per_host : gpus_per_node; }
+  int hosts() const { return total_gpus() / host_gpus(); }
 };
 
 // Parses a GPU profile object (inline in a card or a file under topologies/gpus/).

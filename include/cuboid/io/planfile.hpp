@@ -8,7 +8,7 @@
 //
 //   {"schema": "cuboid.plan/1", "generator": "cuboid 0.1.0",
 //    "model": {... the model card, inline ...},
-//    "cluster": {"name", "source_file", "nodes", "gpus_per_node", "gpu"},
+//    "cluster": {"name", "source_file", "nodes", "gpus_per_node", "gpus_per_host" (optional), "gpu"},
 //    "parallel": {"tp", "pp", "dp", "cp", "micro_batch", "global_batch", "seq_length",
 //                 "num_micro_batches", "virtual_stages", "first_stage_layers",
 //                 "last_stage_layers", "zero_stage", "recompute", "sequence_parallel",
@@ -45,7 +45,12 @@ struct PlanFile {
   std::string gpu_name;
   int nodes = 0;
   int gpus_per_node = 0;
+  // "cluster.gpus_per_host": the GPUs of one host where a node has several
+  // (Cluster::gpus_per_host; absent, 0: the node is one host).
+  int gpus_per_host = 0;
   ParallelPlan plan;
+  int host_gpus() const { return gpus_per_host > 0 ? gpus_per_host : gpus_per_node; }
+  int hosts() const { return nodes * gpus_per_node / host_gpus(); }
   nlohmann::json prediction;      // the "prediction" object as written
   // The same plan in other rank orders as the planner scored them, fastest
   // first ("prediction.other_rank_orders"; empty when absent).
