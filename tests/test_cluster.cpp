@@ -166,6 +166,7 @@ TEST_CASE("Blackwell profiles: dense rates, memory, SMs") {
   CHECK(gb200.peak_fp8_flops == doctest::Approx(5000e12));
   CHECK(gb200.peak_fp4_flops == doctest::Approx(10000e12));
   CHECK(gb200.memory_bytes == 186LL * 1024 * 1024 * 1024);
+  CHECK(gb200.gemm_max_efficiency == doctest::Approx(1822.0 / 2500).epsilon(0.001));  // its own MAMF row
   const cuboid::GpuProfile gb300 = profile("gb300.json");
   CHECK(gb300.peak_bf16_flops == doctest::Approx(2500e12));
   CHECK(gb300.peak_fp4_flops == doctest::Approx(15000e12));  // 1,080 PFLOPS dense / 72

@@ -330,3 +330,93 @@ TEST_CASE("fp8: --fp8-param-gather drops the bf16 weight and gathers the FP8 one
   REQUIRE(r);
   CHECK(r->kind == PlanCheck::param_gather_needs_fp8);
 }
+
+TEST_CASE("fp8: an FP8 GEMM runs at the card's FP8 MAMF fraction of the FP8 peak, on H100 by hand") {
+  // topologies/gpus/h100-sxm5-80gb.json: ml-engineering's FP8 MAMF row,
+  // 1402.6 of 1979 TFLOP/s = 0.709; the bf16 row stays 794.5 of 989 = 0.803.
+  const GpuProfile gpu = load_cluster(test::source_root() / "topologies" / "dgx-h100.json").gpu;
+  CHECK(gpu.gemm_max_efficiency_fp8 == 0.709);
+  CHECK(gpu.gemm_max_efficiency_fp4 == 0);
+  CHECK(gpu.gemm_max_efficiency == 0.803);
+  CHECK(gpu.sources.count("gemm_max_efficiency_fp8") == 1);
+  REQUIRE(gpu.kernel_launch_ns == 4900);
+  const ModelSpec m = test::llama3_8b();
+  // FC1 [4096 x 4096] x [4096 x 28672], 962,072,674,304 FLOPs in 55 waves of
+  // 132 tiles (wave efficiency 7168 / 7260), compute-bound as above:
+  // 962.07e9 / (1979e12 x 0.709 x 0.98733) = 694.47 us, + 4.9 us launch.
+  for (Precision p : {Precision::fp8_delayed, Precision::fp8_current, Precision::fp8_blockwise}) {
+    CAPTURE(static_cast<int>(p));
+    CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(p)).forward, op::fc1)) == 699372);
+  }
+  // bf16 is priced as before: 962.07e9 / (989e12 x 0.803 x 0.98733) + 4.9 us.
+  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::bf16)).forward, op::fc1)) == 1231872);
+  // A card without the key: the bf16 fraction for the FP8 peak (618,076 ns).
+  GpuProfile plain = gpu;
+  plain.gemm_max_efficiency_fp8 = 0;
+  CHECK(op_time_ns(plain, find(transformer_layer_ops(m, layer_plan(Precision::fp8_current)).forward, op::fc1)) ==
+        618076);
+}
+
+TEST_CASE("fp8: MXFP8 and NVFP4 GEMMs on GB200 at the card's FP8 and FP4 MAMF fractions, by hand") {
+  // topologies/gpus/gb200.json: FP8 3615.6 of 5000 TFLOP/s = 0.723 (its own
+  // MAMF row); FP4 the B200's NVFP4 6624 of 9000 = 0.736.
+  const GpuProfile gpu = load_cluster(test::source_root() / "topologies" / "gb200-nvl72.json").gpu;
+  CHECK(gpu.gemm_max_efficiency_fp8 == 0.723);
+  CHECK(gpu.gemm_max_efficiency_fp4 == 0.736);
+  REQUIRE(gpu.sm_count == 152);
+  REQUIRE(gpu.kernel_launch_ns == 4900);
+  const ModelSpec m = test::llama3_8b();
+  // FC1: 7168 tiles on 152 SMs take 48 waves (wave efficiency 7168 / 7296).
+  // MXFP8: 962.07e9 / (5000e12 x 0.723 x 0.98246) = 270.89 us, + 4.9 us. Its
+  // HBM side, (4096 x 4096 + 4096 x 28672) x (1 + 1/32) B + 4096 x 28672 x 2 B
+  // at 8 TB/s x 0.83, is 56 us: compute-bound.
+  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::mxfp8)).forward, op::fc1)) == 275786);
+  // NVFP4: 962.07e9 / (10000e12 x 0.736 x 0.98246) = 133.05 us, + 4.9 us.
+  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::nvfp4)).forward, op::fc1)) == 137951);
+}
+
+TEST_CASE("fp8: the FP8 and FP4 MAMF fractions are read sourced, at most 1, and default to absent") {
+  const GpuProfile a100 = load_cluster(test::source_root() / "topologies" / "dgx-a100.json").gpu;
+  CHECK(a100.gemm_max_efficiency_fp8 == 0);
+  CHECK(a100.gemm_max_efficiency_fp4 == 0);
+  for (const char* name : {"dgx-b200.json", "gb200-nvl72.json", "gb300-nvl72.json", "hgx-h200.json"}) {
+    CAPTURE(name);
+    const GpuProfile g = load_cluster(test::source_root() / "topologies" / name).gpu;
+    CHECK(g.gemm_max_efficiency_fp8 > 0.7);
+    CHECK(g.gemm_max_efficiency_fp8 < g.gemm_max_efficiency + 0.001);
+    CHECK(g.sources.count("gemm_max_efficiency_fp8") == 1);
+  }
+}
+
+TEST_CASE("fp8: an MXFP8 cast runs at the card's measured MXFP8 quantize rate; other casts at memory_bound_efficiency") {
+  // topologies/gpus/b200.json: Transformer Engine's MXFP8 quantize kernel,
+  // rowwise + columnwise in one pass, 4,427.8 of 7,672 GB/s = 0.577.
+  const GpuProfile gpu = load_cluster(test::source_root() / "topologies" / "dgx-b200.json").gpu;
+  CHECK(gpu.mxfp8_cast_efficiency == 0.577);
+  CHECK(gpu.sources.count("mxfp8_cast_efficiency") == 1);
+  REQUIRE(gpu.kernel_launch_ns == 4900);
+  const ModelSpec m = test::llama3_8b();
+  // The cast of QKV's input, 4096 x 4096 bf16 elements: read 2 B, write
+  // 2 x (1 + 1/32) B = 68,157,440 B at 7,672 GB/s x 0.577 = 15.397 us, + 4.9 us.
+  const LayerOps mx = transformer_layer_ops(m, layer_plan(Precision::mxfp8));
+  const Op& cast = mx.forward[index_of(mx.forward, op::qkv) - 1];
+  CHECK(cast.name == op::fp8_cast);
+  CHECK(cast.precision == Precision::mxfp8);
+  CHECK(op_time_ns(gpu, cast) == 20297);
+  // The output gradient's cast before the dgrad likewise.
+  const Op& grad_cast = mx.backward[index_of(mx.backward, op::fc2_dgrad) - 1];
+  CHECK(grad_cast.name == op::fp8_grad_cast);
+  CHECK(op_time_ns(gpu, grad_cast) ==
+        std::llround(grad_cast.bytes / (7672e9 * 0.577) * 1e9) + 4900);
+  // Per-tensor FP8's cast (2 + 2 x 1 B = 67,108,864 B) at 0.83 of HBM: 10.539 us + 4.9 us.
+  const LayerOps cur = transformer_layer_ops(m, layer_plan(Precision::fp8_delayed));
+  const Op& fp8 = cur.forward[index_of(cur.forward, op::qkv) - 1];
+  CHECK(fp8.name == op::fp8_cast);
+  CHECK(op_time_ns(gpu, fp8) == 15439);
+  // A card without the figure: the MXFP8 cast at memory_bound_efficiency.
+  GpuProfile plain = gpu;
+  plain.mxfp8_cast_efficiency = 0;
+  CHECK(op_time_ns(plain, cast) == 15604);
+  // The H100 card has none (Hopper runs no MXFP8).
+  CHECK(load_cluster(test::source_root() / "topologies" / "dgx-h100.json").gpu.mxfp8_cast_efficiency == 0);
+}

@@ -140,10 +140,10 @@ std::int64_t memory_bytes(JsonReader& r, GpuProfile& gpu) {
 
 GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   check_keys(j, r, {"name", "peak_bf16_tflops", "peak_fp8_tflops", "peak_fp4_tflops", "hbm_bandwidth_GBps",
-                    "memory_MiB", "memory_GiB", "memory_GB", "sm_count", "gemm_max_efficiency", "memory_bound_efficiency", "kernel_launch_us",
+                    "memory_MiB", "memory_GiB", "memory_GB", "sm_count", "gemm_max_efficiency", "gemm_max_efficiency_fp8", "gemm_max_efficiency_fp4", "memory_bound_efficiency", "kernel_launch_us",
                     "memory_reserve_GiB", "flash_attention", "unfused_attention_efficiency", "speed_spread",
                     "flash_attention_fwd_efficiency", "flash_attention_bwd_efficiency", "gemm_sustained_fraction",
-                    "microscaling_formats"});
+                    "microscaling_formats", "mxfp8_cast_efficiency"});
   GpuProfile gpu;
   gpu.name = r.string("name");
   gpu.peak_bf16_flops = sourced(r, "peak_bf16_tflops", gpu.sources, "peak_bf16_flops") * kTera;
@@ -155,6 +155,12 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   gpu.memory_bytes = memory_bytes(r, gpu);
   gpu.sm_count = sourced_count(r, "sm_count", gpu.sources, "sm_count");
   gpu.gemm_max_efficiency = sourced_fraction(r, "gemm_max_efficiency", gpu.sources, "gemm_max_efficiency");
+  if (r.has("gemm_max_efficiency_fp8"))
+    gpu.gemm_max_efficiency_fp8 =
+        sourced_fraction(r, "gemm_max_efficiency_fp8", gpu.sources, "gemm_max_efficiency_fp8");
+  if (r.has("gemm_max_efficiency_fp4"))
+    gpu.gemm_max_efficiency_fp4 =
+        sourced_fraction(r, "gemm_max_efficiency_fp4", gpu.sources, "gemm_max_efficiency_fp4");
   if (r.has("gemm_sustained_fraction"))
     gpu.gemm_sustained_fraction =
         sourced_fraction(r, "gemm_sustained_fraction", gpu.sources, "gemm_sustained_fraction");
@@ -163,6 +169,8 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   if (r.has("unfused_attention_efficiency"))
     gpu.unfused_attention_efficiency =
         sourced_fraction(r, "unfused_attention_efficiency", gpu.sources, "unfused_attention_efficiency");
+  if (r.has("mxfp8_cast_efficiency"))
+    gpu.mxfp8_cast_efficiency = sourced_fraction(r, "mxfp8_cast_efficiency", gpu.sources, "mxfp8_cast_efficiency");
   if (r.has("flash_attention_fwd_efficiency"))
     gpu.flash_attention_fwd_efficiency =
         sourced_fraction(r, "flash_attention_fwd_efficiency", gpu.sources, "flash_attention_fwd_efficiency");

@@ -859,6 +859,7 @@ void add_quantize(std::vector<Op>& out, const Dims& x, Pass pass, double element
     if (x.precision == Precision::fp8_current) out.push_back(memory_bound(op::fp8_scale, pass, kFp32Bytes + kFp32Bytes));
   }
   out.push_back(memory_bound(cast, pass, elements * (kBf16Bytes + 2.0 * quantized_element_bytes(x.precision))));
+  out.back().precision = x.precision;  // the format it writes (cost.cpp prices an MXFP8 cast at its own rate)
 }
 
 // Each quantized GEMM of the list with its quantizer's kernels before it

@@ -46,9 +46,14 @@ double hbm_Bps(const GpuProfile& gpu) { return gpu.hbm_bandwidth_Bps * gpu.memor
 
 // The HBM rate of an op: the unfused attention core's kernels at their own
 // measured fraction where the profile has one.
+// An MXFP8 quantize kernel (an activation's or an output gradient's cast)
+// at the profile's measured rate of Transformer Engine's MXFP8 cast.
 double op_hbm_Bps(const GpuProfile& gpu, const Op& op) {
   if (op.unfused_attention && gpu.unfused_attention_efficiency > 0)
     return gpu.hbm_bandwidth_Bps * gpu.unfused_attention_efficiency;
+  if (op.kind == OpKind::memory_bound && op.precision == Precision::mxfp8 && gpu.mxfp8_cast_efficiency > 0 &&
+      (op.name == op::fp8_cast || op.name == op::fp8_grad_cast))
+    return gpu.hbm_bandwidth_Bps * gpu.mxfp8_cast_efficiency;
   return hbm_Bps(gpu);
 }
 
@@ -71,23 +76,32 @@ double peak_flops(const GpuProfile& gpu, Precision p) {
 
 // The FLOP/s tensor-core work keeps in training from a burst efficiency of
 // the profile (a benchmark's best shape): peak x it x gemm_sustained_fraction.
-// An FP8 / FP4 GEMM reaches the same fraction of its own peak as a bf16 one
-// (no FP8 MAMF measurement in the profiles; docs/cost-model.md "FP8").
 double sustained_flops(const GpuProfile& gpu, double burst_efficiency, Precision p = Precision::bf16) {
   return peak_flops(gpu, p) * burst_efficiency * gpu.gemm_sustained_fraction;
 }
 
+// The best fraction of its format's peak a large GEMM reaches in a short
+// burst: the profile's FP8 / FP4 maximum achievable matmul FLOPS where it
+// has one (every FP8 recipe's GEMM: per-tensor, blockwise and MXFP8 alike;
+// NVFP4's: the FP4 figure), else the bf16 GEMM's fraction
+// (docs/cost-model.md "FP8").
+double gemm_burst_efficiency(const GpuProfile& gpu, Precision p) {
+  if (p == Precision::bf16) return gpu.gemm_max_efficiency;
+  const double measured = fp4_gemms(p) ? gpu.gemm_max_efficiency_fp4 : gpu.gemm_max_efficiency_fp8;
+  return measured > 0 ? measured : gpu.gemm_max_efficiency;
+}
+
 // The best FLOP/s a large GEMM reaches: measured on a calibrated profile
 // (the best of its GEMM samples: the datasheet peak and the assumed
-// efficiency are what calibration replaces), else peak x gemm_max_efficiency
-// x the fraction of that burst rate a GEMM sustains in training.
+// efficiency are what calibration replaces), else peak x the format's burst
+// efficiency x the fraction of that burst rate a GEMM sustains in training.
 // A calibrated card measured bf16 GEMMs only: an FP8 / FP4 GEMM takes the
 // datasheet model.
 double gemm_best_flops(const GpuProfile& gpu, Precision p = Precision::bf16) {
   if (gpu.calibration && p == Precision::bf16) {
     if (const auto best = best_gemm_flops_per_s(*gpu.calibration)) return *best;
   }
-  return sustained_flops(gpu, gpu.gemm_max_efficiency, p);
+  return sustained_flops(gpu, gemm_burst_efficiency(gpu, p), p);
 }
 
 // Compute-only and HBM-only seconds of a GEMM; its time is the larger (roofline).

@@ -37,6 +37,12 @@ struct GpuProfile {
   std::int64_t memory_bytes = 0;        // HBM capacity
   int sm_count = 0;                     // streaming multiprocessors (wave quantisation)
   double gemm_max_efficiency = 0;       // best achievable fraction of peak on large GEMMs (MAMF / peak)
+  // The same for an FP8 GEMM (of peak_fp8_flops: a per-tensor scaled
+  // torch._scaled_mm sweep's best shape) and an FP4 one (of peak_fp4_flops),
+  // measured where a profile has them; 0: gemm_max_efficiency, the bf16
+  // GEMM's fraction taken for the format's own peak.
+  double gemm_max_efficiency_fp8 = 0;
+  double gemm_max_efficiency_fp4 = 0;
   // The fraction of the burst rates above (gemm_max_efficiency and the flash
   // kernels' efficiencies, benchmarks of short runs at their best shape)
   // that tensor-core work keeps in training: long, back to back, on operands
@@ -48,6 +54,11 @@ struct GpuProfile {
   // kernels (the s x s score GEMMs with k = head_dim, softmax, dropout, and
   // their backward), measured where a profile has it; 0: memory_bound_efficiency.
   double unfused_attention_efficiency = 0;
+  // Achieved fraction of HBM bandwidth of Transformer Engine's MXFP8
+  // quantize kernel (a bf16 tensor in, its rowwise and columnwise MXFP8
+  // copies and their scales out, in one pass), measured where a profile has
+  // it; 0: memory_bound_efficiency.
+  double mxfp8_cast_efficiency = 0;
   // Achieved fraction of peak of the fused (flash) attention kernel's
   // forward and backward, from that kernel's own published benchmarks; 0:
   // gemm_max_efficiency (a flash kernel reaches less than the best GEMM).

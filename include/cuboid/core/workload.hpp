@@ -57,7 +57,8 @@ struct Op {
   // executor's MoE layer, since one GEMM shape cannot stand for the split.
   bool grouped = false;
   // A GEMM's input format: a linear layer's GEMMs (forward, dgrad, wgrad)
-  // in an FP8 / FP4 plan run in ParallelPlan::precision; every other op bf16.
+  // in an FP8 / FP4 plan run in ParallelPlan::precision, and the quantizer's
+  // cast before each writes it; every other op bf16.
   Precision precision = Precision::bf16;
 };
 
