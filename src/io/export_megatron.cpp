@@ -151,7 +151,9 @@ Args moe_args(const PlanFile& pf) {
 
 Args precision_args(const ParallelPlan& p) {
   Args a = {"# precision and kernels", "--bf16",
-            fmt::format("--attention-backend {}", p.flash_attention ? "flash" : "unfused")};
+            fmt::format("--attention-backend {}", !p.flash_attention                          ? "unfused"
+                                                  : p.attention_kernel == AttentionKernel::cudnn ? "fused"
+                                                                                                 : "flash")};
   // Fusion is Megatron-LM's default; a plan priced without it says so.
   if (!p.grad_accum_fusion) a.push_back("--no-gradient-accumulation-fusion");
   return a;

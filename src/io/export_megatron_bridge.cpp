@@ -140,7 +140,9 @@ Fields moe_fields(const ModelSpec& m) {
 // The vocabulary padding and the kernels.
 Fields kernel_fields(const ParallelPlan& p) {
   return {{"make_vocab_size_divisible_by", "128"},
-          {"attention_backend", p.flash_attention ? "AttnBackend.flash" : "AttnBackend.unfused"},
+          {"attention_backend", !p.flash_attention                          ? "AttnBackend.unfused"
+                                : p.attention_kernel == AttentionKernel::cudnn ? "AttnBackend.fused"
+                                                                               : "AttnBackend.flash"},
           {"gradient_accumulation_fusion", py(p.grad_accum_fusion)}};
 }
 
