@@ -139,10 +139,16 @@ TEST_CASE("every shipped card loads") {
     if (g.peak_fp4_flops > 0) CHECK(!g.sources.at("peak_fp4_flops").empty());
     if (g.peak_fp8_flops > 0) CHECK(g.peak_fp8_flops == doctest::Approx(2 * g.peak_bf16_flops).epsilon(0.001));
     if (g.peak_fp4_flops > 0) CHECK(g.peak_fp4_flops > g.peak_fp8_flops);
-    // Blackwell's efficiencies are all sourced, the flash kernel's among them.
-    for (const char* f : {"flash_attention_fwd_efficiency", "flash_attention_bwd_efficiency", "speed_spread"}) {
-      CAPTURE(f);
-      if (name != std::string("a100-sxm4-80gb.json")) CHECK(!g.sources.at(f).empty());
+    // The efficiencies are all sourced, each attention kernel's and the default kernel among them.
+    if (name != std::string("a100-sxm4-80gb.json")) CHECK(!g.sources.at("speed_spread").empty());
+    CHECK(g.attention_kernel != cuboid::AttentionKernel::auto_);
+    CHECK(g.attention_rates.count(g.attention_kernel) == 1);
+    CHECK(!g.sources.at("attention_kernel").empty());
+    for (const auto& entry : g.attention_rates) {
+      const std::string key = "attention_kernels." + std::string(cuboid::to_string(entry.first));
+      CAPTURE(key);
+      CHECK(g.sources.at(key).size() > 40);
+      CHECK(entry.second.fwd.size() == entry.second.head_dims.size());
     }
   }
 }

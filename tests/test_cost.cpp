@@ -739,10 +739,94 @@ TEST_CASE("flash attention runs at the flash kernel's own published rate where t
         doctest::Approx(plain_fwd * plain.gemm_max_efficiency / 0.73).epsilon(1e-4));
   CHECK(static_cast<double>(op_time_ns(g, *bwd)) - launch ==
         doctest::Approx(plain_bwd * plain.gemm_max_efficiency / 0.50).epsilon(1e-4));
-  // The shipped A100 card carries FlashAttention-2's figures.
+  // The shipped A100 card carries each kernel's table instead (below).
   const Cluster c = load_cluster("topologies/dgx-a100.json");
-  CHECK(c.gpu.flash_attention_fwd_efficiency == 0.73);
-  CHECK(c.gpu.flash_attention_bwd_efficiency == 0.50);
+  CHECK(c.gpu.flash_attention_fwd_efficiency == 0.0);
+  CHECK(c.gpu.attention_kernel == AttentionKernel::flash2);
+}
+
+TEST_CASE("a fused kernel's rates: the nearest head dimension, log2-interpolated in the sequence length") {
+  // The A100 card's FlashAttention-2 row (FlashAttention-2 paper Fig. 4,
+  // forward + backward with causal mask): head dim 128 at 512 ... 16k tokens
+  // 99, 133, 155, 173, 182, 189 TFLOP/s over 312.
+  const GpuProfile g = load_cluster("topologies/dgx-a100.json").gpu;
+  const AttentionRates* fa2 = attention_rates_of(g, AttentionKernel::flash2);
+  REQUIRE(fa2 != nullptr);
+  CHECK(attention_rates_of(g, AttentionKernel::auto_) == fa2);  // the card's default
+  CHECK(attention_rates_of(g, AttentionKernel::cudnn) == nullptr);
+  CHECK(attention_rates_of(g, AttentionKernel::flash3) == nullptr);
+  CHECK(attention_efficiency(*fa2, 128, 2048, false) == doctest::Approx(0.497));  // 155 / 312
+  CHECK(attention_efficiency(*fa2, 128, 2048, true) == doctest::Approx(0.497));   // one rate for both passes
+  CHECK(attention_efficiency(*fa2, 128, 16384, false) == doctest::Approx(0.606));  // 189 / 312
+  CHECK(attention_efficiency(*fa2, 128, 131072, false) == doctest::Approx(0.606));  // clamped
+  CHECK(attention_efficiency(*fa2, 128, 256, false) == doctest::Approx(0.317));    // 99 / 312, clamped
+  // Between 2k and 4k: 0.497 + (log2(3000) - 11) x (0.554 - 0.497).
+  CHECK(attention_efficiency(*fa2, 128, 3000, false) ==
+        doctest::Approx(0.497 + (std::log2(3000.0) - 11.0) * (0.554 - 0.497)));
+  // Head dim 64's row (88 ... 171); 96 is as near 64 as 128 and takes 128.
+  CHECK(attention_efficiency(*fa2, 64, 2048, false) == doctest::Approx(0.449));  // 140 / 312
+  CHECK(attention_efficiency(*fa2, 80, 2048, false) == doctest::Approx(0.449));
+  CHECK(attention_efficiency(*fa2, 96, 2048, false) == doctest::Approx(0.497));
+}
+
+TEST_CASE("the attention core priced by its kernel: A100 FlashAttention-2, H100 cuDNN and FlashAttention-3") {
+  // GPT-3 175B's layer (96 heads of 128, TP 8, b 4, s 2048) on the shipped
+  // A100 card, flash on with the card's default kernel.
+  const ModelSpec m = gpt3_175b();
+  const Cluster a = load_cluster("topologies/dgx-a100.json");
+  const LayerOps ops = transformer_layer_ops(m, plan_of(8, 4, 2048, false, true, Recompute::none));
+  const Op* fwd = find_named(ops.forward, "attn_flash");
+  const Op* bwd = find_named(ops.backward, "attn_flash_bwd");
+  REQUIRE(fwd != nullptr);
+  REQUIRE(bwd != nullptr);
+  CHECK(fwd->attention_kernel == AttentionKernel::auto_);
+  // Forward: 4 s^2 d x (b heads / TP = 48) / 2 (causal) FLOPs at 312 T x
+  // 0.497 (FA2, head dim 128, 2k) x 0.948 (the card's sustained fraction) x
+  // the grid's wave efficiency: 2048/128 x 128/128 x 48 = 768 tiles on 108
+  // SMs, 8 waves, 768 / 864. Compute-bound (Q, K, V, O: 101 MB, 55 us).
+  const double fwd_flops = 4.0 * 2048 * 2048 * 128 * 48 / 2;
+  const double wave = 768.0 / 864.0;
+  const double fwd_ns = fwd_flops / (312e12 * 0.497 * 0.948 * wave) * 1e9 + 4900;  // + launch
+  CHECK(static_cast<double>(op_time_ns(a.gpu, *fwd)) == doctest::Approx(fwd_ns).epsilon(1e-5));
+  // Backward: 2.5 x the FLOPs at the same rate.
+  CHECK(static_cast<double>(op_time_ns(a.gpu, *bwd)) ==
+        doctest::Approx(2.5 * fwd_flops / (312e12 * 0.497 * 0.948 * wave) * 1e9 + 4900).epsilon(1e-5));
+  // The same layer at 8k tokens on the shipped H100 card: its default kernel
+  // is cuDNN's (Transformer Engine on Hopper), forward 529 and backward 518
+  // TFLOP/s at head dim 128, 8k (FlashAttention-3 paper Figs. 5d, 6b), over
+  // 989; no sustained fraction on H100. Grid: 64 x 1 x 12 = 768 tiles on 132
+  // SMs, 6 waves.
+  const Cluster h = load_cluster("topologies/dgx-h100.json");
+  ParallelPlan p = plan_of(8, 1, 8192, false, true, Recompute::none);
+  const LayerOps hops = transformer_layer_ops(m, p);
+  const Op* hf = find_named(hops.forward, "attn_flash");
+  const Op* hb = find_named(hops.backward, "attn_flash_bwd");
+  REQUIRE(hf != nullptr);
+  REQUIRE(hb != nullptr);
+  const double h_flops = 4.0 * 8192 * 8192 * 128 * 12 / 2;
+  const double h_wave = 768.0 / 792.0;
+  const double launch = h.gpu.kernel_launch_ns;
+  CHECK(static_cast<double>(op_time_ns(h.gpu, *hf)) ==
+        doctest::Approx(h_flops / (989e12 * 0.535 * h_wave) * 1e9 + launch).epsilon(1e-5));  // 529 / 989
+  CHECK(static_cast<double>(op_time_ns(h.gpu, *hb)) ==
+        doctest::Approx(2.5 * h_flops / (989e12 * 0.524 * h_wave) * 1e9 + launch).epsilon(1e-5));  // 518 / 989
+  // --attention-kernel flash3: FlashAttention-3's 602 and 559 TFLOP/s.
+  p.attention_kernel = AttentionKernel::flash3;
+  const LayerOps f3 = transformer_layer_ops(m, p);
+  const Op* f3f = find_named(f3.forward, "attn_flash");
+  const Op* f3b = find_named(f3.backward, "attn_flash_bwd");
+  REQUIRE(f3f != nullptr);
+  REQUIRE(f3b != nullptr);
+  CHECK(f3f->attention_kernel == AttentionKernel::flash3);
+  CHECK(f3b->attention_kernel == AttentionKernel::flash3);
+  CHECK(static_cast<double>(op_time_ns(h.gpu, *f3f)) ==
+        doctest::Approx(h_flops / (989e12 * 0.609 * h_wave) * 1e9 + launch).epsilon(1e-5));  // 602 / 989
+  CHECK(static_cast<double>(op_time_ns(h.gpu, *f3b)) ==
+        doctest::Approx(2.5 * h_flops / (989e12 * 0.565 * h_wave) * 1e9 + launch).epsilon(1e-5));  // 559 / 989
+  // A card without a table prices any fused kernel at its flash fields.
+  GpuProfile plain = a100();
+  plain.flash_attention_fwd_efficiency = 0.5;
+  CHECK(op_time_ns(plain, *f3f) == op_time_ns(plain, *hf));
 }
 
 TEST_CASE("tensor-core work keeps the profile's sustained fraction of the burst rates (calibrated cards: test_calibration)") {

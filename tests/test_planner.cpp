@@ -141,6 +141,48 @@ TEST_CASE("plan_from_options fills Megatron-like defaults and validates") {
   CHECK_THROWS_AS(plan_from_options(m, c, o), InputError);
 }
 
+TEST_CASE("--attention-kernel: the preset's kernel, then the GPU's; unfused is --flash-attention off") {
+  const ModelSpec m = load_model("models/llama3-70b.json");
+  const Cluster a100 = load_cluster("topologies/dgx-a100-4node.json");
+  const Cluster h100 = load_cluster("topologies/dgx-h100.json", 4);
+  PlannerOptions o;
+  o.tp = 8;
+  o.pp = 4;
+  // megatron-core: auto, the GPU profile's kernel at pricing time.
+  CHECK(plan_from_options(m, a100, o).attention_kernel == AttentionKernel::auto_);
+  CHECK(plan_from_options(m, a100, o).flash_attention);
+  // unfused on megatron-core is --flash-attention off: the same plan, the same estimate.
+  PlannerOptions off = o;
+  off.flash_attention = false;
+  PlannerOptions unfused = o;
+  unfused.attention_kernel = AttentionKernel::unfused;
+  for (const Cluster* c : {&a100, &h100}) {
+    const ParallelPlan p_off = plan_from_options(m, *c, off);
+    const ParallelPlan p_unfused = plan_from_options(m, *c, unfused);
+    CHECK(p_off == p_unfused);
+    CHECK(!p_unfused.flash_attention);
+    const Topology topo(*c);
+    CHECK(estimate(m, topo, p_off).iteration_time_s == estimate(m, topo, p_unfused).iteration_time_s);
+  }
+  // A named kernel is the plan's; one the GPU has no rates for is refused.
+  PlannerOptions f3 = o;
+  f3.attention_kernel = AttentionKernel::flash3;
+  CHECK(plan_from_options(m, h100, f3).attention_kernel == AttentionKernel::flash3);
+  CHECK_THROWS_WITH_AS(plan_from_options(m, a100, f3),
+                       doctest::Contains("has no published rates for the flash3 attention kernel (it has rates for "
+                                         "flash1, flash2)"),
+                       InputError);
+  // megatron-lm-2023 runs the unfused core; --flash-attention on takes FlashAttention 1, the one its code calls.
+  PlannerOptions lm = o;
+  lm.trainer = "megatron-lm-2023";
+  CHECK(!plan_from_options(m, a100, lm).flash_attention);
+  lm.flash_attention = true;
+  CHECK(plan_from_options(m, a100, lm).attention_kernel == AttentionKernel::flash1);
+  lm.attention_kernel = AttentionKernel::flash2;
+  CHECK_THROWS_WITH_AS(plan_from_options(m, a100, lm), doctest::Contains("cannot call the flash2 attention kernel"),
+                       InputError);
+}
+
 TEST_CASE("the planner's cached Estimator gives exactly the uncached estimate") {
   const ModelSpec m = load_model("models/gpt-512b.json");
   const Cluster c = load_cluster("topologies/dgx-a100-superpod.json", 64);

@@ -42,6 +42,8 @@ struct Expected {
 const std::vector<Expected> kExpected = {
     {"megatron-core", {0, 1, 2, 3}, true, true, true, true, true, true, true, true, true, true, true, true,
      true, 4, false, true, true, 10, Zero3Unit::block, 0, 0, 500000000, 0, 0, false, false, false, false},
+    {"megatron-lm-2023", {0, 1}, true, true, true, true, true, true, false, false, false, false, false, true,
+     false, 4, false, true, true, 10, Zero3Unit::block, 0, 1, 0, 0, 0, false, false, false, false},
     {"megatron-2022", {0}, true, true, true, true, false, false, false, false, false, false, false, false,
      false, 4, false, true, true, 10, Zero3Unit::block, 0, 1, 0, 0, 0, false, false, false, false},
     {"megatron-2021", {0}, true, false, false, true, false, false, false, false, false, false, false, false,
@@ -67,7 +69,8 @@ bool same_preset(const TrainerPreset& a, const TrainerPreset& b) {
          a.pipeline_layout == b.pipeline_layout &&
          a.context_parallel == b.context_parallel && a.context_parallel_a2a == b.context_parallel_a2a &&
          a.expert_parallel == b.expert_parallel && a.fp8 == b.fp8 && a.zero_stages == b.zero_stages &&
-         a.default_grad_accum_fusion == b.default_grad_accum_fusion && a.settings == b.settings;
+         a.default_grad_accum_fusion == b.default_grad_accum_fusion && a.settings == b.settings &&
+         a.attention_kernels == b.attention_kernels && a.attention_kernel == b.attention_kernel;
 }
 
 // The smallest valid preset file: the required fields only.
@@ -102,7 +105,7 @@ TEST_CASE("the presets loaded from trainers/ are those the code held") {
   REQUIRE(presets.size() == kExpected.size());
   CHECK(default_trainer().name == "megatron-core");
   CHECK(trainer_names() ==
-        "megatron-core, megatron-2022, megatron-2021, megatron-deepspeed, megatron-deepspeed-2022, "
+        "megatron-core, megatron-lm-2023, megatron-2022, megatron-2021, megatron-deepspeed, megatron-deepspeed-2022, "
         "megatron-deepspeed-2021, torchtitan, deepspeed-2021");
   for (std::size_t i = 0; i < presets.size(); ++i) {
     const TrainerPreset& t = presets[i];
@@ -148,6 +151,54 @@ TEST_CASE("the presets loaded from trainers/ are those the code held") {
   CHECK(find_trainer("megatron") == nullptr);
 }
 
+// Each preset's attention kernel, read from its code at its commit (the
+// files' sources): the one it runs by default and the ones it can call.
+TEST_CASE("the presets' attention kernels") {
+  using K = AttentionKernel;
+  struct Row {
+    const char* name;
+    K runs;
+    std::vector<K> calls;
+  };
+  const std::vector<Row> rows = {
+      {"megatron-core", K::auto_, {K::unfused, K::flash2, K::flash3, K::cudnn}},
+      {"megatron-lm-2023", K::unfused, {K::unfused, K::flash1}},
+      {"megatron-2022", K::unfused, {K::unfused}},
+      {"megatron-2021", K::unfused, {K::unfused}},
+      {"megatron-deepspeed", K::flash2, {K::unfused, K::flash1, K::flash2}},
+      {"megatron-deepspeed-2022", K::unfused, {K::unfused}},
+      {"megatron-deepspeed-2021", K::unfused, {K::unfused}},
+      {"torchtitan", K::auto_, {K::unfused, K::flash2, K::cudnn}},
+      {"deepspeed-2021", K::unfused, {K::unfused}},
+  };
+  REQUIRE(rows.size() == trainer_presets().size());
+  for (const Row& r : rows) {
+    CAPTURE(r.name);
+    const TrainerPreset* t = find_trainer(r.name);
+    REQUIRE(t != nullptr);
+    CHECK(t->attention_kernel == r.runs);
+    CHECK(t->attention_kernels == r.calls);
+  }
+}
+
+TEST_CASE("a preset's attention kernel: one it calls, fused only with flash") {
+  json j = minimal();
+  j["settings"]["attention_kernel"] = {{"value", "flash3"}, {"source", "a test"}};
+  j["can_run"]["attention_kernels"] = {{"value", {"unfused", "flash2"}}, {"source", "a test"}};
+  CHECK(error_of(j) ==
+        "trainers/t.json: settings.attention_kernel: is flash3, which can_run.attention_kernels does not list (fix: "
+        "list it there or name one it lists)");
+  j["settings"]["attention_kernel"]["value"] = "flash4";
+  CHECK(error_of(j) == "trainers/t.json: settings.attention_kernel.value: unknown attention kernel \"flash4\" (fix: use "
+                       "auto, unfused, flash1, flash2, flash3 or cudnn)");
+  j["settings"]["attention_kernel"]["value"] = "flash2";
+  j["can_run"]["flash_attention"] = {{"value", false}, {"source", "a test"}};
+  CHECK(error_of(j) == "trainers/t.json: settings.attention_kernel: names a fused kernel but can_run.flash_attention is "
+                       "false (fix: give unfused)");
+  j["can_run"]["attention_kernels"]["value"] = {"flash2", "flash2"};
+  CHECK(error_of(j) == "trainers/t.json: can_run.attention_kernels.value[1]: repeats flash2 (fix: list each kernel once)");
+}
+
 TEST_CASE("every setting a preset file gives names its upstream source") {
   for (const TrainerPreset& t : trainer_presets()) {
     CAPTURE(t.name);
@@ -187,7 +238,7 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
       ++defaults;
     }
   }
-  CHECK(defaults == 27);
+  CHECK(defaults == 29);  // 27 + attention_kernels (can_run) and attention_kernel (settings)
 }
 
 TEST_CASE("a bad preset file: one exact error per bad field") {

@@ -70,6 +70,9 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   cmd->add_option("--sequence-parallel", f.sequence_parallel, "sequence parallelism with TP: on|off");
   cmd->add_option("--schedule", f.schedule, "pipeline schedule: gpipe|1f1b|interleaved");
   cmd->add_option("--flash-attention", f.flash_attention, "fused attention core: on|off (default: on where the device has it, see the GPU profile's flash_attention)");
+  cmd->add_option("--attention-kernel", f.attention_kernel,
+                  "the attention core's kernel: auto|unfused|flash1|flash2|flash3|cudnn (default auto: the trainer "
+                  "preset's, else the GPU profile's attention_kernel; unfused = --flash-attention off)");
   cmd->add_option("--trainer", f.trainer,
                   "the trainer and version the plan runs in, which sets what it can run and how (overlap, fusion, "
                   "gradient dtype): " + trainer_names() + " (default megatron-core; docs/cli.md#trainers)");
@@ -237,6 +240,15 @@ PlannerOptions planner_options(const PlanFlags& f) {
   if (f.schedule) o.schedule = parse_schedule(*f.schedule, cl, "--schedule");
   if (f.sequence_parallel) o.sequence_parallel = parse_on_off(*f.sequence_parallel, "--sequence-parallel");
   if (f.flash_attention) o.flash_attention = parse_on_off(*f.flash_attention, "--flash-attention");
+  if (f.attention_kernel) {
+    o.attention_kernel = parse_attention_kernel(*f.attention_kernel, cl, "--attention-kernel");
+    const bool fused = *o.attention_kernel != AttentionKernel::unfused;
+    if (o.flash_attention && *o.attention_kernel != AttentionKernel::auto_ && *o.flash_attention != fused)
+      throw InputError(cl, "--attention-kernel",
+                       std::string(fused ? "a fused kernel" : "unfused") + " with --flash-attention " +
+                           (fused ? "off" : "on"),
+                       "give one of the two flags");
+  }
   if (f.grad_accum_fusion) o.grad_accum_fusion = parse_on_off(*f.grad_accum_fusion, "--grad-accum-fusion");
   if (f.dp_overlap) o.dp_overlap = parse_on_off(*f.dp_overlap, "--dp-overlap");
   if (f.precision) o.precision = parse_precision(*f.precision, cl, "--precision");
@@ -267,7 +279,7 @@ Loaded load(const PlanFlags& f) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
     const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.micro_batch || f.vpp || f.zero || f.recompute || f.sequence_parallel ||
-                      f.schedule || f.flash_attention || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.rank_order ||
+                      f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.rank_order ||
                       f.global_batch ||
                       f.seq_length ||
                       f.first_stage_layers || f.last_stage_layers || f.uneven_stages || f.embedding_in_split ||
@@ -423,6 +435,8 @@ constexpr KeyFlag kKeyFlags[] = {
      [](const PlannerOptions& o) { return shown(o.sequence_parallel); }},
     {"parallel.schedule", "--schedule", [](const PlannerOptions& o) { return shown(o.schedule); }},
     {"parallel.flash_attention", "--flash-attention", [](const PlannerOptions& o) { return shown(o.flash_attention); }},
+    {"parallel.attention_kernel", "--attention-kernel",
+     [](const PlannerOptions& o) { return shown(o.attention_kernel); }},
     {"parallel.grad_accum_fusion", "--grad-accum-fusion",
      [](const PlannerOptions& o) { return shown(o.grad_accum_fusion); }},
     {"parallel.precision", "--precision", [](const PlannerOptions& o) { return shown(o.precision); }},

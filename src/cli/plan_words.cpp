@@ -72,6 +72,9 @@ std::string plain_fix(const PlanRejection& r) {
     case K::trainer_no_zero_stage: return "use --zero " + zero_stages(r.values[2]);
     case K::trainer_even_stages: return "choose a PP that divides the layers";
     case K::trainer_no_fp8: return "use --precision bf16, or --trainer megatron-core";
+    case K::trainer_no_kernel: return "use --attention-kernel with a kernel the trainer calls, or " + kOtherTrainer;
+    case K::gpu_no_kernel: return "use --attention-kernel auto or a kernel the GPU profile has rates for";
+    case K::kernel_needs_flash: return "drop --flash-attention off, or use --attention-kernel unfused";
     case K::trainer_even_chunks:
       return "drop --vpp (1F1B with uneven stages), or choose a PP x virtual stages that divides the layers";
     case K::interleaved_batches:
@@ -134,6 +137,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::trainer: return "--trainer";
     case PlanField::precision: return "--precision";
     case PlanField::fp8_param_gather: return "--fp8-param-gather";
+    case PlanField::attention_kernel: return "--attention-kernel";
     case PlanField::pipeline_layout: return "--pipeline-model-parallel-layout";
   }
   return "--tp/--pp/--dp";

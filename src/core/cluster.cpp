@@ -14,6 +14,7 @@
 #include "cuboid/core/calibration.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/json_reader.hpp"
+#include "cuboid/core/plan.hpp"
 
 namespace cuboid {
 
@@ -138,12 +139,101 @@ std::int64_t memory_bytes(JsonReader& r, GpuProfile& gpu) {
   return static_cast<std::int64_t>(std::llround(v * found->bytes));
 }
 
+// A row of fractions of peak, one per sequence length.
+std::vector<double> rate_row(JsonReader& k, const nlohmann::json& row, const std::string& at, std::size_t n) {
+  if (!row.is_array() || row.size() != n)
+    k.fail(at, "expected " + std::to_string(n) + " fractions of peak (one per seq_length), got " + row.dump().substr(0, 40),
+           "give one fraction in (0, 1] per sequence length");
+  std::vector<double> out;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!row[i].is_number() || row[i].get<double>() <= 0 || row[i].get<double>() > 1)
+      k.fail(at + "[" + std::to_string(i) + "]", "must be a fraction in (0, 1], got " + row[i].dump().substr(0, 40),
+             "give the published TFLOP/s over the GPU's peak");
+    out.push_back(row[i].get<double>());
+  }
+  return out;
+}
+
+// An ascending list of positive integers (head dimensions, sequence lengths).
+std::vector<std::int64_t> ascending(JsonReader& k, std::string_view key) {
+  const nlohmann::json& v = k.raw(key);
+  if (!v.is_array() || v.empty()) k.fail(key, "expected a non-empty array, got " + v.dump().substr(0, 40), "give e.g. [64, 128]");
+  std::vector<std::int64_t> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::string at = std::string(key) + "[" + std::to_string(i) + "]";
+    if (!v[i].is_number_integer() || v[i].get<std::int64_t>() <= 0)
+      k.fail(at, "expected a positive integer, got " + v[i].dump().substr(0, 40), "give positive integers");
+    if (!out.empty() && v[i].get<std::int64_t>() <= out.back())
+      k.fail(at, "must ascend without repeats", "list each value once, smallest first");
+    out.push_back(v[i].get<std::int64_t>());
+  }
+  return out;
+}
+
+// "attention_kernels": {"flash2": {"head_dim": [...], "seq_length": [...],
+// "fwd": [[...]], "bwd": [[...]], "source": "..."}, ...}
+void read_attention_kernels(JsonReader& r, GpuProfile& gpu) {
+  JsonReader table = r.object("attention_kernels");
+  for (const auto& item : r.raw("attention_kernels").items()) {
+    const std::string& name = item.key();
+    if (name.rfind('_', 0) == 0) continue;
+    const AttentionKernel kernel = parse_attention_kernel(name, r.source(), r.field_path("attention_kernels") + "." + name);
+    if (kernel == AttentionKernel::auto_ || kernel == AttentionKernel::unfused)
+      table.fail(name, "is not a fused kernel", "give rates for flash1, flash2, flash3 or cudnn");
+    JsonReader k = table.object(name);
+    const std::string source = k.string("source");
+    if (source.find_first_not_of(' ') == std::string::npos)
+      k.fail("source", "is empty", "name the paper or page and the figure the rates were read from");
+    AttentionRates rates;
+    for (std::int64_t d : ascending(k, "head_dim")) rates.head_dims.push_back(static_cast<int>(d));
+    rates.seq_lengths = ascending(k, "seq_length");
+    for (const char* pass : {"fwd", "bwd"}) {
+      const nlohmann::json& rows = k.raw(pass);
+      if (!rows.is_array() || rows.size() != rates.head_dims.size())
+        k.fail(pass, "expected " + std::to_string(rates.head_dims.size()) + " rows (one per head_dim)",
+               "give one row of fractions per head dimension");
+      auto& out = std::string_view(pass) == "fwd" ? rates.fwd : rates.bwd;
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        out.push_back(rate_row(k, rows[i], std::string(pass) + "[" + std::to_string(i) + "]", rates.seq_lengths.size()));
+    }
+    k.reject_unknown({"unit", "note"});
+    gpu.sources["attention_kernels." + name] = source;
+    gpu.attention_rates[kernel] = std::move(rates);
+  }
+}
+
+}  // namespace
+
+const AttentionRates* attention_rates_of(const GpuProfile& gpu, AttentionKernel kernel) {
+  if (kernel == AttentionKernel::auto_) kernel = gpu.attention_kernel;
+  const auto it = gpu.attention_rates.find(kernel);
+  return it == gpu.attention_rates.end() ? nullptr : &it->second;
+}
+
+double attention_efficiency(const AttentionRates& rates, std::int64_t head_dim, std::int64_t seq_length, bool backward) {
+  // The nearest head dimension (the larger on a tie).
+  std::size_t row = 0;
+  for (std::size_t i = 1; i < rates.head_dims.size(); ++i)
+    if (std::llabs(rates.head_dims[i] - head_dim) <= std::llabs(rates.head_dims[row] - head_dim)) row = i;
+  const std::vector<double>& v = (backward ? rates.bwd : rates.fwd)[row];
+  const std::vector<std::int64_t>& s = rates.seq_lengths;
+  if (seq_length <= s.front()) return v.front();
+  if (seq_length >= s.back()) return v.back();
+  std::size_t hi = 1;
+  while (s[hi] < seq_length) ++hi;
+  const double x0 = std::log2(static_cast<double>(s[hi - 1])), x1 = std::log2(static_cast<double>(s[hi]));
+  const double t = (std::log2(static_cast<double>(seq_length)) - x0) / (x1 - x0);
+  return v[hi - 1] + t * (v[hi] - v[hi - 1]);
+}
+
+namespace {
+
 GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   check_keys(j, r, {"name", "peak_bf16_tflops", "peak_fp8_tflops", "peak_fp4_tflops", "hbm_bandwidth_GBps",
                     "memory_MiB", "memory_GiB", "memory_GB", "sm_count", "gemm_max_efficiency", "gemm_max_efficiency_fp8", "gemm_max_efficiency_fp4", "memory_bound_efficiency", "kernel_launch_us",
                     "memory_reserve_GiB", "flash_attention", "unfused_attention_efficiency", "speed_spread",
                     "flash_attention_fwd_efficiency", "flash_attention_bwd_efficiency", "gemm_sustained_fraction",
-                    "microscaling_formats", "mxfp8_cast_efficiency"});
+                    "microscaling_formats", "mxfp8_cast_efficiency", "attention_kernel", "attention_kernels"});
   GpuProfile gpu;
   gpu.name = r.string("name");
   gpu.peak_bf16_flops = sourced(r, "peak_bf16_tflops", gpu.sources, "peak_bf16_flops") * kTera;
@@ -177,6 +267,18 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
   if (r.has("flash_attention_bwd_efficiency"))
     gpu.flash_attention_bwd_efficiency =
         sourced_fraction(r, "flash_attention_bwd_efficiency", gpu.sources, "flash_attention_bwd_efficiency");
+  if (r.has("attention_kernels")) read_attention_kernels(r, gpu);
+  if (r.has("attention_kernel")) {
+    JsonReader k = r.object("attention_kernel");
+    gpu.attention_kernel = parse_attention_kernel(k.string("value"), r.source(), r.field_path("attention_kernel") + ".value");
+    gpu.sources["attention_kernel"] = k.string("source");
+    k.reject_unknown({"unit", "note"});
+    if (gpu.attention_kernel == AttentionKernel::auto_ || gpu.attention_kernel == AttentionKernel::unfused)
+      r.fail("attention_kernel", "must name a fused kernel", "give flash1, flash2, flash3 or cudnn");
+    if (!gpu.attention_rates.empty() && !gpu.attention_rates.count(gpu.attention_kernel))
+      r.fail("attention_kernel", "names " + std::string(to_string(gpu.attention_kernel)) + ", which attention_kernels has no rates for",
+             "add its rates to attention_kernels or name a kernel it has");
+  }
   gpu.speed_spread = optional_sourced_fraction(r, "speed_spread", gpu.sources, "speed_spread", kMaxSpeedSpread);
   gpu.kernel_launch_ns = sourced(r, "kernel_launch_us", gpu.sources, "kernel_launch_ns") * kNsPerUs;
   gpu.memory_reserve_bytes = static_cast<std::int64_t>(

@@ -76,6 +76,33 @@ Precision parse_precision(std::string_view s, const std::string& source, const s
   throw InputError(source, field, "unknown precision " + quote_value(s), "use " + precision_names());
 }
 
+namespace {
+constexpr std::pair<AttentionKernel, std::string_view> kAttentionKernels[] = {
+    {AttentionKernel::auto_, "auto"},   {AttentionKernel::unfused, "unfused"}, {AttentionKernel::flash1, "flash1"},
+    {AttentionKernel::flash2, "flash2"}, {AttentionKernel::flash3, "flash3"},   {AttentionKernel::cudnn, "cudnn"},
+};
+}  // namespace
+
+std::string_view to_string(AttentionKernel k) {
+  for (const auto& [value, name] : kAttentionKernels)
+    if (value == k) return name;
+  return "?";
+}
+
+std::string attention_kernel_names() {
+  std::string out;
+  for (std::size_t i = 0; i < std::size(kAttentionKernels); ++i)
+    out += std::string(i == 0 ? "" : i + 1 == std::size(kAttentionKernels) ? " or " : ", ") +
+           std::string(kAttentionKernels[i].second);
+  return out;
+}
+
+AttentionKernel parse_attention_kernel(std::string_view s, const std::string& source, const std::string& field) {
+  for (const auto& [value, name] : kAttentionKernels)
+    if (name == s) return value;
+  throw InputError(source, field, "unknown attention kernel " + quote_value(s), "use " + attention_kernel_names());
+}
+
 Zero3Unit parse_zero3_unit(std::string_view s, const std::string& source, const std::string& field) {
   if (s == "block") return Zero3Unit::block;
   if (s == "tensor") return Zero3Unit::tensor;

@@ -60,6 +60,10 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     if (chunks_per_stage(p) > 1 && !t.uneven_interleaved) return reject(K::trainer_even_chunks, F::uneven_stages, preset);
   }
   if (has_pipeline_layout(p) && !t.pipeline_layout) return reject(K::trainer_no_layout, F::pipeline_layout, preset);
+  const auto& kernels = t.attention_kernels;
+  if (p.flash_attention && p.attention_kernel != AttentionKernel::auto_ &&
+      std::find(kernels.begin(), kernels.end(), p.attention_kernel) == kernels.end())
+    return reject(K::trainer_no_kernel, F::attention_kernel, preset, static_cast<std::int64_t>(p.attention_kernel));
   return std::nullopt;
 }
 
@@ -197,6 +201,25 @@ Found check_stages(const ParallelPlan& p, const ModelSpec& m) {
   return std::nullopt;
 }
 
+// The attention kernel: fused only with flash attention on, the GPU's rates
+// for it (a profile with an attention_kernels table prices only the kernels
+// it lists), and auto's kernel (the GPU's default) one the trainer calls.
+Found check_attention_kernel(const ParallelPlan& p, const GpuProfile& gpu, const TrainerPreset& t, std::int64_t preset) {
+  const auto k = static_cast<std::int64_t>(p.attention_kernel);
+  if (p.attention_kernel == AttentionKernel::unfused ||
+      (!p.flash_attention && p.attention_kernel != AttentionKernel::auto_))
+    return reject(K::kernel_needs_flash, F::attention_kernel, k);
+  if (!p.flash_attention) return std::nullopt;
+  const AttentionKernel runs = p.attention_kernel == AttentionKernel::auto_ ? gpu.attention_kernel : p.attention_kernel;
+  if (runs == AttentionKernel::auto_) return std::nullopt;  // a card without a named kernel: its flash rates
+  if (!gpu.attention_rates.empty() && !gpu.attention_rates.count(runs))
+    return reject(K::gpu_no_kernel, F::attention_kernel, static_cast<std::int64_t>(runs));
+  const auto& kernels = t.attention_kernels;
+  if (std::find(kernels.begin(), kernels.end(), runs) == kernels.end())
+    return reject(K::trainer_no_kernel, F::attention_kernel, preset, static_cast<std::int64_t>(runs));
+  return std::nullopt;
+}
+
 Found check_schedule(const ParallelPlan& p) {
   if (p.schedule == Schedule::interleaved && p.virtual_stages < 2) return reject(K::interleaved_needs_v, F::schedule);
   if (p.schedule != Schedule::interleaved && p.virtual_stages > 1)
@@ -253,6 +276,9 @@ std::string describe_trainer(const PlanRejection& r) {
     case K::trainer_even_stages: return trainer_words(v[0], "gives every pipeline stage the same number of layers");
     case K::trainer_even_chunks: return trainer_words(v[0], "has no uneven stages with the interleaved schedule");
     case K::trainer_no_fp8: return trainer_words(v[0], "runs no FP8 / FP4 linear layers here (no Transformer Engine recipe)");
+    case K::trainer_no_kernel:
+      return trainer_words(v[0], "cannot call the " + std::string(to_string(static_cast<AttentionKernel>(v[1]))) +
+                                     " attention kernel");
     case K::trainer_no_layout:
       return trainer_words(v[0], "has no pipeline layout (the embedding and the loss counted as layers, or a layout string)");
     default: return "";
@@ -310,6 +336,14 @@ std::string describe_experts(const PlanRejection& r, const ModelSpec& m) {
   }
 }
 
+// "it has rates for flash2 and flash1" / "it has none".
+std::string kernels_with_rates(const GpuProfile& gpu) {
+  std::string out;
+  for (const auto& entry : gpu.attention_rates)
+    out += (out.empty() ? "" : ", ") + std::string(to_string(entry.first));
+  return out.empty() ? "it has none" : "it has rates for " + out;
+}
+
 std::string describe_precision(const PlanRejection& r, const Cluster& c) {
   const std::string gpu = c.gpu.name;
   switch (r.kind) {
@@ -326,6 +360,13 @@ std::string describe_precision(const PlanRejection& r, const Cluster& c) {
     case K::param_gather_needs_dist_opt:
       return "the FP8 parameter all-gather is the distributed optimizer's (ZeRO 1 or 2), not ZeRO " +
              std::to_string(r.values[0]);
+    case K::gpu_no_kernel:
+      return gpu + "'s profile has no published rates for the " +
+             std::string(to_string(static_cast<AttentionKernel>(r.values[0]))) + " attention kernel (" +
+             kernels_with_rates(c.gpu) + ")";
+    case K::kernel_needs_flash:
+      return "the " + std::string(to_string(static_cast<AttentionKernel>(r.values[0]))) +
+             " attention kernel with flash attention off";
     default: return "";
   }
 }
@@ -409,6 +450,11 @@ std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& 
   if (Found r = check_experts(p, m)) return r;
   if (Found r = check_latent_attention(p, m)) return r;
   if (Found r = check_precision(p, c.gpu)) return r;
+  {
+    const auto presets = trainer_presets();
+    const std::int64_t preset = trainer - presets.data();
+    if (Found r = check_attention_kernel(p, c.gpu, *trainer, preset)) return r;
+  }
   if (Found r = check_stages(p, m)) return r;
   if (Found r = check_schedule(p)) return r;
   if (Found r = check_world(p, c)) return r;

@@ -57,8 +57,26 @@ void read_zero_stages(JsonReader& r, TrainerPreset& t) {
   }
 }
 
+// The attention kernels the trainer's code calls, each once.
+void read_attention_kernels(JsonReader& r, TrainerPreset& t) {
+  const nlohmann::json& v = r.raw("value");
+  if (!v.is_array() || v.empty())
+    r.fail("value", "expected a non-empty array of attention kernels, got " + v.dump().substr(0, 40),
+           "give e.g. [\"unfused\", \"flash2\"]");
+  t.attention_kernels.clear();
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::string at = r.field_path("value") + "[" + std::to_string(i) + "]";
+    if (!v[i].is_string()) r.fail("value[" + std::to_string(i) + "]", "expected a kernel name", "give e.g. \"flash2\"");
+    const AttentionKernel k = parse_attention_kernel(v[i].get<std::string>(), r.source(), at);
+    if (k == AttentionKernel::auto_) r.fail("value[" + std::to_string(i) + "]", "auto is not a kernel", "name the kernels");
+    if (std::find(t.attention_kernels.begin(), t.attention_kernels.end(), k) != t.attention_kernels.end())
+      r.fail("value[" + std::to_string(i) + "]", "repeats " + v[i].get<std::string>(), "list each kernel once");
+    t.attention_kernels.push_back(k);
+  }
+}
+
 // What the trainer can run at all (TrainerPreset's capabilities).
-constexpr std::array<Field, 14> kCanRun{{
+constexpr std::array<Field, 15> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
@@ -74,10 +92,11 @@ constexpr std::array<Field, 14> kCanRun{{
     {"expert_parallel", [](JsonReader& r, TrainerPreset& t) { t.expert_parallel = r.boolean("value"); }},
     {"fp8", [](JsonReader& r, TrainerPreset& t) { t.fp8 = r.boolean("value"); }},
     {"zero_stages", read_zero_stages},
+    {"attention_kernels", read_attention_kernels},
 }};
 
 // How it runs a plan by default (TrainerSettings).
-constexpr std::array<Field, 16> kSettings{{
+constexpr std::array<Field, 17> kSettings{{
     {"dp_overlap", [](JsonReader& r, TrainerPreset& t) { t.settings.dp_overlap = r.boolean("value"); }},
     {"dp_grad_bytes",
      [](JsonReader& r, TrainerPreset& t) {
@@ -113,6 +132,10 @@ constexpr std::array<Field, 16> kSettings{{
     {"zero3_list_collectives",
      [](JsonReader& r, TrainerPreset& t) { t.settings.zero3_list_collectives = r.boolean("value"); }},
     {"zero3_fetch_norm", [](JsonReader& r, TrainerPreset& t) { t.settings.zero3_fetch_norm = r.boolean("value"); }},
+    {"attention_kernel",
+     [](JsonReader& r, TrainerPreset& t) {
+       t.attention_kernel = parse_attention_kernel(r.string("value"), r.source(), r.field_path("value"));
+     }},
 }};
 
 bool has_key(std::span<const Field> fields, std::string_view key) {
@@ -206,6 +229,12 @@ TrainerPreset parse_trainer(const std::string& text, const std::string& source) 
   // Every trainer differs in these, so none may fall back to a default.
   read_group(r, "can_run", kCanRun, kSettings, "settings", {"grad_accum_fusion"}, t);
   read_group(r, "settings", kSettings, kCanRun, "can_run", {"dp_overlap", "dp_grad_bytes"}, t);
+  const auto& runs = t.attention_kernels;
+  if (t.attention_kernel != AttentionKernel::auto_ && std::find(runs.begin(), runs.end(), t.attention_kernel) == runs.end())
+    r.fail("settings.attention_kernel", "is " + std::string(to_string(t.attention_kernel)) + ", which can_run.attention_kernels does not list",
+           "list it there or name one it lists");
+  if (!t.flash_attention && (t.attention_kernel != AttentionKernel::auto_ && t.attention_kernel != AttentionKernel::unfused))
+    r.fail("settings.attention_kernel", "names a fused kernel but can_run.flash_attention is false", "give unfused");
   return t;
 }
 

@@ -123,6 +123,7 @@ struct Dims {
   std::int64_t qlora, kvlora, qk, rope, v;
   CpComm cp_comm;
   bool sp, flash, fused_wgrad, alibi;
+  AttentionKernel kernel = AttentionKernel::auto_;
   bool cp_overlap;  // the ring's K/V exchange runs under the step's block (TrainerSettings::cp_overlap)
   // Bytes per parameter of the unfused accumulation (TrainerSettings::grad_accum_bytes).
   double grad_accum_bytes;
@@ -147,6 +148,7 @@ Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
   x.tokens = x.s * x.b;
   x.sp = plan.sequence_parallel && x.t > 1;
   x.flash = plan.flash_attention;
+  x.kernel = plan.attention_kernel;
   x.fused_wgrad = plan.grad_accum_fusion;
   x.alibi = m.alibi;
   x.grad_accum_bytes = plan.trainer.grad_accum_bytes;
@@ -280,6 +282,7 @@ Op flash_block(const Dims& x, Pass pass, std::int64_t q_tokens, std::int64_t kv_
   Op op;
   op.name = op::attn_flash;
   op.kind = OpKind::attention_core;
+  op.attention_kernel = x.kernel;
   op.pass = pass;
   op.m = q_tokens;
   op.n = x.d;
@@ -397,6 +400,7 @@ void add_attention_forward(std::vector<Op>& out, const Dims& x, Pass pass) {
     Op op;
     op.name = op::attn_flash;
     op.kind = OpKind::attention_core;
+    op.attention_kernel = x.kernel;
     op.pass = pass;
     op.m = x.s;
     op.n = x.d;

@@ -417,8 +417,13 @@ TimeNs op_time_ns(const GpuProfile& gpu, const Op& op) {
       // Calibrated: the block as measured inside the executor's layer, by FLOPs.
       if (gpu.calibration)
         if (const auto ns = calibrated_kernel_ns(*gpu.calibration, op.name, op.flops)) return std::llround(*ns);
-      const double flash = op.name == op::attn_flash_bwd ? gpu.flash_attention_bwd_efficiency
-                                                         : gpu.flash_attention_fwd_efficiency;
+      // The kernel's own rates at this head dimension (op.n) and sequence
+      // length (op.k, the keys per sequence) where the profile has them.
+      const bool backward = op.name == op::attn_flash_bwd;
+      const AttentionRates* rates = attention_rates_of(gpu, op.attention_kernel);
+      const double flash = rates != nullptr ? attention_efficiency(*rates, op.n, op.k, backward)
+                           : backward       ? gpu.flash_attention_bwd_efficiency
+                                            : gpu.flash_attention_fwd_efficiency;
       const double best = gpu.calibration || flash <= 0 ? gemm_best_flops(gpu) : sustained_flops(gpu, flash);
       const double compute_s = op.flops / (best * quantisation_efficiency(gpu, op.m, op.n, op.batch));
       const double memory_s = op.bytes / hbm_Bps(gpu);

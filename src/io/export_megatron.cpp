@@ -155,7 +155,10 @@ Args precision_args(const ParallelPlan& p) {
   // FlashAttention, whichever TE finds); "flash" would pin Dao's package and
   // fail where it is not installed.
   Args a = {"# precision and kernels", "--bf16",
-            fmt::format("--attention-backend {}", p.flash_attention ? "auto" : "unfused")};
+            fmt::format("--attention-backend {}", !p.flash_attention                          ? "unfused"
+                                                  : p.attention_kernel == AttentionKernel::cudnn ? "fused"
+                                                  : p.attention_kernel == AttentionKernel::auto_ ? "auto"
+                                                                                                 : "flash")};
   // Fusion is Megatron-LM's default; a plan priced without it says so.
   if (!p.grad_accum_fusion) a.push_back("--no-gradient-accumulation-fusion");
   return a;

@@ -149,7 +149,12 @@ Fields moe_fields(const ModelSpec& m) {
 // The vocabulary padding and the kernels.
 Fields kernel_fields(const ParallelPlan& p) {
   return {{"make_vocab_size_divisible_by", "128"},
-          {"attention_backend", p.flash_attention ? "AttnBackend.flash" : "AttnBackend.unfused"},
+          // auto: Transformer Engine's choice (cuDNN's fused attention on
+          // Hopper and Blackwell), which a plan with the GPU's default kernel priced.
+          {"attention_backend", !p.flash_attention                          ? "AttnBackend.unfused"
+                                : p.attention_kernel == AttentionKernel::cudnn ? "AttnBackend.fused"
+                                : p.attention_kernel == AttentionKernel::auto_ ? "AttnBackend.auto"
+                                                                               : "AttnBackend.flash"},
           {"gradient_accumulation_fusion", py(p.grad_accum_fusion)}};
 }
 

@@ -53,6 +53,8 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
   if (p.loss_in_split) j["loss_in_pipeline_split"] = true;
   if (!p.pipeline_layout.empty()) j["pipeline_layout"] = pipeline_layout_string(p.pipeline_layout);
   j["flash_attention"] = p.flash_attention;
+  // Written when named: auto (the GPU's default kernel) leaves files as they were.
+  if (p.attention_kernel != AttentionKernel::auto_) j["attention_kernel"] = std::string(to_string(p.attention_kernel));
   j["grad_accum_fusion"] = p.grad_accum_fusion;
   j["world_size"] = p.world_size();
   j["trainer"] = {{"preset", p.trainer.preset},
@@ -154,6 +156,7 @@ std::string plan_key(PlanField field) {
     case PlanField::trainer: return "parallel.trainer.preset";
     case PlanField::precision: return "parallel.precision";
     case PlanField::fp8_param_gather: return "parallel.fp8_param_gather";
+    case PlanField::attention_kernel: return "parallel.attention_kernel";
     case PlanField::uneven_stages: return "parallel";
     case PlanField::pipeline_layout: return "parallel.pipeline_layout";
   }
@@ -187,6 +190,10 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_even_chunks:
     case PlanCheck::trainer_no_fp8: return other_trainer;
     case PlanCheck::trainer_no_layout: return other_trainer;
+    case PlanCheck::trainer_no_kernel: return "set attention_kernel to a kernel the trainer calls, or " + other_trainer;
+    case PlanCheck::gpu_no_kernel:
+      return "drop attention_kernel (auto), or use the plan with a cluster card whose GPU has rates for it (--cluster)";
+    case PlanCheck::kernel_needs_flash: return "drop attention_kernel, or set flash_attention true";
     case PlanCheck::cp_comm_needs_cp: return "drop cp_comm, or set cp to 2 or more; or " + kRegenerate;
     case PlanCheck::precision_no_fp8:
     case PlanCheck::precision_no_fp4:
@@ -245,6 +252,9 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   p.sequence_parallel = r.boolean("sequence_parallel");
   p.schedule = parse_schedule(r.choice("schedule", {"gpipe", "1f1b", "interleaved"}), source, "parallel.schedule");
   p.flash_attention = r.boolean("flash_attention");
+  // Optional: absent, the GPU's default fused kernel (auto).
+  if (const auto kernel = r.optional_string("attention_kernel"))
+    p.attention_kernel = parse_attention_kernel(*kernel, source, "parallel.attention_kernel");
   // Optional: plan files written before the field existed were priced with
   // the fused accumulation, the default.
   p.grad_accum_fusion = r.optional_boolean("grad_accum_fusion").value_or(true);

@@ -90,6 +90,35 @@ std::int64_t default_global_batch(std::int64_t seq_length, int total_gpus) {
   return odd * (std::int64_t{1} << static_cast<int>(power));
 }
 
+// The attention core: --attention-kernel, else the preset's kernel; unfused
+// is flash off. --flash-attention on with a preset that runs the unfused
+// core by default takes the first fused kernel its code calls (auto if it
+// lists none, which the plan check refuses as flash on that trainer).
+namespace {
+void resolve_attention(ParallelPlan& p, const PlannerOptions& o, const Cluster& cluster, const TrainerPreset& trainer) {
+  AttentionKernel k = o.attention_kernel.value_or(AttentionKernel::auto_);
+  if (k == AttentionKernel::auto_) {
+    k = trainer.attention_kernel;
+    if (k == AttentionKernel::unfused && o.flash_attention.value_or(false)) {
+      k = AttentionKernel::auto_;
+      for (AttentionKernel runs : trainer.attention_kernels)
+        if (runs != AttentionKernel::unfused) {
+          k = runs;
+          break;
+        }
+    }
+  }
+  if (k == AttentionKernel::unfused) {
+    p.flash_attention = false;
+    p.attention_kernel = AttentionKernel::auto_;
+    return;
+  }
+  p.flash_attention = o.flash_attention.value_or(cluster.gpu.flash_attention && trainer.flash_attention);
+  p.attention_kernel = p.flash_attention ? k : AttentionKernel::auto_;
+}
+
+}  // namespace
+
 ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const PlannerOptions& o) {
   const TrainerPreset& trainer = trainer_of(o);
   ParallelPlan p;
@@ -121,7 +150,7 @@ ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const
   p.zero_stage = o.zero_stage.value_or(trainer.zero_stages.front());
   p.recompute = o.recompute.value_or(trainer.selective_recompute ? Recompute::selective : Recompute::full);
   p.sequence_parallel = o.sequence_parallel.value_or(p.tp > 1 && trainer.sequence_parallel);
-  p.flash_attention = o.flash_attention.value_or(cluster.gpu.flash_attention && trainer.flash_attention);
+  resolve_attention(p, o, cluster, trainer);
   p.grad_accum_fusion = o.grad_accum_fusion.value_or(trainer.default_grad_accum_fusion);
   p.precision = o.precision.value_or(Precision::bf16);
   p.fp8_param_gather = o.fp8_param_gather.value_or(false);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,6 +24,27 @@ struct BusbwCurve;   // busbw_curve.hpp
 // sourced values are near 0.01, and at 0.5 the normal model already puts the
 // slowest of 4,000 GPUs at 2.8 times the median's time.
 inline constexpr double kMaxSpeedSpread = 0.5;
+
+// The attention core's kernel by library and version (--attention-kernel):
+// auto = the trainer preset's, else the GPU profile's default fused kernel
+// (Transformer Engine's choice on it); unfused = Megatron's QK^T, fused
+// softmax, AV (flash attention off); flash1 / flash2 / flash3 = Dao's
+// FlashAttention 1, 2, 3; cudnn = cuDNN's fused attention (Transformer
+// Engine's FusedAttention). Each fused kernel is priced at the GPU
+// profile's sourced rates for it (attention_kernels).
+enum class AttentionKernel { auto_, unfused, flash1, flash2, flash3, cudnn };
+
+// One fused attention kernel's published rates on a GPU: the achieved
+// fraction of peak of its forward and of its backward (FLOPs as the
+// FlashAttention papers count them: causal half, backward 2.5 x forward) by
+// head dimension (rows, ascending) and sequence length (columns, ascending).
+// attention_efficiency picks the nearest head dimension and interpolates in
+// log2 of the sequence length, clamped to the measured range.
+struct AttentionRates {
+  std::vector<int> head_dims;
+  std::vector<std::int64_t> seq_lengths;
+  std::vector<std::vector<double>> fwd, bwd;  // [head_dims][seq_lengths]
+};
 
 struct GpuProfile {
   std::string name;                     // "A100-SXM4-80GB"
@@ -62,8 +84,16 @@ struct GpuProfile {
   // Achieved fraction of peak of the fused (flash) attention kernel's
   // forward and backward, from that kernel's own published benchmarks; 0:
   // gemm_max_efficiency (a flash kernel reaches less than the best GEMM).
+  // A card without an attention_kernels table prices every fused kernel here.
   double flash_attention_fwd_efficiency = 0;
   double flash_attention_bwd_efficiency = 0;
+  // The fused kernel the GPU's trainer stack picks by default (Transformer
+  // Engine's backend choice on this compute capability): what
+  // --attention-kernel auto runs here; auto: none named (the rates above).
+  AttentionKernel attention_kernel = AttentionKernel::auto_;
+  // Each fused kernel's sourced rates on this GPU (attention_kernels); a
+  // kernel the table lacks is refused on a GPU that has a table.
+  std::map<AttentionKernel, AttentionRates> attention_rates;
   double kernel_launch_ns = 0;          // fixed cost per kernel
   std::int64_t memory_reserve_bytes = 0;  // CUDA context, NCCL buffers, cuBLAS workspace, fragmentation
   // Whether the device's default attention core is fused (flash): the
@@ -143,6 +173,13 @@ struct Cluster {
   int host_gpus() const { return gpus_per_host > 0 ? gpus_per_host : gpus_per_node; }
   int hosts() const { return total_gpus() / host_gpus(); }
 };
+
+// The rates of `kernel` on `gpu` (auto: its default kernel); nullptr when
+// its table has none (then flash_attention_fwd/bwd_efficiency price it).
+const AttentionRates* attention_rates_of(const GpuProfile& gpu, AttentionKernel kernel);
+// The fraction of peak of one pass of the kernel at a head dimension and a
+// sequence length (AttentionRates says how it is read).
+double attention_efficiency(const AttentionRates& rates, std::int64_t head_dim, std::int64_t seq_length, bool backward);
 
 // Parses a GPU profile object (inline in a card or a file under topologies/gpus/).
 GpuProfile gpu_profile_from_json(const nlohmann::json& j, const std::string& source);

@@ -47,6 +47,7 @@ std::string_view to_string(Dim d);
 std::string_view to_string(Zero3Unit u);
 std::string_view to_string(CpComm c);
 std::string_view to_string(Precision p);
+std::string_view to_string(AttentionKernel k);
 // Parse CLI / JSON spellings; throw InputError(source, field, ...) when unknown.
 Recompute parse_recompute(std::string_view s, const std::string& source, const std::string& field);
 Schedule parse_schedule(std::string_view s, const std::string& source, const std::string& field);
@@ -55,6 +56,9 @@ CpComm parse_cp_comm(std::string_view s, const std::string& source, const std::s
 Precision parse_precision(std::string_view s, const std::string& source, const std::string& field);
 // "bf16, fp8-delayed, fp8-current, fp8-blockwise, mxfp8 or nvfp4" for messages.
 std::string precision_names();
+AttentionKernel parse_attention_kernel(std::string_view s, const std::string& source, const std::string& field);
+// "auto, unfused, flash1, flash2, flash3 or cudnn" for messages.
+std::string attention_kernel_names();
 
 // Which dimension varies fastest across consecutive ranks. Megatron-LM's
 // default is tp-dp-pp ("tp-cp-ep-dp-pp"): TP innermost, PP outermost. CP has
@@ -195,6 +199,10 @@ struct ParallelPlan {
   bool sequence_parallel = false;
   Schedule schedule = Schedule::one_f_one_b;
   bool flash_attention = true;
+  // Which fused kernel runs the attention core when flash_attention is on;
+  // auto: the GPU profile's default (GpuProfile::attention_kernel). Never
+  // unfused (that is flash_attention off).
+  AttentionKernel attention_kernel = AttentionKernel::auto_;
   // Megatron's gradient-accumulation fusion (--no-gradient-accumulation-fusion
   // turns it off): each linear layer's wgrad GEMM accumulates into the fp32
   // main_grad (beta = 1). Off: the GEMM writes a bf16 gradient and a DDP hook

@@ -26,6 +26,7 @@ enum class PlanField {
   tp, pp, dp, cp, cp_comm, ep, etp, micro_batch, global_batch, seq_length, virtual_stages, zero_stage, schedule,
   sequence_parallel, flash_attention, uneven_stages, world_size, recompute, grad_accum_fusion, trainer, precision,
   fp8_param_gather,
+  attention_kernel,
   pipeline_layout,  // the embedding or the loss counted as a layer, or the layout
 };
 
@@ -95,6 +96,9 @@ enum class PlanCheck : std::uint8_t {
   trainer_even_chunks,           // the preset
   trainer_no_fp8,                // the preset
   trainer_no_layout,             // the preset
+  trainer_no_kernel,             // the preset, the kernel (AttentionKernel)
+  gpu_no_kernel,                 // the kernel (AttentionKernel): the GPU profile has no rates for it
+  kernel_needs_flash,            // the kernel: a fused kernel with flash attention off
 };
 
 struct PlanRejection {

@@ -44,9 +44,18 @@ struct TrainerPreset {
   bool expert_parallel = false;    // EP > 1 and an ETP of its own for MoE models (else EP 1, ETP = TP)
   bool fp8 = false;                // quantized linear layers (--precision), Transformer Engine's recipes
   std::vector<int> zero_stages{0, 1, 2, 3};
+  // The attention kernels its code can call (unfused: the QK^T, softmax, AV
+  // path); a plan's kernel must be one of them.
+  std::vector<AttentionKernel> attention_kernels{AttentionKernel::unfused, AttentionKernel::flash1,
+                                                 AttentionKernel::flash2, AttentionKernel::flash3,
+                                                 AttentionKernel::cudnn};
   // How it runs it by default. A trainer that has the fused accumulation runs
   // it (the files give grad_accum_fusion once).
   bool default_grad_accum_fusion = true;
+  // The attention kernel it runs by default: unfused (flash off), a fused
+  // kernel, or auto (the GPU profile's default, e.g. Transformer Engine's
+  // choice by compute capability).
+  AttentionKernel attention_kernel = AttentionKernel::auto_;
   TrainerSettings settings;
   std::vector<TrainerSource> sources;
 };

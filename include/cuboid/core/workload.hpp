@@ -47,6 +47,9 @@ struct Op {
   // context copy and their backward): its HBM side is priced at the profile's
   // unfused_attention_efficiency where it has one.
   bool unfused_attention = false;
+  // A fused attention block's kernel (the plan's; auto: the GPU profile's
+  // default), whose sourced rates price it (GpuProfile::attention_rates).
+  AttentionKernel attention_kernel = AttentionKernel::auto_;
   // A CP exchange that the next op (a block of attention) runs under: the
   // ring's send/recv of the next K/V chunk, started before the block that
   // uses the current one and waited for after it (Transformer Engine).

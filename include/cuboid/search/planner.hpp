@@ -41,6 +41,8 @@ struct PlannerOptions {
   std::optional<bool> sequence_parallel;
   std::optional<Schedule> schedule;
   std::optional<bool> flash_attention;       // default: the device's (GpuProfile::flash_attention)
+  // The attention kernel (unfused = flash off); default: the trainer's, then the GPU's.
+  std::optional<AttentionKernel> attention_kernel;
   std::optional<bool> grad_accum_fusion;     // default: the trainer's
   // The linear layers' GEMM format (default bf16): fixed, not searched.
   std::optional<Precision> precision;
