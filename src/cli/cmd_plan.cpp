@@ -160,9 +160,10 @@ std::string why_best(const Estimate& e) {
 std::string imbalance_source(const ModelSpec& m, const ParallelPlan& p) {
   if (p.ep <= 1) return "one EP rank holds every expert";
   if (m.moe.router_load_imbalance > 0) return "given: the card's router_load_imbalance or --moe-imbalance";
+  const std::int64_t local = m.moe.num_experts / p.ep;
   return fmt::format("1 + the busiest expert's {:.2f} over the mean with {} balancing (Wang et al. 2024, "
-                     "arXiv 2408.15664, Table 2) over {} local experts; --moe-imbalance to set it",
-                     expert_max_violation(m.moe.balancing), to_string(m.moe.balancing), m.moe.num_experts / p.ep);
+                     "arXiv 2408.15664, Table 2) over {} local expert{}; --moe-imbalance to set it",
+                     expert_max_violation(m.moe.balancing), to_string(m.moe.balancing), local, local == 1 ? "" : "s");
 }
 
 // What the winner's experts cost: the all-to-alls, the router's imbalance
