@@ -413,6 +413,18 @@ std::vector<Case> catalogue() {
                      {"command line", "--tolerance", "not a finite number"}, {}};
        }},
       {"--gpu-spread inf", [](const TempDir&) { return flag_case("plan", "--gpu-spread inf", {"--gpu-spread", "not a finite number"}); }},
+      {"--moe-imbalance on a dense model", [](const TempDir&) {
+         return flag_case("plan", "--moe-imbalance 1.2", {"--moe-imbalance", "has no experts"});
+       }},
+      {"--moe-imbalance below 1", [](const TempDir&) {
+         return Spec{"plan --model models/mixtral-8x7b.json --cluster " + kClusterCard + " --moe-imbalance 0.5",
+                     {"command line", "--moe-imbalance", "must be 1 to 1000, got 0.5"}, {}};
+       }},
+      {"--moe-imbalance nan", [](const TempDir&) {
+         return Spec{"simulate --model models/mixtral-8x7b.json --cluster " + kClusterCard +
+                         " --tp 8 --pp 4 --ep 8 --moe-imbalance nan",
+                     {"command line", "--moe-imbalance", "not a finite number"}, {}};
+       }},
       {"--gpu-spread -nan", [](const TempDir&) { return flag_case("simulate", "--tp 8 --pp 4 --gpu-spread -nan", {"--gpu-spread", "not a finite number"}); }},
 #if CUBOID_TEST_HAS_RUN
       {"run --timeout-s nan", [](const TempDir& d) {
@@ -587,6 +599,9 @@ std::vector<Case> catalogue() {
        }},
       {"mesh --json (the mesh is a table)", [](const TempDir&) {
          return flag_case("mesh", "--tp 4 --pp 4 --json", {"--json", "would be ignored", "simulate --json"});
+       }},
+      {"mesh --moe-imbalance (the mesh prices nothing)", [](const TempDir&) {
+         return flag_case("mesh", "--tp 4 --pp 4 --moe-imbalance 1.2", {"--moe-imbalance", "would be ignored"});
        }},
       {"mesh --gpu-spread (the mesh prices nothing)", [](const TempDir&) {
          return flag_case("mesh", "--tp 4 --pp 4 --gpu-spread 0", {"--gpu-spread", "would be ignored"});

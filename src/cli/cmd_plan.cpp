@@ -21,6 +21,8 @@
 #include "cuboid/core/cluster.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/model.hpp"
+#include "cuboid/core/workload.hpp"
+#include "cuboid/cost/estimator.hpp"
 #include "cuboid/cost/memory.hpp"
 #include "cuboid/cost/speed_spread.hpp"
 #include "cuboid/io/export.hpp"
@@ -154,21 +156,43 @@ std::string why_best(const Estimate& e) {
       format_bytes_GiB(e.memory.headroom_bytes()), limit);
 }
 
+// Where the busiest EP rank's load comes from (ep_rank_load).
+std::string imbalance_source(const ModelSpec& m, const ParallelPlan& p) {
+  if (p.ep <= 1) return "one EP rank holds every expert";
+  if (m.moe.router_load_imbalance > 0) return "given: the card's router_load_imbalance or --moe-imbalance";
+  const std::int64_t local = m.moe.num_experts / p.ep;
+  return fmt::format("1 + the busiest expert's {:.2f} over the mean with {} balancing (Wang et al. 2024, "
+                     "arXiv 2408.15664, Table 2) over {} local expert{}; --moe-imbalance to set it",
+                     expert_max_violation(m.moe.balancing), to_string(m.moe.balancing), local, local == 1 ? "" : "s");
+}
+
 // What the winner's experts cost: the all-to-alls, the router's imbalance
-// they are priced at, and the experts' share of the memory.
-std::string experts_cost(const ModelSpec& m, const Estimate& e) {
+// they are priced at and what a balanced router would save (both by the
+// analytical estimate), and the experts' share of the memory.
+std::string experts_cost(const ModelSpec& m, const Topology& topo, const Estimate& e) {
   const ParallelPlan& p = e.plan;
   const StageParameters sp = stage_parameters(m, p, e.memory.peak_stage);
   const double expert_bytes = sp.expert * bytes_per_parameter(p.zero_stage, p.expert_dp());
   const double dense_bytes = sp.dense * bytes_per_parameter(p.zero_stage, p.dp_cp());
+  const double load = ep_rank_load(m, p);
+  std::string balance;
+  if (load > 1.0) {
+    ModelSpec balanced = m;
+    balanced.moe.router_load_imbalance = 1.0;
+    const double at_load = estimate(m, topo, p).iteration_time_s;
+    const double saved = at_load - estimate(balanced, topo, p).iteration_time_s;
+    balance = fmt::format("; a balanced router would save {:.3f} s per iteration ({:.1f} %, estimated)", saved,
+                          at_load > 0 ? 100.0 * saved / at_load : 0.0);
+  }
   return fmt::format(
       "  experts: {} of {} per rank (EP {}), {}; dispatch + combine all-to-alls {:.3f} s per iteration on the "
-      "critical path, priced for the busiest EP rank at {:.2f} x the mean load (the card's router_load_imbalance); "
-      "weights + optimizer {} for the experts (sharded over expert-DP {}), {} for the rest (over DP x CP {}).\n",
+      "critical path; weights + optimizer {} for the experts (sharded over expert-DP {}), {} for the rest (over DP "
+      "x CP {}).\n"
+      "  routing: the busiest EP rank gets {:.2f} x the mean tokens ({}){}.\n",
       m.moe.num_experts / p.ep, m.moe.num_experts, p.ep,
       p.expert_tp() > 1 ? fmt::format("each split over ETP {}", p.expert_tp()) : std::string("each whole (ETP 1)"),
-      e.breakdown.ep_comm_s, p.ep > 1 ? m.moe.router_load_imbalance : 1.0, format_bytes_GiB(expert_bytes),
-      p.expert_dp(), format_bytes_GiB(dense_bytes), p.dp_cp());
+      e.breakdown.ep_comm_s, format_bytes_GiB(expert_bytes), p.expert_dp(), format_bytes_GiB(dense_bytes), p.dp_cp(),
+      load, imbalance_source(m, p), balance);
 }
 
 // A progress bar on stderr, only on a terminal and only after the first second.
@@ -320,7 +344,7 @@ void run_plan(const PlanFlags& f) {
   std::cout << fmt::format("\nBest plan of each TP x CP x PP x DP layout that fits ({} layouts):\n", per_shape.size());
   std::cout << format_plan_table(per_shape, 30);
   std::cout << "\n" << why_best(r.fitting.front());
-  if (l.model.moe.enabled()) std::cout << experts_cost(l.model, r.fitting.front());
+  if (l.model.moe.enabled()) std::cout << experts_cost(l.model, *l.topology, r.fitting.front());
   std::vector<ExplainRow> explained;
   if (f.explain) {
     explained = explain_choices(l.model, *l.topology, o, r);

@@ -110,6 +110,10 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   cmd->add_option("--gpu-spread", f.gpu_spread,
                   "relative sigma of per-GPU compute speed; the job runs at its slowest GPU's pace "
                   "(default: the GPU profile's speed_spread; 0: every GPU alike)");
+  cmd->add_option("--moe-imbalance", f.moe_imbalance,
+                  "mixture of experts: the busiest EP rank's routed tokens over the mean, >= 1 (1: balanced, as "
+                  "Megatron-Core's --moe-router-force-load-balancing runs); default: the card's router_load_imbalance, "
+                  "else the measured load of the router's balancing (docs/cost-model.md#routing-imbalance)");
   cmd->add_flag("--json", f.json, "print one JSON document on stdout");
   cmd->add_flag("-v,--verbose", f.verbose, "log what is loaded and searched on stderr");
 }
@@ -141,6 +145,9 @@ void refuse_flags_without_effect(const PlanFlags& f, std::string_view command) {
       {"mesh", f.gpu_spread.has_value(), "--gpu-spread",
        "mesh draws where the ranks are and prices nothing; the GPUs' speed spread would be ignored",
        "drop --gpu-spread, or give it to cuboid simulate"},
+      {"mesh", f.moe_imbalance.has_value(), "--moe-imbalance",
+       "mesh draws where the ranks are and prices nothing; the routing's imbalance would be ignored",
+       "drop --moe-imbalance, or give it to cuboid plan or simulate"},
       {"plan", f.explain && f.json, "--explain",
        "the --json document has no --explain rows; --explain would be ignored",
        "drop --json to print the rows, or --report FILE to see them in the report"},
@@ -308,6 +315,15 @@ Loaded load(const PlanFlags& f) {
       throw InputError(cl, "--cluster", "--cluster is required", "give a cluster card, e.g. --cluster topologies/dgx-a100-4node.json");
     l.model = load_model(f.model_path);
     l.cluster = load_cluster(f.cluster_path, f.nodes, f.gpus_per_node);
+  }
+  if (f.moe_imbalance) {
+    if (!l.model.moe.enabled())
+      throw InputError(cl, "--moe-imbalance", "the model " + l.model.name + " has no experts",
+                       "drop --moe-imbalance, or give a mixture-of-experts model");
+    if (!(*f.moe_imbalance >= 1.0 && *f.moe_imbalance <= 1e3))
+      throw InputError(cl, "--moe-imbalance", fmt::format("must be 1 to 1000, got {}", *f.moe_imbalance),
+                       "give the busiest EP rank's tokens over the mean, e.g. 1.2, or 1 for a balanced router");
+    l.model.moe.router_load_imbalance = *f.moe_imbalance;
   }
   if (f.gpu_spread) {
     l.cluster.gpu.speed_spread = *f.gpu_spread;

@@ -41,6 +41,7 @@ struct PlanFlags {
   bool embedding_in_split = false, loss_in_split = false;  // --account-for-{embedding,loss}-in-pipeline-split
   std::optional<std::string> pipeline_layout;             // --pipeline-model-parallel-layout
   std::optional<double> gpu_spread;      // overrides the GPU profile's speed_spread
+  std::optional<double> moe_imbalance;   // --moe-imbalance: overrides the card's moe.router_load_imbalance
   bool uneven_stages = false;
   bool explain = false;
   int threads = 0;

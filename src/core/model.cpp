@@ -30,6 +30,14 @@ std::string_view to_string(Activation a) {
   return "?";
 }
 
+std::string_view to_string(RouterBalancing b) {
+  switch (b) {
+    case RouterBalancing::aux_loss: return "aux_loss";
+    case RouterBalancing::aux_loss_free: return "aux_loss_free";
+  }
+  return "?";
+}
+
 std::string_view to_string(Normalization n) {
   switch (n) {
     case Normalization::layernorm: return "layernorm";
@@ -216,10 +224,10 @@ void validate_moe(const ModelSpec& m, const std::string& source) {
   if (!(e.capacity_factor >= 0) || e.capacity_factor > 1e3)
     throw InputError(source, "moe.capacity_factor", "must be 0 (dropless) or a positive factor",
                      "give e.g. 1.25, or 0 for dropless routing");
-  if (!(e.router_load_imbalance >= 1.0) || e.router_load_imbalance > 1e3)
+  if (e.router_load_imbalance != 0.0 && (!(e.router_load_imbalance >= 1.0) || e.router_load_imbalance > 1e3))
     throw InputError(source, "moe.router_load_imbalance",
                      "must be >= 1 (the busiest EP rank's tokens over the mean; 1: balanced)",
-                     "give e.g. 1.2, or drop it for a balanced router");
+                     "give e.g. 1.2, 1 for a balanced router, or drop it for the measured load of its balancing");
   if (static_cast<std::int64_t>(e.moe_layers.size()) != m.num_layers)
     throw InputError(source, "moe.layer_pattern",
                      "has " + std::to_string(e.moe_layers.size()) + " entries for " + std::to_string(m.num_layers) +
@@ -401,7 +409,10 @@ MoeSpec parse_moe(JsonReader& card, std::int64_t num_layers) {
   e.shared_expert_ffn_hidden_size = optional_size_of(r, "shared_expert_ffn_hidden_size").value_or(0);
   e.shared_expert_gate = r.optional_boolean("shared_expert_gate").value_or(false);
   e.capacity_factor = r.optional_positive_number("capacity_factor").value_or(0.0);
-  e.router_load_imbalance = r.optional_positive_number("router_load_imbalance").value_or(1.0);
+  e.router_load_imbalance = r.optional_positive_number("router_load_imbalance").value_or(0.0);
+  e.balancing = r.optional_choice("balancing", {"aux_loss", "aux_loss_free"}).value_or("aux_loss") == "aux_loss_free"
+                    ? RouterBalancing::aux_loss_free
+                    : RouterBalancing::aux_loss;
   e.router_groups = optional_size_of(r, "router_groups").value_or(0);
   e.router_group_topk = optional_size_of(r, "router_group_topk").value_or(0);
   if (r.has("layer_pattern")) {
@@ -607,6 +618,9 @@ void read_hf_experts(JsonReader& r, HfFamily family, ModelSpec& m) {
         r.fail("first_k_dense_replace", "must be 0 to num_hidden_layers - 1, got " + std::to_string(first_dense),
                "give how many leading layers are dense (DeepSeek-V3: 3)");
       e.moe_layers = moe_layer_pattern(m.num_layers, first_dense, optional_size_of(r, "moe_layer_freq").value_or(1));
+      // "noaux_tc": top-k on scores plus the expert bias that DeepSeek-V3's
+      // auxiliary-loss-free balancing adjusts (modeling_deepseek.py).
+      if (r.optional_string("topk_method").value_or("") == "noaux_tc") e.balancing = RouterBalancing::aux_loss_free;
       if (r.has("n_group") && !r.raw("n_group").is_null()) {
         e.router_groups = size_of(r, "n_group");
         e.router_group_topk = size_of(r, "topk_group");
@@ -770,7 +784,8 @@ nlohmann::json moe_to_json(const MoeSpec& e) {
   if (e.shared_expert_ffn_hidden_size > 0) j["shared_expert_ffn_hidden_size"] = e.shared_expert_ffn_hidden_size;
   if (e.shared_expert_gate) j["shared_expert_gate"] = true;
   if (e.capacity_factor > 0) j["capacity_factor"] = e.capacity_factor;
-  if (e.router_load_imbalance != 1.0) j["router_load_imbalance"] = e.router_load_imbalance;
+  if (e.router_load_imbalance > 0) j["router_load_imbalance"] = e.router_load_imbalance;
+  if (e.balancing != RouterBalancing::aux_loss) j["balancing"] = std::string(to_string(e.balancing));
   if (e.router_groups > 0) {
     j["router_groups"] = e.router_groups;
     j["router_group_topk"] = e.router_group_topk;

@@ -172,12 +172,32 @@ Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
     x.shared_gate = m.moe.shared_expert_gate;
     x.ep = std::max(1, plan.ep);
     x.etp = std::max(1, plan.expert_tp());
-    double load = x.ep > 1 ? m.moe.router_load_imbalance : 1.0;
-    if (m.moe.capacity_factor > 0) load = std::min(load, m.moe.capacity_factor);
-    x.routed = static_cast<double>(x.tokens / (x.sp ? x.t : 1) * x.topk) * load;
+    x.routed = static_cast<double>(x.tokens / (x.sp ? x.t : 1) * x.topk) * ep_rank_load(m, plan);
   }
   return x;
 }
+
+}  // namespace
+
+// Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing Strategy for
+// Mixture-of-Experts" (arXiv 2408.15664), Table 2: MaxVio_global of the 3B
+// DeepSeekMoE model (64 experts, top-6) over its validation set, 0.52 with
+// the auxiliary loss (alpha 0.001) and 0.04 loss-free. A training batch
+// varies more than the whole set, so per micro-batch these are floors.
+double expert_max_violation(RouterBalancing b) { return b == RouterBalancing::aux_loss_free ? 0.04 : 0.52; }
+
+double ep_rank_load(const ModelSpec& m, const ParallelPlan& plan) {
+  if (!m.moe.enabled() || plan.ep <= 1) return 1.0;
+  double load = m.moe.router_load_imbalance;
+  if (load <= 0) {
+    const double local_experts = static_cast<double>(m.moe.num_experts / plan.ep);
+    load = 1.0 + expert_max_violation(m.moe.balancing) / local_experts;
+  }
+  if (m.moe.capacity_factor > 0) load = std::min(load, m.moe.capacity_factor);
+  return load;
+}
+
+namespace {
 
 Op gemm(std::string name, Pass pass, std::int64_t m, std::int64_t n, std::int64_t k,
         std::int64_t batch = 1) {
@@ -594,6 +614,44 @@ void add_moe_collective(std::vector<Op>& out, std::string name, Pass pass, Colle
   out.back().compute_dtype = compute_dtype;
 }
 
+// What the balancing adds to the routing of each micro-batch (Megatron-Core's
+// TopKRouter.routing and moe_utils.py at d98e8a64, unfused). The auxiliary
+// loss (also DeepSeek-V3's complementary sequence-wise one beside its expert
+// bias, --moe-aux-loss-coeff 1e-4 in Megatron-LM's example) scores the logits
+// a second time (softmax, top-k, routing map: as router_topk), counts each
+// expert's tokens and sums its probabilities (read the map and the fp32
+// scores: 5 B per logit) and all-reduces the counts over TP (int64 per
+// expert; the TP x CP group, of which CP's part is not priced); its backward
+// writes the loss's gradient of the scores and runs the softmax's backward
+// (write 4, read 4 + 4, write 4: 16 B per logit). The loss-free expert bias
+// also counts the tokens (1 B per logit); its update is once per iteration.
+constexpr double kAuxLossBytesPerLogit = kMaskBytes + kFp32Bytes;
+constexpr double kAuxLossBackwardBytesPerLogit = kFp32Bytes + kFp32Bytes + kFp32Bytes + kFp32Bytes;
+void add_router_balancing(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass pass) {
+  const double logits = moe_local_tokens(x) * static_cast<double>(x.experts);
+  out.push_back(memory_bound(op::router_aux_scores, pass, logits * kRouterTopkBytesPerLogit));
+  out.push_back(memory_bound(op::router_aux_loss, pass, logits * kAuxLossBytesPerLogit));
+  if (x.t > 1)
+    add_moe_collective(out, op::tp_ar_aux_counts, pass, Collective::all_reduce, Group::tp,
+                       static_cast<double>(x.experts) * 8.0, false);
+  if (m.moe.balancing == RouterBalancing::aux_loss_free)
+    out.push_back(memory_bound(op::router_bias_counts, pass, logits * kMaskBytes));
+}
+
+// Dropless routing's host synchronisation (token_dispatcher.py at d98e8a64,
+// MoEAlltoAllTokenDispatcher.preprocess / _maybe_dtoh_and_synchronize): the
+// token counts the host needs to size the all-to-all and the grouped GEMM
+// (per local expert, per EP rank sent and received, per ETP rank, the
+// total: int64 each) are copied to the host, which waits for them once per
+// layer and forward, before the EP all-to-all (or, without EP and ETP,
+// before the experts). The stream then idles until the released host
+// launches the next kernel: priced as one memory-bound kernel of those
+// bytes, i.e. one launch overhead.
+void add_host_sync(std::vector<Op>& out, const Dims& x, Pass pass) {
+  const double counts = static_cast<double>(local_experts(x) + 2 * x.ep + x.etp + 1);
+  out.push_back(memory_bound(op::moe_host_sync, pass, counts * 8.0));
+}
+
 void add_moe_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass pass) {
   const double tl = moe_local_tokens(x), copies = tl * static_cast<double>(x.topk), h = static_cast<double>(x.h);
   const double rows = expert_rows(x);
@@ -601,7 +659,9 @@ void add_moe_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pa
   out.push_back(gemm(op::router, pass, static_cast<std::int64_t>(tl), x.experts, x.h));
   out.push_back(memory_bound(op::router_topk, pass, tl * static_cast<double>(x.experts) * kRouterTopkBytesPerLogit));
   // Each token copied k times into expert order (read, write).
+  add_router_balancing(out, m, x, pass);
   out.push_back(memory_bound(op::moe_permute, pass, copies * h * (kBf16Bytes + kBf16Bytes)));
+  add_host_sync(out, x, pass);
   if (x.ep > 1) {
     // The dispatcher's preprocess: every rank's tokens per expert to every
     // EP rank (an all-to-all of [experts] int64 counts), which the host
@@ -678,6 +738,8 @@ void add_moe_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, c
   // experts) summed: a residual-fork sum.
   out.push_back(memory_bound(op::moe_permute_bwd, b,
                              copies * h * kBf16Bytes + tl * h * (kBf16Bytes + kBf16Bytes) + tl * h * kResidualGradSumBytesPerElement));
+  out.push_back(
+      memory_bound(op::router_aux_loss_bwd, b, tl * static_cast<double>(x.experts) * kAuxLossBackwardBytesPerLogit));
   out.push_back(
       memory_bound(op::router_topk_bwd, b, tl * static_cast<double>(x.experts) * kRouterTopkBackwardBytesPerLogit));
   add_gemm_backward(out, find_op(fwd, op::router), x.fused_wgrad);

@@ -1,6 +1,7 @@
 #include "cuboid/core/pipeline_layout.hpp"
 #include "cuboid/io/planfile.hpp"
 #include "cuboid/report/report.hpp"
+#include "cuboid/core/workload.hpp"
 
 #include <algorithm>
 #include <set>
@@ -190,9 +191,11 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                      p.cp > 1 ? fmt::format(" x CP {}", p.cp) : std::string(), p.pp, p.dp, p.micro_batch,
                      p.num_micro_batches(), p.global_batch, p.seq_length);
   if (p.etp > 0)
-    out += fmt::format("      experts: EP {} x ETP {} x expert-DP {}: {} of the {} experts per rank, each {}\n", p.ep,
-                       p.expert_tp(), p.expert_dp(), m.moe.num_experts / p.ep, m.moe.num_experts,
-                       p.expert_tp() > 1 ? fmt::format("split over {} ranks", p.expert_tp()) : std::string("whole"));
+    out += fmt::format("      experts: EP {} x ETP {} x expert-DP {}: {} of the {} experts per rank, each {}; the busiest "
+                       "EP rank at {:.2f} x the mean load\n",
+                       p.ep, p.expert_tp(), p.expert_dp(), m.moe.num_experts / p.ep, m.moe.num_experts,
+                       p.expert_tp() > 1 ? fmt::format("split over {} ranks", p.expert_tp()) : std::string("whole"),
+                       ep_rank_load(m, p));
   if (p.cp > 1)
     out += fmt::format("      context parallel {}: {} tokens of each sequence per rank, {}\n", p.cp,
                        p.seq_per_rank(),

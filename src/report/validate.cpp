@@ -52,6 +52,13 @@ const std::vector<NamedReason>& simulator_only_ops() {
       {op::logits_grad_accum, "the executor's wgrad GEMMs accumulate into the gradient buffer (see qkv_grad_accum)"},
       {op::attn_qk_scale_bwd, "the executor applies 1 / sqrt(head_dim) inside its softmax, not as torch.baddbmm's alpha"},
       {op::attn_alibi_bias, "the executor encodes no positions (no rotary embedding, no ALiBi bias)"},
+      {op::router_aux_scores, "the executor's router trains without a balancing loss or expert bias"},
+      {op::router_aux_loss, "the executor's router trains without a balancing loss or expert bias"},
+      {op::tp_ar_aux_counts, "the executor's router trains without a balancing loss or expert bias"},
+      {op::router_aux_loss_bwd, "the executor's router trains without a balancing loss or expert bias"},
+      {op::router_bias_counts, "the executor's router trains without a balancing loss or expert bias"},
+      {op::moe_host_sync, "the executor routes on the host (router_topk downloads the logits), so its token counts "
+                          "need no further wait"},
   };
   return ops;
 }

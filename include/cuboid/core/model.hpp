@@ -21,6 +21,9 @@ enum class Normalization { layernorm, rmsnorm };
 std::string_view to_string(Activation a);
 std::string_view to_string(Normalization n);
 
+enum class RouterBalancing { aux_loss, aux_loss_free };
+std::string_view to_string(RouterBalancing b);
+
 // A mixture-of-experts MLP as Megatron-Core builds it (its MoELayer): a
 // router, `num_experts` routed experts of which each token uses
 // `experts_per_token`, and optionally shared experts that every token uses.
@@ -37,13 +40,16 @@ struct MoeSpec {
   // (--moe-expert-capacity-factor); 0: dropless, Megatron-Core's default.
   double capacity_factor = 0;
   // The busiest EP rank's routed tokens over the mean, per MoE layer and
-  // micro-batch: it sets the pace of the dispatch, the expert GEMMs and the
-  // combine, as every EP rank waits for it. Default 1: the balanced load
-  // that Megatron-Core's own accounting assumes (its FLOPs and memory
-  // formulas give every expert top-k x tokens / experts) and that the
-  // balancing losses train for; no measured routing distribution is in
-  // this repository, so a user with one gives it here.
-  double router_load_imbalance = 1.0;
+  // micro-batch (--moe-imbalance): it sets the pace of the dispatch, the
+  // expert GEMMs and the combine, as every EP rank waits for it. 0: not
+  // given, ep_rank_load (core/workload.hpp) derives it from the measured
+  // load of the router's balancing.
+  double router_load_imbalance = 0.0;
+  // How the router was trained to balance its experts, which sets the
+  // default imbalance (ep_rank_load): an auxiliary loss (Switch / GShard,
+  // Megatron-Core's aux_loss; Mixtral, Qwen) or DeepSeek-V3's auxiliary-
+  // loss-free expert bias (HF topk_method "noaux_tc").
+  RouterBalancing balancing = RouterBalancing::aux_loss;
   // Group-limited routing (DeepSeek-V3: the experts in 8 groups, a token's
   // experts from at most 4 of them; --moe-router-num-groups,
   // --moe-router-group-topk); 0: any expert.

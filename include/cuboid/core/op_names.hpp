@@ -71,6 +71,16 @@ inline constexpr char shared_act[] = "shared_act";
 inline constexpr char shared_fc2[] = "shared_fc2";
 inline constexpr char tp_rs_shared[] = "tp_rs_shared";
 inline constexpr char shared_add[] = "shared_add";
+// Per micro-batch beside the routing (add_router_balancing, add_host_sync):
+// the auxiliary loss's second scoring, its token counts and their TP
+// all-reduce, the loss-free bias's token counts, and the host's wait for the
+// dispatcher's token counts (dropless routing).
+inline constexpr char router_aux_scores[] = "router_aux_scores";
+inline constexpr char router_aux_loss[] = "router_aux_loss";
+inline constexpr char tp_ar_aux_counts[] = "tp_ar_aux_counts";
+inline constexpr char router_bias_counts[] = "router_bias_counts";
+inline constexpr char moe_host_sync[] = "moe_host_sync";
+inline constexpr char router_aux_loss_bwd[] = "router_aux_loss_bwd";
 
 // Its backward.
 inline constexpr char router_dgrad[] = "router_dgrad";
@@ -292,7 +302,7 @@ inline bool is_pipeline_exchange(std::string_view name) {
 }
 
 // Every name above, for checks.
-inline constexpr std::array<std::string_view, 195> all{
+inline constexpr std::array<std::string_view, 201> all{
     fp8_amax, fp8_scale, fp8_cast, fp8_grad_cast, tp_ar_amax, fp8_weight_cast,
     norm_in, tp_ag_attn, qkv, qkv_bias, attn_alibi_bias, attn_qk, attn_softmax, attn_av, attn_ctx_copy, attn_flash,
     proj, tp_rs_attn,
@@ -313,6 +323,7 @@ inline constexpr std::array<std::string_view, 195> all{
     router, router_topk, moe_permute, ep_a2a_counts, ep_a2a_dispatch, ep_a2a_probs, etp_ag_dispatch, moe_sort, expert_fc1, expert_act, expert_fc2, moe_unsort, etp_rs_combine, ep_a2a_combine, moe_unpermute, tp_ag_shared, shared_fc1, shared_act, shared_fc2, tp_rs_shared, shared_add, router_dgrad, router_wgrad, router_topk_bwd, moe_permute_bwd, ep_a2a_dispatch_bwd, ep_a2a_probs_bwd, etp_ag_dispatch_bwd, moe_sort_bwd, expert_fc1_dgrad, expert_fc1_wgrad, expert_act_bwd, expert_fc2_dgrad, expert_fc2_wgrad, moe_unsort_bwd, etp_rs_combine_bwd, ep_a2a_combine_bwd, moe_unpermute_bwd, tp_ag_shared_bwd, shared_fc1_dgrad, shared_fc1_wgrad, shared_act_bwd, shared_fc2_dgrad, shared_fc2_wgrad, tp_rs_shared_bwd, router_grad_accum, expert_fc1_grad_accum, expert_fc2_grad_accum, shared_fc1_grad_accum, shared_fc2_grad_accum,
     mla_q_down, mla_q_norm, mla_kv_down, mla_kv_norm, mla_ag_q, mla_ag_kv, mla_q_up, mla_kv_up, mla_q_down_dgrad, mla_q_down_wgrad, mla_kv_down_dgrad, mla_kv_down_wgrad, mla_q_up_dgrad, mla_q_up_wgrad, mla_kv_up_dgrad, mla_kv_up_wgrad, mla_q_norm_bwd, mla_kv_norm_bwd, mla_ag_q_bwd, mla_ag_kv_bwd, mla_down_grad_sum, mla_grad_accum,
     mtp_norms, mtp_eh_proj, tp_rs_mtp, mtp_eh_proj_dgrad, mtp_eh_proj_wgrad, tp_ag_mtp_bwd, mtp_norms_bwd,
+    router_aux_scores, router_aux_loss, tp_ar_aux_counts, router_bias_counts, moe_host_sync, router_aux_loss_bwd,
 };
 
 }  // namespace cuboid::op

@@ -81,9 +81,20 @@ LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan, boo
 // Tokens of one micro-batch that the busiest rank's local experts compute in
 // an MoE layer (after the ETP all-gather): ETP x its EP rank's routed token
 // copies, which are top-k x the rank's tokens (s x b / TP with sequence
-// parallelism) times the router's load imbalance (with EP > 1), capped by
-// the capacity factor where tokens are dropped.
+// parallelism) times ep_rank_load.
 double expert_tokens(const ModelSpec& m, const ParallelPlan& plan);
+// The busiest EP rank's routed token copies over the mean, per MoE layer and
+// micro-batch (>= 1; 1 with EP 1 or without experts): the factor on what
+// the slowest EP rank receives, computes and sends back, which every rank
+// of its EP group waits for. The card's (or --moe-imbalance's)
+// router_load_imbalance where given, else 1 + the busiest expert's measured
+// excess (expert_max_violation) spread over the rank's experts / EP local
+// experts (the others at the mean); capped by the capacity factor where
+// tokens are dropped.
+double ep_rank_load(const ModelSpec& m, const ParallelPlan& plan);
+// The busiest expert's tokens over the mean, minus 1 (MaxVio), that a router
+// trained with this balancing shows.
+double expert_max_violation(RouterBalancing b);
 // Embedding lookup (first stage) and LM head + cross-entropy (last stage).
 LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan);
 LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan);
