@@ -47,6 +47,13 @@ std::vector<CalibrationJob> load_jobs(const CalibrateOptions& o, const Cluster& 
     const PlanFile pf = read_plan_file(path);
     check_plan_matches_cluster(pf, cluster);
     exec::check_executable(pf.model, pf.plan, pf.source);
+    // A card holds the backend's own GEMM rates; an FP8 plan's step would run
+    // its GEMMs emulated on the host (cpu) and measure that.
+    if (pf.plan.precision != Precision::bf16)
+      throw InputError(pf.source, "parallel.precision",
+                       "calibrate measures the backend's bf16 / f32 GEMMs and the plan's step; this plan's " +
+                           std::string(to_string(pf.plan.precision)) + " GEMMs would run emulated",
+                       "calibrate with the same layout in bf16 (cuboid plan without --precision)");
     exec::check_world_size(world_size, pf.plan, pf.source);
     jobs.push_back(CalibrationJob{pf.model, pf.plan, pf.source});
   }

@@ -238,6 +238,13 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
   const LaunchInfo launch = detect_launch(process_environment());
   // Refuse a wrong world before starting anything.
   check_executable(model, plan, pf.source);
+  // The CPU backend emulates the quantized GEMMs (operands rounded to FP8 on
+  // the host, an f32 GEMM); the CUDA backend has no FP8 GEMM of its own yet.
+  if (plan.precision != Precision::bf16 && o.backend != "cpu")
+    throw InputError(pf.source, "parallel.precision",
+                     "the " + o.backend + " backend runs no " + std::string(to_string(plan.precision)) +
+                         " GEMMs (the cpu backend emulates them)",
+                     "run with --backend cpu, or plan with --precision bf16");
   if (!o.out_path.empty()) check_output_paths(std::vector<OutputPath>{{"--out", o.out_path}});
   check_world_size(launch.world_size, plan, pf.source);
   World world = start_world(launch, o.backend, o.timeout_s);
@@ -284,7 +291,11 @@ bool check_forward(Backend& backend, ProcessGroups& groups, const ModelSpec& mod
                              model.moe.enabled() ? fmt::format(", MoE layer with EP {} of {} experts", plan.ep,
                                                                model.moe.num_experts)
                                                  : "",
-                             c.attention_error, c.layer_error, c.tolerance, to_string(backend.compute_dtype()),
+                             c.attention_error, c.layer_error, c.tolerance,
+                             plan.precision == Precision::bf16
+                                 ? std::string(to_string(backend.compute_dtype()))
+                                 : fmt::format("{}, {} GEMMs against the unquantized layer",
+                                               to_string(backend.compute_dtype()), to_string(plan.precision)),
                              c.passed() ? "PASSED" : "FAILED");
     std::cout.flush();
   }
