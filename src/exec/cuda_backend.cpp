@@ -124,12 +124,14 @@ CudaBackend::CudaBackend(int device) {
   CUBOID_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream_.get()));
   CUBOID_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
   CUBOID_CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_, kCublasWorkspaceBytes));
+  CUBOID_CUBLAS_CHECK(cublasLtCreate(&cublas_lt_));
 }
 
 CudaBackend::~CudaBackend() {
   scratch_ = DeviceBuffer();
   (void)cudaStreamSynchronize(stream_.get());
   cublas_.reset();
+  if (cublas_lt_ != nullptr) (void)cublasLtDestroy(cublas_lt_);
   (void)cudaFree(cublas_workspace_);
 }
 
@@ -313,6 +315,96 @@ void CudaBackend::gemm_impl(const GemmShape& s, float alpha, ConstDeviceSpan a, 
       cublas_.get(), cublas_op(s.trans_b), cublas_op(s.trans_a), n, m, k, &alpha, b.native(), cuda_type(b.dtype()),
       ldb, s.stride_b, a.native(), cuda_type(a.dtype()), lda, s.stride_a, &beta, c.native(), cuda_type(c.dtype()),
       ldc, s.stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+// --- quantized GEMM ---------------------------------------------------------------
+// Hopper's FP8 GEMM (cuBLASLt) takes both operands K-major ("TN" in column
+// major) with one fp32 scale_inv each. Row-major C = Q(op(A)) Q(op(B)) is
+// column-major C^T = Q(op(B))^T Q(op(A))^T, so cuBLASLt's A is op(B)^T stored
+// n x k row-major and its B is op(A) stored m x k row-major: each operand is
+// quantized (fp8.cu: amax, scale, cast) straight into that layout.
+namespace {
+template <typename T, auto Destroy>
+struct LtHandle {
+  T handle = nullptr;
+  ~LtHandle() {
+    if (handle != nullptr) (void)Destroy(handle);
+  }
+};
+cudaDataType_t fp8_type(Fp8Format f) { return f == Fp8Format::e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
+}  // namespace
+
+void CudaBackend::gemm_quantized_impl(const GemmShape& s, float alpha, ConstDeviceSpan a, ConstDeviceSpan b,
+                                      float beta, DeviceSpan c, const GemmQuantization& q) {
+  if (q.scaling != QuantScaling::per_tensor) {
+    Backend::gemm_quantized_impl(s, alpha, a, b, beta, c, q);
+    return;
+  }
+  const char* op = "gemm_quantized";
+  CUBOID_EXEC_REQUIRE(a.dtype() == b.dtype(), op, "A and B must share a dtype");
+  CUBOID_EXEC_REQUIRE(c.dtype() == a.dtype() || c.dtype() == DType::f32, op, "C must be f32 or A's dtype");
+  CUBOID_EXEC_REQUIRE(!(q.a == Fp8Format::e5m2 && q.b == Fp8Format::e5m2), op,
+                      "cuBLASLt has no E5M2 x E5M2 GEMM (hybrid FP8 quantizes one gradient operand at most)");
+  const std::int64_t m = s.m, n = s.n, k = s.k;
+  // cuBLASLt's FP8 kernels want the K-major leading dimension a multiple of 16 bytes.
+  CUBOID_EXEC_REQUIRE(k % 16 == 0 && m % 16 == 0 && n % 16 == 0, op,
+                      "FP8 GEMMs need m, n and k multiples of 16 (m " + std::to_string(m) + ", n " +
+                          std::to_string(n) + ", k " + std::to_string(k) + ")");
+  const auto words = [](std::int64_t bytes) { return static_cast<std::size_t>((bytes + 3) / 4); };
+  DeviceBuffer qa = alloc_impl(words(m * k), DType::f32);
+  DeviceBuffer qb = alloc_impl(words(n * k), DType::f32);
+  DeviceBuffer scales = alloc_impl(6, DType::f32);  // amax, scale, scale_inv of A, then of B
+  float* sc = static_cast<float*>(scales.native());
+  const bool ta = s.trans_a == Trans::yes, tb = s.trans_b == Trans::yes;
+  dispatch_float(a.dtype(), op, [&](auto t) {
+    using T = decltype(t);
+    // op(A) as m x k: stored m x k as is, stored k x m transposed.
+    CUBOID_CUDA_CHECK(kernels::fp8_amax(ptr<T>(a), m * k, sc + 0, stream_.get()));
+    CUBOID_CUDA_CHECK(kernels::fp8_scale(sc + 0, q.a == Fp8Format::e5m2, sc + 1, sc + 2, stream_.get()));
+    CUBOID_CUDA_CHECK(kernels::fp8_cast(ptr<T>(a), ta ? k : m, ta ? m : k, ta, q.a == Fp8Format::e5m2, sc + 1,
+                                        qa.native(), stream_.get()));
+    // op(B)^T as n x k: stored n x k as is, stored k x n transposed.
+    CUBOID_CUDA_CHECK(kernels::fp8_amax(ptr<T>(b), n * k, sc + 3, stream_.get()));
+    CUBOID_CUDA_CHECK(kernels::fp8_scale(sc + 3, q.b == Fp8Format::e5m2, sc + 4, sc + 5, stream_.get()));
+    CUBOID_CUDA_CHECK(kernels::fp8_cast(ptr<T>(b), tb ? n : k, tb ? k : n, !tb, q.b == Fp8Format::e5m2, sc + 4,
+                                        qb.native(), stream_.get()));
+  });
+
+  LtHandle<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> desc;
+  CUBOID_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
+  CUBOID_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa));
+  CUBOID_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb));
+  const float* lt_a_scale = sc + 5;  // cuBLASLt's A is op(B)^T
+  const float* lt_b_scale = sc + 2;
+  CUBOID_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &lt_a_scale,
+                                                     sizeof lt_a_scale));
+  CUBOID_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &lt_b_scale,
+                                                     sizeof lt_b_scale));
+  LtHandle<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> la, lb, lc;
+  CUBOID_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.handle, fp8_type(q.b), static_cast<std::uint64_t>(k),
+                                                 static_cast<std::uint64_t>(n), k));
+  CUBOID_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.handle, fp8_type(q.a), static_cast<std::uint64_t>(k),
+                                                 static_cast<std::uint64_t>(m), k));
+  CUBOID_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc.handle, cuda_type(c.dtype()), static_cast<std::uint64_t>(n),
+                                                 static_cast<std::uint64_t>(m), n));
+  LtHandle<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> pref;
+  CUBOID_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.handle));
+  const std::uint64_t workspace = kCublasWorkspaceBytes;
+  CUBOID_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                           &workspace, sizeof workspace));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  CUBOID_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublas_lt_, desc.handle, la.handle, lb.handle, lc.handle,
+                                                     lc.handle, pref.handle, 1, &heuristic, &found));
+  CUBOID_EXEC_REQUIRE(found > 0, op,
+                      "cuBLASLt offers no FP8 kernel for m " + std::to_string(m) + ", n " + std::to_string(n) +
+                          ", k " + std::to_string(k) + " on " + info_.name + " (FP8 needs compute capability 8.9+)");
+  CUBOID_CUBLAS_CHECK(cublasLtMatmul(cublas_lt_, desc.handle, &alpha, qb.native(), la.handle, qa.native(), lb.handle,
+                                     &beta, c.native(), lc.handle, c.native(), lc.handle, &heuristic.algo,
+                                     cublas_workspace_, kCublasWorkspaceBytes, stream_.get()));
 }
 
 // --- normalisation --------------------------------------------------------------
