@@ -765,7 +765,7 @@ TEST_CASE("quantized GEMMs: torchtitan's float8 and MX converters, NeMo 1.x's de
               "parallel.fp8_param_gather: torchtitan v0.2.2's MX converter all-gathers the weights in bf16") !=
           std::string::npos);
     pf = quantized("seed-zero3", Precision::fp8_current, true, 2);
-    pf.plan.dp = 1;
+    pf.plan.tp = pf.plan.pp = pf.plan.dp = 1;  // one GPU: no FSDP (the only layout that reaches the check)
     CHECK(refusal(pf, "torchtitan").find("parallel.fp8_param_gather: torchtitan's FP8 weights exist only for FSDP's") !=
           std::string::npos);
   }

@@ -227,6 +227,11 @@ void Backend::gemm_quantized_impl(const GemmShape& s, float alpha, ConstDeviceSp
   gemm_impl(s, alpha, qa, qb, beta, c);
 }
 
+std::vector<double> Backend::time_fp8_gemm(std::int64_t, std::int64_t, std::int64_t, int, int, bool) {
+  throw_exec_error("time_fp8_gemm", "the " + std::string(name()) + " backend has no FP8 GEMMs of its own", __FILE__,
+                   __LINE__);
+}
+
 void Backend::gemm_strided_batched(Trans trans_a, Trans trans_b, std::int64_t m, std::int64_t n,
                                    std::int64_t k, float alpha, ConstDeviceSpan a,
                                    std::int64_t stride_a, ConstDeviceSpan b,

@@ -172,6 +172,7 @@ nlohmann::json run_plan_json(const ParallelPlan& plan, int gpus_per_node) {
   if (plan.loss_in_split) j["loss_in_pipeline_split"] = true;
   if (!plan.pipeline_layout.empty()) j["pipeline_layout"] = pipeline_layout_string(plan.pipeline_layout);
   j["flash_attention"] = plan.flash_attention;
+  if (plan.precision != Precision::bf16) j["precision"] = std::string(to_string(plan.precision));
   j["gpus_per_node"] = gpus_per_node;
   return j;
 }
@@ -373,6 +374,8 @@ void add_model_and_plan(nlohmann::json& doc, const ModelSpec& model, const Paral
   doc["plan"]["seq_length"] = runner.dims().seq * plan.cp;
   doc["plan"]["world_size"] = plan.world_size();
   if (plan.cp > 1) doc["plan"]["cp"] = plan.cp;
+  // The linear layers' GEMMs ran quantized (absent: the backend's own dtype).
+  if (plan.precision != Precision::bf16) doc["plan"]["precision"] = std::string(to_string(plan.precision));
   if (model.moe.enabled()) {
     doc["plan"]["ep"] = plan.ep;
     doc["plan"]["etp"] = plan.expert_tp();

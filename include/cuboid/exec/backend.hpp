@@ -140,6 +140,15 @@ class Backend {
   // layers): C = alpha Q(op(A)) Q(op(B)) + beta C, accumulated in f32.
   void gemm_quantized(Trans trans_a, Trans trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                       ConstDeviceSpan a, ConstDeviceSpan b, float beta, DeviceSpan c, const GemmQuantization& q);
+  // Whether the backend has FP8 GEMMs of its own (not the host emulation of
+  // gemm_quantized_impl): calibrate then sweeps them (time_fp8_gemm).
+  virtual bool native_fp8_gemm() const { return false; }
+  // The per-call times (ns) of `calls` FP8 GEMMs C[m x n] = A[m x k] B[k x n],
+  // E4M3 x E4M3 with per-tensor scales, on operands quantized once beforehand
+  // (the GEMM alone), after `warmup` untimed ones; `lead_call` as calibrate's
+  // GEMM sweep. ExecError where native_fp8_gemm() is false.
+  virtual std::vector<double> time_fp8_gemm(std::int64_t m, std::int64_t n, std::int64_t k, int warmup, int calls,
+                                            bool lead_call);
   // Packed strided batch (attention: batch = micro_batch * heads).
   void gemm_strided_batched(Trans trans_a, Trans trans_b, std::int64_t m, std::int64_t n,
                             std::int64_t k, float alpha, ConstDeviceSpan a, std::int64_t stride_a,

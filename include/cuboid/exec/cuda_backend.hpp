@@ -136,6 +136,9 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const noexcept { return stream_.get(); }
 
   void synchronize() override;
+  bool native_fp8_gemm() const override;  // compute capability 8.9 or more
+  std::vector<double> time_fp8_gemm(std::int64_t m, std::int64_t n, std::int64_t k, int warmup, int calls,
+                                    bool lead_call) override;
   TimerEvent create_event() override;
   void record(TimerEvent& event) override;
   std::int64_t elapsed_ns(const TimerEvent& start, const TimerEvent& stop) override;
