@@ -145,4 +145,17 @@ cudaError_t row_dot(const T* a, const T* b, float* out, int64_t rows, int64_t co
 template <typename T>
 cudaError_t fill_random(T* x, int64_t n, uint64_t seed, float scale, cudaStream_t stream);
 
+// --- per-tensor FP8 quantization (fp8.cu; Backend::gemm_quantized) ---------
+// *amax = max |x[i]| over n elements (zeroed first on `stream`).
+template <typename T>
+cudaError_t fp8_amax(const T* x, int64_t n, float* amax, cudaStream_t stream);
+// *scale = max / *amax (448 for E4M3, 57344 for E5M2; 1 for a zero or
+// non-finite amax), *scale_inv = 1 / *scale.
+cudaError_t fp8_scale(const float* amax, bool e5m2, float* scale, float* scale_inv, cudaStream_t stream);
+// out = FP8(x * *scale), rounded to nearest even and saturated, one byte per
+// element: x[rows, cols] row-major, out the same or (transpose) [cols, rows].
+template <typename T>
+cudaError_t fp8_cast(const T* x, int64_t rows, int64_t cols, bool transpose, bool e5m2, const float* scale,
+                     void* out, cudaStream_t stream);
+
 }  // namespace cuboid::kernels

@@ -79,7 +79,15 @@ inline Emitted read_torchtitan_flags(const std::string& text) {
   }
   return out;
 }
-// ... and the same as TOML tables (string values unquoted).
+// A TOML list of strings as the override writes it: ["a", "b"] -> a,b.
+inline std::string toml_list(const std::string& v) {
+  std::string out;
+  for (char c : v.substr(1, v.size() - 2))
+    if (c != '"' && c != ' ') out += c;
+  return out;
+}
+
+// ... and the same as TOML tables (string values unquoted, lists as above).
 inline Emitted read_toml(const std::string& text) {
   Emitted out;
   std::istringstream in(text);
@@ -88,7 +96,9 @@ inline Emitted read_toml(const std::string& text) {
     if (line.size() > 2 && line.front() == '[' && line.back() == ']') { section = line.substr(1, line.size() - 2); continue; }
     if (section.empty() || line.empty() || line[0] == '#') continue;
     const auto eq = line.find(" = ");
-    out.emplace(section + "." + line.substr(0, eq), unquote(line.substr(eq + 3)));
+    const std::string value = line.substr(eq + 3);
+    out.emplace(section + "." + line.substr(0, eq),
+                value.size() >= 2 && value.front() == '[' ? toml_list(value) : unquote(value));
   }
   return out;
 }
@@ -175,6 +185,10 @@ inline std::string check_option(const OptionSet& set, const std::string& name, c
   else if (type == "layer_list") ok = std::regex_match(value, std::regex(R"(\[[01](, [01])*\])"));
   // Megatron-Core's pipeline layout string (pipeline_parallel_layer_layout.py's characters).
   else if (type == "pipeline_layout") ok = std::regex_match(unquote(value), std::regex(R"([ELtm|(),*0-9]+)"));
+  // Comma-separated module FQNs (torchtitan's filter_fqns lists).
+  else if (type == "fqn_list") ok = std::regex_match(value, std::regex(R"([\w.]+(,[\w.]+)*)"));
+  // A Python expression of the shape the option's pattern gives.
+  else if (type == "pattern") ok = std::regex_match(value, std::regex(o.at("pattern").get<std::string>()));
   else if (type == "bool") ok = value == "true" || value == "false" || value == "True" || value == "False";
   else if (type == "enum" || type == "python" || type == "hydra_defaults") {
     for (const auto& v : o.at("values")) ok = ok || (v.is_string() ? v.get<std::string>() : v.dump()) == unquote(value);

@@ -353,7 +353,7 @@ TEST_CASE("--trainer and --dp-overlap reach plan, simulate and the plan file; a 
   CHECK(nlohmann::json::parse(a.out)["dp_grad_bytes"] == 2);
 }
 
-TEST_CASE("--precision reaches simulate, plan, the plan file and its readers; export refuses what it cannot write") {
+TEST_CASE("--precision reaches simulate, plan, the plan file, its readers and the exports; a target without the format refuses") {
   const TempDir dir("cli_precision");
   const std::string h100 = "--model models/llama3-8b.json --cluster topologies/dgx-h100.json";
   CliResult s = run("simulate " + h100 + " --tp 2 --precision fp8-current");
@@ -371,8 +371,13 @@ TEST_CASE("--precision reaches simulate, plan, the plan file and its readers; ex
   REQUIRE_MESSAGE(again.code == 0, again.err);
   CHECK(again.out.find("precision fp8-delayed") != std::string::npos);
   CliResult e = run("export --plan " + plan.string() + " --to megatron");
-  CHECK(e.code == 2);
-  CHECK(e.err.find("parallel.precision: megatron exports write no precision yet") != std::string::npos);
+  REQUIRE_MESSAGE(e.code == 0, e.err);
+  CHECK(e.out.find("    --fp8-format hybrid\n    --fp8-recipe delayed\n    --fp8-amax-history-len 1024\n") !=
+        std::string::npos);
+  CliResult ds = run("export --plan " + plan.string() + " --to deepspeed");
+  CHECK(ds.code == 2);
+  CHECK(ds.err.find("parallel.precision: the plan is priced with fp8-delayed GEMMs, and DeepSpeed v0.16.4's") !=
+        std::string::npos);
   CliResult old = run("simulate " + h100 + " --tp 2 --trainer megatron-2022 --precision fp8-current");
   CHECK(old.code == 2);
   CHECK(old.err.find("--precision: megatron-2022 runs no FP8 / FP4 linear layers here") != std::string::npos);

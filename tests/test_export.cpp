@@ -184,6 +184,24 @@ void check_rules(const std::string& target, const Emitted& e, const PlanFile& pf
     }
     // arguments.py validate_args: multi-latent attention excludes group-query attention.
     if (e.count("--multi-latent-attention")) CHECK_FALSE(e.count("--group-query-attention"));
+    // Quantized GEMMs (Megatron-LM d98e8a64 arguments.py validate_args,
+    // TransformerConfig.__post_init__): FP8 and FP4 exclude each other; the
+    // parameter gathers need their format and the distributed optimizer or FSDP.
+    CHECK_FALSE((e.count("--fp8-format") && e.count("--fp4-format")));
+    if (e.count("--fp8-param-gather")) {
+      CHECK(e.count("--fp8-format"));
+      CHECK((e.count("--use-distributed-optimizer") || e.count("--use-megatron-fsdp")));
+    }
+    if (e.count("--fp4-param-gather")) CHECK(e.count("--fp4-format"));
+    // Megatron-Bridge config.py validate and Megatron-LM cd4afffa
+    // distributed_data_parallel_config.py: MXFP8's parameter gather without
+    // FSDP needs the gradient buffer's reuse, and the reuse needs the gather.
+    if (const auto reuse = e.find("mixed_precision.reuse_grad_buf_for_mxfp8_param_ag"); reuse != e.end()) {
+      const auto gather = e.find("mixed_precision.fp8_param_gather");
+      REQUIRE(gather != e.end());
+      if (e.find("ddp.use_megatron_fsdp")->second == "False") CHECK(reuse->second == gather->second);
+      if (reuse->second == "True") CHECK(gather->second == "True");
+    }
     // Sequence parallelism needs TP > 1 (TransformerConfig.__post_init__ turns it off otherwise).
     if (e.count("--sequence-parallel") || (e.count("model.sequence_parallel") && e.find("model.sequence_parallel")->second == "True"))
       CHECK(tp > 1);
@@ -216,6 +234,12 @@ void check_rules(const std::string& target, const Emitted& e, const PlanFile& pf
       CHECK(stages % pp == 0);
       const bool looped = e.find("parallelism.pipeline_parallel_schedule")->second == "Interleaved1F1B";
       CHECK((stages / pp > 1) == looped);
+    }
+    // float8.py@v0.2.2: the FP8 all-gather only without a recipe name, and only under FSDP.
+    if (const auto gather = e.find("quantize.linear.float8.enable_fsdp_float8_all_gather");
+        gather != e.end() && gather->second == "true") {
+      CHECK_FALSE(e.count("quantize.linear.float8.recipe_name"));
+      CHECK(num(e, "parallelism.data_parallel_shard_degree") > 1);
     }
     if (target == "torchtitan") {
       // train.py: global batch divisible by local batch x DP; PP splits the local batch.
@@ -679,6 +703,154 @@ TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP)
   yarn.model.rope_yarn = true;
   yarn.model.rope_scaling_factor = 40;
   check_refused(yarn, {"megatron", "megatron-bridge"}, "model.rope_scaling_type");
+}
+
+namespace {
+
+PlanFile quantized(const std::string& plan, Precision precision, bool gather, int zero_stage = -1) {
+  PlanFile pf = plan_file(plan);
+  if (zero_stage >= 0) pf.plan.zero_stage = zero_stage;
+  pf.plan.precision = precision;
+  pf.plan.fp8_param_gather = gather;
+  return pf;
+}
+
+std::string value(const Emitted& e, const std::string& key) {
+  const auto it = e.find(key);
+  return it == e.end() ? "(absent)" : it->second;
+}
+
+}  // namespace
+
+TEST_CASE("quantized GEMMs: Megatron-LM and Megatron-Bridge write every recipe, checked against their pinned options") {
+  struct Row {
+    Precision precision;
+    const char* format_flag;
+    const char* format;
+    const char* recipe;
+    const char* bridge;
+  };
+  const Row rows[] = {
+      {Precision::fp8_delayed, "--fp8", "hybrid", "delayed", "bf16_with_fp8_delayed_scaling_mixed()"},
+      {Precision::fp8_current, "--fp8", "hybrid", "tensorwise", "bf16_with_fp8_current_scaling_mixed()"},
+      {Precision::fp8_blockwise, "--fp8", "hybrid", "blockwise", "bf16_with_fp8_subchannel_scaling_mixed()"},
+      {Precision::mxfp8, "--fp8", "e4m3", "mxfp8", "bf16_with_mxfp8_mixed()"},
+      {Precision::nvfp4, "--fp4", "e2m1", "nvfp4", "bf16_with_nvfp4_mixed()"},
+  };
+  for (const Row& r : rows)
+    for (const bool gather : {false, true}) {
+      CAPTURE(to_string(r.precision));
+      CAPTURE(gather);
+      const PlanFile pf = quantized("seed", r.precision, gather);  // ZeRO-1: the distributed optimizer
+      check_options(pf, "megatron");
+      check_options(pf, "megatron-bridge");
+      const Emitted m = cuboid::test::read_megatron(export_plan(pf, "megatron").text);
+      const std::string kind = r.format_flag;
+      const std::string other = kind == "--fp8" ? "--fp4" : "--fp8";
+      CHECK(value(m, kind + "-format") == r.format);
+      CHECK(value(m, kind + "-recipe") == r.recipe);
+      CHECK(m.count(other + "-format") == 0);
+      CHECK(m.count(kind + "-param-gather") == (gather ? 1u : 0u));
+      CHECK(m.count("--bf16") == 1);
+      const bool delayed = r.precision == Precision::fp8_delayed;
+      CHECK(value(m, "--fp8-amax-history-len") == (delayed ? "1024" : "(absent)"));
+      CHECK(value(m, "--fp8-amax-compute-algo") == (delayed ? "max" : "(absent)"));
+
+      const std::string text = export_plan(pf, "megatron-bridge").text;
+      const Emitted b = cuboid::test::read_python(text, "cfg", "model.");
+      CHECK(value(b, "mixed_precision") == r.bridge);
+      // The recipe function is imported by name.
+      const std::string fn = std::string(r.bridge).substr(0, std::string(r.bridge).size() - 2);
+      CHECK(text.find("from megatron.bridge.training.mixed_precision import " + fn + "\n") != std::string::npos);
+      CHECK(value(b, "mixed_precision.first_last_layers_bf16") == "False");
+      const std::string g = r.precision == Precision::nvfp4 ? "fp4" : "fp8";
+      CHECK(value(b, "mixed_precision." + g + "_param_gather") == (gather ? "True" : "False"));
+      CHECK(value(b, "mixed_precision.reuse_grad_buf_for_mxfp8_param_ag") ==
+            (r.precision != Precision::mxfp8 ? "(absent)" : gather ? "True" : "False"));
+    }
+  SUBCASE("a bf16 plan writes none of it") {
+    const Emitted m = cuboid::test::read_megatron(text("seed", "megatron"));
+    for (const char* flag : {"--fp8-format", "--fp8-recipe", "--fp4-format", "--fp8-param-gather"})
+      CHECK(m.count(flag) == 0);
+    CHECK(text("seed", "megatron-bridge").find("mixed_precision.") == std::string::npos);
+  }
+  SUBCASE("ZeRO-2 as Megatron FSDP gathers FP8 weights too") {
+    const PlanFile pf = quantized("seed-zero3", Precision::fp8_current, true, 2);
+    check_options(pf, "megatron");
+    check_options(pf, "megatron-bridge");
+    const Emitted m = cuboid::test::read_megatron(export_plan(pf, "megatron").text);
+    CHECK(m.count("--use-megatron-fsdp") == 1);
+    CHECK(m.count("--fp8-param-gather") == 1);
+  }
+}
+
+TEST_CASE("quantized GEMMs: torchtitan's float8 and MX converters, NeMo 1.x's delayed scaling; the rest refuse with the reason") {
+  SUBCASE("torchtitan v0.2.2: tensorwise float8 (FSDP's FP8 all-gather for --fp8-param-gather) and MXFP8, the output layer in bf16") {
+    PlanFile pf = quantized("seed-zero3", Precision::fp8_current, true, 2);
+    check_options(pf, "torchtitan");
+    Emitted e = cuboid::test::read_torchtitan_flags(export_plan(pf, "torchtitan").text);
+    CHECK(value(e, "model.converters") == "quantize.linear.float8");
+    CHECK(value(e, "quantize.linear.float8.filter_fqns") == "output");
+    CHECK(value(e, "quantize.linear.float8.enable_fsdp_float8_all_gather") == "true");
+    CHECK(value(e, "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp") == "true");
+    pf = quantized("seed-zero3", Precision::mxfp8, false, 2);
+    check_options(pf, "torchtitan");
+    e = cuboid::test::read_torchtitan_flags(export_plan(pf, "torchtitan").text);
+    CHECK(value(e, "model.converters") == "quantize.linear.mx");
+    CHECK(value(e, "quantize.linear.mx.recipe_name") == "mxfp8_cublas");
+    CHECK(value(e, "quantize.linear.mx.filter_fqns") == "output");
+    CHECK(text("seed-zero3", "torchtitan").find("converters") == std::string::npos);
+    CHECK(refusal(quantized("seed-zero3", Precision::fp8_blockwise, false, 2), "torchtitan") ==
+          "seed-zero3.plan.json: parallel.precision: the plan is priced with fp8-blockwise GEMMs, and torchtitan "
+          "v0.2.2's float8 recipes are tensorwise, rowwise and rowwise_with_gw_hp (Float8Linear.recipe_name); none "
+          "scales 1 x 128 activation and 128 x 128 weight blocks (fix: plan with --precision fp8-current or mxfp8, or "
+          "export with --to megatron or --to megatron-bridge)");
+    CHECK(refusal(quantized("seed-zero3", Precision::mxfp8, true, 2), "torchtitan").find(
+              "parallel.fp8_param_gather: torchtitan v0.2.2's MX converter all-gathers the weights in bf16") !=
+          std::string::npos);
+    pf = quantized("seed-zero3", Precision::fp8_current, true, 2);
+    pf.plan.tp = pf.plan.pp = pf.plan.dp = 1;  // one GPU: no FSDP (the only layout that reaches the check)
+    CHECK(refusal(pf, "torchtitan").find("parallel.fp8_param_gather: torchtitan's FP8 weights exist only for FSDP's") !=
+          std::string::npos);
+  }
+  SUBCASE("torchtitan main: MXFP8 and NVFP4 converters on the decoder layers; its float8 is rowwise only") {
+    for (const Precision pr : {Precision::mxfp8, Precision::nvfp4}) {
+      const PlanFile pf = quantized("seed-zero3", pr, false, 2);
+      check_options(pf, "torchtitan-main");
+      const Emitted e = cuboid::test::read_python(export_plan(pf, "torchtitan-main").text, "config", "");
+      CHECK(value(e, "model_spec") ==
+            std::string("model_registry(\"70B\", converters=[") +
+                (pr == Precision::mxfp8 ? "MXFP8LinearConverter" : "NVFP4LinearConverter") +
+                ".Config(fqns=[\"layers.\"])])");
+    }
+    CHECK(refusal(quantized("seed-zero3", Precision::fp8_current, false, 2), "torchtitan-main") ==
+          "seed-zero3.plan.json: parallel.precision: the plan is priced with fp8-current GEMMs, and torchtitan main's "
+          "float8 converter scales rowwise only (Float8LinearConverter.Config recipe_name rowwise or "
+          "rowwise_with_gw_hp): no per-tensor, delayed or 1 x 128 block scaling (fix: export with --to torchtitan "
+          "(v0.2.2's tensorwise float8), --to megatron or --to megatron-bridge)");
+  }
+  SUBCASE("NeMo 1.x: delayed scaling's keys; no key for the other recipes") {
+    const PlanFile pf = quantized("seed", Precision::fp8_delayed, true);
+    check_options(pf, "nemo");
+    const Emitted e = cuboid::test::read_yaml(export_plan(pf, "nemo").text);
+    CHECK(value(e, "model.fp8") == "true");
+    CHECK(value(e, "model.fp8_hybrid") == "true");
+    CHECK(value(e, "model.fp8_e4m3") == "false");
+    CHECK(value(e, "model.fp8_amax_history_len") == "1024");
+    CHECK(value(e, "model.fp8_amax_compute_algo") == "max");
+    CHECK(value(e, "model.fp8_params") == "true");
+    CHECK(refusal(quantized("seed", Precision::mxfp8, false), "nemo") ==
+          "seed.plan.json: parallel.precision: the plan is priced with mxfp8 GEMMs, and NeMo 1.x's "
+          "megatron_gpt_config.yaml has FP8 keys for delayed scaling only (fp8, fp8_hybrid, fp8_amax_history_len); "
+          "none selects current, blockwise, MXFP8 or NVFP4 scaling (fix: plan with --precision fp8-delayed, or export "
+          "with --to megatron or --to megatron-bridge)");
+  }
+  SUBCASE("DeepSpeed has no quantized-GEMM setting") {
+    CHECK(refusal(quantized("llama8b-pp4", Precision::fp8_current, false), "deepspeed") ==
+          "llama8b-pp4.plan.json: parallel.precision: the plan is priced with fp8-current GEMMs, and DeepSpeed "
+          "v0.16.4's configuration has no quantized-GEMM setting (runtime/config.py reads fp16 and bf16 sections only; "
+          "FP8 layers would be the model code's own) (fix: export with --to megatron or --to megatron-bridge)");
+  }
 }
 
 TEST_CASE("DeepSpeed: batch sizes consistent with DP, fp32 accumulation, the pipeline in the notes") {

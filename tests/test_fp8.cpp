@@ -7,9 +7,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "cuboid/core/calibration.hpp"
+#include "cuboid/core/error.hpp"
 #include "cuboid/core/op_names.hpp"
 #include "cuboid/core/plan_check.hpp"
 #include "cuboid/core/workload.hpp"
@@ -419,4 +422,50 @@ TEST_CASE("fp8: an MXFP8 cast runs at the card's measured MXFP8 quantize rate; o
   CHECK(op_time_ns(plain, cast) == 15604);
   // The H100 card has none (Hopper runs no MXFP8).
   CHECK(load_cluster(test::source_root() / "topologies" / "dgx-h100.json").gpu.mxfp8_cast_efficiency == 0);
+TEST_CASE("fp8: a calibrated card's FP8 GEMM samples price FP8 GEMMs; its bf16 samples price only bf16 ones") {
+  const ModelSpec m = test::llama3_8b();
+  const Op fp8 = find(transformer_layer_ops(m, layer_plan(Precision::fp8_current)).forward, op::fc1);
+  const Op bf16 = find(transformer_layer_ops(m, layer_plan(Precision::bf16)).forward, op::fc1);
+  const Op fc2 = find(transformer_layer_ops(m, layer_plan(Precision::fp8_current)).forward, op::fc2);
+  const GpuProfile datasheet = h100();
+  GpuProfile gpu = h100();
+  Calibration cal;
+  cal.backend = "cuda";
+  cal.ranks = 1;
+  // bf16 samples only, FC1's shape at 1.6 ms: the FP8 GEMM keeps the datasheet model.
+  cal.gemms.push_back(GemmSample{4096, 28672, 4096, 1, 1.6e6});
+  gpu.calibration = std::make_shared<const Calibration>(cal);
+  CHECK(op_time_ns(gpu, bf16) == 1600000);
+  CHECK(op_time_ns(gpu, fp8) == op_time_ns(datasheet, fp8));
+  // An FP8 sample at FC1's shape, 0.5 ms: the FP8 GEMM takes it, the bf16 one
+  // still its own; best FP8 FLOP/s = 2 x 4096 x 28672 x 4096 / 0.5 ms.
+  GemmSample s{4096, 28672, 4096, 1, 0.5e6};
+  s.format = GemmFormat::fp8;
+  cal.gemms.push_back(s);
+  gpu.calibration = std::make_shared<const Calibration>(cal);
+  CHECK(op_time_ns(gpu, fp8) == 500000);
+  CHECK(op_time_ns(gpu, bf16) == 1600000);
+  CHECK(*best_gemm_flops_per_s(cal, GemmFormat::fp8) == doctest::Approx(962072674304.0 / 0.5e-3));
+  CHECK(*best_gemm_flops_per_s(cal) == doctest::Approx(962072674304.0 / 1.6e-3));
+  // FC2 ([4096 x 14336] x [14336 x 4096]) is outside the one sample's range:
+  // its roofline at the best FP8 rate (1924 TFLOP/s measured) instead of the
+  // datasheet's 1979 x 0.803 = 1589, so faster than the datasheet FP8 model.
+  const double fc2_flops = 2.0 * 4096 * 4096 * 14336;
+  CHECK(op_time_ns(gpu, fc2) < op_time_ns(datasheet, fc2));
+  CHECK(op_time_ns(gpu, fc2) >= std::llround(fc2_flops / (962072674304.0 / 0.5e-3) * 1e9));
+
+  // The card's JSON: "precision": "fp8" on the FP8 sample only, read back; a
+  // shape measured in both formats is no duplicate; another word is refused.
+  const nlohmann::json j = calibration_to_json(cal);
+  CHECK_FALSE(j["gemms"][0].contains("precision"));
+  CHECK(j["gemms"][1]["precision"] == "fp8");
+  const Calibration back = calibration_from_json(j, "card.json");
+  REQUIRE(back.gemms.size() == 2);
+  CHECK(back.gemms[0].format == GemmFormat::bf16);
+  CHECK(back.gemms[1].format == GemmFormat::fp8);
+  nlohmann::json bad = j;
+  bad["gemms"][1]["precision"] = "fp16";
+  CHECK_THROWS_AS(calibration_from_json(bad, "card.json"), InputError);
+  bad["gemms"][1].erase("precision");
+  CHECK_THROWS_AS(calibration_from_json(bad, "card.json"), InputError);  // now the same shape twice
 }

@@ -178,6 +178,16 @@ TEST_CASE("--from-measurements refuses runs it cannot calibrate from") {
   CHECK(test::input_error_message([&] { calibration_from_runs({bare}, nullptr, Statistic::median, "t"); }) ==
         kRun + ": ranks[].ops: has no GEMM or collective time to calibrate from (fix: give a measurements file of a "
                "run that timed its ops (cuboid run --out))");
+  // An FP8 run's linear GEMMs ran quantized: the file says so, and its GEMMs are no card samples.
+  nlohmann::json fp8 = j;
+  fp8["plan"]["precision"] = "fp8-current";
+  const Measurements q = measurements_from_json(fp8, kRun);
+  CHECK(q.plan.precision == Precision::fp8_current);
+  CHECK(m.plan.precision == Precision::bf16);
+  CHECK(test::input_error_message([&] { calibration_from_runs({q}, nullptr, Statistic::median, "t"); }) ==
+        kRun + ": plan.precision: is fp8-current: the run's linear GEMMs ran quantized, and a card's GEMM samples are "
+               "the backend's own (fix: calibrate from a bf16 run of the same layout (cuboid calibrate sweeps FP8 "
+               "GEMMs itself on a GPU that has them))");
 }
 
 void write_file(const std::filesystem::path& p, const std::string& text) {

@@ -47,6 +47,13 @@ std::vector<CalibrationJob> load_jobs(const CalibrateOptions& o, const Cluster& 
     const PlanFile pf = read_plan_file(path);
     check_plan_matches_cluster(pf, cluster);
     exec::check_executable(pf.model, pf.plan, pf.source);
+    // A card holds the backend's own GEMM rates; an FP8 plan's step would run
+    // its GEMMs emulated on the host (cpu) and measure that.
+    if (pf.plan.precision != Precision::bf16)
+      throw InputError(pf.source, "parallel.precision",
+                       "calibrate measures the backend's bf16 / f32 GEMMs and the plan's step; this plan's " +
+                           std::string(to_string(pf.plan.precision)) + " GEMMs would run emulated",
+                       "calibrate with the same layout in bf16 (cuboid plan without --precision)");
     exec::check_world_size(world_size, pf.plan, pf.source);
     jobs.push_back(CalibrationJob{pf.model, pf.plan, pf.source});
   }
@@ -176,16 +183,26 @@ void print_fits(const Calibration& cal, const std::vector<std::string>& rejected
     std::cout << fmt::format("{:<20} {:>10.2f} {:>10.3f} {:>9.1f}% {:>8}\n", name, k.fit.alpha_ns * 1e-3,
                              k.fit.ns_per_byte > 0 ? 1.0 / k.fit.ns_per_byte : 0.0, 100 * k.fit.max_abs_residual,
                              k.samples.size());
-  if (!cal.gemms.empty()) {
+  std::vector<GemmSample> own, fp8;
+  for (const GemmSample& g : cal.gemms) (g.format == GemmFormat::fp8 ? fp8 : own).push_back(g);
+  if (!own.empty()) {
     auto tflops = [](const GemmSample& s) {
       return 2.0 * static_cast<double>(s.m * s.n) * static_cast<double>(s.k * s.batch) / s.time_ns * 1e-3;
     };
-    const auto [lo, hi] = std::minmax_element(cal.gemms.begin(), cal.gemms.end(),
+    const auto [lo, hi] = std::minmax_element(own.begin(), own.end(),
                                               [&](const GemmSample& a, const GemmSample& b) { return tflops(a) < tflops(b); });
     std::cout << fmt::format("\nGEMM: {} shapes; achieved TFLOP/s per rank: best {:.4f} ({}x{}x{} batch {}), "
                              "worst {:.4f} ({}x{}x{} batch {})\n",
-                             cal.gemms.size(), tflops(*hi), hi->m, hi->n, hi->k, hi->batch, tflops(*lo), lo->m, lo->n,
+                             own.size(), tflops(*hi), hi->m, hi->n, hi->k, hi->batch, tflops(*lo), lo->m, lo->n,
                              lo->k, lo->batch);
+    if (!fp8.empty()) {
+      const auto [flo, fhi] = std::minmax_element(
+          fp8.begin(), fp8.end(), [&](const GemmSample& a, const GemmSample& b) { return tflops(a) < tflops(b); });
+      std::cout << fmt::format("FP8 GEMM (E4M3, per-tensor scales, the GEMM alone): {} shapes; best {:.4f} "
+                               "({}x{}x{}), worst {:.4f} ({}x{}x{})\n",
+                               fp8.size(), tflops(*fhi), fhi->m, fhi->n, fhi->k, tflops(*flo), flo->m, flo->n,
+                               flo->k);
+    }
     if (cal.gemm_operand_pool_bytes > 0)
       std::cout << fmt::format("GEMM operands rotated over {:.1f} MiB, the plans' step working set (weights, fp32 "
                                "gradients, activations in flight) of the ranks on one core, as cached as in the step\n",
@@ -256,6 +273,14 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
   std::vector<std::vector<GemmSample>> gemm_repeats;
   for (int r = 0; r < o.repeat; ++r) gemm_repeats.push_back(run_gemm_sweep(backend, *comm, grid, go, watchdog));
   mine.gemms = combine_repeats(gemm_repeats, stat);
+  // A GPU with FP8 GEMMs: the same shapes' FP8 GEMMs too (GemmFormat::fp8),
+  // which an FP8 plan's linear layers are priced from.
+  if (backend.native_fp8_gemm()) {
+    std::vector<std::vector<GemmSample>> fp8_repeats;
+    for (int r = 0; r < o.repeat; ++r) fp8_repeats.push_back(run_fp8_gemm_sweep(backend, *comm, grid, go, watchdog));
+    const std::vector<GemmSample> fp8 = combine_repeats(fp8_repeats, stat);
+    mine.gemms.insert(mine.gemms.end(), fp8.begin(), fp8.end());
+  }
   seconds.gemm = since(t0);
 
   // Kernels and collectives, on each plan's own process groups.

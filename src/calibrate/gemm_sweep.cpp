@@ -102,4 +102,32 @@ std::vector<GemmSample> run_gemm_sweep(exec::Backend& be, exec::Communicator& wo
   return out;
 }
 
+std::vector<GemmSample> run_fp8_gemm_sweep(exec::Backend& be, exec::Communicator& world,
+                                           const std::vector<GemmProblem>& shapes, const GemmSweepOptions& o,
+                                           exec::Watchdog* watchdog) {
+  std::vector<GemmSample> out;
+  if (!be.native_fp8_gemm()) return out;
+  for (const GemmProblem& p : shapes) {
+    if (!fp8_gemm_shape(p)) continue;
+    const std::string label = fmt::format("fp8 gemm {}x{}x{}", p.m, p.n, p.k);
+    auto measure = [&]() {
+      if (watchdog != nullptr) watchdog->enter(label.c_str());
+      const std::vector<double> first = be.time_fp8_gemm(p.m, p.n, p.k, o.warmup_calls, 1, o.lead_call);
+      const double per_call_ms = std::max(first.front(), 1.0) * 1e-6;
+      const int calls =
+          std::clamp(static_cast<int>(std::lround(o.target_ms / per_call_ms)), o.min_calls, o.max_calls);
+      std::vector<double> times = be.time_fp8_gemm(p.m, p.n, p.k, 0, calls, o.lead_call);
+      if (watchdog != nullptr) watchdog->leave();
+      GemmSample s{p.m, p.n, p.k, 1, median_of(std::move(times))};
+      s.format = GemmFormat::fp8;
+      out.push_back(s);
+    };
+    for (int t = 0; t < o.turns; ++t) {
+      world.barrier();
+      if (t == o.turn) measure();
+    }
+  }
+  return out;
+}
+
 }  // namespace cuboid::calibrate

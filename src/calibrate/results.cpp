@@ -46,7 +46,7 @@ std::vector<Sample> combine(const std::vector<std::vector<Sample>>& repeats, Sta
 
 std::vector<GemmSample> combine_repeats(const std::vector<std::vector<GemmSample>>& repeats, Statistic stat) {
   return combine(repeats, stat, [](const GemmSample& a, const GemmSample& b) {
-    return a.m == b.m && a.n == b.n && a.k == b.k && a.batch == b.batch;
+    return a.m == b.m && a.n == b.n && a.k == b.k && a.batch == b.batch && a.format == b.format;
   });
 }
 
@@ -60,7 +60,12 @@ std::vector<KernelMeasurement> combine_repeats(const std::vector<std::vector<Ker
 nlohmann::json to_json(const RankResults& r) {
   nlohmann::json j = {{"rank", r.rank}};
   nlohmann::json& g = j["gemms"] = nlohmann::json::array();
-  for (const GemmSample& s : r.gemms) g.push_back({s.m, s.n, s.k, s.batch, s.time_ns});
+  // [m, n, k, batch, time_ns], and 1 sixth for an FP8 sample.
+  for (const GemmSample& s : r.gemms) {
+    nlohmann::json e = {s.m, s.n, s.k, s.batch, s.time_ns};
+    if (s.format == GemmFormat::fp8) e.push_back(1);
+    g.push_back(std::move(e));
+  }
   nlohmann::json& k = j["kernels"] = nlohmann::json::array();
   for (const KernelMeasurement& m : r.kernels) k.push_back({m.name, m.bytes, m.time_ns});
   nlohmann::json& c = j["collectives"] = nlohmann::json::array();
@@ -80,9 +85,12 @@ nlohmann::json to_json(const RankResults& r) {
 RankResults rank_results_from_json(const nlohmann::json& j) {
   RankResults r;
   r.rank = j.at("rank").get<int>();
-  for (const auto& g : j.at("gemms"))
-    r.gemms.push_back(GemmSample{g[0].get<std::int64_t>(), g[1].get<std::int64_t>(), g[2].get<std::int64_t>(),
-                                 g[3].get<std::int64_t>(), g[4].get<double>()});
+  for (const auto& g : j.at("gemms")) {
+    GemmSample s{g[0].get<std::int64_t>(), g[1].get<std::int64_t>(), g[2].get<std::int64_t>(),
+                 g[3].get<std::int64_t>(), g[4].get<double>()};
+    if (g.size() > 5 && g[5].get<int>() == 1) s.format = GemmFormat::fp8;
+    r.gemms.push_back(std::move(s));
+  }
   for (const auto& k : j.at("kernels"))
     r.kernels.push_back(KernelMeasurement{k[0].get<std::string>(), k[1].get<double>(), k[2].get<double>()});
   for (const auto& c : j.at("collectives")) {
@@ -99,10 +107,10 @@ RankResults rank_results_from_json(const nlohmann::json& j) {
 
 Combined combine(const std::vector<RankResults>& ranks) {
   Combined out;
-  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>, std::vector<double>> gemm;
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, GemmFormat>, std::vector<double>> gemm;
   std::map<std::string, std::map<double, std::vector<double>>> kernel;
   for (const RankResults& r : ranks) {
-    for (const GemmSample& s : r.gemms) gemm[{s.m, s.n, s.k, s.batch}].push_back(s.time_ns);
+    for (const GemmSample& s : r.gemms) gemm[{s.m, s.n, s.k, s.batch, s.format}].push_back(s.time_ns);
     for (const KernelMeasurement& m : r.kernels) kernel[m.name][m.bytes].push_back(m.time_ns);
     for (const CollectiveRecord& x : r.collectives) {
       CollectiveTable& t = out.collectives[x.key];
@@ -120,7 +128,7 @@ Combined combine(const std::vector<RankResults>& ranks) {
   }
   for (const auto& [shape, times] : gemm)
     out.gemms.push_back(GemmSample{std::get<0>(shape), std::get<1>(shape), std::get<2>(shape), std::get<3>(shape),
-                                   slowest(times)});
+                                   slowest(times), "", std::get<4>(shape)});
   for (const auto& [name, by_bytes] : kernel)
     for (const auto& [bytes, times] : by_bytes) out.kernels[name].push_back(SizeSample{bytes, slowest(times)});
   for (auto& [key, t] : out.collectives)

@@ -203,10 +203,10 @@ std::array<double, kGemmDims> log_shape(std::int64_t m, std::int64_t n, std::int
 // log(achieved FLOP/s) with weight 1 / distance; between two shapes that
 // differ in one dimension this is exactly linear interpolation in log space.
 std::optional<double> measured_gemm_ns(const Calibration& cal, std::int64_t m, std::int64_t n, std::int64_t k,
-                                       std::int64_t batch) {
+                                       std::int64_t batch, GemmFormat format) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0 || cal.gemms.empty()) return std::nullopt;
   for (const GemmSample& g : cal.gemms) {
-    if (g.m == m && g.n == n && g.k == k && g.batch == batch) return g.time_ns;
+    if (g.format == format && g.m == m && g.n == n && g.k == k && g.batch == batch) return g.time_ns;
   }
   constexpr std::size_t kOrthants = std::size_t{1} << kGemmDims;
   constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
@@ -218,6 +218,7 @@ std::optional<double> measured_gemm_ns(const Calibration& cal, std::int64_t m, s
   const std::array<std::int64_t, kGemmDims> qi{m, n, k, batch};
   for (std::size_t s = 0; s < cal.gemms.size(); ++s) {
     const GemmSample& g = cal.gemms[s];
+    if (g.format != format) continue;
     const std::array<std::int64_t, kGemmDims> gi{g.m, g.n, g.k, g.batch};
     const auto p = log_shape(g.m, g.n, g.k, g.batch);
     double d2 = 0;
@@ -258,15 +259,16 @@ std::optional<double> measured_gemm_ns(const Calibration& cal, std::int64_t m, s
 }
 
 std::optional<double> calibrated_gemm_ns(const Calibration& cal, std::int64_t m, std::int64_t n, std::int64_t k,
-                                         std::int64_t batch) {
-  const auto ns = measured_gemm_ns(cal, m, n, k, batch);
+                                         std::int64_t batch, GemmFormat format) {
+  const auto ns = measured_gemm_ns(cal, m, n, k, batch, format);
   if (!ns) return std::nullopt;
   return *ns * cal.ranks_per_core;
 }
 
-std::optional<double> best_gemm_flops_per_s(const Calibration& cal) {
+std::optional<double> best_gemm_flops_per_s(const Calibration& cal, GemmFormat format) {
   double best = 0;
-  for (const GemmSample& g : cal.gemms) best = std::max(best, gemm_flops(g) / g.time_ns * 1e9);
+  for (const GemmSample& g : cal.gemms)
+    if (g.format == format) best = std::max(best, gemm_flops(g) / g.time_ns * 1e9);
   if (!(best > 0)) return std::nullopt;
   return best / cal.ranks_per_core;
 }

@@ -132,10 +132,12 @@ void read_gemms(JsonReader& r, const std::string& source, Calibration& cal) {
     }
     s.time_ns = t_us * kNsPerUs;
     s.source = g.optional_string("source").value_or("");
+    // "fp8": an FP8 GEMM's sample (GemmFormat); absent: the backend's own dtype.
+    if (g.optional_choice("precision", {"fp8"})) s.format = GemmFormat::fp8;
     g.reject_unknown();
     for (std::size_t j = 0; j < cal.gemms.size(); ++j) {
       const GemmSample& o = cal.gemms[j];
-      if (o.m == s.m && o.n == s.n && o.k == s.k && o.batch == s.batch) {
+      if (o.format == s.format && o.m == s.m && o.n == s.n && o.k == s.k && o.batch == s.batch) {
         throw InputError(source, f, "the same shape as " + at_index(field, j), "keep one median per shape");
       }
     }
@@ -212,6 +214,7 @@ nlohmann::json calibration_to_json(const Calibration& cal) {
   for (const GemmSample& g : cal.gemms) {
     nlohmann::json e = {{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}, {"time_us", g.time_ns / kNsPerUs}};
     if (!g.source.empty()) e["source"] = g.source;
+    if (g.format == GemmFormat::fp8) e["precision"] = "fp8";
     gemms.push_back(std::move(e));
   }
   j["gemms"] = std::move(gemms);

@@ -91,15 +91,24 @@ double gemm_burst_efficiency(const GpuProfile& gpu, Precision p) {
   return measured > 0 ? measured : gpu.gemm_max_efficiency;
 }
 
+// The card's sample format of a GEMM in precision `p` (none for FP4: not swept).
+std::optional<GemmFormat> calibrated_format(Precision p) {
+  if (p == Precision::bf16) return GemmFormat::bf16;
+  if (fp4_gemms(p)) return std::nullopt;
+  return GemmFormat::fp8;
+}
+
 // The best FLOP/s a large GEMM reaches: measured on a calibrated profile
 // (the best of its GEMM samples: the datasheet peak and the assumed
 // efficiency are what calibration replaces), else peak x the format's burst
 // efficiency x the fraction of that burst rate a GEMM sustains in training.
-// A calibrated card measured bf16 GEMMs only: an FP8 / FP4 GEMM takes the
-// datasheet model.
+// An FP8 GEMM takes the best of the card's FP8 samples where `cuboid
+// calibrate` swept them (a GPU with FP8 GEMMs: GemmFormat::fp8), else the
+// datasheet model; NVFP4 always the datasheet model (calibrated_format).
 double gemm_best_flops(const GpuProfile& gpu, Precision p = Precision::bf16) {
-  if (gpu.calibration && p == Precision::bf16) {
-    if (const auto best = best_gemm_flops_per_s(*gpu.calibration)) return *best;
+  if (gpu.calibration) {
+    if (const auto format = calibrated_format(p))
+      if (const auto best = best_gemm_flops_per_s(*gpu.calibration, *format)) return *best;
   }
   return sustained_flops(gpu, gemm_burst_efficiency(gpu, p), p);
 }
@@ -152,8 +161,9 @@ namespace {
 TimeNs gemm_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
                double extra_bytes, double bytes_per_s, Precision p = Precision::bf16) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
-  if (gpu.calibration && p == Precision::bf16) {
-    if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch)) return std::llround(*ns);
+  if (gpu.calibration) {
+    if (const auto format = calibrated_format(p))
+      if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch, *format)) return std::llround(*ns);
   }
   return gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s, p);
 }

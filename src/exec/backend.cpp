@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "cuboid/exec/exec_error.hpp"
 
@@ -187,6 +188,48 @@ void Backend::gemm(Trans trans_a, Trans trans_b, std::int64_t m, std::int64_t n,
   s.n = n;
   s.k = k;
   gemm(s, alpha, a, b, beta, c);
+}
+
+void Backend::gemm_quantized(Trans trans_a, Trans trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                             float alpha, ConstDeviceSpan a, ConstDeviceSpan b, float beta, DeviceSpan c,
+                             const GemmQuantization& q) {
+  GemmShape s;
+  s.trans_a = trans_a;
+  s.trans_b = trans_b;
+  s.m = m;
+  s.n = n;
+  s.k = k;
+  s = s.resolved();
+  CUBOID_EXEC_REQUIRE(m >= 0 && n >= 0 && k >= 0, "gemm_quantized",
+                      "negative dimension (m " + str(m) + ", n " + str(n) + ", k " + str(k) + ")");
+  require_float_size(a, m * k, "gemm_quantized", "A");
+  require_float_size(b, k * n, "gemm_quantized", "B");
+  require_float_size(c, m * n, "gemm_quantized", "C");
+  if (m == 0 || n == 0) return;
+  gemm_quantized_impl(s, alpha, a, b, beta, c, q);
+}
+
+void Backend::gemm_quantized_impl(const GemmShape& s, float alpha, ConstDeviceSpan a, ConstDeviceSpan b, float beta,
+                                  DeviceSpan c, const GemmQuantization& q) {
+  // Stored A is m x k (k along its rows) or k x m; stored B is k x n or n x k
+  // (k along its rows). MXFP8's blocks run along k.
+  auto quantized = [&](ConstDeviceSpan x, std::int64_t rows, std::int64_t cols, bool k_along_rows, Fp8Format f) {
+    std::vector<float> host = download(x.subspan(0, static_cast<std::size_t>(rows * cols)));
+    if (q.scaling == QuantScaling::per_tensor) quantize_dequantize_tensor(host, host, f);
+    else quantize_dequantize_mx(host, host, rows, cols, k_along_rows, f);
+    DeviceBuffer out = alloc(host.size(), x.dtype());
+    upload(host, out.span());
+    return out;
+  };
+  const bool ta = s.trans_a == Trans::yes, tb = s.trans_b == Trans::yes;
+  const DeviceBuffer qa = quantized(a, ta ? s.k : s.m, ta ? s.m : s.k, !ta, q.a);
+  const DeviceBuffer qb = quantized(b, tb ? s.n : s.k, tb ? s.k : s.n, tb, q.b);
+  gemm_impl(s, alpha, qa, qb, beta, c);
+}
+
+std::vector<double> Backend::time_fp8_gemm(std::int64_t, std::int64_t, std::int64_t, int, int, bool) {
+  throw_exec_error("time_fp8_gemm", "the " + std::string(name()) + " backend has no FP8 GEMMs of its own", __FILE__,
+                   __LINE__);
 }
 
 void Backend::gemm_strided_batched(Trans trans_a, Trans trans_b, std::int64_t m, std::int64_t n,

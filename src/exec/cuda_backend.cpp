@@ -124,12 +124,14 @@ CudaBackend::CudaBackend(int device) {
   CUBOID_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream_.get()));
   CUBOID_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
   CUBOID_CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_, kCublasWorkspaceBytes));
+  CUBOID_CUBLAS_CHECK(cublasLtCreate(&cublas_lt_));
 }
 
 CudaBackend::~CudaBackend() {
   scratch_ = DeviceBuffer();
   (void)cudaStreamSynchronize(stream_.get());
   cublas_.reset();
+  if (cublas_lt_ != nullptr) (void)cublasLtDestroy(cublas_lt_);
   (void)cudaFree(cublas_workspace_);
 }
 
@@ -313,6 +315,160 @@ void CudaBackend::gemm_impl(const GemmShape& s, float alpha, ConstDeviceSpan a, 
       cublas_.get(), cublas_op(s.trans_b), cublas_op(s.trans_a), n, m, k, &alpha, b.native(), cuda_type(b.dtype()),
       ldb, s.stride_b, a.native(), cuda_type(a.dtype()), lda, s.stride_a, &beta, c.native(), cuda_type(c.dtype()),
       ldc, s.stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+// --- quantized GEMM ---------------------------------------------------------------
+// Hopper's FP8 GEMM (cuBLASLt) takes both operands K-major ("TN" in column
+// major) with one fp32 scale_inv each. Row-major C = Q(op(A)) Q(op(B)) is
+// column-major C^T = Q(op(B))^T Q(op(A))^T, so cuBLASLt's A is op(B)^T stored
+// n x k row-major and its B is op(A) stored m x k row-major: each operand is
+// quantized (fp8.cu: amax, scale, cast) straight into that layout.
+namespace {
+template <typename T, auto Destroy>
+struct LtHandle {
+  T handle = nullptr;
+  LtHandle() = default;
+  LtHandle(const LtHandle&) = delete;
+  LtHandle& operator=(const LtHandle&) = delete;
+  ~LtHandle() {
+    if (handle != nullptr) (void)Destroy(handle);
+  }
+};
+cudaDataType_t fp8_type(Fp8Format f) { return f == Fp8Format::e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
+
+// One FP8 GEMM's cuBLASLt descriptors and algorithm, made once per shape:
+// column-major D[n x m] = qb^T[n x k] qa[k x m] (qb: op(B)^T stored n x k,
+// qa: op(A) stored m x k, both K-major), scaled by the two scale_inv.
+struct Fp8Matmul {
+  LtHandle<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> desc;
+  LtHandle<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> la, lb, lc;
+  cublasLtMatmulAlgo_t algo{};
+
+  Fp8Matmul(cublasLtHandle_t lt, std::int64_t m, std::int64_t n, std::int64_t k, Fp8Format fa, Fp8Format fb,
+            DType c, const float* a_scale_inv, const float* b_scale_inv, const std::string& device) {
+    const char* op = "gemm_quantized";
+    CUBOID_EXEC_REQUIRE(!(fa == Fp8Format::e5m2 && fb == Fp8Format::e5m2), op,
+                        "cuBLASLt has no E5M2 x E5M2 GEMM (hybrid FP8 quantizes one gradient operand at most)");
+    // cuBLASLt's FP8 kernels want the K-major leading dimension a multiple of 16 bytes.
+    CUBOID_EXEC_REQUIRE(k % 16 == 0 && m % 16 == 0 && n % 16 == 0, op,
+                        "FP8 GEMMs need m, n and k multiples of 16 (m " + std::to_string(m) + ", n " +
+                            std::to_string(n) + ", k " + std::to_string(k) + ")");
+    CUBOID_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
+    CUBOID_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa));
+    CUBOID_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb));
+    // cuBLASLt's A is op(B)^T, its B op(A).
+    CUBOID_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                       &b_scale_inv, sizeof b_scale_inv));
+    CUBOID_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                       &a_scale_inv, sizeof a_scale_inv));
+    const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+    CUBOID_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.handle, fp8_type(fb), u(k), u(n), k));
+    CUBOID_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.handle, fp8_type(fa), u(k), u(m), k));
+    CUBOID_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc.handle, cuda_type(c), u(n), u(m), n));
+    LtHandle<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> pref;
+    CUBOID_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.handle));
+    const std::uint64_t workspace = kCublasWorkspaceBytes;
+    CUBOID_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &workspace, sizeof workspace));
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    CUBOID_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc.handle, la.handle, lb.handle, lc.handle, lc.handle,
+                                                       pref.handle, 1, &heuristic, &found));
+    CUBOID_EXEC_REQUIRE(found > 0, op,
+                        "cuBLASLt offers no FP8 kernel for m " + std::to_string(m) + ", n " + std::to_string(n) +
+                            ", k " + std::to_string(k) + " on " + device + " (FP8 needs compute capability 8.9+)");
+    algo = heuristic.algo;
+  }
+
+  void run(cublasLtHandle_t lt, float alpha, const void* qa, const void* qb, float beta, void* c, void* workspace,
+           cudaStream_t stream) const {
+    CUBOID_CUBLAS_CHECK(cublasLtMatmul(lt, desc.handle, &alpha, qb, la.handle, qa, lb.handle, &beta, c, lc.handle, c,
+                                       lc.handle, &algo, workspace, kCublasWorkspaceBytes, stream));
+  }
+};
+}  // namespace
+
+bool CudaBackend::native_fp8_gemm() const { return info_.sm_major * 10 + info_.sm_minor >= 89; }
+
+// Hopper's FP8 GEMM (cuBLASLt) takes both operands K-major ("TN" in column
+// major) with one fp32 scale_inv each. Row-major C = Q(op(A)) Q(op(B)) is
+// column-major C^T = Q(op(B))^T Q(op(A))^T, so cuBLASLt's A is op(B)^T stored
+// n x k row-major and its B is op(A) stored m x k row-major: each operand is
+// quantized (fp8.cu: amax, scale, cast) straight into that layout.
+void CudaBackend::gemm_quantized_impl(const GemmShape& s, float alpha, ConstDeviceSpan a, ConstDeviceSpan b,
+                                      float beta, DeviceSpan c, const GemmQuantization& q) {
+  if (q.scaling != QuantScaling::per_tensor) {
+    Backend::gemm_quantized_impl(s, alpha, a, b, beta, c, q);
+    return;
+  }
+  const char* op = "gemm_quantized";
+  CUBOID_EXEC_REQUIRE(a.dtype() == b.dtype(), op, "A and B must share a dtype");
+  CUBOID_EXEC_REQUIRE(c.dtype() == a.dtype() || c.dtype() == DType::f32, op, "C must be f32 or A's dtype");
+  const std::int64_t m = s.m, n = s.n, k = s.k;
+  const auto words = [](std::int64_t bytes) { return static_cast<std::size_t>((bytes + 3) / 4); };
+  DeviceBuffer qa = alloc_impl(words(m * k), DType::f32);
+  DeviceBuffer qb = alloc_impl(words(n * k), DType::f32);
+  DeviceBuffer scales = alloc_impl(6, DType::f32);  // amax, scale, scale_inv of A, then of B
+  float* sc = static_cast<float*>(scales.native());
+  const Fp8Matmul mm(cublas_lt_, m, n, k, q.a, q.b, c.dtype(), sc + 2, sc + 5, info_.name);
+  const bool ta = s.trans_a == Trans::yes, tb = s.trans_b == Trans::yes;
+  dispatch_float(a.dtype(), op, [&](auto t) {
+    using T = decltype(t);
+    // op(A) as m x k: stored m x k as is, stored k x m transposed.
+    CUBOID_CUDA_CHECK(kernels::fp8_amax(ptr<T>(a), m * k, sc + 0, stream_.get()));
+    CUBOID_CUDA_CHECK(kernels::fp8_scale(sc + 0, q.a == Fp8Format::e5m2, sc + 1, sc + 2, stream_.get()));
+    CUBOID_CUDA_CHECK(kernels::fp8_cast(ptr<T>(a), ta ? k : m, ta ? m : k, ta, q.a == Fp8Format::e5m2, sc + 1,
+                                        qa.native(), stream_.get()));
+    // op(B)^T as n x k: stored n x k as is, stored k x n transposed.
+    CUBOID_CUDA_CHECK(kernels::fp8_amax(ptr<T>(b), n * k, sc + 3, stream_.get()));
+    CUBOID_CUDA_CHECK(kernels::fp8_scale(sc + 3, q.b == Fp8Format::e5m2, sc + 4, sc + 5, stream_.get()));
+    CUBOID_CUDA_CHECK(kernels::fp8_cast(ptr<T>(b), tb ? n : k, tb ? k : n, !tb, q.b == Fp8Format::e5m2, sc + 4,
+                                        qb.native(), stream_.get()));
+  });
+  mm.run(cublas_lt_, alpha, qa.native(), qb.native(), beta, c.native(), cublas_workspace_, stream_.get());
+}
+
+std::vector<double> CudaBackend::time_fp8_gemm(std::int64_t m, std::int64_t n, std::int64_t k, int warmup, int calls,
+                                               bool lead_call) {
+  CUBOID_EXEC_REQUIRE(native_fp8_gemm(), "time_fp8_gemm", info_.name + " has no FP8 tensor cores");
+  // Random bf16 operands quantized once (E4M3, per-tensor scales): the GEMM
+  // alone is timed, as the cost model prices it beside its quantize kernels.
+  DeviceBuffer a = alloc_impl(static_cast<std::size_t>(m * k), DType::bf16);
+  DeviceBuffer b = alloc_impl(static_cast<std::size_t>(n * k), DType::bf16);
+  DeviceBuffer c = alloc_impl(static_cast<std::size_t>(m * n), DType::bf16);
+  fill_random_impl(a.span(), 11, 1.0f);
+  fill_random_impl(b.span(), 12, 1.0f);
+  const auto words = [](std::int64_t bytes) { return static_cast<std::size_t>((bytes + 3) / 4); };
+  DeviceBuffer qa = alloc_impl(words(m * k), DType::f32);
+  DeviceBuffer qb = alloc_impl(words(n * k), DType::f32);
+  DeviceBuffer scales = alloc_impl(6, DType::f32);
+  float* sc = static_cast<float*>(scales.native());
+  const bf16* pa = static_cast<const bf16*>(a.native());
+  const bf16* pb = static_cast<const bf16*>(b.native());
+  CUBOID_CUDA_CHECK(kernels::fp8_amax(pa, m * k, sc + 0, stream_.get()));
+  CUBOID_CUDA_CHECK(kernels::fp8_scale(sc + 0, false, sc + 1, sc + 2, stream_.get()));
+  CUBOID_CUDA_CHECK(kernels::fp8_cast(pa, m, k, false, false, sc + 1, qa.native(), stream_.get()));
+  CUBOID_CUDA_CHECK(kernels::fp8_amax(pb, n * k, sc + 3, stream_.get()));
+  CUBOID_CUDA_CHECK(kernels::fp8_scale(sc + 3, false, sc + 4, sc + 5, stream_.get()));
+  CUBOID_CUDA_CHECK(kernels::fp8_cast(pb, n, k, false, false, sc + 4, qb.native(), stream_.get()));
+  const Fp8Matmul mm(cublas_lt_, m, n, k, Fp8Format::e4m3, Fp8Format::e4m3, DType::bf16, sc + 2, sc + 5, info_.name);
+  auto call = [&] {
+    mm.run(cublas_lt_, 1.0f, qa.native(), qb.native(), 0.0f, c.native(), cublas_workspace_, stream_.get());
+  };
+  TimerEvent start = create_event(), stop = create_event();
+  std::vector<double> times;
+  for (int i = 0; i < warmup + calls; ++i) {
+    if (lead_call) call();
+    record(start);
+    call();
+    record(stop);
+    const auto ns = static_cast<double>(elapsed_ns(start, stop));
+    if (i >= warmup) times.push_back(ns);
+  }
+  return times;
 }
 
 // --- normalisation --------------------------------------------------------------

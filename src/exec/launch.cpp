@@ -173,10 +173,19 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
   if (plan.cp > 1 && plan.cp_comm != CpComm::p2p)
     refuse("parallel.cp_comm", "context parallelism's a2a exchange (it runs the p2p ring)",
            "plan with --cp-comm-type p2p");
-  if (plan.precision != Precision::bf16)
+  // The linear layers' GEMMs run quantized as fp8-current (per-tensor current
+  // scaling) or mxfp8 prescribes (Backend::gemm_quantized, fp8.hpp).
+  if (plan.precision == Precision::fp8_delayed)
     refuse("parallel.precision",
-           std::string(to_string(plan.precision)) + " linear layers (its GEMMs run in the backend's bf16 or f32)",
-           "plan with --precision bf16");
+           "delayed scaling (each tensor's scale comes from an amax history of earlier iterations, which it keeps "
+           "none of)",
+           "plan with --precision fp8-current or mxfp8");
+  if (plan.precision == Precision::fp8_blockwise)
+    refuse("parallel.precision", "blockwise FP8 scaling (1 x 128 and 128 x 128 blocks)",
+           "plan with --precision fp8-current or mxfp8");
+  if (plan.precision == Precision::nvfp4)
+    refuse("parallel.precision", "NVFP4 linear layers (4-bit elements in 16-element blocks)",
+           "plan with --precision fp8-current or mxfp8");
   if (!model.moe.enabled()) return;
   const MoeSpec& e = model.moe;
   if (e.shared_expert_ffn_hidden_size > 0)

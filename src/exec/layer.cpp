@@ -34,6 +34,7 @@ LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan, float dro
   d.rmsnorm = model.normalization == Normalization::rmsnorm;
   d.dropout = dropout;
   d.experts = model.moe.num_experts;
+  d.precision = plan.precision;
   const LayerOps ops = transformer_layer_ops(model, plan, false);
   auto linear = [&](std::string_view name) {
     for (const Op& op : ops.forward) {
@@ -252,12 +253,12 @@ void LayerRunner::forward(const LayerParams& w, ConstDeviceSpan x, LayerActs& a,
   // Attention block.
   norm_forward(op::norm_in, pass, x, w.norm1_gamma, w.norm1_beta, a.norm1, a.norm1_mean, a.norm1_rstd);
   const ConstDeviceSpan in1 = tp_gather(op::tp_ag_attn, pass, a.norm1, a.norm1_full);
-  timer_.run(linear_desc(op::qkv, pass, d_.qkv), [&] { be_.gemm(Trans::no, Trans::no, T, n, h, 1.0f, in1, w.w_qkv, 0.0f, a.qkv); });
+  timer_.run(linear_desc(op::qkv, pass, d_.qkv), [&] { linear_gemm(be_, d_.precision, GemmRole::forward, Trans::no, Trans::no, T, n, h, 1.0f, in1, w.w_qkv, 0.0f, a.qkv); });
   if (d_.flash)
     flash_forward(a, pass);
   else
     unfused_attention_forward(a, mem, pass);
-  timer_.run(linear_desc(op::proj, pass, d_.proj), [&] { be_.gemm(Trans::no, Trans::no, T, h, q, 1.0f, a.ctx, w.w_proj, 0.0f, full_a_); });
+  timer_.run(linear_desc(op::proj, pass, d_.proj), [&] { linear_gemm(be_, d_.precision, GemmRole::forward, Trans::no, Trans::no, T, h, q, 1.0f, a.ctx, w.w_proj, 0.0f, full_a_); });
   const DeviceSpan attn_out = tp_reduce(d_.sequence_parallel ? op::tp_rs_attn : op::tp_ar_attn, pass, full_a_, local_a_);
   timer_.run(mem_desc(op::drop_add_attn, pass, 3.0 * local_elems * esz),
              [&] { be_.dropout_residual_forward(attn_out, x, a.mid, d_.dropout, mix64(seed + 11)); });
@@ -273,7 +274,7 @@ void LayerRunner::forward(const LayerParams& w, ConstDeviceSpan x, LayerActs& a,
   }
   const ConstDeviceSpan in2 = tp_gather(op::tp_ag_mlp, pass, a.norm2, a.norm2_full);
   timer_.run(linear_desc(op::fc1, pass, d_.fc1),
-             [&] { be_.gemm(Trans::no, Trans::no, T, d_.fc1_cols(), h, 1.0f, in2, w.w_fc1, 0.0f, a.fc1); });
+             [&] { linear_gemm(be_, d_.precision, GemmRole::forward, Trans::no, Trans::no, T, d_.fc1_cols(), h, 1.0f, in2, w.w_fc1, 0.0f, a.fc1); });
   timer_.run(mem_desc(op::act, pass, static_cast<double>(T * d_.ffn) * (d_.gated ? 3.0 : 2.0) * esz), [&] {
     if (d_.gated)
       be_.swiglu_forward(a.fc1, a.act, T, d_.ffn);
@@ -281,7 +282,7 @@ void LayerRunner::forward(const LayerParams& w, ConstDeviceSpan x, LayerActs& a,
       be_.gelu_forward(a.fc1, a.act);
   });
   timer_.run(linear_desc(op::fc2, pass, d_.fc2),
-             [&] { be_.gemm(Trans::no, Trans::no, T, h, d_.ffn, 1.0f, a.act, w.w_fc2, 0.0f, full_a_); });
+             [&] { linear_gemm(be_, d_.precision, GemmRole::forward, Trans::no, Trans::no, T, h, d_.ffn, 1.0f, a.act, w.w_fc2, 0.0f, full_a_); });
   const DeviceSpan mlp_out = tp_reduce(d_.sequence_parallel ? op::tp_rs_mlp : op::tp_ar_mlp, pass, full_a_, local_a_);
   timer_.run(mem_desc(op::drop_add_mlp, pass, 3.0 * local_elems * esz),
              [&] { be_.dropout_residual_forward(mlp_out, a.mid, y, d_.dropout, mix64(seed + 12)); });
@@ -315,9 +316,9 @@ DeviceSpan LayerRunner::mlp_backward(const LayerParams& w, const LayerParams& g,
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
   const ConstDeviceSpan d_fc2 = tp_gather(op::tp_ag_mlp_bwd, bw, local_b_, full_b_);
   timer_.run(dgrad_desc(op::fc2_dgrad, d_.fc2),
-             [&] { be_.gemm(Trans::no, Trans::yes, T, d_.ffn, h, 1.0f, d_fc2, w.w_fc2, 0.0f, dact_); });
+             [&] { linear_gemm(be_, d_.precision, GemmRole::dgrad, Trans::no, Trans::yes, T, d_.ffn, h, 1.0f, d_fc2, w.w_fc2, 0.0f, dact_); });
   timer_.run(wgrad_desc(op::fc2_wgrad, d_.fc2),
-             [&] { be_.gemm(Trans::yes, Trans::no, d_.ffn, h, T, 1.0f, a.act, d_fc2, 1.0f, g.w_fc2); });
+             [&] { linear_gemm(be_, d_.precision, GemmRole::wgrad, Trans::yes, Trans::no, d_.ffn, h, T, 1.0f, a.act, d_fc2, 1.0f, g.w_fc2); });
   timer_.run(mem_desc(op::act_bwd, bw, static_cast<double>(T * d_.ffn) * (d_.gated ? 5.0 : 3.0) * esz), [&] {
     if (d_.gated)
       be_.swiglu_backward(dact_, a.fc1, dfc1_, T, d_.ffn);
@@ -326,9 +327,9 @@ DeviceSpan LayerRunner::mlp_backward(const LayerParams& w, const LayerParams& g,
   });
   const ConstDeviceSpan in2 = d_.sequence_parallel ? ConstDeviceSpan(a.norm2_full) : ConstDeviceSpan(a.norm2);
   timer_.run(dgrad_desc(op::fc1_dgrad, d_.fc1),
-             [&] { be_.gemm(Trans::no, Trans::yes, T, h, d_.fc1_cols(), 1.0f, dfc1_, w.w_fc1, 0.0f, full_a_); });
+             [&] { linear_gemm(be_, d_.precision, GemmRole::dgrad, Trans::no, Trans::yes, T, h, d_.fc1_cols(), 1.0f, dfc1_, w.w_fc1, 0.0f, full_a_); });
   timer_.run(wgrad_desc(op::fc1_wgrad, d_.fc1),
-             [&] { be_.gemm(Trans::yes, Trans::no, h, d_.fc1_cols(), T, 1.0f, in2, dfc1_, 1.0f, g.w_fc1); });
+             [&] { linear_gemm(be_, d_.precision, GemmRole::wgrad, Trans::yes, Trans::no, h, d_.fc1_cols(), T, 1.0f, in2, dfc1_, 1.0f, g.w_fc1); });
   return tp_reduce(d_.sequence_parallel ? op::tp_rs_mlp_bwd : op::tp_ar_mlp_bwd, bw, full_a_, local_a_);
 }
 
@@ -345,9 +346,9 @@ void LayerRunner::attention_backward(const LayerParams& w, const LayerParams& g,
              [&] { be_.dropout_backward(local_b_, local_a_, d_.dropout, mix64(seed + 11)); });
   const ConstDeviceSpan d_proj = tp_gather(op::tp_ag_attn_bwd, bw, local_a_, full_b_);
   timer_.run(dgrad_desc(op::proj_dgrad, d_.proj),
-             [&] { be_.gemm(Trans::no, Trans::yes, T, q, h, 1.0f, d_proj, w.w_proj, 0.0f, dctx_); });
+             [&] { linear_gemm(be_, d_.precision, GemmRole::dgrad, Trans::no, Trans::yes, T, q, h, 1.0f, d_proj, w.w_proj, 0.0f, dctx_); });
   timer_.run(wgrad_desc(op::proj_wgrad, d_.proj),
-             [&] { be_.gemm(Trans::yes, Trans::no, q, h, T, 1.0f, a.ctx, d_proj, 1.0f, g.w_proj); });
+             [&] { linear_gemm(be_, d_.precision, GemmRole::wgrad, Trans::yes, Trans::no, q, h, T, 1.0f, a.ctx, d_proj, 1.0f, g.w_proj); });
 
   timer_.run(mem_desc(op::dqkv_zero, bw, static_cast<double>(dqkv_.bytes())), [&] { be_.fill(dqkv_, 0.0f); });
   if (d_.flash)
@@ -356,9 +357,9 @@ void LayerRunner::attention_backward(const LayerParams& w, const LayerParams& g,
     unfused_attention_backward(a, mem);
   const ConstDeviceSpan in1 = d_.sequence_parallel ? ConstDeviceSpan(a.norm1_full) : ConstDeviceSpan(a.norm1);
   timer_.run(dgrad_desc(op::qkv_dgrad, d_.qkv),
-             [&] { be_.gemm(Trans::no, Trans::yes, T, h, n, 1.0f, dqkv_, w.w_qkv, 0.0f, full_a_); });
+             [&] { linear_gemm(be_, d_.precision, GemmRole::dgrad, Trans::no, Trans::yes, T, h, n, 1.0f, dqkv_, w.w_qkv, 0.0f, full_a_); });
   timer_.run(wgrad_desc(op::qkv_wgrad, d_.qkv),
-             [&] { be_.gemm(Trans::yes, Trans::no, h, n, T, 1.0f, in1, dqkv_, 1.0f, g.w_qkv); });
+             [&] { linear_gemm(be_, d_.precision, GemmRole::wgrad, Trans::yes, Trans::no, h, n, T, 1.0f, in1, dqkv_, 1.0f, g.w_qkv); });
   const DeviceSpan d_norm1 = tp_reduce(d_.sequence_parallel ? op::tp_rs_attn_bwd : op::tp_ar_attn_bwd, bw, full_a_, local_a_);
   norm_backward(op::norm_in_bwd, d_norm1, x, w.norm1_gamma, a.norm1_mean, a.norm1_rstd, dx, g.norm1_gamma,
                 g.norm1_beta);

@@ -46,7 +46,31 @@ MoeDims moe_dims(const ModelSpec& model, const ParallelPlan& plan, std::int64_t 
   d.ffn = model.moe.expert_ffn_hidden_size;
   d.ep = plan.ep;
   d.gated = model.gated_mlp();
+  d.precision = plan.precision;
   return d;
+}
+
+GemmQuantization gemm_quantization(Precision p, GemmRole role) {
+  CUBOID_EXEC_REQUIRE(p == Precision::fp8_current || p == Precision::mxfp8, "gemm_quantization",
+                      "the executor quantizes fp8-current and mxfp8 GEMMs only");
+  GemmQuantization q;
+  if (p == Precision::mxfp8) {
+    q.scaling = QuantScaling::mx;
+    return q;
+  }
+  q.scaling = QuantScaling::per_tensor;
+  if (role == GemmRole::dgrad) q.a = Fp8Format::e5m2;
+  if (role == GemmRole::wgrad) q.b = Fp8Format::e5m2;
+  return q;
+}
+
+void linear_gemm(Backend& be, Precision precision, GemmRole role, Trans trans_a, Trans trans_b, std::int64_t m,
+                 std::int64_t n, std::int64_t k, float alpha, ConstDeviceSpan a, ConstDeviceSpan b, float beta,
+                 DeviceSpan c) {
+  if (precision == Precision::bf16)
+    be.gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+  else
+    be.gemm_quantized(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, gemm_quantization(precision, role));
 }
 
 MoeParams expert_params_at(DeviceSpan flat, std::size_t offset, const MoeDims& d) {
@@ -220,7 +244,7 @@ void MoeRunner::forward(const MoeParams& w, ConstDeviceSpan x, MoeActs& a, Devic
   const DeviceSpan y_sorted = grown(be_, y_sorted_, sz(R * h), cd);
   timer_.run(grouped_desc(op::expert_fc1, pass, R, L, 0, F1, h), [&] {
     each_expert(a, [&](std::int64_t e, std::int64_t r0, std::int64_t n) {
-      be_.gemm(Trans::no, Trans::no, n, F1, h, 1.0f, x_sorted.subspan(sz(r0 * h), sz(n * h)), w.fc1[sz(e)], 0.0f,
+      linear_gemm(be_, d_.precision, GemmRole::forward, Trans::no, Trans::no, n, F1, h, 1.0f, x_sorted.subspan(sz(r0 * h), sz(n * h)), w.fc1[sz(e)], 0.0f,
                fc1.subspan(sz(r0 * F1), sz(n * F1)));
     });
   });
@@ -235,7 +259,7 @@ void MoeRunner::forward(const MoeParams& w, ConstDeviceSpan x, MoeActs& a, Devic
   });
   timer_.run(grouped_desc(op::expert_fc2, pass, R, L, 0, h, F), [&] {
     each_expert(a, [&](std::int64_t e, std::int64_t r0, std::int64_t n) {
-      be_.gemm(Trans::no, Trans::no, n, h, F, 1.0f, act_scaled.subspan(sz(r0 * F), sz(n * F)), w.fc2[sz(e)], 0.0f,
+      linear_gemm(be_, d_.precision, GemmRole::forward, Trans::no, Trans::no, n, h, F, 1.0f, act_scaled.subspan(sz(r0 * F), sz(n * F)), w.fc2[sz(e)], 0.0f,
                y_sorted.subspan(sz(r0 * h), sz(n * h)));
     });
   });
@@ -291,13 +315,13 @@ void MoeRunner::backward(const MoeParams& w, const MoeParams& g, ConstDeviceSpan
   const DeviceSpan d_x_sorted = grown(be_, y_sorted_, sz(R * h), cd);
   timer_.run(grouped_desc(op::expert_fc2_dgrad, bw, R, L, 0, F, h), [&] {
     each_expert(a, [&](std::int64_t e, std::int64_t r0, std::int64_t n) {
-      be_.gemm(Trans::no, Trans::yes, n, F, h, 1.0f, d_y.subspan(sz(r0 * h), sz(n * h)), w.fc2[sz(e)], 0.0f,
+      linear_gemm(be_, d_.precision, GemmRole::dgrad, Trans::no, Trans::yes, n, F, h, 1.0f, d_y.subspan(sz(r0 * h), sz(n * h)), w.fc2[sz(e)], 0.0f,
                d_act.subspan(sz(r0 * F), sz(n * F)));
     });
   });
   timer_.run(grouped_desc(op::expert_fc2_wgrad, bw, R, L, F, h, 0), [&] {
     each_expert(a, [&](std::int64_t e, std::int64_t r0, std::int64_t n) {
-      be_.gemm(Trans::yes, Trans::no, F, h, n, 1.0f, ConstDeviceSpan(a.act_scaled).subspan(sz(r0 * F), sz(n * F)),
+      linear_gemm(be_, d_.precision, GemmRole::wgrad, Trans::yes, Trans::no, F, h, n, 1.0f, ConstDeviceSpan(a.act_scaled).subspan(sz(r0 * F), sz(n * F)),
                d_y.subspan(sz(r0 * h), sz(n * h)), 1.0f, g.fc2[sz(e)]);
     });
   });
@@ -313,13 +337,13 @@ void MoeRunner::backward(const MoeParams& w, const MoeParams& g, ConstDeviceSpan
   });
   timer_.run(grouped_desc(op::expert_fc1_dgrad, bw, R, L, 0, h, F1), [&] {
     each_expert(a, [&](std::int64_t e, std::int64_t r0, std::int64_t n) {
-      be_.gemm(Trans::no, Trans::yes, n, h, F1, 1.0f, d_fc1.subspan(sz(r0 * F1), sz(n * F1)), w.fc1[sz(e)], 0.0f,
+      linear_gemm(be_, d_.precision, GemmRole::dgrad, Trans::no, Trans::yes, n, h, F1, 1.0f, d_fc1.subspan(sz(r0 * F1), sz(n * F1)), w.fc1[sz(e)], 0.0f,
                d_x_sorted.subspan(sz(r0 * h), sz(n * h)));
     });
   });
   timer_.run(grouped_desc(op::expert_fc1_wgrad, bw, R, L, h, F1, 0), [&] {
     each_expert(a, [&](std::int64_t e, std::int64_t r0, std::int64_t n) {
-      be_.gemm(Trans::yes, Trans::no, h, F1, n, 1.0f, ConstDeviceSpan(a.x_sorted).subspan(sz(r0 * h), sz(n * h)),
+      linear_gemm(be_, d_.precision, GemmRole::wgrad, Trans::yes, Trans::no, h, F1, n, 1.0f, ConstDeviceSpan(a.x_sorted).subspan(sz(r0 * h), sz(n * h)),
                d_fc1.subspan(sz(r0 * F1), sz(n * F1)), 1.0f, g.fc1[sz(e)]);
     });
   });

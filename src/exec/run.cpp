@@ -172,6 +172,7 @@ nlohmann::json run_plan_json(const ParallelPlan& plan, int gpus_per_node) {
   if (plan.loss_in_split) j["loss_in_pipeline_split"] = true;
   if (!plan.pipeline_layout.empty()) j["pipeline_layout"] = pipeline_layout_string(plan.pipeline_layout);
   j["flash_attention"] = plan.flash_attention;
+  if (plan.precision != Precision::bf16) j["precision"] = std::string(to_string(plan.precision));
   j["gpus_per_node"] = gpus_per_node;
   return j;
 }
@@ -238,6 +239,15 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
   const LaunchInfo launch = detect_launch(process_environment());
   // Refuse a wrong world before starting anything.
   check_executable(model, plan, pf.source);
+  // The CPU backend emulates the quantized GEMMs (operands rounded to FP8 on
+  // the host, an f32 GEMM); the CUDA backend runs per-tensor FP8 through
+  // cuBLASLt, and MXFP8 only through that host emulation, whose timings would
+  // be the host's.
+  if (plan.precision == Precision::mxfp8 && o.backend != "cpu")
+    throw InputError(pf.source, "parallel.precision",
+                     "the " + o.backend + " backend runs no MXFP8 GEMMs (cuBLASLt's block-scaled FP8 needs Blackwell; "
+                     "the cpu backend emulates them)",
+                     "run with --backend cpu, or plan with --precision fp8-current");
   if (!o.out_path.empty()) check_output_paths(std::vector<OutputPath>{{"--out", o.out_path}});
   check_world_size(launch.world_size, plan, pf.source);
   World world = start_world(launch, o.backend, o.timeout_s);
@@ -284,7 +294,11 @@ bool check_forward(Backend& backend, ProcessGroups& groups, const ModelSpec& mod
                              model.moe.enabled() ? fmt::format(", MoE layer with EP {} of {} experts", plan.ep,
                                                                model.moe.num_experts)
                                                  : "",
-                             c.attention_error, c.layer_error, c.tolerance, to_string(backend.compute_dtype()),
+                             c.attention_error, c.layer_error, c.tolerance,
+                             plan.precision == Precision::bf16
+                                 ? std::string(to_string(backend.compute_dtype()))
+                                 : fmt::format("{}, {} GEMMs against the unquantized layer",
+                                               to_string(backend.compute_dtype()), to_string(plan.precision)),
                              c.passed() ? "PASSED" : "FAILED");
     std::cout.flush();
   }
@@ -360,6 +374,8 @@ void add_model_and_plan(nlohmann::json& doc, const ModelSpec& model, const Paral
   doc["plan"]["seq_length"] = runner.dims().seq * plan.cp;
   doc["plan"]["world_size"] = plan.world_size();
   if (plan.cp > 1) doc["plan"]["cp"] = plan.cp;
+  // The linear layers' GEMMs ran quantized (absent: the backend's own dtype).
+  if (plan.precision != Precision::bf16) doc["plan"]["precision"] = std::string(to_string(plan.precision));
   if (model.moe.enabled()) {
     doc["plan"]["ep"] = plan.ep;
     doc["plan"]["etp"] = plan.expert_tp();

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 #include <utility>
 
 #include <fmt/format.h>
@@ -51,6 +52,23 @@ void refuse_pipeline_layout(const PlanFile& pf, std::string_view trainer) {
                      "layers, --pipeline-model-parallel-layout)",
                      trainer),
          "export with --to megatron, or plan without the layout");
+}
+
+McoreQuantization mcore_quantization(Precision p) {
+  switch (p) {
+    case Precision::fp8_delayed: return {false, "hybrid", "delayed", 1024, "max"};
+    case Precision::fp8_current: return {false, "hybrid", "tensorwise", 0, ""};
+    case Precision::fp8_blockwise: return {false, "hybrid", "blockwise", 0, ""};
+    case Precision::mxfp8: return {false, "e4m3", "mxfp8", 0, ""};
+    case Precision::nvfp4: return {true, "e2m1", "nvfp4", 0, ""};
+    case Precision::bf16: break;
+  }
+  throw std::logic_error("mcore_quantization: a bf16 plan has no quantization settings");
+}
+
+void refuse_precision(const PlanFile& pf, const std::string& why, const std::string& fix) {
+  refuse(pf, "parallel.precision",
+         fmt::format("the plan is priced with {} GEMMs, and {}", to_string(pf.plan.precision), why), fix);
 }
 
 std::string header(const PlanFile& pf, std::string_view comment, std::string_view target) {
@@ -251,16 +269,6 @@ ExportResult export_plan(const PlanFile& pf, std::string_view target) {
              "the model uses YaRN rope scaling, which no export writes yet (its trainer flags are not among the "
              "pinned options)",
              "drop rope_scaling_type and rope_scaling_factor from the card to export without the scaling");
-    // No target writes a precision yet: an FP8 plan exported as bf16 would
-    // train another plan than the one priced (Megatron-LM's --fp8-format /
-    // --fp8-recipe, Megatron-Bridge's and NeMo's fp8 recipe settings and
-    // torchtitan's float8 / MXFP8 converters could carry it).
-    if (pf.plan.precision != Precision::bf16)
-      exporters::refuse(pf, "parallel.precision",
-                        fmt::format("{} exports write no precision yet; the plan is priced in {}, and the file would "
-                                    "train it in bf16",
-                                    target, to_string(pf.plan.precision)),
-                        "export a bf16 plan (cuboid plan without --precision)");
     return e.run(pf);
   }
   std::string names;

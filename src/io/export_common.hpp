@@ -56,6 +56,30 @@ std::vector<McoreSetting> moe_layer_settings(const ModelSpec& m);
 // The MoE kernels cuboid prices, after the layer's shape.
 std::vector<McoreSetting> moe_kernel_settings();
 
+// Megatron-Core's quantized-GEMM settings for the plan's precision (Transformer
+// Engine recipes as Megatron-Core d98e8a64 megatron/core/fp8_utils.py
+// get_fp8_recipe builds them): format "hybrid" (E4M3 forward, E5M2 gradients)
+// or "e4m3", recipe tensorwise / delayed / blockwise / mxfp8; NVFP4 is the
+// fp4 format "e2m1" with recipe "nvfp4". The formats follow Megatron-Bridge
+// v0.6.0's recipes (src/megatron/bridge/training/mixed_precision.py): hybrid
+// for delayed, current and blockwise scaling, e4m3 for MXFP8. Delayed scaling
+// keeps an amax history of 1024 steps and takes its maximum (Bridge's
+// bf16_with_fp8_delayed_scaling_mixed and Megatron-LM's
+// examples/llama/train_llama3_8b_h100_fp8.sh@d98e8a64); Megatron's own
+// defaults (1, most_recent) are no recipe anyone runs.
+struct McoreQuantization {
+  bool fp4 = false;             // --fp4-format / fp4 rather than --fp8-format / fp8
+  std::string_view format;      // "hybrid", "e4m3" or (fp4) "e2m1"
+  std::string_view recipe;      // "tensorwise", "delayed", "blockwise", "mxfp8" or "nvfp4"
+  int amax_history_len = 0;     // delayed scaling only, else 0
+  std::string_view amax_compute_algo;  // delayed scaling only
+};
+// Precondition: the plan's precision is not bf16.
+McoreQuantization mcore_quantization(Precision p);
+// A target that writes no quantized GEMMs refuses a plan priced with them;
+// `why` says what the trainer lacks, `fix` where to export instead.
+[[noreturn]] void refuse_precision(const PlanFile& pf, const std::string& why, const std::string& fix);
+
 // Keys and values as the format writes them.
 using Fields = std::vector<std::pair<std::string, std::string>>;
 

@@ -181,6 +181,13 @@ std::string notes(const PlanFile& pf) {
 }  // namespace
 
 ExportResult deepspeed(const PlanFile& pf) {
+  // deepspeed/runtime/config.py and constants.py@v0.16.4 have no FP8 or FP4
+  // key: the config selects fp16 or bf16 only.
+  if (pf.plan.precision != Precision::bf16)
+    refuse_precision(pf,
+                     "DeepSpeed v0.16.4's configuration has no quantized-GEMM setting (runtime/config.py reads "
+                     "fp16 and bf16 sections only; FP8 layers would be the model code's own)",
+                     "export with --to megatron or --to megatron-bridge");
   check_layout(pf);
   const Optimizer o = optimizer(pf.plan);
   check_gradients(pf, o);

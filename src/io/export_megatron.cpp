@@ -161,6 +161,21 @@ Args precision_args(const ParallelPlan& p) {
                                                                                                  : "flash")};
   // Fusion is Megatron-LM's default; a plan priced without it says so.
   if (!p.grad_accum_fusion) a.push_back("--no-gradient-accumulation-fusion");
+  if (p.precision == Precision::bf16) return a;
+  // The linear layers' GEMMs through Transformer Engine (TransformerConfig fp8 /
+  // fp8_recipe / fp4 / fp4_recipe, argparse names --fp8-format and --fp4-format;
+  // --fp8-param-gather and --fp4-param-gather from _add_transformer_engine_args).
+  // first_last_layers_bf16 stays at its default, off: every layer quantized, as priced.
+  const McoreQuantization q = mcore_quantization(p.precision);
+  a.push_back(fmt::format("# {} GEMMs in the linear layers (Transformer Engine)", to_string(p.precision)));
+  const std::string_view kind = q.fp4 ? "fp4" : "fp8";
+  a.push_back(fmt::format("--{}-format {}", kind, q.format));
+  a.push_back(fmt::format("--{}-recipe {}", kind, q.recipe));
+  if (q.amax_history_len > 0) {
+    a.push_back(fmt::format("--fp8-amax-history-len {}", q.amax_history_len));
+    a.push_back(fmt::format("--fp8-amax-compute-algo {}", q.amax_compute_algo));
+  }
+  if (p.fp8_param_gather) a.push_back(fmt::format("--{}-param-gather", kind));
   return a;
 }
 

@@ -43,6 +43,21 @@ Layout check_plan(const PlanFile& pf) {
   return l;
 }
 
+// The mixed-precision recipe of src/megatron/bridge/training/mixed_precision.py@v0.6.0
+// that runs the plan's quantized GEMMs: its format and scaling are the ones
+// Megatron-LM's export writes (mcore_quantization).
+const char* bridge_recipe(Precision p) {
+  switch (p) {
+    case Precision::fp8_delayed: return "bf16_with_fp8_delayed_scaling_mixed";
+    case Precision::fp8_current: return "bf16_with_fp8_current_scaling_mixed";
+    case Precision::fp8_blockwise: return "bf16_with_fp8_subchannel_scaling_mixed";
+    case Precision::mxfp8: return "bf16_with_mxfp8_mixed";
+    case Precision::nvfp4: return "bf16_with_nvfp4_mixed";
+    case Precision::bf16: break;
+  }
+  return "bf16_mixed";
+}
+
 // The comment lines and imports before the function.
 std::string preamble(const PlanFile& pf, const Layout& l) {
   std::string out = "#!/usr/bin/env python3\n" + header(pf, "#", "Megatron-Bridge v0.6.0");
@@ -58,8 +73,10 @@ std::string preamble(const PlanFile& pf, const Layout& l) {
   out += "import torch.nn.functional as F\n"
          "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
          "from megatron.bridge.recipes.common import _pretrain_common\n"
-         "from megatron.bridge.training.gpt_step import forward_step\n"
-         "from megatron.bridge.training.pretrain import pretrain\n"
+         "from megatron.bridge.training.gpt_step import forward_step\n";
+  if (pf.plan.precision != Precision::bf16)
+    out += fmt::format("from megatron.bridge.training.mixed_precision import {}\n", bridge_recipe(pf.plan.precision));
+  out += "from megatron.bridge.training.pretrain import pretrain\n"
          "from megatron.core.transformer.enums import AttnBackend\n\n\n";
   return out;
 }
@@ -164,7 +181,22 @@ std::string config_lines(const ParallelPlan& p, const Layout& l) {
   auto set = [&](const std::string& field, const std::string& value) {
     out += "    cfg." + field + " = " + value + "\n";
   };
-  set("mixed_precision", "\"bf16_mixed\"");
+  if (p.precision == Precision::bf16) {
+    set("mixed_precision", "\"bf16_mixed\"");
+  } else {
+    // The recipe's MixedPrecisionConfig, with what the plan prices set on it:
+    // the recipes turn the parameter all-gather in FP8 / FP4 on (all but
+    // subchannel scaling) and current scaling keeps the first and last layers
+    // in bf16, which cuboid does not price (every layer quantized).
+    const bool fp4 = p.precision == Precision::nvfp4;
+    set("mixed_precision", std::string(bridge_recipe(p.precision)) + "()");
+    set("mixed_precision.first_last_layers_bf16", "False");
+    set(fp4 ? "mixed_precision.fp4_param_gather" : "mixed_precision.fp8_param_gather", py(p.fp8_param_gather));
+    // config.py validate: MXFP8's parameter all-gather without FSDP asserts the
+    // gradient buffer's reuse; without the all-gather it has nothing to reuse.
+    if (p.precision == Precision::mxfp8)
+      set("mixed_precision.reuse_grad_buf_for_mxfp8_param_ag", py(p.fp8_param_gather));
+  }
   set("dist.use_tp_pp_dp_mapping", py(l.tp_pp_dp));
   // Both, or validation syncs the pair back to the recipe optimizer's True
   // (training/config.py _validate_and_sync_distributed_optimizer_settings):

@@ -29,6 +29,14 @@ bool refuse_unsupported(const PlanFile& pf) {
            "plan with --schedule 1f1b or --schedule interleaved");
   refuse_mla_mtp(pf, "cuboid's NeMo 1.x export");
   refuse_pipeline_layout(pf, "cuboid's NeMo 1.x export");
+  // megatron_gpt_config.yaml@8cfedd72 has FP8 keys for delayed scaling only
+  // (fp8, fp8_e4m3 / fp8_hybrid, fp8_margin, fp8_amax_history_len,
+  // fp8_amax_compute_algo, fp8_params); no key selects another recipe.
+  if (p.precision != Precision::bf16 && p.precision != Precision::fp8_delayed)
+    refuse_precision(pf,
+                     "NeMo 1.x's megatron_gpt_config.yaml has FP8 keys for delayed scaling only (fp8, fp8_hybrid, "
+                     "fp8_amax_history_len); none selects current, blockwise, MXFP8 or NVFP4 scaling",
+                     "plan with --precision fp8-delayed, or export with --to megatron or --to megatron-bridge");
   // nlp_overrides.py init_model_parallel passes no expert tensor-parallel size
   // to parallel_state.initialize_model_parallel, which then takes ETP = TP.
   if (m.moe.enabled() && p.expert_tp() != p.tp)
@@ -203,6 +211,19 @@ std::string training_keys(const ParallelPlan& p) {
   // O2: fp32 main parameters and gradients, as priced; fusion needs it.
   out += "  megatron_amp_O2: true\n";
   out += fmt::format("  gradient_accumulation_fusion: {}\n", yes_no(p.grad_accum_fusion));
+  if (p.precision == Precision::fp8_delayed) {
+    // megatron_gpt_model.py build_transformer_config: fp8_hybrid -> TransformerConfig
+    // fp8 "hybrid"; the amax keys reach TransformerConfig by name (the recipe
+    // Megatron-LM's export writes); fp8_params keeps the weights in FP8 and
+    // all-gathers them so (megatron_gpt_model.py fp8_param_gather).
+    const McoreQuantization q = mcore_quantization(p.precision);
+    out += "  fp8: true\n";
+    out += "  fp8_e4m3: false\n";
+    out += "  fp8_hybrid: true\n";
+    out += fmt::format("  fp8_amax_history_len: {}\n", q.amax_history_len);
+    out += fmt::format("  fp8_amax_compute_algo: {}\n", q.amax_compute_algo);
+    out += fmt::format("  fp8_params: {}\n", yes_no(p.fp8_param_gather));
+  }
   out += "  optim:\n";
   if (p.zero_stage >= 1) {
     // Megatron-Core's distributed optimizer; the parameter all-gather is priced

@@ -150,6 +150,89 @@ void check_common(const PlanFile& pf) {
            "plan --for torchtitan (it prices torchtitan's reduction)");
 }
 
+// torchtitan v0.2.2's converters for the plan's quantized GEMMs
+// (torchtitan/components/quantization/float8.py and mx.py@v0.2.2, fields
+// from config/job_config.py Float8Linear and MXLinear): per-tensor current
+// scaling is torchao's tensorwise Float8Linear (recipe_name unset: dynamic
+// per-tensor scales, E4M3 forward, E5M2 gradients, FP8 all-gathers under TP),
+// MXFP8 the MX converter's mxfp8_cublas recipe. Both keep the output layer in
+// bf16 (filter_fqns "output"), as priced; the float8 converter's default
+// filter is empty and would quantize it. A plan without quantized GEMMs
+// gets no converter key, as before.
+struct Quantize {
+  std::string converter;  // model.converters
+  std::string section;    // the converter's table
+  Fields fields;
+};
+std::optional<Quantize> quantize_v02(const PlanFile& pf) {
+  const ParallelPlan& p = pf.plan;
+  const std::string fix = "plan with --precision fp8-current or mxfp8, or export with --to megatron or --to "
+                          "megatron-bridge";
+  switch (p.precision) {
+    case Precision::bf16: return std::nullopt;
+    case Precision::fp8_delayed:
+      refuse_precision(pf,
+                       "torchtitan v0.2.2's float8 converter scales dynamically (torchao's tensorwise, rowwise and "
+                       "rowwise_with_gw_hp recipes); it keeps no amax history (delayed scaling)",
+                       fix);
+    case Precision::fp8_blockwise:
+      refuse_precision(pf,
+                       "torchtitan v0.2.2's float8 recipes are tensorwise, rowwise and rowwise_with_gw_hp "
+                       "(Float8Linear.recipe_name); none scales 1 x 128 activation and 128 x 128 weight blocks",
+                       fix);
+    case Precision::nvfp4:
+      refuse_precision(pf,
+                       "torchtitan v0.2.2's converters are float8 (torchao Float8Linear) and mx (MXFP8 recipes); "
+                       "neither trains in NVFP4",
+                       "plan with --precision mxfp8, or export with --to torchtitan-main, --to megatron or --to "
+                       "megatron-bridge");
+    case Precision::fp8_current:
+    case Precision::mxfp8: break;
+  }
+  if (pf.model.moe.enabled())
+    refuse_precision(pf,
+                     "torchtitan v0.2.2 quantizes the experts' grouped GEMMs only through its prototype grouped_mm "
+                     "converters, which assert no pipeline and no context parallelism (float8.py "
+                     "Float8GroupedMMConverter); cuboid's export does not write them",
+                     "export with --to megatron or --to megatron-bridge");
+  if (p.precision == Precision::mxfp8) {
+    if (p.fp8_param_gather)
+      refuse(pf, "parallel.fp8_param_gather",
+             "torchtitan v0.2.2's MX converter all-gathers the weights in bf16 (only the float8 tensorwise "
+             "converter has enable_fsdp_float8_all_gather)",
+             "plan without --fp8-param-gather, or export with --to megatron or --to megatron-bridge");
+    return Quantize{"quantize.linear.mx", "quantize.linear.mx",
+                    {{"recipe_name", "\"mxfp8_cublas\""}, {"filter_fqns", "[\"output\"]"}}};
+  }
+  // FSDP's FP8 all-gather of the weights (torchao enable_fsdp_float8_all_gather,
+  // with the scales' amax in one all-reduce after the optimizer step) is what
+  // --fp8-param-gather prices; without FSDP the converter ignores it.
+  if (p.fp8_param_gather && !(p.dp * p.cp > 1 && p.zero_stage >= 2))
+    refuse(pf, "parallel.fp8_param_gather",
+           "torchtitan's FP8 weights exist only for FSDP's all-gather (float8.py: enable_fsdp_float8_all_gather "
+           "takes effect with data_parallel_shard_degree > 1 only)",
+           "plan without --fp8-param-gather, or with --zero 2 and --dp 2 or more");
+  const std::string gather = p.fp8_param_gather ? "true" : "false";
+  return Quantize{"quantize.linear.float8",
+                  "quantize.linear.float8",
+                  {{"filter_fqns", "[\"output\"]"},
+                   {"enable_fsdp_float8_all_gather", gather},
+                   {"precompute_float8_dynamic_scale_for_fsdp", gather}}};
+}
+
+// A TOML value as a --section.key= override: strings unquoted, lists comma-separated.
+std::string flag_value(const std::string& v) {
+  std::string value = v;
+  if (value.size() >= 2 && value.front() == '[') {
+    std::string out;
+    for (char c : value.substr(1, value.size() - 2))
+      if (c != '"' && c != ' ') out += c;
+    return out;
+  }
+  if (value.size() >= 2 && value.front() == '"') value = value.substr(1, value.size() - 2);
+  return value;
+}
+
 const char* schedule_name(const ParallelPlan& p) {
   return p.schedule == Schedule::interleaved ? "Interleaved1F1B" : p.schedule == Schedule::gpipe ? "GPipe" : "1F1B";
 }
@@ -267,7 +350,9 @@ ExportResult torchtitan_v02(const PlanFile& pf) {
   }
 
   const Fields par = parallelism(pf, false);
-  const Fields model = {{"name", fmt::format("\"{}\"", model_name)}, {"flavor", fmt::format("\"{}\"", flavor_name)}};
+  const std::optional<Quantize> quantize = quantize_v02(pf);
+  Fields model = {{"name", fmt::format("\"{}\"", model_name)}, {"flavor", fmt::format("\"{}\"", flavor_name)}};
+  if (quantize) model.emplace_back("converters", fmt::format("[\"{}\"]", quantize->converter));
   // local_batch_size is per data-parallel rank: with PP it holds all of the
   // rank's micro-batches; without, gradient accumulation fills the global batch.
   const Fields train = {
@@ -291,19 +376,20 @@ ExportResult torchtitan_v02(const PlanFile& pf) {
       "#   torchrun --nnodes {0} --nproc_per_node {1} --rdzv_backend c10d --rdzv_endpoint \"$MASTER_ADDR:29500\" \\\n"
       "#     -m torchtitan.train --job.config_file ./torchtitan/models/{2} <the overrides below>\n",
       pf.hosts(), pf.host_gpus(), toml, host_word(pf));
+  if (quantize)
+    out += fmt::format("# {} GEMMs: torchao through {}; cuboid prices its casts as kernels of their own\n"
+                       "# (torch.compile fuses them where [compile] is on).\n",
+                       to_string(p.precision), quantize->converter);
   out += "\n# Command-line overrides:\n";
   std::vector<std::string> flags;
   auto add_flags = [&](const char* section, const Fields& kv) {
-    for (const auto& [k, v] : kv) {
-      std::string value = v;
-      if (value.size() >= 2 && value.front() == '"') value = value.substr(1, value.size() - 2);
-      flags.push_back(fmt::format("--{}.{}={}", section, k, value));
-    }
+    for (const auto& [k, v] : kv) flags.push_back(fmt::format("--{}.{}={}", section, k, flag_value(v)));
   };
   add_flags("model", model);
   add_flags("parallelism", par);
   add_flags("training", train);
   add_flags("activation_checkpoint", ac);
+  if (quantize) add_flags(quantize->section.c_str(), quantize->fields);
   for (std::size_t i = 0; i < flags.size(); ++i) out += flags[i] + (i + 1 < flags.size() ? " \\\n" : "\n");
   out += "\n# The same as TOML tables (train_configs/*.toml):\n";
   auto table = [&](const char* section, const Fields& kv, bool last) {
@@ -314,7 +400,8 @@ ExportResult torchtitan_v02(const PlanFile& pf) {
   table("model", model, false);
   table("parallelism", par, false);
   table("training", train, false);
-  table("activation_checkpoint", ac, true);
+  table("activation_checkpoint", ac, !quantize);
+  if (quantize) table(quantize->section.c_str(), quantize->fields, true);
   return {out, ""};
 }
 
@@ -332,6 +419,31 @@ ExportResult torchtitan_main(const PlanFile& pf) {
            "export with --to torchtitan (v0.2.2's qwen3 MoE flavours), --to megatron or --to megatron-bridge");
   check_common(pf);
   const Flavor& f = flavor(pf);
+  // torchtitan main's converters (torchtitan/components/quantization/*.py@b5bcd76c):
+  // Float8LinearConverter has the rowwise recipes only (its tensorwise scaling
+  // is gone), MXFP8LinearConverter and NVFP4LinearConverter quantize the Linear
+  // configs whose FQN contains one of `fqns` (every Linear when empty):
+  // "layers." takes the decoder layers' and leaves the LM head in bf16, as priced.
+  const char* converter = nullptr;
+  switch (p.precision) {
+    case Precision::bf16: break;
+    case Precision::mxfp8: converter = "MXFP8LinearConverter"; break;
+    case Precision::nvfp4: converter = "NVFP4LinearConverter"; break;
+    case Precision::fp8_delayed:
+    case Precision::fp8_current:
+    case Precision::fp8_blockwise:
+      refuse_precision(pf,
+                       "torchtitan main's float8 converter scales rowwise only (Float8LinearConverter.Config "
+                       "recipe_name rowwise or rowwise_with_gw_hp): no per-tensor, delayed or 1 x 128 block scaling",
+                       "export with --to torchtitan (v0.2.2's tensorwise float8), --to megatron or --to "
+                       "megatron-bridge");
+  }
+  if (converter != nullptr && p.fp8_param_gather)
+    refuse(pf, "parallel.fp8_param_gather",
+           fmt::format("torchtitan main's {} quantizes the gathered bf16 weights in the forward; FSDP all-gathers "
+                       "them in bf16",
+                       converter),
+           "plan without --fp8-param-gather, or export with --to megatron or --to megatron-bridge");
   const Fields par = parallelism(pf, true);
   const std::int64_t microbatch_tokens = static_cast<std::int64_t>(p.micro_batch) * p.seq_length;
 
@@ -351,11 +463,20 @@ ExportResult torchtitan_main(const PlanFile& pf) {
       "#   torchrun --nnodes {0} --nproc_per_node {1} --rdzv_backend c10d --rdzv_endpoint \"$MASTER_ADDR:29500\" \\\n"
       "#     -m torchtitan.train --module torchtitan_recipes.cuboid_plan --config cuboid_plan\n",
       pf.hosts(), pf.host_gpus(), host_word(pf));
+  if (converter != nullptr)
+    out += fmt::format("# {} GEMMs in the decoder layers' Linears (torchao through {}); cuboid prices the\n"
+                       "# casts as kernels of their own (torch.compile fuses them where config.compile is on).\n",
+                       to_string(p.precision), converter);
+  if (converter != nullptr) out += fmt::format("from torchtitan.components.quantization import {}\n", converter);
+  if (converter != nullptr) out += "from torchtitan.models.llama3 import model_registry\n";
   out += fmt::format("from torchtitan.models.llama3.config_registry import {}\n", f.main_config);
   if (p.recompute == Recompute::full) out += "from torchtitan.distributed.activation_checkpoint import FullAC\n";
   out += "from torchtitan.trainer import Trainer\n\n\n";
   out += "def cuboid_plan() -> Trainer.Config:\n";
   out += fmt::format("    config = {}()\n", f.main_config);
+  if (converter != nullptr)
+    out += fmt::format("    config.model_spec = model_registry(\"{}\", converters=[{}.Config(fqns=[\"layers.\"])])\n",
+                       f.name, converter);
   for (const auto& [k, v] : par) out += fmt::format("    config.parallelism.{} = {}\n", k, v);
   out += fmt::format("    config.parallelism.enable_sequence_parallel = {}\n", p.tp > 1 ? "True" : "False");
   out += fmt::format("    config.training.num_tokens_per_microbatch_per_dp_rank = {}  # micro-batch {} x {} tokens\n",

@@ -230,6 +230,8 @@ Measurements measurements_from_json(const nlohmann::json& j, const std::string& 
   m.plan.sequence_parallel = p.boolean("sequence_parallel");
   m.plan.schedule = parse_schedule(p.string("schedule"), source, "plan.schedule");
   m.plan.rank_order = p.string("rank_order");
+  if (const auto precision = p.optional_string("precision"))
+    m.plan.precision = parse_precision(*precision, source, "plan.precision");
   m.plan.world_size = pos("world_size");
   if (m.plan.world_size != m.plan.tp * m.plan.cp * m.plan.pp * m.plan.dp)
     p.fail("world_size",

@@ -81,6 +81,15 @@ RunCalibration calibration_from_runs(const std::vector<Measurements>& runs, cons
     throw InputError("command line", "--from-measurements", "no measurements file given",
                      "give one or more files written by cuboid run --out");
   for (const Measurements& m : runs) {
+    // A card's GEMM samples are the backend's own GEMMs; a quantized run's
+    // linear GEMMs are FP8 (on the CPU: emulated on the host).
+    if (m.plan.precision != Precision::bf16)
+      throw InputError(m.source, "plan.precision",
+                       fmt::format("is {}: the run's linear GEMMs ran quantized, and a card's GEMM samples are the "
+                                   "backend's own",
+                                   to_string(m.plan.precision)),
+                       "calibrate from a bf16 run of the same layout (cuboid calibrate sweeps FP8 GEMMs itself "
+                       "on a GPU that has them)");
     if (m.backend != runs.front().backend)
       throw InputError(m.source, "environment.backend",
                        fmt::format("is {}, but {} ran on {}", m.backend, runs.front().source, runs.front().backend),

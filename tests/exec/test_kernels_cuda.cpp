@@ -195,6 +195,43 @@ TEST_SUITE("gpu") {
     expect_close(out, "broadcast B");
   }
 
+  TEST_CASE_FIXTURE(Fixture, "gemm_quantized: per-tensor FP8 through cuBLASLt equals the CPU backend's emulation") {
+    const CudaDeviceInfo& info = dynamic_cast<CudaBackend&>(gpu()).device_info();
+    if (info.sm_major * 10 + info.sm_minor < 89) {
+      MESSAGE("no FP8 tensor cores on " << info.name << ": skipping the FP8 GEMM");
+      return;
+    }
+    constexpr std::int64_t m = 64, n = 48, k = 128;
+    const GemmQuantization roles[] = {
+        {QuantScaling::per_tensor, Fp8Format::e4m3, Fp8Format::e4m3},  // forward
+        {QuantScaling::per_tensor, Fp8Format::e5m2, Fp8Format::e4m3},  // dgrad (hybrid)
+        {QuantScaling::per_tensor, Fp8Format::e4m3, Fp8Format::e5m2},  // wgrad (hybrid)
+    };
+    for (const Trans ta : {Trans::no, Trans::yes})
+      for (const Trans tb : {Trans::no, Trans::yes})
+        for (const GemmQuantization& q : roles) {
+          CAPTURE(static_cast<int>(ta));
+          CAPTURE(static_cast<int>(tb));
+          CAPTURE(static_cast<int>(q.a));
+          CAPTURE(static_cast<int>(q.b));
+          // bf16 values on both sides: the same amax, scales and FP8 bytes;
+          // only the f32 accumulation order differs.
+          Pair a = random(m * k, 21, DType::bf16, -3.0f, 3.0f);
+          Pair b = random(k * n, 22, DType::bf16, -0.02f, 0.02f);
+          Pair c = random(m * n, 23, DType::f32);
+          cpu().gemm_quantized(ta, tb, m, n, k, 0.5f, a.cpu, b.cpu, 1.0f, c.cpu, q);
+          gpu().gemm_quantized(ta, tb, m, n, k, 0.5f, a.gpu, b.gpu, 1.0f, c.gpu, q);
+          expect_close(c, "fp8 gemm", 1e-3f, 1e-4f);
+          // And it is not the bf16 GEMM: the quantization moved the result.
+          Pair exact = random(m * n, 23, DType::f32);
+          cpu().gemm(ta, tb, m, n, k, 0.5f, a.cpu, b.cpu, 1.0f, exact.cpu);
+          const std::vector<float> e = cpu().download(exact.cpu), g = gpu().download(c.gpu);
+          double diff = 0;
+          for (std::size_t i = 0; i < e.size(); ++i) diff = std::max(diff, std::fabs(static_cast<double>(e[i] - g[i])));
+          CHECK(diff > 1e-4);
+        }
+  }
+
   TEST_CASE_FIXTURE(Fixture, "layernorm forward and backward (dgamma, dbeta accumulate)") {
     for (const std::int64_t cols : {64, 1000, 4096}) {
       CAPTURE(cols);

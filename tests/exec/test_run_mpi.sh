@@ -149,6 +149,28 @@ rc=$?
   && pass "--mpi-wait poll exits 2" || fail "--mpi-wait poll: rc $rc: $(tail -2 "$TMP/poll.log")"
 run_ok t2p2i 4
 
+# FP8 plans (the plan file's precision; the CPU card prices no FP8, the
+# executor emulates it): the linear layers' GEMMs on FP8-rounded operands,
+# checked against the unquantized layer at FP8's tolerance (0.25), and
+# measurably off the f32 layer (the quantization is applied).
+for prec in fp8-current mxfp8; do
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["parallel"]["precision"]=sys.argv[3]; json.dump(d, open(sys.argv[2], "w"))' \
+    "$TMP/tp2.json" "$TMP/tp2-$prec.json" "$prec" || fail "$prec plan"
+  run_ok "tp2-$prec" 2
+  python3 - "$TMP/tp2-$prec.m.json" "$prec" <<'PY' && pass "tp2-$prec: FP8 error above f32's, within 0.25" || fail "tp2-$prec: the check's figures"
+import json, sys
+c = json.load(open(sys.argv[1]))["check"]
+assert c["tolerance"] == 0.25, c
+assert 1e-4 < c["attention_relative_error"] < 0.25 and 1e-4 < c["layer_relative_error"] < 0.25, c
+print(sys.argv[2], c["attention_relative_error"], c["layer_relative_error"])
+PY
+done
+if timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/tp2-fp8-current.json" --backend cpu --steps 1 --check \
+    --inject-fault flip-shard >"$TMP/flip8.log" 2>&1; then
+  fail "flip-shard fp8: the check passed a flipped weight shard at FP8's tolerance"
+elif grep -q "FAILED" "$TMP/flip8.log"; then pass "flip-shard fails the FP8 check too"; else
+  fail "flip-shard fp8: no FAILED message"; tail -5 "$TMP/flip8.log"; fi
+
 # The check catches a sharding bug: one TP rank's FC2 shard negated.
 if timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/tp2.json" --backend cpu --steps 1 --check \
     --inject-fault flip-shard >"$TMP/flip.log" 2>&1; then

@@ -54,4 +54,20 @@ std::vector<GemmSample> run_gemm_sweep(exec::Backend& backend, exec::Communicato
                                        exec::Watchdog* watchdog);
 
 
+// The linear layers' shapes an FP8 GEMM sweep takes: single GEMMs (the
+// batched attention GEMMs stay bf16) with m, n and k multiples of 16
+// (cuBLASLt's FP8 kernels).
+inline bool fp8_gemm_shape(const GemmProblem& p) {
+  return p.batch == 1 && p.m % 16 == 0 && p.n % 16 == 0 && p.k % 16 == 0;
+}
+// On a backend with FP8 GEMMs of its own (Backend::native_fp8_gemm; else
+// none): each such shape's FP8 GEMM alone (E4M3 x E4M3, per-tensor scales,
+// operands quantized beforehand; Backend::time_fp8_gemm), the median of its
+// calls, as GemmFormat::fp8 samples. The operands are one set per shape, not
+// the rotating pool: on a GPU a plan's linear GEMMs exceed the L2 at the
+// sizes that matter.
+std::vector<GemmSample> run_fp8_gemm_sweep(exec::Backend& backend, exec::Communicator& world,
+                                           const std::vector<GemmProblem>& shapes, const GemmSweepOptions& options,
+                                           exec::Watchdog* watchdog);
+
 }  // namespace cuboid::calibrate

@@ -48,12 +48,19 @@ namespace cuboid {
 
 inline constexpr const char* kCalibrationSchema = "cuboid.calibration/1";
 
+// The operands' format of a GEMM sample: the backend's own (bf16 on CUDA,
+// f32 on the CPU) or FP8 (E4M3 x E4M3 with per-tensor scales, the GEMM
+// alone: cuBLASLt on operands quantized beforehand). JSON "precision": "fp8";
+// absent: the backend's own.
+enum class GemmFormat { bf16, fp8 };
+
 struct GemmSample {
   std::int64_t m = 0, n = 0, k = 0, batch = 1;
   double time_ns = 0;  // median per call
   // Where the figure came from: "sweep" or "measured in run <file>" (empty in
   // cards written by the sweep alone, which is then the source).
   std::string source = {};
+  GemmFormat format = GemmFormat::bf16;
 };
 
 struct SizeSample {
@@ -160,13 +167,14 @@ double comm_size_bytes(const Op& op, const Calibration* cal);
 //   else its fit (bytes in the workload convention).
 // * Collective: the (collective, tier, group size) samples interpolated
 //   inside their size range, else the fit.
+// GEMM lookups use the samples of one format (the backend's own by default).
 std::optional<double> calibrated_gemm_ns(const Calibration& cal, std::int64_t m, std::int64_t n,
-                                         std::int64_t k, std::int64_t batch);
+                                         std::int64_t k, std::int64_t batch, GemmFormat format = GemmFormat::bf16);
 std::optional<double> calibrated_kernel_ns(const Calibration& cal, const std::string& op_name,
                                            double bytes);
 // The same lookups before the ranks_per_core share (what was measured).
 std::optional<double> measured_gemm_ns(const Calibration& cal, std::int64_t m, std::int64_t n,
-                                       std::int64_t k, std::int64_t batch);
+                                       std::int64_t k, std::int64_t batch, GemmFormat format = GemmFormat::bf16);
 std::optional<double> measured_kernel_ns(const Calibration& cal, const std::string& op_name,
                                          double bytes);
 std::optional<double> calibrated_collective_ns(const Calibration& cal, Collective c,
@@ -182,7 +190,8 @@ const CollectiveCalibration* find_collective(const Calibration& cal, Collective 
 // The best FLOP/s any measured GEMM achieved (nullopt without GEMM samples):
 // the cost model's roofline fall-back, outside the measured shapes, uses it
 // in place of the profile's peak x gemm_max_efficiency.
-std::optional<double> best_gemm_flops_per_s(const Calibration& cal);
+// `format`: of the samples considered (a card without FP8 samples: nullopt for fp8).
+std::optional<double> best_gemm_flops_per_s(const Calibration& cal, GemmFormat format = GemmFormat::bf16);
 
 // JSON: the "calibration" section of a cluster card (schema kCalibrationSchema).
 // The reader checks everything and throws InputError naming the field:

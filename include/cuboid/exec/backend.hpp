@@ -28,6 +28,7 @@
 
 #include "cuboid/exec/buffer.hpp"
 #include "cuboid/exec/dtype.hpp"
+#include "cuboid/exec/fp8.hpp"
 #include "cuboid/exec/random.hpp"  // fill_random and dropout draw from these streams
 
 namespace cuboid::exec {
@@ -72,6 +73,17 @@ struct GemmShape {
 
   // The same shape with every `packed` replaced by its value.
   GemmShape resolved() const;
+};
+
+// How a quantized GEMM rounds its operands (Transformer Engine's recipes,
+// fp8.hpp): one scale per operand (per-tensor current scaling) or MXFP8's
+// block scales along the contraction dimension; each operand in its format
+// (hybrid: E4M3 activations and weights, E5M2 gradients).
+enum class QuantScaling { per_tensor, mx };
+struct GemmQuantization {
+  QuantScaling scaling = QuantScaling::per_tensor;
+  Fp8Format a = Fp8Format::e4m3;
+  Fp8Format b = Fp8Format::e4m3;
 };
 
 struct AdamConfig {
@@ -124,6 +136,19 @@ class Backend {
   // Packed single GEMM: C[m x n] = alpha op(A)[m x k] op(B)[k x n] + beta C.
   void gemm(Trans trans_a, Trans trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
             float alpha, ConstDeviceSpan a, ConstDeviceSpan b, float beta, DeviceSpan c);
+  // The packed GEMM with op(A) and op(B) quantized first (an FP8 plan's linear
+  // layers): C = alpha Q(op(A)) Q(op(B)) + beta C, accumulated in f32.
+  void gemm_quantized(Trans trans_a, Trans trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                      ConstDeviceSpan a, ConstDeviceSpan b, float beta, DeviceSpan c, const GemmQuantization& q);
+  // Whether the backend has FP8 GEMMs of its own (not the host emulation of
+  // gemm_quantized_impl): calibrate then sweeps them (time_fp8_gemm).
+  virtual bool native_fp8_gemm() const { return false; }
+  // The per-call times (ns) of `calls` FP8 GEMMs C[m x n] = A[m x k] B[k x n],
+  // E4M3 x E4M3 with per-tensor scales, on operands quantized once beforehand
+  // (the GEMM alone), after `warmup` untimed ones; `lead_call` as calibrate's
+  // GEMM sweep. ExecError where native_fp8_gemm() is false.
+  virtual std::vector<double> time_fp8_gemm(std::int64_t m, std::int64_t n, std::int64_t k, int warmup, int calls,
+                                            bool lead_call);
   // Packed strided batch (attention: batch = micro_batch * heads).
   void gemm_strided_batched(Trans trans_a, Trans trans_b, std::int64_t m, std::int64_t n,
                             std::int64_t k, float alpha, ConstDeviceSpan a, std::int64_t stride_a,
@@ -242,6 +267,11 @@ class Backend {
   // shape is resolved() (no `packed` left) and checked against the spans.
   virtual void gemm_impl(const GemmShape& shape, float alpha, ConstDeviceSpan a, ConstDeviceSpan b,
                          float beta, DeviceSpan c) = 0;
+  // shape is packed, single and checked. Default: each operand quantized and
+  // dequantized on the host (fp8.hpp) into a buffer of its dtype, then
+  // gemm_impl: the CPU backend's emulation (an f32 GEMM on FP8 values).
+  virtual void gemm_quantized_impl(const GemmShape& shape, float alpha, ConstDeviceSpan a, ConstDeviceSpan b,
+                                   float beta, DeviceSpan c, const GemmQuantization& q);
   virtual void layernorm_forward_impl(ConstDeviceSpan x, ConstDeviceSpan gamma,
                                       ConstDeviceSpan beta, DeviceSpan y, DeviceSpan mean,
                                       DeviceSpan rstd, std::int64_t rows, std::int64_t cols,

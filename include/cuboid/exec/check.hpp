@@ -28,6 +28,9 @@ struct CheckResult {
 
 // Relative tolerance for the backend's compute dtype (fp32: 1e-4, bf16: 3e-2).
 double check_tolerance(DType compute);
+// ... and for a plan whose linear layers' GEMMs are quantized (against the
+// unquantized reference): 0.25, from E4M3's rounding (check.cpp).
+double check_tolerance(DType compute, Precision precision);
 
 // Collective over the world. `flip_shard` negates TP rank tp-1's FC2 shard
 // (the test of the check itself: it must then fail).

@@ -13,6 +13,7 @@
 //
 // Only built with the `gpu` feature, into the module cuboid-cuda.so
 // (src/exec/cuda_module.hpp).
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -135,6 +136,9 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const noexcept { return stream_.get(); }
 
   void synchronize() override;
+  bool native_fp8_gemm() const override;  // compute capability 8.9 or more
+  std::vector<double> time_fp8_gemm(std::int64_t m, std::int64_t n, std::int64_t k, int warmup, int calls,
+                                    bool lead_call) override;
   TimerEvent create_event() override;
   void record(TimerEvent& event) override;
   std::int64_t elapsed_ns(const TimerEvent& start, const TimerEvent& stop) override;
@@ -152,6 +156,11 @@ class CudaBackend final : public Backend {
   void scale_rows_impl(DeviceSpan x, ConstDeviceSpan factors, std::int64_t rows, std::int64_t cols) override;
   void row_dot_impl(ConstDeviceSpan a, ConstDeviceSpan b, DeviceSpan out, std::int64_t rows,
                     std::int64_t cols) override;
+  // Per-tensor FP8 through cuBLASLt (E4M3 / E5M2 operands, their scale_inv
+  // as the A / B scale pointers, f32 accumulation); MXFP8 through the host
+  // emulation of Backend (cuBLASLt's block-scaled FP8 needs Blackwell).
+  void gemm_quantized_impl(const GemmShape& shape, float alpha, ConstDeviceSpan a, ConstDeviceSpan b, float beta,
+                           DeviceSpan c, const GemmQuantization& q) override;
   void gemm_impl(const GemmShape& shape, float alpha, ConstDeviceSpan a, ConstDeviceSpan b, float beta,
                  DeviceSpan c) override;
   void layernorm_forward_impl(ConstDeviceSpan x, ConstDeviceSpan gamma, ConstDeviceSpan beta, DeviceSpan y,
@@ -205,7 +214,8 @@ class CudaBackend final : public Backend {
   CudaDeviceInfo info_;
   CudaStream stream_;
   CublasHandle cublas_;
-  void* cublas_workspace_ = nullptr;  // cudaMalloc'd; freed in ~CudaBackend
+  void* cublas_workspace_ = nullptr;  // cudaMalloc'd; freed in ~CudaBackend (cuBLAS and cuBLASLt share it, one stream)
+  cublasLtHandle_t cublas_lt_ = nullptr;  // FP8 GEMMs; destroyed in ~CudaBackend
   DeviceBuffer scratch_;              // last: freed (on stream_) before the stream goes
 };
 

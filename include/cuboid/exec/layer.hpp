@@ -44,6 +44,7 @@ struct LayerDims {
   float norm_eps = 1e-5f;
   float dropout = 0.0f;
   std::int64_t experts = 0;        // routed experts of an MoE layer (0: a dense model)
+  Precision precision = Precision::bf16;  // of the linear layers' GEMMs (linear_gemm)
   // The dense layer's linear GEMMs, C[m x n] = A[m x k] B[k x n], as the
   // workload gives them (transformer_layer_ops): the shapes the op timer
   // reports, their dgrad (m, k, n) and wgrad (k, n, m) as the workload's.

@@ -32,6 +32,20 @@ namespace cuboid::exec {
 
 class OpTimer;
 
+// Which GEMM of a linear layer: forward (input x weight), dgrad (output
+// gradient x weight^T), wgrad (input^T x output gradient).
+enum class GemmRole { forward, dgrad, wgrad };
+// How Transformer Engine's recipe quantizes that GEMM's operands (the formats
+// as cuboid's exports write them, src/io/export.cpp mcore_quantization):
+// fp8-current per tensor, hybrid (E4M3 input and weight, E5M2 gradient);
+// mxfp8 in 32-element blocks, E4M3 throughout. Only for those two precisions.
+GemmQuantization gemm_quantization(Precision p, GemmRole role);
+// The GEMM of a linear layer (QKV, projection, FC1, FC2, an expert's) in the
+// plan's precision: Backend::gemm for bf16, else Backend::gemm_quantized.
+void linear_gemm(Backend& be, Precision precision, GemmRole role, Trans trans_a, Trans trans_b, std::int64_t m,
+                 std::int64_t n, std::int64_t k, float alpha, ConstDeviceSpan a, ConstDeviceSpan b, float beta,
+                 DeviceSpan c);
+
 struct MoeDims {
   std::int64_t tokens = 0;  // tokens this rank routes (its SP shard)
   std::int64_t hidden = 0;
@@ -40,6 +54,7 @@ struct MoeDims {
   std::int64_t ffn = 0;  // one expert's FFN width
   int ep = 1;
   bool gated = false;
+  Precision precision = Precision::bf16;  // of the expert GEMMs (the router stays bf16)
   std::int64_t local_experts() const { return experts / ep; }
   std::int64_t fc1_cols() const { return gated ? 2 * ffn : ffn; }
   std::int64_t copies() const { return tokens * topk; }

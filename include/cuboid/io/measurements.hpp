@@ -85,6 +85,8 @@ struct MeasuredPlan {
   bool sequence_parallel = false;
   Schedule schedule = Schedule::one_f_one_b;
   std::string rank_order;      // "tp-dp-pp"
+  // The linear layers' GEMMs' format ("precision"; absent: bf16, the backend's own).
+  Precision precision = Precision::bf16;
 };
 
 struct MeasuredModel {
