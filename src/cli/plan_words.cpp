@@ -47,9 +47,8 @@ std::string plain_fix(const PlanRejection& r) {
     case K::precision_no_fp4: return "use --precision bf16, or a cluster card whose GPU has those tensor cores";
     case K::precision_no_microscaling:
       return "use --precision fp8-current (or fp8-delayed, fp8-blockwise) on this GPU, or a Blackwell cluster card";
-    case K::precision_zero3: return "use --zero 0, 1 or 2 with FP8, or --precision bf16";
     case K::param_gather_needs_fp8: return "add --precision fp8-delayed (or another FP8 recipe), or drop --fp8-param-gather";
-    case K::param_gather_needs_dist_opt: return "use --zero 1 (Megatron's distributed optimizer), or drop --fp8-param-gather";
+    case K::param_gather_needs_dist_opt: return "use --zero 1 (Megatron's distributed optimizer) or 3 (Megatron-FSDP), or drop --fp8-param-gather";
     case K::stage_layers_negative: return "give positive layer counts";
     case K::uneven_rest:
       return "choose first/last stage layers so that the remaining layers divide by the middle stages";

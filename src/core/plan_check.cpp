@@ -133,11 +133,12 @@ Found check_precision(const ParallelPlan& p, const GpuProfile& gpu) {
   }
   if ((p.precision == Precision::mxfp8 || p.precision == Precision::nvfp4) && !gpu.microscaling_formats)
     return reject(K::precision_no_microscaling, F::precision);
-  // ZeRO-3 re-quantizes each gathered weight (no cached FP8 copy): not modelled.
-  if (p.zero_stage >= 3) return reject(K::precision_zero3, F::precision);
-  // Megatron-LM d98e8a64 megatron/training/arguments.py: --fp8-param-gather
-  // only with the distributed optimizer (or FSDP).
-  if (p.fp8_param_gather && p.zero_stage != 1 && p.zero_stage != 2)
+  // ZeRO-3 is Megatron-FSDP, which runs FP8 (Megatron-LM d98e8a64
+  // megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:
+  // FP8 parameter groups, their shards and transposes). Megatron-LM
+  // d98e8a64 megatron/training/arguments.py: --fp8-param-gather only with
+  // the distributed optimizer, torch FSDP2 or Megatron-FSDP.
+  if (p.fp8_param_gather && p.zero_stage == 0)
     return reject(K::param_gather_needs_dist_opt, F::fp8_param_gather, p.zero_stage);
   return std::nullopt;
 }
@@ -320,12 +321,10 @@ std::string describe_precision(const PlanRejection& r, const Cluster& c) {
     case K::precision_no_microscaling:
       return gpu + " has no block-scaled tensor-core formats (MXFP8, NVFP4: Transformer Engine runs them on compute "
                    "capability 10.0, Blackwell; its profile's microscaling_formats is false)";
-    case K::precision_zero3:
-      return "FP8 with ZeRO-3 is not modelled (each gathered weight is quantized again; no cached FP8 copy)";
     case K::param_gather_needs_fp8: return "the FP8 parameter all-gather needs an FP8 precision";
     case K::param_gather_needs_dist_opt:
-      return "the FP8 parameter all-gather is the distributed optimizer's (ZeRO 1 or 2), not ZeRO " +
-             std::to_string(r.values[0]);
+      return "the FP8 parameter all-gather is the distributed optimizer's or Megatron-FSDP's (ZeRO 1, 2 or 3), not "
+             "ZeRO " + std::to_string(r.values[0]);
     default: return "";
   }
 }

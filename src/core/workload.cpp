@@ -912,6 +912,23 @@ void quantize_linear_layers(LayerOps& ops, const Dims& x) {
   quantize_list(ops.backward, x, true);
 }
 
+// Megatron-FSDP with --fp8-param-gather (ZeRO-3 of an FP8 plan) gathers
+// each layer's FP8 rowwise data again for its backward and makes the
+// columnwise copy from it on the compute stream (Megatron-LM d98e8a64
+// megatron_fsdp.py all_gather_and_wait_parameters_ready: bwd and
+// is_float8tensor -> fp8_create_transpose_cache, Transformer Engine's
+// post_all_gather_processing): read and write the format's bytes. MXFP8
+// gathers its columnwise shard instead (fp8_need_transpose_data: a
+// transpose buffer of its own), with nothing to make.
+void transpose_gathered_weights(LayerOps& ops, const ParallelPlan& plan) {
+  if (plan.zero_stage < 3 || !plan.fp8_param_gather || plan.precision == Precision::bf16 ||
+      plan.precision == Precision::mxfp8)
+    return;
+  const double e = quantized_element_bytes(plan.precision);
+  ops.backward.insert(ops.backward.begin(),
+                      memory_bound(op::fp8_weight_transpose, Pass::backward, quantized_weight_elements(ops) * (e + e)));
+}
+
 }  // namespace
 
 double quantized_weight_elements(const LayerOps& ops) {
@@ -969,6 +986,7 @@ LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan, boo
   ops.backward.reserve(28);
   layer_backward(ops.backward, m, x, ops.forward);
   quantize_linear_layers(ops, x);
+  transpose_gathered_weights(ops, plan);
   switch (plan.recompute) {
     case Recompute::none:
       break;

@@ -109,10 +109,26 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   // is_first_microbatch), beside the bf16 weight.
   // With --fp8-param-gather the rowwise copy is the parameter itself: no
   // bf16 weight (Megatron-Core's fp8_param, TE's fp8_model_init).
-  if (plan.precision != Precision::bf16)
+  if (plan.precision != Precision::bf16 && plan.zero_stage >= 3) {
+    // Megatron-FSDP: the gradients in bf16, not fp32 (step.cpp); with
+    // --fp8-param-gather the quantized weights' shards are FP8, rowwise
+    // (and, MXFP8, columnwise: param_and_grad_buffer.py's transpose buffer)
+    // instead of bf16, the columnwise copy made for each gathered layer only
+    // (as the gathered units, not counted); without it Transformer Engine
+    // caches every layer's two copies, as above, whole on every rank.
+    const double d = plan.dp_cp();
+    mem.weight_and_optimizer_bytes -= params.dense * (kFp32Bytes - kBf16Bytes) / d;
+    const double quantized = quantized_weights_on_stage(m, plan, stage);
+    const double e = quantized_element_bytes(plan.precision);
+    if (plan.fp8_param_gather)
+      mem.weight_and_optimizer_bytes += quantized * ((plan.precision == Precision::mxfp8 ? 2 * e : e) - kBf16Bytes) / d;
+    else
+      mem.weight_and_optimizer_bytes += quantized * 2.0 * e;
+  } else if (plan.precision != Precision::bf16) {
     mem.weight_and_optimizer_bytes +=
         quantized_weights_on_stage(m, plan, stage) *
         (2.0 * quantized_element_bytes(plan.precision) - (plan.fp8_param_gather ? kBf16Bytes : 0.0));
+  }
 
   const double in_flight = in_flight_micro_batches(plan, stage);
   const double moe_layers = moe_layers_on_stage(m, plan, stage);

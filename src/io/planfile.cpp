@@ -192,9 +192,8 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::precision_no_fp4:
     case PlanCheck::precision_no_microscaling:
       return "drop precision (bf16), or use the plan with a cluster card whose GPU runs it (--cluster)";
-    case PlanCheck::precision_zero3: return "drop precision (bf16), or set zero_stage 0, 1 or 2; or " + kRegenerate;
     case PlanCheck::param_gather_needs_fp8: return "drop fp8_param_gather, or give an FP8 precision; or " + kRegenerate;
-    case PlanCheck::param_gather_needs_dist_opt: return "drop fp8_param_gather, or set zero_stage 1; or " + kRegenerate;
+    case PlanCheck::param_gather_needs_dist_opt: return "drop fp8_param_gather, or set zero_stage 1 or 3; or " + kRegenerate;
     default: return kRegenerate;
   }
 }

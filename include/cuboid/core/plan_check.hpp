@@ -56,7 +56,6 @@ enum class PlanCheck : std::uint8_t {
   precision_no_fp8,       // - (the GPU has no FP8 tensor cores)
   precision_no_microscaling,  // - (MXFP8 / NVFP4 on a GPU without block-scaled formats)
   precision_no_fp4,       // - (NVFP4 on a GPU without FP4 tensor cores)
-  precision_zero3,        // -
   param_gather_needs_fp8,       // -
   param_gather_needs_dist_opt,  // the ZeRO stage
   stage_layers_negative,  // -
