@@ -71,6 +71,9 @@ std::string plain_fix(const PlanRejection& r) {
     case K::trainer_no_zero_stage: return "use --zero " + zero_stages(r.values[2]);
     case K::trainer_even_stages: return "choose a PP that divides the layers";
     case K::trainer_no_fp8: return "use --precision bf16, or --trainer megatron-core";
+    case K::trainer_no_recompute_modules: return "drop --recompute-modules, or use --trainer megatron-core";
+    case K::recompute_modules_need_selective: return "use --recompute selective, or drop --recompute-modules";
+    case K::recompute_module_refused: return "drop that module from --recompute-modules";
     case K::trainer_even_chunks:
       return "drop --vpp (1F1B with uneven stages), or choose a PP x virtual stages that divides the layers";
     case K::interleaved_batches:
@@ -133,6 +136,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::trainer: return "--trainer";
     case PlanField::precision: return "--precision";
     case PlanField::fp8_param_gather: return "--fp8-param-gather";
+    case PlanField::recompute_modules: return "--recompute-modules";
     case PlanField::pipeline_layout: return "--pipeline-model-parallel-layout";
   }
   return "--tp/--pp/--dp";

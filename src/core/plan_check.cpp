@@ -60,6 +60,35 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     if (chunks_per_stage(p) > 1 && !t.uneven_interleaved) return reject(K::trainer_even_chunks, F::uneven_stages, preset);
   }
   if (has_pipeline_layout(p) && !t.pipeline_layout) return reject(K::trainer_no_layout, F::pipeline_layout, preset);
+  if (p.recompute_modules != 0 && !t.recompute_modules)
+    return reject(K::trainer_no_recompute_modules, F::recompute_modules, preset);
+  return std::nullopt;
+}
+
+// Megatron-Core's checks of --recompute-modules (transformer_config.py
+// __post_init__ at d98e8a64: moe_act only with grouped expert GEMMs,
+// mla_up_proj only with latent attention, neither moe_act nor layernorm
+// with delayed FP8 scaling), then what cuboid prices: on a dense layer the
+// attention core and the MLP (layernorm is fused into Transformer Engine's
+// linear layers there: an IdentityOp, nothing to recompute; moe and
+// shared_experts touch no dense layer); the MoE and latent-attention modules
+// are not modelled.
+Found check_recompute_modules(const ParallelPlan& p, const ModelSpec& m) {
+  if (p.recompute_modules == 0) return std::nullopt;
+  if (p.recompute != Recompute::selective) return reject(K::recompute_modules_need_selective, F::recompute_modules);
+  using M = RecomputeModule;
+  auto refuse = [](M module, int why) {
+    return reject(K::recompute_module_refused, F::recompute_modules, static_cast<std::int64_t>(module), why);
+  };
+  if (p.recomputes(M::moe_act) && !m.moe.enabled()) return refuse(M::moe_act, 0);
+  if (p.recomputes(M::mla_up_proj) && !m.mla.enabled()) return refuse(M::mla_up_proj, 0);
+  if (p.precision == Precision::fp8_delayed)
+    for (const M module : {M::moe_act, M::layernorm})
+      if (p.recomputes(module)) return refuse(module, 0);
+  if (m.moe.enabled())
+    for (const M module : {M::layernorm, M::moe_act, M::moe, M::shared_experts})
+      if (p.recomputes(module)) return refuse(module, 1);
+  if (p.recomputes(M::mla_up_proj)) return refuse(M::mla_up_proj, 1);
   return std::nullopt;
 }
 
@@ -254,6 +283,18 @@ std::string describe_trainer(const PlanRejection& r) {
     case K::trainer_even_stages: return trainer_words(v[0], "gives every pipeline stage the same number of layers");
     case K::trainer_even_chunks: return trainer_words(v[0], "has no uneven stages with the interleaved schedule");
     case K::trainer_no_fp8: return trainer_words(v[0], "runs no FP8 / FP4 linear layers here (no Transformer Engine recipe)");
+    case K::trainer_no_recompute_modules:
+      return trainer_words(v[0], "recomputes the attention core only (no --recompute-modules)");
+    case K::recompute_modules_need_selective: return "recompute modules are those of a selective recomputation";
+    case K::recompute_module_refused: {
+      const std::string name(to_string(static_cast<RecomputeModule>(v[0])));
+      if (v[1] == 1) return "recomputing " + name + " is not modelled (the MoE and latent-attention modules' memory)";
+      if (name == "mla_up_proj") return "Megatron-Core recomputes mla_up_proj only with latent attention";
+      if (name == "moe_act")
+        return "Megatron-Core recomputes moe_act only with grouped expert GEMMs (an MoE model) and without delayed "
+               "FP8 scaling";
+      return "Megatron-Core does not recompute " + name + " with delayed FP8 scaling";
+    }
     case K::trainer_no_layout:
       return trainer_words(v[0], "has no pipeline layout (the embedding and the loss counted as layers, or a layout string)");
     default: return "";
@@ -407,6 +448,7 @@ std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& 
   if (Found r = check_cp(p, m)) return r;
   if (Found r = check_experts(p, m)) return r;
   if (Found r = check_latent_attention(p, m)) return r;
+  if (Found r = check_recompute_modules(p, m)) return r;
   if (Found r = check_precision(p, c.gpu)) return r;
   if (Found r = check_stages(p, m)) return r;
   if (Found r = check_schedule(p)) return r;

@@ -58,7 +58,7 @@ void read_zero_stages(JsonReader& r, TrainerPreset& t) {
 }
 
 // What the trainer can run at all (TrainerPreset's capabilities).
-constexpr std::array<Field, 14> kCanRun{{
+constexpr std::array<Field, 15> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
@@ -73,6 +73,7 @@ constexpr std::array<Field, 14> kCanRun{{
     {"context_parallel_a2a", [](JsonReader& r, TrainerPreset& t) { t.context_parallel_a2a = r.boolean("value"); }},
     {"expert_parallel", [](JsonReader& r, TrainerPreset& t) { t.expert_parallel = r.boolean("value"); }},
     {"fp8", [](JsonReader& r, TrainerPreset& t) { t.fp8 = r.boolean("value"); }},
+    {"recompute_modules", [](JsonReader& r, TrainerPreset& t) { t.recompute_modules = r.boolean("value"); }},
     {"zero_stages", read_zero_stages},
 }};
 

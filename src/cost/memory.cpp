@@ -348,12 +348,16 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
   const double kv = static_cast<double>(m.kv_projection_size());
   const double f = static_cast<double>(m.ffn_hidden_size);
   const double attention = 2 * s * b * (q + 2 * kv + q);
-  const double mlp = moe_layer ? 0.0 : (m.gated_mlp() ? 6 : 4) * s * b * f;
+  // A recomputed dense MLP (--recompute-modules mlp) keeps only its input,
+  // counted above in bf16 (the checkpoint's); FC1's and FC2's saved inputs
+  // and the activation's are dropped.
+  const bool mlp_recomputed = !moe_layer && plan.recomputes(RecomputeModule::mlp);
+  const double mlp = moe_layer || mlp_recomputed ? 0.0 : (m.gated_mlp() ? 6 : 4) * s * b * f;
   const double split = attention + mlp;
   // Attention scores: softmax output (2), dropout mask (1), dropout output (2)
   // bytes per score, a*s*s*b scores; never stored with flash attention, and
   // recomputed (not stored) with selective recompute.
-  const bool scores_stored = !plan.flash_attention && plan.recompute != Recompute::selective;
+  const bool scores_stored = !plan.flash_attention && !plan.recomputes(RecomputeModule::core_attn);
   const double a = static_cast<double>(m.num_attention_heads);
   const double scores = scores_stored ? 5 * a * s * s * b : 0;
 
@@ -364,8 +368,8 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
   // and FC2's (the activation's output). An MoE layer's expert inputs are
   // counted at bf16.
   const double saved = kBf16Bytes - quantized_element_bytes(plan.precision);
-  const double replicated_saving = saved * sbh * (moe_layer ? 1 : 2);
-  const double split_saving = saved * s * b * (q + (moe_layer ? 0.0 : f));
+  const double replicated_saving = saved * sbh * (moe_layer || mlp_recomputed ? 1 : 2);
+  const double split_saving = saved * s * b * (q + (moe_layer || mlp_recomputed ? 0.0 : f));
   if (plan.sequence_parallel) return (replicated - replicated_saving + split - split_saving) / t + scores / t + moe;
   return replicated - replicated_saving + (split - split_saving) / t + scores / t + moe;
 }

@@ -154,6 +154,7 @@ std::string plan_key(PlanField field) {
     case PlanField::trainer: return "parallel.trainer.preset";
     case PlanField::precision: return "parallel.precision";
     case PlanField::fp8_param_gather: return "parallel.fp8_param_gather";
+    case PlanField::recompute_modules: return "parallel.recompute_modules";
     case PlanField::uneven_stages: return "parallel";
     case PlanField::pipeline_layout: return "parallel.pipeline_layout";
   }
@@ -187,6 +188,9 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_even_chunks:
     case PlanCheck::trainer_no_fp8: return other_trainer;
     case PlanCheck::trainer_no_layout: return other_trainer;
+    case PlanCheck::trainer_no_recompute_modules: return "drop recompute_modules, or " + other_trainer;
+    case PlanCheck::recompute_modules_need_selective: return "set recompute selective, or drop recompute_modules";
+    case PlanCheck::recompute_module_refused: return "drop that module from recompute_modules; or " + kRegenerate;
     case PlanCheck::cp_comm_needs_cp: return "drop cp_comm, or set cp to 2 or more; or " + kRegenerate;
     case PlanCheck::precision_no_fp8:
     case PlanCheck::precision_no_fp4:
@@ -241,6 +245,9 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
     p.pipeline_layout = parse_pipeline_layout(*layout, source, "parallel.pipeline_layout");
   p.zero_stage = read_int(r, "zero_stage", 0);
   p.recompute = parse_recompute(r.choice("recompute", {"none", "selective", "full"}), source, "parallel.recompute");
+  // Optional: written only when given (plan_layout_json).
+  if (const auto modules = r.optional_string("recompute_modules"))
+    p.recompute_modules = parse_recompute_modules(*modules, source, "parallel.recompute_modules");
   p.sequence_parallel = r.boolean("sequence_parallel");
   p.schedule = parse_schedule(r.choice("schedule", {"gpipe", "1f1b", "interleaved"}), source, "parallel.schedule");
   p.flash_attention = r.boolean("flash_attention");

@@ -26,6 +26,7 @@ enum class PlanField {
   tp, pp, dp, cp, cp_comm, ep, etp, micro_batch, global_batch, seq_length, virtual_stages, zero_stage, schedule,
   sequence_parallel, flash_attention, uneven_stages, world_size, recompute, grad_accum_fusion, trainer, precision,
   fp8_param_gather,
+  recompute_modules,
   pipeline_layout,  // the embedding or the loss counted as a layer, or the layout
 };
 
@@ -94,6 +95,9 @@ enum class PlanCheck : std::uint8_t {
   trainer_even_chunks,           // the preset
   trainer_no_fp8,                // the preset
   trainer_no_layout,             // the preset
+  trainer_no_recompute_modules,  // the preset
+  recompute_modules_need_selective,  // -
+  recompute_module_refused,      // the module (RecomputeModule), why (0: Megatron-Core refuses it, 1: not modelled)
 };
 
 struct PlanRejection {
