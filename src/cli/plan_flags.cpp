@@ -87,7 +87,8 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                       std::string(search ? ", not searched" : "") + "; docs/cost-model.md#fp8)");
   cmd->add_flag("--fp8-param-gather", f.fp8_param_gather,
                 "keep the FP8 layers' weights in FP8 only and all-gather them in FP8 (Megatron-Core's "
-                "--fp8-param-gather; needs an FP8 --precision and the distributed optimizer, --zero 1 or 2)");
+                "--fp8-param-gather; needs an FP8 --precision and the distributed optimizer, --zero 1 or 2, or "
+                "Megatron-FSDP, --zero 3)");
   cmd->add_option("--dp-overlap", f.dp_overlap,
                   "overlap the DP gradient reduction with the last backward (Megatron --overlap-grad-reduce, torch "
                   "DDP, FSDP): on|off (default: the trainer's)");
