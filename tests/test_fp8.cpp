@@ -258,11 +258,12 @@ TEST_CASE("fp8: a GPU without the format refuses the plan, with the reason") {
   r = check_plan(p, m, h);
   REQUIRE(r);
   CHECK(r->kind == PlanCheck::precision_no_fp4);
+  // Megatron-FSDP runs FP8, with or without the FP8 parameter gather.
   p.precision = Precision::fp8_delayed;
   p.zero_stage = 3;
-  r = check_plan(p, m, h);
-  REQUIRE(r);
-  CHECK(r->kind == PlanCheck::precision_zero3);
+  CHECK_FALSE(check_plan(p, m, h));
+  p.fp8_param_gather = true;
+  CHECK_FALSE(check_plan(p, m, h));
 }
 
 TEST_CASE("fp8: the shipped GPU profiles give the FP8 peak where the GPU has it") {
@@ -468,4 +469,71 @@ TEST_CASE("fp8: a calibrated card's FP8 GEMM samples price FP8 GEMMs; its bf16 s
   CHECK_THROWS_AS(calibration_from_json(bad, "card.json"), InputError);
   bad["gemms"][1].erase("precision");
   CHECK_THROWS_AS(calibration_from_json(bad, "card.json"), InputError);  // now the same shape twice
+namespace {
+
+// Llama-3-8B on 8 H100 under ZeRO-3 (Megatron-FSDP), DP 8.
+ParallelPlan fsdp_plan(Precision p, bool param_gather) {
+  ParallelPlan plan = layer_plan(p);
+  plan.dp = 8;
+  plan.global_batch = 16;
+  plan.zero_stage = 3;
+  plan.fp8_param_gather = param_gather;
+  return plan;
+}
+
+double collective_bytes(const ModelSpec& m, const ParallelPlan& plan, const std::string& name) {
+  const StageStep step = StepDescription(m, plan, nullptr).stage(0);
+  for (const StepCollective& c : step.collectives())
+    if (c.name == name) return c.bytes;
+  return -1.0;
+}
+
+}  // namespace
+
+TEST_CASE("fp8: Megatron-FSDP gathers the FP8 shards, reduces bf16 gradients and transposes each backward's weights") {
+  const ModelSpec m = test::llama3_8b();
+  const GpuProfile gpu = h100();
+  constexpr double kQuantized = 218103808.0;  // per layer: QKV, proj, FC1, FC2
+  const ParallelPlan bf16 = fsdp_plan(Precision::bf16, false);
+  const ParallelPlan fp8 = fsdp_plan(Precision::fp8_current, true);
+  const double params = stage_parameters(m, bf16, 0).dense;
+  // Each unit gathered for the forward and the backward of each of the 2
+  // micro-batches: the quantized weights at 1 B, the embedding, LM head and norms at 2 B.
+  CHECK(collective_bytes(m, bf16, "zero3 gather") == params * 2);
+  CHECK(collective_bytes(m, fp8, "zero3 gather") == (params - 32 * kQuantized) * 2 + 32 * kQuantized);
+  // Gradients reduce-scattered in bf16, not the preset's fp32.
+  CHECK(collective_bytes(m, bf16, "grad reduce") == params * 4);
+  CHECK(collective_bytes(m, fp8, "grad reduce") == params * 2);
+  // Memory: gradients 2 B instead of 4, the quantized weights' shard 1 B instead of 2, over DP 8.
+  const double base = memory_per_gpu(m, bf16, gpu).weight_and_optimizer_bytes;
+  CHECK(memory_per_gpu(m, fp8, gpu).weight_and_optimizer_bytes - base ==
+        doctest::Approx(-params * 2 / 8 - 32 * kQuantized / 8).epsilon(1e-12));
+  // MXFP8 keeps its columnwise shard too: 2 x 1.03125 B.
+  const ParallelPlan mx = fsdp_plan(Precision::mxfp8, true);
+  CHECK(memory_per_gpu(m, mx, gpu).weight_and_optimizer_bytes - base ==
+        doctest::Approx(-params * 2 / 8 + 32 * kQuantized * (2 * 1.03125 - 2) / 8).epsilon(1e-12));
+  // Without the FP8 gather: bf16 shards, and Transformer Engine's cached rowwise + columnwise copies, whole.
+  const ParallelPlan cached = fsdp_plan(Precision::fp8_current, false);
+  CHECK(collective_bytes(m, cached, "zero3 gather") == params * 2);
+  CHECK(memory_per_gpu(m, cached, gpu).weight_and_optimizer_bytes - base ==
+        doctest::Approx(-params * 2 / 8 + 32 * kQuantized * 2).epsilon(1e-12));
+  // The backward's gathered rowwise data is transposed first (read 1 B,
+  // write 1 B per weight); MXFP8 gathers its columnwise shard instead, and
+  // without the FP8 gather the cached copies need none.
+  const LayerOps ops = transformer_layer_ops(m, fp8);
+  REQUIRE_FALSE(ops.backward.empty());
+  CHECK(ops.backward.front().name == op::fp8_weight_transpose);
+  CHECK(ops.backward.front().bytes == kQuantized * 2);
+  CHECK(index_of(transformer_layer_ops(m, mx).backward, op::fp8_weight_transpose) ==
+        transformer_layer_ops(m, mx).backward.size());
+  CHECK(index_of(transformer_layer_ops(m, cached).backward, op::fp8_weight_transpose) ==
+        transformer_layer_ops(m, cached).backward.size());
+  // No per-step cast with the FP8 gather (the optimizer writes the FP8
+  // shard); without it the cached copies are cast once per step as under ZeRO 0-2.
+  const StageParameters sp = stage_parameters(m, bf16, 0);
+  const std::int64_t opt = StepDescription(m, bf16, nullptr).optimizer_ns(gpu, sp, 0);
+  CHECK(StepDescription(m, fp8, nullptr).optimizer_ns(gpu, sp, 0) == opt);
+  // Current scaling: read 2 B for the amax, 2 B to cast, write 1 + 1 B.
+  CHECK(StepDescription(m, cached, nullptr).optimizer_ns(gpu, sp, 0) - opt ==
+        std::llround(32 * kQuantized * 6 / (3350e9 * 0.83) * 1e9));
 }

@@ -5,7 +5,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "cuboid/core/op_names.hpp"
+#include "cuboid/core/plan_check.hpp"
+#include "cuboid/core/workload.hpp"
+#include "cuboid/cost/flops.hpp"
 #include "cuboid/cost/memory.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
@@ -336,4 +341,94 @@ TEST_CASE("GPipe needs more memory than 1F1B; the reserve and capacity come from
         doctest::Approx(34 * s * h / 8 * 12 * 16 + 4 * s * h / 8 + 4 * s * V / 8).epsilon(tight));
   CHECK(gpipe.total_bytes == doctest::Approx(gpipe.weight_and_optimizer_bytes + gpipe.activation_bytes +
                                              gpipe.reserve_bytes).epsilon(tight));
+}
+
+namespace {
+
+// Llama-3-8B (h 4096, SwiGLU f 14336) at 4096 tokens, one micro-batch,
+// flash attention, on 8 GPUs with DP 8.
+cuboid::ParallelPlan modules_plan(std::uint8_t modules, int tp = 1) {
+  cuboid::ParallelPlan p;
+  p.tp = tp;
+  p.dp = 8 / tp;
+  p.seq_length = 4096;
+  p.global_batch = 8;
+  p.sequence_parallel = tp > 1;
+  p.recompute = cuboid::Recompute::selective;
+  p.recompute_modules = modules;
+  return p;
+}
+
+std::vector<std::string> op_names(const std::vector<cuboid::Op>& ops) {
+  std::vector<std::string> out;
+  for (const cuboid::Op& op : ops) out.push_back(op.name);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("recompute modules: a recomputed MLP keeps its input only and runs its forward again") {
+  using namespace cuboid;
+  const ModelSpec m = test::llama3_8b();
+  constexpr auto kMlp = static_cast<std::uint8_t>(RecomputeModule::mlp);
+  constexpr auto kCore = static_cast<std::uint8_t>(RecomputeModule::core_attn);
+  const ParallelPlan attn = modules_plan(0), mlp = modules_plan(kMlp);
+  // FC1's output (2 x 14336 wide) and SwiGLU's output, bf16: 6 s f bytes.
+  CHECK(layer_activation_bytes(m, attn, false) - layer_activation_bytes(m, mlp, false) == 6 * 4096.0 * 14336);
+  // FP8: FC2's FP8 input (s f) is not saved either, and the MLP input is
+  // kept as the checkpoint's bf16 tensor, not FC1's FP8 copy (+ s h).
+  ParallelPlan attn8 = attn, mlp8 = mlp;
+  attn8.precision = mlp8.precision = Precision::fp8_current;
+  CHECK(layer_activation_bytes(m, attn8, false) - layer_activation_bytes(m, mlp8, false) ==
+        6 * 4096.0 * 14336 - 4096.0 * 14336 - 4096.0 * 4096);
+  // The recompute list: the MLP's forward (flash attention recomputes its
+  // core inside its own backward), with SP its all-gather and reduce-scatter.
+  CHECK(transformer_layer_ops(m, attn).recompute.empty());
+  CHECK(op_names(transformer_layer_ops(m, mlp).recompute) == std::vector<std::string>{op::fc1, op::act, op::fc2});
+  CHECK(op_names(transformer_layer_ops(m, modules_plan(kMlp, 2)).recompute) ==
+        std::vector<std::string>{op::tp_ag_mlp, op::fc1, op::act, op::fc2, op::tp_rs_mlp});
+  // Hardware FLOPs: 32 layers x 3 GEMMs x 2 h f per token x 8 x 4096 tokens;
+  // core_attn adds the core's forward as before (Megatron's count).
+  const double tokens = 8 * 4096.0;
+  const double mlp_flops = 32 * 3 * 2 * 4096.0 * 14336 * tokens;
+  CHECK(hardware_flops_per_iteration(m, mlp) - model_flops_per_iteration(m, mlp) == doctest::Approx(mlp_flops).epsilon(1e-12));
+  const ParallelPlan both = modules_plan(kCore | kMlp);
+  CHECK(hardware_flops_per_iteration(m, both) - hardware_flops_per_iteration(m, mlp) ==
+        doctest::Approx(hardware_flops_per_iteration(m, attn) - model_flops_per_iteration(m, attn)).epsilon(1e-9));
+  // core_attn alone is --recompute selective.
+  CHECK(layer_activation_bytes(m, modules_plan(kCore), false) == layer_activation_bytes(m, attn, false));
+}
+
+TEST_CASE("recompute modules: parsed by Megatron's names; what Megatron-Core or cuboid refuses") {
+  using namespace cuboid;
+  CHECK(parse_recompute_modules("mlp,core_attn", "cl", "--recompute-modules") == 3);
+  CHECK(recompute_modules_string(3) == "core_attn,mlp");
+  CHECK(test::input_error_message([] { (void)parse_recompute_modules("core_attn,mlps", "cl", "--recompute-modules"); }) ==
+        "cl: --recompute-modules: unknown recompute module \"mlps\" (fix: use a comma-separated list of core_attn, "
+        "mlp, layernorm, moe_act, moe, shared_experts, mla_up_proj)");
+  const ModelSpec m = test::llama3_8b();
+  const Cluster c = test::dgx_a100(1);
+  const auto bits = [](RecomputeModule x) { return static_cast<std::uint8_t>(x); };
+  // layernorm is fused into the linear layers of a dense layer: accepted, nothing recomputed.
+  ParallelPlan p = modules_plan(bits(RecomputeModule::layernorm));
+  CHECK_FALSE(check_plan(p, m, c));
+  CHECK(transformer_layer_ops(m, p).recompute.empty());
+  p.recompute_modules = bits(RecomputeModule::moe_act);
+  auto r = check_plan(p, m, c);
+  REQUIRE(r);
+  CHECK(r->kind == PlanCheck::recompute_module_refused);
+  CHECK(describe(*r, m, c) ==
+        "Megatron-Core recomputes moe_act only with grouped expert GEMMs (an MoE model) and without delayed FP8 scaling");
+  p.recompute_modules = bits(RecomputeModule::mlp);
+  p.recompute = Recompute::full;
+  r = check_plan(p, m, c);
+  REQUIRE(r);
+  CHECK(r->kind == PlanCheck::recompute_modules_need_selective);
+  p.recompute = Recompute::selective;
+  p.trainer.preset = "megatron-2022";
+  p.flash_attention = p.grad_accum_fusion = false;  // as megatron-2022 runs
+  r = check_plan(p, m, c);
+  REQUIRE(r);
+  CHECK(r->kind == PlanCheck::trainer_no_recompute_modules);
+  CHECK(r->field == PlanField::recompute_modules);
 }

@@ -67,6 +67,10 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   cmd->add_option("--vpp", f.vpp, fmt::format("virtual pipeline stages per GPU (interleaved 1F1B); {}", fix));
   cmd->add_option("--zero", f.zero, fmt::format("ZeRO stage 0-3 (1 = Megatron's distributed optimizer); {}", fix));
   cmd->add_option("--recompute", f.recompute, "activation recomputation: none|selective|full");
+  cmd->add_option("--recompute-modules", f.recompute_modules,
+                  "with selective recomputation, the modules it re-runs, comma-separated: core_attn, mlp, layernorm, "
+                  "moe_act, moe, shared_experts, mla_up_proj (Megatron-Core's --recompute-modules; default core_attn; "
+                  "implies --recompute selective)");
   cmd->add_option("--sequence-parallel", f.sequence_parallel, "sequence parallelism with TP: on|off");
   cmd->add_option("--schedule", f.schedule, "pipeline schedule: gpipe|1f1b|interleaved");
   cmd->add_option("--flash-attention", f.flash_attention, "fused attention core: on|off (default: on where the device has it, see the GPU profile's flash_attention)");
@@ -86,7 +90,8 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                       std::string(search ? ", not searched" : "") + "; docs/cost-model.md#fp8)");
   cmd->add_flag("--fp8-param-gather", f.fp8_param_gather,
                 "keep the FP8 layers' weights in FP8 only and all-gather them in FP8 (Megatron-Core's "
-                "--fp8-param-gather; needs an FP8 --precision and the distributed optimizer, --zero 1 or 2)");
+                "--fp8-param-gather; needs an FP8 --precision and the distributed optimizer, --zero 1 or 2, or "
+                "Megatron-FSDP, --zero 3)");
   cmd->add_option("--dp-overlap", f.dp_overlap,
                   "overlap the DP gradient reduction with the last backward (Megatron --overlap-grad-reduce, torch "
                   "DDP, FSDP): on|off (default: the trainer's)");
@@ -244,6 +249,13 @@ PlannerOptions planner_options(const PlanFlags& f) {
   o.global_batch = f.global_batch;
   o.seq_length = f.seq_length;
   if (f.recompute) o.recompute = parse_recompute(*f.recompute, cl, "--recompute");
+  if (f.recompute_modules) {
+    if (o.recompute && *o.recompute != Recompute::selective)
+      throw InputError(cl, "--recompute-modules", "the modules are those of a selective recomputation",
+                       "drop --recompute, or give --recompute selective");
+    o.recompute = Recompute::selective;
+    o.recompute_modules = parse_recompute_modules(*f.recompute_modules, cl, "--recompute-modules");
+  }
   if (f.schedule) o.schedule = parse_schedule(*f.schedule, cl, "--schedule");
   if (f.sequence_parallel) o.sequence_parallel = parse_on_off(*f.sequence_parallel, "--sequence-parallel");
   if (f.flash_attention) o.flash_attention = parse_on_off(*f.flash_attention, "--flash-attention");
@@ -285,7 +297,7 @@ Loaded load(const PlanFlags& f) {
   if (f.plan_path) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
-    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.micro_batch || f.vpp || f.zero || f.recompute || f.sequence_parallel ||
+    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.rank_order ||
                       f.global_batch ||
                       f.seq_length ||
@@ -447,6 +459,11 @@ constexpr KeyFlag kKeyFlags[] = {
     {"parallel.virtual_stages", "--vpp", [](const PlannerOptions& o) { return shown(o.virtual_stages); }},
     {"parallel.zero_stage", "--zero", [](const PlannerOptions& o) { return shown(o.zero_stage); }},
     {"parallel.recompute", "--recompute", [](const PlannerOptions& o) { return shown(o.recompute); }},
+    {"parallel.recompute_modules", "--recompute-modules",
+     [](const PlannerOptions& o) {
+       return o.recompute_modules ? std::optional<std::string>(recompute_modules_string(*o.recompute_modules))
+                                  : std::nullopt;
+     }},
     {"parallel.sequence_parallel", "--sequence-parallel",
      [](const PlannerOptions& o) { return shown(o.sequence_parallel); }},
     {"parallel.schedule", "--schedule", [](const PlannerOptions& o) { return shown(o.schedule); }},

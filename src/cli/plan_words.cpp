@@ -47,9 +47,8 @@ std::string plain_fix(const PlanRejection& r) {
     case K::precision_no_fp4: return "use --precision bf16, or a cluster card whose GPU has those tensor cores";
     case K::precision_no_microscaling:
       return "use --precision fp8-current (or fp8-delayed, fp8-blockwise) on this GPU, or a Blackwell cluster card";
-    case K::precision_zero3: return "use --zero 0, 1 or 2 with FP8, or --precision bf16";
     case K::param_gather_needs_fp8: return "add --precision fp8-delayed (or another FP8 recipe), or drop --fp8-param-gather";
-    case K::param_gather_needs_dist_opt: return "use --zero 1 (Megatron's distributed optimizer), or drop --fp8-param-gather";
+    case K::param_gather_needs_dist_opt: return "use --zero 1 (Megatron's distributed optimizer) or 3 (Megatron-FSDP), or drop --fp8-param-gather";
     case K::stage_layers_negative: return "give positive layer counts";
     case K::uneven_rest:
       return "choose first/last stage layers so that the remaining layers divide by the middle stages";
@@ -75,6 +74,9 @@ std::string plain_fix(const PlanRejection& r) {
     case K::trainer_no_kernel: return "use --attention-kernel with a kernel the trainer calls, or " + kOtherTrainer;
     case K::gpu_no_kernel: return "use --attention-kernel auto or a kernel the GPU profile has rates for";
     case K::kernel_needs_flash: return "drop --flash-attention off, or use --attention-kernel unfused";
+    case K::trainer_no_recompute_modules: return "drop --recompute-modules, or use --trainer megatron-core";
+    case K::recompute_modules_need_selective: return "use --recompute selective, or drop --recompute-modules";
+    case K::recompute_module_refused: return "drop that module from --recompute-modules";
     case K::trainer_even_chunks:
       return "drop --vpp (1F1B with uneven stages), or choose a PP x virtual stages that divides the layers";
     case K::interleaved_batches:
@@ -138,6 +140,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::precision: return "--precision";
     case PlanField::fp8_param_gather: return "--fp8-param-gather";
     case PlanField::attention_kernel: return "--attention-kernel";
+    case PlanField::recompute_modules: return "--recompute-modules";
     case PlanField::pipeline_layout: return "--pipeline-model-parallel-layout";
   }
   return "--tp/--pp/--dp";

@@ -117,6 +117,58 @@ Recompute parse_recompute(std::string_view s, const std::string& source, const s
                    "use none, selective or full");
 }
 
+namespace {
+constexpr RecomputeModule kRecomputeModules[] = {
+    RecomputeModule::core_attn, RecomputeModule::mlp, RecomputeModule::layernorm, RecomputeModule::moe_act,
+    RecomputeModule::moe, RecomputeModule::shared_experts, RecomputeModule::mla_up_proj,
+};
+}  // namespace
+
+std::string_view to_string(RecomputeModule m) {
+  switch (m) {
+    case RecomputeModule::core_attn: return "core_attn";
+    case RecomputeModule::mlp: return "mlp";
+    case RecomputeModule::layernorm: return "layernorm";
+    case RecomputeModule::moe_act: return "moe_act";
+    case RecomputeModule::moe: return "moe";
+    case RecomputeModule::shared_experts: return "shared_experts";
+    case RecomputeModule::mla_up_proj: return "mla_up_proj";
+  }
+  return "?";
+}
+
+std::uint8_t parse_recompute_modules(std::string_view list, const std::string& source, const std::string& field) {
+  std::uint8_t bits = 0;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    const std::string_view name = list.substr(start, comma - start);
+    bool known = false;
+    for (const RecomputeModule m : kRecomputeModules) {
+      if (name == to_string(m)) {
+        bits = static_cast<std::uint8_t>(bits | static_cast<std::uint8_t>(m));
+        known = true;
+      }
+    }
+    if (!known)
+      throw InputError(source, field, "unknown recompute module " + quote_value(name),
+                       "use a comma-separated list of core_attn, mlp, layernorm, moe_act, moe, shared_experts, "
+                       "mla_up_proj");
+    start = comma + 1;
+  }
+  return bits;
+}
+
+std::string recompute_modules_string(std::uint8_t modules) {
+  std::string out;
+  for (const RecomputeModule m : kRecomputeModules) {
+    if ((modules & static_cast<std::uint8_t>(m)) == 0) continue;
+    if (!out.empty()) out += ',';
+    out += to_string(m);
+  }
+  return out;
+}
+
 Schedule parse_schedule(std::string_view s, const std::string& source, const std::string& field) {
   if (s == "gpipe") return Schedule::gpipe;
   if (s == "1f1b") return Schedule::one_f_one_b;
@@ -387,6 +439,7 @@ nlohmann::json plan_layout_json(const ParallelPlan& p) {
   // Only when not bf16: the files of bf16 plans stay as they were.
   if (p.precision != Precision::bf16) j["precision"] = std::string(to_string(p.precision));
   if (p.fp8_param_gather) j["fp8_param_gather"] = true;
+  if (p.recompute_modules != 0) j["recompute_modules"] = recompute_modules_string(p.recompute_modules);
   return j;
 }
 

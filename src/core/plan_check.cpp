@@ -64,6 +64,35 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
   if (p.flash_attention && p.attention_kernel != AttentionKernel::auto_ &&
       std::find(kernels.begin(), kernels.end(), p.attention_kernel) == kernels.end())
     return reject(K::trainer_no_kernel, F::attention_kernel, preset, static_cast<std::int64_t>(p.attention_kernel));
+  if (p.recompute_modules != 0 && !t.recompute_modules)
+    return reject(K::trainer_no_recompute_modules, F::recompute_modules, preset);
+  return std::nullopt;
+}
+
+// Megatron-Core's checks of --recompute-modules (transformer_config.py
+// __post_init__ at d98e8a64: moe_act only with grouped expert GEMMs,
+// mla_up_proj only with latent attention, neither moe_act nor layernorm
+// with delayed FP8 scaling), then what cuboid prices: on a dense layer the
+// attention core and the MLP (layernorm is fused into Transformer Engine's
+// linear layers there: an IdentityOp, nothing to recompute; moe and
+// shared_experts touch no dense layer); the MoE and latent-attention modules
+// are not modelled.
+Found check_recompute_modules(const ParallelPlan& p, const ModelSpec& m) {
+  if (p.recompute_modules == 0) return std::nullopt;
+  if (p.recompute != Recompute::selective) return reject(K::recompute_modules_need_selective, F::recompute_modules);
+  using M = RecomputeModule;
+  auto refuse = [](M module, int why) {
+    return reject(K::recompute_module_refused, F::recompute_modules, static_cast<std::int64_t>(module), why);
+  };
+  if (p.recomputes(M::moe_act) && !m.moe.enabled()) return refuse(M::moe_act, 0);
+  if (p.recomputes(M::mla_up_proj) && !m.mla.enabled()) return refuse(M::mla_up_proj, 0);
+  if (p.precision == Precision::fp8_delayed)
+    for (const M module : {M::moe_act, M::layernorm})
+      if (p.recomputes(module)) return refuse(module, 0);
+  if (m.moe.enabled())
+    for (const M module : {M::layernorm, M::moe_act, M::moe, M::shared_experts})
+      if (p.recomputes(module)) return refuse(module, 1);
+  if (p.recomputes(M::mla_up_proj)) return refuse(M::mla_up_proj, 1);
   return std::nullopt;
 }
 
@@ -137,11 +166,12 @@ Found check_precision(const ParallelPlan& p, const GpuProfile& gpu) {
   }
   if ((p.precision == Precision::mxfp8 || p.precision == Precision::nvfp4) && !gpu.microscaling_formats)
     return reject(K::precision_no_microscaling, F::precision);
-  // ZeRO-3 re-quantizes each gathered weight (no cached FP8 copy): not modelled.
-  if (p.zero_stage >= 3) return reject(K::precision_zero3, F::precision);
-  // Megatron-LM d98e8a64 megatron/training/arguments.py: --fp8-param-gather
-  // only with the distributed optimizer (or FSDP).
-  if (p.fp8_param_gather && p.zero_stage != 1 && p.zero_stage != 2)
+  // ZeRO-3 is Megatron-FSDP, which runs FP8 (Megatron-LM d98e8a64
+  // megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:
+  // FP8 parameter groups, their shards and transposes). Megatron-LM
+  // d98e8a64 megatron/training/arguments.py: --fp8-param-gather only with
+  // the distributed optimizer, torch FSDP2 or Megatron-FSDP.
+  if (p.fp8_param_gather && p.zero_stage == 0)
     return reject(K::param_gather_needs_dist_opt, F::fp8_param_gather, p.zero_stage);
   return std::nullopt;
 }
@@ -279,6 +309,18 @@ std::string describe_trainer(const PlanRejection& r) {
     case K::trainer_no_kernel:
       return trainer_words(v[0], "cannot call the " + std::string(to_string(static_cast<AttentionKernel>(v[1]))) +
                                      " attention kernel");
+    case K::trainer_no_recompute_modules:
+      return trainer_words(v[0], "recomputes the attention core only (no --recompute-modules)");
+    case K::recompute_modules_need_selective: return "recompute modules are those of a selective recomputation";
+    case K::recompute_module_refused: {
+      const std::string name(to_string(static_cast<RecomputeModule>(v[0])));
+      if (v[1] == 1) return "recomputing " + name + " is not modelled (the MoE and latent-attention modules' memory)";
+      if (name == "mla_up_proj") return "Megatron-Core recomputes mla_up_proj only with latent attention";
+      if (name == "moe_act")
+        return "Megatron-Core recomputes moe_act only with grouped expert GEMMs (an MoE model) and without delayed "
+               "FP8 scaling";
+      return "Megatron-Core does not recompute " + name + " with delayed FP8 scaling";
+    }
     case K::trainer_no_layout:
       return trainer_words(v[0], "has no pipeline layout (the embedding and the loss counted as layers, or a layout string)");
     default: return "";
@@ -354,12 +396,10 @@ std::string describe_precision(const PlanRejection& r, const Cluster& c) {
     case K::precision_no_microscaling:
       return gpu + " has no block-scaled tensor-core formats (MXFP8, NVFP4: Transformer Engine runs them on compute "
                    "capability 10.0, Blackwell; its profile's microscaling_formats is false)";
-    case K::precision_zero3:
-      return "FP8 with ZeRO-3 is not modelled (each gathered weight is quantized again; no cached FP8 copy)";
     case K::param_gather_needs_fp8: return "the FP8 parameter all-gather needs an FP8 precision";
     case K::param_gather_needs_dist_opt:
-      return "the FP8 parameter all-gather is the distributed optimizer's (ZeRO 1 or 2), not ZeRO " +
-             std::to_string(r.values[0]);
+      return "the FP8 parameter all-gather is the distributed optimizer's or Megatron-FSDP's (ZeRO 1, 2 or 3), not "
+             "ZeRO " + std::to_string(r.values[0]);
     case K::gpu_no_kernel:
       return gpu + "'s profile has no published rates for the " +
              std::string(to_string(static_cast<AttentionKernel>(r.values[0]))) + " attention kernel (" +
@@ -449,6 +489,7 @@ std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& 
   if (Found r = check_cp(p, m)) return r;
   if (Found r = check_experts(p, m)) return r;
   if (Found r = check_latent_attention(p, m)) return r;
+  if (Found r = check_recompute_modules(p, m)) return r;
   if (Found r = check_precision(p, c.gpu)) return r;
   {
     const auto presets = trainer_presets();

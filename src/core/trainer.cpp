@@ -91,6 +91,7 @@ constexpr std::array<Field, 15> kCanRun{{
     {"context_parallel_a2a", [](JsonReader& r, TrainerPreset& t) { t.context_parallel_a2a = r.boolean("value"); }},
     {"expert_parallel", [](JsonReader& r, TrainerPreset& t) { t.expert_parallel = r.boolean("value"); }},
     {"fp8", [](JsonReader& r, TrainerPreset& t) { t.fp8 = r.boolean("value"); }},
+    {"recompute_modules", [](JsonReader& r, TrainerPreset& t) { t.recompute_modules = r.boolean("value"); }},
     {"zero_stages", read_zero_stages},
     {"attention_kernels", read_attention_kernels},
 }};

@@ -979,6 +979,35 @@ void quantize_linear_layers(LayerOps& ops, const Dims& x) {
   quantize_list(ops.backward, x, true);
 }
 
+// The forward's MLP module: what runs between the pre-MLP norm and the
+// bias-dropout-add after it.
+void append_mlp_forward(std::vector<Op>& out, const std::vector<Op>& forward) {
+  std::size_t first = forward.size(), last = forward.size();
+  for (std::size_t i = 0; i < forward.size(); ++i) {
+    if (forward[i].name == op::norm_mlp) first = i + 1;
+    if (forward[i].name == op::drop_add_mlp) last = i;
+  }
+  if (first < last) out.insert(out.end(), forward.begin() + static_cast<std::ptrdiff_t>(first),
+                               forward.begin() + static_cast<std::ptrdiff_t>(last));
+}
+
+// Megatron-FSDP with --fp8-param-gather (ZeRO-3 of an FP8 plan) gathers
+// each layer's FP8 rowwise data again for its backward and makes the
+// columnwise copy from it on the compute stream (Megatron-LM d98e8a64
+// megatron_fsdp.py all_gather_and_wait_parameters_ready: bwd and
+// is_float8tensor -> fp8_create_transpose_cache, Transformer Engine's
+// post_all_gather_processing): read and write the format's bytes. MXFP8
+// gathers its columnwise shard instead (fp8_need_transpose_data: a
+// transpose buffer of its own), with nothing to make.
+void transpose_gathered_weights(LayerOps& ops, const ParallelPlan& plan) {
+  if (plan.zero_stage < 3 || !plan.fp8_param_gather || plan.precision == Precision::bf16 ||
+      plan.precision == Precision::mxfp8)
+    return;
+  const double e = quantized_element_bytes(plan.precision);
+  ops.backward.insert(ops.backward.begin(),
+                      memory_bound(op::fp8_weight_transpose, Pass::backward, quantized_weight_elements(ops) * (e + e)));
+}
+
 }  // namespace
 
 double quantized_weight_elements(const LayerOps& ops) {
@@ -1036,6 +1065,7 @@ LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan, boo
   ops.backward.reserve(28);
   layer_backward(ops.backward, m, x, ops.forward);
   quantize_linear_layers(ops, x);
+  transpose_gathered_weights(ops, plan);
   switch (plan.recompute) {
     case Recompute::none:
       break;
@@ -1045,9 +1075,13 @@ LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan, boo
       ops.recompute = ops.forward;
       break;
     case Recompute::selective:
-      // Only the unfused attention core (QK^T, softmax, dropout, AV) is
-      // recomputed; flash attention already recomputes inside its backward.
-      if (!x.flash) add_attention_forward(ops.recompute, x, Pass::backward);
+      // The unfused attention core (QK^T, softmax, dropout, AV); flash
+      // attention already recomputes inside its backward.
+      if (plan.recomputes(RecomputeModule::core_attn) && !x.flash) add_attention_forward(ops.recompute, x, Pass::backward);
+      // A dense MLP (Megatron-Core's recompute_mlp: the MLP module under
+      // tensor_parallel.checkpoint, so its forward runs again, its SP
+      // all-gather, quantize kernels and TP reduction included).
+      if (plan.recomputes(RecomputeModule::mlp) && !x.moe) append_mlp_forward(ops.recompute, ops.forward);
       break;
   }
   return ops;

@@ -436,6 +436,7 @@ struct Zero3Step {
   double params = 0;
   std::vector<double> grads;  // per parameter tensor
   std::int64_t tensor = -1;
+  double quantized = 0;  // of `params`, the quantized linear weights (StepDescription::gathered_bytes)
 };
 
 // `pace`: the compute's slowdown at the job's slowest GPU (speed spread);
@@ -467,7 +468,8 @@ void layer_steps(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& 
     for (const std::vector<Op>* list : forward ? std::vector<const std::vector<Op>*>{&ops.forward}
                                                : std::vector<const std::vector<Op>*>{&ops.recompute, &ops.backward})
       t += ops_ns(gpu, *list, 0, list->size(), plan.tp, tp_links, pace, &tp_ns);
-    out.push_back(Zero3Step{t, tp_ns, params, forward ? std::vector<double>{} : std::vector<double>{params}, -1});
+    out.push_back(Zero3Step{t, tp_ns, params, forward ? std::vector<double>{} : std::vector<double>{params}, -1,
+                            quantized_weight_elements(ops)});
     return;
   }
   const std::vector<LayerWeight> weights = layer_weights(m, plan);
@@ -480,6 +482,7 @@ void layer_steps(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& 
       if (w.weight >= 0) {
         const LayerWeight& lw = weights[static_cast<std::size_t>(w.weight)];
         st.params = (lw.weight >= persist ? lw.weight : 0.0) + (lw.bias >= persist ? lw.bias : 0.0);
+        st.quantized = plan.precision != Precision::bf16 && lw.weight >= persist ? lw.weight : 0.0;
         st.tensor = id * 8 + w.weight;
         if (with_grads) {
           st.grads.push_back(lw.weight);
@@ -516,8 +519,9 @@ struct Zero3Pass {
 };
 
 Zero3Pass zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const ParallelPlan& plan,
-                     const GpuProfile& gpu, const GroupLinks& dp_links, double param_bytes, double grad_bytes,
+                     const GpuProfile& gpu, const GroupLinks& dp_links, const StepDescription& step,
                      double held_pace) {
+  const double param_bytes = step.param_bytes_per_param(), grad_bytes = step.grad_bytes_per_param();
   const TrainerSettings& ts = plan.trainer;
   const int dp = plan.dp_cp();
   std::vector<Zero3Use> uses;
@@ -529,7 +533,7 @@ Zero3Pass zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, cons
   double issue = 0;     // without zero3_sync: when the chain a gather depends on ends
   std::vector<double> ready(steps.size(), 0.0);
   auto gather = [&](std::size_t j) {
-    const double bytes = steps[j].params * param_bytes;
+    const double bytes = step.gathered_bytes(steps[j].params, steps[j].quantized);
     if (ts.zero3_sync) {
       c = std::max(c, d) + static_cast<double>(memory_bound_time_ns(gpu, bytes));
       issue = c;
@@ -632,7 +636,6 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
   const double extra = parameters_on_stage(m, plan, stage) - per_layer * layers;
   const double embed_params =
       static_cast<double>(padded_vocab_size(m.vocab_size, tp)) / tp * static_cast<double>(m.hidden_size);
-  const double param_bytes = step.param_bytes_per_param();
   const double micro_batches = static_cast<double>(plan.num_micro_batches());
   double exposed = 0;
   std::vector<Zero3Step> steps;
@@ -643,7 +646,7 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
       tp_ns = forward ? tp_comm_ns(ops.forward, tp, tp_links)
                       : tp_comm_ns(ops.backward, tp, tp_links) + tp_comm_ns(ops.recompute, tp, tp_links);
     steps.push_back(Zero3Step{(forward ? t.fwd_compute : t.bwd_compute) * pace + tp_ns, tp_ns, params,
-                              forward ? std::vector<double>{} : std::vector<double>{params}, -1});
+                              forward ? std::vector<double>{} : std::vector<double>{params}, -1, 0.0});
   };
   // One layer's steps, priced once (tensor ids of layer 0: the weight index).
   std::vector<Zero3Step> layer_fwd, layer_bwd;
@@ -675,8 +678,7 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
       double compute = 0;
       for (const Zero3Step& st : steps) compute += st.compute_ns;
       const Zero3Pass pass =
-          zero3_pass_ns(steps, !forward, plan, gpu, dp_links, param_bytes,
-                        step.grad_bytes_per_param(), forward ? ct.held_fwd : ct.held_bwd);
+          zero3_pass_ns(steps, !forward, plan, gpu, dp_links, step, forward ? ct.held_fwd : ct.held_bwd);
       exposed += micro_batches * std::max(0.0, pass.length_ns - compute - pass.sm_ns);
       sm_ns += micro_batches * pass.sm_ns;
     }

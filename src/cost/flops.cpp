@@ -141,7 +141,8 @@ double hardware_flops_per_iteration(const ModelSpec& m, const ParallelPlan& plan
     const double layers = static_cast<double>(c.dense_layers + c.moe_layers);
     double recomputed = 0;
     if (plan.recompute == Recompute::full) recomputed = general_layers_forward_per_token(c) * t;
-    if (plan.recompute == Recompute::selective) recomputed = layers * c.core * t;
+    if (plan.recomputes(RecomputeModule::core_attn)) recomputed = layers * c.core * t;
+    if (plan.recomputes(RecomputeModule::mlp)) recomputed += static_cast<double>(c.dense_layers) * c.dense_mlp * t;
     return model_flops_per_iteration(m, plan) + recomputed;
   }
   const double layers = static_cast<double>(m.num_layers);
@@ -150,7 +151,12 @@ double hardware_flops_per_iteration(const ModelSpec& m, const ParallelPlan& plan
     case Recompute::none:
       break;
     case Recompute::selective:
-      recomputed = layers * attention_core_forward_flops(m, plan.global_batch, plan.seq_length);
+      if (plan.recomputes(RecomputeModule::core_attn))
+        recomputed = layers * attention_core_forward_flops(m, plan.global_batch, plan.seq_length);
+      // A dense MLP's forward: 2 h f per token and GEMM, three GEMMs gated.
+      if (plan.recomputes(RecomputeModule::mlp))
+        recomputed += layers * 2.0 * static_cast<double>(m.hidden_size) * static_cast<double>(m.ffn_hidden_size) *
+                      (m.gated_mlp() ? 3 : 2) * tokens(plan.global_batch, plan.seq_length);
       break;
     case Recompute::full:
       recomputed = layers * layer_forward_flops(m, plan.global_batch, plan.seq_length);

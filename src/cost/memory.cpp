@@ -109,10 +109,26 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   // is_first_microbatch), beside the bf16 weight.
   // With --fp8-param-gather the rowwise copy is the parameter itself: no
   // bf16 weight (Megatron-Core's fp8_param, TE's fp8_model_init).
-  if (plan.precision != Precision::bf16)
+  if (plan.precision != Precision::bf16 && plan.zero_stage >= 3) {
+    // Megatron-FSDP: the gradients in bf16, not fp32 (step.cpp); with
+    // --fp8-param-gather the quantized weights' shards are FP8, rowwise
+    // (and, MXFP8, columnwise: param_and_grad_buffer.py's transpose buffer)
+    // instead of bf16, the columnwise copy made for each gathered layer only
+    // (as the gathered units, not counted); without it Transformer Engine
+    // caches every layer's two copies, as above, whole on every rank.
+    const double d = plan.dp_cp();
+    mem.weight_and_optimizer_bytes -= params.dense * (kFp32Bytes - kBf16Bytes) / d;
+    const double quantized = quantized_weights_on_stage(m, plan, stage);
+    const double e = quantized_element_bytes(plan.precision);
+    if (plan.fp8_param_gather)
+      mem.weight_and_optimizer_bytes += quantized * ((plan.precision == Precision::mxfp8 ? 2 * e : e) - kBf16Bytes) / d;
+    else
+      mem.weight_and_optimizer_bytes += quantized * 2.0 * e;
+  } else if (plan.precision != Precision::bf16) {
     mem.weight_and_optimizer_bytes +=
         quantized_weights_on_stage(m, plan, stage) *
         (2.0 * quantized_element_bytes(plan.precision) - (plan.fp8_param_gather ? kBf16Bytes : 0.0));
+  }
 
   const double in_flight = in_flight_micro_batches(plan, stage);
   const double moe_layers = moe_layers_on_stage(m, plan, stage);
@@ -332,12 +348,16 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
   const double kv = static_cast<double>(m.kv_projection_size());
   const double f = static_cast<double>(m.ffn_hidden_size);
   const double attention = 2 * s * b * (q + 2 * kv + q);
-  const double mlp = moe_layer ? 0.0 : (m.gated_mlp() ? 6 : 4) * s * b * f;
+  // A recomputed dense MLP (--recompute-modules mlp) keeps only its input,
+  // counted above in bf16 (the checkpoint's); FC1's and FC2's saved inputs
+  // and the activation's are dropped.
+  const bool mlp_recomputed = !moe_layer && plan.recomputes(RecomputeModule::mlp);
+  const double mlp = moe_layer || mlp_recomputed ? 0.0 : (m.gated_mlp() ? 6 : 4) * s * b * f;
   const double split = attention + mlp;
   // Attention scores: softmax output (2), dropout mask (1), dropout output (2)
   // bytes per score, a*s*s*b scores; never stored with flash attention, and
   // recomputed (not stored) with selective recompute.
-  const bool scores_stored = !plan.flash_attention && plan.recompute != Recompute::selective;
+  const bool scores_stored = !plan.flash_attention && !plan.recomputes(RecomputeModule::core_attn);
   const double a = static_cast<double>(m.num_attention_heads);
   const double scores = scores_stored ? 5 * a * s * s * b : 0;
 
@@ -348,8 +368,8 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
   // and FC2's (the activation's output). An MoE layer's expert inputs are
   // counted at bf16.
   const double saved = kBf16Bytes - quantized_element_bytes(plan.precision);
-  const double replicated_saving = saved * sbh * (moe_layer ? 1 : 2);
-  const double split_saving = saved * s * b * (q + (moe_layer ? 0.0 : f));
+  const double replicated_saving = saved * sbh * (moe_layer || mlp_recomputed ? 1 : 2);
+  const double split_saving = saved * s * b * (q + (moe_layer || mlp_recomputed ? 0.0 : f));
   if (plan.sequence_parallel) return (replicated - replicated_saving + split - split_saving) / t + scores / t + moe;
   return replicated - replicated_saving + (split - split_saving) / t + scores / t + moe;
 }

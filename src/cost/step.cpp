@@ -53,8 +53,15 @@ StepDescription::StepDescription(const ModelSpec& m, const ParallelPlan& plan, c
     expert_group_ = edp_ > 1 && (std::max(1, plan.ep) > 1 || plan.expert_tp() != std::max(1, plan.tp));
   }
   grad_bytes_ = plan.trainer.dp_grad_bytes;
+  // Megatron-FSDP (ZeRO-3 of an FP8 plan: only megatron-core runs FP8) keeps
+  // and reduce-scatters the gradients in the parameters' dtype, BF16 for
+  // FP8 parameters (Megatron-LM d98e8a64 megatron_fsdp/param_and_grad_buffer.py
+  // _resolve_group_grad_dtype; --megatron-fsdp-main-grads-dtype and
+  // --megatron-fsdp-grad-comm-dtype default to auto).
+  if (zero_ >= 3 && plan.precision != Precision::bf16) grad_bytes_ = kBf16Bytes;
   const double act_scale = activation_bytes_scale(calibration);
   param_bytes_ = kBf16Bytes * act_scale;
+  quantized_gather_bytes_ = plan.fp8_param_gather ? quantized_element_bytes(plan.precision) : param_bytes_;
   message_bytes_ = cuboid::pipeline_message_bytes(m, plan) * act_scale;
   if (pp_ > 1 && m.tied_embeddings) {
     const int tp = std::max(1, plan.tp);
@@ -98,17 +105,15 @@ StageStep StepDescription::stage(int stage) const {
     // FSDP's and Megatron-FSDP's blocks: the forward and the backward of
     // every micro-batch gather each unit they use.
     if (zero_ >= 3 && dp_ > 1)
-      out.add({"zero3 gather", StepGroup::dp, Collective::all_gather, dp_, sp.total() * param_bytes_,
-               2.0 * micro_batches, StepWhen::zero3_units});
+      out.add({"zero3 gather", StepGroup::dp, Collective::all_gather, dp_,
+               gathered_bytes(sp.total(), quantized_stage_weights(m_, plan_, stage).total()), 2.0 * micro_batches,
+               StepWhen::zero3_units});
   }
   if (tied_bytes_ > 0 && (stage == 0 || stage == pp_ - 1)) out.add(tied_embedding());
   if (gathers_after_step()) {
     // --fp8-param-gather: the quantized weights travel as their FP8 rowwise
     // data (Megatron-Core's distributed optimizer gathers the FP8 parameters).
-    const StageParameters quantized =
-        plan_.fp8_param_gather ? quantized_stage_weights(m_, plan_, stage) : StageParameters{};
-    const double fp8_bytes = quantized_element_bytes(plan_.precision);
-    auto gathered_bytes = [&](double params, double fp8) { return (params - fp8) * param_bytes_ + fp8 * fp8_bytes; };
+    const StageParameters quantized = quantized_stage_weights(m_, plan_, stage);
     if (dp_ > 1)
       out.add({"param all-gather", StepGroup::dp, Collective::all_gather, dp_, gathered_bytes(sp.dense, quantized.dense), 1.0,
                StepWhen::after_optimizer});
@@ -128,7 +133,10 @@ StepCollective StepDescription::tied_embedding() const {
 std::int64_t StepDescription::optimizer_ns(const GpuProfile& gpu, const StageParameters& sp, int stage) const {
   std::int64_t ns = optimizer_step_time_ns(gpu, sp.dense, dp_, zero_);
   if (sp.expert > 0) ns += optimizer_step_time_ns(gpu, sp.expert, edp_, zero_);
-  if (plan_.precision != Precision::bf16) {
+  // Megatron-FSDP with --fp8-param-gather has no per-step cast: the
+  // optimizer writes the FP8 shard (param_copy, priced as bf16) and each
+  // backward gather is transposed (workload.cpp, op::fp8_weight_transpose).
+  if (plan_.precision != Precision::bf16 && !(zero_ >= 3 && plan_.fp8_param_gather)) {
     // Read the bf16 weight (twice where the recipe scans it for its amax
     // first), write the rowwise and columnwise copies (precision.hpp).
     // With --fp8-param-gather the optimizer's param_copy writes the FP8

@@ -173,6 +173,9 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
   if (plan.cp > 1 && plan.cp_comm != CpComm::p2p)
     refuse("parallel.cp_comm", "context parallelism's a2a exchange (it runs the p2p ring)",
            "plan with --cp-comm-type p2p");
+  if (plan.recompute_modules != 0)
+    refuse("parallel.recompute_modules", "recompute modules (it recomputes the attention core or whole layers)",
+           "plan without --recompute-modules");
   // The linear layers' GEMMs run quantized as fp8-current (per-tensor current
   // scaling) or mxfp8 prescribes (Backend::gemm_quantized, fp8.hpp).
   if (plan.precision == Precision::fp8_delayed)

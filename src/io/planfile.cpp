@@ -157,6 +157,7 @@ std::string plan_key(PlanField field) {
     case PlanField::precision: return "parallel.precision";
     case PlanField::fp8_param_gather: return "parallel.fp8_param_gather";
     case PlanField::attention_kernel: return "parallel.attention_kernel";
+    case PlanField::recompute_modules: return "parallel.recompute_modules";
     case PlanField::uneven_stages: return "parallel";
     case PlanField::pipeline_layout: return "parallel.pipeline_layout";
   }
@@ -194,14 +195,16 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::gpu_no_kernel:
       return "drop attention_kernel (auto), or use the plan with a cluster card whose GPU has rates for it (--cluster)";
     case PlanCheck::kernel_needs_flash: return "drop attention_kernel, or set flash_attention true";
+    case PlanCheck::trainer_no_recompute_modules: return "drop recompute_modules, or " + other_trainer;
+    case PlanCheck::recompute_modules_need_selective: return "set recompute selective, or drop recompute_modules";
+    case PlanCheck::recompute_module_refused: return "drop that module from recompute_modules; or " + kRegenerate;
     case PlanCheck::cp_comm_needs_cp: return "drop cp_comm, or set cp to 2 or more; or " + kRegenerate;
     case PlanCheck::precision_no_fp8:
     case PlanCheck::precision_no_fp4:
     case PlanCheck::precision_no_microscaling:
       return "drop precision (bf16), or use the plan with a cluster card whose GPU runs it (--cluster)";
-    case PlanCheck::precision_zero3: return "drop precision (bf16), or set zero_stage 0, 1 or 2; or " + kRegenerate;
     case PlanCheck::param_gather_needs_fp8: return "drop fp8_param_gather, or give an FP8 precision; or " + kRegenerate;
-    case PlanCheck::param_gather_needs_dist_opt: return "drop fp8_param_gather, or set zero_stage 1; or " + kRegenerate;
+    case PlanCheck::param_gather_needs_dist_opt: return "drop fp8_param_gather, or set zero_stage 1 or 3; or " + kRegenerate;
     default: return kRegenerate;
   }
 }
@@ -249,6 +252,9 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
     p.pipeline_layout = parse_pipeline_layout(*layout, source, "parallel.pipeline_layout");
   p.zero_stage = read_int(r, "zero_stage", 0);
   p.recompute = parse_recompute(r.choice("recompute", {"none", "selective", "full"}), source, "parallel.recompute");
+  // Optional: written only when given (plan_layout_json).
+  if (const auto modules = r.optional_string("recompute_modules"))
+    p.recompute_modules = parse_recompute_modules(*modules, source, "parallel.recompute_modules");
   p.sequence_parallel = r.boolean("sequence_parallel");
   p.schedule = parse_schedule(r.choice("schedule", {"gpipe", "1f1b", "interleaved"}), source, "parallel.schedule");
   p.flash_attention = r.boolean("flash_attention");

@@ -337,20 +337,26 @@ void Builder::make_parts(std::vector<Unit>& units, const Programs& p) {
   auto gathered = [&](const LayerWeight& w) {
     return (w.weight >= persist ? w.weight : 0.0) + (w.bias >= persist ? w.bias : 0.0);
   };
+  // A layer's quantized linear weights (FP8 / FP4 plans), per GPU.
+  const bool quantizes = plan_.precision != Precision::bf16;
+  const double quantized_layer = quantizes ? quantized_weight_elements(transformer_layer_ops(m_, plan_, m_.moe.enabled())) : 0.0;
+  const double quantized_dense = quantizes ? quantized_weight_elements(transformer_layer_ops(m_, plan_, false)) : 0.0;
   for (std::size_t k = 0; k < units.size(); ++k) {
     Unit& u = units[k];
     u.fwd_parts.clear();
     u.bwd_parts.clear();
     if (!tensor || u.fwd != &p.layer_fwd) {
-      u.fwd_parts.push_back(Part{u.fwd, u.params, 0, {}, -1, u.name});
-      u.bwd_parts.push_back(Part{u.bwd, u.params, u.params, {u.params}, -1, u.name});
+      const double q = u.fwd == &p.layer_fwd ? quantized_layer : u.fwd == &p.dense_fwd ? quantized_dense : 0.0;
+      u.fwd_parts.push_back(Part{u.fwd, u.params, 0, {}, -1, u.name, q});
+      u.bwd_parts.push_back(Part{u.bwd, u.params, u.params, {u.params}, -1, u.name, q});
       continue;
     }
     const auto base = static_cast<std::int64_t>(k) * 8;
     auto part = [&](const Program& prog, const PartWeight& pw) {
-      if (pw.weight < 0) return Part{&prog, 0, 0, {}, -1, u.name};
+      if (pw.weight < 0) return Part{&prog, 0, 0, {}, -1, u.name, 0};
       const LayerWeight& w = weights[static_cast<std::size_t>(pw.weight)];
-      Part pt{&prog, gathered(w), 0, {}, base + pw.weight, u.name + " " + w.op};
+      Part pt{&prog, gathered(w), 0, {}, base + pw.weight, u.name + " " + w.op,
+              quantizes && w.weight >= persist ? w.weight : 0.0};
       if (pw.grads) {
         pt.grad_tensors.push_back(w.weight);
         if (w.bias > 0) pt.grad_tensors.push_back(w.bias);

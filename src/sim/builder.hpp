@@ -72,6 +72,7 @@ struct Part {
   std::vector<double> grad_tensors;  // the same, per parameter tensor (they sum to grads)
   std::int64_t tensor = -1;  // Zero3Use::tensor
   std::string name;
+  double quantized = 0;      // of `params`, the quantized linear weights (StepDescription::gathered_bytes)
 };
 
 // One unit of a model chunk: the embedding, a transformer layer or the LM head.

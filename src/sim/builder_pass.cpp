@@ -387,7 +387,7 @@ void Builder::zero3_gather(Zero3Pass& z, std::size_t j) {
   const GpuProfile& gpu = topo_.cluster().gpu;
   Chain& ch = scratch_.chain;
   const Part& pt = *scratch_.zero3_parts[j];
-  const double bytes = pt.params * step_.param_bytes_per_param();
+  const double bytes = step_.gathered_bytes(pt.params, pt.quantized);
   if (ts.zero3_sync) {
     zero3_drain(z);
     const TaskId zf = emit_compute(z.me.compute, memory_bound_time_ns(gpu, bytes), z.deps, z.host_meta);

@@ -146,6 +146,7 @@ void Builder::finish_iteration() {
   for (int s = 0; s < shape_.pp; ++s) {
     const Representative& r = representatives_[static_cast<std::size_t>(s)];
     const StageParameters sp = stage_parameters(m_, plan_, s);
+    const StageParameters quantized = quantized_stage_weights(m_, plan_, s);
     const double params = sp.dense;
     // Megatron's step kernels (optimizer_step.cpp), the experts' on their expert-DP shard.
     TimeNs ns = step_.optimizer_ns(gpu, sp, s);
@@ -154,23 +155,24 @@ void Builder::finish_iteration() {
     tag(opt, Category::optimizer, kThreadCompute, s);
     label(opt, s, "optimizer step", "optimizer");
     if (step_.gathers_after_step()) {
-      // Distributed optimizer: gather the updated bf16 parameters (not overlapped).
+      // Distributed optimizer: gather the updated parameters (not overlapped), the
+      // quantized ones in FP8 with --fp8-param-gather (StepDescription::gathered_bytes).
       const StreamId s1[1] = {r.dp};
       const std::vector<TaskId> d{opt};
       std::vector<TaskId> d2 = d;
       if (shape_.dp > 1) {
-        const TaskId g = eng_->add_collective(Collective::all_gather, r.dp_group,
-                                              params * step_.param_bytes_per_param(), s1, d);
-        count_played(s, r.dp_group, Collective::all_gather, params * step_.param_bytes_per_param());
+        const double bytes = step_.gathered_bytes(params, quantized.dense);
+        const TaskId g = eng_->add_collective(Collective::all_gather, r.dp_group, bytes, s1, d);
+        count_played(s, r.dp_group, Collective::all_gather, bytes);
         tag(g, Category::dp, kThreadDp, s);
         label(g, s, "param all-gather", "dp");
         d2 = {g};
       }
       if (sp.expert > 0 && shape_.edp > 1) {
         const GroupId group = shape_.expert_group ? r.edp_group : r.dp_group;
-        const TaskId g = eng_->add_collective(Collective::all_gather, group, sp.expert * step_.param_bytes_per_param(),
-                                              s1, d2);
-        count_played(s, group, Collective::all_gather, sp.expert * step_.param_bytes_per_param());
+        const double bytes = step_.gathered_bytes(sp.expert, quantized.expert);
+        const TaskId g = eng_->add_collective(Collective::all_gather, group, bytes, s1, d2);
+        count_played(s, group, Collective::all_gather, bytes);
         tag(g, Category::dp, kThreadDp, s);
         label(g, s, "expert param all-gather", "dp");
       }

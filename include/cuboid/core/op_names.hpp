@@ -259,13 +259,16 @@ inline constexpr char tp_ar_norm_grads[] = "tp_ar_norm_grads";
 // quantizer's amax pass, its scale kernel and its cast (of a linear layer's
 // input; of its output gradient in the backward), the amax all-reduced over
 // TP where the tensor is all-gathered with SP, and the per-step cast of the
-// weights (step.cpp).
+// weights (step.cpp); under ZeRO-3 with --fp8-param-gather, the columnwise
+// copy of each weight gathered for a backward, made from the gathered
+// rowwise FP8 data.
 inline constexpr char fp8_amax[] = "fp8_amax";
 inline constexpr char fp8_scale[] = "fp8_scale";
 inline constexpr char fp8_cast[] = "fp8_cast";
 inline constexpr char fp8_grad_cast[] = "fp8_grad_cast";
 inline constexpr char tp_ar_amax[] = "tp_ar_amax";
 inline constexpr char fp8_weight_cast[] = "fp8_weight_cast";
+inline constexpr char fp8_weight_transpose[] = "fp8_weight_transpose";
 
 // Suffixes of a GEMM's backward ops.
 inline constexpr char dgrad_suffix[] = "_dgrad";
@@ -302,8 +305,8 @@ inline bool is_pipeline_exchange(std::string_view name) {
 }
 
 // Every name above, for checks.
-inline constexpr std::array<std::string_view, 201> all{
-    fp8_amax, fp8_scale, fp8_cast, fp8_grad_cast, tp_ar_amax, fp8_weight_cast,
+inline constexpr std::array<std::string_view, 202> all{
+    fp8_amax, fp8_scale, fp8_cast, fp8_grad_cast, tp_ar_amax, fp8_weight_cast, fp8_weight_transpose,
     norm_in, tp_ag_attn, qkv, qkv_bias, attn_alibi_bias, attn_qk, attn_softmax, attn_av, attn_ctx_copy, attn_flash,
     proj, tp_rs_attn,
     tp_ar_attn, drop_add_attn, norm_mlp, tp_ag_mlp, fc1, act, fc2, tp_rs_mlp, tp_ar_mlp, drop_add_mlp, qkv_dgrad,

@@ -40,6 +40,14 @@ enum class CpComm { p2p, a2a };
 // weights), MXFP8 (1 x 32 blocks, E8M0 scales: Blackwell); NVFP4 (1 x 16
 // blocks, E4M3 scales and a per-tensor fp32 scale: Blackwell).
 enum class Precision { bf16, fp8_delayed, fp8_current, fp8_blockwise, mxfp8, nvfp4 };
+// Megatron-Core's --recompute-modules with --recompute-granularity selective
+// (TransformerConfig.recompute_modules at Megatron-LM d98e8a64): the
+// submodules a selective recomputation re-runs, as bits of
+// ParallelPlan::recompute_modules. None given: the attention core alone
+// (Megatron's default, cuboid's --recompute selective).
+enum class RecomputeModule : std::uint8_t {
+  core_attn = 1, mlp = 2, layernorm = 4, moe_act = 8, moe = 16, shared_experts = 32, mla_up_proj = 64,
+};
 
 std::string_view to_string(Recompute r);
 std::string_view to_string(Schedule s);
@@ -59,6 +67,11 @@ std::string precision_names();
 AttentionKernel parse_attention_kernel(std::string_view s, const std::string& source, const std::string& field);
 // "auto, unfused, flash1, flash2, flash3 or cudnn" for messages.
 std::string attention_kernel_names();
+// A comma-separated list of Megatron's module names, as bits; at least one.
+std::uint8_t parse_recompute_modules(std::string_view list, const std::string& source, const std::string& field);
+// The bits as Megatron's names, comma-separated, in the enum's order.
+std::string recompute_modules_string(std::uint8_t modules);
+std::string_view to_string(RecomputeModule m);
 
 // Which dimension varies fastest across consecutive ranks. Megatron-LM's
 // default is tp-dp-pp ("tp-cp-ep-dp-pp"): TP innermost, PP outermost. CP has
@@ -196,6 +209,8 @@ struct ParallelPlan {
   PipelineLayout pipeline_layout;
   int zero_stage = 0;            // 0: none, 1: optimizer states (= Megatron distributed optimizer), 2: + grads, 3: + params
   Recompute recompute = Recompute::selective;
+  // With recompute selective: RecomputeModule bits; 0 = the attention core.
+  std::uint8_t recompute_modules = 0;
   bool sequence_parallel = false;
   Schedule schedule = Schedule::one_f_one_b;
   bool flash_attention = true;
@@ -221,6 +236,12 @@ struct ParallelPlan {
   TrainerSettings trainer;
 
   int world_size() const { return tp * pp * dp * cp; }
+  // Whether the plan's selective recomputation re-runs module `m`.
+  bool recomputes(RecomputeModule m) const {
+    if (recompute != Recompute::selective) return false;
+    if (recompute_modules == 0) return m == RecomputeModule::core_attn;
+    return (recompute_modules & static_cast<std::uint8_t>(m)) != 0;
+  }
   int expert_tp() const { return etp > 0 ? etp : tp; }
   // The ranks that hold the same experts and average their gradients:
   // TP x CP x DP / (ETP x EP).

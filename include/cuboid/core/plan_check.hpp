@@ -27,6 +27,7 @@ enum class PlanField {
   sequence_parallel, flash_attention, uneven_stages, world_size, recompute, grad_accum_fusion, trainer, precision,
   fp8_param_gather,
   attention_kernel,
+  recompute_modules,
   pipeline_layout,  // the embedding or the loss counted as a layer, or the layout
 };
 
@@ -57,7 +58,6 @@ enum class PlanCheck : std::uint8_t {
   precision_no_fp8,       // - (the GPU has no FP8 tensor cores)
   precision_no_microscaling,  // - (MXFP8 / NVFP4 on a GPU without block-scaled formats)
   precision_no_fp4,       // - (NVFP4 on a GPU without FP4 tensor cores)
-  precision_zero3,        // -
   param_gather_needs_fp8,       // -
   param_gather_needs_dist_opt,  // the ZeRO stage
   stage_layers_negative,  // -
@@ -99,6 +99,9 @@ enum class PlanCheck : std::uint8_t {
   trainer_no_kernel,             // the preset, the kernel (AttentionKernel)
   gpu_no_kernel,                 // the kernel (AttentionKernel): the GPU profile has no rates for it
   kernel_needs_flash,            // the kernel: a fused kernel with flash attention off
+  trainer_no_recompute_modules,  // the preset
+  recompute_modules_need_selective,  // -
+  recompute_module_refused,      // the module (RecomputeModule), why (0: Megatron-Core refuses it, 1: not modelled)
 };
 
 struct PlanRejection {

@@ -87,6 +87,15 @@ class StepDescription {
   // executor's calibrated card).
   double grad_bytes_per_param() const { return grad_bytes_; }
   double param_bytes_per_param() const { return param_bytes_; }
+  // Bytes gathered for `params` parameters of which `quantized` are
+  // quantized linear weights: those at the format's bytes with
+  // --fp8-param-gather (the distributed optimizer's gather after the step;
+  // ZeRO-3's per unit: Megatron-FSDP gathers the FP8 rowwise shard in the
+  // forward, and in the backward the rowwise one again or, MXFP8, the
+  // columnwise one), the rest at param_bytes_per_param().
+  double gathered_bytes(double params, double quantized) const {
+    return (params - quantized) * param_bytes_ + quantized * quantized_gather_bytes_;
+  }
   // A pipeline message (an activation or its gradient) of one micro-batch.
   double pipeline_message_bytes() const { return message_bytes_; }
 
@@ -125,7 +134,7 @@ class StepDescription {
   const ParallelPlan& plan_;
   int pp_ = 1, dp_ = 1, edp_ = 1, zero_ = 0;
   bool expert_group_ = false;
-  double grad_bytes_ = 0, param_bytes_ = 0, message_bytes_ = 0, tied_bytes_ = 0;
+  double grad_bytes_ = 0, param_bytes_ = 0, message_bytes_ = 0, tied_bytes_ = 0, quantized_gather_bytes_ = 0;
 };
 
 }  // namespace cuboid

@@ -38,6 +38,7 @@ struct PlannerOptions {
   // has it: EP dividing the experts, ETP 1 or TP; else EP 1, ETP = TP).
   std::optional<int> ep, etp;
   std::optional<Recompute> recompute;
+  std::optional<std::uint8_t> recompute_modules;  // RecomputeModule bits (default 0: the attention core)
   std::optional<bool> sequence_parallel;
   std::optional<Schedule> schedule;
   std::optional<bool> flash_attention;       // default: the device's (GpuProfile::flash_attention)
