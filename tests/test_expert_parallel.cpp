@@ -402,6 +402,41 @@ TEST_CASE("the search tries EP and ETP where the trainer has them") {
         std::string::npos);
 }
 
+TEST_CASE("a fixed EP leaves DP and ETP to the search (issue #46: EP checked against DP 1, ETP taken as TP)") {
+  const ModelSpec m = small_mixtral();
+  const Topology topo(dgx_a100(2));  // 16 GPUs
+  PlannerOptions o;
+  o.global_batch = 64;
+  o.pp = 1;
+  o.max_micro_batch = 1;
+  o.simulate_top = 0;
+  o.search_rank_order = false;
+  // EP 8 without DP: DP 8 or 16 hold it (TP x CP x DP = 16 / PP).
+  o.ep = 8;
+  const SearchResult r = search_plans(m, topo, o);
+  REQUIRE_FALSE(r.fitting.empty());
+  for (const Estimate& e : r.fitting) CHECK(e.plan.ep == 8);
+  // TP 2 and EP 4 without ETP: ETP 2 x EP 4 = 8 and ETP 1 x EP 4 = 4 both
+  // divide the 16 ranks of a stage; the check before the search took ETP = TP
+  // and DP 1 (ETP x EP = 8 against TP x CP x DP = 2) and refused both.
+  PlannerOptions t = o;
+  t.tp = 2;
+  t.ep = 4;
+  const SearchResult f = search_plans(m, topo, t);
+  bool etp1 = false, etp2 = false;
+  for (const Estimate& e : f.fitting) {
+    CHECK((e.plan.tp == 2 && e.plan.ep == 4));
+    etp1 = etp1 || e.plan.expert_tp() == 1;
+    etp2 = etp2 || e.plan.expert_tp() == 2;
+  }
+  CHECK(etp1);
+  CHECK(etp2);
+  // A fixed ETP is still checked up front: ETP 2 x EP 8 = 16 needs TP x CP x DP = 16, which TP 2 x DP 8 gives.
+  t.ep = 8;
+  t.etp = 2;
+  CHECK_NOTHROW((void)search_plans(m, topo, t));
+}
+
 TEST_CASE("a plan file carries EP and ETP and reads back") {
   const ModelSpec m = small_mixtral();
   const Cluster c = dgx_a100(2);
