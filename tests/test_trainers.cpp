@@ -67,6 +67,7 @@ bool same_preset(const TrainerPreset& a, const TrainerPreset& b) {
          a.pipeline_layout == b.pipeline_layout &&
          a.context_parallel == b.context_parallel && a.context_parallel_a2a == b.context_parallel_a2a &&
          a.expert_parallel == b.expert_parallel && a.fp8 == b.fp8 && a.zero_stages == b.zero_stages &&
+         a.moe_dispatchers == b.moe_dispatchers &&
          a.default_grad_accum_fusion == b.default_grad_accum_fusion && a.settings == b.settings;
 }
 
@@ -187,7 +188,7 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
       ++defaults;
     }
   }
-  CHECK(defaults == 27);
+  CHECK(defaults == 28);  // 27 + moe_dispatchers (issue #46)
 }
 
 TEST_CASE("a bad preset file: one exact error per bad field") {

@@ -53,8 +53,9 @@ struct McoreSetting {
 };
 // The MoE layer's shape from the model card, in the order the exports write it.
 std::vector<McoreSetting> moe_layer_settings(const ModelSpec& m);
-// The MoE kernels cuboid prices, after the layer's shape.
-std::vector<McoreSetting> moe_kernel_settings();
+// The MoE kernels cuboid prices, after the layer's shape: grouped GEMMs and
+// the plan's token dispatcher.
+std::vector<McoreSetting> moe_kernel_settings(const ParallelPlan& plan);
 
 // Keys and values as the format writes them.
 using Fields = std::vector<std::pair<std::string, std::string>>;

@@ -102,6 +102,9 @@ ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const
   // An MoE model's plans name their ETP (default TP, Megatron's); a dense
   // model's leave it unset.
   p.etp = o.etp.value_or(model.moe.enabled() ? p.tp : 0);
+  // A dense model's plans keep alltoall, which nothing reads.
+  if (model.moe.enabled()) p.moe_dispatcher = o.moe_dispatcher.value_or(trainer.moe_dispatchers.front());
+  else if (o.moe_dispatcher) p.moe_dispatcher = *o.moe_dispatcher;
   if (o.dp) {
     p.dp = *o.dp;
   } else {

@@ -27,6 +27,7 @@ enum class PlanField {
   sequence_parallel, flash_attention, uneven_stages, world_size, recompute, grad_accum_fusion, trainer, precision,
   fp8_param_gather,
   pipeline_layout,  // the embedding or the loss counted as a layer, or the layout
+  moe_dispatcher,
 };
 
 // What check_plan refuses; the comment names what PlanRejection::values
@@ -51,6 +52,7 @@ enum class PlanCheck : std::uint8_t {
   ep_fold,                // ETP x EP, TP x CP x DP
   moe_zero3,              // -
   moe_needs_sp,           // -
+  dispatcher_needs_moe,   // -
   mla_cp,                 // -
   mla_zero3,              // -
   precision_no_fp8,       // - (the GPU has no FP8 tensor cores)
@@ -95,6 +97,7 @@ enum class PlanCheck : std::uint8_t {
   trainer_even_chunks,           // the preset
   trainer_no_fp8,                // the preset
   trainer_no_layout,             // the preset
+  trainer_no_dispatcher,         // the preset
 };
 
 struct PlanRejection {

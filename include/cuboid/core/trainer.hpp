@@ -44,6 +44,9 @@ struct TrainerPreset {
   bool expert_parallel = false;    // EP > 1 and an ETP of its own for MoE models (else EP 1, ETP = TP)
   bool fp8 = false;                // quantized linear layers (--precision), Transformer Engine's recipes
   std::vector<int> zero_stages{0, 1, 2, 3};
+  // The MoE token dispatchers it has, the first its default (a preset that
+  // names none has Megatron-Core's alltoall, the one cuboid priced first).
+  std::vector<MoeDispatcher> moe_dispatchers{MoeDispatcher::alltoall};
   // How it runs it by default. A trainer that has the fused accumulation runs
   // it (the files give grad_accum_fusion once).
   bool default_grad_accum_fusion = true;

@@ -59,6 +59,10 @@ struct Op {
   // A GEMM's input format: a linear layer's GEMMs (forward, dgrad, wgrad)
   // in an FP8 / FP4 plan run in ParallelPlan::precision; every other op bf16.
   Precision precision = Precision::bf16;
+  // An EP exchange of the allgather or flex dispatcher: priced and played
+  // as dispatch_traffic's copies per link (core/dispatch.hpp), comm_bytes the
+  // rank's tokens x the bytes of one copy; alltoall: an NCCL collective.
+  MoeDispatcher dispatcher = MoeDispatcher::alltoall;
 };
 
 struct LayerOps {
