@@ -138,6 +138,23 @@ TEST_CASE("plan --ep without --dp searches DP; when nothing fits the hints run w
   CHECK_MESSAGE(j.code == 0, j.err);
 }
 
+TEST_CASE("plan --explain, the table and simulate's report name an EP plan's token dispatcher (issue #46)") {
+  const std::string moe = "--model models/tiny-moe.json --cluster topologies/dgx-a100-4node.json --ep 2";
+  CliResult r = run("plan " + moe + " --simulate-top 1 --explain");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.out.find(" dispatch ") != std::string::npos);             // the table's column
+  CHECK(r.out.find("  dispatcher         alltoall ") != std::string::npos);  // --explain's rows, one per dispatcher
+  CHECK(r.out.find("  dispatcher         allgather ") != std::string::npos);
+  CHECK(r.out.find("  dispatcher         flex ") != std::string::npos);
+  CHECK(r.out.find(" dispatcher) ") != std::string::npos);  // the winner's line: "EP dispatch + combine (X dispatcher)"
+  CliResult s = run("simulate " + moe + " --dp 32 --moe-dispatcher flex");
+  REQUIRE_MESSAGE(s.code == 0, s.err);
+  CHECK(s.out.find("token dispatcher: flex (DeepEP") != std::string::npos);
+  CliResult d = run("simulate --model models/tiny.json --cluster topologies/dgx-a100-4node.json --moe-dispatcher flex");
+  CHECK(d.code == 2);
+  CHECK(d.err.find("--moe-dispatcher") != std::string::npos);
+}
+
 TEST_CASE("bad input: exit code 2 and one line naming the file or flag and the fix") {
   const TempDir files("cli_bad");
   const auto bad_json = files / "bad.json";

@@ -163,7 +163,9 @@ std::string why_best(const Estimate& e) {
       e.plan.zero_stage, to_string(e.plan.recompute), e.plan.sequence_parallel ? "on" : "off", t, 100 * e.mfu,
       100 * b.compute_s / t, 100 * b.bubble_s / t, 100 * b.tp_comm_s / t,
       e.plan.cp > 1 ? fmt::format(", exposed CP comm {:.0f}%", 100 * b.cp_comm_s / t) : std::string(),
-      e.plan.ep > 1 ? fmt::format(", EP dispatch + combine {:.0f}%", 100 * b.ep_comm_s / t) : std::string(),
+      e.plan.ep > 1 ? fmt::format(", EP dispatch + combine ({} dispatcher) {:.0f}%", to_string(e.plan.moe_dispatcher),
+                                  100 * b.ep_comm_s / t)
+                    : std::string(),
       100 * b.pp_comm_s / t, 100 * b.dp_comm_s / t,
       100 * b.optimizer_s / t, format_bytes_GiB(e.memory.total_bytes), format_bytes_GiB(e.memory.capacity_bytes),
       format_bytes_GiB(e.memory.headroom_bytes()), limit);
