@@ -134,7 +134,7 @@ struct CommGroup {
   struct DispatchWeights {
     double node = 0, nvlink = 0;
   };
-  std::optional<DispatchWeights> dispatch;
+  std::optional<DispatchWeights> dispatch{};
 };
 
 // One phase: a single flow (shared rate) over the links of `set` carrying
