@@ -121,6 +121,46 @@ TEST_CASE("the 512B model on 16-way PP x 8-way TP: the answer says whether it fi
   CHECK(r.out.find("  8   1  16   35") != std::string::npos);
 }
 
+TEST_CASE("plan --ep without --dp searches DP; when nothing fits the hints run with the fixed EP (issue #46)") {
+  // Mixtral 8x7B on one DGX H100 with EP 8: the fixed EP was checked against
+  // DP 1 and refused before the search, and, with DP left to the search, the
+  // text mode's hints failed with the same error after the table.
+  CliResult r = run("plan --model models/mixtral-8x7b.json --cluster topologies/dgx-h100.json --nodes 1 --ep 8 "
+                    "--simulate-top 0");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.out.find("Nothing fits") != std::string::npos);
+  CHECK(r.out.find("What would make a plan fit") != std::string::npos);
+  CHECK(r.out.find("--nodes 2 (2x the GPUs)                      fits") != std::string::npos);
+  // A change the options refuse is said in its line, and the command exits 0 as --json does.
+  CHECK(r.out.find("--zero 3 (shard weights, grads, optimizer)   ") != std::string::npos);
+  CliResult j = run("plan --model models/mixtral-8x7b.json --cluster topologies/dgx-h100.json --nodes 1 --ep 8 "
+                    "--simulate-top 0 --json");
+  CHECK_MESSAGE(j.code == 0, j.err);
+  // DeepSeek-V3's HF config on 32 DGX H100 (its 163,840-token sequence fits
+  // nowhere): the --zero 3 hint, refused for MoE models, exited 2 blaming
+  // --zero, which was never given.
+  CliResult d = run("plan --model tests/data/hf/deepseek-v3-config.json --cluster topologies/dgx-h100.json --nodes 32");
+  REQUIRE_MESSAGE(d.code == 0, d.err);
+  CHECK(d.out.find("--zero 3 (shard weights, grads, optimizer)   not possible: ") != std::string::npos);
+}
+
+TEST_CASE("plan --explain, the table and simulate's report name an EP plan's token dispatcher (issue #46)") {
+  const std::string moe = "--model models/tiny-moe.json --cluster topologies/dgx-a100-4node.json --ep 2";
+  CliResult r = run("plan " + moe + " --simulate-top 1 --explain");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.out.find(" dispatch ") != std::string::npos);             // the table's column
+  CHECK(r.out.find("  dispatcher         alltoall ") != std::string::npos);  // --explain's rows, one per dispatcher
+  CHECK(r.out.find("  dispatcher         allgather ") != std::string::npos);
+  CHECK(r.out.find("  dispatcher         flex ") != std::string::npos);
+  CHECK(r.out.find(" dispatcher) ") != std::string::npos);  // the winner's line: "EP dispatch + combine (X dispatcher)"
+  CliResult s = run("simulate " + moe + " --dp 32 --moe-dispatcher flex");
+  REQUIRE_MESSAGE(s.code == 0, s.err);
+  CHECK(s.out.find("token dispatcher: flex (DeepEP") != std::string::npos);
+  CliResult d = run("simulate --model models/tiny.json --cluster topologies/dgx-a100-4node.json --moe-dispatcher flex");
+  CHECK(d.code == 2);
+  CHECK(d.err.find("--moe-dispatcher") != std::string::npos);
+}
+
 TEST_CASE("bad input: exit code 2 and one line naming the file or flag and the fix") {
   const TempDir files("cli_bad");
   const auto bad_json = files / "bad.json";

@@ -7,10 +7,12 @@
 
 #include <cmath>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "cuboid/core/calibration.hpp"
+#include "cuboid/core/dispatch.hpp"
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/op_names.hpp"
 #include "cuboid/core/plan.hpp"
@@ -403,6 +405,182 @@ TEST_CASE("the search tries EP and ETP where the trainer has them") {
         std::string::npos);
 }
 
+TEST_CASE("a fixed EP leaves DP and ETP to the search (issue #46: EP checked against DP 1, ETP taken as TP)") {
+  const ModelSpec m = small_mixtral();
+  const Topology topo(dgx_a100(2));  // 16 GPUs
+  PlannerOptions o;
+  o.global_batch = 64;
+  o.pp = 1;
+  o.max_micro_batch = 1;
+  o.simulate_top = 0;
+  o.search_rank_order = false;
+  // EP 8 without DP: DP 8 or 16 hold it (TP x CP x DP = 16 / PP).
+  o.ep = 8;
+  const SearchResult r = search_plans(m, topo, o);
+  REQUIRE_FALSE(r.fitting.empty());
+  for (const Estimate& e : r.fitting) CHECK(e.plan.ep == 8);
+  // TP 2 and EP 4 without ETP: ETP 2 x EP 4 = 8 and ETP 1 x EP 4 = 4 both
+  // divide the 16 ranks of a stage; the check before the search took ETP = TP
+  // and DP 1 (ETP x EP = 8 against TP x CP x DP = 2) and refused both.
+  PlannerOptions t = o;
+  t.tp = 2;
+  t.ep = 4;
+  const SearchResult f = search_plans(m, topo, t);
+  bool etp1 = false, etp2 = false;
+  for (const Estimate& e : f.fitting) {
+    CHECK((e.plan.tp == 2 && e.plan.ep == 4));
+    etp1 = etp1 || e.plan.expert_tp() == 1;
+    etp2 = etp2 || e.plan.expert_tp() == 2;
+  }
+  CHECK(etp1);
+  CHECK(etp2);
+  // A fixed ETP is still checked up front: ETP 2 x EP 8 = 16 needs TP x CP x DP = 16, which TP 2 x DP 8 gives.
+  t.ep = 8;
+  t.etp = 2;
+  CHECK_NOTHROW((void)search_plans(m, topo, t));
+}
+
+TEST_CASE("each dispatcher's bytes per link by hand: 2 nodes, and DeepSeek-V3's 32 with node deduplication") {
+  // 16 experts, top-4, hidden 1024; EP 16 over 2 nodes of 8; 4096 tokens.
+  // A rank holds 1 expert: p_rank = 1 - C(15,4)/C(16,4) = 4/16; a node 8:
+  // p_node = 1 - C(8,4)/C(16,4) = 1 - 70/1820 = 25/26.
+  MoeSpec moe;
+  moe.num_experts = 16;
+  moe.experts_per_token = 4;
+  const EpSpread two{16, 2};
+  CHECK(unit_hit_probability(moe, 16) == doctest::Approx(0.25));
+  CHECK(unit_hit_probability(moe, 2) == doctest::Approx(25.0 / 26.0));
+  // alltoall: 4 copies of 2,048 B; 4 x 8/16 = 2 leave the node, 4 x 7/8 = 3.5 cross NVLink (PXN).
+  DispatchTraffic t = dispatch_traffic(MoeDispatcher::alltoall, moe, 1024, 4096, two);
+  CHECK(t.nic_bytes == doctest::Approx(4096.0 * 2048 * 2));       // 16,777,216
+  CHECK(t.nvlink_bytes == doctest::Approx(4096.0 * 2048 * 3.5));  // 29,360,128
+  // allgather: 2,048 + 16 x (4 + 1) = 2,128 B a token; 1 copy to the other
+  // node, 2 x 7 = 14 over NVLink.
+  t = dispatch_traffic(MoeDispatcher::allgather, moe, 1024, 4096, two);
+  CHECK(t.nic_bytes == doctest::Approx(4096.0 * 2128));        // 8,716,288
+  CHECK(t.nvlink_bytes == doctest::Approx(4096.0 * 2128 * 14));  // 122,028,032
+  // flex: 2,048 + 4 x (8 + 4) = 2,096 B; to the other node once if any of
+  // its 4 experts is there (25/26), not once per copy (2): the node
+  // deduplication; over NVLink 2 x 7 x 1/4 = 3.5.
+  t = dispatch_traffic(MoeDispatcher::flex, moe, 1024, 4096, two);
+  CHECK(t.nic_bytes == doctest::Approx(4096.0 * 2096 * 25.0 / 26.0));  // 8,255,015.4
+  CHECK(t.nvlink_bytes == doctest::Approx(4096.0 * 2096 * 3.5));      // 30,048,256
+  // One node (HybridEP in an NVLink domain): nothing through the NICs, a
+  // token once per rank: 7 x 1/8 ... here EP 8 of 16 experts: 2 a rank,
+  // p_rank = 1 - C(14,4)/C(16,4) = 1 - 1001/1820 = 819/1820.
+  t = dispatch_traffic(MoeDispatcher::flex, moe, 1024, 4096, EpSpread{8, 1});
+  CHECK(t.nic_bytes == 0);
+  CHECK(t.nvlink_bytes == doctest::Approx(4096.0 * 2096 * 7 * 819.0 / 1820.0));
+
+  // DeepSeek-V3: 256 experts, top-8 from 4 of 8 groups, hidden 7168; EP
+  // 256 over 32 nodes of 8 (a node's 8 experts inside one group of 32);
+  // 4096 tokens. p_rank = 4/8 x (1 - C(127,8)/C(128,8)) = 1/2 x 8/128 =
+  // 1/32; p_node = 4/8 x (1 - C(120,8)/C(128,8)), C(120,8)/C(128,8) =
+  // (120 x 119 x ... x 113) / (128 x 127 x ... x 121) = 0.58771795.
+  MoeSpec ds;
+  ds.num_experts = 256;
+  ds.experts_per_token = 8;
+  ds.router_groups = 8;
+  ds.router_group_topk = 4;
+  const EpSpread many{256, 32};
+  CHECK(unit_hit_probability(ds, 256) == doctest::Approx(1.0 / 32));
+  const double miss = 120.0 * 119 * 118 * 117 * 116 * 115 * 114 * 113 / (128.0 * 127 * 126 * 125 * 124 * 123 * 122 * 121);
+  CHECK(miss == doctest::Approx(0.58771795));
+  const double p_node = 0.5 * (1 - miss);  // 0.20614103
+  CHECK(unit_hit_probability(ds, 32) == doctest::Approx(p_node));
+  // alltoall: 8 copies of 14,336 B; 8 x 248/256 = 7.75 leave the node, 8 x 7/8 = 7 over NVLink.
+  t = dispatch_traffic(MoeDispatcher::alltoall, ds, 7168, 4096, many);
+  CHECK(t.nic_bytes == doctest::Approx(4096.0 * 14336 * 7.75));  // 455,081,984
+  CHECK(t.nvlink_bytes == doctest::Approx(4096.0 * 14336 * 7));   // 411,041,792
+  // allgather: 14,336 + 256 x 5 = 15,616 B to each of 31 nodes and 32 x 7 NVLink peers' worth.
+  t = dispatch_traffic(MoeDispatcher::allgather, ds, 7168, 4096, many);
+  CHECK(t.nic_bytes == doctest::Approx(4096.0 * 15616 * 31));    // 1,982,857,216
+  CHECK(t.nvlink_bytes == doctest::Approx(4096.0 * 15616 * 224));  // 14,327,742,464
+  // flex: 14,336 + 8 x 12 = 14,432 B once to each of the 31 x 0.206 = 6.39
+  // nodes a token reaches (alltoall: 7.75 copies), then 32 x 7 x 1/32 = 7.
+  t = dispatch_traffic(MoeDispatcher::flex, ds, 7168, 4096, many);
+  CHECK(t.nic_bytes == doctest::Approx(4096.0 * 14432 * 31 * p_node));  // 377,757,064
+  CHECK(t.nvlink_bytes == doctest::Approx(4096.0 * 14432 * 7));         // 413,794,304
+  CHECK(t.nic_bytes < 0.84 * 4096.0 * 14336 * 7.75);  // 83 % of alltoall's
+}
+
+TEST_CASE("the dispatchers priced and simulated: flex's deduplicated exchange is cheaper across nodes") {
+  // small_mixtral on 4 nodes of 4 A100 (4 NICs each) with EP 8 over two
+  // nodes (TP 2, DP 8, ETP 1: EP ranks 0-7).
+  const ModelSpec m = small_mixtral();
+  Cluster c = dgx_a100(4);
+  c.gpus_per_node = 4;
+  c.inter.nics_per_node = 4;
+  const Topology topo(c);
+  ParallelPlan p = ep_plan();
+  p.pp = 1;
+  p.dp = 8;
+  p.ep = 8;
+  std::vector<double> est_ep, sim_ep, est_step;
+  for (MoeDispatcher d : {MoeDispatcher::alltoall, MoeDispatcher::allgather, MoeDispatcher::flex}) {
+    p.moe_dispatcher = d;
+    CAPTURE(to_string(d));
+    REQUIRE_FALSE(check_plan(p, m, topo.cluster()).has_value());
+    const Estimate est = estimate(m, topo, p);
+    const Estimate sim = simulate(m, topo, p);
+    CHECK(est.breakdown.ep_comm_s > 0.0);
+    // The simulation's step is 6.4 % above the estimate's for each of the
+    // three on this 4-GPU node (the layout's gap, not the dispatcher's):
+    // their differences must agree.
+    CHECK(std::abs(sim.iteration_time_s / est.iteration_time_s - 1) < 0.08);
+    est_ep.push_back(est.breakdown.ep_comm_s);
+    sim_ep.push_back(sim.iteration_time_s);
+    est_step.push_back(est.iteration_time_s);
+  }
+  // top-2 of 8 experts, EP 8 over 2 nodes: alltoall sends 2 x 4/8 = 1 copy
+  // a token to the other node, flex 1 - C(4,2)/C(8,2) = 22/28 (at 43/50 of
+  // the NIC); allgather 1 copy of every token with its probabilities, and
+  // its combine in fp32.
+  CHECK(est_ep[2] < est_ep[0]);
+  CHECK(sim_ep[2] < sim_ep[0]);
+  CHECK(est_ep[1] > est_ep[0]);
+  for (std::size_t i : {1u, 2u})
+    CHECK((sim_ep[i] - sim_ep[0]) / sim_ep[0] ==
+          doctest::Approx((est_step[i] - est_step[0]) / est_step[0]).epsilon(0.01));
+  // The ops name their dispatcher; a dense model's plan refuses one.
+  p.moe_dispatcher = MoeDispatcher::flex;
+  const LayerOps ops = transformer_layer_ops(m, p);
+  REQUIRE(find(ops.forward, op::ep_flex_dispatch) != nullptr);
+  CHECK(find(ops.forward, op::ep_flex_dispatch)->dispatcher == MoeDispatcher::flex);
+  CHECK(find(ops.forward, op::ep_a2a_dispatch) == nullptr);
+  ModelSpec dense = small_mixtral();
+  dense.moe = MoeSpec{};
+  ParallelPlan dp = p;
+  dp.ep = 1;
+  dp.etp = 0;
+  CHECK(problem(dp, dense)->kind == PlanCheck::dispatcher_needs_moe);
+}
+
+TEST_CASE("the search tries each dispatcher the trainer has where EP > 1; a fixed one is kept") {
+  const ModelSpec m = small_mixtral();
+  const Topology topo(dgx_a100(2));
+  PlannerOptions o;
+  o.global_batch = 64;
+  o.pp = 1;
+  o.tp = 1;
+  o.max_micro_batch = 1;
+  o.simulate_top = 0;
+  o.search_rank_order = false;
+  const SearchResult r = search_plans(m, topo, o);
+  std::set<MoeDispatcher> seen;
+  for (const Estimate& e : r.fitting) {
+    if (e.plan.ep == 1) CHECK(e.plan.moe_dispatcher == MoeDispatcher::alltoall);
+    else seen.insert(e.plan.moe_dispatcher);
+  }
+  CHECK(seen.size() == 3);
+  o.moe_dispatcher = MoeDispatcher::allgather;
+  for (const Estimate& e : search_plans(m, topo, o).fitting) CHECK(e.plan.moe_dispatcher == MoeDispatcher::allgather);
+  // A trainer without it refuses it.
+  o.trainer = "torchtitan";
+  o.moe_dispatcher = MoeDispatcher::flex;
+  CHECK(input_error_message([&] { search_plans(m, topo, o); }).find("dispatcher") != std::string::npos);
+}
+
 TEST_CASE("a plan file carries EP and ETP and reads back") {
   const ModelSpec m = small_mixtral();
   const Cluster c = dgx_a100(2);
@@ -414,6 +592,12 @@ TEST_CASE("a plan file carries EP and ETP and reads back") {
   CHECK(j.at("prediction").at("breakdown").contains("ep_comm_s"));
   const PlanFile pf = plan_file_from_json(j, "test");
   CHECK(pf.plan == ep_plan());
+  CHECK(j.at("parallel").at("moe_dispatcher") == "alltoall");
+  ParallelPlan flex = ep_plan();
+  flex.moe_dispatcher = MoeDispatcher::flex;
+  const nlohmann::json jf = plan_to_json(m, c, estimate(m, topo, flex));
+  CHECK(jf.at("parallel").at("moe_dispatcher") == "flex");
+  CHECK(plan_file_from_json(jf, "test").plan == flex);
   CHECK(pf.model.moe == m.moe);
 }
 

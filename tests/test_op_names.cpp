@@ -109,7 +109,11 @@ TEST_CASE("op names: an MoE layer lists only known names, with and without EP, E
         p.recompute = Recompute::full;
         CAPTURE(ep);
         CAPTURE(etp);
-        check_all_known(transformer_layer_ops(m, p));
+        for (MoeDispatcher d : {MoeDispatcher::alltoall, MoeDispatcher::allgather, MoeDispatcher::flex}) {
+          p.moe_dispatcher = d;
+          CAPTURE(to_string(d));
+          check_all_known(transformer_layer_ops(m, p));
+        }
       }
     }
   }

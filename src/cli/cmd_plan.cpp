@@ -77,6 +77,17 @@ std::string what_would_fit(const Loaded& l, const PlannerOptions& o, const PlanF
                        b.plan.tp, b.plan.pp, b.plan.dp, b.plan.micro_batch, b.plan.zero_stage, to_string(b.plan.recompute),
                        format_bytes_GiB(b.memory.total_bytes), b.tokens_per_s);
   };
+  // A change the options refuse (PlanRejected: e.g. a fixed EP the other
+  // change leaves no room for) is said, not thrown after the table.
+  auto attempt = [&](const std::string& what, const ModelSpec& model, const Topology& topo,
+                     const PlannerOptions& opts) -> std::optional<SearchResult> {
+    try {
+      return search_plans(model, topo, opts);
+    } catch (const PlanRejected& e) {
+      out += fmt::format("  {:<44} not possible: {}\n", what, worded(e).problem());
+      return std::nullopt;
+    }
+  };
   // More GPUs: double the nodes until something fits (or the card's limit).
   for (int factor = 2; factor <= 1024; factor *= 2) {
     const int nodes = l.cluster.nodes * factor;
@@ -92,9 +103,11 @@ std::string what_would_fit(const Loaded& l, const PlannerOptions& o, const PlanF
     opts.dp.reset();
     opts.global_batch.reset();
     if (o.global_batch) opts.global_batch = *o.global_batch * factor;
-    SearchResult r = search_plans(l.model, t, opts);
-    if (!r.fitting.empty() || factor == 1024) {
-      report(fmt::format("--nodes {} ({}x the GPUs)", nodes, factor), r);
+    const std::string what = fmt::format("--nodes {} ({}x the GPUs)", nodes, factor);
+    const std::optional<SearchResult> r = attempt(what, l.model, t, opts);
+    if (!r) break;
+    if (!r->fitting.empty() || factor == 1024) {
+      report(what, *r);
       break;
     }
   }
@@ -102,12 +115,13 @@ std::string what_would_fit(const Loaded& l, const PlannerOptions& o, const PlanF
   if ((!o.zero_stage || *o.zero_stage < 3) && std::find(zeros.begin(), zeros.end(), 3) != zeros.end()) {
     PlannerOptions opts = o;
     opts.zero_stage = 3;
-    report("--zero 3 (shard weights, grads, optimizer)", search_plans(l.model, *l.topology, opts));
+    const std::string what = "--zero 3 (shard weights, grads, optimizer)";
+    if (auto r = attempt(what, l.model, *l.topology, opts)) report(what, *r);
   }
   if (!o.recompute || *o.recompute != Recompute::full) {
     PlannerOptions opts = o;
     opts.recompute = Recompute::full;
-    report("--recompute full", search_plans(l.model, *l.topology, opts));
+    if (auto r = attempt("--recompute full", l.model, *l.topology, opts)) report("--recompute full", *r);
   }
   {
     PlannerOptions opts = o;
@@ -115,7 +129,8 @@ std::string what_would_fit(const Loaded& l, const PlannerOptions& o, const PlanF
     if (seq >= 256) {
       opts.seq_length = seq / 2;
       if (o.global_batch) opts.global_batch = *o.global_batch * 2;  // same tokens per iteration
-      report(fmt::format("--seq-length {}", seq / 2), search_plans(l.model, *l.topology, opts));
+      const std::string what = fmt::format("--seq-length {}", seq / 2);
+      if (auto r = attempt(what, l.model, *l.topology, opts)) report(what, *r);
     }
   }
   return out;
@@ -150,7 +165,9 @@ std::string why_best(const Estimate& e) {
       e.plan.zero_stage, to_string(e.plan.recompute), e.plan.sequence_parallel ? "on" : "off", t, 100 * e.mfu,
       100 * b.compute_s / t, 100 * b.bubble_s / t, 100 * b.tp_comm_s / t,
       e.plan.cp > 1 ? fmt::format(", exposed CP comm {:.0f}%", 100 * b.cp_comm_s / t) : std::string(),
-      e.plan.ep > 1 ? fmt::format(", EP dispatch + combine {:.0f}%", 100 * b.ep_comm_s / t) : std::string(),
+      e.plan.ep > 1 ? fmt::format(", EP dispatch + combine ({} dispatcher) {:.0f}%", to_string(e.plan.moe_dispatcher),
+                                  100 * b.ep_comm_s / t)
+                    : std::string(),
       100 * b.pp_comm_s / t, 100 * b.dp_comm_s / t,
       100 * b.optimizer_s / t, format_bytes_GiB(e.memory.total_bytes), format_bytes_GiB(e.memory.capacity_bytes),
       format_bytes_GiB(e.memory.headroom_bytes()), limit);

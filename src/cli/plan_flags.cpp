@@ -59,6 +59,11 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                            "EP ranks (Megatron's --expert-model-parallel-size); fix it (default: searched where the "
                            "trainer has it)"
                          : "expert-parallel size of a mixture-of-experts model (default 1)");
+  cmd->add_option("--moe-dispatcher", f.moe_dispatcher,
+                  std::string("how an MoE layer's tokens reach their experts (Megatron-Core's "
+                              "--moe-token-dispatcher-type): alltoall, allgather or flex (DeepEP across nodes, "
+                              "HybridEP inside an NVLink domain); default: ") +
+                      (search ? "each the trainer has, searched where EP > 1" : "the trainer's first"));
   cmd->add_option("--etp", f.etp,
                   "expert tensor-parallel size: each expert's FFN split over ETP ranks, 1 or TP (Megatron's "
                   "--expert-tensor-parallel-size; default TP" +
@@ -243,6 +248,7 @@ PlannerOptions planner_options(const PlanFlags& f) {
   if (f.cp_comm) o.cp_comm = parse_cp_comm(*f.cp_comm, cl, "--cp-comm-type");
   o.ep = f.ep;
   o.etp = f.etp;
+  if (f.moe_dispatcher) o.moe_dispatcher = parse_moe_dispatcher(*f.moe_dispatcher, cl, "--moe-dispatcher");
   o.micro_batch = f.micro_batch;
   o.virtual_stages = f.vpp;
   o.zero_stage = f.zero;
@@ -297,7 +303,7 @@ Loaded load(const PlanFlags& f) {
   if (f.plan_path) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
-    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.sequence_parallel ||
+    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.rank_order ||
                       f.global_batch ||
                       f.seq_length ||
@@ -455,6 +461,7 @@ constexpr KeyFlag kKeyFlags[] = {
     {"parallel.cp_comm", "--cp-comm-type", [](const PlannerOptions& o) { return shown(o.cp_comm); }},
     {"parallel.ep", "--ep", [](const PlannerOptions& o) { return shown(o.ep); }},
     {"parallel.etp", "--etp", [](const PlannerOptions& o) { return shown(o.etp); }},
+    {"parallel.moe_dispatcher", "--moe-dispatcher", [](const PlannerOptions& o) { return shown(o.moe_dispatcher); }},
     {"parallel.micro_batch", "--micro-batch", [](const PlannerOptions& o) { return shown(o.micro_batch); }},
     {"parallel.virtual_stages", "--vpp", [](const PlannerOptions& o) { return shown(o.virtual_stages); }},
     {"parallel.zero_stage", "--zero", [](const PlannerOptions& o) { return shown(o.zero_stage); }},

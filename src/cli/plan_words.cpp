@@ -68,6 +68,8 @@ std::string plain_fix(const PlanRejection& r) {
                                            : "use --cp 1, or " + kOtherTrainer;
     case K::trainer_no_cp_a2a: return "use --cp-comm-type p2p, or " + kOtherTrainer;
     case K::trainer_no_ep: return "use --ep 1 without --etp, or " + kOtherTrainer;
+    case K::trainer_no_dispatcher: return "use --moe-dispatcher alltoall, or --trainer megatron-core";
+    case K::dispatcher_needs_moe: return "drop --moe-dispatcher";
     case K::trainer_no_zero_stage: return "use --zero " + zero_stages(r.values[2]);
     case K::trainer_even_stages: return "choose a PP that divides the layers";
     case K::trainer_no_fp8: return "use --precision bf16, or --trainer megatron-core";
@@ -142,6 +144,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::attention_kernel: return "--attention-kernel";
     case PlanField::recompute_modules: return "--recompute-modules";
     case PlanField::pipeline_layout: return "--pipeline-model-parallel-layout";
+    case PlanField::moe_dispatcher: return "--moe-dispatcher";
   }
   return "--tp/--pp/--dp";
 }

@@ -50,6 +50,22 @@ CpComm parse_cp_comm(std::string_view s, const std::string& source, const std::s
   throw InputError(source, field, "unknown CP communication " + quote_value(s), "use p2p or a2a");
 }
 
+std::string_view to_string(MoeDispatcher d) {
+  switch (d) {
+    case MoeDispatcher::alltoall: return "alltoall";
+    case MoeDispatcher::allgather: return "allgather";
+    case MoeDispatcher::flex: return "flex";
+  }
+  return "?";
+}
+
+MoeDispatcher parse_moe_dispatcher(std::string_view s, const std::string& source, const std::string& field) {
+  for (MoeDispatcher d : {MoeDispatcher::alltoall, MoeDispatcher::allgather, MoeDispatcher::flex})
+    if (s == to_string(d)) return d;
+  throw InputError(source, field, "unknown MoE token dispatcher " + quote_value(s),
+                   "use alltoall, allgather or flex (DeepEP / HybridEP)");
+}
+
 namespace {
 constexpr std::pair<Precision, std::string_view> kPrecisions[] = {
     {Precision::bf16, "bf16"},          {Precision::fp8_delayed, "fp8-delayed"}, {Precision::fp8_current, "fp8-current"},

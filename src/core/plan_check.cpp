@@ -1,5 +1,7 @@
 #include "cuboid/core/plan_check.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace cuboid {
@@ -51,6 +53,8 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
   // Without expert parallelism the experts split as the attention does: EP 1, ETP = TP.
   if ((p.ep > 1 || (p.etp > 0 && p.etp != p.tp)) && !t.expert_parallel)
     return reject(K::trainer_no_ep, p.ep > 1 ? F::ep : F::etp, preset);
+  if (std::find(t.moe_dispatchers.begin(), t.moe_dispatchers.end(), p.moe_dispatcher) == t.moe_dispatchers.end())
+    return reject(K::trainer_no_dispatcher, F::moe_dispatcher, preset);
   std::int64_t stages = 0;
   for (int z : t.zero_stages) stages |= std::int64_t{1} << z;
   if (p.zero_stage >= 0 && p.zero_stage <= 3 && ((stages >> p.zero_stage) & 1) == 0)
@@ -128,6 +132,8 @@ Found check_experts(const ParallelPlan& p, const ModelSpec& m) {
   if (!m.moe.enabled()) {
     // A dense plan names no ETP (complete_plan leaves it 0): one given would be ignored.
     if (p.ep > 1 || p.etp > 0) return reject(K::ep_needs_moe, p.ep > 1 ? F::ep : F::etp);
+    // A dense plan moves no tokens to experts: a dispatcher given would be ignored.
+    if (p.moe_dispatcher != MoeDispatcher::alltoall) return reject(K::dispatcher_needs_moe, F::moe_dispatcher);
     return std::nullopt;
   }
   if (m.moe.num_experts % p.ep != 0) return reject(K::ep_experts, F::ep, p.ep, m.moe.num_experts);
@@ -302,6 +308,7 @@ std::string describe_trainer(const PlanRejection& r) {
     case K::trainer_no_cp_a2a:
       return trainer_words(v[0], "exchanges K/V around the ring only (no all-to-all of attention heads)");
     case K::trainer_no_ep: return trainer_words(v[0], "has no expert parallelism here");
+    case K::trainer_no_dispatcher: return trainer_words(v[0], "has no such MoE token dispatcher here");
     case K::trainer_no_zero_stage: return trainer_words(v[0], "cannot run ZeRO stage " + n(v[1]));
     case K::trainer_even_stages: return trainer_words(v[0], "gives every pipeline stage the same number of layers");
     case K::trainer_even_chunks: return trainer_words(v[0], "has no uneven stages with the interleaved schedule");
@@ -358,6 +365,8 @@ std::string describe_experts(const PlanRejection& r, const ModelSpec& m) {
   const auto& v = r.values;
   switch (r.kind) {
     case K::ep_needs_moe: return "expert parallelism needs a mixture-of-experts model; " + m.name + " has no experts";
+    case K::dispatcher_needs_moe:
+      return "a token dispatcher needs a mixture-of-experts model; " + m.name + " has no experts";
     case K::ep_experts: return "EP " + n(v[0]) + " does not divide the " + n(v[1]) + " experts of " + m.name;
     case K::etp_not_1_or_tp:
       return "ETP " + n(v[0]) + " is neither 1 nor TP " + n(v[1]) +

@@ -76,6 +76,23 @@ void read_attention_kernels(JsonReader& r, TrainerPreset& t) {
 }
 
 // What the trainer can run at all (TrainerPreset's capabilities).
+// The MoE token dispatchers it has, the first its default.
+void read_moe_dispatchers(JsonReader& r, TrainerPreset& t) {
+  const nlohmann::json& v = r.raw("value");
+  if (!v.is_array() || v.empty())
+    r.fail("value", "expected a non-empty array of dispatchers, got " + v.dump().substr(0, 40),
+           "give e.g. [\"alltoall\", \"allgather\", \"flex\"]");
+  t.moe_dispatchers.clear();
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::string at = "value[" + std::to_string(i) + "]";
+    if (!v[i].is_string()) r.fail(at, "expected a dispatcher name, got " + v[i].dump().substr(0, 40), "give alltoall, allgather or flex");
+    const MoeDispatcher d = parse_moe_dispatcher(v[i].get<std::string>(), r.source(), r.field_path(at));
+    if (std::find(t.moe_dispatchers.begin(), t.moe_dispatchers.end(), d) != t.moe_dispatchers.end())
+      r.fail(at, "lists " + v[i].get<std::string>() + " twice", "list each dispatcher once");
+    t.moe_dispatchers.push_back(d);
+  }
+}
+
 constexpr std::array<Field, 15> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
@@ -94,6 +111,7 @@ constexpr std::array<Field, 15> kCanRun{{
     {"recompute_modules", [](JsonReader& r, TrainerPreset& t) { t.recompute_modules = r.boolean("value"); }},
     {"zero_stages", read_zero_stages},
     {"attention_kernels", read_attention_kernels},
+    {"moe_dispatchers", read_moe_dispatchers},
 }};
 
 // How it runs a plan by default (TrainerSettings).

@@ -114,6 +114,7 @@ struct Dims {
   // token copies before the ETP all-gather (expert_tokens / etp).
   std::int64_t experts, topk, fe, fs, ep, etp;
   double routed;
+  MoeDispatcher dispatcher;
   bool moe, shared_gate;
   // Latent attention: the query and key/value ranks, the heads' non-rotary,
   // rotary and value widths. With it `d` is (qk + rope + v) / 2 and q = kv =
@@ -172,6 +173,7 @@ Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
     x.shared_gate = m.moe.shared_expert_gate;
     x.ep = std::max(1, plan.ep);
     x.etp = std::max(1, plan.expert_tp());
+    x.dispatcher = plan.moe_dispatcher;
     x.routed = static_cast<double>(x.tokens / (x.sp ? x.t : 1) * x.topk) * ep_rank_load(m, plan);
   }
   return x;
@@ -586,6 +588,10 @@ void add_grad_accum(std::vector<Op>& out, const Dims& x, std::string name, doubl
 // waits for it at the combine.
 double moe_local_tokens(const Dims& x) { return static_cast<double>(x.tokens / (x.sp ? x.t : 1)); }
 std::int64_t local_experts(const Dims& x) { return x.experts / x.ep; }
+// The busiest EP rank's tokens (its own tokens x the load, Dims::routed / k):
+// what every dispatcher's exchange sends and receives scales with it, here
+// only, so that a routing imbalance applies to all of them in one place.
+double ep_rank_tokens(const Dims& x) { return x.routed / static_cast<double>(x.topk); }
 // Token copies the local experts compute (after the ETP all-gather).
 double expert_rows(const Dims& x) { return x.routed * static_cast<double>(x.etp); }
 std::int64_t expert_fc1_n(const ModelSpec& m, const Dims& x) { return (m.gated_mlp() ? 2 * x.fe : x.fe) / x.etp; }
@@ -652,24 +658,115 @@ void add_host_sync(std::vector<Op>& out, const Dims& x, Pass pass) {
   out.push_back(memory_bound(op::moe_host_sync, pass, counts * 8.0));
 }
 
+// An exchange of the allgather or flex dispatcher (Op::dispatcher).
+void add_dispatcher_exchange(std::vector<Op>& out, std::string name, Pass pass, Collective c, const Dims& x,
+                             double bytes_per_token, bool compute_dtype) {
+  add_moe_collective(out, std::move(name), pass, c, Group::ep, ep_rank_tokens(x) * bytes_per_token, compute_dtype);
+  out.back().dispatcher = x.dispatcher;
+}
+
+// The dispatch of the plan's dispatcher (token_dispatcher.py at d98e8a64).
+// alltoall: the preprocess's all-to-all of every rank's tokens per expert
+// ([experts] int64 counts), which the host waits for to size the token
+// all-to-alls, then the top-k copies (bf16) and their probabilities (fp32).
+// allgather: every rank's tokens (bf16), probabilities [tokens, experts]
+// (fp32) and routing map (bool) all-gathered. flex: DeepEP's notify (the
+// counts, which the host waits for) and its dispatch of each token once per
+// rank and node with its top-k indices (int64) and weights (fp32).
+void add_moe_dispatch(std::vector<Op>& out, const Dims& x, Pass pass) {
+  const double h = static_cast<double>(x.h), e = static_cast<double>(x.experts), k = static_cast<double>(x.topk);
+  if (x.dispatcher != MoeDispatcher::allgather)
+    add_moe_collective(out, op::ep_a2a_counts, pass, Collective::all_to_all, Group::ep, e * 8.0, false);
+  switch (x.dispatcher) {
+    case MoeDispatcher::alltoall:
+      add_moe_collective(out, op::ep_a2a_dispatch, pass, Collective::all_to_all, Group::ep, x.routed * h * kBf16Bytes);
+      add_moe_collective(out, op::ep_a2a_probs, pass, Collective::all_to_all, Group::ep, x.routed * kFp32Bytes, false);
+      return;
+    case MoeDispatcher::allgather:
+      add_dispatcher_exchange(out, op::ep_ag_dispatch, pass, Collective::all_gather, x, h * kBf16Bytes, true);
+      add_dispatcher_exchange(out, op::ep_ag_probs, pass, Collective::all_gather, x, e * (kFp32Bytes + kMaskBytes),
+                              false);
+      return;
+    case MoeDispatcher::flex:
+      add_dispatcher_exchange(out, op::ep_flex_dispatch, pass, Collective::all_to_all, x, h * kBf16Bytes, true);
+      add_dispatcher_exchange(out, op::ep_flex_probs, pass, Collective::all_to_all, x, k * (8.0 + kFp32Bytes), false);
+      return;
+  }
+}
+
+// The way back: alltoall's all-to-all of the copies (bf16); allgather's
+// reduce-scatter in the probabilities' dtype (fp32: token_combine casts to
+// local_probs.dtype); flex's DeepEP combine (bf16), each token once per rank
+// and node, summed on the way.
+void add_moe_combine(std::vector<Op>& out, const Dims& x, Pass pass) {
+  const double h = static_cast<double>(x.h);
+  switch (x.dispatcher) {
+    case MoeDispatcher::alltoall:
+      add_moe_collective(out, op::ep_a2a_combine, pass, Collective::all_to_all, Group::ep, x.routed * h * kBf16Bytes);
+      return;
+    case MoeDispatcher::allgather:
+      add_dispatcher_exchange(out, op::ep_rs_combine, pass, Collective::reduce_scatter, x, h * kFp32Bytes, false);
+      return;
+    case MoeDispatcher::flex:
+      add_dispatcher_exchange(out, op::ep_flex_combine, pass, Collective::all_to_all, x, h * kBf16Bytes, true);
+      return;
+  }
+}
+
+// Backward, in reverse: the combine's gradient goes out as a dispatch does
+// (allgather: all-gathered in fp32) ...
+void add_moe_combine_backward(std::vector<Op>& out, const Dims& x) {
+  const Pass b = Pass::backward;
+  const double h = static_cast<double>(x.h);
+  switch (x.dispatcher) {
+    case MoeDispatcher::alltoall:
+      add_moe_collective(out, op::ep_a2a_combine_bwd, b, Collective::all_to_all, Group::ep, x.routed * h * kBf16Bytes);
+      return;
+    case MoeDispatcher::allgather:
+      add_dispatcher_exchange(out, op::ep_rs_combine_bwd, b, Collective::all_gather, x, h * kFp32Bytes, false);
+      return;
+    case MoeDispatcher::flex:
+      add_dispatcher_exchange(out, op::ep_flex_combine_bwd, b, Collective::all_to_all, x, h * kBf16Bytes, true);
+      return;
+  }
+}
+
+// ... and the dispatch's gradients come back as a combine does (allgather:
+// reduce-scattered, the tokens' bf16 and the probabilities' fp32).
+void add_moe_dispatch_backward(std::vector<Op>& out, const Dims& x) {
+  const Pass b = Pass::backward;
+  const double h = static_cast<double>(x.h), e = static_cast<double>(x.experts), k = static_cast<double>(x.topk);
+  switch (x.dispatcher) {
+    case MoeDispatcher::alltoall:
+      add_moe_collective(out, op::ep_a2a_dispatch_bwd, b, Collective::all_to_all, Group::ep, x.routed * h * kBf16Bytes);
+      add_moe_collective(out, op::ep_a2a_probs_bwd, b, Collective::all_to_all, Group::ep, x.routed * kFp32Bytes, false);
+      return;
+    case MoeDispatcher::allgather:
+      add_dispatcher_exchange(out, op::ep_ag_dispatch_bwd, b, Collective::reduce_scatter, x, h * kBf16Bytes, true);
+      add_dispatcher_exchange(out, op::ep_ag_probs_bwd, b, Collective::reduce_scatter, x, e * kFp32Bytes, false);
+      return;
+    case MoeDispatcher::flex:
+      add_dispatcher_exchange(out, op::ep_flex_dispatch_bwd, b, Collective::all_to_all, x, h * kBf16Bytes, true);
+      add_dispatcher_exchange(out, op::ep_flex_probs_bwd, b, Collective::all_to_all, x, k * kFp32Bytes, false);
+      return;
+  }
+}
+
 void add_moe_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pass pass) {
   const double tl = moe_local_tokens(x), copies = tl * static_cast<double>(x.topk), h = static_cast<double>(x.h);
   const double rows = expert_rows(x);
   const std::int64_t fe_local = x.fe / x.etp;
   out.push_back(gemm(op::router, pass, static_cast<std::int64_t>(tl), x.experts, x.h));
   out.push_back(memory_bound(op::router_topk, pass, tl * static_cast<double>(x.experts) * kRouterTopkBytesPerLogit));
-  // Each token copied k times into expert order (read, write).
   add_router_balancing(out, m, x, pass);
+  // Each token copied k times into expert order (read, write).
   out.push_back(memory_bound(op::moe_permute, pass, copies * h * (kBf16Bytes + kBf16Bytes)));
   add_host_sync(out, x, pass);
   if (x.ep > 1) {
     // The dispatcher's preprocess: every rank's tokens per expert to every
     // EP rank (an all-to-all of [experts] int64 counts), which the host
     // waits for to size the token all-to-alls (token_dispatcher.py).
-    add_moe_collective(out, op::ep_a2a_counts, pass, Collective::all_to_all, Group::ep,
-                       static_cast<double>(x.experts) * 8.0, false);
-    add_moe_collective(out, op::ep_a2a_dispatch, pass, Collective::all_to_all, Group::ep, x.routed * h * kBf16Bytes);
-    add_moe_collective(out, op::ep_a2a_probs, pass, Collective::all_to_all, Group::ep, x.routed * kFp32Bytes, false);
+    add_moe_dispatch(out, x, pass);
   }
   if (x.etp > 1)
     add_moe_collective(out, op::etp_ag_dispatch, pass, Collective::all_gather, Group::tp, rows * h * kBf16Bytes);
@@ -681,8 +778,7 @@ void add_moe_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pa
   if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_unsort, pass, rows * h * (kBf16Bytes + kBf16Bytes)));
   if (x.etp > 1)
     add_moe_collective(out, op::etp_rs_combine, pass, Collective::reduce_scatter, Group::tp, rows * h * kBf16Bytes);
-  if (x.ep > 1)
-    add_moe_collective(out, op::ep_a2a_combine, pass, Collective::all_to_all, Group::ep, x.routed * h * kBf16Bytes);
+  if (x.ep > 1) add_moe_combine(out, x, pass);
   // The k copies weighted by their probabilities and summed per token.
   out.push_back(memory_bound(op::moe_unpermute, pass, copies * (h * kBf16Bytes + kFp32Bytes) + tl * h * kBf16Bytes));
   if (x.fs > 0) {
@@ -715,8 +811,7 @@ void add_moe_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, c
   }
   // The probabilities' gradient needs the experts' output (read again).
   out.push_back(memory_bound(op::moe_unpermute_bwd, b, tl * h * kBf16Bytes + copies * (h * (kBf16Bytes + kBf16Bytes) + kFp32Bytes)));
-  if (x.ep > 1)
-    add_moe_collective(out, op::ep_a2a_combine_bwd, b, Collective::all_to_all, Group::ep, x.routed * h * kBf16Bytes);
+  if (x.ep > 1) add_moe_combine_backward(out, x);
   if (x.etp > 1)
     add_moe_collective(out, op::etp_rs_combine_bwd, b, Collective::all_gather, Group::tp, rows * h * kBf16Bytes);
   if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_unsort_bwd, b, rows * h * (kBf16Bytes + kBf16Bytes)));
@@ -729,10 +824,7 @@ void add_moe_backward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, c
   if (local_experts(x) > 1) out.push_back(memory_bound(op::moe_sort_bwd, b, rows * h * (kBf16Bytes + kBf16Bytes)));
   if (x.etp > 1)
     add_moe_collective(out, op::etp_ag_dispatch_bwd, b, Collective::reduce_scatter, Group::tp, rows * h * kBf16Bytes);
-  if (x.ep > 1) {
-    add_moe_collective(out, op::ep_a2a_dispatch_bwd, b, Collective::all_to_all, Group::ep, x.routed * h * kBf16Bytes);
-    add_moe_collective(out, op::ep_a2a_probs_bwd, b, Collective::all_to_all, Group::ep, x.routed * kFp32Bytes, false);
-  }
+  if (x.ep > 1) add_moe_dispatch_backward(out, x);
   // The copies' gradients added back per token (read them, read and write
   // the sum), and the MLP input's three gradients (router, tokens, shared
   // experts) summed: a residual-fork sum.

@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "cuboid/core/calibration.hpp"
+#include "cuboid/core/dispatch.hpp"
 #include "cuboid/cost/cost.hpp"
 #include "cuboid/cost/flops.hpp"
 #include "cuboid/cost/memory.hpp"
@@ -146,13 +147,67 @@ void add_cp_times(PassTimes& into, const GpuProfile& gpu, const LayerOps& ops, i
                  group_exposed_ns(gpu, ops.recompute, Group::cp, cp, links);
 }
 
-// An MoE layer's dispatch and combine all-to-alls (blocking: Megatron's
-// alltoall dispatcher waits for each).
-void add_ep_times(PassTimes& into, const GpuProfile& gpu, const LayerOps& ops, int ep, const GroupLinks& links) {
+// The links an EP group's allgather or flex exchange crosses: a rank's
+// share of its node's NICs (its tier's oversubscription applied, as a
+// send/recv's), NVLink (the card's intra-node busbw), and how the group
+// spreads over nodes.
+struct DispatchLinks {
+  double nic_Bps = 0, nvlink_Bps = 0, latency_ns = 0;
+  EpSpread spread;
+};
+
+DispatchLinks dispatch_links(const Topology& topo, const std::vector<int>& ranks) {
+  DispatchLinks d;
+  const Cluster& cl = topo.cluster();
+  const int gpn = std::max(1, cl.gpus_per_node);
+  std::vector<int> nodes;
+  for (int r : ranks)
+    if (std::find(nodes.begin(), nodes.end(), r / gpn) == nodes.end()) nodes.push_back(r / gpn);
+  d.spread = EpSpread{static_cast<int>(ranks.size()), static_cast<int>(nodes.size())};
+  d.nvlink_Bps = cl.intra.busbw_GBps * 1e9;
+  d.latency_ns = cl.intra.latency_ns;
+  if (nodes.size() > 1) {
+    const LinkParams link = group_link_params(topo, Collective::send_recv, ranks);
+    d.nic_Bps = link.busbw_Bps;
+    d.latency_ns = link.latency_ns;
+  }
+  return d;
+}
+
+// One exchange of the allgather or flex dispatcher: the slower of the
+// rank's NIC and NVLink port under dispatch_traffic's copies (flex at
+// DeepEP's measured share of each link), then one latency.
+double dispatch_ns(const Op& op, const MoeSpec& moe, std::int64_t hidden, const DispatchLinks& links) {
+  const DispatchTraffic t = dispatch_traffic(op.dispatcher, moe, hidden, 1.0, links.spread);
+  const bool flex = op.dispatcher == MoeDispatcher::flex;
+  double s = 0;
+  if (t.node_copies > 0)
+    s = std::max(s, op.comm_bytes * t.node_copies / (links.nic_Bps * (flex ? kDeepEpRdmaEfficiency : 1.0)));
+  if (t.nvlink_copies > 0)
+    s = std::max(s, op.comm_bytes * t.nvlink_copies / (links.nvlink_Bps * (flex ? kDeepEpNvlinkEfficiency : 1.0)));
+  return s * 1e9 + links.latency_ns;
+}
+
+// An MoE layer's dispatch and combine exchanges (blocking: Megatron's
+// dispatchers wait for each): NCCL collectives for alltoall, dispatch_ns for
+// the others.
+double ep_exposed_ns(const std::vector<Op>& ops, int ep, const GroupLinks& links, const MoeSpec& moe,
+                     std::int64_t hidden, const DispatchLinks& dl) {
+  double total = 0;
+  for (const Op& op : ops) {
+    if (op.group != Group::ep || op.kind != OpKind::collective) continue;
+    total += op.dispatcher == MoeDispatcher::alltoall ? comm_ns(op.collective, op.comm_bytes, ep, links)
+                                                      : dispatch_ns(op, moe, hidden, dl);
+  }
+  return total;
+}
+
+void add_ep_times(PassTimes& into, const LayerOps& ops, int ep, const GroupLinks& links, const MoeSpec& moe,
+                  std::int64_t hidden, const DispatchLinks& dl) {
   if (ep <= 1) return;
-  into.fwd_ep += group_exposed_ns(gpu, ops.forward, Group::ep, ep, links);
-  into.bwd_ep += group_exposed_ns(gpu, ops.backward, Group::ep, ep, links) +
-                 group_exposed_ns(gpu, ops.recompute, Group::ep, ep, links);
+  into.fwd_ep += ep_exposed_ns(ops.forward, ep, links, moe, hidden, dl);
+  into.bwd_ep += ep_exposed_ns(ops.backward, ep, links, moe, hidden, dl) +
+                 ep_exposed_ns(ops.recompute, ep, links, moe, hidden, dl);
 }
 
 PassTimes compute_times(const GpuProfile& gpu, const LayerOps& ops) {
@@ -183,6 +238,9 @@ struct LayerCost {
   LayerOps mtp;
   PassTimes mtp_compute;
   double pipeline_message = 0;
+  // What the allgather / flex dispatchers' traffic depends on (dispatch_ns).
+  MoeSpec moe;
+  std::int64_t hidden = 0;
   // held_pace's results so far: {SMs taken, forward ratio, backward ratio}
   // (a search meets a handful of DP group shapes; each Estimator is one
   // thread's).
@@ -215,6 +273,8 @@ LayerCost make_layer_cost(const ModelSpec& m, const GpuProfile& gpu, const Paral
     }
   }
   c.pipeline_message = pipeline_message_bytes(m, plan) * activation_bytes_scale(cal);
+  c.moe = m.moe;
+  c.hidden = m.hidden_size;
   return c;
 }
 
@@ -229,6 +289,7 @@ struct Placement {
   std::vector<std::size_t> stage_cp;      // stage -> index into cp_links
   std::vector<GroupLinks> ep_links;       // distinct EP group links (empty without EP)
   std::vector<std::size_t> stage_ep;      // stage -> index into ep_links
+  std::vector<DispatchLinks> ep_dispatch; // per entry of ep_links: its dispatcher's links
   std::vector<GroupLinks> dp_links;       // per stage (DP x CP group of TP rank 0)
   std::vector<GroupLinks> edp_links;      // per stage: the expert-DP group of EP and ETP rank 0 (MoE only)
   GroupLinks embedding_links{};           // the first and the last stage's TP rank 0 (PP > 1)
@@ -319,7 +380,11 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
     if (plan.tp > 1) links = group_links(topo, mapping.tp_group(stage, 0), loads.tp);
     pl.stage_tp.push_back(intern(pl.tp_links, links));
     if (plan.cp > 1) pl.stage_cp.push_back(intern(pl.cp_links, group_links(topo, mapping.cp_group(0, stage, 0), loads.cp)));
-    if (plan.ep > 1) pl.stage_ep.push_back(intern(pl.ep_links, group_links(topo, mapping.ep_group(stage, 0, 0), loads.ep)));
+    if (plan.ep > 1) {
+      const std::vector<int> ranks = mapping.ep_group(stage, 0, 0);
+      pl.stage_ep.push_back(intern(pl.ep_links, group_links(topo, ranks, loads.ep)));
+      if (pl.ep_dispatch.size() < pl.ep_links.size()) pl.ep_dispatch.push_back(dispatch_links(topo, ranks));
+    }
     if (plan.expert_dp() > 1 && (plan.ep > 1 || plan.expert_tp() != plan.tp))
       pl.edp_links.push_back(group_links(topo, mapping.expert_dp_group(stage, 0, 0), loads.edp, true));
     GroupLinks dp{};
@@ -408,7 +473,8 @@ CommTimes make_comm_times(const GpuProfile& gpu, const ParallelPlan& plan, const
     add_tp_times(ct.tp[i].head, lc.head, 1.0, tp, pl.tp_links[i]);
   }
   for (const GroupLinks& links : pl.cp_links) add_cp_times(ct.cp.emplace_back(), gpu, lc.layer, plan.cp, links);
-  for (const GroupLinks& links : pl.ep_links) add_ep_times(ct.ep.emplace_back(), gpu, lc.layer, plan.ep, links);
+  for (std::size_t i = 0; i < pl.ep_links.size(); ++i)
+    add_ep_times(ct.ep.emplace_back(), lc.layer, plan.ep, pl.ep_links[i], lc.moe, lc.hidden, pl.ep_dispatch[i]);
   if (std::max(1, plan.pp) > 1) {
     const double msg = lc.pipeline_message;
     double hop_ns = 0;
@@ -854,6 +920,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
 struct LayerKey {
   int tp, cp, ep, etp, micro_batch;
   CpComm cp_comm;
+  MoeDispatcher dispatcher;
   std::int64_t seq_length;
   bool sp, flash, fused_wgrad;
   Recompute recompute;
@@ -873,7 +940,7 @@ struct KeyHash {
     h = h * 1000003u ^ static_cast<std::size_t>(k.tp);
     h = h * 1000003u ^ static_cast<std::size_t>(k.cp * 2 + (k.cp_comm == CpComm::a2a ? 1 : 0));
     h = h * 1000003u ^ static_cast<std::size_t>(k.micro_batch);
-    h = h * 1000003u ^ static_cast<std::size_t>(k.ep * 64 + k.etp);
+    h = h * 1000003u ^ static_cast<std::size_t>((k.ep * 64 + k.etp) * 4 + static_cast<int>(k.dispatcher));
     h = h * 1000003u ^ (static_cast<std::size_t>(k.recompute) << 3 | (k.fused_wgrad ? 4u : 0u) | (k.sp ? 2u : 0u) |
                         (k.flash ? 1u : 0u));
     return h;
@@ -952,7 +1019,7 @@ Estimator::Estimator(Estimator&&) noexcept = default;
 Estimate Estimator::operator()(const ParallelPlan& plan) {
   const GpuProfile& gpu = topo_.cluster().gpu;
   const LayerKey lk{plan.tp,         plan.cp,        plan.ep,
-                    plan.expert_tp(), plan.micro_batch, plan.cp_comm,
+                    plan.expert_tp(), plan.micro_batch, plan.cp_comm, plan.moe_dispatcher,
                     plan.seq_length,  plan.sequence_parallel, plan.flash_attention,
                     plan.grad_accum_fusion, plan.recompute, plan.precision};
   auto li = caches_->layers.find(lk);

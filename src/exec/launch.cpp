@@ -190,6 +190,11 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
     refuse("parallel.precision", "NVFP4 linear layers (4-bit elements in 16-element blocks)",
            "plan with --precision fp8-current or mxfp8");
   if (!model.moe.enabled()) return;
+  if (plan.ep > 1 && plan.moe_dispatcher != MoeDispatcher::alltoall)
+    refuse("parallel.moe_dispatcher",
+           "the " + std::string(to_string(plan.moe_dispatcher)) +
+               " token dispatcher (its MoE layer exchanges tokens as Megatron-Core's alltoall dispatcher does)",
+           "plan with --moe-dispatcher alltoall");
   const MoeSpec& e = model.moe;
   if (e.shared_expert_ffn_hidden_size > 0)
     refuse("model.moe.shared_expert_ffn_hidden_size", "shared experts", "run a model with routed experts only");

@@ -185,11 +185,13 @@ std::vector<McoreSetting> moe_layer_settings(const ModelSpec& m) {
   return out;
 }
 
-std::vector<McoreSetting> moe_kernel_settings() {
-  // Megatron-Core's MoE layer as cuboid prices it: the alltoall dispatcher
-  // and grouped expert GEMMs.
+std::vector<McoreSetting> moe_kernel_settings(const ParallelPlan& plan) {
+  // Megatron-Core's MoE layer as cuboid prices it: grouped expert GEMMs and
+  // the plan's dispatcher (flex with Megatron-Core's default backend, deepep:
+  // transformer_config.py moe_flex_dispatcher_backend at d98e8a64).
   return {{"--moe-grouped-gemm", "moe_grouped_gemm", McoreSetting::Kind::on, ""},
-          {"--moe-token-dispatcher-type", "moe_token_dispatcher_type", McoreSetting::Kind::word, "alltoall"}};
+          {"--moe-token-dispatcher-type", "moe_token_dispatcher_type", McoreSetting::Kind::word,
+           std::string(to_string(plan.moe_dispatcher))}};
 }
 
 std::string launch_lines(const PlanFile& pf, std::string_view script_and_args, std::string_view comment,

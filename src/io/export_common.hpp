@@ -53,8 +53,9 @@ struct McoreSetting {
 };
 // The MoE layer's shape from the model card, in the order the exports write it.
 std::vector<McoreSetting> moe_layer_settings(const ModelSpec& m);
-// The MoE kernels cuboid prices, after the layer's shape.
-std::vector<McoreSetting> moe_kernel_settings();
+// The MoE kernels cuboid prices, after the layer's shape: grouped GEMMs and
+// the plan's token dispatcher.
+std::vector<McoreSetting> moe_kernel_settings(const ParallelPlan& plan);
 
 // Megatron-Core's quantized-GEMM settings for the plan's precision (Transformer
 // Engine recipes as Megatron-Core d98e8a64 megatron/core/fp8_utils.py

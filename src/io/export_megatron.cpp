@@ -145,7 +145,7 @@ Args moe_args(const PlanFile& pf) {
   for (const McoreSetting& s : moe_layer_settings(pf.model)) a.push_back(flag(s));
   a.push_back(fmt::format("--expert-model-parallel-size {}", pf.plan.ep));
   a.push_back(fmt::format("--expert-tensor-parallel-size {}", pf.plan.expert_tp()));
-  for (const McoreSetting& s : moe_kernel_settings()) a.push_back(flag(s));
+  for (const McoreSetting& s : moe_kernel_settings(pf.plan)) a.push_back(flag(s));
   return a;
 }
 

@@ -155,10 +155,10 @@ std::string python_value(const McoreSetting& s) {
   }
 }
 
-Fields moe_fields(const ModelSpec& m) {
+Fields moe_fields(const ModelSpec& m, const ParallelPlan& plan) {
   if (!m.moe.enabled()) return {};
   Fields f;
-  for (const auto& settings : {moe_layer_settings(m), moe_kernel_settings()})
+  for (const auto& settings : {moe_layer_settings(m), moe_kernel_settings(plan)})
     for (const McoreSetting& s : settings) f.emplace_back(s.field, python_value(s));
   return f;
 }
@@ -229,7 +229,7 @@ ExportResult megatron_bridge(const PlanFile& pf) {
   // The model fields go to the constructor: TransformerConfig.__post_init__
   // derives kv_channels and checks divisibility from them.
   Fields model = parallel_fields(p, m);
-  for (const Fields& more : {shape_fields(pf), moe_fields(m), kernel_fields(p)})
+  for (const Fields& more : {shape_fields(pf), moe_fields(m, p), kernel_fields(p)})
     model.insert(model.end(), more.begin(), more.end());
 
   out += "def cuboid_plan():\n";

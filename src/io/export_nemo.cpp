@@ -171,11 +171,11 @@ std::string model_keys(const PlanFile& pf) {
   return out;
 }
 
-// Megatron-Core's MoE layer as cuboid prices it (the alltoall dispatcher,
+// Megatron-Core's MoE layer as cuboid prices it (the plan's dispatcher,
 // grouped expert GEMMs): num_moe_experts, moe_router_topk and
 // moe_grouped_gemm are megatron_gpt_model.py's cfg.get() keys, the rest
 // TransformerConfig fields that build_transformer_config takes from cfg.
-std::string moe_keys(const ModelSpec& m) {
+std::string moe_keys(const ModelSpec& m, const ParallelPlan& plan) {
   std::string out;
   const MoeSpec& e = m.moe;
   out += fmt::format("  num_moe_experts: {}\n", e.num_experts);
@@ -195,7 +195,7 @@ std::string moe_keys(const ModelSpec& m) {
     out += fmt::format("  moe_router_group_topk: {}\n", e.router_group_topk);
   }
   out += "  moe_grouped_gemm: true\n";
-  out += "  moe_token_dispatcher_type: alltoall\n";
+  out += fmt::format("  moe_token_dispatcher_type: {}\n", to_string(plan.moe_dispatcher));
   return out;
 }
 
@@ -245,7 +245,7 @@ ExportResult nemo1(const PlanFile& pf) {
   std::string out = parallel_keys(pf, tp_pp_dp);
   out += recompute_keys(pf.plan.recompute);
   out += model_keys(pf);
-  if (pf.model.moe.enabled()) out += moe_keys(pf.model);
+  if (pf.model.moe.enabled()) out += moe_keys(pf.model, pf.plan);
   out += training_keys(pf.plan);
   return {out, ""};
 }

@@ -71,6 +71,9 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
     j["ep"] = p.ep;
     j["etp"] = p.expert_tp();
   }
+  // Written with EP > 1 only, where the dispatcher moves tokens between
+  // ranks: a file without it reads as alltoall.
+  if (p.ep > 1) j["moe_dispatcher"] = std::string(to_string(p.moe_dispatcher));
   return j;
 }
 
@@ -160,6 +163,7 @@ std::string plan_key(PlanField field) {
     case PlanField::recompute_modules: return "parallel.recompute_modules";
     case PlanField::uneven_stages: return "parallel";
     case PlanField::pipeline_layout: return "parallel.pipeline_layout";
+    case PlanField::moe_dispatcher: return "parallel.moe_dispatcher";
   }
   return "parallel";
 }
@@ -184,6 +188,8 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_no_flash: return "set flash_attention false, or " + other_trainer;
     case PlanCheck::trainer_no_grad_accum_fusion: return "set grad_accum_fusion false, or " + other_trainer;
     case PlanCheck::trainer_no_cp_a2a: return "set cp_comm p2p, or " + other_trainer;
+    case PlanCheck::trainer_no_dispatcher: return "set moe_dispatcher alltoall, or " + other_trainer;
+    case PlanCheck::dispatcher_needs_moe: return "drop moe_dispatcher; or " + kRegenerate;
     case PlanCheck::trainer_no_pipeline:
     case PlanCheck::trainer_no_cp:
     case PlanCheck::trainer_no_ep:
@@ -234,6 +240,8 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
     p.cp_comm = parse_cp_comm(*comm, source, "parallel.cp_comm");
   if (r.has("ep")) p.ep = read_int(r, "ep", 1);
   if (r.has("etp")) p.etp = read_int(r, "etp", 1);
+  if (const auto d = r.optional_string("moe_dispatcher"))
+    p.moe_dispatcher = parse_moe_dispatcher(*d, source, "parallel.moe_dispatcher");
   p.micro_batch = read_int(r, "micro_batch", 1);
   // Sequences: the limit of --global-batch, so batch products stay inside 64 bits.
   constexpr std::int64_t kMaxSequences = std::int64_t{1} << 30;

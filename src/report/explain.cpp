@@ -26,6 +26,7 @@ const std::vector<Dimension>& dimensions() {
       {"CP", [](const ParallelPlan& p) { return std::to_string(p.cp); }},
       {"EP", [](const ParallelPlan& p) { return std::to_string(p.ep); }},
       {"ETP", [](const ParallelPlan& p) { return std::to_string(p.expert_tp()); }},
+      {"dispatcher", [](const ParallelPlan& p) { return std::string(to_string(p.moe_dispatcher)); }},
       {"PP", [](const ParallelPlan& p) { return std::to_string(p.pp); }},
       {"DP", [](const ParallelPlan& p) { return std::to_string(p.dp); }},
       {"micro-batch", [](const ParallelPlan& p) { return std::to_string(p.micro_batch); }},
@@ -79,7 +80,7 @@ std::vector<ExplainRow> explain_choices(const ModelSpec& m, const Topology& topo
   const bool experts = r.fitting.front().plan.etp > 0;  // a mixture-of-experts model's plans
   for (const Dimension& d : dimensions()) {
     const std::string name = d.name;
-    if (!experts && (name == "EP" || name == "ETP")) continue;
+    if (!experts && (name == "EP" || name == "ETP" || name == "dispatcher")) continue;
     std::vector<std::pair<std::string, const Estimate*>> seen;  // the first (best) plan of each value
     const bool orders = std::string(d.name) == "rank order";
     for (const Estimate& e : r.fitting) {
@@ -115,7 +116,10 @@ std::string format_explain(const std::vector<ExplainRow>& rows, const Estimate& 
     out += fmt::format("  {:<18} {:<9} {:>9.3f} s {} {:>+7.1f}%   TP {} CP {}{} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}, {}\n",
                        row.dimension, row.value, e.iteration_time_s, e.simulated ? "sim" : "est", slower, e.plan.tp,
                        e.plan.cp,
-                       e.plan.etp > 0 ? fmt::format(" EP {} ETP {}", e.plan.ep, e.plan.expert_tp()) : std::string(),
+                       e.plan.etp > 0 ? fmt::format(" EP {} ETP {}{}", e.plan.ep, e.plan.expert_tp(),
+                                                    e.plan.ep > 1 ? " " + std::string(to_string(e.plan.moe_dispatcher))
+                                                                  : std::string())
+                                      : std::string(),
                        e.plan.pp, e.plan.dp, e.plan.micro_batch, e.plan.virtual_stages, e.plan.zero_stage,
                        to_string(e.plan.recompute), e.plan.sequence_parallel ? "on" : "off", e.plan.order.str(),
                        format_bytes_GiB(e.memory.total_bytes));

@@ -1,3 +1,4 @@
+#include "cuboid/core/dispatch.hpp"
 #include "cuboid/core/pipeline_layout.hpp"
 #include "cuboid/io/planfile.hpp"
 #include "cuboid/report/report.hpp"
@@ -11,6 +12,23 @@
 namespace cuboid {
 
 namespace {
+
+// What the plan's MoE token dispatcher does, in a line (docs/cost-model.md).
+std::string dispatcher_words(MoeDispatcher d) {
+  switch (d) {
+    case MoeDispatcher::alltoall:
+      return "alltoall (NCCL all-to-all of every top-k copy; Megatron-Core's MoEAlltoAllTokenDispatcher)";
+    case MoeDispatcher::allgather:
+      return "allgather (every rank's tokens all-gathered over EP, the outputs reduce-scattered in fp32; "
+             "MoEAllGatherTokenDispatcher)";
+    case MoeDispatcher::flex:
+      return fmt::format("flex (DeepEP / HybridEP: a token once per node over RDMA, then once per rank over NVLink; "
+                         "its kernels hold {} SMs; MoEFlexTokenDispatcher)",
+                         kDeepEpSms);
+  }
+  return "";
+}
+
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -111,6 +129,7 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   if (p.etp > 0) {
     j["ep"] = p.ep;
     j["etp"] = p.expert_tp();
+    if (p.ep > 1) j["moe_dispatcher"] = std::string(to_string(p.moe_dispatcher));
     j["breakdown"]["ep_comm"] = e.breakdown.ep_comm_s;
   }
   // Only with a spread, so that an even cluster's document stays as it was.
@@ -150,10 +169,16 @@ std::string format_interval(const Estimate& e) {
 std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top_k) {
   const bool likely = !rows.empty() && rows.front().interval.has_value();
   // EP and ETP columns for a mixture-of-experts model's plans (they name their ETP).
-  bool experts = false;
+  bool experts = false, dispatchers = false;
   for (const Estimate& e : rows) experts = experts || e.plan.etp > 0;
+  // The token dispatcher where a row's experts span EP ranks (EP 1: "-").
+  for (std::size_t i = 0; i < rows.size() && i < top_k; ++i) dispatchers = dispatchers || rows[i].plan.ep > 1;
+  const auto expert_cells = [&](const std::string& ep, const std::string& etp, const std::string& d) {
+    if (!experts) return std::string();
+    return fmt::format("{:>3} {:>3} ", ep, etp) + (dispatchers ? fmt::format("{:>9} ", d) : std::string());
+  };
   std::string out = fmt::format("{:>3} {:>3} {:>3} {}{:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9} {}{:>5} {:>10} {:>9} {:>5} {:>10} {:>9}\n",
-                                "#", "TP", "CP", experts ? fmt::format("{:>3} {:>3} ", "EP", "ETP") : std::string(),
+                                "#", "TP", "CP", expert_cells("EP", "ETP", "dispatch"),
                                 "PP", "DP", "mb", "v", "ZeRO", "recompute", "SP", "order", "step(s)",
                                 likely ? fmt::format("{:>13} ", "likely(s)") : std::string(), "score",
                                 "tokens/s", "TFLOP/s", "MFU", "mem/GPU", "headroom");
@@ -167,7 +192,9 @@ std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top
     }
     out += fmt::format("{:>3} {:>3} {:>3} {}{:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9.3f} {}{:>5} {:>10.0f} {:>9.1f} {:>4.1f}% {:>10} {:>9}\n",
                        i + 1, p.tp, p.cp,
-                       experts ? fmt::format("{:>3} {:>3} ", p.ep, p.expert_tp()) : std::string(), p.pp, p.dp, p.micro_batch, p.virtual_stages, p.zero_stage,
+                       expert_cells(std::to_string(p.ep), std::to_string(p.expert_tp()),
+                                    p.ep > 1 ? std::string(to_string(p.moe_dispatcher)) : std::string("-")),
+                       p.pp, p.dp, p.micro_batch, p.virtual_stages, p.zero_stage,
                        to_string(p.recompute), p.sequence_parallel ? "on" : "off",
                        p.order.str() + (e.tied_orders.empty() ? " " : "*"), e.iteration_time_s,
                        likely ? fmt::format("{:>13} ", format_interval(e)) : std::string(),
@@ -196,6 +223,8 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                        p.ep, p.expert_tp(), p.expert_dp(), m.moe.num_experts / p.ep, m.moe.num_experts,
                        p.expert_tp() > 1 ? fmt::format("split over {} ranks", p.expert_tp()) : std::string("whole"),
                        ep_rank_load(m, p));
+  if (p.etp > 0 && p.ep > 1)
+    out += fmt::format("      token dispatcher: {}\n", dispatcher_words(p.moe_dispatcher));
   if (p.cp > 1)
     out += fmt::format("      context parallel {}: {} tokens of each sequence per rank, {}\n", p.cp,
                        p.seq_per_rank(),

@@ -181,6 +181,15 @@ std::vector<bool> sequence_parallel_axis(const Space& s, int tp) {
   return tp > 1 && s.trainer.sequence_parallel ? std::vector<bool>{true, false} : std::vector<bool>{false};
 }
 
+// The token dispatchers of an EP plan: the one fixed, else each the trainer
+// has where EP > 1 (with EP 1 no token leaves its rank's TP group), else the
+// trainer's first.
+std::vector<MoeDispatcher> dispatcher_axis(const Space& s, int ep) {
+  if (s.o.moe_dispatcher) return {*s.o.moe_dispatcher};
+  if (!s.model.moe.enabled() || ep <= 1) return {s.trainer.moe_dispatchers.front()};
+  return s.trainer.moe_dispatchers;
+}
+
 // The experts' regrouping of a stage's TP x CP x DP ranks, as (EP, ETP): EP
 // dividing the experts, ETP = TP (Megatron's default) or 1; (1, 0) for a
 // dense model.
@@ -283,15 +292,17 @@ class Walk {
       for (int zero : zeros)
         for (Recompute rc : recomputes_)
           for (bool sp : sps)
-            for (const auto& [ep, etp] : experts) {
-              p.order = order;
-              p.zero_stage = zero;
-              p.recompute = rc;
-              p.sequence_parallel = sp;
-              p.ep = ep;
-              p.etp = etp;
-              consider(p);
-            }
+            for (const auto& [ep, etp] : experts)
+              for (MoeDispatcher d : dispatcher_axis(s_, ep)) {
+                p.order = order;
+                p.zero_stage = zero;
+                p.recompute = rc;
+                p.sequence_parallel = sp;
+                p.ep = ep;
+                p.etp = etp;
+                p.moe_dispatcher = d;
+                consider(p);
+              }
   }
 
   void consider(const ParallelPlan& p) {

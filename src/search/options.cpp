@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "cuboid/search/planner.hpp"
 
@@ -130,6 +131,9 @@ ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const
   // An MoE model's plans name their ETP (default TP, Megatron's); a dense
   // model's leave it unset.
   p.etp = o.etp.value_or(model.moe.enabled() ? p.tp : 0);
+  // A dense model's plans keep alltoall, which nothing reads.
+  if (model.moe.enabled()) p.moe_dispatcher = o.moe_dispatcher.value_or(trainer.moe_dispatchers.front());
+  else if (o.moe_dispatcher) p.moe_dispatcher = *o.moe_dispatcher;
   if (o.dp) {
     p.dp = *o.dp;
   } else {
@@ -179,7 +183,16 @@ void check_fixed_options(const ModelSpec& model, const Cluster& cluster, const P
   // (the GPU count is the search's to check) and PP micro-batches (batch
   // divisibility is checked per candidate).
   ParallelPlan probe = complete_plan(model, cluster, o);
+  // The experts' axis: an unset ETP is searched at 1 too, which every EP
+  // allows; an unset DP at the least that lets TP x CP x DP hold ETP x EP
+  // (the search's DP is the GPUs' to set).
+  if (!o.etp && model.moe.enabled()) probe.etp = 1;
   probe.dp = o.dp.value_or(1);
+  if (!o.dp && probe.ep > 0 && probe.expert_tp() > 0) {
+    const std::int64_t folded = static_cast<std::int64_t>(probe.ep) * probe.expert_tp();
+    const std::int64_t ranks = static_cast<std::int64_t>(std::max(1, probe.tp)) * std::max(1, probe.cp);
+    probe.dp = static_cast<int>(folded / std::gcd(ranks, folded));
+  }
   if (!o.cp) probe.cp_comm = CpComm::p2p;  // a searched CP: the exchange applies to its CP > 1 candidates
   probe.virtual_stages = o.pp ? o.virtual_stages.value_or(1) : 1;
   probe.first_stage_layers = probe.last_stage_layers = 0;

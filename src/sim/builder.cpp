@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "cuboid/core/calibration.hpp"
+#include "cuboid/core/dispatch.hpp"
 #include "cuboid/cost/cost.hpp"
 #include "cuboid/cost/memory.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
@@ -452,7 +453,27 @@ void Builder::add_expert_groups(Representative& r) {
     for (int d = 0; d < shape_.edp; ++d)
       for (int t = 0; t < etp; ++t)
         if (d != rep_edp || t != rep_etp) g.mirrors.push_back(map_.ep_group(s, d, t));
+    const bool own_dispatch = plan_.moe_dispatcher != MoeDispatcher::alltoall;
+    if (own_dispatch) {
+      // The dispatcher's flows: copies per node and per NVLink peer
+      // (dispatch_traffic), at DeepEP's measured share of each link for flex.
+      const int gpn = std::max(1, topo_.cluster().gpus_per_node);
+      std::vector<int> nodes;
+      for (int x : g.ranks)
+        if (std::find(nodes.begin(), nodes.end(), x / gpn) == nodes.end()) nodes.push_back(x / gpn);
+      const EpSpread spread{static_cast<int>(g.ranks.size()), static_cast<int>(nodes.size())};
+      const DispatchTraffic t = dispatch_traffic(plan_.moe_dispatcher, m_.moe, m_.hidden_size, 1.0, spread);
+      const bool flex = plan_.moe_dispatcher == MoeDispatcher::flex;
+      CommGroup d = g;
+      d.dispatch = CommGroup::DispatchWeights{};
+      if (spread.nodes > 1)
+        d.dispatch->node = t.node_copies / (spread.nodes - 1) / (flex ? kDeepEpRdmaEfficiency : 1.0);
+      if (spread.per_node() > 1)
+        d.dispatch->nvlink = t.nvlink_copies / (spread.per_node() - 1) / (flex ? kDeepEpNvlinkEfficiency : 1.0);
+      r.ep_dispatch_group = eng_->add_group(std::move(d));
+    }
     r.ep_group = eng_->add_group(std::move(g));
+    if (!own_dispatch) r.ep_dispatch_group = r.ep_group;
   }
   if (shape_.expert_group) {
     CommGroup g;

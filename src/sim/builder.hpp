@@ -59,6 +59,9 @@ struct Representative {
   int stage = 0;
   StreamId compute = 0, tp = 0, pp_fwd = 0, pp_bwd = 0, dp = 0;
   GroupId tp_group = 0, dp_group = 0, cp_group = 0, ep_group = 0;
+  // The same EP ranks for the allgather / flex dispatcher's exchanges
+  // (CommGroup::dispatch); ep_group where the plan's dispatcher is alltoall.
+  GroupId ep_dispatch_group = 0;
   // The experts' gradient group (expert-DP): dp_group where it is the same ranks.
   GroupId edp_group = 0;
 };

@@ -67,7 +67,7 @@ TaskId Builder::add_tp(Chain& ch, const Item& it, const Program& prog, const std
   const Representative& r = representatives_[static_cast<std::size_t>(ch.stage)];
   if (it.group == Group::ep) {
     // An MoE all-to-all: on the network, on the TP stream.
-    const TaskId t = emit_collective(it.collective, r.ep_group, it.bytes, r.tp, deps,
+    const TaskId t = emit_collective(it.collective, it.own_dispatch ? r.ep_dispatch_group : r.ep_group, it.bytes, r.tp, deps,
                                      meta_of(Category::ep, kThreadTp, ch.stage));
     label(t, ch.stage, prog.ops[it.name_op].name, "ep");
     return t;

@@ -354,6 +354,40 @@ void all_to_all_routes(std::span<const int> ranks, int gpn, std::vector<Route>& 
     }
 }
 
+// A dispatcher's exchange (CommGroup::dispatch): from every member once to
+// each other node of the group, on its own rail, and to each other member
+// of its node over NVLink, at the weights dispatch_traffic gives.
+void dispatch_routes(std::span<const int> ranks, int gpn, const CommGroup::DispatchWeights& w, std::vector<Route>& out) {
+  std::vector<int> nodes;
+  for (const int b : ranks)
+    if (std::find(nodes.begin(), nodes.end(), b / gpn) == nodes.end()) nodes.push_back(b / gpn);
+  for (const int a : ranks) {
+    if (w.node > 0)
+      for (const int node : nodes)
+        if (node != a / gpn) out.push_back({a, node * gpn + a % gpn, w.node});
+    if (w.nvlink > 0)
+      for (const int b : ranks)
+        if (b != a && b / gpn == a / gpn) out.push_back({a, b, w.nvlink});
+  }
+}
+
+void plan_dispatch(Network& net, const CommGroup& g, CollectivePlan& plan) {
+  const int gpn = std::max(1, net.topology()->cluster().gpus_per_node);
+  std::vector<Route> routes;
+  dispatch_routes(g.ranks, gpn, *g.dispatch, routes);
+  for (const auto& m : g.mirrors) dispatch_routes(m, gpn, *g.dispatch, routes);
+  CommPhase ph;
+  ph.bytes_per_size = 1.0;
+  TimeNs alpha = 0;
+  for (const int a : g.ranks)
+    for (const int b : g.ranks)
+      if (a != b) alpha = std::max(alpha, net.route_latency_ns(a, b));
+  ph.latency_ns = alpha;
+  if (!routes.empty()) ph.set = net.add_route_set(routes);
+  plan.algorithm = Algorithm::ring;  // reported as the default algorithm
+  plan.phases.push_back(std::move(ph));
+}
+
 void plan_all_to_all(Network& net, const CommGroup& g, const CollectiveCalibration* fit, CollectivePlan& plan) {
   const int n = static_cast<int>(g.ranks.size());
   const int gpn = std::max(1, net.topology()->cluster().gpus_per_node);
@@ -474,6 +508,10 @@ CollectivePlan plan_collective(Network& net, Collective op, const CommGroup& gro
   const int n = static_cast<int>(group.ranks.size());
   if (n <= 1) return plan;
   const NodeLayout lay = layout_of(*net.topology(), group.ranks);
+  if (group.dispatch) {
+    plan_dispatch(net, group, plan);
+    return plan;
+  }
   if (op == Collective::all_to_all) {
     if (group.rail0_part) throw std::invalid_argument("collective: an all-to-all group cannot be a rail-0 part");
     plan_all_to_all(net, group, calibrated_fit(net, op, group, lay), plan);

@@ -71,11 +71,13 @@ class Builder {
     p_.flops += op.flops;
   }
 
-  void collective(ItemKind kind, Collective c, double bytes, std::string name, Group group = Group::tp) {
+  void collective(ItemKind kind, Collective c, double bytes, std::string name, Group group = Group::tp,
+                  bool own_dispatch = false) {
     close();
     Item it;
     it.kind = kind;
     it.group = group;
+    it.own_dispatch = own_dispatch;
     it.collective = c;
     it.bytes = bytes;
     it.name_op = static_cast<std::uint32_t>(p_.ops.size());
@@ -143,8 +145,9 @@ Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence
       continue;
     }
     if (op.kind == OpKind::collective && op.group == Group::ep) {
-      // An MoE dispatch or combine: Megatron's alltoall dispatcher waits for it.
-      b.collective(ItemKind::collective, op.collective, comm_size_bytes(op, gpu.calibration.get()), op.name, Group::ep);
+      // An MoE dispatch or combine: Megatron's dispatchers wait for it.
+      b.collective(ItemKind::collective, op.collective, comm_size_bytes(op, gpu.calibration.get()), op.name, Group::ep,
+                   op.dispatcher != MoeDispatcher::alltoall);
       continue;
     }
     if (op.kind == OpKind::collective || op.kind == OpKind::p2p) {

@@ -35,6 +35,7 @@ struct Item {
   double bytes = 0;                // collective / async: NCCL size
   std::uint32_t name_op = 0;       // collective / async: its name in Program::ops
   Group group = Group::tp;         // collective / async: the TP, CP or EP group
+  bool own_dispatch = false;       // an EP exchange of the allgather / flex dispatcher (Op::dispatcher)
   // compute right after an async collective (its only op overlaps it): the
   // op's time while the collective holds NCCL's SMs (op_time_sms_taken_ns);
   // -1 otherwise. The builder charges overlapped_time_ns(collective, this,

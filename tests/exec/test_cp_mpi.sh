@@ -68,7 +68,7 @@ plan cp4 models/tiny.json "$CPU4" --tp 1 --pp 1 --dp 1 --cp 4 --zero 0
 plan t2cp2 models/tiny.json "$CPU4" --tp 2 --pp 1 --dp 1 --cp 2 --sequence-parallel on --zero 0
 plan d2cp2 models/tiny.json "$CPU4" --tp 1 --pp 1 --dp 2 --cp 2 --zero 1
 plan p2cp2 models/tiny.json "$CPU4" --tp 1 --pp 2 --dp 1 --cp 2 --zero 0
-plan moecp2 models/tiny-moe.json "$CPU2" --tp 1 --pp 1 --dp 1 --cp 2 --ep 2 --zero 0
+plan moecp2 models/tiny-moe.json "$CPU2" --tp 1 --pp 1 --dp 1 --cp 2 --ep 2 --zero 0 --moe-dispatcher alltoall
 
 run_ok cp1 2 1 --dropout 0
 run_ok cp2 2 2 --dropout 0

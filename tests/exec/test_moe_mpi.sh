@@ -59,10 +59,10 @@ PY
 }
 
 plan ep1 "$CPU2" --tp 1 --pp 1 --dp 2 --ep 1 --zero 0
-plan ep2 "$CPU2" --tp 1 --pp 1 --dp 2 --ep 2 --zero 0
-plan t2d2ep4 "$CPU4" --tp 2 --pp 1 --dp 2 --ep 4 --etp 1 --zero 0
-plan t2d2ep2 "$CPU4" --tp 2 --pp 1 --dp 2 --ep 2 --etp 1 --zero 0
-plan p2d2ep2 "$CPU4" --tp 1 --pp 2 --dp 2 --ep 2 --zero 0
+plan ep2 "$CPU2" --tp 1 --pp 1 --dp 2 --ep 2 --zero 0 --moe-dispatcher alltoall
+plan t2d2ep4 "$CPU4" --tp 2 --pp 1 --dp 2 --ep 4 --etp 1 --zero 0 --moe-dispatcher alltoall
+plan t2d2ep2 "$CPU4" --tp 2 --pp 1 --dp 2 --ep 2 --etp 1 --zero 0 --moe-dispatcher alltoall
+plan p2d2ep2 "$CPU4" --tp 1 --pp 2 --dp 2 --ep 2 --zero 0 --moe-dispatcher alltoall
 
 run_ok ep1 2
 run_ok ep2 2
@@ -98,7 +98,7 @@ else fail "validate: rc $rc: $(grep -m3 "ep_a2a\|cuboid:" "$TMP/validate.txt")";
 
 # ZeRO 1 shards the experts' optimizer over expert-DP (reduce-scatter, Adam on
 # the block, all-gather): the same losses as ZeRO 0, the replicas equal.
-plan z1 "$CPU2" --tp 1 --pp 1 --dp 2 --ep 2 --zero 1
+plan z1 "$CPU2" --tp 1 --pp 1 --dp 2 --ep 2 --zero 1 --moe-dispatcher alltoall
 run_ok z1 2
 python3 - "$TMP/ep2.m.json" "$TMP/z1.m.json" <<'PY' && pass "ZeRO 1 with experts trains as ZeRO 0" || fail "ZeRO 1 losses differ"
 import json, sys

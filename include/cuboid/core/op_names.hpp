@@ -81,6 +81,15 @@ inline constexpr char tp_ar_aux_counts[] = "tp_ar_aux_counts";
 inline constexpr char router_bias_counts[] = "router_bias_counts";
 inline constexpr char moe_host_sync[] = "moe_host_sync";
 inline constexpr char router_aux_loss_bwd[] = "router_aux_loss_bwd";
+// The allgather and flex dispatchers' exchanges (ParallelPlan::moe_dispatcher)
+// in place of the all-to-alls: the tokens, their probabilities (and routing
+// map), the way back.
+inline constexpr char ep_ag_dispatch[] = "ep_ag_dispatch";
+inline constexpr char ep_ag_probs[] = "ep_ag_probs";
+inline constexpr char ep_rs_combine[] = "ep_rs_combine";
+inline constexpr char ep_flex_dispatch[] = "ep_flex_dispatch";
+inline constexpr char ep_flex_probs[] = "ep_flex_probs";
+inline constexpr char ep_flex_combine[] = "ep_flex_combine";
 
 // Its backward.
 inline constexpr char router_dgrad[] = "router_dgrad";
@@ -99,6 +108,12 @@ inline constexpr char expert_fc2_wgrad[] = "expert_fc2_wgrad";
 inline constexpr char moe_unsort_bwd[] = "moe_unsort_bwd";
 inline constexpr char etp_rs_combine_bwd[] = "etp_rs_combine_bwd";
 inline constexpr char ep_a2a_combine_bwd[] = "ep_a2a_combine_bwd";
+inline constexpr char ep_ag_dispatch_bwd[] = "ep_ag_dispatch_bwd";
+inline constexpr char ep_ag_probs_bwd[] = "ep_ag_probs_bwd";
+inline constexpr char ep_rs_combine_bwd[] = "ep_rs_combine_bwd";
+inline constexpr char ep_flex_dispatch_bwd[] = "ep_flex_dispatch_bwd";
+inline constexpr char ep_flex_probs_bwd[] = "ep_flex_probs_bwd";
+inline constexpr char ep_flex_combine_bwd[] = "ep_flex_combine_bwd";
 inline constexpr char moe_unpermute_bwd[] = "moe_unpermute_bwd";
 inline constexpr char tp_ag_shared_bwd[] = "tp_ag_shared_bwd";
 inline constexpr char shared_fc1_dgrad[] = "shared_fc1_dgrad";
@@ -305,7 +320,7 @@ inline bool is_pipeline_exchange(std::string_view name) {
 }
 
 // Every name above, for checks.
-inline constexpr std::array<std::string_view, 202> all{
+inline constexpr std::array<std::string_view, 214> all{
     fp8_amax, fp8_scale, fp8_cast, fp8_grad_cast, tp_ar_amax, fp8_weight_cast, fp8_weight_transpose,
     norm_in, tp_ag_attn, qkv, qkv_bias, attn_alibi_bias, attn_qk, attn_softmax, attn_av, attn_ctx_copy, attn_flash,
     proj, tp_rs_attn,
@@ -324,6 +339,8 @@ inline constexpr std::array<std::string_view, 202> all{
     dp_ag_params, grad_scale, grad_norm, adam, param_copy, grad_zero, dqkv_zero, cp_kv_pack, tp_ar_norm_grads, cp_kv_p2p,
     cp_a2a_qkv, cp_a2a_out, cp_kv_dkv_p2p_bwd, cp_a2a_out_bwd, cp_a2a_qkv_bwd, cp_out_correct, cp_grad_sum_bwd,
     router, router_topk, moe_permute, ep_a2a_counts, ep_a2a_dispatch, ep_a2a_probs, etp_ag_dispatch, moe_sort, expert_fc1, expert_act, expert_fc2, moe_unsort, etp_rs_combine, ep_a2a_combine, moe_unpermute, tp_ag_shared, shared_fc1, shared_act, shared_fc2, tp_rs_shared, shared_add, router_dgrad, router_wgrad, router_topk_bwd, moe_permute_bwd, ep_a2a_dispatch_bwd, ep_a2a_probs_bwd, etp_ag_dispatch_bwd, moe_sort_bwd, expert_fc1_dgrad, expert_fc1_wgrad, expert_act_bwd, expert_fc2_dgrad, expert_fc2_wgrad, moe_unsort_bwd, etp_rs_combine_bwd, ep_a2a_combine_bwd, moe_unpermute_bwd, tp_ag_shared_bwd, shared_fc1_dgrad, shared_fc1_wgrad, shared_act_bwd, shared_fc2_dgrad, shared_fc2_wgrad, tp_rs_shared_bwd, router_grad_accum, expert_fc1_grad_accum, expert_fc2_grad_accum, shared_fc1_grad_accum, shared_fc2_grad_accum,
+    ep_ag_dispatch, ep_ag_probs, ep_rs_combine, ep_flex_dispatch, ep_flex_probs, ep_flex_combine, ep_ag_dispatch_bwd,
+    ep_ag_probs_bwd, ep_rs_combine_bwd, ep_flex_dispatch_bwd, ep_flex_probs_bwd, ep_flex_combine_bwd,
     mla_q_down, mla_q_norm, mla_kv_down, mla_kv_norm, mla_ag_q, mla_ag_kv, mla_q_up, mla_kv_up, mla_q_down_dgrad, mla_q_down_wgrad, mla_kv_down_dgrad, mla_kv_down_wgrad, mla_q_up_dgrad, mla_q_up_wgrad, mla_kv_up_dgrad, mla_kv_up_wgrad, mla_q_norm_bwd, mla_kv_norm_bwd, mla_ag_q_bwd, mla_ag_kv_bwd, mla_down_grad_sum, mla_grad_accum,
     mtp_norms, mtp_eh_proj, tp_rs_mtp, mtp_eh_proj_dgrad, mtp_eh_proj_wgrad, tp_ag_mtp_bwd, mtp_norms_bwd,
     router_aux_scores, router_aux_loss, tp_ar_aux_counts, router_bias_counts, moe_host_sync, router_aux_loss_bwd,

@@ -33,6 +33,17 @@ enum class Zero3Unit { block, tensor };
 // gives each rank all tokens of heads / CP heads (DeepSpeed-Ulysses), and
 // one of the output back.
 enum class CpComm { p2p, a2a };
+// How an MoE layer's tokens reach the EP ranks of their experts and come back
+// (Megatron-Core's --moe-token-dispatcher-type, megatron/core/transformer/moe/
+// token_dispatcher.py at d98e8a64; docs/cost-model.md "Token dispatchers"):
+// alltoall: each token copy (top-k per token) sent to its expert's EP rank by
+// an NCCL all-to-all (MoEAlltoAllTokenDispatcher); allgather: every rank's
+// tokens all-gathered over the ETP x EP ranks and the outputs reduce-scattered
+// back (MoEAllGatherTokenDispatcher); flex: DeepEP's (HybridEP's inside one
+// NVLink domain) fused dispatch and combine, a token sent once to each rank
+// and, across nodes, once to each node, then forwarded over NVLink
+// (MoEFlexTokenDispatcher).
+enum class MoeDispatcher { alltoall, allgather, flex };
 // The format of the linear layers' GEMMs (Megatron-Core --fp8-format hybrid
 // with --fp8-recipe, Transformer Engine's recipes; docs/cost-model.md "FP8"):
 // bf16; FP8 with delayed scaling (an amax history per tensor), per-tensor
@@ -54,6 +65,7 @@ std::string_view to_string(Schedule s);
 std::string_view to_string(Dim d);
 std::string_view to_string(Zero3Unit u);
 std::string_view to_string(CpComm c);
+std::string_view to_string(MoeDispatcher d);
 std::string_view to_string(Precision p);
 std::string_view to_string(AttentionKernel k);
 // Parse CLI / JSON spellings; throw InputError(source, field, ...) when unknown.
@@ -61,6 +73,7 @@ Recompute parse_recompute(std::string_view s, const std::string& source, const s
 Schedule parse_schedule(std::string_view s, const std::string& source, const std::string& field);
 Zero3Unit parse_zero3_unit(std::string_view s, const std::string& source, const std::string& field);
 CpComm parse_cp_comm(std::string_view s, const std::string& source, const std::string& field);
+MoeDispatcher parse_moe_dispatcher(std::string_view s, const std::string& source, const std::string& field);
 Precision parse_precision(std::string_view s, const std::string& source, const std::string& field);
 // "bf16, fp8-delayed, fp8-current, fp8-blockwise, mxfp8 or nvfp4" for messages.
 std::string precision_names();
@@ -189,6 +202,9 @@ struct ParallelPlan {
   // expert-DP for the experts (parallel_state.py at d98e8a64).
   int ep = 1;
   int etp = 0;
+  // The token dispatcher of an MoE model's plans (alltoall for a dense one,
+  // where nothing reads it).
+  MoeDispatcher moe_dispatcher = MoeDispatcher::alltoall;
   int micro_batch = 1;           // sequences per micro-batch
   std::int64_t global_batch = 1; // sequences per iteration
   std::int64_t seq_length = 0;

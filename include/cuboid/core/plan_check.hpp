@@ -29,6 +29,7 @@ enum class PlanField {
   attention_kernel,
   recompute_modules,
   pipeline_layout,  // the embedding or the loss counted as a layer, or the layout
+  moe_dispatcher,
 };
 
 // What check_plan refuses; the comment names what PlanRejection::values
@@ -53,6 +54,7 @@ enum class PlanCheck : std::uint8_t {
   ep_fold,                // ETP x EP, TP x CP x DP
   moe_zero3,              // -
   moe_needs_sp,           // -
+  dispatcher_needs_moe,   // -
   mla_cp,                 // -
   mla_zero3,              // -
   precision_no_fp8,       // - (the GPU has no FP8 tensor cores)
@@ -102,6 +104,7 @@ enum class PlanCheck : std::uint8_t {
   trainer_no_recompute_modules,  // the preset
   recompute_modules_need_selective,  // -
   recompute_module_refused,      // the module (RecomputeModule), why (0: Megatron-Core refuses it, 1: not modelled)
+  trainer_no_dispatcher,         // the preset
 };
 
 struct PlanRejection {

@@ -50,6 +50,9 @@ struct TrainerPreset {
   std::vector<AttentionKernel> attention_kernels{AttentionKernel::unfused, AttentionKernel::flash1,
                                                  AttentionKernel::flash2, AttentionKernel::flash3,
                                                  AttentionKernel::cudnn};
+  // The MoE token dispatchers it has, the first its default (a preset that
+  // names none has Megatron-Core's alltoall, the one cuboid priced first).
+  std::vector<MoeDispatcher> moe_dispatchers{MoeDispatcher::alltoall};
   // How it runs it by default. A trainer that has the fused accumulation runs
   // it (the files give grad_accum_fusion once).
   bool default_grad_accum_fusion = true;

@@ -63,6 +63,10 @@ struct Op {
   // in an FP8 / FP4 plan run in ParallelPlan::precision, and the quantizer's
   // cast before each writes it; every other op bf16.
   Precision precision = Precision::bf16;
+  // An EP exchange of the allgather or flex dispatcher: priced and played
+  // as dispatch_traffic's copies per link (core/dispatch.hpp), comm_bytes the
+  // rank's tokens x the bytes of one copy; alltoall: an NCCL collective.
+  MoeDispatcher dispatcher = MoeDispatcher::alltoall;
 };
 
 struct LayerOps {

@@ -37,6 +37,9 @@ struct PlannerOptions {
   // Expert parallelism of an MoE model (default: searched where the trainer
   // has it: EP dividing the experts, ETP 1 or TP; else EP 1, ETP = TP).
   std::optional<int> ep, etp;
+  // The MoE token dispatcher (default: each the trainer has, searched where
+  // EP > 1; else its first).
+  std::optional<MoeDispatcher> moe_dispatcher;
   std::optional<Recompute> recompute;
   std::optional<std::uint8_t> recompute_modules;  // RecomputeModule bits (default 0: the attention core)
   std::optional<bool> sequence_parallel;

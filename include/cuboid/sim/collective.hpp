@@ -30,6 +30,7 @@
 // Send/recv mirrors: Engine::add_send_recv takes them as (src, dst) routes.
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -125,6 +126,15 @@ struct CommGroup {
   // The data-parallel traffic on the gradient and parameter buffers: a
   // calibrated card's cold table (CollectiveKey::cold) prices it.
   bool cold_buffers = false;
+  // An EP group's allgather or flex dispatcher (core/dispatch.hpp): its
+  // exchanges play as one flow of the size (a rank's tokens x the bytes of
+  // a copy) whose routes carry, from every member, `node` of it to each
+  // other node of the group (to the GPU on its own rail there: RDMA) and
+  // `nvlink` of it to each other member on its node; none: NCCL's.
+  struct DispatchWeights {
+    double node = 0, nvlink = 0;
+  };
+  std::optional<DispatchWeights> dispatch{};
 };
 
 // One phase: a single flow (shared rate) over the links of `set` carrying
