@@ -46,7 +46,7 @@ def cuboid_plan():
         add_bias_linear=True,
         share_embeddings_and_output_weights=True,
         make_vocab_size_divisible_by=128,
-        attention_backend=AttnBackend.flash,
+        attention_backend=AttnBackend.auto,
         gradient_accumulation_fusion=False,
     )
     cfg.mixed_precision = "bf16_mixed"

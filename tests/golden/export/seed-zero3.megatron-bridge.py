@@ -48,7 +48,7 @@ def cuboid_plan():
         add_bias_linear=False,
         share_embeddings_and_output_weights=False,
         make_vocab_size_divisible_by=128,
-        attention_backend=AttnBackend.flash,
+        attention_backend=AttnBackend.auto,
         gradient_accumulation_fusion=False,
     )
     cfg.mixed_precision = "bf16_mixed"
