@@ -1022,6 +1022,17 @@ TEST_CASE("exports a target cannot represent, or would silently change, are refu
     CHECK(text("seed", "megatron-bridge").find("    cfg.optimizer.use_distributed_optimizer = True\n") !=
           std::string::npos);
   }
+  SUBCASE("Megatron-Bridge: bf16 gradient reduction is set on the recipe, which would overwrite the DDP config's") {
+    PlanFile pf = plan_file("seed");
+    CHECK(text("seed", "megatron-bridge").find("grad_reduce_in_fp32 = True") != std::string::npos);
+    pf.plan.trainer.dp_grad_bytes = 2;
+    check_options(pf, "megatron-bridge");
+    const std::string bridge = export_plan(pf, "megatron-bridge").text;
+    CHECK(bridge.find("from megatron.bridge.training.mixed_precision import bf16_mixed\n") != std::string::npos);
+    CHECK(bridge.find("    cfg.mixed_precision = bf16_mixed()\n") != std::string::npos);
+    CHECK(bridge.find("    cfg.mixed_precision.grad_reduce_in_fp32 = False\n") != std::string::npos);
+    CHECK(bridge.find("    cfg.ddp.grad_reduce_in_fp32 = False\n") != std::string::npos);
+  }
   SUBCASE("Megatron-Bridge: the interleaved schedule's p2p overlapped and unbatched, as Megatron-LM runs it") {
     const std::string interleaved = text("gpt3-interleaved", "megatron-bridge");
     CHECK(interleaved.find("        overlap_p2p_comm=True,\n") != std::string::npos);

@@ -423,6 +423,8 @@ TEST_CASE("fp8: an MXFP8 cast runs at the card's measured MXFP8 quantize rate; o
   CHECK(op_time_ns(plain, cast) == 15604);
   // The H100 card has none (Hopper runs no MXFP8).
   CHECK(load_cluster(test::source_root() / "topologies" / "dgx-h100.json").gpu.mxfp8_cast_efficiency == 0);
+}
+
 TEST_CASE("fp8: a calibrated card's FP8 GEMM samples price FP8 GEMMs; its bf16 samples price only bf16 ones") {
   const ModelSpec m = test::llama3_8b();
   const Op fp8 = find(transformer_layer_ops(m, layer_plan(Precision::fp8_current)).forward, op::fc1);
@@ -469,6 +471,8 @@ TEST_CASE("fp8: a calibrated card's FP8 GEMM samples price FP8 GEMMs; its bf16 s
   CHECK_THROWS_AS(calibration_from_json(bad, "card.json"), InputError);
   bad["gemms"][1].erase("precision");
   CHECK_THROWS_AS(calibration_from_json(bad, "card.json"), InputError);  // now the same shape twice
+}
+
 namespace {
 
 // Llama-3-8B on 8 H100 under ZeRO-3 (Megatron-FSDP), DP 8.

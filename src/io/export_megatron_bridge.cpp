@@ -74,7 +74,7 @@ std::string preamble(const PlanFile& pf, const Layout& l) {
          "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
          "from megatron.bridge.recipes.common import _pretrain_common\n"
          "from megatron.bridge.training.gpt_step import forward_step\n";
-  if (pf.plan.precision != Precision::bf16)
+  if (pf.plan.precision != Precision::bf16 || pf.plan.trainer.dp_grad_bytes != 4)
     out += fmt::format("from megatron.bridge.training.mixed_precision import {}\n", bridge_recipe(pf.plan.precision));
   out += "from megatron.bridge.training.pretrain import pretrain\n"
          "from megatron.core.transformer.enums import AttnBackend\n\n\n";
@@ -181,8 +181,14 @@ std::string config_lines(const ParallelPlan& p, const Layout& l) {
   auto set = [&](const std::string& field, const std::string& value) {
     out += "    cfg." + field + " = " + value + "\n";
   };
-  if (p.precision == Precision::bf16) {
+  // Every recipe sets grad_reduce_in_fp32 = True, and MixedPrecisionConfig.setup
+  // copies it over the DDP config's (update_config_with_precision_overrides):
+  // a plan priced with bf16 gradient reduction sets it on the recipe's config.
+  const bool bf16_grads = p.trainer.dp_grad_bytes != 4;
+  if (p.precision == Precision::bf16 && !bf16_grads) {
     set("mixed_precision", "\"bf16_mixed\"");
+  } else if (p.precision == Precision::bf16) {
+    set("mixed_precision", "bf16_mixed()");
   } else {
     // The recipe's MixedPrecisionConfig, with what the plan prices set on it:
     // the recipes turn the parameter all-gather in FP8 / FP4 on (all but
@@ -197,6 +203,7 @@ std::string config_lines(const ParallelPlan& p, const Layout& l) {
     if (p.precision == Precision::mxfp8)
       set("mixed_precision.reuse_grad_buf_for_mxfp8_param_ag", py(p.fp8_param_gather));
   }
+  if (bf16_grads) set("mixed_precision.grad_reduce_in_fp32", "False");
   set("dist.use_tp_pp_dp_mapping", py(l.tp_pp_dp));
   // Both, or validation syncs the pair back to the recipe optimizer's True
   // (training/config.py _validate_and_sync_distributed_optimizer_settings):
