@@ -93,7 +93,7 @@ void read_moe_dispatchers(JsonReader& r, TrainerPreset& t) {
   }
 }
 
-constexpr std::array<Field, 15> kCanRun{{
+constexpr std::array<Field, 17> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
