@@ -144,6 +144,41 @@ inline ModelSpec llama3(std::string name, std::int64_t layers, std::int64_t hidd
 inline ModelSpec llama3_70b() { return llama3("llama3-70b", 80, 8192, 64, 28672); }
 inline ModelSpec llama3_8b() { return llama3("llama3-8b", 32, 4096, 32, 14336); }
 
+// A small Mixtral-like model (test_expert_parallel, test_moe_routing): 4
+// layers, h 1024, 16 heads (4 KV, head_dim 64), SwiGLU, RMSNorm, vocab 32,000
+// untied; every layer an MoE layer of 8 experts of FFN 2048, top-2; the
+// router's load from the card's default (router_load_imbalance unset).
+inline ModelSpec small_mixtral_model() {
+  ModelSpec m = llama3("small-mixtral", 4, 1024, 16, 4096);
+  m.num_kv_heads = 4;
+  m.vocab_size = 32000;
+  m.seq_length = 2048;
+  m.max_position_embeddings = 2048;
+  m.moe.num_experts = 8;
+  m.moe.experts_per_token = 2;
+  m.moe.expert_ffn_hidden_size = 2048;
+  m.moe.moe_layers.assign(4, true);
+  return m;
+}
+
+// 16 GPUs: TP 2 (SP) x PP 2 x DP 4, the experts as EP 4 x ETP 1 x expert-DP
+// 2; micro-batch 1, global batch 64 x 2,048 tokens, ZeRO 1, no recompute.
+inline ParallelPlan ep4_plan() {
+  ParallelPlan p;
+  p.tp = 2;
+  p.pp = 2;
+  p.dp = 4;
+  p.ep = 4;
+  p.etp = 1;
+  p.micro_batch = 1;
+  p.global_batch = 64;
+  p.seq_length = 2048;
+  p.sequence_parallel = true;
+  p.recompute = Recompute::none;
+  p.zero_stage = 1;
+  return p;
+}
+
 // A plan of micro-batch 1 with full recomputation and SP wherever TP > 1:
 // the builder's and the step description's tests walk their mechanisms on it.
 inline ParallelPlan recompute_plan(int tp, int pp, int dp, std::int64_t global_batch, int zero_stage = 1) {

@@ -31,40 +31,17 @@ using namespace cuboid::test;
 
 namespace {
 
-// A small Mixtral-like model: 4 layers, h 1024, 16 heads (4 KV, head_dim
-// 64), SwiGLU, RMSNorm, vocab 32,000 untied; every layer an MoE layer of 8
-// experts of FFN 2048, top-2.
+// The small Mixtral of fixtures.hpp, its router balanced: the sizes by hand
+// (test_moe_routing.cpp skews it).
 ModelSpec small_mixtral() {
-  ModelSpec m = llama3("small-mixtral", 4, 1024, 16, 4096);
-  m.num_kv_heads = 4;
-  m.vocab_size = 32000;
-  m.seq_length = 2048;
-  m.max_position_embeddings = 2048;
-  m.moe.num_experts = 8;
-  m.moe.experts_per_token = 2;
-  m.moe.expert_ffn_hidden_size = 2048;
-  m.moe.moe_layers.assign(4, true);
-  m.moe.router_load_imbalance = 1.0;  // balanced: the sizes by hand (test_moe_routing.cpp skews it)
+  ModelSpec m = small_mixtral_model();
+  m.moe.router_load_imbalance = 1.0;
   return m;
 }
 
 // 16 GPUs (2 DGX A100): TP 2 x PP 2 x DP 4, the experts as EP 4 x ETP 1 x
 // expert-DP 2.
-ParallelPlan ep_plan() {
-  ParallelPlan p;
-  p.tp = 2;
-  p.pp = 2;
-  p.dp = 4;
-  p.ep = 4;
-  p.etp = 1;
-  p.micro_batch = 1;
-  p.global_batch = 64;
-  p.seq_length = 2048;
-  p.sequence_parallel = true;
-  p.recompute = Recompute::none;
-  p.zero_stage = 1;
-  return p;
-}
+ParallelPlan ep_plan() { return ep4_plan(); }
 
 std::optional<PlanRejection> problem(const ParallelPlan& p, const ModelSpec& m = small_mixtral()) {
   return check_plan(p, m, dgx_a100(2));

@@ -24,38 +24,13 @@ using namespace cuboid::test;
 
 namespace {
 
-// 4 layers, h 1024, 16 heads (4 KV), SwiGLU; every layer 8 experts of FFN
-// 2048, top-2 (the small Mixtral of test_expert_parallel.cpp).
-ModelSpec small_moe() {
-  ModelSpec m = llama3("small-moe", 4, 1024, 16, 4096);
-  m.num_kv_heads = 4;
-  m.vocab_size = 32000;
-  m.seq_length = 2048;
-  m.max_position_embeddings = 2048;
-  m.moe.num_experts = 8;
-  m.moe.experts_per_token = 2;
-  m.moe.expert_ffn_hidden_size = 2048;
-  m.moe.moe_layers.assign(4, true);
-  return m;
-}
+// The small Mixtral of fixtures.hpp (test_expert_parallel.cpp's), the
+// router's load from the card's default.
+ModelSpec small_moe() { return small_mixtral_model(); }
 
 // TP 2 (SP) x PP 2 x DP 4 on 16 GPUs, the experts as EP 4 x ETP 1: each rank
 // routes 2,048 / 2 = 1,024 tokens, 2,048 copies; 2 local experts.
-ParallelPlan plan_ep4() {
-  ParallelPlan p;
-  p.tp = 2;
-  p.pp = 2;
-  p.dp = 4;
-  p.ep = 4;
-  p.etp = 1;
-  p.micro_batch = 1;
-  p.global_batch = 64;
-  p.seq_length = 2048;
-  p.sequence_parallel = true;
-  p.recompute = Recompute::none;
-  p.zero_stage = 1;
-  return p;
-}
+ParallelPlan plan_ep4() { return ep4_plan(); }
 
 const Op* find(const std::vector<Op>& ops, std::string_view name) {
   for (const Op& op : ops)
