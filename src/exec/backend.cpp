@@ -179,27 +179,30 @@ void Backend::gemm(const GemmShape& shape, float alpha, ConstDeviceSpan a, Const
   gemm_impl(s, alpha, a, b, beta, c);
 }
 
-void Backend::gemm(Trans trans_a, Trans trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                   float alpha, ConstDeviceSpan a, ConstDeviceSpan b, float beta, DeviceSpan c) {
+namespace {
+
+// One contiguous GEMM (no batch, leading dimensions from the shape).
+GemmShape contiguous_shape(Trans trans_a, Trans trans_b, std::int64_t m, std::int64_t n, std::int64_t k) {
   GemmShape s;
   s.trans_a = trans_a;
   s.trans_b = trans_b;
   s.m = m;
   s.n = n;
   s.k = k;
-  gemm(s, alpha, a, b, beta, c);
+  return s;
+}
+
+}  // namespace
+
+void Backend::gemm(Trans trans_a, Trans trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   float alpha, ConstDeviceSpan a, ConstDeviceSpan b, float beta, DeviceSpan c) {
+  gemm(contiguous_shape(trans_a, trans_b, m, n, k), alpha, a, b, beta, c);
 }
 
 void Backend::gemm_quantized(Trans trans_a, Trans trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                              float alpha, ConstDeviceSpan a, ConstDeviceSpan b, float beta, DeviceSpan c,
                              const GemmQuantization& q) {
-  GemmShape s;
-  s.trans_a = trans_a;
-  s.trans_b = trans_b;
-  s.m = m;
-  s.n = n;
-  s.k = k;
-  s = s.resolved();
+  const GemmShape s = contiguous_shape(trans_a, trans_b, m, n, k).resolved();
   CUBOID_EXEC_REQUIRE(m >= 0 && n >= 0 && k >= 0, "gemm_quantized",
                       "negative dimension (m " + str(m) + ", n " + str(n) + ", k " + str(k) + ")");
   require_float_size(a, m * k, "gemm_quantized", "A");
