@@ -248,6 +248,74 @@ TEST_CASE("GEMM lookup: exact shapes, bracketed interpolation, nothing outside t
   CHECK(r == doctest::Approx(std::pow(20.0 * 80.0 * 40.0 * 100.0, 0.25)));
 }
 
+TEST_CASE("a grouped GEMM: the kernel table of its local experts, else its shape") {
+  Cluster c = load_cluster(kCalibratedCard);
+  REQUIRE(c.calibration);
+  Calibration cal = *c.calibration;
+  Op op;
+  op.name = "expert_fc1";
+  op.kind = OpKind::gemm;
+  op.grouped = true;
+  op.m = 64;
+  op.n = 256;
+  op.k = 256;
+  op.batch = 4;
+  op.flops = 2.0 * 64 * 256 * 256 * 4;
+  // The table measured with 4 local experts: 100 us at these FLOPs.
+  const std::vector<SizeSample> at4{{op.flops / 2, 60e3}, {op.flops, 100e3}, {op.flops * 2, 180e3}};
+  // One measured with 8 (another split of the rows): 130 us at these FLOPs.
+  const std::vector<SizeSample> at8{{op.flops / 2, 80e3}, {op.flops, 130e3}, {op.flops * 2, 240e3}};
+  auto priced = [&](const Calibration& k) {
+    GpuProfile g = c.gpu;
+    g.calibration = std::make_shared<const Calibration>(k);
+    return op_time_ns(g, op);
+  };
+  Calibration four = cal;
+  four.kernels[grouped_kernel_name("expert_fc1", 4)] = fit_kernel(at4, "bench", "k4");
+  four.kernels[grouped_kernel_name("expert_fc1", 8)] = fit_kernel(at8, "bench", "k8");
+  CHECK(grouped_kernel_name("expert_fc1", 4) == "expert_fc1@4");
+  CHECK(priced(four) == 100000);
+  // Only the 8-expert table: priced by shape as an ungrouped card would.
+  Calibration eight = cal;
+  eight.kernels[grouped_kernel_name("expert_fc1", 8)] = fit_kernel(at8, "bench", "k8");
+  CHECK(priced(eight) == priced(cal));
+  CHECK(priced(eight) != 130000);
+  // A card from before the key: the bare op name's table.
+  Calibration bare = cal;
+  bare.kernels["expert_fc1"] = fit_kernel(at8, "bench", "k");
+  CHECK(priced(bare) == 130000);
+}
+
+TEST_CASE("GEMM lookup beyond the largest m: the largest bracketed m's rate, held") {
+  Calibration cal;
+  const double f_small = 2.0 * 256 * 256 * 256, f_large = 2.0 * 1024 * 256 * 256;
+  cal.gemms.push_back({256, 256, 256, 1, f_small / 20.0});
+  cal.gemms.push_back({1024, 256, 256, 1, f_large / 80.0});
+  // Inside the samples' range held_gemm_ns does not answer (calibrated_gemm_ns does).
+  CHECK(!held_gemm_ns(cal, 512, 256, 256, 1));
+  CHECK(!held_gemm_ns(cal, 1024, 256, 256, 1));
+  // m = 4096: 4x the largest measured m at its 80 GFLOP/s, 4x its time.
+  REQUIRE(held_gemm_ns(cal, 4096, 256, 256, 1));
+  CHECK(*held_gemm_ns(cal, 4096, 256, 256, 1) == doctest::Approx(4.0 * f_large / 80.0));
+  // Below the smallest m, or an n, k or batch no sample brackets: nothing.
+  CHECK(!held_gemm_ns(cal, 128, 256, 256, 1));
+  CHECK(!held_gemm_ns(cal, 4096, 512, 256, 1));
+  CHECK(!held_gemm_ns(cal, 4096, 256, 256, 2));
+  // A shape family bracketed only at small m (a batch of 4 measured up to
+  // m = 32 beside batch-1 shapes up to m = 1024): held at m = 32, the
+  // largest m that brackets batch 4, not at 1024.
+  Calibration grouped;
+  for (const std::int64_t b : {2, 8})
+    for (const std::int64_t m : {16, 32}) grouped.gemms.push_back({m, 256, 256, b, 2.0 * m * 256 * 256 * b / 50.0});
+  grouped.gemms.push_back({1024, 256, 256, 1, f_large / 80.0});
+  const auto held = held_gemm_ns(grouped, 64, 256, 256, 4);
+  REQUIRE(held);
+  CHECK(*held == doctest::Approx(2.0 * 64 * 256 * 256 * 4 / 50.0));
+  // The ranks-per-core share applies as in calibrated_gemm_ns.
+  grouped.ranks_per_core = 2;
+  CHECK(*held_gemm_ns(grouped, 64, 256, 256, 4) == doctest::Approx(2 * *held));
+}
+
 TEST_CASE("JSON round trip in human units") {
   Calibration cal;
   cal.backend = "cpu";

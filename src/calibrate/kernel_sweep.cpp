@@ -9,6 +9,7 @@
 #include "cuboid/calibrate/gemm_sweep.hpp"
 #include "cuboid/calibrate/step_cache.hpp"
 #include "cuboid/calibrate/sweep_plan.hpp"
+#include "cuboid/core/calibration.hpp"
 #include "cuboid/exec/layer.hpp"
 #include "cuboid/core/op_names.hpp"
 #include "cuboid/exec/op_timer.hpp"
@@ -168,11 +169,14 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communi
     // Op::bytes, or a fused attention block's Op::flops (every block of the
     // CP ring has the same), or a grouped GEMM's Op::flops (the even split's:
     // the time is what the router's split of this input costs).
+    // A grouped GEMM's table is keyed by its local experts too (grouped_kernel_name).
     std::map<std::string, double> bytes;
+    std::map<std::string, std::string> table_name;
     for (const Op& op : executor_workload_ops(model, scaled)) {
       if (op.kind == OpKind::memory_bound) bytes.try_emplace(op.name, op.bytes);
       if (op.kind == OpKind::attention_core || (op.kind == OpKind::gemm && op.grouped))
         bytes.try_emplace(op.name, op.flops);
+      if (op.kind == OpKind::gemm && op.grouped) table_name.try_emplace(op.name, grouped_kernel_name(op.name, op.batch));
     }
     world.barrier();
     const exec::LayerDims d = exec::layer_dims(model, scaled, kDropout);
@@ -181,7 +185,9 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communi
         time_layer(be, tp, d, model.moe.enabled() ? &moe : nullptr, ep, cp, world.rank(), depth, o, watchdog);
     for (const auto& [name, t] : times) {
       const auto it = bytes.find(name);
-      if (it != bytes.end() && it->second > 0) out.push_back(KernelMeasurement{name, it->second, t});
+      if (it == bytes.end() || !(it->second > 0)) continue;
+      const auto keyed = table_name.find(name);
+      out.push_back(KernelMeasurement{keyed != table_name.end() ? keyed->second : name, it->second, t});
     }
     if (const auto it = bytes.find(op::embed_grad); it != bytes.end() && it->second > 0)
       out.push_back(

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -263,6 +265,23 @@ std::optional<double> calibrated_gemm_ns(const Calibration& cal, std::int64_t m,
   const auto ns = measured_gemm_ns(cal, m, n, k, batch, format);
   if (!ns) return std::nullopt;
   return *ns * cal.ranks_per_core;
+}
+
+std::string grouped_kernel_name(const std::string& op_name, std::int64_t local_experts) {
+  return fmt::format("{}@{}", op_name, local_experts);
+}
+
+std::optional<double> held_gemm_ns(const Calibration& cal, std::int64_t m, std::int64_t n, std::int64_t k,
+                                   std::int64_t batch, GemmFormat format) {
+  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0 || measured_gemm_ns(cal, m, n, k, batch, format)) return std::nullopt;
+  std::set<std::int64_t, std::greater<>> smaller;
+  for (const GemmSample& g : cal.gemms)
+    if (g.format == format && g.m < m) smaller.insert(g.m);
+  for (const std::int64_t held : smaller) {
+    if (const auto ns = measured_gemm_ns(cal, held, n, k, batch, format))
+      return *ns * (static_cast<double>(m) / static_cast<double>(held)) * cal.ranks_per_core;
+  }
+  return std::nullopt;
 }
 
 std::optional<double> best_gemm_flops_per_s(const Calibration& cal, GemmFormat format) {

@@ -149,8 +149,10 @@ double gemm_efficiency(const GpuProfile& gpu, std::int64_t m, std::int64_t n, st
       return gemm_flops(m, n, k, batch) / (gpu.peak_bf16_flops * *ns * 1e-9);
     }
   }
-  const double seconds =
-      std::max(gemm_compute_s(gpu, m, n, k, batch), gemm_memory_s(m, n, k, batch, hbm_Bps(gpu)));
+  double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch), gemm_memory_s(m, n, k, batch, hbm_Bps(gpu)));
+  if (gpu.calibration) {
+    if (const auto held = held_gemm_ns(*gpu.calibration, m, n, k, batch)) seconds = std::min(seconds, *held * 1e-9);
+  }
   return gemm_flops(m, n, k, batch) / (gpu.peak_bf16_flops * seconds);
 }
 
@@ -162,8 +164,15 @@ TimeNs gemm_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64
                double extra_bytes, double bytes_per_s, Precision p = Precision::bf16) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
   if (gpu.calibration) {
-    if (const auto format = calibrated_format(p))
+    if (const auto format = calibrated_format(p)) {
       if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch, *format)) return std::llround(*ns);
+      const TimeNs roofline = gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s, p);
+      // More rows than the samples bracket: the largest bracketed m's rate
+      // is a floor (held_gemm_ns), the roofline an estimate; the faster wins.
+      if (const auto held = held_gemm_ns(*gpu.calibration, m, n, k, batch, *format))
+        return std::min(roofline, static_cast<TimeNs>(std::llround(*held)));
+      return roofline;
+    }
   }
   return gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s, p);
 }
@@ -411,9 +420,14 @@ TimeNs op_time_ns(const GpuProfile& gpu, const Op& op) {
       // The shape is what the kernel runs (the unfused attention GEMMs
       // compute the full s x s even though only half is useful).
       // Calibrated: a grouped GEMM as measured inside the executor's MoE
-      // layer, by FLOPs (its time hangs on how the rows split among experts).
-      if (op.grouped && gpu.calibration && op.precision == Precision::bf16)
+      // layer with as many local experts, by FLOPs (its time hangs on how the
+      // rows split among them); a card of another expert count prices it by
+      // shape below; a card from before the key by the bare name.
+      if (op.grouped && gpu.calibration && op.precision == Precision::bf16) {
+        if (const auto ns = calibrated_kernel_ns(*gpu.calibration, grouped_kernel_name(op.name, op.batch), op.flops))
+          return std::llround(*ns);
         if (const auto ns = calibrated_kernel_ns(*gpu.calibration, op.name, op.flops)) return std::llround(*ns);
+      }
       return gemm_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes, op_hbm_Bps(gpu, op), op.precision);
     case OpKind::attention_core: {
       // Fused (flash) attention: tensor-core work at the efficiency of its

@@ -170,8 +170,24 @@ double comm_size_bytes(const Op& op, const Calibration* cal);
 // GEMM lookups use the samples of one format (the backend's own by default).
 std::optional<double> calibrated_gemm_ns(const Calibration& cal, std::int64_t m, std::int64_t n,
                                          std::int64_t k, std::int64_t batch, GemmFormat format = GemmFormat::bf16);
+// A grouped expert GEMM's kernel table is keyed by its op name and the local
+// experts its rows split among ("expert_fc1@4"): the router's split, and with
+// it the time at a given FLOP count, differs with the number of experts, so a
+// table measured with 8 local experts does not price a plan with 4 (the GEMM
+// table prices it by shape then). Cards written before the key carry the bare
+// op name, which the cost model still reads.
+std::string grouped_kernel_name(const std::string& op_name, std::int64_t local_experts);
 std::optional<double> calibrated_kernel_ns(const Calibration& cal, const std::string& op_name,
                                            double bytes);
+// A GEMM with more rows (m) than any measured shape that brackets its n, k
+// and batch: its time at the rate of the largest such m that the samples
+// bracket (with the ranks_per_core share). With n, k and batch fixed a
+// GEMM's achieved rate does not fall as m grows (more tiles, the same tile
+// shapes), so this rate is a floor on the query's: the cost model takes the
+// faster of this time and the roofline. nullopt where calibrated_gemm_ns
+// answers, or where no smaller m is bracketed.
+std::optional<double> held_gemm_ns(const Calibration& cal, std::int64_t m, std::int64_t n, std::int64_t k,
+                                   std::int64_t batch, GemmFormat format = GemmFormat::bf16);
 // The same lookups before the ranks_per_core share (what was measured).
 std::optional<double> measured_gemm_ns(const Calibration& cal, std::int64_t m, std::int64_t n,
                                        std::int64_t k, std::int64_t batch, GemmFormat format = GemmFormat::bf16);
