@@ -128,6 +128,10 @@ Args model_args(const PlanFile& pf) {
   if (!m.linear_bias) a.push_back("--disable-bias-linear");
   if (!m.tied_embeddings) a.push_back("--untie-embeddings-and-output-weights");
   a.push_back("--make-vocab-size-divisible-by 128");
+  // Megatron's defaults are 0.1 (TransformerConfig hidden_dropout /
+  // attention_dropout); a model trained without dropout says so.
+  if (m.hidden_dropout != 0.1) a.push_back(fmt::format("--hidden-dropout {}", m.hidden_dropout));
+  if (m.attention_dropout != 0.1) a.push_back(fmt::format("--attention-dropout {}", m.attention_dropout));
   return a;
 }
 

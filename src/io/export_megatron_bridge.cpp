@@ -20,6 +20,13 @@ namespace {
 
 const char* py(bool b) { return b ? "True" : "False"; }
 
+// A float literal: 0.0, 0.05 (fmt's shortest form, with a decimal point).
+std::string python_float(double x) {
+  std::string s = fmt::format("{}", x);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
 struct Layout {
   bool tp_pp_dp;  // ranks ordered tp-pp-dp (dist.use_tp_pp_dp_mapping)
   bool fsdp;      // ZeRO-2 / ZeRO-3 as Megatron FSDP
@@ -144,6 +151,9 @@ Fields shape_fields(const PlanFile& pf) {
   f.emplace_back("activation_func", m.activation == Activation::swiglu ? "F.silu" : "F.gelu");
   f.emplace_back("add_bias_linear", py(m.linear_bias));
   f.emplace_back("share_embeddings_and_output_weights", py(m.tied_embeddings));
+  // TransformerConfig's dropouts default to 0.1.
+  if (m.hidden_dropout != 0.1) f.emplace_back("hidden_dropout", python_float(m.hidden_dropout));
+  if (m.attention_dropout != 0.1) f.emplace_back("attention_dropout", python_float(m.attention_dropout));
   return f;
 }
 

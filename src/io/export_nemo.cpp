@@ -168,6 +168,9 @@ std::string model_keys(const PlanFile& pf) {
     }
   }
   out += fmt::format("  share_embeddings_and_output_weights: {}\n", yes_no(m.tied_embeddings));
+  // megatron_gpt_config.yaml's dropouts are 0.1.
+  if (m.hidden_dropout != 0.1) out += fmt::format("  hidden_dropout: {}\n", m.hidden_dropout);
+  if (m.attention_dropout != 0.1) out += fmt::format("  attention_dropout: {}\n", m.attention_dropout);
   return out;
 }
 
