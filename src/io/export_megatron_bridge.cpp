@@ -41,6 +41,7 @@ Layout check_plan(const PlanFile& pf) {
     refuse(pf, "parallel.schedule",
            "Megatron-Bridge runs Megatron-Core's schedules (1F1B and interleaved 1F1B), no GPipe",
            "plan with --schedule 1f1b or --schedule interleaved");
+  refuse_zero1_all_reduce(pf, "Megatron-Bridge");
   const Layout l = {megatron_tp_pp_dp(pf, "Megatron-Bridge", "dist.use_tp_pp_dp_mapping"),
                     p.zero_stage >= 2 && p.dp_cp() > 1};
   if (l.fsdp && l.tp_pp_dp)

@@ -24,6 +24,7 @@ bool refuse_unsupported(const PlanFile& pf) {
   // nlp_overrides.py init_model_parallel: order 'tp-cp-ep-pp-dp' with
   // use_tp_pp_dp_mapping, else 'tp-cp-ep-dp-pp', with Megatron's assertions.
   const bool tp_pp_dp = megatron_tp_pp_dp(pf, "NeMo 1.x", "model.use_tp_pp_dp_mapping");
+  refuse_zero1_all_reduce(pf, "NeMo 1.x (mcore_distributed_optim)");
   if (p.pp > 1 && p.schedule == Schedule::gpipe)
     refuse(pf, "parallel.schedule", "NeMo (Megatron core schedules) has no GPipe schedule",
            "plan with --schedule 1f1b or --schedule interleaved");
