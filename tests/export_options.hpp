@@ -1,9 +1,8 @@
 #pragma once
 // The trainers' own option definitions (tests/data/trainer_options/<target>-<version>.json,
-// facts read from the upstream file at the commit each names) and minimal
-// readers of cuboid's own export formats, so that test_export can check every
-// emitted flag or key against them. The readers understand only what the
-// exporters write.
+// facts read from the upstream file at the commit each names) and the readers
+// of cuboid's own export formats (io/export_read), so that test_export can
+// check every emitted flag or key against them.
 #include <cstdint>
 #include <fstream>
 #include <map>
@@ -14,144 +13,28 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cuboid/io/export_read.hpp"
 #include "fixtures.hpp"
 
 namespace cuboid::test {
 
-// Option name -> its value as written ("" for a bare flag). Repeated options
-// keep every value (a reader must not hide a duplicate).
-using Emitted = std::multimap<std::string, std::string>;
-
-inline std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t");
-  if (b == std::string::npos) return "";
-  const auto e = s.find_last_not_of(" \t");
-  return s.substr(b, e - b + 1);
-}
+// Option name -> its value as written ("" for a bare flag); the readers are
+// the library's (io/export_read), which the resolution model reads too.
+using Emitted = ExportedOptions;
 
 inline std::string unquote(std::string v) {
   if (v.size() >= 2 && v.front() == '"' && v.back() == '"') return v.substr(1, v.size() - 2);
   return v;
 }
 
-// Megatron-LM: the MEGATRON_ARGS=( ... ) array, one flag and its value a line.
-inline Emitted read_megatron(const std::string& text) {
-  Emitted out;
-  std::istringstream in(text);
-  std::string line;
-  bool inside = false;
-  while (std::getline(in, line)) {
-    if (line == "MEGATRON_ARGS=(") { inside = true; continue; }
-    if (inside && line == ")") break;
-    if (!inside) continue;
-    const std::string t = trim(line);
-    if (t.empty() || t[0] == '#') continue;
-    const auto sp = t.find(' ');
-    out.emplace(t.substr(0, sp), sp == std::string::npos ? "" : t.substr(sp + 1));
-  }
-  return out;
-}
-
-// DeepSpeed: JSON leaves as dotted paths, values as JSON text.
-inline void flatten(const nlohmann::json& j, const std::string& prefix, Emitted& out) {
-  for (const auto& [k, v] : j.items()) {
-    const std::string key = prefix.empty() ? k : prefix + "." + k;
-    if (v.is_object()) flatten(v, key, out);
-    else out.emplace(key, v.dump());
-  }
-}
-inline Emitted read_deepspeed(const std::string& text) {
-  Emitted out;
-  flatten(nlohmann::json::parse(text), "", out);
-  return out;
-}
-
-// torchtitan v0.2: the --section.key=value overrides.
-inline Emitted read_torchtitan_flags(const std::string& text) {
-  Emitted out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("--", 0) != 0) continue;
-    if (line.size() >= 2 && line.substr(line.size() - 2) == " \\") line.resize(line.size() - 2);
-    const auto eq = line.find('=');
-    out.emplace(line.substr(2, eq - 2), line.substr(eq + 1));
-  }
-  return out;
-}
-// A TOML list of strings as the override writes it: ["a", "b"] -> a,b.
-inline std::string toml_list(const std::string& v) {
-  std::string out;
-  for (char c : v.substr(1, v.size() - 2))
-    if (c != '"' && c != ' ') out += c;
-  return out;
-}
-
-// ... and the same as TOML tables (string values unquoted, lists as above).
-inline Emitted read_toml(const std::string& text) {
-  Emitted out;
-  std::istringstream in(text);
-  std::string line, section;
-  while (std::getline(in, line)) {
-    if (line.size() > 2 && line.front() == '[' && line.back() == ']') { section = line.substr(1, line.size() - 2); continue; }
-    if (section.empty() || line.empty() || line[0] == '#') continue;
-    const auto eq = line.find(" = ");
-    const std::string value = line.substr(eq + 3);
-    out.emplace(section + "." + line.substr(0, eq),
-                value.size() >= 2 && value.front() == '[' ? toml_list(value) : unquote(value));
-  }
-  return out;
-}
-
-// Python assignments `<var>.a.b = value` (trailing comments dropped), the
-// keyword arguments of one constructor call (`    key=value,` lines) under
-// `prefix`, and `<var> = name()` as base_config.
+inline Emitted read_megatron(const std::string& text) { return read_megatron_args(text); }
+inline Emitted read_deepspeed(const std::string& text) { return read_json_leaves(text); }
+inline Emitted read_torchtitan_flags(const std::string& text) { return read_torchtitan_overrides(text); }
+inline Emitted read_toml(const std::string& text) { return read_toml_tables(text); }
 inline Emitted read_python(const std::string& text, const std::string& var, const std::string& kwargs_prefix) {
-  Emitted out;
-  std::istringstream in(text);
-  std::string line;
-  const std::regex assign("^    " + var + R"(\.([\w.]+) = (.*?)(  #.*)?$)");
-  const std::regex base("^    " + var + R"( = (\w+)\(\)$)");
-  const std::regex kwarg(R"(^        (\w+)=(.*),$)");
-  std::smatch m;
-  while (std::getline(in, line)) {
-    if (std::regex_match(line, m, assign)) {
-      if (m[2].str().back() != '(') out.emplace(m[1].str(), unquote(m[2].str()));  // else: its kwargs follow
-    }
-    else if (std::regex_match(line, m, base)) out.emplace("base_config", m[1].str());
-    else if (std::regex_match(line, m, kwarg)) out.emplace(kwargs_prefix + m[1].str(), unquote(m[2].str()));
-  }
-  return out;
+  return read_python_fields(text, var, kwargs_prefix);
 }
-
-// NeMo: the YAML the exporter writes (two-space nesting, scalars, one list).
-inline Emitted read_yaml(const std::string& text) {
-  Emitted out;
-  std::istringstream in(text);
-  std::string line;
-  std::vector<std::string> path;
-  while (std::getline(in, line)) {
-    if (line.empty() || trim(line)[0] == '#') continue;
-    const std::size_t indent = line.find_first_not_of(' ');
-    const std::size_t level = indent / 2;
-    const std::string t = line.substr(indent);
-    if (t.rfind("- ", 0) == 0) {
-      std::string key;
-      for (std::size_t i = 0; i < level; ++i) key += (i ? "." : "") + path[i];
-      out.emplace(key, t.substr(2));
-      continue;
-    }
-    path.resize(level);
-    const auto colon = t.find(':');
-    const std::string key = t.substr(0, colon);
-    const std::string value = trim(t.substr(colon + 1));
-    if (value.empty()) { path.push_back(key); continue; }
-    std::string full;
-    for (const auto& p : path) full += p + ".";
-    out.emplace(full + key, value);
-  }
-  return out;
-}
+inline Emitted read_yaml(const std::string& text) { return read_yaml_keys(text); }
 
 struct OptionSet {
   std::string source;

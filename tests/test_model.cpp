@@ -323,6 +323,29 @@ TEST_CASE("model_to_json writes every field") {
   CHECK(back.parameter_count() == m.parameter_count());
 }
 
+TEST_CASE("dropout: 0.1 unless the card or the HF config says otherwise, written only when it does") {
+  const ModelSpec plain = cuboid::model_from_json(base_card(), "t.json");
+  CHECK(plain.hidden_dropout == 0.1);
+  CHECK(plain.attention_dropout == 0.1);
+  CHECK_FALSE(cuboid::model_to_json(plain).contains("hidden_dropout"));
+  json j = base_card();
+  j["hidden_dropout"] = 0;
+  j["attention_dropout"] = 0.05;
+  const json out = cuboid::model_to_json(cuboid::model_from_json(j, "t.json"));
+  CHECK(out["hidden_dropout"] == 0.0);
+  CHECK(out["attention_dropout"] == 0.05);
+  j["hidden_dropout"] = 1;
+  CHECK(std::string(error_of(j).what()) ==
+        "test.json: hidden_dropout: must be in [0, 1) (fix: give the probability, e.g. 0 (none) or 0.1)");
+  // Llama 3 trains without dropout (attention_dropout 0.0, no hidden dropout); GPT-2 with 0.1.
+  const ModelSpec llama = cuboid::load_model(hf_path("llama3-70b-config.json"));
+  CHECK(llama.hidden_dropout == 0.0);
+  CHECK(llama.attention_dropout == 0.0);
+  CHECK(card("llama3-70b.json").hidden_dropout == 0.0);
+  CHECK(cuboid::load_model(hf_path("gpt2-config.json")).attention_dropout == 0.1);
+  CHECK(card("gpt3-175b.json").hidden_dropout == 0.1);
+}
+
 TEST_CASE("HuggingFace LLaMA config import") {
   const std::string path = hf_path("llama3-70b-config.json");
   const ModelSpec m = cuboid::load_model(path);

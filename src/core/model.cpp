@@ -353,12 +353,12 @@ void validate_model(const ModelSpec& m, const std::string& source) {
 
 namespace {
 
-constexpr std::array<std::string_view, 22> kCardFields = {
+constexpr std::array<std::string_view, 24> kCardFields = {
     "name",          "num_layers",         "hidden_size", "num_attention_heads",
     "num_kv_heads",  "head_dim",           "ffn_hidden_size", "activation",
     "normalization", "vocab_size",         "seq_length",  "max_position_embeddings",
     "tied_embeddings", "learned_position_embeddings", "linear_bias", "rope_theta", "rope_scaling_factor", "alibi",
-    "rope_scaling_type", "moe", "mla", "mtp_layers"};
+    "rope_scaling_type", "moe", "mla", "mtp_layers", "hidden_dropout", "attention_dropout"};
 
 void reject_near_miss_keys(const nlohmann::json& j, const std::string& source) {
   for (const auto& [key, value] : j.items()) {
@@ -452,6 +452,13 @@ MlaSpec parse_mla(JsonReader& card) {
   return a;
 }
 
+// A dropout probability in [0, 1), `fallback` when absent.
+double dropout_of(JsonReader& r, const char* field, double fallback) {
+  const double p = r.optional_number(field).value_or(fallback);
+  if (p < 0 || p >= 1) r.fail(field, "must be in [0, 1)", "give the probability, e.g. 0 (none) or 0.1");
+  return p;
+}
+
 ModelSpec model_from_card(const nlohmann::json& j, const std::string& source) {
   reject_near_miss_keys(j, source);
   JsonReader r(j, source);
@@ -481,6 +488,8 @@ ModelSpec model_from_card(const nlohmann::json& j, const std::string& source) {
   if (m.rope_yarn && m.rope_scaling_factor == 0)
     throw InputError(source, "rope_scaling_type", "YaRN without a factor", "give rope_scaling_factor (DeepSeek-V3: 40)");
   m.alibi = r.optional_boolean("alibi").value_or(false);
+  m.hidden_dropout = dropout_of(r, "hidden_dropout", 0.1);
+  m.attention_dropout = dropout_of(r, "attention_dropout", 0.1);
   if (r.has("moe")) m.moe = parse_moe(r, m.num_layers);
   if (r.has("mla")) m.mla = parse_mla(r);
   m.mtp_layers = r.has("mtp_layers") ? r.integer("mtp_layers") : 0;
@@ -694,6 +703,9 @@ ModelSpec model_from_gpt2_config(JsonReader& r, const std::string& source) {
   m.tied_embeddings = r.optional_boolean("tie_word_embeddings").value_or(true);
   m.learned_position_embeddings = true;
   m.linear_bias = true;
+  // transformers' GPT2Config: resid_pdrop and attn_pdrop, default 0.1.
+  m.hidden_dropout = dropout_of(r, "resid_pdrop", 0.1);
+  m.attention_dropout = dropout_of(r, "attn_pdrop", 0.1);
   m.head_dim = resolve_head_dim(m, std::nullopt);
   validate_hf(m, source, kGpt2Keys);
   return m;
@@ -743,6 +755,10 @@ ModelSpec model_from_llama_config(JsonReader& r, const std::string& source, HfFa
   m.linear_bias = attention_bias || mlp_bias;
   m.rope_theta = r.optional_positive_number("rope_theta").value_or(10000.0);
   m.rope_scaling_factor = hf_rope_scaling_factor(r, source, family, m.rope_yarn);
+  // transformers' LlamaConfig (and Mixtral's, Qwen3's, DeepSeek-V3's):
+  // attention_dropout, default 0.0; no hidden dropout.
+  m.attention_dropout = dropout_of(r, "attention_dropout", 0.0);
+  m.hidden_dropout = 0.0;
   m.head_dim = resolve_head_dim(m, head_dim);
   read_hf_experts(r, family, m);
   validate_hf(m, source, kLlamaKeys);
@@ -832,6 +848,8 @@ nlohmann::json model_to_json(const ModelSpec& m) {
   // Written only when set: plans of other models keep their bytes.
   if (m.alibi) j["alibi"] = true;
   if (m.rope_yarn) j["rope_scaling_type"] = "yarn";
+  if (m.hidden_dropout != 0.1) j["hidden_dropout"] = m.hidden_dropout;
+  if (m.attention_dropout != 0.1) j["attention_dropout"] = m.attention_dropout;
   if (m.moe.enabled()) j["moe"] = moe_to_json(m.moe);
   if (m.mla.enabled()) {
     nlohmann::json a{{"kv_lora_rank", m.mla.kv_lora_rank},

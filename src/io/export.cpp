@@ -152,6 +152,19 @@ bool megatron_tp_pp_dp(const PlanFile& pf, std::string_view trainer, std::string
   return tp_pp_dp;
 }
 
+void refuse_zero1_all_reduce(const PlanFile& pf, std::string_view trainer) {
+  const ParallelPlan& p = pf.plan;
+  // megatron/core/distributed/param_and_grad_buffer.py:710@d98e8a64 (704@cd4afffa):
+  // with the distributed optimizer each bucket is reduce-scattered.
+  if (p.zero_stage == 1 && p.dp_cp() > 1 && p.trainer.zero1_grad_all_reduce)
+    refuse(pf, "trainer.zero1_grad_all_reduce",
+           fmt::format("{} runs ZeRO-1 as Megatron-Core's distributed optimizer, which reduce-scatters the gradients "
+                       "(megatron/core/distributed/param_and_grad_buffer.py), and the plan was priced with them "
+                       "all-reduced in full (trainer {})",
+                       trainer, p.trainer.preset),
+           "plan --for this target (it prices Megatron-Core's reduction), or export with --to deepspeed");
+}
+
 std::string_view megatron_fsdp_strategy(int zero_stage) {
   // ZeRO-2 / ZeRO-3 are Megatron FSDP's optim_grads / optim_grads_params.
   return zero_stage == 3 ? "optim_grads_params" : "optim_grads";

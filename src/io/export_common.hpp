@@ -38,6 +38,10 @@ std::string moe_layer_pattern(const ModelSpec& m);
 // Megatron-Core's rank orders: tp-dp-pp by default, tp-pp-dp where `option`
 // asks for it; refuses any other. True for tp-pp-dp. `trainer` names the target.
 bool megatron_tp_pp_dp(const PlanFile& pf, std::string_view trainer, std::string_view option);
+// Refuses a ZeRO-1 plan priced with the gradients all-reduced in full
+// (DeepSpeed's BF16_Optimizer): Megatron-Core's distributed optimizer
+// reduce-scatters them. `trainer` names the target.
+void refuse_zero1_all_reduce(const PlanFile& pf, std::string_view trainer);
 // Megatron FSDP's data_parallel_sharding_strategy for ZeRO-2 or ZeRO-3.
 std::string_view megatron_fsdp_strategy(int zero_stage);
 

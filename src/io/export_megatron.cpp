@@ -23,6 +23,15 @@ bool check_plan(const PlanFile& pf) {
     refuse(pf, "parallel.schedule",
            "Megatron-LM has no GPipe schedule (its pipeline schedules are 1F1B and interleaved 1F1B)",
            "plan with --schedule 1f1b or --schedule interleaved");
+  // arguments.py:1024-1029@d98e8a64: --overlap-param-gather, which ZeRO-3's
+  // prefetched gathers need, asserts --overlap-grad-reduce.
+  if (p.zero_stage == 3 && p.dp_cp() > 1 && !p.trainer.dp_overlap)
+    refuse(pf, "trainer.dp_overlap",
+           "Megatron FSDP prefetches ZeRO-3's parameter gathers only with --overlap-param-gather, which Megatron-LM "
+           "asserts comes with --overlap-grad-reduce (megatron/training/arguments.py validate_args), and the plan was "
+           "priced with the reduction after the backward",
+           "plan with --dp-overlap on, or export with --to megatron-bridge");
+  refuse_zero1_all_reduce(pf, "Megatron-LM");
   return megatron_tp_pp_dp(pf, "Megatron-LM", "--use-tp-pp-dp-mapping");
 }
 
@@ -128,6 +137,10 @@ Args model_args(const PlanFile& pf) {
   if (!m.linear_bias) a.push_back("--disable-bias-linear");
   if (!m.tied_embeddings) a.push_back("--untie-embeddings-and-output-weights");
   a.push_back("--make-vocab-size-divisible-by 128");
+  // Megatron's defaults are 0.1 (TransformerConfig hidden_dropout /
+  // attention_dropout); a model trained without dropout says so.
+  if (m.hidden_dropout != 0.1) a.push_back(fmt::format("--hidden-dropout {}", m.hidden_dropout));
+  if (m.attention_dropout != 0.1) a.push_back(fmt::format("--attention-dropout {}", m.attention_dropout));
   return a;
 }
 

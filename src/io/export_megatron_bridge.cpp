@@ -20,6 +20,13 @@ namespace {
 
 const char* py(bool b) { return b ? "True" : "False"; }
 
+// A float literal: 0.0, 0.05 (fmt's shortest form, with a decimal point).
+std::string python_float(double x) {
+  std::string s = fmt::format("{}", x);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
 struct Layout {
   bool tp_pp_dp;  // ranks ordered tp-pp-dp (dist.use_tp_pp_dp_mapping)
   bool fsdp;      // ZeRO-2 / ZeRO-3 as Megatron FSDP
@@ -34,6 +41,7 @@ Layout check_plan(const PlanFile& pf) {
     refuse(pf, "parallel.schedule",
            "Megatron-Bridge runs Megatron-Core's schedules (1F1B and interleaved 1F1B), no GPipe",
            "plan with --schedule 1f1b or --schedule interleaved");
+  refuse_zero1_all_reduce(pf, "Megatron-Bridge");
   const Layout l = {megatron_tp_pp_dp(pf, "Megatron-Bridge", "dist.use_tp_pp_dp_mapping"),
                     p.zero_stage >= 2 && p.dp_cp() > 1};
   if (l.fsdp && l.tp_pp_dp)
@@ -144,6 +152,9 @@ Fields shape_fields(const PlanFile& pf) {
   f.emplace_back("activation_func", m.activation == Activation::swiglu ? "F.silu" : "F.gelu");
   f.emplace_back("add_bias_linear", py(m.linear_bias));
   f.emplace_back("share_embeddings_and_output_weights", py(m.tied_embeddings));
+  // TransformerConfig's dropouts default to 0.1.
+  if (m.hidden_dropout != 0.1) f.emplace_back("hidden_dropout", python_float(m.hidden_dropout));
+  if (m.attention_dropout != 0.1) f.emplace_back("attention_dropout", python_float(m.attention_dropout));
   return f;
 }
 

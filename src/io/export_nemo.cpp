@@ -24,6 +24,7 @@ bool refuse_unsupported(const PlanFile& pf) {
   // nlp_overrides.py init_model_parallel: order 'tp-cp-ep-pp-dp' with
   // use_tp_pp_dp_mapping, else 'tp-cp-ep-dp-pp', with Megatron's assertions.
   const bool tp_pp_dp = megatron_tp_pp_dp(pf, "NeMo 1.x", "model.use_tp_pp_dp_mapping");
+  refuse_zero1_all_reduce(pf, "NeMo 1.x (mcore_distributed_optim)");
   if (p.pp > 1 && p.schedule == Schedule::gpipe)
     refuse(pf, "parallel.schedule", "NeMo (Megatron core schedules) has no GPipe schedule",
            "plan with --schedule 1f1b or --schedule interleaved");
@@ -168,6 +169,9 @@ std::string model_keys(const PlanFile& pf) {
     }
   }
   out += fmt::format("  share_embeddings_and_output_weights: {}\n", yes_no(m.tied_embeddings));
+  // megatron_gpt_config.yaml's dropouts are 0.1.
+  if (m.hidden_dropout != 0.1) out += fmt::format("  hidden_dropout: {}\n", m.hidden_dropout);
+  if (m.attention_dropout != 0.1) out += fmt::format("  attention_dropout: {}\n", m.attention_dropout);
   return out;
 }
 

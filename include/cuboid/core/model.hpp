@@ -108,6 +108,14 @@ struct ModelSpec {
   // embeddings or rotary positions. Without flash attention the bias enters
   // the score GEMM as its C operand (torch.baddbmm with beta = 1).
   bool alibi = false;
+  // Dropout probabilities the model trains with: after the attention
+  // projection and the MLP (Megatron's --hidden-dropout) and on the attention
+  // probabilities (--attention-dropout). 0.1 is Megatron's default and GPT-3's;
+  // Llama-style models train without (HF attention_dropout 0.0, no hidden
+  // dropout). The exports carry them; the cost model prices dropout's kernels
+  // and masks at any probability.
+  double hidden_dropout = 0.1;
+  double attention_dropout = 0.1;
   MoeSpec moe;
   MlaSpec mla;
   // Multi-token prediction modules after the last layer (DeepSeek-V3: 1;

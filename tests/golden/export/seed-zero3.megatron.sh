@@ -37,6 +37,8 @@ MEGATRON_ARGS=(
     --disable-bias-linear
     --untie-embeddings-and-output-weights
     --make-vocab-size-divisible-by 128
+    --hidden-dropout 0
+    --attention-dropout 0
     # precision and kernels
     --bf16
     --attention-backend auto

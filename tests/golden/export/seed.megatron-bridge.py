@@ -47,6 +47,8 @@ def cuboid_plan():
         activation_func=F.silu,
         add_bias_linear=False,
         share_embeddings_and_output_weights=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
         make_vocab_size_divisible_by=128,
         attention_backend=AttnBackend.auto,
         gradient_accumulation_fusion=True,

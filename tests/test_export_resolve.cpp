@@ -1,0 +1,292 @@
+// What each trainer runs when started with cuboid's export (io/export_resolve):
+// the start-up model reads the exported text back and must arrive at the
+// priced plan, for every fixture plan each target exports, and for the best
+// plan `plan --for TARGET` finds on the README's Llama-3-70B example, on
+// Mixtral 8x7B and on a 128K-token context-parallel plan. Edited exports show
+// that each rule catches the run it exists for.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "cuboid/core/error.hpp"
+#include "cuboid/io/export.hpp"
+#include "cuboid/io/export_resolve.hpp"
+#include "plan_fixtures.hpp"
+
+using namespace cuboid;
+
+namespace {
+
+PlanFile fixture_file(const std::string& name) {
+  for (const auto& f : cuboid::test::fixtures())
+    if (f.name == name) return cuboid::test::fixture_plan_file(f);
+  FAIL("no fixture " << name);
+  return {};
+}
+
+// "" when the export of `pf` to `target` runs as priced; else what differs.
+std::string mismatches(const PlanFile& pf, const std::string& target) {
+  const ExportResult r = export_plan(pf, target);
+  return describe(compare_with_plan(resolve_export(target, r), pf));
+}
+
+// The mismatches after replacing `from` by `to` in the export's text (or its notes).
+std::string after_edit(const PlanFile& pf, const std::string& target, const std::string& from, const std::string& to,
+                       bool notes = false) {
+  ExportResult r = export_plan(pf, target);
+  std::string& text = notes ? r.notes : r.text;
+  const auto at = text.find(from);
+  REQUIRE_MESSAGE(at != std::string::npos, "\"" << from << "\" not in the export:\n" << text);
+  text.replace(at, from.size(), to);
+  return describe(compare_with_plan(resolve_export(target, r), pf));
+}
+
+const ResolvedSetting& setting(const ResolvedRun& run, const std::string& name) {
+  const ResolvedSetting* s = run.find(name);
+  REQUIRE_MESSAGE(s != nullptr, "no resolved " << name);
+  return *s;
+}
+
+// What `plan --for TARGET` picks (src/cli/plan_flags.cpp restrict_to_target),
+// analytically: the best plan the target exports; nullopt when it exports none.
+std::optional<PlanFile> plan_for(const std::string& target, const ModelSpec& model, const Cluster& cluster,
+                                 std::optional<std::int64_t> seq_length, int max_micro_batch) {
+  static const std::map<std::string, std::string> kTrainer = {
+      {"megatron", "megatron-core"}, {"megatron-bridge", "megatron-core"}, {"deepspeed", "megatron-deepspeed"},
+      {"torchtitan", "torchtitan"},  {"torchtitan-main", "torchtitan"},    {"nemo", "megatron-core"}};
+  PlanFile pf;
+  pf.source = "for-" + target + ".plan.json";
+  pf.model = model;
+  pf.cluster_name = cluster.name;
+  pf.gpu_name = cluster.gpu.name;
+  pf.nodes = cluster.nodes;
+  pf.gpus_per_node = cluster.gpus_per_node;
+  PlannerOptions o;
+  o.trainer = kTrainer.at(target);
+  o.simulate_top = 0;
+  o.threads = 1;
+  o.seq_length = seq_length;
+  o.max_micro_batch = max_micro_batch;
+  o.accept = [&](const ParallelPlan& p) {
+    PlanFile c = pf;
+    c.plan = p;
+    try {
+      (void)export_plan(c, target);
+      return true;
+    } catch (const InputError&) {
+      return false;
+    }
+  };
+  const SearchResult r = search_plans(model, Topology(cluster), o);
+  if (r.fitting.empty()) return std::nullopt;
+  pf.plan = r.fitting.front().plan;
+  return pf;
+}
+
+}  // namespace
+
+TEST_CASE("every fixture plan runs as priced on every target that exports it") {
+  int resolved = 0;
+  for (const auto& f : cuboid::test::fixtures()) {
+    const PlanFile pf = cuboid::test::fixture_plan_file(f);
+    for (const std::string& target : export_targets()) {
+      CAPTURE(f.name);
+      CAPTURE(target);
+      ExportResult r;
+      try {
+        r = export_plan(pf, target);
+      } catch (const InputError&) {
+        continue;  // refused with the reason (test_export pins the refusals)
+      }
+      const ResolvedRun run = resolve_export(target, r);
+      CHECK_MESSAGE(describe(compare_with_plan(run, pf)) == "", r.text << r.notes);
+      ++resolved;
+    }
+  }
+  // Every golden pair of test_export, and Mixtral on Megatron-LM and Megatron-Bridge.
+  CHECK(resolved >= 12);
+}
+
+TEST_CASE("plan --for TARGET runs as priced: the README's Llama-3-70B, Mixtral 8x7B, a 128K-token CP plan" *
+          doctest::timeout(120)) {
+  const Cluster cluster = cuboid::test::four_dgx_a100();
+  struct Case {
+    const char* card;
+    std::optional<std::int64_t> seq;
+    int max_micro_batch;
+  };
+  const Case cases[] = {
+      {"models/llama3-70b.json", std::nullopt, 4},  // the README's Quick start: 4 x 8 A100, its batch and sequence
+      {"models/mixtral-8x7b.json", std::nullopt, 2},
+      {"models/llama3-8b.json", 131072, 1},  // 128K tokens a sequence: context parallelism
+  };
+  for (const Case& c : cases) {
+    ModelSpec model = load_model(cuboid::test::source_root() / c.card);
+    // Llama 3.1 8B's 128K context: Llama 3 8B's shape, 131072 positions.
+    if (c.seq) model.max_position_embeddings = *c.seq;
+    const std::string card = c.card;
+    for (const std::string& target : export_targets()) {
+      CAPTURE(card);
+      CAPTURE(target);
+      const std::optional<PlanFile> pf = plan_for(target, model, cluster, c.seq, c.max_micro_batch);
+      if (!pf) {
+        // Refused with the reason: the target exports no plan of this model.
+        ParallelPlan p = cuboid::test::make_plan(1, 1, 32, 1, 1, Recompute::full, false, Schedule::one_f_one_b,
+                                                 c.seq.value_or(model.seq_length));
+        PlanFile any;
+        any.source = "any.plan.json";
+        any.model = model;
+        any.plan = p;
+        any.nodes = 4;
+        any.gpus_per_node = 8;
+        CHECK_THROWS_AS(export_plan(any, target), InputError);
+        continue;
+      }
+      // The targets with context parallelism split the 128K tokens over CP ranks.
+      if (c.seq && (target == "megatron" || target == "megatron-bridge" || target == "nemo")) CHECK(pf->plan.cp > 1);
+      const ExportResult r = export_plan(*pf, target);
+      CHECK_MESSAGE(describe(compare_with_plan(resolve_export(target, r), *pf)) == "", r.text << r.notes);
+    }
+  }
+}
+
+TEST_CASE("Megatron-LM: the settings it derives, and the defaults of what the export leaves out") {
+  const PlanFile seed = fixture_file("seed");
+  const ResolvedRun run = resolve_export("megatron", export_plan(seed, "megatron"));
+  CHECK(run.failures.empty());
+  CHECK(setting(run, "world").value == "32");
+  CHECK(setting(run, "dp").value == "2");
+  CHECK(setting(run, "dp").source.find("arguments.py:448@d98e8a64") != std::string::npos);
+  CHECK(setting(run, "num_micro_batches").value == "32");
+  CHECK(setting(run, "zero_stage").value == "1");
+  CHECK(setting(run, "dp_grad_bytes").value == "4");
+  CHECK(setting(run, "optimizer").value == "adam");
+  // Llama trains without dropout: the export says so, Megatron's default is 0.1.
+  CHECK(setting(run, "hidden_dropout").value == "0");
+  CHECK(after_edit(seed, "megatron", "    --hidden-dropout 0\n", "") ==
+        "hidden_dropout: priced 0, runs 0.1 (megatron/core/transformer/transformer_config.py:188@d98e8a64: "
+        "--hidden-dropout, default 0.1)\n");
+  // GPT-3 trains with 0.1: nothing written, Megatron's default.
+  const PlanFile gpt3 = fixture_file("gpt3-interleaved");
+  CHECK(export_plan(gpt3, "megatron").text.find("dropout") == std::string::npos);
+  CHECK(setting(resolve_export("megatron", export_plan(gpt3, "megatron")), "virtual_stages").value == "3");
+  // Without the distributed optimizer flag ZeRO-1 runs as ZeRO-0.
+  CHECK(after_edit(seed, "megatron", "    --use-distributed-optimizer\n", "").find("zero_stage: priced 1, runs 0") == 0);
+  // --overlap-param-gather without --overlap-grad-reduce: validate_args asserts.
+  const std::string fails =
+      after_edit(fixture_file("seed-zero3"), "megatron", "    --overlap-grad-reduce\n", "");
+  CHECK(fails.find("start-up fails: --overlap-param-gather without --overlap-grad-reduce") != std::string::npos);
+  // ZeRO-1 priced as DeepSpeed's all-reduce: Megatron-Core reduce-scatters, so the Megatron-Core targets refuse it.
+  for (const char* target : {"megatron", "megatron-bridge", "nemo"})
+    CHECK_THROWS_WITH_AS(export_plan(fixture_file("llama8b-pp4"), target),
+                         doctest::Contains("trainer.zero1_grad_all_reduce: "), InputError);
+  // A ZeRO-3 plan priced with the reduction after the backward is refused (it was exported that way).
+  PlanFile late = fixture_file("seed-zero3");
+  late.plan.trainer.dp_overlap = false;
+  CHECK_THROWS_WITH_AS(export_plan(late, "megatron"),
+                       doctest::Contains("seed-zero3.plan.json: trainer.dp_overlap: Megatron FSDP prefetches"), InputError);
+  // Interleaving with PP 2 and unoverlapped p2p: refused by validate_args.
+  PlanFile pp2 = gpt3;
+  pp2.plan.pp = 2;
+  pp2.plan.dp = 2;
+  pp2.plan.virtual_stages = 2;
+  CHECK(mismatches(pp2, "megatron") == "");
+  CHECK(after_edit(pp2, "megatron", "    --num-layers-per-virtual-pipeline-stage 24\n",
+                   "    --num-layers-per-virtual-pipeline-stage 24\n    --no-overlap-p2p-communication\n")
+            .find("start-up fails: the interleaved schedule with PP 2 and batched, unoverlapped p2p") == 0);
+}
+
+TEST_CASE("Megatron-Bridge: the recipe's settings, validation's syncs and the mixed-precision overwrite") {
+  PlanFile pf = fixture_file("seed");
+  pf.plan.zero_stage = 0;
+  CHECK(mismatches(pf, "megatron-bridge") == "");
+  // Validation syncs the DDP and optimizer flags to on when either is: ZeRO-0 would run as ZeRO-1.
+  CHECK(after_edit(pf, "megatron-bridge", "    cfg.optimizer.use_distributed_optimizer = False\n", "")
+            .find("zero_stage: priced 0, runs 1 (Megatron-Bridge training/config.py:1953@v0.6.0") == 0);
+  // The recipe's grad_reduce_in_fp32 overwrites the DDP config's.
+  pf = fixture_file("seed");
+  pf.plan.trainer.dp_grad_bytes = 2;
+  CHECK(mismatches(pf, "megatron-bridge") == "");
+  CHECK(after_edit(pf, "megatron-bridge", "    cfg.mixed_precision.grad_reduce_in_fp32 = False\n", "")
+            .find("dp_grad_bytes: priced 2, runs 4") == 0);
+  // Interleaved with PP 2: the recipe's batched p2p is what Megatron-LM refuses.
+  PlanFile pp2 = fixture_file("gpt3-interleaved");
+  pp2.plan.pp = 2;
+  pp2.plan.dp = 2;
+  pp2.plan.virtual_stages = 2;
+  CHECK(mismatches(pp2, "megatron-bridge") == "");
+  CHECK(after_edit(pp2, "megatron-bridge", "        overlap_p2p_comm=True,\n        batch_p2p_comm=False,\n", "")
+            .find("start-up fails: the interleaved schedule with PP 2") == 0);
+  // Without the base recipe's micro-batch override, _pretrain_common's 2 runs.
+  CHECK(after_edit(fixture_file("seed"), "megatron-bridge", "    cfg.train.micro_batch_size = 1\n", "")
+            .find("micro_batch: priced 1, runs 2 (Megatron-Bridge recipes/common.py:67@v0.6.0") == 0);
+  // The model's dropout reaches GPTModelProvider.
+  CHECK(after_edit(fixture_file("seed"), "megatron-bridge", "        attention_dropout=0.0,\n", "") ==
+        "attention_dropout: priced 0, runs 0.1 (megatron/core/transformer/transformer_config.py:184@cd4afffa: "
+        "attention_dropout, default 0.1)\n");
+}
+
+TEST_CASE("DeepSpeed: the batch assertion, the optimizer wrapper and the pipeline's reduction") {
+  const PlanFile pf = fixture_file("llama8b-pp4");
+  const ResolvedRun run = resolve_export("deepspeed", export_plan(pf, "deepspeed"));
+  CHECK(run.failures.empty());
+  CHECK(setting(run, "dp").value == "8");
+  CHECK(setting(run, "zero_stage").value == "1");
+  CHECK(setting(run, "zero1_grad_all_reduce").value == "true");
+  CHECK(setting(run, "dp_overlap").value == "false");
+  CHECK(setting(run, "dp_overlap").source.find("pipe/schedule.py:240@v0.16.4") != std::string::npos);
+  // bf16 with ZeRO 0 runs BF16_Optimizer, which partitions as ZeRO-1 does.
+  const std::string zero0 = after_edit(pf, "deepspeed", "\"stage\": 1", "\"stage\": 0");
+  CHECK(zero0.find("zero_stage") == std::string::npos);  // still BF16_Optimizer: ZeRO-1
+  // Without fp32 accumulation ZeRO-1 is the ZeRO optimizer: a reduce-scatter in bf16.
+  const std::string bf16_accum = after_edit(pf, "deepspeed", "\"grad_accum_dtype\": \"fp32\"", "\"grad_accum_dtype\": \"bf16\"");
+  CHECK(bf16_accum.find("zero1_grad_all_reduce: priced true, runs false") != std::string::npos);
+  CHECK(bf16_accum.find("dp_grad_bytes: priced 4, runs 2") != std::string::npos);
+  // The batch that does not add up.
+  CHECK(after_edit(pf, "deepspeed", "\"gradient_accumulation_steps\": 8", "\"gradient_accumulation_steps\": 4")
+            .find("start-up fails: deepspeed/runtime/config.py:931@v0.16.4") == 0);
+  // Without checkpointable_layers the embedding is checkpointed and gets no gradient.
+  CHECK(after_edit(pf, "deepspeed", "checkpointable_layers=[\"DecoderLayer\"]", "", true)
+            .find("start-up fails: deepspeed/runtime/pipe/module.py:648@v0.16.4") == 0);
+}
+
+TEST_CASE("NeMo 1.x: the base YAML's defaults and the model's start-up overrides") {
+  const PlanFile pf = fixture_file("seed");
+  const ResolvedRun run = resolve_export("nemo", export_plan(pf, "nemo"));
+  CHECK(run.failures.empty());
+  CHECK(setting(run, "zero_stage").value == "1");
+  CHECK(setting(run, "grad_accum_fusion").value == "true");
+  // Without O2, gradient_accumulation_fusion is dropped at start-up.
+  CHECK(after_edit(pf, "nemo", "  megatron_amp_O2: true\n", "  megatron_amp_O2: false\n")
+            .find("grad_accum_fusion: priced true, runs false") == 0);
+  // Without transformer_engine the local spec's unfused attention runs.
+  CHECK(after_edit(pf, "nemo", "  transformer_engine: true\n", "").find("attention: priced fused, runs unfused") == 0);
+  // megatron_gpt_config.yaml's dropouts are 0.1.
+  CHECK(after_edit(pf, "nemo", "  hidden_dropout: 0\n", "").find("hidden_dropout: priced 0, runs 0.1") == 0);
+  // mcore_distributed_optim overlaps only with overlap_grad_sync.
+  CHECK(after_edit(pf, "nemo", "    overlap_grad_sync: true\n", "").find("dp_overlap: priced true, runs false") == 0);
+}
+
+TEST_CASE("torchtitan v0.2.2: what the base TOML turns on when the overrides leave it") {
+  const PlanFile pf = fixture_file("seed-zero3");
+  const ResolvedRun run = resolve_export("torchtitan", export_plan(pf, "torchtitan"));
+  CHECK(run.failures.empty());
+  CHECK(setting(run, "zero_stage").value == "3");
+  CHECK(setting(run, "compile").value == "false");
+  // The 405B TOML turns on float8, torch.compile and async TP: a bf16 plan would train in FP8.
+  const std::string big = after_edit(pf, "torchtitan", "llama3_70b.toml", "llama3_405b.toml");
+  CHECK(big.find("precision: priced bf16, runs fp8-current") != std::string::npos);
+  CHECK(big.find("compile: priced false, runs true") != std::string::npos);
+  CHECK(big.find("async_tp: priced false, runs true") != std::string::npos);
+  // FSDP's default policy with PP does not reshard after forward: ZeRO-2, not 3.
+  CHECK(after_edit(pf, "torchtitan", "--parallelism.fsdp_reshard_after_forward=always \\\n", "")
+            .find("zero_stage: priced 3, runs 2") == 0);
+}
+
+TEST_CASE("the resolution model reads only what the exporters write") {
+  CHECK_THROWS_AS(resolve_export("megatron", ExportResult{"MEGATRON_ARGS=(\n    --micro-batch-size 1\n)\n", ""}),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(resolve_export("jax", ExportResult{}), InputError);
+}
