@@ -184,7 +184,8 @@ TEST_CASE("TP overlap: the recurrence, worked by hand") {
 }
 
 TEST_CASE("TP overlap: the estimate's hidden time is the recurrence's, and the simulation agrees") {
-  const ModelSpec m = test::llama3_8b();
+  // Llama-3-70B's layer at TP 8 with SP on one DGX A100 node.
+  const ModelSpec m = test::llama3_70b();
   const Cluster cluster = test::dgx_a100(1);
   const Topology topo(cluster);
   ParallelPlan off = plan_of(8, 1, 0);
@@ -192,35 +193,35 @@ TEST_CASE("TP overlap: the estimate's hidden time is the recurrence's, and the s
   ParallelPlan on = off;
   on.trainer.tp_comm_overlap = true;
   REQUIRE_FALSE(check_plan(on, m, cluster));
-  // The forward of one layer by hand: each pair's GEMM and collective
-  // replaced by the recurrence over its chunks.
+  // A layer by hand: each pair's GEMM and collective replaced by the
+  // recurrence over its chunks, in the forward and the backward.
   const GpuProfile& gpu = cluster.gpu;
   const LayerOps ops = transformer_layer_ops(m, off);
   const std::vector<int> tp_group{0, 1, 2, 3, 4, 5, 6, 7};
-  double delta = 0;
-  for (const UbOverlap& u : ub_overlaps(ops.forward, 8)) {
-    const Op& gemm = ops.forward[u.gemm];
-    const Op& comm = ops.forward[u.comm];
-    const Op chunk = ub_chunk_gemm(gemm, u.chunks);
-    const double g = static_cast<double>(u.comm_sms > 0 ? SmsTakenPricer(gpu, 16)(chunk) : op_time_ns(gpu, chunk));
-    const LinkParams step_link = group_link_params(topo, u.chunk_collective(), tp_group);
-    const double c = static_cast<double>(
-        collective_time_ns(u.chunk_collective(), ub_chunk_bytes(u, comm.comm_bytes), 8, step_link));
-    const double whole = static_cast<double>(collective_time_ns(
-        comm.collective, comm.comm_bytes, 8, group_link_params(topo, comm.collective, tp_group)));
-    const double hidden = static_cast<double>(op_time_ns(gpu, gemm)) + whole - ub_overlapped_ns(u, g, c);
-    CHECK(hidden > 0);
-    CHECK(hidden <= whole);
-    delta += hidden;
+  double hidden = 0, whole_comm = 0;
+  for (const std::vector<Op>* list : {&ops.forward, &ops.backward}) {
+    for (const UbOverlap& u : ub_overlaps(*list, 8)) {
+      const Op& gemm = (*list)[u.gemm];
+      const Op& comm = (*list)[u.comm];
+      const Op chunk = ub_chunk_gemm(gemm, u.chunks);
+      const double g = static_cast<double>(u.comm_sms > 0 ? SmsTakenPricer(gpu, 16)(chunk) : op_time_ns(gpu, chunk));
+      const double c = static_cast<double>(collective_time_ns(
+          u.chunk_collective(), ub_chunk_bytes(u, comm.comm_bytes), 8, group_link_params(topo, u.chunk_collective(), tp_group)));
+      const double whole = static_cast<double>(collective_time_ns(
+          comm.collective, comm.comm_bytes, 8, group_link_params(topo, comm.collective, tp_group)));
+      hidden += static_cast<double>(op_time_ns(gpu, gemm)) + whole - ub_overlapped_ns(u, g, c);
+      whole_comm += whole;
+    }
   }
   const Estimate a = estimate(m, topo, off), b = estimate(m, topo, on);
-  // 32 layers x 4 micro-batches; the backward's ring pairs hide more.
-  CHECK(a.breakdown.tp_comm_s - b.breakdown.tp_comm_s > 32 * 4 * delta * 1e-9 * 0.999);
+  // 80 layers x 4 micro-batches; nothing else changes.
+  CHECK(a.breakdown.tp_comm_s - b.breakdown.tp_comm_s == doctest::Approx(80 * 4 * hidden * 1e-9).epsilon(1e-6));
   CHECK(a.breakdown.compute_s == b.breakdown.compute_s);
-  const double sim_off = simulate(m, topo, off).iteration_time_s, sim_on = simulate(m, topo, on).iteration_time_s;
-  CHECK(sim_on < sim_off);
-  // Both read one description: the time each saves within a tenth of the other's.
-  CHECK(sim_off - sim_on == doctest::Approx(a.iteration_time_s - b.iteration_time_s).epsilon(0.1));
+  CHECK(hidden > 0);
+  CHECK(hidden < whole_comm);
+  // The simulator plays the same pairs (and the backward's bulk pairs on
+  // TE's 16 SMs, which the estimate keeps blocking): it saves time too.
+  CHECK(simulate(m, topo, on).iteration_time_s < simulate(m, topo, off).iteration_time_s);
 }
 
 TEST_CASE("TP overlap and the overlapped parameter gather: Megatron's assertions, in the plan's words") {
@@ -246,7 +247,9 @@ TEST_CASE("TP overlap and the overlapped parameter gather: Megatron's assertions
   p.zero_stage = 1;
   p.trainer.dp_overlap = false;
   CHECK(check_plan(p, m, cluster)->kind == PlanCheck::param_overlap_needs_grad_overlap);
-  p = plan_of(2, 4);
+  p = plan_of(2, 4, 0);
+  p.flash_attention = false;  // megatron-2022 runs the unfused core, without fused accumulation
+  p.grad_accum_fusion = find_trainer("megatron-2022")->default_grad_accum_fusion;
   p.trainer = find_trainer("megatron-2022")->settings;
   p.trainer.cuda_graphs = CudaGraphs::parse("local", "t", "f");
   CHECK(check_plan(p, m, cluster)->kind == PlanCheck::trainer_no_cuda_graphs);
@@ -262,7 +265,8 @@ TEST_CASE("--overlap-param-gather: the gather leaves the step's end for the next
   REQUIRE_FALSE(check_plan(on, m, cluster));
   const StepDescription step(m, on, nullptr);
   bool found = false;
-  for (const StepCollective& c : step.stage(0).collectives())
+  const StageStep stage = step.stage(0);
+  for (const StepCollective& c : stage.collectives())
     if (c.name == "param all-gather") {
       found = true;
       CHECK(c.when == StepWhen::next_forward_buckets);
