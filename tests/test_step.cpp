@@ -188,7 +188,8 @@ TEST_CASE("simulator and estimator read one description: the parameter gather in
     ParallelPlan p = plan_of(4, 2, 4, zero, 32);
     p.trainer.overlap_param_gather = true;
     check_readers("llama3-70b", "dgx-a100-4node.json", 4, p);
-    const StepDescription step(load_model(test::source_root() / "models/llama3-70b.json"), p, nullptr);
+    const ModelSpec m = load_model(test::source_root() / "models/llama3-70b.json");
+    const StepDescription step(m, p, nullptr);
     const StageStep stage = step.stage(0);
     for (const StepCollective& c : stage.collectives())
       if (c.collective == Collective::all_gather) CHECK(c.when == StepWhen::next_forward_buckets);
