@@ -20,6 +20,7 @@
 #include "cuboid/cost/estimator.hpp"
 #include "cuboid/cost/step.hpp"
 #include "cuboid/io/planfile.hpp"
+#include "cuboid/search/planner.hpp"
 #include "cuboid/sim/simulator.hpp"
 #include "fixtures.hpp"
 
@@ -298,4 +299,26 @@ TEST_CASE("the plan file carries the three settings where they differ from the p
   CHECK(j["parallel"]["trainer"]["cuda_graphs"] == "local:attn");
   const PlanFile back = plan_file_from_json(j, "t.plan.json");
   CHECK(back.plan.trainer == p.trainer);
+}
+
+TEST_CASE("plan: the overlaps apply to the candidates that can run them, the searched TP and ZeRO stage meet them") {
+  const ModelSpec m = test::llama3_8b();
+  const Topology topo(test::dgx_a100(1));
+  PlannerOptions o;
+  o.global_batch = 64;
+  o.simulate_top = 0;
+  o.tp_comm_overlap = true;
+  o.overlap_param_gather = true;
+  const SearchResult r = search_plans(m, topo, o);
+  REQUIRE_FALSE(r.fitting.empty());
+  for (const Estimate& e : r.fitting) {
+    CHECK(e.plan.tp > 1);
+    CHECK(e.plan.sequence_parallel);
+    CHECK(e.plan.zero_stage >= 1);
+    CHECK(e.plan.trainer.tp_comm_overlap);
+    CHECK(e.plan.trainer.overlap_param_gather);
+  }
+  // Fixed where Megatron refuses them: said before any search.
+  o.tp = 1;
+  CHECK_THROWS_AS((void)search_plans(m, topo, o), PlanRejected);
 }
