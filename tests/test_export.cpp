@@ -1107,3 +1107,50 @@ TEST_CASE("a node of several hosts (an NVL72 rack's trays): every launcher start
   // One host per node: as before.
   CHECK(text("seed", "megatron").find("torchrun --nnodes 4 --nproc_per_node 8 ") != std::string::npos);
 }
+
+TEST_CASE("Megatron-Core's overlaps and CUDA graphs: Megatron-LM, Megatron-Bridge and NeMo 1.x write them; DeepSpeed and torchtitan refuse") {
+  PlanFile pf = plan_file("seed");  // TP 4 with SP, ZeRO-1 over DP 2
+  const std::string before = export_plan(pf, "megatron").text;
+  CHECK(before.find("--tp-comm-overlap") == std::string::npos);
+  CHECK(before.find("--cuda-graph") == std::string::npos);
+  pf.plan.trainer.tp_comm_overlap = true;
+  pf.plan.trainer.overlap_param_gather = true;
+  pf.plan.trainer.cuda_graphs = CudaGraphs::parse("full_iteration", "test", "cuda_graphs");
+  check_options(pf, "megatron");
+  check_options(pf, "megatron-bridge");
+  const std::string megatron = export_plan(pf, "megatron").text;
+  for (const char* line : {"--tp-comm-overlap\n", "--overlap-param-gather\n", "--cuda-graph-impl full_iteration\n",
+                           "--no-check-for-nan-in-loss-and-grad\n"})
+    CHECK_MESSAGE(megatron.find(line) != std::string::npos, line);
+  CHECK(megatron.find("--cuda-graph-modules") == std::string::npos);
+  const std::string bridge = export_plan(pf, "megatron-bridge").text;
+  for (const char* line : {"        tp_comm_overlap=True,\n", "        cuda_graph_impl=\"full_iteration\",\n",
+                           "        use_te_rng_tracker=True,\n", "    cfg.ddp.overlap_param_gather = True\n",
+                           "    cfg.rerun_state_machine.check_for_nan_in_loss = False\n"})
+    CHECK_MESSAGE(bridge.find(line) != std::string::npos, line);
+  // NeMo 1.x has Megatron-Core's per-layer graphs of whole layers only.
+  CHECK(refusal(pf, "nemo").find("parallel.trainer.cuda_graphs: NeMo 1.x has enable_cuda_graph only") !=
+        std::string::npos);
+  check_refused(pf, {"deepspeed", "torchtitan", "torchtitan-main"}, "parallel.trainer.cuda_graphs");
+
+  pf.plan.trainer.cuda_graphs = CudaGraphs::parse("transformer_engine:attn,mlp", "test", "cuda_graphs");
+  check_options(pf, "megatron");
+  check_options(pf, "megatron-bridge");
+  CHECK(export_plan(pf, "megatron").text.find("--cuda-graph-impl transformer_engine\n    --cuda-graph-modules attn mlp\n") !=
+        std::string::npos);
+  CHECK(export_plan(pf, "megatron-bridge").text.find("        cuda_graph_modules=[\"attn\", \"mlp\"],\n") !=
+        std::string::npos);
+  CHECK(export_plan(pf, "megatron-bridge").text.find("check_for_nan_in_loss") == std::string::npos);
+
+  pf.plan.trainer.cuda_graphs = CudaGraphs::parse("local", "test", "cuda_graphs");
+  check_options(pf, "nemo");
+  const std::string nemo = export_plan(pf, "nemo").text;
+  for (const char* line : {"  ub_tp_comm_overlap: true\n", "  enable_cuda_graph: true\n", "  use_te_rng_tracker: true\n",
+                           "    overlap_param_sync: true\n"})
+    CHECK_MESSAGE(nemo.find(line) != std::string::npos, line);
+  check_refused(pf, {"deepspeed"}, "parallel.trainer.cuda_graphs");
+  pf.plan.trainer.cuda_graphs = CudaGraphs{};
+  check_refused(pf, {"deepspeed", "torchtitan"}, "parallel.trainer.tp_comm_overlap");
+  pf.plan.trainer.tp_comm_overlap = false;
+  check_refused(pf, {"deepspeed"}, "parallel.trainer.overlap_param_gather");
+}

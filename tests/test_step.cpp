@@ -181,3 +181,26 @@ TEST_CASE("simulator and estimator read one description: mixture-of-experts with
   cp.cp = 2;
   check_readers("llama3-70b", "dgx-a100-4node.json", 4, cp);
 }
+
+TEST_CASE("simulator and estimator read one description: the parameter gather in the next forward") {
+  // ZeRO 1 and 2, 1F1B and interleaved, dense and MoE (the experts' gather over expert-DP).
+  for (int zero : {1, 2}) {
+    ParallelPlan p = plan_of(4, 2, 4, zero, 32);
+    p.trainer.overlap_param_gather = true;
+    check_readers("llama3-70b", "dgx-a100-4node.json", 4, p);
+    const ModelSpec m = load_model(test::source_root() / "models/llama3-70b.json");
+    const StepDescription step(m, p, nullptr);
+    const StageStep stage = step.stage(0);
+    for (const StepCollective& c : stage.collectives())
+      if (c.collective == Collective::all_gather) CHECK(c.when == StepWhen::next_forward_buckets);
+  }
+  ParallelPlan p = plan_of(4, 4, 2, 1, 32);
+  p.schedule = Schedule::interleaved;
+  p.virtual_stages = 5;
+  p.trainer.overlap_param_gather = true;
+  check_readers("llama3-70b", "dgx-a100-4node.json", 4, p);
+  ParallelPlan moe = plan_of(2, 2, 16, 1, 256);
+  moe.ep = 8;
+  moe.trainer.overlap_param_gather = true;
+  check_readers("mixtral-8x7b", "dgx-h100.json", 8, moe);
+}

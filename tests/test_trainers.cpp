@@ -70,7 +70,9 @@ bool same_preset(const TrainerPreset& a, const TrainerPreset& b) {
          a.context_parallel == b.context_parallel && a.context_parallel_a2a == b.context_parallel_a2a &&
          a.expert_parallel == b.expert_parallel && a.fp8 == b.fp8 && a.recompute_modules == b.recompute_modules && a.zero_stages == b.zero_stages && a.moe_dispatchers == b.moe_dispatchers &&
          a.default_grad_accum_fusion == b.default_grad_accum_fusion && a.settings == b.settings &&
-         a.attention_kernels == b.attention_kernels && a.attention_kernel == b.attention_kernel;
+         a.attention_kernels == b.attention_kernels && a.attention_kernel == b.attention_kernel &&
+         a.cuda_graphs == b.cuda_graphs && a.tp_comm_overlap == b.tp_comm_overlap &&
+         a.overlap_param_gather == b.overlap_param_gather;
 }
 
 // The smallest valid preset file: the required fields only.
@@ -238,7 +240,35 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
       ++defaults;
     }
   }
-  CHECK(defaults == 31);  // 27 + attention_kernels (can_run) and attention_kernel (settings) + recompute_modules (can_run) + moe_dispatchers (can_run)
+  // 27 + attention_kernels (can_run) and attention_kernel (settings) + recompute_modules (can_run) +
+  // moe_dispatchers (can_run) + cuda_graphs, tp_comm_overlap, overlap_param_gather (each in both groups)
+  CHECK(defaults == 37);
+}
+
+TEST_CASE("Megatron-Core's overlaps and CUDA graphs: off in every preset, runnable where the code has them") {
+  for (const TrainerPreset& t : trainer_presets()) {
+    CAPTURE(t.name);
+    CHECK_FALSE(t.settings.cuda_graphs.on());
+    CHECK_FALSE(t.settings.tp_comm_overlap);
+    CHECK_FALSE(t.settings.overlap_param_gather);
+    const bool mcore = t.name == "megatron-core";
+    CHECK(t.cuda_graphs == mcore);
+    CHECK(t.tp_comm_overlap == mcore);
+    CHECK(t.overlap_param_gather == mcore);
+  }
+  json j = minimal();
+  j["can_run"]["tp_comm_overlap"] = {{"value", false}, {"source", "a test"}};
+  j["settings"]["tp_comm_overlap"] = {{"value", true}, {"source", "a test"}};
+  CHECK(error_of(j) ==
+        "trainers/t.json: settings.tp_comm_overlap: is on but can_run.tp_comm_overlap is false (fix: give false)");
+  j = minimal();
+  j["settings"]["cuda_graphs"] = {{"value", "transformer_engine:mlp"}, {"source", "a test"}};
+  const TrainerPreset t = parse_trainer(j.dump(), "trainers/t.json");
+  CHECK(t.settings.cuda_graphs.impl == CudaGraphImpl::transformer_engine);
+  CHECK(t.settings.cuda_graphs.modules == static_cast<std::uint8_t>(CudaGraphModule::mlp));
+  j["settings"]["cuda_graphs"]["value"] = "full_iteration:mlp";
+  CHECK(error_of(j) == "trainers/t.json: settings.cuda_graphs.value: \"full_iteration:mlp\": full_iteration takes no "
+                       "modules (fix: give full_iteration alone)");
 }
 
 TEST_CASE("a bad preset file: one exact error per bad field") {

@@ -33,7 +33,7 @@ namespace {
 // (tools/fidelity's ablation table). The plan and the card otherwise stay.
 constexpr const char* kMechanisms =
     "dp-16bit-grads, zero1-all-reduce, bf16-optimizer-copy, fp16-grad-accum, unfused-attention, gpu-spread, "
-    "sustained-gemm, nccl-sms";
+    "sustained-gemm, nccl-sms, cuda-graphs, tp-comm-overlap, overlap-param-gather";
 
 void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
   if (name == "dp-16bit-grads") {
@@ -55,6 +55,12 @@ void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
   } else if (name == "nccl-sms") {
     // The SMs NCCL's kernels take from the compute beside them (TP and DP).
     cluster.intra.nccl_channels = 0;
+  } else if (name == "cuda-graphs") {
+    plan.trainer.cuda_graphs = CudaGraphs{};
+  } else if (name == "tp-comm-overlap") {
+    plan.trainer.tp_comm_overlap = false;
+  } else if (name == "overlap-param-gather") {
+    plan.trainer.overlap_param_gather = false;
   } else {
     throw InputError("command line", "--ablate", "unknown mechanism \"" + name + "\"",
                      std::string("use one of ") + kMechanisms);

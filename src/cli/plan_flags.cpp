@@ -100,6 +100,19 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   cmd->add_option("--dp-overlap", f.dp_overlap,
                   "overlap the DP gradient reduction with the last backward (Megatron --overlap-grad-reduce, torch "
                   "DDP, FSDP): on|off (default: the trainer's)");
+  cmd->add_option("--cuda-graphs", f.cuda_graphs,
+                  "Megatron-Core's CUDA graphs, whose captured kernels pay no host launch: none | full_iteration (one "
+                  "graph of the forward-backward, --cuda-graph-impl full_iteration) | local | transformer_engine "
+                  "(per-layer graphs), the last two optionally :attn, :mlp or :attn,mlp (--cuda-graph-modules) "
+                  "(default: the trainer's; docs/cost-model.md#cuda-graphs)");
+  cmd->add_option("--tp-comm-overlap", f.tp_comm_overlap,
+                  "overlap the SP all-gathers and reduce-scatters with the linear layers' GEMMs as Transformer "
+                  "Engine's userbuffers do (Megatron-Core --tp-comm-overlap; needs TP > 1 and sequence parallelism): "
+                  "on|off (default: the trainer's)");
+  cmd->add_option("--overlap-param-gather", f.overlap_param_gather,
+                  "all-gather the distributed optimizer's parameters bucket by bucket in the next forward instead of "
+                  "after the step (Megatron-Core --overlap-param-gather; --zero 1 or 2): on|off (default: the "
+                  "trainer's)");
   cmd->add_option("--rank-order", f.rank_order,
                   search ? "rank order, innermost first, e.g. tp-dp-pp (Megatron's); default: searched"
                          : "rank order, innermost first (default tp-dp-pp, Megatron's)");
@@ -276,6 +289,9 @@ PlannerOptions planner_options(const PlanFlags& f) {
   }
   if (f.grad_accum_fusion) o.grad_accum_fusion = parse_on_off(*f.grad_accum_fusion, "--grad-accum-fusion");
   if (f.dp_overlap) o.dp_overlap = parse_on_off(*f.dp_overlap, "--dp-overlap");
+  if (f.cuda_graphs) o.cuda_graphs = CudaGraphs::parse(*f.cuda_graphs, cl, "--cuda-graphs");
+  if (f.tp_comm_overlap) o.tp_comm_overlap = parse_on_off(*f.tp_comm_overlap, "--tp-comm-overlap");
+  if (f.overlap_param_gather) o.overlap_param_gather = parse_on_off(*f.overlap_param_gather, "--overlap-param-gather");
   if (f.precision) o.precision = parse_precision(*f.precision, cl, "--precision");
   if (f.fp8_param_gather) o.fp8_param_gather = true;
   o.trainer = f.trainer;
@@ -305,6 +321,7 @@ Loaded load(const PlanFlags& f) {
     // change them are refused rather than silently ignored.
     const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.rank_order ||
+                      f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
                       f.global_batch ||
                       f.seq_length ||
                       f.first_stage_layers || f.last_stage_layers || f.uneven_stages || f.embedding_in_split ||
@@ -494,6 +511,13 @@ constexpr KeyFlag kKeyFlags[] = {
     {"parallel.global_batch", "--global-batch", [](const PlannerOptions& o) { return shown(o.global_batch); }},
     {"parallel.seq_length", "--seq-length", [](const PlannerOptions& o) { return shown(o.seq_length); }},
     {"trainer.dp_overlap", "--dp-overlap", [](const PlannerOptions& o) { return shown(o.dp_overlap); }},
+    {"trainer.cuda_graphs", "--cuda-graphs",
+     [](const PlannerOptions& o) {
+       return o.cuda_graphs ? std::optional<std::string>(o.cuda_graphs->str()) : std::nullopt;
+     }},
+    {"trainer.tp_comm_overlap", "--tp-comm-overlap", [](const PlannerOptions& o) { return shown(o.tp_comm_overlap); }},
+    {"trainer.overlap_param_gather", "--overlap-param-gather",
+     [](const PlannerOptions& o) { return shown(o.overlap_param_gather); }},
 };
 
 }  // namespace

@@ -39,6 +39,9 @@ struct PlanFlags {
   bool fp8_param_gather = false;                 // --fp8-param-gather
   std::optional<std::string> trainer;            // --trainer preset
   std::optional<std::string> dp_overlap;         // on|off
+  std::optional<std::string> cuda_graphs;        // --cuda-graphs none|full_iteration|local[:attn,mlp]|...
+  std::optional<std::string> tp_comm_overlap;    // on|off
+  std::optional<std::string> overlap_param_gather;  // on|off
   std::optional<int> first_stage_layers, last_stage_layers;
   bool embedding_in_split = false, loss_in_split = false;  // --account-for-{embedding,loss}-in-pipeline-split
   std::optional<std::string> pipeline_layout;             // --pipeline-model-parallel-layout

@@ -93,6 +93,12 @@ std::string plain_fix(const PlanRejection& r) {
     case K::layout_stages: return "give PP x virtual stages entries in the layout, | between them";
     case K::layout_layers: return "give the layout " + std::to_string(r.values[1]) + " decoder layers t";
     case K::layout_mtp: return "give the layout " + std::to_string(r.values[1]) + " MTP modules m, in its last virtual stage";
+    case K::trainer_no_cuda_graphs: return "use --cuda-graphs none, or --trainer megatron-core";
+    case K::trainer_no_tp_comm_overlap: return "use --tp-comm-overlap off, or --trainer megatron-core";
+    case K::trainer_no_overlap_param_gather: return "use --overlap-param-gather off, or --trainer megatron-core";
+    case K::tp_overlap_needs_sp: return "use --tp 2 (or more) with --sequence-parallel on, or --tp-comm-overlap off";
+    case K::param_overlap_needs_dist_opt: return "use --zero 1 or 2, or --overlap-param-gather off";
+    case K::param_overlap_needs_grad_overlap: return "use --dp-overlap on, or --overlap-param-gather off";
     default: return "";
   }
 }
@@ -145,6 +151,9 @@ std::string_view flag_of(PlanField field) {
     case PlanField::recompute_modules: return "--recompute-modules";
     case PlanField::pipeline_layout: return "--pipeline-model-parallel-layout";
     case PlanField::moe_dispatcher: return "--moe-dispatcher";
+    case PlanField::cuda_graphs: return "--cuda-graphs";
+    case PlanField::tp_comm_overlap: return "--tp-comm-overlap";
+    case PlanField::overlap_param_gather: return "--overlap-param-gather";
   }
   return "--tp/--pp/--dp";
 }

@@ -226,6 +226,63 @@ RankOrder RankOrder::parse(std::string_view s, const std::string& source, const 
   return order;
 }
 
+std::string_view to_string(CudaGraphImpl i) {
+  switch (i) {
+    case CudaGraphImpl::none: return "none";
+    case CudaGraphImpl::local: return "local";
+    case CudaGraphImpl::transformer_engine: return "transformer_engine";
+    case CudaGraphImpl::full_iteration: return "full_iteration";
+  }
+  return "none";
+}
+
+std::string CudaGraphs::str() const {
+  std::string out(to_string(impl));
+  if (modules == 0) return out;
+  out += ":";
+  if ((modules & static_cast<std::uint8_t>(CudaGraphModule::attn)) != 0) out += "attn";
+  if ((modules & static_cast<std::uint8_t>(CudaGraphModule::mlp)) != 0)
+    out += out.back() == ':' ? "mlp" : ",mlp";
+  return out;
+}
+
+CudaGraphs CudaGraphs::parse(std::string_view s, const std::string& source, const std::string& field) {
+  const std::string fix =
+      "use none, full_iteration, local or transformer_engine, the last two optionally with :attn, :mlp or "
+      ":attn,mlp (Megatron-Core's --cuda-graph-impl and --cuda-graph-modules)";
+  CudaGraphs g;
+  const std::size_t colon = s.find(':');
+  const std::string_view impl = s.substr(0, colon);
+  bool known = false;
+  for (CudaGraphImpl i : {CudaGraphImpl::none, CudaGraphImpl::local, CudaGraphImpl::transformer_engine,
+                          CudaGraphImpl::full_iteration})
+    if (impl == to_string(i)) {
+      g.impl = i;
+      known = true;
+    }
+  if (!known) throw InputError(source, field, "unknown CUDA graph implementation " + quote_value(impl), fix);
+  if (colon == std::string_view::npos) return g;
+  if (g.impl == CudaGraphImpl::none || g.impl == CudaGraphImpl::full_iteration)
+    throw InputError(source, field, quote_value(s) + ": " + std::string(impl) + " takes no modules",
+                     "give " + std::string(impl) + " alone");
+  std::string_view rest = s.substr(colon + 1);
+  while (true) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view part = rest.substr(0, comma);
+    std::uint8_t bit = 0;
+    if (part == "attn") bit = static_cast<std::uint8_t>(CudaGraphModule::attn);
+    else if (part == "mlp") bit = static_cast<std::uint8_t>(CudaGraphModule::mlp);
+    else throw InputError(source, field, "unknown CUDA graph module " + quote_value(part) + " in " + quote_value(s),
+                          "cuboid prices attn and mlp (a dense layer's MLP)");
+    if ((g.modules & bit) != 0)
+      throw InputError(source, field, quote_value(s) + " names " + std::string(part) + " twice", "name each module once");
+    g.modules |= bit;
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return g;
+}
+
 bool has_uneven_stages(const ParallelPlan& plan) { return plan.first_stage_layers > 0 || plan.last_stage_layers > 0; }
 
 bool has_pipeline_layout(const ParallelPlan& plan) {

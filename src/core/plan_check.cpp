@@ -70,6 +70,25 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     return reject(K::trainer_no_kernel, F::attention_kernel, preset, static_cast<std::int64_t>(p.attention_kernel));
   if (p.recompute_modules != 0 && !t.recompute_modules)
     return reject(K::trainer_no_recompute_modules, F::recompute_modules, preset);
+  if (p.trainer.cuda_graphs.on() && !t.cuda_graphs) return reject(K::trainer_no_cuda_graphs, F::cuda_graphs, preset);
+  if (p.trainer.tp_comm_overlap && !t.tp_comm_overlap)
+    return reject(K::trainer_no_tp_comm_overlap, F::tp_comm_overlap, preset);
+  if (p.trainer.overlap_param_gather && !t.overlap_param_gather)
+    return reject(K::trainer_no_overlap_param_gather, F::overlap_param_gather, preset);
+  return std::nullopt;
+}
+
+// Megatron-LM d98e8a64 megatron/training/arguments.py:1441-1442: TP
+// communication overlap only with sequence parallelism (which :1433-1439
+// turns off at TP 1); :1024-1028: --overlap-param-gather only with the
+// distributed optimizer (or Megatron-FSDP) and --overlap-grad-reduce.
+Found check_overlaps(const ParallelPlan& p) {
+  if (p.trainer.tp_comm_overlap && (p.tp < 2 || !p.sequence_parallel))
+    return reject(K::tp_overlap_needs_sp, F::tp_comm_overlap, p.tp, p.sequence_parallel ? 1 : 0);
+  if (p.trainer.overlap_param_gather && p.zero_stage == 0)
+    return reject(K::param_overlap_needs_dist_opt, F::overlap_param_gather, p.zero_stage);
+  if (p.trainer.overlap_param_gather && !p.trainer.dp_overlap)
+    return reject(K::param_overlap_needs_grad_overlap, F::overlap_param_gather);
   return std::nullopt;
 }
 
@@ -330,6 +349,22 @@ std::string describe_trainer(const PlanRejection& r) {
     }
     case K::trainer_no_layout:
       return trainer_words(v[0], "has no pipeline layout (the embedding and the loss counted as layers, or a layout string)");
+    case K::trainer_no_cuda_graphs: return trainer_words(v[0], "has no Megatron-Core CUDA graphs");
+    case K::trainer_no_tp_comm_overlap:
+      return trainer_words(v[0], "has no Transformer Engine userbuffers TP overlap");
+    case K::trainer_no_overlap_param_gather:
+      return trainer_words(v[0], "has no parameter all-gather overlapped with the forward");
+    case K::tp_overlap_needs_sp:
+      return "TP communication overlap needs sequence parallelism and TP > 1 (here TP " + n(v[0]) + ", SP " +
+             (v[1] != 0 ? "on" : "off") +
+             "; Megatron-LM d98e8a64 megatron/training/arguments.py:1442 asserts sequence_parallel, which :1433-1439 "
+             "turns off at TP 1)";
+    case K::param_overlap_needs_dist_opt:
+      return "the overlapped parameter all-gather is the distributed optimizer's (ZeRO 1, 2; Megatron-FSDP's ZeRO 3), "
+             "not ZeRO " + n(v[0]) + " (Megatron-LM d98e8a64 megatron/training/arguments.py:1025)";
+    case K::param_overlap_needs_grad_overlap:
+      return "the overlapped parameter all-gather needs the overlapped gradient reduction (Megatron-LM d98e8a64 "
+             "megatron/training/arguments.py:1028 asserts overlap_grad_reduce)";
     default: return "";
   }
 }
@@ -500,6 +535,7 @@ std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& 
   if (Found r = check_latent_attention(p, m)) return r;
   if (Found r = check_recompute_modules(p, m)) return r;
   if (Found r = check_precision(p, c.gpu)) return r;
+  if (Found r = check_overlaps(p)) return r;
   {
     const auto presets = trainer_presets();
     const std::int64_t preset = trainer - presets.data();

@@ -93,7 +93,7 @@ void read_moe_dispatchers(JsonReader& r, TrainerPreset& t) {
   }
 }
 
-constexpr std::array<Field, 17> kCanRun{{
+constexpr std::array<Field, 20> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
@@ -109,13 +109,16 @@ constexpr std::array<Field, 17> kCanRun{{
     {"expert_parallel", [](JsonReader& r, TrainerPreset& t) { t.expert_parallel = r.boolean("value"); }},
     {"fp8", [](JsonReader& r, TrainerPreset& t) { t.fp8 = r.boolean("value"); }},
     {"recompute_modules", [](JsonReader& r, TrainerPreset& t) { t.recompute_modules = r.boolean("value"); }},
+    {"cuda_graphs", [](JsonReader& r, TrainerPreset& t) { t.cuda_graphs = r.boolean("value"); }},
+    {"tp_comm_overlap", [](JsonReader& r, TrainerPreset& t) { t.tp_comm_overlap = r.boolean("value"); }},
+    {"overlap_param_gather", [](JsonReader& r, TrainerPreset& t) { t.overlap_param_gather = r.boolean("value"); }},
     {"zero_stages", read_zero_stages},
     {"attention_kernels", read_attention_kernels},
     {"moe_dispatchers", read_moe_dispatchers},
 }};
 
 // How it runs a plan by default (TrainerSettings).
-constexpr std::array<Field, 17> kSettings{{
+constexpr std::array<Field, 20> kSettings{{
     {"dp_overlap", [](JsonReader& r, TrainerPreset& t) { t.settings.dp_overlap = r.boolean("value"); }},
     {"dp_grad_bytes",
      [](JsonReader& r, TrainerPreset& t) {
@@ -155,6 +158,13 @@ constexpr std::array<Field, 17> kSettings{{
      [](JsonReader& r, TrainerPreset& t) {
        t.attention_kernel = parse_attention_kernel(r.string("value"), r.source(), r.field_path("value"));
      }},
+    {"cuda_graphs",
+     [](JsonReader& r, TrainerPreset& t) {
+       t.settings.cuda_graphs = CudaGraphs::parse(r.string("value"), r.source(), r.field_path("value"));
+     }},
+    {"tp_comm_overlap", [](JsonReader& r, TrainerPreset& t) { t.settings.tp_comm_overlap = r.boolean("value"); }},
+    {"overlap_param_gather",
+     [](JsonReader& r, TrainerPreset& t) { t.settings.overlap_param_gather = r.boolean("value"); }},
 }};
 
 bool has_key(std::span<const Field> fields, std::string_view key) {
@@ -252,6 +262,12 @@ TrainerPreset parse_trainer(const std::string& text, const std::string& source) 
   if (t.attention_kernel != AttentionKernel::auto_ && std::find(runs.begin(), runs.end(), t.attention_kernel) == runs.end())
     r.fail("settings.attention_kernel", "is " + std::string(to_string(t.attention_kernel)) + ", which can_run.attention_kernels does not list",
            "list it there or name one it lists");
+  if (t.settings.cuda_graphs.on() && !t.cuda_graphs)
+    r.fail("settings.cuda_graphs", "is on but can_run.cuda_graphs is false", "give none");
+  if (t.settings.tp_comm_overlap && !t.tp_comm_overlap)
+    r.fail("settings.tp_comm_overlap", "is on but can_run.tp_comm_overlap is false", "give false");
+  if (t.settings.overlap_param_gather && !t.overlap_param_gather)
+    r.fail("settings.overlap_param_gather", "is on but can_run.overlap_param_gather is false", "give false");
   if (!t.flash_attention && (t.attention_kernel != AttentionKernel::auto_ && t.attention_kernel != AttentionKernel::unfused))
     r.fail("settings.attention_kernel", "names a fused kernel but can_run.flash_attention is false", "give unfused");
   return t;

@@ -1083,6 +1083,56 @@ void append_mlp_forward(std::vector<Op>& out, const std::vector<Op>& forward) {
                                forward.begin() + static_cast<std::ptrdiff_t>(last));
 }
 
+// Megatron-Core's CUDA graphs (TrainerSettings::cuda_graphs; Megatron-LM
+// d98e8a64 transformer_config.py:1075-1105): which ops of a layer's list
+// replay from a captured graph. The attention part is what
+// TransformerLayer._forward_attention runs (the ops before the MLP's norm
+// in a forward list, after it in a backward one), the MLP part the rest;
+// the "mlp" module captures a dense layer's MLP only. A per-layer graph is
+// a run of captured ops of one part; its first op keeps a launch, which
+// stands for the graph's own (cudaGraphLaunch, one host call). The
+// full-iteration graph is launched once per iteration: no op keeps one.
+// `mlp(i)`: whether ops[i] is of the MLP part.
+template <class IsMlp>
+void mark_graphed(std::vector<Op>& ops, const CudaGraphs& g, bool moe_layer, IsMlp mlp) {
+  const bool whole = g.impl == CudaGraphImpl::full_iteration;
+  int previous = -1;  // the part of the graph the last op replayed in, -1: none
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const bool in_mlp = mlp(i);
+    const bool captured = whole || (in_mlp ? (moe_layer ? g.modules == 0 : g.captures(CudaGraphModule::mlp))
+                                           : g.captures(CudaGraphModule::attn));
+    const int part = captured ? (in_mlp ? 1 : 0) : -1;
+    ops[i].graphed = captured && (whole || part == previous);
+    previous = part;
+  }
+}
+
+void mark_layer_graphs(LayerOps& ops, const CudaGraphs& g, bool moe_layer) {
+  if (!g.on()) return;
+  std::size_t cut = ops.forward.size();
+  for (std::size_t i = 0; i < ops.forward.size(); ++i)
+    if (ops.forward[i].name == op::norm_mlp) cut = i;
+  std::size_t bwd_cut = 0;
+  for (std::size_t i = 0; i < ops.backward.size(); ++i)
+    if (ops.backward[i].name == op::norm_mlp_bwd) bwd_cut = i + 1;
+  // A recomputation's ops are copies of forward ops: the part of the forward op of their name.
+  std::vector<std::string_view> mlp_names;
+  for (std::size_t i = cut; i < ops.forward.size(); ++i) mlp_names.push_back(ops.forward[i].name);
+  const std::vector<Op>& recompute = ops.recompute;
+  mark_graphed(ops.recompute, g, moe_layer, [&](std::size_t i) {
+    return std::find(mlp_names.begin(), mlp_names.end(), recompute[i].name) != mlp_names.end();
+  });
+  mark_graphed(ops.forward, g, moe_layer, [&](std::size_t i) { return i >= cut; });
+  mark_graphed(ops.backward, g, moe_layer, [&](std::size_t i) { return i < bwd_cut; });
+}
+
+// The full-iteration graph holds every op of the forward-backward path.
+void mark_whole_iteration(LayerOps& ops, const ParallelPlan& plan) {
+  if (plan.trainer.cuda_graphs.impl != CudaGraphImpl::full_iteration) return;
+  for (std::vector<Op>* list : {&ops.forward, &ops.backward, &ops.recompute})
+    for (Op& op : *list) op.graphed = true;
+}
+
 // Megatron-FSDP with --fp8-param-gather (ZeRO-3 of an FP8 plan) gathers
 // each layer's FP8 rowwise data again for its backward and makes the
 // columnwise copy from it on the compute stream (Megatron-LM d98e8a64
@@ -1176,6 +1226,7 @@ LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan, boo
       if (plan.recomputes(RecomputeModule::mlp) && !x.moe) append_mlp_forward(ops.recompute, ops.forward);
       break;
   }
+  mark_layer_graphs(ops, plan.trainer.cuda_graphs, x.moe);
   return ops;
 }
 
@@ -1219,6 +1270,7 @@ LayerOps embedding_ops(const ModelSpec& m, const ParallelPlan& plan) {
   const double tables = (word_params + position_params) * (kBf16Bytes + x.grad_accum_bytes);
   const double grad = full * (kBf16Bytes + kBf16Bytes) + scatter_add * (position_params > 0 ? 2.0 : 1.0) + mask_backward + tables;
   ops.backward.push_back(memory_bound(op::embed_grad, Pass::backward, grad));
+  mark_whole_iteration(ops, plan);
   return ops;
 }
 
@@ -1256,6 +1308,7 @@ LayerOps lm_head_ops(const ModelSpec& m, const ParallelPlan& plan) {
   if (!x.fused_wgrad)
     ops.backward.push_back(memory_bound(op::logits_grad_accum, Pass::backward, head_params * x.grad_accum_bytes));
   ops.backward.push_back(memory_bound(op::norm_final_bwd, Pass::backward, hid * kNormBackwardBytesPerElement));
+  mark_whole_iteration(ops, plan);
   return ops;
 }
 
@@ -1287,6 +1340,7 @@ LayerOps mtp_ops(const ModelSpec& m, const ParallelPlan& plan) {
   add_tp_reduce(ops.backward, x, x.sp ? op::tp_rs_attn_bwd : op::tp_ar_attn_bwd, Pass::backward);
   ops.backward.push_back(memory_bound(op::mtp_norms_bwd, Pass::backward, hid * 2 * kNormBackwardBytesPerElement));
   append(ops.backward, embed.backward);
+  mark_whole_iteration(ops, plan);
   return ops;
 }
 

@@ -129,11 +129,12 @@ double gemm_memory_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_
 }
 
 // Roofline time of an uncalibrated GEMM whose HBM side runs at bytes_per_s.
+// `launch_ns`: the host's launch of the kernel (0 inside a CUDA graph).
 TimeNs gemm_roofline_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k,
-                        std::int64_t batch, double extra_bytes, double bytes_per_s, Precision p = Precision::bf16) {
+                        std::int64_t batch, double extra_bytes, double bytes_per_s, Precision p, double launch_ns) {
   const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch, p),
                                   gemm_memory_s(m, n, k, batch, bytes_per_s, p) + extra_bytes / bytes_per_s);
-  return to_ns(seconds) + static_cast<TimeNs>(gpu.kernel_launch_ns);
+  return to_ns(seconds) + static_cast<TimeNs>(launch_ns);
 }
 
 }  // namespace
@@ -161,12 +162,12 @@ namespace {
 // A measured (or interpolated) time is per call, launch included; else the
 // roofline with the HBM side at bytes_per_s.
 TimeNs gemm_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
-               double extra_bytes, double bytes_per_s, Precision p = Precision::bf16) {
+               double extra_bytes, double bytes_per_s, Precision p, double launch_ns) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
   if (gpu.calibration) {
     if (const auto format = calibrated_format(p)) {
       if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch, *format)) return std::llround(*ns);
-      const TimeNs roofline = gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s, p);
+      const TimeNs roofline = gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s, p, launch_ns);
       // More rows than the samples bracket: the largest bracketed m's rate
       // is a floor (held_gemm_ns), the roofline an estimate; the faster wins.
       if (const auto held = held_gemm_ns(*gpu.calibration, m, n, k, batch, *format))
@@ -174,23 +175,23 @@ TimeNs gemm_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64
       return roofline;
     }
   }
-  return gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s, p);
+  return gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s, p, launch_ns);
 }
 
 // A memory-bound kernel: measured by name on a calibrated card, else its bytes at bytes_per_s.
-TimeNs kernel_ns(const GpuProfile& gpu, const std::string& name, double bytes, double bytes_per_s) {
+TimeNs kernel_ns(const GpuProfile& gpu, const std::string& name, double bytes, double bytes_per_s, double launch_ns) {
   if (bytes <= 0) return 0;
   if (gpu.calibration) {
     if (const auto ns = calibrated_kernel_ns(*gpu.calibration, name, bytes)) return std::llround(*ns);
   }
-  return to_ns(bytes / bytes_per_s) + static_cast<TimeNs>(gpu.kernel_launch_ns);
+  return to_ns(bytes / bytes_per_s) + static_cast<TimeNs>(launch_ns);
 }
 
 }  // namespace
 
 TimeNs gemm_time_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
                     double extra_bytes) {
-  return gemm_ns(gpu, m, n, k, batch, extra_bytes, hbm_Bps(gpu));
+  return gemm_ns(gpu, m, n, k, batch, extra_bytes, hbm_Bps(gpu), Precision::bf16, gpu.kernel_launch_ns);
 }
 
 TimeNs memory_bound_time_ns(const GpuProfile& gpu, double bytes) {
@@ -205,7 +206,7 @@ TimeNs list_collective_copies_ns(const GpuProfile& gpu, double bytes, int group_
 
 // A fit's time is per call, launch included.
 TimeNs kernel_time_ns(const GpuProfile& gpu, const std::string& name, double bytes) {
-  return kernel_ns(gpu, name, bytes, hbm_Bps(gpu));
+  return kernel_ns(gpu, name, bytes, hbm_Bps(gpu), gpu.kernel_launch_ns);
 }
 
 TimeNs collective_time_ns(Collective c, double size_bytes, int group_size, const LinkParams& link) {
@@ -415,6 +416,9 @@ UplinkLoad uplink_load(const Topology& topo, const std::vector<std::vector<int>>
 // Compute ops only. Communication ops need a group's LinkParams, so they are
 // priced with collective_time_ns by the caller; here they cost nothing.
 TimeNs op_time_ns(const GpuProfile& gpu, const Op& op) {
+  // A kernel replayed from a captured CUDA graph has no host launch of its
+  // own (Op::graphed); a measured time is kept as measured.
+  const double launch_ns = op.graphed ? 0.0 : gpu.kernel_launch_ns;
   switch (op.kind) {
     case OpKind::gemm:
       // The shape is what the kernel runs (the unfused attention GEMMs
@@ -428,7 +432,7 @@ TimeNs op_time_ns(const GpuProfile& gpu, const Op& op) {
           return std::llround(*ns);
         if (const auto ns = calibrated_kernel_ns(*gpu.calibration, op.name, op.flops)) return std::llround(*ns);
       }
-      return gemm_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes, op_hbm_Bps(gpu, op), op.precision);
+      return gemm_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes, op_hbm_Bps(gpu, op), op.precision, launch_ns);
     case OpKind::attention_core: {
       // Fused (flash) attention: tensor-core work at the efficiency of its
       // grid (query blocks x heads), causal half only, against the HBM
@@ -451,10 +455,10 @@ TimeNs op_time_ns(const GpuProfile& gpu, const Op& op) {
       const double best = gpu.calibration || flash <= 0 ? gemm_best_flops(gpu) : sustained_flops(gpu, flash);
       const double compute_s = op.flops / (best * quantisation_efficiency(gpu, op.m, op.n, op.batch));
       const double memory_s = op.bytes / hbm_Bps(gpu);
-      return to_ns(std::max(compute_s, memory_s)) + static_cast<TimeNs>(gpu.kernel_launch_ns);
+      return to_ns(std::max(compute_s, memory_s)) + static_cast<TimeNs>(launch_ns);
     }
     case OpKind::memory_bound:
-      return kernel_ns(gpu, op.name, op.bytes, op_hbm_Bps(gpu, op));
+      return kernel_ns(gpu, op.name, op.bytes, op_hbm_Bps(gpu, op), launch_ns);
     case OpKind::collective:
     case OpKind::p2p:
       return 0;

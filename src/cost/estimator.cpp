@@ -5,7 +5,9 @@
 // * t_f, t_b per micro-batch = compute ops (op_time_ns) + TP collectives
 //   (collective_time_ns over the stage's TP group). Megatron does not overlap
 //   TP communication with compute in these kernels, so it is added, and
-//   reported apart as tp_comm. Recomputation is part of t_b.
+//   reported apart as tp_comm; with Transformer Engine's userbuffers
+//   (--tp-comm-overlap) an SP collective's pair with its GEMM adds what the
+//   pair takes beyond the GEMM (tp_list_ns). Recomputation is part of t_b.
 // * compute + tp_comm = m * (t_f + t_b); bubble = (p - 1) * (t_f + t_b) / v
 //   (v = virtual stages for interleaved 1F1B, else 1; GPipe and 1F1B share
 //   the same bubble and differ only in memory).
@@ -37,8 +39,9 @@
 //   once-per-iteration reduction is exposed whole. ZeRO-3's gathers and
 //   reduce-scatters are walked unit by unit as the trainer issues them
 //   (zero3.hpp): what they add to each pass beyond its compute is exposed.
-//   The parameter all-gather after the optimizer step is exposed
-//   (--overlap-param-gather is off by default).
+//   The parameter all-gather after the optimizer step is exposed; with
+//   --overlap-param-gather it moves to the next forward's buckets
+//   (next_forward_gather_ns).
 // * optimizer: Megatron's step kernels (optimizer_step.hpp): the fp32 grad
 //   buffer scaled and zeroed (8 + 4 B per parameter), and on this GPU's
 //   shard (params / dp with ZeRO >= 1) the grad norm (4), Adam (28) and the
@@ -50,6 +53,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
@@ -62,6 +66,7 @@
 #include "cuboid/cost/optimizer_step.hpp"
 #include "cuboid/cost/speed_spread.hpp"
 #include "cuboid/cost/step.hpp"
+#include "cuboid/core/tp_overlap.hpp"
 #include "cuboid/core/workload.hpp"
 #include "cuboid/core/zero3.hpp"
 
@@ -217,10 +222,33 @@ PassTimes compute_times(const GpuProfile& gpu, const LayerOps& ops) {
   return t;
 }
 
-void add_tp_times(PassTimes& into, const LayerOps& ops, double scale, int tp, const GroupLinks& links) {
+// A list's TP collectives, those Transformer Engine's userbuffers overlap
+// with their GEMM (`ub`, core/tp_overlap.hpp) as what their pair takes
+// beyond the GEMM's own time: the exposed steps, and the GEMM's chunking
+// and its SMs left to the comm kernels. Simplified here only: the bulk
+// pairs of the backward stay blocking, as every async backward collective
+// is in this estimate.
+double tp_list_ns(const GpuProfile& gpu, const std::vector<Op>& ops, int tp, const GroupLinks& links, bool ub) {
+  double total = tp_comm_ns(ops, tp, links);
+  if (!ub) return total;
+  const SmsTakenPricer margin(gpu, kUbCommSms);
+  for (const UbOverlap& u : ub_overlaps(ops, tp)) {
+    const Op& comm = ops[u.comm];
+    const Op& gemm = ops[u.gemm];
+    const Op chunk = ub_chunk_gemm(gemm, u.chunks);
+    const double g = static_cast<double>(u.comm_sms > 0 ? margin(chunk) : op_time_ns(gpu, chunk));
+    const double c = comm_ns(u.chunk_collective(), ub_chunk_bytes(u, comm.comm_bytes), tp, links);
+    total += ub_overlapped_ns(u, g, c) - static_cast<double>(op_time_ns(gpu, gemm)) -
+             comm_ns(comm.collective, comm.comm_bytes, tp, links);
+  }
+  return total;
+}
+
+void add_tp_times(PassTimes& into, const GpuProfile& gpu, const LayerOps& ops, double scale, int tp,
+                  const GroupLinks& links, bool ub) {
   if (tp <= 1) return;
-  into.fwd_tp += scale * tp_comm_ns(ops.forward, tp, links);
-  into.bwd_tp += scale * (tp_comm_ns(ops.backward, tp, links) + tp_comm_ns(ops.recompute, tp, links));
+  into.fwd_tp += scale * tp_list_ns(gpu, ops.forward, tp, links, ub);
+  into.bwd_tp += scale * (tp_list_ns(gpu, ops.backward, tp, links, ub) + tp_list_ns(gpu, ops.recompute, tp, links, ub));
 }
 
 
@@ -466,11 +494,12 @@ CommTimes make_comm_times(const GpuProfile& gpu, const ParallelPlan& plan, const
   }
   ct.tp.resize(pl.tp_links.size());
   for (std::size_t i = 0; i < pl.tp_links.size(); ++i) {
-    add_tp_times(ct.tp[i].layer, lc.layer, 1.0, tp, pl.tp_links[i]);
-    if (lc.mixed) add_tp_times(ct.tp[i].dense, lc.dense, 1.0, tp, pl.tp_links[i]);
-    add_tp_times(ct.tp[i].mtp, lc.mtp, 1.0, tp, pl.tp_links[i]);
-    add_tp_times(ct.tp[i].embed, lc.embed, 1.0, tp, pl.tp_links[i]);
-    add_tp_times(ct.tp[i].head, lc.head, 1.0, tp, pl.tp_links[i]);
+    const bool ub = plan.trainer.tp_comm_overlap;
+    add_tp_times(ct.tp[i].layer, gpu, lc.layer, 1.0, tp, pl.tp_links[i], ub);
+    if (lc.mixed) add_tp_times(ct.tp[i].dense, gpu, lc.dense, 1.0, tp, pl.tp_links[i], ub);
+    add_tp_times(ct.tp[i].mtp, gpu, lc.mtp, 1.0, tp, pl.tp_links[i], ub);
+    add_tp_times(ct.tp[i].embed, gpu, lc.embed, 1.0, tp, pl.tp_links[i], ub);
+    add_tp_times(ct.tp[i].head, gpu, lc.head, 1.0, tp, pl.tp_links[i], ub);
   }
   for (const GroupLinks& links : pl.cp_links) add_cp_times(ct.cp.emplace_back(), gpu, lc.layer, plan.cp, links);
   for (std::size_t i = 0; i < pl.ep_links.size(); ++i)
@@ -763,12 +792,44 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
 // Megatron's buckets, whose last one shows past it); its SMs' cost to the
 // compute beside it is added to `compute_s`. Dense collectives come before
 // the experts' (step.hpp's order): both on one stream.
+// The distributed optimizer's gather issued in the next forward
+// (--overlap-param-gather; the simulator plays it bucket by bucket): per
+// model chunk, issued when the host reaches its first forward, the buckets
+// back to back, each bucket's layers waiting for theirs. Simplified here
+// only: on the first stage's first chunk the first bucket holds the
+// embedding (`first_params`, at least bucket_params) and the rest split
+// into B equal buckets of gather a under equal forward shares f, the
+// embedding's own forward taken as nothing: a0 + a + (B - 1) max(0, a - f);
+// a later stage's first chunk hides its one gather behind the pipeline's
+// fill, `critical` forwards of a chunk of this stage's; the other chunks'
+// gathers find nothing issued ahead of them: exposed whole.
+double next_forward_gather_ns(const StepCollective& sc, const GroupLinks& links, const StepDescription& step,
+                              const StageStep& stage, const PassTimes& crit, int critical, double v,
+                              double first_params) {
+  const double chunk_bytes = sc.bytes / v;
+  const double chunk_ns = comm_ns(sc.collective, chunk_bytes, sc.ranks, links);
+  const double chunk_fwd_ns = crit.fwd() / v;
+  const double exposed = (v - 1) * chunk_ns;
+  if (critical > 0) return exposed + std::max(0.0, chunk_ns - critical * chunk_fwd_ns);
+  const double chunk_params = stage.params.total() / v;
+  if (chunk_params <= 0) return exposed;
+  const double bucket = step.bucket_params(0, 0);
+  const double first = std::min(chunk_params, std::max(bucket, first_params));
+  const double a0 = comm_ns(sc.collective, chunk_bytes * first / chunk_params, sc.ranks, links);
+  const double rest = chunk_params - first;
+  if (rest <= 0) return exposed + a0;
+  const double buckets = std::max(1.0, std::ceil(rest / bucket));
+  const double a = comm_ns(sc.collective, chunk_bytes * rest / chunk_params / buckets, sc.ranks, links);
+  return exposed + a0 + a + (buckets - 1) * std::max(0.0, a - chunk_fwd_ns / buckets);
+}
+
 template <class Zero3>
 double fold_step_collectives(const StageStep& stage, const StepDescription& step, const PassTimes& crit,
                              const CommTimes& ct, double micro_batches, const GroupLinks& dp_links,
                              const GroupLinks& expert_links, Zero3 zero3_exposed, double& compute_s,
-                             std::vector<StepCollective>* folded) {
-  double sum[6] = {};
+                             std::vector<StepCollective>* folded, int critical, double v, double first_params) {
+  double sum[7] = {};
+  double next_forward_ns = 0;
   bool zero3 = false;
   for (const StepCollective& sc : stage.collectives()) {
     const GroupLinks& links = sc.group == StepGroup::expert_dp ? expert_links : dp_links;
@@ -780,6 +841,9 @@ double fold_step_collectives(const StageStep& stage, const StepDescription& step
       case StepWhen::after_all_backward:
         // The tied embedding's all-reduce: once per iteration, whichever
         // stage is critical (estimate_with).
+        break;
+      case StepWhen::next_forward_buckets:
+        next_forward_ns += next_forward_gather_ns(sc, links, step, stage, crit, critical, v, first_params);
         break;
       default:
         sum[static_cast<std::size_t>(sc.when)] += comm_ns(sc.collective, sc.bytes, sc.ranks, links);
@@ -812,7 +876,7 @@ double fold_step_collectives(const StageStep& stage, const StepDescription& step
     default:
       break;
   }
-  if (step.gathers_after_step()) exposed_ns += at(StepWhen::after_optimizer);
+  if (step.gathers_after_step()) exposed_ns += step.gathers_in_next_forward() ? next_forward_ns : at(StepWhen::after_optimizer);
   if (zero3) exposed_ns = zero3_exposed(sm_ns);
   compute_s += sm_ns * 1e-9;
   return exposed_ns;
@@ -887,13 +951,17 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   // trainer issues them.
   const StepDescription step(m, plan, gpu.calibration.get());
   const StageStep stage_step = step.stage(critical);
+  // The word embedding on one TP rank: the first bucket of the first stage's gather.
+  const double embedding_params = static_cast<double>(padded_vocab_size(m.vocab_size, plan.tp)) / plan.tp *
+                                  static_cast<double>(m.hidden_size);
   if (stage_step.size > 0) {
     const auto c = static_cast<std::size_t>(critical);
     bd.dp_comm_s = fold_step_collectives(stage_step, step, crit, ct, micro_batches, pl.dp_links[c],
                                          pl.edp_links.empty() ? pl.dp_links[c] : pl.edp_links[c], [&](double& sm_ns) {
                                            return zero3_exposed_ns(m, gpu, plan, lc, pl.tp_links[pl.stage_tp[c]],
                                                                    pl.dp_links[c], critical, pace, ct, step, sm_ns);
-                                         }, bd.compute_s, folded != nullptr ? &folded->collectives : nullptr) *
+                                         }, bd.compute_s, folded != nullptr ? &folded->collectives : nullptr,
+                                         critical, v, embedding_params) *
                    1e-9;
   }
   // The tied embedding's all-reduce follows the first stage's last backward,
@@ -925,6 +993,8 @@ struct LayerKey {
   bool sp, flash, fused_wgrad;
   Recompute recompute;
   Precision precision;  // one per search: compared, not hashed
+  CudaGraphs cuda_graphs;  // so are these two
+  bool tp_comm_overlap;
   bool operator==(const LayerKey&) const = default;
 };
 
@@ -1021,7 +1091,8 @@ Estimate Estimator::operator()(const ParallelPlan& plan) {
   const LayerKey lk{plan.tp,         plan.cp,        plan.ep,
                     plan.expert_tp(), plan.micro_batch, plan.cp_comm, plan.moe_dispatcher,
                     plan.seq_length,  plan.sequence_parallel, plan.flash_attention,
-                    plan.grad_accum_fusion, plan.recompute, plan.precision};
+                    plan.grad_accum_fusion, plan.recompute, plan.precision,
+                    plan.trainer.cuda_graphs, plan.trainer.tp_comm_overlap};
   auto li = caches_->layers.find(lk);
   if (li == caches_->layers.end()) li = caches_->layers.emplace(lk, make_layer_cost(model_, gpu, plan)).first;
   const PlacementKey pk{plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.expert_tp(), plan.order};

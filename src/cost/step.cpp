@@ -39,6 +39,7 @@ std::string_view to_string(StepWhen w) {
     case StepWhen::zero3_units: return "zero3_units";
     case StepWhen::after_all_backward: return "after_all_backward";
     case StepWhen::after_optimizer: return "after_optimizer";
+    case StepWhen::next_forward_buckets: return "next_forward_buckets";
   }
   return "?";
 }
@@ -114,13 +115,14 @@ StageStep StepDescription::stage(int stage) const {
     // --fp8-param-gather: the quantized weights travel as their FP8 rowwise
     // data (Megatron-Core's distributed optimizer gathers the FP8 parameters).
     const StageParameters quantized = quantized_stage_weights(m_, plan_, stage);
+    const StepWhen gather_when = gathers_in_next_forward() ? StepWhen::next_forward_buckets : StepWhen::after_optimizer;
     if (dp_ > 1)
       out.add({"param all-gather", StepGroup::dp, Collective::all_gather, dp_, gathered_bytes(sp.dense, quantized.dense), 1.0,
-               StepWhen::after_optimizer});
+               gather_when});
     if (edp_ > 1 && sp.expert > 0)
       out.add({"expert param all-gather", expert_group, Collective::all_gather, edp_,
                gathered_bytes(sp.expert, quantized.expert), 1.0,
-               StepWhen::after_optimizer});
+               gather_when});
   }
   return out;
 }

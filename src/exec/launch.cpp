@@ -176,6 +176,17 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
   if (plan.recompute_modules != 0)
     refuse("parallel.recompute_modules", "recompute modules (it recomputes the attention core or whole layers)",
            "plan without --recompute-modules");
+  if (plan.trainer.cuda_graphs.on())
+    refuse("parallel.trainer.cuda_graphs", "CUDA graphs (it launches every kernel from the host)",
+           "plan with --cuda-graphs none");
+  if (plan.trainer.tp_comm_overlap)
+    refuse("parallel.trainer.tp_comm_overlap",
+           "Transformer Engine's userbuffers overlap (its SP collectives block before or after their GEMM)",
+           "plan with --tp-comm-overlap off");
+  if (plan.trainer.overlap_param_gather)
+    refuse("parallel.trainer.overlap_param_gather",
+           "the parameter all-gather in the next forward (it gathers after the optimizer step)",
+           "plan with --overlap-param-gather off");
   // The linear layers' GEMMs run quantized as fp8-current (per-tensor current
   // scaling) or mxfp8 prescribes (Backend::gemm_quantized, fp8.hpp).
   if (plan.precision == Precision::fp8_delayed)

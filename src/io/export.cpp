@@ -54,6 +54,28 @@ void refuse_pipeline_layout(const PlanFile& pf, std::string_view trainer) {
          "export with --to megatron, or plan without the layout");
 }
 
+void refuse_megatron_overlaps(const PlanFile& pf, std::string_view trainer, bool has_cuda_graphs) {
+  const TrainerSettings& t = pf.plan.trainer;
+  if (t.cuda_graphs.on() && !has_cuda_graphs)
+    refuse(pf, "parallel.trainer.cuda_graphs",
+           fmt::format("{} has no setting for Megatron-Core's CUDA graphs ({}), and the plan was priced with its "
+                       "captured kernels launched without the host",
+                       trainer, t.cuda_graphs.str()),
+           "export with --to megatron or megatron-bridge, or plan with --cuda-graphs none");
+  if (t.tp_comm_overlap)
+    refuse(pf, "parallel.trainer.tp_comm_overlap",
+           fmt::format("{} has no setting for Transformer Engine's userbuffers TP overlap, and the plan was priced "
+                       "with the SP collectives under their GEMMs",
+                       trainer),
+           "export with --to megatron, megatron-bridge or nemo, or plan with --tp-comm-overlap off");
+  if (t.overlap_param_gather && (pf.plan.zero_stage == 1 || pf.plan.zero_stage == 2))
+    refuse(pf, "parallel.trainer.overlap_param_gather",
+           fmt::format("{} has no setting for Megatron-Core's distributed optimizer gathering the parameters in "
+                       "the next forward, and the plan was priced with that gather overlapped",
+                       trainer),
+           "export with --to megatron, megatron-bridge or nemo, or plan with --overlap-param-gather off");
+}
+
 McoreQuantization mcore_quantization(Precision p) {
   switch (p) {
     case Precision::fp8_delayed: return {false, "hybrid", "delayed", 1024, "max"};

@@ -18,6 +18,10 @@ void refuse_mla_mtp(const PlanFile& pf, std::string_view trainer);
 // Refuses a plan with Megatron-Core's pipeline layout (the embedding or the
 // loss counted as layers, or a layout string): only --to megatron writes it.
 void refuse_pipeline_layout(const PlanFile& pf, std::string_view trainer);
+// A plan priced with Megatron-Core's CUDA graphs (unless the trainer has
+// them too), TP communication overlap or overlapped parameter gather, for a
+// trainer without them.
+void refuse_megatron_overlaps(const PlanFile& pf, std::string_view trainer, bool has_cuda_graphs = false);
 
 bool default_rank_order(const ParallelPlan& p);
 // Index of `d` in the rank order, 0 = innermost.

@@ -23,6 +23,7 @@ void check_layout(const PlanFile& pf) {
            "export with --to megatron or --to megatron-bridge");
   refuse_mla_mtp(pf, "DeepSpeed's config");
   refuse_pipeline_layout(pf, "DeepSpeed's config");
+  refuse_megatron_overlaps(pf, "DeepSpeed's config");
   if (p.cp > 1)
     refuse(pf, "parallel.cp",
            "DeepSpeed's config has no context parallelism: its sequence parallelism (DeepSpeed-Ulysses) comes from "

@@ -70,11 +70,26 @@ Args parallelism_args(const PlanFile& pf, bool tp_pp_dp, bool fsdp) {
   }
   // DP x CP: Megatron reduces the gradients over both.
   if (p.dp_cp() > 1 && p.trainer.dp_overlap) a.push_back("--overlap-grad-reduce");
-  // The plan prices the distributed optimizer's parameter all-gather (ZeRO 1
-  // and 2) after the optimizer step, exposed; ZeRO-3's gathers are prefetched
-  // under compute, which Megatron FSDP does only with this flag.
-  if (p.dp_cp() > 1 && p.zero_stage == 3) a.push_back("--overlap-param-gather");
+  // The distributed optimizer's parameter all-gather (ZeRO 1 and 2) as
+  // priced: after the optimizer step, or in the next forward with
+  // --overlap-param-gather; ZeRO-3's gathers are prefetched under compute,
+  // which Megatron FSDP does only with this flag.
+  if (p.dp_cp() > 1 && (p.zero_stage == 3 || p.trainer.overlap_param_gather)) a.push_back("--overlap-param-gather");
   if (p.dp_cp() > 1 && p.trainer.dp_grad_bytes == 2) a.push_back("--grad-reduce-in-bf16");
+  // Transformer Engine's userbuffers with its default methods (initialize_ub
+  // without --tp-comm-overlap-cfg), as priced.
+  if (p.trainer.tp_comm_overlap) a.push_back("--tp-comm-overlap");
+  if (const CudaGraphs& g = p.trainer.cuda_graphs; g.on()) {
+    a.push_back(fmt::format("--cuda-graph-impl {}", to_string(g.impl)));
+    if (g.modules != 0) {
+      std::string modules;
+      if (g.captures(CudaGraphModule::attn)) modules += "attn";
+      if (g.captures(CudaGraphModule::mlp)) modules += modules.empty() ? "mlp" : " mlp";
+      a.push_back("--cuda-graph-modules " + modules);
+    }
+    // arguments.py:1235-1237 asserts it with the full-iteration graph.
+    if (g.impl == CudaGraphImpl::full_iteration) a.push_back("--no-check-for-nan-in-loss-and-grad");
+  }
   return a;
 }
 

@@ -186,6 +186,28 @@ Fields kernel_fields(const ParallelPlan& p) {
           {"gradient_accumulation_fusion", py(p.grad_accum_fusion)}};
 }
 
+// TP communication overlap and CUDA graphs, where the plan has them: the
+// model's fields (Megatron-LM cd4afffa ModelParallelConfig.tp_comm_overlap,
+// TransformerConfig.cuda_graph_impl / cuda_graph_modules); Transformer
+// Engine's RNG tracker with graphs, as the performance scripts set it
+// (scripts/performance/utils/overrides.py _set_cuda_graph_overrides; config.py
+// validate copies it to rng.te_rng_tracker).
+Fields overlap_fields(const ParallelPlan& p) {
+  Fields f;
+  if (p.trainer.tp_comm_overlap) f.emplace_back("tp_comm_overlap", "True");
+  if (const CudaGraphs& g = p.trainer.cuda_graphs; g.on()) {
+    f.emplace_back("cuda_graph_impl", fmt::format("\"{}\"", to_string(g.impl)));
+    if (g.modules != 0) {
+      std::string modules;
+      if (g.captures(CudaGraphModule::attn)) modules += "\"attn\"";
+      if (g.captures(CudaGraphModule::mlp)) modules += modules.empty() ? "\"mlp\"" : ", \"mlp\"";
+      f.emplace_back("cuda_graph_modules", "[" + modules + "]");
+    }
+    f.emplace_back("use_te_rng_tracker", "True");
+  }
+  return f;
+}
+
 // The cfg.<field> = value lines after the model.
 std::string config_lines(const ParallelPlan& p, const Layout& l) {
   std::string out;
@@ -226,14 +248,18 @@ std::string config_lines(const ParallelPlan& p, const Layout& l) {
       l.fsdp ? fmt::format("\"{}\"", megatron_fsdp_strategy(p.zero_stage)) : "\"no_shard\"");
   // Megatron shards and reduces over DP x CP.
   set("ddp.overlap_grad_reduce", py(p.dp_cp() > 1 && p.trainer.dp_overlap));
-  // Priced: ZeRO 1-2's parameter all-gather after the optimizer step (exposed),
-  // ZeRO-3's gathers prefetched under compute (Megatron FSDP needs the flag for that).
-  set("ddp.overlap_param_gather", py(p.dp_cp() > 1 && p.zero_stage == 3));
+  // Priced: ZeRO 1-2's parameter all-gather after the optimizer step, or in
+  // the next forward (--overlap-param-gather); ZeRO-3's gathers prefetched
+  // under compute (Megatron FSDP needs the flag for that).
+  set("ddp.overlap_param_gather", py(p.dp_cp() > 1 && (p.zero_stage == 3 || p.trainer.overlap_param_gather)));
   set("ddp.grad_reduce_in_fp32", py(p.trainer.dp_grad_bytes == 4));
   if (l.fsdp) set("checkpoint.ckpt_format", "\"fsdp_dtensor\"");
   set("train.micro_batch_size", std::to_string(p.micro_batch));
   set("train.global_batch_size", std::to_string(p.global_batch));
   set("dataset.seq_length", std::to_string(p.seq_length));
+  // config.py validate (1364-1368) asserts it with the full-iteration graph.
+  if (p.trainer.cuda_graphs.impl == CudaGraphImpl::full_iteration)
+    set("rerun_state_machine.check_for_nan_in_loss", "False");
   return out;
 }
 
@@ -247,7 +273,7 @@ ExportResult megatron_bridge(const PlanFile& pf) {
   // The model fields go to the constructor: TransformerConfig.__post_init__
   // derives kv_channels and checks divisibility from them.
   Fields model = parallel_fields(p, m);
-  for (const Fields& more : {shape_fields(pf), moe_fields(m, p), kernel_fields(p)})
+  for (const Fields& more : {shape_fields(pf), moe_fields(m, p), kernel_fields(p), overlap_fields(p)})
     model.insert(model.end(), more.begin(), more.end());
 
   out += "def cuboid_plan():\n";

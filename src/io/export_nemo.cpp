@@ -30,6 +30,12 @@ bool refuse_unsupported(const PlanFile& pf) {
            "plan with --schedule 1f1b or --schedule interleaved");
   refuse_mla_mtp(pf, "cuboid's NeMo 1.x export");
   refuse_pipeline_layout(pf, "cuboid's NeMo 1.x export");
+  // megatron_gpt_model.py@8cfedd72 build_transformer_config passes
+  // enable_cuda_graph only: Megatron-Core's per-layer graphs of whole layers.
+  if (const CudaGraphs& g = p.trainer.cuda_graphs; g.on() && !(g.impl == CudaGraphImpl::local && g.modules == 0))
+    refuse(pf, "parallel.trainer.cuda_graphs",
+           "NeMo 1.x has enable_cuda_graph only (Megatron-Core's per-layer graphs of whole layers), not " + g.str(),
+           "plan with --cuda-graphs local, or export with --to megatron or --to megatron-bridge");
   // megatron_gpt_config.yaml@8cfedd72 has FP8 keys for delayed scaling only
   // (fp8, fp8_e4m3 / fp8_hybrid, fp8_margin, fp8_amax_history_len,
   // fp8_amax_compute_algo, fp8_params); no key selects another recipe.
@@ -228,13 +234,22 @@ std::string training_keys(const ParallelPlan& p) {
     out += fmt::format("  fp8_amax_compute_algo: {}\n", q.amax_compute_algo);
     out += fmt::format("  fp8_params: {}\n", yes_no(p.fp8_param_gather));
   }
+  // Transformer Engine's userbuffers with its defaults (no
+  // ub_tp_comm_overlap_cfg); Megatron-Core's per-layer graphs
+  // (enable_cuda_graph, which megatron_gpt_model.py asserts with
+  // use_te_rng_tracker).
+  if (p.trainer.tp_comm_overlap) out += "  ub_tp_comm_overlap: true\n";
+  if (p.trainer.cuda_graphs.on()) {
+    out += "  enable_cuda_graph: true\n";
+    out += "  use_te_rng_tracker: true\n";
+  }
   out += "  optim:\n";
   if (p.zero_stage >= 1) {
-    // Megatron-Core's distributed optimizer; the parameter all-gather is priced
-    // after the optimizer step, not overlapped.
+    // Megatron-Core's distributed optimizer; the parameter all-gather as
+    // priced: after the optimizer step, or in the next forward.
     out += "    name: mcore_distributed_optim\n";
     out += fmt::format("    overlap_grad_sync: {}\n", yes_no(p.trainer.dp_overlap));
-    out += "    overlap_param_sync: false\n";
+    out += fmt::format("    overlap_param_sync: {}\n", yes_no(p.trainer.overlap_param_gather));
     out += fmt::format("    grad_sync_dtype: {}\n", p.trainer.dp_grad_bytes == 2 ? "bf16" : "fp32");
   } else {
     out += "    name: fused_adam\n";

@@ -64,6 +64,14 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
                   {"tp_backward_overlap", p.trainer.tp_backward_overlap},
                   {"grad_accum_bytes", p.trainer.grad_accum_bytes},
                   {"zero3", zero3_to_json(p.trainer)}};
+  // Written where they differ from the preset's: other plans' files stay as they were.
+  if (const TrainerPreset* preset = find_trainer(p.trainer.preset)) {
+    const TrainerSettings& d = preset->settings;
+    if (p.trainer.cuda_graphs != d.cuda_graphs) j["trainer"]["cuda_graphs"] = p.trainer.cuda_graphs.str();
+    if (p.trainer.tp_comm_overlap != d.tp_comm_overlap) j["trainer"]["tp_comm_overlap"] = p.trainer.tp_comm_overlap;
+    if (p.trainer.overlap_param_gather != d.overlap_param_gather)
+      j["trainer"]["overlap_param_gather"] = p.trainer.overlap_param_gather;
+  }
   // Written with CP only: a file without it reads as the default ring.
   if (p.cp > 1) j["cp_comm"] = std::string(to_string(p.cp_comm));
   // Written for expert parallelism only (EP > 1 or an ETP of its own).
@@ -164,6 +172,9 @@ std::string plan_key(PlanField field) {
     case PlanField::uneven_stages: return "parallel";
     case PlanField::pipeline_layout: return "parallel.pipeline_layout";
     case PlanField::moe_dispatcher: return "parallel.moe_dispatcher";
+    case PlanField::cuda_graphs: return "parallel.trainer.cuda_graphs";
+    case PlanField::tp_comm_overlap: return "parallel.trainer.tp_comm_overlap";
+    case PlanField::overlap_param_gather: return "parallel.trainer.overlap_param_gather";
   }
   return "parallel";
 }
@@ -211,6 +222,15 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
       return "drop precision (bf16), or use the plan with a cluster card whose GPU runs it (--cluster)";
     case PlanCheck::param_gather_needs_fp8: return "drop fp8_param_gather, or give an FP8 precision; or " + kRegenerate;
     case PlanCheck::param_gather_needs_dist_opt: return "drop fp8_param_gather, or set zero_stage 1 or 3; or " + kRegenerate;
+    case PlanCheck::trainer_no_cuda_graphs: return "set trainer.cuda_graphs none, or " + other_trainer;
+    case PlanCheck::trainer_no_tp_comm_overlap: return "set trainer.tp_comm_overlap false, or " + other_trainer;
+    case PlanCheck::trainer_no_overlap_param_gather: return "set trainer.overlap_param_gather false, or " + other_trainer;
+    case PlanCheck::tp_overlap_needs_sp:
+      return "set trainer.tp_comm_overlap false, or tp 2 or more with sequence_parallel true; or " + kRegenerate;
+    case PlanCheck::param_overlap_needs_dist_opt:
+      return "set trainer.overlap_param_gather false, or zero_stage 1 or 2; or " + kRegenerate;
+    case PlanCheck::param_overlap_needs_grad_overlap:
+      return "set trainer.overlap_param_gather false, or trainer.dp_overlap true; or " + kRegenerate;
     default: return kRegenerate;
   }
 }
@@ -303,6 +323,13 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
                  std::to_string(p.trainer.grad_accum_bytes),
              kRegenerate);
     read_zero3(t, p.trainer);
+    // Absent: the preset's (written only where they differ from it).
+    const TrainerSettings& preset = find_trainer(p.trainer.preset)->settings;
+    p.trainer.cuda_graphs = preset.cuda_graphs;
+    if (const auto graphs = t.optional_string("cuda_graphs"))
+      p.trainer.cuda_graphs = CudaGraphs::parse(*graphs, source, "parallel.trainer.cuda_graphs");
+    p.trainer.tp_comm_overlap = t.optional_boolean("tp_comm_overlap").value_or(preset.tp_comm_overlap);
+    p.trainer.overlap_param_gather = t.optional_boolean("overlap_param_gather").value_or(preset.overlap_param_gather);
     t.reject_unknown();
   }
   r.reject_unknown();

@@ -92,6 +92,10 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   j["trainer"] = p.trainer.preset;
   j["dp_overlap"] = p.trainer.dp_overlap;
   j["dp_grad_bytes"] = p.trainer.dp_grad_bytes;
+  // Only when on: other plans' JSON stays as it was.
+  if (p.trainer.cuda_graphs.on()) j["cuda_graphs"] = p.trainer.cuda_graphs.str();
+  if (p.trainer.tp_comm_overlap) j["tp_comm_overlap"] = true;
+  if (p.trainer.overlap_param_gather) j["overlap_param_gather"] = true;
   if (e.interval) j["prediction_interval"] = interval_to_json(*e.interval);
   // Only where it prices something: other plans' JSON stays as it was.
   if (p.zero_stage == 3 && p.dp > 1) {
@@ -245,6 +249,15 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                      p.trainer.dp_overlap ? "overlapped with the backward" : "after the backward",
                      p.trainer.dp_grad_bytes,
                      p.zero_stage == 1 && p.dp > 1 && p.trainer.zero1_grad_all_reduce ? ", all-reduced (ZeRO-1)" : "");
+  // Only when on: other plans print as they did.
+  if (p.trainer.cuda_graphs.on() || p.trainer.tp_comm_overlap || p.trainer.overlap_param_gather) {
+    std::string on;
+    if (p.trainer.cuda_graphs.on()) on = "CUDA graphs " + p.trainer.cuda_graphs.str();
+    if (p.trainer.tp_comm_overlap) on += (on.empty() ? "" : ", ") + std::string("TP comm overlapped with the GEMMs (userbuffers)");
+    if (p.trainer.overlap_param_gather)
+      on += (on.empty() ? "" : ", ") + std::string("parameter all-gather overlapped with the next forward");
+    out += fmt::format("      {}\n", on);
+  }
   if (p.zero_stage == 3 && p.dp > 1) {
     const TrainerSettings& t = p.trainer;
     std::string ahead;

@@ -75,6 +75,9 @@ void check_trainer_options(const ModelSpec& model, const Cluster& cluster, const
 TrainerSettings trainer_settings(const PlannerOptions& o) {
   TrainerSettings s = trainer_of(o).settings;
   if (o.dp_overlap) s.dp_overlap = *o.dp_overlap;
+  if (o.cuda_graphs) s.cuda_graphs = *o.cuda_graphs;
+  if (o.tp_comm_overlap) s.tp_comm_overlap = *o.tp_comm_overlap;
+  if (o.overlap_param_gather) s.overlap_param_gather = *o.overlap_param_gather;
   return s;
 }
 
@@ -207,6 +210,11 @@ void check_fixed_options(const ModelSpec& model, const Cluster& cluster, const P
   probe.zero_stage = o.zero_stage.value_or(0);
   probe.sequence_parallel = o.sequence_parallel.value_or(probe.tp > 1 && trainer_of(o).sequence_parallel);
   probe.global_batch = static_cast<std::int64_t>(probe.micro_batch) * probe.dp * probe.pp;
+  // TP communication overlap and the overlapped parameter gather apply to the
+  // candidates that run them (TP > 1 with SP; ZeRO 1-2): a searched TP or
+  // ZeRO stage is the search's to meet, candidate by candidate.
+  if (!o.tp && o.sequence_parallel.value_or(true)) probe.trainer.tp_comm_overlap = false;
+  if (!o.zero_stage) probe.trainer.overlap_param_gather = false;
   Cluster relaxed = cluster;
   relaxed.nodes = 1;
   relaxed.gpus_per_node = probe.world_size();

@@ -8,6 +8,7 @@
 
 #include "cuboid/core/calibration.hpp"
 #include "cuboid/core/dispatch.hpp"
+#include "cuboid/core/tp_overlap.hpp"
 #include "cuboid/cost/cost.hpp"
 #include "cuboid/cost/memory.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
@@ -207,37 +208,41 @@ void Builder::make_programs() {
   // (the intra-node tier's nccl_channels; a TP group across nodes has no
   // such figure and keeps every SM).
   const int gpn = std::max(1, topo_.cluster().gpus_per_node);
+  // With Transformer Engine's userbuffers the backward's bulk collectives
+  // run on TE's comm kernels' SMs instead (core/tp_overlap.hpp kUbCommSms),
+  // and `ub` plays the SP collectives it overlaps with their GEMM.
+  const int ub = plan_.trainer.tp_comm_overlap && sp ? shape_.tp : 0;
   pacing_.overlap_sms = shape_.tp > 1 && ov && map_.nodes_spanned(tp_group_of(0, shape_.rep_dp)) == 1 && shape_.tp <= gpn
-                     ? topo_.cluster().intra.nccl_channels
+                     ? (ub > 1 ? kUbCommSms : topo_.cluster().intra.nccl_channels)
                      : 0;
   const int sms = pacing_.overlap_sms;
   const int held = pacing_.held_sms;
   auto fill = [&](Programs& p, double slow) {
-    p.layer_fwd = compile(gpu, layer.forward, sp, ov, slow, sms, held);
+    p.layer_fwd = compile(gpu, layer.forward, sp, ov, slow, sms, held, ub);
     // Recomputation runs right before the layer's backward (Megatron's
     // checkpointing recomputes a layer's forward when its backward starts).
-    p.layer_bwd = compile(gpu, layer.recompute, sp, ov, slow, sms, held);
-    append(p.layer_bwd, compile(gpu, layer.backward, sp, ov, slow, sms, held));
+    p.layer_bwd = compile(gpu, layer.recompute, sp, ov, slow, sms, held, ub);
+    append(p.layer_bwd, compile(gpu, layer.backward, sp, ov, slow, sms, held, ub));
     if (m_.mtp_layers > 0) {
-      p.mtp_fwd = compile(gpu, mtp.forward, sp, ov, slow, sms, held);
-      p.mtp_bwd = compile(gpu, mtp.recompute, sp, ov, slow, sms, held);
-      append(p.mtp_bwd, compile(gpu, mtp.backward, sp, ov, slow, sms, held));
+      p.mtp_fwd = compile(gpu, mtp.forward, sp, ov, slow, sms, held, ub);
+      p.mtp_bwd = compile(gpu, mtp.recompute, sp, ov, slow, sms, held, ub);
+      append(p.mtp_bwd, compile(gpu, mtp.backward, sp, ov, slow, sms, held, ub));
     }
     if (mixed) {
-      p.dense_fwd = compile(gpu, dense.forward, sp, ov, slow, sms, held);
-      p.dense_bwd = compile(gpu, dense.recompute, sp, ov, slow, sms, held);
-      append(p.dense_bwd, compile(gpu, dense.backward, sp, ov, slow, sms, held));
+      p.dense_fwd = compile(gpu, dense.forward, sp, ov, slow, sms, held, ub);
+      p.dense_bwd = compile(gpu, dense.recompute, sp, ov, slow, sms, held, ub);
+      append(p.dense_bwd, compile(gpu, dense.backward, sp, ov, slow, sms, held, ub));
     }
-    p.embed_fwd = compile(gpu, embed.forward, sp, ov, slow, sms, held);
-    p.embed_bwd = compile(gpu, embed.backward, sp, ov, slow, sms, held);
-    p.head_fwd = compile(gpu, head.forward, sp, ov, slow, sms, held);
-    p.head_bwd = compile(gpu, head.backward, sp, ov, slow, sms, held);
+    p.embed_fwd = compile(gpu, embed.forward, sp, ov, slow, sms, held, ub);
+    p.embed_bwd = compile(gpu, embed.backward, sp, ov, slow, sms, held, ub);
+    p.head_fwd = compile(gpu, head.forward, sp, ov, slow, sms, held, ub);
+    p.head_bwd = compile(gpu, head.backward, sp, ov, slow, sms, held, ub);
     if (zero3_tensor()) {
       auto parts = [&](std::vector<Program>& out, const std::vector<Op>& ops, Pass pass) {
         for (const WeightPart& w : split_by_weight(ops, pass)) {
           const std::vector<Op> slice(ops.begin() + static_cast<std::ptrdiff_t>(w.first),
                                       ops.begin() + static_cast<std::ptrdiff_t>(w.end));
-          out.push_back(compile(gpu, slice, sp, ov, slow, sms, held));
+          out.push_back(compile(gpu, slice, sp, ov, slow, sms, held, ub));
         }
       };
       parts(p.layer_fwd_parts, layer.forward, Pass::forward);

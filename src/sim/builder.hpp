@@ -165,7 +165,12 @@ class Builder {
   void try_message(std::uint32_t msg);
   void add_step(int stage, std::size_t idx);
   // One pass from `entry` on, op by op; its end dependencies are left in scratch_.chain.deps.
-  void play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry);
+  // `gather_after`: a chunk's first forward with --overlap-param-gather: its
+  // parameters' bucket gathers (param_gather) are issued after these tasks
+  // (the stage's last pass: the host's point) and each bucket's units wait
+  // for theirs.
+  void play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry,
+                 const std::vector<TaskId>* gather_after = nullptr);
   // A ZeRO-3 pass's units, part by part, with their gathers and reductions (zero3.hpp).
   void play_zero3(int stage, const ScheduleStep& st, bool reduce_now);
   // One ZeRO-3 pass being played: its plan, the DP stream's last task and
@@ -204,6 +209,9 @@ class Builder {
   void flush(Chain& ch);
   TaskId add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps);
   void dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name);
+  // The distributed optimizer's gather of one bucket of `params` (dense and
+  // experts in the stage's proportion) on the DP stream; the last task.
+  TaskId param_gather(int stage, double params, const std::vector<TaskId>& deps, const std::string& name);
   static std::size_t played_index(int stage, StepGroup group, Collective c) {
     return (static_cast<std::size_t>(stage) * 3 + static_cast<std::size_t>(group)) * kCollectiveKinds +
            static_cast<std::size_t>(c);

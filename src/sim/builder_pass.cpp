@@ -161,12 +161,16 @@ void Builder::add_step(int stage, std::size_t idx) {
   const StepWhen when = step_.grad_when();
   const bool reduce_now = reduces() && (when == StepWhen::every_backward_buckets || when == StepWhen::zero3_units ||
                                         (when == StepWhen::last_backward_buckets && last_mb));
+  // --overlap-param-gather: a chunk's first forward gathers its parameters
+  // (the step before this iteration's), played op by op.
+  const bool gather_now = st.dir == Direction::forward && st.micro_batch == 0 && step_.gathers_in_next_forward();
   PassState& out = pass(st.dir, st.micro_batch, vs);
   out.end_off = static_cast<std::uint32_t>(ends_.size());
-  if (stamp_ && !traced(stage)) {
+  if (stamp_ && !traced(stage) && !gather_now) {
     stamp(pass_template(stage, st, reduce_now), stage, entry, ends_);
   } else {
-    play_pass(stage, st, reduce_now, entry);
+    const std::vector<TaskId> host(stage_end_[us].begin(), stage_end_[us].end());
+    play_pass(stage, st, reduce_now, entry, gather_now ? &host : nullptr);
     ends_.insert(ends_.end(), scratch_.chain.deps.begin(), scratch_.chain.deps.end());
   }
   out.end_len = static_cast<std::uint32_t>(ends_.size() - out.end_off);
@@ -240,7 +244,8 @@ void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>
   end.insert(end.end(), e.begin(), e.end());
 }
 
-void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry) {
+void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry,
+                        const std::vector<TaskId>* gather_after) {
   const auto us = static_cast<std::size_t>(stage);
   const bool fwd = st.dir == Direction::forward;
   // One chain object reused by every pass: its vectors keep their capacity
@@ -264,8 +269,39 @@ void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, cons
   } else {
     const double bucket = step_.bucket_params(stage, st.chunk);
     double acc = 0;
+    // The gathers' buckets, in forward order (Megatron-Core's buckets of
+    // this chunk): all issued back to back on the DP stream from the host's
+    // point, bucket b's units waiting for gather b.
+    std::vector<TaskId> gathered;
+    std::vector<std::size_t> bucket_start;
+    if (fwd && gather_after != nullptr) {
+      std::vector<TaskId> deps = *gather_after;
+      double held = 0;
+      bool open = false;
+      for (std::size_t k = 0; k < units.size(); ++k) {
+        if (!open) bucket_start.push_back(k);
+        open = true;
+        held += units[k].params;
+        if (held >= bucket || k + 1 == units.size()) {
+          open = false;
+          const std::string name = "param all-gather " + step_name(st.dir, st.micro_batch, st.chunk, shape_.v);
+          const TaskId g = param_gather(stage, held, deps, name);
+          if (g != kNoTask) deps.assign(1, g);
+          gathered.push_back(g);
+          held = 0;
+        }
+      }
+    }
+    std::size_t next_bucket = 0;
     for (std::size_t k = 0; k < units.size(); ++k) {
       const std::size_t u = fwd ? k : units.size() - 1 - k;
+      if (next_bucket < bucket_start.size() && bucket_start[next_bucket] == k) {
+        if (gathered[next_bucket] != kNoTask) {
+          flush(ch);
+          ch.deps.push_back(gathered[next_bucket]);
+        }
+        ++next_bucket;
+      }
       play(ch, fwd ? *units[u].fwd : *units[u].bwd);
       if (!fwd && reduce_now) {
         acc += units[u].params;

@@ -94,6 +94,29 @@ void Builder::dp_bucket(int stage, double params, const std::vector<TaskId>& dep
   }
 }
 
+TaskId Builder::param_gather(int stage, double params, const std::vector<TaskId>& deps, const std::string& name) {
+  const Representative& r = representatives_[static_cast<std::size_t>(stage)];
+  const StageParameters sp = stage_parameters(m_, plan_, stage);
+  const StageParameters quantized = quantized_stage_weights(m_, plan_, stage);
+  const double expert = shape_.expert_share.empty() ? 0.0 : params * shape_.expert_share[static_cast<std::size_t>(stage)];
+  const double dense = params - expert;
+  TaskId last = kNoTask;
+  std::vector<TaskId> d = deps;
+  if (shape_.dp > 1 && dense > 0 && sp.dense > 0) {
+    const double bytes = step_.gathered_bytes(dense, quantized.dense * dense / sp.dense);
+    last = emit_collective(Collective::all_gather, r.dp_group, bytes, r.dp, d, meta_of(Category::dp, kThreadDp, stage));
+    label(last, stage, name, "dp");
+    d.assign(1, last);
+  }
+  if (shape_.edp > 1 && expert > 0 && sp.expert > 0) {
+    const double bytes = step_.gathered_bytes(expert, quantized.expert * expert / sp.expert);
+    last = emit_collective(Collective::all_gather, shape_.expert_group ? r.edp_group : r.dp_group, bytes, r.dp, d,
+                           meta_of(Category::dp, kThreadDp, stage));
+    label(last, stage, name + " (experts)", "dp");
+  }
+  return last;
+}
+
 void Builder::count_played(int stage, GroupId group, Collective c, double bytes) {
   const Representative& r = representatives_[static_cast<std::size_t>(stage)];
   if (shape_.dp > 1 && group == r.dp_group)
@@ -154,7 +177,7 @@ void Builder::finish_iteration() {
     const TaskId opt = eng_->add_compute(r.compute, ns, join);
     tag(opt, Category::optimizer, kThreadCompute, s);
     label(opt, s, "optimizer step", "optimizer");
-    if (step_.gathers_after_step()) {
+    if (step_.gathers_after_step() && !step_.gathers_in_next_forward()) {
       // Distributed optimizer: gather the updated parameters (not overlapped), the
       // quantized ones in FP8 with --fp8-param-gather (StepDescription::gathered_bytes).
       const StreamId s1[1] = {r.dp};

@@ -1,10 +1,12 @@
 // Op list -> items (see program.hpp).
 #include "program.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string_view>
 
 #include "cuboid/core/calibration.hpp"
+#include "cuboid/core/tp_overlap.hpp"
 #include "cuboid/cost/cost.hpp"
 
 namespace cuboid::sim::detail {
@@ -36,7 +38,8 @@ class Builder {
         held_sms_(held_sms),
         overlap_(gpu, overlap_sms),
         held_(gpu, held_sms),
-        both_(gpu, overlap_sms + held_sms) {}
+        both_(gpu, overlap_sms + held_sms),
+        margin_(gpu, kUbCommSms) {}
 
   // A compute op that runs under the async collective just issued: its own
   // item, with its time on the SMs the collective leaves.
@@ -55,6 +58,11 @@ class Builder {
 
   void compute(const Op& op) {
     const TimeNs t = slowed(op_time_ns(gpu_, op));
+    compute_at(op, t, held_sms_ > 0 && op.kind == OpKind::gemm ? slowed(held_(op)) : t);
+  }
+
+  // A compute op at a given time (`held`: while a DP collective holds its SMs).
+  void compute_at(const Op& op, TimeNs t, TimeNs held) {
     if (open_ < 0) {
       Item it;
       it.kind = ItemKind::compute;
@@ -64,7 +72,7 @@ class Builder {
     }
     Item& it = p_.items[static_cast<std::size_t>(open_)];
     it.duration_ns += t;
-    if (held_sms_ > 0) it.held_ns += op.kind == OpKind::gemm ? slowed(held_(op)) : t;
+    if (held_sms_ > 0) it.held_ns += held;
     ++it.num_ops;
     p_.ops.push_back(OpSpan{op.name, t});
     p_.compute_ns += t;
@@ -85,6 +93,36 @@ class Builder {
     p_.items.push_back(it);
   }
 
+  // Transformer Engine's userbuffers (core/tp_overlap.hpp): ring_exchange
+  // plays TP - 1 steps of [send/recv of the next shard | the chunk's GEMM]
+  // and the last chunk; pipeline plays the first chunk, then [reduce-scatter
+  // of chunk i - 1 | chunk i's GEMM], then the last chunk's reduce-scatter,
+  // every chunk on the SMs the comm kernels leave (margin_).
+  void userbuffers(const UbOverlap& u, const Op& gemm, const Op& comm, double comm_bytes) {
+    const Op chunk = ub_chunk_gemm(gemm, u.chunks);
+    const double step_bytes = ub_chunk_bytes(u, comm_bytes);
+    const bool margin = u.comm_sms > 0;
+    const TimeNs t = slowed(margin ? margin_(chunk) : op_time_ns(gpu_, chunk));
+    const TimeNs held = held_sms_ > 0 && !margin ? slowed(held_(chunk)) : t;
+    auto step = [&] {
+      collective(ItemKind::async, u.chunk_collective(), step_bytes, comm.name);
+      close();
+      compute_at(chunk, t, held);
+      close();
+      join();
+    };
+    if (u.method == UbMethod::ring_exchange) {
+      for (int i = 1; i < u.chunks; ++i) step();
+      compute_at(chunk, t, held);
+      close();
+      return;
+    }
+    close();
+    compute_at(chunk, t, held);
+    for (int i = 1; i < u.chunks; ++i) step();
+    collective(ItemKind::collective, u.chunk_collective(), step_bytes, comm.name);
+  }
+
   void join() {
     close();
     Item it;
@@ -100,6 +138,7 @@ class Builder {
   double slowdown_;
   int held_sms_;
   SmsTakenPricer overlap_, held_, both_;  // under an async TP collective, a DP one, both
+  SmsTakenPricer margin_;                 // beside userbuffers' comm kernels (kUbCommSms)
   Program p_;
   int open_ = -1;  // index of the compute item being extended, -1 when none
 };
@@ -107,10 +146,18 @@ class Builder {
 }  // namespace
 
 Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence_parallel, bool backward_overlap,
-                double slowdown, int overlap_sms_taken, int held_sms_taken) {
+                double slowdown, int overlap_sms_taken, int held_sms_taken, int userbuffers_tp) {
   Builder b(gpu, slowdown, overlap_sms_taken, held_sms_taken);
+  const std::vector<UbOverlap> ub = userbuffers_tp > 1 ? ub_overlaps(ops, userbuffers_tp) : std::vector<UbOverlap>{};
+  std::size_t next_ub = 0;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
+    if (next_ub < ub.size() && i == std::min(ub[next_ub].comm, ub[next_ub].gemm)) {
+      const UbOverlap& u = ub[next_ub++];
+      b.userbuffers(u, ops[u.gemm], ops[u.comm], comm_size_bytes(ops[u.comm], gpu.calibration.get()));
+      i = std::max(u.comm, u.gemm);
+      continue;
+    }
     // Look ahead: is this the dgrad of a column-parallel GEMM whose reduce overlaps?
     if (backward_overlap && i + 2 < ops.size() && column_parallel_reduce(ops, i + 2) && ends_with(op.name, "_dgrad")) {
       const Op& wgrad = ops[i + 1];

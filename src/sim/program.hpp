@@ -69,8 +69,11 @@ struct Program {
 // with that many SMs fewer (Item::reduced_ns). `held_sms_taken` > 0 (the
 // DP group's nccl_ring_channels) prices every compute item also with that
 // many SMs fewer (Item::held_ns), its pace while a DP collective runs.
+// `userbuffers_tp` > 1 (TrainerSettings::tp_comm_overlap with SP): the SP
+// collectives Transformer Engine's userbuffers overlap with their GEMM
+// (core/tp_overlap.hpp) play as its chunks and steps.
 Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence_parallel, bool backward_overlap,
-                double slowdown = 1.0, int overlap_sms_taken = 0, int held_sms_taken = 0);
+                double slowdown = 1.0, int overlap_sms_taken = 0, int held_sms_taken = 0, int userbuffers_tp = 0);
 
 // Appends b's items and ops to a (a's op indices stay valid).
 void append(Program& a, const Program& b);

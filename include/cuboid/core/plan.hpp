@@ -60,6 +60,29 @@ enum class RecomputeModule : std::uint8_t {
   core_attn = 1, mlp = 2, layernorm = 4, moe_act = 8, moe = 16, shared_experts = 32, mla_up_proj = 64,
 };
 
+// Megatron-Core's CUDA graphs (TransformerConfig.cuda_graph_impl and
+// cuda_graph_modules at Megatron-LM d98e8a64, transformer_config.py:1075-1105):
+// none; local or transformer_engine: per-layer graphs of the whole decoder
+// layer or of the modules named (attn: _forward_attention, mlp: a dense
+// layer's _forward_mlp); full_iteration: one graph of the whole
+// forward-backward path, the optimizer step excluded.
+enum class CudaGraphImpl : std::uint8_t { none, local, transformer_engine, full_iteration };
+enum class CudaGraphModule : std::uint8_t { attn = 1, mlp = 2 };
+struct CudaGraphs {
+  CudaGraphImpl impl = CudaGraphImpl::none;
+  std::uint8_t modules = 0;  // CudaGraphModule bits; 0: the whole layer
+  bool on() const { return impl != CudaGraphImpl::none; }
+  bool captures(CudaGraphModule m) const {
+    return impl == CudaGraphImpl::full_iteration ||
+           (on() && (modules == 0 || (modules & static_cast<std::uint8_t>(m)) != 0));
+  }
+  // "none", "full_iteration", "local", "transformer_engine:attn,mlp"
+  std::string str() const;
+  static CudaGraphs parse(std::string_view s, const std::string& source, const std::string& field);
+  friend bool operator==(const CudaGraphs&, const CudaGraphs&) = default;
+};
+std::string_view to_string(CudaGraphImpl i);
+
 std::string_view to_string(Recompute r);
 std::string_view to_string(Schedule s);
 std::string_view to_string(Dim d);
@@ -170,6 +193,17 @@ struct TrainerSettings {
   // formats it, a read of the whole tensor that the host waits for (a debug
   // message built although it is not printed).
   bool zero3_fetch_norm = false;
+
+  // Kernel launches inside captured CUDA graphs (CudaGraphs above).
+  CudaGraphs cuda_graphs;
+  // Transformer Engine's userbuffers overlap of the SP all-gathers and
+  // reduce-scatters with the linear layers' GEMMs (Megatron-Core
+  // --tp-comm-overlap; core/tp_overlap.hpp); needs SP and TP > 1.
+  bool tp_comm_overlap = false;
+  // The distributed optimizer's parameter all-gather issued bucket by
+  // bucket in the next iteration's forward (Megatron-Core
+  // --overlap-param-gather) instead of after the step; ZeRO 1 and 2.
+  bool overlap_param_gather = false;
   friend bool operator==(const TrainerSettings&, const TrainerSettings&) = default;
 };
 

@@ -30,6 +30,9 @@ enum class PlanField {
   recompute_modules,
   pipeline_layout,  // the embedding or the loss counted as a layer, or the layout
   moe_dispatcher,
+  cuda_graphs,
+  tp_comm_overlap,
+  overlap_param_gather,
 };
 
 // What check_plan refuses; the comment names what PlanRejection::values
@@ -105,6 +108,12 @@ enum class PlanCheck : std::uint8_t {
   recompute_modules_need_selective,  // -
   recompute_module_refused,      // the module (RecomputeModule), why (0: Megatron-Core refuses it, 1: not modelled)
   trainer_no_dispatcher,         // the preset
+  trainer_no_cuda_graphs,        // the preset
+  trainer_no_tp_comm_overlap,    // the preset
+  trainer_no_overlap_param_gather,  // the preset
+  tp_overlap_needs_sp,           // TP, SP (0 / 1)
+  param_overlap_needs_dist_opt,  // the ZeRO stage
+  param_overlap_needs_grad_overlap,  // -
 };
 
 struct PlanRejection {

@@ -67,6 +67,10 @@ struct Op {
   // as dispatch_traffic's copies per link (core/dispatch.hpp), comm_bytes the
   // rank's tokens x the bytes of one copy; alltoall: an NCCL collective.
   MoeDispatcher dispatcher = MoeDispatcher::alltoall;
+  // Replayed from a captured CUDA graph (TrainerSettings::cuda_graphs): no
+  // host launch of its own. The first kernel of each graph keeps one, which
+  // stands for the graph's launch (mark_graphed).
+  bool graphed = false;
 };
 
 struct LayerOps {

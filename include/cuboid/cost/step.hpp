@@ -41,6 +41,10 @@ enum class StepWhen : std::uint8_t {
   zero3_units,             // unit by unit in every pass, as core/zero3.hpp schedules them
   after_all_backward,      // after every stage's backward, before the optimizer step
   after_optimizer,         // after the optimizer step (the distributed optimizer's gathers)
+  // bucket by bucket in the next iteration's first forward of each model
+  // chunk (--overlap-param-gather): one simulated iteration plays the gather
+  // of the step before it there
+  next_forward_buckets,
 };
 
 std::string_view to_string(StepGroup g);
@@ -110,6 +114,11 @@ class StepDescription {
   double bucket_params(int stage, int chunk) const;
   // The updated parameters are gathered after the step (ZeRO 1 and 2).
   bool gathers_after_step() const { return reduces() && (zero_ == 1 || zero_ == 2); }
+  // ... in the next forward instead (TrainerSettings::overlap_param_gather;
+  // Megatron-Core's param_and_grad_buffer.py finish_param_sync: each chunk's
+  // first bucket is issued at its first forward, the next one when the one
+  // before it completes, and each bucket's forward waits for its own).
+  bool gathers_in_next_forward() const { return gathers_after_step() && plan_.trainer.overlap_param_gather; }
   // The tied word embedding's gradient all-reduce between the first and the
   // last stage (Megatron: fp32 main_grad, after every backward), per GPU; 0
   // when the model does not tie it or PP is 1.

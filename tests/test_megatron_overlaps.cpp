@@ -1,0 +1,324 @@
+// Megatron-Core's CUDA graphs, Transformer Engine's userbuffers TP overlap
+// and the distributed optimizer's parameter gather in the next forward
+// (TrainerSettings::cuda_graphs, tp_comm_overlap, overlap_param_gather):
+// which kernels launch from a graph, which SP collectives TE overlaps with
+// which GEMM and the recurrence that prices a pair (numbers by hand), what
+// the estimator and the simulator make of each, and the refusals Megatron
+// asserts. A Llama-3-8B layer on the A100 fixture (DGX A100 nodes).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuboid/core/op_names.hpp"
+#include "cuboid/core/plan_check.hpp"
+#include "cuboid/core/tp_overlap.hpp"
+#include "cuboid/core/trainer.hpp"
+#include "cuboid/core/workload.hpp"
+#include "cuboid/cost/cost.hpp"
+#include "cuboid/cost/estimator.hpp"
+#include "cuboid/cost/step.hpp"
+#include "cuboid/io/planfile.hpp"
+#include "cuboid/search/planner.hpp"
+#include "cuboid/sim/simulator.hpp"
+#include "fixtures.hpp"
+
+using namespace cuboid;
+
+namespace {
+
+// The GPU profiles' launch figure (topologies/gpus/*.json kernel_launch_us 4.9).
+constexpr double kLaunchNs = 4900;
+
+ParallelPlan plan_of(int tp, int dp, int zero = 1) {
+  ParallelPlan p;
+  p.tp = tp;
+  p.dp = dp;
+  p.zero_stage = zero;
+  p.seq_length = 8192;
+  p.micro_batch = 1;
+  p.global_batch = 4 * dp;
+  p.sequence_parallel = tp > 1;
+  p.recompute = Recompute::none;
+  return p;
+}
+
+Cluster node_with_launch() {
+  Cluster c = test::dgx_a100(1);
+  c.gpu.kernel_launch_ns = kLaunchNs;
+  return c;
+}
+
+double compute_ns(const GpuProfile& gpu, const std::vector<Op>& ops) {
+  double t = 0;
+  for (const Op& op : ops) t += static_cast<double>(op_time_ns(gpu, op));
+  return t;
+}
+
+// Kernels that cost anything (a memory-bound op of no bytes launches nothing).
+int kernels(const GpuProfile& gpu, const std::vector<Op>& ops) {
+  int n = 0;
+  for (const Op& op : ops) n += op_time_ns(gpu, op) > 0 ? 1 : 0;
+  return n;
+}
+
+std::size_t index_of(const std::vector<Op>& ops, const std::string& name) {
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].name == name) return i;
+  return ops.size();
+}
+
+}  // namespace
+
+TEST_CASE("--cuda-graphs parses Megatron-Core's implementations and modules, and refuses the rest") {
+  CHECK(CudaGraphs::parse("none", "t", "f") == CudaGraphs{});
+  CHECK(CudaGraphs::parse("transformer_engine:mlp,attn", "t", "f").str() == "transformer_engine:attn,mlp");
+  CHECK(CudaGraphs::parse("local", "t", "f").modules == 0);
+  CHECK(test::input_error_message([] { (void)CudaGraphs::parse("cudagraphs", "command line", "--cuda-graphs"); }) ==
+        "command line: --cuda-graphs: unknown CUDA graph implementation \"cudagraphs\" (fix: use none, full_iteration, "
+        "local or transformer_engine, the last two optionally with :attn, :mlp or :attn,mlp (Megatron-Core's "
+        "--cuda-graph-impl and --cuda-graph-modules))");
+  CHECK(test::input_error_message([] { (void)CudaGraphs::parse("local:moe", "command line", "--cuda-graphs"); }) ==
+        "command line: --cuda-graphs: unknown CUDA graph module \"moe\" in \"local:moe\" (fix: cuboid prices attn and "
+        "mlp (a dense layer's MLP))");
+}
+
+TEST_CASE("CUDA graphs: a captured kernel pays no launch; a per-layer graph keeps one launch, the full iteration none") {
+  const ModelSpec m = test::llama3_8b();
+  const GpuProfile gpu = node_with_launch().gpu;
+  ParallelPlan p = plan_of(1, 8);
+  const LayerOps eager = transformer_layer_ops(m, p);
+  const int fwd_kernels = kernels(gpu, eager.forward), bwd_kernels = kernels(gpu, eager.backward);
+
+  SUBCASE("full_iteration: every kernel of the layer, the embedding and the LM head") {
+    p.trainer.cuda_graphs = CudaGraphs::parse("full_iteration", "t", "f");
+    const LayerOps graphed = transformer_layer_ops(m, p);
+    REQUIRE(graphed.forward.size() == eager.forward.size());
+    for (std::size_t i = 0; i < graphed.forward.size(); ++i) {
+      CAPTURE(graphed.forward[i].name);
+      CHECK(graphed.forward[i].graphed);
+      const auto before = op_time_ns(gpu, eager.forward[i]);
+      CHECK(op_time_ns(gpu, graphed.forward[i]) == (before > 0 ? before - 4900 : 0));
+    }
+    CHECK(compute_ns(gpu, eager.forward) - compute_ns(gpu, graphed.forward) == doctest::Approx(fwd_kernels * kLaunchNs));
+    CHECK(compute_ns(gpu, eager.backward) - compute_ns(gpu, graphed.backward) == doctest::Approx(bwd_kernels * kLaunchNs));
+    for (const Op& op : lm_head_ops(m, p).forward) CHECK(op.graphed);
+    for (const Op& op : embedding_ops(m, p).backward) CHECK(op.graphed);
+  }
+
+  SUBCASE("transformer_engine:mlp: the MLP's kernels, its first one launching the graph") {
+    p.trainer.cuda_graphs = CudaGraphs::parse("transformer_engine:mlp", "t", "f");
+    const LayerOps graphed = transformer_layer_ops(m, p);
+    const std::size_t norm = index_of(graphed.forward, op::norm_mlp);
+    REQUIRE(norm < graphed.forward.size());
+    for (std::size_t i = 0; i < graphed.forward.size(); ++i) {
+      CAPTURE(graphed.forward[i].name);
+      CHECK(graphed.forward[i].graphed == (i > norm));
+    }
+    const int mlp_kernels =
+        kernels(gpu, std::vector<Op>(eager.forward.begin() + static_cast<std::ptrdiff_t>(norm), eager.forward.end()));
+    CHECK(compute_ns(gpu, eager.forward) - compute_ns(gpu, graphed.forward) ==
+          doctest::Approx((mlp_kernels - 1) * kLaunchNs));
+    // The embedding and the LM head run eagerly.
+    for (const Op& op : lm_head_ops(m, p).forward) CHECK_FALSE(op.graphed);
+    // Backward: the MLP part runs first, up to its norm's backward.
+    const std::size_t bwd_norm = index_of(graphed.backward, op::norm_mlp_bwd);
+    REQUIRE(bwd_norm < graphed.backward.size());
+    CHECK_FALSE(graphed.backward.front().graphed);
+    CHECK(graphed.backward[bwd_norm].graphed);
+    CHECK_FALSE(graphed.backward[bwd_norm + 1].graphed);
+  }
+
+  SUBCASE("the estimate and the simulation both drop the launches") {
+    const Topology topo(node_with_launch());
+    p.trainer.cuda_graphs = CudaGraphs::parse("full_iteration", "t", "f");
+    const ParallelPlan eager_plan = plan_of(1, 8);
+    const Estimate a = estimate(m, topo, eager_plan), b = estimate(m, topo, p);
+    // 32 layers x 4 micro-batches x every kernel of a forward and a backward.
+    const double kernels_per_mb = 32.0 * (fwd_kernels + bwd_kernels);
+    CHECK(a.breakdown.compute_s - b.breakdown.compute_s ==
+          doctest::Approx(4 * kernels_per_mb * kLaunchNs * 1e-9).epsilon(0.02));
+    CHECK(simulate(m, topo, p).iteration_time_s < simulate(m, topo, eager_plan).iteration_time_s);
+  }
+}
+
+TEST_CASE("TP overlap: Transformer Engine's pairs and methods on an SP layer") {
+  const ModelSpec m = test::llama3_8b();
+  const LayerOps ops = transformer_layer_ops(m, plan_of(4, 2));
+  const std::vector<UbOverlap> fwd = ub_overlaps(ops.forward, 4);
+  REQUIRE(fwd.size() == 4);
+  const char* gemms[] = {op::qkv, op::proj, op::fc1, op::fc2};
+  for (std::size_t i = 0; i < 4; ++i) {
+    CAPTURE(gemms[i]);
+    CHECK(ops.forward[fwd[i].gemm].name == gemms[i]);
+    const bool gather = i % 2 == 0;  // qkv, fc1: ring exchange; proj, fc2: pipelined reduce-scatter
+    CHECK(fwd[i].method == (gather ? UbMethod::ring_exchange : UbMethod::pipeline));
+    CHECK(fwd[i].chunks == (gather ? 4 : 4));
+    CHECK(fwd[i].comm_sms == (gather ? 0 : 16));
+    CHECK(ops.forward[fwd[i].comm].collective == (gather ? Collective::all_gather : Collective::reduce_scatter));
+  }
+  const std::vector<UbOverlap> bwd = ub_overlaps(ops.backward, 4);
+  REQUIRE(bwd.size() == 2);
+  CHECK(ops.backward[bwd[0].gemm].name == op::fc2_dgrad);
+  CHECK(ops.backward[bwd[1].gemm].name == op::proj_dgrad);
+  CHECK(ub_overlaps(transformer_layer_ops(m, plan_of(1, 8)).forward, 1).empty());
+  // A chunk: a quarter of the rows, FLOPs and extra bytes.
+  const Op chunk = ub_chunk_gemm(ops.forward[fwd[0].gemm], 4);
+  CHECK(chunk.m == 8192 / 4);
+  CHECK(chunk.flops == doctest::Approx(ops.forward[fwd[0].gemm].flops / 4));
+}
+
+TEST_CASE("TP overlap: the recurrence, worked by hand") {
+  // Ring exchange over TP 4: chunk GEMMs of 100 us, shards arriving in 30 us:
+  // the first chunk is local, then 3 steps of max(100, 30): 400 us, the 90 us
+  // of the all-gather hidden whole. With 150 us steps: 100 + 3 x 150 = 550 us.
+  UbOverlap ring{0, 1, UbMethod::ring_exchange, 4, 0};
+  CHECK(ub_overlapped_ns(ring, 100e3, 30e3) == doctest::Approx(400e3));
+  CHECK(ub_overlapped_ns(ring, 100e3, 150e3) == doctest::Approx(550e3));
+  CHECK(ub_chunk_bytes(ring, 64e6) == doctest::Approx(16e6));
+  // Pipelined GEMM + reduce-scatter, 4 splits: 50 us chunks, 20 us quarters:
+  // 50 + 3 x 50 + the last quarter's 20 = 220 us, 60 of the 80 us hidden.
+  UbOverlap pipe{1, 0, UbMethod::pipeline, 4, 16};
+  CHECK(ub_overlapped_ns(pipe, 50e3, 20e3) == doctest::Approx(220e3));
+  CHECK(ub_overlapped_ns(pipe, 50e3, 80e3) == doctest::Approx(50e3 + 3 * 80e3 + 80e3));
+}
+
+TEST_CASE("TP overlap: the estimate's hidden time is the recurrence's, and the simulation agrees") {
+  // Llama-3-70B's layer at TP 8 with SP on one DGX A100 node.
+  const ModelSpec m = test::llama3_70b();
+  const Cluster cluster = test::dgx_a100(1);
+  const Topology topo(cluster);
+  ParallelPlan off = plan_of(8, 1, 0);
+  off.global_batch = 4;
+  ParallelPlan on = off;
+  on.trainer.tp_comm_overlap = true;
+  REQUIRE_FALSE(check_plan(on, m, cluster));
+  // A layer by hand: each pair's GEMM and collective replaced by the
+  // recurrence over its chunks, in the forward and the backward.
+  const GpuProfile& gpu = cluster.gpu;
+  const LayerOps ops = transformer_layer_ops(m, off);
+  const std::vector<int> tp_group{0, 1, 2, 3, 4, 5, 6, 7};
+  double hidden = 0, whole_comm = 0;
+  for (const std::vector<Op>* list : {&ops.forward, &ops.backward}) {
+    for (const UbOverlap& u : ub_overlaps(*list, 8)) {
+      const Op& gemm = (*list)[u.gemm];
+      const Op& comm = (*list)[u.comm];
+      const Op chunk = ub_chunk_gemm(gemm, u.chunks);
+      const double g = static_cast<double>(u.comm_sms > 0 ? SmsTakenPricer(gpu, 16)(chunk) : op_time_ns(gpu, chunk));
+      const double c = static_cast<double>(collective_time_ns(
+          u.chunk_collective(), ub_chunk_bytes(u, comm.comm_bytes), 8, group_link_params(topo, u.chunk_collective(), tp_group)));
+      const double whole = static_cast<double>(collective_time_ns(
+          comm.collective, comm.comm_bytes, 8, group_link_params(topo, comm.collective, tp_group)));
+      hidden += static_cast<double>(op_time_ns(gpu, gemm)) + whole - ub_overlapped_ns(u, g, c);
+      whole_comm += whole;
+    }
+  }
+  const Estimate a = estimate(m, topo, off), b = estimate(m, topo, on);
+  // 80 layers x 4 micro-batches; nothing else changes.
+  CHECK(a.breakdown.tp_comm_s - b.breakdown.tp_comm_s == doctest::Approx(80 * 4 * hidden * 1e-9).epsilon(1e-6));
+  CHECK(a.breakdown.compute_s == b.breakdown.compute_s);
+  CHECK(hidden > 0);
+  CHECK(hidden < whole_comm);
+  // The simulator plays the same pairs (and the backward's bulk pairs on
+  // TE's 16 SMs, which the estimate keeps blocking): it saves time too.
+  CHECK(simulate(m, topo, on).iteration_time_s < simulate(m, topo, off).iteration_time_s);
+}
+
+TEST_CASE("TP overlap and the overlapped parameter gather: Megatron's assertions, in the plan's words") {
+  const ModelSpec m = test::llama3_8b();
+  const Cluster cluster = test::dgx_a100(1);
+  ParallelPlan p = plan_of(1, 8);
+  p.trainer.tp_comm_overlap = true;
+  auto r = check_plan(p, m, cluster);
+  REQUIRE(r);
+  CHECK(r->field == PlanField::tp_comm_overlap);
+  CHECK(describe(*r, m, cluster) ==
+        "TP communication overlap needs sequence parallelism and TP > 1 (here TP 1, SP off; Megatron-LM d98e8a64 "
+        "megatron/training/arguments.py:1442 asserts sequence_parallel, which :1433-1439 turns off at TP 1)");
+  p = plan_of(2, 4);
+  p.sequence_parallel = false;
+  p.trainer.tp_comm_overlap = true;
+  CHECK(check_plan(p, m, cluster)->kind == PlanCheck::tp_overlap_needs_sp);
+  p = plan_of(1, 8, 0);
+  p.trainer.overlap_param_gather = true;
+  CHECK(describe(*check_plan(p, m, cluster), m, cluster) ==
+        "the overlapped parameter all-gather is the distributed optimizer's (ZeRO 1, 2; Megatron-FSDP's ZeRO 3), not "
+        "ZeRO 0 (Megatron-LM d98e8a64 megatron/training/arguments.py:1025)");
+  p.zero_stage = 1;
+  p.trainer.dp_overlap = false;
+  CHECK(check_plan(p, m, cluster)->kind == PlanCheck::param_overlap_needs_grad_overlap);
+  p = plan_of(2, 4, 0);
+  p.flash_attention = false;  // megatron-2022 runs the unfused core, without fused accumulation
+  p.grad_accum_fusion = find_trainer("megatron-2022")->default_grad_accum_fusion;
+  p.trainer = find_trainer("megatron-2022")->settings;
+  p.trainer.cuda_graphs = CudaGraphs::parse("local", "t", "f");
+  CHECK(check_plan(p, m, cluster)->kind == PlanCheck::trainer_no_cuda_graphs);
+}
+
+TEST_CASE("--overlap-param-gather: the gather leaves the step's end for the next forward's buckets") {
+  const ModelSpec m = test::llama3_8b();
+  const Cluster cluster = test::dgx_a100(4);
+  const Topology topo(cluster);
+  ParallelPlan off = plan_of(1, 32);
+  ParallelPlan on = off;
+  on.trainer.overlap_param_gather = true;
+  REQUIRE_FALSE(check_plan(on, m, cluster));
+  const StepDescription step(m, on, nullptr);
+  bool found = false;
+  const StageStep stage = step.stage(0);
+  for (const StepCollective& c : stage.collectives())
+    if (c.name == "param all-gather") {
+      found = true;
+      CHECK(c.when == StepWhen::next_forward_buckets);
+    }
+  CHECK(found);
+  // PP 1: the stage's 8.0e9 parameters in 40M-parameter buckets (Megatron-Core's
+  // bucket_size max(40M, 1M x DP)): the first bucket's gather shows, the others
+  // hide behind the forward of the bucket before them.
+  const Estimate a = estimate(m, topo, off), b = estimate(m, topo, on);
+  CHECK(b.breakdown.dp_comm_s < a.breakdown.dp_comm_s);
+  const double sim_off = simulate(m, topo, off).iteration_time_s, sim_on = simulate(m, topo, on).iteration_time_s;
+  CHECK(sim_on < sim_off);
+  CHECK(sim_off - sim_on == doctest::Approx(a.iteration_time_s - b.iteration_time_s).epsilon(0.25));
+}
+
+TEST_CASE("the plan file carries the three settings where they differ from the preset's") {
+  const ModelSpec m = test::llama3_8b();
+  const Cluster cluster = test::dgx_a100(1);
+  const Topology topo(cluster);
+  ParallelPlan p = plan_of(8, 1, 0);
+  p.global_batch = 4;
+  const nlohmann::json plain = plan_to_json(m, cluster, estimate(m, topo, p));
+  CHECK_FALSE(plain["parallel"]["trainer"].contains("tp_comm_overlap"));
+  CHECK_FALSE(plain["parallel"]["trainer"].contains("cuda_graphs"));
+  p.trainer.tp_comm_overlap = true;
+  p.trainer.cuda_graphs = CudaGraphs::parse("local:attn", "t", "f");
+  const nlohmann::json j = plan_to_json(m, cluster, estimate(m, topo, p));
+  CHECK(j["parallel"]["trainer"]["tp_comm_overlap"] == true);
+  CHECK(j["parallel"]["trainer"]["cuda_graphs"] == "local:attn");
+  const PlanFile back = plan_file_from_json(j, "t.plan.json");
+  CHECK(back.plan.trainer == p.trainer);
+}
+
+TEST_CASE("plan: the overlaps apply to the candidates that can run them, the searched TP and ZeRO stage meet them") {
+  const ModelSpec m = test::llama3_8b();
+  const Topology topo(test::dgx_a100(1));
+  PlannerOptions o;
+  o.global_batch = 64;
+  o.simulate_top = 0;
+  o.tp_comm_overlap = true;
+  o.overlap_param_gather = true;
+  const SearchResult r = search_plans(m, topo, o);
+  REQUIRE_FALSE(r.fitting.empty());
+  for (const Estimate& e : r.fitting) {
+    CHECK(e.plan.tp > 1);
+    CHECK(e.plan.sequence_parallel);
+    CHECK(e.plan.zero_stage >= 1);
+    CHECK(e.plan.trainer.tp_comm_overlap);
+    CHECK(e.plan.trainer.overlap_param_gather);
+  }
+  // Fixed where Megatron refuses them: said before any search.
+  o.tp = 1;
+  CHECK_THROWS_AS((void)search_plans(m, topo, o), PlanRejected);
+}
