@@ -134,6 +134,7 @@ ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const
   // A dense model's plans keep alltoall, which nothing reads.
   if (model.moe.enabled()) p.moe_dispatcher = o.moe_dispatcher.value_or(trainer.moe_dispatchers.front());
   else if (o.moe_dispatcher) p.moe_dispatcher = *o.moe_dispatcher;
+  p.moe_ep_overlap = o.moe_ep_overlap.value_or(model.moe.enabled() && trainer.default_moe_ep_overlap);
   if (o.dp) {
     p.dp = *o.dp;
   } else {

@@ -30,6 +30,18 @@ enum class PlanField {
   recompute_modules,
   pipeline_layout,  // the embedding or the loss counted as a layer, or the layout
   moe_dispatcher,
+  moe_ep_overlap,
+};
+
+// Why a plan cannot overlap its EP exchanges (PlanCheck::ep_overlap_refused).
+enum class EpOverlapRefusal : std::uint8_t {
+  needs_moe,          // a dense model
+  needs_ep,           // EP 1 (Megatron-Core asserts EP > 1)
+  dispatcher,         // allgather (Megatron-Core: alltoall or flex only)
+  full_recompute,     // full recomputation (Megatron-Core refuses it)
+  mtp_layers,         // more than one MTP layer (Megatron-Core refuses it)
+  needs_interleaved,  // PP > 1 without virtual stages (Megatron-Core refuses it)
+  pipeline,           // PP > 1 interleaved: cuboid plays the combined schedule with PP 1 only
 };
 
 // What check_plan refuses; the comment names what PlanRejection::values
@@ -105,6 +117,8 @@ enum class PlanCheck : std::uint8_t {
   recompute_modules_need_selective,  // -
   recompute_module_refused,      // the module (RecomputeModule), why (0: Megatron-Core refuses it, 1: not modelled)
   trainer_no_dispatcher,         // the preset
+  trainer_no_ep_overlap,         // the preset
+  ep_overlap_refused,            // why (EpOverlapRefusal), the model's MTP layers
 };
 
 struct PlanRejection {
