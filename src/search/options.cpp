@@ -188,6 +188,13 @@ void check_fixed_options(const ModelSpec& model, const Cluster& cluster, const P
   // allows; an unset DP at the least that lets TP x CP x DP hold ETP x EP
   // (the search's DP is the GPUs' to set).
   if (!o.etp && model.moe.enabled()) probe.etp = 1;
+  // The EP overlap needs EP > 1: an unset EP at the least that divides the experts.
+  if (!o.ep && probe.moe_ep_overlap && model.moe.enabled())
+    for (std::int64_t e = 2; e <= model.moe.num_experts; ++e)
+      if (model.moe.num_experts % e == 0) {
+        probe.ep = static_cast<int>(e);
+        break;
+      }
   probe.dp = o.dp.value_or(1);
   if (!o.dp && probe.ep > 0 && probe.expert_tp() > 0) {
     const std::int64_t folded = static_cast<std::int64_t>(probe.ep) * probe.expert_tp();
