@@ -173,6 +173,12 @@ TEST_CASE("--moe-ep-overlap: the table, --explain, simulate and the exports show
   CHECK(on.out.find(" ovl ") != std::string::npos);
   CHECK(on.out.find("EP overlap on") != std::string::npos);  // the winner's line
   CHECK(on.out.find("  EP overlap: on (Megatron-Core's combined 1F1B") != std::string::npos);
+  // A search with EP unset: EP 1 candidates are refused one by one, not the whole
+  // search (it exited 2 naming EP 1 before any candidate).
+  CliResult searched = run("plan --model models/tiny-moe.json --cluster topologies/dgx-a100-4node.json "
+                           "--moe-ep-overlap on --simulate-top 0");
+  REQUIRE_MESSAGE(searched.code == 0, searched.err);
+  CHECK(searched.out.find(" ovl ") != std::string::npos);
   CliResult s = run("simulate " + moe + " --dp 32 --moe-ep-overlap on");
   REQUIRE_MESSAGE(s.code == 0, s.err);
   CHECK(s.out.find("      EP overlap: on (") != std::string::npos);
