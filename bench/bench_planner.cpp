@@ -173,7 +173,7 @@ void bench_simulation(const char* name, const char* model, const char* cluster, 
 }  // namespace
 
 // `bench_planner`: everything; `bench_planner planner`: the planner only;
-// `bench_planner sim [gpt-1t|llama3.1-405b|deepseek-v3|llama3.1-405b-gb200 [RUNS]]`: only the simulator (one
+// `bench_planner sim [gpt-1t|llama3.1-405b|deepseek-v3|deepseek-v3-overlap|llama3.1-405b-gb200 [RUNS]]`: only the simulator (one
 // case, RUNS times in this process, default 1), e.g. to measure its peak
 // memory alone.
 int main(int argc, char** argv) {
@@ -181,7 +181,8 @@ int main(int argc, char** argv) {
   const std::string sim_case = argc > 2 ? argv[2] : "";
   const int runs = argc > 3 ? std::atoi(argv[3]) : 1;
   if ((!only.empty() && only != "sim" && only != "planner") || runs < 1 || argc > 4) {
-    std::fprintf(stderr, "usage: bench_planner [planner | sim [gpt-1t|llama3.1-405b|deepseek-v3|llama3.1-405b-gb200 [RUNS]]]\n");
+    std::fprintf(stderr, "usage: bench_planner [planner | sim [gpt-1t|llama3.1-405b|deepseek-v3|deepseek-v3-overlap|"
+                         "llama3.1-405b-gb200 [RUNS]]]\n");
     return 2;
   }
   const Case cases[] = {
@@ -238,6 +239,24 @@ int main(int argc, char** argv) {
   if (sim_case.empty() || sim_case == "deepseek-v3") {
     bench_simulation("deepseek-v3 PP16 EP64 DP128, seq 4096", "models/deepseek-v3.json",
                      "topologies/h100-roce-24k.json", 256, v3, runs);
+  }
+  // The combined 1F1B schedule of the EP overlap (PP 1, played unstamped):
+  // TP 4 (SP) x DP 512, EP 256 with DeepEP (flex), 8 micro-batches.
+  ParallelPlan v3o;
+  v3o.tp = 4;
+  v3o.dp = 512;
+  v3o.ep = 256;
+  v3o.etp = 1;
+  v3o.moe_dispatcher = MoeDispatcher::flex;
+  v3o.moe_ep_overlap = true;
+  v3o.global_batch = 4096;
+  v3o.seq_length = 4096;
+  v3o.sequence_parallel = true;
+  v3o.zero_stage = 1;
+  v3o.recompute = Recompute::none;
+  if (sim_case.empty() || sim_case == "deepseek-v3-overlap") {
+    bench_simulation("deepseek-v3 TP4 DP512 EP256 flex, EP overlap", "models/deepseek-v3.json",
+                     "topologies/h100-roce-24k.json", 256, v3o, runs);
   }
   // The best plan `cuboid plan --model models/llama3.1-405b.json --cluster
   // topologies/gb200-nvl72.json --nodes 256 --gpus-per-node 64` finds: 256

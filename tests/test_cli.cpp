@@ -161,6 +161,41 @@ TEST_CASE("plan --explain, the table and simulate's report name an EP plan's tok
   CHECK(d.err.find("--moe-dispatcher") != std::string::npos);
 }
 
+TEST_CASE("--moe-ep-overlap: the table, --explain, simulate and the exports show it; refusals name the flag") {
+  const std::string moe = "--model models/tiny-moe.json --cluster topologies/dgx-a100-4node.json --ep 2 --pp 1";
+  CliResult r = run("plan " + moe + " --simulate-top 1 --explain");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.out.find(" ovl ") == std::string::npos);  // off: no column
+  CHECK(r.out.find("  EP overlap         off ") != std::string::npos);  // --explain: the winner's setting
+  CHECK(r.out.find("  EP overlap         on ") != std::string::npos);   // and the best plan with the other
+  CliResult on = run("plan " + moe + " --moe-ep-overlap on --simulate-top 1");
+  REQUIRE_MESSAGE(on.code == 0, on.err);
+  CHECK(on.out.find(" ovl ") != std::string::npos);
+  CHECK(on.out.find("EP overlap on") != std::string::npos);  // the winner's line
+  CHECK(on.out.find("  EP overlap: on (Megatron-Core's combined 1F1B") != std::string::npos);
+  // A search with EP unset: EP 1 candidates are refused one by one, not the whole
+  // search (it exited 2 naming EP 1 before any candidate).
+  CliResult searched = run("plan --model models/tiny-moe.json --cluster topologies/dgx-a100-4node.json "
+                           "--moe-ep-overlap on --simulate-top 0");
+  REQUIRE_MESSAGE(searched.code == 0, searched.err);
+  CHECK(searched.out.find(" ovl ") != std::string::npos);
+  CliResult s = run("simulate " + moe + " --dp 32 --moe-ep-overlap on");
+  REQUIRE_MESSAGE(s.code == 0, s.err);
+  CHECK(s.out.find("      EP overlap: on (") != std::string::npos);
+  CliResult ab = run("simulate " + moe + " --dp 32 --moe-ep-overlap on --ablate ep-overlap --json");
+  CliResult off = run("simulate " + moe + " --dp 32 --json");
+  REQUIRE_MESSAGE(ab.code == 0, ab.err);
+  CHECK(nlohmann::json::parse(ab.out)["iteration_time_s"] == nlohmann::json::parse(off.out)["iteration_time_s"]);
+  CliResult pp = run("simulate --model models/tiny-moe.json --cluster topologies/dgx-a100-4node.json --ep 2 --pp 2 "
+                     "--dp 16 --moe-ep-overlap on");
+  CHECK(pp.code == 2);
+  CHECK(pp.err.find("--moe-ep-overlap") != std::string::npos);
+  CHECK(pp.err.find("transformer_config.py:3007@d98e8a64") != std::string::npos);
+  CliResult d = run("simulate --model models/tiny.json --cluster topologies/dgx-a100-4node.json --moe-ep-overlap on");
+  CHECK(d.code == 2);
+  CHECK(d.err.find("needs a mixture-of-experts model") != std::string::npos);
+}
+
 TEST_CASE("bad input: exit code 2 and one line naming the file or flag and the fix") {
   const TempDir files("cli_bad");
   const auto bad_json = files / "bad.json";

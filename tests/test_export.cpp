@@ -688,6 +688,23 @@ TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP)
   check_options(mixed, "nemo");
   CHECK(export_plan(mixed, "nemo").text.find("  moe_layer_freq: [0, 0, 0, 1, 1, ") != std::string::npos);
   CHECK(export_plan(mixed, "megatron-bridge").text.find("moe_layer_freq=[0]*3+[1]*29,") != std::string::npos);
+  // The EP overlap (PP 1): Megatron-LM's and Megatron-Bridge's flags, checked against the
+  // pinned options; NeMo 1.x and torchtitan refuse it.
+  PlanFile overlap = pf;
+  overlap.plan.pp = 1;
+  overlap.plan.dp = 16;
+  overlap.plan.moe_ep_overlap = true;
+  check_options(overlap, "megatron");
+  check_options(overlap, "megatron-bridge");
+  const std::string ov = export_plan(overlap, "megatron").text;
+  CHECK(ov.find("--overlap-moe-expert-parallel-comm\n") != std::string::npos);
+  CHECK(ov.find("--delay-wgrad-compute\n") != std::string::npos);
+  const std::string ovb = export_plan(overlap, "megatron-bridge").text;
+  CHECK(ovb.find("overlap_moe_expert_parallel_comm=True,") != std::string::npos);
+  CHECK(ovb.find("delay_wgrad_compute=True,") != std::string::npos);
+  CHECK(megatron.find("overlap-moe") == std::string::npos);  // off: not written
+  overlap.plan.etp = 2;
+  CHECK(refusal(overlap, "nemo").find("mixtral.plan.json: parallel.moe_ep_overlap: NeMo 1.x's") == 0);
   // YaRN prices like any rotary embedding, but no export writes it yet.
   PlanFile yarn = pf;
   yarn.model.rope_yarn = true;

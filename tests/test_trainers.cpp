@@ -72,7 +72,8 @@ bool same_preset(const TrainerPreset& a, const TrainerPreset& b) {
          a.default_grad_accum_fusion == b.default_grad_accum_fusion && a.settings == b.settings &&
          a.attention_kernels == b.attention_kernels && a.attention_kernel == b.attention_kernel &&
          a.cuda_graphs == b.cuda_graphs && a.tp_comm_overlap == b.tp_comm_overlap &&
-         a.overlap_param_gather == b.overlap_param_gather;
+         a.overlap_param_gather == b.overlap_param_gather && a.moe_ep_overlap == b.moe_ep_overlap &&
+         a.default_moe_ep_overlap == b.default_moe_ep_overlap;
 }
 
 // The smallest valid preset file: the required fields only.
@@ -241,8 +242,9 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
     }
   }
   // 27 + attention_kernels (can_run) and attention_kernel (settings) + recompute_modules (can_run) +
-  // moe_dispatchers (can_run) + cuda_graphs, tp_comm_overlap, overlap_param_gather (each in both groups)
-  CHECK(defaults == 37);
+  // moe_dispatchers (can_run) + cuda_graphs, tp_comm_overlap, overlap_param_gather, moe_ep_overlap (each in
+  // both groups)
+  CHECK(defaults == 39);
 }
 
 TEST_CASE("Megatron-Core's overlaps and CUDA graphs: off in every preset, runnable where the code has them") {

@@ -165,8 +165,8 @@ std::string why_best(const Estimate& e) {
       e.plan.zero_stage, to_string(e.plan.recompute), e.plan.sequence_parallel ? "on" : "off", t, 100 * e.mfu,
       100 * b.compute_s / t, 100 * b.bubble_s / t, 100 * b.tp_comm_s / t,
       e.plan.cp > 1 ? fmt::format(", exposed CP comm {:.0f}%", 100 * b.cp_comm_s / t) : std::string(),
-      e.plan.ep > 1 ? fmt::format(", EP dispatch + combine ({} dispatcher) {:.0f}%", to_string(e.plan.moe_dispatcher),
-                                  100 * b.ep_comm_s / t)
+      e.plan.ep > 1 ? fmt::format(", EP dispatch + combine ({} dispatcher{}) {:.0f}%", to_string(e.plan.moe_dispatcher),
+                                  e.plan.moe_ep_overlap ? ", EP overlap on" : "", 100 * b.ep_comm_s / t)
                     : std::string(),
       100 * b.pp_comm_s / t, 100 * b.dp_comm_s / t,
       100 * b.optimizer_s / t, format_bytes_GiB(e.memory.total_bytes), format_bytes_GiB(e.memory.capacity_bytes),
@@ -205,11 +205,12 @@ std::string experts_cost(const ModelSpec& m, const Topology& topo, const Estimat
       "  experts: {} of {} per rank (EP {}), {}; dispatch + combine all-to-alls {:.3f} s per iteration on the "
       "critical path; weights + optimizer {} for the experts (sharded over expert-DP {}), {} for the rest (over DP "
       "x CP {}).\n"
-      "  routing: the busiest EP rank gets {:.2f} x the mean tokens ({}){}.\n",
+      "  routing: the busiest EP rank gets {:.2f} x the mean tokens ({}){}.\n{}",
       m.moe.num_experts / p.ep, m.moe.num_experts, p.ep,
       p.expert_tp() > 1 ? fmt::format("each split over ETP {}", p.expert_tp()) : std::string("each whole (ETP 1)"),
       e.breakdown.ep_comm_s, format_bytes_GiB(expert_bytes), p.expert_dp(), format_bytes_GiB(dense_bytes), p.dp_cp(),
-      load, imbalance_source(m, p), balance);
+      load, imbalance_source(m, p), balance,
+      p.moe_ep_overlap ? "  EP overlap: " + ep_overlap_words(estimate(m, topo, p)) + ".\n" : std::string());
 }
 
 // A progress bar on stderr, only on a terminal and only after the first second.

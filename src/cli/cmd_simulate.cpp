@@ -33,9 +33,9 @@ namespace {
 // (tools/fidelity's ablation table). The plan and the card otherwise stay.
 constexpr const char* kMechanisms =
     "dp-16bit-grads, zero1-all-reduce, bf16-optimizer-copy, fp16-grad-accum, unfused-attention, gpu-spread, "
-    "sustained-gemm, nccl-sms, cuda-graphs, tp-comm-overlap, overlap-param-gather";
+    "sustained-gemm, nccl-sms, cuda-graphs, tp-comm-overlap, overlap-param-gather, moe-imbalance, ep-overlap";
 
-void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
+void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster, ModelSpec& model) {
   if (name == "dp-16bit-grads") {
     plan.trainer.dp_grad_bytes = 4;
   } else if (name == "zero1-all-reduce") {
@@ -61,6 +61,11 @@ void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster) {
     plan.trainer.tp_comm_overlap = false;
   } else if (name == "overlap-param-gather") {
     plan.trainer.overlap_param_gather = false;
+  } else if (name == "moe-imbalance") {
+    // The busiest EP rank at the mean load (a balanced router).
+    if (model.moe.enabled()) model.moe.router_load_imbalance = 1.0;
+  } else if (name == "ep-overlap") {
+    plan.moe_ep_overlap = false;
   } else {
     throw InputError("command line", "--ablate", "unknown mechanism \"" + name + "\"",
                      std::string("use one of ") + kMechanisms);
@@ -74,7 +79,7 @@ void run_simulate(const PlanFlags& f) {
   ParallelPlan plan = l.plan ? *l.plan : plan_from_options(l.model, l.cluster, o);
   const std::string cl = "command line";
   if (!f.ablate.empty()) {
-    for (const std::string& name : f.ablate) ablate(name, plan, l.cluster);
+    for (const std::string& name : f.ablate) ablate(name, plan, l.cluster, l.model);
     l.topology = std::make_unique<Topology>(l.cluster);
   }
   if (f.analytical && f.trace_path) throw InputError(cl, "--analytical", "--trace needs the simulator", "drop --analytical");

@@ -64,6 +64,10 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                               "--moe-token-dispatcher-type): alltoall, allgather or flex (DeepEP across nodes, "
                               "HybridEP inside an NVLink domain); default: ") +
                       (search ? "each the trainer has, searched where EP > 1" : "the trainer's first"));
+  cmd->add_option("--moe-ep-overlap", f.moe_ep_overlap,
+                  "overlap each EP all-to-all with another micro-batch's compute in Megatron-Core's combined 1F1B "
+                  "schedule (--overlap-moe-expert-parallel-comm --delay-wgrad-compute; EP > 1, alltoall or flex, PP "
+                  "1): on|off (default: the trainer's, off for megatron-core)");
   cmd->add_option("--etp", f.etp,
                   "expert tensor-parallel size: each expert's FFN split over ETP ranks, 1 or TP (Megatron's "
                   "--expert-tensor-parallel-size; default TP" +
@@ -262,6 +266,7 @@ PlannerOptions planner_options(const PlanFlags& f) {
   o.ep = f.ep;
   o.etp = f.etp;
   if (f.moe_dispatcher) o.moe_dispatcher = parse_moe_dispatcher(*f.moe_dispatcher, cl, "--moe-dispatcher");
+  if (f.moe_ep_overlap) o.moe_ep_overlap = parse_on_off(*f.moe_ep_overlap, "--moe-ep-overlap");
   o.micro_batch = f.micro_batch;
   o.virtual_stages = f.vpp;
   o.zero_stage = f.zero;
@@ -319,7 +324,7 @@ Loaded load(const PlanFlags& f) {
   if (f.plan_path) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
-    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.sequence_parallel ||
+    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
                       f.global_batch ||
@@ -479,6 +484,7 @@ constexpr KeyFlag kKeyFlags[] = {
     {"parallel.ep", "--ep", [](const PlannerOptions& o) { return shown(o.ep); }},
     {"parallel.etp", "--etp", [](const PlannerOptions& o) { return shown(o.etp); }},
     {"parallel.moe_dispatcher", "--moe-dispatcher", [](const PlannerOptions& o) { return shown(o.moe_dispatcher); }},
+    {"parallel.moe_ep_overlap", "--moe-ep-overlap", [](const PlannerOptions& o) { return shown(o.moe_ep_overlap); }},
     {"parallel.micro_batch", "--micro-batch", [](const PlannerOptions& o) { return shown(o.micro_batch); }},
     {"parallel.virtual_stages", "--vpp", [](const PlannerOptions& o) { return shown(o.virtual_stages); }},
     {"parallel.zero_stage", "--zero", [](const PlannerOptions& o) { return shown(o.zero_stage); }},

@@ -32,6 +32,7 @@ struct PlanFlags {
   std::optional<std::string> cp_comm;            // --cp-comm-type p2p|a2a
   std::optional<int> ep, etp;                    // --ep, --etp (MoE models)
   std::optional<std::string> moe_dispatcher;     // --moe-dispatcher alltoall|allgather|flex
+  std::optional<std::string> moe_ep_overlap;     // --moe-ep-overlap on|off
   std::optional<std::string> recompute, sequence_parallel, schedule, flash_attention, attention_kernel, rank_order;
   std::optional<std::string> recompute_modules;  // --recompute-modules core_attn,mlp,...
   std::optional<std::string> grad_accum_fusion;  // on|off

@@ -70,6 +70,8 @@ std::string plain_fix(const PlanRejection& r) {
     case K::trainer_no_ep: return "use --ep 1 without --etp, or " + kOtherTrainer;
     case K::trainer_no_dispatcher: return "use --moe-dispatcher alltoall, or --trainer megatron-core";
     case K::dispatcher_needs_moe: return "drop --moe-dispatcher";
+    case K::trainer_no_ep_overlap: return "use --moe-ep-overlap off, or --trainer megatron-core";
+    case K::ep_overlap_refused: return "use --moe-ep-overlap off";
     case K::trainer_no_zero_stage: return "use --zero " + zero_stages(r.values[2]);
     case K::trainer_even_stages: return "choose a PP that divides the layers";
     case K::trainer_no_fp8: return "use --precision bf16, or --trainer megatron-core";
@@ -154,6 +156,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::cuda_graphs: return "--cuda-graphs";
     case PlanField::tp_comm_overlap: return "--tp-comm-overlap";
     case PlanField::overlap_param_gather: return "--overlap-param-gather";
+    case PlanField::moe_ep_overlap: return "--moe-ep-overlap";
   }
   return "--tp/--pp/--dp";
 }

@@ -55,6 +55,7 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     return reject(K::trainer_no_ep, p.ep > 1 ? F::ep : F::etp, preset);
   if (std::find(t.moe_dispatchers.begin(), t.moe_dispatchers.end(), p.moe_dispatcher) == t.moe_dispatchers.end())
     return reject(K::trainer_no_dispatcher, F::moe_dispatcher, preset);
+  if (p.moe_ep_overlap && !t.moe_ep_overlap) return reject(K::trainer_no_ep_overlap, F::moe_ep_overlap, preset);
   std::int64_t stages = 0;
   for (int z : t.zero_stages) stages |= std::int64_t{1} << z;
   if (p.zero_stage >= 0 && p.zero_stage <= 3 && ((stages >> p.zero_stage) & 1) == 0)
@@ -116,6 +117,25 @@ Found check_recompute_modules(const ParallelPlan& p, const ModelSpec& m) {
     for (const M module : {M::layernorm, M::moe_act, M::moe, M::shared_experts})
       if (p.recomputes(module)) return refuse(module, 1);
   if (p.recomputes(M::mla_up_proj)) return refuse(M::mla_up_proj, 1);
+  return std::nullopt;
+}
+
+// Megatron-Core's requirements of --overlap-moe-expert-parallel-comm
+// (transformer_config.py __post_init__ at d98e8a64, the lines describe
+// names), then cuboid's own: it plays the combined schedule with PP 1 only.
+Found check_ep_overlap(const ParallelPlan& p, const ModelSpec& m) {
+  if (!p.moe_ep_overlap) return std::nullopt;
+  using R = EpOverlapRefusal;
+  const auto refuse = [&](R why) {
+    return reject(K::ep_overlap_refused, F::moe_ep_overlap, static_cast<std::int64_t>(why), m.mtp_layers);
+  };
+  if (!m.moe.enabled()) return refuse(R::needs_moe);
+  if (p.ep <= 1) return refuse(R::needs_ep);
+  if (p.moe_dispatcher == MoeDispatcher::allgather) return refuse(R::dispatcher);
+  if (p.recompute == Recompute::full) return refuse(R::full_recompute);
+  if (m.mtp_layers > 1) return refuse(R::mtp_layers);
+  if (p.pp > 1 && p.schedule != Schedule::interleaved) return refuse(R::needs_interleaved);
+  if (p.pp > 1) return refuse(R::pipeline);
   return std::nullopt;
 }
 
@@ -328,6 +348,8 @@ std::string describe_trainer(const PlanRejection& r) {
       return trainer_words(v[0], "exchanges K/V around the ring only (no all-to-all of attention heads)");
     case K::trainer_no_ep: return trainer_words(v[0], "has no expert parallelism here");
     case K::trainer_no_dispatcher: return trainer_words(v[0], "has no such MoE token dispatcher here");
+    case K::trainer_no_ep_overlap:
+      return trainer_words(v[0], "has no EP all-to-all overlap (Megatron-Core's --overlap-moe-expert-parallel-comm)");
     case K::trainer_no_zero_stage: return trainer_words(v[0], "cannot run ZeRO stage " + n(v[1]));
     case K::trainer_even_stages: return trainer_words(v[0], "gives every pipeline stage the same number of layers");
     case K::trainer_even_chunks: return trainer_words(v[0], "has no uneven stages with the interleaved schedule");
@@ -396,6 +418,28 @@ std::string describe_sizes(const PlanRejection& r, const ModelSpec& m) {
   }
 }
 
+// Megatron-Core's assertions quoted with their lines in transformer_config.py at d98e8a64.
+std::string describe_ep_overlap(EpOverlapRefusal why, std::int64_t mtp, const ModelSpec& m) {
+  const std::string what = "the EP all-to-all overlap (--overlap-moe-expert-parallel-comm) ";
+  const std::string at = " (Megatron-Core asserts it: megatron/core/transformer/transformer_config.py:";
+  switch (why) {
+    case EpOverlapRefusal::needs_moe: return what + "needs a mixture-of-experts model; " + m.name + " has no experts";
+    case EpOverlapRefusal::needs_ep: return what + "needs expert parallelism, EP > 1" + at + "3013@d98e8a64)";
+    case EpOverlapRefusal::dispatcher:
+      return what + "runs with the alltoall or flex token dispatcher, not allgather" + at + "3016@d98e8a64)";
+    case EpOverlapRefusal::full_recompute:
+      return what + "cannot run with full recomputation" + at + "3021@d98e8a64)";
+    case EpOverlapRefusal::mtp_layers:
+      return what + "supports at most one MTP layer; " + m.name + " has " + n(mtp) + at + "3042@d98e8a64)";
+    case EpOverlapRefusal::needs_interleaved:
+      return what + "with PP > 1 needs the interleaved schedule (virtual stages)" + at + "3007@d98e8a64)";
+    case EpOverlapRefusal::pipeline:
+      return what + "with PP > 1 is not modelled: cuboid plays Megatron-Core's combined 1F1B schedule with PP 1 only "
+                    "(combined_1f1b_schedule_for_no_pipelining)";
+  }
+  return "";
+}
+
 std::string describe_experts(const PlanRejection& r, const ModelSpec& m) {
   const auto& v = r.values;
   switch (r.kind) {
@@ -418,6 +462,7 @@ std::string describe_experts(const PlanRejection& r, const ModelSpec& m) {
              "without it)";
     case K::mla_cp: return "context parallelism with latent attention is not modelled";
     case K::mla_zero3: return "ZeRO-3 of a latent-attention model is not modelled";
+    case K::ep_overlap_refused: return describe_ep_overlap(static_cast<EpOverlapRefusal>(v[0]), v[1], m);
     default: return "";
   }
 }
@@ -532,6 +577,7 @@ std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& 
   if (Found r = check_tp(p, m)) return r;
   if (Found r = check_cp(p, m)) return r;
   if (Found r = check_experts(p, m)) return r;
+  if (Found r = check_ep_overlap(p, m)) return r;
   if (Found r = check_latent_attention(p, m)) return r;
   if (Found r = check_recompute_modules(p, m)) return r;
   if (Found r = check_precision(p, c.gpu)) return r;

@@ -93,7 +93,7 @@ void read_moe_dispatchers(JsonReader& r, TrainerPreset& t) {
   }
 }
 
-constexpr std::array<Field, 20> kCanRun{{
+constexpr std::array<Field, 21> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
@@ -115,10 +115,11 @@ constexpr std::array<Field, 20> kCanRun{{
     {"zero_stages", read_zero_stages},
     {"attention_kernels", read_attention_kernels},
     {"moe_dispatchers", read_moe_dispatchers},
+    {"moe_ep_overlap", [](JsonReader& r, TrainerPreset& t) { t.moe_ep_overlap = r.boolean("value"); }},
 }};
 
 // How it runs a plan by default (TrainerSettings).
-constexpr std::array<Field, 20> kSettings{{
+constexpr std::array<Field, 21> kSettings{{
     {"dp_overlap", [](JsonReader& r, TrainerPreset& t) { t.settings.dp_overlap = r.boolean("value"); }},
     {"dp_grad_bytes",
      [](JsonReader& r, TrainerPreset& t) {
@@ -165,6 +166,7 @@ constexpr std::array<Field, 20> kSettings{{
     {"tp_comm_overlap", [](JsonReader& r, TrainerPreset& t) { t.settings.tp_comm_overlap = r.boolean("value"); }},
     {"overlap_param_gather",
      [](JsonReader& r, TrainerPreset& t) { t.settings.overlap_param_gather = r.boolean("value"); }},
+    {"moe_ep_overlap", [](JsonReader& r, TrainerPreset& t) { t.default_moe_ep_overlap = r.boolean("value"); }},
 }};
 
 bool has_key(std::span<const Field> fields, std::string_view key) {
@@ -270,6 +272,8 @@ TrainerPreset parse_trainer(const std::string& text, const std::string& source) 
     r.fail("settings.overlap_param_gather", "is on but can_run.overlap_param_gather is false", "give false");
   if (!t.flash_attention && (t.attention_kernel != AttentionKernel::auto_ && t.attention_kernel != AttentionKernel::unfused))
     r.fail("settings.attention_kernel", "names a fused kernel but can_run.flash_attention is false", "give unfused");
+  if (t.default_moe_ep_overlap && !t.moe_ep_overlap)
+    r.fail("settings.moe_ep_overlap", "is true but can_run.moe_ep_overlap is false", "set can_run.moe_ep_overlap true");
   return t;
 }
 

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "cuboid/core/element_bytes.hpp"
+#include "cuboid/core/dispatch.hpp"
 #include "cuboid/core/busbw_curve.hpp"
 #include "cuboid/core/collective_traits.hpp"
 #include "cuboid/core/op_names.hpp"
@@ -538,6 +539,11 @@ int nccl_ring_channels(const Cluster& cl, const std::vector<int>& ranks) {
   int most = 0;
   for (const auto& [node, members] : on_node) most = std::max(most, members);
   return nccl_ring_channels(cl, most, static_cast<int>(on_node.size()));
+}
+
+int ep_exchange_sms(const Cluster& cl, MoeDispatcher dispatcher, const std::vector<int>& ep_ranks) {
+  if (dispatcher == MoeDispatcher::flex) return std::min(kDeepEpSms, std::max(0, cl.gpu.sm_count - 1));
+  return nccl_ring_channels(cl, ep_ranks);
 }
 
 double sm_contention_ns(double collective_ns, double compute_ns, double ratio) {

@@ -60,6 +60,7 @@
 
 #include "cuboid/core/calibration.hpp"
 #include "cuboid/core/dispatch.hpp"
+#include "cuboid/core/ep_overlap.hpp"
 #include "cuboid/cost/cost.hpp"
 #include "cuboid/cost/flops.hpp"
 #include "cuboid/cost/memory.hpp"
@@ -322,6 +323,9 @@ struct Placement {
   std::vector<GroupLinks> edp_links;      // per stage: the expert-DP group of EP and ETP rank 0 (MoE only)
   GroupLinks embedding_links{};           // the first and the last stage's TP rank 0 (PP > 1)
   int dp_sms = 0;                         // SMs a DP collective holds on its GPUs (nccl_ring_channels)
+  // SMs an EP exchange holds beside the EP overlap's compute, per dispatcher
+  // (ep_exchange_sms of the first stage's EP group; EP > 1 only).
+  std::array<int, 3> ep_sms{};
   // Stages that can differ: the first, the last, and the first middle stage
   // of each distinct TP and CP placement (middle stages hold equal layer
   // counts).
@@ -412,6 +416,9 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
       const std::vector<int> ranks = mapping.ep_group(stage, 0, 0);
       pl.stage_ep.push_back(intern(pl.ep_links, group_links(topo, ranks, loads.ep)));
       if (pl.ep_dispatch.size() < pl.ep_links.size()) pl.ep_dispatch.push_back(dispatch_links(topo, ranks));
+      if (stage == 0)
+        for (MoeDispatcher d : {MoeDispatcher::alltoall, MoeDispatcher::allgather, MoeDispatcher::flex})
+          pl.ep_sms[static_cast<std::size_t>(d)] = ep_exchange_sms(topo.cluster(), d, ranks);
     }
     if (plan.expert_dp() > 1 && (plan.ep > 1 || plan.expert_tp() != plan.tp))
       pl.edp_links.push_back(group_links(topo, mapping.expert_dp_group(stage, 0, 0), loads.edp, true));
@@ -882,6 +889,99 @@ double fold_step_collectives(const StageStep& stage, const StepDescription& step
   return exposed_ns;
 }
 
+// One pass of a layer cut at its EP exchanges (core/ep_overlap.hpp): each
+// compute node's kernels alone and under the exchange's `held` SMs, its TP
+// and CP collectives (blocking), each exchange as ep_exposed_ns prices it
+// (with any kernel between the dispatch's exchanges: the host sync).
+struct EpLinks {
+  const GroupLinks* tp;
+  const GroupLinks* cp;
+  const GroupLinks* ep;
+  const DispatchLinks* dispatch;
+};
+EpPassTimes ep_pass_times(const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc, const EpLinks& links,
+                          const SmsTakenPricer& held, double pace, const std::vector<Op>& ops, bool forward) {
+  const auto is_ep = [&](std::size_t i) { return ops[i].group == Group::ep && ops[i].kind == OpKind::collective; };
+  const EpSplit split = ep_split(ops.size(), forward, is_ep);
+  EpPassTimes t;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    const EpNode node = ep_node(split, i);
+    const bool comm = op.kind == OpKind::collective || op.kind == OpKind::p2p;
+    double ns = 0;
+    if (is_ep(i)) {
+      ns = op.dispatcher == MoeDispatcher::alltoall ? comm_ns(op.collective, op.comm_bytes, plan.ep, *links.ep)
+                                                    : dispatch_ns(op, lc.moe, lc.hidden, *links.dispatch);
+    } else if (comm && op.group == Group::tp) {
+      ns = comm_ns(op.collective, op.comm_bytes, plan.tp, *links.tp);
+    } else if (comm && op.group == Group::cp && links.cp != nullptr) {
+      ns = comm_ns(op.collective, op.comm_bytes, plan.cp, *links.cp);
+    } else if (!comm) {
+      ns = static_cast<double>(op_time_ns(gpu, op)) * pace;
+    }
+    if (is_exchange(node)) {
+      t.ex[node == EpNode::ex0 ? 0 : 1] += ns;
+      continue;
+    }
+    EpSegment& g = t.seg[node == EpNode::seg0 ? 0 : node == EpNode::seg1 ? 1 : 2];
+    if (comm) {
+      g.blocking_ns += ns;
+    } else {
+      g.compute_ns += ns;
+      g.held_ns += static_cast<double>(held(op)) * pace;
+    }
+  }
+  return t;
+}
+
+std::vector<Op> backward_list(const LayerOps& ops) {
+  std::vector<Op> out = ops.recompute;
+  out.insert(out.end(), ops.backward.begin(), ops.backward.end());
+  return out;
+}
+
+// The EP overlap of a PP 1 plan (core/ep_overlap.hpp): m - 1 combined steps,
+// each pairing layer i's forward with layer L - 1 - i's backward
+// (TransformerModelChunkSchedulePlan.run), a pair at a time (the simulator
+// also lets one pair's tail run under the next one's head). Adds to `bd` what
+// the exchanges hide (off ep_comm_s) and what the compute loses under their
+// SMs (onto compute_s).
+void fold_ep_overlap(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
+                     const Placement& pl, double pace, Breakdown& bd) {
+  if (!plan.moe_ep_overlap || pl.ep_links.empty()) return;
+  const GroupLinks no_links{};
+  const EpLinks links{pl.tp_links.empty() ? &no_links : &pl.tp_links[pl.stage_tp[0]],
+                      pl.cp_links.empty() ? nullptr : &pl.cp_links[pl.stage_cp[0]], &pl.ep_links[pl.stage_ep[0]],
+                      &pl.ep_dispatch[pl.stage_ep[0]]};
+  const SmsTakenPricer held(gpu, pl.ep_sms[static_cast<std::size_t>(plan.moe_dispatcher)]);
+  // [0]: a dense layer's passes, [1]: an MoE layer's.
+  std::array<EpPassTimes, 2> fwd{}, bwd{};
+  const LayerOps* kinds[2] = {lc.mixed ? &lc.dense : nullptr, &lc.layer};
+  for (std::size_t k = 0; k < 2; ++k) {
+    if (kinds[k] == nullptr) continue;
+    fwd[k] = ep_pass_times(gpu, plan, lc, links, held, pace, kinds[k]->forward, true);
+    bwd[k] = ep_pass_times(gpu, plan, lc, links, held, pace, backward_list(*kinds[k]), false);
+  }
+  const auto moe_layer = [&](std::int64_t i) {
+    return !lc.mixed || m.moe.moe_layers[static_cast<std::size_t>(i)] ? std::size_t{1} : std::size_t{0};
+  };
+  std::array<std::array<double, 2>, 2> count{};  // [forward kind][backward kind]
+  for (std::int64_t i = 0; i < m.num_layers; ++i) count[moe_layer(i)][moe_layer(m.num_layers - 1 - i)] += 1;
+  double hidden = 0, sm = 0;
+  for (std::size_t f = 0; f < 2; ++f)
+    for (std::size_t b = 0; b < 2; ++b) {
+      if (count[f][b] == 0) continue;
+      const EpPairTime t = ep_pair_time(fwd[f], bwd[b]);
+      hidden += count[f][b] * t.hidden_ns();
+      sm += count[f][b] * t.sm_cost_ns;
+    }
+  const double pairs = ep_overlap_pairs(static_cast<int>(plan.num_micro_batches()));
+  bd.ep_hidden_s = pairs * hidden * 1e-9;
+  bd.ep_overlap_sm_s = std::max(0.0, pairs * sm * 1e-9);  // no SMs held: 0, not a rounding's -1e-15
+  bd.ep_comm_s -= bd.ep_hidden_s;
+  bd.compute_s += bd.ep_overlap_sm_s;
+}
+
 Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
                        const Placement& pl, const CommTimes& ct, double pace, FoldedStep* folded = nullptr) {
   const int pp = std::max(1, plan.pp);
@@ -973,6 +1073,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   }
   if (folded != nullptr) folded->critical_stage = critical;
   bd.optimizer_s = static_cast<double>(step.optimizer_ns(gpu, stage_step.params, critical)) * pace * 1e-9;
+  fold_ep_overlap(m, gpu, plan, lc, pl, pace, bd);
 
   Estimate e;
   e.plan = plan;

@@ -375,7 +375,10 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
 }
 
 double in_flight_micro_batches(const ParallelPlan& plan, int stage) {
-  if (plan.pp == 1) return 1;
+  // The combined 1F1B schedule of the EP overlap runs micro-batch i + 1's
+  // forward before micro-batch i's backward (combined_1f1b.py at d98e8a64):
+  // two in flight.
+  if (plan.pp == 1) return plan.moe_ep_overlap ? std::min(2.0, static_cast<double>(plan.num_micro_batches())) : 1;
   const double m = static_cast<double>(plan.num_micro_batches());
   const double pp = plan.pp;
   if (plan.schedule == Schedule::gpipe) return m;

@@ -206,6 +206,11 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
            "the " + std::string(to_string(plan.moe_dispatcher)) +
                " token dispatcher (its MoE layer exchanges tokens as Megatron-Core's alltoall dispatcher does)",
            "plan with --moe-dispatcher alltoall");
+  if (plan.moe_ep_overlap)
+    refuse("parallel.moe_ep_overlap",
+           "the EP overlap (its step runs each micro-batch's forward, then its backward; not Megatron-Core's "
+           "combined 1F1B schedule)",
+           "plan with --moe-ep-overlap off");
   const MoeSpec& e = model.moe;
   if (e.shared_expert_ffn_hidden_size > 0)
     refuse("model.moe.shared_expert_ffn_hidden_size", "shared experts", "run a model with routed experts only");

@@ -224,9 +224,17 @@ std::vector<McoreSetting> moe_kernel_settings(const ParallelPlan& plan) {
   // Megatron-Core's MoE layer as cuboid prices it: grouped expert GEMMs and
   // the plan's dispatcher (flex with Megatron-Core's default backend, deepep:
   // transformer_config.py moe_flex_dispatcher_backend at d98e8a64).
-  return {{"--moe-grouped-gemm", "moe_grouped_gemm", McoreSetting::Kind::on, ""},
-          {"--moe-token-dispatcher-type", "moe_token_dispatcher_type", McoreSetting::Kind::word,
-           std::string(to_string(plan.moe_dispatcher))}};
+  std::vector<McoreSetting> out = {{"--moe-grouped-gemm", "moe_grouped_gemm", McoreSetting::Kind::on, ""},
+                                   {"--moe-token-dispatcher-type", "moe_token_dispatcher_type",
+                                    McoreSetting::Kind::word, std::string(to_string(plan.moe_dispatcher))}};
+  // The EP overlap: the combined 1F1B schedule with the delayed weight
+  // gradients it is run with (model_parallel_config.py lines 343 and 348 at
+  // d98e8a64; cd4afffa, Megatron-Bridge v0.6.0's, has both too).
+  if (plan.moe_ep_overlap) {
+    out.push_back({"--overlap-moe-expert-parallel-comm", "overlap_moe_expert_parallel_comm", McoreSetting::Kind::on, ""});
+    out.push_back({"--delay-wgrad-compute", "delay_wgrad_compute", McoreSetting::Kind::on, ""});
+  }
+  return out;
 }
 
 std::string launch_lines(const PlanFile& pf, std::string_view script_and_args, std::string_view comment,

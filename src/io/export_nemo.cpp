@@ -36,6 +36,15 @@ bool refuse_unsupported(const PlanFile& pf) {
     refuse(pf, "parallel.trainer.cuda_graphs",
            "NeMo 1.x has enable_cuda_graph only (Megatron-Core's per-layer graphs of whole layers), not " + g.str(),
            "plan with --cuda-graphs local, or export with --to megatron or --to megatron-bridge");
+  // megatron_base_model.py build_transformer_config@8cfedd72 (line 603)
+  // passes any TransformerConfig field the YAML names, but NeMo 1.x pins no
+  // Megatron-Core that has the field: its options (megatron_gpt_config.yaml)
+  // have none.
+  if (p.moe_ep_overlap)
+    refuse(pf, "parallel.moe_ep_overlap",
+           "NeMo 1.x's megatron_gpt_config.yaml@8cfedd72 has no overlap_moe_expert_parallel_comm key, and the "
+           "Megatron-Core it runs is not pinned to one that has the combined 1F1B schedule",
+           "plan with --moe-ep-overlap off, or export with --to megatron or --to megatron-bridge");
   // megatron_gpt_config.yaml@8cfedd72 has FP8 keys for delayed scaling only
   // (fp8, fp8_e4m3 / fp8_hybrid, fp8_margin, fp8_amax_history_len,
   // fp8_amax_compute_algo, fp8_params); no key selects another recipe.

@@ -111,6 +111,12 @@ void check_common(const PlanFile& pf) {
   refuse_mla_mtp(pf, "cuboid's torchtitan export (its Llama train spec)");
   refuse_pipeline_layout(pf, "cuboid's torchtitan export (its Llama train spec)");
   refuse_megatron_overlaps(pf, "cuboid's torchtitan export (its Llama train spec)");
+  if (p.moe_ep_overlap)
+    refuse(pf, "parallel.moe_ep_overlap",
+           "torchtitan's training loop runs each micro-batch's forward, then its backward; with PP 1 it has no "
+           "schedule that runs one micro-batch's forward beside another's backward (Megatron-Core's combined 1F1B, "
+           "which the plan's EP overlap prices)",
+           "plan with --moe-ep-overlap off, or export with --to megatron or --to megatron-bridge");
   if (p.cp > 1 && p.zero_stage < 2)
     refuse(pf, "parallel.zero_stage",
            fmt::format("torchtitan shards the weights, gradients and optimizer states over the context-parallel "

@@ -82,6 +82,8 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
   // Written with EP > 1 only, where the dispatcher moves tokens between
   // ranks: a file without it reads as alltoall.
   if (p.ep > 1) j["moe_dispatcher"] = std::string(to_string(p.moe_dispatcher));
+  // Written when on: a file without it reads as off, Megatron-Core's default.
+  if (p.moe_ep_overlap) j["moe_ep_overlap"] = true;
   return j;
 }
 
@@ -175,6 +177,7 @@ std::string plan_key(PlanField field) {
     case PlanField::cuda_graphs: return "parallel.trainer.cuda_graphs";
     case PlanField::tp_comm_overlap: return "parallel.trainer.tp_comm_overlap";
     case PlanField::overlap_param_gather: return "parallel.trainer.overlap_param_gather";
+    case PlanField::moe_ep_overlap: return "parallel.moe_ep_overlap";
   }
   return "parallel";
 }
@@ -201,6 +204,8 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_no_cp_a2a: return "set cp_comm p2p, or " + other_trainer;
     case PlanCheck::trainer_no_dispatcher: return "set moe_dispatcher alltoall, or " + other_trainer;
     case PlanCheck::dispatcher_needs_moe: return "drop moe_dispatcher; or " + kRegenerate;
+    case PlanCheck::trainer_no_ep_overlap: return "set moe_ep_overlap false, or " + other_trainer;
+    case PlanCheck::ep_overlap_refused: return "set moe_ep_overlap false; or " + kRegenerate;
     case PlanCheck::trainer_no_pipeline:
     case PlanCheck::trainer_no_cp:
     case PlanCheck::trainer_no_ep:
@@ -262,6 +267,7 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   if (r.has("etp")) p.etp = read_int(r, "etp", 1);
   if (const auto d = r.optional_string("moe_dispatcher"))
     p.moe_dispatcher = parse_moe_dispatcher(*d, source, "parallel.moe_dispatcher");
+  p.moe_ep_overlap = r.optional_boolean("moe_ep_overlap").value_or(false);
   p.micro_batch = read_int(r, "micro_batch", 1);
   // Sequences: the limit of --global-batch, so batch products stay inside 64 bits.
   constexpr std::int64_t kMaxSequences = std::int64_t{1} << 30;

@@ -27,6 +27,7 @@ const std::vector<Dimension>& dimensions() {
       {"EP", [](const ParallelPlan& p) { return std::to_string(p.ep); }},
       {"ETP", [](const ParallelPlan& p) { return std::to_string(p.expert_tp()); }},
       {"dispatcher", [](const ParallelPlan& p) { return std::string(to_string(p.moe_dispatcher)); }},
+      {"EP overlap", [](const ParallelPlan& p) { return std::string(p.moe_ep_overlap ? "on" : "off"); }},
       {"PP", [](const ParallelPlan& p) { return std::to_string(p.pp); }},
       {"DP", [](const ParallelPlan& p) { return std::to_string(p.dp); }},
       {"micro-batch", [](const ParallelPlan& p) { return std::to_string(p.micro_batch); }},
@@ -71,6 +72,28 @@ void add_tp_beyond_a_node(std::vector<ExplainRow>& rows, const ModelSpec& m, con
   }
 }
 
+// The search keeps the trainer's EP overlap setting: the best plan with the
+// other one (on: EP > 1 with alltoall or flex, PP 1, Megatron-Core's and
+// cuboid's conditions, check_plan).
+void add_other_ep_overlap(std::vector<ExplainRow>& rows, const ModelSpec& m, const Topology& topo,
+                          const PlannerOptions& options, const SearchResult& r) {
+  const bool on = !r.fitting.front().plan.moe_ep_overlap;
+  PlannerOptions forced = options;
+  forced.moe_ep_overlap = on;
+  forced.progress = {};
+  ExplainRow row{"EP overlap", on ? "on" : "off", std::nullopt, ""};
+  try {
+    SearchResult rt = search_plans(m, topo, forced);
+    if (rt.fitting.empty())
+      row.note = "no plan fits";
+    else
+      row.best = rt.fitting.front();
+  } catch (const InputError& e) {
+    row.note = e.problem();
+  }
+  rows.push_back(std::move(row));
+}
+
 }  // namespace
 
 std::vector<ExplainRow> explain_choices(const ModelSpec& m, const Topology& topo, const PlannerOptions& options,
@@ -80,7 +103,7 @@ std::vector<ExplainRow> explain_choices(const ModelSpec& m, const Topology& topo
   const bool experts = r.fitting.front().plan.etp > 0;  // a mixture-of-experts model's plans
   for (const Dimension& d : dimensions()) {
     const std::string name = d.name;
-    if (!experts && (name == "EP" || name == "ETP" || name == "dispatcher")) continue;
+    if (!experts && (name == "EP" || name == "ETP" || name == "dispatcher" || name == "EP overlap")) continue;
     std::vector<std::pair<std::string, const Estimate*>> seen;  // the first (best) plan of each value
     const bool orders = std::string(d.name) == "rank order";
     for (const Estimate& e : r.fitting) {
@@ -99,6 +122,7 @@ std::vector<ExplainRow> explain_choices(const ModelSpec& m, const Topology& topo
       rows.push_back(std::move(row));
     }
     if (std::string(d.name) == "TP" && !options.tp) add_tp_beyond_a_node(rows, m, topo, options);
+    if (name == "EP overlap" && !options.moe_ep_overlap) add_other_ep_overlap(rows, m, topo, options, r);
   }
   return rows;
 }
@@ -116,9 +140,10 @@ std::string format_explain(const std::vector<ExplainRow>& rows, const Estimate& 
     out += fmt::format("  {:<18} {:<9} {:>9.3f} s {} {:>+7.1f}%   TP {} CP {}{} PP {} DP {} mb {} v {} ZeRO {} {} SP {} {}, {}\n",
                        row.dimension, row.value, e.iteration_time_s, e.simulated ? "sim" : "est", slower, e.plan.tp,
                        e.plan.cp,
-                       e.plan.etp > 0 ? fmt::format(" EP {} ETP {}{}", e.plan.ep, e.plan.expert_tp(),
+                       e.plan.etp > 0 ? fmt::format(" EP {} ETP {}{}{}", e.plan.ep, e.plan.expert_tp(),
                                                     e.plan.ep > 1 ? " " + std::string(to_string(e.plan.moe_dispatcher))
-                                                                  : std::string())
+                                                                  : std::string(),
+                                                    e.plan.moe_ep_overlap ? " overlap" : "")
                                       : std::string(),
                        e.plan.pp, e.plan.dp, e.plan.micro_batch, e.plan.virtual_stages, e.plan.zero_stage,
                        to_string(e.plan.recompute), e.plan.sequence_parallel ? "on" : "off", e.plan.order.str(),

@@ -1,4 +1,5 @@
 #include "cuboid/core/dispatch.hpp"
+#include "cuboid/core/ep_overlap.hpp"
 #include "cuboid/core/pipeline_layout.hpp"
 #include "cuboid/io/planfile.hpp"
 #include "cuboid/report/report.hpp"
@@ -70,6 +71,18 @@ std::string stage_chunk_layers(const ParallelPlan& p, std::int64_t num_layers) {
 
 }  // namespace
 
+std::string ep_overlap_words(const Estimate& e) {
+  const ParallelPlan& p = e.plan;
+  std::string out = fmt::format(
+      "on (Megatron-Core's combined 1F1B: micro-batch i + 1's forward beside micro-batch i's backward, each "
+      "exchange on its own stream under the other pass's compute; {} of the {} micro-batches paired)",
+      ep_overlap_pairs(static_cast<int>(p.num_micro_batches())), p.num_micro_batches());
+  if (!e.simulated)
+    out += fmt::format("; hides {:.3f} s of the exchanges, the compute under them {:.3f} s slower for their SMs",
+                       e.breakdown.ep_hidden_s, e.breakdown.ep_overlap_sm_s);
+  return out;
+}
+
 std::string format_bytes_GiB(double bytes) { return fmt::format("{:.1f} GiB", bytes / kGiB); }
 
 nlohmann::json estimate_to_json(const Estimate& e) {
@@ -135,6 +148,14 @@ nlohmann::json estimate_to_json(const Estimate& e) {
     j["etp"] = p.expert_tp();
     if (p.ep > 1) j["moe_dispatcher"] = std::string(to_string(p.moe_dispatcher));
     j["breakdown"]["ep_comm"] = e.breakdown.ep_comm_s;
+    // Only with the EP overlap on: what it hid and what its SMs cost (estimated).
+    if (p.moe_ep_overlap) {
+      j["moe_ep_overlap"] = true;
+      if (!e.simulated) {
+        j["breakdown"]["ep_hidden"] = e.breakdown.ep_hidden_s;
+        j["breakdown"]["ep_overlap_sm"] = e.breakdown.ep_overlap_sm_s;
+      }
+    }
   }
   // Only with a spread, so that an even cluster's document stays as it was.
   if (e.gpu_spread > 0)
@@ -177,12 +198,17 @@ std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top
   for (const Estimate& e : rows) experts = experts || e.plan.etp > 0;
   // The token dispatcher where a row's experts span EP ranks (EP 1: "-").
   for (std::size_t i = 0; i < rows.size() && i < top_k; ++i) dispatchers = dispatchers || rows[i].plan.ep > 1;
-  const auto expert_cells = [&](const std::string& ep, const std::string& etp, const std::string& d) {
+  // The EP overlap's column where a row shown has it on.
+  bool overlaps = false;
+  for (std::size_t i = 0; i < rows.size() && i < top_k; ++i) overlaps = overlaps || rows[i].plan.moe_ep_overlap;
+  const auto expert_cells = [&](const std::string& ep, const std::string& etp, const std::string& d,
+                                const std::string& ov) {
     if (!experts) return std::string();
-    return fmt::format("{:>3} {:>3} ", ep, etp) + (dispatchers ? fmt::format("{:>9} ", d) : std::string());
+    return fmt::format("{:>3} {:>3} ", ep, etp) + (dispatchers ? fmt::format("{:>9} ", d) : std::string()) +
+           (overlaps ? fmt::format("{:>3} ", ov) : std::string());
   };
   std::string out = fmt::format("{:>3} {:>3} {:>3} {}{:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9} {}{:>5} {:>10} {:>9} {:>5} {:>10} {:>9}\n",
-                                "#", "TP", "CP", expert_cells("EP", "ETP", "dispatch"),
+                                "#", "TP", "CP", expert_cells("EP", "ETP", "dispatch", "ovl"),
                                 "PP", "DP", "mb", "v", "ZeRO", "recompute", "SP", "order", "step(s)",
                                 likely ? fmt::format("{:>13} ", "likely(s)") : std::string(), "score",
                                 "tokens/s", "TFLOP/s", "MFU", "mem/GPU", "headroom");
@@ -197,7 +223,8 @@ std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top
     out += fmt::format("{:>3} {:>3} {:>3} {}{:>3} {:>4} {:>3} {:>2} {:>4} {:>9} {:>3} {:>9} {:>9.3f} {}{:>5} {:>10.0f} {:>9.1f} {:>4.1f}% {:>10} {:>9}\n",
                        i + 1, p.tp, p.cp,
                        expert_cells(std::to_string(p.ep), std::to_string(p.expert_tp()),
-                                    p.ep > 1 ? std::string(to_string(p.moe_dispatcher)) : std::string("-")),
+                                    p.ep > 1 ? std::string(to_string(p.moe_dispatcher)) : std::string("-"),
+                                    p.moe_ep_overlap ? "on" : "off"),
                        p.pp, p.dp, p.micro_batch, p.virtual_stages, p.zero_stage,
                        to_string(p.recompute), p.sequence_parallel ? "on" : "off",
                        p.order.str() + (e.tied_orders.empty() ? " " : "*"), e.iteration_time_s,
@@ -229,6 +256,7 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                        ep_rank_load(m, p));
   if (p.etp > 0 && p.ep > 1)
     out += fmt::format("      token dispatcher: {}\n", dispatcher_words(p.moe_dispatcher));
+  if (p.moe_ep_overlap) out += fmt::format("      EP overlap: {}\n", ep_overlap_words(e));
   if (p.cp > 1)
     out += fmt::format("      context parallel {}: {} tokens of each sequence per rank, {}\n", p.cp,
                        p.seq_per_rank(),

@@ -137,6 +137,7 @@ ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const
   // A dense model's plans keep alltoall, which nothing reads.
   if (model.moe.enabled()) p.moe_dispatcher = o.moe_dispatcher.value_or(trainer.moe_dispatchers.front());
   else if (o.moe_dispatcher) p.moe_dispatcher = *o.moe_dispatcher;
+  p.moe_ep_overlap = o.moe_ep_overlap.value_or(model.moe.enabled() && trainer.default_moe_ep_overlap);
   if (o.dp) {
     p.dp = *o.dp;
   } else {
@@ -190,6 +191,13 @@ void check_fixed_options(const ModelSpec& model, const Cluster& cluster, const P
   // allows; an unset DP at the least that lets TP x CP x DP hold ETP x EP
   // (the search's DP is the GPUs' to set).
   if (!o.etp && model.moe.enabled()) probe.etp = 1;
+  // The EP overlap needs EP > 1: an unset EP at the least that divides the experts.
+  if (!o.ep && probe.moe_ep_overlap && model.moe.enabled())
+    for (std::int64_t e = 2; e <= model.moe.num_experts; ++e)
+      if (model.moe.num_experts % e == 0) {
+        probe.ep = static_cast<int>(e);
+        break;
+      }
   probe.dp = o.dp.value_or(1);
   if (!o.dp && probe.ep > 0 && probe.expert_tp() > 0) {
     const std::int64_t folded = static_cast<std::int64_t>(probe.ep) * probe.expert_tp();

@@ -56,6 +56,7 @@ Builder::Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& p
     shape_.rep_dp = c.dp * shape_.cp + c.cp;  // the slowest replica sets the pace of every DP collective
   }
   order_ = pipeline_order(plan.schedule, shape_.pp, shape_.mbs, shape_.v);
+  if (plan.moe_ep_overlap && shape_.ep > 1 && shape_.pp == 1 && shape_.mbs > 1) pair_passes();
   pacing_.tp_probe = TpProbe(topo.cluster(), tp_group_of(0, shape_.rep_dp));
   net_ = std::make_unique<Network>(topo, NetworkOptions{}, &arena_);
   eng_ = std::make_unique<Engine>(*net_, &arena_);
@@ -86,7 +87,12 @@ void Builder::make_representatives() {
   const int mirrored_tp = this->mirrored_tp();
   // The SMs NCCL's kernel holds on a DP group's GPUs while a gradient
   // reduction or a ZeRO gather runs beside the compute (nccl_ring_channels).
-  if (shape_.dp > 1) pacing_.held_sms = nccl_ring_channels(topo_.cluster(), map_.dp_group(0, 0));
+  const int dp_sms = shape_.dp > 1 ? nccl_ring_channels(topo_.cluster(), map_.dp_group(0, 0)) : 0;
+  // The EP overlap's exchanges hold theirs too (ep_exchange_sms). One held
+  // pace per compute task: the larger of the two figures, whichever holds.
+  const bool ep_overlap = plan_.moe_ep_overlap && shape_.ep > 1;
+  const int ep_sms = ep_overlap ? ep_exchange_sms(topo_.cluster(), plan_.moe_dispatcher, map_.ep_group(0, 0, 0)) : 0;
+  pacing_.held_sms = std::max(dp_sms, ep_sms);
   for (int s = 0; s < shape_.pp; ++s) {
     Representative r;
     r.stage = s;
@@ -96,7 +102,11 @@ void Builder::make_representatives() {
     r.pp_fwd = eng_->add_stream(r.rank, StreamKind::pp);
     r.pp_bwd = eng_->add_stream(r.rank, StreamKind::pp);
     r.dp = eng_->add_stream(r.rank, StreamKind::dp);
-    if (pacing_.held_sms > 0) eng_->hold_sms(r.dp, r.compute);
+    if (dp_sms > 0) eng_->hold_sms(r.dp, r.compute);
+    if (ep_overlap) {
+      r.a2a = eng_->add_stream(r.rank, StreamKind::other);
+      if (ep_sms > 0) eng_->hold_sms(r.a2a, r.compute);
+    }
     if (shape_.tp > 1 && !pacing_.tp_fast) {
       CommGroup g;
       g.ranks = tp_group_of(s, shape_.rep_dp);

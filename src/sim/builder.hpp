@@ -58,6 +58,9 @@ struct Representative {
   int rank = 0;
   int stage = 0;
   StreamId compute = 0, tp = 0, pp_fwd = 0, pp_bwd = 0, dp = 0;
+  // The EP overlap's communication stream (plan.moe_ep_overlap), whose
+  // exchanges hold SMs of the compute stream.
+  StreamId a2a = 0;
   GroupId tp_group = 0, dp_group = 0, cp_group = 0, ep_group = 0;
   // The same EP ranks for the allgather / flex dispatcher's exchanges
   // (CommGroup::dispatch); ep_group where the plan's dispatcher is alltoall.
@@ -164,6 +167,14 @@ class Builder {
   void reserve_tasks();
   void try_message(std::uint32_t msg);
   void add_step(int stage, std::size_t idx);
+  // The EP overlap (core/ep_overlap.hpp), PP 1: stage 0's order as
+  // Megatron-Core's combined 1F1B runs it (F0, then F(i+1) with B(i), then
+  // the last backward), pair_first_ marking each forward played with the
+  // backward after it; play_combined plays such a pair layer by layer in
+  // kEpPairOrder, play_node one node of a layer's pass.
+  void pair_passes();
+  void play_combined(std::size_t idx);
+  void play_node(Chain& ch, const Program& prog, std::size_t first, std::size_t end, bool exchange);
   // One pass from `entry` on, op by op; its end dependencies are left in scratch_.chain.deps.
   // `gather_after`: a chunk's first forward with --overlap-param-gather: its
   // parameters' bucket gathers (param_gather) are issued after these tasks
@@ -205,7 +216,8 @@ class Builder {
                       TimeNs held_ns = 0);
   TaskId emit_collective(Collective c, GroupId group, double bytes, StreamId stream, const std::vector<TaskId>& deps,
                          const TaskMeta& mt, bool dp_reduction = false);
-  void play(Chain& ch, const Program& prog);
+  // Items [first, end) of prog (all by default).
+  void play(Chain& ch, const Program& prog, std::size_t first = 0, std::size_t end = static_cast<std::size_t>(-1));
   void flush(Chain& ch);
   TaskId add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps);
   void dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name);
@@ -264,6 +276,7 @@ class Builder {
   std::pmr::vector<PassState> passes_{&arena_};
   std::pmr::vector<TaskId> ends_{&arena_};  // every pass's end dependencies, back to back (PassState::end_off)
   bool stamp_ = true;
+  std::vector<char> pair_first_;  // pair_passes: [index in stage 0's order]
   std::vector<PassTemplate> templates_;  // [((stage * v + chunk) * 2 + backward) * 2 + reduce_now]
   PassTemplate* recording_ = nullptr;    // the template play() is recording into, if any
 
@@ -314,6 +327,7 @@ class Builder {
     std::vector<TaskId> entry;       // add_step's: the pass's entry dependencies
     std::vector<TaskId> stamp_deps;  // stamp's
     Chain chain;                     // add_step's
+    Chain chain2;                    // play_combined's backward
     std::vector<TaskId> gathers;     // play_zero3's: each part's gather
     std::vector<const Part*> zero3_parts;  // play_zero3's: the pass's parts in order
     std::vector<Zero3Use> zero3_uses;

@@ -93,8 +93,10 @@ TaskId Builder::add_tp(Chain& ch, const Item& it, const Program& prog, const std
   return t;
 }
 
-void Builder::play(Chain& ch, const Program& prog) {
-  for (const Item& it : prog.items) {
+void Builder::play(Chain& ch, const Program& prog, std::size_t first, std::size_t end) {
+  end = std::min(end, prog.items.size());
+  for (std::size_t i = first; i < end; ++i) {
+    const Item& it = prog.items[i];
     switch (it.kind) {
       case ItemKind::compute:
         ch.pending = true;
@@ -137,6 +139,10 @@ void Builder::play(Chain& ch, const Program& prog) {
 }
 
 void Builder::add_step(int stage, std::size_t idx) {
+  if (!pair_first_.empty()) {
+    if (pair_first_[idx] != 0) return play_combined(idx);
+    if (idx > 0 && pair_first_[idx - 1] != 0) return;  // played with the forward before it
+  }
   const auto us = static_cast<std::size_t>(stage);
   const ScheduleStep& st = order_[us][idx];
   const int vs = st.chunk * shape_.pp + stage;

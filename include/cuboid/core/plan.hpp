@@ -239,6 +239,10 @@ struct ParallelPlan {
   // The token dispatcher of an MoE model's plans (alltoall for a dense one,
   // where nothing reads it).
   MoeDispatcher moe_dispatcher = MoeDispatcher::alltoall;
+  // Megatron-Core's --overlap-moe-expert-parallel-comm (with
+  // --delay-wgrad-compute): the combined 1F1B schedule, each EP exchange of
+  // one micro-batch under another's compute (core/ep_overlap.hpp).
+  bool moe_ep_overlap = false;
   int micro_batch = 1;           // sequences per micro-batch
   std::int64_t global_batch = 1; // sequences per iteration
   std::int64_t seq_length = 0;

@@ -33,6 +33,18 @@ enum class PlanField {
   cuda_graphs,
   tp_comm_overlap,
   overlap_param_gather,
+  moe_ep_overlap,
+};
+
+// Why a plan cannot overlap its EP exchanges (PlanCheck::ep_overlap_refused).
+enum class EpOverlapRefusal : std::uint8_t {
+  needs_moe,          // a dense model
+  needs_ep,           // EP 1 (Megatron-Core asserts EP > 1)
+  dispatcher,         // allgather (Megatron-Core: alltoall or flex only)
+  full_recompute,     // full recomputation (Megatron-Core refuses it)
+  mtp_layers,         // more than one MTP layer (Megatron-Core refuses it)
+  needs_interleaved,  // PP > 1 without virtual stages (Megatron-Core refuses it)
+  pipeline,           // PP > 1 interleaved: cuboid plays the combined schedule with PP 1 only
 };
 
 // What check_plan refuses; the comment names what PlanRejection::values
@@ -114,6 +126,8 @@ enum class PlanCheck : std::uint8_t {
   tp_overlap_needs_sp,           // TP, SP (0 / 1)
   param_overlap_needs_dist_opt,  // the ZeRO stage
   param_overlap_needs_grad_overlap,  // -
+  trainer_no_ep_overlap,         // the preset
+  ep_overlap_refused,            // why (EpOverlapRefusal), the model's MTP layers
 };
 
 struct PlanRejection {

@@ -56,6 +56,7 @@ struct TrainerPreset {
   // The MoE token dispatchers it has, the first its default (a preset that
   // names none has Megatron-Core's alltoall, the one cuboid priced first).
   std::vector<MoeDispatcher> moe_dispatchers{MoeDispatcher::alltoall};
+  bool moe_ep_overlap = false;     // the combined 1F1B EP overlap (--overlap-moe-expert-parallel-comm)
   // How it runs it by default. A trainer that has the fused accumulation runs
   // it (the files give grad_accum_fusion once).
   bool default_grad_accum_fusion = true;
@@ -63,6 +64,8 @@ struct TrainerPreset {
   // kernel, or auto (the GPU profile's default, e.g. Transformer Engine's
   // choice by compute capability).
   AttentionKernel attention_kernel = AttentionKernel::auto_;
+  // Whether its MoE plans overlap the EP exchanges by default (Megatron-Core: off).
+  bool default_moe_ep_overlap = false;
   TrainerSettings settings;
   std::vector<TrainerSource> sources;
 };

@@ -166,6 +166,12 @@ int nccl_ring_channels(const Cluster& cl, int members_per_node, int nodes);
 // The same for the group of these ranks (its nodes and most members on one).
 int nccl_ring_channels(const Cluster& cl, const std::vector<int>& ranks);
 
+// SMs an EP exchange of `dispatcher` holds on its GPUs while the EP overlap
+// runs compute beside it (core/ep_overlap.hpp): flex, DeepEP's normal
+// kernels' 20 (kDeepEpSms); alltoall, NCCL's channels for the EP group
+// (nccl_ring_channels, the figure cuboid has for an NCCL kernel's CTAs).
+int ep_exchange_sms(const Cluster& cl, MoeDispatcher dispatcher, const std::vector<int>& ep_ranks);
+
 // The extra time a stretch of compute takes when a collective holding SMs
 // runs beside it: the collective lasts `collective_ns`, the compute alone
 // `compute_ns`, and with the SMs taken it runs `ratio` (>= 1) times slower.

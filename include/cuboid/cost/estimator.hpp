@@ -31,6 +31,11 @@ struct Breakdown {
   double dp_comm_s = 0;    // gradient reduction (and ZeRO gathers) not hidden behind backward
   double bubble_s = 0;     // pipeline fill and drain
   double optimizer_s = 0;  // Adam step on this GPU's shard
+  // The EP overlap (--moe-ep-overlap, core/ep_overlap.hpp), in the figures
+  // above already: the exchanges' time it hides (taken off ep_comm_s) and
+  // what the compute under them loses to their SMs (added to compute_s).
+  double ep_hidden_s = 0;
+  double ep_overlap_sm_s = 0;
   double total() const { return compute_s + tp_comm_s + cp_comm_s + ep_comm_s + pp_comm_s + dp_comm_s + bubble_s + optimizer_s; }
 };
 

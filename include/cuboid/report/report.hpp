@@ -32,6 +32,9 @@ std::string format_interval(const Estimate& e);
 std::string format_plan_table(const std::vector<Estimate>& rows, std::size_t top_k);
 // The per-component report of `cuboid simulate`.
 std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate& e);
+// The EP overlap of e's plan (plan.moe_ep_overlap) in a line: the schedule,
+// and for an analytical estimate what it hid and what the compute lost.
+std::string ep_overlap_words(const Estimate& e);
 // `cuboid mesh`: which GPU (node, gpu) holds which TP group, stage and DP group.
 std::string format_mesh(const ParallelPlan& plan, const Cluster& c);
 

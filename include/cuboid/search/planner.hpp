@@ -40,6 +40,9 @@ struct PlannerOptions {
   // The MoE token dispatcher (default: each the trainer has, searched where
   // EP > 1; else its first).
   std::optional<MoeDispatcher> moe_dispatcher;
+  // The EP all-to-all overlap of the combined 1F1B schedule (default: the
+  // trainer's default_moe_ep_overlap; an MoE model's plans only).
+  std::optional<bool> moe_ep_overlap;
   std::optional<Recompute> recompute;
   std::optional<std::uint8_t> recompute_modules;  // RecomputeModule bits (default 0: the attention core)
   std::optional<bool> sequence_parallel;

@@ -1,0 +1,200 @@
+// The EP all-to-all overlap (--moe-ep-overlap, core/ep_overlap.hpp):
+// Megatron-Core's combined 1F1B schedule, a layer pair worked by hand, the
+// refusals Megatron-Core asserts, and the estimate and the simulation of a
+// small Mixtral agreeing on what it hides.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "cuboid/core/ep_overlap.hpp"
+#include "cuboid/core/plan_check.hpp"
+#include "cuboid/core/topology.hpp"
+#include "cuboid/cost/estimator.hpp"
+#include "cuboid/cost/memory.hpp"
+#include "cuboid/sim/simulator.hpp"
+#include "fixtures.hpp"
+
+using namespace cuboid;
+using namespace cuboid::test;
+
+namespace {
+
+EpSegment seg(double ns, double held = 0, double blocking = 0) { return EpSegment{ns, held > 0 ? held : ns, blocking}; }
+
+// The small Mixtral on 2 DGX A100 nodes: TP 2 (SP) x PP 1 x DP 8, EP 8 x
+// ETP 1 (one expert per rank), micro-batch 1, global batch 64: 8
+// micro-batches, 7 of them paired.
+ParallelPlan overlap_plan(bool on) {
+  ParallelPlan p = ep4_plan();
+  p.pp = 1;
+  p.dp = 8;
+  p.ep = 8;
+  p.moe_ep_overlap = on;
+  return p;
+}
+
+ModelSpec balanced_mixtral() {
+  ModelSpec m = small_mixtral_model();
+  m.moe.router_load_imbalance = 1.0;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("a layer pair on two streams, worked by hand") {
+  // The forward (micro-batch i + 1): attention 100 ns, dispatch 50, experts
+  // 200, combine 50. The backward (micro-batch i): combine's gradient 50,
+  // experts 400, dispatch's gradient 50, attention 200.
+  EpPassTimes f, b;
+  f.seg = {seg(100), seg(200), seg(0)};
+  f.ex = {50, 50};
+  b.seg = {seg(0), seg(400), seg(200)};
+  b.ex = {50, 50};
+  // comm: b.ex0 0-50, f.ex0 100-150 (after f's attention), b.ex1 500-550
+  //       (after b's experts), f.ex1 700-750 (after f's experts);
+  // comp: f.seg0 0-100, b.seg1 100-500, f.seg1 500-700, b.seg2 700-900
+  //       (b.ex1 done at 550), f.seg2 900.
+  const EpPairTime t = ep_pair_time(f, b);
+  CHECK(t.serial_ns == 1100);  // 400 + 700
+  CHECK(t.paired_ns == 900);
+  CHECK(t.exchange_ns == 200);
+  CHECK(t.exposed_ns == 0);
+  CHECK(t.hidden_ns() == 200);
+  CHECK(t.sm_cost_ns == 0);
+  CHECK(t.saved_ns() == 200);
+
+  // The backward's attention shorter than the forward's combine: b.seg2
+  // 700-720, then f.seg2 (10 ns) waits for f.ex1 (700-750): 750-760. The
+  // compute stream idles 720-750: 30 ns of the combine exposed.
+  b.seg[2] = seg(20);
+  f.seg[2] = seg(10);
+  const EpPairTime u = ep_pair_time(f, b);
+  CHECK(u.serial_ns == 930);
+  CHECK(u.paired_ns == 760);
+  CHECK(u.exposed_ns == 30);
+  CHECK(u.hidden_ns() == 170);
+  CHECK(u.saved_ns() == 170);
+}
+
+TEST_CASE("the exchange's SMs slow the compute under it") {
+  // The forward's attention, 100 ns alone, takes 200 ns while an exchange
+  // holds its SMs; the backward's combine gradient (60 ns) runs beside it:
+  // 0-60 at half pace (30 ns of its work), the other 70 ns alone: ends at 130.
+  EpPassTimes f, b;
+  f.seg = {seg(100, 200), seg(0), seg(0)};
+  b.ex = {60, 0};
+  const EpPairTime t = ep_pair_time(f, b);
+  CHECK(t.paired_ns == doctest::Approx(130));
+  CHECK(t.serial_ns == 160);
+  CHECK(t.hidden_ns() == doctest::Approx(60));
+  CHECK(t.sm_cost_ns == doctest::Approx(30));
+  CHECK(t.saved_ns() == doctest::Approx(30));
+  // TP collectives between the kernels are not slowed: 20 ns more of them
+  // start after the kernels, when the exchange is over.
+  f.seg[0].blocking_ns = 20;
+  CHECK(ep_pair_time(f, b).paired_ns == doctest::Approx(150));
+}
+
+TEST_CASE("a pass cut at its EP exchanges") {
+  // Forward: attention, the counts' exchange, the host sync, the tokens',
+  // the probabilities', the experts, the combine, the residual.
+  const std::vector<bool> fwd{false, true, false, true, true, false, true, false};
+  const EpSplit f = ep_split(fwd.size(), true, [&](std::size_t i) { return fwd[i]; });
+  CHECK(f.has_exchanges);
+  CHECK(f.ex0_begin == 1);
+  CHECK(f.ex0_end == 5);
+  CHECK(f.ex1_begin == 6);
+  CHECK(f.ex1_end == 7);
+  CHECK(ep_node(f, 0) == EpNode::seg0);
+  CHECK(ep_node(f, 2) == EpNode::ex0);  // the host sync between the dispatch's exchanges
+  CHECK(ep_node(f, 5) == EpNode::seg1);
+  CHECK(ep_node(f, 7) == EpNode::seg2);
+  // Backward: the combine's gradient first alone, then the dispatch's two.
+  const std::vector<bool> bwd{false, true, false, true, true, false};
+  const EpSplit b = ep_split(bwd.size(), false, [&](std::size_t i) { return bwd[i]; });
+  CHECK(b.ex0_begin == 1);
+  CHECK(b.ex0_end == 2);
+  CHECK(b.ex1_begin == 3);
+  CHECK(b.ex1_end == 5);
+  // A dense layer: all of it seg0.
+  const EpSplit d = ep_split(3, true, [](std::size_t) { return false; });
+  CHECK_FALSE(d.has_exchanges);
+  CHECK(ep_node(d, 2) == EpNode::seg0);
+  CHECK(ep_overlap_pairs(8) == 7);
+  CHECK(ep_overlap_pairs(1) == 0);
+}
+
+TEST_CASE("the EP overlap is refused where Megatron-Core asserts, and with PP > 1") {
+  const ModelSpec m = small_mixtral_model();
+  const Cluster c = dgx_a100(2);
+  ParallelPlan p = overlap_plan(true);
+  CHECK_FALSE(check_plan(p, m, c).has_value());
+  const auto why = [&](const ParallelPlan& q) {
+    const auto r = check_plan(q, m, c);
+    REQUIRE(r.has_value());
+    CHECK(r->field == PlanField::moe_ep_overlap);
+    return describe(*r, m, c);
+  };
+  ParallelPlan q = p;
+  q.moe_dispatcher = MoeDispatcher::allgather;
+  CHECK(why(q) == "the EP all-to-all overlap (--overlap-moe-expert-parallel-comm) runs with the alltoall or flex "
+                  "token dispatcher, not allgather (Megatron-Core asserts it: "
+                  "megatron/core/transformer/transformer_config.py:3016@d98e8a64)");
+  q = p;
+  q.ep = 1;
+  q.etp = 1;
+  CHECK(why(q).find("needs expert parallelism, EP > 1") != std::string::npos);
+  q = p;
+  q.recompute = Recompute::full;
+  CHECK(why(q).find("full recomputation") != std::string::npos);
+  q = p;
+  q.pp = 2;
+  q.dp = 4;
+  q.ep = 4;
+  CHECK(why(q).find("needs the interleaved schedule (virtual stages)") != std::string::npos);
+  q.schedule = Schedule::interleaved;
+  q.virtual_stages = 2;
+  CHECK(why(q).find("cuboid plays Megatron-Core's combined 1F1B schedule with PP 1 only") != std::string::npos);
+  ModelSpec dense = m;
+  dense.moe = MoeSpec{};
+  q = overlap_plan(true);
+  q.ep = 1;
+  q.etp = 0;
+  const auto r = check_plan(q, dense, c);
+  REQUIRE(r.has_value());
+  CHECK(describe(*r, dense, c).find("needs a mixture-of-experts model") != std::string::npos);
+}
+
+TEST_CASE("the combined schedule holds two micro-batches' activations") {
+  const ModelSpec m = small_mixtral_model();
+  CHECK(in_flight_micro_batches(overlap_plan(false), 0) == 1);
+  CHECK(in_flight_micro_batches(overlap_plan(true), 0) == 2);
+  CHECK(memory_per_gpu(m, overlap_plan(true), a100()).activation_bytes >
+        memory_per_gpu(m, overlap_plan(false), a100()).activation_bytes);
+}
+
+TEST_CASE("estimate and simulation agree on what the overlap saves") {
+  const ModelSpec m = balanced_mixtral();
+  const Topology topo(dgx_a100(2));
+  for (MoeDispatcher d : {MoeDispatcher::alltoall, MoeDispatcher::flex}) {
+    CAPTURE(to_string(d));
+    ParallelPlan off = overlap_plan(false), on = overlap_plan(true);
+    off.moe_dispatcher = on.moe_dispatcher = d;
+    const Estimate e_off = estimate(m, topo, off), e_on = estimate(m, topo, on);
+    CHECK(e_off.breakdown.ep_hidden_s == 0);
+    CHECK(e_on.breakdown.ep_hidden_s > 0);
+    // The saving is what the exchanges hide less what their SMs cost.
+    CHECK(e_off.iteration_time_s - e_on.iteration_time_s ==
+          doctest::Approx(e_on.breakdown.ep_hidden_s - e_on.breakdown.ep_overlap_sm_s));
+    // No more than the 7 paired micro-batches' exchanges (and the host sync
+    // between the dispatch's exchanges, a few bytes' kernel: the 1 %).
+    CHECK(e_on.breakdown.ep_hidden_s <= 7.0 / 8.0 * e_off.breakdown.ep_comm_s * 1.01);
+    const Estimate s_off = simulate(m, topo, off), s_on = simulate(m, topo, on);
+    const double est_saved = e_off.iteration_time_s - e_on.iteration_time_s;
+    const double sim_saved = s_off.iteration_time_s - s_on.iteration_time_s;
+    MESSAGE("estimate saves " << est_saved << " s, simulation " << sim_saved << " s");
+    CHECK(sim_saved > 0);
+    CHECK(sim_saved == doctest::Approx(est_saved).epsilon(0.25));
+  }
+}
