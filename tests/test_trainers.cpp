@@ -68,7 +68,7 @@ bool same_preset(const TrainerPreset& a, const TrainerPreset& b) {
          a.uneven_stages == b.uneven_stages && a.uneven_interleaved == b.uneven_interleaved &&
          a.pipeline_layout == b.pipeline_layout &&
          a.context_parallel == b.context_parallel && a.context_parallel_a2a == b.context_parallel_a2a &&
-         a.expert_parallel == b.expert_parallel && a.fp8 == b.fp8 && a.recompute_modules == b.recompute_modules && a.zero_stages == b.zero_stages && a.moe_dispatchers == b.moe_dispatchers &&
+         a.expert_parallel == b.expert_parallel && a.fp8 == b.fp8 && a.recompute_modules == b.recompute_modules && a.activation_offloading == b.activation_offloading && a.zero_stages == b.zero_stages && a.moe_dispatchers == b.moe_dispatchers &&
          a.default_grad_accum_fusion == b.default_grad_accum_fusion && a.settings == b.settings &&
          a.attention_kernels == b.attention_kernels && a.attention_kernel == b.attention_kernel;
 }
@@ -238,7 +238,7 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
       ++defaults;
     }
   }
-  CHECK(defaults == 31);  // 27 + attention_kernels (can_run) and attention_kernel (settings) + recompute_modules (can_run) + moe_dispatchers (can_run)
+  CHECK(defaults == 32);  // 27 + attention_kernels (can_run) and attention_kernel (settings) + recompute_modules (can_run) + moe_dispatchers (can_run) + activation_offloading (can_run)
 }
 
 TEST_CASE("a bad preset file: one exact error per bad field") {

@@ -93,7 +93,7 @@ void read_moe_dispatchers(JsonReader& r, TrainerPreset& t) {
   }
 }
 
-constexpr std::array<Field, 17> kCanRun{{
+constexpr std::array<Field, 18> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
@@ -109,6 +109,7 @@ constexpr std::array<Field, 17> kCanRun{{
     {"expert_parallel", [](JsonReader& r, TrainerPreset& t) { t.expert_parallel = r.boolean("value"); }},
     {"fp8", [](JsonReader& r, TrainerPreset& t) { t.fp8 = r.boolean("value"); }},
     {"recompute_modules", [](JsonReader& r, TrainerPreset& t) { t.recompute_modules = r.boolean("value"); }},
+    {"activation_offloading", [](JsonReader& r, TrainerPreset& t) { t.activation_offloading = r.boolean("value"); }},
     {"zero_stages", read_zero_stages},
     {"attention_kernels", read_attention_kernels},
     {"moe_dispatchers", read_moe_dispatchers},

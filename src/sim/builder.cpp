@@ -95,6 +95,9 @@ void Builder::make_representatives() {
     r.pp_fwd = eng_->add_stream(r.rank, StreamKind::pp);
     r.pp_bwd = eng_->add_stream(r.rank, StreamKind::pp);
     r.dp = eng_->add_stream(r.rank, StreamKind::dp);
+    // CPU offloading's one copy stream (offload.hpp); none otherwise, so
+    // other plans' stream tables stay as they were.
+    if (plan_.offload_layers > 0) r.offload = eng_->add_stream(r.rank, StreamKind::other);
     if (pacing_.held_sms > 0) eng_->hold_sms(r.dp, r.compute);
     if (shape_.tp > 1 && !pacing_.tp_fast) {
       CommGroup g;
@@ -305,6 +308,7 @@ void Builder::make_units() {
           units.push_back(Unit{&p.dense_fwd, &p.dense_bwd, per_dense_layer, label, {}, {}});
         else
           units.push_back(Unit{&p.layer_fwd, &p.layer_bwd, per_layer, label, {}, {}});
+        units.back().layer = first + l;
       }
       if (vs == shape_.vs_count - 1) {
         // The multi-token prediction modules after the layers (each with its
@@ -387,6 +391,15 @@ void Builder::build() {
   make_representatives();
   make_programs();
   make_units();
+  if (plan_.offload_layers > 0) {
+    offload_ = activation_offload(m_, plan_);
+    const HostLink& link = topo_.cluster().host_link;
+    for (int i = 0; i < offload_.offloaded; ++i) {
+      const double bytes = offloaded_layer_bytes(m_, plan_, i);
+      offload_ns_.push_back(host_copy_ns(link, bytes, true));
+      reload_ns_.push_back(host_copy_ns(link, bytes, false));
+    }
+  }
   passes_.assign(static_cast<std::size_t>(2 * shape_.mbs * shape_.vs_count), PassState{});
   cursor_.assign(static_cast<std::size_t>(shape_.pp), 0);
   stage_end_.assign(static_cast<std::size_t>(shape_.pp), {});

@@ -30,6 +30,7 @@ enum class PlanField {
   recompute_modules,
   pipeline_layout,  // the embedding or the loss counted as a layer, or the layout
   moe_dispatcher,
+  offload_layers,
 };
 
 // What check_plan refuses; the comment names what PlanRejection::values
@@ -105,6 +106,11 @@ enum class PlanCheck : std::uint8_t {
   recompute_modules_need_selective,  // -
   recompute_module_refused,      // the module (RecomputeModule), why (0: Megatron-Core refuses it, 1: not modelled)
   trainer_no_dispatcher,         // the preset
+  trainer_no_offload,            // the preset
+  offload_layers_range,          // N, the model's layers (Megatron-Core: N < layers)
+  offload_needs_one_stage,       // PP (Megatron-Core: no pipeline parallelism with CPU offloading)
+  offload_with_recompute,        // - (Megatron-Core: no activation recomputation with it)
+  offload_no_host_link,          // - (the cluster card has no host_link)
 };
 
 struct PlanRejection {

@@ -44,6 +44,7 @@ struct TrainerPreset {
   bool expert_parallel = false;    // EP > 1 and an ETP of its own for MoE models (else EP 1, ETP = TP)
   bool fp8 = false;                // quantized linear layers (--precision), Transformer Engine's recipes
   bool recompute_modules = false;  // selective recomputation of other modules than the attention core (--recompute-modules)
+  bool activation_offloading = false;  // decoder layers' activations to host memory (--offload-activations)
   std::vector<int> zero_stages{0, 1, 2, 3};
   // The attention kernels its code can call (unfused: the QK^T, softmax, AV
   // path); a plan's kernel must be one of them.

@@ -31,7 +31,10 @@ struct Breakdown {
   double dp_comm_s = 0;    // gradient reduction (and ZeRO gathers) not hidden behind backward
   double bubble_s = 0;     // pipeline fill and drain
   double optimizer_s = 0;  // Adam step on this GPU's shard
-  double total() const { return compute_s + tp_comm_s + cp_comm_s + ep_comm_s + pp_comm_s + dp_comm_s + bubble_s + optimizer_s; }
+  double offload_s = 0;    // compute waiting for activation copies to / from host memory (offload.hpp)
+  double total() const {
+    return compute_s + tp_comm_s + cp_comm_s + ep_comm_s + pp_comm_s + dp_comm_s + bubble_s + optimizer_s + offload_s;
+  }
 };
 
 // Two plans that differ only in rank order and whose times differ by at most
