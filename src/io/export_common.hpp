@@ -18,6 +18,10 @@ void refuse_mla_mtp(const PlanFile& pf, std::string_view trainer);
 // Refuses a plan with Megatron-Core's pipeline layout (the embedding or the
 // loss counted as layers, or a layout string): only --to megatron writes it.
 void refuse_pipeline_layout(const PlanFile& pf, std::string_view trainer);
+// Refuses a plan that offloads activations to host memory
+// (--offload-activations): only the Megatron-Core exports write it; `why`
+// says what the target has instead.
+void refuse_offload(const PlanFile& pf, std::string_view trainer, std::string_view why);
 
 bool default_rank_order(const ParallelPlan& p);
 // Index of `d` in the rank order, 0 = innermost.

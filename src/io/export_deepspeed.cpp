@@ -23,6 +23,9 @@ void check_layout(const PlanFile& pf) {
            "export with --to megatron or --to megatron-bridge");
   refuse_mla_mtp(pf, "DeepSpeed's config");
   refuse_pipeline_layout(pf, "DeepSpeed's config");
+  refuse_offload(pf, "DeepSpeed's config",
+                 "its activation checkpointing's cpu_checkpointing moves checkpoints of a full recomputation, "
+                 "not the saved activations of layers run without recomputation");
   if (p.cp > 1)
     refuse(pf, "parallel.cp",
            "DeepSpeed's config has no context parallelism: its sequence parallelism (DeepSpeed-Ulysses) comes from "

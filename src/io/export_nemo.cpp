@@ -29,6 +29,7 @@ bool refuse_unsupported(const PlanFile& pf) {
            "plan with --schedule 1f1b or --schedule interleaved");
   refuse_mla_mtp(pf, "cuboid's NeMo 1.x export");
   refuse_pipeline_layout(pf, "cuboid's NeMo 1.x export");
+  refuse_offload(pf, "cuboid's NeMo 1.x export", "its pinned option list has no cpu_offloading keys");
   // megatron_gpt_config.yaml@8cfedd72 has FP8 keys for delayed scaling only
   // (fp8, fp8_e4m3 / fp8_hybrid, fp8_margin, fp8_amax_history_len,
   // fp8_amax_compute_algo, fp8_params); no key selects another recipe.

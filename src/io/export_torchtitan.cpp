@@ -110,6 +110,7 @@ void check_common(const PlanFile& pf) {
            "plan with --sequence-parallel on");
   refuse_mla_mtp(pf, "cuboid's torchtitan export (its Llama train spec)");
   refuse_pipeline_layout(pf, "cuboid's torchtitan export (its Llama train spec)");
+  refuse_offload(pf, "cuboid's torchtitan export", "torchtitan's activation checkpointing recomputes; it does not offload");
   if (p.cp > 1 && p.zero_stage < 2)
     refuse(pf, "parallel.zero_stage",
            fmt::format("torchtitan shards the weights, gradients and optimizer states over the context-parallel "
