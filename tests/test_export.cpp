@@ -1122,7 +1122,7 @@ TEST_CASE("activation offloading: Megatron-LM and Megatron-Bridge write it, chec
   CHECK(value(b, "model.cpu_offloading_num_layers") == "20");
   check_refused(pf, {"deepspeed", "torchtitan", "torchtitan-main", "nemo"}, "parallel.offload_activations");
   CHECK(refusal(pf, "nemo") ==
-        "plan file seed: parallel.offload_activations: cuboid's NeMo 1.x export has no setting for Megatron-Core's CPU "
+        "seed.plan.json: parallel.offload_activations: cuboid's NeMo 1.x export has no setting for Megatron-Core's CPU "
         "activation offloading (its pinned option list has no cpu_offloading keys) (fix: export with --to megatron "
         "or --to megatron-bridge, or plan without --offload-activations)");
   SUBCASE("a plan without it writes none of it") {

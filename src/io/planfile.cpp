@@ -489,6 +489,8 @@ PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source)
   shape.gpu.name = pf.gpu_name;
   shape.gpu.peak_fp8_flops = shape.gpu.peak_fp4_flops = 1;
   shape.gpu.microscaling_formats = true;
+  // Nor its host link: offloading is checked against the card too.
+  shape.host_link.d2h_GBps = shape.host_link.h2d_GBps = 1;
   if (auto problem = check_plan(pf.plan, pf.model, shape))
     throw InputError(source, plan_key(problem->field), describe(*problem, pf.model, shape), key_fix(*problem, pf.plan));
 
@@ -525,7 +527,8 @@ void check_plan_matches_cluster(const PlanFile& pf, const Cluster& cluster) {
                      "plan file " + pf.source + " was made for " + made_for + " but this cluster has " + here,
                      "use the cluster card the plan was made for (" + pf.cluster_source_file +
                          "), or regenerate the plan for this cluster");
-  // What only the card says: whether its GPU runs the plan's precision.
+  // What only the card says: whether its GPU runs the plan's precision, and its
+  // host link for offloaded activations.
   if (auto problem = check_plan(pf.plan, pf.model, cluster))
     throw InputError(pf.source, plan_key(problem->field), describe(*problem, pf.model, cluster),
                      key_fix(*problem, pf.plan));
