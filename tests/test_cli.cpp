@@ -458,6 +458,36 @@ TEST_CASE("--precision reaches simulate, plan, the plan file, its readers and th
   CHECK(old.err.find("--precision: megatron-2022 runs no FP8 / FP4 linear layers here") != std::string::npos);
 }
 
+TEST_CASE("--offload-activations reaches simulate, plan, the plan file and the exports; a card without host_link refuses") {
+  const TempDir dir("cli_offload");
+  const std::string h100 = "--model models/llama3-8b.json --cluster topologies/dgx-h100.json --tp 1 --pp 1 --dp 8 "
+                           "--global-batch 16 --micro-batch 1 --zero 1";
+  CliResult s = run("simulate " + h100 + " --offload-activations 20");
+  REQUIRE_MESSAGE(s.code == 0, s.err);
+  CHECK(s.out.find("  host copies ") != std::string::npos);
+  CHECK(s.out.find("  offloaded to host     22.5 GiB") != std::string::npos);  // 20 x 1.125 GiB
+  CliResult b = run("simulate " + h100);
+  REQUIRE_MESSAGE(b.code == 0, b.err);
+  CHECK(b.out.find("host copies") == std::string::npos);
+  const auto plan = dir / "p.json";
+  CliResult p = run("plan " + h100 + " --offload-activations 20 --out " + plan.string());
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  const nlohmann::json pj = nlohmann::json::parse(std::ifstream(plan));
+  CHECK(pj["parallel"]["offload_activations"] == 20);
+  CHECK(pj["parallel"]["recompute"] == "none");
+  CliResult e = run("export --plan " + plan.string() + " --to megatron");
+  REQUIRE_MESSAGE(e.code == 0, e.err);
+  CHECK(e.out.find("    --cpu-offloading-num-layers 20\n") != std::string::npos);
+  CliResult sel = run("simulate " + h100 + " --recompute selective --offload-activations 8");
+  CHECK(sel.code == 2);
+  CHECK(sel.err.find("--offload-activations: Megatron-Core offloads activations only without recomputation") !=
+        std::string::npos);
+  CliResult cpu = run("simulate --model models/llama3-8b.json --cluster topologies/localhost-cpu.json --tp 1 --pp 1 "
+                      "--dp 2 --global-batch 2 --seq-length 256 --offload-activations 4");
+  CHECK(cpu.code == 2);
+  CHECK(cpu.err.find("states no link between a GPU and host memory") != std::string::npos);
+}
+
 TEST_CASE("validate: measurements of another plan exit 2 with one line naming the field") {
   const TempDir dir("cli_validate");
   const auto plan = dir / "tp2.json";

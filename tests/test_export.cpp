@@ -1171,3 +1171,27 @@ TEST_CASE("Megatron-Core's overlaps and CUDA graphs: Megatron-LM, Megatron-Bridg
   pf.plan.trainer.tp_comm_overlap = false;
   check_refused(pf, {"deepspeed"}, "parallel.trainer.overlap_param_gather");
 }
+
+TEST_CASE("activation offloading: Megatron-LM and Megatron-Bridge write it, checked against their pinned options; the rest refuse") {
+  PlanFile pf = plan_file("seed");  // TP 4 x PP 1 x DP 8 = 32 GPUs, no recompute: what Megatron-Core offloads with
+  pf.plan.pp = 1;
+  pf.plan.dp = 8;
+  pf.plan.recompute = Recompute::none;
+  pf.plan.offload_layers = 20;
+  check_options(pf, "megatron");
+  check_options(pf, "megatron-bridge");
+  const Emitted m = cuboid::test::read_megatron(export_plan(pf, "megatron").text);
+  CHECK(value(m, "--cpu-offloading-num-layers") == "20");
+  const Emitted b = cuboid::test::read_python(export_plan(pf, "megatron-bridge").text, "cfg", "model.");
+  CHECK(value(b, "model.cpu_offloading") == "True");
+  CHECK(value(b, "model.cpu_offloading_num_layers") == "20");
+  check_refused(pf, {"deepspeed", "torchtitan", "torchtitan-main", "nemo"}, "parallel.offload_activations");
+  CHECK(refusal(pf, "nemo") ==
+        "seed.plan.json: parallel.offload_activations: cuboid's NeMo 1.x export has no setting for Megatron-Core's CPU "
+        "activation offloading (its pinned option list has no cpu_offloading keys) (fix: export with --to megatron "
+        "or --to megatron-bridge, or plan without --offload-activations)");
+  SUBCASE("a plan without it writes none of it") {
+    CHECK(text("seed", "megatron").find("cpu-offloading") == std::string::npos);
+    CHECK(text("seed", "megatron-bridge").find("cpu_offloading") == std::string::npos);
+  }
+}

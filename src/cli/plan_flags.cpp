@@ -101,6 +101,10 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                 "keep the FP8 layers' weights in FP8 only and all-gather them in FP8 (Megatron-Core's "
                 "--fp8-param-gather; needs an FP8 --precision and the distributed optimizer, --zero 1 or 2, or "
                 "Megatron-FSDP, --zero 3)");
+  cmd->add_option("--offload-activations", f.offload_activations,
+                  "offload the activations of the first N decoder layers to host memory and reload them for the "
+                  "backward (Megatron-Core's --cpu-offloading-num-layers; PP 1, implies --recompute none; the "
+                  "cluster card's host_link prices the copies; default: none)");
   cmd->add_option("--dp-overlap", f.dp_overlap,
                   "overlap the DP gradient reduction with the last backward (Megatron --overlap-grad-reduce, torch "
                   "DDP, FSDP): on|off (default: the trainer's)");
@@ -280,6 +284,18 @@ PlannerOptions planner_options(const PlanFlags& f) {
     o.recompute = Recompute::selective;
     o.recompute_modules = parse_recompute_modules(*f.recompute_modules, cl, "--recompute-modules");
   }
+  if (f.offload_activations) {
+    if (*f.offload_activations < 0)
+      throw InputError(cl, "--offload-activations", "must be 0 or more, got " + std::to_string(*f.offload_activations),
+                       "give the number of decoder layers to offload, or 0 for none");
+    if (*f.offload_activations > 0) {
+      if (o.recompute && *o.recompute != Recompute::none)
+        throw InputError(cl, "--offload-activations", "Megatron-Core offloads activations only without recomputation",
+                         "drop --recompute, or give --recompute none");
+      o.recompute = Recompute::none;
+    }
+    o.offload_layers = *f.offload_activations;
+  }
   if (f.schedule) o.schedule = parse_schedule(*f.schedule, cl, "--schedule");
   if (f.sequence_parallel) o.sequence_parallel = parse_on_off(*f.sequence_parallel, "--sequence-parallel");
   if (f.flash_attention) o.flash_attention = parse_on_off(*f.flash_attention, "--flash-attention");
@@ -324,7 +340,7 @@ Loaded load(const PlanFlags& f) {
   if (f.plan_path) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
-    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.sequence_parallel ||
+    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.offload_activations || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
                       f.global_batch ||
@@ -494,6 +510,7 @@ constexpr KeyFlag kKeyFlags[] = {
        return o.recompute_modules ? std::optional<std::string>(recompute_modules_string(*o.recompute_modules))
                                   : std::nullopt;
      }},
+    {"parallel.offload_activations", "--offload-activations", [](const PlannerOptions& o) { return shown(o.offload_layers); }},
     {"parallel.sequence_parallel", "--sequence-parallel",
      [](const PlannerOptions& o) { return shown(o.sequence_parallel); }},
     {"parallel.schedule", "--schedule", [](const PlannerOptions& o) { return shown(o.schedule); }},

@@ -81,6 +81,12 @@ std::string plain_fix(const PlanRejection& r) {
     case K::trainer_no_recompute_modules: return "drop --recompute-modules, or use --trainer megatron-core";
     case K::recompute_modules_need_selective: return "use --recompute selective, or drop --recompute-modules";
     case K::recompute_module_refused: return "drop that module from --recompute-modules";
+    case K::trainer_no_offload: return "drop --offload-activations, or use --trainer megatron-core";
+    case K::offload_layers_range:
+      return "give --offload-activations 1 to " + std::to_string(r.values[1] - 1) + ", or drop it";
+    case K::offload_needs_one_stage: return "use --pp 1, or drop --offload-activations";
+    case K::offload_with_recompute: return "use --recompute none, or drop --offload-activations";
+    case K::offload_no_host_link: return "add host_link to the cluster card, or drop --offload-activations";
     case K::trainer_even_chunks:
       return "drop --vpp (1F1B with uneven stages), or choose a PP x virtual stages that divides the layers";
     case K::interleaved_batches:
@@ -157,6 +163,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::tp_comm_overlap: return "--tp-comm-overlap";
     case PlanField::overlap_param_gather: return "--overlap-param-gather";
     case PlanField::moe_ep_overlap: return "--moe-ep-overlap";
+    case PlanField::offload_layers: return "--offload-activations";
   }
   return "--tp/--pp/--dp";
 }

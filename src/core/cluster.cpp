@@ -329,6 +329,16 @@ IntraNodeFabric intra_from_reader(const nlohmann::json& j, JsonReader r) {
   return f;
 }
 
+HostLink host_link_from_reader(const nlohmann::json& j, JsonReader r) {
+  check_keys(j, r, {"kind", "d2h_GBps", "h2d_GBps"});
+  HostLink h;
+  h.kind = r.choice("kind", {"nvlink-c2c", "pcie-gen4", "pcie-gen5"});
+  h.d2h_GBps = sourced(r, "d2h_GBps", h.sources, "d2h_GBps");
+  h.h2d_GBps = sourced(r, "h2d_GBps", h.sources, "h2d_GBps");
+  r.reject_unknown();
+  return h;
+}
+
 InterNodeFabric inter_from_reader(const nlohmann::json& j, JsonReader r) {
   check_keys(j, r, {"kind", "nics_per_node", "nic_bandwidth_Gbps", "nic_busbw_GBps", "latency_us",
                     "switch_latency_us", "levels", "nodes_per_leaf", "leaves_per_pod", "oversubscription",
@@ -489,7 +499,7 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
   check_overrides(nodes, gpus_per_node);
   JsonReader r(j, source);
   check_keys(j, r, {"name", "nodes", "max_nodes", "gpus_per_node", "gpus_per_host", "gpu", "intra_node", "inter_node",
-                    "calibration"});
+                    "host_link", "calibration"});
   Cluster c;
   c.name = r.string("name");
   c.source_file = source;
@@ -535,6 +545,11 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
   }
   JsonReader inter = r.object("inter_node");
   c.inter = inter_from_reader(j.at("inter_node"), inter);
+  // Optional: what activation offloading copies over.
+  if (r.has("host_link")) {
+    JsonReader host = r.object("host_link");
+    c.host_link = host_link_from_reader(j.at("host_link"), host);
+  }
   // Optional measurements (`cuboid calibrate`); the fields above stay the
   // fall-back for whatever the calibration did not measure.
   if (r.has("calibration")) {

@@ -513,6 +513,7 @@ nlohmann::json plan_layout_json(const ParallelPlan& p) {
   if (p.precision != Precision::bf16) j["precision"] = std::string(to_string(p.precision));
   if (p.fp8_param_gather) j["fp8_param_gather"] = true;
   if (p.recompute_modules != 0) j["recompute_modules"] = recompute_modules_string(p.recompute_modules);
+  if (p.offload_layers > 0) j["offload_activations"] = p.offload_layers;
   return j;
 }
 

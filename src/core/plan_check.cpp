@@ -76,6 +76,8 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     return reject(K::trainer_no_tp_comm_overlap, F::tp_comm_overlap, preset);
   if (p.trainer.overlap_param_gather && !t.overlap_param_gather)
     return reject(K::trainer_no_overlap_param_gather, F::overlap_param_gather, preset);
+  if (p.offload_layers != 0 && !t.activation_offloading)
+    return reject(K::trainer_no_offload, F::offload_layers, preset);
   return std::nullopt;
 }
 
@@ -90,6 +92,20 @@ Found check_overlaps(const ParallelPlan& p) {
     return reject(K::param_overlap_needs_dist_opt, F::overlap_param_gather, p.zero_stage);
   if (p.trainer.overlap_param_gather && !p.trainer.dp_overlap)
     return reject(K::param_overlap_needs_grad_overlap, F::overlap_param_gather);
+  return std::nullopt;
+}
+
+// Megatron-Core's checks of cpu_offloading (transformer_config.py
+// __post_init__ at d98e8a64: fewer layers than the model's, no pipeline
+// parallelism, no recomputation), then that the card says what the copies
+// cross.
+Found check_offload(const ParallelPlan& p, const ModelSpec& m, const Cluster& c) {
+  if (p.offload_layers == 0) return std::nullopt;
+  if (p.offload_layers < 0 || p.offload_layers >= m.num_layers)
+    return reject(K::offload_layers_range, F::offload_layers, p.offload_layers, m.num_layers);
+  if (p.pp > 1) return reject(K::offload_needs_one_stage, F::offload_layers, p.pp);
+  if (p.recompute != Recompute::none) return reject(K::offload_with_recompute, F::offload_layers);
+  if (!c.host_link.present()) return reject(K::offload_no_host_link, F::offload_layers);
   return std::nullopt;
 }
 
@@ -360,6 +376,13 @@ std::string describe_trainer(const PlanRejection& r) {
     case K::trainer_no_recompute_modules:
       return trainer_words(v[0], "recomputes the attention core only (no --recompute-modules)");
     case K::recompute_modules_need_selective: return "recompute modules are those of a selective recomputation";
+    case K::trainer_no_offload: return trainer_words(v[0], "keeps every activation on the GPU (no CPU offloading)");
+    case K::offload_layers_range:
+      return "Megatron-Core offloads fewer layers than the model's " + n(v[1]) + ", at least 1; " + n(v[0]) + " given";
+    case K::offload_needs_one_stage:
+      return "Megatron-Core offloads activations to the CPU only without pipeline parallelism (PP " + n(v[0]) + ")";
+    case K::offload_with_recompute:
+      return "Megatron-Core offloads activations to the CPU only without activation recomputation";
     case K::recompute_module_refused: {
       const std::string name(to_string(static_cast<RecomputeModule>(v[0])));
       if (v[1] == 1) return "recomputing " + name + " is not modelled (the MoE and latent-attention modules' memory)";
@@ -543,6 +566,8 @@ std::string describe_stages(const PlanRejection& r, const ModelSpec& m) {
 std::string describe_world(const PlanRejection& r, const Cluster& c) {
   const auto& v = r.values;
   switch (r.kind) {
+    case K::offload_no_host_link:
+      return "cluster " + c.name + " states no link between a GPU and host memory for the offloaded activations";
     case K::world_over_gpus: {
       const double world =
           static_cast<double>(v[0]) * static_cast<double>(v[1]) * static_cast<double>(v[2]) * static_cast<double>(v[3]);
@@ -580,6 +605,7 @@ std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& 
   if (Found r = check_ep_overlap(p, m)) return r;
   if (Found r = check_latent_attention(p, m)) return r;
   if (Found r = check_recompute_modules(p, m)) return r;
+  if (Found r = check_offload(p, m, c)) return r;
   if (Found r = check_precision(p, c.gpu)) return r;
   if (Found r = check_overlaps(p)) return r;
   {

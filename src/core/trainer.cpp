@@ -93,7 +93,7 @@ void read_moe_dispatchers(JsonReader& r, TrainerPreset& t) {
   }
 }
 
-constexpr std::array<Field, 21> kCanRun{{
+constexpr std::array<Field, 22> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
@@ -112,6 +112,7 @@ constexpr std::array<Field, 21> kCanRun{{
     {"cuda_graphs", [](JsonReader& r, TrainerPreset& t) { t.cuda_graphs = r.boolean("value"); }},
     {"tp_comm_overlap", [](JsonReader& r, TrainerPreset& t) { t.tp_comm_overlap = r.boolean("value"); }},
     {"overlap_param_gather", [](JsonReader& r, TrainerPreset& t) { t.overlap_param_gather = r.boolean("value"); }},
+    {"activation_offloading", [](JsonReader& r, TrainerPreset& t) { t.activation_offloading = r.boolean("value"); }},
     {"zero_stages", read_zero_stages},
     {"attention_kernels", read_attention_kernels},
     {"moe_dispatchers", read_moe_dispatchers},

@@ -62,6 +62,7 @@
 #include "cuboid/core/dispatch.hpp"
 #include "cuboid/core/ep_overlap.hpp"
 #include "cuboid/cost/cost.hpp"
+#include "cuboid/cost/offload.hpp"
 #include "cuboid/cost/flops.hpp"
 #include "cuboid/cost/memory.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
@@ -311,6 +312,7 @@ LayerCost make_layer_cost(const ModelSpec& m, const GpuProfile& gpu, const Paral
 // groups sit, as link parameters. Stages whose groups see the same links
 // share one entry.
 struct Placement {
+  HostLink host_link;                     // the card's, for offloaded activations
   std::vector<GroupLinks> tp_links;       // distinct TP group links
   std::vector<std::size_t> stage_tp;      // stage -> index into tp_links
   std::vector<LinkParams> p2p_links;      // distinct send/recv links between consecutive stages
@@ -405,6 +407,7 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
   const RankMapping mapping(plan, topo.cluster().gpus_per_node);
   const PhaseLoads loads = phase_loads(topo, plan, mapping);
   Placement pl;
+  pl.host_link = topo.cluster().host_link;
   const int pp = std::max(1, plan.pp);
   if (plan.dp_cp() > 1) pl.dp_sms = nccl_ring_channels(topo.cluster(), mapping.dp_group(0, 0));
   for (int stage = 0; stage < pp; ++stage) {
@@ -982,6 +985,34 @@ void fold_ep_overlap(const ModelSpec& m, const GpuProfile& gpu, const ParallelPl
   bd.compute_s += bd.ep_overlap_sm_s;
 }
 
+// What one micro-batch's compute waits for the activation copies of CPU
+// offloading (offload.hpp), from each decoder layer's forward and backward
+// as the estimate prices them (compute, TP, CP and EP; offloading runs with
+// PP 1, so stage 0 holds every layer). Simplified: ZeRO-3's gathers and the
+// embedding and LM head are not in the layers' times.
+double offload_exposed_s(const ModelSpec& m, const ParallelPlan& plan, const LayerCost& lc, const CommTimes& ct,
+                         const Placement& pl, double pace) {
+  const ActivationOffload off = activation_offload(m, plan);
+  const TpTimes& t = ct.tp[pl.stage_tp[0]];
+  std::vector<TimeNs> fwd, bwd, to_host, from_host;
+  for (int j = 0; j < off.layers; ++j) {
+    const bool moe = m.moe.enabled() && m.moe.moe_layers[static_cast<std::size_t>(j)];
+    PassTimes layer;
+    add_scaled(layer, lc.mixed && !moe ? lc.dense_compute : lc.layer_compute, pace);
+    add_scaled(layer, lc.mixed && !moe ? t.dense : t.layer, 1.0);
+    if (!ct.cp.empty()) add_scaled(layer, ct.cp[pl.stage_cp[0]], 1.0);
+    if (!ct.ep.empty() && moe) add_scaled(layer, ct.ep[pl.stage_ep[0]], 1.0);
+    fwd.push_back(static_cast<TimeNs>(std::llround(layer.fwd())));
+    bwd.push_back(static_cast<TimeNs>(std::llround(layer.bwd())));
+    if (off.offloads(j)) {
+      const double bytes = offloaded_layer_bytes(m, plan, j);
+      to_host.push_back(host_copy_ns(pl.host_link, bytes, true));
+      from_host.push_back(host_copy_ns(pl.host_link, bytes, false));
+    }
+  }
+  return static_cast<double>(offload_exposure(off, fwd, bwd, to_host, from_host).total()) * 1e-9;
+}
+
 Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
                        const Placement& pl, const CommTimes& ct, double pace, FoldedStep* folded = nullptr) {
   const int pp = std::max(1, plan.pp);
@@ -1072,6 +1103,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     if (folded != nullptr) folded->collectives.push_back(tied);
   }
   if (folded != nullptr) folded->critical_stage = critical;
+  if (plan.offload_layers > 0) bd.offload_s = micro_batches * offload_exposed_s(m, plan, lc, ct, pl, pace);
   bd.optimizer_s = static_cast<double>(step.optimizer_ns(gpu, stage_step.params, critical)) * pace * 1e-9;
   fold_ep_overlap(m, gpu, plan, lc, pl, pace, bd);
 

@@ -20,6 +20,7 @@
 #include "cuboid/core/element_bytes.hpp"
 #include "cuboid/core/precision.hpp"
 #include "cuboid/core/workload.hpp"
+#include "cuboid/cost/offload.hpp"
 
 #include <algorithm>
 
@@ -136,6 +137,11 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   double act = (layer_activation_bytes(m, plan, false) * dense_layers +
                 layer_activation_bytes(m, plan, true) * moe_layers) *
                in_flight;
+  // CPU offloading (PP 1, one micro-batch in flight): Transformer Engine
+  // frees offloaded layer i's tensors before the forward of layer L - K + i
+  // and reloads it L - 1 - K layers ahead of its backward, so at every
+  // instant K layers' activations are in host memory (offload.hpp).
+  act -= offloaded_host_bytes(m, plan);
   if (plan.recompute == Recompute::full) {
     // The layer being recomputed in backward holds its full activations once.
     ParallelPlan stored = plan;
@@ -418,6 +424,7 @@ MemoryReport memory_per_gpu(const ModelSpec& m, const ParallelPlan& plan, const 
       report.peak_stage = stage;
     }
   }
+  report.host_activation_bytes = offloaded_host_bytes(m, plan);
   return report;
 }
 

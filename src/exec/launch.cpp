@@ -173,6 +173,9 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
   if (plan.cp > 1 && plan.cp_comm != CpComm::p2p)
     refuse("parallel.cp_comm", "context parallelism's a2a exchange (it runs the p2p ring)",
            "plan with --cp-comm-type p2p");
+  if (plan.offload_layers > 0)
+    refuse("parallel.offload_activations", "activation offloading (it keeps every activation on the device)",
+           "plan without --offload-activations");
   if (plan.recompute_modules != 0)
     refuse("parallel.recompute_modules", "recompute modules (it recomputes the attention core or whole layers)",
            "plan without --recompute-modules");

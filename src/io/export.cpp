@@ -41,6 +41,13 @@ void refuse_mla_mtp(const PlanFile& pf, std::string_view trainer) {
            "export with --to megatron, or drop mtp_layers from the card");
 }
 
+void refuse_offload(const PlanFile& pf, std::string_view trainer, std::string_view why) {
+  if (pf.plan.offload_layers == 0) return;
+  refuse(pf, "parallel.offload_activations",
+         fmt::format("{} has no setting for Megatron-Core's CPU activation offloading ({})", trainer, why),
+         "export with --to megatron or --to megatron-bridge, or plan without --offload-activations");
+}
+
 void refuse_pipeline_layout(const PlanFile& pf, std::string_view trainer) {
   const ParallelPlan& p = pf.plan;
   if (!has_pipeline_layout(p)) return;

@@ -22,6 +22,10 @@ void refuse_pipeline_layout(const PlanFile& pf, std::string_view trainer);
 // them too), TP communication overlap or overlapped parameter gather, for a
 // trainer without them.
 void refuse_megatron_overlaps(const PlanFile& pf, std::string_view trainer, bool has_cuda_graphs = false);
+// Refuses a plan that offloads activations to host memory
+// (--offload-activations): only the Megatron-Core exports write it; `why`
+// says what the target has instead.
+void refuse_offload(const PlanFile& pf, std::string_view trainer, std::string_view why);
 
 bool default_rank_order(const ParallelPlan& p);
 // Index of `d` in the rank order, 0 = innermost.

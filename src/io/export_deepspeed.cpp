@@ -24,6 +24,9 @@ void check_layout(const PlanFile& pf) {
   refuse_mla_mtp(pf, "DeepSpeed's config");
   refuse_pipeline_layout(pf, "DeepSpeed's config");
   refuse_megatron_overlaps(pf, "DeepSpeed's config");
+  refuse_offload(pf, "DeepSpeed's config",
+                 "its activation checkpointing's cpu_checkpointing moves checkpoints of a full recomputation, "
+                 "not the saved activations of layers run without recomputation");
   if (p.cp > 1)
     refuse(pf, "parallel.cp",
            "DeepSpeed's config has no context parallelism: its sequence parallelism (DeepSpeed-Ulysses) comes from "

@@ -100,6 +100,10 @@ Args batch_args(const ParallelPlan& p) {
   if (p.recompute == Recompute::selective) a.push_back("--recompute-granularity selective");
   if (p.recompute == Recompute::full)
     a.insert(a.end(), {"--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"});
+  // arguments.py sets cpu_offloading itself when the count is above 0 (d98e8a64).
+  if (p.offload_layers > 0)
+    a.insert(a.end(), {"# activation offloading to host memory",
+                       fmt::format("--cpu-offloading-num-layers {}", p.offload_layers)});
   return a;
 }
 

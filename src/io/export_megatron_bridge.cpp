@@ -128,6 +128,11 @@ Fields parallel_fields(const ParallelPlan& p, const ModelSpec& m) {
       f.emplace_back("recompute_num_layers", "1");
       break;
   }
+  // As the performance scripts set it (scripts/performance/utils/overrides.py at v0.6.0).
+  if (p.offload_layers > 0) {
+    f.emplace_back("cpu_offloading", "True");
+    f.emplace_back("cpu_offloading_num_layers", std::to_string(p.offload_layers));
+  }
   return f;
 }
 

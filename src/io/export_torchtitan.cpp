@@ -117,6 +117,7 @@ void check_common(const PlanFile& pf) {
            "schedule that runs one micro-batch's forward beside another's backward (Megatron-Core's combined 1F1B, "
            "which the plan's EP overlap prices)",
            "plan with --moe-ep-overlap off, or export with --to megatron or --to megatron-bridge");
+  refuse_offload(pf, "cuboid's torchtitan export", "torchtitan's activation checkpointing recomputes; it does not offload");
   if (p.cp > 1 && p.zero_stage < 2)
     refuse(pf, "parallel.zero_stage",
            fmt::format("torchtitan shards the weights, gradients and optimizer states over the context-parallel "

@@ -134,6 +134,7 @@ nlohmann::json prediction_to_json(const Estimate& e) {
   // Only with CP: other plans' files stay as they were.
   if (e.plan.cp > 1) out["breakdown"]["cp_comm_s"] = b.cp_comm_s;
   if (e.plan.ep > 1) out["breakdown"]["ep_comm_s"] = b.ep_comm_s;
+  if (e.plan.offload_layers > 0) out["breakdown"]["offload_s"] = b.offload_s;
   if (e.interval) out["interval"] = interval_to_json(*e.interval);
   if (!e.other_orders.empty()) {
     out["other_rank_orders"] = nlohmann::json::array();
@@ -178,6 +179,7 @@ std::string plan_key(PlanField field) {
     case PlanField::tp_comm_overlap: return "parallel.trainer.tp_comm_overlap";
     case PlanField::overlap_param_gather: return "parallel.trainer.overlap_param_gather";
     case PlanField::moe_ep_overlap: return "parallel.moe_ep_overlap";
+    case PlanField::offload_layers: return "parallel.offload_activations";
   }
   return "parallel";
 }
@@ -220,6 +222,13 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_no_recompute_modules: return "drop recompute_modules, or " + other_trainer;
     case PlanCheck::recompute_modules_need_selective: return "set recompute selective, or drop recompute_modules";
     case PlanCheck::recompute_module_refused: return "drop that module from recompute_modules; or " + kRegenerate;
+    case PlanCheck::trainer_no_offload: return "drop offload_activations, or " + other_trainer;
+    case PlanCheck::offload_layers_range:
+      return "give offload_activations 1 to " + std::to_string(r.values[1] - 1) + ", or drop it";
+    case PlanCheck::offload_needs_one_stage: return "set pp 1, or drop offload_activations; or " + kRegenerate;
+    case PlanCheck::offload_with_recompute: return "set recompute none, or drop offload_activations";
+    case PlanCheck::offload_no_host_link:
+      return "drop offload_activations, or use the plan with a cluster card that has host_link (--cluster)";
     case PlanCheck::cp_comm_needs_cp: return "drop cp_comm, or set cp to 2 or more; or " + kRegenerate;
     case PlanCheck::precision_no_fp8:
     case PlanCheck::precision_no_fp4:
@@ -289,6 +298,8 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   // Optional: written only when given (plan_layout_json).
   if (const auto modules = r.optional_string("recompute_modules"))
     p.recompute_modules = parse_recompute_modules(*modules, source, "parallel.recompute_modules");
+  // Optional: written only when some layers are offloaded.
+  if (r.has("offload_activations")) p.offload_layers = read_int(r, "offload_activations", 1);
   p.sequence_parallel = r.boolean("sequence_parallel");
   p.schedule = parse_schedule(r.choice("schedule", {"gpipe", "1f1b", "interleaved"}), source, "parallel.schedule");
   p.flash_attention = r.boolean("flash_attention");
@@ -426,6 +437,7 @@ std::vector<Estimate::OtherOrder> check_prediction(const nlohmann::json& j, cons
   for (const char* key : {"compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s"}) b.number(key);
   if (b.has("cp_comm_s")) b.number("cp_comm_s");
   if (b.has("ep_comm_s")) b.number("ep_comm_s");
+  if (b.has("offload_s")) b.number("offload_s");
   b.reject_unknown();
   if (r.has("interval")) {
     JsonReader in = r.object("interval");
@@ -510,6 +522,8 @@ PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source)
   shape.gpu.name = pf.gpu_name;
   shape.gpu.peak_fp8_flops = shape.gpu.peak_fp4_flops = 1;
   shape.gpu.microscaling_formats = true;
+  // Nor its host link: offloading is checked against the card too.
+  shape.host_link.d2h_GBps = shape.host_link.h2d_GBps = 1;
   if (auto problem = check_plan(pf.plan, pf.model, shape))
     throw InputError(source, plan_key(problem->field), describe(*problem, pf.model, shape), key_fix(*problem, pf.plan));
 
@@ -546,7 +560,8 @@ void check_plan_matches_cluster(const PlanFile& pf, const Cluster& cluster) {
                      "plan file " + pf.source + " was made for " + made_for + " but this cluster has " + here,
                      "use the cluster card the plan was made for (" + pf.cluster_source_file +
                          "), or regenerate the plan for this cluster");
-  // What only the card says: whether its GPU runs the plan's precision.
+  // What only the card says: whether its GPU runs the plan's precision, and its
+  // host link for offloaded activations.
   if (auto problem = check_plan(pf.plan, pf.model, cluster))
     throw InputError(pf.source, plan_key(problem->field), describe(*problem, pf.model, cluster),
                      key_fix(*problem, pf.plan));

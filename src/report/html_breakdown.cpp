@@ -20,13 +20,14 @@ struct Part {
   const char* fill;  // as the timeline's rows (html_timeline.cpp)
   double Breakdown::*seconds;
 };
-constexpr std::array<Part, 8> kParts{{
+constexpr std::array<Part, 9> kParts{{
     {"compute", "compute", "#0072B2", &Breakdown::compute_s},
     {"tp", "exposed TP comm", "#CC79A7", &Breakdown::tp_comm_s},
     {"cp", "exposed CP comm", "#E69F00", &Breakdown::cp_comm_s},
     {"ep", "EP all-to-all", "#F0E442", &Breakdown::ep_comm_s},
     {"pp", "PP comm", "#56B4E9", &Breakdown::pp_comm_s},
     {"dp", "DP comm", "#D55E00", &Breakdown::dp_comm_s},
+    {"offload", "host copy wait", "#999933", &Breakdown::offload_s},
     {"optimizer", "optimizer", "#009E73", &Breakdown::optimizer_s},
     {"bubble", "bubble", "#F6D5D5", &Breakdown::bubble_s},
 }};
@@ -53,14 +54,17 @@ std::string breakdown_svg(std::span<const Estimate> rows) {
   double lx = kLeft;
   // CP's entry only where a plan has context parallelism.
   // EP's only where one has expert parallelism.
-  bool any_cp = false, any_ep = false;
+  // Offloading's only where a plan offloads activations.
+  bool any_cp = false, any_ep = false, any_offload = false;
   for (const Estimate& e : rows) {
     any_cp = any_cp || e.plan.cp > 1;
     any_ep = any_ep || e.plan.ep > 1;
+    any_offload = any_offload || e.plan.offload_layers > 0;
   }
   for (const Part& p : kParts) {
     if (p.seconds == &Breakdown::cp_comm_s && !any_cp) continue;
     if (p.seconds == &Breakdown::ep_comm_s && !any_ep) continue;
+    if (p.seconds == &Breakdown::offload_s && !any_offload) continue;
     out += fmt::format("<rect x=\"{:.0f}\" y=\"10\" width=\"14\" height=\"12\" fill=\"{}\" stroke=\"#444\" stroke-width=\"0.5\"/>"
                        "<text x=\"{:.0f}\" y=\"20\">{}</text>\n",
                        lx, p.fill, lx + 19, p.label);

@@ -22,7 +22,8 @@ constexpr double kWidth = 1200, kLeft = 150, kRight = 24, kPlot = kWidth - kLeft
 constexpr double kTop = 34, kComputeHeight = 20, kCommHeight = 9, kRowGap = 2, kStageGap = 12, kAxisHeight = 34;
 
 // data-row values, by TimelineRow.
-constexpr std::array<const char*, sim::kTimelineRows> kRowKeys{"compute", "tp", "pp-forward", "pp-backward", "dp"};
+constexpr std::array<const char*, sim::kTimelineRows> kRowKeys{"compute", "tp", "pp-forward", "pp-backward", "dp",
+                                                               "host-copy"};
 
 struct Style {
   const char* css;  // class, for the page's script and tests
@@ -37,6 +38,7 @@ constexpr Style kOther{"tl-other", "#888888", "other compute"};
 constexpr Style kTp{"tl-tp", "#CC79A7", "TP comm"};
 constexpr Style kPp{"tl-pp", "#56B4E9", "PP send/recv"};
 constexpr Style kDp{"tl-dp", "#D55E00", "DP comm"};
+constexpr Style kHostCopy{"tl-host-copy", "#999933", "host copies"};
 constexpr const char* kIdleFill = "#F6D5D5";  // the compute row behind the blocks: what shows is the bubble
 
 const Style& style_of(const TimelineBlock& b) {
@@ -50,6 +52,7 @@ const Style& style_of(const TimelineBlock& b) {
     case TimelineRow::pp_forward:
     case TimelineRow::pp_backward: return kPp;
     case TimelineRow::dp: return kDp;
+    case TimelineRow::host_copy: return kHostCopy;
   }
   return kOther;
 }
@@ -92,7 +95,7 @@ std::string tick_label(double t, double step_s) {
   return fmt::format("{:.{}f} {}", t / scale, decimals, unit);
 }
 
-std::string legend() {
+std::string legend(bool host_copies) {
   std::string out;
   double x = kLeft;
   auto item = [&](const char* fill, const char* label) {
@@ -102,6 +105,7 @@ std::string legend() {
     x += 19 + 7.2 * static_cast<double>(std::string_view(label).size()) + 18;
   };
   for (const Style* s : {&kForward, &kBackward, &kOptimizer, &kTp, &kPp, &kDp}) item(s->fill, s->legend);
+  if (host_copies) item(kHostCopy.fill, kHostCopy.legend);
   item(kIdleFill, "idle (bubble)");
   return out;
 }
@@ -131,7 +135,7 @@ std::string timeline_svg(const Timeline& tl) {
       "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"timeline-svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" "
       "viewBox=\"0 0 {0:.0f} {1:.0f}\" font-size=\"12\" data-end-ns=\"{2}\" data-stages=\"{3}\">\n",
       kWidth, height, tl.end_ns, stages);
-  out += legend();
+  out += legend(used[static_cast<std::size_t>(TimelineRow::host_copy)]);
   double y = kTop;
   for (std::size_t s = 0; s < stages; ++s) {
     out += fmt::format("<g class=\"tl-stage\" data-stage=\"{}\" data-rank=\"{}\">\n", s, tl.stage_ranks[s]);

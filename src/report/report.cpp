@@ -136,6 +136,11 @@ nlohmann::json estimate_to_json(const Estimate& e) {
       {"pp_comm", e.breakdown.pp_comm_s},     {"dp_comm", e.breakdown.dp_comm_s},
       {"bubble", e.breakdown.bubble_s},       {"optimizer", e.breakdown.optimizer_s},
   };
+  // Only with offloading: other plans' JSON stays as it was.
+  if (p.offload_layers > 0) {
+    j["breakdown"]["offload_wait"] = e.breakdown.offload_s;
+    j["memory"]["host_activation_bytes"] = static_cast<std::int64_t>(e.memory.host_activation_bytes);
+  }
   // Only with CP: other plans' JSON stays as it was.
   if (p.cp > 1) {
     j["cp"] = p.cp;
@@ -341,6 +346,7 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
   row("DP comm", b.dp_comm_s);
   row("bubble", b.bubble_s);
   row("optimizer", b.optimizer_s);
+  if (p.offload_layers > 0) row("host copies", b.offload_s);
   if (e.gpu_spread > 0)
     out += fmt::format("  GPU speed spread sigma {:.2f}%: compute waits for the slowest GPU, the slowest of {} takes "
                        "x{:.4f} a median GPU's time (--gpu-spread 0: off)\n",
@@ -351,6 +357,10 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                      format_bytes_GiB(mem.weight_and_optimizer_bytes), mem.parameters / 1e9);
   out += fmt::format("  activations         {:>10}\n", format_bytes_GiB(mem.activation_bytes));
   out += fmt::format("  workspace reserve   {:>10}\n", format_bytes_GiB(mem.reserve_bytes));
+  if (p.offload_layers > 0)
+    out += fmt::format("  offloaded to host   {:>10}   (pinned host memory per GPU: {} layers' activations; {} per host)\n",
+                       format_bytes_GiB(mem.host_activation_bytes), p.offload_layers,
+                       format_bytes_GiB(mem.host_activation_bytes * c.host_gpus()));
   out += fmt::format("  total               {:>10} of {} -> {}\n", format_bytes_GiB(mem.total_bytes),
                      format_bytes_GiB(mem.capacity_bytes),
                      mem.fits() ? fmt::format("fits, {} headroom", format_bytes_GiB(mem.headroom_bytes()))

@@ -107,6 +107,9 @@ void Builder::make_representatives() {
       r.a2a = eng_->add_stream(r.rank, StreamKind::other);
       if (ep_sms > 0) eng_->hold_sms(r.a2a, r.compute);
     }
+    // CPU offloading's one copy stream (offload.hpp); none otherwise, so
+    // other plans' stream tables stay as they were.
+    if (plan_.offload_layers > 0) r.offload = eng_->add_stream(r.rank, StreamKind::other);
     if (shape_.tp > 1 && !pacing_.tp_fast) {
       CommGroup g;
       g.ranks = tp_group_of(s, shape_.rep_dp);
@@ -320,6 +323,7 @@ void Builder::make_units() {
           units.push_back(Unit{&p.dense_fwd, &p.dense_bwd, per_dense_layer, label, {}, {}});
         else
           units.push_back(Unit{&p.layer_fwd, &p.layer_bwd, per_layer, label, {}, {}});
+        units.back().layer = first + l;
       }
       if (vs == shape_.vs_count - 1) {
         // The multi-token prediction modules after the layers (each with its
@@ -402,6 +406,15 @@ void Builder::build() {
   make_representatives();
   make_programs();
   make_units();
+  if (plan_.offload_layers > 0) {
+    offload_ = activation_offload(m_, plan_);
+    const HostLink& link = topo_.cluster().host_link;
+    for (int i = 0; i < offload_.offloaded; ++i) {
+      const double bytes = offloaded_layer_bytes(m_, plan_, i);
+      offload_ns_.push_back(host_copy_ns(link, bytes, true));
+      reload_ns_.push_back(host_copy_ns(link, bytes, false));
+    }
+  }
   passes_.assign(static_cast<std::size_t>(2 * shape_.mbs * shape_.vs_count), PassState{});
   cursor_.assign(static_cast<std::size_t>(shape_.pp), 0);
   stage_end_.assign(static_cast<std::size_t>(shape_.pp), {});

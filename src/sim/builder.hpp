@@ -20,6 +20,7 @@
 #include "cuboid/sim/simulator.hpp"
 #include "cuboid/core/topology.hpp"
 #include "cuboid/core/zero3.hpp"
+#include "cuboid/cost/offload.hpp"
 #include "cuboid/cost/step.hpp"
 #include "message_plan.hpp"
 #include "pass_template.hpp"
@@ -61,6 +62,7 @@ struct Representative {
   // The EP overlap's communication stream (plan.moe_ep_overlap), whose
   // exchanges hold SMs of the compute stream.
   StreamId a2a = 0;
+  StreamId offload = kNoStream;  // CPU offloading's copies to and from host memory
   GroupId tp_group = 0, dp_group = 0, cp_group = 0, ep_group = 0;
   // The same EP ranks for the allgather / flex dispatcher's exchanges
   // (CommGroup::dispatch); ep_group where the plan's dispatcher is alltoall.
@@ -88,6 +90,7 @@ struct Unit {
   double params = 0;             // per GPU, for DP buckets and ZeRO-3 gathers
   std::string name;
   std::vector<Part> fwd_parts, bwd_parts;  // ZeRO-3 only, in execution order
+  int layer = -1;                          // a decoder layer's index in the model; -1: embedding, head, MTP
 };
 
 class Builder {
@@ -218,6 +221,10 @@ class Builder {
                          const TaskMeta& mt, bool dp_reduction = false);
   // Items [first, end) of prog (all by default).
   void play(Chain& ch, const Program& prog, std::size_t first = 0, std::size_t end = static_cast<std::size_t>(-1));
+  // CPU offloading around one decoder layer of a pass (offload.hpp): before
+  // it, the waits and the reloads it issues; after a forward, its copies.
+  void offload_before(Chain& ch, const Unit& unit, bool fwd);
+  void offload_after(Chain& ch, const Unit& unit, bool fwd);
   void flush(Chain& ch);
   TaskId add_tp(Chain& ch, const Item& it, const Program& prog, const std::vector<TaskId>& deps);
   void dp_bucket(int stage, double params, const std::vector<TaskId>& deps, const std::string& name);
@@ -330,8 +337,10 @@ class Builder {
     Chain chain2;                    // play_combined's backward
     std::vector<TaskId> gathers;     // play_zero3's: each part's gather
     std::vector<const Part*> zero3_parts;  // play_zero3's: the pass's parts in order
+    std::vector<const Unit*> zero3_units;  // play_zero3's: the unit of each part
     std::vector<Zero3Use> zero3_uses;
     std::vector<TaskId> message_deps;  // try_message's
+    std::vector<TaskId> host_copies;   // the pass's offload / reload per offloaded layer (offload.hpp)
   };
   // Traffic between the passes: the pipeline's messages and the DP side.
   static constexpr std::size_t kCollectiveKinds = 6;
@@ -344,6 +353,10 @@ class Builder {
   };
   Shape shape_;
   Pacing pacing_;
+  // CPU offloading (offload.hpp): which layers, and each one's copy to host
+  // memory and back, per micro-batch.
+  ActivationOffload offload_;
+  std::vector<TimeNs> offload_ns_, reload_ns_;
   StageWork work_;
   PassScratch scratch_;
   Traffic traffic_{&arena_};

@@ -250,6 +250,45 @@ void Builder::stamp(const PassTemplate& pt, int stage, const std::vector<TaskId>
   end.insert(end.end(), e.begin(), e.end());
 }
 
+// Transformer Engine's DefaultOffloadSynchronizer (offload.hpp): a forward
+// waits for the copies due before its layer; a backward first issues the
+// reload due at its layer on the copy stream, after the compute issued so
+// far, then waits for its own layer's reload.
+void Builder::offload_before(Chain& ch, const Unit& unit, bool fwd) {
+  if (offload_.offloaded == 0 || unit.layer < 0) return;
+  std::vector<TaskId>& copies = scratch_.host_copies;
+  if (fwd) {
+    if (const int i = offload_.due_before(unit.layer); i >= 0) {
+      flush(ch);
+      ch.deps.push_back(copies[static_cast<std::size_t>(i)]);
+    }
+    return;
+  }
+  if (const int i = offload_.reload_issued_at(unit.layer); i >= 0) {
+    flush(ch);
+    const Representative& r = representatives_[static_cast<std::size_t>(ch.stage)];
+    const TaskId t = emit_compute(r.offload, reload_ns_[static_cast<std::size_t>(i)], ch.deps,
+                                  meta_of(Category::offload, kThreadHostCopy, ch.stage));
+    label(t, ch.stage, "reload layer " + std::to_string(i), "offload");
+    copies[static_cast<std::size_t>(i)] = t;
+  }
+  if (offload_.offloads(unit.layer)) {
+    flush(ch);
+    ch.deps.push_back(copies[static_cast<std::size_t>(unit.layer)]);
+  }
+}
+
+// An offloaded layer's copies to host memory once its forward ends.
+void Builder::offload_after(Chain& ch, const Unit& unit, bool fwd) {
+  if (!fwd || !offload_.offloads(unit.layer)) return;
+  flush(ch);
+  const Representative& r = representatives_[static_cast<std::size_t>(ch.stage)];
+  const auto i = static_cast<std::size_t>(unit.layer);
+  const TaskId t = emit_compute(r.offload, offload_ns_[i], ch.deps, meta_of(Category::offload, kThreadHostCopy, ch.stage));
+  label(t, ch.stage, "offload " + unit.name, "offload");
+  scratch_.host_copies[i] = t;
+}
+
 void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry,
                         const std::vector<TaskId>* gather_after) {
   const auto us = static_cast<std::size_t>(stage);
@@ -270,6 +309,7 @@ void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, cons
 
   const auto& units = work_.units[us][static_cast<std::size_t>(st.chunk)];
   const int zero = reduces() ? plan_.zero_stage : 0;
+  scratch_.host_copies.assign(static_cast<std::size_t>(offload_.offloaded), kNoTask);
   if (zero >= 3) {
     play_zero3(stage, st, reduce_now);
   } else {
@@ -308,7 +348,9 @@ void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, cons
         }
         ++next_bucket;
       }
+      offload_before(ch, units[u], fwd);
       play(ch, fwd ? *units[u].fwd : *units[u].bwd);
+      offload_after(ch, units[u], fwd);
       if (!fwd && reduce_now) {
         acc += units[u].params;
         if (acc >= bucket || k + 1 == units.size()) {
@@ -350,11 +392,13 @@ void Builder::play_zero3(int stage, const ScheduleStep& st, bool reduce_now) {
   std::vector<const Part*>& parts = scratch_.zero3_parts;
   parts.clear();
   scratch_.zero3_uses.clear();
+  scratch_.zero3_units.clear();
   for (std::size_t k = 0; k < units.size(); ++k) {
     const Unit& unit = units[fwd ? k : units.size() - 1 - k];
     for (const Part& pt : fwd ? unit.fwd_parts : unit.bwd_parts) {
       parts.push_back(&pt);
       scratch_.zero3_uses.push_back(Zero3Use{pt.params, pt.tensor});
+      scratch_.zero3_units.push_back(&unit);
     }
   }
   Zero3Pass z{representatives_[us], plan_zero3_pass(scratch_.zero3_uses, plan_.trainer), stage,
@@ -391,6 +435,8 @@ void Builder::play_zero3(int stage, const ScheduleStep& st, bool reduce_now) {
       if (z.plan.gathered[k]) ch.deps.push_back(scratch_.gathers[k]);
     }
     if (reducing && ts.zero3_reduce_bucket_params > 0) zero3_fill_bucket(z, pt);
+    const Unit& unit = *scratch_.zero3_units[k];
+    if (k == 0 || scratch_.zero3_units[k - 1] != &unit) offload_before(ch, unit, fwd);
     play(ch, *pt.prog);
     if (reducing && pt.grads > 0) {
       flush(ch);
@@ -404,6 +450,7 @@ void Builder::play_zero3(int stage, const ScheduleStep& st, bool reduce_now) {
         zero3_reduce(z, pt.grad_tensors, z.end_deps);
       }
     }
+    if (k + 1 == parts.size() || scratch_.zero3_units[k + 1] != &unit) offload_after(ch, unit, fwd);
   }
   if (z.acc > 0) zero3_reduce(z, z.held, z.held_deps);
 }

@@ -78,7 +78,8 @@ bool on_stage(const TaskMeta& t, int stage) {
 }
 
 // Walks [0, end] of one stage's GPU: each instant goes to the busy category of
-// highest priority (optimizer, compute, TP, PP, DP), idle instants to bubble.
+// highest priority (optimizer, compute, TP, PP, DP, CP, EP, host copies),
+// idle instants to bubble.
 Breakdown critical_breakdown(const Engine& eng, std::span<const TaskMeta> meta, int stage, TimeNs end,
                              std::pmr::memory_resource* mem) {
   // Each task's start and end as one sortable word: time << 4 | start? << 3 |
@@ -108,12 +109,12 @@ Breakdown critical_breakdown(const Engine& eng, std::span<const TaskMeta> meta, 
     std::merge(edges.begin(), edges.end(), g.begin(), g.end(), std::back_inserter(merged));
     edges.swap(merged);
   }
-  std::array<int, 7> active{};
-  std::array<double, 8> ns{};  // per Category, [7] = bubble
+  std::array<int, 8> active{};
+  std::array<double, 9> ns{};  // per Category, [8] = bubble
   TimeNs at = 0;
   auto account = [&](TimeNs until) {
     if (until <= at) return;
-    std::size_t category = 7;
+    std::size_t category = 8;
     for (std::size_t c = 0; c < active.size(); ++c) {
       if (active[c] > 0) {
         category = c;
@@ -136,7 +137,8 @@ Breakdown critical_breakdown(const Engine& eng, std::span<const TaskMeta> meta, 
   b.dp_comm_s = ns[4] * 1e-9;
   b.cp_comm_s = ns[5] * 1e-9;
   b.ep_comm_s = ns[6] * 1e-9;
-  b.bubble_s = ns[7] * 1e-9;
+  b.offload_s = ns[7] * 1e-9;
+  b.bubble_s = ns[8] * 1e-9;
   return b;
 }
 
@@ -185,7 +187,9 @@ void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
   }
 }
 
-static_assert(static_cast<int>(TimelineRow::dp) == detail::kThreadDp && kTimelineRowNames.size() == detail::kThreadDp + 1,
+static_assert(static_cast<int>(TimelineRow::dp) == detail::kThreadDp &&
+                  static_cast<int>(TimelineRow::host_copy) == detail::kThreadHostCopy &&
+                  kTimelineRowNames.size() == detail::kThreadHostCopy + 1,
               "the timeline's rows are the trace's threads");
 
 // The traced tasks of each stage (a p2p or the embedding all-reduce on both).
@@ -262,7 +266,9 @@ std::vector<std::filesystem::path> write_trace(Builder& b, const ParallelPlan& p
     w.set_process_name(rank, "rank " + std::to_string(rank) + " (stage " + std::to_string(c.pp) + ", tp " +
                                  std::to_string(c.tp) + ", dp " + std::to_string(c.dp) + ")" +
                                  (shown == rank ? "" : " = simulated rank " + std::to_string(shown)));
-    for (int thread = 0; thread < static_cast<int>(kTimelineRowNames.size()); ++thread) {
+    // The host-copy row only where the plan offloads: other traces stay as they were.
+    const int threads = static_cast<int>(kTimelineRowNames.size()) - (plan.offload_layers > 0 ? 0 : 1);
+    for (int thread = 0; thread < threads; ++thread) {
       w.set_thread_name(rank, thread, std::string(kTimelineRowNames[static_cast<std::size_t>(thread)]), thread);
     }
     for (TaskId t : by_stage[stage]) {

@@ -5,9 +5,11 @@
 namespace cuboid::sim::detail {
 
 // What a task counts as in the breakdown, in priority order.
-enum class Category : std::uint8_t { optimizer, compute, tp, pp, dp, cp, ep, none };
+enum class Category : std::uint8_t { optimizer, compute, tp, pp, dp, cp, ep, offload, none };
 // The trace thread (row) a task is drawn on, per rank.
-enum TraceThread : std::uint8_t { kThreadCompute = 0, kThreadTp = 1, kThreadPpFwd = 2, kThreadPpBwd = 3, kThreadDp = 4 };
+enum TraceThread : std::uint8_t {
+  kThreadCompute = 0, kThreadTp = 1, kThreadPpFwd = 2, kThreadPpBwd = 3, kThreadDp = 4, kThreadHostCopy = 5
+};
 inline constexpr std::uint16_t kNoStage = 0xFFFF;
 
 struct TaskMeta {

@@ -150,6 +150,18 @@ struct InterNodeFabric {
   std::map<std::string, std::string> sources;
 };
 
+// The link between a GPU and its host's memory, which activation offloading
+// copies over (cluster card "host_link"): NVLink-C2C on a Grace superchip,
+// PCIe on an x86 host. Achieved rates per GPU and direction; 0: the card
+// states no host link (offloading is refused on it).
+struct HostLink {
+  std::string kind;     // "nvlink-c2c" | "pcie-gen4" | "pcie-gen5"
+  double d2h_GBps = 0;  // device to host (offload)
+  double h2d_GBps = 0;  // host to device (reload)
+  std::map<std::string, std::string> sources;
+  bool present() const { return d2h_GBps > 0 && h2d_GBps > 0; }
+};
+
 struct Cluster {
   std::string name;
   std::string source_file;
@@ -163,6 +175,7 @@ struct Cluster {
   GpuProfile gpu;
   IntraNodeFabric intra;
   InterNodeFabric inter;
+  HostLink host_link;
   // The card's "calibration" section (the same object as gpu.calibration):
   // measured collectives per (collective, tier, group size) for the estimator
   // and the simulator; null for an uncalibrated card.

@@ -286,6 +286,11 @@ struct ParallelPlan {
   // quantized layers' weights are FP8 tensors with no bf16 copy, and the
   // distributed optimizer all-gathers them at 1 byte per element.
   bool fp8_param_gather = false;
+  // Megatron-Core's --cpu-offloading-num-layers (Transformer Engine's CPU
+  // offload): the activations of the first N decoder layers go to host
+  // memory in the forward and come back for the backward (cost/offload.hpp).
+  // 0: none.
+  int offload_layers = 0;
   RankOrder order;
   TrainerSettings trainer;
 

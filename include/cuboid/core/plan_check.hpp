@@ -34,6 +34,7 @@ enum class PlanField {
   tp_comm_overlap,
   overlap_param_gather,
   moe_ep_overlap,
+  offload_layers,
 };
 
 // Why a plan cannot overlap its EP exchanges (PlanCheck::ep_overlap_refused).
@@ -128,6 +129,11 @@ enum class PlanCheck : std::uint8_t {
   param_overlap_needs_grad_overlap,  // -
   trainer_no_ep_overlap,         // the preset
   ep_overlap_refused,            // why (EpOverlapRefusal), the model's MTP layers
+  trainer_no_offload,            // the preset
+  offload_layers_range,          // N, the model's layers (Megatron-Core: N < layers)
+  offload_needs_one_stage,       // PP (Megatron-Core: no pipeline parallelism with CPU offloading)
+  offload_with_recompute,        // - (Megatron-Core: no activation recomputation with it)
+  offload_no_host_link,          // - (the cluster card has no host_link)
 };
 
 struct PlanRejection {

@@ -47,6 +47,7 @@ struct TrainerPreset {
   bool cuda_graphs = true;           // captured CUDA graphs (--cuda-graphs)
   bool tp_comm_overlap = true;       // Transformer Engine's userbuffers TP overlap (--tp-comm-overlap)
   bool overlap_param_gather = true;  // the distributed optimizer's gather in the next forward (--overlap-param-gather)
+  bool activation_offloading = false;  // decoder layers' activations to host memory (--offload-activations)
   std::vector<int> zero_stages{0, 1, 2, 3};
   // The attention kernels its code can call (unfused: the QK^T, softmax, AV
   // path); a plan's kernel must be one of them.

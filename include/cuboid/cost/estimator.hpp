@@ -36,7 +36,10 @@ struct Breakdown {
   // what the compute under them loses to their SMs (added to compute_s).
   double ep_hidden_s = 0;
   double ep_overlap_sm_s = 0;
-  double total() const { return compute_s + tp_comm_s + cp_comm_s + ep_comm_s + pp_comm_s + dp_comm_s + bubble_s + optimizer_s; }
+  double offload_s = 0;    // compute waiting for activation copies to / from host memory (offload.hpp)
+  double total() const {
+    return compute_s + tp_comm_s + cp_comm_s + ep_comm_s + pp_comm_s + dp_comm_s + bubble_s + optimizer_s + offload_s;
+  }
 };
 
 // Two plans that differ only in rank order and whose times differ by at most

@@ -22,6 +22,9 @@ struct MemoryReport {
   double total_bytes = 0;                 // sum of the three on the peak stage
   double capacity_bytes = 0;              // GPU HBM
   int peak_stage = 0;                     // pipeline stage with the largest total
+  // Pinned host memory per GPU for offloaded activations (offload.hpp), not
+  // counted in total_bytes; 0 without offloading.
+  double host_activation_bytes = 0;
 
   bool fits() const { return total_bytes <= capacity_bytes; }
   double headroom_bytes() const { return capacity_bytes - total_bytes; }

@@ -45,6 +45,7 @@ struct PlannerOptions {
   std::optional<bool> moe_ep_overlap;
   std::optional<Recompute> recompute;
   std::optional<std::uint8_t> recompute_modules;  // RecomputeModule bits (default 0: the attention core)
+  std::optional<int> offload_layers;  // decoder layers whose activations go to host memory (default 0)
   std::optional<bool> sequence_parallel;
   std::optional<Schedule> schedule;
   std::optional<bool> flash_attention;       // default: the device's (GpuProfile::flash_attention)

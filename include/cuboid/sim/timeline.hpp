@@ -17,11 +17,12 @@
 namespace cuboid::sim {
 
 // The streams of a simulated GPU, in the trace's thread order.
-enum class TimelineRow : std::uint8_t { compute, tp, pp_forward, pp_backward, dp };
-inline constexpr std::size_t kTimelineRows = 5;
+enum class TimelineRow : std::uint8_t { compute, tp, pp_forward, pp_backward, dp, host_copy };
+inline constexpr std::size_t kTimelineRows = 6;
 // The trace's thread names, by TimelineRow.
 inline constexpr std::array<std::string_view, kTimelineRows> kTimelineRowNames{
-    "compute", "tp comm", "pp send/recv (activations)", "pp send/recv (gradients)", "dp comm"};
+    "compute", "tp comm", "pp send/recv (activations)", "pp send/recv (gradients)", "dp comm",
+    "host copies (offload)"};
 
 struct TimelineBlock {
   int stage = 0;
