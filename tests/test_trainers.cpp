@@ -238,7 +238,7 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
       ++defaults;
     }
   }
-  CHECK(defaults == 31);  // 27 + attention_kernels (can_run) and attention_kernel (settings) + recompute_modules (can_run) + moe_dispatchers (can_run)
+  CHECK(defaults == 32);  // 27 + attention_kernels (can_run) and attention_kernel (settings) + recompute_modules (can_run) + moe_dispatchers (can_run) + pp_fsdp_no_sync (settings)
 }
 
 TEST_CASE("a bad preset file: one exact error per bad field") {
@@ -431,4 +431,13 @@ TEST_CASE("docs/cli.md's trainer table says what trainers/*.json say") {
     if (starts_with(tp, "**")) tp = tp.substr(2, tp.size() - 4);
     CHECK(tp == yes_no(t.settings.tp_backward_overlap));
   }
+}
+
+TEST_CASE("torchtitan's pipeline keeps FSDP's gradients unsharded until the last backward; no other preset does") {
+  for (const TrainerPreset& t : trainer_presets()) {
+    CAPTURE(t.name);
+    CHECK(t.settings.pp_fsdp_no_sync == (t.name == "torchtitan"));
+  }
+  CHECK(source_of("torchtitan", "pp_fsdp_no_sync").find("torch/distributed/pipelining/stage.py backward_maybe_with_nosync") !=
+        std::string::npos);
 }
