@@ -347,11 +347,19 @@ TEST_CASE("plan --for torchtitan, then export --to torchtitan: the README's Llam
   // Mixtral 8x7B: torchtitan v0.2.2 has no flavour of it, said before any search.
   CliResult mx = run("plan --model models/mixtral-8x7b.json --cluster topologies/dgx-a100-4node.json --for torchtitan");
   CHECK(mx.code == 2);
-  CHECK_MESSAGE(mx.err.find("--for: --for torchtitan: mixtral-8x7b is not a Qwen3-style MoE model") != std::string::npos,
+  CHECK_MESSAGE(mx.err.find("--for: --for torchtitan: torchtitan v0.2.2's qwen3 MoE flavours are 30B-A3B and "
+                           "235B-A22B; none has the shape of mixtral-8x7b") != std::string::npos,
                 mx.err);
-  // 128K tokens over CP 2: the export launches the ring attention that was priced.
+  // 128K tokens over CP 2 (the 70B card with Llama 3.1's 131072 positions):
+  // the export launches the ring attention that was priced.
+  nlohmann::json card = nlohmann::json::parse(std::ifstream("models/llama3-70b.json"));
+  card["max_position_embeddings"] = 131072;
+  const auto card_128k = dir / "llama3-70b-128k.json";
+  write_text(card_128k, card.dump());
   const auto cp = dir / "cp.plan.json";
-  CliResult c = run("plan " + kLlama + " --seq-length 131072 --global-batch 16 --cp 2 --simulate-top 0 --for torchtitan --out " +
+  CliResult c = run("plan --model " + card_128k.string() +
+                    " --cluster topologies/dgx-a100-4node.json --seq-length 131072 --global-batch 16 --cp 2 "
+                    "--simulate-top 0 --for torchtitan --out " +
                     cp.string());
   REQUIRE_MESSAGE(c.code == 0, c.err);
   CHECK(nlohmann::json::parse(std::ifstream(cp))["prediction"]["memory"]["fits"] == true);
