@@ -201,8 +201,13 @@ std::vector<Case> catalogue() {
       {"vocab_size missing", [](const TempDir& d) { return model_case(d, "/vocab_size", nullptr, {"vocab_size", "missing required field"}); }},
       {"name empty", [](const TempDir& d) { return model_case(d, "/name", "", {"name", "is empty"}); }},
       {"plan --for a target whose export has no experts", [](const TempDir&) {
-         return Spec{"plan --model models/mixtral-8x7b.json --cluster " + kClusterCard + " --for torchtitan-main",
-                     {"--for", "torchtitan", "no experts", "--to megatron"},
+         return Spec{"plan --model models/mixtral-8x7b.json --cluster " + kClusterCard + " --for deepspeed",
+                     {"--for", "deepspeed", "no experts", "--to megatron"},
+                     {}};
+       }},
+      {"plan --for a target that runs no plan as priced (torchtitan main's per-document FlexAttention)", [](const TempDir&) {
+         return Spec{"plan --model models/llama3-70b.json --cluster " + kClusterCard + " --for torchtitan-main",
+                     {"--for", "torchtitan-main", "FlexAttention", "--to torchtitan"},
                      {}};
        }},
       {"plan --for a target without a flavour of the MoE model's shape", [](const TempDir&) {
@@ -584,10 +589,6 @@ std::vector<Case> catalogue() {
       {"plan --cp-comm-type with a trainer without CP", [](const TempDir&) {
          return flag_case("plan", "--trainer megatron-2021 --cp-comm-type p2p",
                           {"--cp-comm-type", "megatron-2021 has no context parallelism"});
-       }},
-      {"plan --for torchtitan-main --cp 2", [](const TempDir&) {
-         return flag_case("plan", "--for torchtitan-main --cp 2",
-                          {"--cp", "--for torchtitan-main cannot express --cp 2", "drop --cp 2"});
        }},
       {"plan --for torchtitan --rank-order tp-pp-dp", [](const TempDir&) {
          return flag_case("plan", "--for torchtitan --rank-order tp-pp-dp",

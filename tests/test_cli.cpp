@@ -366,6 +366,50 @@ TEST_CASE("plan --for TARGET chooses a plan that the target can express, and exp
   CHECK_MESSAGE(ok.code == 0, ok.err);
 }
 
+TEST_CASE("plan --for torchtitan, then export --to torchtitan: the README's Llama-3-70B, Mixtral 8x7B and 128K tokens with CP") {
+  const TempDir dir("cli_titan");
+  // The README's example (4 x 8 A100): the best plan torchtitan runs, priced
+  // with its pipeline's unsharded gradients, exports as planned.
+  const auto plan = dir / "llama.plan.json";
+  CliResult p = run("plan " + kLlama + " --simulate-top 0 --for torchtitan --out " + plan.string());
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(plan));
+  CHECK(j["parallel"]["trainer"]["pp_fsdp_no_sync"] == true);
+  CHECK(j["prediction"]["memory"]["fits"] == true);
+  CliResult e = run("export --plan " + plan.string() + " --to torchtitan --as-planned");
+  CHECK_MESSAGE(e.code == 0, e.err);
+  CHECK(e.out.find("--compile.no_enable\n") != std::string::npos);
+  // Mixtral 8x7B: torchtitan v0.2.2 has no flavour of it, said before any search.
+  CliResult mx = run("plan --model models/mixtral-8x7b.json --cluster topologies/dgx-a100-4node.json --for torchtitan");
+  CHECK(mx.code == 2);
+  CHECK_MESSAGE(mx.err.find("--for: --for torchtitan: torchtitan v0.2.2's qwen3 MoE flavours are 30B-A3B and "
+                           "235B-A22B; none has the shape of mixtral-8x7b") != std::string::npos,
+                mx.err);
+  // 128K tokens over CP 2 (the 70B card with Llama 3.1's 131072 positions):
+  // the export launches the ring attention that was priced.
+  nlohmann::json card = nlohmann::json::parse(std::ifstream("models/llama3-70b.json"));
+  card["max_position_embeddings"] = 131072;
+  const auto card_128k = dir / "llama3-70b-128k.json";
+  write_text(card_128k, card.dump());
+  const auto cp = dir / "cp.plan.json";
+  CliResult c = run("plan --model " + card_128k.string() +
+                    " --cluster topologies/dgx-a100-4node.json --seq-length 131072 --global-batch 16 --cp 2 "
+                    "--simulate-top 0 --for torchtitan --out " +
+                    cp.string());
+  REQUIRE_MESSAGE(c.code == 0, c.err);
+  CHECK(nlohmann::json::parse(std::ifstream(cp))["prediction"]["memory"]["fits"] == true);
+  CliResult ce = run("export --plan " + cp.string() + " --to torchtitan --as-planned");
+  CHECK_MESSAGE(ce.code == 0, ce.err);
+  CHECK(ce.out.find("set_rotate_method('alltoall')") != std::string::npos);
+  CHECK(ce.out.find("--parallelism.context_parallel_degree=2 \\\n") != std::string::npos);
+  // torchtitan main runs no plan as priced: refused before the search, with the reason.
+  CliResult m = run("plan " + kLlama + " --for torchtitan-main");
+  CHECK(m.code == 2);
+  CHECK_MESSAGE(m.err.find("--for: --for torchtitan-main: torchtitan main (b5bcd76c) runs a language model's attention "
+                           "as FlexAttention") != std::string::npos,
+                m.err);
+}
+
 TEST_CASE("export of a plan the target cannot run as planned: the best plan of the same layout it runs, said so") {
   const TempDir dir("cli_replan");
   const auto plan = dir / "v2.plan.json";

@@ -41,6 +41,21 @@ const Fixture& fixture(const std::string& name) {
 
 PlanFile plan_file(const std::string& name) { return cuboid::test::fixture_plan_file(fixture(name)); }
 
+// The fixture priced as torchtitan runs it (plan --trainer torchtitan): its
+// pipeline keeps FSDP's gradients unsharded (pp_fsdp_no_sync), which the
+// torchtitan export requires of a PP plan with FSDP.
+PlanFile titan(const std::string& name) {
+  PlanFile pf = plan_file(name);
+  pf.plan.trainer = find_trainer("torchtitan")->settings;
+  return pf;
+}
+// The file a golden or option test exports: torchtitan's priced as torchtitan.
+PlanFile plan_for(const std::string& name, const std::string& target) {
+  return target == "torchtitan" ? titan(name) : plan_file(name);
+}
+
+std::string text(const std::string& plan, const std::string& target) { return export_plan(plan_for(plan, target), target).text; }
+
 std::string extension(const std::string& target) {
   for (const ExportTarget& t : export_target_list())
     if (t.name == target) return std::string(t.extension);
@@ -48,7 +63,7 @@ std::string extension(const std::string& target) {
   return "";
 }
 
-std::string text(const std::string& plan, const std::string& target) { return export_plan(plan_file(plan), target).text; }
+
 
 // The plan file of `p` for `model` on the seed's 4 DGX A100, checked and estimated.
 PlanFile priced_plan_file(const ModelSpec& model, const ParallelPlan& p, const std::string& name) {
@@ -75,7 +90,7 @@ void compare_golden(const std::string& text, const std::string& file) {
 }
 
 void check_golden(const std::string& plan, const std::string& target) {
-  const ExportResult r = export_plan(plan_file(plan), target);
+  const ExportResult r = export_plan(plan_for(plan, target), target);
   compare_golden(r.text, plan + "." + target + "." + extension(target));
   if (!r.notes.empty()) compare_golden(r.notes, plan + "." + target + ".notes.txt");
 }
@@ -109,7 +124,7 @@ void check_refused(const PlanFile& pf, std::initializer_list<const char*> target
 const std::map<std::string, std::string> kOptionFiles = {
     {"megatron", "megatron-d98e8a64.json"},          {"megatron-bridge", "megatron-bridge-v0.6.0.json"},
     {"deepspeed", "deepspeed-v0.16.4.json"},         {"torchtitan", "torchtitan-v0.2.2.json"},
-    {"torchtitan-main", "torchtitan-b5bcd76c.json"}, {"nemo", "nemo-8cfedd72.json"},
+    {"nemo", "nemo-8cfedd72.json"},
 };
 
 Emitted read(const std::string& target, const std::string& text) {
@@ -120,7 +135,6 @@ Emitted read(const std::string& target, const std::string& text) {
     CHECK_MESSAGE(flags == cuboid::test::read_toml(text), "the overrides and the TOML tables differ");
     return flags;
   }
-  if (target == "torchtitan-main") return cuboid::test::read_python(text, "config", "");
   if (target == "megatron-bridge") return cuboid::test::read_python(text, "cfg", "model.");
   return cuboid::test::read_yaml(text);
 }
@@ -212,7 +226,7 @@ void check_rules(const std::string& target, const Emitted& e, const PlanFile& pf
     const std::int64_t dp = world / pf.plan.pp;
     CHECK(num(e, "train_batch_size") ==
           num(e, "train_micro_batch_size_per_gpu") * num(e, "gradient_accumulation_steps") * dp);
-  } else if (target == "torchtitan" || target == "torchtitan-main") {
+  } else if (target == "torchtitan") {
     // parallel_dims.py: dp_replicate x dp_shard x cp x tp x pp = world.
     const std::int64_t dp = num(e, "parallelism.data_parallel_replicate_degree") *
                             num(e, "parallelism.data_parallel_shard_degree");
@@ -241,15 +255,17 @@ void check_rules(const std::string& target, const Emitted& e, const PlanFile& pf
       CHECK_FALSE(e.count("quantize.linear.float8.recipe_name"));
       CHECK(num(e, "parallelism.data_parallel_shard_degree") > 1);
     }
-    if (target == "torchtitan") {
-      // train.py: global batch divisible by local batch x DP; PP splits the local batch.
-      CHECK(num(e, "training.global_batch_size") % (num(e, "training.local_batch_size") * dp) == 0);
-      if (pp > 1) CHECK(num(e, "training.local_batch_size") % num(e, "parallelism.pipeline_parallel_microbatch_size") == 0);
-    } else {
-      const std::int64_t per_step = num(e, "training.num_tokens_per_microbatch_per_dp_rank") *
-                                    (pp > 1 ? num(e, "parallelism.num_pp_microbatches") : 1) * dp;
-      CHECK(num(e, "training.num_tokens_per_train_step") % per_step == 0);
-      CHECK(num(e, "training.num_tokens_per_microbatch_per_dp_rank") % num(e, "training.max_context_length") == 0);
+    // train.py: global batch divisible by local batch x DP; PP splits the local batch.
+    CHECK(num(e, "training.global_batch_size") % (num(e, "training.local_batch_size") * dp) == 0);
+    if (pp > 1) CHECK(num(e, "training.local_batch_size") % num(e, "parallelism.pipeline_parallel_microbatch_size") == 0);
+    // What cuboid priced, whatever the base TOML says: eager kernels (no
+    // torch.compile) and no async TP (tensor_parallel.py maybe_enable_async_tp
+    // also asserts that async TP comes with compile).
+    for (const char* off : {"compile.enable", "parallelism.enable_async_tensor_parallel"}) {
+      CAPTURE(off);
+      const auto it = e.find(off);
+      REQUIRE(it != e.end());
+      CHECK(it->second == "false");
     }
   } else if (target == "nemo") {
     CHECK(num(e, "trainer.num_nodes") * num(e, "trainer.devices") == world);
@@ -302,7 +318,6 @@ const std::vector<std::pair<std::string, std::string>> kGoldens = {
     {"seed-zero3", "megatron"},
     {"seed-zero3", "megatron-bridge"},
     {"seed-zero3", "torchtitan"},
-    {"seed-zero3", "torchtitan-main"},
     {"llama8b-pp4", "deepspeed"},
 };
 
@@ -316,18 +331,15 @@ TEST_CASE("golden exports") {
 }
 
 TEST_CASE("every emitted option is the trainer's own, with the trainer's cross-field rules") {
-  for (const auto& [plan, target] : kGoldens) check_options(plan_file(plan), target);
+  for (const auto& [plan, target] : kGoldens) check_options(plan_for(plan, target), target);
   SUBCASE("the plan variants the refusal tests accept") {
     PlanFile pf = plan_file("seed");
     pf.plan.order = RankOrder::parse("tp-pp-dp", "test", "order");
     check_options(pf, "megatron");
     check_options(pf, "megatron-bridge");
-    pf = plan_file("seed-zero3");
+    pf = titan("seed-zero3");
     pf.plan.zero_stage = 2;
-    for (const char* t : {"megatron", "megatron-bridge", "torchtitan", "torchtitan-main"}) check_options(pf, t);
-    pf = plan_file("seed-zero3");
-    pf.plan.zero_stage = 0;
-    check_options(pf, "torchtitan-main");
+    for (const char* t : {"megatron", "megatron-bridge", "torchtitan"}) check_options(pf, t);
     pf = plan_file("gpt3-interleaved");
     pf.plan.flash_attention = false;
     check_options(pf, "megatron");
@@ -353,11 +365,12 @@ TEST_CASE("plan --for TARGET: the best plan each target can run exports and pass
   // analytically, on the seed's model and cluster, with the seed's batch.
   const std::map<std::string, std::string> trainer = {
       {"megatron", "megatron-core"},      {"megatron-bridge", "megatron-core"}, {"deepspeed", "megatron-deepspeed"},
-      {"torchtitan", "torchtitan"},       {"torchtitan-main", "torchtitan"},    {"nemo", "megatron-core"}};
+      {"torchtitan", "torchtitan"},       {"nemo", "megatron-core"}};
   const ModelSpec model = load_model(cuboid::test::source_root() / "models/llama3-70b.json");
   const Cluster cluster = cuboid::test::four_dgx_a100();
   const Topology topo(cluster);
   for (const std::string& target : export_targets()) {
+    if (target == "torchtitan-main") continue;  // refuses every plan (its own test case)
     for (const bool fixed : {false, true}) {
       INFO(target << (fixed ? " with TP 4 x PP 4 x DP 2, rank order tp-dp-pp" : ""));
       PlanFile pf;
@@ -472,7 +485,7 @@ TEST_CASE("context parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x and torch
     CHECK(nemo.find("  context_parallel_size: 2\n") != std::string::npos);
     CHECK(nemo.find("  cp_comm_type: " + std::string(to_string(comm)) + "\n") != std::string::npos);
   }
-  check_refused(pf, {"deepspeed", "torchtitan-main"}, "parallel.cp");
+  check_refused(pf, {"deepspeed"}, "parallel.cp");
   // Without CP nothing changes.
   CHECK(text("seed", "megatron").find("context-parallel") == std::string::npos);
 
@@ -489,7 +502,7 @@ TEST_CASE("context parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x and torch
   }
 
   SUBCASE("torchtitan v0.2.2: PyTorch's ring attention, K/V passed one rank per step (alltoall), FSDP over DP x CP") {
-    PlanFile tt = plan_file("seed-zero3");  // TP 4 x PP 4 x DP 2, ZeRO-3
+    PlanFile tt = titan("seed-zero3");  // TP 4 x PP 4 x DP 2, ZeRO-3
     tt.plan.cp = 2;
     tt.plan.dp = 1;
     tt.plan.cp_comm = CpComm::p2p;
@@ -520,13 +533,6 @@ TEST_CASE("context parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x and torch
                          "optimizer states over the context-parallel ranks with FSDP whenever CP > 1 "
                          "(ParallelDims.fsdp_enabled), and the plan keeps them whole over its 2 CP ranks (fix: plan "
                          "with --zero 3 (FSDP) or --zero 2 (FSDP without resharding after forward))",
-                         InputError);
-    tt.plan.zero_stage = 3;
-    CHECK_THROWS_WITH_AS(export_plan(tt, "torchtitan-main"),
-                         "seed-zero3.plan.json: parallel.cp: torchtitan main's context parallelism (spmd_backend "
-                         "spmd_types) has no rotate method to choose: K/V are exchanged by PyTorch's default "
-                         "all-gather, not the p2p ring or a2a exchange the plan was priced with (fix: export with --to "
-                         "torchtitan (v0.2.2 rotates K/V around the ring), --to megatron or --to megatron-bridge)",
                          InputError);
   }
 }
@@ -575,7 +581,7 @@ TEST_CASE("latent attention and MTP: Megatron-LM writes their flags; every other
   dense_mla.plan.dp = 32;
   dense_mla.plan.zero_stage = 3;
   dense_mla.plan.grad_accum_fusion = false;
-  check_refused(dense_mla, {"megatron-bridge", "deepspeed", "nemo", "torchtitan", "torchtitan-main"}, "model.mla");
+  check_refused(dense_mla, {"megatron-bridge", "deepspeed", "nemo", "torchtitan"}, "model.mla");
 }
 
 TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP) and torchtitan v0.2.2 (Qwen3 MoE) carry the MoE layer; DeepSpeed and torchtitan main refuse") {
@@ -598,7 +604,7 @@ TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP)
   const std::string bridge = export_plan(pf, "megatron-bridge").text;
   CHECK(bridge.find("expert_model_parallel_size=8,") != std::string::npos);
   CHECK(bridge.find("num_moe_experts=8,") != std::string::npos);
-  check_refused(pf, {"deepspeed", "torchtitan", "torchtitan-main"}, "model.moe");
+  check_refused(pf, {"deepspeed", "torchtitan"}, "model.moe");
   SUBCASE("tp-pp-dp with PP > 1: Megatron asserts the experts' DP (world / (ETP x EP x PP)) equals the layers'") {
     PlanFile order = pf;
     order.plan.order = RankOrder::parse("tp-pp-dp", "test", "order");
@@ -625,6 +631,7 @@ TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP)
   SUBCASE("torchtitan v0.2.2: Qwen3-30B-A3B as its qwen3 flavour, EP and ETP as its degrees") {
     const ModelSpec qwen = load_model(cuboid::test::source_root() / "models/qwen3-30b-a3b.json");
     ParallelPlan q = cuboid::test::make_plan(2, 1, 16, 1, 2, Recompute::none, true, Schedule::one_f_one_b, 4096);
+    q.micro_batch = 4;  // 64 / (4 x 16): no accumulation, where torchtitan's ZeRO-2 would regather (refused)
     q.ep = 8;
     q.etp = 1;
     q.flash_attention = true;
@@ -646,14 +653,12 @@ TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP)
     check_options(other, "torchtitan");
     other.plan.tp = 4;
     other.plan.dp = 8;
+    other.plan.micro_batch = 8;
     other.plan.etp = 2;
     CHECK_THROWS_WITH_AS(export_plan(other, "torchtitan"),
                          "qwen.plan.json: parallel.etp: torchtitan v0.2.2 splits the experts over ETP = TP or ETP = 1 "
                          "ranks (parallel_dims.py: \"Currently we only support ETP=TP or ETP=1\"), not ETP 2 (fix: plan "
                          "with --etp 4 or --etp 1)",
-                         InputError);
-    CHECK_THROWS_WITH_AS(export_plan(qf, "torchtitan-main"),
-                         doctest::Contains("qwen.plan.json: model.moe: cuboid's torchtitan main export builds the llama3"),
                          InputError);
   }
   // NeMo 1.x: the experts at ETP = TP only (no expert tensor-parallel size reaches parallel_state).
@@ -715,7 +720,7 @@ TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP)
 namespace {
 
 PlanFile quantized(const std::string& plan, Precision precision, bool gather, int zero_stage = -1) {
-  PlanFile pf = plan_file(plan);
+  PlanFile pf = plan_for(plan, zero_stage >= 2 ? "torchtitan" : "");
   if (zero_stage >= 0) pf.plan.zero_stage = zero_stage;
   pf.plan.precision = precision;
   pf.plan.fp8_param_gather = gather;
@@ -820,22 +825,6 @@ TEST_CASE("quantized GEMMs: torchtitan's float8 and MX converters, NeMo 1.x's de
     CHECK(refusal(pf, "torchtitan").find("parallel.fp8_param_gather: torchtitan's FP8 weights exist only for FSDP's") !=
           std::string::npos);
   }
-  SUBCASE("torchtitan main: MXFP8 and NVFP4 converters on the decoder layers; its float8 is rowwise only") {
-    for (const Precision pr : {Precision::mxfp8, Precision::nvfp4}) {
-      const PlanFile pf = quantized("seed-zero3", pr, false, 2);
-      check_options(pf, "torchtitan-main");
-      const Emitted e = cuboid::test::read_python(export_plan(pf, "torchtitan-main").text, "config", "");
-      CHECK(value(e, "model_spec") ==
-            std::string("model_registry(\"70B\", converters=[") +
-                (pr == Precision::mxfp8 ? "MXFP8LinearConverter" : "NVFP4LinearConverter") +
-                ".Config(fqns=[\"layers.\"])])");
-    }
-    CHECK(refusal(quantized("seed-zero3", Precision::fp8_current, false, 2), "torchtitan-main") ==
-          "seed-zero3.plan.json: parallel.precision: the plan is priced with fp8-current GEMMs, and torchtitan main's "
-          "float8 converter scales rowwise only (Float8LinearConverter.Config recipe_name rowwise or "
-          "rowwise_with_gw_hp): no per-tensor, delayed or 1 x 128 block scaling (fix: export with --to torchtitan "
-          "(v0.2.2's tensorwise float8), --to megatron or --to megatron-bridge)");
-  }
   SUBCASE("NeMo 1.x: delayed scaling's keys; no key for the other recipes") {
     const PlanFile pf = quantized("seed", Precision::fp8_delayed, true);
     check_options(pf, "nemo");
@@ -902,15 +891,18 @@ TEST_CASE("exports a target cannot represent, or would silently change, are refu
           "gpt3-interleaved.plan.json: parallel.dp: torchtitan v0.2.2 applies bf16 mixed precision through FSDP only; "
           "with TP or PP and no FSDP (maybe_enable_amp: \"Mixed precision training with TP or PP is only supported when "
           "FSDP/HSDP/CP is enabled\") it trains in training.dtype, float32, and the plan was priced in bf16 (fix: plan "
-          "with --dp 2 or more and --zero 2 or 3 (FSDP), or export with --to torchtitan-main (its FSDP wrapper installs "
-          "the bf16 policy at any degree))");
-    CHECK(refusal(pf, "torchtitan-main") ==
+          "with --dp 2 or more and --zero 2 or 3 (FSDP), or export with --to megatron)");
+    pf.plan.dp = 2;
+    pf.plan.tp = 4;
+    pf.plan.zero_stage = 3;
+    pf.plan.trainer = find_trainer("torchtitan")->settings;
+    CHECK(refusal(pf, "torchtitan") ==
           "gpt3-interleaved.plan.json: model: gpt3-175b is not a Llama-style model (torchtitan's llama3 has rotary "
           "positions, RMSNorm, SwiGLU, no biases and an untied output layer), and torchtitan has no model of its shape "
           "(fix: export with --to megatron or --to megatron-bridge)");
-    pf = plan_file("seed-zero3");
+    pf = titan("seed-zero3");
     pf.model.num_layers = 40;
-    CHECK(refusal(pf, "torchtitan-main") ==
+    CHECK(refusal(pf, "torchtitan") ==
           "seed-zero3.plan.json: model: torchtitan's llama3 flavours are 8B, 70B and 405B; none has the shape of "
           "llama3-70b (40 layers, hidden 8192, 64 heads, 8 KV heads, FFN 28672, vocabulary 128256) (fix: register a "
           "flavour of that shape in torchtitan/models/llama3/__init__.py, or export with --to megatron)");
@@ -1078,7 +1070,7 @@ TEST_CASE("exports a target cannot represent, or would silently change, are refu
                          "seed-zero3.plan.json: parallel.zero_stage: torchtitan v0.2.2 replicates with DDP "
                          "(data_parallel_replicate_degree) only without tensor or pipeline parallelism (\"DDP has not "
                          "supported > 1D parallelism\") (fix: plan with --zero 3 (FSDP), or export with --to "
-                         "torchtitan-main or --to megatron)",
+                         "megatron)",
                          InputError);
     pf = plan_file("seed-zero3");
     pf.plan.sequence_parallel = false;
@@ -1089,7 +1081,7 @@ TEST_CASE("exports a target cannot represent, or would silently change, are refu
                          InputError);
   }
   SUBCASE("torchtitan: ZeRO-2 is FSDP without resharding after forward") {
-    PlanFile pf = plan_file("seed-zero3");
+    PlanFile pf = titan("seed-zero3");
     pf.plan.zero_stage = 2;
     const std::string out = export_plan(pf, "torchtitan").text;
     CHECK(out.find("--parallelism.fsdp_reshard_after_forward=never") != std::string::npos);
@@ -1193,5 +1185,95 @@ TEST_CASE("activation offloading: Megatron-LM and Megatron-Bridge write it, chec
   SUBCASE("a plan without it writes none of it") {
     CHECK(text("seed", "megatron").find("cpu-offloading") == std::string::npos);
     CHECK(text("seed", "megatron-bridge").find("cpu_offloading") == std::string::npos);
+  }
+}
+
+TEST_CASE("torchtitan v0.2.2 runs what was priced: what its start-up and base TOMLs would change") {
+  SUBCASE("booleans are tyro flags (--key / --no_key): --key=false does not parse") {
+    const std::string gather = export_plan(quantized("seed-zero3", Precision::fp8_current, true, 2), "torchtitan").text;
+    CHECK(gather.find("--quantize.linear.float8.enable_fsdp_float8_all_gather \\\n") != std::string::npos);
+    CHECK(gather.find("--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp\n") != std::string::npos);
+    const std::string plain = export_plan(quantized("seed-zero3", Precision::fp8_current, false, 2), "torchtitan").text;
+    CHECK(plain.find("--quantize.linear.float8.no_enable_fsdp_float8_all_gather \\\n") != std::string::npos);
+    for (const std::string& t : {gather, plain}) {
+      CHECK(t.find("=true") == std::string::npos);
+      CHECK(t.find("=false") == std::string::npos);
+    }
+  }
+  SUBCASE("torch.compile and async TP off whatever the base TOML says (llama3_405b.toml turns both on)") {
+    const std::string out = export_plan(titan("seed-zero3"), "torchtitan").text;
+    CHECK(out.find("--parallelism.no_enable_async_tensor_parallel \\\n") != std::string::npos);
+    CHECK(out.find("--compile.no_enable\n") != std::string::npos);
+    CHECK(out.find("[compile]\nenable = false\n") != std::string::npos);
+    CHECK(out.find("enable_async_tensor_parallel = false\n") != std::string::npos);
+  }
+  SUBCASE("405B starts from llama3_70b.toml: llama3_405b.toml's converters = [\"float8\"] cannot be cleared") {
+    PlanFile pf = titan("seed-zero3");
+    pf.model = load_model(cuboid::test::source_root() / "models/llama3.1-405b.json");
+    pf.plan.pp = 2;  // 126 layers: 63 a stage
+    pf.plan.dp = 4;
+    check_options(pf, "torchtitan");
+    const std::string out = export_plan(pf, "torchtitan").text;
+    CHECK(out.find("--model.flavor=405B \\\n") != std::string::npos);
+    CHECK(out.find("-m torchtitan.train --job.config_file ./torchtitan/models/llama3/train_configs/llama3_70b.toml ") !=
+          std::string::npos);
+    CHECK(out.find("# The base TOML is llama3_70b.toml: llama3_405b.toml names a converter v0.2.2 does not register\n") !=
+          std::string::npos);
+    CHECK(out.find("--model.converters") == std::string::npos);  // a bf16 plan: no converter
+  }
+  SUBCASE("CP: training never reads the rotate method, so the launch sets the ring before torchtitan.train") {
+    PlanFile pf = titan("seed-zero3");
+    pf.plan.cp = 2;
+    pf.plan.dp = 1;
+    const std::string out = export_plan(pf, "torchtitan").text;
+    CHECK(out.find("#     --no-python python -c \"from torch.distributed.tensor.experimental._attention import "
+                   "set_rotate_method; set_rotate_method('alltoall'); from torchtitan.train import Trainer, main; "
+                   "main(Trainer)\" --job.config_file ./torchtitan/models/llama3/train_configs/llama3_70b.toml <the "
+                   "overrides below>\n") != std::string::npos);
+    CHECK(out.find("# Context parallelism: torchtitan v0.2.2's training never applies context_parallel_rotate_method") !=
+          std::string::npos);
+    CHECK(export_plan(titan("seed-zero3"), "torchtitan").text.find("#     -m torchtitan.train --job.config_file") !=
+          std::string::npos);
+    CHECK(export_plan(titan("seed-zero3"), "torchtitan").text.find("set_rotate_method") == std::string::npos);
+  }
+  SUBCASE("PP with FSDP priced without the pipeline's unsharded gradients is refused") {
+    CHECK(refusal("seed-zero3", "torchtitan") ==
+          "seed-zero3.plan.json: trainer.pp_fsdp_no_sync: torchtitan's pipeline turns FSDP's gradient sync off until "
+          "the last micro-batch (torch.distributed.pipelining backward_maybe_with_nosync), so each GPU holds its "
+          "stage's gradients unsharded in fp32 and its parameters gathered in bf16, and the plan was priced with them "
+          "sharded over its 2 ranks (fix: plan --for torchtitan (it prices torchtitan's pipeline memory))");
+    PlanFile z2 = plan_file("seed-zero3");
+    z2.plan.zero_stage = 2;
+    CHECK(refusal(z2, "torchtitan").find("stage's gradients unsharded in fp32, and the plan") != std::string::npos);
+    CHECK_NOTHROW(export_plan(titan("seed-zero3"), "torchtitan"));
+  }
+  SUBCASE("ZeRO-2 with gradient accumulation and no pipeline regathers every micro-batch: refused") {
+    PlanFile pf = titan("seed-zero3");
+    pf.plan.zero_stage = 2;
+    pf.plan.pp = 1;
+    pf.plan.dp = 8;  // 64 / (1 x 8) = 8 micro-batches
+    CHECK(refusal(pf, "torchtitan") ==
+          "seed-zero3.plan.json: parallel.zero_stage: torchtitan reshards FSDP's parameters after every backward, so "
+          "with ZeRO-2 (fsdp_reshard_after_forward \"never\") and 8 micro-batches of gradient accumulation it "
+          "all-gathers them again in each micro-batch's forward, and the plan was priced with one gather per step "
+          "(fix: plan with --zero 3 (FSDP's gathers in every forward and backward, as priced), or with a micro-batch "
+          "that fills the global batch without accumulation)");
+    pf.plan.micro_batch = 8;  // one micro-batch: one gather, as priced
+    check_options(pf, "torchtitan");
+    pf.plan.micro_batch = 1;
+    pf.plan.zero_stage = 3;
+    check_options(pf, "torchtitan");
+  }
+}
+
+TEST_CASE("torchtitan main refuses every plan: its language models attend per document with FlexAttention") {
+  for (const char* plan : {"seed", "seed-zero3", "gpt3-interleaved", "llama8b-pp4"}) {
+    CAPTURE(plan);
+    const std::string why = refusal(titan(plan), "torchtitan-main");
+    CHECK(why.find(std::string(plan) + ".plan.json: model: torchtitan main (b5bcd76c) runs a language model's "
+                                       "attention as FlexAttention or varlen with block-causal masks over the packed "
+                                       "documents") == 0);
+    CHECK(why.find("(fix: export with --to torchtitan (v0.2.2's llama3 flavours run SDPA, causal over the whole "
+                   "sequence), --to megatron or --to megatron-bridge)") != std::string::npos);
   }
 }

@@ -18,13 +18,15 @@ namespace {
 
 // The seed plan with ZeRO-3 (TP 4 x PP 4 x DP 2, which torchtitan runs as
 // FSDP) as the planner might write it in Megatron's --use-tp-pp-dp-mapping
-// order, with the other orders it scored.
+// order, with the other orders it scored; priced as torchtitan runs it (its
+// pipeline's unsharded FSDP gradients), which Megatron's export ignores.
 PlanFile seed_in_tp_pp_dp(const nlohmann::json& others) {
   const std::vector<test::Fixture> all = test::fixtures();
   const auto seed = std::find_if(all.begin(), all.end(), [](const test::Fixture& f) { return f.name == "seed-zero3"; });
   REQUIRE(seed != all.end());
   test::Fixture f = *seed;
   f.plan.order = RankOrder::parse("tp-pp-dp", "test", "order");
+  f.plan.trainer = find_trainer("torchtitan")->settings;
   nlohmann::json j = test::fixture_json(f);
   if (!others.is_null()) j["prediction"]["other_rank_orders"] = others;
   return plan_file_from_json(j, "seed-zero3.plan.json");

@@ -432,3 +432,42 @@ TEST_CASE("recompute modules: parsed by Megatron's names; what Megatron-Core or 
   CHECK(r->kind == PlanCheck::trainer_no_recompute_modules);
   CHECK(r->field == PlanField::recompute_modules);
 }
+
+TEST_CASE("torchtitan's pipeline with FSDP: the stage's gradients unsharded in fp32, ZeRO-3's parameters gathered") {
+  // torch.distributed.pipelining turns FSDP's gradient sync and resharding
+  // after backward off until the last backward (pp_fsdp_no_sync). Llama-3-70B
+  // at TP 4 x PP 4 x DP 2: stage 0 holds 4,541,464,576 parameters (above).
+  const ModelSpec m = llama3_70b();
+  auto p = plan(4, 4, 2, 1, 64, 8192, Recompute::full, true, true);
+  const double params = 4541464576.0;
+  p.trainer.pp_fsdp_no_sync = true;
+  SUBCASE("ZeRO-3: 18/2 priced + 4 - 4/2 (fp32 gradients whole, not sharded) + 2 (bf16 gathered) = 13 bytes") {
+    p.zero_stage = 3;
+    CHECK(pp_fsdp_no_sync_bytes(p, stage_parameters(m, p, 0)) == params * 4);  // 18,165,858,304
+    const MemoryReport r = memory_per_gpu(m, p, a100_80gb());
+    CHECK(r.peak_stage == 0);
+    CHECK(r.weight_and_optimizer_bytes == 59039039488.0);  // 4,541,464,576 x 13
+    p.trainer.pp_fsdp_no_sync = false;
+    CHECK(memory_per_gpu(m, p, a100_80gb()).weight_and_optimizer_bytes == 40873181184.0);  // x 9
+  }
+  SUBCASE("ZeRO-2: 2 + 16/2 priced + 4 - 4/2 = 12 bytes (the bf16 weights were whole already)") {
+    p.zero_stage = 2;
+    CHECK(pp_fsdp_no_sync_bytes(p, stage_parameters(m, p, 0)) == params * 2);
+    CHECK(memory_per_gpu(m, p, a100_80gb()).weight_and_optimizer_bytes == 54497574912.0);  // x 12
+  }
+  SUBCASE("nothing without the pipeline, without FSDP's sharding or with ZeRO 0 / 1") {
+    p.zero_stage = 3;
+    ParallelPlan one_stage = p;
+    one_stage.pp = 1;
+    one_stage.dp = 8;
+    CHECK(pp_fsdp_no_sync_bytes(one_stage, stage_parameters(m, one_stage, 0)) == 0);
+    ParallelPlan unsharded = p;
+    unsharded.dp = 1;
+    CHECK(pp_fsdp_no_sync_bytes(unsharded, stage_parameters(m, unsharded, 0)) == 0);
+    for (int zero : {0, 1}) {
+      ParallelPlan q = p;
+      q.zero_stage = zero;
+      CHECK(pp_fsdp_no_sync_bytes(q, stage_parameters(m, q, 0)) == 0);
+    }
+  }
+}

@@ -276,6 +276,21 @@ TEST_CASE("trainer settings round-trip; older plan files without them read as me
   CHECK(plan_file_from_json(j, "plan.json").plan.trainer == TrainerSettings{});
 }
 
+TEST_CASE("pp_fsdp_no_sync: written when on (torchtitan's pipeline with FSDP), absent otherwise, absent reads as off") {
+  nlohmann::json j = seed_json();
+  CHECK_FALSE(j["parallel"]["trainer"].contains("pp_fsdp_no_sync"));
+  CHECK_FALSE(plan_file_from_json(j, "plan.json").plan.trainer.pp_fsdp_no_sync);
+  j["parallel"]["trainer"]["pp_fsdp_no_sync"] = true;
+  const PlanFile pf = plan_file_from_json(j, "plan.json");
+  CHECK(pf.plan.trainer.pp_fsdp_no_sync);
+  const Cluster cluster = cuboid::test::four_dgx_a100();
+  ParallelPlan p = pf.plan;
+  CHECK(plan_to_json(pf.model, cluster, estimate(pf.model, Topology(cluster), p))["parallel"]["trainer"]["pp_fsdp_no_sync"] ==
+        true);
+  j["parallel"]["trainer"]["pp_fsdp_no_sync"] = 1;
+  CHECK(read_error(j).rfind("plan.json: parallel.trainer.pp_fsdp_no_sync: ", 0) == 0);
+}
+
 TEST_CASE("ZeRO-3 settings round-trip; older plan files without them read as FSDP2's") {
   const cuboid::test::Fixture& f = seed();
   // What DeepSpeed of 2021 can run: no pipeline, no SP, unfused attention and accumulation.

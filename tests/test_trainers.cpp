@@ -149,6 +149,7 @@ TEST_CASE("the presets loaded from trainers/ are those the code held") {
     s.zero3_sync = e.zero3_sync;
     s.zero3_list_collectives = e.zero3_list_collectives;
     s.zero3_fetch_norm = e.zero3_fetch_norm;
+    s.pp_fsdp_no_sync = std::string(e.name) == "torchtitan";  // its own test case below
     CHECK(t.settings == s);
   }
   CHECK(find_trainer("megatron") == nullptr);
@@ -243,8 +244,8 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
   }
   // 27 + attention_kernels (can_run) and attention_kernel (settings) + recompute_modules (can_run) +
   // moe_dispatchers (can_run) + cuda_graphs, tp_comm_overlap, overlap_param_gather, moe_ep_overlap (each in
-  // both groups) + activation_offloading (can_run)
-  CHECK(defaults == 40);
+  // both groups) + activation_offloading (can_run) + pp_fsdp_no_sync (settings)
+  CHECK(defaults == 41);
 }
 
 TEST_CASE("Megatron-Core's overlaps and CUDA graphs: off in every preset, runnable where the code has them") {
@@ -463,4 +464,15 @@ TEST_CASE("docs/cli.md's trainer table says what trainers/*.json say") {
     if (starts_with(tp, "**")) tp = tp.substr(2, tp.size() - 4);
     CHECK(tp == yes_no(t.settings.tp_backward_overlap));
   }
+}
+
+TEST_CASE("torchtitan's pipeline keeps FSDP's gradients unsharded until the last backward; no other preset does") {
+  for (const TrainerPreset& t : trainer_presets()) {
+    CAPTURE(t.name);
+    CHECK(t.settings.pp_fsdp_no_sync == (t.name == "torchtitan"));
+  }
+  std::string source;
+  for (const TrainerSource& s : find_trainer("torchtitan")->sources)
+    if (s.setting == "pp_fsdp_no_sync") source = s.source;
+  CHECK(source.find("torch/distributed/pipelining/stage.py backward_maybe_with_nosync") != std::string::npos);
 }

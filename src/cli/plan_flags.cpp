@@ -440,14 +440,15 @@ std::shared_ptr<const TargetRefusals> restrict_to_target(PlannerOptions& o, cons
   pf->gpu_name = l.cluster.gpu.name;
   pf->nodes = l.cluster.nodes;
   pf->gpus_per_node = l.cluster.gpus_per_node;
-  // A model the target cannot build at all (experts, YaRN, ALiBi) is
-  // refused here, not by an empty search.
+  // A model the target cannot build at all (experts, YaRN, ALiBi, a shape
+  // torchtitan has no flavour of, torchtitan main's attention) is refused
+  // here, not by an empty search.
   try {
     PlanFile probe = *pf;
     probe.plan = plan_from_options(l.model, l.cluster, o);
     (void)export_plan(probe, target);
   } catch (const InputError& e) {
-    if (e.field().rfind("model.", 0) == 0)
+    if (e.field() == "model" || e.field().rfind("model.", 0) == 0)
       throw InputError("command line", "--for", "--for " + target + ": " + e.problem(), e.fix());
   }
   auto refusals = std::make_shared<TargetRefusals>();

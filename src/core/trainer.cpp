@@ -120,7 +120,7 @@ constexpr std::array<Field, 22> kCanRun{{
 }};
 
 // How it runs a plan by default (TrainerSettings).
-constexpr std::array<Field, 21> kSettings{{
+constexpr std::array<Field, 22> kSettings{{
     {"dp_overlap", [](JsonReader& r, TrainerPreset& t) { t.settings.dp_overlap = r.boolean("value"); }},
     {"dp_grad_bytes",
      [](JsonReader& r, TrainerPreset& t) {
@@ -137,6 +137,7 @@ constexpr std::array<Field, 21> kSettings{{
                                               "6 (16-bit .grad accumulated by autograd), 10 (Megatron's main_grad "
                                               "hook) or 18 (DeepSpeed's BF16Optimizer)");
      }},
+    {"pp_fsdp_no_sync", [](JsonReader& r, TrainerPreset& t) { t.settings.pp_fsdp_no_sync = r.boolean("value"); }},
     {"zero3_unit",
      [](JsonReader& r, TrainerPreset& t) {
        t.settings.zero3_unit = r.choice("value", {"block", "tensor"}) == "block" ? Zero3Unit::block : Zero3Unit::tensor;

@@ -92,6 +92,35 @@ double moe_mlp_activation_bytes(const ModelSpec& m, const ParallelPlan& plan) {
          copies * h * 2 + per_width * full_tokens * fs / plan.tp;
 }
 
+}  // namespace
+
+double pp_fsdp_no_sync_bytes(const ParallelPlan& plan, const StageParameters& params) {
+  if (!plan.trainer.pp_fsdp_no_sync || plan.pp <= 1 || plan.zero_stage < 2) return 0;
+  // Under torch.distributed.pipelining every backward but the step's last
+  // runs with FSDP's gradient sync and resharding after backward off
+  // (pytorch/pytorch 0138610331 torch/distributed/pipelining/stage.py
+  // backward_maybe_with_nosync: set_requires_gradient_sync(False),
+  // set_reshard_after_backward(False); _post_backward turns both back on and
+  // reduces). FSDP2 then accumulates each parameter's gradient unsharded in
+  // the reduce dtype (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+  // to_accumulated_grad_if_needed), fp32 (torchtitan's
+  // mixed_precision_reduce), and keeps
+  // the gathered bf16 parameters; the sharded gradients do not exist yet
+  // (torchtitan's train_step zeroes them to None first: train.py@v0.2.2
+  // train_step, optimizers.zero_grad()). At the end of a backward pass the
+  // rank holds, for a group sharded over d ranks: 4 bytes of unsharded
+  // gradient per parameter instead of the 4 / d priced, and with ZeRO-3 the
+  // 2-byte gathered copy beside its shard (ZeRO-2 prices it whole already).
+  // Where d = 1 nothing is sharded and nothing changes.
+  auto extra = [&](double parameters, int d) {
+    if (d <= 1) return 0.0;
+    return parameters * (kFp32Bytes - kFp32Bytes / d + (plan.zero_stage >= 3 ? kBf16Bytes : 0.0));
+  };
+  return extra(params.dense, plan.dp_cp()) + extra(params.expert, plan.expert_dp());
+}
+
+namespace {
+
 struct StageMemory {
   double parameters = 0;
   double weight_and_optimizer_bytes = 0;
@@ -130,6 +159,8 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
         quantized_weights_on_stage(m, plan, stage) *
         (2.0 * quantized_element_bytes(plan.precision) - (plan.fp8_param_gather ? kBf16Bytes : 0.0));
   }
+
+  mem.weight_and_optimizer_bytes += pp_fsdp_no_sync_bytes(plan, params);
 
   const double in_flight = in_flight_micro_batches(plan, stage);
   const double moe_layers = moe_layers_on_stage(m, plan, stage);

@@ -284,7 +284,7 @@ const std::vector<Entry>& entries() {
       {{"torchtitan", "torchtitan", "v0.2.2", "txt", "--job.config_file overrides and the same TOML tables"},
        exporters::torchtitan_v02},
       {{"torchtitan-main", "torchtitan", "main at b5bcd76c (2026)", "py",
-        "a Python Trainer.Config function (--module / --config)"},
+        "none: refuses every plan (FlexAttention with per-document masks, not the causal attention priced)"},
        exporters::torchtitan_main},
       {{"nemo", "NeMo", "1.x YAML (NeMo 8cfedd72)", "yaml", "a megatron_gpt_config.yaml overlay (Hydra)"},
        exporters::nemo1},

@@ -74,7 +74,19 @@ ExportedOptions read_torchtitan_overrides(const std::string& text) {
     if (line.rfind("--", 0) != 0) continue;
     if (line.size() >= 2 && line.substr(line.size() - 2) == " \\") line.resize(line.size() - 2);
     const auto eq = line.find('=');
-    out.emplace(line.substr(2, eq - 2), line.substr(eq + 1));
+    // A boolean is a tyro flag, --section.key (true) or --section.no_key
+    // (false), never key=value (torchtitan docs/debugging.md@v0.2.2: "--key=False
+    // will not work"): read as true / false; one written as a value is reported.
+    if (eq == std::string::npos) {
+      const std::string name = line.substr(2);
+      const auto dot = name.rfind('.');
+      const bool off = name.compare(dot + 1, 3, "no_") == 0;
+      out.emplace(off ? name.substr(0, dot + 1) + name.substr(dot + 4) : name, off ? "false" : "true");
+      continue;
+    }
+    const std::string value = line.substr(eq + 1);
+    out.emplace(line.substr(2, eq - 2),
+                value == "true" || value == "false" ? "(a boolean as a value: " + value + ")" : value);
   }
   return out;
 }

@@ -1,11 +1,24 @@
 // torchtitan, two versions:
 //  * v0.2.2: --section.key overrides of a TOML job config; fields from pytorch/torchtitan
 //    torchtitan/config/job_config.py@v0.2.2 (tests/data/trainer_options/torchtitan-v0.2.2.json);
-//  * main at b5bcd76c: a Python function returning Trainer.Config (the TOML config and
-//    training.local_batch_size / global_batch_size / seq_len are gone; activation
-//    checkpointing is a policy object); fields from torchtitan/config/configs.py@b5bcd76c
-//    (tests/data/trainer_options/torchtitan-b5bcd76c.json).
+//  * main at b5bcd76c: refused, its language models' attention being FlexAttention with
+//    per-document masks (torchtitan_main below).
 // Schedule names are torch.distributed.pipelining's (get_schedule_class).
+//
+// What v0.2.2 does at start-up beyond the overrides, and what the export does
+// about it (docs/plan-files-and-exports.md, torchtitan):
+//  * the rotate method is read by validation only (components/validate.py:213
+//    passes it to set_rotate_method); training keeps PyTorch's default, the
+//    all-gather of K and V: a CP export launches torchtitan.train after
+//    set_rotate_method("alltoall"), the p2p ring cuboid priced;
+//  * the base TOML's [compile], async TP and converters stay unless
+//    overridden (llama3_405b.toml turns on all three): every export turns
+//    compile and async TP off and names its converter;
+//  * booleans are tyro flags: --section.key sets, --section.no_key clears
+//    (docs/debugging.md@v0.2.2: "--key=False will not work");
+//  * FSDP under the pipeline keeps unsharded fp32 gradients until the last
+//    backward (priced by TrainerSettings::pp_fsdp_no_sync), and FSDP without
+//    the pipeline regathers the parameters every micro-batch (ZeRO-2 refused).
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -20,18 +33,17 @@ namespace cuboid::exporters {
 
 namespace {
 
-// torchtitan's Llama 3 flavours (torchtitan/models/llama3/__init__.py at both
-// versions: dim, layers, heads, KV heads, the FFN that ffn_dim_multiplier and
+// torchtitan's Llama 3 flavours (torchtitan/models/llama3/__init__.py@v0.2.2:
+// dim, layers, heads, KV heads, the FFN that ffn_dim_multiplier and
 // multiple_of give, vocabulary 128256, rope_theta 500000, Llama 3.1 scaling).
 struct Flavor {
-  const char* name;         // v0.2.2 --model.flavor
-  const char* main_config;  // main: torchtitan/models/llama3/config_registry.py
+  const char* name;  // --model.flavor
   std::int64_t dim, layers, heads, kv_heads, ffn;
 };
 constexpr std::array<Flavor, 3> kFlavors = {{
-    {"8B", "llama3_8b", 4096, 32, 32, 8, 14336},
-    {"70B", "llama3_70b", 8192, 80, 64, 8, 28672},
-    {"405B", "llama3_405b", 16384, 126, 128, 8, 53248},
+    {"8B", 4096, 32, 32, 8, 14336},
+    {"70B", 8192, 80, 64, 8, 28672},
+    {"405B", 16384, 126, 128, 8, 53248},
 }};
 
 // Rotary positions, RMSNorm, SwiGLU, no biases, an untied output layer: the
@@ -156,6 +168,32 @@ void check_common(const PlanFile& pf) {
            "torchtitan's FSDP2 and DDP reduce gradients during the backward, and the plan was priced with the "
            "reduction after it",
            "plan --for torchtitan (it prices torchtitan's reduction)");
+  const bool fsdp = p.dp * p.cp > 1 && p.zero_stage >= 2;
+  // torch.distributed.pipelining (pytorch/pytorch 0138610331 stage.py
+  // backward_maybe_with_nosync) turns FSDP's gradient sync and resharding
+  // after backward off until the last backward: unsharded fp32 gradients
+  // (and, ZeRO-3, gathered bf16 parameters) for the whole stage.
+  if (fsdp && p.pp > 1 && !p.trainer.pp_fsdp_no_sync)
+    refuse(pf, "trainer.pp_fsdp_no_sync",
+           fmt::format("torchtitan's pipeline turns FSDP's gradient sync off until the last micro-batch "
+                       "(torch.distributed.pipelining backward_maybe_with_nosync), so each GPU holds its stage's "
+                       "gradients unsharded in fp32{}, and the plan was priced with them sharded over its {} ranks",
+                       p.zero_stage >= 3 ? " and its parameters gathered in bf16" : "", p.dp * p.cp),
+           "plan --for torchtitan (it prices torchtitan's pipeline memory)");
+  // Without the pipeline, train.py@v0.2.2 train_step runs each micro-batch's
+  // forward_backward_step with FSDP's defaults: gradients reduce-scattered and
+  // the parameters resharded after every backward (reshard_after_backward),
+  // so fsdp_reshard_after_forward = "never" all-gathers them again in every
+  // micro-batch's forward; cuboid's ZeRO-2 gathers once, after the step.
+  if (fsdp && p.zero_stage == 2 && p.pp == 1 && p.num_micro_batches() > 1)
+    refuse(pf, "parallel.zero_stage",
+           fmt::format("torchtitan reshards FSDP's parameters after every backward, so with ZeRO-2 "
+                       "(fsdp_reshard_after_forward \"never\") and {} micro-batches of gradient accumulation it "
+                       "all-gathers them again in each micro-batch's forward, and the plan was priced with one "
+                       "gather per step",
+                       p.num_micro_batches()),
+           "plan with --zero 3 (FSDP's gathers in every forward and backward, as priced), or with a micro-batch "
+           "that fills the global batch without accumulation");
 }
 
 // torchtitan v0.2.2's converters for the plan's quantized GEMMs
@@ -192,8 +230,7 @@ std::optional<Quantize> quantize_v02(const PlanFile& pf) {
       refuse_precision(pf,
                        "torchtitan v0.2.2's converters are float8 (torchao Float8Linear) and mx (MXFP8 recipes); "
                        "neither trains in NVFP4",
-                       "plan with --precision mxfp8, or export with --to torchtitan-main, --to megatron or --to "
-                       "megatron-bridge");
+                       "plan with --precision mxfp8, or export with --to megatron or --to megatron-bridge");
     case Precision::fp8_current:
     case Precision::mxfp8: break;
   }
@@ -228,7 +265,8 @@ std::optional<Quantize> quantize_v02(const PlanFile& pf) {
                    {"precompute_float8_dynamic_scale_for_fsdp", gather}}};
 }
 
-// A TOML value as a --section.key= override: strings unquoted, lists comma-separated.
+// A TOML value as a --section.key=value override: strings unquoted, lists
+// comma-separated (config/manager.py@v0.2.2 list_str_rule splits on ",").
 std::string flag_value(const std::string& v) {
   std::string value = v;
   if (value.size() >= 2 && value.front() == '[') {
@@ -245,8 +283,8 @@ const char* schedule_name(const ParallelPlan& p) {
   return p.schedule == Schedule::interleaved ? "Interleaved1F1B" : p.schedule == Schedule::gpipe ? "GPipe" : "1F1B";
 }
 
-// The parallelism fields both versions share (TOML / Python literals alike for these).
-Fields parallelism(const PlanFile& pf, bool main) {
+// The [parallelism] table.
+Fields parallelism(const PlanFile& pf) {
   const ParallelPlan& p = pf.plan;
   auto q = [](std::string_view s) { return fmt::format("\"{}\"", s); };
   // ZeRO-3 = FSDP resharding after forward; ZeRO-2 = FSDP keeping the
@@ -266,24 +304,30 @@ Fields parallelism(const PlanFile& pf, bool main) {
     par.emplace_back("pipeline_parallel_layers_per_stage", std::to_string(layers_per_virtual_stage(pf)));
     par.emplace_back("pipeline_parallel_first_stage_less_layers", "0");
     par.emplace_back("pipeline_parallel_last_stage_less_layers", "0");
-    if (main) par.emplace_back("num_pp_microbatches", std::to_string(p.num_micro_batches()));
-    else par.emplace_back("pipeline_parallel_microbatch_size", std::to_string(p.micro_batch));
+    par.emplace_back("pipeline_parallel_microbatch_size", std::to_string(p.micro_batch));
   }
   par.emplace_back("context_parallel_degree", std::to_string(p.cp));
-  if (pf.model.moe.enabled() && !main) {
+  if (pf.model.moe.enabled()) {
     // parallel_dims.py: the experts regroup the FSDP ranks (dp_shard x cp x tp)
     // as efsdp x ep x etp, ETP = TP or 1.
     par.emplace_back("expert_parallel_degree", std::to_string(p.ep));
     par.emplace_back("expert_tensor_parallel_degree", std::to_string(p.expert_tp()));
   }
-  if (p.cp > 1 && !main) {
-    // PyTorch's ring attention (torch.distributed.tensor.experimental._attention):
-    // "alltoall" passes each rank's K/V one step around the ring per block (and
-    // dK/dV in backward), started before the block and waited after it: the
-    // p2p ring. "headtail" = Megatron's 2 x CP chunks, chunk r and 2CP-1-r.
+  if (p.cp > 1) {
+    // PyTorch's ring attention (torch/distributed/tensor/experimental/
+    // _context_parallel/_attention.py _templated_ring_attention): the
+    // "alltoall" rotater passes each rank's K/V one step around the ring per
+    // block (and dK/dV in backward), started before the block and waited
+    // after it: the p2p ring. "headtail" = Megatron's 2 x CP chunks, chunk r
+    // and 2CP-1-r. Training reads the load balancer (train.py@v0.2.2:476) but
+    // not the rotate method (validate.py:213 only): the launch line sets it.
     par.emplace_back("context_parallel_rotate_method", q("alltoall"));
     par.emplace_back("context_parallel_load_balancer", q("headtail"));
   }
+  // What cuboid prices: no async TP (it needs torch.compile's micro-pipeline
+  // TP, tensor_parallel.py@v0.2.2 maybe_enable_async_tp); llama3_405b.toml
+  // turns it on.
+  par.emplace_back("enable_async_tensor_parallel", "false");
   return par;
 }
 
@@ -310,15 +354,14 @@ ExportResult torchtitan_v02(const PlanFile& pf) {
     refuse(pf, "parallel.zero_stage",
            "torchtitan v0.2.2 replicates with DDP (data_parallel_replicate_degree) only without tensor or pipeline "
            "parallelism (\"DDP has not supported > 1D parallelism\")",
-           "plan with --zero 3 (FSDP), or export with --to torchtitan-main or --to megatron");
+           "plan with --zero 3 (FSDP), or export with --to megatron");
   // torchtitan/distributed/utils.py@v0.2.2 maybe_enable_amp.
   if (p.dp == 1 && p.cp == 1 && (p.tp > 1 || p.pp > 1))
     refuse(pf, "parallel.dp",
            "torchtitan v0.2.2 applies bf16 mixed precision through FSDP only; with TP or PP and no FSDP "
            "(maybe_enable_amp: \"Mixed precision training with TP or PP is only supported when FSDP/HSDP/CP is "
            "enabled\") it trains in training.dtype, float32, and the plan was priced in bf16",
-           "plan with --dp 2 or more and --zero 2 or 3 (FSDP), or export with --to torchtitan-main (its FSDP wrapper "
-           "installs the bf16 policy at any degree)");
+           "plan with --dp 2 or more and --zero 2 or 3 (FSDP), or export with --to megatron");
   if (moe) {
     if (p.expert_tp() != p.tp && p.expert_tp() != 1)
       refuse(pf, "parallel.etp",
@@ -350,14 +393,24 @@ ExportResult torchtitan_v02(const PlanFile& pf) {
     const Flavor& f = flavor(pf);
     model_name = "llama3";
     flavor_name = f.name;
-    const std::string_view size = f.name == std::string_view("8B") ? "8b" : f.name == std::string_view("70B") ? "70b" : "405b";
-    toml = fmt::format("llama3/train_configs/llama3_{}.toml", size);
+    // llama3_405b.toml@v0.2.2 sets converters = ["float8"], a name no
+    // converter registers at v0.2.2 (float8.py registers
+    // "quantize.linear.float8"; protocols/model_converter.py looks the names
+    // up), and a list override cannot be empty (manager.py list_str_rule: ""
+    // splits to [""]): a bf16 plan could not clear it. The 405B flavour starts
+    // from llama3_70b.toml (no converters, no compile, no async TP).
+    const bool is_405b = f.name == std::string_view("405B");
+    toml = fmt::format("llama3/train_configs/llama3_{}.toml", f.name == std::string_view("8B") ? "8b" : "70b");
     model_line = fmt::format("# Model: torchtitan's llama3 flavour {} ({} layers, hidden {}).\n", f.name,
                              pf.model.num_layers, pf.model.hidden_size) +
                  rope_note(pf);
+    if (is_405b)
+      model_line += "# The base TOML is llama3_70b.toml: llama3_405b.toml names a converter v0.2.2 does not register\n"
+                    "# (converters = [\"float8\"]) that no override can clear; its optimizer (lr 8e-5, warmup 600\n"
+                    "# steps) is yours to set (--optimizer.lr, --lr_scheduler.warmup_steps).\n";
   }
 
-  const Fields par = parallelism(pf, false);
+  const Fields par = parallelism(pf);
   const std::optional<Quantize> quantize = quantize_v02(pf);
   Fields model = {{"name", fmt::format("\"{}\"", model_name)}, {"flavor", fmt::format("\"{}\"", flavor_name)}};
   if (quantize) model.emplace_back("converters", fmt::format("[\"{}\"]", quantize->converter));
@@ -369,34 +422,55 @@ ExportResult torchtitan_v02(const PlanFile& pf) {
       {"global_batch_size", std::to_string(p.global_batch)},
       {"seq_len", std::to_string(p.seq_length)}};
   const Fields ac = {{"mode", p.recompute == Recompute::full ? "\"full\"" : "\"none\""}};
+  // cuboid prices eager kernels (each cast, norm and activation a kernel of
+  // its own); llama3_405b.toml compiles the model and the loss.
+  const Fields compile = {{"enable", "false"}};
 
   std::string out = header(pf, "#", "torchtitan v0.2.2");
   out += "# Fields: pytorch/torchtitan torchtitan/config/job_config.py@v0.2.2 (Model, Parallelism, Training,\n"
-         "# ActivationCheckpoint). For torchtitan's main branch use --to torchtitan-main.\n";
+         "# ActivationCheckpoint, Compile).\n";
   out += model_line;
   if (p.recompute == Recompute::selective)
     out += "# cuboid's selective recomputation (attention core only) equals none with flash attention, which\n"
            "# recomputes the attention core in backward by itself: activation_checkpoint.mode = \"none\".\n";
   out += "# Add: the dataset (--training.dataset / dataset_path), the tokenizer (--model.hf_assets_path) and\n"
          "# checkpointing (--checkpoint.enable, --checkpoint.folder).\n";
+  // Training never sets the rotate method (only validation does), so the
+  // launch sets it before torchtitan.train's main, as validation's
+  // create_context_parallel_ctx does (distributed/utils.py@v0.2.2:216).
+  const std::string program =
+      p.cp > 1 ? "--no-python python -c \"from torch.distributed.tensor.experimental._attention import "
+                 "set_rotate_method; set_rotate_method('alltoall'); from torchtitan.train import Trainer, main; "
+                 "main(Trainer)\""
+               : "-m torchtitan.train";
+  if (p.cp > 1)
+    out += "# Context parallelism: torchtitan v0.2.2's training never applies context_parallel_rotate_method (only\n"
+           "# validation does); without the launcher's set_rotate_method('alltoall') PyTorch all-gathers K and V\n"
+           "# instead of passing them around the ring that cuboid priced.\n";
   out += fmt::format(
       "# Start (each of the {0} {3}s; the TOML is torchtitan's own, these overrides win):\n"
       "#   torchrun --nnodes {0} --nproc_per_node {1} --rdzv_backend c10d --rdzv_endpoint \"$MASTER_ADDR:29500\" \\\n"
-      "#     -m torchtitan.train --job.config_file ./torchtitan/models/{2} <the overrides below>\n",
-      pf.hosts(), pf.host_gpus(), toml, host_word(pf));
+      "#     {4} --job.config_file ./torchtitan/models/{2} <the overrides below>\n",
+      pf.hosts(), pf.host_gpus(), toml, host_word(pf), program);
   if (quantize)
-    out += fmt::format("# {} GEMMs: torchao through {}; cuboid prices its casts as kernels of their own\n"
-                       "# (torch.compile fuses them where [compile] is on).\n",
+    out += fmt::format("# {} GEMMs: torchao through {}; cuboid prices its casts as kernels of their own,\n"
+                       "# as they run with [compile] off.\n",
                        to_string(p.precision), quantize->converter);
   out += "\n# Command-line overrides:\n";
   std::vector<std::string> flags;
+  // Booleans are tyro flags, --section.key or --section.no_key
+  // (docs/debugging.md@v0.2.2: "--enable_memory_snapshot=False will not work").
   auto add_flags = [&](const char* section, const Fields& kv) {
-    for (const auto& [k, v] : kv) flags.push_back(fmt::format("--{}.{}={}", section, k, flag_value(v)));
+    for (const auto& [k, v] : kv) {
+      if (v == "true" || v == "false") flags.push_back(fmt::format("--{}.{}{}", section, v == "true" ? "" : "no_", k));
+      else flags.push_back(fmt::format("--{}.{}={}", section, k, flag_value(v)));
+    }
   };
   add_flags("model", model);
   add_flags("parallelism", par);
   add_flags("training", train);
   add_flags("activation_checkpoint", ac);
+  add_flags("compile", compile);
   if (quantize) add_flags(quantize->section.c_str(), quantize->fields);
   for (std::size_t i = 0; i < flags.size(); ++i) out += flags[i] + (i + 1 < flags.size() ? " \\\n" : "\n");
   out += "\n# The same as TOML tables (train_configs/*.toml):\n";
@@ -408,96 +482,30 @@ ExportResult torchtitan_v02(const PlanFile& pf) {
   table("model", model, false);
   table("parallelism", par, false);
   table("training", train, false);
-  table("activation_checkpoint", ac, !quantize);
+  table("activation_checkpoint", ac, false);
+  table("compile", compile, !quantize);
   if (quantize) table(quantize->section.c_str(), quantize->fields, true);
   return {out, ""};
 }
 
+// torchtitan main at b5bcd76c: a language model's attention is FlexAttention
+// (or varlen) with block-causal masks over the documents the dataloader packs
+// (torchtitan/models/common/config_utils.py get_attention_config: "Language
+// models always use block_causal masking (the dataloaders always emit
+// per-document positions)"; "sdpa is no longer supported for language
+// models"; both packers, components/data/packing.py, emit them). cuboid prices
+// causal attention over the whole sequence at the SDPA kernels' measured rates
+// and has neither FlexAttention's rates nor the documents' lengths, so no plan
+// runs there as priced. (llama3_405b() in models/llama3/config_registry.py
+// also turns on Float8LinearConverter, torch.compile and async TP.)
 ExportResult torchtitan_main(const PlanFile& pf) {
-  const ParallelPlan& p = pf.plan;
-  if (p.cp > 1)
-    refuse(pf, "parallel.cp",
-           "torchtitan main's context parallelism (spmd_backend spmd_types) has no rotate method to choose: K/V are "
-           "exchanged by PyTorch's default all-gather, not the p2p ring or a2a exchange the plan was priced with",
-           "export with --to torchtitan (v0.2.2 rotates K/V around the ring), --to megatron or --to megatron-bridge");
-  if (pf.model.moe.enabled())
-    refuse(pf, "model.moe",
-           "cuboid's torchtitan main export builds the llama3 config registry's models, which have no experts "
-           "(torchtitan main's MoE configs are not among the pinned options)",
-           "export with --to torchtitan (v0.2.2's qwen3 MoE flavours), --to megatron or --to megatron-bridge");
-  check_common(pf);
-  const Flavor& f = flavor(pf);
-  // torchtitan main's converters (torchtitan/components/quantization/*.py@b5bcd76c):
-  // Float8LinearConverter has the rowwise recipes only (its tensorwise scaling
-  // is gone), MXFP8LinearConverter and NVFP4LinearConverter quantize the Linear
-  // configs whose FQN contains one of `fqns` (every Linear when empty):
-  // "layers." takes the decoder layers' and leaves the LM head in bf16, as priced.
-  const char* converter = nullptr;
-  switch (p.precision) {
-    case Precision::bf16: break;
-    case Precision::mxfp8: converter = "MXFP8LinearConverter"; break;
-    case Precision::nvfp4: converter = "NVFP4LinearConverter"; break;
-    case Precision::fp8_delayed:
-    case Precision::fp8_current:
-    case Precision::fp8_blockwise:
-      refuse_precision(pf,
-                       "torchtitan main's float8 converter scales rowwise only (Float8LinearConverter.Config "
-                       "recipe_name rowwise or rowwise_with_gw_hp): no per-tensor, delayed or 1 x 128 block scaling",
-                       "export with --to torchtitan (v0.2.2's tensorwise float8), --to megatron or --to "
-                       "megatron-bridge");
-  }
-  if (converter != nullptr && p.fp8_param_gather)
-    refuse(pf, "parallel.fp8_param_gather",
-           fmt::format("torchtitan main's {} quantizes the gathered bf16 weights in the forward; FSDP all-gathers "
-                       "them in bf16",
-                       converter),
-           "plan without --fp8-param-gather, or export with --to megatron or --to megatron-bridge");
-  const Fields par = parallelism(pf, true);
-  const std::int64_t microbatch_tokens = static_cast<std::int64_t>(p.micro_batch) * p.seq_length;
-
-  std::string out = "#!/usr/bin/env python3\n" + header(pf, "#", "torchtitan main (b5bcd76c)");
-  out += "# Fields: pytorch/torchtitan torchtitan/config/configs.py@b5bcd76c (TrainingConfig, ParallelismConfig),\n"
-         "# torchtitan/trainer.py (Trainer.Config.activation_checkpoint), torchtitan/models/llama3/config_registry.py.\n"
-         "# For torchtitan v0.2.x use --to torchtitan.\n";
-  out += fmt::format("# Model: {}() from torchtitan's llama3 config registry ({} layers, hidden {}).\n", f.main_config,
-                     pf.model.num_layers, pf.model.hidden_size);
-  out += rope_note(pf);
-  if (p.recompute == Recompute::selective)
-    out += "# cuboid's selective recomputation (attention core only) equals none with flash attention, which\n"
-           "# recomputes the attention core in backward by itself: no activation checkpointing.\n";
-  out += fmt::format(
-      "# The base config brings its dataset, tokenizer (hf_assets_path), optimizer and checkpointing: set yours.\n"
-      "# Save as torchtitan_recipes/cuboid_plan.py in the torchtitan checkout and start on each of the {0} {2}s:\n"
-      "#   torchrun --nnodes {0} --nproc_per_node {1} --rdzv_backend c10d --rdzv_endpoint \"$MASTER_ADDR:29500\" \\\n"
-      "#     -m torchtitan.train --module torchtitan_recipes.cuboid_plan --config cuboid_plan\n",
-      pf.hosts(), pf.host_gpus(), host_word(pf));
-  if (converter != nullptr)
-    out += fmt::format("# {} GEMMs in the decoder layers' Linears (torchao through {}); cuboid prices the\n"
-                       "# casts as kernels of their own (torch.compile fuses them where config.compile is on).\n",
-                       to_string(p.precision), converter);
-  if (converter != nullptr) out += fmt::format("from torchtitan.components.quantization import {}\n", converter);
-  if (converter != nullptr) out += "from torchtitan.models.llama3 import model_registry\n";
-  out += fmt::format("from torchtitan.models.llama3.config_registry import {}\n", f.main_config);
-  if (p.recompute == Recompute::full) out += "from torchtitan.distributed.activation_checkpoint import FullAC\n";
-  out += "from torchtitan.trainer import Trainer\n\n\n";
-  out += "def cuboid_plan() -> Trainer.Config:\n";
-  out += fmt::format("    config = {}()\n", f.main_config);
-  if (converter != nullptr)
-    out += fmt::format("    config.model_spec = model_registry(\"{}\", converters=[{}.Config(fqns=[\"layers.\"])])\n",
-                       f.name, converter);
-  for (const auto& [k, v] : par) out += fmt::format("    config.parallelism.{} = {}\n", k, v);
-  out += fmt::format("    config.parallelism.enable_sequence_parallel = {}\n", p.tp > 1 ? "True" : "False");
-  out += fmt::format("    config.training.num_tokens_per_microbatch_per_dp_rank = {}  # micro-batch {} x {} tokens\n",
-                     microbatch_tokens, p.micro_batch, p.seq_length);
-  out += fmt::format("    config.training.num_tokens_per_train_step = {}  # global batch {} x {} tokens\n",
-                     static_cast<std::int64_t>(p.global_batch) * p.seq_length, p.global_batch, p.seq_length);
-  out += fmt::format("    config.training.max_context_length = {}\n", p.seq_length);
-  out += "    config.training.mixed_precision_param = \"bfloat16\"\n";
-  out += "    config.training.mixed_precision_reduce = \"float32\"\n";
-  out += p.recompute == Recompute::full ? "    config.activation_checkpoint = FullAC.Config()\n"
-                                        : "    config.activation_checkpoint = None\n";
-  out += "    return config\n";
-  return {out, ""};
+  refuse(pf, "model",
+         "torchtitan main (b5bcd76c) runs a language model's attention as FlexAttention or varlen with "
+         "block-causal masks over the packed documents (models/common/config_utils.py get_attention_config: SDPA "
+         "is refused for language models), and cuboid prices causal attention over the whole sequence with the SDPA "
+         "kernels' rates; it has no FlexAttention rate nor the documents' lengths",
+         "export with --to torchtitan (v0.2.2's llama3 flavours run SDPA, causal over the whole sequence), --to "
+         "megatron or --to megatron-bridge");
 }
 
 }  // namespace cuboid::exporters

@@ -72,6 +72,8 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
     if (p.trainer.overlap_param_gather != d.overlap_param_gather)
       j["trainer"]["overlap_param_gather"] = p.trainer.overlap_param_gather;
   }
+  // Written when on (torchtitan's pipeline with FSDP): other plans' files stay as they were.
+  if (p.trainer.pp_fsdp_no_sync) j["trainer"]["pp_fsdp_no_sync"] = true;
   // Written with CP only: a file without it reads as the default ring.
   if (p.cp > 1) j["cp_comm"] = std::string(to_string(p.cp_comm));
   // Written for expert parallelism only (EP > 1 or an ETP of its own).
@@ -339,6 +341,8 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
              "BF16Optimizer), got " +
                  std::to_string(p.trainer.grad_accum_bytes),
              kRegenerate);
+    // Absent: priced without (files written before it, and every other preset's).
+    p.trainer.pp_fsdp_no_sync = t.has("pp_fsdp_no_sync") && t.boolean("pp_fsdp_no_sync");
     read_zero3(t, p.trainer);
     // Absent: the preset's (written only where they differ from it).
     const TrainerSettings& preset = find_trainer(p.trainer.preset)->settings;

@@ -155,6 +155,13 @@ struct TrainerSettings {
   // copy (read 2, write 4) that the add reads beside the fp32 gradient
   // (read 4 + 4, write 4).
   int grad_accum_bytes = 10;
+  // With PP > 1 and ZeRO 2 / 3 (FSDP), the pipeline schedule turns FSDP's
+  // gradient sync and its resharding after backward off until the step's
+  // last backward (torch.distributed.pipelining, stage.py
+  // backward_maybe_with_nosync; torchtitan's pipeline): each rank holds its
+  // stage's gradients unsharded in fp32 and, ZeRO-3, its parameters
+  // gathered in bf16 at the end of the backward (cost/memory.hpp).
+  bool pp_fsdp_no_sync = false;
 
   // How ZeRO-3 gathers parameters and reduces gradients (the defaults are
   // FSDP2's: a block at a time, one block ahead, no host synchronisation).

@@ -60,6 +60,14 @@ StageParameters stage_parameters(const ModelSpec& m, const ParallelPlan& plan, i
 // norms each; with PP > 1 the word embedding their lookup needs).
 StageParameters mtp_parameters(const ModelSpec& m, const ParallelPlan& plan);
 
+// What torchtitan's pipeline with FSDP holds beyond the ZeRO 2 / 3 bytes
+// (TrainerSettings::pp_fsdp_no_sync, with PP > 1 and ZeRO 2 or 3): per
+// parameter of `params` sharded over d > 1 ranks (DP x CP, or expert-DP for
+// the routed experts), 4 - 4/d bytes of fp32 gradient held unsharded until
+// the last backward, plus with ZeRO-3 the 2-byte gathered bf16 copy. 0 when
+// the setting is off, with PP 1 or ZeRO 0 / 1.
+double pp_fsdp_no_sync_bytes(const ParallelPlan& plan, const StageParameters& params);
+
 // One layer's stored activations for one micro-batch on one GPU: a dense
 // layer's, or with `moe_layer` an MoE layer's (its MLP's routed token
 // copies, expert intermediates and shared experts instead of the dense MLP's).
