@@ -109,6 +109,15 @@ TEST_CASE("mesh prints the seed's picture") {
   CliResult cross = run("mesh " + kLlama + " --tp 8 --pp 2 --dp 2 --rank-order dp-tp-pp");
   REQUIRE_MESSAGE(cross.code == 0, cross.err);
   CHECK(cross.out.find("WARNING: 4 of 4 TP groups cross nodes") != std::string::npos);
+  // Megatron-Core's tp-cp-ep-pp-dp: rank = t + 4 c + 8 p + 16 d, so node 1
+  // holds stage 1 of replica 0, both CP ranks (cuboid's map had CP inside DP:
+  // node 1 was stage 0's CP rank 1).
+  CliResult cp = run("mesh " + kLlama + " --tp 4 --cp 2 --pp 2 --dp 2 --rank-order tp-cp-ep-pp-dp");
+  REQUIRE_MESSAGE(cp.code == 0, cp.err);
+  CHECK(cp.out.find("rank order tp-pp-dp (first named = innermost; CP next to TP, Megatron-Core's tp-cp-ep-pp-dp)") !=
+        std::string::npos);
+  CHECK(cp.out.find("  node 1    p1d0c0t0    p1d0c0t1") != std::string::npos);
+  CHECK(cp.out.find("split one sequence) (16 groups of 2):\n  ranks 0,4 ") != std::string::npos);
 }
 
 TEST_CASE("the 512B model on 16-way PP x 8-way TP: the answer says whether it fits and what it needs") {

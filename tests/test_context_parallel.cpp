@@ -1,5 +1,5 @@
 // Context parallelism: the causal balance of Megatron's 2 x CP chunks, the
-// rank mapping (CP inside DP), the plan's rules, memory, the ring's and the
+// rank mapping (CP next to TP), the plan's rules, memory, the ring's and the
 // a2a exchange's ops and bytes, the ring shift on the network, and the
 // estimate against the simulation. Numbers by hand in the comments.
 #include <doctest/doctest.h>
@@ -137,7 +137,7 @@ TEST_CASE("the workload's a2a exchange: Q, K, V to the head layout and the outpu
   CHECK(blocks[0]->batch == 8);
 }
 
-TEST_CASE("the rank mapping puts CP inside DP: tp-cp-dp-pp, Megatron's order") {
+TEST_CASE("the rank mapping puts CP next to TP: tp-cp-dp-pp, Megatron's order") {
   ParallelPlan p = cp_plan();
   p.cp = 2;
   p.dp = 1;

@@ -617,16 +617,18 @@ TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP)
     // ETP x EP = TP x CP: the two data-parallel sizes agree and the order is kept.
     order.plan.ep = 2;
     CHECK(export_plan(order, "megatron").text.find("--use-tp-pp-dp-mapping\n") != std::string::npos);
-    // With CP as well, Megatron puts CP next to TP (tp-cp-pp-dp), cuboid inside DP: refused.
+    // With CP as well, Megatron puts CP next to TP (tp-cp-ep-pp-dp) and so
+    // does core's rank map: the order is kept (it was refused while cuboid
+    // kept CP inside DP).
     order.plan.cp = 2;
     order.plan.dp = 4;
     order.plan.ep = 4;
-    for (const char* target : {"megatron", "megatron-bridge"}) {
-      CAPTURE(target);
-      const std::string why = refusal(order, target);
-      CHECK(why.find("mixtral.plan.json: parallel.rank_order: ") == 0);
-      CHECK(why.find("orders ranks tp-cp-pp-dp (CP next to TP") != std::string::npos);
-    }
+    CHECK(export_plan(order, "megatron").text.find("--use-tp-pp-dp-mapping\n") != std::string::npos);
+    CHECK(export_plan(order, "megatron-bridge").text.find("cfg.dist.use_tp_pp_dp_mapping = True\n") != std::string::npos);
+    // ETP x EP 8 against TP x CP 4: still Megatron's assertion.
+    order.plan.ep = 8;
+    CHECK(refusal(order, "megatron").find("(ETP 1 x EP 8 x PP)) equals the layers' (world / (TP 2 x CP 2 x PP))") !=
+          std::string::npos);
   }
   SUBCASE("torchtitan v0.2.2: Qwen3-30B-A3B as its qwen3 flavour, EP and ETP as its degrees") {
     const ModelSpec qwen = load_model(cuboid::test::source_root() / "models/qwen3-30b-a3b.json");

@@ -1,6 +1,7 @@
 // ParallelPlan validation and the rank <-> (node, gpu) <-> (tp, pp, dp) mapping.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "cuboid/core/error.hpp"
@@ -101,13 +102,143 @@ TEST_CASE("TP 16 across two nodes is flagged") {
   CHECK(map.tp_crosses_nodes());
 }
 
+namespace {
+
+using Groups = std::vector<std::vector<int>>;
+
+// Megatron-Core lists its groups in its own order; cuboid in (pp, dp, cp, tp)
+// loops. Both list each group's ranks in increasing order: compare the sets.
+Groups sorted(Groups g) {
+  std::sort(g.begin(), g.end());
+  return g;
+}
+
+// TP 2 x CP 2 x PP 2 x DP 2 on 16 GPUs (8 per node), with experts EP x ETP.
+ParallelPlan sixteen(const char* order, int ep = 1, int etp = 0) {
+  ParallelPlan p = seed_plan();
+  p.tp = 2;
+  p.cp = 2;
+  p.pp = 2;
+  p.dp = 2;
+  p.ep = ep;
+  p.etp = etp;
+  p.order = RankOrder::parse(order, "test", "order");
+  return p;
+}
+
+}  // namespace
+
+// The groups below are worked by hand from megatron/core/parallel_state.py at
+// Megatron-LM d98e8a64 (the same at cd4afffa): initialize_model_parallel
+// builds RankGenerator(tp, ep=1, dp, pp, cp, order) for the layers and
+// RankGenerator(etp, ep, edp, pp, cp=1, order) for the experts, each with
+// rank = sum of coordinate x the product of the sizes named before it in the
+// order (generate_masked_orthogonal_rank_groups), and a group of token X =
+// the ranks that differ in X only. (Running that RankGenerator on these sizes
+// lists the same groups.)
+TEST_CASE("Megatron-Core's tp-cp-ep-dp-pp (tp-dp-pp): TP 2 x CP 2 x PP 2 x DP 2 as parallel_state builds it") {
+  for (const char* name : {"tp-dp-pp", "tp-cp-ep-dp-pp"}) {
+    CAPTURE(name);
+    const ParallelPlan p = sixteen(name);
+    CHECK(p.order.str() == "tp-dp-pp");
+    CHECK(p.order.megatron_name() == "tp-cp-ep-dp-pp");
+    const RankMapping map(p, 8);
+    // rank = t + 2 c + 4 d + 8 p
+    CHECK(map.rank_of(1, 1, 1, 1) == 1 + 2 + 4 + 8);
+    CHECK(sorted(map.tp_groups()) == Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
+    CHECK(sorted(map.cp_groups()) == Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
+    CHECK(sorted(map.pp_groups()) == Groups{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}});
+    // cuboid's gradient group is Megatron's dp-cp group.
+    CHECK(sorted(map.dp_groups()) == Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}});
+  }
+}
+
+TEST_CASE("Megatron-Core's tp-cp-ep-pp-dp (tp-pp-dp, --use-tp-pp-dp-mapping): CP next to TP, then PP, then DP") {
+  for (const char* name : {"tp-pp-dp", "tp-cp-ep-pp-dp"}) {
+    CAPTURE(name);
+    const ParallelPlan p = sixteen(name);
+    CHECK(p.order.str() == "tp-pp-dp");
+    CHECK(p.order.megatron_name() == "tp-cp-ep-pp-dp");
+    const RankMapping map(p, 8);
+    // rank = t + 2 c + 4 p + 8 d (cuboid's map had t + 2 p + 4 (c + 2 d): CP 4 apart)
+    CHECK(map.rank_of(1, 1, 0, 1) == 1 + 2 + 4);
+    CHECK(sorted(map.tp_groups()) == Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
+    CHECK(sorted(map.cp_groups()) == Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
+    CHECK(sorted(map.pp_groups()) == Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}});
+    CHECK(sorted(map.dp_groups()) == Groups{{0, 2, 8, 10}, {1, 3, 9, 11}, {4, 6, 12, 14}, {5, 7, 13, 15}});
+    // Every CP group stays inside a node; each gradient group spans both.
+    for (const auto& g : map.cp_groups()) CHECK(map.nodes_spanned(g) == 1);
+    for (const auto& g : map.dp_groups()) CHECK(map.nodes_spanned(g) == 2);
+  }
+}
+
+TEST_CASE("the experts' groups as Megatron-Core's expert RankGenerator builds them, in both of its orders") {
+  SUBCASE("EP 2 x ETP 2 (expert-DP 2 = DP): both orders") {
+    // Experts: rank = et + 2 e + 4 edp + 8 p (tp-ep-dp-pp) or et + 2 e + 4 p + 8 edp (tp-ep-pp-dp).
+    const Groups ep{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}};
+    const RankMapping dp_pp(sixteen("tp-dp-pp", 2, 2), 8);
+    CHECK(sorted(dp_pp.ep_groups()) == ep);
+    CHECK(sorted(dp_pp.expert_dp_groups()) == Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}});
+    const RankMapping pp_dp(sixteen("tp-pp-dp", 2, 2), 8);
+    CHECK(sorted(pp_dp.ep_groups()) == ep);
+    CHECK(sorted(pp_dp.expert_dp_groups()) == Groups{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}});
+    // The experts' pipelines are the layers' (parallel_state asserts it): a
+    // rank's expert-DP peers hold its stage.
+    for (const auto& g : pp_dp.expert_dp_groups())
+      for (int r : g) CHECK(pp_dp.coord(r).pp == pp_dp.coord(g.front()).pp);
+  }
+  SUBCASE("EP 2 x ETP 1 (expert-DP 4), tp-cp-ep-dp-pp: EP over the TP pair") {
+    // rank = e + 2 edp + 8 p
+    const RankMapping map(sixteen("tp-dp-pp", 2, 1), 8);
+    CHECK(sorted(map.ep_groups()) == Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
+    CHECK(sorted(map.expert_dp_groups()) == Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}});
+  }
+  SUBCASE("TP 4 x PP 2 x DP 2, EP 4 x ETP 1, both orders") {
+    for (const char* name : {"tp-dp-pp", "tp-pp-dp"}) {
+      CAPTURE(name);
+      ParallelPlan p = sixteen(name, 4, 1);
+      p.tp = 4;
+      p.cp = 1;
+      const RankMapping map(p, 8);
+      const bool pp_last = p.order.str() == "tp-dp-pp";
+      CHECK(sorted(map.ep_groups()) == Groups{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}});
+      CHECK(sorted(map.expert_dp_groups()) ==
+            (pp_last ? Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}
+                     : Groups{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}}));
+    }
+  }
+}
+
+TEST_CASE("cuboid's own orders keep CP as the innermost part of DP") {
+  // dp-tp-pp: rank = c + 2 d + 4 t + 8 p.
+  const ParallelPlan p = sixteen("dp-tp-pp");
+  CHECK(p.order.megatron_name().empty());
+  CHECK_FALSE(p.order.cp_next_to_tp());
+  const RankMapping map(p, 8);
+  CHECK(sorted(map.cp_groups()) == Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
+  CHECK(sorted(map.tp_groups()) == Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}});
+  CHECK(sorted(map.dp_groups()) == Groups{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}});
+  for (int r = 0; r < 16; ++r) {
+    const RankCoord c = map.coord(r);
+    CHECK(map.rank_of(c.tp, c.pp, c.dp, c.cp) == r);
+  }
+}
+
 TEST_CASE("rank order parsing errors") {
   CHECK_THROWS_WITH_AS(RankOrder::parse("tp-dp", "command line", "--rank-order"),
                        "command line: --rank-order: rank order \"tp-dp\" must name tp, dp and pp once each "
-                       "(fix: give the three dimensions innermost first, e.g. tp-dp-pp (Megatron's default) or tp-pp-dp)",
+                       "(fix: give the three dimensions innermost first, e.g. tp-dp-pp (Megatron's default) or tp-pp-dp, "
+                       "or Megatron-Core's tp-cp-ep-dp-pp or tp-cp-ep-pp-dp)",
                        InputError);
   CHECK_THROWS_AS(RankOrder::parse("tp-tp-pp", "c", "f"), InputError);
   CHECK_THROWS_AS(RankOrder::parse("tp-ep-pp", "c", "f"), InputError);
+  // Megatron-Core's names are its two orders; CP and EP elsewhere are not.
+  CHECK(RankOrder::parse("tp-cp-ep-dp-pp", "c", "f") == RankOrder{});
+  CHECK(RankOrder::parse("tp-cp-ep-pp-dp", "c", "f") == RankOrder::parse("tp-pp-dp", "c", "f"));
+  CHECK_THROWS_WITH_AS(RankOrder::parse("dp-cp-ep-tp-pp", "command line", "--rank-order"),
+                       doctest::Contains("rank order \"dp-cp-ep-tp-pp\" names cp: cuboid places CP and EP as "
+                                         "Megatron-Core does, in its orders tp-cp-ep-dp-pp and tp-cp-ep-pp-dp only"),
+                       InputError);
   CHECK_THROWS_AS(parse_recompute("some", "c", "f"), InputError);
   CHECK(parse_schedule("1f1b", "c", "f") == Schedule::one_f_one_b);
 }

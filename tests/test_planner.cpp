@@ -493,6 +493,35 @@ TEST_CASE("rank orders that tie are one row, in Megatron's default order; the pl
   CHECK(tie_listed);
 }
 
+TEST_CASE("with CP next to TP, tp-pp-dp is searched only where it places ranks apart from tp-dp-pp") {
+  // Megatron-Core's tp-cp-ep-pp-dp and tp-cp-ep-dp-pp are one placement
+  // when DP or PP is 1 (cuboid's map once kept CP inside DP, which made
+  // tp-pp-dp with DP 1 x CP 2 a placement no trainer builds).
+  const ModelSpec m = load_model("models/llama3-70b.json");
+  const Cluster c = load_cluster("topologies/dgx-a100-4node.json");
+  const Topology topo(c);
+  auto orders_of = [&](int pp, int dp) {
+    PlannerOptions o;
+    o.tp = 4;
+    o.cp = 2;
+    o.pp = pp;
+    o.dp = dp;
+    o.global_batch = 64;
+    o.simulate_top = 0;
+    const SearchResult r = search_plans(m, topo, o);
+    std::set<std::string> seen;
+    for (const Estimate& e : r.fitting) {
+      seen.insert(e.plan.order.str());
+      for (const RankOrder& t : e.tied_orders) seen.insert(t.str());
+    }
+    return seen;
+  };
+  const std::set<std::string> dp1 = orders_of(4, 1);
+  CHECK(dp1.count("tp-dp-pp") == 1);
+  CHECK(dp1.count("tp-pp-dp") == 0);
+  CHECK(orders_of(2, 2).count("tp-pp-dp") == 1);
+}
+
 TEST_CASE("a device whose default core is unfused: flash off by default, --flash-attention on when asked") {
   const ModelSpec m = load_model("models/tiny.json");
   const Cluster c = load_cluster("topologies/localhost-cpu.json");

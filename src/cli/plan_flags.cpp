@@ -122,8 +122,9 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                   "after the step (Megatron-Core --overlap-param-gather; --zero 1 or 2): on|off (default: the "
                   "trainer's)");
   cmd->add_option("--rank-order", f.rank_order,
-                  search ? "rank order, innermost first, e.g. tp-dp-pp (Megatron's); default: searched"
-                         : "rank order, innermost first (default tp-dp-pp, Megatron's)");
+                  search ? "rank order, innermost first, e.g. tp-dp-pp or tp-pp-dp (Megatron-Core's tp-cp-ep-dp-pp, "
+                           "tp-cp-ep-pp-dp); default: searched"
+                         : "rank order, innermost first (default tp-dp-pp, Megatron-Core's tp-cp-ep-dp-pp)");
   cmd->add_flag("--uneven-stages", f.uneven_stages,
                 "allow a PP that does not divide the layers: first and last stages get fewer layers");
   cmd->add_option("--first-stage-layers", f.first_stage_layers, "layers on the first pipeline stage (uneven split)");

@@ -202,8 +202,31 @@ std::string RankOrder::str() const {
   return out;
 }
 
+std::string RankOrder::megatron_name() const {
+  if (!cp_next_to_tp()) return "";
+  return inner_to_outer[1] == Dim::dp ? "tp-cp-ep-dp-pp" : "tp-cp-ep-pp-dp";
+}
+
+std::array<RankAxis, 4> RankOrder::axes() const {
+  auto axis = [](Dim d) { return d == Dim::tp ? RankAxis::tp : d == Dim::dp ? RankAxis::dp : RankAxis::pp; };
+  std::array<RankAxis, 4> out{};
+  std::size_t k = 0;
+  for (Dim d : inner_to_outer) {
+    if (d == Dim::dp && !cp_next_to_tp()) out[k++] = RankAxis::cp;
+    out[k++] = axis(d);
+    if (d == Dim::tp && cp_next_to_tp()) out[k++] = RankAxis::cp;
+  }
+  return out;
+}
+
 RankOrder RankOrder::parse(std::string_view s, const std::string& source, const std::string& field) {
-  const std::string fix = "give the three dimensions innermost first, e.g. tp-dp-pp (Megatron's default) or tp-pp-dp";
+  const std::string fix =
+      "give the three dimensions innermost first, e.g. tp-dp-pp (Megatron's default) or tp-pp-dp, or Megatron-Core's "
+      "tp-cp-ep-dp-pp or tp-cp-ep-pp-dp";
+  // Megatron-Core's names of its two orders (parallel_state.py), the same
+  // maps as tp-dp-pp and tp-pp-dp.
+  if (s == "tp-cp-ep-dp-pp") return RankOrder{};
+  if (s == "tp-cp-ep-pp-dp") return RankOrder{{Dim::tp, Dim::pp, Dim::dp}};
   RankOrder order;
   std::set<Dim> seen;
   std::size_t start = 0;
@@ -215,6 +238,12 @@ RankOrder RankOrder::parse(std::string_view s, const std::string& source, const 
     if (part == "tp") d = Dim::tp;
     else if (part == "dp") d = Dim::dp;
     else if (part == "pp") d = Dim::pp;
+    else if (part == "cp" || part == "ep")
+      throw InputError(source, field,
+                       "rank order " + quote_value(s) + " names " + std::string(part) +
+                           ": cuboid places CP and EP as Megatron-Core does, in its orders tp-cp-ep-dp-pp and "
+                           "tp-cp-ep-pp-dp only",
+                       fix);
     else throw InputError(source, field, "unknown dimension " + quote_value(part) + " in rank order " + quote_value(s), fix);
     if (i >= 3 || !seen.insert(d).second)
       throw InputError(source, field, "rank order \"" + std::string(s) + "\" must name tp, dp and pp once each", fix);
@@ -372,11 +401,13 @@ RankMapping::RankMapping(const ParallelPlan& plan, int gpus_per_node)
     throw std::invalid_argument("RankMapping: sizes must be positive");
   if ((tp_ * cp_ * dp_) % (ep_ * etp_) != 0)
     throw std::invalid_argument("RankMapping: ETP x EP must divide TP x CP x DP");
-  auto size_of = [&](Dim d) { return d == Dim::tp ? tp_ : d == Dim::dp ? dp_ * cp_ : pp_; };
-  int stride = 1;
-  for (Dim d : plan.order.inner_to_outer) {
-    stride_[static_cast<std::size_t>(d)] = stride;
-    stride *= size_of(d);
+  auto size_of = [&](RankAxis a) {
+    return a == RankAxis::tp ? tp_ : a == RankAxis::cp ? cp_ : a == RankAxis::dp ? dp_ : pp_;
+  };
+  int step = 1;
+  for (RankAxis a : plan.order.axes()) {
+    stride_[static_cast<std::size_t>(a)] = step;
+    step *= size_of(a);
   }
 }
 
@@ -386,17 +417,15 @@ RankCoord RankMapping::coord(int rank) const {
   c.rank = rank;
   c.node = rank / gpus_per_node_;
   c.gpu = rank % gpus_per_node_;
-  c.tp = (rank / stride_[static_cast<std::size_t>(Dim::tp)]) % tp_;
-  const int data = (rank / stride_[static_cast<std::size_t>(Dim::dp)]) % (dp_ * cp_);
-  c.dp = data / cp_;
-  c.cp = data % cp_;
-  c.pp = (rank / stride_[static_cast<std::size_t>(Dim::pp)]) % pp_;
+  c.tp = (rank / stride(RankAxis::tp)) % tp_;
+  c.cp = (rank / stride(RankAxis::cp)) % cp_;
+  c.dp = (rank / stride(RankAxis::dp)) % dp_;
+  c.pp = (rank / stride(RankAxis::pp)) % pp_;
   return c;
 }
 
 int RankMapping::rank_of(int tp, int pp, int dp, int cp) const {
-  return tp * stride_[static_cast<std::size_t>(Dim::tp)] + (dp * cp_ + cp) * stride_[static_cast<std::size_t>(Dim::dp)] +
-         pp * stride_[static_cast<std::size_t>(Dim::pp)];
+  return tp * stride(RankAxis::tp) + cp * stride(RankAxis::cp) + dp * stride(RankAxis::dp) + pp * stride(RankAxis::pp);
 }
 
 std::vector<int> RankMapping::tp_group(int pp, int dp, int cp) const {

@@ -151,7 +151,9 @@ std::string moe_layer_pattern(const ModelSpec& m) {
 }
 
 bool megatron_tp_pp_dp(const PlanFile& pf, std::string_view trainer, std::string_view option) {
-  // Megatron's rank order is tp-cp-ep-dp-pp; the tp-pp-dp mapping swaps DP and PP.
+  // Megatron's rank order is tp-cp-ep-dp-pp; the tp-pp-dp mapping swaps DP and PP
+  // (tp-cp-ep-pp-dp). Core's rank map places CP and the experts as both do
+  // (RankOrder), so the plan's groups are the ones Megatron builds.
   const ParallelPlan& p = pf.plan;
   const bool tp_pp_dp = p.order.str() == "tp-pp-dp";
   if (!default_rank_order(p) && !tp_pp_dp)
@@ -168,16 +170,6 @@ bool megatron_tp_pp_dp(const PlanFile& pf, std::string_view trainer, std::string
                        "(megatron/core/parallel_state.py initialize_model_parallel)",
                        trainer, option, p.pp, p.expert_tp(), p.ep, p.tp, p.cp),
            "plan with --rank-order tp-dp-pp, or with ETP x EP = TP x CP");
-  // parallel_state.py@d98e8a64 RankGenerator(order="tp-cp-ep-pp-dp"): CP sits
-  // next to TP, where cuboid's rank map keeps it inside the DP dimension
-  // (tp-pp-cp-dp): with PP > 1 the CP and PP groups would not be the priced ones.
-  if (tp_pp_dp && p.pp > 1 && p.cp > 1)
-    refuse(pf, "parallel.rank_order",
-           fmt::format("{} with {} orders ranks tp-cp-pp-dp (CP next to TP, megatron/core/parallel_state.py), "
-                       "and cuboid priced CP {} inside the DP dimension (tp-pp-cp-dp): with PP {} the CP and PP "
-                       "groups would sit on other GPUs than priced",
-                       trainer, option, p.cp, p.pp),
-           "plan with --rank-order tp-dp-pp (CP next to TP in both)");
   return tp_pp_dp;
 }
 

@@ -376,7 +376,10 @@ std::string format_mesh(const ParallelPlan& plan, const Cluster& c) {
       "TP {}{} x PP {} x DP {} = {} GPUs on {} node(s) x {} GPUs, rank order {} (first named = innermost{})\n"
       "cell = stage p, DP replica d, {}TP rank t\n\n",
       plan.tp, plan.cp > 1 ? fmt::format(" x CP {}", plan.cp) : std::string(), plan.pp, plan.dp, plan.world_size(),
-      nodes_used, gpn, plan.order.str(), plan.cp > 1 ? "; CP inside DP" : "",
+      nodes_used, gpn, plan.order.str(),
+      plan.cp <= 1                 ? std::string()
+      : plan.order.cp_next_to_tp() ? "; CP next to TP, Megatron-Core's " + plan.order.megatron_name()
+                                   : std::string("; CP inside DP"),
       plan.cp > 1 ? "CP rank c, " : "");
   constexpr int kMaxNodesShown = 16;
   out += fmt::format("{:>8}", "");

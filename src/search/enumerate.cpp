@@ -99,9 +99,11 @@ std::vector<Recompute> recompute_axis(const Space& s) {
                                      : std::vector<Recompute>{Recompute::none, Recompute::selective, Recompute::full});
 }
 
-// Rank orders: only those that place the groups differently. Dimensions of
-// size 1 do not move ranks: the first order of each class stands for it.
-std::vector<RankOrder> rank_order_axis(const Space& s, int tp, int pp, int data) {
+// Rank orders: only those that place the groups differently. Axes of size 1
+// do not move ranks: the first order of each class stands for it (with CP
+// right outside TP in Megatron-Core's orders, tp-dp-pp and tp-pp-dp are one
+// class when DP or PP is 1).
+std::vector<RankOrder> rank_order_axis(const Space& s, int tp, int cp, int dp, int pp) {
   if (s.o.order) return {*s.o.order};
   if (!s.o.search_rank_order) return {RankOrder{}};
   using D = Dim;
@@ -111,18 +113,18 @@ std::vector<RankOrder> rank_order_axis(const Space& s, int tp, int pp, int data)
                                                               {D::pp, D::tp, D::dp},
                                                               {D::dp, D::pp, D::tp},
                                                               {D::pp, D::dp, D::tp}}};
-  // The order's dimensions of size > 1, innermost first (unused slots: tp).
-  auto moving = [&](const std::array<Dim, 3>& dims) {
-    std::array<Dim, 3> key{};
+  // The order's axes of size > 1, innermost first (unused slots: tp).
+  auto moving = [&](const RankOrder& order) {
+    std::array<RankAxis, 4> key{};
     std::size_t k = 0;
-    for (Dim d : dims)
-      if ((d == Dim::tp ? tp : d == Dim::pp ? pp : data) > 1) key[k++] = d;
+    for (RankAxis a : order.axes())
+      if ((a == RankAxis::tp ? tp : a == RankAxis::cp ? cp : a == RankAxis::dp ? dp : pp) > 1) key[k++] = a;
     return std::pair{key, k};
   };
   std::vector<RankOrder> orders;
   for (const auto& dims : kOrders) {
-    const auto key = moving(dims);
-    if (std::none_of(orders.begin(), orders.end(), [&](const RankOrder& e) { return moving(e.inner_to_outer) == key; }))
+    const auto key = moving(RankOrder{dims});
+    if (std::none_of(orders.begin(), orders.end(), [&](const RankOrder& e) { return moving(e) == key; }))
       orders.push_back(RankOrder{dims});
   }
   return orders;
@@ -251,7 +253,7 @@ class Walk {
     p.cp_comm = cp > 1 ? base_.cp_comm : CpComm::p2p;  // the exchange asked for applies to CP > 1
     p.pp = pp;
     p.dp = dp;
-    const std::vector<RankOrder> orders = rank_order_axis(s_, tp, pp, dp * cp);
+    const std::vector<RankOrder> orders = rank_order_axis(s_, tp, cp, dp, pp);
     const std::vector<int> vs = virtual_stage_axis(s_, pp, *split);
     for (int mb : micro_batches_) {
       if (s_.global_batch % (static_cast<std::int64_t>(mb) * dp) != 0) {

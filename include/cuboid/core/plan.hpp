@@ -109,13 +109,32 @@ std::uint8_t parse_recompute_modules(std::string_view list, const std::string& s
 std::string recompute_modules_string(std::uint8_t modules);
 std::string_view to_string(RecomputeModule m);
 
-// Which dimension varies fastest across consecutive ranks. Megatron-LM's
-// default is tp-dp-pp ("tp-cp-ep-dp-pp"): TP innermost, PP outermost. CP has
-// no place of its own: its ranks are always the innermost part of the DP
-// dimension (Megatron's order, CP right inside DP).
+// The rank map's four axes (RankOrder::axes).
+enum class RankAxis { tp, cp, dp, pp };
+
+// Which dimension varies fastest across consecutive ranks, as three of TP, DP
+// and PP; CP and the experts' groups follow from it. The two orders with TP
+// innermost are Megatron-Core's (megatron/core/parallel_state.py
+// initialize_model_parallel at Megatron-LM d98e8a64 and cd4afffa; Megatron-LM,
+// Megatron-Bridge and NeMo pass one of them): tp-dp-pp is its default
+// "tp-cp-ep-dp-pp", tp-pp-dp its "tp-cp-ep-pp-dp" (--use-tp-pp-dp-mapping).
+// There CP sits right outside TP (the layers' RankGenerator with EP 1), and
+// the experts regroup a stage's TP x CP x DP ranks as ETP innermost, then EP,
+// then expert-DP (the expert RankGenerator with CP 1; RankMapping). The other
+// four orders are cuboid's own, which no trainer with CP builds: there CP is
+// the innermost part of the DP dimension.
 struct RankOrder {
   std::array<Dim, 3> inner_to_outer{Dim::tp, Dim::dp, Dim::pp};
   std::string str() const;  // "tp-dp-pp"
+  // Megatron-Core's name ("tp-cp-ep-dp-pp" or "tp-cp-ep-pp-dp") of a
+  // TP-innermost order; "" for the others.
+  std::string megatron_name() const;
+  // CP right outside TP (Megatron-Core's orders) rather than inside DP.
+  bool cp_next_to_tp() const { return inner_to_outer[0] == Dim::tp; }
+  // The rank map's axes, innermost first: tp-cp-dp-pp, tp-cp-pp-dp, or the
+  // order's three with CP just inside DP (dp-tp-pp: cp-dp-tp-pp).
+  std::array<RankAxis, 4> axes() const;
+  // Three dimensions ("tp-pp-dp") or Megatron-Core's names ("tp-cp-ep-pp-dp").
   static RankOrder parse(std::string_view s, const std::string& source, const std::string& field);
   friend bool operator==(const RankOrder&, const RankOrder&) = default;
 };
@@ -381,9 +400,10 @@ struct RankCoord {
 };
 
 // rank -> (node, gpu) is rank / gpus_per_node, rank % gpus_per_node (ranks
-// fill nodes in order, as mpirun/torchrun do); rank -> (tp, pp, dp) follows
-// the plan's RankOrder, with CP the innermost part of the DP dimension (its
-// "data index" cp + CP x dp).
+// fill nodes in order, as mpirun/torchrun do); rank -> (tp, cp, dp, pp)
+// follows the plan's RankOrder::axes, as Megatron-Core's RankGenerator lays
+// out its orders. A rank's "data index" is cp + CP x dp (the order of
+// Megatron's dp-cp group).
 class RankMapping {
  public:
   RankMapping(const ParallelPlan& plan, int gpus_per_node);
@@ -403,10 +423,11 @@ class RankMapping {
   // The ranks that split one sequence.
   std::vector<int> cp_group(int tp, int pp, int dp) const;
   // The experts' groups. A stage's TP x CP x DP ranks in their order
-  // (index tp + TP x data) regroup as ETP innermost, then EP, then expert-DP
-  // (Megatron-Core's expert rank generator, order tp-ep-dp-pp): the EP
-  // group of expert-DP rank `edp` and ETP rank `etp`, and the expert-DP
-  // group of EP rank `ep` and ETP rank `etp`.
+  // (index tp + TP x data) regroup as ETP innermost, then EP, then expert-DP:
+  // the EP group of expert-DP rank `edp` and ETP rank `etp`, and the
+  // expert-DP group of EP rank `ep` and ETP rank `etp`. This is Megatron-Core's
+  // expert RankGenerator (tp-ep-dp-pp, or tp-ep-pp-dp where ETP x EP = TP x
+  // CP, which initialize_model_parallel asserts for that order with PP > 1).
   std::vector<int> ep_group(int pp, int edp, int etp = 0) const;
   std::vector<int> expert_dp_group(int pp, int ep, int etp = 0) const;
   std::vector<std::vector<int>> ep_groups() const;
@@ -424,8 +445,9 @@ class RankMapping {
  private:
   // The rank of index `i` (tp + TP x data) of a stage's TP x CP x DP ranks.
   int rank_of_stage_index(int pp, int i) const { return rank_of_data(i % tp_, pp, i / tp_); }
+  int stride(RankAxis a) const { return stride_[static_cast<std::size_t>(a)]; }
   int tp_, pp_, dp_, cp_, ep_, etp_, gpus_per_node_;
-  std::array<int, 3> stride_{};  // stride of tp, dp (the data index), pp in rank space
+  std::array<int, 4> stride_{};  // stride of tp, cp, dp, pp in rank space
 };
 
 }  // namespace cuboid
