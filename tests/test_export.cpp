@@ -1142,7 +1142,7 @@ TEST_CASE("Megatron-Core's overlaps and CUDA graphs: Megatron-LM, Megatron-Bridg
   // NeMo 1.x has Megatron-Core's per-layer graphs of whole layers only.
   CHECK(refusal(pf, "nemo").find("parallel.trainer.cuda_graphs: NeMo 1.x has enable_cuda_graph only") !=
         std::string::npos);
-  check_refused(pf, {"deepspeed", "torchtitan", "torchtitan-main"}, "parallel.trainer.cuda_graphs");
+  check_refused(pf, {"deepspeed", "torchtitan"}, "parallel.trainer.cuda_graphs");
 
   pf.plan.trainer.cuda_graphs = CudaGraphs::parse("transformer_engine:attn,mlp", "test", "cuda_graphs");
   check_options(pf, "megatron");
@@ -1179,7 +1179,7 @@ TEST_CASE("activation offloading: Megatron-LM and Megatron-Bridge write it, chec
   const Emitted b = cuboid::test::read_python(export_plan(pf, "megatron-bridge").text, "cfg", "model.");
   CHECK(value(b, "model.cpu_offloading") == "True");
   CHECK(value(b, "model.cpu_offloading_num_layers") == "20");
-  check_refused(pf, {"deepspeed", "torchtitan", "torchtitan-main", "nemo"}, "parallel.offload_activations");
+  check_refused(pf, {"deepspeed", "torchtitan", "nemo"}, "parallel.offload_activations");
   CHECK(refusal(pf, "nemo") ==
         "seed.plan.json: parallel.offload_activations: cuboid's NeMo 1.x export has no setting for Megatron-Core's CPU "
         "activation offloading (its pinned option list has no cpu_offloading keys) (fix: export with --to megatron "

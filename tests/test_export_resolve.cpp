@@ -26,6 +26,14 @@ PlanFile fixture_file(const std::string& name) {
   return {};
 }
 
+// A fixture as a target's own preset prices it: torchtitan's keeps its
+// pipeline's FSDP gradients unsharded (pp_fsdp_no_sync), which its export
+// requires of a PP plan with FSDP (test_export's titan()).
+PlanFile priced_for(PlanFile pf, const std::string& target) {
+  if (target == "torchtitan") pf.plan.trainer = find_trainer("torchtitan")->settings;
+  return pf;
+}
+
 // "" when the export of `pf` to `target` runs as priced; else what differs.
 std::string mismatches(const PlanFile& pf, const std::string& target) {
   const ExportResult r = export_plan(pf, target);
@@ -90,8 +98,8 @@ std::optional<PlanFile> plan_for(const std::string& target, const ModelSpec& mod
 TEST_CASE("every fixture plan runs as priced on every target that exports it") {
   int resolved = 0;
   for (const auto& f : cuboid::test::fixtures()) {
-    const PlanFile pf = cuboid::test::fixture_plan_file(f);
     for (const std::string& target : export_targets()) {
+      const PlanFile pf = priced_for(cuboid::test::fixture_plan_file(f), target);
       CAPTURE(f.name);
       CAPTURE(target);
       ExportResult r;
@@ -105,8 +113,9 @@ TEST_CASE("every fixture plan runs as priced on every target that exports it") {
       ++resolved;
     }
   }
-  // Every golden pair of test_export, and Mixtral on Megatron-LM and Megatron-Bridge.
-  CHECK(resolved >= 12);
+  // Every golden pair of test_export, and Mixtral on Megatron-LM and Megatron-Bridge (torchtitan main
+  // refuses every plan: its attention is FlexAttention over packed documents).
+  CHECK(resolved >= 11);
 }
 
 TEST_CASE("plan --for TARGET runs as priced: the README's Llama-3-70B, Mixtral 8x7B, a 128K-token CP plan" *
@@ -270,7 +279,7 @@ TEST_CASE("NeMo 1.x: the base YAML's defaults and the model's start-up overrides
 }
 
 TEST_CASE("torchtitan v0.2.2: what the base TOML turns on when the overrides leave it") {
-  const PlanFile pf = fixture_file("seed-zero3");
+  const PlanFile pf = priced_for(fixture_file("seed-zero3"), "torchtitan");
   const ResolvedRun run = resolve_export("torchtitan", export_plan(pf, "torchtitan"));
   CHECK(run.failures.empty());
   CHECK(setting(run, "zero_stage").value == "3");
@@ -278,8 +287,9 @@ TEST_CASE("torchtitan v0.2.2: what the base TOML turns on when the overrides lea
   // The 405B TOML turns on float8, torch.compile and async TP: a bf16 plan would train in FP8.
   const std::string big = after_edit(pf, "torchtitan", "llama3_70b.toml", "llama3_405b.toml");
   CHECK(big.find("precision: priced bf16, runs fp8-current") != std::string::npos);
-  CHECK(big.find("compile: priced false, runs true") != std::string::npos);
-  CHECK(big.find("async_tp: priced false, runs true") != std::string::npos);
+  // torch.compile and async TP stay off: the export turns both off on its command line.
+  CHECK(big.find("compile:") == std::string::npos);
+  CHECK(big.find("async_tp:") == std::string::npos);
   // FSDP's default policy with PP does not reshard after forward: ZeRO-2, not 3.
   CHECK(after_edit(pf, "torchtitan", "--parallelism.fsdp_reshard_after_forward=always \\\n", "")
             .find("zero_stage: priced 3, runs 2") == 0);

@@ -127,9 +127,10 @@ c = json.load(open(sys.argv[1]))["calibration"]
 for k in ("router_topk", "moe_permute", "moe_sort", "expert_act", "moe_unpermute", "router_topk_bwd"):
     assert k in c["kernels"], (k, sorted(c["kernels"]))
 # The grouped expert GEMMs as the layer runs them (the router's split), keyed
-# by FLOPs: 2 x 128 tokens x 2 copies x 256 x 256 at the plan's own size.
+# by the local experts (EP 2 of 8: 4) and FLOPs: 2 x 128 tokens x 2 copies x
+# 256 x 256 at the plan's own size.
 for g in ("expert_fc1", "expert_fc2"):
-    for k in (g, g + "_dgrad", g + "_wgrad"):
+    for k in (g + "@4", g + "_dgrad@4", g + "_wgrad@4"):
         assert k in c["kernels"], (k, sorted(c["kernels"]))
         assert any(s["bytes"] == 2 * 128 * 2 * 256 * 256 for s in c["kernels"][k]["samples"]), c["kernels"][k]
 assert any(x["collective"] == "all_to_all" and x["group_size"] == 2 for x in c["collectives"])
