@@ -14,6 +14,8 @@
 #include "cuboid/core/calibration.hpp"
 #include "cuboid/core/dispatch.hpp"
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/model.hpp"
+#include "cuboid/core/cluster.hpp"
 #include "cuboid/core/op_names.hpp"
 #include "cuboid/core/plan.hpp"
 #include "cuboid/core/topology.hpp"
@@ -556,6 +558,48 @@ TEST_CASE("the search tries each dispatcher the trainer has where EP > 1; a fixe
   o.trainer = "torchtitan";
   o.moe_dispatcher = MoeDispatcher::flex;
   CHECK(input_error_message([&] { search_plans(m, topo, o); }).find("dispatcher") != std::string::npos);
+}
+
+// Issue #46's models, each from its HuggingFace config, on H100 nodes and on
+// GB200 NVL72 racks: the search prices every dispatcher Megatron-Core has on
+// plans that fit (TP 1 and PP fixed to keep the search small).
+TEST_CASE("Mixtral 8x7B / 8x22B, Qwen3-30B-A3B / 235B-A22B and DeepSeek-V3 plan on H100 and GB200 NVL72 with every dispatcher") {
+  struct Case {
+    const char* config;
+    int pp;
+    int h100_nodes;        // of 8 GPUs
+    int gb200_racks;       // of 64 GPUs (16 trays)
+  };
+  const Case cases[] = {
+      {"mixtral-8x7b-config.json", 1, 8, 1},  {"mixtral-8x22b-config.json", 4, 16, 2},
+      {"qwen3-30b-a3b-config.json", 1, 4, 1}, {"qwen3-235b-a22b-config.json", 8, 32, 4},
+      {"deepseek-v3-config.json", 16, 128, 16},
+  };
+  for (const Case& k : cases) {
+    const ModelSpec m = load_model(source_root() / "tests/data/hf" / k.config);
+    REQUIRE(m.moe.enabled());
+    const Cluster clusters[] = {load_cluster(source_root() / "topologies/dgx-h100.json", k.h100_nodes),
+                                load_cluster(source_root() / "topologies/gb200-nvl72.json", k.gb200_racks, 64)};
+    for (const Cluster& c : clusters) {
+      CAPTURE(k.config);
+      CAPTURE(c.name);
+      PlannerOptions o;
+      o.global_batch = 1024;
+      o.seq_length = 4096;
+      o.tp = 1;
+      o.pp = k.pp;
+      o.uneven_stages = m.num_layers % k.pp != 0;
+      o.max_micro_batch = 1;
+      o.simulate_top = 0;
+      o.search_rank_order = false;
+      const SearchResult r = search_plans(m, Topology(c), o);
+      std::set<MoeDispatcher> priced;
+      for (const Estimate& e : r.fitting)
+        if (e.plan.ep > 1 && std::isfinite(e.iteration_time_s) && e.iteration_time_s > 0)
+          priced.insert(e.plan.moe_dispatcher);
+      CHECK(priced.size() == 3);
+    }
+  }
 }
 
 TEST_CASE("a plan file carries EP and ETP and reads back") {

@@ -168,6 +168,17 @@ TEST_CASE("Megatron-Core's refusals, and a card without a host link") {
   ParallelPlan selective = offload_plan(4);
   selective.recompute = Recompute::selective;
   CHECK(kind(selective, c) == PlanCheck::offload_with_recompute);
+  // Per-layer CUDA graphs are refused with it; the full-iteration graph is not.
+  ParallelPlan graphs = offload_plan(4);
+  graphs.trainer.cuda_graphs = CudaGraphs::parse("local", "test", "cuda_graphs");
+  CHECK(kind(graphs, c) == PlanCheck::offload_with_layer_graphs);
+  CHECK(describe(*check_plan(graphs, m, c), m, c) ==
+        "Megatron-Core refuses per-layer CUDA graphs with CPU offloading (\"CUDA graphs not supported with CPU "
+        "offloading\"); only the full-iteration graph runs with it");
+  graphs.trainer.cuda_graphs = CudaGraphs::parse("transformer_engine:mlp", "test", "cuda_graphs");
+  CHECK(kind(graphs, c) == PlanCheck::offload_with_layer_graphs);
+  graphs.trainer.cuda_graphs = CudaGraphs::parse("full_iteration", "test", "cuda_graphs");
+  CHECK_FALSE(check_plan(graphs, m, c).has_value());
   CHECK(kind(offload_plan(4), test::dgx_a100(1)) == PlanCheck::offload_no_host_link);
   CHECK(describe(*check_plan(offload_plan(4), m, test::dgx_a100(1)), m, test::dgx_a100(1)) ==
         "cluster test-dgx-a100 states no link between a GPU and host memory for the offloaded activations");

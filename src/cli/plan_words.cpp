@@ -86,6 +86,7 @@ std::string plain_fix(const PlanRejection& r) {
       return "give --offload-activations 1 to " + std::to_string(r.values[1] - 1) + ", or drop it";
     case K::offload_needs_one_stage: return "use --pp 1, or drop --offload-activations";
     case K::offload_with_recompute: return "use --recompute none, or drop --offload-activations";
+    case K::offload_with_layer_graphs: return "use --cuda-graphs full_iteration or none, or drop --offload-activations";
     case K::offload_no_host_link: return "add host_link to the cluster card, or drop --offload-activations";
     case K::trainer_even_chunks:
       return "drop --vpp (1F1B with uneven stages), or choose a PP x virtual stages that divides the layers";

@@ -105,6 +105,10 @@ Found check_offload(const ParallelPlan& p, const ModelSpec& m, const Cluster& c)
     return reject(K::offload_layers_range, F::offload_layers, p.offload_layers, m.num_layers);
   if (p.pp > 1) return reject(K::offload_needs_one_stage, F::offload_layers, p.pp);
   if (p.recompute != Recompute::none) return reject(K::offload_with_recompute, F::offload_layers);
+  // transformer_config.py:2800-2801@d98e8a64: "CUDA graphs not supported with
+  // CPU offloading" unless the graph is the full iteration.
+  if (p.trainer.cuda_graphs.on() && p.trainer.cuda_graphs.impl != CudaGraphImpl::full_iteration)
+    return reject(K::offload_with_layer_graphs, F::offload_layers);
   if (!c.host_link.present()) return reject(K::offload_no_host_link, F::offload_layers);
   return std::nullopt;
 }
@@ -383,6 +387,9 @@ std::string describe_trainer(const PlanRejection& r) {
       return "Megatron-Core offloads activations to the CPU only without pipeline parallelism (PP " + n(v[0]) + ")";
     case K::offload_with_recompute:
       return "Megatron-Core offloads activations to the CPU only without activation recomputation";
+    case K::offload_with_layer_graphs:
+      return "Megatron-Core refuses per-layer CUDA graphs with CPU offloading (\"CUDA graphs not supported with CPU "
+             "offloading\"); only the full-iteration graph runs with it";
     case K::recompute_module_refused: {
       const std::string name(to_string(static_cast<RecomputeModule>(v[0])));
       if (v[1] == 1) return "recomputing " + name + " is not modelled (the MoE and latent-attention modules' memory)";

@@ -133,6 +133,7 @@ enum class PlanCheck : std::uint8_t {
   offload_layers_range,          // N, the model's layers (Megatron-Core: N < layers)
   offload_needs_one_stage,       // PP (Megatron-Core: no pipeline parallelism with CPU offloading)
   offload_with_recompute,        // - (Megatron-Core: no activation recomputation with it)
+  offload_with_layer_graphs,     // - (Megatron-Core: per-layer CUDA graphs refused with it)
   offload_no_host_link,          // - (the cluster card has no host_link)
 };
 
