@@ -48,6 +48,24 @@ bool value_less(const std::string& a, const std::string& b) {
   return a < b;
 }
 
+// One row of the explanation: the best plan the search finds with `forced`
+// (a dimension or setting fixed to the row's value), or why there is none.
+ExplainRow searched_row(std::string dimension, std::string value, const ModelSpec& m, const Topology& topo,
+                        PlannerOptions forced) {
+  forced.progress = {};
+  ExplainRow row{std::move(dimension), std::move(value), std::nullopt, ""};
+  try {
+    SearchResult rt = search_plans(m, topo, forced);
+    if (rt.fitting.empty())
+      row.note = "no plan fits";
+    else
+      row.best = rt.fitting.front();
+  } catch (const InputError& e) {
+    row.note = e.problem();
+  }
+  return row;
+}
+
 // TP beyond a node is not searched by default: price it here so the "TP
 // inside a node" rule is checked, not assumed.
 void add_tp_beyond_a_node(std::vector<ExplainRow>& rows, const ModelSpec& m, const Topology& topo,
@@ -57,18 +75,7 @@ void add_tp_beyond_a_node(std::vector<ExplainRow>& rows, const ModelSpec& m, con
     if (m.num_attention_heads % tp != 0 || m.num_kv_heads % tp != 0) continue;
     PlannerOptions forced = options;
     forced.tp = tp;
-    forced.progress = {};
-    ExplainRow row{"TP", std::to_string(tp), std::nullopt, ""};
-    try {
-      SearchResult rt = search_plans(m, topo, forced);
-      if (rt.fitting.empty())
-        row.note = "no plan fits";
-      else
-        row.best = rt.fitting.front();
-    } catch (const InputError& e) {
-      row.note = e.problem();
-    }
-    rows.push_back(std::move(row));
+    rows.push_back(searched_row("TP", std::to_string(tp), m, topo, std::move(forced)));
   }
 }
 
@@ -80,18 +87,7 @@ void add_other_ep_overlap(std::vector<ExplainRow>& rows, const ModelSpec& m, con
   const bool on = !r.fitting.front().plan.moe_ep_overlap;
   PlannerOptions forced = options;
   forced.moe_ep_overlap = on;
-  forced.progress = {};
-  ExplainRow row{"EP overlap", on ? "on" : "off", std::nullopt, ""};
-  try {
-    SearchResult rt = search_plans(m, topo, forced);
-    if (rt.fitting.empty())
-      row.note = "no plan fits";
-    else
-      row.best = rt.fitting.front();
-  } catch (const InputError& e) {
-    row.note = e.problem();
-  }
-  rows.push_back(std::move(row));
+  rows.push_back(searched_row("EP overlap", on ? "on" : "off", m, topo, std::move(forced)));
 }
 
 }  // namespace
