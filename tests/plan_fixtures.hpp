@@ -8,8 +8,10 @@
 // Each is turned into a plan file with plan_to_json and read back with
 // plan_file_from_json, so the tests go through the real file format.
 #include <filesystem>
+#include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -87,6 +89,27 @@ inline std::vector<Fixture> fixtures() {
 
 // (source_root() is fixtures.hpp's.)
 inline Cluster four_dgx_a100() { return load_cluster(source_root() / "topologies/dgx-a100-4node.json"); }
+
+// The trainer preset `plan --for TARGET` prices a target's plans with
+// (src/cli/plan_flags.cpp restrict_to_target: each target's first preset).
+inline std::string for_target_trainer(const std::string& target) {
+  static const std::map<std::string, std::string> kTrainer = {
+      {"megatron", "megatron-core"}, {"megatron-bridge", "megatron-core"}, {"deepspeed", "megatron-deepspeed"},
+      {"torchtitan", "torchtitan"},  {"torchtitan-main", "torchtitan"},    {"nemo", "megatron-core"}};
+  return kTrainer.at(target);
+}
+
+// A plan file for `model` on `cluster` with no plan in it yet.
+inline PlanFile plan_file_on(const ModelSpec& model, const Cluster& cluster, std::string source) {
+  PlanFile pf;
+  pf.source = std::move(source);
+  pf.model = model;
+  pf.cluster_name = cluster.name;
+  pf.gpu_name = cluster.gpu.name;
+  pf.nodes = cluster.nodes;
+  pf.gpus_per_node = cluster.gpus_per_node;
+  return pf;
+}
 
 // The plan file cuboid writes for a fixture.
 inline nlohmann::json fixture_json(const Fixture& f) {

@@ -363,9 +363,6 @@ TEST_CASE("every emitted option is the trainer's own, with the trainer's cross-f
 TEST_CASE("plan --for TARGET: the best plan each target can run exports and passes its option checks") {
   // What cuboid plan --for does (src/cli/cmd_plan.cpp restrict_to_target),
   // analytically, on the seed's model and cluster, with the seed's batch.
-  const std::map<std::string, std::string> trainer = {
-      {"megatron", "megatron-core"},      {"megatron-bridge", "megatron-core"}, {"deepspeed", "megatron-deepspeed"},
-      {"torchtitan", "torchtitan"},       {"nemo", "megatron-core"}};
   const ModelSpec model = load_model(cuboid::test::source_root() / "models/llama3-70b.json");
   const Cluster cluster = cuboid::test::four_dgx_a100();
   const Topology topo(cluster);
@@ -373,15 +370,9 @@ TEST_CASE("plan --for TARGET: the best plan each target can run exports and pass
     if (target == "torchtitan-main") continue;  // refuses every plan (its own test case)
     for (const bool fixed : {false, true}) {
       INFO(target << (fixed ? " with TP 4 x PP 4 x DP 2, rank order tp-dp-pp" : ""));
-      PlanFile pf;
-      pf.source = "for-" + target + ".plan.json";
-      pf.model = model;
-      pf.cluster_name = cluster.name;
-      pf.gpu_name = cluster.gpu.name;
-      pf.nodes = cluster.nodes;
-      pf.gpus_per_node = cluster.gpus_per_node;
+      PlanFile pf = cuboid::test::plan_file_on(model, cluster, "for-" + target + ".plan.json");
       PlannerOptions o;
-      o.trainer = trainer.at(target);
+      o.trainer = cuboid::test::for_target_trainer(target);
       o.simulate_top = 0;
       o.threads = 1;
       o.global_batch = 64;

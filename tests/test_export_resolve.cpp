@@ -61,18 +61,9 @@ const ResolvedSetting& setting(const ResolvedRun& run, const std::string& name) 
 // analytically: the best plan the target exports; nullopt when it exports none.
 std::optional<PlanFile> plan_for(const std::string& target, const ModelSpec& model, const Cluster& cluster,
                                  std::optional<std::int64_t> seq_length, int max_micro_batch) {
-  static const std::map<std::string, std::string> kTrainer = {
-      {"megatron", "megatron-core"}, {"megatron-bridge", "megatron-core"}, {"deepspeed", "megatron-deepspeed"},
-      {"torchtitan", "torchtitan"},  {"torchtitan-main", "torchtitan"},    {"nemo", "megatron-core"}};
-  PlanFile pf;
-  pf.source = "for-" + target + ".plan.json";
-  pf.model = model;
-  pf.cluster_name = cluster.name;
-  pf.gpu_name = cluster.gpu.name;
-  pf.nodes = cluster.nodes;
-  pf.gpus_per_node = cluster.gpus_per_node;
+  PlanFile pf = cuboid::test::plan_file_on(model, cluster, "for-" + target + ".plan.json");
   PlannerOptions o;
-  o.trainer = kTrainer.at(target);
+  o.trainer = cuboid::test::for_target_trainer(target);
   o.simulate_top = 0;
   o.threads = 1;
   o.seq_length = seq_length;
