@@ -19,6 +19,7 @@
 #include "cuboid/cost/estimator.hpp"
 #include "cuboid/core/json_reader.hpp"
 #include "cuboid/cost/memory.hpp"
+#include "cuboid/cost/operand_pool.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
 #include "cuboid/sim/engine.hpp"
@@ -733,4 +734,90 @@ TEST_CASE("ranks per core: compute ops cost the share x their sample, collective
   j["backend"] = "cuda";
   CHECK(test::input_error_message([&] { (void)calibration_from_json(j, "c.json"); }) ==
         "c.json: calibration.ranks_per_core: is 2 for backend cuda (fix: only cpu ranks share cores; give 1)");
+}
+
+TEST_CASE("a card of two operand pools prices each plan from the pool nearest its own working set") {
+  const ModelSpec m = load_model(root() / "models" / "tiny.json");
+  const nlohmann::json card = read_json_file(kCalibratedCard);
+  const ParallelPlan tp2 = tiny_tp2(m);
+  ParallelPlan dp2 = tp2;
+  dp2.tp = 1;
+  dp2.dp = 2;
+  const Cluster base = load_cluster(kCalibratedCard);
+  const double act_bytes = base.calibration->activation_bytes_per_element;
+  const auto pool_of = [&](const ParallelPlan& p) {
+    return static_cast<double>(operand_pool_bytes(step_working_set_bytes(m, p, base.gpu, static_cast<int>(act_bytes)), 1));
+  };
+  const double small = pool_of(tp2), large = pool_of(dp2);
+  REQUIRE(small < large);
+
+  // The card's own tables are the large pool's; the small pool measured the
+  // same GEMMs twice as fast and "act" at 40 GB/s instead of 10.
+  nlohmann::json two = card;
+  nlohmann::json& cal = two.at("calibration");
+  cal["gemm_operand_pool_bytes"] = large;
+  nlohmann::json fast_gemms = cal.at("gemms");
+  for (nlohmann::json& g : fast_gemms) g["time_us"] = g.at("time_us").get<double>() / 2;
+  const KernelCalibration fast_act = fit_kernel(line(2000, 0.025, {65536, 262144, 1048576}), "t", "act");
+  const nlohmann::json fast_kernels = calibration_to_json([&] {
+    Calibration c = *base.calibration;
+    c.kernels = {{"act", fast_act}};
+    return c;
+  }()).at("kernels");
+  cal["other_operand_pools"] = {{{"gemm_operand_pool_bytes", small}, {"gemms", fast_gemms}, {"kernels", fast_kernels}}};
+  const Cluster both = cluster_from_json(two, "two.json", kCalibratedCard.parent_path());
+  REQUIRE(both.calibration->other_pools.size() == 1);
+  CHECK(calibration_to_json(calibration_from_json(calibration_to_json(*both.calibration), "x")) ==
+        calibration_to_json(*both.calibration));
+
+  // The small pool's view: its GEMMs and "act", the card's "adam" (which the pool lacks).
+  const Calibration view = operand_pool_view(*both.calibration, 0);
+  CHECK(view.gemm_operand_pool_bytes == small);
+  CHECK(view.other_pools.empty());
+  CHECK(view.gemms.at(0).time_ns == doctest::Approx(250000));
+  CHECK(*calibrated_kernel_ns(view, "act", 4e6) == doctest::Approx(2000 + 4e6 * 0.025));
+  CHECK(view.kernels.count("adam") == 1);
+
+  // Each plan is priced as by a card holding only its pool's tables.
+  nlohmann::json only_small = card;
+  only_small.at("calibration") = calibration_to_json(view);
+  nlohmann::json only_large = two;
+  only_large.at("calibration").erase("other_operand_pools");
+  const Topology t_both(both), t_small(cluster_from_json(only_small, "s.json", kCalibratedCard.parent_path())),
+      t_large(cluster_from_json(only_large, "l.json", kCalibratedCard.parent_path()));
+  CHECK(t_both.has_operand_pool_views());
+  CHECK(&topology_for_plan(t_both, m, dp2) == &t_both);
+  CHECK(&topology_for_plan(t_both, m, tp2) != &t_both);
+  CHECK(&topology_for_plan(t_small, m, tp2) == &t_small);  // one pool: itself
+  CHECK(estimate(m, t_both, tp2).iteration_time_s == estimate(m, t_small, tp2).iteration_time_s);
+  CHECK(estimate(m, t_both, dp2).iteration_time_s == estimate(m, t_large, dp2).iteration_time_s);
+  CHECK(estimate(m, t_both, tp2).iteration_time_s < estimate(m, t_large, tp2).iteration_time_s);
+  Estimator score(m, t_both);
+  CHECK(score(tp2).iteration_time_s == estimate(m, t_small, tp2).iteration_time_s);
+  CHECK(simulate(m, t_both, tp2).iteration_time_s == simulate(m, t_small, tp2).iteration_time_s);
+  CHECK(simulate(m, t_both, dp2).iteration_time_s == simulate(m, t_large, dp2).iteration_time_s);
+
+  // Nearest in ratio: a tie keeps the card's own tables.
+  CHECK(&t_both.for_operand_pool(small * 1.01) != &t_both);
+  CHECK(&t_both.for_operand_pool(std::sqrt(small * large) * 1.01) == &t_both);
+  CHECK(&t_both.for_operand_pool(std::sqrt(small * large)) == &t_both);
+
+  // Bad pools are refused naming the field.
+  auto refused = [&](auto&& edit, const std::string& field) {
+    nlohmann::json j = two;
+    edit(j.at("calibration"));
+    try {
+      (void)cluster_from_json(j, "bad.json", kCalibratedCard.parent_path());
+      FAIL("accepted");
+    } catch (const InputError& e) {
+      CHECK_MESSAGE(std::string(e.what()).find(field) != std::string::npos, e.what());
+    }
+  };
+  refused([&](nlohmann::json& c) { c["other_operand_pools"][0]["gemm_operand_pool_bytes"] = large; },
+          "other_operand_pools[0].gemm_operand_pool_bytes");
+  refused([&](nlohmann::json& c) { c["other_operand_pools"][0].erase("gemm_operand_pool_bytes"); },
+          "other_operand_pools[0].gemm_operand_pool_bytes");
+  refused([&](nlohmann::json& c) { c.erase("gemm_operand_pool_bytes"); }, "other_operand_pools");
+  refused([&](nlohmann::json& c) { c["other_operand_pools"][0]["gemms"][0]["time_us"] = -1; },
+          "other_operand_pools[0].gemms[0]");
 }

@@ -143,14 +143,24 @@ std::vector<SizeSample> monotone(std::vector<SizeSample> samples, const std::str
 // slope that is not positive) is reported and left out, never written.
 Calibration fit_all(const Combined& c, Calibration cal, std::vector<std::string>& rejected,
                     std::vector<std::string>& adjusted) {
-  cal.gemms = c.gemms;
-  for (const auto& [name, raw] : c.kernels) {
-    try {
-      const std::vector<SizeSample> samples = monotone(raw, "kernel " + name, adjusted);
-      cal.kernels[name] = fit_kernel(samples, "cuboid calibrate", "kernels." + name);
-    } catch (const InputError& e) {
-      rejected.push_back(fmt::format("kernel {}: {}", name, e.what()));
+  auto fit_kernels = [&](const std::map<std::string, std::vector<SizeSample>>& tables, const std::string& where,
+                         std::map<std::string, KernelCalibration>& into) {
+    for (const auto& [name, raw] : tables) {
+      try {
+        const std::vector<SizeSample> samples = monotone(raw, "kernel " + name + where, adjusted);
+        into[name] = fit_kernel(samples, "cuboid calibrate", "kernels." + name + where);
+      } catch (const InputError& e) {
+        rejected.push_back(fmt::format("kernel {}{}: {}", name, where, e.what()));
+      }
     }
+  };
+  cal.gemms = c.gemms;
+  fit_kernels(c.kernels, "", cal.kernels);
+  for (const CombinedPool& p : c.other_pools) {
+    OperandPoolTables& t = cal.other_pools.emplace_back();
+    t.gemm_operand_pool_bytes = p.pool_bytes;
+    t.gemms = p.gemms;
+    fit_kernels(p.kernels, fmt::format(" (operand pool {:.1f} MiB)", p.pool_bytes / (1 << 20)), t.kernels);
   }
   for (const auto& [key, table] : c.collectives) {
     std::vector<SizeSample> samples;
@@ -207,6 +217,10 @@ void print_fits(const Calibration& cal, const std::vector<std::string>& rejected
       std::cout << fmt::format("GEMM operands rotated over {:.1f} MiB, the plans' step working set (weights, fp32 "
                                "gradients, activations in flight) of the ranks on one core, as cached as in the step\n",
                                cal.gemm_operand_pool_bytes / (1 << 20));
+    for (const OperandPoolTables& t : cal.other_pools)
+      std::cout << fmt::format("and over {:.1f} MiB for the plans of that working set: {} GEMM shapes, {} kernels "
+                               "(a plan is priced from the pool nearest its own working set)\n",
+                               t.gemm_operand_pool_bytes / (1 << 20), t.gemms.size(), t.kernels.size());
   }
   for (const std::string& a : adjusted) std::cout << "made monotone (isotonic regression): " << a << "\n";
   for (const std::string& r : rejected) std::cout << "not calibrated (fit rejected, the datasheet model stays): " << r << "\n";
@@ -231,17 +245,20 @@ std::vector<std::int64_t> collective_sizes(const CalibrateOptions& o) {
 
 StepFootprint step_footprint(const std::vector<CalibrationJob>& jobs, const GpuProfile& gpu, int element_bytes,
                              double ranks_per_core, bool quick) {
-  constexpr std::size_t kMinPool = std::size_t{1} << 20;
-  const std::size_t most = quick ? std::size_t{64} << 20 : GemmSweepOptions{}.pool_bytes;
   double working_set = 0, whole_step = 0;
   for (const CalibrationJob& j : jobs) {
     working_set = std::max(working_set, step_working_set_bytes(j.model, j.plan, gpu, element_bytes));
     whole_step = std::max(whole_step, step_memory_bytes(j.model, j.plan, gpu, element_bytes));
   }
-  auto clamped = [&](double bytes) {
-    return std::clamp(static_cast<std::size_t>(std::ceil(bytes * ranks_per_core)), kMinPool, most);
-  };
-  return StepFootprint{clamped(working_set), clamped(whole_step)};
+  return StepFootprint{operand_pool_bytes(working_set, ranks_per_core, quick),
+                       operand_pool_bytes(whole_step, ranks_per_core, quick)};
+}
+
+std::vector<StepFootprint> job_footprints(const std::vector<CalibrationJob>& jobs, const GpuProfile& gpu,
+                                          int element_bytes, double ranks_per_core, bool quick) {
+  std::vector<StepFootprint> out;
+  for (const CalibrationJob& j : jobs) out.push_back(step_footprint({j}, gpu, element_bytes, ranks_per_core, quick));
+  return out;
 }
 
 std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_ptr<exec::Communicator> comm,
@@ -257,29 +274,45 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
 
   RankResults mine;
   mine.rank = rank;
-  // GEMMs: every shape of every plan, and the grid around them.
-  std::set<GemmProblem> base;
-  for (const CalibrationJob& j : jobs)
-    for (const GemmProblem& p : plan_gemm_problems(j.model, j.plan)) base.insert(p);
-  GemmSweepOptions go;
-  if (o.quick) go = GemmSweepOptions{std::size_t{64} << 20, 1, 3, 5, 2};
-  // The GEMMs' operand pool, and what the optimizer's kernels and the DP
-  // collectives find evicted (step_cache.hpp).
-  go.pool_bytes = footprint.working_set;
-  go.turns = share.turns;
-  go.lead_call = o.backend != "cpu";
-  go.turn = share.turn;
-  const std::vector<GemmProblem> grid = gemm_grid({base.begin(), base.end()}, o.quick);
-  std::vector<std::vector<GemmSample>> gemm_repeats;
-  for (int r = 0; r < o.repeat; ++r) gemm_repeats.push_back(run_gemm_sweep(backend, *comm, grid, go, watchdog));
-  mine.gemms = combine_repeats(gemm_repeats, stat);
-  // A GPU with FP8 GEMMs: the same shapes' FP8 GEMMs too (GemmFormat::fp8),
-  // which an FP8 plan's linear layers are priced from.
-  if (backend.native_fp8_gemm()) {
-    std::vector<std::vector<GemmSample>> fp8_repeats;
-    for (int r = 0; r < o.repeat; ++r) fp8_repeats.push_back(run_fp8_gemm_sweep(backend, *comm, grid, go, watchdog));
-    const std::vector<GemmSample> fp8 = combine_repeats(fp8_repeats, stat);
-    mine.gemms.insert(mine.gemms.end(), fp8.begin(), fp8.end());
+  // The plans grouped by their own operand pool (job_footprints): the
+  // largest pool's tables are the card's, the others its other_pools, so
+  // that a plan is priced from samples measured in its own cache state.
+  const std::vector<StepFootprint> own = job_footprints(
+      jobs, cluster.gpu, static_cast<int>(exec::dtype_bytes(backend.compute_dtype())), share.ranks_per_core, o.quick);
+  std::map<std::size_t, std::vector<std::size_t>, std::greater<>> by_pool;  // largest first
+  for (std::size_t i = 0; i < jobs.size(); ++i) by_pool[own[i].working_set].push_back(i);
+  auto tables_of = [&](std::size_t pool) -> std::pair<std::vector<GemmSample>*, std::vector<KernelMeasurement>*> {
+    if (pool == by_pool.begin()->first) return {&mine.gemms, &mine.kernels};
+    for (PoolResults& p : mine.other_pools)
+      if (p.pool_bytes == pool) return {&p.gemms, &p.kernels};
+    PoolResults& p = mine.other_pools.emplace_back();
+    p.pool_bytes = pool;
+    return {&p.gemms, &p.kernels};
+  };
+  // GEMMs: every shape of the pool's plans, and the grid around them.
+  for (const auto& [pool, members] : by_pool) {
+    std::set<GemmProblem> base;
+    for (const std::size_t i : members)
+      for (const GemmProblem& p : plan_gemm_problems(jobs[i].model, jobs[i].plan)) base.insert(p);
+    GemmSweepOptions go;
+    if (o.quick) go = GemmSweepOptions{std::size_t{64} << 20, 1, 3, 5, 2};
+    go.pool_bytes = pool;
+    go.turns = share.turns;
+    go.lead_call = o.backend != "cpu";
+    go.turn = share.turn;
+    const std::vector<GemmProblem> grid = gemm_grid({base.begin(), base.end()}, o.quick);
+    std::vector<std::vector<GemmSample>> gemm_repeats;
+    for (int r = 0; r < o.repeat; ++r) gemm_repeats.push_back(run_gemm_sweep(backend, *comm, grid, go, watchdog));
+    std::vector<GemmSample>& gemms = *tables_of(pool).first;
+    gemms = combine_repeats(gemm_repeats, stat);
+    // A GPU with FP8 GEMMs: the same shapes' FP8 GEMMs too (GemmFormat::fp8),
+    // which an FP8 plan's linear layers are priced from.
+    if (backend.native_fp8_gemm()) {
+      std::vector<std::vector<GemmSample>> fp8_repeats;
+      for (int r = 0; r < o.repeat; ++r) fp8_repeats.push_back(run_fp8_gemm_sweep(backend, *comm, grid, go, watchdog));
+      const std::vector<GemmSample> fp8 = combine_repeats(fp8_repeats, stat);
+      gemms.insert(gemms.end(), fp8.begin(), fp8.end());
+    }
   }
   seconds.gemm = since(t0);
 
@@ -290,10 +323,12 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
   if (o.quick) ko.measured_steps = 3;
   ko.turns = share.turns;
   ko.turn = share.turn;
-  ko.step_memory_bytes = footprint.whole_step;
   CollectiveSweepOptions co;
   if (o.quick) co = CollectiveSweepOptions{2, 5, 9, std::int64_t{1} << 20};
-  for (const CalibrationJob& j : jobs) {
+  for (std::size_t ji = 0; ji < jobs.size(); ++ji) {
+    const CalibrationJob& j = jobs[ji];
+    // What the optimizer's kernels find evicted (step_cache.hpp): this plan's step.
+    ko.step_memory_bytes = own[ji].whole_step;
     exec::ProcessGroups groups =
         exec::make_process_groups(std::move(comm), RankMapping(j.plan, gpus_per_node), j.model.moe.enabled());
     const auto tk = std::chrono::steady_clock::now();
@@ -308,7 +343,8 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
       kernel_repeats.push_back(std::move(k));
     }
     const std::vector<KernelMeasurement> k = combine_repeats(kernel_repeats, stat);
-    mine.kernels.insert(mine.kernels.end(), k.begin(), k.end());
+    std::vector<KernelMeasurement>& kernels = *tables_of(own[ji].working_set).second;
+    kernels.insert(kernels.end(), k.begin(), k.end());
     seconds.kernel += since(tk);
     const auto tc = std::chrono::steady_clock::now();
     for (const GroupShape& shape : plan_group_shapes(j.plan, gpus_per_node)) {

@@ -57,17 +57,63 @@ std::vector<KernelMeasurement> combine_repeats(const std::vector<std::vector<Ker
   });
 }
 
-nlohmann::json to_json(const RankResults& r) {
-  nlohmann::json j = {{"rank", r.rank}};
+namespace {
+
+// "gemms": [m, n, k, batch, time_ns], and 1 sixth for an FP8 sample;
+// "kernels": [name, bytes, time_ns].
+void tables_to_json(nlohmann::json& j, const std::vector<GemmSample>& gemms,
+                    const std::vector<KernelMeasurement>& kernels) {
   nlohmann::json& g = j["gemms"] = nlohmann::json::array();
-  // [m, n, k, batch, time_ns], and 1 sixth for an FP8 sample.
-  for (const GemmSample& s : r.gemms) {
+  for (const GemmSample& s : gemms) {
     nlohmann::json e = {s.m, s.n, s.k, s.batch, s.time_ns};
     if (s.format == GemmFormat::fp8) e.push_back(1);
     g.push_back(std::move(e));
   }
   nlohmann::json& k = j["kernels"] = nlohmann::json::array();
-  for (const KernelMeasurement& m : r.kernels) k.push_back({m.name, m.bytes, m.time_ns});
+  for (const KernelMeasurement& m : kernels) k.push_back({m.name, m.bytes, m.time_ns});
+}
+
+void tables_from_json(const nlohmann::json& j, std::vector<GemmSample>& gemms,
+                      std::vector<KernelMeasurement>& kernels) {
+  for (const auto& g : j.at("gemms")) {
+    GemmSample s{g[0].get<std::int64_t>(), g[1].get<std::int64_t>(), g[2].get<std::int64_t>(),
+                 g[3].get<std::int64_t>(), g[4].get<double>()};
+    if (g.size() > 5 && g[5].get<int>() == 1) s.format = GemmFormat::fp8;
+    gemms.push_back(std::move(s));
+  }
+  for (const auto& k : j.at("kernels"))
+    kernels.push_back(KernelMeasurement{k[0].get<std::string>(), k[1].get<double>(), k[2].get<double>()});
+}
+
+// Each GEMM shape and kernel size: the slowest rank's time.
+void combine_tables(const std::vector<std::pair<const std::vector<GemmSample>*, const std::vector<KernelMeasurement>*>>& ranks,
+                    CombinedTables& out) {
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, GemmFormat>, std::vector<double>> gemm;
+  std::map<std::string, std::map<double, std::vector<double>>> kernel;
+  for (const auto& [gemms, kernels] : ranks) {
+    for (const GemmSample& s : *gemms) gemm[{s.m, s.n, s.k, s.batch, s.format}].push_back(s.time_ns);
+    for (const KernelMeasurement& m : *kernels) kernel[m.name][m.bytes].push_back(m.time_ns);
+  }
+  for (const auto& [shape, times] : gemm)
+    out.gemms.push_back(GemmSample{std::get<0>(shape), std::get<1>(shape), std::get<2>(shape), std::get<3>(shape),
+                                   slowest(times), "", std::get<4>(shape)});
+  for (const auto& [name, by_bytes] : kernel)
+    for (const auto& [bytes, times] : by_bytes) out.kernels[name].push_back(SizeSample{bytes, slowest(times)});
+}
+
+}  // namespace
+
+nlohmann::json to_json(const RankResults& r) {
+  nlohmann::json j = {{"rank", r.rank}};
+  tables_to_json(j, r.gemms, r.kernels);
+  if (!r.other_pools.empty()) {
+    nlohmann::json& pools = j["other_pools"] = nlohmann::json::array();
+    for (const PoolResults& p : r.other_pools) {
+      nlohmann::json e = {{"pool_bytes", p.pool_bytes}};
+      tables_to_json(e, p.gemms, p.kernels);
+      pools.push_back(std::move(e));
+    }
+  }
   nlohmann::json& c = j["collectives"] = nlohmann::json::array();
   for (const CollectiveRecord& x : r.collectives)
     c.push_back({{"collective", std::string(to_string(x.key.collective))},
@@ -85,14 +131,14 @@ nlohmann::json to_json(const RankResults& r) {
 RankResults rank_results_from_json(const nlohmann::json& j) {
   RankResults r;
   r.rank = j.at("rank").get<int>();
-  for (const auto& g : j.at("gemms")) {
-    GemmSample s{g[0].get<std::int64_t>(), g[1].get<std::int64_t>(), g[2].get<std::int64_t>(),
-                 g[3].get<std::int64_t>(), g[4].get<double>()};
-    if (g.size() > 5 && g[5].get<int>() == 1) s.format = GemmFormat::fp8;
-    r.gemms.push_back(std::move(s));
-  }
-  for (const auto& k : j.at("kernels"))
-    r.kernels.push_back(KernelMeasurement{k[0].get<std::string>(), k[1].get<double>(), k[2].get<double>()});
+  tables_from_json(j, r.gemms, r.kernels);
+  if (j.contains("other_pools"))
+    for (const auto& e : j.at("other_pools")) {
+      PoolResults p;
+      p.pool_bytes = e.at("pool_bytes").get<std::size_t>();
+      tables_from_json(e, p.gemms, p.kernels);
+      r.other_pools.push_back(std::move(p));
+    }
   for (const auto& c : j.at("collectives")) {
     CollectiveRecord x;
     x.key = CollectiveKey{collective_from(c.at("collective").get<std::string>()), c.at("tier").get<std::string>(),
@@ -107,11 +153,22 @@ RankResults rank_results_from_json(const nlohmann::json& j) {
 
 Combined combine(const std::vector<RankResults>& ranks) {
   Combined out;
-  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, GemmFormat>, std::vector<double>> gemm;
-  std::map<std::string, std::map<double, std::vector<double>>> kernel;
+  std::vector<std::pair<const std::vector<GemmSample>*, const std::vector<KernelMeasurement>*>> base;
+  for (const RankResults& r : ranks) base.emplace_back(&r.gemms, &r.kernels);
+  combine_tables(base, out);
+  const std::size_t pools = ranks.empty() ? 0 : ranks.front().other_pools.size();
+  for (std::size_t i = 0; i < pools; ++i) {
+    CombinedPool& p = out.other_pools.emplace_back();
+    p.pool_bytes = static_cast<double>(ranks.front().other_pools[i].pool_bytes);
+    std::vector<std::pair<const std::vector<GemmSample>*, const std::vector<KernelMeasurement>*>> one;
+    for (const RankResults& r : ranks) {
+      if (r.other_pools.size() != pools || r.other_pools[i].pool_bytes != ranks.front().other_pools[i].pool_bytes)
+        throw std::logic_error("calibrate: the ranks measured different operand pools");
+      one.emplace_back(&r.other_pools[i].gemms, &r.other_pools[i].kernels);
+    }
+    combine_tables(one, p);
+  }
   for (const RankResults& r : ranks) {
-    for (const GemmSample& s : r.gemms) gemm[{s.m, s.n, s.k, s.batch, s.format}].push_back(s.time_ns);
-    for (const KernelMeasurement& m : r.kernels) kernel[m.name][m.bytes].push_back(m.time_ns);
     for (const CollectiveRecord& x : r.collectives) {
       CollectiveTable& t = out.collectives[x.key];
       if (t.group.empty()) t.group = x.group;
@@ -126,11 +183,6 @@ Combined combine(const std::vector<RankResults>& ranks) {
       out.wrong += x.m.wrong;
     }
   }
-  for (const auto& [shape, times] : gemm)
-    out.gemms.push_back(GemmSample{std::get<0>(shape), std::get<1>(shape), std::get<2>(shape), std::get<3>(shape),
-                                   slowest(times), "", std::get<4>(shape)});
-  for (const auto& [name, by_bytes] : kernel)
-    for (const auto& [bytes, times] : by_bytes) out.kernels[name].push_back(SizeSample{bytes, slowest(times)});
   for (auto& [key, t] : out.collectives)
     std::sort(t.rows.begin(), t.rows.end(),
               [](const CollectiveRow& a, const CollectiveRow& b) { return a.size_bytes < b.size_bytes; });

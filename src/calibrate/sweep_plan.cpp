@@ -31,21 +31,6 @@ std::vector<GemmProblem> plan_gemm_problems(const ModelSpec& model, const Parall
   return {shapes.begin(), shapes.end()};
 }
 
-double step_working_set_bytes(const ModelSpec& model, const ParallelPlan& plan, const GpuProfile& gpu,
-                              int element_bytes) {
-  constexpr double kGradientBytes = 4;     // the executor accumulates fp32 gradients
-  constexpr double kMemoryModelBytes = 2;  // memory_per_gpu counts bf16 activations
-  const MemoryReport mem = memory_per_gpu(model, plan, gpu);
-  return mem.parameters * (element_bytes + kGradientBytes) +
-         mem.activation_bytes * element_bytes / kMemoryModelBytes;
-}
-
-double step_memory_bytes(const ModelSpec& model, const ParallelPlan& plan, const GpuProfile& gpu, int element_bytes) {
-  constexpr double kAdamMomentBytes = 2 * 4;
-  return step_working_set_bytes(model, plan, gpu, element_bytes) +
-         memory_per_gpu(model, plan, gpu).parameters * kAdamMomentBytes;
-}
-
 std::vector<GemmProblem> gemm_grid(const std::vector<GemmProblem>& base, bool quick) {
   std::set<GemmProblem> out(base.begin(), base.end());
   auto scaled = [](std::int64_t v, int i) { return i < 0 ? std::max<std::int64_t>(1, v / 2) : i > 0 ? 2 * v : v; };

@@ -391,3 +391,19 @@ const CollectiveCalibration* find_collective(const Calibration& cal, Collective 
 }
 
 }  // namespace cuboid
+
+namespace cuboid {
+
+Calibration operand_pool_view(const Calibration& cal, std::size_t i) {
+  const OperandPoolTables& pool = cal.other_pools.at(i);
+  Calibration view = cal;
+  view.other_pools.clear();
+  view.gemm_operand_pool_bytes = pool.gemm_operand_pool_bytes;
+  view.gemms = pool.gemms;
+  std::map<std::string, KernelCalibration> kernels = pool.kernels;
+  kernels.insert(cal.kernels.begin(), cal.kernels.end());  // keeps the pool's own where both have one
+  view.kernels = std::move(kernels);
+  return view;
+}
+
+}  // namespace cuboid

@@ -113,10 +113,10 @@ Collective parse_collective(JsonReader& r) {
   return Collective::all_reduce;  // unreachable: choice() checked the name
 }
 
-void read_gemms(JsonReader& r, const std::string& source, Calibration& cal) {
+void read_gemms(JsonReader& r, const std::string& source, const std::string& prefix, std::vector<GemmSample>& gemms) {
   const nlohmann::json* a = optional_array(r, "gemms");
   if (a == nullptr) return;
-  const std::string field = std::string(kRoot) + ".gemms";
+  const std::string field = prefix + ".gemms";
   for (std::size_t i = 0; i < a->size(); ++i) {
     const std::string f = at_index(field, i);
     JsonReader g = element((*a)[i], source, f);
@@ -135,17 +135,18 @@ void read_gemms(JsonReader& r, const std::string& source, Calibration& cal) {
     // "fp8": an FP8 GEMM's sample (GemmFormat); absent: the backend's own dtype.
     if (g.optional_choice("precision", {"fp8"})) s.format = GemmFormat::fp8;
     g.reject_unknown();
-    for (std::size_t j = 0; j < cal.gemms.size(); ++j) {
-      const GemmSample& o = cal.gemms[j];
+    for (std::size_t j = 0; j < gemms.size(); ++j) {
+      const GemmSample& o = gemms[j];
       if (o.format == s.format && o.m == s.m && o.n == s.n && o.k == s.k && o.batch == s.batch) {
         throw InputError(source, f, "the same shape as " + at_index(field, j), "keep one median per shape");
       }
     }
-    cal.gemms.push_back(s);
+    gemms.push_back(s);
   }
 }
 
-void read_kernels(JsonReader& r, const std::string& source, Calibration& cal) {
+void read_kernels(JsonReader& r, const std::string& source, const std::string& prefix,
+                  std::map<std::string, KernelCalibration>& kernels) {
   if (!r.has("kernels")) {
     (void)r.optional_number("kernels");
     return;
@@ -153,7 +154,7 @@ void read_kernels(JsonReader& r, const std::string& source, Calibration& cal) {
   const nlohmann::json& obj = r.raw("kernels");
   if (!obj.is_object()) r.fail("kernels", "expected an object keyed by op name, got " + json_type(obj), "give { \"act\": { ... }, ... }");
   for (const auto& [name, v] : obj.items()) {
-    const std::string f = std::string(kRoot) + ".kernels." + name;
+    const std::string f = prefix + ".kernels." + name;
     JsonReader k = element(v, source, f);
     std::vector<SizeSample> samples = read_samples(k, source, f, "bytes");
     KernelCalibration kc = fit_kernel(std::move(samples), source, f);
@@ -162,7 +163,46 @@ void read_kernels(JsonReader& r, const std::string& source, Calibration& cal) {
     const double bw = 1.0 / kc.fit.ns_per_byte;
     check_stored(k, "bandwidth_GBps", k.number("bandwidth_GBps"), bw, kRefitRelTolerance * bw, "GB/s");
     k.reject_unknown({"rms_residual", "max_abs_residual"});
-    cal.kernels.emplace(name, std::move(kc));
+    kernels.emplace(name, std::move(kc));
+  }
+}
+
+std::optional<double> read_pool_bytes(JsonReader& r) {
+  if (!r.has("gemm_operand_pool_bytes")) return std::nullopt;
+  const double pool = r.number("gemm_operand_pool_bytes");
+  if (!(pool > 0 && pool <= 0x1p40)) {
+    r.fail("gemm_operand_pool_bytes", "must be above 0 and at most 1 TiB, got " + fmt::format("{}", pool),
+           "give the bytes the GEMM sweep rotated its operands over, or leave the field out");
+  }
+  return pool;
+}
+
+// "other_operand_pools": [{ "gemm_operand_pool_bytes", "gemms", "kernels" }],
+// each pool once and none the card's own.
+void read_other_pools(JsonReader& r, const std::string& source, Calibration& cal) {
+  const nlohmann::json* a = optional_array(r, "other_operand_pools");
+  if (a == nullptr) return;
+  const std::string field = std::string(kRoot) + ".other_operand_pools";
+  if (cal.gemm_operand_pool_bytes <= 0)
+    r.fail("other_operand_pools", "needs the card's own gemm_operand_pool_bytes",
+           "give the largest pool's bytes in gemm_operand_pool_bytes, or leave other_operand_pools out");
+  for (std::size_t i = 0; i < a->size(); ++i) {
+    const std::string f = at_index(field, i);
+    JsonReader p = element((*a)[i], source, f);
+    OperandPoolTables t;
+    t.gemm_operand_pool_bytes = read_pool_bytes(p).value_or(0);
+    if (t.gemm_operand_pool_bytes == 0)
+      p.fail("gemm_operand_pool_bytes", "is missing", "give the bytes this pool's GEMM sweep rotated its operands over");
+    if (t.gemm_operand_pool_bytes == cal.gemm_operand_pool_bytes ||
+        std::any_of(cal.other_pools.begin(), cal.other_pools.end(), [&](const OperandPoolTables& o) {
+          return o.gemm_operand_pool_bytes == t.gemm_operand_pool_bytes;
+        }))
+      p.fail("gemm_operand_pool_bytes", "repeats the pool " + fmt::format("{}", t.gemm_operand_pool_bytes),
+             "keep one entry per pool (the card's own tables are its gemm_operand_pool_bytes)");
+    read_gemms(p, source, f, t.gemms);
+    read_kernels(p, source, f, t.kernels);
+    p.reject_unknown();
+    cal.other_pools.push_back(std::move(t));
   }
 }
 
@@ -197,6 +237,30 @@ void read_collectives(JsonReader& r, const std::string& source, Calibration& cal
   }
 }
 
+nlohmann::json gemms_json(const std::vector<GemmSample>& samples) {
+  nlohmann::json gemms = nlohmann::json::array();
+  for (const GemmSample& g : samples) {
+    nlohmann::json e = {{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}, {"time_us", g.time_ns / kNsPerUs}};
+    if (!g.source.empty()) e["source"] = g.source;
+    if (g.format == GemmFormat::fp8) e["precision"] = "fp8";
+    gemms.push_back(std::move(e));
+  }
+  return gemms;
+}
+
+nlohmann::json kernels_json(const std::map<std::string, KernelCalibration>& tables) {
+  nlohmann::json kernels = nlohmann::json::object();
+  for (const auto& [name, kc] : tables) {
+    nlohmann::json k;
+    fit_json(k, kc.fit);
+    k["bandwidth_GBps"] = 1.0 / kc.fit.ns_per_byte;
+    k["samples"] = samples_json(kc.samples, kc.fit, "bytes");
+    if (!kc.source.empty()) k["source"] = kc.source;
+    kernels[name] = std::move(k);
+  }
+  return kernels;
+}
+
 }  // namespace
 
 nlohmann::json calibration_to_json(const Calibration& cal) {
@@ -210,24 +274,16 @@ nlohmann::json calibration_to_json(const Calibration& cal) {
   j["ranks_per_core"] = cal.ranks_per_core;
   if (cal.gemm_operand_pool_bytes > 0) j["gemm_operand_pool_bytes"] = cal.gemm_operand_pool_bytes;
   if (cal.host) j["host"] = host_to_json(*cal.host);
-  nlohmann::json gemms = nlohmann::json::array();
-  for (const GemmSample& g : cal.gemms) {
-    nlohmann::json e = {{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}, {"time_us", g.time_ns / kNsPerUs}};
-    if (!g.source.empty()) e["source"] = g.source;
-    if (g.format == GemmFormat::fp8) e["precision"] = "fp8";
-    gemms.push_back(std::move(e));
+  j["gemms"] = gemms_json(cal.gemms);
+  j["kernels"] = kernels_json(cal.kernels);
+  if (!cal.other_pools.empty()) {
+    nlohmann::json pools = nlohmann::json::array();
+    for (const OperandPoolTables& t : cal.other_pools)
+      pools.push_back({{"gemm_operand_pool_bytes", t.gemm_operand_pool_bytes},
+                       {"gemms", gemms_json(t.gemms)},
+                       {"kernels", kernels_json(t.kernels)}});
+    j["other_operand_pools"] = std::move(pools);
   }
-  j["gemms"] = std::move(gemms);
-  nlohmann::json kernels = nlohmann::json::object();
-  for (const auto& [name, kc] : cal.kernels) {
-    nlohmann::json k;
-    fit_json(k, kc.fit);
-    k["bandwidth_GBps"] = 1.0 / kc.fit.ns_per_byte;
-    k["samples"] = samples_json(kc.samples, kc.fit, "bytes");
-    if (!kc.source.empty()) k["source"] = kc.source;
-    kernels[name] = std::move(k);
-  }
-  j["kernels"] = std::move(kernels);
   nlohmann::json collectives = nlohmann::json::array();
   for (const auto& [key, cc] : cal.collectives) {
     nlohmann::json c;
@@ -281,18 +337,12 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& so
   }
   cal.ranks_per_core = share;
   // Cards written before the field, and tables taken from a run: not recorded.
-  if (r.has("gemm_operand_pool_bytes")) {
-    const double pool = r.number("gemm_operand_pool_bytes");
-    if (!(pool > 0 && pool <= 0x1p40)) {
-      r.fail("gemm_operand_pool_bytes", "must be above 0 and at most 1 TiB, got " + fmt::format("{}", pool),
-             "give the bytes the GEMM sweep rotated its operands over, or leave the field out");
-    }
-    cal.gemm_operand_pool_bytes = pool;
-  }
+  cal.gemm_operand_pool_bytes = read_pool_bytes(r).value_or(0);
   // Cards written before the field: no host.
   if (r.has("host")) cal.host = host_from_json(r.raw("host"), source, std::string(kRoot) + ".host");
-  read_gemms(r, source, cal);
-  read_kernels(r, source, cal);
+  read_gemms(r, source, kRoot, cal.gemms);
+  read_kernels(r, source, kRoot, cal.kernels);
+  read_other_pools(r, source, cal);
   read_collectives(r, source, cal);
   r.reject_unknown();
   return cal;

@@ -1,5 +1,7 @@
 #include "cuboid/core/topology.hpp"
 
+#include "cuboid/core/calibration.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -208,6 +210,27 @@ Topology::Topology(const Cluster& cluster) : cluster_(cluster) {
   }
   TopologyBuilder::build(*this);
   index_hops();
+  if (cluster_.calibration && cluster_.calibration->gemm_operand_pool_bytes > 0) {
+    for (std::size_t i = 0; i < cluster_.calibration->other_pools.size(); ++i) {
+      Cluster view = cluster_;
+      view.calibration = std::make_shared<const Calibration>(operand_pool_view(*cluster_.calibration, i));
+      view.gpu.calibration = view.calibration;
+      pool_views_.emplace_back(view.calibration->gemm_operand_pool_bytes, std::make_shared<const Topology>(view));
+    }
+  }
+}
+
+const Topology& Topology::for_operand_pool(double pool_bytes) const {
+  if (pool_views_.empty() || !(pool_bytes > 0)) return *this;
+  auto distance = [&](double pool) { return std::abs(std::log(pool / pool_bytes)); };
+  const Topology* best = this;
+  double nearest = distance(cluster_.calibration->gemm_operand_pool_bytes);
+  for (const auto& [pool, topo] : pool_views_)
+    if (distance(pool) < nearest) {
+      nearest = distance(pool);
+      best = topo.get();
+    }
+  return *best;
 }
 
 void Topology::index_hops() {

@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "cuboid/core/calibration.hpp"
+#include "cuboid/cost/operand_pool.hpp"
 #include "cuboid/core/dispatch.hpp"
 #include "cuboid/core/ep_overlap.hpp"
 #include "cuboid/cost/cost.hpp"
@@ -1188,7 +1189,8 @@ void fill_throughput(Estimate& e, const ModelSpec& m, const ParallelPlan& plan, 
   }
 }
 
-Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan) {
+Estimate estimate(const ModelSpec& m, const Topology& card, const ParallelPlan& plan) {
+  const Topology& topo = topology_for_plan(card, m, plan);
   const GpuProfile& gpu = topo.cluster().gpu;
   const LayerCost lc = make_layer_cost(m, gpu, plan);
   const Placement pl = make_placement(topo, plan);
@@ -1196,7 +1198,8 @@ Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& 
                        spread_slowdown(gpu.speed_spread, plan.world_size()));
 }
 
-FoldedStep folded_step(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan) {
+FoldedStep folded_step(const ModelSpec& m, const Topology& card, const ParallelPlan& plan) {
+  const Topology& topo = topology_for_plan(card, m, plan);
   const GpuProfile& gpu = topo.cluster().gpu;
   const LayerCost lc = make_layer_cost(m, gpu, plan);
   const Placement pl = make_placement(topo, plan);
@@ -1220,6 +1223,9 @@ Estimator::~Estimator() = default;
 Estimator::Estimator(Estimator&&) noexcept = default;
 
 Estimate Estimator::operator()(const ParallelPlan& plan) {
+  // A card of several operand pools prices each plan from its own pool's
+  // tables: the caches below hold one card's costs.
+  if (topo_.has_operand_pool_views()) return estimate(model_, topo_, plan);
   const GpuProfile& gpu = topo_.cluster().gpu;
   const LayerKey lk{plan.tp,         plan.cp,        plan.ep,
                     plan.expert_tp(), plan.micro_batch, plan.cp_comm, plan.moe_dispatcher,

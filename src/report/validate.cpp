@@ -14,6 +14,7 @@
 #include "cuboid/core/error.hpp"
 #include "cuboid/core/op_names.hpp"
 #include "cuboid/cost/memory.hpp"
+#include "cuboid/cost/operand_pool.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
 #include "cuboid/sim/simulator.hpp"
 #include "cuboid/core/topology.hpp"
@@ -355,7 +356,8 @@ std::vector<OpRow> op_rows(const PlanFile& pf, const Topology& topo, const Measu
 ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluster, const Measurements& m,
                                        double tolerance, Statistic stat) {
   check_measurements(pf, cluster, m);
-  const Topology topo(cluster);
+  const Topology card(cluster);
+  const Topology& topo = topology_for_plan(card, pf.model, pf.plan);
   sim::SimOptions so;
   so.tp_backward_overlap = false;  // the executor runs every op of a rank in order
   ParallelPlan as_run = pf.plan;
@@ -372,6 +374,13 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
   rep.measurements_source = m.source;
   rep.cluster_name = cluster.source_file.empty() ? cluster.name : cluster.source_file;
   if (cluster.calibration) rep.ranks_per_core = cluster.calibration->ranks_per_core;
+  if (card.has_operand_pool_views()) {
+    rep.card_pools_bytes.push_back(cluster.calibration->gemm_operand_pool_bytes);
+    for (const OperandPoolTables& t : cluster.calibration->other_pools)
+      rep.card_pools_bytes.push_back(t.gemm_operand_pool_bytes);
+    std::sort(rep.card_pools_bytes.begin(), rep.card_pools_bytes.end(), std::greater<>());
+    rep.priced_pool_bytes = topo.cluster().calibration->gemm_operand_pool_bytes;
+  }
   rep.backend = m.backend;
   rep.tolerance = tolerance;
   rep.statistic = stat;

@@ -37,6 +37,13 @@ std::string format_validation(const ValidationReport& r, bool with_ops) {
   out += fmt::format("cluster card  {} (simulated with the executor's semantics: DP reduction after the last "
                      "backward, no TP{} overlap; critical GPU rank {})\n\n",
                      r.cluster_name, r.context_parallel ? " or CP" : "", r.critical_rank);
+  if (!r.card_pools_bytes.empty()) {
+    std::string pools;
+    for (const double b : r.card_pools_bytes) pools += fmt::format("{}{:.1f}", pools.empty() ? "" : ", ", b / (1 << 20));
+    out += fmt::format("operand pool  {:.1f} MiB of the card's {} MiB: the GEMMs and kernels measured in the cache "
+                       "state nearest this plan's step working set\n\n",
+                       r.priced_pool_bytes / (1 << 20), pools);
+  }
   if (r.ranks_per_core > 1)
     out += fmt::format("shared cores  {:g} ranks per core: the prediction charges each compute op {:g} x its "
                        "one-rank time; in the run the ranks of a core take turns at their waits, so a rank's ops "
@@ -93,6 +100,10 @@ nlohmann::json validation_to_json(const ValidationReport& r) {
   j["measured_rank"] = r.measured_rank;
   j["critical_rank"] = r.critical_rank;
   j["ranks_per_core"] = r.ranks_per_core;
+  if (!r.card_pools_bytes.empty()) {
+    j["card_operand_pools_bytes"] = r.card_pools_bytes;
+    j["priced_operand_pool_bytes"] = r.priced_pool_bytes;
+  }
   j["page_faults_per_step"] = r.page_faults_per_step >= 0 ? nlohmann::json(r.page_faults_per_step) : nlohmann::json();
   j["page_fault_rank"] = r.page_fault_rank >= 0 ? nlohmann::json(r.page_fault_rank) : nlohmann::json();
   j["statistic"] = std::string(to_string(r.statistic));

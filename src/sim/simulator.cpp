@@ -44,6 +44,7 @@
 #include "busiest.hpp"
 #include "cuboid/cost/flops.hpp"
 #include "cuboid/cost/memory.hpp"
+#include "cuboid/cost/operand_pool.hpp"
 #include "cuboid/cost/speed_spread.hpp"
 #include "cuboid/core/trace.hpp"
 
@@ -300,8 +301,9 @@ std::vector<std::filesystem::path> write_trace(Builder& b, const ParallelPlan& p
 
 }  // namespace
 
-SimResult run_simulation(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan, const SimOptions& opts) {
+SimResult run_simulation(const ModelSpec& m, const Topology& card, const ParallelPlan& plan, const SimOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
+  const Topology& topo = topology_for_plan(card, m, plan);
   Builder b(m, topo, plan, opts);
   b.build();
   Engine& eng = b.engine();

@@ -121,6 +121,30 @@ TEST_CASE("the step's footprint per rank: weights and fp32 gradients, activation
   CHECK(step_footprint(tiny_job, gpu, 4, 1, false).working_set == std::size_t{1} << 20);
 }
 
+TEST_CASE("each plan's own footprint: plans of different working sets get their own operand pools") {
+  const ModelSpec m = tiny();
+  const ParallelPlan p = tp2();
+  ParallelPlan dp2 = p;
+  dp2.tp = 1;
+  dp2.dp = 2;
+  const GpuProfile gpu;
+  const std::vector<CalibrationJob> both{{m, p, "tp2"}, {m, dp2, "dp2"}};
+  const std::vector<StepFootprint> own = job_footprints(both, gpu, 4, 1, false);
+  REQUIRE(own.size() == 2);
+  CHECK(own[0].working_set == operand_pool_bytes(step_working_set_bytes(m, p, gpu, 4), 1));
+  CHECK(own[1].working_set == operand_pool_bytes(step_working_set_bytes(m, dp2, gpu, 4), 1));
+  // TP 2 holds half the layers' weights: its pool is the smaller one, and
+  // the set's footprint (the collectives' cold state) is the larger.
+  CHECK(own[0].working_set < own[1].working_set);
+  CHECK(step_footprint(both, gpu, 4, 1, false).working_set == own[1].working_set);
+  CHECK(own[1].whole_step == operand_pool_bytes(step_memory_bytes(m, dp2, gpu, 4), 1));
+  // The clamp: 1 MiB to 512 MiB (64 MiB quick), times the ranks per core.
+  CHECK(operand_pool_bytes(10, 1) == std::size_t{1} << 20);
+  CHECK(operand_pool_bytes(1e12, 1) == std::size_t{512} << 20);
+  CHECK(operand_pool_bytes(1e12, 1, true) == std::size_t{64} << 20);
+  CHECK(operand_pool_bytes(3e6, 2) == 6000000);
+}
+
 TEST_CASE("the GEMM grid brackets every shape by x1/2 and x2 in each dimension") {
   const std::vector<GemmProblem> g = gemm_grid({{128, 384, 256, 1}, {128, 128, 32, 4}}, false);
   CHECK(has(g, {64, 192, 128, 1}));
@@ -229,6 +253,29 @@ TEST_CASE("ranks combine: the slowest rank for GEMMs, kernels and collectives, w
   CHECK(t.rows[0].wrong == 3);
   CHECK(m.wrong == 3);
   CHECK(t.group == "tp");
+}
+
+TEST_CASE("ranks combine each operand pool apart: the slowest rank per pool, the pools in the ranks' order") {
+  RankResults a, b;
+  a.rank = 0, b.rank = 1;
+  a.gemms = {{8, 8, 8, 1, 100}};
+  b.gemms = {{8, 8, 8, 1, 150}};
+  a.other_pools = {{std::size_t{4} << 20, {{8, 8, 8, 1, 40}}, {{"act", 1000, 5}}}};
+  b.other_pools = {{std::size_t{4} << 20, {{8, 8, 8, 1, 60}}, {{"act", 1000, 7}}}};
+  std::vector<RankResults> all;
+  for (const RankResults& r : {a, b}) all.push_back(rank_results_from_json(to_json(r)));  // JSON round trip
+  const Combined m = combine(all);
+  REQUIRE(m.gemms.size() == 1);
+  CHECK(m.gemms[0].time_ns == 150);
+  CHECK(m.kernels.empty());
+  REQUIRE(m.other_pools.size() == 1);
+  CHECK(m.other_pools[0].pool_bytes == 4 << 20);
+  REQUIRE(m.other_pools[0].gemms.size() == 1);
+  CHECK(m.other_pools[0].gemms[0].time_ns == 60);
+  CHECK(m.other_pools[0].kernels.at("act")[0].time_ns == 7);
+  // A rank that measured another pool is a logic error, not a silent mix.
+  all[1].other_pools[0].pool_bytes = 8 << 20;
+  CHECK_THROWS_AS(combine(all), std::logic_error);
 }
 
 TEST_CASE("repeated sweeps keep each sample's median or minimum; different samples are a logic error") {

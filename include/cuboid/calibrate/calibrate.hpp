@@ -64,11 +64,11 @@ struct SweepSeconds {
   double gemm = 0, kernel = 0, collective = 0;
 };
 
-// The jobs' plans' footprints per rank (sweep_plan.hpp, in `element_bytes`),
-// the largest of each, times `ranks_per_core` (the ranks that share a core
-// share its caches: each time it runs one of them, the others' working sets
-// have passed), between 1 MiB and GemmSweepOptions' default pool
-// (512 MiB; 64 MiB with --quick). `working_set`: the GEMM sweep's operand
+// The jobs' plans' footprints per rank (cost/operand_pool.hpp, in
+// `element_bytes`), the largest of each, as operand_pool_bytes clamps them:
+// times `ranks_per_core` (the ranks that share a core share its caches: each
+// time it runs one of them, the others' working sets have passed), between
+// 1 MiB and 512 MiB (64 MiB with --quick). `working_set`: the GEMM sweep's operand
 // pool, so that a sample finds its operands in the cache exactly when the
 // step's GEMMs do (on a GPU every real plan's working set exceeds the L2 and
 // the pool stays above it). `whole_step`: what the optimizer sweep and the
@@ -79,6 +79,11 @@ struct StepFootprint {
 };
 StepFootprint step_footprint(const std::vector<CalibrationJob>& jobs, const GpuProfile& gpu, int element_bytes,
                              double ranks_per_core, bool quick);
+// Each job's own footprint: the GEMM sweep groups the plans by their
+// working set (one operand pool each; Calibration::other_pools), and each
+// plan's optimizer kernels find its own whole step evicted.
+std::vector<StepFootprint> job_footprints(const std::vector<CalibrationJob>& jobs, const GpuProfile& gpu,
+                                          int element_bytes, double ranks_per_core, bool quick);
 
 // What every rank of run_calibrate measures once its world is up: the GEMM,
 // kernel and optimizer sweeps and each group shape's collectives, on the

@@ -26,7 +26,7 @@ namespace cuboid::calibrate {
 struct GemmSweepOptions {
   // Rotating operand pool; 512 MiB exceeds the LLC of current CPUs and the L2
   // of every NVIDIA GPU (H100: 50 MB, B200: 126 MB).
-  std::size_t pool_bytes = std::size_t{512} << 20;
+  std::size_t pool_bytes = std::size_t{512} << 20;  // operand_pool_bytes' largest
   int warmup_calls = 2;
   int min_calls = 5;    // timed calls per shape, at least
   int max_calls = 31;

@@ -28,11 +28,21 @@ struct CollectiveRecord {
   CollectiveMeasurement m;
 };
 
-struct RankResults {
-  int rank = 0;
+// The GEMM and kernel samples of the plans whose operand pool is not the
+// largest of the calibration (calibrate.hpp: the plans grouped by their own
+// step working set), one per pool.
+struct PoolResults {
+  std::size_t pool_bytes = 0;
   std::vector<GemmSample> gemms;
   std::vector<KernelMeasurement> kernels;
+};
+
+struct RankResults {
+  int rank = 0;
+  std::vector<GemmSample> gemms;  // the largest pool's
+  std::vector<KernelMeasurement> kernels;
   std::vector<CollectiveRecord> collectives;
+  std::vector<PoolResults> other_pools;  // every rank lists the same pools in the same order
 };
 
 // Each sample over repeated sweeps (calibrate --repeat): the median of the
@@ -56,11 +66,17 @@ struct CollectiveTable {
   std::vector<CollectiveRow> rows;  // by size
 };
 
-struct Combined {
+struct CombinedTables {
   std::vector<GemmSample> gemms;
   std::map<std::string, std::vector<SizeSample>> kernels;  // sorted by bytes
+};
+struct CombinedPool : CombinedTables {
+  double pool_bytes = 0;
+};
+struct Combined : CombinedTables {
   std::map<CollectiveKey, CollectiveTable> collectives;
   std::int64_t wrong = 0;
+  std::vector<CombinedPool> other_pools;  // RankResults::other_pools, combined alike
 };
 Combined combine(const std::vector<RankResults>& ranks);
 

@@ -15,6 +15,7 @@
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
 #include "cuboid/core/workload.hpp"
+#include "cuboid/cost/operand_pool.hpp"
 
 namespace cuboid::calibrate {
 
@@ -37,21 +38,8 @@ std::vector<Op> executor_workload_ops(const ModelSpec& model, const ParallelPlan
 // The distinct GEMM shapes of executor_workload_ops, sorted.
 std::vector<GemmProblem> plan_gemm_problems(const ModelSpec& model, const ParallelPlan& plan);
 
-// The bytes one rank of `plan` touches between two uses of the same weight
-// in a step, as the executor holds them: the peak stage's weights in the
-// backend's element size (`element_bytes`) and their fp32 gradients, plus
-// the activations its schedule keeps in flight (memory_per_gpu's, which
-// counts 2-byte elements, scaled to `element_bytes`). The optimizer states
-// are left out: a step touches them once, after the last backward. The GEMM
-// sweep rotates its operands over a pool of this size, so that a sample
-// finds its operands as cached as the step's GEMMs find theirs.
-double step_working_set_bytes(const ModelSpec& model, const ParallelPlan& plan, const GpuProfile& gpu,
-                              int element_bytes);
-// What the whole step touches per rank: the working set plus the Adam
-// moments (fp32 m and v) the optimizer streams through after the backward.
-// The once-per-step work (the optimizer's kernels, the data-parallel
-// collectives) finds its buffers after this much has passed.
-double step_memory_bytes(const ModelSpec& model, const ParallelPlan& plan, const GpuProfile& gpu, int element_bytes);
+// step_working_set_bytes and step_memory_bytes: cost/operand_pool.hpp.
+
 
 // `base` plus, for each shape, every combination of m, n, k (and batch when
 // it is > 1) times {1/2, 1, 2}, so that any shape near a measured one lies

@@ -108,6 +108,13 @@ struct CollectiveCalibration {
   std::string source;               // as GemmSample::source, for the table
 };
 
+// One operand pool's GEMM and kernel tables (Calibration::other_pools).
+struct OperandPoolTables {
+  double gemm_operand_pool_bytes = 0;
+  std::vector<GemmSample> gemms;
+  std::map<std::string, KernelCalibration> kernels;
+};
+
 struct Calibration {
   std::string backend;  // "cpu" | "cuda"
   std::string device;   // "cpu (one core per rank)", "NVIDIA H200", ...
@@ -129,7 +136,19 @@ struct Calibration {
   std::vector<GemmSample> gemms;                          // measured shapes
   std::map<std::string, KernelCalibration> kernels;       // by workload op name
   std::map<CollectiveKey, CollectiveCalibration> collectives;
+  // A card calibrated on plans of different step working sets: the GEMM and
+  // kernel tables of the plans whose operand pool is not the largest, one
+  // entry per pool (the tables above are the largest pool's). A plan is
+  // priced from the tables of the pool nearest its own working set
+  // (operand_pool_view; cost/operand_pool.hpp picks it): on a host whose
+  // caches the pools straddle, the same GEMM runs at another rate.
+  std::vector<OperandPoolTables> other_pools;
 };
+
+// The card as a plan whose operand pool is other_pools[i] reads it: those
+// tables (a kernel the pool lacks keeps the largest pool's), that pool, no
+// other pools. Throws std::out_of_range for a bad index.
+Calibration operand_pool_view(const Calibration& cal, std::size_t i);
 
 // Least-squares alpha-beta fit (relative-error weighted). Throws InputError
 // (source, field) when there are fewer than 2 samples, a time is not finite

@@ -8,6 +8,7 @@
 // and are deterministic.
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <span>
@@ -130,8 +131,17 @@ class Topology {
   int num_leaves() const { return static_cast<int>(leaf_vertices_.size()); }
   int num_pods() const { return std::max(1, static_cast<int>(spine_vertices_.size())); }
 
+  // A calibrated card with several operand pools (Calibration::other_pools):
+  // the same fabric with the card as the pool nearest `pool_bytes` (in
+  // ratio) reads it; this topology itself when its own pool is nearest or
+  // the card has one pool. cost/operand_pool.hpp picks it for a plan.
+  const Topology& for_operand_pool(double pool_bytes) const;
+  bool has_operand_pool_views() const { return !pool_views_.empty(); }
+
  private:
   Cluster cluster_;
+  // (pool bytes, the topology of that pool's view), one per other pool.
+  std::vector<std::pair<double, std::shared_ptr<const Topology>>> pool_views_;
   Graph graph_;
   std::vector<EdgeRecord> edges_;
   std::vector<Vertex> gpu_vertices_;

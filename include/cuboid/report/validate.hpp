@@ -106,6 +106,11 @@ struct ValidationReport {
   int critical_rank = 0;                 // the simulator's critical GPU
   bool context_parallel = false;         // CP > 1: the ring's exchanges were played unoverlapped too
   double ranks_per_core = 1;             // the calibration's core share (Calibration::ranks_per_core)
+  // A card of several operand pools (Calibration::other_pools): each pool's
+  // bytes, largest first, and the one the plan was priced from (nearest its
+  // own working set); empty and 0 for a card of one pool.
+  std::vector<double> card_pools_bytes;
+  double priced_pool_bytes = 0;
   // The most page faults per measured step of any rank (its median over the
   // steps) and that rank; -1 when the measurements do not count them.
   std::int64_t page_faults_per_step = -1;
