@@ -769,6 +769,43 @@ TEST_CASE("a fused kernel's rates: the nearest head dimension, log2-interpolated
   CHECK(attention_efficiency(*fa2, 96, 2048, false) == doctest::Approx(0.497));
 }
 
+TEST_CASE("Blackwell's cuDNN attention: the GB200 at the B200's measured TFLOP/s, not at its fraction of a higher peak") {
+  // Llama 3 8B's layer (32 heads of 128, TP 1, b 2, s 8192), causal, cuDNN
+  // (the cards' default). Forward FLOPs 4 s^2 d x (b heads = 64) / 2. Grid:
+  // 8192/128 x 128/128 x 64 = 4096 tiles.
+  const LayerOps ops = transformer_layer_ops(test::llama3_8b(), plan_of(1, 2, 8192, false, true, Recompute::none));
+  const Op* fwd = find_named(ops.forward, "attn_flash");
+  const Op* bwd = find_named(ops.backward, "attn_flash_bwd");
+  REQUIRE(fwd != nullptr);
+  REQUIRE(bwd != nullptr);
+  const double flops = 4.0 * 8192 * 8192 * 128 * 64 / 2;
+  // B200 (148 SMs: 28 waves, 4096 / 4144): FlashAttention-4's 1613 TFLOP/s
+  // as 0.717 of 2250; backward 0.717 x 0.863 = 0.619.
+  const GpuProfile b200 = load_cluster("topologies/dgx-b200.json").gpu;
+  const double b_wave = 4096.0 / 4144.0;
+  CHECK(static_cast<double>(op_time_ns(b200, *fwd)) ==
+        doctest::Approx(flops / (2250e12 * 0.717 * b_wave) * 1e9 + b200.kernel_launch_ns).epsilon(1e-5));
+  CHECK(static_cast<double>(op_time_ns(b200, *bwd)) ==
+        doctest::Approx(2.5 * flops / (2250e12 * 0.619 * b_wave) * 1e9 + b200.kernel_launch_ns).epsilon(1e-5));
+  // GB200 (152 SMs: 27 waves, 4096 / 4104): the same die and the same
+  // exponential unit (5 TeraExponentials/s), so the same 1613 TFLOP/s:
+  // 1613 / 2500 = 0.645, backward 0.645 x 0.863 = 0.557. At the B200's
+  // fraction (0.717 of 2500 = 1792 TFLOP/s) it ran faster than any attention
+  // kernel measured on that die.
+  const GpuProfile gb200 = load_cluster("topologies/gb200-nvl72.json").gpu;
+  const double g_wave = 4096.0 / 4104.0;
+  CHECK(static_cast<double>(op_time_ns(gb200, *fwd)) ==
+        doctest::Approx(flops / (2500e12 * 0.645 * g_wave) * 1e9 + gb200.kernel_launch_ns).epsilon(1e-5));
+  CHECK(static_cast<double>(op_time_ns(gb200, *bwd)) ==
+        doctest::Approx(2.5 * flops / (2500e12 * 0.557 * g_wave) * 1e9 + gb200.kernel_launch_ns).epsilon(1e-5));
+  // The two parts now run this forward within 1 % of each other (1613 TFLOP/s
+  // each; only the waves differ, 4096/4104 vs 4096/4144): the GB200's is no
+  // longer 11 % faster than the B200's (2500 x 0.717 / (2250 x 0.717)).
+  const double ratio = static_cast<double>(op_time_ns(b200, *fwd)) / static_cast<double>(op_time_ns(gb200, *fwd));
+  CHECK(ratio == doctest::Approx((2500 * 0.645 * g_wave) / (2250 * 0.717 * b_wave)).epsilon(1e-3));
+  CHECK(ratio < 1.02);
+}
+
 TEST_CASE("the attention core priced by its kernel: A100 FlashAttention-2, H100 cuDNN and FlashAttention-3") {
   // GPT-3 175B's layer (96 heads of 128, TP 8, b 4, s 2048) on the shipped
   // A100 card, flash on with the card's default kernel.
