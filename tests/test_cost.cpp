@@ -769,7 +769,7 @@ TEST_CASE("a fused kernel's rates: the nearest head dimension, log2-interpolated
   CHECK(attention_efficiency(*fa2, 96, 2048, false) == doctest::Approx(0.497));
 }
 
-TEST_CASE("Blackwell's cuDNN attention: the GB200 at the B200's measured TFLOP/s, not at its fraction of a higher peak") {
+TEST_CASE("Blackwell's cuDNN attention: B200 at FlashAttention-4's bound, GB200 and GB300 at cuDNN 9.18's measured rates") {
   // Llama 3 8B's layer (32 heads of 128, TP 1, b 2, s 8192), causal, cuDNN
   // (the cards' default). Forward FLOPs 4 s^2 d x (b heads = 64) / 2. Grid:
   // 8192/128 x 128/128 x 64 = 4096 tiles.
@@ -783,32 +783,40 @@ TEST_CASE("Blackwell's cuDNN attention: the GB200 at the B200's measured TFLOP/s
   // as 0.717 of 2250; backward 0.717 x 0.863 = 0.619; both x the B200's
   // sustained fraction 0.853 (flashinfer PR #2899: 1237 of 1450 TFLOP/s once
   // the power limit has pulled the clock down).
-  GpuProfile b200 = load_cluster("topologies/dgx-b200.json").gpu;
+  const GpuProfile b200 = load_cluster("topologies/dgx-b200.json").gpu;
   CHECK(b200.gemm_sustained_fraction == 0.853);
   const double b_wave = 4096.0 / 4144.0;
   CHECK(static_cast<double>(op_time_ns(b200, *fwd)) ==
         doctest::Approx(flops / (2250e12 * 0.717 * 0.853 * b_wave) * 1e9 + b200.kernel_launch_ns).epsilon(1e-5));
   CHECK(static_cast<double>(op_time_ns(b200, *bwd)) ==
         doctest::Approx(2.5 * flops / (2250e12 * 0.619 * 0.853 * b_wave) * 1e9 + b200.kernel_launch_ns).epsilon(1e-5));
-  b200.gemm_sustained_fraction = 1;  // the burst rates, to compare the two dies' kernels below
-  // GB200 (152 SMs: 27 waves, 4096 / 4104; no sustained fraction measured at
-  // its 1200 W): the same die and the same exponential unit (5
-  // TeraExponentials/s), so the same 1613 TFLOP/s:
-  // 1613 / 2500 = 0.645, backward 0.645 x 0.863 = 0.557. At the B200's
-  // fraction (0.717 of 2500 = 1792 TFLOP/s) it ran faster than any attention
-  // kernel measured on that die.
+  // GB200 (152 SMs: 27 waves, 4096 / 4104): cudnn-frontend's Llama 3.1 SDPA
+  // benchmark at 8k, cuDNN 9.18.1: 1563 and 1279 TFLOP/s of 2500, 0.625 and
+  // 0.512 (it was 0.717 x 2500 = 1792 forward, the B200's FlashAttention-4
+  // fraction of the GB200's higher peak).
   const GpuProfile gb200 = load_cluster("topologies/gb200-nvl72.json").gpu;
   const double g_wave = 4096.0 / 4104.0;
   CHECK(static_cast<double>(op_time_ns(gb200, *fwd)) ==
-        doctest::Approx(flops / (2500e12 * 0.645 * g_wave) * 1e9 + gb200.kernel_launch_ns).epsilon(1e-5));
+        doctest::Approx(flops / (2500e12 * 0.625 * g_wave) * 1e9 + gb200.kernel_launch_ns).epsilon(1e-5));
   CHECK(static_cast<double>(op_time_ns(gb200, *bwd)) ==
-        doctest::Approx(2.5 * flops / (2500e12 * 0.557 * g_wave) * 1e9 + gb200.kernel_launch_ns).epsilon(1e-5));
-  // The two parts now run this forward within 1 % of each other (1613 TFLOP/s
-  // each; only the waves differ, 4096/4104 vs 4096/4144): the GB200's is no
-  // longer 11 % faster than the B200's (2500 x 0.717 / (2250 x 0.717)).
-  const double ratio = static_cast<double>(op_time_ns(b200, *fwd)) / static_cast<double>(op_time_ns(gb200, *fwd));
-  CHECK(ratio == doctest::Approx((2500 * 0.645 * g_wave) / (2250 * 0.717 * b_wave)).epsilon(1e-3));
-  CHECK(ratio < 1.02);
+        doctest::Approx(2.5 * flops / (2500e12 * 0.512 * g_wave) * 1e9 + gb200.kernel_launch_ns).epsilon(1e-5));
+  // GB300 (160 SMs: 26 waves, 4096 / 4160): 1927 and 1391 TFLOP/s, 0.771 and
+  // 0.556: Blackwell Ultra's doubled exponential unit shows in the forward
+  // (1.23 x the GB200's), less in the backward (1.09 x).
+  const GpuProfile gb300 = load_cluster("topologies/gb300-nvl72.json").gpu;
+  const double u_wave = 4096.0 / 4160.0;
+  CHECK(static_cast<double>(op_time_ns(gb300, *fwd)) ==
+        doctest::Approx(flops / (2500e12 * 0.771 * u_wave) * 1e9 + gb300.kernel_launch_ns).epsilon(1e-5));
+  CHECK(static_cast<double>(op_time_ns(gb300, *bwd)) ==
+        doctest::Approx(2.5 * flops / (2500e12 * 0.556 * u_wave) * 1e9 + gb300.kernel_launch_ns).epsilon(1e-5));
+  // Between the measured lengths the rate is log2-interpolated: at 12k on the
+  // GB200, 0.625 + (log2(12288) - 13) x (0.658 - 0.625).
+  const AttentionRates* cudnn = attention_rates_of(gb200, AttentionKernel::cudnn);
+  REQUIRE(cudnn != nullptr);
+  CHECK(attention_efficiency(*cudnn, 128, 12288, false) ==
+        doctest::Approx(0.625 + (std::log2(12288.0) - 13.0) * (0.658 - 0.625)));
+  CHECK(attention_efficiency(*cudnn, 128, 12288, true) ==
+        doctest::Approx(0.512 + (std::log2(12288.0) - 13.0) * (0.548 - 0.512)));
 }
 
 TEST_CASE("the attention core priced by its kernel: A100 FlashAttention-2, H100 cuDNN and FlashAttention-3") {
