@@ -769,6 +769,56 @@ TEST_CASE("a fused kernel's rates: the nearest head dimension, log2-interpolated
   CHECK(attention_efficiency(*fa2, 96, 2048, false) == doctest::Approx(0.497));
 }
 
+TEST_CASE("Blackwell's cuDNN attention: B200 at FlashAttention-4's bound, GB200 and GB300 at cuDNN 9.18's measured rates") {
+  // Llama 3 8B's layer (32 heads of 128, TP 1, b 2, s 8192), causal, cuDNN
+  // (the cards' default). Forward FLOPs 4 s^2 d x (b heads = 64) / 2. Grid:
+  // 8192/128 x 128/128 x 64 = 4096 tiles.
+  const LayerOps ops = transformer_layer_ops(test::llama3_8b(), plan_of(1, 2, 8192, false, true, Recompute::none));
+  const Op* fwd = find_named(ops.forward, "attn_flash");
+  const Op* bwd = find_named(ops.backward, "attn_flash_bwd");
+  REQUIRE(fwd != nullptr);
+  REQUIRE(bwd != nullptr);
+  const double flops = 4.0 * 8192 * 8192 * 128 * 64 / 2;
+  // B200 (148 SMs: 28 waves, 4096 / 4144): FlashAttention-4's 1613 TFLOP/s
+  // as 0.717 of 2250; backward 0.717 x 0.863 = 0.619; both x the B200's
+  // sustained fraction 0.853 (flashinfer PR #2899: 1237 of 1450 TFLOP/s once
+  // the power limit has pulled the clock down).
+  const GpuProfile b200 = load_cluster("topologies/dgx-b200.json").gpu;
+  CHECK(b200.gemm_sustained_fraction == 0.853);
+  const double b_wave = 4096.0 / 4144.0;
+  CHECK(static_cast<double>(op_time_ns(b200, *fwd)) ==
+        doctest::Approx(flops / (2250e12 * 0.717 * 0.853 * b_wave) * 1e9 + b200.kernel_launch_ns).epsilon(1e-5));
+  CHECK(static_cast<double>(op_time_ns(b200, *bwd)) ==
+        doctest::Approx(2.5 * flops / (2250e12 * 0.619 * 0.853 * b_wave) * 1e9 + b200.kernel_launch_ns).epsilon(1e-5));
+  // GB200 (152 SMs: 27 waves, 4096 / 4104): cudnn-frontend's Llama 3.1 SDPA
+  // benchmark at 8k, cuDNN 9.18.1: 1563 and 1279 TFLOP/s of 2500, 0.625 and
+  // 0.512 (it was 0.717 x 2500 = 1792 forward, the B200's FlashAttention-4
+  // fraction of the GB200's higher peak).
+  const GpuProfile gb200 = load_cluster("topologies/gb200-nvl72.json").gpu;
+  const double g_wave = 4096.0 / 4104.0;
+  CHECK(static_cast<double>(op_time_ns(gb200, *fwd)) ==
+        doctest::Approx(flops / (2500e12 * 0.625 * g_wave) * 1e9 + gb200.kernel_launch_ns).epsilon(1e-5));
+  CHECK(static_cast<double>(op_time_ns(gb200, *bwd)) ==
+        doctest::Approx(2.5 * flops / (2500e12 * 0.512 * g_wave) * 1e9 + gb200.kernel_launch_ns).epsilon(1e-5));
+  // GB300 (160 SMs: 26 waves, 4096 / 4160): 1927 and 1391 TFLOP/s, 0.771 and
+  // 0.556: Blackwell Ultra's doubled exponential unit shows in the forward
+  // (1.23 x the GB200's), less in the backward (1.09 x).
+  const GpuProfile gb300 = load_cluster("topologies/gb300-nvl72.json").gpu;
+  const double u_wave = 4096.0 / 4160.0;
+  CHECK(static_cast<double>(op_time_ns(gb300, *fwd)) ==
+        doctest::Approx(flops / (2500e12 * 0.771 * u_wave) * 1e9 + gb300.kernel_launch_ns).epsilon(1e-5));
+  CHECK(static_cast<double>(op_time_ns(gb300, *bwd)) ==
+        doctest::Approx(2.5 * flops / (2500e12 * 0.556 * u_wave) * 1e9 + gb300.kernel_launch_ns).epsilon(1e-5));
+  // Between the measured lengths the rate is log2-interpolated: at 12k on the
+  // GB200, 0.625 + (log2(12288) - 13) x (0.658 - 0.625).
+  const AttentionRates* cudnn = attention_rates_of(gb200, AttentionKernel::cudnn);
+  REQUIRE(cudnn != nullptr);
+  CHECK(attention_efficiency(*cudnn, 128, 12288, false) ==
+        doctest::Approx(0.625 + (std::log2(12288.0) - 13.0) * (0.658 - 0.625)));
+  CHECK(attention_efficiency(*cudnn, 128, 12288, true) ==
+        doctest::Approx(0.512 + (std::log2(12288.0) - 13.0) * (0.548 - 0.512)));
+}
+
 TEST_CASE("the attention core priced by its kernel: A100 FlashAttention-2, H100 cuDNN and FlashAttention-3") {
   // GPT-3 175B's layer (96 heads of 128, TP 8, b 4, s 2048) on the shipped
   // A100 card, flash on with the card's default kernel.
@@ -855,6 +905,20 @@ TEST_CASE("tensor-core work keeps the profile's sustained fraction of the burst 
   CHECK(c.gpu.gemm_max_efficiency * c.gpu.gemm_sustained_fraction == doctest::Approx(257.0 / 312).epsilon(0.001));
   // H100 and H200 have no such measurement: their burst rates stand.
   CHECK(load_cluster("topologies/dgx-h100.json").gpu.gemm_sustained_fraction == 1.0);
+  // The B200: FlashAttention-4 run back to back falls from 1450 to 1237 TFLOP/s
+  // (flashinfer PR #2899), 0.853. Llama 3 8B's FC1 at micro-batch 2, 8k (m =
+  // 16384, n = 28672, k = 4096) in bf16: 128 x 224 = 28672 tiles on 148 SMs,
+  // 194 waves (28712 slots), at 2250 x 0.776 (its MAMF row) x 0.853, plus the
+  // launch; compute-bound (1.31 GB of A, B, C: 0.2 ms of HBM against 2.6 ms).
+  const GpuProfile b200 = load_cluster("topologies/dgx-b200.json").gpu;
+  CHECK(b200.gemm_sustained_fraction == 0.853);
+  const double fc1 = 2.0 * 16384 * 28672 * 4096;
+  const double b_wave = 28672.0 / (194.0 * 148);
+  CHECK(static_cast<double>(gemm_time_ns(b200, 16384, 28672, 4096)) ==
+        doctest::Approx(fc1 / (2250e12 * 0.776 * 0.853 * b_wave) * 1e9 + b200.kernel_launch_ns).epsilon(1e-5));
+  // The GB200 and GB300 (1200 W, 1400 W) have no such measurement.
+  CHECK(load_cluster("topologies/gb200-nvl72.json").gpu.gemm_sustained_fraction == 1.0);
+  CHECK(load_cluster("topologies/gb300-nvl72.json").gpu.gemm_sustained_fraction == 1.0);
 }
 
 TEST_CASE("NCCL's channels, one SM each, for a group within a node and across nodes (search.cc, connect.cc)") {
