@@ -518,7 +518,8 @@ TEST_CASE("--offload-activations reaches simulate, plan, the plan file and the e
   CliResult s = run("simulate " + h100 + " --offload-activations 20");
   REQUIRE_MESSAGE(s.code == 0, s.err);
   CHECK(s.out.find("  host copies ") != std::string::npos);
-  CHECK(s.out.find("  offloaded to host     22.5 GiB") != std::string::npos);  // 20 x 1.125 GiB
+  // 20 x 34 sbh (no dropout masks: Llama trains without dropout) = 20 x 1.0625 GiB
+  CHECK(s.out.find("  offloaded to host     21.2 GiB") != std::string::npos);
   CliResult b = run("simulate " + h100);
   REQUIRE_MESSAGE(b.code == 0, b.err);
   CHECK(b.out.find("host copies") == std::string::npos);

@@ -158,6 +158,31 @@ TEST_CASE("Llama-3-70B layer activations: GQA and SwiGLU generalisation") {
   CHECK(activation_bytes_per_layer(m, p) == 595591168.0);
 }
 
+TEST_CASE("no dropout, no masks: Llama-3-70B as it trains (hidden and attention dropout 0)") {
+  // torch's dropout returns its input at p = 0 without drawing a mask
+  // (aten/src/ATen/native/Dropout.cpp, _dropout_impl), so the two hidden
+  // dropout masks (1 byte per element each) and the embedding's are not kept.
+  ModelSpec m = llama3_70b();
+  m.hidden_dropout = 0;
+  m.attention_dropout = 0;
+  const auto p = plan(4, 4, 2, 1, 64, 8192, Recompute::selective, true, true);
+  // Replicated 8 sbh = 536,870,912 (not 10 sbh); split as above 1,711,276,032;
+  // with SP / 4: 562,036,736.
+  CHECK(activation_bytes_per_layer(m, p) == 562036736.0);
+  // The first stage: 20 layers x 4 in flight + the token ids alone (8 s b / t).
+  auto z1 = p;
+  z1.zero_stage = 1;
+  CHECK(memory_per_gpu(m, z1, a100_80gb()).activation_bytes == 562036736.0 * 20 * 4 + 8.0 * 8192 / 4 * 4);
+  // Unfused attention with its scores stored: the softmax output alone
+  // (2 bytes a score, not 5): 2 * 64 heads * 8192^2 / 4 = 2,147,483,648 more.
+  auto unfused = p;
+  unfused.flash_attention = false;
+  unfused.recompute = Recompute::none;
+  CHECK(activation_bytes_per_layer(m, unfused) == 562036736.0 + 2.0 * 64 * 8192 * 8192 / 4);
+  m.attention_dropout = 0.1;
+  CHECK(activation_bytes_per_layer(m, unfused) == 562036736.0 + 5.0 * 64 * 8192 * 8192 / 4);
+}
+
 TEST_CASE("Megatron theoretical report: first-stage activations coincide (selective + SP)") {
   const ModelSpec m = gpt_22b();  // f = 4h: Megatron's 18 + 4f/h = 34
   SUBCASE("1F1B, pp 4, m = 8 >= pp") {

@@ -44,14 +44,17 @@ bool interleaved(const ParallelPlan& plan) {
 
 // Bytes of the first stage's embedding activations for one micro-batch:
 // the int64 token ids (8 bytes per token) and the embedding dropout mask
-// (1 byte per element), as Megatron counts them. With sequence parallelism
+// (1 byte per element), as Megatron counts them; no mask at a hidden dropout
+// of 0 (torch's dropout returns its input at p = 0 without drawing one:
+// aten/src/ATen/native/Dropout.cpp, _dropout_impl). With sequence parallelism
 // Megatron divides both by t (the ids are in fact replicated, but they are
 // 8*s*b bytes: negligible), and so do we to stay comparable.
 double embedding_activation_bytes(const ModelSpec& m, const ParallelPlan& plan) {
   const double s = static_cast<double>(plan.seq_per_rank());
   const double b = plan.micro_batch;
   const double h = static_cast<double>(m.hidden_size);
-  const double bytes = 8 * s * b + s * b * h;
+  const double mask = m.hidden_dropout > 0 ? s * b * h : 0.0;
+  const double bytes = 8 * s * b + mask;
   return plan.sequence_parallel ? bytes / plan.tp : bytes;
 }
 
@@ -375,8 +378,9 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
 
   // Replicated across TP ranks unless sequence parallel: the two norm inputs
   // (4sbh), the QKV GEMM input (2sbh), the two dropout masks (2sbh, 1 byte
-  // each) and the MLP input (2sbh).
-  const double replicated = 10 * sbh;
+  // each; none at a hidden dropout of 0, embedding_activation_bytes) and the
+  // MLP input (2sbh).
+  const double replicated = (m.hidden_dropout > 0 ? 10 : 8) * sbh;
   // Split by TP: Q, K, V (K and V at kv width for GQA), the output
   // projection's input, and the MLP's intermediate activations: fc1 output +
   // GeLU output (2 x 2 bytes x f) or, gated, fc1 output 2f wide + SwiGLU
@@ -392,11 +396,13 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
   const double mlp = moe_layer || mlp_recomputed ? 0.0 : (m.gated_mlp() ? 6 : 4) * s * b * f;
   const double split = attention + mlp;
   // Attention scores: softmax output (2), dropout mask (1), dropout output (2)
-  // bytes per score, a*s*s*b scores; never stored with flash attention, and
-  // recomputed (not stored) with selective recompute.
+  // bytes per score, a*s*s*b scores (the softmax output alone at an attention
+  // dropout of 0); never stored with flash attention, and recomputed (not
+  // stored) with selective recompute.
   const bool scores_stored = !plan.flash_attention && !plan.recomputes(RecomputeModule::core_attn);
   const double a = static_cast<double>(m.num_attention_heads);
-  const double scores = scores_stored ? 5 * a * s * s * b : 0;
+  const double score_bytes = m.attention_dropout > 0 ? 5 : 2;
+  const double scores = scores_stored ? score_bytes * a * s * s * b : 0;
 
   const double moe = moe_layer ? moe_mlp_activation_bytes(m, plan) : 0.0;
   // FP8 / FP4: the linear layers save their input quantized, not in bf16

@@ -112,8 +112,9 @@ struct ModelSpec {
   // projection and the MLP (Megatron's --hidden-dropout) and on the attention
   // probabilities (--attention-dropout). 0.1 is Megatron's default and GPT-3's;
   // Llama-style models train without (HF attention_dropout 0.0, no hidden
-  // dropout). The exports carry them; the cost model prices dropout's kernels
-  // and masks at any probability.
+  // dropout). The exports carry them; the memory model keeps no dropout mask
+  // at a probability of 0 (torch's dropout returns its input without drawing
+  // one); the cost model prices dropout's kernels at any probability.
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
   MoeSpec moe;
