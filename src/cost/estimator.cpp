@@ -42,6 +42,11 @@
 //   The parameter all-gather after the optimizer step is exposed; with
 //   --overlap-param-gather it moves to the next forward's buckets
 //   (next_forward_gather_ns).
+//   Where the EP exchanges cross nodes, a reduction over a group that
+//   crosses nodes shares the rank's NIC with them: it hides only under what
+//   they leave of the pass (reduction_beside_exchanges_ns), and ZeRO-2's
+//   reductions of an MoE plan run under their backward and the next forward
+//   (the combined step with the EP overlap), as the simulator plays them.
 // * optimizer: Megatron's step kernels (optimizer_step.hpp): the fp32 grad
 //   buffer scaled and zeroed (8 + 4 B per parameter), and on this GPU's
 //   shard (params / dp with ZeRO >= 1) the grad norm (4), Adam (28) and the
@@ -114,6 +119,9 @@ double tp_comm_ns(const std::vector<Op>& ops, int tp, const GroupLinks& links) {
 
 struct PassTimes {
   double fwd_compute = 0, bwd_compute = 0, fwd_tp = 0, bwd_tp = 0, fwd_cp = 0, bwd_cp = 0, fwd_ep = 0, bwd_ep = 0;
+  // Of fwd_ep / bwd_ep, the time the exchanges load the rank's NIC (EP
+  // groups across nodes): a DP-side reduction over the NIC shares it.
+  double fwd_ep_nic = 0, bwd_ep_nic = 0;
   double fwd() const { return fwd_compute + fwd_tp + fwd_cp + fwd_ep; }
   double bwd() const { return bwd_compute + bwd_tp + bwd_cp + bwd_ep; }
   double total() const { return fwd() + bwd(); }
@@ -128,6 +136,8 @@ void add_scaled(PassTimes& into, const PassTimes& x, double scale) {
   into.bwd_cp += scale * x.bwd_cp;
   into.fwd_ep += scale * x.fwd_ep;
   into.bwd_ep += scale * x.bwd_ep;
+  into.fwd_ep_nic += scale * x.fwd_ep_nic;
+  into.bwd_ep_nic += scale * x.bwd_ep_nic;
 }
 
 // What a list's CP (or EP) exchanges add to its compute: a blocking
@@ -196,16 +206,29 @@ double dispatch_ns(const Op& op, const MoeSpec& moe, std::int64_t hidden, const 
   return s * 1e9 + links.latency_ns;
 }
 
+// The time one exchange loads the rank's NIC: none inside a node; NCCL's
+// all-to-all across nodes all of it (its busbw is the NICs'); the allgather
+// and flex dispatchers their NIC leg of dispatch_ns.
+double dispatch_nic_ns(const Op& op, int ep, const GroupLinks& links, const MoeSpec& moe, std::int64_t hidden,
+                       const DispatchLinks& dl) {
+  if (dl.spread.nodes <= 1) return 0.0;
+  if (op.dispatcher == MoeDispatcher::alltoall) return comm_ns(op.collective, op.comm_bytes, ep, links);
+  const DispatchTraffic t = dispatch_traffic(op.dispatcher, moe, hidden, 1.0, dl.spread);
+  const bool flex = op.dispatcher == MoeDispatcher::flex;
+  return op.comm_bytes * t.node_copies / (dl.nic_Bps * (flex ? kDeepEpRdmaEfficiency : 1.0)) * 1e9;
+}
+
 // An MoE layer's dispatch and combine exchanges (blocking: Megatron's
 // dispatchers wait for each): NCCL collectives for alltoall, dispatch_ns for
-// the others.
+// the others; `nic_ns` adds their NIC time (dispatch_nic_ns).
 double ep_exposed_ns(const std::vector<Op>& ops, int ep, const GroupLinks& links, const MoeSpec& moe,
-                     std::int64_t hidden, const DispatchLinks& dl) {
+                     std::int64_t hidden, const DispatchLinks& dl, double* nic_ns = nullptr) {
   double total = 0;
   for (const Op& op : ops) {
     if (op.group != Group::ep || op.kind != OpKind::collective) continue;
     total += op.dispatcher == MoeDispatcher::alltoall ? comm_ns(op.collective, op.comm_bytes, ep, links)
                                                       : dispatch_ns(op, moe, hidden, dl);
+    if (nic_ns != nullptr) *nic_ns += dispatch_nic_ns(op, ep, links, moe, hidden, dl);
   }
   return total;
 }
@@ -213,9 +236,9 @@ double ep_exposed_ns(const std::vector<Op>& ops, int ep, const GroupLinks& links
 void add_ep_times(PassTimes& into, const LayerOps& ops, int ep, const GroupLinks& links, const MoeSpec& moe,
                   std::int64_t hidden, const DispatchLinks& dl) {
   if (ep <= 1) return;
-  into.fwd_ep += ep_exposed_ns(ops.forward, ep, links, moe, hidden, dl);
-  into.bwd_ep += ep_exposed_ns(ops.backward, ep, links, moe, hidden, dl) +
-                 ep_exposed_ns(ops.recompute, ep, links, moe, hidden, dl);
+  into.fwd_ep += ep_exposed_ns(ops.forward, ep, links, moe, hidden, dl, &into.fwd_ep_nic);
+  into.bwd_ep += ep_exposed_ns(ops.backward, ep, links, moe, hidden, dl, &into.bwd_ep_nic) +
+                 ep_exposed_ns(ops.recompute, ep, links, moe, hidden, dl, &into.bwd_ep_nic);
 }
 
 PassTimes compute_times(const GpuProfile& gpu, const LayerOps& ops) {
@@ -324,6 +347,9 @@ struct Placement {
   std::vector<DispatchLinks> ep_dispatch; // per entry of ep_links: its dispatcher's links
   std::vector<GroupLinks> dp_links;       // per stage (DP x CP group of TP rank 0)
   std::vector<GroupLinks> edp_links;      // per stage: the expert-DP group of EP and ETP rank 0 (MoE only)
+  // Per stage: whether the DP x CP group, and the expert-DP group where the
+  // experts have one, cross nodes (their reductions load the NICs).
+  std::vector<char> dp_nic, edp_nic;
   GroupLinks embedding_links{};           // the first and the last stage's TP rank 0 (PP > 1)
   int dp_sms = 0;                         // SMs a DP collective holds on its GPUs (nccl_ring_channels)
   // SMs an EP exchange holds beside the EP overlap's compute, per dispatcher
@@ -424,11 +450,15 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
         for (MoeDispatcher d : {MoeDispatcher::alltoall, MoeDispatcher::allgather, MoeDispatcher::flex})
           pl.ep_sms[static_cast<std::size_t>(d)] = ep_exchange_sms(topo.cluster(), d, ranks);
     }
-    if (plan.expert_dp() > 1 && (plan.ep > 1 || plan.expert_tp() != plan.tp))
-      pl.edp_links.push_back(group_links(topo, mapping.expert_dp_group(stage, 0, 0), loads.edp, true));
+    if (plan.expert_dp() > 1 && (plan.ep > 1 || plan.expert_tp() != plan.tp)) {
+      const std::vector<int> edp_ranks = mapping.expert_dp_group(stage, 0, 0);
+      pl.edp_links.push_back(group_links(topo, edp_ranks, loads.edp, true));
+      pl.edp_nic.push_back(mapping.nodes_spanned(edp_ranks) > 1 ? 1 : 0);
+    }
     GroupLinks dp{};
     if (plan.dp_cp() > 1) dp = group_links(topo, mapping.dp_group(0, stage), loads.dp, true);
     pl.dp_links.push_back(dp);
+    pl.dp_nic.push_back(plan.dp_cp() > 1 && mapping.nodes_spanned(mapping.dp_group(0, stage)) > 1 ? 1 : 0);
     if (stage + 1 < pp) {
       const std::vector<int> pair{mapping.rank_of(0, stage, 0), mapping.rank_of(0, stage + 1, 0)};
       const LinkParams link = group_link_params(topo, Collective::send_recv, pair, loads.pp);
@@ -834,16 +864,27 @@ double next_forward_gather_ns(const StepCollective& sc, const GroupLinks& links,
   return exposed + a0 + a + (buckets - 1) * std::max(0.0, a - chunk_fwd_ns / buckets);
 }
 
+// Where the critical stage's DP-side groups sit, and what each of the EP
+// overlap's combined steps hides (0 without it).
+struct StepLinks {
+  const GroupLinks* dp = nullptr;
+  const GroupLinks* expert = nullptr;
+  bool dp_nic = false, expert_nic = false;  // the group crosses nodes
+  double pair_hidden_ns = 0;
+};
+
 template <class Zero3>
 double fold_step_collectives(const StageStep& stage, const StepDescription& step, const PassTimes& crit,
-                             const CommTimes& ct, double micro_batches, const GroupLinks& dp_links,
-                             const GroupLinks& expert_links, Zero3 zero3_exposed, double& compute_s,
-                             std::vector<StepCollective>* folded, int critical, double v, double first_params) {
+                             const CommTimes& ct, double micro_batches, const StepLinks& sl, Zero3 zero3_exposed,
+                             double& compute_s, std::vector<StepCollective>* folded, int critical, double v,
+                             double first_params) {
   double sum[7] = {};
+  double nic[7] = {};  // of sum, the collectives over groups that cross nodes
   double next_forward_ns = 0;
   bool zero3 = false;
   for (const StepCollective& sc : stage.collectives()) {
-    const GroupLinks& links = sc.group == StepGroup::expert_dp ? expert_links : dp_links;
+    const bool expert = sc.group == StepGroup::expert_dp;
+    const GroupLinks& links = expert ? *sl.expert : *sl.dp;
     if (folded != nullptr && sc.when != StepWhen::after_all_backward) folded->push_back(sc);
     switch (sc.when) {
       case StepWhen::zero3_units:
@@ -856,9 +897,12 @@ double fold_step_collectives(const StageStep& stage, const StepDescription& step
       case StepWhen::next_forward_buckets:
         next_forward_ns += next_forward_gather_ns(sc, links, step, stage, crit, critical, v, first_params);
         break;
-      default:
-        sum[static_cast<std::size_t>(sc.when)] += comm_ns(sc.collective, sc.bytes, sc.ranks, links);
+      default: {
+        const double ns = comm_ns(sc.collective, sc.bytes, sc.ranks, links);
+        sum[static_cast<std::size_t>(sc.when)] += ns;
+        if (expert ? sl.expert_nic : sl.dp_nic) nic[static_cast<std::size_t>(sc.when)] += ns;
         break;
+      }
     }
   }
   // What the DP collectives' SMs cost the compute beside them.
@@ -873,16 +917,33 @@ double fold_step_collectives(const StageStep& stage, const StepDescription& step
     return times * std::max(0.0, comm - backward);
   };
   const auto at = [&](StepWhen w) { return sum[static_cast<std::size_t>(w)]; };
+  const auto beside_exchanges = [&](StepWhen w, double window, double ep_nic) {
+    return reduction_beside_exchanges_ns(at(w), nic[static_cast<std::size_t>(w)], window, ep_nic);
+  };
   double exposed_ns = 0;
   switch (step.grad_when()) {
     case StepWhen::last_backward_buckets:
       exposed_ns = under_backward(at(StepWhen::last_backward_buckets), crit.bwd(), 1.0);
+      // The last backward runs alone, also with the EP overlap.
+      if (crit.bwd_ep_nic > 0) exposed_ns = beside_exchanges(StepWhen::last_backward_buckets, crit.bwd(), crit.bwd_ep_nic);
       break;
     case StepWhen::after_backward:
       exposed_ns = under_backward(at(StepWhen::after_backward), 0.0, 1.0);
       break;
     case StepWhen::every_backward_buckets:
       exposed_ns = under_backward(at(StepWhen::every_backward_buckets), crit.bwd(), micro_batches);
+      if (crit.bwd_ep_nic > 0 || sl.pair_hidden_ns > 0) {
+        // Each micro-batch's reduction runs on the DP stream until the next
+        // one's is issued, as the simulator plays it: under its backward and
+        // the next forward (with the EP overlap one combined step, shorter
+        // by what it hides), beside both passes' exchanges; the last one
+        // under its backward alone. Simplified: a dense plan's reduction
+        // keeps the backward alone as its window.
+        const StepWhen w = StepWhen::every_backward_buckets;
+        const double step_ns = crit.fwd() + crit.bwd() - sl.pair_hidden_ns;
+        exposed_ns = (micro_batches - 1) * beside_exchanges(w, step_ns, crit.fwd_ep_nic + crit.bwd_ep_nic) +
+                     beside_exchanges(w, crit.bwd(), crit.bwd_ep_nic);
+      }
       break;
     default:
       break;
@@ -949,10 +1010,10 @@ std::vector<Op> backward_list(const LayerOps& ops) {
 // (TransformerModelChunkSchedulePlan.run), a pair at a time (the simulator
 // also lets one pair's tail run under the next one's head). Adds to `bd` what
 // the exchanges hide (off ep_comm_s) and what the compute loses under their
-// SMs (onto compute_s).
-void fold_ep_overlap(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
+// SMs (onto compute_s); returns what one combined step hides.
+double fold_ep_overlap(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
                      const Placement& pl, double pace, Breakdown& bd) {
-  if (!plan.moe_ep_overlap || pl.ep_links.empty()) return;
+  if (!plan.moe_ep_overlap || pl.ep_links.empty()) return 0.0;
   const GroupLinks no_links{};
   const EpLinks links{pl.tp_links.empty() ? &no_links : &pl.tp_links[pl.stage_tp[0]],
                       pl.cp_links.empty() ? nullptr : &pl.cp_links[pl.stage_cp[0]], &pl.ep_links[pl.stage_ep[0]],
@@ -984,6 +1045,7 @@ void fold_ep_overlap(const ModelSpec& m, const GpuProfile& gpu, const ParallelPl
   bd.ep_overlap_sm_s = std::max(0.0, pairs * sm * 1e-9);  // no SMs held: 0, not a rounding's -1e-15
   bd.ep_comm_s -= bd.ep_hidden_s;
   bd.compute_s += bd.ep_overlap_sm_s;
+  return hidden;
 }
 
 // What one micro-batch's compute waits for the activation copies of CPU
@@ -1086,10 +1148,18 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   // The word embedding on one TP rank: the first bucket of the first stage's gather.
   const double embedding_params = static_cast<double>(padded_vocab_size(m.vocab_size, plan.tp)) / plan.tp *
                                   static_cast<double>(m.hidden_size);
+  // The EP overlap first: its combined steps are what a reduction under
+  // every backward runs beside.
+  const double pair_hidden_ns = fold_ep_overlap(m, gpu, plan, lc, pl, pace, bd);
   if (stage_step.size > 0) {
     const auto c = static_cast<std::size_t>(critical);
-    bd.dp_comm_s = fold_step_collectives(stage_step, step, crit, ct, micro_batches, pl.dp_links[c],
-                                         pl.edp_links.empty() ? pl.dp_links[c] : pl.edp_links[c], [&](double& sm_ns) {
+    StepLinks sl;
+    sl.dp = &pl.dp_links[c];
+    sl.expert = pl.edp_links.empty() ? sl.dp : &pl.edp_links[c];
+    sl.dp_nic = pl.dp_nic[c] != 0;
+    sl.expert_nic = pl.edp_nic.empty() ? sl.dp_nic : pl.edp_nic[c] != 0;
+    sl.pair_hidden_ns = pair_hidden_ns;
+    bd.dp_comm_s = fold_step_collectives(stage_step, step, crit, ct, micro_batches, sl, [&](double& sm_ns) {
                                            return zero3_exposed_ns(m, gpu, plan, lc, pl.tp_links[pl.stage_tp[c]],
                                                                    pl.dp_links[c], critical, pace, ct, step, sm_ns);
                                          }, bd.compute_s, folded != nullptr ? &folded->collectives : nullptr,
@@ -1106,7 +1176,6 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   if (folded != nullptr) folded->critical_stage = critical;
   if (plan.offload_layers > 0) bd.offload_s = micro_batches * offload_exposed_s(m, plan, lc, ct, pl, pace);
   bd.optimizer_s = static_cast<double>(step.optimizer_ns(gpu, stage_step.params, critical)) * pace * 1e-9;
-  fold_ep_overlap(m, gpu, plan, lc, pl, pace, bd);
 
   Estimate e;
   e.plan = plan;
@@ -1174,6 +1243,10 @@ struct PairHash {
 };
 
 }  // namespace
+
+double reduction_beside_exchanges_ns(double comm_ns, double nic_ns, double window_ns, double ep_nic_ns) {
+  return std::max({0.0, comm_ns - window_ns, nic_ns - (window_ns - ep_nic_ns)});
+}
 
 void fill_throughput(Estimate& e, const ModelSpec& m, const ParallelPlan& plan, const GpuProfile& gpu) {
   const double world = static_cast<double>(plan.world_size());

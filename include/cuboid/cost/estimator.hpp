@@ -88,6 +88,13 @@ void attach_interval(Estimate& e, const Cluster& cluster);
 // e.iteration_time_s (shared by the estimator and the simulator).
 void fill_throughput(Estimate& e, const ModelSpec& m, const ParallelPlan& plan, const GpuProfile& gpu);
 
+// A DP-side reduction of `comm_ns`, `nic_ns` of it over groups that cross
+// nodes, issued under a pass of `window_ns` whose EP exchanges load the
+// rank's NIC for `ep_nic_ns`: what of it shows past the pass. The NIC
+// carries both, so the part over the NIC hides only under what the
+// exchanges leave of the pass: max(0, comm - window, nic - (window - ep_nic)).
+double reduction_beside_exchanges_ns(double comm_ns, double nic_ns, double window_ns, double ep_nic_ns);
+
 // One plan, nothing cached (convenient; the planner uses Estimator).
 Estimate estimate(const ModelSpec& m, const Topology& topo, const ParallelPlan& plan);
 
