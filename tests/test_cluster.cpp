@@ -267,11 +267,17 @@ TEST_CASE("an NVL72 rack is one node of 18 hosts of 4 GPUs; --gpus-per-node take
   json j = small_card();  // 4 GPUs per node
   j["gpus_per_host"] = 3;
   CHECK(input_error_message([&] { cuboid::cluster_from_json(j, "small.json", kTopologies); }) ==
-        "small.json: gpus_per_host: 3 GPUs per host do not divide the node's 4 (fix: give the GPUs of one host (a "
-        "GB200 NVL72 compute tray: 4), a divisor of gpus_per_node)");
+        "small.json: gpus_per_host: 3 GPUs per host neither divide the node's 4 nor are whole nodes (fix: give the "
+        "GPUs of one host (a GB200 NVL72 compute tray: 4), a divisor of gpus_per_node, or a multiple of it where one "
+        "host holds several nodes)");
   j["gpus_per_host"] = 2;
   const Cluster halves = cuboid::cluster_from_json(j, "small.json", kTopologies);
   CHECK(halves.hosts() == 2 * halves.nodes);
+  // One host of several nodes (tests/data/clusters/localhost-cpu-2x2.json): 4 ranks as 2 nodes of 2.
+  const Cluster two_by_two = cuboid::load_cluster("tests/data/clusters/localhost-cpu-2x2.json");
+  CHECK(two_by_two.gpus_per_node == 2);
+  CHECK(two_by_two.nodes == 2);
+  CHECK(two_by_two.hosts() == 1);
 }
 
 TEST_CASE("DGX A100 constants") {

@@ -81,10 +81,13 @@ TEST_CASE("cluster.gpus_per_host: written where a node has several hosts, read b
   CHECK(pf.gpus_per_host == 4);
   CHECK(pf.hosts() == 8);
   j["cluster"]["gpus_per_host"] = 3;
-  CHECK(read_error(j) == "plan.json: cluster.gpus_per_host: 3 does not divide gpus_per_node 8 (fix: regenerate it "
-                         "with this cuboid (cuboid plan ... --out FILE))");
-  j["cluster"]["gpus_per_host"] = 16;
+  CHECK(read_error(j) == "plan.json: cluster.gpus_per_host: 3 neither divides gpus_per_node 8 nor is a multiple of it "
+                         "(fix: regenerate it with this cuboid (cuboid plan ... --out FILE))");
+  j["cluster"]["gpus_per_host"] = 12;
   CHECK(read_error(j).find("plan.json: cluster.gpus_per_host: ") == 0);
+  // A host of two nodes (a test fixture's CPU ranks counted as nodes).
+  j["cluster"]["gpus_per_host"] = 16;
+  CHECK(plan_file_from_json(j, "plan.json").hosts() == 2);
 }
 
 TEST_CASE("every fixture plan reads back to the same plan and model") {

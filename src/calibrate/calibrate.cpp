@@ -71,7 +71,9 @@ std::vector<CalibrationJob> load_jobs(const CalibrateOptions& o, const Cluster& 
   return jobs;
 }
 
-exec::Communicator* group_comm(exec::ProcessGroups& g, Group kind) {
+exec::Communicator* group_comm(exec::ProcessGroups& g, Group kind, FlexLeg leg = FlexLeg::none) {
+  if (leg == FlexLeg::intra) return g.ep_intra.get();
+  if (leg == FlexLeg::rail) return g.ep_rail.get();
   switch (kind) {
     case Group::tp: return g.tp.get();
     case Group::pp: return g.pp.get();
@@ -330,13 +332,14 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
     // What the optimizer's kernels find evicted (step_cache.hpp): this plan's step.
     ko.step_memory_bytes = own[ji].whole_step;
     exec::ProcessGroups groups =
-        exec::make_process_groups(std::move(comm), RankMapping(j.plan, gpus_per_node), j.model.moe.enabled());
+        exec::make_process_groups(std::move(comm), RankMapping(j.plan, gpus_per_node), j.model.moe.enabled(),
+                                  j.model.moe.enabled() && j.plan.ep > 1 && j.plan.moe_dispatcher == MoeDispatcher::flex);
     const auto tk = std::chrono::steady_clock::now();
     std::vector<std::vector<KernelMeasurement>> kernel_repeats;
     for (int r = 0; r < o.repeat; ++r) {
       std::vector<KernelMeasurement> k =
           run_kernel_sweep(backend, groups.tp.get(), *groups.world, j.model, j.plan, ko, watchdog, groups.ep.get(),
-                           groups.cp.get());
+                           groups.cp.get(), groups.flex.intra != nullptr ? &groups.flex : nullptr);
       const std::vector<KernelMeasurement> a =
           run_optimizer_sweep(backend, *groups.world, j.model, j.plan, ko, watchdog);
       k.insert(k.end(), a.begin(), a.end());
@@ -357,7 +360,7 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
         state.evict_bytes = cold ? footprint.whole_step : 0;
         groups.world->barrier();
         for (const CollectiveMeasurement& m :
-             run_collective_sweep(backend, *group_comm(groups, shape.group), sizes, state, watchdog))
+             run_collective_sweep(backend, *group_comm(groups, shape.group, shape.leg), sizes, state, watchdog))
           mine.collectives.push_back(CollectiveRecord{CollectiveKey{m.collective, shape.tier, shape.size, cold},
                                                       std::string(to_string(shape.group)), m});
       }

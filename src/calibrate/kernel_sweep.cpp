@@ -91,9 +91,9 @@ constexpr int kMoeDepthPasses = 3;
 std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* tp, const exec::LayerDims& d,
                                          const exec::MoeDims* moe, exec::Communicator* ep, exec::Communicator* cp,
                                          int world_rank, int depth, const KernelSweepOptions& o,
-                                         exec::Watchdog* watchdog) {
+                                         exec::Watchdog* watchdog, const exec::FlexGroups* flex) {
   exec::OpTimer timer(be, watchdog);
-  exec::LayerRunner runner(be, tp, d, timer, moe, ep, d.cp > 1 ? cp : nullptr);
+  exec::LayerRunner runner(be, tp, d, timer, moe, ep, d.cp > 1 ? cp : nullptr, flex);
   const bool is_moe = moe != nullptr;
   const std::size_t n_params = exec::layer_param_count(d, is_moe);
   depth = is_moe ? std::clamp(depth, 1, kMaxMoeDepth) : 1;
@@ -156,7 +156,8 @@ std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* 
 std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communicator* tp, exec::Communicator& world,
                                                 const ModelSpec& model, const ParallelPlan& plan,
                                                 const KernelSweepOptions& o, exec::Watchdog* watchdog,
-                                                exec::Communicator* ep, exec::Communicator* cp) {
+                                                exec::Communicator* ep, exec::Communicator* cp,
+                                                const exec::FlexGroups* flex) {
   const std::int64_t seq = plan.seq_length > 0 ? plan.seq_length : model.seq_length;
   // A stage's layers: the depth the sweep's input reaches.
   const auto depth = static_cast<int>(std::max<std::int64_t>(1, model.num_layers / std::max(1, plan.pp)));
@@ -182,7 +183,7 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communi
     const exec::LayerDims d = exec::layer_dims(model, scaled, kDropout);
     const exec::MoeDims moe = exec::moe_dims(model, scaled, d.local_tokens);
     const std::map<std::string, double> times =
-        time_layer(be, tp, d, model.moe.enabled() ? &moe : nullptr, ep, cp, world.rank(), depth, o, watchdog);
+        time_layer(be, tp, d, model.moe.enabled() ? &moe : nullptr, ep, cp, world.rank(), depth, o, watchdog, flex);
     for (const auto& [name, t] : times) {
       const auto it = bytes.find(name);
       if (it == bytes.end() || !(it->second > 0)) continue;

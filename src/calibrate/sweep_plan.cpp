@@ -102,6 +102,13 @@ std::vector<GroupShape> plan_group_shapes(const ParallelPlan& plan, int gpus_per
   add(Group::pp, mapping.pp_groups());
   add(Group::dp, mapping.dp_groups());
   if (plan.ep > 1) add(Group::ep, mapping.ep_groups());
+  if (plan.ep > 1 && plan.moe_dispatcher == MoeDispatcher::flex) {
+    const std::vector<int> members = mapping.ep_groups().front();
+    const int nodes = mapping.nodes_spanned(members);
+    const int per_node = static_cast<int>(members.size()) / nodes;
+    if (nodes > 1 && per_node > 1) out.push_back(GroupShape{Group::ep, per_node, "intra_node", FlexLeg::intra});
+    if (nodes > 1) out.push_back(GroupShape{Group::ep, nodes, "inter_node", FlexLeg::rail});
+  }
   if (plan.cp > 1) add(Group::cp, mapping.cp_groups());
   return out;
 }

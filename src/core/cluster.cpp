@@ -509,11 +509,14 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source,
   c.gpus_per_node = sourced_count(r, "gpus_per_node", ignored_sources, "gpus_per_node");
   c.gpus_per_host = optional_count(r, "gpus_per_host", ignored_sources, "gpus_per_host", 0);
   if (c.gpus_per_host == c.gpus_per_node) c.gpus_per_host = 0;
-  if (c.gpus_per_host > 0 && c.gpus_per_node % c.gpus_per_host != 0)
+  // A host of several nodes: a test fixture that counts one machine's ranks
+  // as nodes (tests/data/clusters/localhost-cpu-2x2.json).
+  if (c.gpus_per_host > 0 && c.gpus_per_node % c.gpus_per_host != 0 && c.gpus_per_host % c.gpus_per_node != 0)
     r.fail("gpus_per_host",
-           std::to_string(c.gpus_per_host) + " GPUs per host do not divide the node's " +
-               std::to_string(c.gpus_per_node),
-           "give the GPUs of one host (a GB200 NVL72 compute tray: 4), a divisor of gpus_per_node");
+           std::to_string(c.gpus_per_host) + " GPUs per host neither divide the node's " +
+               std::to_string(c.gpus_per_node) + " nor are whole nodes",
+           "give the GPUs of one host (a GB200 NVL72 compute tray: 4), a divisor of gpus_per_node, or a multiple "
+           "of it where one host holds several nodes");
 
   if (!r.has("gpu")) r.fail("gpu", "missing required field", "give an inline GPU profile object or a path such as \"gpus/a100-sxm4-80gb.json\"");
   if (r.is_object("gpu")) {

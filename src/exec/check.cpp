@@ -256,7 +256,8 @@ CheckResult check_sharded_forward(Backend& be, ProcessGroups& groups, const Mode
 
   timer.begin_step(false);
   LayerRunner sharded(be, groups.tp.get(), sd, timer, moe ? &smoe : nullptr, groups.ep.get(),
-                      plan.cp > 1 ? groups.cp.get() : nullptr);
+                      plan.cp > 1 ? groups.cp.get() : nullptr,
+                      groups.flex.intra != nullptr ? &groups.flex : nullptr);
   LayerActs sharded_acts = sharded.make_acts(AttentionMemory::keep_probs);
   sharded.forward(sp, x_local, sharded_acts, y_local, 1, AttentionMemory::keep_probs);
   LayerRunner reference(be, nullptr, fd, timer, moe ? &fmoe : nullptr);

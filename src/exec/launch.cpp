@@ -204,11 +204,11 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
     refuse("parallel.precision", "NVFP4 linear layers (4-bit elements in 16-element blocks)",
            "plan with --precision fp8-current or mxfp8");
   if (!model.moe.enabled()) return;
-  if (plan.ep > 1 && plan.moe_dispatcher != MoeDispatcher::alltoall)
+  if (plan.ep > 1 && plan.moe_dispatcher == MoeDispatcher::allgather)
     refuse("parallel.moe_dispatcher",
-           "the " + std::string(to_string(plan.moe_dispatcher)) +
-               " token dispatcher (its MoE layer exchanges tokens as Megatron-Core's alltoall dispatcher does)",
-           "plan with --moe-dispatcher alltoall");
+           "the allgather token dispatcher (its MoE layer exchanges tokens as Megatron-Core's alltoall and flex "
+           "dispatchers do)",
+           "plan with --moe-dispatcher alltoall or flex");
   if (plan.moe_ep_overlap)
     refuse("parallel.moe_ep_overlap",
            "the EP overlap (its step runs each micro-batch's forward, then its backward; not Megatron-Core's "
@@ -243,7 +243,8 @@ void check_world_size(int world_size, const ParallelPlan& plan, const std::strin
 // ---------------------------------------------------------------------------
 namespace cuboid::exec {
 
-ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const RankMapping& mapping, bool expert_groups) {
+ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const RankMapping& mapping, bool expert_groups,
+                                  bool flex_groups) {
   ProcessGroups g;
   g.coord = mapping.coord(world->rank());
   const RankCoord& c = g.coord;
@@ -270,6 +271,22 @@ ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const Ran
     };
     g.ep = split_by(mapping.ep_groups());
     g.edp = split_by(mapping.expert_dp_groups());
+    if (flex_groups) {
+      // The EP group's members' nodes (its ranks in EP order), then a group
+      // per node and one per local index (DeepEP's NVL and RDMA ranks).
+      std::vector<int> member_nodes;
+      for (const auto& members : mapping.ep_groups())
+        if (std::find(members.begin(), members.end(), c.rank) != members.end())
+          for (const int r : members) member_nodes.push_back(mapping.node_of(r));
+      g.flex.layout = ep_layout(member_nodes);
+      const int me = g.ep->rank();
+      g.ep_intra = g.ep->split(g.flex.layout.node[static_cast<std::size_t>(me)],
+                               g.flex.layout.local[static_cast<std::size_t>(me)]);
+      g.ep_rail = g.ep->split(g.flex.layout.local[static_cast<std::size_t>(me)],
+                              g.flex.layout.node[static_cast<std::size_t>(me)]);
+      g.flex.intra = g.ep_intra.get();
+      g.flex.rail = g.ep_rail.get();
+    }
   }
   g.world = std::move(world);
   return g;

@@ -120,9 +120,9 @@ OpDesc wgrad_desc(const char* name, const LayerDims::Linear& l) {
 }  // namespace
 
 LayerRunner::LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer,
-                         const MoeDims* moe, Communicator* ep, Communicator* cp)
+                         const MoeDims* moe, Communicator* ep, Communicator* cp, const FlexGroups* flex)
     : be_(backend), tp_(tp), d_(dims), timer_(timer), cp_(cp) {
-  if (moe != nullptr) moe_ = std::make_unique<MoeRunner>(backend, ep, *moe, timer);
+  if (moe != nullptr) moe_ = std::make_unique<MoeRunner>(backend, ep, *moe, timer, flex);
   if (d_.cp > 1) {
     CUBOID_EXEC_REQUIRE(d_.flash, "LayerRunner", "context parallelism runs the fused attention core (flash) only");
     CUBOID_EXEC_REQUIRE(cp_ != nullptr && cp_->size() == d_.cp, "LayerRunner",

@@ -45,6 +45,7 @@ MoeDims moe_dims(const ModelSpec& model, const ParallelPlan& plan, std::int64_t 
   d.topk = model.moe.experts_per_token;
   d.ffn = model.moe.expert_ffn_hidden_size;
   d.ep = plan.ep;
+  d.dispatcher = plan.moe_dispatcher;
   d.gated = model.gated_mlp();
   d.precision = plan.precision;
   return d;
@@ -85,11 +86,83 @@ MoeParams expert_params_at(DeviceSpan flat, std::size_t offset, const MoeDims& d
   return p;
 }
 
-MoeRunner::MoeRunner(Backend& backend, Communicator* ep, const MoeDims& dims, OpTimer& timer)
+int EpLayout::nodes() const { return node.empty() ? 1 : *std::max_element(node.begin(), node.end()) + 1; }
+int EpLayout::per_node() const { return node.empty() ? 1 : static_cast<int>(node.size()) / nodes(); }
+int EpLayout::rank_at(int n, int l) const {
+  for (std::size_t r = 0; r < node.size(); ++r)
+    if (node[r] == n && local[r] == l) return static_cast<int>(r);
+  throw ExecError(__FILE__, __LINE__, -1, "EpLayout", "no EP rank at node " + std::to_string(n) + ", local " +
+                                                           std::to_string(l));
+}
+
+EpLayout ep_layout(const std::vector<int>& member_nodes) {
+  EpLayout lay;
+  std::vector<int> seen, count;
+  for (const int m : member_nodes) {
+    const auto it = std::find(seen.begin(), seen.end(), m);
+    const auto n = static_cast<std::size_t>(it - seen.begin());
+    if (it == seen.end()) {
+      seen.push_back(m);
+      count.push_back(0);
+    }
+    lay.node.push_back(static_cast<int>(n));
+    lay.local.push_back(count[n]++);
+  }
+  for (const int c : count)
+    CUBOID_EXEC_REQUIRE(c == count.front(), "ep_layout",
+                        "the flex dispatcher needs the same number of EP ranks on every node (" +
+                            std::to_string(count.front()) + " and " + std::to_string(c) + ")");
+  return lay;
+}
+
+FlexRoute flex_route(const std::vector<std::int32_t>& top_expert, std::int64_t topk, std::int64_t local_experts,
+                     const EpLayout& lay, int /*me*/) {
+  const int nodes = lay.nodes();
+  const std::size_t ranks = lay.node.size();
+  const std::int64_t tokens = static_cast<std::int64_t>(top_expert.size()) / topk;
+  std::vector<std::vector<std::int32_t>> to(sz(nodes));
+  FlexRoute r;
+  r.per_rank.assign(ranks, 0);
+  std::vector<char> hit_node(sz(nodes)), hit_rank(ranks);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::fill(hit_node.begin(), hit_node.end(), 0);
+    std::fill(hit_rank.begin(), hit_rank.end(), 0);
+    for (std::int64_t j = 0; j < topk; ++j) {
+      const auto rank = static_cast<std::size_t>(top_expert[sz(t * topk + j)] / local_experts);
+      hit_rank[rank] = 1;
+      hit_node[sz(lay.node[rank])] = 1;
+    }
+    for (std::size_t q = 0; q < ranks; ++q) r.per_rank[q] += hit_rank[q] != 0 ? 1 : 0;
+    for (int b = 0; b < nodes; ++b)
+      if (hit_node[sz(b)] != 0) to[sz(b)].push_back(static_cast<std::int32_t>(t));
+  }
+  for (const auto& list : to) {
+    r.per_node.push_back(list.size());
+    r.token.insert(r.token.end(), list.begin(), list.end());
+  }
+  return r;
+}
+
+std::size_t FlexRoute::inter_node_tokens(const EpLayout& lay, int me) const {
+  std::size_t n = 0;
+  for (std::size_t b = 0; b < per_node.size(); ++b)
+    if (static_cast<int>(b) != lay.node[sz(me)]) n += per_node[b];
+  return n;
+}
+
+MoeRunner::MoeRunner(Backend& backend, Communicator* ep, const MoeDims& dims, OpTimer& timer, const FlexGroups* flex)
     : be_(backend), ep_(ep != nullptr && ep->size() > 1 ? ep : nullptr), d_(dims), timer_(timer) {
   CUBOID_EXEC_REQUIRE(d_.ep == (ep_ != nullptr ? ep_->size() : 1), "MoeRunner",
                       "the EP group has " + std::to_string(ep_ != nullptr ? ep_->size() : 1) + " ranks, the plan " +
                           std::to_string(d_.ep));
+  if (ep_ != nullptr && d_.dispatcher == MoeDispatcher::flex) {
+    CUBOID_EXEC_REQUIRE(flex != nullptr && flex->intra != nullptr && flex->rail != nullptr, "MoeRunner",
+                        "the flex dispatcher needs the EP group's intra-node and rail groups");
+    CUBOID_EXEC_REQUIRE(static_cast<int>(flex->layout.node.size()) == d_.ep &&
+                            flex->intra->size() == flex->layout.per_node() && flex->rail->size() == flex->layout.nodes(),
+                        "MoeRunner", "the flex groups do not match the EP group's layout");
+    flex_ = flex;
+  }
 }
 
 template <typename F>
@@ -133,15 +206,54 @@ void MoeRunner::exchange_counts(MoeActs& a, Pass pass) {
   for (const std::int32_t e : a.top_expert) per_expert[sz(e)] += 1.0f;
   a.send_rows.assign(sz(ep), 0);
   for (std::int64_t e = 0; e < E; ++e) a.send_rows[sz(e / L)] += static_cast<std::size_t>(per_expert[sz(e)]);
-  // recv[s * L + l]: rows source s sends to local expert l.
-  std::vector<float> recv = per_expert;
+  // Per destination: its local experts' rows; with flex (DeepEP's notify)
+  // also the tokens reaching it and those reaching its node.
+  const std::int64_t W = flex() ? L + 2 : L;
+  FlexRoute route;
+  std::vector<float> send = per_expert;
+  if (flex()) {
+    const EpLayout& lay = flex_->layout;
+    route = flex_route(a.top_expert, d_.topk, L, lay, ep_->rank());
+    send.assign(sz(ep * W), 0.0f);
+    for (int d = 0; d < ep; ++d) {
+      for (std::int64_t l = 0; l < L; ++l) send[sz(d * W + l)] = per_expert[sz(d * L + l)];
+      send[sz(d * W + L)] = static_cast<float>(route.per_rank[sz(d)]);
+      send[sz(d * W + L + 1)] = static_cast<float>(route.per_node[sz(lay.node[sz(d)])]);
+    }
+  }
+  // got[s * W + l]: rows source s sends to local expert l.
+  std::vector<float> got = send;
   if (ep_ != nullptr) {
-    const DeviceSpan send = grown(be_, counts_send_, sz(E), DType::f32);
-    const DeviceSpan got = grown(be_, counts_recv_, sz(E), DType::f32);
-    be_.upload(per_expert, send);
-    timer_.run(comm_desc(op::ep_a2a_counts, pass, Collective::all_to_all, Group::ep, static_cast<double>(E) * kFp32Bytes, ep),
-               [&] { ep_->all_to_all(send, got, sz(L)); });
-    recv = be_.download(got);
+    const DeviceSpan sbuf = grown(be_, counts_send_, sz(ep * W), DType::f32);
+    const DeviceSpan gbuf = grown(be_, counts_recv_, sz(ep * W), DType::f32);
+    be_.upload(send, sbuf);
+    timer_.run(comm_desc(op::ep_a2a_counts, pass, Collective::all_to_all, Group::ep,
+                         static_cast<double>(ep * W) * kFp32Bytes, ep),
+               [&] { ep_->all_to_all(sbuf, gbuf, sz(W)); });
+    got = be_.download(gbuf);
+  }
+  std::vector<float> recv(sz(E));
+  for (int s = 0; s < ep; ++s)
+    for (std::int64_t l = 0; l < L; ++l) recv[sz(s * L + l)] = got[sz(s * W + l)];
+  if (flex()) {
+    const EpLayout& lay = flex_->layout;
+    const int me = ep_->rank(), nodes = lay.nodes(), g = lay.per_node();
+    MoeActs::Flex& f = a.flex;
+    f.token = route.token;
+    f.rail_send = route.per_node;
+    f.rail_recv.assign(sz(nodes), 0);
+    f.intra_recv.assign(sz(g), 0);
+    f.from_source.assign(sz(ep), 0);
+    for (int b = 0; b < nodes; ++b)
+      f.rail_recv[sz(b)] = static_cast<std::size_t>(got[sz(lay.rank_at(b, lay.local[sz(me)]) * W + L + 1)]);
+    for (int s = 0; s < ep; ++s) {
+      f.from_source[sz(s)] = static_cast<std::size_t>(got[sz(s * W + L)]);
+      f.intra_recv[sz(lay.local[sz(s)])] += f.from_source[sz(s)];
+    }
+    f.rail_sent = std::accumulate(f.rail_send.begin(), f.rail_send.end(), std::size_t{0});
+    f.rail_received = std::accumulate(f.rail_recv.begin(), f.rail_recv.end(), std::size_t{0});
+    f.intra_received = std::accumulate(f.intra_recv.begin(), f.intra_recv.end(), std::size_t{0});
+    be_.upload_indices(f.token, grown(be_, f.token_ids, f.rail_sent, DType::i32));
   }
   a.recv_rows.assign(sz(ep), 0);
   a.expert_rows.assign(sz(L), 0);
@@ -185,6 +297,150 @@ void MoeRunner::dispatch(const char* name, Pass pass, ConstDeviceSpan send, std:
              [&] { ep_->all_to_all_v(send, sc, recv, rc); });
 }
 
+namespace {
+// An all-to-all with varying blocks of `rows[i]` rows of `width` elements.
+void a2av(Communicator& c, ConstDeviceSpan send, const std::vector<std::size_t>& send_rows, DeviceSpan recv,
+          const std::vector<std::size_t>& recv_rows, std::int64_t width) {
+  std::vector<std::size_t> sc(send_rows), rc(recv_rows);
+  for (std::size_t& v : sc) v *= sz(width);
+  for (std::size_t& v : rc) v *= sz(width);
+  c.all_to_all_v(send, sc, recv, rc);
+}
+std::size_t sum_except(const std::vector<std::size_t>& v, int skip) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (static_cast<int>(i) != skip) n += v[i];
+  return n;
+}
+}  // namespace
+
+// The rows this rank puts on the links (to other nodes, to its node's other
+// ranks) in one direction of a flex exchange: out (dispatch-like) sends the
+// first leg's rail_send and forwards intra_send; back sends the reverse.
+double MoeRunner::flex_bytes(const MoeActs& a, std::int64_t width, DType dtype) const {
+  const EpLayout& lay = flex_->layout;
+  const int me = ep_->rank();
+  const double rows = static_cast<double>(sum_except(a.flex.rail_send, lay.node[sz(me)]) +
+                                          sum_except(a.flex.intra_send, lay.local[sz(me)]));
+  return rows * static_cast<double>(width) * static_cast<double>(dtype_bytes(dtype));
+}
+
+void MoeRunner::flex_probs(MoeActs& a, Pass pass, DeviceSpan recv_probs) {
+  MoeActs::Flex& f = a.flex;
+  const EpLayout& lay = flex_->layout;
+  const int me = ep_->rank(), nodes = lay.nodes(), g = lay.per_node(), my_node = lay.node[sz(me)];
+  const std::int64_t k = d_.topk, L = d_.local_experts(), M = 2 * k;  // per token: k experts, k weights
+  timer_.run(comm_desc(op::ep_flex_probs, pass, Collective::all_to_all, Group::ep, 0.0, d_.ep), [&] {
+    // The source's rows: per token its experts (exact in f32) and weights.
+    std::vector<float> meta(f.rail_sent * sz(M));
+    for (std::size_t q = 0; q < f.rail_sent; ++q)
+      for (std::int64_t j = 0; j < k; ++j) {
+        const std::size_t i = sz(f.token[q] * k + j);
+        meta[q * sz(M) + sz(j)] = static_cast<float>(a.top_expert[i]);
+        meta[q * sz(M) + sz(k + j)] = a.top_prob[i];
+      }
+    const DeviceSpan first = grown(be_, first_meta_, f.rail_sent * sz(M), DType::f32);
+    be_.upload(meta, first);
+    const DeviceSpan leg1 = grown(be_, leg1_meta_, f.rail_received * sz(M), DType::f32);
+    a2av(*flex_->rail, first, f.rail_send, leg1, f.rail_recv, M);
+    // The forwarder: each row to every rank of this node holding one of its
+    // experts, per local rank the source nodes in order.
+    const std::vector<float> got1 = be_.download(leg1);
+    std::vector<std::int32_t> fwd;
+    f.intra_send.assign(sz(g), 0);
+    for (int j = 0; j < g; ++j) {
+      const int dest = lay.rank_at(my_node, j);
+      for (std::size_t p = 0; p < f.rail_received; ++p) {
+        bool hit = false;
+        for (std::int64_t e = 0; e < k; ++e)
+          hit = hit || static_cast<std::int64_t>(got1[p * sz(M) + sz(e)]) / L == dest;
+        if (hit) {
+          fwd.push_back(static_cast<std::int32_t>(p));
+          ++f.intra_send[sz(j)];
+        }
+      }
+    }
+    f.intra_sent = fwd.size();
+    be_.upload_indices(fwd, grown(be_, f.forward_ids, f.intra_sent, DType::i32));
+    const DeviceSpan send2 = grown(be_, leg2_send_, f.intra_sent * sz(M), DType::f32);
+    if (f.intra_sent > 0) be_.embedding_forward(f.forward_ids, leg1, send2, static_cast<std::int64_t>(f.intra_sent), M);
+    const DeviceSpan leg2 = grown(be_, leg2_meta_, f.intra_received * sz(M), DType::f32);
+    a2av(*flex_->intra, send2, f.intra_send, leg2, f.intra_recv, M);
+    // The expert rank: the received rows are (local peer j, node b) blocks
+    // of source (b, j)'s tokens; one row per local expert, source-major then
+    // expert, as the alltoall dispatcher receives them.
+    const std::vector<float> got2 = be_.download(leg2);
+    std::vector<std::size_t> first_row(sz(d_.ep), 0);
+    std::size_t at = 0;
+    for (int j = 0; j < g; ++j)
+      for (int b = 0; b < nodes; ++b) {
+        const int src = lay.rank_at(b, j);
+        first_row[sz(src)] = at;
+        at += f.from_source[sz(src)];
+      }
+    std::vector<std::int32_t> expand, slot;
+    std::vector<float> probs;
+    for (int src = 0; src < d_.ep; ++src)
+      for (std::int64_t l = 0; l < L; ++l) {
+        const auto expert = static_cast<float>(me * L + l);
+        for (std::size_t p = first_row[sz(src)]; p < first_row[sz(src)] + f.from_source[sz(src)]; ++p)
+          for (std::int64_t j = 0; j < k; ++j)
+            if (got2[p * sz(M) + sz(j)] == expert) {
+              expand.push_back(static_cast<std::int32_t>(p));
+              slot.push_back(static_cast<std::int32_t>(static_cast<std::int64_t>(p) * k + j));
+              probs.push_back(got2[p * sz(M) + sz(k + j)]);
+            }
+      }
+    CUBOID_EXEC_REQUIRE(static_cast<std::int64_t>(expand.size()) == a.received, "flex dispatch",
+                        "the expert rows (" + std::to_string(expand.size()) + ") differ from the counts' (" +
+                            std::to_string(a.received) + ")");
+    be_.upload_indices(expand, grown(be_, f.expand_ids, expand.size(), DType::i32));
+    be_.upload_indices(slot, grown(be_, f.slot_ids, slot.size(), DType::i32));
+    be_.upload(probs, recv_probs.subspan(0, probs.size()));
+    timer_.set_comm_bytes(flex_bytes(a, M, DType::f32));
+  });
+}
+
+void MoeRunner::flex_out(const char* name, Pass pass, const MoeActs& a, ConstDeviceSpan first, DeviceSpan rows,
+                         std::int64_t width) {
+  const MoeActs::Flex& f = a.flex;
+  const DType dt = first.dtype();
+  timer_.run(comm_desc(name, pass, Collective::all_to_all, Group::ep, flex_bytes(a, width, dt), d_.ep), [&] {
+    const DeviceSpan leg1 = grown(be_, leg1_, f.rail_received * sz(width), dt);
+    a2av(*flex_->rail, first, f.rail_send, leg1, f.rail_recv, width);
+    const DeviceSpan send2 = grown(be_, leg2_send_, f.intra_sent * sz(width), dt);
+    if (f.intra_sent > 0)
+      be_.embedding_forward(f.forward_ids, leg1, send2, static_cast<std::int64_t>(f.intra_sent), width);
+    const DeviceSpan leg2 = grown(be_, leg2_, f.intra_received * sz(width), dt);
+    a2av(*flex_->intra, send2, f.intra_send, leg2, f.intra_recv, width);
+    if (a.received > 0) be_.embedding_forward(f.expand_ids, leg2, rows, a.received, width);
+  });
+}
+
+void MoeRunner::flex_back(const char* name, Pass pass, const MoeActs& a, ConstDeviceSpan rows, ConstDeviceSpan ids,
+                          std::int64_t per_row, DeviceSpan first, std::int64_t width) {
+  const MoeActs::Flex& f = a.flex;
+  const EpLayout& lay = flex_->layout;
+  const int me = ep_->rank();
+  const DType dt = rows.dtype();
+  const double bytes = static_cast<double>(sum_except(f.intra_recv, lay.local[sz(me)]) +
+                                           sum_except(f.rail_recv, lay.node[sz(me)])) *
+                       static_cast<double>(width) * static_cast<double>(dtype_bytes(dt));
+  timer_.run(comm_desc(name, pass, Collective::all_to_all, Group::ep, bytes, d_.ep), [&] {
+    // Each token's rows summed at the expert rank, then at the forwarder.
+    const DeviceSpan back2 = grown(be_, back2_, f.intra_received * sz(width), dt);
+    be_.fill(back2, 0.0f);
+    if (a.received > 0) be_.embedding_backward(rows, ids, back2, a.received, per_row);
+    const DeviceSpan recv1 = grown(be_, back1_recv_, f.intra_sent * sz(width), dt);
+    a2av(*flex_->intra, back2, f.intra_recv, recv1, f.intra_send, width);
+    const DeviceSpan back1 = grown(be_, back1_, f.rail_received * sz(width), dt);
+    be_.fill(back1, 0.0f);
+    if (f.intra_sent > 0)
+      be_.embedding_backward(recv1, f.forward_ids, back1, static_cast<std::int64_t>(f.intra_sent), width);
+    a2av(*flex_->rail, back1, f.rail_recv, first, f.rail_send, width);
+  });
+}
+
 void MoeRunner::forward(const MoeParams& w, ConstDeviceSpan x, MoeActs& a, DeviceSpan y, Pass pass) {
   const std::int64_t T = d_.tokens, h = d_.hidden, E = d_.experts, L = d_.local_experts(), C = d_.copies();
   const double esz = static_cast<double>(dtype_bytes(be_.compute_dtype()));
@@ -196,6 +452,7 @@ void MoeRunner::forward(const MoeParams& w, ConstDeviceSpan x, MoeActs& a, Devic
   const DeviceSpan copy_probs = grown(be_, copy_probs_, sz(C), DType::f32);
   timer_.run(mem_desc(op::router_topk, pass, static_cast<double>(T * E) * (esz + kFp32Bytes)), [&] {
     route(be_.download(logits), a);
+    if (flex()) return;  // the flex exchange moves each token once per rank (flex_probs)
     std::vector<std::int32_t> perm;
     std::vector<float> probs;
     perm.reserve(sz(C));
@@ -213,17 +470,28 @@ void MoeRunner::forward(const MoeParams& w, ConstDeviceSpan x, MoeActs& a, Devic
   const std::int64_t R = a.received;
 
   // Copies in expert order; sent to the experts' ranks; sorted by local expert.
-  const DeviceSpan permuted = grown(be_, permuted_, sz(C * h), cd);
-  timer_.run(mem_desc(op::moe_permute, pass, 2.0 * static_cast<double>(C * h) * esz),
-             [&] { be_.embedding_forward(a.perm_ids, x, permuted, C, h); });
+  // flex: each token once per node it goes to, in token order per node.
+  const auto first_rows = static_cast<std::int64_t>(a.flex.rail_sent);
+  const DeviceSpan permuted = flex() ? grown(be_, first_, sz(first_rows * h), cd) : grown(be_, permuted_, sz(C * h), cd);
+  if (flex())
+    timer_.run(mem_desc(op::moe_permute, pass, 2.0 * static_cast<double>(first_rows * h) * esz),
+               [&] { be_.embedding_forward(a.flex.token_ids, x, permuted, first_rows, h); });
+  else
+    timer_.run(mem_desc(op::moe_permute, pass, 2.0 * static_cast<double>(C * h) * esz),
+               [&] { be_.embedding_forward(a.perm_ids, x, permuted, C, h); });
   const DeviceSpan x_sorted = grown(be_, a.x_sorted, sz(R * h), cd);
   const DeviceSpan probs_sorted = grown(be_, a.probs_sorted, sz(R), DType::f32);
   DeviceSpan received = permuted, recv_probs = copy_probs;
   if (ep_ != nullptr) {
     received = L > 1 ? grown(be_, recv_, sz(R * h), cd) : x_sorted;
     recv_probs = L > 1 ? grown(be_, recv_probs_, sz(R), DType::f32) : probs_sorted;
-    dispatch(op::ep_a2a_dispatch, pass, permuted, a.send_rows, received, a.recv_rows, h);
-    dispatch(op::ep_a2a_probs, pass, copy_probs, a.send_rows, recv_probs, a.recv_rows, 1);
+    if (flex()) {
+      flex_probs(a, pass, recv_probs);
+      flex_out(op::ep_flex_dispatch, pass, a, permuted, received, h);
+    } else {
+      dispatch(op::ep_a2a_dispatch, pass, permuted, a.send_rows, received, a.recv_rows, h);
+      dispatch(op::ep_a2a_probs, pass, copy_probs, a.send_rows, recv_probs, a.recv_rows, 1);
+    }
   }
   if (L > 1) {
     timer_.run(mem_desc(op::moe_sort, pass, 2.0 * static_cast<double>(R * h) * esz), [&] {
@@ -273,6 +541,15 @@ void MoeRunner::forward(const MoeParams& w, ConstDeviceSpan x, MoeActs& a, Devic
     });
   }
   DeviceSpan y_copies = y_received;
+  if (flex()) {
+    // Summed per token at the expert rank, the forwarder, and here.
+    flex_back(op::ep_flex_combine, pass, a, y_received, a.flex.expand_ids, h, permuted, h);
+    timer_.run(mem_desc(op::moe_unpermute, pass, static_cast<double>(first_rows * h + T * h) * esz), [&] {
+      be_.fill(y, 0.0f);
+      be_.embedding_backward(permuted, a.flex.token_ids, y, first_rows, h);
+    });
+    return;
+  }
   if (ep_ != nullptr) {
     y_copies = permuted;
     dispatch(op::ep_a2a_combine, pass, y_received, a.recv_rows, y_copies, a.send_rows, h);
@@ -281,6 +558,22 @@ void MoeRunner::forward(const MoeParams& w, ConstDeviceSpan x, MoeActs& a, Devic
     be_.fill(y, 0.0f);
     be_.embedding_backward(y_copies, a.perm_ids, y, C, h);
   });
+}
+
+// The softmax over each token's k logits, backward, on the host: the
+// logits' gradients from the weights' (`g_slot`, [tokens, topk]).
+void MoeRunner::router_logit_grads(const MoeActs& a, const std::vector<float>& g_slot, DeviceSpan dlogits) const {
+  const std::int64_t T = d_.tokens, E = d_.experts;
+  std::vector<float> dl(sz(T * E), 0.0f);
+  for (std::int64_t t = 0; t < T; ++t) {
+    float dot = 0;
+    for (std::int64_t k = 0; k < d_.topk; ++k) dot += a.top_prob[sz(t * d_.topk + k)] * g_slot[sz(t * d_.topk + k)];
+    for (std::int64_t k = 0; k < d_.topk; ++k) {
+      const std::size_t i = sz(t * d_.topk + k);
+      dl[sz(t * E + a.top_expert[i])] = a.top_prob[i] * (g_slot[i] - dot);
+    }
+  }
+  be_.upload(dl, dlogits);
 }
 
 void MoeRunner::backward(const MoeParams& w, const MoeParams& g, ConstDeviceSpan x, MoeActs& a, ConstDeviceSpan dy,
@@ -292,13 +585,21 @@ void MoeRunner::backward(const MoeParams& w, const MoeParams& g, ConstDeviceSpan
   const DType cd = be_.compute_dtype();
 
   // Each copy's gradient is its token's; to the experts' ranks; sorted.
-  const DeviceSpan d_copies = grown(be_, permuted_, sz(C * h), cd);
-  timer_.run(mem_desc(op::moe_unpermute_bwd, bw, 2.0 * static_cast<double>(C * h) * esz),
-             [&] { be_.embedding_forward(a.perm_ids, dy, d_copies, C, h); });
+  const auto first_rows = static_cast<std::int64_t>(a.flex.rail_sent);
+  const DeviceSpan d_copies = flex() ? grown(be_, first_, sz(first_rows * h), cd) : grown(be_, permuted_, sz(C * h), cd);
+  if (flex())
+    timer_.run(mem_desc(op::moe_unpermute_bwd, bw, 2.0 * static_cast<double>(first_rows * h) * esz),
+               [&] { be_.embedding_forward(a.flex.token_ids, dy, d_copies, first_rows, h); });
+  else
+    timer_.run(mem_desc(op::moe_unpermute_bwd, bw, 2.0 * static_cast<double>(C * h) * esz),
+               [&] { be_.embedding_forward(a.perm_ids, dy, d_copies, C, h); });
   DeviceSpan d_received = d_copies;
   if (ep_ != nullptr) {
     d_received = grown(be_, recv_, sz(R * h), cd);
-    dispatch(op::ep_a2a_combine_bwd, bw, d_copies, a.send_rows, d_received, a.recv_rows, h);
+    if (flex())
+      flex_out(op::ep_flex_combine_bwd, bw, a, d_copies, d_received, h);
+    else
+      dispatch(op::ep_a2a_combine_bwd, bw, d_copies, a.send_rows, d_received, a.recv_rows, h);
   }
   DeviceSpan d_y = d_received;
   if (L > 1) {
@@ -359,39 +660,46 @@ void MoeRunner::backward(const MoeParams& w, const MoeParams& g, ConstDeviceSpan
       be_.embedding_forward(a.unsort_ids, d_probs, d_probs_received, R, 1);
     });
   }
-  DeviceSpan d_x_copies = d_x_received, d_copy_probs = d_probs_received;
-  if (ep_ != nullptr) {
-    d_x_copies = d_copies;
-    d_copy_probs = grown(be_, copy_probs_, sz(C), DType::f32);
-    dispatch(op::ep_a2a_dispatch_bwd, bw, d_x_received, a.recv_rows, d_x_copies, a.send_rows, h);
-    dispatch(op::ep_a2a_probs_bwd, bw, d_probs_received, a.recv_rows, d_copy_probs, a.send_rows, 1);
-  }
-  timer_.run(mem_desc(op::moe_permute_bwd, bw, static_cast<double>(C * h + 2 * T * h) * esz), [&] {
-    be_.fill(dx, 0.0f);
-    be_.embedding_backward(d_x_copies, a.perm_ids, dx, C, h);
-  });
-
-  // The router: the softmax over each token's k logits, backward, on the host.
+  // The router's logits' gradients (the softmax over each token's k logits, backward, on the host).
   const DeviceSpan dlogits = grown(be_, dlogits_, sz(T * E), cd);
-  timer_.run(mem_desc(op::router_topk_bwd, bw, static_cast<double>(T * E) * (esz + kFp32Bytes)), [&] {
-    const std::vector<float> gp = be_.download(d_copy_probs);
-    // Copy j of the expert-major order is (token, slot) i: the same walk as the forward's.
-    std::vector<float> g_slot(sz(C), 0.0f);
-    std::size_t j = 0;
-    for (std::int64_t e = 0; e < E; ++e)
-      for (std::int64_t i = 0; i < C; ++i)
-        if (a.top_expert[sz(i)] == e) g_slot[sz(i)] = gp[j++];
-    std::vector<float> dl(sz(T * E), 0.0f);
-    for (std::int64_t t = 0; t < T; ++t) {
-      float dot = 0;
-      for (std::int64_t k = 0; k < d_.topk; ++k) dot += a.top_prob[sz(t * d_.topk + k)] * g_slot[sz(t * d_.topk + k)];
-      for (std::int64_t k = 0; k < d_.topk; ++k) {
-        const std::size_t i = sz(t * d_.topk + k);
-        dl[sz(t * E + a.top_expert[i])] = a.top_prob[i] * (g_slot[i] - dot);
-      }
+  if (flex()) {
+    // Summed per token on the way back; the weights' gradients per (token, slot).
+    const DeviceSpan d_slot = grown(be_, first_meta_, sz(first_rows * d_.topk), DType::f32);
+    flex_back(op::ep_flex_dispatch_bwd, bw, a, d_x_received, a.flex.expand_ids, h, d_copies, h);
+    flex_back(op::ep_flex_probs_bwd, bw, a, d_probs_received, a.flex.slot_ids, 1, d_slot, d_.topk);
+    timer_.run(mem_desc(op::moe_permute_bwd, bw, static_cast<double>(first_rows * h + 2 * T * h) * esz), [&] {
+      be_.fill(dx, 0.0f);
+      be_.embedding_backward(d_copies, a.flex.token_ids, dx, first_rows, h);
+    });
+    const DeviceSpan g_slot = grown(be_, copy_probs_, sz(C), DType::f32);
+    timer_.run(mem_desc(op::router_topk_bwd, bw, static_cast<double>(T * E) * (esz + kFp32Bytes)), [&] {
+      be_.fill(g_slot, 0.0f);
+      if (first_rows > 0) be_.embedding_backward(d_slot, a.flex.token_ids, g_slot, first_rows, d_.topk);
+      router_logit_grads(a, be_.download(g_slot), dlogits);
+    });
+  } else {
+    DeviceSpan d_x_copies = d_x_received, d_copy_probs = d_probs_received;
+    if (ep_ != nullptr) {
+      d_x_copies = d_copies;
+      d_copy_probs = grown(be_, copy_probs_, sz(C), DType::f32);
+      dispatch(op::ep_a2a_dispatch_bwd, bw, d_x_received, a.recv_rows, d_x_copies, a.send_rows, h);
+      dispatch(op::ep_a2a_probs_bwd, bw, d_probs_received, a.recv_rows, d_copy_probs, a.send_rows, 1);
     }
-    be_.upload(dl, dlogits);
-  });
+    timer_.run(mem_desc(op::moe_permute_bwd, bw, static_cast<double>(C * h + 2 * T * h) * esz), [&] {
+      be_.fill(dx, 0.0f);
+      be_.embedding_backward(d_x_copies, a.perm_ids, dx, C, h);
+    });
+    timer_.run(mem_desc(op::router_topk_bwd, bw, static_cast<double>(T * E) * (esz + kFp32Bytes)), [&] {
+      const std::vector<float> gp = be_.download(d_copy_probs);
+      // Copy j of the expert-major order is (token, slot) i: the same walk as the forward's.
+      std::vector<float> g_slot(sz(C), 0.0f);
+      std::size_t j = 0;
+      for (std::int64_t e = 0; e < E; ++e)
+        for (std::int64_t i = 0; i < C; ++i)
+          if (a.top_expert[sz(i)] == e) g_slot[sz(i)] = gp[j++];
+      router_logit_grads(a, g_slot, dlogits);
+    });
+  }
   timer_.run(gemm_desc(op::router_dgrad, bw, T, h, E),
              [&] { be_.gemm(Trans::no, Trans::yes, T, h, E, 1.0f, dlogits, w.router, 1.0f, dx); });
   timer_.run(gemm_desc(op::router_wgrad, bw, h, E, T),

@@ -472,7 +472,9 @@ int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model,
   watchdog.enter("creating the communicators (ncclCommInitRank / MPI_Comm_dup)");
   attach_device_world(world, *backend);
   watchdog.enter("splitting the TP, PP and DP groups (ncclCommSplit / MPI_Comm_split)");
-  ProcessGroups groups = make_process_groups(std::move(world.comm), mapping, model.moe.enabled());
+  ProcessGroups groups = make_process_groups(std::move(world.comm), mapping, model.moe.enabled(),
+                                             model.moe.enabled() && plan.ep > 1 &&
+                                                 plan.moe_dispatcher == MoeDispatcher::flex);
   watchdog.leave();
   const int rank = groups.world->rank();
   OpTimer timer(*backend, &watchdog);

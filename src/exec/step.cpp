@@ -57,7 +57,8 @@ StepRunner::StepRunner(Backend& backend, ProcessGroups& groups, const ModelSpec&
   data_ranks_ = plan_.dp * plan_.cp;
   data_index_ = groups_.coord.cp + plan_.cp * groups_.coord.dp;
   runner_ = std::make_unique<LayerRunner>(be_, groups_.tp.get(), dims, timer_, model_.moe.enabled() ? &moe_ : nullptr,
-                                          groups_.ep.get(), plan_.cp > 1 ? groups_.cp.get() : nullptr);
+                                          groups_.ep.get(), plan_.cp > 1 ? groups_.cp.get() : nullptr,
+                                          groups_.flex.intra != nullptr ? &groups_.flex : nullptr);
   layout_params();
 
   const LayerDims& d = runner_->dims();

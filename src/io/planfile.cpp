@@ -503,10 +503,11 @@ PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source)
   pf.nodes = c.count<int>("nodes");
   pf.gpus_per_node = c.count<int>("gpus_per_node");
   if (c.has("gpus_per_host")) {
-    pf.gpus_per_host = c.count<int>("gpus_per_host", 1, pf.gpus_per_node);
-    if (pf.gpus_per_node % pf.gpus_per_host != 0)
+    pf.gpus_per_host = c.count<int>("gpus_per_host", 1, pf.nodes * pf.gpus_per_node);
+    if (pf.gpus_per_node % pf.gpus_per_host != 0 && pf.gpus_per_host % pf.gpus_per_node != 0)
       c.fail("gpus_per_host",
-             std::to_string(pf.gpus_per_host) + " does not divide gpus_per_node " + std::to_string(pf.gpus_per_node),
+             std::to_string(pf.gpus_per_host) + " neither divides gpus_per_node " + std::to_string(pf.gpus_per_node) +
+                 " nor is a multiple of it",
              kRegenerate);
   }
   pf.gpu_name = c.string("gpu");

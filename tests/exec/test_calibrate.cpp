@@ -201,6 +201,15 @@ TEST_CASE("group shapes come from the rank mapping: TP inside a node, PP across 
   const auto ge = plan_group_shapes(e, 2);
   REQUIRE(ge.size() == 3);
   CHECK(ge[2] == GroupShape{Group::ep, 4, "inter_node"});
+  // flex: the EP group's legs too, 2 ranks on each of 2 nodes (both legs of 2).
+  ParallelPlan fe = e;
+  fe.moe_dispatcher = MoeDispatcher::flex;
+  const auto gf = plan_group_shapes(fe, 2);
+  REQUIRE(gf.size() == ge.size() + 2);
+  CHECK(gf[ge.size()] == GroupShape{Group::ep, 2, "intra_node", FlexLeg::intra});
+  CHECK(gf[ge.size() + 1] == GroupShape{Group::ep, 2, "inter_node", FlexLeg::rail});
+  // On one node the exchange has no inter-node leg: nothing more to measure.
+  CHECK(plan_group_shapes(fe, 4).size() == plan_group_shapes(e, 4).size());
 }
 
 TEST_CASE("nccl-tests rows: algbw = size / time, busbw = algbw x bus factor") {

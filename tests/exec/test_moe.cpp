@@ -217,3 +217,37 @@ TEST_CASE("MoE: the EP group must match the plan's EP") {
   CHECK_THROWS_WITH_AS(MoeRunner(*be, nullptr, d, timer), doctest::Contains("the EP group has 1 ranks, the plan 2"),
                        ExecError);
 }
+
+// The flex dispatcher's first leg (DeepEP's internode dispatch): EP 4 over 2
+// nodes x 2 ranks, 8 experts, 2 per rank (expert e on EP rank e / 2; ranks 0
+// and 1 on node 0, 2 and 3 on node 1), top-2. Source rank 0's four tokens:
+//   t0 -> experts 0, 1: rank 0 only           -> node 0
+//   t1 -> experts 2, 5: ranks 1 and 2         -> nodes 0 and 1
+//   t2 -> experts 4, 6: ranks 2 and 3         -> node 1 (once, for two ranks)
+//   t3 -> experts 7, 3: ranks 3 and 1         -> nodes 1 and 0
+// Node 0 gets t0, t1, t3; node 1 gets t1, t2, t3: 3 tokens cross the
+// inter-node link, where alltoall sends 4 copies there (t1's expert 5, t2's
+// 4 and 6, t3's 7). Per rank (a token once): rank 0 t0; rank 1 t1, t3;
+// rank 2 t1, t2; rank 3 t2, t3.
+TEST_CASE("MoE flex: each token crosses to a node once, to the sender's rail") {
+  const EpLayout lay = ep_layout({0, 0, 1, 1});
+  CHECK(lay.nodes() == 2);
+  CHECK(lay.per_node() == 2);
+  CHECK(lay.rank_at(1, 0) == 2);
+  CHECK(lay.local == std::vector<int>{0, 1, 0, 1});
+  const std::vector<std::int32_t> top{0, 1, 2, 5, 4, 6, 7, 3};
+  const FlexRoute r = flex_route(top, 2, 2, lay, 0);
+  CHECK(r.per_node == std::vector<std::size_t>{3, 3});
+  CHECK(r.token == std::vector<std::int32_t>{0, 1, 3, 1, 2, 3});
+  CHECK(r.per_rank == std::vector<std::size_t>{1, 2, 2, 2});
+  CHECK(r.inter_node_tokens(lay, 0) == 3);
+  // From rank 2 (node 1) the same tokens cross the other way: t0, t1, t3.
+  CHECK(r.inter_node_tokens(lay, 2) == 3);
+  // Megatron-Core's order with nodes interleaved in the group (ranks 0, 2 on
+  // one node): the layout follows the members' nodes, not their order.
+  const EpLayout mixed = ep_layout({5, 6, 5, 6});
+  CHECK(mixed.node == std::vector<int>{0, 1, 0, 1});
+  CHECK(mixed.local == std::vector<int>{0, 0, 1, 1});
+  CHECK_THROWS_WITH_AS(ep_layout({0, 0, 1}), doctest::Contains("the same number of EP ranks on every node"),
+                       ExecError);
+}

@@ -16,6 +16,7 @@ CUBOID=${1:?usage: test_moe_mpi.sh path/to/cuboid}
 MODEL=models/tiny-moe.json
 CPU2=topologies/localhost-cpu.json
 CPU4=tests/data/clusters/localhost-cpu-4.json
+CPU2X2=tests/data/clusters/localhost-cpu-2x2.json
 
 plan() {  # plan NAME CLUSTER FLAGS...
   local name=$1 cluster=$2
@@ -33,7 +34,7 @@ run_ok() {  # run_ok NAME NP [flags]
       fail "$name: no PASSED MoE check line"; cat "$TMP/$name.log"; return; fi
     if ! grep -q "^check: after 3 steps, .*PASSED" "$TMP/$name.log"; then
       fail "$name: replicas drifted apart"; grep "^check" "$TMP/$name.log"; return; fi
-    if python3 - "$TMP/$name.m.json" "$np" >"$TMP/$name.py.log" 2>&1 <<'PY'
+    if python3 - "$TMP/$name.m.json" "$np" "$name" >"$TMP/$name.py.log" 2>&1 <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert len(d["ranks"]) == int(sys.argv[2])
@@ -45,7 +46,14 @@ for r in d["ranks"]:
         assert name in ops, (name, sorted(ops))
     assert "fc1" not in ops  # every layer of tiny-moe is an MoE layer
     a2a = [o for o in r["ops"] if o["name"].startswith("ep_a2a")]
-    if ep > 1:
+    flex = [o for o in r["ops"] if o["name"].startswith("ep_flex")]
+    if sys.argv[3].startswith("flex"):
+        assert [o["name"] for o in a2a] == ["ep_a2a_counts"], sorted(o["name"] for o in a2a)  # DeepEP's notify
+        assert len(flex) == 6, sorted(o["name"] for o in flex)  # dispatch, probs, combine; and back
+        for o in a2a + flex:
+            assert o["group"] == "ep" and o["group_size"] == ep, o
+    elif ep > 1:
+        assert not flex
         assert len(a2a) == 7, sorted(o["name"] for o in a2a)  # counts, dispatch, probs, combine; and back
         for o in a2a:
             assert o["collective"] == "all_to_all" and o["group"] == "ep" and o["group_size"] == ep, o
@@ -136,6 +144,28 @@ for g in ("expert_fc1", "expert_fc2"):
 assert any(x["collective"] == "all_to_all" and x["group_size"] == 2 for x in c["collectives"])
 PY
 then pass "calibrate measures the MoE kernels, the grouped GEMMs and the all-to-all"; else fail "calibrate: rc $rc $(tail -2 "$TMP/cal.log")"; fi
+
+# The flex dispatcher, EP 4 over 2 nodes x 2 ranks (localhost-cpu-2x2.json):
+# the same expert rows as alltoall, so --check passes and the losses agree.
+plan flex4 "$CPU2X2" --tp 1 --pp 1 --dp 4 --ep 4 --zero 0 --moe-dispatcher flex
+plan a2a4 "$CPU2X2" --tp 1 --pp 1 --dp 4 --ep 4 --zero 0 --moe-dispatcher alltoall
+run_ok flex4 4
+run_ok a2a4 4
+python3 - "$TMP/flex4.m.json" "$TMP/a2a4.m.json" <<'PY' && pass "flex and alltoall train to the same losses" || fail "flex losses differ"
+import json, sys
+def losses(path):
+    return [x for r in json.load(open(path))["ranks"] for x in (r["loss"] or []) if x is not None]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert a and len(a) == len(b), (a, b)
+assert all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)), (a, b)
+PY
+"$CUBOID" validate --plan "$TMP/flex4.json" --measurements "$TMP/flex4.m.json" --cluster "$CPU2X2" --ops \
+  >"$TMP/validate-flex.txt" 2>&1
+rc=$?
+if [ $rc -le 1 ] && grep -Eq "ep_flex_dispatch +collective +[0-9]+ +0\.0*[1-9]" "$TMP/validate-flex.txt" &&
+   grep -Eq "ep_flex_combine_bwd +collective" "$TMP/validate-flex.txt"; then
+  pass "validate prices the flex legs per op"
+else fail "validate flex: rc $rc: $(grep -m3 "ep_flex\|cuboid:" "$TMP/validate-flex.txt")"; fi
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

@@ -16,6 +16,7 @@
 
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/communicator.hpp"
+#include "cuboid/exec/moe.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/cost/optimizer_step.hpp"
 #include "cuboid/core/plan.hpp"
@@ -57,7 +58,8 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& backend, exec::Co
                                                 exec::Communicator& world, const ModelSpec& model,
                                                 const ParallelPlan& plan, const KernelSweepOptions& options,
                                                 exec::Watchdog* watchdog, exec::Communicator* ep = nullptr,
-                                                exec::Communicator* cp = nullptr);
+                                                exec::Communicator* cp = nullptr,
+                                                const exec::FlexGroups* flex = nullptr);
 
 // The optimizer step ("adam": Backend::adam_step on f32 master weights and
 // moments with compute-dtype gradients, as the step runner calls it) on this

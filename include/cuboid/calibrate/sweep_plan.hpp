@@ -66,14 +66,22 @@ struct KernelScale {
 std::vector<KernelScale> kernel_scales(const ParallelPlan& plan, std::int64_t seq_length, bool quick);
 
 // A process-group shape the plan's collectives run on.
+// The flex dispatcher's legs of an EP group: its ranks on one node (the
+// intra-node leg, DeepEP's NVLink forwarding) and those of one local index
+// across the nodes (the inter-node leg, one rail's RDMA).
+enum class FlexLeg { none, intra, rail };
 struct GroupShape {
   Group group = Group::tp;
   int size = 0;
   std::string tier;  // "intra_node" when every group of this kind stays on one node
+  FlexLeg leg = FlexLeg::none;
   auto operator<=>(const GroupShape&) const = default;
 };
 // The TP, PP and DP groups of the plan with more than one rank, from its rank
-// mapping on nodes of `gpus_per_node` ranks.
+// mapping on nodes of `gpus_per_node` ranks; with the flex dispatcher and an
+// EP group over several nodes also its legs (each with more than one rank):
+// the intra-node leg's tables price the forwarding, the inter-node leg's the
+// deduplicated tokens between nodes.
 std::vector<GroupShape> plan_group_shapes(const ParallelPlan& plan, int gpus_per_node);
 
 }  // namespace cuboid::calibrate

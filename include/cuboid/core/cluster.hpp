@@ -170,7 +170,8 @@ struct Cluster {
   // The GPUs one host (one operating system, one launcher: torchrun's
   // --nproc_per_node, a hostfile's slots) drives, where a node is more than
   // one host: a GB200 NVL72 rack is one NVLink node of 18 hosts (compute
-  // trays) of 4 GPUs. 0: the node is one host.
+  // trays) of 4 GPUs. 0: the node is one host. A multiple of gpus_per_node
+  // where one host holds several nodes (a test fixture's CPU ranks).
   int gpus_per_host = 0;
   GpuProfile gpu;
   IntraNodeFabric intra;
@@ -184,7 +185,7 @@ struct Cluster {
   int total_gpus() const { return nodes * gpus_per_node; }
   // GPUs per host and hosts in all (the node's when gpus_per_host is 0).
   int host_gpus() const { return gpus_per_host > 0 ? gpus_per_host : gpus_per_node; }
-  int hosts() const { return total_gpus() / host_gpus(); }
+  int hosts() const { return (total_gpus() + host_gpus() - 1) / host_gpus(); }
 };
 
 // The rates of `kernel` on `gpu` (auto: its default kernel); nullptr when

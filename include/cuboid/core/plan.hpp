@@ -441,6 +441,8 @@ class RankMapping {
   // Nodes spanned by a group; > 1 for a TP group means TP traffic leaves NVLink.
   int nodes_spanned(const std::vector<int>& ranks) const;
   bool tp_crosses_nodes() const;
+  // The node of a rank (ranks fill nodes in order).
+  int node_of(int rank) const { return rank / gpus_per_node_; }
 
  private:
   // The rank of index `i` (tp + TP x data) of a stage's TP x CP x DP ranks.

@@ -25,6 +25,7 @@
 
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/communicator.hpp"
+#include "cuboid/exec/moe.hpp"
 #include "cuboid/exec/registry.hpp"
 #include "cuboid/core/plan.hpp"
 
@@ -95,6 +96,12 @@ struct ProcessGroups {
   // reduced over (Megatron-Core's folding, RankMapping::ep_group).
   std::unique_ptr<Communicator> ep;
   std::unique_ptr<Communicator> edp;
+  // The flex dispatcher's two legs (with flex_groups): the EP ranks on this
+  // rank's node and those on its rail (the same local index on each node;
+  // nodes as RankMapping::node_of makes them), in flex.
+  std::unique_ptr<Communicator> ep_intra;
+  std::unique_ptr<Communicator> ep_rail;
+  FlexGroups flex;
   // The ranks that split one sequence (context parallelism; with CP 1 a
   // group of one). `dp` is then the gradient group, DP x CP ranks.
   std::unique_ptr<Communicator> cp;
@@ -104,7 +111,7 @@ struct ProcessGroups {
 // Splits `world` by RankMapping (collective: every rank of the world calls
 // it), with the EP and expert-DP groups too when `expert_groups`.
 ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const RankMapping& mapping,
-                                  bool expert_groups = false);
+                                  bool expert_groups = false, bool flex_groups = false);
 
 // A one-rank world for a run without a launcher: collectives are copies, p2p
 // is an error (a one-rank plan has no pipeline peers).

@@ -118,7 +118,8 @@ class LayerRunner {
   // `ep`: their EP group (null without EP); `cp`: the CP group (null
   // without context parallelism).
   LayerRunner(Backend& backend, Communicator* tp, const LayerDims& dims, OpTimer& timer,
-              const MoeDims* moe = nullptr, Communicator* ep = nullptr, Communicator* cp = nullptr);
+              const MoeDims* moe = nullptr, Communicator* ep = nullptr, Communicator* cp = nullptr,
+              const FlexGroups* flex = nullptr);
 
   const LayerDims& dims() const { return d_; }
   LayerActs make_acts(AttentionMemory mem);

@@ -95,6 +95,12 @@ class OpTimer {
     end();
   }
 
+  // The bytes of the collective running now, where they are known only
+  // part way through it (the flex dispatcher's forwarded rows).
+  void set_comm_bytes(double bytes) {
+    if (!pending_.empty()) pending_.back().desc.comm_bytes = bytes;
+  }
+
   void begin_step(bool measured);
   // Waits for the device, sums this step's ops; returns the step's time in seconds.
   double end_step();

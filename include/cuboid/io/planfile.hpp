@@ -50,7 +50,7 @@ struct PlanFile {
   int gpus_per_host = 0;
   ParallelPlan plan;
   int host_gpus() const { return gpus_per_host > 0 ? gpus_per_host : gpus_per_node; }
-  int hosts() const { return nodes * gpus_per_node / host_gpus(); }
+  int hosts() const { return (nodes * gpus_per_node + host_gpus() - 1) / host_gpus(); }
   nlohmann::json prediction;      // the "prediction" object as written
   // The same plan in other rank orders as the planner scored them, fastest
   // first ("prediction.other_rank_orders"; empty when absent).
