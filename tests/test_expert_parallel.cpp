@@ -45,6 +45,23 @@ ModelSpec small_mixtral() {
 // expert-DP 2.
 ParallelPlan ep_plan() { return ep4_plan(); }
 
+// DeepSeek-V3 on 2,048 H100, plan D of docs/fidelity.md's MoE table: TP 4 x
+// EP 256 (ETP 1) x DP 512 with SP, ZeRO 2, no recomputation, 1,024 sequences
+// of 4,096 tokens.
+ParallelPlan deepseek_plan_d() {
+  ParallelPlan p;
+  p.tp = 4;
+  p.dp = 512;
+  p.ep = 256;
+  p.etp = 1;
+  p.sequence_parallel = true;
+  p.zero_stage = 2;
+  p.recompute = Recompute::none;
+  p.global_batch = 1024;
+  p.seq_length = 4096;
+  return p;
+}
+
 std::optional<PlanRejection> problem(const ParallelPlan& p, const ModelSpec& m = small_mixtral()) {
   return check_plan(p, m, dgx_a100(2));
 }
@@ -738,16 +755,7 @@ TEST_CASE("multi-token prediction: each module's lookup, projection, layer and l
 TEST_CASE("DeepSeek-V3 (latent attention, dense and MoE layers, MTP, YaRN) on 2,048 H100: priced, simulated, fits") {
   const ModelSpec m = load_model(source_root() / "models/deepseek-v3.json");
   const Topology topo(load_cluster(source_root() / "topologies/h100-roce-24k.json", 256));
-  ParallelPlan p;
-  p.tp = 4;
-  p.dp = 512;
-  p.ep = 256;
-  p.etp = 1;
-  p.sequence_parallel = true;
-  p.zero_stage = 2;
-  p.recompute = Recompute::none;
-  p.global_batch = 1024;
-  p.seq_length = 4096;
+  ParallelPlan p = deepseek_plan_d();
   REQUIRE_FALSE(check_plan(p, m, topo.cluster()).has_value());
   const Estimate est = estimate(m, topo, p);
   CHECK(est.memory.fits());
@@ -817,16 +825,7 @@ TEST_CASE("DeepSeek-V3 on 2,048 H100 with the EP overlap: the estimate's gain is
   // reduce-scatters now share the NICs with the exchanges in the estimate too.
   const ModelSpec m = load_model(source_root() / "models/deepseek-v3.json");
   const Topology topo(load_cluster(source_root() / "topologies/h100-roce-24k.json", 256));
-  ParallelPlan p;
-  p.tp = 4;
-  p.dp = 512;
-  p.ep = 256;
-  p.etp = 1;
-  p.sequence_parallel = true;
-  p.zero_stage = 2;
-  p.recompute = Recompute::none;
-  p.global_batch = 1024;
-  p.seq_length = 4096;
+  ParallelPlan p = deepseek_plan_d();
   p.moe_dispatcher = MoeDispatcher::flex;
   REQUIRE_FALSE(check_plan(p, m, topo.cluster()).has_value());
   const Estimate est_off = estimate(m, topo, p), sim_off = simulate(m, topo, p);
