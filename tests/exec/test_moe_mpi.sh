@@ -25,6 +25,20 @@ plan() {  # plan NAME CLUSTER FLAGS...
     --out "$TMP/$name.json" "$@" >"$TMP/$name.plan.log" 2>&1 || fail "plan $name: $(tail -3 "$TMP/$name.plan.log")"
 }
 
+same_losses() {  # same_losses A B [C D ...]: each pair of runs trains to the same losses
+  local paths=()
+  for n in "$@"; do paths+=("$TMP/$n.m.json"); done
+  python3 - "${paths[@]}" <<'PY'
+import json, sys
+def losses(path):
+    return [x for r in json.load(open(path))["ranks"] for x in (r["loss"] or []) if x is not None]
+for a, b in zip(sys.argv[1::2], sys.argv[2::2]):
+    la, lb = losses(a), losses(b)
+    assert la and len(la) == len(lb), (la, lb)
+    assert all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(la, lb)), (la, lb)
+PY
+}
+
 run_ok() {  # run_ok NAME NP [flags]
   local name=$1 np=$2
   shift 2
@@ -79,16 +93,8 @@ run_ok t2d2ep2 4
 run_ok p2d2ep2 4
 
 # EP only moves experts: the same layout with EP 1 and EP 2 trains alike.
-python3 - "$TMP/ep1.m.json" "$TMP/ep2.m.json" "$TMP/t2d2ep2.m.json" "$TMP/t2d2ep4.m.json" <<'PY' \
+same_losses ep1 ep2 t2d2ep2 t2d2ep4 \
   && pass "EP 1 and EP 2 (and EP 2 and EP 4 with TP 2) give the same losses" || fail "losses differ across EP"
-import json, sys
-def losses(path):
-    return [x for r in json.load(open(path))["ranks"] for x in (r["loss"] or []) if x is not None]
-for a, b in ((sys.argv[1], sys.argv[2]), (sys.argv[3], sys.argv[4])):
-    la, lb = losses(a), losses(b)
-    assert la and len(la) == len(lb), (la, lb)
-    assert all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(la, lb)), (la, lb)
-PY
 
 # The check catches a wrong expert shard (the last EP rank's FC2 negated).
 if timeout 60 "${MPIRUN[@]}" -np 2 "$CUBOID" run --plan "$TMP/ep2.json" --backend cpu --steps 1 --check \
@@ -108,14 +114,9 @@ else fail "validate: rc $rc: $(grep -m3 "ep_a2a\|cuboid:" "$TMP/validate.txt")";
 # the block, all-gather): the same losses as ZeRO 0, the replicas equal.
 plan z1 "$CPU2" --tp 1 --pp 1 --dp 2 --ep 2 --zero 1 --moe-dispatcher alltoall
 run_ok z1 2
-python3 - "$TMP/ep2.m.json" "$TMP/z1.m.json" <<'PY' && pass "ZeRO 1 with experts trains as ZeRO 0" || fail "ZeRO 1 losses differ"
+same_losses ep2 z1 && python3 - "$TMP/z1.m.json" <<'PY' && pass "ZeRO 1 with experts trains as ZeRO 0" || fail "ZeRO 1 losses differ"
 import json, sys
-def losses(path):
-    return [x for r in json.load(open(path))["ranks"] for x in (r["loss"] or []) if x is not None]
-a, b = losses(sys.argv[1]), losses(sys.argv[2])
-assert a and len(a) == len(b), (a, b)
-assert all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)), (a, b)
-ops = {o["name"]: o for o in json.load(open(sys.argv[2]))["ranks"][0]["ops"]}
+ops = {o["name"]: o for o in json.load(open(sys.argv[1]))["ranks"][0]["ops"]}
 assert "dp_rs_grads" in ops and "dp_ag_params" in ops, sorted(ops)
 PY
 
@@ -151,14 +152,7 @@ plan flex4 "$CPU2X2" --tp 1 --pp 1 --dp 4 --ep 4 --zero 0 --moe-dispatcher flex
 plan a2a4 "$CPU2X2" --tp 1 --pp 1 --dp 4 --ep 4 --zero 0 --moe-dispatcher alltoall
 run_ok flex4 4
 run_ok a2a4 4
-python3 - "$TMP/flex4.m.json" "$TMP/a2a4.m.json" <<'PY' && pass "flex and alltoall train to the same losses" || fail "flex losses differ"
-import json, sys
-def losses(path):
-    return [x for r in json.load(open(path))["ranks"] for x in (r["loss"] or []) if x is not None]
-a, b = losses(sys.argv[1]), losses(sys.argv[2])
-assert a and len(a) == len(b), (a, b)
-assert all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)), (a, b)
-PY
+same_losses flex4 a2a4 && pass "flex and alltoall train to the same losses" || fail "flex losses differ"
 "$CUBOID" validate --plan "$TMP/flex4.json" --measurements "$TMP/flex4.m.json" --cluster "$CPU2X2" --ops \
   >"$TMP/validate-flex.txt" 2>&1
 rc=$?
