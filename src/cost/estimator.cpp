@@ -192,6 +192,13 @@ DispatchLinks dispatch_links(const Topology& topo, const std::vector<int>& ranks
   return d;
 }
 
+// The seconds an allgather or flex exchange's copies load the rank's NIC
+// (flex at DeepEP's measured RDMA share).
+double nic_leg_s(const Op& op, const DispatchTraffic& t, const DispatchLinks& links) {
+  const bool flex = op.dispatcher == MoeDispatcher::flex;
+  return op.comm_bytes * t.node_copies / (links.nic_Bps * (flex ? kDeepEpRdmaEfficiency : 1.0));
+}
+
 // One exchange of the allgather or flex dispatcher: the slower of the
 // rank's NIC and NVLink port under dispatch_traffic's copies (flex at
 // DeepEP's measured share of each link), then one latency.
@@ -199,8 +206,7 @@ double dispatch_ns(const Op& op, const MoeSpec& moe, std::int64_t hidden, const 
   const DispatchTraffic t = dispatch_traffic(op.dispatcher, moe, hidden, 1.0, links.spread);
   const bool flex = op.dispatcher == MoeDispatcher::flex;
   double s = 0;
-  if (t.node_copies > 0)
-    s = std::max(s, op.comm_bytes * t.node_copies / (links.nic_Bps * (flex ? kDeepEpRdmaEfficiency : 1.0)));
+  if (t.node_copies > 0) s = std::max(s, nic_leg_s(op, t, links));
   if (t.nvlink_copies > 0)
     s = std::max(s, op.comm_bytes * t.nvlink_copies / (links.nvlink_Bps * (flex ? kDeepEpNvlinkEfficiency : 1.0)));
   return s * 1e9 + links.latency_ns;
@@ -213,9 +219,7 @@ double dispatch_nic_ns(const Op& op, int ep, const GroupLinks& links, const MoeS
                        const DispatchLinks& dl) {
   if (dl.spread.nodes <= 1) return 0.0;
   if (op.dispatcher == MoeDispatcher::alltoall) return comm_ns(op.collective, op.comm_bytes, ep, links);
-  const DispatchTraffic t = dispatch_traffic(op.dispatcher, moe, hidden, 1.0, dl.spread);
-  const bool flex = op.dispatcher == MoeDispatcher::flex;
-  return op.comm_bytes * t.node_copies / (dl.nic_Bps * (flex ? kDeepEpRdmaEfficiency : 1.0)) * 1e9;
+  return nic_leg_s(op, dispatch_traffic(op.dispatcher, moe, hidden, 1.0, dl.spread), dl) * 1e9;
 }
 
 // An MoE layer's dispatch and combine exchanges (blocking: Megatron's
