@@ -85,9 +85,11 @@ def moe_args(r):
     a += ["--precision", r["precision"]]
     if r["precision"] != "bf16" and r["fp8_param_gather"] == "1":
         a += ["--fp8-param-gather"]
-    if r["recompute_granularity"] == "selective":
-        mods = r["recompute_modules"] or "core_attn"
+    mods = r["recompute_modules"]
+    if r["recompute_granularity"] == "selective" and mods:
         a += ["--recompute", "selective"] if mods == "core_attn" else ["--recompute-modules", mods]
+    elif r["recompute_granularity"] == "selective":
+        a += ["--recompute", "none"]  # selective with an empty module list recomputes nothing
     else:
         a += ["--recompute", r["recompute_granularity"] or "none"]
     impl, scope = r["cuda_graph_impl"], r["cuda_graph_scope"]
