@@ -131,9 +131,7 @@ def relax(args, reason):
         a[i:i + 2] = ["--recompute-modules", ",".join(mods)] if mods else ["--recompute", "none"]
         return a
     if "--moe-flex-backend" in reason and "--moe-flex-backend" in a:
-        i = a.index("--moe-flex-backend")
-        del a[i:i + 2]
-        return a
+        return drop(a, {"--moe-flex-backend"})
     m = re.search(r'unknown CUDA graph module "(\w+)"', reason)
     if m and "--cuda-graphs" in a:
         impl, _, scope = value("--cuda-graphs").partition(":")
@@ -147,6 +145,19 @@ def relax(args, reason):
         put("--zero", "1")
         return a
     return None
+
+
+def drop(args, flags):
+    """The flags without `flags` and the value each takes (the next token, when
+    it is not itself a flag)."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in flags:
+            i += 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
+            continue
+        out.append(args[i])
+        i += 1
+    return out
 
 
 def run(binary, args, analytical):
@@ -184,8 +195,7 @@ def evaluate(binary, r, analytical, known):
             result = out if not reasons else None
             break
         reasons.append(reason)
-        relaxed = relax(probe, reason) if not lacking else [x for i, x in enumerate(probe)
-                                                             if x not in lacking and (i == 0 or probe[i - 1] not in lacking)]
+        relaxed = relax(probe, reason) if not lacking else drop(probe, lacking)
         if relaxed is None or relaxed == probe:
             break
         probe = relaxed
