@@ -42,7 +42,7 @@ base.update(recipe="x", model="Qwen3-235B-A22B", gpu="GB300", num_gpus="64", pre
 # EP 32 x PP 4 on 64 GPUs: 16 ranks a stage (Megatron-Core refuses it too).
 check("64 GPUs, PP 4, EP 32", m.inconsistent(base),
       "the recipe's layout does not fit its 64 GPUs: EP x ETP = 32 but a pipeline stage has 16 ranks "
-      "(Megatron-Core's parallel_state needs EP x ETP x PP to divide the world size)")
+      "(Megatron-Core needs EP x ETP x PP to divide the world size: parallel_state.py:874-883@d98e8a64)")
 row = dict(base, num_gpus="256", dp="64")
 check("256 GPUs, PP 4, EP 32", m.inconsistent(row), None)
 

@@ -55,7 +55,7 @@ def inconsistent(r):
     stage = n // pp
     if stage % (ep * etp):
         return (f"the recipe's layout does not fit its {n} GPUs: EP x ETP = {ep * etp} but a pipeline stage has "
-                f"{stage} ranks (Megatron-Core's parallel_state needs EP x ETP x PP to divide the world size)")
+                f"{stage} ranks (Megatron-Core needs EP x ETP x PP to divide the world size: parallel_state.py:874-883@d98e8a64)")
     return None
 
 
