@@ -24,7 +24,8 @@ def flag(args, name):
 
 # Placement: DGX nodes of 8; the fewest NVL72 racks of an equal share.
 check("H100 x 1024", m.placement("H100", 1024), ("topologies/dgx-h100.json", ["--nodes", "128"]))
-check("GB200 x 256", m.placement("GB200", 256), ("topologies/gb200-nvl72.json", ["--nodes", "4", "--gpus-per-node", "64"]))
+check("GB200 x 256", m.placement("GB200", 256),
+      ("topologies/gb200-nvl72.json", ["--nodes", "4", "--gpus-per-node", "64"]))
 check("GB300 x 8", m.placement("GB300", 8), ("topologies/gb300-nvl72.json", ["--nodes", "1", "--gpus-per-node", "8"]))
 check("GB200 x 72", m.placement("GB200", 72), ("topologies/gb200-nvl72.json", ["--nodes", "1"]))
 

@@ -55,7 +55,8 @@ def inconsistent(r):
     stage = n // pp
     if stage % (ep * etp):
         return (f"the recipe's layout does not fit its {n} GPUs: EP x ETP = {ep * etp} but a pipeline stage has "
-                f"{stage} ranks (Megatron-Core needs EP x ETP x PP to divide the world size: parallel_state.py:874-883@d98e8a64)")
+                f"{stage} ranks (Megatron-Core needs EP x ETP x PP to divide the world size: "
+                f"parallel_state.py:874-883@d98e8a64)")
     return None
 
 
