@@ -31,6 +31,7 @@ PRICED_WITHOUT = [
     ("FP8 attention (fp8_dot_product_attention)", lambda r: r["fp8_dot_product_attention"] == "1"),
     ("paged stash / expert capacity factor", lambda r: r["moe_paged_stash"] == "1" or r["expert_rank_capacity_factor"]),
     ("EP overlap without delayed wgrad (priced with it)", lambda r: r["ep_overlap"] == "1" and r["delay_wgrad"] != "1"),
+    ("the parameter gather under the optimizer step", lambda r: r["overlap_param_gather_with_optimizer_step"] == "1"),
 ]
 
 
