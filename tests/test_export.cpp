@@ -596,6 +596,32 @@ TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP)
   CHECK(bridge.find("expert_model_parallel_size=8,") != std::string::npos);
   CHECK(bridge.find("num_moe_experts=8,") != std::string::npos);
   check_refused(pf, {"deepspeed", "torchtitan"}, "model.moe");
+  SUBCASE("flex with HybridEP and its SMs, and CUDA graphs of the router and preprocessing: checked against the pinned options") {
+    PlanFile flex = pf;
+    flex.plan.moe_dispatcher = MoeDispatcher::flex;
+    flex.plan.moe_flex = FlexSetting{FlexBackend::hybridep, 32};
+    flex.plan.trainer.cuda_graphs = CudaGraphs::parse("transformer_engine:attn,moe_router,moe_preprocess", "test", "f");
+    check_options(flex, "megatron");
+    check_options(flex, "megatron-bridge");
+    const std::string lm = export_plan(flex, "megatron").text;
+    for (const char* flag : {"--moe-token-dispatcher-type flex\n", "--moe-flex-dispatcher-backend hybridep\n",
+                             "--moe-flex-dispatcher-num-sms 32\n", "--cuda-graph-modules attn moe_router moe_preprocess\n"}) {
+      CAPTURE(flag);
+      CHECK(lm.find(flag) != std::string::npos);
+    }
+    const std::string br = export_plan(flex, "megatron-bridge").text;
+    for (const char* line : {"moe_flex_dispatcher_backend=\"hybridep\",", "moe_flex_dispatcher_num_sms=32,",
+                             "cuda_graph_modules=[\"attn\", \"moe_router\", \"moe_preprocess\"],"}) {
+      CAPTURE(line);
+      CHECK(br.find(line) != std::string::npos);
+    }
+    // DeepEP with its default SMs writes neither key (Megatron-Core's defaults).
+    flex.plan.moe_flex = FlexSetting{};
+    CHECK(export_plan(flex, "megatron").text.find("--moe-flex-dispatcher") == std::string::npos);
+    flex.plan.moe_flex = FlexSetting{FlexBackend::hybridep, 0};
+    flex.plan.trainer.cuda_graphs = CudaGraphs{};
+    CHECK(refusal(flex, "nemo").find("mixtral.plan.json: parallel.moe_flex_backend: NeMo 1.x's") == 0);
+  }
   SUBCASE("tp-pp-dp with PP > 1: Megatron asserts the experts' DP (world / (ETP x EP x PP)) equals the layers'") {
     PlanFile order = pf;
     order.plan.order = RankOrder::parse("tp-pp-dp", "test", "order");

@@ -77,11 +77,14 @@ TEST_CASE("--cuda-graphs parses Megatron-Core's implementations and modules, and
   CHECK(CudaGraphs::parse("local", "t", "f").modules == 0);
   CHECK(test::input_error_message([] { (void)CudaGraphs::parse("cudagraphs", "command line", "--cuda-graphs"); }) ==
         "command line: --cuda-graphs: unknown CUDA graph implementation \"cudagraphs\" (fix: use none, full_iteration, "
-        "local or transformer_engine, the last two optionally with :attn, :mlp or :attn,mlp (Megatron-Core's "
-        "--cuda-graph-impl and --cuda-graph-modules))");
-  CHECK(test::input_error_message([] { (void)CudaGraphs::parse("local:moe", "command line", "--cuda-graphs"); }) ==
-        "command line: --cuda-graphs: unknown CUDA graph module \"moe\" in \"local:moe\" (fix: cuboid prices attn and "
-        "mlp (a dense layer's MLP))");
+        "local or transformer_engine, the last two optionally with :MODULES, a comma-separated list of attn, mlp, moe, "
+        "moe_router, moe_preprocess and mamba (Megatron-Core's --cuda-graph-impl and --cuda-graph-modules))");
+  CHECK(test::input_error_message([] { (void)CudaGraphs::parse("local:router", "command line", "--cuda-graphs"); }) ==
+        "command line: --cuda-graphs: unknown CUDA graph module \"router\" in \"local:router\" (fix: name attn, mlp, "
+        "moe, moe_router, moe_preprocess or mamba (Megatron-Core's CudaGraphModule))");
+  // Megatron-Core's six modules (enums.py CudaGraphModule at d98e8a64), written in its order.
+  CHECK(CudaGraphs::parse("transformer_engine:mamba,moe_preprocess,moe_router,attn", "t", "f").str() ==
+        "transformer_engine:attn,moe_router,moe_preprocess,mamba");
 }
 
 TEST_CASE("CUDA graphs: a captured kernel pays no launch; a per-layer graph keeps one launch, the full iteration none") {

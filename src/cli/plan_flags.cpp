@@ -64,6 +64,12 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                               "--moe-token-dispatcher-type): alltoall, allgather or flex (DeepEP across nodes, "
                               "HybridEP inside an NVLink domain); default: ") +
                       (search ? "each the trainer has, searched where EP > 1" : "the trainer's first"));
+  cmd->add_option("--moe-flex-backend", f.moe_flex_backend,
+                  "the flex dispatcher's kernels (Megatron-Core's --moe-flex-dispatcher-backend): deepep (default) or "
+                  "hybridep (NVIDIA's, its first level the whole NVLink domain: an NVL72 rack)");
+  cmd->add_option("--moe-flex-sms", f.moe_flex_sms,
+                  "SMs the flex dispatcher's kernels take (Megatron-Core's --moe-flex-dispatcher-num-sms; default: "
+                  "DeepEP 20, HybridEP 24 inside one NVLink domain, 8 across)");
   cmd->add_option("--moe-ep-overlap", f.moe_ep_overlap,
                   "overlap each EP all-to-all with another micro-batch's compute in Megatron-Core's combined 1F1B "
                   "schedule (--overlap-moe-expert-parallel-comm --delay-wgrad-compute; EP > 1, alltoall or flex, PP "
@@ -111,7 +117,8 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   cmd->add_option("--cuda-graphs", f.cuda_graphs,
                   "Megatron-Core's CUDA graphs, whose captured kernels pay no host launch: none | full_iteration (one "
                   "graph of the forward-backward, --cuda-graph-impl full_iteration) | local | transformer_engine "
-                  "(per-layer graphs), the last two optionally :attn, :mlp or :attn,mlp (--cuda-graph-modules) "
+                  "(per-layer graphs), the last two optionally :MODULES, a comma-separated list of attn, mlp, moe, "
+                  "moe_router, moe_preprocess, mamba (--cuda-graph-modules) "
                   "(default: the trainer's; docs/cost-model.md#cuda-graphs)");
   cmd->add_option("--tp-comm-overlap", f.tp_comm_overlap,
                   "overlap the SP all-gathers and reduce-scatters with the linear layers' GEMMs as Transformer "
@@ -272,6 +279,16 @@ PlannerOptions planner_options(const PlanFlags& f) {
   o.etp = f.etp;
   if (f.moe_dispatcher) o.moe_dispatcher = parse_moe_dispatcher(*f.moe_dispatcher, cl, "--moe-dispatcher");
   if (f.moe_ep_overlap) o.moe_ep_overlap = parse_on_off(*f.moe_ep_overlap, "--moe-ep-overlap");
+  if (f.moe_flex_backend) o.moe_flex_backend = parse_flex_backend(*f.moe_flex_backend, cl, "--moe-flex-backend");
+  if (f.moe_flex_sms) {
+    if (*f.moe_flex_sms < 1)
+      throw InputError(cl, "--moe-flex-sms", fmt::format("{} SMs", *f.moe_flex_sms), "give at least 1");
+    o.moe_flex_sms = f.moe_flex_sms;
+  }
+  if ((f.moe_flex_backend || f.moe_flex_sms) && o.moe_dispatcher && *o.moe_dispatcher != MoeDispatcher::flex)
+    throw InputError(cl, f.moe_flex_backend ? "--moe-flex-backend" : "--moe-flex-sms",
+                     "set with --moe-dispatcher " + std::string(to_string(*o.moe_dispatcher)),
+                     "use --moe-dispatcher flex, or drop it");
   o.micro_batch = f.micro_batch;
   o.virtual_stages = f.vpp;
   o.zero_stage = f.zero;
@@ -341,7 +358,7 @@ Loaded load(const PlanFlags& f) {
   if (f.plan_path) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
-    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.offload_activations || f.sequence_parallel ||
+    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.offload_activations || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
                       f.global_batch ||
@@ -503,6 +520,8 @@ constexpr KeyFlag kKeyFlags[] = {
     {"parallel.etp", "--etp", [](const PlannerOptions& o) { return shown(o.etp); }},
     {"parallel.moe_dispatcher", "--moe-dispatcher", [](const PlannerOptions& o) { return shown(o.moe_dispatcher); }},
     {"parallel.moe_ep_overlap", "--moe-ep-overlap", [](const PlannerOptions& o) { return shown(o.moe_ep_overlap); }},
+    {"parallel.moe_flex_backend", "--moe-flex-backend", [](const PlannerOptions& o) { return shown(o.moe_flex_backend); }},
+    {"parallel.moe_flex_sms", "--moe-flex-sms", [](const PlannerOptions& o) { return shown(o.moe_flex_sms); }},
     {"parallel.micro_batch", "--micro-batch", [](const PlannerOptions& o) { return shown(o.micro_batch); }},
     {"parallel.virtual_stages", "--vpp", [](const PlannerOptions& o) { return shown(o.virtual_stages); }},
     {"parallel.zero_stage", "--zero", [](const PlannerOptions& o) { return shown(o.zero_stage); }},

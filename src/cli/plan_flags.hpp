@@ -33,6 +33,8 @@ struct PlanFlags {
   std::optional<int> ep, etp;                    // --ep, --etp (MoE models)
   std::optional<std::string> moe_dispatcher;     // --moe-dispatcher alltoall|allgather|flex
   std::optional<std::string> moe_ep_overlap;     // --moe-ep-overlap on|off
+  std::optional<std::string> moe_flex_backend;   // --moe-flex-backend deepep|hybridep
+  std::optional<int> moe_flex_sms;               // --moe-flex-sms N
   std::optional<std::string> recompute, sequence_parallel, schedule, flash_attention, attention_kernel, rank_order;
   std::optional<std::string> recompute_modules;  // --recompute-modules core_attn,mlp,...
   std::optional<int> offload_activations;        // --offload-activations N (decoder layers)

@@ -72,6 +72,7 @@ std::string plain_fix(const PlanRejection& r) {
     case K::dispatcher_needs_moe: return "drop --moe-dispatcher";
     case K::trainer_no_ep_overlap: return "use --moe-ep-overlap off, or --trainer megatron-core";
     case K::ep_overlap_refused: return "use --moe-ep-overlap off";
+    case K::cuda_graph_module_refused: return "name other modules in --cuda-graphs (e.g. transformer_engine:attn,moe_router,moe_preprocess)";
     case K::trainer_no_zero_stage: return "use --zero " + zero_stages(r.values[2]);
     case K::trainer_even_stages: return "choose a PP that divides the layers";
     case K::trainer_no_fp8: return "use --precision bf16, or --trainer megatron-core";

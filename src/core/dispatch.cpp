@@ -93,4 +93,20 @@ DispatchTraffic dispatch_traffic(MoeDispatcher d, const MoeSpec& moe, std::int64
   return t;
 }
 
+FlexKernels flex_kernels(const FlexSetting& setting, int domains) {
+  FlexKernels k;
+  if (setting.backend == FlexBackend::deepep) {
+    k.nvlink_efficiency = kDeepEpNvlinkEfficiency;
+    k.rdma_efficiency = kDeepEpRdmaEfficiency;
+    k.sms = setting.sms > 0 ? setting.sms : kDeepEpSms;
+    return k;
+  }
+  k.sms = setting.sms > 0 ? setting.sms : (domains > 1 ? kHybridEpSmsDomains : kHybridEpSmsOneDomain);
+  const double f = std::clamp((static_cast<double>(k.sms) - 16.0) / 16.0, 0.0, 1.0);
+  k.nvlink_efficiency =
+      (kHybridEpNvlinkGBps16Sms + f * (kHybridEpNvlinkGBps32Sms - kHybridEpNvlinkGBps16Sms)) / kHybridEpMeasuredNvlinkBusbwGBps;
+  k.rdma_efficiency = kHybridEpRdmaEfficiency;
+  return k;
+}
+
 }  // namespace cuboid

@@ -66,6 +66,15 @@ MoeDispatcher parse_moe_dispatcher(std::string_view s, const std::string& source
                    "use alltoall, allgather or flex (DeepEP / HybridEP)");
 }
 
+std::string_view to_string(FlexBackend b) { return b == FlexBackend::hybridep ? "hybridep" : "deepep"; }
+
+FlexBackend parse_flex_backend(std::string_view s, const std::string& source, const std::string& field) {
+  for (FlexBackend b : {FlexBackend::deepep, FlexBackend::hybridep})
+    if (s == to_string(b)) return b;
+  throw InputError(source, field, "unknown flex dispatcher backend " + quote_value(s),
+                   "use deepep or hybridep (Megatron-Core's --moe-flex-dispatcher-backend; ncclep is not modelled)");
+}
+
 namespace {
 constexpr std::pair<Precision, std::string_view> kPrecisions[] = {
     {Precision::bf16, "bf16"},          {Precision::fp8_delayed, "fp8-delayed"}, {Precision::fp8_current, "fp8-current"},
@@ -265,20 +274,45 @@ std::string_view to_string(CudaGraphImpl i) {
   return "none";
 }
 
+namespace {
+constexpr CudaGraphModule kCudaGraphModules[] = {CudaGraphModule::attn,       CudaGraphModule::mlp,
+                                                 CudaGraphModule::moe,        CudaGraphModule::moe_router,
+                                                 CudaGraphModule::moe_preprocess, CudaGraphModule::mamba};
+constexpr std::uint8_t bit(CudaGraphModule m) { return static_cast<std::uint8_t>(m); }
+}  // namespace
+
+std::string_view to_string(CudaGraphModule m) {
+  switch (m) {
+    case CudaGraphModule::attn: return "attn";
+    case CudaGraphModule::mlp: return "mlp";
+    case CudaGraphModule::moe: return "moe";
+    case CudaGraphModule::moe_router: return "moe_router";
+    case CudaGraphModule::moe_preprocess: return "moe_preprocess";
+    case CudaGraphModule::mamba: return "mamba";
+  }
+  return "?";
+}
+
 std::string CudaGraphs::str() const {
   std::string out(to_string(impl));
   if (modules == 0) return out;
   out += ":";
-  if ((modules & static_cast<std::uint8_t>(CudaGraphModule::attn)) != 0) out += "attn";
-  if ((modules & static_cast<std::uint8_t>(CudaGraphModule::mlp)) != 0)
-    out += out.back() == ':' ? "mlp" : ",mlp";
+  for (CudaGraphModule m : kCudaGraphModules)
+    if ((modules & bit(m)) != 0) {
+      if (out.back() != ':') out += ",";
+      out += to_string(m);
+    }
   return out;
 }
 
+// The list's own rules (transformer_config.py __post_init__ at d98e8a64,
+// lines 2804-2823); those that depend on the model and the plan are
+// check_plan's (plan_check.cpp check_cuda_graph_modules).
 CudaGraphs CudaGraphs::parse(std::string_view s, const std::string& source, const std::string& field) {
   const std::string fix =
-      "use none, full_iteration, local or transformer_engine, the last two optionally with :attn, :mlp or "
-      ":attn,mlp (Megatron-Core's --cuda-graph-impl and --cuda-graph-modules)";
+      "use none, full_iteration, local or transformer_engine, the last two optionally with :MODULES, a comma-separated "
+      "list of attn, mlp, moe, moe_router, moe_preprocess and mamba (Megatron-Core's --cuda-graph-impl and "
+      "--cuda-graph-modules)";
   CudaGraphs g;
   const std::size_t colon = s.find(':');
   const std::string_view impl = s.substr(0, colon);
@@ -298,17 +332,32 @@ CudaGraphs CudaGraphs::parse(std::string_view s, const std::string& source, cons
   while (true) {
     const std::size_t comma = rest.find(',');
     const std::string_view part = rest.substr(0, comma);
-    std::uint8_t bit = 0;
-    if (part == "attn") bit = static_cast<std::uint8_t>(CudaGraphModule::attn);
-    else if (part == "mlp") bit = static_cast<std::uint8_t>(CudaGraphModule::mlp);
-    else throw InputError(source, field, "unknown CUDA graph module " + quote_value(part) + " in " + quote_value(s),
-                          "cuboid prices attn and mlp (a dense layer's MLP)");
-    if ((g.modules & bit) != 0)
+    std::uint8_t b = 0;
+    for (CudaGraphModule m : kCudaGraphModules)
+      if (part == to_string(m)) b = bit(m);
+    if (b == 0)
+      throw InputError(source, field, "unknown CUDA graph module " + quote_value(part) + " in " + quote_value(s),
+                       "name attn, mlp, moe, moe_router, moe_preprocess or mamba (Megatron-Core's CudaGraphModule)");
+    if ((g.modules & b) != 0)
       throw InputError(source, field, quote_value(s) + " names " + std::string(part) + " twice", "name each module once");
-    g.modules |= bit;
+    g.modules |= b;
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
   }
+  const auto has = [&](CudaGraphModule m) { return (g.modules & bit(m)) != 0; };
+  // local does not tell the router from the preprocess: either names both (:2806-2815).
+  if (g.impl == CudaGraphImpl::local && (has(CudaGraphModule::moe_router) || has(CudaGraphModule::moe_preprocess)))
+    g.modules |= bit(CudaGraphModule::moe_router) | bit(CudaGraphModule::moe_preprocess);
+  if (has(CudaGraphModule::moe) && has(CudaGraphModule::moe_router))
+    throw InputError(source, field,
+                     quote_value(s) + ": cuda_graph_modules must not contain both moe and moe_router (Megatron-Core "
+                                      "asserts it: transformer_config.py:2820@d98e8a64)",
+                     "name moe, or moe_router (with moe_preprocess)");
+  if (has(CudaGraphModule::moe_preprocess) && !has(CudaGraphModule::moe_router))
+    throw InputError(source, field,
+                     quote_value(s) + ": moe_preprocess cuda graph is only supported with moe_router cuda graph "
+                                      "(Megatron-Core asserts it: transformer_config.py:2824@d98e8a64)",
+                     "add moe_router");
   return g;
 }
 

@@ -140,6 +140,34 @@ Found check_recompute_modules(const ParallelPlan& p, const ModelSpec& m) {
   return std::nullopt;
 }
 
+// Megatron-Core's checks of the per-layer graphs' modules against the model
+// and the plan (transformer_config.py __post_init__ at d98e8a64, lines
+// 2824-2869 and 3063-3071; the list's own rules are CudaGraphs::parse's).
+Found check_cuda_graph_modules(const ParallelPlan& p, const ModelSpec& m) {
+  const CudaGraphs& g = p.trainer.cuda_graphs;
+  if (g.impl != CudaGraphImpl::local && g.impl != CudaGraphImpl::transformer_engine) return std::nullopt;
+  using R = CudaGraphRefusal;
+  const auto refuse = [](R why) {
+    return reject(K::cuda_graph_module_refused, F::cuda_graphs, static_cast<std::int64_t>(why));
+  };
+  const auto has = [&](CudaGraphModule x) { return (g.modules & static_cast<std::uint8_t>(x)) != 0; };
+  if (!m.moe.enabled()) {
+    if (has(CudaGraphModule::moe) || has(CudaGraphModule::moe_router)) return refuse(R::moe_needs_moe);
+  } else {
+    if (!m.has_dense_and_moe_layers() && has(CudaGraphModule::mlp)) return refuse(R::mlp_needs_dense);
+    if (has(CudaGraphModule::moe)) return refuse(R::moe_needs_drop_pad);
+    if (p.moe_dispatcher == MoeDispatcher::alltoall && m.moe.capacity_factor > 0 &&
+        has(CudaGraphModule::moe_preprocess))
+      return refuse(R::preprocess_host_sync);
+  }
+  const bool te = g.impl == CudaGraphImpl::transformer_engine;
+  if (te && p.recompute == Recompute::selective && p.recomputes(RecomputeModule::moe) &&
+      has(CudaGraphModule::moe_router))
+    return refuse(R::router_with_moe_recompute);
+  if (te && p.moe_ep_overlap && (has(CudaGraphModule::moe) || has(CudaGraphModule::mlp))) return refuse(R::ep_overlap);
+  return std::nullopt;
+}
+
 // Megatron-Core's requirements of --overlap-moe-expert-parallel-comm
 // (transformer_config.py __post_init__ at d98e8a64, the lines describe
 // names), then cuboid's own: it plays the combined schedule with PP 1 only.
@@ -470,6 +498,29 @@ std::string describe_ep_overlap(EpOverlapRefusal why, std::int64_t mtp, const Mo
   return "";
 }
 
+std::string describe_cuda_graph_modules(CudaGraphRefusal why) {
+  const std::string at = " (Megatron-Core asserts it: megatron/core/transformer/transformer_config.py:";
+  switch (why) {
+    case CudaGraphRefusal::moe_needs_moe: return "moe cuda graph is only supported for MoE" + at + "2829@d98e8a64)";
+    case CudaGraphRefusal::mlp_needs_dense:
+      return "mlp cuda graph is only supported for dense layers, but not found in the model" + at + "2835@d98e8a64)";
+    case CudaGraphRefusal::moe_needs_drop_pad:
+      return "moe cuda graph is only supported with drop-padding MoE" + at +
+             "2844@d98e8a64), and cuboid does not model --moe-pad-expert-input-to-capacity";
+    case CudaGraphRefusal::preprocess_host_sync:
+      return "moe_preprocess cuda graph is not supported when there are DtoH copies and synchronizations in the "
+             "preprocess step (the alltoall dispatcher with a capacity factor)" +
+             at + "2851@d98e8a64)";
+    case CudaGraphRefusal::router_with_moe_recompute:
+      return "moe recompute is not supported with moe_router CUDA graph with --cuda-graph-impl transformer_engine" +
+             at + "2868@d98e8a64)";
+    case CudaGraphRefusal::ep_overlap:
+      return "CUDA graph scope on moe and mlp is not supported with overlap_moe_expert_parallel_comm" + at +
+             "3069@d98e8a64)";
+  }
+  return "";
+}
+
 std::string describe_experts(const PlanRejection& r, const ModelSpec& m) {
   const auto& v = r.values;
   switch (r.kind) {
@@ -493,6 +544,7 @@ std::string describe_experts(const PlanRejection& r, const ModelSpec& m) {
     case K::mla_cp: return "context parallelism with latent attention is not modelled";
     case K::mla_zero3: return "ZeRO-3 of a latent-attention model is not modelled";
     case K::ep_overlap_refused: return describe_ep_overlap(static_cast<EpOverlapRefusal>(v[0]), v[1], m);
+    case K::cuda_graph_module_refused: return describe_cuda_graph_modules(static_cast<CudaGraphRefusal>(v[0]));
     default: return "";
   }
 }
@@ -610,6 +662,7 @@ std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& 
   if (Found r = check_cp(p, m)) return r;
   if (Found r = check_experts(p, m)) return r;
   if (Found r = check_ep_overlap(p, m)) return r;
+  if (Found r = check_cuda_graph_modules(p, m)) return r;
   if (Found r = check_latent_attention(p, m)) return r;
   if (Found r = check_recompute_modules(p, m)) return r;
   if (Found r = check_offload(p, m, c)) return r;

@@ -1083,26 +1083,57 @@ void append_mlp_forward(std::vector<Op>& out, const std::vector<Op>& forward) {
                                forward.begin() + static_cast<std::ptrdiff_t>(last));
 }
 
+// Which of Megatron-Core's partial MoE graphs an op of an MoE layer's MLP
+// part replays in (moe_layer.py at d98e8a64: the moe_router graph runs
+// TransformerLayer._forward_mlp up to MoELayer.route, i.e. the pre-MLP norm,
+// the shared experts and the router with its balancing; the moe_preprocess
+// graph MoELayer.preprocess, the dispatcher's dispatch_preprocess: the
+// permutation; TE captures each graph's backward too), as the module bit.
+// 0: neither (the host sync, the exchanges, the experts, the unpermutation
+// and the sum with the shared experts run eagerly after the graphs).
+std::uint8_t moe_graph_module(std::string_view name) {
+  static constexpr std::string_view kRouter[] = {
+      op::norm_mlp,         op::router,           op::router_topk,       op::router_aux_scores, op::router_aux_loss,
+      op::router_bias_counts, op::tp_ar_aux_counts, op::tp_ag_shared,   op::shared_fc1,        op::shared_act,
+      op::shared_fc2,       op::tp_rs_shared,     op::norm_mlp_bwd,      op::tp_ag_shared_bwd,  op::tp_rs_shared_bwd,
+      op::router_dgrad,     op::router_wgrad,     op::router_topk_bwd,   op::router_aux_loss_bwd, op::router_grad_accum,
+      op::shared_fc1_dgrad, op::shared_fc1_wgrad, op::shared_act_bwd,   op::shared_fc2_dgrad,  op::shared_fc2_wgrad,
+      op::shared_fc1_grad_accum, op::shared_fc2_grad_accum};
+  if (name == op::moe_permute || name == op::moe_permute_bwd)
+    return static_cast<std::uint8_t>(CudaGraphModule::moe_preprocess);
+  for (std::string_view r : kRouter)
+    if (name == r) return static_cast<std::uint8_t>(CudaGraphModule::moe_router);
+  return 0;
+}
+
 // Megatron-Core's CUDA graphs (TrainerSettings::cuda_graphs; Megatron-LM
 // d98e8a64 transformer_config.py:1075-1105): which ops of a layer's list
 // replay from a captured graph. The attention part is what
 // TransformerLayer._forward_attention runs (the ops before the MLP's norm
 // in a forward list, after it in a backward one), the MLP part the rest;
-// the "mlp" module captures a dense layer's MLP only. A per-layer graph is
-// a run of captured ops of one part; its first op keeps a launch, which
-// stands for the graph's own (cudaGraphLaunch, one host call). The
-// full-iteration graph is launched once per iteration: no op keeps one.
+// the "mlp" module captures a dense layer's MLP only, "moe" an MoE layer's,
+// "moe_router" and "moe_preprocess" the ops moe_graph_module names. A
+// per-layer graph is a run of captured ops of one part (the MoE router's
+// graph: its ops wherever they sit in the list); its first op keeps a
+// launch, which stands for the graph's own (cudaGraphLaunch, one host call).
+// The full-iteration graph is launched once per iteration: no op keeps one.
 // `mlp(i)`: whether ops[i] is of the MLP part.
 template <class IsMlp>
 void mark_graphed(std::vector<Op>& ops, const CudaGraphs& g, bool moe_layer, IsMlp mlp) {
   const bool whole = g.impl == CudaGraphImpl::full_iteration;
+  const bool moe_whole = g.modules == 0 || g.captures(CudaGraphModule::moe);
   int previous = -1;  // the part of the graph the last op replayed in, -1: none
+  bool router_seen = false;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const bool in_mlp = mlp(i);
-    const bool captured = whole || (in_mlp ? (moe_layer ? g.modules == 0 : g.captures(CudaGraphModule::mlp))
-                                           : g.captures(CudaGraphModule::attn));
-    const int part = captured ? (in_mlp ? 1 : 0) : -1;
-    ops[i].graphed = captured && (whole || part == previous);
+    const std::uint8_t moe_part = in_mlp && moe_layer && !moe_whole ? moe_graph_module(ops[i].name) : 0;
+    const bool captured =
+        whole || (in_mlp ? (moe_layer ? moe_whole || (moe_part != 0 && (g.modules & moe_part) != 0)
+                                      : g.captures(CudaGraphModule::mlp))
+                         : g.captures(CudaGraphModule::attn));
+    const int part = captured ? (moe_part != 0 ? 2 : in_mlp ? 1 : 0) : -1;
+    ops[i].graphed = captured && (whole || part == previous || (part == 2 && router_seen));
+    router_seen = router_seen || part == 2;
     previous = part;
   }
 }

@@ -541,8 +541,18 @@ int nccl_ring_channels(const Cluster& cl, const std::vector<int>& ranks) {
   return nccl_ring_channels(cl, most, static_cast<int>(on_node.size()));
 }
 
-int ep_exchange_sms(const Cluster& cl, MoeDispatcher dispatcher, const std::vector<int>& ep_ranks) {
-  if (dispatcher == MoeDispatcher::flex) return std::min(kDeepEpSms, std::max(0, cl.gpu.sm_count - 1));
+int flex_exchange_sms(int sm_count, const FlexSetting& flex, int domains) {
+  return std::min(flex_kernels(flex, domains).sms, std::max(0, sm_count - 1));
+}
+
+int ep_exchange_sms(const Cluster& cl, MoeDispatcher dispatcher, const FlexSetting& flex, const std::vector<int>& ep_ranks) {
+  if (dispatcher == MoeDispatcher::flex) {
+    const int gpn = std::max(1, cl.gpus_per_node);
+    std::vector<int> nodes;
+    for (const int r : ep_ranks)
+      if (std::find(nodes.begin(), nodes.end(), r / gpn) == nodes.end()) nodes.push_back(r / gpn);
+    return flex_exchange_sms(cl.gpu.sm_count, flex, static_cast<int>(nodes.size()));
+  }
   return nccl_ring_channels(cl, ep_ranks);
 }
 

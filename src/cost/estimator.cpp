@@ -192,57 +192,69 @@ DispatchLinks dispatch_links(const Topology& topo, const std::vector<int>& ranks
   return d;
 }
 
-// The seconds an allgather or flex exchange's copies load the rank's NIC
-// (flex at DeepEP's measured RDMA share).
-double nic_leg_s(const Op& op, const DispatchTraffic& t, const DispatchLinks& links) {
-  const bool flex = op.dispatcher == MoeDispatcher::flex;
-  return op.comm_bytes * t.node_copies / (links.nic_Bps * (flex ? kDeepEpRdmaEfficiency : 1.0));
+// What an allgather or flex exchange depends on beyond its op and links:
+// the model's routing, its hidden size and the flex dispatcher's backend.
+struct DispatchModel {
+  const MoeSpec& moe;
+  std::int64_t hidden;
+  FlexSetting flex;
+};
+
+// The share of each link an exchange gets: flex at its backend's measured
+// shares (flex_kernels), the others the links' busbw.
+FlexKernels link_shares(const Op& op, const DispatchModel& dm, const DispatchLinks& links) {
+  if (op.dispatcher != MoeDispatcher::flex) return FlexKernels{};
+  return flex_kernels(dm.flex, links.spread.nodes);
+}
+
+// The seconds an allgather or flex exchange's copies load the rank's NIC.
+double nic_leg_s(const Op& op, const DispatchTraffic& t, const DispatchLinks& links, const FlexKernels& k) {
+  return op.comm_bytes * t.node_copies / (links.nic_Bps * k.rdma_efficiency);
 }
 
 // One exchange of the allgather or flex dispatcher: the slower of the
-// rank's NIC and NVLink port under dispatch_traffic's copies (flex at
-// DeepEP's measured share of each link), then one latency.
-double dispatch_ns(const Op& op, const MoeSpec& moe, std::int64_t hidden, const DispatchLinks& links) {
-  const DispatchTraffic t = dispatch_traffic(op.dispatcher, moe, hidden, 1.0, links.spread);
-  const bool flex = op.dispatcher == MoeDispatcher::flex;
+// rank's NIC and NVLink port under dispatch_traffic's copies (flex at its
+// backend's measured share of each link), then one latency.
+double dispatch_ns(const Op& op, const DispatchModel& dm, const DispatchLinks& links) {
+  const DispatchTraffic t = dispatch_traffic(op.dispatcher, dm.moe, dm.hidden, 1.0, links.spread);
+  const FlexKernels k = link_shares(op, dm, links);
   double s = 0;
-  if (t.node_copies > 0) s = std::max(s, nic_leg_s(op, t, links));
-  if (t.nvlink_copies > 0)
-    s = std::max(s, op.comm_bytes * t.nvlink_copies / (links.nvlink_Bps * (flex ? kDeepEpNvlinkEfficiency : 1.0)));
+  if (t.node_copies > 0) s = std::max(s, nic_leg_s(op, t, links, k));
+  if (t.nvlink_copies > 0) s = std::max(s, op.comm_bytes * t.nvlink_copies / (links.nvlink_Bps * k.nvlink_efficiency));
   return s * 1e9 + links.latency_ns;
 }
 
 // The time one exchange loads the rank's NIC: none inside a node; NCCL's
 // all-to-all across nodes all of it (its busbw is the NICs'); the allgather
 // and flex dispatchers their NIC leg of dispatch_ns.
-double dispatch_nic_ns(const Op& op, int ep, const GroupLinks& links, const MoeSpec& moe, std::int64_t hidden,
-                       const DispatchLinks& dl) {
+double dispatch_nic_ns(const Op& op, int ep, const GroupLinks& links, const DispatchModel& dm, const DispatchLinks& dl) {
   if (dl.spread.nodes <= 1) return 0.0;
   if (op.dispatcher == MoeDispatcher::alltoall) return comm_ns(op.collective, op.comm_bytes, ep, links);
-  return nic_leg_s(op, dispatch_traffic(op.dispatcher, moe, hidden, 1.0, dl.spread), dl) * 1e9;
+  return nic_leg_s(op, dispatch_traffic(op.dispatcher, dm.moe, dm.hidden, 1.0, dl.spread), dl, link_shares(op, dm, dl)) *
+         1e9;
 }
 
 // An MoE layer's dispatch and combine exchanges (blocking: Megatron's
 // dispatchers wait for each): NCCL collectives for alltoall, dispatch_ns for
 // the others; `nic_ns` adds their NIC time (dispatch_nic_ns).
-double ep_exposed_ns(const std::vector<Op>& ops, int ep, const GroupLinks& links, const MoeSpec& moe,
-                     std::int64_t hidden, const DispatchLinks& dl, double* nic_ns = nullptr) {
+double ep_exposed_ns(const std::vector<Op>& ops, int ep, const GroupLinks& links, const DispatchModel& dm,
+                     const DispatchLinks& dl, double* nic_ns = nullptr) {
   double total = 0;
   for (const Op& op : ops) {
     if (op.group != Group::ep || op.kind != OpKind::collective) continue;
     total += op.dispatcher == MoeDispatcher::alltoall ? comm_ns(op.collective, op.comm_bytes, ep, links)
-                                                      : dispatch_ns(op, moe, hidden, dl);
-    if (nic_ns != nullptr) *nic_ns += dispatch_nic_ns(op, ep, links, moe, hidden, dl);
+                                                      : dispatch_ns(op, dm, dl);
+    if (nic_ns != nullptr) *nic_ns += dispatch_nic_ns(op, ep, links, dm, dl);
   }
   return total;
 }
 
-void add_ep_times(PassTimes& into, const LayerOps& ops, int ep, const GroupLinks& links, const MoeSpec& moe,
-                  std::int64_t hidden, const DispatchLinks& dl) {
+void add_ep_times(PassTimes& into, const LayerOps& ops, int ep, const GroupLinks& links, const DispatchModel& dm,
+                  const DispatchLinks& dl) {
   if (ep <= 1) return;
-  into.fwd_ep += ep_exposed_ns(ops.forward, ep, links, moe, hidden, dl, &into.fwd_ep_nic);
-  into.bwd_ep += ep_exposed_ns(ops.backward, ep, links, moe, hidden, dl, &into.bwd_ep_nic) +
-                 ep_exposed_ns(ops.recompute, ep, links, moe, hidden, dl, &into.bwd_ep_nic);
+  into.fwd_ep += ep_exposed_ns(ops.forward, ep, links, dm, dl, &into.fwd_ep_nic);
+  into.bwd_ep += ep_exposed_ns(ops.backward, ep, links, dm, dl, &into.bwd_ep_nic) +
+                 ep_exposed_ns(ops.recompute, ep, links, dm, dl, &into.bwd_ep_nic);
 }
 
 PassTimes compute_times(const GpuProfile& gpu, const LayerOps& ops) {
@@ -299,6 +311,8 @@ struct LayerCost {
   // What the allgather / flex dispatchers' traffic depends on (dispatch_ns).
   MoeSpec moe;
   std::int64_t hidden = 0;
+  FlexSetting flex;
+  DispatchModel dispatch_model() const { return DispatchModel{moe, hidden, flex}; }
   // held_pace's results so far: {SMs taken, forward ratio, backward ratio}
   // (a search meets a handful of DP group shapes; each Estimator is one
   // thread's).
@@ -333,6 +347,7 @@ LayerCost make_layer_cost(const ModelSpec& m, const GpuProfile& gpu, const Paral
   c.pipeline_message = pipeline_message_bytes(m, plan) * activation_bytes_scale(cal);
   c.moe = m.moe;
   c.hidden = m.hidden_size;
+  c.flex = plan.moe_flex;
   return c;
 }
 
@@ -452,7 +467,7 @@ Placement make_placement(const Topology& topo, const ParallelPlan& plan) {
       if (pl.ep_dispatch.size() < pl.ep_links.size()) pl.ep_dispatch.push_back(dispatch_links(topo, ranks));
       if (stage == 0)
         for (MoeDispatcher d : {MoeDispatcher::alltoall, MoeDispatcher::allgather, MoeDispatcher::flex})
-          pl.ep_sms[static_cast<std::size_t>(d)] = ep_exchange_sms(topo.cluster(), d, ranks);
+          pl.ep_sms[static_cast<std::size_t>(d)] = ep_exchange_sms(topo.cluster(), d, plan.moe_flex, ranks);
     }
     if (plan.expert_dp() > 1 && (plan.ep > 1 || plan.expert_tp() != plan.tp)) {
       const std::vector<int> edp_ranks = mapping.expert_dp_group(stage, 0, 0);
@@ -548,7 +563,7 @@ CommTimes make_comm_times(const GpuProfile& gpu, const ParallelPlan& plan, const
   }
   for (const GroupLinks& links : pl.cp_links) add_cp_times(ct.cp.emplace_back(), gpu, lc.layer, plan.cp, links);
   for (std::size_t i = 0; i < pl.ep_links.size(); ++i)
-    add_ep_times(ct.ep.emplace_back(), lc.layer, plan.ep, pl.ep_links[i], lc.moe, lc.hidden, pl.ep_dispatch[i]);
+    add_ep_times(ct.ep.emplace_back(), lc.layer, plan.ep, pl.ep_links[i], lc.dispatch_model(), pl.ep_dispatch[i]);
   if (std::max(1, plan.pp) > 1) {
     const double msg = lc.pipeline_message;
     double hop_ns = 0;
@@ -980,7 +995,7 @@ EpPassTimes ep_pass_times(const GpuProfile& gpu, const ParallelPlan& plan, const
     double ns = 0;
     if (is_ep(i)) {
       ns = op.dispatcher == MoeDispatcher::alltoall ? comm_ns(op.collective, op.comm_bytes, plan.ep, *links.ep)
-                                                    : dispatch_ns(op, lc.moe, lc.hidden, *links.dispatch);
+                                                    : dispatch_ns(op, lc.dispatch_model(), *links.dispatch);
     } else if (comm && op.group == Group::tp) {
       ns = comm_ns(op.collective, op.comm_bytes, plan.tp, *links.tp);
     } else if (comm && op.group == Group::cp && links.cp != nullptr) {
@@ -1022,7 +1037,9 @@ double fold_ep_overlap(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   const EpLinks links{pl.tp_links.empty() ? &no_links : &pl.tp_links[pl.stage_tp[0]],
                       pl.cp_links.empty() ? nullptr : &pl.cp_links[pl.stage_cp[0]], &pl.ep_links[pl.stage_ep[0]],
                       &pl.ep_dispatch[pl.stage_ep[0]]};
-  const SmsTakenPricer held(gpu, pl.ep_sms[static_cast<std::size_t>(plan.moe_dispatcher)]);
+  const SmsTakenPricer held(gpu, plan.moe_dispatcher == MoeDispatcher::flex
+                                     ? flex_exchange_sms(gpu.sm_count, plan.moe_flex, links.dispatch->spread.nodes)
+                                     : pl.ep_sms[static_cast<std::size_t>(plan.moe_dispatcher)]);
   // [0]: a dense layer's passes, [1]: an MoE layer's.
   std::array<EpPassTimes, 2> fwd{}, bwd{};
   const LayerOps* kinds[2] = {lc.mixed ? &lc.dense : nullptr, &lc.layer};
@@ -1196,6 +1213,7 @@ struct LayerKey {
   int tp, cp, ep, etp, micro_batch;
   CpComm cp_comm;
   MoeDispatcher dispatcher;
+  FlexSetting flex;  // compared, not hashed
   std::int64_t seq_length;
   bool sp, flash, fused_wgrad;
   Recompute recompute;
@@ -1305,7 +1323,7 @@ Estimate Estimator::operator()(const ParallelPlan& plan) {
   if (topo_.has_operand_pool_views()) return estimate(model_, topo_, plan);
   const GpuProfile& gpu = topo_.cluster().gpu;
   const LayerKey lk{plan.tp,         plan.cp,        plan.ep,
-                    plan.expert_tp(), plan.micro_batch, plan.cp_comm, plan.moe_dispatcher,
+                    plan.expert_tp(), plan.micro_batch, plan.cp_comm, plan.moe_dispatcher, plan.moe_flex,
                     plan.seq_length,  plan.sequence_parallel, plan.flash_attention,
                     plan.grad_accum_fusion, plan.recompute, plan.precision,
                     plan.trainer.cuda_graphs, plan.trainer.tp_comm_overlap};

@@ -221,11 +221,18 @@ std::vector<McoreSetting> moe_layer_settings(const ModelSpec& m) {
 
 std::vector<McoreSetting> moe_kernel_settings(const ParallelPlan& plan) {
   // Megatron-Core's MoE layer as cuboid prices it: grouped expert GEMMs and
-  // the plan's dispatcher (flex with Megatron-Core's default backend, deepep:
-  // transformer_config.py moe_flex_dispatcher_backend at d98e8a64).
+  // the plan's dispatcher; flex with its backend and SMs where not
+  // Megatron-Core's defaults (deepep, each backend's SMs:
+  // transformer_config.py moe_flex_dispatcher_backend, _num_sms at d98e8a64).
   std::vector<McoreSetting> out = {{"--moe-grouped-gemm", "moe_grouped_gemm", McoreSetting::Kind::on, ""},
                                    {"--moe-token-dispatcher-type", "moe_token_dispatcher_type",
                                     McoreSetting::Kind::word, std::string(to_string(plan.moe_dispatcher))}};
+  if (plan.moe_dispatcher == MoeDispatcher::flex && plan.moe_flex.backend != FlexBackend::deepep)
+    out.push_back({"--moe-flex-dispatcher-backend", "moe_flex_dispatcher_backend", McoreSetting::Kind::word,
+                   std::string(to_string(plan.moe_flex.backend))});
+  if (plan.moe_dispatcher == MoeDispatcher::flex && plan.moe_flex.sms > 0)
+    out.push_back({"--moe-flex-dispatcher-num-sms", "moe_flex_dispatcher_num_sms", McoreSetting::Kind::number,
+                   fmt::format("{}", plan.moe_flex.sms)});
   // The EP overlap: the combined 1F1B schedule with the delayed weight
   // gradients it is run with (model_parallel_config.py lines 343 and 348 at
   // d98e8a64; cd4afffa, Megatron-Bridge v0.6.0's, has both too).

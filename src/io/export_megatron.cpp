@@ -83,8 +83,9 @@ Args parallelism_args(const PlanFile& pf, bool tp_pp_dp, bool fsdp) {
     a.push_back(fmt::format("--cuda-graph-impl {}", to_string(g.impl)));
     if (g.modules != 0) {
       std::string modules;
-      if (g.captures(CudaGraphModule::attn)) modules += "attn";
-      if (g.captures(CudaGraphModule::mlp)) modules += modules.empty() ? "mlp" : " mlp";
+      for (CudaGraphModule m : {CudaGraphModule::attn, CudaGraphModule::mlp, CudaGraphModule::moe,
+                                CudaGraphModule::moe_router, CudaGraphModule::moe_preprocess, CudaGraphModule::mamba})
+        if ((g.modules & static_cast<std::uint8_t>(m)) != 0) modules += (modules.empty() ? "" : " ") + std::string(to_string(m));
       a.push_back("--cuda-graph-modules " + modules);
     }
     // arguments.py:1235-1237 asserts it with the full-iteration graph.

@@ -204,8 +204,10 @@ Fields overlap_fields(const ParallelPlan& p) {
     f.emplace_back("cuda_graph_impl", fmt::format("\"{}\"", to_string(g.impl)));
     if (g.modules != 0) {
       std::string modules;
-      if (g.captures(CudaGraphModule::attn)) modules += "\"attn\"";
-      if (g.captures(CudaGraphModule::mlp)) modules += modules.empty() ? "\"mlp\"" : ", \"mlp\"";
+      for (CudaGraphModule m : {CudaGraphModule::attn, CudaGraphModule::mlp, CudaGraphModule::moe,
+                                CudaGraphModule::moe_router, CudaGraphModule::moe_preprocess, CudaGraphModule::mamba})
+        if ((g.modules & static_cast<std::uint8_t>(m)) != 0)
+          modules += fmt::format("{}\"{}\"", modules.empty() ? "" : ", ", to_string(m));
       f.emplace_back("cuda_graph_modules", "[" + modules + "]");
     }
     f.emplace_back("use_te_rng_tracker", "True");

@@ -45,6 +45,11 @@ bool refuse_unsupported(const PlanFile& pf) {
            "NeMo 1.x's megatron_gpt_config.yaml@8cfedd72 has no overlap_moe_expert_parallel_comm key, and the "
            "Megatron-Core it runs is not pinned to one that has the combined 1F1B schedule",
            "plan with --moe-ep-overlap off, or export with --to megatron or --to megatron-bridge");
+  if (p.moe_dispatcher == MoeDispatcher::flex && p.moe_flex != FlexSetting{})
+    refuse(pf, p.moe_flex.backend != FlexBackend::deepep ? "parallel.moe_flex_backend" : "parallel.moe_flex_sms",
+           "NeMo 1.x's megatron_gpt_config.yaml@8cfedd72 has no moe_flex_dispatcher_backend or "
+           "moe_flex_dispatcher_num_sms key",
+           "plan without --moe-flex-backend and --moe-flex-sms, or export with --to megatron or --to megatron-bridge");
   refuse_offload(pf, "cuboid's NeMo 1.x export", "its pinned option list has no cpu_offloading keys");
   // megatron_gpt_config.yaml@8cfedd72 has FP8 keys for delayed scaling only
   // (fp8, fp8_e4m3 / fp8_hybrid, fp8_margin, fp8_amax_history_len,

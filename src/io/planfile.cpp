@@ -84,6 +84,11 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
   // Written with EP > 1 only, where the dispatcher moves tokens between
   // ranks: a file without it reads as alltoall.
   if (p.ep > 1) j["moe_dispatcher"] = std::string(to_string(p.moe_dispatcher));
+  // The flex dispatcher's backend and SMs, written where not the defaults
+  // (DeepEP, its backend's SMs).
+  if (p.moe_dispatcher == MoeDispatcher::flex && p.moe_flex.backend != FlexBackend::deepep)
+    j["moe_flex_backend"] = std::string(to_string(p.moe_flex.backend));
+  if (p.moe_dispatcher == MoeDispatcher::flex && p.moe_flex.sms > 0) j["moe_flex_sms"] = p.moe_flex.sms;
   // Written when on: a file without it reads as off, Megatron-Core's default.
   if (p.moe_ep_overlap) j["moe_ep_overlap"] = true;
   return j;
@@ -210,6 +215,7 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::dispatcher_needs_moe: return "drop moe_dispatcher; or " + kRegenerate;
     case PlanCheck::trainer_no_ep_overlap: return "set moe_ep_overlap false, or " + other_trainer;
     case PlanCheck::ep_overlap_refused: return "set moe_ep_overlap false; or " + kRegenerate;
+    case PlanCheck::cuda_graph_module_refused: return "name other modules in trainer.cuda_graphs; or " + kRegenerate;
     case PlanCheck::trainer_no_pipeline:
     case PlanCheck::trainer_no_cp:
     case PlanCheck::trainer_no_ep:
@@ -278,6 +284,13 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   if (r.has("etp")) p.etp = read_int(r, "etp", 1);
   if (const auto d = r.optional_string("moe_dispatcher"))
     p.moe_dispatcher = parse_moe_dispatcher(*d, source, "parallel.moe_dispatcher");
+  if (const auto b = r.optional_string("moe_flex_backend"))
+    p.moe_flex.backend = parse_flex_backend(*b, source, "parallel.moe_flex_backend");
+  if (r.has("moe_flex_sms")) p.moe_flex.sms = read_int(r, "moe_flex_sms", 1);
+  if ((r.has("moe_flex_backend") || r.has("moe_flex_sms")) && p.moe_dispatcher != MoeDispatcher::flex)
+    throw InputError(source, r.has("moe_flex_backend") ? "parallel.moe_flex_backend" : "parallel.moe_flex_sms",
+                     "set with moe_dispatcher " + std::string(to_string(p.moe_dispatcher)),
+                     "set moe_dispatcher flex, or drop it");
   p.moe_ep_overlap = r.optional_boolean("moe_ep_overlap").value_or(false);
   p.micro_batch = read_int(r, "micro_batch", 1);
   // Sequences: the limit of --global-batch, so batch products stay inside 64 bits.

@@ -28,7 +28,7 @@ struct Mcore {
   std::int64_t world = 0;
   std::int64_t num_layers = 0;
   Ruled<std::int64_t> tp, pp, cp, ep, etp, micro, global;
-  Ruled<std::string> cp_comm, dispatcher, recompute, attention, precision, hidden_dropout, attention_dropout,
+  Ruled<std::string> cp_comm, dispatcher, flex_backend, recompute, attention, precision, hidden_dropout, attention_dropout,
       optimizer;
   bool moe = false;
   Ruled<std::int64_t> vpp;  // 0: none
@@ -70,6 +70,7 @@ ResolvedRun derive(Builder& b, const Mcore& m) {
     b.set("ep", m.ep.value, m.ep.source);
     b.set("etp", m.etp.value, m.etp.source);
     b.set("moe_dispatcher", m.dispatcher.value, m.dispatcher.source);
+    if (m.dispatcher.value == "flex") b.set("moe_flex_backend", m.flex_backend.value, m.flex_backend.source);
     const std::int64_t expert_dp = m.world / (m.etp.value * m.ep.value * m.pp.value);
     if (m.tp_pp_dp.value && m.pp.value > 1 && expert_dp != dp)
       b.fail(at(m, "parallel_state.py:898", fmt::format("with rank order tp-pp-dp and PP {} the experts' data-parallel "
@@ -175,6 +176,8 @@ ResolvedRun megatron_lm(const ExportResult& e) {
   m.etp = {num("--expert-tensor-parallel-size", m.tp.value), args("588", "--expert-tensor-parallel-size, default TP")};
   m.dispatcher = {option_or(a, "--moe-token-dispatcher-type", "allgather"),
                   tc("891", "moe_token_dispatcher_type, default allgather")};
+  m.flex_backend = {option_or(a, "--moe-flex-dispatcher-backend", "deepep"),
+                    tc("898", "moe_flex_dispatcher_backend, default deepep")};
   if (!has("--micro-batch-size") || !has("--global-batch-size"))
     throw std::invalid_argument("the Megatron-LM export has no --micro-batch-size or --global-batch-size");
   m.micro = {num("--micro-batch-size", 0), "--micro-batch-size"};
@@ -270,6 +273,8 @@ ResolvedRun megatron_bridge(const ExportResult& e) {
            mc("model_parallel_config.py:130", "expert_tensor_parallel_size, None: TP")};
   m.dispatcher = {option_or(o, "model.moe_token_dispatcher_type", "allgather"),
                   mc("transformer/transformer_config.py:862", "moe_token_dispatcher_type, default allgather")};
+  m.flex_backend = {option_or(o, "model.moe_flex_dispatcher_backend", "deepep"),
+                    mc("transformer/transformer_config.py:869", "moe_flex_dispatcher_backend, default deepep")};
   m.micro = {num("train.micro_batch_size", 2), fmt::format(fmt::runtime(common), 67, "micro_batch_size 2 unless set")};
   m.global = {num("train.global_batch_size", 32), fmt::format(fmt::runtime(common), 66, "global_batch_size 32 unless set")};
   const std::string vpp = option_or(o, "model.virtual_pipeline_model_parallel_size", "None");

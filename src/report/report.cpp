@@ -15,17 +15,25 @@ namespace cuboid {
 namespace {
 
 // What the plan's MoE token dispatcher does, in a line (docs/cost-model.md).
-std::string dispatcher_words(MoeDispatcher d) {
-  switch (d) {
+std::string dispatcher_words(const ParallelPlan& p, const Cluster& c) {
+  switch (p.moe_dispatcher) {
     case MoeDispatcher::alltoall:
       return "alltoall (NCCL all-to-all of every top-k copy; Megatron-Core's MoEAlltoAllTokenDispatcher)";
     case MoeDispatcher::allgather:
       return "allgather (every rank's tokens all-gathered over EP, the outputs reduce-scattered in fp32; "
              "MoEAllGatherTokenDispatcher)";
-    case MoeDispatcher::flex:
+    case MoeDispatcher::flex: {
+      const RankMapping map(p, c.gpus_per_node);
+      const int domains = map.nodes_spanned(map.ep_group(0, 0, 0));
+      const int sms = flex_kernels(p.moe_flex, domains).sms;
+      if (p.moe_flex.backend == FlexBackend::hybridep)
+        return fmt::format("flex with HybridEP (a token once per NVLink domain over RDMA, then once per rank over "
+                           "NVLink; its kernels hold {} SMs; MoEFlexTokenDispatcher)",
+                           sms);
       return fmt::format("flex (DeepEP / HybridEP: a token once per node over RDMA, then once per rank over NVLink; "
                          "its kernels hold {} SMs; MoEFlexTokenDispatcher)",
-                         kDeepEpSms);
+                         sms);
+    }
   }
   return "";
 }
@@ -260,7 +268,7 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                        p.expert_tp() > 1 ? fmt::format("split over {} ranks", p.expert_tp()) : std::string("whole"),
                        ep_rank_load(m, p));
   if (p.etp > 0 && p.ep > 1)
-    out += fmt::format("      token dispatcher: {}\n", dispatcher_words(p.moe_dispatcher));
+    out += fmt::format("      token dispatcher: {}\n", dispatcher_words(p, c));
   if (p.moe_ep_overlap) out += fmt::format("      EP overlap: {}\n", ep_overlap_words(e));
   if (p.cp > 1)
     out += fmt::format("      context parallel {}: {} tokens of each sequence per rank, {}\n", p.cp,

@@ -91,7 +91,7 @@ void Builder::make_representatives() {
   // The EP overlap's exchanges hold theirs too (ep_exchange_sms). One held
   // pace per compute task: the larger of the two figures, whichever holds.
   const bool ep_overlap = plan_.moe_ep_overlap && shape_.ep > 1;
-  const int ep_sms = ep_overlap ? ep_exchange_sms(topo_.cluster(), plan_.moe_dispatcher, map_.ep_group(0, 0, 0)) : 0;
+  const int ep_sms = ep_overlap ? ep_exchange_sms(topo_.cluster(), plan_.moe_dispatcher, plan_.moe_flex, map_.ep_group(0, 0, 0)) : 0;
   pacing_.held_sms = std::max(dp_sms, ep_sms);
   for (int s = 0; s < shape_.pp; ++s) {
     Representative r;
@@ -484,20 +484,20 @@ void Builder::add_expert_groups(Representative& r) {
     const bool own_dispatch = plan_.moe_dispatcher != MoeDispatcher::alltoall;
     if (own_dispatch) {
       // The dispatcher's flows: copies per node and per NVLink peer
-      // (dispatch_traffic), at DeepEP's measured share of each link for flex.
+      // (dispatch_traffic), at the flex backend's measured share of each link
+      // (flex_kernels: NVLink domains are the nodes).
       const int gpn = std::max(1, topo_.cluster().gpus_per_node);
       std::vector<int> nodes;
       for (int x : g.ranks)
         if (std::find(nodes.begin(), nodes.end(), x / gpn) == nodes.end()) nodes.push_back(x / gpn);
       const EpSpread spread{static_cast<int>(g.ranks.size()), static_cast<int>(nodes.size())};
       const DispatchTraffic t = dispatch_traffic(plan_.moe_dispatcher, m_.moe, m_.hidden_size, 1.0, spread);
-      const bool flex = plan_.moe_dispatcher == MoeDispatcher::flex;
+      const FlexKernels k =
+          plan_.moe_dispatcher == MoeDispatcher::flex ? flex_kernels(plan_.moe_flex, spread.nodes) : FlexKernels{};
       CommGroup d = g;
       d.dispatch = CommGroup::DispatchWeights{};
-      if (spread.nodes > 1)
-        d.dispatch->node = t.node_copies / (spread.nodes - 1) / (flex ? kDeepEpRdmaEfficiency : 1.0);
-      if (spread.per_node() > 1)
-        d.dispatch->nvlink = t.nvlink_copies / (spread.per_node() - 1) / (flex ? kDeepEpNvlinkEfficiency : 1.0);
+      if (spread.nodes > 1) d.dispatch->node = t.node_copies / (spread.nodes - 1) / k.rdma_efficiency;
+      if (spread.per_node() > 1) d.dispatch->nvlink = t.nvlink_copies / (spread.per_node() - 1) / k.nvlink_efficiency;
       r.ep_dispatch_group = eng_->add_group(std::move(d));
     }
     r.ep_group = eng_->add_group(std::move(g));

@@ -73,4 +73,37 @@ constexpr double kDeepEpNvlinkEfficiency = 153.0 / 160.0;
 constexpr double kDeepEpRdmaEfficiency = 43.0 / 50.0;
 constexpr int kDeepEpSms = 20;
 
+// HybridEP (DeepEP's hybrid-ep branch, NVIDIA; Megatron-Core's
+// _HybridEPManager at d98e8a64): the same two levels, its first the NVLink
+// domain (NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN, by default the ranks
+// the group reaches over NVLink: here the EP ranks on one node, a whole
+// NVL72 rack on a GB200 card). Measured in docs/README_Hybrid-EP.md
+// (hybrid-ep 17cfb817; 4096 tokens, hidden 7168, top-8, uniform routing,
+// BF16, "Torch API", algorithm bandwidth: the bytes a rank receives, its
+// own included): GB200 NVLink, 36 ranks, the slower of dispatch and
+// combine, 418.27 GB/s at 16 SMs and 447.89 at 32, x 35/36 on the wire,
+// over the 722 GB/s cuboid's GB200 card prices NVLink at; RDMA, H100 and
+// 400 Gb/s CX7 (~50 GB/s), the lowest of its 16/32/64-rank rows at the
+// default 8 SMs, 41.46 GB/s (64 ranks, dispatch). SMs: csrc/hybrid_ep/
+// config.cuh (hybrid-ep 94a9f8f6) num_sms_dispatch_api and _combine_api
+// default to 24 in one NVLink domain, 8 across domains.
+constexpr double kHybridEpNvlinkGBps16Sms = 418.27 * 35.0 / 36.0;
+constexpr double kHybridEpNvlinkGBps32Sms = 447.89 * 35.0 / 36.0;
+constexpr double kHybridEpMeasuredNvlinkBusbwGBps = 722.0;
+constexpr double kHybridEpRdmaEfficiency = 41.46 / 50.0;
+constexpr int kHybridEpSmsOneDomain = 24;
+constexpr int kHybridEpSmsDomains = 8;
+
+// The flex dispatcher's kernels as a plan runs them over `domains` nodes
+// (NVLink domains): each link's measured share and the SMs held. DeepEP:
+// its figures above, `setting.sms` or 20. HybridEP: `setting.sms` or its
+// default; its NVLink share linear in the SMs between the 16 and 32 SM
+// rows, the nearest row outside them.
+struct FlexKernels {
+  double nvlink_efficiency = 1.0;
+  double rdma_efficiency = 1.0;
+  int sms = 0;
+};
+FlexKernels flex_kernels(const FlexSetting& setting, int domains);
+
 }  // namespace cuboid

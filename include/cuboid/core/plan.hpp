@@ -44,6 +44,17 @@ enum class CpComm { p2p, a2a };
 // and, across nodes, once to each node, then forwarded over NVLink
 // (MoEFlexTokenDispatcher).
 enum class MoeDispatcher { alltoall, allgather, flex };
+// The flex dispatcher's kernels (Megatron-Core --moe-flex-dispatcher-backend
+// and --moe-flex-dispatcher-num-sms, transformer_config.py at d98e8a64;
+// docs/cost-model.md "HybridEP"): DeepEP's (the default) or HybridEP's, and
+// the SMs their dispatch and combine kernels take (0: the backend's default,
+// core/dispatch.hpp flex_kernels).
+enum class FlexBackend : std::uint8_t { deepep, hybridep };
+struct FlexSetting {
+  FlexBackend backend = FlexBackend::deepep;
+  int sms = 0;
+  friend bool operator==(const FlexSetting&, const FlexSetting&) = default;
+};
 // The format of the linear layers' GEMMs (Megatron-Core --fp8-format hybrid
 // with --fp8-recipe, Transformer Engine's recipes; docs/cost-model.md "FP8"):
 // bf16; FP8 with delayed scaling (an amax history per tensor), per-tensor
@@ -61,13 +72,17 @@ enum class RecomputeModule : std::uint8_t {
 };
 
 // Megatron-Core's CUDA graphs (TransformerConfig.cuda_graph_impl and
-// cuda_graph_modules at Megatron-LM d98e8a64, transformer_config.py:1075-1105):
-// none; local or transformer_engine: per-layer graphs of the whole decoder
-// layer or of the modules named (attn: _forward_attention, mlp: a dense
-// layer's _forward_mlp); full_iteration: one graph of the whole
-// forward-backward path, the optimizer step excluded.
+// cuda_graph_modules at Megatron-LM d98e8a64, transformer_config.py:1075-1105;
+// CudaGraphModule in enums.py): none; local or transformer_engine: per-layer
+// graphs of the whole decoder layer or of the modules named (attn:
+// _forward_attention; mlp: a dense layer's _forward_mlp; moe: an MoE
+// layer's; moe_router: an MoE layer's up to its router, the shared experts
+// included; moe_preprocess: MoELayer.preprocess, with moe_router; mamba:
+// Mamba layers, which no model of cuboid's has); full_iteration: one graph of
+// the whole forward-backward path, the optimizer step excluded.
 enum class CudaGraphImpl : std::uint8_t { none, local, transformer_engine, full_iteration };
-enum class CudaGraphModule : std::uint8_t { attn = 1, mlp = 2 };
+enum class CudaGraphModule : std::uint8_t { attn = 1, mlp = 2, moe = 4, moe_router = 8, moe_preprocess = 16, mamba = 32 };
+std::string_view to_string(CudaGraphModule m);
 struct CudaGraphs {
   CudaGraphImpl impl = CudaGraphImpl::none;
   std::uint8_t modules = 0;  // CudaGraphModule bits; 0: the whole layer
@@ -76,7 +91,8 @@ struct CudaGraphs {
     return impl == CudaGraphImpl::full_iteration ||
            (on() && (modules == 0 || (modules & static_cast<std::uint8_t>(m)) != 0));
   }
-  // "none", "full_iteration", "local", "transformer_engine:attn,mlp"
+  // "none", "full_iteration", "local", "transformer_engine:attn,mlp" (the
+  // modules in the enum's order)
   std::string str() const;
   static CudaGraphs parse(std::string_view s, const std::string& source, const std::string& field);
   friend bool operator==(const CudaGraphs&, const CudaGraphs&) = default;
@@ -97,6 +113,8 @@ Schedule parse_schedule(std::string_view s, const std::string& source, const std
 Zero3Unit parse_zero3_unit(std::string_view s, const std::string& source, const std::string& field);
 CpComm parse_cp_comm(std::string_view s, const std::string& source, const std::string& field);
 MoeDispatcher parse_moe_dispatcher(std::string_view s, const std::string& source, const std::string& field);
+std::string_view to_string(FlexBackend b);
+FlexBackend parse_flex_backend(std::string_view s, const std::string& source, const std::string& field);
 Precision parse_precision(std::string_view s, const std::string& source, const std::string& field);
 // "bf16, fp8-delayed, fp8-current, fp8-blockwise, mxfp8 or nvfp4" for messages.
 std::string precision_names();
@@ -265,6 +283,8 @@ struct ParallelPlan {
   // The token dispatcher of an MoE model's plans (alltoall for a dense one,
   // where nothing reads it).
   MoeDispatcher moe_dispatcher = MoeDispatcher::alltoall;
+  // The flex dispatcher's backend and SMs (flex plans only).
+  FlexSetting moe_flex;
   // Megatron-Core's --overlap-moe-expert-parallel-comm (with
   // --delay-wgrad-compute): the combined 1F1B schedule, each EP exchange of
   // one micro-batch under another's compute (core/ep_overlap.hpp).

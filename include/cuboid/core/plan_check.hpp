@@ -48,6 +48,17 @@ enum class EpOverlapRefusal : std::uint8_t {
   pipeline,           // PP > 1 interleaved: cuboid plays the combined schedule with PP 1 only
 };
 
+// Why Megatron-Core refuses a plan's per-layer CUDA graph modules
+// (PlanCheck::cuda_graph_module_refused; transformer_config.py at d98e8a64).
+enum class CudaGraphRefusal : std::uint8_t {
+  moe_needs_moe,          // moe or moe_router on a dense model
+  mlp_needs_dense,        // mlp where every layer is an MoE layer
+  moe_needs_drop_pad,     // moe without the padded (capacity) routing cuboid does not model
+  preprocess_host_sync,   // moe_preprocess with the alltoall dispatcher and a capacity factor
+  router_with_moe_recompute,  // moe_router with transformer_engine and --recompute-modules moe
+  ep_overlap,             // moe or mlp with transformer_engine and the EP overlap
+};
+
 // What check_plan refuses; the comment names what PlanRejection::values
 // holds for the kind, in order.
 enum class PlanCheck : std::uint8_t {
@@ -129,6 +140,7 @@ enum class PlanCheck : std::uint8_t {
   param_overlap_needs_grad_overlap,  // -
   trainer_no_ep_overlap,         // the preset
   ep_overlap_refused,            // why (EpOverlapRefusal), the model's MTP layers
+  cuda_graph_module_refused,     // why (CudaGraphRefusal)
   trainer_no_offload,            // the preset
   offload_layers_range,          // N, the model's layers (Megatron-Core: N < layers)
   offload_needs_one_stage,       // PP (Megatron-Core: no pipeline parallelism with CPU offloading)

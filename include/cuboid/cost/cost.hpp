@@ -167,10 +167,13 @@ int nccl_ring_channels(const Cluster& cl, int members_per_node, int nodes);
 int nccl_ring_channels(const Cluster& cl, const std::vector<int>& ranks);
 
 // SMs an EP exchange of `dispatcher` holds on its GPUs while the EP overlap
-// runs compute beside it (core/ep_overlap.hpp): flex, DeepEP's normal
-// kernels' 20 (kDeepEpSms); alltoall, NCCL's channels for the EP group
+// runs compute beside it (core/ep_overlap.hpp): flex, its backend's kernels'
+// (flex_kernels: DeepEP's 20, HybridEP's 24 or 8, or the plan's), over the
+// nodes the group spans; alltoall, NCCL's channels for the EP group
 // (nccl_ring_channels, the figure cuboid has for an NCCL kernel's CTAs).
-int ep_exchange_sms(const Cluster& cl, MoeDispatcher dispatcher, const std::vector<int>& ep_ranks);
+int ep_exchange_sms(const Cluster& cl, MoeDispatcher dispatcher, const FlexSetting& flex, const std::vector<int>& ep_ranks);
+// The flex dispatcher's SMs over `domains` NVLink domains, one SM left.
+int flex_exchange_sms(int sm_count, const FlexSetting& flex, int domains);
 
 // The extra time a stretch of compute takes when a collective holding SMs
 // runs beside it: the collective lasts `collective_ns`, the compute alone

@@ -40,6 +40,10 @@ struct PlannerOptions {
   // The MoE token dispatcher (default: each the trainer has, searched where
   // EP > 1; else its first).
   std::optional<MoeDispatcher> moe_dispatcher;
+  // The flex dispatcher's backend and SMs (ParallelPlan::moe_flex; default
+  // DeepEP and its backend's SMs).
+  std::optional<FlexBackend> moe_flex_backend;
+  std::optional<int> moe_flex_sms;
   // The EP all-to-all overlap of the combined 1F1B schedule (default: the
   // trainer's default_moe_ep_overlap; an MoE model's plans only).
   std::optional<bool> moe_ep_overlap;
