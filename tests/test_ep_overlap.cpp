@@ -9,6 +9,7 @@
 
 #include "cuboid/core/ep_overlap.hpp"
 #include "cuboid/core/plan_check.hpp"
+#include "cuboid/core/schedule.hpp"
 #include "cuboid/core/topology.hpp"
 #include "cuboid/cost/estimator.hpp"
 #include "cuboid/cost/memory.hpp"
@@ -125,7 +126,7 @@ TEST_CASE("a pass cut at its EP exchanges") {
   CHECK(ep_overlap_pairs(1) == 0);
 }
 
-TEST_CASE("the EP overlap is refused where Megatron-Core asserts, and with PP > 1") {
+TEST_CASE("the EP overlap is refused where Megatron-Core asserts") {
   const ModelSpec m = small_mixtral_model();
   const Cluster c = dgx_a100(2);
   ParallelPlan p = overlap_plan(true);
@@ -153,9 +154,11 @@ TEST_CASE("the EP overlap is refused where Megatron-Core asserts, and with PP > 
   q.dp = 4;
   q.ep = 4;
   CHECK(why(q).find("needs the interleaved schedule (virtual stages)") != std::string::npos);
+  CHECK(why(q).find("transformer_config.py:3007@d98e8a64") != std::string::npos);
+  // With virtual stages it runs (the interleaved schedule's steady state combined).
   q.schedule = Schedule::interleaved;
   q.virtual_stages = 2;
-  CHECK(why(q).find("cuboid plays Megatron-Core's combined 1F1B schedule with PP 1 only") != std::string::npos);
+  CHECK_FALSE(check_plan(q, m, c).has_value());
   ModelSpec dense = m;
   dense.moe = MoeSpec{};
   q = overlap_plan(true);
@@ -197,4 +200,91 @@ TEST_CASE("estimate and simulation agree on what the overlap saves") {
     CHECK(sim_saved > 0);
     CHECK(sim_saved == doctest::Approx(est_saved).epsilon(0.25));
   }
+}
+
+namespace {
+
+// The small Mixtral (4 MoE layers) on 2 DGX A100 nodes: TP 2 (SP) x PP 2 x
+// DP 4, EP 4 x ETP 1, interleaved with 2 virtual stages (one layer per model
+// chunk), micro-batch 1, global batch 16: 4 micro-batches.
+ParallelPlan interleaved_plan(bool on) {
+  ParallelPlan p = ep4_plan();
+  p.schedule = Schedule::interleaved;
+  p.virtual_stages = 2;
+  p.global_batch = 16;
+  p.moe_ep_overlap = on;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("PP 2 x v 2, 4 micro-batches: the interleaved schedule's combined steps, by hand") {
+  // 8 chunk steps per stage. Warm-up: stage 0 (2 - 0 - 1) * 2 + (2 - 1) * 2
+  // = 4 steps, stage 1 2; with the overlap one more each (schedules.py:969).
+  CHECK(warmup_steps(Schedule::interleaved, 2, 0, 4, 2) == 4);
+  CHECK(warmup_steps(Schedule::interleaved, 2, 0, 4, 2, true) == 5);
+  CHECK(warmup_steps(Schedule::interleaved, 2, 1, 4, 2, true) == 3);
+  CHECK(warmup_steps(Schedule::one_f_one_b, 2, 0, 4, 1, true) == 1);  // only the interleaved schedule's
+  CHECK(ep_overlap_steps(2, 0, 4, 2) == 3);
+  CHECK(ep_overlap_steps(2, 1, 4, 2) == 5);
+  CHECK(ep_overlap_steps(1, 0, 8, 1) == 7);  // PP 1: m - 1
+  // Stage 0: F0.0 F1.0 F0.1 F1.1 F2.0, then F3.0 + B0.1, F2.1 + B1.1,
+  // F3.1 + B0.0, then B1.0 B2.1 B3.1 B2.0 B3.0.
+  const auto order = pipeline_order(Schedule::interleaved, 2, 4, 2, true);
+  const StageOrder stage0{{Direction::forward, 0, 0},  {Direction::forward, 1, 0},  {Direction::forward, 0, 1},
+                          {Direction::forward, 1, 1},  {Direction::forward, 2, 0},  {Direction::forward, 3, 0},
+                          {Direction::backward, 0, 1}, {Direction::forward, 2, 1},  {Direction::backward, 1, 1},
+                          {Direction::forward, 3, 1},  {Direction::backward, 0, 0}, {Direction::backward, 1, 0},
+                          {Direction::backward, 2, 1}, {Direction::backward, 3, 1}, {Direction::backward, 2, 0},
+                          {Direction::backward, 3, 0}};
+  CHECK(order[0] == stage0);
+  // By the chunks they pair, [forward chunk * 2 + backward chunk]: stage 0
+  // (0, 1), (1, 1), (1, 0); stage 1 (forward steps 3..7 on chunks 1 0 0 1 1,
+  // backward steps 0..4 on chunks 1 1 0 0 1) (1, 1) twice, the others once.
+  CHECK(ep_overlap_chunk_steps(2, 0, 4, 2) == std::vector<int>{0, 1, 1, 1});
+  CHECK(ep_overlap_chunk_steps(2, 1, 4, 2) == std::vector<int>{1, 1, 1, 2});
+  CHECK(ep_overlap_chunk_steps(1, 0, 8, 1) == std::vector<int>{7});
+}
+
+TEST_CASE("PP 2 x v 2: the estimate hides the critical stage's layer pairs, the simulation agrees") {
+  const ModelSpec m = balanced_mixtral();
+  const Topology topo(dgx_a100(2));
+  const ParallelPlan on = interleaved_plan(true), off = interleaved_plan(false);
+  CHECK_FALSE(check_plan(on, m, topo.cluster()).has_value());
+  // The same layers' passes with PP 1 (TP 2, EP 4 on the same node's GPUs):
+  // 2 micro-batches, one combined step of 4 layer pairs.
+  ParallelPlan pp1 = on;
+  pp1.pp = 1;
+  pp1.dp = 8;
+  pp1.schedule = Schedule::one_f_one_b;
+  pp1.virtual_stages = 1;
+  CHECK(pp1.num_micro_batches() == 2);
+  const Estimate e1 = estimate(m, topo, pp1);
+  REQUIRE(e1.breakdown.ep_hidden_s > 0);
+  const double per_pair = e1.breakdown.ep_hidden_s / 4;
+  // The critical stage is the last (the LM head); its 5 combined steps pair
+  // one layer each: 5 layer pairs hidden.
+  CHECK(folded_step(m, topo, on).critical_stage == 1);
+  const Estimate e_on = estimate(m, topo, on), e_off = estimate(m, topo, off);
+  CHECK(e_off.breakdown.ep_hidden_s == 0);
+  CHECK(e_on.breakdown.ep_hidden_s == doctest::Approx(5 * per_pair));
+  CHECK(e_off.iteration_time_s - e_on.iteration_time_s ==
+        doctest::Approx(e_on.breakdown.ep_hidden_s - e_on.breakdown.ep_overlap_sm_s));
+  // The simulation plays the same schedule, both stages with their PP
+  // messages; the last stage's 5 steps set the pace.
+  const Estimate s_on = simulate(m, topo, on), s_off = simulate(m, topo, off);
+  const double est_saved = e_off.iteration_time_s - e_on.iteration_time_s;
+  const double sim_saved = s_off.iteration_time_s - s_on.iteration_time_s;
+  MESSAGE("estimate saves " << est_saved << " s, simulation " << sim_saved << " s");
+  CHECK(sim_saved > 0);
+  CHECK(sim_saved == doctest::Approx(est_saved).epsilon(0.25));
+}
+
+TEST_CASE("the interleaved schedule with the overlap holds one more chunk's activations") {
+  // pp + (pp - 1 - 2r) / v without it, pp + (pp - 2r) / v with it: stage 0
+  // 2.5 -> 3, stage 1 1.5 -> 2 (m = 4 caps neither).
+  CHECK(in_flight_micro_batches(interleaved_plan(false), 0) == 2.5);
+  CHECK(in_flight_micro_batches(interleaved_plan(true), 0) == 3);
+  CHECK(in_flight_micro_batches(interleaved_plan(false), 1) == 1.5);
+  CHECK(in_flight_micro_batches(interleaved_plan(true), 1) == 2);
 }

@@ -45,7 +45,6 @@ enum class EpOverlapRefusal : std::uint8_t {
   full_recompute,     // full recomputation (Megatron-Core refuses it)
   mtp_layers,         // more than one MTP layer (Megatron-Core refuses it)
   needs_interleaved,  // PP > 1 without virtual stages (Megatron-Core refuses it)
-  pipeline,           // PP > 1 interleaved: cuboid plays the combined schedule with PP 1 only
 };
 
 // What check_plan refuses; the comment names what PlanRejection::values
