@@ -4,6 +4,7 @@
 // small Mixtral agreeing on what it hides.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -287,4 +288,29 @@ TEST_CASE("the interleaved schedule with the overlap holds one more chunk's acti
   CHECK(in_flight_micro_batches(interleaved_plan(true), 0) == 3);
   CHECK(in_flight_micro_batches(interleaved_plan(false), 1) == 1.5);
   CHECK(in_flight_micro_batches(interleaved_plan(true), 1) == 2);
+}
+
+TEST_CASE("a combined step is one span of the timeline and the trace, its exchanges on their own row") {
+  const ModelSpec m = balanced_mixtral();
+  const Topology topo(dgx_a100(2));
+  sim::SimOptions opts;
+  opts.timeline = true;
+  const auto path = std::filesystem::temp_directory_path() / "cuboid_test_ep_overlap_trace.json";
+  opts.trace_path = path;
+  // The trace writer refuses spans that overlap without nesting: the two
+  // passes of a pair, or the a2a stream's exchanges beside the TP stream's
+  // collectives on one row, would throw.
+  for (const ParallelPlan& p : {overlap_plan(true), interleaved_plan(true)}) {
+    const sim::SimResult r = sim::run_simulation(m, topo, p, opts);
+    int combined = 0, a2a = 0;
+    for (const sim::TimelineBlock& b : r.timeline.blocks) {
+      if (b.row == sim::TimelineRow::compute && b.name.find('+') != std::string::npos) ++combined;
+      if (b.row == sim::TimelineRow::ep_a2a) ++a2a;
+    }
+    // PP 1: 7 pairs; PP 2 x v 2: 3 + 5 on the two stages.
+    CHECK(combined == (p.pp == 1 ? 7 : 8));
+    CHECK(a2a > 0);
+  }
+  CHECK(std::filesystem::exists(path));
+  std::filesystem::remove(path);
 }

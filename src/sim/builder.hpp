@@ -51,6 +51,10 @@ struct StepSpan {
   TaskId first = 0, last = 0;
   std::string name;
   bool forward = true;
+  // An EP overlap's combined step (F1+B0): the backward's own first and
+  // last compute, its two passes shown as one span from the earlier start
+  // to the later end (they run at once: two spans would not nest).
+  TaskId first2 = std::numeric_limits<TaskId>::max(), last2 = std::numeric_limits<TaskId>::max();
 };
 
 // A stage's representative rank (TP rank 0 of the replica that sets the

@@ -85,14 +85,14 @@ void Builder::play_node(Chain& ch, const Program& prog, std::size_t first, std::
     if (it.kind == ItemKind::compute) {
       // A kernel between the dispatch's exchanges (the host sync): on the
       // a2a stream, as Megatron-Core runs the dispatch node there.
-      t = emit_compute(r.a2a, it.duration_ns, ch.deps, meta_of(Category::compute, kThreadTp, ch.stage));
+      t = emit_compute(r.a2a, it.duration_ns, ch.deps, meta_of(Category::compute, kThreadA2a, ch.stage));
     } else if (it.kind == ItemKind::join) {
       ch.deps.insert(ch.deps.end(), ch.async.begin(), ch.async.end());
       ch.async.clear();
       continue;
     } else if (it.group == Group::ep) {
       t = emit_collective(it.collective, it.own_dispatch ? r.ep_dispatch_group : r.ep_group, it.bytes, r.a2a, ch.deps,
-                          meta_of(Category::ep, kThreadTp, ch.stage));
+                          meta_of(Category::ep, kThreadA2a, ch.stage));
       label(t, ch.stage, prog.ops[it.name_op].name, "ep");
     } else {
       t = add_tp(ch, it, prog, ch.deps);
@@ -209,9 +209,19 @@ void Builder::play_combined(int stage, std::size_t idx) {
     ends_.insert(ends_.end(), end.begin(), end.end());
     out.end_len = static_cast<std::uint32_t>(ends_.size() - out.end_off);
     out.added = true;
-    if (traced(stage) && ch->first != kNoTask)
-      spans_.push_back(StepSpan{stage, ch->first, ch->last_compute, step_name(st.dir, st.micro_batch, st.chunk, shape_.v),
-                                st.dir == Direction::forward});
+  }
+  if (traced(stage) && (f.first != kNoTask || b.first != kNoTask)) {
+    StepSpan span{stage, f.first, f.last_compute,
+                  step_name(fs.dir, fs.micro_batch, fs.chunk, shape_.v) + "+" +
+                      step_name(bs.dir, bs.micro_batch, bs.chunk, shape_.v),
+                  false};
+    span.first2 = b.first;
+    span.last2 = b.last_compute;
+    if (span.first == kNoTask) {
+      span.first = span.first2;
+      span.last = span.last2;
+    }
+    spans_.push_back(std::move(span));
   }
 }
 
