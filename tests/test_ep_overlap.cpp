@@ -151,6 +151,12 @@ TEST_CASE("the EP overlap is refused where Megatron-Core asserts") {
   q.recompute = Recompute::full;
   CHECK(why(q).find("full recomputation") != std::string::npos);
   q = p;
+  q.recompute = Recompute::selective;
+  q.recompute_modules = static_cast<std::uint8_t>(RecomputeModule::moe);
+  CHECK(why(q) == "the EP all-to-all overlap (--overlap-moe-expert-parallel-comm) cannot recompute the MoE layer (the "
+                  "moe recompute module) (Megatron-Core asserts it: "
+                  "megatron/core/transformer/transformer_config.py:3030@d98e8a64)");
+  q = p;
   q.pp = 2;
   q.dp = 4;
   q.ep = 4;

@@ -153,6 +153,7 @@ Found check_ep_overlap(const ParallelPlan& p, const ModelSpec& m) {
   if (p.ep <= 1) return refuse(R::needs_ep);
   if (p.moe_dispatcher == MoeDispatcher::allgather) return refuse(R::dispatcher);
   if (p.recompute == Recompute::full) return refuse(R::full_recompute);
+  if (p.recomputes(RecomputeModule::moe)) return refuse(R::moe_recompute);
   if (m.mtp_layers > 1) return refuse(R::mtp_layers);
   if (p.pp > 1 && p.schedule != Schedule::interleaved) return refuse(R::needs_interleaved);
   return std::nullopt;
@@ -458,6 +459,8 @@ std::string describe_ep_overlap(EpOverlapRefusal why, std::int64_t mtp, const Mo
       return what + "runs with the alltoall or flex token dispatcher, not allgather" + at + "3016@d98e8a64)";
     case EpOverlapRefusal::full_recompute:
       return what + "cannot run with full recomputation" + at + "3021@d98e8a64)";
+    case EpOverlapRefusal::moe_recompute:
+      return what + "cannot recompute the MoE layer (the moe recompute module)" + at + "3030@d98e8a64)";
     case EpOverlapRefusal::mtp_layers:
       return what + "supports at most one MTP layer; " + m.name + " has " + n(mtp) + at + "3042@d98e8a64)";
     case EpOverlapRefusal::needs_interleaved:

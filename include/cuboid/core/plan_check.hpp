@@ -43,6 +43,7 @@ enum class EpOverlapRefusal : std::uint8_t {
   needs_ep,           // EP 1 (Megatron-Core asserts EP > 1)
   dispatcher,         // allgather (Megatron-Core: alltoall or flex only)
   full_recompute,     // full recomputation (Megatron-Core refuses it)
+  moe_recompute,      // the moe recompute module (Megatron-Core refuses it)
   mtp_layers,         // more than one MTP layer (Megatron-Core refuses it)
   needs_interleaved,  // PP > 1 without virtual stages (Megatron-Core refuses it)
 };
