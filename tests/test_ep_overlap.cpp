@@ -320,3 +320,46 @@ TEST_CASE("a combined step is one span of the timeline and the trace, its exchan
   CHECK(std::filesystem::exists(path));
   std::filesystem::remove(path);
 }
+
+TEST_CASE("Qwen3-235B-A22B as Megatron-Bridge's H100 recipe runs it: PP 8 x v 4 with the overlap") {
+  // perf_recipes/qwen/h100/qwen3_moe.py:136-190 at 067f987d: TP 2, PP 8, v 4,
+  // EP 32 x ETP 1, alltoall, forced balance, no recomputation, global batch
+  // 8192 x 4,096 tokens, micro-batch 1, the embedding and the loss counted in
+  // the split (recipes/qwen/h100/qwen3_moe.py:261-262); 256 H100: DP 16.
+  ModelSpec m = load_model(source_root() / "tests/data/hf/qwen3-235b-a22b-config.json");
+  m.moe.router_load_imbalance = 1.0;
+  const Topology topo(load_cluster(source_root() / "topologies/dgx-h100.json", 32));
+  ParallelPlan p;
+  p.tp = 2;
+  p.pp = 8;
+  p.dp = 16;
+  p.ep = 32;
+  p.etp = 1;
+  p.schedule = Schedule::interleaved;
+  p.virtual_stages = 4;
+  p.micro_batch = 1;
+  p.global_batch = 8192;
+  p.seq_length = 4096;
+  p.sequence_parallel = true;
+  p.embedding_in_split = true;
+  p.loss_in_split = true;
+  p.recompute = Recompute::none;
+  p.zero_stage = 1;
+  p.moe_ep_overlap = true;
+  REQUIRE_FALSE(check_plan(p, m, topo.cluster()).has_value());
+  // 512 micro-batches, 2,048 chunk steps per stage; warm-up 7 * 2 + 3 * 8 + 1
+  // = 39 on stage 0, 3 * 8 + 1 = 25 on the last.
+  CHECK(ep_overlap_steps(8, 0, 512, 4) == 2009);
+  CHECK(ep_overlap_steps(8, 7, 512, 4) == 2023);
+  ParallelPlan off = p;
+  off.moe_ep_overlap = false;
+  const Estimate e_on = estimate(m, topo, p), e_off = estimate(m, topo, off);
+  CHECK(e_on.breakdown.ep_hidden_s > 0);
+  CHECK(e_off.iteration_time_s - e_on.iteration_time_s ==
+        doctest::Approx(e_on.breakdown.ep_hidden_s - e_on.breakdown.ep_overlap_sm_s));
+  const Estimate s_on = simulate(m, topo, p);
+  MESSAGE("simulated " << s_on.iteration_time_s << " s, estimated " << e_on.iteration_time_s << " s (off: "
+                       << e_off.iteration_time_s << " s)");
+  CHECK(s_on.iteration_time_s == doctest::Approx(e_on.iteration_time_s).epsilon(0.05));
+  CHECK(s_on.iteration_time_s < e_off.iteration_time_s);
+}
