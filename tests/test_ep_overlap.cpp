@@ -4,11 +4,13 @@
 // small Mixtral agreeing on what it hides.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "cuboid/core/ep_overlap.hpp"
 #include "cuboid/core/plan_check.hpp"
+#include "cuboid/core/schedule.hpp"
 #include "cuboid/core/topology.hpp"
 #include "cuboid/cost/estimator.hpp"
 #include "cuboid/cost/memory.hpp"
@@ -125,7 +127,7 @@ TEST_CASE("a pass cut at its EP exchanges") {
   CHECK(ep_overlap_pairs(1) == 0);
 }
 
-TEST_CASE("the EP overlap is refused where Megatron-Core asserts, and with PP > 1") {
+TEST_CASE("the EP overlap is refused where Megatron-Core asserts") {
   const ModelSpec m = small_mixtral_model();
   const Cluster c = dgx_a100(2);
   ParallelPlan p = overlap_plan(true);
@@ -149,13 +151,21 @@ TEST_CASE("the EP overlap is refused where Megatron-Core asserts, and with PP > 
   q.recompute = Recompute::full;
   CHECK(why(q).find("full recomputation") != std::string::npos);
   q = p;
+  q.recompute = Recompute::selective;
+  q.recompute_modules = static_cast<std::uint8_t>(RecomputeModule::moe);
+  CHECK(why(q) == "the EP all-to-all overlap (--overlap-moe-expert-parallel-comm) cannot recompute the MoE layer (the "
+                  "moe recompute module) (Megatron-Core asserts it: "
+                  "megatron/core/transformer/transformer_config.py:3030@d98e8a64)");
+  q = p;
   q.pp = 2;
   q.dp = 4;
   q.ep = 4;
   CHECK(why(q).find("needs the interleaved schedule (virtual stages)") != std::string::npos);
+  CHECK(why(q).find("transformer_config.py:3007@d98e8a64") != std::string::npos);
+  // With virtual stages it runs (the interleaved schedule's steady state combined).
   q.schedule = Schedule::interleaved;
   q.virtual_stages = 2;
-  CHECK(why(q).find("cuboid plays Megatron-Core's combined 1F1B schedule with PP 1 only") != std::string::npos);
+  CHECK_FALSE(check_plan(q, m, c).has_value());
   ModelSpec dense = m;
   dense.moe = MoeSpec{};
   q = overlap_plan(true);
@@ -197,4 +207,159 @@ TEST_CASE("estimate and simulation agree on what the overlap saves") {
     CHECK(sim_saved > 0);
     CHECK(sim_saved == doctest::Approx(est_saved).epsilon(0.25));
   }
+}
+
+namespace {
+
+// The small Mixtral (4 MoE layers) on 2 DGX A100 nodes: TP 2 (SP) x PP 2 x
+// DP 4, EP 4 x ETP 1, interleaved with 2 virtual stages (one layer per model
+// chunk), micro-batch 1, global batch 16: 4 micro-batches.
+ParallelPlan interleaved_plan(bool on) {
+  ParallelPlan p = ep4_plan();
+  p.schedule = Schedule::interleaved;
+  p.virtual_stages = 2;
+  p.global_batch = 16;
+  p.moe_ep_overlap = on;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("PP 2 x v 2, 4 micro-batches: the interleaved schedule's combined steps, by hand") {
+  // 8 chunk steps per stage. Warm-up: stage 0 (2 - 0 - 1) * 2 + (2 - 1) * 2
+  // = 4 steps, stage 1 2; with the overlap one more each (schedules.py:969).
+  CHECK(warmup_steps(Schedule::interleaved, 2, 0, 4, 2) == 4);
+  CHECK(warmup_steps(Schedule::interleaved, 2, 0, 4, 2, true) == 5);
+  CHECK(warmup_steps(Schedule::interleaved, 2, 1, 4, 2, true) == 3);
+  CHECK(warmup_steps(Schedule::one_f_one_b, 2, 0, 4, 1, true) == 1);  // only the interleaved schedule's
+  CHECK(ep_overlap_steps(2, 0, 4, 2) == 3);
+  CHECK(ep_overlap_steps(2, 1, 4, 2) == 5);
+  CHECK(ep_overlap_steps(1, 0, 8, 1) == 7);  // PP 1: m - 1
+  // Stage 0: F0.0 F1.0 F0.1 F1.1 F2.0, then F3.0 + B0.1, F2.1 + B1.1,
+  // F3.1 + B0.0, then B1.0 B2.1 B3.1 B2.0 B3.0.
+  const auto order = pipeline_order(Schedule::interleaved, 2, 4, 2, true);
+  const StageOrder stage0{{Direction::forward, 0, 0},  {Direction::forward, 1, 0},  {Direction::forward, 0, 1},
+                          {Direction::forward, 1, 1},  {Direction::forward, 2, 0},  {Direction::forward, 3, 0},
+                          {Direction::backward, 0, 1}, {Direction::forward, 2, 1},  {Direction::backward, 1, 1},
+                          {Direction::forward, 3, 1},  {Direction::backward, 0, 0}, {Direction::backward, 1, 0},
+                          {Direction::backward, 2, 1}, {Direction::backward, 3, 1}, {Direction::backward, 2, 0},
+                          {Direction::backward, 3, 0}};
+  CHECK(order[0] == stage0);
+  // By the chunks they pair, [forward chunk * 2 + backward chunk]: stage 0
+  // (0, 1), (1, 1), (1, 0); stage 1 (forward steps 3..7 on chunks 1 0 0 1 1,
+  // backward steps 0..4 on chunks 1 1 0 0 1) (1, 1) twice, the others once.
+  CHECK(ep_overlap_chunk_steps(2, 0, 4, 2) == std::vector<int>{0, 1, 1, 1});
+  CHECK(ep_overlap_chunk_steps(2, 1, 4, 2) == std::vector<int>{1, 1, 1, 2});
+  CHECK(ep_overlap_chunk_steps(1, 0, 8, 1) == std::vector<int>{7});
+}
+
+TEST_CASE("PP 2 x v 2: the estimate hides the critical stage's layer pairs, the simulation agrees") {
+  const ModelSpec m = balanced_mixtral();
+  const Topology topo(dgx_a100(2));
+  const ParallelPlan on = interleaved_plan(true), off = interleaved_plan(false);
+  CHECK_FALSE(check_plan(on, m, topo.cluster()).has_value());
+  // The same layers' passes with PP 1 (TP 2, EP 4 on the same node's GPUs):
+  // 2 micro-batches, one combined step of 4 layer pairs.
+  ParallelPlan pp1 = on;
+  pp1.pp = 1;
+  pp1.dp = 8;
+  pp1.schedule = Schedule::one_f_one_b;
+  pp1.virtual_stages = 1;
+  CHECK(pp1.num_micro_batches() == 2);
+  const Estimate e1 = estimate(m, topo, pp1);
+  REQUIRE(e1.breakdown.ep_hidden_s > 0);
+  const double per_pair = e1.breakdown.ep_hidden_s / 4;
+  // The critical stage is the last (the LM head); its 5 combined steps pair
+  // one layer each: 5 layer pairs hidden.
+  CHECK(folded_step(m, topo, on).critical_stage == 1);
+  const Estimate e_on = estimate(m, topo, on), e_off = estimate(m, topo, off);
+  CHECK(e_off.breakdown.ep_hidden_s == 0);
+  CHECK(e_on.breakdown.ep_hidden_s == doctest::Approx(5 * per_pair));
+  CHECK(e_off.iteration_time_s - e_on.iteration_time_s ==
+        doctest::Approx(e_on.breakdown.ep_hidden_s - e_on.breakdown.ep_overlap_sm_s));
+  // The simulation plays the same schedule, both stages with their PP
+  // messages; the last stage's 5 steps set the pace.
+  const Estimate s_on = simulate(m, topo, on), s_off = simulate(m, topo, off);
+  const double est_saved = e_off.iteration_time_s - e_on.iteration_time_s;
+  const double sim_saved = s_off.iteration_time_s - s_on.iteration_time_s;
+  MESSAGE("estimate saves " << est_saved << " s, simulation " << sim_saved << " s");
+  CHECK(sim_saved > 0);
+  CHECK(sim_saved == doctest::Approx(est_saved).epsilon(0.25));
+}
+
+TEST_CASE("the interleaved schedule with the overlap holds one more chunk's activations") {
+  // pp + (pp - 1 - 2r) / v without it, pp + (pp - 2r) / v with it: stage 0
+  // 2.5 -> 3, stage 1 1.5 -> 2 (m = 4 caps neither).
+  CHECK(in_flight_micro_batches(interleaved_plan(false), 0) == 2.5);
+  CHECK(in_flight_micro_batches(interleaved_plan(true), 0) == 3);
+  CHECK(in_flight_micro_batches(interleaved_plan(false), 1) == 1.5);
+  CHECK(in_flight_micro_batches(interleaved_plan(true), 1) == 2);
+}
+
+TEST_CASE("a combined step is one span of the timeline and the trace, its exchanges on their own row") {
+  const ModelSpec m = balanced_mixtral();
+  const Topology topo(dgx_a100(2));
+  sim::SimOptions opts;
+  opts.timeline = true;
+  const auto path = std::filesystem::temp_directory_path() / "cuboid_test_ep_overlap_trace.json";
+  opts.trace_path = path;
+  // The trace writer refuses spans that overlap without nesting: the two
+  // passes of a pair, or the a2a stream's exchanges beside the TP stream's
+  // collectives on one row, would throw.
+  for (const ParallelPlan& p : {overlap_plan(true), interleaved_plan(true)}) {
+    const sim::SimResult r = sim::run_simulation(m, topo, p, opts);
+    int combined = 0, a2a = 0;
+    for (const sim::TimelineBlock& b : r.timeline.blocks) {
+      if (b.row == sim::TimelineRow::compute && b.name.find('+') != std::string::npos) ++combined;
+      if (b.row == sim::TimelineRow::ep_a2a) ++a2a;
+    }
+    // PP 1: 7 pairs; PP 2 x v 2: 3 + 5 on the two stages.
+    CHECK(combined == (p.pp == 1 ? 7 : 8));
+    CHECK(a2a > 0);
+  }
+  CHECK(std::filesystem::exists(path));
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("Qwen3-235B-A22B as Megatron-Bridge's H100 recipe runs it: PP 8 x v 4 with the overlap") {
+  // perf_recipes/qwen/h100/qwen3_moe.py:136-190 at 067f987d: TP 2, PP 8, v 4,
+  // EP 32 x ETP 1, alltoall, forced balance, no recomputation, global batch
+  // 8192 x 4,096 tokens, micro-batch 1, the embedding and the loss counted in
+  // the split (recipes/qwen/h100/qwen3_moe.py:261-262); 256 H100: DP 16.
+  ModelSpec m = load_model(source_root() / "tests/data/hf/qwen3-235b-a22b-config.json");
+  m.moe.router_load_imbalance = 1.0;
+  const Topology topo(load_cluster(source_root() / "topologies/dgx-h100.json", 32));
+  ParallelPlan p;
+  p.tp = 2;
+  p.pp = 8;
+  p.dp = 16;
+  p.ep = 32;
+  p.etp = 1;
+  p.schedule = Schedule::interleaved;
+  p.virtual_stages = 4;
+  p.micro_batch = 1;
+  p.global_batch = 8192;
+  p.seq_length = 4096;
+  p.sequence_parallel = true;
+  p.embedding_in_split = true;
+  p.loss_in_split = true;
+  p.recompute = Recompute::none;
+  p.zero_stage = 1;
+  p.moe_ep_overlap = true;
+  REQUIRE_FALSE(check_plan(p, m, topo.cluster()).has_value());
+  // 512 micro-batches, 2,048 chunk steps per stage; warm-up 7 * 2 + 3 * 8 + 1
+  // = 39 on stage 0, 3 * 8 + 1 = 25 on the last.
+  CHECK(ep_overlap_steps(8, 0, 512, 4) == 2009);
+  CHECK(ep_overlap_steps(8, 7, 512, 4) == 2023);
+  ParallelPlan off = p;
+  off.moe_ep_overlap = false;
+  const Estimate e_on = estimate(m, topo, p), e_off = estimate(m, topo, off);
+  CHECK(e_on.breakdown.ep_hidden_s > 0);
+  CHECK(e_off.iteration_time_s - e_on.iteration_time_s ==
+        doctest::Approx(e_on.breakdown.ep_hidden_s - e_on.breakdown.ep_overlap_sm_s));
+  const Estimate s_on = simulate(m, topo, p);
+  MESSAGE("simulated " << s_on.iteration_time_s << " s, estimated " << e_on.iteration_time_s << " s (off: "
+                       << e_off.iteration_time_s << " s)");
+  CHECK(s_on.iteration_time_s == doctest::Approx(e_on.iteration_time_s).epsilon(0.05));
+  CHECK(s_on.iteration_time_s < e_off.iteration_time_s);
 }

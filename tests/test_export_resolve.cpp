@@ -291,3 +291,25 @@ TEST_CASE("the resolution model reads only what the exporters write") {
                   std::invalid_argument);
   CHECK_THROWS_AS(resolve_export("jax", ExportResult{}), InputError);
 }
+
+TEST_CASE("the EP overlap with PP > 1: exported with the virtual stages it needs, and run as priced") {
+  // Mixtral 8x7B, TP 2 x PP 2 (2 virtual stages) x DP 8, EP 8.
+  PlanFile pf = fixture_file("mixtral-ep8");
+  pf.plan.schedule = Schedule::interleaved;
+  pf.plan.virtual_stages = 2;
+  pf.plan.moe_ep_overlap = true;
+  for (const char* target : {"megatron", "megatron-bridge"}) {
+    CAPTURE(target);
+    CHECK(mismatches(pf, target) == "");
+    CHECK(setting(resolve_export(target, export_plan(pf, target)), "moe_ep_overlap").value == "true");
+  }
+  CHECK(export_plan(pf, "megatron").text.find("--overlap-moe-expert-parallel-comm\n") != std::string::npos);
+  CHECK(export_plan(pf, "megatron-bridge").text.find("overlap_moe_expert_parallel_comm=True,") != std::string::npos);
+  // Without the flag the run has no overlap; without the virtual stages Megatron-Core asserts.
+  CHECK(after_edit(pf, "megatron", "    --overlap-moe-expert-parallel-comm\n", "")
+            .find("moe_ep_overlap: priced true, runs false") == 0);
+  const std::string no_vpp = after_edit(pf, "megatron", "    --num-layers-per-virtual-pipeline-stage 8\n", "");
+  CHECK(no_vpp.find("start-up fails: megatron/core/transformer/transformer_config.py:3008@d98e8a64: "
+                    "overlap_moe_expert_parallel_comm with PP > 1 asserts virtual_pipeline_model_parallel_size is "
+                    "set") != std::string::npos);
+}

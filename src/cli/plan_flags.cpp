@@ -73,7 +73,7 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   cmd->add_option("--moe-ep-overlap", f.moe_ep_overlap,
                   "overlap each EP all-to-all with another micro-batch's compute in Megatron-Core's combined 1F1B "
                   "schedule (--overlap-moe-expert-parallel-comm --delay-wgrad-compute; EP > 1, alltoall or flex, PP "
-                  "1): on|off (default: the trainer's, off for megatron-core)");
+                  "1 or interleaved): on|off (default: the trainer's, off for megatron-core)");
   cmd->add_option("--etp", f.etp,
                   "expert tensor-parallel size: each expert's FFN split over ETP ranks, 1 or TP (Megatron's "
                   "--expert-tensor-parallel-size; default TP" +

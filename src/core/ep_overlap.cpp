@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "cuboid/core/schedule.hpp"
+
 namespace cuboid {
 
 EpNode ep_node(const EpSplit& s, std::size_t i) {
@@ -129,5 +131,28 @@ class PairPlayer {
 }  // namespace
 
 EpPairTime ep_pair_time(const EpPassTimes& f, const EpPassTimes& b) { return PairPlayer(f, b).play(); }
+
+int ep_overlap_steps(int pp, int stage, int micro_batches, int virtual_stages) {
+  if (pp <= 1) return ep_overlap_pairs(micro_batches);
+  const int total = micro_batches * virtual_stages;
+  return total - warmup_steps(Schedule::interleaved, pp, stage, micro_batches, virtual_stages, true);
+}
+
+std::vector<int> ep_overlap_chunk_steps(int pp, int stage, int micro_batches, int virtual_stages) {
+  const int v = std::max(1, virtual_stages);
+  std::vector<int> out(static_cast<std::size_t>(v * v), 0);
+  if (pp <= 1) {
+    out[0] = ep_overlap_pairs(micro_batches);
+    return out;
+  }
+  const int w = micro_batches * v - ep_overlap_steps(pp, stage, micro_batches, v);
+  const int group = pp * v;
+  for (int k = 0; k + w < micro_batches * v; ++k) {
+    const int f = ((k + w) % group) / pp;
+    const int b = v - 1 - (k % group) / pp;
+    ++out[static_cast<std::size_t>(f * v + b)];
+  }
+  return out;
+}
 
 }  // namespace cuboid

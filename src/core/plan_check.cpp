@@ -170,7 +170,7 @@ Found check_cuda_graph_modules(const ParallelPlan& p, const ModelSpec& m) {
 
 // Megatron-Core's requirements of --overlap-moe-expert-parallel-comm
 // (transformer_config.py __post_init__ at d98e8a64, the lines describe
-// names), then cuboid's own: it plays the combined schedule with PP 1 only.
+// names): with PP > 1 the interleaved schedule, whose steady state it combines.
 Found check_ep_overlap(const ParallelPlan& p, const ModelSpec& m) {
   if (!p.moe_ep_overlap) return std::nullopt;
   using R = EpOverlapRefusal;
@@ -181,9 +181,9 @@ Found check_ep_overlap(const ParallelPlan& p, const ModelSpec& m) {
   if (p.ep <= 1) return refuse(R::needs_ep);
   if (p.moe_dispatcher == MoeDispatcher::allgather) return refuse(R::dispatcher);
   if (p.recompute == Recompute::full) return refuse(R::full_recompute);
+  if (p.recomputes(RecomputeModule::moe)) return refuse(R::moe_recompute);
   if (m.mtp_layers > 1) return refuse(R::mtp_layers);
   if (p.pp > 1 && p.schedule != Schedule::interleaved) return refuse(R::needs_interleaved);
-  if (p.pp > 1) return refuse(R::pipeline);
   return std::nullopt;
 }
 
@@ -487,13 +487,12 @@ std::string describe_ep_overlap(EpOverlapRefusal why, std::int64_t mtp, const Mo
       return what + "runs with the alltoall or flex token dispatcher, not allgather" + at + "3016@d98e8a64)";
     case EpOverlapRefusal::full_recompute:
       return what + "cannot run with full recomputation" + at + "3021@d98e8a64)";
+    case EpOverlapRefusal::moe_recompute:
+      return what + "cannot recompute the MoE layer (the moe recompute module)" + at + "3030@d98e8a64)";
     case EpOverlapRefusal::mtp_layers:
       return what + "supports at most one MTP layer; " + m.name + " has " + n(mtp) + at + "3042@d98e8a64)";
     case EpOverlapRefusal::needs_interleaved:
       return what + "with PP > 1 needs the interleaved schedule (virtual stages)" + at + "3007@d98e8a64)";
-    case EpOverlapRefusal::pipeline:
-      return what + "with PP > 1 is not modelled: cuboid plays Megatron-Core's combined 1F1B schedule with PP 1 only "
-                    "(combined_1f1b_schedule_for_no_pipelining)";
   }
   return "";
 }

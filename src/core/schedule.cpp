@@ -47,9 +47,9 @@ ScheduleStep interleaved_step(int k, Direction dir, int pp, int v) {
   return ScheduleStep{dir, group * pp + in_group % pp, chunk};
 }
 
-StageOrder interleaved_stage(int pp, int stage, int m, int v) {
+StageOrder interleaved_stage(int pp, int stage, int m, int v, bool ep_overlap) {
   const int total = m * v;
-  const int warmup = warmup_steps(Schedule::interleaved, pp, stage, m, v);
+  const int warmup = warmup_steps(Schedule::interleaved, pp, stage, m, v, ep_overlap);
   StageOrder order;
   order.reserve(static_cast<std::size_t>(2 * total));
   for (int k = 0; k < warmup; ++k) order.push_back(interleaved_step(k, Direction::forward, pp, v));
@@ -90,7 +90,7 @@ StageOrder gpipe_stage(int m, int v) {
 
 std::span<const ScheduleInfo> pipeline_schedules() { return kSchedules; }
 
-int warmup_steps(Schedule schedule, int pp, int stage, int m, int v) {
+int warmup_steps(Schedule schedule, int pp, int stage, int m, int v, bool ep_overlap) {
   switch (schedule) {
     case Schedule::gpipe:
       return m * v;
@@ -100,13 +100,13 @@ int warmup_steps(Schedule schedule, int pp, int stage, int m, int v) {
       const int total = m * v;
       // Megatron: with exactly pp micro-batches every forward runs first.
       if (m == pp) return total;
-      return std::min((pp - stage - 1) * 2 + (v - 1) * pp, total);
+      return std::min((pp - stage - 1) * 2 + (v - 1) * pp + (ep_overlap ? 1 : 0), total);
     }
   }
   return 0;
 }
 
-std::vector<StageOrder> pipeline_order(Schedule schedule, int pp, int m, int v) {
+std::vector<StageOrder> pipeline_order(Schedule schedule, int pp, int m, int v, bool ep_overlap) {
   check_sizes(schedule, pp, m, v);
   std::vector<StageOrder> stages;
   stages.reserve(static_cast<std::size_t>(pp));
@@ -114,7 +114,7 @@ std::vector<StageOrder> pipeline_order(Schedule schedule, int pp, int m, int v) 
     switch (schedule) {
       case Schedule::gpipe: stages.push_back(gpipe_stage(m, v)); break;
       case Schedule::one_f_one_b: stages.push_back(one_f_one_b_stage(pp, s, m)); break;
-      case Schedule::interleaved: stages.push_back(interleaved_stage(pp, s, m, v)); break;
+      case Schedule::interleaved: stages.push_back(interleaved_stage(pp, s, m, v, ep_overlap)); break;
     }
   }
   return stages;

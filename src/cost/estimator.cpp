@@ -1024,19 +1024,23 @@ std::vector<Op> backward_list(const LayerOps& ops) {
   return out;
 }
 
-// The EP overlap of a PP 1 plan (core/ep_overlap.hpp): m - 1 combined steps,
-// each pairing layer i's forward with layer L - 1 - i's backward
-// (TransformerModelChunkSchedulePlan.run), a pair at a time (the simulator
-// also lets one pair's tail run under the next one's head). Adds to `bd` what
-// the exchanges hide (off ep_comm_s) and what the compute loses under their
-// SMs (onto compute_s); returns what one combined step hides.
+// The EP overlap (core/ep_overlap.hpp) on the critical stage: its combined
+// steps (PP 1: m - 1; interleaved: the steady state's, ep_overlap_chunk_steps),
+// each pairing the forward chunk's layer i with the backward chunk's layer
+// n_b - 1 - i (TransformerModelChunkSchedulePlan.run), a pair at a time (the
+// simulator also lets one pair's tail run under the next one's head). Adds
+// to `bd` what the exchanges hide (off ep_comm_s) and what the compute loses
+// under their SMs (onto compute_s); returns what one combined step hides
+// (PP > 1: what a micro-batch's steps hide on average, the window
+// fold_step_collectives takes).
 double fold_ep_overlap(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
-                     const Placement& pl, double pace, Breakdown& bd) {
+                       const Placement& pl, double pace, int critical, Breakdown& bd) {
   if (!plan.moe_ep_overlap || pl.ep_links.empty()) return 0.0;
+  const auto c = static_cast<std::size_t>(critical);
   const GroupLinks no_links{};
-  const EpLinks links{pl.tp_links.empty() ? &no_links : &pl.tp_links[pl.stage_tp[0]],
-                      pl.cp_links.empty() ? nullptr : &pl.cp_links[pl.stage_cp[0]], &pl.ep_links[pl.stage_ep[0]],
-                      &pl.ep_dispatch[pl.stage_ep[0]]};
+  const EpLinks links{pl.tp_links.empty() ? &no_links : &pl.tp_links[pl.stage_tp[c]],
+                      pl.cp_links.empty() ? nullptr : &pl.cp_links[pl.stage_cp[c]], &pl.ep_links[pl.stage_ep[c]],
+                      &pl.ep_dispatch[pl.stage_ep[c]]};
   const SmsTakenPricer held(gpu, plan.moe_dispatcher == MoeDispatcher::flex
                                      ? flex_exchange_sms(gpu.sm_count, plan.moe_flex, links.dispatch->spread.nodes)
                                      : pl.ep_sms[static_cast<std::size_t>(plan.moe_dispatcher)]);
@@ -1051,8 +1055,29 @@ double fold_ep_overlap(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   const auto moe_layer = [&](std::int64_t i) {
     return !lc.mixed || m.moe.moe_layers[static_cast<std::size_t>(i)] ? std::size_t{1} : std::size_t{0};
   };
-  std::array<std::array<double, 2>, 2> count{};  // [forward kind][backward kind]
-  for (std::int64_t i = 0; i < m.num_layers; ++i) count[moe_layer(i)][moe_layer(m.num_layers - 1 - i)] += 1;
+  std::array<std::array<double, 2>, 2> count{};  // [forward kind][backward kind], over the iteration
+  // PP 1: the counts are one step's, `per` the steps; else the iteration's, `steps` of them.
+  double steps = 0, per = 1;
+  if (plan.pp <= 1) {
+    per = ep_overlap_pairs(static_cast<int>(plan.num_micro_batches()));
+    steps = 1;
+    for (std::int64_t i = 0; i < m.num_layers; ++i) count[moe_layer(i)][moe_layer(m.num_layers - 1 - i)] += 1;
+  } else {
+    const int v = chunks_per_stage(plan);
+    const std::vector<int> chunk_steps =
+        ep_overlap_chunk_steps(plan.pp, critical, static_cast<int>(plan.num_micro_batches()), v);
+    for (int fc = 0; fc < v; ++fc)
+      for (int bc = 0; bc < v; ++bc) {
+        const double n = chunk_steps[static_cast<std::size_t>(fc * v + bc)];
+        if (n == 0) continue;
+        steps += n;
+        const int nf = layers_in_chunk(plan, m.num_layers, critical, fc);
+        const int nb = layers_in_chunk(plan, m.num_layers, critical, bc);
+        const int f0 = first_layer_of_chunk(plan, m.num_layers, critical, fc);
+        const int b0 = first_layer_of_chunk(plan, m.num_layers, critical, bc);
+        for (int i = 0; i < std::min(nf, nb); ++i) count[moe_layer(f0 + i)][moe_layer(b0 + nb - 1 - i)] += n;
+      }
+  }
   double hidden = 0, sm = 0;
   for (std::size_t f = 0; f < 2; ++f)
     for (std::size_t b = 0; b < 2; ++b) {
@@ -1061,12 +1086,12 @@ double fold_ep_overlap(const ModelSpec& m, const GpuProfile& gpu, const Parallel
       hidden += count[f][b] * t.hidden_ns();
       sm += count[f][b] * t.sm_cost_ns;
     }
-  const double pairs = ep_overlap_pairs(static_cast<int>(plan.num_micro_batches()));
-  bd.ep_hidden_s = pairs * hidden * 1e-9;
-  bd.ep_overlap_sm_s = std::max(0.0, pairs * sm * 1e-9);  // no SMs held: 0, not a rounding's -1e-15
+  bd.ep_hidden_s = per * hidden * 1e-9;
+  bd.ep_overlap_sm_s = std::max(0.0, per * sm * 1e-9);  // no SMs held: 0, not a rounding's -1e-15
   bd.ep_comm_s -= bd.ep_hidden_s;
   bd.compute_s += bd.ep_overlap_sm_s;
-  return hidden;
+  // PP 1: one combined step's; else per micro-batch (its v chunks' steps on the stage).
+  return plan.pp <= 1 ? hidden : steps > 0 ? hidden / static_cast<double>(plan.num_micro_batches()) : 0.0;
 }
 
 // What one micro-batch's compute waits for the activation copies of CPU
@@ -1171,7 +1196,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
                                   static_cast<double>(m.hidden_size);
   // The EP overlap first: its combined steps are what a reduction under
   // every backward runs beside.
-  const double pair_hidden_ns = fold_ep_overlap(m, gpu, plan, lc, pl, pace, bd);
+  const double pair_hidden_ns = fold_ep_overlap(m, gpu, plan, lc, pl, pace, critical, bd);
   if (stage_step.size > 0) {
     const auto c = static_cast<std::size_t>(critical);
     StepLinks sl;

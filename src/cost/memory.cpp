@@ -432,8 +432,13 @@ double in_flight_micro_batches(const ParallelPlan& plan, int stage) {
   //   (2*(pp - r - 1) + (v - 1)*pp + 1) / v = pp + (pp - 1 - 2r) / v.
   // On the first stage this is Megatron's pp * (1 + (pp - 1)/(pp * v)); later
   // stages hold proportionally less. All chunks in flight (m * v) caps it at m.
+  // The EP overlap runs one more warm-up forward (get_pp_rank_microbatches,
+  // schedules.py:966-970 at d98e8a64), and its first combined step runs a
+  // forward before the backward beside it frees anything: one chunk more,
+  // pp + (pp - 2r) / v.
   const double v = plan.virtual_stages;
-  return std::min(m, pp + (pp - 1 - 2.0 * stage) / v);
+  const double extra = plan.moe_ep_overlap ? 1.0 : 0.0;
+  return std::min(m, pp + (pp - 1 + extra - 2.0 * stage) / v);
 }
 
 MemoryReport memory_per_gpu(const ModelSpec& m, const ParallelPlan& plan, const GpuProfile& gpu) {

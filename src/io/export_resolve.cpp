@@ -90,6 +90,7 @@ std::vector<ResolvedSetting> priced_settings(const PlanFile& pf) {
       {"etp", str(p.expert_tp()), why},
       {"moe_dispatcher", std::string(to_string(p.moe_dispatcher)), why},
       {"moe_flex_backend", std::string(to_string(p.moe_flex.backend)), why},
+      {"moe_ep_overlap", yes(p.moe_ep_overlap), why},
       {"micro_batch", str(p.micro_batch), why},
       {"global_batch", str(p.global_batch), why},
       {"num_micro_batches", str(p.num_micro_batches()), why},
@@ -148,7 +149,7 @@ std::vector<RunMismatch> compare_with_plan(const ResolvedRun& run, const PlanFil
     if (p.dp_cp() == 1 && (n == "zero_stage" || n == "dp_overlap" || n == "dp_grad_bytes" || n == "zero1_grad_all_reduce"))
       continue;
     if (n == "zero1_grad_all_reduce" && p.zero_stage != 1) continue;
-    if ((n == "ep" || n == "etp" || n == "moe_dispatcher") && !pf.model.moe.enabled()) continue;
+    if ((n == "ep" || n == "etp" || n == "moe_dispatcher" || n == "moe_ep_overlap") && !pf.model.moe.enabled()) continue;
     if (n == "moe_flex_backend" && p.moe_dispatcher != MoeDispatcher::flex) continue;
     if (n == "cp_comm" && p.cp == 1) continue;
     if (n == "fp8_param_gather" && p.precision == Precision::bf16) continue;

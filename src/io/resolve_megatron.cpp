@@ -34,6 +34,7 @@ struct Mcore {
   Ruled<std::int64_t> vpp;  // 0: none
   Ruled<bool> overlap_p2p, batch_p2p, sequence_parallel, dist_opt, fsdp, overlap_grad, overlap_param, grad_fp32,
       fusion, tp_pp_dp, fp8_param_gather, bf16;
+  Ruled<bool> ep_overlap;  // overlap_moe_expert_parallel_comm
   Ruled<std::string> fsdp_strategy;
 };
 
@@ -71,6 +72,10 @@ ResolvedRun derive(Builder& b, const Mcore& m) {
     b.set("etp", m.etp.value, m.etp.source);
     b.set("moe_dispatcher", m.dispatcher.value, m.dispatcher.source);
     if (m.dispatcher.value == "flex") b.set("moe_flex_backend", m.flex_backend.value, m.flex_backend.source);
+    b.set("moe_ep_overlap", m.ep_overlap.value, m.ep_overlap.source);
+    if (m.ep_overlap.value && m.pp.value > 1 && m.vpp.value == 0)
+      b.fail(at(m, m.core == "d98e8a64" ? "transformer/transformer_config.py:3008" : "transformer/transformer_config.py:2675",
+                "overlap_moe_expert_parallel_comm with PP > 1 asserts virtual_pipeline_model_parallel_size is set"));
     const std::int64_t expert_dp = m.world / (m.etp.value * m.ep.value * m.pp.value);
     if (m.tp_pp_dp.value && m.pp.value > 1 && expert_dp != dp)
       b.fail(at(m, "parallel_state.py:898", fmt::format("with rank order tp-pp-dp and PP {} the experts' data-parallel "
@@ -199,6 +204,8 @@ ResolvedRun megatron_lm(const ExportResult& e) {
   } else {
     m.vpp = {0, args("983", "no virtual-stage flag: no virtual pipeline")};
   }
+  m.ep_overlap = {has("--overlap-moe-expert-parallel-comm"),
+                  "--overlap-moe-expert-parallel-comm (megatron/core/model_parallel_config.py:343@d98e8a64, default off)"};
   m.overlap_p2p = {!has("--no-overlap-p2p-communication"),
                    args("3118", "--no-overlap-p2p-communication is store_false: overlapped by default")};
   m.batch_p2p = {!m.overlap_p2p.value, "megatron/training/argument_utils.py:307@d98e8a64: batch_p2p_comm = not "
@@ -280,6 +287,8 @@ ResolvedRun megatron_bridge(const ExportResult& e) {
   const std::string vpp = option_or(o, "model.virtual_pipeline_model_parallel_size", "None");
   m.vpp = {vpp == "None" ? 0 : to_int(vpp, "virtual_pipeline_model_parallel_size"),
            mc("model_parallel_config.py:86", "virtual_pipeline_model_parallel_size, default None")};
+  m.ep_overlap = flag("model.overlap_moe_expert_parallel_comm", false,
+                      mc("model_parallel_config.py:343", "overlap_moe_expert_parallel_comm, default False"));
   m.overlap_p2p = flag("model.overlap_p2p_comm", false, mc("model_parallel_config.py:385", "overlap_p2p_comm, default False"));
   m.batch_p2p = flag("model.batch_p2p_comm", true, mc("model_parallel_config.py:390", "batch_p2p_comm, default True"));
   m.sequence_parallel = flag("model.sequence_parallel", false, mc("model_parallel_config.py:94", "sequence_parallel, default False"));

@@ -23,7 +23,7 @@ constexpr double kTop = 34, kComputeHeight = 20, kCommHeight = 9, kRowGap = 2, k
 
 // data-row values, by TimelineRow.
 constexpr std::array<const char*, sim::kTimelineRows> kRowKeys{"compute", "tp", "pp-forward", "pp-backward", "dp",
-                                                               "host-copy"};
+                                                               "host-copy", "ep-a2a"};
 
 struct Style {
   const char* css;  // class, for the page's script and tests
@@ -39,6 +39,7 @@ constexpr Style kTp{"tl-tp", "#CC79A7", "TP comm"};
 constexpr Style kPp{"tl-pp", "#56B4E9", "PP send/recv"};
 constexpr Style kDp{"tl-dp", "#D55E00", "DP comm"};
 constexpr Style kHostCopy{"tl-host-copy", "#999933", "host copies"};
+constexpr Style kEpA2a{"tl-ep-a2a", "#F0E442", "EP a2a (overlap)"};
 constexpr const char* kIdleFill = "#F6D5D5";  // the compute row behind the blocks: what shows is the bubble
 
 const Style& style_of(const TimelineBlock& b) {
@@ -53,6 +54,7 @@ const Style& style_of(const TimelineBlock& b) {
     case TimelineRow::pp_backward: return kPp;
     case TimelineRow::dp: return kDp;
     case TimelineRow::host_copy: return kHostCopy;
+    case TimelineRow::ep_a2a: return kEpA2a;
   }
   return kOther;
 }
@@ -95,7 +97,7 @@ std::string tick_label(double t, double step_s) {
   return fmt::format("{:.{}f} {}", t / scale, decimals, unit);
 }
 
-std::string legend(bool host_copies) {
+std::string legend(bool host_copies, bool ep_a2a) {
   std::string out;
   double x = kLeft;
   auto item = [&](const char* fill, const char* label) {
@@ -106,6 +108,7 @@ std::string legend(bool host_copies) {
   };
   for (const Style* s : {&kForward, &kBackward, &kOptimizer, &kTp, &kPp, &kDp}) item(s->fill, s->legend);
   if (host_copies) item(kHostCopy.fill, kHostCopy.legend);
+  if (ep_a2a) item(kEpA2a.fill, kEpA2a.legend);
   item(kIdleFill, "idle (bubble)");
   return out;
 }
@@ -135,7 +138,7 @@ std::string timeline_svg(const Timeline& tl) {
       "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"timeline-svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" "
       "viewBox=\"0 0 {0:.0f} {1:.0f}\" font-size=\"12\" data-end-ns=\"{2}\" data-stages=\"{3}\">\n",
       kWidth, height, tl.end_ns, stages);
-  out += legend(used[static_cast<std::size_t>(TimelineRow::host_copy)]);
+  out += legend(used[static_cast<std::size_t>(TimelineRow::host_copy)], used[static_cast<std::size_t>(TimelineRow::ep_a2a)]);
   double y = kTop;
   for (std::size_t s = 0; s < stages; ++s) {
     out += fmt::format("<g class=\"tl-stage\" data-stage=\"{}\" data-rank=\"{}\">\n", s, tl.stage_ranks[s]);

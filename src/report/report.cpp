@@ -81,10 +81,19 @@ std::string stage_chunk_layers(const ParallelPlan& p, std::int64_t num_layers) {
 
 std::string ep_overlap_words(const Estimate& e) {
   const ParallelPlan& p = e.plan;
-  std::string out = fmt::format(
-      "on (Megatron-Core's combined 1F1B: micro-batch i + 1's forward beside micro-batch i's backward, each "
-      "exchange on its own stream under the other pass's compute; {} of the {} micro-batches paired)",
-      ep_overlap_pairs(static_cast<int>(p.num_micro_batches())), p.num_micro_batches());
+  const int m = static_cast<int>(p.num_micro_batches());
+  std::string out =
+      p.pp <= 1
+          ? fmt::format("on (Megatron-Core's combined 1F1B: micro-batch i + 1's forward beside micro-batch i's "
+                        "backward, each exchange on its own stream under the other pass's compute; {} of the {} "
+                        "micro-batches paired)",
+                        ep_overlap_pairs(m), p.num_micro_batches())
+          : fmt::format("on (Megatron-Core's combined 1F1B in the interleaved schedule: each steady-state step runs "
+                        "one model chunk's forward beside another's backward, each exchange on its own stream under "
+                        "the other pass's compute; the warm-up one chunk step longer; {} of stage 0's {} chunk steps "
+                        "combined, {} of the last stage's)",
+                        ep_overlap_steps(p.pp, 0, m, chunks_per_stage(p)), m * chunks_per_stage(p),
+                        ep_overlap_steps(p.pp, p.pp - 1, m, chunks_per_stage(p)));
   if (!e.simulated)
     out += fmt::format("; hides {:.3f} s of the exchanges, the compute under them {:.3f} s slower for their SMs",
                        e.breakdown.ep_hidden_s, e.breakdown.ep_overlap_sm_s);

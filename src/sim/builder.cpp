@@ -55,8 +55,10 @@ Builder::Builder(const ModelSpec& m, const Topology& topo, const ParallelPlan& p
     pacing_.straggler_slowdown = opts.straggler->slowdown;
     shape_.rep_dp = c.dp * shape_.cp + c.cp;  // the slowest replica sets the pace of every DP collective
   }
-  order_ = pipeline_order(plan.schedule, shape_.pp, shape_.mbs, shape_.v);
-  if (plan.moe_ep_overlap && shape_.ep > 1 && shape_.pp == 1 && shape_.mbs > 1) pair_passes();
+  // The EP overlap's order: its extra warm-up step with PP > 1 (interleaved).
+  const bool ep_overlap = plan.moe_ep_overlap && shape_.ep > 1;
+  order_ = pipeline_order(plan.schedule, shape_.pp, shape_.mbs, shape_.v, ep_overlap);
+  if (ep_overlap && (shape_.pp > 1 || shape_.mbs > 1)) pair_passes();
   pacing_.tp_probe = TpProbe(topo.cluster(), tp_group_of(0, shape_.rep_dp));
   net_ = std::make_unique<Network>(topo, NetworkOptions{}, &arena_);
   eng_ = std::make_unique<Engine>(*net_, &arena_);
@@ -420,7 +422,7 @@ void Builder::build() {
   stage_end_.assign(static_cast<std::size_t>(shape_.pp), {});
   traffic_.dp_tasks.assign(static_cast<std::size_t>(shape_.pp), {});
   traffic_.played_bytes.assign(static_cast<std::size_t>(shape_.pp) * 3 * kCollectiveKinds, 0.0);
-  traffic_.messages.plan(order_, plan_.schedule, shape_.pp, shape_.mbs, shape_.v);
+  traffic_.messages.plan(order_, plan_.schedule, shape_.pp, shape_.mbs, shape_.v, plan_.moe_ep_overlap && shape_.ep > 1);
   reserve_tasks();
   // Add passes in an order consistent with their dependencies: round-robin
   // over the stages, each as far as its next pass's inputs already exist.

@@ -51,6 +51,10 @@ struct StepSpan {
   TaskId first = 0, last = 0;
   std::string name;
   bool forward = true;
+  // An EP overlap's combined step (F1+B0): the backward's own first and
+  // last compute, its two passes shown as one span from the earlier start
+  // to the later end (they run at once: two spans would not nest).
+  TaskId first2 = std::numeric_limits<TaskId>::max(), last2 = std::numeric_limits<TaskId>::max();
 };
 
 // A stage's representative rank (TP rank 0 of the replica that sets the
@@ -167,16 +171,22 @@ class Builder {
   int stage_of(int vs) const { return vs % shape_.pp; }
   int chunk_of(int vs) const { return vs / shape_.pp; }
   bool can_add(int stage, std::size_t idx);
+  // Whether the input of `st` on `stage` from the neighbouring virtual stage
+  // exists (none needed: true), and its tasks appended to `entry`.
+  bool input_ready(int stage, const ScheduleStep& st) const;
+  void add_input(int stage, const ScheduleStep& st, std::vector<TaskId>& entry) const;
   void reserve_tasks();
   void try_message(std::uint32_t msg);
   void add_step(int stage, std::size_t idx);
-  // The EP overlap (core/ep_overlap.hpp), PP 1: stage 0's order as
+  // The EP overlap (core/ep_overlap.hpp): with PP 1 stage 0's order as
   // Megatron-Core's combined 1F1B runs it (F0, then F(i+1) with B(i), then
-  // the last backward), pair_first_ marking each forward played with the
-  // backward after it; play_combined plays such a pair layer by layer in
-  // kEpPairOrder, play_node one node of a layer's pass.
+  // the last backward); with PP > 1 the interleaved order (one more warm-up
+  // step), its steady state's forward / backward pairs combined.
+  // pair_first_[stage] marks each forward played with the backward after it;
+  // play_combined plays such a pair layer by layer in kEpPairOrder,
+  // play_node one node of a layer's pass.
   void pair_passes();
-  void play_combined(std::size_t idx);
+  void play_combined(int stage, std::size_t idx);
   void play_node(Chain& ch, const Program& prog, std::size_t first, std::size_t end, bool exchange);
   // One pass from `entry` on, op by op; its end dependencies are left in scratch_.chain.deps.
   // `gather_after`: a chunk's first forward with --overlap-param-gather: its
@@ -283,7 +293,7 @@ class Builder {
   std::pmr::vector<PassState> passes_{&arena_};
   std::pmr::vector<TaskId> ends_{&arena_};  // every pass's end dependencies, back to back (PassState::end_off)
   bool stamp_ = true;
-  std::vector<char> pair_first_;  // pair_passes: [index in stage 0's order]
+  std::vector<std::vector<char>> pair_first_;  // pair_passes: [stage][index in its order]
   std::vector<PassTemplate> templates_;  // [((stage * v + chunk) * 2 + backward) * 2 + reduce_now]
   PassTemplate* recording_ = nullptr;    // the template play() is recording into, if any
 

@@ -30,12 +30,31 @@ Builder::PassState& Builder::pass(Direction d, int mb, int vs) {
 bool Builder::can_add(int stage, std::size_t idx) {
   const auto us = static_cast<std::size_t>(stage);
   if (!traffic_.messages.complete(traffic_.messages.point(stage, static_cast<int>(idx) - 1))) return false;  // the previous point's messages
-  const ScheduleStep& st = order_[us][idx];
+  if (!input_ready(stage, order_[us][idx])) return false;
+  // A combined pair starts once the backward's input is there too.
+  if (!pair_first_.empty() && pair_first_[us][idx] != 0) return input_ready(stage, order_[us][idx + 1]);
+  return true;
+}
+
+bool Builder::input_ready(int stage, const ScheduleStep& st) const {
   const int vs = st.chunk * shape_.pp + stage;
   const int from_vs = st.dir == Direction::forward ? vs - 1 : vs + 1;
   if (from_vs < 0 || from_vs >= shape_.vs_count) return true;
-  const PassState& src = pass(st.dir, st.micro_batch, from_vs);
+  const PassState& src = passes_[pass_index(st.dir, st.micro_batch, from_vs, shape_.mbs, shape_.vs_count)];
   return stage_of(from_vs) == stage ? src.added : src.ready != kNoTask;
+}
+
+void Builder::add_input(int stage, const ScheduleStep& st, std::vector<TaskId>& entry) const {
+  const int vs = st.chunk * shape_.pp + stage;
+  const int from_vs = st.dir == Direction::forward ? vs - 1 : vs + 1;
+  if (from_vs < 0 || from_vs >= shape_.vs_count) return;
+  const PassState& src = passes_[pass_index(st.dir, st.micro_batch, from_vs, shape_.mbs, shape_.vs_count)];
+  if (stage_of(from_vs) == stage) {
+    const auto e = end_of(src);
+    entry.insert(entry.end(), e.begin(), e.end());
+  } else {
+    entry.push_back(src.ready);
+  }
 }
 
 void Builder::flush(Chain& ch) {
@@ -139,11 +158,11 @@ void Builder::play(Chain& ch, const Program& prog, std::size_t first, std::size_
 }
 
 void Builder::add_step(int stage, std::size_t idx) {
-  if (!pair_first_.empty()) {
-    if (pair_first_[idx] != 0) return play_combined(idx);
-    if (idx > 0 && pair_first_[idx - 1] != 0) return;  // played with the forward before it
-  }
   const auto us = static_cast<std::size_t>(stage);
+  if (!pair_first_.empty()) {
+    if (pair_first_[us][idx] != 0) return play_combined(stage, idx);
+    if (idx > 0 && pair_first_[us][idx - 1] != 0) return;  // played with the forward before it
+  }
   const ScheduleStep& st = order_[us][idx];
   const int vs = st.chunk * shape_.pp + stage;
   // The entry dependencies: the stage's previous pass and, as Megatron's p2p
@@ -153,16 +172,7 @@ void Builder::add_step(int stage, std::size_t idx) {
   const auto blocking = traffic_.messages.block_of(traffic_.messages.point(stage, static_cast<int>(idx) - 1));
   entry.insert(entry.end(), blocking.begin(), blocking.end());
   // The input from the neighbouring virtual stage.
-  const int from_vs = st.dir == Direction::forward ? vs - 1 : vs + 1;
-  if (from_vs >= 0 && from_vs < shape_.vs_count) {
-    const PassState& src = pass(st.dir, st.micro_batch, from_vs);
-    if (stage_of(from_vs) == stage) {
-      const auto e = end_of(src);
-      entry.insert(entry.end(), e.begin(), e.end());
-    } else {
-      entry.push_back(src.ready);
-    }
-  }
+  add_input(stage, st, entry);
   const bool last_mb = st.micro_batch == shape_.mbs - 1;
   const StepWhen when = step_.grad_when();
   const bool reduce_now = reduces() && (when == StepWhen::every_backward_buckets || when == StepWhen::zero3_units ||

@@ -12,7 +12,8 @@ namespace cuboid::sim::detail {
 // (send_forward_backward_recv_forward_backward after the backward). A pass's
 // output is sent at the first point at or after it; its input is received at
 // the last point before it (or before the first pass).
-void MessagePlan::plan(const std::vector<StageOrder>& order, Schedule schedule, int pp, int mbs, int v) {
+void MessagePlan::plan(const std::vector<StageOrder>& order, Schedule schedule, int pp, int mbs, int v,
+                       bool ep_overlap) {
   const int vs_count = pp * v;
   point_base_.assign(static_cast<std::size_t>(pp), 0);
   std::size_t points = 0;
@@ -22,7 +23,7 @@ void MessagePlan::plan(const std::vector<StageOrder>& order, Schedule schedule, 
     const auto us = static_cast<std::size_t>(s);
     const StageOrder& o = order[us];
     const int n = static_cast<int>(o.size());
-    const int w = warmup_steps(schedule, pp, s, mbs, v);
+    const int w = warmup_steps(schedule, pp, s, mbs, v, ep_overlap);
     std::vector<bool> is_point(static_cast<std::size_t>(n), true);
     if (schedule == Schedule::interleaved) {
       const int steady = n / 2 - w;  // forward/backward pairs

@@ -35,8 +35,10 @@ class MessagePlan {
   explicit MessagePlan(std::pmr::memory_resource* mem)
       : messages_(mem), point_off_(mem), point_msgs_(mem), block_(mem), block_len_(mem) {}
   // Every message between stages of `order` (pp stages, v virtual stages
-  // each) and the points they happen at.
-  void plan(const std::vector<StageOrder>& order, Schedule schedule, int pp, int micro_batches, int v);
+  // each; `ep_overlap`: the EP overlap's order, pipeline_order's) and the
+  // points they happen at.
+  void plan(const std::vector<StageOrder>& order, Schedule schedule, int pp, int micro_batches, int v,
+            bool ep_overlap = false);
 
   Message& message(std::uint32_t id) { return messages_[id]; }
   std::size_t num_messages() const { return messages_.size(); }

@@ -190,7 +190,8 @@ void collect_links(SimResult& r, const Network& net, double tp_probe_peak) {
 
 static_assert(static_cast<int>(TimelineRow::dp) == detail::kThreadDp &&
                   static_cast<int>(TimelineRow::host_copy) == detail::kThreadHostCopy &&
-                  kTimelineRowNames.size() == detail::kThreadHostCopy + 1,
+                  static_cast<int>(TimelineRow::ep_a2a) == detail::kThreadA2a &&
+                  kTimelineRowNames.size() == detail::kThreadA2a + 1,
               "the timeline's rows are the trace's threads");
 
 // The traced tasks of each stage (a p2p or the embedding all-reduce on both).
@@ -203,6 +204,17 @@ std::vector<std::vector<TaskId>> labelled_by_stage(const Builder& b) {
     if (mt.stage2 != detail::kNoStage) by_stage[mt.stage2].push_back(t);
   }
   return by_stage;
+}
+
+// A step span's start and end: a combined step's (StepSpan::first2) from
+// its earlier pass's start to its later one's end.
+TimeNs span_start(const Engine& eng, const detail::StepSpan& s) {
+  const TimeNs a = eng.start_ns(s.first);
+  return s.first2 == detail::kNoTask ? a : std::min(a, eng.start_ns(s.first2));
+}
+TimeNs span_end(const Engine& eng, const detail::StepSpan& s) {
+  const TimeNs a = eng.end_ns(s.last);
+  return s.last2 == detail::kNoTask ? a : std::max(a, eng.end_ns(s.last2));
 }
 
 // The trace's step spans and stream tasks of every stage, without the
@@ -219,7 +231,7 @@ Timeline collect_timeline(const Builder& b, TimeNs end) {
     for (const detail::StepSpan& s : b.spans()) {
       if (static_cast<std::size_t>(s.stage) != stage) continue;
       steps.push_back(TimelineBlock{static_cast<int>(stage), TimelineRow::compute, s.name,
-                                    s.forward ? "forward" : "backward", eng.start_ns(s.first), eng.end_ns(s.last)});
+                                    s.forward ? "forward" : "backward", span_start(eng, s), span_end(eng, s)});
     }
     std::sort(steps.begin(), steps.end(), [](const auto& x, const auto& y) { return x.start_ns < y.start_ns; });
     auto inside_a_step = [&steps](TimeNs start, TimeNs stop) {
@@ -267,9 +279,11 @@ std::vector<std::filesystem::path> write_trace(Builder& b, const ParallelPlan& p
     w.set_process_name(rank, "rank " + std::to_string(rank) + " (stage " + std::to_string(c.pp) + ", tp " +
                                  std::to_string(c.tp) + ", dp " + std::to_string(c.dp) + ")" +
                                  (shown == rank ? "" : " = simulated rank " + std::to_string(shown)));
-    // The host-copy row only where the plan offloads: other traces stay as they were.
-    const int threads = static_cast<int>(kTimelineRowNames.size()) - (plan.offload_layers > 0 ? 0 : 1);
-    for (int thread = 0; thread < threads; ++thread) {
+    // The host-copy row only where the plan offloads, the a2a row only with
+    // the EP overlap: other traces stay as they were.
+    for (int thread = 0; thread < static_cast<int>(kTimelineRowNames.size()); ++thread) {
+      if (thread == detail::kThreadHostCopy && plan.offload_layers == 0) continue;
+      if (thread == detail::kThreadA2a && !(plan.moe_ep_overlap && plan.ep > 1)) continue;
       w.set_thread_name(rank, thread, std::string(kTimelineRowNames[static_cast<std::size_t>(thread)]), thread);
     }
     for (TaskId t : by_stage[stage]) {
@@ -290,8 +304,8 @@ std::vector<std::filesystem::path> write_trace(Builder& b, const ParallelPlan& p
     }
     for (const detail::StepSpan& s : b.spans()) {
       if (static_cast<std::size_t>(s.stage) != stage) continue;
-      const TimeNs start = eng.start_ns(s.first);
-      w.add_complete(rank, 0, s.name, s.forward ? "forward" : "backward", start, eng.end_ns(s.last) - start);
+      const TimeNs start = span_start(eng, s);
+      w.add_complete(rank, 0, s.name, s.forward ? "forward" : "backward", start, span_end(eng, s) - start);
     }
   }
   if (opts.trace_per_rank) return w.write_per_rank(opts.trace_path);

@@ -8,7 +8,8 @@ namespace cuboid::sim::detail {
 enum class Category : std::uint8_t { optimizer, compute, tp, pp, dp, cp, ep, offload, none };
 // The trace thread (row) a task is drawn on, per rank.
 enum TraceThread : std::uint8_t {
-  kThreadCompute = 0, kThreadTp = 1, kThreadPpFwd = 2, kThreadPpBwd = 3, kThreadDp = 4, kThreadHostCopy = 5
+  kThreadCompute = 0, kThreadTp = 1, kThreadPpFwd = 2, kThreadPpBwd = 3, kThreadDp = 4, kThreadHostCopy = 5,
+  kThreadA2a = 6  // the EP overlap's a2a stream
 };
 inline constexpr std::uint16_t kNoStage = 0xFFFF;
 

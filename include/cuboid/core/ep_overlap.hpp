@@ -17,6 +17,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace cuboid {
 
@@ -139,5 +140,24 @@ EpPairTime ep_pair_time(const EpPassTimes& f, const EpPassTimes& b);
 // Combined steps (a forward beside a backward) per iteration with PP 1:
 // the first forward and the last backward run alone, m - 1 pairs.
 inline int ep_overlap_pairs(int micro_batches) { return micro_batches > 1 ? micro_batches - 1 : 0; }
+
+// With PP > 1 (the interleaved schedule, v model chunks per stage):
+// forward_backward_pipelining_with_interleaving (schedules.py at d98e8a64)
+// sends every step through combined_1f1b_schedule_for_interleaved_pipelining,
+// but only the steady state's steps carry both a forward and a backward: PP
+// rank `stage` runs m v chunk forwards, the warm-up's
+// warmup_steps(interleaved, ..., ep_overlap = true) alone (one more than
+// without the overlap, lines 966-970), then forward step w + k beside
+// backward step k, then the cool-down's backwards alone. The combined steps:
+// m v - w.
+int ep_overlap_steps(int pp, int stage, int micro_batches, int virtual_stages);
+
+// Those steps by the model chunks they pair: [forward chunk * v + backward
+// chunk] -> steps (the forward of chunk (j mod pp v) / pp of step j, the
+// backward of chunk v - 1 - (k mod pp v) / pp of step k: get_model_chunk_id).
+// Each runs the forward chunk's layer i beside the backward chunk's layer
+// n_b - 1 - i for i < min(n_f, n_b) (TransformerModelChunkSchedulePlan.run,
+// model_chunk_schedule_plan.py:249-289), the rest alone.
+std::vector<int> ep_overlap_chunk_steps(int pp, int stage, int micro_batches, int virtual_stages);
 
 }  // namespace cuboid

@@ -43,9 +43,9 @@ enum class EpOverlapRefusal : std::uint8_t {
   needs_ep,           // EP 1 (Megatron-Core asserts EP > 1)
   dispatcher,         // allgather (Megatron-Core: alltoall or flex only)
   full_recompute,     // full recomputation (Megatron-Core refuses it)
+  moe_recompute,      // the moe recompute module (Megatron-Core refuses it)
   mtp_layers,         // more than one MTP layer (Megatron-Core refuses it)
   needs_interleaved,  // PP > 1 without virtual stages (Megatron-Core refuses it)
-  pipeline,           // PP > 1 interleaved: cuboid plays the combined schedule with PP 1 only
 };
 
 // Why Megatron-Core refuses a plan's per-layer CUDA graph modules

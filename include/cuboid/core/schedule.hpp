@@ -53,11 +53,17 @@ std::span<const ScheduleInfo> pipeline_schedules();
 //   (k / (pp v)) pp + k mod pp (backward: the chunk mirrored, v - 1 - c);
 //   warm-up (pp - s - 1) * 2 + (v - 1) * pp steps (all m v when m == pp, as
 //   Megatron does), then 1F1B over steps, then cool-down. Needs m % pp == 0.
+//   `ep_overlap` (--overlap-moe-expert-parallel-comm): one more warm-up
+//   step, so that each steady-state forward is independent of the backward
+//   it is combined with (get_pp_rank_microbatches, schedules.py:966-970 at
+//   d98e8a64); other schedules ignore it.
 // Throws std::invalid_argument on sizes the schedule does not support.
-std::vector<StageOrder> pipeline_order(Schedule schedule, int pp, int micro_batches, int virtual_stages = 1);
+std::vector<StageOrder> pipeline_order(Schedule schedule, int pp, int micro_batches, int virtual_stages = 1,
+                                       bool ep_overlap = false);
 
 // Forward steps each stage runs before its first backward (the warm-up), as
 // the schedule defines it; activations in flight peak at about this + 1.
-int warmup_steps(Schedule schedule, int pp, int stage, int micro_batches, int virtual_stages = 1);
+int warmup_steps(Schedule schedule, int pp, int stage, int micro_batches, int virtual_stages = 1,
+                 bool ep_overlap = false);
 
 }  // namespace cuboid

@@ -17,12 +17,13 @@
 namespace cuboid::sim {
 
 // The streams of a simulated GPU, in the trace's thread order.
-enum class TimelineRow : std::uint8_t { compute, tp, pp_forward, pp_backward, dp, host_copy };
-inline constexpr std::size_t kTimelineRows = 6;
+// ep_a2a: the EP overlap's all-to-all stream (--moe-ep-overlap), beside the TP stream.
+enum class TimelineRow : std::uint8_t { compute, tp, pp_forward, pp_backward, dp, host_copy, ep_a2a };
+inline constexpr std::size_t kTimelineRows = 7;
 // The trace's thread names, by TimelineRow.
 inline constexpr std::array<std::string_view, kTimelineRows> kTimelineRowNames{
     "compute", "tp comm", "pp send/recv (activations)", "pp send/recv (gradients)", "dp comm",
-    "host copies (offload)"};
+    "host copies (offload)", "ep a2a (overlap)"};
 
 struct TimelineBlock {
   int stage = 0;
