@@ -24,6 +24,7 @@
 #include "cuboid/core/topology.hpp"
 #include "cuboid/io/export.hpp"
 #include "cuboid/io/planfile.hpp"
+#include "cuboid/report/report.hpp"
 #include "fixtures.hpp"
 
 using namespace cuboid;
@@ -318,4 +319,7 @@ TEST_CASE("the MoE and MLA modules round-trip through a plan file and export to 
         std::string::npos);
   CHECK(export_plan(pf, "megatron-bridge").text.find(
             "recompute_modules=[\"layernorm\", \"moe_act\", \"shared_experts\"]") != std::string::npos);
+  // The report names them.
+  CHECK(format_estimate(m, c, estimate(m, Topology(c), p)).find("recompute selective (layernorm,moe_act,shared_experts),") !=
+        std::string::npos);
 }
