@@ -323,3 +323,37 @@ TEST_CASE("the MoE and MLA modules round-trip through a plan file and export to 
   CHECK(format_estimate(m, c, estimate(m, Topology(c), p)).find("recompute selective (layernorm,moe_act,shared_experts),") !=
         std::string::npos);
 }
+
+TEST_CASE("per-layer CUDA graphs: the plain checkpoints inside a captured part recompute nothing") {
+  // Megatron-Core's tensor_parallel.checkpoint runs the function as it is
+  // while a per-layer graph is captured (random.py:680-687 at d98e8a64):
+  // moe, shared_experts, mlp and core_attn keep their activations there;
+  // the output-discarding moe_act still drops its output.
+  using M = RecomputeModule;
+  const ModelSpec m = mixtral_shared();
+  ParallelPlan p = moe_plan(bits(M::moe) | bits(M::moe_act));
+  const double recomputed = layer_activation_bytes(m, p, true);
+  const std::size_t ops = transformer_layer_ops(m, p, true).recompute.size();
+  p.trainer.cuda_graphs = CudaGraphs::parse("local", "test", "graphs");  // the whole layer
+  CHECK(p.recomputes(M::moe));
+  CHECK_FALSE(p.checkpoints(M::moe));
+  CHECK(p.checkpoints(M::moe_act));
+  CHECK(layer_activation_bytes(m, p, true) - recomputed == 32'768.0 + 4'194'304 + 16'777'216 + 6'291'456);
+  CHECK(names(transformer_layer_ops(m, p, true).recompute) == std::vector<std::string>{op::expert_act});
+  // The attention alone captured: the MoE MLP is outside the graph.
+  p.trainer.cuda_graphs = CudaGraphs::parse("transformer_engine:attn", "test", "graphs");
+  CHECK(p.checkpoints(M::moe));
+  CHECK(layer_activation_bytes(m, p, true) == recomputed);
+  CHECK(transformer_layer_ops(m, p, true).recompute.size() == ops);
+  // The full-iteration graph sets no capture flag: recomputed.
+  p.trainer.cuda_graphs = CudaGraphs::parse("full_iteration", "test", "graphs");
+  CHECK(p.checkpoints(M::moe));
+  // A dense MLP under a graph of its part keeps its activations too.
+  const ModelSpec dense = test::llama3_8b();
+  ParallelPlan d = moe_plan(bits(M::mlp));
+  d.ep = 1;
+  const double mlp_recomputed = layer_activation_bytes(dense, d, false);
+  d.trainer.cuda_graphs = CudaGraphs::parse("transformer_engine:mlp", "test", "graphs");
+  CHECK(layer_activation_bytes(dense, d, false) - mlp_recomputed == 6.0 * 2048 * 14336 / 2);
+  CHECK(transformer_layer_ops(dense, d, false).recompute.empty());
+}

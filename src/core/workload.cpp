@@ -1245,9 +1245,9 @@ void add_module_recompute(LayerOps& ops, const ParallelPlan& plan, const Dims& x
                        {op::mla_q_norm, op::mla_kv_norm, q_gather, op::mla_ag_kv, op::mla_q_up, op::mla_kv_up});
   }
   if (!x.moe) return;
-  if (plan.recomputes(M::moe)) append_mlp_forward(ops.recompute, ops.forward);
+  if (plan.checkpoints(M::moe)) append_mlp_forward(ops.recompute, ops.forward);
   if (plan.recomputes(M::moe_act)) append_forward_ops(ops.recompute, ops.forward, {op::expert_act});
-  if (plan.recomputes(M::shared_experts) && x.fs > 0)
+  if (plan.checkpoints(M::shared_experts) && x.fs > 0)
     append_forward_ops(ops.recompute, ops.forward,
                        {op::tp_ag_shared, op::shared_fc1, op::shared_act, op::shared_fc2, op::tp_rs_shared});
 }
@@ -1279,11 +1279,11 @@ LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan, boo
     case Recompute::selective:
       // The unfused attention core (QK^T, softmax, dropout, AV); flash
       // attention already recomputes inside its backward.
-      if (plan.recomputes(RecomputeModule::core_attn) && !x.flash) add_attention_forward(ops.recompute, x, Pass::backward);
+      if (plan.checkpoints(RecomputeModule::core_attn) && !x.flash) add_attention_forward(ops.recompute, x, Pass::backward);
       // A dense MLP (Megatron-Core's recompute_mlp: the MLP module under
       // tensor_parallel.checkpoint, so its forward runs again, its SP
       // all-gather, quantize kernels and TP reduction included).
-      if (plan.recomputes(RecomputeModule::mlp) && !x.moe) append_mlp_forward(ops.recompute, ops.forward);
+      if (plan.checkpoints(RecomputeModule::mlp) && !x.moe) append_mlp_forward(ops.recompute, ops.forward);
       add_module_recompute(ops, plan, x);
       break;
   }

@@ -147,14 +147,14 @@ double hardware_flops_per_iteration(const ModelSpec& m, const ParallelPlan& plan
     double recomputed = 0;
     if (plan.recompute == Recompute::full) recomputed = general_layers_forward_per_token(c) * t;
     if (plan.recomputes(RecomputeModule::core_attn)) recomputed = layers * c.core * t;
-    if (plan.recomputes(RecomputeModule::mlp)) recomputed += static_cast<double>(c.dense_layers) * c.dense_mlp * t;
+    if (plan.checkpoints(RecomputeModule::mlp)) recomputed += static_cast<double>(c.dense_layers) * c.dense_mlp * t;
     // Latent attention's up projections (every layer), the MoE MLP and the
     // shared experts (MoE layers) as counted above; the norms and the
     // activation (layernorm, moe_act) are not matrix products. A module
     // inside a recomputed MoE MLP runs once more (workload.cpp).
     if (plan.recomputes(RecomputeModule::mla_up_proj)) recomputed += layers * c.mla_up_proj * t;
-    if (plan.recomputes(RecomputeModule::moe)) recomputed += static_cast<double>(c.moe_layers) * c.moe_mlp * t;
-    if (plan.recomputes(RecomputeModule::shared_experts))
+    if (plan.checkpoints(RecomputeModule::moe)) recomputed += static_cast<double>(c.moe_layers) * c.moe_mlp * t;
+    if (plan.checkpoints(RecomputeModule::shared_experts))
       recomputed += static_cast<double>(c.moe_layers) * c.shared_mlp * t;
     return model_flops_per_iteration(m, plan) + recomputed;
   }
@@ -167,7 +167,7 @@ double hardware_flops_per_iteration(const ModelSpec& m, const ParallelPlan& plan
       if (plan.recomputes(RecomputeModule::core_attn))
         recomputed = layers * attention_core_forward_flops(m, plan.global_batch, plan.seq_length);
       // A dense MLP's forward: 2 h f per token and GEMM, three GEMMs gated.
-      if (plan.recomputes(RecomputeModule::mlp))
+      if (plan.checkpoints(RecomputeModule::mlp))
         recomputed += layers * 2.0 * static_cast<double>(m.hidden_size) * static_cast<double>(m.ffn_hidden_size) *
                       (m.gated_mlp() ? 3 : 2) * tokens(plan.global_batch, plan.seq_length);
       break;

@@ -90,7 +90,7 @@ double output_layer_activation_bytes(const ModelSpec& m, const ParallelPlan& pla
 // activation's output (experts.py:1019-1030, CheckpointWithoutOutput),
 // shared_experts the shared experts' intermediates (moe_layer.py:517-529).
 double moe_mlp_activation_bytes(const ModelSpec& m, const ParallelPlan& plan) {
-  if (plan.recomputes(RecomputeModule::moe)) return 0;
+  if (plan.checkpoints(RecomputeModule::moe)) return 0;
   const double tokens = static_cast<double>(plan.seq_per_rank()) * plan.micro_batch /
                         (plan.sequence_parallel ? plan.tp : 1);
   const double h = static_cast<double>(m.hidden_size);
@@ -101,7 +101,7 @@ double moe_mlp_activation_bytes(const ModelSpec& m, const ParallelPlan& plan) {
   const double act_output = kBf16Bytes;            // of per_width: the activation's output
   const double full_tokens = static_cast<double>(plan.seq_per_rank()) * plan.micro_batch;
   const double routed_width = plan.recomputes(RecomputeModule::moe_act) ? per_width - act_output : per_width;
-  const double shared = plan.recomputes(RecomputeModule::shared_experts) ? 0.0 : per_width * full_tokens * fs / plan.tp;
+  const double shared = plan.checkpoints(RecomputeModule::shared_experts) ? 0.0 : per_width * full_tokens * fs / plan.tp;
   return tokens * static_cast<double>(m.moe.num_experts) * 4 + rows * h * 2 + rows * fe * routed_width + shared;
 }
 
@@ -440,14 +440,14 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
   // A recomputed dense MLP (--recompute-modules mlp) keeps only its input,
   // counted above in bf16 (the checkpoint's); FC1's and FC2's saved inputs
   // and the activation's are dropped.
-  const bool mlp_recomputed = !moe_layer && plan.recomputes(RecomputeModule::mlp);
+  const bool mlp_recomputed = !moe_layer && plan.checkpoints(RecomputeModule::mlp);
   const double mlp = moe_layer || mlp_recomputed ? 0.0 : (m.gated_mlp() ? 6 : 4) * s * b * f;
   const double split = attention + mlp;
   // Attention scores: softmax output (2), dropout mask (1), dropout output (2)
   // bytes per score, a*s*s*b scores (the softmax output alone at an attention
   // dropout of 0); never stored with flash attention, and recomputed (not
   // stored) with selective recompute.
-  const bool scores_stored = !plan.flash_attention && !plan.recomputes(RecomputeModule::core_attn);
+  const bool scores_stored = !plan.flash_attention && !plan.checkpoints(RecomputeModule::core_attn);
   const double a = static_cast<double>(m.num_attention_heads);
   const double score_bytes = m.attention_dropout > 0 ? 5 : 2;
   const double scores = scores_stored ? score_bytes * a * s * s * b : 0;
