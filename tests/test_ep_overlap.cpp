@@ -153,8 +153,8 @@ TEST_CASE("the EP overlap is refused where Megatron-Core asserts") {
   q = p;
   q.recompute = Recompute::selective;
   q.recompute_modules = static_cast<std::uint8_t>(RecomputeModule::moe);
-  CHECK(why(q) == "the EP all-to-all overlap (--overlap-moe-expert-parallel-comm) cannot recompute the MoE layer (the "
-                  "moe recompute module) (Megatron-Core asserts it: "
+  CHECK(why(q) == "the EP all-to-all overlap (--overlap-moe-expert-parallel-comm) cannot run with the MoE layer recomputed "
+                  "(--recompute-modules moe) (Megatron-Core asserts it: "
                   "megatron/core/transformer/transformer_config.py:3030@d98e8a64)");
   q = p;
   q.pp = 2;

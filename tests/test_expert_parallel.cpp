@@ -295,13 +295,13 @@ TEST_CASE("MoE parameters and optimizer memory against Megatron-Core's formula (
   // the busiest rank's received, bf16): (2,048 + 2,048) x 1,024 x 2 B.
   CHECK(moe_dispatch_buffer_bytes(m, p) == 8'388'608.0);
   // An MoE layer keeps its router's fp32 scores, the experts' input, FC1's
-  // and SwiGLU's outputs and the experts' output instead of the dense MLP's:
-  // 1,024 x 8 x 4 + 2,048 x 1,024 x 2 + 2,048 x 2,048 x 6 + 2,048 x 1,024 x 2 B
-  // beside the attention's 34 s b h / t-style share.
+  // and SwiGLU's outputs instead of the dense MLP's (not the experts'
+  // output: Megatron-Core applies the probabilities in the activation):
+  // 1,024 x 8 x 4 + 2,048 x 1,024 x 2 + 2,048 x 2,048 x 6 B beside the
+  // attention's 34 s b h / t-style share.
   ParallelPlan dense_layer = p;
   CHECK(layer_activation_bytes(m, p, true) - layer_activation_bytes(m, dense_layer, false) ==
-        doctest::Approx(1024.0 * 8 * 4 + 2048.0 * 1024 * 2 + 2048.0 * 2048 * 6 + 2048.0 * 1024 * 2 -
-                        6.0 * 2048 * 4096 / 2));
+        doctest::Approx(1024.0 * 8 * 4 + 2048.0 * 1024 * 2 + 2048.0 * 2048 * 6 - 6.0 * 2048 * 4096 / 2));
 }
 
 TEST_CASE("the estimate and the simulation agree on EP plans; a cross-node EP group pays more") {

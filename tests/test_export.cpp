@@ -344,6 +344,16 @@ TEST_CASE("every emitted option is the trainer's own, with the trainer's cross-f
     pf.plan.flash_attention = false;
     check_options(pf, "megatron");
   }
+  SUBCASE("recompute modules: Megatron-LM's --recompute-modules list, Megatron-Bridge's recompute_modules") {
+    PlanFile pf = plan_file("seed");
+    pf.plan.recompute = Recompute::selective;
+    pf.plan.recompute_modules = parse_recompute_modules("mlp,core_attn,layernorm", "test", "modules");
+    check_options(pf, "megatron");
+    check_options(pf, "megatron-bridge");
+    CHECK(export_plan(pf, "megatron").text.find("--recompute-modules core_attn mlp layernorm\n") != std::string::npos);
+    CHECK(export_plan(pf, "megatron-bridge").text.find(
+              "recompute_modules=[\"core_attn\", \"mlp\", \"layernorm\"]") != std::string::npos);
+  }
   SUBCASE("uneven stages in interleaved chunks: Megatron-LM takes only --num-virtual-stages-per-pipeline-rank") {
     PlanFile pf = plan_file("llama8b-pp4");  // 32 layers: 6 + 10 + 10 + 6 in 2 chunks per stage
     pf.plan.trainer = default_trainer().settings;  // priced as Megatron-Core (a reduce-scattered ZeRO-1)

@@ -114,29 +114,25 @@ Found check_offload(const ParallelPlan& p, const ModelSpec& m, const Cluster& c)
 }
 
 // Megatron-Core's checks of --recompute-modules (transformer_config.py
-// __post_init__ at d98e8a64: moe_act only with grouped expert GEMMs,
-// mla_up_proj only with latent attention, neither moe_act nor layernorm
-// with delayed FP8 scaling), then what cuboid prices: on a dense layer the
-// attention core and the MLP (layernorm is fused into Transformer Engine's
-// linear layers there: an IdentityOp, nothing to recompute; moe and
-// shared_experts touch no dense layer); the MoE and latent-attention modules
-// are not modelled.
+// __post_init__ at d98e8a64, lines 1964-2012: moe_act only with grouped
+// expert GEMMs, mla_up_proj only with latent attention, neither moe_act nor
+// layernorm with delayed FP8 scaling). Every module is priced (memory.cpp,
+// workload.cpp); one that touches no layer of the model (layernorm on a
+// dense layer of standard attention, whose norms are fused into Transformer
+// Engine's linear layers; moe and shared_experts without them; mlp on MoE
+// layers) recomputes nothing, as in Megatron-Core.
 Found check_recompute_modules(const ParallelPlan& p, const ModelSpec& m) {
   if (p.recompute_modules == 0) return std::nullopt;
   if (p.recompute != Recompute::selective) return reject(K::recompute_modules_need_selective, F::recompute_modules);
   using M = RecomputeModule;
-  auto refuse = [](M module, int why) {
-    return reject(K::recompute_module_refused, F::recompute_modules, static_cast<std::int64_t>(module), why);
+  auto refuse = [](M module) {
+    return reject(K::recompute_module_refused, F::recompute_modules, static_cast<std::int64_t>(module));
   };
-  if (p.recomputes(M::moe_act) && !m.moe.enabled()) return refuse(M::moe_act, 0);
-  if (p.recomputes(M::mla_up_proj) && !m.mla.enabled()) return refuse(M::mla_up_proj, 0);
+  if (p.recomputes(M::moe_act) && !m.moe.enabled()) return refuse(M::moe_act);
+  if (p.recomputes(M::mla_up_proj) && !m.mla.enabled()) return refuse(M::mla_up_proj);
   if (p.precision == Precision::fp8_delayed)
     for (const M module : {M::moe_act, M::layernorm})
-      if (p.recomputes(module)) return refuse(module, 0);
-  if (m.moe.enabled())
-    for (const M module : {M::layernorm, M::moe_act, M::moe, M::shared_experts})
-      if (p.recomputes(module)) return refuse(module, 1);
-  if (p.recomputes(M::mla_up_proj)) return refuse(M::mla_up_proj, 1);
+      if (p.recomputes(module)) return refuse(module);
   return std::nullopt;
 }
 
@@ -420,7 +416,6 @@ std::string describe_trainer(const PlanRejection& r) {
              "offloading\"); only the full-iteration graph runs with it";
     case K::recompute_module_refused: {
       const std::string name(to_string(static_cast<RecomputeModule>(v[0])));
-      if (v[1] == 1) return "recomputing " + name + " is not modelled (the MoE and latent-attention modules' memory)";
       if (name == "mla_up_proj") return "Megatron-Core recomputes mla_up_proj only with latent attention";
       if (name == "moe_act")
         return "Megatron-Core recomputes moe_act only with grouped expert GEMMs (an MoE model) and without delayed "
@@ -488,7 +483,7 @@ std::string describe_ep_overlap(EpOverlapRefusal why, std::int64_t mtp, const Mo
     case EpOverlapRefusal::full_recompute:
       return what + "cannot run with full recomputation" + at + "3021@d98e8a64)";
     case EpOverlapRefusal::moe_recompute:
-      return what + "cannot recompute the MoE layer (the moe recompute module)" + at + "3030@d98e8a64)";
+      return what + "cannot run with the MoE layer recomputed (--recompute-modules moe)" + at + "3030@d98e8a64)";
     case EpOverlapRefusal::mtp_layers:
       return what + "supports at most one MTP layer; " + m.name + " has " + n(mtp) + at + "3042@d98e8a64)";
     case EpOverlapRefusal::needs_interleaved:

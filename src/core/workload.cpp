@@ -1106,6 +1106,26 @@ std::uint8_t moe_graph_module(std::string_view name) {
   return 0;
 }
 
+// The forward's ops of the given names, in order, each quantized GEMM with
+// its quantizer's kernels (the run of amax / scale / cast ops before it or
+// before its SP gather): what a checkpointed module runs again.
+void append_forward_ops(std::vector<Op>& out, const std::vector<Op>& forward,
+                        std::initializer_list<std::string_view> names) {
+  std::vector<const Op*> quantizer;
+  for (const Op& op : forward) {
+    const std::string_view name = op.name;
+    if (name == op::fp8_amax || name == op::tp_ar_amax || name == op::fp8_scale || name == op::fp8_cast) {
+      quantizer.push_back(&op);
+      continue;
+    }
+    if (std::find(names.begin(), names.end(), name) != names.end()) {
+      for (const Op* q : quantizer) out.push_back(*q);
+      out.push_back(op);
+    }
+    quantizer.clear();
+  }
+}
+
 // Megatron-Core's CUDA graphs (TrainerSettings::cuda_graphs; Megatron-LM
 // d98e8a64 transformer_config.py:1075-1105): which ops of a layer's list
 // replay from a captured graph. The attention part is what
@@ -1225,6 +1245,46 @@ double expert_tokens(const ModelSpec& m, const ParallelPlan& plan) {
   return x.moe ? expert_rows(x) : 0.0;
 }
 
+namespace {
+
+// What Megatron-Core d98e8a64 runs again in the backward for the MoE and
+// latent-attention modules of --recompute-modules (each checkpoint re-runs
+// its forward when its output's gradient arrives; one inside another, as
+// moe_act or shared_experts inside moe, runs once more in the re-run):
+//   layernorm   the input norm before latent attention and the pre-MLP norm
+//               of an MoE layer, where they are modules of their own
+//               (transformer_layer.py:470-531; fused into the linear layers,
+//               an IdentityOp, elsewhere);
+//   mla_up_proj the latents' norms, their SP all-gathers and the two up
+//               projections (multi_latent_attention.py:983-988; the rotary
+//               embedding's kernels are not priced, as in the forward);
+//   moe_act     the experts' activation (experts.py:1019-1030);
+//   shared_experts  the shared experts' MLP with its TP collectives
+//               (moe_layer.py:517-529, tensor_parallel.checkpoint);
+//   moe         the whole MoE MLP: router, permute, the dispatcher's
+//               exchanges, the experts, the combine and the shared experts
+//               (moe_layer.py:701-716).
+void add_module_recompute(LayerOps& ops, const ParallelPlan& plan, const Dims& x) {
+  using M = RecomputeModule;
+  if (plan.recomputes(M::layernorm)) {
+    if (x.mla) append_forward_ops(ops.recompute, ops.forward, {op::norm_in});
+    if (x.moe) append_forward_ops(ops.recompute, ops.forward, {op::norm_mlp});
+  }
+  if (x.mla && plan.recomputes(M::mla_up_proj)) {
+    const std::string_view q_gather = x.qlora > 0 ? std::string_view(op::mla_ag_q) : std::string_view(op::tp_ag_attn);
+    append_forward_ops(ops.recompute, ops.forward,
+                       {op::mla_q_norm, op::mla_kv_norm, q_gather, op::mla_ag_kv, op::mla_q_up, op::mla_kv_up});
+  }
+  if (!x.moe) return;
+  if (plan.checkpoints(M::moe)) append_mlp_forward(ops.recompute, ops.forward);
+  if (plan.recomputes(M::moe_act)) append_forward_ops(ops.recompute, ops.forward, {op::expert_act});
+  if (plan.checkpoints(M::shared_experts) && x.fs > 0)
+    append_forward_ops(ops.recompute, ops.forward,
+                       {op::tp_ag_shared, op::shared_fc1, op::shared_act, op::shared_fc2, op::tp_rs_shared});
+}
+
+}  // namespace
+
 LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan) {
   return transformer_layer_ops(m, plan, m.moe.enabled());
 }
@@ -1250,11 +1310,12 @@ LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan, boo
     case Recompute::selective:
       // The unfused attention core (QK^T, softmax, dropout, AV); flash
       // attention already recomputes inside its backward.
-      if (plan.recomputes(RecomputeModule::core_attn) && !x.flash) add_attention_forward(ops.recompute, x, Pass::backward);
+      if (plan.checkpoints(RecomputeModule::core_attn) && !x.flash) add_attention_forward(ops.recompute, x, Pass::backward);
       // A dense MLP (Megatron-Core's recompute_mlp: the MLP module under
       // tensor_parallel.checkpoint, so its forward runs again, its SP
       // all-gather, quantize kernels and TP reduction included).
-      if (plan.recomputes(RecomputeModule::mlp) && !x.moe) append_mlp_forward(ops.recompute, ops.forward);
+      if (plan.checkpoints(RecomputeModule::mlp) && !x.moe) append_mlp_forward(ops.recompute, ops.forward);
+      add_module_recompute(ops, plan, x);
       break;
   }
   mark_layer_graphs(ops, plan.trainer.cuda_graphs, x.moe);

@@ -48,6 +48,8 @@ struct GeneralCounts {
   double core = 0;              // per token, one layer
   double dense_mlp = 0;         // per token
   double moe_mlp = 0;           // per token
+  double shared_mlp = 0;        // per token, the shared experts' part of moe_mlp
+  double mla_up_proj = 0;       // per token, latent attention's up projections (part of attention_linear)
   std::int64_t dense_layers = 0;
   std::int64_t moe_layers = 0;  // the MTP modules' layers included
   double mtp_extra = 0;         // per token, all MTP modules' projections and norms
@@ -67,6 +69,8 @@ GeneralCounts general_counts(const ModelSpec& m, std::int64_t seq_length) {
     const double q_term = m.mla.q_lora_rank > 0 ? cq * (h + n * (qk + r) + 1) : h * n * (qk + r);
     c.attention_linear = 2 * (q_term + ckv * (h + n * (qk + v) + 1) + h * r + n * v * h);
     c.core = n * (qk + r + v) * s;
+    // Counted as in q_term and the c_kv term: c (n (d_qk + r)) and c_kv (n (d_qk + d_v)).
+    c.mla_up_proj = 2 * ((m.mla.q_lora_rank > 0 ? cq : h) * n * (qk + r) + ckv * n * (qk + v));
   } else {
     const double q = static_cast<double>(m.query_projection_size());
     const double kv = static_cast<double>(m.kv_projection_size());
@@ -79,6 +83,7 @@ GeneralCounts general_counts(const ModelSpec& m, std::int64_t seq_length) {
               (static_cast<double>(m.moe.expert_ffn_hidden_size * m.moe.experts_per_token) +
                static_cast<double>(m.moe.shared_expert_ffn_hidden_size)) *
               g;
+  c.shared_mlp = 2 * h * static_cast<double>(m.moe.shared_expert_ffn_hidden_size) * g;
   c.moe_layers = m.moe.moe_layer_count();
   c.dense_layers = m.num_layers - c.moe_layers;
   const bool last_is_moe = m.moe.enabled() && m.moe.moe_layers.back();
@@ -142,7 +147,15 @@ double hardware_flops_per_iteration(const ModelSpec& m, const ParallelPlan& plan
     double recomputed = 0;
     if (plan.recompute == Recompute::full) recomputed = general_layers_forward_per_token(c) * t;
     if (plan.recomputes(RecomputeModule::core_attn)) recomputed = layers * c.core * t;
-    if (plan.recomputes(RecomputeModule::mlp)) recomputed += static_cast<double>(c.dense_layers) * c.dense_mlp * t;
+    if (plan.checkpoints(RecomputeModule::mlp)) recomputed += static_cast<double>(c.dense_layers) * c.dense_mlp * t;
+    // Latent attention's up projections (every layer), the MoE MLP and the
+    // shared experts (MoE layers) as counted above; the norms and the
+    // activation (layernorm, moe_act) are not matrix products. A module
+    // inside a recomputed MoE MLP runs once more (workload.cpp).
+    if (plan.recomputes(RecomputeModule::mla_up_proj)) recomputed += layers * c.mla_up_proj * t;
+    if (plan.checkpoints(RecomputeModule::moe)) recomputed += static_cast<double>(c.moe_layers) * c.moe_mlp * t;
+    if (plan.checkpoints(RecomputeModule::shared_experts))
+      recomputed += static_cast<double>(c.moe_layers) * c.shared_mlp * t;
     return model_flops_per_iteration(m, plan) + recomputed;
   }
   const double layers = static_cast<double>(m.num_layers);
@@ -154,7 +167,7 @@ double hardware_flops_per_iteration(const ModelSpec& m, const ParallelPlan& plan
       if (plan.recomputes(RecomputeModule::core_attn))
         recomputed = layers * attention_core_forward_flops(m, plan.global_batch, plan.seq_length);
       // A dense MLP's forward: 2 h f per token and GEMM, three GEMMs gated.
-      if (plan.recomputes(RecomputeModule::mlp))
+      if (plan.checkpoints(RecomputeModule::mlp))
         recomputed += layers * 2.0 * static_cast<double>(m.hidden_size) * static_cast<double>(m.ffn_hidden_size) *
                       (m.gated_mlp() ? 3 : 2) * tokens(plan.global_batch, plan.seq_length);
       break;

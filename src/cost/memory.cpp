@@ -77,11 +77,20 @@ double output_layer_activation_bytes(const ModelSpec& m, const ParallelPlan& pla
 }
 
 // What an MoE layer's MLP keeps for its backward on one GPU, beyond its
-// input (counted with the layer's): the router's fp32 scores, the expert
-// GEMMs' input (the busiest rank's token copies after the ETP all-gather),
-// FC1's and the activation's outputs, the experts' output that the
-// probabilities' gradient reads, and the shared experts' intermediates.
+// input (counted with the layer's), as Megatron-Core d98e8a64 saves it: the
+// router's fp32 scores, the expert GEMMs' input (the busiest rank's token
+// copies after the ETP all-gather), FC1's output (the activation's input)
+// and the activation's output (FC2's input), and the shared experts'
+// intermediates. The probabilities multiply the activation's output
+// (moe/experts.py TEGroupedMLP.forward, bias_act_func with permuted_probs),
+// so their gradient reads FC1's output, and the dispatchers' unpermute runs
+// without probabilities (token_dispatcher.py): the experts' output is not
+// kept. Recomputed modules drop what they rebuild: moe the whole MLP (its
+// checkpoint keeps the input only: moe_layer.py:701-716), moe_act the
+// activation's output (experts.py:1019-1030, CheckpointWithoutOutput),
+// shared_experts the shared experts' intermediates (moe_layer.py:517-529).
 double moe_mlp_activation_bytes(const ModelSpec& m, const ParallelPlan& plan) {
+  if (plan.checkpoints(RecomputeModule::moe)) return 0;
   const double tokens = static_cast<double>(plan.seq_per_rank()) * plan.micro_batch /
                         (plan.sequence_parallel ? plan.tp : 1);
   const double h = static_cast<double>(m.hidden_size);
@@ -89,10 +98,48 @@ double moe_mlp_activation_bytes(const ModelSpec& m, const ParallelPlan& plan) {
   const double fe = static_cast<double>(m.moe.expert_ffn_hidden_size / plan.expert_tp());
   const double fs = static_cast<double>(m.moe.shared_expert_ffn_hidden_size);
   const double per_width = m.gated_mlp() ? 6 : 4;  // FC1 output (2f gated) + activation output, bf16
-  const double copies = tokens * static_cast<double>(m.moe.experts_per_token);
+  const double act_output = kBf16Bytes;            // of per_width: the activation's output
   const double full_tokens = static_cast<double>(plan.seq_per_rank()) * plan.micro_batch;
-  return tokens * static_cast<double>(m.moe.num_experts) * 4 + rows * h * 2 + rows * fe * per_width +
-         copies * h * 2 + per_width * full_tokens * fs / plan.tp;
+  const double routed_width = plan.recomputes(RecomputeModule::moe_act) ? per_width - act_output : per_width;
+  const double shared = plan.checkpoints(RecomputeModule::shared_experts) ? 0.0 : per_width * full_tokens * fs / plan.tp;
+  return tokens * static_cast<double>(m.moe.num_experts) * 4 + rows * h * 2 + rows * fe * routed_width + shared;
+}
+
+// Latent attention's saved activations on one GPU, as Megatron-Core's
+// MLASelfAttention with Transformer Engine keeps them (d98e8a64,
+// multi_latent_attention.py; DeepSeek-V3's layer spec with q and kv norms:
+// gpt_layer_specs.py, linear_q_up_proj / linear_kv_up_proj are
+// TELayerNormColumnParallelLinear). Replicated across TP unless SP (the
+// down projections run on every TP rank's tokens): each latent's norm input
+// (bf16) and output (the up projection's saved input, quantized under
+// FP8), q_lora and kv_lora wide. Split by TP: the attention core's query
+// and key (heads x (qk + rope)), value (heads x v) and the output
+// projection's input (heads x v); the core takes Q, K, V unpadded in the
+// bshd layout (the value is padded to the query's width only for packed
+// THD sequences, _prepare_mla_core_attention_value). --recompute-modules
+// mla_up_proj checkpoints the up projections and the rotary embedding
+// (CheckpointWithoutOutput, multi_latent_attention.py:983-988) and discards
+// Q, K, V after the core (:904-907): the norm outputs and Q, K, V go; the
+// checkpoint keeps the latents, already counted.
+struct MlaActivations {
+  double replicated = 0;  // per micro-batch, before any division by TP
+  double split = 0;       // per micro-batch, to divide by TP
+};
+
+MlaActivations mla_activations(const ModelSpec& m, const ParallelPlan& plan) {
+  MlaActivations out;
+  if (!m.mla.enabled()) return out;
+  const double sb = static_cast<double>(plan.seq_per_rank()) * plan.micro_batch;
+  const double n = static_cast<double>(m.num_attention_heads);
+  const double qk = static_cast<double>(m.mla.qk_head_dim + m.mla.qk_rope_head_dim);
+  const double v = static_cast<double>(m.mla.v_head_dim);
+  const double latents = static_cast<double>(m.mla.q_lora_rank + m.mla.kv_lora_rank);
+  const bool up_recomputed = plan.recomputes(RecomputeModule::mla_up_proj);
+  const double norm_output = up_recomputed ? 0.0 : quantized_element_bytes(plan.precision);
+  out.replicated = (kBf16Bytes + norm_output) * sb * latents;
+  const double qkv = up_recomputed ? 0.0 : n * (qk + qk + v);
+  out.split = kBf16Bytes * sb * (qkv + n * v);
+  return out;
 }
 
 }  // namespace
@@ -388,18 +435,19 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
   const double q = static_cast<double>(m.query_projection_size());
   const double kv = static_cast<double>(m.kv_projection_size());
   const double f = static_cast<double>(m.ffn_hidden_size);
-  const double attention = 2 * s * b * (q + 2 * kv + q);
+  const MlaActivations mla = mla_activations(m, plan);
+  const double attention = m.mla.enabled() ? mla.split : 2 * s * b * (q + 2 * kv + q);
   // A recomputed dense MLP (--recompute-modules mlp) keeps only its input,
   // counted above in bf16 (the checkpoint's); FC1's and FC2's saved inputs
   // and the activation's are dropped.
-  const bool mlp_recomputed = !moe_layer && plan.recomputes(RecomputeModule::mlp);
+  const bool mlp_recomputed = !moe_layer && plan.checkpoints(RecomputeModule::mlp);
   const double mlp = moe_layer || mlp_recomputed ? 0.0 : (m.gated_mlp() ? 6 : 4) * s * b * f;
   const double split = attention + mlp;
   // Attention scores: softmax output (2), dropout mask (1), dropout output (2)
   // bytes per score, a*s*s*b scores (the softmax output alone at an attention
   // dropout of 0); never stored with flash attention, and recomputed (not
   // stored) with selective recompute.
-  const bool scores_stored = !plan.flash_attention && !plan.recomputes(RecomputeModule::core_attn);
+  const bool scores_stored = !plan.flash_attention && !plan.checkpoints(RecomputeModule::core_attn);
   const double a = static_cast<double>(m.num_attention_heads);
   const double score_bytes = m.attention_dropout > 0 ? 5 : 2;
   const double scores = scores_stored ? score_bytes * a * s * s * b : 0;
@@ -411,10 +459,22 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
   // and FC2's (the activation's output). An MoE layer's expert inputs are
   // counted at bf16.
   const double saved = kBf16Bytes - quantized_element_bytes(plan.precision);
-  const double replicated_saving = saved * sbh * (moe_layer || mlp_recomputed ? 1 : 2);
-  const double split_saving = saved * s * b * (q + (moe_layer || mlp_recomputed ? 0.0 : f));
-  if (plan.sequence_parallel) return (replicated - replicated_saving + split - split_saving) / t + scores / t + moe;
-  return replicated - replicated_saving + (split - split_saving) / t + scores / t + moe;
+  double replicated_saving = saved * sbh * (moe_layer || mlp_recomputed ? 1 : 2);
+  const double projection_input = m.mla.enabled() ? a * static_cast<double>(m.mla.v_head_dim) : q;
+  const double split_saving = saved * s * b * (projection_input + (moe_layer || mlp_recomputed ? 0.0 : f));
+  // --recompute-modules layernorm drops the output of each norm that is a
+  // module of its own (transformer_layer.py:470-531 at d98e8a64, output
+  // discarded: CheckpointWithoutOutput): the input norm before latent
+  // attention's down projections (a Transformer Engine norm in its layer
+  // spec; fused into linear_qkv otherwise, an IdentityOp) and the pre-MLP
+  // norm of an MoE layer (fused into linear_fc1 on a dense layer).
+  if (plan.recomputes(RecomputeModule::layernorm)) {
+    if (m.mla.enabled()) replicated_saving += (kBf16Bytes - saved) * sbh;
+    if (moe_layer) replicated_saving += kBf16Bytes * sbh;
+  }
+  if (plan.sequence_parallel)
+    return (replicated + mla.replicated - replicated_saving + split - split_saving) / t + scores / t + moe;
+  return replicated + mla.replicated - replicated_saving + (split - split_saving) / t + scores / t + moe;
 }
 
 double in_flight_micro_batches(const ParallelPlan& plan, int stage) {

@@ -1,6 +1,7 @@
 // Megatron-LM. Flag names and types: NVIDIA/Megatron-LM megatron/training/arguments.py@d98e8a64
 // (_add_distributed_args, _add_training_args, _add_network_size_args,
 // _add_mixed_precision_args); tests/data/trainer_options/megatron-d98e8a64.json holds them.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,6 +100,12 @@ Args batch_args(const ParallelPlan& p) {
             fmt::format("--global-batch-size {}", p.global_batch)};
   if (p.recompute != Recompute::none) a.push_back("# activation recomputation");
   if (p.recompute == Recompute::selective) a.push_back("--recompute-granularity selective");
+  // TransformerConfig.recompute_modules (a list: nargs "+", argument_utils.py at d98e8a64); none: core_attn.
+  if (p.recompute == Recompute::selective && p.recompute_modules != 0) {
+    std::string modules = recompute_modules_string(p.recompute_modules);
+    std::replace(modules.begin(), modules.end(), ',', ' ');
+    a.push_back("--recompute-modules " + modules);
+  }
   if (p.recompute == Recompute::full)
     a.insert(a.end(), {"--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"});
   // arguments.py sets cpu_offloading itself when the count is above 0 (d98e8a64).

@@ -121,6 +121,12 @@ Fields parallel_fields(const ParallelPlan& p, const ModelSpec& m) {
       break;
     case Recompute::selective:
       f.emplace_back("recompute_granularity", "\"selective\"");
+      if (p.recompute_modules != 0) {
+        std::string modules = recompute_modules_string(p.recompute_modules);
+        for (std::size_t i = modules.find(','); i != std::string::npos; i = modules.find(',', i + 4))
+          modules.replace(i, 1, "\", \"");
+        f.emplace_back("recompute_modules", "[\"" + modules + "\"]");
+      }
       break;
     case Recompute::full:
       f.emplace_back("recompute_granularity", "\"full\"");

@@ -288,7 +288,11 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                      "grad-accum fusion {}, rank order {}\n",
                      to_string(p.schedule),
                      p.virtual_stages > 1 ? fmt::format(" (v = {})", p.virtual_stages) : std::string(), p.zero_stage,
-                     to_string(p.recompute), p.sequence_parallel ? "on" : "off", p.flash_attention ? "on" : "off",
+                     std::string(to_string(p.recompute)) +
+                         (p.recompute == Recompute::selective && p.recompute_modules != 0
+                              ? " (" + recompute_modules_string(p.recompute_modules) + ")"
+                              : std::string()),
+                     p.sequence_parallel ? "on" : "off", p.flash_attention ? "on" : "off",
                      p.grad_accum_fusion ? "on" : "off", p.order.str());
   // Only when not bf16: bf16 plans print as they did.
   if (p.precision != Precision::bf16)

@@ -347,6 +347,26 @@ struct ParallelPlan {
     if (recompute_modules == 0) return m == RecomputeModule::core_attn;
     return (recompute_modules & static_cast<std::uint8_t>(m)) != 0;
   }
+  // Whether module `m` is recomputed where it runs. Megatron-Core skips its
+  // plain checkpoints (core_attn, mlp, moe, shared_experts:
+  // tensor_parallel.checkpoint) while it captures per-layer CUDA graphs
+  // (random.py:680-687 at d98e8a64, local and transformer_engine alike): in
+  // a captured part they keep their activations and re-run nothing. The
+  // output-discarding ones (layernorm, moe_act, mla_up_proj) still run; the
+  // full-iteration graph sets no capture flag. An MoE layer's MLP is
+  // captured only by a whole-layer graph.
+  bool checkpoints(RecomputeModule m) const {
+    if (!recomputes(m)) return false;
+    const CudaGraphs& g = trainer.cuda_graphs;
+    if (!g.on() || g.impl == CudaGraphImpl::full_iteration) return true;
+    switch (m) {
+      case RecomputeModule::core_attn: return !g.captures(CudaGraphModule::attn);
+      case RecomputeModule::mlp: return !g.captures(CudaGraphModule::mlp);
+      case RecomputeModule::moe:
+      case RecomputeModule::shared_experts: return g.modules != 0;
+      default: return true;
+    }
+  }
   int expert_tp() const { return etp > 0 ? etp : tp; }
   // The ranks that hold the same experts and average their gradients:
   // TP x CP x DP / (ETP x EP).

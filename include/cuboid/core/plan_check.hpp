@@ -43,7 +43,7 @@ enum class EpOverlapRefusal : std::uint8_t {
   needs_ep,           // EP 1 (Megatron-Core asserts EP > 1)
   dispatcher,         // allgather (Megatron-Core: alltoall or flex only)
   full_recompute,     // full recomputation (Megatron-Core refuses it)
-  moe_recompute,      // the moe recompute module (Megatron-Core refuses it)
+  moe_recompute,      // --recompute-modules moe (Megatron-Core refuses it)
   mtp_layers,         // more than one MTP layer (Megatron-Core refuses it)
   needs_interleaved,  // PP > 1 without virtual stages (Megatron-Core refuses it)
 };
@@ -130,7 +130,7 @@ enum class PlanCheck : std::uint8_t {
   kernel_needs_flash,            // the kernel: a fused kernel with flash attention off
   trainer_no_recompute_modules,  // the preset
   recompute_modules_need_selective,  // -
-  recompute_module_refused,      // the module (RecomputeModule), why (0: Megatron-Core refuses it, 1: not modelled)
+  recompute_module_refused,      // the module (RecomputeModule) Megatron-Core refuses
   trainer_no_dispatcher,         // the preset
   trainer_no_cuda_graphs,        // the preset
   trainer_no_tp_comm_overlap,    // the preset
