@@ -1306,3 +1306,32 @@ TEST_CASE("torchtitan main refuses every plan: its language models attend per do
                    "sequence), --to megatron or --to megatron-bridge)") != std::string::npos);
   }
 }
+
+TEST_CASE("partial full recomputation: Megatron-LM, Megatron-Bridge and NeMo 1.x write the method and layer count, checked against their pinned options; DeepSpeed and torchtitan refuse") {
+  PlanFile pf = plan_file("seed");  // full recompute, PP 4: 20 layers a stage
+  pf.plan.recompute_method = RecomputeMethod::block;
+  pf.plan.recompute_num_layers = 5;
+  check_options(pf, "megatron");
+  check_options(pf, "megatron-bridge");
+  check_options(pf, "nemo");
+  const Emitted m = cuboid::test::read_megatron(export_plan(pf, "megatron").text);
+  CHECK(value(m, "--recompute-granularity") == "full");
+  CHECK(value(m, "--recompute-method") == "block");
+  CHECK(value(m, "--recompute-num-layers") == "5");
+  const Emitted b = cuboid::test::read_python(export_plan(pf, "megatron-bridge").text, "cfg", "model.");
+  CHECK(value(b, "model.recompute_method") == "block");
+  CHECK(value(b, "model.recompute_num_layers") == "5");
+  const Emitted n = cuboid::test::read_yaml(export_plan(pf, "nemo").text);
+  CHECK(value(n, "model.activations_checkpoint_method") == "block");
+  CHECK(value(n, "model.activations_checkpoint_num_layers") == "5");
+  check_refused(pf, {"torchtitan"}, "parallel.recompute_method");
+  PlanFile ds = plan_file("llama8b-pp4");  // a pipeline DeepSpeed runs with full recomputation
+  ds.plan.recompute_method = RecomputeMethod::block;
+  ds.plan.recompute_num_layers = 2;
+  check_refused(ds, {"deepspeed"}, "parallel.recompute_method");
+  pf.plan.recompute_method = ds.plan.recompute_method = RecomputeMethod::uniform;
+  check_options(pf, "megatron");
+  CHECK(value(cuboid::test::read_megatron(export_plan(pf, "megatron").text), "--recompute-method") == "uniform");
+  check_refused(pf, {"torchtitan"}, "parallel.recompute_num_layers");
+  check_refused(ds, {"deepspeed"}, "parallel.recompute_num_layers");
+}

@@ -313,3 +313,20 @@ TEST_CASE("the EP overlap with PP > 1: exported with the virtual stages it needs
                     "overlap_moe_expert_parallel_comm with PP > 1 asserts virtual_pipeline_model_parallel_size is "
                     "set") != std::string::npos);
 }
+
+TEST_CASE("partial full recomputation runs as priced on Megatron-LM, Megatron-Bridge and NeMo 1.x") {
+  PlanFile pf = fixture_file("seed");
+  pf.plan.recompute_method = RecomputeMethod::block;
+  pf.plan.recompute_num_layers = 5;
+  for (const char* target : {"megatron", "megatron-bridge", "nemo"}) {
+    CAPTURE(target);
+    CHECK(mismatches(pf, target) == "");
+    CHECK(setting(resolve_export(target, export_plan(pf, target)), "recompute").value == "full:block:5");
+  }
+  // Another layer count, or uniform 1 (the seed as it was), is a mismatch.
+  CHECK(after_edit(pf, "megatron", "--recompute-num-layers 5", "--recompute-num-layers 4")
+            .find("recompute: priced full:block:5, runs full:block:4") == 0);
+  CHECK(after_edit(pf, "megatron", "--recompute-method block", "--recompute-method uniform")
+            .find("recompute: priced full:block:5, runs full:uniform:5") == 0);
+  CHECK(mismatches(fixture_file("seed"), "megatron") == "");
+}

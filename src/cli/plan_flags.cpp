@@ -86,6 +86,13 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                   "with selective recomputation, the modules it re-runs, comma-separated: core_attn, mlp, layernorm, "
                   "moe_act, moe, shared_experts, mla_up_proj (Megatron-Core's --recompute-modules; default core_attn; "
                   "implies --recompute selective)");
+  cmd->add_option("--recompute-method", f.recompute_method,
+                  "with full recomputation, which layers of each model chunk: uniform (all, in checkpoint groups of "
+                  "--recompute-num-layers) or block (the first --recompute-num-layers, the rest stored); "
+                  "Megatron-Core's --recompute-method; default uniform; implies --recompute full");
+  cmd->add_option("--recompute-num-layers", f.recompute_num_layers,
+                  "with full recomputation, the layers per checkpoint group (uniform) or recomputed per model chunk "
+                  "(block); Megatron-Core's --recompute-num-layers; default 1; implies --recompute full");
   cmd->add_option("--sequence-parallel", f.sequence_parallel, "sequence parallelism with TP: on|off");
   cmd->add_option("--schedule", f.schedule, "pipeline schedule: gpipe|1f1b|interleaved");
   cmd->add_option("--flash-attention", f.flash_attention, "fused attention core: on|off (default: on where the device has it, see the GPU profile's flash_attention)");
@@ -302,6 +309,20 @@ PlannerOptions planner_options(const PlanFlags& f) {
     o.recompute = Recompute::selective;
     o.recompute_modules = parse_recompute_modules(*f.recompute_modules, cl, "--recompute-modules");
   }
+  if (f.recompute_method || f.recompute_num_layers) {
+    const char* flag = f.recompute_method ? "--recompute-method" : "--recompute-num-layers";
+    if (o.recompute && *o.recompute != Recompute::full)
+      throw InputError(cl, flag, "a recompute method and layer count are those of a full recomputation",
+                       "drop --recompute, or give --recompute full");
+    o.recompute = Recompute::full;
+    if (f.recompute_method) o.recompute_method = parse_recompute_method(*f.recompute_method, cl, "--recompute-method");
+    if (f.recompute_num_layers) {
+      if (*f.recompute_num_layers < 1)
+        throw InputError(cl, "--recompute-num-layers", "must be 1 or more, got " + std::to_string(*f.recompute_num_layers),
+                         "give the layers per checkpoint group (uniform) or recomputed per model chunk (block)");
+      o.recompute_num_layers = *f.recompute_num_layers;
+    }
+  }
   if (f.offload_activations) {
     if (*f.offload_activations < 0)
       throw InputError(cl, "--offload-activations", "must be 0 or more, got " + std::to_string(*f.offload_activations),
@@ -358,7 +379,7 @@ Loaded load(const PlanFlags& f) {
   if (f.plan_path) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
-    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.offload_activations || f.sequence_parallel ||
+    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
                       f.global_batch ||
@@ -531,6 +552,9 @@ constexpr KeyFlag kKeyFlags[] = {
        return o.recompute_modules ? std::optional<std::string>(recompute_modules_string(*o.recompute_modules))
                                   : std::nullopt;
      }},
+    {"parallel.recompute_method", "--recompute-method", [](const PlannerOptions& o) { return shown(o.recompute_method); }},
+    {"parallel.recompute_num_layers", "--recompute-num-layers",
+     [](const PlannerOptions& o) { return shown(o.recompute_num_layers); }},
     {"parallel.offload_activations", "--offload-activations", [](const PlannerOptions& o) { return shown(o.offload_layers); }},
     {"parallel.sequence_parallel", "--sequence-parallel",
      [](const PlannerOptions& o) { return shown(o.sequence_parallel); }},

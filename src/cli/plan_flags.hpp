@@ -37,6 +37,8 @@ struct PlanFlags {
   std::optional<int> moe_flex_sms;               // --moe-flex-sms N
   std::optional<std::string> recompute, sequence_parallel, schedule, flash_attention, attention_kernel, rank_order;
   std::optional<std::string> recompute_modules;  // --recompute-modules core_attn,mlp,...
+  std::optional<std::string> recompute_method;   // --recompute-method uniform|block
+  std::optional<int> recompute_num_layers;       // --recompute-num-layers N
   std::optional<int> offload_activations;        // --offload-activations N (decoder layers)
   std::optional<std::string> grad_accum_fusion;  // on|off
   std::optional<std::string> precision;          // --precision bf16|fp8-delayed|...

@@ -82,6 +82,10 @@ std::string plain_fix(const PlanRejection& r) {
     case K::trainer_no_recompute_modules: return "drop --recompute-modules, or use --trainer megatron-core";
     case K::recompute_modules_need_selective: return "use --recompute selective, or drop --recompute-modules";
     case K::recompute_module_refused: return "drop that module from --recompute-modules";
+    case K::trainer_no_recompute_layers:
+      return "drop --recompute-method and --recompute-num-layers, or use --trainer megatron-core";
+    case K::recompute_layers_need_full:
+      return "use --recompute full, or drop --recompute-method and --recompute-num-layers";
     case K::trainer_no_offload: return "drop --offload-activations, or use --trainer megatron-core";
     case K::offload_layers_range:
       return "give --offload-activations 1 to " + std::to_string(r.values[1] - 1) + ", or drop it";
@@ -166,6 +170,8 @@ std::string_view flag_of(PlanField field) {
     case PlanField::overlap_param_gather: return "--overlap-param-gather";
     case PlanField::moe_ep_overlap: return "--moe-ep-overlap";
     case PlanField::offload_layers: return "--offload-activations";
+    case PlanField::recompute_method: return "--recompute-method";
+    case PlanField::recompute_num_layers: return "--recompute-num-layers";
   }
   return "--tp/--pp/--dp";
 }

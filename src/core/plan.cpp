@@ -142,6 +142,37 @@ Recompute parse_recompute(std::string_view s, const std::string& source, const s
                    "use none, selective or full");
 }
 
+std::string_view to_string(RecomputeMethod m) {
+  switch (m) {
+    case RecomputeMethod::uniform: return "uniform";
+    case RecomputeMethod::block: return "block";
+  }
+  return "?";
+}
+
+RecomputeMethod parse_recompute_method(std::string_view s, const std::string& source, const std::string& field) {
+  if (s == "uniform") return RecomputeMethod::uniform;
+  if (s == "block") return RecomputeMethod::block;
+  throw InputError(source, field, "unknown recompute method " + quote_value(s), "use uniform or block");
+}
+
+bool recomputes_layer(const ParallelPlan& plan, int index) {
+  if (plan.recompute != Recompute::full) return false;
+  return plan.recompute_method == RecomputeMethod::uniform || index < plan.recompute_num_layers;
+}
+
+std::vector<std::array<int, 2>> recompute_groups(const ParallelPlan& plan, int layers) {
+  std::vector<std::array<int, 2>> groups;
+  if (plan.recompute != Recompute::full) return groups;
+  const int n = std::max(1, plan.recompute_num_layers);
+  if (plan.recompute_method == RecomputeMethod::block) {
+    for (int i = 0; i < std::min(n, layers); ++i) groups.push_back({i, i + 1});
+  } else {
+    for (int i = 0; i < layers; i += n) groups.push_back({i, std::min(i + n, layers)});
+  }
+  return groups;
+}
+
 namespace {
 constexpr RecomputeModule kRecomputeModules[] = {
     RecomputeModule::core_attn, RecomputeModule::mlp, RecomputeModule::layernorm, RecomputeModule::moe_act,
@@ -591,6 +622,11 @@ nlohmann::json plan_layout_json(const ParallelPlan& p) {
   if (p.precision != Precision::bf16) j["precision"] = std::string(to_string(p.precision));
   if (p.fp8_param_gather) j["fp8_param_gather"] = true;
   if (p.recompute_modules != 0) j["recompute_modules"] = recompute_modules_string(p.recompute_modules);
+  // Only when not uniform 1: the files of other plans stay as they were.
+  if (p.recompute_layers_set()) {
+    j["recompute_method"] = std::string(to_string(p.recompute_method));
+    j["recompute_num_layers"] = p.recompute_num_layers;
+  }
   if (p.offload_layers > 0) j["offload_activations"] = p.offload_layers;
   return j;
 }

@@ -28,6 +28,9 @@ Found check_sizes(const ParallelPlan& p, const ModelSpec& m) {
                                                       {p.virtual_stages, F::virtual_stages}};
   for (const auto& [v, field] : sizes)
     if (v <= 0) return reject(K::not_positive, field, v);
+  // Megatron-Core's uniform method steps by N (recompute.py: a loop that
+  // never ends at 0), its block method recomputes nothing at 0.
+  if (p.recompute_num_layers <= 0) return reject(K::not_positive, F::recompute_num_layers, p.recompute_num_layers);
   if (p.zero_stage < 0 || p.zero_stage > 3) return reject(K::zero_stage_range, F::zero_stage, p.zero_stage);
   if (p.seq_length > m.max_position_embeddings)
     return reject(K::seq_over_max, F::seq_length, p.seq_length, m.max_position_embeddings);
@@ -71,6 +74,9 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     return reject(K::trainer_no_kernel, F::attention_kernel, preset, static_cast<std::int64_t>(p.attention_kernel));
   if (p.recompute_modules != 0 && !t.recompute_modules)
     return reject(K::trainer_no_recompute_modules, F::recompute_modules, preset);
+  if (p.recompute_layers_set() && !t.recompute_layers)
+    return reject(K::trainer_no_recompute_layers,
+                  p.recompute_method != RecomputeMethod::uniform ? F::recompute_method : F::recompute_num_layers, preset);
   if (p.trainer.cuda_graphs.on() && !t.cuda_graphs) return reject(K::trainer_no_cuda_graphs, F::cuda_graphs, preset);
   if (p.trainer.tp_comm_overlap && !t.tp_comm_overlap)
     return reject(K::trainer_no_tp_comm_overlap, F::tp_comm_overlap, preset);
@@ -122,6 +128,12 @@ Found check_offload(const ParallelPlan& p, const ModelSpec& m, const Cluster& c)
 // Engine's linear layers; moe and shared_experts without them; mlp on MoE
 // layers) recomputes nothing, as in Megatron-Core.
 Found check_recompute_modules(const ParallelPlan& p, const ModelSpec& m) {
+  // transformer_config.py:1908-1932 and arguments.py:1425-1428 at d98e8a64:
+  // a method and a layer count with full granularity only (cuboid's none has
+  // no granularity: nothing for them to say).
+  if (p.recompute_layers_set() && p.recompute != Recompute::full)
+    return reject(K::recompute_layers_need_full,
+                  p.recompute_method != RecomputeMethod::uniform ? F::recompute_method : F::recompute_num_layers);
   if (p.recompute_modules == 0) return std::nullopt;
   if (p.recompute != Recompute::selective) return reject(K::recompute_modules_need_selective, F::recompute_modules);
   using M = RecomputeModule;
@@ -404,6 +416,12 @@ std::string describe_trainer(const PlanRejection& r) {
     case K::trainer_no_recompute_modules:
       return trainer_words(v[0], "recomputes the attention core only (no --recompute-modules)");
     case K::recompute_modules_need_selective: return "recompute modules are those of a selective recomputation";
+    case K::trainer_no_recompute_layers:
+      return trainer_words(v[0], "recomputes every layer or none (no --recompute-method / --recompute-num-layers)");
+    case K::recompute_layers_need_full:
+      return "a recompute method and layer count are those of a full recomputation (Megatron-Core refuses them with "
+             "selective granularity, arguments.py:1425-1428 and transformer_config.py:1926-1932 at d98e8a64, and "
+             "ignores them without recomputation)";
     case K::trainer_no_offload: return trainer_words(v[0], "keeps every activation on the GPU (no CPU offloading)");
     case K::offload_layers_range:
       return "Megatron-Core offloads fewer layers than the model's " + n(v[1]) + ", at least 1; " + n(v[0]) + " given";

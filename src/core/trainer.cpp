@@ -93,7 +93,7 @@ void read_moe_dispatchers(JsonReader& r, TrainerPreset& t) {
   }
 }
 
-constexpr std::array<Field, 22> kCanRun{{
+constexpr std::array<Field, 23> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
@@ -109,6 +109,7 @@ constexpr std::array<Field, 22> kCanRun{{
     {"expert_parallel", [](JsonReader& r, TrainerPreset& t) { t.expert_parallel = r.boolean("value"); }},
     {"fp8", [](JsonReader& r, TrainerPreset& t) { t.fp8 = r.boolean("value"); }},
     {"recompute_modules", [](JsonReader& r, TrainerPreset& t) { t.recompute_modules = r.boolean("value"); }},
+    {"recompute_layers", [](JsonReader& r, TrainerPreset& t) { t.recompute_layers = r.boolean("value"); }},
     {"cuda_graphs", [](JsonReader& r, TrainerPreset& t) { t.cuda_graphs = r.boolean("value"); }},
     {"tp_comm_overlap", [](JsonReader& r, TrainerPreset& t) { t.tp_comm_overlap = r.boolean("value"); }},
     {"overlap_param_gather", [](JsonReader& r, TrainerPreset& t) { t.overlap_param_gather = r.boolean("value"); }},

@@ -307,6 +307,11 @@ struct LayerCost {
   // The multi-token prediction modules' (one module's ops, on the last stage).
   LayerOps mtp;
   PassTimes mtp_compute;
+  // A full recomputation by block: the recompute alone of `layer` and
+  // `dense` (their `recompute` list, the rest empty), which a stored layer
+  // does not run (estimate_with subtracts it per stored layer).
+  LayerOps layer_rc, dense_rc;
+  PassTimes layer_rc_compute, dense_rc_compute;
   double pipeline_message = 0;
   // What the allgather / flex dispatchers' traffic depends on (dispatch_ns).
   MoeSpec moe;
@@ -334,12 +339,20 @@ LayerCost make_layer_cost(const ModelSpec& m, const GpuProfile& gpu, const Paral
     c.mtp = mtp_ops(m, plan);
     c.mtp_compute = compute_times(gpu, c.mtp);
   }
+  if (plan.recompute == Recompute::full) {
+    c.layer_rc.recompute = c.layer.recompute;
+    c.layer_rc_compute = compute_times(gpu, c.layer_rc);
+    if (c.mixed) {
+      c.dense_rc.recompute = c.dense.recompute;
+      c.dense_rc_compute = compute_times(gpu, c.dense_rc);
+    }
+  }
   c.embed_compute = compute_times(gpu, c.embed);
   c.head_compute = compute_times(gpu, c.head);
   // A calibrated backend may move activations in another dtype than the
   // workload's bf16 (the CPU executor's f32): price the bytes it moves.
   const Calibration* cal = gpu.calibration.get();
-  for (LayerOps* ops : {&c.layer, &c.embed, &c.head, &c.dense, &c.mtp}) {
+  for (LayerOps* ops : {&c.layer, &c.embed, &c.head, &c.dense, &c.mtp, &c.layer_rc, &c.dense_rc}) {
     for (std::vector<Op>* list : {&ops->forward, &ops->backward, &ops->recompute}) {
       for (Op& op : *list) op.comm_bytes = comm_size_bytes(op, cal);
     }
@@ -511,11 +524,13 @@ struct TpTimes {
   PassTimes layer, embed, head;
   PassTimes dense;  // LayerCost::mixed: a dense layer's
   PassTimes mtp;    // one multi-token prediction module's
+  PassTimes layer_rc, dense_rc;  // LayerCost::layer_rc, dense_rc
 };
 struct CommTimes {
   std::vector<TpTimes> tp;  // per entry of Placement::tp_links
   std::vector<PassTimes> cp;  // a layer's CP exchanges, per entry of Placement::cp_links
   std::vector<PassTimes> ep;  // a layer's EP all-to-alls, per entry of Placement::ep_links
+  std::vector<PassTimes> cp_rc, ep_rc;  // the same of LayerCost::layer_rc
   double hop_ns = 0;        // one pipeline message (and its TP gather), 0 without PP
   // How much slower a layer's forward and backward compute run while a DP
   // collective holds Placement::dp_sms SMs (1: not slowed).
@@ -560,10 +575,17 @@ CommTimes make_comm_times(const GpuProfile& gpu, const ParallelPlan& plan, const
     add_tp_times(ct.tp[i].mtp, gpu, lc.mtp, 1.0, tp, pl.tp_links[i], ub);
     add_tp_times(ct.tp[i].embed, gpu, lc.embed, 1.0, tp, pl.tp_links[i], ub);
     add_tp_times(ct.tp[i].head, gpu, lc.head, 1.0, tp, pl.tp_links[i], ub);
+    add_tp_times(ct.tp[i].layer_rc, gpu, lc.layer_rc, 1.0, tp, pl.tp_links[i], ub);
+    if (lc.mixed) add_tp_times(ct.tp[i].dense_rc, gpu, lc.dense_rc, 1.0, tp, pl.tp_links[i], ub);
   }
-  for (const GroupLinks& links : pl.cp_links) add_cp_times(ct.cp.emplace_back(), gpu, lc.layer, plan.cp, links);
-  for (std::size_t i = 0; i < pl.ep_links.size(); ++i)
+  for (const GroupLinks& links : pl.cp_links) {
+    add_cp_times(ct.cp.emplace_back(), gpu, lc.layer, plan.cp, links);
+    add_cp_times(ct.cp_rc.emplace_back(), gpu, lc.layer_rc, plan.cp, links);
+  }
+  for (std::size_t i = 0; i < pl.ep_links.size(); ++i) {
     add_ep_times(ct.ep.emplace_back(), lc.layer, plan.ep, pl.ep_links[i], lc.dispatch_model(), pl.ep_dispatch[i]);
+    add_ep_times(ct.ep_rc.emplace_back(), lc.layer_rc, plan.ep, pl.ep_links[i], lc.dispatch_model(), pl.ep_dispatch[i]);
+  }
   if (std::max(1, plan.pp) > 1) {
     const double msg = lc.pipeline_message;
     double hop_ns = 0;
@@ -804,9 +826,15 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
                               forward ? std::vector<double>{} : std::vector<double>{params}, -1, 0.0});
   };
   // One layer's steps, priced once (tensor ids of layer 0: the weight index).
-  std::vector<Zero3Step> layer_fwd, layer_bwd;
+  std::vector<Zero3Step> layer_fwd, layer_bwd, layer_bwd_stored;
   layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, 0, true, pace, layer_fwd);
   layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, 0, false, pace, layer_bwd);
+  // A partial full recomputation's stored layers: the backward alone.
+  if (plan.recompute == Recompute::full) {
+    LayerOps stored = lc.layer;
+    stored.recompute.clear();
+    layer_steps(m, gpu, plan, stored, tp_links, per_layer, 0, false, pace, layer_bwd_stored);
+  }
   for (int chunk = 0; chunk < v; ++chunk) {
     const int vs = chunk * pp + stage;
     const bool first = vs == 0, last = vs == pp * v - 1;
@@ -819,10 +847,11 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
       if (forward && first) whole(lc.embed, lc.embed_compute, e, true);
       if (!forward && last) whole(lc.head, lc.head_compute, h, false);
       // Every layer has the same steps; only the tensor ids differ.
-      const std::vector<Zero3Step>& one = forward ? layer_fwd : layer_bwd;
       const int chunk_layers = layers_in_chunk(plan, m.num_layers, stage, chunk);
       for (int l = 0; l < chunk_layers; ++l) {
         const std::int64_t id = forward ? l + 1 : chunk_layers - l;
+        const bool stored = !forward && plan.recompute == Recompute::full && !recomputes_layer(plan, chunk_layers - 1 - l);
+        const std::vector<Zero3Step>& one = forward ? layer_fwd : stored ? layer_bwd_stored : layer_bwd;
         for (Zero3Step st : one) {
           if (st.tensor >= 0) st.tensor += id * 8;
           steps.push_back(std::move(st));
@@ -1134,6 +1163,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   // With dense and MoE layers the stages' mixes differ, and a layout's
   // middle stages may hold different layer counts: every stage.
   const bool every_stage = lc.mixed || !plan.pipeline_layout.empty();
+  const bool partial = plan.recompute == Recompute::full && plan.recompute_method == RecomputeMethod::block;
   std::vector<int> all_stages;
   if (every_stage)
     for (int s = 0; s < pp; ++s) all_stages.push_back(s);
@@ -1154,6 +1184,22 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     if (!ct.cp.empty()) add_scaled(st, ct.cp[pl.stage_cp[static_cast<std::size_t>(stage)]], layers_per_stage);
     if (!ct.ep.empty())
       add_scaled(st, ct.ep[pl.stage_ep[static_cast<std::size_t>(stage)]], moe_layers_on_stage(m, plan, stage));
+    if (partial) {
+      // Block's stored layers run no recompute: each kind's taken off.
+      const StageRecompute rc = stage_recompute(m, plan, stage);
+      const double stored = rc.stored[0] + rc.stored[1];
+      if (lc.mixed) {
+        add_scaled(st, lc.layer_rc_compute, -rc.stored[1] * pace);
+        add_scaled(st, t.layer_rc, -rc.stored[1]);
+        add_scaled(st, lc.dense_rc_compute, -rc.stored[0] * pace);
+        add_scaled(st, t.dense_rc, -rc.stored[0]);
+      } else {
+        add_scaled(st, lc.layer_rc_compute, -stored * pace);
+        add_scaled(st, t.layer_rc, -stored);
+      }
+      if (!ct.cp_rc.empty()) add_scaled(st, ct.cp_rc[pl.stage_cp[static_cast<std::size_t>(stage)]], -stored);
+      if (!ct.ep_rc.empty()) add_scaled(st, ct.ep_rc[pl.stage_ep[static_cast<std::size_t>(stage)]], -rc.stored[1]);
+    }
     if (stage == 0) {
       add_scaled(st, lc.embed_compute, pace);
       add_scaled(st, t.embed, 1.0);

@@ -8,6 +8,11 @@
 // forward, so model FLOPs are 3 x forward.
 #include "cuboid/cost/flops.hpp"
 
+#include <algorithm>
+#include <array>
+
+#include "cuboid/cost/memory.hpp"
+
 namespace cuboid {
 namespace {
 
@@ -99,6 +104,18 @@ double general_layers_forward_per_token(const GeneralCounts& c) {
          static_cast<double>(c.moe_layers) * (attention + c.moe_mlp);
 }
 
+// The decoder layers whose forward re-runs in backward, [dense, MoE], over
+// every stage's chunks.
+std::array<double, 2> recomputed_layers(const ModelSpec& m, const ParallelPlan& plan) {
+  std::array<double, 2> n{};
+  for (int s = 0; s < std::max(1, plan.pp); ++s) {
+    const StageRecompute r = stage_recompute(m, plan, s);
+    n[0] += r.recomputed[0];
+    n[1] += r.recomputed[1];
+  }
+  return n;
+}
+
 }  // namespace
 
 double layer_forward_flops(const ModelSpec& m, std::int64_t batch, std::int64_t seq_length) {
@@ -145,7 +162,19 @@ double hardware_flops_per_iteration(const ModelSpec& m, const ParallelPlan& plan
     const double t = tokens(plan.global_batch, plan.seq_length);
     const double layers = static_cast<double>(c.dense_layers + c.moe_layers);
     double recomputed = 0;
-    if (plan.recompute == Recompute::full) recomputed = general_layers_forward_per_token(c) * t;
+    if (plan.recompute == Recompute::full) {
+      // Of the decoder layers, those the method re-runs (the MTP modules'
+      // layers are checkpoints of their own under full granularity:
+      // multi_token_prediction.py _checkpointed_forward at d98e8a64).
+      GeneralCounts r = c;
+      if (plan.recompute_layers_set()) {
+        const std::array<double, 2> n = recomputed_layers(m, plan);
+        const bool last_is_moe = m.moe.enabled() && m.moe.moe_layers.back();
+        r.dense_layers = static_cast<std::int64_t>(n[0]) + (last_is_moe ? 0 : m.mtp_layers);
+        r.moe_layers = static_cast<std::int64_t>(n[1]) + (last_is_moe ? m.mtp_layers : 0);
+      }
+      recomputed = general_layers_forward_per_token(r) * t;
+    }
     if (plan.recomputes(RecomputeModule::core_attn)) recomputed = layers * c.core * t;
     if (plan.checkpoints(RecomputeModule::mlp)) recomputed += static_cast<double>(c.dense_layers) * c.dense_mlp * t;
     // Latent attention's up projections (every layer), the MoE MLP and the
@@ -171,9 +200,16 @@ double hardware_flops_per_iteration(const ModelSpec& m, const ParallelPlan& plan
         recomputed += layers * 2.0 * static_cast<double>(m.hidden_size) * static_cast<double>(m.ffn_hidden_size) *
                       (m.gated_mlp() ? 3 : 2) * tokens(plan.global_batch, plan.seq_length);
       break;
-    case Recompute::full:
-      recomputed = layers * layer_forward_flops(m, plan.global_batch, plan.seq_length);
+    case Recompute::full: {
+      // The layers the method re-runs: all but block's stored ones.
+      double n = layers;
+      if (plan.recompute_layers_set()) {
+        const std::array<double, 2> k = recomputed_layers(m, plan);
+        n = k[0] + k[1];
+      }
+      recomputed = n * layer_forward_flops(m, plan.global_batch, plan.seq_length);
       break;
+    }
   }
   return model_flops_per_iteration(m, plan) + recomputed;
 }

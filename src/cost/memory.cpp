@@ -214,21 +214,27 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
 
   const double in_flight = in_flight_micro_batches(plan, stage);
   const double moe_layers = moe_layers_on_stage(m, plan, stage);
-  const double dense_layers = layers_per_stage(m, plan, stage) - moe_layers;
-  double act = (layer_activation_bytes(m, plan, false) * dense_layers +
-                layer_activation_bytes(m, plan, true) * moe_layers) *
+  // Each layer as the plan prices it (with full recomputation: each
+  // checkpoint group's input), and a partial one's stored layers whole.
+  const StageRecompute rc = stage_recompute(m, plan, stage);
+  ParallelPlan stored = plan;
+  stored.recompute = Recompute::none;
+  const bool full = plan.recompute == Recompute::full;
+  const std::array<double, 2> whole = {full ? layer_activation_bytes(m, stored, false) : 0.0,
+                                       full && moe_layers > 0 ? layer_activation_bytes(m, stored, true) : 0.0};
+  double act = (layer_activation_bytes(m, plan, false) * rc.kept[0] + layer_activation_bytes(m, plan, true) * rc.kept[1] +
+                (whole[0] * rc.stored[0] + whole[1] * rc.stored[1])) *
                in_flight;
   // CPU offloading (PP 1, one micro-batch in flight): Transformer Engine
   // frees offloaded layer i's tensors before the forward of layer L - K + i
   // and reloads it L - 1 - K layers ahead of its backward, so at every
   // instant K layers' activations are in host memory (offload.hpp).
   act -= offloaded_host_bytes(m, plan);
-  if (plan.recompute == Recompute::full) {
-    // The layer being recomputed in backward holds its full activations once.
-    ParallelPlan stored = plan;
-    stored.recompute = Recompute::none;
-    act += layer_activation_bytes(m, stored, moe_layers > 0);
-  }
+  // The checkpoint group being recomputed in backward holds its layers'
+  // full activations once: the largest of the stage's.
+  double group = 0;
+  for (const std::array<double, 2>& g : rc.groups) group = std::max(group, whole[0] * g[0] + whole[1] * g[1]);
+  act += group;
   // An MoE layer's all-to-all buffers while it dispatches: its token copies
   // sent and the busiest rank's received.
   if (moe_layers > 0 && plan.ep > 1) act += moe_dispatch_buffer_bytes(m, plan);
@@ -366,6 +372,30 @@ int moe_layers_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage)
     for (int l = first; l < first + per_chunk; ++l) n += m.moe.moe_layers[static_cast<std::size_t>(l)] ? 1 : 0;
   }
   return n;
+}
+
+StageRecompute stage_recompute(const ModelSpec& m, const ParallelPlan& plan, int stage) {
+  StageRecompute r;
+  const bool full = plan.recompute == Recompute::full;
+  for (int c = 0; c < chunks_per_stage(plan); ++c) {
+    const int first = first_layer_of_chunk(plan, m.num_layers, stage, c);
+    const int layers = layers_in_chunk(plan, m.num_layers, stage, c);
+    const auto kind = [&](int i) {
+      return m.moe.enabled() && m.moe.moe_layers[static_cast<std::size_t>(first + i)] ? std::size_t{1} : std::size_t{0};
+    };
+    for (int i = 0; i < layers; ++i) {
+      if (recomputes_layer(plan, i)) r.recomputed[kind(i)] += 1;
+      else if (full) r.stored[kind(i)] += 1;
+      if (!full) r.kept[kind(i)] += 1;
+    }
+    for (const std::array<int, 2>& g : recompute_groups(plan, layers)) {
+      r.kept[kind(g[0])] += 1;
+      std::array<double, 2> n{};
+      for (int i = g[0]; i < g[1]; ++i) n[kind(i)] += 1;
+      r.groups.push_back(n);
+    }
+  }
+  return r;
 }
 
 double layer_parameters_on_gpu(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer) {

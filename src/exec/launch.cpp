@@ -179,6 +179,10 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
   if (plan.recompute_modules != 0)
     refuse("parallel.recompute_modules", "recompute modules (it recomputes the attention core or whole layers)",
            "plan without --recompute-modules");
+  if (plan.recompute_layers_set())
+    refuse(plan.recompute_method != RecomputeMethod::uniform ? "parallel.recompute_method" : "parallel.recompute_num_layers",
+           "a recompute method or layer count (it recomputes every layer or none)",
+           "plan without --recompute-method and --recompute-num-layers");
   if (plan.trainer.cuda_graphs.on())
     refuse("parallel.trainer.cuda_graphs", "CUDA graphs (it launches every kernel from the host)",
            "plan with --cuda-graphs none");

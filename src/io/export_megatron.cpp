@@ -107,7 +107,8 @@ Args batch_args(const ParallelPlan& p) {
     a.push_back("--recompute-modules " + modules);
   }
   if (p.recompute == Recompute::full)
-    a.insert(a.end(), {"--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"});
+    a.insert(a.end(), {"--recompute-granularity full", fmt::format("--recompute-method {}", to_string(p.recompute_method)),
+                       fmt::format("--recompute-num-layers {}", p.recompute_num_layers)});
   // arguments.py sets cpu_offloading itself when the count is above 0 (d98e8a64).
   if (p.offload_layers > 0)
     a.insert(a.end(), {"# activation offloading to host memory",

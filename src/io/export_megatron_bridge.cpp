@@ -130,8 +130,8 @@ Fields parallel_fields(const ParallelPlan& p, const ModelSpec& m) {
       break;
     case Recompute::full:
       f.emplace_back("recompute_granularity", "\"full\"");
-      f.emplace_back("recompute_method", "\"uniform\"");
-      f.emplace_back("recompute_num_layers", "1");
+      f.emplace_back("recompute_method", fmt::format("\"{}\"", to_string(p.recompute_method)));
+      f.emplace_back("recompute_num_layers", std::to_string(p.recompute_num_layers));
       break;
   }
   // As the performance scripts set it (scripts/performance/utils/overrides.py at v0.6.0).

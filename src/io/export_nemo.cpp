@@ -144,8 +144,8 @@ std::string parallel_keys(const PlanFile& pf, bool tp_pp_dp) {
   return out;
 }
 
-std::string recompute_keys(Recompute recompute) {
-  switch (recompute) {
+std::string recompute_keys(const ParallelPlan& p) {
+  switch (p.recompute) {
     case Recompute::none:
       return "  activations_checkpoint_granularity: null\n"
              "  activations_checkpoint_method: null\n"
@@ -155,9 +155,10 @@ std::string recompute_keys(Recompute recompute) {
              "  activations_checkpoint_method: null\n"
              "  activations_checkpoint_num_layers: null\n";
     case Recompute::full:
-      return "  activations_checkpoint_granularity: full\n"
-             "  activations_checkpoint_method: uniform\n"
-             "  activations_checkpoint_num_layers: 1\n";
+      return fmt::format("  activations_checkpoint_granularity: full\n"
+                         "  activations_checkpoint_method: {}\n"
+                         "  activations_checkpoint_num_layers: {}\n",
+                         to_string(p.recompute_method), p.recompute_num_layers);
   }
   return "";
 }
@@ -277,7 +278,7 @@ std::string training_keys(const ParallelPlan& p) {
 ExportResult nemo1(const PlanFile& pf) {
   const bool tp_pp_dp = refuse_unsupported(pf);
   std::string out = parallel_keys(pf, tp_pp_dp);
-  out += recompute_keys(pf.plan.recompute);
+  out += recompute_keys(pf.plan);
   out += model_keys(pf);
   if (pf.model.moe.enabled()) out += moe_keys(pf.model, pf.plan);
   out += training_keys(pf.plan);

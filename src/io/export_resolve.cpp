@@ -28,6 +28,13 @@ std::int64_t to_int(const std::string& value, std::string_view what) {
 
 std::string probability(double p) { return fmt::format("{}", p); }
 
+std::string full_recompute(std::string method, std::string num_layers) {
+  method = unquote_value(method);
+  if (method.empty() || method == "None" || method == "null") method = "none";
+  if (num_layers.empty() || num_layers == "None" || num_layers == "null") num_layers = "none";
+  return method == "uniform" && num_layers == "1" ? "full" : "full:" + method + ":" + num_layers;
+}
+
 std::string probability(const std::string& value, std::string_view what) {
   std::size_t used = 0;
   double p = 0;
@@ -100,7 +107,11 @@ std::vector<ResolvedSetting> priced_settings(const PlanFile& pf) {
                                                                                                      : "1f1b",
        why},
       {"sequence_parallel", yes(p.sequence_parallel && p.tp > 1), why},
-      {"recompute", std::string(to_string(p.recompute)), why},
+      {"recompute",
+       p.recompute == Recompute::full
+           ? resolve::full_recompute(std::string(to_string(p.recompute_method)), std::to_string(p.recompute_num_layers))
+           : std::string(to_string(p.recompute)),
+       why},
       {"zero_stage", str(p.zero_stage), why},
       {"zero1_grad_all_reduce", yes(p.trainer.zero1_grad_all_reduce), "trainer.zero1_grad_all_reduce"},
       {"dp_overlap", yes(p.trainer.dp_overlap), "trainer.dp_overlap"},

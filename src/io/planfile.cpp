@@ -187,6 +187,8 @@ std::string plan_key(PlanField field) {
     case PlanField::overlap_param_gather: return "parallel.trainer.overlap_param_gather";
     case PlanField::moe_ep_overlap: return "parallel.moe_ep_overlap";
     case PlanField::offload_layers: return "parallel.offload_activations";
+    case PlanField::recompute_method: return "parallel.recompute_method";
+    case PlanField::recompute_num_layers: return "parallel.recompute_num_layers";
   }
   return "parallel";
 }
@@ -230,6 +232,9 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_no_recompute_modules: return "drop recompute_modules, or " + other_trainer;
     case PlanCheck::recompute_modules_need_selective: return "set recompute selective, or drop recompute_modules";
     case PlanCheck::recompute_module_refused: return "drop that module from recompute_modules; or " + kRegenerate;
+    case PlanCheck::trainer_no_recompute_layers:
+      return "drop recompute_method and recompute_num_layers, or " + other_trainer;
+    case PlanCheck::recompute_layers_need_full: return "set recompute full, or drop recompute_method and recompute_num_layers";
     case PlanCheck::trainer_no_offload: return "drop offload_activations, or " + other_trainer;
     case PlanCheck::offload_layers_range:
       return "give offload_activations 1 to " + std::to_string(r.values[1] - 1) + ", or drop it";
@@ -313,6 +318,10 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   // Optional: written only when given (plan_layout_json).
   if (const auto modules = r.optional_string("recompute_modules"))
     p.recompute_modules = parse_recompute_modules(*modules, source, "parallel.recompute_modules");
+  // Optional: written only when not uniform 1 (plan_layout_json).
+  if (const auto method = r.optional_string("recompute_method"))
+    p.recompute_method = parse_recompute_method(*method, source, "parallel.recompute_method");
+  if (r.has("recompute_num_layers")) p.recompute_num_layers = read_int(r, "recompute_num_layers", 1);
   // Optional: written only when some layers are offloaded.
   if (r.has("offload_activations")) p.offload_layers = read_int(r, "offload_activations", 1);
   p.sequence_parallel = r.boolean("sequence_parallel");

@@ -39,6 +39,11 @@ std::int64_t to_int(const std::string& value, std::string_view what);
 // A probability as the trainers read it ("0", "0.1"), spelled as priced_settings spells it.
 std::string probability(const std::string& value, std::string_view what);
 std::string probability(double p);
+// A full recomputation's setting as priced_settings spells it: "full" for
+// Megatron-Core's uniform method with one layer per checkpoint, else
+// "full:METHOD:N" (the method and layer count as the export gives them,
+// "none" where it gives none).
+std::string full_recompute(std::string method, std::string num_layers);
 // A value without its surrounding double quotes.
 std::string unquote_value(const std::string& value);
 // True for Python's True and YAML's / JSON's true.

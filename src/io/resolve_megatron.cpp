@@ -214,9 +214,11 @@ ResolvedRun megatron_lm(const ExportResult& e) {
                          args("1439", "--sequence-parallel, turned off with TP 1")};
   const std::string granularity = option_or(a, "--recompute-granularity", "none");
   m.recompute = {granularity, tc("532", "--recompute-granularity (default None: no recomputation)")};
-  if (granularity == "full" &&
-      (option_or(a, "--recompute-method", "") != "uniform" || option_or(a, "--recompute-num-layers", "") != "1"))
-    m.recompute.value = "full-partial";
+  // transformer_config.py:1908-1925: full granularity needs a method and a
+  // layer count (megatron/core/recompute.py checkpointed_forward).
+  if (granularity == "full")
+    m.recompute.value =
+        full_recompute(option_or(a, "--recompute-method", ""), option_or(a, "--recompute-num-layers", ""));
   m.fsdp = {has("--use-megatron-fsdp"), "--use-megatron-fsdp"};
   m.fsdp_strategy = {option_or(a, "--data-parallel-sharding-strategy", "optim_grads_params"),
                      args("3190", "--data-parallel-sharding-strategy, default optim_grads_params")};
@@ -298,9 +300,9 @@ ResolvedRun megatron_bridge(const ExportResult& e) {
   const std::string granularity = option_or(o, "model.recompute_granularity", "None");
   m.recompute = {granularity == "None" ? "none" : granularity,
                  mc("transformer/transformer_config.py:518", "recompute_granularity, default None")};
-  if (granularity == "full" && (option_or(o, "model.recompute_method", "") != "uniform" ||
-                                option_or(o, "model.recompute_num_layers", "") != "1"))
-    m.recompute.value = "full-partial";
+  if (granularity == "full")
+    m.recompute.value =
+        full_recompute(option_or(o, "model.recompute_method", ""), option_or(o, "model.recompute_num_layers", ""));
   m.fsdp = flag("ddp.use_megatron_fsdp", false,
                 mc("distributed/distributed_data_parallel_config.py:90", "use_megatron_fsdp, default False"));
   m.fsdp_strategy = {option_or(o, "ddp.data_parallel_sharding_strategy", "optim_grads_params"),

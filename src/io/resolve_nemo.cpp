@@ -80,10 +80,12 @@ ResolvedRun nemo1(const ExportResult& e) {
                                       ? y.find("model.activations_checkpoint_granularity")->second
                                       : "null";
   std::string recompute = granularity == "null" ? "none" : granularity;
-  if (granularity == "full" && (y.count("model.activations_checkpoint_method") == 0 ||
-                                y.find("model.activations_checkpoint_method")->second != "uniform" ||
-                                num("model.activations_checkpoint_num_layers", 0) != 1))
-    recompute = "full-partial";
+  // Handed to Megatron-Core's TransformerConfig as recompute_method /
+  // recompute_num_layers (megatron_base_model.py:558-559@8cfedd72).
+  if (granularity == "full") {
+    const auto key = [&](const char* k) { return y.count(k) ? y.find(k)->second : std::string(); };
+    recompute = full_recompute(key("model.activations_checkpoint_method"), key("model.activations_checkpoint_num_layers"));
+  }
   b.set("recompute", recompute, yaml(198, "activations_checkpoint_granularity (default null: none)"));
   // The optimizer the overlay names (megatron_base_model.py:151-152).
   const std::string optim = y.count("model.optim.name") ? y.find("model.optim.name")->second : "fused_adam";

@@ -294,6 +294,13 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                               : std::string()),
                      p.sequence_parallel ? "on" : "off", p.flash_attention ? "on" : "off",
                      p.grad_accum_fusion ? "on" : "off", p.order.str());
+  // Only when not uniform 1: other plans print as they did.
+  if (p.recompute == Recompute::full && p.recompute_layers_set())
+    out += p.recompute_method == RecomputeMethod::block
+               ? fmt::format("      recompute method block: the first {} layers of each model chunk recomputed, the "
+                             "rest stored\n", p.recompute_num_layers)
+               : fmt::format("      recompute method uniform: each model chunk's layers recomputed in groups of {}\n",
+                             p.recompute_num_layers);
   // Only when not bf16: bf16 plans print as they did.
   if (p.precision != Precision::bf16)
     out += fmt::format("      precision {}: the linear layers' GEMMs in {}; attention, embedding and LM head bf16{}\n",

@@ -159,6 +159,8 @@ ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const
   p.zero_stage = o.zero_stage.value_or(trainer.zero_stages.front());
   p.recompute = o.recompute.value_or(trainer.selective_recompute ? Recompute::selective : Recompute::full);
   p.recompute_modules = o.recompute_modules.value_or(0);
+  p.recompute_method = o.recompute_method.value_or(RecomputeMethod::uniform);
+  p.recompute_num_layers = o.recompute_num_layers.value_or(1);
   p.offload_layers = o.offload_layers.value_or(0);
   p.sequence_parallel = o.sequence_parallel.value_or(p.tp > 1 && trainer.sequence_parallel);
   resolve_attention(p, o, cluster, trainer);

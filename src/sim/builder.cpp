@@ -219,6 +219,9 @@ void Builder::make_programs() {
   const LayerOps mtp = m_.mtp_layers > 0 ? mtp_ops(m_, plan_) : LayerOps{};
   const LayerOps embed = embedding_ops(m_, plan_);
   const LayerOps head = lm_head_ops(m_, plan_);
+  // A full recomputation of some layers of each chunk (block) stores the
+  // others: their backward without the recompute (make_units).
+  const bool partial = plan_.recompute == Recompute::full && plan_.recompute_method == RecomputeMethod::block;
   // A GEMM under an async TP collective gets the SMs NCCL's kernel leaves
   // (the intra-node tier's nccl_channels; a TP group across nodes has no
   // such figure and keeps every SM).
@@ -248,6 +251,10 @@ void Builder::make_programs() {
       p.dense_bwd = compile(gpu, dense.recompute, sp, ov, slow, sms, held, ub);
       append(p.dense_bwd, compile(gpu, dense.backward, sp, ov, slow, sms, held, ub));
     }
+    if (partial) {
+      p.layer_bwd_stored = compile(gpu, layer.backward, sp, ov, slow, sms, held, ub);
+      if (mixed) p.dense_bwd_stored = compile(gpu, dense.backward, sp, ov, slow, sms, held, ub);
+    }
     p.embed_fwd = compile(gpu, embed.forward, sp, ov, slow, sms, held, ub);
     p.embed_bwd = compile(gpu, embed.backward, sp, ov, slow, sms, held, ub);
     p.head_fwd = compile(gpu, head.forward, sp, ov, slow, sms, held, ub);
@@ -263,6 +270,7 @@ void Builder::make_programs() {
       parts(p.layer_fwd_parts, layer.forward, Pass::forward);
       parts(p.layer_bwd_parts, layer.recompute, Pass::forward);
       parts(p.layer_bwd_parts, layer.backward, Pass::backward);
+      if (partial) parts(p.layer_bwd_stored_parts, layer.backward, Pass::backward);
     }
   };
   if (zero3_tensor()) {
@@ -270,8 +278,10 @@ void Builder::make_programs() {
       work_.fwd_part_weights.push_back({w.weight, false});
     for (const WeightPart& w : split_by_weight(layer.recompute, Pass::forward))
       work_.bwd_part_weights.push_back({w.weight, false});
-    for (const WeightPart& w : split_by_weight(layer.backward, Pass::backward))
+    for (const WeightPart& w : split_by_weight(layer.backward, Pass::backward)) {
       work_.bwd_part_weights.push_back({w.weight, true});
+      if (partial) work_.bwd_stored_part_weights.push_back({w.weight, true});
+    }
   }
   // Each stage's simulated GPU stands for its tp x dp GPUs and waits for the
   // slowest of them at every TP collective and DP reduction: it computes at
@@ -321,10 +331,14 @@ void Builder::make_units() {
       const int per_chunk = layers_in_chunk(plan_, m_.num_layers, s, c);
       for (int l = 0; l < per_chunk; ++l) {
         const std::string label = "layer " + std::to_string(first + l);  // the layer's index in the model
+        // Uniform groups of N re-run each layer's forward before its own
+        // backward here (the group's N forwards before its N backwards in
+        // Megatron-Core: the same work, in another order).
+        const bool stored = plan_.recompute == Recompute::full && !recomputes_layer(plan_, l);
         if (!is_moe(first + l) && m_.moe.enabled())
-          units.push_back(Unit{&p.dense_fwd, &p.dense_bwd, per_dense_layer, label, {}, {}});
+          units.push_back(Unit{&p.dense_fwd, stored ? &p.dense_bwd_stored : &p.dense_bwd, per_dense_layer, label, {}, {}});
         else
-          units.push_back(Unit{&p.layer_fwd, &p.layer_bwd, per_layer, label, {}, {}});
+          units.push_back(Unit{&p.layer_fwd, stored ? &p.layer_bwd_stored : &p.layer_bwd, per_layer, label, {}, {}});
         units.back().layer = first + l;
       }
       if (vs == shape_.vs_count - 1) {
@@ -389,8 +403,10 @@ void Builder::make_parts(std::vector<Unit>& units, const Programs& p) {
     for (std::size_t i = 0; i < work_.fwd_part_weights.size(); ++i)
       u.fwd_parts.push_back(part(p.layer_fwd_parts[i], work_.fwd_part_weights[i]));
     double grads = 0;
-    for (std::size_t i = 0; i < work_.bwd_part_weights.size(); ++i) {
-      u.bwd_parts.push_back(part(p.layer_bwd_parts[i], work_.bwd_part_weights[i]));
+    const bool stored = u.bwd == &p.layer_bwd_stored;
+    const std::vector<PartWeight>& weights_bwd = stored ? work_.bwd_stored_part_weights : work_.bwd_part_weights;
+    for (std::size_t i = 0; i < weights_bwd.size(); ++i) {
+      u.bwd_parts.push_back(part(stored ? p.layer_bwd_stored_parts[i] : p.layer_bwd_parts[i], weights_bwd[i]));
       grads += u.bwd_parts.back().grads;
     }
     // The rest of the layer: its two norms' weights (and LayerNorm's biases).

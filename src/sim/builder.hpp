@@ -304,9 +304,13 @@ class Builder {
     // An MoE model's dense layers (layer_* are its MoE layers).
     Program dense_fwd, dense_bwd;
     Program mtp_fwd, mtp_bwd;  // one multi-token prediction module
+    // A partial full recomputation's stored layers (recomputes_layer false):
+    // the backward alone, MoE (or the only kind) and dense.
+    Program layer_bwd_stored, dense_bwd_stored;
     // ZeRO-3 tensor units: the layer's forward, and its recompute then
-    // backward, cut per weight (split_by_weight; part_weights_ says which).
-    std::vector<Program> layer_fwd_parts, layer_bwd_parts;
+    // backward, cut per weight (split_by_weight; part_weights_ says which);
+    // a stored layer's backward alone.
+    std::vector<Program> layer_fwd_parts, layer_bwd_parts, layer_bwd_stored_parts;
   };
   struct PartWeight {
     int weight = -1;     // index into layer_weights, -1: none
@@ -336,7 +340,7 @@ class Builder {
   struct StageWork {
     std::vector<Programs> programs;
     std::vector<std::size_t> stage_programs;  // stage -> index into programs
-    std::vector<PartWeight> fwd_part_weights, bwd_part_weights;
+    std::vector<PartWeight> fwd_part_weights, bwd_part_weights, bwd_stored_part_weights;
     std::vector<std::vector<std::vector<Unit>>> units;  // [stage][chunk] -> units in forward order
   };
   // Playing a pass: scratch reused by every pass, so its vectors keep their capacity.

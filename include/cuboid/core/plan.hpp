@@ -70,6 +70,15 @@ enum class Precision { bf16, fp8_delayed, fp8_current, fp8_blockwise, mxfp8, nvf
 enum class RecomputeModule : std::uint8_t {
   core_attn = 1, mlp = 2, layernorm = 4, moe_act = 8, moe = 16, shared_experts = 32, mla_up_proj = 64,
 };
+// Megatron-Core's --recompute-method with --recompute-granularity full and
+// --recompute-num-layers N (megatron/core/recompute.py checkpointed_forward
+// at Megatron-LM d98e8a64, run by each TransformerBlock: one model chunk of
+// a PP rank). uniform: the chunk's layers in groups of N (the last one
+// shorter), each group one checkpoint: its input kept, the whole group
+// re-run before its backward. block: the chunk's first N layers each a
+// checkpoint of its own, the others storing everything (no recomputation).
+// uniform with N = 1 is every layer recomputed, cuboid's `full`.
+enum class RecomputeMethod : std::uint8_t { uniform, block };
 
 // Megatron-Core's CUDA graphs (TransformerConfig.cuda_graph_impl and
 // cuda_graph_modules at Megatron-LM d98e8a64, transformer_config.py:1075-1105;
@@ -126,6 +135,8 @@ std::uint8_t parse_recompute_modules(std::string_view list, const std::string& s
 // The bits as Megatron's names, comma-separated, in the enum's order.
 std::string recompute_modules_string(std::uint8_t modules);
 std::string_view to_string(RecomputeModule m);
+std::string_view to_string(RecomputeMethod m);
+RecomputeMethod parse_recompute_method(std::string_view s, const std::string& source, const std::string& field);
 
 // The rank map's four axes (RankOrder::axes).
 enum class RankAxis { tp, cp, dp, pp };
@@ -311,6 +322,10 @@ struct ParallelPlan {
   Recompute recompute = Recompute::selective;
   // With recompute selective: RecomputeModule bits; 0 = the attention core.
   std::uint8_t recompute_modules = 0;
+  // With recompute full: Megatron-Core's --recompute-method and
+  // --recompute-num-layers (uniform 1: every layer a checkpoint of its own).
+  RecomputeMethod recompute_method = RecomputeMethod::uniform;
+  int recompute_num_layers = 1;
   bool sequence_parallel = false;
   Schedule schedule = Schedule::one_f_one_b;
   bool flash_attention = true;
@@ -367,6 +382,11 @@ struct ParallelPlan {
       default: return true;
     }
   }
+  // A method or layer count other than uniform 1 (what plan files and
+  // exports then state).
+  bool recompute_layers_set() const {
+    return recompute_method != RecomputeMethod::uniform || recompute_num_layers != 1;
+  }
   int expert_tp() const { return etp > 0 ? etp : tp; }
   // The ranks that hold the same experts and average their gradients:
   // TP x CP x DP / (ETP x EP).
@@ -411,6 +431,17 @@ int layers_in_chunk(const ParallelPlan& plan, std::int64_t num_layers, int stage
 // included (megatron/core/transformer/transformer_layer.py
 // get_transformer_layer_offset at d98e8a64).
 int first_layer_of_chunk(const ParallelPlan& plan, std::int64_t num_layers, int stage, int chunk);
+// A full recomputation on one model chunk (RecomputeMethod): whether the
+// chunk's layer `index` (0-based) re-runs its forward before its backward;
+// and the chunk's checkpoint groups of a chunk of `layers` layers as
+// [first, end) ranges, each keeping the input of its first layer and
+// re-running all its layers at once (none without full recomputation).
+// Megatron-Core's block method skips the first layers whose input needs no
+// gradient under FP8 (recompute.py, te_checkpoint being reentrant): never in
+// the plans cuboid prices, where the embedding's output and a received
+// activation both need one.
+bool recomputes_layer(const ParallelPlan& plan, int index);
+std::vector<std::array<int, 2>> recompute_groups(const ParallelPlan& plan, int layers);
 // Context parallelism's causal balance (Megatron-Core / Transformer Engine):
 // a sequence in 2 x cp chunks, rank r holding chunks r and 2cp - 1 - r, so
 // that an early (cheap) chunk pairs with a late (dear) one.

@@ -35,6 +35,8 @@ enum class PlanField {
   overlap_param_gather,
   moe_ep_overlap,
   offload_layers,
+  recompute_method,      // Megatron-Core's --recompute-method
+  recompute_num_layers,  // and --recompute-num-layers
 };
 
 // Why a plan cannot overlap its EP exchanges (PlanCheck::ep_overlap_refused).
@@ -147,6 +149,8 @@ enum class PlanCheck : std::uint8_t {
   offload_with_recompute,        // - (Megatron-Core: no activation recomputation with it)
   offload_with_layer_graphs,     // - (Megatron-Core: per-layer CUDA graphs refused with it)
   offload_no_host_link,          // - (the cluster card has no host_link)
+  trainer_no_recompute_layers,   // the preset (a recompute method or layer count other than uniform 1)
+  recompute_layers_need_full,    // - (a method or layer count without full recomputation)
 };
 
 struct PlanRejection {

@@ -44,6 +44,7 @@ struct TrainerPreset {
   bool expert_parallel = false;    // EP > 1 and an ETP of its own for MoE models (else EP 1, ETP = TP)
   bool fp8 = false;                // quantized linear layers (--precision), Transformer Engine's recipes
   bool recompute_modules = false;  // selective recomputation of other modules than the attention core (--recompute-modules)
+  bool recompute_layers = false;   // full recomputation of some layers or in groups (--recompute-method, --recompute-num-layers)
   bool cuda_graphs = true;           // captured CUDA graphs (--cuda-graphs)
   bool tp_comm_overlap = true;       // Transformer Engine's userbuffers TP overlap (--tp-comm-overlap)
   bool overlap_param_gather = true;  // the distributed optimizer's gather in the next forward (--overlap-param-gather)

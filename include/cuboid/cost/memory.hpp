@@ -6,6 +6,8 @@
 // (megatron/training/theoretical_memory_usage.py) in two parts, weights +
 // optimizer and activations, plus a workspace reserve; generalised to ZeRO
 // stages, recompute modes, schedules and every pipeline stage.
+#include <array>
+#include <vector>
 #include <cstdint>
 
 #include "cuboid/core/cluster.hpp"
@@ -91,6 +93,20 @@ StageParameters quantized_stage_weights(const ModelSpec& m, const ParallelPlan& 
 
 // The MoE layers among stage `stage`'s layers (its model chunks' layers).
 int moe_layers_on_stage(const ModelSpec& m, const ParallelPlan& plan, int stage);
+
+// Stage `stage`'s decoder layers as its model chunks' recomputation treats
+// them (recomputes_layer, recompute_groups), each count as [dense, MoE]
+// (a dense model's layers all dense): `kept`, the layers memory prices as
+// the plan prices a layer (every layer without full recomputation; with it,
+// each checkpoint group's first, which keeps its input); `stored`, those of
+// a full recomputation that store everything (block's layers after the
+// first N of a chunk); `recomputed`, those whose forward re-runs before
+// their backward; `groups`, each checkpoint group's layers (re-run at once).
+struct StageRecompute {
+  std::array<double, 2> kept{}, stored{}, recomputed{};
+  std::vector<std::array<double, 2>> groups;
+};
+StageRecompute stage_recompute(const ModelSpec& m, const ParallelPlan& plan, int stage);
 
 // Activation bytes of one transformer layer for one micro-batch on one GPU
 // (Korthikanti et al. 2022, Table 2, generalised to GQA and gated MLPs):

@@ -49,6 +49,10 @@ struct PlannerOptions {
   std::optional<bool> moe_ep_overlap;
   std::optional<Recompute> recompute;
   std::optional<std::uint8_t> recompute_modules;  // RecomputeModule bits (default 0: the attention core)
+  // With recompute full: Megatron-Core's method and layer count (default
+  // uniform 1); fixed, not searched.
+  std::optional<RecomputeMethod> recompute_method;
+  std::optional<int> recompute_num_layers;
   std::optional<int> offload_layers;  // decoder layers whose activations go to host memory (default 0)
   std::optional<bool> sequence_parallel;
   std::optional<Schedule> schedule;
