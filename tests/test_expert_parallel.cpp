@@ -96,8 +96,13 @@ TEST_CASE("expert parallelism: Megatron-Core's rules, and the ETP cuboid models"
   p.sequence_parallel = false;
   REQUIRE(problem(p));
   CHECK(problem(p)->field == PlanField::sequence_parallel);
+  // ZeRO-3 as Megatron-FSDP runs it (whole blocks, the experts over
+  // expert-DP); by weight tensor (DeepSpeed's units) it is not modelled.
   p = ep_plan();
   p.zero_stage = 3;
+  p.trainer = find_trainer("megatron-core")->settings;
+  CHECK_FALSE(problem(p));
+  p.trainer.zero3_unit = Zero3Unit::tensor;
   REQUIRE(problem(p));
   CHECK(problem(p)->field == PlanField::zero_stage);
   // A dense model has no experts to split.

@@ -204,7 +204,15 @@ Found check_experts(const ParallelPlan& p, const ModelSpec& m) {
   const std::int64_t dense = static_cast<std::int64_t>(p.tp) * p.cp * p.dp;
   const std::int64_t folded = static_cast<std::int64_t>(p.expert_tp()) * p.ep;
   if (dense % folded != 0) return reject(K::ep_fold, F::ep, folded, dense);
-  if (p.zero_stage >= 3) return reject(K::moe_zero3, F::zero_stage);
+  // ZeRO-3 of an MoE model is priced as Megatron-FSDP runs it (and FSDP2,
+  // whose experts are an FSDP module of their own in each block): whole
+  // blocks, the routed experts a bucket of their own over expert-DP
+  // (step.cpp). DeepSpeed's per-tensor units, host waits, list-form
+  // collectives and reduce buckets are priced for dense layers only.
+  const TrainerSettings& ts = p.trainer;
+  if (p.zero_stage >= 3 && (ts.zero3_unit != Zero3Unit::block || ts.zero3_sync || ts.zero3_list_collectives ||
+                            ts.zero3_reduce_bucket_params > 0))
+    return reject(K::moe_zero3, F::zero_stage);
   if (p.tp > 1 && !p.sequence_parallel) return reject(K::moe_needs_sp, F::sequence_parallel);
   return std::nullopt;
 }
@@ -486,7 +494,8 @@ std::string describe_experts(const PlanRejection& r, const ModelSpec& m) {
       return "ETP x EP = " + n(v[0]) + " does not divide the TP x CP x DP = " + n(v[1]) +
              " ranks of a pipeline stage, which the experts regroup";
     case K::moe_zero3:
-      return "ZeRO-3 of a mixture-of-experts model is not modelled (cuboid gathers whole dense layers)";
+      return "ZeRO-3 of a mixture-of-experts model is modelled for trainers that gather whole blocks (Megatron-FSDP, "
+             "FSDP2) only, not by weight tensor, host waits, list-form collectives or reduce buckets (DeepSpeed)";
     case K::moe_needs_sp:
       return "a mixture-of-experts layer with TP > 1 needs sequence parallelism (Megatron-Core refuses to train "
              "without it)";
