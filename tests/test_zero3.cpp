@@ -487,7 +487,7 @@ TEST_CASE("Megatron-FSDP of an MoE model by hand: EP 2 over DP 4, the experts sh
   const Estimate sim = simulate(m, topo, p);
   const Estimate est = estimate(m, topo, p);
   INFO("simulated " << sim.iteration_time_s << " s, estimated " << est.iteration_time_s << " s");
-  CHECK(est.iteration_time_s == doctest::Approx(sim.iteration_time_s).epsilon(0.03));
+  CHECK(std::abs(est.iteration_time_s / sim.iteration_time_s - 1) < 0.03);
 }
 
 TEST_CASE("Megatron-FSDP of an MoE model across nodes: expert-DP over InfiniBand, estimate and simulation agree") {
@@ -512,7 +512,7 @@ TEST_CASE("Megatron-FSDP of an MoE model across nodes: expert-DP over InfiniBand
   const Estimate sim = simulate(m, topo, p);
   const Estimate est = estimate(m, topo, p);
   INFO("simulated " << sim.iteration_time_s << " s, estimated " << est.iteration_time_s << " s");
-  CHECK(est.iteration_time_s == doctest::Approx(sim.iteration_time_s).epsilon(0.05));
+  CHECK(std::abs(est.iteration_time_s / sim.iteration_time_s - 1) < 0.05);
   // ZeRO-3 costs more than ZeRO-1 here: the gathers over InfiniBand show.
   o.zero_stage = 1;
   const Estimate zero1 = simulate(m, topo, plan_from_options(m, topo.cluster(), o));
