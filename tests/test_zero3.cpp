@@ -442,6 +442,17 @@ TEST_CASE("Megatron-FSDP of an MoE model by hand: EP 2 over DP 4, the experts sh
   CHECK(dense_bytes == 342'286'848.0);
   CHECK(expert_bytes == 905'969'664.0);
   CHECK(memory_per_gpu(m, p, four_gpus().gpu).weight_and_optimizer_bytes == dense_bytes + expert_bytes);
+  // FP8 with --fp8-param-gather: Megatron-FSDP's gradients in bf16 (2 bytes
+  // less per parameter) and the quantized weights' shards FP8 (1 byte less),
+  // each over its group: the attention's 4 x (1024 x 1536 + 1024 x 1024) =
+  // 10,485,760 linear weights over DP, the experts' 4 x 25,165,824 over
+  // expert-DP (the router and the LM head stay bf16).
+  ParallelPlan fp8 = p;
+  fp8.precision = Precision::fp8_delayed;
+  fp8.fp8_param_gather = true;
+  CHECK(memory_per_gpu(m, fp8, four_gpus().gpu).weight_and_optimizer_bytes ==
+        dense_bytes + expert_bytes - 76'063'744.0 * 2 / 4 - 100'663'296.0 * 2 / 2 - 10'485'760.0 / 4 -
+            100'663'296.0 / 2);  // 1,056,608,256
 
   // The step: per micro-batch, each pass gathers every unit's dense part
   // over DP (bf16) and each MoE layer's experts over expert-DP; each
