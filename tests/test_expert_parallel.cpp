@@ -96,8 +96,13 @@ TEST_CASE("expert parallelism: Megatron-Core's rules, and the ETP cuboid models"
   p.sequence_parallel = false;
   REQUIRE(problem(p));
   CHECK(problem(p)->field == PlanField::sequence_parallel);
+  // ZeRO-3 as Megatron-FSDP runs it (whole blocks, the experts over
+  // expert-DP); by weight tensor (DeepSpeed's units) it is not modelled.
   p = ep_plan();
   p.zero_stage = 3;
+  p.trainer = find_trainer("megatron-core")->settings;
+  CHECK_FALSE(problem(p));
+  p.trainer.zero3_unit = Zero3Unit::tensor;
   REQUIRE(problem(p));
   CHECK(problem(p)->field == PlanField::zero_stage);
   // A dense model has no experts to split.
@@ -704,18 +709,29 @@ TEST_CASE("latent attention by hand: the duplicated down projections, the latent
   CHECK(find(ops.backward, op::mla_ag_q_bwd)->collective == Collective::reduce_scatter);
   CHECK(find(ops.backward, op::mla_ag_kv_bwd)->comm_bytes == 655'360.0);
   CHECK(find(ops.backward, op::mla_q_down_wgrad)->flops == q_down->flops);
-  // The plan's rules: no CP, no ZeRO-3 with latent attention.
+  // The plan's rules: no CP; ZeRO-3 by whole blocks (Megatron-FSDP), not by
+  // weight tensor.
   p.cp = 2;
   p.dp = 2;
   CHECK(check_plan(p, m, dgx_a100(2))->field == PlanField::cp);
   p = ep_plan();
   p.zero_stage = 3;
-  CHECK(check_plan(p, m, dgx_a100(2))->field == PlanField::zero_stage);
-  // Priced and played alike.
+  p.trainer = find_trainer("megatron-core")->settings;
+  CHECK_FALSE(check_plan(p, m, dgx_a100(2)));
+  ParallelPlan by_tensor = p;
+  by_tensor.trainer.zero3_unit = Zero3Unit::tensor;
+  CHECK(check_plan(by_tensor, m, dgx_a100(2))->field == PlanField::zero_stage);
+  // Priced and played alike, at ZeRO 1 and with Megatron-FSDP (within 7 %:
+  // the estimate's bubble, 1.4-1.8 ms above the simulation's at either
+  // stage, is most of the gap).
   const Topology topo(dgx_a100(2));
-  const Estimate est = estimate(m, topo, ep_plan());
-  const Estimate sim = simulate(m, topo, ep_plan());
-  CHECK(std::abs(sim.iteration_time_s / est.iteration_time_s - 1) < 0.05);
+  for (const ParallelPlan& q : {ep_plan(), p}) {
+    CAPTURE(q.zero_stage);
+    const Estimate est = estimate(m, topo, q);
+    const Estimate sim = simulate(m, topo, q);
+    CHECK(std::abs(sim.iteration_time_s / est.iteration_time_s - 1) < (q.zero_stage >= 3 ? 0.07 : 0.05));
+    CHECK(est.breakdown.bubble_s - sim.breakdown.bubble_s > 0.0014);
+  }
 }
 
 TEST_CASE("multi-token prediction: each module's lookup, projection, layer and loss on the last stage") {

@@ -109,6 +109,22 @@ TEST_CASE("every fixture plan runs as priced on every target that exports it") {
   CHECK(resolved >= 11);
 }
 
+TEST_CASE("an MoE plan with Megatron-FSDP (ZeRO-3, experts over expert-DP) runs as priced") {
+  // Megatron-LM and Megatron-Bridge write Megatron-FSDP for an MoE plan as for a dense one
+  // (--use-megatron-fsdp, optim_grads_params); the experts' group is Megatron-Core's own.
+  PlanFile pf = fixture_file("mixtral-ep8");
+  pf.plan.zero_stage = 3;
+  pf.plan.trainer = find_trainer("megatron-core")->settings;
+  for (const std::string target : {"megatron", "megatron-bridge"}) {
+    CAPTURE(target);
+    const ExportResult r = export_plan(pf, target);
+    CHECK(r.text.find("optim_grads_params") != std::string::npos);
+    const ResolvedRun run = resolve_export(target, r);
+    CHECK(setting(run, "zero_stage").value == "3");
+    CHECK_MESSAGE(describe(compare_with_plan(run, pf)) == "", r.text << r.notes);
+  }
+}
+
 TEST_CASE("plan --for TARGET runs as priced: the README's Llama-3-70B, Mixtral 8x7B, a 128K-token CP plan" *
           doctest::timeout(120)) {
   const Cluster cluster = cuboid::test::four_dgx_a100();

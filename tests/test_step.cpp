@@ -175,6 +175,9 @@ TEST_CASE("simulator and estimator read one description: mixture-of-experts with
   check_readers("mixtral-8x7b", "dgx-h100.json", 8, moe);
   moe.zero_stage = 2;
   check_readers("mixtral-8x7b", "dgx-h100.json", 8, moe);
+  // Megatron-FSDP: each block's dense part gathered over DP, its experts over expert-DP.
+  moe.zero_stage = 3;
+  check_readers("mixtral-8x7b", "dgx-h100.json", 8, moe);
   ParallelPlan etp = plan_of(2, 2, 16, 0, 256);  // EP 1, ETP = TP: the experts reduce over the DP group
   check_readers("mixtral-8x7b", "dgx-h100.json", 8, etp);
   ParallelPlan cp = plan_of(4, 4, 1, 1, 32);

@@ -16,12 +16,15 @@
 #include "cuboid/core/cluster.hpp"
 #include "cuboid/core/model.hpp"
 #include "cuboid/core/plan.hpp"
+#include "cuboid/core/plan_check.hpp"
 #include "cuboid/core/topology.hpp"
 #include "cuboid/core/trainer.hpp"
 #include "cuboid/core/workload.hpp"
 #include "cuboid/core/zero3.hpp"
 #include "cuboid/cost/cost.hpp"
 #include "cuboid/cost/estimator.hpp"
+#include "cuboid/cost/memory.hpp"
+#include "cuboid/cost/step.hpp"
 #include "cuboid/search/planner.hpp"
 #include "cuboid/sim/simulator.hpp"
 #include "builder.hpp"
@@ -380,4 +383,162 @@ TEST_CASE("GPT-3 175B: DeepSpeed-2021's ZeRO-3 against Megatron's TP x PP at 384
   // FSDP2 (torchtitan) on the same plan barely degrades: the mechanisms, not the sharding, cost DeepSpeed-2021.
   const Result f384 = run(48, "torchtitan", 1, 1), f1536 = run(192, "torchtitan", 1, 1);
   CHECK(f1536.sim.model_tflops_per_gpu >= 0.95 * f384.sim.model_tflops_per_gpu);
+}
+
+// Megatron-FSDP of a mixture-of-experts model (docs/cost-model.md, "ZeRO-3
+// of a mixture-of-experts model"): the small Mixtral of fixtures.hpp (4 MoE
+// layers, h 1024, 16 heads of 64 with 4 KV heads, 8 SwiGLU experts of FFN
+// 2048, RMSNorm, vocab 32,000 untied) on 4 GPUs, TP 1, EP 2 (ETP 1) over DP
+// 4: expert-DP 2. Two micro-batches of 2,048 tokens per rank.
+namespace {
+
+ParallelPlan moe_fsdp_plan() {
+  ParallelPlan p;
+  p.tp = 1;
+  p.pp = 1;
+  p.dp = 4;
+  p.ep = 2;
+  p.etp = 1;
+  p.micro_batch = 1;
+  p.global_batch = 8;
+  p.seq_length = 2048;
+  p.recompute = Recompute::none;
+  p.zero_stage = 3;
+  p.trainer = preset("megatron-core");
+  return p;
+}
+
+// One DGX A100 node of four GPUs.
+Cluster four_gpus() {
+  Cluster c = test::dgx_a100(1);
+  c.gpus_per_node = 4;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("Megatron-FSDP of an MoE model by hand: EP 2 over DP 4, the experts sharded over expert-DP 2") {
+  const ModelSpec m = test::small_mixtral_model();
+  const ParallelPlan p = moe_fsdp_plan();
+  REQUIRE(p.expert_dp() == 2);
+  const std::optional<PlanRejection> why = check_plan(p, m, four_gpus());
+  INFO((why ? describe(*why, m, four_gpus()) : std::string("valid")));
+  CHECK_FALSE(why.has_value());
+  // Per layer: attention 1024 x (1024 + 2 x 256) + 1024 x 1024 = 2,621,440,
+  // two RMSNorms 2,048, router 8 x 1024 = 8,192: 2,631,680 over DP; the
+  // routed experts 8 x 3 x 1024 x 2048 / EP 2 = 25,165,824 over expert-DP.
+  const StageParameters layer = layer_parameter_split(m, p, true);
+  CHECK(layer.dense == 2'631'680.0);
+  CHECK(layer.expert == 25'165'824.0);
+  // The stage: 4 layers, the embedding and LM head 2 x 32,000 x 1024, the
+  // final norm 1024.
+  const StageParameters sp = stage_parameters(m, p, 0);
+  CHECK(sp.dense == 4 * 2'631'680.0 + 65'536'000.0 + 1024.0);  // 76,063,744
+  CHECK(sp.expert == 100'663'296.0);
+  // Weights 2, gradients 4, optimizer states 12 bytes per parameter, each
+  // sharded over its group: dense / 4, experts / 2.
+  const double dense_bytes = 76'063'744.0 * (2 + 4 + 12) / 4;   // 38,031,872 + 76,063,744 + 228,191,232
+  const double expert_bytes = 100'663'296.0 * (2 + 4 + 12) / 2;  // 100,663,296 + 201,326,592 + 603,979,776
+  CHECK(dense_bytes == 342'286'848.0);
+  CHECK(expert_bytes == 905'969'664.0);
+  CHECK(memory_per_gpu(m, p, four_gpus().gpu).weight_and_optimizer_bytes == dense_bytes + expert_bytes);
+  // FP8 with --fp8-param-gather: Megatron-FSDP's gradients in bf16 (2 bytes
+  // less per parameter) and the quantized weights' shards FP8 (1 byte less),
+  // each over its group: the attention's 4 x (1024 x 1536 + 1024 x 1024) =
+  // 10,485,760 linear weights over DP, the experts' 4 x 25,165,824 over
+  // expert-DP (the router and the LM head stay bf16).
+  ParallelPlan fp8 = p;
+  fp8.precision = Precision::fp8_delayed;
+  fp8.fp8_param_gather = true;
+  CHECK(memory_per_gpu(m, fp8, four_gpus().gpu).weight_and_optimizer_bytes ==
+        dense_bytes + expert_bytes - 76'063'744.0 * 2 / 4 - 100'663'296.0 * 2 / 2 - 10'485'760.0 / 4 -
+            100'663'296.0 / 2);  // 1,056,608,256
+
+  // The step: per micro-batch, each pass gathers every unit's dense part
+  // over DP (bf16) and each MoE layer's experts over expert-DP; each
+  // backward reduce-scatters the gradients (fp32) on the same groups.
+  const StepDescription step(m, p, nullptr);
+  std::map<std::string, StepCollective, std::less<>> by_name;
+  const StageStep stage = step.stage(0);
+  for (const StepCollective& c : stage.collectives()) by_name.emplace(std::string(c.name), c);
+  REQUIRE(by_name.count("zero3 gather") == 1);
+  REQUIRE(by_name.count("zero3 gather (experts)") == 1);
+  const StepCollective& dense_gather = by_name.at("zero3 gather");
+  const StepCollective& expert_gather = by_name.at("zero3 gather (experts)");
+  CHECK(dense_gather.group == StepGroup::dp);
+  CHECK(dense_gather.ranks == 4);
+  CHECK(dense_gather.bytes == 2 * 76'063'744.0);
+  CHECK(dense_gather.issues == 4.0);  // 2 micro-batches x forward and backward
+  CHECK(expert_gather.group == StepGroup::expert_dp);
+  CHECK(expert_gather.ranks == 2);
+  CHECK(expert_gather.bytes == 2 * 100'663'296.0);
+  CHECK(expert_gather.issues == 4.0);
+  CHECK(by_name.at("grad reduce").bytes == 4 * 76'063'744.0);
+  CHECK(by_name.at("grad reduce (experts)").bytes == 4 * 100'663'296.0);
+  CHECK(by_name.at("grad reduce (experts)").ranks == 2);
+
+  // The simulator plays each layer's two gathers, the dense part's
+  // 2 x 2,631,680 = 5,263,360 bytes over DP and the experts'
+  // 2 x 25,165,824 = 50,331,648 bytes over expert-DP, and each backward's
+  // two reduce-scatters: over the iteration what the step describes.
+  const Topology topo(four_gpus());
+  const SimOptions options;
+  detail::Builder b(m, topo, p, options);
+  b.build();
+  CHECK(b.played_bytes(0, StepGroup::expert_dp, Collective::all_gather) == doctest::Approx(4 * 4 * 50'331'648.0));
+  CHECK(b.played_bytes(0, StepGroup::dp, Collective::all_gather) == doctest::Approx(4 * 152'127'488.0));
+  CHECK(b.played_bytes(0, StepGroup::expert_dp, Collective::reduce_scatter) ==
+        doctest::Approx(2 * 4 * 4 * 25'165'824.0));
+  CHECK(b.played_bytes(0, StepGroup::dp, Collective::reduce_scatter) == doctest::Approx(2 * 4 * 76'063'744.0));
+  const std::vector<Task> tasks = tasks_of(m, topo, p);
+  CHECK(named(tasks, "zero3_gather layer 2 (experts)").size() == 4);
+  CHECK(named(tasks, "zero3_gather layer 2").size() == 8);  // with the experts' four
+
+  // The analytical estimate plays the same passes.
+  const Estimate sim = simulate(m, topo, p);
+  const Estimate est = estimate(m, topo, p);
+  INFO("simulated " << sim.iteration_time_s << " s, estimated " << est.iteration_time_s << " s");
+  CHECK(std::abs(est.iteration_time_s / sim.iteration_time_s - 1) < 0.03);
+}
+
+TEST_CASE("Megatron-FSDP of an MoE model across nodes: expert-DP over InfiniBand, estimate and simulation agree") {
+  // Qwen3-30B-A3B on 2 DGX H100, EP 8 inside a node, expert-DP 2 across the
+  // two: every MoE layer gathers 16 experts' weights over InfiniBand.
+  const ModelSpec m = load_model(test::source_root() / "models" / "qwen3-30b-a3b.json");
+  const Topology topo(load_cluster(test::source_root() / "topologies" / "dgx-h100.json", 2));
+  PlannerOptions o;
+  o.trainer = "megatron-core";
+  o.tp = 1;
+  o.pp = 1;
+  o.ep = 8;
+  o.dp = 16;
+  o.micro_batch = 1;
+  o.zero_stage = 3;
+  o.recompute = Recompute::none;
+  o.moe_dispatcher = MoeDispatcher::alltoall;
+  o.global_batch = 256;
+  o.seq_length = 4096;
+  const ParallelPlan p = plan_from_options(m, topo.cluster(), o);
+  REQUIRE(p.expert_dp() == 2);
+  const Estimate sim = simulate(m, topo, p);
+  const Estimate est = estimate(m, topo, p);
+  INFO("simulated " << sim.iteration_time_s << " s, estimated " << est.iteration_time_s << " s");
+  CHECK(std::abs(est.iteration_time_s / sim.iteration_time_s - 1) < 0.05);
+  // ZeRO-3 costs more than ZeRO-1 here: the gathers over InfiniBand show.
+  o.zero_stage = 1;
+  const Estimate zero1 = simulate(m, topo, plan_from_options(m, topo.cluster(), o));
+  CHECK(sim.breakdown.dp_comm_s > zero1.breakdown.dp_comm_s);
+}
+
+TEST_CASE("ZeRO-3 of an MoE model by weight tensor (DeepSpeed) stays refused") {
+  const ModelSpec m = test::small_mixtral_model();
+  ParallelPlan p = moe_fsdp_plan();
+  p.trainer = preset("deepspeed-2021");
+  p.flash_attention = false;  // DeepSpeed-2021 runs neither, nor EP: the experts whole, expert-DP = DP
+  p.grad_accum_fusion = false;
+  p.ep = 1;
+  const std::optional<PlanRejection> why = check_plan(p, m, four_gpus());
+  REQUIRE(why.has_value());
+  CHECK(why->field == PlanField::zero_stage);
+  CHECK(describe(*why, m, four_gpus()).find("ZeRO-3 of a mixture-of-experts model") != std::string::npos);
 }

@@ -40,7 +40,7 @@ std::string plain_fix(const PlanRejection& r) {
     case K::tp_shared_ffn: return "choose a TP that divides the shared experts' FFN size";
     case K::ep_fold: return "choose EP and ETP whose product divides TP x CP x DP";
     case K::moe_zero3:
-    case K::mla_zero3: return "use ZeRO 0-2 (Megatron's distributed optimizer is ZeRO 1)";
+    case K::mla_zero3: return "use ZeRO 0-2, or --trainer megatron-core (Megatron-FSDP) for ZeRO 3";
     case K::moe_needs_sp: return "turn sequence parallelism on";
     case K::mla_cp: return "use CP 1 for a latent-attention model";
     case K::precision_no_fp8:

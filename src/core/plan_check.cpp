@@ -219,6 +219,15 @@ Found check_cp(const ParallelPlan& p, const ModelSpec& m) {
   return std::nullopt;
 }
 
+// ZeRO-3 by whole blocks (Megatron-FSDP's and FSDP2's units): what cuboid
+// prices for MoE and latent-attention layers. DeepSpeed's per-tensor units,
+// host waits, list-form collectives and reduce buckets cut a layer by its
+// dense weights (layer_weights) only.
+bool zero3_by_blocks(const TrainerSettings& ts) {
+  return ts.zero3_unit == Zero3Unit::block && !ts.zero3_sync && !ts.zero3_list_collectives &&
+         ts.zero3_reduce_bucket_params <= 0;
+}
+
 // The experts' dimensions, as Megatron-Core constrains them (arguments.py,
 // moe_layer.py, parallel_state.py at d98e8a64), and the ETP cuboid models.
 Found check_experts(const ParallelPlan& p, const ModelSpec& m) {
@@ -240,7 +249,11 @@ Found check_experts(const ParallelPlan& p, const ModelSpec& m) {
   const std::int64_t dense = static_cast<std::int64_t>(p.tp) * p.cp * p.dp;
   const std::int64_t folded = static_cast<std::int64_t>(p.expert_tp()) * p.ep;
   if (dense % folded != 0) return reject(K::ep_fold, F::ep, folded, dense);
-  if (p.zero_stage >= 3) return reject(K::moe_zero3, F::zero_stage);
+  // ZeRO-3 of an MoE model is priced as Megatron-FSDP runs it (and FSDP2,
+  // whose experts are an FSDP module of their own in each block): whole
+  // blocks, the routed experts a bucket of their own over expert-DP
+  // (step.cpp).
+  if (p.zero_stage >= 3 && !zero3_by_blocks(p.trainer)) return reject(K::moe_zero3, F::zero_stage);
   if (p.tp > 1 && !p.sequence_parallel) return reject(K::moe_needs_sp, F::sequence_parallel);
   return std::nullopt;
 }
@@ -248,7 +261,7 @@ Found check_experts(const ParallelPlan& p, const ModelSpec& m) {
 Found check_latent_attention(const ParallelPlan& p, const ModelSpec& m) {
   if (!m.mla.enabled()) return std::nullopt;
   if (p.cp > 1) return reject(K::mla_cp, F::cp);
-  if (p.zero_stage >= 3) return reject(K::mla_zero3, F::zero_stage);
+  if (p.zero_stage >= 3 && !zero3_by_blocks(p.trainer)) return reject(K::mla_zero3, F::zero_stage);
   return std::nullopt;
 }
 
@@ -549,12 +562,15 @@ std::string describe_experts(const PlanRejection& r, const ModelSpec& m) {
       return "ETP x EP = " + n(v[0]) + " does not divide the TP x CP x DP = " + n(v[1]) +
              " ranks of a pipeline stage, which the experts regroup";
     case K::moe_zero3:
-      return "ZeRO-3 of a mixture-of-experts model is not modelled (cuboid gathers whole dense layers)";
+      return "ZeRO-3 of a mixture-of-experts model is modelled for trainers that gather whole blocks (Megatron-FSDP, "
+             "FSDP2) only, not by weight tensor, host waits, list-form collectives or reduce buckets (DeepSpeed)";
     case K::moe_needs_sp:
       return "a mixture-of-experts layer with TP > 1 needs sequence parallelism (Megatron-Core refuses to train "
              "without it)";
     case K::mla_cp: return "context parallelism with latent attention is not modelled";
-    case K::mla_zero3: return "ZeRO-3 of a latent-attention model is not modelled";
+    case K::mla_zero3:
+      return "ZeRO-3 of a latent-attention model is modelled for trainers that gather whole blocks (Megatron-FSDP, "
+             "FSDP2) only, not by weight tensor, host waits, list-form collectives or reduce buckets (DeepSpeed)";
     case K::ep_overlap_refused: return describe_ep_overlap(static_cast<EpOverlapRefusal>(v[0]), v[1], m);
     case K::cuda_graph_module_refused: return describe_cuda_graph_modules(static_cast<CudaGraphRefusal>(v[0]));
     default: return "";

@@ -614,6 +614,10 @@ struct Zero3Step {
   std::vector<double> grads;  // per parameter tensor
   std::int64_t tensor = -1;
   double quantized = 0;  // of `params`, the quantized linear weights (StepDescription::gathered_bytes)
+  // Of `params` and `quantized`, the routed experts' (gathered over
+  // expert-DP), and the experts' gradients ready after it (reduced there);
+  // the rest over DP x CP (Megatron-FSDP's buckets per unit and group).
+  double expert = 0, expert_quantized = 0, expert_grads = 0;
 };
 
 // `pace`: the compute's slowdown at the job's slowest GPU (speed spread);
@@ -636,17 +640,22 @@ double ops_ns(const GpuProfile& gpu, const std::vector<Op>& ops, std::size_t fir
 
 // A layer's steps: one block, or (tensor units) its weights' parts as the
 // simulator cuts them (split_by_weight), recompute then backward.
+// A block's routed experts (`expert` of `params`; `expert_quantized` of its
+// quantized weights) are gathered and reduced over expert-DP, and only
+// where expert-DP shards them (more than one rank).
 void layer_steps(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerOps& ops,
                  const GroupLinks& tp_links, double params, std::int64_t id, bool forward, double pace,
-                 std::vector<Zero3Step>& out) {
+                 std::vector<Zero3Step>& out, double expert = 0, double expert_quantized = 0) {
   const TrainerSettings& ts = plan.trainer;
   if (ts.zero3_unit == Zero3Unit::block) {
     double t = 0, tp_ns = 0;
     for (const std::vector<Op>* list : forward ? std::vector<const std::vector<Op>*>{&ops.forward}
                                                : std::vector<const std::vector<Op>*>{&ops.recompute, &ops.backward})
       t += ops_ns(gpu, *list, 0, list->size(), plan.tp, tp_links, pace, &tp_ns);
-    out.push_back(Zero3Step{t, tp_ns, params, forward ? std::vector<double>{} : std::vector<double>{params}, -1,
-                            quantized_weight_elements(ops)});
+    if (plan.expert_dp() <= 1) params -= expert, expert = 0, expert_quantized = 0;
+    const double dense = params - expert;
+    out.push_back(Zero3Step{t, tp_ns, params, forward ? std::vector<double>{} : std::vector<double>{dense}, -1,
+                            quantized_weight_elements(ops), expert, expert_quantized, forward ? 0.0 : expert});
     return;
   }
   const std::vector<LayerWeight> weights = layer_weights(m, plan);
@@ -696,11 +705,12 @@ struct Zero3Pass {
 };
 
 Zero3Pass zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, const ParallelPlan& plan,
-                     const GpuProfile& gpu, const GroupLinks& dp_links, const StepDescription& step,
-                     double held_pace) {
+                     const GpuProfile& gpu, const GroupLinks& dp_links, const GroupLinks& expert_links,
+                     const StepDescription& step, double held_pace) {
   const double param_bytes = step.param_bytes_per_param(), grad_bytes = step.grad_bytes_per_param();
   const TrainerSettings& ts = plan.trainer;
   const int dp = plan.dp_cp();
+  const int edp = step.expert_dp();
   std::vector<Zero3Use> uses;
   uses.reserve(steps.size());
   for (const Zero3Step& st : steps) uses.push_back(Zero3Use{st.params, st.tensor});
@@ -710,7 +720,17 @@ Zero3Pass zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, cons
   double issue = 0;     // without zero3_sync: when the chain a gather depends on ends
   std::vector<double> ready(steps.size(), 0.0);
   auto gather = [&](std::size_t j) {
-    const double bytes = step.gathered_bytes(steps[j].params, steps[j].quantized);
+    const Zero3Step& st = steps[j];
+    // The routed experts' bucket after the rest, on the same stream.
+    if (st.expert > 0) {
+      const double own = step.gathered_bytes(st.params - st.expert, st.quantized - st.expert_quantized);
+      const double experts = step.gathered_bytes(st.expert, st.expert_quantized);
+      d = std::max(d, issue) + comm_ns(Collective::all_gather, own, dp, dp_links) +
+          comm_ns(Collective::all_gather, experts, edp, expert_links);
+      ready[j] = d;
+      return;
+    }
+    const double bytes = step.gathered_bytes(st.params, st.quantized);
     if (ts.zero3_sync) {
       c = std::max(c, d) + static_cast<double>(memory_bound_time_ns(gpu, bytes));
       issue = c;
@@ -728,7 +748,7 @@ Zero3Pass zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, cons
     if (ts.zero3_list_collectives) d += static_cast<double>(list_collective_copies_ns(gpu, bytes, dp));
     d += comm_ns(Collective::reduce_scatter, bytes, dp, dp_links);
   };
-  auto reduce = [&](const std::vector<double>& tensors, double after) {
+  auto reduce = [&](const std::vector<double>& tensors, double after, double experts = 0) {
     d = std::max(d, after);
     if (ts.zero3_reduce_per_tensor) {
       for (const double t : tensors) reduce_one(t);
@@ -737,6 +757,7 @@ Zero3Pass zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, cons
       for (const double t : tensors) all += t;
       reduce_one(all);
     }
+    if (experts > 0) d += comm_ns(Collective::reduce_scatter, experts * grad_bytes, edp, expert_links);
   };
   const auto bucket = static_cast<double>(ts.zero3_reduce_bucket_params);
   double acc = 0, held_ready = 0;
@@ -789,7 +810,7 @@ Zero3Pass zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, cons
         if (held_current) held_ready = c;
         held_current = false;
       } else {
-        reduce(st.grads, c);
+        reduce(st.grads, c, st.expert_grads);
       }
     }
   }
@@ -802,15 +823,34 @@ Zero3Pass zero3_pass_ns(const std::vector<Zero3Step>& steps, bool reducing, cons
 // per micro-batch and model chunk, a forward and a backward pass over the
 // stage's units (the embedding and the LM head on their stages' first and
 // last chunk, as the simulator's units).
+// An MoE model's layers: its MoE layers' and its dense layers' parameters
+// (layer_parameter_split), each block's routed experts over expert-DP; an
+// MoE layer's blocking dispatch and combine (`ep_layer`, one layer's, null
+// without EP; `ep_layer_rc`, those of its recomputed forward, which a
+// partial full recomputation's stored layers do not run) are part of its
+// step, the DP stream running beside them as beside its compute (priced in
+// ep_comm_s, not here).
 double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
-                        const GroupLinks& tp_links, const GroupLinks& dp_links, int stage, double pace,
-                        const CommTimes& ct, const StepDescription& step, double& sm_ns) {
+                        const GroupLinks& tp_links, const GroupLinks& dp_links, const GroupLinks& expert_links,
+                        const PassTimes* ep_layer, const PassTimes* ep_layer_rc, int stage, double pace,
+                        const CommTimes& ct,
+                        const StepDescription& step, double& sm_ns) {
   const int pp = std::max(1, plan.pp);
   const int v = plan.schedule == Schedule::interleaved ? std::max(1, plan.virtual_stages) : 1;
   const int tp = std::max(1, plan.tp);
-  const double per_layer = static_cast<double>(m.parameters_per_layer()) / tp;
+  const bool moe = m.moe.enabled();
+  const StageParameters moe_layer = layer_parameter_split(m, plan, moe);
+  const StageParameters dense_layer = moe ? layer_parameter_split(m, plan, false) : moe_layer;
+  const double per_layer = moe_layer.total();
   const int layers = layers_on_stage(plan, m.num_layers, stage);
-  const double extra = parameters_on_stage(m, plan, stage) - per_layer * layers;
+  const int moe_layers = moe ? moe_layers_on_stage(m, plan, stage) : layers;
+  const double extra =
+      parameters_on_stage(m, plan, stage) - per_layer * moe_layers - dense_layer.total() * (layers - moe_layers);
+  // The stage's routed experts beyond its layers' (multi-token prediction's
+  // MoE layer), gathered with the LM head.
+  const double extra_expert =
+      moe ? std::max(0.0, stage_parameters(m, plan, stage).expert - moe_layer.expert * moe_layers) : 0.0;
+  const double moe_quantized_expert = quantized_layer_weights(m, plan, moe).expert;
   const double embed_params =
       static_cast<double>(padded_vocab_size(m.vocab_size, tp)) / tp * static_cast<double>(m.hidden_size);
   const double micro_batches = static_cast<double>(plan.num_micro_batches());
@@ -825,15 +865,48 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
     steps.push_back(Zero3Step{(forward ? t.fwd_compute : t.bwd_compute) * pace + tp_ns, tp_ns, params,
                               forward ? std::vector<double>{} : std::vector<double>{params}, -1, 0.0});
   };
+  // Of a unit's parameters, `expert` routed experts' (where expert-DP shards them).
+  auto add_expert = [&](Zero3Step& st, double expert, bool forward) {
+    if (plan.expert_dp() <= 1) {
+      st.params -= expert;
+      if (!forward) st.grads.assign(1, st.params);
+      return;
+    }
+    st.expert = expert;
+    if (!forward) {
+      st.grads.assign(1, st.params - expert);
+      st.expert_grads = expert;
+    }
+  };
   // One layer's steps, priced once (tensor ids of layer 0: the weight index).
-  std::vector<Zero3Step> layer_fwd, layer_bwd, layer_bwd_stored;
-  layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, 0, true, pace, layer_fwd);
-  layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, 0, false, pace, layer_bwd);
+  std::vector<Zero3Step> layer_fwd, layer_bwd, layer_bwd_stored, dense_fwd, dense_bwd, dense_bwd_stored;
+  layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, 0, true, pace, layer_fwd, moe_layer.expert,
+              moe_quantized_expert);
+  layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, 0, false, pace, layer_bwd, moe_layer.expert,
+              moe_quantized_expert);
   // A partial full recomputation's stored layers: the backward alone.
-  if (plan.recompute == Recompute::full) {
+  const bool full = plan.recompute == Recompute::full;
+  if (full) {
     LayerOps stored = lc.layer;
     stored.recompute.clear();
-    layer_steps(m, gpu, plan, stored, tp_links, per_layer, 0, false, pace, layer_bwd_stored);
+    layer_steps(m, gpu, plan, stored, tp_links, per_layer, 0, false, pace, layer_bwd_stored, moe_layer.expert,
+                moe_quantized_expert);
+  }
+  if (lc.mixed) {
+    layer_steps(m, gpu, plan, lc.dense, tp_links, dense_layer.total(), 0, true, pace, dense_fwd);
+    layer_steps(m, gpu, plan, lc.dense, tp_links, dense_layer.total(), 0, false, pace, dense_bwd);
+    if (full) {
+      LayerOps stored = lc.dense;
+      stored.recompute.clear();
+      layer_steps(m, gpu, plan, stored, tp_links, dense_layer.total(), 0, false, pace, dense_bwd_stored);
+    }
+  }
+  if (ep_layer != nullptr && plan.trainer.zero3_unit == Zero3Unit::block) {
+    for (Zero3Step& st : layer_fwd) st.compute_ns += ep_layer->fwd_ep, st.tp_ns += ep_layer->fwd_ep;
+    for (Zero3Step& st : layer_bwd) st.compute_ns += ep_layer->bwd_ep, st.tp_ns += ep_layer->bwd_ep;
+    // A stored layer's backward has no recomputed forward's exchanges.
+    const double stored_ep = ep_layer->bwd_ep - (ep_layer_rc != nullptr ? ep_layer_rc->bwd_ep : 0.0);
+    for (Zero3Step& st : layer_bwd_stored) st.compute_ns += stored_ep, st.tp_ns += stored_ep;
   }
   for (int chunk = 0; chunk < v; ++chunk) {
     const int vs = chunk * pp + stage;
@@ -846,23 +919,30 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
       steps.clear();
       if (forward && first) whole(lc.embed, lc.embed_compute, e, true);
       if (!forward && last) whole(lc.head, lc.head_compute, h, false);
-      // Every layer has the same steps; only the tensor ids differ.
+      if (!forward && last && extra_expert > 0) add_expert(steps.back(), extra_expert, false);
+      // Every layer of a kind has the same steps; only the tensor ids differ.
       const int chunk_layers = layers_in_chunk(plan, m.num_layers, stage, chunk);
+      const int first_layer = first_layer_of_chunk(plan, m.num_layers, stage, chunk);
       for (int l = 0; l < chunk_layers; ++l) {
         const std::int64_t id = forward ? l + 1 : chunk_layers - l;
+        const int layer = first_layer + static_cast<int>(id) - 1;
+        const bool dense = lc.mixed && !m.moe.moe_layers[static_cast<std::size_t>(layer)];
         const bool stored = !forward && plan.recompute == Recompute::full && !recomputes_layer(plan, chunk_layers - 1 - l);
-        const std::vector<Zero3Step>& one = forward ? layer_fwd : stored ? layer_bwd_stored : layer_bwd;
+        const std::vector<Zero3Step>& one = forward ? (dense ? dense_fwd : layer_fwd)
+                                            : dense ? (stored ? dense_bwd_stored : dense_bwd)
+                                                    : (stored ? layer_bwd_stored : layer_bwd);
         for (Zero3Step st : one) {
           if (st.tensor >= 0) st.tensor += id * 8;
           steps.push_back(std::move(st));
         }
       }
       if (forward && last) whole(lc.head, lc.head_compute, h, true);
+      if (forward && last && extra_expert > 0) add_expert(steps.back(), extra_expert, true);
       if (!forward && first) whole(lc.embed, lc.embed_compute, e, false);
       double compute = 0;
       for (const Zero3Step& st : steps) compute += st.compute_ns;
-      const Zero3Pass pass =
-          zero3_pass_ns(steps, !forward, plan, gpu, dp_links, step, forward ? ct.held_fwd : ct.held_bwd);
+      const Zero3Pass pass = zero3_pass_ns(steps, !forward, plan, gpu, dp_links, expert_links, step,
+                                           forward ? ct.held_fwd : ct.held_bwd);
       exposed += micro_batches * std::max(0.0, pass.length_ns - compute - pass.sm_ns);
       sm_ns += micro_batches * pass.sm_ns;
     }
@@ -1253,7 +1333,10 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     sl.pair_hidden_ns = pair_hidden_ns;
     bd.dp_comm_s = fold_step_collectives(stage_step, step, crit, ct, micro_batches, sl, [&](double& sm_ns) {
                                            return zero3_exposed_ns(m, gpu, plan, lc, pl.tp_links[pl.stage_tp[c]],
-                                                                   pl.dp_links[c], critical, pace, ct, step, sm_ns);
+                                                                   pl.dp_links[c], *sl.expert,
+                                                                   ct.ep.empty() ? nullptr : &ct.ep[pl.stage_ep[c]],
+                                                                   ct.ep_rc.empty() ? nullptr : &ct.ep_rc[pl.stage_ep[c]],
+                                                                   critical, pace, ct, step, sm_ns);
                                          }, bd.compute_s, folded != nullptr ? &folded->collectives : nullptr,
                                          critical, v, embedding_params) *
                    1e-9;

@@ -196,14 +196,19 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
     // instead of bf16, the columnwise copy made for each gathered layer only
     // (as the gathered units, not counted); without it Transformer Engine
     // caches every layer's two copies, as above, whole on every rank.
-    const double d = plan.dp_cp();
+    // The routed experts' shards are over expert-DP (their own buckets).
+    const double d = plan.dp_cp(), ed = plan.expert_dp();
     mem.weight_and_optimizer_bytes -= params.dense * (kFp32Bytes - kBf16Bytes) / d;
-    const double quantized = quantized_weights_on_stage(m, plan, stage);
+    if (params.expert > 0) mem.weight_and_optimizer_bytes -= params.expert * (kFp32Bytes - kBf16Bytes) / ed;
+    const StageParameters quantized = quantized_stage_weights(m, plan, stage);
     const double e = quantized_element_bytes(plan.precision);
-    if (plan.fp8_param_gather)
-      mem.weight_and_optimizer_bytes += quantized * ((plan.precision == Precision::mxfp8 ? 2 * e : e) - kBf16Bytes) / d;
-    else
-      mem.weight_and_optimizer_bytes += quantized * 2.0 * e;
+    const double shard = (plan.precision == Precision::mxfp8 ? 2 * e : e) - kBf16Bytes;
+    if (plan.fp8_param_gather) {
+      mem.weight_and_optimizer_bytes += quantized.dense * shard / d;
+      if (quantized.expert > 0) mem.weight_and_optimizer_bytes += quantized.expert * shard / ed;
+    } else {
+      mem.weight_and_optimizer_bytes += quantized.total() * 2.0 * e;
+    }
   } else if (plan.precision != Precision::bf16) {
     mem.weight_and_optimizer_bytes +=
         quantized_weights_on_stage(m, plan, stage) *
@@ -325,11 +330,10 @@ double parameters_on_stage(const ModelSpec& m, const ParallelPlan& plan, int sta
   return params / plan.tp + mtp;
 }
 
-namespace {
-
 // A layer's quantized weights: the routed experts' and the others.
 StageParameters quantized_layer_weights(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer) {
   StageParameters w;
+  if (plan.precision == Precision::bf16) return w;
   for (const Op& op : transformer_layer_ops(m, plan, moe_layer).forward) {
     if (op.kind != OpKind::gemm || op.precision == Precision::bf16) continue;
     const double elements = static_cast<double>(op.k) * static_cast<double>(op.n) * static_cast<double>(op.batch);
@@ -337,6 +341,8 @@ StageParameters quantized_layer_weights(const ModelSpec& m, const ParallelPlan& 
   }
   return w;
 }
+
+namespace {
 
 void add_scaled(StageParameters& into, const StageParameters& w, double times) {
   into.dense += times * w.dense;
@@ -396,6 +402,11 @@ StageRecompute stage_recompute(const ModelSpec& m, const ParallelPlan& plan, int
     }
   }
   return r;
+}
+
+StageParameters layer_parameter_split(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer) {
+  if (!m.moe.enabled()) return StageParameters{static_cast<double>(m.parameters_per_layer()) / plan.tp, 0.0};
+  return layer_split(m, plan, moe_layer);
 }
 
 double layer_parameters_on_gpu(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer) {

@@ -104,11 +104,22 @@ StageStep StepDescription::stage(int stage) const {
     if (edp_ > 1 && sp.expert > 0)
       out.add({"grad reduce (experts)", expert_group, c, edp_, sp.expert * grad_bytes_, times, when});
     // FSDP's and Megatron-FSDP's blocks: the forward and the backward of
-    // every micro-batch gather each unit they use.
-    if (zero_ >= 3 && dp_ > 1)
-      out.add({"zero3 gather", StepGroup::dp, Collective::all_gather, dp_,
-               gathered_bytes(sp.total(), quantized_stage_weights(m_, plan_, stage).total()), 2.0 * micro_batches,
-               StepWhen::zero3_units});
+    // every micro-batch gather each unit they use. An MoE model's routed
+    // experts are a bucket of their own per unit, sharded and gathered over
+    // expert-DP (Megatron-LM d98e8a64 megatron_fsdp/param_and_grad_buffer.py:
+    // bucket groups keyed by (fsdp_unit_id, is_expert_param), is_expert_param
+    // for names with ".experts."; each group's collectives on
+    // dist_index.get_fsdp_group(is_expert_parallel=group.is_expert_param));
+    // where expert-DP is one rank they stay whole and gather nothing.
+    if (zero_ >= 3 && dp_ > 1) {
+      const StageParameters quantized = quantized_stage_weights(m_, plan_, stage);
+      const bool experts_apart = edp_ > 1 && sp.expert > 0;
+      out.add({"zero3 gather", StepGroup::dp, Collective::all_gather, dp_, gathered_bytes(sp.dense, quantized.dense),
+               2.0 * micro_batches, StepWhen::zero3_units});
+      if (experts_apart)
+        out.add({"zero3 gather (experts)", expert_group, Collective::all_gather, edp_,
+                 gathered_bytes(sp.expert, quantized.expert), 2.0 * micro_batches, StepWhen::zero3_units});
+    }
   }
   if (tied_bytes_ > 0 && (stage == 0 || stage == pp_ - 1)) out.add(tied_embedding());
   if (gathers_after_step()) {

@@ -304,6 +304,7 @@ void Builder::make_units() {
   // A layer's parameters on the GPU (an MoE model's: its MoE layers' and
   // its dense layers').
   const double per_layer = layer_parameters_on_gpu(m_, plan_, m_.moe.enabled());
+  const double per_layer_expert = layer_parameter_split(m_, plan_, m_.moe.enabled()).expert;
   const double per_dense_layer = layer_parameters_on_gpu(m_, plan_, false);
   auto is_moe = [&](int layer) { return m_.moe.enabled() && m_.moe.moe_layers[static_cast<std::size_t>(layer)]; };
   work_.units.assign(static_cast<std::size_t>(shape_.pp), {});
@@ -340,13 +341,17 @@ void Builder::make_units() {
         else
           units.push_back(Unit{&p.layer_fwd, stored ? &p.layer_bwd_stored : &p.layer_bwd, per_layer, label, {}, {}});
         units.back().layer = first + l;
+        if (units.back().fwd == &p.layer_fwd) units.back().expert = per_layer_expert;
       }
       if (vs == shape_.vs_count - 1) {
         // The multi-token prediction modules after the layers (each with its
         // own lookup, layer and loss), then the LM head.
-        const double mtp_params = mtp_parameters(m_, plan_).total() / static_cast<double>(std::max<std::int64_t>(1, m_.mtp_layers));
+        const StageParameters mtp = mtp_parameters(m_, plan_);
+        const auto mtp_count = static_cast<double>(std::max<std::int64_t>(1, m_.mtp_layers));
+        const double mtp_params = mtp.total() / mtp_count;
         for (std::int64_t k = 0; k < m_.mtp_layers; ++k) {
           units.push_back(Unit{&p.mtp_fwd, &p.mtp_bwd, mtp_params, "mtp " + std::to_string(k), {}, {}});
+          units.back().expert = mtp.expert / mtp_count;
           extra -= mtp_params;
         }
         units.push_back(Unit{&p.head_fwd, &p.head_bwd, std::max(0.0, extra), "lm_head", {}, {}});
@@ -377,14 +382,26 @@ void Builder::make_parts(std::vector<Unit>& units, const Programs& p) {
   const bool quantizes = plan_.precision != Precision::bf16;
   const double quantized_layer = quantizes ? quantized_weight_elements(transformer_layer_ops(m_, plan_, m_.moe.enabled())) : 0.0;
   const double quantized_dense = quantizes ? quantized_weight_elements(transformer_layer_ops(m_, plan_, false)) : 0.0;
+  const double quantized_expert = quantized_layer_weights(m_, plan_, m_.moe.enabled()).expert;
   for (std::size_t k = 0; k < units.size(); ++k) {
     Unit& u = units[k];
     u.fwd_parts.clear();
     u.bwd_parts.clear();
     if (!tensor || u.fwd != &p.layer_fwd) {
       const double q = u.fwd == &p.layer_fwd ? quantized_layer : u.fwd == &p.dense_fwd ? quantized_dense : 0.0;
-      u.fwd_parts.push_back(Part{u.fwd, u.params, 0, {}, -1, u.name, q});
-      u.bwd_parts.push_back(Part{u.bwd, u.params, u.params, {u.params}, -1, u.name, q});
+      // The routed experts: gathered and reduced over expert-DP where it
+      // shards them, resident (and reduced nowhere) where it is one rank.
+      const bool sharded = shape_.edp > 1;
+      const double expert = sharded ? u.expert : 0.0;
+      const double params = u.params - (sharded ? 0.0 : u.expert);
+      const double eq = expert > 0 && u.fwd == &p.layer_fwd ? quantized_expert : 0.0;
+      Part fp{u.fwd, params, 0, {}, -1, u.name, q};
+      Part bp{u.bwd, params, params, {params - expert}, -1, u.name, q};
+      fp.expert = bp.expert = expert;
+      fp.expert_quantized = bp.expert_quantized = eq;
+      bp.expert_grads = expert;
+      u.fwd_parts.push_back(std::move(fp));
+      u.bwd_parts.push_back(std::move(bp));
       continue;
     }
     const auto base = static_cast<std::int64_t>(k) * 8;

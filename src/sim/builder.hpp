@@ -85,6 +85,10 @@ struct Part {
   std::int64_t tensor = -1;  // Zero3Use::tensor
   std::string name;
   double quantized = 0;      // of `params`, the quantized linear weights (StepDescription::gathered_bytes)
+  // Of `params` and `quantized`, the routed experts' (gathered over
+  // expert-DP after the rest), and of `grads` the experts' (reduced there,
+  // not in grad_tensors): Megatron-FSDP's buckets per unit and group.
+  double expert = 0, expert_quantized = 0, expert_grads = 0;
 };
 
 // One unit of a model chunk: the embedding, a transformer layer or the LM head.
@@ -95,6 +99,7 @@ struct Unit {
   std::string name;
   std::vector<Part> fwd_parts, bwd_parts;  // ZeRO-3 only, in execution order
   int layer = -1;                          // a decoder layer's index in the model; -1: embedding, head, MTP
+  double expert = 0;                       // of `params`, the routed experts'
 };
 
 class Builder {
@@ -219,7 +224,8 @@ class Builder {
   // Everything issued so far into z.deps: what torch.cuda.synchronize waits for.
   void zero3_drain(Zero3Pass& z);
   void zero3_gather(Zero3Pass& z, std::size_t part);
-  void zero3_reduce(Zero3Pass& z, const std::vector<double>& tensors, const std::vector<TaskId>& after);
+  void zero3_reduce(Zero3Pass& z, const std::vector<double>& tensors, const std::vector<TaskId>& after,
+                    double experts = 0);
   void zero3_fill_bucket(Zero3Pass& z, const Part& pt);
   bool zero3_tensor() const;
   PassTemplate& pass_template(int stage, const ScheduleStep& st, bool reduce_now);

@@ -457,7 +457,7 @@ void Builder::play_zero3(int stage, const ScheduleStep& st, bool reduce_now) {
         if (z.held_current) z.held_deps = z.end_deps;
         z.held_current = false;
       } else {
-        zero3_reduce(z, pt.grad_tensors, z.end_deps);
+        zero3_reduce(z, pt.grad_tensors, z.end_deps, pt.expert_grads);
       }
     }
     if (k + 1 == parts.size() || scratch_.zero3_units[k + 1] != &unit) offload_after(ch, unit, fwd);
@@ -494,8 +494,16 @@ void Builder::zero3_gather(Zero3Pass& z, std::size_t j) {
     ch.deps.assign(1, zf);
     ch.async.clear();
   }
-  const TaskId g = emit_collective(Collective::all_gather, z.me.dp_group, bytes, z.me.dp, ch.deps, z.dp_meta);
+  const double own = pt.expert > 0 ? step_.gathered_bytes(pt.params - pt.expert, pt.quantized - pt.expert_quantized)
+                                   : bytes;
+  TaskId g = emit_collective(Collective::all_gather, z.me.dp_group, own, z.me.dp, ch.deps, z.dp_meta);
   label(g, z.stage, "zero3_gather " + pt.name, "dp");
+  if (pt.expert > 0) {
+    // The experts' bucket, after the rest on the same stream.
+    g = emit_collective(Collective::all_gather, shape_.expert_group ? z.me.edp_group : z.me.dp_group,
+                        step_.gathered_bytes(pt.expert, pt.expert_quantized), z.me.dp, ch.deps, z.dp_meta);
+    label(g, z.stage, "zero3_gather " + pt.name + " (experts)", "dp");
+  }
   scratch_.gathers[j] = g;
   z.dp_tail = g;
   if (ts.zero3_list_collectives) {
@@ -508,7 +516,8 @@ void Builder::zero3_gather(Zero3Pass& z, std::size_t j) {
 
 // One reduce-scatter per tensor (zero3_reduce_per_tensor) or of them all,
 // each after its list-form copies; the DP stream runs them in turn.
-void Builder::zero3_reduce(Zero3Pass& z, const std::vector<double>& tensors, const std::vector<TaskId>& after) {
+void Builder::zero3_reduce(Zero3Pass& z, const std::vector<double>& tensors, const std::vector<TaskId>& after,
+                           double experts) {
   const TrainerSettings& ts = plan_.trainer;
   double all = 0;
   for (const double t : tensors) all += t;
@@ -525,6 +534,14 @@ void Builder::zero3_reduce(Zero3Pass& z, const std::vector<double>& tensors, con
     const TaskId t = emit_collective(Collective::reduce_scatter, z.me.dp_group, bytes, z.me.dp, z.deps, z.dp_meta,
                                      /*dp_reduction=*/true);
     label(t, z.stage, "grad bucket " + z.pass_name, "dp");
+    z.dp_tail = t;
+  }
+  if (experts > 0) {
+    z.deps.assign(after.begin(), after.end());
+    const TaskId t = emit_collective(Collective::reduce_scatter, shape_.expert_group ? z.me.edp_group : z.me.dp_group,
+                                     experts * step_.grad_bytes_per_param(), z.me.dp, z.deps, z.dp_meta,
+                                     /*dp_reduction=*/true);
+    label(t, z.stage, "grad bucket " + z.pass_name + " (experts)", "dp");
     z.dp_tail = t;
   }
 }

@@ -82,6 +82,12 @@ double moe_dispatch_buffer_bytes(const ModelSpec& m, const ParallelPlan& plan);
 // for a dense layer (Megatron's counting), stage_parameters' counting for an
 // MoE layer (`moe_layer`), its routed experts / (ETP x EP) included.
 double layer_parameters_on_gpu(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer);
+// The same layer's parameters split as the optimizer shards them (and
+// Megatron-FSDP groups them, ZeRO-3): the routed experts' and the rest. A
+// dense model's layer is all `dense`.
+StageParameters layer_parameter_split(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer);
+// Of them, the linear weights an FP8 / FP4 plan runs quantized (0 for bf16).
+StageParameters quantized_layer_weights(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer);
 
 // Elements of the weights stage `stage` runs quantized (an FP8 / FP4 plan's
 // linear layers, multi-token prediction included; 0 for bf16): the FP8
