@@ -48,6 +48,15 @@ void refuse_offload(const PlanFile& pf, std::string_view trainer, std::string_vi
          "export with --to megatron or --to megatron-bridge, or plan without --offload-activations");
 }
 
+void refuse_recompute_layers(const PlanFile& pf, std::string_view why) {
+  const ParallelPlan& p = pf.plan;
+  if (!p.recompute_layers_set()) return;
+  refuse(pf, p.recompute_method != RecomputeMethod::uniform ? "parallel.recompute_method" : "parallel.recompute_num_layers",
+         std::string(why),
+         "plan without --recompute-method and --recompute-num-layers, or export with --to megatron, --to "
+         "megatron-bridge or --to nemo");
+}
+
 void refuse_pipeline_layout(const PlanFile& pf, std::string_view trainer) {
   const ParallelPlan& p = pf.plan;
   if (!has_pipeline_layout(p)) return;

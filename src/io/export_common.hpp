@@ -26,6 +26,11 @@ void refuse_megatron_overlaps(const PlanFile& pf, std::string_view trainer, bool
 // (--offload-activations): only the Megatron-Core exports write it; `why`
 // says what the target has instead.
 void refuse_offload(const PlanFile& pf, std::string_view trainer, std::string_view why);
+// Refuses a plan with Megatron-Core's partial full recomputation (a
+// --recompute-method or --recompute-num-layers other than uniform 1): only
+// the Megatron-LM, Megatron-Bridge and NeMo exports write it; `why` says
+// what the target's checkpointing does instead.
+void refuse_recompute_layers(const PlanFile& pf, std::string_view why);
 
 bool default_rank_order(const ParallelPlan& p);
 // Index of `d` in the rank order, 0 = innermost.

@@ -66,13 +66,11 @@ void check_layout(const PlanFile& pf) {
            "DeepSpeed has no selective (attention-core) recomputation; its activation checkpointing recomputes whole "
            "layers",
            "plan with --recompute none or full");
-  if (p.recompute_layers_set())
-    refuse(pf, p.recompute_method != RecomputeMethod::uniform ? "parallel.recompute_method" : "parallel.recompute_num_layers",
-           "DeepSpeed's pipeline engine checkpoints every layer of a stage (pipeline.activation_checkpoint_interval "
-           "counts the stage's embedding and head among its layers), not Megatron-Core's block or uniform method of "
-           "each model chunk's decoder layers",
-           "plan without --recompute-method and --recompute-num-layers, or export with --to megatron, --to "
-           "megatron-bridge or --to nemo");
+  refuse_recompute_layers(pf,
+                          "DeepSpeed's pipeline engine checkpoints every layer of a stage "
+                          "(pipeline.activation_checkpoint_interval counts the stage's embedding and head "
+                          "among its layers), not Megatron-Core's block or uniform method of each model "
+                          "chunk's decoder layers");
   if (p.recompute == Recompute::full && p.pp == 1)
     refuse(pf, "parallel.recompute",
            "without pipeline parallelism DeepSpeed's config cannot switch recomputation on (the model code calls "

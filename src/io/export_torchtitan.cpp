@@ -130,13 +130,10 @@ void check_common(const PlanFile& pf) {
            "which the plan's EP overlap prices)",
            "plan with --moe-ep-overlap off, or export with --to megatron or --to megatron-bridge");
   refuse_offload(pf, "cuboid's torchtitan export", "torchtitan's activation checkpointing recomputes; it does not offload");
-  if (p.recompute_layers_set())
-    refuse(pf, p.recompute_method != RecomputeMethod::uniform ? "parallel.recompute_method" : "parallel.recompute_num_layers",
-           "torchtitan's activation_checkpoint.mode \"full\" wraps every transformer block in a checkpoint of its "
-           "own (its selective mode's layer option checkpoints every N-th block, not a chunk's first N or groups of "
-           "N)",
-           "plan without --recompute-method and --recompute-num-layers, or export with --to megatron, --to "
-           "megatron-bridge or --to nemo");
+  refuse_recompute_layers(pf,
+                          "torchtitan's activation_checkpoint.mode \"full\" wraps every transformer block in a "
+                          "checkpoint of its own (its selective mode's layer option checkpoints every N-th "
+                          "block, not a chunk's first N or groups of N)");
   if (p.cp > 1 && p.zero_stage < 2)
     refuse(pf, "parallel.zero_stage",
            fmt::format("torchtitan shards the weights, gradients and optimizer states over the context-parallel "
