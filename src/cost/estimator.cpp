@@ -884,9 +884,9 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
               moe_quantized_expert);
   layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, 0, false, pace, layer_bwd, moe_layer.expert,
               moe_quantized_expert);
-  // A partial full recomputation's stored layers: the backward alone.
-  const bool full = plan.recompute == Recompute::full;
-  if (full) {
+  // A partial full recomputation's stored layers (the block method's): the backward alone.
+  const bool partial = plan.recompute == Recompute::full && plan.recompute_method == RecomputeMethod::block;
+  if (partial) {
     LayerOps stored = lc.layer;
     stored.recompute.clear();
     layer_steps(m, gpu, plan, stored, tp_links, per_layer, 0, false, pace, layer_bwd_stored, moe_layer.expert,
@@ -895,7 +895,7 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
   if (lc.mixed) {
     layer_steps(m, gpu, plan, lc.dense, tp_links, dense_layer.total(), 0, true, pace, dense_fwd);
     layer_steps(m, gpu, plan, lc.dense, tp_links, dense_layer.total(), 0, false, pace, dense_bwd);
-    if (full) {
+    if (partial) {
       LayerOps stored = lc.dense;
       stored.recompute.clear();
       layer_steps(m, gpu, plan, stored, tp_links, dense_layer.total(), 0, false, pace, dense_bwd_stored);
@@ -927,7 +927,7 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
         const std::int64_t id = forward ? l + 1 : chunk_layers - l;
         const int layer = first_layer + static_cast<int>(id) - 1;
         const bool dense = lc.mixed && !m.moe.moe_layers[static_cast<std::size_t>(layer)];
-        const bool stored = !forward && plan.recompute == Recompute::full && !recomputes_layer(plan, chunk_layers - 1 - l);
+        const bool stored = !forward && partial && !recomputes_layer(plan, layer - first_layer);
         const std::vector<Zero3Step>& one = forward ? (dense ? dense_fwd : layer_fwd)
                                             : dense ? (stored ? dense_bwd_stored : dense_bwd)
                                                     : (stored ? layer_bwd_stored : layer_bwd);
@@ -1268,14 +1268,13 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
       // Block's stored layers run no recompute: each kind's taken off.
       const StageRecompute rc = stage_recompute(m, plan, stage);
       const double stored = rc.stored[0] + rc.stored[1];
+      // `layer` is every layer's kind but a mixed model's dense ones.
+      const double on_layer = lc.mixed ? rc.stored[1] : stored;
+      add_scaled(st, lc.layer_rc_compute, -on_layer * pace);
+      add_scaled(st, t.layer_rc, -on_layer);
       if (lc.mixed) {
-        add_scaled(st, lc.layer_rc_compute, -rc.stored[1] * pace);
-        add_scaled(st, t.layer_rc, -rc.stored[1]);
         add_scaled(st, lc.dense_rc_compute, -rc.stored[0] * pace);
         add_scaled(st, t.dense_rc, -rc.stored[0]);
-      } else {
-        add_scaled(st, lc.layer_rc_compute, -stored * pace);
-        add_scaled(st, t.layer_rc, -stored);
       }
       if (!ct.cp_rc.empty()) add_scaled(st, ct.cp_rc[pl.stage_cp[static_cast<std::size_t>(stage)]], -stored);
       if (!ct.ep_rc.empty()) add_scaled(st, ct.ep_rc[pl.stage_ep[static_cast<std::size_t>(stage)]], -rc.stored[1]);
