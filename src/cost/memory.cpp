@@ -18,6 +18,7 @@
 #include "cuboid/cost/memory.hpp"
 
 #include "cuboid/core/element_bytes.hpp"
+#include "cuboid/core/ep_overlap.hpp"
 #include "cuboid/core/precision.hpp"
 #include "cuboid/core/workload.hpp"
 #include "cuboid/cost/offload.hpp"
@@ -171,6 +172,13 @@ double pp_fsdp_no_sync_bytes(const ParallelPlan& plan, const StageParameters& pa
 
 namespace {
 
+// Whether the EP overlap's combined steps run on this stage (full
+// recomputation is refused with it: transformer_config.py:3020@d98e8a64).
+bool ep_overlap_pairs_layers(const ParallelPlan& plan, int stage) {
+  return plan.moe_ep_overlap &&
+         ep_overlap_steps(plan.pp, stage, plan.num_micro_batches(), plan.pp > 1 ? plan.virtual_stages : 1) > 0;
+}
+
 struct StageMemory {
   double parameters = 0;
   double weight_and_optimizer_bytes = 0;
@@ -243,6 +251,15 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   // An MoE layer's all-to-all buffers while it dispatches: its token copies
   // sent and the busiest rank's received.
   if (moe_layers > 0 && plan.ep > 1) act += moe_dispatch_buffer_bytes(m, plan);
+  // The EP overlap's combined step runs the next micro-batch's (chunk's)
+  // forward layer i beside the backward of the held one's last remaining
+  // layer, and frees that layer after the pair (model_chunk_schedule_plan.py
+  // run(): get_layer(i) with pop_layer(), then b_layer.release_state(), at
+  // d98e8a64; combined_1f1b.py: PP 1 pairs micro-batch i + 1's forward with
+  // micro-batch i's backward): one layer more than the schedule holds
+  // without it, the largest on the stage.
+  if (ep_overlap_pairs_layers(plan, stage)) act += layer_activation_bytes(m, plan, moe_layers > 0);
+
   if (stage == 0) act += embedding_activation_bytes(m, plan) * in_flight;
   if (stage == plan.pp - 1) act += output_layer_activation_bytes(m, plan);
   // Multi-token prediction on the last stage: each module's layer, lookup
@@ -519,10 +536,7 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
 }
 
 double in_flight_micro_batches(const ParallelPlan& plan, int stage) {
-  // The combined 1F1B schedule of the EP overlap runs micro-batch i + 1's
-  // forward before micro-batch i's backward (combined_1f1b.py at d98e8a64):
-  // two in flight.
-  if (plan.pp == 1) return plan.moe_ep_overlap ? std::min(2.0, static_cast<double>(plan.num_micro_batches())) : 1;
+  if (plan.pp == 1) return 1;
   const double m = static_cast<double>(plan.num_micro_batches());
   const double pp = plan.pp;
   if (plan.schedule == Schedule::gpipe) return m;
@@ -533,13 +547,11 @@ double in_flight_micro_batches(const ParallelPlan& plan, int stage) {
   //   (2*(pp - r - 1) + (v - 1)*pp + 1) / v = pp + (pp - 1 - 2r) / v.
   // On the first stage this is Megatron's pp * (1 + (pp - 1)/(pp * v)); later
   // stages hold proportionally less. All chunks in flight (m * v) caps it at m.
-  // The EP overlap runs one more warm-up forward (get_pp_rank_microbatches,
-  // schedules.py:966-970 at d98e8a64), and its first combined step runs a
-  // forward before the backward beside it frees anything: one chunk more,
-  // pp + (pp - 2r) / v.
+  // The EP overlap's extra warm-up forward takes the place of that one more
+  // forward: its combined steps free the backward's layers as they go
+  // (ep_overlap_layer_bytes).
   const double v = plan.virtual_stages;
-  const double extra = plan.moe_ep_overlap ? 1.0 : 0.0;
-  return std::min(m, pp + (pp - 1 + extra - 2.0 * stage) / v);
+  return std::min(m, pp + (pp - 1 - 2.0 * stage) / v);
 }
 
 MemoryReport memory_per_gpu(const ModelSpec& m, const ParallelPlan& plan, const GpuProfile& gpu) {

@@ -124,7 +124,8 @@ double activation_bytes_per_layer(const ModelSpec& m, const ParallelPlan& plan);
 
 // Micro-batches whose activations stage `stage` holds at its peak under the
 // plan's schedule: GPipe: all m; 1F1B: min(m, pp - stage); interleaved:
-// pp * (1 + (pp-1)/(pp*v)) on the first stage (Megatron's penalty).
+// pp * (1 + (pp-1)/(pp*v)) on the first stage (Megatron's penalty). The EP
+// overlap's combined steps add one layer, not a micro-batch (memory.cpp).
 // Activations of a stage =
 // per-layer bytes x layers on the stage x this count.
 double in_flight_micro_batches(const ParallelPlan& plan, int stage);
