@@ -885,7 +885,7 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
   layer_steps(m, gpu, plan, lc.layer, tp_links, per_layer, 0, false, pace, layer_bwd, moe_layer.expert,
               moe_quantized_expert);
   // A partial full recomputation's stored layers (the block method's): the backward alone.
-  const bool partial = plan.recompute == Recompute::full && plan.recompute_method == RecomputeMethod::block;
+  const bool partial = plan.partial_full_recompute();
   if (partial) {
     LayerOps stored = lc.layer;
     stored.recompute.clear();
@@ -1243,7 +1243,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   // With dense and MoE layers the stages' mixes differ, and a layout's
   // middle stages may hold different layer counts: every stage.
   const bool every_stage = lc.mixed || !plan.pipeline_layout.empty();
-  const bool partial = plan.recompute == Recompute::full && plan.recompute_method == RecomputeMethod::block;
+  const bool partial = plan.partial_full_recompute();
   std::vector<int> all_stages;
   if (every_stage)
     for (int s = 0; s < pp; ++s) all_stages.push_back(s);

@@ -221,7 +221,7 @@ void Builder::make_programs() {
   const LayerOps head = lm_head_ops(m_, plan_);
   // A full recomputation of some layers of each chunk (block) stores the
   // others: their backward without the recompute (make_units).
-  const bool partial = plan_.recompute == Recompute::full && plan_.recompute_method == RecomputeMethod::block;
+  const bool partial = plan_.partial_full_recompute();
   // A GEMM under an async TP collective gets the SMs NCCL's kernel leaves
   // (the intra-node tier's nccl_channels; a TP group across nodes has no
   // such figure and keeps every SM).

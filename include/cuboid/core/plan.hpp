@@ -382,6 +382,11 @@ struct ParallelPlan {
       default: return true;
     }
   }
+  // A full recomputation of only some layers of each chunk (the block
+  // method): the others are stored, their backward run without a recompute.
+  bool partial_full_recompute() const {
+    return recompute == Recompute::full && recompute_method == RecomputeMethod::block;
+  }
   // A method or layer count other than uniform 1 (what plan files and
   // exports then state).
   bool recompute_layers_set() const {
