@@ -37,7 +37,7 @@ base.update(recipe="x", model="Qwen3-235B-A22B", gpu="GB300", num_gpus="64", pre
             global_batch="2048", seq_len="4096", dispatcher="flex", flex_backend="hybridep",
             recompute_granularity="", cuda_graph_impl="full_iteration", account_for_embedding="1",
             account_for_loss="1", ep_overlap="1", delay_wgrad="1", megatron_fsdp="0", fine_grained_offloading="0",
-            force_load_balancing="1", distributed_optimizer="1", overlap_grad_reduce="1", overlap_param_gather="1",
+            force_load_balancing="1", distributed_optimizer="1", overlap_grad_reduce="1", grad_reduce_in_fp32="0", overlap_param_gather="1",
             tp_comm_overlap="1", mtp_layers="0")
 
 # EP 32 x PP 4 on 64 GPUs: 16 ranks a stage (Megatron-Core refuses it too).
@@ -57,6 +57,8 @@ check("pipeline split", [a for a in args if a.startswith("--account-for")],
 check("no SP flag at TP 1", flag(args, "--sequence-parallel"), None)
 check("no TP overlap at TP 1 (Bridge drops it)", flag(args, "--tp-comm-overlap"), None)
 check("distributed optimizer", (flag(args, "--zero"), flag(args, "--overlap-param-gather")), ("1", "on"))
+check("bf16 gradient reduction (grad_reduce_in_fp32 = False)", flag(args, "--grad-reduce-dtype"), "bf16")
+check("fp32 gradient reduction", flag(m.moe_args(dict(row, grad_reduce_in_fp32="1"))[0], "--grad-reduce-dtype"), "fp32")
 check("precision", (flag(args, "--precision"), "--fp8-param-gather" in args), ("mxfp8", True))
 check("no recompute", flag(args, "--recompute"), "none")
 check("graphs", flag(args, "--cuda-graphs"), "full_iteration")

@@ -482,6 +482,41 @@ TEST_CASE("--trainer and --dp-overlap reach plan, simulate and the plan file; a 
   CHECK(nlohmann::json::parse(a.out)["dp_grad_bytes"] == 2);
 }
 
+TEST_CASE("--grad-reduce-dtype reaches simulate, plan, the plan file and the exports; a trainer without it refuses") {
+  const TempDir dir("cli_grad_dtype");
+  const auto plan = dir / "p.json";
+  CliResult p = run("plan " + kLlama + " --tp 4 --pp 4 --zero 1 --grad-reduce-dtype bf16 --out " + plan.string());
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  const nlohmann::json pj = nlohmann::json::parse(std::ifstream(plan));
+  CHECK(pj["parallel"]["trainer"]["dp_grad_bytes"] == 2);
+  CliResult s = run("simulate --plan " + plan.string());
+  REQUIRE_MESSAGE(s.code == 0, s.err);
+  CHECK(s.out.find("trainer megatron-core: DP reduction overlapped with the backward at 2 bytes per gradient") !=
+        std::string::npos);
+  CliResult e = run("export --plan " + plan.string() + " --to megatron");
+  REQUIRE_MESSAGE(e.code == 0, e.err);
+  CHECK(e.out.find("--grad-reduce-in-bf16") != std::string::npos);
+  // The same plan with fp32 gradients: 2 bytes more per parameter in the
+  // gradient buffer, so more weight + optimizer memory.
+  const std::string fixed = "simulate " + kLlama + " --tp 4 --pp 4 --zero 1 --analytical --json";
+  CliResult fp32 = run(fixed + " --grad-reduce-dtype fp32");
+  CliResult bf16 = run(fixed + " --grad-reduce-dtype bf16");
+  REQUIRE_MESSAGE(fp32.code == 0, fp32.err);
+  REQUIRE_MESSAGE(bf16.code == 0, bf16.err);
+  const nlohmann::json jf = nlohmann::json::parse(fp32.out), jb = nlohmann::json::parse(bf16.out);
+  CHECK(jf["dp_grad_bytes"] == 4);
+  CHECK(jb["dp_grad_bytes"] == 2);
+  CHECK(jb["memory"]["weights_and_optimizer_bytes"].get<double>() < jf["memory"]["weights_and_optimizer_bytes"].get<double>());
+  CliResult bad = run(fixed + " --grad-reduce-dtype fp16");
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("--grad-reduce-dtype: expected fp32 or bf16, got \"fp16\"") != std::string::npos);
+  CliResult old = run("simulate " + kLlama + " --tp 4 --pp 4 --trainer megatron-2022 --grad-reduce-dtype bf16");
+  CHECK(old.code == 2);
+  CHECK(old.err.find("--grad-reduce-dtype: megatron-2022 does not reduce gradients in 16 bits") != std::string::npos);
+  CliResult with_plan = run("simulate --plan " + plan.string() + " --grad-reduce-dtype fp32");
+  CHECK(with_plan.code == 2);
+}
+
 TEST_CASE("--precision reaches simulate, plan, the plan file, its readers and the exports; a target without the format refuses") {
   const TempDir dir("cli_precision");
   const std::string h100 = "--model models/llama3-8b.json --cluster topologies/dgx-h100.json";

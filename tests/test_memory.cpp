@@ -101,12 +101,74 @@ double megatron_most_loaded_parameters(const ModelSpec& m, const ParallelPlan& p
 }  // namespace
 
 TEST_CASE("bytes per parameter for each ZeRO stage at dp 8") {
-  CHECK(bytes_per_parameter(0, 8) == 18.0);
-  CHECK(bytes_per_parameter(1, 8) == 7.5);   // 6 + 12/8
-  CHECK(bytes_per_parameter(2, 8) == 4.0);   // 2 + 16/8
-  CHECK(bytes_per_parameter(3, 8) == 2.25);  // 18/8
+  CHECK(bytes_per_parameter(0, 8, 4) == 18.0);
+  CHECK(bytes_per_parameter(1, 8, 4) == 7.5);   // 6 + 12/8
+  CHECK(bytes_per_parameter(2, 8, 4) == 4.0);   // 2 + 16/8
+  CHECK(bytes_per_parameter(3, 8, 4) == 2.25);  // 18/8
   // dp 1: sharding saves nothing.
-  for (int zero = 0; zero <= 3; ++zero) CHECK(bytes_per_parameter(zero, 1) == 18.0);
+  for (int zero = 0; zero <= 3; ++zero) CHECK(bytes_per_parameter(zero, 1, 4) == 18.0);
+}
+
+TEST_CASE("bytes per parameter with bf16 gradients (--grad-reduce-dtype bf16) at dp 8") {
+  // 2 bf16 weight + 2 bf16 gradient + 12 fp32 master and Adam moments.
+  CHECK(bytes_per_parameter(0, 8, 2) == 16.0);
+  CHECK(bytes_per_parameter(1, 8, 2) == 5.5);   // 4 + 12/8
+  CHECK(bytes_per_parameter(2, 8, 2) == 3.75);  // 2 + 14/8
+  CHECK(bytes_per_parameter(3, 8, 2) == 2.0);   // 16/8
+  for (int zero = 0; zero <= 3; ++zero) CHECK(bytes_per_parameter(zero, 1, 2) == 16.0);
+}
+
+TEST_CASE("gradient bytes: the plan's reduce dtype, Megatron-FSDP's FP8 plans bf16") {
+  ParallelPlan p = plan(4, 4, 2, 1, 64, 8192, Recompute::selective, true, true);
+  CHECK(grad_element_bytes(p) == 4.0);  // megatron-core's default: fp32 main_grad
+  p.trainer.dp_grad_bytes = 2;
+  CHECK(grad_element_bytes(p) == 2.0);
+  p.trainer.dp_grad_bytes = 4;
+  p.precision = Precision::fp8_current;
+  CHECK(grad_element_bytes(p) == 4.0);  // the distributed optimizer's DDP buffer
+  p.zero_stage = 3;
+  CHECK(grad_element_bytes(p) == 2.0);  // Megatron-FSDP: the parameters' dtype, bf16 for FP8
+  p.precision = Precision::bf16;
+  CHECK(grad_element_bytes(p) == 4.0);
+}
+
+TEST_CASE("Llama-3-70B with bf16 gradients on tp 4, pp 4, dp 2 by hand") {
+  const ModelSpec m = llama3_70b();
+  auto p = plan(4, 4, 2, 1, 64, 8192, Recompute::selective, true, true);
+  p.trainer.dp_grad_bytes = 2;
+  const StageParameters first = stage_parameters(m, p, 0);  // 4,541,464,576, all dense
+  SUBCASE("ZeRO 0: 16 bytes per parameter; the step's fp32 copy of every gradient under the activations") {
+    p.zero_stage = 0;
+    CHECK(step_grad_copy_bytes(p, first) == 18165858304.0);  // 4,541,464,576 * 4
+    const MemoryReport r = memory_per_gpu(m, p, a100_80gb());
+    CHECK(r.peak_stage == 0);
+    CHECK(r.activation_bytes == 47714467840.0);            // as with fp32 gradients (below)
+    CHECK(r.weight_and_optimizer_bytes == 72663433216.0);  // 4,541,464,576 * 16
+  }
+  SUBCASE("ZeRO 1: 4 + 12/2 = 10 bytes per parameter; the copy of the shard, 4/2") {
+    p.zero_stage = 1;
+    CHECK(step_grad_copy_bytes(p, first) == 9082929152.0);  // 4,541,464,576 * 2
+    const MemoryReport r = memory_per_gpu(m, p, a100_80gb());
+    CHECK(r.weight_and_optimizer_bytes == 45414645760.0);  // 4,541,464,576 * 10
+    p.trainer.dp_grad_bytes = 4;
+    CHECK(step_grad_copy_bytes(p, first) == 0.0);  // `.float()` of an fp32 buffer is the buffer
+  }
+  SUBCASE("ZeRO 0 at 256 tokens: the copy outgrows the activations and sets the peak") {
+    p.zero_stage = 0;
+    p.seq_length = 256;
+    const MemoryReport r = memory_per_gpu(m, p, a100_80gb());
+    // Every stage at 16 + 4 = 20 bytes per parameter; the last holds the
+    // most (4,541,466,624, the final norm): 90,829,332,480 + the 2 GiB reserve.
+    CHECK(r.peak_stage == 3);
+    CHECK(r.weight_and_optimizer_bytes + r.activation_bytes == 90829332480.0);
+    CHECK(r.total_bytes == 90829332480.0 + 2 * GiB);
+  }
+  SUBCASE("ZeRO 3 (DeepSpeed, FSDP): sharded bf16 gradients, no copy priced") {
+    p.zero_stage = 3;
+    CHECK(step_grad_copy_bytes(p, first) == 0.0);
+    const MemoryReport r = memory_per_gpu(m, p, a100_80gb());
+    CHECK(r.weight_and_optimizer_bytes == 36331716608.0);  // 4,541,464,576 * 16 / 2
+  }
 }
 
 TEST_CASE("Korthikanti Table 2: one layer of the 22B GPT (s 2048, b 4, h 6144, a 64, t 8)") {

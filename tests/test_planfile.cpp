@@ -268,6 +268,13 @@ TEST_CASE("trainer settings round-trip; older plan files without them read as me
   // (2021: autograd's fp16 .grad, 6 B per parameter).
   CHECK(t.grad_accum_bytes == 6);
   j["parallel"]["trainer"]["preset"] = "megatron-deepspeed-2022";
+  // Its DeepSpeed reduces the BF16Optimizer's fp32 gradients only.
+  CHECK(read_error(j) ==
+        "plan.json: parallel.trainer.dp_grad_bytes: megatron-deepspeed-2022 does not reduce gradients in 16 bits "
+        "(Megatron-DeepSpeed of 2022 (BigScience's fork, BLOOM) on DeepSpeed's pipeline engine, bf16) (fix: set "
+        "trainer.dp_grad_bytes to the preset's (4), or name a parallel.trainer.preset that has it, or regenerate it "
+        "with cuboid plan --trainer megatron-deepspeed-2022 ... --out FILE)");
+  j["parallel"]["trainer"]["dp_grad_bytes"] = 4;
   CHECK(plan_file_from_json(j, "plan.json").plan.trainer.grad_accum_bytes == 18);
   j["parallel"]["trainer"]["grad_accum_bytes"] = 10;
   CHECK(plan_file_from_json(j, "plan.json").plan.trainer.grad_accum_bytes == 10);
@@ -342,8 +349,9 @@ TEST_CASE("ZeRO-3 settings round-trip; older plan files without them read as FSD
 
 TEST_CASE("a plan file meets the trainer rules of the flags that would make it: one check_plan") {
   nlohmann::json j = seed_json();
-  // The seed as Megatron-LM of 2021 runs it, but with ZeRO 1, which it has not.
+  // The seed as Megatron-LM of 2021 runs it (fp16 gradients), but with ZeRO 1, which it has not.
   j["parallel"]["trainer"]["preset"] = "megatron-2021";
+  j["parallel"]["trainer"]["dp_grad_bytes"] = 2;
   for (const char* off : {"sequence_parallel", "flash_attention", "grad_accum_fusion"}) j["parallel"][off] = false;
   j["parallel"]["recompute"] = "full";
   j["parallel"]["zero_stage"] = 1;

@@ -112,6 +112,15 @@ TEST_CASE("the step's bytes by hand: Llama-3-70B, TP 4, PP 2, DP 4") {
   CHECK(last.items[1].collective == Collective::all_gather);
   CHECK(last.items[1].bytes == doctest::Approx(sp.dense * 2));
   CHECK(last.items[1].when == StepWhen::after_optimizer);
+  {
+    // --grad-reduce-dtype bf16 (Megatron's --grad-reduce-in-bf16): the
+    // reduce-scatter moves half the bytes; the parameter gather is unchanged.
+    ParallelPlan bf16 = p;
+    bf16.trainer.dp_grad_bytes = 2;
+    const StageStep half = StepDescription(m, bf16, nullptr).stage(1);
+    CHECK(half.items[0].bytes == doctest::Approx(sp.dense * 2));
+    CHECK(half.items[1].bytes == doctest::Approx(sp.dense * 2));
+  }
 
   p.zero_stage = 2;  // every micro-batch reduce-scatters its gradients: 32 / 4 = 8 of them
   const StageStep z2 = StepDescription(m, p, nullptr).stage(1);

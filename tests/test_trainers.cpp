@@ -7,11 +7,13 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/plan_check.hpp"
 #include "cuboid/core/trainer.hpp"
 
 using namespace cuboid;
@@ -73,7 +75,7 @@ bool same_preset(const TrainerPreset& a, const TrainerPreset& b) {
          a.attention_kernels == b.attention_kernels && a.attention_kernel == b.attention_kernel &&
          a.cuda_graphs == b.cuda_graphs && a.tp_comm_overlap == b.tp_comm_overlap &&
          a.overlap_param_gather == b.overlap_param_gather && a.moe_ep_overlap == b.moe_ep_overlap &&
-         a.default_moe_ep_overlap == b.default_moe_ep_overlap;
+         a.default_moe_ep_overlap == b.default_moe_ep_overlap && a.dp_grad_bytes == b.dp_grad_bytes;
 }
 
 // The smallest valid preset file: the required fields only.
@@ -232,6 +234,8 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
   for (const char* group : {"can_run", "settings"}) {
     for (const auto& [key, property] : schema["properties"][group]["properties"].items()) {
       CAPTURE(key);
+      // can_run.dp_grad_bytes defaults to settings.dp_grad_bytes (next test).
+      if (std::string_view(group) == "can_run" && key == "dp_grad_bytes") continue;
       if (!property.contains("default")) {
         CHECK(schema["properties"][group]["required"].dump().find('"' + key + '"') != std::string::npos);
         continue;
@@ -246,6 +250,43 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
   // moe_dispatchers (can_run) + cuda_graphs, tp_comm_overlap, overlap_param_gather, moe_ep_overlap (each in
   // both groups) + activation_offloading (can_run) + pp_fsdp_no_sync (settings) + recompute_layers (can_run)
   CHECK(defaults == 42);
+}
+
+TEST_CASE("the gradient dtypes a preset reduces in: megatron-core both, the others their own") {
+  for (const TrainerPreset& t : trainer_presets()) {
+    CAPTURE(t.name);
+    if (t.name == "megatron-core") {
+      CHECK(t.dp_grad_bytes == std::vector<int>{2, 4});  // --grad-reduce-in-bf16
+      CHECK(t.settings.dp_grad_bytes == 4);
+    } else {
+      CHECK(t.dp_grad_bytes == std::vector<int>{t.settings.dp_grad_bytes});
+    }
+  }
+  const TrainerPreset base = parse_trainer(minimal().dump(), "trainers/t.json");
+  CHECK(base.dp_grad_bytes == std::vector<int>{4});
+  CHECK(base.runs_dp_grad_bytes(4));
+  CHECK_FALSE(base.runs_dp_grad_bytes(2));
+  json j = minimal();
+  j["can_run"]["dp_grad_bytes"] = {{"value", {2}}, {"source", "a test"}};
+  CHECK(error_of(j) == "trainers/t.json: settings.dp_grad_bytes: is 4, which can_run.dp_grad_bytes does not list "
+                       "(fix: list it there or give one it lists)");
+  j["can_run"]["dp_grad_bytes"]["value"] = {4, 4};
+  CHECK(error_of(j) == "trainers/t.json: can_run.dp_grad_bytes.value[1]: lists 4 twice (fix: list each once)");
+  j["can_run"]["dp_grad_bytes"]["value"] = {4, 8};
+  CHECK(error_of(j) == "trainers/t.json: can_run.dp_grad_bytes.value[1]: must be 2 (16-bit gradients) or 4 (fp32), "
+                       "got 8 (fix: give 2 or 4)");
+  // A plan's reduce dtype is one its trainer runs (check_trainer).
+  ParallelPlan p;
+  p.flash_attention = false;     // megatron-2022 runs the unfused core
+  p.grad_accum_fusion = false;   // and no fused accumulation
+  p.trainer = find_trainer("megatron-2022")->settings;
+  CHECK_FALSE(check_trainer(p, *find_trainer("megatron-2022")));
+  p.trainer.dp_grad_bytes = 2;
+  const auto r = check_trainer(p, *find_trainer("megatron-2022"));
+  REQUIRE(r);
+  CHECK(r->kind == PlanCheck::trainer_no_dp_grad_bytes);
+  CHECK(r->field == PlanField::dp_grad_bytes);
+  CHECK_FALSE(check_trainer(p, *find_trainer("megatron-core")));
 }
 
 TEST_CASE("Megatron-Core's overlaps and CUDA graphs: off in every preset, runnable where the code has them") {
@@ -458,6 +499,7 @@ TEST_CASE("docs/cli.md's trainer table says what trainers/*.json say") {
     const std::string& dp = r[9];
     CHECK((dp.find("overlapped") != std::string::npos) == t.settings.dp_overlap);
     CHECK(dp.find(t.settings.dp_grad_bytes == 4 ? "fp32" : "fp16") != std::string::npos);
+    CHECK((dp.find("bf16") != std::string::npos) == (t.dp_grad_bytes.size() > 1));  // --grad-reduce-dtype
     CHECK((dp.find("all-reduced") != std::string::npos) == t.settings.zero1_grad_all_reduce);
     CHECK((dp.find("ZeRO-3 per weight tensor") != std::string::npos) == (t.settings.zero3_unit == Zero3Unit::tensor));
     std::string tp = r[10];

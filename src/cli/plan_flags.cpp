@@ -121,6 +121,10 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   cmd->add_option("--dp-overlap", f.dp_overlap,
                   "overlap the DP gradient reduction with the last backward (Megatron --overlap-grad-reduce, torch "
                   "DDP, FSDP): on|off (default: the trainer's)");
+  cmd->add_option("--grad-reduce-dtype", f.grad_reduce_dtype,
+                  "the dtype the DP gradients are kept and reduced in: fp32 or bf16 (Megatron's --grad-reduce-in-bf16, "
+                  "Megatron-Bridge's grad_reduce_in_fp32 = False; megatron-core only); default: the trainer's, fp32 "
+                  "for megatron-core; not searched");
   cmd->add_option("--cuda-graphs", f.cuda_graphs,
                   "Megatron-Core's CUDA graphs, whose captured kernels pay no host launch: none | full_iteration (one "
                   "graph of the forward-backward, --cuda-graph-impl full_iteration) | local | transformer_engine "
@@ -349,6 +353,12 @@ PlannerOptions planner_options(const PlanFlags& f) {
   }
   if (f.grad_accum_fusion) o.grad_accum_fusion = parse_on_off(*f.grad_accum_fusion, "--grad-accum-fusion");
   if (f.dp_overlap) o.dp_overlap = parse_on_off(*f.dp_overlap, "--dp-overlap");
+  if (f.grad_reduce_dtype) {
+    if (*f.grad_reduce_dtype != "fp32" && *f.grad_reduce_dtype != "bf16")
+      throw InputError(cl, "--grad-reduce-dtype", "expected fp32 or bf16, got \"" + *f.grad_reduce_dtype + "\"",
+                       "use --grad-reduce-dtype fp32 or --grad-reduce-dtype bf16");
+    o.dp_grad_bytes = *f.grad_reduce_dtype == "fp32" ? 4 : 2;
+  }
   if (f.cuda_graphs) o.cuda_graphs = CudaGraphs::parse(*f.cuda_graphs, cl, "--cuda-graphs");
   if (f.tp_comm_overlap) o.tp_comm_overlap = parse_on_off(*f.tp_comm_overlap, "--tp-comm-overlap");
   if (f.overlap_param_gather) o.overlap_param_gather = parse_on_off(*f.overlap_param_gather, "--overlap-param-gather");
@@ -380,7 +390,7 @@ Loaded load(const PlanFlags& f) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
     const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.sequence_parallel ||
-                      f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.rank_order ||
+                      f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
                       f.global_batch ||
                       f.seq_length ||
@@ -579,6 +589,10 @@ constexpr KeyFlag kKeyFlags[] = {
     {"parallel.global_batch", "--global-batch", [](const PlannerOptions& o) { return shown(o.global_batch); }},
     {"parallel.seq_length", "--seq-length", [](const PlannerOptions& o) { return shown(o.seq_length); }},
     {"trainer.dp_overlap", "--dp-overlap", [](const PlannerOptions& o) { return shown(o.dp_overlap); }},
+    {"trainer.dp_grad_bytes", "--grad-reduce-dtype",
+     [](const PlannerOptions& o) {
+       return o.dp_grad_bytes ? std::optional<std::string>(*o.dp_grad_bytes == 4 ? "fp32" : "bf16") : std::nullopt;
+     }},
     {"trainer.cuda_graphs", "--cuda-graphs",
      [](const PlannerOptions& o) {
        return o.cuda_graphs ? std::optional<std::string>(o.cuda_graphs->str()) : std::nullopt;

@@ -84,6 +84,8 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     return reject(K::trainer_no_overlap_param_gather, F::overlap_param_gather, preset);
   if (p.offload_layers != 0 && !t.activation_offloading)
     return reject(K::trainer_no_offload, F::offload_layers, preset);
+  if (!t.runs_dp_grad_bytes(p.trainer.dp_grad_bytes))
+    return reject(K::trainer_no_dp_grad_bytes, F::dp_grad_bytes, preset, p.trainer.dp_grad_bytes);
   return std::nullopt;
 }
 
@@ -460,6 +462,8 @@ std::string describe_trainer(const PlanRejection& r) {
       return trainer_words(v[0], "has no Transformer Engine userbuffers TP overlap");
     case K::trainer_no_overlap_param_gather:
       return trainer_words(v[0], "has no parameter all-gather overlapped with the forward");
+    case K::trainer_no_dp_grad_bytes:
+      return trainer_words(v[0], std::string("does not reduce gradients in ") + (v[1] == 2 ? "16 bits" : "fp32"));
     case K::tp_overlap_needs_sp:
       return "TP communication overlap needs sequence parallelism and TP > 1 (here TP " + n(v[0]) + ", SP " +
              (v[1] != 0 ? "on" : "off") +

@@ -93,7 +93,24 @@ void read_moe_dispatchers(JsonReader& r, TrainerPreset& t) {
   }
 }
 
-constexpr std::array<Field, 23> kCanRun{{
+// The gradient bytes its DP reduction runs at, each once.
+void read_dp_grad_bytes(JsonReader& r, TrainerPreset& t) {
+  const nlohmann::json& v = r.raw("value");
+  if (!v.is_array() || v.empty())
+    r.fail("value", "expected a non-empty array of gradient bytes, got " + v.dump().substr(0, 40), "give e.g. [2, 4]");
+  t.dp_grad_bytes.clear();
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::string at = "value[" + std::to_string(i) + "]";
+    if (!v[i].is_number_integer() || (v[i].get<std::int64_t>() != 2 && v[i].get<std::int64_t>() != 4))
+      r.fail(at, "must be 2 (16-bit gradients) or 4 (fp32), got " + v[i].dump().substr(0, 40), "give 2 or 4");
+    const int b = v[i].get<int>();
+    if (std::find(t.dp_grad_bytes.begin(), t.dp_grad_bytes.end(), b) != t.dp_grad_bytes.end())
+      r.fail(at, "lists " + std::to_string(b) + " twice", "list each once");
+    t.dp_grad_bytes.push_back(b);
+  }
+}
+
+constexpr std::array<Field, 24> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
@@ -118,6 +135,7 @@ constexpr std::array<Field, 23> kCanRun{{
     {"attention_kernels", read_attention_kernels},
     {"moe_dispatchers", read_moe_dispatchers},
     {"moe_ep_overlap", [](JsonReader& r, TrainerPreset& t) { t.moe_ep_overlap = r.boolean("value"); }},
+    {"dp_grad_bytes", read_dp_grad_bytes},
 }};
 
 // How it runs a plan by default (TrainerSettings).
@@ -277,7 +295,15 @@ TrainerPreset parse_trainer(const std::string& text, const std::string& source) 
     r.fail("settings.attention_kernel", "names a fused kernel but can_run.flash_attention is false", "give unfused");
   if (t.default_moe_ep_overlap && !t.moe_ep_overlap)
     r.fail("settings.moe_ep_overlap", "is true but can_run.moe_ep_overlap is false", "set can_run.moe_ep_overlap true");
+  if (t.dp_grad_bytes.empty()) t.dp_grad_bytes = {t.settings.dp_grad_bytes};
+  if (!t.runs_dp_grad_bytes(t.settings.dp_grad_bytes))
+    r.fail("settings.dp_grad_bytes", "is " + std::to_string(t.settings.dp_grad_bytes) + ", which can_run.dp_grad_bytes does not list",
+           "list it there or give one it lists");
   return t;
+}
+
+bool TrainerPreset::runs_dp_grad_bytes(int bytes) const {
+  return std::find(dp_grad_bytes.begin(), dp_grad_bytes.end(), bytes) != dp_grad_bytes.end();
 }
 
 std::span<const TrainerPreset> trainer_presets() { return presets(); }

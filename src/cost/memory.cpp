@@ -189,8 +189,9 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   StageMemory mem;
   const StageParameters params = stage_parameters(m, plan, stage);
   mem.parameters = params.total();
-  mem.weight_and_optimizer_bytes = params.dense * bytes_per_parameter(plan.zero_stage, plan.dp_cp()) +
-                                   params.expert * bytes_per_parameter(plan.zero_stage, plan.expert_dp());
+  const double grad_bytes = grad_element_bytes(plan);
+  mem.weight_and_optimizer_bytes = params.dense * bytes_per_parameter(plan.zero_stage, plan.dp_cp(), grad_bytes) +
+                                   params.expert * bytes_per_parameter(plan.zero_stage, plan.expert_dp(), grad_bytes);
   // FP8 / FP4 plans: Transformer Engine keeps each quantized weight's
   // rowwise and columnwise copies from the first micro-batch's cast to the
   // step's end (linear.py quantize_weight with update_workspace on
@@ -198,7 +199,7 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   // With --fp8-param-gather the rowwise copy is the parameter itself: no
   // bf16 weight (Megatron-Core's fp8_param, TE's fp8_model_init).
   if (plan.precision != Precision::bf16 && plan.zero_stage >= 3) {
-    // Megatron-FSDP: the gradients in bf16, not fp32 (step.cpp); with
+    // Megatron-FSDP (its bf16 gradients: grad_element_bytes); with
     // --fp8-param-gather the quantized weights' shards are FP8, rowwise
     // (and, MXFP8, columnwise: param_and_grad_buffer.py's transpose buffer)
     // instead of bf16, the columnwise copy made for each gathered layer only
@@ -206,8 +207,6 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
     // caches every layer's two copies, as above, whole on every rank.
     // The routed experts' shards are over expert-DP (their own buckets).
     const double d = plan.dp_cp(), ed = plan.expert_dp();
-    mem.weight_and_optimizer_bytes -= params.dense * (kFp32Bytes - kBf16Bytes) / d;
-    if (params.expert > 0) mem.weight_and_optimizer_bytes -= params.expert * (kFp32Bytes - kBf16Bytes) / ed;
     const StageParameters quantized = quantized_stage_weights(m, plan, stage);
     const double e = quantized_element_bytes(plan.precision);
     const double shard = (plan.precision == Precision::mxfp8 ? 2 * e : e) - kBf16Bytes;
@@ -271,15 +270,45 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
             output_layer_activation_bytes(m, plan));
   }
   mem.activation_bytes = act;
+  // The step's fp32 gradient copy, where it outgrows the activations it
+  // follows (the peak is the larger of the two).
+  mem.weight_and_optimizer_bytes += std::max(0.0, step_grad_copy_bytes(plan, params) - act);
   return mem;
 }
 
 }  // namespace
 
-double bytes_per_parameter(int zero_stage, int dp) {
-  // bf16 weight 2 + fp32 gradient 4 + fp32 master weight 4 + Adam m 4 + v 4.
-  // Megatron keeps fp32 gradients (main_grad), hence 4 bytes, not 2.
-  constexpr double weight = kBf16Bytes, grad = kFp32Bytes, optimizer = 3 * kFp32Bytes;
+double grad_element_bytes(const ParallelPlan& plan) {
+  // Megatron-FSDP keeps and reduce-scatters the gradients in the parameters'
+  // dtype, BF16 for FP8 parameters (Megatron-LM d98e8a64
+  // megatron_fsdp/param_and_grad_buffer.py _resolve_group_grad_dtype;
+  // --megatron-fsdp-main-grads-dtype and --megatron-fsdp-grad-comm-dtype
+  // default to auto); only megatron-core runs FP8.
+  if (plan.zero_stage >= 3 && plan.precision != Precision::bf16) return kBf16Bytes;
+  // Megatron-Core's DDP (d98e8a64 param_and_grad_buffer.py: grad_dtype =
+  // torch.float if grad_reduce_in_fp32 else param.dtype; main_grad a view of
+  // the buffer).
+  return plan.trainer.dp_grad_bytes;
+}
+
+double step_grad_copy_bytes(const ParallelPlan& plan, const StageParameters& params) {
+  if (grad_element_bytes(plan) >= kFp32Bytes || plan.zero_stage >= 3) return 0;
+  // Megatron-LM d98e8a64: the distributed optimizer's
+  // _copy_model_grads_to_main_grads gives each fp32 master shard
+  // `shard_model_grad.float()` (distrib_optimizer.py), the unsharded one
+  // `model_param.main_grad.float()` (optimizer.py), a copy of a 16-bit
+  // buffer (of an fp32 one the same tensor); zero_grad(set_to_none=True) at
+  // the start of the next train_step frees it (training.py train_step).
+  auto copy = [&](double parameters, int d) {
+    return parameters * kFp32Bytes / (plan.zero_stage >= 1 ? static_cast<double>(std::max(1, d)) : 1.0);
+  };
+  return copy(params.dense, plan.dp_cp()) + copy(params.expert, plan.expert_dp());
+}
+
+double bytes_per_parameter(int zero_stage, int dp, double grad_bytes) {
+  // bf16 weight 2 + gradient (fp32 main_grad 4, or 2) + fp32 master weight 4 + Adam m 4 + v 4.
+  constexpr double weight = kBf16Bytes, optimizer = 3 * kFp32Bytes;
+  const double grad = grad_bytes;
   const double d = dp;
   switch (zero_stage) {
     case 0: return weight + grad + optimizer;

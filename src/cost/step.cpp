@@ -53,13 +53,7 @@ StepDescription::StepDescription(const ModelSpec& m, const ParallelPlan& plan, c
     edp_ = plan.expert_dp();
     expert_group_ = edp_ > 1 && (std::max(1, plan.ep) > 1 || plan.expert_tp() != std::max(1, plan.tp));
   }
-  grad_bytes_ = plan.trainer.dp_grad_bytes;
-  // Megatron-FSDP (ZeRO-3 of an FP8 plan: only megatron-core runs FP8) keeps
-  // and reduce-scatters the gradients in the parameters' dtype, BF16 for
-  // FP8 parameters (Megatron-LM d98e8a64 megatron_fsdp/param_and_grad_buffer.py
-  // _resolve_group_grad_dtype; --megatron-fsdp-main-grads-dtype and
-  // --megatron-fsdp-grad-comm-dtype default to auto).
-  if (zero_ >= 3 && plan.precision != Precision::bf16) grad_bytes_ = kBf16Bytes;
+  grad_bytes_ = grad_element_bytes(plan);
   const double act_scale = activation_bytes_scale(calibration);
   param_bytes_ = kBf16Bytes * act_scale;
   quantized_gather_bytes_ = plan.fp8_param_gather ? quantized_element_bytes(plan.precision) : param_bytes_;

@@ -189,6 +189,7 @@ std::string plan_key(PlanField field) {
     case PlanField::offload_layers: return "parallel.offload_activations";
     case PlanField::recompute_method: return "parallel.recompute_method";
     case PlanField::recompute_num_layers: return "parallel.recompute_num_layers";
+    case PlanField::dp_grad_bytes: return "parallel.trainer.dp_grad_bytes";
   }
   return "parallel";
 }
@@ -252,6 +253,9 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_no_cuda_graphs: return "set trainer.cuda_graphs none, or " + other_trainer;
     case PlanCheck::trainer_no_tp_comm_overlap: return "set trainer.tp_comm_overlap false, or " + other_trainer;
     case PlanCheck::trainer_no_overlap_param_gather: return "set trainer.overlap_param_gather false, or " + other_trainer;
+    case PlanCheck::trainer_no_dp_grad_bytes:
+      return "set trainer.dp_grad_bytes to the preset's (" +
+             std::to_string(find_trainer(p.trainer.preset)->settings.dp_grad_bytes) + "), or " + other_trainer;
     case PlanCheck::tp_overlap_needs_sp:
       return "set trainer.tp_comm_overlap false, or tp 2 or more with sequence_parallel true; or " + kRegenerate;
     case PlanCheck::param_overlap_needs_dist_opt:

@@ -26,7 +26,6 @@ CLUSTERS = {"H100": ("topologies/dgx-h100.json", 8), "B200": ("topologies/dgx-b2
 GPU_ORDER = ["H100", "B200", "GB200", "GB300"]
 # Recipe settings no flag sets: priced without, named on each row.
 PRICED_WITHOUT = [
-    ("BF16 gradient reduction", lambda r: True),
     ("bf16 Adam moments (precision-aware optimizer)", lambda r: r["exp_avg_dtype"] == "bfloat16"),
     ("FP8 attention (fp8_dot_product_attention)", lambda r: r["fp8_dot_product_attention"] == "1"),
     ("paged stash / expert capacity factor", lambda r: r["moe_paged_stash"] == "1" or r["expert_rank_capacity_factor"]),
@@ -81,6 +80,8 @@ def moe_args(r):
     fsdp = r["megatron_fsdp"] == "1"
     a += ["--zero", "3" if fsdp else "1" if r["distributed_optimizer"] == "1" else "0"]
     a += ["--dp-overlap", "on" if r["overlap_grad_reduce"] == "1" else "off"]
+    # The DDP config's grad_reduce_in_fp32 (False in every performance recipe: _benchmark_common).
+    a += ["--grad-reduce-dtype", "fp32" if r["grad_reduce_in_fp32"] == "1" else "bf16"]
     if (not fsdp and r["distributed_optimizer"] == "1" and r["overlap_param_gather"] == "1"
             and r["overlap_grad_reduce"] == "1" and int(r["dp"]) * int(r["cp"]) > 1):
         a += ["--overlap-param-gather", "on"]
@@ -243,7 +244,7 @@ def listing(binary, known, mechanisms, doc_text, analytical=False, recipe_incons
             blocked.append((r, [n for ns in named for n in ns]))
         without = [name for name, test in PRICED_WITHOUT if test(r)]
         print("    " + shlex.join(["cuboid", "simulate", *args, "--trainer", "megatron-core"]))
-        if result is not None:
+        if result is not None and without:
             print("    priced without: " + ", ".join(without))
     summary(rows, done, blocked)
     undocumented = sorted({n for _, ns in blocked for n in ns if n not in doc_text})

@@ -37,6 +37,7 @@ enum class PlanField {
   offload_layers,
   recompute_method,      // Megatron-Core's --recompute-method
   recompute_num_layers,  // and --recompute-num-layers
+  dp_grad_bytes,         // the DP gradient reduction's dtype (TrainerSettings::dp_grad_bytes)
 };
 
 // Why a plan cannot overlap its EP exchanges (PlanCheck::ep_overlap_refused).
@@ -151,6 +152,7 @@ enum class PlanCheck : std::uint8_t {
   offload_no_host_link,          // - (the cluster card has no host_link)
   trainer_no_recompute_layers,   // the preset (a recompute method or layer count other than uniform 1)
   recompute_layers_need_full,    // - (a method or layer count without full recomputation)
+  trainer_no_dp_grad_bytes,      // the preset, the plan's bytes per gradient
 };
 
 struct PlanRejection {

@@ -59,6 +59,11 @@ struct TrainerPreset {
   // names none has Megatron-Core's alltoall, the one cuboid priced first).
   std::vector<MoeDispatcher> moe_dispatchers{MoeDispatcher::alltoall};
   bool moe_ep_overlap = false;     // the combined 1F1B EP overlap (--overlap-moe-expert-parallel-comm)
+  // The bytes per gradient element its DP reduction runs at (--grad-reduce-dtype:
+  // 2 the parameters' 16-bit dtype, 4 fp32); a file that lists none runs only
+  // its settings' dp_grad_bytes.
+  std::vector<int> dp_grad_bytes;
+  bool runs_dp_grad_bytes(int bytes) const;
   // How it runs it by default. A trainer that has the fused accumulation runs
   // it (the files give grad_accum_fusion once).
   bool default_grad_accum_fusion = true;

@@ -32,11 +32,20 @@ struct MemoryReport {
   double headroom_bytes() const { return capacity_bytes - total_bytes; }
 };
 
+// Bytes per element of the gradients a GPU keeps, accumulates and reduces
+// over DP, the one rule for memory, the estimate and the simulator: the
+// plan's dp_grad_bytes (Megatron-Core's DDP buffer, which every main_grad
+// views, is fp32 if grad_reduce_in_fp32 else the parameters' dtype), except
+// ZeRO-3 of an FP8 plan, Megatron-FSDP's, whose gradients are bf16.
+double grad_element_bytes(const ParallelPlan& plan);
+
 // Bytes per parameter for weights + gradients + optimizer states with mixed
-// precision Adam: 18 without sharding (2 bf16 weight + 4 fp32 grad + 4 fp32
+// precision Adam and gradients of `grad_bytes` (grad_element_bytes): with
+// fp32 gradients 18 without sharding (2 bf16 weight + 4 fp32 grad + 4 fp32
 // master + 4 + 4 Adam moments), Megatron's distributed optimizer / ZeRO-1
-// 6 + 12/dp, ZeRO-2 2 + 16/dp, ZeRO-3 18/dp.
-double bytes_per_parameter(int zero_stage, int dp);
+// 6 + 12/dp, ZeRO-2 2 + 16/dp, ZeRO-3 18/dp; bf16 gradients 2 bytes less
+// before their sharding.
+double bytes_per_parameter(int zero_stage, int dp, double grad_bytes);
 
 // Parameters on one GPU of pipeline stage `stage` (transformer layers of the
 // stage / tp, plus the embedding on the first stage and the LM head on the
@@ -57,6 +66,13 @@ struct StageParameters {
   double total() const { return dense + expert; }
 };
 StageParameters stage_parameters(const ModelSpec& m, const ParallelPlan& plan, int stage);
+// The optimizer's fp32 copy of 16-bit gradients at the step (ZeRO 0-2 where
+// grad_element_bytes is 2; 0 otherwise): `main_param.grad =
+// main_grad.float()` for every parameter the GPU updates, 4 bytes each of
+// its shard (the whole stage at ZeRO 0). It lives from the step to the next
+// iteration's zero_grad, before the forward, so it never meets the
+// activations.
+double step_grad_copy_bytes(const ParallelPlan& plan, const StageParameters& params);
 // The multi-token prediction modules' parameters on one GPU of the last
 // stage (a layer of the last layer's kind, the 2h -> h projection / TP, three
 // norms each; with PP > 1 the word embedding their lookup needs).

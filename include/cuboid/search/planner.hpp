@@ -67,6 +67,7 @@ struct PlannerOptions {
   // Default: megatron-core. Settings set here must be ones it can run.
   std::optional<std::string> trainer;
   std::optional<bool> dp_overlap;            // default: the trainer's
+  std::optional<int> dp_grad_bytes;          // default: the trainer's (not searched: it changes the numerics)
   std::optional<CudaGraphs> cuda_graphs;     // default: the trainer's
   std::optional<bool> tp_comm_overlap;       // default: the trainer's
   std::optional<bool> overlap_param_gather;  // default: the trainer's
