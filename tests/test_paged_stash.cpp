@@ -17,6 +17,7 @@
 #include "cuboid/cost/estimator.hpp"
 #include "cuboid/cost/memory.hpp"
 #include "cuboid/io/planfile.hpp"
+#include "cuboid/report/report.hpp"
 #include "fixtures.hpp"
 #include "plan_fixtures.hpp"
 
@@ -155,4 +156,15 @@ TEST_CASE("a plan file carries the factor, the stash and its buffer factor") {
   j["parallel"]["moe_paged_stash_buffer_factor"] = 0;
   CHECK(input_error_message([&] { (void)plan_file_from_json(j, "plan.json"); }).find(
             "plan.json: parallel.moe_paged_stash_buffer_factor: 0 allocates no stash on the GPU") == 0);
+}
+
+TEST_CASE("the report names the budget and the stash") {
+  const ModelSpec m = stash_model();
+  const Cluster c = four_dgx_a100();
+  const std::string text = format_estimate(m, c, estimate(m, Topology(c), stash_plan(1.5, true)));
+  // 6144 rows; the stash int(6144 / 1.5) = 4096 x 1.1 = 4505.6 rows a layer.
+  CHECK(text.find("static budget: 6144 token copies per EP rank (--moe-rank-capacity-factor 1.5), no host sync; the "
+                  "experts' activations paged at 4506 rows a layer, one layer at the budget") != std::string::npos);
+  CHECK(format_estimate(m, c, estimate(m, Topology(c), stash_plan(0, false))).find("static budget") ==
+        std::string::npos);
 }
