@@ -93,6 +93,19 @@ r = m.relax(args, "command line: --zero: ZeRO-3 of a mixture-of-experts model is
 check("ZeRO 1", flag(r, "--zero"), "1")
 check("nothing to relax", m.relax(args, "some other refusal"), None)
 
+# The rank capacity factor, the paged stash and its buffer factor, as the recipe sets them.
+stash = dict(row, moe_paged_stash="1", expert_rank_capacity_factor="1.5", paged_stash_buffer_factor_cuda="1.2")
+args, reason = m.moe_args(stash)
+check("static budget and stash", (flag(args, "--moe-rank-capacity-factor"), flag(args, "--moe-paged-stash"),
+                                  flag(args, "--moe-paged-stash-buffer-factor")), ("1.5", "on", "1.2"))
+check("Megatron-Core's default buffer factor: no flag",
+      flag(m.moe_args(dict(stash, paged_stash_buffer_factor_cuda=""))[0], "--moe-paged-stash-buffer-factor"), None)
+check("no stash, no flags", [a for a in m.moe_args(row)[0] if "capacity" in a or "stash" in a], [])
+r = m.relax(args, "command line: --moe-rank-capacity-factor: the busiest EP rank receives (...)")
+check("budget and stash relaxed together", [a for a in r if "capacity" in a or "stash" in a], [])
+r = m.relax(args, "cuboid simulate has no --moe-flex-backend flag")
+check("the budget goes with HybridEP", [a for a in r if "capacity" in a or "stash" in a or "hybridep" in a], [])
+
 if failures:
     print("\n".join(failures))
     sys.exit(1)

@@ -631,6 +631,26 @@ TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP)
     flex.plan.moe_flex = FlexSetting{FlexBackend::hybridep, 0};
     flex.plan.trainer.cuda_graphs = CudaGraphs{};
     CHECK(refusal(flex, "nemo").find("mixtral.plan.json: parallel.moe_flex_backend: NeMo 1.x's") == 0);
+    // HybridEP's rank capacity factor with the op fuser it needs
+    // (transformer_config.py:1875-1883@d98e8a64), the paged stash and its buffer factor.
+    flex.plan.moe_flex = FlexSetting{FlexBackend::hybridep, 0, 1.5, true, 1.2};
+    check_options(flex, "megatron");
+    check_options(flex, "megatron-bridge");
+    const std::string stash_lm = export_plan(flex, "megatron").text;
+    for (const char* flag : {"--moe-expert-rank-capacity-factor 1.5\n", "--use-transformer-engine-op-fuser\n",
+                             "--moe-paged-stash\n", "--moe-paged-stash-buffer-size-factor-cuda 1.2\n"}) {
+      CAPTURE(flag);
+      CHECK(stash_lm.find(flag) != std::string::npos);
+    }
+    const std::string stash_br = export_plan(flex, "megatron-bridge").text;
+    for (const char* line : {"moe_expert_rank_capacity_factor=1.5,", "use_transformer_engine_op_fuser=True,",
+                             "moe_paged_stash=True,", "moe_paged_stash_buffer_size_factor_cuda=1.2,"}) {
+      CAPTURE(line);
+      CHECK(stash_br.find(line) != std::string::npos);
+    }
+    // Megatron-Core's default buffer factor is not written.
+    flex.plan.moe_flex.stash_buffer_factor = 1.10;
+    CHECK(export_plan(flex, "megatron").text.find("--moe-paged-stash-buffer-size-factor-cuda") == std::string::npos);
   }
   SUBCASE("tp-pp-dp with PP > 1: Megatron asserts the experts' DP (world / (ETP x EP x PP)) equals the layers'") {
     PlanFile order = pf;

@@ -346,3 +346,24 @@ TEST_CASE("partial full recomputation runs as priced on Megatron-LM, Megatron-Br
             .find("recompute: priced full:block:5, runs full:uniform:5") == 0);
   CHECK(mismatches(fixture_file("seed"), "megatron") == "");
 }
+
+TEST_CASE("HybridEP's rank capacity factor and the paged stash run as priced; the start-up model asserts their needs") {
+  // Mixtral 8x7B, TP 2 x PP 2 x DP 8, EP 8 over flex with HybridEP, the budget at 1.5 and the stash.
+  PlanFile pf = fixture_file("mixtral-ep8");
+  pf.plan.moe_dispatcher = MoeDispatcher::flex;
+  pf.plan.moe_flex = FlexSetting{FlexBackend::hybridep, 0, 1.5, true, 1.2};
+  for (const char* target : {"megatron", "megatron-bridge"}) {
+    CAPTURE(target);
+    CHECK(mismatches(pf, target) == "");
+    const ResolvedRun run = resolve_export(target, export_plan(pf, target));
+    CHECK(setting(run, "moe_rank_capacity_factor").value == "1.5");
+    CHECK(setting(run, "moe_paged_stash").value == "true");
+  }
+  // Without the op fuser Megatron-Core refuses HybridEP's factor; without the factor, the stash.
+  CHECK(after_edit(pf, "megatron", "    --use-transformer-engine-op-fuser\n", "")
+            .find("start-up fails: megatron/core/transformer/transformer_config.py:1875@d98e8a64: "
+                  "moe_expert_rank_capacity_factor with hybridep requires use_transformer_engine_op_fuser") !=
+        std::string::npos);
+  CHECK(after_edit(pf, "megatron", "    --moe-expert-rank-capacity-factor 1.5\n", "")
+            .find("moe_paged_stash requires moe_expert_rank_capacity_factor") != std::string::npos);
+}

@@ -70,6 +70,18 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   cmd->add_option("--moe-flex-sms", f.moe_flex_sms,
                   "SMs the flex dispatcher's kernels take (Megatron-Core's --moe-flex-dispatcher-num-sms; default: "
                   "DeepEP 20, HybridEP 24 inside one NVLink domain, 8 across)");
+  cmd->add_option("--moe-rank-capacity-factor", f.moe_rank_capacity_factor,
+                  "HybridEP's static receive budget per EP rank: its tokens x top-k x this factor, the expert "
+                  "activations that size, no host sync (Megatron-Core's --moe-expert-rank-capacity-factor; needs "
+                  "--moe-dispatcher flex --moe-flex-backend hybridep; default: none, dropless)");
+  cmd->add_option("--moe-paged-stash", f.moe_paged_stash,
+                  "copy the experts' saved activations at their real size into one paged buffer instead of keeping "
+                  "the budget's padded tensors (Megatron-Core's --moe-paged-stash; needs "
+                  "--moe-rank-capacity-factor): on|off (default off)");
+  cmd->add_option("--moe-paged-stash-buffer-factor", f.moe_paged_stash_buffer_factor,
+                  "the paged stash's GPU buffer over the in-flight tokens: positive, of the average (budget / factor); "
+                  "negative, of the real ones (Megatron-Core's --moe-paged-stash-buffer-size-factor-cuda; default "
+                  "1.1)");
   cmd->add_option("--moe-ep-overlap", f.moe_ep_overlap,
                   "overlap each EP all-to-all with another micro-batch's compute in Megatron-Core's combined 1F1B "
                   "schedule (--overlap-moe-expert-parallel-comm --delay-wgrad-compute; EP > 1, alltoall or flex, PP "
@@ -296,6 +308,28 @@ PlannerOptions planner_options(const PlanFlags& f) {
       throw InputError(cl, "--moe-flex-sms", fmt::format("{} SMs", *f.moe_flex_sms), "give at least 1");
     o.moe_flex_sms = f.moe_flex_sms;
   }
+  if (f.moe_rank_capacity_factor) {
+    if (!(*f.moe_rank_capacity_factor > 0))
+      throw InputError(cl, "--moe-rank-capacity-factor", fmt::format("factor {}", *f.moe_rank_capacity_factor),
+                       "give a factor > 0 (e.g. 1.5), or drop it for dropless routing");
+    // transformer_config.py:1868-1874@d98e8a64: hybridep (or ncclep, not modelled) only.
+    if (o.moe_flex_backend != FlexBackend::hybridep)
+      throw InputError(cl, "--moe-rank-capacity-factor",
+                       "Megatron-Core takes a rank capacity factor with the flex dispatcher's hybridep backend only "
+                       "(transformer_config.py:1868-1874@d98e8a64)",
+                       "add --moe-dispatcher flex --moe-flex-backend hybridep, or drop it");
+    o.moe_rank_capacity_factor = f.moe_rank_capacity_factor;
+  }
+  if (f.moe_paged_stash) o.moe_paged_stash = parse_on_off(*f.moe_paged_stash, "--moe-paged-stash");
+  if (f.moe_paged_stash_buffer_factor) {
+    if (*f.moe_paged_stash_buffer_factor == 0)
+      throw InputError(cl, "--moe-paged-stash-buffer-factor", "0 allocates no stash on the GPU",
+                       "give a factor such as 1.1 (of the average tokens) or -1.0 (of the real ones), or drop it");
+    if (!o.moe_paged_stash.value_or(false))
+      throw InputError(cl, "--moe-paged-stash-buffer-factor", "set without --moe-paged-stash on",
+                       "add --moe-paged-stash on, or drop it");
+    o.moe_paged_stash_buffer_factor = f.moe_paged_stash_buffer_factor;
+  }
   if ((f.moe_flex_backend || f.moe_flex_sms) && o.moe_dispatcher && *o.moe_dispatcher != MoeDispatcher::flex)
     throw InputError(cl, f.moe_flex_backend ? "--moe-flex-backend" : "--moe-flex-sms",
                      "set with --moe-dispatcher " + std::string(to_string(*o.moe_dispatcher)),
@@ -389,7 +423,7 @@ Loaded load(const PlanFlags& f) {
   if (f.plan_path) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
-    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.sequence_parallel ||
+    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.moe_rank_capacity_factor || f.moe_paged_stash || f.moe_paged_stash_buffer_factor || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
                       f.global_batch ||
@@ -536,6 +570,7 @@ template <typename T>
 std::optional<std::string> shown(const std::optional<T>& v) {
   if (!v) return std::nullopt;
   if constexpr (std::is_same_v<T, bool>) return std::string(*v ? "on" : "off");
+  else if constexpr (std::is_floating_point_v<T>) return fmt::format("{}", *v);
   else if constexpr (std::is_arithmetic_v<T>) return std::to_string(*v);
   else if constexpr (std::is_same_v<T, RankOrder>) return v->str();
   else return std::string(to_string(*v));
@@ -553,6 +588,11 @@ constexpr KeyFlag kKeyFlags[] = {
     {"parallel.moe_ep_overlap", "--moe-ep-overlap", [](const PlannerOptions& o) { return shown(o.moe_ep_overlap); }},
     {"parallel.moe_flex_backend", "--moe-flex-backend", [](const PlannerOptions& o) { return shown(o.moe_flex_backend); }},
     {"parallel.moe_flex_sms", "--moe-flex-sms", [](const PlannerOptions& o) { return shown(o.moe_flex_sms); }},
+    {"parallel.moe_rank_capacity_factor", "--moe-rank-capacity-factor",
+     [](const PlannerOptions& o) { return shown(o.moe_rank_capacity_factor); }},
+    {"parallel.moe_paged_stash", "--moe-paged-stash", [](const PlannerOptions& o) { return shown(o.moe_paged_stash); }},
+    {"parallel.moe_paged_stash_buffer_factor", "--moe-paged-stash-buffer-factor",
+     [](const PlannerOptions& o) { return shown(o.moe_paged_stash_buffer_factor); }},
     {"parallel.micro_batch", "--micro-batch", [](const PlannerOptions& o) { return shown(o.micro_batch); }},
     {"parallel.virtual_stages", "--vpp", [](const PlannerOptions& o) { return shown(o.virtual_stages); }},
     {"parallel.zero_stage", "--zero", [](const PlannerOptions& o) { return shown(o.zero_stage); }},

@@ -35,6 +35,9 @@ struct PlanFlags {
   std::optional<std::string> moe_ep_overlap;     // --moe-ep-overlap on|off
   std::optional<std::string> moe_flex_backend;   // --moe-flex-backend deepep|hybridep
   std::optional<int> moe_flex_sms;               // --moe-flex-sms N
+  std::optional<double> moe_rank_capacity_factor;       // --moe-rank-capacity-factor X (HybridEP)
+  std::optional<std::string> moe_paged_stash;           // --moe-paged-stash on|off
+  std::optional<double> moe_paged_stash_buffer_factor;  // --moe-paged-stash-buffer-factor X
   std::optional<std::string> recompute, sequence_parallel, schedule, flash_attention, attention_kernel, rank_order;
   std::optional<std::string> recompute_modules;  // --recompute-modules core_attn,mlp,...
   std::optional<std::string> recompute_method;   // --recompute-method uniform|block

@@ -72,6 +72,17 @@ std::string plain_fix(const PlanRejection& r) {
     case K::dispatcher_needs_moe: return "drop --moe-dispatcher";
     case K::trainer_no_ep_overlap: return "use --moe-ep-overlap off, or --trainer megatron-core";
     case K::ep_overlap_refused: return "use --moe-ep-overlap off";
+    case K::moe_static_refused:
+      switch (static_cast<MoeStaticRefusal>(r.values[0])) {
+        case MoeStaticRefusal::needs_moe: return "drop --moe-rank-capacity-factor and --moe-paged-stash";
+        case MoeStaticRefusal::needs_hybridep:
+          return "add --moe-dispatcher flex --moe-flex-backend hybridep, or drop --moe-rank-capacity-factor";
+        case MoeStaticRefusal::stash_needs_factor: return "add --moe-rank-capacity-factor (e.g. 1.5), or drop --moe-paged-stash";
+        case MoeStaticRefusal::stash_with_offload: return "drop --offload-activations, or use --moe-paged-stash off";
+        case MoeStaticRefusal::over_budget:
+          return "give a --moe-rank-capacity-factor of at least the busiest rank's load (--moe-imbalance), or drop it";
+      }
+      return "";
     case K::cuda_graph_module_refused: return "name other modules in --cuda-graphs (e.g. transformer_engine:attn,moe_router,moe_preprocess)";
     case K::trainer_no_zero_stage: return "use --zero " + zero_stages(r.values[2]);
     case K::trainer_even_stages: return "choose a PP that divides the layers";
@@ -175,6 +186,8 @@ std::string_view flag_of(PlanField field) {
     case PlanField::recompute_method: return "--recompute-method";
     case PlanField::recompute_num_layers: return "--recompute-num-layers";
     case PlanField::dp_grad_bytes: return "--grad-reduce-dtype";
+    case PlanField::moe_rank_capacity_factor: return "--moe-rank-capacity-factor";
+    case PlanField::moe_paged_stash: return "--moe-paged-stash";
   }
   return "--tp/--pp/--dp";
 }

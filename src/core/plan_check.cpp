@@ -1,8 +1,11 @@
 #include "cuboid/core/plan_check.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
+
+#include "cuboid/core/workload.hpp"
 
 namespace cuboid {
 
@@ -194,6 +197,32 @@ Found check_ep_overlap(const ParallelPlan& p, const ModelSpec& m) {
   if (p.recomputes(RecomputeModule::moe)) return refuse(R::moe_recompute);
   if (m.mtp_layers > 1) return refuse(R::mtp_layers);
   if (p.pp > 1 && p.schedule != Schedule::interleaved) return refuse(R::needs_interleaved);
+  return std::nullopt;
+}
+
+// HybridEP's static receive budget and the paged stash: Megatron-Core's
+// checks (transformer_config.py __post_init__ at d98e8a64), then that the
+// busiest EP rank's token copies fit the budget. Above it HybridEP drops
+// them and Megatron-Core's PagedStashRunner reruns every such step dropless
+// without the stash (paged_stash.py, training.py:4439-4440): a second
+// forward and backward that cuboid refuses rather than prices.
+Found check_moe_static(const ParallelPlan& p, const ModelSpec& m) {
+  const FlexSetting& f = p.moe_flex;
+  if (f.rank_capacity_factor <= 0 && !f.paged_stash) return std::nullopt;
+  using R = MoeStaticRefusal;
+  const PlanField field = f.rank_capacity_factor > 0 ? F::moe_rank_capacity_factor : F::moe_paged_stash;
+  const auto refuse = [&](R why, PlanField at, std::int64_t rows = 0, std::int64_t budget = 0) {
+    return reject(K::moe_static_refused, at, static_cast<std::int64_t>(why), rows, budget);
+  };
+  if (!m.moe.enabled()) return refuse(R::needs_moe, field);
+  if (f.paged_stash && f.rank_capacity_factor <= 0) return refuse(R::stash_needs_factor, F::moe_paged_stash);
+  if (p.moe_dispatcher != MoeDispatcher::flex || f.backend != FlexBackend::hybridep)
+    return refuse(R::needs_hybridep, F::moe_rank_capacity_factor);
+  if (f.paged_stash && p.offload_layers > 0) return refuse(R::stash_with_offload, F::moe_paged_stash);
+  const double rows = expert_tokens(m, p), budget = rank_budget_rows(m, p);
+  if (rows > budget)
+    return refuse(R::over_budget, F::moe_rank_capacity_factor, static_cast<std::int64_t>(std::ceil(rows)),
+                  static_cast<std::int64_t>(budget));
   return std::nullopt;
 }
 
@@ -527,6 +556,27 @@ std::string describe_ep_overlap(EpOverlapRefusal why, std::int64_t mtp, const Mo
   return "";
 }
 
+std::string describe_moe_static(MoeStaticRefusal why, std::int64_t rows, std::int64_t budget, const ModelSpec& m) {
+  const std::string at = " (Megatron-Core asserts it: megatron/core/transformer/transformer_config.py:";
+  switch (why) {
+    case MoeStaticRefusal::needs_moe:
+      return "a rank capacity factor or paged stash needs a mixture-of-experts model; " + m.name + " has no experts";
+    case MoeStaticRefusal::needs_hybridep:
+      return "moe_expert_rank_capacity_factor requires the flex token dispatcher with the hybridep backend" + at +
+             "1868-1874@d98e8a64; its ncclep backend is not modelled)";
+    case MoeStaticRefusal::stash_needs_factor:
+      return "moe_paged_stash requires moe_expert_rank_capacity_factor to be set" + at + "2213-2217@d98e8a64)";
+    case MoeStaticRefusal::stash_with_offload:
+      return "moe_paged_stash cannot be enabled with cpu_offloading" + at + "2211-2212@d98e8a64)";
+    case MoeStaticRefusal::over_budget:
+      return "the busiest EP rank receives " + n(rows) + " token copies per MoE layer, above its static budget of " +
+             n(budget) + ": HybridEP drops the excess and Megatron-Core reruns every step dropless without the "
+             "paged stash (megatron/core/transformer/moe/paged_stash.py PagedStashRunner@d98e8a64), a second "
+             "forward and backward cuboid does not price";
+  }
+  return "";
+}
+
 std::string describe_cuda_graph_modules(CudaGraphRefusal why) {
   const std::string at = " (Megatron-Core asserts it: megatron/core/transformer/transformer_config.py:";
   switch (why) {
@@ -577,6 +627,7 @@ std::string describe_experts(const PlanRejection& r, const ModelSpec& m) {
              "FSDP2) only, not by weight tensor, host waits, list-form collectives or reduce buckets (DeepSpeed)";
     case K::ep_overlap_refused: return describe_ep_overlap(static_cast<EpOverlapRefusal>(v[0]), v[1], m);
     case K::cuda_graph_module_refused: return describe_cuda_graph_modules(static_cast<CudaGraphRefusal>(v[0]));
+    case K::moe_static_refused: return describe_moe_static(static_cast<MoeStaticRefusal>(v[0]), v[1], v[2], m);
     default: return "";
   }
 }
@@ -694,6 +745,7 @@ std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& 
   if (Found r = check_cp(p, m)) return r;
   if (Found r = check_experts(p, m)) return r;
   if (Found r = check_ep_overlap(p, m)) return r;
+  if (Found r = check_moe_static(p, m)) return r;
   if (Found r = check_cuda_graph_modules(p, m)) return r;
   if (Found r = check_latent_attention(p, m)) return r;
   if (Found r = check_recompute_modules(p, m)) return r;

@@ -24,6 +24,7 @@
 #include "cuboid/core/workload.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "cuboid/core/element_bytes.hpp"
@@ -116,6 +117,9 @@ struct Dims {
   double routed;
   MoeDispatcher dispatcher;
   bool moe, shared_gate;
+  // HybridEP with a rank capacity factor: a static receive budget, no host
+  // synchronisation (FlexSetting::rank_capacity_factor).
+  bool static_budget;
   // Latent attention: the query and key/value ranks, the heads' non-rotary,
   // rotary and value widths. With it `d` is (qk + rope + v) / 2 and q = kv =
   // heads x d: the attention core's FLOPs (2 s^2 (qk + rope) + 2 s^2 v per
@@ -174,6 +178,7 @@ Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
     x.ep = std::max(1, plan.ep);
     x.etp = std::max(1, plan.expert_tp());
     x.dispatcher = plan.moe_dispatcher;
+    x.static_budget = plan.moe_dispatcher == MoeDispatcher::flex && plan.moe_flex.rank_capacity_factor > 0;
     x.routed = static_cast<double>(x.tokens / (x.sp ? x.t : 1) * x.topk) * ep_rank_load(m, plan);
   }
   return x;
@@ -761,7 +766,12 @@ void add_moe_forward(std::vector<Op>& out, const ModelSpec& m, const Dims& x, Pa
   add_router_balancing(out, m, x, pass);
   // Each token copied k times into expert order (read, write).
   out.push_back(memory_bound(op::moe_permute, pass, copies * h * (kBf16Bytes + kBf16Bytes)));
-  add_host_sync(out, x, pass);
+  // With a rank capacity factor HybridEP runs non-blocking on the static
+  // budget: no host wait for the counts (d98e8a64 token_dispatcher.py:
+  // 1098-1112 and 1175-1178, fused_a2a.py:417 non_blocking = budget given;
+  // DeepEP hybrid-ep executor.cu:166-175@94a9f8f6 synchronises the stream
+  // only when blocking).
+  if (!x.static_budget) add_host_sync(out, x, pass);
   if (x.ep > 1) {
     // The dispatcher's preprocess: every rank's tokens per expert to every
     // EP rank (an all-to-all of [experts] int64 counts), which the host
@@ -1243,6 +1253,30 @@ std::vector<WeightPart> split_by_weight(const std::vector<Op>& ops, Pass pass) {
 double expert_tokens(const ModelSpec& m, const ParallelPlan& plan) {
   const Dims x = dims_of(m, plan);
   return x.moe ? expert_rows(x) : 0.0;
+}
+
+double rank_budget_rows(const ModelSpec& m, const ParallelPlan& plan) {
+  const double factor = plan.moe_flex.rank_capacity_factor;
+  if (!m.moe.enabled() || factor <= 0) return 0.0;
+  // Megatron-Core's setup_metadata: budget = int(num_tokens x topk x factor),
+  // then budget += -budget % pad_multiple (256 with the op fuser or grouped
+  // tensors, which the factor needs with HybridEP: transformer_config.py:1875-1883).
+  constexpr std::int64_t kPadMultiple = 256;
+  const double tokens = static_cast<double>(plan.seq_per_rank()) * plan.micro_batch /
+                        (plan.sequence_parallel ? plan.tp : 1);
+  const auto budget = static_cast<std::int64_t>(tokens * static_cast<double>(m.moe.experts_per_token) * factor);
+  return static_cast<double>((budget + kPadMultiple - 1) / kPadMultiple * kPadMultiple);
+}
+
+double saved_expert_rows(const ModelSpec& m, const ParallelPlan& plan) {
+  const FlexSetting& f = plan.moe_flex;
+  if (f.rank_capacity_factor <= 0) return expert_tokens(m, plan);
+  const double budget = rank_budget_rows(m, plan);
+  if (!f.paged_stash) return budget;
+  // experts.py:773-777: avg_num_tokens = int(max_num_tokens // cap_factor).
+  const double average = std::floor(budget / f.rank_capacity_factor);
+  return f.stash_buffer_factor >= 0 ? f.stash_buffer_factor * average
+                                    : -f.stash_buffer_factor * expert_tokens(m, plan);
 }
 
 namespace {

@@ -90,20 +90,32 @@ double output_layer_activation_bytes(const ModelSpec& m, const ParallelPlan& pla
 // checkpoint keeps the input only: moe_layer.py:701-716), moe_act the
 // activation's output (experts.py:1019-1030, CheckpointWithoutOutput),
 // shared_experts the shared experts' intermediates (moe_layer.py:517-529).
+// Bytes per row of the experts' saved tensors (their input, FC1's output and
+// the activation's output, less what moe_act recomputes): all of them are
+// what the paged stash pages (Transformer Engine's fused grouped MLP marks
+// them, mark_grouped_tensor: ops/fused/grouped_mlp.py:1749@d0067d0d).
+double expert_bytes_per_row(const ModelSpec& m, const ParallelPlan& plan) {
+  const double h = static_cast<double>(m.hidden_size);
+  const double fe = static_cast<double>(m.moe.expert_ffn_hidden_size / plan.expert_tp());
+  const double per_width = m.gated_mlp() ? 6 : 4;  // FC1 output (2f gated) + activation output, bf16
+  const double act_output = kBf16Bytes;            // of per_width: the activation's output
+  const double routed_width = plan.recomputes(RecomputeModule::moe_act) ? per_width - act_output : per_width;
+  return h * 2 + fe * routed_width;
+}
+
+// The rows are the busiest rank's token copies; with a rank capacity factor
+// the static budget's (every expert tensor is that tall), and with the paged
+// stash its pages' share (saved_expert_rows).
 double moe_mlp_activation_bytes(const ModelSpec& m, const ParallelPlan& plan) {
   if (plan.checkpoints(RecomputeModule::moe)) return 0;
   const double tokens = static_cast<double>(plan.seq_per_rank()) * plan.micro_batch /
                         (plan.sequence_parallel ? plan.tp : 1);
-  const double h = static_cast<double>(m.hidden_size);
-  const double rows = expert_tokens(m, plan);
-  const double fe = static_cast<double>(m.moe.expert_ffn_hidden_size / plan.expert_tp());
   const double fs = static_cast<double>(m.moe.shared_expert_ffn_hidden_size);
-  const double per_width = m.gated_mlp() ? 6 : 4;  // FC1 output (2f gated) + activation output, bf16
-  const double act_output = kBf16Bytes;            // of per_width: the activation's output
+  const double per_width = m.gated_mlp() ? 6 : 4;
   const double full_tokens = static_cast<double>(plan.seq_per_rank()) * plan.micro_batch;
-  const double routed_width = plan.recomputes(RecomputeModule::moe_act) ? per_width - act_output : per_width;
   const double shared = plan.checkpoints(RecomputeModule::shared_experts) ? 0.0 : per_width * full_tokens * fs / plan.tp;
-  return tokens * static_cast<double>(m.moe.num_experts) * 4 + rows * h * 2 + rows * fe * routed_width + shared;
+  return tokens * static_cast<double>(m.moe.num_experts) * 4 +
+         saved_expert_rows(m, plan) * expert_bytes_per_row(m, plan) + shared;
 }
 
 // Latent attention's saved activations on one GPU, as Megatron-Core's
@@ -258,7 +270,12 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   // micro-batch i's backward): one layer more than the schedule holds
   // without it, the largest on the stage.
   if (ep_overlap_pairs_layers(plan, stage)) act += layer_activation_bytes(m, plan, moe_layers > 0);
-
+  // The paged stash: beside the pages, one MoE layer's expert tensors at the
+  // budget's padded size, those of the layer in its forward until its copy
+  // is waited for at the next layer's start (paged_stash.py:301-311,
+  // 504-514@d98e8a64) or, in backward, those reloaded into a fresh
+  // padded tensor for the layer in its backward (:516-549).
+  if (moe_layers > 0) act += paged_stash_padded_layer_bytes(m, plan);
   if (stage == 0) act += embedding_activation_bytes(m, plan) * in_flight;
   if (stage == plan.pp - 1) act += output_layer_activation_bytes(m, plan);
   // Multi-token prediction on the last stage: each module's layer, lookup
@@ -495,7 +512,18 @@ double moe_dispatch_buffer_bytes(const ModelSpec& m, const ParallelPlan& plan) {
                         (plan.sequence_parallel ? plan.tp : 1);
   const double h = static_cast<double>(m.hidden_size);
   const double copies = tokens * static_cast<double>(m.moe.experts_per_token);
-  return (copies + expert_tokens(m, plan) / plan.expert_tp()) * h * 2;
+  // With a rank capacity factor HybridEP's receive buffer is the static
+  // budget (hybrid_ep.cu:314@94a9f8f6, torch::empty of num_permuted_tokens rows).
+  const double received = plan.moe_flex.rank_capacity_factor > 0 ? rank_budget_rows(m, plan)
+                                                                  : expert_tokens(m, plan) / plan.expert_tp();
+  return (copies + received) * h * 2;
+}
+
+double paged_stash_padded_layer_bytes(const ModelSpec& m, const ParallelPlan& plan) {
+  if (!m.moe.enabled() || !plan.moe_flex.paged_stash || plan.moe_flex.rank_capacity_factor <= 0 ||
+      plan.checkpoints(RecomputeModule::moe))
+    return 0;
+  return rank_budget_rows(m, plan) * expert_bytes_per_row(m, plan);
 }
 
 double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool moe_layer) {

@@ -242,6 +242,22 @@ std::vector<McoreSetting> moe_kernel_settings(const ParallelPlan& plan) {
   if (plan.moe_dispatcher == MoeDispatcher::flex && plan.moe_flex.sms > 0)
     out.push_back({"--moe-flex-dispatcher-num-sms", "moe_flex_dispatcher_num_sms", McoreSetting::Kind::number,
                    fmt::format("{}", plan.moe_flex.sms)});
+  // HybridEP's static budget, with the Transformer Engine op fuser it needs
+  // (transformer_config.py:1875-1883 at d98e8a64: the op fuser or grouped
+  // tensors; the paged stash runs in the op fuser's expert path only,
+  // experts.py:766-828), and the paged stash with its buffer factor where
+  // not Megatron-Core's 1.10 (transformer_config.py:1364-1374).
+  if (plan.moe_dispatcher == MoeDispatcher::flex && plan.moe_flex.rank_capacity_factor > 0) {
+    out.push_back({"--moe-expert-rank-capacity-factor", "moe_expert_rank_capacity_factor", McoreSetting::Kind::number,
+                   fmt::format("{}", plan.moe_flex.rank_capacity_factor)});
+    out.push_back({"--use-transformer-engine-op-fuser", "use_transformer_engine_op_fuser", McoreSetting::Kind::on, ""});
+    if (plan.moe_flex.paged_stash) {
+      out.push_back({"--moe-paged-stash", "moe_paged_stash", McoreSetting::Kind::on, ""});
+      if (plan.moe_flex.stash_buffer_factor != FlexSetting{}.stash_buffer_factor)
+        out.push_back({"--moe-paged-stash-buffer-size-factor-cuda", "moe_paged_stash_buffer_size_factor_cuda",
+                       McoreSetting::Kind::number, fmt::format("{}", plan.moe_flex.stash_buffer_factor)});
+    }
+  }
   // The EP overlap: the combined 1F1B schedule with the delayed weight
   // gradients it is run with (model_parallel_config.py lines 343 and 348 at
   // d98e8a64; cd4afffa, Megatron-Bridge v0.6.0's, has both too).

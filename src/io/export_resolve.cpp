@@ -97,6 +97,9 @@ std::vector<ResolvedSetting> priced_settings(const PlanFile& pf) {
       {"etp", str(p.expert_tp()), why},
       {"moe_dispatcher", std::string(to_string(p.moe_dispatcher)), why},
       {"moe_flex_backend", std::string(to_string(p.moe_flex.backend)), why},
+      {"moe_rank_capacity_factor",
+       p.moe_flex.rank_capacity_factor > 0 ? str(p.moe_flex.rank_capacity_factor) : std::string("None"), why},
+      {"moe_paged_stash", yes(p.moe_flex.paged_stash), why},
       {"moe_ep_overlap", yes(p.moe_ep_overlap), why},
       {"micro_batch", str(p.micro_batch), why},
       {"global_batch", str(p.global_batch), why},
@@ -161,7 +164,9 @@ std::vector<RunMismatch> compare_with_plan(const ResolvedRun& run, const PlanFil
       continue;
     if (n == "zero1_grad_all_reduce" && p.zero_stage != 1) continue;
     if ((n == "ep" || n == "etp" || n == "moe_dispatcher" || n == "moe_ep_overlap") && !pf.model.moe.enabled()) continue;
-    if (n == "moe_flex_backend" && p.moe_dispatcher != MoeDispatcher::flex) continue;
+    if ((n == "moe_flex_backend" || n == "moe_rank_capacity_factor" || n == "moe_paged_stash") &&
+        p.moe_dispatcher != MoeDispatcher::flex)
+      continue;
     if (n == "cp_comm" && p.cp == 1) continue;
     if (n == "fp8_param_gather" && p.precision == Precision::bf16) continue;
     const ResolvedSetting* want = nullptr;

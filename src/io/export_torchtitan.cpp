@@ -129,6 +129,12 @@ void check_common(const PlanFile& pf) {
            "schedule that runs one micro-batch's forward beside another's backward (Megatron-Core's combined 1F1B, "
            "which the plan's EP overlap prices)",
            "plan with --moe-ep-overlap off, or export with --to megatron or --to megatron-bridge");
+  if (p.moe_flex.rank_capacity_factor > 0 || p.moe_flex.paged_stash)
+    refuse(pf, p.moe_flex.rank_capacity_factor > 0 ? "parallel.moe_rank_capacity_factor" : "parallel.moe_paged_stash",
+           "torchtitan v0.2.2 has no static per-rank receive budget for its experts' tokens and no paged stash of "
+           "their activations (Megatron-Core's moe_expert_rank_capacity_factor and moe_paged_stash, with HybridEP)",
+           "plan without --moe-rank-capacity-factor and --moe-paged-stash, or export with --to megatron or --to "
+           "megatron-bridge");
   refuse_offload(pf, "cuboid's torchtitan export", "torchtitan's activation checkpointing recomputes; it does not offload");
   refuse_recompute_layers(pf,
                           "torchtitan's activation_checkpoint.mode \"full\" wraps every transformer block in a "

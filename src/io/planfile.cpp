@@ -89,6 +89,12 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
   if (p.moe_dispatcher == MoeDispatcher::flex && p.moe_flex.backend != FlexBackend::deepep)
     j["moe_flex_backend"] = std::string(to_string(p.moe_flex.backend));
   if (p.moe_dispatcher == MoeDispatcher::flex && p.moe_flex.sms > 0) j["moe_flex_sms"] = p.moe_flex.sms;
+  // HybridEP's static budget and the paged stash, written where set (a file
+  // without them reads as dropless, no stash, the buffer factor 1.10).
+  if (p.moe_flex.rank_capacity_factor > 0) j["moe_rank_capacity_factor"] = p.moe_flex.rank_capacity_factor;
+  if (p.moe_flex.paged_stash) j["moe_paged_stash"] = true;
+  if (p.moe_flex.paged_stash && p.moe_flex.stash_buffer_factor != FlexSetting{}.stash_buffer_factor)
+    j["moe_paged_stash_buffer_factor"] = p.moe_flex.stash_buffer_factor;
   // Written when on: a file without it reads as off, Megatron-Core's default.
   if (p.moe_ep_overlap) j["moe_ep_overlap"] = true;
   return j;
@@ -190,6 +196,8 @@ std::string plan_key(PlanField field) {
     case PlanField::recompute_method: return "parallel.recompute_method";
     case PlanField::recompute_num_layers: return "parallel.recompute_num_layers";
     case PlanField::dp_grad_bytes: return "parallel.trainer.dp_grad_bytes";
+    case PlanField::moe_rank_capacity_factor: return "parallel.moe_rank_capacity_factor";
+    case PlanField::moe_paged_stash: return "parallel.moe_paged_stash";
   }
   return "parallel";
 }
@@ -218,6 +226,9 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::dispatcher_needs_moe: return "drop moe_dispatcher; or " + kRegenerate;
     case PlanCheck::trainer_no_ep_overlap: return "set moe_ep_overlap false, or " + other_trainer;
     case PlanCheck::ep_overlap_refused: return "set moe_ep_overlap false; or " + kRegenerate;
+    case PlanCheck::moe_static_refused:
+      return "drop moe_rank_capacity_factor and moe_paged_stash, or give a factor and backend they fit; or " +
+             kRegenerate;
     case PlanCheck::cuda_graph_module_refused: return "name other modules in trainer.cuda_graphs; or " + kRegenerate;
     case PlanCheck::trainer_no_pipeline:
     case PlanCheck::trainer_no_cp:
@@ -300,6 +311,14 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
     throw InputError(source, r.has("moe_flex_backend") ? "parallel.moe_flex_backend" : "parallel.moe_flex_sms",
                      "set with moe_dispatcher " + std::string(to_string(p.moe_dispatcher)),
                      "set moe_dispatcher flex, or drop it");
+  if (const auto f = r.optional_positive_number("moe_rank_capacity_factor")) p.moe_flex.rank_capacity_factor = *f;
+  p.moe_flex.paged_stash = r.optional_boolean("moe_paged_stash").value_or(false);
+  if (const auto f = r.optional_number("moe_paged_stash_buffer_factor")) {
+    if (*f == 0)
+      throw InputError(source, "parallel.moe_paged_stash_buffer_factor", "0 allocates no stash on the GPU",
+                       "give a factor such as 1.1 (of the average tokens) or -1.0 (of the real ones), or drop it");
+    p.moe_flex.stash_buffer_factor = *f;
+  }
   p.moe_ep_overlap = r.optional_boolean("moe_ep_overlap").value_or(false);
   p.micro_batch = read_int(r, "micro_batch", 1);
   // Sequences: the limit of --global-batch, so batch products stay inside 64 bits.

@@ -35,6 +35,10 @@ struct Mcore {
   Ruled<bool> overlap_p2p, batch_p2p, sequence_parallel, dist_opt, fsdp, overlap_grad, overlap_param, grad_fp32,
       fusion, tp_pp_dp, fp8_param_gather, bf16;
   Ruled<bool> ep_overlap;  // overlap_moe_expert_parallel_comm
+  // moe_expert_rank_capacity_factor as written ("None": unset), the op
+  // fuser HybridEP's factor needs, moe_paged_stash.
+  Ruled<std::string> rank_capacity;
+  Ruled<bool> op_fuser, paged_stash;
   Ruled<std::string> fsdp_strategy;
 };
 
@@ -73,6 +77,24 @@ ResolvedRun derive(Builder& b, const Mcore& m) {
     b.set("moe_dispatcher", m.dispatcher.value, m.dispatcher.source);
     if (m.dispatcher.value == "flex") b.set("moe_flex_backend", m.flex_backend.value, m.flex_backend.source);
     b.set("moe_ep_overlap", m.ep_overlap.value, m.ep_overlap.source);
+    // transformer_config.py __post_init__: the rank capacity factor with
+    // hybridep (or ncclep) only, hybridep's with the op fuser; the paged
+    // stash with a factor.
+    const bool lm_core = m.core == "d98e8a64";
+    const bool factor = m.rank_capacity.value != "None";
+    if (factor && m.flex_backend.value != "hybridep" && m.flex_backend.value != "ncclep")
+      b.fail(at(m, lm_core ? "transformer/transformer_config.py:1868" : "transformer/transformer_config.py:1692",
+                "moe_expert_rank_capacity_factor requires moe_flex_dispatcher_backend hybridep or ncclep"));
+    if (factor && m.flex_backend.value == "hybridep" && !m.op_fuser.value)
+      b.fail(at(m, lm_core ? "transformer/transformer_config.py:1875" : "transformer/transformer_config.py:1698",
+                "moe_expert_rank_capacity_factor with hybridep requires use_transformer_engine_op_fuser"));
+    if (m.paged_stash.value && !factor)
+      b.fail(at(m, lm_core ? "transformer/transformer_config.py:2213" : "transformer/transformer_config.py:1907",
+                "moe_paged_stash requires moe_expert_rank_capacity_factor"));
+    if (m.dispatcher.value == "flex") {
+      b.set("moe_rank_capacity_factor", m.rank_capacity.value, m.rank_capacity.source);
+      b.set("moe_paged_stash", m.paged_stash.value, m.paged_stash.source);
+    }
     if (m.ep_overlap.value && m.pp.value > 1 && m.vpp.value == 0)
       b.fail(at(m, m.core == "d98e8a64" ? "transformer/transformer_config.py:3008" : "transformer/transformer_config.py:2675",
                 "overlap_moe_expert_parallel_comm with PP > 1 asserts virtual_pipeline_model_parallel_size is set"));
@@ -183,6 +205,10 @@ ResolvedRun megatron_lm(const ExportResult& e) {
                   tc("891", "moe_token_dispatcher_type, default allgather")};
   m.flex_backend = {option_or(a, "--moe-flex-dispatcher-backend", "deepep"),
                     tc("898", "moe_flex_dispatcher_backend, default deepep")};
+  m.rank_capacity = {option_or(a, "--moe-expert-rank-capacity-factor", "None"),
+                     tc("1019", "moe_expert_rank_capacity_factor, default None")};
+  m.op_fuser = {has("--use-transformer-engine-op-fuser"), tc("525", "use_transformer_engine_op_fuser, default False")};
+  m.paged_stash = {has("--moe-paged-stash"), tc("1364", "moe_paged_stash, default False")};
   if (!has("--micro-batch-size") || !has("--global-batch-size"))
     throw std::invalid_argument("the Megatron-LM export has no --micro-batch-size or --global-batch-size");
   m.micro = {num("--micro-batch-size", 0), "--micro-batch-size"};
@@ -284,6 +310,12 @@ ResolvedRun megatron_bridge(const ExportResult& e) {
                   mc("transformer/transformer_config.py:862", "moe_token_dispatcher_type, default allgather")};
   m.flex_backend = {option_or(o, "model.moe_flex_dispatcher_backend", "deepep"),
                     mc("transformer/transformer_config.py:869", "moe_flex_dispatcher_backend, default deepep")};
+  m.rank_capacity = {option_or(o, "model.moe_expert_rank_capacity_factor", "None"),
+                     mc("transformer/transformer_config.py:977", "moe_expert_rank_capacity_factor, default None")};
+  m.op_fuser = flag("model.use_transformer_engine_op_fuser", false,
+                    mc("transformer/transformer_config.py:511", "use_transformer_engine_op_fuser, default False"));
+  m.paged_stash = flag("model.moe_paged_stash", false,
+                       mc("transformer/transformer_config.py:1268", "moe_paged_stash, default False"));
   m.micro = {num("train.micro_batch_size", 2), fmt::format(fmt::runtime(common), 67, "micro_batch_size 2 unless set")};
   m.global = {num("train.global_batch_size", 32), fmt::format(fmt::runtime(common), 66, "global_batch_size 32 unless set")};
   const std::string vpp = option_or(o, "model.virtual_pipeline_model_parallel_size", "None");

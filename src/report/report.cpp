@@ -278,6 +278,15 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                        ep_rank_load(m, p));
   if (p.etp > 0 && p.ep > 1)
     out += fmt::format("      token dispatcher: {}\n", dispatcher_words(p, c));
+  // HybridEP's static budget and the paged stash (docs/cost-model.md "Rank capacity and paged stash").
+  if (p.etp > 0 && p.moe_flex.rank_capacity_factor > 0)
+    out += fmt::format("      static budget: {:.0f} token copies per EP rank (--moe-rank-capacity-factor {}), no host "
+                       "sync; {}\n",
+                       rank_budget_rows(m, p), p.moe_flex.rank_capacity_factor,
+                       p.moe_flex.paged_stash
+                           ? fmt::format("the experts' activations paged at {:.0f} rows a layer, one layer at the budget",
+                                         saved_expert_rows(m, p))
+                           : std::string("the experts' activations at the budget"));
   if (p.moe_ep_overlap) out += fmt::format("      EP overlap: {}\n", ep_overlap_words(e));
   if (p.cp > 1)
     out += fmt::format("      context parallel {}: {} tokens of each sequence per rank, {}\n", p.cp,

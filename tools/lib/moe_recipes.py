@@ -28,7 +28,6 @@ GPU_ORDER = ["H100", "B200", "GB200", "GB300"]
 PRICED_WITHOUT = [
     ("bf16 Adam moments (precision-aware optimizer)", lambda r: r["exp_avg_dtype"] == "bfloat16"),
     ("FP8 attention (fp8_dot_product_attention)", lambda r: r["fp8_dot_product_attention"] == "1"),
-    ("paged stash / expert capacity factor", lambda r: r["moe_paged_stash"] == "1" or r["expert_rank_capacity_factor"]),
     ("EP overlap without delayed wgrad (priced with it)", lambda r: r["ep_overlap"] == "1" and r["delay_wgrad"] != "1"),
     ("the parameter gather under the optimizer step", lambda r: r["overlap_param_gather_with_optimizer_step"] == "1"),
 ]
@@ -107,6 +106,12 @@ def moe_args(r):
     a += ["--moe-dispatcher", r["dispatcher"]]
     if r["flex_backend"] == "hybridep":
         a += ["--moe-flex-backend", "hybridep"]
+    if r["expert_rank_capacity_factor"]:
+        a += ["--moe-rank-capacity-factor", r["expert_rank_capacity_factor"]]
+    if r["moe_paged_stash"] == "1":
+        a += ["--moe-paged-stash", "on"]
+        if r["paged_stash_buffer_factor_cuda"]:
+            a += ["--moe-paged-stash-buffer-factor", r["paged_stash_buffer_factor_cuda"]]
     a += ["--moe-ep-overlap", "on" if r["ep_overlap"] == "1" else "off"]
     if r["force_load_balancing"] == "1":
         a += ["--moe-imbalance", "1"]
@@ -133,8 +138,11 @@ def relax(args, reason):
         i = a.index("--recompute-modules")
         a[i:i + 2] = ["--recompute-modules", ",".join(mods)] if mods else ["--recompute", "none"]
         return a
+    static = {"--moe-rank-capacity-factor", "--moe-paged-stash", "--moe-paged-stash-buffer-factor"}
+    if re.match(r"command line: --moe-(rank-capacity-factor|paged-stash)", reason) and static & set(a):
+        return drop(a, static)
     if "--moe-flex-backend" in reason and "--moe-flex-backend" in a:
-        return drop(a, {"--moe-flex-backend"})
+        return drop(a, {"--moe-flex-backend"} | static)
     m = re.search(r'unknown CUDA graph module "(\w+)"', reason)
     if m and "--cuda-graphs" in a:
         impl, _, scope = value("--cuda-graphs").partition(":")

@@ -50,9 +50,22 @@ enum class MoeDispatcher { alltoall, allgather, flex };
 // the SMs their dispatch and combine kernels take (0: the backend's default,
 // core/dispatch.hpp flex_kernels).
 enum class FlexBackend : std::uint8_t { deepep, hybridep };
+// With HybridEP, Megatron-Core's static shapes (transformer_config.py at
+// d98e8a64; docs/cost-model.md "Rank capacity and paged stash"):
+// rank_capacity_factor is --moe-expert-rank-capacity-factor, each EP rank's
+// receive budget its own tokens x top-k x the factor, rounded up to 256
+// (token_dispatcher.py:1098-1112), instead of a size the host reads each
+// step (0: dropless, Megatron's None); paged_stash is --moe-paged-stash, the
+// experts' saved activations copied at their real size into one page buffer
+// of stash_buffer_factor x the in-flight tokens
+// (--moe-paged-stash-buffer-size-factor-cuda; positive: of the average
+// tokens, budget / factor; negative: of the real ones).
 struct FlexSetting {
   FlexBackend backend = FlexBackend::deepep;
   int sms = 0;
+  double rank_capacity_factor = 0;
+  bool paged_stash = false;
+  double stash_buffer_factor = 1.10;
   friend bool operator==(const FlexSetting&, const FlexSetting&) = default;
 };
 // The format of the linear layers' GEMMs (Megatron-Core --fp8-format hybrid

@@ -38,6 +38,8 @@ enum class PlanField {
   recompute_method,      // Megatron-Core's --recompute-method
   recompute_num_layers,  // and --recompute-num-layers
   dp_grad_bytes,         // the DP gradient reduction's dtype (TrainerSettings::dp_grad_bytes)
+  moe_rank_capacity_factor,  // Megatron-Core's --moe-expert-rank-capacity-factor
+  moe_paged_stash,           // and --moe-paged-stash
 };
 
 // Why a plan cannot overlap its EP exchanges (PlanCheck::ep_overlap_refused).
@@ -60,6 +62,16 @@ enum class CudaGraphRefusal : std::uint8_t {
   preprocess_host_sync,   // moe_preprocess with the alltoall dispatcher and a capacity factor
   router_with_moe_recompute,  // moe_router with transformer_engine and --recompute-modules moe
   ep_overlap,             // moe or mlp with transformer_engine and the EP overlap
+};
+
+// Why a plan cannot take its rank capacity factor or paged stash
+// (PlanCheck::moe_static_refused; transformer_config.py at d98e8a64).
+enum class MoeStaticRefusal : std::uint8_t {
+  needs_moe,           // a dense model
+  needs_hybridep,      // the factor without the flex dispatcher's HybridEP (1868-1874; ncclep is not modelled)
+  stash_needs_factor,  // the paged stash without a factor (2213-2217)
+  stash_with_offload,  // the paged stash with CPU offloading (2211-2212)
+  over_budget,         // the busiest rank's token copies above the budget: dropped, the step rerun
 };
 
 // What check_plan refuses; the comment names what PlanRejection::values
@@ -153,6 +165,7 @@ enum class PlanCheck : std::uint8_t {
   trainer_no_recompute_layers,   // the preset (a recompute method or layer count other than uniform 1)
   recompute_layers_need_full,    // - (a method or layer count without full recomputation)
   trainer_no_dp_grad_bytes,      // the preset, the plan's bytes per gradient
+  moe_static_refused,            // why (MoeStaticRefusal), the busiest rank's rows, the budget's rows
 };
 
 struct PlanRejection {

@@ -91,6 +91,22 @@ LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan, boo
 // copies, which are top-k x the rank's tokens (s x b / TP with sequence
 // parallelism) times ep_rank_load.
 double expert_tokens(const ModelSpec& m, const ParallelPlan& plan);
+// HybridEP's static receive budget of an EP rank under
+// --moe-expert-rank-capacity-factor (FlexSetting::rank_capacity_factor;
+// token_dispatcher.py:1098-1112 at d98e8a64): int(the rank's tokens (s x b /
+// TP with sequence parallelism) x top-k x the factor), rounded up to 256
+// (moe_utils.py:1473-1474, the op fuser's grouped tensors); 0 without a
+// factor or experts. The receive buffer and every expert tensor are this
+// many rows; the busiest rank's expert_tokens above it are dropped (and
+// Megatron-Core reruns the step dropless: paged_stash.py PagedStashRunner).
+double rank_budget_rows(const ModelSpec& m, const ParallelPlan& plan);
+// Rows of the experts' saved activations of one MoE layer and micro-batch
+// that stay on the GPU: expert_tokens when dropless; the budget with a
+// capacity factor; with the paged stash the page buffer's share,
+// |stash_buffer_factor| x the average rows (int(budget / factor),
+// experts.py:773-777) or, negative, the real ones (expert_tokens)
+// (paged_stash.py allocate_stash_buffers).
+double saved_expert_rows(const ModelSpec& m, const ParallelPlan& plan);
 // The busiest EP rank's routed token copies over the mean, per MoE layer and
 // micro-batch (>= 1; 1 with EP 1 or without experts): the factor on what
 // the slowest EP rank receives, computes and sends back, which every rank

@@ -93,6 +93,10 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
 // An MoE layer's all-to-all buffers while it dispatches (EP > 1): the rank's
 // token copies sent and the busiest rank's received, bf16.
 double moe_dispatch_buffer_bytes(const ModelSpec& m, const ParallelPlan& plan);
+// With the paged stash (FlexSetting::paged_stash), the bytes of one MoE
+// layer's expert tensors at the rank capacity budget's padded size that the
+// GPU holds beside the pages (0 without it, or with --recompute-modules moe).
+double paged_stash_padded_layer_bytes(const ModelSpec& m, const ParallelPlan& plan);
 
 // One transformer layer's parameters on one GPU: parameters_per_layer / TP
 // for a dense layer (Megatron's counting), stage_parameters' counting for an

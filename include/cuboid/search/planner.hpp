@@ -44,6 +44,11 @@ struct PlannerOptions {
   // DeepEP and its backend's SMs).
   std::optional<FlexBackend> moe_flex_backend;
   std::optional<int> moe_flex_sms;
+  // HybridEP's static receive budget and the paged stash (FlexSetting;
+  // default dropless, no stash, Megatron-Core's buffer factor 1.10).
+  std::optional<double> moe_rank_capacity_factor;
+  std::optional<bool> moe_paged_stash;
+  std::optional<double> moe_paged_stash_buffer_factor;
   // The EP all-to-all overlap of the combined 1F1B schedule (default: the
   // trainer's default_moe_ep_overlap; an MoE model's plans only).
   std::optional<bool> moe_ep_overlap;
