@@ -35,6 +35,7 @@ enum class PlanField {
   overlap_param_gather,
   moe_ep_overlap,
   offload_layers,
+  offload_modules,       // Megatron-Core's --offload-modules
   recompute_method,      // Megatron-Core's --recompute-method
   recompute_num_layers,  // and --recompute-num-layers
 };
@@ -59,6 +60,16 @@ enum class CudaGraphRefusal : std::uint8_t {
   preprocess_host_sync,   // moe_preprocess with the alltoall dispatcher and a capacity factor
   router_with_moe_recompute,  // moe_router with transformer_engine and --recompute-modules moe
   ep_overlap,             // moe or mlp with transformer_engine and the EP overlap
+};
+
+// Why Megatron-Core refuses fine-grained activation offloading with a plan's
+// CUDA graphs (PlanCheck::offload_modules_graphs; transformer_config.py
+// :2929-2962 at d98e8a64).
+enum class OffloadGraphRefusal : std::uint8_t {
+  local_attention,   // local graphs with a module outside the experts (only expert_fc1, moe_act)
+  local_whole_layer, // local graphs of the whole layer
+  local_moe,         // local graphs capturing the MoE MLP
+  moe_captured,      // any graph capturing the MoE MLP ("Token-drop MoE ... not supported")
 };
 
 // What check_plan refuses; the comment names what PlanRejection::values
@@ -149,6 +160,10 @@ enum class PlanCheck : std::uint8_t {
   offload_with_recompute,        // - (Megatron-Core: no activation recomputation with it)
   offload_with_layer_graphs,     // - (Megatron-Core: per-layer CUDA graphs refused with it)
   offload_no_host_link,          // - (the cluster card has no host_link)
+  offload_modules_with_layers,   // - (Megatron-Core: not with cpu_offloading)
+  offload_proj_without_core,     // - (Megatron-Core: attn_proj only with core_attn)
+  offload_in_recomputed_moe,     // the module (OffloadModule) inside a recomputed MoE MLP
+  offload_modules_graphs,        // why (OffloadGraphRefusal)
   trainer_no_recompute_layers,   // the preset (a recompute method or layer count other than uniform 1)
   recompute_layers_need_full,    // - (a method or layer count without full recomputation)
 };
