@@ -75,7 +75,7 @@ check("a layout sets the virtual stages", (flag(args, "--pipeline-model-parallel
 check("Megatron-FSDP", (flag(args, "--zero"), flag(args, "--overlap-param-gather")), ("3", None))
 check("TP overlap with TP 2 and SP", flag(args, "--tp-comm-overlap"), "on")
 check("modules", flag(args, "--recompute-modules"), "mla_up_proj,mlp")
-check("offloading has no flag", reason, "fine-grained activation offloading (core_attn,attn_proj) is not modelled")
+check("offloading's modules", (flag(args, "--offload-modules"), reason), ("core_attn,attn_proj", None))
 check("selective, empty list", flag(m.moe_args(dict(row, recompute_granularity="selective"))[0], "--recompute"), "none")
 
 # Each refusal relaxes its own flag and nothing else.

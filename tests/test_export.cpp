@@ -1237,6 +1237,24 @@ TEST_CASE("activation offloading: Megatron-LM and Megatron-Bridge write it, chec
   }
 }
 
+TEST_CASE("fine-grained activation offloading: Megatron-LM and Megatron-Bridge write it; the rest refuse") {
+  PlanFile pf = plan_file("seed");
+  pf.plan.offload_modules = parse_offload_modules("core_attn,attn_proj", "test", "offload_modules");
+  check_options(pf, "megatron");
+  check_options(pf, "megatron-bridge");
+  const std::string m = export_plan(pf, "megatron").text;
+  CHECK(m.find("--fine-grained-activation-offloading") != std::string::npos);
+  CHECK(value(cuboid::test::read_megatron(m), "--offload-modules") == "core_attn attn_proj");
+  const Emitted b = cuboid::test::read_python(export_plan(pf, "megatron-bridge").text, "cfg", "model.");
+  CHECK(value(b, "model.fine_grained_activation_offloading") == "True");
+  CHECK(value(b, "model.offload_modules") == "[\"core_attn\", \"attn_proj\"]");
+  check_refused(pf, {"deepspeed", "torchtitan", "nemo"}, "parallel.offload_modules");
+  SUBCASE("a plan without it writes none of it") {
+    CHECK(text("seed", "megatron").find("offload-modules") == std::string::npos);
+    CHECK(text("seed", "megatron-bridge").find("offload_modules") == std::string::npos);
+  }
+}
+
 TEST_CASE("torchtitan v0.2.2 runs what was priced: what its start-up and base TOMLs would change") {
   SUBCASE("booleans are tyro flags (--key / --no_key): --key=false does not parse") {
     const std::string gather = export_plan(quantized("seed-zero3", Precision::fp8_current, true, 2), "torchtitan").text;

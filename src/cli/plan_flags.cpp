@@ -130,6 +130,12 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                   "offload the activations of the first N decoder layers to host memory and reload them for the "
                   "backward (Megatron-Core's --cpu-offloading-num-layers; PP 1, implies --recompute none; the "
                   "cluster card's host_link prices the copies; default: none)");
+  cmd->add_option("--offload-modules", f.offload_modules,
+                  "offload the saved tensors of these modules to host memory after their forward and reload them "
+                  "for their backward, comma-separated: attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, "
+                  "expert_fc1, moe_act (Megatron-Core's --fine-grained-activation-offloading --offload-modules; "
+                  "the cluster card's host_link prices the copies; docs/cost-model.md#fine-grained-activation-"
+                  "offloading; default: none)");
   cmd->add_option("--dp-overlap", f.dp_overlap,
                   "overlap the DP gradient reduction with the last backward (Megatron --overlap-grad-reduce, torch "
                   "DDP, FSDP): on|off (default: the trainer's)");
@@ -373,6 +379,7 @@ PlannerOptions planner_options(const PlanFlags& f) {
     }
     o.offload_layers = *f.offload_activations;
   }
+  if (f.offload_modules) o.offload_modules = parse_offload_modules(*f.offload_modules, cl, "--offload-modules");
   if (f.schedule) o.schedule = parse_schedule(*f.schedule, cl, "--schedule");
   if (f.sequence_parallel) o.sequence_parallel = parse_on_off(*f.sequence_parallel, "--sequence-parallel");
   if (f.flash_attention) o.flash_attention = parse_on_off(*f.flash_attention, "--flash-attention");
@@ -423,7 +430,7 @@ Loaded load(const PlanFlags& f) {
   if (f.plan_path) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
-    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.moe_rank_capacity_factor || f.moe_paged_stash || f.moe_paged_stash_buffer_factor || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.sequence_parallel ||
+    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.moe_rank_capacity_factor || f.moe_paged_stash || f.moe_paged_stash_buffer_factor || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.offload_modules || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
                       f.global_batch ||
@@ -606,6 +613,10 @@ constexpr KeyFlag kKeyFlags[] = {
     {"parallel.recompute_num_layers", "--recompute-num-layers",
      [](const PlannerOptions& o) { return shown(o.recompute_num_layers); }},
     {"parallel.offload_activations", "--offload-activations", [](const PlannerOptions& o) { return shown(o.offload_layers); }},
+    {"parallel.offload_modules", "--offload-modules",
+     [](const PlannerOptions& o) {
+       return o.offload_modules ? std::optional<std::string>(offload_modules_string(*o.offload_modules)) : std::nullopt;
+     }},
     {"parallel.sequence_parallel", "--sequence-parallel",
      [](const PlannerOptions& o) { return shown(o.sequence_parallel); }},
     {"parallel.schedule", "--schedule", [](const PlannerOptions& o) { return shown(o.schedule); }},

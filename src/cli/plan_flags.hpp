@@ -43,6 +43,7 @@ struct PlanFlags {
   std::optional<std::string> recompute_method;   // --recompute-method uniform|block
   std::optional<int> recompute_num_layers;       // --recompute-num-layers N
   std::optional<int> offload_activations;        // --offload-activations N (decoder layers)
+  std::optional<std::string> offload_modules;    // --offload-modules LIST (fine-grained activation offloading)
   std::optional<std::string> grad_accum_fusion;  // on|off
   std::optional<std::string> precision;          // --precision bf16|fp8-delayed|...
   bool fp8_param_gather = false;                 // --fp8-param-gather

@@ -97,13 +97,21 @@ std::string plain_fix(const PlanRejection& r) {
       return "drop --recompute-method and --recompute-num-layers, or use --trainer megatron-core";
     case K::recompute_layers_need_full:
       return "use --recompute full, or drop --recompute-method and --recompute-num-layers";
-    case K::trainer_no_offload: return "drop --offload-activations, or use --trainer megatron-core";
+    case K::trainer_no_offload:
+      if (r.field == PlanField::offload_modules) return "drop --offload-modules, or use --trainer megatron-core";
+      return "drop --offload-activations, or use --trainer megatron-core";
     case K::offload_layers_range:
       return "give --offload-activations 1 to " + std::to_string(r.values[1] - 1) + ", or drop it";
     case K::offload_needs_one_stage: return "use --pp 1, or drop --offload-activations";
     case K::offload_with_recompute: return "use --recompute none, or drop --offload-activations";
     case K::offload_with_layer_graphs: return "use --cuda-graphs full_iteration or none, or drop --offload-activations";
-    case K::offload_no_host_link: return "add host_link to the cluster card, or drop --offload-activations";
+    case K::offload_no_host_link:
+      if (r.field == PlanField::offload_modules) return "add host_link to the cluster card, or drop --offload-modules";
+      return "add host_link to the cluster card, or drop --offload-activations";
+    case K::offload_modules_with_layers: return "drop --offload-activations or --offload-modules";
+    case K::offload_proj_without_core: return "add core_attn to --offload-modules, or drop attn_proj";
+    case K::offload_in_recomputed_moe: return "drop that module from --offload-modules, or moe from --recompute-modules";
+    case K::offload_modules_graphs: return "use --cuda-graphs transformer_engine (without moe) or none, or drop --offload-modules";
     case K::trainer_even_chunks:
       return "drop --vpp (1F1B with uneven stages), or choose a PP x virtual stages that divides the layers";
     case K::interleaved_batches:
@@ -183,6 +191,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::overlap_param_gather: return "--overlap-param-gather";
     case PlanField::moe_ep_overlap: return "--moe-ep-overlap";
     case PlanField::offload_layers: return "--offload-activations";
+    case PlanField::offload_modules: return "--offload-modules";
     case PlanField::recompute_method: return "--recompute-method";
     case PlanField::recompute_num_layers: return "--recompute-num-layers";
     case PlanField::dp_grad_bytes: return "--grad-reduce-dtype";

@@ -225,6 +225,68 @@ std::string recompute_modules_string(std::uint8_t modules) {
   return out;
 }
 
+namespace {
+constexpr OffloadModule kOffloadModules[] = {
+    OffloadModule::attn_norm, OffloadModule::qkv_linear, OffloadModule::core_attn, OffloadModule::attn_proj,
+    OffloadModule::mlp_norm,  OffloadModule::expert_fc1, OffloadModule::moe_act,
+};
+}  // namespace
+
+std::string_view to_string(OffloadModule m) {
+  switch (m) {
+    case OffloadModule::attn_norm: return "attn_norm";
+    case OffloadModule::qkv_linear: return "qkv_linear";
+    case OffloadModule::core_attn: return "core_attn";
+    case OffloadModule::attn_proj: return "attn_proj";
+    case OffloadModule::mlp_norm: return "mlp_norm";
+    case OffloadModule::expert_fc1: return "expert_fc1";
+    case OffloadModule::moe_act: return "moe_act";
+  }
+  return "?";
+}
+
+std::uint8_t parse_offload_modules(std::string_view list, const std::string& source, const std::string& field) {
+  std::uint8_t bits = 0;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    const std::string_view name = list.substr(start, comma - start);
+    bool known = false;
+    for (const OffloadModule m : kOffloadModules) {
+      if (name == to_string(m)) {
+        bits = static_cast<std::uint8_t>(bits | static_cast<std::uint8_t>(m));
+        known = true;
+      }
+    }
+    // Megatron-Core's other two (transformer_config.py:2132-2142 at
+    // d98e8a64) offload what no model of cuboid's has.
+    if (name == "fused_group_mlp")
+      throw InputError(source, field,
+                       "fused_group_mlp offloads Transformer Engine's fused grouped MLP "
+                       "(--use-transformer-engine-op-fuser), which cuboid does not model",
+                       "offload expert_fc1 and moe_act instead");
+    if (name == "gdp_qkv")
+      throw InputError(source, field, "gdp_qkv offloads the GatedDeltaProduct mixer's input, which no model of cuboid's has",
+                       "drop gdp_qkv");
+    if (!known)
+      throw InputError(source, field, "unknown offload module " + quote_value(name),
+                       "use a comma-separated list of attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, "
+                       "expert_fc1, moe_act");
+    start = comma + 1;
+  }
+  return bits;
+}
+
+std::string offload_modules_string(std::uint8_t modules) {
+  std::string out;
+  for (const OffloadModule m : kOffloadModules) {
+    if ((modules & static_cast<std::uint8_t>(m)) == 0) continue;
+    if (!out.empty()) out += ',';
+    out += to_string(m);
+  }
+  return out;
+}
+
 Schedule parse_schedule(std::string_view s, const std::string& source, const std::string& field) {
   if (s == "gpipe") return Schedule::gpipe;
   if (s == "1f1b") return Schedule::one_f_one_b;
@@ -628,6 +690,7 @@ nlohmann::json plan_layout_json(const ParallelPlan& p) {
     j["recompute_num_layers"] = p.recompute_num_layers;
   }
   if (p.offload_layers > 0) j["offload_activations"] = p.offload_layers;
+  if (p.offload_modules != 0) j["offload_modules"] = offload_modules_string(p.offload_modules);
   return j;
 }
 

@@ -89,6 +89,8 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     return reject(K::trainer_no_offload, F::offload_layers, preset);
   if (!t.runs_dp_grad_bytes(p.trainer.dp_grad_bytes))
     return reject(K::trainer_no_dp_grad_bytes, F::dp_grad_bytes, preset, p.trainer.dp_grad_bytes);
+  if (p.offload_modules != 0 && !t.activation_offloading)
+    return reject(K::trainer_no_offload, F::offload_modules, preset);
   return std::nullopt;
 }
 
@@ -121,6 +123,40 @@ Found check_offload(const ParallelPlan& p, const ModelSpec& m, const Cluster& c)
   if (p.trainer.cuda_graphs.on() && p.trainer.cuda_graphs.impl != CudaGraphImpl::full_iteration)
     return reject(K::offload_with_layer_graphs, F::offload_layers);
   if (!c.host_link.present()) return reject(K::offload_no_host_link, F::offload_layers);
+  return std::nullopt;
+}
+
+// Megatron-Core's checks of fine-grained activation offloading
+// (transformer_config.py __post_init__ at d98e8a64: not with cpu_offloading
+// :2127-2130; attn_proj only with core_attn :2148-2153; nothing inside a
+// recomputed MoE MLP :2165-2175; with CUDA graphs :2929-2962), then that the
+// card says what the copies cross. Modules that touch no layer of the model
+// (expert_fc1 on a dense model; a norm fused into the next linear layer)
+// offload nothing, as in Megatron-Core.
+Found check_offload_modules(const ParallelPlan& p, const Cluster& c) {
+  if (p.offload_modules == 0) return std::nullopt;
+  using M = OffloadModule;
+  if (p.offload_layers > 0) return reject(K::offload_modules_with_layers, F::offload_modules);
+  if (p.offloads(M::attn_proj) && !p.offloads(M::core_attn)) return reject(K::offload_proj_without_core, F::offload_modules);
+  if (p.recomputes(RecomputeModule::moe))
+    for (const M module : {M::expert_fc1, M::moe_act})
+      if (p.offloads(module))
+        return reject(K::offload_in_recomputed_moe, F::offload_modules, static_cast<std::int64_t>(module));
+  const CudaGraphs& g = p.trainer.cuda_graphs;
+  if (g.impl == CudaGraphImpl::local || g.impl == CudaGraphImpl::transformer_engine) {
+    using R = OffloadGraphRefusal;
+    const auto refuse = [](R why) {
+      return reject(K::offload_modules_graphs, F::offload_modules, static_cast<std::int64_t>(why));
+    };
+    if (g.impl == CudaGraphImpl::local) {
+      const auto moe_only = static_cast<std::uint8_t>(M::expert_fc1) | static_cast<std::uint8_t>(M::moe_act);
+      if ((p.offload_modules & ~moe_only) != 0) return refuse(R::local_attention);
+      if (g.modules == 0) return refuse(R::local_whole_layer);
+      if ((g.modules & static_cast<std::uint8_t>(CudaGraphModule::moe)) != 0) return refuse(R::local_moe);
+    }
+    if ((g.modules & static_cast<std::uint8_t>(CudaGraphModule::moe)) != 0) return refuse(R::moe_captured);
+  }
+  if (!c.host_link.present()) return reject(K::offload_no_host_link, F::offload_modules);
   return std::nullopt;
 }
 
@@ -473,6 +509,33 @@ std::string describe_trainer(const PlanRejection& r) {
       return "Megatron-Core offloads activations to the CPU only without pipeline parallelism (PP " + n(v[0]) + ")";
     case K::offload_with_recompute:
       return "Megatron-Core offloads activations to the CPU only without activation recomputation";
+    case K::offload_modules_with_layers:
+      return "Megatron-Core refuses fine-grained activation offloading with CPU offloading "
+             "(transformer_config.py:2127-2130 at d98e8a64)";
+    case K::offload_proj_without_core:
+      return "Megatron-Core offloads attn_proj only with core_attn: attn_proj's input is core_attn's output, which "
+             "core_attn's backward needs (transformer_config.py:2148-2153 at d98e8a64)";
+    case K::offload_in_recomputed_moe:
+      return "Megatron-Core cannot offload " + std::string(to_string(static_cast<OffloadModule>(v[0]))) +
+             " while recomputing the whole MoE MLP (--recompute-modules moe; transformer_config.py:2165-2175 at "
+             "d98e8a64)";
+    case K::offload_modules_graphs:
+      switch (static_cast<OffloadGraphRefusal>(v[0])) {
+        case OffloadGraphRefusal::local_attention:
+          return "Megatron-Core's local CUDA graphs offload only expert_fc1 and moe_act (transformer_config.py:2931-2938 "
+                 "at d98e8a64)";
+        case OffloadGraphRefusal::local_whole_layer:
+          return "Megatron-Core refuses fine-grained activation offloading with local CUDA graphs of the whole layer "
+                 "(transformer_config.py:2940-2943 at d98e8a64)";
+        case OffloadGraphRefusal::local_moe:
+          return "Megatron-Core offloads under local CUDA graphs only when the MoE MLP is not captured "
+                 "(transformer_config.py:2944-2959 at d98e8a64)";
+        case OffloadGraphRefusal::moe_captured:
+          return "Megatron-Core refuses fine-grained activation offloading with a CUDA graph of the MoE MLP "
+                 "(\"Token-drop MoE is temporarily not supported with activation offloading\", "
+                 "transformer_config.py:2960-2962 at d98e8a64)";
+      }
+      return "";
     case K::offload_with_layer_graphs:
       return "Megatron-Core refuses per-layer CUDA graphs with CPU offloading (\"CUDA graphs not supported with CPU "
              "offloading\"); only the full-iteration graph runs with it";
@@ -750,6 +813,7 @@ std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& 
   if (Found r = check_latent_attention(p, m)) return r;
   if (Found r = check_recompute_modules(p, m)) return r;
   if (Found r = check_offload(p, m, c)) return r;
+  if (Found r = check_offload_modules(p, c)) return r;
   if (Found r = check_precision(p, c.gpu)) return r;
   if (Found r = check_overlaps(p)) return r;
   {

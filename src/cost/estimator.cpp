@@ -1204,31 +1204,41 @@ double fold_ep_overlap(const ModelSpec& m, const GpuProfile& gpu, const Parallel
 }
 
 // What one micro-batch's compute waits for the activation copies of CPU
-// offloading (offload.hpp), from each decoder layer's forward and backward
-// as the estimate prices them (compute, TP, CP and EP; offloading runs with
-// PP 1, so stage 0 holds every layer). Simplified: ZeRO-3's gathers and the
+// offloading or fine-grained offloading (offload.hpp), from each decoder
+// layer's forward and backward as the estimate prices them (compute, TP, CP
+// and EP) on stage `stage` (CPU offloading runs with PP 1: stage 0 holds
+// every layer), chunk by chunk. Simplified: ZeRO-3's gathers and the
 // embedding and LM head are not in the layers' times.
 double offload_exposed_s(const ModelSpec& m, const ParallelPlan& plan, const LayerCost& lc, const CommTimes& ct,
-                         const Placement& pl, double pace) {
-  const ActivationOffload off = activation_offload(m, plan);
-  const TpTimes& t = ct.tp[pl.stage_tp[0]];
-  std::vector<TimeNs> fwd, bwd, to_host, from_host;
-  for (int j = 0; j < off.layers; ++j) {
-    const bool moe = m.moe.enabled() && m.moe.moe_layers[static_cast<std::size_t>(j)];
-    PassTimes layer;
-    add_scaled(layer, lc.mixed && !moe ? lc.dense_compute : lc.layer_compute, pace);
-    add_scaled(layer, lc.mixed && !moe ? t.dense : t.layer, 1.0);
-    if (!ct.cp.empty()) add_scaled(layer, ct.cp[pl.stage_cp[0]], 1.0);
-    if (!ct.ep.empty() && moe) add_scaled(layer, ct.ep[pl.stage_ep[0]], 1.0);
-    fwd.push_back(static_cast<TimeNs>(std::llround(layer.fwd())));
-    bwd.push_back(static_cast<TimeNs>(std::llround(layer.bwd())));
-    if (off.offloads(j)) {
-      const double bytes = offloaded_layer_bytes(m, plan, j);
-      to_host.push_back(host_copy_ns(pl.host_link, bytes, true));
-      from_host.push_back(host_copy_ns(pl.host_link, bytes, false));
+                         const Placement& pl, double pace, int stage) {
+  const TpTimes& t = ct.tp[pl.stage_tp[stage]];
+  const bool fine = plan.offload_modules != 0;
+  const int chunks = fine ? chunks_per_stage(plan) : 1;
+  TimeNs exposed = 0;
+  for (int c = 0; c < chunks; ++c) {
+    const int first = fine ? first_layer_of_chunk(plan, m.num_layers, stage, c) : 0;
+    const int n = fine ? layers_in_chunk(plan, m.num_layers, stage, c) : static_cast<int>(m.num_layers);
+    const ActivationOffload off = fine ? fine_offload_chunk(n) : activation_offload(m, plan);
+    std::vector<TimeNs> fwd, bwd, to_host, from_host;
+    for (int i = 0; i < n; ++i) {
+      const int j = first + i;
+      const bool moe = m.moe.enabled() && m.moe.moe_layers[static_cast<std::size_t>(j)];
+      PassTimes layer;
+      add_scaled(layer, lc.mixed && !moe ? lc.dense_compute : lc.layer_compute, pace);
+      add_scaled(layer, lc.mixed && !moe ? t.dense : t.layer, 1.0);
+      if (!ct.cp.empty()) add_scaled(layer, ct.cp[pl.stage_cp[stage]], 1.0);
+      if (!ct.ep.empty() && moe) add_scaled(layer, ct.ep[pl.stage_ep[stage]], 1.0);
+      fwd.push_back(static_cast<TimeNs>(std::llround(layer.fwd())));
+      bwd.push_back(static_cast<TimeNs>(std::llround(layer.bwd())));
+      if (off.offloads(i) || (fine && i + 1 == n)) {
+        const double bytes = off.offloads(i) ? offloaded_layer_bytes(m, plan, j) : 0.0;
+        to_host.push_back(host_copy_ns(pl.host_link, bytes, true));
+        from_host.push_back(host_copy_ns(pl.host_link, bytes, false));
+      }
     }
+    exposed += offload_exposure(off, fwd, bwd, to_host, from_host).total();
   }
-  return static_cast<double>(offload_exposure(off, fwd, bwd, to_host, from_host).total()) * 1e-9;
+  return static_cast<double>(exposed) * 1e-9;
 }
 
 Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const ParallelPlan& plan, const LayerCost& lc,
@@ -1348,7 +1358,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
     if (folded != nullptr) folded->collectives.push_back(tied);
   }
   if (folded != nullptr) folded->critical_stage = critical;
-  if (plan.offload_layers > 0) bd.offload_s = micro_batches * offload_exposed_s(m, plan, lc, ct, pl, pace);
+  if (plan.offloads_activations()) bd.offload_s = micro_batches * offload_exposed_s(m, plan, lc, ct, pl, pace, critical);
   bd.optimizer_s = static_cast<double>(step.optimizer_ns(gpu, stage_step.params, critical)) * pace * 1e-9;
 
   Estimate e;

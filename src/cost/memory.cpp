@@ -195,7 +195,36 @@ struct StageMemory {
   double parameters = 0;
   double weight_and_optimizer_bytes = 0;
   double activation_bytes = 0;
+  double host_bytes = 0;  // fine-grained offloading's pinned host memory
 };
+
+// Fine-grained activation offloading on a stage (offload.hpp): each
+// micro-batch in flight has its offloaded modules' tensors in host memory
+// for every layer but each chunk's last; one layer's more are on the GPU
+// while they are copied (the reload one layer ahead of the backward, or a
+// copy to host not done). The GPU's saving and the host's bytes.
+struct StageOffload {
+  double freed = 0;
+  double host = 0;
+};
+
+StageOffload stage_fine_offload(const ModelSpec& m, const ParallelPlan& plan, int stage, double in_flight) {
+  StageOffload out;
+  if (plan.offload_modules == 0) return out;
+  const double layers = layers_on_stage(plan, m.num_layers, stage);
+  const double moe_layers = moe_layers_on_stage(m, plan, stage);
+  if (layers <= 0) return out;
+  const ModuleOffload dense = layer_module_offload(m, plan, false);
+  const ModuleOffload moe = layer_module_offload(m, plan, true);
+  // The kept layer of each chunk: an MoE layer's where the stage has any.
+  const ModuleOffload kept = moe_layers > 0 ? moe : dense;
+  const double chunks = std::min<double>(chunks_per_stage(plan), layers);
+  const double freed = dense.freed * (layers - moe_layers) + moe.freed * moe_layers - kept.freed * chunks;
+  const double copied = dense.copied * (layers - moe_layers) + moe.copied * moe_layers - kept.copied * chunks;
+  out.freed = std::max(0.0, freed * in_flight - kept.freed);
+  out.host = std::max(0.0, copied * in_flight);
+  return out;
+}
 
 StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage) {
   StageMemory mem;
@@ -254,6 +283,9 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   // and reloads it L - 1 - K layers ahead of its backward, so at every
   // instant K layers' activations are in host memory (offload.hpp).
   act -= offloaded_host_bytes(m, plan);
+  const StageOffload fine = stage_fine_offload(m, plan, stage, in_flight);
+  act -= fine.freed;
+  mem.host_bytes = fine.host;
   // The checkpoint group being recomputed in backward holds its layers'
   // full activations once: the largest of the stage's.
   double group = 0;
@@ -634,9 +666,9 @@ MemoryReport memory_per_gpu(const ModelSpec& m, const ParallelPlan& plan, const 
       report.activation_bytes = mem.activation_bytes;
       report.total_bytes = total;
       report.peak_stage = stage;
+      report.host_activation_bytes = plan.offload_modules != 0 ? mem.host_bytes : offloaded_host_bytes(m, plan);
     }
   }
-  report.host_activation_bytes = offloaded_host_bytes(m, plan);
   return report;
 }
 

@@ -176,6 +176,9 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
   if (plan.offload_layers > 0)
     refuse("parallel.offload_activations", "activation offloading (it keeps every activation on the device)",
            "plan without --offload-activations");
+  if (plan.offload_modules != 0)
+    refuse("parallel.offload_modules", "fine-grained activation offloading (it keeps every activation on the device)",
+           "plan without --offload-modules");
   if (plan.recompute_modules != 0)
     refuse("parallel.recompute_modules", "recompute modules (it recomputes the attention core or whole layers)",
            "plan without --recompute-modules");

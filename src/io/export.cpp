@@ -42,6 +42,13 @@ void refuse_mla_mtp(const PlanFile& pf, std::string_view trainer) {
 }
 
 void refuse_offload(const PlanFile& pf, std::string_view trainer, std::string_view why) {
+  if (pf.plan.offload_modules != 0)
+    refuse(pf, "parallel.offload_modules",
+           fmt::format("{} has no setting for Megatron-Core's fine-grained activation offloading "
+                       "(offload_modules: hooks in Megatron-Core's own attention and expert modules, "
+                       "fine_grained_activation_offload.py at d98e8a64)",
+                       trainer),
+           "export with --to megatron or --to megatron-bridge, or plan without --offload-modules");
   if (pf.plan.offload_layers == 0) return;
   refuse(pf, "parallel.offload_activations",
          fmt::format("{} has no setting for Megatron-Core's CPU activation offloading ({})", trainer, why),

@@ -113,6 +113,15 @@ Args batch_args(const ParallelPlan& p) {
   if (p.offload_layers > 0)
     a.insert(a.end(), {"# activation offloading to host memory",
                        fmt::format("--cpu-offloading-num-layers {}", p.offload_layers)});
+  // TransformerConfig.fine_grained_activation_offloading and offload_modules
+  // (a list: nargs "+"); arguments.py:1935-1939 at d98e8a64 asks for
+  // NVTE_CPU_OFFLOAD_V1=1 with Transformer Engine 2.10 or later.
+  if (p.offload_modules != 0) {
+    std::string modules = offload_modules_string(p.offload_modules);
+    std::replace(modules.begin(), modules.end(), ',', ' ');
+    a.insert(a.end(), {"# fine-grained activation offloading to host memory (with NVTE_CPU_OFFLOAD_V1=1 set)",
+                       "--fine-grained-activation-offloading", "--offload-modules " + modules});
+  }
   return a;
 }
 

@@ -139,6 +139,15 @@ Fields parallel_fields(const ParallelPlan& p, const ModelSpec& m) {
     f.emplace_back("cpu_offloading", "True");
     f.emplace_back("cpu_offloading_num_layers", std::to_string(p.offload_layers));
   }
+  // As the DeepSeek-V3 performance recipes set them (perf_recipes/deepseek/common.py:115-116 at 067f987d; their
+  // launch sets NVTE_CPU_OFFLOAD_V1=1, gb300/deepseek_v3.py:262).
+  if (p.offload_modules != 0) {
+    std::string modules = offload_modules_string(p.offload_modules);
+    for (std::size_t i = modules.find(','); i != std::string::npos; i = modules.find(',', i + 4))
+      modules.replace(i, 1, "\", \"");
+    f.emplace_back("fine_grained_activation_offloading", "True");
+    f.emplace_back("offload_modules", "[\"" + modules + "\"]");
+  }
   return f;
 }
 

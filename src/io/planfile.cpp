@@ -147,7 +147,7 @@ nlohmann::json prediction_to_json(const Estimate& e) {
   // Only with CP: other plans' files stay as they were.
   if (e.plan.cp > 1) out["breakdown"]["cp_comm_s"] = b.cp_comm_s;
   if (e.plan.ep > 1) out["breakdown"]["ep_comm_s"] = b.ep_comm_s;
-  if (e.plan.offload_layers > 0) out["breakdown"]["offload_s"] = b.offload_s;
+  if (e.plan.offloads_activations()) out["breakdown"]["offload_s"] = b.offload_s;
   if (e.interval) out["interval"] = interval_to_json(*e.interval);
   if (!e.other_orders.empty()) {
     out["other_rank_orders"] = nlohmann::json::array();
@@ -193,6 +193,7 @@ std::string plan_key(PlanField field) {
     case PlanField::overlap_param_gather: return "parallel.trainer.overlap_param_gather";
     case PlanField::moe_ep_overlap: return "parallel.moe_ep_overlap";
     case PlanField::offload_layers: return "parallel.offload_activations";
+    case PlanField::offload_modules: return "parallel.offload_modules";
     case PlanField::recompute_method: return "parallel.recompute_method";
     case PlanField::recompute_num_layers: return "parallel.recompute_num_layers";
     case PlanField::dp_grad_bytes: return "parallel.trainer.dp_grad_bytes";
@@ -247,13 +248,21 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_no_recompute_layers:
       return "drop recompute_method and recompute_num_layers, or " + other_trainer;
     case PlanCheck::recompute_layers_need_full: return "set recompute full, or drop recompute_method and recompute_num_layers";
-    case PlanCheck::trainer_no_offload: return "drop offload_activations, or " + other_trainer;
+    case PlanCheck::trainer_no_offload:
+      if (r.field == PlanField::offload_modules) return "drop offload_modules, or " + other_trainer;
+      return "drop offload_activations, or " + other_trainer;
     case PlanCheck::offload_layers_range:
       return "give offload_activations 1 to " + std::to_string(r.values[1] - 1) + ", or drop it";
     case PlanCheck::offload_needs_one_stage: return "set pp 1, or drop offload_activations; or " + kRegenerate;
     case PlanCheck::offload_with_recompute: return "set recompute none, or drop offload_activations";
     case PlanCheck::offload_no_host_link:
+      if (r.field == PlanField::offload_modules)
+        return "drop offload_modules, or use the plan with a cluster card that has host_link (--cluster)";
       return "drop offload_activations, or use the plan with a cluster card that has host_link (--cluster)";
+    case PlanCheck::offload_modules_with_layers: return "drop offload_activations or offload_modules";
+    case PlanCheck::offload_proj_without_core: return "add core_attn to offload_modules, or drop attn_proj";
+    case PlanCheck::offload_in_recomputed_moe: return "drop that module from offload_modules, or moe from recompute_modules";
+    case PlanCheck::offload_modules_graphs: return "drop offload_modules; or " + kRegenerate;
     case PlanCheck::cp_comm_needs_cp: return "drop cp_comm, or set cp to 2 or more; or " + kRegenerate;
     case PlanCheck::precision_no_fp8:
     case PlanCheck::precision_no_fp4:
@@ -347,6 +356,8 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   if (r.has("recompute_num_layers")) p.recompute_num_layers = read_int(r, "recompute_num_layers", 1);
   // Optional: written only when some layers are offloaded.
   if (r.has("offload_activations")) p.offload_layers = read_int(r, "offload_activations", 1);
+  if (const auto modules = r.optional_string("offload_modules"))
+    p.offload_modules = parse_offload_modules(*modules, source, "parallel.offload_modules");
   p.sequence_parallel = r.boolean("sequence_parallel");
   p.schedule = parse_schedule(r.choice("schedule", {"gpipe", "1f1b", "interleaved"}), source, "parallel.schedule");
   p.flash_attention = r.boolean("flash_attention");

@@ -59,7 +59,7 @@ std::string breakdown_svg(std::span<const Estimate> rows) {
   for (const Estimate& e : rows) {
     any_cp = any_cp || e.plan.cp > 1;
     any_ep = any_ep || e.plan.ep > 1;
-    any_offload = any_offload || e.plan.offload_layers > 0;
+    any_offload = any_offload || e.plan.offloads_activations();
   }
   for (const Part& p : kParts) {
     if (p.seconds == &Breakdown::cp_comm_s && !any_cp) continue;

@@ -154,7 +154,7 @@ nlohmann::json estimate_to_json(const Estimate& e) {
       {"bubble", e.breakdown.bubble_s},       {"optimizer", e.breakdown.optimizer_s},
   };
   // Only with offloading: other plans' JSON stays as it was.
-  if (p.offload_layers > 0) {
+  if (p.offloads_activations()) {
     j["breakdown"]["offload_wait"] = e.breakdown.offload_s;
     j["memory"]["host_activation_bytes"] = static_cast<std::int64_t>(e.memory.host_activation_bytes);
   }
@@ -383,7 +383,7 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
   row("DP comm", b.dp_comm_s);
   row("bubble", b.bubble_s);
   row("optimizer", b.optimizer_s);
-  if (p.offload_layers > 0) row("host copies", b.offload_s);
+  if (p.offloads_activations()) row("host copies", b.offload_s);
   if (e.gpu_spread > 0)
     out += fmt::format("  GPU speed spread sigma {:.2f}%: compute waits for the slowest GPU, the slowest of {} takes "
                        "x{:.4f} a median GPU's time (--gpu-spread 0: off)\n",
@@ -397,6 +397,10 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
   if (p.offload_layers > 0)
     out += fmt::format("  offloaded to host   {:>10}   (pinned host memory per GPU: {} layers' activations; {} per host)\n",
                        format_bytes_GiB(mem.host_activation_bytes), p.offload_layers,
+                       format_bytes_GiB(mem.host_activation_bytes * c.host_gpus()));
+  if (p.offload_modules != 0)
+    out += fmt::format("  offloaded to host   {:>10}   (pinned host memory per GPU: {}'s saved tensors; {} per host)\n",
+                       format_bytes_GiB(mem.host_activation_bytes), offload_modules_string(p.offload_modules),
                        format_bytes_GiB(mem.host_activation_bytes * c.host_gpus()));
   out += fmt::format("  total               {:>10} of {} -> {}\n", format_bytes_GiB(mem.total_bytes),
                      format_bytes_GiB(mem.capacity_bytes),

@@ -165,6 +165,7 @@ ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const
   p.recompute_method = o.recompute_method.value_or(RecomputeMethod::uniform);
   p.recompute_num_layers = o.recompute_num_layers.value_or(1);
   p.offload_layers = o.offload_layers.value_or(0);
+  p.offload_modules = o.offload_modules.value_or(0);
   p.sequence_parallel = o.sequence_parallel.value_or(p.tp > 1 && trainer.sequence_parallel);
   resolve_attention(p, o, cluster, trainer);
   p.grad_accum_fusion = o.grad_accum_fusion.value_or(trainer.default_grad_accum_fusion);

@@ -111,7 +111,7 @@ void Builder::make_representatives() {
     }
     // CPU offloading's one copy stream (offload.hpp); none otherwise, so
     // other plans' stream tables stay as they were.
-    if (plan_.offload_layers > 0) r.offload = eng_->add_stream(r.rank, StreamKind::other);
+    if (plan_.offloads_activations()) r.offload = eng_->add_stream(r.rank, StreamKind::other);
     if (shape_.tp > 1 && !pacing_.tp_fast) {
       CommGroup g;
       g.ranks = tp_group_of(s, shape_.rep_dp);
@@ -441,7 +441,7 @@ void Builder::build() {
   make_representatives();
   make_programs();
   make_units();
-  if (plan_.offload_layers > 0) {
+  if (plan_.offloads_activations()) {
     offload_ = activation_offload(m_, plan_);
     const HostLink& link = topo_.cluster().host_link;
     for (int i = 0; i < offload_.offloaded; ++i) {

@@ -282,7 +282,7 @@ std::vector<std::filesystem::path> write_trace(Builder& b, const ParallelPlan& p
     // The host-copy row only where the plan offloads, the a2a row only with
     // the EP overlap: other traces stay as they were.
     for (int thread = 0; thread < static_cast<int>(kTimelineRowNames.size()); ++thread) {
-      if (thread == detail::kThreadHostCopy && plan.offload_layers == 0) continue;
+      if (thread == detail::kThreadHostCopy && !plan.offloads_activations()) continue;
       if (thread == detail::kThreadA2a && !(plan.moe_ep_overlap && plan.ep > 1)) continue;
       w.set_thread_name(rank, thread, std::string(kTimelineRowNames[static_cast<std::size_t>(thread)]), thread);
     }

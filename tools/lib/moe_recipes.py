@@ -115,10 +115,9 @@ def moe_args(r):
     a += ["--moe-ep-overlap", "on" if r["ep_overlap"] == "1" else "off"]
     if r["force_load_balancing"] == "1":
         a += ["--moe-imbalance", "1"]
-    reason = None
-    if r["fine_grained_offloading"] == "1":
-        reason = f"fine-grained activation offloading ({r['offload_modules']}) is not modelled"
-    return a, reason
+    if r["fine_grained_offloading"] == "1" and r["offload_modules"]:
+        a += ["--offload-modules", r["offload_modules"]]
+    return a, None
 
 
 def relax(args, reason):
@@ -152,6 +151,8 @@ def relax(args, reason):
     if "with PP > 1" in reason and "--moe-ep-overlap" in a:
         put("--moe-ep-overlap", "off")
         return a
+    if "--offload-modules" in reason and "--offload-modules" in a:
+        return drop(a, {"--offload-modules"})
     if "ZeRO-3 of a mixture-of-experts model" in reason:
         put("--zero", "1")
         return a

@@ -83,6 +83,17 @@ enum class Precision { bf16, fp8_delayed, fp8_current, fp8_blockwise, mxfp8, nvf
 enum class RecomputeModule : std::uint8_t {
   core_attn = 1, mlp = 2, layernorm = 4, moe_act = 8, moe = 16, shared_experts = 32, mla_up_proj = 64,
 };
+// Megatron-Core's fine-grained activation offloading
+// (--fine-grained-activation-offloading --offload-modules, TransformerConfig
+// fine_grained_activation_offloading / offload_modules at Megatron-LM
+// d98e8a64, transformer_config.py:1323-1340): the submodules whose saved
+// tensors go to host memory after their forward and come back for their
+// backward (cost/offload.hpp), as bits of ParallelPlan::offload_modules.
+// fused_group_mlp (Transformer Engine's op fuser) and gdp_qkv (the
+// GatedDeltaProduct mixer) have nothing in cuboid's models to offload.
+enum class OffloadModule : std::uint8_t {
+  attn_norm = 1, qkv_linear = 2, core_attn = 4, attn_proj = 8, mlp_norm = 16, expert_fc1 = 32, moe_act = 64,
+};
 // Megatron-Core's --recompute-method with --recompute-granularity full and
 // --recompute-num-layers N (megatron/core/recompute.py checkpointed_forward
 // at Megatron-LM d98e8a64, run by each TransformerBlock: one model chunk of
@@ -148,6 +159,11 @@ std::uint8_t parse_recompute_modules(std::string_view list, const std::string& s
 // The bits as Megatron's names, comma-separated, in the enum's order.
 std::string recompute_modules_string(std::uint8_t modules);
 std::string_view to_string(RecomputeModule m);
+// --offload-modules: a comma-separated list of Megatron's module names, as bits; at least one.
+std::uint8_t parse_offload_modules(std::string_view list, const std::string& source, const std::string& field);
+// The bits as Megatron's names, comma-separated, in the forward's order.
+std::string offload_modules_string(std::uint8_t modules);
+std::string_view to_string(OffloadModule m);
 std::string_view to_string(RecomputeMethod m);
 RecomputeMethod parse_recompute_method(std::string_view s, const std::string& source, const std::string& field);
 
@@ -365,10 +381,17 @@ struct ParallelPlan {
   // memory in the forward and come back for the backward (cost/offload.hpp).
   // 0: none.
   int offload_layers = 0;
+  // Megatron-Core's fine-grained activation offloading: OffloadModule bits;
+  // 0: off.
+  std::uint8_t offload_modules = 0;
   RankOrder order;
   TrainerSettings trainer;
 
   int world_size() const { return tp * pp * dp * cp; }
+  // Whether fine-grained activation offloading offloads module `m`.
+  bool offloads(OffloadModule m) const { return (offload_modules & static_cast<std::uint8_t>(m)) != 0; }
+  // Activations copied to host memory by either mechanism.
+  bool offloads_activations() const { return offload_layers > 0 || offload_modules != 0; }
   // Whether the plan's selective recomputation re-runs module `m`.
   bool recomputes(RecomputeModule m) const {
     if (recompute != Recompute::selective) return false;

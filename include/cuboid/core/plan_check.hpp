@@ -35,6 +35,7 @@ enum class PlanField {
   overlap_param_gather,
   moe_ep_overlap,
   offload_layers,
+  offload_modules,       // Megatron-Core's --offload-modules
   recompute_method,      // Megatron-Core's --recompute-method
   recompute_num_layers,  // and --recompute-num-layers
   dp_grad_bytes,         // the DP gradient reduction's dtype (TrainerSettings::dp_grad_bytes)
@@ -72,6 +73,16 @@ enum class MoeStaticRefusal : std::uint8_t {
   stash_needs_factor,  // the paged stash without a factor (2213-2217)
   stash_with_offload,  // the paged stash with CPU offloading (2211-2212)
   over_budget,         // the busiest rank's token copies above the budget: dropped, the step rerun
+};
+
+// Why Megatron-Core refuses fine-grained activation offloading with a plan's
+// CUDA graphs (PlanCheck::offload_modules_graphs; transformer_config.py
+// :2929-2962 at d98e8a64).
+enum class OffloadGraphRefusal : std::uint8_t {
+  local_attention,   // local graphs with a module outside the experts (only expert_fc1, moe_act)
+  local_whole_layer, // local graphs of the whole layer
+  local_moe,         // local graphs capturing the MoE MLP
+  moe_captured,      // any graph capturing the MoE MLP ("Token-drop MoE ... not supported")
 };
 
 // What check_plan refuses; the comment names what PlanRejection::values
@@ -162,6 +173,10 @@ enum class PlanCheck : std::uint8_t {
   offload_with_recompute,        // - (Megatron-Core: no activation recomputation with it)
   offload_with_layer_graphs,     // - (Megatron-Core: per-layer CUDA graphs refused with it)
   offload_no_host_link,          // - (the cluster card has no host_link)
+  offload_modules_with_layers,   // - (Megatron-Core: not with cpu_offloading)
+  offload_proj_without_core,     // - (Megatron-Core: attn_proj only with core_attn)
+  offload_in_recomputed_moe,     // the module (OffloadModule) inside a recomputed MoE MLP
+  offload_modules_graphs,        // why (OffloadGraphRefusal)
   trainer_no_recompute_layers,   // the preset (a recompute method or layer count other than uniform 1)
   recompute_layers_need_full,    // - (a method or layer count without full recomputation)
   trainer_no_dp_grad_bytes,      // the preset, the plan's bytes per gradient

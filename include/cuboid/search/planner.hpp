@@ -59,6 +59,7 @@ struct PlannerOptions {
   std::optional<RecomputeMethod> recompute_method;
   std::optional<int> recompute_num_layers;
   std::optional<int> offload_layers;  // decoder layers whose activations go to host memory (default 0)
+  std::optional<std::uint8_t> offload_modules;  // OffloadModule bits: fine-grained offloading (default 0: none)
   std::optional<bool> sequence_parallel;
   std::optional<Schedule> schedule;
   std::optional<bool> flash_attention;       // default: the device's (GpuProfile::flash_attention)
