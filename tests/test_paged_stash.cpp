@@ -130,6 +130,14 @@ TEST_CASE("Megatron-Core's refusals, and a budget the busiest rank overflows") {
   CHECK(why(deepep).find("requires the flex token dispatcher with the hybridep backend") != std::string::npos);
   CHECK(why(stash_plan(0, true)).find("moe_paged_stash requires moe_expert_rank_capacity_factor") !=
         std::string::npos);
+  ParallelPlan offloaded = stash_plan(1.5, true);
+  offloaded.offload_modules = static_cast<std::uint8_t>(OffloadModule::moe_act);
+  CHECK(why(offloaded).find("offload_modules must not include expert_fc1 or moe_act") != std::string::npos);
+  offloaded.offload_modules = static_cast<std::uint8_t>(OffloadModule::expert_fc1);
+  CHECK(why(offloaded).find("2218-2226@d98e8a64") != std::string::npos);
+  offloaded.moe_flex.paged_stash = false;  // the factor alone takes them
+  const auto alone = check_plan(offloaded, m, c);
+  CHECK_FALSE((alone.has_value() && alone->kind == PlanCheck::moe_static_refused));
   // A load of 1.6 sends 2048 x 2 x 1.6 = 6553.6 copies to the busiest rank, above 6144.
   ModelSpec skewed = m;
   skewed.moe.router_load_imbalance = 1.6;

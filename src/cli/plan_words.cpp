@@ -79,6 +79,8 @@ std::string plain_fix(const PlanRejection& r) {
           return "add --moe-dispatcher flex --moe-flex-backend hybridep, or drop --moe-rank-capacity-factor";
         case MoeStaticRefusal::stash_needs_factor: return "add --moe-rank-capacity-factor (e.g. 1.5), or drop --moe-paged-stash";
         case MoeStaticRefusal::stash_with_offload: return "drop --offload-activations, or use --moe-paged-stash off";
+        case MoeStaticRefusal::stash_with_moe_offload:
+          return "drop expert_fc1 and moe_act from --offload-modules, or use --moe-paged-stash off";
         case MoeStaticRefusal::over_budget:
           return "give a --moe-rank-capacity-factor of at least the busiest rank's load (--moe-imbalance), or drop it";
       }

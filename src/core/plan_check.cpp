@@ -255,6 +255,10 @@ Found check_moe_static(const ParallelPlan& p, const ModelSpec& m) {
   if (p.moe_dispatcher != MoeDispatcher::flex || f.backend != FlexBackend::hybridep)
     return refuse(R::needs_hybridep, F::moe_rank_capacity_factor);
   if (f.paged_stash && p.offload_layers > 0) return refuse(R::stash_with_offload, F::moe_paged_stash);
+  constexpr auto expert_offload =
+      static_cast<std::uint8_t>(static_cast<unsigned>(OffloadModule::expert_fc1) | static_cast<unsigned>(OffloadModule::moe_act));
+  if (f.paged_stash && (p.offload_modules & expert_offload) != 0)
+    return refuse(R::stash_with_moe_offload, F::moe_paged_stash);
   const double rows = expert_tokens(m, p), budget = rank_budget_rows(m, p);
   if (rows > budget)
     return refuse(R::over_budget, F::moe_rank_capacity_factor, static_cast<std::int64_t>(std::ceil(rows)),
@@ -631,6 +635,9 @@ std::string describe_moe_static(MoeStaticRefusal why, std::int64_t rows, std::in
       return "moe_paged_stash requires moe_expert_rank_capacity_factor to be set" + at + "2213-2217@d98e8a64)";
     case MoeStaticRefusal::stash_with_offload:
       return "moe_paged_stash cannot be enabled with cpu_offloading" + at + "2211-2212@d98e8a64)";
+    case MoeStaticRefusal::stash_with_moe_offload:
+      return "with moe_paged_stash, offload_modules must not include expert_fc1 or moe_act (the paged stash covers "
+             "those activations)" + at + "2218-2226@d98e8a64)";
     case MoeStaticRefusal::over_budget:
       return "the busiest EP rank receives " + n(rows) + " token copies per MoE layer, above its static budget of " +
              n(budget) + ": HybridEP drops the excess and Megatron-Core reruns every step dropless without the "

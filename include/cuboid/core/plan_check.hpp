@@ -72,6 +72,7 @@ enum class MoeStaticRefusal : std::uint8_t {
   needs_hybridep,      // the factor without the flex dispatcher's HybridEP (1868-1874; ncclep is not modelled)
   stash_needs_factor,  // the paged stash without a factor (2213-2217)
   stash_with_offload,  // the paged stash with CPU offloading (2211-2212)
+  stash_with_moe_offload,  // the paged stash with expert_fc1 or moe_act in --offload-modules (2218-2226)
   over_budget,         // the busiest rank's token copies above the budget: dropped, the step rerun
 };
 
