@@ -177,6 +177,12 @@ TEST_CASE("Blackwell profiles: dense rates, memory, SMs") {
   CHECK(gb300.peak_bf16_flops == doctest::Approx(2500e12));
   CHECK(gb300.peak_fp4_flops == doctest::Approx(15000e12));  // 1,080 PFLOPS dense / 72
   CHECK(gb300.sm_count == 160);
+  // MXFP8 against per-tensor FP8, per pass (TE's kernels-only profile on a B300).
+  for (const cuboid::GpuProfile* g : {&b200, &gb200, &gb300}) {
+    CHECK(g->mxfp8_gemm_fprop == doctest::Approx(2.158 / 2.365).epsilon(0.001));
+    CHECK(g->mxfp8_gemm_dgrad == doctest::Approx(2.329 / 2.397).epsilon(0.001));
+    CHECK(g->mxfp8_gemm_wgrad == doctest::Approx(2.325 / 2.400).epsilon(0.001));
+  }
   const cuboid::GpuProfile h800 = profile("h800-sxm5-80gb.json");
   CHECK(h800.peak_bf16_flops == doctest::Approx(989e12));
   CHECK(h800.peak_fp8_flops == doctest::Approx(1979e12));
