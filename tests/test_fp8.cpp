@@ -361,25 +361,46 @@ TEST_CASE("fp8: an FP8 GEMM runs at the card's FP8 MAMF fraction of the FP8 peak
         618076);
 }
 
-TEST_CASE("fp8: MXFP8 and NVFP4 GEMMs on GB200 at the card's FP8 and FP4 MAMF fractions, by hand") {
+TEST_CASE("fp8: MXFP8 and NVFP4 GEMMs on GB200 at the card's FP8 and FP4 MAMF fractions, sustained, by hand") {
   // topologies/gpus/gb200.json: FP8 3615.6 of 5000 TFLOP/s = 0.723 (its own
-  // MAMF row); FP4 the B200's NVFP4 6624 of 9000 = 0.736; an MXFP8 forward
-  // GEMM at 0.912 of the per-tensor rate (Transformer Engine's kernels-only
-  // profile, B300).
+  // MAMF row); FP4 the B200's NVFP4 6624 of 9000 = 0.736; both x the
+  // sustained fraction 0.804 (Azure's cuBLASLt FP8 after 10,000 warm-up
+  // calls, 2906.9 / 3615.6); an MXFP8 forward GEMM at 0.912 of the
+  // per-tensor rate (Transformer Engine's kernels-only profile, B300).
   const GpuProfile gpu = load_cluster(test::source_root() / "topologies" / "gb200-nvl72.json").gpu;
   CHECK(gpu.gemm_max_efficiency_fp8 == 0.723);
   CHECK(gpu.gemm_max_efficiency_fp4 == 0.736);
+  CHECK(gpu.gemm_sustained_fraction == 0.804);
   CHECK(gpu.mxfp8_gemm_fprop == 0.912);
   REQUIRE(gpu.sm_count == 152);
   REQUIRE(gpu.kernel_launch_ns == 4900);
   const ModelSpec m = test::llama3_8b();
   // FC1: 7168 tiles on 152 SMs take 48 waves (wave efficiency 7168 / 7296).
-  // MXFP8: 962.07e9 / (5000e12 x 0.723 x 0.912 x 0.98246) = 297.02 us, + 4.9 us. Its
-  // HBM side, (4096 x 4096 + 4096 x 28672) x (1 + 1/32) B + 4096 x 28672 x 2 B
-  // at 8 TB/s x 0.83, is 56 us: compute-bound.
-  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::mxfp8)).forward, op::fc1)) == 301924);
-  // NVFP4: 962.07e9 / (10000e12 x 0.736 x 0.98246) = 133.05 us, + 4.9 us.
-  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::nvfp4)).forward, op::fc1)) == 137951);
+  // MXFP8: 962.07e9 / (5000e12 x 0.723 x 0.804 x 0.912 x 0.98246) = 369.43 us,
+  // + 4.9 us. Its HBM side, (4096 x 4096 + 4096 x 28672) x (1 + 1/32) B +
+  // 4096 x 28672 x 2 B at 8 TB/s x 0.83, is 56 us: compute-bound.
+  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::mxfp8)).forward, op::fc1)) == 374333);
+  // NVFP4: 962.07e9 / (10000e12 x 0.736 x 0.804 x 0.98246) = 165.49 us, + 4.9 us.
+  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::nvfp4)).forward, op::fc1)) == 170386);
+}
+
+TEST_CASE("fp8: NVFP4 on GB300 at the FP8 burst rate x Transformer Engine's measured NVFP4 / FP8 ratio, by hand") {
+  // topologies/gpus/gb300.json: no FP4 MAMF row; the card's FP8 burst rate
+  // 0.745 x 5000 = 3725 x the B300's kernels-only NVFP4 speed over per-tensor
+  // FP8 (6.812 / 3.764 ms a layer = 1.810) = 6741 TFLOP/s, 0.449 of 15000
+  // (it was the bf16 fraction, 0.786 x 15000 = 11,790); x the sustained 0.888.
+  const GpuProfile gpu = load_cluster(test::source_root() / "topologies" / "gb300-nvl72.json").gpu;
+  CHECK(gpu.gemm_max_efficiency_fp4 == 0.449);
+  CHECK(gpu.sources.count("gemm_max_efficiency_fp4") == 1);
+  CHECK(gpu.gemm_sustained_fraction == 0.888);
+  REQUIRE(gpu.sm_count == 152);
+  REQUIRE(gpu.kernel_launch_ns == 4900);
+  const ModelSpec m = test::llama3_8b();
+  // FC1: 7168 tiles on 152 SMs, 48 waves (7168 / 7296):
+  // 962.07e9 / (15000e12 x 0.449 x 0.888 x 0.98246) = 163.74 us, + 4.9 us.
+  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::nvfp4)).forward, op::fc1)) ==
+        std::llround(2.0 * 4096 * 28672 * 4096 / (15000e12 * 0.449 * 0.888 * 7168.0 / 7296.0) * 1e9) + 4900);
+  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::nvfp4)).forward, op::fc1)) == 168636);
 }
 
 TEST_CASE("fp8: an MXFP8 GEMM at the card's measured fraction of the per-tensor FP8 rate, per pass, by hand") {
