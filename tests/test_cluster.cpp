@@ -190,6 +190,8 @@ TEST_CASE("Blackwell profiles: dense rates, memory, SMs") {
     CHECK(g->mxfp8_gemm_dgrad == doctest::Approx(2.329 / 2.397).epsilon(0.001));
     CHECK(g->mxfp8_gemm_wgrad == doctest::Approx(2.325 / 2.400).epsilon(0.001));
   }
+  // B200 HBM: cub::DeviceTransform's add, 6.721 of 7.672 TB/s (NVIDIA/cccl PR #7391).
+  CHECK(b200.memory_bound_efficiency == doctest::Approx(6.721 / 7.672).epsilon(0.001));
   const cuboid::GpuProfile h800 = profile("h800-sxm5-80gb.json");
   CHECK(h800.peak_bf16_flops == doctest::Approx(989e12));
   CHECK(h800.peak_fp8_flops == doctest::Approx(1979e12));
