@@ -176,7 +176,22 @@ TEST_CASE("Blackwell profiles: dense rates, memory, SMs") {
   const cuboid::GpuProfile gb300 = profile("gb300.json");
   CHECK(gb300.peak_bf16_flops == doctest::Approx(2500e12));
   CHECK(gb300.peak_fp4_flops == doctest::Approx(15000e12));  // 1,080 PFLOPS dense / 72
-  CHECK(gb300.sm_count == 160);
+  CHECK(gb300.sm_count == 152);  // as the device reports (facebookexperimental/triton PR #2768); the full die has 160
+  // Sustained against burst: Azure's cuBLASLt FP8 after 10,000 warm-up calls
+  // over the card's burst FP8 rate, GB200 2906.9 / 3615.6, GB300 3308.5 / 3725.
+  CHECK(gb200.gemm_sustained_fraction == doctest::Approx(2906.9 / 3615.6).epsilon(0.001));
+  CHECK(gb300.gemm_sustained_fraction == doctest::Approx(3308.5 / (0.745 * 5000)).epsilon(0.001));
+  CHECK(b200.gemm_sustained_fraction == 0.853);
+  // GB300 NVFP4: the FP8 burst rate x TE's kernels-only NVFP4 / FP8 (6.812 / 3.764 ms).
+  CHECK(gb300.gemm_max_efficiency_fp4 == doctest::Approx(0.745 * 5000 * (6.812 / 3.764) / 15000).epsilon(0.001));
+  // MXFP8 against per-tensor FP8, per pass (TE's kernels-only profile on a B300).
+  for (const cuboid::GpuProfile* g : {&b200, &gb200, &gb300}) {
+    CHECK(g->mxfp8_gemm_fprop == doctest::Approx(2.158 / 2.365).epsilon(0.001));
+    CHECK(g->mxfp8_gemm_dgrad == doctest::Approx(2.329 / 2.397).epsilon(0.001));
+    CHECK(g->mxfp8_gemm_wgrad == doctest::Approx(2.325 / 2.400).epsilon(0.001));
+  }
+  // B200 HBM: cub::DeviceTransform's add, 6.721 of 7.672 TB/s (NVIDIA/cccl PR #7391).
+  CHECK(b200.memory_bound_efficiency == doctest::Approx(6.721 / 7.672).epsilon(0.001));
   const cuboid::GpuProfile h800 = profile("h800-sxm5-80gb.json");
   CHECK(h800.peak_bf16_flops == doctest::Approx(989e12));
   CHECK(h800.peak_fp8_flops == doctest::Approx(1979e12));

@@ -361,22 +361,92 @@ TEST_CASE("fp8: an FP8 GEMM runs at the card's FP8 MAMF fraction of the FP8 peak
         618076);
 }
 
-TEST_CASE("fp8: MXFP8 and NVFP4 GEMMs on GB200 at the card's FP8 and FP4 MAMF fractions, by hand") {
+TEST_CASE("fp8: MXFP8 and NVFP4 GEMMs on GB200 at the card's FP8 and FP4 MAMF fractions, sustained, by hand") {
   // topologies/gpus/gb200.json: FP8 3615.6 of 5000 TFLOP/s = 0.723 (its own
-  // MAMF row); FP4 the B200's NVFP4 6624 of 9000 = 0.736.
+  // MAMF row); FP4 the B200's NVFP4 6624 of 9000 = 0.736; both x the
+  // sustained fraction 0.804 (Azure's cuBLASLt FP8 after 10,000 warm-up
+  // calls, 2906.9 / 3615.6); an MXFP8 forward GEMM at 0.912 of the
+  // per-tensor rate (Transformer Engine's kernels-only profile, B300).
   const GpuProfile gpu = load_cluster(test::source_root() / "topologies" / "gb200-nvl72.json").gpu;
   CHECK(gpu.gemm_max_efficiency_fp8 == 0.723);
   CHECK(gpu.gemm_max_efficiency_fp4 == 0.736);
+  CHECK(gpu.gemm_sustained_fraction == 0.804);
+  CHECK(gpu.mxfp8_gemm_fprop == 0.912);
   REQUIRE(gpu.sm_count == 152);
   REQUIRE(gpu.kernel_launch_ns == 4900);
   const ModelSpec m = test::llama3_8b();
   // FC1: 7168 tiles on 152 SMs take 48 waves (wave efficiency 7168 / 7296).
-  // MXFP8: 962.07e9 / (5000e12 x 0.723 x 0.98246) = 270.89 us, + 4.9 us. Its
-  // HBM side, (4096 x 4096 + 4096 x 28672) x (1 + 1/32) B + 4096 x 28672 x 2 B
-  // at 8 TB/s x 0.83, is 56 us: compute-bound.
-  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::mxfp8)).forward, op::fc1)) == 275786);
-  // NVFP4: 962.07e9 / (10000e12 x 0.736 x 0.98246) = 133.05 us, + 4.9 us.
-  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::nvfp4)).forward, op::fc1)) == 137951);
+  // MXFP8: 962.07e9 / (5000e12 x 0.723 x 0.804 x 0.912 x 0.98246) = 369.43 us,
+  // + 4.9 us. Its HBM side, (4096 x 4096 + 4096 x 28672) x (1 + 1/32) B +
+  // 4096 x 28672 x 2 B at 8 TB/s x 0.83, is 56 us: compute-bound.
+  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::mxfp8)).forward, op::fc1)) == 374333);
+  // NVFP4: 962.07e9 / (10000e12 x 0.736 x 0.804 x 0.98246) = 165.49 us, + 4.9 us.
+  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::nvfp4)).forward, op::fc1)) == 170386);
+}
+
+TEST_CASE("fp8: NVFP4 on GB300 at the FP8 burst rate x Transformer Engine's measured NVFP4 / FP8 ratio, by hand") {
+  // topologies/gpus/gb300.json: no FP4 MAMF row; the card's FP8 burst rate
+  // 0.745 x 5000 = 3725 x the B300's kernels-only NVFP4 speed over per-tensor
+  // FP8 (6.812 / 3.764 ms a layer = 1.810) = 6741 TFLOP/s, 0.449 of 15000
+  // (it was the bf16 fraction, 0.786 x 15000 = 11,790); x the sustained 0.888.
+  const GpuProfile gpu = load_cluster(test::source_root() / "topologies" / "gb300-nvl72.json").gpu;
+  CHECK(gpu.gemm_max_efficiency_fp4 == 0.449);
+  CHECK(gpu.sources.count("gemm_max_efficiency_fp4") == 1);
+  CHECK(gpu.gemm_sustained_fraction == 0.888);
+  REQUIRE(gpu.sm_count == 152);
+  REQUIRE(gpu.kernel_launch_ns == 4900);
+  const ModelSpec m = test::llama3_8b();
+  // FC1: 7168 tiles on 152 SMs, 48 waves (7168 / 7296):
+  // 962.07e9 / (15000e12 x 0.449 x 0.888 x 0.98246) = 163.74 us, + 4.9 us.
+  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::nvfp4)).forward, op::fc1)) ==
+        std::llround(2.0 * 4096 * 28672 * 4096 / (15000e12 * 0.449 * 0.888 * 7168.0 / 7296.0) * 1e9) + 4900);
+  CHECK(op_time_ns(gpu, find(transformer_layer_ops(m, layer_plan(Precision::nvfp4)).forward, op::fc1)) == 168636);
+}
+
+TEST_CASE("fp8: an MXFP8 GEMM at the card's measured fraction of the per-tensor FP8 rate, per pass, by hand") {
+  // topologies/gpus/b200.json: Transformer Engine's GEMM profiling guide
+  // (B300, kernels only, the same shapes): per-tensor FP8 over MXFP8 ms,
+  // fprop 2.158 / 2.365 = 0.912, dgrad 2.329 / 2.397 = 0.972, wgrad
+  // 2.325 / 2.400 = 0.969.
+  const GpuProfile gpu = load_cluster(test::source_root() / "topologies" / "dgx-b200.json").gpu;
+  CHECK(gpu.mxfp8_gemm_fprop == 0.912);
+  CHECK(gpu.mxfp8_gemm_dgrad == 0.972);
+  CHECK(gpu.mxfp8_gemm_wgrad == 0.969);
+  CHECK(gpu.sources.count("mxfp8_gemm_rate") == 1);
+  REQUIRE(gpu.sm_count == 148);
+  REQUIRE(gpu.kernel_launch_ns == 4900);
+  const ModelSpec m = test::llama3_8b();
+  const LayerOps mx = transformer_layer_ops(m, layer_plan(Precision::mxfp8));
+  const LayerOps cur = transformer_layer_ops(m, layer_plan(Precision::fp8_current));
+  // The B200's FP8 rate: 4500e12 x 0.763 x 0.853 (sustained). FC1 forward
+  // [4096 x 4096] x [4096 x 28672]: 7168 tiles, 49 waves of 148 (7168 / 7252).
+  const double rate = 4500e12 * 0.763 * 0.853;
+  const double flops = 2.0 * 4096 * 28672 * 4096;
+  const auto ns = [&](double tiles, double slots, double fraction) {
+    return std::llround(flops / (rate * fraction * tiles / slots) * 1e9) + 4900;
+  };
+  CHECK(op_time_ns(gpu, find(cur.forward, op::fc1)) == ns(7168, 7252, 1.0));
+  CHECK(op_time_ns(gpu, find(mx.forward, op::fc1)) == ns(7168, 7252, 0.912));
+  // dgrad [4096 x 28672] x [28672 x 4096]: 1024 tiles, 7 waves (1024 / 1036).
+  CHECK(op_time_ns(gpu, find(cur.backward, op::fc1_dgrad)) == ns(1024, 1036, 1.0));
+  CHECK(op_time_ns(gpu, find(mx.backward, op::fc1_dgrad)) == ns(1024, 1036, 0.972));
+  // wgrad [4096 x 4096] x [4096 x 28672] (k = tokens): as the forward's tiles.
+  CHECK(op_time_ns(gpu, find(mx.backward, op::fc1_wgrad)) == ns(7168, 7252, 0.969));
+  // A card without the key prices MXFP8 at the per-tensor rate; NVFP4 and
+  // per-tensor FP8 never take the ratios.
+  GpuProfile plain = gpu;
+  plain.mxfp8_gemm_fprop = plain.mxfp8_gemm_dgrad = plain.mxfp8_gemm_wgrad = 1;
+  CHECK(op_time_ns(plain, find(mx.forward, op::fc1)) == ns(7168, 7252, 1.0));
+  CHECK(op_time_ns(plain, find(mx.backward, op::fc1_dgrad)) == ns(1024, 1036, 1.0));
+  GpuProfile slow = gpu;
+  slow.mxfp8_gemm_fprop = 0.5;
+  const Op& nv = find(transformer_layer_ops(m, layer_plan(Precision::nvfp4)).forward, op::fc1);
+  CHECK(op_time_ns(slow, nv) == op_time_ns(gpu, nv));
+  CHECK(op_time_ns(slow, find(cur.forward, op::fc1)) == ns(7168, 7252, 1.0));
+  // Hopper's cards have none.
+  const GpuProfile h100 = load_cluster(test::source_root() / "topologies" / "dgx-h100.json").gpu;
+  CHECK(h100.mxfp8_gemm_fprop == 1);
+  CHECK(h100.sources.count("mxfp8_gemm_rate") == 0);
 }
 
 TEST_CASE("fp8: the FP8 and FP4 MAMF fractions are read sourced, at most 1, and default to absent") {
@@ -412,15 +482,16 @@ TEST_CASE("fp8: an MXFP8 cast runs at the card's measured MXFP8 quantize rate; o
   CHECK(grad_cast.name == op::fp8_grad_cast);
   CHECK(op_time_ns(gpu, grad_cast) ==
         std::llround(grad_cast.bytes / (7672e9 * 0.577) * 1e9) + 4900);
-  // Per-tensor FP8's cast (2 + 2 x 1 B = 67,108,864 B) at 0.83 of HBM: 10.539 us + 4.9 us.
+  // Per-tensor FP8's cast (2 + 2 x 1 B = 67,108,864 B) at the B200's
+  // measured 0.876 of HBM (cub::DeviceTransform's add): 9.985 us + 4.9 us.
   const LayerOps cur = transformer_layer_ops(m, layer_plan(Precision::fp8_delayed));
   const Op& fp8 = cur.forward[index_of(cur.forward, op::qkv) - 1];
   CHECK(fp8.name == op::fp8_cast);
-  CHECK(op_time_ns(gpu, fp8) == 15439);
+  CHECK(op_time_ns(gpu, fp8) == 14885);
   // A card without the figure: the MXFP8 cast at memory_bound_efficiency.
   GpuProfile plain = gpu;
   plain.mxfp8_cast_efficiency = 0;
-  CHECK(op_time_ns(plain, cast) == 15604);
+  CHECK(op_time_ns(plain, cast) == 15041);
   // The H100 card has none (Hopper runs no MXFP8).
   CHECK(load_cluster(test::source_root() / "topologies" / "dgx-h100.json").gpu.mxfp8_cast_efficiency == 0);
 }

@@ -202,6 +202,26 @@ void read_attention_kernels(JsonReader& r, GpuProfile& gpu) {
   }
 }
 
+// "mxfp8_gemm_rate": {"fprop": f, "dgrad": f, "wgrad": f, "source": "..."}:
+// an MXFP8 GEMM's rate over a per-tensor FP8 GEMM's at the same shape, per pass.
+void read_mxfp8_gemm_rate(JsonReader& r, GpuProfile& gpu) {
+  JsonReader k = r.object("mxfp8_gemm_rate");
+  const std::string source = k.string("source");
+  if (source.find_first_not_of(' ') == std::string::npos)
+    k.fail("source", "is empty", "name the measurement the ratios were read from");
+  for (const char* pass : {"fprop", "dgrad", "wgrad"}) {
+    const double v = k.number(pass);
+    if (!(v > 0 && v <= 1))
+      k.fail(pass, "must be a fraction in (0, 1], got " + std::to_string(v),
+             "give the MXFP8 GEMM's time over the per-tensor FP8 one's inverted (FP8 ms / MXFP8 ms)");
+    (std::string_view(pass) == "fprop"   ? gpu.mxfp8_gemm_fprop
+     : std::string_view(pass) == "dgrad" ? gpu.mxfp8_gemm_dgrad
+                                         : gpu.mxfp8_gemm_wgrad) = v;
+  }
+  k.reject_unknown({"unit", "note"});
+  gpu.sources["mxfp8_gemm_rate"] = source;
+}
+
 }  // namespace
 
 const AttentionRates* attention_rates_of(const GpuProfile& gpu, AttentionKernel kernel) {
@@ -233,7 +253,7 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
                     "memory_MiB", "memory_GiB", "memory_GB", "sm_count", "gemm_max_efficiency", "gemm_max_efficiency_fp8", "gemm_max_efficiency_fp4", "memory_bound_efficiency", "kernel_launch_us",
                     "memory_reserve_GiB", "flash_attention", "unfused_attention_efficiency", "speed_spread",
                     "flash_attention_fwd_efficiency", "flash_attention_bwd_efficiency", "gemm_sustained_fraction",
-                    "microscaling_formats", "mxfp8_cast_efficiency", "attention_kernel", "attention_kernels"});
+                    "microscaling_formats", "mxfp8_cast_efficiency", "mxfp8_gemm_rate", "attention_kernel", "attention_kernels"});
   GpuProfile gpu;
   gpu.name = r.string("name");
   gpu.peak_bf16_flops = sourced(r, "peak_bf16_tflops", gpu.sources, "peak_bf16_flops") * kTera;
@@ -261,6 +281,7 @@ GpuProfile gpu_from_reader(const nlohmann::json& j, JsonReader& r) {
         sourced_fraction(r, "unfused_attention_efficiency", gpu.sources, "unfused_attention_efficiency");
   if (r.has("mxfp8_cast_efficiency"))
     gpu.mxfp8_cast_efficiency = sourced_fraction(r, "mxfp8_cast_efficiency", gpu.sources, "mxfp8_cast_efficiency");
+  if (r.has("mxfp8_gemm_rate")) read_mxfp8_gemm_rate(r, gpu);
   if (r.has("flash_attention_fwd_efficiency"))
     gpu.flash_attention_fwd_efficiency =
         sourced_fraction(r, "flash_attention_fwd_efficiency", gpu.sources, "flash_attention_fwd_efficiency");

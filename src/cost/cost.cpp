@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <string_view>
 
 #include "cuboid/core/element_bytes.hpp"
 #include "cuboid/core/dispatch.hpp"
@@ -115,9 +116,10 @@ double gemm_best_flops(const GpuProfile& gpu, Precision p = Precision::bf16) {
 }
 
 // Compute-only and HBM-only seconds of a GEMM; its time is the larger (roofline).
+// `rate`: the kernel's rate over its format's best (block_scaled_rate).
 double gemm_compute_s(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
-                      Precision p = Precision::bf16) {
-  return gemm_flops(m, n, k, batch) / (gemm_best_flops(gpu, p) * quantisation_efficiency(gpu, m, n, batch));
+                      Precision p = Precision::bf16, double rate = 1.0) {
+  return gemm_flops(m, n, k, batch) / (gemm_best_flops(gpu, p) * rate * quantisation_efficiency(gpu, m, n, batch));
 }
 
 // A and B in the GEMM's format, C in bf16.
@@ -132,8 +134,9 @@ double gemm_memory_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_
 // Roofline time of an uncalibrated GEMM whose HBM side runs at bytes_per_s.
 // `launch_ns`: the host's launch of the kernel (0 inside a CUDA graph).
 TimeNs gemm_roofline_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k,
-                        std::int64_t batch, double extra_bytes, double bytes_per_s, Precision p, double launch_ns) {
-  const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch, p),
+                        std::int64_t batch, double extra_bytes, double bytes_per_s, Precision p, double launch_ns,
+                        double rate) {
+  const double seconds = std::max(gemm_compute_s(gpu, m, n, k, batch, p, rate),
                                   gemm_memory_s(m, n, k, batch, bytes_per_s, p) + extra_bytes / bytes_per_s);
   return to_ns(seconds) + static_cast<TimeNs>(launch_ns);
 }
@@ -161,22 +164,39 @@ double gemm_efficiency(const GpuProfile& gpu, std::int64_t m, std::int64_t n, st
 namespace {
 
 // A measured (or interpolated) time is per call, launch included; else the
-// roofline with the HBM side at bytes_per_s.
+// roofline with the HBM side at bytes_per_s. `rate` (block_scaled_rate)
+// slows a measured time of the format's samples as it does the roofline's.
 TimeNs gemm_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
-               double extra_bytes, double bytes_per_s, Precision p, double launch_ns) {
+               double extra_bytes, double bytes_per_s, Precision p, double launch_ns, double rate = 1.0) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
   if (gpu.calibration) {
     if (const auto format = calibrated_format(p)) {
-      if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch, *format)) return std::llround(*ns);
-      const TimeNs roofline = gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s, p, launch_ns);
+      if (const auto ns = calibrated_gemm_ns(*gpu.calibration, m, n, k, batch, *format))
+        return std::llround(*ns / rate);
+      const TimeNs roofline = gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s, p, launch_ns, rate);
       // More rows than the samples bracket: the largest bracketed m's rate
       // is a floor (held_gemm_ns), the roofline an estimate; the faster wins.
       if (const auto held = held_gemm_ns(*gpu.calibration, m, n, k, batch, *format))
-        return std::min(roofline, static_cast<TimeNs>(std::llround(*held)));
+        return std::min(roofline, static_cast<TimeNs>(std::llround(*held / rate)));
       return roofline;
     }
   }
-  return gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s, p, launch_ns);
+  return gemm_roofline_ns(gpu, m, n, k, batch, extra_bytes, bytes_per_s, p, launch_ns, rate);
+}
+
+// An MXFP8 GEMM's rate over the per-tensor FP8 GEMM's at its shape (the
+// profile's mxfp8_gemm_rate), by pass: the backward's GEMMs are named after
+// the forward's + op::dgrad_suffix / op::wgrad_suffix (workload.cpp
+// add_gemm_backward); a recomputed forward keeps the forward's name. 1 for
+// every other format.
+double block_scaled_rate(const GpuProfile& gpu, const Op& op) {
+  if (op.precision != Precision::mxfp8) return 1.0;
+  const auto ends_with = [&op](std::string_view suffix) {
+    return op.name.size() >= suffix.size() && op.name.compare(op.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends_with(op::dgrad_suffix)) return gpu.mxfp8_gemm_dgrad;
+  if (ends_with(op::wgrad_suffix)) return gpu.mxfp8_gemm_wgrad;
+  return gpu.mxfp8_gemm_fprop;
 }
 
 // A memory-bound kernel: measured by name on a calibrated card, else its bytes at bytes_per_s.
@@ -433,7 +453,8 @@ TimeNs op_time_ns(const GpuProfile& gpu, const Op& op) {
           return std::llround(*ns);
         if (const auto ns = calibrated_kernel_ns(*gpu.calibration, op.name, op.flops)) return std::llround(*ns);
       }
-      return gemm_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes, op_hbm_Bps(gpu, op), op.precision, launch_ns);
+      return gemm_ns(gpu, op.m, op.n, op.k, op.batch, op.bytes, op_hbm_Bps(gpu, op), op.precision, launch_ns,
+                     block_scaled_rate(gpu, op));
     case OpKind::attention_core: {
       // Fused (flash) attention: tensor-core work at the efficiency of its
       // grid (query blocks x heads), causal half only, against the HBM

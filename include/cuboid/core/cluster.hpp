@@ -65,6 +65,13 @@ struct GpuProfile {
   // GEMM's fraction taken for the format's own peak.
   double gemm_max_efficiency_fp8 = 0;
   double gemm_max_efficiency_fp4 = 0;
+  // An MXFP8 GEMM's rate as a fraction of a per-tensor FP8 GEMM's at the
+  // same shape, per pass (the forward's GEMM, the backward's data-gradient
+  // and weight-gradient GEMMs): the block scales the kernel applies cost it
+  // this much. Measured where a profile has it; 1: the per-tensor FP8 rate.
+  double mxfp8_gemm_fprop = 1;
+  double mxfp8_gemm_dgrad = 1;
+  double mxfp8_gemm_wgrad = 1;
   // The fraction of the burst rates above (gemm_max_efficiency and the flash
   // kernels' efficiencies, benchmarks of short runs at their best shape)
   // that tensor-core work keeps in training: long, back to back, on operands
