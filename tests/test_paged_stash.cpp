@@ -106,6 +106,36 @@ TEST_CASE("the experts' saved rows and bytes: dropless, the padded budget, the p
   CHECK(memory_per_gpu(m, stash_plan(1.3, true), gpu).activation_bytes - base == doctest::Approx(105639936.0));
 }
 
+TEST_CASE("MXFP8 with the budget: the fused grouped MLP keeps its GEMM inputs columnwise only") {
+  // Transformer Engine's fused grouped MLP (the op fuser the factor runs
+  // with) drops the rowwise MXFP8 copies of FC1's and FC2's inputs
+  // (grouped_mlp.py:1765-1771@d0067d0d): the input h x (1 + 1/32) = 1056,
+  // FC1's output 2 x 2048 x 2 = 8192 in bf16, the activation's output
+  // 2048 x 1.03125 = 2112: 11,360 bytes a row against bf16's 14,336.
+  const ModelSpec m = stash_model();
+  ParallelPlan bf16 = stash_plan(1.3, false), mx = stash_plan(1.3, false), dropless = stash_plan(0, false);
+  mx.precision = dropless.precision = Precision::mxfp8;
+  const double rows = 5376;
+  CHECK(paged_stash_padded_layer_bytes(m, stash_plan(1.3, true)) == rows * 14336);
+  mx.moe_flex.paged_stash = true;
+  CHECK(paged_stash_padded_layer_bytes(m, mx) == doctest::Approx(rows * 11360));
+  mx.moe_flex.paged_stash = false;
+  // The layer's MoE part: 1280 more rows than dropless, at each one's bytes;
+  // dropless MXFP8 runs the unfused experts, their input at bf16 (14,336).
+  const double base = layer_activation_bytes(m, dropless, true) - 4096 * 14336.0;
+  CHECK(layer_activation_bytes(m, mx, true) - base == doctest::Approx(rows * 11360));
+  CHECK(layer_activation_bytes(m, bf16, true) - layer_activation_bytes(m, stash_plan(0, false), true) ==
+        doctest::Approx(1280 * 14336.0));
+  // moe_act recomputed: the activation's output not kept, 1056 + 8192 (dropless bf16: 2048 + 8192).
+  mx.recompute = Recompute::selective;
+  mx.recompute_modules = static_cast<std::uint8_t>(RecomputeModule::moe_act);
+  ParallelPlan mx_dropless_rc = dropless;
+  mx_dropless_rc.recompute = Recompute::selective;
+  mx_dropless_rc.recompute_modules = mx.recompute_modules;
+  CHECK(layer_activation_bytes(m, mx, true) - (layer_activation_bytes(m, mx_dropless_rc, true) - 4096 * 10240.0) ==
+        doctest::Approx(rows * 9248));
+}
+
 TEST_CASE("with the static budget HybridEP does not synchronise with the host") {
   const ModelSpec m = stash_model();
   const LayerOps dropless = transformer_layer_ops(m, stash_plan(0, false), true);

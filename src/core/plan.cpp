@@ -174,6 +174,43 @@ std::vector<std::array<int, 2>> recompute_groups(const ParallelPlan& plan, int l
 }
 
 namespace {
+
+// A comma-separated list of module names (each Megatron-Core's) as bits of
+// `all`, an unknown name handed to `unknown` (which throws); and back.
+template <typename Module, std::size_t N, typename Unknown>
+std::uint8_t parse_module_bits(std::string_view list, const Module (&all)[N], Unknown&& unknown) {
+  std::uint8_t bits = 0;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    const std::string_view name = list.substr(start, comma - start);
+    bool known = false;
+    for (const Module m : all) {
+      if (name == to_string(m)) {
+        bits = static_cast<std::uint8_t>(bits | static_cast<std::uint8_t>(m));
+        known = true;
+      }
+    }
+    if (!known) unknown(name);
+    start = comma + 1;
+  }
+  return bits;
+}
+
+template <typename Module, std::size_t N>
+std::string module_bits_string(std::uint8_t bits, const Module (&all)[N]) {
+  std::string out;
+  for (const Module m : all) {
+    if ((bits & static_cast<std::uint8_t>(m)) == 0) continue;
+    if (!out.empty()) out += ',';
+    out += to_string(m);
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace {
 constexpr RecomputeModule kRecomputeModules[] = {
     RecomputeModule::core_attn, RecomputeModule::mlp, RecomputeModule::layernorm, RecomputeModule::moe_act,
     RecomputeModule::moe, RecomputeModule::shared_experts, RecomputeModule::mla_up_proj,
@@ -194,36 +231,14 @@ std::string_view to_string(RecomputeModule m) {
 }
 
 std::uint8_t parse_recompute_modules(std::string_view list, const std::string& source, const std::string& field) {
-  std::uint8_t bits = 0;
-  std::size_t start = 0;
-  while (start <= list.size()) {
-    const std::size_t comma = std::min(list.find(',', start), list.size());
-    const std::string_view name = list.substr(start, comma - start);
-    bool known = false;
-    for (const RecomputeModule m : kRecomputeModules) {
-      if (name == to_string(m)) {
-        bits = static_cast<std::uint8_t>(bits | static_cast<std::uint8_t>(m));
-        known = true;
-      }
-    }
-    if (!known)
-      throw InputError(source, field, "unknown recompute module " + quote_value(name),
-                       "use a comma-separated list of core_attn, mlp, layernorm, moe_act, moe, shared_experts, "
-                       "mla_up_proj");
-    start = comma + 1;
-  }
-  return bits;
+  return parse_module_bits(list, kRecomputeModules, [&](std::string_view name) {
+    throw InputError(source, field, "unknown recompute module " + quote_value(name),
+                     "use a comma-separated list of core_attn, mlp, layernorm, moe_act, moe, shared_experts, "
+                     "mla_up_proj");
+  });
 }
 
-std::string recompute_modules_string(std::uint8_t modules) {
-  std::string out;
-  for (const RecomputeModule m : kRecomputeModules) {
-    if ((modules & static_cast<std::uint8_t>(m)) == 0) continue;
-    if (!out.empty()) out += ',';
-    out += to_string(m);
-  }
-  return out;
-}
+std::string recompute_modules_string(std::uint8_t modules) { return module_bits_string(modules, kRecomputeModules); }
 
 namespace {
 constexpr OffloadModule kOffloadModules[] = {
@@ -246,18 +261,7 @@ std::string_view to_string(OffloadModule m) {
 }
 
 std::uint8_t parse_offload_modules(std::string_view list, const std::string& source, const std::string& field) {
-  std::uint8_t bits = 0;
-  std::size_t start = 0;
-  while (start <= list.size()) {
-    const std::size_t comma = std::min(list.find(',', start), list.size());
-    const std::string_view name = list.substr(start, comma - start);
-    bool known = false;
-    for (const OffloadModule m : kOffloadModules) {
-      if (name == to_string(m)) {
-        bits = static_cast<std::uint8_t>(bits | static_cast<std::uint8_t>(m));
-        known = true;
-      }
-    }
+  return parse_module_bits(list, kOffloadModules, [&](std::string_view name) {
     // Megatron-Core's other two (transformer_config.py:2132-2142 at
     // d98e8a64) offload what no model of cuboid's has.
     if (name == "fused_group_mlp")
@@ -268,24 +272,13 @@ std::uint8_t parse_offload_modules(std::string_view list, const std::string& sou
     if (name == "gdp_qkv")
       throw InputError(source, field, "gdp_qkv offloads the GatedDeltaProduct mixer's input, which no model of cuboid's has",
                        "drop gdp_qkv");
-    if (!known)
-      throw InputError(source, field, "unknown offload module " + quote_value(name),
-                       "use a comma-separated list of attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, "
-                       "expert_fc1, moe_act");
-    start = comma + 1;
-  }
-  return bits;
+    throw InputError(source, field, "unknown offload module " + quote_value(name),
+                     "use a comma-separated list of attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, "
+                     "expert_fc1, moe_act");
+  });
 }
 
-std::string offload_modules_string(std::uint8_t modules) {
-  std::string out;
-  for (const OffloadModule m : kOffloadModules) {
-    if ((modules & static_cast<std::uint8_t>(m)) == 0) continue;
-    if (!out.empty()) out += ',';
-    out += to_string(m);
-  }
-  return out;
-}
+std::string offload_modules_string(std::uint8_t modules) { return module_bits_string(modules, kOffloadModules); }
 
 Schedule parse_schedule(std::string_view s, const std::string& source, const std::string& field) {
   if (s == "gpipe") return Schedule::gpipe;

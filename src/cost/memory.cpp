@@ -94,13 +94,24 @@ double output_layer_activation_bytes(const ModelSpec& m, const ParallelPlan& pla
 // the activation's output, less what moe_act recomputes): all of them are
 // what the paged stash pages (Transformer Engine's fused grouped MLP marks
 // them, mark_grouped_tensor: ops/fused/grouped_mlp.py:1749@d0067d0d).
+// With a rank capacity factor the experts run Transformer Engine's fused
+// grouped MLP (HybridEP's factor needs the op fuser or grouped tensors:
+// transformer_config.py:1874-1882@d98e8a64; cuboid's exports write
+// --use-transformer-engine-op-fuser), which under MXFP8 keeps the two GEMMs'
+// inputs (the experts' input and the activation's output) as columnwise
+// MXFP8 only, the rowwise copies dropped: the weight gradient reads those
+// alone (ops/fused/grouped_mlp.py:1765-1771@d0067d0d; fuse_grouped_mlp_ops,
+// :842, fuses only MXFP8 and NVFP4 recipes, and NVFP4 keeps both copies),
+// and FC1's output in bf16 (c_dtype, :1407).
 double expert_bytes_per_row(const ModelSpec& m, const ParallelPlan& plan) {
   const double h = static_cast<double>(m.hidden_size);
   const double fe = static_cast<double>(m.moe.expert_ffn_hidden_size / plan.expert_tp());
-  const double per_width = m.gated_mlp() ? 6 : 4;  // FC1 output (2f gated) + activation output, bf16
-  const double act_output = kBf16Bytes;            // of per_width: the activation's output
-  const double routed_width = plan.recomputes(RecomputeModule::moe_act) ? per_width - act_output : per_width;
-  return h * 2 + fe * routed_width;
+  const bool fused_mxfp8 = plan.precision == Precision::mxfp8 && plan.moe_flex.rank_capacity_factor > 0;
+  const double input = fused_mxfp8 ? quantized_element_bytes(Precision::mxfp8) : kBf16Bytes;
+  const double fc1_output = (m.gated_mlp() ? 2 : 1) * kBf16Bytes;  // the activation's input
+  const double act_output = input;                                  // FC2's input
+  const double routed_width = fc1_output + (plan.recomputes(RecomputeModule::moe_act) ? 0.0 : act_output);
+  return h * input + fe * routed_width;
 }
 
 // The rows are the busiest rank's token copies; with a rank capacity factor
