@@ -440,7 +440,7 @@ TEST_CASE("fp8: an MXFP8 GEMM at the card's measured fraction of the per-tensor 
   CHECK(op_time_ns(plain, find(mx.backward, op::fc1_dgrad)) == ns(1024, 1036, 1.0));
   GpuProfile slow = gpu;
   slow.mxfp8_gemm_fprop = 0.5;
-  const Op& nv = find(transformer_layer_ops(m, layer_plan(Precision::nvfp4)).forward, op::fc1);
+  const Op nv = find(transformer_layer_ops(m, layer_plan(Precision::nvfp4)).forward, op::fc1);
   CHECK(op_time_ns(slow, nv) == op_time_ns(gpu, nv));
   CHECK(op_time_ns(slow, find(cur.forward, op::fc1)) == ns(7168, 7252, 1.0));
   // Hopper's cards have none.
