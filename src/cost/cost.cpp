@@ -6,7 +6,6 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <string_view>
 
 #include "cuboid/core/element_bytes.hpp"
 #include "cuboid/core/dispatch.hpp"
@@ -191,11 +190,8 @@ TimeNs gemm_ns(const GpuProfile& gpu, std::int64_t m, std::int64_t n, std::int64
 // every other format.
 double block_scaled_rate(const GpuProfile& gpu, const Op& op) {
   if (op.precision != Precision::mxfp8) return 1.0;
-  const auto ends_with = [&op](std::string_view suffix) {
-    return op.name.size() >= suffix.size() && op.name.compare(op.name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  if (ends_with(op::dgrad_suffix)) return gpu.mxfp8_gemm_dgrad;
-  if (ends_with(op::wgrad_suffix)) return gpu.mxfp8_gemm_wgrad;
+  if (op.name.ends_with(op::dgrad_suffix)) return gpu.mxfp8_gemm_dgrad;
+  if (op.name.ends_with(op::wgrad_suffix)) return gpu.mxfp8_gemm_wgrad;
   return gpu.mxfp8_gemm_fprop;
 }
 

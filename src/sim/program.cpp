@@ -13,10 +13,6 @@ namespace cuboid::sim::detail {
 
 namespace {
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 bool is_tp_collective(const Op& op) { return op.kind == OpKind::collective && op.group == Group::tp; }
 
 // ops[i] is the input-gradient reduce of a column-parallel GEMM X when it
@@ -26,7 +22,7 @@ bool column_parallel_reduce(const std::vector<Op>& ops, std::size_t i) {
   if (ops[i].collective != Collective::all_reduce && ops[i].collective != Collective::reduce_scatter) return false;
   const std::string& d = ops[i - 2].name;
   const std::string& w = ops[i - 1].name;
-  if (!ends_with(d, "_dgrad") || !ends_with(w, "_wgrad")) return false;
+  if (!d.ends_with("_dgrad") || !w.ends_with("_wgrad")) return false;
   return d.substr(0, d.size() - 6) == w.substr(0, w.size() - 6);
 }
 
@@ -159,7 +155,7 @@ Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence
       continue;
     }
     // Look ahead: is this the dgrad of a column-parallel GEMM whose reduce overlaps?
-    if (backward_overlap && i + 2 < ops.size() && column_parallel_reduce(ops, i + 2) && ends_with(op.name, "_dgrad")) {
+    if (backward_overlap && i + 2 < ops.size() && column_parallel_reduce(ops, i + 2) && op.name.ends_with("_dgrad")) {
       const Op& wgrad = ops[i + 1];
       const Op& reduce = ops[i + 2];
       if (sequence_parallel) {
