@@ -85,8 +85,7 @@ ModuleOffload module_offload(const ModelSpec& m, const ParallelPlan& plan, Offlo
   const double r = plan.sequence_parallel ? t : 1.0;  // the replicated tensors' split
   const double e = quantized_element_bytes(plan.precision);
   const CudaGraphs& g = plan.trainer.cuda_graphs;
-  const bool attn_graph = g.impl != CudaGraphImpl::none && g.impl != CudaGraphImpl::full_iteration &&
-                          (g.modules == 0 || (g.modules & static_cast<std::uint8_t>(CudaGraphModule::attn)) != 0);
+  const bool attn_graph = g.impl != CudaGraphImpl::full_iteration && g.captures(CudaGraphModule::attn);
   const bool router_graph = g.impl != CudaGraphImpl::none && g.impl != CudaGraphImpl::full_iteration &&
                             (g.modules & static_cast<std::uint8_t>(CudaGraphModule::moe_router)) != 0;
   auto both = [&](double bytes) {
