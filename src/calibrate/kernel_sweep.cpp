@@ -190,6 +190,26 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communi
       const auto keyed = table_name.find(name);
       out.push_back(KernelMeasurement{keyed != table_name.end() ? keyed->second : name, it->second, t});
     }
+    // A plan on the unfused attention core also has the fused core's blocks
+    // timed, at its own attention shapes: --flash-attention is the planner's
+    // to choose, and context parallelism runs the fused core only. Without
+    // them a card calibrated on an unfused plan prices a CP plan's blocks
+    // at the best GEMM's FLOP rate (the executor's block backward came out
+    // 4x long: docs/calibration.md). Timed in a dense layer of the same
+    // scale; the attention does not depend on the MLP.
+    if (!scaled.flash_attention && scaled.cp == 1) {
+      ParallelPlan fused = scaled;
+      fused.flash_attention = true;
+      std::map<std::string, double> flops;
+      for (const Op& op : executor_workload_ops(model, fused))
+        if (op.kind == OpKind::attention_core) flops.try_emplace(op.name, op.flops);
+      world.barrier();
+      const exec::LayerDims fd = exec::layer_dims(model, fused, kDropout);
+      for (const auto& [name, t] :
+           time_layer(be, tp, fd, nullptr, nullptr, nullptr, world.rank(), 1, o, watchdog, nullptr))
+        if (const auto it = flops.find(name); it != flops.end() && it->second > 0)
+          out.push_back(KernelMeasurement{name, it->second, t});
+    }
     if (const auto it = bytes.find(op::embed_grad); it != bytes.end() && it->second > 0)
       out.push_back(
           KernelMeasurement{op::embed_grad, it->second, time_embedding_backward(be, tp, world, d, o, watchdog)});

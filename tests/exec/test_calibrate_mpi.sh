@@ -81,6 +81,13 @@ for r in raw["ranks"]:
     # embedding's backward (each timed alone, as the step runner calls it).
     for op in ("norm_in", "act", "attn_softmax_bwd", "drop_add_mlp", "adam", "grad_scale", "grad_zero", "embed_grad"):
         assert op in names, (op, names)
+    # The unfused plan's card carries the fused core's blocks too (what a
+    # --flash-attention on or CP plan planned with it runs), keyed by FLOPs.
+    for op in ("attn_flash", "attn_flash_bwd"):
+        assert op in names, (op, names)
+    fwd = sorted(k[1] for k in r["kernels"] if k[0] == "attn_flash")
+    bwd = sorted(k[1] for k in r["kernels"] if k[0] == "attn_flash_bwd")
+    assert bwd == [2.5 * f for f in fwd], (fwd, bwd)
     # grad_scale reads and writes what grad_zero writes: 8 against 4 bytes per element.
     scale = sorted(k[1] for k in r["kernels"] if k[0] == "grad_scale")
     zero = sorted(k[1] for k in r["kernels"] if k[0] == "grad_zero")
