@@ -211,10 +211,26 @@ TEST_CASE("fp8: FP8 weight copies and the inputs saved in FP8, by hand") {
   // Rowwise and columnwise copy of 218,103,808 weights per layer, 32 layers.
   const MemoryReport a = memory_per_gpu(m, bf16, gpu), b = memory_per_gpu(m, fp8, gpu);
   CHECK(b.weight_and_optimizer_bytes - a.weight_and_optimizer_bytes == 32 * 218103808.0 * 2);
-  // Saved 1 B instead of 2: QKV's and FC1's inputs (2 x 4096 x 4096), the
-  // projection's (4096 x 4096) and FC2's (4096 x 14336).
+  // Saved 1 B instead of 2: QKV's and FC1's inputs (2 x 4096 x 4096) and
+  // FC2's (4096 x 14336). The projection's input is the attention core's
+  // output: with the core recomputed (the plan's selective default) only
+  // linear_proj keeps it, under delayed scaling as a 1 B copy (4096 x 4096
+  // saved), under current scaling as the bf16 original
+  // (set_save_original_input, attention.py:428-444@d98e8a64: nothing saved).
   CHECK(layer_activation_bytes(m, bf16, false) - layer_activation_bytes(m, fp8, false) ==
         2 * 4096.0 * 4096 + 4096.0 * 4096 + 4096.0 * 14336);
+  ParallelPlan current = fp8;
+  current.precision = Precision::fp8_current;
+  CHECK(layer_activation_bytes(m, bf16, false) - layer_activation_bytes(m, current, false) ==
+        2 * 4096.0 * 4096 + 4096.0 * 14336);
+  // Not recomputed, the fused core keeps its bf16 output too: delayed
+  // scaling's copy then costs 1 B more than bf16 (- 4096 x 4096).
+  ParallelPlan kept = fp8, kept_bf16 = bf16, kept_current = current;
+  kept.recompute = kept_bf16.recompute = kept_current.recompute = Recompute::none;
+  CHECK(layer_activation_bytes(m, kept_bf16, false) - layer_activation_bytes(m, kept, false) ==
+        2 * 4096.0 * 4096 - 4096.0 * 4096 + 4096.0 * 14336);
+  CHECK(layer_activation_bytes(m, kept_bf16, false) - layer_activation_bytes(m, kept_current, false) ==
+        2 * 4096.0 * 4096 + 4096.0 * 14336);
   // Full recomputation keeps the bf16 layer input only.
   bf16.recompute = fp8.recompute = Recompute::full;
   CHECK(layer_activation_bytes(m, bf16, false) == layer_activation_bytes(m, fp8, false));

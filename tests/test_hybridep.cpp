@@ -291,3 +291,43 @@ TEST_CASE("CUDA graph modules Megatron-Core refuses, with its reasons") {
         "f: k: \"transformer_engine:moe_preprocess\": moe_preprocess cuda graph is only supported with moe_router "
         "cuda graph (Megatron-Core asserts it: transformer_config.py:2824@d98e8a64) (fix: add moe_router)");
 }
+
+TEST_CASE("recomputation under CUDA graphs: full only with the full-iteration graph, no dropout in a graphed one") {
+  // transformer_config.py:2854-2899@d98e8a64.
+  ModelSpec m = small_mixtral_model();
+  m.attention_dropout = 0.1;
+  m.hidden_dropout = 0.1;
+  const Cluster c = dgx_a100(2);
+  ParallelPlan p = ep4_plan();
+  const auto why = [&](const std::string& spec) -> std::optional<CudaGraphRefusal> {
+    p.trainer.cuda_graphs = CudaGraphs::parse(spec, "test", "cuda_graphs");
+    const auto r = check_plan(p, m, c);
+    if (!r || r->kind != PlanCheck::cuda_graph_module_refused) return std::nullopt;
+    return static_cast<CudaGraphRefusal>(r->values[0]);
+  };
+  p.recompute = Recompute::full;
+  CHECK(why("local") == CudaGraphRefusal::full_recompute);
+  CHECK(why("transformer_engine:attn") == CudaGraphRefusal::full_recompute);
+  CHECK_FALSE(why("full_iteration").has_value());
+  const auto r = check_plan(p, m, c);  // full_iteration: no refusal of this kind
+  CHECK((!r || r->kind != PlanCheck::cuda_graph_module_refused));
+  p.trainer.cuda_graphs = CudaGraphs::parse("local", "test", "cuda_graphs");
+  CHECK(describe(*check_plan(p, m, c), m, c) ==
+        "full recompute is only supported with full iteration CUDA graph (Megatron-Core asserts it: "
+        "megatron/core/transformer/transformer_config.py:2858@d98e8a64)");
+  // Selective: the core recomputed inside a graph that captures it, with attention dropout.
+  p.recompute = Recompute::selective;
+  p.recompute_modules = 0;  // core_attn
+  CHECK(why("transformer_engine") == CudaGraphRefusal::graphed_attn_dropout);  // the whole layer
+  CHECK(why("full_iteration") == CudaGraphRefusal::graphed_attn_dropout);
+  CHECK(why("transformer_engine:attn") == CudaGraphRefusal::graphed_attn_dropout);
+  CHECK_FALSE(why("transformer_engine:moe_router,moe_preprocess").has_value());  // the core outside the graph
+  m.attention_dropout = 0;
+  CHECK_FALSE(why("transformer_engine:attn").has_value());
+  // The MoE MLP recomputed inside a whole-layer graph, with hidden dropout.
+  p.recompute_modules = static_cast<std::uint8_t>(RecomputeModule::moe);
+  CHECK(why("local") == CudaGraphRefusal::graphed_hidden_dropout);
+  CHECK_FALSE(why("transformer_engine:attn").has_value());
+  m.hidden_dropout = 0;
+  CHECK_FALSE(why("local").has_value());
+}

@@ -211,6 +211,21 @@ TEST_CASE("latent attention keeps its latents, Q, K, V and the projection's inpu
   CHECK(layer_activation_bytes(m, p, true) - layer_activation_bytes(m, ln, true) == 4 * s * h);
   CHECK(names(transformer_layer_ops(m, ln, true).recompute) == std::vector<std::string>{op::norm_in, op::norm_mlp});
   CHECK(names(transformer_layer_ops(m, ln, false).recompute) == std::vector<std::string>{op::norm_in});
+  // Under a transformer_engine graph naming moe_router the pre-MLP norm is
+  // kept (its output leaves the graph in a static buffer), unless the graph
+  // names moe_preprocess too with the alltoall dispatcher
+  // (transformer_layer.py:481-531@d98e8a64).
+  ParallelPlan graphed = ln;
+  graphed.trainer.cuda_graphs =
+      CudaGraphs::parse("transformer_engine:attn,moe_router,moe_preprocess", "test", "cuda_graphs");
+  graphed.moe_dispatcher = MoeDispatcher::flex;
+  CHECK(layer_activation_bytes(m, graphed, true) - layer_activation_bytes(m, ln, true) == 2 * s * h);
+  CHECK(names(transformer_layer_ops(m, graphed, true).recompute) == std::vector<std::string>{op::norm_in});
+  graphed.moe_dispatcher = MoeDispatcher::alltoall;
+  CHECK(layer_activation_bytes(m, graphed, true) == layer_activation_bytes(m, ln, true));
+  graphed.trainer.cuda_graphs = CudaGraphs::parse("local:attn,moe_router", "test", "cuda_graphs");  // local: recomputed
+  graphed.moe_dispatcher = MoeDispatcher::flex;
+  CHECK(layer_activation_bytes(m, graphed, true) == layer_activation_bytes(m, ln, true));
 }
 
 TEST_CASE("mla_up_proj with TP 2 and SP: the latents' all-gathers run again, the latents are sharded") {

@@ -248,6 +248,18 @@ TEST_CASE("fine-grained offloading: each module's bytes on a dense layer") {
     fp8.precision = Precision::fp8_current;
     CHECK(module_offload(m, fp8, OffloadModule::qkv_linear, false).copied == 67'108'864 + 33'554'432);
   }
+  SUBCASE("FP8: attn_proj's input is the core's bf16 output, or under delayed scaling a 1 B copy of it") {
+    ParallelPlan current = fine_plan("core_attn,attn_proj");
+    current.precision = Precision::fp8_current;
+    CHECK(module_offload(m, current, OffloadModule::attn_proj, false).freed == 67'108'864);
+    CHECK(layer_module_offload(m, current, false).freed == 167'772'160);
+    ParallelPlan delayed = current;
+    delayed.precision = Precision::fp8_delayed;
+    CHECK(module_offload(m, delayed, OffloadModule::attn_proj, false).freed == 33'554'432);
+    // core_attn frees the output too: 2 s (q + 2 kv + q) + s q, what memory.cpp counts.
+    CHECK(module_offload(m, delayed, OffloadModule::core_attn, false).freed == 167'772'160);
+    CHECK(layer_module_offload(m, delayed, false).freed == 167'772'160 + 33'554'432);
+  }
   SUBCASE("a recomputed core offloads nothing (its checkpoint bypasses the group); full recompute neither") {
     ParallelPlan selective = fine_plan("core_attn");
     selective.recompute = Recompute::selective;
@@ -276,15 +288,23 @@ TEST_CASE("fine-grained offloading: an MoE layer's expert_fc1, moe_act and mlp_n
   CHECK(module_offload(m, p, OffloadModule::mlp_norm, true).copied == 2.0 * 2048 * 1024);    // 4,194,304
   CHECK(module_offload(m, p, OffloadModule::expert_fc1, false).copied == 0);
   // MXFP8: FC1 saves its quantized input (no set_save_original_input), 1 byte
-  // each plus a scale per 32; memory.cpp counts it in bf16, which is what leaves.
+  // each plus a scale per 32, and that is what leaves.
   ParallelPlan mx = p;
   mx.precision = Precision::mxfp8;
   const ModuleOffload fc1 = module_offload(m, mx, OffloadModule::expert_fc1, true);
-  CHECK(fc1.copied == doctest::Approx(4096.0 * 1024 * quantized_element_bytes(Precision::mxfp8)));
-  CHECK(fc1.freed == 2.0 * 4096 * 1024);
+  CHECK(fc1.copied == doctest::Approx(4096.0 * 1024 * 1.03125));
+  CHECK(fc1.freed == fc1.copied);
+  // Per-tensor FP8: FC1 keeps the bf16 original when offloaded (experts.py:278-284).
+  ParallelPlan current = p;
+  current.precision = Precision::fp8_current;
+  CHECK(module_offload(m, current, OffloadModule::expert_fc1, true).freed == 2.0 * 4096 * 1024);
   // An attn or moe_router graph turns mlp_norm's offload off on an MoE layer.
   p.trainer.cuda_graphs = CudaGraphs::parse("transformer_engine:moe_router", "test", "cuda_graphs");
   CHECK(module_offload(m, p, OffloadModule::mlp_norm, true).copied == 0);
+  // A whole-layer graph names no module: Megatron-Core tests the list's
+  // members (transformer_layer.py:1563-1590@d98e8a64), so the norm still leaves.
+  p.trainer.cuda_graphs = CudaGraphs::parse("transformer_engine", "test", "cuda_graphs");
+  CHECK(module_offload(m, p, OffloadModule::mlp_norm, true).copied == 2.0 * 2048 * 1024);
 }
 
 TEST_CASE("fine-grained offloading: every layer but a chunk's last, reloads one layer ahead") {

@@ -106,7 +106,7 @@ TEST_CASE("the experts' saved rows and bytes: dropless, the padded budget, the p
   CHECK(memory_per_gpu(m, stash_plan(1.3, true), gpu).activation_bytes - base == doctest::Approx(105639936.0));
 }
 
-TEST_CASE("MXFP8 with the budget: the fused grouped MLP keeps its GEMM inputs columnwise only") {
+TEST_CASE("FP8 and FP4 experts keep their GEMM inputs quantized: columnwise only, NVFP4's fused MLP both copies") {
   // Transformer Engine's fused grouped MLP (the op fuser the factor runs
   // with) drops the rowwise MXFP8 copies of FC1's and FC2's inputs
   // (grouped_mlp.py:1765-1771@d0067d0d): the input h x (1 + 1/32) = 1056,
@@ -121,19 +121,30 @@ TEST_CASE("MXFP8 with the budget: the fused grouped MLP keeps its GEMM inputs co
   CHECK(paged_stash_padded_layer_bytes(m, mx) == doctest::Approx(rows * 11360));
   mx.moe_flex.paged_stash = false;
   // The layer's MoE part: 1280 more rows than dropless, at each one's bytes;
-  // dropless MXFP8 runs the unfused experts, their input at bf16 (14,336).
-  const double base = layer_activation_bytes(m, dropless, true) - 4096 * 14336.0;
+  // dropless MXFP8 runs the unfused grouped linear layers, which keep their
+  // inputs columnwise only as well (grouped_linear.py:905-914): 11,360.
+  const double base = layer_activation_bytes(m, dropless, true) - 4096 * 11360.0;
   CHECK(layer_activation_bytes(m, mx, true) - base == doctest::Approx(rows * 11360));
   CHECK(layer_activation_bytes(m, bf16, true) - layer_activation_bytes(m, stash_plan(0, false), true) ==
         doctest::Approx(1280 * 14336.0));
-  // moe_act recomputed: the activation's output not kept, 1056 + 8192 (dropless bf16: 2048 + 8192).
+  // moe_act recomputed: the activation's output not kept, 1056 + 8192 (dropless the same).
   mx.recompute = Recompute::selective;
   mx.recompute_modules = static_cast<std::uint8_t>(RecomputeModule::moe_act);
   ParallelPlan mx_dropless_rc = dropless;
   mx_dropless_rc.recompute = Recompute::selective;
   mx_dropless_rc.recompute_modules = mx.recompute_modules;
-  CHECK(layer_activation_bytes(m, mx, true) - (layer_activation_bytes(m, mx_dropless_rc, true) - 4096 * 10240.0) ==
+  CHECK(layer_activation_bytes(m, mx, true) - (layer_activation_bytes(m, mx_dropless_rc, true) - 4096 * 9248.0) ==
         doctest::Approx(rows * 9248));
+  // NVFP4: the fused MLP keeps both copies of each input (1 + 1/16 nibbles
+  // and scales: 0.5625 B, twice), 1024 x 1.125 + 8192 + 2048 x 1.125 =
+  // 11,648 a row; the unfused layers the columnwise copy alone,
+  // 576 + 8192 + 1152 = 9,920.
+  ParallelPlan fp4 = stash_plan(1.3, true), fp4_dropless = stash_plan(0, false);
+  fp4.precision = fp4_dropless.precision = Precision::nvfp4;
+  CHECK(paged_stash_padded_layer_bytes(m, fp4) == doctest::Approx(rows * 11648));
+  fp4.moe_flex.paged_stash = false;
+  CHECK(layer_activation_bytes(m, fp4, true) - (layer_activation_bytes(m, fp4_dropless, true) - 4096 * 9920.0) ==
+        doctest::Approx(rows * 11648));
 }
 
 TEST_CASE("with the static budget HybridEP does not synchronise with the host") {

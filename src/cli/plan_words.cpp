@@ -85,7 +85,15 @@ std::string plain_fix(const PlanRejection& r) {
           return "give a --moe-rank-capacity-factor of at least the busiest rank's load (--moe-imbalance), or drop it";
       }
       return "";
-    case K::cuda_graph_module_refused: return "name other modules in --cuda-graphs (e.g. transformer_engine:attn,moe_router,moe_preprocess)";
+    case K::cuda_graph_module_refused:
+      switch (static_cast<CudaGraphRefusal>(r.values[0])) {
+        case CudaGraphRefusal::full_recompute: return "use --cuda-graphs full_iteration, or --recompute selective or none";
+        case CudaGraphRefusal::graphed_attn_dropout:
+        case CudaGraphRefusal::graphed_hidden_dropout:
+          return "name modules in --cuda-graphs that leave the recomputed ones out, or choose other --recompute-modules";
+        default:
+          return "name other modules in --cuda-graphs (e.g. transformer_engine:attn,moe_router,moe_preprocess)";
+      }
     case K::trainer_no_zero_stage: return "use --zero " + zero_stages(r.values[2]);
     case K::trainer_even_stages: return "choose a PP that divides the layers";
     case K::trainer_no_fp8: return "use --precision bf16, or --trainer megatron-core";

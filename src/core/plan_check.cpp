@@ -194,12 +194,26 @@ Found check_recompute_modules(const ParallelPlan& p, const ModelSpec& m) {
 // 2824-2869 and 3063-3071; the list's own rules are CudaGraphs::parse's).
 Found check_cuda_graph_modules(const ParallelPlan& p, const ModelSpec& m) {
   const CudaGraphs& g = p.trainer.cuda_graphs;
-  if (g.impl != CudaGraphImpl::local && g.impl != CudaGraphImpl::transformer_engine) return std::nullopt;
   using R = CudaGraphRefusal;
   const auto refuse = [](R why) {
     return reject(K::cuda_graph_module_refused, F::cuda_graphs, static_cast<std::int64_t>(why));
   };
-  const auto has = [&](CudaGraphModule x) { return (g.modules & static_cast<std::uint8_t>(x)) != 0; };
+  const auto has = [&](CudaGraphModule x) { return g.names(x); };
+  // Recomputation under graphs (2854-2899): full recomputation with the
+  // full-iteration graph only; a graphed recomputation draws no random
+  // numbers, so no dropout in a recomputed module a graph captures (the
+  // full-iteration graph and a whole-layer one capture every module).
+  if (g.on()) {
+    if (p.recompute == Recompute::full && g.impl != CudaGraphImpl::full_iteration) return refuse(R::full_recompute);
+    const bool whole = g.impl == CudaGraphImpl::full_iteration || g.modules == 0;
+    const auto graphed = [&](CudaGraphModule x, RecomputeModule r) { return (whole || has(x)) && p.recomputes(r); };
+    if (m.attention_dropout != 0 && graphed(CudaGraphModule::attn, RecomputeModule::core_attn))
+      return refuse(R::graphed_attn_dropout);
+    if (m.hidden_dropout != 0 && (graphed(CudaGraphModule::mlp, RecomputeModule::mlp) ||
+                                  graphed(CudaGraphModule::moe, RecomputeModule::moe)))
+      return refuse(R::graphed_hidden_dropout);
+  }
+  if (g.impl != CudaGraphImpl::local && g.impl != CudaGraphImpl::transformer_engine) return std::nullopt;
   if (!m.moe.enabled()) {
     if (has(CudaGraphModule::moe) || has(CudaGraphModule::moe_router)) return refuse(R::moe_needs_moe);
   } else {
@@ -666,6 +680,16 @@ std::string describe_cuda_graph_modules(CudaGraphRefusal why) {
     case CudaGraphRefusal::ep_overlap:
       return "CUDA graph scope on moe and mlp is not supported with overlap_moe_expert_parallel_comm" + at +
              "3069@d98e8a64)";
+    case CudaGraphRefusal::full_recompute:
+      return "full recompute is only supported with full iteration CUDA graph" + at + "2858@d98e8a64)";
+    case CudaGraphRefusal::graphed_attn_dropout:
+      return "attention dropout is not supported with graphed attention recomputation (the model's attention "
+             "dropout is not 0, and the graph captures the recomputed core)" +
+             at + "2883@d98e8a64)";
+    case CudaGraphRefusal::graphed_hidden_dropout:
+      return "hidden dropout is not supported with graphed MLP/MoE recomputation (the model's hidden dropout is "
+             "not 0, and the graph captures the recomputed MLP)" +
+             at + "2899@d98e8a64)";
   }
   return "";
 }

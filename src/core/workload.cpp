@@ -1302,7 +1302,7 @@ void add_module_recompute(LayerOps& ops, const ParallelPlan& plan, const Dims& x
   using M = RecomputeModule;
   if (plan.recomputes(M::layernorm)) {
     if (x.mla) append_forward_ops(ops.recompute, ops.forward, {op::norm_in});
-    if (x.moe) append_forward_ops(ops.recompute, ops.forward, {op::norm_mlp});
+    if (x.moe && plan.recomputes_moe_mlp_norm()) append_forward_ops(ops.recompute, ops.forward, {op::norm_mlp});
   }
   if (x.mla && plan.recomputes(M::mla_up_proj)) {
     const std::string_view q_gather = x.qlora > 0 ? std::string_view(op::mla_ag_q) : std::string_view(op::tp_ag_attn);

@@ -94,24 +94,15 @@ double output_layer_activation_bytes(const ModelSpec& m, const ParallelPlan& pla
 // the activation's output, less what moe_act recomputes): all of them are
 // what the paged stash pages (Transformer Engine's fused grouped MLP marks
 // them, mark_grouped_tensor: ops/fused/grouped_mlp.py:1749@d0067d0d).
-// With a rank capacity factor the experts run Transformer Engine's fused
-// grouped MLP (HybridEP's factor needs the op fuser or grouped tensors:
-// transformer_config.py:1874-1882@d98e8a64; cuboid's exports write
-// --use-transformer-engine-op-fuser), which under MXFP8 keeps the two GEMMs'
-// inputs (the experts' input and the activation's output) as columnwise
-// MXFP8 only, the rowwise copies dropped: the weight gradient reads those
-// alone (ops/fused/grouped_mlp.py:1765-1771@d0067d0d; fuse_grouped_mlp_ops,
-// :842, fuses only MXFP8 and NVFP4 recipes, and NVFP4 keeps both copies),
-// and FC1's output in bf16 (c_dtype, :1407).
+// The GEMMs' inputs are saved as Transformer Engine saves them
+// (expert_gemm_input_bytes), FC1's output in bf16.
 double expert_bytes_per_row(const ModelSpec& m, const ParallelPlan& plan) {
   const double h = static_cast<double>(m.hidden_size);
   const double fe = static_cast<double>(m.moe.expert_ffn_hidden_size / plan.expert_tp());
-  const bool fused_mxfp8 = plan.precision == Precision::mxfp8 && plan.moe_flex.rank_capacity_factor > 0;
-  const double input = fused_mxfp8 ? quantized_element_bytes(Precision::mxfp8) : kBf16Bytes;
   const double fc1_output = (m.gated_mlp() ? 2 : 1) * kBf16Bytes;  // the activation's input
-  const double act_output = input;                                  // FC2's input
+  const double act_output = expert_gemm_input_bytes(plan, ExpertGemm::fc2);
   const double routed_width = fc1_output + (plan.recomputes(RecomputeModule::moe_act) ? 0.0 : act_output);
-  return h * input + fe * routed_width;
+  return h * expert_gemm_input_bytes(plan, ExpertGemm::fc1) + fe * routed_width;
 }
 
 // The rows are the busiest rank's token copies; with a rank capacity factor
@@ -167,6 +158,42 @@ MlaActivations mla_activations(const ModelSpec& m, const ParallelPlan& plan) {
 }
 
 }  // namespace
+
+// Under FP8 and FP4 Transformer Engine's grouped linear layers, the module
+// and the op alike, quantize their input and keep only the columnwise copy
+// the weight gradient reads (module/grouped_linear.py:905-914,
+// ops/basic/grouped_linear.py:1290-1293 at d0067d0d; since TE 4c9626e7, April
+// 2025). With a rank capacity factor the experts run the fused grouped MLP
+// (HybridEP's factor needs the op fuser or grouped tensors:
+// transformer_config.py:1874-1882@d98e8a64; cuboid's exports write
+// --use-transformer-engine-op-fuser), which fuses MXFP8 and NVFP4 only
+// (fuse_grouped_mlp_ops, ops/fused/grouped_mlp.py:842) and keeps the
+// columnwise MXFP8 copy alone but both NVFP4 copies (:1765-1771). FC1 keeps
+// the original bf16 input when expert_fc1 is offloaded outside MXFP8 and
+// NVFP4 (experts.py:278-284, set_save_original_input); FC2's under moe_act
+// recomputation is the checkpoint's discarded output (not counted).
+double expert_gemm_input_bytes(const ParallelPlan& plan, ExpertGemm gemm) {
+  const Precision p = plan.precision;
+  if (p == Precision::bf16) return kBf16Bytes;
+  const bool block_scaled = p == Precision::mxfp8 || p == Precision::nvfp4;
+  if (block_scaled && plan.moe_flex.rank_capacity_factor > 0)
+    return (p == Precision::nvfp4 ? 2.0 : 1.0) * quantized_element_bytes(p);
+  if (gemm == ExpertGemm::fc1 && !block_scaled && plan.offloads(OffloadModule::expert_fc1)) return kBf16Bytes;
+  return quantized_element_bytes(p);
+}
+
+// linear_proj's saved input is the attention core's output. Under FP8
+// recipes other than delayed scaling and under FP4, Megatron-Core has
+// linear_proj keep that bf16 tensor itself (set_save_original_input,
+// attention.py:428-444 at d98e8a64, Transformer Engine 2.6 / 2.7 and later),
+// which a fused core saves anyway: one bf16 copy. Under delayed scaling it
+// saves the quantized copy, beside the bf16 output a fused core (not
+// recomputed) keeps.
+double projection_input_bytes(const ParallelPlan& plan) {
+  if (plan.precision != Precision::fp8_delayed) return kBf16Bytes;
+  const bool core_keeps_output = plan.flash_attention && !plan.checkpoints(RecomputeModule::core_attn);
+  return quantized_element_bytes(plan.precision) + (core_keeps_output ? kBf16Bytes : 0.0);
+}
 
 double pp_fsdp_no_sync_bytes(const ParallelPlan& plan, const StageParameters& params) {
   if (!plan.trainer.pp_fsdp_no_sync || plan.pp <= 1 || plan.zero_stage < 2) return 0;
@@ -613,22 +640,25 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
   const double moe = moe_layer ? moe_mlp_activation_bytes(m, plan) : 0.0;
   // FP8 / FP4: the linear layers save their input quantized, not in bf16
   // (linear.py: saved_inputmat is the quantized input, columnwise): QKV's
-  // and FC1's (the norms' outputs, replicated without SP), the projection's
-  // and FC2's (the activation's output). An MoE layer's expert inputs are
-  // counted at bf16.
+  // and FC1's (the norms' outputs, replicated without SP) and FC2's (the
+  // activation's output); the projection's as projection_input_bytes says
+  // (more than bf16 under delayed scaling). An MoE layer's expert inputs are
+  // in moe_mlp_activation_bytes.
   const double saved = kBf16Bytes - quantized_element_bytes(plan.precision);
   double replicated_saving = saved * sbh * (moe_layer || mlp_recomputed ? 1 : 2);
   const double projection_input = m.mla.enabled() ? a * static_cast<double>(m.mla.v_head_dim) : q;
-  const double split_saving = saved * s * b * (projection_input + (moe_layer || mlp_recomputed ? 0.0 : f));
+  const double split_saving = (kBf16Bytes - projection_input_bytes(plan)) * s * b * projection_input +
+                              saved * s * b * (moe_layer || mlp_recomputed ? 0.0 : f);
   // --recompute-modules layernorm drops the output of each norm that is a
   // module of its own (transformer_layer.py:470-531 at d98e8a64, output
   // discarded: CheckpointWithoutOutput): the input norm before latent
   // attention's down projections (a Transformer Engine norm in its layer
   // spec; fused into linear_qkv otherwise, an IdentityOp) and the pre-MLP
-  // norm of an MoE layer (fused into linear_fc1 on a dense layer).
+  // norm of an MoE layer (fused into linear_fc1 on a dense layer), where
+  // its graphs allow it (ParallelPlan::recomputes_moe_mlp_norm).
   if (plan.recomputes(RecomputeModule::layernorm)) {
     if (m.mla.enabled()) replicated_saving += (kBf16Bytes - saved) * sbh;
-    if (moe_layer) replicated_saving += kBf16Bytes * sbh;
+    if (moe_layer && plan.recomputes_moe_mlp_norm()) replicated_saving += kBf16Bytes * sbh;
   }
   if (plan.sequence_parallel)
     return (replicated + mla.replicated - replicated_saving + split - split_saving) / t + scores / t + moe;

@@ -55,8 +55,8 @@ ActivationOffload fine_offload_chunk(int layers) {
 //  - attn_norm: the input norm's input (bf16, h wide), where the norm is a
 //    module of its own: before latent attention's down projections; fused
 //    into linear_qkv otherwise (an IdentityOp, skipped:
-//    transformer_layer.py:1547-1549); off under an attn CUDA graph
-//    (:1565-1572);
+//    transformer_layer.py:1547-1549); off when the CUDA graphs' modules
+//    name attn (:1565-1572; a whole-layer graph names none: CudaGraphs::names);
 //  - qkv_linear: standard attention's linear_qkv, a LayerNormColumnParallel
 //    linear, saves the norm's input (bf16) and output (the GEMM input,
 //    quantized under FP8); latent attention's get_query_key_value_tensors
@@ -65,13 +65,14 @@ ActivationOffload fine_offload_chunk(int layers) {
 //  - core_attn: the fused attention's Q, K, V and output (bf16), unless the
 //    core is recomputed (its checkpoint bypasses the group, attention.py
 //    :1555-1606); the output is the projection's input, freed with attn_proj;
-//  - attn_proj: linear_proj's saved input (quantized under FP8);
+//  - attn_proj: linear_proj's saved input (the core's bf16 output, or its
+//    quantized copy under delayed scaling: projection_input_bytes);
 //  - mlp_norm: an MoE layer's pre-MLP norm's input (a dense layer's norm is
-//    fused into linear_fc1); off under attn or moe_router graphs
-//    (transformer_layer.py:1575-1580);
-//  - expert_fc1: the grouped FC1's input, the routed tokens (bf16: TE keeps
-//    the original input, set_save_original_input, except under MXFP8 and
-//    NVFP4, experts.py:278-284, where it saves the quantized one);
+//    fused into linear_fc1); off when the graphs' modules name attn or
+//    moe_router (transformer_layer.py:1575-1580);
+//  - expert_fc1: the grouped FC1's input, the routed tokens as TE saves them
+//    (expert_gemm_input_bytes: bf16 outside MXFP8 and NVFP4, where
+//    set_save_original_input keeps the original, experts.py:278-284);
 //  - moe_act: the activation's input, FC1's output (bf16, 2f wide gated;
 //    experts.py:941-1037).
 // With full recomputation the groups run inside the layer's checkpoint and
@@ -85,9 +86,8 @@ ModuleOffload module_offload(const ModelSpec& m, const ParallelPlan& plan, Offlo
   const double r = plan.sequence_parallel ? t : 1.0;  // the replicated tensors' split
   const double e = quantized_element_bytes(plan.precision);
   const CudaGraphs& g = plan.trainer.cuda_graphs;
-  const bool attn_graph = g.impl != CudaGraphImpl::full_iteration && g.captures(CudaGraphModule::attn);
-  const bool router_graph = g.impl != CudaGraphImpl::none && g.impl != CudaGraphImpl::full_iteration &&
-                            (g.modules & static_cast<std::uint8_t>(CudaGraphModule::moe_router)) != 0;
+  const bool attn_graph = g.names(CudaGraphModule::attn);
+  const bool router_graph = g.names(CudaGraphModule::moe_router);
   auto both = [&](double bytes) {
     out.copied += bytes;
     out.freed += bytes;
@@ -123,9 +123,13 @@ ModuleOffload module_offload(const ModelSpec& m, const ParallelPlan& plan, Offlo
       }
       for (const double width : {q, k, v, o}) out.copied += tensor(sb * width, kBf16Bytes);
       // Freed: Q, K and V as memory.cpp counts them (latent attention's are
-      // not kept under mla_up_proj recomputation, which discards them).
+      // not kept under mla_up_proj recomputation, which discards them), and
+      // the output where linear_proj keeps a quantized copy of its own
+      // (delayed scaling: projection_input_bytes); otherwise linear_proj
+      // holds the output too and attn_proj frees it.
       if (!(m.mla.enabled() && plan.recomputes(RecomputeModule::mla_up_proj)))
         for (const double width : {q, k, v}) out.freed += tensor(sb * width, kBf16Bytes);
+      if (plan.flash_attention && projection_input_bytes(plan) > kBf16Bytes) out.freed += tensor(sb * o, kBf16Bytes);
       // Without a fused kernel, the scores the core keeps too.
       if (!plan.flash_attention) {
         const double s = static_cast<double>(plan.seq_per_rank());
@@ -136,7 +140,9 @@ ModuleOffload module_offload(const ModelSpec& m, const ParallelPlan& plan, Offlo
     case OffloadModule::attn_proj: {
       const double width = m.mla.enabled() ? a * static_cast<double>(m.mla.v_head_dim)
                                            : static_cast<double>(m.query_projection_size());
-      both(tensor(sb * width / t, e));
+      // The bf16 output itself where linear_proj keeps it, else its
+      // quantized copy.
+      both(tensor(sb * width / t, projection_input_bytes(plan) > kBf16Bytes ? e : kBf16Bytes));
       break;
     }
     case OffloadModule::mlp_norm:
@@ -145,9 +151,7 @@ ModuleOffload module_offload(const ModelSpec& m, const ParallelPlan& plan, Offlo
     case OffloadModule::expert_fc1: {
       if (!moe_layer) break;
       const double rows = expert_tokens(m, plan);
-      const bool quantized_input = plan.precision == Precision::mxfp8 || plan.precision == Precision::nvfp4;
-      out.copied += tensor(rows * h, quantized_input ? e : kBf16Bytes);
-      out.freed += tensor(rows * h, kBf16Bytes);  // memory.cpp counts the experts' input in bf16
+      both(tensor(rows * h, expert_gemm_input_bytes(plan, ExpertGemm::fc1)));
       break;
     }
     case OffloadModule::moe_act: {

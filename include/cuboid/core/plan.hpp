@@ -124,6 +124,10 @@ struct CudaGraphs {
     return impl == CudaGraphImpl::full_iteration ||
            (on() && (modules == 0 || (modules & static_cast<std::uint8_t>(m)) != 0));
   }
+  // The module is named in cuda_graph_modules, as Megatron-Core's own
+  // membership tests read the list (transformer_layer.py:1563-1600@d98e8a64,
+  // the offload's): a whole-layer graph names none.
+  bool names(CudaGraphModule m) const { return on() && (modules & static_cast<std::uint8_t>(m)) != 0; }
   // "none", "full_iteration", "local", "transformer_engine:attn,mlp" (the
   // modules in the enum's order)
   std::string str() const;
@@ -397,6 +401,18 @@ struct ParallelPlan {
     if (recompute != Recompute::selective) return false;
     if (recompute_modules == 0) return m == RecomputeModule::core_attn;
     return (recompute_modules & static_cast<std::uint8_t>(m)) != 0;
+  }
+  // Whether --recompute-modules layernorm recomputes an MoE layer's pre-MLP
+  // norm: not where a transformer_engine graph names moe_router, unless it
+  // names moe_preprocess too with the alltoall dispatcher; elsewhere the
+  // norm's output leaves the graph in a static buffer that cannot be freed
+  // (transformer_layer.py:481-531@d98e8a64; cuboid runs no shared-expert
+  // overlap, which would refuse it too).
+  bool recomputes_moe_mlp_norm() const {
+    if (!recomputes(RecomputeModule::layernorm)) return false;
+    const CudaGraphs& g = trainer.cuda_graphs;
+    if (g.impl != CudaGraphImpl::transformer_engine || !g.names(CudaGraphModule::moe_router)) return true;
+    return g.names(CudaGraphModule::moe_preprocess) && moe_dispatcher == MoeDispatcher::alltoall;
   }
   // Whether module `m` is recomputed where it runs. Megatron-Core skips its
   // plain checkpoints (core_attn, mlp, moe, shared_experts:

@@ -63,6 +63,9 @@ enum class CudaGraphRefusal : std::uint8_t {
   preprocess_host_sync,   // moe_preprocess with the alltoall dispatcher and a capacity factor
   router_with_moe_recompute,  // moe_router with transformer_engine and --recompute-modules moe
   ep_overlap,             // moe or mlp with transformer_engine and the EP overlap
+  full_recompute,         // full recomputation under per-layer graphs (only the full-iteration graph)
+  graphed_attn_dropout,   // core_attn recomputed inside a graph with attention dropout
+  graphed_hidden_dropout, // mlp or moe recomputed inside a graph with hidden dropout
 };
 
 // Why a plan cannot take its rank capacity factor or paged stash

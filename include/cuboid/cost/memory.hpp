@@ -86,6 +86,14 @@ StageParameters mtp_parameters(const ModelSpec& m, const ParallelPlan& plan);
 // the setting is off, with PP 1 or ZeRO 0 / 1.
 double pp_fsdp_no_sync_bytes(const ParallelPlan& plan, const StageParameters& params);
 
+// Bytes per element of an expert GEMM's saved input (FC1's: the routed
+// tokens; FC2's: the activation's output) under the plan's precision and
+// fusion (memory.cpp says from which code).
+enum class ExpertGemm { fc1, fc2 };
+double expert_gemm_input_bytes(const ParallelPlan& plan, ExpertGemm gemm);
+// Bytes per element of the attention core's output held for linear_proj's
+// backward, the core's own copy included.
+double projection_input_bytes(const ParallelPlan& plan);
 // One layer's stored activations for one micro-batch on one GPU: a dense
 // layer's, or with `moe_layer` an MoE layer's (its MLP's routed token
 // copies, expert intermediates and shared experts instead of the dense MLP's).
