@@ -259,6 +259,9 @@ TEST_CASE("fine-grained offloading: each module's bytes on a dense layer") {
     // core_attn frees the output too: 2 s (q + 2 kv + q) + s q, what memory.cpp counts.
     CHECK(module_offload(m, delayed, OffloadModule::core_attn, false).freed == 167'772'160);
     CHECK(layer_module_offload(m, delayed, false).freed == 167'772'160 + 33'554'432);
+    // The core recomputed: linear_proj's copy is all that is kept, and all that leaves.
+    delayed.recompute = Recompute::selective;
+    CHECK(module_offload(m, delayed, OffloadModule::attn_proj, false).freed == 33'554'432);
   }
   SUBCASE("a recomputed core offloads nothing (its checkpoint bypasses the group); full recompute neither") {
     ParallelPlan selective = fine_plan("core_attn");

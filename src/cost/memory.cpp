@@ -189,8 +189,10 @@ double expert_gemm_input_bytes(const ParallelPlan& plan, ExpertGemm gemm) {
 // which a fused core saves anyway: one bf16 copy. Under delayed scaling it
 // saves the quantized copy, beside the bf16 output a fused core (not
 // recomputed) keeps.
+bool projection_saves_quantized_copy(const ParallelPlan& plan) { return plan.precision == Precision::fp8_delayed; }
+
 double projection_input_bytes(const ParallelPlan& plan) {
-  if (plan.precision != Precision::fp8_delayed) return kBf16Bytes;
+  if (!projection_saves_quantized_copy(plan)) return kBf16Bytes;
   const bool core_keeps_output = plan.flash_attention && !plan.checkpoints(RecomputeModule::core_attn);
   return quantized_element_bytes(plan.precision) + (core_keeps_output ? kBf16Bytes : 0.0);
 }

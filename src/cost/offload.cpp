@@ -66,7 +66,7 @@ ActivationOffload fine_offload_chunk(int layers) {
 //    core is recomputed (its checkpoint bypasses the group, attention.py
 //    :1555-1606); the output is the projection's input, freed with attn_proj;
 //  - attn_proj: linear_proj's saved input (the core's bf16 output, or its
-//    quantized copy under delayed scaling: projection_input_bytes);
+//    quantized copy under delayed scaling: projection_saves_quantized_copy);
 //  - mlp_norm: an MoE layer's pre-MLP norm's input (a dense layer's norm is
 //    fused into linear_fc1); off when the graphs' modules name attn or
 //    moe_router (transformer_layer.py:1575-1580);
@@ -125,11 +125,11 @@ ModuleOffload module_offload(const ModelSpec& m, const ParallelPlan& plan, Offlo
       // Freed: Q, K and V as memory.cpp counts them (latent attention's are
       // not kept under mla_up_proj recomputation, which discards them), and
       // the output where linear_proj keeps a quantized copy of its own
-      // (delayed scaling: projection_input_bytes); otherwise linear_proj
-      // holds the output too and attn_proj frees it.
+      // (delayed scaling); otherwise linear_proj holds the output too and
+      // attn_proj frees it.
       if (!(m.mla.enabled() && plan.recomputes(RecomputeModule::mla_up_proj)))
         for (const double width : {q, k, v}) out.freed += tensor(sb * width, kBf16Bytes);
-      if (plan.flash_attention && projection_input_bytes(plan) > kBf16Bytes) out.freed += tensor(sb * o, kBf16Bytes);
+      if (plan.flash_attention && projection_saves_quantized_copy(plan)) out.freed += tensor(sb * o, kBf16Bytes);
       // Without a fused kernel, the scores the core keeps too.
       if (!plan.flash_attention) {
         const double s = static_cast<double>(plan.seq_per_rank());
@@ -142,7 +142,7 @@ ModuleOffload module_offload(const ModelSpec& m, const ParallelPlan& plan, Offlo
                                            : static_cast<double>(m.query_projection_size());
       // The bf16 output itself where linear_proj keeps it, else its
       // quantized copy.
-      both(tensor(sb * width / t, projection_input_bytes(plan) > kBf16Bytes ? e : kBf16Bytes));
+      both(tensor(sb * width / t, projection_saves_quantized_copy(plan) ? e : kBf16Bytes));
       break;
     }
     case OffloadModule::mlp_norm:

@@ -94,6 +94,9 @@ double expert_gemm_input_bytes(const ParallelPlan& plan, ExpertGemm gemm);
 // Bytes per element of the attention core's output held for linear_proj's
 // backward, the core's own copy included.
 double projection_input_bytes(const ParallelPlan& plan);
+// linear_proj saves a quantized copy of its input (delayed FP8 scaling)
+// rather than the core's bf16 output itself.
+bool projection_saves_quantized_copy(const ParallelPlan& plan);
 // One layer's stored activations for one micro-batch on one GPU: a dense
 // layer's, or with `moe_layer` an MoE layer's (its MLP's routed token
 // copies, expert intermediates and shared experts instead of the dense MLP's).
