@@ -65,6 +65,15 @@ ModelSpec flex_model() {
   return m;
 }
 
+// Why check_plan refuses `p` under the CUDA graphs `spec`, if for its graphs.
+std::optional<CudaGraphRefusal> graph_refusal(ParallelPlan& p, const ModelSpec& m, const Cluster& c,
+                                              const std::string& spec) {
+  p.trainer.cuda_graphs = CudaGraphs::parse(spec, "test", "cuda_graphs");
+  const auto r = check_plan(p, m, c);
+  if (!r || r->kind != PlanCheck::cuda_graph_module_refused) return std::nullopt;
+  return static_cast<CudaGraphRefusal>(r->values[0]);
+}
+
 }  // namespace
 
 TEST_CASE("HybridEP's links and SMs: the README's measured rates, its defaults, the configured SMs") {
@@ -260,12 +269,7 @@ TEST_CASE("CUDA graph modules Megatron-Core refuses, with its reasons") {
   const ModelSpec m = small_mixtral_model();
   const Cluster c = dgx_a100(2);
   ParallelPlan p = ep4_plan();
-  const auto why = [&](const std::string& spec) -> std::optional<CudaGraphRefusal> {
-    p.trainer.cuda_graphs = CudaGraphs::parse(spec, "test", "cuda_graphs");
-    const auto r = check_plan(p, m, c);
-    if (!r || r->kind != PlanCheck::cuda_graph_module_refused) return std::nullopt;
-    return static_cast<CudaGraphRefusal>(r->values[0]);
-  };
+  const auto why = [&](const std::string& spec) { return graph_refusal(p, m, c, spec); };
   CHECK(why("transformer_engine:attn,mlp") == CudaGraphRefusal::mlp_needs_dense);
   CHECK(why("transformer_engine:moe") == CudaGraphRefusal::moe_needs_drop_pad);
   CHECK_FALSE(why("transformer_engine:attn,moe_router,moe_preprocess").has_value());
@@ -299,12 +303,7 @@ TEST_CASE("recomputation under CUDA graphs: full only with the full-iteration gr
   m.hidden_dropout = 0.1;
   const Cluster c = dgx_a100(2);
   ParallelPlan p = ep4_plan();
-  const auto why = [&](const std::string& spec) -> std::optional<CudaGraphRefusal> {
-    p.trainer.cuda_graphs = CudaGraphs::parse(spec, "test", "cuda_graphs");
-    const auto r = check_plan(p, m, c);
-    if (!r || r->kind != PlanCheck::cuda_graph_module_refused) return std::nullopt;
-    return static_cast<CudaGraphRefusal>(r->values[0]);
-  };
+  const auto why = [&](const std::string& spec) { return graph_refusal(p, m, c, spec); };
   p.recompute = Recompute::full;
   CHECK(why("local") == CudaGraphRefusal::full_recompute);
   CHECK(why("transformer_engine:attn") == CudaGraphRefusal::full_recompute);
