@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "cuboid/core/calibration.hpp"
+#include "cuboid/core/op_names.hpp"
 #include "cuboid/core/tp_overlap.hpp"
 #include "cuboid/cost/cost.hpp"
 
@@ -22,7 +23,7 @@ bool column_parallel_reduce(const std::vector<Op>& ops, std::size_t i) {
   if (ops[i].collective != Collective::all_reduce && ops[i].collective != Collective::reduce_scatter) return false;
   const std::string& d = ops[i - 2].name;
   const std::string& w = ops[i - 1].name;
-  if (!d.ends_with("_dgrad") || !w.ends_with("_wgrad")) return false;
+  if (!d.ends_with(op::dgrad_suffix) || !w.ends_with(op::wgrad_suffix)) return false;
   return d.substr(0, d.size() - 6) == w.substr(0, w.size() - 6);
 }
 
@@ -155,7 +156,8 @@ Program compile(const GpuProfile& gpu, const std::vector<Op>& ops, bool sequence
       continue;
     }
     // Look ahead: is this the dgrad of a column-parallel GEMM whose reduce overlaps?
-    if (backward_overlap && i + 2 < ops.size() && column_parallel_reduce(ops, i + 2) && op.name.ends_with("_dgrad")) {
+    if (backward_overlap && i + 2 < ops.size() && column_parallel_reduce(ops, i + 2) &&
+        op.name.ends_with(op::dgrad_suffix)) {
       const Op& wgrad = ops[i + 1];
       const Op& reduce = ops[i + 2];
       if (sequence_parallel) {
