@@ -336,18 +336,25 @@ std::vector<std::string> measure_and_gather(exec::Backend& backend, std::unique_
                                   j.model.moe.enabled() && j.plan.ep > 1 && j.plan.moe_dispatcher == MoeDispatcher::flex);
     const auto tk = std::chrono::steady_clock::now();
     std::vector<std::vector<KernelMeasurement>> kernel_repeats;
+    std::vector<std::vector<GemmSample>> layer_gemm_repeats;
     for (int r = 0; r < o.repeat; ++r) {
-      std::vector<KernelMeasurement> k =
+      LayerSweep layer =
           run_kernel_sweep(backend, groups.tp.get(), *groups.world, j.model, j.plan, ko, watchdog, groups.ep.get(),
                            groups.cp.get(), groups.flex.intra != nullptr ? &groups.flex : nullptr);
       const std::vector<KernelMeasurement> a =
           run_optimizer_sweep(backend, *groups.world, j.model, j.plan, ko, watchdog);
-      k.insert(k.end(), a.begin(), a.end());
-      kernel_repeats.push_back(std::move(k));
+      layer.kernels.insert(layer.kernels.end(), a.begin(), a.end());
+      kernel_repeats.push_back(std::move(layer.kernels));
+      layer_gemm_repeats.push_back(std::move(layer.gemms));
     }
     const std::vector<KernelMeasurement> k = combine_repeats(kernel_repeats, stat);
-    std::vector<KernelMeasurement>& kernels = *tables_of(own[ji].working_set).second;
-    kernels.insert(kernels.end(), k.begin(), k.end());
+    const auto [pool_gemms, kernels] = tables_of(own[ji].working_set);
+    kernels->insert(kernels->end(), k.begin(), k.end());
+    // The layer's GEMMs replace the pool sweep's at their shapes: they ran
+    // as the step runs them (docs/calibration.md, "The step's GEMMs"). Not
+    // where ranks share a core: the layer's ranks run at once, and a card
+    // charges each compute op ranks_per_core x a sample timed alone.
+    if (share.turns == 1) merge_layer_gemms(*pool_gemms, combine_repeats(layer_gemm_repeats, stat));
     seconds.kernel += since(tk);
     const auto tc = std::chrono::steady_clock::now();
     for (const GroupShape& shape : plan_group_shapes(j.plan, gpus_per_node)) {

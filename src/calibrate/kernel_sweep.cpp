@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 
 #include "cuboid/calibrate/gemm_sweep.hpp"
 #include "cuboid/calibrate/step_cache.hpp"
@@ -69,42 +70,53 @@ double time_embedding_backward(exec::Backend& be, exec::Communicator* tp, exec::
                     [&] { be.embedding_backward(dout, ids, table, d.tokens, d.hidden); });
 }
 
-// How deep the sweep's MoE input goes. In a CP 2 run of tiny-moe the busiest
+// How deep the sweep's layers go. In a CP 2 run of tiny-moe the busiest
 // expert's share of a micro-batch's copies grew with depth and then held
 // (max / mean by layer: 1.7-1.9, 2.2-2.4, 2.7-2.9, 2.6-2.8).
-constexpr int kMaxMoeDepth = 4;
+constexpr int kMaxDepth = 4;
 // Whole passes through that depth an MoE layer is timed for (each depth's
 // grouped GEMMs the median of their passes).
 constexpr int kMoeDepthPasses = 3;
 
+// One layer's ops timed forward + backward: per call, and the shape each
+// GEMM ran at (OpDesc).
+struct LayerTimes {
+  std::map<std::string, double> per_call_ns;
+  std::map<std::string, GemmProblem> gemm_shapes;
+};
+
 // Per-call median of every memory-bound op, fused attention block and
-// grouped expert GEMM of one layer forward + backward. The layer's input is
-// what a run's layers see: the embedding's draw (the step runner's init
-// scale; each rank its own tokens, a TP group's shared without SP); in an
-// MoE layer then its own output, `depth` layers deep, each with a router and
+// GEMM of one layer forward + backward, `depth` layers deep (a stage's
+// layers, at most kMaxDepth), each with weights of its own, so that a
+// layer's weights pass through the caches between its calls as a step's
+// do (one layer's weights timed again and again would stay cached where
+// the step's are evicted by the other layers). The layer's input is what a
+// run's layers see: the embedding's draw (the step runner's init scale;
+// each rank its own tokens, a TP group's shared without SP); in an MoE
+// layer then its own output, `depth` layers deep, each with a router and
 // experts of its own, then again from the embedding. The router's split of
 // the tokens among the experts, and with it the grouped GEMMs' time, hangs
 // on it: hidden states grow alike layer by layer (the attention averages),
-// and a run's deeper layers route more unevenly than its first. A grouped GEMM's
-// sample is the mean over the depths of each depth's median, as a stage's
-// step sums its layers.
-std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* tp, const exec::LayerDims& d,
-                                         const exec::MoeDims* moe, exec::Communicator* ep, exec::Communicator* cp,
-                                         int world_rank, int depth, const KernelSweepOptions& o,
-                                         exec::Watchdog* watchdog, const exec::FlexGroups* flex) {
+// and a run's deeper layers route more unevenly than its first. A grouped
+// GEMM's sample is the mean over the depths of each depth's median, as a
+// stage's step sums its layers.
+LayerTimes time_layer(exec::Backend& be, exec::Communicator* tp, const exec::LayerDims& d, const exec::MoeDims* moe,
+                      exec::Communicator* ep, exec::Communicator* cp, int world_rank, int depth,
+                      const KernelSweepOptions& o, exec::Watchdog* watchdog, const exec::FlexGroups* flex) {
   exec::OpTimer timer(be, watchdog);
   exec::LayerRunner runner(be, tp, d, timer, moe, ep, d.cp > 1 ? cp : nullptr, flex);
   const bool is_moe = moe != nullptr;
   const std::size_t n_params = exec::layer_param_count(d, is_moe);
-  depth = is_moe ? std::clamp(depth, 1, kMaxMoeDepth) : 1;
-  // Each depth its own experts, as a run's layers have (a stage's expert
-  // weights then pass through the caches as a run's do).
+  depth = std::clamp(depth, 1, kMaxDepth);
   const std::size_t n_experts = is_moe ? moe->expert_param_count() : 1;
-  exec::DeviceBuffer params = be.alloc(n_params), grads = be.alloc(n_params);
+  exec::DeviceBuffer params = be.alloc(n_params * sz(depth)), grads = be.alloc(n_params * sz(depth));
   exec::DeviceBuffer experts = be.alloc(n_experts * sz(depth)), expert_grads = be.alloc(n_experts * sz(depth));
-  exec::LayerParams w = exec::layer_params_at(params, 0, d, is_moe);
-  exec::LayerParams g = exec::layer_params_at(grads, 0, d, is_moe);
-  exec::init_layer_params(be, w, 99);
+  std::vector<exec::LayerParams> w, g;
+  for (int layer = 0; layer < depth; ++layer) {
+    w.push_back(exec::layer_params_at(params, sz(layer) * n_params, d, is_moe));
+    g.push_back(exec::layer_params_at(grads, sz(layer) * n_params, d, is_moe));
+    exec::init_layer_params(be, w.back(), 99 + static_cast<std::uint64_t>(layer));
+  }
   be.fill(grads, 0.0f);
   if (is_moe) {
     be.fill_random(experts, 97, exec::kInitScale);
@@ -117,51 +129,57 @@ std::map<std::string, double> time_layer(exec::Backend& be, exec::Communicator* 
   if (tp != nullptr && tp->size() > 1 && d.local_tokens == d.tokens) tp->broadcast(x0, act, 0);
   be.fill_random(dy, 6, 1e-2f);
   exec::LayerActs acts = runner.make_acts(exec::AttentionMemory::keep_probs);
-  const int measured = is_moe ? std::max(o.measured_steps, kMoeDepthPasses * depth) : o.measured_steps;
-  for (int i = 0; i < o.warmup_steps + measured; ++i) {
+  // Warm-up: one pass through every layer (each layer's weights touched once).
+  const int warmup = o.warmup_steps * depth;
+  const int measured =
+      std::max(is_moe ? kMoeDepthPasses * depth : depth, o.measured_steps);
+  for (int i = 0; i < warmup + measured; ++i) {
     const int layer = i % depth;
-    be.copy(layer == 0 ? x0 : y, x);
+    // A dense layer's input is the embedding's draw at every depth (the
+    // norms keep a dense layer's input at the scale it had).
+    be.copy(layer == 0 || !is_moe ? x0 : y, x);
     // The same router on every rank (the EP ranks' routing then matches a run's).
     if (is_moe) {
-      be.fill_random(w.experts.router, 98 + static_cast<std::uint64_t>(layer), exec::kInitScale);
-      exec::set_expert_params(w, experts, sz(layer) * n_experts, *moe);
-      exec::set_expert_params(g, expert_grads, sz(layer) * n_experts, *moe);
+      be.fill_random(w[sz(layer)].experts.router, 98 + static_cast<std::uint64_t>(layer), exec::kInitScale);
+      exec::set_expert_params(w[sz(layer)], experts, sz(layer) * n_experts, *moe);
+      exec::set_expert_params(g[sz(layer)], expert_grads, sz(layer) * n_experts, *moe);
     }
-    timer.begin_step(i >= o.warmup_steps);
+    timer.begin_step(i >= warmup);
     const auto seed = static_cast<std::uint64_t>(i);
-    runner.forward(w, x, acts, y, seed, exec::AttentionMemory::keep_probs);
-    runner.backward(w, g, x, acts, dy, dx, seed, exec::AttentionMemory::keep_probs);
+    runner.forward(w[sz(layer)], x, acts, y, seed, exec::AttentionMemory::keep_probs);
+    runner.backward(w[sz(layer)], g[sz(layer)], x, acts, dy, dx, seed, exec::AttentionMemory::keep_probs);
     timer.end_step();
   }
-  std::map<std::string, double> per_call;
+  LayerTimes out;
   for (const auto& [name, st] : timer.stats()) {
     const bool timed = st.desc.kind == OpKind::memory_bound || st.desc.kind == OpKind::attention_core ||
                        st.desc.kind == OpKind::gemm;
     if (!timed || st.calls_per_step <= 0) continue;
     double seconds = median_of(st.step_seconds);
-    if (st.desc.kind == OpKind::gemm && depth > 1) {
+    if (st.desc.kind == OpKind::gemm && is_moe && depth > 1) {
       std::vector<std::vector<double>> by_depth(sz(depth));
       for (std::size_t j = 0; j < st.step_seconds.size(); ++j)
-        by_depth[(j + sz(o.warmup_steps)) % sz(depth)].push_back(st.step_seconds[j]);
+        by_depth[(j + sz(warmup)) % sz(depth)].push_back(st.step_seconds[j]);
       seconds = 0;
       for (std::vector<double>& v : by_depth) seconds += median_of(std::move(v)) / depth;
     }
-    per_call[name] = seconds * 1e9 / static_cast<double>(st.calls_per_step);
+    out.per_call_ns[name] = seconds * 1e9 / static_cast<double>(st.calls_per_step);
+    if (st.desc.kind == OpKind::gemm)
+      out.gemm_shapes[name] = GemmProblem{st.desc.m, st.desc.n, st.desc.k, st.desc.batch};
   }
-  return per_call;
+  return out;
 }
 
 }  // namespace
 
-std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communicator* tp, exec::Communicator& world,
-                                                const ModelSpec& model, const ParallelPlan& plan,
-                                                const KernelSweepOptions& o, exec::Watchdog* watchdog,
-                                                exec::Communicator* ep, exec::Communicator* cp,
-                                                const exec::FlexGroups* flex) {
+LayerSweep run_kernel_sweep(exec::Backend& be, exec::Communicator* tp, exec::Communicator& world,
+                            const ModelSpec& model, const ParallelPlan& plan, const KernelSweepOptions& o,
+                            exec::Watchdog* watchdog, exec::Communicator* ep, exec::Communicator* cp,
+                            const exec::FlexGroups* flex) {
   const std::int64_t seq = plan.seq_length > 0 ? plan.seq_length : model.seq_length;
   // A stage's layers: the depth the sweep's input reaches.
   const auto depth = static_cast<int>(std::max<std::int64_t>(1, model.num_layers / std::max(1, plan.pp)));
-  std::vector<KernelMeasurement> out;
+  LayerSweep out;
   for (const KernelScale& k : kernel_scales(plan, seq, o.quick)) {
     ParallelPlan scaled = plan;
     scaled.micro_batch = k.micro_batch;
@@ -173,22 +191,33 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communi
     // A grouped GEMM's table is keyed by its local experts too (grouped_kernel_name).
     std::map<std::string, double> bytes;
     std::map<std::string, std::string> table_name;
+    // A dense GEMM's workload shapes by name: a name with one shape is keyed
+    // by it (GemmSample), as the GEMM sweep's samples are.
+    std::map<std::string, std::set<GemmProblem>> dense;
     for (const Op& op : executor_workload_ops(model, scaled)) {
       if (op.kind == OpKind::memory_bound) bytes.try_emplace(op.name, op.bytes);
       if (op.kind == OpKind::attention_core || (op.kind == OpKind::gemm && op.grouped))
         bytes.try_emplace(op.name, op.flops);
       if (op.kind == OpKind::gemm && op.grouped) table_name.try_emplace(op.name, grouped_kernel_name(op.name, op.batch));
+      if (op.kind == OpKind::gemm && !op.grouped) dense[op.name].insert(GemmProblem{op.m, op.n, op.k, op.batch});
     }
     world.barrier();
     const exec::LayerDims d = exec::layer_dims(model, scaled, kDropout);
     const exec::MoeDims moe = exec::moe_dims(model, scaled, d.local_tokens);
-    const std::map<std::string, double> times =
+    const LayerTimes times =
         time_layer(be, tp, d, model.moe.enabled() ? &moe : nullptr, ep, cp, world.rank(), depth, o, watchdog, flex);
-    for (const auto& [name, t] : times) {
+    for (const auto& [name, t] : times.per_call_ns) {
+      if (const auto shapes = dense.find(name); shapes != dense.end()) {
+        // Timed at the workload's own shape, else not a sample of it.
+        const GemmProblem ran = times.gemm_shapes.at(name);
+        if (shapes->second.size() == 1 && *shapes->second.begin() == ran && t > 0)
+          out.gemms.push_back(GemmSample{ran.m, ran.n, ran.k, ran.batch, t, kTimedInLayer});
+        continue;
+      }
       const auto it = bytes.find(name);
       if (it == bytes.end() || !(it->second > 0)) continue;
       const auto keyed = table_name.find(name);
-      out.push_back(KernelMeasurement{keyed != table_name.end() ? keyed->second : name, it->second, t});
+      out.kernels.push_back(KernelMeasurement{keyed != table_name.end() ? keyed->second : name, it->second, t});
     }
     // A plan on the unfused attention core also has the fused core's blocks
     // timed, at its own attention shapes: --flash-attention is the planner's
@@ -206,12 +235,12 @@ std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& be, exec::Communi
       world.barrier();
       const exec::LayerDims fd = exec::layer_dims(model, fused, kDropout);
       for (const auto& [name, t] :
-           time_layer(be, tp, fd, nullptr, nullptr, nullptr, world.rank(), 1, o, watchdog, nullptr))
+           time_layer(be, tp, fd, nullptr, nullptr, nullptr, world.rank(), 1, o, watchdog, nullptr).per_call_ns)
         if (const auto it = flops.find(name); it != flops.end() && it->second > 0)
-          out.push_back(KernelMeasurement{name, it->second, t});
+          out.kernels.push_back(KernelMeasurement{name, it->second, t});
     }
     if (const auto it = bytes.find(op::embed_grad); it != bytes.end() && it->second > 0)
-      out.push_back(
+      out.kernels.push_back(
           KernelMeasurement{op::embed_grad, it->second, time_embedding_backward(be, tp, world, d, o, watchdog)});
   }
   return out;

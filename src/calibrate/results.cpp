@@ -2,6 +2,7 @@
 #include "cuboid/calibrate/results.hpp"
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 #include <tuple>
 
@@ -57,16 +58,38 @@ std::vector<KernelMeasurement> combine_repeats(const std::vector<std::vector<Ker
   });
 }
 
+void merge_layer_gemms(std::vector<GemmSample>& table, const std::vector<GemmSample>& layer) {
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, GemmFormat>, std::vector<double>> by_shape;
+  for (const GemmSample& s : layer) by_shape[{s.m, s.n, s.k, s.batch, s.format}].push_back(s.time_ns);
+  for (const auto& [shape, times] : by_shape) {
+    const auto [m, n, k, batch, format] = shape;
+    double mean = 0;
+    for (const double t : times) mean += t / static_cast<double>(times.size());
+    const GemmSample s{m, n, k, batch, mean, kTimedInLayer, format};
+    const auto same = std::find_if(table.begin(), table.end(), [&s](const GemmSample& g) {
+      return g.m == s.m && g.n == s.n && g.k == s.k && g.batch == s.batch && g.format == s.format;
+    });
+    if (same == table.end())
+      table.push_back(s);
+    else if (same->source == s.source)
+      same->time_ns = (same->time_ns + s.time_ns) / 2;
+    else
+      *same = s;
+  }
+}
+
 namespace {
 
-// "gemms": [m, n, k, batch, time_ns], and 1 sixth for an FP8 sample;
-// "kernels": [name, bytes, time_ns].
+// "gemms": [m, n, k, batch, time_ns], then 1 sixth for an FP8 sample (else
+// 0 where a source follows), then the source where it is not the sweep's
+// (GemmSample::source); "kernels": [name, bytes, time_ns].
 void tables_to_json(nlohmann::json& j, const std::vector<GemmSample>& gemms,
                     const std::vector<KernelMeasurement>& kernels) {
   nlohmann::json& g = j["gemms"] = nlohmann::json::array();
   for (const GemmSample& s : gemms) {
     nlohmann::json e = {s.m, s.n, s.k, s.batch, s.time_ns};
-    if (s.format == GemmFormat::fp8) e.push_back(1);
+    if (s.format == GemmFormat::fp8 || !s.source.empty()) e.push_back(s.format == GemmFormat::fp8 ? 1 : 0);
+    if (!s.source.empty()) e.push_back(s.source);
     g.push_back(std::move(e));
   }
   nlohmann::json& k = j["kernels"] = nlohmann::json::array();
@@ -79,6 +102,7 @@ void tables_from_json(const nlohmann::json& j, std::vector<GemmSample>& gemms,
     GemmSample s{g[0].get<std::int64_t>(), g[1].get<std::int64_t>(), g[2].get<std::int64_t>(),
                  g[3].get<std::int64_t>(), g[4].get<double>()};
     if (g.size() > 5 && g[5].get<int>() == 1) s.format = GemmFormat::fp8;
+    if (g.size() > 6) s.source = g[6].get<std::string>();
     gemms.push_back(std::move(s));
   }
   for (const auto& k : j.at("kernels"))
@@ -89,14 +113,18 @@ void tables_from_json(const nlohmann::json& j, std::vector<GemmSample>& gemms,
 void combine_tables(const std::vector<std::pair<const std::vector<GemmSample>*, const std::vector<KernelMeasurement>*>>& ranks,
                     CombinedTables& out) {
   std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, GemmFormat>, std::vector<double>> gemm;
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, GemmFormat>, std::string> source;
   std::map<std::string, std::map<double, std::vector<double>>> kernel;
   for (const auto& [gemms, kernels] : ranks) {
-    for (const GemmSample& s : *gemms) gemm[{s.m, s.n, s.k, s.batch, s.format}].push_back(s.time_ns);
+    for (const GemmSample& s : *gemms) {
+      gemm[{s.m, s.n, s.k, s.batch, s.format}].push_back(s.time_ns);
+      source.try_emplace({s.m, s.n, s.k, s.batch, s.format}, s.source);
+    }
     for (const KernelMeasurement& m : *kernels) kernel[m.name][m.bytes].push_back(m.time_ns);
   }
   for (const auto& [shape, times] : gemm)
     out.gemms.push_back(GemmSample{std::get<0>(shape), std::get<1>(shape), std::get<2>(shape), std::get<3>(shape),
-                                   slowest(times), "", std::get<4>(shape)});
+                                   slowest(times), source.at(shape), std::get<4>(shape)});
   for (const auto& [name, by_bytes] : kernel)
     for (const auto& [bytes, times] : by_bytes) out.kernels[name].push_back(SizeSample{bytes, slowest(times)});
 }

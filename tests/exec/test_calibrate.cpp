@@ -317,6 +317,35 @@ TEST_CASE("repeated sweeps keep each sample's median or minimum; different sampl
   }
 }
 
+TEST_CASE("the layer's GEMMs replace the sweep's at their shapes: a shape's mean, the layer's source") {
+  std::vector<GemmSample> table = {{128, 512, 256, 1, 1000}, {64, 512, 256, 1, 400}, {128, 512, 256, 1, 900, "", GemmFormat::fp8}};
+  // fc1 and fc2_dgrad ran the same shape: one time per shape, their mean.
+  merge_layer_gemms(table, {{128, 512, 256, 1, 700, kTimedInLayer}, {128, 512, 256, 1, 900, kTimedInLayer},
+                            {256, 512, 256, 1, 1500, kTimedInLayer}});
+  REQUIRE(table.size() == 4);
+  CHECK(table[0].time_ns == 800);
+  CHECK(table[0].source == kTimedInLayer);
+  CHECK(table[1].time_ns == 400);  // a shape no layer ran keeps the sweep's
+  CHECK(table[1].source.empty());
+  CHECK(table[2].time_ns == 900);  // another format is another sample
+  CHECK(table[3].m == 256);
+  CHECK(table[3].source == kTimedInLayer);
+  // A second plan's layer at a shape the first ran: the mean of both.
+  merge_layer_gemms(table, {{128, 512, 256, 1, 1000, kTimedInLayer}});
+  CHECK(table[0].time_ns == 900);
+  // The source travels with the raw samples between ranks.
+  RankResults r;
+  r.gemms = table;
+  const RankResults back = rank_results_from_json(to_json(r));
+  REQUIRE(back.gemms.size() == 4);
+  CHECK(back.gemms[0].source == kTimedInLayer);
+  CHECK(back.gemms[1].source.empty());
+  CHECK(back.gemms[2].format == GemmFormat::fp8);
+  CHECK(back.gemms[2].source.empty());
+  for (const GemmSample& g : combine({back}).gemms)
+    CHECK(g.source == (g.m != 64 && g.format == GemmFormat::bf16 ? kTimedInLayer : ""));
+}
+
 TEST_CASE("a sample's timed calls: their median, whatever --statistic chooses between repeats") {
   // Five calls of one shape, two of them disturbed by a neighbour.
   CHECK(median_of({1018, 1650, 1020, 1019, 1400}) == 1020);

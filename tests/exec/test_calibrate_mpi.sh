@@ -93,6 +93,18 @@ for r in raw["ranks"]:
     zero = sorted(k[1] for k in r["kernels"] if k[0] == "grad_zero")
     assert scale == [2 * b for b in zero], (scale, zero)
     assert all(c["wrong"] == 0 and c["time_ns"] > 0 for c in r["collectives"])
+# The layer's dense GEMMs are timed in the layer, at each of the sweep's sizes
+# (--quick: 64, 128 and 256 tokens): TP 2 with SP gathers the 128 tokens of a
+# micro-batch, so fc1 is [m, 1024 / 2] x [256], qkv [m, 3 * 256 / 2] x [256],
+# the attention's scores [128, 128] x [32] for 8 / 2 heads; the grid around
+# them stays the GEMM sweep's.
+by_shape = {(g["m"], g["n"], g["k"], g["batch"]): g.get("source", "") for g in cal["gemms"]}
+layer = "timed in the executor's layer"
+for m in (64, 128, 256):
+    assert by_shape.get((m, 512, 256, 1)) == layer, ("fc1", m, by_shape.get((m, 512, 256, 1)))
+    assert by_shape.get((m, 384, 256, 1)) == layer, ("qkv", m, by_shape.get((m, 384, 256, 1)))
+assert by_shape.get((128, 128, 32, 4)) == layer, by_shape.get((128, 128, 32, 4))
+assert sum(1 for s in by_shape.values() if s == layer) < len(by_shape), "the grid stays the sweep's"
 PY
 
 if "$CUBOID" simulate --plan "$TMP/tp2.json" --cluster "$TMP/cal.json" >"$TMP/sim.log" 2>&1; then
@@ -131,6 +143,8 @@ assert four["ranks"] == 4
 assert abs(four["ranks_per_core"] - max(1.0, 4 / cores)) < 1e-12, (four["ranks_per_core"], cores)
 assert two["ranks_per_core"] == max(1.0, 2 / cores), two["ranks_per_core"]
 assert ("MPI waits: yield" in four["created_by"]) == (cores < 4), four["created_by"]
+# Ranks that share a core time GEMMs in turns only: none comes from the layer.
+assert all(g.get("source", "") != "timed in the executor's layer" for g in four["gemms"]) or cores >= 4
 PY
 if [ "$cores" -lt 4 ]; then
   grep -Eq "^cuboid calibrate: [0-9.]+ ranks per core \(MPI waits: yield\): GEMMs and the optimizer timed in 2 turns" \

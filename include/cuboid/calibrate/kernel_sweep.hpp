@@ -10,10 +10,13 @@
 // for it, with the operands a step gives it, and no second op-name -> kernel
 // table exists. `bytes` is the workload's Op::bytes for the scaled plan (the
 // calibration's convention); executor-only ops the workload does not know
-// (e.g. residual_add_bwd) are dropped.
+// (e.g. residual_add_bwd) are dropped. The same layer's dense GEMMs are kept
+// too, keyed by shape (LayerSweep::gemms): the GEMM sweep's rotating pool
+// stands for shapes no layer ran.
 #include <string>
 #include <vector>
 
+#include "cuboid/core/calibration.hpp"
 #include "cuboid/exec/backend.hpp"
 #include "cuboid/exec/communicator.hpp"
 #include "cuboid/exec/moe.hpp"
@@ -47,6 +50,19 @@ struct KernelSweepOptions {
   std::size_t step_memory_bytes = 0;
 };
 
+// GemmSample::source of a GEMM timed inside the executor's layer.
+inline constexpr const char* kTimedInLayer = "timed in the executor's layer";
+
+struct LayerSweep {
+  std::vector<KernelMeasurement> kernels;
+  // The layer's dense GEMMs (qkv, proj, fc1, fc2, the unfused attention's
+  // batched GEMMs, and their dgrad / wgrad) at each size, keyed by the
+  // shape they ran at, timed as the step runs them: between the layer's
+  // other ops, on operands the op before wrote, with `depth` layers'
+  // weights cycling through the caches.
+  std::vector<GemmSample> gemms;
+};
+
 // `tp` is the rank's TP group (null or size 1 for TP 1), `ep` its EP group
 // for an MoE model (null without EP); every member of the world calls this
 // with the same plan (the layer's TP collectives and EP all-to-alls run). An
@@ -54,12 +70,10 @@ struct KernelSweepOptions {
 // kernels). At each size it also times "embed_grad" (the embedding's
 // backward, Backend::embedding_backward into the rank's vocabulary shard)
 // alone on its core, keyed by the workload's bytes for it.
-std::vector<KernelMeasurement> run_kernel_sweep(exec::Backend& backend, exec::Communicator* tp,
-                                                exec::Communicator& world, const ModelSpec& model,
-                                                const ParallelPlan& plan, const KernelSweepOptions& options,
-                                                exec::Watchdog* watchdog, exec::Communicator* ep = nullptr,
-                                                exec::Communicator* cp = nullptr,
-                                                const exec::FlexGroups* flex = nullptr);
+LayerSweep run_kernel_sweep(exec::Backend& backend, exec::Communicator* tp, exec::Communicator& world,
+                            const ModelSpec& model, const ParallelPlan& plan, const KernelSweepOptions& options,
+                            exec::Watchdog* watchdog, exec::Communicator* ep = nullptr,
+                            exec::Communicator* cp = nullptr, const exec::FlexGroups* flex = nullptr);
 
 // The optimizer step ("adam": Backend::adam_step on f32 master weights and
 // moments with compute-dtype gradients, as the step runner calls it) on this

@@ -53,6 +53,13 @@ std::vector<GemmSample> combine_repeats(const std::vector<std::vector<GemmSample
 std::vector<KernelMeasurement> combine_repeats(const std::vector<std::vector<KernelMeasurement>>& repeats,
                                                Statistic stat);
 
+// A layer's GEMM samples (LayerSweep::gemms) over the GEMM sweep's table:
+// a shape the layer ran takes the mean of the layer's times at it (fc1 and
+// fc2_dgrad share a shape, and a card holds one time per shape, so the mean
+// keeps their sum) and the layer's source; a shape another plan's layer ran
+// before: the mean of both.
+void merge_layer_gemms(std::vector<GemmSample>& table, const std::vector<GemmSample>& layer);
+
 nlohmann::json to_json(const RankResults& r);
 RankResults rank_results_from_json(const nlohmann::json& j);
 
