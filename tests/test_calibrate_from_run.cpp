@@ -108,6 +108,73 @@ TEST_CASE("calibrate --from-measurements: bad input exits 2 with one line") {
   CHECK(no_backend.code == 2);
   CHECK(no_backend.err.find("--backend is required") != std::string::npos);
 }
+TEST_CASE("calibrate --merge: each sample by the statistic over the cards, refitted; cards calibrated unlike refused") {
+  TempDir t("merge");
+  const std::string a = "tests/data/clusters/localhost-cpu-calibrated.json";
+  nlohmann::json j = nlohmann::json::parse(slurp(a));
+  nlohmann::json& cal = j["calibration"];
+  // The second card: the first GEMM twice as fast, the second twice as slow,
+  // the act kernel 0.8x throughout and the first collective 1.25x (a whole
+  // series scaled by c scales its fit's alpha by c and its bandwidth by 1 / c).
+  const double gemm0 = cal["gemms"][0]["time_us"].get<double>(), gemm1 = cal["gemms"][1]["time_us"].get<double>();
+  cal["gemms"][0]["time_us"] = gemm0 / 2;
+  cal["gemms"][1]["time_us"] = gemm1 * 2;
+  nlohmann::json& act = cal["kernels"]["act"];
+  const double act0 = act["samples"][0]["time_us"].get<double>();
+  for (auto& x : act["samples"]) x["time_us"] = x["time_us"].get<double>() * 0.8;
+  act["alpha_us"] = act["alpha_us"].get<double>() * 0.8;
+  act["bandwidth_GBps"] = act["bandwidth_GBps"].get<double>() / 0.8;
+  nlohmann::json& coll = cal["collectives"][0];
+  const double coll0 = coll["samples"][0]["time_us"].get<double>();
+  for (auto& x : coll["samples"]) x["time_us"] = x["time_us"].get<double>() * 1.25;
+  coll["alpha_us"] = coll["alpha_us"].get<double>() * 1.25;
+  coll["busbw_GBps"] = coll["busbw_GBps"].get<double>() / 1.25;
+  const std::string b = (t / "b.json").string(), out = (t / "merged.json").string();
+  write_text(t / "b.json", j.dump(2));
+  const CliResult r = run_cuboid("calibrate --merge " + a + " " + b + " --statistic min --out " + out, t.path());
+  REQUIRE(r.code == 0);
+  CHECK(r.err.empty());
+  CHECK(r.out.find("cuboid calibrate: merged 2 cards, statistic min: ") == 0);
+  const nlohmann::json m = nlohmann::json::parse(slurp(out))["calibration"];
+  CHECK(m["gemms"].size() == cal["gemms"].size());
+  auto gemm_us = [&](const nlohmann::json& like) {
+    for (const auto& g : m["gemms"])
+      if (g["m"] == like["m"] && g["n"] == like["n"] && g["k"] == like["k"] && g["batch"] == like["batch"])
+        return g["time_us"].get<double>();
+    return -1.0;
+  };
+  CHECK(gemm_us(cal["gemms"][0]) == doctest::Approx(gemm0 / 2));
+  CHECK(gemm_us(cal["gemms"][1]) == doctest::Approx(gemm1));
+  CHECK(m["kernels"]["act"]["samples"][0]["time_us"].get<double>() == doctest::Approx(act0 * 0.8));
+  CHECK(m["kernels"]["act"]["bandwidth_GBps"].get<double>() == doctest::Approx(act["bandwidth_GBps"].get<double>()));
+  CHECK(m["collectives"][0]["samples"][0]["time_us"].get<double>() == doctest::Approx(coll0));
+  CHECK(m["created_by"].get<std::string>().find("--merge") != std::string::npos);
+  // median of two: their mean; the merged card plans.
+  const CliResult med = run_cuboid("calibrate --merge " + a + " " + b + " --out " + out, t.path());
+  REQUIRE(med.code == 0);
+  const nlohmann::json mm = nlohmann::json::parse(slurp(out))["calibration"];
+  CHECK(mm["kernels"]["act"]["samples"][0]["time_us"].get<double>() == doctest::Approx(act0 * 0.9));
+  CHECK(run_cuboid("simulate --model models/tiny.json --cluster " + out + " --tp 2 --global-batch 4", t.path()).code == 0);
+  // Refused, exit 2 and one line: one card, a --cluster beside it, cards calibrated unlike.
+  const CliResult one = run_cuboid("calibrate --merge " + a + " --out " + out, t.path());
+  CHECK(one.code == 2);
+  CHECK(one.err == "cuboid: command line: --merge: gives 1 card(s) (fix: give two or more calibrated cards of the "
+                   "same machine and plans)\n");
+  const CliResult cluster =
+      run_cuboid("calibrate --merge " + a + " " + b + " --cluster topologies/localhost-cpu.json --out " + out, t.path());
+  CHECK(cluster.code == 2);
+  CHECK(cluster.err.find("--merge: measures nothing") != std::string::npos);
+  cal["ranks_per_core"] = 2;
+  write_text(t / "c.json", j.dump(2));
+  const CliResult unlike = run_cuboid("calibrate --merge " + a + " " + (t / "c.json").string() + " --out " + out, t.path());
+  CHECK(unlike.code == 2);
+  CHECK(unlike.err == "cuboid: " + (t / "c.json").string() + ": calibration.ranks_per_core: is 2, but " + a +
+                          " has 1 (fix: merge cards calibrated alike (the same backend, ranks per core and operand "
+                          "pool))\n");
+  const CliResult plain = run_cuboid("calibrate --merge " + a + " topologies/localhost-cpu.json --out " + out, t.path());
+  CHECK(plain.code == 2);
+  CHECK(plain.err.find("calibration: is missing") != std::string::npos);
+}
 #else
 TEST_CASE("calibrate is built with the executor only") { CHECK(true); }
 #endif

@@ -206,4 +206,142 @@ RunCalibration calibration_from_runs(const std::vector<Measurements>& runs, cons
   return out;
 }
 
+namespace {
+
+double pick_of(std::vector<double> times, Statistic stat) {
+  return stat == Statistic::min ? *std::min_element(times.begin(), times.end()) : median_of(std::move(times));
+}
+
+using GemmEntryKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, GemmFormat>;
+
+// One GEMM table from several cards' tables: each shape's time by the
+// statistic over the cards that measured it, the source of the first.
+std::vector<GemmSample> merge_gemm_tables(const std::vector<const std::vector<GemmSample>*>& tables, Statistic stat) {
+  std::map<GemmEntryKey, std::vector<double>> times;
+  std::map<GemmEntryKey, GemmSample> first;
+  for (const std::vector<GemmSample>* t : tables)
+    for (const GemmSample& g : *t) {
+      const GemmEntryKey key{g.m, g.n, g.k, g.batch, g.format};
+      times[key].push_back(g.time_ns);
+      first.try_emplace(key, g);
+    }
+  std::vector<GemmSample> out;
+  for (auto& [key, t] : times) {
+    GemmSample g = first.at(key);
+    g.time_ns = pick_of(std::move(t), stat);
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+// Samples of one series from several cards: each size's time by the
+// statistic over the cards that measured it, sorted by size and made
+// monotone (the minimum or median of monotone series can still fall where
+// the cards measured different sizes). Returns how many times were pooled.
+std::vector<SizeSample> merge_series(const std::vector<const std::vector<SizeSample>*>& series, Statistic stat,
+                                     int& pooled) {
+  std::map<double, std::vector<double>> times;
+  for (const std::vector<SizeSample>* s : series)
+    for (const SizeSample& x : *s) times[x.bytes].push_back(x.time_ns);
+  std::vector<SizeSample> out;
+  for (auto& [bytes, t] : times) out.push_back(SizeSample{bytes, pick_of(std::move(t), stat)});
+  pooled = make_monotone(out);
+  return out;
+}
+
+std::map<std::string, KernelCalibration> merge_kernel_tables(
+    const std::vector<const std::map<std::string, KernelCalibration>*>& tables, Statistic stat,
+    const std::string& where, std::vector<std::string>& notes) {
+  std::map<std::string, std::vector<const std::vector<SizeSample>*>> by_name;
+  std::map<std::string, std::string> source;
+  for (const auto* t : tables)
+    for (const auto& [name, kc] : *t) {
+      by_name[name].push_back(&kc.samples);
+      source.try_emplace(name, kc.source);
+    }
+  std::map<std::string, KernelCalibration> out;
+  for (const auto& [name, series] : by_name) {
+    int pooled = 0;
+    const std::string field = "kernels." + name + where;
+    KernelCalibration kc = fit_kernel(merge_series(series, stat, pooled), "cuboid calibrate --merge", field);
+    kc.source = source.at(name);
+    if (pooled > 0) notes.push_back(fmt::format("{}: {} merged times pooled (time fell as the size grew)", field, pooled));
+    out.emplace(name, std::move(kc));
+  }
+  return out;
+}
+
+}  // namespace
+
+Calibration merge_calibrations(const std::vector<Calibration>& cards, const std::vector<std::string>& sources,
+                               Statistic stat, const std::string& created_by, std::vector<std::string>& notes) {
+  if (cards.size() < 2)
+    throw InputError("command line", "--merge", fmt::format("gives {} card(s)", cards.size()),
+                     "give two or more calibrated cards of the same machine and plans");
+  const Calibration& a = cards.front();
+  for (std::size_t i = 1; i < cards.size(); ++i) {
+    const Calibration& b = cards[i];
+    auto differs = [&](const std::string& field, const std::string& mine, const std::string& first) {
+      if (mine != first)
+        throw InputError(sources[i], "calibration." + field,
+                         fmt::format("is {}, but {} has {}", mine, sources.front(), first),
+                         "merge cards calibrated alike (the same backend, ranks per core and operand pool)");
+    };
+    differs("backend", b.backend, a.backend);
+    differs("ranks_per_core", fmt::format("{:g}", b.ranks_per_core), fmt::format("{:g}", a.ranks_per_core));
+    differs("activation_bytes_per_element", std::to_string(b.activation_bytes_per_element),
+            std::to_string(a.activation_bytes_per_element));
+    differs("gemm_operand_pool_bytes", fmt::format("{:.0f} bytes", b.gemm_operand_pool_bytes),
+            fmt::format("{:.0f} bytes", a.gemm_operand_pool_bytes));
+    if (b.host && a.host && *b.host != *a.host)
+      notes.push_back(fmt::format("{} was calibrated on another host than {} ({}); the card records the first",
+                                  sources[i], sources.front(), host_differences(*a.host, *b.host)));
+  }
+  Calibration out = a;
+  out.created_by = created_by;
+  std::vector<const std::vector<GemmSample>*> gemms;
+  std::vector<const std::map<std::string, KernelCalibration>*> kernels;
+  std::map<CollectiveKey, std::vector<const std::vector<SizeSample>*>> collectives;
+  std::map<CollectiveKey, std::string> collective_source;
+  for (const Calibration& c : cards) {
+    gemms.push_back(&c.gemms);
+    kernels.push_back(&c.kernels);
+    for (const auto& [key, cc] : c.collectives) {
+      collectives[key].push_back(&cc.samples);
+      collective_source.try_emplace(key, cc.source);
+    }
+  }
+  out.gemms = merge_gemm_tables(gemms, stat);
+  out.kernels = merge_kernel_tables(kernels, stat, "", notes);
+  out.collectives.clear();
+  for (const auto& [key, series] : collectives) {
+    int pooled = 0;
+    const std::string field =
+        fmt::format("collectives.{}.{}.{}{}", to_string(key.collective), key.tier, key.group_size, key.cold ? ".cold" : "");
+    CollectiveCalibration cc = fit_collective(key.collective, key.group_size, merge_series(series, stat, pooled),
+                                              "cuboid calibrate --merge", field);
+    cc.source = collective_source.at(key);
+    if (pooled > 0) notes.push_back(fmt::format("{}: {} merged times pooled (time fell as the size grew)", field, pooled));
+    out.collectives.emplace(key, std::move(cc));
+  }
+  // The other operand pools by their bytes (a pool only some cards have: theirs).
+  out.other_pools.clear();
+  std::map<double, std::pair<std::vector<const std::vector<GemmSample>*>,
+                             std::vector<const std::map<std::string, KernelCalibration>*>>>
+      pools;
+  for (const Calibration& c : cards)
+    for (const OperandPoolTables& t : c.other_pools) {
+      pools[t.gemm_operand_pool_bytes].first.push_back(&t.gemms);
+      pools[t.gemm_operand_pool_bytes].second.push_back(&t.kernels);
+    }
+  for (const auto& [bytes, tables] : pools) {
+    OperandPoolTables& t = out.other_pools.emplace_back();
+    t.gemm_operand_pool_bytes = bytes;
+    t.gemms = merge_gemm_tables(tables.first, stat);
+    t.kernels = merge_kernel_tables(tables.second, stat, fmt::format(" (operand pool {:.1f} MiB)", bytes / (1 << 20)),
+                                    notes);
+  }
+  return out;
+}
+
 }  // namespace cuboid

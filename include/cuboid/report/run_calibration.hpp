@@ -44,4 +44,16 @@ struct RunCalibration {
 RunCalibration calibration_from_runs(const std::vector<Measurements>& runs, const Calibration* base, Statistic stat,
                                      const std::string& created_by);
 
+// `cuboid calibrate --merge`: one calibration from cards calibrated alike
+// (the same backend, ranks per core, activation bytes and operand pool;
+// InputError otherwise) at different times, e.g. before and after a run on
+// a host whose speed wanders: every GEMM shape, kernel size and collective
+// size takes its time by `stat` over the cards that measured it (min: the
+// fastest, as calibrate --statistic min takes among its repeats), each
+// series made monotone again and refitted. The first card's other fields
+// stay; `sources` names the cards in messages; `notes` gets what was pooled
+// and any host that differs.
+Calibration merge_calibrations(const std::vector<Calibration>& cards, const std::vector<std::string>& sources,
+                               Statistic stat, const std::string& created_by, std::vector<std::string>& notes);
+
 }  // namespace cuboid
