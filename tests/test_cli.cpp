@@ -517,6 +517,52 @@ TEST_CASE("--grad-reduce-dtype reaches simulate, plan, the plan file and the exp
   CHECK(with_plan.code == 2);
 }
 
+TEST_CASE("--fsdp-grad-dtype: Megatron-FSDP's bf16 gradients by default, fp32 on request, in memory, plan files and exports") {
+  const TempDir dir("cli_fsdp_grad_dtype");
+  // ZeRO-3 over DP 8 (TP 4, PP 1): the gradients at 2 bytes whatever --grad-reduce-dtype says.
+  const std::string fixed = "simulate " + kLlama + " --tp 4 --pp 1 --zero 3 --analytical --json";
+  CliResult d = run(fixed);
+  CliResult f = run(fixed + " --fsdp-grad-dtype fp32");
+  CliResult g = run(fixed + " --grad-reduce-dtype fp32");
+  REQUIRE_MESSAGE(d.code == 0, d.err);
+  REQUIRE_MESSAGE(f.code == 0, f.err);
+  REQUIRE_MESSAGE(g.code == 0, g.err);
+  const nlohmann::json jd = nlohmann::json::parse(d.out), jf = nlohmann::json::parse(f.out), jg = nlohmann::json::parse(g.out);
+  CHECK(jd["fsdp_grad_bytes"] == 2);
+  CHECK(jf["fsdp_grad_bytes"] == 4);
+  CHECK(jg["fsdp_grad_bytes"] == 2);
+  CHECK(jg["memory"]["weights_and_optimizer_bytes"] == jd["memory"]["weights_and_optimizer_bytes"]);
+  // fp32 gradient shards: 2 bytes more per parameter over DP 8.
+  CHECK(jf["memory"]["weights_and_optimizer_bytes"].get<double>() > jd["memory"]["weights_and_optimizer_bytes"].get<double>());
+  CliResult text = run("simulate " + kLlama + " --tp 4 --pp 1 --zero 3");
+  REQUIRE_MESSAGE(text.code == 0, text.err);
+  CHECK(text.out.find("DP reduction overlapped with the backward at 2 bytes per gradient (Megatron-FSDP's)") !=
+        std::string::npos);
+  // ZeRO-1: the distributed optimizer's DDP buffer, fp32; no Megatron-FSDP field in the JSON.
+  CliResult z1 = run("simulate " + kLlama + " --tp 4 --pp 1 --zero 1 --analytical --json");
+  REQUIRE_MESSAGE(z1.code == 0, z1.err);
+  CHECK_FALSE(nlohmann::json::parse(z1.out).contains("fsdp_grad_bytes"));
+  // The plan file keeps fp32 (it differs from the preset's) and the exports state it.
+  const auto plan = dir / "p.json";
+  CliResult p = run("plan " + kLlama + " --tp 4 --pp 1 --zero 3 --fsdp-grad-dtype fp32 --out " + plan.string());
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  CHECK(nlohmann::json::parse(std::ifstream(plan))["parallel"]["trainer"]["fsdp_grad_bytes"] == 4);
+  CliResult e = run("export --plan " + plan.string() + " --to megatron");
+  REQUIRE_MESSAGE(e.code == 0, e.err);
+  CHECK(e.out.find("--megatron-fsdp-main-grads-dtype fp32") != std::string::npos);
+  CliResult b = run("export --plan " + plan.string() + " --to megatron-bridge");
+  REQUIRE_MESSAGE(b.code == 0, b.err);
+  CHECK(b.out.find("cfg.ddp.megatron_fsdp_main_grads_dtype = torch.float32") != std::string::npos);
+  CHECK(b.out.find("\nimport torch\n") != std::string::npos);
+  // Refused: another dtype word, a trainer without Megatron-FSDP.
+  CliResult bad = run(fixed + " --fsdp-grad-dtype fp16");
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("--fsdp-grad-dtype: expected fp32 or bf16, got \"fp16\"") != std::string::npos);
+  CliResult titan = run("simulate " + kLlama + " --tp 4 --pp 1 --zero 3 --trainer torchtitan --fsdp-grad-dtype bf16");
+  CHECK(titan.code == 2);
+  CHECK(titan.err.find("--fsdp-grad-dtype: torchtitan has no Megatron-FSDP to keep gradients in bf16") != std::string::npos);
+}
+
 TEST_CASE("--precision reaches simulate, plan, the plan file, its readers and the exports; a target without the format refuses") {
   const TempDir dir("cli_precision");
   const std::string h100 = "--model models/llama3-8b.json --cluster topologies/dgx-h100.json";

@@ -9,6 +9,7 @@
 
 #include "cuboid/core/op_names.hpp"
 #include "cuboid/core/plan_check.hpp"
+#include "cuboid/core/trainer.hpp"
 #include "cuboid/core/workload.hpp"
 #include "cuboid/cost/flops.hpp"
 #include "cuboid/cost/memory.hpp"
@@ -120,16 +121,53 @@ TEST_CASE("bytes per parameter with bf16 gradients (--grad-reduce-dtype bf16) at
 
 TEST_CASE("gradient bytes: the plan's reduce dtype, Megatron-FSDP's FP8 plans bf16") {
   ParallelPlan p = plan(4, 4, 2, 1, 64, 8192, Recompute::selective, true, true);
-  CHECK(grad_element_bytes(p) == 4.0);  // megatron-core's default: fp32 main_grad
+  CHECK(p.grad_element_bytes() == 4.0);  // megatron-core's default: fp32 main_grad
   p.trainer.dp_grad_bytes = 2;
-  CHECK(grad_element_bytes(p) == 2.0);
+  CHECK(p.grad_element_bytes() == 2.0);
   p.trainer.dp_grad_bytes = 4;
   p.precision = Precision::fp8_current;
-  CHECK(grad_element_bytes(p) == 4.0);  // the distributed optimizer's DDP buffer
+  CHECK(p.grad_element_bytes() == 4.0);  // the distributed optimizer's DDP buffer
   p.zero_stage = 3;
-  CHECK(grad_element_bytes(p) == 2.0);  // Megatron-FSDP: the parameters' dtype, bf16 for FP8
+  CHECK(p.grad_element_bytes() == 2.0);  // Megatron-FSDP: the parameters' dtype, bf16 for FP8
   p.precision = Precision::bf16;
-  CHECK(grad_element_bytes(p) == 4.0);
+  CHECK(p.grad_element_bytes() == 4.0);
+}
+
+TEST_CASE("Megatron-FSDP's gradients: its own dtype at ZeRO 2 / 3 (default bf16), the DP reduction's below") {
+  ParallelPlan p = plan(4, 4, 2, 1, 64, 8192, Recompute::selective, true, true);
+  p.trainer = find_trainer("megatron-core")->settings;
+  CHECK(p.trainer.fsdp_grad_bytes == 2);  // --megatron-fsdp-main-grads-dtype auto: the bf16 parameters'
+  CHECK(p.trainer.dp_grad_bytes == 4);
+  for (const int zero : {0, 1}) {
+    p.zero_stage = zero;
+    CHECK(p.grad_element_bytes() == 4);  // the DDP buffer: grad_reduce_in_fp32
+  }
+  for (const int zero : {2, 3}) {
+    p.zero_stage = zero;
+    CHECK(p.grad_element_bytes() == 2);  // --grad-reduce-dtype fp32 does not reach Megatron-FSDP
+    p.trainer.fsdp_grad_bytes = 4;       // --megatron-fsdp-main-grads-dtype fp32
+    CHECK(p.grad_element_bytes() == 4);
+    p.trainer.fsdp_grad_bytes = 2;
+  }
+  // ZeRO-3 over DP 2 of Llama-3-70B's first stage (4,541,464,576 parameters):
+  // 16 bytes per parameter over 2 ranks (2 bf16 weight + 2 bf16 gradient +
+  // 12 fp32 master and moments), and at the step the fp32 copy of the
+  // gradient shard, 4 / 2 bytes (update_main_grads' .to(param.dtype)).
+  const ModelSpec m = llama3_70b();
+  const StageParameters first = stage_parameters(m, p, 0);
+  const MemoryReport bf16 = memory_per_gpu(m, p, a100_80gb());
+  REQUIRE(bf16.peak_stage == 0);
+  CHECK(bf16.weight_and_optimizer_bytes == 36331716608.0);  // * 8
+  CHECK(step_grad_copy_bytes(p, first) == 9082929152.0);    // * 2
+  p.trainer.fsdp_grad_bytes = 4;
+  CHECK(memory_per_gpu(m, p, a100_80gb()).weight_and_optimizer_bytes == 40873181184.0);  // * 9
+  CHECK(step_grad_copy_bytes(p, first) == 0.0);
+  // FSDP2 (torchtitan): no Megatron-FSDP dtype, no copy at ZeRO-3.
+  p.trainer = find_trainer("torchtitan")->settings;
+  CHECK(p.trainer.fsdp_grad_bytes == 0);
+  CHECK(p.grad_element_bytes() == 4);
+  p.trainer.dp_grad_bytes = 2;
+  CHECK(step_grad_copy_bytes(p, first) == 0.0);
 }
 
 TEST_CASE("Llama-3-70B with bf16 gradients on tp 4, pp 4, dp 2 by hand") {

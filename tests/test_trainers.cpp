@@ -152,6 +152,7 @@ TEST_CASE("the presets loaded from trainers/ are those the code held") {
     s.zero3_list_collectives = e.zero3_list_collectives;
     s.zero3_fetch_norm = e.zero3_fetch_norm;
     s.pp_fsdp_no_sync = std::string(e.name) == "torchtitan";  // its own test case below
+    s.fsdp_grad_bytes = std::string(e.name) == "megatron-core" ? 2 : 0;  // its own test case below
     CHECK(t.settings == s);
   }
   CHECK(find_trainer("megatron") == nullptr);
@@ -236,6 +237,8 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
       CAPTURE(key);
       // can_run.dp_grad_bytes defaults to settings.dp_grad_bytes (next test).
       if (std::string_view(group) == "can_run" && key == "dp_grad_bytes") continue;
+      // fsdp_grad_bytes: both groups or neither, absent a trainer without Megatron-FSDP (own test).
+      if (key == "fsdp_grad_bytes") continue;
       if (!property.contains("default")) {
         CHECK(schema["properties"][group]["required"].dump().find('"' + key + '"') != std::string::npos);
         continue;
@@ -287,6 +290,40 @@ TEST_CASE("the gradient dtypes a preset reduces in: megatron-core both, the othe
   CHECK(r->kind == PlanCheck::trainer_no_dp_grad_bytes);
   CHECK(r->field == PlanField::dp_grad_bytes);
   CHECK_FALSE(check_trainer(p, *find_trainer("megatron-core")));
+}
+
+TEST_CASE("Megatron-FSDP's gradient dtype: megatron-core alone has one, listed and set together") {
+  for (const TrainerPreset& t : trainer_presets()) {
+    CAPTURE(t.name);
+    const bool mcore = t.name == "megatron-core";
+    CHECK(t.settings.fsdp_grad_bytes == (mcore ? 2 : 0));
+    CHECK(t.fsdp_grad_bytes == (mcore ? std::vector<int>{2, 4} : std::vector<int>{}));
+  }
+  ParallelPlan p;
+  p.grad_accum_fusion = false;  // torchtitan has no fused accumulation
+  p.trainer = find_trainer("torchtitan")->settings;
+  CHECK_FALSE(check_trainer(p, *find_trainer("torchtitan")));
+  p.trainer.fsdp_grad_bytes = 4;
+  const auto r = check_trainer(p, *find_trainer("torchtitan"));
+  REQUIRE(r);
+  CHECK(r->kind == PlanCheck::trainer_no_fsdp_grad_bytes);
+  CHECK(r->field == PlanField::fsdp_grad_bytes);
+  // 0 (the DP reduction's dtype) is every trainer's; megatron-core runs 2 and 4.
+  p.trainer.fsdp_grad_bytes = 0;
+  CHECK_FALSE(check_trainer(p, *find_trainer("torchtitan")));
+  CHECK(find_trainer("megatron-core")->runs_fsdp_grad_bytes(4));
+  CHECK(find_trainer("megatron-core")->runs_fsdp_grad_bytes(0));
+  // A file gives both or neither, and the setting among the listed.
+  json j = minimal();
+  j["settings"]["fsdp_grad_bytes"] = {{"value", 2}, {"source", "a test"}};
+  CHECK(error_of(j) == "trainers/t.json: settings.fsdp_grad_bytes: is given without can_run.fsdp_grad_bytes (fix: "
+                       "give both (a trainer with Megatron-FSDP) or neither)");
+  j["can_run"]["fsdp_grad_bytes"] = {{"value", {4}}, {"source", "a test"}};
+  CHECK(error_of(j) == "trainers/t.json: settings.fsdp_grad_bytes: is 2, which can_run.fsdp_grad_bytes does not list "
+                       "(fix: list it there or give one it lists)");
+  j["settings"].erase("fsdp_grad_bytes");
+  CHECK(error_of(j) == "trainers/t.json: can_run.fsdp_grad_bytes: is given without settings.fsdp_grad_bytes (fix: "
+                       "give both (a trainer with Megatron-FSDP) or neither)");
 }
 
 TEST_CASE("Megatron-Core's overlaps and CUDA graphs: off in every preset, runnable where the code has them") {

@@ -435,28 +435,32 @@ TEST_CASE("Megatron-FSDP of an MoE model by hand: EP 2 over DP 4, the experts sh
   const StageParameters sp = stage_parameters(m, p, 0);
   CHECK(sp.dense == 4 * 2'631'680.0 + 65'536'000.0 + 1024.0);  // 76,063,744
   CHECK(sp.expert == 100'663'296.0);
-  // Weights 2, gradients 4, optimizer states 12 bytes per parameter, each
-  // sharded over its group: dense / 4, experts / 2.
-  const double dense_bytes = 76'063'744.0 * (2 + 4 + 12) / 4;   // 38,031,872 + 76,063,744 + 228,191,232
-  const double expert_bytes = 100'663'296.0 * (2 + 4 + 12) / 2;  // 100,663,296 + 201,326,592 + 603,979,776
-  CHECK(dense_bytes == 342'286'848.0);
-  CHECK(expert_bytes == 905'969'664.0);
+  // Weights 2, gradients 2 (Megatron-FSDP's default: the parameters'
+  // bf16), optimizer states 12 bytes per parameter, each sharded over its
+  // group: dense / 4, experts / 2.
+  const double dense_bytes = 76'063'744.0 * (2 + 2 + 12) / 4;   // 38,031,872 + 38,031,872 + 228,191,232
+  const double expert_bytes = 100'663'296.0 * (2 + 2 + 12) / 2;  // 100,663,296 + 100,663,296 + 603,979,776
+  CHECK(dense_bytes == 304'254'976.0);
+  CHECK(expert_bytes == 805'306'368.0);
   CHECK(memory_per_gpu(m, p, four_gpus().gpu).weight_and_optimizer_bytes == dense_bytes + expert_bytes);
-  // FP8 with --fp8-param-gather: Megatron-FSDP's gradients in bf16 (2 bytes
-  // less per parameter) and the quantized weights' shards FP8 (1 byte less),
-  // each over its group: the attention's 4 x (1024 x 1536 + 1024 x 1024) =
-  // 10,485,760 linear weights over DP, the experts' 4 x 25,165,824 over
-  // expert-DP (the router and the LM head stay bf16).
+  // With --fsdp-grad-dtype fp32: 4 bytes per gradient, 2 more per parameter.
+  ParallelPlan fp32 = p;
+  fp32.trainer.fsdp_grad_bytes = 4;
+  CHECK(memory_per_gpu(m, fp32, four_gpus().gpu).weight_and_optimizer_bytes ==
+        dense_bytes + expert_bytes + 76'063'744.0 * 2 / 4 + 100'663'296.0 * 2 / 2);  // 1,248,256,512
+  // FP8 with --fp8-param-gather: the quantized weights' shards FP8 (1 byte
+  // less), each over its group: the attention's 4 x (1024 x 1536 + 1024 x
+  // 1024) = 10,485,760 linear weights over DP, the experts' 4 x 25,165,824
+  // over expert-DP (the router and the LM head stay bf16).
   ParallelPlan fp8 = p;
   fp8.precision = Precision::fp8_delayed;
   fp8.fp8_param_gather = true;
   CHECK(memory_per_gpu(m, fp8, four_gpus().gpu).weight_and_optimizer_bytes ==
-        dense_bytes + expert_bytes - 76'063'744.0 * 2 / 4 - 100'663'296.0 * 2 / 2 - 10'485'760.0 / 4 -
-            100'663'296.0 / 2);  // 1,056,608,256
+        dense_bytes + expert_bytes - 10'485'760.0 / 4 - 100'663'296.0 / 2);  // 1,056,608,256
 
   // The step: per micro-batch, each pass gathers every unit's dense part
   // over DP (bf16) and each MoE layer's experts over expert-DP; each
-  // backward reduce-scatters the gradients (fp32) on the same groups.
+  // backward reduce-scatters the gradients (bf16) on the same groups.
   const StepDescription step(m, p, nullptr);
   std::map<std::string, StepCollective, std::less<>> by_name;
   const StageStep stage = step.stage(0);
@@ -473,8 +477,8 @@ TEST_CASE("Megatron-FSDP of an MoE model by hand: EP 2 over DP 4, the experts sh
   CHECK(expert_gather.ranks == 2);
   CHECK(expert_gather.bytes == 2 * 100'663'296.0);
   CHECK(expert_gather.issues == 4.0);
-  CHECK(by_name.at("grad reduce").bytes == 4 * 76'063'744.0);
-  CHECK(by_name.at("grad reduce (experts)").bytes == 4 * 100'663'296.0);
+  CHECK(by_name.at("grad reduce").bytes == 2 * 76'063'744.0);
+  CHECK(by_name.at("grad reduce (experts)").bytes == 2 * 100'663'296.0);
   CHECK(by_name.at("grad reduce (experts)").ranks == 2);
 
   // The simulator plays each layer's two gathers, the dense part's
@@ -488,8 +492,8 @@ TEST_CASE("Megatron-FSDP of an MoE model by hand: EP 2 over DP 4, the experts sh
   CHECK(b.played_bytes(0, StepGroup::expert_dp, Collective::all_gather) == doctest::Approx(4 * 4 * 50'331'648.0));
   CHECK(b.played_bytes(0, StepGroup::dp, Collective::all_gather) == doctest::Approx(4 * 152'127'488.0));
   CHECK(b.played_bytes(0, StepGroup::expert_dp, Collective::reduce_scatter) ==
-        doctest::Approx(2 * 4 * 4 * 25'165'824.0));
-  CHECK(b.played_bytes(0, StepGroup::dp, Collective::reduce_scatter) == doctest::Approx(2 * 4 * 76'063'744.0));
+        doctest::Approx(2 * 4 * 2 * 25'165'824.0));
+  CHECK(b.played_bytes(0, StepGroup::dp, Collective::reduce_scatter) == doctest::Approx(2 * 2 * 76'063'744.0));
   const std::vector<Task> tasks = tasks_of(m, topo, p);
   CHECK(named(tasks, "zero3_gather layer 2 (experts)").size() == 4);
   CHECK(named(tasks, "zero3_gather layer 2").size() == 8);  // with the experts' four

@@ -142,7 +142,11 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   cmd->add_option("--grad-reduce-dtype", f.grad_reduce_dtype,
                   "the dtype the DP gradients are kept and reduced in: fp32 or bf16 (Megatron's --grad-reduce-in-bf16, "
                   "Megatron-Bridge's grad_reduce_in_fp32 = False; megatron-core only); default: the trainer's, fp32 "
-                  "for megatron-core; not searched");
+                  "for megatron-core's DDP; not searched");
+  cmd->add_option("--fsdp-grad-dtype", f.fsdp_grad_dtype,
+                  "the dtype Megatron-FSDP (ZeRO 2 / 3 in megatron-core) keeps and reduce-scatters the gradients in: "
+                  "bf16 (its default, --megatron-fsdp-main-grads-dtype auto: the parameters' dtype) or fp32; "
+                  "--grad-reduce-dtype does not reach it; not searched");
   cmd->add_option("--cuda-graphs", f.cuda_graphs,
                   "Megatron-Core's CUDA graphs, whose captured kernels pay no host launch: none | full_iteration (one "
                   "graph of the forward-backward, --cuda-graph-impl full_iteration) | local | transformer_engine "
@@ -400,6 +404,12 @@ PlannerOptions planner_options(const PlanFlags& f) {
                        "use --grad-reduce-dtype fp32 or --grad-reduce-dtype bf16");
     o.dp_grad_bytes = *f.grad_reduce_dtype == "fp32" ? 4 : 2;
   }
+  if (f.fsdp_grad_dtype) {
+    if (*f.fsdp_grad_dtype != "fp32" && *f.fsdp_grad_dtype != "bf16")
+      throw InputError(cl, "--fsdp-grad-dtype", "expected fp32 or bf16, got \"" + *f.fsdp_grad_dtype + "\"",
+                       "use --fsdp-grad-dtype fp32 or --fsdp-grad-dtype bf16");
+    o.fsdp_grad_bytes = *f.fsdp_grad_dtype == "fp32" ? 4 : 2;
+  }
   if (f.cuda_graphs) o.cuda_graphs = CudaGraphs::parse(*f.cuda_graphs, cl, "--cuda-graphs");
   if (f.tp_comm_overlap) o.tp_comm_overlap = parse_on_off(*f.tp_comm_overlap, "--tp-comm-overlap");
   if (f.overlap_param_gather) o.overlap_param_gather = parse_on_off(*f.overlap_param_gather, "--overlap-param-gather");
@@ -431,7 +441,7 @@ Loaded load(const PlanFlags& f) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
     const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.moe_rank_capacity_factor || f.moe_paged_stash || f.moe_paged_stash_buffer_factor || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.offload_modules || f.sequence_parallel ||
-                      f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.rank_order ||
+                      f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.fsdp_grad_dtype || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
                       f.global_batch ||
                       f.seq_length ||
@@ -643,6 +653,10 @@ constexpr KeyFlag kKeyFlags[] = {
     {"trainer.dp_grad_bytes", "--grad-reduce-dtype",
      [](const PlannerOptions& o) {
        return o.dp_grad_bytes ? std::optional<std::string>(*o.dp_grad_bytes == 4 ? "fp32" : "bf16") : std::nullopt;
+     }},
+    {"trainer.fsdp_grad_bytes", "--fsdp-grad-dtype",
+     [](const PlannerOptions& o) {
+       return o.fsdp_grad_bytes ? std::optional<std::string>(*o.fsdp_grad_bytes == 4 ? "fp32" : "bf16") : std::nullopt;
      }},
     {"trainer.cuda_graphs", "--cuda-graphs",
      [](const PlannerOptions& o) {

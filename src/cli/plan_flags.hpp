@@ -50,6 +50,7 @@ struct PlanFlags {
   std::optional<std::string> trainer;            // --trainer preset
   std::optional<std::string> dp_overlap;         // on|off
   std::optional<std::string> grad_reduce_dtype;  // fp32|bf16
+  std::optional<std::string> fsdp_grad_dtype;    // fp32|bf16
   std::optional<std::string> cuda_graphs;        // --cuda-graphs none|full_iteration|local[:attn,mlp]|...
   std::optional<std::string> tp_comm_overlap;    // on|off
   std::optional<std::string> overlap_param_gather;  // on|off

@@ -141,6 +141,8 @@ std::string plain_fix(const PlanRejection& r) {
     case K::trainer_no_overlap_param_gather: return "use --overlap-param-gather off, or --trainer megatron-core";
     case K::trainer_no_dp_grad_bytes:
       return "drop --grad-reduce-dtype (the trainer's own dtype), or use --trainer megatron-core";
+    case K::trainer_no_fsdp_grad_bytes:
+      return "drop --fsdp-grad-dtype (--grad-reduce-dtype sets this trainer's), or use --trainer megatron-core";
     case K::tp_overlap_needs_sp: return "use --tp 2 (or more) with --sequence-parallel on, or --tp-comm-overlap off";
     case K::param_overlap_needs_dist_opt: return "use --zero 1 or 2, or --overlap-param-gather off";
     case K::param_overlap_needs_grad_overlap: return "use --dp-overlap on, or --overlap-param-gather off";
@@ -205,6 +207,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::recompute_method: return "--recompute-method";
     case PlanField::recompute_num_layers: return "--recompute-num-layers";
     case PlanField::dp_grad_bytes: return "--grad-reduce-dtype";
+    case PlanField::fsdp_grad_bytes: return "--fsdp-grad-dtype";
     case PlanField::moe_rank_capacity_factor: return "--moe-rank-capacity-factor";
     case PlanField::moe_paged_stash: return "--moe-paged-stash";
   }

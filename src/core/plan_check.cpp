@@ -89,6 +89,8 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     return reject(K::trainer_no_offload, F::offload_layers, preset);
   if (!t.runs_dp_grad_bytes(p.trainer.dp_grad_bytes))
     return reject(K::trainer_no_dp_grad_bytes, F::dp_grad_bytes, preset, p.trainer.dp_grad_bytes);
+  if (!t.runs_fsdp_grad_bytes(p.trainer.fsdp_grad_bytes))
+    return reject(K::trainer_no_fsdp_grad_bytes, F::fsdp_grad_bytes, preset, p.trainer.fsdp_grad_bytes);
   if (p.offload_modules != 0 && !t.activation_offloading)
     return reject(K::trainer_no_offload, F::offload_modules, preset);
   return std::nullopt;
@@ -574,6 +576,9 @@ std::string describe_trainer(const PlanRejection& r) {
       return trainer_words(v[0], "has no parameter all-gather overlapped with the forward");
     case K::trainer_no_dp_grad_bytes:
       return trainer_words(v[0], std::string("does not reduce gradients in ") + (v[1] == 2 ? "16 bits" : "fp32"));
+    case K::trainer_no_fsdp_grad_bytes:
+      return trainer_words(v[0], std::string("has no Megatron-FSDP to keep gradients in ") +
+                                     (v[1] == 2 ? "bf16" : "fp32") + " (its ZeRO 2 / 3 gradients follow the DP reduction's dtype)");
     case K::tp_overlap_needs_sp:
       return "TP communication overlap needs sequence parallelism and TP > 1 (here TP " + n(v[0]) + ", SP " +
              (v[1] != 0 ? "on" : "off") +

@@ -94,23 +94,24 @@ void read_moe_dispatchers(JsonReader& r, TrainerPreset& t) {
 }
 
 // The gradient bytes its DP reduction runs at, each once.
-void read_dp_grad_bytes(JsonReader& r, TrainerPreset& t) {
+// A can_run list of gradient bytes: 2 and / or 4, each once.
+std::vector<int> read_grad_bytes(JsonReader& r) {
   const nlohmann::json& v = r.raw("value");
   if (!v.is_array() || v.empty())
     r.fail("value", "expected a non-empty array of gradient bytes, got " + v.dump().substr(0, 40), "give e.g. [2, 4]");
-  t.dp_grad_bytes.clear();
+  std::vector<int> out;
   for (std::size_t i = 0; i < v.size(); ++i) {
     const std::string at = "value[" + std::to_string(i) + "]";
     if (!v[i].is_number_integer() || (v[i].get<std::int64_t>() != 2 && v[i].get<std::int64_t>() != 4))
       r.fail(at, "must be 2 (16-bit gradients) or 4 (fp32), got " + v[i].dump().substr(0, 40), "give 2 or 4");
     const int b = v[i].get<int>();
-    if (std::find(t.dp_grad_bytes.begin(), t.dp_grad_bytes.end(), b) != t.dp_grad_bytes.end())
-      r.fail(at, "lists " + std::to_string(b) + " twice", "list each once");
-    t.dp_grad_bytes.push_back(b);
+    if (std::find(out.begin(), out.end(), b) != out.end()) r.fail(at, "lists " + std::to_string(b) + " twice", "list each once");
+    out.push_back(b);
   }
+  return out;
 }
 
-constexpr std::array<Field, 24> kCanRun{{
+constexpr std::array<Field, 25> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
@@ -135,15 +136,20 @@ constexpr std::array<Field, 24> kCanRun{{
     {"attention_kernels", read_attention_kernels},
     {"moe_dispatchers", read_moe_dispatchers},
     {"moe_ep_overlap", [](JsonReader& r, TrainerPreset& t) { t.moe_ep_overlap = r.boolean("value"); }},
-    {"dp_grad_bytes", read_dp_grad_bytes},
+    {"dp_grad_bytes", [](JsonReader& r, TrainerPreset& t) { t.dp_grad_bytes = read_grad_bytes(r); }},
+    {"fsdp_grad_bytes", [](JsonReader& r, TrainerPreset& t) { t.fsdp_grad_bytes = read_grad_bytes(r); }},
 }};
 
 // How it runs a plan by default (TrainerSettings).
-constexpr std::array<Field, 22> kSettings{{
+constexpr std::array<Field, 23> kSettings{{
     {"dp_overlap", [](JsonReader& r, TrainerPreset& t) { t.settings.dp_overlap = r.boolean("value"); }},
     {"dp_grad_bytes",
      [](JsonReader& r, TrainerPreset& t) {
        t.settings.dp_grad_bytes = bytes_of(r, {2, 4}, "2 (16-bit gradients) or 4 (fp32)");
+     }},
+    {"fsdp_grad_bytes",
+     [](JsonReader& r, TrainerPreset& t) {
+       t.settings.fsdp_grad_bytes = bytes_of(r, {2, 4}, "2 (the parameters' 16-bit dtype) or 4 (fp32)");
      }},
     {"zero1_grad_all_reduce",
      [](JsonReader& r, TrainerPreset& t) { t.settings.zero1_grad_all_reduce = r.boolean("value"); }},
@@ -299,11 +305,26 @@ TrainerPreset parse_trainer(const std::string& text, const std::string& source) 
   if (!t.runs_dp_grad_bytes(t.settings.dp_grad_bytes))
     r.fail("settings.dp_grad_bytes", "is " + std::to_string(t.settings.dp_grad_bytes) + ", which can_run.dp_grad_bytes does not list",
            "list it there or give one it lists");
+  // Megatron-FSDP's gradient dtype: listed and set together, or neither.
+  if (t.fsdp_grad_bytes.empty() != (t.settings.fsdp_grad_bytes == 0))
+    r.fail(t.fsdp_grad_bytes.empty() ? "settings.fsdp_grad_bytes" : "can_run.fsdp_grad_bytes",
+           "is given without " + std::string(t.fsdp_grad_bytes.empty() ? "can_run" : "settings") + ".fsdp_grad_bytes",
+           "give both (a trainer with Megatron-FSDP) or neither");
+  if (!t.fsdp_grad_bytes.empty() && !t.runs_fsdp_grad_bytes(t.settings.fsdp_grad_bytes))
+    r.fail("settings.fsdp_grad_bytes",
+           "is " + std::to_string(t.settings.fsdp_grad_bytes) + ", which can_run.fsdp_grad_bytes does not list",
+           "list it there or give one it lists");
   return t;
 }
 
 bool TrainerPreset::runs_dp_grad_bytes(int bytes) const {
   return std::find(dp_grad_bytes.begin(), dp_grad_bytes.end(), bytes) != dp_grad_bytes.end();
+}
+
+bool TrainerPreset::runs_fsdp_grad_bytes(int bytes) const {
+  // 0: the DP reduction's dtype, which every trainer runs (exported to
+  // Megatron-FSDP as its main gradients' dtype).
+  return bytes == 0 || std::find(fsdp_grad_bytes.begin(), fsdp_grad_bytes.end(), bytes) != fsdp_grad_bytes.end();
 }
 
 std::span<const TrainerPreset> trainer_presets() { return presets(); }

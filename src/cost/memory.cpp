@@ -270,7 +270,7 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   StageMemory mem;
   const StageParameters params = stage_parameters(m, plan, stage);
   mem.parameters = params.total();
-  const double grad_bytes = grad_element_bytes(plan);
+  const double grad_bytes = plan.grad_element_bytes();
   mem.weight_and_optimizer_bytes = params.dense * bytes_per_parameter(plan.zero_stage, plan.dp_cp(), grad_bytes) +
                                    params.expert * bytes_per_parameter(plan.zero_stage, plan.expert_dp(), grad_bytes);
   // FP8 / FP4 plans: Transformer Engine keeps each quantized weight's
@@ -367,21 +367,11 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
 
 }  // namespace
 
-double grad_element_bytes(const ParallelPlan& plan) {
-  // Megatron-FSDP keeps and reduce-scatters the gradients in the parameters'
-  // dtype, BF16 for FP8 parameters (Megatron-LM d98e8a64
-  // megatron_fsdp/param_and_grad_buffer.py _resolve_group_grad_dtype;
-  // --megatron-fsdp-main-grads-dtype and --megatron-fsdp-grad-comm-dtype
-  // default to auto); only megatron-core runs FP8.
-  if (plan.zero_stage >= 3 && plan.precision != Precision::bf16) return kBf16Bytes;
-  // Megatron-Core's DDP (d98e8a64 param_and_grad_buffer.py: grad_dtype =
-  // torch.float if grad_reduce_in_fp32 else param.dtype; main_grad a view of
-  // the buffer).
-  return plan.trainer.dp_grad_bytes;
-}
-
 double step_grad_copy_bytes(const ParallelPlan& plan, const StageParameters& params) {
-  if (grad_element_bytes(plan) >= kFp32Bytes || plan.zero_stage >= 3) return 0;
+  // ZeRO-3 of FSDP2 and DeepSpeed: no copy; Megatron-FSDP's
+  // update_main_grads (d98e8a64 param_and_grad_buffer.py) casts each
+  // gradient shard to the fp32 main weights' dtype, dropped at zero_grad.
+  if (plan.grad_element_bytes() >= kFp32Bytes || (plan.zero_stage >= 3 && plan.trainer.fsdp_grad_bytes == 0)) return 0;
   // Megatron-LM d98e8a64: the distributed optimizer's
   // _copy_model_grads_to_main_grads gives each fp32 master shard
   // `shard_model_grad.float()` (distrib_optimizer.py), the unsharded one

@@ -53,7 +53,7 @@ StepDescription::StepDescription(const ModelSpec& m, const ParallelPlan& plan, c
     edp_ = plan.expert_dp();
     expert_group_ = edp_ > 1 && (std::max(1, plan.ep) > 1 || plan.expert_tp() != std::max(1, plan.tp));
   }
-  grad_bytes_ = grad_element_bytes(plan);
+  grad_bytes_ = plan.grad_element_bytes();
   const double act_scale = activation_bytes_scale(calibration);
   param_bytes_ = kBf16Bytes * act_scale;
   quantized_gather_bytes_ = plan.fp8_param_gather ? quantized_element_bytes(plan.precision) : param_bytes_;

@@ -68,6 +68,9 @@ Args parallelism_args(const PlanFile& pf, bool tp_pp_dp, bool fsdp) {
     a.push_back("--use-megatron-fsdp");
     a.push_back(fmt::format("--data-parallel-sharding-strategy {}", megatron_fsdp_strategy(p.zero_stage)));
     a.push_back("--ckpt-format fsdp_dtensor");
+    // The gradients' dtype as priced; --grad-reduce-in-bf16 does not reach
+    // Megatron FSDP (its own default, auto, is the parameters' bf16).
+    a.push_back(fmt::format("--megatron-fsdp-main-grads-dtype {}", p.grad_element_bytes() == 4 ? "fp32" : "bf16"));
   }
   // DP x CP: Megatron reduces the gradients over both.
   if (p.dp_cp() > 1 && p.trainer.dp_overlap) a.push_back("--overlap-grad-reduce");

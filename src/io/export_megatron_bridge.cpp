@@ -78,6 +78,7 @@ std::string preamble(const PlanFile& pf, const Layout& l) {
   if (pf.plan.tp > 1 && !l.fsdp)
     out += "# TP > 1: also export CUDA_DEVICE_MAX_CONNECTIONS=1 (TP communication ordered before GEMMs).\n";
   if (l.fsdp) out += "# Megatron FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset.\n";
+  if (l.fsdp) out += "import torch\n";
   out += "import torch.nn.functional as F\n"
          "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
          "from megatron.bridge.recipes.common import _pretrain_common\n"
@@ -268,6 +269,9 @@ std::string config_lines(const ParallelPlan& p, const Layout& l) {
   set("ddp.use_megatron_fsdp", py(l.fsdp));
   set("ddp.data_parallel_sharding_strategy",
       l.fsdp ? fmt::format("\"{}\"", megatron_fsdp_strategy(p.zero_stage)) : "\"no_shard\"");
+  // Megatron FSDP's gradients as priced (grad_reduce_in_fp32 does not reach it).
+  if (l.fsdp)
+    set("ddp.megatron_fsdp_main_grads_dtype", p.grad_element_bytes() == 4 ? "torch.float32" : "torch.bfloat16");
   // Megatron shards and reduces over DP x CP.
   set("ddp.overlap_grad_reduce", py(p.dp_cp() > 1 && p.trainer.dp_overlap));
   // Priced: ZeRO 1-2's parameter all-gather after the optimizer step, or in

@@ -78,7 +78,7 @@ bool refuse_unsupported(const PlanFile& pf) {
     refuse(pf, "parallel.first_stage_layers",
            "megatron_gpt_config.yaml has no keys for uneven first / last pipeline stages",
            "plan without uneven stages, or export with --to megatron");
-  if (p.dp > 1 && p.zero_stage >= 2)
+  if (p.dp_cp() > 1 && p.zero_stage >= 2)  // Megatron shards over DP x CP
     refuse(pf, "parallel.zero_stage",
            fmt::format("NeMo 1.x's ZeRO-{} is model.fsdp, PyTorch FSDP (nlp_overrides.py NLPFSDPStrategy: "
                        "BackwardPrefetch.BACKWARD_PRE, no forward prefetch, no gradient-accumulation fusion), not the "

@@ -71,6 +71,7 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
     if (p.trainer.tp_comm_overlap != d.tp_comm_overlap) j["trainer"]["tp_comm_overlap"] = p.trainer.tp_comm_overlap;
     if (p.trainer.overlap_param_gather != d.overlap_param_gather)
       j["trainer"]["overlap_param_gather"] = p.trainer.overlap_param_gather;
+    if (p.trainer.fsdp_grad_bytes != d.fsdp_grad_bytes) j["trainer"]["fsdp_grad_bytes"] = p.trainer.fsdp_grad_bytes;
   }
   // Written when on (torchtitan's pipeline with FSDP): other plans' files stay as they were.
   if (p.trainer.pp_fsdp_no_sync) j["trainer"]["pp_fsdp_no_sync"] = true;
@@ -197,6 +198,7 @@ std::string plan_key(PlanField field) {
     case PlanField::recompute_method: return "parallel.recompute_method";
     case PlanField::recompute_num_layers: return "parallel.recompute_num_layers";
     case PlanField::dp_grad_bytes: return "parallel.trainer.dp_grad_bytes";
+    case PlanField::fsdp_grad_bytes: return "parallel.trainer.fsdp_grad_bytes";
     case PlanField::moe_rank_capacity_factor: return "parallel.moe_rank_capacity_factor";
     case PlanField::moe_paged_stash: return "parallel.moe_paged_stash";
   }
@@ -276,6 +278,7 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_no_dp_grad_bytes:
       return "set trainer.dp_grad_bytes to the preset's (" +
              std::to_string(find_trainer(p.trainer.preset)->settings.dp_grad_bytes) + "), or " + other_trainer;
+    case PlanCheck::trainer_no_fsdp_grad_bytes: return "drop trainer.fsdp_grad_bytes, or " + other_trainer;
     case PlanCheck::tp_overlap_needs_sp:
       return "set trainer.tp_comm_overlap false, or tp 2 or more with sequence_parallel true; or " + kRegenerate;
     case PlanCheck::param_overlap_needs_dist_opt:
@@ -407,7 +410,19 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
       p.trainer.cuda_graphs = CudaGraphs::parse(*graphs, source, "parallel.trainer.cuda_graphs");
     p.trainer.tp_comm_overlap = t.optional_boolean("tp_comm_overlap").value_or(preset.tp_comm_overlap);
     p.trainer.overlap_param_gather = t.optional_boolean("overlap_param_gather").value_or(preset.overlap_param_gather);
+    p.trainer.fsdp_grad_bytes = preset.fsdp_grad_bytes;
+    if (t.has("fsdp_grad_bytes")) {
+      p.trainer.fsdp_grad_bytes = t.count<int>("fsdp_grad_bytes", 0, 4);
+      if (p.trainer.fsdp_grad_bytes != 0 && p.trainer.fsdp_grad_bytes != 2 && p.trainer.fsdp_grad_bytes != 4)
+        t.fail("fsdp_grad_bytes",
+               "must be 2 (bf16), 4 (fp32) or 0 (the DP reduction's dtype), got " +
+                   std::to_string(p.trainer.fsdp_grad_bytes),
+               kRegenerate);
+    }
     t.reject_unknown();
+  } else {
+    // Priced as Megatron-Core runs them: its Megatron-FSDP's gradient dtype.
+    p.trainer.fsdp_grad_bytes = find_trainer(p.trainer.preset)->settings.fsdp_grad_bytes;
   }
   r.reject_unknown();
   // Multiplied step by step in 64 bits, so a hand-edited size cannot overflow world_size().

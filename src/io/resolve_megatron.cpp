@@ -40,7 +40,16 @@ struct Mcore {
   Ruled<std::string> rank_capacity;
   Ruled<bool> op_fuser, paged_stash;
   Ruled<std::string> fsdp_strategy;
+  // Megatron-FSDP's main gradients' dtype as written ("auto": the parameters').
+  Ruled<std::string> fsdp_grads;
 };
+
+// Bytes per Megatron-FSDP gradient: fp32 4; bf16, fp16 and auto (the bf16
+// or FP8 parameters': bf16, param_and_grad_buffer.py
+// _resolve_group_grad_dtype) 2.
+std::int64_t fsdp_grad_bytes(const std::string& dtype) {
+  return dtype == "fp32" || dtype == "torch.float32" || dtype == "torch.float" ? 4 : 2;
+}
 
 std::string at(const Mcore& m, std::string_view file_line, std::string_view what) {
   return fmt::format("megatron/core/{}@{}: {}", file_line, m.core, what);
@@ -153,6 +162,7 @@ ResolvedRun derive(Builder& b, const Mcore& m) {
     b.fail("the parameter all-gather overlapped without the distributed optimizer or FSDP "
            "(megatron/training/arguments.py:1025@d98e8a64)");
   b.set("dp_grad_bytes", static_cast<std::int64_t>(m.grad_fp32.value ? 4 : 2), m.grad_fp32.source);
+  if (m.fsdp.value) b.set("fsdp_grad_bytes", fsdp_grad_bytes(m.fsdp_grads.value), m.fsdp_grads.source);
   b.set("grad_accum_fusion", m.fusion.value, m.fusion.source);
   b.set("rank_order", megatron_order(m.tp_pp_dp.value), m.tp_pp_dp.source);
   b.set("attention", m.attention.value, m.attention.source);
@@ -248,6 +258,9 @@ ResolvedRun megatron_lm(const ExportResult& e) {
   m.fsdp = {has("--use-megatron-fsdp"), "--use-megatron-fsdp"};
   m.fsdp_strategy = {option_or(a, "--data-parallel-sharding-strategy", "optim_grads_params"),
                      args("3190", "--data-parallel-sharding-strategy, default optim_grads_params")};
+  m.fsdp_grads = {option_or(a, "--megatron-fsdp-main-grads-dtype", "auto"),
+                  args("3691", "--megatron-fsdp-main-grads-dtype, default auto: the parameters' dtype, bf16 for "
+                               "FP8 parameters (megatron_fsdp/param_and_grad_buffer.py _resolve_group_grad_dtype)")};
   m.dist_opt = {has("--use-distributed-optimizer") || m.fsdp.value,
                 has("--use-megatron-fsdp") ? args("1135", "Megatron FSDP turns the distributed optimizer on")
                                            : "--use-distributed-optimizer (default off)"};
@@ -337,6 +350,10 @@ ResolvedRun megatron_bridge(const ExportResult& e) {
         full_recompute(option_or(o, "model.recompute_method", ""), option_or(o, "model.recompute_num_layers", ""));
   m.fsdp = flag("ddp.use_megatron_fsdp", false,
                 mc("distributed/distributed_data_parallel_config.py:90", "use_megatron_fsdp, default False"));
+  m.fsdp_grads = {option_or(o, "ddp.megatron_fsdp_main_grads_dtype", "None"),
+                  mc("distributed/distributed_data_parallel_config.py:192",
+                     "megatron_fsdp_main_grads_dtype, default None (auto): the parameters' dtype, bf16 for FP8 "
+                     "parameters (megatron_fsdp/param_and_grad_buffer.py _resolve_group_grad_dtype)")};
   m.fsdp_strategy = {option_or(o, "ddp.data_parallel_sharding_strategy", "optim_grads_params"),
                      fmt::format(fmt::runtime(common), 86, "data_parallel_sharding_strategy optim_grads_params unless set")};
   // Validation syncs the DDP and optimizer flags: either on turns both on

@@ -122,6 +122,8 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   j["trainer"] = p.trainer.preset;
   j["dp_overlap"] = p.trainer.dp_overlap;
   j["dp_grad_bytes"] = p.trainer.dp_grad_bytes;
+  // Only under Megatron-FSDP: other plans' JSON stays as it was.
+  if (p.zero_stage >= 2 && p.trainer.fsdp_grad_bytes > 0) j["fsdp_grad_bytes"] = p.trainer.fsdp_grad_bytes;
   // Only when on: other plans' JSON stays as it was.
   if (p.trainer.cuda_graphs.on()) j["cuda_graphs"] = p.trainer.cuda_graphs.str();
   if (p.trainer.tp_comm_overlap) j["tp_comm_overlap"] = true;
@@ -315,9 +317,9 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
     out += fmt::format("      precision {}: the linear layers' GEMMs in {}; attention, embedding and LM head bf16{}\n",
                        to_string(p.precision), p.precision == Precision::nvfp4 ? "FP4" : "FP8",
                        p.fp8_param_gather ? "; FP8 weights all-gathered in FP8" : "");
-  out += fmt::format("      trainer {}: DP reduction {} at {} bytes per gradient{}\n", p.trainer.preset,
+  out += fmt::format("      trainer {}: DP reduction {} at {} bytes per gradient{}{}\n", p.trainer.preset,
                      p.trainer.dp_overlap ? "overlapped with the backward" : "after the backward",
-                     p.trainer.dp_grad_bytes,
+                     p.grad_element_bytes(), p.zero_stage >= 2 && p.trainer.fsdp_grad_bytes > 0 ? " (Megatron-FSDP's)" : "",
                      p.zero_stage == 1 && p.dp > 1 && p.trainer.zero1_grad_all_reduce ? ", all-reduced (ZeRO-1)" : "");
   // Only when on: other plans print as they did.
   if (p.trainer.cuda_graphs.on() || p.trainer.tp_comm_overlap || p.trainer.overlap_param_gather) {

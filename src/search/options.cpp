@@ -76,6 +76,7 @@ TrainerSettings trainer_settings(const PlannerOptions& o) {
   TrainerSettings s = trainer_of(o).settings;
   if (o.dp_overlap) s.dp_overlap = *o.dp_overlap;
   if (o.dp_grad_bytes) s.dp_grad_bytes = *o.dp_grad_bytes;
+  if (o.fsdp_grad_bytes) s.fsdp_grad_bytes = *o.fsdp_grad_bytes;
   if (o.cuda_graphs) s.cuda_graphs = *o.cuda_graphs;
   if (o.tp_comm_overlap) s.tp_comm_overlap = *o.tp_comm_overlap;
   if (o.overlap_param_gather) s.overlap_param_gather = *o.overlap_param_gather;

@@ -214,6 +214,13 @@ struct TrainerSettings {
   // (Megatron with bf16, which forces accumulate_allreduce_grads_in_fp32);
   // 2 = the 16-bit parameter dtype (Megatron-LM 2021 with --fp16).
   int dp_grad_bytes = 4;
+  // Megatron-FSDP's gradients (ZeRO 2 / 3 in Megatron-Core): the bytes per
+  // element it accumulates and reduce-scatters them in, whatever
+  // dp_grad_bytes says (--megatron-fsdp-main-grads-dtype; its grad-comm dtype
+  // follows): 2 = its default, auto (the parameters' dtype, bf16, and bf16
+  // for FP8 parameters), 4 = fp32. 0: the trainer has no Megatron-FSDP, its
+  // ZeRO 2 / 3 gradients are reduced at dp_grad_bytes.
+  int fsdp_grad_bytes = 0;
   // ZeRO-1 with the gradients all-reduced in full (each rank then updates its
   // shard and all-gathers the parameters), as DeepSpeed's pipeline engine
   // does with bf16; off: reduce-scattered (Megatron's distributed optimizer).
@@ -443,6 +450,21 @@ struct ParallelPlan {
   // exports then state).
   bool recompute_layers_set() const {
     return recompute_method != RecomputeMethod::uniform || recompute_num_layers != 1;
+  }
+  // Bytes per element of the gradients a GPU keeps, accumulates and reduces
+  // over DP, the one rule for memory, the estimate, the simulator and the
+  // exports: Megatron-FSDP's own dtype where the trainer has one (ZeRO 2 /
+  // 3; Megatron-LM d98e8a64 megatron_fsdp/param_and_grad_buffer.py
+  // _resolve_group_grad_dtype: --megatron-fsdp-main-grads-dtype, by default
+  // auto, the parameters' dtype; --megatron-fsdp-grad-comm-dtype follows);
+  // else ZeRO-3 of an FP8 plan in bf16 (FP8 runs in Megatron-Core only, whose
+  // FSDP keeps FP8 parameters' gradients in bf16); else dp_grad_bytes
+  // (Megatron-Core's DDP buffer, which every main_grad views: fp32 if
+  // grad_reduce_in_fp32 else the parameters' dtype).
+  int grad_element_bytes() const {
+    if (zero_stage >= 2 && trainer.fsdp_grad_bytes > 0) return trainer.fsdp_grad_bytes;
+    if (zero_stage >= 3 && precision != Precision::bf16) return 2;
+    return trainer.dp_grad_bytes;
   }
   int expert_tp() const { return etp > 0 ? etp : tp; }
   // The ranks that hold the same experts and average their gradients:

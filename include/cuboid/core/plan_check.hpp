@@ -39,6 +39,7 @@ enum class PlanField {
   recompute_method,      // Megatron-Core's --recompute-method
   recompute_num_layers,  // and --recompute-num-layers
   dp_grad_bytes,         // the DP gradient reduction's dtype (TrainerSettings::dp_grad_bytes)
+  fsdp_grad_bytes,       // Megatron-FSDP's gradient dtype (TrainerSettings::fsdp_grad_bytes)
   moe_rank_capacity_factor,  // Megatron-Core's --moe-expert-rank-capacity-factor
   moe_paged_stash,           // and --moe-paged-stash
 };
@@ -184,6 +185,7 @@ enum class PlanCheck : std::uint8_t {
   trainer_no_recompute_layers,   // the preset (a recompute method or layer count other than uniform 1)
   recompute_layers_need_full,    // - (a method or layer count without full recomputation)
   trainer_no_dp_grad_bytes,      // the preset, the plan's bytes per gradient
+  trainer_no_fsdp_grad_bytes,    // the preset, the plan's Megatron-FSDP bytes per gradient
   moe_static_refused,            // why (MoeStaticRefusal), the busiest rank's rows, the budget's rows
 };
 

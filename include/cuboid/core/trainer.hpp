@@ -64,6 +64,11 @@ struct TrainerPreset {
   // its settings' dp_grad_bytes.
   std::vector<int> dp_grad_bytes;
   bool runs_dp_grad_bytes(int bytes) const;
+  // The bytes per gradient element its Megatron-FSDP can keep and reduce
+  // (--fsdp-grad-dtype; TrainerSettings::fsdp_grad_bytes); empty: no
+  // Megatron-FSDP, the settings' fsdp_grad_bytes 0. Every trainer runs 0.
+  std::vector<int> fsdp_grad_bytes;
+  bool runs_fsdp_grad_bytes(int bytes) const;
   // How it runs it by default. A trainer that has the fused accumulation runs
   // it (the files give grad_accum_fusion once).
   bool default_grad_accum_fusion = true;

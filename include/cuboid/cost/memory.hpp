@@ -32,12 +32,6 @@ struct MemoryReport {
   double headroom_bytes() const { return capacity_bytes - total_bytes; }
 };
 
-// Bytes per element of the gradients a GPU keeps, accumulates and reduces
-// over DP, the one rule for memory, the estimate and the simulator: the
-// plan's dp_grad_bytes (Megatron-Core's DDP buffer, which every main_grad
-// views, is fp32 if grad_reduce_in_fp32 else the parameters' dtype), except
-// ZeRO-3 of an FP8 plan, Megatron-FSDP's, whose gradients are bf16.
-double grad_element_bytes(const ParallelPlan& plan);
 
 // Bytes per parameter for weights + gradients + optimizer states with mixed
 // precision Adam and gradients of `grad_bytes` (grad_element_bytes): with
@@ -66,10 +60,11 @@ struct StageParameters {
   double total() const { return dense + expert; }
 };
 StageParameters stage_parameters(const ModelSpec& m, const ParallelPlan& plan, int stage);
-// The optimizer's fp32 copy of 16-bit gradients at the step (ZeRO 0-2 where
-// grad_element_bytes is 2; 0 otherwise): `main_param.grad =
-// main_grad.float()` for every parameter the GPU updates, 4 bytes each of
-// its shard (the whole stage at ZeRO 0). It lives from the step to the next
+// The optimizer's fp32 copy of 16-bit gradients at the step (where
+// grad_element_bytes is 2: ZeRO 0-2, and ZeRO-3 under Megatron-FSDP; 0
+// otherwise): `main_param.grad = main_grad.float()` (Megatron-FSDP's
+// update_main_grads: the shard `.to(param.dtype)`) for every parameter the
+// GPU updates, 4 bytes each of its shard (the whole stage at ZeRO 0). It lives from the step to the next
 // iteration's zero_grad, before the forward, so it never meets the
 // activations.
 double step_grad_copy_bytes(const ParallelPlan& plan, const StageParameters& params);

@@ -74,6 +74,7 @@ struct PlannerOptions {
   std::optional<std::string> trainer;
   std::optional<bool> dp_overlap;            // default: the trainer's
   std::optional<int> dp_grad_bytes;          // default: the trainer's (not searched: it changes the numerics)
+  std::optional<int> fsdp_grad_bytes;        // Megatron-FSDP's; default: the trainer's (not searched)
   std::optional<CudaGraphs> cuda_graphs;     // default: the trainer's
   std::optional<bool> tp_comm_overlap;       // default: the trainer's
   std::optional<bool> overlap_param_gather;  // default: the trainer's

@@ -12,6 +12,7 @@
 #   MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 #   srun --nodes 4 --ntasks-per-node 1 torchrun --nnodes 4 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:6000" --rdzv_id "$SLURM_JOB_ID" cuboid_plan.py
 # Megatron FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset.
+import torch
 import torch.nn.functional as F
 from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.recipes.common import _pretrain_common
@@ -59,6 +60,7 @@ def cuboid_plan():
     cfg.optimizer.use_distributed_optimizer = True
     cfg.ddp.use_megatron_fsdp = True
     cfg.ddp.data_parallel_sharding_strategy = "optim_grads_params"
+    cfg.ddp.megatron_fsdp_main_grads_dtype = torch.float32
     cfg.ddp.overlap_grad_reduce = True
     cfg.ddp.overlap_param_gather = True
     cfg.ddp.grad_reduce_in_fp32 = True

@@ -12,6 +12,7 @@ MEGATRON_ARGS=(
     --use-megatron-fsdp
     --data-parallel-sharding-strategy optim_grads_params
     --ckpt-format fsdp_dtensor
+    --megatron-fsdp-main-grads-dtype fp32
     --overlap-grad-reduce
     --overlap-param-gather
     # batch
