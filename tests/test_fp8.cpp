@@ -595,19 +595,21 @@ TEST_CASE("fp8: Megatron-FSDP gathers the FP8 shards, reduces bf16 gradients and
   // Gradients reduce-scattered in bf16, not the preset's fp32.
   CHECK(collective_bytes(m, bf16, "grad reduce") == params * 4);
   CHECK(collective_bytes(m, fp8, "grad reduce") == params * 2);
-  // Memory: gradients 2 B instead of 4, the quantized weights' shard 1 B instead of 2, over DP 8.
+  // Memory: gradients 2 B instead of 4, the quantized weights' shard 1 B instead of 2, over DP 8;
+  // and the gathered block's gradients (218,103,808 + 8,192 norm elements) 2 B instead of 4.
   const double base = memory_per_gpu(m, bf16, gpu).weight_and_optimizer_bytes;
+  constexpr double kBlockGrads = -2 * (kQuantized + 8192);
   CHECK(memory_per_gpu(m, fp8, gpu).weight_and_optimizer_bytes - base ==
-        doctest::Approx(-params * 2 / 8 - 32 * kQuantized / 8).epsilon(1e-12));
+        doctest::Approx(-params * 2 / 8 - 32 * kQuantized / 8 + kBlockGrads).epsilon(1e-12));
   // MXFP8 keeps its columnwise shard too: 2 x 1.03125 B.
   const ParallelPlan mx = fsdp_plan(Precision::mxfp8, true);
   CHECK(memory_per_gpu(m, mx, gpu).weight_and_optimizer_bytes - base ==
-        doctest::Approx(-params * 2 / 8 + 32 * kQuantized * (2 * 1.03125 - 2) / 8).epsilon(1e-12));
+        doctest::Approx(-params * 2 / 8 + 32 * kQuantized * (2 * 1.03125 - 2) / 8 + kBlockGrads).epsilon(1e-12));
   // Without the FP8 gather: bf16 shards, and Transformer Engine's cached rowwise + columnwise copies, whole.
   const ParallelPlan cached = fsdp_plan(Precision::fp8_current, false);
   CHECK(collective_bytes(m, cached, "zero3 gather") == params * 2);
   CHECK(memory_per_gpu(m, cached, gpu).weight_and_optimizer_bytes - base ==
-        doctest::Approx(-params * 2 / 8 + 32 * kQuantized * 2).epsilon(1e-12));
+        doctest::Approx(-params * 2 / 8 + 32 * kQuantized * 2 + kBlockGrads).epsilon(1e-12));
   // The backward's gathered rowwise data is transposed first (read 1 B,
   // write 1 B per weight); MXFP8 gathers its columnwise shard instead, and
   // without the FP8 gather the cached copies need none.

@@ -152,15 +152,21 @@ TEST_CASE("Megatron-FSDP's gradients: its own dtype at ZeRO 2 / 3 (default bf16)
   // ZeRO-3 over DP 2 of Llama-3-70B's first stage (4,541,464,576 parameters):
   // 16 bytes per parameter over 2 ranks (2 bf16 weight + 2 bf16 gradient +
   // 12 fp32 master and moments), and at the step the fp32 copy of the
-  // gradient shard, 4 / 2 bytes (update_main_grads' .to(param.dtype)).
+  // gradient shard, 4 / 2 bytes (update_main_grads' .to(param.dtype)). And
+  // the gathered units: a block on a TP 4 rank, (150,994,944 attention +
+  // 704,643,072 MLP + 16,384 norms) / 4 = 213,913,600 elements, gathered in
+  // bf16 with the blocks Megatron-FSDP prefetches until they hold 5e8
+  // elements (ceil(2.34) = 3 more), and its bf16 gradients: x (2 x 4 + 2).
   const ModelSpec m = llama3_70b();
   const StageParameters first = stage_parameters(m, p, 0);
+  CHECK(zero3_gathered_bytes(m, p, 0) == 2139136000.0);
   const MemoryReport bf16 = memory_per_gpu(m, p, a100_80gb());
   REQUIRE(bf16.peak_stage == 0);
-  CHECK(bf16.weight_and_optimizer_bytes == 36331716608.0);  // * 8
-  CHECK(step_grad_copy_bytes(p, first) == 9082929152.0);    // * 2
+  CHECK(bf16.weight_and_optimizer_bytes == 36331716608.0 + 2139136000.0);  // * 8, and the units
+  CHECK(step_grad_copy_bytes(p, first) == 9082929152.0);                   // * 2
   p.trainer.fsdp_grad_bytes = 4;
-  CHECK(memory_per_gpu(m, p, a100_80gb()).weight_and_optimizer_bytes == 40873181184.0);  // * 9
+  CHECK(zero3_gathered_bytes(m, p, 0) == 213913600.0 * (2 * 4 + 4));
+  CHECK(memory_per_gpu(m, p, a100_80gb()).weight_and_optimizer_bytes == 40873181184.0 + 2566963200.0);  // * 9
   CHECK(step_grad_copy_bytes(p, first) == 0.0);
   // FSDP2 (torchtitan): no Megatron-FSDP dtype, no copy at ZeRO-3.
   p.trainer = find_trainer("torchtitan")->settings;
@@ -205,7 +211,9 @@ TEST_CASE("Llama-3-70B with bf16 gradients on tp 4, pp 4, dp 2 by hand") {
     p.zero_stage = 3;
     CHECK(step_grad_copy_bytes(p, first) == 0.0);
     const MemoryReport r = memory_per_gpu(m, p, a100_80gb());
-    CHECK(r.weight_and_optimizer_bytes == 36331716608.0);  // 4,541,464,576 * 16 / 2
+    // 4,541,464,576 * 16 / 2, and a 213,913,600-element block gathered in
+    // bf16 with the one FSDP2 prefetches, and its bf16 gradients: x 6.
+    CHECK(r.weight_and_optimizer_bytes == 36331716608.0 + 1283481600.0);
   }
 }
 
@@ -573,7 +581,9 @@ TEST_CASE("torchtitan's pipeline with FSDP: the stage's gradients unsharded in f
     CHECK(r.peak_stage == 0);
     CHECK(r.weight_and_optimizer_bytes == 59039039488.0);  // 4,541,464,576 x 13
     p.trainer.pp_fsdp_no_sync = false;
-    CHECK(memory_per_gpu(m, p, a100_80gb()).weight_and_optimizer_bytes == 40873181184.0);  // x 9
+    // x 9, and FSDP2's gathered block and the one after it in bf16 with the
+    // block's fp32 gradients: 213,913,600 x (2 x 2 + 4).
+    CHECK(memory_per_gpu(m, p, a100_80gb()).weight_and_optimizer_bytes == 40873181184.0 + 1711308800.0);
   }
   SUBCASE("ZeRO-2: 2 + 16/2 priced + 4 - 4/2 = 12 bytes (the bf16 weights were whole already)") {
     p.zero_stage = 2;

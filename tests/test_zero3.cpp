@@ -442,12 +442,18 @@ TEST_CASE("Megatron-FSDP of an MoE model by hand: EP 2 over DP 4, the experts sh
   const double expert_bytes = 100'663'296.0 * (2 + 2 + 12) / 2;  // 100,663,296 + 100,663,296 + 603,979,776
   CHECK(dense_bytes == 304'254'976.0);
   CHECK(expert_bytes == 805'306'368.0);
-  CHECK(memory_per_gpu(m, p, four_gpus().gpu).weight_and_optimizer_bytes == dense_bytes + expert_bytes);
+  // And the gathered units: an MoE block, 2,631,680 + 25,165,824 =
+  // 27,797,504 elements, gathered in bf16 with the 3 blocks after it on the
+  // stage (Megatron-FSDP prefetches until 5e8 elements: 18 would do), and
+  // its bf16 gradients: x (2 x 4 + 2).
+  const double units = 27'797'504.0 * 10;  // 277,975,040
+  CHECK(zero3_gathered_bytes(m, p, 0) == units);
+  CHECK(memory_per_gpu(m, p, four_gpus().gpu).weight_and_optimizer_bytes == dense_bytes + expert_bytes + units);
   // With --fsdp-grad-dtype fp32: 4 bytes per gradient, 2 more per parameter.
   ParallelPlan fp32 = p;
   fp32.trainer.fsdp_grad_bytes = 4;
   CHECK(memory_per_gpu(m, fp32, four_gpus().gpu).weight_and_optimizer_bytes ==
-        dense_bytes + expert_bytes + 76'063'744.0 * 2 / 4 + 100'663'296.0 * 2 / 2);  // 1,248,256,512
+        dense_bytes + expert_bytes + 76'063'744.0 * 2 / 4 + 100'663'296.0 * 2 / 2 + 27'797'504.0 * 12);
   // FP8 with --fp8-param-gather: the quantized weights' shards FP8 (1 byte
   // less), each over its group: the attention's 4 x (1024 x 1536 + 1024 x
   // 1024) = 10,485,760 linear weights over DP, the experts' 4 x 25,165,824
@@ -456,7 +462,7 @@ TEST_CASE("Megatron-FSDP of an MoE model by hand: EP 2 over DP 4, the experts sh
   fp8.precision = Precision::fp8_delayed;
   fp8.fp8_param_gather = true;
   CHECK(memory_per_gpu(m, fp8, four_gpus().gpu).weight_and_optimizer_bytes ==
-        dense_bytes + expert_bytes - 10'485'760.0 / 4 - 100'663'296.0 / 2);  // 1,056,608,256
+        dense_bytes + expert_bytes - 10'485'760.0 / 4 - 100'663'296.0 / 2 + units);
 
   // The step: per micro-batch, each pass gathers every unit's dense part
   // over DP (bf16) and each MoE layer's experts over expert-DP; each

@@ -24,6 +24,7 @@
 #include "cuboid/cost/offload.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace cuboid {
 namespace {
@@ -222,6 +223,24 @@ double pp_fsdp_no_sync_bytes(const ParallelPlan& plan, const StageParameters& pa
   return extra(params.dense, plan.dp_cp()) + extra(params.expert, plan.expert_dp());
 }
 
+double zero3_gathered_bytes(const ModelSpec& m, const ParallelPlan& plan, int stage) {
+  if (plan.zero_stage < 3 || pp_fsdp_no_sync_bytes(plan, stage_parameters(m, plan, stage)) > 0) return 0;
+  const int layers = layers_on_stage(plan, m.num_layers, stage);
+  if (layers <= 0) return 0;
+  const StageParameters layer = layer_parameter_split(m, plan, moe_layers_on_stage(m, plan, stage) > 0);
+  // What a rank gathers of a block: the parts sharded over more than one rank.
+  const double unit = (plan.dp_cp() > 1 ? layer.dense : 0.0) + (plan.expert_dp() > 1 ? layer.expert : 0.0);
+  if (!(unit > 0)) return 0;
+  const TrainerSettings& s = plan.trainer;
+  double ahead = s.zero3_prefetch_units;
+  if (s.zero3_prefetch_params > 0) {
+    const double by_params = std::ceil(static_cast<double>(s.zero3_prefetch_params) / unit);
+    ahead = s.zero3_prefetch_units > 0 ? std::min(ahead, by_params) : by_params;
+  }
+  ahead = std::min(ahead, static_cast<double>(layers - 1));
+  return unit * (kBf16Bytes * (1.0 + ahead) + plan.grad_element_bytes());
+}
+
 namespace {
 
 // Whether the EP overlap's combined steps run on this stage (full
@@ -304,6 +323,7 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   }
 
   mem.weight_and_optimizer_bytes += pp_fsdp_no_sync_bytes(plan, params);
+  mem.weight_and_optimizer_bytes += zero3_gathered_bytes(m, plan, stage);
 
   const double in_flight = in_flight_micro_batches(plan, stage);
   const double moe_layers = moe_layers_on_stage(m, plan, stage);

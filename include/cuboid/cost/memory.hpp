@@ -81,6 +81,18 @@ StageParameters mtp_parameters(const ModelSpec& m, const ParallelPlan& plan);
 // the setting is off, with PP 1 or ZeRO 0 / 1.
 double pp_fsdp_no_sync_bytes(const ParallelPlan& plan, const StageParameters& params);
 
+// ZeRO-3's gathered units on one GPU of `stage` at the backward's peak: a
+// unit (a transformer block, as Megatron-FSDP and FSDP2 gather them; the
+// largest layer of the stage, its dense part over DP x CP and its routed
+// experts over expert-DP) gathered whole in bf16 while it computes, the
+// units the trainer prefetches after it (TrainerSettings::zero3_prefetch_*:
+// up to prefetch_units of them, or until they hold prefetch_params
+// elements, the unit that reaches it included), and the unit's unsharded
+// gradients at grad_element_bytes until their reduce-scatter. 0 below
+// ZeRO-3, where nothing is sharded, and where pp_fsdp_no_sync_bytes holds
+// the stage's whole gathered copy already.
+double zero3_gathered_bytes(const ModelSpec& m, const ParallelPlan& plan, int stage);
+
 // Bytes per element of an expert GEMM's saved input (FC1's: the routed
 // tokens; FC2's: the activation's output) under the plan's precision and
 // fusion (memory.cpp says from which code).
