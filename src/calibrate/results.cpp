@@ -38,7 +38,7 @@ std::vector<Sample> combine(const std::vector<std::vector<Sample>>& repeats, Sta
         throw std::logic_error("calibrate: repeated sweeps measured different samples");
       times.push_back(r[i].time_ns);
     }
-    out[i].time_ns = stat == Statistic::min ? *std::min_element(times.begin(), times.end()) : median_of(std::move(times));
+    out[i].time_ns = pick(std::move(times), stat);
   }
   return out;
 }

@@ -314,12 +314,6 @@ TimeStats merge_stats(const std::vector<TimeStats>& all) {
   return t;
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 void same_as_first(const Measurements& first, const Measurements& m) {
   auto differ = [&](const std::string& field, const std::string& what) {
     throw InputError(m.source, field, fmt::format("{} differs from {}'s: not a run of the same plan", what, first.source),

@@ -208,10 +208,6 @@ RunCalibration calibration_from_runs(const std::vector<Measurements>& runs, cons
 
 namespace {
 
-double pick_of(std::vector<double> times, Statistic stat) {
-  return stat == Statistic::min ? *std::min_element(times.begin(), times.end()) : median_of(std::move(times));
-}
-
 using GemmEntryKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, GemmFormat>;
 
 // One GEMM table from several cards' tables: each shape's time by the
@@ -228,7 +224,7 @@ std::vector<GemmSample> merge_gemm_tables(const std::vector<const std::vector<Ge
   std::vector<GemmSample> out;
   for (auto& [key, t] : times) {
     GemmSample g = first.at(key);
-    g.time_ns = pick_of(std::move(t), stat);
+    g.time_ns = pick(std::move(t), stat);
     out.push_back(std::move(g));
   }
   return out;
@@ -244,7 +240,7 @@ std::vector<SizeSample> merge_series(const std::vector<const std::vector<SizeSam
   for (const std::vector<SizeSample>* s : series)
     for (const SizeSample& x : *s) times[x.bytes].push_back(x.time_ns);
   std::vector<SizeSample> out;
-  for (auto& [bytes, t] : times) out.push_back(SizeSample{bytes, pick_of(std::move(t), stat)});
+  for (auto& [bytes, t] : times) out.push_back(SizeSample{bytes, pick(std::move(t), stat)});
   pooled = make_monotone(out);
   return out;
 }

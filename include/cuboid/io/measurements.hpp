@@ -13,6 +13,7 @@
 // schema, a missing field, a wrong type, a time that is not finite (the
 // executor writes NaN and infinity as null) or negative, an empty rank list,
 // duplicate ranks and unknown op kinds, passes or groups.
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -24,6 +25,7 @@
 
 #include "cuboid/core/host.hpp"
 #include "cuboid/core/plan.hpp"
+#include "cuboid/core/stats.hpp"
 #include "cuboid/core/workload.hpp"
 
 namespace cuboid {
@@ -45,6 +47,10 @@ enum class Statistic { median, min };
 Statistic parse_statistic(const std::string& word, const std::string& flag);
 std::string_view to_string(Statistic s) noexcept;
 inline double pick(const TimeStats& t, Statistic s) noexcept { return s == Statistic::min ? t.min_s : t.median_s; }
+// The same choice over repeated measurements of one sample (non-empty).
+inline double pick(std::vector<double> times, Statistic s) {
+  return s == Statistic::min ? *std::min_element(times.begin(), times.end()) : median_of(std::move(times));
+}
 
 struct MeasuredOp {
   std::string name;            // the workload's op name ("qkv", "tp_rs_attn", ...) or an executor-only op
