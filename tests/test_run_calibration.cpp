@@ -60,7 +60,7 @@ std::map<Shape, double> expected_gemms(const nlohmann::json& j, const char* stat
 
 const GemmSample* find_gemm(const Calibration& cal, const Shape& s) {
   for (const GemmSample& g : cal.gemms)
-    if (Shape{g.m, g.n, g.k, g.batch} == s) return &g;
+    if (Shape{g.m, g.n, g.k, g.batch} == s && g.format == GemmFormat::bf16) return &g;
   return nullptr;
 }
 
@@ -117,6 +117,7 @@ TEST_CASE("collective samples are the run's per-call times at its buffer bytes; 
 }
 
 TEST_CASE("over a sweep's card: measured entries replace the same keys, the rest stays marked 'sweep'") {
+  // (An FP8 sample of a measured shape is another key: the run's GEMMs are the backend's own.)
   const Cluster base = load_cluster(kRoot + "/tests/data/clusters/localhost-cpu-calibrated.json");
   REQUIRE(base.calibration);
   Calibration sweep = *base.calibration;
@@ -127,6 +128,7 @@ TEST_CASE("over a sweep's card: measured entries replace the same keys, the rest
   const auto [m0, n0, k0, b0] = want.begin()->first;
   sweep.gemms.push_back(GemmSample{m0, n0, k0, b0, 1.0});
   sweep.gemms.push_back(GemmSample{7, 7, 7, 1, 3.0});
+  sweep.gemms.push_back(GemmSample{m0, n0, k0, b0, 5.0, "", GemmFormat::fp8});
   const RunCalibration rc =
       calibration_from_runs({measurements_from_json(j, kRun)}, &sweep, Statistic::median, "t");
   const Calibration& cal = rc.calibration;
@@ -141,8 +143,14 @@ TEST_CASE("over a sweep's card: measured entries replace the same keys, the rest
   REQUIRE(kept != nullptr);
   CHECK(kept->time_ns == 3.0);
   CHECK(kept->source == "sweep");
-  const auto unmeasured = std::count_if(sweep.gemms.begin(), sweep.gemms.end(),
-                                       [&](const GemmSample& g) { return !want.contains({g.m, g.n, g.k, g.batch}); });
+  const auto fp8 =
+      std::find_if(cal.gemms.begin(), cal.gemms.end(), [](const GemmSample& g) { return g.format == GemmFormat::fp8; });
+  REQUIRE(fp8 != cal.gemms.end());
+  CHECK(fp8->time_ns == 5.0);
+  CHECK(fp8->source == "sweep");
+  const auto unmeasured = std::count_if(sweep.gemms.begin(), sweep.gemms.end(), [&](const GemmSample& g) {
+    return !want.contains({g.m, g.n, g.k, g.batch}) || g.format == GemmFormat::fp8;
+  });
   CHECK(unmeasured >= 1);
   CHECK(cal.gemms.size() == want.size() + static_cast<std::size_t>(unmeasured));
   for (const auto& [name, kc] : cal.kernels) {

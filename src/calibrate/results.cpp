@@ -46,9 +46,7 @@ std::vector<Sample> combine(const std::vector<std::vector<Sample>>& repeats, Sta
 }  // namespace
 
 std::vector<GemmSample> combine_repeats(const std::vector<std::vector<GemmSample>>& repeats, Statistic stat) {
-  return combine(repeats, stat, [](const GemmSample& a, const GemmSample& b) {
-    return a.m == b.m && a.n == b.n && a.k == b.k && a.batch == b.batch && a.format == b.format;
-  });
+  return combine(repeats, stat, same_problem);
 }
 
 std::vector<KernelMeasurement> combine_repeats(const std::vector<std::vector<KernelMeasurement>>& repeats,
@@ -66,9 +64,7 @@ void merge_layer_gemms(std::vector<GemmSample>& table, const std::vector<GemmSam
     double mean = 0;
     for (const double t : times) mean += t / static_cast<double>(times.size());
     const GemmSample s{m, n, k, batch, mean, kTimedInLayer, format};
-    const auto same = std::find_if(table.begin(), table.end(), [&s](const GemmSample& g) {
-      return g.m == s.m && g.n == s.n && g.k == s.k && g.batch == s.batch && g.format == s.format;
-    });
+    const auto same = std::find_if(table.begin(), table.end(), [&s](const GemmSample& g) { return same_problem(g, s); });
     if (same == table.end())
       table.push_back(s);
     else if (same->source == s.source)

@@ -136,8 +136,7 @@ void read_gemms(JsonReader& r, const std::string& source, const std::string& pre
     if (g.optional_choice("precision", {"fp8"})) s.format = GemmFormat::fp8;
     g.reject_unknown();
     for (std::size_t j = 0; j < gemms.size(); ++j) {
-      const GemmSample& o = gemms[j];
-      if (o.format == s.format && o.m == s.m && o.n == s.n && o.k == s.k && o.batch == s.batch) {
+      if (same_problem(gemms[j], s)) {
         throw InputError(source, f, "the same shape as " + at_index(field, j), "keep one median per shape");
       }
     }

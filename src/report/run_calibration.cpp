@@ -151,9 +151,8 @@ RunCalibration calibration_from_runs(const std::vector<Measurements>& runs, cons
   for (const auto& [key, f] : gemms) {
     const auto [mm, n, k, batch] = key;
     GemmSample s{mm, n, k, batch, median_of(f.times_ns), f.source()};
-    const auto same = std::find_if(cal.gemms.begin(), cal.gemms.end(), [&s](const GemmSample& g) {
-      return g.m == s.m && g.n == s.n && g.k == s.k && g.batch == s.batch;
-    });
+    const auto same =
+        std::find_if(cal.gemms.begin(), cal.gemms.end(), [&s](const GemmSample& g) { return same_problem(g, s); });
     if (same != cal.gemms.end())
       *same = s;
     else

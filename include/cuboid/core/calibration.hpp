@@ -63,6 +63,12 @@ struct GemmSample {
   GemmFormat format = GemmFormat::bf16;
 };
 
+// The same GEMM problem: shape and operand format (a card keeps one sample
+// of each).
+inline bool same_problem(const GemmSample& a, const GemmSample& b) {
+  return a.m == b.m && a.n == b.n && a.k == b.k && a.batch == b.batch && a.format == b.format;
+}
+
 struct SizeSample {
   double bytes = 0;    // kernel: workload Op::bytes; collective: nccl-tests size
   double time_ns = 0;  // median per call
