@@ -541,7 +541,8 @@ TEST_CASE("a calibrated card drives the estimator and the simulator") {
   const double mbs = static_cast<double>(p.num_micro_batches());
   // The optimizer step: its kernels (grad_scale, grad_norm, adam, param_copy,
   // grad_zero) priced by the card's fits where it has them ("adam").
-  const double adam_ns = static_cast<double>(optimizer_step_time_ns(gpu, parameters_on_stage(m, p, 0), p.dp, 0));
+  const double adam_ns =
+      static_cast<double>(optimizer_step_time_ns(gpu, parameters_on_stage(m, p, 0), p.dp, 0, optimizer_precision(p)));
 
   const Estimate est = estimate(m, cal, p);
   CHECK(est.breakdown.compute_s == doctest::Approx(mbs * compute_ns * 1e-9).epsilon(1e-9));

@@ -563,6 +563,48 @@ TEST_CASE("--fsdp-grad-dtype: Megatron-FSDP's bf16 gradients by default, fp32 on
   CHECK(titan.err.find("--fsdp-grad-dtype: torchtitan has no Megatron-FSDP to keep gradients in bf16") != std::string::npos);
 }
 
+TEST_CASE("--precision-aware-optimizer and --adam-moments: smaller optimizer states, in the plan file and the exports") {
+  const TempDir dir("cli_precision_aware");
+  const std::string fixed = "simulate " + kLlama + " --tp 4 --pp 4 --zero 1 --analytical --json";
+  CliResult d = run(fixed);
+  CliResult a = run(fixed + " --precision-aware-optimizer --adam-moments bf16");
+  REQUIRE_MESSAGE(d.code == 0, d.err);
+  REQUIRE_MESSAGE(a.code == 0, a.err);
+  const nlohmann::json jd = nlohmann::json::parse(d.out), ja = nlohmann::json::parse(a.out);
+  CHECK_FALSE(jd.contains("precision_aware_optimizer"));
+  CHECK(ja["precision_aware_optimizer"] == true);
+  CHECK(ja["adam_moment_bytes"] == 2);
+  // 12 bytes of states a parameter become 6 (remainders 2 + moments 2 + 2), sharded over DP 2.
+  CHECK(ja["memory"]["weights_and_optimizer_bytes"].get<double>() < jd["memory"]["weights_and_optimizer_bytes"].get<double>());
+  CliResult text = run("simulate " + kLlama + " --tp 4 --pp 4 --zero 1 --precision-aware-optimizer --adam-moments bf16");
+  REQUIRE_MESSAGE(text.code == 0, text.err);
+  CHECK(text.out.find("precision-aware optimizer (Transformer Engine's FusedAdam): 6 bytes of optimizer states per "
+                      "parameter (master weights as 16-bit remainders of the bf16 weights), Adam's moments in bf16") !=
+        std::string::npos);
+  const auto plan = dir / "p.json";
+  CliResult p = run("plan " + kLlama + " --tp 4 --pp 4 --precision-aware-optimizer --adam-moments bf16 --out " +
+                    plan.string());
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  const nlohmann::json pj = nlohmann::json::parse(std::ifstream(plan));
+  CHECK(pj["parallel"]["precision_aware_optimizer"] == true);
+  CHECK(pj["parallel"]["adam_moment_bytes"] == 2);
+  CliResult e = run("export --plan " + plan.string() + " --to megatron");
+  REQUIRE_MESSAGE(e.code == 0, e.err);
+  CHECK(e.out.find("--use-precision-aware-optimizer") != std::string::npos);
+  CHECK(e.out.find("--exp-avg-dtype bf16") != std::string::npos);
+  // Refused: bf16 moments without it, a trainer without it, another dtype word.
+  CliResult alone = run(fixed + " --adam-moments bf16");
+  CHECK(alone.code == 2);
+  CHECK(alone.err.find("--adam-moments: Adam's moments in bf16 need the precision-aware optimizer") != std::string::npos);
+  CHECK(alone.err.find("add --precision-aware-optimizer") != std::string::npos);
+  CliResult titan = run("simulate " + kLlama + " --tp 4 --pp 1 --zero 3 --trainer torchtitan --precision-aware-optimizer");
+  CHECK(titan.code == 2);
+  CHECK(titan.err.find("--precision-aware-optimizer: torchtitan has no precision-aware optimizer") != std::string::npos);
+  CliResult bad = run(fixed + " --precision-aware-optimizer --adam-moments fp8");
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("--adam-moments: expected fp32 or bf16, got \"fp8\"") != std::string::npos);
+}
+
 TEST_CASE("--precision reaches simulate, plan, the plan file, its readers and the exports; a target without the format refuses") {
   const TempDir dir("cli_precision");
   const std::string h100 = "--model models/llama3-8b.json --cluster topologies/dgx-h100.json";

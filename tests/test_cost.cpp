@@ -642,7 +642,7 @@ TEST_CASE("the embedding's and the LM head's weight gradients, per Megatron-LM 2
 TEST_CASE("the optimizer step: Megatron-LM's kernels over the fp32 gradient buffer and the shard") {
   // 1e9 parameters on the GPU, no DP: grad_scale 8 B, grad_norm 4, Adam 28,
   // master -> bf16 copy 6, buffer zeroing 4: 50 B per parameter.
-  const std::vector<Op> ops = optimizer_step_ops(1e9, 1, 0);
+  const std::vector<Op> ops = optimizer_step_ops(1e9, 1, 0, OptimizerPrecision{});
   REQUIRE(ops.size() == 5);
   const std::vector<std::string> names{"grad_scale", "grad_norm", "adam", "param_copy", "grad_zero"};
   const std::vector<double> bytes{8e9, 4e9, 28e9, 6e9, 4e9};
@@ -654,19 +654,72 @@ TEST_CASE("the optimizer step: Megatron-LM's kernels over the fp32 gradient buff
   CHECK(kAdamBytesPerParam == 28.0);
   // At 2039 GB/s x 0.8 = 1631.2 GB/s, no launch cost: 4,904,365 + 2,452,182 +
   // 17,165,277 + 3,678,274 + 2,452,182 ns (each rounded) = 30,652,280 ns.
-  CHECK(optimizer_step_time_ns(a100(), 1e9, 1, 0) == 30652280);
+  CHECK(optimizer_step_time_ns(a100(), 1e9, 1, 0, OptimizerPrecision{}) == 30652280);
   // ZeRO 1 (the distributed optimizer), DP 8: the buffer stays whole (scale
   // 8e9 B, zero 4e9 B), the norm, Adam and copy run on 1.25e8 parameters:
   // 4,904,365 + 306,523 + 2,145,660 + 459,784 + 2,452,182 = 10,268,514 ns.
-  CHECK(optimizer_step_time_ns(a100(), 1e9, 8, 1) == 10268514);
+  CHECK(optimizer_step_time_ns(a100(), 1e9, 8, 1, OptimizerPrecision{}) == 10268514);
   // ZeRO 2 shards the buffer too: every kernel on 1.25e8 parameters.
-  const std::vector<Op> zero2 = optimizer_step_ops(1e9, 8, 2);
+  const std::vector<Op> zero2 = optimizer_step_ops(1e9, 8, 2, OptimizerPrecision{});
   REQUIRE(zero2.size() == 5);
   for (std::size_t i = 0; i < zero2.size(); ++i) CHECK(zero2[i].bytes == doctest::Approx(bytes[i] / 8));
   // One launch per kernel on a profile that charges launches.
   GpuProfile g = a100();
   g.kernel_launch_ns = 5000;
-  CHECK(optimizer_step_time_ns(g, 1e9, 1, 0) == 30652280 + 5 * 5000);
+  CHECK(optimizer_step_time_ns(g, 1e9, 1, 0, OptimizerPrecision{}) == 30652280 + 5 * 5000);
+}
+
+TEST_CASE("the optimizer step over a 16-bit gradient buffer: 2 B buffer passes and the shard's cast to fp32") {
+  // Megatron-Core without grad_reduce_in_fp32, DP 8, ZeRO 1: grad_scale over
+  // the bf16 buffer 1e9 x (2 + 2) = 4e9 B, grad_cast of the shard (read 2,
+  // write 4) 1.25e8 x 6 = 7.5e8, grad_norm 5e8, Adam 3.5e9, param_copy
+  // 7.5e8, grad_zero 1e9 x 2 = 2e9.
+  ParallelPlan p;
+  p.dp = 8;
+  p.zero_stage = 1;
+  p.trainer.dp_grad_bytes = 2;
+  const OptimizerPrecision bf16_grads = optimizer_precision(p);
+  CHECK(bf16_grads.cast_grads);
+  const std::vector<Op> ops = optimizer_step_ops(1e9, 8, 1, bf16_grads);
+  REQUIRE(ops.size() == 6);
+  const std::vector<std::string> names{"grad_scale", "grad_cast", "grad_norm", "adam", "param_copy", "grad_zero"};
+  const std::vector<double> bytes{4e9, 7.5e8, 5e8, 3.5e9, 7.5e8, 2e9};
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    CHECK(ops[i].name == names[i]);
+    CHECK(ops[i].bytes == doctest::Approx(bytes[i]));
+  }
+  // At 1631.2 GB/s: 2,452,182 + 459,784 + 306,523 + 2,145,660 + 459,784 +
+  // 1,226,091 = 7,050,024 ns (fp32 gradients: 10,268,514).
+  CHECK(optimizer_step_time_ns(a100(), 1e9, 8, 1, bf16_grads) == 7050024);
+  // Megatron-FSDP (ZeRO 3) with bf16 gradients: the buffer is the shard.
+  const std::vector<Op> fsdp = optimizer_step_ops(1e9, 8, 3, bf16_grads);
+  REQUIRE(fsdp.size() == 6);
+  CHECK(fsdp.front().bytes == doctest::Approx(1.25e8 * 4));
+  CHECK(fsdp.back().bytes == doctest::Approx(1.25e8 * 2));
+  // The precision-aware optimizer with bf16 moments on a bf16 plan:
+  // FusedAdam reads the bf16 buffer (no cast; the norm 2 B), reads and
+  // writes the master as weight + remainder (4 + 4) and the moments at 2 B
+  // (2 x 2 + 2 x 2): Adam 2 + 8 + 8 = 18 B a parameter, and no param_copy.
+  p.precision_aware_optimizer = true;
+  p.adam_moment_bytes = 2;
+  const OptimizerPrecision fused = optimizer_precision(p);
+  CHECK(!fused.cast_grads);
+  CHECK(!fused.copy_params);
+  const std::vector<Op> te = optimizer_step_ops(1e9, 8, 1, fused);
+  REQUIRE(te.size() == 4);
+  const std::vector<std::string> te_names{"grad_scale", "grad_norm", "adam", "grad_zero"};
+  const std::vector<double> te_bytes{4e9, 2.5e8, 2.25e9, 2e9};
+  for (std::size_t i = 0; i < te.size(); ++i) {
+    CHECK(te[i].name == te_names[i]);
+    CHECK(te[i].bytes == doctest::Approx(te_bytes[i]));
+  }
+  // Under per-tensor FP8 Megatron-Core keeps the fp32 master weights: the
+  // cast and the copy return, Adam 4 + 8 + 8 = 20 B.
+  p.precision = Precision::fp8_current;
+  const std::vector<Op> fp8 = optimizer_step_ops(1e9, 8, 1, optimizer_precision(p));
+  REQUIRE(fp8.size() == 6);
+  CHECK(fp8[3].name == std::string("adam"));
+  CHECK(fp8[3].bytes == doctest::Approx(1.25e8 * 20));
 }
 
 TEST_CASE("a GEMM beside an NCCL collective: fewer SMs, by hand") {

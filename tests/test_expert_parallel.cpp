@@ -280,7 +280,7 @@ TEST_CASE("MoE parameters and optimizer memory against Megatron-Core's formula (
   const StageParameters sp = stage_parameters(m, p, 0);
   CHECK(sp.dense == 19'025'920.0);
   CHECK(sp.expert == 25'165'824.0);
-  CHECK(sp.dense * bytes_per_parameter(1, 4, 4) + sp.expert * bytes_per_parameter(1, p.expert_dp(), 4) ==
+  CHECK(sp.dense * bytes_per_parameter(1, 4, 4, 12) + sp.expert * bytes_per_parameter(1, p.expert_dp(), 4, 12) ==
         megatron - 512.0 * 9);
   // With bf16 gradients (--grad-reduce-dtype bf16) each group's buffer holds
   // 2 bytes less per parameter: 19,025,920 x (4 + 12/4) + 25,165,824 x (4 +
@@ -288,7 +288,7 @@ TEST_CASE("MoE parameters and optimizer memory against Megatron-Core's formula (
   // are 19,025,920 x 4/4 + 25,165,824 x 4/2 = 69,357,568.
   ParallelPlan bf16_grads = p;
   bf16_grads.trainer.dp_grad_bytes = 2;
-  CHECK(sp.dense * bytes_per_parameter(1, 4, 2) + sp.expert * bytes_per_parameter(1, p.expert_dp(), 2) ==
+  CHECK(sp.dense * bytes_per_parameter(1, 4, 2, 12) + sp.expert * bytes_per_parameter(1, p.expert_dp(), 2, 12) ==
         384'839'680.0);
   CHECK(step_grad_copy_bytes(bf16_grads, sp) == 69'357'568.0);
   // The last stage: the final norm and the untied LM head.

@@ -1255,6 +1255,36 @@ TEST_CASE("fine-grained activation offloading: Megatron-LM and Megatron-Bridge w
   }
 }
 
+TEST_CASE("the precision-aware optimizer: Megatron-LM and Megatron-Bridge write it and the moments' dtype; the rest refuse") {
+  PlanFile pf = plan_file("seed");
+  pf.plan.precision_aware_optimizer = true;
+  pf.plan.adam_moment_bytes = 2;
+  check_options(pf, "megatron");
+  check_options(pf, "megatron-bridge");
+  const std::string m = export_plan(pf, "megatron").text;
+  CHECK(m.find("--use-precision-aware-optimizer") != std::string::npos);
+  const Emitted me = cuboid::test::read_megatron(m);
+  CHECK(value(me, "--exp-avg-dtype") == "bf16");
+  CHECK(value(me, "--exp-avg-sq-dtype") == "bf16");
+  const std::string bt = export_plan(pf, "megatron-bridge").text;
+  const Emitted b = cuboid::test::read_python(bt, "cfg", "model.");
+  CHECK(value(b, "optimizer.use_precision_aware_optimizer") == "True");
+  CHECK(value(b, "optimizer.exp_avg_dtype") == "torch.bfloat16");
+  CHECK(value(b, "optimizer.exp_avg_sq_dtype") == "torch.bfloat16");
+  CHECK(bt.find("\nimport torch\n") != std::string::npos);
+  check_refused(pf, {"deepspeed", "torchtitan", "nemo"}, "parallel.precision_aware_optimizer");
+  CHECK(refusal(pf, "nemo") ==
+        "seed.plan.json: parallel.precision_aware_optimizer: cuboid's NeMo 1.x export has no setting for "
+        "Megatron-Core's precision-aware optimizer (its pinned option list has no use_precision_aware_optimizer or "
+        "exp_avg_dtype keys) (fix: export with --to megatron or --to megatron-bridge, or plan without "
+        "--precision-aware-optimizer and --adam-moments)");
+  SUBCASE("a plan without it writes none of it") {
+    CHECK(text("seed", "megatron").find("precision-aware") == std::string::npos);
+    CHECK(text("seed", "megatron").find("exp-avg") == std::string::npos);
+    CHECK(text("seed", "megatron-bridge").find("precision_aware") == std::string::npos);
+  }
+}
+
 TEST_CASE("torchtitan v0.2.2 runs what was priced: what its start-up and base TOMLs would change") {
   SUBCASE("booleans are tyro flags (--key / --no_key): --key=false does not parse") {
     const std::string gather = export_plan(quantized("seed-zero3", Precision::fp8_current, true, 2), "torchtitan").text;

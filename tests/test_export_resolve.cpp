@@ -347,6 +347,28 @@ TEST_CASE("partial full recomputation runs as priced on Megatron-LM, Megatron-Br
   CHECK(mismatches(fixture_file("seed"), "megatron") == "");
 }
 
+TEST_CASE("the precision-aware optimizer and bf16 moments run as priced on Megatron-LM and Megatron-Bridge") {
+  PlanFile pf = fixture_file("seed");
+  pf.plan.precision_aware_optimizer = true;
+  pf.plan.adam_moment_bytes = 2;
+  for (const char* target : {"megatron", "megatron-bridge"}) {
+    CAPTURE(target);
+    CHECK(mismatches(pf, target) == "");
+    const ResolvedRun run = resolve_export(target, export_plan(pf, target));
+    CHECK(setting(run, "precision_aware_optimizer").value == "true");
+    CHECK(setting(run, "adam_moment_bytes").value == "2");
+  }
+  // The moments back in fp32, or one of them: a mismatch; without the optimizer Megatron-Core refuses bf16 moments.
+  CHECK(after_edit(pf, "megatron", "    --exp-avg-dtype bf16\n    --exp-avg-sq-dtype bf16\n", "")
+            .find("adam_moment_bytes: priced 2, runs 4") == 0);
+  CHECK(after_edit(pf, "megatron", "--exp-avg-sq-dtype bf16", "--exp-avg-sq-dtype fp32")
+            .find("Adam's moments in two dtypes") != std::string::npos);
+  const std::string plain = after_edit(pf, "megatron", "    --use-precision-aware-optimizer\n", "");
+  CHECK(plain.find("without the precision-aware optimizer") != std::string::npos);
+  CHECK(plain.find("precision_aware_optimizer: priced true, runs false") != std::string::npos);
+  CHECK(mismatches(fixture_file("seed"), "megatron") == "");
+}
+
 TEST_CASE("HybridEP's rank capacity factor and the paged stash run as priced; the start-up model asserts their needs") {
   // Mixtral 8x7B, TP 2 x PP 2 x DP 8, EP 8 over flex with HybridEP, the budget at 1.5 and the stash.
   PlanFile pf = fixture_file("mixtral-ep8");

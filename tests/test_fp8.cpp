@@ -623,8 +623,11 @@ TEST_CASE("fp8: Megatron-FSDP gathers the FP8 shards, reduces bf16 gradients and
         transformer_layer_ops(m, cached).backward.size());
   // No per-step cast with the FP8 gather (the optimizer writes the FP8
   // shard); without it the cached copies are cast once per step as under ZeRO 0-2.
+  // (Against a bf16 plan with the FP8 plans' bf16 gradients.)
   const StageParameters sp = stage_parameters(m, bf16, 0);
-  const std::int64_t opt = StepDescription(m, bf16, nullptr).optimizer_ns(gpu, sp, 0);
+  ParallelPlan bf16_grads = bf16;
+  bf16_grads.trainer.dp_grad_bytes = 2;
+  const std::int64_t opt = StepDescription(m, bf16_grads, nullptr).optimizer_ns(gpu, sp, 0);
   CHECK(StepDescription(m, fp8, nullptr).optimizer_ns(gpu, sp, 0) == opt);
   // Current scaling: read 2 B for the amax, 2 B to cast, write 1 + 1 B.
   CHECK(StepDescription(m, cached, nullptr).optimizer_ns(gpu, sp, 0) - opt ==

@@ -102,21 +102,21 @@ double megatron_most_loaded_parameters(const ModelSpec& m, const ParallelPlan& p
 }  // namespace
 
 TEST_CASE("bytes per parameter for each ZeRO stage at dp 8") {
-  CHECK(bytes_per_parameter(0, 8, 4) == 18.0);
-  CHECK(bytes_per_parameter(1, 8, 4) == 7.5);   // 6 + 12/8
-  CHECK(bytes_per_parameter(2, 8, 4) == 4.0);   // 2 + 16/8
-  CHECK(bytes_per_parameter(3, 8, 4) == 2.25);  // 18/8
+  CHECK(bytes_per_parameter(0, 8, 4, 12) == 18.0);
+  CHECK(bytes_per_parameter(1, 8, 4, 12) == 7.5);   // 6 + 12/8
+  CHECK(bytes_per_parameter(2, 8, 4, 12) == 4.0);   // 2 + 16/8
+  CHECK(bytes_per_parameter(3, 8, 4, 12) == 2.25);  // 18/8
   // dp 1: sharding saves nothing.
-  for (int zero = 0; zero <= 3; ++zero) CHECK(bytes_per_parameter(zero, 1, 4) == 18.0);
+  for (int zero = 0; zero <= 3; ++zero) CHECK(bytes_per_parameter(zero, 1, 4, 12) == 18.0);
 }
 
 TEST_CASE("bytes per parameter with bf16 gradients (--grad-reduce-dtype bf16) at dp 8") {
   // 2 bf16 weight + 2 bf16 gradient + 12 fp32 master and Adam moments.
-  CHECK(bytes_per_parameter(0, 8, 2) == 16.0);
-  CHECK(bytes_per_parameter(1, 8, 2) == 5.5);   // 4 + 12/8
-  CHECK(bytes_per_parameter(2, 8, 2) == 3.75);  // 2 + 14/8
-  CHECK(bytes_per_parameter(3, 8, 2) == 2.0);   // 16/8
-  for (int zero = 0; zero <= 3; ++zero) CHECK(bytes_per_parameter(zero, 1, 2) == 16.0);
+  CHECK(bytes_per_parameter(0, 8, 2, 12) == 16.0);
+  CHECK(bytes_per_parameter(1, 8, 2, 12) == 5.5);   // 4 + 12/8
+  CHECK(bytes_per_parameter(2, 8, 2, 12) == 3.75);  // 2 + 14/8
+  CHECK(bytes_per_parameter(3, 8, 2, 12) == 2.0);   // 16/8
+  for (int zero = 0; zero <= 3; ++zero) CHECK(bytes_per_parameter(zero, 1, 2, 12) == 16.0);
 }
 
 TEST_CASE("gradient bytes: the plan's reduce dtype, Megatron-FSDP's FP8 plans bf16") {
@@ -174,6 +174,46 @@ TEST_CASE("Megatron-FSDP's gradients: its own dtype at ZeRO 2 / 3 (default bf16)
   CHECK(p.grad_element_bytes() == 4);
   p.trainer.dp_grad_bytes = 2;
   CHECK(step_grad_copy_bytes(p, first) == 0.0);
+}
+
+TEST_CASE("the precision-aware optimizer: FusedAdam's master-weight remainders and bf16 moments") {
+  ParallelPlan p = plan(4, 4, 2, 1, 64, 8192, Recompute::selective, true, true);
+  p.zero_stage = 1;
+  CHECK(p.optimizer_state_bytes() == 12.0);  // fp32 master + m + v
+  p.precision_aware_optimizer = true;
+  // bf16: FusedAdam holds the master weights as the 16 bits the bf16 weight
+  // lacks (store_param_remainders): 2 + 4 + 4.
+  CHECK(p.optimizer_holds_master_weights());
+  CHECK(p.optimizer_state_bytes() == 10.0);
+  p.adam_moment_bytes = 2;  // --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16
+  CHECK(p.optimizer_state_bytes() == 6.0);
+  // ZeRO-1 at DP 8 with bf16 gradients: 2 weight + 2 gradient + 6 / 8.
+  CHECK(bytes_per_parameter(1, 8, 2, p.optimizer_state_bytes()) == 4.75);
+  // Per-tensor FP8: Megatron-Core keeps fp32 main weights itself: 4 + 2 + 2.
+  p.precision = Precision::fp8_current;
+  CHECK(!p.optimizer_holds_master_weights());
+  CHECK(p.optimizer_state_bytes() == 8.0);
+  // 16-bit gradients: the fp32 copy of the shard, unless FusedAdam reads the buffer.
+  p.trainer.dp_grad_bytes = 2;
+  CHECK(p.optimizer_casts_gradients());
+  p.precision = Precision::bf16;
+  CHECK(!p.optimizer_casts_gradients());
+  // Megatron-FSDP keeps its own main weights.
+  p.zero_stage = 3;
+  CHECK(!p.optimizer_holds_master_weights());
+  CHECK(p.optimizer_state_bytes() == 8.0);
+  // Llama-3-70B, TP 4 x PP 4 x DP 2, ZeRO-1, fp32 gradients: 12 - 6 = 6 bytes
+  // a parameter of the stage, over DP 2.
+  const ModelSpec m = llama3_70b();
+  p.zero_stage = 1;
+  p.trainer.dp_grad_bytes = 4;
+  ParallelPlan plain = p;
+  plain.precision_aware_optimizer = false;
+  plain.adam_moment_bytes = 4;
+  const MemoryReport before = memory_per_gpu(m, plain, a100_80gb()), after = memory_per_gpu(m, p, a100_80gb());
+  REQUIRE(before.peak_stage == after.peak_stage);
+  const double params = stage_parameters(m, p, after.peak_stage).total();
+  CHECK(before.weight_and_optimizer_bytes - after.weight_and_optimizer_bytes == doctest::Approx(params * 6 / 2));
 }
 
 TEST_CASE("Llama-3-70B with bf16 gradients on tp 4, pp 4, dp 2 by hand") {

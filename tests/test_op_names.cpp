@@ -64,7 +64,9 @@ TEST_CASE("op names: the workload lists only known names") {
       }
     }
   }
-  for (const Op& o : optimizer_step_ops(1e9, 2, 1)) {
+  ParallelPlan bf16_grads;
+  bf16_grads.trainer.dp_grad_bytes = 2;
+  for (const Op& o : optimizer_step_ops(1e9, 2, 1, optimizer_precision(bf16_grads))) {
     CAPTURE(o.name);
     CHECK(known(o.name));
   }

@@ -279,9 +279,10 @@ std::vector<KernelMeasurement> run_optimizer_sweep(exec::Backend& be, exec::Comm
   for (double s : scales) {
     const auto n = std::max<std::size_t>(1, static_cast<std::size_t>(static_cast<double>(shard) * s));
     // Keyed by the workload's own bytes for n parameters (one rank, ZeRO 0:
-    // the buffer and the shard are the n elements).
+    // the buffer and the shard are the n elements; the executor's fp32
+    // gradients and moments).
     std::map<std::string, double> bytes;
-    for (const Op& k : optimizer_step_ops(static_cast<double>(n), 1, 0)) bytes[k.name] = k.bytes;
+    for (const Op& k : optimizer_step_ops(static_cast<double>(n), 1, 0, OptimizerPrecision{})) bytes[k.name] = k.bytes;
     const double adam_ns = time_alone(be, world, o, watchdog, op::adam, [&] {
       be.adam_step(params.subspan(0, n), grads.subspan(0, n), m.subspan(0, n), v.subspan(0, n), adam, step++);
     }, &evict);

@@ -190,10 +190,10 @@ std::string experts_cost(const ModelSpec& m, const Topology& topo, const Estimat
   const ParallelPlan& p = e.plan;
   const StageParameters sp = stage_parameters(m, p, e.memory.peak_stage);
   // With torchtitan's pipeline over FSDP, each group's unsharded gradients too (pp_fsdp_no_sync).
-  const double grad_bytes = p.grad_element_bytes();
-  const double expert_bytes = sp.expert * bytes_per_parameter(p.zero_stage, p.expert_dp(), grad_bytes) +
+  const double grad_bytes = p.grad_element_bytes(), states = p.optimizer_state_bytes();
+  const double expert_bytes = sp.expert * bytes_per_parameter(p.zero_stage, p.expert_dp(), grad_bytes, states) +
                               pp_fsdp_no_sync_bytes(p, StageParameters{0, sp.expert});
-  const double dense_bytes = sp.dense * bytes_per_parameter(p.zero_stage, p.dp_cp(), grad_bytes) +
+  const double dense_bytes = sp.dense * bytes_per_parameter(p.zero_stage, p.dp_cp(), grad_bytes, states) +
                              pp_fsdp_no_sync_bytes(p, StageParameters{sp.dense, 0});
   const double load = ep_rank_load(m, p);
   std::string balance;

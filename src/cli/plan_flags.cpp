@@ -126,6 +126,14 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                 "keep the FP8 layers' weights in FP8 only and all-gather them in FP8 (Megatron-Core's "
                 "--fp8-param-gather; needs an FP8 --precision and the distributed optimizer, --zero 1 or 2, or "
                 "Megatron-FSDP, --zero 3)");
+  cmd->add_flag("--precision-aware-optimizer", f.precision_aware_optimizer,
+                "let Transformer Engine's FusedAdam hold the optimizer's states (Megatron-Core's "
+                "--use-precision-aware-optimizer): on a bf16 plan the master weights are kept as 16-bit "
+                "remainders of the bf16 weights and the gradients read where the buffer keeps them "
+                "(megatron-core only; docs/cost-model.md#the-precision-aware-optimizer)");
+  cmd->add_option("--adam-moments", f.adam_moments,
+                  "the dtype of Adam's two moments: fp32 (default) or bf16 (Megatron-Core's --exp-avg-dtype and "
+                  "--exp-avg-sq-dtype; bf16 needs --precision-aware-optimizer); not searched");
   cmd->add_option("--offload-activations", f.offload_activations,
                   "offload the activations of the first N decoder layers to host memory and reload them for the "
                   "backward (Megatron-Core's --cpu-offloading-num-layers; PP 1, implies --recompute none; the "
@@ -415,6 +423,13 @@ PlannerOptions planner_options(const PlanFlags& f) {
   if (f.overlap_param_gather) o.overlap_param_gather = parse_on_off(*f.overlap_param_gather, "--overlap-param-gather");
   if (f.precision) o.precision = parse_precision(*f.precision, cl, "--precision");
   if (f.fp8_param_gather) o.fp8_param_gather = true;
+  if (f.precision_aware_optimizer) o.precision_aware_optimizer = true;
+  if (f.adam_moments) {
+    if (*f.adam_moments != "fp32" && *f.adam_moments != "bf16")
+      throw InputError(cl, "--adam-moments", "expected fp32 or bf16, got \"" + *f.adam_moments + "\"",
+                       "use --adam-moments fp32 or --adam-moments bf16");
+    o.adam_moment_bytes = *f.adam_moments == "fp32" ? 4 : 2;
+  }
   o.trainer = f.trainer;
   if (f.rank_order) o.order = RankOrder::parse(*f.rank_order, cl, "--rank-order");
   positive(f.first_stage_layers, "--first-stage-layers");
@@ -441,7 +456,7 @@ Loaded load(const PlanFlags& f) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
     const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.moe_rank_capacity_factor || f.moe_paged_stash || f.moe_paged_stash_buffer_factor || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.offload_modules || f.sequence_parallel ||
-                      f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.fsdp_grad_dtype || f.rank_order ||
+                      f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.precision_aware_optimizer || f.adam_moments || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.fsdp_grad_dtype || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
                       f.global_batch ||
                       f.seq_length ||
@@ -638,6 +653,13 @@ constexpr KeyFlag kKeyFlags[] = {
     {"parallel.precision", "--precision", [](const PlannerOptions& o) { return shown(o.precision); }},
     {"parallel.fp8_param_gather", "--fp8-param-gather",
      [](const PlannerOptions& o) { return shown(o.fp8_param_gather); }},
+    {"parallel.precision_aware_optimizer", "--precision-aware-optimizer",
+     [](const PlannerOptions& o) { return shown(o.precision_aware_optimizer); }},
+    {"parallel.adam_moment_bytes", "--adam-moments",
+     [](const PlannerOptions& o) {
+       return o.adam_moment_bytes ? std::optional<std::string>(*o.adam_moment_bytes == 4 ? "fp32" : "bf16")
+                                  : std::nullopt;
+     }},
     {"parallel.rank_order", "--rank-order", [](const PlannerOptions& o) { return shown(o.order); }},
     {"parallel.first_stage_layers", "--first-stage-layers",
      [](const PlannerOptions& o) { return shown(o.first_stage_layers); }},

@@ -49,6 +49,7 @@ std::string plain_fix(const PlanRejection& r) {
       return "use --precision fp8-current (or fp8-delayed, fp8-blockwise) on this GPU, or a Blackwell cluster card";
     case K::param_gather_needs_fp8: return "add --precision fp8-delayed (or another FP8 recipe), or drop --fp8-param-gather";
     case K::param_gather_needs_dist_opt: return "use --zero 1 (Megatron's distributed optimizer) or 3 (Megatron-FSDP), or drop --fp8-param-gather";
+    case K::moments_need_precision_aware: return "add --precision-aware-optimizer, or drop --adam-moments";
     case K::stage_layers_negative: return "give positive layer counts";
     case K::uneven_rest:
       return "choose first/last stage layers so that the remaining layers divide by the middle stages";
@@ -143,6 +144,8 @@ std::string plain_fix(const PlanRejection& r) {
       return "drop --grad-reduce-dtype (the trainer's own dtype), or use --trainer megatron-core";
     case K::trainer_no_fsdp_grad_bytes:
       return "drop --fsdp-grad-dtype (--grad-reduce-dtype sets this trainer's), or use --trainer megatron-core";
+    case K::trainer_no_precision_aware:
+      return "drop --precision-aware-optimizer and --adam-moments, or use --trainer megatron-core";
     case K::tp_overlap_needs_sp: return "use --tp 2 (or more) with --sequence-parallel on, or --tp-comm-overlap off";
     case K::param_overlap_needs_dist_opt: return "use --zero 1 or 2, or --overlap-param-gather off";
     case K::param_overlap_needs_grad_overlap: return "use --dp-overlap on, or --overlap-param-gather off";
@@ -210,6 +213,8 @@ std::string_view flag_of(PlanField field) {
     case PlanField::fsdp_grad_bytes: return "--fsdp-grad-dtype";
     case PlanField::moe_rank_capacity_factor: return "--moe-rank-capacity-factor";
     case PlanField::moe_paged_stash: return "--moe-paged-stash";
+    case PlanField::precision_aware_optimizer: return "--precision-aware-optimizer";
+    case PlanField::adam_moment_bytes: return "--adam-moments";
   }
   return "--tp/--pp/--dp";
 }

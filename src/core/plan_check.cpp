@@ -91,6 +91,8 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     return reject(K::trainer_no_dp_grad_bytes, F::dp_grad_bytes, preset, p.trainer.dp_grad_bytes);
   if (!t.runs_fsdp_grad_bytes(p.trainer.fsdp_grad_bytes))
     return reject(K::trainer_no_fsdp_grad_bytes, F::fsdp_grad_bytes, preset, p.trainer.fsdp_grad_bytes);
+  if (p.precision_aware_optimizer && !t.precision_aware_optimizer)
+    return reject(K::trainer_no_precision_aware, F::precision_aware_optimizer, preset);
   if (p.offload_modules != 0 && !t.activation_offloading)
     return reject(K::trainer_no_offload, F::offload_modules, preset);
   return std::nullopt;
@@ -359,6 +361,10 @@ Found check_latent_attention(const ParallelPlan& p, const ModelSpec& m) {
 Found check_precision(const ParallelPlan& p, const GpuProfile& gpu) {
   if (p.fp8_param_gather && p.precision == Precision::bf16)
     return reject(K::param_gather_needs_fp8, F::fp8_param_gather);
+  // Megatron-LM d98e8a64 optimizer_config.py __post_init__: the moments'
+  // dtype "can only be fp32 when not using precision-aware optimizer".
+  if (p.adam_moment_bytes != 4 && !p.precision_aware_optimizer)
+    return reject(K::moments_need_precision_aware, F::adam_moment_bytes, p.adam_moment_bytes);
   if (p.precision == Precision::bf16) return std::nullopt;
   if (p.precision == Precision::nvfp4) {
     if (gpu.peak_fp4_flops <= 0) return reject(K::precision_no_fp4, F::precision);
@@ -576,6 +582,9 @@ std::string describe_trainer(const PlanRejection& r) {
       return trainer_words(v[0], "has no parameter all-gather overlapped with the forward");
     case K::trainer_no_dp_grad_bytes:
       return trainer_words(v[0], std::string("does not reduce gradients in ") + (v[1] == 2 ? "16 bits" : "fp32"));
+    case K::trainer_no_precision_aware:
+      return trainer_words(v[0], "has no precision-aware optimizer (Transformer Engine's FusedAdam holding the "
+                                 "optimizer's states)");
     case K::trainer_no_fsdp_grad_bytes:
       return trainer_words(v[0], std::string("has no Megatron-FSDP to keep gradients in ") +
                                      (v[1] == 2 ? "bf16" : "fp32") + " (its ZeRO 2 / 3 gradients follow the DP reduction's dtype)");
@@ -750,6 +759,9 @@ std::string describe_precision(const PlanRejection& r, const Cluster& c) {
       return gpu + " has no block-scaled tensor-core formats (MXFP8, NVFP4: Transformer Engine runs them on compute "
                    "capability 10.0, Blackwell; its profile's microscaling_formats is false)";
     case K::param_gather_needs_fp8: return "the FP8 parameter all-gather needs an FP8 precision";
+    case K::moments_need_precision_aware:
+      return "Adam's moments in " + std::string(r.values[0] == 2 ? "bf16" : std::to_string(r.values[0]) + "-byte elements") +
+             " need the precision-aware optimizer (Megatron-Core keeps them fp32 without it)";
     case K::param_gather_needs_dist_opt:
       return "the FP8 parameter all-gather is the distributed optimizer's or Megatron-FSDP's (ZeRO 1, 2 or 3), not "
              "ZeRO " + std::to_string(r.values[0]);

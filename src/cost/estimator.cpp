@@ -50,8 +50,9 @@
 // * optimizer: Megatron's step kernels (optimizer_step.hpp): the fp32 grad
 //   buffer scaled and zeroed (8 + 4 B per parameter), and on this GPU's
 //   shard (params / dp with ZeRO >= 1) the grad norm (4), Adam (28) and the
-//   master -> bf16 copy (6), memory-bound; a calibrated profile's kernel fits
-//   (by op name) price those bytes instead.
+//   master -> bf16 copy (6), memory-bound (16-bit gradients and the
+//   precision-aware optimizer move fewer: OptimizerPrecision); a calibrated
+//   profile's kernel fits (by op name) price those bytes instead.
 // * A calibrated card's collective fits replace the link model of the groups
 //   they measured (group_link_params), its GEMM and kernel fits the compute.
 #include "cuboid/cost/estimator.hpp"

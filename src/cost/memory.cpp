@@ -290,8 +290,10 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   const StageParameters params = stage_parameters(m, plan, stage);
   mem.parameters = params.total();
   const double grad_bytes = plan.grad_element_bytes();
-  mem.weight_and_optimizer_bytes = params.dense * bytes_per_parameter(plan.zero_stage, plan.dp_cp(), grad_bytes) +
-                                   params.expert * bytes_per_parameter(plan.zero_stage, plan.expert_dp(), grad_bytes);
+  const double states = plan.optimizer_state_bytes();
+  mem.weight_and_optimizer_bytes =
+      params.dense * bytes_per_parameter(plan.zero_stage, plan.dp_cp(), grad_bytes, states) +
+      params.expert * bytes_per_parameter(plan.zero_stage, plan.expert_dp(), grad_bytes, states);
   // FP8 / FP4 plans: Transformer Engine keeps each quantized weight's
   // rowwise and columnwise copies from the first micro-batch's cast to the
   // step's end (linear.py quantize_weight with update_workspace on
@@ -390,8 +392,9 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
 double step_grad_copy_bytes(const ParallelPlan& plan, const StageParameters& params) {
   // ZeRO-3 of FSDP2 and DeepSpeed: no copy; Megatron-FSDP's
   // update_main_grads (d98e8a64 param_and_grad_buffer.py) casts each
-  // gradient shard to the fp32 main weights' dtype, dropped at zero_grad.
-  if (plan.grad_element_bytes() >= kFp32Bytes || (plan.zero_stage >= 3 && plan.trainer.fsdp_grad_bytes == 0)) return 0;
+  // gradient shard to the fp32 main weights' dtype, dropped at zero_grad;
+  // none where FusedAdam reads the buffer (ParallelPlan::optimizer_casts_gradients).
+  if (!plan.optimizer_casts_gradients()) return 0;
   // Megatron-LM d98e8a64: the distributed optimizer's
   // _copy_model_grads_to_main_grads gives each fp32 master shard
   // `shard_model_grad.float()` (distrib_optimizer.py), the unsharded one
@@ -404,10 +407,11 @@ double step_grad_copy_bytes(const ParallelPlan& plan, const StageParameters& par
   return copy(params.dense, plan.dp_cp()) + copy(params.expert, plan.expert_dp());
 }
 
-double bytes_per_parameter(int zero_stage, int dp, double grad_bytes) {
-  // bf16 weight 2 + gradient (fp32 main_grad 4, or 2) + fp32 master weight 4 + Adam m 4 + v 4.
-  constexpr double weight = kBf16Bytes, optimizer = 3 * kFp32Bytes;
-  const double grad = grad_bytes;
+double bytes_per_parameter(int zero_stage, int dp, double grad_bytes, double optimizer_bytes) {
+  // bf16 weight 2 + gradient (fp32 main_grad 4, or 2) + the optimizer's
+  // states (fp32 master weight 4 + Adam m 4 + v 4).
+  constexpr double weight = kBf16Bytes;
+  const double grad = grad_bytes, optimizer = optimizer_bytes;
   const double d = dp;
   switch (zero_stage) {
     case 0: return weight + grad + optimizer;

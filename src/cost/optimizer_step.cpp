@@ -16,8 +16,25 @@
 //   grad_zero   training.py train_step: model.zero_grad_buffer() zeroes the
 //               fp32 buffer for the next step (write 4).
 //
-// Not charged: _copy_model_grads_to_main_grads (`main_grad.float()` of an
-// fp32 buffer returns the same tensor: no kernel); unscale + found-inf
+// With 16-bit gradients (grad_bytes 2: Megatron-Core's DDP without
+// grad_reduce_in_fp32, Megatron-FSDP's default main-grads dtype) the buffer
+// ops move 2 B an element, and the optimizer's fp32 main grads are a cast of
+// this GPU's shard of the buffer:
+//   grad_cast   distrib_optimizer.py _copy_model_grads_to_main_grads
+//               `shard_model_grad.float()` (optimizer.py's Float16Optimizer
+//               `main_grad.float()`; Megatron-FSDP's optimizer
+//               `grad.to(dtype=parameter.data.dtype)`,
+//               fully_sharded_optimizer.py; Megatron-LM d98e8a64): read 2 +
+//               write 4 over the shard (ParallelPlan::optimizer_casts_gradients).
+// The precision-aware optimizer (Transformer Engine's FusedAdam,
+// multi_tensor_adam with exp_avg_dtype / exp_avg_sq_dtype) reads and writes
+// Adam's moments at their bytes; where it holds the master weights it reads
+// the gradient buffer as it is (decoupled_grad: no grad_cast, grad_norm and
+// Adam read 2 B), keeps the master weight as the bf16 weight plus a 16-bit
+// remainder (read 2 + 2, write 2 + 2: the model's weight written in the same
+// kernel) and so runs no param_copy.
+// Not charged: that cast of an fp32 buffer (`.float()` returns the same
+// tensor: no kernel); unscale + found-inf
 // (fp16 only: bf16 runs without a grad scaler); the clip itself
 // (multi_tensor_scale only when the norm exceeds the threshold, a data-
 // dependent branch); count_zeros (off by default). Launches: the multi-tensor
@@ -48,27 +65,37 @@ struct StepKernel {
   double bytes;
 };
 
-// The five kernels in Megatron's order. A fixed array, not Ops: the
-// estimator prices a step for every candidate plan it scores.
-std::array<StepKernel, 5> step_kernels(double stage_params, int dp, int zero_stage) {
+// The six kernels in Megatron's order (0 bytes: not run). A fixed array,
+// not Ops: the estimator prices a step for every candidate plan it scores.
+std::array<StepKernel, 6> step_kernels(double stage_params, int dp, int zero_stage, const OptimizerPrecision& o) {
   const double groups = static_cast<double>(std::max(1, dp));
   // The parameters whose master weights and moments this GPU updates, and
-  // the elements of its fp32 gradient buffer (whole up to ZeRO 1).
+  // the elements of its gradient buffer (whole up to ZeRO 1).
   const double shard = zero_stage >= 1 ? stage_params / groups : stage_params;
   const double buffer = zero_stage >= 2 ? shard : stage_params;
-  return {{{op::grad_scale, buffer * (kFp32Bytes + kFp32Bytes)},
-           {op::grad_norm, shard * kFp32Bytes},
-           {op::adam, shard * kAdamBytesPerParam},
-           {op::param_copy, shard * (kFp32Bytes + kBf16Bytes)},
-           {op::grad_zero, buffer * kFp32Bytes}}};
+  const double g = o.grad_bytes;
+  // What the norm and Adam read: the fp32 cast, else the buffer.
+  const double read = o.cast_grads ? kFp32Bytes : g;
+  return {{{op::grad_scale, buffer * (g + g)},
+           {op::grad_cast, o.cast_grads ? shard * (g + kFp32Bytes) : 0.0},
+           {op::grad_norm, shard * read},
+           {op::adam, shard * (read + 2 * kFp32Bytes + 4 * o.moment_bytes)},
+           {op::param_copy, o.copy_params ? shard * (kFp32Bytes + kBf16Bytes) : 0.0},
+           {op::grad_zero, buffer * g}}};
 }
 
 }  // namespace
 
-std::vector<Op> optimizer_step_ops(double stage_params, int dp, int zero_stage) {
+OptimizerPrecision optimizer_precision(const ParallelPlan& plan) {
+  return {static_cast<double>(plan.grad_element_bytes()), plan.optimizer_casts_gradients(),
+          static_cast<double>(plan.adam_moment_bytes), !plan.optimizer_holds_master_weights()};
+}
+
+std::vector<Op> optimizer_step_ops(double stage_params, int dp, int zero_stage, const OptimizerPrecision& o) {
   std::vector<Op> ops;
-  ops.reserve(5);
-  for (const StepKernel& k : step_kernels(stage_params, dp, zero_stage)) {
+  ops.reserve(6);
+  for (const StepKernel& k : step_kernels(stage_params, dp, zero_stage, o)) {
+    if (!(k.bytes > 0)) continue;
     Op op;
     op.name = k.name;
     op.kind = OpKind::memory_bound;
@@ -79,9 +106,10 @@ std::vector<Op> optimizer_step_ops(double stage_params, int dp, int zero_stage) 
   return ops;
 }
 
-TimeNs optimizer_step_time_ns(const GpuProfile& gpu, double stage_params, int dp, int zero_stage) {
+TimeNs optimizer_step_time_ns(const GpuProfile& gpu, double stage_params, int dp, int zero_stage,
+                              const OptimizerPrecision& o) {
   TimeNs ns = 0;
-  for (const StepKernel& k : step_kernels(stage_params, dp, zero_stage)) ns += kernel_time_ns(gpu, k.name, k.bytes);
+  for (const StepKernel& k : step_kernels(stage_params, dp, zero_stage, o)) ns += kernel_time_ns(gpu, k.name, k.bytes);
   return ns;
 }
 

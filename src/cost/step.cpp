@@ -138,8 +138,9 @@ StepCollective StepDescription::tied_embedding() const {
 }
 
 std::int64_t StepDescription::optimizer_ns(const GpuProfile& gpu, const StageParameters& sp, int stage) const {
-  std::int64_t ns = optimizer_step_time_ns(gpu, sp.dense, dp_, zero_);
-  if (sp.expert > 0) ns += optimizer_step_time_ns(gpu, sp.expert, edp_, zero_);
+  const OptimizerPrecision precision = optimizer_precision(plan_);
+  std::int64_t ns = optimizer_step_time_ns(gpu, sp.dense, dp_, zero_, precision);
+  if (sp.expert > 0) ns += optimizer_step_time_ns(gpu, sp.expert, edp_, zero_, precision);
   // Megatron-FSDP with --fp8-param-gather has no per-step cast: the
   // optimizer writes the FP8 shard (param_copy, priced as bf16) and each
   // backward gather is transposed (workload.cpp, op::fp8_weight_transpose).

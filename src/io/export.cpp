@@ -55,6 +55,15 @@ void refuse_offload(const PlanFile& pf, std::string_view trainer, std::string_vi
          "export with --to megatron or --to megatron-bridge, or plan without --offload-activations");
 }
 
+void refuse_precision_aware_optimizer(const PlanFile& pf, std::string_view trainer, std::string_view why) {
+  const ParallelPlan& p = pf.plan;
+  if (!p.precision_aware_optimizer && p.adam_moment_bytes == 4) return;
+  refuse(pf, p.precision_aware_optimizer ? "parallel.precision_aware_optimizer" : "parallel.adam_moment_bytes",
+         fmt::format("{} has no setting for Megatron-Core's precision-aware optimizer ({})", trainer, why),
+         "export with --to megatron or --to megatron-bridge, or plan without --precision-aware-optimizer and "
+         "--adam-moments");
+}
+
 void refuse_recompute_layers(const PlanFile& pf, std::string_view why) {
   const ParallelPlan& p = pf.plan;
   if (!p.recompute_layers_set()) return;

@@ -31,6 +31,10 @@ void refuse_offload(const PlanFile& pf, std::string_view trainer, std::string_vi
 // the Megatron-LM, Megatron-Bridge and NeMo exports write it; `why` says
 // what the target's checkpointing does instead.
 void refuse_recompute_layers(const PlanFile& pf, std::string_view why);
+// Refuses Megatron-Core's precision-aware optimizer (Transformer Engine's
+// FusedAdam holding the optimizer's states, Adam's moments in bf16), which
+// `trainer`'s optimizer does not have (`why`).
+void refuse_precision_aware_optimizer(const PlanFile& pf, std::string_view trainer, std::string_view why);
 
 bool default_rank_order(const ParallelPlan& p);
 // Index of `d` in the rank order, 0 = innermost.

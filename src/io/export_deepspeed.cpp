@@ -24,6 +24,8 @@ void check_layout(const PlanFile& pf) {
   refuse_mla_mtp(pf, "DeepSpeed's config");
   refuse_pipeline_layout(pf, "DeepSpeed's config");
   refuse_megatron_overlaps(pf, "DeepSpeed's config");
+  refuse_precision_aware_optimizer(pf, "DeepSpeed's config",
+                                   "its optimizers keep fp32 master weights and Adam moments of their own");
   refuse_offload(pf, "DeepSpeed's config",
                  "its activation checkpointing's cpu_checkpointing moves checkpoints of a full recomputation, "
                  "not the saved activations of layers run without recomputation");

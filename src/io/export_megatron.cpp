@@ -80,6 +80,13 @@ Args parallelism_args(const PlanFile& pf, bool tp_pp_dp, bool fsdp) {
   // which Megatron FSDP does only with this flag.
   if (p.dp_cp() > 1 && (p.zero_stage == 3 || p.trainer.overlap_param_gather)) a.push_back("--overlap-param-gather");
   if (p.dp_cp() > 1 && p.trainer.dp_grad_bytes == 2) a.push_back("--grad-reduce-in-bf16");
+  // The optimizer's states as priced: Transformer Engine's FusedAdam and
+  // Adam's moments' dtypes (arguments.py _add_experimental_args).
+  if (p.precision_aware_optimizer) a.push_back("--use-precision-aware-optimizer");
+  if (p.adam_moment_bytes != 4) {
+    a.push_back("--exp-avg-dtype bf16");
+    a.push_back("--exp-avg-sq-dtype bf16");
+  }
   // Transformer Engine's userbuffers with its default methods (initialize_ub
   // without --tp-comm-overlap-cfg), as priced.
   if (p.trainer.tp_comm_overlap) a.push_back("--tp-comm-overlap");

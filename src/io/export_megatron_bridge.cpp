@@ -78,7 +78,7 @@ std::string preamble(const PlanFile& pf, const Layout& l) {
   if (pf.plan.tp > 1 && !l.fsdp)
     out += "# TP > 1: also export CUDA_DEVICE_MAX_CONNECTIONS=1 (TP communication ordered before GEMMs).\n";
   if (l.fsdp) out += "# Megatron FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset.\n";
-  if (l.fsdp) out += "import torch\n";
+  if (l.fsdp || pf.plan.adam_moment_bytes != 4) out += "import torch\n";
   out += "import torch.nn.functional as F\n"
          "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
          "from megatron.bridge.recipes.common import _pretrain_common\n"
@@ -266,6 +266,13 @@ std::string config_lines(const ParallelPlan& p, const Layout& l) {
   // a ZeRO-0 plan would run as ZeRO-1.
   set("ddp.use_distributed_optimizer", py(p.zero_stage >= 1));
   set("optimizer.use_distributed_optimizer", py(p.zero_stage >= 1));
+  // The optimizer's states as priced (Megatron-Core's OptimizerConfig:
+  // Transformer Engine's FusedAdam, Adam's moments' dtypes).
+  if (p.precision_aware_optimizer) set("optimizer.use_precision_aware_optimizer", "True");
+  if (p.adam_moment_bytes != 4) {
+    set("optimizer.exp_avg_dtype", "torch.bfloat16");
+    set("optimizer.exp_avg_sq_dtype", "torch.bfloat16");
+  }
   set("ddp.use_megatron_fsdp", py(l.fsdp));
   set("ddp.data_parallel_sharding_strategy",
       l.fsdp ? fmt::format("\"{}\"", megatron_fsdp_strategy(p.zero_stage)) : "\"no_shard\"");

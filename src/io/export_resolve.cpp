@@ -128,7 +128,9 @@ std::vector<ResolvedSetting> priced_settings(const PlanFile& pf) {
       {"fp8_param_gather", yes(p.fp8_param_gather), why},
       {"hidden_dropout", resolve::probability(pf.model.hidden_dropout), "the model card's hidden_dropout"},
       {"attention_dropout", resolve::probability(pf.model.attention_dropout), "the model card's attention_dropout"},
-      {"optimizer", "adam", "cuboid prices Adam (two fp32 moments)"},
+      {"optimizer", "adam", "cuboid prices Adam"},
+      {"precision_aware_optimizer", yes(p.precision_aware_optimizer), why},
+      {"adam_moment_bytes", str(p.adam_moment_bytes), why},
       {"compile", "false", "cuboid prices eager kernels, each launched on its own"},
       {"async_tp", "false", "cuboid prices TP collectives as separate kernels"},
   };

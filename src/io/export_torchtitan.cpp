@@ -136,6 +136,8 @@ void check_common(const PlanFile& pf) {
            "plan without --moe-rank-capacity-factor and --moe-paged-stash, or export with --to megatron or --to "
            "megatron-bridge");
   refuse_offload(pf, "cuboid's torchtitan export", "torchtitan's activation checkpointing recomputes; it does not offload");
+  refuse_precision_aware_optimizer(pf, "cuboid's torchtitan export",
+                                   "its optimizer is torch's AdamW over the fp32 sharded parameters");
   refuse_recompute_layers(pf,
                           "torchtitan's activation_checkpoint.mode \"full\" wraps every transformer block in a "
                           "checkpoint of its own (its selective mode's layer option checkpoints every N-th "

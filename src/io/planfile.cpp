@@ -201,6 +201,8 @@ std::string plan_key(PlanField field) {
     case PlanField::fsdp_grad_bytes: return "parallel.trainer.fsdp_grad_bytes";
     case PlanField::moe_rank_capacity_factor: return "parallel.moe_rank_capacity_factor";
     case PlanField::moe_paged_stash: return "parallel.moe_paged_stash";
+    case PlanField::precision_aware_optimizer: return "parallel.precision_aware_optimizer";
+    case PlanField::adam_moment_bytes: return "parallel.adam_moment_bytes";
   }
   return "parallel";
 }
@@ -272,6 +274,8 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
       return "drop precision (bf16), or use the plan with a cluster card whose GPU runs it (--cluster)";
     case PlanCheck::param_gather_needs_fp8: return "drop fp8_param_gather, or give an FP8 precision; or " + kRegenerate;
     case PlanCheck::param_gather_needs_dist_opt: return "drop fp8_param_gather, or set zero_stage 1 or 3; or " + kRegenerate;
+    case PlanCheck::moments_need_precision_aware:
+      return "add \"precision_aware_optimizer\": true, or drop adam_moment_bytes; or " + kRegenerate;
     case PlanCheck::trainer_no_cuda_graphs: return "set trainer.cuda_graphs none, or " + other_trainer;
     case PlanCheck::trainer_no_tp_comm_overlap: return "set trainer.tp_comm_overlap false, or " + other_trainer;
     case PlanCheck::trainer_no_overlap_param_gather: return "set trainer.overlap_param_gather false, or " + other_trainer;
@@ -279,6 +283,8 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
       return "set trainer.dp_grad_bytes to the preset's (" +
              std::to_string(find_trainer(p.trainer.preset)->settings.dp_grad_bytes) + "), or " + other_trainer;
     case PlanCheck::trainer_no_fsdp_grad_bytes: return "drop trainer.fsdp_grad_bytes, or " + other_trainer;
+    case PlanCheck::trainer_no_precision_aware:
+      return "drop precision_aware_optimizer and adam_moment_bytes, or " + other_trainer;
     case PlanCheck::tp_overlap_needs_sp:
       return "set trainer.tp_comm_overlap false, or tp 2 or more with sequence_parallel true; or " + kRegenerate;
     case PlanCheck::param_overlap_needs_dist_opt:
@@ -374,6 +380,14 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   if (const auto precision = r.optional_string("precision"))
     p.precision = parse_precision(*precision, source, "parallel.precision");
   p.fp8_param_gather = r.optional_boolean("fp8_param_gather").value_or(false);
+  // Optional: written only when on (plan_layout_json), and the moments when not fp32.
+  p.precision_aware_optimizer = r.optional_boolean("precision_aware_optimizer").value_or(false);
+  if (r.has("adam_moment_bytes")) {
+    p.adam_moment_bytes = read_int(r, "adam_moment_bytes", 1);
+    if (p.adam_moment_bytes != 2 && p.adam_moment_bytes != 4)
+      r.fail("adam_moment_bytes", "must be 2 (bf16) or 4 (fp32), got " + std::to_string(p.adam_moment_bytes),
+             kRegenerate);
+  }
   p.order = RankOrder::parse(r.string("rank_order"), source, "parallel.rank_order");
   const std::int64_t world = r.positive_integer("world_size");
   // Optional: plan files written before trainer presets were priced as

@@ -42,7 +42,18 @@ struct Mcore {
   Ruled<std::string> fsdp_strategy;
   // Megatron-FSDP's main gradients' dtype as written ("auto": the parameters').
   Ruled<std::string> fsdp_grads;
+  // The precision-aware optimizer, and Adam's two moments' dtypes as written.
+  Ruled<bool> precision_aware;
+  Ruled<std::string> exp_avg, exp_avg_sq;
 };
+
+// Bytes per element of an optimizer state's dtype as Megatron-LM's flags or
+// Megatron-Core's OptimizerConfig spell it.
+std::int64_t dtype_bytes(const std::string& dtype) {
+  if (dtype == "fp32" || dtype == "torch.float32" || dtype == "torch.float") return 4;
+  if (dtype == "fp8" || dtype == "torch.uint8") return 1;
+  return 2;
+}
 
 // Bytes per Megatron-FSDP gradient: fp32 4; bf16, fp16 and auto (the bf16
 // or FP8 parameters': bf16, param_and_grad_buffer.py
@@ -172,6 +183,14 @@ ResolvedRun derive(Builder& b, const Mcore& m) {
   b.set("hidden_dropout", m.hidden_dropout.value, m.hidden_dropout.source);
   b.set("attention_dropout", m.attention_dropout.value, m.attention_dropout.source);
   b.set("optimizer", m.optimizer.value, m.optimizer.source);
+  b.set("precision_aware_optimizer", m.precision_aware.value, m.precision_aware.source);
+  if (dtype_bytes(m.exp_avg.value) != dtype_bytes(m.exp_avg_sq.value))
+    b.fail("Adam's moments in two dtypes (exp_avg " + m.exp_avg.value + ", exp_avg_sq " + m.exp_avg_sq.value +
+           "): cuboid prices both in one");
+  if (!m.precision_aware.value && (dtype_bytes(m.exp_avg.value) != 4 || dtype_bytes(m.exp_avg_sq.value) != 4))
+    b.fail("Adam's moments in " + m.exp_avg.value + " without the precision-aware optimizer (megatron/core/optimizer/"
+           "optimizer_config.py __post_init__ asserts fp32 without it)");
+  b.set("adam_moment_bytes", dtype_bytes(m.exp_avg.value), m.exp_avg.source + "; " + m.exp_avg_sq.source);
   return b.done();
 }
 
@@ -284,6 +303,9 @@ ResolvedRun megatron_lm(const ExportResult& e) {
   m.attention_dropout = {probability(option_or(a, "--attention-dropout", "0.1"), "--attention-dropout"),
                          tc("191", "--attention-dropout, default 0.1")};
   m.optimizer = {option_or(a, "--optimizer", "adam"), args("2913", "--optimizer, default adam")};
+  m.precision_aware = {has("--use-precision-aware-optimizer"), args("3667", "--use-precision-aware-optimizer, default off")};
+  m.exp_avg = {option_or(a, "--exp-avg-dtype", "fp32"), args("3675", "--exp-avg-dtype, default fp32")};
+  m.exp_avg_sq = {option_or(a, "--exp-avg-sq-dtype", "fp32"), args("3680", "--exp-avg-sq-dtype, default fp32")};
   Builder b("megatron");
   if (m.fsdp.value && e.text.find("\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n") != std::string::npos)
     b.fail(args("1166", "Megatron FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1, and the script exports 1"));
@@ -427,6 +449,12 @@ ResolvedRun megatron_bridge(const ExportResult& e) {
   m.attention_dropout = {probability(option_or(o, "model.attention_dropout", "0.1"), "attention_dropout"),
                          mc("transformer/transformer_config.py:184", "attention_dropout, default 0.1")};
   m.optimizer = {"adam", "Megatron-Bridge recipes/utils/optimizer_utils.py:140@v0.6.0: OptimizerConfig(optimizer=\"adam\")"};
+  m.precision_aware = flag("optimizer.use_precision_aware_optimizer", false,
+                           mc("optimizer/optimizer_config.py:187", "use_precision_aware_optimizer, default False"));
+  m.exp_avg = {option_or(o, "optimizer.exp_avg_dtype", "torch.float32"),
+               mc("optimizer/optimizer_config.py:203", "exp_avg_dtype, default torch.float32")};
+  m.exp_avg_sq = {option_or(o, "optimizer.exp_avg_sq_dtype", "torch.float32"),
+                  mc("optimizer/optimizer_config.py:206", "exp_avg_sq_dtype, default torch.float32")};
   return derive(b, m);
 }
 

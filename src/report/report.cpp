@@ -128,6 +128,8 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   if (p.trainer.cuda_graphs.on()) j["cuda_graphs"] = p.trainer.cuda_graphs.str();
   if (p.trainer.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (p.trainer.overlap_param_gather) j["overlap_param_gather"] = true;
+  if (p.precision_aware_optimizer) j["precision_aware_optimizer"] = true;
+  if (p.adam_moment_bytes != 4) j["adam_moment_bytes"] = p.adam_moment_bytes;
   if (e.interval) j["prediction_interval"] = interval_to_json(*e.interval);
   // Only where it prices something: other plans' JSON stays as it was.
   if (p.zero_stage == 3 && p.dp > 1) {
@@ -321,6 +323,14 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                      p.trainer.dp_overlap ? "overlapped with the backward" : "after the backward",
                      p.grad_element_bytes(), p.zero_stage >= 2 && p.trainer.fsdp_grad_bytes > 0 ? " (Megatron-FSDP's)" : "",
                      p.zero_stage == 1 && p.dp > 1 && p.trainer.zero1_grad_all_reduce ? ", all-reduced (ZeRO-1)" : "");
+  // Only when on: other plans print as they did.
+  if (p.precision_aware_optimizer)
+    out += fmt::format("      precision-aware optimizer (Transformer Engine's FusedAdam): {} bytes of optimizer states "
+                       "per parameter{}, Adam's moments in {}\n",
+                       p.optimizer_state_bytes(),
+                       p.master_weight_remainders() ? " (master weights as 16-bit remainders of the bf16 weights)"
+                                                    : "",
+                       p.adam_moment_bytes == 2 ? "bf16" : "fp32");
   // Only when on: other plans print as they did.
   if (p.trainer.cuda_graphs.on() || p.trainer.tp_comm_overlap || p.trainer.overlap_param_gather) {
     std::string on;

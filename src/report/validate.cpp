@@ -70,6 +70,11 @@ bool listed(const std::vector<NamedReason>& list, const std::string& name) {
   return std::any_of(list.begin(), list.end(), [&](const NamedReason& r) { return name == r.name; });
 }
 
+// The executor's gradients, master weights and moments are fp32 whatever
+// the plan's trainer keeps (exec/step.cpp).
+constexpr int kExecutorGradBytes = 4;
+const OptimizerPrecision kExecutorOptimizer{};
+
 // The executor's optimizer-step kernels, which the simulator prices as the
 // optimizer step (optimizer_step.hpp).
 bool is_optimizer_op(const std::string& name) {
@@ -341,7 +346,8 @@ std::vector<OpRow> op_rows(const PlanFile& pf, const Topology& topo, const Measu
       // As the simulator: the step's kernel of that name over the stage's
       // parameters (ZeRO: the DP shard), once per step.
       const int zero = pf.plan.dp_cp() > 1 ? pf.plan.zero_stage : 0;
-      for (const Op& k : optimizer_step_ops(parameters_on_stage(pf.model, pf.plan, stage), pf.plan.dp_cp(), zero))
+      for (const Op& k :
+           optimizer_step_ops(parameters_on_stage(pf.model, pf.plan, stage), pf.plan.dp_cp(), zero, kExecutorOptimizer))
         if (k.name == op.name) row.predicted_s = ns_to_s(kernel_time_ns(gpu, k.name, k.bytes));
     } else {
       continue;  // PP / DP tasks and executor-only ops: no per-op prediction
@@ -363,6 +369,10 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
   ParallelPlan as_run = pf.plan;
   as_run.trainer.dp_overlap = false;  // and reduces gradients after the last backward
   as_run.trainer.cp_overlap = false;  // and exchanges a CP ring step's K/V before its block
+  as_run.trainer.dp_grad_bytes = kExecutorGradBytes;  // and keeps, reduces and steps fp32 gradients
+  if (as_run.trainer.fsdp_grad_bytes > 0) as_run.trainer.fsdp_grad_bytes = kExecutorGradBytes;
+  as_run.precision_aware_optimizer = false;  // and fp32 master weights and moments
+  as_run.adam_moment_bytes = 4;
   sim::SimResult sim;
   try {
     sim = sim::run_simulation(pf.model, topo, as_run, so);

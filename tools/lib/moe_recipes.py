@@ -26,7 +26,6 @@ CLUSTERS = {"H100": ("topologies/dgx-h100.json", 8), "B200": ("topologies/dgx-b2
 GPU_ORDER = ["H100", "B200", "GB200", "GB300"]
 # Recipe settings no flag sets: priced without, named on each row.
 PRICED_WITHOUT = [
-    ("bf16 Adam moments (precision-aware optimizer)", lambda r: r["exp_avg_dtype"] == "bfloat16"),
     ("FP8 attention (fp8_dot_product_attention)", lambda r: r["fp8_dot_product_attention"] == "1"),
     ("EP overlap without delayed wgrad (priced with it)", lambda r: r["ep_overlap"] == "1" and r["delay_wgrad"] != "1"),
     ("the parameter gather under the optimizer step", lambda r: r["overlap_param_gather_with_optimizer_step"] == "1"),
@@ -87,6 +86,13 @@ def moe_args(r):
     a += ["--precision", r["precision"]]
     if r["precision"] != "bf16" and r["fp8_param_gather"] == "1":
         a += ["--fp8-param-gather"]
+    # The optimizer's precision settings (main_params_dtype is fp32 and
+    # exp_avg_sq_dtype is exp_avg_dtype in all 89; main_grads_dtype follows
+    # the DDP buffer, --grad-reduce-dtype above).
+    if r["precision_aware_optimizer"] == "1":
+        a += ["--precision-aware-optimizer"]
+    if r["exp_avg_dtype"] == "bfloat16":
+        a += ["--adam-moments", "bf16"]
     mods = r["recompute_modules"]
     if r["recompute_granularity"] == "selective" and mods:
         a += ["--recompute", "selective"] if mods == "core_attn" else ["--recompute-modules", mods]

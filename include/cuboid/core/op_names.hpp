@@ -255,6 +255,7 @@ inline constexpr char dp_ag_params[] = "dp_ag_params";
 
 // Optimizer step, in Megatron's order (optimizer_step.hpp).
 inline constexpr char grad_scale[] = "grad_scale";
+inline constexpr char grad_cast[] = "grad_cast";
 inline constexpr char grad_norm[] = "grad_norm";
 inline constexpr char adam[] = "adam";
 inline constexpr char param_copy[] = "param_copy";
@@ -320,7 +321,7 @@ inline bool is_pipeline_exchange(std::string_view name) {
 }
 
 // Every name above, for checks.
-inline constexpr std::array<std::string_view, 214> all{
+inline constexpr std::array<std::string_view, 215> all{
     fp8_amax, fp8_scale, fp8_cast, fp8_grad_cast, tp_ar_amax, fp8_weight_cast, fp8_weight_transpose,
     norm_in, tp_ag_attn, qkv, qkv_bias, attn_alibi_bias, attn_qk, attn_softmax, attn_av, attn_ctx_copy, attn_flash,
     proj, tp_rs_attn,
@@ -336,7 +337,7 @@ inline constexpr std::array<std::string_view, 214> all{
     pp_send_bwd_recv_fwd, pp_send_fwd_recv_fwd, pp_send_bwd_recv_bwd, pp_send_fwd_recv_fwd_bwd,
     pp_send_fwd_bwd_recv_fwd_bwd, pp_send_fwd_bwd_recv_fwd, pp_send_fwd_bwd_recv_bwd, pp_send_fwd_bwd,
     pp_send_bwd_recv_fwd_bwd, pp_recv_fwd_bwd, dp_ar_grads, dp_rs_grads,
-    dp_ag_params, grad_scale, grad_norm, adam, param_copy, grad_zero, dqkv_zero, cp_kv_pack, tp_ar_norm_grads, cp_kv_p2p,
+    dp_ag_params, grad_scale, grad_cast, grad_norm, adam, param_copy, grad_zero, dqkv_zero, cp_kv_pack, tp_ar_norm_grads, cp_kv_p2p,
     cp_a2a_qkv, cp_a2a_out, cp_kv_dkv_p2p_bwd, cp_a2a_out_bwd, cp_a2a_qkv_bwd, cp_out_correct, cp_grad_sum_bwd,
     router, router_topk, moe_permute, ep_a2a_counts, ep_a2a_dispatch, ep_a2a_probs, etp_ag_dispatch, moe_sort, expert_fc1, expert_act, expert_fc2, moe_unsort, etp_rs_combine, ep_a2a_combine, moe_unpermute, tp_ag_shared, shared_fc1, shared_act, shared_fc2, tp_rs_shared, shared_add, router_dgrad, router_wgrad, router_topk_bwd, moe_permute_bwd, ep_a2a_dispatch_bwd, ep_a2a_probs_bwd, etp_ag_dispatch_bwd, moe_sort_bwd, expert_fc1_dgrad, expert_fc1_wgrad, expert_act_bwd, expert_fc2_dgrad, expert_fc2_wgrad, moe_unsort_bwd, etp_rs_combine_bwd, ep_a2a_combine_bwd, moe_unpermute_bwd, tp_ag_shared_bwd, shared_fc1_dgrad, shared_fc1_wgrad, shared_act_bwd, shared_fc2_dgrad, shared_fc2_wgrad, tp_rs_shared_bwd, router_grad_accum, expert_fc1_grad_accum, expert_fc2_grad_accum, shared_fc1_grad_accum, shared_fc2_grad_accum,
     ep_ag_dispatch, ep_ag_probs, ep_rs_combine, ep_flex_dispatch, ep_flex_probs, ep_flex_combine, ep_ag_dispatch_bwd,

@@ -387,6 +387,12 @@ struct ParallelPlan {
   // quantized layers' weights are FP8 tensors with no bf16 copy, and the
   // distributed optimizer all-gathers them at 1 byte per element.
   bool fp8_param_gather = false;
+  // Megatron-Core's --use-precision-aware-optimizer: Transformer Engine's
+  // FusedAdam keeps the optimizer's tensors, Adam's two moments at
+  // `adam_moment_bytes` each (--exp-avg-dtype and --exp-avg-sq-dtype: 4
+  // fp32, 2 bf16, which needs it). Off: fp32 master weights and moments.
+  bool precision_aware_optimizer = false;
+  int adam_moment_bytes = 4;
   // Megatron-Core's --cpu-offloading-num-layers (Transformer Engine's CPU
   // offload): the activations of the first N decoder layers go to host
   // memory in the forward and come back for the backward (cost/offload.hpp).
@@ -465,6 +471,36 @@ struct ParallelPlan {
     if (zero_stage >= 2 && trainer.fsdp_grad_bytes > 0) return trainer.fsdp_grad_bytes;
     if (zero_stage >= 3 && precision != Precision::bf16) return 2;
     return trainer.dp_grad_bytes;
+  }
+  // Under the precision-aware optimizer, Transformer Engine's FusedAdam
+  // holds the master weights and writes the model's itself, and reads the
+  // gradient buffer where it is (decoupled_grad: no fp32 copy): fp32 main
+  // weights without an FP8 recipe other than delayed scaling (Megatron-LM
+  // d98e8a64 optimizer_config.py use_precision_aware_optimizer_no_fp8_or_ds_fp8;
+  // distrib_optimizer.py _copy_model_grads_to_main_grads and
+  // _copy_main_params_to_model_params return early), outside Megatron-FSDP,
+  // which keeps its own main weights.
+  bool optimizer_holds_master_weights() const {
+    return precision_aware_optimizer && zero_stage < 3 &&
+           (precision == Precision::bf16 || precision == Precision::fp8_delayed);
+  }
+  // FusedAdam keeps of each fp32 master weight only the 16 bits its bf16
+  // weight lacks (store_param_remainders, Megatron-Core's default from
+  // Transformer Engine 2.1: optimizer_config.py; TE d0067d0d fused_adam.py
+  // _initialize_state, for bf16 parameters, not FP8 ones).
+  bool master_weight_remainders() const { return optimizer_holds_master_weights() && !fp8_param_gather; }
+  // Bytes per parameter of the optimizer's states: the fp32 master weight
+  // (2 as remainders) and Adam's two moments.
+  double optimizer_state_bytes() const {
+    return (master_weight_remainders() ? 2.0 : 4.0) + 2.0 * adam_moment_bytes;
+  }
+  // The optimizer's fp32 copy of 16-bit gradients at the step (the memory's
+  // step_grad_copy_bytes, the step's grad_cast): `.float()` of the
+  // distributed optimizer's shard, Megatron-FSDP's update_main_grads; not
+  // FSDP2's or DeepSpeed's ZeRO-3, not under FusedAdam's own master weights.
+  bool optimizer_casts_gradients() const {
+    return grad_element_bytes() < 4 && !(zero_stage >= 3 && trainer.fsdp_grad_bytes == 0) &&
+           !optimizer_holds_master_weights();
   }
   int expert_tp() const { return etp > 0 ? etp : tp; }
   // The ranks that hold the same experts and average their gradients:

@@ -42,6 +42,8 @@ enum class PlanField {
   fsdp_grad_bytes,       // Megatron-FSDP's gradient dtype (TrainerSettings::fsdp_grad_bytes)
   moe_rank_capacity_factor,  // Megatron-Core's --moe-expert-rank-capacity-factor
   moe_paged_stash,           // and --moe-paged-stash
+  precision_aware_optimizer,  // Megatron-Core's --use-precision-aware-optimizer
+  adam_moment_bytes,          // and its --exp-avg-dtype / --exp-avg-sq-dtype
 };
 
 // Why a plan cannot overlap its EP exchanges (PlanCheck::ep_overlap_refused).
@@ -120,6 +122,7 @@ enum class PlanCheck : std::uint8_t {
   precision_no_fp4,       // - (NVFP4 on a GPU without FP4 tensor cores)
   param_gather_needs_fp8,       // -
   param_gather_needs_dist_opt,  // the ZeRO stage
+  moments_need_precision_aware,  // the bytes per moment (not 4 without the precision-aware optimizer)
   stage_layers_negative,  // -
   uneven_needs_pp,        // -
   uneven_rest,            // first stage layers, last stage layers, the rest, layers, middle stages
@@ -186,6 +189,7 @@ enum class PlanCheck : std::uint8_t {
   recompute_layers_need_full,    // - (a method or layer count without full recomputation)
   trainer_no_dp_grad_bytes,      // the preset, the plan's bytes per gradient
   trainer_no_fsdp_grad_bytes,    // the preset, the plan's Megatron-FSDP bytes per gradient
+  trainer_no_precision_aware,    // the preset
   moe_static_refused,            // why (MoeStaticRefusal), the busiest rank's rows, the budget's rows
 };
 

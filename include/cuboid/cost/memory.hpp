@@ -34,12 +34,13 @@ struct MemoryReport {
 
 
 // Bytes per parameter for weights + gradients + optimizer states with mixed
-// precision Adam and gradients of `grad_bytes` (grad_element_bytes): with
-// fp32 gradients 18 without sharding (2 bf16 weight + 4 fp32 grad + 4 fp32
-// master + 4 + 4 Adam moments), Megatron's distributed optimizer / ZeRO-1
-// 6 + 12/dp, ZeRO-2 2 + 16/dp, ZeRO-3 18/dp; bf16 gradients 2 bytes less
-// before their sharding.
-double bytes_per_parameter(int zero_stage, int dp, double grad_bytes);
+// precision Adam, gradients of `grad_bytes` (grad_element_bytes) and
+// optimizer states of `optimizer_bytes` (optimizer_state_bytes: 12, fp32
+// master + Adam's moments): with fp32 gradients 18 without sharding (2 bf16
+// weight + 4 fp32 grad + 4 fp32 master + 4 + 4 Adam moments), Megatron's
+// distributed optimizer / ZeRO-1 6 + 12/dp, ZeRO-2 2 + 16/dp, ZeRO-3 18/dp;
+// bf16 gradients 2 bytes less before their sharding.
+double bytes_per_parameter(int zero_stage, int dp, double grad_bytes, double optimizer_bytes);
 
 // Parameters on one GPU of pipeline stage `stage` (transformer layers of the
 // stage / tp, plus the embedding on the first stage and the LM head on the
