@@ -70,10 +70,20 @@ bool listed(const std::vector<NamedReason>& list, const std::string& name) {
   return std::any_of(list.begin(), list.end(), [&](const NamedReason& r) { return name == r.name; });
 }
 
-// The executor's gradients, master weights and moments are fp32 whatever
-// the plan's trainer keeps (exec/step.cpp).
-constexpr int kExecutorGradBytes = 4;
-const OptimizerPrecision kExecutorOptimizer{};
+// The plan as the executor runs it (exec/step.cpp): every op of a rank in
+// order, the DP reduction after the last backward, a CP ring step's K/V
+// exchanged before its block, and fp32 gradients, master weights and
+// moments whatever the plan's trainer keeps.
+ParallelPlan as_executor_runs(const ParallelPlan& plan) {
+  ParallelPlan p = plan;
+  p.trainer.dp_overlap = false;
+  p.trainer.cp_overlap = false;
+  p.trainer.dp_grad_bytes = 4;
+  if (p.trainer.fsdp_grad_bytes > 0) p.trainer.fsdp_grad_bytes = 4;
+  p.precision_aware_optimizer = false;
+  p.adam_moment_bytes = 4;
+  return p;
+}
 
 // The executor's optimizer-step kernels, which the simulator prices as the
 // optimizer step (optimizer_step.hpp).
@@ -347,7 +357,8 @@ std::vector<OpRow> op_rows(const PlanFile& pf, const Topology& topo, const Measu
       // parameters (ZeRO: the DP shard), once per step.
       const int zero = pf.plan.dp_cp() > 1 ? pf.plan.zero_stage : 0;
       for (const Op& k :
-           optimizer_step_ops(parameters_on_stage(pf.model, pf.plan, stage), pf.plan.dp_cp(), zero, kExecutorOptimizer))
+           optimizer_step_ops(parameters_on_stage(pf.model, pf.plan, stage), pf.plan.dp_cp(), zero,
+                              optimizer_precision(as_executor_runs(pf.plan))))
         if (k.name == op.name) row.predicted_s = ns_to_s(kernel_time_ns(gpu, k.name, k.bytes));
     } else {
       continue;  // PP / DP tasks and executor-only ops: no per-op prediction
@@ -366,13 +377,7 @@ ValidationReport validate_measurements(const PlanFile& pf, const Cluster& cluste
   const Topology& topo = topology_for_plan(card, pf.model, pf.plan);
   sim::SimOptions so;
   so.tp_backward_overlap = false;  // the executor runs every op of a rank in order
-  ParallelPlan as_run = pf.plan;
-  as_run.trainer.dp_overlap = false;  // and reduces gradients after the last backward
-  as_run.trainer.cp_overlap = false;  // and exchanges a CP ring step's K/V before its block
-  as_run.trainer.dp_grad_bytes = kExecutorGradBytes;  // and keeps, reduces and steps fp32 gradients
-  if (as_run.trainer.fsdp_grad_bytes > 0) as_run.trainer.fsdp_grad_bytes = kExecutorGradBytes;
-  as_run.precision_aware_optimizer = false;  // and fp32 master weights and moments
-  as_run.adam_moment_bytes = 4;
+  const ParallelPlan as_run = as_executor_runs(pf.plan);
   sim::SimResult sim;
   try {
     sim = sim::run_simulation(pf.model, topo, as_run, so);
