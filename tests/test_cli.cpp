@@ -605,6 +605,50 @@ TEST_CASE("--precision-aware-optimizer and --adam-moments: smaller optimizer sta
   CHECK(bad.err.find("--adam-moments: expected fp32 or bf16, got \"fp8\"") != std::string::npos);
 }
 
+TEST_CASE("--fp8-attention: cuDNN's FP8 attention in the report, the plan file and Megatron-Bridge's export") {
+  const TempDir dir("cli_fp8_attention");
+  const std::string gb = "--model models/llama3-8b.json --cluster topologies/gb200-nvl72.json --nodes 1 --gpus-per-node 8 "
+                         "--tp 1 --pp 1 --dp 8 --global-batch 128 --micro-batch 2 --seq-length 8192 --zero 1 "
+                         "--precision mxfp8";
+  CliResult d = run("simulate " + gb + " --analytical --json");
+  CliResult a = run("simulate " + gb + " --fp8-attention --analytical --json");
+  REQUIRE_MESSAGE(d.code == 0, d.err);
+  REQUIRE_MESSAGE(a.code == 0, a.err);
+  const nlohmann::json jd = nlohmann::json::parse(d.out), ja = nlohmann::json::parse(a.out);
+  CHECK_FALSE(jd.contains("fp8_attention"));
+  CHECK(ja["fp8_attention"] == true);
+  CHECK(ja["iteration_time_s"].get<double>() != jd["iteration_time_s"].get<double>());
+  CliResult text = run("simulate " + gb + " --fp8-attention");
+  REQUIRE_MESSAGE(text.code == 0, text.err);
+  CHECK(text.out.find("precision mxfp8: the linear layers' GEMMs in FP8; attention core in MXFP8 (cuDNN), embedding "
+                      "and LM head bf16") != std::string::npos);
+  const auto plan = dir / "p.json";
+  CliResult p = run("plan " + gb + " --fp8-attention --out " + plan.string());
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  const nlohmann::json pj = nlohmann::json::parse(std::ifstream(plan));
+  CHECK(pj["parallel"]["fp8_attention"] == true);
+  CliResult b = run("export --plan " + plan.string() + " --to megatron-bridge");
+  REQUIRE_MESSAGE(b.code == 0, b.err);
+  CHECK(b.out.find("cfg.mixed_precision.fp8_dot_product_attention = True") != std::string::npos);
+  // Megatron-LM's command line has no argument for it (without --as-planned the export re-plans for it).
+  CliResult e = run("export --plan " + plan.string() + " --to megatron --as-planned");
+  CHECK(e.code != 0);
+  CHECK(e.err.find("parallel.fp8_attention: Megatron-LM d98e8a64's command line has no setting for FP8 attention") !=
+        std::string::npos);
+  // Refused with the reason and the fix: a recipe without it, a GPU without rates.
+  CliResult blockwise = run("simulate --model models/llama3-8b.json --cluster topologies/dgx-h100.json --tp 1 "
+                            "--precision fp8-blockwise --fp8-attention");
+  CHECK(blockwise.code == 2);
+  CHECK(blockwise.err.find("--fp8-attention: FP8 attention under the blockwise recipe") != std::string::npos);
+  CHECK(blockwise.err.find("use --precision fp8-current, fp8-delayed or mxfp8, or drop --fp8-attention") !=
+        std::string::npos);
+  CliResult h100 = run("simulate --model models/llama3-8b.json --cluster topologies/dgx-h100.json --tp 1 "
+                       "--precision fp8-current --fp8-attention");
+  CHECK(h100.code == 2);
+  CHECK(h100.err.find("H100-SXM5-80GB's profile has no measured rates for cuDNN's per-tensor FP8 attention") !=
+        std::string::npos);
+}
+
 TEST_CASE("--precision reaches simulate, plan, the plan file, its readers and the exports; a target without the format refuses") {
   const TempDir dir("cli_precision");
   const std::string h100 = "--model models/llama3-8b.json --cluster topologies/dgx-h100.json";

@@ -881,6 +881,96 @@ TEST_CASE("Blackwell's cuDNN attention: B200 at cuDNN 9.13's measured rates, GB2
         doctest::Approx(0.512 + (std::log2(12288.0) - 13.0) * (0.548 - 0.512)));
 }
 
+TEST_CASE("FP8 attention: cuDNN's FP8 kernels at their measured rates, the quantize kernels around them") {
+  // Llama 3 8B's layer (32 heads of 128, 8 K/V heads, TP 1, b 2, s 8192) on
+  // the GB200 with --fp8-attention: the forward and backward kernels run at
+  // the FP8 peak (5000) x cuDNN's measured fraction x the sustained fraction
+  // 0.804, on the same grid (4096 tiles, 27 waves: 4096 / 4104).
+  const ModelSpec m = test::llama3_8b();
+  const GpuProfile gb200 = load_cluster("topologies/gb200-nvl72.json").gpu;
+  const double flops = 4.0 * 8192 * 8192 * 128 * 64 / 2;
+  const double wave = 4096.0 / 4104.0;
+  ParallelPlan p = plan_of(1, 2, 8192, false, true, Recompute::none);
+  p.fp8_attention = true;
+  // Not under bf16: no format (plan_check refuses it).
+  CHECK_FALSE(p.fp8_attention_format().has_value());
+  // MXFP8 (cuDNN 9.22: 1902 and 1287 TFLOP/s at 8k, 0.380 and 0.257 of 5000).
+  p.precision = Precision::mxfp8;
+  REQUIRE(p.fp8_attention_format() == Fp8AttentionFormat::mxfp8);
+  const LayerOps mx = transformer_layer_ops(m, p);
+  const Op* fwd = find_named(mx.forward, "attn_flash");
+  const Op* bwd = find_named(mx.backward, "attn_flash_bwd");
+  REQUIRE(fwd != nullptr);
+  REQUIRE(bwd != nullptr);
+  CHECK(fwd->precision == Precision::mxfp8);
+  CHECK(static_cast<double>(op_time_ns(gb200, *fwd)) ==
+        doctest::Approx(flops / (5000e12 * 0.380 * 0.804 * wave) * 1e9 + gb200.kernel_launch_ns).epsilon(1e-5));
+  CHECK(static_cast<double>(op_time_ns(gb200, *bwd)) ==
+        doctest::Approx(2.5 * flops / (5000e12 * 0.257 * 0.804 * wave) * 1e9 + gb200.kernel_launch_ns).epsilon(1e-5));
+  // Right before the forward kernel the cast of Q, K and V (tokens 16,384 x
+  // (4096 + 2 x 1024)): read bf16, write the rowwise and columnwise MXFP8
+  // copies with their scales, 2 + 2 x (1 + 1/32) bytes an element; before
+  // the backward kernel the output gradient's (16,384 x 4096). No amax pass,
+  // no dequantize: MXFP8 writes O and dQ, dK, dV in bf16.
+  const auto before = [](const std::vector<Op>& ops, const char* name) -> const Op* {
+    for (std::size_t i = 1; i < ops.size(); ++i)
+      if (ops[i].name == name) return &ops[i - 1];
+    return nullptr;
+  };
+  const double qkv = 16384.0 * (4096 + 2 * 1024), o = 16384.0 * 4096;
+  const Op* cast = before(mx.forward, "attn_flash");
+  REQUIRE(cast != nullptr);
+  CHECK(cast->name == "fp8_cast");
+  CHECK(cast->precision == Precision::mxfp8);
+  CHECK(cast->bytes == doctest::Approx(qkv * (2 + 2 * (1 + 1.0 / 32))));
+  const Op* grad_cast = before(mx.backward, "attn_flash_bwd");
+  REQUIRE(grad_cast != nullptr);
+  CHECK(grad_cast->name == "fp8_grad_cast");
+  CHECK(grad_cast->bytes == doctest::Approx(o * (2 + 2 * (1 + 1.0 / 32))));
+  CHECK(find_named(mx.forward, "fp8_dequantize") == nullptr);
+  // Per-tensor current scaling (cuDNN 9.18.1: 1862 and 1485 at 8k, 0.372
+  // and 0.297): an amax pass and the scale before a rowwise cast (2 + 1).
+  p.precision = Precision::fp8_current;
+  const LayerOps cs = transformer_layer_ops(m, p);
+  const Op* cs_fwd = find_named(cs.forward, "attn_flash");
+  REQUIRE(cs_fwd != nullptr);
+  CHECK(static_cast<double>(op_time_ns(gb200, *cs_fwd)) ==
+        doctest::Approx(flops / (5000e12 * 0.372 * 0.804 * wave) * 1e9 + gb200.kernel_launch_ns).epsilon(1e-5));
+  const Op* cs_cast = before(cs.forward, "attn_flash");
+  REQUIRE(cs_cast != nullptr);
+  CHECK(cs_cast->bytes == doctest::Approx(qkv * (2 + 1)));
+  const Op* scale = cs_cast - 1;
+  CHECK(scale->name == "fp8_scale");
+  CHECK((scale - 1)->name == "fp8_amax");
+  CHECK((scale - 1)->bytes == doctest::Approx(qkv * 2));
+  // Delayed scaling: the cast alone, and cuDNN's FP8 output and gradients
+  // dequantized after each kernel (read 1, write 2): O after the forward,
+  // dQ, dK, dV after the backward.
+  p.precision = Precision::fp8_delayed;
+  const LayerOps ds = transformer_layer_ops(m, p);
+  const auto after = [](const std::vector<Op>& ops, const char* name) -> const Op* {
+    for (std::size_t i = 0; i + 1 < ops.size(); ++i)
+      if (ops[i].name == name) return &ops[i + 1];
+    return nullptr;
+  };
+  const Op* o_deq = after(ds.forward, "attn_flash");
+  REQUIRE(o_deq != nullptr);
+  CHECK(o_deq->name == "fp8_dequantize");
+  CHECK(o_deq->bytes == doctest::Approx(o * 3));
+  const Op* g_deq = after(ds.backward, "attn_flash_bwd");
+  REQUIRE(g_deq != nullptr);
+  CHECK(g_deq->name == "fp8_dequantize");
+  CHECK(g_deq->bytes == doctest::Approx(qkv * 3));
+  CHECK(before(ds.forward, "attn_flash")->name == std::string("fp8_cast"));
+  // Without --fp8-attention an FP8 plan's core stays bf16, at the bf16 rates.
+  p.fp8_attention = false;
+  const LayerOps plain = transformer_layer_ops(m, p);
+  const Op* pf = find_named(plain.forward, "attn_flash");
+  REQUIRE(pf != nullptr);
+  CHECK(pf->precision == Precision::bf16);
+  CHECK(before(plain.forward, "attn_flash")->name != std::string("fp8_cast"));
+}
+
 TEST_CASE("the attention core priced by its kernel: A100 FlashAttention-2, H100 cuDNN and FlashAttention-3") {
   // GPT-3 175B's layer (96 heads of 128, TP 8, b 4, s 2048) on the shipped
   // A100 card, flash on with the card's default kernel.

@@ -1285,6 +1285,28 @@ TEST_CASE("the precision-aware optimizer: Megatron-LM and Megatron-Bridge write 
   }
 }
 
+TEST_CASE("FP8 attention: Megatron-Bridge writes it, checked against its pinned options; the rest refuse") {
+  PlanFile pf = quantized("seed", Precision::mxfp8, true);
+  pf.plan.fp8_attention = true;
+  check_options(pf, "megatron-bridge");
+  const Emitted b = cuboid::test::read_python(export_plan(pf, "megatron-bridge").text, "cfg", "model.");
+  CHECK(value(b, "mixed_precision.fp8_dot_product_attention") == "True");
+  check_refused(pf, {"megatron"}, "parallel.fp8_attention");
+  CHECK(refusal(pf, "megatron").find("Megatron-LM d98e8a64's command line has no setting for FP8 attention "
+                                     "(megatron/training/arguments.py _add_network_size_args excludes "
+                                     "TransformerConfig's fp8_dot_product_attention") != std::string::npos);
+  PlanFile titan = quantized("seed-zero3", Precision::mxfp8, true, 2);
+  titan.plan.fp8_attention = true;
+  check_refused(titan, {"torchtitan"}, "parallel.fp8_attention");
+  PlanFile nemo = quantized("seed", Precision::fp8_delayed, false);
+  nemo.plan.fp8_attention = true;
+  check_refused(nemo, {"nemo"}, "parallel.fp8_attention");
+  SUBCASE("an FP8 plan without it writes none of it") {
+    CHECK(export_plan(quantized("seed", Precision::mxfp8, true), "megatron-bridge").text.find("dot_product") ==
+          std::string::npos);
+  }
+}
+
 TEST_CASE("torchtitan v0.2.2 runs what was priced: what its start-up and base TOMLs would change") {
   SUBCASE("booleans are tyro flags (--key / --no_key): --key=false does not parse") {
     const std::string gather = export_plan(quantized("seed-zero3", Precision::fp8_current, true, 2), "torchtitan").text;

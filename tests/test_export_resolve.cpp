@@ -369,6 +369,21 @@ TEST_CASE("the precision-aware optimizer and bf16 moments run as priced on Megat
   CHECK(mismatches(fixture_file("seed"), "megatron") == "");
 }
 
+TEST_CASE("FP8 attention runs as priced on Megatron-Bridge") {
+  PlanFile pf = fixture_file("seed");
+  pf.plan.precision = Precision::mxfp8;
+  pf.plan.fp8_param_gather = true;
+  pf.plan.fp8_attention = true;
+  CHECK(mismatches(pf, "megatron-bridge") == "");
+  const ResolvedRun run = resolve_export("megatron-bridge", export_plan(pf, "megatron-bridge"));
+  CHECK(setting(run, "fp8_attention").value == "true");
+  CHECK(after_edit(pf, "megatron-bridge", "cfg.mixed_precision.fp8_dot_product_attention = True\n", "")
+            .find("fp8_attention: priced true, runs false") == 0);
+  // Without it the recipe's default: bf16 attention, as an FP8 plan without it is priced.
+  pf.plan.fp8_attention = false;
+  CHECK(mismatches(pf, "megatron-bridge") == "");
+}
+
 TEST_CASE("HybridEP's rank capacity factor and the paged stash run as priced; the start-up model asserts their needs") {
   // Mixtral 8x7B, TP 2 x PP 2 x DP 8, EP 8 over flex with HybridEP, the budget at 1.5 and the stash.
   PlanFile pf = fixture_file("mixtral-ep8");

@@ -282,6 +282,57 @@ TEST_CASE("fp8: a GPU without the format refuses the plan, with the reason") {
   CHECK_FALSE(check_plan(p, m, h));
 }
 
+TEST_CASE("fp8: FP8 attention runs where Transformer Engine runs it, on a GPU with cuDNN's measured rates") {
+  const ModelSpec m = test::llama3_8b();
+  ParallelPlan p = layer_plan(Precision::mxfp8);
+  p.dp = 8;
+  p.fp8_attention = true;
+  // A GB200 tray's 8 GPUs of the shipped NVL72 card: cuDNN's MXFP8 rates.
+  Cluster gb = load_cluster(test::source_root() / "topologies" / "gb200-nvl72.json");
+  gb.nodes = 1;
+  gb.gpus_per_node = 8;
+  REQUIRE(fp8_attention_rates_of(gb.gpu, Fp8AttentionFormat::mxfp8) != nullptr);
+  REQUIRE(fp8_attention_rates_of(gb.gpu, Fp8AttentionFormat::per_tensor) != nullptr);
+  CHECK(gb.gpu.sources.count("attention_kernels.cudnn.mxfp8") == 1);
+  CHECK_FALSE(check_plan(p, m, gb));
+  p.precision = Precision::fp8_current;
+  CHECK_FALSE(check_plan(p, m, gb));
+  const auto refused = [&](const Cluster& c) {
+    const auto r = check_plan(p, m, c);
+    REQUIRE(r);
+    CHECK(r->field == PlanField::fp8_attention);
+    return std::pair{r->kind, describe(*r, m, c)};
+  };
+  // The blockwise recipe gets no fp8_dpa from Megatron-Core; NVFP4 runs it
+  // only with NVTE_DPA_FP8_RECIPE; bf16 has no recipe at all.
+  p.precision = Precision::fp8_blockwise;
+  CHECK(refused(gb) == std::pair{PlanCheck::fp8_attention_recipe,
+                                 std::string("FP8 attention under the blockwise recipe: Megatron-Core gives that recipe no "
+                                             "fp8_dpa, so the attention core stays bf16")});
+  p.precision = Precision::nvfp4;
+  CHECK(refused(gb).first == PlanCheck::fp8_attention_recipe);
+  p.precision = Precision::bf16;
+  CHECK(refused(gb).first == PlanCheck::fp8_attention_recipe);
+  // cuDNN's fused attention only, CP 1 only.
+  p.precision = Precision::mxfp8;
+  p.flash_attention = false;
+  CHECK(refused(gb) == std::pair{PlanCheck::fp8_attention_cudnn,
+                                 std::string("FP8 attention is cuDNN's fused attention (Transformer Engine's FP8 "
+                                             "backend), not the unfused attention core")});
+  p.flash_attention = true;
+  p.cp = 2;
+  p.dp = 4;
+  CHECK(refused(gb).first == PlanCheck::fp8_attention_cp);
+  p.cp = 1;
+  p.dp = 8;
+  // The H100 profile has no measured FP8 attention rates: refused, named.
+  p.precision = Precision::fp8_current;
+  const Cluster h = load_cluster(test::source_root() / "topologies" / "dgx-h100.json");
+  CHECK(refused(h) == std::pair{PlanCheck::fp8_attention_rates,
+                                std::string("H100-SXM5-80GB's profile has no measured rates for cuDNN's per-tensor FP8 "
+                                            "attention (attention_kernels.cudnn.fp8)")});
+}
+
 TEST_CASE("fp8: the shipped GPU profiles give the FP8 peak where the GPU has it") {
   const auto card = [](const char* name) { return load_cluster(test::source_root() / "topologies" / name).gpu; };
   for (const char* name : {"dgx-h100.json", "hgx-h200.json"}) {

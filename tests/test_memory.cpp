@@ -572,6 +572,43 @@ TEST_CASE("recompute modules: a recomputed MLP keeps its input only and runs its
   CHECK(layer_activation_bytes(m, modules_plan(kCore), false) == layer_activation_bytes(m, attn, false));
 }
 
+TEST_CASE("FP8 attention's saved activations: the core keeps quantized copies of Q, K and V") {
+  using namespace cuboid;
+  const ModelSpec m = test::llama3_8b();
+  ParallelPlan p = modules_plan(0);
+  p.recompute = Recompute::none;
+  // Llama 3 8B, one micro-batch of 4,096 tokens, TP 1: Q, K, V are 4,096 x
+  // (4,096 + 2 x 1,024) elements, the core's output 4,096 x 4,096.
+  const double qkv = 4096.0 * (4096 + 2 * 1024), out = 4096.0 * 4096;
+  const auto saved = [&](Precision precision, bool fp8_attention) {
+    ParallelPlan q = p;
+    q.precision = precision;
+    q.fp8_attention = fp8_attention;
+    return layer_activation_bytes(m, q, false);
+  };
+  // MXFP8: rowwise and columnwise copies with their E8M0 scales, 2 x (1 +
+  // 1/32) bytes an element instead of the bf16 tensors' 2.
+  CHECK(saved(Precision::mxfp8, true) - saved(Precision::mxfp8, false) ==
+        doctest::Approx(qkv * (2 * (1 + 1.0 / 32) - 2)));
+  // Per-tensor current scaling: the rowwise E4M3 copy, 1 byte.
+  CHECK(saved(Precision::fp8_current, false) - saved(Precision::fp8_current, true) == doctest::Approx(qkv));
+  // Delayed scaling: also the core's FP8 output instead of its bf16 one
+  // (linear_proj keeps its own quantized copy either way).
+  CHECK(saved(Precision::fp8_delayed, false) - saved(Precision::fp8_delayed, true) == doctest::Approx(qkv + out));
+  ParallelPlan d = p;
+  d.precision = Precision::fp8_delayed;
+  CHECK(projection_input_bytes(d) == 3.0);
+  d.fp8_attention = true;
+  CHECK(projection_input_bytes(d) == 2.0);
+  CHECK(core_input_copy_bytes(d) == 1.0);
+  // A checkpointed core keeps the checkpoint's bf16 inputs: nothing changes.
+  d.recompute = Recompute::selective;
+  CHECK(core_input_copy_bytes(d) == 0.0);
+  ParallelPlan d_off = d;
+  d_off.fp8_attention = false;
+  CHECK(layer_activation_bytes(m, d, false) == layer_activation_bytes(m, d_off, false));
+}
+
 TEST_CASE("recompute modules: parsed by Megatron's names; what Megatron-Core or cuboid refuses") {
   using namespace cuboid;
   CHECK(parse_recompute_modules("mlp,core_attn", "cl", "--recompute-modules") == 3);

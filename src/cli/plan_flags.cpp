@@ -126,6 +126,10 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                 "keep the FP8 layers' weights in FP8 only and all-gather them in FP8 (Megatron-Core's "
                 "--fp8-param-gather; needs an FP8 --precision and the distributed optimizer, --zero 1 or 2, or "
                 "Megatron-FSDP, --zero 3)");
+  cmd->add_flag("--fp8-attention", f.fp8_attention,
+                "run the attention core in cuDNN's FP8 kernels (Megatron-Core's --fp8-dot-product-attention): "
+                "per-tensor with --precision fp8-delayed or fp8-current, MXFP8 with mxfp8; cuDNN's fused attention, "
+                "CP 1, on a GPU whose profile has cuDNN's measured FP8 rates (docs/cost-model.md#fp8-attention)");
   cmd->add_flag("--precision-aware-optimizer", f.precision_aware_optimizer,
                 "let Transformer Engine's FusedAdam hold the optimizer's states (Megatron-Core's "
                 "--use-precision-aware-optimizer): on a bf16 plan the master weights are kept as 16-bit "
@@ -424,6 +428,7 @@ PlannerOptions planner_options(const PlanFlags& f) {
   if (f.precision) o.precision = parse_precision(*f.precision, cl, "--precision");
   if (f.fp8_param_gather) o.fp8_param_gather = true;
   if (f.precision_aware_optimizer) o.precision_aware_optimizer = true;
+  if (f.fp8_attention) o.fp8_attention = true;
   if (f.adam_moments) {
     if (*f.adam_moments != "fp32" && *f.adam_moments != "bf16")
       throw InputError(cl, "--adam-moments", "expected fp32 or bf16, got \"" + *f.adam_moments + "\"",
@@ -456,7 +461,7 @@ Loaded load(const PlanFlags& f) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
     const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.moe_rank_capacity_factor || f.moe_paged_stash || f.moe_paged_stash_buffer_factor || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.offload_modules || f.sequence_parallel ||
-                      f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.precision_aware_optimizer || f.adam_moments || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.fsdp_grad_dtype || f.rank_order ||
+                      f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.fp8_attention || f.precision_aware_optimizer || f.adam_moments || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.fsdp_grad_dtype || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
                       f.global_batch ||
                       f.seq_length ||
@@ -653,6 +658,7 @@ constexpr KeyFlag kKeyFlags[] = {
     {"parallel.precision", "--precision", [](const PlannerOptions& o) { return shown(o.precision); }},
     {"parallel.fp8_param_gather", "--fp8-param-gather",
      [](const PlannerOptions& o) { return shown(o.fp8_param_gather); }},
+    {"parallel.fp8_attention", "--fp8-attention", [](const PlannerOptions& o) { return shown(o.fp8_attention); }},
     {"parallel.precision_aware_optimizer", "--precision-aware-optimizer",
      [](const PlannerOptions& o) { return shown(o.precision_aware_optimizer); }},
     {"parallel.adam_moment_bytes", "--adam-moments",

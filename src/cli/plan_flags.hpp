@@ -48,6 +48,7 @@ struct PlanFlags {
   std::optional<std::string> precision;          // --precision bf16|fp8-delayed|...
   bool fp8_param_gather = false;                 // --fp8-param-gather
   bool precision_aware_optimizer = false;        // --precision-aware-optimizer
+  bool fp8_attention = false;                    // --fp8-attention
   std::optional<std::string> adam_moments;       // --adam-moments fp32|bf16
   std::optional<std::string> trainer;            // --trainer preset
   std::optional<std::string> dp_overlap;         // on|off

@@ -50,6 +50,11 @@ std::string plain_fix(const PlanRejection& r) {
     case K::param_gather_needs_fp8: return "add --precision fp8-delayed (or another FP8 recipe), or drop --fp8-param-gather";
     case K::param_gather_needs_dist_opt: return "use --zero 1 (Megatron's distributed optimizer) or 3 (Megatron-FSDP), or drop --fp8-param-gather";
     case K::moments_need_precision_aware: return "add --precision-aware-optimizer, or drop --adam-moments";
+    case K::fp8_attention_recipe: return "use --precision fp8-current, fp8-delayed or mxfp8, or drop --fp8-attention";
+    case K::fp8_attention_cudnn:
+      return "use --flash-attention on with --attention-kernel cudnn (auto on Hopper and Blackwell), or drop --fp8-attention";
+    case K::fp8_attention_cp: return "use --cp 1, or drop --fp8-attention";
+    case K::fp8_attention_rates: return "drop --fp8-attention (bf16 attention), or a cluster card whose GPU profile has those rates";
     case K::stage_layers_negative: return "give positive layer counts";
     case K::uneven_rest:
       return "choose first/last stage layers so that the remaining layers divide by the middle stages";
@@ -146,6 +151,7 @@ std::string plain_fix(const PlanRejection& r) {
       return "drop --fsdp-grad-dtype (--grad-reduce-dtype sets this trainer's), or use --trainer megatron-core";
     case K::trainer_no_precision_aware:
       return "drop --precision-aware-optimizer and --adam-moments, or use --trainer megatron-core";
+    case K::trainer_no_fp8_attention: return "drop --fp8-attention, or use --trainer megatron-core";
     case K::tp_overlap_needs_sp: return "use --tp 2 (or more) with --sequence-parallel on, or --tp-comm-overlap off";
     case K::param_overlap_needs_dist_opt: return "use --zero 1 or 2, or --overlap-param-gather off";
     case K::param_overlap_needs_grad_overlap: return "use --dp-overlap on, or --overlap-param-gather off";
@@ -215,6 +221,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::moe_paged_stash: return "--moe-paged-stash";
     case PlanField::precision_aware_optimizer: return "--precision-aware-optimizer";
     case PlanField::adam_moment_bytes: return "--adam-moments";
+    case PlanField::fp8_attention: return "--fp8-attention";
   }
   return "--tp/--pp/--dp";
 }

@@ -170,8 +170,31 @@ std::vector<std::int64_t> ascending(JsonReader& k, std::string_view key) {
   return out;
 }
 
+// One kernel's rates: {"head_dim": [...], "seq_length": [...], "fwd":
+// [[...]], "bwd": [[...]], "source": "..."}, each row's fractions of the
+// format's peak, and its source in `source`. The caller rejects unknown keys.
+AttentionRates read_attention_rates(JsonReader& k, std::string& source) {
+  source = k.string("source");
+  if (source.find_first_not_of(' ') == std::string::npos)
+    k.fail("source", "is empty", "name the paper or page and the figure the rates were read from");
+  AttentionRates rates;
+  for (std::int64_t d : ascending(k, "head_dim")) rates.head_dims.push_back(static_cast<int>(d));
+  rates.seq_lengths = ascending(k, "seq_length");
+  for (const char* pass : {"fwd", "bwd"}) {
+    const nlohmann::json& rows = k.raw(pass);
+    if (!rows.is_array() || rows.size() != rates.head_dims.size())
+      k.fail(pass, "expected " + std::to_string(rates.head_dims.size()) + " rows (one per head_dim)",
+             "give one row of fractions per head dimension");
+    auto& out = std::string_view(pass) == "fwd" ? rates.fwd : rates.bwd;
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      out.push_back(rate_row(k, rows[i], std::string(pass) + "[" + std::to_string(i) + "]", rates.seq_lengths.size()));
+  }
+  return rates;
+}
+
 // "attention_kernels": {"flash2": {"head_dim": [...], "seq_length": [...],
-// "fwd": [[...]], "bwd": [[...]], "source": "..."}, ...}
+// "fwd": [[...]], "bwd": [[...]], "source": "..."}, ...}; cuDNN's may hold
+// its FP8 rates by format: "cudnn": {..., "fp8": {...}, "mxfp8": {...}}.
 void read_attention_kernels(JsonReader& r, GpuProfile& gpu) {
   JsonReader table = r.object("attention_kernels");
   for (const auto& item : r.raw("attention_kernels").items()) {
@@ -181,24 +204,22 @@ void read_attention_kernels(JsonReader& r, GpuProfile& gpu) {
     if (kernel == AttentionKernel::auto_ || kernel == AttentionKernel::unfused)
       table.fail(name, "is not a fused kernel", "give rates for flash1, flash2, flash3 or cudnn");
     JsonReader k = table.object(name);
-    const std::string source = k.string("source");
-    if (source.find_first_not_of(' ') == std::string::npos)
-      k.fail("source", "is empty", "name the paper or page and the figure the rates were read from");
-    AttentionRates rates;
-    for (std::int64_t d : ascending(k, "head_dim")) rates.head_dims.push_back(static_cast<int>(d));
-    rates.seq_lengths = ascending(k, "seq_length");
-    for (const char* pass : {"fwd", "bwd"}) {
-      const nlohmann::json& rows = k.raw(pass);
-      if (!rows.is_array() || rows.size() != rates.head_dims.size())
-        k.fail(pass, "expected " + std::to_string(rates.head_dims.size()) + " rows (one per head_dim)",
-               "give one row of fractions per head dimension");
-      auto& out = std::string_view(pass) == "fwd" ? rates.fwd : rates.bwd;
-      for (std::size_t i = 0; i < rows.size(); ++i)
-        out.push_back(rate_row(k, rows[i], std::string(pass) + "[" + std::to_string(i) + "]", rates.seq_lengths.size()));
+    if (kernel != AttentionKernel::cudnn)
+      for (const char* format : {"fp8", "mxfp8"})
+        if (k.has(format))
+          k.fail(format, "is given for " + name + ", but only cuDNN's fused attention runs in FP8 (Transformer "
+                         "Engine's FusedAttention FP8 backend)", "move the FP8 rates under cudnn");
+    std::string source;
+    gpu.attention_rates[kernel] = read_attention_rates(k, source);
+    gpu.sources["attention_kernels." + name] = source;
+    for (const auto& [format, key] : {std::pair{Fp8AttentionFormat::per_tensor, "fp8"}, std::pair{Fp8AttentionFormat::mxfp8, "mxfp8"}}) {
+      if (!k.has(key)) continue;
+      JsonReader f = k.object(key);
+      gpu.fp8_attention_rates[format] = read_attention_rates(f, source);
+      f.reject_unknown({"unit", "note"});
+      gpu.sources[std::string("attention_kernels.") + name + "." + key] = source;
     }
     k.reject_unknown({"unit", "note"});
-    gpu.sources["attention_kernels." + name] = source;
-    gpu.attention_rates[kernel] = std::move(rates);
   }
 }
 
@@ -228,6 +249,11 @@ const AttentionRates* attention_rates_of(const GpuProfile& gpu, AttentionKernel 
   if (kernel == AttentionKernel::auto_) kernel = gpu.attention_kernel;
   const auto it = gpu.attention_rates.find(kernel);
   return it == gpu.attention_rates.end() ? nullptr : &it->second;
+}
+
+const AttentionRates* fp8_attention_rates_of(const GpuProfile& gpu, Fp8AttentionFormat format) {
+  const auto it = gpu.fp8_attention_rates.find(format);
+  return it == gpu.fp8_attention_rates.end() ? nullptr : &it->second;
 }
 
 double attention_efficiency(const AttentionRates& rates, std::int64_t head_dim, std::int64_t seq_length, bool backward) {

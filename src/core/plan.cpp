@@ -676,6 +676,7 @@ nlohmann::json plan_layout_json(const ParallelPlan& p) {
   // Only when not bf16: the files of bf16 plans stay as they were.
   if (p.precision != Precision::bf16) j["precision"] = std::string(to_string(p.precision));
   if (p.fp8_param_gather) j["fp8_param_gather"] = true;
+  if (p.fp8_attention) j["fp8_attention"] = true;
   if (p.precision_aware_optimizer) j["precision_aware_optimizer"] = true;
   if (p.adam_moment_bytes != 4) j["adam_moment_bytes"] = p.adam_moment_bytes;
   if (p.recompute_modules != 0) j["recompute_modules"] = recompute_modules_string(p.recompute_modules);

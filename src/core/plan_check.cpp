@@ -93,6 +93,7 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     return reject(K::trainer_no_fsdp_grad_bytes, F::fsdp_grad_bytes, preset, p.trainer.fsdp_grad_bytes);
   if (p.precision_aware_optimizer && !t.precision_aware_optimizer)
     return reject(K::trainer_no_precision_aware, F::precision_aware_optimizer, preset);
+  if (p.fp8_attention && !t.fp8_attention) return reject(K::trainer_no_fp8_attention, F::fp8_attention, preset);
   if (p.offload_modules != 0 && !t.activation_offloading)
     return reject(K::trainer_no_offload, F::offload_modules, preset);
   return std::nullopt;
@@ -383,6 +384,31 @@ Found check_precision(const ParallelPlan& p, const GpuProfile& gpu) {
   return std::nullopt;
 }
 
+// FP8 attention (--fp8-attention, Megatron-Core's --fp8-dot-product-attention):
+// Megatron-Core passes fp8_dpa to the delayed, current-scaling, MXFP8 and
+// NVFP4 recipes, not to the blockwise one (Megatron-LM d98e8a64 fp8_utils.py
+// get_fp8_recipe, fp4_utils.py get_fp4_recipe); Transformer Engine d0067d0d
+// runs it per-tensor under delayed and current scaling and in MXFP8 under
+// MXFP8, and under NVFP4 only with NVTE_DPA_FP8_RECIPE naming another recipe
+// (dot_product_attention.py init_fp8_metadata), which cuboid does not model.
+// Its FP8 backend is cuDNN's fused attention (backends.py FusedAttention:
+// FusedAttnBackend["FP8"]). Under context parallelism it runs
+// context_parallel.py's FP8 path (FP8 K/V chunks on the ring, amax
+// reductions over CP), not modelled.
+Found check_fp8_attention(const ParallelPlan& p, const GpuProfile& gpu) {
+  if (!p.fp8_attention) return std::nullopt;
+  const std::optional<Fp8AttentionFormat> format = p.fp8_attention_format();
+  if (!format) return reject(K::fp8_attention_recipe, F::fp8_attention, static_cast<std::int64_t>(p.precision));
+  const AttentionKernel runs = p.attention_kernel == AttentionKernel::auto_ ? gpu.attention_kernel : p.attention_kernel;
+  if (!p.flash_attention || runs != AttentionKernel::cudnn)
+    return reject(K::fp8_attention_cudnn, F::fp8_attention,
+                  static_cast<std::int64_t>(p.flash_attention ? runs : AttentionKernel::unfused));
+  if (p.cp > 1) return reject(K::fp8_attention_cp, F::fp8_attention, p.cp);
+  if (fp8_attention_rates_of(gpu, *format) == nullptr)
+    return reject(K::fp8_attention_rates, F::fp8_attention, static_cast<std::int64_t>(*format));
+  return std::nullopt;
+}
+
 // Megatron-Core builds every stage's layers as `v` equal chunks
 // (transformer_config.py __post_init__: the first / last stage's layers
 // divisible by the virtual pipeline size; transformer_block.py
@@ -585,6 +611,8 @@ std::string describe_trainer(const PlanRejection& r) {
     case K::trainer_no_precision_aware:
       return trainer_words(v[0], "has no precision-aware optimizer (Transformer Engine's FusedAdam holding the "
                                  "optimizer's states)");
+    case K::trainer_no_fp8_attention:
+      return trainer_words(v[0], "has no FP8 attention core (Transformer Engine's fp8_dpa)");
     case K::trainer_no_fsdp_grad_bytes:
       return trainer_words(v[0], std::string("has no Megatron-FSDP to keep gradients in ") +
                                      (v[1] == 2 ? "bf16" : "fp32") + " (its ZeRO 2 / 3 gradients follow the DP reduction's dtype)");
@@ -772,6 +800,24 @@ std::string describe_precision(const PlanRejection& r, const Cluster& c) {
     case K::kernel_needs_flash:
       return "the " + std::string(to_string(static_cast<AttentionKernel>(r.values[0]))) +
              " attention kernel with flash attention off";
+    case K::fp8_attention_recipe:
+      return static_cast<Precision>(r.values[0]) == Precision::fp8_blockwise
+                 ? "FP8 attention under the blockwise recipe: Megatron-Core gives that recipe no fp8_dpa, so the "
+                   "attention core stays bf16"
+                 : "FP8 attention needs an FP8 recipe that runs it: delayed or current scaling (per-tensor) or "
+                   "MXFP8, not " + std::string(to_string(static_cast<Precision>(r.values[0]))) +
+                       " (Transformer Engine runs it under NVFP4 only with NVTE_DPA_FP8_RECIPE set, not modelled)";
+    case K::fp8_attention_cudnn:
+      return "FP8 attention is cuDNN's fused attention (Transformer Engine's FP8 backend), not the " +
+             std::string(to_string(static_cast<AttentionKernel>(r.values[0]))) + " attention core";
+    case K::fp8_attention_cp:
+      return "FP8 attention under context parallelism (CP " + std::to_string(r.values[0]) +
+             ": Transformer Engine's FP8 ring, not modelled)";
+    case K::fp8_attention_rates:
+      return gpu + "'s profile has no measured rates for cuDNN's " +
+             (static_cast<Fp8AttentionFormat>(r.values[0]) == Fp8AttentionFormat::mxfp8 ? "MXFP8" : "per-tensor FP8") +
+             " attention (attention_kernels.cudnn." +
+             (static_cast<Fp8AttentionFormat>(r.values[0]) == Fp8AttentionFormat::mxfp8 ? "mxfp8" : "fp8") + ")";
     default: return "";
   }
 }
@@ -869,6 +915,7 @@ std::optional<PlanRejection> check_plan(const ParallelPlan& p, const ModelSpec& 
     const std::int64_t preset = trainer - presets.data();
     if (Found r = check_attention_kernel(p, c.gpu, *trainer, preset)) return r;
   }
+  if (Found r = check_fp8_attention(p, c.gpu)) return r;
   if (Found r = check_stages(p, m)) return r;
   if (Found r = check_schedule(p)) return r;
   if (Found r = check_world(p, c)) return r;

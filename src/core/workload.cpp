@@ -133,6 +133,7 @@ struct Dims {
   // Bytes per parameter of the unfused accumulation (TrainerSettings::grad_accum_bytes).
   double grad_accum_bytes;
   Precision precision;  // of the linear layers' GEMMs (ParallelPlan::precision)
+  std::optional<Fp8AttentionFormat> fp8_attention;  // the FP8 attention core's (ParallelPlan::fp8_attention_format)
 };
 
 Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
@@ -158,6 +159,7 @@ Dims dims_of(const ModelSpec& m, const ParallelPlan& plan) {
   x.alibi = m.alibi;
   x.grad_accum_bytes = plan.trainer.grad_accum_bytes;
   x.precision = plan.precision;
+  x.fp8_attention = plan.fp8_attention_format();
   x.mla = m.mla.enabled();
   if (x.mla) {
     x.qlora = m.mla.q_lora_rank;
@@ -1081,6 +1083,69 @@ void quantize_linear_layers(LayerOps& ops, const Dims& x) {
   quantize_list(ops.backward, x, true);
 }
 
+// Elements of the attention core's Q, K and V on one rank (latent
+// attention: heads x (2 (qk + rope) + v), the core's unpadded inputs) and
+// of its output O (heads x v; else [T, q / t]).
+double core_input_elements(const Dims& x) {
+  if (!x.mla) return qkv_elements(x);
+  return static_cast<double>(x.tokens) * static_cast<double>(x.a / x.t) * static_cast<double>(2 * (x.qk + x.rope) + x.v);
+}
+double core_output_elements(const Dims& x) {
+  return static_cast<double>(x.tokens) * static_cast<double>(x.a / x.t) * static_cast<double>(x.mla ? x.v : x.d);
+}
+
+// An FP8 attention core's quantizer on `elements` bf16 elements: the amax
+// pass and the scale under current scaling, then the cast writing the
+// rowwise E4M3 copy (per-tensor: get_attention_quantizers sets rowwise
+// only) or the rowwise and columnwise MXFP8 copies with their scales
+// (MXFP8: columnwise_usage for QKV and dO, which the backward reads).
+// No amax all-reduce: the core's tensors are the rank's own heads (TE
+// reduces the DPA amaxes over CP only, which cuboid refuses).
+void add_attention_quantize(std::vector<Op>& out, const Dims& x, Pass pass, double elements, const char* cast) {
+  if (separate_amax(x.precision)) {
+    out.push_back(memory_bound(op::fp8_amax, pass, elements * kBf16Bytes));
+    if (x.precision == Precision::fp8_current) out.push_back(memory_bound(op::fp8_scale, pass, kFp32Bytes + kFp32Bytes));
+  }
+  const double copies = *x.fp8_attention == Fp8AttentionFormat::mxfp8 ? 2.0 : 1.0;
+  out.push_back(memory_bound(cast, pass, elements * (kBf16Bytes + copies * quantized_element_bytes(x.precision))));
+  out.back().precision = x.precision;  // the format it writes (an MXFP8 cast at its own rate)
+}
+
+// FP8 attention (--fp8-attention), as Transformer Engine d0067d0d runs it
+// (attention/dot_product_attention/backends.py FusedAttnFunc, utils.py
+// get_attention_quantizers, combine_and_quantize): Q, K and V quantized
+// before the forward kernel, the output gradient before the backward one,
+// both kernels at cuDNN's FP8 rates of the format (cost.cpp: the op's
+// precision). Under delayed scaling cuDNN writes O and dQ, dK, dV in FP8,
+// dequantized to bf16 for the layers around it (read 1, write 2); under
+// current scaling (NVTE_DPA_FP8CS_O_in_F16, default 1) and MXFP8 they are
+// bf16. The kernels' HBM side stays priced at bf16 bytes (they are
+// compute-bound at training lengths).
+void quantize_attention_core(LayerOps& ops, const Dims& x) {
+  if (!x.fp8_attention) return;
+  const bool delayed = x.precision == Precision::fp8_delayed;
+  const double dequantize = kFp8Bytes + kBf16Bytes;
+  for (const bool backward : {false, true}) {
+    std::vector<Op>& list = backward ? ops.backward : ops.forward;
+    std::vector<Op> out;
+    out.reserve(list.size() + 8);
+    for (const Op& op : list) {
+      if (op.kind != OpKind::attention_core) {
+        out.push_back(op);
+        continue;
+      }
+      add_attention_quantize(out, x, op.pass, backward ? core_output_elements(x) : core_input_elements(x),
+                             backward ? op::fp8_grad_cast : op::fp8_cast);
+      out.push_back(op);
+      out.back().precision = x.precision;
+      if (delayed)
+        out.push_back(memory_bound(op::fp8_dequantize, op.pass,
+                                   (backward ? core_input_elements(x) : core_output_elements(x)) * dequantize));
+    }
+    list = std::move(out);
+  }
+}
+
 // The forward's MLP module: what runs between the pre-MLP norm and the
 // bias-dropout-add after it.
 void append_mlp_forward(std::vector<Op>& out, const std::vector<Op>& forward) {
@@ -1332,6 +1397,7 @@ LayerOps transformer_layer_ops(const ModelSpec& m, const ParallelPlan& plan, boo
   ops.backward.reserve(28);
   layer_backward(ops.backward, m, x, ops.forward);
   quantize_linear_layers(ops, x);
+  quantize_attention_core(ops, x);
   transpose_gathered_weights(ops, plan);
   switch (plan.recompute) {
     case Recompute::none:

@@ -460,12 +460,25 @@ TimeNs op_time_ns(const GpuProfile& gpu, const Op& op) {
       // best measured GEMM FLOP/s here (the calibration sweeps no fused
       // attention kernel).
       if (op.flops <= 0 && op.bytes <= 0) return 0;
-      // Calibrated: the block as measured inside the executor's layer, by FLOPs.
-      if (gpu.calibration)
-        if (const auto ns = calibrated_kernel_ns(*gpu.calibration, op.name, op.flops)) return std::llround(*ns);
       // The kernel's own rates at this head dimension (op.n) and sequence
       // length (op.k, the keys per sequence) where the profile has them.
       const bool backward = op.name == op::attn_flash_bwd;
+      // FP8 attention (workload.cpp quantize_attention_core): cuDNN's FP8
+      // kernels at the format's measured rates, fractions of the FP8 peak
+      // (plan_check refuses a plan whose GPU has none); a calibration's
+      // blocks were timed in bf16.
+      if (op.precision != Precision::bf16) {
+        const Fp8AttentionFormat format =
+            op.precision == Precision::mxfp8 ? Fp8AttentionFormat::mxfp8 : Fp8AttentionFormat::per_tensor;
+        if (const AttentionRates* fp8 = fp8_attention_rates_of(gpu, format)) {
+          const double rate = sustained_flops(gpu, attention_efficiency(*fp8, op.n, op.k, backward), op.precision);
+          const double compute_s = op.flops / (rate * quantisation_efficiency(gpu, op.m, op.n, op.batch));
+          return to_ns(std::max(compute_s, op.bytes / hbm_Bps(gpu))) + static_cast<TimeNs>(launch_ns);
+        }
+      }
+      // Calibrated: the block as measured inside the executor's layer, by FLOPs.
+      if (gpu.calibration)
+        if (const auto ns = calibrated_kernel_ns(*gpu.calibration, op.name, op.flops)) return std::llround(*ns);
       const AttentionRates* rates = attention_rates_of(gpu, op.attention_kernel);
       const double flash = rates != nullptr ? attention_efficiency(*rates, op.n, op.k, backward)
                            : backward       ? gpu.flash_attention_bwd_efficiency

@@ -1384,6 +1384,7 @@ struct LayerKey {
   Precision precision;  // one per search: compared, not hashed
   CudaGraphs cuda_graphs;  // so are these two
   bool tp_comm_overlap;
+  bool fp8_attention;  // one per search too
   bool operator==(const LayerKey&) const = default;
 };
 
@@ -1490,7 +1491,7 @@ Estimate Estimator::operator()(const ParallelPlan& plan) {
                     plan.expert_tp(), plan.micro_batch, plan.cp_comm, plan.moe_dispatcher, plan.moe_flex,
                     plan.seq_length,  plan.sequence_parallel, plan.flash_attention,
                     plan.grad_accum_fusion, plan.recompute, plan.precision,
-                    plan.trainer.cuda_graphs, plan.trainer.tp_comm_overlap};
+                    plan.trainer.cuda_graphs, plan.trainer.tp_comm_overlap, plan.fp8_attention};
   auto li = caches_->layers.find(lk);
   if (li == caches_->layers.end()) li = caches_->layers.emplace(lk, make_layer_cost(model_, gpu, plan)).first;
   const PlacementKey pk{plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, plan.expert_tp(), plan.order};

@@ -27,6 +27,13 @@
 #include <cmath>
 
 namespace cuboid {
+
+double core_input_copy_bytes(const ParallelPlan& plan) {
+  const std::optional<Fp8AttentionFormat> f = plan.fp8_attention_format();
+  if (!f || !plan.flash_attention || plan.checkpoints(RecomputeModule::core_attn)) return 0;
+  return (*f == Fp8AttentionFormat::mxfp8 ? 2.0 : 1.0) * quantized_element_bytes(plan.precision);
+}
+
 namespace {
 
 double layers_per_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
@@ -153,8 +160,11 @@ MlaActivations mla_activations(const ModelSpec& m, const ParallelPlan& plan) {
   const bool up_recomputed = plan.recomputes(RecomputeModule::mla_up_proj);
   const double norm_output = up_recomputed ? 0.0 : quantized_element_bytes(plan.precision);
   out.replicated = (kBf16Bytes + norm_output) * sb * latents;
-  const double qkv = up_recomputed ? 0.0 : n * (qk + qk + v);
-  out.split = kBf16Bytes * sb * (qkv + n * v);
+  // Q, K, V: bf16 unless the core keeps FP8 copies of its own, which
+  // mla_up_proj's discard of the bf16 tensors leaves in place.
+  const double copy = core_input_copy_bytes(plan);
+  const double qkv_bytes = copy > 0 ? copy : up_recomputed ? 0.0 : kBf16Bytes;
+  out.split = sb * (qkv_bytes * n * (qk + qk + v) + kBf16Bytes * n * v);
   return out;
 }
 
@@ -195,7 +205,9 @@ bool projection_saves_quantized_copy(const ParallelPlan& plan) { return plan.pre
 double projection_input_bytes(const ParallelPlan& plan) {
   if (!projection_saves_quantized_copy(plan)) return kBf16Bytes;
   const bool core_keeps_output = plan.flash_attention && !plan.checkpoints(RecomputeModule::core_attn);
-  return quantized_element_bytes(plan.precision) + (core_keeps_output ? kBf16Bytes : 0.0);
+  // An FP8 core under delayed scaling keeps its FP8 output (out_fp8), not bf16.
+  const double core_output = core_input_copy_bytes(plan) > 0 ? kFp8Bytes : kBf16Bytes;
+  return quantized_element_bytes(plan.precision) + (core_keeps_output ? core_output : 0.0);
 }
 
 double pp_fsdp_no_sync_bytes(const ParallelPlan& plan, const StageParameters& params) {
@@ -637,7 +649,8 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
   const double kv = static_cast<double>(m.kv_projection_size());
   const double f = static_cast<double>(m.ffn_hidden_size);
   const MlaActivations mla = mla_activations(m, plan);
-  const double attention = m.mla.enabled() ? mla.split : 2 * s * b * (q + 2 * kv + q);
+  const double core_copy = core_input_copy_bytes(plan);
+  const double attention = m.mla.enabled() ? mla.split : s * b * ((core_copy > 0 ? core_copy : kBf16Bytes) * (q + 2 * kv) + 2 * q);
   // A recomputed dense MLP (--recompute-modules mlp) keeps only its input,
   // counted above in bf16 (the checkpoint's); FC1's and FC2's saved inputs
   // and the activation's are dropped.

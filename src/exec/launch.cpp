@@ -210,6 +210,8 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
   if (plan.precision == Precision::nvfp4)
     refuse("parallel.precision", "NVFP4 linear layers (4-bit elements in 16-element blocks)",
            "plan with --precision fp8-current or mxfp8");
+  if (plan.fp8_attention)
+    refuse("parallel.fp8_attention", "FP8 attention (it runs the attention core in bf16)", "plan without --fp8-attention");
   if (!model.moe.enabled()) return;
   if (plan.ep > 1 && plan.moe_dispatcher == MoeDispatcher::allgather)
     refuse("parallel.moe_dispatcher",

@@ -64,6 +64,12 @@ void refuse_precision_aware_optimizer(const PlanFile& pf, std::string_view train
          "--adam-moments");
 }
 
+void refuse_fp8_attention(const PlanFile& pf, std::string_view trainer, std::string_view why) {
+  if (!pf.plan.fp8_attention) return;
+  refuse(pf, "parallel.fp8_attention", fmt::format("{} has no setting for FP8 attention ({})", trainer, why),
+         "export with --to megatron-bridge, or plan without --fp8-attention");
+}
+
 void refuse_recompute_layers(const PlanFile& pf, std::string_view why) {
   const ParallelPlan& p = pf.plan;
   if (!p.recompute_layers_set()) return;

@@ -33,6 +33,9 @@ bool check_plan(const PlanFile& pf) {
            "priced with the reduction after the backward",
            "plan with --dp-overlap on, or export with --to megatron-bridge");
   refuse_zero1_all_reduce(pf, "Megatron-LM");
+  refuse_fp8_attention(pf, "Megatron-LM d98e8a64's command line",
+                       "megatron/training/arguments.py _add_network_size_args excludes TransformerConfig's "
+                       "fp8_dot_product_attention: \"no CLI argument exists\" for it");
   return megatron_tp_pp_dp(pf, "Megatron-LM", "--use-tp-pp-dp-mapping");
 }
 

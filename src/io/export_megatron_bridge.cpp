@@ -258,6 +258,9 @@ std::string config_lines(const ParallelPlan& p, const Layout& l) {
     // gradient buffer's reuse; without the all-gather it has nothing to reuse.
     if (p.precision == Precision::mxfp8)
       set("mixed_precision.reuse_grad_buf_for_mxfp8_param_ag", py(p.fp8_param_gather));
+    // The attention core in FP8 as priced (Megatron-Core's fp8_dpa); the
+    // recipes leave it False.
+    if (p.fp8_attention) set("mixed_precision.fp8_dot_product_attention", "True");
   }
   if (bf16_grads) set("mixed_precision.grad_reduce_in_fp32", "False");
   set("dist.use_tp_pp_dp_mapping", py(l.tp_pp_dp));

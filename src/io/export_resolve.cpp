@@ -126,6 +126,7 @@ std::vector<ResolvedSetting> priced_settings(const PlanFile& pf) {
       {"params_bytes", "2", "cuboid prices 16-bit parameters and activations"},
       {"precision", std::string(to_string(p.precision)), why},
       {"fp8_param_gather", yes(p.fp8_param_gather), why},
+      {"fp8_attention", yes(p.fp8_attention), why},
       {"hidden_dropout", resolve::probability(pf.model.hidden_dropout), "the model card's hidden_dropout"},
       {"attention_dropout", resolve::probability(pf.model.attention_dropout), "the model card's attention_dropout"},
       {"optimizer", "adam", "cuboid prices Adam"},

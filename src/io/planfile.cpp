@@ -203,6 +203,7 @@ std::string plan_key(PlanField field) {
     case PlanField::moe_paged_stash: return "parallel.moe_paged_stash";
     case PlanField::precision_aware_optimizer: return "parallel.precision_aware_optimizer";
     case PlanField::adam_moment_bytes: return "parallel.adam_moment_bytes";
+    case PlanField::fp8_attention: return "parallel.fp8_attention";
   }
   return "parallel";
 }
@@ -285,6 +286,14 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_no_fsdp_grad_bytes: return "drop trainer.fsdp_grad_bytes, or " + other_trainer;
     case PlanCheck::trainer_no_precision_aware:
       return "drop precision_aware_optimizer and adam_moment_bytes, or " + other_trainer;
+    case PlanCheck::trainer_no_fp8_attention: return "drop fp8_attention, or " + other_trainer;
+    case PlanCheck::fp8_attention_recipe:
+      return "drop fp8_attention, or give precision fp8-current, fp8-delayed or mxfp8; or " + kRegenerate;
+    case PlanCheck::fp8_attention_cudnn:
+      return "drop fp8_attention, or set flash_attention true with attention_kernel cudnn; or " + kRegenerate;
+    case PlanCheck::fp8_attention_cp: return "drop fp8_attention, or set cp 1; or " + kRegenerate;
+    case PlanCheck::fp8_attention_rates:
+      return "drop fp8_attention, or use the plan with a cluster card whose GPU profile has those rates (--cluster)";
     case PlanCheck::tp_overlap_needs_sp:
       return "set trainer.tp_comm_overlap false, or tp 2 or more with sequence_parallel true; or " + kRegenerate;
     case PlanCheck::param_overlap_needs_dist_opt:
@@ -380,6 +389,8 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
   if (const auto precision = r.optional_string("precision"))
     p.precision = parse_precision(*precision, source, "parallel.precision");
   p.fp8_param_gather = r.optional_boolean("fp8_param_gather").value_or(false);
+  // Optional: written only when on (plan_layout_json).
+  p.fp8_attention = r.optional_boolean("fp8_attention").value_or(false);
   // Optional: written only when on (plan_layout_json), and the moments when not fp32.
   p.precision_aware_optimizer = r.optional_boolean("precision_aware_optimizer").value_or(false);
   if (r.has("adam_moment_bytes")) {
@@ -614,6 +625,12 @@ PlanFile plan_file_from_json(const nlohmann::json& j, const std::string& source)
   shape.gpu.microscaling_formats = true;
   // Nor its host link: offloading is checked against the card too.
   shape.host_link.d2h_GBps = shape.host_link.h2d_GBps = 1;
+  // Nor its attention kernels: an FP8 attention core (cuDNN's, in the
+  // recipe's format) is checked against the card too.
+  if (const std::optional<Fp8AttentionFormat> format = pf.plan.fp8_attention_format()) {
+    shape.gpu.attention_kernel = AttentionKernel::cudnn;
+    shape.gpu.fp8_attention_rates[*format] = AttentionRates{};
+  }
   if (auto problem = check_plan(pf.plan, pf.model, shape))
     throw InputError(source, plan_key(problem->field), describe(*problem, pf.model, shape), key_fix(*problem, pf.plan));
 

@@ -45,6 +45,8 @@ struct Mcore {
   // The precision-aware optimizer, and Adam's two moments' dtypes as written.
   Ruled<bool> precision_aware;
   Ruled<std::string> exp_avg, exp_avg_sq;
+  // TransformerConfig.fp8_dot_product_attention.
+  Ruled<bool> fp8_attention;
 };
 
 // Bytes per element of an optimizer state's dtype as Megatron-LM's flags or
@@ -180,6 +182,7 @@ ResolvedRun derive(Builder& b, const Mcore& m) {
   b.set("params_bytes", static_cast<std::int64_t>(m.bf16.value ? 2 : 4), m.bf16.source);
   b.set("precision", m.precision.value, m.precision.source);
   if (m.precision.value != "bf16") b.set("fp8_param_gather", m.fp8_param_gather.value, m.fp8_param_gather.source);
+  if (m.precision.value != "bf16") b.set("fp8_attention", m.fp8_attention.value, m.fp8_attention.source);
   b.set("hidden_dropout", m.hidden_dropout.value, m.hidden_dropout.source);
   b.set("attention_dropout", m.attention_dropout.value, m.attention_dropout.source);
   b.set("optimizer", m.optimizer.value, m.optimizer.source);
@@ -304,6 +307,7 @@ ResolvedRun megatron_lm(const ExportResult& e) {
                          tc("191", "--attention-dropout, default 0.1")};
   m.optimizer = {option_or(a, "--optimizer", "adam"), args("2913", "--optimizer, default adam")};
   m.precision_aware = {has("--use-precision-aware-optimizer"), args("3667", "--use-precision-aware-optimizer, default off")};
+  m.fp8_attention = {false, args("2333", "fp8_dot_product_attention: no CLI argument exists (default False)")};
   m.exp_avg = {option_or(a, "--exp-avg-dtype", "fp32"), args("3675", "--exp-avg-dtype, default fp32")};
   m.exp_avg_sq = {option_or(a, "--exp-avg-sq-dtype", "fp32"), args("3680", "--exp-avg-sq-dtype, default fp32")};
   Builder b("megatron");
@@ -449,6 +453,9 @@ ResolvedRun megatron_bridge(const ExportResult& e) {
   m.attention_dropout = {probability(option_or(o, "model.attention_dropout", "0.1"), "attention_dropout"),
                          mc("transformer/transformer_config.py:184", "attention_dropout, default 0.1")};
   m.optimizer = {"adam", "Megatron-Bridge recipes/utils/optimizer_utils.py:140@v0.6.0: OptimizerConfig(optimizer=\"adam\")"};
+  m.fp8_attention = flag("mixed_precision.fp8_dot_product_attention", false,
+                         "Megatron-Bridge training/mixed_precision.py:58@v0.6.0 MixedPrecisionConfig "
+                         "fp8_dot_product_attention, default False (setup copies it to the model's TransformerConfig)");
   m.precision_aware = flag("optimizer.use_precision_aware_optimizer", false,
                            mc("optimizer/optimizer_config.py:187", "use_precision_aware_optimizer, default False"));
   m.exp_avg = {option_or(o, "optimizer.exp_avg_dtype", "torch.float32"),

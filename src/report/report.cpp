@@ -130,6 +130,7 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   if (p.trainer.overlap_param_gather) j["overlap_param_gather"] = true;
   if (p.precision_aware_optimizer) j["precision_aware_optimizer"] = true;
   if (p.adam_moment_bytes != 4) j["adam_moment_bytes"] = p.adam_moment_bytes;
+  if (p.fp8_attention) j["fp8_attention"] = true;
   if (e.interval) j["prediction_interval"] = interval_to_json(*e.interval);
   // Only where it prices something: other plans' JSON stays as it was.
   if (p.zero_stage == 3 && p.dp > 1) {
@@ -316,8 +317,12 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                              p.recompute_num_layers);
   // Only when not bf16: bf16 plans print as they did.
   if (p.precision != Precision::bf16)
-    out += fmt::format("      precision {}: the linear layers' GEMMs in {}; attention, embedding and LM head bf16{}\n",
+    out += fmt::format("      precision {}: the linear layers' GEMMs in {}; {}embedding and LM head bf16{}\n",
                        to_string(p.precision), p.precision == Precision::nvfp4 ? "FP4" : "FP8",
+                       !p.fp8_attention_format() ? "attention, "
+                       : *p.fp8_attention_format() == Fp8AttentionFormat::mxfp8
+                           ? "attention core in MXFP8 (cuDNN), "
+                           : "attention core in per-tensor FP8 (cuDNN), ",
                        p.fp8_param_gather ? "; FP8 weights all-gathered in FP8" : "");
   out += fmt::format("      trainer {}: DP reduction {} at {} bytes per gradient{}{}\n", p.trainer.preset,
                      p.trainer.dp_overlap ? "overlapped with the backward" : "after the backward",

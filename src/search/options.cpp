@@ -173,6 +173,7 @@ ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const
   p.precision = o.precision.value_or(Precision::bf16);
   p.fp8_param_gather = o.fp8_param_gather.value_or(false);
   p.precision_aware_optimizer = o.precision_aware_optimizer.value_or(false);
+  p.fp8_attention = o.fp8_attention.value_or(false);
   p.adam_moment_bytes = o.adam_moment_bytes.value_or(4);
   p.order = o.order.value_or(RankOrder{});
   p.trainer = trainer_settings(o);

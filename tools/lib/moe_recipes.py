@@ -26,7 +26,6 @@ CLUSTERS = {"H100": ("topologies/dgx-h100.json", 8), "B200": ("topologies/dgx-b2
 GPU_ORDER = ["H100", "B200", "GB200", "GB300"]
 # Recipe settings no flag sets: priced without, named on each row.
 PRICED_WITHOUT = [
-    ("FP8 attention (fp8_dot_product_attention)", lambda r: r["fp8_dot_product_attention"] == "1"),
     ("EP overlap without delayed wgrad (priced with it)", lambda r: r["ep_overlap"] == "1" and r["delay_wgrad"] != "1"),
     ("the parameter gather under the optimizer step", lambda r: r["overlap_param_gather_with_optimizer_step"] == "1"),
 ]
@@ -86,6 +85,9 @@ def moe_args(r):
     a += ["--precision", r["precision"]]
     if r["precision"] != "bf16" and r["fp8_param_gather"] == "1":
         a += ["--fp8-param-gather"]
+    # The mixed-precision config's fp8_dot_product_attention (12 of 89, all MXFP8).
+    if r["precision"] != "bf16" and r["fp8_dot_product_attention"] == "1":
+        a += ["--fp8-attention"]
     # The optimizer's precision settings (main_params_dtype is fp32 and
     # exp_avg_sq_dtype is exp_avg_dtype in all 89; main_grads_dtype follows
     # the DDP buffer, --grad-reduce-dtype above).

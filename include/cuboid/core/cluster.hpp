@@ -46,6 +46,12 @@ struct AttentionRates {
   std::vector<std::vector<double>> fwd, bwd;  // [head_dims][seq_lengths]
 };
 
+// The formats cuDNN's fused attention runs in FP8 (Megatron-Core's
+// --fp8-dot-product-attention, cuboid's --fp8-attention; Transformer
+// Engine's FusedAttention FP8 backend): per-tensor scaled E4M3 (under the
+// delayed and current scaling recipes) and MXFP8 (under the MXFP8 recipe).
+enum class Fp8AttentionFormat { per_tensor, mxfp8 };
+
 struct GpuProfile {
   std::string name;                     // "A100-SXM4-80GB"
   double peak_bf16_flops = 0;           // dense tensor-core FLOP/s (datasheet)
@@ -101,6 +107,9 @@ struct GpuProfile {
   // Each fused kernel's sourced rates on this GPU (attention_kernels); a
   // kernel the table lacks is refused on a GPU that has a table.
   std::map<AttentionKernel, AttentionRates> attention_rates;
+  // cuDNN's FP8 attention rates per format (attention_kernels.cudnn.fp8 and
+  // .mxfp8), fractions of the FP8 peak; a format without a table is refused.
+  std::map<Fp8AttentionFormat, AttentionRates> fp8_attention_rates;
   double kernel_launch_ns = 0;          // fixed cost per kernel
   std::int64_t memory_reserve_bytes = 0;  // CUDA context, NCCL buffers, cuBLAS workspace, fragmentation
   // Whether the device's default attention core is fused (flash): the
@@ -198,6 +207,8 @@ struct Cluster {
 // The rates of `kernel` on `gpu` (auto: its default kernel); nullptr when
 // its table has none (then flash_attention_fwd/bwd_efficiency price it).
 const AttentionRates* attention_rates_of(const GpuProfile& gpu, AttentionKernel kernel);
+// cuDNN's FP8 attention rates on `gpu` in `format`; nullptr when it has none.
+const AttentionRates* fp8_attention_rates_of(const GpuProfile& gpu, Fp8AttentionFormat format);
 // The fraction of peak of one pass of the kernel at a head dimension and a
 // sequence length (AttentionRates says how it is read).
 double attention_efficiency(const AttentionRates& rates, std::int64_t head_dim, std::int64_t seq_length, bool backward);

@@ -285,6 +285,10 @@ inline constexpr char fp8_grad_cast[] = "fp8_grad_cast";
 inline constexpr char tp_ar_amax[] = "tp_ar_amax";
 inline constexpr char fp8_weight_cast[] = "fp8_weight_cast";
 inline constexpr char fp8_weight_transpose[] = "fp8_weight_transpose";
+// FP8 attention under delayed scaling (--fp8-attention): cuDNN writes the
+// core's output and, in the backward, dQ, dK, dV in FP8, and Transformer
+// Engine dequantizes them to bf16 for the layers around it.
+inline constexpr char fp8_dequantize[] = "fp8_dequantize";
 
 // Suffixes of a GEMM's backward ops.
 inline constexpr char dgrad_suffix[] = "_dgrad";
@@ -321,8 +325,8 @@ inline bool is_pipeline_exchange(std::string_view name) {
 }
 
 // Every name above, for checks.
-inline constexpr std::array<std::string_view, 215> all{
-    fp8_amax, fp8_scale, fp8_cast, fp8_grad_cast, tp_ar_amax, fp8_weight_cast, fp8_weight_transpose,
+inline constexpr std::array<std::string_view, 216> all{
+    fp8_amax, fp8_scale, fp8_cast, fp8_grad_cast, tp_ar_amax, fp8_weight_cast, fp8_weight_transpose, fp8_dequantize,
     norm_in, tp_ag_attn, qkv, qkv_bias, attn_alibi_bias, attn_qk, attn_softmax, attn_av, attn_ctx_copy, attn_flash,
     proj, tp_rs_attn,
     tp_ar_attn, drop_add_attn, norm_mlp, tp_ag_mlp, fc1, act, fc2, tp_rs_mlp, tp_ar_mlp, drop_add_mlp, qkv_dgrad,

@@ -393,6 +393,10 @@ struct ParallelPlan {
   // fp32, 2 bf16, which needs it). Off: fp32 master weights and moments.
   bool precision_aware_optimizer = false;
   int adam_moment_bytes = 4;
+  // Megatron-Core's --fp8-dot-product-attention: the attention core runs in
+  // cuDNN's FP8 kernels (Transformer Engine's recipe with fp8_dpa), in the
+  // format fp8_attention_format gives (plan_check.cpp says where it runs).
+  bool fp8_attention = false;
   // Megatron-Core's --cpu-offloading-num-layers (Transformer Engine's CPU
   // offload): the activations of the first N decoder layers go to host
   // memory in the forward and come back for the backward (cost/offload.hpp).
@@ -501,6 +505,17 @@ struct ParallelPlan {
   bool optimizer_casts_gradients() const {
     return grad_element_bytes() < 4 && !(zero_stage >= 3 && trainer.fsdp_grad_bytes == 0) &&
            !optimizer_holds_master_weights();
+  }
+  // The format of the FP8 attention core: per-tensor E4M3 under delayed and
+  // current scaling, MXFP8 under the MXFP8 recipe (Transformer Engine
+  // d0067d0d dot_product_attention.py init_fp8_metadata: the recipe's own
+  // with NVTE_DPA_FP8_RECIPE unset); none without --fp8-attention or under
+  // a recipe that has no FP8 attention (blockwise, NVFP4: refused).
+  std::optional<Fp8AttentionFormat> fp8_attention_format() const {
+    if (!fp8_attention) return std::nullopt;
+    if (precision == Precision::fp8_delayed || precision == Precision::fp8_current) return Fp8AttentionFormat::per_tensor;
+    if (precision == Precision::mxfp8) return Fp8AttentionFormat::mxfp8;
+    return std::nullopt;
   }
   int expert_tp() const { return etp > 0 ? etp : tp; }
   // The ranks that hold the same experts and average their gradients:

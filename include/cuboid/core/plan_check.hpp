@@ -44,6 +44,7 @@ enum class PlanField {
   moe_paged_stash,           // and --moe-paged-stash
   precision_aware_optimizer,  // Megatron-Core's --use-precision-aware-optimizer
   adam_moment_bytes,          // and its --exp-avg-dtype / --exp-avg-sq-dtype
+  fp8_attention,              // Megatron-Core's --fp8-dot-product-attention
 };
 
 // Why a plan cannot overlap its EP exchanges (PlanCheck::ep_overlap_refused).
@@ -123,6 +124,10 @@ enum class PlanCheck : std::uint8_t {
   param_gather_needs_fp8,       // -
   param_gather_needs_dist_opt,  // the ZeRO stage
   moments_need_precision_aware,  // the bytes per moment (not 4 without the precision-aware optimizer)
+  fp8_attention_recipe,   // the precision (Precision): no FP8 attention under it
+  fp8_attention_cudnn,    // the kernel (AttentionKernel) the plan's attention core runs: not cuDNN's fused one
+  fp8_attention_cp,       // CP (FP8 attention under context parallelism: not modelled)
+  fp8_attention_rates,    // the format (Fp8AttentionFormat): the GPU profile has no rates for it
   stage_layers_negative,  // -
   uneven_needs_pp,        // -
   uneven_rest,            // first stage layers, last stage layers, the rest, layers, middle stages
@@ -190,6 +195,7 @@ enum class PlanCheck : std::uint8_t {
   trainer_no_dp_grad_bytes,      // the preset, the plan's bytes per gradient
   trainer_no_fsdp_grad_bytes,    // the preset, the plan's Megatron-FSDP bytes per gradient
   trainer_no_precision_aware,    // the preset
+  trainer_no_fp8_attention,      // the preset
   moe_static_refused,            // why (MoeStaticRefusal), the busiest rank's rows, the budget's rows
 };
 

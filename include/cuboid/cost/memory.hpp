@@ -105,6 +105,14 @@ double projection_input_bytes(const ParallelPlan& plan);
 // linear_proj saves a quantized copy of its input (delayed FP8 scaling)
 // rather than the core's bf16 output itself.
 bool projection_saves_quantized_copy(const ParallelPlan& plan);
+// Bytes per element of Q, K and V the fused attention core keeps as copies
+// of its own: under FP8 attention its quantized copies (Transformer Engine
+// d0067d0d backends.py FusedAttnFunc.forward saves q_fp8, k_fp8, v_fp8):
+// per-tensor E4M3 rowwise only (1 byte), MXFP8 rowwise and columnwise with
+// their scales (utils.py get_attention_quantizers: 2 x (1 + 1/32)). 0: the
+// core keeps the bf16 tensors its inputs are (bf16 attention, or a
+// checkpointed core, whose checkpoint keeps them).
+double core_input_copy_bytes(const ParallelPlan& plan);
 // One layer's stored activations for one micro-batch on one GPU: a dense
 // layer's, or with `moe_layer` an MoE layer's (its MLP's routed token
 // copies, expert intermediates and shared experts instead of the dense MLP's).

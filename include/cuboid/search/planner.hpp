@@ -70,6 +70,7 @@ struct PlannerOptions {
   std::optional<Precision> precision;
   std::optional<bool> fp8_param_gather;      // default off
   std::optional<bool> precision_aware_optimizer;  // default off (not searched: it changes the numerics)
+  std::optional<bool> fp8_attention;         // default off (not searched: it changes the numerics)
   std::optional<int> adam_moment_bytes;      // default 4, fp32 (not searched)
   // The trainer preset (cuboid/core/trainer.hpp): what it can run and how.
   // Default: megatron-core. Settings set here must be ones it can run.
