@@ -57,6 +57,10 @@ check("pipeline split", [a for a in args if a.startswith("--account-for")],
 check("no SP flag at TP 1", flag(args, "--sequence-parallel"), None)
 check("no TP overlap at TP 1 (Bridge drops it)", flag(args, "--tp-comm-overlap"), None)
 check("distributed optimizer", (flag(args, "--zero"), flag(args, "--overlap-param-gather")), ("1", "on"))
+check("no gather under the step unless the recipe sets it", flag(args, "--overlap-param-gather-with-optimizer-step"), None)
+check("the gather under the step",
+      flag(m.moe_args(dict(row, overlap_param_gather_with_optimizer_step="1"))[0],
+           "--overlap-param-gather-with-optimizer-step"), "on")
 check("bf16 gradient reduction (grad_reduce_in_fp32 = False)", flag(args, "--grad-reduce-dtype"), "bf16")
 check("fp32 gradient reduction", flag(m.moe_args(dict(row, grad_reduce_in_fp32="1"))[0], "--grad-reduce-dtype"), "fp32")
 check("precision", (flag(args, "--precision"), "--fp8-param-gather" in args), ("mxfp8", True))

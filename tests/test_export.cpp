@@ -20,6 +20,7 @@
 #include <string>
 
 #include "cuboid/core/error.hpp"
+#include "cuboid/core/plan_check.hpp"
 #include "cuboid/io/export.hpp"
 #include "export_options.hpp"
 #include "plan_fixtures.hpp"
@@ -1211,6 +1212,35 @@ TEST_CASE("Megatron-Core's overlaps and CUDA graphs: Megatron-LM, Megatron-Bridg
   check_refused(pf, {"deepspeed", "torchtitan"}, "parallel.trainer.tp_comm_overlap");
   pf.plan.trainer.tp_comm_overlap = false;
   check_refused(pf, {"deepspeed"}, "parallel.trainer.overlap_param_gather");
+}
+
+TEST_CASE("the parameter gather under the optimizer step: Megatron-LM and Megatron-Bridge write it as priced; the rest refuse") {
+  PlanFile pf = plan_file("seed");  // TP 4 x PP 4 x DP 2, ZeRO-1
+  pf.plan.schedule = Schedule::interleaved;
+  pf.plan.virtual_stages = 2;
+  pf.plan.trainer.overlap_param_gather = true;
+  pf.plan.trainer.overlap_param_gather_with_optimizer_step = true;
+  REQUIRE_FALSE(check_plan(pf.plan, pf.model, cuboid::test::four_dgx_a100()));
+  check_options(pf, "megatron");
+  check_options(pf, "megatron-bridge");
+  // Megatron-LM asserts torch checkpoints with it (arguments.py:1073).
+  const std::string megatron = export_plan(pf, "megatron").text;
+  for (const char* line : {"--overlap-param-gather\n", "--overlap-param-gather-with-optimizer-step\n", "--ckpt-format torch\n"})
+    CHECK_MESSAGE(megatron.find(line) != std::string::npos, line);
+  CHECK(export_plan(pf, "megatron-bridge").text.find("    cfg.optimizer.overlap_param_gather_with_optimizer_step = True\n") !=
+        std::string::npos);
+  check_refused(pf, {"nemo"}, "parallel.trainer.overlap_param_gather_with_optimizer_step");
+  check_refused(pf, {"deepspeed"}, "parallel.trainer.overlap_param_gather");  // which it needs
+  // Bridge's MXFP8 parameter gather reuses the gradient buffer, which
+  // Megatron-Core refuses with it; Megatron-LM does not reuse it.
+  pf.plan.precision = Precision::mxfp8;
+  pf.plan.fp8_param_gather = true;
+  CHECK(refusal(pf, "megatron-bridge").find("parallel.trainer.overlap_param_gather_with_optimizer_step: ") !=
+        std::string::npos);
+  // Off: neither flag nor checkpoint format written, as before.
+  pf = plan_file("seed");
+  CHECK(export_plan(pf, "megatron").text.find("ckpt-format") == std::string::npos);
+  CHECK(export_plan(pf, "megatron-bridge").text.find("overlap_param_gather_with_optimizer_step") == std::string::npos);
 }
 
 TEST_CASE("activation offloading: Megatron-LM and Megatron-Bridge write it, checked against their pinned options; the rest refuse") {

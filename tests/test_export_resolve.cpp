@@ -384,6 +384,29 @@ TEST_CASE("FP8 attention runs as priced on Megatron-Bridge") {
   CHECK(mismatches(pf, "megatron-bridge") == "");
 }
 
+TEST_CASE("the parameter gather under the optimizer step runs as priced on Megatron-LM and Megatron-Bridge") {
+  PlanFile pf = fixture_file("seed");  // TP 4 x PP 4 x DP 2, ZeRO-1
+  pf.plan.schedule = Schedule::interleaved;
+  pf.plan.virtual_stages = 2;
+  pf.plan.trainer.overlap_param_gather = true;
+  pf.plan.trainer.overlap_param_gather_with_optimizer_step = true;
+  for (const char* target : {"megatron", "megatron-bridge"}) {
+    CAPTURE(target);
+    CHECK(mismatches(pf, target) == "");
+    CHECK(setting(resolve_export(target, export_plan(pf, target)), "overlap_param_gather_with_optimizer_step").value ==
+          "true");
+  }
+  CHECK(after_edit(pf, "megatron-bridge", "    cfg.optimizer.overlap_param_gather_with_optimizer_step = True\n", "")
+            .find("overlap_param_gather_with_optimizer_step: priced true, runs false") == 0);
+  // Megatron-LM's validate_args: torch checkpoints, the overlapped gather.
+  CHECK(after_edit(pf, "megatron", "    --ckpt-format torch\n", "")
+            .find("start-up fails: --overlap-param-gather-with-optimizer-step with a distributed checkpoint format") !=
+        std::string::npos);
+  CHECK(after_edit(pf, "megatron", "    --overlap-param-gather\n", "")
+            .find("start-up fails: --overlap-param-gather-with-optimizer-step without --overlap-param-gather") !=
+        std::string::npos);
+}
+
 TEST_CASE("HybridEP's rank capacity factor and the paged stash run as priced; the start-up model asserts their needs") {
   // Mixtral 8x7B, TP 2 x PP 2 x DP 8, EP 8 over flex with HybridEP, the budget at 1.5 and the stash.
   PlanFile pf = fixture_file("mixtral-ep8");

@@ -7,6 +7,7 @@
 // asserts. A Llama-3-8B layer on the A100 fixture (DGX A100 nodes).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -18,6 +19,8 @@
 #include "cuboid/core/workload.hpp"
 #include "cuboid/cost/cost.hpp"
 #include "cuboid/cost/estimator.hpp"
+#include "cuboid/cost/memory.hpp"
+#include "cuboid/cost/optimizer_step.hpp"
 #include "cuboid/cost/step.hpp"
 #include "cuboid/io/planfile.hpp"
 #include "cuboid/search/planner.hpp"
@@ -324,4 +327,101 @@ TEST_CASE("plan: the overlaps apply to the candidates that can run them, the sea
   // Fixed where Megatron refuses them: said before any search.
   o.tp = 1;
   CHECK_THROWS_AS((void)search_plans(m, topo, o), PlanRejected);
+}
+
+TEST_CASE("--overlap-param-gather-with-optimizer-step: the first chunk's gather runs under the rest of the step") {
+  const ModelSpec m = test::llama3_8b();
+  const Cluster cluster = test::dgx_a100(4);
+  const Topology topo(cluster);
+  ParallelPlan off = plan_of(1, 16);
+  off.pp = 2;
+  off.virtual_stages = 2;
+  off.schedule = Schedule::interleaved;
+  off.global_batch = 64;  // 4 micro-batches
+  off.trainer.overlap_param_gather = true;
+  ParallelPlan on = off;
+  on.trainer.overlap_param_gather_with_optimizer_step = true;
+  REQUIRE_FALSE(check_plan(on, m, cluster));
+
+  // Megatron-LM d98e8a64 arguments.py:1066-1072 and the trainers without it.
+  ParallelPlan bad = on;
+  bad.trainer.overlap_param_gather = false;
+  CHECK(describe(*check_plan(bad, m, cluster), m, cluster) ==
+        "the parameter all-gather under the optimizer step needs the overlapped parameter all-gather (Megatron-LM "
+        "d98e8a64 megatron/training/arguments.py:1070)");
+  bad = on;
+  bad.virtual_stages = 1;
+  bad.schedule = Schedule::one_f_one_b;
+  CHECK(check_plan(bad, m, cluster)->kind == PlanCheck::param_gather_in_step_needs);
+  CHECK(check_plan(bad, m, cluster)->field == PlanField::overlap_param_gather_with_optimizer_step);
+
+  // The plan file carries it where it differs from the preset's (off).
+  const nlohmann::json j = plan_to_json(m, cluster, estimate(m, topo, on));
+  CHECK(j["parallel"]["trainer"]["overlap_param_gather_with_optimizer_step"] == true);
+  CHECK(plan_file_from_json(j, "t.plan.json").plan.trainer == on.trainer);
+  CHECK_FALSE(plan_to_json(m, cluster, estimate(m, topo, off))["parallel"]["trainer"].contains(
+      "overlap_param_gather_with_optimizer_step"));
+
+  // Every chunk one bucket (training.py per_chunk_disable_bucketing).
+  CHECK(StepDescription(m, off, nullptr).bucket_params(0, 0) == doctest::Approx(40e6));
+  CHECK(std::isinf(StepDescription(m, on, nullptr).bucket_params(0, 0)));
+
+  // The first stage's first chunk: the embedding (128256 x 4096) and layers
+  // 0-7 of 218,112,000 parameters each (q, o 4096^2; k, v 4096 x 1024; the
+  // SwiGLU MLP 3 x 4096 x 14336; two RMSNorms 4096).
+  const double layer = 2.0 * 4096 * 4096 + 2.0 * 4096 * 1024 + 3.0 * 4096 * 14336 + 2 * 4096;
+  CHECK(layer == 218112000.0);
+  const double chunk0 = 128256.0 * 4096 + 8 * layer;
+  const StepDescription step(m, on, nullptr);
+  const TimeNs first_ns = optimizer_step_time_ns(cluster.gpu, chunk0, 16, 1, optimizer_precision(on));
+  CHECK(step.first_chunk_step_ns(cluster.gpu, chunk0, 0) == first_ns);
+
+  sim::SimOptions opts;
+  opts.timeline = true;
+  const sim::SimResult r = sim::run_simulation(m, topo, on, opts);
+  const sim::SimResult r_off = sim::run_simulation(m, topo, off, opts);
+  const auto find = [](const sim::Timeline& t, int stage, const std::string& name) {
+    std::vector<const sim::TimelineBlock*> out;
+    for (const sim::TimelineBlock& b : t.blocks)
+      if (b.stage == stage && b.name.rfind(name, 0) == 0) out.push_back(&b);
+    return out;
+  };
+  for (int s = 0; s < 2; ++s) {
+    CAPTURE(s);
+    const auto head = find(r.timeline, s, "optimizer step (first chunk)");
+    const auto gather = find(r.timeline, s, "param all-gather (first chunk, under the step)");
+    std::vector<const sim::TimelineBlock*> rest;
+    for (const auto* b : find(r.timeline, s, "optimizer step"))
+      if (b->name == "optimizer step") rest.push_back(b);
+    REQUIRE(head.size() == 1);
+    REQUIRE(gather.size() == 1);
+    REQUIRE(rest.size() == 1);
+    // The first chunk's optimizer, then its gather on the DP stream beside
+    // the rest of the step, which together take what the whole step took.
+    CHECK(gather[0]->row == sim::TimelineRow::dp);
+    CHECK(gather[0]->start_ns == head[0]->end_ns);
+    CHECK(rest[0]->start_ns == head[0]->end_ns);
+    CHECK((head[0]->end_ns - head[0]->start_ns) + (rest[0]->end_ns - rest[0]->start_ns) ==
+          step.optimizer_ns(cluster.gpu, stage_parameters(m, on, s), s));
+    if (s == 0) CHECK(head[0]->end_ns - head[0]->start_ns == first_ns);
+    CHECK(r.timeline.end_ns >= std::max(gather[0]->end_ns, rest[0]->end_ns));
+    // The next forward gathers the second chunk only (one bucket); without
+    // the flag, both chunks (the first stage's first in 40M buckets).
+    const auto in_forward = [&](const sim::Timeline& t) {
+      int n = 0;
+      for (const auto* b : find(t, s, "param all-gather F")) n += b->row == sim::TimelineRow::dp ? 1 : 0;
+      return n;
+    };
+    CHECK(in_forward(r.timeline) == 1);
+    CHECK(in_forward(r_off.timeline) > (s == 0 ? 2 : 1));
+  }
+  // The first stage's first chunk reduces its gradients in one bucket
+  // after its last backward (40M-parameter buckets under it without).
+  const auto grad_buckets = [&](const sim::Timeline& t) { return find(t, 0, "grad bucket").size(); };
+  CHECK(grad_buckets(r.timeline) == 2);
+  CHECK(grad_buckets(r_off.timeline) > 2);
+  // The estimate's critical stage is the last: its first chunk's gather
+  // hides under the pipeline's fill either way.
+  const Estimate a = estimate(m, topo, off), b = estimate(m, topo, on);
+  CHECK(b.breakdown.dp_comm_s == doctest::Approx(a.breakdown.dp_comm_s));
 }

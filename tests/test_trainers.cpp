@@ -70,7 +70,7 @@ bool same_preset(const TrainerPreset& a, const TrainerPreset& b) {
          a.uneven_stages == b.uneven_stages && a.uneven_interleaved == b.uneven_interleaved &&
          a.pipeline_layout == b.pipeline_layout &&
          a.context_parallel == b.context_parallel && a.context_parallel_a2a == b.context_parallel_a2a &&
-         a.expert_parallel == b.expert_parallel && a.fp8 == b.fp8 && a.recompute_modules == b.recompute_modules && a.recompute_layers == b.recompute_layers && a.activation_offloading == b.activation_offloading && a.precision_aware_optimizer == b.precision_aware_optimizer && a.fp8_attention == b.fp8_attention && a.zero_stages == b.zero_stages && a.moe_dispatchers == b.moe_dispatchers &&
+         a.expert_parallel == b.expert_parallel && a.fp8 == b.fp8 && a.recompute_modules == b.recompute_modules && a.recompute_layers == b.recompute_layers && a.activation_offloading == b.activation_offloading && a.precision_aware_optimizer == b.precision_aware_optimizer && a.fp8_attention == b.fp8_attention && a.overlap_param_gather_with_optimizer_step == b.overlap_param_gather_with_optimizer_step && a.zero_stages == b.zero_stages && a.moe_dispatchers == b.moe_dispatchers &&
          a.default_grad_accum_fusion == b.default_grad_accum_fusion && a.settings == b.settings &&
          a.attention_kernels == b.attention_kernels && a.attention_kernel == b.attention_kernel &&
          a.cuda_graphs == b.cuda_graphs && a.tp_comm_overlap == b.tp_comm_overlap &&
@@ -133,6 +133,8 @@ TEST_CASE("the presets loaded from trainers/ are those the code held") {
     CHECK(t.precision_aware_optimizer == (t.name == "megatron-core"));
     // Transformer Engine's FP8 attention (fp8_dpa): the current preset's only.
     CHECK(t.fp8_attention == (t.name == "megatron-core"));
+    CHECK(t.overlap_param_gather_with_optimizer_step == (t.name == "megatron-core"));
+    CHECK_FALSE(t.settings.overlap_param_gather_with_optimizer_step);
     CHECK(t.context_parallel == e.context_parallel);
     CHECK(t.context_parallel_a2a == e.context_parallel_a2a);
     CHECK(t.expert_parallel == e.expert_parallel);
@@ -256,8 +258,8 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
   // 27 + attention_kernels (can_run) and attention_kernel (settings) + recompute_modules (can_run) +
   // moe_dispatchers (can_run) + cuda_graphs, tp_comm_overlap, overlap_param_gather, moe_ep_overlap (each in
   // both groups) + activation_offloading (can_run) + pp_fsdp_no_sync (settings) + recompute_layers (can_run) +
-  // precision_aware_optimizer (can_run) + fp8_attention (can_run)
-  CHECK(defaults == 44);
+  // precision_aware_optimizer (can_run) + fp8_attention (can_run) + overlap_param_gather_with_optimizer_step (both)
+  CHECK(defaults == 46);
 }
 
 TEST_CASE("the gradient dtypes a preset reduces in: megatron-core both, the others their own") {

@@ -61,6 +61,7 @@ void ablate(const std::string& name, ParallelPlan& plan, Cluster& cluster, Model
     plan.trainer.tp_comm_overlap = false;
   } else if (name == "overlap-param-gather") {
     plan.trainer.overlap_param_gather = false;
+    plan.trainer.overlap_param_gather_with_optimizer_step = false;
   } else if (name == "moe-imbalance") {
     // The busiest EP rank at the mean load (a balanced router).
     if (model.moe.enabled()) model.moe.router_load_imbalance = 1.0;

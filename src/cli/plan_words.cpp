@@ -145,6 +145,8 @@ std::string plain_fix(const PlanRejection& r) {
     case K::trainer_no_cuda_graphs: return "use --cuda-graphs none, or --trainer megatron-core";
     case K::trainer_no_tp_comm_overlap: return "use --tp-comm-overlap off, or --trainer megatron-core";
     case K::trainer_no_overlap_param_gather: return "use --overlap-param-gather off, or --trainer megatron-core";
+    case K::trainer_no_param_gather_in_step:
+      return "use --overlap-param-gather-with-optimizer-step off, or --trainer megatron-core";
     case K::trainer_no_dp_grad_bytes:
       return "drop --grad-reduce-dtype (the trainer's own dtype), or use --trainer megatron-core";
     case K::trainer_no_fsdp_grad_bytes:
@@ -155,6 +157,9 @@ std::string plain_fix(const PlanRejection& r) {
     case K::tp_overlap_needs_sp: return "use --tp 2 (or more) with --sequence-parallel on, or --tp-comm-overlap off";
     case K::param_overlap_needs_dist_opt: return "use --zero 1 or 2, or --overlap-param-gather off";
     case K::param_overlap_needs_grad_overlap: return "use --dp-overlap on, or --overlap-param-gather off";
+    case K::param_gather_in_step_needs:
+      return r.values[0] == 0 ? "use --overlap-param-gather on, or --overlap-param-gather-with-optimizer-step off"
+                              : "use --vpp 2 (or more), or --overlap-param-gather-with-optimizer-step off";
     default: return "";
   }
 }
@@ -222,6 +227,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::precision_aware_optimizer: return "--precision-aware-optimizer";
     case PlanField::adam_moment_bytes: return "--adam-moments";
     case PlanField::fp8_attention: return "--fp8-attention";
+    case PlanField::overlap_param_gather_with_optimizer_step: return "--overlap-param-gather-with-optimizer-step";
   }
   return "--tp/--pp/--dp";
 }

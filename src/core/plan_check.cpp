@@ -83,6 +83,8 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
   if (p.trainer.cuda_graphs.on() && !t.cuda_graphs) return reject(K::trainer_no_cuda_graphs, F::cuda_graphs, preset);
   if (p.trainer.tp_comm_overlap && !t.tp_comm_overlap)
     return reject(K::trainer_no_tp_comm_overlap, F::tp_comm_overlap, preset);
+  if (p.trainer.overlap_param_gather_with_optimizer_step && !t.overlap_param_gather_with_optimizer_step)
+    return reject(K::trainer_no_param_gather_in_step, F::overlap_param_gather_with_optimizer_step, preset);
   if (p.trainer.overlap_param_gather && !t.overlap_param_gather)
     return reject(K::trainer_no_overlap_param_gather, F::overlap_param_gather, preset);
   if (p.offload_layers != 0 && !t.activation_offloading)
@@ -102,7 +104,9 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
 // Megatron-LM d98e8a64 megatron/training/arguments.py:1441-1442: TP
 // communication overlap only with sequence parallelism (which :1433-1439
 // turns off at TP 1); :1024-1028: --overlap-param-gather only with the
-// distributed optimizer (or Megatron-FSDP) and --overlap-grad-reduce.
+// distributed optimizer (or Megatron-FSDP) and --overlap-grad-reduce;
+// :1066-1072: --overlap-param-gather-with-optimizer-step only with the
+// distributed optimizer, --overlap-param-gather and an interleaved schedule.
 Found check_overlaps(const ParallelPlan& p) {
   if (p.trainer.tp_comm_overlap && (p.tp < 2 || !p.sequence_parallel))
     return reject(K::tp_overlap_needs_sp, F::tp_comm_overlap, p.tp, p.sequence_parallel ? 1 : 0);
@@ -110,6 +114,10 @@ Found check_overlaps(const ParallelPlan& p) {
     return reject(K::param_overlap_needs_dist_opt, F::overlap_param_gather, p.zero_stage);
   if (p.trainer.overlap_param_gather && !p.trainer.dp_overlap)
     return reject(K::param_overlap_needs_grad_overlap, F::overlap_param_gather);
+  if (p.trainer.overlap_param_gather_with_optimizer_step && !p.trainer.overlap_param_gather)
+    return reject(K::param_gather_in_step_needs, F::overlap_param_gather_with_optimizer_step, 0);
+  if (p.trainer.overlap_param_gather_with_optimizer_step && p.virtual_stages < 2)
+    return reject(K::param_gather_in_step_needs, F::overlap_param_gather_with_optimizer_step, 1);
   return std::nullopt;
 }
 
@@ -606,6 +614,8 @@ std::string describe_trainer(const PlanRejection& r) {
       return trainer_words(v[0], "has no Transformer Engine userbuffers TP overlap");
     case K::trainer_no_overlap_param_gather:
       return trainer_words(v[0], "has no parameter all-gather overlapped with the forward");
+    case K::trainer_no_param_gather_in_step:
+      return trainer_words(v[0], "has no parameter all-gather under the optimizer step");
     case K::trainer_no_dp_grad_bytes:
       return trainer_words(v[0], std::string("does not reduce gradients in ") + (v[1] == 2 ? "16 bits" : "fp32"));
     case K::trainer_no_precision_aware:
@@ -627,6 +637,10 @@ std::string describe_trainer(const PlanRejection& r) {
     case K::param_overlap_needs_grad_overlap:
       return "the overlapped parameter all-gather needs the overlapped gradient reduction (Megatron-LM d98e8a64 "
              "megatron/training/arguments.py:1028 asserts overlap_grad_reduce)";
+    case K::param_gather_in_step_needs:
+      return std::string("the parameter all-gather under the optimizer step needs ") +
+             (v[0] == 0 ? "the overlapped parameter all-gather (Megatron-LM d98e8a64 megatron/training/arguments.py:1070)"
+                        : "virtual stages (Megatron-LM d98e8a64 megatron/training/arguments.py:1072: an interleaved schedule)");
     default: return "";
   }
 }

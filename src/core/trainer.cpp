@@ -111,7 +111,7 @@ std::vector<int> read_grad_bytes(JsonReader& r) {
   return out;
 }
 
-constexpr std::array<Field, 27> kCanRun{{
+constexpr std::array<Field, 28> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
@@ -131,6 +131,8 @@ constexpr std::array<Field, 27> kCanRun{{
     {"cuda_graphs", [](JsonReader& r, TrainerPreset& t) { t.cuda_graphs = r.boolean("value"); }},
     {"tp_comm_overlap", [](JsonReader& r, TrainerPreset& t) { t.tp_comm_overlap = r.boolean("value"); }},
     {"overlap_param_gather", [](JsonReader& r, TrainerPreset& t) { t.overlap_param_gather = r.boolean("value"); }},
+    {"overlap_param_gather_with_optimizer_step",
+     [](JsonReader& r, TrainerPreset& t) { t.overlap_param_gather_with_optimizer_step = r.boolean("value"); }},
     {"activation_offloading", [](JsonReader& r, TrainerPreset& t) { t.activation_offloading = r.boolean("value"); }},
     {"precision_aware_optimizer",
      [](JsonReader& r, TrainerPreset& t) { t.precision_aware_optimizer = r.boolean("value"); }},
@@ -144,7 +146,7 @@ constexpr std::array<Field, 27> kCanRun{{
 }};
 
 // How it runs a plan by default (TrainerSettings).
-constexpr std::array<Field, 23> kSettings{{
+constexpr std::array<Field, 24> kSettings{{
     {"dp_overlap", [](JsonReader& r, TrainerPreset& t) { t.settings.dp_overlap = r.boolean("value"); }},
     {"dp_grad_bytes",
      [](JsonReader& r, TrainerPreset& t) {
@@ -196,6 +198,8 @@ constexpr std::array<Field, 23> kSettings{{
     {"tp_comm_overlap", [](JsonReader& r, TrainerPreset& t) { t.settings.tp_comm_overlap = r.boolean("value"); }},
     {"overlap_param_gather",
      [](JsonReader& r, TrainerPreset& t) { t.settings.overlap_param_gather = r.boolean("value"); }},
+    {"overlap_param_gather_with_optimizer_step",
+     [](JsonReader& r, TrainerPreset& t) { t.settings.overlap_param_gather_with_optimizer_step = r.boolean("value"); }},
     {"moe_ep_overlap", [](JsonReader& r, TrainerPreset& t) { t.default_moe_ep_overlap = r.boolean("value"); }},
 }};
 
@@ -300,6 +304,9 @@ TrainerPreset parse_trainer(const std::string& text, const std::string& source) 
     r.fail("settings.tp_comm_overlap", "is on but can_run.tp_comm_overlap is false", "give false");
   if (t.settings.overlap_param_gather && !t.overlap_param_gather)
     r.fail("settings.overlap_param_gather", "is on but can_run.overlap_param_gather is false", "give false");
+  if (t.settings.overlap_param_gather_with_optimizer_step && !t.overlap_param_gather_with_optimizer_step)
+    r.fail("settings.overlap_param_gather_with_optimizer_step",
+           "is on but can_run.overlap_param_gather_with_optimizer_step is false", "give false");
   if (!t.flash_attention && (t.attention_kernel != AttentionKernel::auto_ && t.attention_kernel != AttentionKernel::unfused))
     r.fail("settings.attention_kernel", "names a fused kernel but can_run.flash_attention is false", "give unfused");
   if (t.default_moe_ep_overlap && !t.moe_ep_overlap)

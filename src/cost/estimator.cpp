@@ -972,14 +972,25 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
 // embedding's own forward taken as nothing: a0 + a + (B - 1) max(0, a - f);
 // a later stage's first chunk hides its one gather behind the pipeline's
 // fill, `critical` forwards of a chunk of this stage's; the other chunks'
-// gathers find nothing issued ahead of them: exposed whole.
+// gathers find nothing issued ahead of them: exposed whole. With the first
+// chunk's gather under the step (StepDescription::gathers_in_step) that
+// chunk's gather shows past the rest of the step, `step_window` (what the
+// dense and the expert gathers, one after the other on the DP stream, leave
+// of it is passed on), and on a later stage past its fill wait too; chunks
+// taken as equal.
 double next_forward_gather_ns(const StepCollective& sc, const GroupLinks& links, const StepDescription& step,
                               const StageStep& stage, const PassTimes& crit, int critical, double v,
-                              double first_params) {
+                              double first_params, double& step_window) {
   const double chunk_bytes = sc.bytes / v;
   const double chunk_ns = comm_ns(sc.collective, chunk_bytes, sc.ranks, links);
   const double chunk_fwd_ns = crit.fwd() / v;
   const double exposed = (v - 1) * chunk_ns;
+  if (step.gathers_in_step()) {
+    // A later stage's runs on through its wait for the pipeline's fill.
+    const double hidden = std::min(chunk_ns, step_window + critical * chunk_fwd_ns);
+    step_window = std::max(0.0, step_window - hidden);
+    return exposed + chunk_ns - hidden;
+  }
   if (critical > 0) return exposed + std::max(0.0, chunk_ns - critical * chunk_fwd_ns);
   const double chunk_params = stage.params.total() / v;
   if (chunk_params <= 0) return exposed;
@@ -1006,7 +1017,7 @@ template <class Zero3>
 double fold_step_collectives(const StageStep& stage, const StepDescription& step, const PassTimes& crit,
                              const CommTimes& ct, double micro_batches, const StepLinks& sl, Zero3 zero3_exposed,
                              double& compute_s, std::vector<StepCollective>* folded, int critical, double v,
-                             double first_params) {
+                             double first_params, double step_window) {
   double sum[7] = {};
   double nic[7] = {};  // of sum, the collectives over groups that cross nodes
   double next_forward_ns = 0;
@@ -1024,7 +1035,7 @@ double fold_step_collectives(const StageStep& stage, const StepDescription& step
         // stage is critical (estimate_with).
         break;
       case StepWhen::next_forward_buckets:
-        next_forward_ns += next_forward_gather_ns(sc, links, step, stage, crit, critical, v, first_params);
+        next_forward_ns += next_forward_gather_ns(sc, links, step, stage, crit, critical, v, first_params, step_window);
         break;
       default: {
         const double ns = comm_ns(sc.collective, sc.bytes, sc.ranks, links);
@@ -1333,6 +1344,14 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   // The EP overlap first: its combined steps are what a reduction under
   // every backward runs beside.
   const double pair_hidden_ns = fold_ep_overlap(m, gpu, plan, lc, pl, pace, critical, bd);
+  // With the first chunk's gather under the step: the rest of the step, past
+  // that chunk's own optimizer (chunks taken as equal).
+  const double step_window_ns =
+      step.gathers_in_step()
+          ? static_cast<double>(step.optimizer_ns(gpu, stage_step.params, critical) -
+                                step.first_chunk_step_ns(gpu, stage_step.params.dense / v, critical)) *
+                pace
+          : 0.0;
   if (stage_step.size > 0) {
     const auto c = static_cast<std::size_t>(critical);
     StepLinks sl;
@@ -1348,7 +1367,7 @@ Estimate estimate_with(const ModelSpec& m, const GpuProfile& gpu, const Parallel
                                                                    ct.ep_rc.empty() ? nullptr : &ct.ep_rc[pl.stage_ep[c]],
                                                                    critical, pace, ct, step, sm_ns);
                                          }, bd.compute_s, folded != nullptr ? &folded->collectives : nullptr,
-                                         critical, v, embedding_params) *
+                                         critical, v, embedding_params, step_window_ns) *
                    1e-9;
   }
   // The tied embedding's all-reduce follows the first stage's last backward,

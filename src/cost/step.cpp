@@ -79,7 +79,7 @@ StepWhen StepDescription::grad_when() const {
 }
 
 double StepDescription::bucket_params(int stage, int chunk) const {
-  if (stage == 0 && chunk == 0) return std::max(kBucketParams, kBucketParamsPerDpRank * dp_);
+  if (stage == 0 && chunk == 0 && !plan_.trainer.overlap_param_gather_with_optimizer_step) return std::max(kBucketParams, kBucketParamsPerDpRank * dp_);
   return std::numeric_limits<double>::infinity();
 }
 
@@ -141,21 +141,30 @@ std::int64_t StepDescription::optimizer_ns(const GpuProfile& gpu, const StagePar
   const OptimizerPrecision precision = optimizer_precision(plan_);
   std::int64_t ns = optimizer_step_time_ns(gpu, sp.dense, dp_, zero_, precision);
   if (sp.expert > 0) ns += optimizer_step_time_ns(gpu, sp.expert, edp_, zero_, precision);
+  return ns + weight_cast_ns(gpu, quantized_weights_on_stage(m_, plan_, stage));
+}
+
+std::int64_t StepDescription::first_chunk_step_ns(const GpuProfile& gpu, double dense, int stage) const {
+  const double stage_dense = stage_parameters(m_, plan_, stage).dense;
+  if (dense <= 0 || stage_dense <= 0) return 0;
+  const std::int64_t ns = optimizer_step_time_ns(gpu, dense, dp_, zero_, optimizer_precision(plan_));
+  return ns + weight_cast_ns(gpu, quantized_stage_weights(m_, plan_, stage).dense * std::min(1.0, dense / stage_dense));
+}
+
+std::int64_t StepDescription::weight_cast_ns(const GpuProfile& gpu, double quantized) const {
   // Megatron-FSDP with --fp8-param-gather has no per-step cast: the
   // optimizer writes the FP8 shard (param_copy, priced as bf16) and each
   // backward gather is transposed (workload.cpp, op::fp8_weight_transpose).
-  if (plan_.precision != Precision::bf16 && !(zero_ >= 3 && plan_.fp8_param_gather)) {
-    // Read the bf16 weight (twice where the recipe scans it for its amax
-    // first), write the rowwise and columnwise copies (precision.hpp).
-    // With --fp8-param-gather the optimizer's param_copy writes the FP8
-    // weight (priced as the bf16 one) and the step's cast only transposes
-    // the gathered FP8 data into the columnwise copy.
-    const double e = quantized_element_bytes(plan_.precision);
-    const double per_element = plan_.fp8_param_gather ? e + e
-                                                      : (separate_amax(plan_.precision) ? 2 * kBf16Bytes : kBf16Bytes) + 2 * e;
-    ns += kernel_time_ns(gpu, op::fp8_weight_cast, quantized_weights_on_stage(m_, plan_, stage) * per_element);
-  }
-  return ns;
+  if (plan_.precision == Precision::bf16 || (zero_ >= 3 && plan_.fp8_param_gather) || quantized <= 0) return 0;
+  // Read the bf16 weight (twice where the recipe scans it for its amax
+  // first), write the rowwise and columnwise copies (precision.hpp).
+  // With --fp8-param-gather the optimizer's param_copy writes the FP8
+  // weight (priced as the bf16 one) and the step's cast only transposes
+  // the gathered FP8 data into the columnwise copy.
+  const double e = quantized_element_bytes(plan_.precision);
+  const double per_element = plan_.fp8_param_gather ? e + e
+                                                    : (separate_amax(plan_.precision) ? 2 * kBf16Bytes : kBf16Bytes) + 2 * e;
+  return kernel_time_ns(gpu, op::fp8_weight_cast, quantized * per_element);
 }
 
 }  // namespace cuboid

@@ -197,6 +197,10 @@ void check_executable(const ModelSpec& model, const ParallelPlan& plan, const st
     refuse("parallel.trainer.overlap_param_gather",
            "the parameter all-gather in the next forward (it gathers after the optimizer step)",
            "plan with --overlap-param-gather off");
+  if (plan.trainer.overlap_param_gather_with_optimizer_step)
+    refuse("parallel.trainer.overlap_param_gather_with_optimizer_step",
+           "the first chunk's parameter all-gather under the optimizer step (it gathers after the step)",
+           "plan with --overlap-param-gather-with-optimizer-step off");
   // The linear layers' GEMMs run quantized as fp8-current (per-tensor current
   // scaling) or mxfp8 prescribes (Backend::gemm_quantized, fp8.hpp).
   if (plan.precision == Precision::fp8_delayed)

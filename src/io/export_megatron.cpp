@@ -82,6 +82,13 @@ Args parallelism_args(const PlanFile& pf, bool tp_pp_dp, bool fsdp) {
   // --overlap-param-gather; ZeRO-3's gathers are prefetched under compute,
   // which Megatron FSDP does only with this flag.
   if (p.dp_cp() > 1 && (p.zero_stage == 3 || p.trainer.overlap_param_gather)) a.push_back("--overlap-param-gather");
+  // The first chunk's gather under the optimizer step, as priced; Megatron-LM
+  // asserts it is not run with a distributed checkpoint (arguments.py:1073:
+  // use_dist_ckpt is ckpt_format != torch).
+  if (p.dp_cp() > 1 && p.trainer.overlap_param_gather_with_optimizer_step) {
+    a.push_back("--overlap-param-gather-with-optimizer-step");
+    a.push_back("--ckpt-format torch");
+  }
   if (p.dp_cp() > 1 && p.trainer.dp_grad_bytes == 2) a.push_back("--grad-reduce-in-bf16");
   // The optimizer's states as priced: Transformer Engine's FusedAdam and
   // Adam's moments' dtypes (arguments.py _add_experimental_args).

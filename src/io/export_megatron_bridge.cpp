@@ -48,6 +48,14 @@ Layout check_plan(const PlanFile& pf) {
     refuse(pf, "parallel.rank_order",
            "Megatron-Bridge asserts \"use_tp_pp_dp_mapping is not supported with Megatron FSDP\" (training/config.py)",
            "plan with --rank-order tp-dp-pp");
+  if (p.trainer.overlap_param_gather_with_optimizer_step && p.dp_cp() > 1 && !l.fsdp &&
+      p.precision == Precision::mxfp8 && p.fp8_param_gather)
+    refuse(pf, "parallel.trainer.overlap_param_gather_with_optimizer_step",
+           "Megatron-Bridge asserts MXFP8's parameter all-gather reuses the gradient buffer (training/config.py:1351"
+           "@v0.6.0), which Megatron-Core refuses with the gather under the optimizer step "
+           "(optimizer/optimizer_config.py:424@cd4afffa)",
+           "plan with --overlap-param-gather-with-optimizer-step off or without --fp8-param-gather, or export with "
+           "--to megatron");
   return l;
 }
 
@@ -288,6 +296,10 @@ std::string config_lines(const ParallelPlan& p, const Layout& l) {
   // the next forward (--overlap-param-gather); ZeRO-3's gathers prefetched
   // under compute (Megatron FSDP needs the flag for that).
   set("ddp.overlap_param_gather", py(p.dp_cp() > 1 && (p.zero_stage == 3 || p.trainer.overlap_param_gather)));
+  // The first chunk's gather under the optimizer step (the recipe leaves
+  // comm_overlap None, which would otherwise reset it).
+  if (p.dp_cp() > 1 && p.trainer.overlap_param_gather_with_optimizer_step)
+    set("optimizer.overlap_param_gather_with_optimizer_step", "True");
   set("ddp.grad_reduce_in_fp32", py(p.trainer.dp_grad_bytes == 4));
   if (l.fsdp) set("checkpoint.ckpt_format", "\"fsdp_dtensor\"");
   set("train.micro_batch_size", std::to_string(p.micro_batch));

@@ -118,6 +118,8 @@ std::vector<ResolvedSetting> priced_settings(const PlanFile& pf) {
       {"zero_stage", str(p.zero_stage), why},
       {"zero1_grad_all_reduce", yes(p.trainer.zero1_grad_all_reduce), "trainer.zero1_grad_all_reduce"},
       {"dp_overlap", yes(p.trainer.dp_overlap), "trainer.dp_overlap"},
+      {"overlap_param_gather_with_optimizer_step", yes(p.trainer.overlap_param_gather_with_optimizer_step),
+       "trainer.overlap_param_gather_with_optimizer_step"},
       {"dp_grad_bytes", str(p.trainer.dp_grad_bytes), "trainer.dp_grad_bytes"},
       {"fsdp_grad_bytes", str(p.grad_element_bytes()), "trainer.fsdp_grad_bytes (Megatron-FSDP's gradients)"},
       {"grad_accum_fusion", yes(p.grad_accum_fusion), why},
@@ -165,7 +167,7 @@ std::vector<RunMismatch> compare_with_plan(const ResolvedRun& run, const PlanFil
     const std::string& n = s.name;
     // One data-parallel rank: nothing is reduced or sharded.
     if (p.dp_cp() == 1 && (n == "zero_stage" || n == "dp_overlap" || n == "dp_grad_bytes" || n == "fsdp_grad_bytes" ||
-                           n == "zero1_grad_all_reduce"))
+                           n == "zero1_grad_all_reduce" || n == "overlap_param_gather_with_optimizer_step"))
       continue;
     if (n == "zero1_grad_all_reduce" && p.zero_stage != 1) continue;
     if ((n == "ep" || n == "etp" || n == "moe_dispatcher" || n == "moe_ep_overlap") && !pf.model.moe.enabled()) continue;

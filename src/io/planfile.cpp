@@ -71,6 +71,8 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
     if (p.trainer.tp_comm_overlap != d.tp_comm_overlap) j["trainer"]["tp_comm_overlap"] = p.trainer.tp_comm_overlap;
     if (p.trainer.overlap_param_gather != d.overlap_param_gather)
       j["trainer"]["overlap_param_gather"] = p.trainer.overlap_param_gather;
+    if (p.trainer.overlap_param_gather_with_optimizer_step != d.overlap_param_gather_with_optimizer_step)
+      j["trainer"]["overlap_param_gather_with_optimizer_step"] = p.trainer.overlap_param_gather_with_optimizer_step;
     if (p.trainer.fsdp_grad_bytes != d.fsdp_grad_bytes) j["trainer"]["fsdp_grad_bytes"] = p.trainer.fsdp_grad_bytes;
   }
   // Written when on (torchtitan's pipeline with FSDP): other plans' files stay as they were.
@@ -192,6 +194,8 @@ std::string plan_key(PlanField field) {
     case PlanField::cuda_graphs: return "parallel.trainer.cuda_graphs";
     case PlanField::tp_comm_overlap: return "parallel.trainer.tp_comm_overlap";
     case PlanField::overlap_param_gather: return "parallel.trainer.overlap_param_gather";
+    case PlanField::overlap_param_gather_with_optimizer_step:
+      return "parallel.trainer.overlap_param_gather_with_optimizer_step";
     case PlanField::moe_ep_overlap: return "parallel.moe_ep_overlap";
     case PlanField::offload_layers: return "parallel.offload_activations";
     case PlanField::offload_modules: return "parallel.offload_modules";
@@ -280,6 +284,8 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_no_cuda_graphs: return "set trainer.cuda_graphs none, or " + other_trainer;
     case PlanCheck::trainer_no_tp_comm_overlap: return "set trainer.tp_comm_overlap false, or " + other_trainer;
     case PlanCheck::trainer_no_overlap_param_gather: return "set trainer.overlap_param_gather false, or " + other_trainer;
+    case PlanCheck::trainer_no_param_gather_in_step:
+      return "set trainer.overlap_param_gather_with_optimizer_step false, or " + other_trainer;
     case PlanCheck::trainer_no_dp_grad_bytes:
       return "set trainer.dp_grad_bytes to the preset's (" +
              std::to_string(find_trainer(p.trainer.preset)->settings.dp_grad_bytes) + "), or " + other_trainer;
@@ -300,6 +306,10 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
       return "set trainer.overlap_param_gather false, or zero_stage 1 or 2; or " + kRegenerate;
     case PlanCheck::param_overlap_needs_grad_overlap:
       return "set trainer.overlap_param_gather false, or trainer.dp_overlap true; or " + kRegenerate;
+    case PlanCheck::param_gather_in_step_needs:
+      return std::string("set trainer.overlap_param_gather_with_optimizer_step false, or ") +
+             (p.trainer.overlap_param_gather ? "virtual_stages 2 or more" : "trainer.overlap_param_gather true") +
+             "; or " + kRegenerate;
     default: return kRegenerate;
   }
 }
@@ -435,6 +445,8 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
       p.trainer.cuda_graphs = CudaGraphs::parse(*graphs, source, "parallel.trainer.cuda_graphs");
     p.trainer.tp_comm_overlap = t.optional_boolean("tp_comm_overlap").value_or(preset.tp_comm_overlap);
     p.trainer.overlap_param_gather = t.optional_boolean("overlap_param_gather").value_or(preset.overlap_param_gather);
+    p.trainer.overlap_param_gather_with_optimizer_step = t.optional_boolean("overlap_param_gather_with_optimizer_step")
+                                                             .value_or(preset.overlap_param_gather_with_optimizer_step);
     p.trainer.fsdp_grad_bytes = preset.fsdp_grad_bytes;
     if (t.has("fsdp_grad_bytes")) {
       p.trainer.fsdp_grad_bytes = t.count<int>("fsdp_grad_bytes", 0, 4);

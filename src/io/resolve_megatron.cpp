@@ -47,6 +47,10 @@ struct Mcore {
   Ruled<std::string> exp_avg, exp_avg_sq;
   // TransformerConfig.fp8_dot_product_attention.
   Ruled<bool> fp8_attention;
+  // OptimizerConfig.overlap_param_gather_with_optimizer_step, and whether
+  // the checkpoints are torch's (Megatron-LM's use_dist_ckpt off).
+  Ruled<bool> param_in_step;
+  bool torch_ckpt = false;
 };
 
 // Bytes per element of an optimizer state's dtype as Megatron-LM's flags or
@@ -174,6 +178,18 @@ ResolvedRun derive(Builder& b, const Mcore& m) {
   if (lm && m.overlap_param.value && !m.dist_opt.value && !m.fsdp.value)
     b.fail("the parameter all-gather overlapped without the distributed optimizer or FSDP "
            "(megatron/training/arguments.py:1025@d98e8a64)");
+  if (lm && m.param_in_step.value) {
+    // arguments.py:1066-1074@d98e8a64 validate_args.
+    if (!m.dist_opt.value) b.fail("--overlap-param-gather-with-optimizer-step without the distributed optimizer "
+                                  "(megatron/training/arguments.py:1067@d98e8a64)");
+    if (!m.overlap_param.value) b.fail("--overlap-param-gather-with-optimizer-step without --overlap-param-gather "
+                                       "(megatron/training/arguments.py:1069@d98e8a64)");
+    if (m.vpp.value == 0) b.fail("--overlap-param-gather-with-optimizer-step without an interleaved schedule "
+                                 "(megatron/training/arguments.py:1071@d98e8a64)");
+    if (!m.torch_ckpt) b.fail("--overlap-param-gather-with-optimizer-step with a distributed checkpoint format "
+                              "(megatron/training/arguments.py:1073@d98e8a64; --ckpt-format default torch_dist)");
+  }
+  b.set("overlap_param_gather_with_optimizer_step", m.param_in_step.value, m.param_in_step.source);
   b.set("dp_grad_bytes", static_cast<std::int64_t>(m.grad_fp32.value ? 4 : 2), m.grad_fp32.source);
   if (m.fsdp.value) b.set("fsdp_grad_bytes", fsdp_grad_bytes(m.fsdp_grads.value), m.fsdp_grads.source);
   b.set("grad_accum_fusion", m.fusion.value, m.fusion.source);
@@ -288,6 +304,9 @@ ResolvedRun megatron_lm(const ExportResult& e) {
                                            : "--use-distributed-optimizer (default off)"};
   m.overlap_grad = {has("--overlap-grad-reduce"), args("3121", "--overlap-grad-reduce, default off")};
   m.overlap_param = {has("--overlap-param-gather"), args("3148", "--overlap-param-gather, default off")};
+  m.param_in_step = {has("--overlap-param-gather-with-optimizer-step"),
+                     args("3150", "--overlap-param-gather-with-optimizer-step, default off")};
+  m.torch_ckpt = option_or(a, "--ckpt-format", "torch_dist") == "torch";
   m.bf16 = {has("--bf16") || has("--fp16"), args("1194", "params_dtype fp32 unless --bf16 or --fp16")};
   m.grad_fp32 = {!has("--grad-reduce-in-bf16"),
                  args("1213", "with --bf16 the gradients accumulate and reduce in fp32 unless --grad-reduce-in-bf16")};
@@ -398,6 +417,8 @@ ResolvedRun megatron_bridge(const ExportResult& e) {
                                      fmt::format(fmt::runtime(common), 84, "overlap_param_gather True"));
   const Ruled<bool> opt_param = flag("optimizer.overlap_param_gather", false,
                                      mc("optimizer/optimizer_config.py:330", "overlap_param_gather, default False"));
+  m.param_in_step = flag("optimizer.overlap_param_gather_with_optimizer_step", false,
+                         mc("optimizer/optimizer_config.py:337", "overlap_param_gather_with_optimizer_step, default False"));
   m.overlap_param = {ddp_param.value || opt_param.value,
                      "Megatron-Bridge training/config.py:1967@v0.6.0: synced, on if either is (" + ddp_param.source +
                          "; " + opt_param.source + ")"};

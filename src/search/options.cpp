@@ -80,6 +80,8 @@ TrainerSettings trainer_settings(const PlannerOptions& o) {
   if (o.cuda_graphs) s.cuda_graphs = *o.cuda_graphs;
   if (o.tp_comm_overlap) s.tp_comm_overlap = *o.tp_comm_overlap;
   if (o.overlap_param_gather) s.overlap_param_gather = *o.overlap_param_gather;
+  if (o.overlap_param_gather_with_optimizer_step)
+    s.overlap_param_gather_with_optimizer_step = *o.overlap_param_gather_with_optimizer_step;
   return s;
 }
 
@@ -235,6 +237,10 @@ void check_fixed_options(const ModelSpec& model, const Cluster& cluster, const P
   // ZeRO stage is the search's to meet, candidate by candidate.
   if (!o.tp && o.sequence_parallel.value_or(true)) probe.trainer.tp_comm_overlap = false;
   if (!o.zero_stage) probe.trainer.overlap_param_gather = false;
+  // ... and the gather under the step, the candidates with virtual stages
+  // (a fixed --vpp 1 is refused here).
+  const bool one_chunk = o.virtual_stages && *o.virtual_stages < 2;
+  if (!o.zero_stage || (probe.virtual_stages < 2 && !one_chunk)) probe.trainer.overlap_param_gather_with_optimizer_step = false;
   Cluster relaxed = cluster;
   relaxed.nodes = 1;
   relaxed.gpus_per_node = probe.world_size();

@@ -457,6 +457,9 @@ void Builder::build() {
   traffic_.played_bytes.assign(static_cast<std::size_t>(shape_.pp) * 3 * kCollectiveKinds, 0.0);
   traffic_.messages.plan(order_, plan_.schedule, shape_.pp, shape_.mbs, shape_.v, plan_.moe_ep_overlap && shape_.ep > 1);
   reserve_tasks();
+  // The step before the schedule where the first chunk's gather runs under it (optimizer_step).
+  if (step_.gathers_in_step())
+    for (int s = 0; s < shape_.pp; ++s) optimizer_step(s, {});
   // Add passes in an order consistent with their dependencies: round-robin
   // over the stages, each as far as its next pass's inputs already exist.
   bool progress = true;

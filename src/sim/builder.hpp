@@ -255,6 +255,7 @@ class Builder {
   // the stage's DP-side groups.
   void count_played(int stage, GroupId group, Collective c, double bytes);
   void finish_iteration();
+  void optimizer_step(int stage, const std::vector<TaskId>& deps);
 
   static TaskMeta meta_of(Category category, std::uint8_t thread, int stage, int stage2 = -1) {
     return TaskMeta{category, thread, static_cast<std::uint16_t>(stage), static_cast<std::uint16_t>(stage2 < 0 ? kNoStage : stage2)};

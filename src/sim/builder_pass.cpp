@@ -178,8 +178,10 @@ void Builder::add_step(int stage, std::size_t idx) {
   const bool reduce_now = reduces() && (when == StepWhen::every_backward_buckets || when == StepWhen::zero3_units ||
                                         (when == StepWhen::last_backward_buckets && last_mb));
   // --overlap-param-gather: a chunk's first forward gathers its parameters
-  // (the step before this iteration's), played op by op.
-  const bool gather_now = st.dir == Direction::forward && st.micro_batch == 0 && step_.gathers_in_next_forward();
+  // (the step before this iteration's), played op by op; the first chunk's
+  // were gathered under the step (Builder::optimizer_step).
+  const bool gather_now = st.dir == Direction::forward && st.micro_batch == 0 && step_.gathers_in_next_forward() &&
+                          !(st.chunk == 0 && step_.gathers_in_step());
   PassState& out = pass(st.dir, st.micro_batch, vs);
   out.end_off = static_cast<std::uint32_t>(ends_.size());
   if (stamp_ && !traced(stage) && !gather_now) {

@@ -126,7 +126,6 @@ void Builder::count_played(int stage, GroupId group, Collective c, double bytes)
 }
 
 void Builder::finish_iteration() {
-  const GpuProfile& gpu = topo_.cluster().gpu;
   std::vector<TaskId> all;
   for (int s = 0; s < shape_.pp; ++s) {
     const auto us = static_cast<std::size_t>(s);
@@ -166,39 +165,72 @@ void Builder::finish_iteration() {
   // reduction, i.e. after every stage's gradients are reduced.
   const std::vector<TaskId> join{eng_->add_compute(kNoStream, 0, all)};
   tag(join.back(), Category::none, 0, -1);
-  for (int s = 0; s < shape_.pp; ++s) {
-    const Representative& r = representatives_[static_cast<std::size_t>(s)];
-    const StageParameters sp = stage_parameters(m_, plan_, s);
-    const StageParameters quantized = quantized_stage_weights(m_, plan_, s);
-    const double params = sp.dense;
-    // Megatron's step kernels (optimizer_step.cpp), the experts' on their expert-DP shard.
-    TimeNs ns = step_.optimizer_ns(gpu, sp, s);
-    if (const double f = compute_factor(s); f != 1.0) ns = static_cast<TimeNs>(std::llround(static_cast<double>(ns) * f));
-    const TaskId opt = eng_->add_compute(r.compute, ns, join);
-    tag(opt, Category::optimizer, kThreadCompute, s);
-    label(opt, s, "optimizer step", "optimizer");
-    if (step_.gathers_after_step() && !step_.gathers_in_next_forward()) {
-      // Distributed optimizer: gather the updated parameters (not overlapped), the
-      // quantized ones in FP8 with --fp8-param-gather (StepDescription::gathered_bytes).
-      const StreamId s1[1] = {r.dp};
-      const std::vector<TaskId> d{opt};
-      std::vector<TaskId> d2 = d;
-      if (shape_.dp > 1) {
-        const double bytes = step_.gathered_bytes(params, quantized.dense);
-        const TaskId g = eng_->add_collective(Collective::all_gather, r.dp_group, bytes, s1, d);
-        count_played(s, r.dp_group, Collective::all_gather, bytes);
-        tag(g, Category::dp, kThreadDp, s);
-        label(g, s, "param all-gather", "dp");
-        d2 = {g};
-      }
-      if (sp.expert > 0 && shape_.edp > 1) {
-        const GroupId group = shape_.expert_group ? r.edp_group : r.dp_group;
-        const double bytes = step_.gathered_bytes(sp.expert, quantized.expert);
-        const TaskId g = eng_->add_collective(Collective::all_gather, group, bytes, s1, d2);
-        count_played(s, group, Collective::all_gather, bytes);
-        tag(g, Category::dp, kThreadDp, s);
-        label(g, s, "expert param all-gather", "dp");
-      }
+  if (!step_.gathers_in_step())
+    for (int s = 0; s < shape_.pp; ++s) optimizer_step(s, join);
+}
+
+// Stage `s`'s optimizer step after `deps` and, with the distributed
+// optimizer, the gathers that follow it. With the first chunk's gather under
+// the step (StepDescription::gathers_in_step) build() plays the step before
+// the schedule instead, the step of the iteration before (the same cycle, cut
+// elsewhere: the iteration starts at the global gradient norm's join): the
+// first chunk's optimizer steps first, then its gathers are dispatched and
+// the rest of the step runs beside them; the stage's first forward (its
+// first chunk's) waits for both, and a later stage's gathers run on while
+// it waits for the pipeline to fill.
+void Builder::optimizer_step(int s, const std::vector<TaskId>& deps) {
+  const GpuProfile& gpu = topo_.cluster().gpu;
+  const Representative& r = representatives_[static_cast<std::size_t>(s)];
+  const StageParameters sp = stage_parameters(m_, plan_, s);
+  const StageParameters quantized = quantized_stage_weights(m_, plan_, s);
+  const double params = sp.dense;
+  // Megatron's step kernels (optimizer_step.cpp), the experts' on their expert-DP shard.
+  const double f = compute_factor(s);
+  const auto scaled = [f](TimeNs ns) {
+    return f != 1.0 ? static_cast<TimeNs>(std::llround(static_cast<double>(ns) * f)) : ns;
+  };
+  TimeNs ns = scaled(step_.optimizer_ns(gpu, sp, s));
+  if (step_.gathers_in_step()) {
+    double chunk = 0;
+    for (const Unit& u : work_.units[static_cast<std::size_t>(s)][0]) chunk += u.params;
+    const double expert_share = shape_.expert_share.empty() ? 0.0 : shape_.expert_share[static_cast<std::size_t>(s)];
+    const TimeNs first = std::min(ns, scaled(step_.first_chunk_step_ns(gpu, chunk * (1.0 - expert_share), s)));
+    const TaskId opt0 = eng_->add_compute(r.compute, first, deps);
+    tag(opt0, Category::optimizer, kThreadCompute, s);
+    label(opt0, s, "optimizer step (first chunk)", "optimizer");
+    const TaskId g = param_gather(s, chunk, {opt0}, "param all-gather (first chunk, under the step)");
+    const TaskId after[1] = {opt0};
+    const TaskId rest = eng_->add_compute(r.compute, ns - first, after);
+    tag(rest, Category::optimizer, kThreadCompute, s);
+    label(rest, s, "optimizer step", "optimizer");
+    stage_end_[static_cast<std::size_t>(s)] = {rest};
+    if (g != kNoTask) stage_end_[static_cast<std::size_t>(s)].push_back(g);
+    return;
+  }
+  const TaskId opt = eng_->add_compute(r.compute, ns, deps);
+  tag(opt, Category::optimizer, kThreadCompute, s);
+  label(opt, s, "optimizer step", "optimizer");
+  if (step_.gathers_after_step() && !step_.gathers_in_next_forward()) {
+    // Distributed optimizer: gather the updated parameters (not overlapped), the
+    // quantized ones in FP8 with --fp8-param-gather (StepDescription::gathered_bytes).
+    const StreamId s1[1] = {r.dp};
+    const std::vector<TaskId> d{opt};
+    std::vector<TaskId> d2 = d;
+    if (shape_.dp > 1) {
+      const double bytes = step_.gathered_bytes(params, quantized.dense);
+      const TaskId g = eng_->add_collective(Collective::all_gather, r.dp_group, bytes, s1, d);
+      count_played(s, r.dp_group, Collective::all_gather, bytes);
+      tag(g, Category::dp, kThreadDp, s);
+      label(g, s, "param all-gather", "dp");
+      d2 = {g};
+    }
+    if (sp.expert > 0 && shape_.edp > 1) {
+      const GroupId group = shape_.expert_group ? r.edp_group : r.dp_group;
+      const double bytes = step_.gathered_bytes(sp.expert, quantized.expert);
+      const TaskId g = eng_->add_collective(Collective::all_gather, group, bytes, s1, d2);
+      count_played(s, group, Collective::all_gather, bytes);
+      tag(g, Category::dp, kThreadDp, s);
+      label(g, s, "expert param all-gather", "dp");
     }
   }
 }

@@ -27,7 +27,6 @@ GPU_ORDER = ["H100", "B200", "GB200", "GB300"]
 # Recipe settings no flag sets: priced without, named on each row.
 PRICED_WITHOUT = [
     ("EP overlap without delayed wgrad (priced with it)", lambda r: r["ep_overlap"] == "1" and r["delay_wgrad"] != "1"),
-    ("the parameter gather under the optimizer step", lambda r: r["overlap_param_gather_with_optimizer_step"] == "1"),
 ]
 
 
@@ -82,6 +81,9 @@ def moe_args(r):
     if (not fsdp and r["distributed_optimizer"] == "1" and r["overlap_param_gather"] == "1"
             and r["overlap_grad_reduce"] == "1" and int(r["dp"]) * int(r["cp"]) > 1):
         a += ["--overlap-param-gather", "on"]
+        # The first chunk's gather under the optimizer step (15 of 89, all with virtual stages).
+        if r["overlap_param_gather_with_optimizer_step"] == "1":
+            a += ["--overlap-param-gather-with-optimizer-step", "on"]
     a += ["--precision", r["precision"]]
     if r["precision"] != "bf16" and r["fp8_param_gather"] == "1":
         a += ["--fp8-param-gather"]

@@ -299,6 +299,11 @@ struct TrainerSettings {
   // bucket in the next iteration's forward (Megatron-Core
   // --overlap-param-gather) instead of after the step; ZeRO 1 and 2.
   bool overlap_param_gather = false;
+  // ... and the first model chunk's gather issued inside the optimizer
+  // step, under the other chunks' steps (Megatron-Core
+  // --overlap-param-gather-with-optimizer-step; needs overlap_param_gather
+  // and virtual stages; every chunk one bucket).
+  bool overlap_param_gather_with_optimizer_step = false;
   friend bool operator==(const TrainerSettings&, const TrainerSettings&) = default;
 };
 

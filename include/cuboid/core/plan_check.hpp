@@ -45,6 +45,7 @@ enum class PlanField {
   precision_aware_optimizer,  // Megatron-Core's --use-precision-aware-optimizer
   adam_moment_bytes,          // and its --exp-avg-dtype / --exp-avg-sq-dtype
   fp8_attention,              // Megatron-Core's --fp8-dot-product-attention
+  overlap_param_gather_with_optimizer_step,  // and --overlap-param-gather-with-optimizer-step
 };
 
 // Why a plan cannot overlap its EP exchanges (PlanCheck::ep_overlap_refused).
@@ -177,6 +178,8 @@ enum class PlanCheck : std::uint8_t {
   tp_overlap_needs_sp,           // TP, SP (0 / 1)
   param_overlap_needs_dist_opt,  // the ZeRO stage
   param_overlap_needs_grad_overlap,  // -
+  trainer_no_param_gather_in_step,   // the preset
+  param_gather_in_step_needs,        // what it lacks: 0 --overlap-param-gather, 1 virtual stages
   trainer_no_ep_overlap,         // the preset
   ep_overlap_refused,            // why (EpOverlapRefusal), the model's MTP layers
   cuda_graph_module_refused,     // why (CudaGraphRefusal)

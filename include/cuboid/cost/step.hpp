@@ -110,7 +110,9 @@ class StepDescription {
   StepWhen grad_when() const;
   // Megatron-Core's DDP bucket for one pass of a model chunk, in parameters:
   // max(40M, 1M x DP) on the first stage's first chunk (bucket_size in
-  // DistributedDataParallelConfig), the whole chunk elsewhere (infinity).
+  // DistributedDataParallelConfig), the whole chunk elsewhere (infinity), and
+  // everywhere with the gather under the step (Megatron-LM d98e8a64
+  // megatron/training/training.py per_chunk_disable_bucketing).
   double bucket_params(int stage, int chunk) const;
   // The updated parameters are gathered after the step (ZeRO 1 and 2).
   bool gathers_after_step() const { return reduces() && (zero_ == 1 || zero_ == 2); }
@@ -119,6 +121,16 @@ class StepDescription {
   // first bucket is issued at its first forward, the next one when the one
   // before it completes, and each bucket's forward waits for its own).
   bool gathers_in_next_forward() const { return gathers_after_step() && plan_.trainer.overlap_param_gather; }
+  // ... except the first model chunk's, issued inside the optimizer step
+  // (TrainerSettings::overlap_param_gather_with_optimizer_step; Megatron-Core
+  // optimizer/__init__.py:1063 gives that chunk's dense parameters an
+  // optimizer of their own, chained first; ChainedOptimizer._step dispatches
+  // the chunk's gathers, its expert buckets too, once that one has stepped,
+  // and the other chunks' dense and then every expert parameter step beside
+  // them; the chunk's first forward waits for them).
+  bool gathers_in_step() const {
+    return gathers_in_next_forward() && plan_.trainer.overlap_param_gather_with_optimizer_step;
+  }
   // The tied word embedding's gradient all-reduce between the first and the
   // last stage (Megatron: fp32 main_grad, after every backward), per GPU; 0
   // when the model does not tie it or PP is 1.
@@ -137,6 +149,9 @@ class StepDescription {
   // casts the weights then and reuses the copies): it runs in the first
   // micro-batch's forward, priced here, with the step.
   std::int64_t optimizer_ns(const GpuProfile& gpu, const StageParameters& sp, int stage) const;
+  // Of it, the first model chunk's own optimizer (gathers_in_step): the step
+  // of its `dense` parameters and their share of the FP8 cast.
+  std::int64_t first_chunk_step_ns(const GpuProfile& gpu, double dense, int stage) const;
 
  private:
   const ModelSpec& m_;
@@ -144,6 +159,8 @@ class StepDescription {
   int pp_ = 1, dp_ = 1, edp_ = 1, zero_ = 0;
   bool expert_group_ = false;
   double grad_bytes_ = 0, param_bytes_ = 0, message_bytes_ = 0, tied_bytes_ = 0, quantized_gather_bytes_ = 0;
+  // The step's cast of `quantized` linear weights into their FP8 / FP4 copies.
+  std::int64_t weight_cast_ns(const GpuProfile& gpu, double quantized) const;
 };
 
 }  // namespace cuboid
