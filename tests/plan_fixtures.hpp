@@ -87,6 +87,17 @@ inline std::vector<Fixture> fixtures() {
   };
 }
 
+// `pf` (the "seed" fixture: TP 4 x PP 4 x DP 2, ZeRO-1) interleaved over 2
+// virtual stages with the first chunk's parameter gather under the optimizer
+// step, and the overlapped gather it needs.
+inline PlanFile with_gather_in_step(PlanFile pf) {
+  pf.plan.schedule = Schedule::interleaved;
+  pf.plan.virtual_stages = 2;
+  pf.plan.trainer.overlap_param_gather = true;
+  pf.plan.trainer.overlap_param_gather_with_optimizer_step = true;
+  return pf;
+}
+
 // (source_root() is fixtures.hpp's.)
 inline Cluster four_dgx_a100() { return load_cluster(source_root() / "topologies/dgx-a100-4node.json"); }
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuboid/cost/cost.hpp"
@@ -304,6 +305,15 @@ const Op* find_named(const std::vector<Op>& ops, const std::string& name) {
     if (op.name == name) return &op;
   }
   return nullptr;
+}
+
+// The fused attention core's forward and backward kernels among a layer's ops.
+std::pair<const Op*, const Op*> flash_ops(const LayerOps& ops) {
+  const Op* fwd = find_named(ops.forward, "attn_flash");
+  const Op* bwd = find_named(ops.backward, "attn_flash_bwd");
+  REQUIRE(fwd != nullptr);
+  REQUIRE(bwd != nullptr);
+  return {fwd, bwd};
 }
 
 }  // namespace
@@ -776,10 +786,7 @@ TEST_CASE("flash attention runs at the flash kernel's own published rate where t
   // The 22B layer of Korthikanti et al. (TP 8, b 4, s 2048) with flash attention on.
   const ModelSpec m = gpt_22b();
   const LayerOps flash = transformer_layer_ops(m, plan_of(8, 4, 2048, false, true, Recompute::none));
-  const Op* fwd = find_named(flash.forward, "attn_flash");
-  const Op* bwd = find_named(flash.backward, "attn_flash_bwd");
-  REQUIRE(fwd != nullptr);
-  REQUIRE(bwd != nullptr);
+  const auto [fwd, bwd] = flash_ops(flash);
   GpuProfile plain = a100();  // no flash fields: the best GEMM's rate
   GpuProfile g = plain;
   g.flash_attention_fwd_efficiency = 0.73;
@@ -827,10 +834,7 @@ TEST_CASE("Blackwell's cuDNN attention: B200 at cuDNN 9.13's measured rates, GB2
   // (the cards' default). Forward FLOPs 4 s^2 d x (b heads = 64) / 2. Grid:
   // 8192/128 x 128/128 x 64 = 4096 tiles.
   const LayerOps ops = transformer_layer_ops(test::llama3_8b(), plan_of(1, 2, 8192, false, true, Recompute::none));
-  const Op* fwd = find_named(ops.forward, "attn_flash");
-  const Op* bwd = find_named(ops.backward, "attn_flash_bwd");
-  REQUIRE(fwd != nullptr);
-  REQUIRE(bwd != nullptr);
+  const auto [fwd, bwd] = flash_ops(ops);
   const double flops = 4.0 * 8192 * 8192 * 128 * 64 / 2;
   // B200 (148 SMs: 28 waves, 4096 / 4144): cudnn-frontend's SDPA benchmark
   // on a B200 at 8k, cuDNN 9.13.1: 1384.2 and 994.9 TFLOP/s of 2250, 0.615
@@ -898,10 +902,7 @@ TEST_CASE("FP8 attention: cuDNN's FP8 kernels at their measured rates, the quant
   p.precision = Precision::mxfp8;
   REQUIRE(p.fp8_attention_format() == Fp8AttentionFormat::mxfp8);
   const LayerOps mx = transformer_layer_ops(m, p);
-  const Op* fwd = find_named(mx.forward, "attn_flash");
-  const Op* bwd = find_named(mx.backward, "attn_flash_bwd");
-  REQUIRE(fwd != nullptr);
-  REQUIRE(bwd != nullptr);
+  const auto [fwd, bwd] = flash_ops(mx);
   CHECK(fwd->precision == Precision::mxfp8);
   CHECK(static_cast<double>(op_time_ns(gb200, *fwd)) ==
         doctest::Approx(flops / (5000e12 * 0.380 * 0.804 * wave) * 1e9 + gb200.kernel_launch_ns).epsilon(1e-5));
@@ -977,10 +978,7 @@ TEST_CASE("the attention core priced by its kernel: A100 FlashAttention-2, H100 
   const ModelSpec m = gpt3_175b();
   const Cluster a = load_cluster("topologies/dgx-a100.json");
   const LayerOps ops = transformer_layer_ops(m, plan_of(8, 4, 2048, false, true, Recompute::none));
-  const Op* fwd = find_named(ops.forward, "attn_flash");
-  const Op* bwd = find_named(ops.backward, "attn_flash_bwd");
-  REQUIRE(fwd != nullptr);
-  REQUIRE(bwd != nullptr);
+  const auto [fwd, bwd] = flash_ops(ops);
   CHECK(fwd->attention_kernel == AttentionKernel::auto_);
   // Forward: 4 s^2 d x (b heads / TP = 48) / 2 (causal) FLOPs at 312 T x
   // 0.497 (FA2, head dim 128, 2k) x 0.948 (the card's sustained fraction) x
@@ -1001,10 +999,7 @@ TEST_CASE("the attention core priced by its kernel: A100 FlashAttention-2, H100 
   const Cluster h = load_cluster("topologies/dgx-h100.json");
   ParallelPlan p = plan_of(8, 1, 8192, false, true, Recompute::none);
   const LayerOps hops = transformer_layer_ops(m, p);
-  const Op* hf = find_named(hops.forward, "attn_flash");
-  const Op* hb = find_named(hops.backward, "attn_flash_bwd");
-  REQUIRE(hf != nullptr);
-  REQUIRE(hb != nullptr);
+  const auto [hf, hb] = flash_ops(hops);
   const double h_flops = 4.0 * 8192 * 8192 * 128 * 12 / 2;
   const double h_wave = 768.0 / 792.0;
   const double launch = h.gpu.kernel_launch_ns;
@@ -1015,10 +1010,7 @@ TEST_CASE("the attention core priced by its kernel: A100 FlashAttention-2, H100 
   // --attention-kernel flash3: FlashAttention-3's 602 and 559 TFLOP/s.
   p.attention_kernel = AttentionKernel::flash3;
   const LayerOps f3 = transformer_layer_ops(m, p);
-  const Op* f3f = find_named(f3.forward, "attn_flash");
-  const Op* f3b = find_named(f3.backward, "attn_flash_bwd");
-  REQUIRE(f3f != nullptr);
-  REQUIRE(f3b != nullptr);
+  const auto [f3f, f3b] = flash_ops(f3);
   CHECK(f3f->attention_kernel == AttentionKernel::flash3);
   CHECK(f3b->attention_kernel == AttentionKernel::flash3);
   CHECK(static_cast<double>(op_time_ns(h.gpu, *f3f)) ==

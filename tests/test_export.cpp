@@ -1215,11 +1215,7 @@ TEST_CASE("Megatron-Core's overlaps and CUDA graphs: Megatron-LM, Megatron-Bridg
 }
 
 TEST_CASE("the parameter gather under the optimizer step: Megatron-LM and Megatron-Bridge write it as priced; the rest refuse") {
-  PlanFile pf = plan_file("seed");  // TP 4 x PP 4 x DP 2, ZeRO-1
-  pf.plan.schedule = Schedule::interleaved;
-  pf.plan.virtual_stages = 2;
-  pf.plan.trainer.overlap_param_gather = true;
-  pf.plan.trainer.overlap_param_gather_with_optimizer_step = true;
+  PlanFile pf = cuboid::test::with_gather_in_step(plan_file("seed"));
   REQUIRE_FALSE(check_plan(pf.plan, pf.model, cuboid::test::four_dgx_a100()));
   check_options(pf, "megatron");
   check_options(pf, "megatron-bridge");

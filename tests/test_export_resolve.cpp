@@ -385,11 +385,7 @@ TEST_CASE("FP8 attention runs as priced on Megatron-Bridge") {
 }
 
 TEST_CASE("the parameter gather under the optimizer step runs as priced on Megatron-LM and Megatron-Bridge") {
-  PlanFile pf = fixture_file("seed");  // TP 4 x PP 4 x DP 2, ZeRO-1
-  pf.plan.schedule = Schedule::interleaved;
-  pf.plan.virtual_stages = 2;
-  pf.plan.trainer.overlap_param_gather = true;
-  pf.plan.trainer.overlap_param_gather_with_optimizer_step = true;
+  const PlanFile pf = cuboid::test::with_gather_in_step(fixture_file("seed"));
   for (const char* target : {"megatron", "megatron-bridge"}) {
     CAPTURE(target);
     CHECK(mismatches(pf, target) == "");

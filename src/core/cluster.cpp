@@ -212,12 +212,13 @@ void read_attention_kernels(JsonReader& r, GpuProfile& gpu) {
     std::string source;
     gpu.attention_rates[kernel] = read_attention_rates(k, source);
     gpu.sources["attention_kernels." + name] = source;
-    for (const auto& [format, key] : {std::pair{Fp8AttentionFormat::per_tensor, "fp8"}, std::pair{Fp8AttentionFormat::mxfp8, "mxfp8"}}) {
+    for (const Fp8AttentionFormat format : {Fp8AttentionFormat::per_tensor, Fp8AttentionFormat::mxfp8}) {
+      const std::string key(card_key(format));
       if (!k.has(key)) continue;
       JsonReader f = k.object(key);
       gpu.fp8_attention_rates[format] = read_attention_rates(f, source);
       f.reject_unknown({"unit", "note"});
-      gpu.sources[std::string("attention_kernels.") + name + "." + key] = source;
+      gpu.sources["attention_kernels." + name + "." + key] = source;
     }
     k.reject_unknown({"unit", "note"});
   }
@@ -255,6 +256,12 @@ const AttentionRates* fp8_attention_rates_of(const GpuProfile& gpu, Fp8Attention
   const auto it = gpu.fp8_attention_rates.find(format);
   return it == gpu.fp8_attention_rates.end() ? nullptr : &it->second;
 }
+
+std::string_view describe(Fp8AttentionFormat format) {
+  return format == Fp8AttentionFormat::mxfp8 ? "MXFP8" : "per-tensor FP8";
+}
+
+std::string_view card_key(Fp8AttentionFormat format) { return format == Fp8AttentionFormat::mxfp8 ? "mxfp8" : "fp8"; }
 
 double attention_efficiency(const AttentionRates& rates, std::int64_t head_dim, std::int64_t seq_length, bool backward) {
   // The nearest head dimension (the larger on a tie).

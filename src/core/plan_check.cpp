@@ -829,9 +829,8 @@ std::string describe_precision(const PlanRejection& r, const Cluster& c) {
              ": Transformer Engine's FP8 ring, not modelled)";
     case K::fp8_attention_rates:
       return gpu + "'s profile has no measured rates for cuDNN's " +
-             (static_cast<Fp8AttentionFormat>(r.values[0]) == Fp8AttentionFormat::mxfp8 ? "MXFP8" : "per-tensor FP8") +
-             " attention (attention_kernels.cudnn." +
-             (static_cast<Fp8AttentionFormat>(r.values[0]) == Fp8AttentionFormat::mxfp8 ? "mxfp8" : "fp8") + ")";
+             std::string(describe(static_cast<Fp8AttentionFormat>(r.values[0]))) + " attention (attention_kernels.cudnn." +
+             std::string(card_key(static_cast<Fp8AttentionFormat>(r.values[0]))) + ")";
     default: return "";
   }
 }

@@ -467,23 +467,18 @@ TimeNs op_time_ns(const GpuProfile& gpu, const Op& op) {
       // kernels at the format's measured rates, fractions of the FP8 peak
       // (plan_check refuses a plan whose GPU has none); a calibration's
       // blocks were timed in bf16.
-      if (op.precision != Precision::bf16) {
-        const Fp8AttentionFormat format =
-            op.precision == Precision::mxfp8 ? Fp8AttentionFormat::mxfp8 : Fp8AttentionFormat::per_tensor;
-        if (const AttentionRates* fp8 = fp8_attention_rates_of(gpu, format)) {
-          const double rate = sustained_flops(gpu, attention_efficiency(*fp8, op.n, op.k, backward), op.precision);
-          const double compute_s = op.flops / (rate * quantisation_efficiency(gpu, op.m, op.n, op.batch));
-          return to_ns(std::max(compute_s, op.bytes / hbm_Bps(gpu))) + static_cast<TimeNs>(launch_ns);
-        }
-      }
+      const std::optional<Fp8AttentionFormat> format = fp8_attention_format_of(op.precision);
+      const AttentionRates* fp8 = format ? fp8_attention_rates_of(gpu, *format) : nullptr;
       // Calibrated: the block as measured inside the executor's layer, by FLOPs.
-      if (gpu.calibration)
+      if (gpu.calibration && fp8 == nullptr)
         if (const auto ns = calibrated_kernel_ns(*gpu.calibration, op.name, op.flops)) return std::llround(*ns);
       const AttentionRates* rates = attention_rates_of(gpu, op.attention_kernel);
       const double flash = rates != nullptr ? attention_efficiency(*rates, op.n, op.k, backward)
                            : backward       ? gpu.flash_attention_bwd_efficiency
                                             : gpu.flash_attention_fwd_efficiency;
-      const double best = gpu.calibration || flash <= 0 ? gemm_best_flops(gpu) : sustained_flops(gpu, flash);
+      const double best = fp8 != nullptr ? sustained_flops(gpu, attention_efficiency(*fp8, op.n, op.k, backward), op.precision)
+                          : gpu.calibration || flash <= 0 ? gemm_best_flops(gpu)
+                                                          : sustained_flops(gpu, flash);
       const double compute_s = op.flops / (best * quantisation_efficiency(gpu, op.m, op.n, op.batch));
       const double memory_s = op.bytes / hbm_Bps(gpu);
       return to_ns(std::max(compute_s, memory_s)) + static_cast<TimeNs>(launch_ns);

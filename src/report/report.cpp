@@ -320,10 +320,9 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
   if (p.precision != Precision::bf16)
     out += fmt::format("      precision {}: the linear layers' GEMMs in {}; {}embedding and LM head bf16{}\n",
                        to_string(p.precision), p.precision == Precision::nvfp4 ? "FP4" : "FP8",
-                       !p.fp8_attention_format() ? "attention, "
-                       : *p.fp8_attention_format() == Fp8AttentionFormat::mxfp8
-                           ? "attention core in MXFP8 (cuDNN), "
-                           : "attention core in per-tensor FP8 (cuDNN), ",
+                       p.fp8_attention_format() ? fmt::format("attention core in {} (cuDNN), ",
+                                                              describe(*p.fp8_attention_format()))
+                                                : std::string("attention, "),
                        p.fp8_param_gather ? "; FP8 weights all-gathered in FP8" : "");
   out += fmt::format("      trainer {}: DP reduction {} at {} bytes per gradient{}{}\n", p.trainer.preset,
                      p.trainer.dp_overlap ? "overlapped with the backward" : "after the backward",

@@ -209,6 +209,10 @@ struct Cluster {
 const AttentionRates* attention_rates_of(const GpuProfile& gpu, AttentionKernel kernel);
 // cuDNN's FP8 attention rates on `gpu` in `format`; nullptr when it has none.
 const AttentionRates* fp8_attention_rates_of(const GpuProfile& gpu, Fp8AttentionFormat format);
+// The format as messages name it ("per-tensor FP8", "MXFP8") and its key
+// under a card's attention_kernels.cudnn ("fp8", "mxfp8").
+std::string_view describe(Fp8AttentionFormat format);
+std::string_view card_key(Fp8AttentionFormat format);
 // The fraction of peak of one pass of the kernel at a head dimension and a
 // sequence length (AttentionRates says how it is read).
 double attention_efficiency(const AttentionRates& rates, std::int64_t head_dim, std::int64_t seq_length, bool backward);

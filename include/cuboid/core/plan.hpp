@@ -321,6 +321,13 @@ struct PipelineLayout {
   friend bool operator==(const PipelineLayout&, const PipelineLayout&) = default;
 };
 
+// The FP8 attention format a recipe runs (ParallelPlan::fp8_attention_format).
+inline std::optional<Fp8AttentionFormat> fp8_attention_format_of(Precision p) {
+  if (p == Precision::fp8_delayed || p == Precision::fp8_current) return Fp8AttentionFormat::per_tensor;
+  if (p == Precision::mxfp8) return Fp8AttentionFormat::mxfp8;
+  return std::nullopt;
+}
+
 struct ParallelPlan {
   int tp = 1;
   int pp = 1;
@@ -517,10 +524,7 @@ struct ParallelPlan {
   // with NVTE_DPA_FP8_RECIPE unset); none without --fp8-attention or under
   // a recipe that has no FP8 attention (blockwise, NVFP4: refused).
   std::optional<Fp8AttentionFormat> fp8_attention_format() const {
-    if (!fp8_attention) return std::nullopt;
-    if (precision == Precision::fp8_delayed || precision == Precision::fp8_current) return Fp8AttentionFormat::per_tensor;
-    if (precision == Precision::mxfp8) return Fp8AttentionFormat::mxfp8;
-    return std::nullopt;
+    return fp8_attention ? fp8_attention_format_of(precision) : std::nullopt;
   }
   int expert_tp() const { return etp > 0 ? etp : tp; }
   // The ranks that hold the same experts and average their gradients:
