@@ -88,12 +88,18 @@ inline std::vector<Fixture> fixtures() {
 }
 
 // `pf` (the "seed" fixture: TP 4 x PP 4 x DP 2, ZeRO-1) interleaved over 2
-// virtual stages with the first chunk's parameter gather under the optimizer
-// step, and the overlapped gather it needs.
-inline PlanFile with_gather_in_step(PlanFile pf) {
+// virtual stages with the parameter gather in the next forward (aligned, as
+// the preset has it).
+inline PlanFile with_gather_in_forward(PlanFile pf) {
   pf.plan.schedule = Schedule::interleaved;
   pf.plan.virtual_stages = 2;
   pf.plan.trainer.overlap_param_gather = true;
+  pf.plan.trainer.align_param_gather = true;
+  return pf;
+}
+// ... and the first chunk's gather under the optimizer step.
+inline PlanFile with_gather_in_step(PlanFile pf) {
+  pf = with_gather_in_forward(std::move(pf));
   pf.plan.trainer.overlap_param_gather_with_optimizer_step = true;
   return pf;
 }

@@ -1225,7 +1225,7 @@ TEST_CASE("the parameter gather under the optimizer step: Megatron-LM and Megatr
     CHECK_MESSAGE(megatron.find(line) != std::string::npos, line);
   CHECK(export_plan(pf, "megatron-bridge").text.find("    cfg.optimizer.overlap_param_gather_with_optimizer_step = True\n") !=
         std::string::npos);
-  check_refused(pf, {"nemo"}, "parallel.trainer.overlap_param_gather_with_optimizer_step");
+  check_refused(pf, {"nemo"}, "parallel.virtual_stages");  // which it needs
   check_refused(pf, {"deepspeed"}, "parallel.trainer.overlap_param_gather");  // which it needs
   // Bridge's MXFP8 parameter gather reuses the gradient buffer, which
   // Megatron-Core refuses with it; Megatron-LM does not reuse it.
@@ -1237,6 +1237,20 @@ TEST_CASE("the parameter gather under the optimizer step: Megatron-LM and Megatr
   pf = plan_file("seed");
   CHECK(export_plan(pf, "megatron").text.find("ckpt-format") == std::string::npos);
   CHECK(export_plan(pf, "megatron-bridge").text.find("overlap_param_gather_with_optimizer_step") == std::string::npos);
+}
+
+TEST_CASE("the aligned parameter gathers: Megatron-LM runs them by default, Megatron-Bridge is told") {
+  PlanFile pf = cuboid::test::with_gather_in_forward(plan_file("seed"));
+  REQUIRE(pf.plan.aligns_param_gather());
+  check_options(pf, "megatron");
+  check_options(pf, "megatron-bridge");
+  CHECK(export_plan(pf, "megatron").text.find("--no-align-param-gather") == std::string::npos);
+  CHECK(export_plan(pf, "megatron-bridge").text.find("    cfg.ddp.align_param_gather = True\n") != std::string::npos);
+  check_refused(pf, {"nemo"}, "parallel.virtual_stages");  // NeMo 1.x has no interleaved schedule
+  pf.plan.trainer.align_param_gather = false;
+  check_options(pf, "megatron");
+  CHECK(export_plan(pf, "megatron").text.find("    --no-align-param-gather\n") != std::string::npos);
+  CHECK(export_plan(pf, "megatron-bridge").text.find("align_param_gather") == std::string::npos);
 }
 
 TEST_CASE("activation offloading: Megatron-LM and Megatron-Bridge write it, checked against their pinned options; the rest refuse") {

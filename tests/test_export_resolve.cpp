@@ -403,6 +403,29 @@ TEST_CASE("the parameter gather under the optimizer step runs as priced on Megat
         std::string::npos);
 }
 
+TEST_CASE("the aligned parameter gathers run as priced on Megatron-LM and Megatron-Bridge, on or off") {
+  PlanFile pf = cuboid::test::with_gather_in_forward(fixture_file("seed"));
+  for (const bool align : {true, false}) {
+    pf.plan.trainer.align_param_gather = align;
+    for (const char* target : {"megatron", "megatron-bridge"}) {
+      CAPTURE(target);
+      CAPTURE(align);
+      CHECK(mismatches(pf, target) == "");
+      CHECK(setting(resolve_export(target, export_plan(pf, target)), "align_param_gather").value ==
+            (align ? "true" : "false"));
+    }
+  }
+  // Megatron-Bridge's DDP config leaves it off.
+  pf.plan.trainer.align_param_gather = true;
+  CHECK(after_edit(pf, "megatron-bridge", "    cfg.ddp.align_param_gather = True\n", "")
+            .find("align_param_gather: priced true, runs false") == 0);
+  // Without virtual stages it changes nothing: not compared.
+  pf = fixture_file("seed");
+  pf.plan.trainer.overlap_param_gather = true;
+  pf.plan.trainer.align_param_gather = false;
+  CHECK(mismatches(pf, "megatron-bridge") == "");
+}
+
 TEST_CASE("HybridEP's rank capacity factor and the paged stash run as priced; the start-up model asserts their needs") {
   // Mixtral 8x7B, TP 2 x PP 2 x DP 8, EP 8 over flex with HybridEP, the budget at 1.5 and the stash.
   PlanFile pf = fixture_file("mixtral-ep8");

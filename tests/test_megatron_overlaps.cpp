@@ -425,3 +425,69 @@ TEST_CASE("--overlap-param-gather-with-optimizer-step: the first chunk's gather 
   const Estimate a = estimate(m, topo, off), b = estimate(m, topo, on);
   CHECK(b.breakdown.dp_comm_s == doctest::Approx(a.breakdown.dp_comm_s));
 }
+
+TEST_CASE("aligned parameter gathers: the interleaved schedule issues each chunk's one chunk ahead, on every stage at once") {
+  const ModelSpec m = test::llama3_8b();
+  const Cluster cluster = test::dgx_a100(4);
+  const Topology topo(cluster);
+  ParallelPlan on = plan_of(1, 16);
+  on.pp = 2;
+  on.virtual_stages = 4;
+  on.schedule = Schedule::interleaved;
+  on.global_batch = 64;  // 4 micro-batches
+  on.trainer.overlap_param_gather = true;
+  on.trainer.align_param_gather = true;
+  REQUIRE_FALSE(check_plan(on, m, cluster));
+  REQUIRE(on.aligns_param_gather());
+  ParallelPlan off = on;
+  off.trainer.align_param_gather = false;
+  CHECK_FALSE(off.aligns_param_gather());
+  // Megatron-LM's default (--no-align-param-gather is store_false).
+  CHECK(find_trainer("megatron-core")->settings.align_param_gather);
+  // The plan file carries it where it differs from the preset's (on).
+  const nlohmann::json j = plan_to_json(m, cluster, estimate(m, topo, off));
+  CHECK(j["parallel"]["trainer"]["align_param_gather"] == false);
+  CHECK(plan_file_from_json(j, "t.plan.json").plan.trainer == off.trainer);
+
+  // Forwards in groups of PP = 2 per chunk: F0.0 F1.0 F0.1 F1.1 F0.2 F1.2
+  // F0.3 F1.3 F2.0 ... (schedules.py's table). Aligned: chunks 0 and 1 at the
+  // start; chunk c before virtual micro-batch k with k + rank = c - 1's first
+  // (k = 2 (c - 1) - rank): chunk 2 before F0.1 on stage 0 and before F1.0 on
+  // stage 1, chunk 3 before F0.2 and before F1.1. Without: at the chunk's
+  // first forward.
+  sim::SimOptions opts;
+  opts.timeline = true;
+  const sim::Timeline a = sim::run_simulation(m, topo, on, opts).timeline;
+  const sim::Timeline u = sim::run_simulation(m, topo, off, opts).timeline;
+  const auto block = [](const sim::Timeline& t, int stage, const std::string& name) {
+    for (const sim::TimelineBlock& b : t.blocks)
+      if (b.stage == stage && b.name == name) return b;
+    FAIL("no block " << name << " on stage " << stage);
+    return sim::TimelineBlock{};
+  };
+  const std::string before[2][4] = {{"", "", "F1.0", "F1.1"}, {"", "", "F0.0", "F0.1"}};
+  for (int s = 0; s < 2; ++s) {
+    CAPTURE(s);
+    for (int c = 2; c < 4; ++c) {
+      CAPTURE(c);
+      const std::string g = "param all-gather F0." + std::to_string(c);
+      const std::string first = "F0." + std::to_string(c);
+      // Issued when the pass before the issuing forward ends (the host's point).
+      const std::string& prev = before[s][c];
+      const sim::TimelineBlock ga = block(a, s, g);
+      if (!prev.empty()) CHECK(ga.start_ns >= block(a, s, prev).end_ns);
+      CHECK(ga.end_ns <= block(a, s, first).start_ns);
+      // Unaligned: not before the pass before the chunk's first forward ends.
+      const std::string last = c == 2 ? "F1.1" : "F1.2";
+      CHECK(block(u, s, g).start_ns >= block(u, s, last).end_ns);
+    }
+    CHECK(block(a, s, "param all-gather F0.1").start_ns < block(a, s, "F0.0").end_ns);
+  }
+  // Each unaligned gather of chunks 1-3 shows at its chunk's first forward;
+  // aligned they hide. The estimate and the simulation agree on the saving.
+  const Estimate ea = estimate(m, topo, on), eu = estimate(m, topo, off);
+  CHECK(ea.breakdown.dp_comm_s < eu.breakdown.dp_comm_s);
+  const double sa = simulate(m, topo, on).iteration_time_s, su = simulate(m, topo, off).iteration_time_s;
+  CHECK(sa < su);
+  CHECK(su - sa == doctest::Approx(eu.iteration_time_s - ea.iteration_time_s).epsilon(0.25));
+}

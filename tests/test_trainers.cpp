@@ -159,6 +159,9 @@ TEST_CASE("the presets loaded from trainers/ are those the code held") {
     s.zero3_fetch_norm = e.zero3_fetch_norm;
     s.pp_fsdp_no_sync = std::string(e.name) == "torchtitan";  // its own test case below
     s.fsdp_grad_bytes = std::string(e.name) == "megatron-core" ? 2 : 0;  // its own test case below
+    // Megatron-LM's --no-align-param-gather default (store_false); it acts
+    // only with the overlapped gather, which the others cannot run.
+    s.align_param_gather = std::string(e.name) == "megatron-core";
     CHECK(t.settings == s);
   }
   CHECK(find_trainer("megatron") == nullptr);
@@ -258,8 +261,9 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
   // 27 + attention_kernels (can_run) and attention_kernel (settings) + recompute_modules (can_run) +
   // moe_dispatchers (can_run) + cuda_graphs, tp_comm_overlap, overlap_param_gather, moe_ep_overlap (each in
   // both groups) + activation_offloading (can_run) + pp_fsdp_no_sync (settings) + recompute_layers (can_run) +
-  // precision_aware_optimizer (can_run) + fp8_attention (can_run) + overlap_param_gather_with_optimizer_step (both)
-  CHECK(defaults == 46);
+  // precision_aware_optimizer (can_run) + fp8_attention (can_run) + overlap_param_gather_with_optimizer_step (both) +
+  // align_param_gather (settings)
+  CHECK(defaults == 47);
 }
 
 TEST_CASE("the gradient dtypes a preset reduces in: megatron-core both, the others their own") {

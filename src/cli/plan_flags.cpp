@@ -177,6 +177,10 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                   "issue the first model chunk's parameter all-gather inside the optimizer step, under the other "
                   "chunks' steps (Megatron-Core --overlap-param-gather-with-optimizer-step; needs "
                   "--overlap-param-gather on and --vpp 2 or more): on|off (default: the trainer's)");
+  cmd->add_option("--align-param-gather", f.align_param_gather,
+                  "with --overlap-param-gather and virtual stages, issue each chunk's gather ahead of it as the "
+                  "interleaved schedule does, at once on every stage (Megatron-Core align_param_gather; "
+                  "Megatron-LM's --no-align-param-gather turns it off): on|off (default: the trainer's)");
   cmd->add_option("--rank-order", f.rank_order,
                   search ? "rank order, innermost first, e.g. tp-dp-pp or tp-pp-dp (Megatron-Core's tp-cp-ep-dp-pp, "
                            "tp-cp-ep-pp-dp); default: searched"
@@ -432,6 +436,7 @@ PlannerOptions planner_options(const PlanFlags& f) {
   if (f.overlap_param_gather_with_optimizer_step)
     o.overlap_param_gather_with_optimizer_step =
         parse_on_off(*f.overlap_param_gather_with_optimizer_step, "--overlap-param-gather-with-optimizer-step");
+  if (f.align_param_gather) o.align_param_gather = parse_on_off(*f.align_param_gather, "--align-param-gather");
   if (f.precision) o.precision = parse_precision(*f.precision, cl, "--precision");
   if (f.fp8_param_gather) o.fp8_param_gather = true;
   if (f.precision_aware_optimizer) o.precision_aware_optimizer = true;
@@ -470,7 +475,7 @@ Loaded load(const PlanFlags& f) {
     const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.moe_rank_capacity_factor || f.moe_paged_stash || f.moe_paged_stash_buffer_factor || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.offload_modules || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.fp8_attention || f.precision_aware_optimizer || f.adam_moments || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.fsdp_grad_dtype || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
-                      f.overlap_param_gather_with_optimizer_step ||
+                      f.overlap_param_gather_with_optimizer_step || f.align_param_gather ||
                       f.global_batch ||
                       f.seq_length ||
                       f.first_stage_layers || f.last_stage_layers || f.uneven_stages || f.embedding_in_split ||
@@ -703,6 +708,8 @@ constexpr KeyFlag kKeyFlags[] = {
      [](const PlannerOptions& o) { return shown(o.overlap_param_gather); }},
     {"trainer.overlap_param_gather_with_optimizer_step", "--overlap-param-gather-with-optimizer-step",
      [](const PlannerOptions& o) { return shown(o.overlap_param_gather_with_optimizer_step); }},
+    {"trainer.align_param_gather", "--align-param-gather",
+     [](const PlannerOptions& o) { return shown(o.align_param_gather); }},
 };
 
 }  // namespace

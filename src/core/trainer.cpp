@@ -146,7 +146,7 @@ constexpr std::array<Field, 28> kCanRun{{
 }};
 
 // How it runs a plan by default (TrainerSettings).
-constexpr std::array<Field, 24> kSettings{{
+constexpr std::array<Field, 25> kSettings{{
     {"dp_overlap", [](JsonReader& r, TrainerPreset& t) { t.settings.dp_overlap = r.boolean("value"); }},
     {"dp_grad_bytes",
      [](JsonReader& r, TrainerPreset& t) {
@@ -200,6 +200,7 @@ constexpr std::array<Field, 24> kSettings{{
      [](JsonReader& r, TrainerPreset& t) { t.settings.overlap_param_gather = r.boolean("value"); }},
     {"overlap_param_gather_with_optimizer_step",
      [](JsonReader& r, TrainerPreset& t) { t.settings.overlap_param_gather_with_optimizer_step = r.boolean("value"); }},
+    {"align_param_gather", [](JsonReader& r, TrainerPreset& t) { t.settings.align_param_gather = r.boolean("value"); }},
     {"moe_ep_overlap", [](JsonReader& r, TrainerPreset& t) { t.default_moe_ep_overlap = r.boolean("value"); }},
 }};
 

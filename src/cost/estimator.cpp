@@ -972,7 +972,8 @@ double zero3_exposed_ns(const ModelSpec& m, const GpuProfile& gpu, const Paralle
 // embedding's own forward taken as nothing: a0 + a + (B - 1) max(0, a - f);
 // a later stage's first chunk hides its one gather behind the pipeline's
 // fill, `critical` forwards of a chunk of this stage's; the other chunks'
-// gathers find nothing issued ahead of them: exposed whole. With the first
+// gathers find nothing issued ahead of them: exposed whole, unless the
+// schedule aligns them (StepDescription::gathers_aligned). With the first
 // chunk's gather under the step (StepDescription::gathers_in_step) that
 // chunk's gather shows past the rest of the step, `step_window` (what the
 // dense and the expert gathers, one after the other on the DP stream, leave
@@ -984,7 +985,15 @@ double next_forward_gather_ns(const StepCollective& sc, const GroupLinks& links,
   const double chunk_bytes = sc.bytes / v;
   const double chunk_ns = comm_ns(sc.collective, chunk_bytes, sc.ranks, links);
   const double chunk_fwd_ns = crit.fwd() / v;
-  const double exposed = (v - 1) * chunk_ns;
+  double exposed = (v - 1) * chunk_ns;
+  if (step.gathers_aligned() && v > 1) {
+    // Aligned: the second chunk's issued at the start behind the first's
+    // (not under the step), used PP forwards later; chunk c's issued PP +
+    // the stage's rank forwards before its first.
+    const double pp = step.pipeline_stages();
+    exposed = std::max(0.0, (step.gathers_in_step() ? 1.0 : 2.0) * chunk_ns - pp * chunk_fwd_ns) +
+              (v - 2) * std::max(0.0, chunk_ns - (pp + critical) * chunk_fwd_ns);
+  }
   if (step.gathers_in_step()) {
     // A later stage's runs on through its wait for the pipeline's fill.
     const double hidden = std::min(chunk_ns, step_window + critical * chunk_fwd_ns);

@@ -114,15 +114,6 @@ void refuse_megatron_overlaps(const PlanFile& pf, std::string_view trainer, bool
            "export with --to megatron, megatron-bridge or nemo, or plan with --overlap-param-gather off");
 }
 
-void refuse_param_gather_in_step(const PlanFile& pf, std::string_view trainer) {
-  if (!pf.plan.trainer.overlap_param_gather_with_optimizer_step || pf.plan.dp_cp() == 1) return;
-  refuse(pf, "parallel.trainer.overlap_param_gather_with_optimizer_step",
-         fmt::format("{} has no setting for Megatron-Core's parameter all-gather under the optimizer step "
-                     "(--overlap-param-gather-with-optimizer-step), and the plan was priced with the first chunk's "
-                     "gather there",
-                     trainer),
-         "export with --to megatron or megatron-bridge, or plan with --overlap-param-gather-with-optimizer-step off");
-}
 
 McoreQuantization mcore_quantization(Precision p) {
   switch (p) {

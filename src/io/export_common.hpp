@@ -38,10 +38,6 @@ void refuse_precision_aware_optimizer(const PlanFile& pf, std::string_view train
 // Refuses FP8 attention (Megatron-Core's fp8_dot_product_attention), which
 // `trainer`'s settings cannot turn on (`why`).
 void refuse_fp8_attention(const PlanFile& pf, std::string_view trainer, std::string_view why);
-// Refuses the first chunk's parameter gather under the optimizer step
-// (TrainerSettings::overlap_param_gather_with_optimizer_step) where `trainer`
-// has no setting for it.
-void refuse_param_gather_in_step(const PlanFile& pf, std::string_view trainer);
 
 bool default_rank_order(const ParallelPlan& p);
 // Index of `d` in the rank order, 0 = innermost.

@@ -82,6 +82,9 @@ Args parallelism_args(const PlanFile& pf, bool tp_pp_dp, bool fsdp) {
   // --overlap-param-gather; ZeRO-3's gathers are prefetched under compute,
   // which Megatron FSDP does only with this flag.
   if (p.dp_cp() > 1 && (p.zero_stage == 3 || p.trainer.overlap_param_gather)) a.push_back("--overlap-param-gather");
+  // Megatron-LM aligns the chunks' gathers by default; a plan priced without.
+  if (p.dp_cp() > 1 && p.zero_stage < 3 && p.trainer.overlap_param_gather && !p.trainer.align_param_gather)
+    a.push_back("--no-align-param-gather");
   // The first chunk's gather under the optimizer step, as priced; Megatron-LM
   // asserts it is not run with a distributed checkpoint (arguments.py:1073:
   // use_dist_ckpt is ckpt_format != torch).

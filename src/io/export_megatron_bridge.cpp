@@ -300,6 +300,9 @@ std::string config_lines(const ParallelPlan& p, const Layout& l) {
   // comm_overlap None, which would otherwise reset it).
   if (p.dp_cp() > 1 && p.trainer.overlap_param_gather_with_optimizer_step)
     set("optimizer.overlap_param_gather_with_optimizer_step", "True");
+  // The chunks' gathers issued ahead by the interleaved schedule (the DDP
+  // config's default is off; Bridge's CommOverlapConfig would set it).
+  if (p.aligns_param_gather()) set("ddp.align_param_gather", "True");
   set("ddp.grad_reduce_in_fp32", py(p.trainer.dp_grad_bytes == 4));
   if (l.fsdp) set("checkpoint.ckpt_format", "\"fsdp_dtensor\"");
   set("train.micro_batch_size", std::to_string(p.micro_batch));

@@ -120,6 +120,7 @@ std::vector<ResolvedSetting> priced_settings(const PlanFile& pf) {
       {"dp_overlap", yes(p.trainer.dp_overlap), "trainer.dp_overlap"},
       {"overlap_param_gather_with_optimizer_step", yes(p.trainer.overlap_param_gather_with_optimizer_step),
        "trainer.overlap_param_gather_with_optimizer_step"},
+      {"align_param_gather", yes(p.trainer.align_param_gather), "trainer.align_param_gather"},
       {"dp_grad_bytes", str(p.trainer.dp_grad_bytes), "trainer.dp_grad_bytes"},
       {"fsdp_grad_bytes", str(p.grad_element_bytes()), "trainer.fsdp_grad_bytes (Megatron-FSDP's gradients)"},
       {"grad_accum_fusion", yes(p.grad_accum_fusion), why},
@@ -175,6 +176,11 @@ std::vector<RunMismatch> compare_with_plan(const ResolvedRun& run, const PlanFil
         p.moe_dispatcher != MoeDispatcher::flex)
       continue;
     if (n == "cp_comm" && p.cp == 1) continue;
+    // Only the interleaved schedule's overlapped gathers are aligned.
+    if (n == "align_param_gather" &&
+        !(p.trainer.overlap_param_gather && p.schedule == Schedule::interleaved && p.virtual_stages > 1 &&
+          p.dp_cp() > 1))
+      continue;
     if (n == "fp8_param_gather" && p.precision == Precision::bf16) continue;
     const ResolvedSetting* want = nullptr;
     for (const ResolvedSetting& q : priced)

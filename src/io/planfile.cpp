@@ -73,6 +73,8 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
       j["trainer"]["overlap_param_gather"] = p.trainer.overlap_param_gather;
     if (p.trainer.overlap_param_gather_with_optimizer_step != d.overlap_param_gather_with_optimizer_step)
       j["trainer"]["overlap_param_gather_with_optimizer_step"] = p.trainer.overlap_param_gather_with_optimizer_step;
+    if (p.trainer.align_param_gather != d.align_param_gather)
+      j["trainer"]["align_param_gather"] = p.trainer.align_param_gather;
     if (p.trainer.fsdp_grad_bytes != d.fsdp_grad_bytes) j["trainer"]["fsdp_grad_bytes"] = p.trainer.fsdp_grad_bytes;
   }
   // Written when on (torchtitan's pipeline with FSDP): other plans' files stay as they were.
@@ -447,6 +449,7 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
     p.trainer.overlap_param_gather = t.optional_boolean("overlap_param_gather").value_or(preset.overlap_param_gather);
     p.trainer.overlap_param_gather_with_optimizer_step = t.optional_boolean("overlap_param_gather_with_optimizer_step")
                                                              .value_or(preset.overlap_param_gather_with_optimizer_step);
+    p.trainer.align_param_gather = t.optional_boolean("align_param_gather").value_or(preset.align_param_gather);
     p.trainer.fsdp_grad_bytes = preset.fsdp_grad_bytes;
     if (t.has("fsdp_grad_bytes")) {
       p.trainer.fsdp_grad_bytes = t.count<int>("fsdp_grad_bytes", 0, 4);

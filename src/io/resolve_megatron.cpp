@@ -51,6 +51,7 @@ struct Mcore {
   // the checkpoints are torch's (Megatron-LM's use_dist_ckpt off).
   Ruled<bool> param_in_step;
   bool torch_ckpt = false;
+  Ruled<bool> align_param;  // DistributedDataParallelConfig.align_param_gather
 };
 
 // Bytes per element of an optimizer state's dtype as Megatron-LM's flags or
@@ -190,6 +191,7 @@ ResolvedRun derive(Builder& b, const Mcore& m) {
                               "(megatron/training/arguments.py:1073@d98e8a64; --ckpt-format default torch_dist)");
   }
   b.set("overlap_param_gather_with_optimizer_step", m.param_in_step.value, m.param_in_step.source);
+  b.set("align_param_gather", m.align_param.value, m.align_param.source);
   b.set("dp_grad_bytes", static_cast<std::int64_t>(m.grad_fp32.value ? 4 : 2), m.grad_fp32.source);
   if (m.fsdp.value) b.set("fsdp_grad_bytes", fsdp_grad_bytes(m.fsdp_grads.value), m.fsdp_grads.source);
   b.set("grad_accum_fusion", m.fusion.value, m.fusion.source);
@@ -307,6 +309,7 @@ ResolvedRun megatron_lm(const ExportResult& e) {
   m.param_in_step = {has("--overlap-param-gather-with-optimizer-step"),
                      args("3150", "--overlap-param-gather-with-optimizer-step, default off")};
   m.torch_ckpt = option_or(a, "--ckpt-format", "torch_dist") == "torch";
+  m.align_param = {!has("--no-align-param-gather"), args("3152", "--no-align-param-gather (store_false: aligned by default)")};
   m.bf16 = {has("--bf16") || has("--fp16"), args("1194", "params_dtype fp32 unless --bf16 or --fp16")};
   m.grad_fp32 = {!has("--grad-reduce-in-bf16"),
                  args("1213", "with --bf16 the gradients accumulate and reduce in fp32 unless --grad-reduce-in-bf16")};
@@ -417,6 +420,8 @@ ResolvedRun megatron_bridge(const ExportResult& e) {
                                      fmt::format(fmt::runtime(common), 84, "overlap_param_gather True"));
   const Ruled<bool> opt_param = flag("optimizer.overlap_param_gather", false,
                                      mc("optimizer/optimizer_config.py:330", "overlap_param_gather, default False"));
+  m.align_param = flag("ddp.align_param_gather", false,
+                       mc("distributed/distributed_data_parallel_config.py:24", "align_param_gather, default False"));
   m.param_in_step = flag("optimizer.overlap_param_gather_with_optimizer_step", false,
                          mc("optimizer/optimizer_config.py:337", "overlap_param_gather_with_optimizer_step, default False"));
   m.overlap_param = {ddp_param.value || opt_param.value,

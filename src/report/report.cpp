@@ -129,6 +129,7 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   if (p.trainer.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (p.trainer.overlap_param_gather) j["overlap_param_gather"] = true;
   if (p.trainer.overlap_param_gather_with_optimizer_step) j["overlap_param_gather_with_optimizer_step"] = true;
+  if (p.aligns_param_gather()) j["align_param_gather"] = true;
   if (p.precision_aware_optimizer) j["precision_aware_optimizer"] = true;
   if (p.adam_moment_bytes != 4) j["adam_moment_bytes"] = p.adam_moment_bytes;
   if (p.fp8_attention) j["fp8_attention"] = true;
@@ -342,11 +343,11 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
     if (p.trainer.cuda_graphs.on()) on = "CUDA graphs " + p.trainer.cuda_graphs.str();
     if (p.trainer.tp_comm_overlap) on += (on.empty() ? "" : ", ") + std::string("TP comm overlapped with the GEMMs (userbuffers)");
     if (p.trainer.overlap_param_gather)
-      on += (on.empty() ? "" : ", ") +
-            std::string(p.trainer.overlap_param_gather_with_optimizer_step
-                            ? "parameter all-gather overlapped with the next forward (the first chunk's with the "
-                              "optimizer step)"
-                            : "parameter all-gather overlapped with the next forward");
+      on += fmt::format("{}parameter all-gather overlapped with the next forward{}{}", on.empty() ? "" : ", ",
+                        p.aligns_param_gather() ? " (each chunk's issued one chunk ahead)" : "",
+                        p.trainer.overlap_param_gather_with_optimizer_step
+                            ? " (the first chunk's with the optimizer step)"
+                            : "");
     out += fmt::format("      {}\n", on);
   }
   if (p.zero_stage == 3 && p.dp > 1) {

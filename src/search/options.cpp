@@ -82,6 +82,7 @@ TrainerSettings trainer_settings(const PlannerOptions& o) {
   if (o.overlap_param_gather) s.overlap_param_gather = *o.overlap_param_gather;
   if (o.overlap_param_gather_with_optimizer_step)
     s.overlap_param_gather_with_optimizer_step = *o.overlap_param_gather_with_optimizer_step;
+  if (o.align_param_gather) s.align_param_gather = *o.align_param_gather;
   return s;
 }
 

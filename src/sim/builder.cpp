@@ -457,6 +457,7 @@ void Builder::build() {
   traffic_.played_bytes.assign(static_cast<std::size_t>(shape_.pp) * 3 * kCollectiveKinds, 0.0);
   traffic_.messages.plan(order_, plan_.schedule, shape_.pp, shape_.mbs, shape_.v, plan_.moe_ep_overlap && shape_.ep > 1);
   reserve_tasks();
+  plan_gathers_ahead();
   // The step before the schedule where the first chunk's gather runs under it (optimizer_step).
   if (step_.gathers_in_step())
     for (int s = 0; s < shape_.pp; ++s) optimizer_step(s, {});
@@ -481,6 +482,40 @@ void Builder::build() {
   }
   if (remaining > 0) throw std::logic_error("simulate: the pipeline schedule deadlocks (a bug in the schedule)");
   finish_iteration();
+}
+
+// Where the aligned interleaved schedule issues each chunk's gathers
+// (Megatron-LM d98e8a64 pipeline_parallel/schedules.py: the first two
+// chunks' at its start, :1219-1221; before virtual micro-batch k, chunk
+// c + 1's where k + the stage's rank is chunk c's first, :1341-1353, so that
+// every stage issues it at once); chunk_gathers_ empty for each chunk.
+void Builder::plan_gathers_ahead() {
+  const auto pp = static_cast<std::size_t>(shape_.pp);
+  const auto v = static_cast<std::size_t>(shape_.v);
+  chunk_gathers_.assign(pp, std::vector<ChunkGathers>(v));
+  gathers_ahead_.clear();
+  if (!step_.gathers_in_next_forward() || !plan_.aligns_param_gather()) return;
+  gathers_ahead_.resize(pp);
+  for (std::size_t s = 0; s < pp; ++s) {
+    const StageOrder& order = order_[s];
+    gathers_ahead_[s].assign(order.size(), {});
+    std::vector<std::size_t> forwards;  // the steps of the stage's forwards, in order
+    std::vector<int> first(v, -1);      // each chunk's first forward, as an index into `forwards`
+    for (std::size_t idx = 0; idx < order.size(); ++idx) {
+      if (order[idx].dir != Direction::forward) continue;
+      const auto c = static_cast<std::size_t>(order[idx].chunk);
+      if (order[idx].micro_batch == 0 && first[c] < 0) first[c] = static_cast<int>(forwards.size());
+      forwards.push_back(idx);
+    }
+    if (forwards.empty()) continue;
+    for (int c = 0; c < std::min(2, shape_.v); ++c)
+      if (!(c == 0 && step_.gathers_in_step())) gathers_ahead_[s][forwards.front()].push_back(c);
+    for (std::size_t c = 2; c < v; ++c) {
+      const int k = first[c - 1] - static_cast<int>(s);
+      if (first[c - 1] >= 0 && k >= 0 && static_cast<std::size_t>(k) < forwards.size())
+        gathers_ahead_[s][forwards[static_cast<std::size_t>(k)]].push_back(static_cast<int>(c));
+    }
+  }
 }
 
 // An upper bound on the tasks build() adds (each program item is at most one

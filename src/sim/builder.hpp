@@ -193,13 +193,24 @@ class Builder {
   void pair_passes();
   void play_combined(int stage, std::size_t idx);
   void play_node(Chain& ch, const Program& prog, std::size_t first, std::size_t end, bool exchange);
+  // A model chunk's parameter gathers in the next forward
+  // (--overlap-param-gather): its buckets' gathers in forward order, issued
+  // back to back on the DP stream, and the unit each bucket starts at.
+  struct ChunkGathers {
+    std::vector<TaskId> tasks;
+    std::vector<std::size_t> starts;
+    bool issued = false;
+  };
+  // Issues stage `stage`'s chunk `chunk` gathers after `deps` (the host's
+  // point): at the chunk's first forward, or ahead of it where the schedule
+  // aligns them (ParallelPlan::aligns_param_gather; gathers_ahead_).
+  void issue_chunk_gathers(int stage, int chunk, const std::vector<TaskId>& deps);
+  void plan_gathers_ahead();
   // One pass from `entry` on, op by op; its end dependencies are left in scratch_.chain.deps.
-  // `gather_after`: a chunk's first forward with --overlap-param-gather: its
-  // parameters' bucket gathers (param_gather) are issued after these tasks
-  // (the stage's last pass: the host's point) and each bucket's units wait
-  // for theirs.
+  // `gathers`: a chunk's first forward with --overlap-param-gather: each
+  // bucket's units wait for its gather.
   void play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry,
-                 const std::vector<TaskId>* gather_after = nullptr);
+                 const ChunkGathers* gathers = nullptr);
   // A ZeRO-3 pass's units, part by part, with their gathers and reductions (zero3.hpp).
   void play_zero3(int stage, const ScheduleStep& st, bool reduce_now);
   // One ZeRO-3 pass being played: its plan, the DP stream's last task and
@@ -301,6 +312,10 @@ class Builder {
   std::pmr::vector<TaskId> ends_{&arena_};  // every pass's end dependencies, back to back (PassState::end_off)
   bool stamp_ = true;
   std::vector<std::vector<char>> pair_first_;  // pair_passes: [stage][index in its order]
+  std::vector<std::vector<ChunkGathers>> chunk_gathers_;  // [stage][chunk]
+  // [stage][index in its order]: the chunks whose gathers the aligned
+  // interleaved schedule issues before that step (aligns_param_gather).
+  std::vector<std::vector<std::vector<int>>> gathers_ahead_;
   std::vector<PassTemplate> templates_;  // [((stage * v + chunk) * 2 + backward) * 2 + reduce_now]
   PassTemplate* recording_ = nullptr;    // the template play() is recording into, if any
 

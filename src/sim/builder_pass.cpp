@@ -159,6 +159,9 @@ void Builder::play(Chain& ch, const Program& prog, std::size_t first, std::size_
 
 void Builder::add_step(int stage, std::size_t idx) {
   const auto us = static_cast<std::size_t>(stage);
+  // The gathers the aligned schedule issues before this step, from the host's point.
+  if (!gathers_ahead_.empty())
+    for (const int c : gathers_ahead_[us][idx]) issue_chunk_gathers(stage, c, stage_end_[us]);
   if (!pair_first_.empty()) {
     if (pair_first_[us][idx] != 0) return play_combined(stage, idx);
     if (idx > 0 && pair_first_[us][idx - 1] != 0) return;  // played with the forward before it
@@ -187,8 +190,13 @@ void Builder::add_step(int stage, std::size_t idx) {
   if (stamp_ && !traced(stage) && !gather_now) {
     stamp(pass_template(stage, st, reduce_now), stage, entry, ends_);
   } else {
-    const std::vector<TaskId> host(stage_end_[us].begin(), stage_end_[us].end());
-    play_pass(stage, st, reduce_now, entry, gather_now ? &host : nullptr);
+    const ChunkGathers* gathers = nullptr;
+    if (gather_now) {
+      ChunkGathers& g = chunk_gathers_[us][static_cast<std::size_t>(st.chunk)];
+      if (!g.issued) issue_chunk_gathers(stage, st.chunk, stage_end_[us]);
+      gathers = &g;
+    }
+    play_pass(stage, st, reduce_now, entry, gathers);
     ends_.insert(ends_.end(), scratch_.chain.deps.begin(), scratch_.chain.deps.end());
   }
   out.end_len = static_cast<std::uint32_t>(ends_.size() - out.end_off);
@@ -301,8 +309,36 @@ void Builder::offload_after(Chain& ch, const Unit& unit, bool fwd) {
   scratch_.host_copies[i] = t;
 }
 
+void Builder::issue_chunk_gathers(int stage, int chunk, const std::vector<TaskId>& deps) {
+  const auto us = static_cast<std::size_t>(stage);
+  ChunkGathers& g = chunk_gathers_[us][static_cast<std::size_t>(chunk)];
+  if (g.issued) return;
+  g.issued = true;
+  // Megatron-Core's buckets of this chunk in forward order, issued back to
+  // back on the DP stream.
+  const auto& units = work_.units[us][static_cast<std::size_t>(chunk)];
+  const double bucket = step_.bucket_params(stage, chunk);
+  const std::string name =
+      "param all-gather " + step_name(Direction::forward, 0, chunk, shape_.v);
+  std::vector<TaskId> after = deps;
+  double held = 0;
+  bool open = false;
+  for (std::size_t k = 0; k < units.size(); ++k) {
+    if (!open) g.starts.push_back(k);
+    open = true;
+    held += units[k].params;
+    if (held >= bucket || k + 1 == units.size()) {
+      open = false;
+      const TaskId t = param_gather(stage, held, after, name);
+      if (t != kNoTask) after.assign(1, t);
+      g.tasks.push_back(t);
+      held = 0;
+    }
+  }
+}
+
 void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, const std::vector<TaskId>& entry,
-                        const std::vector<TaskId>* gather_after) {
+                        const ChunkGathers* gathers) {
   const auto us = static_cast<std::size_t>(stage);
   const bool fwd = st.dir == Direction::forward;
   // One chain object reused by every pass: its vectors keep their capacity
@@ -327,36 +363,16 @@ void Builder::play_pass(int stage, const ScheduleStep& st, bool reduce_now, cons
   } else {
     const double bucket = step_.bucket_params(stage, st.chunk);
     double acc = 0;
-    // The gathers' buckets, in forward order (Megatron-Core's buckets of
-    // this chunk): all issued back to back on the DP stream from the host's
-    // point, bucket b's units waiting for gather b.
-    std::vector<TaskId> gathered;
-    std::vector<std::size_t> bucket_start;
-    if (fwd && gather_after != nullptr) {
-      std::vector<TaskId> deps = *gather_after;
-      double held = 0;
-      bool open = false;
-      for (std::size_t k = 0; k < units.size(); ++k) {
-        if (!open) bucket_start.push_back(k);
-        open = true;
-        held += units[k].params;
-        if (held >= bucket || k + 1 == units.size()) {
-          open = false;
-          const std::string name = "param all-gather " + step_name(st.dir, st.micro_batch, st.chunk, shape_.v);
-          const TaskId g = param_gather(stage, held, deps, name);
-          if (g != kNoTask) deps.assign(1, g);
-          gathered.push_back(g);
-          held = 0;
-        }
-      }
-    }
+    // The chunk's gathers (issue_chunk_gathers), bucket b's units waiting for gather b.
+    static const ChunkGathers kNone;
+    const ChunkGathers& g = fwd && gathers != nullptr ? *gathers : kNone;
     std::size_t next_bucket = 0;
     for (std::size_t k = 0; k < units.size(); ++k) {
       const std::size_t u = fwd ? k : units.size() - 1 - k;
-      if (next_bucket < bucket_start.size() && bucket_start[next_bucket] == k) {
-        if (gathered[next_bucket] != kNoTask) {
+      if (next_bucket < g.starts.size() && g.starts[next_bucket] == k) {
+        if (g.tasks[next_bucket] != kNoTask) {
           flush(ch);
-          ch.deps.push_back(gathered[next_bucket]);
+          ch.deps.push_back(g.tasks[next_bucket]);
         }
         ++next_bucket;
       }

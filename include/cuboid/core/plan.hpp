@@ -304,6 +304,12 @@ struct TrainerSettings {
   // --overlap-param-gather-with-optimizer-step; needs overlap_param_gather
   // and virtual stages; every chunk one bucket).
   bool overlap_param_gather_with_optimizer_step = false;
+  // ... and, with virtual stages, each chunk's gather issued ahead of it by
+  // the interleaved schedule, at the same time on every stage (Megatron-Core
+  // align_param_gather; Megatron-LM's default, --no-align-param-gather off):
+  // the first two chunks' at its start, chunk c's (c >= 2) before the
+  // forward that is, shifted by the stage's rank, chunk c - 1's first.
+  bool align_param_gather = false;
   friend bool operator==(const TrainerSettings&, const TrainerSettings&) = default;
 };
 
@@ -425,6 +431,12 @@ struct ParallelPlan {
   bool offloads(OffloadModule m) const { return (offload_modules & static_cast<std::uint8_t>(m)) != 0; }
   // Activations copied to host memory by either mechanism.
   bool offloads_activations() const { return offload_layers > 0 || offload_modules != 0; }
+  // The interleaved schedule issues each chunk's parameter gather ahead of
+  // it (TrainerSettings::align_param_gather, where it has any effect).
+  bool aligns_param_gather() const {
+    return trainer.align_param_gather && trainer.overlap_param_gather && schedule == Schedule::interleaved &&
+           virtual_stages > 1 && dp_cp() > 1;
+  }
   // Whether the plan's selective recomputation re-runs module `m`.
   bool recomputes(RecomputeModule m) const {
     if (recompute != Recompute::selective) return false;

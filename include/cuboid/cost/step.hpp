@@ -131,6 +131,10 @@ class StepDescription {
   bool gathers_in_step() const {
     return gathers_in_next_forward() && plan_.trainer.overlap_param_gather_with_optimizer_step;
   }
+  // ... and the interleaved schedule issues each chunk's ahead of its first
+  // forward (ParallelPlan::aligns_param_gather).
+  bool gathers_aligned() const { return gathers_in_next_forward() && plan_.aligns_param_gather(); }
+  int pipeline_stages() const { return pp_; }
   // The tied word embedding's gradient all-reduce between the first and the
   // last stage (Megatron: fp32 main_grad, after every backward), per GPU; 0
   // when the model does not tie it or PP is 1.
