@@ -47,6 +47,18 @@ ParallelPlan plan_of(int tp, int dp, int zero = 1) {
   return p;
 }
 
+// The gather cases' plan (Llama-3-8B on 4 DGX A100): TP 1 x PP 2 x DP 16 interleaved over `v` virtual
+// stages, 4 micro-batches, the parameter gather in the next forward.
+ParallelPlan interleaved_pp2(int v) {
+  ParallelPlan p = plan_of(1, 16);
+  p.pp = 2;
+  p.virtual_stages = v;
+  p.schedule = Schedule::interleaved;
+  p.global_batch = 64;
+  p.trainer.overlap_param_gather = true;
+  return p;
+}
+
 Cluster node_with_launch() {
   Cluster c = test::dgx_a100(1);
   c.gpu.kernel_launch_ns = kLaunchNs;
@@ -333,12 +345,7 @@ TEST_CASE("--overlap-param-gather-with-optimizer-step: the first chunk's gather 
   const ModelSpec m = test::llama3_8b();
   const Cluster cluster = test::dgx_a100(4);
   const Topology topo(cluster);
-  ParallelPlan off = plan_of(1, 16);
-  off.pp = 2;
-  off.virtual_stages = 2;
-  off.schedule = Schedule::interleaved;
-  off.global_batch = 64;  // 4 micro-batches
-  off.trainer.overlap_param_gather = true;
+  const ParallelPlan off = interleaved_pp2(2);
   ParallelPlan on = off;
   on.trainer.overlap_param_gather_with_optimizer_step = true;
   REQUIRE_FALSE(check_plan(on, m, cluster));
@@ -430,12 +437,7 @@ TEST_CASE("aligned parameter gathers: the interleaved schedule issues each chunk
   const ModelSpec m = test::llama3_8b();
   const Cluster cluster = test::dgx_a100(4);
   const Topology topo(cluster);
-  ParallelPlan on = plan_of(1, 16);
-  on.pp = 2;
-  on.virtual_stages = 4;
-  on.schedule = Schedule::interleaved;
-  on.global_batch = 64;  // 4 micro-batches
-  on.trainer.overlap_param_gather = true;
+  ParallelPlan on = interleaved_pp2(4);
   on.trainer.align_param_gather = true;
   REQUIRE_FALSE(check_plan(on, m, cluster));
   REQUIRE(on.aligns_param_gather());

@@ -79,7 +79,8 @@ StepWhen StepDescription::grad_when() const {
 }
 
 double StepDescription::bucket_params(int stage, int chunk) const {
-  if (stage == 0 && chunk == 0 && !plan_.trainer.overlap_param_gather_with_optimizer_step) return std::max(kBucketParams, kBucketParamsPerDpRank * dp_);
+  if (stage == 0 && chunk == 0 && !plan_.trainer.overlap_param_gather_with_optimizer_step)
+    return std::max(kBucketParams, kBucketParamsPerDpRank * dp_);
   return std::numeric_limits<double>::infinity();
 }
 

@@ -318,8 +318,7 @@ void Builder::issue_chunk_gathers(int stage, int chunk, const std::vector<TaskId
   // back on the DP stream.
   const auto& units = work_.units[us][static_cast<std::size_t>(chunk)];
   const double bucket = step_.bucket_params(stage, chunk);
-  const std::string name =
-      "param all-gather " + step_name(Direction::forward, 0, chunk, shape_.v);
+  const std::string name = "param all-gather " + step_name(Direction::forward, 0, chunk, shape_.v);
   std::vector<TaskId> after = deps;
   double held = 0;
   bool open = false;
