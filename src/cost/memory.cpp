@@ -34,6 +34,15 @@ double core_input_copy_bytes(const ParallelPlan& plan) {
   return (*f == Fp8AttentionFormat::mxfp8 ? 2.0 : 1.0) * quantized_element_bytes(plan.precision);
 }
 
+double core_saved_input_bytes(const ParallelPlan& plan) {
+  const double copy = core_input_copy_bytes(plan);
+  return copy > 0 ? copy : kBf16Bytes;
+}
+
+double core_saved_output_bytes(const ParallelPlan& plan) {
+  return core_input_copy_bytes(plan) > 0 && projection_saves_quantized_copy(plan) ? kFp8Bytes : kBf16Bytes;
+}
+
 namespace {
 
 double layers_per_stage(const ModelSpec& m, const ParallelPlan& plan, int stage) {
@@ -205,9 +214,7 @@ bool projection_saves_quantized_copy(const ParallelPlan& plan) { return plan.pre
 double projection_input_bytes(const ParallelPlan& plan) {
   if (!projection_saves_quantized_copy(plan)) return kBf16Bytes;
   const bool core_keeps_output = plan.flash_attention && !plan.checkpoints(RecomputeModule::core_attn);
-  // An FP8 core under delayed scaling keeps its FP8 output (out_fp8), not bf16.
-  const double core_output = core_input_copy_bytes(plan) > 0 ? kFp8Bytes : kBf16Bytes;
-  return quantized_element_bytes(plan.precision) + (core_keeps_output ? core_output : 0.0);
+  return quantized_element_bytes(plan.precision) + (core_keeps_output ? core_saved_output_bytes(plan) : 0.0);
 }
 
 double pp_fsdp_no_sync_bytes(const ParallelPlan& plan, const StageParameters& params) {
@@ -649,8 +656,7 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelPlan& plan, bool
   const double kv = static_cast<double>(m.kv_projection_size());
   const double f = static_cast<double>(m.ffn_hidden_size);
   const MlaActivations mla = mla_activations(m, plan);
-  const double core_copy = core_input_copy_bytes(plan);
-  const double attention = m.mla.enabled() ? mla.split : s * b * ((core_copy > 0 ? core_copy : kBf16Bytes) * (q + 2 * kv) + 2 * q);
+  const double attention = m.mla.enabled() ? mla.split : s * b * (core_saved_input_bytes(plan) * (q + 2 * kv) + 2 * q);
   // A recomputed dense MLP (--recompute-modules mlp) keeps only its input,
   // counted above in bf16 (the checkpoint's); FC1's and FC2's saved inputs
   // and the activation's are dropped.

@@ -123,9 +123,8 @@ ModuleOffload module_offload(const ModelSpec& m, const ParallelPlan& plan, Offlo
       }
       // Under FP8 attention the core's own quantized Q, K, V (and, under
       // delayed scaling, its FP8 output) are what it saves.
-      const double copy = core_input_copy_bytes(plan);
-      const double qkv_bytes = copy > 0 ? copy : kBf16Bytes;
-      const double o_bytes = copy > 0 && projection_saves_quantized_copy(plan) ? kFp8Bytes : kBf16Bytes;
+      const double qkv_bytes = core_saved_input_bytes(plan);
+      const double o_bytes = core_saved_output_bytes(plan);
       for (const double width : {q, k, v}) out.copied += tensor(sb * width, qkv_bytes);
       out.copied += tensor(sb * o, o_bytes);
       // Freed: Q, K and V as memory.cpp counts them (latent attention's are
@@ -133,7 +132,7 @@ ModuleOffload module_offload(const ModelSpec& m, const ParallelPlan& plan, Offlo
       // the output where linear_proj keeps a quantized copy of its own
       // (delayed scaling); otherwise linear_proj holds the output too and
       // attn_proj frees it.
-      if (copy > 0 || !(m.mla.enabled() && plan.recomputes(RecomputeModule::mla_up_proj)))
+      if (core_input_copy_bytes(plan) > 0 || !(m.mla.enabled() && plan.recomputes(RecomputeModule::mla_up_proj)))
         for (const double width : {q, k, v}) out.freed += tensor(sb * width, qkv_bytes);
       if (plan.flash_attention && projection_saves_quantized_copy(plan)) out.freed += tensor(sb * o, o_bytes);
       // Without a fused kernel, the scores the core keeps too.

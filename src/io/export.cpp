@@ -114,7 +114,6 @@ void refuse_megatron_overlaps(const PlanFile& pf, std::string_view trainer, bool
            "export with --to megatron, megatron-bridge or nemo, or plan with --overlap-param-gather off");
 }
 
-
 McoreQuantization mcore_quantization(Precision p) {
   switch (p) {
     case Precision::fp8_delayed: return {false, "hybrid", "delayed", 1024, "max"};

@@ -177,10 +177,7 @@ std::vector<RunMismatch> compare_with_plan(const ResolvedRun& run, const PlanFil
       continue;
     if (n == "cp_comm" && p.cp == 1) continue;
     // Only the interleaved schedule's overlapped gathers are aligned.
-    if (n == "align_param_gather" &&
-        !(p.trainer.overlap_param_gather && p.schedule == Schedule::interleaved && p.virtual_stages > 1 &&
-          p.dp_cp() > 1))
-      continue;
+    if (n == "align_param_gather" && !p.interleaved_param_gathers()) continue;
     if (n == "fp8_param_gather" && p.precision == Precision::bf16) continue;
     const ResolvedSetting* want = nullptr;
     for (const ResolvedSetting& q : priced)

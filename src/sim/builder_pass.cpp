@@ -192,9 +192,8 @@ void Builder::add_step(int stage, std::size_t idx) {
   } else {
     const ChunkGathers* gathers = nullptr;
     if (gather_now) {
-      ChunkGathers& g = chunk_gathers_[us][static_cast<std::size_t>(st.chunk)];
-      if (!g.issued) issue_chunk_gathers(stage, st.chunk, stage_end_[us]);
-      gathers = &g;
+      issue_chunk_gathers(stage, st.chunk, stage_end_[us]);  // unless the schedule issued them ahead
+      gathers = &chunk_gathers_[us][static_cast<std::size_t>(st.chunk)];
     }
     play_pass(stage, st, reduce_now, entry, gathers);
     ends_.insert(ends_.end(), scratch_.chain.deps.begin(), scratch_.chain.deps.end());

@@ -431,12 +431,13 @@ struct ParallelPlan {
   bool offloads(OffloadModule m) const { return (offload_modules & static_cast<std::uint8_t>(m)) != 0; }
   // Activations copied to host memory by either mechanism.
   bool offloads_activations() const { return offload_layers > 0 || offload_modules != 0; }
-  // The interleaved schedule issues each chunk's parameter gather ahead of
-  // it (TrainerSettings::align_param_gather, where it has any effect).
-  bool aligns_param_gather() const {
-    return trainer.align_param_gather && trainer.overlap_param_gather && schedule == Schedule::interleaved &&
-           virtual_stages > 1 && dp_cp() > 1;
+  // The overlapped parameter gathers of an interleaved schedule: what
+  // TrainerSettings::align_param_gather acts on.
+  bool interleaved_param_gathers() const {
+    return trainer.overlap_param_gather && schedule == Schedule::interleaved && virtual_stages > 1 && dp_cp() > 1;
   }
+  // The interleaved schedule issues each chunk's parameter gather ahead of it.
+  bool aligns_param_gather() const { return trainer.align_param_gather && interleaved_param_gathers(); }
   // Whether the plan's selective recomputation re-runs module `m`.
   bool recomputes(RecomputeModule m) const {
     if (recompute != Recompute::selective) return false;

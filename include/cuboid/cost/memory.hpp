@@ -113,6 +113,11 @@ bool projection_saves_quantized_copy(const ParallelPlan& plan);
 // core keeps the bf16 tensors its inputs are (bf16 attention, or a
 // checkpointed core, whose checkpoint keeps them).
 double core_input_copy_bytes(const ParallelPlan& plan);
+// The bytes per element of the Q, K and V the core saves (its FP8 copies',
+// else bf16) and of the output it saves (FP8 where an FP8 core runs under
+// delayed scaling: cuDNN's out_fp8; else bf16).
+double core_saved_input_bytes(const ParallelPlan& plan);
+double core_saved_output_bytes(const ParallelPlan& plan);
 // One layer's stored activations for one micro-batch on one GPU: a dense
 // layer's, or with `moe_layer` an MoE layer's (its MLP's routed token
 // copies, expert intermediates and shared experts instead of the dense MLP's).
