@@ -61,6 +61,9 @@ check("no gather under the step unless the recipe sets it", flag(args, "--overla
 check("the gather under the step",
       flag(m.moe_args(dict(row, overlap_param_gather_with_optimizer_step="1"))[0],
            "--overlap-param-gather-with-optimizer-step"), "on")
+check("CommOverlapConfig's DDP bucket with DP > 1", flag(args, "--ddp-bucket-size"), "134217728")
+check("Megatron-Core's bucket without comm_overlap",
+      flag(m.moe_args(dict(row, tp_comm_overlap=""))[0], "--ddp-bucket-size"), None)
 check("bf16 gradient reduction (grad_reduce_in_fp32 = False)", flag(args, "--grad-reduce-dtype"), "bf16")
 check("fp32 gradient reduction", flag(m.moe_args(dict(row, grad_reduce_in_fp32="1"))[0], "--grad-reduce-dtype"), "fp32")
 check("precision", (flag(args, "--precision"), "--fp8-param-gather" in args), ("mxfp8", True))

@@ -1239,6 +1239,23 @@ TEST_CASE("the parameter gather under the optimizer step: Megatron-LM and Megatr
   CHECK(export_plan(pf, "megatron-bridge").text.find("overlap_param_gather_with_optimizer_step") == std::string::npos);
 }
 
+TEST_CASE("the DDP bucket size: Megatron-LM and Megatron-Bridge write it when the plan gives one; the rest refuse") {
+  PlanFile pf = plan_file("seed");
+  pf.plan.trainer.ddp_bucket_params = 134217728;
+  check_options(pf, "megatron");
+  check_options(pf, "megatron-bridge");
+  CHECK(export_plan(pf, "megatron").text.find("    --ddp-bucket-size 134217728\n") != std::string::npos);
+  CHECK(export_plan(pf, "megatron-bridge").text.find("    cfg.ddp.bucket_size = 134217728\n") != std::string::npos);
+  for (const char* target : {"deepspeed", "torchtitan", "nemo"}) {
+    CAPTURE(target);
+    CHECK(refusal(pf, target).find("parallel.trainer.ddp_bucket_size: ") != std::string::npos);
+  }
+  // Not given: Megatron-Core's rule, nothing written.
+  pf.plan.trainer.ddp_bucket_params = 0;
+  CHECK(export_plan(pf, "megatron").text.find("ddp-bucket-size") == std::string::npos);
+  CHECK(export_plan(pf, "megatron-bridge").text.find("bucket_size") == std::string::npos);
+}
+
 TEST_CASE("the aligned parameter gathers: Megatron-LM runs them by default, Megatron-Bridge is told") {
   PlanFile pf = cuboid::test::with_gather_in_forward(plan_file("seed"));
   REQUIRE(pf.plan.aligns_param_gather());

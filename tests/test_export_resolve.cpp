@@ -426,6 +426,24 @@ TEST_CASE("the aligned parameter gathers run as priced on Megatron-LM and Megatr
   CHECK(mismatches(pf, "megatron-bridge") == "");
 }
 
+TEST_CASE("the DDP bucket size runs as priced on Megatron-LM and Megatron-Bridge, given or not") {
+  PlanFile pf = fixture_file("seed");
+  for (const std::int64_t bucket : {std::int64_t{0}, std::int64_t{134217728}}) {
+    pf.plan.trainer.ddp_bucket_params = bucket;
+    for (const char* target : {"megatron", "megatron-bridge"}) {
+      CAPTURE(target);
+      CAPTURE(bucket);
+      CHECK(mismatches(pf, target) == "");
+      CHECK(setting(resolve_export(target, export_plan(pf, target)), "ddp_bucket_size").value ==
+            (bucket > 0 ? "134217728" : "max(40M, 1M x DP x CP)"));
+    }
+  }
+  CHECK(after_edit(pf, "megatron", "    --ddp-bucket-size 134217728\n", "")
+            .find("ddp_bucket_size: priced 134217728, runs max(40M, 1M x DP x CP)") == 0);
+  CHECK(after_edit(pf, "megatron-bridge", "    cfg.ddp.bucket_size = 134217728\n", "")
+            .find("ddp_bucket_size: priced 134217728, runs max(40M, 1M x DP x CP)") == 0);
+}
+
 TEST_CASE("HybridEP's rank capacity factor and the paged stash run as priced; the start-up model asserts their needs") {
   // Mixtral 8x7B, TP 2 x PP 2 x DP 8, EP 8 over flex with HybridEP, the budget at 1.5 and the stash.
   PlanFile pf = fixture_file("mixtral-ep8");

@@ -493,3 +493,55 @@ TEST_CASE("aligned parameter gathers: the interleaved schedule issues each chunk
   CHECK(sa < su);
   CHECK(su - sa == doctest::Approx(eu.iteration_time_s - ea.iteration_time_s).epsilon(0.25));
 }
+
+TEST_CASE("--ddp-bucket-size: the first stage's first chunk reduces in buckets of the size given") {
+  const ModelSpec m = test::llama3_8b();
+  const Cluster cluster = test::dgx_a100(4);
+  const Topology topo(cluster);
+  const ParallelPlan rule = plan_of(1, 32);
+  ParallelPlan given = rule;
+  given.trainer.ddp_bucket_params = 500'000'000;
+  REQUIRE_FALSE(check_plan(given, m, cluster));
+  // Megatron-Core's rule, max(40M, 1M x 32); the size given; every other
+  // chunk one bucket either way.
+  CHECK(StepDescription(m, rule, nullptr).bucket_params(0, 0) == 40e6);
+  CHECK(StepDescription(m, given, nullptr).bucket_params(0, 0) == 500e6);
+  ParallelPlan pp2 = given;
+  pp2.pp = 2;
+  pp2.dp = 16;
+  CHECK(std::isinf(StepDescription(m, pp2, nullptr).bucket_params(1, 0)));
+  ParallelPlan in_step = interleaved_pp2(2);
+  in_step.trainer.overlap_param_gather_with_optimizer_step = true;
+  in_step.trainer.ddp_bucket_params = 500'000'000;
+  CHECK(std::isinf(StepDescription(m, in_step, nullptr).bucket_params(0, 0)));
+
+  // Buckets close at the unit that fills them, in backward order: the head
+  // (128256 x 4096 + 4096 = 525,340,672 parameters) alone; then the layers
+  // (218,112,000 each) three at a time, ten buckets; the last two layers with
+  // the embedding (525,336,576). 40M: every unit a bucket of its own, 34.
+  sim::SimOptions opts;
+  opts.timeline = true;
+  const auto grad_buckets = [&](const ParallelPlan& p) {
+    std::size_t n = 0;
+    for (const sim::TimelineBlock& b : sim::run_simulation(m, topo, p, opts).timeline.blocks)
+      n += b.stage == 0 && b.name.rfind("grad bucket", 0) == 0 ? 1 : 0;
+    return n;
+  };
+  CHECK(grad_buckets(given) == 12);
+  CHECK(grad_buckets(rule) == 34);
+
+  // Megatron-LM d98e8a64's flag, on megatron-core only; a negative size is refused.
+  ParallelPlan other = given;
+  other.trainer.preset = "megatron-lm-2023";
+  CHECK(check_plan(other, m, cluster)->kind == PlanCheck::trainer_no_ddp_bucket_size);
+  CHECK(check_plan(other, m, cluster)->field == PlanField::ddp_bucket_size);
+  ParallelPlan negative = rule;
+  negative.trainer.ddp_bucket_params = -1;
+  CHECK(check_plan(negative, m, cluster)->kind == PlanCheck::not_positive);
+
+  // The plan file carries it when given, and reads it back.
+  const nlohmann::json j = plan_to_json(m, cluster, estimate(m, topo, given));
+  CHECK(j["parallel"]["trainer"]["ddp_bucket_size"] == 500'000'000);
+  CHECK(plan_file_from_json(j, "t.plan.json").plan.trainer == given.trainer);
+  CHECK_FALSE(plan_to_json(m, cluster, estimate(m, topo, rule))["parallel"]["trainer"].contains("ddp_bucket_size"));
+}

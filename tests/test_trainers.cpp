@@ -134,6 +134,8 @@ TEST_CASE("the presets loaded from trainers/ are those the code held") {
     // Transformer Engine's FP8 attention (fp8_dpa): the current preset's only.
     CHECK(t.fp8_attention == (t.name == "megatron-core"));
     CHECK(t.overlap_param_gather_with_optimizer_step == (t.name == "megatron-core"));
+    // Megatron-LM's --ddp-bucket-size: the current preset's only.
+    CHECK(t.ddp_bucket_size == (t.name == "megatron-core"));
     CHECK_FALSE(t.settings.overlap_param_gather_with_optimizer_step);
     CHECK(t.context_parallel == e.context_parallel);
     CHECK(t.context_parallel_a2a == e.context_parallel_a2a);
@@ -262,8 +264,8 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
   // moe_dispatchers (can_run) + cuda_graphs, tp_comm_overlap, overlap_param_gather, moe_ep_overlap (each in
   // both groups) + activation_offloading (can_run) + pp_fsdp_no_sync (settings) + recompute_layers (can_run) +
   // precision_aware_optimizer (can_run) + fp8_attention (can_run) + overlap_param_gather_with_optimizer_step (both) +
-  // align_param_gather (settings)
-  CHECK(defaults == 47);
+  // align_param_gather (settings) + ddp_bucket_size (can_run)
+  CHECK(defaults == 48);
 }
 
 TEST_CASE("the gradient dtypes a preset reduces in: megatron-core both, the others their own") {

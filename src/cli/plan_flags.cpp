@@ -181,6 +181,11 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                   "with --overlap-param-gather and virtual stages, issue each chunk's gather ahead of it as the "
                   "interleaved schedule does, at once on every stage (Megatron-Core align_param_gather; "
                   "Megatron-LM's --no-align-param-gather turns it off): on|off (default: the trainer's)");
+  cmd->add_option("--ddp-bucket-size", f.ddp_bucket_size,
+                  "the DDP gradient bucket of the first pipeline stage's first model chunk, in parameters, whose "
+                  "reductions and gathers overlap the backward and forward bucket by bucket (Megatron-Core "
+                  "--ddp-bucket-size; Megatron-Bridge's CommOverlapConfig sets 134217728 with DP > 1) (default: "
+                  "max(40M, 1M x DP x CP))");
   cmd->add_option("--rank-order", f.rank_order,
                   search ? "rank order, innermost first, e.g. tp-dp-pp or tp-pp-dp (Megatron-Core's tp-cp-ep-dp-pp, "
                            "tp-cp-ep-pp-dp); default: searched"
@@ -437,6 +442,8 @@ PlannerOptions planner_options(const PlanFlags& f) {
     o.overlap_param_gather_with_optimizer_step =
         parse_on_off(*f.overlap_param_gather_with_optimizer_step, "--overlap-param-gather-with-optimizer-step");
   if (f.align_param_gather) o.align_param_gather = parse_on_off(*f.align_param_gather, "--align-param-gather");
+  positive(f.ddp_bucket_size, "--ddp-bucket-size");
+  o.ddp_bucket_params = f.ddp_bucket_size;
   if (f.precision) o.precision = parse_precision(*f.precision, cl, "--precision");
   if (f.fp8_param_gather) o.fp8_param_gather = true;
   if (f.precision_aware_optimizer) o.precision_aware_optimizer = true;
@@ -475,7 +482,7 @@ Loaded load(const PlanFlags& f) {
     const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.moe_rank_capacity_factor || f.moe_paged_stash || f.moe_paged_stash_buffer_factor || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.offload_modules || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.fp8_attention || f.precision_aware_optimizer || f.adam_moments || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.fsdp_grad_dtype || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
-                      f.overlap_param_gather_with_optimizer_step || f.align_param_gather ||
+                      f.overlap_param_gather_with_optimizer_step || f.align_param_gather || f.ddp_bucket_size ||
                       f.global_batch ||
                       f.seq_length ||
                       f.first_stage_layers || f.last_stage_layers || f.uneven_stages || f.embedding_in_split ||
@@ -710,6 +717,7 @@ constexpr KeyFlag kKeyFlags[] = {
      [](const PlannerOptions& o) { return shown(o.overlap_param_gather_with_optimizer_step); }},
     {"trainer.align_param_gather", "--align-param-gather",
      [](const PlannerOptions& o) { return shown(o.align_param_gather); }},
+    {"trainer.ddp_bucket_size", "--ddp-bucket-size", [](const PlannerOptions& o) { return shown(o.ddp_bucket_params); }},
 };
 
 }  // namespace

@@ -59,6 +59,7 @@ struct PlanFlags {
   std::optional<std::string> overlap_param_gather;  // on|off
   std::optional<std::string> overlap_param_gather_with_optimizer_step;  // on|off
   std::optional<std::string> align_param_gather;                        // on|off
+  std::optional<std::int64_t> ddp_bucket_size;                          // --ddp-bucket-size N (parameters)
   std::optional<int> first_stage_layers, last_stage_layers;
   bool embedding_in_split = false, loss_in_split = false;  // --account-for-{embedding,loss}-in-pipeline-split
   std::optional<std::string> pipeline_layout;             // --pipeline-model-parallel-layout

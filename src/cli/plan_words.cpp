@@ -147,6 +147,7 @@ std::string plain_fix(const PlanRejection& r) {
     case K::trainer_no_overlap_param_gather: return "use --overlap-param-gather off, or --trainer megatron-core";
     case K::trainer_no_param_gather_in_step:
       return "use --overlap-param-gather-with-optimizer-step off, or --trainer megatron-core";
+    case K::trainer_no_ddp_bucket_size: return "drop --ddp-bucket-size (the trainer's own buckets), or use --trainer megatron-core";
     case K::trainer_no_dp_grad_bytes:
       return "drop --grad-reduce-dtype (the trainer's own dtype), or use --trainer megatron-core";
     case K::trainer_no_fsdp_grad_bytes:
@@ -228,6 +229,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::adam_moment_bytes: return "--adam-moments";
     case PlanField::fp8_attention: return "--fp8-attention";
     case PlanField::overlap_param_gather_with_optimizer_step: return "--overlap-param-gather-with-optimizer-step";
+    case PlanField::ddp_bucket_size: return "--ddp-bucket-size";
   }
   return "--tp/--pp/--dp";
 }

@@ -34,6 +34,8 @@ Found check_sizes(const ParallelPlan& p, const ModelSpec& m) {
   // Megatron-Core's uniform method steps by N (recompute.py: a loop that
   // never ends at 0), its block method recomputes nothing at 0.
   if (p.recompute_num_layers <= 0) return reject(K::not_positive, F::recompute_num_layers, p.recompute_num_layers);
+  // 0: the trainer's rule.
+  if (p.trainer.ddp_bucket_params < 0) return reject(K::not_positive, F::ddp_bucket_size, p.trainer.ddp_bucket_params);
   if (p.zero_stage < 0 || p.zero_stage > 3) return reject(K::zero_stage_range, F::zero_stage, p.zero_stage);
   if (p.seq_length > m.max_position_embeddings)
     return reject(K::seq_over_max, F::seq_length, p.seq_length, m.max_position_embeddings);
@@ -87,6 +89,8 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     return reject(K::trainer_no_param_gather_in_step, F::overlap_param_gather_with_optimizer_step, preset);
   if (p.trainer.overlap_param_gather && !t.overlap_param_gather)
     return reject(K::trainer_no_overlap_param_gather, F::overlap_param_gather, preset);
+  if (p.trainer.ddp_bucket_params != 0 && !t.ddp_bucket_size)
+    return reject(K::trainer_no_ddp_bucket_size, F::ddp_bucket_size, preset);
   if (p.offload_layers != 0 && !t.activation_offloading)
     return reject(K::trainer_no_offload, F::offload_layers, preset);
   if (!t.runs_dp_grad_bytes(p.trainer.dp_grad_bytes))
@@ -616,6 +620,8 @@ std::string describe_trainer(const PlanRejection& r) {
       return trainer_words(v[0], "has no parameter all-gather overlapped with the forward");
     case K::trainer_no_param_gather_in_step:
       return trainer_words(v[0], "has no parameter all-gather under the optimizer step");
+    case K::trainer_no_ddp_bucket_size:
+      return trainer_words(v[0], "has no DDP bucket size to set (Megatron-Core's --ddp-bucket-size)");
     case K::trainer_no_dp_grad_bytes:
       return trainer_words(v[0], std::string("does not reduce gradients in ") + (v[1] == 2 ? "16 bits" : "fp32"));
     case K::trainer_no_precision_aware:

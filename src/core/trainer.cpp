@@ -111,7 +111,7 @@ std::vector<int> read_grad_bytes(JsonReader& r) {
   return out;
 }
 
-constexpr std::array<Field, 28> kCanRun{{
+constexpr std::array<Field, 29> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
@@ -133,6 +133,7 @@ constexpr std::array<Field, 28> kCanRun{{
     {"overlap_param_gather", [](JsonReader& r, TrainerPreset& t) { t.overlap_param_gather = r.boolean("value"); }},
     {"overlap_param_gather_with_optimizer_step",
      [](JsonReader& r, TrainerPreset& t) { t.overlap_param_gather_with_optimizer_step = r.boolean("value"); }},
+    {"ddp_bucket_size", [](JsonReader& r, TrainerPreset& t) { t.ddp_bucket_size = r.boolean("value"); }},
     {"activation_offloading", [](JsonReader& r, TrainerPreset& t) { t.activation_offloading = r.boolean("value"); }},
     {"precision_aware_optimizer",
      [](JsonReader& r, TrainerPreset& t) { t.precision_aware_optimizer = r.boolean("value"); }},

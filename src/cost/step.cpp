@@ -15,8 +15,9 @@ namespace cuboid {
 
 namespace {
 
-// Megatron-Core's default DDP bucket: max(40M, 1M x DP) parameters
-// (DistributedDataParallelConfig.bucket_size), first pipeline stage only.
+// Megatron-Core's default DDP bucket: max(40M, 1M x DP x CP) parameters
+// (Megatron-LM d98e8a64 training.py resolve_ddp_bucket_size), first pipeline
+// stage's first chunk only (TrainerSettings::ddp_bucket_params sets another).
 constexpr double kBucketParams = 40e6;
 constexpr double kBucketParamsPerDpRank = 1e6;
 
@@ -79,8 +80,10 @@ StepWhen StepDescription::grad_when() const {
 }
 
 double StepDescription::bucket_params(int stage, int chunk) const {
-  if (stage == 0 && chunk == 0 && !plan_.trainer.overlap_param_gather_with_optimizer_step)
+  if (stage == 0 && chunk == 0 && !plan_.trainer.overlap_param_gather_with_optimizer_step) {
+    if (plan_.trainer.ddp_bucket_params > 0) return static_cast<double>(plan_.trainer.ddp_bucket_params);
     return std::max(kBucketParams, kBucketParamsPerDpRank * dp_);
+  }
   return std::numeric_limits<double>::infinity();
 }
 

@@ -484,6 +484,7 @@ int run_started(const PlanFile& pf, const RunOptions& o, const ModelSpec& model,
 
   StepOptions step_options;
   step_options.dropout = o.dropout;
+  if (plan.trainer.ddp_bucket_params > 0) step_options.dp_bucket_elements = plan.trainer.ddp_bucket_params;
   StepRunner runner(*backend, groups, model, plan, timer, step_options);
   const std::vector<double> losses = run_steps(runner, timer, o, fault, rank);
   if (o.check && !check_after_steps(runner, *world.exchange, *backend, o, rank, check_json)) return 1;

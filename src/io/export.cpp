@@ -70,6 +70,15 @@ void refuse_fp8_attention(const PlanFile& pf, std::string_view trainer, std::str
          "export with --to megatron-bridge, or plan without --fp8-attention");
 }
 
+void refuse_ddp_bucket_size(const PlanFile& pf, std::string_view trainer, std::string_view why) {
+  if (pf.plan.trainer.ddp_bucket_params <= 0) return;
+  refuse(pf, "parallel.trainer.ddp_bucket_size",
+         fmt::format("{} has no setting for Megatron-Core's DDP bucket size ({}), and the plan was priced with "
+                     "buckets of {} parameters",
+                     trainer, why, pf.plan.trainer.ddp_bucket_params),
+         "export with --to megatron or --to megatron-bridge, or plan without --ddp-bucket-size");
+}
+
 void refuse_recompute_layers(const PlanFile& pf, std::string_view why) {
   const ParallelPlan& p = pf.plan;
   if (!p.recompute_layers_set()) return;
@@ -112,6 +121,7 @@ void refuse_megatron_overlaps(const PlanFile& pf, std::string_view trainer, bool
                        "the next forward, and the plan was priced with that gather overlapped",
                        trainer),
            "export with --to megatron, megatron-bridge or nemo, or plan with --overlap-param-gather off");
+  refuse_ddp_bucket_size(pf, trainer, "it has no Megatron-Core DDP");
 }
 
 McoreQuantization mcore_quantization(Precision p) {

@@ -38,6 +38,8 @@ void refuse_precision_aware_optimizer(const PlanFile& pf, std::string_view train
 // Refuses FP8 attention (Megatron-Core's fp8_dot_product_attention), which
 // `trainer`'s settings cannot turn on (`why`).
 void refuse_fp8_attention(const PlanFile& pf, std::string_view trainer, std::string_view why);
+// A plan that gives its own DDP bucket size (--ddp-bucket-size), to a target without one.
+void refuse_ddp_bucket_size(const PlanFile& pf, std::string_view trainer, std::string_view why);
 
 bool default_rank_order(const ParallelPlan& p);
 // Index of `d` in the rank order, 0 = innermost.

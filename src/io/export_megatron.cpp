@@ -92,6 +92,8 @@ Args parallelism_args(const PlanFile& pf, bool tp_pp_dp, bool fsdp) {
     a.push_back("--overlap-param-gather-with-optimizer-step");
     a.push_back("--ckpt-format torch");
   }
+  // The first chunk's bucket as priced (training.py resolve_ddp_bucket_size).
+  if (p.trainer.ddp_bucket_params > 0) a.push_back(fmt::format("--ddp-bucket-size {}", p.trainer.ddp_bucket_params));
   if (p.dp_cp() > 1 && p.trainer.dp_grad_bytes == 2) a.push_back("--grad-reduce-in-bf16");
   // The optimizer's states as priced: Transformer Engine's FusedAdam and
   // Adam's moments' dtypes (arguments.py _add_experimental_args).

@@ -304,6 +304,9 @@ std::string config_lines(const ParallelPlan& p, const Layout& l) {
   // config's default is off; Bridge's CommOverlapConfig would set it).
   if (p.aligns_param_gather()) set("ddp.align_param_gather", "True");
   set("ddp.grad_reduce_in_fp32", py(p.trainer.dp_grad_bytes == 4));
+  // The first chunk's bucket as priced (the recipe leaves comm_overlap None,
+  // whose optimizer overlap would set 128M parameters with DP > 1).
+  if (p.trainer.ddp_bucket_params > 0) set("ddp.bucket_size", std::to_string(p.trainer.ddp_bucket_params));
   if (l.fsdp) set("checkpoint.ckpt_format", "\"fsdp_dtensor\"");
   set("train.micro_batch_size", std::to_string(p.micro_batch));
   set("train.global_batch_size", std::to_string(p.global_batch));

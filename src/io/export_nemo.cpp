@@ -54,6 +54,7 @@ bool refuse_unsupported(const PlanFile& pf) {
   refuse_precision_aware_optimizer(pf, "cuboid's NeMo 1.x export",
                                    "its pinned option list has no use_precision_aware_optimizer or exp_avg_dtype keys");
   refuse_fp8_attention(pf, "cuboid's NeMo 1.x export", "its pinned option list has no fp8_dot_product_attention key");
+  refuse_ddp_bucket_size(pf, "cuboid's NeMo 1.x export", "its pinned option list has no optim.ddp_bucket_size key");
   // megatron_gpt_config.yaml@8cfedd72 has FP8 keys for delayed scaling only
   // (fp8, fp8_e4m3 / fp8_hybrid, fp8_margin, fp8_amax_history_len,
   // fp8_amax_compute_algo, fp8_params); no key selects another recipe.

@@ -28,6 +28,10 @@ std::int64_t to_int(const std::string& value, std::string_view what) {
 
 std::string probability(double p) { return fmt::format("{}", p); }
 
+std::string ddp_bucket(std::int64_t params) {
+  return params > 0 ? std::to_string(params) : std::string("max(40M, 1M x DP x CP)");
+}
+
 std::string full_recompute(std::string method, std::string num_layers) {
   method = unquote_value(method);
   if (method.empty() || method == "None" || method == "null") method = "none";
@@ -121,6 +125,7 @@ std::vector<ResolvedSetting> priced_settings(const PlanFile& pf) {
       {"overlap_param_gather_with_optimizer_step", yes(p.trainer.overlap_param_gather_with_optimizer_step),
        "trainer.overlap_param_gather_with_optimizer_step"},
       {"align_param_gather", yes(p.trainer.align_param_gather), "trainer.align_param_gather"},
+      {"ddp_bucket_size", resolve::ddp_bucket(p.trainer.ddp_bucket_params), "trainer.ddp_bucket_size"},
       {"dp_grad_bytes", str(p.trainer.dp_grad_bytes), "trainer.dp_grad_bytes"},
       {"fsdp_grad_bytes", str(p.grad_element_bytes()), "trainer.fsdp_grad_bytes (Megatron-FSDP's gradients)"},
       {"grad_accum_fusion", yes(p.grad_accum_fusion), why},
@@ -168,8 +173,11 @@ std::vector<RunMismatch> compare_with_plan(const ResolvedRun& run, const PlanFil
     const std::string& n = s.name;
     // One data-parallel rank: nothing is reduced or sharded.
     if (p.dp_cp() == 1 && (n == "zero_stage" || n == "dp_overlap" || n == "dp_grad_bytes" || n == "fsdp_grad_bytes" ||
-                           n == "zero1_grad_all_reduce" || n == "overlap_param_gather_with_optimizer_step"))
+                           n == "zero1_grad_all_reduce" || n == "overlap_param_gather_with_optimizer_step" ||
+                           n == "ddp_bucket_size"))
       continue;
+    // Without the overlapped reduction every chunk is one bucket.
+    if (n == "ddp_bucket_size" && (!p.trainer.dp_overlap || p.zero_stage >= 3)) continue;
     if (n == "zero1_grad_all_reduce" && p.zero_stage != 1) continue;
     if ((n == "ep" || n == "etp" || n == "moe_dispatcher" || n == "moe_ep_overlap") && !pf.model.moe.enabled()) continue;
     if ((n == "moe_flex_backend" || n == "moe_rank_capacity_factor" || n == "moe_paged_stash") &&

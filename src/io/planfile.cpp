@@ -77,6 +77,8 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
       j["trainer"]["align_param_gather"] = p.trainer.align_param_gather;
     if (p.trainer.fsdp_grad_bytes != d.fsdp_grad_bytes) j["trainer"]["fsdp_grad_bytes"] = p.trainer.fsdp_grad_bytes;
   }
+  // Written when set: absent is the trainer's rule.
+  if (p.trainer.ddp_bucket_params > 0) j["trainer"]["ddp_bucket_size"] = p.trainer.ddp_bucket_params;
   // Written when on (torchtitan's pipeline with FSDP): other plans' files stay as they were.
   if (p.trainer.pp_fsdp_no_sync) j["trainer"]["pp_fsdp_no_sync"] = true;
   // Written with CP only: a file without it reads as the default ring.
@@ -198,6 +200,7 @@ std::string plan_key(PlanField field) {
     case PlanField::overlap_param_gather: return "parallel.trainer.overlap_param_gather";
     case PlanField::overlap_param_gather_with_optimizer_step:
       return "parallel.trainer.overlap_param_gather_with_optimizer_step";
+    case PlanField::ddp_bucket_size: return "parallel.trainer.ddp_bucket_size";
     case PlanField::moe_ep_overlap: return "parallel.moe_ep_overlap";
     case PlanField::offload_layers: return "parallel.offload_activations";
     case PlanField::offload_modules: return "parallel.offload_modules";
@@ -288,6 +291,7 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_no_overlap_param_gather: return "set trainer.overlap_param_gather false, or " + other_trainer;
     case PlanCheck::trainer_no_param_gather_in_step:
       return "set trainer.overlap_param_gather_with_optimizer_step false, or " + other_trainer;
+    case PlanCheck::trainer_no_ddp_bucket_size: return "drop trainer.ddp_bucket_size, or " + other_trainer;
     case PlanCheck::trainer_no_dp_grad_bytes:
       return "set trainer.dp_grad_bytes to the preset's (" +
              std::to_string(find_trainer(p.trainer.preset)->settings.dp_grad_bytes) + "), or " + other_trainer;
@@ -450,6 +454,7 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
     p.trainer.overlap_param_gather_with_optimizer_step = t.optional_boolean("overlap_param_gather_with_optimizer_step")
                                                              .value_or(preset.overlap_param_gather_with_optimizer_step);
     p.trainer.align_param_gather = t.optional_boolean("align_param_gather").value_or(preset.align_param_gather);
+    p.trainer.ddp_bucket_params = t.optional_count<std::int64_t>("ddp_bucket_size").value_or(0);
     p.trainer.fsdp_grad_bytes = preset.fsdp_grad_bytes;
     if (t.has("fsdp_grad_bytes")) {
       p.trainer.fsdp_grad_bytes = t.count<int>("fsdp_grad_bytes", 0, 4);

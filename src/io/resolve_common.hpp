@@ -44,6 +44,9 @@ std::string probability(double p);
 // "full:METHOD:N" (the method and layer count as the export gives them,
 // "none" where it gives none).
 std::string full_recompute(std::string method, std::string num_layers);
+// The DDP bucket as priced_settings spells it: the parameters given, or
+// Megatron-Core's rule where none is (0).
+std::string ddp_bucket(std::int64_t params);
 // A value without its surrounding double quotes.
 std::string unquote_value(const std::string& value);
 // True for Python's True and YAML's / JSON's true.

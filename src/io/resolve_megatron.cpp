@@ -52,6 +52,7 @@ struct Mcore {
   Ruled<bool> param_in_step;
   bool torch_ckpt = false;
   Ruled<bool> align_param;  // DistributedDataParallelConfig.align_param_gather
+  Ruled<std::int64_t> ddp_bucket;  // DistributedDataParallelConfig.bucket_size (0: None, Megatron-Core's rule)
 };
 
 // Bytes per element of an optimizer state's dtype as Megatron-LM's flags or
@@ -192,6 +193,7 @@ ResolvedRun derive(Builder& b, const Mcore& m) {
   }
   b.set("overlap_param_gather_with_optimizer_step", m.param_in_step.value, m.param_in_step.source);
   b.set("align_param_gather", m.align_param.value, m.align_param.source);
+  b.set("ddp_bucket_size", resolve::ddp_bucket(m.ddp_bucket.value), m.ddp_bucket.source);
   b.set("dp_grad_bytes", static_cast<std::int64_t>(m.grad_fp32.value ? 4 : 2), m.grad_fp32.source);
   if (m.fsdp.value) b.set("fsdp_grad_bytes", fsdp_grad_bytes(m.fsdp_grads.value), m.fsdp_grads.source);
   b.set("grad_accum_fusion", m.fusion.value, m.fusion.source);
@@ -310,6 +312,9 @@ ResolvedRun megatron_lm(const ExportResult& e) {
                      args("3150", "--overlap-param-gather-with-optimizer-step, default off")};
   m.torch_ckpt = option_or(a, "--ckpt-format", "torch_dist") == "torch";
   m.align_param = {!has("--no-align-param-gather"), args("3152", "--no-align-param-gather (store_false: aligned by default)")};
+  m.ddp_bucket = {num("--ddp-bucket-size", 0),
+                  args("3125", "--ddp-bucket-size, default None: training.py resolve_ddp_bucket_size's "
+                               "max(40000000, 1000000 x DP x CP)")};
   m.bf16 = {has("--bf16") || has("--fp16"), args("1194", "params_dtype fp32 unless --bf16 or --fp16")};
   m.grad_fp32 = {!has("--grad-reduce-in-bf16"),
                  args("1213", "with --bf16 the gradients accumulate and reduce in fp32 unless --grad-reduce-in-bf16")};
@@ -422,6 +427,12 @@ ResolvedRun megatron_bridge(const ExportResult& e) {
                                      mc("optimizer/optimizer_config.py:330", "overlap_param_gather, default False"));
   m.align_param = flag("ddp.align_param_gather", false,
                        mc("distributed/distributed_data_parallel_config.py:24", "align_param_gather, default False"));
+  const std::string bucket = option_or(o, "ddp.bucket_size", "None");
+  m.ddp_bucket = {bucket == "None" ? 0 : to_int(bucket, "ddp.bucket_size"),
+                  bucket == "None" ? mc("distributed/distributed_data_parallel_config.py:48",
+                                        "bucket_size, default None: distributed_data_parallel.py:68-69's max(40000000, "
+                                        "1000000 x DP x CP); the script leaves comm_overlap None")
+                                   : std::string("the script's cfg.ddp.bucket_size")};
   m.param_in_step = flag("optimizer.overlap_param_gather_with_optimizer_step", false,
                          mc("optimizer/optimizer_config.py:337", "overlap_param_gather_with_optimizer_step, default False"));
   m.overlap_param = {ddp_param.value || opt_param.value,

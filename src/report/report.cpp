@@ -130,6 +130,7 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   if (p.trainer.overlap_param_gather) j["overlap_param_gather"] = true;
   if (p.trainer.overlap_param_gather_with_optimizer_step) j["overlap_param_gather_with_optimizer_step"] = true;
   if (p.aligns_param_gather()) j["align_param_gather"] = true;
+  if (p.trainer.ddp_bucket_params > 0) j["ddp_bucket_size"] = p.trainer.ddp_bucket_params;
   if (p.precision_aware_optimizer) j["precision_aware_optimizer"] = true;
   if (p.adam_moment_bytes != 4) j["adam_moment_bytes"] = p.adam_moment_bytes;
   if (p.fp8_attention) j["fp8_attention"] = true;
@@ -338,7 +339,8 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                                                     : "",
                        p.adam_moment_bytes == 2 ? "bf16" : "fp32");
   // Only when on: other plans print as they did.
-  if (p.trainer.cuda_graphs.on() || p.trainer.tp_comm_overlap || p.trainer.overlap_param_gather) {
+  if (p.trainer.cuda_graphs.on() || p.trainer.tp_comm_overlap || p.trainer.overlap_param_gather ||
+      p.trainer.ddp_bucket_params > 0) {
     std::string on;
     if (p.trainer.cuda_graphs.on()) on = "CUDA graphs " + p.trainer.cuda_graphs.str();
     if (p.trainer.tp_comm_overlap) on += (on.empty() ? "" : ", ") + std::string("TP comm overlapped with the GEMMs (userbuffers)");
@@ -348,6 +350,9 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                         p.trainer.overlap_param_gather_with_optimizer_step
                             ? " (the first chunk's with the optimizer step)"
                             : "");
+    if (p.trainer.ddp_bucket_params > 0)
+      on += fmt::format("{}DDP buckets of {:.4g} M parameters", on.empty() ? "" : ", ",
+                        static_cast<double>(p.trainer.ddp_bucket_params) / 1e6);
     out += fmt::format("      {}\n", on);
   }
   if (p.zero_stage == 3 && p.dp > 1) {

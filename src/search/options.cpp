@@ -83,6 +83,7 @@ TrainerSettings trainer_settings(const PlannerOptions& o) {
   if (o.overlap_param_gather_with_optimizer_step)
     s.overlap_param_gather_with_optimizer_step = *o.overlap_param_gather_with_optimizer_step;
   if (o.align_param_gather) s.align_param_gather = *o.align_param_gather;
+  if (o.ddp_bucket_params) s.ddp_bucket_params = *o.ddp_bucket_params;
   return s;
 }
 

@@ -84,6 +84,11 @@ def moe_args(r):
         # The first chunk's gather under the optimizer step (15 of 89, all with virtual stages).
         if r["overlap_param_gather_with_optimizer_step"] == "1":
             a += ["--overlap-param-gather-with-optimizer-step", "on"]
+    # CommOverlapConfig's DDP bucket with DP > 1 (training/comm_overlap.py
+    # _get_optimizer_overlap_cfgs: 128 x 1024 x 1024 parameters; the recipes
+    # that leave comm_overlap None, tp_comm_overlap empty, keep Megatron-Core's).
+    if not fsdp and r["distributed_optimizer"] == "1" and r["tp_comm_overlap"] != "" and int(r["dp"]) > 1:
+        a += ["--ddp-bucket-size", "134217728"]
     a += ["--precision", r["precision"]]
     if r["precision"] != "bf16" and r["fp8_param_gather"] == "1":
         a += ["--fp8-param-gather"]

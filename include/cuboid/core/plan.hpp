@@ -310,6 +310,11 @@ struct TrainerSettings {
   // the first two chunks' at its start, chunk c's (c >= 2) before the
   // forward that is, shifted by the stage's rank, chunk c - 1's first.
   bool align_param_gather = false;
+  // The DDP gradient bucket of the first stage's first model chunk, in
+  // parameters (Megatron-Core's DistributedDataParallelConfig.bucket_size,
+  // --ddp-bucket-size); 0: Megatron-Core's rule, max(40M, 1M x DP x CP)
+  // (Megatron-LM d98e8a64 training.py resolve_ddp_bucket_size).
+  std::int64_t ddp_bucket_params = 0;
   friend bool operator==(const TrainerSettings&, const TrainerSettings&) = default;
 };
 

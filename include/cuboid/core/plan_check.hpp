@@ -46,6 +46,7 @@ enum class PlanField {
   adam_moment_bytes,          // and its --exp-avg-dtype / --exp-avg-sq-dtype
   fp8_attention,              // Megatron-Core's --fp8-dot-product-attention
   overlap_param_gather_with_optimizer_step,  // and --overlap-param-gather-with-optimizer-step
+  ddp_bucket_size,                           // and --ddp-bucket-size (TrainerSettings::ddp_bucket_params)
 };
 
 // Why a plan cannot overlap its EP exchanges (PlanCheck::ep_overlap_refused).
@@ -180,6 +181,7 @@ enum class PlanCheck : std::uint8_t {
   param_overlap_needs_grad_overlap,  // -
   trainer_no_param_gather_in_step,   // the preset
   param_gather_in_step_needs,        // what it lacks: 0 --overlap-param-gather, 1 virtual stages
+  trainer_no_ddp_bucket_size,        // the preset
   trainer_no_ep_overlap,         // the preset
   ep_overlap_refused,            // why (EpOverlapRefusal), the model's MTP layers
   cuda_graph_module_refused,     // why (CudaGraphRefusal)

@@ -49,6 +49,7 @@ struct TrainerPreset {
   bool tp_comm_overlap = true;       // Transformer Engine's userbuffers TP overlap (--tp-comm-overlap)
   bool overlap_param_gather = true;  // the distributed optimizer's gather in the next forward (--overlap-param-gather)
   bool overlap_param_gather_with_optimizer_step = false;  // the first chunk's gather under the optimizer step
+  bool ddp_bucket_size = false;  // a DDP bucket size of the plan's own (--ddp-bucket-size)
   bool activation_offloading = false;  // decoder layers' activations to host memory (--offload-activations)
   bool precision_aware_optimizer = false;  // Transformer Engine's FusedAdam holding the optimizer's states (--precision-aware-optimizer)
   bool fp8_attention = false;  // the attention core in cuDNN's FP8 kernels (--fp8-attention)

@@ -83,6 +83,7 @@ struct PlannerOptions {
   std::optional<bool> overlap_param_gather;  // default: the trainer's
   std::optional<bool> overlap_param_gather_with_optimizer_step;  // default: the trainer's
   std::optional<bool> align_param_gather;                        // default: the trainer's
+  std::optional<std::int64_t> ddp_bucket_params;                 // default: the trainer's rule (0)
   std::optional<std::int64_t> global_batch;  // default: default_global_batch()
   std::optional<std::int64_t> seq_length;    // default: the model's
   std::optional<RankOrder> order;   // default: Megatron's tp-dp-pp (or searched with search_rank_order)
