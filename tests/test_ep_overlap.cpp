@@ -79,6 +79,40 @@ TEST_CASE("a layer pair on two streams, worked by hand") {
   CHECK(u.saved_ns() == 170);
 }
 
+TEST_CASE("the weight gradients delayed: the dispatch's gradient runs under the experts' weight gradient") {
+  // The forward as above. The backward: combine's gradient 50, the experts'
+  // data gradient 200 and weight gradient 200, the dispatch's gradient 300,
+  // the attention's data gradient 100 and weight gradient 100.
+  EpPassTimes f, b;
+  f.seg = {seg(100), seg(200), seg(0)};
+  f.ex = {50, 50};
+  b.seg = {seg(0), seg(200), seg(100), seg(200), seg(100)};  // seg0, seg1, seg2, seg1w, seg2w
+  b.ex = {50, 300};
+  CHECK(ep_seg_index(EpNode::seg1w) == 3);
+  CHECK(ep_seg_index(EpNode::seg2w) == 4);
+  CHECK(ep_waits_for(EpNode::ex1) == EpNode::seg1);
+  CHECK(ep_waits_for(EpNode::seg2w) == EpNode::seg2);
+  // Delayed: comp f.seg0 0-100, b.seg1 100-300, b.seg1w 300-500, f.seg1
+  // 500-700, b.seg2 700-800 (b.ex1 300-600, issued after the experts' data
+  // gradient), b.seg2w 800-900, f.seg2 at 900 (f.ex1 700-750).
+  const EpPairTime d = ep_pair_time(f, b, true);
+  CHECK(d.serial_ns == 1350);  // 400 + 950
+  CHECK(d.paired_ns == 900);
+  CHECK(d.exposed_ns == 0);
+  CHECK(d.hidden_ns() == 450);
+  // Not delayed (each weight gradient inside its backward: b.seg1 400,
+  // b.seg2 200): b.ex1 waits for all of b.seg1, 500-800; f.seg1 500-700;
+  // b.seg2 waits 700-800, then 800-1000: 100 ns of the dispatch's gradient
+  // exposed.
+  EpPassTimes merged = b;
+  merged.seg = {seg(0), seg(400), seg(200)};
+  const EpPairTime u = ep_pair_time(f, merged, false);
+  CHECK(u.serial_ns == 1350);
+  CHECK(u.paired_ns == 1000);
+  CHECK(u.exposed_ns == 100);
+  CHECK(u.hidden_ns() == 350);
+}
+
 TEST_CASE("the exchange's SMs slow the compute under it") {
   // The forward's attention, 100 ns alone, takes 200 ns while an exchange
   // holds its SMs; the backward's combine gradient (60 ns) runs beside it:
@@ -194,13 +228,16 @@ TEST_CASE("the combined schedule holds one layer more than the plain one") {
   CHECK(memory_per_gpu(m, one, a100()).activation_bytes == memory_per_gpu(m, one_off, a100()).activation_bytes);
 }
 
-TEST_CASE("estimate and simulation agree on what the overlap saves") {
+TEST_CASE("estimate and simulation agree on what the overlap saves, the weight gradients delayed or not") {
   const ModelSpec m = balanced_mixtral();
   const Topology topo(dgx_a100(2));
+  for (const bool delayed : {true, false})
   for (MoeDispatcher d : {MoeDispatcher::alltoall, MoeDispatcher::flex}) {
     CAPTURE(to_string(d));
+    CAPTURE(delayed);
     ParallelPlan off = overlap_plan(false), on = overlap_plan(true);
     off.moe_dispatcher = on.moe_dispatcher = d;
+    on.moe_delay_wgrad = delayed;
     const Estimate e_off = estimate(m, topo, off), e_on = estimate(m, topo, on);
     CHECK(e_off.breakdown.ep_hidden_s == 0);
     CHECK(e_on.breakdown.ep_hidden_s > 0);

@@ -321,13 +321,44 @@ TEST_CASE("the EP overlap with PP > 1: exported with the virtual stages it needs
   }
   CHECK(export_plan(pf, "megatron").text.find("--overlap-moe-expert-parallel-comm\n") != std::string::npos);
   CHECK(export_plan(pf, "megatron-bridge").text.find("overlap_moe_expert_parallel_comm=True,") != std::string::npos);
-  // Without the flag the run has no overlap; without the virtual stages Megatron-Core asserts.
-  CHECK(after_edit(pf, "megatron", "    --overlap-moe-expert-parallel-comm\n", "")
-            .find("moe_ep_overlap: priced true, runs false") == 0);
+  // Without the flag the run has no overlap (and Megatron-Core asserts it
+  // under the delayed weight gradients); without the virtual stages it asserts.
+  const std::string no_overlap = after_edit(pf, "megatron", "    --overlap-moe-expert-parallel-comm\n", "");
+  CHECK(no_overlap.find("moe_ep_overlap: priced true, runs false") != std::string::npos);
+  CHECK(no_overlap.find("start-up fails: megatron/core/transformer/transformer_config.py:3074@d98e8a64: "
+                        "delay_wgrad_compute asserts overlap_moe_expert_parallel_comm") != std::string::npos);
   const std::string no_vpp = after_edit(pf, "megatron", "    --num-layers-per-virtual-pipeline-stage 8\n", "");
   CHECK(no_vpp.find("start-up fails: megatron/core/transformer/transformer_config.py:3008@d98e8a64: "
                     "overlap_moe_expert_parallel_comm with PP > 1 asserts virtual_pipeline_model_parallel_size is "
                     "set") != std::string::npos);
+}
+
+TEST_CASE("the EP overlap's delayed weight gradients run as priced, on or off") {
+  PlanFile pf = fixture_file("mixtral-ep8");
+  pf.plan.schedule = Schedule::interleaved;
+  pf.plan.virtual_stages = 2;
+  pf.plan.moe_ep_overlap = true;
+  for (const bool delayed : {true, false}) {
+    pf.plan.moe_delay_wgrad = delayed;
+    for (const char* target : {"megatron", "megatron-bridge"}) {
+      CAPTURE(target);
+      CAPTURE(delayed);
+      CHECK(mismatches(pf, target) == "");
+      CHECK(setting(resolve_export(target, export_plan(pf, target)), "moe_delay_wgrad").value ==
+            (delayed ? "true" : "false"));
+    }
+  }
+  CHECK(export_plan(pf, "megatron").text.find("delay-wgrad-compute") == std::string::npos);
+  CHECK(export_plan(pf, "megatron-bridge").text.find("delay_wgrad_compute") == std::string::npos);
+  pf.plan.moe_delay_wgrad = true;
+  CHECK(after_edit(pf, "megatron", "    --delay-wgrad-compute\n", "")
+            .find("moe_delay_wgrad: priced true, runs false") == 0);
+  CHECK(after_edit(pf, "megatron-bridge", "        delay_wgrad_compute=True,\n", "")
+            .find("moe_delay_wgrad: priced true, runs false") == 0);
+  // Not compared without the overlap.
+  pf.plan.moe_ep_overlap = false;
+  pf.plan.moe_delay_wgrad = false;
+  CHECK(mismatches(pf, "megatron") == "");
 }
 
 TEST_CASE("partial full recomputation runs as priced on Megatron-LM, Megatron-Bridge and NeMo 1.x") {

@@ -545,3 +545,22 @@ TEST_CASE("--ddp-bucket-size: the first stage's first chunk reduces in buckets o
   CHECK(plan_file_from_json(j, "t.plan.json").plan.trainer == given.trainer);
   CHECK_FALSE(plan_to_json(m, cluster, estimate(m, topo, rule))["parallel"]["trainer"].contains("ddp_bucket_size"));
 }
+
+TEST_CASE("the plan file carries the EP overlap's weight gradients where they are not delayed") {
+  const ModelSpec m = test::small_mixtral_model();
+  const Cluster cluster = test::dgx_a100(2);
+  const Topology topo(cluster);
+  ParallelPlan p = test::ep4_plan();  // TP 2 x PP 1 x DP 8, EP 8: the combined 1F1B of test_ep_overlap
+  p.pp = 1;
+  p.dp = 8;
+  p.ep = 8;
+  p.moe_ep_overlap = true;
+  REQUIRE_FALSE(check_plan(p, m, cluster));
+  CHECK(p.moe_delay_wgrad);  // the export's --delay-wgrad-compute
+  CHECK_FALSE(plan_to_json(m, cluster, estimate(m, topo, p))["parallel"].contains("moe_delay_wgrad"));
+  CHECK(plan_file_from_json(plan_to_json(m, cluster, estimate(m, topo, p)), "t.plan.json").plan.moe_delay_wgrad);
+  p.moe_delay_wgrad = false;
+  const nlohmann::json j = plan_to_json(m, cluster, estimate(m, topo, p));
+  CHECK(j["parallel"]["moe_delay_wgrad"] == false);
+  CHECK_FALSE(plan_file_from_json(j, "t.plan.json").plan.moe_delay_wgrad);
+}

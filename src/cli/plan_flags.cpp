@@ -86,6 +86,9 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
                   "overlap each EP all-to-all with another micro-batch's compute in Megatron-Core's combined 1F1B "
                   "schedule (--overlap-moe-expert-parallel-comm --delay-wgrad-compute; EP > 1, alltoall or flex, PP "
                   "1 or interleaved): on|off (default: the trainer's, off for megatron-core)");
+  cmd->add_option("--moe-delay-wgrad", f.moe_delay_wgrad,
+                  "with --moe-ep-overlap on: each module's weight gradient delayed to a node of its own, the "
+                  "dispatch's gradient under the experts' (Megatron-Core --delay-wgrad-compute): on|off (default on)");
   cmd->add_option("--etp", f.etp,
                   "expert tensor-parallel size: each expert's FFN split over ETP ranks, 1 or TP (Megatron's "
                   "--expert-tensor-parallel-size; default TP" +
@@ -337,6 +340,7 @@ PlannerOptions planner_options(const PlanFlags& f) {
   o.etp = f.etp;
   if (f.moe_dispatcher) o.moe_dispatcher = parse_moe_dispatcher(*f.moe_dispatcher, cl, "--moe-dispatcher");
   if (f.moe_ep_overlap) o.moe_ep_overlap = parse_on_off(*f.moe_ep_overlap, "--moe-ep-overlap");
+  if (f.moe_delay_wgrad) o.moe_delay_wgrad = parse_on_off(*f.moe_delay_wgrad, "--moe-delay-wgrad");
   if (f.moe_flex_backend) o.moe_flex_backend = parse_flex_backend(*f.moe_flex_backend, cl, "--moe-flex-backend");
   if (f.moe_flex_sms) {
     if (*f.moe_flex_sms < 1)
@@ -479,7 +483,7 @@ Loaded load(const PlanFlags& f) {
   if (f.plan_path) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
-    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_flex_backend || f.moe_flex_sms || f.moe_rank_capacity_factor || f.moe_paged_stash || f.moe_paged_stash_buffer_factor || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.offload_modules || f.sequence_parallel ||
+    const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_delay_wgrad || f.moe_flex_backend || f.moe_flex_sms || f.moe_rank_capacity_factor || f.moe_paged_stash || f.moe_paged_stash_buffer_factor || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.offload_modules || f.sequence_parallel ||
                       f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.fp8_attention || f.precision_aware_optimizer || f.adam_moments || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.fsdp_grad_dtype || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
                       f.overlap_param_gather_with_optimizer_step || f.align_param_gather || f.ddp_bucket_size ||
@@ -643,6 +647,7 @@ constexpr KeyFlag kKeyFlags[] = {
     {"parallel.etp", "--etp", [](const PlannerOptions& o) { return shown(o.etp); }},
     {"parallel.moe_dispatcher", "--moe-dispatcher", [](const PlannerOptions& o) { return shown(o.moe_dispatcher); }},
     {"parallel.moe_ep_overlap", "--moe-ep-overlap", [](const PlannerOptions& o) { return shown(o.moe_ep_overlap); }},
+    {"parallel.moe_delay_wgrad", "--moe-delay-wgrad", [](const PlannerOptions& o) { return shown(o.moe_delay_wgrad); }},
     {"parallel.moe_flex_backend", "--moe-flex-backend", [](const PlannerOptions& o) { return shown(o.moe_flex_backend); }},
     {"parallel.moe_flex_sms", "--moe-flex-sms", [](const PlannerOptions& o) { return shown(o.moe_flex_sms); }},
     {"parallel.moe_rank_capacity_factor", "--moe-rank-capacity-factor",

@@ -33,6 +33,7 @@ struct PlanFlags {
   std::optional<int> ep, etp;                    // --ep, --etp (MoE models)
   std::optional<std::string> moe_dispatcher;     // --moe-dispatcher alltoall|allgather|flex
   std::optional<std::string> moe_ep_overlap;     // --moe-ep-overlap on|off
+  std::optional<std::string> moe_delay_wgrad;    // --moe-delay-wgrad on|off
   std::optional<std::string> moe_flex_backend;   // --moe-flex-backend deepep|hybridep
   std::optional<int> moe_flex_sms;               // --moe-flex-sms N
   std::optional<double> moe_rank_capacity_factor;       // --moe-rank-capacity-factor X (HybridEP)

@@ -15,6 +15,29 @@ EpNode ep_node(const EpSplit& s, std::size_t i) {
   return EpNode::seg2;
 }
 
+EpNode ep_waits_for(EpNode n) {
+  switch (n) {
+    case EpNode::seg0: return EpNode::seg0;
+    case EpNode::ex0: return EpNode::seg0;
+    case EpNode::seg1: return EpNode::ex0;
+    case EpNode::seg1w: return EpNode::seg1;
+    case EpNode::ex1: return EpNode::seg1;
+    case EpNode::seg2: return EpNode::ex1;
+    case EpNode::seg2w: return EpNode::seg2;
+  }
+  return EpNode::seg0;
+}
+
+int ep_seg_index(EpNode n) {
+  switch (n) {
+    case EpNode::seg1: return 1;
+    case EpNode::seg2: return 2;
+    case EpNode::seg1w: return 3;
+    case EpNode::seg2w: return 4;
+    default: return 0;
+  }
+}
+
 double EpPassTimes::serial_ns() const {
   double t = ex[0] + ex[1];
   for (const EpSegment& s : seg) t += s.compute_ns + s.blocking_ns;
@@ -23,7 +46,6 @@ double EpPassTimes::serial_ns() const {
 
 namespace {
 
-int seg_index(EpNode n) { return n == EpNode::seg0 ? 0 : n == EpNode::seg1 ? 1 : 2; }
 int ex_index(EpNode n) { return n == EpNode::ex0 ? 0 : 1; }
 
 // Two FIFO streams, each node after the one before it in its own pass: the
@@ -31,8 +53,8 @@ int ex_index(EpNode n) { return n == EpNode::ex0 ? 0 : 1; }
 // the communication stream runs an exchange.
 class PairPlayer {
  public:
-  PairPlayer(const EpPassTimes& f, const EpPassTimes& b) : pass_{&f, &b} {
-    for (const EpPairStep& s : kEpPairOrder) {
+  PairPlayer(const EpPassTimes& f, const EpPassTimes& b, bool delayed_wgrad) : pass_{&f, &b} {
+    for (const EpPairStep& s : ep_pair_order(delayed_wgrad)) {
       if (is_exchange(s.node))
         comm_[nm_++] = s;
       else
@@ -56,11 +78,12 @@ class PairPlayer {
 
  private:
   bool ready(const EpPairStep& s) const {
-    const int n = static_cast<int>(s.node);
-    return n == 0 || done_[s.backward ? 1 : 0][n - 1];
+    return s.node == EpNode::seg0 || done_[s.backward ? 1 : 0][static_cast<int>(ep_waits_for(s.node))];
   }
   void finish(const EpPairStep& s) { done_[s.backward ? 1 : 0][static_cast<int>(s.node)] = true; }
-  const EpSegment& seg(const EpPairStep& s) const { return pass_[s.backward ? 1 : 0]->seg[seg_index(s.node)]; }
+  const EpSegment& seg(const EpPairStep& s) const {
+    return pass_[s.backward ? 1 : 0]->seg[static_cast<std::size_t>(ep_seg_index(s.node))];
+  }
 
   // Starts each stream's next node if it may; false once both are done.
   bool start_ready() {
@@ -120,17 +143,19 @@ class PairPlayer {
   }
 
   std::array<const EpPassTimes*, 2> pass_;
-  std::array<EpPairStep, 6> comp_{};
+  std::array<EpPairStep, 8> comp_{};
   std::array<EpPairStep, 4> comm_{};
   std::size_t nc_ = 0, nm_ = 0, ci_ = 0, mi_ = 0;
-  bool done_[2][5]{};
+  bool done_[2][7]{};
   bool comp_on_ = false, comm_on_ = false;
   double t_ = 0, comm_end_ = 0, work_ = 0, blocking_ = 0, comp_busy_ = 0;
 };
 
 }  // namespace
 
-EpPairTime ep_pair_time(const EpPassTimes& f, const EpPassTimes& b) { return PairPlayer(f, b).play(); }
+EpPairTime ep_pair_time(const EpPassTimes& f, const EpPassTimes& b, bool delayed_wgrad) {
+  return PairPlayer(f, b, delayed_wgrad).play();
+}
 
 int ep_overlap_steps(int pp, int stage, int micro_batches, int virtual_stages) {
   if (pp <= 1) return ep_overlap_pairs(micro_batches);

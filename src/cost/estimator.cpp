@@ -68,6 +68,7 @@
 #include "cuboid/cost/operand_pool.hpp"
 #include "cuboid/core/dispatch.hpp"
 #include "cuboid/core/ep_overlap.hpp"
+#include "cuboid/core/op_names.hpp"
 #include "cuboid/cost/cost.hpp"
 #include "cuboid/cost/offload.hpp"
 #include "cuboid/cost/flops.hpp"
@@ -1117,11 +1118,13 @@ EpPassTimes ep_pass_times(const GpuProfile& gpu, const ParallelPlan& plan, const
                           const SmsTakenPricer& held, double pace, const std::vector<Op>& ops, bool forward) {
   const auto is_ep = [&](std::size_t i) { return ops[i].group == Group::ep && ops[i].kind == OpKind::collective; };
   const EpSplit split = ep_split(ops.size(), forward, is_ep);
+  const bool delayed = !forward && plan.moe_delay_wgrad;
   EpPassTimes t;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    const EpNode node = ep_node(split, i);
     const bool comm = op.kind == OpKind::collective || op.kind == OpKind::p2p;
+    const EpNode node =
+        delayed ? ep_delayed_node(ep_node(split, i), !comm && op.name.ends_with(op::wgrad_suffix)) : ep_node(split, i);
     double ns = 0;
     if (is_ep(i)) {
       ns = op.dispatcher == MoeDispatcher::alltoall ? comm_ns(op.collective, op.comm_bytes, plan.ep, *links.ep)
@@ -1137,7 +1140,7 @@ EpPassTimes ep_pass_times(const GpuProfile& gpu, const ParallelPlan& plan, const
       t.ex[node == EpNode::ex0 ? 0 : 1] += ns;
       continue;
     }
-    EpSegment& g = t.seg[node == EpNode::seg0 ? 0 : node == EpNode::seg1 ? 1 : 2];
+    EpSegment& g = t.seg[static_cast<std::size_t>(ep_seg_index(node))];
     if (comm) {
       g.blocking_ns += ns;
     } else {
@@ -1212,7 +1215,7 @@ double fold_ep_overlap(const ModelSpec& m, const GpuProfile& gpu, const Parallel
   for (std::size_t f = 0; f < 2; ++f)
     for (std::size_t b = 0; b < 2; ++b) {
       if (count[f][b] == 0) continue;
-      const EpPairTime t = ep_pair_time(fwd[f], bwd[b]);
+      const EpPairTime t = ep_pair_time(fwd[f], bwd[b], plan.moe_delay_wgrad);
       hidden += count[f][b] * t.hidden_ns();
       sm += count[f][b] * t.sm_cost_ns;
     }

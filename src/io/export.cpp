@@ -290,12 +290,13 @@ std::vector<McoreSetting> moe_kernel_settings(const ParallelPlan& plan) {
                        McoreSetting::Kind::number, fmt::format("{}", plan.moe_flex.stash_buffer_factor)});
     }
   }
-  // The EP overlap: the combined 1F1B schedule with the delayed weight
-  // gradients it is run with (model_parallel_config.py lines 343 and 348 at
-  // d98e8a64; cd4afffa, Megatron-Bridge v0.6.0's, has both too).
+  // The EP overlap: the combined 1F1B schedule, with the delayed weight
+  // gradients where priced with them (model_parallel_config.py lines 343 and
+  // 348 at d98e8a64; cd4afffa, Megatron-Bridge v0.6.0's, has both too).
   if (plan.moe_ep_overlap) {
     out.push_back({"--overlap-moe-expert-parallel-comm", "overlap_moe_expert_parallel_comm", McoreSetting::Kind::on, ""});
-    out.push_back({"--delay-wgrad-compute", "delay_wgrad_compute", McoreSetting::Kind::on, ""});
+    if (plan.moe_delay_wgrad)
+      out.push_back({"--delay-wgrad-compute", "delay_wgrad_compute", McoreSetting::Kind::on, ""});
   }
   return out;
 }

@@ -105,6 +105,7 @@ std::vector<ResolvedSetting> priced_settings(const PlanFile& pf) {
        p.moe_flex.rank_capacity_factor > 0 ? str(p.moe_flex.rank_capacity_factor) : std::string("None"), why},
       {"moe_paged_stash", yes(p.moe_flex.paged_stash), why},
       {"moe_ep_overlap", yes(p.moe_ep_overlap), why},
+      {"moe_delay_wgrad", yes(p.moe_delay_wgrad), why},
       {"micro_batch", str(p.micro_batch), why},
       {"global_batch", str(p.global_batch), why},
       {"num_micro_batches", str(p.num_micro_batches()), why},
@@ -180,6 +181,7 @@ std::vector<RunMismatch> compare_with_plan(const ResolvedRun& run, const PlanFil
     if (n == "ddp_bucket_size" && (!p.trainer.dp_overlap || p.zero_stage >= 3)) continue;
     if (n == "zero1_grad_all_reduce" && p.zero_stage != 1) continue;
     if ((n == "ep" || n == "etp" || n == "moe_dispatcher" || n == "moe_ep_overlap") && !pf.model.moe.enabled()) continue;
+    if (n == "moe_delay_wgrad" && !(pf.model.moe.enabled() && p.moe_ep_overlap)) continue;
     if ((n == "moe_flex_backend" || n == "moe_rank_capacity_factor" || n == "moe_paged_stash") &&
         p.moe_dispatcher != MoeDispatcher::flex)
       continue;

@@ -104,6 +104,8 @@ nlohmann::json parallel_to_json(const ParallelPlan& p) {
     j["moe_paged_stash_buffer_factor"] = p.moe_flex.stash_buffer_factor;
   // Written when on: a file without it reads as off, Megatron-Core's default.
   if (p.moe_ep_overlap) j["moe_ep_overlap"] = true;
+  // Written when off with the overlap: absent reads as on.
+  if (p.moe_ep_overlap && !p.moe_delay_wgrad) j["moe_delay_wgrad"] = false;
   return j;
 }
 
@@ -363,6 +365,7 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
     p.moe_flex.stash_buffer_factor = *f;
   }
   p.moe_ep_overlap = r.optional_boolean("moe_ep_overlap").value_or(false);
+  p.moe_delay_wgrad = r.optional_boolean("moe_delay_wgrad").value_or(true);
   p.micro_batch = read_int(r, "micro_batch", 1);
   // Sequences: the limit of --global-batch, so batch products stay inside 64 bits.
   constexpr std::int64_t kMaxSequences = std::int64_t{1} << 30;

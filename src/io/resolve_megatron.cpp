@@ -35,6 +35,7 @@ struct Mcore {
   Ruled<bool> overlap_p2p, batch_p2p, sequence_parallel, dist_opt, fsdp, overlap_grad, overlap_param, grad_fp32,
       fusion, tp_pp_dp, fp8_param_gather, bf16;
   Ruled<bool> ep_overlap;  // overlap_moe_expert_parallel_comm
+  Ruled<bool> delay_wgrad;  // delay_wgrad_compute
   // moe_expert_rank_capacity_factor as written ("None": unset), the op
   // fuser HybridEP's factor needs, moe_paged_stash.
   Ruled<std::string> rank_capacity;
@@ -105,6 +106,10 @@ ResolvedRun derive(Builder& b, const Mcore& m) {
     b.set("moe_dispatcher", m.dispatcher.value, m.dispatcher.source);
     if (m.dispatcher.value == "flex") b.set("moe_flex_backend", m.flex_backend.value, m.flex_backend.source);
     b.set("moe_ep_overlap", m.ep_overlap.value, m.ep_overlap.source);
+    if (m.ep_overlap.value) b.set("moe_delay_wgrad", m.delay_wgrad.value, m.delay_wgrad.source);
+    if (m.delay_wgrad.value && !m.ep_overlap.value)
+      b.fail(at(m, m.core == "d98e8a64" ? "transformer/transformer_config.py:3074" : "transformer/transformer_config.py:2749",
+                "delay_wgrad_compute asserts overlap_moe_expert_parallel_comm"));
     // transformer_config.py __post_init__: the rank capacity factor with
     // hybridep (or ncclep) only, hybridep's with the op fuser; the paged
     // stash with a factor.
@@ -284,6 +289,8 @@ ResolvedRun megatron_lm(const ExportResult& e) {
   }
   m.ep_overlap = {has("--overlap-moe-expert-parallel-comm"),
                   "--overlap-moe-expert-parallel-comm (megatron/core/model_parallel_config.py:343@d98e8a64, default off)"};
+  m.delay_wgrad = {has("--delay-wgrad-compute"),
+                   "--delay-wgrad-compute (megatron/core/model_parallel_config.py:348@d98e8a64, default off)"};
   m.overlap_p2p = {!has("--no-overlap-p2p-communication"),
                    args("3118", "--no-overlap-p2p-communication is store_false: overlapped by default")};
   m.batch_p2p = {!m.overlap_p2p.value, "megatron/training/argument_utils.py:307@d98e8a64: batch_p2p_comm = not "
@@ -389,6 +396,7 @@ ResolvedRun megatron_bridge(const ExportResult& e) {
            mc("model_parallel_config.py:86", "virtual_pipeline_model_parallel_size, default None")};
   m.ep_overlap = flag("model.overlap_moe_expert_parallel_comm", false,
                       mc("model_parallel_config.py:343", "overlap_moe_expert_parallel_comm, default False"));
+  m.delay_wgrad = flag("model.delay_wgrad_compute", false, mc("model_parallel_config.py:348", "delay_wgrad_compute, default False"));
   m.overlap_p2p = flag("model.overlap_p2p_comm", false, mc("model_parallel_config.py:385", "overlap_p2p_comm, default False"));
   m.batch_p2p = flag("model.batch_p2p_comm", true, mc("model_parallel_config.py:390", "batch_p2p_comm, default True"));
   m.sequence_parallel = flag("model.sequence_parallel", false, mc("model_parallel_config.py:94", "sequence_parallel, default False"));

@@ -94,6 +94,8 @@ std::string ep_overlap_words(const Estimate& e) {
                         "combined, {} of the last stage's)",
                         ep_overlap_steps(p.pp, 0, m, chunks_per_stage(p)), m * chunks_per_stage(p),
                         ep_overlap_steps(p.pp, p.pp - 1, m, chunks_per_stage(p)));
+  // Only when off: plans with the export's --delay-wgrad-compute print as before.
+  if (!p.moe_delay_wgrad) out += "; each weight gradient inside its backward (no --delay-wgrad-compute)";
   if (!e.simulated)
     out += fmt::format("; hides {:.3f} s of the exchanges, the compute under them {:.3f} s slower for their SMs",
                        e.breakdown.ep_hidden_s, e.breakdown.ep_overlap_sm_s);
@@ -181,6 +183,7 @@ nlohmann::json estimate_to_json(const Estimate& e) {
     // Only with the EP overlap on: what it hid and what its SMs cost (estimated).
     if (p.moe_ep_overlap) {
       j["moe_ep_overlap"] = true;
+      if (!p.moe_delay_wgrad) j["moe_delay_wgrad"] = false;
       if (!e.simulated) {
         j["breakdown"]["ep_hidden"] = e.breakdown.ep_hidden_s;
         j["breakdown"]["ep_overlap_sm"] = e.breakdown.ep_overlap_sm_s;

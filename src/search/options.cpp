@@ -144,6 +144,7 @@ ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const
   if (model.moe.enabled()) p.moe_dispatcher = o.moe_dispatcher.value_or(trainer.moe_dispatchers.front());
   else if (o.moe_dispatcher) p.moe_dispatcher = *o.moe_dispatcher;
   p.moe_ep_overlap = o.moe_ep_overlap.value_or(model.moe.enabled() && trainer.default_moe_ep_overlap);
+  p.moe_delay_wgrad = o.moe_delay_wgrad.value_or(true);
   p.moe_flex = FlexSetting{o.moe_flex_backend.value_or(FlexBackend::deepep), o.moe_flex_sms.value_or(0),
                            o.moe_rank_capacity_factor.value_or(0.0), o.moe_paged_stash.value_or(false),
                            o.moe_paged_stash_buffer_factor.value_or(FlexSetting{}.stash_buffer_factor)};

@@ -188,11 +188,15 @@ class Builder {
   // the last backward); with PP > 1 the interleaved order (one more warm-up
   // step), its steady state's forward / backward pairs combined.
   // pair_first_[stage] marks each forward played with the backward after it;
-  // play_combined plays such a pair layer by layer in kEpPairOrder,
-  // play_node one node of a layer's pass.
+  // play_combined plays such a pair layer by layer in ep_pair_order,
+  // play_node one node of a layer's pass: its exchanges, or its compute, all
+  // of it or (the weight gradients delayed) the weight-gradient items or the
+  // others.
+  enum class NodeItems : std::uint8_t { all, data_grad, weight_grad };
   void pair_passes();
   void play_combined(int stage, std::size_t idx);
-  void play_node(Chain& ch, const Program& prog, std::size_t first, std::size_t end, bool exchange);
+  void play_node(Chain& ch, const Program& prog, std::size_t first, std::size_t end, bool exchange,
+                 NodeItems items = NodeItems::all);
   // A model chunk's parameter gathers in the next forward
   // (--overlap-param-gather): its buckets' gathers in forward order, issued
   // back to back on the DP stream, and the unit each bucket starts at.
@@ -371,6 +375,8 @@ class Builder {
     std::vector<TaskId> stamp_deps;  // stamp's
     Chain chain;                     // add_step's
     Chain chain2;                    // play_combined's backward
+    Chain chain3;                    // play_combined's delayed weight gradients
+    std::vector<TaskId> wgrad_ends;  // play_combined's: the delayed weight gradients' last tasks
     std::vector<TaskId> gathers;     // play_zero3's: each part's gather
     std::vector<const Part*> zero3_parts;  // play_zero3's: the pass's parts in order
     std::vector<const Unit*> zero3_units;  // play_zero3's: the unit of each part

@@ -26,9 +26,11 @@ std::pair<std::size_t, std::size_t> node_range(const EpSplit& s, EpNode node) {
   switch (node) {
     case EpNode::seg0: return {0, s.ex0_begin};
     case EpNode::ex0: return {s.ex0_begin, s.ex0_end};
-    case EpNode::seg1: return {s.ex0_end, s.ex1_begin};
+    case EpNode::seg1:
+    case EpNode::seg1w: return {s.ex0_end, s.ex1_begin};
     case EpNode::ex1: return {s.ex1_begin, s.ex1_end};
-    case EpNode::seg2: return {s.ex1_end, s.size};
+    case EpNode::seg2:
+    case EpNode::seg2w: return {s.ex1_end, s.size};
   }
   return {0, 0};
 }
@@ -69,11 +71,31 @@ void Builder::pair_passes() {
   order_[0] = std::move(order);
 }
 
-void Builder::play_node(Chain& ch, const Program& prog, std::size_t first, std::size_t end, bool exchange) {
+void Builder::play_node(Chain& ch, const Program& prog, std::size_t first, std::size_t end, bool exchange,
+                        NodeItems items) {
   if (first >= end) return;
   if (!exchange) {
-    play(ch, prog, first, end);
-    // Emitted now, so each stream queues the nodes in kEpPairOrder.
+    if (items == NodeItems::all) {
+      play(ch, prog, first, end);
+    } else {
+      // The weight-gradient compute items, or every other item, in order.
+      const auto wanted = [&](std::size_t i) {
+        const Item& it = prog.items[i];
+        const bool wgrad = it.kind == ItemKind::compute && it.wgrad;
+        return items == NodeItems::weight_grad ? wgrad : !wgrad;
+      };
+      for (std::size_t i = first; i < end;) {
+        if (!wanted(i)) {
+          ++i;
+          continue;
+        }
+        std::size_t j = i + 1;
+        while (j < end && wanted(j)) ++j;
+        play(ch, prog, i, j);
+        i = j;
+      }
+    }
+    // Emitted now, so each stream queues the nodes in the pair's order.
     flush(ch);
     return;
   }
@@ -118,7 +140,11 @@ void Builder::play_combined(int stage, std::size_t idx) {
   }
   Chain& f = scratch_.chain;
   Chain& b = scratch_.chain2;
-  for (Chain* ch : {&f, &b}) {
+  Chain& w = scratch_.chain3;
+  std::vector<TaskId>& wgrad_ends = scratch_.wgrad_ends;
+  wgrad_ends.clear();
+  const bool delayed = plan_.moe_delay_wgrad;
+  for (Chain* ch : {&f, &b, &w}) {
     ch->stage = stage;
     ch->deps.assign(entry.begin(), entry.end());
     ch->async.clear();
@@ -176,11 +202,28 @@ void Builder::play_combined(int stage, std::size_t idx) {
     const Unit* bw = moves[k].second;
     const EpSplit fsplit = fw != nullptr ? split_of(*fw->fwd, true) : EpSplit{};
     const EpSplit bsplit = bw != nullptr ? split_of(*bw->bwd, false) : EpSplit{};
-    for (const EpPairStep& st : kEpPairOrder) {
+    for (const EpPairStep& st : ep_pair_order(delayed)) {
       const Unit* u = st.backward ? bw : fw;
       if (u == nullptr) continue;
       const std::pair<std::size_t, std::size_t> range = node_range(st.backward ? bsplit : fsplit, st.node);
-      play_node(st.backward ? b : f, st.backward ? *u->bwd : *u->fwd, range.first, range.second, is_exchange(st.node));
+      const bool exchange = is_exchange(st.node);
+      if (!st.backward || !delayed || exchange) {
+        play_node(st.backward ? b : f, st.backward ? *u->bwd : *u->fwd, range.first, range.second, exchange);
+        continue;
+      }
+      if (st.node == EpNode::seg0) {
+        play_node(b, *u->bwd, range.first, range.second, false);
+      } else if (st.node == EpNode::seg1 || st.node == EpNode::seg2) {
+        play_node(b, *u->bwd, range.first, range.second, false, NodeItems::data_grad);
+      } else {
+        // A delayed weight gradient: after its data gradient, on the compute
+        // stream; nothing of the pass waits for it but the gradients' reduction
+        // and the stage's next step. The stream runs its tasks in order: the
+        // latest one stands for every earlier one.
+        w.deps.assign(b.deps.begin(), b.deps.end());
+        play_node(w, *u->bwd, range.first, range.second, false, NodeItems::weight_grad);
+        if (!w.deps.empty() && w.deps != b.deps) wgrad_ends.assign(w.deps.begin(), w.deps.end());
+      }
     }
     if (reduce_now && bw != nullptr) {
       acc += bw->params;
@@ -188,6 +231,7 @@ void Builder::play_combined(int stage, std::size_t idx) {
         flush(b);
         std::vector<TaskId> deps = b.deps;
         deps.insert(deps.end(), b.async.begin(), b.async.end());
+        deps.insert(deps.end(), wgrad_ends.begin(), wgrad_ends.end());
         dp_bucket(stage, acc, deps, "grad bucket " + step_name(bs.dir, bs.micro_batch, bs.chunk, shape_.v));
         acc = 0;
       }
@@ -199,6 +243,7 @@ void Builder::play_combined(int stage, std::size_t idx) {
     ch->deps.insert(ch->deps.end(), ch->async.begin(), ch->async.end());
     stage_end_[us].insert(stage_end_[us].end(), ch->deps.begin(), ch->deps.end());
   }
+  stage_end_[us].insert(stage_end_[us].end(), wgrad_ends.begin(), wgrad_ends.end());
   for (Chain* ch : {&f, &b}) {
     const ScheduleStep& st = ch == &f ? fs : bs;
     PassState& out = pass(st.dir, st.micro_batch, st.chunk * shape_.pp + stage);

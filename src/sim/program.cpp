@@ -60,9 +60,14 @@ class Builder {
 
   // A compute op at a given time (`held`: while a DP collective holds its SMs).
   void compute_at(const Op& op, TimeNs t, TimeNs held) {
+    // Weight gradients in items of their own: the EP overlap plays them apart
+    // when they are delayed (Builder::play_combined).
+    const bool wgrad = op.name.ends_with(op::wgrad_suffix);
+    if (open_ >= 0 && p_.items[static_cast<std::size_t>(open_)].wgrad != wgrad) close();
     if (open_ < 0) {
       Item it;
       it.kind = ItemKind::compute;
+      it.wgrad = wgrad;
       it.first_op = static_cast<std::uint32_t>(p_.ops.size());
       p_.items.push_back(it);
       open_ = static_cast<int>(p_.items.size()) - 1;

@@ -31,6 +31,7 @@ struct Item {
   TimeNs duration_ns = 0;          // compute
   std::uint32_t first_op = 0;      // compute: ops [first_op, first_op + num_ops) of Program::ops
   std::uint32_t num_ops = 0;
+  bool wgrad = false;              // compute: weight-gradient kernels (ops named *_wgrad), never mixed with others
   Collective collective = Collective::all_reduce;
   double bytes = 0;                // collective / async: NCCL size
   std::uint32_t name_op = 0;       // collective / async: its name in Program::ops

@@ -17,6 +17,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace cuboid {
@@ -33,9 +34,23 @@ struct EpSplit {
   std::size_t ex0_begin = 0, ex0_end = 0, ex1_begin = 0, ex1_end = 0, size = 0;
   bool has_exchanges = false;  // false: no EP exchange (a dense layer, EP 1): all of it is seg0
 };
-enum class EpNode : std::uint8_t { seg0, ex0, seg1, ex1, seg2 };
+// seg1w, seg2w: with the weight gradients delayed (--delay-wgrad-compute), a
+// backward's seg1 and seg2 keep their data gradients and these nodes take
+// their weight-gradient kernels (the experts', and the attention's and
+// shared experts', each a module's backward_dw()).
+enum class EpNode : std::uint8_t { seg0, ex0, seg1, ex1, seg2, seg1w, seg2w };
 // The node of item i under `s`.
 EpNode ep_node(const EpSplit& s, std::size_t i);
+// The node of a backward's item at `node` that is (`wgrad`) or is not a
+// weight-gradient kernel, with the weight gradients delayed.
+inline EpNode ep_delayed_node(EpNode node, bool wgrad) {
+  if (!wgrad) return node;
+  return node == EpNode::seg1 ? EpNode::seg1w : node == EpNode::seg2 ? EpNode::seg2w : node;
+}
+// The node of its own pass a node waits for (itself for seg0): the one
+// before it; a delayed weight gradient's data gradient, and the dispatch's
+// gradient waits for the experts' data gradient only.
+EpNode ep_waits_for(EpNode node);
 
 // `is_ep(i)`: whether item i of a pass of `size` items is an EP exchange.
 template <class IsEp>
@@ -87,11 +102,9 @@ EpSplit ep_split(std::size_t size, bool forward, IsEp is_ep) {
 // its nodes in this order. The forward's seg2 (the combine's postprocess,
 // which Megatron-Core runs in the combine node) follows the backward's
 // seg2 on the compute stream, so the combine overlaps the attention's
-// backward. Simplification: the experts' weight gradient stays in the
-// backward's seg1 (Megatron-Core with --delay-wgrad-compute issues
-// dispatch_bwd after the experts' data gradient and runs their weight
-// gradient under it); the dispatch's gradient then runs under the forward's
-// experts instead.
+// backward. This order is the one without --delay-wgrad-compute (each
+// module's weight gradient inside its backward, backward_dw() a no-op:
+// models/common/utils.py); with it, kEpPairOrderDelayed.
 struct EpPairStep {
   bool backward = false;  // which pass's node
   EpNode node = EpNode::seg0;
@@ -108,6 +121,36 @@ inline constexpr std::array<EpPairStep, 10> kEpPairOrder{{
     {true, EpNode::seg2},
     {false, EpNode::seg2},
 }};
+// With --delay-wgrad-compute, as TransformerLayerSchedulePlan.run issues it:
+//   comm stream: combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd
+//   comp stream: pre_dispatch_fwd | mlp_bwd -> mlp_bwd_dw -> mlp_fwd |
+//                pre_dispatch_bwd -> pre_dispatch_bwd_dw
+// The dispatch's gradient waits for the experts' data gradient only, so it
+// runs under their weight gradient; the attention's (and shared experts')
+// weight gradient follows its data gradient, and the next layer's combine
+// gradient waits for the data gradient only. The forward's seg2 (the
+// combine's postprocess, in Megatron-Core's combine node) follows both, as
+// it follows the backward's seg2 above. Simplified: the chunk's last layer's
+// attention weight gradient is delayed like the others (Megatron-Core runs
+// it after the pair, under the chunk's p2p).
+inline constexpr std::array<EpPairStep, 12> kEpPairOrderDelayed{{
+    {true, EpNode::seg0},
+    {true, EpNode::ex0},
+    {false, EpNode::seg0},
+    {true, EpNode::seg1},
+    {false, EpNode::ex0},
+    {true, EpNode::seg1w},
+    {true, EpNode::ex1},
+    {false, EpNode::seg1},
+    {false, EpNode::ex1},
+    {true, EpNode::seg2},
+    {true, EpNode::seg2w},
+    {false, EpNode::seg2},
+}};
+inline std::span<const EpPairStep> ep_pair_order(bool delayed_wgrad) {
+  if (delayed_wgrad) return kEpPairOrderDelayed;
+  return kEpPairOrder;
+}
 inline bool is_exchange(EpNode n) { return n == EpNode::ex0 || n == EpNode::ex1; }
 
 // A compute node's time: `compute_ns` of kernels alone on the GPU, the same
@@ -117,9 +160,10 @@ inline bool is_exchange(EpNode n) { return n == EpNode::ex0 || n == EpNode::ex1;
 struct EpSegment {
   double compute_ns = 0, held_ns = 0, blocking_ns = 0;
 };
-// A layer's pass by node: three compute nodes, two exchanges.
+// A layer's pass by node: the compute nodes seg0, seg1, seg2 and, with the
+// weight gradients delayed, a backward's seg1w and seg2w; two exchanges.
 struct EpPassTimes {
-  std::array<EpSegment, 3> seg{};
+  std::array<EpSegment, 5> seg{};
   std::array<double, 2> ex{};
   double serial_ns() const;
 };
@@ -135,7 +179,9 @@ struct EpPairTime {
   double hidden_ns() const { return exchange_ns - exposed_ns; }
   double saved_ns() const { return serial_ns - paired_ns; }
 };
-EpPairTime ep_pair_time(const EpPassTimes& f, const EpPassTimes& b);
+EpPairTime ep_pair_time(const EpPassTimes& f, const EpPassTimes& b, bool delayed_wgrad = false);
+// A compute node's index in EpPassTimes::seg.
+int ep_seg_index(EpNode n);
 
 // Combined steps (a forward beside a backward) per iteration with PP 1:
 // the first forward and the last backward run alone, m - 1 pairs.

@@ -363,6 +363,10 @@ struct ParallelPlan {
   // --delay-wgrad-compute): the combined 1F1B schedule, each EP exchange of
   // one micro-batch under another's compute (core/ep_overlap.hpp).
   bool moe_ep_overlap = false;
+  // ... with the weight gradients delayed (--delay-wgrad-compute, Megatron-Core's
+  // delay_wgrad_compute): each module's weight gradient its own node of the
+  // layer pair (kEpPairOrderDelayed); off: inside its backward (kEpPairOrder).
+  bool moe_delay_wgrad = true;
   int micro_batch = 1;           // sequences per micro-batch
   std::int64_t global_batch = 1; // sequences per iteration
   std::int64_t seq_length = 0;

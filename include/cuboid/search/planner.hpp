@@ -52,6 +52,7 @@ struct PlannerOptions {
   // The EP all-to-all overlap of the combined 1F1B schedule (default: the
   // trainer's default_moe_ep_overlap; an MoE model's plans only).
   std::optional<bool> moe_ep_overlap;
+  std::optional<bool> moe_delay_wgrad;  // with the EP overlap (default on, the export's --delay-wgrad-compute)
   std::optional<Recompute> recompute;
   std::optional<std::uint8_t> recompute_modules;  // RecomputeModule bits (default 0: the attention core)
   // With recompute full: Megatron-Core's method and layer count (default
