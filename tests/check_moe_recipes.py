@@ -72,6 +72,8 @@ check("graphs", flag(args, "--cuda-graphs"), "full_iteration")
 check("dispatcher", (flag(args, "--moe-dispatcher"), flag(args, "--moe-flex-backend")), ("flex", "hybridep"))
 check("EP overlap, forced balance", (flag(args, "--moe-ep-overlap"), flag(args, "--moe-imbalance")), ("on", "1"))
 check("the weight gradients delayed (the default)", flag(args, "--moe-delay-wgrad"), None)
+check("Muon is named, not priced as Adam", m.moe_args(dict(row, optimizer="muon"))[1].startswith("the Muon optimizer"),
+      True)
 check("the weight gradients not delayed", flag(m.moe_args(dict(row, delay_wgrad="0"))[0], "--moe-delay-wgrad"), "off")
 
 layout = dict(row, pipeline_layout="Et*4|(t*4|)*14tmL", recompute_granularity="selective",

@@ -290,7 +290,7 @@ TEST_CASE("every shipped card loads, validates, documents its source and round-t
   for (const char* expected : {"gpt3-175b.json", "llama3-8b.json", "llama3-70b.json", "llama3.1-405b.json",
                                "gpt-512b.json", "gpt-small.json", "tiny.json", "gpt-22b.json",
                                "mt-nlg-530b.json", "gpt-1t.json", "mixtral-8x7b.json", "mixtral-8x22b.json",
-                               "qwen3-30b-a3b.json", "deepseek-v3.json"}) {
+                               "qwen3-30b-a3b.json", "deepseek-v3.json", "kimi-k2.json"}) {
     CHECK(seen.count(expected) == 1);
   }
 }
@@ -526,6 +526,29 @@ TEST_CASE("DeepSeek-V3: 671B without the MTP module, MLA's projections by hand")
   CHECK(m.parameter_count() - main.parameter_count() ==
         m.attention_parameters() + m.moe_mlp_parameters() + 5 * 7168 + 2 * 7168 * 7168);
   CHECK(m.active_parameter_count() == 37'552'282'624);  // DeepSeek: "37B activated"
+}
+
+TEST_CASE("Kimi K2: DeepSeek-V3's layer with 64 heads, 384 experts and one dense layer, by hand") {
+  const ModelSpec m = cuboid::load_model(kRoot / "models/kimi-k2.json");
+  CHECK(m.moe.num_experts == 384);
+  CHECK(m.moe.moe_layer_count() == 60);
+  CHECK_FALSE(m.moe.moe_layers[0]);
+  CHECK(m.moe.router_groups <= 1);
+  CHECK(m.mtp_layers == 0);
+  // q: 7168 * 1536 + 1536 + 1536 * 64 * 192 = 29,885,952
+  // kv: 7168 * (512 + 64) + 512 + 512 * 64 * 256 = 12,517,888
+  // out: 64 * 128 * 7168 = 58,720,256
+  CHECK(m.attention_parameters() == 29'885'952 + 12'517'888 + 58'720'256);
+  // Embedding and head 2 * 163,840 * 7168 + the final norm; 61 layers of
+  // attention and two norms (101,138,432); the dense layer's 3 * 7168 *
+  // 18,432; 60 MoE layers of the router (7168 * 384), 384 experts and the
+  // shared one (3 * 7168 * 2048 = 44,040,192 each).
+  const double expert = 3.0 * 7168 * 2048;
+  CHECK(expert == 44'040'192.0);
+  CHECK(m.parameter_count() == 1'026'408'209'408);  // Moonshot AI: 1T total
+  CHECK(static_cast<double>(m.parameter_count()) ==
+        2.0 * 163840 * 7168 + 7168 + 61.0 * 101'138'432 + 3.0 * 7168 * 18432 + 60 * (7168.0 * 384 + 385 * expert));
+  CHECK(m.active_parameter_count() == 32'861'477'888);  // Moonshot AI: 32B activated
 }
 
 TEST_CASE("Qwen MoE configs: experts, shared expert with its gate, the sparse-layer rule") {

@@ -19,7 +19,7 @@ from pathlib import Path
 
 CSV = Path("tests/data/reference/megatron_bridge_moe_recipes.csv")
 CARDS = {"DeepSeek-V3": "models/deepseek-v3.json", "Qwen3-30B-A3B": "models/qwen3-30b-a3b.json",
-         "Qwen3-235B-A22B": "tests/data/hf/qwen3-235b-a22b-config.json"}
+         "Qwen3-235B-A22B": "tests/data/hf/qwen3-235b-a22b-config.json", "Kimi-K2": "models/kimi-k2.json"}
 # GPU -> (cluster card, GPUs per node); an NVL72 rack is one node of 72.
 CLUSTERS = {"H100": ("topologies/dgx-h100.json", 8), "B200": ("topologies/dgx-b200.json", 8),
             "GB200": ("topologies/gb200-nvl72.json", 72), "GB300": ("topologies/gb300-nvl72.json", 72)}
@@ -70,14 +70,18 @@ def moe_args(r):
     if tp > 1:
         a += ["--sequence-parallel", "on" if r["sequence_parallel"] == "1" else "off"]
     fsdp = r["megatron_fsdp"] == "1"
-    a += ["--zero", "3" if fsdp else "1" if r["distributed_optimizer"] == "1" else "0"]
+    # Muon shards its own states (not the distributed optimizer's): a row with
+    # it is not expressed, and the rest of its settings are probed with Adam
+    # over the distributed optimizer, the nearest cuboid prices.
+    sharded = r["distributed_optimizer"] == "1" or r["optimizer"] == "muon"
+    a += ["--zero", "3" if fsdp else "1" if sharded else "0"]
     a += ["--dp-overlap", "on" if r["overlap_grad_reduce"] == "1" else "off"]
     # The DDP config's grad_reduce_in_fp32 (False in every performance recipe: _benchmark_common).
     a += ["--grad-reduce-dtype", "fp32" if r["grad_reduce_in_fp32"] == "1" else "bf16"]
     if (not fsdp and r["distributed_optimizer"] == "1" and r["overlap_param_gather"] == "1"
             and r["overlap_grad_reduce"] == "1" and int(r["dp"]) * int(r["cp"]) > 1):
         a += ["--overlap-param-gather", "on"]
-        # The first chunk's gather under the optimizer step (15 of 89, all with virtual stages).
+        # The first chunk's gather under the optimizer step (15 of the 102, all with virtual stages).
         if r["overlap_param_gather_with_optimizer_step"] == "1":
             a += ["--overlap-param-gather-with-optimizer-step", "on"]
     # CommOverlapConfig's DDP bucket with DP > 1 (training/comm_overlap.py
@@ -88,11 +92,11 @@ def moe_args(r):
     a += ["--precision", r["precision"]]
     if r["precision"] != "bf16" and r["fp8_param_gather"] == "1":
         a += ["--fp8-param-gather"]
-    # The mixed-precision config's fp8_dot_product_attention (12 of 89, all MXFP8).
+    # The mixed-precision config's fp8_dot_product_attention (12 of the 102, all MXFP8).
     if r["precision"] != "bf16" and r["fp8_dot_product_attention"] == "1":
         a += ["--fp8-attention"]
     # The optimizer's precision settings (main_params_dtype is fp32 and
-    # exp_avg_sq_dtype is exp_avg_dtype in all 89; main_grads_dtype follows
+    # exp_avg_sq_dtype is exp_avg_dtype in all 102; main_grads_dtype follows
     # the DDP buffer, --grad-reduce-dtype above).
     if r["precision_aware_optimizer"] == "1":
         a += ["--precision-aware-optimizer"]
@@ -131,6 +135,10 @@ def moe_args(r):
         a += ["--moe-imbalance", "1"]
     if r["fine_grained_offloading"] == "1" and r["offload_modules"]:
         a += ["--offload-modules", r["offload_modules"]]
+    if r["optimizer"] == "muon":
+        return a, ("the Muon optimizer (the recipe's distributed_muon_with_cosine_annealing: Newton-Schulz "
+                   "orthogonalised momentum, one state per weight) is not modelled: cuboid prices Adam (the rest "
+                   "probed with Adam over the distributed optimizer)")
     return a, None
 
 
