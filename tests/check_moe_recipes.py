@@ -72,6 +72,11 @@ check("graphs", flag(args, "--cuda-graphs"), "full_iteration")
 check("dispatcher", (flag(args, "--moe-dispatcher"), flag(args, "--moe-flex-backend")), ("flex", "hybridep"))
 check("EP overlap, forced balance", (flag(args, "--moe-ep-overlap"), flag(args, "--moe-imbalance")), ("on", "1"))
 check("the weight gradients delayed (the default)", flag(args, "--moe-delay-wgrad"), None)
+check("HybridEP's domain as the node's EP ranks", m.moe_args(dict(row, hybridep_ranks_per_nvlink_domain="32"))[1],
+      None)
+check("a smaller HybridEP domain is named",
+      (m.moe_args(dict(row, hybridep_ranks_per_nvlink_domain="8"))[1] or "").startswith("HybridEP's NVLink domain of 8"),
+      True)
 check("Muon is named, not priced as Adam", m.moe_args(dict(row, optimizer="muon"))[1].startswith("the Muon optimizer"),
       True)
 check("the weight gradients not delayed", flag(m.moe_args(dict(row, delay_wgrad="0"))[0], "--moe-delay-wgrad"), "off")

@@ -135,6 +135,16 @@ def moe_args(r):
         a += ["--moe-imbalance", "1"]
     if r["fine_grained_offloading"] == "1" and r["offload_modules"]:
         a += ["--offload-modules", r["offload_modules"]]
+    # HybridEP's NVLink domain: cuboid's is the EP ranks one node holds
+    # (hybrid_ep_buffer.py detect_accessible_ranks); a recipe that sets another
+    # (NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN) is named, not priced as that.
+    if r["flex_backend"] == "hybridep" and r["dispatcher"] == "flex" and r["hybridep_ranks_per_nvlink_domain"]:
+        nodes = int(where[where.index("--nodes") + 1])
+        on_node = min(int(r["ep"]), int(r["num_gpus"]) // nodes // int(r["etp"] or r["tp"]))
+        if int(r["hybridep_ranks_per_nvlink_domain"]) != on_node:
+            return a, (f"HybridEP's NVLink domain of {r['hybridep_ranks_per_nvlink_domain']} ranks "
+                       f"(NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN) where a node holds {on_node} of the EP "
+                       "ranks is not modelled")
     if r["optimizer"] == "muon":
         return a, ("the Muon optimizer (the recipe's distributed_muon_with_cosine_annealing: Newton-Schulz "
                    "orthogonalised momentum, one state per weight) is not modelled: cuboid prices Adam (the rest "
