@@ -174,11 +174,10 @@ std::vector<RunMismatch> compare_with_plan(const ResolvedRun& run, const PlanFil
     const std::string& n = s.name;
     // One data-parallel rank: nothing is reduced or sharded.
     if (p.dp_cp() == 1 && (n == "zero_stage" || n == "dp_overlap" || n == "dp_grad_bytes" || n == "fsdp_grad_bytes" ||
-                           n == "zero1_grad_all_reduce" || n == "overlap_param_gather_with_optimizer_step" ||
-                           n == "ddp_bucket_size"))
+                           n == "zero1_grad_all_reduce" || n == "overlap_param_gather_with_optimizer_step"))
       continue;
-    // Without the overlapped reduction every chunk is one bucket.
-    if (n == "ddp_bucket_size" && (!p.trainer.dp_overlap || p.zero_stage >= 3)) continue;
+    // Buckets only where the DP reduction overlaps the backward (else every chunk is one).
+    if (n == "ddp_bucket_size" && (p.dp_cp() == 1 || !p.trainer.dp_overlap || p.zero_stage >= 3)) continue;
     if (n == "zero1_grad_all_reduce" && p.zero_stage != 1) continue;
     if ((n == "ep" || n == "etp" || n == "moe_dispatcher" || n == "moe_ep_overlap") && !pf.model.moe.enabled()) continue;
     if (n == "moe_delay_wgrad" && !(pf.model.moe.enabled() && p.moe_ep_overlap)) continue;

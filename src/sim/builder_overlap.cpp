@@ -207,13 +207,11 @@ void Builder::play_combined(int stage, std::size_t idx) {
       if (u == nullptr) continue;
       const std::pair<std::size_t, std::size_t> range = node_range(st.backward ? bsplit : fsplit, st.node);
       const bool exchange = is_exchange(st.node);
-      if (!st.backward || !delayed || exchange) {
+      if (!st.backward || !delayed || exchange || st.node == EpNode::seg0) {
         play_node(st.backward ? b : f, st.backward ? *u->bwd : *u->fwd, range.first, range.second, exchange);
         continue;
       }
-      if (st.node == EpNode::seg0) {
-        play_node(b, *u->bwd, range.first, range.second, false);
-      } else if (st.node == EpNode::seg1 || st.node == EpNode::seg2) {
+      if (st.node == EpNode::seg1 || st.node == EpNode::seg2) {
         play_node(b, *u->bwd, range.first, range.second, false, NodeItems::data_grad);
       } else {
         // A delayed weight gradient: after its data gradient, on the compute
