@@ -77,8 +77,10 @@ check("HybridEP's domain as the node's EP ranks", m.moe_args(dict(row, hybridep_
 check("a smaller HybridEP domain is named",
       (m.moe_args(dict(row, hybridep_ranks_per_nvlink_domain="8"))[1] or "").startswith("HybridEP's NVLink domain of 8"),
       True)
-check("Muon is named, not priced as Adam", m.moe_args(dict(row, optimizer="muon"))[1].startswith("the Muon optimizer"),
-      True)
+muon, reason = m.moe_args(dict(row, optimizer="muon", distributed_optimizer="0"))
+check("Muon as the recipes' dist_muon: the layer-wise optimizer, ZeRO 1",
+      (flag(muon, "--optimizer"), flag(muon, "--zero"), reason), ("muon", "1", None))
+check("Adam unless the recipe runs Muon", flag(args, "--optimizer"), None)
 check("the weight gradients not delayed", flag(m.moe_args(dict(row, delay_wgrad="0"))[0], "--moe-delay-wgrad"), "off")
 
 layout = dict(row, pipeline_layout="Et*4|(t*4|)*14tmL", recompute_granularity="selective",

@@ -70,7 +70,7 @@ bool same_preset(const TrainerPreset& a, const TrainerPreset& b) {
          a.uneven_stages == b.uneven_stages && a.uneven_interleaved == b.uneven_interleaved &&
          a.pipeline_layout == b.pipeline_layout &&
          a.context_parallel == b.context_parallel && a.context_parallel_a2a == b.context_parallel_a2a &&
-         a.expert_parallel == b.expert_parallel && a.fp8 == b.fp8 && a.recompute_modules == b.recompute_modules && a.recompute_layers == b.recompute_layers && a.activation_offloading == b.activation_offloading && a.precision_aware_optimizer == b.precision_aware_optimizer && a.fp8_attention == b.fp8_attention && a.overlap_param_gather_with_optimizer_step == b.overlap_param_gather_with_optimizer_step && a.zero_stages == b.zero_stages && a.moe_dispatchers == b.moe_dispatchers &&
+         a.expert_parallel == b.expert_parallel && a.fp8 == b.fp8 && a.recompute_modules == b.recompute_modules && a.recompute_layers == b.recompute_layers && a.activation_offloading == b.activation_offloading && a.precision_aware_optimizer == b.precision_aware_optimizer && a.fp8_attention == b.fp8_attention && a.muon == b.muon && a.overlap_param_gather_with_optimizer_step == b.overlap_param_gather_with_optimizer_step && a.zero_stages == b.zero_stages && a.moe_dispatchers == b.moe_dispatchers &&
          a.default_grad_accum_fusion == b.default_grad_accum_fusion && a.settings == b.settings &&
          a.attention_kernels == b.attention_kernels && a.attention_kernel == b.attention_kernel &&
          a.cuda_graphs == b.cuda_graphs && a.tp_comm_overlap == b.tp_comm_overlap &&
@@ -136,6 +136,8 @@ TEST_CASE("the presets loaded from trainers/ are those the code held") {
     CHECK(t.overlap_param_gather_with_optimizer_step == (t.name == "megatron-core"));
     // Megatron-LM's --ddp-bucket-size: the current preset's only.
     CHECK(t.ddp_bucket_size == (t.name == "megatron-core"));
+    // Megatron-Core's emerging optimizers (Muon, 2025): the current preset's only.
+    CHECK(t.muon == (t.name == "megatron-core"));
     CHECK_FALSE(t.settings.overlap_param_gather_with_optimizer_step);
     CHECK(t.context_parallel == e.context_parallel);
     CHECK(t.context_parallel_a2a == e.context_parallel_a2a);
@@ -264,8 +266,8 @@ TEST_CASE("a preset file's fields default to the schema's defaults") {
   // moe_dispatchers (can_run) + cuda_graphs, tp_comm_overlap, overlap_param_gather, moe_ep_overlap (each in
   // both groups) + activation_offloading (can_run) + pp_fsdp_no_sync (settings) + recompute_layers (can_run) +
   // precision_aware_optimizer (can_run) + fp8_attention (can_run) + overlap_param_gather_with_optimizer_step (both) +
-  // align_param_gather (settings) + ddp_bucket_size (can_run)
-  CHECK(defaults == 48);
+  // align_param_gather (settings) + ddp_bucket_size (can_run) + muon (can_run)
+  CHECK(defaults == 49);
 }
 
 TEST_CASE("the gradient dtypes a preset reduces in: megatron-core both, the others their own") {

@@ -322,6 +322,10 @@ void run_plan(const PlanFlags& f) {
   head += fmt::format("search  {} valid plans scored analytically (est), {} fit in memory, the best {} re-ranked by "
                       "discrete-event simulation (sim)\n",
                       r.candidates, r.fitting_plans, r.simulated);
+  // Only when not Adam: other searches print as they did.
+  if (o.optimizer == OptimizerKind::muon)
+    head += "        optimizer Muon (--optimizer muon): ZeRO 0 steps every matrix on every DP rank, ZeRO 1 is its "
+            "layer-wise distributed optimizer; ZeRO 2 and 3 are not searched with it\n";
   if (simulation_skipped)
     head += fmt::format("\n        (no simulation above {} GPUs by default: it would take minutes; --simulate-top K forces it)\n",
                         kMaxAutoSimulatedGpus);

@@ -141,6 +141,10 @@ void add_plan_flags(CLI::App* cmd, PlanFlags& f, bool search, bool with_plan_fil
   cmd->add_option("--adam-moments", f.adam_moments,
                   "the dtype of Adam's two moments: fp32 (default) or bf16 (Megatron-Core's --exp-avg-dtype and "
                   "--exp-avg-sq-dtype; bf16 needs --precision-aware-optimizer); not searched");
+  cmd->add_option("--optimizer", f.optimizer,
+                  "the optimizer: adam (default) or muon (Megatron-Core's Muon: Newton-Schulz orthogonalisation of "
+                  "each 2-D weight, Adam on the embedding, the LM head and 1-D parameters; with --zero 1 its layer-wise "
+                  "distributed optimizer, Megatron-Bridge's dist_muon; megatron-core only); not searched");
   cmd->add_option("--offload-activations", f.offload_activations,
                   "offload the activations of the first N decoder layers to host memory and reload them for the "
                   "backward (Megatron-Core's --cpu-offloading-num-layers; PP 1, implies --recompute none; the "
@@ -458,6 +462,12 @@ PlannerOptions planner_options(const PlanFlags& f) {
                        "use --adam-moments fp32 or --adam-moments bf16");
     o.adam_moment_bytes = *f.adam_moments == "fp32" ? 4 : 2;
   }
+  if (f.optimizer) {
+    if (*f.optimizer != "adam" && *f.optimizer != "muon")
+      throw InputError(cl, "--optimizer", "expected adam or muon, got \"" + *f.optimizer + "\"",
+                       "use --optimizer adam or --optimizer muon");
+    o.optimizer = *f.optimizer == "muon" ? OptimizerKind::muon : OptimizerKind::adam;
+  }
   o.trainer = f.trainer;
   if (f.rank_order) o.order = RankOrder::parse(*f.rank_order, cl, "--rank-order");
   positive(f.first_stage_layers, "--first-stage-layers");
@@ -484,7 +494,7 @@ Loaded load(const PlanFlags& f) {
     // The plan file carries the model and every dimension; flags that would
     // change them are refused rather than silently ignored.
     const bool dims = f.tp || f.pp || f.dp || f.cp || f.cp_comm || f.ep || f.etp || f.moe_dispatcher || f.moe_ep_overlap || f.moe_delay_wgrad || f.moe_flex_backend || f.moe_flex_sms || f.moe_rank_capacity_factor || f.moe_paged_stash || f.moe_paged_stash_buffer_factor || f.micro_batch || f.vpp || f.zero || f.recompute || f.recompute_modules || f.recompute_method || f.recompute_num_layers || f.offload_activations || f.offload_modules || f.sequence_parallel ||
-                      f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.fp8_attention || f.precision_aware_optimizer || f.adam_moments || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.fsdp_grad_dtype || f.rank_order ||
+                      f.schedule || f.flash_attention || f.attention_kernel || f.grad_accum_fusion || f.precision || f.fp8_param_gather || f.fp8_attention || f.precision_aware_optimizer || f.adam_moments || f.optimizer || f.trainer || f.dp_overlap || f.grad_reduce_dtype || f.fsdp_grad_dtype || f.rank_order ||
                       f.cuda_graphs || f.tp_comm_overlap || f.overlap_param_gather ||
                       f.overlap_param_gather_with_optimizer_step || f.align_param_gather || f.ddp_bucket_size ||
                       f.global_batch ||
@@ -690,6 +700,10 @@ constexpr KeyFlag kKeyFlags[] = {
      [](const PlannerOptions& o) {
        return o.adam_moment_bytes ? std::optional<std::string>(*o.adam_moment_bytes == 4 ? "fp32" : "bf16")
                                   : std::nullopt;
+     }},
+    {"parallel.optimizer", "--optimizer",
+     [](const PlannerOptions& o) {
+       return o.optimizer ? std::optional<std::string>(std::string(to_string(*o.optimizer))) : std::nullopt;
      }},
     {"parallel.rank_order", "--rank-order", [](const PlannerOptions& o) { return shown(o.order); }},
     {"parallel.first_stage_layers", "--first-stage-layers",

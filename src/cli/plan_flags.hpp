@@ -51,6 +51,7 @@ struct PlanFlags {
   bool precision_aware_optimizer = false;        // --precision-aware-optimizer
   bool fp8_attention = false;                    // --fp8-attention
   std::optional<std::string> adam_moments;       // --adam-moments fp32|bf16
+  std::optional<std::string> optimizer;          // --optimizer adam|muon
   std::optional<std::string> trainer;            // --trainer preset
   std::optional<std::string> dp_overlap;         // on|off
   std::optional<std::string> grad_reduce_dtype;  // fp32|bf16

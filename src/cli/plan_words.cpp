@@ -155,6 +155,15 @@ std::string plain_fix(const PlanRejection& r) {
     case K::trainer_no_precision_aware:
       return "drop --precision-aware-optimizer and --adam-moments, or use --trainer megatron-core";
     case K::trainer_no_fp8_attention: return "drop --fp8-attention, or use --trainer megatron-core";
+    case K::trainer_no_muon: return "use --optimizer adam, or --trainer megatron-core";
+    case K::muon_refused:
+      switch (static_cast<MuonRefusal>(r.values[0])) {
+        case MuonRefusal::zero_stage: return "use --zero 0 or 1 with --optimizer muon, or --optimizer adam";
+        case MuonRefusal::precision_aware: return "drop --precision-aware-optimizer, or use --optimizer adam";
+        case MuonRefusal::param_gather_in_step:
+          return "use --overlap-param-gather-with-optimizer-step off, or --optimizer adam";
+      }
+      return "";
     case K::tp_overlap_needs_sp: return "use --tp 2 (or more) with --sequence-parallel on, or --tp-comm-overlap off";
     case K::param_overlap_needs_dist_opt: return "use --zero 1 or 2, or --overlap-param-gather off";
     case K::param_overlap_needs_grad_overlap: return "use --dp-overlap on, or --overlap-param-gather off";
@@ -230,6 +239,7 @@ std::string_view flag_of(PlanField field) {
     case PlanField::fp8_attention: return "--fp8-attention";
     case PlanField::overlap_param_gather_with_optimizer_step: return "--overlap-param-gather-with-optimizer-step";
     case PlanField::ddp_bucket_size: return "--ddp-bucket-size";
+    case PlanField::optimizer: return "--optimizer";
   }
   return "--tp/--pp/--dp";
 }

@@ -88,6 +88,8 @@ std::string_view to_string(Precision p) {
   return "?";
 }
 
+std::string_view to_string(OptimizerKind o) { return o == OptimizerKind::muon ? "muon" : "adam"; }
+
 std::string precision_names() {
   std::string out;
   for (std::size_t i = 0; i < std::size(kPrecisions); ++i)
@@ -679,6 +681,7 @@ nlohmann::json plan_layout_json(const ParallelPlan& p) {
   if (p.fp8_attention) j["fp8_attention"] = true;
   if (p.precision_aware_optimizer) j["precision_aware_optimizer"] = true;
   if (p.adam_moment_bytes != 4) j["adam_moment_bytes"] = p.adam_moment_bytes;
+  if (p.optimizer != OptimizerKind::adam) j["optimizer"] = std::string(to_string(p.optimizer));
   if (p.recompute_modules != 0) j["recompute_modules"] = recompute_modules_string(p.recompute_modules);
   // Only when not uniform 1: the files of other plans stay as they were.
   if (p.recompute_layers_set()) {

@@ -97,6 +97,7 @@ Found check_trainer_limits(const ParallelPlan& p, const TrainerPreset& t, std::i
     return reject(K::trainer_no_dp_grad_bytes, F::dp_grad_bytes, preset, p.trainer.dp_grad_bytes);
   if (!t.runs_fsdp_grad_bytes(p.trainer.fsdp_grad_bytes))
     return reject(K::trainer_no_fsdp_grad_bytes, F::fsdp_grad_bytes, preset, p.trainer.fsdp_grad_bytes);
+  if (p.optimizer == OptimizerKind::muon && !t.muon) return reject(K::trainer_no_muon, F::optimizer, preset);
   if (p.precision_aware_optimizer && !t.precision_aware_optimizer)
     return reject(K::trainer_no_precision_aware, F::precision_aware_optimizer, preset);
   if (p.fp8_attention && !t.fp8_attention) return reject(K::trainer_no_fp8_attention, F::fp8_attention, preset);
@@ -378,6 +379,16 @@ Found check_precision(const ParallelPlan& p, const GpuProfile& gpu) {
   // dtype "can only be fp32 when not using precision-aware optimizer".
   if (p.adam_moment_bytes != 4 && !p.precision_aware_optimizer)
     return reject(K::moments_need_precision_aware, F::adam_moment_bytes, p.adam_moment_bytes);
+  if (p.optimizer == OptimizerKind::muon) {
+    using M = MuonRefusal;
+    const auto muon = [&](M why, PlanField field) {
+      return reject(K::muon_refused, field, static_cast<std::int64_t>(why), p.zero_stage);
+    };
+    if (p.zero_stage >= 2) return muon(M::zero_stage, F::zero_stage);
+    if (p.precision_aware_optimizer) return muon(M::precision_aware, F::precision_aware_optimizer);
+    if (p.trainer.overlap_param_gather_with_optimizer_step)
+      return muon(M::param_gather_in_step, F::overlap_param_gather_with_optimizer_step);
+  }
   if (p.precision == Precision::bf16) return std::nullopt;
   if (p.precision == Precision::nvfp4) {
     if (gpu.peak_fp4_flops <= 0) return reject(K::precision_no_fp4, F::precision);
@@ -629,6 +640,20 @@ std::string describe_trainer(const PlanRejection& r) {
                                  "optimizer's states)");
     case K::trainer_no_fp8_attention:
       return trainer_words(v[0], "has no FP8 attention core (Transformer Engine's fp8_dpa)");
+    case K::trainer_no_muon: return trainer_words(v[0], "has no Muon optimizer (Megatron-Core's emerging optimizers)");
+    case K::muon_refused:
+      switch (static_cast<MuonRefusal>(v[0])) {
+        case MuonRefusal::zero_stage:
+          return "Megatron-Core runs Muon with ZeRO 0 or its layer-wise distributed optimizer (ZeRO 1), not ZeRO " +
+                 n(v[1]) + " (arguments.py asserts no Megatron-FSDP or FSDP2 with an emerging optimizer)";
+        case MuonRefusal::precision_aware:
+          return "Muon keeps fp32 master weights and momentum of its own; the precision-aware optimizer is Transformer "
+                 "Engine's FusedAdam";
+        case MuonRefusal::param_gather_in_step:
+          return "Megatron-Core's layer-wise Muon has no parameter all-gather under the optimizer step "
+                 "(optimizer/__init__.py asserts against overlap_param_gather_with_optimizer_step)";
+      }
+      return "";
     case K::trainer_no_fsdp_grad_bytes:
       return trainer_words(v[0], std::string("has no Megatron-FSDP to keep gradients in ") +
                                      (v[1] == 2 ? "bf16" : "fp32") + " (its ZeRO 2 / 3 gradients follow the DP reduction's dtype)");

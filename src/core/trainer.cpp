@@ -111,7 +111,7 @@ std::vector<int> read_grad_bytes(JsonReader& r) {
   return out;
 }
 
-constexpr std::array<Field, 29> kCanRun{{
+constexpr std::array<Field, 30> kCanRun{{
     {"pipeline", [](JsonReader& r, TrainerPreset& t) { t.pipeline = r.boolean("value"); }},
     {"sequence_parallel", [](JsonReader& r, TrainerPreset& t) { t.sequence_parallel = r.boolean("value"); }},
     {"selective_recompute", [](JsonReader& r, TrainerPreset& t) { t.selective_recompute = r.boolean("value"); }},
@@ -138,6 +138,7 @@ constexpr std::array<Field, 29> kCanRun{{
     {"precision_aware_optimizer",
      [](JsonReader& r, TrainerPreset& t) { t.precision_aware_optimizer = r.boolean("value"); }},
     {"fp8_attention", [](JsonReader& r, TrainerPreset& t) { t.fp8_attention = r.boolean("value"); }},
+    {"muon", [](JsonReader& r, TrainerPreset& t) { t.muon = r.boolean("value"); }},
     {"zero_stages", read_zero_stages},
     {"attention_kernels", read_attention_kernels},
     {"moe_dispatchers", read_moe_dispatchers},

@@ -22,6 +22,7 @@
 #include "cuboid/core/precision.hpp"
 #include "cuboid/core/workload.hpp"
 #include "cuboid/cost/offload.hpp"
+#include "cuboid/cost/optimizer_step.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -313,6 +314,14 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   mem.weight_and_optimizer_bytes =
       params.dense * bytes_per_parameter(plan.zero_stage, plan.dp_cp(), grad_bytes, states) +
       params.expert * bytes_per_parameter(plan.zero_stage, plan.expert_dp(), grad_bytes, states);
+  if (plan.optimizer == OptimizerKind::muon) {
+    // Muon keeps one fp32 momentum where Adam keeps two moments (the
+    // momentum_buffer of orthogonalized_optimizer.py), on the same share.
+    double dense = 0, expert = 0;
+    for (const MuonMatrix& w : muon_matrices(m, plan, stage)) (w.expert ? expert : dense) += w.elements();
+    const double d = plan.zero_stage >= 1 ? plan.dp_cp() : 1, ed = plan.zero_stage >= 1 ? plan.expert_dp() : 1;
+    mem.weight_and_optimizer_bytes -= plan.adam_moment_bytes * (dense / d + expert / ed);
+  }
   // FP8 / FP4 plans: Transformer Engine keeps each quantized weight's
   // rowwise and columnwise copies from the first micro-batch's cast to the
   // step's end (linear.py quantize_weight with update_workspace on

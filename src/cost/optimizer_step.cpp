@@ -53,6 +53,7 @@
 #include "cuboid/core/element_bytes.hpp"
 #include "cuboid/core/op_names.hpp"
 #include "cuboid/cost/cost.hpp"
+#include "cuboid/cost/memory.hpp"
 
 namespace cuboid {
 
@@ -67,7 +68,8 @@ struct StepKernel {
 
 // The six kernels in Megatron's order (0 bytes: not run). A fixed array,
 // not Ops: the estimator prices a step for every candidate plan it scores.
-std::array<StepKernel, 6> step_kernels(double stage_params, int dp, int zero_stage, const OptimizerPrecision& o) {
+std::array<StepKernel, 6> step_kernels(double stage_params, int dp, int zero_stage, const OptimizerPrecision& o,
+                                        double muon_params = 0) {
   const double groups = static_cast<double>(std::max(1, dp));
   // The parameters whose master weights and moments this GPU updates, and
   // the elements of its gradient buffer (whole up to ZeRO 1).
@@ -76,10 +78,13 @@ std::array<StepKernel, 6> step_kernels(double stage_params, int dp, int zero_sta
   const double g = o.grad_bytes;
   // What the norm and Adam read: the fp32 cast, else the buffer.
   const double read = o.cast_grads ? kFp32Bytes : g;
+  // Adam's share: the parameters Muon does not step.
+  const double rest = std::max(0.0, stage_params - muon_params);
+  const double adam = zero_stage >= 1 ? rest / groups : rest;
   return {{{op::grad_scale, buffer * (g + g)},
            {op::grad_cast, o.cast_grads ? shard * (g + kFp32Bytes) : 0.0},
            {op::grad_norm, shard * read},
-           {op::adam, shard * (read + 2 * kFp32Bytes + 4 * o.moment_bytes)},
+           {op::adam, adam * (read + 2 * kFp32Bytes + 4 * o.moment_bytes)},
            {op::param_copy, o.copy_params ? shard * (kFp32Bytes + kBf16Bytes) : 0.0},
            {op::grad_zero, buffer * g}}};
 }
@@ -107,10 +112,72 @@ std::vector<Op> optimizer_step_ops(double stage_params, int dp, int zero_stage, 
 }
 
 TimeNs optimizer_step_time_ns(const GpuProfile& gpu, double stage_params, int dp, int zero_stage,
-                              const OptimizerPrecision& o) {
+                              const OptimizerPrecision& o, double muon_params) {
   TimeNs ns = 0;
-  for (const StepKernel& k : step_kernels(stage_params, dp, zero_stage, o)) ns += kernel_time_ns(gpu, k.name, k.bytes);
+  for (const StepKernel& k : step_kernels(stage_params, dp, zero_stage, o, muon_params))
+    ns += kernel_time_ns(gpu, k.name, k.bytes);
   return ns;
+}
+
+std::vector<MuonMatrix> muon_matrices(const ModelSpec& m, const ParallelPlan& plan, int stage) {
+  std::vector<MuonMatrix> out;
+  const auto add_layer = [&](bool moe_layer, int times) {
+    if (times <= 0) return;
+    const std::vector<Op> forward = transformer_layer_ops(m, plan, moe_layer).forward;
+    for (int t = 0; t < times; ++t) {
+      for (const Op& op : forward) {
+        if (op.kind != OpKind::gemm || op.name == op::attn_qk || op.name == op::attn_av) continue;
+        // The weight of y = x W^T: n outputs x k inputs, one per local expert.
+        if (op.name == op::qkv) {
+          const std::int64_t tp = std::max(1, plan.tp);
+          const std::int64_t q = m.query_projection_size() / tp, kv = m.kv_projection_size() / tp;
+          for (std::int64_t rows : {q, kv, kv}) out.push_back({rows, op.k, false});
+          continue;
+        }
+        for (std::int64_t e = 0; e < op.batch; ++e) out.push_back({op.n, op.k, op.grouped});
+      }
+    }
+  };
+  const int moe = moe_layers_on_stage(m, plan, stage);
+  add_layer(false, layers_on_stage(plan, m.num_layers, stage) - moe);
+  add_layer(true, moe);
+  if (stage == plan.pp - 1 && m.mtp_layers > 0)
+    add_layer(m.moe.enabled() && m.moe.moe_layers.back(), static_cast<int>(m.mtp_layers));
+  return out;
+}
+
+double muon_newton_schulz_flops(const MuonMatrix& w, int steps) {
+  const double r = static_cast<double>(std::min(w.rows, w.cols)), c = static_cast<double>(std::max(w.rows, w.cols));
+  return steps * (4 * r * r * c + 2 * r * r * r);
+}
+
+TimeNs muon_matrix_time_ns(const GpuProfile& gpu, const MuonMatrix& w) {
+  const std::int64_t r = std::min(w.rows, w.cols), c = std::max(w.rows, w.cols);
+  const TimeNs step = gemm_time_ns(gpu, r, r, c) + gemm_time_ns(gpu, r, r, r) + gemm_time_ns(gpu, r, c, r);
+  const double elements = w.elements();
+  return kMuonNewtonSchulzSteps * step + memory_bound_time_ns(gpu, elements * kMuonBytesPerParam) +
+         (kMuonElementwiseKernels - 1) * static_cast<TimeNs>(gpu.kernel_launch_ns);
+}
+
+MuonRankWork muon_rank_work(const GpuProfile& gpu, std::vector<MuonMatrix> matrices, int ranks) {
+  const std::size_t n = static_cast<std::size_t>(std::max(1, ranks));
+  std::stable_sort(matrices.begin(), matrices.end(),
+                   [](const MuonMatrix& a, const MuonMatrix& b) { return a.elements() < b.elements(); });
+  std::vector<MuonRankWork> work(n);
+  // One price per shape: a stage holds many copies of few.
+  std::vector<std::pair<std::array<std::int64_t, 2>, TimeNs>> priced;
+  for (std::size_t i = 0; i < matrices.size(); ++i) {
+    const MuonMatrix& w = matrices[i];
+    const std::size_t turn = i % (2 * n);
+    MuonRankWork& rank = work[turn < n ? turn : 2 * n - 1 - turn];
+    const std::array<std::int64_t, 2> shape{w.rows, w.cols};
+    auto it = std::find_if(priced.begin(), priced.end(), [&](const auto& p) { return p.first == shape; });
+    if (it == priced.end()) it = priced.insert(priced.end(), {shape, muon_matrix_time_ns(gpu, w)});
+    rank.ns += it->second;
+    rank.elements += w.elements();
+  }
+  return *std::max_element(work.begin(), work.end(),
+                           [](const MuonRankWork& a, const MuonRankWork& b) { return a.ns < b.ns; });
 }
 
 }  // namespace cuboid

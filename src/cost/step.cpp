@@ -69,7 +69,10 @@ StepDescription::StepDescription(const ModelSpec& m, const ParallelPlan& plan, c
 Collective StepDescription::grad_collective() const {
   // DeepSpeed's pipeline engine with bf16 all-reduces ZeRO-1's gradients in
   // full before each rank updates its shard (zero1_grad_all_reduce).
-  const bool all_reduce = zero_ == 0 || (zero_ == 1 && plan_.trainer.zero1_grad_all_reduce);
+  // So does Megatron-Core's layer-wise Muon (layer_wise_optimizer.py: "Megatron
+  // DDP handle allreduce grad, note that each rank have full model and grad").
+  const bool all_reduce = zero_ == 0 || (zero_ == 1 && (plan_.trainer.zero1_grad_all_reduce ||
+                                                        plan_.optimizer == OptimizerKind::muon));
   return all_reduce ? Collective::all_reduce : Collective::reduce_scatter;
 }
 
@@ -143,9 +146,25 @@ StepCollective StepDescription::tied_embedding() const {
 
 std::int64_t StepDescription::optimizer_ns(const GpuProfile& gpu, const StageParameters& sp, int stage) const {
   const OptimizerPrecision precision = optimizer_precision(plan_);
-  std::int64_t ns = optimizer_step_time_ns(gpu, sp.dense, dp_, zero_, precision);
+  std::int64_t ns = weight_cast_ns(gpu, quantized_weights_on_stage(m_, plan_, stage));
+  if (plan_.optimizer == OptimizerKind::muon) {
+    // The dense matrices dealt over DP x CP, the experts' over expert-DP
+    // (ZeRO 0: all on every rank); the slowest rank of each, as the gather
+    // after the step waits for every rank. Adam steps the rest.
+    std::vector<MuonMatrix> dense, expert;
+    for (const MuonMatrix& w : muon_matrices(m_, plan_, stage)) (w.expert ? expert : dense).push_back(w);
+    double muon_dense = 0, muon_expert = 0;
+    for (const MuonMatrix& w : dense) muon_dense += w.elements();
+    for (const MuonMatrix& w : expert) muon_expert += w.elements();
+    const int ranks = zero_ >= 1 ? dp_ : 1, expert_ranks = zero_ >= 1 ? edp_ : 1;
+    ns += muon_rank_work(gpu, std::move(dense), ranks).ns + muon_rank_work(gpu, std::move(expert), expert_ranks).ns;
+    ns += optimizer_step_time_ns(gpu, sp.dense, dp_, zero_, precision, muon_dense);
+    if (sp.expert > 0) ns += optimizer_step_time_ns(gpu, sp.expert, edp_, zero_, precision, muon_expert);
+    return ns;
+  }
+  ns += optimizer_step_time_ns(gpu, sp.dense, dp_, zero_, precision);
   if (sp.expert > 0) ns += optimizer_step_time_ns(gpu, sp.expert, edp_, zero_, precision);
-  return ns + weight_cast_ns(gpu, quantized_weights_on_stage(m_, plan_, stage));
+  return ns;
 }
 
 std::int64_t StepDescription::first_chunk_step_ns(const GpuProfile& gpu, double dense, int stage) const {

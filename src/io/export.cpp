@@ -64,6 +64,12 @@ void refuse_precision_aware_optimizer(const PlanFile& pf, std::string_view train
          "--adam-moments");
 }
 
+void refuse_muon(const PlanFile& pf, std::string_view trainer, std::string_view why) {
+  if (pf.plan.optimizer != OptimizerKind::muon) return;
+  refuse(pf, "parallel.optimizer", fmt::format("{} has no setting for Megatron-Core's Muon optimizer ({})", trainer, why),
+         "export with --to megatron or --to megatron-bridge, or plan with --optimizer adam");
+}
+
 void refuse_fp8_attention(const PlanFile& pf, std::string_view trainer, std::string_view why) {
   if (!pf.plan.fp8_attention) return;
   refuse(pf, "parallel.fp8_attention", fmt::format("{} has no setting for FP8 attention ({})", trainer, why),

@@ -35,6 +35,8 @@ void refuse_recompute_layers(const PlanFile& pf, std::string_view why);
 // FusedAdam holding the optimizer's states, Adam's moments in bf16), which
 // `trainer`'s optimizer does not have (`why`).
 void refuse_precision_aware_optimizer(const PlanFile& pf, std::string_view trainer, std::string_view why);
+// A Muon plan (ParallelPlan::optimizer) on a target without Megatron-Core's emerging optimizers.
+void refuse_muon(const PlanFile& pf, std::string_view trainer, std::string_view why);
 // Refuses FP8 attention (Megatron-Core's fp8_dot_product_attention), which
 // `trainer`'s settings cannot turn on (`why`).
 void refuse_fp8_attention(const PlanFile& pf, std::string_view trainer, std::string_view why);

@@ -26,6 +26,7 @@ void check_layout(const PlanFile& pf) {
   refuse_megatron_overlaps(pf, "DeepSpeed's config");
   refuse_precision_aware_optimizer(pf, "DeepSpeed's config",
                                    "its optimizers keep fp32 master weights and Adam moments of their own");
+  refuse_muon(pf, "DeepSpeed's config", "its optimizers are its own");
   refuse_offload(pf, "DeepSpeed's config",
                  "its activation checkpointing's cpu_checkpointing moves checkpoints of a full recomputation, "
                  "not the saved activations of layers run without recomputation");

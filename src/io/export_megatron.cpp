@@ -102,6 +102,13 @@ Args parallelism_args(const PlanFile& pf, bool tp_pp_dp, bool fsdp) {
     a.push_back("--exp-avg-dtype bf16");
     a.push_back("--exp-avg-sq-dtype bf16");
   }
+  // Muon as priced: with --use-distributed-optimizer the layer-wise
+  // distributed optimizer (arguments.py:1725-1737@d98e8a64), Nesterov
+  // momentum as Megatron-Bridge's recipes run it (optimizer_step.hpp).
+  if (p.optimizer == OptimizerKind::muon) {
+    a.push_back("--optimizer muon");
+    a.push_back("--muon-nesterov");
+  }
   // Transformer Engine's userbuffers with its default methods (initialize_ub
   // without --tp-comm-overlap-cfg), as priced.
   if (p.trainer.tp_comm_overlap) a.push_back("--tp-comm-overlap");

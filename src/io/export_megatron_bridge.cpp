@@ -275,8 +275,16 @@ std::string config_lines(const ParallelPlan& p, const Layout& l) {
   // Both, or validation syncs the pair back to the recipe optimizer's True
   // (training/config.py _validate_and_sync_distributed_optimizer_settings):
   // a ZeRO-0 plan would run as ZeRO-1.
-  set("ddp.use_distributed_optimizer", py(p.zero_stage >= 1));
-  set("optimizer.use_distributed_optimizer", py(p.zero_stage >= 1));
+  // Muon shards its states in its own layer-wise optimizer ("dist_muon",
+  // optimizer/__init__.py:744-754@cd4afffa), both flags off as the Kimi-K2
+  // recipes set them (recipes/kimi/kimi_k2.py _apply_kimi_k2_optimizer).
+  const bool muon = p.optimizer == OptimizerKind::muon;
+  set("ddp.use_distributed_optimizer", py(p.zero_stage >= 1 && !muon));
+  set("optimizer.use_distributed_optimizer", py(p.zero_stage >= 1 && !muon));
+  if (muon) {
+    set("optimizer.optimizer", p.zero_stage >= 1 ? "\"dist_muon\"" : "\"muon\"");
+    set("optimizer.muon_nesterov", "True");
+  }
   // The optimizer's states as priced (Megatron-Core's OptimizerConfig:
   // Transformer Engine's FusedAdam, Adam's moments' dtypes).
   if (p.precision_aware_optimizer) set("optimizer.use_precision_aware_optimizer", "True");

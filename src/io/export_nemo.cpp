@@ -53,6 +53,7 @@ bool refuse_unsupported(const PlanFile& pf) {
   refuse_offload(pf, "cuboid's NeMo 1.x export", "its pinned option list has no cpu_offloading keys");
   refuse_precision_aware_optimizer(pf, "cuboid's NeMo 1.x export",
                                    "its pinned option list has no use_precision_aware_optimizer or exp_avg_dtype keys");
+  refuse_muon(pf, "cuboid's NeMo 1.x export", "its pinned option list has no Megatron-Core emerging optimizer");
   refuse_fp8_attention(pf, "cuboid's NeMo 1.x export", "its pinned option list has no fp8_dot_product_attention key");
   refuse_ddp_bucket_size(pf, "cuboid's NeMo 1.x export", "its pinned option list has no optim.ddp_bucket_size key");
   // megatron_gpt_config.yaml@8cfedd72 has FP8 keys for delayed scaling only

@@ -138,7 +138,7 @@ std::vector<ResolvedSetting> priced_settings(const PlanFile& pf) {
       {"fp8_attention", yes(p.fp8_attention), why},
       {"hidden_dropout", resolve::probability(pf.model.hidden_dropout), "the model card's hidden_dropout"},
       {"attention_dropout", resolve::probability(pf.model.attention_dropout), "the model card's attention_dropout"},
-      {"optimizer", "adam", "cuboid prices Adam"},
+      {"optimizer", std::string(to_string(p.optimizer)), "parallel.optimizer"},
       {"precision_aware_optimizer", yes(p.precision_aware_optimizer), why},
       {"adam_moment_bytes", str(p.adam_moment_bytes), why},
       {"compile", "false", "cuboid prices eager kernels, each launched on its own"},

@@ -138,6 +138,7 @@ void check_common(const PlanFile& pf) {
   refuse_offload(pf, "cuboid's torchtitan export", "torchtitan's activation checkpointing recomputes; it does not offload");
   refuse_precision_aware_optimizer(pf, "cuboid's torchtitan export",
                                    "its optimizer is torch's AdamW over the fp32 sharded parameters");
+  refuse_muon(pf, "cuboid's torchtitan export", "its pinned option list has no Muon");
   refuse_fp8_attention(pf, "torchtitan v0.2.2",
                        "its float8 and MXFP8 converters quantize the linear layers; attention runs "
                        "scaled_dot_product_attention in bf16");

@@ -203,6 +203,7 @@ std::string plan_key(PlanField field) {
     case PlanField::overlap_param_gather_with_optimizer_step:
       return "parallel.trainer.overlap_param_gather_with_optimizer_step";
     case PlanField::ddp_bucket_size: return "parallel.trainer.ddp_bucket_size";
+    case PlanField::optimizer: return "parallel.optimizer";
     case PlanField::moe_ep_overlap: return "parallel.moe_ep_overlap";
     case PlanField::offload_layers: return "parallel.offload_activations";
     case PlanField::offload_modules: return "parallel.offload_modules";
@@ -301,6 +302,8 @@ std::string key_fix(const PlanRejection& r, const ParallelPlan& p) {
     case PlanCheck::trainer_no_precision_aware:
       return "drop precision_aware_optimizer and adam_moment_bytes, or " + other_trainer;
     case PlanCheck::trainer_no_fp8_attention: return "drop fp8_attention, or " + other_trainer;
+    case PlanCheck::trainer_no_muon: return "drop optimizer (Adam), or " + other_trainer;
+    case PlanCheck::muon_refused: return "drop optimizer (Adam), or drop the setting it names; or " + kRegenerate;
     case PlanCheck::fp8_attention_recipe:
       return "drop fp8_attention, or give precision fp8-current, fp8-delayed or mxfp8; or " + kRegenerate;
     case PlanCheck::fp8_attention_cudnn:
@@ -417,6 +420,11 @@ ParallelPlan read_parallel(JsonReader& r, const std::string& source) {
     if (p.adam_moment_bytes != 2 && p.adam_moment_bytes != 4)
       r.fail("adam_moment_bytes", "must be 2 (bf16) or 4 (fp32), got " + std::to_string(p.adam_moment_bytes),
              kRegenerate);
+  }
+  // Optional: written only when not Adam (plan_layout_json).
+  if (const auto optimizer = r.optional_string("optimizer")) {
+    if (*optimizer == "muon") p.optimizer = OptimizerKind::muon;
+    else if (*optimizer != "adam") r.fail("optimizer", "expected \"adam\" or \"muon\", got \"" + *optimizer + "\"", kRegenerate);
   }
   p.order = RankOrder::parse(r.string("rank_order"), source, "parallel.rank_order");
   const std::int64_t world = r.positive_integer("world_size");

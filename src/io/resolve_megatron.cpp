@@ -428,6 +428,13 @@ ResolvedRun megatron_bridge(const ExportResult& e) {
                 "Megatron-Bridge training/config.py:1953@v0.6.0: the DDP and optimizer flags synced, on if either is ("
                     + ddp_dist.source + "; " + opt_dist.source + ")" +
                     (m.fsdp.value ? "; training/config.py:1075: Megatron FSDP turns it on" : "")};
+  // Megatron-Core's emerging optimizers: "dist_muon" is Muon with the
+  // layer-wise distributed optimizer (optimizer/__init__.py:744-754@cd4afffa),
+  // which shards the states as ZeRO 1 does, whatever the DDP flag says.
+  const std::string optimizer = unquote_value(option_or(o, "optimizer.optimizer", "\"adam\""));
+  if (optimizer == "dist_muon")
+    m.dist_opt = {true, "Megatron-LM megatron/core/optimizer/__init__.py:744-754@cd4afffa: optimizer dist_muon is muon "
+                        "with the layer-wise distributed optimizer"};
   m.overlap_grad = flag("ddp.overlap_grad_reduce", true, fmt::format(fmt::runtime(common), 83, "overlap_grad_reduce True"));
   const Ruled<bool> ddp_param = flag("ddp.overlap_param_gather", true,
                                      fmt::format(fmt::runtime(common), 84, "overlap_param_gather True"));
@@ -497,7 +504,10 @@ ResolvedRun megatron_bridge(const ExportResult& e) {
                       mc("transformer/transformer_config.py:181", "hidden_dropout, default 0.1")};
   m.attention_dropout = {probability(option_or(o, "model.attention_dropout", "0.1"), "attention_dropout"),
                          mc("transformer/transformer_config.py:184", "attention_dropout, default 0.1")};
-  m.optimizer = {"adam", "Megatron-Bridge recipes/utils/optimizer_utils.py:140@v0.6.0: OptimizerConfig(optimizer=\"adam\")"};
+  m.optimizer = {optimizer == "dist_muon" ? std::string("muon") : optimizer,
+                 o.count("optimizer.optimizer") != 0
+                     ? std::string("optimizer.optimizer (megatron/core/optimizer/optimizer_config.py@cd4afffa)")
+                     : std::string("Megatron-Bridge recipes/utils/optimizer_utils.py:140@v0.6.0: OptimizerConfig(optimizer=\"adam\")")};
   m.fp8_attention = flag("mixed_precision.fp8_dot_product_attention", false,
                          "Megatron-Bridge training/mixed_precision.py:58@v0.6.0 MixedPrecisionConfig "
                          "fp8_dot_product_attention, default False (setup copies it to the model's TransformerConfig)");

@@ -4,6 +4,7 @@
 #include "cuboid/io/planfile.hpp"
 #include "cuboid/report/report.hpp"
 #include "cuboid/core/workload.hpp"
+#include "cuboid/cost/optimizer_step.hpp"
 
 #include <algorithm>
 #include <set>
@@ -135,6 +136,7 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   if (p.trainer.ddp_bucket_params > 0) j["ddp_bucket_size"] = p.trainer.ddp_bucket_params;
   if (p.precision_aware_optimizer) j["precision_aware_optimizer"] = true;
   if (p.adam_moment_bytes != 4) j["adam_moment_bytes"] = p.adam_moment_bytes;
+  if (p.optimizer != OptimizerKind::adam) j["optimizer"] = std::string(to_string(p.optimizer));
   if (p.fp8_attention) j["fp8_attention"] = true;
   if (e.interval) j["prediction_interval"] = interval_to_json(*e.interval);
   // Only where it prices something: other plans' JSON stays as it was.
@@ -341,6 +343,13 @@ std::string format_estimate(const ModelSpec& m, const Cluster& c, const Estimate
                        p.master_weight_remainders() ? " (master weights as 16-bit remainders of the bf16 weights)"
                                                     : "",
                        p.adam_moment_bytes == 2 ? "bf16" : "fp32");
+  // Only when not Adam: other plans print as they did.
+  if (p.optimizer == OptimizerKind::muon)
+    out += fmt::format("      optimizer Muon: {} Newton-Schulz steps on each 2-D weight but the embedding and the LM "
+                       "head, one fp32 momentum each{}\n",
+                       kMuonNewtonSchulzSteps, p.zero_stage == 1 ? "; layer-wise over DP (gradients all-reduced, whole matrices per rank, "
+                                           "the parameters gathered after the step)"
+                                         : "");
   // Only when on: other plans print as they did.
   if (p.trainer.cuda_graphs.on() || p.trainer.tp_comm_overlap || p.trainer.overlap_param_gather ||
       p.trainer.ddp_bucket_params > 0) {

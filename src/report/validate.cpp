@@ -73,7 +73,8 @@ bool listed(const std::vector<NamedReason>& list, const std::string& name) {
 // The plan as the executor runs it (exec/step.cpp): every op of a rank in
 // order, the DP reduction after the last backward, a CP ring step's K/V
 // exchanged before its block, and fp32 gradients, master weights and
-// moments whatever the plan's trainer keeps.
+// moments whatever the plan's trainer keeps, stepped by Adam whatever the
+// plan's optimizer.
 ParallelPlan as_executor_runs(const ParallelPlan& plan) {
   ParallelPlan p = plan;
   p.trainer.dp_overlap = false;
@@ -82,6 +83,7 @@ ParallelPlan as_executor_runs(const ParallelPlan& plan) {
   if (p.trainer.fsdp_grad_bytes > 0) p.trainer.fsdp_grad_bytes = 4;
   p.precision_aware_optimizer = false;
   p.adam_moment_bytes = 4;
+  p.optimizer = OptimizerKind::adam;
   return p;
 }
 

@@ -180,6 +180,7 @@ ParallelPlan complete_plan(const ModelSpec& model, const Cluster& cluster, const
   p.precision_aware_optimizer = o.precision_aware_optimizer.value_or(false);
   p.fp8_attention = o.fp8_attention.value_or(false);
   p.adam_moment_bytes = o.adam_moment_bytes.value_or(4);
+  p.optimizer = o.optimizer.value_or(OptimizerKind::adam);
   p.order = o.order.value_or(RankOrder{});
   p.trainer = trainer_settings(o);
   return p;

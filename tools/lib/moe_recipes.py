@@ -70,11 +70,12 @@ def moe_args(r):
     if tp > 1:
         a += ["--sequence-parallel", "on" if r["sequence_parallel"] == "1" else "off"]
     fsdp = r["megatron_fsdp"] == "1"
-    # Muon shards its own states (not the distributed optimizer's): a row with
-    # it is not expressed, and the rest of its settings are probed with Adam
-    # over the distributed optimizer, the nearest cuboid prices.
+    # Muon shards its own states: the recipes' dist_muon is Megatron-Core's
+    # layer-wise distributed optimizer, cuboid's --optimizer muon --zero 1.
     sharded = r["distributed_optimizer"] == "1" or r["optimizer"] == "muon"
     a += ["--zero", "3" if fsdp else "1" if sharded else "0"]
+    if r["optimizer"] == "muon":
+        a += ["--optimizer", "muon"]
     a += ["--dp-overlap", "on" if r["overlap_grad_reduce"] == "1" else "off"]
     # The DDP config's grad_reduce_in_fp32 (False in every performance recipe: _benchmark_common).
     a += ["--grad-reduce-dtype", "fp32" if r["grad_reduce_in_fp32"] == "1" else "bf16"]
@@ -145,10 +146,6 @@ def moe_args(r):
             return a, (f"HybridEP's NVLink domain of {r['hybridep_ranks_per_nvlink_domain']} ranks "
                        f"(NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN) where a node holds {on_node} of the EP "
                        "ranks is not modelled")
-    if r["optimizer"] == "muon":
-        return a, ("the Muon optimizer (the recipe's distributed_muon_with_cosine_annealing: Newton-Schulz "
-                   "orthogonalised momentum, one state per weight) is not modelled: cuboid prices Adam (the rest "
-                   "probed with Adam over the distributed optimizer)")
     return a, None
 
 

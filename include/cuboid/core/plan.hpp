@@ -75,6 +75,14 @@ struct FlexSetting {
 // weights), MXFP8 (1 x 32 blocks, E8M0 scales: Blackwell); NVFP4 (1 x 16
 // blocks, E4M3 scales and a per-tensor fp32 scale: Blackwell).
 enum class Precision { bf16, fp8_delayed, fp8_current, fp8_blockwise, mxfp8, nvfp4 };
+
+// The optimizer the trainer steps with (--optimizer). Muon: Megatron-Core's
+// TensorParallelMuon (megatron/core/optimizer/emerging_optimizers.py at
+// cd4afffa) on every 2-D weight but the embedding and the LM head, Adam on
+// the rest; with ZeRO 1 the LayerWiseDistributedOptimizer of
+// layer_wise_optimizer.py (Megatron-Bridge's dist_muon) — see
+// cost/optimizer_step.hpp.
+enum class OptimizerKind : std::uint8_t { adam, muon };
 // Megatron-Core's --recompute-modules with --recompute-granularity selective
 // (TransformerConfig.recompute_modules at Megatron-LM d98e8a64): the
 // submodules a selective recomputation re-runs, as bits of
@@ -143,6 +151,7 @@ std::string_view to_string(Zero3Unit u);
 std::string_view to_string(CpComm c);
 std::string_view to_string(MoeDispatcher d);
 std::string_view to_string(Precision p);
+std::string_view to_string(OptimizerKind o);
 std::string_view to_string(AttentionKernel k);
 // Parse CLI / JSON spellings; throw InputError(source, field, ...) when unknown.
 Recompute parse_recompute(std::string_view s, const std::string& source, const std::string& field);
@@ -420,6 +429,11 @@ struct ParallelPlan {
   // fp32, 2 bf16, which needs it). Off: fp32 master weights and moments.
   bool precision_aware_optimizer = false;
   int adam_moment_bytes = 4;
+  // Adam (default), or Muon (OptimizerKind): with ZeRO 0 every DP rank
+  // orthogonalises all of its stage's matrices; with ZeRO 1 the gradients
+  // are all-reduced, each DP rank steps whole parameters of its own and the
+  // updated ones are all-gathered after the step (StepDescription).
+  OptimizerKind optimizer = OptimizerKind::adam;
   // Megatron-Core's --fp8-dot-product-attention: the attention core runs in
   // cuDNN's FP8 kernels (Transformer Engine's recipe with fp8_dpa), in the
   // format fp8_attention_format gives (plan_check.cpp says where it runs).

@@ -47,6 +47,16 @@ enum class PlanField {
   fp8_attention,              // Megatron-Core's --fp8-dot-product-attention
   overlap_param_gather_with_optimizer_step,  // and --overlap-param-gather-with-optimizer-step
   ddp_bucket_size,                           // and --ddp-bucket-size (TrainerSettings::ddp_bucket_params)
+  optimizer,                                 // the optimizer (--optimizer)
+};
+
+// Why Megatron-Core cannot step a plan with Muon (PlanCheck::muon_refused;
+// Megatron-LM cd4afffa megatron/training/arguments.py and
+// megatron/core/optimizer/__init__.py).
+enum class MuonRefusal : std::uint8_t {
+  zero_stage,            // ZeRO 2 or 3: the emerging optimizers assert no Megatron-FSDP / FSDP2
+  precision_aware,       // Transformer Engine's FusedAdam is Adam's; Muon keeps fp32 states of its own
+  param_gather_in_step,  // --overlap-param-gather-with-optimizer-step (asserted against the layer-wise optimizer)
 };
 
 // Why a plan cannot overlap its EP exchanges (PlanCheck::ep_overlap_refused).
@@ -202,6 +212,8 @@ enum class PlanCheck : std::uint8_t {
   trainer_no_precision_aware,    // the preset
   trainer_no_fp8_attention,      // the preset
   moe_static_refused,            // why (MoeStaticRefusal), the busiest rank's rows, the budget's rows
+  trainer_no_muon,               // the preset
+  muon_refused,                  // why (MuonRefusal), the ZeRO stage
 };
 
 struct PlanRejection {

@@ -53,6 +53,7 @@ struct TrainerPreset {
   bool activation_offloading = false;  // decoder layers' activations to host memory (--offload-activations)
   bool precision_aware_optimizer = false;  // Transformer Engine's FusedAdam holding the optimizer's states (--precision-aware-optimizer)
   bool fp8_attention = false;  // the attention core in cuDNN's FP8 kernels (--fp8-attention)
+  bool muon = false;           // the Muon optimizer (--optimizer muon)
   std::vector<int> zero_stages{0, 1, 2, 3};
   // The attention kernels its code can call (unfused: the QK^T, softmax, AV
   // path); a plan's kernel must be one of them.

@@ -45,7 +45,56 @@ std::vector<Op> optimizer_step_ops(double stage_params, int dp, int zero_stage, 
 
 // Sum of kernel_time_ns over optimizer_step_ops (a calibrated profile's fit
 // by op name, else HBM streaming bandwidth plus one launch per kernel).
+// `muon_params` of the stage's parameters step under Muon instead of Adam
+// (muon_rank_work prices them): Adam's kernel runs on the rest.
 TimeNs optimizer_step_time_ns(const GpuProfile& gpu, double stage_params, int dp, int zero_stage,
-                              const OptimizerPrecision& o);
+                              const OptimizerPrecision& o, double muon_params = 0);
+
+// Muon as Megatron-Core steps it (ParallelPlan::optimizer; Megatron-LM
+// cd4afffa megatron/core/optimizer/emerging_optimizers.py TensorParallelMuon,
+// layer_wise_optimizer.py; NVIDIA-NeMo/Emerging-Optimizers fd77292
+// orthogonalized_optimizers/orthogonalized_optimizer.py step, muon_utils.py
+// newton_schulz). Per 2-D weight on its fp32 master copy, one PyTorch kernel
+// each: weight decay `p.mul_` (read 4 + write 4), the momentum's `lerp_`
+// (12), Nesterov's `grad.lerp` (12; Megatron-Bridge's recipes set it), the
+// Frobenius normalisation (norm 4, divide 8), the cast to bf16 (6) for the
+// Newton-Schulz steps at fp32_matmul_prec "medium" and back (6), the
+// spectral scale times the extra factor (two multiplies, 16) and `p.add_`
+// (12): kMuonBytesPerParam, 9 passes + the norm's reduction.
+inline constexpr double kMuonBytesPerParam = 84;
+inline constexpr int kMuonElementwiseKernels = 10;
+// Megatron-LM's --muon-num-ns-steps default (arguments.py; Bridge's recipes keep it).
+inline constexpr int kMuonNewtonSchulzSteps = 5;
+
+// One 2-D weight Muon orthogonalises on one GPU (its TP shard: tp_mode
+// "blockwise", the default, orthogonalises each rank's block on its own).
+struct MuonMatrix {
+  std::int64_t rows = 0, cols = 0;
+  bool expert = false;  // a routed expert's (stepped over the expert-DP group)
+  double elements() const { return static_cast<double>(rows) * static_cast<double>(cols); }
+};
+
+// The matrices of stage `stage` on one GPU, one per parameter: each linear
+// layer's weight but the embedding and the LM head (Adam's:
+// _is_nonlinear_or_embedding), the fused QKV weight split into its Q, K and
+// V blocks (muon_split_qkv, default on), each local expert's fc1 and fc2.
+std::vector<MuonMatrix> muon_matrices(const ModelSpec& m, const ParallelPlan& plan, int stage);
+
+// The Newton-Schulz FLOPs of one matrix: per step, with r the smaller side
+// and c the larger (newton_schulz transposes to whiten the smaller), A = X
+// X^T (2 r^2 c), B = b A + c A A (2 r^3), X = a X + B X (2 r^2 c).
+double muon_newton_schulz_flops(const MuonMatrix& w, int steps = kMuonNewtonSchulzSteps);
+// One matrix's step: the elementwise passes and the 3 x steps bf16 GEMMs.
+TimeNs muon_matrix_time_ns(const GpuProfile& gpu, const MuonMatrix& w);
+
+// The busiest rank's share when `ranks` ranks split `matrices` as the
+// layer-wise optimizer does (layer_wise_optimizer.py _shard_params_ping_pong:
+// sorted by size, ascending, dealt 0, 1, ..., R-1, R-1, ..., 0, 0, 1, ...;
+// ranks 1: every matrix on one).
+struct MuonRankWork {
+  TimeNs ns = 0;          // that rank's Muon step
+  double elements = 0;    // its matrices' elements
+};
+MuonRankWork muon_rank_work(const GpuProfile& gpu, std::vector<MuonMatrix> matrices, int ranks);
 
 }  // namespace cuboid

@@ -73,6 +73,7 @@ struct PlannerOptions {
   std::optional<bool> precision_aware_optimizer;  // default off (not searched: it changes the numerics)
   std::optional<bool> fp8_attention;         // default off (not searched: it changes the numerics)
   std::optional<int> adam_moment_bytes;      // default 4, fp32 (not searched)
+  std::optional<OptimizerKind> optimizer;    // default Adam (not searched)
   // The trainer preset (cuboid/core/trainer.hpp): what it can run and how.
   // Default: megatron-core. Settings set here must be ones it can run.
   std::optional<std::string> trainer;
