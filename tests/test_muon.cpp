@@ -52,20 +52,17 @@ TEST_CASE("Muon's matrices: the QKV weight in its Q, K and V blocks, each local 
   // Stage 0 holds 2 of the 4 layers. Per layer at TP 2: Q 512 x 1024, K and V
   // 128 x 1024, the projection 1024 x 512, the router 8 x 1024 (dense); 2
   // local experts (EP 4) of fc1 4096 x 1024 (gated) and fc2 1024 x 2048.
-  int dense = 0, expert = 0;
-  double dense_elements = 0, expert_elements = 0;
-  for (const MuonMatrix& x : w) {
-    (x.expert ? expert : dense) += 1;
-    (x.expert ? expert_elements : dense_elements) += x.elements();
-  }
+  std::int64_t dense = 0, expert = 0;
+  for (const MuonMatrix& x : w) (x.expert ? expert : dense) += x.count;
   CHECK(dense == 10);
   CHECK(expert == 8);
-  CHECK(dense_elements == 2 * (512.0 * 1024 + 2 * 128.0 * 1024 + 1024.0 * 512 + 8.0 * 1024));
-  CHECK(expert_elements == 2 * 2 * (4096.0 * 1024 + 1024.0 * 2048));
-  REQUIRE(w.size() >= 3);
-  CHECK(w[0].rows == 512);
-  CHECK(w[1].rows == 128);
-  CHECK(w[2].rows == 128);
+  const StageParameters e = muon_elements(m, p, 0);
+  CHECK(e.dense == 2 * (512.0 * 1024 + 2 * 128.0 * 1024 + 1024.0 * 512 + 8.0 * 1024));
+  CHECK(e.expert == 2 * 2 * (4096.0 * 1024 + 1024.0 * 2048));
+  // One entry per shape, in the layer's order: Q, then K and V together.
+  REQUIRE(w.size() == 6);
+  CHECK((w[0].rows == 512 && w[0].cols == 1024 && w[0].count == 2));
+  CHECK((w[1].rows == 128 && w[1].count == 4));
 }
 
 TEST_CASE("the layer-wise optimizer deals the matrices ping-pong by size over the DP ranks") {
@@ -82,6 +79,16 @@ TEST_CASE("the layer-wise optimizer deals the matrices ping-pong by size over th
   const MuonRankWork one = muon_rank_work(gpu, w, 1);
   CHECK(one.elements == 15);
   CHECK(one.ns > two.ns);
+  // Eleven of one shape over 3 ranks, after the five: the five are dealt
+  // 0, 1, 2, 2, 1 (rank 0 1 element, rank 1 2 + 5, rank 2 3 + 4); positions
+  // 5-15 go 0, 0, 1, 2, 2, 1, 0, 0, 1, 2, 2: ranks 0 and 2 four each, rank 1
+  // three. The busiest, rank 2: 3 + 4 + 4 x 16 elements.
+  std::vector<MuonMatrix> more = w;
+  more.push_back({2, 8, false, 11});
+  const MuonRankWork three = muon_rank_work(gpu, more, 3);
+  const TimeNs big = muon_matrix_time_ns(gpu, {2, 8});
+  CHECK(three.elements == 7 + 4 * 16);
+  CHECK(three.ns == muon_matrix_time_ns(gpu, {1, 3}) + muon_matrix_time_ns(gpu, {1, 4}) + 4 * big);
 }
 
 TEST_CASE("Muon with ZeRO 1: gradients all-reduced, the parameters gathered after the step, one momentum") {

@@ -317,10 +317,9 @@ StageMemory stage_memory(const ModelSpec& m, const ParallelPlan& plan, int stage
   if (plan.optimizer == OptimizerKind::muon) {
     // Muon keeps one fp32 momentum where Adam keeps two moments (the
     // momentum_buffer of orthogonalized_optimizer.py), on the same share.
-    double dense = 0, expert = 0;
-    for (const MuonMatrix& w : muon_matrices(m, plan, stage)) (w.expert ? expert : dense) += w.elements();
+    const StageParameters muon = muon_elements(m, plan, stage);
     const double d = plan.zero_stage >= 1 ? plan.dp_cp() : 1, ed = plan.zero_stage >= 1 ? plan.expert_dp() : 1;
-    mem.weight_and_optimizer_bytes -= plan.adam_moment_bytes * (dense / d + expert / ed);
+    mem.weight_and_optimizer_bytes -= plan.adam_moment_bytes * (muon.dense / d + muon.expert / ed);
   }
   // FP8 / FP4 plans: Transformer Engine keeps each quantized weight's
   // rowwise and columnwise copies from the first micro-batch's cast to the

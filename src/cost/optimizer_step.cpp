@@ -121,29 +121,42 @@ TimeNs optimizer_step_time_ns(const GpuProfile& gpu, double stage_params, int dp
 
 std::vector<MuonMatrix> muon_matrices(const ModelSpec& m, const ParallelPlan& plan, int stage) {
   std::vector<MuonMatrix> out;
-  const auto add_layer = [&](bool moe_layer, int times) {
-    if (times <= 0) return;
-    const std::vector<Op> forward = transformer_layer_ops(m, plan, moe_layer).forward;
-    for (int t = 0; t < times; ++t) {
-      for (const Op& op : forward) {
-        if (op.kind != OpKind::gemm || op.name == op::attn_qk || op.name == op::attn_av) continue;
-        // The weight of y = x W^T: n outputs x k inputs, one per local expert.
-        if (op.name == op::qkv) {
-          const std::int64_t tp = std::max(1, plan.tp);
-          const std::int64_t q = m.query_projection_size() / tp, kv = m.kv_projection_size() / tp;
-          for (std::int64_t rows : {q, kv, kv}) out.push_back({rows, op.k, false});
-          continue;
-        }
-        for (std::int64_t e = 0; e < op.batch; ++e) out.push_back({op.n, op.k, op.grouped});
+  const auto add = [&](MuonMatrix w) {
+    for (MuonMatrix& e : out)
+      if (e.rows == w.rows && e.cols == w.cols && e.expert == w.expert) {
+        e.count += w.count;
+        return;
       }
+    out.push_back(w);
+  };
+  const auto add_layer = [&](bool moe_layer, std::int64_t times) {
+    if (times <= 0) return;
+    for (const Op& op : transformer_layer_ops(m, plan, moe_layer).forward) {
+      if (op.kind != OpKind::gemm || op.name == op::attn_qk || op.name == op::attn_av) continue;
+      // The weight of y = x W^T: n outputs x k inputs, one per local expert.
+      if (op.name == op::qkv) {
+        const std::int64_t tp = std::max(1, plan.tp);
+        const std::int64_t q = m.query_projection_size() / tp, kv = m.kv_projection_size() / tp;
+        add({q, op.k, false, times});
+        add({kv, op.k, false, 2 * times});
+        continue;
+      }
+      add({op.n, op.k, op.grouped, op.batch * times});
     }
   };
   const int moe = moe_layers_on_stage(m, plan, stage);
   add_layer(false, layers_on_stage(plan, m.num_layers, stage) - moe);
   add_layer(true, moe);
   if (stage == plan.pp - 1 && m.mtp_layers > 0)
-    add_layer(m.moe.enabled() && m.moe.moe_layers.back(), static_cast<int>(m.mtp_layers));
+    add_layer(m.moe.enabled() && m.moe.moe_layers.back(), m.mtp_layers);
   return out;
+}
+
+StageParameters muon_elements(const ModelSpec& m, const ParallelPlan& plan, int stage) {
+  StageParameters e;
+  for (const MuonMatrix& w : muon_matrices(m, plan, stage))
+    (w.expert ? e.expert : e.dense) += w.elements() * static_cast<double>(w.count);
+  return e;
 }
 
 double muon_newton_schulz_flops(const MuonMatrix& w, int steps) {
@@ -160,21 +173,30 @@ TimeNs muon_matrix_time_ns(const GpuProfile& gpu, const MuonMatrix& w) {
 }
 
 MuonRankWork muon_rank_work(const GpuProfile& gpu, std::vector<MuonMatrix> matrices, int ranks) {
-  const std::size_t n = static_cast<std::size_t>(std::max(1, ranks));
+  const std::int64_t r = std::max(1, ranks), period = 2 * r;
   std::stable_sort(matrices.begin(), matrices.end(),
                    [](const MuonMatrix& a, const MuonMatrix& b) { return a.elements() < b.elements(); });
-  std::vector<MuonRankWork> work(n);
-  // One price per shape: a stage holds many copies of few.
-  std::vector<std::pair<std::array<std::int64_t, 2>, TimeNs>> priced;
-  for (std::size_t i = 0; i < matrices.size(); ++i) {
-    const MuonMatrix& w = matrices[i];
-    const std::size_t turn = i % (2 * n);
-    MuonRankWork& rank = work[turn < n ? turn : 2 * n - 1 - turn];
-    const std::array<std::int64_t, 2> shape{w.rows, w.cols};
-    auto it = std::find_if(priced.begin(), priced.end(), [&](const auto& p) { return p.first == shape; });
-    if (it == priced.end()) it = priced.insert(priced.end(), {shape, muon_matrix_time_ns(gpu, w)});
-    rank.ns += it->second;
-    rank.elements += w.elements();
+  std::vector<MuonRankWork> work(static_cast<std::size_t>(r));
+  const auto rank_at = [&](std::int64_t position) {
+    const std::int64_t turn = position % period;
+    return static_cast<std::size_t>(turn < r ? turn : period - 1 - turn);
+  };
+  std::int64_t position = 0;
+  for (const MuonMatrix& w : matrices) {
+    if (w.count <= 0) continue;
+    const TimeNs ns = muon_matrix_time_ns(gpu, w);
+    // Each whole round of 2R gives every rank two; the rest one at a time.
+    const std::int64_t rounds = w.count / period, rest = w.count % period;
+    for (MuonRankWork& rank : work) {
+      rank.ns += 2 * rounds * ns;
+      rank.elements += 2.0 * static_cast<double>(rounds) * w.elements();
+    }
+    for (std::int64_t i = 0; i < rest; ++i) {
+      MuonRankWork& rank = work[rank_at(position + i)];
+      rank.ns += ns;
+      rank.elements += w.elements();
+    }
+    position += w.count;
   }
   return *std::max_element(work.begin(), work.end(),
                            [](const MuonRankWork& a, const MuonRankWork& b) { return a.ns < b.ns; });

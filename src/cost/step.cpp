@@ -154,8 +154,8 @@ std::int64_t StepDescription::optimizer_ns(const GpuProfile& gpu, const StagePar
     std::vector<MuonMatrix> dense, expert;
     for (const MuonMatrix& w : muon_matrices(m_, plan_, stage)) (w.expert ? expert : dense).push_back(w);
     double muon_dense = 0, muon_expert = 0;
-    for (const MuonMatrix& w : dense) muon_dense += w.elements();
-    for (const MuonMatrix& w : expert) muon_expert += w.elements();
+    for (const MuonMatrix& w : dense) muon_dense += w.elements() * static_cast<double>(w.count);
+    for (const MuonMatrix& w : expert) muon_expert += w.elements() * static_cast<double>(w.count);
     const int ranks = zero_ >= 1 ? dp_ : 1, expert_ranks = zero_ >= 1 ? edp_ : 1;
     ns += muon_rank_work(gpu, std::move(dense), ranks).ns + muon_rank_work(gpu, std::move(expert), expert_ranks).ns;
     ns += optimizer_step_time_ns(gpu, sp.dense, dp_, zero_, precision, muon_dense);

@@ -15,6 +15,7 @@
 #include "cuboid/core/plan.hpp"
 #include "cuboid/core/time.hpp"
 #include "cuboid/core/workload.hpp"
+#include "cuboid/cost/memory.hpp"
 
 namespace cuboid {
 
@@ -66,19 +67,24 @@ inline constexpr int kMuonElementwiseKernels = 10;
 // Megatron-LM's --muon-num-ns-steps default (arguments.py; Bridge's recipes keep it).
 inline constexpr int kMuonNewtonSchulzSteps = 5;
 
-// One 2-D weight Muon orthogonalises on one GPU (its TP shard: tp_mode
-// "blockwise", the default, orthogonalises each rank's block on its own).
+// `count` 2-D weights of one shape that Muon orthogonalises on one GPU (its
+// TP shard: tp_mode "blockwise", the default, orthogonalises each rank's
+// block on its own).
 struct MuonMatrix {
   std::int64_t rows = 0, cols = 0;
   bool expert = false;  // a routed expert's (stepped over the expert-DP group)
+  std::int64_t count = 1;
   double elements() const { return static_cast<double>(rows) * static_cast<double>(cols); }
 };
 
-// The matrices of stage `stage` on one GPU, one per parameter: each linear
-// layer's weight but the embedding and the LM head (Adam's:
+// The matrices of stage `stage` on one GPU, those of one shape and group in
+// one entry, in the order the stage's layers hold them: each linear layer's
+// weight but the embedding and the LM head (Adam's:
 // _is_nonlinear_or_embedding), the fused QKV weight split into its Q, K and
 // V blocks (muon_split_qkv, default on), each local expert's fc1 and fc2.
 std::vector<MuonMatrix> muon_matrices(const ModelSpec& m, const ParallelPlan& plan, int stage);
+// Their elements: the dense ones and the routed experts'.
+StageParameters muon_elements(const ModelSpec& m, const ParallelPlan& plan, int stage);
 
 // The Newton-Schulz FLOPs of one matrix: per step, with r the smaller side
 // and c the larger (newton_schulz transposes to whiten the smaller), A = X
@@ -90,7 +96,7 @@ TimeNs muon_matrix_time_ns(const GpuProfile& gpu, const MuonMatrix& w);
 // The busiest rank's share when `ranks` ranks split `matrices` as the
 // layer-wise optimizer does (layer_wise_optimizer.py _shard_params_ping_pong:
 // sorted by size, ascending, dealt 0, 1, ..., R-1, R-1, ..., 0, 0, 1, ...;
-// ranks 1: every matrix on one).
+// ranks 1: every matrix on one). Entries of equal size keep their order.
 struct MuonRankWork {
   TimeNs ns = 0;          // that rank's Muon step
   double elements = 0;    // its matrices' elements
