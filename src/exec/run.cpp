@@ -250,6 +250,10 @@ int run_plan(const PlanFile& pf, const RunOptions& o) {
                      "run with --backend cpu, or plan with --precision fp8-current");
   if (!o.out_path.empty()) check_output_paths(std::vector<OutputPath>{{"--out", o.out_path}});
   check_world_size(launch.world_size, plan, pf.source);
+  // The executor's step is Adam's (exec/step.cpp); validate prices the run so.
+  if (plan.optimizer == OptimizerKind::muon && launch.rank == 0)
+    std::cerr << "cuboid: run: the executor steps with Adam; this plan's Muon step is priced, not run (cuboid "
+                 "validate compares the run with the plan as Adam)\n";
   World world = start_world(launch, o.backend, o.timeout_s);
   check_world_size(world.exchange->size(), plan, pf.source);
   const std::string mpi_wait = apply_mpi_wait(world, o.mpi_wait);
