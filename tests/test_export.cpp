@@ -540,11 +540,10 @@ TEST_CASE("context parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x and torch
 }
 
 TEST_CASE("latent attention and MTP: Megatron-LM writes their flags; every other target refuses them") {
-  // DeepSeek-V3 without its YaRN scaling (no export writes YaRN) on the seed's
-  // 4 DGX A100: TP 8 x DP 4, experts EP 32 x ETP 1.
-  ModelSpec model = load_model(cuboid::test::source_root() / "models/deepseek-v3.json");
-  model.rope_yarn = false;
-  model.rope_scaling_factor = 0;
+  // DeepSeek-V3 with its YaRN scaling (factor 40, mscale 1, mscale_all_dim 1)
+  // on the seed's 4 DGX A100: TP 8 x DP 4, experts EP 32 x ETP 1.
+  const ModelSpec model = load_model(cuboid::test::source_root() / "models/deepseek-v3.json");
+  REQUIRE(model.rope_yarn);
   ParallelPlan p = cuboid::test::make_plan(8, 1, 4, 1, 1, Recompute::full, true, Schedule::one_f_one_b, 4096);
   p.ep = 32;
   p.etp = 1;
@@ -553,10 +552,20 @@ TEST_CASE("latent attention and MTP: Megatron-LM writes their flags; every other
   const std::string megatron = export_plan(pf, "megatron").text;
   for (const char* flag : {"--multi-latent-attention\n", "--q-lora-rank 1536\n", "--kv-lora-rank 512\n",
                            "--qk-head-dim 128\n", "--qk-pos-emb-head-dim 64\n", "--v-head-dim 128\n",
-                           "--rope-type rope\n", "--mtp-num-layers 1\n", "--moe-layer-freq \"[0]*3+[1]*58\"\n"}) {
+                           "--rope-type yarn\n", "--rotary-scaling-factor 40\n", "--mscale 1\n",
+                           "--mscale-all-dim 1\n", "--mtp-num-layers 1\n", "--moe-layer-freq \"[0]*3+[1]*58\"\n"}) {
     CAPTURE(flag);
     CHECK(megatron.find(flag) != std::string::npos);
   }
+  // YaRN is not Llama 3.1's scaling.
+  CHECK(megatron.find("--use-rope-scaling") == std::string::npos);
+  // Without YaRN the latent attention takes plain rotary positions.
+  PlanFile plain = pf;
+  plain.model.rope_yarn = false;
+  plain.model.rope_scaling_factor = 0;
+  const std::string rope = export_plan(plain, "megatron").text;
+  CHECK(rope.find("--rope-type rope\n") != std::string::npos);
+  CHECK(rope.find("--rotary-scaling-factor") == std::string::npos);
   // MLA heads have no kv-channels or query groups (arguments.py: MLA excludes GQA).
   CHECK(megatron.find("--kv-channels") == std::string::npos);
   CHECK(megatron.find("--group-query-attention") == std::string::npos);
@@ -565,8 +574,8 @@ TEST_CASE("latent attention and MTP: Megatron-LM writes their flags; every other
                        "multi-head latent attention from its pinned options (Megatron-LM's --multi-latent-attention "
                        "and MLA flags can) (fix: export with --to megatron)",
                        InputError);
-  // Without MLA, MTP alone is refused the same way.
-  PlanFile mtp_only = pf;
+  // Without MLA (and so without its YaRN), MTP alone is refused the same way.
+  PlanFile mtp_only = plain;
   mtp_only.model.mla = {};
   CHECK_THROWS_WITH_AS(export_plan(mtp_only, "megatron-bridge"),
                        "dsv3.plan.json: model.mtp_layers: The Megatron-Bridge script (a GPTModelProvider) cannot "
@@ -760,7 +769,8 @@ TEST_CASE("expert parallelism: Megatron-LM, Megatron-Bridge, NeMo 1.x (ETP = TP)
   CHECK(megatron.find("overlap-moe") == std::string::npos);  // off: not written
   overlap.plan.etp = 2;
   CHECK(refusal(overlap, "nemo").find("mixtral.plan.json: parallel.moe_ep_overlap: NeMo 1.x's") == 0);
-  // YaRN prices like any rotary embedding, but no export writes it yet.
+  // YaRN prices like any rotary embedding, but no export writes it on
+  // standard attention yet (latent attention: the MLA test above).
   PlanFile yarn = pf;
   yarn.model.rope_yarn = true;
   yarn.model.rope_scaling_factor = 40;

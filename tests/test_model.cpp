@@ -516,6 +516,8 @@ TEST_CASE("DeepSeek-V3: 671B without the MTP module, MLA's projections by hand")
   CHECK(m.mtp_layers == 1);
   CHECK(m.rope_yarn);
   CHECK(m.rope_scaling_factor == 40.0);
+  CHECK(m.rope_mscale == 1.0);
+  CHECK(m.rope_mscale_all_dim == 1.0);
   // q: 7168 * 1536 + 1536 + 1536 * 128 * 192 = 48,760,320
   // kv: 7168 * (512 + 64) + 512 + 512 * 128 * 256 = 20,906,496
   // out: 128 * 128 * 7168 = 117,440,512
@@ -677,6 +679,29 @@ TEST_CASE("HF configs with experts or latent attention of other families are ref
   json llama = json::parse(std::ifstream(hf_path("llama3-70b-config.json")));
   llama["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
   CHECK(error_of(llama, "l.json").field() == "rope_scaling");
+  // YaRN terms Megatron-Core's latent attention fixes (no flag sets them) must be its own.
+  json v3 = json::parse(std::ifstream(hf_path("deepseek-v3-config.json")));
+  v3["rope_scaling"]["beta_fast"] = 1.0;
+  const InputError beta = error_of(v3, "v3.json");
+  CHECK(beta.field() == "rope_scaling.beta_fast");
+  CHECK(beta.problem() == "YaRN's beta_fast 1 where Megatron-Core's multi-latent attention fixes it at 32");
+}
+
+TEST_CASE("a card's YaRN attention scale: read, written where not the defaults, refused without YaRN") {
+  const ModelSpec ds = cuboid::load_model(kRoot / "models" / "deepseek-v3.json");
+  CHECK(ds.rope_mscale == 1.0);
+  CHECK(ds.rope_mscale_all_dim == 1.0);
+  const json j = cuboid::model_to_json(ds);
+  CHECK_FALSE(j.contains("rope_mscale"));  // 1.0, the default
+  CHECK(j["rope_mscale_all_dim"] == 1.0);
+  CHECK(cuboid::model_from_json(j, "back.json").rope_mscale_all_dim == 1.0);
+  json card = j;
+  card["rope_mscale_all_dim"] = -1;
+  CHECK(error_of(card).field() == "rope_mscale_all_dim");
+  card = j;
+  card.erase("rope_scaling_type");
+  card.erase("rope_scaling_factor");
+  CHECK(error_of(card).field() == "rope_mscale_all_dim");
 }
 
 TEST_CASE("HF fields the reader looks at are refused when of the wrong type or beyond a model's sizes") {

@@ -487,6 +487,17 @@ ModelSpec model_from_card(const nlohmann::json& j, const std::string& source) {
   m.rope_yarn = r.optional_choice("rope_scaling_type", {"llama3", "yarn"}).value_or("llama3") == "yarn";
   if (m.rope_yarn && m.rope_scaling_factor == 0)
     throw InputError(source, "rope_scaling_type", "YaRN without a factor", "give rope_scaling_factor (DeepSeek-V3: 40)");
+  if (m.rope_yarn) {
+    m.rope_mscale = r.optional_number("rope_mscale").value_or(1.0);
+    m.rope_mscale_all_dim = r.optional_number("rope_mscale_all_dim").value_or(0.0);
+    if (!(m.rope_mscale >= 0) || !(m.rope_mscale_all_dim >= 0))
+      throw InputError(source, m.rope_mscale >= 0 ? "rope_mscale_all_dim" : "rope_mscale", "must not be negative",
+                       "give YaRN's mscale terms as the model's rope_scaling has them (DeepSeek-V3: 1.0 and 1.0)");
+  } else {
+    for (const char* key : {"rope_mscale", "rope_mscale_all_dim"})
+      if (r.has(key))
+        throw InputError(source, key, "YaRN's attention scale without YaRN", "drop it, or set rope_scaling_type \"yarn\"");
+  }
   m.alibi = r.optional_boolean("alibi").value_or(false);
   m.hidden_dropout = dropout_of(r, "hidden_dropout", 0.1);
   m.attention_dropout = dropout_of(r, "attention_dropout", 0.1);
@@ -716,17 +727,35 @@ ModelSpec model_from_gpt2_config(JsonReader& r, const std::string& source) {
 // different model in the trainers the exports target, so they are refused.
 // DeepSeek-V3's YaRN ({"type": "yarn", "factor": 40, ...}) is read for that
 // family only.
-double hf_rope_scaling_factor(JsonReader& r, const std::string& source, HfFamily family, bool& yarn) {
-  yarn = false;
-  if (!r.has("rope_scaling")) return 0.0;
+void read_hf_rope_scaling(JsonReader& r, const std::string& source, HfFamily family, ModelSpec& m) {
+  m.rope_yarn = false;
+  m.rope_scaling_factor = 0.0;
+  if (!r.has("rope_scaling")) return;
   JsonReader s = r.object("rope_scaling");
   const std::string type = s.has("rope_type") ? s.string("rope_type") : s.string("type");
-  yarn = type == "yarn" && family == HfFamily::deepseek_v3;
-  if (type != "llama3" && !yarn)
+  m.rope_yarn = type == "yarn" && family == HfFamily::deepseek_v3;
+  if (type != "llama3" && !m.rope_yarn)
     throw InputError(source, "rope_scaling",
                      "rope scaling \"" + type + "\" is not supported (only Llama 3.1's \"llama3\", and DeepSeek-V3's \"yarn\")",
                      "remove rope_scaling, or use a config with rope_type \"llama3\"");
-  return s.positive_number("factor");
+  m.rope_scaling_factor = s.positive_number("factor");
+  if (!m.rope_yarn) return;
+  // transformers' DeepseekV3 YaRN: mscale and mscale_all_dim (default 1 and
+  // 0, as Megatron-Core's MLATransformerConfig). Its other terms are fixed
+  // in Megatron-Core's MLA (transformer_config.py at d98e8a64: beta_fast 32,
+  // beta_slow 1, original_max_position_embeddings 4096; no flag sets them),
+  // so a config with others describes a model no export could build.
+  m.rope_mscale = s.optional_number("mscale").value_or(1.0);
+  m.rope_mscale_all_dim = s.optional_number("mscale_all_dim").value_or(0.0);
+  for (const auto& [key, fixed] : {std::pair<const char*, double>{"beta_fast", 32.0}, {"beta_slow", 1.0},
+                                   {"original_max_position_embeddings", 4096.0}}) {
+    const std::optional<double> v = s.optional_number(key);
+    if (v && *v != fixed)
+      throw InputError(source, std::string("rope_scaling.") + key,
+                       fmt::format("YaRN's {} {} where Megatron-Core's multi-latent attention fixes it at {}", key, *v,
+                                   fixed),
+                       "use a config with the MLA defaults, or remove rope_scaling");
+  }
 }
 
 ModelSpec model_from_llama_config(JsonReader& r, const std::string& source, HfFamily family) {
@@ -754,7 +783,7 @@ ModelSpec model_from_llama_config(JsonReader& r, const std::string& source, HfFa
   const bool mlp_bias = r.optional_boolean("mlp_bias").value_or(false);
   m.linear_bias = attention_bias || mlp_bias;
   m.rope_theta = r.optional_positive_number("rope_theta").value_or(10000.0);
-  m.rope_scaling_factor = hf_rope_scaling_factor(r, source, family, m.rope_yarn);
+  read_hf_rope_scaling(r, source, family, m);
   // transformers' LlamaConfig (and Mixtral's, Qwen3's, DeepSeek-V3's):
   // attention_dropout, default 0.0; no hidden dropout.
   m.attention_dropout = dropout_of(r, "attention_dropout", 0.0);
@@ -847,7 +876,12 @@ nlohmann::json model_to_json(const ModelSpec& m) {
   };
   // Written only when set: plans of other models keep their bytes.
   if (m.alibi) j["alibi"] = true;
-  if (m.rope_yarn) j["rope_scaling_type"] = "yarn";
+  if (m.rope_yarn) {
+    j["rope_scaling_type"] = "yarn";
+    // Written where not Megatron-Core's defaults: plans of other models keep their bytes.
+    if (m.rope_mscale != 1.0) j["rope_mscale"] = m.rope_mscale;
+    if (m.rope_mscale_all_dim != 0.0) j["rope_mscale_all_dim"] = m.rope_mscale_all_dim;
+  }
   if (m.hidden_dropout != 0.1) j["hidden_dropout"] = m.hidden_dropout;
   if (m.attention_dropout != 0.1) j["attention_dropout"] = m.attention_dropout;
   if (m.moe.enabled()) j["moe"] = moe_to_json(m.moe);

@@ -378,11 +378,13 @@ const std::vector<std::string>& export_targets() {
 ExportResult export_plan(const PlanFile& pf, std::string_view target) {
   for (const Entry& e : entries()) {
     if (e.target.name != target) continue;
-    // YaRN changes no cost, but a trainer must build the same model.
-    if (pf.model.rope_yarn)
+    // YaRN changes no cost, but a trainer must build the same model: the
+    // Megatron-LM export writes it for multi-latent attention (the only
+    // target that builds MLA); others refuse MLA themselves.
+    if (pf.model.rope_yarn && !pf.model.mla.enabled())
       exporters::refuse(pf, "model.rope_scaling_type",
-             "the model uses YaRN rope scaling, which no export writes yet (its trainer flags are not among the "
-             "pinned options)",
+             "the model uses YaRN rope scaling on standard attention, which no export writes yet (Megatron-LM's "
+             "--position-embedding-type yarn and its --yarn-* flags are not among the pinned options)",
              "drop rope_scaling_type and rope_scaling_factor from the card to export without the scaling");
     return e.run(pf);
   }

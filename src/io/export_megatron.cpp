@@ -162,15 +162,24 @@ Args attention_args(const ModelSpec& m) {
   Args a;
   if (m.mla.enabled()) {
     // Megatron-Core's MLASelfAttention (MLATransformerConfig). It takes YaRN by
-    // default (--rope-type); the card's positions are plain rotary (a YaRN card
-    // is refused before any export).
+    // default (--rope-type): written as the card has it, YaRN with its factor
+    // and attention scale terms (the config fields of the same names, from
+    // args: training/argument_utils.py _default_config_from_args at
+    // d98e8a64), as Megatron-LM's own DeepSeek-V3 and Kimi-K2 scripts do.
     a.push_back("--multi-latent-attention");
     if (m.mla.q_lora_rank > 0) a.push_back(fmt::format("--q-lora-rank {}", m.mla.q_lora_rank));
     a.push_back(fmt::format("--kv-lora-rank {}", m.mla.kv_lora_rank));
     a.push_back(fmt::format("--qk-head-dim {}", m.mla.qk_head_dim));
     a.push_back(fmt::format("--qk-pos-emb-head-dim {}", m.mla.qk_rope_head_dim));
     a.push_back(fmt::format("--v-head-dim {}", m.mla.v_head_dim));
-    a.push_back("--rope-type rope");
+    if (m.rope_yarn) {
+      a.push_back("--rope-type yarn");
+      a.push_back(fmt::format("--rotary-scaling-factor {}", m.rope_scaling_factor));
+      a.push_back(fmt::format("--mscale {}", m.rope_mscale));
+      a.push_back(fmt::format("--mscale-all-dim {}", m.rope_mscale_all_dim));
+    } else {
+      a.push_back("--rope-type rope");
+    }
   } else if (m.head_dim * m.num_attention_heads != m.hidden_size) {
     a.push_back(fmt::format("--kv-channels {}", m.head_dim));
   }
@@ -195,7 +204,7 @@ Args model_args(const PlanFile& pf) {
   a.push_back(fmt::format("--position-embedding-type {}", position_embedding_type(pf, "Megatron-LM")));
   if (!m.learned_position_embeddings) {
     a.push_back(fmt::format("--rotary-base {}", integral_rope_theta(pf)));
-    if (m.rope_scaling_factor > 0) {
+    if (m.rope_scaling_factor > 0 && !m.rope_yarn) {
       // Llama 3.1's scaling (low / high frequency factors 1 / 4, original 8192 positions).
       a.push_back("--use-rope-scaling");
       a.push_back(fmt::format("--rope-scaling-factor {}", m.rope_scaling_factor));

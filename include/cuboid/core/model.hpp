@@ -104,6 +104,11 @@ struct ModelSpec {
   // The scaling's kind when rope_scaling_factor > 0: Llama 3.1's (false) or
   // YaRN's (true; DeepSeek-V3). Neither changes the cost.
   bool rope_yarn = false;
+  // YaRN's attention scale terms (HuggingFace rope_scaling mscale and
+  // mscale_all_dim; Megatron-Core's MLATransformerConfig mscale, default 1.0,
+  // and mscale_all_dim, default 0.0). No cost; the exports write them.
+  double rope_mscale = 1.0;
+  double rope_mscale_all_dim = 0.0;
   // ALiBi attention biases (Press et al., BLOOM) instead of position
   // embeddings or rotary positions. Without flash attention the bias enters
   // the score GEMM as its C operand (torch.baddbmm with beta = 1).
