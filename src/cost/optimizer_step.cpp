@@ -155,7 +155,7 @@ std::vector<MuonMatrix> muon_matrices(const ModelSpec& m, const ParallelPlan& pl
 StageParameters muon_elements(const ModelSpec& m, const ParallelPlan& plan, int stage) {
   StageParameters e;
   for (const MuonMatrix& w : muon_matrices(m, plan, stage))
-    (w.expert ? e.expert : e.dense) += w.elements() * static_cast<double>(w.count);
+    (w.expert ? e.expert : e.dense) += w.total_elements();
   return e;
 }
 

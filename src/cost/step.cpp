@@ -152,14 +152,15 @@ std::int64_t StepDescription::optimizer_ns(const GpuProfile& gpu, const StagePar
     // (ZeRO 0: all on every rank); the slowest rank of each, as the gather
     // after the step waits for every rank. Adam steps the rest.
     std::vector<MuonMatrix> dense, expert;
-    for (const MuonMatrix& w : muon_matrices(m_, plan_, stage)) (w.expert ? expert : dense).push_back(w);
-    double muon_dense = 0, muon_expert = 0;
-    for (const MuonMatrix& w : dense) muon_dense += w.elements() * static_cast<double>(w.count);
-    for (const MuonMatrix& w : expert) muon_expert += w.elements() * static_cast<double>(w.count);
+    StageParameters muon;
+    for (const MuonMatrix& w : muon_matrices(m_, plan_, stage)) {
+      (w.expert ? expert : dense).push_back(w);
+      (w.expert ? muon.expert : muon.dense) += w.total_elements();
+    }
     const int ranks = zero_ >= 1 ? dp_ : 1, expert_ranks = zero_ >= 1 ? edp_ : 1;
     ns += muon_rank_work(gpu, std::move(dense), ranks).ns + muon_rank_work(gpu, std::move(expert), expert_ranks).ns;
-    ns += optimizer_step_time_ns(gpu, sp.dense, dp_, zero_, precision, muon_dense);
-    if (sp.expert > 0) ns += optimizer_step_time_ns(gpu, sp.expert, edp_, zero_, precision, muon_expert);
+    ns += optimizer_step_time_ns(gpu, sp.dense, dp_, zero_, precision, muon.dense);
+    if (sp.expert > 0) ns += optimizer_step_time_ns(gpu, sp.expert, edp_, zero_, precision, muon.expert);
     return ns;
   }
   ns += optimizer_step_time_ns(gpu, sp.dense, dp_, zero_, precision);

@@ -75,6 +75,7 @@ struct MuonMatrix {
   bool expert = false;  // a routed expert's (stepped over the expert-DP group)
   std::int64_t count = 1;
   double elements() const { return static_cast<double>(rows) * static_cast<double>(cols); }
+  double total_elements() const { return elements() * static_cast<double>(count); }
 };
 
 // The matrices of stage `stage` on one GPU, those of one shape and group in
